@@ -1,0 +1,61 @@
+/* gemma4c: the command-line tool on top of libgemma4c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "gemma4c.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} command;
+
+static const command commands[] = {
+    {"run", cmd_run, "one chat turn: gemma4c run -m DIR -p TEXT"},
+    {"chat", cmd_chat, "interactive chat in the terminal: gemma4c chat -m DIR"},
+    {"generate", cmd_generate, "complete text or ids: gemma4c generate -m DIR (-p TEXT | --ids 2,17)"},
+    {"logits", cmd_logits, "full-forward logits: gemma4c logits -m DIR --ids 2,17,99 -o out.f32"},
+    {"tokenize", cmd_tokenize, "text to ids: gemma4c tokenize -m DIR (-p TEXT | -f FILE.jsonl)"},
+    {"detokenize", cmd_detokenize, "ids to text: gemma4c detokenize -m DIR -f FILE.jsonl"},
+    {"template", cmd_template, "render chat messages: gemma4c template -m DIR -f FILE.jsonl"},
+};
+
+int cli_error(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    for (char *p = buf; *p; p++)
+        if (*p == '\n') *p = ' ';
+    fprintf(stderr, "gemma4c: %s\n", buf);
+    return 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "gemma4c %s - inference for Gemma 4 models\n\nusage: gemma4c COMMAND [options]\n\n",
+            G4_VERSION);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n'gemma4c COMMAND --help' shows the options of a command.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 1;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("gemma4c %s\n", G4_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    return cli_error("unknown command '%s' (try 'gemma4c --help')", argv[1]);
+}

@@ -1,0 +1,22 @@
+/* Errors are values: a function that can fail returns 0 or -1 and fills a g4_error. */
+#ifndef G4_CORE_ERROR_H
+#define G4_CORE_ERROR_H
+
+#include "gemma4c.h"
+
+/* Formats the message into err (if non-NULL) and returns -1, so callers write
+ * `return g4_fail(err, "...", ...);`. */
+int g4_fail(g4_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Prefixes an existing message: "context: old message". Returns -1. */
+int g4_fail_prefix(g4_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Overflow-checked size arithmetic: return 0 on overflow. */
+static inline int g4_mul_ok(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline int g4_add_ok(size_t a, size_t b, size_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
+#endif
