@@ -50,7 +50,7 @@ static void *worker_main(void *arg) {
     g4_pool *p = wa->pool;
     int index = wa->index;
     free(wa);
-    unsigned seen = atomic_load(&p->generation);
+    unsigned seen = 0; /* the pool starts at generation 0; a job may be posted before this thread runs */
     for (;;) {
         int spins = 0;
         unsigned g;

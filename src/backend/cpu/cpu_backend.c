@@ -1,0 +1,378 @@
+/* The CPU backend: every op of backend.h on the host, threaded with g4_pool. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "core/error.h"
+
+static g4_cpu *cpu_of(g4_backend *be) { return be->impl; }
+
+float *g4_cpu_scratch_get(g4_cpu *cpu, int t, size_t n) {
+    g4_cpu_scratch *s = &cpu->scratch[t];
+    if (s->cap < n) {
+        float *nb = realloc(s->buf, n * sizeof(float));
+        if (!nb) {
+            cpu->failed = 1;
+            return NULL;
+        }
+        s->buf = nb;
+        s->cap = n;
+    }
+    return s->buf;
+}
+
+static void cpu_free(g4_backend *be) {
+    g4_cpu *cpu = cpu_of(be);
+    g4_pool_free(cpu->pool);
+    for (int i = 0; i < G4_CPU_MAX_THREADS; i++) free(cpu->scratch[i].buf);
+    free(cpu->moe_buf);
+    free(cpu);
+    free(be);
+}
+
+static void *cpu_alloc(g4_backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64)) return NULL;
+    return p;
+}
+static void cpu_release(g4_backend *be, void *p) { free(p); }
+static void cpu_copy(g4_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+}
+static void cpu_sync(g4_backend *be) {}
+
+static int cpu_check(g4_backend *be, g4_error *err) {
+    g4_cpu *cpu = cpu_of(be);
+    if (!cpu->failed) return 0;
+    cpu->failed = 0;
+    return g4_fail(err, "out of memory in the CPU backend");
+}
+
+/* ------------------------------------------------------------------ embed */
+static void cpu_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
+    size_t cols = (size_t)table->shape[table->ndim - 1];
+    size_t esz = (size_t)g4_dtype_bits(table->dtype) / 8;
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * cols;
+        g4_to_f32(table->dtype, (const unsigned char *)table->data + (size_t)ids[i] * cols * esz, o, cols);
+        for (size_t c = 0; c < cols; c++) o[c] *= scale;
+    }
+}
+
+static void cpu_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
+    g4_cpu_matmul(cpu_of(be), x, n, w, bias, y);
+}
+
+/* ---------------------------------------------------------------- rmsnorm */
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int dim;
+    float eps;
+} rms_job;
+
+static void rms_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
+    rms_job *j = ctx;
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = j->x + (size_t)r * (size_t)j->dim;
+        float *y = j->y + (size_t)r * (size_t)j->dim;
+        float ms = k->dot_f32(x, x, (size_t)j->dim) / (float)j->dim;
+        float inv = 1.0f / sqrtf(ms + j->eps);
+        if (j->w)
+            for (int i = 0; i < j->dim; i++) y[i] = x[i] * inv * j->w[i];
+        else
+            for (int i = 0; i < j->dim; i++) y[i] = x[i] * inv;
+    }
+}
+
+static void cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y) {
+    rms_job j = {x, w, y, dim, eps};
+    g4_pool_for(cpu_of(be)->pool, rows, 1 + 4096 / (dim + 1), rms_rows, &j);
+}
+
+/* ------------------------------------------------------------------- rope */
+static void cpu_rope(g4_backend *be, float *x, int n, int heads, int dim, const int32_t *pos,
+                     const float *inv_freq) {
+    int half = dim / 2;
+    float cs[4096], sn[4096]; /* half <= 4096 is checked at model load */
+    for (int t = 0; t < n; t++) {
+        float p = (float)pos[t];
+        for (int k = 0; k < half; k++) {
+            float a = inv_freq[k] * p; /* fp32 angle, as the reference computes it */
+            cs[k] = cosf(a);
+            sn[k] = sinf(a);
+        }
+        for (int h = 0; h < heads; h++) {
+            float *v = x + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)dim;
+            for (int k = 0; k < half; k++) {
+                float a = v[k], b = v[k + half];
+                v[k] = a * cs[k] - b * sn[k];
+                v[k + half] = b * cs[k] + a * sn[k];
+            }
+        }
+    }
+}
+
+/* ----------------------------------------------------------- elementwise */
+static inline float gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+typedef struct {
+    const float *g, *u;
+    float *y;
+} gelu_job;
+
+static void gelu_range(void *ctx, int64_t b, int64_t e, int thread) {
+    gelu_job *j = ctx;
+    if (j->u)
+        for (int64_t i = b; i < e; i++) j->y[i] = gelu_tanh(j->g[i]) * j->u[i];
+    else
+        for (int64_t i = b; i < e; i++) j->y[i] = gelu_tanh(j->g[i]);
+}
+
+static void cpu_gelu_mul(g4_backend *be, const float *g, const float *u, size_t n, float *y) {
+    gelu_job j = {g, u, y};
+    g4_pool_for(cpu_of(be)->pool, (int64_t)n, 8192, gelu_range, &j);
+}
+
+static void cpu_add(g4_backend *be, float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+static void cpu_scale(g4_backend *be, float *y, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) y[i] *= s;
+}
+static void cpu_mul(g4_backend *be, float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] *= x[i];
+}
+static void cpu_add_scale(g4_backend *be, float *y, const float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) y[i] = (y[i] + x[i]) * s;
+}
+static void cpu_softcap(g4_backend *be, float *y, size_t n, float c) {
+    for (size_t i = 0; i < n; i++) y[i] = tanhf(y[i] / c) * c;
+}
+
+static void cpu_get_rows(g4_backend *be, const float *src, const int32_t *idx, int n, int row, float *dst) {
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * (size_t)row, src + (size_t)idx[i] * (size_t)row, (size_t)row * sizeof(float));
+}
+
+static void cpu_transpose(g4_backend *be, const float *src, int na, int nb, int c, float *dst) {
+    for (int a = 0; a < na; a++)
+        for (int b = 0; b < nb; b++)
+            memcpy(dst + ((size_t)b * (size_t)na + (size_t)a) * (size_t)c,
+                   src + ((size_t)a * (size_t)nb + (size_t)b) * (size_t)c, (size_t)c * sizeof(float));
+}
+
+/* --------------------------------------------------------------- KV cache */
+static void cpu_kv_store(g4_backend *be, const float *src, int n, int row, const int32_t *seq, const int32_t *pos,
+                         float *const *base, int cap) {
+    for (int i = 0; i < n; i++)
+        memcpy(base[seq[i]] + (size_t)(pos[i] % cap) * (size_t)row, src + (size_t)i * (size_t)row,
+               (size_t)row * sizeof(float));
+}
+
+/* -------------------------------------------------------------- attention */
+typedef struct {
+    g4_cpu *cpu;
+    const g4_attention_args *a;
+} attn_job;
+
+static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
+    attn_job *j = ctx;
+    const g4_attention_args *a = j->a;
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    const int D = a->head_dim, G = a->n_heads / a->n_kv_heads;
+    const size_t row = (size_t)a->n_kv_heads * (size_t)D;
+    for (int64_t it = b; it < e; it++) {
+        int t = (int)(it / a->n_heads), h = (int)(it % a->n_heads);
+        int p = a->pos[t];
+        int lo = a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
+        int nk = p - lo + 1;
+        float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nk);
+        if (!sc) return;
+        const float *q = a->q + ((size_t)t * (size_t)a->n_heads + (size_t)h) * (size_t)D;
+        const float *K = a->k_base[a->seq[t]] + (size_t)(h / G) * (size_t)D;
+        const float *V = a->v_base[a->seq[t]] + (size_t)(h / G) * (size_t)D;
+        float mx = -FLT_MAX;
+        for (int i = 0; i < nk; i++) {
+            int slot = (lo + i) % a->cap;
+            float s = k->dot_f32(q, K + (size_t)slot * row, (size_t)D) * a->scale;
+            sc[i] = s;
+            if (s > mx) mx = s;
+        }
+        float sum = 0;
+        for (int i = 0; i < nk; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += sc[i];
+        }
+        float inv = 1.0f / sum;
+        float *o = a->out + ((size_t)t * (size_t)a->n_heads + (size_t)h) * (size_t)D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        for (int i = 0; i < nk; i++) {
+            int slot = (lo + i) % a->cap;
+            k->axpy(o, V + (size_t)slot * row, sc[i] * inv, (size_t)D);
+        }
+    }
+}
+
+static void cpu_attention(g4_backend *be, const g4_attention_args *a) {
+    attn_job j = {cpu_of(be), a};
+    g4_pool_for(cpu_of(be)->pool, (int64_t)a->n_tokens * a->n_heads, 1, attn_items, &j);
+}
+
+/* -------------------------------------------------------------------- MoE */
+static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
+    g4_cpu *cpu = cpu_of(be);
+    const int n = a->n, H = a->hidden, E = a->n_experts, TK = a->top_k, Im = a->expert_dim;
+    /* routing, per token */
+    size_t need = (size_t)n * (size_t)TK * 2 + (size_t)E + (size_t)H   /* weights, ids, logits, z */
+                  + (size_t)n * (size_t)H                               /* gathered x2 rows */
+                  + (size_t)n * 2 * (size_t)Im                          /* gate_up out */
+                  + (size_t)n * (size_t)Im + (size_t)n * (size_t)H;     /* act, down out */
+    if (cpu->moe_cap < need) {
+        float *nb = realloc(cpu->moe_buf, need * sizeof(float));
+        if (!nb) {
+            cpu->failed = 1;
+            return;
+        }
+        cpu->moe_buf = nb;
+        cpu->moe_cap = need;
+    }
+    float *w = cpu->moe_buf;                         /* [n, TK] routing weights */
+    int32_t *ids = (int32_t *)(w + (size_t)n * TK);  /* [n, TK] expert ids (int32 in float slots) */
+    float *lg = (float *)(ids + (size_t)n * TK);     /* [E] */
+    float *z = lg + E;                               /* [H] */
+    float *xs = z + H;                               /* [n, H] */
+    float *gu = xs + (size_t)n * H;                  /* [n, 2Im] */
+    float *act = gu + (size_t)n * 2 * Im;            /* [n, Im] */
+    float *dn = act + (size_t)n * Im;                /* [n, H] */
+    const float inv_sqrt_h = 1.0f / sqrtf((float)H);
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    for (int t = 0; t < n; t++) {
+        const float *r = a->residual + (size_t)t * H;
+        float ms = k->dot_f32(r, r, (size_t)H) / (float)H;
+        float inv = 1.0f / sqrtf(ms + a->eps);
+        for (int i = 0; i < H; i++) z[i] = r[i] * inv * a->router_scale[i] * inv_sqrt_h;
+        g4_cpu_matmul(cpu, z, 1, a->router_proj, NULL, lg);
+        float mx = -FLT_MAX, sum = 0;
+        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        for (int e = 0; e < E; e++) {
+            lg[e] = expf(lg[e] - mx);
+            sum += lg[e];
+        }
+        for (int e = 0; e < E; e++) lg[e] /= sum;
+        /* top-k, descending; ties -> lower expert id */
+        float wsum = 0;
+        for (int kk = 0; kk < TK; kk++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int q = 0; q < kk; q++) taken |= ids[(size_t)t * TK + q] == e;
+                if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
+            }
+            ids[(size_t)t * TK + kk] = best;
+            w[(size_t)t * TK + kk] = lg[best];
+            wsum += lg[best];
+        }
+        for (int kk = 0; kk < TK; kk++) {
+            float *wk = &w[(size_t)t * TK + kk];
+            *wk = *wk / wsum * a->per_expert_scale[ids[(size_t)t * TK + kk]];
+        }
+    }
+    memset(a->out, 0, (size_t)n * H * sizeof(float));
+    const size_t esz = (size_t)g4_dtype_bits(a->gate_up->dtype) / 8, dsz = (size_t)g4_dtype_bits(a->down->dtype) / 8;
+    int *rows = (int *)malloc((size_t)n * sizeof(int));
+    float *rw = (float *)malloc((size_t)n * sizeof(float));
+    if (!rows || !rw) {
+        free(rows);
+        free(rw);
+        cpu->failed = 1;
+        return;
+    }
+    /* experts in ascending id order, each over the tokens routed to it */
+    for (int e = 0; e < E; e++) {
+        int m = 0;
+        for (int t = 0; t < n; t++)
+            for (int kk = 0; kk < TK; kk++)
+                if (ids[(size_t)t * TK + kk] == e) {
+                    rows[m] = t;
+                    rw[m] = w[(size_t)t * TK + kk];
+                    m++;
+                }
+        if (!m) continue;
+        for (int i = 0; i < m; i++) memcpy(xs + (size_t)i * H, a->x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
+        g4_tensor gu_w = {.name = "experts.gate_up_proj", .dtype = a->gate_up->dtype, .ndim = 2,
+                          .shape = {2 * Im, H},
+                          .data = (const unsigned char *)a->gate_up->data + (size_t)e * 2 * Im * H * esz};
+        g4_tensor dn_w = {.name = "experts.down_proj", .dtype = a->down->dtype, .ndim = 2, .shape = {H, Im},
+                          .data = (const unsigned char *)a->down->data + (size_t)e * H * Im * dsz};
+        g4_cpu_matmul(cpu, xs, m, &gu_w, NULL, gu);
+        for (int i = 0; i < m; i++)
+            for (int c = 0; c < Im; c++) {
+                float g = gu[(size_t)i * 2 * Im + c], u = gu[(size_t)i * 2 * Im + Im + c];
+                act[(size_t)i * Im + c] = gelu_tanh(g) * u;
+            }
+        g4_cpu_matmul(cpu, act, m, &dn_w, NULL, dn);
+        for (int i = 0; i < m; i++) k->axpy(a->out + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
+    }
+    free(rows);
+    free(rw);
+}
+
+static const g4_backend_ops cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .to_device = cpu_copy,
+    .to_host = cpu_copy,
+    .sync = cpu_sync,
+    .check = cpu_check,
+    .embed = cpu_embed,
+    .matmul = cpu_matmul,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .gelu_mul = cpu_gelu_mul,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .mul = cpu_mul,
+    .add_scale = cpu_add_scale,
+    .softcap = cpu_softcap,
+    .get_rows = cpu_get_rows,
+    .transpose = cpu_transpose,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .moe = cpu_moe,
+};
+
+g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err) {
+    g4_backend *be = calloc(1, sizeof *be);
+    g4_cpu *cpu = calloc(1, sizeof *cpu);
+    if (!be || !cpu) {
+        free(be);
+        free(cpu);
+        g4_fail(err, "out of memory");
+        return NULL;
+    }
+    if (n_threads <= 0) n_threads = g4_cpu_count();
+    if (n_threads > G4_CPU_MAX_THREADS) n_threads = G4_CPU_MAX_THREADS;
+    cpu->pool = g4_pool_new(n_threads);
+    if (!cpu->pool) {
+        free(be);
+        free(cpu);
+        g4_fail(err, "cannot start %d threads", n_threads);
+        return NULL;
+    }
+    cpu->n_threads = g4_pool_threads(cpu->pool);
+    (void)g4_cpu_kernels_get();
+    be->ops = &cpu_ops;
+    be->impl = cpu;
+    return be;
+}
+

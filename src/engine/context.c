@@ -1,0 +1,176 @@
+/* g4_context: KV cache + scratch, and g4_decode, the batch step of the public API. */
+#include "engine/context.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#define LOGIT_ROWS 16
+
+static void scratch_free(g4_context *ctx) {
+    g4_backend *be = ctx->model->be;
+    void **bufs[] = {(void **)&ctx->s.h,      (void **)&ctx->s.x,       (void **)&ctx->s.o,
+                     (void **)&ctx->s.q,      (void **)&ctx->s.k,       (void **)&ctx->s.v,
+                     (void **)&ctx->s.attn,   (void **)&ctx->s.gate,    (void **)&ctx->s.up,
+                     (void **)&ctx->s.moe_x2, (void **)&ctx->s.moe_out, (void **)&ctx->s.ple,
+                     (void **)&ctx->s.ple_t,  (void **)&ctx->s.ple_g,   (void **)&ctx->s.ple_h,
+                     (void **)&ctx->s.logits, (void **)&ctx->s.ids,     (void **)&ctx->s.seq,
+                     (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (*bufs[i]) be->ops->release(be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+}
+
+static int scratch_alloc(g4_context *ctx, g4_error *err) {
+    const g4_text_config *c = &ctx->model->cfg.text;
+    g4_backend *be = ctx->model->be;
+    const size_t n = (size_t)ctx->n_batch, H = (size_t)c->hidden_size;
+    size_t qmax = 0, kvmax = 0, imax = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        size_t q = (size_t)c->n_heads * (size_t)c->layer_head_dim[l];
+        size_t kv = (size_t)c->layer_kv_heads[l] * (size_t)c->layer_head_dim[l];
+        if (q > qmax) qmax = q;
+        if (kv > kvmax) kvmax = kv;
+        if ((size_t)c->layer_intermediate[l] > imax) imax = (size_t)c->layer_intermediate[l];
+    }
+    const size_t LP = (size_t)c->n_layers * (size_t)c->hidden_size_per_layer_input;
+    const size_t P = (size_t)c->hidden_size_per_layer_input;
+    g4_scratch *s = &ctx->s;
+    s->logit_rows = ctx->n_batch < LOGIT_ROWS ? ctx->n_batch : LOGIT_ROWS;
+#define ALLOC(field, count) \
+    if (!(s->field = be->ops->alloc(be, (count) * sizeof(*s->field)))) goto oom
+    ALLOC(h, n * H);
+    ALLOC(x, n * H);
+    ALLOC(o, n * H);
+    ALLOC(q, n * qmax);
+    ALLOC(k, n * kvmax);
+    ALLOC(v, n * kvmax);
+    ALLOC(attn, n * qmax);
+    ALLOC(gate, n * imax);
+    ALLOC(up, n * imax);
+    if (c->enable_moe_block) {
+        ALLOC(moe_x2, n * H);
+        ALLOC(moe_out, n * H);
+    }
+    if (P) {
+        ALLOC(ple, n * LP);
+        ALLOC(ple_t, n * LP);
+        ALLOC(ple_g, n * P);
+        ALLOC(ple_h, n * H);
+    }
+    ALLOC(logits, (size_t)s->logit_rows * (size_t)c->vocab_size);
+    ALLOC(ids, n);
+    ALLOC(seq, n);
+    ALLOC(pos, n);
+    ALLOC(out_rows, n);
+#undef ALLOC
+    return 0;
+oom:
+    return g4_fail(err, "out of memory for a batch of %d tokens", ctx->n_batch);
+}
+
+int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err) {
+    *out = NULL;
+    g4_context_params p = {0};
+    if (params) p = *params;
+    const g4_text_config *c = &model->cfg.text;
+    if (p.n_seq_max <= 0) p.n_seq_max = 1;
+    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (p.n_batch <= 0) p.n_batch = 512;
+    if (p.n_seq_max > 65536 || p.n_ctx > (1 << 24) || p.n_batch > (1 << 20))
+        return g4_fail(err, "context too large (%d sequences, %d positions, batch %d)", p.n_seq_max, p.n_ctx,
+                       p.n_batch);
+    if (p.n_ctx > c->max_position_embeddings)
+        return g4_fail(err, "n_ctx %d exceeds the model's max_position_embeddings %d", p.n_ctx,
+                       c->max_position_embeddings);
+    g4_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return g4_fail(err, "out of memory");
+    ctx->model = model;
+    ctx->n_seq = p.n_seq_max;
+    ctx->n_ctx = p.n_ctx;
+    ctx->n_batch = p.n_batch;
+    ctx->pos_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->rows_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    if (!ctx->pos_host || !ctx->rows_host) {
+        g4_fail(err, "out of memory");
+        goto fail;
+    }
+    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch, err)) goto fail;
+    if (scratch_alloc(ctx, err)) goto fail;
+    *out = ctx;
+    return 0;
+fail:
+    g4_context_free(ctx);
+    return -1;
+}
+
+void g4_context_free(g4_context *ctx) {
+    if (!ctx) return;
+    scratch_free(ctx);
+    if (ctx->kv.layers) g4_kv_cache_free(&ctx->kv);
+    free(ctx->pos_host);
+    free(ctx->rows_host);
+    free(ctx);
+}
+
+void g4_seq_reset(g4_context *ctx, int seq) {
+    if (seq >= 0 && seq < ctx->n_seq) ctx->kv.seq_len[seq] = 0;
+}
+
+int g4_seq_length(const g4_context *ctx, int seq) {
+    return (seq >= 0 && seq < ctx->n_seq) ? ctx->kv.seq_len[seq] : -1;
+}
+
+void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm) {
+    ctx->capture_hidden = hidden_per_layer;
+    ctx->capture_final = final_norm;
+}
+
+int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) {
+    const int n = b->n_tokens;
+    const int V = ctx->model->cfg.text.vocab_size;
+    if (n <= 0) return g4_fail(err, "empty batch");
+    if (n > ctx->n_batch) return g4_fail(err, "batch of %d tokens exceeds the context's limit of %d", n, ctx->n_batch);
+    int32_t *seq0 = NULL;
+    const int32_t *seq = b->seq;
+    if (!seq) {
+        seq0 = calloc((size_t)n, sizeof *seq0);
+        if (!seq0) return g4_fail(err, "out of memory");
+        seq = seq0;
+    }
+    int rc = -1;
+    /* positions continue each sequence; check ids, sequences and room */
+    int *added = calloc((size_t)ctx->n_seq, sizeof *added);
+    if (!added) {
+        g4_fail(err, "out of memory");
+        goto done;
+    }
+    int n_out = 0;
+    for (int i = 0; i < n; i++) {
+        if (b->token[i] < 0 || b->token[i] >= V) {
+            g4_fail(err, "token id %d at batch row %d is outside the vocabulary (0..%d)", b->token[i], i, V - 1);
+            goto done;
+        }
+        if (seq[i] < 0 || seq[i] >= ctx->n_seq) {
+            g4_fail(err, "sequence %d at batch row %d is outside 0..%d", seq[i], i, ctx->n_seq - 1);
+            goto done;
+        }
+        int p = ctx->kv.seq_len[seq[i]] + added[seq[i]]++;
+        if (p >= ctx->n_ctx) {
+            g4_fail(err, "sequence %d is full: position %d exceeds the context size %d", seq[i], p, ctx->n_ctx);
+            goto done;
+        }
+        ctx->pos_host[i] = p;
+        if (!b->want_logits || b->want_logits[i]) ctx->rows_host[n_out++] = i;
+    }
+    g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host};
+    if (g4_forward(ctx, &st, logits, err)) goto done;
+    for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
+    rc = 0;
+done:
+    free(added);
+    free(seq0);
+    return rc;
+}

@@ -1,0 +1,40 @@
+/* A context: the KV cache of up to n_seq sequences plus the scratch buffers one
+ * batch step needs, sized once (hot paths allocate nothing). */
+#ifndef G4_ENGINE_CONTEXT_H
+#define G4_ENGINE_CONTEXT_H
+
+#include "engine/kv_cache.h"
+#include "model/model.h"
+
+/* One batch step as the forward pass sees it: token i belongs to sequence seq[i]
+ * at absolute position pos[i]; out_rows lists the rows whose logits are wanted. */
+typedef struct g4_step {
+    int n;
+    const int32_t *ids, *seq, *pos; /* host arrays */
+    int n_out;
+    const int32_t *out_rows;
+} g4_step;
+
+typedef struct g4_scratch {
+    /* backend memory */
+    float *h, *x, *o, *q, *k, *v, *attn, *gate, *up, *moe_x2, *moe_out;
+    float *ple, *ple_t, *ple_g, *ple_h; /* PLE inputs [n, L*P], transposed [L, n, P], gate [n, P], out [n, H] */
+    float *logits;                      /* [logit_rows, V] */
+    int32_t *ids, *seq, *pos, *out_rows;
+    int logit_rows;
+} g4_scratch;
+
+struct g4_context {
+    g4_model *model;
+    int n_seq, n_ctx, n_batch;
+    g4_kv_cache kv;
+    g4_scratch s;
+    int32_t *pos_host;  /* [n_batch] */
+    int32_t *rows_host; /* [n_batch] */
+    float *capture_hidden, *capture_final; /* host, optional */
+};
+
+/* The decoder forward pass for one step (src/model/forward.c). */
+int g4_forward(g4_context *ctx, const g4_step *step, float *logits, g4_error *err);
+
+#endif

@@ -1,0 +1,287 @@
+#include "model/config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "core/mapped_file.h"
+
+static int get_int(const json_t *o, const char *key, int64_t def, int *out, int min, const char *what,
+                   g4_error *err) {
+    int64_t v;
+    if (g4_json_int(o, key, def, &v, what, err)) return -1;
+    if (v < min || v > 1000000000) return g4_fail(err, "%s: \"%s\" = %lld is out of range", what, key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_rope(const json_t *rp, const char *type_name, g4_rope_config *out, const char *what,
+                      g4_error *err) {
+    const json_t *p = json_object_get(rp, type_name);
+    if (!json_is_object(p)) return g4_fail(err, "%s: rope_parameters has no \"%s\" entry", what, type_name);
+    const char *rt;
+    if (g4_json_str(p, "rope_type", &rt, what, err)) return -1;
+    if (!rt || !strcmp(rt, "default"))
+        out->type = G4_ROPE_DEFAULT;
+    else if (!strcmp(rt, "proportional"))
+        out->type = G4_ROPE_PROPORTIONAL;
+    else
+        return g4_fail(err, "%s: rope_type \"%s\" of %s is not supported (default, proportional)", what, rt,
+                       type_name);
+    if (g4_json_num(p, "rope_theta", 10000.0, &out->theta, what, err) ||
+        g4_json_num(p, "partial_rotary_factor", 1.0, &out->partial_rotary_factor, what, err) ||
+        g4_json_num(p, "factor", 1.0, &out->factor, what, err))
+        return -1;
+    if (!(out->theta > 0) || !(out->factor > 0) || out->partial_rotary_factor < 0 ||
+        out->partial_rotary_factor > 1)
+        return g4_fail(err, "%s: invalid rope parameters for %s", what, type_name);
+    return 0;
+}
+
+static int parse_text(const json_t *tc, const char *what, g4_text_config *c, g4_error *err) {
+    memset(c, 0, sizeof *c);
+    int64_t tmp;
+    if (get_int(tc, "vocab_size", 262144, &c->vocab_size, 1, what, err) ||
+        get_int(tc, "hidden_size", 2304, &c->hidden_size, 1, what, err) ||
+        get_int(tc, "intermediate_size", 9216, &c->intermediate_size, 1, what, err) ||
+        get_int(tc, "num_hidden_layers", 30, &c->n_layers, 1, what, err) ||
+        get_int(tc, "num_attention_heads", 8, &c->n_heads, 1, what, err) ||
+        get_int(tc, "num_key_value_heads", 4, &c->n_kv_heads, 1, what, err) ||
+        get_int(tc, "head_dim", 256, &c->head_dim, 2, what, err) ||
+        get_int(tc, "sliding_window", 512, &c->sliding_window, 1, what, err) ||
+        get_int(tc, "vocab_size_per_layer_input", 262144, &c->vocab_size_per_layer_input, 0, what, err) ||
+        get_int(tc, "hidden_size_per_layer_input", 256, &c->hidden_size_per_layer_input, 0, what, err) ||
+        get_int(tc, "num_kv_shared_layers", 0, &c->num_kv_shared_layers, 0, what, err) ||
+        get_int(tc, "max_position_embeddings", 131072, &c->max_position_embeddings, 1, what, err) ||
+        get_int(tc, "pad_token_id", 0, &c->pad_token_id, 0, what, err) ||
+        get_int(tc, "bos_token_id", 2, &c->bos_token_id, 0, what, err))
+        return -1;
+    /* eos_token_id may be an int or a list; the text model only records the first */
+    const json_t *eos = json_object_get(tc, "eos_token_id");
+    c->eos_token_id = 1;
+    if (json_is_integer(eos)) c->eos_token_id = (int)json_integer_value(eos);
+    else if (json_is_array(eos) && json_array_size(eos) && json_is_integer(json_array_get(eos, 0)))
+        c->eos_token_id = (int)json_integer_value(json_array_get(eos, 0));
+    if (c->n_layers > G4_MAX_LAYERS)
+        return g4_fail(err, "%s: %d layers (at most %d supported)", what, c->n_layers, G4_MAX_LAYERS);
+    if (g4_json_num(tc, "rms_norm_eps", 1e-6, &c->rms_norm_eps, what, err) ||
+        g4_json_bool(tc, "attention_k_eq_v", 0, &c->attention_k_eq_v, what, err) ||
+        g4_json_bool(tc, "enable_moe_block", 0, &c->enable_moe_block, what, err) ||
+        g4_json_bool(tc, "use_double_wide_mlp", 0, &c->use_double_wide_mlp, what, err) ||
+        g4_json_bool(tc, "attention_bias", 0, &c->attention_bias, what, err) ||
+        g4_json_bool(tc, "tie_word_embeddings", 1, &c->tie_word_embeddings, what, err))
+        return -1;
+    if (!(c->rms_norm_eps >= 0)) return g4_fail(err, "%s: rms_norm_eps must be >= 0", what);
+    c->has_softcap = g4_json_present(tc, "final_logit_softcapping");
+    if (g4_json_num(tc, "final_logit_softcapping", 0.0, &c->final_logit_softcapping, what, err)) return -1;
+    if (c->has_softcap && !(c->final_logit_softcapping > 0))
+        return g4_fail(err, "%s: final_logit_softcapping must be positive", what);
+
+    const char *act;
+    if (g4_json_str(tc, "hidden_activation", &act, what, err)) return -1;
+    if (act && strcmp(act, "gelu_pytorch_tanh"))
+        return g4_fail(err, "%s: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)", what, act);
+    const char *bidi;
+    if (g4_json_str(tc, "use_bidirectional_attention", &bidi, what, err)) return -1;
+    if (bidi && !strcmp(bidi, "vision"))
+        c->bidirectional_vision = 1;
+    else if (bidi && !strcmp(bidi, "all"))
+        return g4_fail(err, "%s: use_bidirectional_attention \"all\" (a non-causal encoder) is not supported "
+                            "for generation", what);
+    else if (bidi)
+        return g4_fail(err, "%s: use_bidirectional_attention \"%s\" is not known", what, bidi);
+
+    if (c->enable_moe_block) {
+        if (get_int(tc, "num_experts", 0, &c->num_experts, 1, what, err) ||
+            get_int(tc, "top_k_experts", 0, &c->top_k_experts, 1, what, err) ||
+            get_int(tc, "moe_intermediate_size", 0, &c->moe_intermediate_size, 1, what, err))
+            return g4_fail_prefix(err, "enable_moe_block needs num_experts, top_k_experts and "
+                                       "moe_intermediate_size");
+        if (c->top_k_experts > c->num_experts)
+            return g4_fail(err, "%s: top_k_experts %d > num_experts %d", what, c->top_k_experts, c->num_experts);
+    }
+    if (c->hidden_size_per_layer_input > 0 && c->vocab_size_per_layer_input <= 0)
+        return g4_fail(err, "%s: per-layer embeddings need vocab_size_per_layer_input", what);
+
+    /* 1.2 layer types; the last layer is always full attention */
+    const int L = c->n_layers;
+    const json_t *lt = json_object_get(tc, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || (int)json_array_size(lt) != L)
+            return g4_fail(err, "%s: layer_types must list %d layer types", what, L);
+        for (int l = 0; l < L; l++) {
+            const char *s = json_string_value(json_array_get(lt, (size_t)l));
+            if (s && !strcmp(s, "sliding_attention"))
+                c->layer_type[l] = G4_LAYER_SLIDING;
+            else if (s && !strcmp(s, "full_attention"))
+                c->layer_type[l] = G4_LAYER_FULL;
+            else
+                return g4_fail(err, "%s: layer_types[%d] must be \"sliding_attention\" or \"full_attention\"",
+                               what, l);
+        }
+    } else {
+        for (int l = 0; l < L; l++) c->layer_type[l] = (l + 1) % 6 == 0 ? G4_LAYER_FULL : G4_LAYER_SLIDING;
+    }
+    c->layer_type[L - 1] = G4_LAYER_FULL;
+
+    /* 1.3 per-layer head_dim / kv heads, in both spellings */
+    for (int l = 0; l < L; l++) {
+        c->layer_head_dim[l] = c->head_dim;
+        c->layer_kv_heads[l] = c->n_kv_heads;
+    }
+    const json_t *plc = json_object_get(tc, "per_layer_config");
+    if (plc && !json_is_null(plc)) {
+        if (!json_is_object(plc)) return g4_fail(err, "%s: per_layer_config must be an object", what);
+        const char *key;
+        json_t *ov;
+        json_object_foreach((json_t *)plc, key, ov) {
+            char *end;
+            long li = strtol(key, &end, 10);
+            if (!*key || *end || li < 0 || li >= L)
+                return g4_fail(err, "%s: per_layer_config key \"%s\" is not a layer index", what, key);
+            if (!json_is_object(ov)) return g4_fail(err, "%s: per_layer_config[\"%s\"] must be an object", what, key);
+            char w2[160];
+            snprintf(w2, sizeof w2, "%s per_layer_config[\"%s\"]", what, key);
+            if (get_int(ov, "head_dim", c->head_dim, &c->layer_head_dim[li], 2, w2, err) ||
+                get_int(ov, "num_key_value_heads", c->n_kv_heads, &c->layer_kv_heads[li], 1, w2, err))
+                return -1;
+        }
+    } else {
+        const json_t *ghd = json_object_get(tc, "global_head_dim");
+        if (ghd && json_is_null(ghd)) return g4_fail(err, "%s: global_head_dim must not be null", what);
+        if (g4_json_int(tc, "global_head_dim", 512, &tmp, what, err)) return -1;
+        if (tmp < 2 || tmp > 65536) return g4_fail(err, "%s: global_head_dim %lld is out of range", what, (long long)tmp);
+        int ghd_v = (int)tmp;
+        int gkv = 0;
+        if (c->attention_k_eq_v && g4_json_present(tc, "num_global_key_value_heads") &&
+            get_int(tc, "num_global_key_value_heads", 0, &gkv, 1, what, err))
+            return -1;
+        for (int l = 0; l < L; l++)
+            if (c->layer_type[l] == G4_LAYER_FULL) {
+                c->layer_head_dim[l] = ghd_v;
+                if (gkv) c->layer_kv_heads[l] = gkv;
+            }
+    }
+    for (int t = 0; t < G4_LAYER_TYPES; t++) c->type_head_dim[t] = 0;
+    for (int l = 0; l < L; l++) {
+        int hd = c->layer_head_dim[l], kv = c->layer_kv_heads[l];
+        if (hd % 2) return g4_fail(err, "%s: layer %d head_dim %d is odd", what, l, hd);
+        if (c->n_heads % kv)
+            return g4_fail(err, "%s: layer %d: %d attention heads are not a multiple of %d kv heads", what, l,
+                           c->n_heads, kv);
+        int t = c->layer_type[l];
+        if (!c->type_head_dim[t]) c->type_head_dim[t] = hd;
+        else if (c->type_head_dim[t] != hd)
+            return g4_fail(err, "%s: layers of one type must share head_dim (layer %d has %d, another %d)", what, l,
+                           hd, c->type_head_dim[t]);
+    }
+
+    /* 1.4 RoPE per layer type */
+    const json_t *rp = json_object_get(tc, "rope_parameters");
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp)) return g4_fail(err, "%s: rope_parameters must be an object", what);
+        for (int t = 0; t < G4_LAYER_TYPES; t++)
+            if (c->type_head_dim[t] &&
+                parse_rope(rp, t == G4_LAYER_FULL ? "full_attention" : "sliding_attention", &c->rope[t], what, err))
+                return -1;
+    } else {
+        c->rope[G4_LAYER_SLIDING] = (g4_rope_config){G4_ROPE_DEFAULT, 10000.0, 1.0, 1.0};
+        c->rope[G4_LAYER_FULL] = (g4_rope_config){G4_ROPE_PROPORTIONAL, 1000000.0, 0.25, 1.0};
+    }
+
+    /* KV sharing (3.5) and MLP width (2) */
+    int first = L - c->num_kv_shared_layers;
+    if (first < 0) return g4_fail(err, "%s: num_kv_shared_layers %d > num_hidden_layers %d", what,
+                                  c->num_kv_shared_layers, L);
+    for (int l = 0; l < L; l++) {
+        int shared = c->num_kv_shared_layers > 0 && l >= first;
+        c->layer_kv_shared[l] = shared;
+        c->layer_kv_source[l] = l;
+        if (shared) {
+            int src = -1;
+            for (int j = first - 1; j >= 0; j--)
+                if (c->layer_type[j] == c->layer_type[l]) {
+                    src = j;
+                    break;
+                }
+            if (src < 0)
+                return g4_fail(err, "%s: KV-shared layer %d has no earlier non-shared %s layer to read from", what, l,
+                               c->layer_type[l] == G4_LAYER_FULL ? "full-attention" : "sliding");
+            c->layer_kv_source[l] = src;
+        }
+        c->layer_k_eq_v[l] = c->attention_k_eq_v && c->layer_type[l] == G4_LAYER_FULL;
+        c->layer_intermediate[l] =
+            (c->use_double_wide_mlp && first > 0 && l >= first) ? 2 * c->intermediate_size : c->intermediate_size;
+    }
+    /* shared layers read their source's cache: geometry must agree */
+    for (int l = 0; l < L; l++) {
+        int s = c->layer_kv_source[l];
+        if (c->layer_head_dim[s] != c->layer_head_dim[l] || c->layer_kv_heads[s] != c->layer_kv_heads[l])
+            return g4_fail(err, "%s: KV-shared layer %d and its source %d differ in head_dim or kv heads", what, l, s);
+    }
+    return 0;
+}
+
+static int opt_token(const json_t *root, const char *key, int def, int *out, const char *what, g4_error *err) {
+    return get_int(root, key, def, out, 0, what, err);
+}
+
+int g4_config_parse(const json_t *root, const char *what, g4_model_config *cfg, g4_error *err) {
+    memset(cfg, 0, sizeof *cfg);
+    if (!json_is_object(root)) return g4_fail(err, "%s: not a JSON object", what);
+    const char *mt;
+    if (g4_json_str(root, "model_type", &mt, what, err)) return -1;
+    if (!mt) return g4_fail(err, "%s: no \"model_type\"", what);
+    if (!strcmp(mt, "gemma4")) {
+        snprintf(cfg->model_type, sizeof cfg->model_type, "gemma4");
+        snprintf(cfg->weight_prefix, sizeof cfg->weight_prefix, "model.language_model.");
+        cfg->multimodal_wrapper = 1;
+        const json_t *tc = json_object_get(root, "text_config");
+        json_t *empty = NULL;
+        if (!tc || json_is_null(tc)) tc = empty = json_object();
+        else if (!json_is_object(tc)) return g4_fail(err, "%s: text_config must be an object", what);
+        int rc = parse_text(tc, what, &cfg->text, err);
+        json_decref(empty);
+        if (rc) return -1;
+        cfg->has_vision = g4_json_present(root, "vision_config");
+        cfg->has_audio = g4_json_present(root, "audio_config");
+        int eoa = 258883;
+        if (opt_token(root, "image_token_id", 258880, &cfg->image_token_id, what, err) ||
+            opt_token(root, "audio_token_id", 258881, &cfg->audio_token_id, what, err) ||
+            opt_token(root, "video_token_id", 258884, &cfg->video_token_id, what, err) ||
+            opt_token(root, "boi_token_id", 255999, &cfg->boi_token_id, what, err) ||
+            opt_token(root, "eoi_token_id", 258882, &cfg->eoi_token_id, what, err) ||
+            opt_token(root, "boa_token_id", 256000, &cfg->boa_token_id, what, err) ||
+            opt_token(root, "eoa_token_index", 258883, &eoa, what, err) ||
+            opt_token(root, "eoa_token_id", eoa, &cfg->eoa_token_id, what, err))
+            return -1;
+        /* the wrapper's tie flag wins over the text config's (both default to true) */
+        int tie;
+        if (g4_json_bool(root, "tie_word_embeddings", cfg->text.tie_word_embeddings, &tie, what, err)) return -1;
+        cfg->text.tie_word_embeddings = tie;
+        return 0;
+    }
+    if (!strcmp(mt, "gemma4_text")) {
+        snprintf(cfg->model_type, sizeof cfg->model_type, "gemma4_text");
+        snprintf(cfg->weight_prefix, sizeof cfg->weight_prefix, "model.");
+        return parse_text(root, what, &cfg->text, err);
+    }
+    if (!strcmp(mt, "gemma4_unified"))
+        return g4_fail(err, "%s: model_type \"gemma4_unified\" (Gemma 4 12B) is not supported yet", what);
+    return g4_fail(err, "%s: unknown model_type \"%s\" (gemma4c runs \"gemma4\" and \"gemma4_text\")", what, mt);
+}
+
+int g4_config_load(const char *dir, g4_model_config *cfg, g4_error *err) {
+    char path[4096];
+    if (g4_path_join(path, sizeof path, dir, "config.json", err)) return -1;
+    if (!g4_file_exists(path)) return g4_fail(err, "%s: no config.json (is this a model folder?)", dir);
+    json_t *root;
+    if (g4_json_load_file(path, &root, err)) return -1;
+    int rc = g4_config_parse(root, path, cfg, err);
+    json_decref(root);
+    return rc;
+}

@@ -1,0 +1,345 @@
+/* Loading a Gemma 4 model: config, weights (safetensors), binding by architecture.
+ *
+ * Binding walks the architecture (docs/gemma4-text.md section 2) and looks up every
+ * tensor it needs, checking dtype and shape. Tensors that are truly missing are
+ * reported together, by name; tensors that nothing uses are reported as warnings.
+ * Tensors absent or ignored by design are neither: k/v projections and k_norm of
+ * KV-shared layers, v_proj of k_eq_v layers, v_norm, lm_head when tied, rotary
+ * buffers, and the vision/audio towers (not run by the text decoder). */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "formats/safetensors.h"
+
+typedef struct binder {
+    g4_model *m;
+    unsigned char *used; /* per tensor of m->weights */
+    char missing[1024];
+    int n_missing;
+    g4_error *err;
+    int failed; /* a hard error (wrong shape / dtype / memory) is in err */
+} binder;
+
+static void add_missing(binder *b, const char *name) {
+    size_t len = strlen(b->missing);
+    if (b->n_missing < 6)
+        snprintf(b->missing + len, sizeof b->missing - len, "%s%s", b->n_missing ? ", " : "", name);
+    b->n_missing++;
+}
+
+static int dtype_ok_for_matrix(g4_dtype t) { return t == G4_BF16 || t == G4_F16 || t == G4_F32; }
+
+/* Looks up prefix+name, checks the shape; NULL (and records why) when absent or wrong. */
+static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const int64_t *shape) {
+    if (b->failed) return NULL;
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", b->m->cfg.weight_prefix, name);
+    const g4_tensor *t = g4_tensor_set_find(&b->m->weights, full);
+    if (!t) {
+        add_missing(b, full);
+        return NULL;
+    }
+    b->used[t - b->m->weights.tensors] = 1;
+    int same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
+    if (!same) {
+        char s1[128], s2[128];
+        g4_fail(b->err, "tensor '%s' has shape %s, the config implies %s", full, g4_shape_str(t->shape, t->ndim, s1, sizeof s1),
+                g4_shape_str(shape, ndim, s2, sizeof s2));
+        b->failed = 1;
+        return NULL;
+    }
+    if (!dtype_ok_for_matrix(t->dtype)) {
+        g4_fail(b->err, "tensor '%s' has dtype %s (supported: BF16, F16, F32)", full,
+                t->dtype ? g4_dtype_name(t->dtype) : "of a kind this engine does not read");
+        b->failed = 1;
+        return NULL;
+    }
+    return t;
+}
+
+static const g4_tensor *bind2(binder *b, const char *name, int64_t d0, int64_t d1) {
+    int64_t s[2] = {d0, d1};
+    return bind_shape(b, name, 2, s);
+}
+
+static const g4_tensor *bind3(binder *b, const char *name, int64_t d0, int64_t d1, int64_t d2) {
+    int64_t s[3] = {d0, d1, d2};
+    return bind_shape(b, name, 3, s);
+}
+
+/* A vector of n floats, copied to f32 (norm weights, scales, biases). */
+static const float *bind_vec(binder *b, const char *name, int64_t n) {
+    const g4_tensor *t = bind_shape(b, name, 1, &n);
+    if (!t) return NULL;
+    float *v = malloc((size_t)n * sizeof(float));
+    float **blocks = realloc(b->m->f32_blocks, (size_t)(b->m->n_f32_blocks + 1) * sizeof *blocks);
+    if (!v || !blocks) {
+        free(v);
+        if (blocks) b->m->f32_blocks = blocks;
+        g4_fail(b->err, "out of memory");
+        b->failed = 1;
+        return NULL;
+    }
+    b->m->f32_blocks = blocks;
+    blocks[b->m->n_f32_blocks++] = v;
+    g4_to_f32(t->dtype, t->data, v, (size_t)n);
+    return v;
+}
+
+static void fmt_name(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fmt_name(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+static void warn(g4_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void warn(g4_model *m, const char *fmt, ...) {
+    char line[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    size_t old = m->warnings ? strlen(m->warnings) : 0;
+    char *w = realloc(m->warnings, old + strlen(line) + 2);
+    if (!w) return;
+    memcpy(w + old, line, strlen(line));
+    w[old + strlen(line)] = '\n';
+    w[old + strlen(line) + 1] = 0;
+    m->warnings = w;
+}
+
+static int is_tower_tensor(const char *name) {
+    static const char *towers[] = {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
+                                   "model.embed_audio.", "model.multi_modal_projector."};
+    for (size_t i = 0; i < sizeof towers / sizeof towers[0]; i++)
+        if (!strncmp(name, towers[i], strlen(towers[i]))) return 1;
+    return 0;
+}
+
+/* Tensors a checkpoint may carry that the architecture ignores by design. */
+static int ignored_by_design(const g4_model *m, const char *name) {
+    const g4_text_config *c = &m->cfg.text;
+    const char *pre = m->cfg.weight_prefix;
+    size_t pl = strlen(pre);
+    if (!strcmp(name, "lm_head.weight") && c->tie_word_embeddings) return 1;
+    if (strncmp(name, pre, pl)) return 0;
+    const char *rest = name + pl;
+    if (strstr(rest, "rotary_emb.") || strstr(rest, "v_norm.weight")) return 1;
+    int l;
+    char tail[256];
+    if (sscanf(rest, "layers.%d.self_attn.%255s", &l, tail) == 2 && l >= 0 && l < c->n_layers &&
+        c->layer_kv_shared[l] &&
+        (!strncmp(tail, "k_proj.", 7) || !strncmp(tail, "v_proj.", 7) || !strncmp(tail, "k_norm.", 7)))
+        return 1;
+    return 0;
+}
+
+static int bind_weights(g4_model *m, g4_error *err) {
+    const g4_text_config *c = &m->cfg.text;
+    const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
+    binder b = {.m = m, .err = err};
+    b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
+    m->layers = calloc((size_t)L, sizeof *m->layers);
+    if (!b.used || !m->layers) {
+        free(b.used);
+        return g4_fail(err, "out of memory");
+    }
+    char n[256];
+    m->embed = bind2(&b, "embed_tokens.weight", c->vocab_size, H);
+    m->final_norm = bind_vec(&b, "norm.weight", H);
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else {
+        const g4_tensor *t = g4_tensor_set_find(&m->weights, "lm_head.weight");
+        if (!t) {
+            add_missing(&b, "lm_head.weight");
+        } else if (t->ndim != 2 || t->shape[0] != c->vocab_size || t->shape[1] != H || !dtype_ok_for_matrix(t->dtype)) {
+            b.failed = 1;
+            g4_fail(err, "tensor 'lm_head.weight' must be [%d, %d] of BF16/F16/F32", c->vocab_size, H);
+        } else {
+            b.used[t - m->weights.tensors] = 1;
+            m->lm_head = t;
+        }
+    }
+    if (P > 0) {
+        m->ple_embed = bind2(&b, "embed_tokens_per_layer.weight", c->vocab_size_per_layer_input, (int64_t)L * P);
+        m->ple_model_proj = bind2(&b, "per_layer_model_projection.weight", (int64_t)L * P, H);
+        m->ple_proj_norm = bind_vec(&b, "per_layer_projection_norm.weight", P);
+    }
+    for (int l = 0; l < L && !b.failed; l++) {
+        g4_layer *y = &m->layers[l];
+        const int D = c->layer_head_dim[l], KV = c->layer_kv_heads[l], I = c->layer_intermediate[l];
+#define NAME(...) (fmt_name(n, sizeof n, __VA_ARGS__), n)
+        y->input_norm = bind_vec(&b, NAME("layers.%d.input_layernorm.weight", l), H);
+        y->post_attn_norm = bind_vec(&b, NAME("layers.%d.post_attention_layernorm.weight", l), H);
+        y->pre_ff_norm = bind_vec(&b, NAME("layers.%d.pre_feedforward_layernorm.weight", l), H);
+        y->post_ff_norm = bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm.weight", l), H);
+        const float *ls = bind_vec(&b, NAME("layers.%d.layer_scalar", l), 1);
+        y->layer_scalar = ls ? ls[0] : 1.0f;
+        y->q_proj = bind2(&b, NAME("layers.%d.self_attn.q_proj.weight", l), (int64_t)NH * D, H);
+        y->q_norm = bind_vec(&b, NAME("layers.%d.self_attn.q_norm.weight", l), D);
+        y->o_proj = bind2(&b, NAME("layers.%d.self_attn.o_proj.weight", l), H, (int64_t)NH * D);
+        if (c->attention_bias) {
+            y->q_bias = bind_vec(&b, NAME("layers.%d.self_attn.q_proj.bias", l), (int64_t)NH * D);
+            y->o_bias = bind_vec(&b, NAME("layers.%d.self_attn.o_proj.bias", l), H);
+        }
+        if (!c->layer_kv_shared[l]) {
+            y->k_proj = bind2(&b, NAME("layers.%d.self_attn.k_proj.weight", l), (int64_t)KV * D, H);
+            y->k_norm = bind_vec(&b, NAME("layers.%d.self_attn.k_norm.weight", l), D);
+            if (c->attention_bias) y->k_bias = bind_vec(&b, NAME("layers.%d.self_attn.k_proj.bias", l), (int64_t)KV * D);
+            if (!c->layer_k_eq_v[l]) {
+                y->v_proj = bind2(&b, NAME("layers.%d.self_attn.v_proj.weight", l), (int64_t)KV * D, H);
+                if (c->attention_bias)
+                    y->v_bias = bind_vec(&b, NAME("layers.%d.self_attn.v_proj.bias", l), (int64_t)KV * D);
+            }
+        }
+        y->gate_proj = bind2(&b, NAME("layers.%d.mlp.gate_proj.weight", l), I, H);
+        y->up_proj = bind2(&b, NAME("layers.%d.mlp.up_proj.weight", l), I, H);
+        y->down_proj = bind2(&b, NAME("layers.%d.mlp.down_proj.weight", l), H, I);
+        if (P > 0) {
+            y->ple_gate = bind2(&b, NAME("layers.%d.per_layer_input_gate.weight", l), P, H);
+            y->ple_proj = bind2(&b, NAME("layers.%d.per_layer_projection.weight", l), H, P);
+            y->ple_post_norm = bind_vec(&b, NAME("layers.%d.post_per_layer_input_norm.weight", l), H);
+        }
+        if (c->enable_moe_block) {
+            const int E = c->num_experts, Im = c->moe_intermediate_size;
+            y->router_proj = bind2(&b, NAME("layers.%d.router.proj.weight", l), E, H);
+            y->router_scale = bind_vec(&b, NAME("layers.%d.router.scale", l), H);
+            y->per_expert_scale = bind_vec(&b, NAME("layers.%d.router.per_expert_scale", l), E);
+            y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
+            y->experts_down = bind3(&b, NAME("layers.%d.experts.down_proj", l), E, H, Im);
+            y->pre_ff_norm2 = bind_vec(&b, NAME("layers.%d.pre_feedforward_layernorm_2.weight", l), H);
+            y->post_ff_norm1 = bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_1.weight", l), H);
+            y->post_ff_norm2 = bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_2.weight", l), H);
+        }
+#undef NAME
+    }
+    if (b.failed) {
+        free(b.used);
+        return -1;
+    }
+    if (b.n_missing) {
+        free(b.used);
+        return g4_fail(err, "%s: %d tensor%s missing: %s%s", m->dir, b.n_missing, b.n_missing > 1 ? "s are" : " is",
+                       b.missing, b.n_missing > 6 ? ", ..." : "");
+    }
+    int n_unexpected = 0;
+    for (int i = 0; i < m->weights.n_tensors; i++) {
+        const char *name = m->weights.tensors[i].name;
+        if (b.used[i] || ignored_by_design(m, name)) continue;
+        if (is_tower_tensor(name)) continue; /* vision/audio towers: not part of the text decoder */
+        if (n_unexpected < 8) warn(m, "unexpected tensor '%s' is not used", name);
+        n_unexpected++;
+    }
+    if (n_unexpected > 8) warn(m, "... and %d more unexpected tensors", n_unexpected - 8);
+    free(b.used);
+    return 0;
+}
+
+void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
+    int half = head_dim / 2;
+    int n_rot = half;
+    if (rc->type == G4_ROPE_PROPORTIONAL) n_rot = (int)floor(rc->partial_rotary_factor * head_dim / 2.0);
+    for (int k = 0; k < half; k++) {
+        if (k >= n_rot) {
+            out[k] = 0.0f;
+            continue;
+        }
+        float e = (float)(2 * k) / (float)head_dim;
+        float f = 1.0f / powf((float)rc->theta, e);
+        if (rc->type == G4_ROPE_PROPORTIONAL) f = (float)(f / rc->factor);
+        out[k] = f;
+    }
+}
+
+const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
+
+int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
+int g4_model_n_layers(const g4_model *m) { return m->cfg.text.n_layers; }
+int g4_model_hidden_size(const g4_model *m) { return m->cfg.text.hidden_size; }
+
+void g4_model_free(g4_model *m) {
+    if (!m) return;
+    g4_backend_free(m->be);
+    for (int i = 0; i < m->n_f32_blocks; i++) free(m->f32_blocks[i]);
+    free(m->f32_blocks);
+    for (int t = 0; t < G4_LAYER_TYPES; t++) free(m->inv_freq[t]);
+    free(m->layers);
+    free(m->warnings);
+    g4_tensor_set_free(&m->weights);
+    free(m);
+}
+
+/* Touches every page of the weights once, in file order, so that a large model is
+ * read from disk up front with a progress report instead of during the first tokens. */
+static void page_in(g4_model *m, const g4_load_params *p) {
+    size_t total = 0, done = 0;
+    for (int i = 0; i < m->weights.n_files; i++) total += m->weights.files[i].size;
+    if (!total) return;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) page = 4096;
+    int last = -1;
+    volatile unsigned char sink = 0;
+    for (int i = 0; i < m->weights.n_files; i++) {
+        const g4_mapped_file *f = &m->weights.files[i];
+        madvise((void *)f->data, f->size, MADV_WILLNEED);
+        for (size_t o = 0; o < f->size; o += (size_t)page) {
+            sink ^= f->data[o];
+            done += (size_t)page;
+            int pct = (int)(100.0 * (double)(done < total ? done : total) / (double)total);
+            if (pct != last && p->progress) {
+                last = pct;
+                p->progress((float)pct / 100.0f, "loading weights", p->progress_user);
+            }
+        }
+    }
+    (void)sink;
+}
+
+int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err) {
+    *out = NULL;
+    g4_load_params defaults = {0};
+    if (!params) params = &defaults;
+    g4_model *m = calloc(1, sizeof *m);
+    if (!m) return g4_fail(err, "out of memory");
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    if (g4_config_load(dir, &m->cfg, err)) goto fail;
+    const g4_text_config *c = &m->cfg.text;
+    for (int t = 0; t < G4_LAYER_TYPES; t++)
+        if (c->type_head_dim[t] > 8192) {
+            g4_fail(err, "%s: head_dim %d is larger than this engine supports (8192)", dir, c->type_head_dim[t]);
+            goto fail;
+        }
+    if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
+    if (bind_weights(m, err)) goto fail;
+    for (int t = 0; t < G4_LAYER_TYPES; t++) {
+        int hd = c->type_head_dim[t];
+        if (!hd) continue;
+        m->inv_freq[t] = malloc((size_t)(hd / 2) * sizeof(float));
+        if (!m->inv_freq[t]) {
+            g4_fail(err, "out of memory");
+            goto fail;
+        }
+        g4_rope_inv_freq(&c->rope[t], hd, m->inv_freq[t]);
+    }
+    m->embed_scale = sqrtf((float)c->hidden_size);
+    if (params->progress) page_in(m, params);
+    m->be = g4_backend_cpu_new(params->n_threads, err);
+    if (!m->be) goto fail;
+    *out = m;
+    return 0;
+fail:
+    g4_model_free(m);
+    return -1;
+}

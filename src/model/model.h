@@ -1,0 +1,56 @@
+/* A loaded Gemma 4 text model: configuration, weights bound by the architecture,
+ * and the backend that runs it. */
+#ifndef G4_MODEL_MODEL_H
+#define G4_MODEL_MODEL_H
+
+#include "backend/backend.h"
+#include "formats/tensor_set.h"
+#include "model/config.h"
+
+/* A weight matrix the backend reads directly (a view into the checkpoint). */
+typedef g4_tensor g4_weight;
+
+typedef struct g4_layer {
+    /* attention */
+    const g4_weight *q_proj, *k_proj, *v_proj, *o_proj; /* k/v NULL on KV-shared layers; v NULL on k_eq_v */
+    const float *q_bias, *k_bias, *v_bias, *o_bias;     /* attention_bias only */
+    const float *q_norm, *k_norm;                       /* [D] */
+    const float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [H] */
+    float layer_scalar;
+    /* dense MLP */
+    const g4_weight *gate_proj, *up_proj, *down_proj;
+    /* per-layer embeddings (PLE) */
+    const g4_weight *ple_gate, *ple_proj; /* [P, H], [H, P] */
+    const float *ple_post_norm;           /* [H] */
+    /* mixture of experts */
+    const g4_weight *router_proj, *experts_gate_up, *experts_down;
+    const float *router_scale, *per_expert_scale, *pre_ff_norm2, *post_ff_norm1, *post_ff_norm2;
+} g4_layer;
+
+struct g4_model {
+    g4_model_config cfg;
+    g4_tensor_set weights;
+    g4_backend *be;
+    const g4_weight *embed;          /* [V, H] */
+    const g4_weight *lm_head;        /* == embed when tied */
+    const g4_weight *ple_embed;      /* [Vp, L*P] */
+    const g4_weight *ple_model_proj; /* [L*P, H] */
+    const float *ple_proj_norm;      /* [P] */
+    const float *final_norm;         /* [H] */
+    g4_layer *layers;
+    float *inv_freq[G4_LAYER_TYPES]; /* [head_dim/2] per layer type */
+    float embed_scale;               /* fp32(sqrt(H)) */
+    /* model-owned float copies of small vectors (norm weights, scales) */
+    float **f32_blocks;
+    int n_f32_blocks;
+    char *warnings;                  /* NULL or lines ending in '\n' */
+    char dir[1024];
+};
+
+/* Inverse RoPE frequencies of a layer type (docs/gemma4-text.md 3.3); out has head_dim/2 floats. */
+void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);
+
+/* Warnings gathered while loading (unexpected tensors, ...), or NULL. */
+const char *g4_model_warnings(const g4_model *model);
+
+#endif

@@ -1,0 +1,342 @@
+/* The text decoder against the transformers references of ../shared/fixtures:
+ * full-forward logits and per-layer hidden states, teacher-forced decode through
+ * the KV cache, 24 greedy tokens, chunked prefill, two sequences in one batch;
+ * on the checkpoints as shipped, re-saved as sharded safetensors, and as float32. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "check.h"
+#include "core/mapped_file.h"
+#include "engine/context.h"
+#include "formats/safetensors.h"
+#include "gemma4c.h"
+#include "reference.h"
+
+#define LOGIT_TOL 2e-3f
+#define HIDDEN_REL_TOL 1e-3f
+
+typedef struct {
+    g4_tensor_set ref;
+    int32_t *ids, *greedy, *decode_ids;
+    size_t n_ids, n_greedy, n_decode;
+    float *logits, *hidden, *final_norm, *decode_logits;
+} reference;
+
+static int load_reference(const char *fixture, reference *r) {
+    g4_error err;
+    memset(r, 0, sizeof *r);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/reference.safetensors", fixture);
+    if (g4_safetensors_add_file(&r->ref, path, &err) || g4_tensor_set_finish(&r->ref, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    r->ids = ref_ids(&r->ref, "input_ids", &r->n_ids);
+    r->greedy = ref_ids(&r->ref, "greedy_ids", &r->n_greedy);
+    r->decode_ids = ref_ids(&r->ref, "decode_ids", &r->n_decode);
+    r->logits = ref_f32(&r->ref, "logits", NULL);
+    r->hidden = ref_f32(&r->ref, "hidden_states", NULL);
+    r->final_norm = ref_f32(&r->ref, "final_norm", NULL);
+    r->decode_logits = ref_f32(&r->ref, "decode_logits", NULL);
+    return (r->ids && r->greedy && r->decode_ids && r->logits && r->hidden && r->final_norm && r->decode_logits) ? 0 : -1;
+}
+
+static void free_reference(reference *r) {
+    free(r->ids);
+    free(r->greedy);
+    free(r->decode_ids);
+    free(r->logits);
+    free(r->hidden);
+    free(r->final_norm);
+    free(r->decode_logits);
+    g4_tensor_set_free(&r->ref);
+}
+
+/* Runs ids through sequence `seq` in chunks of `chunk`; returns logits of the last row in last_logits. */
+static int prefill(g4_context *ctx, const int32_t *ids, int n, int seq, int chunk, float *last_logits) {
+    g4_error err;
+    int32_t seqs[512];
+    uint8_t want[512];
+    for (int i = 0; i < n; i += chunk) {
+        int m = n - i < chunk ? n - i : chunk;
+        for (int j = 0; j < m; j++) {
+            seqs[j] = seq;
+            want[j] = (i + j == n - 1);
+        }
+        g4_batch b = {m, ids + i, seqs, want};
+        if (g4_decode(ctx, &b, last_logits, &err)) {
+            fprintf(stderr, "decode: %s\n", err.msg);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void check_model(const char *label, const char *model_dir, const reference *r) {
+    g4_error err;
+    g4_model *model;
+    g4_load_params lp = {.n_threads = 2};
+    if (g4_model_load(model_dir, &lp, &model, &err)) {
+        CHECKF(0, "%s: load failed: %s", label, err.msg);
+        return;
+    }
+    CHECKF(g4_model_warnings(model) == NULL, "%s: unexpected warnings: %s", label, g4_model_warnings(model));
+    const int V = g4_model_vocab_size(model), L = g4_model_n_layers(model), H = g4_model_hidden_size(model);
+    const int T = (int)r->n_ids;
+    g4_context *ctx;
+    g4_context_params cp = {.n_seq_max = 2, .n_ctx = 128, .n_batch = 64};
+    if (g4_context_new(model, &cp, &ctx, &err)) {
+        CHECKF(0, "%s: context: %s", label, err.msg);
+        g4_model_free(model);
+        return;
+    }
+    float *logits = malloc((size_t)T * V * sizeof(float));
+    float *hidden = malloc((size_t)L * T * H * sizeof(float));
+    float *fnorm = malloc((size_t)T * H * sizeof(float));
+    float *row = malloc((size_t)V * sizeof(float));
+
+    /* 1. one full forward of the prompt: logits of every position, every layer's output */
+    g4_context_capture(ctx, hidden, fnorm);
+    g4_batch b = {T, r->ids, NULL, NULL};
+    CHECKF(g4_decode(ctx, &b, logits, &err) == 0, "%s: %s", label, err.msg);
+    g4_context_capture(ctx, NULL, NULL);
+    float e_logits = max_abs_diff(logits, r->logits, (size_t)T * V);
+    CHECKF(e_logits <= LOGIT_TOL, "%s: full-forward logits differ by %g", label, e_logits);
+    float worst_hidden = 0;
+    for (int l = 0; l < L; l++) {
+        const float *ref = r->hidden + (size_t)l * T * H;
+        float rel = max_abs_diff(hidden + (size_t)l * T * H, ref, (size_t)T * H) / max_abs(ref, (size_t)T * H);
+        if (!(rel <= worst_hidden)) worst_hidden = rel;
+        CHECKF(rel <= HIDDEN_REL_TOL, "%s: hidden state of layer %d differs by %g relative", label, l, rel);
+    }
+    float rel_final = max_abs_diff(fnorm, r->final_norm, (size_t)T * H) / max_abs(r->final_norm, (size_t)T * H);
+    CHECKF(rel_final <= HIDDEN_REL_TOL, "%s: final norm differs by %g relative", label, rel_final);
+
+    /* 2. teacher-forced decode through the cache, position by position. This context allows
+     * batches of 5, so its sliding layers keep a ring of W - 1 + 5 = 20 rows that wraps several
+     * times during the prefill (chunks of 5) and the decode. */
+    g4_context *small;
+    g4_context_params sp = {.n_seq_max = 1, .n_ctx = 128, .n_batch = 5};
+    if (g4_context_new(model, &sp, &small, &err)) {
+        CHECKF(0, "%s: context: %s", label, err.msg);
+        return;
+    }
+    CHECKF(small->kv.layers[0].window == 0 || small->kv.layers[0].cap < T,
+           "%s: the sliding ring (%d rows) must be shorter than the prompt", label, small->kv.layers[0].cap);
+    CHECK(prefill(small, r->ids, T, 0, 5, row) == 0);
+    float e_prefill_last = max_abs_diff(row, r->logits + (size_t)(T - 1) * V, (size_t)V);
+    CHECKF(e_prefill_last <= LOGIT_TOL, "%s: prefill last-row logits differ by %g", label, e_prefill_last);
+    float e_decode = 0;
+    for (size_t i = 0; i < r->n_decode; i++) {
+        g4_batch d = {1, &r->decode_ids[i], NULL, NULL};
+        if (g4_decode(small, &d, row, &err)) {
+            CHECKF(0, "%s: decode step %zu: %s", label, i, err.msg);
+            break;
+        }
+        float e = max_abs_diff(row, r->decode_logits + i * (size_t)V, (size_t)V);
+        if (!(e <= e_decode)) e_decode = e;
+    }
+    CHECKF(e_decode <= LOGIT_TOL, "%s: teacher-forced decode logits differ by %g", label, e_decode);
+    CHECK(g4_seq_length(small, 0) == T + (int)r->n_decode);
+
+    /* 3. greedy: the whole prompt in one batch, then one token at a time (large context), and
+     * the same through the small context's ring */
+    g4_seq_reset(ctx, 0);
+    g4_seq_reset(small, 0);
+    CHECK(prefill(ctx, r->ids, T, 0, T, row) == 0);
+    float *row_small = malloc((size_t)V * sizeof(float));
+    CHECK(prefill(small, r->ids, T, 0, 3, row_small) == 0);
+    int n_same_small = 0;
+    int32_t got[64];
+    int n_same = 0;
+    for (size_t i = 0; i < r->n_greedy; i++) {
+        got[i] = argmax_f32(row, V);
+        n_same += got[i] == r->greedy[i];
+        int32_t small_id = argmax_f32(row_small, V);
+        n_same_small += small_id == r->greedy[i];
+        g4_batch d = {1, &got[i], NULL, NULL};
+        g4_batch ds = {1, &small_id, NULL, NULL};
+        if (g4_decode(ctx, &d, row, &err) || g4_decode(small, &ds, row_small, &err)) {
+            CHECKF(0, "%s: greedy step %zu: %s", label, i, err.msg);
+            break;
+        }
+    }
+    CHECKF(n_same == (int)r->n_greedy, "%s: %d of %zu greedy tokens identical", label, n_same, r->n_greedy);
+    CHECKF(n_same_small == (int)r->n_greedy, "%s: %d of %zu greedy tokens identical through a 20-row ring", label,
+           n_same_small, r->n_greedy);
+    free(row_small);
+    g4_context_free(small);
+
+    /* 4. two sequences of different lengths in one batch: sequence 1 prefills the prompt in
+     * chunks of 7 while sequence 0 decodes the teacher-forced ids after a short prompt of 20
+     * tokens (a prefix of the prompt); sequence 1's last logits must equal the full forward,
+     * sequence 0's its own single-sequence run. */
+    g4_seq_reset(ctx, 0);
+    g4_seq_reset(ctx, 1);
+    CHECK(prefill(ctx, r->ids, 20, 0, 20, row) == 0);
+    float *solo = malloc((size_t)8 * V * sizeof(float));
+    {
+        /* single-sequence reference for seq 0: after the 20-token prompt, feed ids[20..27] */
+        g4_context *ctx2;
+        g4_context_params cp2 = {.n_seq_max = 1, .n_ctx = 64, .n_batch = 32};
+        CHECK(g4_context_new(model, &cp2, &ctx2, &err) == 0);
+        CHECK(prefill(ctx2, r->ids, 20, 0, 20, row) == 0);
+        for (int i = 0; i < 8; i++) {
+            g4_batch d = {1, &r->ids[20 + i], NULL, NULL};
+            CHECK(g4_decode(ctx2, &d, solo + (size_t)i * V, &err) == 0);
+        }
+        g4_context_free(ctx2);
+    }
+    float e_mixed0 = 0, e_mixed1 = 0;
+    float *mixed = malloc((size_t)2 * V * sizeof(float));
+    int done1 = 0;
+    for (int step = 0; step < 8; step++) {
+        int32_t ids[16], seqs[16];
+        uint8_t want[16];
+        int n = 0, row1 = -1;
+        ids[n] = r->ids[20 + step];
+        seqs[n] = 0;
+        want[n] = 1;
+        n++;
+        int take = T - done1 < 7 ? T - done1 : 7;
+        for (int j = 0; j < take; j++) {
+            ids[n] = r->ids[done1 + j];
+            seqs[n] = 1;
+            want[n] = (done1 + j == T - 1);
+            if (want[n]) row1 = n;
+            n++;
+        }
+        done1 += take;
+        g4_batch mb = {n, ids, seqs, want};
+        if (g4_decode(ctx, &mb, mixed, &err)) {
+            CHECKF(0, "%s: mixed batch: %s", label, err.msg);
+            break;
+        }
+        float e0 = max_abs_diff(mixed, solo + (size_t)step * V, (size_t)V);
+        if (!(e0 <= e_mixed0)) e_mixed0 = e0;
+        if (row1 >= 0) e_mixed1 = max_abs_diff(mixed + (size_t)V, r->logits + (size_t)(T - 1) * V, (size_t)V);
+    }
+    CHECKF(done1 == T, "%s: sequence 1 prefilled %d of %d", label, done1, T);
+    CHECKF(e_mixed0 <= LOGIT_TOL, "%s: decode inside a mixed batch differs by %g", label, e_mixed0);
+    CHECKF(e_mixed1 <= LOGIT_TOL, "%s: prefill inside a mixed batch differs by %g", label, e_mixed1);
+
+    /* the context refuses to run past its size, and the error leaves it usable */
+    g4_seq_reset(ctx, 0);
+    int32_t many[64];
+    for (int i = 0; i < 64; i++) many[i] = r->ids[i % T];
+    CHECK(prefill(ctx, many, 64, 0, 64, row) == 0);
+    CHECK(prefill(ctx, many, 64, 0, 64, row) == 0);
+    g4_batch over = {1, many, NULL, NULL};
+    CHECK(g4_decode(ctx, &over, row, &err) != 0 && strstr(err.msg, "full"));
+    int32_t bad = V;
+    g4_batch badb = {1, &bad, NULL, NULL};
+    CHECK(g4_decode(ctx, &badb, row, &err) != 0 && strstr(err.msg, "vocabulary"));
+
+    printf("%-28s logits %.2e  hidden(rel) %.2e  final(rel) %.2e  decode %.2e  greedy %d+%d/%zu  mixed %.2e/%.2e\n",
+           label, e_logits, worst_hidden, rel_final, e_decode, n_same, n_same_small, r->n_greedy, e_mixed0, e_mixed1);
+    free(mixed);
+    free(solo);
+    free(logits);
+    free(hidden);
+    free(fnorm);
+    free(row);
+    g4_context_free(ctx);
+    g4_model_free(model);
+}
+
+/* ---- re-saving a fixture: sharded safetensors, and float32 weights ---- */
+static int copy_file(const char *src, const char *dst) {
+    char *buf;
+    size_t len;
+    g4_error err;
+    if (g4_read_file(src, &buf, &len, &err)) return -1;
+    FILE *f = fopen(dst, "wb");
+    int ok = f && fwrite(buf, 1, len, f) == len;
+    if (f) fclose(f);
+    free(buf);
+    return ok ? 0 : -1;
+}
+
+static int resave(const char *src_dir, const char *dst_dir, int n_shards, int to_f32) {
+    g4_error err;
+    g4_tensor_set set;
+    if (g4_safetensors_open_dir(src_dir, &set, &err)) return -1;
+    mkdir(dst_dir, 0755);
+    char a[4096], b[4096];
+    snprintf(a, sizeof a, "%s/config.json", src_dir);
+    snprintf(b, sizeof b, "%s/config.json", dst_dir);
+    if (copy_file(a, b)) return -1;
+    int n = set.n_tensors;
+    g4_tensor *ts = calloc((size_t)n, sizeof *ts);
+    float **owned = calloc((size_t)n, sizeof *owned);
+    for (int i = 0; i < n; i++) {
+        ts[i] = set.tensors[i];
+        if (to_f32 && (ts[i].dtype == G4_BF16 || ts[i].dtype == G4_F16)) {
+            size_t cnt = (size_t)g4_tensor_numel(&ts[i]);
+            owned[i] = malloc(cnt * sizeof(float) + 1);
+            g4_to_f32(ts[i].dtype, ts[i].data, owned[i], cnt);
+            ts[i].data = owned[i];
+            ts[i].dtype = G4_F32;
+            ts[i].nbytes = cnt * sizeof(float);
+        }
+    }
+    FILE *idx = NULL;
+    if (n_shards > 1) {
+        snprintf(b, sizeof b, "%s/model.safetensors.index.json", dst_dir);
+        idx = fopen(b, "w");
+        fprintf(idx, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {");
+    }
+    int rc = 0, per = (n + n_shards - 1) / n_shards;
+    for (int s = 0; s < n_shards && rc == 0; s++) {
+        int lo = s * per, hi = lo + per < n ? lo + per : n;
+        char name[64];
+        if (n_shards > 1)
+            snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
+        else
+            snprintf(name, sizeof name, "model.safetensors");
+        snprintf(b, sizeof b, "%s/%s", dst_dir, name);
+        rc = g4_safetensors_write(b, ts + lo, hi - lo, &err);
+        for (int i = lo; idx && i < hi; i++) fprintf(idx, "%s\"%s\": \"%s\"", i ? ", " : "", ts[i].name, name);
+    }
+    if (idx) {
+        fprintf(idx, "}}\n");
+        fclose(idx);
+    }
+    for (int i = 0; i < n; i++) free(owned[i]);
+    free(owned);
+    free(ts);
+    g4_tensor_set_free(&set);
+    return rc;
+}
+
+int main(void) {
+    const char *fixtures[] = {"dense-ple", "dense-keqv", "moe"};
+    for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
+        char dir[4096], rel[256];
+        snprintf(rel, sizeof rel, "fixtures/%s", fixtures[f]);
+        snprintf(dir, sizeof dir, "%s", g4t_shared(rel));
+        reference r;
+        if (load_reference(dir, &r)) {
+            CHECKF(0, "%s: cannot read reference.safetensors", dir);
+            continue;
+        }
+        check_model(fixtures[f], dir, &r);
+
+        char sharded[4096], f32[4096], label[128];
+        snprintf(rel, sizeof rel, "%s-sharded", fixtures[f]);
+        snprintf(sharded, sizeof sharded, "%s", g4t_tmp(rel));
+        CHECKF(resave(dir, sharded, 3, 0) == 0, "re-saving %s as 3 shards", fixtures[f]);
+        snprintf(label, sizeof label, "%s (3 shards)", fixtures[f]);
+        check_model(label, sharded, &r);
+
+        snprintf(rel, sizeof rel, "%s-f32", fixtures[f]);
+        snprintf(f32, sizeof f32, "%s", g4t_tmp(rel));
+        CHECKF(resave(dir, f32, 1, 1) == 0, "re-saving %s as float32", fixtures[f]);
+        snprintf(label, sizeof label, "%s (float32)", fixtures[f]);
+        check_model(label, f32, &r);
+        free_reference(&r);
+    }
+    return g4t_done();
+}
