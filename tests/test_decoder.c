@@ -12,6 +12,7 @@
 #include "engine/context.h"
 #include "formats/safetensors.h"
 #include "gemma4c.h"
+#include "model_files.h"
 #include "reference.h"
 
 #define LOGIT_TOL 2e-3f
@@ -246,71 +247,6 @@ static void check_model(const char *label, const char *model_dir, const referenc
     g4_model_free(model);
 }
 
-/* ---- re-saving a fixture: sharded safetensors, and float32 weights ---- */
-static int copy_file(const char *src, const char *dst) {
-    char *buf;
-    size_t len;
-    g4_error err;
-    if (g4_read_file(src, &buf, &len, &err)) return -1;
-    FILE *f = fopen(dst, "wb");
-    int ok = f && fwrite(buf, 1, len, f) == len;
-    if (f) fclose(f);
-    free(buf);
-    return ok ? 0 : -1;
-}
-
-static int resave(const char *src_dir, const char *dst_dir, int n_shards, int to_f32) {
-    g4_error err;
-    g4_tensor_set set;
-    if (g4_safetensors_open_dir(src_dir, &set, &err)) return -1;
-    mkdir(dst_dir, 0755);
-    char a[4096], b[4096];
-    snprintf(a, sizeof a, "%s/config.json", src_dir);
-    snprintf(b, sizeof b, "%s/config.json", dst_dir);
-    if (copy_file(a, b)) return -1;
-    int n = set.n_tensors;
-    g4_tensor *ts = calloc((size_t)n, sizeof *ts);
-    float **owned = calloc((size_t)n, sizeof *owned);
-    for (int i = 0; i < n; i++) {
-        ts[i] = set.tensors[i];
-        if (to_f32 && (ts[i].dtype == G4_BF16 || ts[i].dtype == G4_F16)) {
-            size_t cnt = (size_t)g4_tensor_numel(&ts[i]);
-            owned[i] = malloc(cnt * sizeof(float) + 1);
-            g4_to_f32(ts[i].dtype, ts[i].data, owned[i], cnt);
-            ts[i].data = owned[i];
-            ts[i].dtype = G4_F32;
-            ts[i].nbytes = cnt * sizeof(float);
-        }
-    }
-    FILE *idx = NULL;
-    if (n_shards > 1) {
-        snprintf(b, sizeof b, "%s/model.safetensors.index.json", dst_dir);
-        idx = fopen(b, "w");
-        fprintf(idx, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {");
-    }
-    int rc = 0, per = (n + n_shards - 1) / n_shards;
-    for (int s = 0; s < n_shards && rc == 0; s++) {
-        int lo = s * per, hi = lo + per < n ? lo + per : n;
-        char name[64];
-        if (n_shards > 1)
-            snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
-        else
-            snprintf(name, sizeof name, "model.safetensors");
-        snprintf(b, sizeof b, "%s/%s", dst_dir, name);
-        rc = g4_safetensors_write(b, ts + lo, hi - lo, &err);
-        for (int i = lo; idx && i < hi; i++) fprintf(idx, "%s\"%s\": \"%s\"", i ? ", " : "", ts[i].name, name);
-    }
-    if (idx) {
-        fprintf(idx, "}}\n");
-        fclose(idx);
-    }
-    for (int i = 0; i < n; i++) free(owned[i]);
-    free(owned);
-    free(ts);
-    g4_tensor_set_free(&set);
-    return rc;
-}
-
 int main(void) {
     const char *fixtures[] = {"dense-ple", "dense-keqv", "moe"};
     for (size_t f = 0; f < sizeof fixtures / sizeof fixtures[0]; f++) {
@@ -327,13 +263,13 @@ int main(void) {
         char sharded[4096], f32[4096], label[128];
         snprintf(rel, sizeof rel, "%s-sharded", fixtures[f]);
         snprintf(sharded, sizeof sharded, "%s", g4t_tmp(rel));
-        CHECKF(resave(dir, sharded, 3, 0) == 0, "re-saving %s as 3 shards", fixtures[f]);
+        CHECKF(resave(dir, sharded, 3, 0, NULL) == 0, "re-saving %s as 3 shards", fixtures[f]);
         snprintf(label, sizeof label, "%s (3 shards)", fixtures[f]);
         check_model(label, sharded, &r);
 
         snprintf(rel, sizeof rel, "%s-f32", fixtures[f]);
         snprintf(f32, sizeof f32, "%s", g4t_tmp(rel));
-        CHECKF(resave(dir, f32, 1, 1) == 0, "re-saving %s as float32", fixtures[f]);
+        CHECKF(resave(dir, f32, 1, 1, NULL) == 0, "re-saving %s as float32", fixtures[f]);
         snprintf(label, sizeof label, "%s (float32)", fixtures[f]);
         check_model(label, f32, &r);
         free_reference(&r);

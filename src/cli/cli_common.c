@@ -1,0 +1,116 @@
+#include "cli/cli_common.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/model.h"
+
+int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err) {
+    *ids = NULL;
+    *n = 0;
+    if (!s || !*s) return g4_fail(err, "--ids: empty list");
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return g4_fail(err, "out of memory");
+    const char *p = s;
+    int k = 0;
+    for (;;) {
+        while (*p == ' ') p++;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) {
+            free(v);
+            return g4_fail(err, "--ids: '%.32s' is not a token id (ids are non-negative integers, comma-separated)", p);
+        }
+        v[k++] = (int32_t)x;
+        p = end;
+        while (*p == ' ') p++;
+        if (!*p) break;
+        if (*p != ',') {
+            free(v);
+            return g4_fail(err, "--ids: unexpected '%c' (ids are comma-separated)", *p);
+        }
+        p++;
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+int cli_parse_int(const char *s, const char *opt, long min, long max, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < min || v > max) {
+        cli_error("%s: '%s' must be an integer in %ld..%ld", opt, s, min, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_float(const char *s, const char *opt, double min, double max, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v) || v < min || v > max) {
+        cli_error("%s: '%s' must be a number in %g..%g", opt, s, min, max);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_bad_option(const char *cmd, char **argv) {
+    const char *opt = optind > 0 ? argv[optind - 1] : "?";
+    if (optopt && strncmp(opt, "--", 2) != 0)
+        return cli_error("%s: unknown option or missing value: -%c (see 'gemma4c %s --help')", cmd, optopt, cmd);
+    return cli_error("%s: unknown option or missing value: %s (see 'gemma4c %s --help')", cmd, opt, cmd);
+}
+
+static void show_progress(float f, const char *what, void *user) {
+    int *last = user;
+    int pct = (int)(f * 100.0f + 0.5f);
+    if (pct == *last) return;
+    *last = pct;
+    fprintf(stderr, "\r%s %3d%%", what, pct);
+    if (pct >= 100) fprintf(stderr, "\r\033[K");
+    fflush(stderr);
+}
+
+g4_model *cli_load_model(const char *dir, int n_threads) {
+    if (!dir) {
+        cli_error("no model folder: pass -m DIR");
+        return NULL;
+    }
+    int last = -1;
+    g4_load_params lp = {.n_threads = n_threads};
+    if (isatty(STDERR_FILENO)) {
+        lp.progress = show_progress;
+        lp.progress_user = &last;
+    }
+    g4_model *m;
+    g4_error err;
+    if (g4_model_load(dir, &lp, &m, &err)) {
+        if (last >= 0) fprintf(stderr, "\r\033[K");
+        cli_error("%s", err.msg);
+        return NULL;
+    }
+    const char *w = g4_model_warnings(m);
+    while (w && *w) {
+        const char *nl = strchr(w, '\n');
+        int len = nl ? (int)(nl - w) : (int)strlen(w);
+        fprintf(stderr, "gemma4c: warning: %.*s\n", len, w);
+        w += len + (nl ? 1 : 0);
+    }
+    return m;
+}

@@ -1,0 +1,280 @@
+/* Loading models: config.json in both spellings resolves the per-layer geometry the
+ * docs describe; bad folders (unknown model type, missing or wrongly shaped tensors,
+ * unsupported dtypes, broken config) give one clear error; tensors absent or ignored
+ * by design are not reported, unused ones are. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "gemma4c.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model_files.h"
+
+static int parse(const char *json, g4_model_config *cfg, g4_error *err) {
+    json_error_t je;
+    json_t *root = json_loads(json, 0, &je);
+    if (!root) {
+        snprintf(err->msg, sizeof err->msg, "test JSON: %s", je.text);
+        return -1;
+    }
+    int rc = g4_config_parse(root, "config", cfg, err);
+    json_decref(root);
+    return rc;
+}
+
+static int load_config_file(const char *rel, g4_model_config *cfg, g4_error *err) {
+    json_t *root;
+    json_error_t je;
+    root = json_load_file(g4t_shared(rel), 0, &je);
+    if (!root) return -1;
+    int rc = g4_config_parse(root, rel, cfg, err);
+    json_decref(root);
+    return rc;
+}
+
+static void test_spellings(void) {
+    g4_model_config c;
+    g4_error err;
+    /* released spelling without global_head_dim: full layers get 512; num_global_key_value_heads
+     * only counts with attention_k_eq_v */
+    CHECKF(parse("{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":6,\"head_dim\":256,\"num_key_value_heads\":4,"
+                 "\"num_attention_heads\":8,\"num_global_key_value_heads\":1}",
+                 &c, &err) == 0,
+           "%s", err.msg);
+    CHECK(c.text.layer_type[5] == G4_LAYER_FULL && c.text.layer_type[4] == G4_LAYER_SLIDING);
+    CHECK(c.text.layer_head_dim[5] == 512 && c.text.layer_head_dim[0] == 256);
+    CHECK(c.text.layer_kv_heads[5] == 4);
+    CHECK(!strcmp(c.weight_prefix, "model."));
+    /* default layer types: full at (l+1) % 6 == 0, and the last layer forced to full */
+    CHECKF(parse("{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":8,\"num_attention_heads\":8}", &c, &err) == 0,
+           "%s", err.msg);
+    CHECK(c.text.layer_type[5] == G4_LAYER_FULL && c.text.layer_type[6] == G4_LAYER_SLIDING &&
+          c.text.layer_type[7] == G4_LAYER_FULL && c.text.layer_head_dim[7] == 512);
+    /* with k_eq_v the global kv heads apply to full layers */
+    CHECKF(parse("{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":2,\"attention_k_eq_v\":true,"
+                 "\"global_head_dim\":64,\"num_global_key_value_heads\":1,\"num_attention_heads\":4,"
+                 "\"num_key_value_heads\":2,\"layer_types\":[\"sliding_attention\",\"sliding_attention\"]}",
+                 &c, &err) == 0,
+           "%s", err.msg);
+    CHECK(c.text.layer_type[1] == G4_LAYER_FULL && c.text.layer_head_dim[1] == 64 && c.text.layer_kv_heads[1] == 1 &&
+          c.text.layer_k_eq_v[1] && !c.text.layer_k_eq_v[0]);
+    /* 5.17 spelling: per_layer_config with zero-padded keys; global_* keys ignored */
+    CHECKF(parse("{\"model_type\":\"gemma4\",\"text_config\":{\"num_hidden_layers\":12,\"num_attention_heads\":4,"
+                 "\"num_key_value_heads\":2,\"head_dim\":32,\"global_head_dim\":999,"
+                 "\"per_layer_config\":{\"05\":{\"head_dim\":64,\"num_key_value_heads\":1},"
+                 "\"11\":{\"head_dim\":64,\"num_key_value_heads\":1}}}}",
+                 &c, &err) == 0,
+           "%s", err.msg);
+    CHECK(c.text.layer_head_dim[5] == 64 && c.text.layer_kv_heads[5] == 1 && c.text.layer_head_dim[4] == 32 &&
+          c.text.layer_head_dim[11] == 64);
+    CHECK(!strcmp(c.weight_prefix, "model.language_model.") && c.multimodal_wrapper);
+    /* text_config null: all defaults */
+    CHECKF(parse("{\"model_type\":\"gemma4\",\"text_config\":null}", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.text.n_layers == 30 && c.text.hidden_size == 2304 && c.text.hidden_size_per_layer_input == 256);
+    /* default RoPE: proportional 0.25 on full layers */
+    CHECK(c.text.rope[G4_LAYER_FULL].type == G4_ROPE_PROPORTIONAL &&
+          c.text.rope[G4_LAYER_FULL].partial_rotary_factor == 0.25 && c.text.rope[G4_LAYER_SLIDING].theta == 10000.0);
+
+    /* invalid configurations */
+    struct {
+        const char *json, *want;
+    } bad[] = {
+        {"{\"model_type\":\"llama\"}", "unknown model_type \"llama\""},
+        {"{\"model_type\":\"gemma4_unified\"}", "not supported yet"},
+        {"{\"hidden_size\":8}", "no \"model_type\""},
+        {"{\"model_type\":\"gemma4_text\",\"hidden_size\":\"big\"}", "must be an integer"},
+        {"{\"model_type\":\"gemma4_text\",\"global_head_dim\":null}", "global_head_dim"},
+        {"{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":2,\"layer_types\":[\"sliding_attention\"]}",
+         "layer_types"},
+        {"{\"model_type\":\"gemma4_text\",\"use_bidirectional_attention\":\"all\"}", "not supported"},
+        {"{\"model_type\":\"gemma4_text\",\"hidden_activation\":\"relu\"}", "relu"},
+        {"{\"model_type\":\"gemma4_text\",\"enable_moe_block\":true}", "num_experts"},
+        {"{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":2,\"num_kv_shared_layers\":3}", "num_kv_shared_layers"},
+        {"{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":2,\"num_kv_shared_layers\":1,"
+         "\"layer_types\":[\"sliding_attention\",\"full_attention\"]}",
+         "no earlier non-shared"},
+        {"{\"model_type\":\"gemma4_text\",\"num_attention_heads\":6,\"num_key_value_heads\":4}", "not a multiple"},
+        {"{\"model_type\":\"gemma4_text\",\"per_layer_config\":{\"x\":{}}}", "not a layer index"},
+        {"{\"model_type\":\"gemma4_text\",\"rope_parameters\":{\"full_attention\":{\"rope_type\":\"yarn\"},"
+         "\"sliding_attention\":{}}}",
+         "yarn"},
+        {"{\"model_type\":\"gemma4_text\",\"rope_parameters\":{\"full_attention\":{}}}", "no \"sliding_attention\""},
+        {"[1]", "not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = parse(bad[i].json, &c, &err);
+        CHECKF(rc != 0 && strstr(err.msg, bad[i].want), "bad config %zu: rc %d, '%s' lacks '%s'", i, rc,
+               rc ? err.msg : "", bad[i].want);
+    }
+}
+
+/* The real model shapes of ../shared/configs, against the facts docs/gemma4-text.md states. */
+static void test_real_configs(void) {
+    g4_model_config c;
+    g4_error err;
+    CHECKF(load_config_file("configs/gemma-4-e2b.json", &c, &err) == 0, "%s", err.msg);
+    const g4_text_config *t = &c.text;
+    CHECK(t->n_layers == 35 && t->hidden_size == 1536 && t->hidden_size_per_layer_input == 256);
+    int full_ok = 1;
+    for (int l = 0; l < 35; l++) full_ok &= (t->layer_type[l] == G4_LAYER_FULL) == ((l + 1) % 5 == 0);
+    CHECK(full_ok);
+    CHECK(t->layer_head_dim[4] == 512 && t->layer_head_dim[3] == 256 && t->layer_kv_heads[4] == 1);
+    /* E2B: 20 shared layers; sliding ones read layer 13, full ones layer 14; double-wide MLP there */
+    int share_ok = 1;
+    for (int l = 0; l < 35; l++) {
+        int want = l < 15 ? l : (t->layer_type[l] == G4_LAYER_FULL ? 14 : 13);
+        share_ok &= t->layer_kv_source[l] == want && t->layer_kv_shared[l] == (l >= 15);
+        share_ok &= t->layer_intermediate[l] == (l >= 15 ? 12288 : 6144);
+    }
+    CHECK(share_ok);
+    CHECK(t->has_softcap && t->final_logit_softcapping == 30.0 && t->sliding_window == 512);
+
+    CHECKF(load_config_file("configs/gemma-4-31b.json", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.text.n_layers == 60 && c.text.attention_k_eq_v && c.text.layer_k_eq_v[5] && !c.text.layer_k_eq_v[4]);
+    CHECK(c.text.layer_head_dim[5] == 512 && c.text.layer_kv_heads[5] == 4 && c.text.layer_kv_heads[4] == 16);
+    CHECK(c.text.hidden_size_per_layer_input == 0);
+
+    CHECKF(load_config_file("configs/gemma-4-26b-a4b.json", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.text.enable_moe_block && c.text.num_experts == 128 && c.text.top_k_experts == 8);
+
+    CHECKF(load_config_file("configs/gemma-4-e4b.json", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.text.hidden_size == 2560 && c.text.num_kv_shared_layers > 0);
+
+    CHECK(load_config_file("configs/gemma-4-12b.json", &c, &err) != 0 && strstr(err.msg, "gemma4_unified"));
+}
+
+static void test_rope_tables(void) {
+    /* values given in docs/gemma4-text.md 3.3 */
+    float inv[256];
+    g4_rope_config sl = {G4_ROPE_DEFAULT, 10000.0, 0.25 /* ignored */, 1.0};
+    g4_rope_inv_freq(&sl, 256, inv);
+    CHECKF(fabsf(inv[1] - 0.93057204f) <= 2e-7f && fabsf(inv[127] - 1.0746078e-4f) <= 1e-10f, "%.9g %.9g", inv[1],
+           inv[127]);
+    g4_rope_config fu = {G4_ROPE_PROPORTIONAL, 1000000.0, 0.25, 1.0};
+    g4_rope_inv_freq(&fu, 512, inv);
+    CHECKF(fabsf(inv[1] - 0.94746353f) <= 2e-7f && fabsf(inv[63] - 0.033376247f) <= 1e-8f, "%.9g %.9g", inv[1],
+           inv[63]);
+    int zeros = 1;
+    for (int k = 64; k < 256; k++) zeros &= inv[k] == 0.0f;
+    CHECK(zeros);
+}
+
+/* Loads dir and expects an error containing `want` (or success if want is NULL). */
+static g4_model *load_expect(const char *what, const char *dir, const char *want) {
+    g4_model *m = NULL;
+    g4_error err = {{0}};
+    g4_load_params lp = {.n_threads = 1};
+    int rc = g4_model_load(dir, &lp, &m, &err);
+    if (want) {
+        CHECKF(rc != 0 && strstr(err.msg, want), "%s: rc %d, '%s' lacks '%s'", what, rc, rc ? err.msg : "", want);
+        CHECKF(strchr(err.msg, '\n') == NULL, "%s: not one line", what);
+        if (rc == 0) g4_model_free(m);
+        return NULL;
+    }
+    CHECKF(rc == 0, "%s: %s", what, err.msg);
+    return rc == 0 ? m : NULL;
+}
+
+static void test_bad_folders(void) {
+    char src[4096];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("bad-model"));
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    const char *P = "model.language_model.";
+    char name[256];
+
+    /* a missing tensor, named */
+    snprintf(name, sizeof name, "%slayers.3.mlp.up_proj.weight", P);
+    resave_edit drop = {.drop = name};
+    CHECK(resave(src, dir, 1, 0, &drop) == 0);
+    load_expect("missing tensor", dir, "layers.3.mlp.up_proj.weight");
+
+    /* a tensor of the wrong shape */
+    static uint16_t zeros[128 * 128];
+    snprintf(name, sizeof name, "%slayers.2.self_attn.q_norm.weight", P);
+    g4_tensor wrong = {.name = name, .dtype = G4_BF16, .ndim = 1, .shape = {63}, .data = zeros, .nbytes = 126};
+    resave_edit shape = {.extra = &wrong, .n_extra = 1};
+    CHECK(resave(src, dir, 1, 0, &shape) == 0);
+    load_expect("wrong shape", dir, "[63], the config implies [64]");
+
+    /* a weight in a dtype the engine does not read */
+    snprintf(name, sizeof name, "%slayers.0.self_attn.q_norm.weight", P);
+    g4_tensor i32 = {.name = name, .dtype = G4_I32, .ndim = 1, .shape = {32}, .data = zeros, .nbytes = 128};
+    resave_edit dt = {.extra = &i32, .n_extra = 1};
+    CHECK(resave(src, dir, 1, 0, &dt) == 0);
+    load_expect("integer weight", dir, "dtype I32");
+
+    /* unused tensors are reported; k/v of a KV-shared layer (5) are ignored by design */
+    char n1[256], n2[256], n3[256];
+    snprintf(n1, sizeof n1, "%slayers.0.self_attn.extra.weight", P);
+    snprintf(n2, sizeof n2, "%slayers.5.self_attn.k_proj.weight", P);
+    snprintf(n3, sizeof n3, "model.vision_tower.patch.weight");
+    g4_tensor extra[3] = {
+        {.name = n1, .dtype = G4_BF16, .ndim = 1, .shape = {4}, .data = zeros, .nbytes = 8},
+        {.name = n2, .dtype = G4_BF16, .ndim = 2, .shape = {128, 128}, .data = zeros, .nbytes = 2 * 128 * 128},
+        {.name = n3, .dtype = G4_BF16, .ndim = 1, .shape = {4}, .data = zeros, .nbytes = 8},
+    };
+    resave_edit more = {.extra = extra, .n_extra = 3};
+    CHECK(resave(src, dir, 1, 0, &more) == 0);
+    g4_model *m = load_expect("extra tensors", dir, NULL);
+    if (m) {
+        const char *w = g4_model_warnings(m);
+        CHECKF(w && strstr(w, "layers.0.self_attn.extra.weight"), "warnings: %s", w ? w : "(none)");
+        CHECKF(w && !strstr(w, "layers.5.self_attn.k_proj"), "shared-layer k_proj reported: %s", w ? w : "");
+        CHECKF(w && !strstr(w, "vision_tower"), "tower tensor reported: %s", w ? w : "");
+        g4_model_free(m);
+    }
+
+    /* config problems */
+    CHECK(resave(src, dir, 1, 0, NULL) == 0);
+    CHECK(write_text(cfg, "{\"model_type\": \"mistral\"}") == 0);
+    load_expect("unknown model_type", dir, "unknown model_type \"mistral\"");
+    CHECK(write_text(cfg, "{\"model_type\": \"gemma4\", ") == 0);
+    load_expect("truncated config", dir, "invalid JSON");
+    remove(cfg);
+    load_expect("no config", dir, "no config.json");
+    load_expect("no folder", g4t_tmp("no-such-model"), "no config.json");
+
+    /* a config that disagrees with the weights: the first misfit is named */
+    CHECK(resave(src, dir, 1, 0, NULL) == 0);
+    char *text;
+    size_t len;
+    g4_error err;
+    CHECK(g4_read_file(cfg, &text, &len, &err) == 0);
+    char *hit = strstr(text, "\"hidden_size\": 128");
+    if (hit) {
+        memcpy(hit, "\"hidden_size\": 256", 18);
+        CHECK(write_text(cfg, text) == 0);
+        load_expect("hidden size mismatch", dir, "the config implies");
+    } else {
+        CHECKF(0, "fixture config lacks \"hidden_size\": 128");
+    }
+    free(text);
+
+    /* a corrupt weights file */
+    CHECK(resave(src, dir, 1, 0, NULL) == 0);
+    char st[4200];
+    snprintf(st, sizeof st, "%s/model.safetensors", dir);
+    FILE *f = fopen(st, "r+b");
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    CHECK(truncate(st, size / 2) == 0);
+    load_expect("truncated weights", dir, "truncated");
+}
+
+int main(void) {
+    test_spellings();
+    test_real_configs();
+    test_rope_tables();
+    test_bad_folders();
+    return g4t_done();
+}
