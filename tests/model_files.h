@@ -38,7 +38,8 @@ typedef struct resave_edit {
     int n_extra;
 } resave_edit;
 
-static inline int resave(const char *src_dir, const char *dst_dir, int n_shards, int to_f32, const resave_edit *ed) {
+/* to: G4_F32 or G4_F16 converts every float tensor, 0 keeps the dtypes. */
+static inline int resave(const char *src_dir, const char *dst_dir, int n_shards, g4_dtype to, const resave_edit *ed) {
     g4_error err;
     g4_tensor_set set;
     if (g4_safetensors_open_dir(src_dir, &set, &err)) return -1;
@@ -57,13 +58,18 @@ static inline int resave(const char *src_dir, const char *dst_dir, int n_shards,
         for (int e = 0; e < n_extra; e++) skip |= !strcmp(name, ed->extra[e].name);
         if (skip) continue;
         ts[n] = set.tensors[i];
-        if (to_f32 && (ts[n].dtype == G4_BF16 || ts[n].dtype == G4_F16)) {
+        int is_float = ts[n].dtype == G4_BF16 || ts[n].dtype == G4_F16 || ts[n].dtype == G4_F32;
+        if (to && is_float && ts[n].dtype != to) {
             size_t cnt = (size_t)g4_tensor_numel(&ts[n]);
             owned[i] = malloc(cnt * sizeof(float) + 1);
             g4_to_f32(ts[n].dtype, ts[n].data, owned[i], cnt);
+            if (to == G4_F16) {
+                uint16_t *h = (uint16_t *)owned[i];
+                for (size_t k = 0; k < cnt; k++) h[k] = g4_f32_to_f16(owned[i][k]); /* in place, front to back */
+            }
             ts[n].data = owned[i];
-            ts[n].dtype = G4_F32;
-            ts[n].nbytes = cnt * sizeof(float);
+            ts[n].dtype = to;
+            ts[n].nbytes = cnt * (size_t)(g4_dtype_bits(to) / 8);
         }
         n++;
     }

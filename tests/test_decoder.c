@@ -269,9 +269,18 @@ int main(void) {
 
         snprintf(rel, sizeof rel, "%s-f32", fixtures[f]);
         snprintf(f32, sizeof f32, "%s", g4t_tmp(rel));
-        CHECKF(resave(dir, f32, 1, 1, NULL) == 0, "re-saving %s as float32", fixtures[f]);
+        CHECKF(resave(dir, f32, 1, G4_F32, NULL) == 0, "re-saving %s as float32", fixtures[f]);
         snprintf(label, sizeof label, "%s (float32)", fixtures[f]);
         check_model(label, f32, &r);
+
+        if (f == 0) { /* float16 weights (bf16 values of this size convert exactly, tiny ones round) */
+            char f16[4096];
+            snprintf(rel, sizeof rel, "%s-f16", fixtures[f]);
+            snprintf(f16, sizeof f16, "%s", g4t_tmp(rel));
+            CHECKF(resave(dir, f16, 1, G4_F16, NULL) == 0, "re-saving %s as float16", fixtures[f]);
+            snprintf(label, sizeof label, "%s (float16)", fixtures[f]);
+            check_model(label, f16, &r);
+        }
         free_reference(&r);
     }
     return g4t_done();

@@ -19,6 +19,7 @@ static const command commands[] = {
     {"logits", cmd_logits, "full-forward logits: gemma4c logits -m DIR --ids 2,17,99 -o out.f32"},
     {"tokenize", cmd_tokenize, "text to ids: gemma4c tokenize -m DIR (-p TEXT | -f FILE.jsonl)"},
     {"detokenize", cmd_detokenize, "ids to text: gemma4c detokenize -m DIR -f FILE.jsonl"},
+    {"bench", cmd_bench, "prefill/decode speed: gemma4c bench -m DIR [-p 128] [-n 64]"},
     {"template", cmd_template, "render chat messages: gemma4c template -m DIR -f FILE.jsonl"},
 };
 
