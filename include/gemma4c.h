@@ -56,6 +56,10 @@ void g4_context_free(g4_context *ctx);
 
 /* Forget everything sequence `seq` has processed (its next position is 0). */
 void g4_seq_reset(g4_context *ctx, int seq);
+/* Rolls sequence `seq` back to its first n positions (to reuse a shared prefix).
+ * Sliding-window layers keep a ring, so a roll-back of more than n_batch positions
+ * may be impossible: then it fails and the caller resets the sequence instead. */
+int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err);
 /* Number of positions sequence `seq` has processed. */
 int g4_seq_length(const g4_context *ctx, int seq);
 

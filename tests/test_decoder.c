@@ -141,6 +141,18 @@ static void check_model(const char *label, const char *model_dir, const referenc
     }
     CHECKF(e_decode <= LOGIT_TOL, "%s: teacher-forced decode logits differ by %g", label, e_decode);
     CHECK(g4_seq_length(small, 0) == T + (int)r->n_decode);
+    /* roll back 3 positions (within the ring) and replay them: same logits as before */
+    CHECK(g4_seq_truncate(small, 0, T + (int)r->n_decode - 3, &err) == 0);
+    for (size_t i = r->n_decode - 3; i < r->n_decode; i++) {
+        g4_batch d = {1, &r->decode_ids[i], NULL, NULL};
+        CHECK(g4_decode(small, &d, row, &err) == 0);
+    }
+    float e_replay = max_abs_diff(row, r->decode_logits + (r->n_decode - 1) * (size_t)V, (size_t)V);
+    CHECKF(e_replay <= LOGIT_TOL, "%s: decode after a roll-back differs by %g", label, e_replay);
+    /* a roll-back past what the 20-row ring holds is refused, and the sequence stays usable */
+    CHECK(g4_seq_truncate(small, 0, 10, &err) != 0 && strstr(err.msg, "ring"));
+    CHECK(g4_seq_length(small, 0) == T + (int)r->n_decode);
+    CHECK(g4_seq_truncate(small, 0, T + 100, &err) != 0);
 
     /* 3. greedy: the whole prompt in one batch, then one token at a time (large context), and
      * the same through the small context's ring */

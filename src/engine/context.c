@@ -119,6 +119,22 @@ void g4_seq_reset(g4_context *ctx, int seq) {
     if (seq >= 0 && seq < ctx->n_seq) ctx->kv.seq_len[seq] = 0;
 }
 
+int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err) {
+    if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
+    int len = ctx->kv.seq_len[seq];
+    if (n < 0 || n > len) return g4_fail(err, "cannot truncate sequence %d of %d positions to %d", seq, len, n);
+    for (int l = 0; l < ctx->kv.n_layers; l++) {
+        const g4_kv_layer *y = &ctx->kv.layers[l];
+        /* the next step at position n needs positions n-W+1 .. n-1; the ring holds len-cap .. len-1 */
+        int lo = n - y->window + 1 > 0 ? n - y->window + 1 : 0;
+        if (y->window && n > 0 && lo < len - y->cap)
+            return g4_fail(err, "cannot roll sequence %d back from %d to %d positions: the sliding window's ring no "
+                                "longer holds them", seq, len, n);
+    }
+    ctx->kv.seq_len[seq] = n;
+    return 0;
+}
+
 int g4_seq_length(const g4_context *ctx, int seq) {
     return (seq >= 0 && seq < ctx->n_seq) ? ctx->kv.seq_len[seq] : -1;
 }
