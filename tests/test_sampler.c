@@ -277,32 +277,40 @@ static void test_validation(void) {
 }
 
 static void test_exp_variants(void) {
-    enum { N = 4099 };
-    float *v = malloc(N * sizeof *v), *o0 = malloc(N * sizeof *o0), *o1 = malloc(N * sizeof *o1),
-          *o2 = malloc(N * sizeof *o2);
+    enum { N = 4099, NB = N / 256 + 2 };
+    float *v = malloc(N * sizeof *v), *o[3];
+    double sum[3], prefix[3][NB];
     for (int i = 0; i < N; i++) v[i] = (float)(-120.0 * urand());
     v[0] = -INFINITY;
     v[1] = 0.0f;
     v[2] = -87.0f;
     v[3] = -86.99f;
-    CHECK(g4_sampler_exp_row_variant(v, o0, N, 0.0f, 1.0f, 0) == 0);
-    int r1 = g4_sampler_exp_row_variant(v, o1, N, 0.0f, 1.0f, 1);
-    int r2 = g4_sampler_exp_row_variant(v, o2, N, 0.0f, 1.0f, 2);
-    CHECKF(memcmp(o0, o1, N * sizeof *o0) == 0, "exp: variant %d differs from plain C", r1);
-    CHECKF(memcmp(o0, o2, N * sizeof *o0) == 0, "exp: variant %d differs from plain C", r2);
-    double worst = 0;
+    v[4] = NAN;
+    int used[3];
+    for (int k = 0; k < 3; k++) {
+        o[k] = malloc(N * sizeof *o[k]);
+        used[k] = g4_sampler_exp_row_variant(v, o[k], N, 0.0f, 1.0f, k, &sum[k], prefix[k]);
+    }
+    CHECK(used[0] == 0);
+    for (int k = 1; k < 3; k++) {
+        CHECKF(memcmp(o[0], o[k], N * sizeof *o[0]) == 0, "exp: variant %d differs from plain C", used[k]);
+        CHECKF(memcmp(&sum[0], &sum[k], sizeof sum[0]) == 0 && memcmp(prefix[0], prefix[k], sizeof prefix[0]) == 0,
+               "exp: variant %d sums differ from plain C", used[k]);
+    }
+    double worst = 0, exact = 0;
     for (int i = 0; i < N; i++) {
-        double want = v[i] < -87.0f ? 0.0 : exp((double)v[i]);
-        double rel = want > 0 ? fabs(o0[i] - want) / want : fabs(o0[i]);
+        double want = !(v[i] >= -87.0f) ? 0.0 : exp((double)v[i]);
+        double rel = want > 0 ? fabs(o[0][i] - want) / want : fabs(o[0][i]);
         if (rel > worst) worst = rel;
+        exact += o[0][i];
     }
     CHECKF(worst < 1e-6, "exp: worst relative error %g", worst);
-    fprintf(stderr, "exp variants: plain C, %s, %s agree; worst relative error %.2g\n",
-            r1 == 1 ? "SSE2" : "(no SSE2)", r2 == 2 ? "AVX2" : "(no AVX2)", worst);
+    CHECKF(fabs(sum[0] - exact) <= 1e-12 * exact, "exp: sum %.17g vs %.17g", sum[0], exact);
+    CHECKF(prefix[0][0] == 0.0 && prefix[0][NB - 1] == sum[0], "exp: prefix ends");
+    fprintf(stderr, "exp variants: plain C, %s, %s agree bit for bit; worst relative error %.2g\n",
+            used[1] == 1 ? "SSE2" : "(no SSE2)", used[2] == 2 ? "AVX2" : "(no AVX2)", worst);
     free(v);
-    free(o0);
-    free(o1);
-    free(o2);
+    for (int k = 0; k < 3; k++) free(o[k]);
 }
 
 static void test_greedy(void) {

@@ -5,12 +5,12 @@
  * - The "modified" ids of a step are the union of the biased ids, the suppressed ids and, when
  *   a penalty is on, the distinct ids in the history window. Their adjusted logits are
  *   computed first (mods_build); everything else keeps its raw logit.
- * - Greedy and top-k: one pass over the raw logits keeps every id whose value is >= the
- *   (k + |modified|)-th largest (select_top: a candidate buffer filtered by a rising threshold,
- *   compacted with quickselect). Every unmodified id of the true top-k has fewer than
- *   k + |modified| raw values above it, so it is in that set; the modified ids are then
- *   replaced by their adjusted values and the exact top-k (ties at the k-th value kept) is cut
- *   from the small candidate set.
+ * - Greedy and top-k: one pass over the raw logits keeps every unmodified id whose value is >=
+ *   the k-th largest unmodified value (select_top: a candidate buffer behind a rising
+ *   threshold, compacted with quickselect; the modified ids are skipped when admitted). An
+ *   unmodified id of the true top-k has fewer than k unmodified ids above it, so it is in that
+ *   set; the modified ids are added with their adjusted values and the exact top-k (ties at
+ *   the k-th value kept) is cut from the small candidate set.
  * - Without top-k the row is copied once (with the modified values patched in). Top-p then
  *   needs the softmax mass of the whole row (one vectorized exp pass), gathers the tokens above
  *   a falling probability threshold until their mass reaches top_p, and sorts only the part of
@@ -82,6 +82,7 @@ struct g4_sampler {
     /* Scratch. */
     float *work;      /* [V] adjusted row (paths without top-k) */
     float *expv;      /* [V] exp((work - max) / T) */
+    double *prefix;   /* [V / G4_SUM_BLOCK + 2] block prefix sums of expv */
     float *fscratch;  /* [V] quickselect copies */
     g4_cand *cand;    /* [V] */
     double bucket_mass[G4_TOPP_BUCKETS];
@@ -123,21 +124,27 @@ void g4_sampler_seed(g4_sampler *s, uint64_t seed) {
 
 /* ------------------------------------------------------------------ exp
  * exp(t) for t <= 0 with ~2.4e-7 relative error: t = n*ln2 + r, |r| <= ln2/2, a degree-6
- * Taylor polynomial for e^r, 2^n from the exponent bits. t < -87 gives exactly 0 (also for
- * -inf). Every variant performs the same float operations in the same order, so results are
- * bit-identical across SSE2, AVX2 and plain C (the build uses -std=c11, i.e. no FMA
- * contraction). */
+ * Taylor polynomial for e^r, 2^n from the exponent bits. t < -87 (and -inf, NaN) gives
+ * exactly 0. Every variant performs the same float operations in the same order, so results
+ * are bit-identical across SSE2, AVX2 and plain C (the build uses -std=c11: no FMA
+ * contraction).
+ *
+ * The rows are summed in the same pass, in double, with a fixed order that every variant
+ * reproduces: lane j (0..15) accumulates e[i] for i = j (mod 16) in index order, and a sum
+ * adds the lanes pairwise (comb16). prefix[b] (optional) is that sum over the first b blocks
+ * of G4_SUM_BLOCK elements, prefix[number of blocks] the total. */
 
 #define G4_EXP_LO (-87.0f)
 #define G4_EXP_LOG2E 1.44269504088896341f
 #define G4_EXP_LN2_HI 0.693359375f
 #define G4_EXP_LN2_LO (-2.12194440e-4f)
+#define G4_SUM_BLOCK 256
 
 static inline float exp_nonpos(float t) {
-    float x = t < G4_EXP_LO ? G4_EXP_LO : t;
-    int32_t n = (int32_t)(x * G4_EXP_LOG2E - 0.5f); /* truncation: ceil(y - 0.5) for y <= 0 */
+    if (!(t >= G4_EXP_LO)) return 0.0f;
+    int32_t n = (int32_t)(t * G4_EXP_LOG2E - 0.5f); /* truncation: ceil(y - 0.5) for y <= 0 */
     float fn = (float)n;
-    float r = x - fn * G4_EXP_LN2_HI;
+    float r = t - fn * G4_EXP_LN2_HI;
     r = r - fn * G4_EXP_LN2_LO;
     float p = 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
@@ -149,10 +156,28 @@ static inline float exp_nonpos(float t) {
     int32_t bits = (n + 127) * (1 << 23);
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return t >= G4_EXP_LO ? p * scale : 0.0f;
+    return p * scale;
 }
 
 static inline float exp_scaled(float v, float m, float inv_t) { return exp_nonpos((v - m) * inv_t); }
+
+static inline double comb16(const double a[16]) {
+    return (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) +
+           (((a[8] + a[9]) + (a[10] + a[11])) + ((a[12] + a[13]) + (a[14] + a[15])));
+}
+
+static double exp_sum_c(const float *v, float *out, int n, float m, float inv_t, double *prefix) {
+    double acc[16] = {0};
+    if (prefix) prefix[0] = 0.0;
+    for (int i = 0; i < n; i++) {
+        float e = exp_scaled(v[i], m, inv_t);
+        out[i] = e;
+        acc[i & 15] += (double)e;
+        if (prefix && ((i + 1) % G4_SUM_BLOCK == 0 || i + 1 == n))
+            prefix[(i + G4_SUM_BLOCK) / G4_SUM_BLOCK] = comb16(acc);
+    }
+    return comb16(acc);
+}
 
 #if defined(__SSE2__)
 static inline __m128 exp_nonpos_sse2(__m128 t) {
@@ -173,35 +198,105 @@ static inline __m128 exp_nonpos_sse2(__m128 t) {
     __m128 scale = _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(n, _mm_set1_epi32(127)), 23));
     return _mm_and_ps(_mm_mul_ps(p, scale), ok);
 }
+
+static double exp_sum_sse2(const float *v, float *out, int n, float m, float inv_t, double *prefix) {
+    const __m128 vm = _mm_set1_ps(m), vi = _mm_set1_ps(inv_t);
+    __m128d a[8];
+    for (int k = 0; k < 8; k++) a[k] = _mm_setzero_pd();
+    double acc[16];
+    if (prefix) prefix[0] = 0.0;
+    int i = 0;
+    while (i < n) {
+        int end = i + G4_SUM_BLOCK <= n ? i + G4_SUM_BLOCK : n;
+        int vend = i + ((end - i) & ~15);
+        for (; i < vend; i += 16) {
+            for (int q = 0; q < 4; q++) {
+                __m128 e = exp_nonpos_sse2(_mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(v + i + 4 * q), vm), vi));
+                _mm_storeu_ps(out + i + 4 * q, e);
+                a[2 * q] = _mm_add_pd(a[2 * q], _mm_cvtps_pd(e));
+                a[2 * q + 1] = _mm_add_pd(a[2 * q + 1], _mm_cvtps_pd(_mm_movehl_ps(e, e)));
+            }
+        }
+        if (i < end || prefix) {
+            for (int k = 0; k < 8; k++) _mm_storeu_pd(acc + 2 * k, a[k]);
+            for (; i < end; i++) { /* only at the very end of the row */
+                float e = exp_scaled(v[i], m, inv_t);
+                out[i] = e;
+                acc[i & 15] += (double)e;
+            }
+            for (int k = 0; k < 8; k++) a[k] = _mm_loadu_pd(acc + 2 * k);
+            if (prefix) prefix[(end + G4_SUM_BLOCK - 1) / G4_SUM_BLOCK] = comb16(acc);
+        }
+    }
+    for (int k = 0; k < 8; k++) _mm_storeu_pd(acc + 2 * k, a[k]);
+    return comb16(acc);
+}
 #endif
 
 #if defined(G4_SAMPLER_HAVE_AVX2)
-__attribute__((target("avx2"))) static void exp_row_avx2(const float *v, float *out, int n, float m,
-                                                         float inv_t) {
-    const __m256 vm = _mm256_set1_ps(m), vi = _mm256_set1_ps(inv_t);
+__attribute__((target("avx2"))) static inline __m256 exp_nonpos_avx2(__m256 t) {
     const __m256 lo = _mm256_set1_ps(G4_EXP_LO);
+    __m256 ok = _mm256_cmp_ps(t, lo, _CMP_GE_OQ);
+    __m256 x = _mm256_max_ps(t, lo);
+    __m256i k = _mm256_cvttps_epi32(
+        _mm256_sub_ps(_mm256_mul_ps(x, _mm256_set1_ps(G4_EXP_LOG2E)), _mm256_set1_ps(0.5f)));
+    __m256 fn = _mm256_cvtepi32_ps(k);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_HI)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_LO)));
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+    return _mm256_and_ps(_mm256_mul_ps(p, scale), ok);
+}
+
+__attribute__((target("avx2"))) static double exp_sum_avx2(const float *v, float *out, int n, float m,
+                                                           float inv_t, double *prefix) {
+    const __m256 vm = _mm256_set1_ps(m), vi = _mm256_set1_ps(inv_t);
+    __m256d a0 = _mm256_setzero_pd(), a4 = _mm256_setzero_pd(), a8 = _mm256_setzero_pd(),
+            a12 = _mm256_setzero_pd();
+    double acc[16];
+    if (prefix) prefix[0] = 0.0;
     int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), vm), vi);
-        __m256 ok = _mm256_cmp_ps(t, lo, _CMP_GE_OQ);
-        __m256 x = _mm256_max_ps(t, lo);
-        __m256i k = _mm256_cvttps_epi32(
-            _mm256_sub_ps(_mm256_mul_ps(x, _mm256_set1_ps(G4_EXP_LOG2E)), _mm256_set1_ps(0.5f)));
-        __m256 fn = _mm256_cvtepi32_ps(k);
-        __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_HI)));
-        r = _mm256_sub_ps(r, _mm256_mul_ps(fn, _mm256_set1_ps(G4_EXP_LN2_LO)));
-        __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 120.0f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 24.0f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f / 6.0f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
-        p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
-        __m256 scale =
-            _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
-        _mm256_storeu_ps(out + i, _mm256_and_ps(_mm256_mul_ps(p, scale), ok));
+    while (i < n) {
+        int end = i + G4_SUM_BLOCK <= n ? i + G4_SUM_BLOCK : n;
+        int vend = i + ((end - i) & ~15);
+        for (; i < vend; i += 16) {
+            __m256 e0 = exp_nonpos_avx2(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i), vm), vi));
+            __m256 e1 = exp_nonpos_avx2(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(v + i + 8), vm), vi));
+            _mm256_storeu_ps(out + i, e0);
+            _mm256_storeu_ps(out + i + 8, e1);
+            a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e0)));
+            a4 = _mm256_add_pd(a4, _mm256_cvtps_pd(_mm256_extractf128_ps(e0, 1)));
+            a8 = _mm256_add_pd(a8, _mm256_cvtps_pd(_mm256_castps256_ps128(e1)));
+            a12 = _mm256_add_pd(a12, _mm256_cvtps_pd(_mm256_extractf128_ps(e1, 1)));
+        }
+        if (i < end || prefix) {
+            _mm256_storeu_pd(acc, a0);
+            _mm256_storeu_pd(acc + 4, a4);
+            _mm256_storeu_pd(acc + 8, a8);
+            _mm256_storeu_pd(acc + 12, a12);
+            for (; i < end; i++) {
+                float e = exp_scaled(v[i], m, inv_t);
+                out[i] = e;
+                acc[i & 15] += (double)e;
+            }
+            a0 = _mm256_loadu_pd(acc);
+            a4 = _mm256_loadu_pd(acc + 4);
+            a8 = _mm256_loadu_pd(acc + 8);
+            a12 = _mm256_loadu_pd(acc + 12);
+            if (prefix) prefix[(end + G4_SUM_BLOCK - 1) / G4_SUM_BLOCK] = comb16(acc);
+        }
     }
-    for (; i < n; i++) out[i] = exp_scaled(v[i], m, inv_t);
+    _mm256_storeu_pd(acc, a0);
+    _mm256_storeu_pd(acc + 4, a4);
+    _mm256_storeu_pd(acc + 8, a8);
+    _mm256_storeu_pd(acc + 12, a12);
+    return comb16(acc);
 }
 
 static int cpu_has_avx2(void) {
@@ -214,52 +309,34 @@ static int cpu_has_avx2(void) {
 }
 #endif
 
-/* out[i] = exp((v[i] - m) * inv_t) for a whole row. */
-static void exp_row(const float *v, float *out, int n, float m, float inv_t) {
+/* out[i] = exp((v[i] - m) * inv_t); returns their sum (see above for the order). */
+static double exp_sum_row(const float *v, float *out, int n, float m, float inv_t, double *prefix) {
 #if defined(G4_SAMPLER_HAVE_AVX2)
-    if (cpu_has_avx2()) {
-        exp_row_avx2(v, out, n, m, inv_t);
-        return;
-    }
+    if (cpu_has_avx2()) return exp_sum_avx2(v, out, n, m, inv_t, prefix);
 #endif
-    int i = 0;
 #if defined(__SSE2__)
-    const __m128 vm = _mm_set1_ps(m), vi = _mm_set1_ps(inv_t);
-    for (; i + 4 <= n; i += 4)
-        _mm_storeu_ps(out + i, exp_nonpos_sse2(_mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(v + i), vm), vi)));
+    return exp_sum_sse2(v, out, n, m, inv_t, prefix);
+#else
+    return exp_sum_c(v, out, n, m, inv_t, prefix);
 #endif
-    for (; i < n; i++) out[i] = exp_scaled(v[i], m, inv_t);
 }
 
-int g4_sampler_exp_row_variant(const float *v, float *out, int n, float m, float inv_t, int variant) {
-    int i = 0;
+int g4_sampler_exp_row_variant(const float *v, float *out, int n, float m, float inv_t, int variant,
+                               double *sum, double *prefix) {
 #if defined(G4_SAMPLER_HAVE_AVX2)
     if (variant == 2 && cpu_has_avx2()) {
-        exp_row_avx2(v, out, n, m, inv_t);
+        *sum = exp_sum_avx2(v, out, n, m, inv_t, prefix);
         return 2;
     }
 #endif
 #if defined(__SSE2__)
     if (variant == 1) {
-        const __m128 vm = _mm_set1_ps(m), vi = _mm_set1_ps(inv_t);
-        for (; i + 4 <= n; i += 4)
-            _mm_storeu_ps(out + i, exp_nonpos_sse2(_mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(v + i), vm), vi)));
-        for (; i < n; i++) out[i] = exp_scaled(v[i], m, inv_t);
+        *sum = exp_sum_sse2(v, out, n, m, inv_t, prefix);
         return 1;
     }
 #endif
-    for (; i < n; i++) out[i] = exp_scaled(v[i], m, inv_t);
+    *sum = exp_sum_c(v, out, n, m, inv_t, prefix);
     return 0;
-}
-
-/* Sum in double with 8 interleaved accumulators (a fixed order: the same on every machine). */
-static double sum_row(const float *e, int n) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)e[i + j];
-    for (int j = 0; i < n; i++, j++) acc[j] += (double)e[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 /* dst = src with NaN replaced by -inf; returns the maximum (-inf when n == 0). */
@@ -382,6 +459,7 @@ void g4_sampler_free(g4_sampler *s) {
     free(s->mod_values);
     free(s->work);
     free(s->expv);
+    free(s->prefix);
     free(s->fscratch);
     free(s->cand);
     free(s);
@@ -430,9 +508,10 @@ int g4_sampler_new(const g4_sampler_params *p, int vocab_size, g4_sampler **out,
     s->slot = malloc(V * sizeof *s->slot);
     s->work = malloc(V * sizeof *s->work);
     s->expv = malloc(V * sizeof *s->expv);
+    s->prefix = malloc((V / G4_SUM_BLOCK + 2) * sizeof *s->prefix);
     s->fscratch = malloc(V * sizeof *s->fscratch);
     s->cand = malloc(V * sizeof *s->cand);
-    ok = ok && s->slot && s->work && s->expv && s->fscratch && s->cand;
+    ok = ok && s->slot && s->work && s->expv && s->prefix && s->fscratch && s->cand;
     if (ok && s->mod_cap > 0) {
         s->mod_ids = malloc((size_t)s->mod_cap * sizeof *s->mod_ids);
         s->mod_values = malloc((size_t)s->mod_cap * sizeof *s->mod_values);
@@ -614,30 +693,60 @@ static int cut_top_k(g4_sampler *s, g4_cand *c, int n, int k) {
     return m;
 }
 
-/* Any of x[0..64) >= thr (vectorizes: an OR over compares). */
+/* Whether any of x[0..64) is >= thr (NaN never is). */
 static inline int block64_any_ge(const float *x, float thr) {
+#if defined(__SSE2__)
+    const __m128 t = _mm_set1_ps(thr);
+    __m128 any = _mm_cmpge_ps(_mm_loadu_ps(x), t);
+    for (int j = 4; j < 64; j += 4) any = _mm_or_ps(any, _mm_cmpge_ps(_mm_loadu_ps(x + j), t));
+    return _mm_movemask_ps(any) != 0;
+#else
     int any = 0;
     for (int j = 0; j < 64; j++) any |= x[j] >= thr;
     return any;
+#endif
 }
 
-/* Every id whose raw logit is >= the kk-th largest raw logit (NaN and -inf never qualify). */
-static int select_top(g4_sampler *s, const float *x, int kk) {
+/* Offsets j < n (n <= 64) with x[j] >= thr, in increasing order; returns how many. */
+static inline int block_hits(const float *x, int n, float thr, int *hits) {
+    int k = 0, j = 0;
+#if defined(__SSE2__)
+    const __m128 t = _mm_set1_ps(thr);
+    for (; j + 4 <= n; j += 4) {
+        int mask = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(x + j), t));
+        while (mask) {
+            hits[k++] = j + __builtin_ctz((unsigned)mask);
+            mask &= mask - 1;
+        }
+    }
+#endif
+    for (; j < n; j++)
+        if (x[j] >= thr) hits[k++] = j;
+    return k;
+}
+
+/* Every id whose raw logit is >= the kk-th largest raw logit, leaving out the modified ids when
+ * exclude_mods is set (NaN and -inf never qualify). A candidate buffer behind a threshold that
+ * rises to the kk-th largest value seen so far whenever the buffer fills (quickselect). */
+static int select_top(g4_sampler *s, const float *x, int kk, int exclude_mods) {
     const int V = s->V;
+    const int32_t *slot = exclude_mods ? s->slot : NULL;
     g4_cand *c = s->cand;
-    int cap = kk * 4 < 2048 ? 2048 : kk * 4;
+    int cap = kk * 4 < 256 ? 256 : kk * 4;
     if (cap > V) cap = V;
     float thr = -FLT_MAX;
-    int n = 0;
-    int i = 0;
-    for (; i + 64 <= V; i += 64) {
-        if (!block64_any_ge(x + i, thr)) continue;
-        for (int j = 0; j < 64; j++)
-            if (x[i + j] >= thr) {
-                c[n].v = x[i + j];
-                c[n].id = i + j;
-                n++;
-            }
+    int n = 0, hits[64];
+    for (int i = 0; i < V; i += 64) {
+        int len = V - i < 64 ? V - i : 64;
+        if (len == 64 && !block64_any_ge(x + i, thr)) continue;
+        int h = block_hits(x + i, len, thr, hits);
+        for (int q = 0; q < h; q++) {
+            int id = i + hits[q];
+            if (slot && slot[id] >= 0) continue;
+            c[n].v = x[id];
+            c[n].id = id;
+            n++;
+        }
         if (n > cap - 64 && cap < V) {
             int before = n;
             for (int q = 0; q < n; q++) s->fscratch[q] = c[q].v;
@@ -650,12 +759,6 @@ static int select_top(g4_sampler *s, const float *x, int kk) {
             if (n > before / 2) cap = cap * 2 > V ? V : cap * 2; /* many ties: make room */
         }
     }
-    for (; i < V; i++)
-        if (x[i] >= thr) {
-            c[n].v = x[i];
-            c[n].id = i;
-            n++;
-        }
     return n;
 }
 
@@ -772,15 +875,11 @@ static int32_t finish(g4_sampler *s, g4_cand *c, int n, float m, float inv_t, do
 /* Greedy or top-k: no copy of the row. */
 static int32_t run_top_k(g4_sampler *s, const float *logits, int k, int greedy, float *probs,
                          int *n_nonzero) {
-    long kk = (long)k + s->n_mod;
-    if (kk > s->V) kk = s->V;
-    int n = select_top(s, logits, (int)kk);
+    /* The modified ids are left out of the scan and added with their adjusted values: an
+     * unmodified id of the true top-k has fewer than k unmodified ids above it. */
+    int n = select_top(s, logits, k, s->n_mod > 0);
     g4_cand *c = s->cand;
     if (s->n_mod > 0) {
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            if (s->slot[c[i].id] < 0) c[m++] = c[i];
-        n = m;
         for (int i = 0; i < s->n_mod; i++)
             if (s->mod_values[i] > -INFINITY) {
                 c[n].v = s->mod_values[i];
@@ -859,8 +958,8 @@ static int32_t run_full(g4_sampler *s, const float *logits, float *probs, int *n
     }
 
     float *e = s->expv;
-    exp_row(w, e, V, m, inv_t);
-    double z = sum_row(e, V);
+    double *prefix = s->prefix;
+    double z = exp_sum_row(w, e, V, m, inv_t, prefix);
 
     if (s->p.top_p >= 1.0f) {
         /* Plain softmax sampling over the whole row. */
@@ -874,14 +973,18 @@ static int32_t run_full(g4_sampler *s, const float *logits, float *probs, int *n
             return 0;
         }
         double u = rng_uniform(s->rng) * z;
-        /* Walk 64-element blocks first, then inside the block. */
-        double acc = 0.0;
-        int i = 0, last = -1;
-        for (; i + 64 <= V; i += 64) {
-            double blk = sum_row(e + i, 64);
-            if (u < acc + blk) break;
-            acc += blk;
+        /* The block whose prefix sums bracket u (binary search), then a walk from there. If
+         * rounding makes the walk overshoot its block, it simply goes on into the next. */
+        int lo_b = 0, hi_b = (V + G4_SUM_BLOCK - 1) / G4_SUM_BLOCK; /* prefix[lo_b] <= u */
+        while (hi_b - lo_b > 1) {
+            int mid = (lo_b + hi_b) / 2;
+            if (prefix[mid] <= u)
+                lo_b = mid;
+            else
+                hi_b = mid;
         }
+        double acc = prefix[lo_b];
+        int i = lo_b * G4_SUM_BLOCK, last = -1;
         for (; i < V; i++) {
             if (e[i] <= 0.0f) continue;
             acc += (double)e[i];
@@ -905,7 +1008,7 @@ static int32_t run_full(g4_sampler *s, const float *logits, float *probs, int *n
             int end = i + 64 <= V ? i + 64 : V;
             if (end - i == 64 && !block64_any_ge(e + i, lo)) continue;
             for (int j = i; j < end; j++)
-                if (e[j] >= lo && e[j] < hi) {
+                if (e[j] >= lo && e[j] < hi && e[j] > 0.0f) {
                     c[n].v = w[j];
                     c[n].e = e[j];
                     c[n].id = j;

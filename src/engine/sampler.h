@@ -98,9 +98,11 @@ int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs);
 /* The parameters the sampler was created with (arrays point at its own copies). */
 const g4_sampler_params *g4_sampler_get_params(const g4_sampler *s);
 
-/* For tests: out[i] = exp((v[i] - m) * inv_t) for values <= m with the plain C (0), SSE2 (1)
- * or AVX2 (2) code; returns the variant that ran (one the machine lacks falls back to 0).
- * All variants must agree bit for bit. */
-int g4_sampler_exp_row_variant(const float *v, float *out, int n, float m, float inv_t, int variant);
+/* For tests: out[i] = exp((v[i] - m) * inv_t) for values <= m and their sum (prefix: NULL or
+ * n/256 + 2 doubles of block prefix sums) with the plain C (0), SSE2 (1) or AVX2 (2) code;
+ * returns the variant that ran (one the machine lacks falls back to 0). All variants must
+ * agree bit for bit. */
+int g4_sampler_exp_row_variant(const float *v, float *out, int n, float m, float inv_t, int variant,
+                               double *sum, double *prefix);
 
 #endif
