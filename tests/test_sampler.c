@@ -383,6 +383,18 @@ static void test_temperature(void) {
         check_draws(s, x, V, &p, NULL, 0, 60000, label);
         g4_sampler_free(s);
     }
+    /* a row of several 256-token blocks: the draw finds its block by prefix sums */
+    enum { W = 1100 };
+    float *w = malloc(W * sizeof *w);
+    for (int i = 0; i < W; i++) w[i] = (float)(nrand() * 0.7);
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    p.seed = 77;
+    g4_sampler *s = make(&p, W);
+    check_probs(s, w, W, &p, NULL, 0, "temperature 1, V=1100");
+    check_draws(s, w, W, &p, NULL, 0, 20000, "temperature 1, V=1100");
+    g4_sampler_free(s);
+    free(w);
 }
 
 static void test_top_k(void) {
@@ -437,16 +449,19 @@ static void test_top_p_min_p(void) {
         float top_p, min_p, temp, scale;
         int draws;
         const char *label;
+        float tail; /* != 0: one token at 0, every other one near this value */
     } cases[] = {
-        {40, 0, 0.8f, 0.0f, 1.0f, 1.5f, 60000, "top-p 0.8 (full row)"},
-        {40, 30, 0.7f, 0.0f, 0.8f, 1.5f, 60000, "top-k 30 + top-p 0.7"},
-        {40, 0, 1.0f, 0.15f, 1.0f, 1.5f, 60000, "min-p 0.15 (full row)"},
-        {40, 25, 1.0f, 0.1f, 1.4f, 1.5f, 60000, "top-k 25 + min-p 0.1"},
-        {40, 0, 0.9f, 0.05f, 1.2f, 1.5f, 60000, "top-p 0.9 + min-p 0.05"},
-        {300, 64, 0.95f, 0.0f, 1.0f, 2.0f, 20000, "gemma defaults top-k 64 top-p 0.95"},
-        {1200, 0, 0.9f, 0.0f, 1.0f, 0.4f, 3000, "top-p 0.9 flat row (histogram path)"},
-        {1200, 900, 0.9f, 0.0f, 1.0f, 0.4f, 3000, "top-k 900 + top-p 0.9 (histogram path)"},
-        {1200, 0, 0.99f, 0.02f, 0.7f, 3.0f, 3000, "top-p 0.99 + min-p 0.02 peaked row"},
+        {40, 0, 0.8f, 0.0f, 1.0f, 1.5f, 60000, "top-p 0.8 (full row)", 0.0f},
+        {40, 30, 0.7f, 0.0f, 0.8f, 1.5f, 40000, "top-k 30 + top-p 0.7", 0.0f},
+        {40, 0, 1.0f, 0.15f, 1.0f, 1.5f, 60000, "min-p 0.15 (full row)", 0.0f},
+        {40, 25, 1.0f, 0.1f, 1.4f, 1.5f, 60000, "top-k 25 + min-p 0.1", 0.0f},
+        {40, 0, 0.9f, 0.05f, 1.2f, 1.5f, 60000, "top-p 0.9 + min-p 0.05", 0.0f},
+        {300, 64, 0.95f, 0.0f, 1.0f, 2.0f, 12000, "gemma defaults top-k 64 top-p 0.95", 0.0f},
+        {700, 0, 0.9f, 0.0f, 1.0f, 0.4f, 2000, "top-p 0.9 flat row (histogram path)", 0.0f},
+        {700, 550, 0.9f, 0.0f, 1.0f, 0.4f, 2000, "top-k 550 + top-p 0.9 (histogram path)", 0.0f},
+        {700, 0, 0.99f, 0.02f, 0.7f, 3.0f, 3000, "top-p 0.99 + min-p 0.02 peaked row", 0.0f},
+        /* the nucleus reaches ~e^-10 below the top: found in the second gathering round */
+        {4000, 0, 0.9f, 0.0f, 1.0f, 0.3f, 3000, "top-p 0.9, dominant token + deep tail", -10.0f},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int V = cases[c].V;
@@ -461,7 +476,8 @@ static void test_top_p_min_p(void) {
         p.seed = 1000 + c;
         /* redraw the row until no top-p/min-p decision is within 1e-6 of flipping */
         for (int tries = 0; tries < 50; tries++) {
-            for (int i = 0; i < V; i++) x[i] = (float)(nrand() * cases[c].scale);
+            for (int i = 0; i < V; i++) x[i] = (float)(cases[c].tail + nrand() * cases[c].scale);
+            if (cases[c].tail != 0.0f) x[V / 3] = 0.0f;
             if (ref_probs(x, V, &p, NULL, 0, tmp) > 1e-6) break;
         }
         g4_sampler *s = make(&p, V);
@@ -471,6 +487,66 @@ static void test_top_p_min_p(void) {
         free(x);
         free(tmp);
     }
+}
+
+/* Larger rows: the modified ids (suppressed, biased, penalized) include the largest raw
+ * logits, so the top-k scan must skip them in 64-wide blocks and still find the true top-k;
+ * and rows made of ties, where the k-th value is shared by thousands of ids. */
+static void test_large_rows(void) {
+    const int V = 5000;
+    float *x = malloc((size_t)V * sizeof *x);
+    int32_t hist[400], sup[40], bias_ids[20];
+    float bias_vals[20];
+    for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 2.0);
+    /* the 40 largest logits get suppressed, 400 history ids sit among the top 600 */
+    for (int i = 0; i < 40; i++) {
+        sup[i] = (int32_t)(i * 97 + 13);
+        x[sup[i]] = 20.0f + (float)i;
+    }
+    for (int i = 0; i < 400; i++) {
+        hist[i] = (int32_t)(i * 11 + 5) % V;
+        x[hist[i]] = 6.0f + (float)urand() * 4.0f;
+    }
+    for (int i = 0; i < 20; i++) {
+        bias_ids[i] = (int32_t)(i * 233 + 7);
+        bias_vals[i] = i % 2 ? 3.0f : -5.0f;
+    }
+    const int ks[] = {1, 8, 64, 700};
+    for (int t = 0; t < 4; t++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.top_k = ks[t];
+        p.top_p = t == 2 ? 0.95f : 1.0f;
+        p.repetition_penalty = 1.3f;
+        p.frequency_penalty = 0.2f;
+        p.suppress_ids = sup;
+        p.n_suppress = 40;
+        p.bias_ids = bias_ids;
+        p.bias_values = bias_vals;
+        p.n_bias = 20;
+        g4_sampler *s = make(&p, V);
+        g4_sampler_accept_many(s, hist, 400);
+        char label[80];
+        snprintf(label, sizeof label, "V=5000 top-k %d with 460 modified ids", ks[t]);
+        check_probs(s, x, V, &p, hist, 400, label);
+        p.temperature = 0.0f;
+        g4_sampler *g = make(&p, V);
+        g4_sampler_accept_many(g, hist, 400);
+        check_probs(g, x, V, &p, hist, 400, "V=5000 greedy with 460 modified ids");
+        g4_sampler_free(s);
+        g4_sampler_free(g);
+    }
+    /* ties: all equal (top-k keeps everything), and two levels with the k-th value shared */
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < V; i++) x[i] = t == 0 ? 1.0f : (i % 3 == 0 ? 2.0f : 1.0f);
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.top_k = t == 0 ? 10 : 2000;
+        g4_sampler *s = make(&p, V);
+        check_probs(s, x, V, &p, NULL, 0, t == 0 ? "all ties, top-k 10" : "shared k-th value, top-k 2000");
+        g4_sampler_free(s);
+    }
+    free(x);
 }
 
 static void test_seeds(void) {
@@ -708,8 +784,8 @@ static void test_generation_config(void) {
     const char *tmpdir = g4t_tmp("sampler-tolstoy");
     char cmd[2048];
     snprintf(cmd, sizeof cmd,
-             "rm -rf '%s' && mkdir -p '%s' && tar -xJf '%s' -C '%s' --wildcards '*generation_config.json' "
-             "'*/config.json' 2>/dev/null",
+             "rm -rf '%s' && mkdir -p '%s' && tar -xJf '%s' -C '%s' --occurrence=1 "
+             "tolstoy-tiny/generation_config.json tolstoy-tiny/config.json 2>/dev/null",
              tmpdir, tmpdir, g4t_shared("models/tolstoy-tiny.tar.xz"), tmpdir);
     if (system(cmd) == 0) {
         char dir[2100];
@@ -1002,21 +1078,29 @@ static void test_speed(void) {
     free(x);
 }
 
+#define RUN(fn)                                                                \
+    do {                                                                       \
+        double t_ = now_us();                                                  \
+        fn();                                                                  \
+        fprintf(stderr, "  %-26s %6.2f s\n", #fn, (now_us() - t_) * 1e-6);     \
+    } while (0)
+
 int main(void) {
     double t0 = now_us();
-    test_validation();
-    test_exp_variants();
-    test_greedy();
-    test_special_values();
-    test_temperature();
-    test_top_k();
-    test_top_p_min_p();
-    test_seeds();
-    test_penalties();
-    test_bias_suppress();
-    test_generation_config();
-    test_stop_strings();
-    test_speed();
+    RUN(test_validation);
+    RUN(test_exp_variants);
+    RUN(test_greedy);
+    RUN(test_special_values);
+    RUN(test_temperature);
+    RUN(test_top_k);
+    RUN(test_top_p_min_p);
+    RUN(test_large_rows);
+    RUN(test_seeds);
+    RUN(test_penalties);
+    RUN(test_bias_suppress);
+    RUN(test_generation_config);
+    RUN(test_stop_strings);
+    RUN(test_speed);
     fprintf(stderr, "test_sampler: %.2f s\n", (now_us() - t0) * 1e-6);
     return g4t_done();
 }

@@ -860,11 +860,10 @@ static int32_t finish(g4_sampler *s, g4_cand *c, int n, float m, float inv_t, do
         }
         n = nucleus(s, c, n, m, inv_t, (double)s->p.top_p * z);
     }
-    if (s->p.min_p > 0.0f) {
-        const float lmin = logf(s->p.min_p);
+    if (s->p.min_p > 0.0f) { /* e = exp((l - l_max) / T) is exactly p / p_max */
         int k = 0;
         for (int i = 0; i < n; i++)
-            if ((c[i].v - m) * inv_t >= lmin) c[k++] = c[i];
+            if (c[i].e >= s->p.min_p) c[k++] = c[i];
         n = k;
     }
     return draw_or_write(s, c, n, probs, n_nonzero);
@@ -938,21 +937,25 @@ static int32_t run_full(g4_sampler *s, const float *logits, float *probs, int *n
     const float inv_t = 1.0f / s->p.temperature;
 
     if (s->p.top_p >= 1.0f && s->p.min_p > 0.0f) {
-        /* Min-p alone: a threshold on the logits, no exp over the row. The block test uses a
-         * slightly looser raw threshold; finish() applies the exact condition. */
-        const float lmin = logf(s->p.min_p);
-        const float loose = m + (lmin - 1.0f) * s->p.temperature;
-        int n = 0, i = 0;
-        for (; i < V; i += 64) {
-            int end = i + 64 <= V ? i + 64 : V;
-            if (end - i == 64 && !block64_any_ge(w + i, loose)) continue;
-            for (int j = i; j < end; j++)
-                if ((w[j] - m) * inv_t >= lmin) {
+        /* Min-p alone: only tokens near the maximum qualify, so no exp over the row. A raw
+         * threshold one nat looser than log(min_p) picks the candidates; the exact test is
+         * e >= min_p, as in finish(). */
+        const float loose = m + (logf(s->p.min_p) - 1.0f) * s->p.temperature;
+        int n = 0, hits[64];
+        for (int i = 0; i < V; i += 64) {
+            int len = V - i < 64 ? V - i : 64;
+            if (len == 64 && !block64_any_ge(w + i, loose)) continue;
+            int h = block_hits(w + i, len, loose, hits);
+            for (int q = 0; q < h; q++) {
+                int j = i + hits[q];
+                float e = exp_scaled(w[j], m, inv_t);
+                if (e >= s->p.min_p) {
                     c[n].v = w[j];
                     c[n].id = j;
-                    c[n].e = exp_scaled(w[j], m, inv_t);
+                    c[n].e = e;
                     n++;
                 }
+            }
         }
         return finish(s, c, n, m, inv_t, -1.0, probs, n_nonzero);
     }

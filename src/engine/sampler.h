@@ -16,6 +16,7 @@
  *      (the smallest prefix whose cumulative probability reaches top_p; at least one token)
  *                                                           ~ TopPLogitsWarper
  *   8. min-p: keep tokens with p >= min_p * p_max          ~ MinPLogitsWarper
+ *      (top-p renormalizes over the top-k survivors; min-p compares to the top token)
  *   9. draw from the softmax of what is left.
  *
  * Steps 1-4 change only the few ids that carry a bias, a suppression or a history count, so
@@ -37,7 +38,8 @@
 #include "gemma4c.h"
 
 typedef struct g4_sampler_params {
-    float temperature;        /* 0 = greedy (argmax; ties -> lowest id, like torch) */
+    float temperature;        /* 0 = greedy (argmax; ties -> lowest id, like torch); values below
+                                 1e-5 are treated as 0 (the scaled logits would overflow) */
     int top_k;                /* 0 = off */
     float top_p;              /* 1.0 = off; must be in (0, 1] */
     float min_p;              /* 0 = off; must be in [0, 1] */
