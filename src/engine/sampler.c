@@ -14,9 +14,9 @@
  * - Without top-k the row is copied once (with the modified values patched in). Top-p then
  *   needs the softmax mass of the whole row (one vectorized exp pass), gathers the tokens above
  *   a falling probability threshold until their mass reaches top_p, and sorts only the part of
- *   that set whose histogram bucket can hold the nucleus boundary. Min-p alone is a threshold
- *   on the logits (p >= min_p * p_max  <=>  (l - l_max) / T >= log(min_p)) and needs no exp
- *   over the row.
+ *   that set whose histogram bucket can hold the nucleus boundary. Min-p alone keeps only
+ *   tokens near the maximum (p / p_max = exp((l - l_max) / T) >= min_p), found with a raw
+ *   threshold, so it needs no exp over the row.
  */
 #include "engine/sampler.h"
 
@@ -827,6 +827,7 @@ static int best_cand(const g4_cand *c, int n) {
 static int32_t draw_or_write(g4_sampler *s, const g4_cand *c, int n, float *probs, int *n_nonzero) {
     double z = 0.0;
     for (int i = 0; i < n; i++) z += (double)c[i].e;
+    if (!(z > 0.0)) return -1; /* cannot happen: the top token (e = 1) is always kept */
     if (probs) {
         int nz = 0;
         for (int i = 0; i < n; i++) {
