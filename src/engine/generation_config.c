@@ -1,0 +1,242 @@
+#include "engine/generation_config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "core/mapped_file.h"
+
+/* transformers' GenerationConfig._get_default_generation_params()["top_k"] */
+#define G4_HF_DEFAULT_TOP_K 50
+
+static void set_defaults(g4_generation_config *c) {
+    memset(c, 0, sizeof *c);
+    g4_sampler_params_default(&c->sampling);
+    c->sampling.temperature = 0.0f; /* do_sample defaults to false */
+    c->sampling.top_k = G4_HF_DEFAULT_TOP_K;
+    c->do_sample = 0;
+    c->temperature = 1.0f;
+    c->max_new_tokens = -1;
+    c->max_length = -1;
+    c->pad_id = -1;
+    c->bos_id = -1;
+}
+
+/* eos_token_id: an integer or a list of integers (null = absent). Returns 1 when read,
+ * 0 when absent, -1 on error. */
+static int read_eos(const json_t *obj, const char *what, g4_generation_config *c, g4_error *err) {
+    const json_t *v = json_object_get(obj, "eos_token_id");
+    if (!v || json_is_null(v)) return 0;
+    c->n_eos = 0;
+    if (json_is_integer(v)) {
+        json_int_t id = json_integer_value(v);
+        if (id < 0 || id > INT32_MAX)
+            return g4_fail(err, "%s: \"eos_token_id\" %lld is not a valid token id", what, (long long)id);
+        c->eos_ids[c->n_eos++] = (int32_t)id;
+        return 1;
+    }
+    if (!json_is_array(v))
+        return g4_fail(err, "%s: \"eos_token_id\" must be an integer or a list of integers", what);
+    size_t i;
+    const json_t *e;
+    json_array_foreach(v, i, e) {
+        if (!json_is_integer(e))
+            return g4_fail(err, "%s: \"eos_token_id\"[%zu] must be an integer", what, i);
+        json_int_t id = json_integer_value(e);
+        if (id < 0 || id > INT32_MAX)
+            return g4_fail(err, "%s: \"eos_token_id\"[%zu] = %lld is not a valid token id", what, i,
+                           (long long)id);
+        int dup = 0;
+        for (int k = 0; k < c->n_eos; k++) dup |= c->eos_ids[k] == (int32_t)id;
+        if (dup) continue;
+        if (c->n_eos == G4_MAX_EOS_IDS)
+            return g4_fail(err, "%s: \"eos_token_id\" lists more than %d distinct ids", what,
+                           G4_MAX_EOS_IDS);
+        c->eos_ids[c->n_eos++] = (int32_t)id;
+    }
+    return 1;
+}
+
+static int read_optional_id(const json_t *obj, const char *key, const char *what, int32_t *out,
+                            g4_error *err) {
+    int64_t v;
+    if (g4_json_int(obj, key, -1, &v, what, err)) return -1;
+    if (v < -1 || v > INT32_MAX)
+        return g4_fail(err, "%s: \"%s\" %lld is not a valid token id", what, key, (long long)v);
+    *out = (int32_t)v;
+    return 0;
+}
+
+static int read_positive(const json_t *obj, const char *key, const char *what, int *out,
+                         g4_error *err) {
+    int64_t v;
+    if (g4_json_int(obj, key, -1, &v, what, err)) return -1;
+    if (v == -1 && !g4_json_present(obj, key)) {
+        *out = -1;
+        return 0;
+    }
+    if (v <= 0 || v > INT32_MAX)
+        return g4_fail(err, "%s: \"%s\" must be a positive integer, got %lld", what, key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
+static int read_generation_file(const char *path, g4_generation_config *c, int *has_eos,
+                                g4_error *err) {
+    json_t *root;
+    if (g4_json_load_file(path, &root, err)) return -1;
+    int rc = -1;
+    if (!json_is_object(root)) {
+        g4_fail(err, "%s: the top level must be a JSON object", path);
+        goto done;
+    }
+    int do_sample;
+    double temperature, top_p, min_p, rep;
+    int64_t top_k;
+    if (g4_json_bool(root, "do_sample", 0, &do_sample, path, err)) goto done;
+    if (g4_json_num(root, "temperature", 1.0, &temperature, path, err)) goto done;
+    if (g4_json_int(root, "top_k", G4_HF_DEFAULT_TOP_K, &top_k, path, err)) goto done;
+    if (g4_json_num(root, "top_p", 1.0, &top_p, path, err)) goto done;
+    if (g4_json_num(root, "min_p", 0.0, &min_p, path, err)) goto done;
+    if (g4_json_num(root, "repetition_penalty", 1.0, &rep, path, err)) goto done;
+    if (!isfinite(temperature) || temperature < 0) {
+        g4_fail(err, "%s: \"temperature\" must be >= 0, got %g", path, temperature);
+        goto done;
+    }
+    if (top_k < 0 || top_k > INT32_MAX) {
+        g4_fail(err, "%s: \"top_k\" must be >= 0, got %lld", path, (long long)top_k);
+        goto done;
+    }
+    if (!(top_p > 0.0 && top_p <= 1.0)) {
+        g4_fail(err, "%s: \"top_p\" must be in (0, 1], got %g", path, top_p);
+        goto done;
+    }
+    if (!(min_p >= 0.0 && min_p <= 1.0)) {
+        g4_fail(err, "%s: \"min_p\" must be in [0, 1], got %g", path, min_p);
+        goto done;
+    }
+    if (!isfinite(rep) || !(rep > 0.0)) {
+        g4_fail(err, "%s: \"repetition_penalty\" must be > 0, got %g", path, rep);
+        goto done;
+    }
+    c->do_sample = do_sample;
+    c->temperature = (float)temperature;
+    c->sampling.temperature = do_sample ? (float)temperature : 0.0f;
+    c->sampling.top_k = (int)top_k;
+    c->sampling.top_p = (float)top_p;
+    c->sampling.min_p = (float)min_p;
+    c->sampling.repetition_penalty = (float)rep;
+
+    const json_t *sup = json_object_get(root, "suppress_tokens");
+    if (sup && !json_is_null(sup)) {
+        if (!json_is_array(sup)) {
+            g4_fail(err, "%s: \"suppress_tokens\" must be a list of integers", path);
+            goto done;
+        }
+        size_t n = json_array_size(sup);
+        if (n > 0) {
+            c->suppress_ids = malloc(n * sizeof *c->suppress_ids);
+            if (!c->suppress_ids) {
+                g4_fail(err, "%s: out of memory", path);
+                goto done;
+            }
+        }
+        size_t i;
+        const json_t *e;
+        json_array_foreach(sup, i, e) {
+            json_int_t id = json_is_integer(e) ? json_integer_value(e) : -1;
+            if (!json_is_integer(e) || id < 0 || id > INT32_MAX) {
+                g4_fail(err, "%s: \"suppress_tokens\"[%zu] must be a token id (an integer >= 0)", path, i);
+                goto done;
+            }
+            c->suppress_ids[c->n_suppress++] = (int32_t)id;
+        }
+    }
+
+    int r = read_eos(root, path, c, err);
+    if (r < 0) goto done;
+    *has_eos = r;
+    if (read_optional_id(root, "pad_token_id", path, &c->pad_id, err)) goto done;
+    if (read_optional_id(root, "bos_token_id", path, &c->bos_id, err)) goto done;
+    if (read_positive(root, "max_new_tokens", path, &c->max_new_tokens, err)) goto done;
+    if (read_positive(root, "max_length", path, &c->max_length, err)) goto done;
+    rc = 0;
+done:
+    json_decref(root);
+    return rc;
+}
+
+static int read_config_eos(const char *path, g4_generation_config *c, g4_error *err) {
+    json_t *root;
+    if (g4_json_load_file(path, &root, err)) return -1;
+    int rc = -1;
+    if (!json_is_object(root)) {
+        g4_fail(err, "%s: the top level must be a JSON object", path);
+        goto done;
+    }
+    int r = read_eos(root, path, c, err);
+    if (r < 0) goto done;
+    if (r == 0) {
+        const json_t *text = json_object_get(root, "text_config");
+        if (text && json_is_object(text) && read_eos(text, path, c, err) < 0) goto done;
+    }
+    rc = 0;
+done:
+    json_decref(root);
+    return rc;
+}
+
+int g4_generation_config_load_files(const char *gen_path, const char *config_path,
+                                    g4_generation_config *out, g4_error *err) {
+    set_defaults(out);
+    int has_eos = 0;
+    if (gen_path && g4_file_exists(gen_path)) {
+        if (read_generation_file(gen_path, out, &has_eos, err)) {
+            g4_generation_config_free(out);
+            return -1;
+        }
+        out->from_file = 1;
+    }
+    if (!has_eos && config_path && g4_file_exists(config_path)) {
+        if (read_config_eos(config_path, out, err)) {
+            g4_generation_config_free(out);
+            return -1;
+        }
+    }
+    out->sampling.suppress_ids = out->suppress_ids;
+    out->sampling.n_suppress = out->n_suppress;
+    return 0;
+}
+
+int g4_generation_config_load(const char *model_dir, g4_generation_config *out, g4_error *err) {
+    char gen[4096], cfg[4096];
+    if (g4_path_join(gen, sizeof gen, model_dir, "generation_config.json", err) ||
+        g4_path_join(cfg, sizeof cfg, model_dir, "config.json", err)) {
+        set_defaults(out);
+        return -1;
+    }
+    return g4_generation_config_load_files(gen, cfg, out, err);
+}
+
+void g4_generation_config_free(g4_generation_config *c) {
+    if (!c) return;
+    free(c->suppress_ids);
+    c->suppress_ids = NULL;
+    c->n_suppress = 0;
+    c->sampling.suppress_ids = NULL;
+    c->sampling.n_suppress = 0;
+}
+
+int g4_generation_config_is_eos(const g4_generation_config *c, int32_t id) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id) return 1;
+    return 0;
+}
+
+int g4_generation_config_max_new(const g4_generation_config *c, int prompt_len) {
+    if (c->max_new_tokens > 0) return c->max_new_tokens;
+    if (c->max_length > 0) return c->max_length > prompt_len ? c->max_length - prompt_len : 0;
+    return -1;
+}

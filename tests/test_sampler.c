@@ -1,0 +1,1106 @@
+/* Sampler, generation_config.json and stop strings.
+ *
+ * The sampler is checked against an independent reference written here from transformers'
+ * formulas (RepetitionPenaltyLogitsProcessor, SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
+ * TopKLogitsWarper, TopPLogitsWarper with its ascending-sort/cumsum rule, MinPLogitsWarper) and
+ * the OpenAI presence/frequency formula, in double precision:
+ *   - exactly, through g4_sampler_probs (the distribution sample() draws from), and
+ *   - statistically, by drawing many tokens with a fixed seed and running a chi-square test
+ *     whose threshold has a false-failure probability of about 1e-9 for a random seed.
+ * The generation configs come from the shared fixtures (saved by transformers 5.17).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "check.h"
+#include "engine/generation_config.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+
+/* ------------------------------------------------------------------ helpers */
+
+static uint64_t test_rng = 0x1234567ull;
+static double urand(void) { /* a small LCG-free generator for test data: splitmix-style */
+    uint64_t z = (test_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+static double nrand(void) {
+    double u = urand(), v = urand();
+    if (u < 1e-300) u = 1e-300;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static double now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+static g4_sampler *make(const g4_sampler_params *p, int V) {
+    g4_sampler *s = NULL;
+    g4_error err = {{0}};
+    if (g4_sampler_new(p, V, &s, &err)) {
+        fprintf(stderr, "g4_sampler_new failed: %s\n", err.msg);
+        return NULL;
+    }
+    return s;
+}
+
+/* Upper chi-square quantile for a false-failure probability of ~1e-9 (Wilson-Hilferty, z = 6). */
+static double chi2_limit(int df) {
+    double k = df, z = 6.0;
+    double a = 1.0 - 2.0 / (9.0 * k) + z * sqrt(2.0 / (9.0 * k));
+    return k * a * a * a;
+}
+
+/* ------------------------------------------------------------------ reference (HF formulas) */
+
+typedef struct {
+    int idx;
+    double v;
+} ref_pair;
+
+static int cmp_asc(const void *pa, const void *pb) {
+    const ref_pair *a = pa, *b = pb;
+    if (a->v < b->v) return -1;
+    if (a->v > b->v) return 1;
+    return (a->idx < b->idx) - (a->idx > b->idx); /* equal values: larger id first (lower id "larger") */
+}
+
+static void softmax_d(const double *x, int V, double *p) {
+    double m = -INFINITY, z = 0;
+    for (int i = 0; i < V; i++)
+        if (x[i] > m) m = x[i];
+    for (int i = 0; i < V; i++) {
+        p[i] = x[i] == -INFINITY ? 0.0 : exp(x[i] - m);
+        z += p[i];
+    }
+    for (int i = 0; i < V; i++) p[i] /= z;
+}
+
+/* The adjusted logits before temperature (bias, repetition, presence/frequency, suppress). */
+static void ref_adjust(const float *logits, int V, const g4_sampler_params *p, const int32_t *hist,
+                       int n_hist, double *x) {
+    for (int i = 0; i < V; i++) x[i] = isnan(logits[i]) ? -INFINITY : (double)logits[i];
+    for (int i = 0; i < p->n_bias; i++) x[p->bias_ids[i]] += p->bias_values[i];
+    int start = p->penalty_last_n < 0 ? 0 : (n_hist > p->penalty_last_n ? n_hist - p->penalty_last_n : 0);
+    if (p->penalty_last_n != 0) {
+        int *count = calloc((size_t)V, sizeof *count);
+        for (int i = start; i < n_hist; i++) count[hist[i]]++;
+        for (int i = 0; i < V; i++) {
+            if (!count[i]) continue;
+            double rp = p->repetition_penalty;
+            x[i] = x[i] < 0 ? x[i] * rp : x[i] / rp; /* torch.where(score < 0, score * p, score / p) */
+            x[i] = x[i] - count[i] * (double)p->frequency_penalty - (double)p->presence_penalty;
+        }
+        free(count);
+    }
+    for (int i = 0; i < p->n_suppress; i++) x[p->suppress_ids[i]] = -INFINITY;
+}
+
+/* Final distribution; returns the boundary margin of top-p/min-p decisions (how far the
+ * closest kept/removed decision was from flipping), so callers can avoid ambiguous cases. */
+static double ref_probs(const float *logits, int V, const g4_sampler_params *p, const int32_t *hist,
+                        int n_hist, double *out) {
+    double *x = malloc((size_t)V * sizeof *x), *pr = malloc((size_t)V * sizeof *pr);
+    ref_pair *srt = malloc((size_t)V * sizeof *srt);
+    double margin = INFINITY;
+    ref_adjust(logits, V, p, hist, n_hist, x);
+    if (p->temperature == 0.0f) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (x[i] > x[best]) best = i;
+        for (int i = 0; i < V; i++) out[i] = i == best ? 1.0 : 0.0;
+        goto done;
+    }
+    for (int i = 0; i < V; i++) x[i] /= p->temperature;
+    if (p->top_k > 0) { /* indices_to_remove = scores < topk(scores, k)[..., -1] */
+        int k = p->top_k < V ? p->top_k : V;
+        for (int i = 0; i < V; i++) srt[i] = (ref_pair){i, x[i]};
+        qsort(srt, (size_t)V, sizeof *srt, cmp_asc);
+        double kth = srt[V - k].v;
+        for (int i = 0; i < V; i++)
+            if (x[i] < kth) x[i] = -INFINITY;
+    }
+    if (p->top_p < 1.0f) { /* ascending sort, cumsum(softmax) <= 1 - top_p removed, keep the last */
+        softmax_d(x, V, pr);
+        for (int i = 0; i < V; i++) srt[i] = (ref_pair){i, x[i]};
+        qsort(srt, (size_t)V, sizeof *srt, cmp_asc);
+        double cum = 0, lim = 1.0 - (double)p->top_p;
+        for (int j = 0; j < V; j++) {
+            cum += pr[srt[j].idx];
+            if (pr[srt[j].idx] > 0 && fabs(cum - lim) < margin) margin = fabs(cum - lim);
+            if (cum <= lim && j < V - 1) x[srt[j].idx] = -INFINITY;
+        }
+    }
+    if (p->min_p > 0.0f) { /* probs < min_p * max(probs) removed */
+        softmax_d(x, V, pr);
+        double mx = 0;
+        for (int i = 0; i < V; i++)
+            if (pr[i] > mx) mx = pr[i];
+        for (int i = 0; i < V; i++) {
+            if (pr[i] > 0 && fabs(pr[i] / mx - p->min_p) < margin) margin = fabs(pr[i] / mx - p->min_p);
+            if (pr[i] < p->min_p * mx) x[i] = -INFINITY;
+        }
+    }
+    softmax_d(x, V, out);
+done:
+    free(x);
+    free(pr);
+    free(srt);
+    return margin;
+}
+
+/* Exact check: g4_sampler_probs against the reference (same support, values within 1e-5). */
+static void check_probs(g4_sampler *s, const float *logits, int V, const g4_sampler_params *p,
+                        const int32_t *hist, int n_hist, const char *label) {
+    double *ref = malloc((size_t)V * sizeof *ref);
+    float *got = malloc((size_t)V * sizeof *got);
+    ref_probs(logits, V, p, hist, n_hist, ref);
+    int nz = g4_sampler_probs(s, logits, got);
+    int bad_support = 0, bad_value = 0, ref_nz = 0, first_bad = -1;
+    for (int i = 0; i < V; i++) {
+        ref_nz += ref[i] > 0;
+        if ((ref[i] > 0) != (got[i] > 0)) {
+            bad_support++;
+            if (first_bad < 0) first_bad = i;
+        } else if (fabs(got[i] - ref[i]) > 1e-5 + 1e-4 * ref[i]) {
+            bad_value++;
+            if (first_bad < 0) first_bad = i;
+        }
+    }
+    CHECKF(bad_support == 0 && bad_value == 0 && nz == ref_nz,
+           "%s: %d support / %d value mismatches (first id %d: got %g want %g), %d vs %d tokens", label,
+           bad_support, bad_value, first_bad, first_bad >= 0 ? got[first_bad] : 0.0,
+           first_bad >= 0 ? ref[first_bad] : 0.0, nz, ref_nz);
+    free(ref);
+    free(got);
+}
+
+/* Statistical check: n draws; none outside the reference support; chi-square over bins of
+ * expected count >= 5; every token expected >= 20 times seen at least once. */
+static void check_draws(g4_sampler *s, const float *logits, int V, const g4_sampler_params *p,
+                        const int32_t *hist, int n_hist, int n, const char *label) {
+    double *ref = malloc((size_t)V * sizeof *ref);
+    long *cnt = calloc((size_t)V, sizeof *cnt);
+    ref_probs(logits, V, p, hist, n_hist, ref);
+    int outside = 0, invalid = 0;
+    for (int d = 0; d < n; d++) {
+        int32_t id = g4_sampler_sample(s, logits);
+        if (id < 0 || id >= V) {
+            invalid++;
+            continue;
+        }
+        cnt[id]++;
+        if (ref[id] <= 0) outside++;
+    }
+    double stat = 0, pool_o = 0, pool_e = 0;
+    int bins = 0, unseen = 0;
+    for (int i = 0; i < V; i++) {
+        if (ref[i] <= 0) continue;
+        if (ref[i] * n >= 20 && cnt[i] == 0) unseen++;
+        pool_o += (double)cnt[i];
+        pool_e += ref[i] * n;
+        if (pool_e >= 5) {
+            stat += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+            bins++;
+            pool_o = pool_e = 0;
+        }
+    }
+    if (pool_e > 0) { /* leftover: a bin of its own (still a valid partition) */
+        stat += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+        bins++;
+    }
+    CHECKF(invalid == 0, "%s: %d draws returned an invalid id", label, invalid);
+    CHECKF(outside == 0, "%s: %d draws fell outside the allowed set", label, outside);
+    CHECKF(unseen == 0, "%s: %d allowed tokens never drawn", label, unseen);
+    if (bins > 1) {
+        double lim = chi2_limit(bins - 1);
+        CHECKF(stat < lim, "%s: chi-square %.1f >= %.1f (df %d, %d draws)", label, stat, lim, bins - 1, n);
+    }
+    free(ref);
+    free(cnt);
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_validation(void) {
+    g4_sampler_params p;
+    g4_sampler *s = NULL;
+    g4_error err;
+    /* each case: change one field, expect an error that names it */
+    const int V = 100;
+    int32_t bad_id = 100, ok_id = 3;
+    float inf_bias = INFINITY, nan_bias = NAN;
+    for (int c = 0; c < 13; c++) {
+        g4_sampler_params_default(&p);
+        const char *want = NULL;
+        switch (c) {
+        case 0: p.temperature = -0.5f; want = "temperature"; break;
+        case 1: p.temperature = NAN; want = "temperature"; break;
+        case 2: p.top_p = 0.0f; want = "top_p"; break;
+        case 3: p.top_p = 1.5f; want = "top_p"; break;
+        case 4: p.min_p = -0.1f; want = "min_p"; break;
+        case 5: p.min_p = 1.1f; want = "min_p"; break;
+        case 6: p.top_k = -1; want = "top_k"; break;
+        case 7: p.repetition_penalty = 0.0f; want = "repetition_penalty"; break;
+        case 8: p.penalty_last_n = -2; want = "penalty_last_n"; break;
+        case 9: p.bias_ids = &bad_id; p.bias_values = &nan_bias; p.n_bias = 1; want = "bias"; break;
+        case 10: p.bias_ids = &ok_id; p.bias_values = &inf_bias; p.n_bias = 1; want = "bias"; break;
+        case 11: p.bias_ids = &bad_id; p.bias_values = &p.min_p; p.n_bias = 1; want = "vocabulary"; break;
+        case 12: p.suppress_ids = &bad_id; p.n_suppress = 1; want = "suppress"; break;
+        }
+        memset(&err, 0, sizeof err);
+        int rc = g4_sampler_new(&p, V, &s, &err);
+        CHECKF(rc == -1 && s == NULL && strstr(err.msg, want) != NULL, "case %d: rc %d, message '%s'", c,
+               rc, err.msg);
+        if (rc == 0) g4_sampler_free(s);
+    }
+    g4_sampler_params_default(&p);
+    memset(&err, 0, sizeof err);
+    CHECK(g4_sampler_new(&p, 0, &s, &err) == -1 && strstr(err.msg, "vocabulary") != NULL);
+    /* the defaults and the edges of the ranges are accepted */
+    p.top_p = 1.0f;
+    p.min_p = 1.0f;
+    p.temperature = 0.0f;
+    p.penalty_last_n = 0;
+    CHECK(g4_sampler_new(&p, V, &s, &err) == 0);
+    g4_sampler_free(s);
+}
+
+static void test_exp_variants(void) {
+    enum { N = 4099, NB = N / 256 + 2 };
+    float *v = malloc(N * sizeof *v), *o[3];
+    double sum[3], prefix[3][NB];
+    for (int i = 0; i < N; i++) v[i] = (float)(-120.0 * urand());
+    v[0] = -INFINITY;
+    v[1] = 0.0f;
+    v[2] = -87.0f;
+    v[3] = -86.99f;
+    v[4] = NAN;
+    int used[3];
+    for (int k = 0; k < 3; k++) {
+        o[k] = malloc(N * sizeof *o[k]);
+        used[k] = g4_sampler_exp_row_variant(v, o[k], N, 0.0f, 1.0f, k, &sum[k], prefix[k]);
+    }
+    CHECK(used[0] == 0);
+    for (int k = 1; k < 3; k++) {
+        CHECKF(memcmp(o[0], o[k], N * sizeof *o[0]) == 0, "exp: variant %d differs from plain C", used[k]);
+        CHECKF(memcmp(&sum[0], &sum[k], sizeof sum[0]) == 0 && memcmp(prefix[0], prefix[k], sizeof prefix[0]) == 0,
+               "exp: variant %d sums differ from plain C", used[k]);
+    }
+    double worst = 0, exact = 0;
+    for (int i = 0; i < N; i++) {
+        double want = !(v[i] >= -87.0f) ? 0.0 : exp((double)v[i]);
+        double rel = want > 0 ? fabs(o[0][i] - want) / want : fabs(o[0][i]);
+        if (rel > worst) worst = rel;
+        exact += o[0][i];
+    }
+    CHECKF(worst < 1e-6, "exp: worst relative error %g", worst);
+    CHECKF(fabs(sum[0] - exact) <= 1e-12 * exact, "exp: sum %.17g vs %.17g", sum[0], exact);
+    CHECKF(prefix[0][0] == 0.0 && prefix[0][NB - 1] == sum[0], "exp: prefix ends");
+    fprintf(stderr, "exp variants: plain C, %s, %s agree bit for bit; worst relative error %.2g\n",
+            used[1] == 1 ? "SSE2" : "(no SSE2)", used[2] == 2 ? "AVX2" : "(no AVX2)", worst);
+    free(v);
+    for (int k = 0; k < 3; k++) free(o[k]);
+}
+
+static void test_greedy(void) {
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    p.temperature = 0.0f;
+    p.top_k = 40; /* ignored when greedy */
+    p.top_p = 0.5f;
+    const int sizes[] = {1, 7, 64, 1000, 4097};
+    for (int si = 0; si < 5; si++) {
+        int V = sizes[si];
+        g4_sampler *s = make(&p, V);
+        float *x = malloc((size_t)V * sizeof *x);
+        int fails = 0;
+        for (int t = 0; t < 200; t++) {
+            /* quantized logits: many ties; every third row puts the max in the tail */
+            for (int i = 0; i < V; i++) x[i] = (float)floor(nrand() * 4.0) * 0.25f;
+            if (t % 3 == 1) x[V - 1] = 100.0f;
+            if (t % 3 == 2 && V > 2) x[V / 2] = x[V - 1] = 50.0f; /* tie: lowest id wins */
+            int best = 0;
+            for (int i = 1; i < V; i++)
+                if (x[i] > x[best]) best = i;
+            fails += g4_sampler_sample(s, x) != best;
+        }
+        CHECKF(fails == 0, "greedy V=%d: %d of 200 rows differ from argmax", V, fails);
+        g4_sampler_free(s);
+        free(x);
+    }
+}
+
+static void test_special_values(void) {
+    const int V = 300;
+    float x[300];
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    for (int mode = 0; mode < 4; mode++) {
+        p.temperature = mode == 0 ? 0.0f : 1.0f;
+        p.top_k = mode == 1 ? 10 : 0;
+        p.top_p = mode == 2 ? 0.9f : 1.0f;
+        p.min_p = mode == 3 ? 0.1f : 0.0f;
+        g4_sampler *s = make(&p, V);
+        for (int i = 0; i < V; i++) x[i] = -INFINITY;
+        CHECKF(g4_sampler_sample(s, x) == -1, "mode %d: all -inf must give -1", mode);
+        for (int i = 0; i < V; i++) x[i] = NAN;
+        CHECKF(g4_sampler_sample(s, x) == -1, "mode %d: all NaN must give -1", mode);
+        x[123] = 0.5f; /* one finite logit among NaN */
+        CHECKF(g4_sampler_sample(s, x) == 123, "mode %d: the only finite logit", mode);
+        for (int i = 0; i < V; i++) x[i] = (float)nrand();
+        x[200] = INFINITY;
+        x[250] = INFINITY;
+        CHECKF(g4_sampler_sample(s, x) == 200, "mode %d: +inf takes the lowest id", mode);
+        g4_sampler_free(s);
+    }
+}
+
+static void test_temperature(void) {
+    const int V = 24;
+    float x[24];
+    for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 1.5);
+    const float temps[] = {0.5f, 1.0f, 1.7f};
+    for (int t = 0; t < 3; t++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = temps[t];
+        p.seed = 100 + t;
+        g4_sampler *s = make(&p, V);
+        char label[64];
+        snprintf(label, sizeof label, "temperature %.1f", temps[t]);
+        check_probs(s, x, V, &p, NULL, 0, label);
+        check_draws(s, x, V, &p, NULL, 0, 60000, label);
+        g4_sampler_free(s);
+    }
+    /* a row of several 256-token blocks: the draw finds its block by prefix sums */
+    enum { W = 1100 };
+    float *w = malloc(W * sizeof *w);
+    for (int i = 0; i < W; i++) w[i] = (float)(nrand() * 0.7);
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    p.seed = 77;
+    g4_sampler *s = make(&p, W);
+    check_probs(s, w, W, &p, NULL, 0, "temperature 1, V=1100");
+    check_draws(s, w, W, &p, NULL, 0, 20000, "temperature 1, V=1100");
+    g4_sampler_free(s);
+    free(w);
+}
+
+static void test_top_k(void) {
+    const int V = 50;
+    float x[50];
+    for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 2.0);
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    p.top_k = 5;
+    p.temperature = 1.3f;
+    p.seed = 7;
+    g4_sampler *s = make(&p, V);
+    check_probs(s, x, V, &p, NULL, 0, "top-k 5");
+    check_draws(s, x, V, &p, NULL, 0, 40000, "top-k 5");
+    g4_sampler_free(s);
+
+    /* ties at the k-th value are all kept (scores < kth are removed) */
+    float tie[10] = {1.0f, 5.0f, 3.0f, 0.0f, 4.0f, 3.0f, 3.0f, -1.0f, 2.0f, 3.0f};
+    p.top_k = 3;
+    p.temperature = 1.0f;
+    s = make(&p, 10);
+    check_probs(s, tie, 10, &p, NULL, 0, "top-k ties");
+    check_draws(s, tie, 10, &p, NULL, 0, 30000, "top-k ties");
+    g4_sampler_free(s);
+
+    /* top-k 1 == argmax on random rows; top-k larger than the vocabulary is everything */
+    p.top_k = 1;
+    s = make(&p, 3000);
+    float *y = malloc(3000 * sizeof *y);
+    int fails = 0;
+    for (int t = 0; t < 100; t++) {
+        for (int i = 0; i < 3000; i++) y[i] = (float)nrand();
+        int best = 0;
+        for (int i = 1; i < 3000; i++)
+            if (y[i] > y[best]) best = i;
+        fails += g4_sampler_sample(s, y) != best;
+    }
+    CHECKF(fails == 0, "top-k 1: %d of 100 rows differ from argmax", fails);
+    g4_sampler_free(s);
+    p.top_k = 100000;
+    s = make(&p, 40);
+    check_probs(s, x, 40, &p, NULL, 0, "top-k > V");
+    g4_sampler_free(s);
+    free(y);
+}
+
+/* Top-p and min-p on the paths with and without top-k, small (sorted directly) and large
+ * (histogram-pruned) candidate sets. */
+static void test_top_p_min_p(void) {
+    struct {
+        int V, top_k;
+        float top_p, min_p, temp, scale;
+        int draws;
+        const char *label;
+        float tail; /* != 0: one token at 0, every other one near this value */
+    } cases[] = {
+        {40, 0, 0.8f, 0.0f, 1.0f, 1.5f, 60000, "top-p 0.8 (full row)", 0.0f},
+        {40, 30, 0.7f, 0.0f, 0.8f, 1.5f, 40000, "top-k 30 + top-p 0.7", 0.0f},
+        {40, 0, 1.0f, 0.15f, 1.0f, 1.5f, 60000, "min-p 0.15 (full row)", 0.0f},
+        {40, 25, 1.0f, 0.1f, 1.4f, 1.5f, 60000, "top-k 25 + min-p 0.1", 0.0f},
+        {40, 0, 0.9f, 0.05f, 1.2f, 1.5f, 60000, "top-p 0.9 + min-p 0.05", 0.0f},
+        {300, 64, 0.95f, 0.0f, 1.0f, 2.0f, 12000, "gemma defaults top-k 64 top-p 0.95", 0.0f},
+        {700, 0, 0.9f, 0.0f, 1.0f, 0.4f, 2000, "top-p 0.9 flat row (histogram path)", 0.0f},
+        {700, 550, 0.9f, 0.0f, 1.0f, 0.4f, 2000, "top-k 550 + top-p 0.9 (histogram path)", 0.0f},
+        {700, 0, 0.99f, 0.02f, 0.7f, 3.0f, 3000, "top-p 0.99 + min-p 0.02 peaked row", 0.0f},
+        /* the nucleus reaches ~e^-10 below the top: found in the second gathering round */
+        {4000, 0, 0.9f, 0.0f, 1.0f, 0.3f, 3000, "top-p 0.9, dominant token + deep tail", -10.0f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int V = cases[c].V;
+        float *x = malloc((size_t)V * sizeof *x);
+        double *tmp = malloc((size_t)V * sizeof *tmp);
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.top_k = cases[c].top_k;
+        p.top_p = cases[c].top_p;
+        p.min_p = cases[c].min_p;
+        p.temperature = cases[c].temp;
+        p.seed = 1000 + c;
+        /* redraw the row until no top-p/min-p decision is within 1e-6 of flipping */
+        for (int tries = 0; tries < 50; tries++) {
+            for (int i = 0; i < V; i++) x[i] = (float)(cases[c].tail + nrand() * cases[c].scale);
+            if (cases[c].tail != 0.0f) x[V / 3] = 0.0f;
+            if (ref_probs(x, V, &p, NULL, 0, tmp) > 1e-6) break;
+        }
+        g4_sampler *s = make(&p, V);
+        check_probs(s, x, V, &p, NULL, 0, cases[c].label);
+        check_draws(s, x, V, &p, NULL, 0, cases[c].draws, cases[c].label);
+        g4_sampler_free(s);
+        free(x);
+        free(tmp);
+    }
+}
+
+/* Larger rows: the modified ids (suppressed, biased, penalized) include the largest raw
+ * logits, so the top-k scan must skip them in 64-wide blocks and still find the true top-k;
+ * and rows made of ties, where the k-th value is shared by thousands of ids. */
+static void test_large_rows(void) {
+    const int V = 5000;
+    float *x = malloc((size_t)V * sizeof *x);
+    int32_t hist[400], sup[40], bias_ids[20];
+    float bias_vals[20];
+    for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 2.0);
+    /* the 40 largest logits get suppressed, 400 history ids sit among the top 600 */
+    for (int i = 0; i < 40; i++) {
+        sup[i] = (int32_t)(i * 97 + 13);
+        x[sup[i]] = 20.0f + (float)i;
+    }
+    for (int i = 0; i < 400; i++) {
+        hist[i] = (int32_t)(i * 11 + 5) % V;
+        x[hist[i]] = 6.0f + (float)urand() * 4.0f;
+    }
+    for (int i = 0; i < 20; i++) {
+        bias_ids[i] = (int32_t)(i * 233 + 7);
+        bias_vals[i] = i % 2 ? 3.0f : -5.0f;
+    }
+    const int ks[] = {1, 8, 64, 700};
+    for (int t = 0; t < 4; t++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.top_k = ks[t];
+        p.top_p = t == 2 ? 0.95f : 1.0f;
+        p.repetition_penalty = 1.3f;
+        p.frequency_penalty = 0.2f;
+        p.suppress_ids = sup;
+        p.n_suppress = 40;
+        p.bias_ids = bias_ids;
+        p.bias_values = bias_vals;
+        p.n_bias = 20;
+        g4_sampler *s = make(&p, V);
+        g4_sampler_accept_many(s, hist, 400);
+        char label[80];
+        snprintf(label, sizeof label, "V=5000 top-k %d with 460 modified ids", ks[t]);
+        check_probs(s, x, V, &p, hist, 400, label);
+        p.temperature = 0.0f;
+        g4_sampler *g = make(&p, V);
+        g4_sampler_accept_many(g, hist, 400);
+        check_probs(g, x, V, &p, hist, 400, "V=5000 greedy with 460 modified ids");
+        g4_sampler_free(s);
+        g4_sampler_free(g);
+    }
+    /* ties: all equal (top-k keeps everything), and two levels with the k-th value shared */
+    for (int t = 0; t < 2; t++) {
+        for (int i = 0; i < V; i++) x[i] = t == 0 ? 1.0f : (i % 3 == 0 ? 2.0f : 1.0f);
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.top_k = t == 0 ? 10 : 2000;
+        g4_sampler *s = make(&p, V);
+        check_probs(s, x, V, &p, NULL, 0, t == 0 ? "all ties, top-k 10" : "shared k-th value, top-k 2000");
+        g4_sampler_free(s);
+    }
+    free(x);
+}
+
+static void test_seeds(void) {
+    const int V = 1000;
+    float *x = malloc(V * sizeof *x);
+    for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 0.5);
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    for (int mode = 0; mode < 3; mode++) {
+        p.top_k = mode == 1 ? 100 : 0;
+        p.top_p = mode == 2 ? 0.9f : 1.0f;
+        int32_t a[300], b[300], c[300];
+        p.seed = 42;
+        g4_sampler *s1 = make(&p, V), *s2 = make(&p, V);
+        p.seed = 43;
+        g4_sampler *s3 = make(&p, V);
+        for (int i = 0; i < 300; i++) {
+            a[i] = g4_sampler_sample(s1, x);
+            b[i] = g4_sampler_sample(s2, x);
+            c[i] = g4_sampler_sample(s3, x);
+        }
+        CHECKF(memcmp(a, b, sizeof a) == 0, "mode %d: same seed, different sequences", mode);
+        int same = 0;
+        for (int i = 0; i < 300; i++) same += a[i] == c[i];
+        CHECKF(same < 30, "mode %d: seeds 42 and 43 agree on %d of 300 draws", mode, same);
+        /* reseeding restarts the sequence; reset keeps the random state */
+        g4_sampler_seed(s1, 42);
+        int again = 1;
+        for (int i = 0; i < 300; i++) again &= g4_sampler_sample(s1, x) == a[i];
+        CHECKF(again, "mode %d: g4_sampler_seed does not restart the sequence", mode);
+        g4_sampler_free(s1);
+        g4_sampler_free(s2);
+        g4_sampler_free(s3);
+    }
+    free(x);
+}
+
+static void test_penalties(void) {
+    enum { V = 12, HIST = 20, TRIALS = 400 };
+    float x[V];
+    int32_t hist[HIST];
+    int fails = 0;
+    for (int t = 0; t < TRIALS; t++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = 0.0f;
+        int kind = t % 4;
+        p.repetition_penalty = kind == 0 || kind == 3 ? (float)(1.0 + urand() * 1.5) : 1.0f;
+        if (t % 8 == 7) p.repetition_penalty = (float)(0.5 + urand() * 0.4); /* < 1 boosts */
+        p.presence_penalty = kind == 1 || kind == 3 ? (float)(urand() * 2.0 - 0.5) : 0.0f;
+        p.frequency_penalty = kind == 2 || kind == 3 ? (float)(urand() * 1.0) : 0.0f;
+        p.penalty_last_n = t % 3 == 0 ? -1 : 1 + (int)(urand() * 10);
+        for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 2.0);
+        int n_hist = 1 + (int)(urand() * HIST);
+        for (int i = 0; i < n_hist; i++) hist[i] = (int32_t)(urand() * 6); /* repeats of ids 0..5 */
+        double adj[V];
+        ref_adjust(x, V, &p, hist, n_hist, adj);
+        int want = 0;
+        for (int i = 1; i < V; i++)
+            if (adj[i] > adj[want]) want = i;
+        g4_sampler *s = make(&p, V);
+        g4_sampler_accept(s, -5);  /* out of range: ignored */
+        g4_sampler_accept(s, V);
+        g4_sampler_accept_many(s, hist, n_hist);
+        int got = g4_sampler_sample(s, x);
+        if (got != want) {
+            if (fails < 5)
+                fprintf(stderr, "penalty trial %d: got %d want %d (rp %.3f pres %.3f freq %.3f last_n %d)\n", t,
+                        got, want, p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+                        p.penalty_last_n);
+            fails++;
+        }
+        /* the same with sampling: the whole distribution */
+        g4_sampler_free(s);
+        p.temperature = 0.9f;
+        p.top_k = t % 2 ? 6 : 0;
+        s = make(&p, V);
+        g4_sampler_accept_many(s, hist, n_hist);
+        if (t < 40) check_probs(s, x, V, &p, hist, n_hist, "penalties, sampling");
+        /* reset forgets the history */
+        g4_sampler_reset(s);
+        g4_sampler_params q = p;
+        q.repetition_penalty = 1.0f;
+        q.presence_penalty = q.frequency_penalty = 0.0f;
+        if (t < 40) check_probs(s, x, V, &q, NULL, 0, "penalties after reset");
+        g4_sampler_free(s);
+    }
+    CHECKF(fails == 0, "penalties: %d of %d greedy picks differ from the HF/OpenAI formulas", fails, TRIALS);
+
+    /* a hand-made case: each penalty alone flips the greedy choice */
+    float row[4] = {2.0f, 1.9f, -0.5f, -0.45f};
+    int32_t seen[3] = {0, 0, 3};
+    struct {
+        float rp, pres, freq;
+        int want;
+    } hand[] = {
+        {1.0f, 0.0f, 0.0f, 0},  /* no penalty */
+        {1.1f, 0.0f, 0.0f, 1},  /* 2.0/1.1 = 1.82 < 1.9 */
+        {1.0f, 0.2f, 0.0f, 1},  /* 2.0 - 0.2 */
+        {1.0f, 0.0f, 0.06f, 1}, /* 2.0 - 2*0.06 = 1.88 */
+        {1.0f, 0.0f, 0.04f, 0}, /* 2.0 - 0.08 = 1.92 */
+    };
+    for (int h = 0; h < 5; h++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = 0.0f;
+        p.repetition_penalty = hand[h].rp;
+        p.presence_penalty = hand[h].pres;
+        p.frequency_penalty = hand[h].freq;
+        g4_sampler *s = make(&p, 4);
+        g4_sampler_accept_many(s, seen, 3);
+        CHECKF(g4_sampler_sample(s, row) == hand[h].want, "hand case %d", h);
+        g4_sampler_free(s);
+    }
+    /* negative logits are multiplied: with only ids 2 and 3 allowed, -0.45*1.2 < -0.5 */
+    {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = 0.0f;
+        p.repetition_penalty = 1.2f;
+        int32_t banned[2] = {0, 1};
+        p.suppress_ids = banned;
+        p.n_suppress = 2;
+        g4_sampler *s = make(&p, 4);
+        CHECK(g4_sampler_sample(s, row) == 3);
+        g4_sampler_accept(s, 3);
+        CHECK(g4_sampler_sample(s, row) == 2);
+        g4_sampler_free(s);
+    }
+    /* the window: only the last penalty_last_n ids count */
+    {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = 0.0f;
+        p.repetition_penalty = 2.0f;
+        p.penalty_last_n = 2;
+        g4_sampler *s = make(&p, 4);
+        g4_sampler_accept(s, 0);
+        CHECK(g4_sampler_sample(s, row) == 1);
+        g4_sampler_accept(s, 2);
+        g4_sampler_accept(s, 2);
+        CHECK(g4_sampler_sample(s, row) == 0); /* id 0 left the window */
+        g4_sampler_free(s);
+    }
+}
+
+static void test_bias_suppress(void) {
+    const int V = 30;
+    float x[30];
+    for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 1.5);
+    x[5] = 6.0f; /* dominant */
+    x[6] = 5.5f;
+    int32_t sup[2] = {5, 29};
+    int32_t bias_ids[4] = {6, 7, 7, 8};
+    float bias_vals[4] = {-INFINITY, 1.0f, 0.5f, -2.0f}; /* repeated id 7 adds up */
+    for (int mode = 0; mode < 4; mode++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.suppress_ids = sup;
+        p.n_suppress = 2;
+        p.bias_ids = bias_ids;
+        p.bias_values = bias_vals;
+        p.n_bias = 4;
+        p.top_k = mode == 1 ? 8 : 0;
+        p.top_p = mode == 2 ? 0.9f : 1.0f;
+        p.min_p = mode == 3 ? 0.05f : 0.0f;
+        p.seed = 5 + mode;
+        g4_sampler *s = make(&p, V);
+        char label[64];
+        snprintf(label, sizeof label, "bias + suppress mode %d", mode);
+        check_probs(s, x, V, &p, NULL, 0, label);
+        check_draws(s, x, V, &p, NULL, 0, 20000, label); /* includes: 5, 6 and 29 never drawn */
+        g4_sampler_free(s);
+        p.temperature = 0.0f;
+        s = make(&p, V);
+        double adj[30];
+        ref_adjust(x, V, &p, NULL, 0, adj);
+        int want = 0;
+        for (int i = 1; i < V; i++)
+            if (adj[i] > adj[want]) want = i;
+        CHECKF(g4_sampler_sample(s, x) == want, "greedy with bias/suppress: want %d", want);
+        g4_sampler_free(s);
+    }
+    /* the caller's arrays are copied */
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    p.temperature = 0.0f;
+    int32_t ids[1] = {5};
+    p.suppress_ids = ids;
+    p.n_suppress = 1;
+    g4_sampler *s = make(&p, V);
+    ids[0] = 0;
+    CHECK(g4_sampler_sample(s, x) == 6);
+    CHECK(g4_sampler_get_params(s)->suppress_ids[0] == 5);
+    g4_sampler_free(s);
+    /* everything suppressed: -1 */
+    int32_t all[30];
+    for (int i = 0; i < V; i++) all[i] = i;
+    p.suppress_ids = all;
+    p.n_suppress = V;
+    s = make(&p, V);
+    CHECK(g4_sampler_sample(s, x) == -1);
+    g4_sampler_free(s);
+}
+
+/* ------------------------------------------------------------------ generation_config */
+
+static int write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+static void test_generation_config(void) {
+    g4_generation_config gc;
+    g4_error err;
+    const char *fixtures[] = {"audio", "dense-keqv", "dense-ple", "moe", "unified", "vision"};
+    for (int i = 0; i < 6; i++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "fixtures/%s", fixtures[i]);
+        memset(&err, 0, sizeof err);
+        int rc = g4_generation_config_load(g4t_shared(dir), &gc, &err);
+        CHECKF(rc == 0, "%s: %s", dir, err.msg);
+        if (rc) continue;
+        CHECKF(gc.from_file && gc.n_eos == 1 && gc.eos_ids[0] == 1 && gc.pad_id == 0 && gc.bos_id == 2,
+               "%s: eos/pad/bos", dir);
+        CHECKF(gc.do_sample == 0 && gc.sampling.temperature == 0.0f, "%s: greedy by default", dir);
+        CHECK(g4_generation_config_is_eos(&gc, 1) && !g4_generation_config_is_eos(&gc, 106));
+        CHECK(gc.max_new_tokens == -1 && g4_generation_config_max_new(&gc, 10) == -1);
+        g4_generation_config_free(&gc);
+    }
+
+    /* the instruction-tuned example model: unpack its two config files */
+    const char *tmpdir = g4t_tmp("sampler-tolstoy");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' && mkdir -p '%s' && tar -xJf '%s' -C '%s' --occurrence=1 "
+             "tolstoy-tiny/generation_config.json tolstoy-tiny/config.json 2>/dev/null",
+             tmpdir, tmpdir, g4t_shared("models/tolstoy-tiny.tar.xz"), tmpdir);
+    if (system(cmd) == 0) {
+        char dir[2100];
+        snprintf(dir, sizeof dir, "%s/tolstoy-tiny", tmpdir);
+        memset(&err, 0, sizeof err);
+        int rc = g4_generation_config_load(dir, &gc, &err);
+        CHECKF(rc == 0, "tolstoy-tiny: %s", err.msg);
+        if (rc == 0) {
+            CHECK(gc.do_sample == 1 && gc.sampling.temperature == 1.0f && gc.sampling.top_k == 64);
+            CHECK(fabsf(gc.sampling.top_p - 0.95f) < 1e-7f && gc.sampling.min_p == 0.0f);
+            CHECK(gc.n_eos == 3 && gc.eos_ids[0] == 1 && gc.eos_ids[1] == 106 && gc.eos_ids[2] == 50);
+            CHECK(g4_generation_config_is_eos(&gc, 50) && !g4_generation_config_is_eos(&gc, 2));
+            CHECK(gc.n_suppress == 0 && gc.pad_id == 0 && gc.bos_id == 2);
+            g4_sampler *s = NULL;
+            CHECK(g4_sampler_new(&gc.sampling, 262144, &s, &err) == 0);
+            g4_sampler_free(s);
+            g4_generation_config_free(&gc);
+        }
+    } else {
+        fprintf(stderr, "note: could not unpack tolstoy-tiny (tar/xz missing?); skipped that part\n");
+    }
+
+    /* no generation_config.json: greedy defaults, eos from config.json (top level, then text_config) */
+    const char *d1 = g4t_tmp("sampler-gc-e2b");
+    mkdir(d1, 0755);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/config.json' && rm -f '%s/generation_config.json'",
+             g4t_shared("configs/gemma-4-e2b.json"), d1, d1);
+    if (system(cmd) == 0) {
+        memset(&err, 0, sizeof err);
+        CHECKF(g4_generation_config_load(d1, &gc, &err) == 0, "e2b config: %s", err.msg);
+        CHECK(!gc.from_file && gc.sampling.temperature == 0.0f);
+        CHECK(gc.n_eos == 3 && gc.eos_ids[0] == 1 && gc.eos_ids[1] == 106 && gc.eos_ids[2] == 50);
+        g4_generation_config_free(&gc);
+    }
+    const char *d2 = g4t_tmp("sampler-gc-textonly");
+    mkdir(d2, 0755);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s/config.json' && rm -f '%s/generation_config.json'",
+             g4t_shared("fixtures/dense-ple/config.json"), d2, d2);
+    if (system(cmd) == 0) {
+        memset(&err, 0, sizeof err);
+        CHECKF(g4_generation_config_load(d2, &gc, &err) == 0, "text_config eos: %s", err.msg);
+        CHECK(gc.n_eos == 1 && gc.eos_ids[0] == 1);
+        g4_generation_config_free(&gc);
+    }
+    /* nothing at all: defaults, no error */
+    memset(&err, 0, sizeof err);
+    CHECK(g4_generation_config_load(g4t_tmp("sampler-no-such-dir"), &gc, &err) == 0 && gc.n_eos == 0);
+    g4_generation_config_free(&gc);
+
+    /* explicit files: suppress_tokens, lengths, greedy with do_sample false */
+    const char *gp = g4t_tmp("sampler-gc.json");
+    write_file(gp, "{\"do_sample\": true, \"temperature\": 0.7, \"top_p\": 0.9, \"suppress_tokens\": "
+                   "[258883, 258882], \"eos_token_id\": 106, \"max_new_tokens\": 100, \"max_length\": 50,"
+                   " \"repetition_penalty\": 1.1, \"min_p\": 0.05}");
+    memset(&err, 0, sizeof err);
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "explicit: %s", err.msg);
+    CHECK(gc.sampling.temperature == 0.7f && gc.sampling.top_k == 50 && gc.sampling.top_p == 0.9f);
+    CHECK(gc.sampling.min_p == 0.05f && gc.sampling.repetition_penalty == 1.1f);
+    CHECK(gc.n_suppress == 2 && gc.suppress_ids[0] == 258883 && gc.sampling.n_suppress == 2 &&
+          gc.sampling.suppress_ids == gc.suppress_ids);
+    CHECK(gc.n_eos == 1 && gc.eos_ids[0] == 106);
+    CHECK(g4_generation_config_max_new(&gc, 30) == 100);
+    g4_generation_config_free(&gc);
+    write_file(gp, "{\"max_length\": 50, \"do_sample\": false, \"temperature\": 0.7}");
+    CHECK(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0);
+    CHECK(g4_generation_config_max_new(&gc, 30) == 20 && g4_generation_config_max_new(&gc, 60) == 0);
+    CHECK(gc.sampling.temperature == 0.0f && gc.temperature == 0.7f);
+    g4_generation_config_free(&gc);
+
+    /* malformed files: one clear line naming the problem */
+    struct {
+        const char *text, *want;
+    } bad[] = {
+        {"{\"do_sample\": tru", "invalid JSON"},
+        {"[1, 2]", "object"},
+        {"{\"top_p\": \"high\"}", "top_p"},
+        {"{\"top_p\": 1.5}", "top_p"},
+        {"{\"temperature\": -1}", "temperature"},
+        {"{\"top_k\": -3}", "top_k"},
+        {"{\"do_sample\": 1}", "do_sample"},
+        {"{\"eos_token_id\": \"x\"}", "eos_token_id"},
+        {"{\"eos_token_id\": [1, -2]}", "eos_token_id"},
+        {"{\"eos_token_id\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}", "eos_token_id"},
+        {"{\"suppress_tokens\": [1, \"a\"]}", "suppress_tokens"},
+        {"{\"suppress_tokens\": 5}", "suppress_tokens"},
+        {"{\"max_new_tokens\": 0}", "max_new_tokens"},
+        {"{\"top_k\": 5, \"top_k\": 6}", "duplicate"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_file(gp, bad[i].text);
+        memset(&err, 0, sizeof err);
+        int rc = g4_generation_config_load_files(gp, NULL, &gc, &err);
+        CHECKF(rc == -1 && strstr(err.msg, bad[i].want) && strstr(err.msg, "sampler-gc.json") &&
+                   !strchr(err.msg, '\n'),
+               "malformed %zu (%s): rc %d, '%s'", i, bad[i].text, rc, err.msg);
+        CHECK(gc.suppress_ids == NULL);
+    }
+    /* a malformed config.json is an error too when it is needed for the eos ids */
+    const char *cp = g4t_tmp("sampler-config-bad.json");
+    write_file(cp, "{\"text_config\": {\"eos_token_id\": 1.5}}");
+    write_file(gp, "{}");
+    CHECK(g4_generation_config_load_files(gp, cp, &gc, &err) == -1 && strstr(err.msg, "eos_token_id"));
+}
+
+/* ------------------------------------------------------------------ stop strings */
+
+typedef struct {
+    char out[1024];
+    size_t len;
+    int stopped, which;
+} stream_result;
+
+static void stream(g4_stop_matcher *m, const char *text, const size_t *cuts, int n_cuts, stream_result *r) {
+    g4_stop_reset(m);
+    memset(r, 0, sizeof *r);
+    r->which = -1;
+    size_t pos = 0;
+    g4_error err;
+    g4_stop_result res;
+    for (int i = 0; i <= n_cuts; i++) {
+        size_t end = i < n_cuts ? cuts[i] : strlen(text);
+        if (g4_stop_push(m, text + pos, end - pos, &res, &err)) return;
+        memcpy(r->out + r->len, res.text, res.len);
+        r->len += res.len;
+        pos = end;
+        if (res.stopped) {
+            r->stopped = 1;
+            r->which = res.which;
+            return;
+        }
+    }
+    g4_stop_flush(m, &res);
+    memcpy(r->out + r->len, res.text, res.len);
+    r->len += res.len;
+}
+
+static void test_stop_strings(void) {
+    g4_error err;
+    g4_stop_matcher *m = NULL;
+    g4_stop_result r;
+    const char *stops1[] = {"</s>", "STOP"};
+    CHECK(g4_stop_new(stops1, 2, &m, &err) == 0);
+    /* split across pushes: the partial "</" is held back */
+    CHECK(g4_stop_push(m, "Hello </", 8, &r, &err) == 0);
+    CHECK(r.len == 6 && memcmp(r.text, "Hello ", 6) == 0 && !r.stopped && g4_stop_held(m) == 2);
+    CHECK(g4_stop_push(m, "s> more", 7, &r, &err) == 0);
+    CHECK(r.stopped && r.which == 0 && r.len == 0);
+    CHECK(g4_stop_push(m, "again", 5, &r, &err) == 0 && r.stopped && r.len == 0);
+    /* a false start is released once it can no longer become a stop string */
+    g4_stop_reset(m);
+    CHECK(g4_stop_push(m, "a </", 4, &r, &err) == 0 && r.len == 2);
+    CHECK(g4_stop_push(m, "b", 1, &r, &err) == 0 && r.len == 3 && memcmp(r.text, "</b", 3) == 0);
+    CHECK(g4_stop_push(m, "ST", 2, &r, &err) == 0 && r.len == 0 && g4_stop_held(m) == 2);
+    g4_stop_flush(m, &r);
+    CHECK(r.len == 2 && memcmp(r.text, "ST", 2) == 0 && !r.stopped);
+    /* text before the stop in the same push is emitted */
+    g4_stop_reset(m);
+    CHECK(g4_stop_push(m, "abc STOP def", 12, &r, &err) == 0 && r.stopped && r.which == 1 && r.len == 4 &&
+          memcmp(r.text, "abc ", 4) == 0);
+    g4_stop_free(m);
+
+    /* overlapping prefixes: "bc" completes before "abcd" could */
+    const char *stops2[] = {"abcd", "bc"};
+    CHECK(g4_stop_new(stops2, 2, &m, &err) == 0);
+    CHECK(g4_stop_push(m, "xab", 3, &r, &err) == 0 && r.len == 1 && g4_stop_held(m) == 2);
+    CHECK(g4_stop_push(m, "c", 1, &r, &err) == 0 && r.stopped && r.which == 1 && r.len == 1 && r.text[0] == 'a');
+    g4_stop_free(m);
+    /* a self-overlapping stop string: "aab" inside "aaab" */
+    const char *stops3[] = {"aab"};
+    CHECK(g4_stop_new(stops3, 1, &m, &err) == 0);
+    size_t total = 0;
+    const char *pieces[] = {"a", "a", "a", "b"};
+    int stopped = 0;
+    for (int i = 0; i < 4; i++) {
+        CHECK(g4_stop_push(m, pieces[i], 1, &r, &err) == 0);
+        total += r.len;
+        stopped = r.stopped;
+    }
+    CHECK(stopped && total == 1);
+    g4_stop_free(m);
+    /* no stop strings: everything passes through */
+    CHECK(g4_stop_new(NULL, 0, &m, &err) == 0);
+    CHECK(g4_stop_push(m, "anything", 8, &r, &err) == 0 && r.len == 8 && !r.stopped);
+    g4_stop_free(m);
+    const char *empty[] = {"ok", ""};
+    CHECK(g4_stop_new(empty, 2, &m, &err) == -1 && strstr(err.msg, "empty"));
+
+    /* property: any split gives what a whole-text search gives (earliest end, then longest) */
+    const char *stops4[] = {"abcab", "bca", "cc", "ab", "cab"};
+    CHECK(g4_stop_new(stops4, 5, &m, &err) == 0);
+    const char alphabet[] = "abcd";
+    int mismatches = 0, multi = 0;
+    for (int t = 0; t < 3000; t++) {
+        char text[64];
+        int L = 1 + (int)(urand() * 40);
+        double cut_p = (t % 3) * 0.25; /* 0: one push with the whole text */
+        for (int i = 0; i < L; i++) text[i] = alphabet[(int)(urand() * (sizeof alphabet - 1))];
+        text[L] = '\0';
+        /* reference */
+        size_t best_end = (size_t)-1, best_start = 0;
+        int best = -1;
+        for (int k = 0; k < 5; k++) {
+            const char *p = strstr(text, stops4[k]);
+            if (!p) continue;
+            size_t st = (size_t)(p - text), en = st + strlen(stops4[k]);
+            if (en < best_end || (en == best_end && st < best_start)) {
+                best_end = en;
+                best_start = st;
+                best = k;
+            }
+        }
+        int found = 0;
+        for (int k = 0; k < 5; k++) found += strstr(text, stops4[k]) != NULL;
+        multi += found > 1;
+        size_t cuts[64];
+        int nc = 0;
+        for (int i = 1; i < L; i++)
+            if (urand() < cut_p) cuts[nc++] = (size_t)i;
+        stream_result sr;
+        stream(m, text, cuts, nc, &sr);
+        size_t want_len = best >= 0 ? best_start : (size_t)L;
+        if (sr.stopped != (best >= 0) || sr.which != best || sr.len != want_len ||
+            memcmp(sr.out, text, want_len) != 0)
+            mismatches++;
+    }
+    CHECKF(mismatches == 0, "stop strings: %d of 3000 random splits differ from the whole-text search",
+           mismatches);
+    CHECKF(multi > 500, "stop strings: only %d texts hold several stop strings", multi);
+    /* two stop strings complete in one push: the one ending first wins */
+    g4_stop_reset(m);
+    CHECK(g4_stop_push(m, "bcab", 4, &r, &err) == 0 && r.stopped && r.which == 1 && r.len == 0);
+    g4_stop_reset(m);
+    CHECK(g4_stop_push(m, "dcab", 4, &r, &err) == 0 && r.stopped && r.which == 4 && r.len == 1); /* tie: longer */
+    g4_stop_reset(m);
+    CHECK(g4_stop_push(m, "dd", 2, &r, &err) == 0 && !r.stopped && r.len == 2);
+    CHECK(g4_stop_push(m, "dcc", 3, &r, &err) == 0 && r.stopped && r.which == 2 && r.len == 1);
+    g4_stop_free(m);
+}
+
+/* ------------------------------------------------------------------ speed (reported only) */
+
+static void test_speed(void) {
+    const int V = 262144;
+    float *x = malloc((size_t)V * sizeof *x);
+    /* LLM-like: a Gaussian body and a handful of strong candidates */
+    for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 2.0);
+    for (int i = 0; i < 20; i++) x[(int)(urand() * V)] = (float)(12.0 + 4.0 * urand());
+    int32_t sup[2] = {258883, 258882};
+    int32_t hist[512];
+    for (int i = 0; i < 512; i++) hist[i] = (int32_t)(urand() * V);
+    struct {
+        const char *label;
+        float temp, top_p, min_p, rep;
+        int top_k, reps;
+    } cases[] = {
+        {"gemma defaults: top-k 64, top-p 0.95, 2 suppressed", 1.0f, 0.95f, 0.0f, 1.0f, 64, 200},
+        {"greedy", 0.0f, 1.0f, 0.0f, 1.0f, 0, 200},
+        {"top-k 64 + top-p 0.95 + repetition 1.1 over 512 ids", 1.0f, 0.95f, 0.0f, 1.1f, 64, 200},
+        {"top-p 0.95 only", 1.0f, 0.95f, 0.0f, 1.0f, 0, 50},
+        {"min-p 0.05 only", 1.0f, 1.0f, 0.05f, 1.0f, 0, 50},
+        {"temperature 1 only (full softmax)", 1.0f, 1.0f, 0.0f, 1.0f, 0, 50},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = cases[c].temp;
+        p.top_k = cases[c].top_k;
+        p.top_p = cases[c].top_p;
+        p.min_p = cases[c].min_p;
+        p.repetition_penalty = cases[c].rep;
+        p.suppress_ids = sup;
+        p.n_suppress = 2;
+        g4_sampler *s = make(&p, V);
+        g4_sampler_accept_many(s, hist, 512);
+        int invalid = 0;
+        double t0 = now_us();
+        for (int r = 0; r < cases[c].reps; r++) {
+            int32_t id = g4_sampler_sample(s, x);
+            invalid += id < 0 || id >= V || id == sup[0] || id == sup[1];
+        }
+        double us = (now_us() - t0) / cases[c].reps;
+        CHECKF(invalid == 0, "speed %s: invalid ids", cases[c].label);
+        fprintf(stderr, "speed V=%d %-55s %8.1f us/sample\n", V, cases[c].label, us);
+        if (c == 0 || c == 3) { /* the large-vocabulary paths, exactly */
+            g4_sampler_reset(s);
+            check_probs(s, x, V, &p, NULL, 0, cases[c].label);
+        }
+        g4_sampler_free(s);
+    }
+    free(x);
+}
+
+#define RUN(fn)                                                                \
+    do {                                                                       \
+        double t_ = now_us();                                                  \
+        fn();                                                                  \
+        fprintf(stderr, "  %-26s %6.2f s\n", #fn, (now_us() - t_) * 1e-6);     \
+    } while (0)
+
+int main(void) {
+    double t0 = now_us();
+    RUN(test_validation);
+    RUN(test_exp_variants);
+    RUN(test_greedy);
+    RUN(test_special_values);
+    RUN(test_temperature);
+    RUN(test_top_k);
+    RUN(test_top_p_min_p);
+    RUN(test_large_rows);
+    RUN(test_seeds);
+    RUN(test_penalties);
+    RUN(test_bias_suppress);
+    RUN(test_generation_config);
+    RUN(test_stop_strings);
+    RUN(test_speed);
+    fprintf(stderr, "test_sampler: %.2f s\n", (now_us() - t0) * 1e-6);
+    return g4t_done();
+}
