@@ -237,16 +237,11 @@ static void test_streaming(const g4_tokenizer *tok) {
 
 /* ------------------------------------------------------------------ cache */
 
-static int copy_file(const char *from, const char *to) {
-    char *data;
-    size_t len;
-    g4_error err;
-    if (g4_read_file(from, &data, &len, &err)) return -1;
-    FILE *f = fopen(to, "wb");
-    int rc = f && fwrite(data, 1, len, f) == len ? 0 : -1;
-    if (f) fclose(f);
-    free(data);
-    return rc;
+static int write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int rc = fputs(text, f) < 0 ? -1 : 0;
+    return fclose(f) || rc ? -1 : 0;
 }
 
 static int encode_equal(const g4_tokenizer *a, const g4_tokenizer *b, const char *text) {
@@ -274,63 +269,123 @@ static long file_size(const char *path) {
     return stat(path, &st) == 0 ? (long)st.st_size : -1;
 }
 
-static void test_cache(const char *src) {
+/* The real file: a cold load writes the cache, the next load reads it and gives the same
+ * ids as HF. Returns the tokenizer loaded from the cache (for the other tests). */
+static g4_tokenizer *test_cache_real(const char *src) {
     g4_error err;
     const char *dir = g4t_tmp("tokenizer-cache");
     mkdir(dir, 0755);
     setenv("G4_TOKENIZER_CACHE_DIR", dir, 1);
     unsetenv("G4_NO_TOKENIZER_CACHE");
-
-    /* start cold: remove what an earlier run left */
-    g4_tokenizer *t0;
-    CHECK(g4_tokenizer_load(src, &t0, &err) == 0);
-    if (g4_tokenizer_cache_path(t0)) unlink(g4_tokenizer_cache_path(t0));
-    g4_tokenizer_free(t0);
-
-    double t_start = now_s();
-    g4_tokenizer *cold, *warm;
-    CHECKF(g4_tokenizer_load(src, &cold, &err) == 0, "%s", err.msg);
-    double t_cold = now_s() - t_start;
-    CHECK(!g4_tokenizer_loaded_from_cache(cold));
-    const char *cpath = g4_tokenizer_cache_path(cold);
-    CHECKF(cpath && !strncmp(cpath, dir, strlen(dir)), "cache written under G4_TOKENIZER_CACHE_DIR: %s",
-           cpath ? cpath : "(none)");
     char cache[4096];
-    snprintf(cache, sizeof cache, "%s", cpath ? cpath : "");
+    g4_tokenizer *cold = NULL, *warm = NULL;
 
-    t_start = now_s();
+    /* the first load tells where the cache is; one left by an earlier run is removed */
+    double t0 = now_s();
+    CHECKF(g4_tokenizer_load(src, &cold, &err) == 0, "%s", err.msg);
+    double t_first = now_s() - t0;
+    if (!cold) return NULL;
+    snprintf(cache, sizeof cache, "%s", g4_tokenizer_cache_path(cold) ? g4_tokenizer_cache_path(cold) : "");
+    CHECKF(cache[0] && !strncmp(cache, dir, strlen(dir)), "cache under G4_TOKENIZER_CACHE_DIR: '%s'", cache);
+    if (g4_tokenizer_loaded_from_cache(cold)) {
+        /* an earlier run left it: start over from the JSON */
+        g4_tokenizer_free(cold);
+        unlink(cache);
+        t0 = now_s();
+        CHECKF(g4_tokenizer_load(src, &cold, &err) == 0, "%s", err.msg);
+        t_first = now_s() - t0;
+        if (!cold) return NULL;
+    }
+    CHECK(!g4_tokenizer_loaded_from_cache(cold));
+    CHECK(g4_file_exists(cache));
+
+    t0 = now_s();
     CHECKF(g4_tokenizer_load(src, &warm, &err) == 0, "%s", err.msg);
-    double t_warm = now_s() - t_start;
+    double t_warm = now_s() - t0;
+    fprintf(stderr, "load: from JSON %.3f s, from cache %.3f s\n", t_first, t_warm);
+    if (!warm) {
+        g4_tokenizer_free(cold);
+        return NULL;
+    }
     CHECK(g4_tokenizer_loaded_from_cache(warm));
-    fprintf(stderr, "load: cold %.3f s, from cache %.3f s\n", t_cold, t_warm);
     CHECK(g4_tokenizer_vocab_size(warm) == g4_tokenizer_vocab_size(cold));
     CHECK(g4_tokenizer_bos_id(warm) == g4_tokenizer_bos_id(cold));
-    CHECK(check_encode_fixtures(warm, "cache") == 0);
-    CHECK(check_decode_fixtures(warm, "cache") == 0);
-    g4_tokenizer_free(warm);
+    CHECK(g4_tokenizer_eos_id(warm) == g4_tokenizer_eos_id(cold));
+    /* the cold one against HF here; the warm one in main */
+    CHECK(check_encode_fixtures(cold, "parsed JSON") == 0);
+    CHECK(check_decode_fixtures(cold, "parsed JSON") == 0);
+    g4_tokenizer_free(cold);
+    return warm;
+}
 
-    /* a flipped byte in the middle: detected (checksum), rebuilt, and then used again */
+#define SMALL_TOKENIZER                                                                           \
+    "{\"added_tokens\":[{\"id\":6,\"content\":\"<s>\",\"special\":true,\"normalized\":false}],"       \
+    "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"_\"},"            \
+    "\"decoder\":{\"type\":\"Replace\",\"pattern\":{\"String\":\"_\"},\"content\":\" \"},"              \
+    "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"_\":2,\"ab\":3,\"_ab\":4,\"<unk>\":5,\"<s>\":6}," \
+    "\"unk_token\":\"<unk>\",\"merges\":[[\"a\",\"b\"],[\"_\",\"ab\"]]}}"
+
+/* The cache's checks, on a small tokenizer: corruption, truncation, a changed source,
+ * the environment switch, and the place beside the file. */
+static void test_cache_checks(void) {
+    g4_error err;
+    const char *sdir = g4t_tmp("small-tokenizer");
+    mkdir(sdir, 0755);
+    char src[4096], beside[4200];
+    snprintf(src, sizeof src, "%s/tokenizer.json", sdir);
+    snprintf(beside, sizeof beside, "%s.g4c", src);
+    CHECK(write_text(src, SMALL_TOKENIZER) == 0);
+    const char *dir = g4t_tmp("tokenizer-cache");
+    setenv("G4_TOKENIZER_CACHE_DIR", dir, 1);
+    unsetenv("G4_NO_TOKENIZER_CACHE");
+
+    g4_tokenizer *ref, *t;
+    CHECKF(g4_tokenizer_load(src, &ref, &err) == 0, "%s", err.msg);
+    if (!ref) return;
+    char cache[4096];
+    snprintf(cache, sizeof cache, "%s", g4_tokenizer_cache_path(ref) ? g4_tokenizer_cache_path(ref) : "");
+    CHECK(cache[0] != 0);
+    const char *text = "ab ab<s>b a";
+    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t) && encode_equal(t, ref, text));
+    g4_tokenizer_free(t);
+
+    /* a flipped byte anywhere is detected (checksum): rebuilt, then used again */
     long size = file_size(cache);
-    CHECK(size > 1000);
-    corrupt_byte(cache, size / 2);
-    g4_tokenizer *t;
-    CHECKF(g4_tokenizer_load(src, &t, &err) == 0, "%s", err.msg);
-    CHECK(!g4_tokenizer_loaded_from_cache(t));
-    CHECK(encode_equal(t, cold, "Corrupt caches are rebuilt — «ça marche» 😀"));
+    CHECK(size > 160);
+    for (long at = 0; at < size; at += size / 7 + 1) {
+        corrupt_byte(cache, at);
+        CHECK(g4_tokenizer_load(src, &t, &err) == 0);
+        CHECKF(!g4_tokenizer_loaded_from_cache(t), "a corrupt byte at %ld was not detected", at);
+        CHECK(encode_equal(t, ref, text));
+        g4_tokenizer_free(t);
+        CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t));
+        g4_tokenizer_free(t);
+    }
+    /* truncated */
+    CHECK(truncate(cache, size / 2) == 0);
+    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
+    g4_tokenizer_free(t);
+    CHECK(file_size(cache) == size);
+    CHECK(truncate(cache, 0) == 0);
+    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
+    g4_tokenizer_free(t);
+
+    /* the source changed: new mtime; or same size and mtime but other content */
+    struct timespec times[2] = {{0, UTIME_OMIT}, {1000000000, 0}};
+    CHECK(utimensat(AT_FDCWD, src, times, 0) == 0);
+    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
     g4_tokenizer_free(t);
     CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t));
     g4_tokenizer_free(t);
-
-    /* a truncated cache */
-    CHECK(truncate(cache, size / 3) == 0);
-    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
-    CHECK(file_size(cache) == size);
-    g4_tokenizer_free(t);
-
-    /* garbage header */
-    corrupt_byte(cache, 2);
-    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
-    g4_tokenizer_free(t);
+    char *changed = strdup(SMALL_TOKENIZER);
+    char *p = strstr(changed, "[\"a\",\"b\"],[\"_\",\"ab\"]");
+    CHECK(p != NULL);
+    if (p) memcpy(p, "[\"_\",\"a\"],[\"a\",\"b\"]", strlen("[\"_\",\"a\"],[\"a\",\"b\"]"));
+    CHECK(write_text(src, changed) == 0);
+    free(changed);
+    CHECK(utimensat(AT_FDCWD, src, times, 0) == 0);
+    CHECK(g4_tokenizer_load(src, &t, &err) == -1); /* "_a" is not in the vocabulary: the JSON was read */
+    CHECK(write_text(src, SMALL_TOKENIZER) == 0);
 
     /* disabled by the environment: neither read nor written */
     setenv("G4_NO_TOKENIZER_CACHE", "1", 1);
@@ -338,73 +393,85 @@ static void test_cache(const char *src) {
     g4_tokenizer_free(t);
     unsetenv("G4_NO_TOKENIZER_CACHE");
 
-    /* beside the tokenizer.json when the folder is writable; stale when the source changes */
+    /* beside the tokenizer.json when its folder is writable */
     unsetenv("G4_TOKENIZER_CACHE_DIR");
-    const char *cdir = g4t_tmp("tokenizer-copy");
-    mkdir(cdir, 0755);
-    char copy[4096], beside[4200];
-    snprintf(copy, sizeof copy, "%s/tokenizer.json", cdir);
-    snprintf(beside, sizeof beside, "%s.g4c", copy);
     unlink(beside);
-    CHECK(copy_file(src, copy) == 0);
-    CHECK(g4_tokenizer_load(copy, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
+    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
     CHECKF(g4_tokenizer_cache_path(t) && !strcmp(g4_tokenizer_cache_path(t), beside), "cache beside: %s",
            g4_tokenizer_cache_path(t) ? g4_tokenizer_cache_path(t) : "(none)");
     g4_tokenizer_free(t);
-    CHECK(g4_tokenizer_load(copy, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t));
-    g4_tokenizer_free(t);
-    struct timespec times[2] = {{0, UTIME_OMIT}, {1000000000, 0}};
-    CHECK(utimensat(AT_FDCWD, copy, times, 0) == 0);
-    CHECK(g4_tokenizer_load(copy, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
-    g4_tokenizer_free(t);
-    CHECK(g4_tokenizer_load(copy, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t));
+    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t) && encode_equal(t, ref, text));
     g4_tokenizer_free(t);
     unlink(beside);
-    unlink(copy);
-    g4_tokenizer_free(cold);
+    setenv("G4_TOKENIZER_CACHE_DIR", dir, 1);
+    g4_tokenizer_free(ref);
 }
 
-/* ------------------------------------------------- legacy merge spelling */
+/* ------------------------------------------------- synthetic tokenizers */
 
-/* Rewrites the merges as "a b" strings (Gemma's merges have no space inside a part) and
- * checks the fixtures still match. */
-static void test_legacy_merges(const char *src) {
-    json_error_t je;
-    json_t *root = json_load_file(src, 0, &je);
-    CHECK(root != NULL);
-    if (!root) return;
-    json_t *merges = json_object_get(json_object_get(root, "model"), "merges");
-    size_t n = json_array_size(merges);
-    json_t *legacy = json_array();
-    char buf[1024];
-    for (size_t i = 0; i < n; i++) {
-        json_t *m = json_array_get(merges, i);
-        snprintf(buf, sizeof buf, "%s %s", json_string_value(json_array_get(m, 0)),
-                 json_string_value(json_array_get(m, 1)));
-        json_array_append_new(legacy, json_string(buf));
-    }
-    json_object_set_new(json_object_get(root, "model"), "merges", legacy);
-    const char *dir = g4t_tmp("tokenizer-legacy");
-    mkdir(dir, 0755);
+/* Small tokenizers with HF's answers (tests/data/make_tokenizer_cases.js). */
+static void test_synthetic(void) {
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    CHECK(json_dump_file(root, path, JSON_COMPACT) == 0);
-    json_decref(root);
-    /* the config beside it decides BOS the same way */
-    char cfg[4096];
-    snprintf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
-    CHECK(copy_file(g4t_shared("tokenizer/tokenizer_config.json"), cfg) == 0);
+    snprintf(path, sizeof path, "%s/tests/data/tokenizer_cases.json", getenv("G4_SOURCE_DIR") ? getenv("G4_SOURCE_DIR") : "..");
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    CHECKF(root != NULL, "%s: %s", path, je.text);
+    if (!root) return;
+    const char *dir = g4t_tmp("synthetic");
+    mkdir(dir, 0755);
+    char tpath[4096];
+    snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
     setenv("G4_NO_TOKENIZER_CACHE", "1", 1);
-    g4_tokenizer *t;
-    g4_error err;
-    CHECKF(g4_tokenizer_load(path, &t, &err) == 0, "%s", err.msg);
-    unsetenv("G4_NO_TOKENIZER_CACHE");
-    if (t) {
-        CHECK(check_encode_fixtures(t, "legacy merges") == 0);
-        g4_tokenizer_free(t);
+    const json_t *cases = json_object_get(root, "cases");
+    size_t n_enc = 0, n_dec = 0;
+    for (size_t k = 0; k < json_array_size(cases); k++) {
+        const json_t *c = json_array_get(cases, k);
+        const char *name = json_string_value(json_object_get(c, "name"));
+        char *text = json_dumps(json_object_get(c, "tokenizer"), JSON_COMPACT);
+        CHECK(text && write_text(tpath, text) == 0);
+        free(text);
+        g4_tokenizer *tok;
+        g4_error err;
+        if (g4_tokenizer_load(tpath, &tok, &err)) {
+            CHECKF(0, "%s: %s", name, err.msg);
+            continue;
+        }
+        const json_t *enc = json_object_get(c, "encode");
+        for (size_t i = 0; i < json_array_size(enc); i++) {
+            const json_t *e = json_array_get(enc, i);
+            const json_t *jt = json_object_get(e, "text");
+            int special = json_is_true(json_object_get(e, "add_special_tokens"));
+            g4_tokens t = {0};
+            int rc = g4_tokenize(tok, json_string_value(jt), json_string_length(jt), special, &t, &err);
+            CHECKF(rc == 0 && ids_equal(&t, json_object_get(e, "ids")), "%s: encode '%s' (specials %d): %s", name,
+                   json_string_value(jt), special, rc ? err.msg : "different ids");
+            free(t.ids);
+            n_enc++;
+        }
+        const json_t *dec = json_object_get(c, "decode");
+        for (size_t i = 0; i < json_array_size(dec); i++) {
+            const json_t *d = json_array_get(dec, i);
+            size_t n;
+            int32_t *ids = json_ids(json_object_get(d, "ids"), &n);
+            int skip = json_is_true(json_object_get(d, "skip_special_tokens"));
+            const json_t *want = json_object_get(d, "text");
+            char *out;
+            size_t len;
+            int rc = g4_detokenize(tok, ids, n, skip, &out, &len, &err);
+            CHECKF(rc == 0 && len == json_string_length(want) && !memcmp(out, json_string_value(want), len),
+                   "%s: decode case %zu: got '%s', want '%s'", name, i, rc ? err.msg : out, json_string_value(want));
+            if (!rc) free(out);
+            CHECKF(stream_matches_batch(tok, ids, n, skip) == 0, "%s: streamed decode case %zu", name, i);
+            free(ids);
+            n_dec++;
+        }
+        g4_tokenizer_free(tok);
     }
-    unlink(path);
-    unlink(cfg);
+    unsetenv("G4_NO_TOKENIZER_CACHE");
+    fprintf(stderr, "synthetic tokenizers: %zu encode and %zu decode cases\n", n_enc, n_dec);
+    CHECK(n_enc > 200 && n_dec > 400);
+    unlink(tpath);
+    json_decref(root);
 }
 
 /* ---------------------------------------------------------- bad tokenizers */
@@ -518,10 +585,7 @@ int main(void) {
     }
     CHECK(enc_fx.n >= 80 && dec_fx.n >= 120);
 
-    setenv("G4_TOKENIZER_CACHE_DIR", g4t_tmp("tokenizer-cache"), 1);
-    g4_tokenizer *tok;
-    g4_error err;
-    CHECKF(g4_tokenizer_load(src, &tok, &err) == 0, "%s", err.msg);
+    g4_tokenizer *tok = test_cache_real(src);
     if (!tok) return g4t_done();
 
     /* API basics, against HF's ids */
@@ -546,8 +610,8 @@ int main(void) {
     test_round_trip(tok);
     g4_tokenizer_free(tok);
 
-    test_cache(src);
-    test_legacy_merges(src);
+    test_cache_checks();
+    test_synthetic();
     test_bad_files();
 
     free_jsonl(&enc_fx);

@@ -883,9 +883,10 @@ static int configure_rest(g4_tokenizer *tok, const json_t *root, g4_error *err) 
         tok->id_flags[i] = TOK_ID_MODEL;
     }
     for (size_t i = 0; i < tok->n_added; i++) {
+        /* HF's id_to_token (and so decode) gives a normalized added token's normalized form */
         const tok_added *a = &tok->added[i];
-        tok->id_str[a->id] = a->content;
-        tok->id_len[a->id] = (uint32_t)a->len;
+        tok->id_str[a->id] = a->normalized ? a->norm : a->content;
+        tok->id_len[a->id] = (uint32_t)(a->normalized ? a->norm_len : a->len);
         tok->id_flags[a->id] |= TOK_ID_ADDED | (a->special ? TOK_ID_SPECIAL : 0);
     }
     for (size_t i = 0; i < tok->n_prefix; i++)
