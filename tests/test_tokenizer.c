@@ -548,6 +548,56 @@ static void test_bad_files(void) {
     unsetenv("G4_NO_TOKENIZER_CACHE");
 }
 
+/* Random texts and id lists with HF's answers (tests/data/make_gemma_random_cases.js). */
+static void test_random_cases(const g4_tokenizer *tok) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/gemma_random_cases.json", getenv("G4_SOURCE_DIR") ? getenv("G4_SOURCE_DIR") : "..");
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_ALLOW_NUL, &je);
+    CHECKF(root != NULL, "%s: %s", path, je.text);
+    if (!root) return;
+    const json_t *enc = json_object_get(root, "encode"), *dec = json_object_get(root, "decode");
+    int bad = 0;
+    for (size_t i = 0; i < json_array_size(enc); i++) {
+        const json_t *e = json_array_get(enc, i);
+        const json_t *jt = json_object_get(e, "text");
+        g4_tokens t = {0};
+        g4_error err;
+        int rc = g4_tokenize(tok, json_string_value(jt), json_string_length(jt),
+                             json_is_true(json_object_get(e, "add_special_tokens")), &t, &err);
+        if (rc || !ids_equal(&t, json_object_get(e, "ids"))) {
+            bad++;
+            fprintf(stderr, "random encode case %zu differs (%s)\n", i, rc ? err.msg : "ids");
+        }
+        free(t.ids);
+    }
+    for (size_t i = 0; i < json_array_size(dec); i++) {
+        const json_t *d = json_array_get(dec, i);
+        size_t n;
+        int32_t *ids = json_ids(json_object_get(d, "ids"), &n);
+        int skip = json_is_true(json_object_get(d, "skip_special_tokens"));
+        const json_t *want = json_object_get(d, "text");
+        char *out;
+        size_t len;
+        g4_error err;
+        int rc = g4_detokenize(tok, ids, n, skip, &out, &len, &err);
+        if (rc || len != json_string_length(want) || memcmp(out, json_string_value(want), len)) {
+            bad++;
+            fprintf(stderr, "random decode case %zu differs (%s)\n", i, rc ? err.msg : "text");
+        }
+        if (!rc) free(out);
+        if (stream_matches_batch(tok, ids, n, skip)) {
+            bad++;
+            fprintf(stderr, "random decode case %zu differs when streamed\n", i);
+        }
+        free(ids);
+    }
+    CHECKF(bad == 0, "%d random cases differ from HF", bad);
+    CHECK(json_array_size(enc) >= 400 && json_array_size(dec) >= 400);
+    fprintf(stderr, "random cases: %zu encode, %zu decode\n", json_array_size(enc), json_array_size(dec));
+    json_decref(root);
+}
+
 /* --------------------------------------------------------------- round trip */
 
 static void test_round_trip(const g4_tokenizer *tok) {
@@ -607,6 +657,7 @@ int main(void) {
     fprintf(stderr, "fixtures: %zu encode cases x2, %zu decode cases\n", enc_fx.n, dec_fx.n);
 
     test_streaming(tok);
+    test_random_cases(tok);
     test_round_trip(tok);
     g4_tokenizer_free(tok);
 

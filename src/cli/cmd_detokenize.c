@@ -59,7 +59,7 @@ static int detokenize_ids(const g4_tokenizer *tok, const int32_t *ids, size_t n,
 
 static int detokenize_line(const g4_tokenizer *tok, const char *line, size_t len, int default_skip) {
     json_error_t je;
-    json_t *o = json_loadb(line, len, 0, &je);
+    json_t *o = json_loadb(line, len, JSON_ALLOW_NUL, &je);
     char msg[600];
     if (!o) {
         snprintf(msg, sizeof msg, "invalid JSON: %s", je.text);

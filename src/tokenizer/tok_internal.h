@@ -205,6 +205,7 @@ size_t tok_utf8_decode(const unsigned char *s, size_t n, uint32_t *cp);
 /* Offset of the first invalid byte, or len if the whole text is valid. */
 size_t tok_utf8_validate(const char *s, size_t len);
 int tok_is_white_space(uint32_t cp);
+/* The regex class \w (tok_word_chars.c, generated). */
 int tok_is_word_char(uint32_t cp);
 
 int tok_trie_build(tok_trie *t, const tok_added *added, size_t n, int use_norm);

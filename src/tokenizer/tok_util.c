@@ -181,27 +181,6 @@ int tok_is_white_space(uint32_t c) {
            c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-/* Approximates the regex class \w (alphabetic, marks, decimal digits, connector punctuation,
- * join controls), used only for added tokens with single_word=true: ASCII is exact; above
- * ASCII everything counts as a word character except white space and the main punctuation
- * and symbol blocks. */
-int tok_is_word_char(uint32_t c) {
-    if (c < 0x80)
-        return (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-               c == '_';
-    if (tok_is_white_space(c)) return 0;
-    if (c <= 0xBF) return c == 0xAA || c == 0xB5 || c == 0xBA;
-    if (c == 0xD7 || c == 0xF7) return 0;
-    if (c >= 0x2000 && c <= 0x206F) return c == 0x200C || c == 0x200D || c == 0x203F || c == 0x2040 || c == 0x2054;
-    if (c >= 0x2190 && c <= 0x2BFF) return 0; /* arrows, math operators, technical, shapes */
-    if (c >= 0x3000 && c <= 0x3003) return 0;
-    if (c >= 0x3008 && c <= 0x3011) return 0;
-    if (c >= 0xFE30 && c <= 0xFE4F) return c == 0xFE33 || c == 0xFE34 || (c >= 0xFE4D && c <= 0xFE4F);
-    if ((c >= 0xFF01 && c <= 0xFF0F) || (c >= 0xFF1A && c <= 0xFF20)) return 0;
-    if (c >= 0x1F000 && c <= 0x1FAFF) return 0; /* emoji and pictographs */
-    return 1;
-}
-
 /* --------------------------------------------------------------------- trie */
 
 typedef struct {
