@@ -34,6 +34,14 @@ static const char *excerpt(const char *s, size_t len, char *buf, size_t cap) {
             buf[j++] = (char)c;
     }
     if (i < len) {
+        /* do not end inside a UTF-8 sequence */
+        size_t k = j;
+        while (k > 0 && ((unsigned char)buf[k - 1] & 0xC0) == 0x80) k--;
+        if (k > 0 && (unsigned char)buf[k - 1] >= 0xC0) {
+            unsigned char lead = (unsigned char)buf[k - 1];
+            size_t want = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+            if (j - (k - 1) < want) j = k - 1;
+        }
         memcpy(buf + j, "...", 3);
         j += 3;
     }
@@ -238,7 +246,6 @@ typedef struct {
 
 static int vocab_from_json(g4_tokenizer *tok, const json_t *vocab, g4_error *err) {
     if (!json_is_object(vocab)) return g4_fail(err, "tokenizer.json: model.vocab must be an object");
-    size_t n = json_object_size(vocab);
     int64_t max_id = -1;
     const char *key;
     json_t *val;
@@ -269,7 +276,6 @@ static int vocab_from_json(g4_tokenizer *tok, const json_t *vocab, g4_error *err
         slot[id].len = len;
         blob_size += len + 1;
     }
-    (void)n;
     if (blob_size >= UINT32_MAX) {
         free(slot);
         return g4_fail(err, "tokenizer.json: model.vocab is too large");

@@ -13,6 +13,15 @@
  *
  * Loading parses the JSON once and keeps a binary cache of the vocabulary, the merges and
  * the rest of the configuration (see g4_tokenizer_load); later loads read the cache.
+ *
+ * Speed: BPE runs with a (rank, position) heap over linked symbols, O(n log n) per word.
+ * Words are also cut where no merge can cross (before a U+2581/space that follows a
+ * character no vocabulary token joins to it; checked against the loaded vocabulary, so
+ * the ids are the same) and the pieces are cached within one g4_tokenize call.
+ * G4_TOKENIZER_NO_CHUNKS=1 (read at load) turns the cutting off, for comparisons.
+ *
+ * A loaded tokenizer is never modified: g4_tokenize / g4_detokenize may run concurrently on
+ * it from several threads (a g4_detok_stream belongs to one thread).
  */
 #ifndef G4_TOKENIZER_TOKENIZER_H
 #define G4_TOKENIZER_TOKENIZER_H
