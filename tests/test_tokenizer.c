@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "core/mapped_file.h"
+#include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
 
 static double now_s(void) {
@@ -325,6 +326,40 @@ static g4_tokenizer *test_cache_real(const char *src) {
     "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"_\":2,\"ab\":3,\"_ab\":4,\"<unk>\":5,\"<s>\":6}," \
     "\"unk_token\":\"<unk>\",\"merges\":[[\"a\",\"b\"],[\"_\",\"ab\"]]}}"
 
+/* Rewrites a valid cache with one inconsistency but a correct checksum (what the checks
+ * behind the checksum must catch). */
+static int write_tampered_cache(const char *cache, const char *src, int which) {
+    tok_cache_data d, w;
+    if (tok_cache_open(cache, src, &d)) return -1;
+    w = d;
+    w.map = NULL;
+    void *copy = NULL;
+    int sec = which == 0 ? TOK_SEC_VOCAB_MAP : which == 1 ? TOK_SEC_MERGES : which == 3 ? TOK_SEC_ADDED : -1;
+    if (sec >= 0) {
+        copy = malloc(d.sec[sec].size);
+        memcpy(copy, d.sec[sec].data, d.sec[sec].size);
+        w.sec[sec].data = copy;
+    }
+    if (which == 0) { /* a map entry naming a slot past the vocabulary */
+        uint64_t *m = copy;
+        for (size_t i = 0; i < d.sec[sec].size / 8; i++)
+            if (m[i]) {
+                m[i] = (m[i] & ~(uint64_t)0xffffffffu) | (d.param[TOK_P_N_SLOTS] + 7);
+                break;
+            }
+    } else if (which == 1) { /* a merge naming an id out of range */
+        ((uint32_t *)copy)[1] = (uint32_t)d.param[TOK_P_N_SLOTS] + 3;
+    } else if (which == 2) { /* the merge table's size disagrees with its parameters */
+        w.param[TOK_P_MERGE_MASK] = d.param[TOK_P_MERGE_MASK] * 2 + 1;
+    } else if (which == 3) { /* an added token's content outside its blob */
+        ((tok_added_raw *)copy)[0].len += 1000;
+    }
+    int rc = tok_cache_write(cache, src, &w);
+    free(copy);
+    tok_cache_close(&d);
+    return rc;
+}
+
 /* The cache's checks, on a small tokenizer: corruption, truncation, a changed source,
  * the environment switch, and the place beside the file. */
 static void test_cache_checks(void) {
@@ -359,6 +394,14 @@ static void test_cache_checks(void) {
         CHECK(encode_equal(t, ref, text));
         g4_tokenizer_free(t);
         CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t));
+        g4_tokenizer_free(t);
+    }
+    /* a correct checksum over inconsistent tables */
+    for (int which = 0; which < 4; which++) {
+        CHECKF(write_tampered_cache(cache, src, which) == 0, "tampered cache %d written", which);
+        CHECK(g4_tokenizer_load(src, &t, &err) == 0);
+        CHECKF(!g4_tokenizer_loaded_from_cache(t), "tampered cache %d was used", which);
+        CHECK(encode_equal(t, ref, text));
         g4_tokenizer_free(t);
     }
     /* truncated */

@@ -1,14 +1,10 @@
-/* The tokenizer's binary cache: the model vocabulary (id-ordered string table), the merges
- * as resolved id triples and the rest of tokenizer.json as compact JSON, in one file with a
- * header that ties it to the source file and a checksum over everything.
- *
- * Layout (little-endian, native structs; a cache is a local artifact of one machine):
- *   tok_cache_header
- *   u32 off[n_slots + 1]      string table offsets into blob
- *   char blob[blob_size]      pieces, each NUL-terminated
- *   u32 merges[n_merges][3]   left id, right id, merged id, in rank order
- *   char json[json_size]      NUL-terminated
- * Every section starts 8-byte aligned.
+/* The tokenizer's binary cache: one file of sections (what they hold is tok_load.c's
+ * business) with a header that ties it to the source tokenizer.json (size, modification
+ * time, a hash of its first and last MiB), a format version and a checksum over the whole
+ * file. The file is written to a temporary name and renamed into place, so a reader never
+ * sees a half-written cache; it is mapped read-only and checked before any use.
+ * Layout: tok_cache_header, then the sections, each 8-byte aligned. Native byte order
+ * (a cache is a local artifact; the header records the order and a reader rejects another).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,16 +13,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "tokenizer/tok_internal.h"
 
 #define TOK_CACHE_MAGIC "G4TOKC\r\n"
-#define TOK_CACHE_VERSION 1u
+#define TOK_CACHE_VERSION 2u
 #define TOK_CACHE_ENDIAN 0x01020304u
 #define TOK_SAMPLE_BYTES (1u << 20)
-#define TOK_MAX_SLOTS (1u << 24)
 
 typedef struct tok_cache_header {
     char magic[8];
@@ -37,13 +33,13 @@ typedef struct tok_cache_header {
     int64_t src_mtime_sec;
     int64_t src_mtime_nsec;
     uint64_t src_sample_hash;
-    uint64_t n_slots, blob_size, n_merges, json_size;
-    uint64_t off_offsets, off_blob, off_merges, off_json;
-    uint64_t reserved[3];
+    uint64_t param[TOK_CACHE_PARAMS];
+    uint64_t sec_off[TOK_CACHE_SECTIONS];
+    uint64_t sec_len[TOK_CACHE_SECTIONS];
     uint64_t checksum; /* over the header up to here and everything after the header */
 } tok_cache_header;
 
-_Static_assert(sizeof(tok_cache_header) == 152, "cache header layout");
+_Static_assert(sizeof(tok_cache_header) % 8 == 0, "cache header layout");
 
 static uint64_t cache_checksum(const unsigned char *file, size_t size) {
     uint64_t seed = tok_hash_bytes(file, offsetof(tok_cache_header, checksum), 0x6734746f6b63ULL);
@@ -86,21 +82,26 @@ static int source_sample_hash(const char *path, uint64_t size, uint64_t *out) {
 
 static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
 
-int tok_cache_try_read(const char *cache_path, const char *src_path, void **buf_out,
-                       tok_parts *parts) {
-    *buf_out = NULL;
+void tok_cache_close(tok_cache_data *d) {
+    if (d->map) munmap(d->map, d->map_size);
+    d->map = NULL;
+    d->map_size = 0;
+}
+
+int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data *d) {
+    memset(d, 0, sizeof *d);
     struct stat src;
     if (stat(src_path, &src) != 0) return -1;
     int fd = open(cache_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < (off_t)sizeof(tok_cache_header) ||
-        (uint64_t)st.st_size > ((uint64_t)1 << 34)) {
+        (uint64_t)st.st_size > ((uint64_t)1 << 36)) {
         close(fd);
         return -1;
     }
     size_t size = (size_t)st.st_size;
-    /* cheap checks on the header before reading the whole file */
+    /* cheap checks on the header before mapping the whole file */
     tok_cache_header h;
     if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, TOK_CACHE_MAGIC, 8) ||
         h.version != TOK_CACHE_VERSION || h.endian != TOK_CACHE_ENDIAN || h.file_size != size ||
@@ -109,63 +110,31 @@ int tok_cache_try_read(const char *cache_path, const char *src_path, void **buf_
         close(fd);
         return -1;
     }
-    unsigned char *buf = malloc(size);
-    if (!buf) {
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    while (got < size) {
-        ssize_t r = read(fd, buf + got, size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
     close(fd);
-    if (got != size) goto bad;
-    memcpy(&h, buf, sizeof h);
-    if (cache_checksum(buf, size) != h.checksum) goto bad;
+    if (map == MAP_FAILED) return -1;
+    d->map = map;
+    d->map_size = size;
+    const unsigned char *file = map;
+    memcpy(&h, file, sizeof h); /* the mapped bytes are the ones checked */
     uint64_t sample;
-    if (source_sample_hash(src_path, (uint64_t)src.st_size, &sample) != 0 || sample != h.src_sample_hash)
+    if (h.file_size != size || cache_checksum(file, size) != h.checksum ||
+        source_sample_hash(src_path, (uint64_t)src.st_size, &sample) != 0 || sample != h.src_sample_hash)
         goto bad;
-
-    /* sections inside the file, aligned, consistent */
-    if (h.n_slots > TOK_MAX_SLOTS || h.blob_size >= UINT32_MAX || h.json_size < 1 ||
-        h.n_merges > (uint64_t)1 << 30)
-        goto bad;
-    uint64_t sec_off[4] = {h.off_offsets, h.off_blob, h.off_merges, h.off_json};
-    uint64_t sec_len[4] = {(h.n_slots + 1) * 4, h.blob_size, h.n_merges * 12, h.json_size};
-    for (int k = 0; k < 4; k++)
-        if ((sec_off[k] & 7) || sec_off[k] < sizeof h || sec_off[k] > size ||
-            sec_len[k] > size - sec_off[k])
+    for (int k = 0; k < TOK_CACHE_SECTIONS; k++) {
+        if ((h.sec_off[k] & 7) || h.sec_off[k] < sizeof h || h.sec_off[k] > size || h.sec_len[k] > size - h.sec_off[k])
             goto bad;
-    const uint32_t *off = (const uint32_t *)(buf + h.off_offsets);
-    const char *blob = (const char *)(buf + h.off_blob);
-    if (off[0] != 0) goto bad;
-    for (uint64_t i = 0; i < h.n_slots; i++) {
-        uint32_t a = off[i], b = off[i + 1];
-        if (b < a || b > h.blob_size) goto bad;
-        if (b > a && blob[b - 1] != 0) goto bad;
+        d->sec[k].data = file + h.sec_off[k];
+        d->sec[k].size = h.sec_len[k];
     }
-    const char *json = (const char *)(buf + h.off_json);
-    if (json[h.json_size - 1] != 0) goto bad;
-
-    parts->n_slots = (uint32_t)h.n_slots;
-    parts->off = off;
-    parts->blob = blob;
-    parts->blob_size = h.blob_size;
-    parts->triples = (const uint32_t *)(buf + h.off_merges);
-    parts->n_merges = h.n_merges;
-    parts->rest_json = json;
-    parts->rest_len = h.json_size - 1;
-    *buf_out = buf;
+    memcpy(d->param, h.param, sizeof d->param);
     return 0;
 bad:
-    free(buf);
+    tok_cache_close(d);
     return -1;
 }
 
-int tok_cache_write(const char *cache_path, const char *src_path, const tok_parts *p) {
+int tok_cache_write(const char *cache_path, const char *src_path, const tok_cache_data *d) {
     struct stat src;
     if (stat(src_path, &src) != 0) return -1;
     tok_cache_header h;
@@ -177,28 +146,19 @@ int tok_cache_write(const char *cache_path, const char *src_path, const tok_part
     h.src_mtime_sec = (int64_t)src.st_mtim.tv_sec;
     h.src_mtime_nsec = (int64_t)src.st_mtim.tv_nsec;
     if (source_sample_hash(src_path, h.src_size, &h.src_sample_hash) != 0) return -1;
-    h.n_slots = p->n_slots;
-    h.blob_size = p->blob_size;
-    h.n_merges = p->n_merges;
-    h.json_size = p->rest_len + 1;
+    memcpy(h.param, d->param, sizeof h.param);
     size_t pos = align8(sizeof h);
-    h.off_offsets = pos;
-    pos = align8(pos + ((size_t)p->n_slots + 1) * 4);
-    h.off_blob = pos;
-    pos = align8(pos + p->blob_size);
-    h.off_merges = pos;
-    pos = align8(pos + p->n_merges * 12);
-    h.off_json = pos;
-    pos += h.json_size;
+    for (int k = 0; k < TOK_CACHE_SECTIONS; k++) {
+        h.sec_off[k] = pos;
+        h.sec_len[k] = d->sec[k].size;
+        pos = align8(pos + d->sec[k].size);
+    }
     h.file_size = pos;
 
     unsigned char *buf = calloc(1, pos);
     if (!buf) return -1;
-    memcpy(buf + h.off_offsets, p->off, ((size_t)p->n_slots + 1) * 4);
-    if (p->blob_size) memcpy(buf + h.off_blob, p->blob, p->blob_size);
-    if (p->n_merges) memcpy(buf + h.off_merges, p->triples, p->n_merges * 12);
-    memcpy(buf + h.off_json, p->rest_json, p->rest_len);
-    buf[h.off_json + p->rest_len] = 0;
+    for (int k = 0; k < TOK_CACHE_SECTIONS; k++)
+        if (d->sec[k].size) memcpy(buf + h.sec_off[k], d->sec[k].data, d->sec[k].size);
     memcpy(buf, &h, sizeof h);
     h.checksum = cache_checksum(buf, pos);
     memcpy(buf, &h, sizeof h);
@@ -246,10 +206,10 @@ static int mkdir_p(const char *dir) {
     return 0;
 }
 
-static char *xstrdup_printf(const char *a, const char *b, const char *c) {
-    size_t n = strlen(a) + strlen(b) + strlen(c) + 1;
+static char *concat(const char *a, const char *b) {
+    size_t n = strlen(a) + strlen(b) + 1;
     char *s = malloc(n);
-    if (s) snprintf(s, n, "%s%s%s", a, b, c);
+    if (s) snprintf(s, n, "%s%s", a, b);
     return s;
 }
 
@@ -263,10 +223,10 @@ int tok_cache_candidates(const char *src_path, char **paths) {
 
     const char *forced = getenv("G4_TOKENIZER_CACHE_DIR");
     if (forced && *forced) {
-        if (mkdir_p(forced) == 0 && (paths[n] = xstrdup_printf(forced, name, ""))) n++;
+        if (mkdir_p(forced) == 0 && (paths[n] = concat(forced, name))) n++;
         return n;
     }
-    if ((paths[n] = xstrdup_printf(src_path, ".g4c", ""))) n++;
+    if ((paths[n] = concat(src_path, ".g4c"))) n++;
     const char *xdg = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
     char dir[PATH_MAX];
@@ -275,7 +235,7 @@ int tok_cache_candidates(const char *src_path, char **paths) {
         ok = snprintf(dir, sizeof dir, "%s/gemma4c", xdg) < (int)sizeof dir;
     else if (home && *home)
         ok = snprintf(dir, sizeof dir, "%s/.cache/gemma4c", home) < (int)sizeof dir;
-    if (ok && (paths[n] = xstrdup_printf(dir, name, ""))) n++;
+    if (ok && (paths[n] = concat(dir, name))) n++;
     return n;
 }
 

@@ -104,6 +104,26 @@ typedef struct tok_trie {
     int empty;          /* no pattern at all */
 } tok_trie;
 
+/* The binary cache (tok_cache.c): sections and parameters whose meaning tok_load.c defines. */
+#define TOK_CACHE_SECTIONS 16
+#define TOK_CACHE_PARAMS 16
+typedef struct tok_cache_sec {
+    const void *data;
+    uint64_t size;
+} tok_cache_sec;
+typedef struct tok_cache_data {
+    tok_cache_sec sec[TOK_CACHE_SECTIONS];
+    uint64_t param[TOK_CACHE_PARAMS];
+    void *map; /* set by tok_cache_open: the mapped file */
+    size_t map_size;
+} tok_cache_data;
+
+/* An added token as tokenizer.json lists it (before duplicates are dropped and ids given). */
+typedef struct tok_added_raw {
+    uint32_t off, len; /* content in a NUL-separated blob */
+    uint8_t special, single_word, lstrip, rstrip, normalized, pad[3];
+} tok_added_raw;
+
 /* ---------------------------------------------------------------- tokenizer */
 
 struct g4_tokenizer {
@@ -181,11 +201,16 @@ struct g4_tokenizer {
     char *cache_path;
     int from_cache;
 
-    /* storage */
-    void *cache_buf; /* the cache file's bytes when loaded from it */
+    /* storage: from the cache, the vocabulary, merges and derived tables point into the
+     * mapped file (tables_borrowed); else they are owned */
+    tok_cache_data cache;
+    int tables_borrowed;
     uint32_t *own_off;
     char *own_blob;
     uint32_t *own_triples;
+    tok_added_raw *own_added_raw;
+    char *own_added_blob;
+    size_t n_added_raw, added_blob_size;
 };
 
 enum { TOK_ID_SPECIAL = 1, TOK_ID_ADDED = 2, TOK_ID_MODEL = 4 };
@@ -213,20 +238,33 @@ void tok_trie_free(tok_trie *t);
 /* Longest pattern starting at s[0]: index into added (or -1), *match_len its length. */
 int32_t tok_trie_longest(const tok_trie *t, const unsigned char *s, size_t n, size_t *match_len);
 
-/* load/build (tok_load.c, tok_cache.c) */
-typedef struct tok_parts {
-    uint32_t n_slots;
-    const uint32_t *off;
-    const char *blob;
-    size_t blob_size;
-    const uint32_t *triples;
-    size_t n_merges;
-    const char *rest_json; /* the tokenizer.json without model.vocab and model.merges */
-    size_t rest_len;
-} tok_parts;
+/* What the sections and parameters of a tokenizer cache hold (tok_load.c). */
+enum {
+    TOK_SEC_VOCAB_OFF,   /* u32[n_slots + 1] */
+    TOK_SEC_VOCAB_BLOB,  /* pieces, NUL-terminated */
+    TOK_SEC_MERGES,      /* u32[n_merges][3] */
+    TOK_SEC_JSON,        /* tokenizer.json without model.vocab, model.merges, added_tokens; NUL-terminated */
+    TOK_SEC_ADDED,       /* tok_added_raw[n] */
+    TOK_SEC_ADDED_BLOB,  /* their contents, NUL-terminated, in order */
+    TOK_SEC_VOCAB_MAP,   /* u64[vocab_mask + 1] */
+    TOK_SEC_BMP,         /* i32[65536] */
+    TOK_SEC_MERGE_MAIN,  /* u64[merge_mask + 1] packed, or tok_merge_slot[merge_mask + 1] */
+    TOK_SEC_MERGE_FILTER,
+    TOK_SEC_MERGE_HOT,   /* u64[hot_mask + 1] or empty */
+    TOK_SEC_CHUNK_FORBIDDEN, /* u32[], sorted */
+    TOK_SEC_COUNT
+};
+enum { TOK_P_N_SLOTS, TOK_P_N_MERGES, TOK_P_BLOB_SIZE, TOK_P_VOCAB_MASK, TOK_P_MERGE_PACKED, TOK_P_MERGE_MASK, TOK_P_MERGE_SHIFT, TOK_P_ID_BITS,
+       TOK_P_RANK_BITS, TOK_P_FILTER_SHIFT, TOK_P_HOT_MASK, TOK_P_HOT_SHIFT, TOK_P_CHUNK_SEP, TOK_P_N_ADDED, TOK_P_COUNT };
 
-int tok_cache_try_read(const char *cache_path, const char *src_path, void **buf, tok_parts *parts);
-int tok_cache_write(const char *cache_path, const char *src_path, const tok_parts *parts);
+_Static_assert(TOK_SEC_COUNT <= TOK_CACHE_SECTIONS && TOK_P_COUNT <= TOK_CACHE_PARAMS, "cache layout");
+
+/* Maps a cache and checks it belongs to src and is intact: 0, or -1 (absent, stale, corrupt). */
+int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data *d);
+void tok_cache_close(tok_cache_data *d);
+/* Writes d's sections and parameters atomically (temporary file + rename). */
+int tok_cache_write(const char *cache_path, const char *src_path, const tok_cache_data *d);
+
 /* Applies the normalizer to s (for normalized added tokens); malloc'ed, NULL: no memory. */
 char *tok_normalize_alloc(const g4_tokenizer *tok, const char *s, size_t len, size_t *out_len);
 

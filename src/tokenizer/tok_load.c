@@ -614,67 +614,80 @@ static int parse_post_processor(g4_tokenizer *tok, const json_t *pp, int depth, 
 
 /* ----------------------------------------------------------- added tokens */
 
-static int parse_added_tokens(g4_tokenizer *tok, const json_t *arr, g4_error *err) {
+/* tokenizer.json's added_tokens, as listed, into tok->own_added_raw / own_added_blob. */
+static int added_raw_from_json(g4_tokenizer *tok, const json_t *arr, g4_error *err) {
     const char *what = "tokenizer.json: added_tokens";
-    if (!arr || json_is_null(arr)) arr = NULL;
-    else if (!json_is_array(arr)) return g4_fail(err, "%s must be an array", what);
-    size_t n = arr ? json_array_size(arr) : 0;
-    tok_added *list = calloc(n + 1, sizeof *list);
-    uint32_t *off = calloc(n + 1, sizeof *off);
-    const char **content = calloc(n + 1, sizeof *content);
-    size_t *clen = calloc(n + 1, sizeof *clen);
-    int rc = -1;
-    char *blob = NULL;
-    if (!list || !off || !content || !clen) {
-        g4_fail(err, "out of memory");
-        goto done;
-    }
+    if (arr && !json_is_null(arr) && !json_is_array(arr)) return g4_fail(err, "%s must be an array", what);
+    size_t n = arr && json_is_array(arr) ? json_array_size(arr) : 0;
     size_t blob_size = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *c = json_object_get(json_array_get(arr, i), "content");
+        blob_size += (json_is_string(c) ? json_string_length(c) : 0) + 1;
+    }
+    if (blob_size >= UINT32_MAX) return g4_fail(err, "%s: too large", what);
+    tok->own_added_raw = calloc(n + 1, sizeof *tok->own_added_raw);
+    tok->own_added_blob = malloc(blob_size + 1);
+    if (!tok->own_added_raw || !tok->own_added_blob) return g4_fail(err, "out of memory");
+    uint32_t pos = 0;
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(arr, i);
         char ctx[96];
         snprintf(ctx, sizeof ctx, "%s[%zu]", what, i);
-        if (!json_is_object(t)) {
-            g4_fail(err, "%s must be an object", ctx);
-            goto done;
-        }
-        if (json_strn(json_object_get(t, "content"), &content[i], &clen[i])) {
-            g4_fail(err, "%s: \"content\" must be a string", ctx);
-            goto done;
-        }
+        if (!json_is_object(t)) return g4_fail(err, "%s must be an object", ctx);
+        const char *c;
+        size_t cl;
+        if (json_strn(json_object_get(t, "content"), &c, &cl)) return g4_fail(err, "%s: \"content\" must be a string", ctx);
         int sw, ls, rs, norm, sp;
         if (g4_json_bool(t, "special", 0, &sp, ctx, err) || g4_json_bool(t, "single_word", 0, &sw, ctx, err) ||
             g4_json_bool(t, "lstrip", 0, &ls, ctx, err) || g4_json_bool(t, "rstrip", 0, &rs, ctx, err) ||
             g4_json_bool(t, "normalized", !sp, &norm, ctx, err))
-            goto done;
-        list[i].special = (uint8_t)sp;
-        list[i].single_word = (uint8_t)sw;
-        list[i].lstrip = (uint8_t)ls;
-        list[i].rstrip = (uint8_t)rs;
-        list[i].normalized = (uint8_t)norm;
-        blob_size += clen[i] + 1;
+            return -1;
+        tok_added_raw *r = &tok->own_added_raw[i];
+        r->off = pos;
+        r->len = (uint32_t)cl;
+        r->special = (uint8_t)sp;
+        r->single_word = (uint8_t)sw;
+        r->lstrip = (uint8_t)ls;
+        r->rstrip = (uint8_t)rs;
+        r->normalized = (uint8_t)norm;
+        memcpy(tok->own_added_blob + pos, c, cl);
+        tok->own_added_blob[pos + cl] = 0;
+        pos += (uint32_t)cl + 1;
     }
-    if (blob_size >= UINT32_MAX) {
-        g4_fail(err, "%s: too large", what);
-        goto done;
-    }
-    blob = malloc(blob_size + 1);
-    if (!blob) {
+    tok->n_added_raw = n;
+    tok->added_blob_size = pos;
+    return 0;
+}
+
+/* The added tokens as HF's AddedVocabulary keeps them: the first of equal contents, the
+ * vocabulary id when the content is in it, else the next free id; then the lookup map and
+ * the two tries. raw[i]'s content is blob + raw[i].off (NUL-terminated, in order). */
+static int install_added(g4_tokenizer *tok, const tok_added_raw *raw, size_t n, const char *raw_blob,
+                         size_t raw_blob_size, g4_error *err) {
+    const char *what = "tokenizer.json: added_tokens";
+    tok_added *list = calloc(n + 1, sizeof *list);
+    uint32_t *off = calloc(n + 1, sizeof *off);
+    const char **content = calloc(n + 1, sizeof *content);
+    size_t *clen = calloc(n + 1, sizeof *clen);
+    char *blob = malloc(raw_blob_size + 1);
+    int rc = -1;
+    if (!list || !off || !content || !clen || !blob) {
         g4_fail(err, "out of memory");
         goto done;
     }
-    /* string table of all contents, then keep the first of equal contents (HF ignores a
-     * token whose content is already added) and skip empty ones */
-    uint32_t pos = 0;
+    if (raw_blob_size) memcpy(blob, raw_blob, raw_blob_size);
     for (size_t i = 0; i < n; i++) {
-        off[i] = pos;
-        if (clen[i]) {
-            memcpy(blob + pos, content[i], clen[i]);
-            blob[pos + clen[i]] = 0;
-            pos += (uint32_t)clen[i] + 1;
-        }
+        off[i] = raw[i].off;
+        content[i] = blob + raw[i].off;
+        clen[i] = raw[i].len;
+        list[i].special = raw[i].special;
+        list[i].single_word = raw[i].single_word;
+        list[i].lstrip = raw[i].lstrip;
+        list[i].rstrip = raw[i].rstrip;
+        list[i].normalized = raw[i].normalized;
     }
-    off[n] = pos;
+    off[n] = (uint32_t)raw_blob_size;
+    uint32_t pos;
     tok_strtab all = {off, blob};
     tok_strmap first;
     if (tok_strmap_init(&first, n)) {
@@ -789,48 +802,49 @@ static int single_char_token(const g4_tokenizer *tok, uint32_t cp) {
     return tok_vocab_get(tok, u, 4) >= 0;
 }
 
+static void set_chunk_sep(g4_tokenizer *tok, uint32_t cp) {
+    tok->chunk_sep_cp = cp;
+    tok->chunk_sep_len = 0;
+    if (cp == 0x2581) {
+        memcpy(tok->chunk_sep, "\xE2\x96\x81", 3);
+        tok->chunk_sep_len = 3;
+    } else if (cp == 0x20) {
+        tok->chunk_sep[0] = ' ';
+        tok->chunk_sep_len = 1;
+    }
+}
+
 /* Picks the separator S (U+2581, else U+0020, when it is a token) and collects the
- * characters X that some token holds right before S. */
-static int setup_chunking(g4_tokenizer *tok, g4_error *err) {
-    tok->chunk_ok = 0;
-    if (tok->cont_prefix || tok->eow_suffix || tok->ignore_merges) return 0;
-    static const struct {
-        const char *utf8;
-        uint32_t cp;
-    } cands[] = {{"\xE2\x96\x81", 0x2581}, {" ", 0x20}};
-    int pick = -1;
-    for (int k = 0; k < 2 && pick < 0; k++)
-        if (single_char_token(tok, cands[k].cp)) pick = k;
-    if (pick < 0) return 0;
-    const char *sep = cands[pick].utf8;
-    size_t sl = strlen(sep);
-    size_t cap = 0, n = 0;
-    uint32_t *forb = NULL;
+ * characters X that some vocabulary token holds right before S (one pass over the blob). */
+static int compute_chunk_data(g4_tokenizer *tok, g4_error *err) {
+    uint32_t sep_cp = single_char_token(tok, 0x2581) ? 0x2581 : single_char_token(tok, 0x20) ? 0x20 : 0;
+    set_chunk_sep(tok, sep_cp);
+    if (!sep_cp) return 0;
+    const char *sep = tok->chunk_sep, *blob = tok->vocab_tab.blob;
+    size_t sl = tok->chunk_sep_len, size = tok->blob_size, cap = 0, n = 0, piece = 0;
     const uint32_t *off = tok->vocab_tab.off;
-    for (uint32_t i = 0; i < tok->n_slots; i++) {
-        if (off[i + 1] == off[i]) continue;
-        const char *p = tok->vocab_tab.blob + off[i];
-        size_t len = off[i + 1] - off[i] - 1;
-        for (const char *hit = memmem(p, len, sep, sl); hit; hit = memmem(hit + 1, len - (size_t)(hit + 1 - p), sep, sl)) {
-            if (hit == p) continue;
-            const unsigned char *q = (const unsigned char *)hit;
-            do q--;
-            while (q > (const unsigned char *)p && (*q & 0xC0) == 0x80);
-            uint32_t cp;
-            if (!tok_utf8_decode(q, (size_t)((const unsigned char *)hit - q), &cp)) cp = 0xFFFFFFFFu; /* not text */
-            if (cp == cands[pick].cp) continue;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 16;
-                uint32_t *nf = realloc(forb, cap * sizeof *nf);
-                if (!nf) {
-                    free(forb);
-                    return g4_fail(err, "out of memory");
-                }
-                forb = nf;
+    uint32_t *forb = NULL;
+    for (const char *hit = size >= sl ? memmem(blob, size, sep, sl) : NULL; hit;
+         hit = (size_t)(blob + size - hit - 1) >= sl ? memmem(hit + 1, (size_t)(blob + size - hit - 1), sep, sl) : NULL) {
+        size_t pos = (size_t)(hit - blob);
+        while (piece < tok->n_slots && off[piece + 1] <= pos) piece++;
+        if (piece >= tok->n_slots || off[piece] == pos) continue; /* at the start of a piece */
+        const unsigned char *q = (const unsigned char *)hit, *start = (const unsigned char *)blob + off[piece];
+        do q--;
+        while (q > start && (*q & 0xC0) == 0x80);
+        uint32_t cp;
+        if (!tok_utf8_decode(q, (size_t)((const unsigned char *)hit - q), &cp)) cp = 0xFFFFFFFFu; /* not text */
+        if (cp == sep_cp) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint32_t *nf = realloc(forb, cap * sizeof *nf);
+            if (!nf) {
+                free(forb);
+                return g4_fail(err, "out of memory");
             }
-            forb[n++] = cp;
-            if ((size_t)(hit + 1 - p) >= len) break;
+            forb = nf;
         }
+        forb[n++] = cp;
     }
     if (n) qsort(forb, n, sizeof *forb, cmp_u32);
     size_t m = 0;
@@ -838,25 +852,30 @@ static int setup_chunking(g4_tokenizer *tok, g4_error *err) {
         if (!m || forb[m - 1] != forb[i]) forb[m++] = forb[i];
     tok->chunk_forbidden = forb;
     tok->n_chunk_forbidden = m;
-    memcpy(tok->chunk_sep, sep, sl);
-    tok->chunk_sep_len = sl;
-    tok->chunk_sep_cp = cands[pick].cp;
-    tok->chunk_ok = getenv("G4_TOKENIZER_NO_CHUNKS") == NULL;
     return 0;
+}
+
+/* Chunking is exact only when every character is looked up alone (no subword prefix or
+ * word suffix) and the whole-word lookup of ignore_merges is off. */
+static void apply_chunking(g4_tokenizer *tok) {
+    tok->chunk_ok = tok->chunk_sep_cp && !tok->cont_prefix && !tok->eow_suffix && !tok->ignore_merges &&
+                    getenv("G4_TOKENIZER_NO_CHUNKS") == NULL;
 }
 
 /* ------------------------------------------------------------- the rest */
 
-static int configure_rest(g4_tokenizer *tok, const json_t *root, g4_error *err) {
+static int configure_rest(g4_tokenizer *tok, const json_t *root, const tok_added_raw *raw, size_t n_raw,
+                          const char *raw_blob, size_t raw_blob_size, g4_error *err) {
     if (parse_normalizer(tok, json_object_get(root, "normalizer"), 0, err) ||
         parse_pretok(tok, json_object_get(root, "pre_tokenizer"), 0, err) ||
-        parse_added_tokens(tok, json_object_get(root, "added_tokens"), err) ||
+        install_added(tok, raw, n_raw, raw_blob, raw_blob_size, err) ||
         parse_post_processor(tok, json_object_get(root, "post_processor"), 0, err) ||
         parse_decoder(tok, json_object_get(root, "decoder"), 0, err))
         return -1;
 
     tok->unk_id = tok->has_unk ? tok_vocab_get(tok, tok->unk_token, strlen(tok->unk_token)) : -1;
-    if (setup_chunking(tok, err)) return -1;
+    if (!tok->tables_borrowed && compute_chunk_data(tok, err)) return -1;
+    apply_chunking(tok);
 
     /* decoder chain: how the streaming decoder may split it */
     tok->dec_bf_index = tok->n_dec;
@@ -906,6 +925,186 @@ static int configure_rest(g4_tokenizer *tok, const json_t *root, g4_error *err) 
 
 /* Cold path: parse the JSON file; *rest gets the compact JSON of everything but the
  * vocabulary and the merges (for the cache) when want_rest. */
+/* ------------------------------------------------------------ cache sections */
+
+static void cache_fill(const g4_tokenizer *tok, const char *rest, tok_cache_data *d) {
+    memset(d, 0, sizeof *d);
+    d->sec[TOK_SEC_VOCAB_OFF] = (tok_cache_sec){tok->vocab_tab.off, ((uint64_t)tok->n_slots + 1) * 4};
+    d->sec[TOK_SEC_VOCAB_BLOB] = (tok_cache_sec){tok->vocab_tab.blob, tok->blob_size};
+    d->sec[TOK_SEC_MERGES] = (tok_cache_sec){tok->merge_triples, (uint64_t)tok->n_merges * 12};
+    d->sec[TOK_SEC_JSON] = (tok_cache_sec){rest, strlen(rest) + 1};
+    d->sec[TOK_SEC_ADDED] = (tok_cache_sec){tok->own_added_raw, tok->n_added_raw * sizeof(tok_added_raw)};
+    d->sec[TOK_SEC_ADDED_BLOB] = (tok_cache_sec){tok->own_added_blob, tok->added_blob_size};
+    d->sec[TOK_SEC_VOCAB_MAP] = (tok_cache_sec){tok->vocab_map.slots, (tok->vocab_map.mask + 1) * 8};
+    d->sec[TOK_SEC_BMP] = (tok_cache_sec){tok->bmp_id, 65536 * 4};
+    uint64_t cap = tok->merge_mask + 1;
+    d->sec[TOK_SEC_MERGE_MAIN] = tok->merge_packed ? (tok_cache_sec){tok->merge_packed, cap * 8}
+                                               : (tok_cache_sec){tok->merge_wide, cap * sizeof(tok_merge_slot)};
+    d->sec[TOK_SEC_MERGE_FILTER] = (tok_cache_sec){tok->merge_filter, ((uint64_t)1 << (64 - tok->merge_filter_shift)) / 8};
+    d->sec[TOK_SEC_MERGE_HOT] = (tok_cache_sec){tok->merge_hot, tok->merge_hot ? (tok->merge_hot_mask + 1) * 8 : 0};
+    d->sec[TOK_SEC_CHUNK_FORBIDDEN] = (tok_cache_sec){tok->chunk_forbidden, tok->n_chunk_forbidden * 4};
+    d->param[TOK_P_N_SLOTS] = tok->n_slots;
+    d->param[TOK_P_N_MERGES] = tok->n_merges;
+    d->param[TOK_P_BLOB_SIZE] = tok->blob_size;
+    d->param[TOK_P_VOCAB_MASK] = tok->vocab_map.mask;
+    d->param[TOK_P_MERGE_PACKED] = tok->merge_packed != NULL;
+    d->param[TOK_P_MERGE_MASK] = tok->merge_mask;
+    d->param[TOK_P_MERGE_SHIFT] = (uint64_t)tok->merge_shift;
+    d->param[TOK_P_ID_BITS] = (uint64_t)tok->merge_id_bits;
+    d->param[TOK_P_RANK_BITS] = (uint64_t)tok->merge_rank_bits;
+    d->param[TOK_P_FILTER_SHIFT] = (uint64_t)tok->merge_filter_shift;
+    d->param[TOK_P_HOT_MASK] = tok->merge_hot ? tok->merge_hot_mask : 0;
+    d->param[TOK_P_HOT_SHIFT] = (uint64_t)tok->merge_hot_shift;
+    d->param[TOK_P_CHUNK_SEP] = tok->chunk_sep_cp;
+    d->param[TOK_P_N_ADDED] = tok->n_added_raw;
+}
+
+static int log2_exact(uint64_t x) {
+    if (!x || (x & (x - 1))) return -1;
+    int b = 0;
+    while (((uint64_t)1 << b) != x) b++;
+    return b;
+}
+
+/* The cache's tables, after the checksum: their shapes must agree and every stored value
+ * must be in range (a table a lookup could loop or read out of bounds on is refused). */
+static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err) {
+    const uint64_t *P = d->param;
+    const tok_cache_sec *S = d->sec;
+#define REQUIRE(cond)                                                                  \
+    do {                                                                               \
+        if (!(cond)) return g4_fail(err, "cache: inconsistent (%s)", #cond);           \
+    } while (0)
+    uint64_t n_slots = P[TOK_P_N_SLOTS], n_merges = P[TOK_P_N_MERGES], blob_size = P[TOK_P_BLOB_SIZE];
+    REQUIRE(n_slots <= TOK_MAX_ID && n_merges < ((uint64_t)1 << 32) && blob_size < UINT32_MAX);
+    REQUIRE(S[TOK_SEC_VOCAB_OFF].size == (n_slots + 1) * 4 && S[TOK_SEC_VOCAB_BLOB].size == blob_size);
+    const uint32_t *off = S[TOK_SEC_VOCAB_OFF].data;
+    const char *blob = S[TOK_SEC_VOCAB_BLOB].data;
+    REQUIRE(off[0] == 0 && off[n_slots] == blob_size);
+    uint32_t n_vocab = 0;
+    for (uint64_t i = 0; i < n_slots; i++) {
+        REQUIRE(off[i + 1] >= off[i]);
+        if (off[i + 1] > off[i]) {
+            REQUIRE(blob[off[i + 1] - 1] == 0);
+            n_vocab++;
+        }
+    }
+    tok->n_slots = (uint32_t)n_slots;
+    tok->vocab_tab.off = off;
+    tok->vocab_tab.blob = blob;
+    tok->blob_size = blob_size;
+    tok->n_vocab = n_vocab;
+
+    /* vocabulary map: every entry names a present slot, as many entries as pieces */
+    uint64_t vcap = P[TOK_P_VOCAB_MASK] + 1;
+    REQUIRE(log2_exact(vcap) >= 0 && vcap >= 2 * (uint64_t)n_vocab && S[TOK_SEC_VOCAB_MAP].size == vcap * 8);
+    const uint64_t *vslots = S[TOK_SEC_VOCAB_MAP].data;
+    uint64_t used = 0;
+    for (uint64_t i = 0; i < vcap; i++) {
+        if (!vslots[i]) continue;
+        uint64_t idx = (vslots[i] & 0xffffffffu) - 1;
+        REQUIRE(idx < n_slots && off[idx + 1] > off[idx]);
+        used++;
+    }
+    REQUIRE(used == n_vocab);
+    tok->vocab_map.slots = (uint64_t *)vslots;
+    tok->vocab_map.mask = vcap - 1;
+
+    REQUIRE(S[TOK_SEC_BMP].size == 65536 * 4);
+    const int32_t *bmp = S[TOK_SEC_BMP].data;
+    for (size_t i = 0; i < 65536; i++) REQUIRE(bmp[i] >= -1 && bmp[i] < (int64_t)n_slots);
+    tok->bmp_id = (int32_t *)bmp;
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        tok->byte_id[b] = tok_vocab_get(tok, name, 6);
+    }
+
+    /* merges: triples name present ids; the tables hold ranks in range and have room */
+    REQUIRE(S[TOK_SEC_MERGES].size == n_merges * 12);
+    const uint32_t *tri = S[TOK_SEC_MERGES].data;
+    for (uint64_t i = 0; i < n_merges * 3; i++) REQUIRE(tri[i] < n_slots && off[tri[i] + 1] > off[tri[i]]);
+    tok->merge_triples = tri;
+    tok->n_merges = n_merges;
+    uint64_t mcap = P[TOK_P_MERGE_MASK] + 1;
+    int mbits = log2_exact(mcap);
+    REQUIRE(mbits >= 4 && P[TOK_P_MERGE_SHIFT] == (uint64_t)(64 - mbits) && mcap >= 2 * n_merges);
+    int id_bits = (int)P[TOK_P_ID_BITS], rank_bits = (int)P[TOK_P_RANK_BITS];
+    REQUIRE(id_bits >= 1 && id_bits <= 32 && rank_bits >= 1 && rank_bits <= 32);
+    REQUIRE(((uint64_t)1 << id_bits) >= n_slots && ((uint64_t)1 << rank_bits) >= n_merges);
+    tok->merge_mask = mcap - 1;
+    tok->merge_shift = 64 - mbits;
+    tok->merge_id_bits = id_bits;
+    tok->merge_rank_bits = rank_bits;
+    used = 0;
+    if (P[TOK_P_MERGE_PACKED]) {
+        REQUIRE(2 * id_bits + rank_bits <= 63 && S[TOK_SEC_MERGE_MAIN].size == mcap * 8);
+        const uint64_t *t = S[TOK_SEC_MERGE_MAIN].data;
+        for (uint64_t i = 0; i < mcap; i++)
+            if (t[i] != UINT64_MAX) {
+                REQUIRE((t[i] & (((uint64_t)1 << rank_bits) - 1)) < n_merges);
+                used++;
+            }
+        tok->merge_packed = (uint64_t *)t;
+    } else {
+        REQUIRE(S[TOK_SEC_MERGE_MAIN].size == mcap * sizeof(tok_merge_slot));
+        const tok_merge_slot *t = S[TOK_SEC_MERGE_MAIN].data;
+        for (uint64_t i = 0; i < mcap; i++)
+            if (t[i].key != UINT64_MAX) {
+                REQUIRE(t[i].rank < n_merges);
+                used++;
+            }
+        tok->merge_wide = (tok_merge_slot *)t;
+    }
+    REQUIRE(used <= n_merges && used < mcap);
+    int fshift = (int)P[TOK_P_FILTER_SHIFT];
+    REQUIRE(fshift >= 6 && fshift <= 58 && S[TOK_SEC_MERGE_FILTER].size == ((uint64_t)1 << (64 - fshift)) / 8);
+    tok->merge_filter = (uint64_t *)S[TOK_SEC_MERGE_FILTER].data;
+    tok->merge_filter_shift = fshift;
+    if (S[TOK_SEC_MERGE_HOT].size) {
+        uint64_t hcap = P[TOK_P_HOT_MASK] + 1;
+        int hbits = log2_exact(hcap);
+        REQUIRE(P[TOK_P_MERGE_PACKED] && hbits >= 4 && P[TOK_P_HOT_SHIFT] == (uint64_t)(64 - hbits) && S[TOK_SEC_MERGE_HOT].size == hcap * 8);
+        const uint64_t *t = S[TOK_SEC_MERGE_HOT].data;
+        used = 0;
+        for (uint64_t i = 0; i < hcap; i++)
+            if (t[i] != UINT64_MAX) {
+                REQUIRE((t[i] & (((uint64_t)1 << rank_bits) - 1)) < n_merges);
+                used++;
+            }
+        REQUIRE(used < hcap);
+        tok->merge_hot = (uint64_t *)t;
+        tok->merge_hot_mask = hcap - 1;
+        tok->merge_hot_shift = 64 - hbits;
+    }
+
+    /* chunking data */
+    REQUIRE(P[TOK_P_CHUNK_SEP] == 0 || P[TOK_P_CHUNK_SEP] == 0x20 || P[TOK_P_CHUNK_SEP] == 0x2581);
+    REQUIRE(S[TOK_SEC_CHUNK_FORBIDDEN].size % 4 == 0);
+    set_chunk_sep(tok, (uint32_t)P[TOK_P_CHUNK_SEP]);
+    tok->chunk_forbidden = (uint32_t *)S[TOK_SEC_CHUNK_FORBIDDEN].data;
+    tok->n_chunk_forbidden = S[TOK_SEC_CHUNK_FORBIDDEN].size / 4;
+    for (size_t i = 1; i < tok->n_chunk_forbidden; i++) REQUIRE(tok->chunk_forbidden[i - 1] < tok->chunk_forbidden[i]);
+
+    /* added tokens as listed: contents laid out in order, each NUL-terminated */
+    uint64_t n_added = P[TOK_P_N_ADDED];
+    REQUIRE(n_added < ((uint64_t)1 << 24) && S[TOK_SEC_ADDED].size == n_added * sizeof(tok_added_raw));
+    const tok_added_raw *raw = S[TOK_SEC_ADDED].data;
+    const char *ablob = S[TOK_SEC_ADDED_BLOB].data;
+    uint64_t pos = 0;
+    for (uint64_t i = 0; i < n_added; i++) {
+        REQUIRE(raw[i].off == pos && pos + raw[i].len < S[TOK_SEC_ADDED_BLOB].size && ablob[pos + raw[i].len] == 0);
+        pos += (uint64_t)raw[i].len + 1;
+    }
+    REQUIRE(pos == S[TOK_SEC_ADDED_BLOB].size);
+    const char *json = S[TOK_SEC_JSON].data;
+    REQUIRE(S[TOK_SEC_JSON].size >= 1 && json[S[TOK_SEC_JSON].size - 1] == 0);
+#undef REQUIRE
+    return 0;
+}
+
+/* Cold path: parse the JSON file. When want_rest, *rest gets the compact JSON of what the
+ * cache keeps as JSON (everything but the vocabulary, the merges and the added tokens). */
 static int build_from_json(g4_tokenizer *tok, const char *path, int want_rest, char **rest, g4_error *err) {
     json_t *root;
     *rest = NULL;
@@ -921,11 +1120,14 @@ static int build_from_json(g4_tokenizer *tok, const char *path, int want_rest, c
         goto done;
     }
     if (parse_model_options(tok, model, err) || vocab_from_json(tok, json_object_get(model, "vocab"), err) ||
-        merges_from_json(tok, json_object_get(model, "merges"), err))
+        merges_from_json(tok, json_object_get(model, "merges"), err) ||
+        added_raw_from_json(tok, json_object_get(root, "added_tokens"), err))
         goto done;
     json_object_del(model, "vocab");
     json_object_del(model, "merges");
-    if (configure_rest(tok, root, err)) goto done;
+    json_object_del(root, "added_tokens");
+    if (configure_rest(tok, root, tok->own_added_raw, tok->n_added_raw, tok->own_added_blob, tok->added_blob_size, err))
+        goto done;
     if (want_rest) *rest = json_dumps(root, JSON_COMPACT | JSON_ENCODE_ANY);
     rc = 0;
 done:
@@ -933,10 +1135,13 @@ done:
     return rc;
 }
 
-/* Warm path: the parts come from a cache file. */
-static int build_from_parts(g4_tokenizer *tok, const tok_parts *p, g4_error *err) {
+/* Warm path: everything comes from a checked cache (tok->cache holds the mapping). */
+static int build_from_cache(g4_tokenizer *tok, g4_error *err) {
+    tok->tables_borrowed = 1;
+    if (adopt_cache(tok, &tok->cache, err)) return -1;
+    const tok_cache_sec *json = &tok->cache.sec[TOK_SEC_JSON];
     json_error_t je;
-    json_t *root = json_loadb(p->rest_json, p->rest_len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(json->data, json->size - 1, JSON_REJECT_DUPLICATES, &je);
     if (!root) return g4_fail(err, "cache: invalid JSON: %s", je.text);
     int rc = -1;
     json_t *model = json_object_get(root, "model");
@@ -944,9 +1149,9 @@ static int build_from_parts(g4_tokenizer *tok, const tok_parts *p, g4_error *err
         g4_fail(err, "cache: no model");
         goto done;
     }
-    tok->blob_size = p->blob_size;
-    if (parse_model_options(tok, model, err) || build_vocab(tok, p->n_slots, p->off, p->blob, err) ||
-        build_merges(tok, p->triples, p->n_merges, err) || configure_rest(tok, root, err))
+    if (parse_model_options(tok, model, err) ||
+        configure_rest(tok, root, tok->cache.sec[TOK_SEC_ADDED].data, tok->cache.param[TOK_P_N_ADDED],
+                       tok->cache.sec[TOK_SEC_ADDED_BLOB].data, tok->cache.sec[TOK_SEC_ADDED_BLOB].size, err))
         goto done;
     rc = 0;
 done:
@@ -1035,14 +1240,17 @@ done:
 
 void g4_tokenizer_free(g4_tokenizer *tok) {
     if (!tok) return;
-    tok_strmap_free(&tok->vocab_map);
+    if (!tok->tables_borrowed) {
+        tok_strmap_free(&tok->vocab_map);
+        free(tok->bmp_id);
+        free(tok->chunk_forbidden);
+        free(tok->merge_filter);
+        free(tok->merge_hot);
+        free(tok->merge_packed);
+        free(tok->merge_wide);
+    }
+    tok_cache_close(&tok->cache);
     tok_strmap_free(&tok->added_map);
-    free(tok->bmp_id);
-    free(tok->chunk_forbidden);
-    free(tok->merge_filter);
-    free(tok->merge_hot);
-    free(tok->merge_packed);
-    free(tok->merge_wide);
     free(tok->unk_token);
     free(tok->cont_prefix);
     free(tok->eow_suffix);
@@ -1070,10 +1278,11 @@ void g4_tokenizer_free(g4_tokenizer *tok) {
     free(tok->id_len);
     free(tok->id_flags);
     free(tok->cache_path);
-    free(tok->cache_buf);
     free(tok->own_off);
     free(tok->own_blob);
     free(tok->own_triples);
+    free(tok->own_added_raw);
+    free(tok->own_added_blob);
     free(tok);
 }
 
@@ -1100,22 +1309,15 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
     int nc = cache_disabled() ? 0 : tok_cache_candidates(path, cands);
     g4_tokenizer *tok = NULL;
     for (int k = 0; k < nc && !tok; k++) {
-        void *buf;
-        tok_parts parts;
-        if (tok_cache_try_read(cands[k], path, &buf, &parts) != 0) continue;
         g4_tokenizer *t = tok_new();
-        if (!t) {
-            free(buf);
-            break;
-        }
-        t->cache_buf = buf;
+        if (!t) break;
         g4_error e2;
-        if (build_from_parts(t, &parts, &e2) == 0) {
+        if (tok_cache_open(cands[k], path, &t->cache) == 0 && build_from_cache(t, &e2) == 0) {
             tok = t;
             tok->from_cache = 1;
             tok->cache_path = strdup(cands[k]);
         } else {
-            g4_tokenizer_free(t);
+            g4_tokenizer_free(t); /* absent, stale or corrupt: rebuilt from the JSON below */
         }
     }
     if (!tok) {
@@ -1132,10 +1334,10 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
             return -1;
         }
         if (rest) {
-            tok_parts parts = {tok->n_slots, tok->own_off, tok->own_blob, tok->blob_size,
-                               tok->own_triples, tok->n_merges, rest, strlen(rest)};
+            tok_cache_data d;
+            cache_fill(tok, rest, &d);
             for (int k = 0; k < nc; k++) {
-                if (tok_cache_prepare_dir(cands[k]) == 0 && tok_cache_write(cands[k], path, &parts) == 0) {
+                if (tok_cache_prepare_dir(cands[k]) == 0 && tok_cache_write(cands[k], path, &d) == 0) {
                     tok->cache_path = strdup(cands[k]);
                     break;
                 }

@@ -11,8 +11,9 @@
  * post_processor null | TemplateProcessing; decoder null | Replace | ByteFallback | Fuse |
  * Strip | Sequence. Anything else is a load error naming what is not supported.
  *
- * Loading parses the JSON once and keeps a binary cache of the vocabulary, the merges and
- * the rest of the configuration (see g4_tokenizer_load); later loads read the cache.
+ * Loading parses the JSON once and keeps a binary cache (see g4_tokenizer_load) holding the
+ * vocabulary, the merges, the added tokens and the lookup tables ready to use; later loads
+ * map it, check it and use it in place.
  *
  * Speed: BPE runs with a (rank, position) heap over linked symbols, O(n log n) per word.
  * Words are also cut where no merge can cross (before a U+2581/space that follows a
@@ -41,7 +42,9 @@ typedef struct g4_tokenizer g4_tokenizer;
  * the real path. $G4_TOKENIZER_CACHE_DIR, when set, is the only folder used.
  * $G4_NO_TOKENIZER_CACHE=1 disables reading and writing it. A cache records the size, the
  * modification time and a hash of the first and last MiB of the tokenizer.json, a format
- * version and a checksum of its whole content; one that does not match is rebuilt. */
+ * version and a checksum of its whole content, and its tables are checked for consistency
+ * (ids and ranks in range, sizes agreeing); one that fails any check is rebuilt from the JSON.
+ * It is written to a temporary file and renamed into place. */
 int g4_tokenizer_load(const char *tokenizer_json_path, g4_tokenizer **out, g4_error *err);
 /* DIR/tokenizer.json */
 int g4_tokenizer_load_dir(const char *model_dir, g4_tokenizer **out, g4_error *err);
