@@ -76,28 +76,60 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* Every "*_token" entry of tokenizer_config.json becomes a template variable, as in HF's
+ * special_tokens_map. */
+static json_t *tokens_from_config(const json_t *config) {
+    json_t *tokens = json_object();
+    if (!tokens || !config) return tokens;
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)config, key, val) {
+        const char *s = token_string(val);
+        if (s && ends_with(key, "_token")) json_object_set_new(tokens, key, json_string(s));
+    }
+    return tokens;
+}
+
+static int load_config(const char *path, json_t **config, g4_error *err) {
+    if (g4_json_load_file(path, config, err)) return -1;
+    if (!json_is_object(*config)) {
+        json_decref(*config);
+        *config = NULL;
+        return g4_fail(err, "%s: not a JSON object", path);
+    }
+    return 0;
+}
+
+int g4_chat_template_load_file_config(const char *jinja_path, const char *tokenizer_config,
+                                      g4_chat_template **out, g4_error *err) {
+    *out = NULL;
+    json_t *config = NULL;
+    if (load_config(tokenizer_config, &config, err)) return -1;
+    json_t *tokens = tokens_from_config(config);
+    json_decref(config);
+    if (!tokens) return g4_fail(err, "chat template: out of memory");
+    char *src;
+    size_t len;
+    if (g4_read_file(jinja_path, &src, &len, err)) {
+        json_decref(tokens);
+        return -1;
+    }
+    int rc = make_template(src, len, tokens, out, err);
+    free(src);
+    if (rc) g4_fail_prefix(err, "%s", jinja_path);
+    return rc;
+}
+
 int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_error *err) {
     *out = NULL;
     char path[4096];
     json_t *config = NULL;
     if (g4_path_join(path, sizeof path, model_dir, "tokenizer_config.json", err)) return -1;
-    if (g4_file_exists(path) && g4_json_load_file(path, &config, err)) return -1;
-    if (config && !json_is_object(config)) {
-        json_decref(config);
-        return g4_fail(err, "%s: not a JSON object", path);
-    }
-    json_t *tokens = json_object();
+    if (g4_file_exists(path) && load_config(path, &config, err)) return -1;
+    json_t *tokens = tokens_from_config(config);
     if (!tokens) {
         json_decref(config);
         return g4_fail(err, "chat template: out of memory");
-    }
-    if (config) { /* every "*_token" entry becomes a template variable, as HF does */
-        const char *key;
-        json_t *val;
-        json_object_foreach(config, key, val) {
-            const char *s = token_string(val);
-            if (s && ends_with(key, "_token")) json_object_set_new(tokens, key, json_string(s));
-        }
     }
 
     char *src = NULL;

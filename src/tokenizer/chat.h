@@ -25,6 +25,10 @@ int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_
 int g4_chat_template_load_file(const char *jinja_path, const char *bos_token,
                                const char *eos_token, g4_chat_template **out, g4_error *err);
 
+/* A template file with the special tokens of a tokenizer_config.json. */
+int g4_chat_template_load_file_config(const char *jinja_path, const char *tokenizer_config,
+                                      g4_chat_template **out, g4_error *err);
+
 /* A template given as text (source need not be NUL-terminated). */
 int g4_chat_template_load_string(const char *source, size_t len, const char *bos_token,
                                  const char *eos_token, g4_chat_template **out, g4_error *err);
