@@ -992,6 +992,9 @@ int jb_test(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos
         int odd = (x % 2) != 0;
         return T("odd") ? odd : !odd;
     }
+    if (T("filter")) return v->kind == JV_STRING && jb_has_filter(v->u.str.s);
+    if (T("test")) return v->kind == JV_STRING && jb_has_test(v->u.str.s);
+    if (!jb_has_test(name)) return jr_failc(r, line, "no test named '%s'", name);
     if (need_arg(r, line, name, &a)) return -1;
     if (T("sameas")) {
         if (v->kind != arg->kind) return 0;
@@ -1032,8 +1035,6 @@ int jb_test(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos
     if (T("le") || T("<=")) return cmp_test(r, line, "<=", v, arg);
     if (T("gt") || T("greaterthan") || T(">")) return cmp_test(r, line, ">", v, arg);
     if (T("ge") || T(">=")) return cmp_test(r, line, ">=", v, arg);
-    if (T("filter")) return v->kind == JV_STRING && jb_has_filter(v->u.str.s);
-    if (T("test")) return v->kind == JV_STRING && jb_has_test(v->u.str.s);
 #undef T
     return jr_failc(r, line, "no test named '%s'", name);
 }

@@ -1155,6 +1155,11 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
             return jr_oom(r, s->line), X_ERR;
         }
         for (size_t i = 0; i < items->u.list.n; i++) {
+            if (step(r, s->line)) {
+                jv_decref(items);
+                jv_decref(kept);
+                return X_ERR;
+            }
             jscope *tmp = scope_new(sc);
             if (!tmp) {
                 jv_decref(items);
@@ -1191,6 +1196,10 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
         return rc == X_ERR ? X_ERR : X_OK;
     }
     for (size_t i = 0; i < n; i++) {
+        if (step(r, s->line)) {
+            result = X_ERR;
+            break;
+        }
         jscope *inner = scope_new(sc);
         jv *loop = jv_new(JV_LOOP);
         if (!inner || !loop) {
