@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "core/mapped_file.h"
@@ -209,6 +210,8 @@ static void test_load_dir(void) {
     /* a folder without any template: a clear error */
     const char *dir_d = g4t_tmp("chat_dir_d");
     mkdir(dir_d, 0755);
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir_d);
+    unlink(path); /* left by an earlier run */
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir_d);
     CHECK(write_file(path, "{\"bos_token\": \"<bos>\"}", 22) == 0);
     g4_chat_template *t = NULL;

@@ -8,6 +8,40 @@
  *
  * Parse once, render many times; a parsed template is read-only and may be rendered from several
  * threads at once.  Every failure is one line naming the template line ("template line 12: ...").
+ *
+ * Supported: text with jinja2's whitespace rules ({%- -%} {{- -}} {#- -#}, {%+ +%}, trim_blocks,
+ * lstrip_blocks, \r\n normalisation, the dropped final newline), comments, {% raw %};
+ * statements if/elif/else, for (tuple targets, `if` filter, else, loop.index/index0/revindex/
+ * revindex0/first/last/length/previtem/nextitem/depth/cycle(), break/continue), set (names,
+ * tuples, ns.attr, block set with filters), macro (positional/keyword arguments, defaults that
+ * may use earlier parameters, varargs/kwargs, recursion), with, filter blocks, generation;
+ * expressions with jinja2's precedence: literals (str with Python escapes, int incl. 0x/0o/0b/_,
+ * float, list, tuple, dict, true/false/none), + - * / // % ** ~, comparisons (chained), in /
+ * not in, and/or/not, `a if c else b`, attribute and item access, slices, calls, filters, tests;
+ * Python semantics for truthiness, equality (1 == 1.0 == True), ordering, str() and repr() of
+ * values, int overflow (an error), dict insertion order; jinja2's Undefined (prints as '',
+ * iterates as empty, errors on arithmetic, attribute access and calls).
+ * Filters: abs attr capitalize center count d default dictsort e escape first float format (%s
+ * %r %d %i) indent int items join last length list lower map max min reject rejectattr replace
+ * reverse round safe select selectattr sort string sum title tojson trim unique upper wordcount.
+ * Tests: defined undefined none boolean true false integer float number string mapping sequence
+ * iterable callable sameas escaped in odd even divisibleby eq/ne/lt/le/gt/ge (and their aliases)
+ * lower upper filter test.  Globals: range (max 100000 items, as the sandbox), namespace, dict,
+ * raise_exception, strftime_now.  Methods: str.upper/lower/strip/lstrip/rstrip/split/rsplit/
+ * splitlines/startswith/endswith/replace/find/rfind/count/join/title/capitalize/isdigit/isalpha/
+ * isalnum/isspace/isupper/islower/removeprefix/removesuffix, dict.get/items/keys/values,
+ * list.index/count; mutating methods (append, update, ...) are refused like the immutable sandbox.
+ *
+ * Not supported (an error naming the line): {% call %}/caller, include/import/extends/block,
+ * recursive loops, loop.changed, star-arguments (*args, **kwargs) at call sites, tuple subscripts, string % and
+ * str.format, autoescaping, line statements, integers beyond 64 bits, filters and tests not listed
+ * above.  Known differences from jinja2: an unknown filter or test fails when it is reached, not
+ * when parsing; map/select/items()/range() results print as lists (jinja2: generator, dict_items,
+ * range objects); upper/lower use the C library's simple case mapping (plus ß and ligatures);
+ * repr() escapes an approximation of Python's non-printable set; a macro that reads a top-level
+ * variable shadowing a render variable before the top level assigns it sees the render variable
+ * (jinja2: undefined); a macro defined inside a loop no longer sees the loop variables after the
+ * loop ends.
  */
 #ifndef G4_TOKENIZER_JINJA_H
 #define G4_TOKENIZER_JINJA_H
@@ -23,7 +57,7 @@ typedef struct g4_jinja g4_jinja;
 /* Guards against runaway templates; a zero field takes the default. */
 typedef struct g4_jinja_limits {
     size_t max_output;   /* bytes of any output or string value (default 64 MiB) */
-    uint64_t max_steps;  /* evaluated expressions + executed statements (default 200 million) */
+    uint64_t max_steps;  /* evaluated expressions, statements and loop iterations (default 1e9, ~15 s) */
     int max_depth;       /* nested macro calls (default 200) */
 } g4_jinja_limits;
 

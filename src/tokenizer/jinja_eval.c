@@ -16,7 +16,7 @@
 enum { X_OK = 0, X_ERR = -1, X_BREAK = 1, X_CONTINUE = 2 };
 
 #define DEFAULT_MAX_OUTPUT ((size_t)64 << 20)
-#define DEFAULT_MAX_STEPS ((uint64_t)200000000)
+#define DEFAULT_MAX_STEPS ((uint64_t)1000000000)
 #define DEFAULT_MAX_DEPTH 200
 
 /* ----------------------------------------------------------------- errors */

@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "tokenizer/jinja_internal.h"
 
-#define MAX_NESTING 200
+#define MAX_NESTING 600 /* ~200 nested brackets; also blocks */
 
 typedef struct {
     g4_jinja *tpl;
