@@ -1,7 +1,7 @@
 /* The Jinja interpreter.
  *
  * 1. Reference cases: tests/data/jinja_cases.jsonl holds templates rendered by jinja2 itself
- *    with Hugging Face's chat-template environment (tests/tools/make_jinja_cases.py writes it):
+ *    with Hugging Face's chat-template environment (tests/data/make_jinja_cases.py writes it):
  *    every "expected" text must come out byte for byte, every "error" case must fail cleanly.
  * 2. Errors name the template line; runaway templates (recursion, loops, huge output) stop with
  *    an error; malformed and mutated templates never crash; a parsed template can be rendered

@@ -5,7 +5,7 @@ trim_blocks=True, lstrip_blocks=True, loopcontrols, tojson = json.dumps, raise_e
 
 Each line: {"template", "context", "expected"} or {"template", "context", "error"} (the jinja2
 exception).  tests/test_jinja.c renders every line with gemma4c's interpreter and compares.
-Run from the repository root:  python3 tests/tools/make_jinja_cases.py  (needs jinja2)."""
+Run from the repository root:  python3 tests/data/make_jinja_cases.py  (needs jinja2)."""
 import json
 import random
 import sys
