@@ -1113,15 +1113,18 @@ static int write_value(jrender *r, int line, jbuf *out, const jv *v) {
     return 0;
 }
 
-/* Renders a body in a new scope to a string. */
-static jv *capture(jrender *r, jscope *sc, const jbody *body, int line) {
+/* Renders a body in a new scope to a string.  A break / continue inside it (the body is part
+ * of an enclosing loop, as in jinja2) leaves *ctl set and returns NULL without an error. */
+static jv *capture(jrender *r, jscope *sc, const jbody *body, int line, int *ctl) {
+    *ctl = X_OK;
     jscope *inner = scope_new(sc);
     if (!inner) return jr_oom(r, line);
     jbuf b = {.limit = r->lim.max_output};
     int rc = exec_body(r, inner, body, &b);
     scope_exit(inner);
-    if (rc == X_ERR) {
+    if (rc != X_OK) {
         jbuf_free(&b);
+        *ctl = rc;
         return NULL;
     }
     return render_to_string(r, line, &b);
@@ -1266,8 +1269,9 @@ static int exec_stmt(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
         return rc ? X_ERR : X_OK;
     }
     case S_SET_BLOCK: {
-        jv *v = capture(r, sc, &s->body, s->line);
-        if (!v) return X_ERR;
+        int ctl;
+        jv *v = capture(r, sc, &s->body, s->line, &ctl);
+        if (!v) return ctl == X_OK ? X_ERR : ctl;
         if (s->filter) {
             jv *f = apply_block_filter(r, sc, s->filter, v);
             jv_decref(v);
@@ -1279,8 +1283,9 @@ static int exec_stmt(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
         return rc ? X_ERR : X_OK;
     }
     case S_FILTER_BLOCK: {
-        jv *v = capture(r, sc, &s->body, s->line);
-        if (!v) return X_ERR;
+        int ctl;
+        jv *v = capture(r, sc, &s->body, s->line, &ctl);
+        if (!v) return ctl == X_OK ? X_ERR : ctl;
         jv *f = apply_block_filter(r, sc, s->filter, v);
         jv_decref(v);
         if (!f) return X_ERR;

@@ -956,9 +956,7 @@ static jstmt *parse_set(parser *P, int line) {
     if (expect_block_end(P)) return NULL;
     static const char *const ends[] = {"endset", NULL};
     const char *ended;
-    int saved = P->loop_depth;
     if (parse_body(P, &s->body, ends, &ended, "set", line) || expect_block_end(P)) return NULL;
-    P->loop_depth = saved;
     return s;
 }
 

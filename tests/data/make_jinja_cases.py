@@ -81,6 +81,9 @@ CASES = [
     "{% with a = 1, b = 2 %}{{ a }}{{ b }}{% set c = 3 %}{% endwith %}[{{ a }}][{{ c }}]",
     "{% filter upper %}ab{{ 'c' }}{% endfilter %}{% filter trim|upper %}  x  {% endfilter %}",
     "{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set c = (3, 4) %}{{ c }}",
+    "{% for i in [1, 2, 3] %}{% set x %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endset %}[{{ x }}]{% endfor %}",
+    "{% for i in [1, 2, 3] %}{% filter upper %}a{% if i == 2 %}{% continue %}{% endif %}{% endfilter %}{{ i }}{% endfor %}",
+    "{% for i in [1, 2, 3] %}{% with j = i %}{% if j == 2 %}{% break %}{% endif %}{{ j }}{% endwith %}{% endfor %}",
     # macros
     "{% macro m(a, b=a ~ 'x') %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}|{{ m(1, 2) }}|{{ m(b=3) }}|{{ m() }}",
     "{% macro m(a) %}{{ a }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1, 2, z=3) }}",
