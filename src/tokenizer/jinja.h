@@ -21,8 +21,11 @@
  * Python semantics for truthiness, equality (1 == 1.0 == True), ordering, str() and repr() of
  * values, int overflow (an error), dict insertion order; jinja2's Undefined (prints as '',
  * iterates as empty, errors on arithmetic, attribute access and calls).
- * Filters: abs attr capitalize center count d default dictsort e escape first float format (%s
- * %r %d %i) indent int items join last length list lower map max min reject rejectattr replace
+ * Python's printf-style `str % values` (s r a d i u x X o e E f F g G c, flags, width, precision,
+ * %(name)s).  Lazy filter results (map, select, reject, selectattr, rejectattr, unique, items,
+ * reverse) behave as jinja2's generators: always true, no length, no indexing.
+ * Filters: abs attr capitalize center count d default dictsort e escape first float format
+ * indent int items join last length list lower map max min reject rejectattr replace
  * reverse round safe select selectattr sort string sum title tojson trim unique upper wordcount.
  * Tests: defined undefined none boolean true false integer float number string mapping sequence
  * iterable callable sameas escaped in odd even divisibleby eq/ne/lt/le/gt/ge (and their aliases)
@@ -33,11 +36,14 @@
  * list.index/count; mutating methods (append, update, ...) are refused like the immutable sandbox.
  *
  * Not supported (an error naming the line): {% call %}/caller, include/import/extends/block,
- * recursive loops, loop.changed, star-arguments (*args, **kwargs) at call sites, tuple subscripts, string % and
- * str.format, autoescaping, line statements, integers beyond 64 bits, filters and tests not listed
- * above.  Known differences from jinja2: an unknown filter or test fails when it is reached, not
- * when parsing; map/select/items()/range() results print as lists (jinja2: generator, dict_items,
- * range objects); upper/lower use the C library's simple case mapping (plus ß and ligatures);
+ * recursive loops, loop.changed, star-arguments (*args, **kwargs) at call sites, str.format,
+ * '*' widths in % formats, autoescaping, line statements, integers beyond 64 bits, filters and
+ * tests not listed above.  Known differences from jinja2: an unknown filter or test fails when it
+ * is reached, not when parsing; lazy filters run at once, so an error inside one shows even when
+ * jinja2 would never consume the generator; a slice of a non-sequence is an error even in a
+ * constant expression; dict.items()/keys()/values() and range() print as lists (jinja2:
+ * dict_items, range objects); upper/lower use the C library's simple case mapping (plus ß and
+ * ligatures);
  * repr() escapes an approximation of Python's non-printable set; a macro that reads a top-level
  * variable shadowing a render variable before the top level assigns it sees the render variable
  * (jinja2: undefined); a macro defined inside a loop no longer sees the loop variables after the

@@ -948,6 +948,13 @@ int jb_test(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos
             const char **kwnames, jv **kwvals, size_t nkw) {
     argv_t a = {pos, npos, kwnames, kwvals, nkw};
     jv *arg = npos ? pos[0] : nkw ? kwvals[0] : NULL;
+    static const char *const unary[] = {"defined", "undefined", "none", "boolean", "false", "true",
+                                        "integer", "float", "number", "string", "mapping",
+                                        "sequence", "iterable", "callable", "escaped", "odd",
+                                        "even", "lower", "upper", "filter", "test", NULL};
+    for (size_t k = 0; unary[k]; k++)
+        if (!strcmp(unary[k], name) && npos + nkw > 0)
+            return jr_failc(r, line, "test '%s' takes no argument (%zu given)", name, npos + nkw);
 #define T(s) (!strcmp(name, s))
     if (T("defined")) return v->kind != JV_UNDEFINED;
     if (T("undefined")) return v->kind == JV_UNDEFINED;
@@ -961,8 +968,8 @@ int jb_test(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos
     if (T("string")) return v->kind == JV_STRING;
     if (T("mapping")) return v->kind == JV_DICT;
     if (T("sequence"))
-        return v->kind == JV_STRING || v->kind == JV_LIST || v->kind == JV_DICT ||
-               v->kind == JV_UNDEFINED;
+        return v->kind == JV_STRING || (v->kind == JV_LIST && !v->u.list.gen) ||
+               v->kind == JV_DICT || v->kind == JV_UNDEFINED;
     if (T("iterable"))
         return v->kind == JV_STRING || v->kind == JV_LIST || v->kind == JV_DICT ||
                v->kind == JV_UNDEFINED || v->kind == JV_LOOP;
@@ -1060,6 +1067,7 @@ static jv *f_length(jrender *r, int line, jv *v) {
     case JV_STRING:
         return jv_int((int64_t)ju8_count(v->u.str.s, v->u.str.len));
     case JV_LIST:
+        if (v->u.list.gen) return jr_fail(r, line, "object of type 'generator' has no len()");
         return jv_int((int64_t)v->u.list.n);
     case JV_DICT:
         return jv_int((int64_t)v->u.dict.n);
@@ -1170,6 +1178,7 @@ static jv *f_map_select(jrender *r, int line, const char *fname, jv *v, const ar
         if (t != reject && jv_list_push(out, jv_incref(item))) goto fail;
     }
     jv_decref(items);
+    out->u.list.gen = 1;
     return out;
 fail:
     jv_decref(items);
@@ -1271,7 +1280,9 @@ static jv *f_sortlike(jrender *r, int line, const char *fname, jv *v, const argv
                 e[kept++] = e[i];
             }
         }
-        return entries_to_list(r, line, e, kept);
+        jv *res = entries_to_list(r, line, e, kept);
+        if (res) res->u.list.gen = 1;
+        return res;
     }
     if (!strcmp(fname, "min") || !strcmp(fname, "max")) {
         if (n == 0) {
@@ -1312,6 +1323,11 @@ static jv *f_indent(jrender *r, int line, jv *v, const argv_t *a) {
         for (int64_t i = 0; i < w && i < 10000; i++) jbuf_putc(&ind, ' ');
     }
     const char *indent = ind.p ? ind.p : "";
+    if (v->kind != JV_STRING) { /* jinja2 does `s += "\n"` */
+        jbuf_free(&ind);
+        if (v->kind == JV_UNDEFINED) return jr_undefined_error(r, line, v);
+        return jr_fail(r, line, "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
+    }
     jbuf tmp = {0};
     jv_write_str(v, &tmp);
     jbuf_putc(&tmp, '\n');
@@ -1427,56 +1443,224 @@ static int parse_float_str(const char *s, size_t n, double *out) {
     return 0;
 }
 
-static jv *f_format(jrender *r, int line, jv *v, const argv_t *a) {
-    if (v->kind != JV_STRING) return jr_fail(r, line, "format filter needs a string");
-    if (a->nkw) return jr_fail(r, line, "format filter: keyword arguments are not supported");
+/* Pads s[0..n) to `width` code points (left-aligned when `left`). */
+static void put_padded(jbuf *b, const char *s, size_t n, long width, int left) {
+    long len = (long)ju8_count(s, n);
+    if (!left)
+        for (long k = len; k < width; k++) jbuf_putc(b, ' ');
+    jbuf_put(b, s, n);
+    if (left)
+        for (long k = len; k < width; k++) jbuf_putc(b, ' ');
+}
+
+jv *jb_percent_format(jrender *r, int line, const char *s, size_t n, jv **args, size_t nargs,
+                      const jv *mapping, int lenient) {
     jbuf b = {.limit = r->lim.max_output};
-    const char *s = v->u.str.s;
-    size_t n = v->u.str.len, ai = 0;
-    for (size_t i = 0; i < n; i++) {
+    size_t ai = 0;
+    const char *err = NULL;
+    char errbuf[96];
+    for (size_t i = 0; i < n && !err; i++) {
         if (s[i] != '%') {
             jbuf_putc(&b, s[i]);
             continue;
         }
-        if (i + 1 >= n) {
-            jbuf_free(&b);
-            return jr_fail(r, line, "incomplete format");
+        if (++i >= n) {
+            err = "incomplete format";
+            break;
         }
-        char c = s[++i];
+        const jv *val = NULL;
+        if (s[i] == '(') { /* %(name)s */
+            size_t k = i + 1;
+            while (k < n && s[k] != ')') k++;
+            if (k >= n) {
+                err = "incomplete format key";
+                break;
+            }
+            if (!mapping) {
+                err = "format requires a mapping";
+                break;
+            }
+            val = jv_dict_get_str(mapping, s + i + 1, k - i - 1);
+            if (!val) {
+                snprintf(errbuf, sizeof errbuf, "KeyError: '%.60s'", s + i + 1);
+                char *q = strchr(errbuf, ')');
+                if (q) strcpy(q, "'");
+                err = errbuf;
+                break;
+            }
+            i = k + 1;
+        }
+        char flags[8] = "";
+        size_t nf = 0;
+        while (i < n && strchr("-+ #0", s[i]) && nf < 5) flags[nf++] = s[i++];
+        flags[nf] = 0;
+        long width = -1, prec = -1;
+        if (i < n && s[i] == '*') {
+            err = "'*' in formats is not supported";
+            break;
+        }
+        while (i < n && s[i] >= '0' && s[i] <= '9' && width < 100000) width = (width < 0 ? 0 : width * 10) + (s[i++] - '0');
+        if (i < n && s[i] == '.') {
+            i++;
+            prec = 0;
+            while (i < n && s[i] >= '0' && s[i] <= '9' && prec < 100000) prec = prec * 10 + (s[i++] - '0');
+        }
+        while (i < n && (s[i] == 'h' || s[i] == 'l' || s[i] == 'L')) i++;
+        if (i >= n) {
+            err = "incomplete format";
+            break;
+        }
+        char c = s[i];
         if (c == '%') {
             jbuf_putc(&b, '%');
             continue;
         }
-        if (ai >= a->npos) {
-            jbuf_free(&b);
-            return jr_fail(r, line, "not enough arguments for format string");
-        }
-        jv *x = a->pos[ai++];
-        if (c == 's') {
-            jv_write_str(x, &b);
-        } else if (c == 'r') {
-            jv_write_repr(x, &b);
-        } else if ((c == 'd' || c == 'i') && jv_is_number(x)) {
-            double d = jv_num(x);
-            if (x->kind == JV_FLOAT) {
-                if (d != d || isinf(d) || fabs(d) > 9.2e18) {
-                    jbuf_free(&b);
-                    return jr_fail(r, line, "cannot convert float to integer");
-                }
-                jbuf_printf(&b, "%lld", (long long)trunc(d));
-            } else {
-                jbuf_printf(&b, "%lld", (long long)(x->kind == JV_BOOL ? x->u.b : x->u.i));
+        if (!val) {
+            if (ai >= nargs) {
+                err = "not enough arguments for format string";
+                break;
             }
-        } else {
-            jbuf_free(&b);
-            return jr_fail(r, line, "format filter: unsupported conversion '%%%c'", c);
+            val = args[ai++];
+        }
+        int left = strchr(flags, '-') != NULL;
+        if (width > 4096) width = 4096;
+        if (prec > 4096) prec = 4096;
+        char spec[32];
+        switch (c) {
+        case 's':
+        case 'r':
+        case 'a': {
+            jbuf t = {0};
+            if (c == 's')
+                jv_write_str(val, &t);
+            else
+                jv_write_repr(val, &t);
+            const char *ts = t.p ? t.p : "";
+            size_t tn = t.len;
+            if (prec >= 0) tn = ju8_offset(ts, tn, (size_t)prec);
+            put_padded(&b, ts, tn, width, left);
+            jbuf_free(&t);
+            break;
+        }
+        case 'd':
+        case 'i':
+        case 'u':
+        case 'x':
+        case 'X':
+        case 'o': {
+            long long x;
+            if (val->kind == JV_INT || val->kind == JV_BOOL) {
+                x = val->kind == JV_BOOL ? val->u.b : val->u.i;
+            } else if (val->kind == JV_FLOAT && (c == 'd' || c == 'i' || c == 'u')) {
+                if (val->u.f != val->u.f || isinf(val->u.f) || fabs(val->u.f) > 9.2e18) {
+                    err = "cannot convert float to integer";
+                    break;
+                }
+                x = (long long)trunc(val->u.f);
+            } else {
+                snprintf(errbuf, sizeof errbuf, "%%%c format: a number is required, not %s", c,
+                         jv_type_name(val));
+                err = errbuf;
+                break;
+            }
+            char conv = c == 'i' || c == 'u' ? 'd' : c;
+            if ((conv == 'x' || conv == 'X' || conv == 'o') && x < 0) { /* Python: -ff */
+                jbuf t = {0};
+                snprintf(spec, sizeof spec, "%%%s%c", strchr(flags, '#') ? "#" : "", conv == 'o' ? 'o' : conv);
+                jbuf_printf(&t, spec, (unsigned long long)-(unsigned long long)x);
+                jbuf num = {0};
+                jbuf_putc(&num, '-');
+                jbuf_put(&num, t.p ? t.p : "", t.len);
+                put_padded(&b, num.p, num.len, width, left);
+                jbuf_free(&t);
+                jbuf_free(&num);
+                break;
+            }
+            if (width >= 0 && prec >= 0)
+                snprintf(spec, sizeof spec, "%%%s%ld.%ldll%c", flags, width, prec, conv);
+            else if (width >= 0)
+                snprintf(spec, sizeof spec, "%%%s%ldll%c", flags, width, conv);
+            else if (prec >= 0)
+                snprintf(spec, sizeof spec, "%%%s.%ldll%c", flags, prec, conv);
+            else
+                snprintf(spec, sizeof spec, "%%%sll%c", flags, conv);
+            if (conv == 'o' && strchr(flags, '#')) { /* Python writes 0o17, C 017 */
+                err = "'%#o' is not supported";
+                break;
+            }
+            jbuf_printf(&b, spec, x);
+            break;
+        }
+        case 'e':
+        case 'E':
+        case 'f':
+        case 'F':
+        case 'g':
+        case 'G': {
+            if (!jv_is_number(val)) {
+                snprintf(errbuf, sizeof errbuf, "must be real number, not %s", jv_type_name(val));
+                err = errbuf;
+                break;
+            }
+            if (width >= 0 && prec >= 0)
+                snprintf(spec, sizeof spec, "%%%s%ld.%ld%c", flags, width, prec, c);
+            else if (width >= 0)
+                snprintf(spec, sizeof spec, "%%%s%ld%c", flags, width, c);
+            else if (prec >= 0)
+                snprintf(spec, sizeof spec, "%%%s.%ld%c", flags, prec, c);
+            else
+                snprintf(spec, sizeof spec, "%%%s%c", flags, c);
+            jbuf_printf(&b, spec, jv_num(val));
+            break;
+        }
+        case 'c':
+            if (val->kind == JV_INT && val->u.i >= 0 && val->u.i <= 0x10FFFF) {
+                jbuf t = {0};
+                ju8_put(&t, (uint32_t)val->u.i);
+                put_padded(&b, t.p, t.len, width, left);
+                jbuf_free(&t);
+            } else if (val->kind == JV_STRING && ju8_count(val->u.str.s, val->u.str.len) == 1) {
+                put_padded(&b, val->u.str.s, val->u.str.len, width, left);
+            } else {
+                err = "%c requires an int or a single character";
+            }
+            break;
+        default:
+            snprintf(errbuf, sizeof errbuf, "unsupported format character '%c' (0x%x)", c,
+                     (unsigned char)c);
+            err = errbuf;
         }
     }
-    if (ai < a->npos) {
+    if (!err && !mapping && !lenient && ai < nargs)
+        err = "not all arguments converted during string formatting";
+    if (err) {
         jbuf_free(&b);
-        return jr_fail(r, line, "not all arguments converted during string formatting");
+        return jr_fail(r, line, "%s", err);
     }
     return new_string(r, line, &b);
+}
+
+static jv *f_format(jrender *r, int line, jv *v, const argv_t *a) {
+    if (a->npos && a->nkw) return jr_fail(r, line, "can't handle positional and keyword arguments at the same time");
+    jbuf tmp = {0};
+    const char *s;
+    size_t n;
+    view_str(v, &tmp, &s, &n);
+    jv *res;
+    if (a->nkw) {
+        jv *m = jv_dict();
+        if (!m) {
+            jbuf_free(&tmp);
+            return jr_oom(r, line);
+        }
+        for (size_t k = 0; k < a->nkw; k++) jv_dict_set(m, jv_cstr(a->kwn[k]), jv_incref(a->kwv[k]));
+        res = jb_percent_format(r, line, s, n, &m, 1, m, 1);
+        jv_decref(m);
+    } else {
+        res = jb_percent_format(r, line, s, n, a->pos, a->npos, NULL, 0);
+    }
+    jbuf_free(&tmp);
+    return res;
 }
 
 jv *jb_filter(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos,
@@ -1603,7 +1787,7 @@ jv *jb_filter(jrender *r, int line, const char *name, jv *v, jv **pos, size_t np
     if (F("map") || F("select") || F("reject") || F("selectattr") || F("rejectattr"))
         return f_map_select(r, line, name, v, a);
     if (F("list")) {
-        if (v->kind == JV_LIST && !v->u.list.tuple) {
+        if (v->kind == JV_LIST && (!v->u.list.tuple || v->u.list.gen)) {
             jv *l = jv_list(v->u.list.n);
             if (!l) return jr_oom(r, line);
             for (size_t i = 0; i < v->u.list.n; i++) jv_list_push(l, jv_incref(v->u.list.items[i]));
@@ -1623,11 +1807,19 @@ jv *jb_filter(jrender *r, int line, const char *name, jv *v, jv **pos, size_t np
         return l;
     }
     if (F("items")) {
-        if (v->kind == JV_UNDEFINED) return jv_list(0);
-        if (v->kind != JV_DICT) return jr_fail(r, line, "Can only get item pairs from a mapping.");
-        return items_of(r, line, v);
+        jv *res;
+        if (v->kind == JV_UNDEFINED)
+            res = jv_list(0);
+        else if (v->kind != JV_DICT)
+            return jr_fail(r, line, "Can only get item pairs from a mapping.");
+        else
+            res = items_of(r, line, v);
+        if (res) res->u.list.gen = 1;
+        return res;
     }
     if (F("first") || F("last")) {
+        if (F("last") && v->kind == JV_LIST && v->u.list.gen)
+            return jr_fail(r, line, "'generator' object is not reversible");
         jv *items = jr_iterate(r, line, v);
         if (!items) return NULL;
         jv *res;
@@ -1662,6 +1854,7 @@ jv *jb_filter(jrender *r, int line, const char *name, jv *v, jv **pos, size_t np
         }
         for (size_t i = items->u.list.n; i > 0; i--) jv_list_push(l, jv_incref(items->u.list.items[i - 1]));
         jv_decref(items);
+        l->u.list.gen = 1; /* reversed(): an iterator */
         return l;
     }
     if (F("join")) {

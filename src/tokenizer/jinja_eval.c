@@ -284,6 +284,7 @@ jv *jr_getitem(jrender *r, int line, jv *obj, jv *key) {
         break;
     }
     case JV_LIST:
+        if (obj->u.list.gen) return jv_undefined_hint("'generator' object is not subscriptable");
         if (as_index(key, &idx)) {
             int64_t n = (int64_t)obj->u.list.n;
             if (idx < 0) idx += n;
@@ -356,7 +357,7 @@ static jv *do_slice(jrender *r, int line, jv *obj, jv *start, jv *stop, jv *step
         return jv_undefined_hint("slice indices must be integers or None");
     if (stepval && stepval->kind != JV_NONE) as_index(stepval, &stepv);
     if (stepv == 0) return jr_fail(r, line, "slice step cannot be zero");
-    if (obj->kind == JV_LIST) {
+    if (obj->kind == JV_LIST && !obj->u.list.gen) {
         int64_t a, b;
         slice_range((int64_t)obj->u.list.n, start, stop, stepv, &a, &b);
         jv *l = jv_list(0);
@@ -397,7 +398,8 @@ static jv *do_slice(jrender *r, int line, jv *obj, jv *start, jv *stop, jv *step
         jv *v = jv_str_take(p, len);
         return v ? v : jr_oom(r, line);
     }
-    return jv_undefined_hint("'%s' object is not subscriptable", jv_type_name(obj));
+    if (obj->kind == JV_DICT) return jr_fail(r, line, "unhashable type: 'slice'");
+    return jr_fail(r, line, "'%s' object is not subscriptable", jv_type_name(obj));
 }
 
 /* ------------------------------------------------------------- operators */
@@ -484,6 +486,16 @@ static jv *concat_values(jrender *r, int line, const jv *a, const jv *b) {
 }
 
 static jv *binop(jrender *r, int line, int op, const jv *a, const jv *b) {
+    if (op == OP_MOD && a->kind == JV_STRING) { /* str % value: Python's printf-style format */
+        if (b->kind == JV_LIST && b->u.list.tuple)
+            return jb_percent_format(r, line, a->u.str.s, a->u.str.len, b->u.list.items,
+                                     b->u.list.n, NULL, 0);
+        jv *one = (jv *)b;
+        int mapping_like = b->kind == JV_DICT || (b->kind == JV_LIST && !b->u.list.gen) ||
+                           b->kind == JV_UNDEFINED;
+        return jb_percent_format(r, line, a->u.str.s, a->u.str.len, &one, 1,
+                                 b->kind == JV_DICT ? b : NULL, mapping_like);
+    }
     if (a->kind == JV_UNDEFINED) return jr_undefined_error(r, line, a);
     if (b->kind == JV_UNDEFINED) return jr_undefined_error(r, line, b);
     static const char *const names[] = {"+", "-", "*", "/", "//", "%", "**"};
@@ -500,7 +512,8 @@ static jv *binop(jrender *r, int line, int op, const jv *a, const jv *b) {
         }
         if (num) return jv_float(jv_num(a) + jv_num(b));
         if (a->kind == JV_STRING && b->kind == JV_STRING) return concat_values(r, line, a, b);
-        if (a->kind == JV_LIST && b->kind == JV_LIST && a->u.list.tuple == b->u.list.tuple)
+        if (a->kind == JV_LIST && b->kind == JV_LIST && a->u.list.tuple == b->u.list.tuple &&
+            !a->u.list.gen && !b->u.list.gen)
             return concat_values(r, line, a, b);
         if (a->kind == JV_STRING || a->kind == JV_LIST)
             return jr_fail(r, line, "can only concatenate %s (not \"%s\") to %s",
@@ -523,9 +536,11 @@ static jv *binop(jrender *r, int line, int op, const jv *a, const jv *b) {
             return jv_int(x);
         }
         if (num) return jv_float(jv_num(a) * jv_num(b));
-        if ((a->kind == JV_STRING || a->kind == JV_LIST) && (b->kind == JV_INT || b->kind == JV_BOOL))
+        if ((a->kind == JV_STRING || (a->kind == JV_LIST && !a->u.list.gen)) &&
+            (b->kind == JV_INT || b->kind == JV_BOOL))
             return repeat(r, line, a, ival(b));
-        if ((b->kind == JV_STRING || b->kind == JV_LIST) && (a->kind == JV_INT || a->kind == JV_BOOL))
+        if ((b->kind == JV_STRING || (b->kind == JV_LIST && !b->u.list.gen)) &&
+            (a->kind == JV_INT || a->kind == JV_BOOL))
             return repeat(r, line, b, ival(a));
         return type_error2(r, line, opname, a, b);
     case OP_DIV:
@@ -534,8 +549,6 @@ static jv *binop(jrender *r, int line, int op, const jv *a, const jv *b) {
         return jv_float(jv_num(a) / jv_num(b));
     case OP_FLOORDIV:
     case OP_MOD:
-        if (a->kind == JV_STRING && op == OP_MOD)
-            return jr_fail(r, line, "string formatting with '%%' is not supported");
         if (!num) return type_error2(r, line, opname, a, b);
         if (jv_num(b) == 0)
             return jr_fail(r, line, op == OP_MOD ? "modulo by zero" : "division by zero");
@@ -571,7 +584,14 @@ static jv *binop(jrender *r, int line, int op, const jv *a, const jv *b) {
         }
         if (jv_num(a) == 0 && jv_num(b) < 0)
             return jr_fail(r, line, "0.0 cannot be raised to a negative power");
-        return jv_float(pow(jv_num(a), jv_num(b)));
+        {
+            double x = jv_num(a), y = jv_num(b), p = pow(x, y);
+            if (isinf(p) && !isinf(x) && !isinf(y))
+                return jr_fail(r, line, "(34, 'Numerical result out of range')");
+            if (p != p && x < 0 && y != floor(y))
+                return jr_fail(r, line, "negative number cannot be raised to a fractional power");
+            return jv_float(p);
+        }
     }
     return jr_fail(r, line, "bad operator");
 }
@@ -590,6 +610,9 @@ static int contains(jrender *r, int line, const jv *needle, const jv *hay) {
             if (jv_eq(hay->u.list.items[i], needle)) return 1;
         return 0;
     case JV_DICT:
+        if ((needle->kind == JV_LIST && !needle->u.list.tuple) || needle->kind == JV_DICT ||
+            needle->kind == JV_NAMESPACE)
+            return jr_failc(r, line, "unhashable type: '%s'", jv_type_name(needle));
         return jv_dict_get(hay, needle) != NULL;
     case JV_UNDEFINED:
         return 0;

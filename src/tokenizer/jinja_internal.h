@@ -98,6 +98,8 @@ struct jv {
             jv **items;
             size_t n, cap;
             int tuple;
+            int gen; /* a lazy result in jinja2 (map, select, unique, reverse, ...): always
+                        true, no len(), no indexing, prints as a generator */
         } list;
         struct {
             jv **keys;
@@ -393,5 +395,9 @@ int jb_has_filter(const char *name);
 int jb_test(jrender *r, int line, const char *name, jv *value, jv **pos, size_t npos,
             const char **kwnames, jv **kwvals, size_t nkw);
 int jb_has_test(const char *name);
+/* Python's `fmt % args` (mapping: a dict for %(name)s; lenient: the right operand was a single
+ * mapping-like value, so unused arguments are no error). */
+jv *jb_percent_format(jrender *r, int line, const char *fmt, size_t len, jv **args, size_t nargs,
+                      const jv *mapping, int lenient);
 
 #endif

@@ -395,9 +395,31 @@ static jexpr *parse_subscript(parser *P, jexpr *node) {
             }
         }
     }
-    if (is_op(P, ",")) {
-        pfail(P, cur(P)->line, "tuple subscripts (x[a, b]) are not supported");
-        return NULL;
+    if (is_op(P, ",")) { /* x[a, b]: the key is a tuple */
+        if (is_slice) {
+            pfail(P, cur(P)->line, "slices inside tuple subscripts are not supported");
+            return NULL;
+        }
+        pvec items = {0};
+        if (pvec_push(P, &items, parts[0])) return NULL;
+        while (is_op(P, ",")) {
+            advance(P);
+            if (is_op(P, "]")) break;
+            jexpr *x = parse_expression(P, 1);
+            if (!x || pvec_push(P, &items, x)) {
+                free(items.p);
+                return NULL;
+            }
+        }
+        jexpr *t = new_expr(P, E_TUPLE, line);
+        if (!t) {
+            free(items.p);
+            return NULL;
+        }
+        t->n = items.n;
+        t->items = (jexpr **)pvec_finish(P, &items);
+        if (!t->items) return NULL;
+        parts[0] = t;
     }
     if (expect_op(P, "]")) return NULL;
     jexpr *e = new_expr(P, is_slice ? E_SLICE : E_GETITEM, line);

@@ -526,7 +526,7 @@ int jv_truthy(const jv *v) {
     case JV_STRING:
         return v->u.str.len != 0;
     case JV_LIST:
-        return v->u.list.n != 0;
+        return v->u.list.gen || v->u.list.n != 0;
     case JV_DICT:
         return v->u.dict.n != 0;
     default:
@@ -565,6 +565,7 @@ int jv_eq(const jv *a, const jv *b) {
     case JV_STRING:
         return a->u.str.len == b->u.str.len && memcmp(a->u.str.s, b->u.str.s, a->u.str.len) == 0;
     case JV_LIST:
+        if (a->u.list.gen || b->u.list.gen) return 0; /* iterators compare by identity */
         if (a->u.list.tuple != b->u.list.tuple || a->u.list.n != b->u.list.n) return 0;
         for (size_t i = 0; i < a->u.list.n; i++)
             if (!jv_eq(a->u.list.items[i], b->u.list.items[i])) return 0;
@@ -603,7 +604,8 @@ int jv_cmp(const jv *a, const jv *b, int *res) {
         *res = c < 0 ? -1 : c > 0;
         return 0;
     }
-    if (a->kind == JV_LIST && b->kind == JV_LIST && a->u.list.tuple == b->u.list.tuple) {
+    if (a->kind == JV_LIST && b->kind == JV_LIST && a->u.list.tuple == b->u.list.tuple &&
+        !a->u.list.gen && !b->u.list.gen) {
         size_t n = a->u.list.n < b->u.list.n ? a->u.list.n : b->u.list.n;
         for (size_t i = 0; i < n; i++) {
             if (jv_eq(a->u.list.items[i], b->u.list.items[i])) continue;
@@ -630,7 +632,7 @@ const char *jv_type_name(const jv *v) {
     case JV_STRING:
         return "str";
     case JV_LIST:
-        return v->u.list.tuple ? "tuple" : "list";
+        return v->u.list.gen ? "generator" : v->u.list.tuple ? "tuple" : "list";
     case JV_DICT:
         return "dict";
     case JV_NAMESPACE:
@@ -768,6 +770,10 @@ static void write_value(const jv *v, jbuf *b, int repr, int depth) {
             jbuf_put(b, v->u.str.s, v->u.str.len);
         break;
     case JV_LIST:
+        if (v->u.list.gen) {
+            jbuf_puts(b, "<generator object>");
+            break;
+        }
         jbuf_putc(b, v->u.list.tuple ? '(' : '[');
         for (size_t i = 0; i < v->u.list.n; i++) {
             if (i) jbuf_puts(b, ", ");
@@ -923,6 +929,10 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
         json_write_string(v->u.str.s, v->u.str.len, b, o->ascii);
         return 0;
     case JV_LIST:
+        if (v->u.list.gen) {
+            snprintf(o->err, o->errcap, "Object of type generator is not JSON serializable");
+            return -1;
+        }
         if (v->u.list.n == 0) {
             jbuf_puts(b, "[]");
             return 0;

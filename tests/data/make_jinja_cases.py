@@ -114,6 +114,12 @@ CASES = [
     "{{ u|default('d') }}|{{ none|default('d') }}|{{ ''|default('d', true) }}|{{ 0|d(5) }}|{{ u|d }}|{{ d|length }}|{{ s|length }}|{{ u|length }}",
     "{{ '<a href=\"x\">&'|e }}|{{ '<b>'|escape }}|{{ '<b>'|safe }}|{{ 5|string ~ 'x' }}|{{ '%s-%d'|format('a', 3) }}",
     "{{ d|attr('items') is callable }}|{{ d|attr('k') }}",
+    # lazy filter results (generators in jinja2): always true, no len(), consumed by list/join/for
+    "{% if []|select('odd') %}T{% endif %}{% if []|map('upper') %}T{% endif %}{{ not ([]|unique) }}{{ ([]|reverse) is sequence }}",
+    "{% for x in items|select('odd') %}{{ x }}{{ loop.length }}{% endfor %}|{{ items|reject('odd')|join }}|{{ items|map('string')|list|length }}",
+    "{{ items|select('odd')|first }}|{{ 3 in items|select('odd') }}|{{ items|unique|sort }}|{{ d|items|list }}",
+    "{{ '%s and %s' % ('a', 1) }}|{{ '%d%%' % 50 }}|{{ '%5.1f|%-4s|%03d' % (3.14159, 'ab', 7) }}|{{ '%(k)s' % d }}|{{ '%r' % 'x' }}|{{ 'no spec' % items }}",
+    "{{ '%s'|format('a') }}|{{ '%(a)s-%(b)s'|format(a=1, b=2) }}|{{ '%x %X %o %e %g %c' % (255, 255, 8, 12345.678, 0.0001, 65) }}",
     # tests
     "{{ 'x' is string }}{{ 1 is string }}{{ {} is mapping }}{{ [] is mapping }}{{ none is none }}{{ u is defined }}{{ u is undefined }}{{ true is boolean }}{{ 1 is boolean }}",
     "{{ u is sequence }}{{ u is iterable }}{{ {} is sequence }}{{ none is sequence }}{{ 'a' is sequence }}{{ 3 is iterable }}",
@@ -170,6 +176,9 @@ CASES = [
     "{% macro %}{% endmacro %}", "{{ x is string is string }}", "{% break %}", "{{ 1.__class__ }}",
     "{% include 'x.html' %}", "{% extends 'base' %}", "{% call m() %}{% endcall %}", "{{ a = 1 }}",
     "{{ [1, 2)] }}", "{{ ] }}", "{{ 'x' * 'y' }}", "{{ {} + {} }}", "{{ 2 ** 'a' }}", "{{ [1] < 'a' }}",
+    "{{ items|select('odd')|length }}", "{{ items|map('string')|tojson }}", "{{ items|unique|last }}",
+    "{{ '%s %s' % ('a',) }}", "{{ '%s' % ('a', 'b') }}", "{{ '%d' % 'x' }}", "{{ '%(z)s' % d }}", "{{ '%q' % 1 }}",
+    "{{ n[1:] }}", "{{ d[1:] }}", "{{ [1] in d }}", "{{ {(1, 2): 'pair'}[1, 2] }}{{ d[1, 2] }}", "{{ 10.0 ** 400 }}", "{{ s is sequence(1) }}",
 ]
 
 
