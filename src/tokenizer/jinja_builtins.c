@@ -681,7 +681,7 @@ static jv *call_global(jrender *r, int line, int id, const argv_t *a) {
         if (a->nkw) return jr_fail(r, line, "range() takes no keyword arguments");
         if (a->npos < 1 || a->npos > 3)
             return jr_fail(r, line, "range expected 1 to 3 arguments, got %zu", a->npos);
-        int64_t v[3];
+        int64_t v[3] = {0, 0, 0};
         for (size_t i = 0; i < a->npos; i++)
             if (arg_int(r, line, a->pos[i], 0, &v[i], "range() argument")) return NULL;
         int64_t start = 0, stop, stepv = 1;
