@@ -54,6 +54,9 @@ typedef struct g4_context_params {
 int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);
 void g4_context_free(g4_context *ctx);
 
+/* Positions per sequence the context holds. */
+int g4_context_n_ctx(const g4_context *ctx);
+
 /* Forget everything sequence `seq` has processed (its next position is 0). */
 void g4_seq_reset(g4_context *ctx, int seq);
 /* Rolls sequence `seq` back to its first n positions (to reuse a shared prefix).

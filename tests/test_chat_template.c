@@ -12,6 +12,7 @@
 #include "check.h"
 #include "core/mapped_file.h"
 #include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
 
 #define MAX_TEMPLATES 16
 
@@ -64,9 +65,13 @@ static void test_fixtures(void) {
         json_decref(config);
         return;
     }
+    /* the rendered text, encoded without added special tokens, must give the fixture's ids */
+    g4_tokenizer *tok = NULL;
+    g4_error terr;
+    CHECKF(g4_tokenizer_load(g4t_shared("tokenizer/tokenizer.json"), &tok, &terr) == 0, "tokenizer: %s", terr.msg);
     char *line = NULL;
     size_t cap = 0;
-    int n = 0, passed = 0;
+    int n = 0, passed = 0, ids_passed = 0;
     while (getline(&line, &cap, f) > 0) {
         json_t *c = json_loads(line, 0, &je);
         CHECKF(c != NULL, "chat.jsonl line %d: %s", n + 1, je.text);
@@ -98,13 +103,28 @@ static void test_fixtures(void) {
             CHECKF(same, "case %d (%s): rendered text differs", n, name);
             if (!same) show_diff(want, got, got_len);
             passed += same;
+            const json_t *want_ids = json_object_get(c, "ids");
+            g4_tokens toks = {0};
+            if (tok && json_is_array(want_ids) && g4_tokenize(tok, got, got_len, 0, &toks, &err) == 0) {
+                int ids_same = toks.n == json_array_size(want_ids);
+                for (size_t i = 0; ids_same && i < toks.n; i++)
+                    ids_same = toks.ids[i] == json_integer_value(json_array_get(want_ids, i));
+                CHECKF(ids_same, "case %d (%s): token ids differ (%zu ids, expected %zu)", n, name, toks.n,
+                       json_array_size(want_ids));
+                ids_passed += ids_same;
+            } else {
+                CHECKF(0, "case %d (%s): no ids to compare (%s)", n, name, tok ? err.msg : "no tokenizer");
+            }
+            free(toks.ids);
         }
         free(got);
         json_decref(c);
     }
     free(line);
     fclose(f);
-    fprintf(stderr, "chat.jsonl: %d of %d cases match transformers byte for byte\n", passed, n);
+    fprintf(stderr, "chat.jsonl: %d of %d cases match transformers byte for byte, %d of %d in token ids\n", passed, n,
+            ids_passed, n);
+    if (tok) g4_tokenizer_free(tok);
     CHECKF(n >= 51, "expected at least 51 fixture cases, found %d", n);
     /* keep bos/eos alive until every template is loaded */
     for (int i = 0; i < ncache; i++) g4_chat_template_free(cache[i].t);

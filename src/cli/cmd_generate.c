@@ -1,89 +1,105 @@
-/* gemma4c generate -m DIR --ids 2,17,99 -n 24 --temp 0
- * Prefills the ids, then generates through the KV cache; prints the generated ids
- * on one line, comma-separated. */
+/* gemma4c generate: text completion.
+ *   gemma4c generate -m DIR -p TEXT          streams the continuation of TEXT (BOS added)
+ *   gemma4c generate -m DIR --ids 2,17,99    prints the generated ids, comma-separated, on one line
+ * Sampling defaults come from the model's generation_config.json; --temp 0 is greedy. */
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli_common.h"
+#include "cli/cli_text.h"
 #include "cli/commands.h"
-#include "engine/generate.h"
+
+static volatile int cancel_flag;
+static void on_sigint(int sig) {
+    (void)sig;
+    cancel_flag = 1;
+}
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: gemma4c generate -m DIR --ids 2,17,99 [-n N] [--temp 0] [--ignore-eos] [-t THREADS]\n"
-            "Prints the generated token ids, comma-separated, on one line.\n");
+            "usage: gemma4c generate -m DIR (-p TEXT | --ids 2,17,99) [options]\n"
+            "  -p TEXT        text to continue (the continuation is streamed to stdout)\n"
+            "  --ids LIST     token ids to continue; prints the generated ids on one line\n"
+            "  --no-bos       do not add the BOS token to TEXT\n"
+            "  -t THREADS  --ctx N (context size)\n" CLI_SAMPLING_HELP);
 }
 
 int cmd_generate(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"ids", required_argument, 0, 'i'},
-        {"n-predict", required_argument, 0, 'n'}, {"temp", required_argument, 0, 'T'},
-        {"threads", required_argument, 0, 't'}, {"ignore-eos", no_argument, 0, 'E'},
-        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
-    const char *dir = NULL, *ids_s = NULL;
-    long n_new = 128, threads = 0;
-    double temp = 0.0;
-    int ignore_eos = 0, c;
+    enum { OPT_IDS = 2000, OPT_NO_BOS, OPT_CTX };
+    struct option opts[32] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+                              {"ids", required_argument, 0, OPT_IDS}, {"no-bos", no_argument, 0, OPT_NO_BOS},
+                              {"threads", required_argument, 0, 't'}, {"ctx", required_argument, 0, OPT_CTX},
+                              {"help", no_argument, 0, 'h'}};
+    int k = 7;
+    for (int i = 0; cli_sampling_options[i].name; i++) opts[k++] = cli_sampling_options[i];
+    const char *dir = NULL, *text = NULL, *ids_s = NULL;
+    long threads = 0, n_ctx = 0;
+    int no_bos = 0, c;
+    cli_sampling smp;
+    cli_sampling_init(&smp);
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "m:n:t:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
+        int r = cli_sampling_parse(&smp, c, optarg);
+        if (r < 0) return 1;
+        if (r > 0) continue;
         switch (c) {
         case 'm': dir = optarg; break;
-        case 'i': ids_s = optarg; break;
-        case 'n':
-            if (cli_parse_int(optarg, "-n", 1, 1 << 20, &n_new)) return 1;
-            break;
-        case 'T':
-            if (cli_parse_float(optarg, "--temp", 0.0, 100.0, &temp)) return 1;
-            break;
-        case 't':
-            if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1;
-            break;
-        case 'E': ignore_eos = 1; break;
+        case 'p': text = optarg; break;
+        case OPT_IDS: ids_s = optarg; break;
+        case OPT_NO_BOS: no_bos = 1; break;
+        case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
+        case OPT_CTX: if (cli_parse_int(optarg, "--ctx", 16, 1 << 24, &n_ctx)) return 1; break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("generate", argv);
         }
     }
     if (optind < argc) return cli_error("generate: unexpected argument '%s'", argv[optind]);
-    if (!ids_s) return cli_error("generate: --ids is required");
-    if (temp != 0.0) return cli_error("generate: sampling (--temp > 0) is not available yet; use --temp 0");
+    if (!!text == !!ids_s) return cli_error("generate: give exactly one of -p TEXT and --ids LIST");
+
     g4_error err;
-    int32_t *ids;
-    int n;
-    if (cli_parse_ids(ids_s, &ids, &n, &err)) return cli_error("%s", err.msg);
-    g4_model *m = cli_load_model(dir, (int)threads);
-    if (!m) {
-        free(ids);
+    int32_t *prompt = NULL;
+    int n_prompt = 0;
+    if (ids_s && cli_parse_ids(ids_s, &prompt, &n_prompt, &err)) return cli_error("%s", err.msg);
+
+    cli_text_model tm;
+    long n_new = smp.n_predict > 0 ? smp.n_predict : 128;
+    if (smp.n_predict <= 0) smp.n_predict = n_new;
+    if (ids_s && n_ctx <= 0) n_ctx = n_prompt + n_new;
+    if (cli_text_open(dir, text ? CLI_NEED_TOKENIZER : 0, (int)threads, (int)n_ctx, &tm)) {
+        free(prompt);
         return 1;
     }
     int rc = 1;
-    g4_context *ctx = NULL;
-    int32_t *out = malloc((size_t)n_new * sizeof *out);
-    g4_context_params cp = {.n_seq_max = 1, .n_ctx = n + (int)n_new, .n_batch = n < 512 ? n : 512};
-    if (!out) {
-        cli_error("out of memory");
-        goto done;
+    if (text) {
+        g4_tokens toks = {0};
+        if (g4_tokenize(tm.tok, text, strlen(text), !no_bos, &toks, &err)) {
+            cli_error("%s", err.msg);
+            goto done;
+        }
+        prompt = toks.ids;
+        n_prompt = (int)toks.n;
+        if (n_prompt == 0) {
+            cli_error("generate: the prompt is empty");
+            goto done;
+        }
     }
-    if (g4_context_new(m, &cp, &ctx, &err)) {
-        cli_error("%s", err.msg);
-        goto done;
+    signal(SIGINT, on_sigint);
+    cli_generation g;
+    int grc = cli_generate_text(&tm, prompt, n_prompt, &smp, CLI_SHOW_PLAIN, stdout, NULL, &cancel_flag, &g);
+    signal(SIGINT, SIG_DFL);
+    if (grc) goto done;
+    if (ids_s) {
+        for (int i = 0; i < g.n_ids; i++) printf(i ? ",%d" : "%d", g.ids[i]);
     }
-    int32_t eos = 1;
-    g4_generate_params gp = {.max_new_tokens = (int)n_new, .stop_ids = &eos, .n_stop = ignore_eos ? 0 : 1};
-    int n_out, why;
-    if (g4_generate(ctx, 0, ids, n, &gp, out, &n_out, &why, &err)) {
-        cli_error("%s", err.msg);
-        goto done;
-    }
-    for (int i = 0; i < n_out; i++) printf(i ? ",%d" : "%d", out[i]);
     printf("\n");
-    rc = 0;
+    cli_generation_free(&g);
+    rc = cancel_flag ? 130 : 0;
 done:
-    free(out);
-    free(ids);
-    g4_context_free(ctx);
-    g4_model_free(m);
+    free(prompt);
+    cli_text_close(&tm);
     return rc;
 }

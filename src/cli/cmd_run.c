@@ -1,7 +1,104 @@
+/* gemma4c run -m DIR -p TEXT: one chat turn through the model's chat template.
+ * The answer streams to stdout; with --think the model thinks first and its thinking
+ * streams to stderr; tool calls the model makes are printed as JSON lines at the end. */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli_common.h"
+#include "cli/cli_text.h"
 #include "cli/commands.h"
 
+static volatile int cancel_flag;
+static void on_sigint(int sig) {
+    (void)sig;
+    cancel_flag = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: gemma4c run -m DIR -p TEXT [options]\n"
+            "  -p TEXT          the user's message\n"
+            "  --system TEXT    a system prompt\n"
+            "  --think          let the model think first (its thinking goes to stderr)\n"
+            "  -t THREADS  --ctx N (context size)\n" CLI_SAMPLING_HELP);
+}
+
 int cmd_run(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    return cli_error("run: not implemented yet");
+    enum { OPT_SYSTEM = 2000, OPT_THINK, OPT_CTX };
+    struct option opts[32] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+                              {"system", required_argument, 0, OPT_SYSTEM}, {"think", no_argument, 0, OPT_THINK},
+                              {"threads", required_argument, 0, 't'}, {"ctx", required_argument, 0, OPT_CTX},
+                              {"help", no_argument, 0, 'h'}};
+    int k = 7;
+    for (int i = 0; cli_sampling_options[i].name; i++) opts[k++] = cli_sampling_options[i];
+    const char *dir = NULL, *text = NULL, *system_prompt = NULL;
+    long threads = 0, n_ctx = 0;
+    int think = 0, c;
+    cli_sampling smp;
+    cli_sampling_init(&smp);
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
+        int r = cli_sampling_parse(&smp, c, optarg);
+        if (r < 0) return 1;
+        if (r > 0) continue;
+        switch (c) {
+        case 'm': dir = optarg; break;
+        case 'p': text = optarg; break;
+        case OPT_SYSTEM: system_prompt = optarg; break;
+        case OPT_THINK: think = 1; break;
+        case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
+        case OPT_CTX: if (cli_parse_int(optarg, "--ctx", 16, 1 << 24, &n_ctx)) return 1; break;
+        case 'h': usage(stdout); return 0;
+        default: return cli_bad_option("run", argv);
+        }
+    }
+    if (optind < argc) return cli_error("run: unexpected argument '%s'", argv[optind]);
+    if (!text) return cli_error("run: -p TEXT is required");
+
+    cli_text_model tm;
+    if (cli_text_open(dir, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, (int)threads, (int)n_ctx, &tm)) return 1;
+    int rc = 1;
+    g4_error err;
+    json_t *messages = json_array();
+    if (system_prompt) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
+    json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", text));
+    char *prompt_text = NULL;
+    size_t prompt_len;
+    g4_tokens toks = {0};
+    g4_chat_options co = {.tools = NULL, .add_generation_prompt = 1, .enable_thinking = think ? 1 : -1};
+    if (g4_chat_render(tm.tpl, messages, &co, &prompt_text, &prompt_len, &err) ||
+        g4_tokenize(tm.tok, prompt_text, prompt_len, 0, &toks, &err)) {
+        cli_error("%s", err.msg);
+        goto done;
+    }
+    signal(SIGINT, on_sigint);
+    cli_generation g;
+    int grc = cli_generate_text(&tm, toks.ids, (int)toks.n, &smp, CLI_SHOW_CHAT, stdout, think ? stderr : NULL,
+                                &cancel_flag, &g);
+    signal(SIGINT, SIG_DFL);
+    if (grc) goto done;
+    printf("\n");
+    g4_chat_output parsed;
+    if (g.raw && g4_chat_parse_output(g.raw, strlen(g.raw), &parsed, &err) == 0) {
+        size_t i;
+        json_t *call;
+        json_array_foreach(parsed.tool_calls, i, call) {
+            char *s = json_dumps(call, JSON_COMPACT);
+            if (s) printf("{\"tool_call\":%s}\n", s);
+            free(s);
+        }
+        g4_chat_output_free(&parsed);
+    }
+    cli_generation_free(&g);
+    rc = cancel_flag ? 130 : 0;
+done:
+    free(toks.ids);
+    free(prompt_text);
+    json_decref(messages);
+    cli_text_close(&tm);
+    return rc;
 }

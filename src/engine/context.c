@@ -115,6 +115,8 @@ void g4_context_free(g4_context *ctx) {
     free(ctx);
 }
 
+int g4_context_n_ctx(const g4_context *ctx) { return ctx->n_ctx; }
+
 void g4_seq_reset(g4_context *ctx, int seq) {
     if (seq >= 0 && seq < ctx->n_seq) ctx->kv.seq_len[seq] = 0;
 }

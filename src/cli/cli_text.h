@@ -1,0 +1,75 @@
+/* What the text commands (generate -p, run, chat) share: a model folder opened with
+ * its tokenizer, generation config and chat template; sampling options; and a
+ * streaming generation that prints text as it comes. */
+#ifndef G4_CLI_CLI_TEXT_H
+#define G4_CLI_CLI_TEXT_H
+
+#include <getopt.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/generation_config.h"
+#include "gemma4c.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/tokenizer.h"
+
+#define CLI_MAX_STOPS 16
+
+/* Sampling and length options; fields stay at "unset" unless given on the command line. */
+typedef struct cli_sampling {
+    double temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    long top_k, seed, n_predict, repeat_last_n;
+    int have_temp, have_top_p, have_min_p, have_repeat, have_presence, have_frequency, have_top_k, have_seed;
+    int ignore_eos;
+    const char *stops[CLI_MAX_STOPS];
+    int n_stops;
+} cli_sampling;
+
+/* getopt_long entries for the sampling options (values >= 1000); terminated by a zero entry. */
+extern const struct option cli_sampling_options[];
+#define CLI_SAMPLING_HELP                                                                              \
+    "sampling (defaults from the model's generation_config.json):\n"                                     \
+    "  --temp T  --top-k K  --top-p P  --min-p P  --seed N  --repeat-penalty R  --repeat-last-n N\n"   \
+    "  --presence-penalty P  --frequency-penalty F  -n N (max new tokens)  --stop TEXT (repeatable)\n" \
+    "  --ignore-eos\n"
+void cli_sampling_init(cli_sampling *s);
+/* Handles one option of cli_sampling_options; returns 1 if it was one, 0 if not, -1 on a bad value. */
+int cli_sampling_parse(cli_sampling *s, int opt, const char *arg);
+
+typedef struct cli_text_model {
+    g4_model *model;
+    g4_tokenizer *tok;
+    g4_chat_template *tpl; /* NULL unless asked for */
+    g4_generation_config gc;
+    g4_context *ctx;
+    int32_t channel_open, channel_close, tool_call_open, tool_call_close; /* -1 when the vocabulary lacks them */
+} cli_text_model;
+
+/* Loads what a text command needs; prints the error and returns -1 on failure. Without
+ * CLI_NEED_TOKENIZER no tokenizer is loaded (generation then reports ids only). */
+enum { CLI_NEED_TOKENIZER = 1, CLI_NEED_TEMPLATE = 2 };
+int cli_text_open(const char *dir, int needs, int n_threads, int n_ctx, cli_text_model *tm);
+void cli_text_close(cli_text_model *tm);
+
+/* How generated text is shown. */
+typedef enum {
+    CLI_SHOW_PLAIN, /* everything (special tokens skipped) to `out` */
+    CLI_SHOW_CHAT,  /* the answer to `out`; thinking to `thinking_out` if non-NULL, else hidden;
+                       tool calls are not streamed (the caller prints the parsed calls) */
+} cli_show;
+
+typedef struct cli_generation {
+    int32_t *ids;     /* generated ids */
+    int n_ids;
+    char *raw;        /* decoded with special tokens kept (for parsing), NUL-terminated; NULL without a tokenizer */
+    const char *finish; /* "stop" (eos or stop string), "length", "cancelled" */
+} cli_generation;
+
+/* Runs the prompt through sequence 0 (continuing from its length) and generates, streaming
+ * text as configured. cancel may be set from a signal handler. Returns 0 or -1 (printed). */
+int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const cli_sampling *opt,
+                      cli_show show, FILE *out, FILE *thinking_out, volatile int *cancel, cli_generation *g);
+void cli_generation_free(cli_generation *g);
+
+#endif

@@ -1,0 +1,90 @@
+#!/bin/bash
+# End to end on the shipped example model, against what transformers produced for it
+# (models/tolstoy-tiny/reference.json and reference.safetensors): the prompt's ids, the
+# logits, 32 greedy tokens as ids and as text, and a greedy chat turn through run and chat.
+set -u
+bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP:-/tmp}/tolstoy
+here=$(cd "$(dirname "$0")" && pwd)
+fail=0
+check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+
+rm -rf "$tmp"; mkdir -p "$tmp"
+tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp" || { echo "cannot unpack the example model"; exit 1; }
+m=$tmp/tolstoy-tiny
+ref() { python3 -c "import json,sys; v=json.load(open('$m/reference.json'))[sys.argv[1]]; print(','.join(map(str,v)) if isinstance(v,list) else v, end='')" "$1"; }
+prompt=$(ref prompt)
+
+ids=$("$bin" tokenize -m "$m" -p "$prompt")
+[ "$ids" = "$(ref input_ids)" ]; check $? "the prompt encodes to transformers' input_ids ($ids)"
+
+"$bin" logits -m "$m" --ids "$ids" -o "$tmp/logits.f32"
+err=$(python3 "$here/cli_compare.py" logits "$m/reference.safetensors" "$tmp/logits.f32" 2e-3)
+check $? "logits within 2e-3 (max error $err)"
+
+got=$("$bin" generate -m "$m" --ids "$ids" -n 32 --temp 0 --ignore-eos)
+[ "$got" = "$(ref greedy_ids)" ]; check $? "32 greedy ids identical"
+
+"$bin" generate -m "$m" -p "$prompt" -n 32 --temp 0 --ignore-eos >"$tmp/greedy.txt"
+python3 - "$m/reference.json" "$tmp/greedy.txt" <<'PY'
+import json, sys
+want = json.load(open(sys.argv[1]))["greedy_text"]
+got = open(sys.argv[2], encoding="utf-8").read()
+sys.exit(0 if got == want + "\n" else 1)
+PY
+check $? "generate -p: the 32 greedy tokens decode to transformers' text"
+
+printf '{"messages": [{"role": "user", "content": "%s"}], "add_generation_prompt": true}\n' "$(ref chat_user)" >"$tmp/chat.jsonl"
+"$bin" template -m "$m" -f "$tmp/chat.jsonl" >"$tmp/rendered.jsonl"
+python3 - "$m/reference.json" "$tmp/rendered.jsonl" <<'PY'
+import json, sys
+want = json.load(open(sys.argv[1]))["chat_prompt_text"]
+got = json.loads(open(sys.argv[2], encoding="utf-8").readline())
+sys.exit(0 if got == want else 1)
+PY
+check $? "the chat prompt renders as transformers renders it"
+
+# greedy chat turn: until an eos id (1, 106, 50) or 48 tokens, as reference.json's chat_rule says
+"$bin" run -m "$m" -p "$(ref chat_user)" --temp 0 -n 48 >"$tmp/run.txt"
+python3 - "$m/reference.json" "$tmp/run.txt" <<'PY'
+import json, sys
+want = json.load(open(sys.argv[1]))["chat_greedy_text"].strip()
+got = open(sys.argv[2], encoding="utf-8").read().strip()
+if got != want:
+    print("got:  " + repr(got)); print("want: " + repr(want))
+sys.exit(0 if got == want else 1)
+PY
+check $? "run answers the chat turn with transformers' greedy answer"
+
+# chat: the same turn twice around /reset, then a second turn that reuses the cached prefix;
+# the second turn must equal a fresh greedy run over the whole rendered conversation
+q2="And Natasha?"
+printf '%s\n/reset\n%s\n%s\n' "$(ref chat_user)" "$(ref chat_user)" "$q2" |
+    "$bin" chat -m "$m" --temp 0 -n 48 >"$tmp/chat.txt" 2>"$tmp/chat.err"
+check $? "chat exits cleanly at the end of its input"
+python3 - "$m/reference.json" "$tmp/chat.txt" "$q2" "$tmp/conv.jsonl" <<'PY'
+import json, sys
+want = json.load(open(sys.argv[1]))["chat_greedy_text"].strip()
+out = open(sys.argv[2], encoding="utf-8").read()
+head = want + "\n" + want + "\n"
+ok = out.startswith(head)
+if not ok:
+    print(repr(out[:400]))
+user = json.load(open(sys.argv[1]))["chat_user"]
+msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": want}, {"role": "user", "content": sys.argv[3]}]
+open(sys.argv[4], "w").write(json.dumps({"messages": msgs, "add_generation_prompt": True}) + "\n")
+open(sys.argv[4] + ".second", "w", encoding="utf-8").write(out[len(head):].strip())
+sys.exit(0 if ok else 1)
+PY
+check $? "chat answers the first turn like run, and again after /reset"
+"$bin" template -m "$m" -f "$tmp/conv.jsonl" | python3 -c 'import json,sys; print(json.dumps({"text": json.loads(sys.stdin.readline()), "add_special_tokens": False}))' >"$tmp/conv-text.jsonl"
+conv_ids=$("$bin" tokenize -m "$m" -f "$tmp/conv-text.jsonl" | python3 -c 'import json,sys; print(",".join(map(str, json.loads(sys.stdin.readline()))))')
+fresh_ids=$("$bin" generate -m "$m" --ids "$conv_ids" --temp 0 -n 48)
+"$bin" detokenize -m "$m" --ids "$fresh_ids" --skip-special >"$tmp/fresh.txt"
+python3 -c 'import sys; a=open(sys.argv[1],encoding="utf-8").read().strip(); b=open(sys.argv[2],encoding="utf-8").read().strip(); print(repr(a[:80]), repr(b[:80])) if a!=b else None; sys.exit(a!=b)' "$tmp/conv.jsonl.second" "$tmp/fresh.txt"
+check $? "chat's second turn (cached prefix) equals a fresh run of the whole conversation"
+
+# sampling with a seed is reproducible
+a=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 7 --temp 1)
+b=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 7 --temp 1)
+[ -n "$a" ] && [ "$a" = "$b" ]; check $? "same seed, same sampled text"
+exit $fail
