@@ -77,6 +77,74 @@ int cli_bad_option(const char *cmd, char **argv) {
     return cli_error("%s: unknown option or missing value: %s (see 'gemma4c %s --help')", cmd, opt, cmd);
 }
 
+static void print_json_line(json_t *v) {
+    if (!v || json_dumpf(v, stdout, JSON_COMPACT | JSON_ENCODE_ANY) != 0)
+        fputs("{\"error\":\"the result cannot be written as JSON\"}", stdout);
+    fputc('\n', stdout);
+}
+
+static void print_error_line(const char *msg) {
+    json_t *o = json_pack("{s:s}", "error", msg);
+    print_json_line(o);
+    json_decref(o);
+}
+
+int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user) {
+    FILE *in = stdin;
+    if (path && strcmp(path, "-")) {
+        in = fopen(path, "rb");
+        if (!in) return cli_error("%s: %s: %s", cmd, path, strerror(errno));
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int failed = 0;
+    while ((n = getline(&line, &cap, in)) >= 0) {
+        size_t len = (size_t)n, k = 0;
+        while (k < len && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r' || line[k] == '\n')) k++;
+        if (k == len) continue; /* blank line */
+        json_error_t je;
+        json_t *o = json_loadb(line, len, JSON_ALLOW_NUL, &je);
+        g4_error err = {{0}};
+        json_t *out = NULL;
+        if (!o)
+            g4_fail(&err, "invalid JSON: %s (column %d)", je.text, je.column);
+        else if (!json_is_object(o))
+            g4_fail(&err, "a line must be a JSON object");
+        else
+            out = fn(o, user, &err);
+        if (out) {
+            print_json_line(out);
+        } else {
+            print_error_line(err.msg[0] ? err.msg : "failed");
+            failed++;
+        }
+        json_decref(out);
+        json_decref(o);
+    }
+    int rc = 0;
+    if (ferror(in)) rc = cli_error("%s: %s: read error", cmd, path ? path : "stdin");
+    free(line);
+    if (in != stdin) fclose(in);
+    if (fflush(stdout) != 0) rc = cli_error("%s: cannot write the output", cmd);
+    if (failed) {
+        fprintf(stderr, "gemma4c: %s: %d line%s failed (see the error lines)\n", cmd, failed, failed > 1 ? "s" : "");
+        rc = 1;
+    }
+    return rc;
+}
+
+g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file) {
+    g4_tokenizer *tok = NULL;
+    g4_error err;
+    int rc = file ? g4_tokenizer_load(file, &tok, &err) : g4_tokenizer_load_dir(model_dir, &tok, &err);
+    if (rc) {
+        cli_error("%s", err.msg);
+        return NULL;
+    }
+    return tok;
+}
+
 static void show_progress(float f, const char *what, void *user) {
     int *last = user;
     int pct = (int)(f * 100.0f + 0.5f);

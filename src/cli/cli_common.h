@@ -5,7 +5,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "gemma4c.h"
+#include "tokenizer/tokenizer.h"
 
 /* Parses "2,17,99" into a heap array; returns -1 with a message on bad input. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err);
@@ -15,6 +18,18 @@ int cli_parse_float(const char *s, const char *opt, double min, double max, doub
 
 /* After getopt_long returned '?' or ':' (with opterr = 0): one line naming the bad option. Returns 1. */
 int cli_bad_option(const char *cmd, char **argv);
+
+/* JSON-lines batch commands (tokenize -f, detokenize -f, template -f): reads `path` ("-" or
+ * NULL: standard input) line by line, skipping blank lines; each line is parsed and handed
+ * to fn, which returns the value to print (the caller takes it) or NULL with a message in
+ * err. Writes one compact JSON line per input line, in order: the value, or
+ * {"error": "..."}. Returns the exit status: 0 when every line succeeded, else 1. */
+typedef json_t *(*cli_jsonl_fn)(const json_t *in, void *user, g4_error *err);
+int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user);
+
+/* Loads DIR/tokenizer.json (model_dir) or a tokenizer.json (file); prints the error and
+ * returns NULL on failure. */
+g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file);
 
 /* Loads a model, showing a progress line on stderr when it is a terminal and the
  * weights are large; prints load warnings. Returns NULL after printing the error. */

@@ -1,6 +1,8 @@
 #include "cli/cli_text.h"
 
 #include <math.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -33,6 +35,29 @@ const struct option cli_sampling_options[] = {
     {"n-predict", required_argument, 0, 'n'},
     {0, 0, 0, 0},
 };
+
+void cli_options_with_sampling(const struct option *own, struct option *out, int cap) {
+    int k = 0;
+    for (int i = 0; own[i].name && k < cap - 1; i++) out[k++] = own[i];
+    for (int i = 0; cli_sampling_options[i].name && k < cap - 1; i++) out[k++] = cli_sampling_options[i];
+    memset(&out[k], 0, sizeof out[k]);
+}
+
+volatile int cli_cancel, cli_generating;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (cli_generating) {
+        cli_cancel = 1;
+        return;
+    }
+    static const char nl[] = "\n";
+    ssize_t w = write(STDOUT_FILENO, nl, 1);
+    (void)w;
+    _exit(130);
+}
+
+void cli_catch_sigint(void) { signal(SIGINT, on_sigint); }
 
 void cli_sampling_init(cli_sampling *s) {
     memset(s, 0, sizeof *s);
@@ -225,7 +250,7 @@ static int on_token(int32_t id, void *user) {
 }
 
 int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const cli_sampling *opt,
-                      cli_show show, FILE *out, FILE *thinking_out, volatile int *cancel, cli_generation *g) {
+                      cli_show show, FILE *out, FILE *thinking_out, cli_generation *g) {
     memset(g, 0, sizeof *g);
     g4_error err;
     stream_state st = {.tm = tm, .show = show, .out = out, .thinking_out = thinking_out, .ignore_eos = opt->ignore_eos};
@@ -271,10 +296,13 @@ int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, c
     g4_generate_params gp = {
         .max_new_tokens = max_new, .pick = pick_token, .pick_user = &st, .on_token = on_token,
         .on_token_user = &st, .stop_ids = tm->gc.eos_ids, .n_stop = opt->ignore_eos ? 0 : tm->gc.n_eos,
-        .cancel = cancel,
+        .cancel = &cli_cancel,
     };
     int n_out = 0, why = 0;
+    cli_cancel = 0;
+    cli_generating = 1;
     int grc = g4_generate(tm->ctx, 0, prompt, n_prompt, &gp, out_ids, &n_out, &why, &err);
+    cli_generating = 0;
     free(out_ids);
     if (grc) {
         cli_error("%s", err.msg);

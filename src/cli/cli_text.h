@@ -34,6 +34,9 @@ extern const struct option cli_sampling_options[];
     "  --presence-penalty P  --frequency-penalty F  -n N (max new tokens)  --stop TEXT (repeatable)\n" \
     "  --ignore-eos\n"
 void cli_sampling_init(cli_sampling *s);
+/* Copies a command's own options (up to their zero entry), then the sampling options and the
+ * terminating zero entry, into out (room for `cap` entries). */
+void cli_options_with_sampling(const struct option *own, struct option *out, int cap);
 /* Handles one option of cli_sampling_options; returns 1 if it was one, 0 if not, -1 on a bad value. */
 int cli_sampling_parse(cli_sampling *s, int opt, const char *arg);
 
@@ -66,10 +69,16 @@ typedef struct cli_generation {
     const char *finish; /* "stop" (eos or stop string), "length", "cancelled" */
 } cli_generation;
 
+/* Ctrl-C: while cli_generating is set it stops the answer (cli_cancel becomes 1), otherwise it
+ * ends the program with status 130. */
+extern volatile int cli_cancel, cli_generating;
+void cli_catch_sigint(void);
+
 /* Runs the prompt through sequence 0 (continuing from its length) and generates, streaming
- * text as configured. cancel may be set from a signal handler. Returns 0 or -1 (printed). */
+ * text as configured; Ctrl-C (see cli_catch_sigint) stops it with finish "cancelled".
+ * Returns 0 or -1 (the error is printed). */
 int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const cli_sampling *opt,
-                      cli_show show, FILE *out, FILE *thinking_out, volatile int *cancel, cli_generation *g);
+                      cli_show show, FILE *out, FILE *thinking_out, cli_generation *g);
 void cli_generation_free(cli_generation *g);
 
 #endif

@@ -3,7 +3,6 @@
  * the prompt the KV cache already holds is not processed again. Commands: /reset (new
  * conversation), /exit. Ctrl-C stops the current answer; at the prompt it quits. */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,20 +11,6 @@
 #include "cli/cli_common.h"
 #include "cli/cli_text.h"
 #include "cli/commands.h"
-
-static volatile int cancel_flag;
-static volatile int generating;
-static void on_sigint(int sig) {
-    (void)sig;
-    if (generating) {
-        cancel_flag = 1;
-        return;
-    }
-    static const char nl[] = "\n";
-    ssize_t w = write(STDOUT_FILENO, nl, 1);
-    (void)w;
-    _exit(130);
-}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -57,11 +42,11 @@ static int history_set(history *h, const int32_t *a, int na, const int32_t *b, i
 
 int cmd_chat(int argc, char **argv) {
     enum { OPT_SYSTEM = 2000, OPT_THINK, OPT_CTX };
-    struct option opts[32] = {{"model", required_argument, 0, 'm'}, {"system", required_argument, 0, OPT_SYSTEM},
+    static const struct option own[] = {{"model", required_argument, 0, 'm'}, {"system", required_argument, 0, OPT_SYSTEM},
                               {"think", no_argument, 0, OPT_THINK}, {"threads", required_argument, 0, 't'},
-                              {"ctx", required_argument, 0, OPT_CTX}, {"help", no_argument, 0, 'h'}};
-    int k = 6;
-    for (int i = 0; cli_sampling_options[i].name; i++) opts[k++] = cli_sampling_options[i];
+                              {"ctx", required_argument, 0, OPT_CTX}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    struct option opts[40];
+    cli_options_with_sampling(own, opts, 40);
     const char *dir = NULL, *system_prompt = NULL;
     long threads = 0, n_ctx = 0;
     int think = 0, c;
@@ -88,7 +73,7 @@ int cmd_chat(int argc, char **argv) {
     if (cli_text_open(dir, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, (int)threads, (int)n_ctx, &tm)) return 1;
     const int interactive = isatty(STDIN_FILENO);
     const int color = isatty(STDOUT_FILENO);
-    signal(SIGINT, on_sigint);
+    cli_catch_sigint();
     if (interactive)
         fprintf(stderr, "gemma4c chat: %s (context %d). /reset starts over, /exit quits, Ctrl-C stops an answer.\n",
                 dir, g4_context_n_ctx(tm.ctx));
@@ -144,12 +129,9 @@ int cmd_chat(int argc, char **argv) {
             g4_seq_reset(tm.ctx, 0);
             same = 0;
         }
-        cancel_flag = 0;
-        generating = 1;
         cli_generation g;
         int grc = cli_generate_text(&tm, toks.ids + same, (int)toks.n - same, &smp, CLI_SHOW_CHAT, stdout,
-                                    think ? stderr : NULL, &cancel_flag, &g);
-        generating = 0;
+                                    think ? stderr : NULL, &g);
         if (grc) {
             /* the turn failed (e.g. the context is full): forget it */
             json_array_remove(messages, json_array_size(messages) - 1);
@@ -159,7 +141,7 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "(the turn was dropped; /reset starts a new conversation)\n");
             continue;
         }
-        if (cancel_flag) fputs(color ? " \033[2m[stopped]\033[0m" : " [stopped]", stdout);
+        if (cli_cancel) fputs(color ? " \033[2m[stopped]\033[0m" : " [stopped]", stdout);
         fputs("\n", stdout);
         fflush(stdout);
         if (history_set(&hist, toks.ids, (int)toks.n, g.ids, g.n_ids, g4_seq_length(tm.ctx, 0))) {

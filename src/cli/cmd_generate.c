@@ -3,7 +3,6 @@
  *   gemma4c generate -m DIR --ids 2,17,99    prints the generated ids, comma-separated, on one line
  * Sampling defaults come from the model's generation_config.json; --temp 0 is greedy. */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,12 +10,6 @@
 #include "cli/cli_common.h"
 #include "cli/cli_text.h"
 #include "cli/commands.h"
-
-static volatile int cancel_flag;
-static void on_sigint(int sig) {
-    (void)sig;
-    cancel_flag = 1;
-}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -29,12 +22,12 @@ static void usage(FILE *f) {
 
 int cmd_generate(int argc, char **argv) {
     enum { OPT_IDS = 2000, OPT_NO_BOS, OPT_CTX };
-    struct option opts[32] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+    static const struct option own[] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
                               {"ids", required_argument, 0, OPT_IDS}, {"no-bos", no_argument, 0, OPT_NO_BOS},
                               {"threads", required_argument, 0, 't'}, {"ctx", required_argument, 0, OPT_CTX},
-                              {"help", no_argument, 0, 'h'}};
-    int k = 7;
-    for (int i = 0; cli_sampling_options[i].name; i++) opts[k++] = cli_sampling_options[i];
+                              {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    struct option opts[40];
+    cli_options_with_sampling(own, opts, 40);
     const char *dir = NULL, *text = NULL, *ids_s = NULL;
     long threads = 0, n_ctx = 0;
     int no_bos = 0, c;
@@ -87,17 +80,16 @@ int cmd_generate(int argc, char **argv) {
             goto done;
         }
     }
-    signal(SIGINT, on_sigint);
+    cli_catch_sigint();
     cli_generation g;
-    int grc = cli_generate_text(&tm, prompt, n_prompt, &smp, CLI_SHOW_PLAIN, stdout, NULL, &cancel_flag, &g);
-    signal(SIGINT, SIG_DFL);
+    int grc = cli_generate_text(&tm, prompt, n_prompt, &smp, CLI_SHOW_PLAIN, stdout, NULL, &g);
     if (grc) goto done;
     if (ids_s) {
         for (int i = 0; i < g.n_ids; i++) printf(i ? ",%d" : "%d", g.ids[i]);
     }
     printf("\n");
     cli_generation_free(&g);
-    rc = cancel_flag ? 130 : 0;
+    rc = cli_cancel ? 130 : 0;
 done:
     free(prompt);
     cli_text_close(&tm);

@@ -2,7 +2,6 @@
  * The answer streams to stdout; with --think the model thinks first and its thinking
  * streams to stderr; tool calls the model makes are printed as JSON lines at the end. */
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,12 +9,6 @@
 #include "cli/cli_common.h"
 #include "cli/cli_text.h"
 #include "cli/commands.h"
-
-static volatile int cancel_flag;
-static void on_sigint(int sig) {
-    (void)sig;
-    cancel_flag = 1;
-}
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -28,12 +21,12 @@ static void usage(FILE *f) {
 
 int cmd_run(int argc, char **argv) {
     enum { OPT_SYSTEM = 2000, OPT_THINK, OPT_CTX };
-    struct option opts[32] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+    static const struct option own[] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
                               {"system", required_argument, 0, OPT_SYSTEM}, {"think", no_argument, 0, OPT_THINK},
                               {"threads", required_argument, 0, 't'}, {"ctx", required_argument, 0, OPT_CTX},
-                              {"help", no_argument, 0, 'h'}};
-    int k = 7;
-    for (int i = 0; cli_sampling_options[i].name; i++) opts[k++] = cli_sampling_options[i];
+                              {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    struct option opts[40];
+    cli_options_with_sampling(own, opts, 40);
     const char *dir = NULL, *text = NULL, *system_prompt = NULL;
     long threads = 0, n_ctx = 0;
     int think = 0, c;
@@ -75,11 +68,9 @@ int cmd_run(int argc, char **argv) {
         cli_error("%s", err.msg);
         goto done;
     }
-    signal(SIGINT, on_sigint);
+    cli_catch_sigint();
     cli_generation g;
-    int grc = cli_generate_text(&tm, toks.ids, (int)toks.n, &smp, CLI_SHOW_CHAT, stdout, think ? stderr : NULL,
-                                &cancel_flag, &g);
-    signal(SIGINT, SIG_DFL);
+    int grc = cli_generate_text(&tm, toks.ids, (int)toks.n, &smp, CLI_SHOW_CHAT, stdout, think ? stderr : NULL, &g);
     if (grc) goto done;
     printf("\n");
     g4_chat_output parsed;
@@ -94,7 +85,7 @@ int cmd_run(int argc, char **argv) {
         g4_chat_output_free(&parsed);
     }
     cli_generation_free(&g);
-    rc = cancel_flag ? 130 : 0;
+    rc = cli_cancel ? 130 : 0;
 done:
     free(toks.ids);
     free(prompt_text);

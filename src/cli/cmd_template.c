@@ -6,7 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <getopt.h>
+
+#include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "core/error.h"
 #include "tokenizer/chat.h"
 
 static void usage(FILE *f) {
@@ -27,53 +31,23 @@ static void usage(FILE *f) {
             "for a line that cannot be rendered (the exit status is then 1).\n");
 }
 
-static void print_error_line(const char *msg) {
-    json_t *o = json_pack("{s:s}", "error", msg);
-    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-    printf("%s\n", s ? s : "{\"error\": \"out of memory\"}");
-    free(s);
-    json_decref(o);
-}
-
-/* Renders one input line; 0 / -1 with msg filled. */
-static int render_line(const g4_chat_template *t, const char *line, size_t len, char *msg,
-                       size_t cap) {
-    json_error_t je;
-    json_t *in = json_loadb(line, len, 0, &je);
-    if (!in) {
-        snprintf(msg, cap, "invalid JSON: %s (column %d)", je.text, je.column);
-        return -1;
-    }
-    int rc = -1;
-    if (!json_is_object(in)) {
-        snprintf(msg, cap, "a line must be a JSON object");
-        goto done;
-    }
+/* {"messages", "tools", "enable_thinking", "add_generation_prompt", "chat_template_kwargs"} -> "prompt" */
+static json_t *render_line(const json_t *in, void *user, g4_error *err) {
+    const g4_chat_template *t = user;
     const json_t *messages = json_object_get(in, "messages");
     const json_t *tools = json_object_get(in, "tools");
     const json_t *et = json_object_get(in, "enable_thinking");
     const json_t *agp = json_object_get(in, "add_generation_prompt");
     const json_t *kwargs = json_object_get(in, "chat_template_kwargs");
-    if (!json_is_array(messages)) {
-        snprintf(msg, cap, "\"messages\" must be a list of messages");
-        goto done;
-    }
-    if (tools && !json_is_null(tools) && !json_is_array(tools)) {
-        snprintf(msg, cap, "\"tools\" must be a list or null");
-        goto done;
-    }
-    if (et && !json_is_null(et) && !json_is_boolean(et)) {
-        snprintf(msg, cap, "\"enable_thinking\" must be true, false or null");
-        goto done;
-    }
-    if (agp && !json_is_null(agp) && !json_is_boolean(agp)) {
-        snprintf(msg, cap, "\"add_generation_prompt\" must be true or false");
-        goto done;
-    }
-    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs)) {
-        snprintf(msg, cap, "\"chat_template_kwargs\" must be an object");
-        goto done;
-    }
+    if (!json_is_array(messages)) return g4_fail(err, "\"messages\" must be a list of messages"), NULL;
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return g4_fail(err, "\"tools\" must be a list or null"), NULL;
+    if (et && !json_is_null(et) && !json_is_boolean(et))
+        return g4_fail(err, "\"enable_thinking\" must be true, false or null"), NULL;
+    if (agp && !json_is_null(agp) && !json_is_boolean(agp))
+        return g4_fail(err, "\"add_generation_prompt\" must be true or false"), NULL;
+    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
+        return g4_fail(err, "\"chat_template_kwargs\" must be an object"), NULL;
     g4_chat_options opt = {
         .tools = json_is_array(tools) ? tools : NULL,
         .add_generation_prompt = json_is_true(agp),
@@ -82,49 +56,36 @@ static int render_line(const g4_chat_template *t, const char *line, size_t len, 
     };
     char *text = NULL;
     size_t text_len = 0;
-    g4_error err = {{0}};
-    if (g4_chat_render(t, messages, &opt, &text, &text_len, &err)) {
-        snprintf(msg, cap, "%s", err.msg);
-        goto done;
-    }
+    if (g4_chat_render(t, messages, &opt, &text, &text_len, err)) return NULL;
     json_t *s = json_stringn(text, text_len);
     free(text);
-    char *dumped = s ? json_dumps(s, JSON_ENCODE_ANY) : NULL;
-    json_decref(s);
-    if (!dumped) {
-        snprintf(msg, cap, "the rendered text is not valid UTF-8");
-        goto done;
-    }
-    printf("%s\n", dumped);
-    free(dumped);
-    rc = 0;
-done:
-    json_decref(in);
-    return rc;
+    if (!s) g4_fail(err, "the rendered text is not valid UTF-8");
+    return s;
 }
 
 int cmd_template(int argc, char **argv) {
+    enum { OPT_TEMPLATE = 1000, OPT_CONFIG };
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},
+                                         {"template", required_argument, 0, OPT_TEMPLATE},
+                                         {"tokenizer-config", required_argument, 0, OPT_CONFIG},
+                                         {"file", required_argument, 0, 'f'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     const char *model = NULL, *tpl_path = NULL, *config = NULL, *file = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:f:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case OPT_TEMPLATE: tpl_path = optarg; break;
+        case OPT_CONFIG: config = optarg; break;
+        case 'f': file = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: return cli_bad_option("template", argv);
         }
-        const char **slot = NULL;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-            slot = &model;
-        else if (!strcmp(a, "--template"))
-            slot = &tpl_path;
-        else if (!strcmp(a, "--tokenizer-config"))
-            slot = &config;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
-            slot = &file;
-        else
-            return cli_error("template: unknown option '%s' (see gemma4c template --help)", a);
-        if (i + 1 >= argc) return cli_error("template: %s needs a value", a);
-        *slot = argv[++i];
     }
+    if (optind < argc) return cli_error("template: unexpected argument '%s' (see --help)", argv[optind]);
     if (!model == !tpl_path) return cli_error("template: give either -m DIR or --template FILE");
     if (config && !tpl_path) return cli_error("template: --tokenizer-config goes with --template");
 
@@ -138,38 +99,7 @@ int cmd_template(int argc, char **argv) {
     else
         rc = g4_chat_template_load_file(tpl_path, "<bos>", "<eos>", &t, &err);
     if (rc) return cli_error("template: %s", err.msg);
-
-    FILE *in = stdin;
-    if (file && strcmp(file, "-")) {
-        in = fopen(file, "r");
-        if (!in) {
-            g4_chat_template_free(t);
-            return cli_error("template: cannot open %s", file);
-        }
-    }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    int failures = 0;
-    while ((n = getline(&line, &cap, in)) > 0) {
-        size_t len = (size_t)n;
-        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
-        size_t k = 0;
-        while (k < len && (line[k] == ' ' || line[k] == '\t')) k++;
-        if (k == len) continue; /* blank line */
-        char msg[600];
-        if (render_line(t, line, len, msg, sizeof msg)) {
-            print_error_line(msg);
-            failures++;
-        }
-        fflush(stdout);
-    }
-    free(line);
-    if (in != stdin) fclose(in);
+    int status = cli_jsonl_map("template", file, render_line, t);
     g4_chat_template_free(t);
-    if (failures) {
-        fprintf(stderr, "gemma4c: template: %d line(s) could not be rendered\n", failures);
-        return 1;
-    }
-    return 0;
+    return status;
 }

@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli_tokenizer.h"
+#include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "core/error.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -25,51 +26,32 @@ static void usage(FILE *f) {
             "the exit status is then 1.\n");
 }
 
-static void print_ids(const g4_tokens *t, int json) {
-    if (json) fputc('[', stdout);
+static void print_ids(const g4_tokens *t) {
     for (size_t i = 0; i < t->n; i++) printf(i ? ",%d" : "%d", t->ids[i]);
-    fputs(json ? "]\n" : "\n", stdout);
+    fputc('\n', stdout);
 }
 
-/* One JSON line; 0 ok, 1 error line written. */
-static int tokenize_line(const g4_tokenizer *tok, const char *line, size_t len, int default_specials) {
-    json_error_t je;
-    json_t *o = json_loadb(line, len, JSON_ALLOW_NUL, &je);
-    char msg[600];
-    if (!o) {
-        snprintf(msg, sizeof msg, "invalid JSON: %s", je.text);
-        cli_print_error_line(msg);
-        return 1;
-    }
-    int rc = 1;
-    const json_t *text = json_object_get(o, "text");
-    const json_t *specials = json_object_get(o, "add_special_tokens");
-    if (!json_is_object(o)) {
-        cli_print_error_line("expected an object {\"text\": ...}");
-    } else if (!json_is_string(text)) {
-        cli_print_error_line("\"text\" must be a string");
-    } else if (specials && !json_is_null(specials) && !json_is_boolean(specials)) {
-        cli_print_error_line("\"add_special_tokens\" must be true or false");
-    } else {
-        int add = specials && json_is_boolean(specials) ? json_is_true(specials) : default_specials;
-        g4_tokens t = {0};
-        g4_error err;
-        if (g4_tokenize(tok, json_string_value(text), json_string_length(text), add, &t, &err)) {
-            cli_print_error_line(err.msg);
-        } else {
-            print_ids(&t, 1);
-            rc = 0;
-        }
-        free(t.ids);
-    }
-    json_decref(o);
-    return rc;
-}
+typedef struct {
+    const g4_tokenizer *tok;
+    int default_specials;
+} tokenize_job;
 
-static int blank(const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
-    return 1;
+/* {"text": ..., "add_special_tokens": bool} -> [ids] */
+static json_t *tokenize_line(const json_t *in, void *user, g4_error *err) {
+    const tokenize_job *job = user;
+    const json_t *text = json_object_get(in, "text");
+    const json_t *specials = json_object_get(in, "add_special_tokens");
+    if (!json_is_string(text)) return g4_fail(err, "\"text\" must be a string"), NULL;
+    if (specials && !json_is_null(specials) && !json_is_boolean(specials))
+        return g4_fail(err, "\"add_special_tokens\" must be true or false"), NULL;
+    int add = json_is_boolean(specials) ? json_is_true(specials) : job->default_specials;
+    g4_tokens t = {0};
+    if (g4_tokenize(job->tok, json_string_value(text), json_string_length(text), add, &t, err)) return NULL;
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < t.n; i++) json_array_append_new(arr, json_integer(t.ids[i]));
+    free(t.ids);
+    if (!arr) g4_fail(err, "out of memory");
+    return arr;
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -93,9 +75,7 @@ int cmd_tokenize(int argc, char **argv) {
         case 'f': file = optarg; break;
         case 'B': no_bos = 1; break;
         case 'h': usage(stdout); return 0;
-        default:
-            if (optopt) return cli_error("tokenize: option -%c needs a value or is unknown (see --help)", optopt);
-            return cli_error("tokenize: unknown option '%s' (see --help)", argv[optind - 1]);
+        default: return cli_bad_option("tokenize", argv);
         }
     }
     if (optind < argc) return cli_error("tokenize: unexpected argument '%s' (see --help)", argv[optind]);
@@ -111,26 +91,13 @@ int cmd_tokenize(int argc, char **argv) {
         if (g4_tokenize(tok, prompt, strlen(prompt), !no_bos, &t, &err))
             status = cli_error("tokenize: %s", err.msg);
         else
-            print_ids(&t, 0);
+            print_ids(&t);
         free(t.ids);
+        if (fflush(stdout) != 0) status = cli_error("tokenize: cannot write the output");
     } else {
-        FILE *in = cli_open_input(file);
-        if (!in) {
-            g4_tokenizer_free(tok);
-            return 1;
-        }
-        char *line = NULL;
-        size_t cap = 0;
-        ssize_t n;
-        while ((n = getline(&line, &cap, in)) >= 0) {
-            if (blank(line, (size_t)n)) continue;
-            if (tokenize_line(tok, line, (size_t)n, !no_bos)) status = 1;
-        }
-        if (ferror(in)) status = cli_error("tokenize: %s: read error", file);
-        free(line);
-        if (in != stdin) fclose(in);
+        tokenize_job job = {tok, !no_bos};
+        status = cli_jsonl_map("tokenize", file, tokenize_line, &job);
     }
-    if (fflush(stdout) != 0) status = cli_error("tokenize: cannot write the output");
     g4_tokenizer_free(tok);
     return status;
 }
