@@ -17,7 +17,7 @@
 
 enum {
     OPT_TEMP = 1000, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_REPEAT, OPT_REPEAT_N, OPT_PRESENCE,
-    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_N_PREDICT
+    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX
 };
 
 const struct option cli_sampling_options[] = {
@@ -33,6 +33,9 @@ const struct option cli_sampling_options[] = {
     {"stop", required_argument, 0, OPT_STOP},
     {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
     {"n-predict", required_argument, 0, 'n'},
+    {"model", required_argument, 0, 'm'},
+    {"threads", required_argument, 0, 't'},
+    {"ctx", required_argument, 0, OPT_CTX},
     {0, 0, 0, 0},
 };
 
@@ -89,19 +92,24 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
         return 1;
     case OPT_IGNORE_EOS: s->ignore_eos = 1; return 1;
     case 'n': return cli_parse_int(arg, "-n", 1, 1 << 24, &s->n_predict) ? -1 : 1;
+    case 'm': s->model_dir = arg; return 1;
+    case 't': return cli_parse_int(arg, "--threads", 0, 1024, &s->threads) ? -1 : 1;
+    case OPT_CTX: return cli_parse_int(arg, "--ctx", 16, 1 << 24, &s->n_ctx) ? -1 : 1;
     default: return 0;
     }
 }
 
-int cli_text_open(const char *dir, int needs, int n_threads, int n_ctx, cli_text_model *tm) {
+int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
     memset(tm, 0, sizeof *tm);
+    const char *dir = opt->model_dir;
+    int n_ctx = (int)opt->n_ctx;
     g4_error err;
     if (!dir) return cli_error("no model folder: pass -m DIR"), -1;
     /* the small files first, so that a broken folder fails before the weights load */
     if ((needs & (CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE)) && g4_tokenizer_load_dir(dir, &tm->tok, &err)) goto fail;
     if (g4_generation_config_load(dir, &tm->gc, &err)) goto fail;
     if ((needs & CLI_NEED_TEMPLATE) && g4_chat_template_load_dir(dir, &tm->tpl, &err)) goto fail;
-    tm->model = cli_load_model(dir, n_threads);
+    tm->model = cli_load_model(dir, (int)opt->threads);
     if (!tm->model) {
         cli_text_close(tm);
         return -1;

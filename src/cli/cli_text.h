@@ -16,8 +16,11 @@
 
 #define CLI_MAX_STOPS 16
 
-/* Sampling and length options; fields stay at "unset" unless given on the command line. */
+/* Options every text command takes: the model folder, threads, context size, sampling and
+ * length; sampling fields stay "unset" unless given on the command line. */
 typedef struct cli_sampling {
+    const char *model_dir;
+    long threads, n_ctx;
     double temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     long top_k, seed, n_predict, repeat_last_n;
     int have_temp, have_top_p, have_min_p, have_repeat, have_presence, have_frequency, have_top_k, have_seed;
@@ -26,9 +29,10 @@ typedef struct cli_sampling {
     int n_stops;
 } cli_sampling;
 
-/* getopt_long entries for the sampling options (values >= 1000); terminated by a zero entry. */
+/* getopt_long entries for those options (-m, -t, -n and values >= 1000); ends with a zero entry. */
 extern const struct option cli_sampling_options[];
 #define CLI_SAMPLING_HELP                                                                              \
+    "  -m DIR (model folder)  -t THREADS  --ctx N (context size)\n"                                     \
     "sampling (defaults from the model's generation_config.json):\n"                                     \
     "  --temp T  --top-k K  --top-p P  --min-p P  --seed N  --repeat-penalty R  --repeat-last-n N\n"   \
     "  --presence-penalty P  --frequency-penalty F  -n N (max new tokens)  --stop TEXT (repeatable)\n" \
@@ -52,7 +56,7 @@ typedef struct cli_text_model {
 /* Loads what a text command needs; prints the error and returns -1 on failure. Without
  * CLI_NEED_TOKENIZER no tokenizer is loaded (generation then reports ids only). */
 enum { CLI_NEED_TOKENIZER = 1, CLI_NEED_TEMPLATE = 2 };
-int cli_text_open(const char *dir, int needs, int n_threads, int n_ctx, cli_text_model *tm);
+int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm);
 void cli_text_close(cli_text_model *tm);
 
 /* How generated text is shown. */

@@ -17,7 +17,7 @@ static void usage(FILE *f) {
             "usage: gemma4c chat -m DIR [options]\n"
             "  --system TEXT    a system prompt for the conversation\n"
             "  --think          let the model think before it answers (thinking shown dimmed)\n"
-            "  -t THREADS  --ctx N (context size)\n" CLI_SAMPLING_HELP
+            CLI_SAMPLING_HELP
             "in the chat: /reset starts over, /exit quits, Ctrl-C stops an answer\n");
 }
 
@@ -41,14 +41,12 @@ static int history_set(history *h, const int32_t *a, int na, const int32_t *b, i
 }
 
 int cmd_chat(int argc, char **argv) {
-    enum { OPT_SYSTEM = 2000, OPT_THINK, OPT_CTX };
-    static const struct option own[] = {{"model", required_argument, 0, 'm'}, {"system", required_argument, 0, OPT_SYSTEM},
-                              {"think", no_argument, 0, OPT_THINK}, {"threads", required_argument, 0, 't'},
-                              {"ctx", required_argument, 0, OPT_CTX}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    enum { OPT_SYSTEM = 2000, OPT_THINK };
+    static const struct option own[] = {{"system", required_argument, 0, OPT_SYSTEM}, {"think", no_argument, 0, OPT_THINK},
+                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     struct option opts[40];
     cli_options_with_sampling(own, opts, 40);
-    const char *dir = NULL, *system_prompt = NULL;
-    long threads = 0, n_ctx = 0;
+    const char *system_prompt = NULL;
     int think = 0, c;
     cli_sampling smp;
     cli_sampling_init(&smp);
@@ -59,24 +57,21 @@ int cmd_chat(int argc, char **argv) {
         if (r < 0) return 1;
         if (r > 0) continue;
         switch (c) {
-        case 'm': dir = optarg; break;
         case OPT_SYSTEM: system_prompt = optarg; break;
         case OPT_THINK: think = 1; break;
-        case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
-        case OPT_CTX: if (cli_parse_int(optarg, "--ctx", 16, 1 << 24, &n_ctx)) return 1; break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("chat", argv);
         }
     }
     if (optind < argc) return cli_error("chat: unexpected argument '%s'", argv[optind]);
     cli_text_model tm;
-    if (cli_text_open(dir, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, (int)threads, (int)n_ctx, &tm)) return 1;
+    if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, &tm)) return 1;
     const int interactive = isatty(STDIN_FILENO);
     const int color = isatty(STDOUT_FILENO);
     cli_catch_sigint();
     if (interactive)
         fprintf(stderr, "gemma4c chat: %s (context %d). /reset starts over, /exit quits, Ctrl-C stops an answer.\n",
-                dir, g4_context_n_ctx(tm.ctx));
+                smp.model_dir, g4_context_n_ctx(tm.ctx));
     json_t *messages = json_array();
     if (system_prompt) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
     history hist = {0};

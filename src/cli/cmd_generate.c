@@ -17,19 +17,17 @@ static void usage(FILE *f) {
             "  -p TEXT        text to continue (the continuation is streamed to stdout)\n"
             "  --ids LIST     token ids to continue; prints the generated ids on one line\n"
             "  --no-bos       do not add the BOS token to TEXT\n"
-            "  -t THREADS  --ctx N (context size)\n" CLI_SAMPLING_HELP);
+            CLI_SAMPLING_HELP);
 }
 
 int cmd_generate(int argc, char **argv) {
-    enum { OPT_IDS = 2000, OPT_NO_BOS, OPT_CTX };
-    static const struct option own[] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
-                              {"ids", required_argument, 0, OPT_IDS}, {"no-bos", no_argument, 0, OPT_NO_BOS},
-                              {"threads", required_argument, 0, 't'}, {"ctx", required_argument, 0, OPT_CTX},
-                              {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    enum { OPT_IDS = 2000, OPT_NO_BOS };
+    static const struct option own[] = {{"prompt", required_argument, 0, 'p'}, {"ids", required_argument, 0, OPT_IDS},
+                                        {"no-bos", no_argument, 0, OPT_NO_BOS}, {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
     struct option opts[40];
     cli_options_with_sampling(own, opts, 40);
-    const char *dir = NULL, *text = NULL, *ids_s = NULL;
-    long threads = 0, n_ctx = 0;
+    const char *text = NULL, *ids_s = NULL;
     int no_bos = 0, c;
     cli_sampling smp;
     cli_sampling_init(&smp);
@@ -40,12 +38,9 @@ int cmd_generate(int argc, char **argv) {
         if (r < 0) return 1;
         if (r > 0) continue;
         switch (c) {
-        case 'm': dir = optarg; break;
         case 'p': text = optarg; break;
         case OPT_IDS: ids_s = optarg; break;
         case OPT_NO_BOS: no_bos = 1; break;
-        case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
-        case OPT_CTX: if (cli_parse_int(optarg, "--ctx", 16, 1 << 24, &n_ctx)) return 1; break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("generate", argv);
         }
@@ -61,8 +56,8 @@ int cmd_generate(int argc, char **argv) {
     cli_text_model tm;
     long n_new = smp.n_predict > 0 ? smp.n_predict : 128;
     if (smp.n_predict <= 0) smp.n_predict = n_new;
-    if (ids_s && n_ctx <= 0) n_ctx = n_prompt + n_new;
-    if (cli_text_open(dir, text ? CLI_NEED_TOKENIZER : 0, (int)threads, (int)n_ctx, &tm)) {
+    if (ids_s && smp.n_ctx <= 0) smp.n_ctx = n_prompt + n_new;
+    if (cli_text_open(&smp, text ? CLI_NEED_TOKENIZER : 0, &tm)) {
         free(prompt);
         return 1;
     }

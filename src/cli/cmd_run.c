@@ -16,19 +16,17 @@ static void usage(FILE *f) {
             "  -p TEXT          the user's message\n"
             "  --system TEXT    a system prompt\n"
             "  --think          let the model think first (its thinking goes to stderr)\n"
-            "  -t THREADS  --ctx N (context size)\n" CLI_SAMPLING_HELP);
+            CLI_SAMPLING_HELP);
 }
 
 int cmd_run(int argc, char **argv) {
-    enum { OPT_SYSTEM = 2000, OPT_THINK, OPT_CTX };
-    static const struct option own[] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
-                              {"system", required_argument, 0, OPT_SYSTEM}, {"think", no_argument, 0, OPT_THINK},
-                              {"threads", required_argument, 0, 't'}, {"ctx", required_argument, 0, OPT_CTX},
-                              {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    enum { OPT_SYSTEM = 2000, OPT_THINK };
+    static const struct option own[] = {{"prompt", required_argument, 0, 'p'}, {"system", required_argument, 0, OPT_SYSTEM},
+                                        {"think", no_argument, 0, OPT_THINK}, {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
     struct option opts[40];
     cli_options_with_sampling(own, opts, 40);
-    const char *dir = NULL, *text = NULL, *system_prompt = NULL;
-    long threads = 0, n_ctx = 0;
+    const char *text = NULL, *system_prompt = NULL;
     int think = 0, c;
     cli_sampling smp;
     cli_sampling_init(&smp);
@@ -39,12 +37,9 @@ int cmd_run(int argc, char **argv) {
         if (r < 0) return 1;
         if (r > 0) continue;
         switch (c) {
-        case 'm': dir = optarg; break;
         case 'p': text = optarg; break;
         case OPT_SYSTEM: system_prompt = optarg; break;
         case OPT_THINK: think = 1; break;
-        case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
-        case OPT_CTX: if (cli_parse_int(optarg, "--ctx", 16, 1 << 24, &n_ctx)) return 1; break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("run", argv);
         }
@@ -53,7 +48,7 @@ int cmd_run(int argc, char **argv) {
     if (!text) return cli_error("run: -p TEXT is required");
 
     cli_text_model tm;
-    if (cli_text_open(dir, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, (int)threads, (int)n_ctx, &tm)) return 1;
+    if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, &tm)) return 1;
     int rc = 1;
     g4_error err;
     json_t *messages = json_array();
