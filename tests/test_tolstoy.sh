@@ -83,6 +83,14 @@ fresh_ids=$("$bin" generate -m "$m" --ids "$conv_ids" --temp 0 -n 48)
 python3 -c 'import sys; a=open(sys.argv[1],encoding="utf-8").read().strip(); b=open(sys.argv[2],encoding="utf-8").read().strip(); print(repr(a[:80]), repr(b[:80])) if a!=b else None; sys.exit(a!=b)' "$tmp/conv.jsonl.second" "$tmp/fresh.txt"
 check $? "chat's second turn (cached prefix) equals a fresh run of the whole conversation"
 
+# a stop string ends the text right before it: the greedy text is " with his\nrapid, ..."
+got=$("$bin" generate -m "$m" -p "$prompt" -n 32 --temp 0 --ignore-eos --stop "rapid" | od -An -c | tr -s ' ')
+[ "$got" = " w i t h h i s \n \n" ]; check $? "--stop cuts the text before the stop string ($got)"
+
+# a logit bias of -inf bans the greedy first token (607 " with")
+first=$("$bin" generate -m "$m" --ids "$ids" -n 1 --temp 0 --logit-bias 607=-inf)
+[ -n "$first" ] && [ "$first" != 607 ]; check $? "--logit-bias 607=-inf changes the first greedy token (to $first)"
+
 # sampling with a seed is reproducible
 a=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 7 --temp 1)
 b=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 7 --temp 1)

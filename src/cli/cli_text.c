@@ -17,7 +17,7 @@
 
 enum {
     OPT_TEMP = 1000, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_REPEAT, OPT_REPEAT_N, OPT_PRESENCE,
-    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX
+    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS
 };
 
 const struct option cli_sampling_options[] = {
@@ -32,6 +32,7 @@ const struct option cli_sampling_options[] = {
     {"frequency-penalty", required_argument, 0, OPT_FREQUENCY},
     {"stop", required_argument, 0, OPT_STOP},
     {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+    {"logit-bias", required_argument, 0, OPT_BIAS},
     {"n-predict", required_argument, 0, 'n'},
     {"model", required_argument, 0, 'm'},
     {"threads", required_argument, 0, 't'},
@@ -91,6 +92,25 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
         s->stops[s->n_stops++] = arg;
         return 1;
     case OPT_IGNORE_EOS: s->ignore_eos = 1; return 1;
+    case OPT_BIAS: {
+        const char *eq = strchr(arg, '=');
+        char id_s[32];
+        long id;
+        double bias;
+        if (!eq || eq == arg || (size_t)(eq - arg) >= sizeof id_s)
+            return cli_error("--logit-bias: '%s' must be ID=BIAS", arg), -1;
+        memcpy(id_s, arg, (size_t)(eq - arg));
+        id_s[eq - arg] = 0;
+        if (cli_parse_int(id_s, "--logit-bias id", 0, INT32_MAX, &id)) return -1;
+        if (!strcmp(eq + 1, "-inf") || !strcmp(eq + 1, "-infinity"))
+            bias = -INFINITY;
+        else if (cli_parse_float(eq + 1, "--logit-bias value", -1e9, 1e9, &bias))
+            return -1;
+        if (s->n_bias == CLI_MAX_BIAS) return cli_error("--logit-bias: at most %d", CLI_MAX_BIAS), -1;
+        s->bias_ids[s->n_bias] = (int32_t)id;
+        s->bias_values[s->n_bias++] = (float)bias;
+        return 1;
+    }
     case 'n': return cli_parse_int(arg, "-n", 1, 1 << 24, &s->n_predict) ? -1 : 1;
     case 'm': s->model_dir = arg; return 1;
     case 't': return cli_parse_int(arg, "--threads", 0, 1024, &s->threads) ? -1 : 1;
@@ -272,6 +292,11 @@ int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, c
     if (opt->have_presence) sp.presence_penalty = (float)opt->presence_penalty;
     if (opt->have_frequency) sp.frequency_penalty = (float)opt->frequency_penalty;
     if (opt->repeat_last_n != -1) sp.penalty_last_n = (int)opt->repeat_last_n;
+    if (opt->n_bias) {
+        sp.bias_ids = opt->bias_ids;
+        sp.bias_values = opt->bias_values;
+        sp.n_bias = opt->n_bias;
+    }
     sp.seed = opt->have_seed ? (uint64_t)opt->seed : (uint64_t)time(NULL);
     const int len = g4_seq_length(tm->ctx, 0), n_ctx = g4_context_n_ctx(tm->ctx);
     int room = n_ctx - len - n_prompt;

@@ -15,6 +15,7 @@
 #include "tokenizer/tokenizer.h"
 
 #define CLI_MAX_STOPS 16
+#define CLI_MAX_BIAS 64
 
 /* Options every text command takes: the model folder, threads, context size, sampling and
  * length; sampling fields stay "unset" unless given on the command line. */
@@ -27,6 +28,9 @@ typedef struct cli_sampling {
     int ignore_eos;
     const char *stops[CLI_MAX_STOPS];
     int n_stops;
+    int32_t bias_ids[CLI_MAX_BIAS];
+    float bias_values[CLI_MAX_BIAS];
+    int n_bias;
 } cli_sampling;
 
 /* getopt_long entries for those options (-m, -t, -n and values >= 1000); ends with a zero entry. */
@@ -36,7 +40,7 @@ extern const struct option cli_sampling_options[];
     "sampling (defaults from the model's generation_config.json):\n"                                     \
     "  --temp T  --top-k K  --top-p P  --min-p P  --seed N  --repeat-penalty R  --repeat-last-n N\n"   \
     "  --presence-penalty P  --frequency-penalty F  -n N (max new tokens)  --stop TEXT (repeatable)\n" \
-    "  --ignore-eos\n"
+    "  --logit-bias ID=BIAS (repeatable; BIAS may be -inf)  --ignore-eos\n"
 void cli_sampling_init(cli_sampling *s);
 /* Copies a command's own options (up to their zero entry), then the sampling options and the
  * terminating zero entry, into out (room for `cap` entries). */
