@@ -63,8 +63,11 @@ typedef struct g4_backend_ops {
     void (*matmul)(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
     /* per row of `dim`: y = x / sqrt(mean(x^2) + eps) * (w ? w : 1); in place allowed */
     void (*rmsnorm)(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);
-    /* rotate-half RoPE in place on x[n, heads, dim] with angle pos[i] * inv_freq[k], k < dim/2 */
-    void (*rope)(g4_backend *be, float *x, int n, int heads, int dim, const int32_t *pos, const float *inv_freq);
+    /* RoPE angles of n positions: table[i, k] = cos(a), table[i, half + k] = sin(a) with the fp32
+     * angle a = pos[i] * inv_freq[k], k < half (the same for every layer of one type) */
+    void (*rope_table)(g4_backend *be, const int32_t *pos, int n, const float *inv_freq, int half, float *table);
+    /* rotate-half RoPE in place on x[n, heads, dim] with a table from rope_table (half = dim/2) */
+    void (*rope)(g4_backend *be, float *x, int n, int heads, int dim, const float *table);
     /* y = gelu_tanh(g) * u, n elements (u may be NULL: y = gelu_tanh(g)) */
     void (*gelu_mul)(g4_backend *be, const float *g, const float *u, size_t n, float *y);
     /* y += x */

@@ -163,7 +163,7 @@ void cli_text_close(cli_text_model *tm) {
     g4_model_free(tm->model);
     if (tm->tpl) g4_chat_template_free(tm->tpl);
     if (tm->tok) g4_tokenizer_free(tm->tok);
-    if (tm->gc.from_file || tm->gc.suppress_ids) g4_generation_config_free(&tm->gc);
+    g4_generation_config_free(&tm->gc); /* safe on the zeroed struct of a failed open */
     memset(tm, 0, sizeof *tm);
 }
 

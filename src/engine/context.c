@@ -10,6 +10,11 @@
 
 static void scratch_free(g4_context *ctx) {
     g4_backend *be = ctx->model->be;
+    for (int t = 0; t < G4_LAYER_TYPES; t++)
+        if (ctx->s.rope[t]) {
+            be->ops->release(be, ctx->s.rope[t]);
+            ctx->s.rope[t] = NULL;
+        }
     void **bufs[] = {(void **)&ctx->s.h,      (void **)&ctx->s.x,       (void **)&ctx->s.o,
                      (void **)&ctx->s.q,      (void **)&ctx->s.k,       (void **)&ctx->s.v,
                      (void **)&ctx->s.attn,   (void **)&ctx->s.gate,    (void **)&ctx->s.up,
@@ -61,6 +66,8 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
         ALLOC(ple_h, n * H);
     }
     ALLOC(logits, (size_t)s->logit_rows * (size_t)c->vocab_size);
+    for (int t = 0; t < G4_LAYER_TYPES; t++)
+        if (c->type_head_dim[t]) ALLOC(rope[t], n * (size_t)c->type_head_dim[t]);
     ALLOC(ids, n);
     ALLOC(seq, n);
     ALLOC(pos, n);
@@ -93,7 +100,9 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->n_batch = p.n_batch;
     ctx->pos_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->rows_host = malloc((size_t)p.n_batch * sizeof(int32_t));
-    if (!ctx->pos_host || !ctx->rows_host) {
+    ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
+    ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
+    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added) {
         g4_fail(err, "out of memory");
         goto fail;
     }
@@ -112,6 +121,8 @@ void g4_context_free(g4_context *ctx) {
     if (ctx->kv.layers) g4_kv_cache_free(&ctx->kv);
     free(ctx->pos_host);
     free(ctx->rows_host);
+    free(ctx->zero_seq);
+    free(ctx->seq_added);
     free(ctx);
 }
 
@@ -151,44 +162,24 @@ int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) 
     const int V = ctx->model->cfg.text.vocab_size;
     if (n <= 0) return g4_fail(err, "empty batch");
     if (n > ctx->n_batch) return g4_fail(err, "batch of %d tokens exceeds the context's limit of %d", n, ctx->n_batch);
-    int32_t *seq0 = NULL;
-    const int32_t *seq = b->seq;
-    if (!seq) {
-        seq0 = calloc((size_t)n, sizeof *seq0);
-        if (!seq0) return g4_fail(err, "out of memory");
-        seq = seq0;
-    }
-    int rc = -1;
+    const int32_t *seq = b->seq ? b->seq : ctx->zero_seq;
+    int *added = ctx->seq_added;
+    memset(added, 0, (size_t)ctx->n_seq * sizeof *added);
     /* positions continue each sequence; check ids, sequences and room */
-    int *added = calloc((size_t)ctx->n_seq, sizeof *added);
-    if (!added) {
-        g4_fail(err, "out of memory");
-        goto done;
-    }
     int n_out = 0;
     for (int i = 0; i < n; i++) {
-        if (b->token[i] < 0 || b->token[i] >= V) {
-            g4_fail(err, "token id %d at batch row %d is outside the vocabulary (0..%d)", b->token[i], i, V - 1);
-            goto done;
-        }
-        if (seq[i] < 0 || seq[i] >= ctx->n_seq) {
-            g4_fail(err, "sequence %d at batch row %d is outside 0..%d", seq[i], i, ctx->n_seq - 1);
-            goto done;
-        }
+        if (b->token[i] < 0 || b->token[i] >= V)
+            return g4_fail(err, "token id %d at batch row %d is outside the vocabulary (0..%d)", b->token[i], i, V - 1);
+        if (seq[i] < 0 || seq[i] >= ctx->n_seq)
+            return g4_fail(err, "sequence %d at batch row %d is outside 0..%d", seq[i], i, ctx->n_seq - 1);
         int p = ctx->kv.seq_len[seq[i]] + added[seq[i]]++;
-        if (p >= ctx->n_ctx) {
-            g4_fail(err, "sequence %d is full: position %d exceeds the context size %d", seq[i], p, ctx->n_ctx);
-            goto done;
-        }
+        if (p >= ctx->n_ctx)
+            return g4_fail(err, "sequence %d is full: position %d exceeds the context size %d", seq[i], p, ctx->n_ctx);
         ctx->pos_host[i] = p;
         if (!b->want_logits || b->want_logits[i]) ctx->rows_host[n_out++] = i;
     }
     g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host};
-    if (g4_forward(ctx, &st, logits, err)) goto done;
+    if (g4_forward(ctx, &st, logits, err)) return -1;
     for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
-    rc = 0;
-done:
-    free(added);
-    free(seq0);
-    return rc;
+    return 0;
 }

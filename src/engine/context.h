@@ -20,6 +20,7 @@ typedef struct g4_scratch {
     float *h, *x, *o, *q, *k, *v, *attn, *gate, *up, *moe_x2, *moe_out;
     float *ple, *ple_t, *ple_g, *ple_h; /* PLE inputs [n, L*P], transposed [L, n, P], gate [n, P], out [n, H] */
     float *logits;                      /* [logit_rows, V] */
+    float *rope[G4_LAYER_TYPES];        /* cos/sin of the step's positions per layer type [n, head_dim] */
     int32_t *ids, *seq, *pos, *out_rows;
     int logit_rows;
 } g4_scratch;
@@ -31,6 +32,8 @@ struct g4_context {
     g4_scratch s;
     int32_t *pos_host;  /* [n_batch] */
     int32_t *rows_host; /* [n_batch] */
+    int32_t *zero_seq;  /* [n_batch] zeros: the sequence ids of a batch that gives none */
+    int *seq_added;     /* [n_seq] tokens a step adds to each sequence */
     float *capture_hidden, *capture_final; /* host, optional */
 };
 

@@ -39,13 +39,13 @@ static void attention_block(g4_context *ctx, int l, int n) {
     g4_scratch *s = &ctx->s;
     const int H = c->hidden_size, NH = c->n_heads, D = c->layer_head_dim[l], KV = c->layer_kv_heads[l];
     const float eps = (float)c->rms_norm_eps;
-    const float *inv_freq = m->inv_freq[c->layer_type[l]];
+    const float *rope = s->rope[c->layer_type[l]];
     const g4_kv_layer *kvl = &ctx->kv.layers[l];
 
     OPS->rmsnorm(be, s->h, y->input_norm, n, H, eps, s->x);
     OPS->matmul(be, s->x, n, y->q_proj, y->q_bias, s->q);
     OPS->rmsnorm(be, s->q, y->q_norm, n * NH, D, eps, s->q);
-    OPS->rope(be, s->q, n, NH, D, s->pos, inv_freq);
+    OPS->rope(be, s->q, n, NH, D, rope);
     if (!c->layer_kv_shared[l]) {
         OPS->matmul(be, s->x, n, y->k_proj, y->k_bias, s->k);
         if (y->v_proj) {
@@ -55,7 +55,7 @@ static void attention_block(g4_context *ctx, int l, int n) {
             OPS->rmsnorm(be, s->k, NULL, n * KV, D, eps, s->v);
         }
         OPS->rmsnorm(be, s->k, y->k_norm, n * KV, D, eps, s->k);
-        OPS->rope(be, s->k, n, KV, D, s->pos, inv_freq);
+        OPS->rope(be, s->k, n, KV, D, rope);
         OPS->kv_store(be, s->k, n, kvl->row, s->seq, s->pos, kvl->k_base, kvl->cap);
         OPS->kv_store(be, s->v, n, kvl->row, s->seq, s->pos, kvl->v_base, kvl->cap);
     }
@@ -148,6 +148,8 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, g4_error *err)
     OPS->to_device(be, s->pos, st->pos, (size_t)n * sizeof(int32_t));
     OPS->to_device(be, s->out_rows, st->out_rows, (size_t)st->n_out * sizeof(int32_t));
 
+    for (int t = 0; t < G4_LAYER_TYPES; t++) /* one cos/sin table per layer type serves every layer */
+        if (c->type_head_dim[t]) OPS->rope_table(be, s->pos, n, m->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
     OPS->embed(be, m->embed, s->ids, n, m->embed_scale, s->h);
     if (c->hidden_size_per_layer_input > 0) per_layer_inputs(ctx, n);
     for (int l = 0; l < c->n_layers; l++) {

@@ -316,11 +316,6 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     if (g4_config_load(dir, &m->cfg, err)) goto fail;
     const g4_text_config *c = &m->cfg.text;
-    for (int t = 0; t < G4_LAYER_TYPES; t++)
-        if (c->type_head_dim[t] > 8192) {
-            g4_fail(err, "%s: head_dim %d is larger than this engine supports (8192)", dir, c->type_head_dim[t]);
-            goto fail;
-        }
     if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
     if (bind_weights(m, err)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {

@@ -95,17 +95,22 @@ static void cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows
 }
 
 /* ------------------------------------------------------------------- rope */
-static void cpu_rope(g4_backend *be, float *x, int n, int heads, int dim, const int32_t *pos,
-                     const float *inv_freq) {
-    int half = dim / 2;
-    float cs[4096], sn[4096]; /* half <= 4096 is checked at model load */
+static void cpu_rope_table(g4_backend *be, const int32_t *pos, int n, const float *inv_freq, int half,
+                           float *table) {
     for (int t = 0; t < n; t++) {
-        float p = (float)pos[t];
+        float p = (float)pos[t], *cs = table + (size_t)t * 2 * (size_t)half, *sn = cs + half;
         for (int k = 0; k < half; k++) {
             float a = inv_freq[k] * p; /* fp32 angle, as the reference computes it */
             cs[k] = cosf(a);
             sn[k] = sinf(a);
         }
+    }
+}
+
+static void cpu_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *table) {
+    int half = dim / 2;
+    for (int t = 0; t < n; t++) {
+        const float *cs = table + (size_t)t * (size_t)dim, *sn = cs + half;
         for (int h = 0; h < heads; h++) {
             float *v = x + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)dim;
             for (int k = 0; k < half; k++) {
@@ -234,7 +239,8 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     size_t need = (size_t)n * (size_t)TK * 2 + (size_t)E + (size_t)H   /* weights, ids, logits, z */
                   + (size_t)n * (size_t)H                               /* gathered x2 rows */
                   + (size_t)n * 2 * (size_t)Im                          /* gate_up out */
-                  + (size_t)n * (size_t)Im + (size_t)n * (size_t)H;     /* act, down out */
+                  + (size_t)n * (size_t)Im + (size_t)n * (size_t)H      /* act, down out */
+                  + (size_t)n * 2;                                      /* routed rows and their weights */
     if (cpu->moe_cap < need) {
         float *nb = realloc(cpu->moe_buf, need * sizeof(float));
         if (!nb) {
@@ -252,6 +258,8 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     float *gu = xs + (size_t)n * H;                  /* [n, 2Im] */
     float *act = gu + (size_t)n * 2 * Im;            /* [n, Im] */
     float *dn = act + (size_t)n * Im;                /* [n, H] */
+    int32_t *rows = (int32_t *)(dn + (size_t)n * H); /* [n] tokens routed to the current expert */
+    float *rw = (float *)(rows + n);                 /* [n] their routing weights */
     const float inv_sqrt_h = 1.0f / sqrtf((float)H);
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
     for (int t = 0; t < n; t++) {
@@ -287,14 +295,6 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     }
     memset(a->out, 0, (size_t)n * H * sizeof(float));
     const size_t esz = (size_t)g4_dtype_bits(a->gate_up->dtype) / 8, dsz = (size_t)g4_dtype_bits(a->down->dtype) / 8;
-    int *rows = (int *)malloc((size_t)n * sizeof(int));
-    float *rw = (float *)malloc((size_t)n * sizeof(float));
-    if (!rows || !rw) {
-        free(rows);
-        free(rw);
-        cpu->failed = 1;
-        return;
-    }
     /* experts in ascending id order, each over the tokens routed to it */
     for (int e = 0; e < E; e++) {
         int m = 0;
@@ -321,8 +321,6 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
         g4_cpu_matmul(cpu, act, m, &dn_w, NULL, dn);
         for (int i = 0; i < m; i++) k->axpy(a->out + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
     }
-    free(rows);
-    free(rw);
 }
 
 static const g4_backend_ops cpu_ops = {
@@ -337,6 +335,7 @@ static const g4_backend_ops cpu_ops = {
     .embed = cpu_embed,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
+    .rope_table = cpu_rope_table,
     .rope = cpu_rope,
     .gelu_mul = cpu_gelu_mul,
     .add = cpu_add,
