@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "tokenizer/chat.h"
+#include "chat/chat.h"
 
 static g4_chat_output parse(const char *text) {
     g4_chat_output o;

@@ -11,7 +11,7 @@
 
 #include "check.h"
 #include "core/mapped_file.h"
-#include "tokenizer/chat.h"
+#include "chat/chat.h"
 #include "tokenizer/tokenizer.h"
 
 #define MAX_TEMPLATES 16

@@ -14,7 +14,7 @@
 
 #include "check.h"
 #include "core/mapped_file.h"
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 
 /* Renders src with the context (JSON text, may be NULL); returns the output or NULL with err. */
 static char *render(const char *src, const char *ctx_json, g4_error *err) {

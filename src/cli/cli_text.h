@@ -11,7 +11,7 @@
 
 #include "engine/generation_config.h"
 #include "gemma4c.h"
-#include "tokenizer/chat.h"
+#include "chat/chat.h"
 #include "tokenizer/tokenizer.h"
 
 #define CLI_MAX_STOPS 16

@@ -11,7 +11,7 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 #include "core/error.h"
-#include "tokenizer/chat.h"
+#include "chat/chat.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "tokenizer/jinja_internal.h"
+#include "jinja/jinja_internal.h"
 
 typedef struct {
     const char *src;

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "tokenizer/jinja_internal.h"
+#include "jinja/jinja_internal.h"
 
 enum { X_OK = 0, X_ERR = -1, X_BREAK = 1, X_CONTINUE = 2 };
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "tokenizer/jinja_internal.h"
+#include "jinja/jinja_internal.h"
 
 #define MAX_NESTING 600 /* ~200 nested brackets; also blocks */
 

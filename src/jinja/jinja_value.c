@@ -7,7 +7,7 @@
 #include <string.h>
 #include <wctype.h>
 
-#include "tokenizer/jinja_internal.h"
+#include "jinja/jinja_internal.h"
 
 /* ------------------------------------------------------------------ arena */
 

@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 
 /* ------------------------------------------------------------------ arena */
 

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tokenizer/jinja_internal.h"
+#include "jinja/jinja_internal.h"
 
 /* ------------------------------------------------------------- arguments */
 

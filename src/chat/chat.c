@@ -1,5 +1,5 @@
 /* Chat template loading and rendering, and parsing of Gemma 4 model output. */
-#include "tokenizer/chat.h"
+#include "chat/chat.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/mapped_file.h"
-#include "tokenizer/jinja.h"
+#include "jinja/jinja.h"
 
 struct g4_chat_template {
     g4_jinja *tpl;
