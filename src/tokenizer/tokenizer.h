@@ -37,9 +37,9 @@ typedef struct g4_tokenizer g4_tokenizer;
 /* path = a tokenizer.json; also reads tokenizer_config.json beside it if present
  * (add_bos_token, add_eos_token, bos_token, eos_token).
  *
- * Cache: a binary form of the parsed file is kept in `<path>.g4c` when that folder is
- * writable, else in $XDG_CACHE_HOME/gemma4c (or ~/.cache/gemma4c) under a name derived from
- * the real path. $G4_TOKENIZER_CACHE_DIR, when set, is the only folder used.
+ * Cache: a binary form of the parsed file is kept in $XDG_CACHE_HOME/gemma4c (or
+ * ~/.cache/gemma4c), never beside the user's files, under a name derived from the real path
+ * of the tokenizer.json. $G4_TOKENIZER_CACHE_DIR, when set, is the folder used instead.
  * $G4_NO_TOKENIZER_CACHE=1 disables reading and writing it. A cache records the size, the
  * modification time and a hash of the first and last MiB of the tokenizer.json, a format
  * version and a checksum of its whole content, and its tables are checked for consistency
