@@ -89,6 +89,8 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     if (p.n_seq_max > 65536 || p.n_ctx > (1 << 24) || p.n_batch > (1 << 20))
         return g4_fail(err, "context too large (%d sequences, %d positions, batch %d)", p.n_seq_max, p.n_ctx,
                        p.n_batch);
+    if (p.kv_type != G4_KV_F32)
+        return g4_fail(err, "KV cache type %d is not supported yet (only G4_KV_F32)", (int)p.kv_type);
     if (p.n_ctx > c->max_position_embeddings)
         return g4_fail(err, "n_ctx %d exceeds the model's max_position_embeddings %d", p.n_ctx,
                        c->max_position_embeddings);
@@ -102,7 +104,8 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->rows_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
     ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
-    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added) {
+    ctx->seq_tokens = malloc((size_t)p.n_seq_max * (size_t)p.n_ctx * sizeof(int32_t));
+    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens) {
         g4_fail(err, "out of memory");
         goto fail;
     }
@@ -123,10 +126,12 @@ void g4_context_free(g4_context *ctx) {
     free(ctx->rows_host);
     free(ctx->zero_seq);
     free(ctx->seq_added);
+    free(ctx->seq_tokens);
     free(ctx);
 }
 
 int g4_context_n_ctx(const g4_context *ctx) { return ctx->n_ctx; }
+g4_model *g4_context_model(const g4_context *ctx) { return ctx->model; }
 
 void g4_seq_reset(g4_context *ctx, int seq) {
     if (seq >= 0 && seq < ctx->n_seq) ctx->kv.seq_len[seq] = 0;
@@ -150,6 +155,15 @@ int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err) {
 
 int g4_seq_length(const g4_context *ctx, int seq) {
     return (seq >= 0 && seq < ctx->n_seq) ? ctx->kv.seq_len[seq] : -1;
+}
+
+const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n) {
+    if (seq < 0 || seq >= ctx->n_seq) {
+        *n = 0;
+        return NULL;
+    }
+    *n = ctx->kv.seq_len[seq];
+    return ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx;
 }
 
 void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm) {
@@ -180,6 +194,7 @@ int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) 
     }
     g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host};
     if (g4_forward(ctx, &st, logits, err)) return -1;
+    for (int i = 0; i < n; i++) ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] = b->token[i];
     for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
     return 0;
 }

@@ -128,6 +128,7 @@ static void head(g4_context *ctx, const g4_step *st, float *logits) {
     OPS->get_rows(be, s->h, s->out_rows, st->n_out, H, s->x);
     OPS->rmsnorm(be, s->x, m->final_norm, st->n_out, H, (float)c->rms_norm_eps, s->x);
     if (ctx->capture_final) OPS->to_host(be, ctx->capture_final, s->x, (size_t)st->n_out * H * sizeof(float));
+    if (!logits) return; /* only the final norm was wanted (g4_embed) */
     for (int r0 = 0; r0 < st->n_out; r0 += s->logit_rows) {
         int nr = st->n_out - r0 < s->logit_rows ? st->n_out - r0 : s->logit_rows;
         OPS->matmul(be, s->x + (size_t)r0 * H, nr, m->lm_head, NULL, s->logits);
