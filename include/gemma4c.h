@@ -96,7 +96,7 @@ typedef enum g4_kv_type { G4_KV_F32 = 0, G4_KV_BF16 = 1, G4_KV_F16 = 2 } g4_kv_t
 
 typedef struct g4_context_params {
     int n_seq_max;      /* sequences that can be live at once (default 1) */
-    int n_ctx;          /* maximum positions per sequence (default: model max, capped at 4096) */
+    int n_ctx;          /* maximum positions per sequence (default: model max, capped at 8192) */
     int n_batch;        /* maximum tokens in one g4_decode call (default 512) */
     g4_kv_type kv_type; /* how the KV cache stores keys and values (default G4_KV_F32) */
 } g4_context_params;

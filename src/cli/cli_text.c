@@ -132,10 +132,7 @@ int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
         goto fail;
     }
     const int max_pos = g4_model_n_ctx_train(tm->model);
-    int n_ctx = (int)opt->n_ctx;
-    if (n_ctx <= 0) n_ctx = max_pos < 8192 ? max_pos : 8192;
-    if (n_ctx > max_pos) n_ctx = max_pos;
-    g4_context_params cp = {.n_seq_max = 1, .n_ctx = n_ctx, .n_batch = 512};
+    g4_context_params cp = {.n_ctx = opt->n_ctx < max_pos ? (int)opt->n_ctx : max_pos}; /* 0: the library's default */
     if (g4_context_new(tm->model, &cp, &tm->ctx, &err) == 0) return 0;
     cli_error("%s", err.msg);
 fail:

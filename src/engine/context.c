@@ -84,7 +84,7 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     if (params) p = *params;
     const g4_text_config *c = &model->cfg.text;
     if (p.n_seq_max <= 0) p.n_seq_max = 1;
-    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 8192 ? c->max_position_embeddings : 8192;
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_seq_max > 65536 || p.n_ctx > (1 << 24) || p.n_batch > (1 << 20))
         return g4_fail(err, "context too large (%d sequences, %d positions, batch %d)", p.n_seq_max, p.n_ctx,
