@@ -53,6 +53,14 @@ typedef struct g4_error {
     char msg[512];
 } g4_error;
 
+/* Writes a one-line message (printf format; newlines become spaces) into err, if non-NULL, and
+ * returns -1: `return g4_fail(err, "...", ...);` reports a failure the library's way. */
+G4_API int g4_fail(g4_error *err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* Releases memory the library returned (strings, id arrays). NULL is allowed. */
 G4_API void g4_free(void *p);
 

@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,25 +10,14 @@
 
 #include "cli/commands.h"
 
-int cli_fail(g4_error *err, const char *fmt, ...) {
-    if (!err) return -1;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-    for (char *p = err->msg; *p; p++)
-        if (*p == '\n') *p = ' ';
-    return -1;
-}
-
 int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err) {
     *ids = NULL;
     *n = 0;
-    if (!s || !*s) return cli_fail(err, "--ids: empty list");
+    if (!s || !*s) return g4_fail(err, "--ids: empty list");
     size_t cap = 1;
     for (const char *p = s; *p; p++) cap += *p == ',';
     int32_t *v = malloc(cap * sizeof *v);
-    if (!v) return cli_fail(err, "out of memory");
+    if (!v) return g4_fail(err, "out of memory");
     const char *p = s;
     int k = 0;
     for (;;) {
@@ -39,7 +27,7 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err) {
         long x = strtol(p, &end, 10);
         if (end == p || errno || x < 0 || x > INT32_MAX) {
             free(v);
-            return cli_fail(err, "--ids: '%.32s' is not a token id (ids are non-negative integers, comma-separated)", p);
+            return g4_fail(err, "--ids: '%.32s' is not a token id (ids are non-negative integers, comma-separated)", p);
         }
         v[k++] = (int32_t)x;
         p = end;
@@ -47,7 +35,7 @@ int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err) {
         if (!*p) break;
         if (*p != ',') {
             free(v);
-            return cli_fail(err, "--ids: unexpected '%c' (ids are comma-separated)", *p);
+            return g4_fail(err, "--ids: unexpected '%c' (ids are comma-separated)", *p);
         }
         p++;
     }
@@ -118,9 +106,9 @@ int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user
         g4_error err = {{0}};
         json_t *out = NULL;
         if (!o)
-            cli_fail(&err, "invalid JSON: %s (column %d)", je.text, je.column);
+            g4_fail(&err, "invalid JSON: %s (column %d)", je.text, je.column);
         else if (!json_is_object(o))
-            cli_fail(&err, "a line must be a JSON object");
+            g4_fail(&err, "a line must be a JSON object");
         else
             out = fn(o, user, &err);
         if (out) {

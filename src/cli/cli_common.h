@@ -9,9 +9,6 @@
 
 #include "gemma4c.h"
 
-/* Writes a one-line message into err (if non-NULL); returns -1. */
-int cli_fail(g4_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 /* Parses "2,17,99" into a heap array; returns -1 with a message on bad input. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err);
 /* Parses a whole decimal integer / float option value. */

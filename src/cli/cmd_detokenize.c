@@ -35,17 +35,17 @@ static json_t *detokenize_line(const json_t *in, void *user, g4_error *err) {
     const detokenize_job *job = user;
     const json_t *ids = json_object_get(in, "ids");
     const json_t *skip = json_object_get(in, "skip_special_tokens");
-    if (!json_is_array(ids)) return cli_fail(err, "\"ids\" must be an array of integers"), NULL;
+    if (!json_is_array(ids)) return g4_fail(err, "\"ids\" must be an array of integers"), NULL;
     if (skip && !json_is_null(skip) && !json_is_boolean(skip))
-        return cli_fail(err, "\"skip_special_tokens\" must be true or false"), NULL;
+        return g4_fail(err, "\"skip_special_tokens\" must be true or false"), NULL;
     size_t n = json_array_size(ids);
     int32_t *v = malloc((n ? n : 1) * sizeof *v);
-    if (!v) return cli_fail(err, "out of memory"), NULL;
+    if (!v) return g4_fail(err, "out of memory"), NULL;
     for (size_t i = 0; i < n; i++) {
         const json_t *x = json_array_get(ids, i);
         if (!json_is_integer(x) || json_integer_value(x) < INT32_MIN || json_integer_value(x) > INT32_MAX) {
             free(v);
-            return cli_fail(err, "\"ids\"[%zu] is not an integer token id", i), NULL;
+            return g4_fail(err, "\"ids\"[%zu] is not an integer token id", i), NULL;
         }
         v[i] = (int32_t)json_integer_value(x);
     }
@@ -57,7 +57,7 @@ static json_t *detokenize_line(const json_t *in, void *user, g4_error *err) {
     if (rc) return NULL;
     json_t *out = json_stringn(text, len);
     free(text);
-    if (!out) cli_fail(err, "the decoded text cannot be written as JSON");
+    if (!out) g4_fail(err, "the decoded text cannot be written as JSON");
     return out;
 }
 

@@ -33,17 +33,17 @@ static void usage(FILE *f) {
 static json_t *render_line(const json_t *in, void *user, g4_error *err) {
     const g4_chat_template *t = user;
     if (!json_is_array(json_object_get(in, "messages")))
-        return cli_fail(err, "\"messages\" must be a list of messages"), NULL;
+        return g4_fail(err, "\"messages\" must be a list of messages"), NULL;
     char *request = json_dumps(in, JSON_COMPACT), *text = NULL;
     size_t text_len = 0;
     g4_chat *chat = NULL;
-    int rc = request ? g4_chat_new(t, request, &chat, err) : cli_fail(err, "out of memory");
+    int rc = request ? g4_chat_new(t, request, &chat, err) : g4_fail(err, "out of memory");
     if (rc == 0) rc = g4_chat_render(chat, &text, &text_len, err);
     g4_chat_free(chat);
     free(request);
     json_t *s = rc ? NULL : json_stringn(text, text_len);
     g4_free(text);
-    if (!rc && !s) cli_fail(err, "the rendered text is not valid UTF-8");
+    if (!rc && !s) g4_fail(err, "the rendered text is not valid UTF-8");
     return s;
 }
 

@@ -40,16 +40,16 @@ static json_t *tokenize_line(const json_t *in, void *user, g4_error *err) {
     const tokenize_job *job = user;
     const json_t *text = json_object_get(in, "text");
     const json_t *specials = json_object_get(in, "add_special_tokens");
-    if (!json_is_string(text)) return cli_fail(err, "\"text\" must be a string"), NULL;
+    if (!json_is_string(text)) return g4_fail(err, "\"text\" must be a string"), NULL;
     if (specials && !json_is_null(specials) && !json_is_boolean(specials))
-        return cli_fail(err, "\"add_special_tokens\" must be true or false"), NULL;
+        return g4_fail(err, "\"add_special_tokens\" must be true or false"), NULL;
     int add = json_is_boolean(specials) ? json_is_true(specials) : job->default_specials;
     g4_tokens t = {0};
     if (g4_tokenize(job->tok, json_string_value(text), json_string_length(text), add, &t, err)) return NULL;
     json_t *arr = json_array();
     for (size_t i = 0; arr && i < t.n; i++) json_array_append_new(arr, json_integer(t.ids[i]));
     free(t.ids);
-    if (!arr) cli_fail(err, "out of memory");
+    if (!arr) g4_fail(err, "out of memory");
     return arr;
 }
 
