@@ -71,11 +71,11 @@ typedef struct g4_tokenizer g4_tokenizer;
 typedef struct g4_chat_template g4_chat_template;
 
 typedef struct g4_load_params {
-    int n_threads; /* 0: all cores */
+    int n_threads;      /* CPU threads; 0: all cores */
+    const char *device; /* "cpu", "cuda"; NULL or "auto": cuda when built and present */
     /* Called while weights are bound/paged in; fraction in [0,1]. May be NULL. */
     void (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
-    const char *device; /* "cpu", "cuda", or NULL: CUDA when built with it and a GPU is present, else the CPU */
 } g4_load_params;
 
 /* Loads a model folder: config.json and the weights (*.safetensors [+ index]), and beside them,
@@ -88,6 +88,10 @@ G4_API void g4_model_free(g4_model *model);
 G4_API int g4_model_vocab_size(const g4_model *model);
 G4_API int g4_model_n_layers(const g4_model *model);
 G4_API int g4_model_hidden_size(const g4_model *model);
+/* The backend the model runs on ("cpu" or "cuda"). */
+G4_API const char *g4_model_device(const g4_model *model);
+/* Backends this build contains, e.g. "cpu" or "cpu, cuda". */
+G4_API const char *g4_backends(void);
 /* The longest sequence the model was trained for (max_position_embeddings). */
 G4_API int g4_model_n_ctx_train(const g4_model *model);
 /* Warnings gathered while loading (unexpected tensors, ...): lines ending in '\n', or NULL. */
@@ -100,13 +104,22 @@ G4_API const g4_chat_template *g4_model_chat_template(const g4_model *model);
 
 typedef struct g4_context g4_context;
 
+/* Element type of the KV cache. */
 typedef enum g4_kv_type { G4_KV_F32 = 0, G4_KV_BF16 = 1, G4_KV_F16 = 2 } g4_kv_type;
 
+/* The KV cache is paged: positions are kept in blocks of kv_block_size rows taken from one pool per layer
+ * type. Full-attention layers hold ceil(length / kv_block_size) blocks per sequence; sliding-window layers
+ * hold only the blocks their window still needs plus n_batch positions of history for roll-backs
+ * (about (window + n_batch) / kv_block_size). */
 typedef struct g4_context_params {
-    int n_seq_max;      /* sequences that can be live at once (default 1) */
-    int n_ctx;          /* maximum positions per sequence (default: model max, capped at 8192) */
-    int n_batch;        /* maximum tokens in one g4_decode call (default 512) */
-    g4_kv_type kv_type; /* how the KV cache stores keys and values (default G4_KV_F32) */
+    int n_seq_max;     /* sequences that can be live at once (default 1) */
+    int n_ctx;         /* maximum positions per sequence (default: model max, capped at 8192) */
+    int n_batch;       /* maximum tokens in one g4_decode call (default 512) */
+    g4_kv_type kv_type;/* default G4_KV_F32 */
+    int kv_block_size; /* positions per block (default 32) */
+    int n_kv_blocks;   /* blocks of the full-attention pool (default: every sequence can reach n_ctx);
+                          fewer blocks let more sequences share memory, and a step that finds no free block
+                          fails with a message that says so (nothing is changed) */
 } g4_context_params;
 
 G4_API int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);
@@ -119,14 +132,19 @@ G4_API int g4_context_n_ctx(const g4_context *ctx);
 /* Forget everything sequence `seq` has processed (its next position is 0). */
 G4_API void g4_seq_reset(g4_context *ctx, int seq);
 /* Rolls sequence `seq` back to its first n positions (to reuse a shared prefix).
- * Sliding-window layers keep a ring, so a roll-back of more than n_batch positions
- * may be impossible: then it fails and the caller resets the sequence instead. */
+ * Sliding-window layers keep only the window's rows plus n_batch more, so a roll-back by more than
+ * n_batch positions may be impossible: then it fails, nothing changes, and the caller resets the
+ * sequence instead. */
 G4_API int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err);
 /* Number of positions sequence `seq` has processed. */
 G4_API int g4_seq_length(const g4_context *ctx, int seq);
 /* The token ids sequence `seq` holds, in position order (*n = g4_seq_length). Valid until the
  * next call that changes the sequence. */
 G4_API const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n);
+/* Free blocks of the full-attention pool (of the sliding pool for a model without full layers). */
+G4_API int g4_kv_free_blocks(const g4_context *ctx);
+/* Bytes the KV cache holds in backend memory. */
+G4_API size_t g4_kv_bytes(const g4_context *ctx);
 
 /* One batch step.  Tokens of one sequence must be contiguous in the batch and
  * in position order; each sequence's tokens continue at g4_seq_length(seq).
@@ -141,6 +159,9 @@ typedef struct g4_batch {
 } g4_batch;
 
 G4_API int g4_decode(g4_context *ctx, const g4_batch *batch, float *logits, g4_error *err);
+/* The same step, giving for each wanted row only the id of its largest logit (lowest id on ties) in `ids`:
+ * greedy decoding without copying logits back from the device. */
+G4_API int g4_decode_greedy(g4_context *ctx, const g4_batch *batch, int32_t *ids, g4_error *err);
 
 /* Optional per-layer capture for tests and debugging: when set, the next
  * g4_decode copies the hidden state after every layer ([n_layers][n_tokens][H])

@@ -13,10 +13,11 @@ int main(void) {
     int n = 0, first;
     printf("{");
     BEGIN(g4_error); FIELD(g4_error, msg); END();
-    BEGIN(g4_load_params); FIELD(g4_load_params, n_threads); FIELD(g4_load_params, progress);
-    FIELD(g4_load_params, progress_user); FIELD(g4_load_params, device); END();
+    BEGIN(g4_load_params); FIELD(g4_load_params, n_threads); FIELD(g4_load_params, device);
+    FIELD(g4_load_params, progress); FIELD(g4_load_params, progress_user); END();
     BEGIN(g4_context_params); FIELD(g4_context_params, n_seq_max); FIELD(g4_context_params, n_ctx);
-    FIELD(g4_context_params, n_batch); FIELD(g4_context_params, kv_type); END();
+    FIELD(g4_context_params, n_batch); FIELD(g4_context_params, kv_type); FIELD(g4_context_params, kv_block_size);
+    FIELD(g4_context_params, n_kv_blocks); END();
     BEGIN(g4_tokens); FIELD(g4_tokens, ids); FIELD(g4_tokens, n); FIELD(g4_tokens, cap); END();
     BEGIN(g4_chat_message); FIELD(g4_chat_message, content); FIELD(g4_chat_message, thinking);
     FIELD(g4_chat_message, tool_calls); FIELD(g4_chat_message, n_tool_calls); END();

@@ -52,11 +52,12 @@ class _Error(ctypes.Structure):
 
 
 class _LoadParams(ctypes.Structure):
-    _fields_ = [("n_threads", c_int), ("progress", PROGRESS_FN), ("progress_user", c_void_p), ("device", c_char_p)]
+    _fields_ = [("n_threads", c_int), ("device", c_char_p), ("progress", PROGRESS_FN), ("progress_user", c_void_p)]
 
 
 class _ContextParams(ctypes.Structure):
-    _fields_ = [("n_seq_max", c_int), ("n_ctx", c_int), ("n_batch", c_int), ("kv_type", c_int)]
+    _fields_ = [("n_seq_max", c_int), ("n_ctx", c_int), ("n_batch", c_int), ("kv_type", c_int),
+                ("kv_block_size", c_int), ("n_kv_blocks", c_int)]
 
 
 class _Tokens(ctypes.Structure):
@@ -220,13 +221,13 @@ class Model:
     def __init__(self, path, *, threads=0, device=None, n_ctx=0, progress=None):
         err, handle = _Error(), c_void_p()
         callback = PROGRESS_FN(lambda f, what, user: progress(f, what.decode())) if progress else PROGRESS_FN()
-        lp = _LoadParams(threads, callback, None, device.encode() if device else None)
+        lp = _LoadParams(threads, device.encode() if device else None, callback, None)
         self._model = self._ctx = None
         self._active = None
         _check(_model_load(os.fsencode(path), ctypes.byref(lp), ctypes.byref(handle), ctypes.byref(err)), err)
         self._model = handle
         ctx = c_void_p()
-        cp = _ContextParams(1, n_ctx, 0, 0)
+        cp = _ContextParams(n_seq_max=1, n_ctx=n_ctx)
         try:
             _check(_context_new(self._model, ctypes.byref(cp), ctypes.byref(ctx), ctypes.byref(err)), err)
         except Error:

@@ -30,6 +30,9 @@ int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user
  * returns NULL on failure. */
 g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file);
 
+/* The --device value of the command line (NULL: automatic); main() takes it out of argv. */
+extern const char *cli_device;
+
 /* Loads a model, showing a progress line on stderr when it is a terminal and the
  * weights are large; prints load warnings. Returns NULL after printing the error. */
 g4_model *cli_load_model(const char *dir, int n_threads);

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/strbuf.h"
 #include "engine/context.h"
+#include "engine/sampler.h"
 #include "engine/stop.h"
 #include "tokenizer/tokenizer.h"
 
@@ -43,6 +44,8 @@ struct g4_generation {
     int32_t *ids;             /* generated, capacity max_new */
     int n_ids;
     float *logits;            /* [vocab]: the last step's */
+    int greedy;               /* plain argmax: the model step picks the id (g4_decode_greedy) */
+    int32_t picked;           /* that id */
     int32_t *seqs;            /* [n_batch] all `seq` */
     uint8_t *want;            /* [n_batch] */
     g4_finish finish;
@@ -131,19 +134,23 @@ static int cancelled(g4_generation *g) { return atomic_load_explicit(&g->cancel,
 
 /* Runs the model: the rest of the prompt (checking for a cancel between chunks), or the last
  * token. Returns 1 when cancelled, 0 with fresh logits, -1 on error. */
+static int model_step(g4_generation *g, const g4_batch *b) {
+    return g->greedy ? g4_decode_greedy(g->ctx, b, &g->picked, &g->err) : g4_decode(g->ctx, b, g->logits, &g->err);
+}
+
 static int run_model(g4_generation *g) {
     g4_context *ctx = g->ctx;
     if (cancelled(g)) return 1;
     if (g->n_fed == g->n_prompt) {
         g4_batch b = {1, &g->ids[g->n_ids - 1], g->seqs, NULL};
-        return g4_decode(ctx, &b, g->logits, &g->err);
+        return model_step(g, &b);
     }
     while (g->n_fed < g->n_prompt) {
         if (g->n_fed > g->n_cached && cancelled(g)) return 1;
         int k = g->n_prompt - g->n_fed < ctx->n_batch ? g->n_prompt - g->n_fed : ctx->n_batch;
         for (int j = 0; j < k; j++) g->want[j] = g->n_fed + j == g->n_prompt - 1;
         g4_batch b = {k, g->prompt + g->n_fed, g->seqs, g->want};
-        if (g4_decode(ctx, &b, g->logits, &g->err)) return -1;
+        if (model_step(g, &b)) return -1;
         g->n_fed += k;
     }
     return 0;
@@ -158,7 +165,7 @@ static int is_stop_id(const g4_generation *g, int32_t id) {
 static int step(g4_generation *g) {
     int r = run_model(g);
     if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
-    int32_t id = g4_sampler_sample(g->sampler, g->logits);
+    int32_t id = g->greedy ? g->picked : g4_sampler_sample(g->sampler, g->logits);
     if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
     g->ids[g->n_ids++] = id;
     g4_sampler_accept(g->sampler, id);
@@ -263,6 +270,8 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     if (p->sampling) sp = *p->sampling;
     else g4_model_sampler_params(m, &sp);
     if (g4_sampler_new(&sp, V, &g->sampler, err)) return -1;
+    /* argmax with nothing that changes logits: the model step finds it (no logits copied back) */
+    g->greedy = g4_sampler_is_argmax(g->sampler);
     g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
 
     const int n_eos = p->ignore_eos ? 0 : m->gen_config.n_eos;

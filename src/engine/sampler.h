@@ -53,6 +53,10 @@ int g4_sampler_params_check(const g4_sampler_params *p, int vocab_size, g4_error
  * non-zero, or -1 as above (then probs is all zero). Consumes no random numbers. */
 int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs);
 
+/* 1 when sample() is the plain argmax of the logits (greedy, no bias, suppression or penalty),
+ * so a model step may pick the id itself (g4_decode_greedy). */
+int g4_sampler_is_argmax(const g4_sampler *s);
+
 /* The parameters the sampler was created with (arrays point at its own copies). */
 const g4_sampler_params *g4_sampler_get_params(const g4_sampler *s);
 
