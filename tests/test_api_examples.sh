@@ -25,6 +25,8 @@ export PKG_CONFIG_PATH=$pc
 libdir=$(pkg-config --variable=libdir gemma4c)
 [ -f "$libdir/libgemma4c.so" ] && [ -f "$libdir/libgemma4c.a" ] && [ -f "$(pkg-config --variable=includedir gemma4c)/gemma4c.h" ]
 check $? "gemma4c.pc points at the installed library and header ($libdir)"
+"$tmp/prefix/bin/gemma4c" --version | grep -q "^gemma4c $(pkg-config --modversion gemma4c) "
+check $? "the installed gemma4c runs on the installed library (version $(pkg-config --modversion gemma4c))"
 
 # the examples, taken from the documentation itself
 example() { awk -v tag="<!-- example: $1 -->" '$0 == tag {on = 1; next} on && /^```/ {if (inside) exit; inside = 1; next} inside' "$src/docs/api.md"; }

@@ -120,7 +120,7 @@ static int finish(g4_generation *g, g4_finish why) {
     size_t n;
     if (g4_detok_stream_flush(g->detok, &t, &n) == 0 && decoded(g, t, n)) return -1;
     if (g->parser && g4_chat_parser_finish(g->parser, &g->err)) return -1;
-    if (g->stop && !g->stopped_by_string) {
+    if (g->stop) {
         g4_stop_result r;
         g4_stop_flush(g->stop, &r);
         if (r.len && queue(g, G4_EVENT_TEXT, -1, r.text, r.len)) return -1;
@@ -132,12 +132,13 @@ static int finish(g4_generation *g, g4_finish why) {
 
 static int cancelled(g4_generation *g) { return atomic_load_explicit(&g->cancel, memory_order_relaxed) != 0; }
 
-/* Runs the model: the rest of the prompt (checking for a cancel between chunks), or the last
- * token. Returns 1 when cancelled, 0 with fresh logits, -1 on error. */
+/* One batch step: logits for the sampler, or with a plain argmax the picked id itself. */
 static int model_step(g4_generation *g, const g4_batch *b) {
     return g->greedy ? g4_decode_greedy(g->ctx, b, &g->picked, &g->err) : g4_decode(g->ctx, b, g->logits, &g->err);
 }
 
+/* Runs the model: the rest of the prompt (checking for a cancel between chunks), or the last
+ * token. Returns 1 when cancelled, 0 with a fresh result, -1 on error. */
 static int run_model(g4_generation *g) {
     g4_context *ctx = g->ctx;
     if (cancelled(g)) return 1;
