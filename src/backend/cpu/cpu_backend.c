@@ -347,6 +347,10 @@ static const g4_backend_ops cpu_ops = {
     .transpose = cpu_transpose,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .attention_dense = g4_cpu_attention_dense,
+    .clamp = g4_cpu_clamp,
+    .shift_scale_cols = g4_cpu_shift_scale_cols,
+    .gather_sum = g4_cpu_gather_sum,
     .moe = cpu_moe,
 };
 
