@@ -75,6 +75,15 @@ typedef struct g4_batch {
     const int32_t *token;
     const int32_t *seq;          /* NULL: every token belongs to sequence 0 */
     const uint8_t *want_logits;  /* NULL: logits for every row */
+    /* Multimodal input (image, video or audio soft tokens): each row whose token is one of the model's
+     * soft-token placeholders takes, in batch order, the next row of embd [n_embd, hidden] as its input
+     * embedding (used as given, not scaled); the per-layer-embedding path sees such a row as the pad token.
+     * With embd NULL, placeholders are embedded as the pad token; otherwise their count must equal n_embd.
+     * A run of consecutive image/video placeholders of one sequence is one image or frame: on a model with
+     * use_bidirectional_attention "vision" its tokens also see the later tokens of the run (sliding layers),
+     * so a run must not be split across batch steps. */
+    const float *embd;
+    int n_embd;
 } g4_batch;
 
 int g4_decode(g4_context *ctx, const g4_batch *batch, float *logits, g4_error *err);

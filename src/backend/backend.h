@@ -18,12 +18,15 @@ typedef struct g4_backend g4_backend;
  * Token t belongs to sequence seq[t] at absolute position pos[t]. Key/value rows
  * of sequence s live at k_base[s] / v_base[s]; the row of position p is slot
  * (p % cap) and holds n_kv_heads * head_dim floats. Keys of token t are the
- * positions (window ? max(0, pos-window+1) : 0) .. pos[t]. */
+ * positions lo .. hi-1 with lo = window ? max(0, pos-window+1) : 0 and
+ * hi = kv_end ? kv_end[t] : pos[t]+1 (kv_end lets a token see later tokens of its image,
+ * docs/gemma4-towers.md 2.7; those rows are written in the same step before attention). */
 typedef struct g4_attention_args {
     const float *q;           /* [n_tokens, n_heads, head_dim] */
     float *out;               /* [n_tokens, n_heads, head_dim] */
     int n_tokens, n_heads, n_kv_heads, head_dim;
     const int32_t *seq, *pos; /* [n_tokens] */
+    const int32_t *kv_end;    /* [n_tokens] or NULL */
     float *const *k_base;     /* indexed by sequence */
     float *const *v_base;
     int cap;                  /* rows per sequence in the cache (ring size for sliding layers) */

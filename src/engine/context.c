@@ -21,7 +21,7 @@ static void scratch_free(g4_context *ctx) {
                      (void **)&ctx->s.moe_x2, (void **)&ctx->s.moe_out, (void **)&ctx->s.ple,
                      (void **)&ctx->s.ple_t,  (void **)&ctx->s.ple_g,   (void **)&ctx->s.ple_h,
                      (void **)&ctx->s.logits, (void **)&ctx->s.ids,     (void **)&ctx->s.seq,
-                     (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows};
+                     (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows, (void **)&ctx->s.kv_end};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i]) be->ops->release(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -72,6 +72,7 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(seq, n);
     ALLOC(pos, n);
     ALLOC(out_rows, n);
+    ALLOC(kv_end, n);
 #undef ALLOC
     return 0;
 oom:
@@ -102,7 +103,11 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->rows_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
     ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
-    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added) {
+    ctx->ids_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->kv_end_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->embedded_host = malloc((size_t)p.n_batch);
+    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->ids_host ||
+        !ctx->kv_end_host || !ctx->embedded_host) {
         g4_fail(err, "out of memory");
         goto fail;
     }
@@ -123,6 +128,9 @@ void g4_context_free(g4_context *ctx) {
     free(ctx->rows_host);
     free(ctx->zero_seq);
     free(ctx->seq_added);
+    free(ctx->ids_host);
+    free(ctx->kv_end_host);
+    free(ctx->embedded_host);
     free(ctx);
 }
 
@@ -157,6 +165,61 @@ void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_n
     ctx->capture_final = final_norm;
 }
 
+int g4_mm_placeholder(const g4_model *m, int32_t id) {
+    const g4_model_config *c = &m->cfg;
+    if (!c->multimodal_wrapper) return 0;
+    return id == c->image_token_id ? 1 : id == c->video_token_id ? 2 : id == c->audio_token_id ? 3 : 0;
+}
+
+static int in_block(const g4_model *m, int32_t id) {
+    int k = g4_mm_placeholder(m, id);
+    return k == 1 || k == 2;
+}
+
+int g4_batch_len(const g4_model *m, const int32_t *ids, int n, int max, int *len, g4_error *err) {
+    if (n <= max) {
+        *len = n;
+        return 0;
+    }
+    int end = max;
+    while (end > 0 && in_block(m, ids[end - 1]) && in_block(m, ids[end])) end--;
+    if (end == 0) {
+        int run = 0;
+        while (run < n && in_block(m, ids[run])) run++;
+        return g4_fail(err, "an image of %d soft tokens does not fit a batch of %d tokens (its tokens must be "
+                            "processed in one step)", run, max);
+    }
+    *len = end;
+    return 0;
+}
+
+/* Marks the rows that take embedding rows, maps their ids to the pad token, and gives the tokens of
+ * image/video runs their kv_end (2.7). Returns the number of embedded rows. */
+static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *seq, g4_error *err) {
+    const g4_model *m = ctx->model;
+    const int n = b->n_tokens, use_embd = b->embd != NULL;
+    int n_mm = 0, bidi = 0;
+    for (int i = 0; i < n; i++) {
+        int kind = g4_mm_placeholder(m, b->token[i]);
+        ctx->embedded_host[i] = kind && use_embd;
+        ctx->ids_host[i] = kind ? m->cfg.text.pad_token_id : b->token[i];
+        ctx->kv_end_host[i] = ctx->pos_host[i] + 1;
+        n_mm += kind != 0;
+        bidi |= kind == 1 || kind == 2;
+    }
+    if (!use_embd) return b->n_embd ? g4_fail(err, "n_embd is %d but embd is NULL", b->n_embd) : 0;
+    if (n_mm != b->n_embd)
+        return g4_fail(err, "the batch has %d soft-token placeholders but %d embedding rows", n_mm, b->n_embd);
+    if (bidi && m->cfg.text.bidirectional_vision)
+        for (int i = 0; i < n;) {
+            int j = i;
+            while (j < n && in_block(m, b->token[j]) && seq[j] == seq[i]) j++;
+            for (int r = i; r < j; r++) ctx->kv_end_host[r] = ctx->pos_host[j - 1] + 1;
+            i = j > i ? j : i + 1;
+        }
+    return n_mm;
+}
+
 int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) {
     const int n = b->n_tokens;
     const int V = ctx->model->cfg.text.vocab_size;
@@ -178,7 +241,10 @@ int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) 
         ctx->pos_host[i] = p;
         if (!b->want_logits || b->want_logits[i]) ctx->rows_host[n_out++] = i;
     }
-    g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host};
+    int n_mm = multimodal_rows(ctx, b, seq, err);
+    if (n_mm < 0) return -1;
+    g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host,
+                  n_mm ? ctx->kv_end_host : NULL, n_mm ? b->embd : NULL, ctx->embedded_host};
     if (g4_forward(ctx, &st, logits, err)) return -1;
     for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
     return 0;

@@ -10,9 +10,12 @@
  * at absolute position pos[i]; out_rows lists the rows whose logits are wanted. */
 typedef struct g4_step {
     int n;
-    const int32_t *ids, *seq, *pos; /* host arrays */
+    const int32_t *ids, *seq, *pos; /* host arrays; placeholders of embedded rows already mapped to the pad id */
     int n_out;
     const int32_t *out_rows;
+    const int32_t *kv_end;          /* host [n] or NULL: see g4_attention_args (sliding layers only) */
+    const float *embd;              /* host [n_embd, H] or NULL: input rows of the embedded rows, in order */
+    const uint8_t *embedded;        /* host [n]: 1 on rows that take the next embd row */
 } g4_step;
 
 typedef struct g4_scratch {
@@ -21,7 +24,7 @@ typedef struct g4_scratch {
     float *ple, *ple_t, *ple_g, *ple_h; /* PLE inputs [n, L*P], transposed [L, n, P], gate [n, P], out [n, H] */
     float *logits;                      /* [logit_rows, V] */
     float *rope[G4_LAYER_TYPES];        /* cos/sin of the step's positions per layer type [n, head_dim] */
-    int32_t *ids, *seq, *pos, *out_rows;
+    int32_t *ids, *seq, *pos, *out_rows, *kv_end;
     int logit_rows;
 } g4_scratch;
 
@@ -31,11 +34,23 @@ struct g4_context {
     g4_kv_cache kv;
     g4_scratch s;
     int32_t *pos_host;  /* [n_batch] */
+    int32_t *ids_host;  /* [n_batch] the step's ids as the embedding lookup sees them */
+    int32_t *kv_end_host; /* [n_batch] */
+    uint8_t *embedded_host; /* [n_batch] */
     int32_t *rows_host; /* [n_batch] */
     int32_t *zero_seq;  /* [n_batch] zeros: the sequence ids of a batch that gives none */
     int *seq_added;     /* [n_seq] tokens a step adds to each sequence */
     float *capture_hidden, *capture_final; /* host, optional */
 };
+
+/* What a token id is to the multimodal merge (docs/gemma4-towers.md 4): 0 text, 1 image, 2 video or 3 audio
+ * soft-token placeholder (the model's token ids; text-only checkpoints have none). */
+int g4_mm_placeholder(const g4_model *m, int32_t id);
+
+/* Length of the next batch step over ids[0..n) of one sequence with at most max tokens that does not split
+ * a run of image/video placeholders (one image's soft tokens attend to each other). 0 or -1 with a message
+ * when a run is longer than max. */
+int g4_batch_len(const g4_model *m, const int32_t *ids, int n, int max, int *len, g4_error *err);
 
 /* The decoder forward pass for one step (src/model/forward.c). */
 int g4_forward(g4_context *ctx, const g4_step *step, float *logits, g4_error *err);

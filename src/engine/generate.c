@@ -28,16 +28,33 @@ int g4_generate(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt, c
         goto done;
     }
     for (int i = 0; i < ctx->n_batch; i++) seqs[i] = seq;
-    for (int i = 0; i < n_prompt; i += ctx->n_batch) {
-        int k = n_prompt - i < ctx->n_batch ? n_prompt - i : ctx->n_batch;
-        for (int j = 0; j < k; j++) want[j] = (i + j == n_prompt - 1);
-        g4_batch b = {k, prompt + i, seqs, want};
+    const int H = ctx->model->cfg.text.hidden_size;
+    int used_embd = 0;
+    for (int i = 0, k; i < n_prompt; i += k) {
+        if (g4_batch_len(ctx->model, prompt + i, n_prompt - i, ctx->n_batch, &k, err)) goto done;
+        int n_mm = 0;
+        for (int j = 0; j < k; j++) {
+            want[j] = (i + j == n_prompt - 1);
+            n_mm += g4_mm_placeholder(ctx->model, prompt[i + j]) != 0;
+        }
+        if (p->prompt_embd && used_embd + n_mm > p->n_prompt_embd) {
+            g4_fail(err, "the prompt has more soft-token placeholders than the %d embedding rows given", p->n_prompt_embd);
+            goto done;
+        }
+        g4_batch b = {k, prompt + i, seqs, want, p->prompt_embd ? p->prompt_embd + (size_t)used_embd * H : NULL,
+                      p->prompt_embd ? n_mm : 0};
+        used_embd += p->prompt_embd ? n_mm : 0;
         if (g4_decode(ctx, &b, logits, err)) goto done;
         if (p->cancel && *p->cancel) {
             if (stopped_by) *stopped_by = 3;
             rc = 0;
             goto done;
         }
+    }
+    if (p->prompt_embd && used_embd != p->n_prompt_embd) {
+        g4_fail(err, "the prompt has %d soft-token placeholders but %d embedding rows were given", used_embd,
+                p->n_prompt_embd);
+        goto done;
     }
     for (int t = 0; t < p->max_new_tokens; t++) {
         if (p->cancel && *p->cancel) {
@@ -58,7 +75,7 @@ int g4_generate(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt, c
             break;
         }
         if (t + 1 == p->max_new_tokens) break; /* the last token need not be fed */
-        g4_batch b = {1, &id, seqs, NULL};
+        g4_batch b = {1, &id, seqs, NULL, NULL, 0};
         if (g4_decode(ctx, &b, logits, err)) goto done;
     }
     rc = 0;

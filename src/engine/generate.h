@@ -22,10 +22,12 @@ typedef struct g4_generate_params {
     const int32_t *stop_ids;   /* a generated id in this set ends generation (it is reported, not fed) */
     int n_stop;
     volatile int *cancel;      /* set non-zero (e.g. from a signal handler) to stop early */
+    const float *prompt_embd;  /* rows for the prompt's soft-token placeholders, in order (g4_batch.embd) */
+    int n_prompt_embd;
 } g4_generate_params;
 
-/* Runs `prompt` through sequence `seq` (which continues from its current length), then
- * generates. Generated ids go to out (capacity max_new_tokens), their count to *n_out.
+/* Runs `prompt` through sequence `seq` (which continues from its current length), in batch-sized
+ * steps that keep each image's soft tokens together, then generates. Generated ids go to out (capacity max_new_tokens), their count to *n_out.
  * *stopped_by: 0 length limit, 1 stop id, 2 callback, 3 cancelled. */
 int g4_generate(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt, const g4_generate_params *p,
                 int32_t *out, int *n_out, int *stopped_by, g4_error *err);

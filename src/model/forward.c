@@ -31,7 +31,26 @@ static void per_layer_inputs(g4_context *ctx, int n) {
     OPS->transpose(be, s->ple, n, L, P, s->ple_t);
 }
 
-static void attention_block(g4_context *ctx, int l, int n) {
+/* Multimodal soft tokens replace the (pad) embeddings of their rows, unscaled (docs/gemma4-towers.md 4):
+ * one copy per run of consecutive embedded rows. */
+static void merge_embeddings(g4_context *ctx, const g4_step *st) {
+    g4_backend *be = ctx->model->be;
+    const size_t H = (size_t)ctx->model->cfg.text.hidden_size;
+    size_t used = 0;
+    for (int i = 0; i < st->n;) {
+        if (!st->embedded[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < st->n && st->embedded[j]) j++;
+        OPS->to_device(be, ctx->s.h + (size_t)i * H, st->embd + used * H, (size_t)(j - i) * H * sizeof(float));
+        used += (size_t)(j - i);
+        i = j;
+    }
+}
+
+static void attention_block(g4_context *ctx, const g4_step *st, int l, int n) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     const g4_layer *y = &m->layers[l];
@@ -62,7 +81,8 @@ static void attention_block(g4_context *ctx, int l, int n) {
     /* a KV-shared layer reads its source layer's rows (kvl points at them) */
     g4_attention_args a = {
         .q = s->q, .out = s->attn, .n_tokens = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
-        .seq = s->seq, .pos = s->pos, .k_base = kvl->k_base, .v_base = kvl->v_base, .cap = kvl->cap,
+        .seq = s->seq, .pos = s->pos, .kv_end = (st->kv_end && kvl->window) ? s->kv_end : NULL,
+        .k_base = kvl->k_base, .v_base = kvl->v_base, .cap = kvl->cap,
         .window = kvl->window, .scale = 1.0f,
     };
     OPS->attention(be, &a);
@@ -151,9 +171,11 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, g4_error *err)
     for (int t = 0; t < G4_LAYER_TYPES; t++) /* one cos/sin table per layer type serves every layer */
         if (c->type_head_dim[t]) OPS->rope_table(be, s->pos, n, m->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
     OPS->embed(be, m->embed, s->ids, n, m->embed_scale, s->h);
+    if (st->embd) merge_embeddings(ctx, st);
+    if (st->kv_end) OPS->to_device(be, s->kv_end, st->kv_end, (size_t)n * sizeof(int32_t));
     if (c->hidden_size_per_layer_input > 0) per_layer_inputs(ctx, n);
     for (int l = 0; l < c->n_layers; l++) {
-        attention_block(ctx, l, n);
+        attention_block(ctx, st, l, n);
         feed_forward_block(ctx, l, n);
         if (c->hidden_size_per_layer_input > 0) per_layer_input_block(ctx, l, n);
         OPS->scale(be, s->h, (size_t)n * H, m->layers[l].layer_scalar);

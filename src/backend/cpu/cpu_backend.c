@@ -198,7 +198,7 @@ static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
         int t = (int)(it / a->n_heads), h = (int)(it % a->n_heads);
         int p = a->pos[t];
         int lo = a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
-        int nk = p - lo + 1;
+        int nk = (a->kv_end ? a->kv_end[t] : p + 1) - lo;
         float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nk);
         if (!sc) return;
         const float *q = a->q + ((size_t)t * (size_t)a->n_heads + (size_t)h) * (size_t)D;
