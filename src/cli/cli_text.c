@@ -142,7 +142,7 @@ int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
     const int max_pos = tm->model->cfg.text.max_position_embeddings;
     if (n_ctx <= 0) n_ctx = max_pos < 8192 ? max_pos : 8192;
     if (n_ctx > max_pos) n_ctx = max_pos;
-    g4_context_params cp = {.n_seq_max = 1, .n_ctx = n_ctx, .n_batch = 512};
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = n_ctx, .n_batch = opt->min_batch > 512 ? opt->min_batch : 512};
     if (g4_context_new(tm->model, &cp, &tm->ctx, &err)) goto fail;
     tm->channel_open = tm->channel_close = tm->tool_call_open = tm->tool_call_close = -1;
     if (tm->tok) {
@@ -159,6 +159,7 @@ fail:
 }
 
 void cli_text_close(cli_text_model *tm) {
+    g4_vision_free(tm->vision);
     g4_context_free(tm->ctx);
     g4_model_free(tm->model);
     if (tm->tpl) g4_chat_template_free(tm->tpl);
@@ -277,8 +278,8 @@ static int on_token(int32_t id, void *user) {
     return st->failed || st->stopped_by_string;
 }
 
-int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const cli_sampling *opt,
-                      cli_show show, FILE *out, FILE *thinking_out, cli_generation *g) {
+int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const float *embd, int n_embd,
+                      const cli_sampling *opt, cli_show show, FILE *out, FILE *thinking_out, cli_generation *g) {
     memset(g, 0, sizeof *g);
     g4_error err;
     stream_state st = {.tm = tm, .show = show, .out = out, .thinking_out = thinking_out, .ignore_eos = opt->ignore_eos};
@@ -329,7 +330,7 @@ int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, c
     g4_generate_params gp = {
         .max_new_tokens = max_new, .pick = pick_token, .pick_user = &st, .on_token = on_token,
         .on_token_user = &st, .stop_ids = tm->gc.eos_ids, .n_stop = opt->ignore_eos ? 0 : tm->gc.n_eos,
-        .cancel = &cli_cancel,
+        .cancel = &cli_cancel, .prompt_embd = embd, .n_prompt_embd = n_embd,
     };
     int n_out = 0, why = 0;
     cli_cancel = 0;

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "cli/cli_image.h"
 #include "engine/generation_config.h"
 #include "gemma4c.h"
 #include "chat/chat.h"
@@ -31,6 +32,7 @@ typedef struct cli_sampling {
     int32_t bias_ids[CLI_MAX_BIAS];
     float bias_values[CLI_MAX_BIAS];
     int n_bias;
+    int min_batch; /* set by a command: the smallest batch step it needs (an image's soft tokens) */
 } cli_sampling;
 
 /* getopt_long entries for those options (-m, -t, -n and values >= 1000); ends with a zero entry. */
@@ -54,6 +56,7 @@ typedef struct cli_text_model {
     g4_chat_template *tpl; /* NULL unless asked for */
     g4_generation_config gc;
     g4_context *ctx;
+    g4_vision *vision; /* created when a command first encodes an image */
     int32_t channel_open, channel_close, tool_call_open, tool_call_close; /* -1 when the vocabulary lacks them */
 } cli_text_model;
 
@@ -83,10 +86,11 @@ extern volatile int cli_cancel, cli_generating;
 void cli_catch_sigint(void);
 
 /* Runs the prompt through sequence 0 (continuing from its length) and generates, streaming
- * text as configured; Ctrl-C (see cli_catch_sigint) stops it with finish "cancelled".
+ * text as configured; Ctrl-C (see cli_catch_sigint) stops it with finish "cancelled". The prompt's
+ * soft-token placeholders take the rows of embd [n_embd, hidden] in order (NULL: none).
  * Returns 0 or -1 (the error is printed). */
-int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const cli_sampling *opt,
-                      cli_show show, FILE *out, FILE *thinking_out, cli_generation *g);
+int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const float *embd, int n_embd,
+                      const cli_sampling *opt, cli_show show, FILE *out, FILE *thinking_out, cli_generation *g);
 void cli_generation_free(cli_generation *g);
 
 #endif

@@ -1,7 +1,7 @@
 /* gemma4c chat -m DIR: an interactive multi-turn chat in the terminal.
  * Each turn renders the whole conversation with the model's chat template; the part of
- * the prompt the KV cache already holds is not processed again. Commands: /reset (new
- * conversation), /exit. Ctrl-C stops the current answer; at the prompt it quits. */
+ * the prompt the KV cache already holds is not processed again. Commands: /image FILE (an image for the
+ * next message), /reset (new conversation), /exit. Ctrl-C stops the current answer; at the prompt it quits. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,14 +11,17 @@
 #include "cli/cli_common.h"
 #include "cli/cli_text.h"
 #include "cli/commands.h"
+#include "engine/context.h"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: gemma4c chat -m DIR [options]\n"
             "  --system TEXT    a system prompt for the conversation\n"
             "  --think          let the model think before it answers (thinking shown dimmed)\n"
+            "  --budget N       soft tokens per image at most: 70, 140, 280, 560, 1120 (default: the model's)\n"
             CLI_SAMPLING_HELP
-            "in the chat: /reset starts over, /exit quits, Ctrl-C stops an answer\n");
+            "in the chat: /image FILE adds an image to your next message, /reset starts over, /exit quits,\n"
+            "Ctrl-C stops an answer\n");
 }
 
 /* Tokens the cache holds for sequence 0, in order. */
@@ -41,13 +44,15 @@ static int history_set(history *h, const int32_t *a, int na, const int32_t *b, i
 }
 
 int cmd_chat(int argc, char **argv) {
-    enum { OPT_SYSTEM = 2000, OPT_THINK };
+    enum { OPT_SYSTEM = 2000, OPT_THINK, OPT_BUDGET };
     static const struct option own[] = {{"system", required_argument, 0, OPT_SYSTEM}, {"think", no_argument, 0, OPT_THINK},
-                                        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+                                        {"budget", required_argument, 0, OPT_BUDGET}, {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
     struct option opts[40];
     cli_options_with_sampling(own, opts, 40);
     const char *system_prompt = NULL;
     int think = 0, c;
+    long budget = 0;
     cli_sampling smp;
     cli_sampling_init(&smp);
     optind = 1;
@@ -59,22 +64,29 @@ int cmd_chat(int argc, char **argv) {
         switch (c) {
         case OPT_SYSTEM: system_prompt = optarg; break;
         case OPT_THINK: think = 1; break;
+        case OPT_BUDGET:
+            if (cli_parse_int(optarg, "--budget", 1, 1 << 20, &budget)) return 1;
+            break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("chat", argv);
         }
     }
     if (optind < argc) return cli_error("chat: unexpected argument '%s'", argv[optind]);
+    smp.min_batch = cli_image_max_tokens(smp.model_dir, (int)budget);
     cli_text_model tm;
     if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, &tm)) return 1;
     const int interactive = isatty(STDIN_FILENO);
     const int color = isatty(STDOUT_FILENO);
     cli_catch_sigint();
     if (interactive)
-        fprintf(stderr, "gemma4c chat: %s (context %d). /reset starts over, /exit quits, Ctrl-C stops an answer.\n",
+        fprintf(stderr, "gemma4c chat: %s (context %d). /image FILE shows an image, /reset starts over, /exit quits, "
+                        "Ctrl-C stops an answer.\n",
                 smp.model_dir, g4_context_n_ctx(tm.ctx));
     json_t *messages = json_array();
     if (system_prompt) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
     history hist = {0};
+    cli_images im = {0}; /* every image of the conversation, in order */
+    int pending = 0;      /* the last `pending` of them go with the next message */
     char *line = NULL;
     size_t line_cap = 0;
     g4_error err;
@@ -95,14 +107,28 @@ int cmd_chat(int argc, char **argv) {
                 json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
             g4_seq_reset(tm.ctx, 0);
             hist.n = 0;
+            cli_images_free(&im);
+            pending = 0;
             fprintf(stderr, "(new conversation)\n");
             continue;
         }
-        if (line[0] == '/' && strcmp(line, "/") != 0 && !strchr(line, ' ')) {
-            fprintf(stderr, "commands: /reset, /exit\n");
+        if (!strncmp(line, "/image ", 7)) {
+            const char *path = line + 7;
+            while (*path == ' ') path++;
+            if (*path && cli_images_add(tm.model, &tm.vision, &path, 1, (int)budget, &im) == 0) {
+                pending++;
+                fprintf(stderr, "(%s: %d soft tokens, shown with your next message)\n", path,
+                        im.n_tokens[im.n - 1]);
+            } else if (!*path) {
+                fprintf(stderr, "usage: /image FILE\n");
+            }
             continue;
         }
-        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", line));
+        if (line[0] == '/' && strcmp(line, "/") != 0 && !strchr(line, ' ')) {
+            fprintf(stderr, "commands: /image FILE, /reset, /exit\n");
+            continue;
+        }
+        json_array_append_new(messages, cli_user_message(line, pending));
         char *prompt_text = NULL;
         size_t prompt_len;
         g4_tokens toks = {0};
@@ -116,17 +142,35 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         free(prompt_text);
-        /* reuse what the cache holds: keep the common prefix, feed the rest (at least one token) */
+        /* each image placeholder becomes the image's soft tokens */
+        int32_t *ids;
+        int n_ids;
+        if (cli_images_expand(tm.model, toks.ids, (int)toks.n, &im, &ids, &n_ids, &err)) {
+            cli_error("%s", err.msg);
+            json_array_remove(messages, json_array_size(messages) - 1);
+            free(toks.ids);
+            continue;
+        }
+        free(toks.ids);
+        toks.ids = ids;
+        toks.n = (size_t)n_ids;
+        /* reuse what the cache holds: keep the common prefix, feed the rest (at least one token); an image's
+         * soft tokens are fed together */
         int same = 0;
         while (same < hist.n && same < (int)toks.n && hist.ids[same] == toks.ids[same]) same++;
         if (same == (int)toks.n) same--;
+        while (same > 0 && g4_mm_placeholder(tm.model, toks.ids[same - 1]) &&
+               g4_mm_placeholder(tm.model, toks.ids[same]))
+            same--;
         if (g4_seq_truncate(tm.ctx, 0, same, &err)) {
             g4_seq_reset(tm.ctx, 0);
             same = 0;
         }
+        const int skip = cli_count_soft_tokens(tm.model, toks.ids, same);
         cli_generation g;
-        int grc = cli_generate_text(&tm, toks.ids + same, (int)toks.n - same, &smp, CLI_SHOW_CHAT, stdout,
-                                    think ? stderr : NULL, &g);
+        int grc = cli_generate_text(&tm, toks.ids + same, (int)toks.n - same,
+                                    im.total ? im.embd + (size_t)skip * im.hidden : NULL, im.total - skip, &smp,
+                                    CLI_SHOW_CHAT, stdout, think ? stderr : NULL, &g);
         if (grc) {
             /* the turn failed (e.g. the context is full): forget it */
             json_array_remove(messages, json_array_size(messages) - 1);
@@ -136,6 +180,7 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "(the turn was dropped; /reset starts a new conversation)\n");
             continue;
         }
+        pending = 0;
         if (cli_cancel) fputs(color ? " \033[2m[stopped]\033[0m" : " [stopped]", stdout);
         fputs("\n", stdout);
         fflush(stdout);
@@ -167,6 +212,7 @@ int cmd_chat(int argc, char **argv) {
     }
     free(line);
     free(hist.ids);
+    cli_images_free(&im);
     json_decref(messages);
     cli_text_close(&tm);
     return rc;

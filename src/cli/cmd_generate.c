@@ -77,7 +77,7 @@ int cmd_generate(int argc, char **argv) {
     }
     cli_catch_sigint();
     cli_generation g;
-    int grc = cli_generate_text(&tm, prompt, n_prompt, &smp, CLI_SHOW_PLAIN, stdout, NULL, &g);
+    int grc = cli_generate_text(&tm, prompt, n_prompt, NULL, 0, &smp, CLI_SHOW_PLAIN, stdout, NULL, &g);
     if (grc) goto done;
     if (ids_s) {
         for (int i = 0; i < g.n_ids; i++) printf(i ? ",%d" : "%d", g.ids[i]);
