@@ -153,6 +153,47 @@ static void check_small_ops(g4_backend *be) {
     be->ops->release(be, idx);
 }
 
+/* matmul over the tile paths and their edges: token and row counts off the 4 x 4 tiles, several token
+ * blocks, F32/BF16/F16 weights, with and without bias */
+static void check_matmul(g4_backend *be, int n, int in, int out, g4_dtype dt, int with_bias) {
+    const size_t esz = dt == G4_F32 ? 4 : 2;
+    unsigned char *wdata = malloc((size_t)out * in * esz + 4);
+    float *wf = malloc((size_t)out * in * sizeof(float));
+    for (size_t i = 0; i < (size_t)out * in; i++) {
+        float v = frand();
+        if (dt == G4_BF16) {
+            uint16_t h = g4_f32_to_bf16(v);
+            memcpy(wdata + 2 * i, &h, 2);
+            wf[i] = g4_bf16_to_f32(h);
+        } else if (dt == G4_F16) {
+            uint16_t h = g4_f32_to_f16(v);
+            memcpy(wdata + 2 * i, &h, 2);
+            wf[i] = g4_f16_to_f32(h);
+        } else {
+            memcpy(wdata + 4 * i, &v, 4);
+            wf[i] = v;
+        }
+    }
+    g4_tensor w = {.name = "w", .dtype = dt, .ndim = 2, .shape = {out, in}, .data = wdata, .nbytes = (size_t)out * in * esz};
+    float *x = buf(be, (size_t)n * in, 1), *y = buf(be, (size_t)n * out, 0), *bias = with_bias ? buf(be, out, 1) : NULL;
+    be->ops->matmul(be, x, n, &w, bias, y);
+    float *hx = host_copy(be, x, (size_t)n * in), *hy = host_copy(be, y, (size_t)n * out);
+    float *hb = bias ? host_copy(be, bias, out) : NULL;
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < out; r++) {
+            double s = hb ? hb[r] : 0;
+            for (int i = 0; i < in; i++) s += (double)hx[(size_t)t * in + i] * wf[(size_t)r * in + i];
+            double e = fabs(s - hy[(size_t)t * out + r]) / (1.0 + fabs(s));
+            if (!(e <= worst)) worst = e;
+        }
+    CHECKF(worst < 1e-5, "matmul n=%d in=%d out=%d %s bias=%d: max error %g", n, in, out, g4_dtype_name(dt), with_bias,
+           worst);
+    free(wdata), free(wf), free(hx), free(hy), free(hb);
+    be->ops->release(be, x), be->ops->release(be, y);
+    if (bias) be->ops->release(be, bias);
+}
+
 static void check_exp_kernel(void) {
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
     enum { N = 1000 };
@@ -172,6 +213,26 @@ static void check_exp_kernel(void) {
     CHECKF(fabs(sum - want_sum) / want_sum < 1e-6, "exp_sum (%s): sum %g, want %g", k->isa, sum, want_sum);
 }
 
+static void check_gelu_kernel(void) {
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    enum { N = 2001 };
+    static float g[N], u[N], y[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = -12.0f + 24.0f * i / (N - 1);
+        u[i] = 0.5f + (float)(i % 7);
+    }
+    k->gelu_mul(g, u, y, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double x = g[i], want = 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) * u[i];
+        double e = fabs(y[i] - want) / (1.0 + fabs(want));
+        if (!(e <= worst)) worst = e;
+    }
+    CHECKF(worst < 1e-6, "gelu_mul (%s): max error %g", k->isa, worst);
+    k->gelu_mul(g, NULL, y, N); /* without u, in place */
+    CHECK(isfinite(y[0]) && y[0] > -1e-6f && fabsf(y[N - 1] - 12.0f) < 1e-5f);
+}
+
 int main(void) {
     g4_error err;
     g4_backend *be = g4_backend_cpu_new(2, &err);
@@ -180,6 +241,11 @@ int main(void) {
         return 1;
     }
     check_exp_kernel();
+    check_gelu_kernel();
+    static const int mm[][3] = {{1, 64, 9}, {3, 13, 7}, {5, 770, 33}, {70, 64, 12}, {131, 100, 17}, {4, 16, 4}};
+    for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)
+        for (int d = 0; d < 3; d++)
+            check_matmul(be, mm[i][0], mm[i][1], mm[i][2], d == 0 ? G4_F32 : d == 1 ? G4_BF16 : G4_F16, (int)(i % 2));
     check_attention_dense(be, 70, 70, 4, 4, 16, 0, 0);   /* the fixture's vision tower */
     check_attention_dense(be, 130, 133, 12, 12, 64, 0, 0); /* E4B heads, keys not a multiple of 8 */
     check_attention_dense(be, 67, 45, 16, 16, 72, 1, 1);  /* 31B heads, shared bias, masked keys */

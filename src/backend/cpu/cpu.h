@@ -45,8 +45,12 @@ typedef struct g4_cpu_kernels {
     float (*dot_bf16)(const uint16_t *w, const float *x, size_t n); /* w may be unaligned */
     void (*bf16_to_f32)(const uint16_t *src, float *dst, size_t n);
     void (*axpy)(float *y, const float *x, float a, size_t n);     /* y += a * x */
+    /* y[i * ldy + j] = dot(x + i * ldx, w + j * ldw, n) for 4 inputs i and 4 weight rows j (a GEMM tile) */
+    void (*dot_tile4)(const float *w, size_t ldw, const float *x, size_t ldx, size_t n, float *y, size_t ldy);
     /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
     float (*exp_sum)(float *x, size_t n, float shift);
+    /* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)); in place allowed */
+    void (*gelu_mul)(const float *g, const float *u, float *y, size_t n);
 } g4_cpu_kernels;
 
 const g4_cpu_kernels *g4_cpu_kernels_get(void);

@@ -40,6 +40,21 @@ static void axpy_scalar(float *y, const float *x, float a, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+static void dot_tile4_scalar(const float *w, size_t ldw, const float *x, size_t ldx, size_t n, float *y, size_t ldy) {
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) y[i * ldy + j] = dot_f32_scalar(x + i * ldx, w + j * ldw, n);
+}
+
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+
+/* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)) */
+static void gelu_mul_scalar(const float *g, const float *u, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i], r = 0.5f * x * (1.0f + tanhf(GELU_C * (x + 0.044715f * x * x * x)));
+        y[i] = u ? r * u[i] : r;
+    }
+}
+
 static float exp_sum_scalar(float *x, size_t n, float shift) {
     float s = 0;
     for (size_t i = 0; i < n; i++) s += (x[i] = expf(x[i] - shift));
@@ -123,6 +138,31 @@ __attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, const float 
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* two inputs at a time: 8 accumulators, 4 weight rows and an input stay in the 16 registers */
+__attribute__((target("avx2,fma"))) static void dot_tile4_avx2(const float *w, size_t ldw, const float *x, size_t ldx,
+                                                               size_t n, float *y, size_t ldy) {
+    for (int i = 0; i < 4; i += 2) {
+        const float *x0 = x + i * ldx, *x1 = x0 + ldx;
+        __m256 a[2][4];
+        for (int j = 0; j < 4; j++) a[0][j] = a[1][j] = _mm256_setzero_ps();
+        size_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+            __m256 v0 = _mm256_loadu_ps(x0 + k), v1 = _mm256_loadu_ps(x1 + k);
+            for (int j = 0; j < 4; j++) {
+                __m256 wj = _mm256_loadu_ps(w + j * ldw + k);
+                a[0][j] = _mm256_fmadd_ps(v0, wj, a[0][j]);
+                a[1][j] = _mm256_fmadd_ps(v1, wj, a[1][j]);
+            }
+        }
+        for (int r = 0; r < 2; r++)
+            for (int j = 0; j < 4; j++) {
+                float s = hsum256(a[r][j]);
+                for (size_t kk = k; kk < n; kk++) s += x[(i + r) * ldx + kk] * w[j * ldw + kk];
+                y[(i + r) * ldy + j] = s;
+            }
+    }
+}
+
 __attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
     __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
@@ -138,6 +178,18 @@ __attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
     y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
     return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+__attribute__((target("avx2,fma"))) static void gelu_mul_avx2(const float *g, const float *u, float *y, size_t n) {
+    const __m256 c = _mm256_set1_ps(GELU_C), c3 = _mm256_set1_ps(GELU_C * 0.044715f), one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), x2 = _mm256_mul_ps(x, x);
+        __m256 mz2 = _mm256_mul_ps(_mm256_fmadd_ps(c3, x2, c), _mm256_sub_ps(_mm256_setzero_ps(), _mm256_add_ps(x, x)));
+        __m256 r = _mm256_div_ps(x, _mm256_add_ps(one, exp256(mz2))); /* mz2 = -2z */
+        _mm256_storeu_ps(y + i, u ? _mm256_mul_ps(r, _mm256_loadu_ps(u + i)) : r);
+    }
+    gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
 }
 
 __attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, size_t n, float shift) {
@@ -209,26 +261,59 @@ __attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+__attribute__((target("avx512f"))) static void dot_tile4_avx512(const float *w, size_t ldw, const float *x, size_t ldx,
+                                                                size_t n, float *y, size_t ldy) {
+    __m512 a[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) a[i][j] = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + ldw + k), w2 = _mm512_loadu_ps(w + 2 * ldw + k),
+               w3 = _mm512_loadu_ps(w + 3 * ldw + k);
+        for (int i = 0; i < 4; i++) {
+            __m512 v = _mm512_loadu_ps(x + i * ldx + k);
+            a[i][0] = _mm512_fmadd_ps(v, w0, a[i][0]);
+            a[i][1] = _mm512_fmadd_ps(v, w1, a[i][1]);
+            a[i][2] = _mm512_fmadd_ps(v, w2, a[i][2]);
+            a[i][3] = _mm512_fmadd_ps(v, w3, a[i][3]);
+        }
+    }
+    if (k < n) {
+        __mmask16 m = (__mmask16)((1u << (n - k)) - 1);
+        __m512 wv[4];
+        for (int j = 0; j < 4; j++) wv[j] = _mm512_maskz_loadu_ps(m, w + j * ldw + k);
+        for (int i = 0; i < 4; i++) {
+            __m512 v = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+            for (int j = 0; j < 4; j++) a[i][j] = _mm512_fmadd_ps(v, wv[j], a[i][j]);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) y[i * ldy + j] = _mm512_reduce_add_ps(a[i][j]);
+}
+
+__attribute__((target("avx512f"))) static inline __m512 exp512(__m512 v) {
+    __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C1), v);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C2), v);
+    __m512 z = _mm512_mul_ps(v, v), y = _mm512_set1_ps(EXP_P0);
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P1));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P2));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P3));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P4));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P5));
+    y = _mm512_fmadd_ps(y, z, _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
+    y = _mm512_scalef_ps(y, fx); /* y * 2^fx */
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
 __attribute__((target("avx512f"))) static float exp_sum_avx512(float *x, size_t n, float shift) {
     __m512 sh = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_sub_ps(_mm512_loadu_ps(x + i), sh);
-        __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
-        v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
-        __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(0.5f)),
-                                         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C1), v);
-        v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C2), v);
-        __m512 z = _mm512_mul_ps(v, v), y = _mm512_set1_ps(EXP_P0);
-        y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P1));
-        y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P2));
-        y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P3));
-        y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P4));
-        y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P5));
-        y = _mm512_fmadd_ps(y, z, _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
-        y = _mm512_scalef_ps(y, fx); /* y * 2^fx */
-        y = _mm512_maskz_mov_ps((__mmask16)~under, y);
+        __m512 y = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
         _mm512_storeu_ps(x + i, y);
         acc = _mm512_add_ps(acc, y);
     }
@@ -237,12 +322,26 @@ __attribute__((target("avx512f"))) static float exp_sum_avx512(float *x, size_t 
     return s;
 }
 
-static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scalar, bf16_to_f32_scalar,
-                                        axpy_scalar, exp_sum_scalar};
-static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2, axpy_avx2,
-                                      exp_sum_avx2};
-static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
-                                        axpy_avx512, exp_sum_avx512};
+/* gelu_tanh(x) = 0.5 x (1 + tanh z) = x / (1 + exp(-2z)): no cancellation near tanh = -1, and the ends are
+ * right (exp -> 0 gives x, exp -> its clamp gives ~0) */
+__attribute__((target("avx512f"))) static void gelu_mul_avx512(const float *g, const float *u, float *y, size_t n) {
+    const __m512 c = _mm512_set1_ps(GELU_C), c3 = _mm512_set1_ps(GELU_C * 0.044715f), one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i), x2 = _mm512_mul_ps(x, x);
+        __m512 mz2 = _mm512_mul_ps(_mm512_fmadd_ps(c3, x2, c), _mm512_sub_ps(_mm512_setzero_ps(), _mm512_add_ps(x, x)));
+        __m512 r = _mm512_div_ps(x, _mm512_add_ps(one, exp512(mz2))); /* mz2 = -2z */
+        _mm512_storeu_ps(y + i, u ? _mm512_mul_ps(r, _mm512_loadu_ps(u + i)) : r);
+    }
+    gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
+}
+
+static const g4_cpu_kernels k_scalar = {"scalar",    dot_f32_scalar,   dot_bf16_scalar, bf16_to_f32_scalar,
+                                        axpy_scalar, dot_tile4_scalar, exp_sum_scalar,   gelu_mul_scalar};
+static const g4_cpu_kernels k_avx2 = {"avx2",    dot_f32_avx2,   dot_bf16_avx2, bf16_to_f32_avx2,
+                                      axpy_avx2, dot_tile4_avx2, exp_sum_avx2,   gelu_mul_avx2};
+static const g4_cpu_kernels k_avx512 = {"avx512",    dot_f32_avx512,   dot_bf16_avx512, bf16_to_f32_avx512,
+                                        axpy_avx512, dot_tile4_avx512, exp_sum_avx512,   gelu_mul_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_get(void) {
     static const g4_cpu_kernels *chosen;
