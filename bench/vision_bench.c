@@ -23,7 +23,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int W = argc > 3 ? atoi(argv[2]) : 1024, H = argc > 3 ? atoi(argv[3]) : 768;
-    const int budget = argc > 4 ? atoi(argv[4]) : 280, reps = argc > 5 ? atoi(argv[5]) : 3;
+    const int budget = argc > 4 ? atoi(argv[4]) : 280, reps = argc > 5 && atoi(argv[5]) > 0 ? atoi(argv[5]) : 3;
     const int threads = argc > 6 ? atoi(argv[6]) : 0;
     g4_error err;
     g4_model *m;
