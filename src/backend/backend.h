@@ -59,6 +59,20 @@ typedef struct g4_attention_args {
     float scale;
 } g4_attention_args;
 
+/* Bidirectional attention over contiguous keys and values (the vision tower; docs/gemma4-towers.md 2.6):
+ * out[i, h] = sum_j softmax_j(scale * q[i, h].k[j, h / G] + bias) v[j, h / G], G = n_heads / n_kv_heads.
+ * Keys with key_valid[j] == 0 are left out; a query that sees no key gets zeros. */
+typedef struct g4_dense_attention_args {
+    const float *q;            /* [n_q, n_heads, head_dim] */
+    const float *k, *v;        /* [n_k, n_kv_heads, head_dim] */
+    float *out;                /* [n_q, n_heads, head_dim] */
+    int n_q, n_k, n_heads, n_kv_heads, head_dim;
+    float scale;
+    const int32_t *key_valid;  /* [n_k] or NULL (every key valid) */
+    const float *bias;         /* NULL, or additive logits [bias_heads, n_q, n_k] */
+    int bias_heads;            /* 1: one bias for every head; n_heads: one per head */
+} g4_dense_attention_args;
+
 /* Mixture-of-experts block of one layer for n tokens (docs/gemma4-text.md 3.7). */
 typedef struct g4_moe_args {
     const float *residual; /* [n, H] router input r */
@@ -145,6 +159,16 @@ typedef struct g4_backend_ops {
                      void *k_cache, void *v_cache, g4_kv_type kv_type);
     void (*attention)(g4_backend *be, const g4_attention_args *a);
     void (*moe)(g4_backend *be, const g4_moe_args *a);
+
+    /* ---- ops of the towers (src/towers/) */
+    void (*attention_dense)(g4_backend *be, const g4_dense_attention_args *a);
+    /* y = min(max(x, lo), hi), n elements (in place allowed) */
+    void (*clamp)(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi);
+    /* y[r, c] = (y[r, c] + shift[c]) * scale[c] for `rows` rows of `cols`; shift or scale may be NULL */
+    void (*shift_scale_cols)(g4_backend *be, float *y, int rows, int cols, const float *shift, const float *scale);
+    /* dst[i, :] = sum_{j < k} src[idx[i * k + j], :] * s, summed in j order, for n rows of `row` floats */
+    void (*gather_sum)(g4_backend *be, const float *src, const int32_t *idx, int n, int k, int row, float s,
+                       float *dst);
 } g4_backend_ops;
 
 struct g4_backend {

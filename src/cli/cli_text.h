@@ -26,6 +26,7 @@ typedef struct cli_sampling {
     int32_t bias_ids[CLI_MAX_BIAS];
     float bias_values[CLI_MAX_BIAS];
     int n_bias;
+    int image_budget; /* set by a command that takes images (--budget, 0: the model's): a batch step holds one */
 } cli_sampling;
 
 /* getopt_long entries for those options (-m, -t, -n and values >= 1000); ends with a zero entry. */

@@ -3,6 +3,7 @@
 #define G4_CLI_COMMANDS_H
 
 int cmd_logits(int argc, char **argv);
+int cmd_encode_image(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

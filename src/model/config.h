@@ -45,6 +45,15 @@ typedef struct g4_text_config {
     int type_head_dim[G4_LAYER_TYPES];  /* 0 if no layer has the type */
 } g4_text_config;
 
+/* vision_config of Gemma4ForConditionalGeneration (docs/gemma4-towers.md 1): transformers' class defaults
+ * where a key is absent. */
+typedef struct g4_vision_config {
+    int hidden_size, intermediate_size, n_layers, n_heads, n_kv_heads, head_dim;
+    double rms_norm_eps, rope_theta;
+    int patch_size, pooling_kernel, position_embedding_size;
+    int use_clipped_linears, standardize;
+} g4_vision_config;
+
 typedef struct g4_model_config {
     char model_type[32];       /* "gemma4" or "gemma4_text" */
     char weight_prefix[64];    /* "model.language_model." or "model." */
@@ -53,6 +62,7 @@ typedef struct g4_model_config {
     int image_token_id, audio_token_id, video_token_id, boi_token_id, eoi_token_id, boa_token_id,
         eoa_token_id;
     g4_text_config text;
+    g4_vision_config vision; /* when has_vision */
 } g4_model_config;
 
 /* Reads DIR/config.json. Unknown model types and invalid geometry are errors. */
