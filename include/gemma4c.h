@@ -75,6 +75,13 @@ typedef struct g4_batch {
     const int32_t *token;
     const int32_t *seq;          /* NULL: every token belongs to sequence 0 */
     const uint8_t *want_logits;  /* NULL: logits for every row */
+    /* Soft tokens (the output of an image or audio tower): when `embeddings` is set, row i
+     * with embedding_row[i] >= 0 enters the decoder as row embedding_row[i] of `embeddings`
+     * (float32, hidden_size per row) instead of the embedding of token[i], which still names
+     * the placeholder (e.g. <|audio|>); its per-layer input takes the pad token's row, as in
+     * transformers. embedding_row[i] < 0: the token's own embedding. */
+    const float *embeddings;
+    const int32_t *embedding_row;
 } g4_batch;
 
 int g4_decode(g4_context *ctx, const g4_batch *batch, float *logits, g4_error *err);

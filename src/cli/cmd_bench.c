@@ -66,7 +66,7 @@ int cmd_bench(int argc, char **argv) {
         for (long i = 0; i < P; i += cp.n_batch) {
             int k = (int)(P - i < cp.n_batch ? P - i : cp.n_batch);
             want[k - 1] = 1;
-            g4_batch b = {k, ids + i, NULL, want};
+            g4_batch b = {.n_tokens = k, .token = ids + i, .want_logits = want};
             if (g4_decode(ctx, &b, logits, &err)) {
                 cli_error("%s", err.msg);
                 goto done;
@@ -75,7 +75,7 @@ int cmd_bench(int argc, char **argv) {
         }
         double t1 = now_s();
         for (long i = 0; i < N; i++) {
-            g4_batch b = {1, ids + P + i, NULL, NULL};
+            g4_batch b = {.n_tokens = 1, .token = ids + P + i};
             if (g4_decode(ctx, &b, logits, &err)) {
                 cli_error("%s", err.msg);
                 goto done;

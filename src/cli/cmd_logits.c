@@ -66,7 +66,7 @@ int cmd_logits(int argc, char **argv) {
     }
     for (int i = 0; i < n; i += batch) {
         int k = n - i < batch ? n - i : batch;
-        g4_batch b = {k, ids + i, NULL, NULL};
+        g4_batch b = {.n_tokens = k, .token = ids + i};
         if (g4_decode(ctx, &b, logits, &err)) {
             cli_error("%s", err.msg);
             goto done;

@@ -99,10 +99,11 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->n_ctx = p.n_ctx;
     ctx->n_batch = p.n_batch;
     ctx->pos_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->ids_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->rows_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
     ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
-    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added) {
+    if (!ctx->pos_host || !ctx->ids_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added) {
         g4_fail(err, "out of memory");
         goto fail;
     }
@@ -120,6 +121,7 @@ void g4_context_free(g4_context *ctx) {
     scratch_free(ctx);
     if (ctx->kv.layers) g4_kv_cache_free(&ctx->kv);
     free(ctx->pos_host);
+    free(ctx->ids_host);
     free(ctx->rows_host);
     free(ctx->zero_seq);
     free(ctx->seq_added);
@@ -177,8 +179,11 @@ int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) 
             return g4_fail(err, "sequence %d is full: position %d exceeds the context size %d", seq[i], p, ctx->n_ctx);
         ctx->pos_host[i] = p;
         if (!b->want_logits || b->want_logits[i]) ctx->rows_host[n_out++] = i;
+        const int soft = b->embeddings && b->embedding_row && b->embedding_row[i] >= 0;
+        ctx->ids_host[i] = soft ? ctx->model->cfg.text.pad_token_id : b->token[i];
     }
-    g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host};
+    g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host, b->embeddings,
+                  b->embeddings ? b->embedding_row : NULL};
     if (g4_forward(ctx, &st, logits, err)) return -1;
     for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
     return 0;

@@ -13,6 +13,8 @@ typedef struct g4_step {
     const int32_t *ids, *seq, *pos; /* host arrays */
     int n_out;
     const int32_t *out_rows;
+    const float *embeddings;         /* host [*, H]: rows replacing the token embedding, or NULL */
+    const int32_t *embedding_row;    /* [n]: row of `embeddings` for token i, < 0 for none */
 } g4_step;
 
 typedef struct g4_scratch {
@@ -31,6 +33,7 @@ struct g4_context {
     g4_kv_cache kv;
     g4_scratch s;
     int32_t *pos_host;  /* [n_batch] */
+    int32_t *ids_host;  /* [n_batch] ids with soft-token rows replaced by the pad id */
     int32_t *rows_host; /* [n_batch] */
     int32_t *zero_seq;  /* [n_batch] zeros: the sequence ids of a batch that gives none */
     int *seq_added;     /* [n_seq] tokens a step adds to each sequence */

@@ -31,7 +31,8 @@ int g4_generate(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt, c
     for (int i = 0; i < n_prompt; i += ctx->n_batch) {
         int k = n_prompt - i < ctx->n_batch ? n_prompt - i : ctx->n_batch;
         for (int j = 0; j < k; j++) want[j] = (i + j == n_prompt - 1);
-        g4_batch b = {k, prompt + i, seqs, want};
+        g4_batch b = {.n_tokens = k, .token = prompt + i, .seq = seqs, .want_logits = want, .embeddings = p->embeddings,
+                      .embedding_row = p->embedding_row ? p->embedding_row + i : NULL};
         if (g4_decode(ctx, &b, logits, err)) goto done;
         if (p->cancel && *p->cancel) {
             if (stopped_by) *stopped_by = 3;
@@ -58,7 +59,7 @@ int g4_generate(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt, c
             break;
         }
         if (t + 1 == p->max_new_tokens) break; /* the last token need not be fed */
-        g4_batch b = {1, &id, seqs, NULL};
+        g4_batch b = {.n_tokens = 1, .token = &id, .seq = seqs};
         if (g4_decode(ctx, &b, logits, err)) goto done;
     }
     rc = 0;

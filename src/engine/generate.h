@@ -22,6 +22,8 @@ typedef struct g4_generate_params {
     const int32_t *stop_ids;   /* a generated id in this set ends generation (it is reported, not fed) */
     int n_stop;
     volatile int *cancel;      /* set non-zero (e.g. from a signal handler) to stop early */
+    const float *embeddings;        /* soft tokens of the prompt (g4_batch), or NULL */
+    const int32_t *embedding_row;   /* [n_prompt] */
 } g4_generate_params;
 
 /* Runs `prompt` through sequence `seq` (which continues from its current length), then

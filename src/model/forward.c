@@ -151,6 +151,13 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, g4_error *err)
     for (int t = 0; t < G4_LAYER_TYPES; t++) /* one cos/sin table per layer type serves every layer */
         if (c->type_head_dim[t]) OPS->rope_table(be, s->pos, n, m->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
     OPS->embed(be, m->embed, s->ids, n, m->embed_scale, s->h);
+    if (st->embedding_row) /* soft tokens replace their rows, a run of consecutive rows per copy */
+        for (int i = 0, j; i < n; i = j) {
+            for (j = i + 1; j < n && st->embedding_row[i] >= 0 && st->embedding_row[j] == st->embedding_row[j - 1] + 1;) j++;
+            if (st->embedding_row[i] >= 0)
+                OPS->to_device(be, s->h + (size_t)i * H, st->embeddings + (size_t)st->embedding_row[i] * H,
+                               (size_t)(j - i) * H * sizeof(float));
+        }
     if (c->hidden_size_per_layer_input > 0) per_layer_inputs(ctx, n);
     for (int l = 0; l < c->n_layers; l++) {
         attention_block(ctx, l, n);

@@ -18,9 +18,11 @@
 
 #include "core/error.h"
 #include "formats/safetensors.h"
+#include "towers/audio.h"
 
 typedef struct binder {
     g4_model *m;
+    const char *prefix; /* of every name looked up */
     unsigned char *used; /* per tensor of m->weights */
     char missing[1024];
     int n_missing;
@@ -41,13 +43,13 @@ static int dtype_ok_for_matrix(g4_dtype t) { return t == G4_BF16 || t == G4_F16 
 static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const int64_t *shape) {
     if (b->failed) return NULL;
     char full[512];
-    snprintf(full, sizeof full, "%s%s", b->m->cfg.weight_prefix, name);
+    snprintf(full, sizeof full, "%s%s", b->prefix, name);
     const g4_tensor *t = g4_tensor_set_find(&b->m->weights, full);
     if (!t) {
         add_missing(b, full);
         return NULL;
     }
-    b->used[t - b->m->weights.tensors] = 1;
+    if (b->used) b->used[t - b->m->weights.tensors] = 1;
     int same = t->ndim == ndim;
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (!same) {
@@ -76,11 +78,12 @@ static const g4_tensor *bind3(binder *b, const char *name, int64_t d0, int64_t d
     return bind_shape(b, name, 3, s);
 }
 
-/* A vector of n floats, copied to f32 (norm weights, scales, biases). */
-static const float *bind_vec(binder *b, const char *name, int64_t n) {
-    const g4_tensor *t = bind_shape(b, name, 1, &n);
+/* A small tensor copied to f32 (norm weights, scales, biases). */
+static const float *bind_f32(binder *b, const char *name, int ndim, const int64_t *shape) {
+    const g4_tensor *t = bind_shape(b, name, ndim, shape);
     if (!t) return NULL;
-    float *v = malloc((size_t)n * sizeof(float));
+    const size_t n = (size_t)g4_tensor_numel(t);
+    float *v = malloc((n ? n : 1) * sizeof(float));
     float **blocks = realloc(b->m->f32_blocks, (size_t)(b->m->n_f32_blocks + 1) * sizeof *blocks);
     if (!v || !blocks) {
         free(v);
@@ -91,9 +94,11 @@ static const float *bind_vec(binder *b, const char *name, int64_t n) {
     }
     b->m->f32_blocks = blocks;
     blocks[b->m->n_f32_blocks++] = v;
-    g4_to_f32(t->dtype, t->data, v, (size_t)n);
+    g4_to_f32(t->dtype, t->data, v, n);
     return v;
 }
+
+static const float *bind_vec(binder *b, const char *name, int64_t n) { return bind_f32(b, name, 1, &n); }
 
 static void fmt_name(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void fmt_name(char *buf, size_t cap, const char *fmt, ...) {
@@ -148,7 +153,7 @@ static int ignored_by_design(const g4_model *m, const char *name) {
 static int bind_weights(g4_model *m, g4_error *err) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
-    binder b = {.m = m, .err = err};
+    binder b = {.m = m, .prefix = m->cfg.weight_prefix, .err = err};
     b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
     m->layers = calloc((size_t)L, sizeof *m->layers);
     if (!b.used || !m->layers) {
@@ -263,6 +268,22 @@ void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
     }
 }
 
+/* One lookup with the binder's checks, for the towers' weights. */
+static const void *bind_one(g4_model *m, const char *name, int ndim, const int64_t *shape, int as_f32, g4_error *err) {
+    binder b = {.m = m, .prefix = "", .err = err};
+    const void *p = as_f32 ? (const void *)bind_f32(&b, name, ndim, shape) : (const void *)bind_shape(&b, name, ndim, shape);
+    if (!p && !b.failed) g4_fail(err, "%s: tensor '%s' is missing", m->dir, name);
+    return p;
+}
+
+const g4_tensor *g4_model_bind(g4_model *m, const char *name, int ndim, const int64_t *shape, g4_error *err) {
+    return bind_one(m, name, ndim, shape, 0, err);
+}
+
+const float *g4_model_bind_f32(g4_model *m, const char *name, int ndim, const int64_t *shape, g4_error *err) {
+    return bind_one(m, name, ndim, shape, 1, err);
+}
+
 const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
 
 int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
@@ -271,6 +292,7 @@ int g4_model_hidden_size(const g4_model *m) { return m->cfg.text.hidden_size; }
 
 void g4_model_free(g4_model *m) {
     if (!m) return;
+    g4_audio_tower_free(m->audio);
     g4_backend_free(m->be);
     for (int i = 0; i < m->n_f32_blocks; i++) free(m->f32_blocks[i]);
     free(m->f32_blocks);
@@ -332,6 +354,7 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
     if (params->progress) page_in(m, params);
     m->be = g4_backend_cpu_new(params->n_threads, err);
     if (!m->be) goto fail;
+    if (m->cfg.has_audio && g4_audio_tower_load(m, &m->audio, err)) goto fail;
     *out = m;
     return 0;
 fail:

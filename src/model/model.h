@@ -40,6 +40,7 @@ struct g4_model {
     g4_layer *layers;
     float *inv_freq[G4_LAYER_TYPES]; /* [head_dim/2] per layer type */
     float embed_scale;               /* fp32(sqrt(H)) */
+    struct g4_audio_tower *audio;    /* NULL without audio_config (src/towers/audio_tower.c) */
     /* model-owned float copies of small vectors (norm weights, scales) */
     float **f32_blocks;
     int n_f32_blocks;
@@ -49,6 +50,12 @@ struct g4_model {
 
 /* Inverse RoPE frequencies of a layer type (docs/gemma4-text.md 3.3); out has head_dim/2 floats. */
 void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);
+
+/* A checkpoint tensor by full name with the given shape (dtype F32/BF16/F16), for the
+ * towers; NULL with a message when missing or of another shape. The _f32 form returns a
+ * float copy the model owns (small tensors: norms, scales, biases, scalars with ndim 0). */
+const g4_tensor *g4_model_bind(g4_model *m, const char *name, int ndim, const int64_t *shape, g4_error *err);
+const float *g4_model_bind_f32(g4_model *m, const char *name, int ndim, const int64_t *shape, g4_error *err);
 
 /* Warnings gathered while loading (unexpected tensors, ...), or NULL. */
 const char *g4_model_warnings(const g4_model *model);

@@ -31,6 +31,16 @@ float *g4_cpu_scratch_get(g4_cpu *cpu, int t, size_t n);
 /* y[n, out] = x[n, in] * W^T (+ bias). W: F32, BF16 or F16, [out, in]. */
 void g4_cpu_matmul(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 
+/* The tower ops (cpu_tower_ops.c); see backend.h. */
+void g4_cpu_clamp(g4_backend *be, const float *x, size_t n, float lo, float hi, float *y);
+void g4_cpu_sigmoid_mul(g4_backend *be, const float *a, const float *b, size_t n, float *y);
+void g4_cpu_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
+                      float *y);
+void g4_cpu_im2col(g4_backend *be, const float *x, int h, int w, int c, int kh, int kw, int stride, int pad, int row0,
+                   int nrows, float *out);
+void g4_cpu_conv1d_causal_dw(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
+void g4_cpu_local_attention(g4_backend *be, const g4_local_attention_args *a);
+
 /* SIMD kernels, chosen once at start-up by the CPU's features. */
 typedef struct g4_cpu_kernels {
     const char *isa;

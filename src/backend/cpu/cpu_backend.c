@@ -348,6 +348,12 @@ static const g4_backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .moe = cpu_moe,
+    .clamp = g4_cpu_clamp,
+    .sigmoid_mul = g4_cpu_sigmoid_mul,
+    .layernorm = g4_cpu_layernorm,
+    .im2col = g4_cpu_im2col,
+    .conv1d_causal_dw = g4_cpu_conv1d_causal_dw,
+    .local_attention = g4_cpu_local_attention,
 };
 
 g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err) {
