@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "engine/context.h"
@@ -23,10 +24,11 @@
 #define FEATURE_TOL 1e-4f
 #define TOWER_REL_TOL 1e-3f
 #define LOGIT_TOL 2e-3f
+#define RESAMPLE_TOL 1e-2f /* measured 3.0e-3 (44.1 kHz) and 3.1e-3 (8 kHz) */
 
 static float rel_err(const float *a, const float *b, size_t n) { return max_abs_diff(a, b, n) / max_abs(b, n); }
 
-static inline int all_finite(const float *x, size_t n) {
+static int all_finite(const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(x[i])) return 0;
     return 1;
@@ -127,6 +129,186 @@ done:
     g4_tensor_set_free(&ref);
 }
 
+/* ------------------------------------------------------------ made inputs */
+static int write_sound(const char *path, int format, int rate, int channels, const float *x, size_t frames) {
+    SF_INFO info = {.samplerate = rate, .channels = channels, .format = format};
+    if (!sf_format_check(&info)) return -1;
+    SNDFILE *f = sf_open(path, SFM_WRITE, &info);
+    if (!f) return -1;
+    sf_count_t w = sf_writef_float(f, x, (sf_count_t)frames);
+    sf_close(f);
+    return w == (sf_count_t)frames ? 0 : -1;
+}
+
+static int write_shorts(const char *path, int format, const short *x, size_t frames) {
+    SF_INFO info = {.samplerate = 16000, .channels = 1, .format = format};
+    SNDFILE *f = sf_open(path, SFM_WRITE, &info);
+    if (!f) return -1;
+    sf_count_t w = sf_writef_short(f, x, (sf_count_t)frames);
+    sf_close(f);
+    return w == (sf_count_t)frames ? 0 : -1;
+}
+
+/* A band-limited test signal (tones at 440, 1250 and 3100 Hz, 50 ms raised-cosine fades) at time s. */
+static float tone(double s, double dur) {
+    const double pi = 3.14159265358979323846, fade = 0.05;
+    double env = s < fade ? 0.5 - 0.5 * cos(pi * s / fade) : s > dur - fade ? 0.5 - 0.5 * cos(pi * (dur - s) / fade) : 1;
+    if (s < 0 || s > dur) env = 0;
+    return (float)(env * (0.3 * sin(2 * pi * 440 * s) + 0.2 * sin(2 * pi * 1250 * s) + 0.1 * sin(2 * pi * 3100 * s)));
+}
+
+static float *sampled(int rate, double dur, size_t *n) {
+    *n = (size_t)(dur * rate + 0.5);
+    float *x = malloc(*n * sizeof *x);
+    for (size_t i = 0; i < *n; i++) x[i] = tone((double)i / rate, dur);
+    return x;
+}
+
+/* features of a file against the features of `want` (16 kHz samples): max abs difference */
+static float feature_diff(const g4_audio_tower *t, const char *path, const float *want, size_t n_want) {
+    const g4_audio_features_config *fx = g4_audio_tower_features(t);
+    g4_error err;
+    float *pcm = NULL;
+    size_t n = 0;
+    if (g4_audio_decode_file(path, 16000, &pcm, &n, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return INFINITY;
+    }
+    CHECKF(n == n_want, "%s: %zu samples, %zu expected", path, n, n_want);
+    int fr = g4_audio_n_frames(fx, n);
+    float *a = malloc((size_t)fr * fx->n_mels * sizeof *a + 1), *b = malloc((size_t)fr * fx->n_mels * sizeof *b + 1);
+    float d = INFINITY;
+    if (n == n_want && !g4_audio_features(fx, pcm, n, a, &err) && !g4_audio_features(fx, want, n, b, &err))
+        d = max_abs_diff(a, b, (size_t)fr * fx->n_mels);
+    free(a);
+    free(b);
+    free(pcm);
+    return d;
+}
+
+/* encodes a file; returns its soft-token count (-1 with the message in err) and checks every row is finite */
+static int encode(g4_model *m, const char *path, g4_audio_embeddings *e, g4_error *err) {
+    if (g4_audio_embed_file(m, path, e, err)) return -1;
+    CHECKF(all_finite(e->rows, (size_t)e->n_tokens * e->hidden), "%s: embeddings are not finite", path);
+    return e->n_tokens;
+}
+
+static void made_inputs(g4_model *m) {
+    g4_error err;
+    g4_audio_embeddings e;
+    const g4_audio_tower *t = m->audio;
+    const g4_audio_features_config *fx = g4_audio_tower_features(t);
+    const int WAV16 = SF_FORMAT_WAV | SF_FORMAT_PCM_16, WAVF = SF_FORMAT_WAV | SF_FORMAT_FLOAT;
+
+    /* silence, 1 s: 99 frames -> 25 soft tokens, features all ln(0.001) */
+    float *zeros = calloc(16000 * 31, sizeof *zeros);
+    CHECK(write_sound(g4t_tmp("audio_silence.wav"), WAV16, 16000, 1, zeros, 16000) == 0);
+    CHECKF(encode(m, g4t_tmp("audio_silence.wav"), &e, &err) == 25, "silence: %s", err.msg);
+    g4_audio_embeddings_free(&e);
+    float feat[128];
+    CHECK(g4_audio_n_frames(fx, 161) == 1 && g4_audio_n_frames(fx, 160) == 0);
+    CHECK(g4_audio_features(fx, zeros, 161, feat, &err) == 0 && fabsf(feat[5] - logf(0.001f)) < 1e-6f);
+
+    /* 0.1 s: 9 frames -> 3 soft tokens; 10 ms (160 samples) has no frame: a clear error */
+    size_t n;
+    float *x = sampled(16000, 0.1, &n);
+    CHECK(write_sound(g4t_tmp("audio_short.wav"), WAV16, 16000, 1, x, n) == 0);
+    CHECKF(encode(m, g4t_tmp("audio_short.wav"), &e, &err) == 3, "0.1 s: %s", err.msg);
+    g4_audio_embeddings_free(&e);
+    CHECK(write_sound(g4t_tmp("audio_tiny.wav"), WAV16, 16000, 1, x, 160) == 0);
+    CHECK(encode(m, g4t_tmp("audio_tiny.wav"), &e, &err) < 0 && strstr(err.msg, "too short"));
+    fprintf(stderr, "10 ms clip: %s\n", err.msg);
+    free(x);
+
+    /* 31 s: split into 30 s (750 tokens) and 1 s (25 tokens) */
+    CHECK(write_sound(g4t_tmp("audio_long.wav"), WAV16, 16000, 1, zeros, 16000 * 31) == 0);
+    CHECKF(encode(m, g4t_tmp("audio_long.wav"), &e, &err) == 775, "31 s: %s", err.msg);
+    CHECK(e.n_clips == 2 && e.clip_tokens[0] == 750 && e.clip_tokens[1] == 25);
+    g4_audio_embeddings_free(&e);
+    free(zeros);
+
+    /* stereo: the channels are averaged */
+    float *st = malloc(2 * 8000 * sizeof *st), *mono;
+    for (int i = 0; i < 8000; i++) {
+        st[2 * i] = tone(i / 16000.0, 0.5);
+        st[2 * i + 1] = 0.5f * tone(i / 16000.0 + 0.001, 0.5);
+    }
+    CHECK(write_sound(g4t_tmp("audio_stereo.wav"), WAVF, 16000, 2, st, 8000) == 0);
+    CHECKF(g4_audio_decode_file(g4t_tmp("audio_stereo.wav"), 16000, &mono, &n, &err) == 0, "%s", err.msg);
+    int same = n == 8000;
+    for (size_t i = 0; same && i < n; i++) same = mono[i] == (st[2 * i] + st[2 * i + 1]) / 2.0f;
+    CHECK(same);
+    free(mono);
+    free(st);
+
+    /* 44.1 kHz and 8 kHz: features after resampling against the 16 kHz sampling of the same signal */
+    float *x16 = sampled(16000, 1.0, &n);
+    const int rates[2] = {44100, 8000};
+    for (int r = 0; r < 2; r++) {
+        size_t nr;
+        float *xr = sampled(rates[r], 1.0, &nr);
+        char name[64];
+        snprintf(name, sizeof name, "audio_%d.wav", rates[r]);
+        CHECK(write_sound(g4t_tmp(name), WAVF, rates[r], 1, xr, nr) == 0);
+        float d = feature_diff(t, g4t_tmp(name), x16, n);
+        fprintf(stderr, "%d Hz: features after resampling differ from direct 16 kHz sampling by %.3g\n", rates[r], d);
+        CHECKF(d <= RESAMPLE_TOL, "%d Hz: features differ by %g", rates[r], d);
+        free(xr);
+    }
+
+    /* other containers and codecs libsndfile writes and reads: the same length (lossless FLAC: the
+     * same samples as the 16-bit WAV) */
+    static const struct {
+        const char *name;
+        int format;
+    } kinds[] = {{"audio.flac", SF_FORMAT_FLAC | SF_FORMAT_PCM_16}, {"audio.ogg", SF_FORMAT_OGG | SF_FORMAT_VORBIS},
+                 {"audio.opus", SF_FORMAT_OGG | SF_FORMAT_OPUS}, {"audio.mp3", SF_FORMAT_MPEG | SF_FORMAT_MPEG_LAYER_III}};
+    CHECK(write_sound(g4t_tmp("audio16.wav"), WAV16, 16000, 1, x16, n) == 0);
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        SF_INFO probe = {.samplerate = 16000, .channels = 1, .format = kinds[k].format};
+        if (!sf_format_check(&probe)) {
+            fprintf(stderr, "%s: this libsndfile cannot write it, not tested\n", kinds[k].name);
+            continue;
+        }
+        CHECK(write_sound(g4t_tmp(kinds[k].name), kinds[k].format, 16000, 1, x16, n) == 0);
+        g4_audio_embeddings_free(&e);
+        int tokens = encode(m, g4t_tmp(kinds[k].name), &e, &err);
+        CHECKF(tokens == 25, "%s: %d tokens (%s)", kinds[k].name, tokens, tokens < 0 ? err.msg : "");
+        g4_audio_embeddings_free(&e);
+    }
+    /* lossless FLAC decodes to the very samples of a 16-bit WAV */
+    short *pcm16 = malloc(n * sizeof *pcm16);
+    for (size_t i = 0; i < n; i++) pcm16[i] = (short)lrintf(x16[i] * 32767.0f);
+    float *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    const char *w16 = g4t_tmp("audio_i16.wav"), *fl = g4t_tmp("audio_i16.flac");
+    CHECK(write_shorts(w16, WAV16, pcm16, n) == 0 && write_shorts(fl, SF_FORMAT_FLAC | SF_FORMAT_PCM_16, pcm16, n) == 0);
+    CHECK(g4_audio_decode_file(w16, 16000, &a, &na, &err) == 0 && g4_audio_decode_file(fl, 16000, &b, &nb, &err) == 0);
+    CHECK(na == n && nb == n && a && b && memcmp(a, b, n * sizeof *a) == 0 && a[100] == pcm16[100] / 32768.0f);
+    free(a);
+    free(b);
+    free(pcm16);
+
+    /* bad files: clear errors */
+    FILE *f = fopen(g4t_tmp("audio_corrupt.wav"), "wb");
+    fwrite("RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x07\x00\x09\x00garbage-garbage-", 1, 44, f);
+    fclose(f);
+    f = fopen(g4t_tmp("audio_empty.wav"), "wb");
+    fclose(f);
+    const char *bad[] = {g4t_tmp("audio_corrupt.wav"), g4t_shared("fixtures/audio/config.json"),
+                         g4t_tmp("audio_empty.wav"), g4t_tmp("audio_missing.wav")};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        err.msg[0] = 0;
+        CHECKF(encode(m, bad[k], &e, &err) < 0 && err.msg[0] && !strchr(err.msg, '\n'), "%s was accepted", bad[k]);
+        fprintf(stderr, "%s\n", err.msg);
+    }
+    /* a WAV cut short in its data (the header still says 1 s): the samples that are there */
+    CHECK(truncate(g4t_tmp("audio16.wav"), 44 + 2 * 8000) == 0);
+    CHECKF(g4_audio_decode_file(g4t_tmp("audio16.wav"), 16000, &mono, &n, &err) == 0 && n == 8000, "cut WAV: %s", err.msg);
+    free(mono);
+    free(x16);
+}
+
 int main(void) {
     g4_error err;
     g4_model *m;
@@ -137,6 +319,7 @@ int main(void) {
     }
     CHECKF(g4_model_warnings(m) == NULL, "warnings: %s", g4_model_warnings(m));
     fixture(m);
+    made_inputs(m);
     g4_model_free(m);
     return g4t_done();
 }

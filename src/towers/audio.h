@@ -64,6 +64,9 @@ typedef struct g4_audio_tower g4_audio_tower;
 int g4_audio_tower_load(struct g4_model *m, g4_audio_tower **out, g4_error *err);
 void g4_audio_tower_free(g4_audio_tower *t);
 
+/* The feature extractor settings the tower was loaded with. */
+const g4_audio_features_config *g4_audio_tower_features(const g4_audio_tower *t);
+
 /* Soft tokens of a clip with `frames` valid feature frames: ceil(frames / 4). */
 int g4_audio_tower_n_tokens(const g4_audio_tower *t, int frames);
 

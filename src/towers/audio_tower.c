@@ -329,6 +329,8 @@ void g4_audio_tower_free(g4_audio_tower *t) {
     free(t);
 }
 
+const g4_audio_features_config *g4_audio_tower_features(const g4_audio_tower *t) { return &t->fx; }
+
 int g4_audio_tower_n_tokens(const g4_audio_tower *t, int frames) { return (frames + 3) / 4; }
 
 /* -------------------------------------------------------------- forward */
