@@ -43,6 +43,18 @@ def main():
         err = max(abs(a - b) for a, b in zip(got, want))
         print("%.3e" % err)
         sys.exit(0 if err <= float(sys.argv[4]) else 1)
+    elif cmd == "rel":  # max |ours - reference| / max |reference| of a float32 file against a named tensor
+        ref = read_safetensors(sys.argv[2])
+        shape, want = ref[sys.argv[4]]
+        with open(sys.argv[3], "rb") as f:
+            raw = f.read()
+        if len(raw) != 4 * len(want):
+            print("size mismatch: %d bytes, expected %d" % (len(raw), 4 * len(want)))
+            sys.exit(1)
+        got = struct.unpack("<%df" % len(want), raw)
+        err = max(abs(a - b) for a, b in zip(got, want)) / max(abs(b) for b in want)
+        print("%.3e" % err)
+        sys.exit(0 if err <= float(sys.argv[5]) else 1)
     else:
         sys.exit("unknown command " + cmd)
 

@@ -329,7 +329,7 @@ int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, c
     g4_generate_params gp = {
         .max_new_tokens = max_new, .pick = pick_token, .pick_user = &st, .on_token = on_token,
         .on_token_user = &st, .stop_ids = tm->gc.eos_ids, .n_stop = opt->ignore_eos ? 0 : tm->gc.n_eos,
-        .cancel = &cli_cancel,
+        .cancel = &cli_cancel, .embeddings = tm->soft_embeddings, .embedding_row = tm->soft_rows,
     };
     int n_out = 0, why = 0;
     cli_cancel = 0;

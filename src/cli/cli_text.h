@@ -55,6 +55,10 @@ typedef struct cli_text_model {
     g4_generation_config gc;
     g4_context *ctx;
     int32_t channel_open, channel_close, tool_call_open, tool_call_close; /* -1 when the vocabulary lacks them */
+    /* Soft tokens (audio) of the prompt the next cli_generate_text gets, or NULL: soft_rows[i] is
+     * the row of soft_embeddings that prompt position i takes, -1 for an ordinary token. */
+    const float *soft_embeddings;
+    const int32_t *soft_rows;
 } cli_text_model;
 
 /* Loads what a text command needs; prints the error and returns -1 on failure. Without

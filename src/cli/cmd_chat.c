@@ -1,13 +1,15 @@
 /* gemma4c chat -m DIR: an interactive multi-turn chat in the terminal.
  * Each turn renders the whole conversation with the model's chat template; the part of
  * the prompt the KV cache already holds is not processed again. Commands: /reset (new
- * conversation), /exit. Ctrl-C stops the current answer; at the prompt it quits. */
+ * conversation), /audio FILE (audio that goes with the next message), /exit. Ctrl-C stops the
+ * current answer; at the prompt it quits. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli_audio.h"
 #include "cli/cli_common.h"
 #include "cli/cli_text.h"
 #include "cli/commands.h"
@@ -18,7 +20,8 @@ static void usage(FILE *f) {
             "  --system TEXT    a system prompt for the conversation\n"
             "  --think          let the model think before it answers (thinking shown dimmed)\n"
             CLI_SAMPLING_HELP
-            "in the chat: /reset starts over, /exit quits, Ctrl-C stops an answer\n");
+            "in the chat: /reset starts over, /audio FILE adds audio to your next message, /exit quits,\n"
+            "Ctrl-C stops an answer\n");
 }
 
 /* Tokens the cache holds for sequence 0, in order. */
@@ -79,6 +82,8 @@ int cmd_chat(int argc, char **argv) {
     size_t line_cap = 0;
     g4_error err;
     int rc = 0;
+    cli_audio audio = {0}; /* every audio file of the conversation, in order */
+    int pending = 0;       /* of which the last `pending` go with the next message */
     for (;;) {
         if (interactive) {
             fputs(color ? "\033[1m> \033[0m" : "> ", stdout);
@@ -95,17 +100,37 @@ int cmd_chat(int argc, char **argv) {
                 json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
             g4_seq_reset(tm.ctx, 0);
             hist.n = 0;
+            cli_audio_clear(&audio);
+            pending = 0;
             fprintf(stderr, "(new conversation)\n");
             continue;
         }
-        if (line[0] == '/' && strcmp(line, "/") != 0 && !strchr(line, ' ')) {
-            fprintf(stderr, "commands: /reset, /exit\n");
+        if (!strncmp(line, "/audio ", 7)) {
+            const char *path = line + 7;
+            while (*path == ' ') path++;
+            int before = audio.n_rows;
+            if (cli_audio_add(&audio, tm.model, path) == 0) {
+                pending++;
+                fprintf(stderr, "(%s: %d soft tokens; it goes with your next message)\n", path, audio.n_rows - before);
+            }
             continue;
         }
-        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", line));
+        if (line[0] == '/' && strcmp(line, "/") != 0 && !strchr(line, ' ')) {
+            fprintf(stderr, "commands: /reset, /audio FILE, /exit\n");
+            continue;
+        }
+        if (pending) {
+            json_t *parts = json_array();
+            for (int i = 0; i < pending; i++) json_array_append_new(parts, json_pack("{s:s}", "type", "audio"));
+            json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "text", "text", line));
+            json_array_append_new(messages, json_pack("{s:s,s:o}", "role", "user", "content", parts));
+        } else {
+            json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", line));
+        }
         char *prompt_text = NULL;
         size_t prompt_len;
         g4_tokens toks = {0};
+        g4_soft_prompt soft = {0};
         g4_chat_options co = {.add_generation_prompt = 1, .enable_thinking = think ? 1 : -1};
         if (g4_chat_render(tm.tpl, messages, &co, &prompt_text, &prompt_len, &err) ||
             g4_tokenize(tm.tok, prompt_text, prompt_len, 0, &toks, &err)) {
@@ -116,6 +141,17 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         free(prompt_text);
+        if (audio.n_items && cli_audio_expand(&audio, tm.model, toks.ids, (int)toks.n, &soft)) {
+            json_array_remove(messages, json_array_size(messages) - 1);
+            free(toks.ids);
+            continue;
+        }
+        if (audio.n_items) { /* the prompt with its audio placeholders expanded */
+            free(toks.ids);
+            toks.ids = soft.ids;
+            toks.n = (size_t)soft.n;
+            soft.ids = NULL;
+        }
         /* reuse what the cache holds: keep the common prefix, feed the rest (at least one token) */
         int same = 0;
         while (same < hist.n && same < (int)toks.n && hist.ids[same] == toks.ids[same]) same++;
@@ -125,8 +161,13 @@ int cmd_chat(int argc, char **argv) {
             same = 0;
         }
         cli_generation g;
+        tm.soft_embeddings = audio.n_items ? audio.rows : NULL;
+        tm.soft_rows = audio.n_items ? soft.rows + same : NULL;
         int grc = cli_generate_text(&tm, toks.ids + same, (int)toks.n - same, &smp, CLI_SHOW_CHAT, stdout,
                                     think ? stderr : NULL, &g);
+        tm.soft_embeddings = NULL;
+        tm.soft_rows = NULL;
+        g4_soft_prompt_free(&soft);
         if (grc) {
             /* the turn failed (e.g. the context is full): forget it */
             json_array_remove(messages, json_array_size(messages) - 1);
@@ -136,6 +177,7 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "(the turn was dropped; /reset starts a new conversation)\n");
             continue;
         }
+        pending = 0;
         if (cli_cancel) fputs(color ? " \033[2m[stopped]\033[0m" : " [stopped]", stdout);
         fputs("\n", stdout);
         fflush(stdout);
@@ -167,6 +209,7 @@ int cmd_chat(int argc, char **argv) {
     }
     free(line);
     free(hist.ids);
+    cli_audio_clear(&audio);
     json_decref(messages);
     cli_text_close(&tm);
     return rc;

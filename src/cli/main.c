@@ -20,6 +20,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "text to ids: gemma4c tokenize -m DIR (-p TEXT | -f FILE.jsonl)"},
     {"detokenize", cmd_detokenize, "ids to text: gemma4c detokenize -m DIR -f FILE.jsonl"},
     {"bench", cmd_bench, "prefill/decode speed: gemma4c bench -m DIR [-p 128] [-n 64]"},
+    {"encode-audio", cmd_encode_audio, "audio soft tokens: gemma4c encode-audio -m DIR --audio FILE -o out.f32"},
     {"template", cmd_template, "render chat messages: gemma4c template -m DIR -f FILE.jsonl"},
 };
 
@@ -39,7 +40,7 @@ static void usage(FILE *f) {
     fprintf(f, "gemma4c %s - inference for Gemma 4 models\n\nusage: gemma4c COMMAND [options]\n\n",
             G4_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
+        fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n'gemma4c COMMAND --help' shows the options of a command.\n");
 }
 
