@@ -133,8 +133,9 @@ static double linspace(double a, double b, int num, int i) {
 static double hz_to_mel(double f) { return 2595.0 * log10(1.0 + f / 700.0); }
 static double mel_to_hz(double m) { return 700.0 * (pow(10.0, m / 2595.0) - 1.0); }
 
-/* audio_utils.mel_filter_bank(norm=None, mel_scale="htk"): fb [n_freq, n_mels] */
-static int mel_bank(const g4_audio_features_config *c, int n_freq, double *fb) {
+/* audio_utils.mel_filter_bank(norm=None, mel_scale="htk") transposed: fb [n_mels, n_freq];
+ * filter m is nonzero on bins lo[m] .. hi[m]-1 only */
+static int mel_bank(const g4_audio_features_config *c, int n_freq, double *fb, int *lo, int *hi) {
     const int M = c->n_mels;
     double *edges = malloc((size_t)(M + 2) * sizeof *edges);
     if (!edges) return -1;
@@ -146,8 +147,17 @@ static int mel_bank(const g4_audio_features_config *c, int n_freq, double *fb) {
             double down = -(edges[m] - f) / (edges[m + 1] - edges[m]);
             double up = (edges[m + 2] - f) / (edges[m + 2] - edges[m + 1]);
             double v = down < up ? down : up;
-            fb[(size_t)k * M + m] = v > 0 ? v : 0;
+            fb[(size_t)m * n_freq + k] = v > 0 ? v : 0;
         }
+    }
+    for (int m = 0; m < M; m++) {
+        lo[m] = 0;
+        hi[m] = 0;
+        for (int k = 0; k < n_freq; k++)
+            if (fb[(size_t)m * n_freq + k] > 0) {
+                if (hi[m] == 0) lo[m] = k;
+                hi[m] = k + 1;
+            }
     }
     free(edges);
     return 0;
@@ -164,9 +174,10 @@ int g4_audio_features(const g4_audio_features_config *c, const float *pcm, size_
     fftw_complex *spec = fftw_malloc((size_t)nf * sizeof *spec);
     double *fb = malloc((size_t)nf * M * sizeof *fb), *mag = malloc((size_t)nf * sizeof *mag);
     float *win = malloc((size_t)L * sizeof *win), *raw = malloc((size_t)(L + 1) * sizeof *raw);
+    int *lo = malloc((size_t)M * sizeof *lo), *hi = malloc((size_t)M * sizeof *hi);
     fftw_plan plan = NULL;
     int rc = -1;
-    if (!in || !spec || !fb || !mag || !win || !raw) {
+    if (!in || !spec || !fb || !mag || !win || !raw || !lo || !hi) {
         g4_fail(err, "out of memory");
         goto done;
     }
@@ -177,7 +188,7 @@ int g4_audio_features(const g4_audio_features_config *c, const float *pcm, size_
         g4_fail(err, "FFTW could not plan a %d-point FFT", nfft);
         goto done;
     }
-    if (mel_bank(c, nf, fb)) {
+    if (mel_bank(c, nf, fb, lo, hi)) {
         g4_fail(err, "out of memory");
         goto done;
     }
@@ -207,7 +218,7 @@ int g4_audio_features(const g4_audio_features_config *c, const float *pcm, size_
         float *o = out + (size_t)i * M;
         for (int m = 0; m < M; m++) {
             double s = 0;
-            for (int k = 0; k < nf; k++) s += mag[k] * fb[(size_t)k * M + m];
+            for (int k = lo[m]; k < hi[m]; k++) s += mag[k] * fb[(size_t)m * nf + k];
             double v = log(s + c->mel_floor);
             if (c->per_bin_mean) v -= c->per_bin_mean[m];
             if (c->per_bin_stddev) v /= c->per_bin_stddev[m];
@@ -227,5 +238,7 @@ done:
     free(mag);
     free(win);
     free(raw);
+    free(lo);
+    free(hi);
     return rc;
 }
