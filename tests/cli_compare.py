@@ -31,9 +31,12 @@ def main():
     if cmd == "ids":  # print a reference int tensor as a comma list
         ref = read_safetensors(sys.argv[2])
         print(",".join(str(x) for x in ref[sys.argv[3]][1]))
-    elif cmd == "logits":  # max |ours - reference| of a float32 logits file
+    elif cmd in ("logits", "rel"):
+        # logits REF FILE TOL: max |ours - reference logits|
+        # rel REF FILE NAME TOL: max |ours - reference NAME| / max |reference NAME|
         ref = read_safetensors(sys.argv[2])
-        shape, want = ref["logits"]
+        name, tol = ("logits", sys.argv[4]) if cmd == "logits" else (sys.argv[4], sys.argv[5])
+        shape, want = ref[name]
         with open(sys.argv[3], "rb") as f:
             raw = f.read()
         if len(raw) != 4 * len(want):
@@ -41,20 +44,10 @@ def main():
             sys.exit(1)
         got = struct.unpack("<%df" % len(want), raw)
         err = max(abs(a - b) for a, b in zip(got, want))
+        if cmd == "rel":
+            err /= max(abs(b) for b in want)
         print("%.3e" % err)
-        sys.exit(0 if err <= float(sys.argv[4]) else 1)
-    elif cmd == "rel":  # max |ours - reference| / max |reference| of a float32 file against a named tensor
-        ref = read_safetensors(sys.argv[2])
-        shape, want = ref[sys.argv[4]]
-        with open(sys.argv[3], "rb") as f:
-            raw = f.read()
-        if len(raw) != 4 * len(want):
-            print("size mismatch: %d bytes, expected %d" % (len(raw), 4 * len(want)))
-            sys.exit(1)
-        got = struct.unpack("<%df" % len(want), raw)
-        err = max(abs(a - b) for a, b in zip(got, want)) / max(abs(b) for b in want)
-        print("%.3e" % err)
-        sys.exit(0 if err <= float(sys.argv[5]) else 1)
+        sys.exit(0 if err <= float(tol) else 1)
     else:
         sys.exit("unknown command " + cmd)
 

@@ -44,3 +44,11 @@ void cli_audio_clear(cli_audio *a) {
     free(a->rows);
     memset(a, 0, sizeof *a);
 }
+
+json_t *cli_audio_user_message(int n_audio, const char *text) {
+    if (!n_audio) return json_pack("{s:s,s:s}", "role", "user", "content", text);
+    json_t *parts = json_array();
+    for (int i = 0; i < n_audio; i++) json_array_append_new(parts, json_pack("{s:s}", "type", "audio"));
+    json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "text", "text", text));
+    return json_pack("{s:s,s:o}", "role", "user", "content", parts);
+}

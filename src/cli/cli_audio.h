@@ -4,6 +4,8 @@
 #ifndef G4_CLI_CLI_AUDIO_H
 #define G4_CLI_CLI_AUDIO_H
 
+#include <jansson.h>
+
 #include "model/model.h"
 #include "towers/soft_tokens.h"
 
@@ -21,5 +23,7 @@ int cli_audio_add(cli_audio *a, g4_model *m, const char *path);
 /* Expands the <|audio|> placeholders of a rendered chat prompt, one per file. */
 int cli_audio_expand(const cli_audio *a, const g4_model *m, const int32_t *ids, int n, g4_soft_prompt *out);
 void cli_audio_clear(cli_audio *a);
+/* A user message of n_audio audio parts followed by the text (plain text when n_audio is 0). */
+json_t *cli_audio_user_message(int n_audio, const char *text);
 
 #endif

@@ -119,14 +119,7 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "commands: /reset, /audio FILE, /exit\n");
             continue;
         }
-        if (pending) {
-            json_t *parts = json_array();
-            for (int i = 0; i < pending; i++) json_array_append_new(parts, json_pack("{s:s}", "type", "audio"));
-            json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "text", "text", line));
-            json_array_append_new(messages, json_pack("{s:s,s:o}", "role", "user", "content", parts));
-        } else {
-            json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", line));
-        }
+        json_array_append_new(messages, cli_audio_user_message(pending, line));
         char *prompt_text = NULL;
         size_t prompt_len;
         g4_tokens toks = {0};

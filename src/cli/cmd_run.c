@@ -64,14 +64,7 @@ int cmd_run(int argc, char **argv) {
     g4_soft_prompt soft = {0};
     json_t *messages = json_array();
     if (system_prompt) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
-    if (n_audio) { /* the audio first, then the text, as one message of typed parts */
-        json_t *parts = json_array();
-        for (int i = 0; i < n_audio; i++) json_array_append_new(parts, json_pack("{s:s}", "type", "audio"));
-        json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "text", "text", text));
-        json_array_append_new(messages, json_pack("{s:s,s:o}", "role", "user", "content", parts));
-    } else {
-        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", text));
-    }
+    json_array_append_new(messages, cli_audio_user_message(n_audio, text));
     char *prompt_text = NULL;
     size_t prompt_len;
     g4_tokens toks = {0};
