@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "reference.h"
 #include "towers/audio.h"
+#include "towers/soft_tokens.h"
 
 #define FEATURE_TOL 1e-4f
 #define TOWER_REL_TOL 1e-3f
@@ -309,6 +310,26 @@ static void made_inputs(g4_model *m) {
     free(x16);
 }
 
+/* placeholder expansion: two files, the second split into two clips */
+static void expansion(void) {
+    g4_error err;
+    const int32_t ids[] = {2, 10, 7, 11, 7, 12};
+    const int item_blocks[] = {1, 2}, block_tokens[] = {3, 2, 1};
+    g4_soft_items it = {.placeholder = 7, .begin = 6, .end = 8, .n_items = 2, .item_blocks = item_blocks,
+                        .block_tokens = block_tokens};
+    g4_soft_prompt p;
+    CHECK(g4_soft_prompt_expand(ids, 6, &it, &p, &err) == 0);
+    const int32_t want_ids[] = {2, 10, 6, 7, 7, 7, 8, 11, 6, 7, 7, 8, 6, 7, 8, 12};
+    const int32_t want_rows[] = {-1, -1, -1, 0, 1, 2, -1, -1, -1, 3, 4, -1, -1, 5, -1, -1};
+    CHECK(p.n == 16 && !memcmp(p.ids, want_ids, sizeof want_ids) && !memcmp(p.rows, want_rows, sizeof want_rows));
+    g4_soft_prompt_free(&p);
+    it.n_items = 1;
+    CHECK(g4_soft_prompt_expand(ids, 6, &it, &p, &err) < 0 && strstr(err.msg, "2 placeholders for 1 input"));
+    CHECK(g4_soft_prompt_number(want_ids, 16, 7, 6, &p, &err) == 0 && !memcmp(p.rows, want_rows, sizeof want_rows));
+    g4_soft_prompt_free(&p);
+    CHECK(g4_soft_prompt_number(want_ids, 16, 7, 5, &p, &err) < 0);
+}
+
 int main(void) {
     g4_error err;
     g4_model *m;
@@ -318,6 +339,7 @@ int main(void) {
         return 1;
     }
     CHECKF(g4_model_warnings(m) == NULL, "warnings: %s", g4_model_warnings(m));
+    expansion();
     fixture(m);
     made_inputs(m);
     g4_model_free(m);
