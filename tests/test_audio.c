@@ -292,7 +292,8 @@ static void made_inputs(g4_model *m) {
 
     /* bad files: clear errors */
     FILE *f = fopen(g4t_tmp("audio_corrupt.wav"), "wb");
-    fwrite("RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x07\x00\x09\x00garbage-garbage-", 1, 44, f);
+    static const char corrupt[] = "RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x07\x00\x09\x00garbage-garbage-";
+    fwrite(corrupt, 1, sizeof corrupt - 1, f);
     fclose(f);
     f = fopen(g4t_tmp("audio_empty.wav"), "wb");
     fclose(f);
