@@ -107,7 +107,7 @@ typedef struct g4_backend_ops {
 
     /* ---- ops of the towers (src/towers/) ---- */
     /* y = min(max(x, lo), hi), n elements (ReLU: lo 0, hi +inf); in place allowed */
-    void (*clamp)(g4_backend *be, const float *x, size_t n, float lo, float hi, float *y);
+    void (*clamp)(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi);
     /* y = a * sigmoid(b), n elements (SiLU: a == b; GLU: the two halves); in place allowed */
     void (*sigmoid_mul)(g4_backend *be, const float *a, const float *b, size_t n, float *y);
     /* per row of `dim`: y = (x - mean) / sqrt(var + eps) * (w ? w : 1) + (b ? b : 0); in place allowed */

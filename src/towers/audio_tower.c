@@ -341,21 +341,21 @@ typedef struct {
 /* y = clamp(W clamp(x)) with the linear's bounds; tmp receives the clamped input */
 static void linear(g4_backend *be, const clipped_linear *cl, const float *x, int n, float *tmp, float *y) {
     const size_t in = (size_t)cl->w->shape[1];
-    OPS->clamp(be, x, (size_t)n * in, cl->in_lo, cl->in_hi, tmp);
+    OPS->clamp(be, x, tmp, (size_t)n * in, cl->in_lo, cl->in_hi);
     OPS->matmul(be, tmp, n, cl->w, NULL, y);
-    OPS->clamp(be, y, (size_t)n * (size_t)cl->w->shape[0], cl->out_lo, cl->out_hi, y);
+    OPS->clamp(be, y, y, (size_t)n * (size_t)cl->w->shape[0], cl->out_lo, cl->out_hi);
 }
 
 /* h += residual_weight * post_norm(clip(down(silu(up(pre_norm(clip(h))))))) */
 static void feed_forward(g4_audio_tower *t, const audio_layer *y, int f, audio_scratch *s, int n) {
     g4_backend *be = t->m->be;
     const size_t nd = (size_t)n * t->D;
-    OPS->clamp(be, s->h, nd, -t->grad_clip, t->grad_clip, s->x);
+    OPS->clamp(be, s->h, s->x, nd, -t->grad_clip, t->grad_clip);
     OPS->rmsnorm(be, s->x, y->ff_pre[f], n, t->D, t->eps, s->x);
     linear(be, &y->ff_up[f], s->x, n, s->tmp, s->big);
     OPS->sigmoid_mul(be, s->big, s->big, nd * 4, s->big);
     linear(be, &y->ff_down[f], s->big, n, s->big2, s->x);
-    OPS->clamp(be, s->x, nd, -t->grad_clip, t->grad_clip, s->x);
+    OPS->clamp(be, s->x, s->x, nd, -t->grad_clip, t->grad_clip);
     OPS->rmsnorm(be, s->x, y->ff_post[f], n, t->D, t->eps, s->x);
     OPS->scale(be, s->x, nd, t->residual);
     OPS->add(be, s->h, s->x, nd);
@@ -364,7 +364,7 @@ static void feed_forward(g4_audio_tower *t, const audio_layer *y, int f, audio_s
 static void attention(g4_audio_tower *t, const audio_layer *y, audio_scratch *s, int n) {
     g4_backend *be = t->m->be;
     const size_t nd = (size_t)n * t->D;
-    OPS->clamp(be, s->h, nd, -t->grad_clip, t->grad_clip, s->x);
+    OPS->clamp(be, s->h, s->x, nd, -t->grad_clip, t->grad_clip);
     OPS->rmsnorm(be, s->x, y->norm_pre_attn, n, t->D, t->eps, s->x);
     linear(be, &y->q, s->x, n, s->tmp, s->q);
     linear(be, &y->k, s->x, n, s->tmp, s->k);
@@ -378,7 +378,7 @@ static void attention(g4_audio_tower *t, const audio_layer *y, audio_scratch *s,
     };
     OPS->local_attention(be, &a);
     linear(be, &y->post, s->att, n, s->tmp, s->x);
-    OPS->clamp(be, s->x, nd, -t->grad_clip, t->grad_clip, s->x);
+    OPS->clamp(be, s->x, s->x, nd, -t->grad_clip, t->grad_clip);
     OPS->rmsnorm(be, s->x, y->norm_post_attn, n, t->D, t->eps, s->x);
     OPS->add(be, s->h, s->x, nd);
 }
@@ -392,7 +392,7 @@ static void light_conv(g4_audio_tower *t, const audio_layer *y, audio_scratch *s
     linear(be, &y->lc_b, s->x, n, s->tmp, s->k);
     OPS->sigmoid_mul(be, s->q, s->k, nd, s->q);
     OPS->conv1d_causal_dw(be, s->q, y->dw, n, t->D, t->K, s->x);
-    OPS->clamp(be, s->x, nd, -t->grad_clip, t->grad_clip, s->x);
+    OPS->clamp(be, s->x, s->x, nd, -t->grad_clip, t->grad_clip);
     OPS->rmsnorm(be, s->x, y->lc_conv_norm, n, t->D, t->eps, s->x);
     OPS->sigmoid_mul(be, s->x, s->x, nd, s->x);
     linear(be, &y->lc_end, s->x, n, s->tmp, s->v);
@@ -433,14 +433,14 @@ int g4_audio_tower_encode(g4_audio_tower *t, const float *features, int frames, 
     OPS->im2col(be, a0, frames, F0, 1, 3, 3, 2, 1, 0, T1, col);
     OPS->matmul(be, col, T1 * F1, &t->conv0, NULL, a0);
     OPS->layernorm(be, a0, t->norm0, NULL, T1 * F1, C1, t->eps, a0);
-    OPS->clamp(be, a0, (size_t)T1 * F1 * C1, 0.0f, INFINITY, a0);
+    OPS->clamp(be, a0, a0, (size_t)T1 * F1 * C1, 0.0f, INFINITY);
     for (int r = 0; r < T2; r += (int)chunk) {
         int nr = T2 - r < (int)chunk ? T2 - r : (int)chunk;
         OPS->im2col(be, a0, T1, F1, C1, 3, 3, 2, 1, r, nr, col);
         OPS->matmul(be, col, nr * F2, &t->conv1, NULL, a1 + (size_t)r * F2 * C2);
     }
     OPS->layernorm(be, a1, t->norm1, NULL, T2 * F2, C2, t->eps, a1);
-    OPS->clamp(be, a1, (size_t)T2 * F2 * C2, 0.0f, INFINITY, a1);
+    OPS->clamp(be, a1, a1, (size_t)T2 * F2 * C2, 0.0f, INFINITY);
     OPS->matmul(be, a1, n, t->input_proj, NULL, s.h);
 
     for (int l = 0; l < t->n_layers; l++) {
@@ -449,7 +449,7 @@ int g4_audio_tower_encode(g4_audio_tower *t, const float *features, int frames, 
         attention(t, y, &s, n);
         light_conv(t, y, &s, n);
         feed_forward(t, y, 1, &s, n);
-        OPS->clamp(be, s.h, nd, -t->grad_clip, t->grad_clip, s.h);
+        OPS->clamp(be, s.h, s.h, nd, -t->grad_clip, t->grad_clip);
         OPS->rmsnorm(be, s.h, y->norm_out, n, D, t->eps, s.h);
     }
     OPS->matmul(be, s.h, n, t->out_proj, t->out_bias, s.big);

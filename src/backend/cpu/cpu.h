@@ -32,7 +32,7 @@ float *g4_cpu_scratch_get(g4_cpu *cpu, int t, size_t n);
 void g4_cpu_matmul(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 
 /* The tower ops (cpu_tower_ops.c); see backend.h. */
-void g4_cpu_clamp(g4_backend *be, const float *x, size_t n, float lo, float hi, float *y);
+void g4_cpu_clamp(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi);
 void g4_cpu_sigmoid_mul(g4_backend *be, const float *a, const float *b, size_t n, float *y);
 void g4_cpu_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
                       float *y);

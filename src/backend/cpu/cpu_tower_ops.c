@@ -9,7 +9,7 @@
 
 static g4_cpu *cpu_of(g4_backend *be) { return be->impl; }
 
-void g4_cpu_clamp(g4_backend *be, const float *x, size_t n, float lo, float hi, float *y) {
+void g4_cpu_clamp(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi) {
     for (size_t i = 0; i < n; i++) y[i] = fminf(fmaxf(x[i], lo), hi);
 }
 
