@@ -14,6 +14,7 @@
  *               callback; g4_generation_cancel stops it from any thread
  *   embeddings  g4_embed: the mean of the final hidden states of a token sequence
  *   images      g4_image_load/decode, g4_image_encode: soft tokens for the prompt's <|image|> placeholders
+ *   audio       g4_audio_load/decode, g4_audio_encode: soft tokens for the prompt's <|audio|> placeholders
  *
  * Conventions:
  * - Handles are opaque. A function that can fail returns 0 (or a count) on success and -1 on
@@ -188,8 +189,9 @@ G4_API int g4_embed(g4_context *ctx, int seq, const int32_t *ids, int n_ids, flo
 
 /* Images and audio reach the decoder as soft tokens: rows of hidden_size floats made by the model's towers
  * that take the place of placeholder tokens (docs/gemma4-towers.md 4). A chat template writes one
- * placeholder per input (<|image|> for a content part {"type": "image"}); g4_prompt_expand turns each into
- * its blocks, <|image> + N x <|image|> + <image|> for an image, and lines up the rows in the order the
+ * placeholder per input (<|image|> for a content part {"type": "image"}, <|audio|> for {"type": "audio"});
+ * g4_prompt_expand turns each into its blocks, <|image> + N x <|image|> + <image|> for an image and
+ * <|audio> + N x <|audio|> + <audio|> for each 30 s clip of audio, and lines up the rows in the order the
  * expanded placeholders take them (g4_batch.embd). g4_generation_params.media does all of it for a
  * generation. Encoding holds a lock of the model: one input at a time per model. */
 
@@ -216,7 +218,7 @@ G4_API void g4_image_free(g4_image *img);
 
 typedef enum g4_media_kind { G4_MEDIA_IMAGE = 1, G4_MEDIA_AUDIO = 3 } g4_media_kind;
 
-/* The soft tokens of one input, in blocks: an image is one block. */
+/* The soft tokens of one input, in blocks: an image is one block, audio one block per clip of 30 s. */
 typedef struct g4_soft_tokens {
     g4_media_kind kind;
     int n_blocks;
@@ -233,6 +235,20 @@ G4_API int g4_image_encode(g4_model *model, const g4_image *img, int budget, g4_
 /* The most soft tokens an image gets at a budget (0: the processor config's); 0 without a vision tower. */
 G4_API int g4_image_max_tokens(const g4_model *model, int budget);
 G4_API void g4_soft_tokens_free(g4_soft_tokens *s);
+
+/* Audio: any file libsndfile reads (WAV, FLAC, OGG/Vorbis, Opus, MP3, ...) decoded to mono float PCM at
+ * `rate` Hz: channels averaged, other sample rates converted with libsoxr at HQ quality (as librosa.load),
+ * ceil(n * rate / rate_in) samples. *pcm is released with g4_free. Longer than 10 minutes is an error. */
+G4_API int g4_audio_load(const char *path, int rate, float **pcm, size_t *n, g4_error *err);
+/* The same for a file held in memory; `name` labels errors. */
+G4_API int g4_audio_decode(const void *data, size_t size, const char *name, int rate, float **pcm, size_t *n,
+                           g4_error *err);
+/* The sample rate the model's audio tower takes (its feature extractor's, 16000); 0 without an audio tower. */
+G4_API int g4_audio_rate(const g4_model *model);
+/* The soft tokens of PCM at g4_audio_rate (log-mel features from the model folder's preprocessor config,
+ * the audio tower, embed_audio). Audio longer than 30 s is split into clips of 30 s, each its own block. An
+ * error when the model has no audio tower or the audio is too short for one feature frame. */
+G4_API int g4_audio_encode(g4_model *model, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err);
 
 /* Soft-token placeholders among ids[0..n): the rows a batch of these ids takes from g4_batch.embd. */
 G4_API int g4_count_soft_tokens(const g4_model *model, const int32_t *ids, int n);

@@ -22,6 +22,22 @@ int cli_media_add_image(cli_media *md, g4_model *m, const char *path, int budget
     return 0;
 }
 
+int cli_media_add_audio(cli_media *md, g4_model *m, const char *path) {
+    g4_soft_tokens *s = next_slot(md);
+    if (!s) return -1;
+    g4_error err;
+    float *pcm;
+    size_t n;
+    const int rate = g4_audio_rate(m);
+    if (!rate) return cli_error("%s: this model does not take audio (no audio_config)", path), -1;
+    if (g4_audio_load(path, rate, &pcm, &n, &err)) return cli_error("%s", err.msg), -1;
+    int rc = g4_audio_encode(m, pcm, n, s, &err);
+    g4_free(pcm);
+    if (rc) return cli_error("%s: %s", path, err.msg), -1;
+    md->n++;
+    return 0;
+}
+
 void cli_media_truncate(cli_media *md, int from) {
     while (md->n > from) g4_soft_tokens_free(&md->items[--md->n]);
 }

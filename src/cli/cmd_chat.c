@@ -1,8 +1,8 @@
 /* gemma4c chat -m DIR: an interactive multi-turn chat in the terminal.
  * Each turn renders the whole conversation with the model's chat template; the part of
  * the prompt the KV cache already holds is not processed again (up to the first image: soft
- * tokens never count as held). Commands: /image FILE (an image for the next message), /reset
- * (new conversation), /exit. Ctrl-C stops the current answer; at the prompt it quits. */
+ * tokens never count as held). Commands: /image FILE and /audio FILE (an input for the next
+ * message), /reset (new conversation), /exit. Ctrl-C stops the current answer; at the prompt it quits. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +21,8 @@ static void usage(FILE *f) {
             "  --think          let the model think before it answers (thinking shown dimmed)\n"
             "  --budget N       soft tokens per image at most: 70, 140, 280, 560, 1120 (default: the model's)\n"
             CLI_SAMPLING_HELP
-            "in the chat: /image FILE adds an image to your next message, /reset starts over, /exit quits,\n"
-            "Ctrl-C stops an answer\n");
+            "in the chat: /image FILE and /audio FILE add an image or audio to your next message, /reset starts\n"
+            "over, /exit quits, Ctrl-C stops an answer\n");
 }
 
 int cmd_chat(int argc, char **argv) {
@@ -70,13 +70,13 @@ int cmd_chat(int argc, char **argv) {
     }
     cli_catch_sigint();
     if (interactive)
-        fprintf(stderr, "gemma4c chat: %s (context %d). /image FILE shows an image, /reset starts over, /exit quits, "
-                        "Ctrl-C stops an answer.\n",
+        fprintf(stderr, "gemma4c chat: %s (context %d). /image FILE or /audio FILE goes with your next message, "
+                        "/reset starts over, /exit quits, Ctrl-C stops an answer.\n",
                 smp.model_dir, g4_context_n_ctx(tm.ctx));
     g4_sampler_params sp;
     g4_generation_params gp;
     cli_generation_params(&smp, tm.model, &sp, &gp);
-    cli_media md = {0}; /* every image of the conversation, in order (the generation's media) */
+    cli_media md = {0}; /* every image and audio of the conversation, in order (the generation's media) */
     int pending = 0;    /* the inputs from index `pending` on go with the next message */
     char *line = NULL;
     size_t line_cap = 0;
@@ -98,18 +98,20 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "(new conversation)\n");
             continue;
         }
-        if (!strncmp(line, "/image ", 7)) {
+        const int image = !strncmp(line, "/image ", 7), audio = !strncmp(line, "/audio ", 7);
+        if (image || audio) {
             const char *path = line + 7;
             while (*path == ' ') path++;
             if (!*path)
-                fprintf(stderr, "usage: /image FILE\n");
-            else if (cli_media_add_image(&md, tm.model, path, (int)budget) == 0)
-                fprintf(stderr, "(%s: %d soft tokens, shown with your next message)\n", path,
+                fprintf(stderr, "usage: %.6s FILE\n", line);
+            else if ((audio ? cli_media_add_audio(&md, tm.model, path)
+                            : cli_media_add_image(&md, tm.model, path, (int)budget)) == 0)
+                fprintf(stderr, "(%s: %d soft tokens; it goes with your next message)\n", path,
                         md.items[md.n - 1].n_tokens);
             continue;
         }
         if (line[0] == '/' && strcmp(line, "/") != 0 && !strchr(line, ' ')) {
-            fprintf(stderr, "commands: /image FILE, /reset, /exit\n");
+            fprintf(stderr, "commands: /image FILE, /audio FILE, /reset, /exit\n");
             continue;
         }
         /* the whole conversation is rendered each turn; the part the cache holds is not run again */
@@ -130,7 +132,7 @@ int cmd_chat(int argc, char **argv) {
         if (bad) cli_error("%s", err.msg);
         else bad = cli_stream(gen, stdout, think ? stderr : NULL);
         if (!bad && g4_chat_add_reply(chat, gen, &err)) bad = cli_error("%s", err.msg);
-        if (bad) { /* the turn failed (e.g. the context is full): forget it (its images wait for the next one) */
+        if (bad) { /* the turn failed (e.g. the context is full): forget it (its inputs wait for the next one) */
             g4_chat_pop(chat);
             g4_generation_free(gen);
             fprintf(stderr, "(the turn was dropped; /reset starts a new conversation)\n");

@@ -1,7 +1,7 @@
-/* gemma4c logits -m DIR --ids 2,17,99 [--image FILE ...] -o out.f32
- * One full forward of the ids; writes little-endian float32 logits [n_ids, vocab]. With images, the ids
- * hold the expanded soft-token placeholders (as transformers' processor writes input_ids) and take the
- * images' soft tokens in order (their counts must match). */
+/* gemma4c logits -m DIR --ids 2,17,99 [--image FILE ...] [--audio FILE ...] -o out.f32
+ * One full forward of the ids; writes little-endian float32 logits [n_ids, vocab]. With images or audio,
+ * the ids hold the expanded soft-token placeholders (as transformers' processor writes input_ids) and each
+ * kind's placeholders take its files' soft tokens in order (their counts must match). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,21 +13,24 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: gemma4c logits -m DIR --ids 2,17,99 -o OUT.f32 [--image FILE ...] [--budget N] [-t THREADS]\n"
+            "usage: gemma4c logits -m DIR --ids 2,17,99 -o OUT.f32 [--image FILE ...] [--budget N] [--audio FILE ...]\n"
+            "                [-t THREADS]\n"
             "Writes float32 logits [n_ids, vocab] (little-endian) for every position of one forward pass.\n"
             "  --image FILE   fills the ids' image placeholders, in order (repeatable)\n"
+            "  --audio FILE   fills the ids' audio placeholders, in order (repeatable)\n"
             "  --budget N     soft tokens per image at most: 70, 140, 280, 560 or 1120 (default: the model's)\n");
 }
 
 int cmd_logits(int argc, char **argv) {
-    enum { OPT_IMAGE = 2000, OPT_BUDGET };
+    enum { OPT_IMAGE = 2000, OPT_BUDGET, OPT_AUDIO };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},   {"ids", required_argument, 0, 'i'},
                                          {"output", required_argument, 0, 'o'},  {"threads", required_argument, 0, 't'},
                                          {"image", required_argument, 0, OPT_IMAGE}, {"budget", required_argument, 0, OPT_BUDGET},
-                                         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
-    const char *dir = NULL, *ids_s = NULL, *out = NULL, *images[CLI_MAX_MEDIA];
+                                         {"audio", required_argument, 0, OPT_AUDIO}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *dir = NULL, *ids_s = NULL, *out = NULL, *files[CLI_MAX_MEDIA];
     long threads = 0, budget = 0;
-    int c, n_images = 0;
+    int c, n_files = 0, is_audio[CLI_MAX_MEDIA];
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:o:t:h", opts, NULL)) != -1) {
@@ -39,8 +42,10 @@ int cmd_logits(int argc, char **argv) {
             if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1;
             break;
         case OPT_IMAGE:
-            if (n_images == CLI_MAX_MEDIA) return cli_error("logits: at most %d images", CLI_MAX_MEDIA);
-            images[n_images++] = optarg;
+        case OPT_AUDIO:
+            if (n_files == CLI_MAX_MEDIA) return cli_error("logits: at most %d images and audio files", CLI_MAX_MEDIA);
+            is_audio[n_files] = c == OPT_AUDIO;
+            files[n_files++] = optarg;
             break;
         case OPT_BUDGET:
             if (cli_parse_int(optarg, "--budget", 1, 1 << 20, &budget)) return 1;
@@ -68,8 +73,9 @@ int cmd_logits(int argc, char **argv) {
     FILE *f = NULL;
     cli_media md = {0};
     int n_embd = 0;
-    for (int i = 0; i < n_images; i++)
-        if (cli_media_add_image(&md, m, images[i], (int)budget)) goto done;
+    for (int i = 0; i < n_files; i++)
+        if (is_audio[i] ? cli_media_add_audio(&md, m, files[i]) : cli_media_add_image(&md, m, files[i], (int)budget))
+            goto done;
     if (md.n && g4_soft_tokens_gather(m, ids, n, md.items, md.n, &embd, &n_embd, &err)) {
         cli_error("logits: %s", err.msg);
         goto done;
@@ -77,7 +83,8 @@ int cmd_logits(int argc, char **argv) {
     /* a step holds at least one whole image */
     int batch = n < 512 ? n : 512;
     for (int i = 0; i < md.n; i++)
-        if (md.items[i].n_tokens > batch) batch = md.items[i].n_tokens < n ? md.items[i].n_tokens : n;
+        if (md.items[i].kind == G4_MEDIA_IMAGE && md.items[i].n_tokens > batch)
+            batch = md.items[i].n_tokens < n ? md.items[i].n_tokens : n;
     g4_context_params cp = {.n_seq_max = 1, .n_ctx = n, .n_batch = batch};
     if (g4_context_new(m, &cp, &ctx, &err)) {
         cli_error("%s", err.msg);

@@ -1,4 +1,5 @@
-/* gemma4c run -m DIR [--image FILE ...] -p TEXT: one chat turn through the model's chat template.
+/* gemma4c run -m DIR [--image FILE ...] [--audio FILE ...] -p TEXT: one chat turn through the model's chat
+ * template.
  * The answer streams to stdout; with --think the model thinks first and its thinking
  * streams to stderr; tool calls the model makes are printed at the end as one JSON line
  * {"tool_calls": [{"name": ..., "arguments": {...}}, ...]}. */
@@ -14,25 +15,27 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: gemma4c run -m DIR -p TEXT [--image FILE ...] [options]\n"
+            "usage: gemma4c run -m DIR -p TEXT [--image FILE ...] [--audio FILE ...] [options]\n"
             "  -p TEXT          the user's message\n"
             "  --image FILE     an image the message shows, before the text (repeatable; JPEG, PNG, WebP, GIF)\n"
             "  --budget N       soft tokens per image at most: 70, 140, 280, 560, 1120 (default: the model's)\n"
+            "  --audio FILE     audio the message refers to, before the text (repeatable; WAV, FLAC, OGG, MP3, ...;\n"
+            "                   longer than 30 s: split into 30 s clips)\n"
             "  --system TEXT    a system prompt\n"
             "  --think          let the model think first (its thinking goes to stderr)\n"
             CLI_SAMPLING_HELP);
 }
 
 int cmd_run(int argc, char **argv) {
-    enum { OPT_SYSTEM = 2000, OPT_THINK, OPT_IMAGE, OPT_BUDGET };
+    enum { OPT_SYSTEM = 2000, OPT_THINK, OPT_IMAGE, OPT_BUDGET, OPT_AUDIO };
     static const struct option own[] = {{"prompt", required_argument, 0, 'p'}, {"system", required_argument, 0, OPT_SYSTEM},
                                         {"think", no_argument, 0, OPT_THINK},    {"image", required_argument, 0, OPT_IMAGE},
-                                        {"budget", required_argument, 0, OPT_BUDGET}, {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
+                                        {"budget", required_argument, 0, OPT_BUDGET}, {"audio", required_argument, 0, OPT_AUDIO},
+                                        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     struct option opts[40];
     cli_options_with_sampling(own, opts, 40);
     const char *text = NULL, *system_prompt = NULL, *files[CLI_MAX_MEDIA];
-    int think = 0, c, n_files = 0;
+    int think = 0, c, n_files = 0, is_audio[CLI_MAX_MEDIA];
     long budget = 0;
     cli_sampling smp;
     cli_sampling_init(&smp);
@@ -47,7 +50,9 @@ int cmd_run(int argc, char **argv) {
         case OPT_SYSTEM: system_prompt = optarg; break;
         case OPT_THINK: think = 1; break;
         case OPT_IMAGE:
-            if (n_files == CLI_MAX_MEDIA) return cli_error("run: at most %d images", CLI_MAX_MEDIA);
+        case OPT_AUDIO:
+            if (n_files == CLI_MAX_MEDIA) return cli_error("run: at most %d images and audio files", CLI_MAX_MEDIA);
+            is_audio[n_files] = c == OPT_AUDIO;
             files[n_files++] = optarg;
             break;
         case OPT_BUDGET:
@@ -73,7 +78,9 @@ int cmd_run(int argc, char **argv) {
     cli_media md = {0};
     char *user = NULL;
     for (int i = 0; i < n_files; i++)
-        if (cli_media_add_image(&md, tm.model, files[i], (int)budget)) goto done;
+        if (is_audio[i] ? cli_media_add_audio(&md, tm.model, files[i])
+                        : cli_media_add_image(&md, tm.model, files[i], (int)budget))
+            goto done;
     json_t *msg = cli_user_message(text, &md, 0);
     user = msg ? json_dumps(msg, 0) : NULL;
     json_decref(msg);

@@ -18,6 +18,7 @@ static const command commands[] = {
     {"generate", cmd_generate, "complete text or ids: gemma4c generate -m DIR (-p TEXT | --ids 2,17)"},
     {"logits", cmd_logits, "full-forward logits: gemma4c logits -m DIR --ids 2,17,99 -o out.f32"},
     {"encode-image", cmd_encode_image, "image soft tokens: gemma4c encode-image -m DIR --image FILE -o out.f32"},
+    {"encode-audio", cmd_encode_audio, "audio soft tokens: gemma4c encode-audio -m DIR --audio FILE -o out.f32"},
     {"tokenize", cmd_tokenize, "text to ids: gemma4c tokenize -m DIR (-p TEXT | -f FILE.jsonl)"},
     {"detokenize", cmd_detokenize, "ids to text: gemma4c detokenize -m DIR -f FILE.jsonl"},
     {"bench", cmd_bench, "prefill/decode speed: gemma4c bench -m DIR [-p 128] [-n 64]"},

@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "formats/safetensors.h"
+#include "towers/audio.h"
 #include "towers/vision.h"
 
 struct g4_binder {
@@ -167,20 +168,24 @@ static int place_vectors(g4_model *m, g4_error *err) {
     g4_backend *be = m->be;
     if (be->ops->host_memory) return 0;
     size_t total = 0;
-    for (int i = 0; i < m->n_vecs; i++) total += (m->vecs[i].n + 15) & ~(size_t)15; /* 64-byte aligned starts */
+    for (int i = 0; i < m->n_vecs; i++) /* 64-byte aligned starts; a vector without a field is read on the host */
+        if (m->vecs[i].field) total += (m->vecs[i].n + 15) & ~(size_t)15;
     if (!total) return 0;
     m->vec_arena = be->ops->alloc(be, total * sizeof(float));
     if (!m->vec_arena) return g4_fail(err, "out of %s memory for %zu bytes of norm weights", be->ops->name, total * 4);
     size_t off = 0;
     for (int i = 0; i < m->n_vecs; i++) {
         g4_vec_slot *v = &m->vecs[i];
+        if (!v->field) continue;
         be->ops->to_device(be, m->vec_arena + off, v->host, v->n * sizeof(float));
-        if (v->field) *v->field = m->vec_arena + off;
+        *v->field = m->vec_arena + off;
         off += (v->n + 15) & ~(size_t)15;
     }
     be->ops->sync(be);
     return 0;
-}static void fmt_name(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+}
+
+static void fmt_name(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void fmt_name(char *buf, size_t cap, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -322,6 +327,7 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     /* the towers, with full names */
     b.prefix = "";
     if (m->cfg.has_vision && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
+    if (m->cfg.has_audio && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
     if (b.failed) {
         free(b.used);
         return -1;
@@ -371,6 +377,7 @@ void g4_model_free(g4_model *m) {
     if (!m) return;
     g4_backend *be = m->be;
     g4_vision_free(m->vision);
+    g4_audio_tower_free(m->audio);
     if (be) {
         for (int i = 0; i < m->weights.n_tensors && m->placed; i++)
             if (m->uploaded[i]) be->ops->release_weight(be, &m->placed[i]);

@@ -53,6 +53,7 @@ struct g4_model {
     const float *final_norm;         /* [H] */
     g4_layer *layers;
     struct g4_vision *vision;        /* NULL without vision_config (src/towers/vision.c) */
+    struct g4_audio_tower *audio;    /* NULL without audio_config (src/towers/audio_tower.c) */
     pthread_mutex_t tower_lock;      /* one image or audio clip through a tower at a time */
     float *inv_freq[G4_LAYER_TYPES]; /* [head_dim/2] per layer type (backend memory) */
     float embed_scale;               /* fp32(sqrt(H)) */
@@ -76,7 +77,7 @@ typedef struct g4_binder g4_binder;
 /* A matrix of any rank the ops read: the backend's copy. */
 const g4_tensor *g4_bind_matrix(g4_binder *b, const char *name, int ndim, const int64_t *shape);
 /* A small tensor converted to f32: returns the host copy (valid while the model lives); *field points at
- * the backend's copy once binding is done. */
+ * the backend's copy once binding is done (field NULL: the host copy is all there is). */
 const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int64_t *shape, const float **field);
 /* A scalar tensor (shape [] or [1]); 0 when absent. */
 float g4_bind_scalar(g4_binder *b, const char *name);

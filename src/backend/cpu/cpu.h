@@ -37,6 +37,14 @@ void g4_cpu_clamp(g4_backend *be, const float *x, float *y, size_t n, float lo, 
 void g4_cpu_shift_scale_cols(g4_backend *be, float *y, int rows, int cols, const float *shift, const float *scale);
 void g4_cpu_gather_sum(g4_backend *be, const float *src, const int32_t *idx, int n, int k, int row, float s,
                        float *dst);
+/* The audio tower's ops (cpu_tower_ops.c). */
+void g4_cpu_sigmoid_mul(g4_backend *be, const float *a, const float *b, size_t n, float *y);
+void g4_cpu_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
+                      float *y);
+void g4_cpu_im2col(g4_backend *be, const float *x, int h, int w, int c, int kh, int kw, int stride, int pad, int row0,
+                   int nrows, float *out);
+void g4_cpu_conv1d_causal_dw(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
+void g4_cpu_local_attention(g4_backend *be, const g4_local_attention_args *a);
 
 /* SIMD kernels, chosen once at start-up by the CPU's features. */
 typedef struct g4_cpu_kernels {

@@ -443,11 +443,16 @@ static const g4_backend_ops cpu_ops = {
     .argmax = cpu_argmax,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .moe = cpu_moe,
     .attention_dense = g4_cpu_attention_dense,
     .clamp = g4_cpu_clamp,
     .shift_scale_cols = g4_cpu_shift_scale_cols,
     .gather_sum = g4_cpu_gather_sum,
-    .moe = cpu_moe,
+    .sigmoid_mul = g4_cpu_sigmoid_mul,
+    .layernorm = g4_cpu_layernorm,
+    .im2col = g4_cpu_im2col,
+    .conv1d_causal_dw = g4_cpu_conv1d_causal_dw,
+    .local_attention = g4_cpu_local_attention,
 };
 
 g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err) {
