@@ -91,7 +91,8 @@ size_t g4_kv_bytes(const g4_context *ctx);
 /* One batch step.  Tokens of one sequence must be contiguous in the batch and
  * in position order; each sequence's tokens continue at g4_seq_length(seq).
  * Rows with want_logits[i] != 0 (all rows if want_logits is NULL) get their
- * float32 logits written to `logits` in batch order, vocab floats per row. */
+ * float32 logits written to `logits` in batch order, vocab floats per row;
+ * with logits == NULL no logits are computed (a capture still sees the final norm). */
 typedef struct g4_batch {
     int n_tokens;
     const int32_t *token;
@@ -108,6 +109,53 @@ int g4_decode_greedy(g4_context *ctx, const g4_batch *batch, int32_t *ids, g4_er
  * g4_decode copies the hidden state after every layer ([n_layers][n_tokens][H])
  * and after the final norm ([n_tokens][H]) into these buffers. */
 void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm);
+
+/* --------------------------------------------------- speculative decoding */
+
+/* A drafter: a gemma4_assistant checkpoint (Gemma 4's multi-token-prediction assistant) loaded beside its main
+ * model, on the main model's backend. It drafts tokens from the main model's own K/V cache and hidden state;
+ * the main model checks a round of drafts in one step, as transformers 5.17's assisted generation does. */
+typedef struct g4_drafter g4_drafter;
+
+/* Loads DIR and checks that it can draft for `main` (hidden sizes, vocabulary, head sizes, kv heads and RoPE
+ * of the layer types it reads); a mismatched pair is a one-line error. `main` must outlive the drafter. */
+int g4_drafter_load(const char *dir, g4_model *main, g4_drafter **out, g4_error *err);
+void g4_drafter_free(g4_drafter *d);
+/* Drafts per round by default: the drafter's generation_config.json num_assistant_tokens (20 when absent). */
+int g4_drafter_n_draft(const g4_drafter *d);
+
+/* Speculative decoding of one sequence of a context whose model is the drafter's main model. */
+typedef struct g4_spec g4_spec;
+typedef struct g4_sampler g4_sampler;
+
+typedef struct g4_spec_params {
+    int n_draft;                /* drafts per round; 0: the drafter's default. Below the context's n_batch. */
+    const int32_t *stop_ids;    /* ids that end generation (eos): drafting stops after drafting one */
+    int n_stop_ids;
+    volatile int *cancel;       /* checked between prefill chunks (may be NULL) */
+} g4_spec_params;
+
+int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
+                g4_error *err);
+void g4_spec_free(g4_spec *s);
+
+/* Runs `prompt` through the sequence (continuing from its length) and keeps what the first round needs;
+ * the last prompt row's logits go to `logits` (vocab floats): the caller picks the first token from them.
+ * Returns 0, 1 when cancelled between chunks, or -1. */
+int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err);
+
+/* One round after `last`, the sequence's newest token (picked by the caller, not yet run through the model):
+ * up to min(n_draft, budget - 1) drafts, one main-model step over [last, drafts], and the accepted drafts plus
+ * one token of the main model (the correction, or a bonus when all were accepted) into out (room for
+ * n_draft + 1), their count into *n_out (<= budget). smp NULL: greedy (argmax). A greedy sampler (temperature 0)
+ * picks the largest adjusted logit of each row; a sampling one verifies by speculative sampling. smp's history
+ * must hold the sequence so far (the caller accepts what it reports; a round leaves the history as it found
+ * it). Afterwards the sequence holds everything but the newest token, as in plain decoding. */
+int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err);
+
+/* Rounds since the last prefill: *n rounds, drafted[i] and accepted[i] drafts of round i (valid until the next
+ * call on s). */
+void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted, int *n);
 
 #ifdef __cplusplus
 }

@@ -12,12 +12,13 @@
 #include "core/error.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "engine/stop.h"
 #include "model/model.h"
 
 enum {
     OPT_TEMP = 1000, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_REPEAT, OPT_REPEAT_N, OPT_PRESENCE,
-    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS
+    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS, OPT_DRAFT, OPT_DRAFT_N, OPT_DRAFT_STATS
 };
 
 const struct option cli_sampling_options[] = {
@@ -37,6 +38,9 @@ const struct option cli_sampling_options[] = {
     {"model", required_argument, 0, 'm'},
     {"threads", required_argument, 0, 't'},
     {"ctx", required_argument, 0, OPT_CTX},
+    {"draft", required_argument, 0, OPT_DRAFT},
+    {"draft-n", required_argument, 0, OPT_DRAFT_N},
+    {"draft-stats", no_argument, 0, OPT_DRAFT_STATS},
     {0, 0, 0, 0},
 };
 
@@ -115,6 +119,9 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
     case 'm': s->model_dir = arg; return 1;
     case 't': return cli_parse_int(arg, "--threads", 0, 1024, &s->threads) ? -1 : 1;
     case OPT_CTX: return cli_parse_int(arg, "--ctx", 16, 1 << 24, &s->n_ctx) ? -1 : 1;
+    case OPT_DRAFT: s->draft_dir = arg; return 1;
+    case OPT_DRAFT_N: return cli_parse_int(arg, "--draft-n", 1, 256, &s->draft_n) ? -1 : 1;
+    case OPT_DRAFT_STATS: s->draft_stats = 1; return 1;
     default: return 0;
     }
 }
@@ -144,6 +151,16 @@ int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
     if (n_ctx > max_pos) n_ctx = max_pos;
     g4_context_params cp = {.n_seq_max = 1, .n_ctx = n_ctx, .n_batch = 512};
     if (g4_context_new(tm->model, &cp, &tm->ctx, &err)) goto fail;
+    if (opt->draft_dir) {
+        g4_spec_params spp = {.n_draft = (int)opt->draft_n, .stop_ids = tm->gc.eos_ids, .n_stop_ids = tm->gc.n_eos,
+                              .cancel = &cli_cancel};
+        if (g4_drafter_load(opt->draft_dir, tm->model, &tm->drafter, &err) ||
+            g4_spec_new(tm->ctx, 0, tm->drafter, &spp, &tm->spec, &err))
+            goto fail;
+    } else if (opt->draft_n || opt->draft_stats) {
+        g4_fail(&err, "--draft-n and --draft-stats need --draft DIR");
+        goto fail;
+    }
     tm->channel_open = tm->channel_close = tm->tool_call_open = tm->tool_call_close = -1;
     if (tm->tok) {
         tm->channel_open = g4_tokenizer_token_id(tm->tok, "<|channel>");
@@ -159,6 +176,8 @@ fail:
 }
 
 void cli_text_close(cli_text_model *tm) {
+    g4_spec_free(tm->spec);
+    g4_drafter_free(tm->drafter);
     g4_context_free(tm->ctx);
     g4_model_free(tm->model);
     if (tm->tpl) g4_chat_template_free(tm->tpl);
@@ -277,6 +296,18 @@ static int on_token(int32_t id, void *user) {
     return st->failed || st->stopped_by_string;
 }
 
+/* --draft-stats: {"accepted_per_round": [...], "drafts_per_round": [...]} on stderr */
+static void print_draft_stats(const g4_spec *spec) {
+    const int *drafted, *accepted;
+    int n;
+    g4_spec_rounds(spec, &drafted, &accepted, &n);
+    fprintf(stderr, "{\"accepted_per_round\": [");
+    for (int i = 0; i < n; i++) fprintf(stderr, i ? ", %d" : "%d", accepted[i]);
+    fprintf(stderr, "], \"drafts_per_round\": [");
+    for (int i = 0; i < n; i++) fprintf(stderr, i ? ", %d" : "%d", drafted[i]);
+    fprintf(stderr, "]}\n");
+}
+
 int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const cli_sampling *opt,
                       cli_show show, FILE *out, FILE *thinking_out, cli_generation *g) {
     memset(g, 0, sizeof *g);
@@ -334,8 +365,10 @@ int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, c
     int n_out = 0, why = 0;
     cli_cancel = 0;
     cli_generating = 1;
-    int grc = g4_generate(tm->ctx, 0, prompt, n_prompt, &gp, out_ids, &n_out, &why, &err);
+    int grc = tm->spec ? g4_spec_generate(tm->spec, prompt, n_prompt, &gp, st.sampler, out_ids, &n_out, &why, &err)
+                       : g4_generate(tm->ctx, 0, prompt, n_prompt, &gp, out_ids, &n_out, &why, &err);
     cli_generating = 0;
+    if (tm->spec && opt->draft_stats) print_draft_stats(tm->spec);
     free(out_ids);
     if (grc) {
         cli_error("%s", err.msg);

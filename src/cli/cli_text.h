@@ -31,6 +31,9 @@ typedef struct cli_sampling {
     int32_t bias_ids[CLI_MAX_BIAS];
     float bias_values[CLI_MAX_BIAS];
     int n_bias;
+    const char *draft_dir; /* --draft: a gemma4_assistant drafter for speculative decoding */
+    long draft_n;          /* --draft-n: drafts per round (0: the drafter's default) */
+    int draft_stats;       /* --draft-stats: one JSON line of rounds on stderr after each generation */
 } cli_sampling;
 
 /* getopt_long entries for those options (-m, -t, -n and values >= 1000); ends with a zero entry. */
@@ -40,7 +43,9 @@ extern const struct option cli_sampling_options[];
     "sampling (defaults from the model's generation_config.json):\n"                                     \
     "  --temp T  --top-k K  --top-p P  --min-p P  --seed N  --repeat-penalty R  --repeat-last-n N\n"   \
     "  --presence-penalty P  --frequency-penalty F  -n N (max new tokens)  --stop TEXT (repeatable)\n" \
-    "  --logit-bias ID=BIAS (repeatable; BIAS may be -inf)  --ignore-eos\n"
+    "  --logit-bias ID=BIAS (repeatable; BIAS may be -inf)  --ignore-eos\n"                               \
+    "speculative decoding: --draft DIR (a gemma4_assistant checkpoint)  --draft-n N (drafts per round)\n" \
+    "  --draft-stats (accepted and drafted tokens per round, one JSON line on stderr)\n"
 void cli_sampling_init(cli_sampling *s);
 /* Copies a command's own options (up to their zero entry), then the sampling options and the
  * terminating zero entry, into out (room for `cap` entries). */
@@ -54,6 +59,8 @@ typedef struct cli_text_model {
     g4_chat_template *tpl; /* NULL unless asked for */
     g4_generation_config gc;
     g4_context *ctx;
+    g4_drafter *drafter;   /* with --draft */
+    g4_spec *spec;
     int32_t channel_open, channel_close, tool_call_open, tool_call_close; /* -1 when the vocabulary lacks them */
 } cli_text_model;
 

@@ -81,6 +81,12 @@ void g4_sampler_free(g4_sampler *s);
 void g4_sampler_accept(g4_sampler *s, int32_t id);
 void g4_sampler_accept_many(g4_sampler *s, const int32_t *ids, int n);
 
+/* Takes the last n accepted ids back out of the history (speculative decoding tries drafts and keeps some).
+ * The history can go back G4_SAMPLER_REWIND_MAX ids behind the longest it has been: 0, or -1 beyond that or
+ * beyond its start (nothing changes). */
+#define G4_SAMPLER_REWIND_MAX 256
+int g4_sampler_rewind(g4_sampler *s, int n);
+
 /* Clears the history. The random generator keeps its state (a new sequence gets fresh
  * draws); call g4_sampler_seed to restart the random sequence too. */
 void g4_sampler_reset(g4_sampler *s);
@@ -96,6 +102,17 @@ int32_t g4_sampler_sample(g4_sampler *s, const float *logits);
  * probabilities (0 for filtered tokens; greedy gives a one-hot row) and returns how many are
  * non-zero, or -1 as above (then probs is all zero). Consumes no random numbers. */
 int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs);
+
+/* 1 when the sampler picks the largest adjusted logit (temperature 0); *plain (may be NULL) is then 1 when nothing
+ * adjusts the logits (no bias, suppression or penalty): the pick is the argmax of the raw row. */
+int g4_sampler_is_greedy(const g4_sampler *s, int *plain);
+
+/* A uniform number in [0, 1) from the sampler's random sequence. */
+double g4_sampler_uniform(g4_sampler *s);
+
+/* Draws an id from vocab_size non-negative weights (they need not sum to 1) with the sampler's random sequence;
+ * -1 when every weight is 0. */
+int32_t g4_sampler_draw(g4_sampler *s, const float *probs);
 
 /* The parameters the sampler was created with (arrays point at its own copies). */
 const g4_sampler_params *g4_sampler_get_params(const g4_sampler *s);
