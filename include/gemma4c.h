@@ -133,6 +133,10 @@ typedef struct g4_spec_params {
     const int32_t *stop_ids;    /* ids that end generation (eos): drafting stops after drafting one */
     int n_stop_ids;
     volatile int *cancel;       /* checked between prefill chunks (may be NULL) */
+    int raw_q;                  /* sampling: verify as transformers 5.17 does, with q = softmax of the drafter's
+                                   raw logits although drafts are its argmax (favours drafts: the output is no
+                                   longer distributed as the main model's); 0: q = the point mass the draft was
+                                   drawn from, lossless */
 } g4_spec_params;
 
 int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
@@ -148,7 +152,8 @@ int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logi
  * up to min(n_draft, budget - 1) drafts, one main-model step over [last, drafts], and the accepted drafts plus
  * one token of the main model (the correction, or a bonus when all were accepted) into out (room for
  * n_draft + 1), their count into *n_out (<= budget). smp NULL: greedy (argmax). A greedy sampler (temperature 0)
- * picks the largest adjusted logit of each row; a sampling one verifies by speculative sampling. smp's history
+ * picks the largest adjusted logit of each row; a sampling one verifies by speculative sampling (the output is
+ * distributed as the main model's with that sampler, see g4_spec_params.raw_q). smp's history
  * must hold the sequence so far (the caller accepts what it reports; a round leaves the history as it found
  * it). Afterwards the sequence holds everything but the newest token, as in plain decoding. */
 int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err);

@@ -180,6 +180,7 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
     }
     s->n_pending = -1;
     s->cancel = p.cancel;
+    s->raw_q = p.raw_q;
     g4_backend *be = d->m->be;
     const size_t Hb = (size_t)mc->hidden_size, Ha = (size_t)ac->hidden_size, V = (size_t)mc->vocab_size;
     const size_t cap = (size_t)s->cap;
@@ -301,10 +302,13 @@ static double softmax_at(const float *x, int n, int i) {
     return exp((double)x[i] - m) / z;
 }
 
-/* Speculative sampling (4.9, transformers' _speculative_sampling): draft i is kept while a uniform draw is
+/* Speculative sampling (4.9; transformers' _speculative_sampling): draft i is kept while a uniform draw is
  * <= p_i(d_i) / q_i(d_i), p the sampler's distribution of verification row i (its processors see the drafts
- * before it), q the softmax of the raw drafter logits; then one token from norm(max(p_n - q_n, 0)) after a
- * rejection, or from p_k. Returns the number kept; *next the token after them; *hist drafts added to smp. */
+ * before it) and q the distribution the draft was drawn from; then one token from norm(max(p_n - q_n, 0)) after a
+ * rejection, or from p_k. The drafts are argmaxes, so q is a point mass on d_i: a draft is kept with probability
+ * p_i(d_i) and a rejection draws from p_n without d_n, which keeps the output distributed as the main model's
+ * (transformers 5.17 takes q = softmax of the raw drafter logits instead, which favours the drafts: raw_q).
+ * Returns the number kept; *next the token after them; *hist drafts added to smp. */
 static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, int32_t *next, int *hist, g4_error *err) {
     const int V = s->ctx->model->cfg.text.vocab_size;
     int n = 0;
@@ -313,7 +317,7 @@ static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, int32_t
             return g4_fail(err, "every token of verification row %d is banned", n);
         if (n == k) break;
         const int32_t d = s->drafts[n];
-        const double q = softmax_at(s->dlogits + (size_t)n * V, V, d), r = g4_sampler_uniform(smp);
+        const double q = s->raw_q ? softmax_at(s->dlogits + (size_t)n * V, V, d) : 1.0, r = g4_sampler_uniform(smp);
         if (!(s->probs[d] > 0.0f) || !(r <= (double)s->probs[d] / q)) break;
         g4_sampler_accept(smp, d);
         (*hist)++;
@@ -324,15 +328,22 @@ static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, int32_t
     }
     const float *p = s->probs;
     if (n < k) { /* the residual distribution max(p - q, 0); p itself if that is all zero */
-        const float *dl = s->dlogits + (size_t)n * V;
-        float m = dl[0];
-        for (int j = 1; j < V; j++) m = dl[j] > m ? dl[j] : m;
-        double z = 0, left = 0;
-        for (int j = 0; j < V; j++) z += exp((double)dl[j] - m);
-        for (int j = 0; j < V; j++) {
-            double r = (double)s->probs[j] - exp((double)dl[j] - m) / z;
-            s->resid[j] = r > 0 ? (float)r : 0.0f;
-            left += s->resid[j];
+        double left = 0;
+        if (s->raw_q) {
+            const float *dl = s->dlogits + (size_t)n * V;
+            float m = dl[0];
+            for (int j = 1; j < V; j++) m = dl[j] > m ? dl[j] : m;
+            double z = 0;
+            for (int j = 0; j < V; j++) z += exp((double)dl[j] - m);
+            for (int j = 0; j < V; j++) {
+                double r = (double)s->probs[j] - exp((double)dl[j] - m) / z;
+                s->resid[j] = r > 0 ? (float)r : 0.0f;
+                left += s->resid[j];
+            }
+        } else {
+            memcpy(s->resid, s->probs, (size_t)V * sizeof *s->resid);
+            s->resid[s->drafts[n]] = 0.0f;
+            for (int j = 0; j < V; j++) left += s->resid[j];
         }
         if (left > 0) p = s->resid;
     }
@@ -381,7 +392,7 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
     const int greedy = smp ? g4_sampler_is_greedy(smp, &plain) : 1;
     g4_batch b = {k + 1, s->vtoks, s->seqs, NULL};
     if (plain ? g4_decode_greedy(ctx, &b, s->vids, err) : g4_decode(ctx, &b, s->vlogits, err)) return -1;
-    if (!greedy && k > 0) {
+    if (!greedy && s->raw_q && k > 0) {
         OPS->to_host(be, s->dlogits, s->logits, (size_t)k * V * sizeof(float));
         OPS->sync(be);
     }

@@ -30,14 +30,16 @@ typedef struct g4_draft_rows {
     int lo[G4_LAYER_TYPES], hi[G4_LAYER_TYPES];
 } g4_draft_rows;
 
-/* For tests: host copies of what each draft step of a round saw and made (NULL fields are skipped). */
+/* For tests: host copies of what the draft steps saw and made, one slot per drafting (a round's drafts are made by
+ * one drafting, at the end of the round before it), the first max_draftings of them. */
 typedef struct g4_spec_capture {
-    float *inputs;  /* [n_draft, 2*Hb] the drafter's input x (embedding, hidden) */
-    float *hidden;  /* [n_draft, Hb] post_projection outputs */
-    float *logits;  /* [n_draft, V] */
-    int position;   /* p of the last drafting */
-    int n;          /* steps of the last drafting */
-    g4_draft_rows rows;
+    int max_draftings, max_steps;
+    int n;                  /* draftings recorded */
+    float *inputs;          /* [max_draftings][max_steps][2*Hb] the drafter's input x (embedding, hidden) */
+    float *hidden;          /* [max_draftings][max_steps][Hb] post_projection outputs */
+    float *logits;          /* [max_draftings][max_steps][V] */
+    int *position, *steps;  /* [max_draftings] */
+    g4_draft_rows *rows;    /* [max_draftings] */
 } g4_spec_capture;
 
 /* The int32 slots of g4_spec.ints (backend memory), then one token per draft step and one more. */
@@ -52,6 +54,7 @@ struct g4_spec {
     int32_t *stop_ids;
     int n_stop;
     volatile int *cancel;
+    int raw_q;               /* speculative sampling with transformers 5.17's q (g4_spec_params.raw_q) */
     /* backend memory */
     float *xin;              /* [2*Hb]: the main model's scaled embedding of the step's token, then the hidden vector */
     float *z, *xn, *o, *zn;  /* [Ha] */

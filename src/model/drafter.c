@@ -63,17 +63,20 @@ void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *row
         if (c->type_head_dim[t])
             OPS->rope_table(be, s->ints + G4_SPEC_POS, 1, dm->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
     OPS->copy(be, s->xin + Hb, s->h0, (size_t)Hb * sizeof(float));
-    g4_spec_capture *cap = s->capture;
+    g4_spec_capture *cap = s->capture && s->capture->n < s->capture->max_draftings ? s->capture : NULL;
+    const int slot = cap ? cap->n++ : 0, kc = cap && k > cap->max_steps ? cap->max_steps : k;
+    float *cap_in = cap ? cap->inputs + (size_t)slot * cap->max_steps * 2 * Hb : NULL;
+    float *cap_h = cap ? cap->hidden + (size_t)slot * cap->max_steps * Hb : NULL;
     for (int step = 0; step < k; step++) {
         int32_t *ids = s->ints + G4_SPEC_TOKENS + step;
         float *logits = s->logits + (size_t)step * V;
         OPS->embed(be, mm->embed, ids, 1, mm->embed_scale, s->xin); /* the MAIN model's scaled embedding */
-        if (cap && cap->inputs) OPS->to_host(be, cap->inputs + (size_t)step * 2 * Hb, s->xin, 2 * (size_t)Hb * 4);
+        if (cap && step < kc) OPS->to_host(be, cap_in + (size_t)step * 2 * Hb, s->xin, 2 * (size_t)Hb * 4);
         OPS->matmul(be, s->xin, 1, dm->pre_projection, NULL, s->z);
         for (int l = 0; l < c->n_layers; l++) layer(s, l, rows);
         OPS->rmsnorm(be, s->z, dm->final_norm, 1, Ha, (float)c->rms_norm_eps, s->zn);
         OPS->matmul(be, s->zn, 1, dm->post_projection, NULL, s->xin + Hb); /* the next step's hidden vector */
-        if (cap && cap->hidden) OPS->to_host(be, cap->hidden + (size_t)step * Hb, s->xin + Hb, (size_t)Hb * 4);
+        if (cap && step < kc) OPS->to_host(be, cap_h + (size_t)step * Hb, s->xin + Hb, (size_t)Hb * 4);
         if (dm->cfg.asst.use_ordered_embeddings) {
             OPS->matmul(be, s->zn, 1, dm->centroids, NULL, s->cl);
             OPS->masked_logits(be, s->zn, s->cl, dm->cfg.asst.num_centroids, dm->cfg.asst.centroid_top_k,
@@ -84,11 +87,11 @@ void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *row
         OPS->argmax(be, logits, 1, V, ids + 1);
     }
     if (k > 0) OPS->to_host(be, s->drafts, s->ints + G4_SPEC_TOKENS + 1, (size_t)k * sizeof(int32_t));
-    if (cap && cap->logits && k > 0) OPS->to_host(be, cap->logits, s->logits, (size_t)k * V * sizeof(float));
     if (cap) {
-        cap->position = p;
-        cap->n = k;
-        cap->rows = *rows;
+        OPS->to_host(be, cap->logits + (size_t)slot * cap->max_steps * V, s->logits, (size_t)kc * V * sizeof(float));
+        cap->position[slot] = p;
+        cap->steps[slot] = k;
+        cap->rows[slot] = *rows;
     }
     OPS->sync(be);
 }
