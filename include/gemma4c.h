@@ -158,6 +158,10 @@ int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logi
  * it). Afterwards the sequence holds everything but the newest token, as in plain decoding. */
 int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err);
 
+/* Drafts k tokens after `last` from the sequence as it is, without verifying them (nothing changes but the
+ * drafts a next round would have used): benchmarks, inspection. */
+int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err);
+
 /* Rounds since the last prefill: *n rounds, drafted[i] and accepted[i] drafts of round i (valid until the next
  * call on s). */
 void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted, int *n);

@@ -192,6 +192,7 @@ static void check_reference(g4_model *m, const g4_tensor_set *ref, const json_t 
            "%s round 2: sliding rows %d..%d (array of %d)", variant, r2->lo[G4_LAYER_SLIDING],
            r2->hi[G4_LAYER_SLIDING], slide_rows);
     float e_kv = 0;
+    int kv_checked = 0;
     for (int t = 0; t < G4_LAYER_TYPES; t++) { /* round 1's rows are prompt rows: still in the cache */
         const char *tn = t == G4_LAYER_FULL ? "full" : "sliding";
         size_t nk = 0;
@@ -206,6 +207,7 @@ static void check_reference(g4_model *m, const g4_tensor_set *ref, const json_t 
         const int src = d->src[t], KV = m->cfg.text.layer_kv_heads[src], D = m->cfg.text.layer_head_dim[src];
         const int N = (int)(nk / ((size_t)KV * D)); /* ref [KV, N, D], row j = position j (the array starts at 0) */
         CHECK(r1->hi[t] == N);
+        kv_checked = 1;
         for (int p = r1->lo[t]; p < r1->hi[t] && p < N; p++)
             for (int h = 0; h < KV; h++) {
                 float ek = max_abs_diff(cache_row(ctx, src, 0, p) + h * D, rk + ((size_t)h * N + p) * D, (size_t)D);
@@ -216,9 +218,9 @@ static void check_reference(g4_model *m, const g4_tensor_set *ref, const json_t 
         free(rk), free(rv);
     }
     CHECKF(e_kv <= KV_TOL, "%s: the K/V rows round 1 read differ by %g", variant, e_kv);
-    printf("%-8s ids %s  rounds %d  drafter inputs %.2e hidden %.2e logits %.2e  K/V rows %.2e\n", variant,
+    printf("%-8s ids %s  rounds %d  drafter inputs %.2e hidden %.2e logits %.2e  K/V rows %s%.2e\n", variant,
            n == (int)n_want && !memcmp(out, want, n_want * sizeof *out) ? "equal" : "DIFFER", n_rounds, worst[0],
-           worst[1], worst[2], e_kv);
+           worst[1], worst[2], kv_checked ? "" : "(not recorded) ", e_kv);
     free(prompt), free(want), free(greedy), free(row);
     free(cap.inputs), free(cap.hidden), free(cap.logits), free(cap.position), free(cap.steps), free(cap.rows);
     g4_spec_free(s);
@@ -249,6 +251,8 @@ static void prompt_ids(int n, unsigned seed, int V, int32_t *out) {
  * bytes, every sliding row a step at the end reads, and the logits of one more token. The sliding pool may hold
  * fewer history blocks (for roll-backs) after a speculative run: a verification of k + 1 tokens releases blocks
  * as a step ending k - n positions later than the kept ones does; at most ceil(n_draft / block) + 1 of them. */
+static int shorter_history;
+
 static int same_cache(g4_context *a, g4_context *b, float *la, float *lb, int V, int n_draft, float *e_next) {
     g4_error err;
     const int len = g4_seq_length(b, 0);
@@ -256,6 +260,7 @@ static int same_cache(g4_context *a, g4_context *b, float *la, float *lb, int V,
                g4_kv_bytes(a) == g4_kv_bytes(b) && g4_kv_cache_can_resume(&b->kv, 0, len);
     const g4_kv_pool *sa = &a->kv.pool[G4_LAYER_SLIDING], *sb = &b->kv.pool[G4_LAYER_SLIDING];
     same &= sb->n_free >= sa->n_free && sb->n_free - sa->n_free <= (n_draft + b->kv.block - 1) / b->kv.block + 1;
+    shorter_history += sb->n_free != sa->n_free;
     int32_t tok = 77;
     g4_batch one = {1, &tok, NULL, NULL};
     if (g4_seq_length(a, 0) < a->n_ctx && !g4_decode(a, &one, la, &err) && !g4_decode(b, &one, lb, &err)) {
@@ -331,8 +336,9 @@ static void check_greedy_equal(g4_model *m) {
         g4_context_free(cs);
     }
     CHECKF(e_next <= LOGIT_TOL, "the step after a speculative run differs by %g", e_next);
-    printf("greedy   %d/%d runs equal to plain greedy (%d/%d with stops), cache as plain in %d, next-step logits %.2e\n",
-           equal, runs, stop_equal, stop_runs, cache_equal, e_next);
+    printf("greedy   %d/%d runs equal to plain greedy (%d/%d with stops), cache as plain in %d (sliding history "
+           "shorter in %d), next-step logits %.2e\n", equal, runs, stop_equal, stop_runs, cache_equal, shorter_history,
+           e_next);
     free(la);
     free(lb);
 }
@@ -427,7 +433,7 @@ static void check_samplers(g4_model *m) {
             }
         t1s[n1++] = v;
     }
-    const int N = 4000;
+    const int N = 2500;
     double count[4][4] = {{0}};
     int32_t out[4];
     int no, bad = 0;
@@ -450,7 +456,7 @@ static void check_samplers(g4_model *m) {
         for (int x = 0; x < n1; x++)
             for (int y = 0; y < 4; y++)
                 fprintf(stderr, "t1 %d t2 %d: exact %.4f got %.4f\n", t1s[x], t2s[x][y], exact[x][y], count[x][y] / N);
-    /* 16 outcomes and 4000 draws: the total variation of a correct sampler is about 0.025 */
+    /* 16 outcomes, 2500 draws: a correct sampler's total variation is about 0.03 (transformers 5.17's rule: 0.45) */
     CHECKF(bad == 0 && tv < 0.06, "speculative sampling: %d draws outside the support, total variation %.3f", bad, tv);
     const int *drafted, *accepted;
     int nr;

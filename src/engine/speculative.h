@@ -95,7 +95,4 @@ void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *row
 int g4_spec_generate(g4_spec *s, const int32_t *prompt, int n_prompt, const g4_generate_params *p, g4_sampler *smp,
                      int32_t *out, int *n_out, int *stopped_by, g4_error *err);
 
-/* Drafts k tokens after `last` from the sequence as it is (no verification, nothing changes): for benchmarks. */
-int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err);
-
 #endif
