@@ -155,7 +155,8 @@ int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logi
  * picks the largest adjusted logit of each row; a sampling one verifies by speculative sampling (the output is
  * distributed as the main model's with that sampler, see g4_spec_params.raw_q). smp's history
  * must hold the sequence so far (the caller accepts what it reports; a round leaves the history as it found
- * it). Afterwards the sequence holds everything but the newest token, as in plain decoding. */
+ * it). Afterwards the sequence holds everything but the newest token, as in plain decoding; a sequence changed
+ * by other calls since (g4_decode, g4_seq_truncate, ...) needs a new g4_spec_prefill. */
 int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err);
 
 /* Drafts k tokens after `last` from the sequence as it is, without verifying them (nothing changes but the

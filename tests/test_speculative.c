@@ -56,13 +56,15 @@ static g4_drafter *load_drafter(g4_model *m, const char *dir) {
     return d;
 }
 
-static g4_context *new_context(g4_model *m, int n_batch, int block) {
+static g4_context *new_context_kv(g4_model *m, int n_batch, int block, g4_kv_type kv) {
     g4_error err;
     g4_context *ctx = NULL;
-    g4_context_params cp = {.n_seq_max = 1, .n_ctx = 256, .n_batch = n_batch, .kv_block_size = block};
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = 256, .n_batch = n_batch, .kv_block_size = block, .kv_type = kv};
     if (g4_context_new(m, &cp, &ctx, &err)) CHECKF(0, "context: %s", err.msg);
     return ctx;
 }
+
+static g4_context *new_context(g4_model *m, int n_batch, int block) { return new_context_kv(m, n_batch, block, 0); }
 
 static int json_ints(const json_t *a, int *out, int cap) {
     int n = 0;
@@ -276,14 +278,15 @@ static void check_greedy_equal(g4_model *m) {
     const char *drafters[] = {"assistant-lmhead", "assistant-ordered"};
     const int lens[] = {1, 16, 17, 37, 100};
     const int n_drafts[] = {0, 1, 4};
-    /* (n_batch, block): the CLI's shape, and small blocks with a batch below the longer prompts */
-    const int shapes[2][2] = {{64, 32}, {24, 4}};
+    /* (n_batch, block, KV type): the CLI's shape, small blocks with a batch below the longer prompts, a bf16 cache */
+    const int shapes[3][3] = {{64, 32, G4_KV_F32}, {24, 4, G4_KV_F32}, {32, 8, G4_KV_BF16}};
     int runs = 0, equal = 0, cache_equal = 0, stop_runs = 0, stop_equal = 0;
     float e_next = 0;
     float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
     int32_t prompt[160], plain[64], spec[64];
-    for (int sh = 0; sh < 2; sh++) {
-        g4_context *cp = new_context(m, shapes[sh][0], shapes[sh][1]), *cs = new_context(m, shapes[sh][0], shapes[sh][1]);
+    for (int sh = 0; sh < 3; sh++) {
+        g4_context *cp = new_context_kv(m, shapes[sh][0], shapes[sh][1], (g4_kv_type)shapes[sh][2]);
+        g4_context *cs = new_context_kv(m, shapes[sh][0], shapes[sh][1], (g4_kv_type)shapes[sh][2]);
         for (int di = 0; di < 2 && cp && cs; di++) {
             g4_drafter *d = load_drafter(m, fix_path(drafters[di]));
             for (int ni = 0; ni < 3 && d; ni++) {
@@ -301,6 +304,7 @@ static void check_greedy_equal(g4_model *m) {
                         int32_t stops[2] = {EOS, -1};
                         g4_generate_params gp = {.max_new_tokens = max_new, .stop_ids = stops,
                                                  .n_stop = variant == 1 ? 2 : 0};
+                        if (sh == 2 && variant) continue; /* the bf16 cache: the plain variant only */
                         stop_cb ca = {variant == 2 ? 7 : 0, 0}, cb = ca;
                         int np = 0, ns = 0, wp = 0, ws = 0;
                         if (variant == 1) { /* a stop id the plain run meets */
@@ -552,6 +556,16 @@ static void check_schedule_and_errors(g4_model *m) {
         CHECK(g4_spec_new(tiny, 0, d, NULL, &s, &err) != 0 && strstr(err.msg, "batch"));
         g4_spec_params sp = {.n_draft = 7};
         CHECK(g4_spec_new(tiny, 0, d, &sp, &s, &err) == 0);
+        /* a round needs the prefill, and the sequence as the last round left it */
+        int32_t pr[3] = {2, 40, 41}, emit[8], k;
+        float *row = malloc((size_t)V * sizeof(float));
+        CHECK(g4_spec_round(s, 5, 4, NULL, emit, &k, &err) != 0 && strstr(err.msg, "prefill"));
+        CHECK(g4_spec_prefill(s, pr, 3, row, &err) == 0);
+        CHECK(g4_spec_round(s, 5, 4, NULL, emit, &k, &err) == 0 && k >= 1 && k <= 4);
+        CHECK(g4_spec_round(s, V, 4, NULL, emit, &k, &err) != 0 && strstr(err.msg, "vocabulary"));
+        CHECK(g4_seq_truncate(tiny, 0, 2, &err) == 0);
+        CHECK(g4_spec_round(s, 5, 4, NULL, emit, &k, &err) != 0 && strstr(err.msg, "changed"));
+        free(row);
         g4_spec_free(s);
         g4_context_free(tiny);
         CHECK(g4_spec_new(cs, 3, d, NULL, &s, &err) != 0);

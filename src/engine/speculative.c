@@ -376,6 +376,9 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
     if (last < 0 || last >= V) return g4_fail(err, "token %d is outside the vocabulary (0..%d)", last, V - 1);
     if (budget <= 0) return 0;
     const int c = g4_seq_length(ctx, s->seq) + 1; /* the sequence with `last`; last sits at c - 1 */
+    if (c - 1 != s->q1)
+        return g4_fail(err, "speculative decoding: sequence %d changed since the last round (%d positions, %d "
+                            "expected): run its prompt through g4_spec_prefill", s->seq, c - 1, s->q1);
     int k = s->n_draft < budget - 1 ? s->n_draft : budget - 1;
     if (k > ctx->n_ctx - c) k = ctx->n_ctx - c; /* the verification writes positions c - 1 .. c - 1 + k */
     if (k < 0) k = 0;
@@ -458,7 +461,11 @@ void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted,
 int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
     if (!s->ready) return g4_fail(err, "speculative decoding: run the prompt first (g4_spec_prefill)");
     if (k < 0 || k > s->cap) return g4_fail(err, "%d drafts: at most %d", k, s->cap);
+    if (last < 0 || last >= s->ctx->model->cfg.text.vocab_size)
+        return g4_fail(err, "token %d is outside the vocabulary", last);
     const int c = g4_seq_length(s->ctx, s->seq) + 1;
+    if (c - 1 != s->q1)
+        return g4_fail(err, "speculative decoding: sequence %d changed since the last round", s->seq);
     g4_draft_rows rows = draft_rows(s, c);
     g4_drafter_forward(s, last, c - 1, &rows, k);
     memcpy(drafts, s->drafts, (size_t)k * sizeof *drafts);
