@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "engine/generation_config.h"
+#include "model/generation_config.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 
@@ -732,17 +732,16 @@ static void test_rewind_draw(void) {
     CHECK(g4_sampler_rewind(s, G4_SAMPLER_REWIND_MAX + 1) != 0); /* beyond what the ring keeps */
     CHECK(g4_sampler_rewind(s, G4_SAMPLER_REWIND_MAX) == 0);
     CHECK(g4_sampler_rewind(s, 1) != 0);
-    int plain = -1;
-    CHECK(!g4_sampler_is_greedy(s, &plain));
+    CHECK(!g4_sampler_is_greedy(s) && !g4_sampler_is_argmax(s));
     g4_sampler_free(s);
     p.temperature = 0;
     s = make(&p, V);
-    CHECK(g4_sampler_is_greedy(s, &plain) && !plain);
+    CHECK(g4_sampler_is_greedy(s) && !g4_sampler_is_argmax(s));
     g4_sampler_free(s);
     g4_sampler_params_default(&p);
     p.temperature = 0;
     s = make(&p, V);
-    CHECK(g4_sampler_is_greedy(s, &plain) && plain);
+    CHECK(g4_sampler_is_greedy(s) && g4_sampler_is_argmax(s));
     /* draws from weights: proportions, zero weights never drawn, all zero is -1 */
     float w[V] = {0};
     w[2] = 1.0f, w[5] = 3.0f, w[11] = 0.5f;

@@ -19,7 +19,6 @@
 #include <sys/stat.h>
 
 #include "check.h"
-#include "engine/generate.h"
 #include "engine/speculative.h"
 #include "formats/safetensors.h"
 #include "gemma4c.h"
@@ -120,7 +119,7 @@ static void check_reference(g4_model *m, const g4_tensor_set *ref, const json_t 
     int32_t out[64], emit[300];
     int n = 0;
     CHECK(g4_spec_prefill(s, prompt, (int)n_prompt, row, &err) == 0);
-    out[n++] = g4_argmax(row, V);
+    out[n++] = argmax_f32(row, V);
     while (n < (int)n_want && out[n - 1] != EOS) {
         int k = 0;
         if (g4_spec_round(s, out[n - 1], (int)n_want - n, NULL, emit, &k, &err)) {
@@ -231,15 +230,26 @@ static void check_reference(g4_model *m, const g4_tensor_set *ref, const json_t 
 }
 
 /* ------------------------------------------------------------------ 2. greedy = plain greedy */
-typedef struct {
-    int stop_at; /* the callback stops after this many tokens (0: never) */
-    int n;
-} stop_cb;
-
-static int on_token(int32_t id, void *user) {
-    stop_cb *c = user;
-    (void)id;
-    return c->stop_at && ++c->n >= c->stop_at;
+/* A generation on sequence 0 of ctx (reset first unless `keep`): its ids into out (*n); its finish reason.
+ * rounds (may be NULL) gets the number of speculative rounds. */
+static g4_finish run_gen(g4_context *ctx, int keep, const int32_t *prompt, int n_prompt, const g4_generation_params *gp,
+                         int32_t *out, int *n, int *rounds) {
+    g4_error err;
+    g4_generation *g = NULL;
+    g4_finish why = G4_FINISH_NONE;
+    *n = 0;
+    if (!keep) g4_seq_reset(ctx, 0);
+    if (g4_generation_start(ctx, 0, prompt, n_prompt, gp, &g, &err) || g4_generation_run(g, NULL, NULL, &err)) {
+        CHECKF(0, "generation: %s", err.msg);
+    } else {
+        const int32_t *ids = g4_generation_tokens(g, n);
+        memcpy(out, ids, (size_t)*n * sizeof *out);
+        why = g4_generation_finish(g);
+        const int *dr, *ac;
+        if (rounds) g4_generation_rounds(g, &dr, &ac, rounds);
+    }
+    g4_generation_free(g);
+    return why;
 }
 
 static void prompt_ids(int n, unsigned seed, int V, int32_t *out) {
@@ -273,7 +283,6 @@ static int same_cache(g4_context *a, g4_context *b, float *la, float *lb, int V,
 }
 
 static void check_greedy_equal(g4_model *m) {
-    g4_error err;
     const int V = g4_model_vocab_size(m);
     const char *drafters[] = {"assistant-lmhead", "assistant-ordered"};
     const int lens[] = {1, 16, 17, 37, 100};
@@ -283,92 +292,81 @@ static void check_greedy_equal(g4_model *m) {
     int runs = 0, equal = 0, cache_equal = 0, stop_runs = 0, stop_equal = 0;
     float e_next = 0;
     float *la = malloc((size_t)V * sizeof(float)), *lb = malloc((size_t)V * sizeof(float));
-    int32_t prompt[160], plain[64], spec[64];
+    int32_t prompt[220], plain[64], spec[64];
+    g4_sampler_params greedy;
+    g4_sampler_params_default(&greedy);
+    greedy.temperature = 0;
     for (int sh = 0; sh < 3; sh++) {
         g4_context *cp = new_context_kv(m, shapes[sh][0], shapes[sh][1], (g4_kv_type)shapes[sh][2]);
         g4_context *cs = new_context_kv(m, shapes[sh][0], shapes[sh][1], (g4_kv_type)shapes[sh][2]);
         for (int di = 0; di < 2 && cp && cs; di++) {
             g4_drafter *d = load_drafter(m, fix_path(drafters[di]));
-            for (int ni = 0; ni < 3 && d; ni++) {
-                g4_spec *s = NULL;
-                g4_spec_params sp = {.n_draft = n_drafts[ni]};
-                if (g4_spec_new(cs, 0, d, &sp, &s, &err)) {
-                    CHECKF(0, "spec: %s", err.msg);
-                    continue;
-                }
+            for (int ni = 0; ni < 3 && d; ni++)
                 for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
-                    for (int variant = 0; variant < 3; variant++) {
-                        /* 0: length only; 1: the eos and the plain run's 11th token stop; 2: a callback stops at 7 */
-                        const int max_new = 48;
-                        prompt_ids(lens[li], 1000u * (unsigned)li + 17u, V, prompt);
-                        int32_t stops[2] = {EOS, -1};
-                        g4_generate_params gp = {.max_new_tokens = max_new, .stop_ids = stops,
-                                                 .n_stop = variant == 1 ? 2 : 0};
-                        if (sh == 2 && variant) continue; /* the bf16 cache: the plain variant only */
-                        stop_cb ca = {variant == 2 ? 7 : 0, 0}, cb = ca;
-                        int np = 0, ns = 0, wp = 0, ws = 0;
+                    for (int variant = 0; variant < 4; variant++) {
+                        /* 0: 48 tokens (or the eos); 1: also stops at the plain run's 11th token; 2: 7 tokens (a
+                         * round cut by the length); 3: a next turn on the same sequence (prompt = the last prompt,
+                         * its output and 3 more tokens; the cached prefix is reused) */
+                        if (sh == 2 && variant) continue; /* the bf16 cache: the first variant only */
+                        int32_t stop = -1;
+                        g4_generation_params gp = {.max_new_tokens = variant == 2 ? 7 : 48, .sampling = &greedy,
+                                                   .stop_ids = &stop, .n_stop_ids = variant == 1};
+                        int np = 0, ns = 0, n = lens[li];
+                        if (variant < 3) prompt_ids(n, 1000u * (unsigned)li + 17u, V, prompt);
                         if (variant == 1) { /* a stop id the plain run meets */
-                            g4_seq_reset(cp, 0);
-                            g4_generate(cp, 0, prompt, lens[li], &(g4_generate_params){.max_new_tokens = 11}, plain,
-                                        &np, NULL, &err);
-                            stops[1] = plain[np - 1];
+                            gp.n_stop_ids = 0;
+                            gp.max_new_tokens = 11;
+                            run_gen(cp, 0, prompt, n, &gp, plain, &np, NULL);
+                            stop = plain[np - 1];
+                            gp.n_stop_ids = 1;
+                            gp.max_new_tokens = 48;
                         }
-                        gp.on_token = on_token;
-                        gp.on_token_user = &ca;
-                        g4_seq_reset(cp, 0);
-                        g4_seq_reset(cs, 0);
-                        int rp = g4_generate(cp, 0, prompt, lens[li], &gp, plain, &np, &wp, &err);
-                        gp.on_token_user = &cb;
-                        int rs = g4_spec_generate(s, prompt, lens[li], &gp, NULL, spec, &ns, &ws, &err);
-                        CHECKF(rp == 0 && rs == 0, "generate: %s", err.msg);
+                        if (variant == 3) { /* continue the previous variant-0 run of both contexts */
+                            prompt_ids(n, 1000u * (unsigned)li + 17u, V, prompt);
+                            run_gen(cp, 0, prompt, n, &gp, plain, &np, NULL);
+                            gp.drafter = d, gp.n_draft = n_drafts[ni];
+                            run_gen(cs, 0, prompt, n, &gp, spec, &ns, NULL);
+                            gp.drafter = NULL;
+                            memcpy(prompt + n, plain, (size_t)np * sizeof *prompt);
+                            n += np;
+                            prompt_ids(3, 7u, V, prompt + n);
+                            n += 3;
+                        }
+                        g4_finish wp = run_gen(cp, variant == 3, prompt, n, &gp, plain, &np, NULL);
+                        gp.drafter = d, gp.n_draft = n_drafts[ni];
+                        g4_finish ws = run_gen(cs, variant == 3, prompt, n, &gp, spec, &ns, NULL);
                         int same = np == ns && wp == ws && !memcmp(plain, spec, (size_t)np * sizeof *plain);
                         CHECKF(same, "%s, n_draft %d, prompt of %d, batch %d, variant %d: %d vs %d tokens differ",
-                               drafters[di], n_drafts[ni], lens[li], shapes[sh][0], variant, np, ns);
-                        int cache = same_cache(cp, cs, la, lb, V, s->cap, &e_next);
+                               drafters[di], n_drafts[ni], n, shapes[sh][0], variant, np, ns);
+                        int cap = n_drafts[ni] ? n_drafts[ni] : g4_drafter_n_draft(d);
+                        int cache = same_cache(cp, cs, la, lb, V, cap, &e_next);
                         CHECKF(cache, "%s, n_draft %d, prompt of %d, batch %d: the cache differs from a plain run's",
-                               drafters[di], n_drafts[ni], lens[li], shapes[sh][0]);
+                               drafters[di], n_drafts[ni], n, shapes[sh][0]);
                         runs++;
                         equal += same;
                         cache_equal += cache;
                         if (variant) stop_runs++, stop_equal += same && cache;
                     }
-                g4_spec_free(s);
-            }
             g4_drafter_free(d);
         }
         g4_context_free(cp);
         g4_context_free(cs);
     }
     CHECKF(e_next <= LOGIT_TOL, "the step after a speculative run differs by %g", e_next);
-    printf("greedy   %d/%d runs equal to plain greedy (%d/%d with stops), cache as plain in %d (sliding history "
-           "shorter in %d), next-step logits %.2e\n", equal, runs, stop_equal, stop_runs, cache_equal, shorter_history,
-           e_next);
+    printf("greedy   %d/%d runs equal to plain greedy (%d/%d with stops, lengths, next turns), cache as plain in %d "
+           "(sliding history shorter in %d), next-step logits %.2e\n", equal, runs, stop_equal, stop_runs,
+           cache_equal, shorter_history, e_next);
     free(la);
     free(lb);
 }
 
 /* ------------------------------------------------------------------ 3. samplers */
-typedef struct {
-    g4_sampler *s;
-} hist_user;
-
-static int32_t pick(const float *logits, int vocab, void *user) {
-    (void)vocab;
-    return g4_sampler_sample(((hist_user *)user)->s, logits);
-}
-static int accept_token(int32_t id, void *user) {
-    g4_sampler_accept(((hist_user *)user)->s, id);
-    return 0;
-}
-
 static void check_samplers(g4_model *m) {
     g4_error err;
     const int V = g4_model_vocab_size(m);
     g4_drafter *d = load_drafter(m, fix_path("assistant-lmhead"));
     g4_context *cp = new_context(m, 64, 32), *cs = new_context(m, 64, 32);
     if (!d || !cp || !cs) return;
-    g4_spec *s = NULL;
-    CHECK(g4_spec_new(cs, 0, d, NULL, &s, &err) == 0);
     int32_t prompt[40], a[40], b[40];
     /* greedy with processors: a repetition penalty and a bias change the picks; the rows' histories include the
      * drafts before them */
@@ -384,23 +382,13 @@ static void check_samplers(g4_model *m) {
     sp.n_bias = 1;
     int same_proc = 0;
     for (int trial = 0; trial < 6; trial++) {
-        g4_sampler *sa, *sb;
-        CHECK(g4_sampler_new(&sp, V, &sa, &err) == 0 && g4_sampler_new(&sp, V, &sb, &err) == 0);
-        int n = 5 + 7 * trial, na = 0, nb = 0;
+        int n = 5 + 7 * trial, na, nb;
         prompt_ids(n, 99u + (unsigned)trial, V, prompt);
-        g4_sampler_accept_many(sa, prompt, n);
-        g4_sampler_accept_many(sb, prompt, n);
-        hist_user ua = {sa}, ub = {sb};
-        g4_generate_params gp = {.max_new_tokens = 30, .pick = pick, .pick_user = &ua, .on_token = accept_token,
-                                 .on_token_user = &ua};
-        g4_seq_reset(cp, 0);
-        g4_seq_reset(cs, 0);
-        CHECK(g4_generate(cp, 0, prompt, n, &gp, a, &na, NULL, &err) == 0);
-        gp.on_token_user = &ub;
-        CHECK(g4_spec_generate(s, prompt, n, &gp, sb, b, &nb, NULL, &err) == 0);
-        same_proc += na == nb && !memcmp(a, b, (size_t)na * sizeof *a);
-        g4_sampler_free(sa);
-        g4_sampler_free(sb);
+        g4_generation_params gp = {.max_new_tokens = 30, .sampling = &sp};
+        g4_finish fa = run_gen(cp, 0, prompt, n, &gp, a, &na, NULL);
+        gp.drafter = d;
+        g4_finish fb = run_gen(cs, 0, prompt, n, &gp, b, &nb, NULL);
+        same_proc += fa == fb && na == nb && !memcmp(a, b, (size_t)na * sizeof *a);
     }
     CHECKF(same_proc == 6, "greedy with processors: %d of 6 runs equal to plain decoding", same_proc);
 
@@ -440,12 +428,21 @@ static void check_samplers(g4_model *m) {
     const int N = 2500;
     double count[4][4] = {{0}};
     int32_t out[4];
-    int no, bad = 0;
+    int no, bad = 0, drafted_one = 0;
     for (int i = 0; i < N; i++) {
-        g4_sampler_seed(smp, 1000u + (unsigned)i);
+        sp.seed = 1000u + (unsigned)i;
+        /* round 1 has a budget of 2: one draft */
+        g4_generation_params gp = {.max_new_tokens = 3, .sampling = &sp, .ignore_eos = 1, .drafter = d};
+        g4_generation *g = NULL;
         g4_seq_reset(cs, 0);
-        g4_generate_params gp = {.max_new_tokens = 3}; /* round 1 has a budget of 2: one draft */
-        CHECK(g4_spec_generate(s, prompt, 6, &gp, smp, out, &no, NULL, &err) == 0);
+        CHECK(g4_generation_start(cs, 0, prompt, 6, &gp, &g, &err) == 0 && g4_generation_run(g, NULL, NULL, &err) == 0);
+        const int32_t *ids = g ? g4_generation_tokens(g, &no) : NULL;
+        const int *drafted, *accepted;
+        int nr = 0;
+        if (g) g4_generation_rounds(g, &drafted, &accepted, &nr);
+        drafted_one += nr >= 1 && drafted[0] == 1;
+        if (ids && no >= 2) memcpy(out, ids, 2 * sizeof *out);
+        g4_generation_free(g);
         int hit = 0;
         for (int x = 0; x < n1 && !hit; x++)
             for (int y = 0; y < 4 && !hit; y++)
@@ -462,15 +459,38 @@ static void check_samplers(g4_model *m) {
                 fprintf(stderr, "t1 %d t2 %d: exact %.4f got %.4f\n", t1s[x], t2s[x][y], exact[x][y], count[x][y] / N);
     /* 16 outcomes, 2500 draws: a correct sampler's total variation is about 0.03 (transformers 5.17's rule: 0.45) */
     CHECKF(bad == 0 && tv < 0.06, "speculative sampling: %d draws outside the support, total variation %.3f", bad, tv);
-    const int *drafted, *accepted;
-    int nr;
-    g4_spec_rounds(s, &drafted, &accepted, &nr);
-    CHECK(nr >= 1 && drafted[0] == 1);
-    printf("samplers greedy with processors %d/6 equal; speculative sampling: total variation %.3f over %d draws\n",
-           same_proc, tv, N);
+    CHECKF(drafted_one == N, "speculative sampling: %d of %d runs drafted one token in round 1", drafted_one, N);
+    /* transformers 5.17's rule (g4_spec_params.raw_q: q = softmax of the raw drafter logits) favours the drafts */
+    double tv_raw = 0;
+    {
+        g4_spec *s = NULL;
+        g4_spec_params spp = {.raw_q = 1};
+        double cnt[4][4] = {{0}};
+        const int NR = 600;
+        CHECK(g4_spec_new(cs, 0, d, &spp, &s, &err) == 0);
+        for (int i = 0; s && i < NR; i++) {
+            int32_t e[4], t1;
+            int k = 0;
+            g4_sampler_seed(smp, 5000u + (unsigned)i);
+            g4_seq_reset(cs, 0);
+            if (g4_spec_prefill(s, prompt, 6, row, &err) || (t1 = g4_sampler_sample(smp, row)) < 0 ||
+                g4_spec_round(s, t1, 2, smp, e, &k, &err) || k < 1) {
+                CHECKF(0, "raw_q: %s", err.msg);
+                break;
+            }
+            for (int x = 0; x < n1; x++)
+                for (int y = 0; y < 4; y++)
+                    if (t1s[x] == t1 && exact[x][y] > 0 && t2s[x][y] == e[0]) cnt[x][y] += 1;
+        }
+        for (int x = 0; x < n1; x++)
+            for (int y = 0; y < 4; y++) tv_raw += fabs(cnt[x][y] / NR - exact[x][y]) / 2;
+        g4_spec_free(s);
+    }
+    CHECKF(tv_raw > 0.15, "transformers' rule (raw_q) should favour the drafts: total variation %.3f", tv_raw);
+    printf("samplers greedy with processors %d/6 equal; speculative sampling: total variation %.3f over %d draws "
+           "(transformers' raw q: %.3f)\n", same_proc, tv, N, tv_raw);
     free(row), free(p1), free(p2);
     g4_sampler_free(smp);
-    g4_spec_free(s);
     g4_context_free(cp);
     g4_context_free(cs);
     g4_drafter_free(d);
@@ -523,18 +543,23 @@ static void check_schedule_and_errors(g4_model *m) {
     g4_drafter *d = load_drafter(m, dir);
     g4_context *cp = new_context(m, 64, 32), *cs = new_context(m, 64, 32);
     if (d && cp && cs) {
-        g4_spec *s = NULL;
-        CHECK(g4_spec_new(cs, 0, d, NULL, &s, &err) == 0);
         int32_t prompt[37], a[60], b[60];
         int na, nb;
         prompt_ids(37, 3u, V, prompt);
-        g4_generate_params gp = {.max_new_tokens = 60};
-        CHECK(g4_generate(cp, 0, prompt, 37, &gp, a, &na, NULL, &err) == 0);
-        CHECK(g4_spec_generate(s, prompt, 37, &gp, NULL, b, &nb, NULL, &err) == 0);
+        g4_sampler_params greedy;
+        g4_sampler_params_default(&greedy);
+        greedy.temperature = 0;
+        g4_generation_params gp = {.max_new_tokens = 60, .sampling = &greedy, .ignore_eos = 1};
+        run_gen(cp, 0, prompt, 37, &gp, a, &na, NULL);
+        gp.drafter = d;
+        g4_generation *g = NULL;
+        CHECK(g4_generation_start(cs, 0, prompt, 37, &gp, &g, &err) == 0 && g4_generation_run(g, NULL, NULL, &err) == 0);
+        const int32_t *ids = g4_generation_tokens(g, &nb);
+        memcpy(b, ids, (size_t)nb * sizeof *b);
         CHECK(na == nb && !memcmp(a, b, (size_t)na * sizeof *a));
         const int *drafted, *accepted;
         int nr, ok = 1, left = 60 - 1, na_now = 3;
-        g4_spec_rounds(s, &drafted, &accepted, &nr);
+        g4_generation_rounds(g, &drafted, &accepted, &nr);
         for (int r = 0; r < nr; r++) {
             int want = na_now < left - 1 ? na_now : left - 1;
             ok &= drafted[r] == (want > 0 ? want : 0);
@@ -544,7 +569,7 @@ static void check_schedule_and_errors(g4_model *m) {
         CHECKF(ok && nr > 2, "heuristic schedule: drafts per round do not follow the rule (%d rounds)", nr);
         CHECKF(g4_drafter_n_draft(d) == na_now, "the heuristic schedule keeps its value in the drafter (%d vs %d)",
                g4_drafter_n_draft(d), na_now);
-        g4_spec_free(s);
+        g4_generation_free(g);
     }
     g4_drafter_free(d);
 

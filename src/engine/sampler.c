@@ -1065,11 +1065,11 @@ static int32_t run(g4_sampler *s, const float *logits, float *probs, int *n_nonz
 
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits) { return run(s, logits, NULL, NULL); }
 
-int g4_sampler_is_greedy(const g4_sampler *s, int *plain) {
-    int greedy = s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE;
-    if (plain) *plain = greedy && s->n_static == 0 && !s->penalties_on;
-    return greedy;
+int g4_sampler_is_argmax(const g4_sampler *s) {
+    return s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE && s->n_static == 0 && !s->penalties_on;
 }
+
+int g4_sampler_is_greedy(const g4_sampler *s) { return s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE; }
 
 double g4_sampler_uniform(g4_sampler *s) { return rng_uniform(s->rng); }
 

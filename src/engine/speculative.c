@@ -135,10 +135,8 @@ void g4_spec_free(g4_spec *s) {
     free(s->resid);
     free(s->vids);
     free(s->vtoks);
-    free(s->emit);
     free(s->seqs);
     free(s->want);
-    free(s->row);
     free(s->log_drafted);
     free(s->log_accepted);
     free(s);
@@ -179,7 +177,8 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
         if (most > s->cap) s->cap = most;
     }
     s->n_pending = -1;
-    s->cancel = p.cancel;
+    s->cancelled = p.cancelled;
+    s->cancelled_user = p.cancelled_user;
     s->raw_q = p.raw_q;
     g4_backend *be = d->m->be;
     const size_t Hb = (size_t)mc->hidden_size, Ha = (size_t)ac->hidden_size, V = (size_t)mc->vocab_size;
@@ -216,15 +215,13 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
     s->resid = malloc(V * sizeof *s->resid);
     s->vids = malloc((cap + 1) * sizeof *s->vids);
     s->vtoks = malloc((cap + 1) * sizeof *s->vtoks);
-    s->emit = malloc((cap + 1) * sizeof *s->emit);
     s->seqs = malloc((size_t)ctx->n_batch * sizeof *s->seqs);
     s->want = malloc((size_t)ctx->n_batch);
-    s->row = malloc(V * sizeof *s->row);
     if (p.n_stop_ids > 0 && (s->stop_ids = malloc((size_t)p.n_stop_ids * sizeof *s->stop_ids)))
         memcpy(s->stop_ids, p.stop_ids, (size_t)p.n_stop_ids * sizeof *s->stop_ids);
     s->n_stop = p.n_stop_ids > 0 ? p.n_stop_ids : 0;
     if (!ok || !s->ints_host || !s->drafts || !s->vlogits || !s->dlogits || !s->probs || !s->resid || !s->vids ||
-        !s->vtoks || !s->emit || !s->seqs || !s->want || !s->row || (s->n_stop && !s->stop_ids)) {
+        !s->vtoks || !s->seqs || !s->want || (s->n_stop && !s->stop_ids)) {
         g4_spec_free(s);
         return g4_fail(err, "out of memory for speculative decoding (%d drafts per round)", (int)cap);
     }
@@ -286,7 +283,7 @@ int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logi
         if (g4_decode(ctx, &b, last ? (two ? s->vlogits : logits) : NULL, err)) return -1;
         if (i == 0) OPS->copy(be, s->h0, g4_step_final_rows(ctx), (size_t)H * sizeof(float));
         if (two) memcpy(logits, s->vlogits + V, (size_t)V * sizeof(float));
-        if (!last && s->cancel && *s->cancel) return 1;
+        if (!last && s->cancelled && s->cancelled(s->cancelled_user)) return 1;
     }
     s->q0 = start;
     s->q1 = start + n_prompt;
@@ -391,8 +388,7 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
     /* verification: one step over [last, drafts] */
     s->vtoks[0] = last;
     memcpy(s->vtoks + 1, s->drafts, (size_t)k * sizeof *s->vtoks);
-    int plain = 1;
-    const int greedy = smp ? g4_sampler_is_greedy(smp, &plain) : 1;
+    const int plain = !smp || g4_sampler_is_argmax(smp), greedy = !smp || g4_sampler_is_greedy(smp);
     g4_batch b = {k + 1, s->vtoks, s->seqs, NULL};
     if (plain ? g4_decode_greedy(ctx, &b, s->vids, err) : g4_decode(ctx, &b, s->vlogits, err)) return -1;
     if (!greedy && s->raw_q && k > 0) {
@@ -471,60 +467,4 @@ int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *er
     memcpy(drafts, s->drafts, (size_t)k * sizeof *drafts);
     s->n_pending = -1;
     return 0;
-}
-
-int g4_spec_generate(g4_spec *s, const int32_t *prompt, int n_prompt, const g4_generate_params *p, g4_sampler *smp,
-                     int32_t *out, int *n_out, int *stopped_by, g4_error *err) {
-    *n_out = 0;
-    if (stopped_by) *stopped_by = 0;
-    g4_context *ctx = s->ctx;
-    const int V = ctx->model->cfg.text.vocab_size, start = g4_seq_length(ctx, s->seq);
-    /* the generation's stop ids end drafting too (they are the eos set) */
-    int32_t *own_stop = s->stop_ids;
-    const int own_n = s->n_stop;
-    s->stop_ids = (int32_t *)p->stop_ids;
-    s->n_stop = p->n_stop;
-    int rc = -1, why = 0, n_emit = 1;
-    int pr = g4_spec_prefill(s, prompt, n_prompt, s->row, err);
-    if (pr < 0) goto done;
-    if (pr > 0 || (p->cancel && *p->cancel)) {
-        why = 3;
-        rc = 0;
-        goto done;
-    }
-    if (p->max_new_tokens > 0) {
-        s->emit[0] = smp ? g4_sampler_sample(smp, s->row) : g4_argmax(s->row, V);
-        if (s->emit[0] < 0 || s->emit[0] >= V) {
-            g4_fail(err, "the sampler returned token %d outside the vocabulary", s->emit[0]);
-            goto done;
-        }
-    }
-    while (p->max_new_tokens > 0) {
-        int stop_now = 0;
-        for (int i = 0; i < n_emit && !stop_now; i++) {
-            const int32_t id = s->emit[i];
-            out[(*n_out)++] = id;
-            int stop = 0;
-            for (int j = 0; j < p->n_stop; j++) stop |= p->stop_ids[j] == id;
-            int cb = p->on_token ? p->on_token(id, p->on_token_user) : 0;
-            if (stop || cb) why = stop ? 1 : 2;
-            stop_now = stop || cb || *n_out == p->max_new_tokens;
-        }
-        if (stop_now) break;
-        if (p->cancel && *p->cancel) {
-            why = 3;
-            break;
-        }
-        if (g4_spec_round(s, out[*n_out - 1], p->max_new_tokens - *n_out, smp, s->emit, &n_emit, err)) goto done;
-    }
-    /* the sequence as plain decoding leaves it: everything but the newest token */
-    const int keep = start + n_prompt + (*n_out > 0 ? *n_out - 1 : 0);
-    if (g4_seq_length(ctx, s->seq) > keep && g4_seq_truncate(ctx, s->seq, keep, err)) goto done;
-    rc = 0;
-done:
-    s->stop_ids = own_stop;
-    s->n_stop = own_n;
-    s->n_pending = -1;
-    if (stopped_by) *stopped_by = why;
-    return rc;
 }

@@ -12,7 +12,6 @@
 #define G4_ENGINE_SPECULATIVE_H
 
 #include "engine/context.h"
-#include "engine/generate.h"
 #include "engine/sampler.h"
 
 typedef enum { G4_SCHEDULE_CONSTANT = 0, G4_SCHEDULE_HEURISTIC, G4_SCHEDULE_HEURISTIC_TRANSIENT } g4_draft_schedule;
@@ -53,7 +52,8 @@ struct g4_spec {
     int n_draft;             /* drafts per round now */
     int32_t *stop_ids;
     int n_stop;
-    volatile int *cancel;
+    int (*cancelled)(void *user);
+    void *cancelled_user;
     int raw_q;               /* speculative sampling with transformers 5.17's q (g4_spec_params.raw_q) */
     /* backend memory */
     float *xin;              /* [2*Hb]: the main model's scaled embedding of the step's token, then the hidden vector */
@@ -76,10 +76,9 @@ struct g4_spec {
     float *dlogits;          /* [cap, V] drafter logits (speculative sampling) */
     float *probs, *resid;    /* [V] */
     int32_t *vids;           /* [cap + 1] the verification's argmax ids */
-    int32_t *vtoks, *emit;   /* [cap + 1] the verification's tokens; a round's output (g4_spec_generate) */
+    int32_t *vtoks;          /* [cap + 1] the verification's tokens */
     int32_t *seqs;           /* [n_batch] the sequence id, for batches */
     uint8_t *want;           /* [n_batch] */
-    float *row;              /* [V] the prompt's last logits (g4_spec_generate) */
     int *log_drafted, *log_accepted; /* per round since the prefill */
     int n_rounds, log_cap;
     g4_spec_capture *capture;
@@ -88,11 +87,5 @@ struct g4_spec {
 /* The drafter forward (section 3): k steps at position p after token `tok`, from h0 and the cache rows `rows`;
  * the drafts go to s->drafts and every step's logits stay in s->logits. */
 void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *rows, int k);
-
-/* Prompt, then rounds until max_new_tokens, a stop id, the callback or cancel (g4_generate's contract: pick and
- * on_token as there, except that tokens are picked by smp, or the argmax when smp is NULL; *stopped_by the same).
- * The sequence ends as plain decoding leaves it. */
-int g4_spec_generate(g4_spec *s, const int32_t *prompt, int n_prompt, const g4_generate_params *p, g4_sampler *smp,
-                     int32_t *out, int *n_out, int *stopped_by, g4_error *err);
 
 #endif
