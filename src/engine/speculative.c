@@ -210,7 +210,7 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
     s->ints_host = malloc((G4_SPEC_TOKENS + 1) * sizeof *s->ints_host);
     s->drafts = malloc((cap + 1) * sizeof *s->drafts);
     s->vlogits = malloc((cap + 2) * V * sizeof *s->vlogits);
-    s->dlogits = malloc((cap + 1) * V * sizeof *s->dlogits);
+    if (s->raw_q) s->dlogits = malloc((cap + 1) * V * sizeof *s->dlogits);
     s->probs = malloc(V * sizeof *s->probs);
     s->resid = malloc(V * sizeof *s->resid);
     s->vids = malloc((cap + 1) * sizeof *s->vids);
@@ -220,7 +220,8 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
     if (p.n_stop_ids > 0 && (s->stop_ids = malloc((size_t)p.n_stop_ids * sizeof *s->stop_ids)))
         memcpy(s->stop_ids, p.stop_ids, (size_t)p.n_stop_ids * sizeof *s->stop_ids);
     s->n_stop = p.n_stop_ids > 0 ? p.n_stop_ids : 0;
-    if (!ok || !s->ints_host || !s->drafts || !s->vlogits || !s->dlogits || !s->probs || !s->resid || !s->vids ||
+    if (!ok || !s->ints_host || !s->drafts || !s->vlogits || (s->raw_q && !s->dlogits) || !s->probs || !s->resid ||
+        !s->vids ||
         !s->vtoks || !s->seqs || !s->want || (s->n_stop && !s->stop_ids)) {
         g4_spec_free(s);
         return g4_fail(err, "out of memory for speculative decoding (%d drafts per round)", (int)cap);

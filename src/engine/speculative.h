@@ -73,7 +73,7 @@ struct g4_spec {
     int q0, q1;              /* positions the last main call processed (4.3); q0 == q1 once rolled back */
     int ready;               /* h0 and q0/q1 describe the sequence's last main call */
     float *vlogits;          /* [cap + 1, V] verification logits (picks that are not a plain argmax) */
-    float *dlogits;          /* [cap, V] drafter logits (speculative sampling) */
+    float *dlogits;          /* [cap, V] drafter logits (speculative sampling with raw_q) */
     float *probs, *resid;    /* [V] */
     int32_t *vids;           /* [cap + 1] the verification's argmax ids */
     int32_t *vtoks;          /* [cap + 1] the verification's tokens */
