@@ -5,7 +5,7 @@
 #   bench/speculative_speed.sh [BUILD_DIR] [PAIR_DIR]
 # 1. the fixture pair of ../shared/fixtures/assistant (tiny: overheads; drafts are really accepted there);
 # 2. a random-weight pair of real shapes (E2B main model, an E2B-like drafter) made once by
-#    bench/make_random_assistant_pair.py into PAIR_DIR (default /tmp/gemma4c-e2b-pair, about 9 GB): real costs,
+#    tests/data/random_gemma4.py into PAIR_DIR (default /tmp/gemma4c-e2b-pair, about 9 GB): real costs,
 #    but random weights accept no drafts, so its tokens/s with the drafter is the worst case.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,7 +18,7 @@ for d in assistant-lmhead assistant-ordered; do
     "$bin" bench -m "$fx" --draft "$fx/$d" -p 37 -n 64 -r 5 -t 1
 done
 if [ ! -f "$pair/drafter/model.safetensors" ]; then
-    /usr/bin/python3 "$here/make_random_assistant_pair.py" "$shared/configs/gemma-4-e2b.json" "$pair"
+    /usr/bin/python3 "$here/../tests/data/random_gemma4.py" pair "$shared/configs/gemma-4-e2b.json" "$pair"
 fi
 for n in 4 20; do
     "$bin" bench -m "$pair/main" --draft "$pair/drafter" --draft-n $n -p 8 -n 8 -r 2

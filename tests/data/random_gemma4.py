@@ -1,15 +1,17 @@
 #!/usr/bin/python3
-"""A random-weight Gemma 4 main model and a gemma4_assistant drafter of real shapes, for speed measurements.
+"""Random-weight Gemma 4 checkpoints of given shapes: a gemma4_assistant drafter for a main model, or a main model
+and its drafter, for tests (speculative decoding on the example model) and speed measurements (real sizes).
 
-Usage: make_random_assistant_pair.py CONFIG.json OUT_DIR [--drafter-hidden 256] [--drafter-heads 4]
-                                     [--drafter-intermediate 2048] [--dense-head]
+    random_gemma4.py drafter MAIN_DIR OUT_DIR [--hidden 256] [--heads 4] [--intermediate 2048] [--dense-head]
+    random_gemma4.py pair CONFIG.json OUT_DIR [the same drafter options]
 
-CONFIG.json is one of ../shared/configs (its text_config is used; towers are left out). Writes
-OUT_DIR/main (gemma4_text, bf16 safetensors) and OUT_DIR/drafter (gemma4_assistant: four layers, three sliding and
-one full, as third-party notes describe the published drafters; the centroid masked embedder with 2048 centroids
-and top 32 unless --dense-head). The drafter's width, heads and MLP size are not public: the defaults are guesses.
-Weights are random normals (the per-layer embedding table repeats one random block): the timings are real, the
-text and the acceptance rate are not. Needs numpy; the files are large (E2B: about 9 GB).
+drafter: a drafter that can draft for the model in MAIN_DIR (its config.json is read): four layers, three sliding
+and one full, as third-party notes describe the published drafters, with the main model's head sizes, kv heads
+and RoPE; the centroid masked embedder (2048 centroids, top 32; fewer for a small vocabulary) unless --dense-head.
+The drafter's width, heads and MLP size are not public: the defaults are guesses.
+pair: CONFIG.json is one of ../shared/configs (its text_config; towers are left out): OUT_DIR/main (gemma4_text)
+and OUT_DIR/drafter. Weights are random normals (a per-layer embedding table repeats one random block), bf16: the
+timings are real, the text and the acceptance rate are not. E2B's pair is about 9 GB.
 """
 import argparse
 import json
@@ -64,13 +66,22 @@ def write_safetensors(path, tensors, rng):
 
 
 def layer_dims(tc):
+    """Per layer: type, head_dim, kv heads (docs/gemma4-text.md 1.3, both spellings); the first KV-shared layer."""
     L = tc["num_hidden_layers"]
-    types = tc["layer_types"]
-    D = [tc["global_head_dim"] if t == "full_attention" else tc["head_dim"] for t in types]
-    kvg = tc.get("num_global_key_value_heads") if tc.get("attention_k_eq_v") else None
-    KV = [(kvg or tc["num_key_value_heads"]) if t == "full_attention" else tc["num_key_value_heads"] for t in types]
-    first_shared = L - (tc.get("num_kv_shared_layers") or 0)
-    return L, types, D, KV, first_shared
+    types = tc.get("layer_types") or ["full_attention" if (l + 1) % 6 == 0 else "sliding_attention" for l in range(L)]
+    types = types[:L - 1] + ["full_attention"]
+    hd, kv = tc.get("head_dim", 256), tc.get("num_key_value_heads", 4)
+    D, KV = [hd] * L, [kv] * L
+    plc = tc.get("per_layer_config")
+    if plc:
+        for k, v in plc.items():
+            D[int(k)], KV[int(k)] = v.get("head_dim", hd), v.get("num_key_value_heads", kv)
+    else:
+        gkv = tc.get("num_global_key_value_heads") if tc.get("attention_k_eq_v") else None
+        for l in range(L):
+            if types[l] == "full_attention":
+                D[l], KV[l] = tc.get("global_head_dim", 512), gkv or kv
+    return L, types, D, KV, L - (tc.get("num_kv_shared_layers") or 0)
 
 
 def main_tensors(tc):
@@ -109,26 +120,24 @@ def drafter(tc, a, rng):
     _, types, D, KV, first = layer_dims(tc)
     src = {t: max(l for l in range(first) if types[l] == t) for t in set(types[:first])}
     dtypes = ["sliding_attention"] * 3 + ["full_attention"]
-    Ha, NH, Ia, V, Hb = a.drafter_hidden, a.drafter_heads, a.drafter_intermediate, tc["vocab_size"], tc["hidden_size"]
+    Ha, NH, Ia, V, Hb = a.hidden, a.heads, a.intermediate, tc["vocab_size"], tc["hidden_size"]
+    n_cent = min(2048, V // 64)
     text = {k: tc[k] for k in ("vocab_size", "rms_norm_eps", "sliding_window", "rope_parameters",
-                               "hidden_activation", "final_logit_softcapping", "max_position_embeddings")}
+                               "final_logit_softcapping", "max_position_embeddings") if k in tc}
     text.update(model_type="gemma4_text", hidden_size=Ha, num_hidden_layers=4, num_attention_heads=NH,
-                intermediate_size=Ia, layer_types=dtypes, head_dim=D[src["sliding_attention"]],
-                global_head_dim=D[src["full_attention"]], num_key_value_heads=KV[src["sliding_attention"]],
-                num_kv_shared_layers=4, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
-                enable_moe_block=False, use_double_wide_mlp=False, attention_k_eq_v=False)
-    if KV[src["full_attention"]] != KV[src["sliding_attention"]]:
-        text["per_layer_config"] = {"3": {"head_dim": D[src["full_attention"]],
-                                          "num_key_value_heads": KV[src["full_attention"]]},
-                                    **{str(l): {"head_dim": D[src["sliding_attention"]]} for l in range(3)}}
+                intermediate_size=Ia, layer_types=dtypes, num_kv_shared_layers=4, hidden_size_per_layer_input=0,
+                vocab_size_per_layer_input=0, enable_moe_block=False, use_double_wide_mlp=False,
+                attention_k_eq_v=False, hidden_activation="gelu_pytorch_tanh",
+                per_layer_config={str(l): {"head_dim": D[src[t]], "num_key_value_heads": KV[src[t]]}
+                                  for l, t in enumerate(dtypes)})
     cfg = {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
-           "backbone_hidden_size": Hb, "use_ordered_embeddings": not a.dense_head, "num_centroids": 2048,
-           "centroid_intermediate_top_k": 32, "tie_word_embeddings": True, "text_config": text}
+           "backbone_hidden_size": Hb, "use_ordered_embeddings": not a.dense_head, "num_centroids": n_cent,
+           "centroid_intermediate_top_k": min(32, n_cent), "tie_word_embeddings": True, "text_config": text}
     s = 0.02
     t = [("model.embed_tokens.weight", (V, Ha), f"normal:{s}"), ("model.norm.weight", (Ha,), "ones"),
          ("pre_projection.weight", (Ha, 2 * Hb), f"normal:{s}"), ("post_projection.weight", (Hb, Ha), f"normal:{s}")]
     if not a.dense_head:
-        t += [("masked_embedding.centroids.weight", (2048, Ha), f"normal:{s}"),
+        t += [("masked_embedding.centroids.weight", (n_cent, Ha), f"normal:{s}"),
               ("masked_embedding.token_ordering", (V,), rng.permutation(V))]
     for l, ty in enumerate(dtypes):
         p = f"model.layers.{l}."
@@ -143,28 +152,41 @@ def drafter(tc, a, rng):
     return cfg, t
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("config")
-    ap.add_argument("out")
-    ap.add_argument("--drafter-hidden", type=int, default=256)
-    ap.add_argument("--drafter-heads", type=int, default=4)
-    ap.add_argument("--drafter-intermediate", type=int, default=2048)
-    ap.add_argument("--dense-head", action="store_true")
-    a = ap.parse_args()
-    full = json.load(open(a.config))
-    tc = dict(full.get("text_config", full))
+def text_config(path):
+    full = json.load(open(path))
+    tc = dict(full.get("text_config") or full)
     tc["model_type"] = "gemma4_text"
     tc.setdefault("eos_token_id", full.get("eos_token_id", 1))
+    return tc
+
+
+def write_drafter(tc, out, a, rng):
+    os.makedirs(out, exist_ok=True)
+    cfg, t = drafter(tc, a, rng)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=1)
+    json.dump({"num_assistant_tokens": 20}, open(os.path.join(out, "generation_config.json"), "w"))
+    write_safetensors(os.path.join(out, "model.safetensors"), t, rng)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["drafter", "pair"])
+    ap.add_argument("source", help="drafter: the main model's folder; pair: a config.json")
+    ap.add_argument("out")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=2048)
+    ap.add_argument("--dense-head", action="store_true")
+    a = ap.parse_args()
     rng = np.random.default_rng(0)
-    for sub in ("main", "drafter"):
-        os.makedirs(os.path.join(a.out, sub), exist_ok=True)
+    if a.what == "drafter":
+        write_drafter(text_config(os.path.join(a.source, "config.json")), a.out, a, rng)
+        return
+    tc = text_config(a.source)
+    os.makedirs(os.path.join(a.out, "main"), exist_ok=True)
     json.dump(tc, open(os.path.join(a.out, "main", "config.json"), "w"), indent=1)
     write_safetensors(os.path.join(a.out, "main", "model.safetensors"), main_tensors(tc), rng)
-    cfg, t = drafter(tc, a, rng)
-    json.dump(cfg, open(os.path.join(a.out, "drafter", "config.json"), "w"), indent=1)
-    json.dump({"num_assistant_tokens": 20}, open(os.path.join(a.out, "drafter", "generation_config.json"), "w"))
-    write_safetensors(os.path.join(a.out, "drafter", "model.safetensors"), t, rng)
+    write_drafter(tc, os.path.join(a.out, "drafter"), a, rng)
 
 
 if __name__ == "__main__":
