@@ -75,7 +75,7 @@ int cmd_chat(int argc, char **argv) {
                 smp.model_dir, g4_context_n_ctx(tm.ctx));
     g4_sampler_params sp;
     g4_generation_params gp;
-    cli_generation_params(&smp, tm.model, &sp, &gp);
+    cli_generation_params(&smp, &tm, &sp, &gp);
     cli_media md = {0}; /* every image and audio of the conversation, in order (the generation's media) */
     int pending = 0;    /* the inputs from index `pending` on go with the next message */
     char *line = NULL;
@@ -131,6 +131,7 @@ int cmd_chat(int argc, char **argv) {
         int bad = g4_chat_start(chat, tm.ctx, 0, &gp, &gen, &err);
         if (bad) cli_error("%s", err.msg);
         else bad = cli_stream(gen, stdout, think ? stderr : NULL);
+        if (!bad) cli_print_draft_stats(&smp, gen);
         if (!bad && g4_chat_add_reply(chat, gen, &err)) bad = cli_error("%s", err.msg);
         if (bad) { /* the turn failed (e.g. the context is full): forget it (its inputs wait for the next one) */
             g4_chat_pop(chat);

@@ -74,7 +74,7 @@ int cmd_run(int argc, char **argv) {
     g4_generation *gen = NULL;
     g4_sampler_params sp;
     g4_generation_params gp;
-    cli_generation_params(&smp, tm.model, &sp, &gp);
+    cli_generation_params(&smp, &tm, &sp, &gp);
     cli_media md = {0};
     char *user = NULL;
     for (int i = 0; i < n_files; i++)
@@ -98,6 +98,7 @@ int cmd_run(int argc, char **argv) {
     }
     cli_catch_sigint();
     if (cli_stream(gen, stdout, think ? stderr : NULL)) goto done;
+    cli_print_draft_stats(&smp, gen);
     printf("\n");
     cli_print_tool_calls(gen);
     rc = g4_generation_finish(gen) == G4_FINISH_CANCELLED ? 130 : 0;
