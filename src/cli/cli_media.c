@@ -38,6 +38,20 @@ int cli_media_add_audio(cli_media *md, g4_model *m, const char *path) {
     return 0;
 }
 
+int cli_media_file(cli_media_files *f, const char *cmd, const char *path, int is_audio) {
+    if (f->n == CLI_MAX_MEDIA) return cli_error("%s: at most %d images and audio files", cmd, CLI_MAX_MEDIA);
+    f->is_audio[f->n] = is_audio;
+    f->path[f->n++] = path;
+    return 0;
+}
+
+int cli_media_add_files(cli_media *md, g4_model *m, const cli_media_files *f, int budget) {
+    for (int i = 0; i < f->n; i++)
+        if (f->is_audio[i] ? cli_media_add_audio(md, m, f->path[i]) : cli_media_add_image(md, m, f->path[i], budget))
+            return -1;
+    return 0;
+}
+
 void cli_media_truncate(cli_media *md, int from) {
     while (md->n > from) g4_soft_tokens_free(&md->items[--md->n]);
 }

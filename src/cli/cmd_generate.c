@@ -35,11 +35,12 @@ int cmd_generate(int argc, char **argv) {
                                         {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     struct option opts[40];
     cli_options_with_sampling(own, opts, 40);
-    const char *text = NULL, *ids_s = NULL, *files[CLI_MAX_MEDIA];
-    int no_bos = 0, c, n_files = 0, is_audio[CLI_MAX_MEDIA];
+    const char *text = NULL, *ids_s = NULL;
+    int no_bos = 0, c;
     long budget = 0;
     cli_sampling smp;
     cli_sampling_init(&smp);
+    cli_media_files files = {0};
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
@@ -52,9 +53,7 @@ int cmd_generate(int argc, char **argv) {
         case OPT_NO_BOS: no_bos = 1; break;
         case OPT_IMAGE:
         case OPT_AUDIO:
-            if (n_files == CLI_MAX_MEDIA) return cli_error("generate: at most %d images and audio files", CLI_MAX_MEDIA);
-            is_audio[n_files] = c == OPT_AUDIO;
-            files[n_files++] = optarg;
+            if (cli_media_file(&files, "generate", optarg, c == OPT_AUDIO)) return 1;
             break;
         case OPT_BUDGET:
             if (cli_parse_int(optarg, "--budget", 1, 1 << 20, &budget)) return 1;
@@ -74,7 +73,7 @@ int cmd_generate(int argc, char **argv) {
     cli_text_model tm;
     long n_new = smp.n_predict > 0 ? smp.n_predict : 128;
     if (smp.n_predict <= 0) smp.n_predict = n_new;
-    if (ids_s && !n_files && smp.n_ctx <= 0) smp.n_ctx = n_prompt + n_new; /* soft tokens: the default */
+    if (ids_s && !files.n && smp.n_ctx <= 0) smp.n_ctx = n_prompt + n_new; /* soft tokens: the default */
     smp.image_budget = (int)budget;
     cli_media md = {0};
     if (cli_text_open(&smp, text ? CLI_NEED_TOKENIZER : 0, &tm)) {
@@ -96,10 +95,7 @@ int cmd_generate(int argc, char **argv) {
             goto done;
         }
     }
-    for (int i = 0; i < n_files; i++)
-        if (is_audio[i] ? cli_media_add_audio(&md, tm.model, files[i])
-                        : cli_media_add_image(&md, tm.model, files[i], (int)budget))
-            goto done;
+    if (cli_media_add_files(&md, tm.model, &files, (int)budget)) goto done;
     g4_sampler_params sp;
     g4_generation_params gp;
     cli_generation_params(&smp, &tm, &sp, &gp);
