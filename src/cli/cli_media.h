@@ -31,6 +31,9 @@ int cli_media_add_files(cli_media *md, g4_model *m, const cli_media_files *f, in
 int cli_media_add_image(cli_media *md, g4_model *m, const char *path, int budget);
 /* Decodes an audio file at the model's rate, encodes it (clips of 30 s) and appends it; like the above. */
 int cli_media_add_audio(cli_media *md, g4_model *m, const char *path);
+/* Writes the soft tokens of all inputs to `path`, float32 [n, hidden] little-endian, inputs concatenated; -1
+ * (error printed, the file removed) on failure. */
+int cli_media_write(const cli_media *md, const char *path);
 /* Drops the inputs from index `from` on. */
 void cli_media_truncate(cli_media *md, int from);
 /* Soft tokens of all inputs. */
