@@ -66,6 +66,9 @@ typedef struct g4_context_params {
     int n_kv_blocks;   /* blocks of the full-attention pool (default: every sequence can reach n_ctx);
                           fewer blocks let more sequences share memory, and a step that finds no free block
                           fails with a message that says so (nothing is changed) */
+    int kv_history;    /* sliding-window positions a sequence keeps beyond what its next step reads, so that it
+                          can be rolled back that far (g4_seq_truncate): 0 = n_batch (the default), -1 = none
+                          (for many sequences that are never rolled back, e.g. under a scheduler) */
 } g4_context_params;
 
 int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);
@@ -83,6 +86,16 @@ void g4_seq_reset(g4_context *ctx, int seq);
 int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err);
 /* Number of positions sequence `seq` has processed. */
 int g4_seq_length(const g4_context *ctx, int seq);
+/* The token ids sequence `seq` holds, in position order (*n = g4_seq_length). Valid until the
+ * next call that changes the sequence. */
+const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n);
+/* Prefix cache: every whole block of kv_block_size positions a sequence has processed stays findable by its
+ * content (the ids up to its end) while its rows are in the cache, also after the sequence moved on or was
+ * reset, until the memory is needed (least recently freed first). This makes the empty sequence `seq` start
+ * with the longest prefix of ids[0..n-1] it finds, and returns that prefix's length: a multiple of
+ * kv_block_size, 0 when none (then nothing changes). Feed the rest from there. With sliding-window layers a
+ * prefix can be resumed only where the cache still holds the window of rows before its end. */
+int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int n);
 /* Free blocks of the full-attention pool (of the sliding pool for a model without full layers). */
 int g4_kv_free_blocks(const g4_context *ctx);
 /* Bytes the KV cache holds in backend memory. */

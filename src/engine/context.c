@@ -100,6 +100,8 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     if (p.kv_type != G4_KV_F32 && p.kv_type != G4_KV_BF16 && p.kv_type != G4_KV_F16)
         return g4_fail(err, "unknown KV cache type %d", (int)p.kv_type);
     if (p.n_kv_blocks < 0) return g4_fail(err, "negative number of KV blocks %d", p.n_kv_blocks);
+    if (p.kv_history > p.n_batch)
+        return g4_fail(err, "kv_history %d exceeds n_batch %d", p.kv_history, p.n_batch);
     if (p.n_ctx > c->max_position_embeddings)
         return g4_fail(err, "n_ctx %d exceeds the model's max_position_embeddings %d", p.n_ctx,
                        c->max_position_embeddings);
@@ -113,12 +115,14 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->rows_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
     ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
-    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added) {
+    ctx->seq_tokens = malloc((size_t)p.n_seq_max * (size_t)p.n_ctx * sizeof(int32_t));
+    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens) {
         g4_fail(err, "out of memory");
         goto fail;
     }
-    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch, p.kv_type, p.kv_block_size,
-                         p.n_kv_blocks, err))
+    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
+                         p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
+                         p.kv_block_size, p.n_kv_blocks, err))
         goto fail;
     if (scratch_alloc(ctx, err)) goto fail;
     *out = ctx;
@@ -136,6 +140,7 @@ void g4_context_free(g4_context *ctx) {
     free(ctx->rows_host);
     free(ctx->zero_seq);
     free(ctx->seq_added);
+    free(ctx->seq_tokens);
     free(ctx);
 }
 
@@ -161,6 +166,23 @@ int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err) {
 
 int g4_seq_length(const g4_context *ctx, int seq) {
     return (seq >= 0 && seq < ctx->n_seq) ? ctx->kv.seq_len[seq] : -1;
+}
+
+const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n) {
+    if (seq < 0 || seq >= ctx->n_seq) {
+        *n = 0;
+        return NULL;
+    }
+    *n = ctx->kv.seq_len[seq];
+    return ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx;
+}
+
+int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int n) {
+    if (seq < 0 || seq >= ctx->n_seq || ctx->kv.seq_len[seq] != 0 || n <= 0) return 0;
+    if (n > ctx->n_ctx) n = ctx->n_ctx;
+    int k = g4_kv_cache_reuse(&ctx->kv, seq, ids, n);
+    memcpy(ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx, ids, (size_t)k * sizeof *ids);
+    return k;
 }
 
 int g4_kv_free_blocks(const g4_context *ctx) {
@@ -206,7 +228,12 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     if (g4_kv_cache_prepare(&ctx->kv, added, n, seq, ctx->pos_host, err)) return -1;
     g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host, NULL};
     if (g4_forward(ctx, &st, logits, ids, err)) return -1;
-    for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
+    for (int i = 0; i < n; i++) ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] = b->token[i];
+    for (int s = 0; s < ctx->n_seq; s++) {
+        if (!added[s]) continue;
+        ctx->kv.seq_len[s] += added[s];
+        g4_kv_cache_commit(&ctx->kv, s, ctx->seq_tokens + (size_t)s * (size_t)ctx->n_ctx, ctx->kv.seq_len[s]);
+    }
     return 0;
 }
 
