@@ -69,6 +69,9 @@ typedef struct g4_context_params {
     int kv_history;    /* sliding-window positions a sequence keeps beyond what its next step reads, so that it
                           can be rolled back that far (g4_seq_truncate): 0 = n_batch (the default), -1 = none
                           (for many sequences that are never rolled back, e.g. under a scheduler) */
+    int n_kv_sliding_blocks; /* blocks of the sliding-window pool (default: every sequence's window and history,
+                          one batch, and one window per sequence more for the prefix cache); more blocks keep
+                          more cached prefixes resumable (g4_seq_reuse_prefix) */
 } g4_context_params;
 
 int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);
@@ -104,7 +107,8 @@ size_t g4_kv_bytes(const g4_context *ctx);
 /* One batch step.  Tokens of one sequence must be contiguous in the batch and
  * in position order; each sequence's tokens continue at g4_seq_length(seq).
  * Rows with want_logits[i] != 0 (all rows if want_logits is NULL) get their
- * float32 logits written to `logits` in batch order, vocab floats per row. */
+ * float32 logits written to `logits` in batch order, vocab floats per row;
+ * with logits == NULL no logits are computed (a capture still sees the final norm). */
 typedef struct g4_batch {
     int n_tokens;
     const int32_t *token;
@@ -119,7 +123,7 @@ int g4_decode_greedy(g4_context *ctx, const g4_batch *batch, int32_t *ids, g4_er
 
 /* Optional per-layer capture for tests and debugging: when set, the next
  * g4_decode copies the hidden state after every layer ([n_layers][n_tokens][H])
- * and after the final norm ([n_tokens][H]) into these buffers. */
+ * and after the final norm ([rows wanted][H]) into these buffers. */
 void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm);
 
 #ifdef __cplusplus

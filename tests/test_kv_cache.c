@@ -65,7 +65,7 @@ static int held(const g4_kv_cache *kv, int t, int s) {
 static int new_kv(g4_kv_cache *kv, int history, int n_full_blocks, g4_backend *be) {
     g4_text_config c = layout();
     g4_error err;
-    int rc = g4_kv_cache_init(kv, &c, be, NSEQ, NCTX, NBATCH, history, G4_KV_F32, B, n_full_blocks, &err);
+    int rc = g4_kv_cache_init(kv, &c, be, NSEQ, NCTX, NBATCH, history, G4_KV_F32, B, n_full_blocks, 0, &err);
     CHECKF(rc == 0, "init: %s", err.msg);
     return rc;
 }
@@ -82,8 +82,8 @@ static void test_allocation(g4_backend *be) {
     CHECK(kv.layers[2].k == kv.layers[0].k && kv.layers[2].v == kv.layers[0].v);
     CHECK(kv.layers[1].k != kv.layers[0].k);
     CHECK(full->n_blocks == 6 && full->n_free == 6);
-    /* sliding pool: every sequence's window (W - 1 rows + slack) and one batch */
-    CHECK(sl->n_blocks == NSEQ * ((W - 1 + B - 1) / B + 2) + NBATCH / B);
+    /* sliding pool: every sequence's window (W - 1 rows + slack), one batch, a window each for the cache */
+    CHECK(sl->n_blocks == NSEQ * (((W - 1 + B - 1) / B + 2) + ((W - 1 + B - 1) / B + 1)) + NBATCH / B);
     int32_t ids[64];
     fill_ids(ids, 64, 100);
     int cost[G4_LAYER_TYPES];

@@ -99,7 +99,8 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
                        p.n_ctx, p.n_batch, p.kv_block_size);
     if (p.kv_type != G4_KV_F32 && p.kv_type != G4_KV_BF16 && p.kv_type != G4_KV_F16)
         return g4_fail(err, "unknown KV cache type %d", (int)p.kv_type);
-    if (p.n_kv_blocks < 0) return g4_fail(err, "negative number of KV blocks %d", p.n_kv_blocks);
+    if (p.n_kv_blocks < 0 || p.n_kv_sliding_blocks < 0)
+        return g4_fail(err, "negative number of KV blocks %d / %d", p.n_kv_blocks, p.n_kv_sliding_blocks);
     if (p.kv_history > p.n_batch)
         return g4_fail(err, "kv_history %d exceeds n_batch %d", p.kv_history, p.n_batch);
     if (p.n_ctx > c->max_position_embeddings)
@@ -122,7 +123,7 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     }
     if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
                          p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
-                         p.kv_block_size, p.n_kv_blocks, err))
+                         p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks, err))
         goto fail;
     if (scratch_alloc(ctx, err)) goto fail;
     *out = ctx;

@@ -43,7 +43,8 @@ struct g4_context {
 };
 
 /* The decoder forward pass for one step (src/model/forward.c): float32 logits of the step's out_rows into the
- * host buffer `logits` [n_out, V], or, when logits is NULL, their argmax into the host array `ids` [n_out]. */
+ * host buffer `logits` [n_out, V], or, when logits is NULL, their argmax into the host array `ids` [n_out], or
+ * (both NULL) no head at all. */
 int g4_forward(g4_context *ctx, const g4_step *step, float *logits, int32_t *ids, g4_error *err);
 
 #endif

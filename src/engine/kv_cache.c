@@ -8,19 +8,22 @@
 
 static int ceil_div(long a, long b) { return (int)((a + b - 1) / b); }
 
-/* Sliding blocks a sequence can hold at once: W - 1 + n_batch rows (see the release rule in kv_cache.h) and
- * one block of slack for alignment. */
-/* Sliding blocks the pool needs: each sequence holds at most W - 1 + history rows between steps, plus one block
- * of slack for alignment and one being filled; a step adds at most n_batch rows over all sequences. */
+/* Sliding blocks of the pool: each sequence holds at most W - 1 + history rows between steps, plus one block of
+ * slack for alignment and one being filled; a step adds at most n_batch rows over all sequences; and as much
+ * again as the sequences' windows, so that the windows of recently finished sequences can stay in the prefix
+ * cache (a later request resumes from a prefix only where the window before its end is cached). */
 static int sliding_blocks(const g4_kv_cache *kv, int window) {
     long per_seq = ceil_div((long)window - 1 + kv->history, kv->block) + 2;
+    long cached = ceil_div((long)window - 1, kv->block) + 1;
     long max = kv->max_blocks;
-    long n = (long)kv->n_seq * (per_seq < max ? per_seq : max) + ceil_div(kv->n_batch, kv->block);
+    long n = (long)kv->n_seq * ((per_seq < max ? per_seq : max) + (cached < max ? cached : max)) +
+             ceil_div(kv->n_batch, kv->block);
     return n < (long)kv->n_seq * max ? (int)n : (int)((long)kv->n_seq * max);
 }
 
 int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, int n_seq, int n_ctx, int n_batch,
-                     int history, g4_kv_type type, int block, int n_full_blocks, g4_error *err) {
+                     int history, g4_kv_type type, int block, int n_full_blocks, int n_sliding_blocks,
+                     g4_error *err) {
     memset(kv, 0, sizeof *kv);
     kv->be = be;
     kv->n_layers = c->n_layers;
@@ -51,7 +54,7 @@ int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, i
         if (!p->used) continue;
         p->max_blocks = max_blocks;
         if (t == G4_LAYER_SLIDING)
-            p->n_blocks = sliding_blocks(kv, c->sliding_window);
+            p->n_blocks = n_sliding_blocks > 0 ? n_sliding_blocks : sliding_blocks(kv, c->sliding_window);
         else
             p->n_blocks = n_full_blocks > 0 ? n_full_blocks : n_seq * p->max_blocks;
         size_t tab = (size_t)n_seq * (size_t)p->max_blocks;

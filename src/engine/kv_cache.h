@@ -92,9 +92,11 @@ typedef struct g4_kv_cache {
 } g4_kv_cache;
 
 /* n_full_blocks: blocks of the full-attention pool, 0 for "every sequence can reach n_ctx". history < 0: n_batch.
- * The sliding pool gets enough blocks for every sequence's window plus history, and one batch of new rows. */
+ * n_sliding_blocks: blocks of the sliding pool, 0 for enough for every sequence's window plus history, one batch
+ * of new rows, and a window per sequence more for the prefix cache. */
 int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, int n_seq, int n_ctx, int n_batch,
-                     int history, g4_kv_type type, int block, int n_full_blocks, g4_error *err);
+                     int history, g4_kv_type type, int block, int n_full_blocks, int n_sliding_blocks,
+                     g4_error *err);
 void g4_kv_cache_free(g4_kv_cache *kv);
 
 /* Blocks of pool t that sequence s adding `add` positions would take, less those it would release (plain
