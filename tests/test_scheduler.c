@@ -27,7 +27,7 @@
 typedef struct {
     int32_t ids[MAX_PROMPT];
     int n, max_new;
-    int32_t alone[MAX_NEW]; /* the tokens it gives alone */
+    int32_t alone[MAX_NEW]; /* the first MAX_NEW tokens it gives alone */
     int n_alone;
 } prompt;
 
@@ -43,15 +43,15 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng_state >> 33);
 }
 
-/* 16 prompts: the reference prompt first, then random ids; lengths from 2 to ~3 windows; every fourth one
- * shares a prefix (half or more of it, sometimes crossing the window) with the one before. */
+/* 16 prompts: the reference prompt first, then random ids; lengths from 2 to about 4 sliding windows; half of
+ * them share three quarters of the one before (two of those shared prefixes are longer than the window). */
 static void make_prompts(prompt *p, int vocab, int window, const int32_t *ref, int n_ref, int n_ctx) {
     rng_state = 12345;
-    const int lens[N_REQ] = {0, 2, 7, window - 1, window, window + 1, 2 * window + 3, 5, 3 * window, 11,
-                             window / 2, 4 * window + 7, 3, 2 * window, 9, window + 5};
+    const int lens[N_REQ] = {0, 2, 7, window - 1, window, window + 1, 2 * window + 3, 5, 3 * window, 3 * window + 9,
+                             window / 2, 4 * window + 7, 3, 2 * window, 2 * window + 9, window + 5};
     for (int i = 0; i < N_REQ; i++) {
         prompt *q = &p[i];
-        q->max_new = i == 0 ? 24 : 8 + (int)(rnd() % 24);
+        q->max_new = i == 0 ? 24 : 8 + (int)(rnd() % (MAX_NEW - 8));
         q->n = i == 0 ? n_ref : lens[i];
         if (q->n > n_ctx - q->max_new) q->n = n_ctx - q->max_new;
         if (q->n > MAX_PROMPT) q->n = MAX_PROMPT;
@@ -114,6 +114,7 @@ static void on_done(g4_sched_request *r, void *user) {
 
 typedef struct {
     int n_seq, n_batch, n_kv_blocks, n_kv_sliding_blocks;
+    int max_new;          /* every request's token limit, or 0 for the prompt's own */
     int cancel;           /* cancel some requests while they run, one while it waits */
     const g4_sampler_params *sampling; /* per request (seed = index) or NULL for greedy */
     int rounds;           /* 2: submit everything again once the first round is done */
@@ -145,7 +146,7 @@ static g4_sched_stats run_case(const char *label, g4_model *m, const prompt *p, 
         memset(sl, 0, sizeof sl);
         for (int i = 0; i < N_REQ; i++) {
             sl[i].cancel_at = sc->cancel && i % 5 == 3 ? 2 + i % 3 : -1;
-            g4_sched_request_params rp = {.max_new_tokens = p[i].max_new, .on_token = on_token, .on_done = on_done,
+            g4_sched_request_params rp = {.max_new_tokens = sc->max_new ? sc->max_new : p[i].max_new, .on_token = on_token, .on_done = on_done,
                                           .user = &sl[i]};
             if (sc->sampling) {
                 sp[i] = *sc->sampling;
@@ -179,10 +180,11 @@ static g4_sched_stats run_case(const char *label, g4_model *m, const prompt *p, 
                       !memcmp(sl[i].got, p[i].alone, (size_t)sl[i].n_got * sizeof(int32_t)));
                 if (i == waiting_cancel) CHECK(sl[i].n_got == 0);
             } else {
-                int eq = fin == G4_SCHED_LENGTH && sl[i].n_got == p[i].n_alone &&
+                const int want = sc->max_new ? sc->max_new : p[i].max_new;
+                int eq = fin == G4_SCHED_LENGTH && sl[i].n_got == want && want <= p[i].n_alone &&
                          !memcmp(sl[i].got, p[i].alone, (size_t)sl[i].n_got * sizeof(int32_t));
                 CHECKF(eq, "%s: request %d (%d prompt tokens) differs from its output alone (%d vs %d tokens)",
-                       label, i, p[i].n, sl[i].n_got, p[i].n_alone);
+                       label, i, p[i].n, sl[i].n_got, want);
                 same += eq;
             }
             g4_sched_request_free(sl[i].r);
@@ -275,12 +277,12 @@ static void check_model(const char *label, const char *dir) {
     CHECKF(ref_prompt && greedy, "%s: no reference prompt / greedy ids", label);
     if (!ref_prompt || !greedy) goto done;
     const int V = g4_model_vocab_size(m), W = m->cfg.text.sliding_window;
-    const int n_ctx = 4 * W + 7 + MAX_NEW + 8 > 256 ? 4 * W + 7 + MAX_NEW + 8 : 256;
+    const int n_ctx = 4 * W + 7 + MAX_NEW > 256 ? 4 * W + 7 + MAX_NEW : 256;
     prompt *p = calloc(N_REQ, sizeof *p);
     make_prompts(p, V, W, ref_prompt, (int)n_ref, n_ctx);
-    for (int i = 0; i < N_REQ; i++) p[i].n_alone = alone(m, p[i].ids, p[i].n, p[i].max_new, NULL, p[i].alone);
+    for (int i = 0; i < N_REQ; i++) p[i].n_alone = alone(m, p[i].ids, p[i].n, MAX_NEW, NULL, p[i].alone);
     /* anchor: the reference prompt alone gives transformers' greedy ids */
-    CHECKF(p[0].n_alone == 24 && (size_t)24 <= n_greedy && !memcmp(p[0].alone, greedy, 24 * sizeof(int32_t)),
+    CHECKF(p[0].n_alone == MAX_NEW && (size_t)24 <= n_greedy && !memcmp(p[0].alone, greedy, 24 * sizeof(int32_t)),
            "%s: the reference prompt's greedy ids differ from transformers'", label);
 
     const sched_case all = {.n_seq = N_REQ, .n_batch = 64, .rounds = 1};
@@ -294,16 +296,24 @@ static void check_model(const char *label, const char *dir) {
     for (int i = 0; i < N_REQ; i++) cacheable += (p[i].n - 1) / 8 * 8;
     CHECKF(st.reused_tokens == cacheable, "%s: the second round reused %ld tokens, not %ld", label, st.reused_tokens,
            cacheable);
+    /* the same with a sliding pool that holds little more than the running windows: the cache keeps every full
+     * block, but a prefix resumes only where its window's sliding blocks are still cached */
+    const int W_blocks = (W - 1 + 7) / 8 + 2;
+    const sched_case tight = {.n_seq = 5, .n_batch = 32, .n_kv_blocks = 1000,
+                              .n_kv_sliding_blocks = 5 * W_blocks + 32 / 8, .rounds = 2};
+    st = run_case(label, m, p, &tight, n_ctx);
+    CHECKF(st.reused_tokens < cacheable, "%s: a tight sliding pool kept every window", label);
     const sched_case cancels = {.n_seq = 6, .n_batch = 48, .cancel = 1, .rounds = 1};
     run_case(label, m, p, &cancels, n_ctx);
-    /* a pool of about a third of what 16 requests need: preemption */
-    int need = 0;
-    for (int i = 0; i < N_REQ; i++) need += (p[i].n + p[i].max_new + 7) / 8;
-    int biggest = 0;
-    for (int i = 0; i < N_REQ; i++)
-        if ((p[i].n + p[i].max_new + 7) / 8 > biggest) biggest = (p[i].n + p[i].max_new + 7) / 8;
-    const sched_case small = {.n_seq = N_REQ, .n_batch = 64, .n_kv_blocks = need / 3 > biggest + 2 ? need / 3 : biggest + 2,
-                              .rounds = 1};
+    /* every request generating MAX_NEW tokens in a pool of a third of what they need together: preemption */
+    int need = 0, biggest = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        int b = (p[i].n + MAX_NEW + 7) / 8;
+        need += b;
+        biggest = b > biggest ? b : biggest;
+    }
+    const sched_case small = {.n_seq = N_REQ, .n_batch = 64, .n_kv_blocks = need / 3 > biggest ? need / 3 : biggest,
+                              .max_new = MAX_NEW, .rounds = 1};
     st = run_case(label, m, p, &small, n_ctx);
     CHECKF(st.preemptions > 0, "%s: the small pool forced no preemption", label);
 
@@ -316,7 +326,7 @@ static void check_model(const char *label, const char *dir) {
     for (int i = 0; i < N_REQ; i++) {
         g4_sampler_params one = sp;
         one.seed = (uint64_t)i;
-        p[i].n_alone = alone(m, p[i].ids, p[i].n, p[i].max_new, &one, p[i].alone);
+        p[i].n_alone = alone(m, p[i].ids, p[i].n, MAX_NEW, &one, p[i].alone);
     }
     const sched_case sampled = {.n_seq = 8, .n_batch = 40, .sampling = &sp, .rounds = 1};
     run_case(label, m, p, &sampled, n_ctx);
@@ -331,11 +341,20 @@ done:
 
 int main(void) {
     const char *fixtures[] = {"dense-ple", "dense-keqv", "moe"};
-    for (size_t i = 0; i < sizeof fixtures / sizeof *fixtures; i++) {
+#ifdef __SANITIZE_ADDRESS__
+    /* under the sanitizers (ten times slower) one fixture runs every case: the same code paths */
+    const size_t n_fixtures = 1;
+#else
+    const size_t n_fixtures = sizeof fixtures / sizeof *fixtures;
+#endif
+    for (size_t i = 0; i < n_fixtures; i++) {
         char rel[256];
         snprintf(rel, sizeof rel, "fixtures/%s", fixtures[i]);
         check_model(fixtures[i], g4t_shared(rel));
     }
+#ifdef __SANITIZE_ADDRESS__
+    return g4t_done();
+#endif
     /* the example model: the real vocabulary, a window of 128 */
     const char *tmp = g4t_tmp("scheduler-tolstoy");
     char cmd[4096], dir[4200];
