@@ -176,6 +176,13 @@ static void test_prefix_hits(g4_backend *be) {
     b[30] = 3;
     CHECK(run(&kv, 2, b, 40, 5) == 0 && run(&kv, 1, a, 36, 3) == 0);
     CHECK(g4_kv_cache_lookup(&kv, b, 64) == 40 && g4_kv_cache_lookup(&kv, a, 64) == 36);
+    /* soft tokens (-1: an image's rows) are never cached, nor anything after them */
+    int32_t img[64];
+    fill_ids(img, 64, 5000);
+    img[9] = img[10] = -1;
+    CHECK(run(&kv, 0, img, 24, 8) == 0);
+    CHECK(g4_kv_cache_lookup(&kv, img, 24) == 8);
+    reset(&kv, 0);
     /* a roll-back into a hashed block takes it out of the cache before it is written */
     g4_kv_cache_drop(&kv, 1, 34);
     kv.seq_len[1] = 34;

@@ -90,7 +90,7 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     if (params) p = *params;
     const g4_text_config *c = &model->cfg.text;
     if (p.n_seq_max <= 0) p.n_seq_max = 1;
-    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 8192 ? c->max_position_embeddings : 8192;
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.kv_block_size <= 0) p.kv_block_size = 32;
     if (p.n_seq_max > 65536 || p.n_ctx > (1 << 24) || p.n_batch > (1 << 20) || p.kv_block_size > 4096 ||
@@ -146,6 +146,7 @@ void g4_context_free(g4_context *ctx) {
 }
 
 int g4_context_n_ctx(const g4_context *ctx) { return ctx->n_ctx; }
+g4_model *g4_context_model(const g4_context *ctx) { return ctx->model; }
 
 void g4_seq_reset(g4_context *ctx, int seq) {
     if (seq < 0 || seq >= ctx->n_seq) return;

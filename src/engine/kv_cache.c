@@ -343,6 +343,8 @@ void g4_kv_cache_commit(g4_kv_cache *kv, int s, const int32_t *tokens, int n) {
     const int B = kv->block;
     uint64_t *hs = kv->seq_hash + (size_t)s * (size_t)kv->max_blocks;
     for (int b = kv->seq_hashed[s]; b < n / B; b++) {
+        for (int i = 0; i < B; i++)
+            if (tokens[(size_t)b * B + i] < 0) return; /* a soft token (image, audio): never cached, nor what follows */
         uint64_t parent = b ? hs[b - 1] : 0, h = block_hash(parent, tokens + (size_t)b * B, B);
         hs[b] = h;
         for (int t = 0; t < G4_LAYER_TYPES; t++) {

@@ -111,7 +111,8 @@ int g4_kv_cache_prepare(g4_kv_cache *kv, const int *add, int n, const int32_t *s
                         g4_error *err);
 
 /* After a step: sequence s now holds positions 0..n-1 with ids tokens[0..n-1]; hashes the blocks that became
- * full and enters them in the prefix cache (a block whose hash is already there stays out of it). */
+ * full and enters them in the prefix cache (a block whose hash is already there stays out of it). A block with a
+ * negative id (a soft token: rows fed as embeddings) is never cached, and neither is any block after it. */
 void g4_kv_cache_commit(g4_kv_cache *kv, int s, const int32_t *tokens, int n);
 
 /* Drops sequence s's blocks at and after position n (keeps 0..n-1); for n == 0 all of them. Hashed blocks that

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "engine/generate.h"
 
 struct g4_sched {
     g4_context *ctx;
@@ -70,12 +69,6 @@ void g4_sched_request_free(g4_sched_request *r) {
 }
 
 void g4_sched_cancel(g4_sched_request *r) { atomic_store(&r->cancel, 1); }
-
-static int pure_greedy(const g4_sampler_params *p) {
-    return !p || (p->temperature < 1e-5f && p->n_bias == 0 && p->n_suppress == 0 &&
-                  (p->penalty_last_n == 0 || (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-                                              p->frequency_penalty == 0.0f)));
-}
 
 /* Blocks of the full-attention pool (or the only pool) that n positions take. */
 static int blocks_for(const g4_sched *s, int n) {
@@ -144,14 +137,15 @@ int g4_sched_submit(g4_sched *s, const int32_t *prompt, int n, const g4_sched_re
     g4_sched_request *r = request_new(s, prompt, n, n + max_new, err);
     if (!r) return -1;
     r->max_new = max_new;
-    r->greedy = pure_greedy(p->sampling);
-    if (!r->greedy) {
-        if (g4_sampler_new(p->sampling, s->vocab, &r->sampler, err)) {
-            g4_sched_request_free(r);
-            return -1;
-        }
-        g4_sampler_accept_many(r->sampler, prompt, n);
+    g4_sampler_params greedy;
+    g4_sampler_params_default(&greedy);
+    greedy.temperature = 0;
+    if (g4_sampler_new(p->sampling ? p->sampling : &greedy, s->vocab, &r->sampler, err)) {
+        g4_sched_request_free(r);
+        return -1;
     }
+    r->greedy = g4_sampler_is_argmax(r->sampler);
+    g4_sampler_accept_many(r->sampler, prompt, n);
     if (p->n_stop_ids) {
         if (!(r->stop_ids = malloc((size_t)p->n_stop_ids * sizeof *r->stop_ids))) {
             g4_sched_request_free(r);
@@ -411,8 +405,7 @@ static void fit_plan(g4_sched *s) {
 /* The next token of a request that got logits (row w of the step's outputs). */
 static int32_t next_token(g4_sched *s, g4_sched_request *r, int all_greedy, int w) {
     if (all_greedy) return s->ids[w];
-    const float *row = s->logits + (size_t)w * (size_t)s->vocab;
-    return r->greedy ? g4_argmax(row, s->vocab) : g4_sampler_sample(r->sampler, row);
+    return g4_sampler_sample(r->sampler, s->logits + (size_t)w * (size_t)s->vocab);
 }
 
 static void take_token(g4_sched *s, g4_sched_request *r, int32_t id) {
@@ -420,7 +413,7 @@ static void take_token(g4_sched *s, g4_sched_request *r, int32_t id) {
         finish(s, r, G4_SCHED_STOP);
         return;
     }
-    if (r->sampler) g4_sampler_accept(r->sampler, id);
+    g4_sampler_accept(r->sampler, id);
     r->tokens[r->n_tokens++] = id;
     int stop = 0;
     for (int i = 0; i < r->n_stop_ids; i++) stop |= r->stop_ids[i] == id;

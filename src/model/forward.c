@@ -122,8 +122,7 @@ static void per_layer_input_block(g4_context *ctx, int l, int n, float scale) {
 }
 
 /* Final norm, tied head and soft-cap for the requested rows, in chunks of logit_rows: copied to the caller's
- * host buffer `logits`, or reduced to their argmax in `ids` (host) when logits is NULL; neither when both are
- * NULL (a capture of the final norm still happens). */
+ * host buffer `logits`, or reduced to their argmax in `ids` (host) when logits is NULL. */
 static void head(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
@@ -133,7 +132,7 @@ static void head(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids
     OPS->get_rows(be, s->h, s->out_rows, st->n_out, H, s->x);
     OPS->rmsnorm(be, s->x, m->final_norm, st->n_out, H, (float)c->rms_norm_eps, s->x);
     if (ctx->capture_final) OPS->to_host(be, ctx->capture_final, s->x, (size_t)st->n_out * H * sizeof(float));
-    if (!logits && !ids) return; /* only the final norm was wanted */
+    if (!logits && !ids) return; /* only the final norm was wanted (g4_embed) */
     for (int r0 = 0; r0 < st->n_out; r0 += s->logit_rows) {
         int nr = st->n_out - r0 < s->logit_rows ? st->n_out - r0 : s->logit_rows;
         OPS->matmul(be, s->x + (size_t)r0 * H, nr, m->lm_head, NULL, s->logits);

@@ -325,6 +325,7 @@ const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
 int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
 int g4_model_n_layers(const g4_model *m) { return m->cfg.text.n_layers; }
 int g4_model_hidden_size(const g4_model *m) { return m->cfg.text.hidden_size; }
+int g4_model_n_ctx_train(const g4_model *m) { return m->cfg.text.max_position_embeddings; }
 
 void g4_model_free(g4_model *m) {
     if (!m) return;
@@ -343,6 +344,7 @@ void g4_model_free(g4_model *m) {
     free(m->uploaded);
     free(m->layers);
     free(m->warnings);
+    g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
     free(m);
 }
@@ -380,7 +382,7 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
     g4_model *m = calloc(1, sizeof *m);
     if (!m) return g4_fail(err, "out of memory");
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    if (g4_config_load(dir, &m->cfg, err)) goto fail;
+    if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) goto fail;
     const g4_text_config *c = &m->cfg.text;
     if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
     m->be = g4_backend_new(params->device, params->n_threads, err);
