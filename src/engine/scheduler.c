@@ -323,6 +323,14 @@ static void plan_remove(g4_scheduler *s, int i) {
     s->n_plan--;
 }
 
+/* Blocks kept free at admission for the running requests' next tokens: none when the pool lets every sequence
+ * reach n_ctx (nothing can run out), else 1% of the pool (vLLM's watermark), at least one. */
+static long headroom(const g4_scheduler *s) {
+    const g4_kv_pool *p = main_pool(s);
+    if ((long)p->n_blocks >= (long)s->n_seq * s->ctx->kv.max_blocks) return 0;
+    return (p->n_blocks + 99) / 100;
+}
+
 /* Admits waiting requests of one kind in arrival order while a sequence, budget and blocks are free. */
 static void admit_waiting(g4_scheduler *s, int embed_step, int *budget) {
     g4_context *ctx = s->ctx;
@@ -342,7 +350,7 @@ static void admit_waiting(g4_scheduler *s, int embed_step, int *budget) {
         /* at least the last token is read, for its logits */
         int reused = r->embed ? 0 : g4_seq_reuse_prefix(ctx, q, r->tokens, r->n_tokens - 1);
         long need = blocks_for(s, r->n_tokens) - reused / ctx->kv.block;
-        if (main_pool(s)->n_free < reserve + need + s->n_running) {
+        if (main_pool(s)->n_free < reserve + need + headroom(s)) {
             g4_seq_reset(ctx, q);
             if (s->n_running == 0 && need > main_pool(s)->n_free) { /* it would not fit even alone */
                 too_big = r;
