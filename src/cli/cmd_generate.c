@@ -101,9 +101,13 @@ static json_t *gen_result(const g4_generation *g, void *user, g4_error *err) {
 static int generate_file(const char *file, cli_sampling *smp, int parallel, int no_bos) {
     cli_text_model tm;
     if (smp->n_predict <= 0) smp->n_predict = 128;
+    if (smp->draft_dir) {
+        cli_error("--draft does not combine with -f: the batch runs without speculative decoding");
+        return 1;
+    }
     if (cli_text_open(smp, 0, parallel, &tm)) return 1;
     gen_batch b = {.model = tm.model, .add_bos = !no_bos};
-    cli_generation_params(smp, tm.model, &b.sp, &b.gp);
+    cli_generation_params(smp, &tm, &b.sp, &b.gp);
     g4_scheduler *s;
     g4_error err;
     int rc = 1;
@@ -183,13 +187,14 @@ int cmd_generate(int argc, char **argv) {
     }
     g4_sampler_params sp;
     g4_generation_params gp;
-    cli_generation_params(&smp, tm.model, &sp, &gp);
+    cli_generation_params(&smp, &tm, &sp, &gp);
     if (g4_generation_start(tm.ctx, 0, prompt, n_prompt, &gp, &gen, &err)) {
         cli_error("%s", err.msg);
         goto done;
     }
     cli_catch_sigint();
     if (cli_stream(gen, ids_s ? NULL : stdout, NULL)) goto done;
+    cli_print_draft_stats(&smp, gen);
     if (ids_s) {
         int n;
         const int32_t *ids = g4_generation_tokens(gen, &n);
