@@ -103,8 +103,8 @@ static int concurrency(g4_model *m, const options *o, int C, int quiet) {
     g4_scheduler_get_stats(s, &st);
     double decode = t1 > all_first ? (double)after / (t1 - all_first) : 0;
     if (!rc && !quiet)
-        printf("concurrency %4d  prompt %5d  new %5d  wall %8.2f s  output %9.1f tok/s  decode %9.1f tok/s  "
-               "cpu %8.2f s  output %9.1f tok/cpu-s  steps %ld\n",
+        printf("concurrency %4d  prompt %5d  new %5d  wall %8.2f s  output %10.3f tok/s  decode %10.3f tok/s  "
+               "cpu %8.2f s  output %10.3f tok/cpu-s  steps %ld\n",
                C, o->prompt, o->n_new, t1 - t0, (double)out / (t1 - t0), decode, c1 - c0, (double)out / (c1 - c0),
                st.steps);
     for (int i = 0; i < C; i++) g4_generation_free(g[i]);

@@ -81,7 +81,7 @@ if rows:
     c1, w1, k1 = rows[0]
     print("%12s %14s %10s %14s %10s" % ("concurrent", "output tok/s", "vs " + str(c1), "tok/cpu-s", "vs " + str(c1)))
     for c, w, k in rows:
-        print("%12d %14.1f %9.2fx %14.1f %9.2fx" % (c, w, w / w1, k, k / k1))
+        print("%12d %14.3f %9.2fx %14.3f %9.2fx" % (c, w, w / w1, k, k / k1))
         if c == 100 and ref:
             print("%12s %14s  SGLang, H200, %s, 100 concurrent (anchors.md): ours/SGLang %.3f"
                   % ("", ref[1], ref[0], w / float(ref[1])))

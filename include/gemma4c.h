@@ -454,7 +454,8 @@ G4_API g4_finish g4_generation_finish(const g4_generation *g);
 G4_API const int32_t *g4_generation_tokens(const g4_generation *g, int *n);
 /* With a drafter: the rounds so far, drafted[i] and accepted[i] drafts of round i (*n = 0 without one). */
 G4_API void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n);
-/* Prompt tokens that the sequence already held (not processed again). */
+/* Prompt tokens that the sequence already held (not processed again); for a scheduled generation, those
+ * found in the prefix cache when it was first admitted (0 while it waits). */
 G4_API int g4_generation_n_cached(const g4_generation *g);
 /* The output so far as a message: exactly the TEXT, THINKING and TOOL_CALL events (without
  * parse_chat, content is all the text). The caller frees it with g4_chat_message_free. */

@@ -162,7 +162,9 @@ static g4_scheduler_stats run_case(const char *label, g4_model *m, const prompt 
         CHECKF(left == 0, "%s: the scheduler did not finish (%d left after %d steps): %s", label, left, steps,
                left < 0 ? err.msg : "");
         int same = 0, cancelled = 0;
+        long cached = 0; /* prompt tokens each found in the cache at its first admission */
         for (int i = 0; i < N_REQ; i++) {
+            cached += g4_generation_n_cached(sl[i].g);
             CHECK(sl[i].done);
             g4_finish fin = g4_generation_finish(sl[i].g);
             int n_tok;
@@ -193,6 +195,9 @@ static g4_scheduler_stats run_case(const char *label, g4_model *m, const prompt 
         st.prefill_tokens -= before.prefill_tokens, st.reused_tokens -= before.reused_tokens;
         st.preemptions -= before.preemptions;
         before = total;
+        /* without preemptions (re-admissions) the scheduler reused what the generations say they found */
+        CHECKF(st.preemptions > 0 || cached == st.reused_tokens, "%s: n_cached %ld, reused %ld", label, cached,
+               st.reused_tokens);
         printf("%-12s seq %2d batch %3d blocks %4d%s%s round %d: %2d/%2d same, %d cancelled; %ld steps, %ld decode + "
                "%ld prefill tokens, %ld reused, %ld preemptions\n",
                label, sc->n_seq, sc->n_batch, free0, sc->cancel ? " cancel" : "", sc->sampling ? " sampled" : "",

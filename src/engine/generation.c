@@ -458,6 +458,7 @@ int g4_generation_is_argmax(const g4_generation *g) { return g->greedy; }
 int g4_generation_cancelled(const g4_generation *g) { return cancelled((g4_generation *)g); }
 int32_t g4_generation_sample(g4_generation *g, const float *logits) { return g4_sampler_sample(g->sampler, logits); }
 float *g4_generation_embedding_out(g4_generation *g) { return g->embedding; }
+void g4_generation_set_cached(g4_generation *g, int n_cached) { g->n_cached = n_cached; }
 
 void g4_generation_take(g4_generation *g, int32_t id) {
     if (id < 0) g4_fail(&g->err, "no token can be drawn: every token is banned");

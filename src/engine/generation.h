@@ -28,6 +28,8 @@ void g4_generation_take(g4_generation *g, int32_t id);
 void g4_generation_end(g4_generation *g, g4_finish why);
 /* Calls the callback with the queued events (not once the caller freed its handle), then clears them. */
 void g4_generation_deliver(g4_generation *g);
+/* Prompt tokens found in the prefix cache when it was first admitted (g4_generation_n_cached). */
+void g4_generation_set_cached(g4_generation *g, int n_cached);
 /* The scheduler lets it go. */
 void g4_generation_release(g4_generation *g);
 /* An embedding request's result buffer (hidden_size floats). */

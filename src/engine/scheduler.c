@@ -42,6 +42,7 @@ typedef struct request {
     int n_fed;       /* tokens its sequence holds (0 while waiting) */
     int seq;         /* -1 while waiting */
     int embed;
+    int admitted;    /* it has run (a preempted one waits again) */
     double *sum;     /* embed: the running sum of the final hidden states */
 } request;
 
@@ -253,6 +254,8 @@ static void admit(g4_scheduler *s, request *r, int q, int reused) {
     r->seq = q;
     r->n_fed = reused;
     s->stats.reused_tokens += reused;
+    if (!r->admitted) g4_generation_set_cached(r->gen, reused);
+    r->admitted = 1;
 }
 
 /* Takes r out of the running set; its sequence's blocks go back to the pools (hashed ones stay cached). */
