@@ -122,6 +122,12 @@ typedef struct g4_context_params {
     int n_kv_blocks;   /* blocks of the full-attention pool (default: every sequence can reach n_ctx);
                           fewer blocks let more sequences share memory, and a step that finds no free block
                           fails with a message that says so (nothing is changed) */
+    int kv_history;    /* sliding-window positions a sequence keeps beyond what its next step reads, so that it
+                          can be rolled back that far (g4_seq_truncate): 0 = n_batch (the default), -1 = none
+                          (for many sequences that are never rolled back, e.g. under a scheduler) */
+    int n_kv_sliding_blocks; /* blocks of the sliding-window pool (default: every sequence's window and history,
+                          one batch, and one window per sequence more for the prefix cache); more blocks keep
+                          more cached prefixes resumable (g4_seq_reuse_prefix) */
 } g4_context_params;
 
 G4_API int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);
@@ -144,6 +150,14 @@ G4_API int g4_seq_length(const g4_context *ctx, int seq);
  * (an image or audio row) was fed, so that different images never look like a shared prefix. Valid until
  * the next call that changes the sequence. */
 G4_API const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n);
+/* Prefix cache: every whole block of kv_block_size positions a sequence has processed stays findable by its
+ * content (the ids up to its end) while its rows are in the cache, also after the sequence moved on or was
+ * reset, until the memory is needed (least recently freed first). This makes the empty sequence `seq` start
+ * with the longest prefix of ids[0..n-1] it finds, and returns that prefix's length: a multiple of
+ * kv_block_size, 0 when none (then nothing changes). Feed the rest from there. With sliding-window layers a
+ * prefix can be resumed only where the cache still holds the window of rows before its end. Blocks holding a
+ * negative id (a soft token: an image or audio row) are never cached. */
+G4_API int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int n);
 /* Free blocks of the full-attention pool (of the sliding pool for a model without full layers). */
 G4_API int g4_kv_free_blocks(const g4_context *ctx);
 /* Bytes the KV cache holds in backend memory. */
@@ -495,6 +509,7 @@ typedef enum g4_event_kind {
     G4_EVENT_TEXT = 1,      /* text to show: all of it, or with parse_chat the answer; stop strings held back */
     G4_EVENT_THINKING = 2,  /* parse_chat: the model's thinking */
     G4_EVENT_TOOL_CALL = 3, /* parse_chat: one whole tool call, JSON {"name": ..., "arguments": {...}} */
+    G4_EVENT_FINISH = 4,    /* scheduled generations only: the last event (g4_generation_finish says why) */
 } g4_event_kind;
 
 typedef struct g4_event {
@@ -509,6 +524,7 @@ typedef enum g4_finish {
     G4_FINISH_STOP = 1,      /* an eos or stop id, or a stop string */
     G4_FINISH_LENGTH = 2,    /* max_new_tokens or the context is full */
     G4_FINISH_CANCELLED = 3, /* g4_generation_cancel */
+    G4_FINISH_ERROR = 4,     /* scheduled generations: it failed (g4_generation_error says why) */
 } g4_finish;
 
 /* prompt is the whole token sequence for `seq`. What the sequence already holds of it (the
@@ -536,7 +552,8 @@ G4_API g4_finish g4_generation_finish(const g4_generation *g);
 G4_API const int32_t *g4_generation_tokens(const g4_generation *g, int *n);
 /* With a drafter: the rounds so far, drafted[i] and accepted[i] drafts of round i (*n = 0 without one). */
 G4_API void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n);
-/* Prompt tokens that the sequence already held (not processed again). */
+/* Prompt tokens that the sequence already held (not processed again); for a scheduled generation, those
+ * found in the prefix cache when it was first admitted (0 while it waits). */
 G4_API int g4_generation_n_cached(const g4_generation *g);
 /* The output so far as a message: exactly the TEXT, THINKING and TOOL_CALL events (without
  * parse_chat, content is all the text). The caller frees it with g4_chat_message_free. */
@@ -545,6 +562,61 @@ G4_API int g4_generation_message(const g4_generation *g, g4_chat_message *out, g
 G4_API int g4_chat_add_reply(g4_chat *c, const g4_generation *g, g4_error *err);
 /* Frees it at any point (the sequence keeps what was processed). */
 G4_API void g4_generation_free(g4_generation *g);
+/* Why a scheduled generation failed (G4_FINISH_ERROR), or NULL. */
+G4_API const char *g4_generation_error(const g4_generation *g);
+
+/* -------------------------------------------------------------- scheduler */
+
+/* Continuous batching: a scheduler serves many generations at once on the sequences of one context.
+ * Each g4_scheduler_step is one batch step under the context's n_batch token budget: one token for
+ * every running generation that is decoding, chunks of the prompts still being read, and waiting
+ * requests admitted in arrival order while a sequence is free and the KV pools have room for their
+ * prompts (an admitted request first takes the longest prefix of its tokens that the prefix cache
+ * holds: g4_seq_reuse_prefix). When blocks run out, the newest requests are preempted: their blocks
+ * are freed and they are recomputed later (prompt and tokens so far, often from the prefix cache).
+ * Each generation has its own parameters (sampler, seed, stop ids and strings, limit) and gives the
+ * events g4_generation_next would give, to its callback, from inside g4_scheduler_step, ending with
+ * G4_EVENT_FINISH. On a backend whose ops are batch invariant (the CPU) a generation's tokens do not
+ * depend on what it was batched with, preempted or resumed from the cache.
+ * The scheduler takes every sequence of ctx; create ctx with n_seq_max requests at once, kv_history
+ * -1 (nothing is rolled back) and n_kv_blocks for the memory. g4_scheduler_submit* and
+ * g4_generation_cancel may be called from any thread, g4_scheduler_step from one at a time. */
+typedef struct g4_scheduler g4_scheduler;
+
+G4_API int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err);
+/* Generations still in it end as cancelled (their FINISH events are delivered). */
+G4_API void g4_scheduler_free(g4_scheduler *s);
+/* Queues a generation of prompt[0..n_prompt-1] (copied). *out is its handle: g4_generation_cancel,
+ * _finish, _tokens, _message and _error work on it (not _next or _run). Free it with
+ * g4_generation_free after its FINISH event, or earlier on the thread that steps (e.g. in its
+ * callback): an unfinished one is cancelled and its callback gets no more events. Fails at once on
+ * an empty prompt, ids outside the vocabulary, a prompt that leaves no room in the context or does
+ * not fit the KV pool. */
+G4_API int g4_scheduler_submit(g4_scheduler *s, const int32_t *prompt, int n_prompt, const g4_generation_params *params,
+                               g4_event_fn on_event, void *user, g4_generation **out, g4_error *err);
+/* The reply to a conversation (as g4_chat_start: parse_chat on) through the scheduler. */
+G4_API int g4_scheduler_submit_chat(g4_scheduler *s, const g4_chat *c, const g4_generation_params *params,
+                                    g4_event_fn on_event, void *user, g4_generation **out, g4_error *err);
+/* An embedding request: the mean over ids[0..n_ids-1] of the final hidden state (as g4_embed). It
+ * makes no tokens; once it ended (FINISH, G4_FINISH_STOP) g4_generation_embedding has the result. */
+G4_API int g4_scheduler_submit_embed(g4_scheduler *s, const int32_t *ids, int n_ids, g4_event_fn on_event, void *user,
+                                     g4_generation **out, g4_error *err);
+/* hidden_size floats, or NULL (not an embedding request, or not finished). */
+G4_API const float *g4_generation_embedding(const g4_generation *g);
+/* Runs one batch step and delivers its events. Returns the number of requests still waiting or
+ * running (0: idle), or -1 when the step failed (a backend error; the requests are unchanged and a
+ * later step retries). */
+G4_API int g4_scheduler_step(g4_scheduler *s, g4_error *err);
+
+typedef struct g4_scheduler_stats {
+    long steps;          /* batch steps run */
+    long decode_tokens;  /* tokens fed one at a time after the prompt (one per generated token but the last) */
+    long prefill_tokens; /* prompt tokens fed (recomputed ones after a preemption included) */
+    long reused_tokens;  /* prompt tokens found in the prefix cache instead */
+    long preemptions;
+    int running, waiting;
+} g4_scheduler_stats;
+G4_API void g4_scheduler_get_stats(const g4_scheduler *s, g4_scheduler_stats *out);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,8 @@ int main(void) {
     FIELD(g4_load_params, progress); FIELD(g4_load_params, progress_user); END();
     BEGIN(g4_context_params); FIELD(g4_context_params, n_seq_max); FIELD(g4_context_params, n_ctx);
     FIELD(g4_context_params, n_batch); FIELD(g4_context_params, kv_type); FIELD(g4_context_params, kv_block_size);
-    FIELD(g4_context_params, n_kv_blocks); END();
+    FIELD(g4_context_params, n_kv_blocks); FIELD(g4_context_params, kv_history);
+    FIELD(g4_context_params, n_kv_sliding_blocks); END();
     BEGIN(g4_tokens); FIELD(g4_tokens, ids); FIELD(g4_tokens, n); FIELD(g4_tokens, cap); END();
     BEGIN(g4_chat_message); FIELD(g4_chat_message, content); FIELD(g4_chat_message, thinking);
     FIELD(g4_chat_message, tool_calls); FIELD(g4_chat_message, n_tool_calls); END();

@@ -117,10 +117,13 @@ static void check_model(const char *label, const char *model_dir, const referenc
 
     /* 2. teacher-forced decode through the cache, position by position. This context allows
      * batches of 5 and has blocks of 4 positions, so its sliding layers hold at most
-     * ceil((W - 1 + 5) / 4) + 1 blocks: fewer rows than the prompt, recycled several times during the
+     * ceil((W - 1 + 5) / 4) + 1 blocks (the window, 5 positions of history, one slack block), and its
+     * sliding pool has just that many: fewer rows than the prompt, recycled several times during the
      * prefill (chunks of 5) and the decode. */
     g4_context *small;
-    g4_context_params sp = {.n_seq_max = 1, .n_ctx = 128, .n_batch = 5, .kv_block_size = 4};
+    const int W = model->cfg.text.sliding_window;
+    g4_context_params sp = {.n_seq_max = 1, .n_ctx = 128, .n_batch = 5, .kv_block_size = 4,
+                            .n_kv_sliding_blocks = (W - 1 + 5 + 3) / 4 + 1};
     if (g4_context_new(model, &sp, &small, &err)) {
         CHECKF(0, "%s: context: %s", label, err.msg);
         return;

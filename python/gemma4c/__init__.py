@@ -57,7 +57,8 @@ class _LoadParams(ctypes.Structure):
 
 class _ContextParams(ctypes.Structure):
     _fields_ = [("n_seq_max", c_int), ("n_ctx", c_int), ("n_batch", c_int), ("kv_type", c_int),
-                ("kv_block_size", c_int), ("n_kv_blocks", c_int)]
+                ("kv_block_size", c_int), ("n_kv_blocks", c_int), ("kv_history", c_int),
+                ("n_kv_sliding_blocks", c_int)]
 
 
 class _Tokens(ctypes.Structure):

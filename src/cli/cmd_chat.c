@@ -56,7 +56,7 @@ int cmd_chat(int argc, char **argv) {
     if (optind < argc) return cli_error("chat: unexpected argument '%s'", argv[optind]);
     smp.image_budget = (int)budget;
     cli_text_model tm;
-    if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, &tm)) return 1;
+    if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, 0, &tm)) return 1;
     const int interactive = isatty(STDIN_FILENO);
     const int color = isatty(STDOUT_FILENO);
     g4_error err;

@@ -66,7 +66,7 @@ int cmd_run(int argc, char **argv) {
 
     smp.image_budget = (int)budget;
     cli_text_model tm;
-    if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, &tm)) return 1;
+    if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, 0, &tm)) return 1;
     int rc = 1;
     g4_error err;
     g4_chat *chat = NULL;

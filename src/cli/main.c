@@ -15,7 +15,8 @@ typedef struct {
 static const command commands[] = {
     {"run", cmd_run, "one chat turn: gemma4c run -m DIR -p TEXT"},
     {"chat", cmd_chat, "interactive chat in the terminal: gemma4c chat -m DIR"},
-    {"generate", cmd_generate, "complete text or ids: gemma4c generate -m DIR (-p TEXT | --ids 2,17)"},
+    {"generate", cmd_generate, "complete text or ids: gemma4c generate -m DIR (-p TEXT | --ids 2,17 | -f FILE.jsonl)"},
+    {"embed", cmd_embed, "embeddings (mean final hidden state): gemma4c embed -m DIR -f FILE.jsonl"},
     {"logits", cmd_logits, "full-forward logits: gemma4c logits -m DIR --ids 2,17,99 -o out.f32"},
     {"encode-image", cmd_encode_image, "image soft tokens: gemma4c encode-image -m DIR --image FILE -o out.f32"},
     {"encode-audio", cmd_encode_audio, "audio soft tokens: gemma4c encode-audio -m DIR --audio FILE -o out.f32"},

@@ -99,7 +99,10 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
                        p.n_ctx, p.n_batch, p.kv_block_size);
     if (p.kv_type != G4_KV_F32 && p.kv_type != G4_KV_BF16 && p.kv_type != G4_KV_F16)
         return g4_fail(err, "unknown KV cache type %d", (int)p.kv_type);
-    if (p.n_kv_blocks < 0) return g4_fail(err, "negative number of KV blocks %d", p.n_kv_blocks);
+    if (p.n_kv_blocks < 0 || p.n_kv_sliding_blocks < 0)
+        return g4_fail(err, "negative number of KV blocks %d / %d", p.n_kv_blocks, p.n_kv_sliding_blocks);
+    if (p.kv_history > p.n_batch)
+        return g4_fail(err, "kv_history %d exceeds n_batch %d", p.kv_history, p.n_batch);
     if (p.n_ctx > c->max_position_embeddings)
         return g4_fail(err, "n_ctx %d exceeds the model's max_position_embeddings %d", p.n_ctx,
                        c->max_position_embeddings);
@@ -122,8 +125,9 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
         g4_fail(err, "out of memory");
         goto fail;
     }
-    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch, p.kv_type, p.kv_block_size,
-                         p.n_kv_blocks, err))
+    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
+                         p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
+                         p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks, err))
         goto fail;
     if (scratch_alloc(ctx, err)) goto fail;
     *out = ctx;
@@ -180,6 +184,14 @@ const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n) {
     }
     *n = ctx->kv.seq_len[seq];
     return ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx;
+}
+
+int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int n) {
+    if (seq < 0 || seq >= ctx->n_seq || ctx->kv.seq_len[seq] != 0 || n <= 0) return 0;
+    if (n > ctx->n_ctx) n = ctx->n_ctx;
+    int k = g4_kv_cache_reuse(&ctx->kv, seq, ids, n);
+    memcpy(ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx, ids, (size_t)k * sizeof *ids);
+    return k;
 }
 
 int g4_kv_free_blocks(const g4_context *ctx) {
@@ -291,11 +303,15 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host, bidi ? ctx->kv_end_host : NULL,
                   b->embd, ctx->embedded_host};
     if (g4_forward(ctx, &st, logits, ids, err)) return -1;
-    /* soft-token rows are recorded as -1: they never match a prompt's ids (prefix reuse) */
+    /* soft-token rows are recorded as -1: they never match a prompt's ids (prefix reuse), nor enter the prefix cache */
     for (int i = 0; i < n; i++)
         ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] =
             g4_mm_placeholder(ctx->model, b->token[i]) ? -1 : b->token[i];
-    for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
+    for (int s = 0; s < ctx->n_seq; s++) {
+        if (!added[s]) continue;
+        ctx->kv.seq_len[s] += added[s];
+        g4_kv_cache_commit(&ctx->kv, s, ctx->seq_tokens + (size_t)s * (size_t)ctx->n_ctx, ctx->kv.seq_len[s]);
+    }
     return 0;
 }
 

@@ -5,8 +5,10 @@
  * Text goes token -> streaming detokenizer -> (parse_chat: chat output parser, which splits
  * answer, thinking and tool calls) -> stop strings (answer text only) -> events; the message
  * (g4_generation_message) accumulates exactly the events. The last token is never fed to the
- * model: a generation ends before the step that would. A batching scheduler reuses the same
- * pieces with its own model steps. With a drafter (speculative decoding, engine/speculative.h) the
+ * model: a generation ends before the step that would. The scheduler (scheduler.c) runs
+ * generations made with g4_generation_new_scheduled with its own model steps and the same
+ * pieces: it hands each sampled token to g4_generation_take and the events to their callback
+ * (engine/generation.h). With a drafter (speculative decoding, engine/speculative.h) the
  * prompt goes through the speculative prefill and every later step is a round of drafts and one
  * verification, which yields one or more tokens. */
 #include <stdatomic.h>
@@ -17,6 +19,7 @@
 #include "core/error.h"
 #include "core/strbuf.h"
 #include "engine/context.h"
+#include "engine/generation.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
 #include "engine/stop.h"
@@ -29,7 +32,8 @@ typedef struct queued {
 } queued;
 
 struct g4_generation {
-    g4_context *ctx;
+    g4_context *ctx;          /* NULL for a scheduled generation */
+    const g4_model *model;
     const g4_tokenizer *tok; /* NULL: tokens only, no text */
     int seq;
     int32_t *prompt;
@@ -61,6 +65,12 @@ struct g4_generation {
     queued *q;                /* the current step's events */
     int q_len, q_next, q_cap;
     g4_strbuf q_text;
+    /* scheduled generations (g4_generation_new_scheduled) */
+    int scheduled;
+    g4_event_fn on_event;     /* gets the events */
+    void *on_event_user;
+    atomic_int refs;          /* the caller's handle, and the scheduler's while it holds the generation */
+    float *embedding;         /* an embedding request: hidden_size floats once finished */
 };
 
 /* ------------------------------------------------------------------ events */
@@ -118,20 +128,22 @@ static int token_text(g4_generation *g, int32_t id) {
     return decoded(g, t, n);
 }
 
-/* Ends the generation: text still held back is released (unless a stop string ended it). */
+/* Ends the generation: text still held back is released (unless a stop string ended it); a
+ * scheduled generation's last event says it ended. */
 static int finish(g4_generation *g, g4_finish why) {
     g->finish = why;
-    if (g->stopped_by_string || !g->detok) return 0;
-    const char *t;
-    size_t n;
-    if (g4_detok_stream_flush(g->detok, &t, &n) == 0 && decoded(g, t, n)) return -1;
-    if (g->parser && g4_chat_parser_finish(g->parser, &g->err)) return -1;
-    if (g->stop) {
-        g4_stop_result r;
-        g4_stop_flush(g->stop, &r);
-        if (r.len && queue(g, G4_EVENT_TEXT, -1, r.text, r.len)) return -1;
+    if (!g->stopped_by_string && g->detok) {
+        const char *t;
+        size_t n;
+        if (g4_detok_stream_flush(g->detok, &t, &n) == 0 && decoded(g, t, n)) return -1;
+        if (g->parser && g4_chat_parser_finish(g->parser, &g->err)) return -1;
+        if (g->stop) {
+            g4_stop_result r;
+            g4_stop_flush(g->stop, &r);
+            if (r.len && queue(g, G4_EVENT_TEXT, -1, r.text, r.len)) return -1;
+        }
     }
-    return 0;
+    return g->scheduled ? queue(g, G4_EVENT_FINISH, -1, "", 0) : 0;
 }
 
 /* -------------------------------------------------------------------- steps */
@@ -227,6 +239,7 @@ static int step(g4_generation *g) {
 }
 
 int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
+    if (g->scheduled) return g4_fail(err, "a scheduled generation hands its events to its callback");
     if (g->broken) {
         if (err) *err = g->err;
         return -1;
@@ -279,6 +292,12 @@ int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error
 
 void g4_generation_free(g4_generation *g) {
     if (!g) return;
+    if (g->scheduled) {
+        /* the scheduler may still hold it: it is cancelled, and the last of the two lets it go */
+        g4_generation_cancel(g);
+        if (atomic_fetch_sub(&g->refs, 1) > 1) return;
+    }
+    free(g->embedding);
     free(g->prompt);
     free(g->embd);
     g4_sampler_free(g->sampler);
@@ -312,9 +331,10 @@ static void reuse_prefix(g4_generation *g) {
     g->n_cached = g->n_fed = same;
 }
 
-static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err) {
-    const g4_model *m = g->ctx->model;
-    const int V = m->cfg.text.vocab_size, n_ctx = g->ctx->n_ctx;
+/* What every generation needs: token limit, sampler, stop ids and strings, text decoding. */
+static int setup(g4_generation *g, const g4_generation_params *p, int n_ctx, g4_error *err) {
+    const g4_model *m = g->model;
+    const int V = m->cfg.text.vocab_size;
     const int room = n_ctx - g->n_prompt;
     if (room <= 0)
         return g4_fail(err, "the prompt (%d tokens) does not fit the context of %d positions", g->n_prompt, n_ctx);
@@ -343,13 +363,17 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     if (g->tok && !(g->detok = g4_detok_stream_new(g->tok, !p->parse_chat))) return g4_fail(err, "out of memory");
     if (p->n_stop_strings && g4_stop_new(p->stop_strings, p->n_stop_strings, &g->stop, err)) return -1;
     if (p->parse_chat && !(g->parser = g4_chat_parser_new(piece, g))) return g4_fail(err, "out of memory");
+    if (!(g->ids = malloc((size_t)g->max_new * sizeof *g->ids))) return g4_fail(err, "out of memory");
+    return 0;
+}
 
+/* What a generation running its own steps on a sequence needs besides. */
+static int setup_seq(g4_generation *g, const g4_generation_params *p, g4_error *err) {
     const size_t nb = (size_t)g->ctx->n_batch;
-    g->ids = malloc((size_t)g->max_new * sizeof *g->ids);
-    g->logits = malloc((size_t)V * sizeof *g->logits);
+    g->logits = malloc((size_t)g->model->cfg.text.vocab_size * sizeof *g->logits);
     g->seqs = malloc(nb * sizeof *g->seqs);
     g->want = malloc(nb);
-    if (!g->ids || !g->logits || !g->seqs || !g->want) return g4_fail(err, "out of memory");
+    if (!g->logits || !g->seqs || !g->want) return g4_fail(err, "out of memory");
     for (size_t i = 0; i < nb; i++) g->seqs[i] = g->seq;
     if (p->drafter) { /* drafting stops at the generation's stop ids (transformers: the eos ids) */
         g4_spec_params spp = {.n_draft = p->n_draft, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
@@ -361,42 +385,58 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     return 0;
 }
 
+/* A generation with a copy of the prompt (checked against the vocabulary), not yet set up. */
+static g4_generation *generation_new(const g4_model *m, const int32_t *prompt, int n_prompt, g4_error *err) {
+    if (n_prompt <= 0 || !prompt) {
+        g4_fail(err, "the prompt is empty");
+        return NULL;
+    }
+    const int V = m->cfg.text.vocab_size;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V) {
+            g4_fail(err, "prompt token %d at %d is outside the vocabulary (0..%d)", prompt[i], i, V - 1);
+            return NULL;
+        }
+    g4_generation *g = calloc(1, sizeof *g);
+    if (!g || !(g->prompt = malloc((size_t)n_prompt * sizeof *g->prompt))) {
+        free(g);
+        g4_fail(err, "out of memory");
+        return NULL;
+    }
+    g->model = m;
+    g->n_prompt = n_prompt;
+    atomic_init(&g->cancel, 0);
+    atomic_init(&g->refs, 1);
+    memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+    return g;
+}
+
 int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt,
                         const g4_generation_params *params, g4_generation **out, g4_error *err) {
     *out = NULL;
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
-    if (n_prompt <= 0 || !prompt) return g4_fail(err, "the prompt is empty");
-    const int V = ctx->model->cfg.text.vocab_size;
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V)
-            return g4_fail(err, "prompt token %d at %d is outside the vocabulary (0..%d)", prompt[i], i, V - 1);
     g4_generation_params none = {0};
-    if (params && params->n_media && params->drafter) /* the speculative prefill feeds token ids only */
+    const g4_generation_params *p = params ? params : &none;
+    if (p->n_media < 0) return g4_fail(err, "generation: negative n_media");
+    if (p->n_media && p->drafter) /* the speculative prefill feeds token ids only */
         return g4_fail(err, "speculative decoding does not take images or audio yet: drop the drafter");
-    g4_generation *g = calloc(1, sizeof *g);
-    if (!g) return g4_fail(err, "out of memory");
+    g4_generation *g = generation_new(ctx->model, prompt, n_prompt, err);
+    if (!g) return -1;
     g->ctx = ctx;
     g->seq = seq;
-    g->n_prompt = n_prompt;
-    atomic_init(&g->cancel, 0);
-    const g4_generation_params *p = params ? params : &none;
     if (p->n_media) { /* the prompt's placeholders become the inputs' soft tokens */
-        int n_embd;
-        if (p->n_media < 0 || g4_prompt_expand(ctx->model, prompt, n_prompt, p->media, p->n_media, &g->prompt,
-                                               &g->n_prompt, &g->embd, &n_embd, err)) {
-            if (p->n_media < 0) g4_fail(err, "generation: negative n_media");
+        int32_t *expanded;
+        int n_expanded, n_embd;
+        if (g4_prompt_expand(ctx->model, prompt, n_prompt, p->media, p->n_media, &expanded, &n_expanded, &g->embd,
+                             &n_embd, err)) {
             g4_generation_free(g);
             return -1;
         }
-    } else {
-        g->prompt = malloc((size_t)n_prompt * sizeof *g->prompt);
-        if (!g->prompt) {
-            g4_generation_free(g);
-            return g4_fail(err, "out of memory");
-        }
-        memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+        free(g->prompt);
+        g->prompt = expanded;
+        g->n_prompt = n_expanded;
     }
-    if (setup(g, p, err)) {
+    if (setup(g, p, ctx->n_ctx, err) || setup_seq(g, p, err)) {
         g4_generation_free(g);
         return -1;
     }
@@ -404,25 +444,114 @@ int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_p
     return 0;
 }
 
+/* ------------------------------------------------------------ for the scheduler */
+
+int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *prompt, int n_prompt,
+                                const g4_generation_params *params, int embed, g4_event_fn on_event, void *user,
+                                g4_generation **out, g4_error *err) {
+    *out = NULL;
+    g4_generation_params none = {0};
+    g4_generation *g = generation_new(m, prompt, n_prompt, err);
+    if (!g) return -1;
+    g->scheduled = 1;
+    g->seq = -1;
+    g->on_event = on_event;
+    g->on_event_user = user;
+    atomic_init(&g->refs, 2);
+    if (embed) {
+        if (n_prompt > n_ctx) {
+            g4_fail(err, "%d tokens do not fit the context of %d positions", n_prompt, n_ctx);
+        } else if (!(g->embedding = malloc((size_t)m->cfg.text.hidden_size * sizeof *g->embedding))) {
+            g4_fail(err, "out of memory");
+        } else {
+            *out = g;
+            return 0;
+        }
+    } else if (params && params->drafter) {
+        g4_fail(err, "speculative decoding (a drafter) is not available to scheduled generations");
+    } else if (params && params->n_media) {
+        g4_fail(err, "images and audio are not available to scheduled generations yet: use one generation per request");
+    } else if (setup(g, params ? params : &none, n_ctx, err) == 0) {
+        *out = g;
+        return 0;
+    }
+    atomic_store(&g->refs, 1);
+    g4_generation_free(g);
+    return -1;
+}
+
+int g4_generation_max_new(const g4_generation *g) { return g->max_new; }
+int g4_generation_is_argmax(const g4_generation *g) { return g->greedy; }
+int g4_generation_cancelled(const g4_generation *g) { return cancelled((g4_generation *)g); }
+int32_t g4_generation_sample(g4_generation *g, const float *logits) { return g4_sampler_sample(g->sampler, logits); }
+float *g4_generation_embedding_out(g4_generation *g) { return g->embedding; }
+void g4_generation_set_cached(g4_generation *g, int n_cached) { g->n_cached = n_cached; }
+
+void g4_generation_take(g4_generation *g, int32_t id) {
+    if (id < 0) g4_fail(&g->err, "no token can be drawn: every token is banned");
+    if (id < 0 || take(g, id) < 0) g4_generation_end(g, G4_FINISH_ERROR);
+}
+
+void g4_generation_end(g4_generation *g, g4_finish why) {
+    if (g->finish) return;
+    if (why == G4_FINISH_ERROR) {
+        g->finish = why;
+        g->broken = 1;
+        queue(g, G4_EVENT_FINISH, -1, "", 0);
+    } else if (finish(g, why)) {
+        g4_generation_end(g, G4_FINISH_ERROR);
+    }
+}
+
+void g4_generation_deliver(g4_generation *g) {
+    /* no callbacks once the caller freed its handle */
+    for (int i = 0; i < g->q_len && g->on_event && atomic_load(&g->refs) > 1; i++) {
+        const queued *q = &g->q[i];
+        g4_event ev = {q->kind, q->token, g->q_text.p + q->off, q->len};
+        if (g->on_event(&ev, g->on_event_user)) g4_generation_cancel(g);
+    }
+    g->q_len = 0;
+    g4_strbuf_clear(&g->q_text);
+}
+
+void g4_generation_release(g4_generation *g) {
+    if (atomic_fetch_sub(&g->refs, 1) == 1) {
+        atomic_store(&g->refs, 1); /* the caller is gone: free it as an unscheduled one */
+        g->scheduled = 0;
+        g4_generation_free(g);
+    }
+}
+
+const char *g4_generation_error(const g4_generation *g) { return g->broken ? g->err.msg : NULL; }
+
+const float *g4_generation_embedding(const g4_generation *g) {
+    return g->embedding && g->finish == G4_FINISH_STOP ? g->embedding : NULL;
+}
+
 /* ------------------------------------------------------------- chat replies */
+
+int g4_chat_reply_prompt(const g4_chat *c, const g4_model *m, g4_tokens *toks, g4_error *err) {
+    if (!m->tok) return g4_fail(err, "chat replies need the model's tokenizer.json");
+    char *text = NULL;
+    size_t len;
+    /* the template writes <bos> itself */
+    int rc = g4_chat_render_for_reply(c, &text, &len, err) == 0 && g4_tokenize(m->tok, text, len, 0, toks, err) == 0
+                 ? 0 : -1;
+    free(text);
+    return rc;
+}
 
 int g4_chat_start(const g4_chat *c, g4_context *ctx, int seq, const g4_generation_params *params,
                   g4_generation **out, g4_error *err) {
     *out = NULL;
-    const g4_tokenizer *tok = ctx->model->tok;
-    if (!tok) return g4_fail(err, "chat replies need the model's tokenizer.json");
-    char *text = NULL;
-    size_t len;
     g4_tokens toks = {0};
     int rc = -1;
-    /* the template writes <bos> itself */
-    if (g4_chat_render_for_reply(c, &text, &len, err) == 0 && g4_tokenize(tok, text, len, 0, &toks, err) == 0) {
+    if (g4_chat_reply_prompt(c, ctx->model, &toks, err) == 0) {
         g4_generation_params p = {0};
         if (params) p = *params;
         p.parse_chat = 1;
         rc = g4_generation_start(ctx, seq, toks.ids, (int)toks.n, &p, out, err);
     }
-    free(text);
     free(toks.ids);
     return rc;
 }

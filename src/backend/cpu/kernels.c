@@ -18,14 +18,23 @@ static float dot_f32_scalar(const float *a, const float *b, size_t n) {
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
+/* The bf16 dot products below do exactly the float operations of the dot_f32 of their instruction set on the
+ * converted weights (same accumulators, same order, same tail), so that a matmul row is the same number whether
+ * it ran alone (decode, the fused kernel) or in a batch (rows converted once, then dot_f32): batch invariance,
+ * which lets a request's greedy output not depend on what else the scheduler batched with it. */
+static inline float bf16_at(const uint16_t *w, size_t i) { /* w may be unaligned */
+    uint16_t h;
+    memcpy(&h, w + i, 2);
+    return g4_bf16_to_f32(h);
+}
+
 static float dot_bf16_scalar(const uint16_t *w, const float *x, size_t n) {
-    float s = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, w + i, 2);
-        s += g4_bf16_to_f32(h) * x[i];
-    }
-    return s;
+    float s[4] = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += bf16_at(w, i + j) * x[i + j];
+    for (; i < n; i++) s[0] += bf16_at(w, i) * x[i];
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 static void bf16_to_f32_scalar(const uint16_t *src, float *dst, size_t n) {
@@ -99,19 +108,17 @@ __attribute__((target("avx2,fma"))) static inline __m256 load_bf16x8(const uint1
 }
 
 __attribute__((target("avx2,fma"))) static float dot_bf16_avx2(const uint16_t *w, const float *x, size_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
+    for (; i + 32 <= n; i += 32) {
         s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
         s1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+        s2 = _mm256_fmadd_ps(load_bf16x8(w + i + 16), _mm256_loadu_ps(x + i + 16), s2);
+        s3 = _mm256_fmadd_ps(load_bf16x8(w + i + 24), _mm256_loadu_ps(x + i + 24), s3);
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
-    float s = hsum256(_mm256_add_ps(s0, s1));
-    for (; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, w + i, 2);
-        s += g4_bf16_to_f32(h) * x[i];
-    }
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++) s += bf16_at(w, i) * x[i];
     return s;
 }
 
@@ -204,13 +211,13 @@ __attribute__((target("avx512f"))) static float dot_bf16_avx512(const uint16_t *
         s1 = _mm512_fmadd_ps(load_bf16x16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
     }
     for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), s0);
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-    for (; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, w + i, 2);
-        s += g4_bf16_to_f32(h) * x[i];
+    if (i < n) { /* the tail as dot_f32_avx512 takes it: zeros in the lanes past the end */
+        uint16_t tail[16] = {0};
+        memcpy(tail, w + i, (n - i) * sizeof(uint16_t));
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        s1 = _mm512_fmadd_ps(load_bf16x16(tail), _mm512_maskz_loadu_ps(m, x + i), s1);
     }
-    return s;
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
 __attribute__((target("avx512f"))) static void bf16_to_f32_avx512(const uint16_t *src, float *dst, size_t n) {
