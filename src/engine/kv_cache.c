@@ -265,7 +265,8 @@ static int first_needed_block(const g4_kv_cache *kv, int p0) {
 
 /* Sliding blocks below this one are released before a step adding positions p0 .. p1-1. */
 static int first_kept_block(const g4_kv_cache *kv, int p0, int p1) {
-    return first_needed_block(kv, p1 - kv->history < p0 ? p1 - kv->history : p0);
+    int end = p1 - kv->tentative > p0 ? p1 - kv->tentative : p0 + 1;
+    return first_needed_block(kv, end - kv->history < p0 ? end - kv->history : p0);
 }
 
 void g4_kv_cache_cost(const g4_kv_cache *kv, int s, int add, int cost[G4_LAYER_TYPES]) {
@@ -364,6 +365,9 @@ void g4_kv_cache_drop(g4_kv_cache *kv, int s, int n) {
         if (!p->used) continue;
         int32_t *row = table_row(p, s);
         for (int b = (n + kv->block - 1) / kv->block; b < p->max_blocks; b++) unref(p, &row[b]);
+        /* and holds the sliding rows a sequence whose last step added position n - 1 holds */
+        if (t == G4_LAYER_SLIDING && n > 0)
+            for (int b = 0, keep = first_kept_block(kv, n - 1, n); b < keep; b++) unref(p, &row[b]);
     }
     if (kv->seq_hashed[s] > n / kv->block) kv->seq_hashed[s] = n / kv->block;
 }

@@ -10,7 +10,7 @@
  * - Sliding layers: a step whose first position for a sequence is p0 reads positions >= p0 - W + 1 (W the
  *   window). A sequence also keeps `history` positions of rows for roll-backs (g4_seq_truncate, reusing a chat
  *   prefix): before a step that adds positions p0 .. p1-1, blocks wholly below min(p0, p1 - history) - W + 1 are
- *   returned to the pool. With history = n_batch (the default) a sequence can always be rolled back by n_batch
+ *   returned to the pool (p1 less the step's tentative positions, see below). With history = n_batch (the default) a sequence can always be rolled back by n_batch
  *   positions; a scheduler that never rolls back uses 0, so many sequences hold only their windows.
  * - KV-shared layers own nothing: they read their source layer's storage through the same table, which still
  *   holds exactly the rows the source attended with in the same step.
@@ -80,6 +80,9 @@ typedef struct g4_kv_cache {
     int max_blocks;   /* logical blocks per sequence: ceil(n_ctx / block) */
     int window;       /* sliding window W (0 when no layer slides) */
     int history;      /* sliding positions kept for roll-backs (see above) */
+    int tentative;    /* positions at the end of the next step that will likely be rolled back (a speculative
+                         verification's drafts): that step releases sliding blocks as one ending before them
+                         would, so that after the roll-back the sequence holds what a plain run's would */
     g4_kv_type type;
     g4_kv_layer *layers;
     g4_kv_pool pool[G4_LAYER_TYPES];
