@@ -108,6 +108,35 @@ static void cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows
     g4_pool_for(cpu_of(be)->pool, rows, 1 + 4096 / (dim + 1), rms_rows, &j);
 }
 
+/* -------------------------------------------------------------- layernorm */
+typedef struct {
+    const float *x, *w, *b;
+    float *y;
+    int dim;
+    float eps;
+} ln_job;
+
+static void ln_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
+    ln_job *j = ctx;
+    const int d = j->dim;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = j->x + (size_t)r * (size_t)d;
+        float *y = j->y + (size_t)r * (size_t)d;
+        double sum = 0, var = 0;
+        for (int i = 0; i < d; i++) sum += x[i];
+        const float mean = (float)(sum / d);
+        for (int i = 0; i < d; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+        const float inv = (float)(1.0 / sqrt(var / d + j->eps));
+        for (int i = 0; i < d; i++) y[i] = (x[i] - mean) * inv * (j->w ? j->w[i] : 1.0f) + (j->b ? j->b[i] : 0.0f);
+    }
+}
+
+static void cpu_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
+                          float *y) {
+    ln_job j = {x, w, b, y, dim, eps};
+    g4_pool_for(cpu_of(be)->pool, rows, 1 + 4096 / (dim + 1), ln_rows, &j);
+}
+
 /* h = (h + rmsnorm(o) * w) * s; x is o, y is h */
 static void post_norm_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     rms_job *j = ctx;
@@ -351,7 +380,7 @@ static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
     for (int64_t it = b; it < e; it++) {
         int t = (int)(it / a->n_heads), h = (int)(it % a->n_heads);
         int p = a->pos[t];
-        int lo = a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
+        int lo = a->kv_start ? a->kv_start[t] : a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
         int hi = a->kv_end ? a->kv_end[t] : p + 1;
         int nk = hi - lo;
         float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nk + (size_t)D);
@@ -503,6 +532,7 @@ static const g4_backend_ops cpu_ops = {
     .matmul = cpu_matmul,
     .matmul_set = cpu_matmul_set,
     .rmsnorm = cpu_rmsnorm,
+    .layernorm = cpu_layernorm,
     .post_norm_add = cpu_post_norm_add,
     .rope_table = cpu_rope_table,
     .rope = cpu_rope,
