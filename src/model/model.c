@@ -108,10 +108,9 @@ static const g4_tensor *bind3(binder *b, const char *name, int64_t d0, int64_t d
     return place(b, bind_shape(b, name, 3, s));
 }
 
-/* A vector of n floats (norm weights, scales, biases): converted to f32 in a host block now; `*field` is
+/* A bound vector t of n floats (norm weights, scales, biases): converted to f32 in a host block now; `*field` is
  * pointed at its backend copy by place_vectors() once binding is done. Returns the host copy. */
-static const float *bind_vec(binder *b, const char *name, int64_t n, const float **field) {
-    const g4_tensor *t = bind_shape(b, name, 1, &n);
+static const float *vec_of(binder *b, const g4_tensor *t, int64_t n, const float **field) {
     if (!t) return NULL;
     g4_model *m = b->m;
     float *v = malloc((size_t)n * sizeof(float));
@@ -128,6 +127,15 @@ static const float *bind_vec(binder *b, const char *name, int64_t n, const float
     g4_to_f32(t->dtype, t->data, v, (size_t)n);
     if (field) *field = v;
     return v;
+}
+
+static const float *bind_vec(binder *b, const char *name, int64_t n, const float **field) {
+    return vec_of(b, bind_shape(b, name, 1, &n), n, field);
+}
+
+/* The same by a full name (without the decoder's prefix). */
+static const float *bind_vec_full(binder *b, const char *full, int64_t n, const float **field) {
+    return vec_of(b, bind_full(b, full, 1, &n), n, field);
 }
 
 /* Copies every bound vector into one backend buffer and points the fields there (the CPU backend reads host
@@ -261,6 +269,35 @@ static void bind_assistant(binder *b) {
     bind_token_ordering(b);
 }
 
+/* gemma4_unified's embedders (docs/gemma4-unified.md 9): the checkpoint file's names (model.vision_embedder.*,
+ * model.embed_vision.embedding_projection) or the module names other exporters write. */
+static void bind_unified(binder *b) {
+    g4_model *m = b->m;
+    const g4_unified_config *u = &m->cfg.uni;
+    g4_unified_weights *w = &m->uni;
+    const int64_t H = m->cfg.text.hidden_size, E = u->mm_embed_dim, P = 3 * (int64_t)u->block * u->block;
+    const int file_names = g4_tensor_set_find(&m->weights, "model.vision_embedder.patch_ln1.weight") != NULL;
+    const char *v = file_names ? "model.vision_embedder." : "model.embed_vision.";
+    char n[256];
+#define VNAME(x) (snprintf(n, sizeof n, "%s%s", v, x), n)
+    bind_vec_full(b, VNAME("patch_ln1.weight"), P, &w->ln1_w);
+    bind_vec_full(b, VNAME("patch_ln1.bias"), P, &w->ln1_b);
+    const int64_t dense[2] = {E, P}, pos[3] = {u->mm_posemb_size, 2, E}, iproj[2] = {H, u->output_proj_dims},
+                  aproj[2] = {H, u->audio_samples};
+    w->dense = place(b, bind_full(b, VNAME("patch_dense.weight"), 2, dense));
+    bind_vec_full(b, VNAME("patch_dense.bias"), E, &w->dense_b);
+    bind_vec_full(b, VNAME("patch_ln2.weight"), E, &w->ln2_w);
+    bind_vec_full(b, VNAME("patch_ln2.bias"), E, &w->ln2_b);
+    w->pos_table = place(b, bind_full(b, VNAME("pos_embedding"), 3, pos));
+    bind_vec_full(b, VNAME("pos_norm.weight"), E, &w->pos_w);
+    bind_vec_full(b, VNAME("pos_norm.bias"), E, &w->pos_b);
+#undef VNAME
+    w->image_proj = place(b, bind_full(b, file_names ? "model.embed_vision.embedding_projection.weight"
+                                                     : "model.embed_vision.multimodal_embedder.embedding_projection.weight",
+                                       2, iproj));
+    w->audio_proj = place(b, bind_full(b, "model.embed_audio.embedding_projection.weight", 2, aproj));
+}
+
 static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
@@ -350,6 +387,7 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
 #undef NAME
     }
     if (m->cfg.assistant) bind_assistant(&b);
+    if (m->cfg.unified) bind_unified(&b);
     if (b.failed) {
         free(b.used);
         return -1;
