@@ -2,6 +2,7 @@
  * see unified.h). Activations live in backend memory for the length of one call. */
 #include "towers/unified.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +25,32 @@ static void *buf(buffers *b, size_t bytes) {
 
 static void buffers_release(buffers *b) {
     for (int i = 0; i < b->n; i++) b->be->ops->release(b->be, b->p[i]);
+}
+
+void g4_unified_bind(g4_binder *b, g4_model *m) {
+    const g4_unified_config *u = &m->cfg.uni;
+    g4_unified_weights *w = &m->uni;
+    const int64_t H = m->cfg.text.hidden_size, E = u->mm_embed_dim, P = 3 * (int64_t)u->block * u->block;
+    const int file_names = g4_tensor_set_find(&m->weights, "model.vision_embedder.patch_ln1.weight") != NULL;
+    const char *v = file_names ? "model.vision_embedder." : "model.embed_vision.";
+    const int64_t dense[2] = {E, P}, pos[3] = {u->mm_posemb_size, 2, E}, iproj[2] = {H, u->output_proj_dims},
+                  aproj[2] = {H, u->audio_samples};
+    char n[256];
+#define VNAME(x) (snprintf(n, sizeof n, "%s%s", v, x), n)
+    g4_bind_vector(b, VNAME("patch_ln1.weight"), 1, &P, &w->ln1_w);
+    g4_bind_vector(b, VNAME("patch_ln1.bias"), 1, &P, &w->ln1_b);
+    w->dense = g4_bind_matrix(b, VNAME("patch_dense.weight"), 2, dense);
+    g4_bind_vector(b, VNAME("patch_dense.bias"), 1, &E, &w->dense_b);
+    g4_bind_vector(b, VNAME("patch_ln2.weight"), 1, &E, &w->ln2_w);
+    g4_bind_vector(b, VNAME("patch_ln2.bias"), 1, &E, &w->ln2_b);
+    w->pos_table = g4_bind_matrix(b, VNAME("pos_embedding"), 3, pos);
+    g4_bind_vector(b, VNAME("pos_norm.weight"), 1, &E, &w->pos_w);
+    g4_bind_vector(b, VNAME("pos_norm.bias"), 1, &E, &w->pos_b);
+#undef VNAME
+    w->image_proj = g4_bind_matrix(b, file_names ? "model.embed_vision.embedding_projection.weight"
+                                                 : "model.embed_vision.multimodal_embedder.embedding_projection.weight",
+                                   2, iproj);
+    w->audio_proj = g4_bind_matrix(b, "model.embed_audio.embedding_projection.weight", 2, aproj);
 }
 
 int g4_unified_embed_image(g4_model *m, const float *blocks, const int32_t *pos, int n, float *out, g4_error *err) {

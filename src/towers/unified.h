@@ -17,6 +17,11 @@
 
 #include "model/model.h"
 
+/* Binds the embedders' weights (m->uni) through the model's binder while the model loads (model.c): the
+ * checkpoint file's names (model.vision_embedder.*, model.embed_vision.embedding_projection) or the module
+ * names other exporters write (docs/gemma4-unified.md 9). */
+void g4_unified_bind(g4_binder *b, g4_model *m);
+
 /* Soft tokens of n image blocks: blocks [n, 3 * block^2] in [0, 1], pos [n, 2] (bx, by) block coordinates,
  * out [n, hidden] (all host memory). */
 int g4_unified_embed_image(g4_model *m, const float *blocks, const int32_t *pos, int n, float *out, g4_error *err);
