@@ -271,6 +271,29 @@ static void test_norms(void) {
             }
 }
 
+/* layernorm of wide rows far from zero mean (48x48x3 pixel blocks in [0, 1]): the mean must keep its low bits */
+static void test_layernorm_offset(void) {
+    const int rows = 3, dim = 6912;
+    const size_t n = (size_t)rows * dim;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    double *ref = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) x[i] = 0.6f + uniform(-0.004f, 0.004f);
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        double mean = 0, var = 0;
+        for (int i = 0; i < dim; i++) mean += xr[i];
+        mean /= dim;
+        for (int i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        for (int i = 0; i < dim; i++) ref[(size_t)r * dim + i] = (xr[i] - mean) / sqrt(var / dim + 1e-5);
+    }
+    float *dx = devf(x, n), *dy = devf(NULL, n);
+    be->ops->layernorm(be, dx, NULL, NULL, rows, dim, 1e-5f, dy);
+    back(y, dy, n * sizeof(float));
+    EXPECT_CLOSE(y, ref, n, 1e-4, "layernorm of rows with mean 0.6 and spread 0.004, dim %d", dim);
+    rel(dx), rel(dy);
+    free(x), free(y), free(ref);
+}
+
 /* ------------------------------------------------------------- rope */
 static void ref_rope_table(const int32_t *pos, int n, const float *inv_freq, int half, double *table) {
     for (int t = 0; t < n; t++)
@@ -816,6 +839,7 @@ static void run_all(void) {
     test_matmul();
     test_matmul_set();
     test_norms();
+    test_layernorm_offset();
     test_rope();
     test_elementwise();
     test_rows_transpose_argmax();

@@ -70,6 +70,7 @@ typedef struct g4_unified_config {
     int mm_posemb_size;                /* rows of the factorized position table [pos, 2, mm_embed_dim] */
     double vision_eps;                 /* the pre-projection RMSNorm (the LayerNorms use 1e-5) */
     int audio_samples;                 /* audio_embed_dim: samples per audio token (640 = 40 ms) */
+    int sampling_rate;                 /* the feature extractor's (processor config), set when the model loads */
     double audio_eps;
 } g4_unified_config;
 

@@ -395,7 +395,7 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     if (m->cfg.assistant) bind_assistant(&b);
     /* the towers (the embedders of gemma4_unified), with full names */
     b.prefix = "";
-    if (m->cfg.unified && !b.failed) g4_unified_bind(&b, m);
+    if (m->cfg.unified && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
     if (m->cfg.has_vision && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
     if (m->cfg.has_audio && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
     if (b.failed) {

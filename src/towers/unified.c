@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "towers/audio.h"
 
 #define OPS (be->ops)
 
@@ -27,7 +28,7 @@ static void buffers_release(buffers *b) {
     for (int i = 0; i < b->n; i++) b->be->ops->release(b->be, b->p[i]);
 }
 
-void g4_unified_bind(g4_binder *b, g4_model *m) {
+int g4_unified_bind(g4_binder *b, g4_model *m, g4_error *err) {
     const g4_unified_config *u = &m->cfg.uni;
     g4_unified_weights *w = &m->uni;
     const int64_t H = m->cfg.text.hidden_size, E = u->mm_embed_dim, P = 3 * (int64_t)u->block * u->block;
@@ -51,6 +52,12 @@ void g4_unified_bind(g4_binder *b, g4_model *m) {
                                                  : "model.embed_vision.multimodal_embedder.embedding_projection.weight",
                                    2, iproj);
     w->audio_proj = g4_bind_matrix(b, "model.embed_audio.embedding_projection.weight", 2, aproj);
+    /* the sample rate audio is decoded to: the feature extractor's (16 kHz) */
+    g4_audio_features_config fx;
+    if (g4_audio_features_config_load(m->dir, &fx, err)) return -1;
+    m->cfg.uni.sampling_rate = fx.sampling_rate;
+    g4_audio_features_config_free(&fx);
+    return 0;
 }
 
 int g4_unified_embed_image(g4_model *m, const float *blocks, const int32_t *pos, int n, float *out, g4_error *err) {
@@ -133,4 +140,81 @@ void g4_unified_audio_frames(const g4_model *m, const float *pcm, size_t n, floa
     const size_t S = (size_t)m->cfg.uni.audio_samples, total = (size_t)g4_unified_audio_tokens(m, n) * S;
     memcpy(out, pcm, n * sizeof(float));
     memset(out + n, 0, (total - n) * sizeof(float));
+}
+
+/* The image processor of the model folder with the block as its patch: the same target size (multiples of
+ * patch * k = 48, at most budget * k^2 16-px patches), resize and rescale, and 48-px patches in (row, col,
+ * channel) order at (bx, by) are exactly the unified processor's blocks (docs/gemma4-unified.md 3). */
+static int block_processor(const g4_model *m, g4_image_processor *p, g4_error *err) {
+    if (g4_image_processor_load(m->dir, p, err)) return -1;
+    if (p->patch_size * p->pooling_kernel != m->cfg.uni.block)
+        return g4_fail(err, "%s: the image processor's patch size %d x pooling kernel %d is not the model's %d-pixel "
+                            "block", m->dir, p->patch_size, p->pooling_kernel, m->cfg.uni.block);
+    p->patch_size = m->cfg.uni.block;
+    p->pooling_kernel = 1;
+    return 0;
+}
+
+int g4_unified_image_blocks(const g4_model *m, const g4_image *img, int budget, g4_image_patches *out, g4_error *err) {
+    g4_image_processor proc;
+    memset(out, 0, sizeof *out);
+    return block_processor(m, &proc, err) || g4_image_preprocess(&proc, img, budget, out, err) ? -1 : 0;
+}
+
+int g4_unified_image_max_tokens(const g4_model *m, int budget) {
+    if (budget > 0) return budget;
+    g4_image_processor p;
+    g4_error err;
+    if (g4_image_processor_load(m->dir, &p, &err)) g4_image_processor_defaults(&p);
+    return p.max_soft_tokens;
+}
+
+/* One block of soft tokens of a kind, rows allocated for n tokens. */
+static int soft_tokens_alloc(const g4_model *m, g4_media_kind kind, int n, g4_soft_tokens *out, g4_error *err) {
+    const int H = m->cfg.text.hidden_size;
+    out->kind = kind;
+    out->hidden = H;
+    out->n_blocks = 1;
+    out->n_tokens = n;
+    out->block_tokens = malloc(sizeof *out->block_tokens);
+    out->rows = malloc((size_t)n * H * sizeof *out->rows + 1);
+    if (!out->block_tokens || !out->rows) {
+        g4_soft_tokens_free(out);
+        return g4_fail(err, "out of memory");
+    }
+    out->block_tokens[0] = n;
+    return 0;
+}
+
+int g4_unified_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err) {
+    memset(out, 0, sizeof *out);
+    g4_image_patches pp;
+    if (g4_unified_image_blocks(m, img, budget, &pp, err)) return -1;
+    int rc = soft_tokens_alloc(m, G4_MEDIA_IMAGE, pp.n_patches, out, err);
+    if (!rc) {
+        pthread_mutex_lock(&m->tower_lock);
+        rc = g4_unified_embed_image(m, pp.pixels, pp.pos, pp.n_patches, out->rows, err);
+        pthread_mutex_unlock(&m->tower_lock);
+        if (rc) g4_soft_tokens_free(out);
+    }
+    g4_image_patches_free(&pp);
+    return rc;
+}
+
+int g4_unified_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err) {
+    memset(out, 0, sizeof *out);
+    if (n == 0) return g4_fail(err, "the audio is empty");
+    const int k = g4_unified_audio_tokens(m, n);
+    float *frames = malloc((size_t)k * m->cfg.uni.audio_samples * sizeof *frames);
+    if (!frames) return g4_fail(err, "out of memory for %zu audio samples", n);
+    g4_unified_audio_frames(m, pcm, n, frames);
+    int rc = soft_tokens_alloc(m, G4_MEDIA_AUDIO, k, out, err);
+    if (!rc) {
+        pthread_mutex_lock(&m->tower_lock);
+        rc = g4_unified_embed_audio(m, frames, k, out->rows, err);
+        pthread_mutex_unlock(&m->tower_lock);
+        if (rc) g4_soft_tokens_free(out);
+    }
+    free(frames);
+    return rc;
 }

@@ -16,11 +16,12 @@
 #include <stdint.h>
 
 #include "model/model.h"
+#include "towers/image_processor.h"
 
 /* Binds the embedders' weights (m->uni) through the model's binder while the model loads (model.c): the
  * checkpoint file's names (model.vision_embedder.*, model.embed_vision.embedding_projection) or the module
  * names other exporters write (docs/gemma4-unified.md 9). */
-void g4_unified_bind(g4_binder *b, g4_model *m);
+int g4_unified_bind(g4_binder *b, g4_model *m, g4_error *err);
 
 /* Soft tokens of n image blocks: blocks [n, 3 * block^2] in [0, 1], pos [n, 2] (bx, by) block coordinates,
  * out [n, hidden] (all host memory). */
@@ -34,5 +35,15 @@ int g4_unified_audio_tokens(const g4_model *m, size_t n);
 
 /* The frames of a clip of n samples: out [g4_unified_audio_tokens(n), audio_samples], the last one zero-padded. */
 void g4_unified_audio_frames(const g4_model *m, const float *pcm, size_t n, float *out);
+
+/* g4_image_encode, g4_image_max_tokens, g4_audio_rate and g4_audio_encode (gemma4c.h) of a gemma4_unified
+ * model: the image processor (its patch size times pooling kernel is the block) makes 48-px blocks, the
+ * whole clip is one block of ceil(n / 640) tokens (no 30 s clips). */
+/* The blocks of an image as the unified processor makes them: out->pixels [n_patches, 3 * block^2],
+ * out->pos [n_patches, 2] (bx, by) (g4_image_patches_free). */
+int g4_unified_image_blocks(const g4_model *m, const g4_image *img, int budget, g4_image_patches *out, g4_error *err);
+int g4_unified_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err);
+int g4_unified_image_max_tokens(const g4_model *m, int budget);
+int g4_unified_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err);
 
 #endif
