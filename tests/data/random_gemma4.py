@@ -5,7 +5,7 @@ model) and speed measurements (real sizes).
 
     random_gemma4.py drafter MAIN_DIR OUT_DIR [--hidden 256] [--heads 4] [--intermediate 2048] [--dense-head]
     random_gemma4.py pair CONFIG.json OUT_DIR [the same drafter options]
-    random_gemma4.py unified CONFIG.json OUT_DIR [--layers N]
+    random_gemma4.py unified CONFIG.json OUT_DIR [--layers N] [--files-from MODEL_DIR]
 
 drafter: a drafter that can draft for the model in MAIN_DIR (its config.json is read): four layers, three sliding
 and one full, as third-party notes describe the published drafters, with the main model's head sizes, kv heads
@@ -18,11 +18,14 @@ unified: CONFIG.json is a gemma4_unified config (../shared/configs/gemma-4-12b.j
 (decoder under model.language_model., the image and audio embedders under the checkpoint file's names,
 docs/gemma4-unified.md 9) with bf16 weights whose large matrices repeat one random block (writing is disk-bound:
 the 12B is about 24 GB); --layers N keeps the first N layers (the last one made full attention) for a smaller
-file of the same widths (2 layers: about 3 GB).
+file of the same widths (2 layers: about 3 GB); --files-from takes the tokenizer, chat template and generation
+config of another Gemma 4 folder, and its vocabulary size and multimodal token ids; processor_config.json beside
+CONFIG.json is copied.
 """
 import argparse
 import json
 import os
+import shutil
 import struct
 
 import numpy as np
@@ -169,12 +172,27 @@ def drafter(tc, a, rng):
     return cfg, t
 
 
-def write_unified(path, out, layers):
+TOKEN_IDS = {"image_token_id": 258880, "audio_token_id": 258881, "video_token_id": 258884, "boi_token_id": 255999,
+             "eoi_token_id": 258882, "boa_token_id": 256000, "eoa_token_index": 258883}
+
+
+def write_unified(path, out, layers, files_from):
     """A gemma4_unified model of the config at path (docs/gemma4-unified.md 9), the first `layers` layers."""
     cfg = json.load(open(path))
     if cfg.get("model_type") != "gemma4_unified":
         raise SystemExit(f"{path}: not a gemma4_unified config")
     tc = cfg["text_config"]
+    os.makedirs(out, exist_ok=True)
+    if os.path.exists(os.path.join(os.path.dirname(path), "processor_config.json")):
+        shutil.copy(os.path.join(os.path.dirname(path), "processor_config.json"), out)
+    if files_from:
+        other = json.load(open(os.path.join(files_from, "config.json")))
+        tc["vocab_size"] = (other.get("text_config") or other)["vocab_size"]
+        for k, v in TOKEN_IDS.items():
+            cfg[k] = other.get(k, v)
+        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+            if os.path.exists(os.path.join(files_from, f)):
+                shutil.copy(os.path.join(files_from, f), out)
     if layers:
         L = min(layers, tc["num_hidden_layers"])
         _, types, _, _, _ = layer_dims(tc)
@@ -193,7 +211,6 @@ def write_unified(path, out, layers):
           (v + "pos_norm.weight", (E,), "ones"), (v + "pos_norm.bias", (E,), f"normal:{s}"),
           ("model.embed_vision.embedding_projection.weight", (H, vc.get("output_proj_dims", E)), f"repeat:{s}"),
           ("model.embed_audio.embedding_projection.weight", (H, A), f"repeat:{s}")]
-    os.makedirs(out, exist_ok=True)
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=1)
     write_safetensors(os.path.join(out, "model.safetensors"), t, np.random.default_rng(0))
 
@@ -224,10 +241,11 @@ def main():
     ap.add_argument("--intermediate", type=int, default=2048)
     ap.add_argument("--dense-head", action="store_true")
     ap.add_argument("--layers", type=int, default=0, help="unified: keep the first N layers (0: all)")
+    ap.add_argument("--files-from", help="unified: tokenizer, template and vocabulary of this model folder")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     if a.what == "unified":
-        write_unified(a.source, a.out, a.layers)
+        write_unified(a.source, a.out, a.layers, a.files_from)
         return
     if a.what == "drafter":
         write_drafter(text_config(os.path.join(a.source, "config.json")), a.out, a, rng)
