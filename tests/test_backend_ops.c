@@ -214,6 +214,19 @@ static void ref_rms_row(const float *x, const float *w, int dim, float eps, doub
     for (int i = 0; i < dim; i++) y[i] = x[i] * inv * (w ? w[i] : 1.0);
 }
 
+/* LayerNorm with eps 1e-5, weight w and bias b (each may be NULL) */
+static void ref_layernorm(const float *x, const float *w, const float *b, int rows, int dim, double *y) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        double mean = 0, var = 0;
+        for (int i = 0; i < dim; i++) mean += xr[i];
+        mean /= dim;
+        for (int i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        const double inv = 1.0 / sqrt(var / dim + 1e-5);
+        for (int i = 0; i < dim; i++) y[(size_t)r * dim + i] = (xr[i] - mean) * inv * (w ? w[i] : 1.0) + (b ? b[i] : 0.0);
+    }
+}
+
 static void test_norms(void) {
     const int dims[] = {1, 7, 128, 257, 1536};
     for (size_t di = 0; di < 5; di++)
@@ -250,16 +263,7 @@ static void test_norms(void) {
                 /* layernorm with weight and bias (the first dim values of h) or neither, out of place and in place */
                 be->ops->to_device(be, dx, x, n * sizeof(float));
                 be->ops->to_device(be, dh, h, (size_t)dim * sizeof(float));
-                for (int r = 0; r < rows; r++) {
-                    const float *xr = x + (size_t)r * dim;
-                    double mean = 0, var = 0;
-                    for (int i = 0; i < dim; i++) mean += xr[i];
-                    mean /= dim;
-                    for (int i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
-                    double inv = 1.0 / sqrt(var / dim + 1e-5);
-                    for (int i = 0; i < dim; i++)
-                        ref[(size_t)r * dim + i] = (xr[i] - mean) * inv * (with_w ? w[i] : 1.0) + (with_w ? h[i] : 0.0);
-                }
+                ref_layernorm(x, with_w ? w : NULL, with_w ? h : NULL, rows, dim, ref);
                 be->ops->layernorm(be, dx, with_w ? dw : NULL, with_w ? dh : NULL, rows, dim, 1e-5f, dy);
                 back(y, dy, n * sizeof(float));
                 EXPECT_CLOSE(y, ref, n, 1e-5, "layernorm rows=%d dim=%d w,b=%d", rows, dim, with_w);
@@ -278,14 +282,7 @@ static void test_layernorm_offset(void) {
     float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
     double *ref = malloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) x[i] = 0.6f + uniform(-0.004f, 0.004f);
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * dim;
-        double mean = 0, var = 0;
-        for (int i = 0; i < dim; i++) mean += xr[i];
-        mean /= dim;
-        for (int i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
-        for (int i = 0; i < dim; i++) ref[(size_t)r * dim + i] = (xr[i] - mean) / sqrt(var / dim + 1e-5);
-    }
+    ref_layernorm(x, NULL, NULL, rows, dim, ref);
     float *dx = devf(x, n), *dy = devf(NULL, n);
     be->ops->layernorm(be, dx, NULL, NULL, rows, dim, 1e-5f, dy);
     back(y, dy, n * sizeof(float));
