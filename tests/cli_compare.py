@@ -65,6 +65,26 @@ def main():
             raw = f.read()
         row = struct.unpack("<%df" % vocab, raw[-4 * vocab:])
         print(max(range(vocab), key=lambda i: (row[i], -i)))
+    elif cmd == "prompt":  # a fixture's input_ids as a chat template writes them: one placeholder per input
+        ids = read_safetensors(sys.argv[2] + "/reference.safetensors")["input_ids"][1]
+        with open(sys.argv[2] + "/config.json") as f:
+            c = json.load(f)
+        placeholders, begins = {c["image_token_id"], c["audio_token_id"]}, {c["boi_token_id"], c["boa_token_id"]}
+        out, i = [], 0
+        while i < len(ids):  # <|x> N x <|x|> <x|> -> <|x|>
+            if ids[i] in begins and i + 1 < len(ids) and ids[i + 1] in placeholders:
+                j = i + 1
+                while j < len(ids) and ids[j] == ids[i + 1]:
+                    j += 1
+                out.append(ids[i + 1])
+                i = j + 1
+            else:
+                out.append(ids[i])
+                i += 1
+        print(",".join(str(x) for x in out))
+    elif cmd == "greedy":  # a fixture's reference greedy ids as a comma list
+        with open(sys.argv[2] + "/reference.json") as f:
+            print(",".join(str(x) for x in json.load(f)["greedy_ids"]))
     else:
         sys.exit("unknown command " + cmd)
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The audio commands: encode-audio and logits --audio on ../shared/fixtures/audio against the
+# The audio commands: encode-audio, logits --audio and generate --audio on ../shared/fixtures/audio against the
 # transformers references; run --audio and chat's /audio on the example model with the
 # fixture's audio tower grafted on (tests/graft_audio_tower.py); bad audio gives a one-line
 # error and a non-zero exit.
@@ -21,6 +21,9 @@ ids=$(python3 "$here/cli_compare.py" ids "$fx/reference.safetensors" input_ids)
 "$bin" logits -m "$fx" --ids "$ids" --audio "$wav" -o "$tmp/logits.f32"
 err=$(python3 "$here/cli_compare.py" logits "$fx/reference.safetensors" "$tmp/logits.f32" 2e-3)
 check $? "logits --audio: within 2e-3 (max error $err)"
+prompt=$(python3 "$here/cli_compare.py" prompt "$fx"); want=$(python3 "$here/cli_compare.py" greedy "$fx")
+got=$("$bin" generate -m "$fx" --ids "$prompt" --audio "$wav" -n 24 --temp 0 --ignore-eos)
+[ "$got" = "$want" ]; check $? "generate --audio: the 24 greedy ids of the reference ($got)"
 
 expect_error() {
     local what=$1; shift

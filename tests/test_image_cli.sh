@@ -1,5 +1,5 @@
 #!/bin/bash
-# The image commands end to end: encode-image and logits --image on the vision fixture against the
+# The image commands end to end: encode-image, logits --image and generate --image on the vision fixture against the
 # transformers references; run --image and chat's /image on the example model given a small random
 # vision tower (tests/data/make_vision_model.py), checked against the logits path over the same
 # expanded prompt; budgets; bad input gives a one-line error and a non-zero exit.
@@ -22,6 +22,9 @@ ids=$(python3 "$here/cli_compare.py" ids "$fx/reference.safetensors" input_ids)
 "$bin" logits -m "$fx" --ids "$ids" --image "$img0" --image "$img1" -o "$tmp/logits.f32"
 err=$(python3 "$here/cli_compare.py" logits "$fx/reference.safetensors" "$tmp/logits.f32" 2e-3)
 check $? "logits --image: the full prompt within 2e-3 (max error $err)"
+prompt=$(python3 "$here/cli_compare.py" prompt "$fx"); want=$(python3 "$here/cli_compare.py" greedy "$fx")
+got=$("$bin" generate -m "$fx" --ids "$prompt" --image "$img0" --image "$img1" -n 24 --temp 0 --ignore-eos)
+[ "$got" = "$want" ]; check $? "generate --image: the 24 greedy ids of the reference ($got)"
 
 # another budget: the soft-token count the processor's formula gives (2.2)
 "$bin" encode-image -m "$fx" --image "$img0" --budget 280 -o "$tmp/emb280.f32" 2>"$tmp/enc280.txt"

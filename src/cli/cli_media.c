@@ -1,5 +1,6 @@
 #include "cli/cli_media.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "cli/commands.h"
@@ -35,6 +36,35 @@ int cli_media_add_audio(cli_media *md, g4_model *m, const char *path) {
     g4_free(pcm);
     if (rc) return cli_error("%s: %s", path, err.msg), -1;
     md->n++;
+    return 0;
+}
+
+int cli_media_file(cli_media_files *f, const char *cmd, const char *path, int is_audio) {
+    if (f->n == CLI_MAX_MEDIA) return cli_error("%s: at most %d images and audio files", cmd, CLI_MAX_MEDIA);
+    f->is_audio[f->n] = is_audio;
+    f->path[f->n++] = path;
+    return 0;
+}
+
+int cli_media_add_files(cli_media *md, g4_model *m, const cli_media_files *f, int budget) {
+    for (int i = 0; i < f->n; i++)
+        if (f->is_audio[i] ? cli_media_add_audio(md, m, f->path[i]) : cli_media_add_image(md, m, f->path[i], budget))
+            return -1;
+    return 0;
+}
+
+int cli_media_write(const cli_media *md, const char *path) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return cli_error("%s: cannot open for writing", path), -1;
+    int bad = 0;
+    for (int i = 0; i < md->n && !bad; i++) {
+        const size_t count = (size_t)md->items[i].n_tokens * (size_t)md->items[i].hidden;
+        bad = fwrite(md->items[i].rows, sizeof(float), count, f) != count;
+    }
+    if ((bad | ferror(f)) | fclose(f)) {
+        remove(path);
+        return cli_error("%s: write failed", path), -1;
+    }
     return 0;
 }
 

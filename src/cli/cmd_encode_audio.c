@@ -50,14 +50,7 @@ int cmd_encode_audio(int argc, char **argv) {
         return 1;
     }
     const g4_soft_tokens *e = &md.items[0];
-    FILE *f = fopen(out, "wb");
-    size_t cnt = (size_t)e->n_tokens * e->hidden;
-    if (!f) {
-        cli_error("%s: cannot open for writing", out);
-    } else if ((fwrite(e->rows, sizeof(float), cnt, f) != cnt) | (fclose(f) != 0)) {
-        cli_error("%s: write failed", out);
-        remove(out);
-    } else {
+    if (cli_media_write(&md, out) == 0) {
         printf("%d soft tokens x %d (%d block%s)\n", e->n_tokens, e->hidden, e->n_blocks, e->n_blocks == 1 ? "" : "s");
         rc = 0;
     }

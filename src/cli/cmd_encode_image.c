@@ -51,28 +51,12 @@ int cmd_encode_image(int argc, char **argv) {
     if (!m) return 1;
     cli_media md = {0};
     int rc = 1;
-    FILE *f = NULL;
     for (int i = 0; i < n_images; i++)
         if (cli_media_add_image(&md, m, images[i], (int)budget)) goto done;
-    if (!(f = fopen(out, "wb"))) {
-        cli_error("%s: cannot open for writing", out);
-        goto done;
-    }
-    for (int i = 0; i < md.n; i++) {
-        const size_t count = (size_t)md.items[i].n_tokens * (size_t)md.items[i].hidden;
-        if (fwrite(md.items[i].rows, sizeof(float), count, f) != count) break;
-    }
-    if (ferror(f) | fclose(f)) {
-        f = NULL;
-        cli_error("%s: write failed", out);
-        goto done;
-    }
-    f = NULL;
+    if (cli_media_write(&md, out)) goto done;
     for (int i = 0; i < md.n; i++) fprintf(stderr, "%s: %d soft tokens\n", images[i], md.items[i].n_tokens);
     rc = 0;
 done:
-    if (f) fclose(f);
-    if (rc && out) remove(out);
     cli_media_truncate(&md, 0);
     g4_model_free(m);
     return rc;

@@ -1,8 +1,8 @@
 /* gemma4c generate: text completion.
  *   gemma4c generate -m DIR -p TEXT          streams the continuation of TEXT (BOS added)
  *   gemma4c generate -m DIR --ids 2,17,99    prints the generated ids, comma-separated, on one line
- * With --image FILE / --audio FILE the prompt holds one placeholder (<|image|>, <|audio|>) per file, in order,
- * as a chat template writes them; each becomes its soft tokens between the begin and end markers
+ * With --image FILE / --audio FILE the prompt holds one <|image|> / <|audio|> placeholder per file, as a chat
+ * template writes them; each kind's placeholders take its files in order and are expanded into their blocks
  * (g4_generation_params.media). Sampling defaults come from the model's generation_config.json; --temp 0 is
  * greedy. */
 #include <getopt.h>
@@ -21,9 +21,9 @@ static void usage(FILE *f) {
             "  -p TEXT        text to continue (the continuation is streamed to stdout)\n"
             "  --ids LIST     token ids to continue; prints the generated ids on one line\n"
             "  --no-bos       do not add the BOS token to TEXT\n"
-            "  --image FILE   the image of the prompt's next <|image|> placeholder (repeatable)\n"
-            "  --audio FILE   the audio of the prompt's next <|audio|> placeholder (repeatable)\n"
-            "  --budget N     soft tokens per image at most: 70, 140, 280, 560 or 1120 (default: the model's)\n"
+            "  --image FILE   fills the prompt's next <|image|> placeholder (one per image; repeatable)\n"
+            "  --audio FILE   fills the prompt's next <|audio|> placeholder (one per file; repeatable)\n"
+            "  --budget N     soft tokens per image at most: 70, 140, 280, 560, 1120 (default: the model's)\n"
             CLI_SAMPLING_HELP);
 }
 
@@ -31,16 +31,16 @@ int cmd_generate(int argc, char **argv) {
     enum { OPT_IDS = 2000, OPT_NO_BOS, OPT_IMAGE, OPT_AUDIO, OPT_BUDGET };
     static const struct option own[] = {{"prompt", required_argument, 0, 'p'}, {"ids", required_argument, 0, OPT_IDS},
                                         {"no-bos", no_argument, 0, OPT_NO_BOS}, {"image", required_argument, 0, OPT_IMAGE},
-                                        {"audio", required_argument, 0, OPT_AUDIO},
-                                        {"budget", required_argument, 0, OPT_BUDGET}, {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
-    struct option opts[44];
-    cli_options_with_sampling(own, opts, 44);
-    const char *text = NULL, *ids_s = NULL, *files[CLI_MAX_MEDIA];
-    int no_bos = 0, c, n_files = 0, is_audio[CLI_MAX_MEDIA];
+                                        {"audio", required_argument, 0, OPT_AUDIO}, {"budget", required_argument, 0, OPT_BUDGET},
+                                        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    struct option opts[40];
+    cli_options_with_sampling(own, opts, 40);
+    const char *text = NULL, *ids_s = NULL;
+    int no_bos = 0, c;
     long budget = 0;
     cli_sampling smp;
     cli_sampling_init(&smp);
+    cli_media_files files = {0};
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
@@ -53,9 +53,7 @@ int cmd_generate(int argc, char **argv) {
         case OPT_NO_BOS: no_bos = 1; break;
         case OPT_IMAGE:
         case OPT_AUDIO:
-            if (n_files == CLI_MAX_MEDIA) return cli_error("generate: at most %d images and audio files", CLI_MAX_MEDIA);
-            is_audio[n_files] = c == OPT_AUDIO;
-            files[n_files++] = optarg;
+            if (cli_media_file(&files, "generate", optarg, c == OPT_AUDIO)) return 1;
             break;
         case OPT_BUDGET:
             if (cli_parse_int(optarg, "--budget", 1, 1 << 20, &budget)) return 1;
@@ -75,19 +73,15 @@ int cmd_generate(int argc, char **argv) {
     cli_text_model tm;
     long n_new = smp.n_predict > 0 ? smp.n_predict : 128;
     if (smp.n_predict <= 0) smp.n_predict = n_new;
-    if (ids_s && smp.n_ctx <= 0 && !n_files) smp.n_ctx = n_prompt + n_new; /* soft tokens: the default size */
+    if (ids_s && !files.n && smp.n_ctx <= 0) smp.n_ctx = n_prompt + n_new; /* soft tokens: the default */
     smp.image_budget = (int)budget;
+    cli_media md = {0};
     if (cli_text_open(&smp, text ? CLI_NEED_TOKENIZER : 0, &tm)) {
         free(prompt);
         return 1;
     }
     int rc = 1;
     g4_generation *gen = NULL;
-    cli_media md = {0};
-    for (int i = 0; i < n_files; i++)
-        if (is_audio[i] ? cli_media_add_audio(&md, tm.model, files[i])
-                        : cli_media_add_image(&md, tm.model, files[i], (int)budget))
-            goto done;
     if (text) {
         g4_tokens toks = {0};
         if (g4_tokenize(g4_model_tokenizer(tm.model), text, strlen(text), !no_bos, &toks, &err)) {
@@ -101,6 +95,7 @@ int cmd_generate(int argc, char **argv) {
             goto done;
         }
     }
+    if (cli_media_add_files(&md, tm.model, &files, (int)budget)) goto done;
     g4_sampler_params sp;
     g4_generation_params gp;
     cli_generation_params(&smp, &tm, &sp, &gp);

@@ -28,9 +28,10 @@ int cmd_logits(int argc, char **argv) {
                                          {"image", required_argument, 0, OPT_IMAGE}, {"budget", required_argument, 0, OPT_BUDGET},
                                          {"audio", required_argument, 0, OPT_AUDIO}, {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
-    const char *dir = NULL, *ids_s = NULL, *out = NULL, *files[CLI_MAX_MEDIA];
+    const char *dir = NULL, *ids_s = NULL, *out = NULL;
     long threads = 0, budget = 0;
-    int c, n_files = 0, is_audio[CLI_MAX_MEDIA];
+    int c;
+    cli_media_files files = {0};
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:o:t:h", opts, NULL)) != -1) {
@@ -43,9 +44,7 @@ int cmd_logits(int argc, char **argv) {
             break;
         case OPT_IMAGE:
         case OPT_AUDIO:
-            if (n_files == CLI_MAX_MEDIA) return cli_error("logits: at most %d images and audio files", CLI_MAX_MEDIA);
-            is_audio[n_files] = c == OPT_AUDIO;
-            files[n_files++] = optarg;
+            if (cli_media_file(&files, "logits", optarg, c == OPT_AUDIO)) return 1;
             break;
         case OPT_BUDGET:
             if (cli_parse_int(optarg, "--budget", 1, 1 << 20, &budget)) return 1;
@@ -73,9 +72,7 @@ int cmd_logits(int argc, char **argv) {
     FILE *f = NULL;
     cli_media md = {0};
     int n_embd = 0;
-    for (int i = 0; i < n_files; i++)
-        if (is_audio[i] ? cli_media_add_audio(&md, m, files[i]) : cli_media_add_image(&md, m, files[i], (int)budget))
-            goto done;
+    if (cli_media_add_files(&md, m, &files, (int)budget)) goto done;
     if (md.n && g4_soft_tokens_gather(m, ids, n, md.items, md.n, &embd, &n_embd, &err)) {
         cli_error("logits: %s", err.msg);
         goto done;

@@ -34,11 +34,12 @@ int cmd_run(int argc, char **argv) {
                                         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     struct option opts[40];
     cli_options_with_sampling(own, opts, 40);
-    const char *text = NULL, *system_prompt = NULL, *files[CLI_MAX_MEDIA];
-    int think = 0, c, n_files = 0, is_audio[CLI_MAX_MEDIA];
+    const char *text = NULL, *system_prompt = NULL;
+    int think = 0, c;
     long budget = 0;
     cli_sampling smp;
     cli_sampling_init(&smp);
+    cli_media_files files = {0};
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
@@ -51,9 +52,7 @@ int cmd_run(int argc, char **argv) {
         case OPT_THINK: think = 1; break;
         case OPT_IMAGE:
         case OPT_AUDIO:
-            if (n_files == CLI_MAX_MEDIA) return cli_error("run: at most %d images and audio files", CLI_MAX_MEDIA);
-            is_audio[n_files] = c == OPT_AUDIO;
-            files[n_files++] = optarg;
+            if (cli_media_file(&files, "run", optarg, c == OPT_AUDIO)) return 1;
             break;
         case OPT_BUDGET:
             if (cli_parse_int(optarg, "--budget", 1, 1 << 20, &budget)) return 1;
@@ -77,10 +76,7 @@ int cmd_run(int argc, char **argv) {
     cli_generation_params(&smp, &tm, &sp, &gp);
     cli_media md = {0};
     char *user = NULL;
-    for (int i = 0; i < n_files; i++)
-        if (is_audio[i] ? cli_media_add_audio(&md, tm.model, files[i])
-                        : cli_media_add_image(&md, tm.model, files[i], (int)budget))
-            goto done;
+    if (cli_media_add_files(&md, tm.model, &files, (int)budget)) goto done;
     json_t *msg = cli_user_message(text, &md, 0);
     user = msg ? json_dumps(msg, 0) : NULL;
     json_decref(msg);
