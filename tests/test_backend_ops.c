@@ -228,6 +228,19 @@ static void ref_rms_row(const float *x, const float *w, int dim, float eps, doub
     for (int i = 0; i < dim; i++) y[i] = x[i] * inv * (w ? w[i] : 1.0);
 }
 
+/* LayerNorm with eps 1e-5, weight w and bias b (each may be NULL) */
+static void ref_layernorm(const float *x, const float *w, const float *b, int rows, int dim, double *y) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        double mean = 0, var = 0;
+        for (int i = 0; i < dim; i++) mean += xr[i];
+        mean /= dim;
+        for (int i = 0; i < dim; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        const double inv = 1.0 / sqrt(var / dim + 1e-5);
+        for (int i = 0; i < dim; i++) y[(size_t)r * dim + i] = (xr[i] - mean) * inv * (w ? w[i] : 1.0) + (b ? b[i] : 0.0);
+    }
+}
+
 static void test_norms(void) {
     const int dims[] = {1, 7, 128, 257, 1536};
     for (size_t di = 0; di < 5; di++)
@@ -261,9 +274,35 @@ static void test_norms(void) {
                 be->ops->post_norm_add(be, dh, dx, dw, rows, dim, eps, 0.5f);
                 back(y, dh, n * sizeof(float));
                 EXPECT_CLOSE(y, ref, n, 1e-5, "post_norm_add rows=%d dim=%d", rows, dim);
+                /* layernorm with weight and bias (the first dim values of h) or neither, out of place and in place */
+                be->ops->to_device(be, dx, x, n * sizeof(float));
+                be->ops->to_device(be, dh, h, (size_t)dim * sizeof(float));
+                ref_layernorm(x, with_w ? w : NULL, with_w ? h : NULL, rows, dim, ref);
+                be->ops->layernorm(be, dx, with_w ? dw : NULL, with_w ? dh : NULL, rows, dim, 1e-5f, dy);
+                back(y, dy, n * sizeof(float));
+                EXPECT_CLOSE(y, ref, n, 1e-5, "layernorm rows=%d dim=%d w,b=%d", rows, dim, with_w);
+                be->ops->layernorm(be, dx, with_w ? dw : NULL, with_w ? dh : NULL, rows, dim, 1e-5f, dx);
+                back(y, dx, n * sizeof(float));
+                EXPECT_CLOSE(y, ref, n, 1e-5, "layernorm in place rows=%d dim=%d", rows, dim);
                 rel(dx), rel(dw), rel(dy), rel(dh);
                 free(x), free(w), free(h), free(y), free(ref);
             }
+}
+
+/* layernorm of wide rows far from zero mean (48x48x3 pixel blocks in [0, 1]): the mean must keep its low bits */
+static void test_layernorm_offset(void) {
+    const int rows = 3, dim = 6912;
+    const size_t n = (size_t)rows * dim;
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    double *ref = malloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) x[i] = 0.6f + uniform(-0.004f, 0.004f);
+    ref_layernorm(x, NULL, NULL, rows, dim, ref);
+    float *dx = devf(x, n), *dy = devf(NULL, n);
+    be->ops->layernorm(be, dx, NULL, NULL, rows, dim, 1e-5f, dy);
+    back(y, dy, n * sizeof(float));
+    EXPECT_CLOSE(y, ref, n, 1e-4, "layernorm of rows with mean 0.6 and spread 0.004, dim %d", dim);
+    rel(dx), rel(dy);
+    free(x), free(y), free(ref);
 }
 
 /* ------------------------------------------------------------- rope */
@@ -476,7 +515,8 @@ static const char *kv_name(g4_kv_type t) { return t == G4_KV_F32 ? "f32" : t == 
 
 /* A random paged cache: n_seq sequences of len[s] positions with scrambled physical blocks; K/V values as the
  * cache holds them (rounded to the KV type) are kept in kref/vref [s][p][row]. */
-static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int B, int window, int with_kv_end) {
+static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int B, int window, int with_kv_end,
+                                int with_kv_start) {
     enum { NSEQ = 3, MAXLEN = 80 };
     const int len[NSEQ] = {1, 37, 80}, row = n_kv * D;
     const int max_blocks = (MAXLEN + B - 1) / B, n_blocks = NSEQ * max_blocks + 3;
@@ -492,7 +532,8 @@ static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int
     int used = 0;
     for (int s = 0; s < NSEQ; s++)
         for (int b = 0; b * B < len[s]; b++)
-            if (!window || (b + 1) * B > len[s] - window - B) table[s * max_blocks + b] = perm[used++]; /* slid-out: none */
+            if (!window || (b + 1) * B > len[s] - window - B - (with_kv_start ? 9 : 0))
+                table[s * max_blocks + b] = perm[used++]; /* slid-out: none */
     /* store every position's K/V through kv_store, in chunks, via slots */
     const size_t cache_elems = (size_t)n_blocks * B * row;
     void *dk = dev(NULL, cache_elems * g4_kv_type_size(kt)), *dv = dev(NULL, cache_elems * g4_kv_type_size(kt));
@@ -520,13 +561,16 @@ static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int
         rel(dkin), rel(dvin), rel(dslot);
     }
     /* queries: the last few positions of each sequence (a prefill chunk) and decode tokens */
-    int32_t tseq[16], tpos[16], tend[16];
+    int32_t tseq[16], tpos[16], tend[16], tstart[16];
     int nt = 0;
     for (int s = 0; s < NSEQ; s++)
         for (int p = len[s] - (s == 2 ? 5 : 1); p < len[s]; p++) {
             tseq[nt] = s, tpos[nt] = p;
             /* kv_end: some tokens see a few later positions (an image block), never past the sequence */
             tend[nt] = with_kv_end && p + 3 <= len[s] && (nt & 1) ? p + 3 : p + 1;
+            /* kv_start: some tokens see a few positions below their window (an image longer than it) */
+            int wlo = window ? (p - window + 1 > 0 ? p - window + 1 : 0) : 0;
+            tstart[nt] = with_kv_start && (nt % 3) != 1 ? (wlo - 7 > 0 ? wlo - 7 : 0) : wlo;
             nt++;
         }
     const size_t nq = (size_t)nt * n_heads * D;
@@ -536,7 +580,7 @@ static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int
     const float scale = 0.37f;
     int max_keys = 0;
     for (int t = 0; t < nt; t++) {
-        int p = tpos[t], lo = window ? (p - window + 1 > 0 ? p - window + 1 : 0) : 0, hi = tend[t];
+        int lo = tstart[t], hi = tend[t];
         if (hi - lo > max_keys) max_keys = hi - lo;
         for (int h = 0; h < n_heads; h++) {
             const float *qv = q + ((size_t)t * n_heads + h) * D;
@@ -560,30 +604,33 @@ static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int
     }
     float *dq = devf(q, nq), *dout = devf(NULL, nq);
     int32_t *dseq = dev(tseq, (size_t)nt * 4), *dpos = dev(tpos, (size_t)nt * 4), *dend = dev(tend, (size_t)nt * 4);
+    int32_t *dstart = dev(tstart, (size_t)nt * 4);
     int32_t *dtable = dev(table, (size_t)NSEQ * max_blocks * 4);
     g4_attention_args a = {
         .q = dq, .out = dout, .n_tokens = nt, .n_heads = n_heads, .n_kv_heads = n_kv, .head_dim = D,
-        .seq = dseq, .pos = dpos, .kv_end = with_kv_end ? dend : NULL, .k = dk, .v = dv, .kv_type = kt,
+        .seq = dseq, .pos = dpos, .kv_end = with_kv_end ? dend : NULL, .kv_start = with_kv_start ? dstart : NULL, .k = dk, .v = dv, .kv_type = kt,
         .block_table = dtable, .max_blocks = max_blocks, .block_size = B, .window = window, .max_keys = max_keys,
         .scale = scale,
     };
     be->ops->attention(be, &a);
     back(out, dout, nq * sizeof(float));
-    EXPECT_CLOSE(out, ref, nq, 2e-5 * backend_tol(), "attention kv=%s heads=%d/%d D=%d block=%d window=%d kv_end=%d",
-                 kv_name(kt), n_heads, n_kv, D, B, window, with_kv_end);
-    rel(dk), rel(dv), rel(dq), rel(dout), rel(dseq), rel(dpos), rel(dend), rel(dtable);
+    EXPECT_CLOSE(out, ref, nq, 2e-5 * backend_tol(),
+                 "attention kv=%s heads=%d/%d D=%d block=%d window=%d kv_end=%d kv_start=%d", kv_name(kt), n_heads, n_kv,
+                 D, B, window, with_kv_end, with_kv_start);
+    rel(dk), rel(dv), rel(dq), rel(dout), rel(dseq), rel(dpos), rel(dend), rel(dstart), rel(dtable);
     free(kref), free(vref), free(kin), free(vin), free(q), free(out), free(ref);
 }
 
 static void test_attention(void) {
     const g4_kv_type kts[] = {G4_KV_F32, G4_KV_BF16, G4_KV_F16};
     for (int k = 0; k < 3; k++) {
-        test_attention_case(kts[k], 4, 1, 64, 16, 0, 0);
-        test_attention_case(kts[k], 8, 2, 256, 32, 0, 0);
-        test_attention_case(kts[k], 2, 2, 512, 4, 0, 0);
-        test_attention_case(kts[k], 6, 3, 32, 7, 13, 0);  /* sliding window, odd block size */
-        test_attention_case(kts[k], 4, 2, 128, 16, 20, 1); /* window with a kv_end that reaches ahead */
-        test_attention_case(kts[k], 3, 1, 8, 1, 0, 1);
+        test_attention_case(kts[k], 4, 1, 64, 16, 0, 0, 0);
+        test_attention_case(kts[k], 8, 2, 256, 32, 0, 0, 0);
+        test_attention_case(kts[k], 2, 2, 512, 4, 0, 0, 0);
+        test_attention_case(kts[k], 6, 3, 32, 7, 13, 0, 0);  /* sliding window, odd block size */
+        test_attention_case(kts[k], 4, 2, 128, 16, 20, 1, 0); /* window with a kv_end that reaches ahead */
+        test_attention_case(kts[k], 3, 1, 8, 1, 0, 1, 0);
+        test_attention_case(kts[k], 4, 2, 64, 8, 12, 1, 1);   /* a whole image seen beyond the window */
     }
 }
 
@@ -803,6 +850,7 @@ static void run_all(void) {
     test_matmul();
     test_matmul_set();
     test_norms();
+    test_layernorm_offset();
     test_rope();
     test_elementwise();
     test_rows_transpose_argmax();

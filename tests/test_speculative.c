@@ -626,7 +626,7 @@ static void check_schedule_and_errors(g4_model *m) {
         bad[7] = 3;
         g4_tensor t = {.name = "masked_embedding.token_ordering", .dtype = G4_I64, .ndim = 1, .shape = {512},
                        .data = bad, .nbytes = sizeof bad};
-        resave_edit ed = {NULL, &t, 1};
+        resave_edit ed = {.extra = &t, .n_extra = 1};
         const char *dst = g4t_tmp("spec-ordering");
         CHECK(resave(fix_path("assistant-ordered"), dst, 1, 0, &ed) == 0);
         expect_refused(m, dst, "token_ordering", "permutation");

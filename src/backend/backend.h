@@ -39,9 +39,10 @@ static inline size_t g4_kv_type_size(g4_kv_type t) { return t == G4_KV_F32 ? 4 :
 
 /* Attention of one layer over the paged KV cache, for all tokens of a batch step.
  * Token t belongs to sequence seq[t] (a row of block_table) at absolute position pos[t]. It sees the keys
- * at positions lo .. hi-1 with hi = kv_end ? kv_end[t] : pos[t] + 1 and lo = window ? max(0, pos[t] - window + 1)
- * : 0 (kv_end lets a token see later tokens of its image, docs/gemma4-towers.md 2.7; those rows are written
- * in the same step before attention). Position p of sequence s lives in physical row
+ * at positions lo .. hi-1 with hi = kv_end ? kv_end[t] : pos[t] + 1 and lo = kv_start ? kv_start[t] : window ?
+ * max(0, pos[t] - window + 1) : 0 (kv_end lets a token see later tokens of its image, docs/gemma4-towers.md 2.7;
+ * those rows are written in the same step before attention; kv_start lets a sliding layer see a whole image
+ * beyond its window, docs/gemma4-unified.md 8). Position p of sequence s lives in physical row
  * block_table[s * max_blocks + p / block_size] * block_size + p % block_size of k and v.
  * out = softmax(scale * q.k) v per head; query head h reads KV head h / (n_heads / n_kv_heads). */
 typedef struct g4_attention_args {
@@ -50,6 +51,7 @@ typedef struct g4_attention_args {
     int n_tokens, n_heads, n_kv_heads, head_dim;
     const int32_t *seq, *pos;    /* [n_tokens] */
     const int32_t *kv_end;       /* [n_tokens] or NULL */
+    const int32_t *kv_start;     /* [n_tokens] or NULL */
     const void *k, *v;           /* [n_blocks, block_size, n_kv_heads * head_dim] of kv_type */
     g4_kv_type kv_type;
     const int32_t *block_table;  /* [n_seq, max_blocks] physical block ids, -1 where none */

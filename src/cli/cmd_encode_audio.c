@@ -1,7 +1,8 @@
 /* gemma4c encode-audio -m DIR --audio FILE -o out.f32
  * Writes the soft tokens of an audio file: little-endian float32 [n, hidden], the rows that
- * replace its <|audio|> placeholders (audio tower + embed_audio, docs/gemma4-towers.md §3).
- * Prints "N soft tokens x HIDDEN (C clips of at most 30 s)" on stdout. */
+ * replace its <|audio|> placeholders (audio tower + embed_audio, docs/gemma4-towers.md §3; the 12B's raw
+ * 640-sample frames, docs/gemma4-unified.md 5). Prints "N soft tokens x HIDDEN (C block(s))" on stdout: a
+ * block is a clip of at most 30 s for the audio tower, the whole audio for the 12B. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,8 +13,8 @@
 
 static void usage(FILE *f) {
     fprintf(f, "usage: gemma4c encode-audio -m DIR --audio FILE -o OUT.f32 [-t THREADS]\n"
-               "Writes the audio's soft tokens, float32 [n, hidden] (little-endian); audio longer than 30 s\n"
-               "is split into 30 s clips whose tokens follow one another.\n");
+               "Writes the audio's soft tokens, float32 [n, hidden] (little-endian); for an audio tower, audio\n"
+               "longer than 30 s is split into 30 s clips whose tokens follow one another (blocks).\n");
 }
 
 int cmd_encode_audio(int argc, char **argv) {
@@ -50,8 +51,7 @@ int cmd_encode_audio(int argc, char **argv) {
     }
     const g4_soft_tokens *e = &md.items[0];
     if (cli_media_write(&md, out) == 0) {
-        printf("%d soft tokens x %d (%d clip%s of at most 30 s)\n", e->n_tokens, e->hidden, e->n_blocks,
-               e->n_blocks == 1 ? "" : "s");
+        printf("%d soft tokens x %d (%d block%s)\n", e->n_tokens, e->hidden, e->n_blocks, e->n_blocks == 1 ? "" : "s");
         rc = 0;
     }
     cli_media_truncate(&md, 0);

@@ -22,7 +22,7 @@ static void scratch_free(g4_context *ctx) {
                      (void **)&ctx->s.ple_t,  (void **)&ctx->s.ple_g,   (void **)&ctx->s.ple_h,
                      (void **)&ctx->s.logits, (void **)&ctx->s.ids,     (void **)&ctx->s.seq,
                      (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows, (void **)&ctx->s.kv_end,
-                     (void **)&ctx->s.out_ids};
+                     (void **)&ctx->s.kv_start, (void **)&ctx->s.out_ids};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i]) be->ops->release(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -76,6 +76,7 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(pos, n);
     ALLOC(out_rows, n);
     ALLOC(kv_end, n);
+    ALLOC(kv_start, n);
     ALLOC(out_ids, n);
 #undef ALLOC
     if (P && ctx->model->ple_on_host && !(s->host_rows = malloc(n * LP * sizeof(float)))) goto oom;
@@ -119,9 +120,10 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->seq_tokens = malloc((size_t)p.n_seq_max * (size_t)p.n_ctx * sizeof(int32_t));
     ctx->ids_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->kv_end_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->kv_start_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->embedded_host = malloc((size_t)p.n_batch);
     if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens ||
-        !ctx->ids_host || !ctx->kv_end_host || !ctx->embedded_host) {
+        !ctx->ids_host || !ctx->kv_end_host || !ctx->kv_start_host || !ctx->embedded_host) {
         g4_fail(err, "out of memory");
         goto fail;
     }
@@ -148,6 +150,7 @@ void g4_context_free(g4_context *ctx) {
     free(ctx->seq_tokens);
     free(ctx->ids_host);
     free(ctx->kv_end_host);
+    free(ctx->kv_start_host);
     free(ctx->embedded_host);
     free(ctx);
 }
@@ -239,8 +242,10 @@ int g4_step_length(const g4_model *m, const int32_t *ids, int n, int max, g4_err
 }
 
 /* Marks the rows that take embedding rows, maps their ids to the pad token, and gives the tokens of
- * image/video runs their kv_end (2.7). Returns -1 on a count mismatch, else whether a run of the step
- * attends bidirectionally (ctx->kv_end_host is then meaningful). */
+ * image/video runs their kv_end (2.7) and, for gemma4_unified, their kv_start: there a run is seen whole
+ * from each of its tokens in every layer, beyond the sliding window too (docs/gemma4-unified.md 8, the
+ * forward rule). Returns -1 on a count mismatch, else whether a run of the step attends bidirectionally
+ * (ctx->kv_end_host and ctx->kv_start_host are then meaningful). */
 static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *seq, g4_error *err) {
     const g4_model *m = ctx->model;
     const int n = b->n_tokens, use_embd = b->embd != NULL;
@@ -249,7 +254,9 @@ static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *se
         int kind = g4_mm_placeholder(m, b->token[i]);
         ctx->embedded_host[i] = kind && use_embd;
         ctx->ids_host[i] = kind ? m->cfg.text.pad_token_id : b->token[i];
-        ctx->kv_end_host[i] = ctx->pos_host[i] + 1;
+        const int p = ctx->pos_host[i], W = m->cfg.text.sliding_window;
+        ctx->kv_end_host[i] = p + 1;
+        ctx->kv_start_host[i] = p - W + 1 > 0 ? p - W + 1 : 0;
         n_mm += kind != 0;
         bidi |= kind == 1 || kind == 2;
     }
@@ -260,7 +267,10 @@ static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *se
     for (int i = 0; i < n;) {
         int j = i;
         while (j < n && in_block(m, b->token[j]) && seq[j] == seq[i]) j++;
-        for (int r = i; r < j; r++) ctx->kv_end_host[r] = ctx->pos_host[j - 1] + 1;
+        for (int r = i; r < j; r++) {
+            ctx->kv_end_host[r] = ctx->pos_host[j - 1] + 1;
+            if (m->cfg.unified && ctx->pos_host[i] < ctx->kv_start_host[r]) ctx->kv_start_host[r] = ctx->pos_host[i];
+        }
         i = j > i ? j : i + 1;
     }
     return 1;
@@ -291,17 +301,20 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     }
     const int bidi = multimodal_rows(ctx, b, seq, err);
     if (bidi < 0) return -1;
-    /* the most keys a token sees per layer type: lo .. hi-1 (backend.h), kv_end on sliding layers */
+    /* the most keys a token sees per layer type: lo .. hi-1 (backend.h); kv_end on sliding layers (every layer
+     * of gemma4_unified), kv_start on sliding layers */
+    const int unified = ctx->model->cfg.unified;
     for (int t = 0; t < G4_LAYER_TYPES; t++) ctx->max_keys[t] = 0;
     for (int i = 0; i < n; i++) {
         int p = ctx->pos_host[i], hi = bidi ? ctx->kv_end_host[i] : p + 1;
-        int lo = p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
-        if (p + 1 > ctx->max_keys[G4_LAYER_FULL]) ctx->max_keys[G4_LAYER_FULL] = p + 1;
+        int lo = bidi ? ctx->kv_start_host[i] : p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
+        int full = unified ? hi : p + 1;
+        if (full > ctx->max_keys[G4_LAYER_FULL]) ctx->max_keys[G4_LAYER_FULL] = full;
         if (hi - lo > ctx->max_keys[G4_LAYER_SLIDING]) ctx->max_keys[G4_LAYER_SLIDING] = hi - lo;
     }
     if (g4_kv_cache_prepare(&ctx->kv, added, n, seq, ctx->pos_host, err)) return -1;
     g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host, bidi ? ctx->kv_end_host : NULL,
-                  b->embd, ctx->embedded_host};
+                  bidi && unified ? ctx->kv_start_host : NULL, b->embd, ctx->embedded_host};
     if (g4_forward(ctx, &st, logits, ids, err)) return -1;
     /* soft-token rows are recorded as -1: they never match a prompt's ids (prefix reuse), nor enter the prefix cache */
     for (int i = 0; i < n; i++)

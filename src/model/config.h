@@ -1,5 +1,6 @@
 /* Gemma 4 configuration: config.json of Gemma4ForConditionalGeneration (model_type
- * "gemma4", text fields under "text_config") or Gemma4ForCausalLM ("gemma4_text"),
+ * "gemma4", text fields under "text_config"), Gemma4ForCausalLM ("gemma4_text") or
+ * Gemma4UnifiedForConditionalGeneration ("gemma4_unified", docs/gemma4-unified.md 1),
  * in both spellings (global_head_dim / per_layer_config), resolved per layer
  * (docs/gemma4-text.md section 1). */
 #ifndef G4_MODEL_CONFIG_H
@@ -62,6 +63,17 @@ typedef struct g4_assistant_config {
     int num_centroids, centroid_top_k;
 } g4_assistant_config;
 
+/* The encoder-free embedders of gemma4_unified (docs/gemma4-unified.md 1, 4, 5). */
+typedef struct g4_unified_config {
+    int block;                         /* model_patch_size: 48-pixel blocks, one soft token each */
+    int mm_embed_dim, output_proj_dims; /* the image embedder's width (equal) */
+    int mm_posemb_size;                /* rows of the factorized position table [pos, 2, mm_embed_dim] */
+    double vision_eps;                 /* the pre-projection RMSNorm (the LayerNorms use 1e-5) */
+    int audio_samples;                 /* audio_embed_dim: samples per audio token (640 = 40 ms) */
+    int sampling_rate;                 /* the feature extractor's (processor config), set when the model loads */
+    double audio_eps;
+} g4_unified_config;
+
 typedef struct g4_model_config {
     char model_type[32];       /* "gemma4", "gemma4_text" or "gemma4_assistant" */
     char weight_prefix[64];    /* "model.language_model." or "model." */
@@ -72,6 +84,8 @@ typedef struct g4_model_config {
     g4_text_config text;
     g4_vision_config vision;   /* when has_vision */
     int assistant;             /* model_type "gemma4_assistant" */
+    int unified;               /* model_type "gemma4_unified": images and audio through `uni`'s embedders */
+    g4_unified_config uni;
     g4_assistant_config asst;
 } g4_model_config;
 

@@ -85,7 +85,10 @@ static void attention_block(g4_context *ctx, int l, int n) {
     OPS->head_norm_rope(be, s->q, n, NH, D, y->q_norm, eps, rope);
     g4_attention_args a = {
         .q = s->q, .out = s->attn, .n_tokens = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
-        .seq = s->seq, .pos = s->pos, .kv_end = type == G4_LAYER_SLIDING ? ctx->step_kv_end : NULL,
+        .seq = s->seq, .pos = s->pos,
+        /* image blocks: sliding layers (every layer of gemma4_unified, beyond the window too) */
+        .kv_end = type == G4_LAYER_SLIDING || m->cfg.unified ? ctx->step_kv_end : NULL,
+        .kv_start = type == G4_LAYER_SLIDING ? ctx->step_kv_start : NULL,
         .k = kvl->k, .v = kvl->v, .kv_type = ctx->kv.type, .block_table = pool->table_dev,
         .max_blocks = pool->max_blocks, .block_size = ctx->kv.block, .window = kvl->window,
         .max_keys = ctx->max_keys[type], .scale = 1.0f,
@@ -176,10 +179,14 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
     OPS->to_device(be, s->seq, st->seq, (size_t)n * sizeof(int32_t));
     OPS->to_device(be, s->pos, st->pos, (size_t)n * sizeof(int32_t));
     OPS->to_device(be, s->out_rows, st->out_rows, (size_t)st->n_out * sizeof(int32_t));
-    ctx->step_kv_end = NULL;
+    ctx->step_kv_end = ctx->step_kv_start = NULL;
     if (st->kv_end) {
         OPS->to_device(be, s->kv_end, st->kv_end, (size_t)n * sizeof(int32_t));
         ctx->step_kv_end = s->kv_end;
+    }
+    if (st->kv_start) {
+        OPS->to_device(be, s->kv_start, st->kv_start, (size_t)n * sizeof(int32_t));
+        ctx->step_kv_start = s->kv_start;
     }
 
     for (int t = 0; t < G4_LAYER_TYPES; t++) /* one cos/sin table per layer type serves every layer */

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "formats/safetensors.h"
 #include "towers/audio.h"
+#include "towers/unified.h"
 #include "towers/vision.h"
 
 struct g4_binder {
@@ -392,8 +393,9 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
 #undef NAME
     }
     if (m->cfg.assistant) bind_assistant(&b);
-    /* the towers, with full names */
+    /* the towers (the embedders of gemma4_unified), with full names */
     b.prefix = "";
+    if (m->cfg.unified && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
     if (m->cfg.has_vision && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
     if (m->cfg.has_audio && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
     if (b.failed) {

@@ -38,6 +38,18 @@ typedef struct g4_vec_slot {
     const float **field;
 } g4_vec_slot;
 
+/* The encoder-free embedders of gemma4_unified (docs/gemma4-unified.md 4, 5; src/towers/unified.c). */
+typedef struct g4_unified_weights {
+    const float *ln1_w, *ln1_b;   /* patch_ln1 [3 * block^2] */
+    const g4_weight *dense;       /* patch_dense [E, 3 * block^2] */
+    const float *dense_b;         /* [E] */
+    const float *ln2_w, *ln2_b;   /* patch_ln2 [E] */
+    const g4_weight *pos_table;   /* pos_embedding [mm_posemb_size, 2, E]: row 2 * p + axis */
+    const float *pos_w, *pos_b;   /* pos_norm [E] */
+    const g4_weight *image_proj;  /* embed_vision embedding_projection [H, E] */
+    const g4_weight *audio_proj;  /* embed_audio embedding_projection [H, audio_samples] */
+} g4_unified_weights;
+
 struct g4_model {
     g4_model_config cfg;
     g4_tensor_set weights;           /* host views of the checkpoint's tensors */
@@ -72,6 +84,7 @@ struct g4_model {
     const g4_weight *post_projection; /* [Hb, Ha] */
     const g4_weight *centroids;       /* [num_centroids, Ha] (use_ordered_embeddings) */
     int32_t *token_ordering;          /* [V] backend memory (use_ordered_embeddings) */
+    g4_unified_weights uni;           /* gemma4_unified only */
 };
 
 /* The binder (model.c) as the towers use it while the model loads: each tower binds its weights through it

@@ -18,6 +18,7 @@
 #include "core/mapped_file.h"
 #include "model/model.h"
 #include "towers/audio.h"
+#include "towers/unified.h"
 
 #define OPS (be->ops)
 #define CONV1_CHUNK 32 /* output time rows of the second convolution per im2col block */
@@ -426,9 +427,12 @@ int g4_audio_tower_encode(g4_audio_tower *t, const float *features, int frames, 
 }
 
 /* ------------------------------------------------------------- public API */
-int g4_audio_rate(const g4_model *m) { return m->audio ? m->audio->fx.sampling_rate : 0; }
+int g4_audio_rate(const g4_model *m) {
+    return m->audio ? m->audio->fx.sampling_rate : m->cfg.unified ? m->cfg.uni.sampling_rate : 0;
+}
 
 int g4_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err) {
+    if (m->cfg.unified) return g4_unified_audio_encode(m, pcm, n, out, err);
     memset(out, 0, sizeof *out);
     g4_audio_tower *t = m->audio;
     if (!t) return g4_fail(err, "%s: this model does not take audio (no audio_config)", m->dir);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "towers/unified.h"
 
 #define OPS (be->ops)
 #define MLP_ROWS 1024 /* patches per MLP chunk: bounds the [rows, intermediate] buffers */
@@ -347,6 +348,7 @@ static int processor_for(const g4_model *m, g4_image_processor *p, g4_error *err
 }
 
 int g4_image_max_tokens(const g4_model *m, int budget) {
+    if (m->cfg.unified) return g4_unified_image_max_tokens(m, budget);
     if (!m->vision) return 0;
     if (budget > 0) return budget;
     g4_image_processor p;
@@ -356,6 +358,7 @@ int g4_image_max_tokens(const g4_model *m, int budget) {
 }
 
 int g4_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err) {
+    if (m->cfg.unified) return g4_unified_image_encode(m, img, budget, out, err);
     memset(out, 0, sizeof *out);
     if (!m->vision) return g4_fail(err, "%s: the model has no vision tower (its config has no vision_config)", m->dir);
     g4_image_processor proc;

@@ -343,7 +343,7 @@ static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
     for (int64_t it = b; it < e; it++) {
         int t = (int)(it / a->n_heads), h = (int)(it % a->n_heads);
         int p = a->pos[t];
-        int lo = a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
+        int lo = a->kv_start ? a->kv_start[t] : a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
         int hi = a->kv_end ? a->kv_end[t] : p + 1;
         int nk = hi - lo;
         float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nk + (size_t)D);

@@ -38,11 +38,13 @@ static void ln_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     for (int64_t r = r0; r < r1; r++) {
         const float *x = j->x + (size_t)r * D;
         float *y = j->y + (size_t)r * D;
-        float mean = 0, var = 0;
-        for (int i = 0; i < D; i++) mean += x[i];
-        mean /= (float)D;
-        for (int i = 0; i < D; i++) var += (x[i] - mean) * (x[i] - mean);
-        float inv = 1.0f / sqrtf(var / (float)D + j->eps);
+        /* sums in double: a float running sum over thousands of values (a 48x48x3 pixel block) loses the
+         * mean's low bits, which (x - mean) then magnifies */
+        double sum = 0, var = 0;
+        for (int i = 0; i < D; i++) sum += x[i];
+        const float mean = (float)(sum / D);
+        for (int i = 0; i < D; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+        const float inv = (float)(1.0 / sqrt(var / D + j->eps));
         for (int i = 0; i < D; i++) {
             float v = (x[i] - mean) * inv;
             if (j->w) v *= j->w[i];
