@@ -32,6 +32,10 @@ typedef struct g4_load_params {
     /* Called while weights are bound/paged in; fraction in [0,1]. May be NULL. */
     void (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
+    /* 1: read no weights: every weight of the config's shapes gets random values where it lives (BF16 matrices
+     * uniform in +-sqrt(3/in), vectors 1 +- 0.1; the per-layer embedding table a backend keeps on the host is
+     * zeros). For benchmarks of real shapes; dir may be a config.json file. */
+    int random_weights;
 } g4_load_params;
 
 /* Loads a model folder (config.json + *.safetensors [+ index]). */

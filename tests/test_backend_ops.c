@@ -113,6 +113,8 @@ static void weight_free(weight *w) {
 
 static const g4_dtype dtypes[] = {G4_F32, G4_BF16, G4_F16};
 
+static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
 /* ------------------------------------------------------------- matmul */
 static void ref_matmul(const float *x, int n, const weight *w, const float *bias, double *y) {
     int out = (int)w->host.shape[0], in = (int)w->host.shape[1];
@@ -183,6 +185,81 @@ static void test_matmul_set(void) {
         }
 }
 
+static void ref_rms_row(const float *x, const float *w, int dim, float eps, double *y) {
+    double ms = 0;
+    for (int i = 0; i < dim; i++) ms += (double)x[i] * x[i];
+    double inv = 1.0 / sqrt(ms / dim + eps);
+    for (int i = 0; i < dim; i++) y[i] = x[i] * inv * (w ? w[i] : 1.0);
+}
+
+/* matmul_set with its fusions: the input's RMSNorm, GeGLU of a gate/up pair or against a multiplier, soft-cap;
+ * step sizes on both sides of the backends' small-step paths */
+static void test_matmul_set_fused(void) {
+    const int ns[] = {1, 3, 8, 9, 21}, ins[] = {77, 256};
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ni = 0; ni < 5; ni++)
+            for (size_t ii = 0; ii < 2; ii++)
+                for (int mode = 0; mode < 4; mode++) { /* 0 norm+3 products; 1 norm+geglu pair; 2 geglu mul; 3 softcap */
+                    const int n = ns[ni], in = ins[ii], out = 40;
+                    const int count = mode == 0 ? 3 : mode == 1 ? 2 : 1, with_norm = mode <= 1;
+                    weight w[3];
+                    float *x = malloc((size_t)n * in * sizeof(float)), *nw = malloc((size_t)in * sizeof(float));
+                    float *bias = malloc((size_t)(out + 8) * sizeof(float)), *mul = malloc((size_t)n * out * sizeof(float));
+                    fill(x, (size_t)n * in, -2, 2);
+                    fill(nw, (size_t)in, 0.5f, 1.5f);
+                    fill(bias, (size_t)out + 8, -1, 1);
+                    fill(mul, (size_t)n * out, -2, 2);
+                    float *dx = devf(x, (size_t)n * in), *dnw = devf(nw, (size_t)in), *db = devf(bias, (size_t)out + 8);
+                    float *dmul = devf(mul, (size_t)n * out);
+                    g4_matmul_set set = {.count = count, .norm = with_norm ? dnw : NULL, .eps = 1e-6f,
+                                         .geglu = mode == 1 || mode == 2, .mul = mode == 2 ? dmul : NULL,
+                                         .softcap = mode == 3 ? 1.5f : 0.0f};
+                    for (int i = 0; i < count; i++) {
+                        weight_make(&w[i], dtypes[di], 2, (int64_t[]){out + (mode == 0 ? 3 * i : 0), in}, 1.0f);
+                        set.w[i] = &w[i].dev;
+                        set.bias[i] = mode == 0 && i == 1 ? db : NULL;
+                        set.y[i] = devf(NULL, (size_t)n * (out + 3 * i));
+                    }
+                    be->ops->matmul_set(be, dx, n, &set);
+                    /* reference: x' then the products and epilogues in double */
+                    float *xn = malloc((size_t)n * in * sizeof(float));
+                    double *row = malloc((size_t)in * sizeof(double));
+                    for (int t = 0; t < n; t++) {
+                        if (with_norm) {
+                            ref_rms_row(x + (size_t)t * in, nw, in, 1e-6f, row);
+                            for (int k = 0; k < in; k++) xn[(size_t)t * in + k] = (float)row[k];
+                        } else {
+                            memcpy(xn + (size_t)t * in, x + (size_t)t * in, (size_t)in * sizeof(float));
+                        }
+                    }
+                    const int checked = mode == 1 ? 1 : count; /* a pair's up output is scratch */
+                    for (int i = 0; i < checked; i++) {
+                        const int oi = (int)w[i].host.shape[0];
+                        double *ref = malloc((size_t)n * oi * sizeof(double)), *up = NULL;
+                        ref_matmul(xn, n, &w[i], set.bias[i] ? bias : NULL, ref);
+                        if (mode == 1) {
+                            up = malloc((size_t)n * oi * sizeof(double));
+                            ref_matmul(xn, n, &w[1], NULL, up);
+                        }
+                        for (size_t k = 0; k < (size_t)n * oi; k++) {
+                            if (mode == 1) ref[k] = gelu_tanh_ref(ref[k]) * up[k];
+                            if (mode == 2) ref[k] = gelu_tanh_ref(ref[k]) * mul[k];
+                            if (mode == 3) ref[k] = tanh(ref[k] / 1.5) * 1.5;
+                        }
+                        float *y = malloc((size_t)n * oi * sizeof(float));
+                        back(y, set.y[i], (size_t)n * oi * sizeof(float));
+                        /* the normalized input is rounded to f32 here, as a backend does */
+                        EXPECT_CLOSE(y, ref, (size_t)n * oi, 1e-5 * sqrt(in) * 4 * backend_tol(),
+                                     "matmul_set fused %s mode=%d n=%d in=%d product %d", g4_dtype_name(dtypes[di]), mode,
+                                     n, in, i);
+                        free(ref), free(up), free(y);
+                    }
+                    for (int i = 0; i < count; i++) rel(set.y[i]), weight_free(&w[i]);
+                    rel(dx), rel(dnw), rel(db), rel(dmul);
+                    free(x), free(nw), free(bias), free(mul), free(xn), free(row);
+                }
+}
+
 /* ------------------------------------------------------------- embed */
 static void test_embed(void) {
     for (size_t di = 0; di < 3; di++) {
@@ -207,12 +284,6 @@ static void test_embed(void) {
 }
 
 /* ------------------------------------------------------------- norms */
-static void ref_rms_row(const float *x, const float *w, int dim, float eps, double *y) {
-    double ms = 0;
-    for (int i = 0; i < dim; i++) ms += (double)x[i] * x[i];
-    double inv = 1.0 / sqrt(ms / dim + eps);
-    for (int i = 0; i < dim; i++) y[i] = x[i] * inv * (w ? w[i] : 1.0);
-}
 
 static void test_norms(void) {
     const int dims[] = {1, 7, 128, 257, 1536};
@@ -318,8 +389,6 @@ static void test_rope(void) {
 }
 
 /* ------------------------------------------------------------- elementwise */
-static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
-
 static void test_elementwise(void) {
     const size_t sizes[] = {1, 15, 1000, 100003};
     for (size_t si = 0; si < 4; si++) {
@@ -518,6 +587,86 @@ static void test_attention(void) {
     }
 }
 
+/* attn_prep: q/k/v norms, RoPE, keys as values and the KV store in one op */
+static void test_attn_prep(void) {
+    const g4_kv_type kts[] = {G4_KV_F32, G4_KV_BF16, G4_KV_F16};
+    const int dims[] = {64, 256, 512};
+    for (int ki = 0; ki < 3; ki++)
+        for (int dd = 0; dd < 3; dd++)
+            for (int mode = 0; mode < 3; mode++) { /* 0 k and v; 1 keys as values; 2 KV-shared (q only) */
+                const g4_kv_type kt = kts[ki];
+                const int n = 3, NH = 4, KV = 2, D = dims[dd], half = D / 2, rows = 8, row = KV * D;
+                const size_t nq = (size_t)n * NH * D, nk = (size_t)n * KV * D;
+                float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
+                float *qn = malloc((size_t)D * sizeof(float)), *kn = malloc((size_t)D * sizeof(float));
+                float *tab = malloc((size_t)n * D * sizeof(float));
+                fill(q, nq, -2, 2), fill(k, nk, -2, 2), fill(v, nk, -2, 2);
+                fill(qn, (size_t)D, 0.5f, 1.5f), fill(kn, (size_t)D, 0.5f, 1.5f);
+                for (int t = 0; t < n; t++)
+                    for (int j = 0; j < half; j++) {
+                        float a = uniform(-3.14f, 3.14f);
+                        tab[(size_t)t * D + j] = cosf(a), tab[(size_t)t * D + half + j] = sinf(a);
+                    }
+                int32_t slot[3] = {5, 0, 2};
+                const size_t esz = g4_kv_type_size(kt), cache_bytes = (size_t)rows * row * esz;
+                unsigned char *zero = calloc(1, cache_bytes);
+                float *dq = devf(q, nq), *dk = devf(k, nk), *dv = devf(v, nk), *dqn = devf(qn, (size_t)D);
+                float *dkn = devf(kn, (size_t)D), *dtab = devf(tab, (size_t)n * D);
+                int32_t *dslot = dev(slot, sizeof slot);
+                void *kc = dev(zero, cache_bytes), *vc = dev(zero, cache_bytes);
+                g4_attn_prep_args a = {.q = dq, .k = dk, .v = dv, .n = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
+                                       .kv_shared = mode == 2, .v_from_k = mode == 1, .q_norm = dqn, .k_norm = dkn,
+                                       .eps = 1e-6f, .rope = dtab, .slot = dslot, .k_cache = kc, .v_cache = vc,
+                                       .kv_type = kt};
+                be->ops->attn_prep(be, &a);
+                /* reference: per head row, rms * weight, then rotate-half with the table */
+                double *qref = malloc(nq * sizeof(double)), *kref = calloc((size_t)rows * row, sizeof(double));
+                double *vref = calloc((size_t)rows * row, sizeof(double)), *tmp = malloc((size_t)D * sizeof(double));
+                for (int t = 0; t < n; t++) {
+                    const float *cs = tab + (size_t)t * D, *sn = cs + half;
+                    for (int h = 0; h < NH + 2 * KV; h++) {
+                        const int is_q = h < NH, is_k = h >= NH && h < NH + KV, hh = is_q ? h : is_k ? h - NH : h - NH - KV;
+                        const float *src = is_q ? q + ((size_t)t * NH + hh) * D
+                                                : (is_k || mode == 1 ? k : v) + ((size_t)t * KV + hh) * D;
+                        ref_rms_row(src, is_q ? qn : is_k ? kn : NULL, D, 1e-6f, tmp);
+                        double *dst = is_q ? qref + ((size_t)t * NH + hh) * D
+                                           : (is_k ? kref : vref) + (size_t)slot[t] * row + (size_t)hh * D;
+                        for (int j = 0; j < half; j++) {
+                            double x0 = tmp[j], x1 = tmp[j + half];
+                            if (is_q || is_k)
+                                dst[j] = x0 * cs[j] - x1 * sn[j], dst[j + half] = x1 * cs[j] + x0 * sn[j];
+                            else
+                                dst[j] = x0, dst[j + half] = x1;
+                        }
+                    }
+                }
+                float *got = malloc(((size_t)rows * row > nq ? (size_t)rows * row : nq) * sizeof(float));
+                back(got, dq, nq * sizeof(float));
+                EXPECT_CLOSE(got, qref, nq, 1e-5, "attn_prep q kv=%s D=%d mode=%d", kv_name(kt), D, mode);
+                unsigned char *cache = malloc(cache_bytes);
+                for (int c = 0; c < 2; c++) {
+                    back(cache, c ? vc : kc, cache_bytes);
+                    double *ref = c ? vref : kref;
+                    for (size_t i = 0; i < (size_t)rows * row; i++) {
+                        if (mode == 2) ref[i] = 0; /* nothing stored */
+                        else ref[i] = kv_round(kt, (float)ref[i]);
+                        if (kt == G4_KV_F32) memcpy(&got[i], cache + i * 4, 4);
+                        else {
+                            uint16_t hv;
+                            memcpy(&hv, cache + i * 2, 2);
+                            got[i] = kt == G4_KV_BF16 ? g4_bf16_to_f32(hv) : g4_f16_to_f32(hv);
+                        }
+                    }
+                    /* one rounding step of the cache type when our f32 value lands on the other side */
+                    EXPECT_CLOSE(got, ref, (size_t)rows * row, kt == G4_KV_F32 ? 1e-5 : 1e-2,
+                                 "attn_prep %s cache kv=%s D=%d mode=%d", c ? "V" : "K", kv_name(kt), D, mode);
+                }
+                rel(dq), rel(dk), rel(dv), rel(dqn), rel(dkn), rel(dtab), rel(dslot), rel(kc), rel(vc);
+                free(q), free(k), free(v), free(qn), free(kn), free(tab), free(zero), free(qref), free(kref), free(vref);
+                free(tmp), free(got), free(cache);
+            }
+}
+
 /* ------------------------------------------------------------- mixture of experts */
 static void test_moe(void) {
     const int n = 5, H = 24, E = 6, TK = 2, Im = 10;
@@ -606,11 +755,13 @@ static void run_all(void) {
     test_embed();
     test_matmul();
     test_matmul_set();
+    test_matmul_set_fused();
     test_norms();
     test_rope();
     test_elementwise();
     test_rows_transpose_argmax();
     test_attention();
+    test_attn_prep();
     test_moe();
     g4_error err;
     CHECKF(be->ops->check(be, &err) == 0, "%s: check: %s", be_label, err.msg);

@@ -15,7 +15,13 @@
 #include "model_files.h"
 #include "reference.h"
 
-#define LOGIT_TOL 2e-3f
+/* Tolerances of the CPU (f32 arithmetic). A backend of its own memory (CUDA) multiplies prefill products on
+ * tensor cores with bf16 operands, the activations split in two bf16 parts (cuda_blas.cu), and sums in
+ * other orders: logits within 4e-3 there (measured in the emulator: at most 1.1e-3); hidden states as on the
+ * CPU. With activations rounded to bf16 once (G4_CUDA_GEMM=bf16) these random fixtures, whose peaked
+ * attention and routing amplify rounding, differ by 0.6 to 2.9 in the logits (not tested). */
+static int on_gpu; /* the model under test runs on a backend with its own memory */
+#define LOGIT_TOL (on_gpu ? 4e-3f : 2e-3f)
 #define HIDDEN_REL_TOL 1e-3f
 
 typedef struct {
@@ -84,6 +90,7 @@ static void check_model(const char *label, const char *model_dir, const referenc
         return;
     }
     CHECKF(g4_model_warnings(model) == NULL, "%s: unexpected warnings: %s", label, g4_model_warnings(model));
+    on_gpu = strcmp(g4_model_device(model), "cpu") != 0;
     const int V = g4_model_vocab_size(model), L = g4_model_n_layers(model), H = g4_model_hidden_size(model);
     const int T = (int)r->n_ids;
     g4_context *ctx;
@@ -295,7 +302,8 @@ static float *kv16_reference(const char *fixture_dir, const char *label, const c
 /* Our K/V and the reference's differ in the last f32 bits, so a few elements round to the other bf16/f16
  * neighbour; these fixtures' peaked attention amplifies that to about 1e-2 (measured: at most 2.1e-2, against
  * 0.03 to 4.1 from the float32 reference) */
-#define KV16_TOL 5e-2f
+/* on the GPU: measured 6.6e-2 in the emulator (dense-keqv, bf16) */
+#define KV16_TOL (on_gpu ? 1.5e-1f : 5e-2f)
 static void check_kv_types_and_sharing(const char *label, const char *model_dir, const reference *r) {
     g4_error err;
     g4_model *model;
@@ -305,6 +313,7 @@ static void check_kv_types_and_sharing(const char *label, const char *model_dir,
         return;
     }
     const int V = g4_model_vocab_size(model), T = (int)r->n_ids;
+    on_gpu = strcmp(g4_model_device(model), "cpu") != 0;
     float *logits = malloc((size_t)T * V * sizeof(float)), *row = malloc((size_t)V * sizeof(float));
     const g4_kv_type types[2] = {G4_KV_BF16, G4_KV_F16};
     const char *type_names[2] = {"bf16", "f16"};

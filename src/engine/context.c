@@ -130,6 +130,8 @@ fail:
 
 void g4_context_free(g4_context *ctx) {
     if (!ctx) return;
+    g4_backend *be = ctx->model->be;
+    if (be->ops->graph_forget) be->ops->graph_forget(be, ctx); /* recordings of this context's steps */
     scratch_free(ctx);
     if (ctx->kv.layers) g4_kv_cache_free(&ctx->kv);
     free(ctx->pos_host);

@@ -22,6 +22,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/json.h"
+#include "core/mapped_file.h"
 #include "formats/safetensors.h"
 
 typedef struct binder {
@@ -46,10 +48,34 @@ static void add_missing(binder *b, const char *name) {
 static int dtype_ok_for_matrix(g4_dtype t) { return t == G4_BF16 || t == G4_F16 || t == G4_F32; }
 
 /* Looks up prefix+name, checks the shape; NULL (and records why) when absent or wrong. */
+/* Random mode: a tensor of the shape the architecture asks for, without data (the backend fills it). */
+static const g4_tensor *make_tensor(binder *b, const char *full, int ndim, const int64_t *shape) {
+    g4_model *m = b->m;
+    g4_tensor **list = realloc(m->made, (size_t)(m->n_made + 2) * sizeof *list);
+    g4_tensor *t = calloc(1, sizeof *t);
+    char *name = strdup(full);
+    if (list) m->made = list;
+    if (!list || !t || !name) {
+        free(t);
+        free(name);
+        g4_fail(b->err, "out of memory");
+        b->failed = 1;
+        return NULL;
+    }
+    t->name = name;
+    t->dtype = G4_BF16;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->nbytes = (size_t)g4_tensor_numel(t) * 2;
+    m->made[m->n_made++] = t;
+    return t;
+}
+
 static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const int64_t *shape) {
     if (b->failed) return NULL;
     char full[512];
     snprintf(full, sizeof full, "%s%s", b->m->cfg.weight_prefix, name);
+    if (b->m->random) return make_tensor(b, full, ndim, shape);
     const g4_tensor *t = g4_tensor_set_find(&b->m->weights, full);
     if (!t) {
         add_missing(b, full);
@@ -78,6 +104,18 @@ static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const 
 static const g4_tensor *place(binder *b, const g4_tensor *t) {
     if (!t || b->failed) return NULL;
     g4_model *m = b->m;
+    if (m->random) { /* the made tensor becomes its placed copy (random values where the backend keeps it) */
+        g4_tensor tmp = *t;
+        if (m->be->ops->upload_weight(m->be, &tmp, (g4_tensor *)t, b->err)) {
+            ((g4_tensor *)t)->data = NULL;
+            b->failed = 1;
+            return NULL;
+        }
+        b->bytes_placed += t->nbytes;
+        if (b->progress && !m->be->ops->host_memory)
+            b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights", b->progress_user);
+        return t;
+    }
     size_t i = (size_t)(t - m->weights.tensors);
     if (!m->placed[i].data) {
         if (m->be->ops->upload_weight(m->be, t, &m->placed[i], b->err)) {
@@ -120,7 +158,10 @@ static const float *bind_vec(binder *b, const char *name, int64_t n, const float
     }
     m->vecs = slots;
     slots[m->n_vecs++] = (g4_vec_slot){v, (size_t)n, field};
-    g4_to_f32(t->dtype, t->data, v, (size_t)n);
+    if (m->random)
+        for (int64_t i = 0; i < n; i++) v[i] = 1.0f + g4_random_value(g4_name_seed(t->name), (uint64_t)i, 0.1f);
+    else
+        g4_to_f32(t->dtype, t->data, v, (size_t)n);
     if (field) *field = v;
     return v;
 }
@@ -194,11 +235,26 @@ static int ignored_by_design(const g4_model *m, const char *name) {
     return 0;
 }
 
+/* Bytes of the BF16 weights a config binds (for the progress of a random model). */
+static size_t random_bytes(const g4_text_config *c) {
+    const size_t H = (size_t)c->hidden_size, NH = (size_t)c->n_heads, P = (size_t)c->hidden_size_per_layer_input;
+    size_t n = (size_t)c->vocab_size * H + (size_t)c->n_layers * P * H;
+    for (int l = 0; l < c->n_layers; l++) {
+        const size_t D = (size_t)c->layer_head_dim[l], KV = (size_t)c->layer_kv_heads[l];
+        n += 2 * NH * D * H + 3 * (size_t)c->layer_intermediate[l] * H + 2 * P * H;
+        if (!c->layer_kv_shared[l]) n += (c->layer_k_eq_v[l] ? 1 : 2) * KV * D * H;
+        if (c->enable_moe_block)
+            n += (size_t)c->num_experts * (H + 3 * (size_t)c->moe_intermediate_size * H);
+    }
+    return 2 * n;
+}
+
 static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
     binder b = {.m = m, .err = err, .progress = params->progress, .progress_user = params->progress_user};
     for (int i = 0; i < m->weights.n_tensors; i++) b.bytes_total += m->weights.tensors[i].nbytes;
+    if (m->random) b.bytes_total = random_bytes(c);
     if (!b.bytes_total) b.bytes_total = 1;
     b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
     m->layers = calloc((size_t)L, sizeof *m->layers);
@@ -230,6 +286,16 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         int64_t ple_shape[2] = {c->vocab_size_per_layer_input, (int64_t)L * P};
         m->ple_on_host = !m->be->ops->host_memory;
         m->ple_embed = bind_shape(&b, "embed_tokens_per_layer.weight", 2, ple_shape);
+        if (m->ple_on_host && m->random && m->ple_embed) { /* zeros on the host: read one row per token */
+            size_t bytes = m->ple_embed->nbytes;
+            m->host_table = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m->host_table == MAP_FAILED) {
+                m->host_table = NULL;
+                free(b.used);
+                return g4_fail(err, "out of memory for the per-layer embedding table (%zu bytes)", bytes);
+            }
+            ((g4_tensor *)m->ple_embed)->data = m->host_table;
+        }
         if (!m->ple_on_host) m->ple_embed = place(&b, m->ple_embed);
         m->ple_model_proj = bind2(&b, "per_layer_model_projection.weight", (int64_t)L * P, H);
         bind_vec(&b, "per_layer_projection_norm.weight", P, &m->ple_proj_norm);
@@ -286,6 +352,10 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         free(b.used);
         return -1;
     }
+    if (m->random) {
+        free(b.used);
+        return 0;
+    }
     if (b.n_missing) {
         free(b.used);
         return g4_fail(err, "%s: %d tensor%s missing: %s%s", m->dir, b.n_missing, b.n_missing > 1 ? "s are" : " is",
@@ -320,6 +390,27 @@ void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
     }
 }
 
+static double tbytes(const g4_tensor *t) { return t ? (double)g4_tensor_numel(t) * g4_dtype_bits(t->dtype) / 8 : 0; }
+
+double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
+    const g4_text_config *c = &m->cfg.text;
+    double b = tbytes(m->lm_head); /* the head reads every row (tied: the embedding table, one row of it again) */
+    if (m->lm_head != m->embed) b += tbytes(m->embed) / (double)c->vocab_size;
+    b += tbytes(m->ple_model_proj);
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *y = &m->layers[l];
+        const g4_tensor *dense[] = {y->q_proj, y->k_proj, y->v_proj, y->o_proj, y->gate_proj, y->up_proj,
+                                    y->down_proj, y->ple_gate, y->ple_proj, y->router_proj};
+        for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) b += tbytes(dense[i]);
+        if (c->enable_moe_block)
+            b += (tbytes(y->experts_gate_up) + tbytes(y->experts_down)) * c->top_k_experts / c->num_experts;
+        int keys = pos + 1;
+        if (c->layer_type[l] == G4_LAYER_SLIDING && keys > c->sliding_window) keys = c->sliding_window;
+        b += 2.0 * keys * c->layer_kv_heads[l] * c->layer_head_dim[l] * (double)g4_kv_type_size(kv_type);
+    }
+    return b;
+}
+
 const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
 
 int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
@@ -332,11 +423,19 @@ void g4_model_free(g4_model *m) {
     if (be) {
         for (int i = 0; i < m->weights.n_tensors && m->placed; i++)
             if (m->uploaded[i]) be->ops->release_weight(be, &m->placed[i]);
+        for (int i = 0; i < m->n_made; i++)
+            if (m->made[i]->data && m->made[i]->data != m->host_table) be->ops->release_weight(be, m->made[i]);
         if (m->vec_arena) be->ops->release(be, m->vec_arena);
         for (int t = 0; t < G4_LAYER_TYPES; t++)
             if (m->inv_freq[t]) be->ops->release(be, m->inv_freq[t]);
     }
     g4_backend_free(be);
+    for (int i = 0; i < m->n_made; i++) {
+        if (m->made[i]->data == m->host_table && m->host_table) munmap(m->host_table, m->made[i]->nbytes);
+        free((char *)m->made[i]->name);
+        free(m->made[i]);
+    }
+    free(m->made);
     for (int i = 0; i < m->n_vecs; i++) free(m->vecs[i].host);
     free(m->vecs);
     free(m->placed);
@@ -380,12 +479,21 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
     g4_model *m = calloc(1, sizeof *m);
     if (!m) return g4_fail(err, "out of memory");
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    if (g4_config_load(dir, &m->cfg, err)) goto fail;
+    m->random = params->random_weights != 0;
+    if (m->random && g4_file_exists(dir)) { /* a config.json file */
+        json_t *root;
+        if (g4_json_load_file(dir, &root, err)) goto fail;
+        int rc = g4_config_parse(root, dir, &m->cfg, err);
+        json_decref(root);
+        if (rc) goto fail;
+    } else if (g4_config_load(dir, &m->cfg, err)) {
+        goto fail;
+    }
     const g4_text_config *c = &m->cfg.text;
-    if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
+    if (!m->random && g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
     m->be = g4_backend_new(params->device, params->n_threads, err);
     if (!m->be) goto fail;
-    if (m->be->ops->host_memory && params->progress) page_in(m, params);
+    if (m->be->ops->host_memory && params->progress && !m->random) page_in(m, params);
     if (bind_weights(m, params, err) || place_vectors(m, err)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {
         int hd = c->type_head_dim[t];

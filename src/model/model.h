@@ -54,12 +54,21 @@ struct g4_model {
     g4_vec_slot *vecs;               /* small vectors (norm weights, scales) as bound */
     int n_vecs;
     float *vec_arena;                /* their backend copies (NULL on a host-memory backend) */
+    int random;                      /* random weights: no files (g4_load_params.random_weights) */
+    g4_tensor **made;                /* random mode: tensors made by the binder, then their placed copies */
+    int n_made;
+    void *host_table;                /* random mode: the host-kept per-layer embedding table */
     char *warnings;                  /* NULL or lines ending in '\n' */
     char dir[1024];
 };
 
 /* Inverse RoPE frequencies of a layer type (docs/gemma4-text.md 3.3); out has head_dim/2 floats. */
 void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);
+
+/* Bytes of weights and KV cache one decode step of one token at position pos reads (the per-layer table kept
+ * on the host and all but one embedding row excluded unless the head reads them; MoE: top-k of the experts):
+ * the numerator of a decode roofline. */
+double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type);
 
 /* Warnings gathered while loading (unexpected tensors, ...), or NULL. */
 const char *g4_model_warnings(const g4_model *model);

@@ -28,6 +28,9 @@ static void cpu_free(g4_backend *be) {
     g4_pool_free(cpu->pool);
     for (int i = 0; i < G4_CPU_MAX_THREADS; i++) free(cpu->scratch[i].buf);
     free(cpu->moe_buf);
+    free(cpu->set_buf);
+    for (int i = 0; i < cpu->n_owned; i++) free(cpu->owned[i]);
+    free(cpu->owned);
     free(cpu);
     free(be);
 }
@@ -44,12 +47,40 @@ static void cpu_copy(g4_backend *be, void *dst, const void *src, size_t bytes) {
 }
 static void cpu_sync(g4_backend *be) {}
 
-/* Weights are read where they are (the memory-mapped file): nothing is copied. */
+/* Weights are read where they are (the memory-mapped file): nothing is copied. A source without data gets
+ * random values in memory of its own. */
 static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     *dst = *src;
+    if (src->data) return 0;
+    g4_cpu *cpu = cpu_of(be);
+    const size_t esz = (size_t)g4_dtype_bits(src->dtype) / 8, n = (size_t)g4_tensor_numel(src);
+    if (esz != 2 && esz != 4) return g4_fail(err, "random values of dtype %s are not supported", g4_dtype_name(src->dtype));
+    if (cpu->n_owned == cpu->cap_owned) {
+        int cap = cpu->cap_owned ? 2 * cpu->cap_owned : 64;
+        void **o = realloc(cpu->owned, (size_t)cap * sizeof *o);
+        if (!o) return g4_fail(err, "out of memory");
+        cpu->owned = o;
+        cpu->cap_owned = cap;
+    }
+    void *data = NULL;
+    if (posix_memalign(&data, 64, n * esz > 0 ? n * esz : 64))
+        return g4_fail(err, "out of memory for %zu bytes of random weights ('%s')", n * esz, src->name);
+    g4_fill_random(src->dtype, data, n, src->shape[src->ndim - 1], g4_name_seed(src->name));
+    cpu->owned[cpu->n_owned++] = data;
+    dst->data = data;
+    dst->nbytes = n * esz;
     return 0;
 }
-static void cpu_release_weight(g4_backend *be, g4_tensor *w) {}
+static void cpu_release_weight(g4_backend *be, g4_tensor *w) {
+    g4_cpu *cpu = cpu_of(be);
+    for (int i = 0; i < cpu->n_owned; i++)
+        if (cpu->owned[i] == w->data) {
+            free(cpu->owned[i]);
+            cpu->owned[i] = cpu->owned[--cpu->n_owned];
+            w->data = NULL;
+            return;
+        }
+}
 
 static int cpu_check(g4_backend *be, g4_error *err) {
     g4_cpu *cpu = cpu_of(be);
@@ -67,8 +98,33 @@ static void cpu_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w
     g4_cpu_matmul(cpu_of(be), x, n, w, bias, y);
 }
 
+static void cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);
+static void cpu_gelu_mul(g4_backend *be, const float *g, const float *u, size_t n, float *y);
+static void cpu_softcap(g4_backend *be, float *y, size_t n, float c);
+
 static void cpu_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set) {
-    for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu_of(be), x, n, set->w[i], set->bias[i], set->y[i]);
+    g4_cpu *cpu = cpu_of(be);
+    if (set->norm) { /* normalize the rows once into a buffer of the backend */
+        const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
+        size_t need = (size_t)n * (size_t)in;
+        if (cpu->set_cap < need) {
+            float *nb = realloc(cpu->set_buf, need * sizeof(float));
+            if (!nb) {
+                cpu->failed = 1;
+                return;
+            }
+            cpu->set_buf = nb;
+            cpu->set_cap = need;
+        }
+        cpu_rmsnorm(be, x, set->norm, n, in, set->eps, cpu->set_buf);
+        x = cpu->set_buf;
+    }
+    for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu, x, n, set->w[i], set->bias[i], set->y[i]);
+    const size_t n0 = (size_t)n * (size_t)set->w[0]->shape[0];
+    if (set->geglu) cpu_gelu_mul(be, set->y[0], set->count == 2 ? set->y[1] : set->mul, n0, set->y[0]);
+    if (set->softcap > 0)
+        for (int i = 0; i < set->count; i++)
+            cpu_softcap(be, set->y[i], (size_t)n * (size_t)set->w[i]->shape[0], set->softcap);
 }
 
 /* ---------------------------------------------------------------- rmsnorm */
@@ -264,6 +320,18 @@ static void cpu_kv_store(g4_backend *be, const float *k, const float *v, int n, 
     }
 }
 
+static void cpu_attn_prep(g4_backend *be, const g4_attn_prep_args *a) {
+    const int D = a->head_dim;
+    if (!a->kv_shared) {
+        const size_t nkv = (size_t)a->n * (size_t)a->n_kv_heads * (size_t)D;
+        if (a->v_from_k) memcpy(a->v, a->k, nkv * sizeof(float));
+        cpu_head_norm_rope(be, a->k, a->n, a->n_kv_heads, D, a->k_norm, a->eps, a->rope);
+        cpu_head_norm_rope(be, a->v, a->n, a->n_kv_heads, D, NULL, a->eps, NULL);
+        cpu_kv_store(be, a->k, a->v, a->n, a->n_kv_heads * D, a->slot, a->k_cache, a->v_cache, a->kv_type);
+    }
+    cpu_head_norm_rope(be, a->q, a->n, a->n_heads, D, a->q_norm, a->eps, a->rope);
+}
+
 /* -------------------------------------------------------------- attention */
 typedef struct {
     g4_cpu *cpu;
@@ -453,6 +521,7 @@ static const g4_backend_ops cpu_ops = {
     .transpose = cpu_transpose,
     .argmax = cpu_argmax,
     .kv_store = cpu_kv_store,
+    .attn_prep = cpu_attn_prep,
     .attention = cpu_attention,
     .moe = cpu_moe,
 };

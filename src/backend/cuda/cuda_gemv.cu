@@ -1,0 +1,407 @@
+/* Matrix products of the CUDA backend (src/backend/backend.h: matmul, matmul_set).
+ *
+ * Up to G4C_GEMV_MAX tokens (decode, small steps): a GEMV that streams each weight row once from device
+ * memory and multiplies it with every token's row. A group of `wpr` warps owns a row (wpr grows when a
+ * matrix has few rows, so that the grid still fills the GPU); each lane loads 16 bytes (8 weights) per
+ * access, four accesses in flight, and the group sums with shuffles and shared memory. The weight loads of a
+ * block's first row are issued before the kernel waits for its predecessor (see cuda_common.cuh). Fused:
+ * the input's RMSNorm (each block computes the row's 1/rms itself: it is a dot product's scale), bias, the
+ * GeGLU of gate/up pairs (a group reads gate row r and up row r together) or against a given multiplier, and
+ * the soft-cap.
+ *
+ * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu) and one epilogue kernel. */
+#include "backend/cuda/cuda_common.cuh"
+
+#define G4C_GEMV_MAX 8
+#define GEMV_THREADS 256
+#define GEMV_UNROLL 4
+
+int g4c_gemv_max_tokens(void) { return G4C_GEMV_MAX; }
+
+typedef struct gemv_args {
+    const unsigned char *w[G4_MATMUL_SET_MAX];
+    const float *bias[G4_MATMUL_SET_MAX];
+    float *y[G4_MATMUL_SET_MAX];
+    int out[G4_MATMUL_SET_MAX];
+    int count;
+    size_t row_bytes;
+    const float *x;
+    int n, in;
+    const float *norm;
+    float eps;
+    int geglu; /* 0 none, 1 gate/up pairs (w[0] row r with w[1] row r), 2 gelu(y0) * mul */
+    const float *mul;
+    float softcap;
+    int rows; /* row groups: out[0] for pairs, else the sum of out */
+    int wpr;  /* warps per row group: 1, 2, 4 or 8 */
+    int xvec; /* x rows are 16-byte aligned */
+} gemv_args;
+
+/* raw 16-byte words of 8 weights, and their decoding */
+template <int DT> struct wraw {
+    enum { WORDS = DT == G4_F32 ? 2 : 1 };
+};
+
+template <int DT>
+static __device__ __forceinline__ void raw_load(const unsigned char *row, int k, uint4 *r) {
+    if (DT == G4_F32) {
+        r[0] = g4_ld_stream(row + (size_t)k * 4);
+        r[wraw<DT>::WORDS - 1] = g4_ld_stream(row + (size_t)k * 4 + 16);
+    } else {
+        r[0] = g4_ld_stream(row + (size_t)k * 2);
+    }
+}
+
+template <int DT> static __device__ __forceinline__ void raw_decode(const uint4 *r, float w[8]) {
+    if (DT == G4_F32) {
+        w[0] = __uint_as_float(r[0].x), w[1] = __uint_as_float(r[0].y), w[2] = __uint_as_float(r[0].z);
+        w[3] = __uint_as_float(r[0].w);
+        w[4] = __uint_as_float(r[wraw<DT>::WORDS - 1].x), w[5] = __uint_as_float(r[wraw<DT>::WORDS - 1].y);
+        w[6] = __uint_as_float(r[wraw<DT>::WORDS - 1].z), w[7] = __uint_as_float(r[wraw<DT>::WORDS - 1].w);
+    } else {
+        const unsigned u[4] = {r[0].x, r[0].y, r[0].z, r[0].w};
+        for (int i = 0; i < 4; i++) {
+            if (DT == G4_BF16) {
+                w[2 * i] = __uint_as_float(u[i] << 16);
+                w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+            } else {
+                w[2 * i] = g4_h2f((uint16_t)(u[i] & 0xffffu));
+                w[2 * i + 1] = g4_h2f((uint16_t)(u[i] >> 16));
+            }
+        }
+    }
+}
+
+/* 8 input elements of token t at k (zeros past `in`), times the norm weight when there is one */
+static __device__ __forceinline__ void load_x(const gemv_args &a, int t, int k, float xv[8]) {
+    const float *x = a.x + (size_t)t * (size_t)a.in + k;
+    if (a.xvec && k + 8 <= a.in) {
+        float4 p = *(const float4 *)x, q = *(const float4 *)(x + 4);
+        xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w, xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
+    } else {
+        for (int i = 0; i < 8; i++) xv[i] = k + i < a.in ? x[i] : 0.0f;
+    }
+    if (a.norm)
+        for (int i = 0; i < 8; i++) xv[i] *= k + i < a.in ? a.norm[k + i] : 0.0f;
+}
+
+/* product p and its local row of a row of the set's concatenated row space */
+static __device__ __forceinline__ int which_product(const gemv_args &a, int row, int *local) {
+    int p = 0;
+    while (p + 1 < a.count && row >= a.out[p]) row -= a.out[p++];
+    *local = row;
+    return p;
+}
+
+template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
+    constexpr int W = wraw<DT>::WORDS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wpr = a.wpr, groups = 8 / wpr, g = warp / wpr, sub = warp % wpr;
+    const int step = wpr * 256, k0 = (sub * 32 + lane) * 8;
+    __shared__ float red[8][RP * NT];
+    __shared__ float inv_rms[NT];
+
+    /* rows of this group in each iteration: row (pairs: gate row and up row) */
+    int row = blockIdx.x * groups + g;
+    const unsigned char *rp[RP] = {};
+    /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
+    uint4 pre[RP][GEMV_UNROLL][W];
+    if (row < a.rows) {
+        for (int r = 0; r < RP; r++) {
+            int local, p = RP == 2 ? r : which_product(a, row, &local);
+            if (RP == 2) local = row;
+            rp[r] = a.w[p] + (size_t)local * a.row_bytes;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+            for (int r = 0; r < RP; r++)
+                if (k0 + u * step < a.in) raw_load<DT>(rp[r], k0 + u * step, pre[r][u]);
+    }
+    g4_grid_wait();
+    if (a.norm) { /* 1/rms of each token's input row: warp t sums token t */
+        if (warp < a.n) {
+            const float *x = a.x + (size_t)warp * (size_t)a.in;
+            float s = 0.0f;
+            for (int i = lane; i < a.in; i += 32) s += x[i] * x[i];
+            s = g4_warp_sum(s);
+            if (lane == 0) inv_rms[warp] = rsqrtf(s / (float)a.in + a.eps);
+        }
+        __syncthreads();
+    }
+    g4_grid_launch_dependents();
+
+    for (int base = blockIdx.x * groups; base < a.rows; base += gridDim.x * groups) {
+        row = base + g;
+        const int active = row < a.rows;
+        float acc[RP][NT];
+#pragma unroll
+        for (int r = 0; r < RP; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+        if (active) {
+            if (base != (int)blockIdx.x * groups) { /* later rows: fresh pointers, nothing prefetched */
+                for (int r = 0; r < RP; r++) {
+                    int local, p = RP == 2 ? r : which_product(a, row, &local);
+                    if (RP == 2) local = row;
+                    rp[r] = a.w[p] + (size_t)local * a.row_bytes;
+                }
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+                    for (int r = 0; r < RP; r++)
+                        if (k0 + u * step < a.in) raw_load<DT>(rp[r], k0 + u * step, pre[r][u]);
+            }
+            for (int k = k0; k < a.in; k += step * GEMV_UNROLL) {
+                uint4 cur[RP][GEMV_UNROLL][W];
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+                    for (int r = 0; r < RP; r++)
+#pragma unroll
+                        for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
+                /* issue the next accesses before using these */
+                const int kn = k + step * GEMV_UNROLL;
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+                    for (int r = 0; r < RP; r++)
+                        if (kn + u * step < a.in) raw_load<DT>(rp[r], kn + u * step, pre[r][u]);
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++) {
+                    const int kk = k + u * step;
+                    if (kk >= a.in) break;
+                    float w[RP][8];
+#pragma unroll
+                    for (int r = 0; r < RP; r++) raw_decode<DT>(cur[r][u], w[r]);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        if (t >= a.n) break;
+                        float xv[8];
+                        load_x(a, t, kk, xv);
+#pragma unroll
+                        for (int r = 0; r < RP; r++)
+#pragma unroll
+                            for (int i = 0; i < 8; i++) acc[r][t] = fmaf(w[r][i], xv[i], acc[r][t]);
+                    }
+                }
+            }
+        }
+        /* the group's sums */
+#pragma unroll
+        for (int r = 0; r < RP; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[r][t] = g4_warp_sum(acc[r][t]);
+        if (wpr > 1) {
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < RP; r++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) red[warp][r * NT + t] = acc[r][t];
+            __syncthreads();
+            if (sub == 0)
+#pragma unroll
+                for (int r = 0; r < RP; r++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        float s = 0.0f;
+                        for (int j = 0; j < wpr; j++) s += red[warp + j][r * NT + t];
+                        acc[r][t] = s;
+                    }
+            __syncthreads();
+        }
+        if (active && sub == 0 && lane < a.n && lane < NT) { /* lane t writes token t */
+            const int t = lane;
+            float v[RP];
+#pragma unroll
+            for (int r = 0; r < RP; r++) {
+                float s = 0.0f;
+#pragma unroll
+                for (int q = 0; q < NT; q++)
+                    if (q == t) s = acc[r][q];
+                v[r] = a.norm ? s * inv_rms[t] : s;
+            }
+            if (RP == 2) { /* gate/up pair */
+                float gt = v[0] + (a.bias[0] ? a.bias[0][row] : 0.0f);
+                float up = v[RP - 1] + (a.bias[1] ? a.bias[1][row] : 0.0f);
+                float y = g4_gelu_tanh(gt) * up;
+                if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+                a.y[0][(size_t)t * a.out[0] + row] = y;
+            } else {
+                int local, p = which_product(a, row, &local);
+                float y = v[0] + (a.bias[p] ? a.bias[p][local] : 0.0f);
+                if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[(size_t)t * a.out[0] + local];
+                if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+                a.y[p][(size_t)t * a.out[p] + local] = y;
+            }
+        }
+    }
+}
+
+template <int DT, int RP> static void launch_gemv_nt(g4c *c, const gemv_args &a, dim3 grid) {
+    if (a.n <= 1)
+        g4c_launch(c, gemv_kernel<DT, 1, RP>, grid, dim3(GEMV_THREADS), 0, a);
+    else if (a.n <= 2)
+        g4c_launch(c, gemv_kernel<DT, 2, RP>, grid, dim3(GEMV_THREADS), 0, a);
+    else if (a.n <= 4)
+        g4c_launch(c, gemv_kernel<DT, 4, RP>, grid, dim3(GEMV_THREADS), 0, a);
+    else
+        g4c_launch(c, gemv_kernel<DT, 8, RP>, grid, dim3(GEMV_THREADS), 0, a);
+}
+
+template <int RP> static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, dim3 grid) {
+    switch (dt) {
+    case G4_BF16: launch_gemv_nt<G4_BF16, RP>(c, a, grid); break;
+    case G4_F16: launch_gemv_nt<G4_F16, RP>(c, a, grid); break;
+    default: launch_gemv_nt<G4_F32, RP>(c, a, grid); break;
+    }
+}
+
+static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set) {
+    gemv_args a;
+    memset(&a, 0, sizeof a);
+    const g4_tensor *w0 = set->w[0];
+    a.count = set->count;
+    a.in = (int)w0->shape[w0->ndim - 1];
+    a.row_bytes = g4c_row_bytes(w0->dtype, a.in);
+    for (int i = 0; i < set->count; i++) {
+        a.w[i] = (const unsigned char *)set->w[i]->data;
+        a.bias[i] = set->bias[i];
+        a.y[i] = set->y[i];
+        a.out[i] = (int)set->w[i]->shape[0];
+    }
+    a.x = x;
+    a.n = n;
+    a.norm = set->norm;
+    a.eps = set->eps;
+    a.softcap = set->softcap;
+    const int pairs = set->geglu && set->count == 2;
+    a.geglu = pairs ? 1 : set->geglu ? 2 : 0;
+    a.mul = set->mul;
+    a.rows = 0;
+    if (pairs)
+        a.rows = a.out[0];
+    else
+        for (int i = 0; i < set->count; i++) a.rows += a.out[i];
+    a.xvec = (a.in % 4 == 0) && ((uintptr_t)x % 16 == 0);
+    /* warps per row: enough row groups for two blocks per multiprocessor; no more warps than 256-element
+     * slices of a row */
+    int wpr = 1;
+    while (wpr < 8 && a.rows * wpr < 2 * 8 * c->n_sm && wpr * 256 < a.in) wpr *= 2;
+    a.wpr = wpr;
+    const int groups = 8 / wpr;
+    dim3 grid((unsigned)((a.rows + groups - 1) / groups));
+    if (pairs)
+        launch_gemv_dt<2>(c, w0->dtype, a, grid);
+    else
+        launch_gemv_dt<1>(c, w0->dtype, a, grid);
+}
+
+/* ---------------------------------------------------------------- prefill: epilogue after tensor-core products */
+typedef struct epi_args {
+    float *y0;
+    const float *y1;    /* up (pairs) */
+    const float *mul;   /* [n, out] (geglu with one product) */
+    const float *bias0, *bias1;
+    int n, out;
+    int geglu;          /* 0, 1 pairs, 2 mul */
+    float softcap;
+} epi_args;
+
+__global__ void gemm_epilogue(epi_args a) {
+    g4_grid_wait();
+    const size_t total = (size_t)a.n * (size_t)a.out;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(i % (size_t)a.out);
+        float y = a.y0[i] + (a.bias0 ? a.bias0[r] : 0.0f);
+        if (a.geglu == 1) y = g4_gelu_tanh(y) * (a.y1[i] + (a.bias1 ? a.bias1[r] : 0.0f));
+        if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[i];
+        if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+        a.y0[i] = y;
+    }
+}
+
+static void epilogue(g4c *c, epi_args a) {
+    const size_t total = (size_t)a.n * (size_t)a.out;
+    unsigned blocks = (unsigned)((total + 255) / 256);
+    if (blocks > (unsigned)c->n_sm * 16) blocks = (unsigned)c->n_sm * 16;
+    g4c_launch(c, gemm_epilogue, dim3(blocks), dim3(256), 0, a);
+}
+
+static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
+    const int pairs = set->geglu && set->count == 2;
+    g4c_gemm_in in;
+    if (g4c_gemm_input(c, x, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->norm, set->eps, set->w[0]->dtype, &in))
+        return;
+    for (int i = 0; i < set->count; i++) {
+        g4c_gemm_run(c, &in, set->w[i], set->y[i]);
+        const int out = (int)set->w[i]->shape[0];
+        if (pairs && i == 0) continue; /* the pair's epilogue runs after the up product */
+        epi_args e;
+        memset(&e, 0, sizeof e);
+        e.y0 = pairs ? set->y[0] : set->y[i];
+        e.bias0 = pairs ? set->bias[0] : set->bias[i];
+        e.n = n;
+        e.out = out;
+        e.softcap = set->softcap;
+        if (pairs) {
+            e.geglu = 1;
+            e.y1 = set->y[1];
+            e.bias1 = set->bias[1];
+        } else if (set->geglu) {
+            e.geglu = 2;
+            e.mul = set->mul;
+        }
+        if (e.geglu || e.bias0 || e.softcap > 0) epilogue(c, e);
+    }
+}
+
+void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set) {
+    g4c *c = g4c_of(be);
+    if (n <= 0 || set->count <= 0) return;
+    int uniform = 1;
+    for (int i = 1; i < set->count; i++) uniform &= set->w[i]->dtype == set->w[0]->dtype;
+    if (!uniform) { /* weights of different types: one product at a time, then the epilogue */
+        for (int i = 0; i < set->count; i++) {
+            g4_matmul_set one;
+            memset(&one, 0, sizeof one);
+            one.count = 1;
+            one.w[0] = set->w[i];
+            one.bias[0] = set->bias[i];
+            one.y[0] = set->y[i];
+            one.norm = set->norm;
+            one.eps = set->eps;
+            g4c_matmul_set(be, x, n, &one);
+        }
+        for (int i = 0; i < set->count; i++) {
+            epi_args e;
+            memset(&e, 0, sizeof e);
+            e.y0 = set->y[i];
+            e.n = n;
+            e.out = (int)set->w[i]->shape[0];
+            e.softcap = set->softcap;
+            if (i == 0 && set->geglu) {
+                e.geglu = set->count == 2 ? 1 : 2;
+                e.y1 = set->y[1];
+                e.mul = set->mul;
+            }
+            if (i > 0 && set->geglu) continue;
+            if (e.geglu || e.softcap > 0) epilogue(c, e);
+        }
+        return;
+    }
+    if (n <= G4C_GEMV_MAX)
+        gemv(c, x, n, set);
+    else
+        gemm_set(c, x, n, set);
+}
+
+void g4c_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
+    g4_matmul_set set;
+    memset(&set, 0, sizeof set);
+    set.count = 1;
+    set.w[0] = w;
+    set.bias[0] = bias;
+    set.y[0] = y;
+    g4c_matmul_set(be, x, n, &set);
+}
