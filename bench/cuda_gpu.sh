@@ -14,8 +14,8 @@
 set -u
 BIN=$1 SHARED=$2 OUT=$3
 shift 3
-mkdir -p "$OUT" "$OUT/tmp"
-export G4_SHARED_DIR=$SHARED G4_TMP=$OUT/tmp G4_BIN=$BIN/gemma4c
+mkdir -p "$OUT" /tmp/g4-cuda-tests
+export G4_SHARED_DIR=$SHARED G4_TMP=/tmp/g4-cuda-tests G4_BIN=$BIN/gemma4c
 export G4_SOURCE_DIR=${G4_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 summary=$OUT/summary.txt
 : >"$summary"
@@ -39,10 +39,10 @@ for step in "$@"; do
         compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_backend_ops" >"$OUT/memcheck_ops.log" 2>&1
         echo "memcheck ops rc=$? $(grep -E "ERROR SUMMARY" "$OUT/memcheck_ops.log" | tail -1)" | tee -a "$summary"
         compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gemma4c" bench -m "$SHARED/fixtures/moe" -p 40 -c 20 \
-            -n 6 -r 1 --device cuda >"$OUT/memcheck_moe.log" 2>&1
+            -n 6 -r 1 --device "${G4_DEVICE:-cuda}" >"$OUT/memcheck_moe.log" 2>&1
         echo "memcheck moe rc=$? $(grep -E "ERROR SUMMARY" "$OUT/memcheck_moe.log" | tail -1)" | tee -a "$summary"
         compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/gemma4c" bench -m "$SHARED/fixtures/dense-ple" -p 40 \
-            -c 20 -n 6 -r 1 --device cuda >"$OUT/memcheck_ple.log" 2>&1
+            -c 20 -n 6 -r 1 --device "${G4_DEVICE:-cuda}" >"$OUT/memcheck_ple.log" 2>&1
         echo "memcheck dense-ple rc=$? $(grep -E "ERROR SUMMARY" "$OUT/memcheck_ple.log" | tail -1)" | tee -a "$summary"
         grep -B2 -A12 "Invalid\|ERROR:" "$OUT"/memcheck_*.log | head -40
         ;;
@@ -52,21 +52,21 @@ for step in "$@"; do
         log=$OUT/bench_$model.log
         echo "== bench $model (random bf16 weights, batch 1)"
         "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p "$prompts" -c "$contexts" -n 64 -r 2 \
-            --device cuda >"$log" 2>&1
+            --device "${G4_DEVICE:-cuda}" >"$log" 2>&1
         cat "$log"
         ref=$(sglang "$model")
         awk -v m="$model" -v ref="$ref" '
             /^prefill/ { printf "%-8s prefill %6s tok: %9s tok/s  TTFT %s ms\n", m, $2, $4, $10 }
             /^decode at context/ { ms = $5; pct = ""; for (i = 1; i <= NF; i++) if ($i == "of") pct = $(i - 1);
                 printf "%-8s decode ctx %6s: %7s ms/token  %s GB/s  %s of copy bw  %sx SGLang (%s ms)\n",
-                       m, $4, ms, $(NF - 5), pct, (ref > 0 ? sprintf("%.2f", ref / ms) : "-"), ref }' "$log" | tee -a "$summary"
+                       m, substr($4, 1, length($4) - 1), ms, $(NF - 5), pct, (ref > 0 ? sprintf("%.2f", ref / ms) : "-"), ref }' "$log" | tee -a "$summary"
         ;;
     ncu:*)
         model=${step#ncu:}
         echo "== ncu: the kernels of decode steps of $model"
         ncu --clock-control none --launch-skip 3000 --launch-count 400 --section SpeedOfLight --section MemoryWorkloadAnalysis \
             --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-            "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p 16 -c 64 -n 8 -r 1 --device cuda \
+            "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p 16 -c 64 -n 8 -r 1 --device "${G4_DEVICE:-cuda}" \
             >"$OUT/ncu_$model.csv" 2>"$OUT/ncu_$model.err"
         echo "ncu rc=$? $(wc -l <"$OUT/ncu_$model.csv") lines" | tee -a "$summary"
         ;;
