@@ -6,7 +6,7 @@
 #   BIN     folder with gemma4c, test_backend_ops, test_decoder of a -DGEMMA4C_CUDA=ON build
 #   SHARED  folder with fixtures/ and configs/ (../shared)
 #   OUT     folder for logs
-#   STEP    tests | memcheck | bench:MODEL[:PROMPTS[:CONTEXTS]] | ncu:MODEL
+#   STEP    tests | memcheck | bench:MODEL[:PROMPTS[:CONTEXTS]] | profile:MODEL | ncu:MODEL
 #           MODEL is a config of SHARED/configs (e2b, e4b, 26b-a4b, 31b); PROMPTS/CONTEXTS comma lists
 #           (default 512,4096 and 512,8192)
 # Decode figures are compared with SGLang's published H200 bf16 batch-1 times (../shared/docs/anchors.md 2):
@@ -61,14 +61,24 @@ for step in "$@"; do
                 printf "%-8s decode ctx %6s: %7s ms/token  %s GB/s  %s of copy bw  %sx SGLang (%s ms)\n",
                        m, substr($4, 1, length($4) - 1), ms, $(NF - 5), pct, (ref > 0 ? sprintf("%.2f", ref / ms) : "-"), ref }' "$log" | tee -a "$summary"
         ;;
+    profile:*)
+        model=${step#profile:}
+        echo "== kernel times of 64 decode steps of $model (eager, CUDA events; G4_CUDA_PROFILE=1)"
+        G4_CUDA_PROFILE=1 "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p 1 -c 1 -n 64 -r 1 \
+            --device "${G4_DEVICE:-cuda}" 2>&1 | grep -v fill_random | cut -c1-160 | tee "$OUT/profile_$model.txt" | head -22
+        ;;
     ncu:*)
         model=${step#ncu:}
-        echo "== ncu: the kernels of decode steps of $model"
-        ncu --clock-control none --launch-skip 3000 --launch-count 400 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-            --csv --page raw --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-            "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p 16 -c 64 -n 8 -r 1 --device "${G4_DEVICE:-cuda}" \
+        echo "== ncu: decode kernels of $model"
+        ncu --clock-control none --kernel-name regex:'gemv_kernel|attention_kernel|post_norm_add|attn_prep|moe_' \
+            --launch-skip 260 --launch-count 16 --section SpeedOfLight --section Occupancy --section WarpStateStats \
+            --section LaunchStats --csv --page details \
+            "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p 1 -c 256 -n 4 -r 1 --device cuda \
             >"$OUT/ncu_$model.csv" 2>"$OUT/ncu_$model.err"
         echo "ncu rc=$? $(wc -l <"$OUT/ncu_$model.csv") lines" | tee -a "$summary"
+        awk -F'","' '$13 ~ /^(Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Grid Size|Stall Long Scoreboard|Warp Cycles Per Issued Instruction|Dynamic Shared Memory Per Block)$/ {
+            v = $15; gsub(/"/, "", v); print $1 "|" $5 " | " $13 " = " v " " $14 }' "$OUT/ncu_$model.csv" \
+            | sed -E 's/\(gemv_args\)|\(attn_args\)|\(moe_args\)//' | cut -c1-140 | head -120
         ;;
     *) echo "unknown step $step" ;;
     esac

@@ -199,9 +199,11 @@ static void test_matmul_set_fused(void) {
     for (size_t di = 0; di < 3; di++)
         for (size_t ni = 0; ni < 5; ni++)
             for (size_t ii = 0; ii < 2; ii++)
-                for (int mode = 0; mode < 4; mode++) { /* 0 norm+3 products; 1 norm+geglu pair; 2 geglu mul; 3 softcap */
+                for (int mode = 0; mode < 6; mode++) {
+                    /* 0 norm+3 products; 1 norm+geglu pair; 2 geglu mul; 3 softcap; 4 residual prologue + norm + 2
+                     * products (into another buffer); 5 the same in place */
                     const int n = ns[ni], in = ins[ii], out = 40;
-                    const int count = mode == 0 ? 3 : mode == 1 ? 2 : 1, with_norm = mode <= 1;
+                    const int count = mode == 0 ? 3 : mode == 1 || mode >= 4 ? 2 : 1, with_norm = mode <= 1 || mode >= 4;
                     weight w[3];
                     float *x = malloc((size_t)n * in * sizeof(float)), *nw = malloc((size_t)in * sizeof(float));
                     float *bias = malloc((size_t)(out + 8) * sizeof(float)), *mul = malloc((size_t)n * out * sizeof(float));
@@ -214,6 +216,24 @@ static void test_matmul_set_fused(void) {
                     g4_matmul_set set = {.count = count, .norm = with_norm ? dnw : NULL, .eps = 1e-6f,
                                          .geglu = mode == 1 || mode == 2, .mul = mode == 2 ? dmul : NULL,
                                          .softcap = mode == 3 ? 1.5f : 0.0f};
+                    /* residual prologue: h (random), o = x, weight rw, scale 0.75 */
+                    float *h = malloc((size_t)n * in * sizeof(float)), *rw = malloc((size_t)in * sizeof(float));
+                    fill(h, (size_t)n * in, -3, 3);
+                    fill(rw, (size_t)in, 0.5f, 1.5f);
+                    float *dh = devf(h, (size_t)n * in), *drw = devf(rw, (size_t)in);
+                    float *dout = mode == 5 ? dh : devf(NULL, (size_t)n * in);
+                    if (mode >= 4) {
+                        set.res_h = dh, set.res_o = dx, set.res_w = drw, set.res_scale = 0.75f, set.res_out = dout;
+                        for (int t = 0; t < n; t++) { /* the products' input: the updated stream */
+                            double *o = malloc((size_t)in * sizeof(double));
+                            ref_rms_row(x + (size_t)t * in, rw, in, 1e-6f, o);
+                            for (int k = 0; k < in; k++) {
+                                const size_t i = (size_t)t * in + k;
+                                h[i] = (float)(((double)h[i] + o[k]) * 0.75);
+                            }
+                            free(o);
+                        }
+                    }
                     for (int i = 0; i < count; i++) {
                         weight_make(&w[i], dtypes[di], 2, (int64_t[]){out + (mode == 0 ? 3 * i : 0), in}, 1.0f);
                         set.w[i] = &w[i].dev;
@@ -224,15 +244,24 @@ static void test_matmul_set_fused(void) {
                     /* reference: x' then the products and epilogues in double */
                     float *xn = malloc((size_t)n * in * sizeof(float));
                     double *row = malloc((size_t)in * sizeof(double));
+                    const float *xin = mode >= 4 ? h : x;
                     for (int t = 0; t < n; t++) {
                         if (with_norm) {
-                            ref_rms_row(x + (size_t)t * in, nw, in, 1e-6f, row);
+                            ref_rms_row(xin + (size_t)t * in, nw, in, 1e-6f, row);
                             for (int k = 0; k < in; k++) xn[(size_t)t * in + k] = (float)row[k];
                         } else {
-                            memcpy(xn + (size_t)t * in, x + (size_t)t * in, (size_t)in * sizeof(float));
+                            memcpy(xn + (size_t)t * in, xin + (size_t)t * in, (size_t)in * sizeof(float));
                         }
                     }
                     const int checked = mode == 1 ? 1 : count; /* a pair's up output is scratch */
+                    if (mode >= 4) { /* the updated stream */
+                        float *got = malloc((size_t)n * in * sizeof(float));
+                        double *ref = malloc((size_t)n * in * sizeof(double));
+                        for (size_t k = 0; k < (size_t)n * in; k++) ref[k] = h[k];
+                        back(got, dout, (size_t)n * in * sizeof(float));
+                        EXPECT_CLOSE(got, ref, (size_t)n * in, 1e-5, "matmul_set residual mode=%d n=%d in=%d", mode, n, in);
+                        free(got), free(ref);
+                    }
                     for (int i = 0; i < checked; i++) {
                         const int oi = (int)w[i].host.shape[0];
                         double *ref = malloc((size_t)n * oi * sizeof(double)), *up = NULL;
@@ -255,8 +284,9 @@ static void test_matmul_set_fused(void) {
                         free(ref), free(up), free(y);
                     }
                     for (int i = 0; i < count; i++) rel(set.y[i]), weight_free(&w[i]);
-                    rel(dx), rel(dnw), rel(db), rel(dmul);
-                    free(x), free(nw), free(bias), free(mul), free(xn), free(row);
+                    rel(dx), rel(dnw), rel(db), rel(dmul), rel(dh), rel(drw);
+                    if (dout != dh) rel(dout);
+                    free(x), free(nw), free(bias), free(mul), free(xn), free(row), free(h), free(rw);
                 }
 }
 
@@ -669,19 +699,23 @@ static void test_attn_prep(void) {
 
 /* ------------------------------------------------------------- mixture of experts */
 static void test_moe(void) {
-    const int n = 5, H = 24, E = 6, TK = 2, Im = 10;
+    const int H = 24, E = 6, TK = 2, Im = 10;
+    for (int n = 5; n <= 13; n += 8) /* both sides of the backends' small-step paths */
     for (size_t di = 0; di < 3; di++) {
         weight router, gu, dn;
         weight_make(&router, dtypes[di], 2, (int64_t[]){E, H}, 1.0f);
         weight_make(&gu, dtypes[di], 3, (int64_t[]){E, 2 * Im, H}, 0.5f);
         weight_make(&dn, dtypes[di], 3, (int64_t[]){E, H, Im}, 0.5f);
-        float r[5 * 24], x2[5 * 24], rscale[24], pes[6], out[5 * 24];
+        float r[13 * 24], dense[13 * 24], rscale[24], pes[6], out[13 * 24], pn2[24], qn1[24], qn2[24];
+        double x2[13 * 24], esum[13 * 24], tmp[24];
         fill(r, (size_t)n * H, -2, 2);
-        fill(x2, (size_t)n * H, -1, 1);
+        fill(dense, (size_t)n * H, -1, 1);
         fill(rscale, (size_t)H, 0.5f, 1.5f);
         fill(pes, (size_t)E, 0.5f, 2.0f);
+        fill(pn2, (size_t)H, 0.5f, 1.5f), fill(qn1, (size_t)H, 0.5f, 1.5f), fill(qn2, (size_t)H, 0.5f, 1.5f);
+        for (int t = 0; t < n; t++) ref_rms_row(r + (size_t)t * H, pn2, H, 1e-6f, x2 + (size_t)t * H);
         const float eps = 1e-6f;
-        double ref[5 * 24];
+        double ref[13 * 24];
         for (int t = 0; t < n; t++) {
             double z[24], lg[6], ms = 0;
             for (int i = 0; i < H; i++) ms += (double)r[t * H + i] * r[t * H + i];
@@ -703,7 +737,7 @@ static void test_moe(void) {
                     if ((k == 0 || e != ids[0]) && (best < 0 || lg[e] > lg[best])) best = e;
                 ids[k] = best, w[k] = lg[best], wsum += lg[best];
             }
-            for (int i = 0; i < H; i++) ref[t * H + i] = 0;
+            for (int i = 0; i < H; i++) esum[t * H + i] = 0;
             for (int k = 0; k < TK; k++) {
                 int e = ids[k];
                 double wk = w[k] / wsum * pes[e], act[10];
@@ -718,19 +752,31 @@ static void test_moe(void) {
                 for (int i = 0; i < H; i++) {
                     double d = 0;
                     for (int c = 0; c < Im; c++) d += act[c] * dn.ref[((size_t)e * H + i) * Im + c];
-                    ref[t * H + i] += wk * d;
+                    esum[t * H + i] += wk * d;
                 }
             }
         }
-        float *dr = devf(r, (size_t)n * H), *dx2 = devf(x2, (size_t)n * H), *dout = devf(NULL, (size_t)n * H);
-        float *drs = devf(rscale, (size_t)H), *dpes = devf(pes, (size_t)E);
-        g4_moe_args a = {.residual = dr, .x2 = dx2, .out = dout, .n = n, .hidden = H, .n_experts = E, .top_k = TK,
-                         .expert_dim = Im, .eps = eps, .router_proj = &router.dev, .router_scale = drs,
-                         .per_expert_scale = dpes, .gate_up = &gu.dev, .down = &dn.dev};
+        /* out = rmsnorm(dense) * qn1 + rmsnorm(sum) * qn2 */
+        for (int t = 0; t < n; t++) {
+            double ms = 0;
+            for (int i = 0; i < H; i++) ms += esum[t * H + i] * esum[t * H + i];
+            const double inv = 1 / sqrt(ms / H + eps);
+            ref_rms_row(dense + (size_t)t * H, qn1, H, eps, tmp);
+            for (int i = 0; i < H; i++) ref[t * H + i] = tmp[i] + esum[t * H + i] * inv * qn2[i];
+        }
+        float *dr = devf(r, (size_t)n * H), *ddense = devf(dense, (size_t)n * H);
+        float *dout = (n & 1) ? ddense : devf(NULL, (size_t)n * H); /* in place for odd n */
+        float *drs = devf(rscale, (size_t)H), *dpes = devf(pes, (size_t)E), *dpn2 = devf(pn2, (size_t)H);
+        float *dqn1 = devf(qn1, (size_t)H), *dqn2 = devf(qn2, (size_t)H);
+        g4_moe_args a = {.residual = dr, .dense = ddense, .out = dout, .n = n, .hidden = H, .n_experts = E,
+                         .top_k = TK, .expert_dim = Im, .eps = eps, .pre_norm2 = dpn2, .post_norm1 = dqn1,
+                         .post_norm2 = dqn2, .router_proj = &router.dev, .router_scale = drs, .per_expert_scale = dpes,
+                         .gate_up = &gu.dev, .down = &dn.dev};
         be->ops->moe(be, &a);
-        back(out, dout, sizeof out);
-        EXPECT_CLOSE(out, ref, (size_t)n * H, 2e-5 * backend_tol(), "moe %s", g4_dtype_name(dtypes[di]));
-        rel(dr), rel(dx2), rel(dout), rel(drs), rel(dpes);
+        back(out, dout, (size_t)n * H * sizeof(float));
+        EXPECT_CLOSE(out, ref, (size_t)n * H, 2e-5 * backend_tol(), "moe %s n=%d", g4_dtype_name(dtypes[di]), n);
+        rel(dr), rel(ddense), rel(drs), rel(dpes), rel(dpn2), rel(dqn1), rel(dqn2);
+        if (dout != ddense) rel(dout);
         weight_free(&router), weight_free(&gu), weight_free(&dn);
     }
 }

@@ -276,7 +276,8 @@ static float *kv16_reference(const char *fixture_dir, const char *label, const c
     for (char *p = prefix + strlen(g4t_tmp("")); *p; p++)
         if (*p == ' ' || *p == '(' || *p == ')') *p = '_';
     const char *src = getenv("G4_SOURCE_DIR");
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/data/kv16_reference.py' '%s' '%s'", src ? src : ".",
+    const char *py = getenv("G4_PYTHON"); /* a python3 with numpy; the system one by default */
+    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/data/kv16_reference.py' '%s' '%s'", py ? py : "/usr/bin/python3", src ? src : ".",
              fixture_dir, prefix);
     snprintf(path, sizeof path, "%s.%s.f32", prefix, type);
     if (strcmp(type, "bf16") == 0 && system(cmd) != 0) return NULL; /* one run writes both */
@@ -329,7 +330,7 @@ static void check_kv_types_and_sharing(const char *label, const char *model_dir,
         g4_batch b = {T, r->ids, NULL, NULL};
         CHECK(g4_decode(ctx, &b, logits, &err) == 0);
         float *ref16 = kv16_reference(model_dir, label, type_names[k], (size_t)T * V);
-        CHECKF(ref16 != NULL, "%s: no %s reference (needs /usr/bin/python3 with numpy)", label, type_names[k]);
+        CHECKF(ref16 != NULL, "%s: no %s reference (needs /usr/bin/python3 or $G4_PYTHON with numpy)", label, type_names[k]);
         e16[k] = ref16 ? max_abs_diff(logits, ref16, (size_t)T * V) : 1e30f;
         e16_f32[k] = max_abs_diff(logits, r->logits, (size_t)T * V);
         free(ref16);

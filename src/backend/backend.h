@@ -61,13 +61,16 @@ typedef struct g4_attention_args {
     float scale;
 } g4_attention_args;
 
-/* Mixture-of-experts block of one layer for n tokens (docs/gemma4-text.md 3.7). */
+/* Mixture-of-experts branch of one layer for n tokens, with the dense MLP's output (docs/gemma4-text.md 3.7):
+ * out = rmsnorm(dense) * post_norm1 + rmsnorm(E) * post_norm2, where E = the sum over the top-k experts of
+ * w_k * expert_k(x2), x2 = rmsnorm(residual) * pre_norm2, and the router reads the residual. out may be dense. */
 typedef struct g4_moe_args {
     const float *residual; /* [n, H] router input r */
-    const float *x2;       /* [n, H] pre_feedforward_layernorm_2(r) */
-    float *out;            /* [n, H] sum over the top-k experts of w_k * expert_k(x2), before post-norm */
+    const float *dense;    /* [n, H] output of the dense MLP, before its post-norm */
+    float *out;            /* [n, H] */
     int n, hidden, n_experts, top_k, expert_dim;
     float eps;
+    const float *pre_norm2, *post_norm1, *post_norm2; /* [H] */
     const g4_tensor *router_proj;     /* [E, H] */
     const float *router_scale;        /* [H] */
     const float *per_expert_scale;    /* [E] */
@@ -76,7 +79,10 @@ typedef struct g4_moe_args {
 } g4_moe_args;
 
 /* Several products of one input: y[i][n, out_i] = x'[n, in] * w[i]^T (+ bias[i]) for i < count, where x' is x,
- * or rmsnorm(x) * norm per row when norm is set (fused: the normalized rows are not stored). Epilogues:
+ * or rmsnorm(x) * norm per row when norm is set (fused: the normalized rows are not stored).
+ * Residual prologue (res_out set): first res_out = (res_h + rmsnorm(res_o) * res_w) * res_scale per row (a
+ * sublayer's post_norm_add, res_out may equal res_h), and that is the x of the products (x is ignored).
+ * Epilogues:
  * - geglu: y[0] = gelu_tanh(x' w[0]^T) * u with u = x' w[1]^T (count 2, equal out; y[1] is scratch the backend
  *   may overwrite) or u = mul [n, out_0] (count 1);
  * - softcap > 0: y = tanh(y / softcap) * softcap (after any bias). */
@@ -91,6 +97,9 @@ typedef struct g4_matmul_set {
     int geglu;
     const float *mul;  /* [n, out_0]: geglu with one product */
     float softcap;
+    const float *res_h, *res_o, *res_w; /* [n, in], [n, in], [in] */
+    float res_scale;
+    float *res_out;    /* [n, in] or NULL: no prologue */
 } g4_matmul_set;
 
 /* The attention inputs of one layer after their projections (docs/gemma4-text.md 3.4), in one op:

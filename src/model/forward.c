@@ -19,9 +19,41 @@
 /* Steps of at most this many tokens are replayed from recordings where the backend can. */
 #define GRAPH_MAX_TOKENS 8
 
+/* The residual stream between sublayers. A sublayer's closing update h = (h + rmsnorm(o) * w) * scale is left
+ * pending and done by the next matmul_set as its prologue (one pass less over the stream on a GPU); that
+ * writes the updated stream to the spare buffer, and the two swap. settle() does a pending update alone. */
+typedef struct residual {
+    float *h, *spare;
+    const float *o, *w;
+    float scale;
+    int pending;
+} residual;
+
+static void update_later(residual *r, const float *o, const float *w, float scale) {
+    r->o = o, r->w = w, r->scale = scale, r->pending = 1;
+}
+
+/* The input of a matmul_set that reads the stream: the pending update becomes its prologue. */
+static const float *stream_input(residual *r, g4_matmul_set *set) {
+    if (r->pending) {
+        set->res_h = r->h, set->res_o = r->o, set->res_w = r->w, set->res_scale = r->scale, set->res_out = r->spare;
+        float *t = r->h;
+        r->h = r->spare, r->spare = t, r->pending = 0;
+    }
+    return r->h;
+}
+
+static void settle(g4_context *ctx, residual *r, int n) {
+    if (!r->pending) return;
+    const g4_text_config *c = &ctx->model->cfg.text;
+    g4_backend *be = ctx->model->be;
+    OPS->post_norm_add(be, r->h, r->o, r->w, n, c->hidden_size, (float)c->rms_norm_eps, r->scale);
+    r->pending = 0;
+}
+
 /* Per-layer embeddings of the step's tokens, laid out [L, n, P] so that each layer
  * reads a contiguous [n, P] block (3.2). The token part is already in s->ple_t. */
-static void per_layer_inputs(g4_context *ctx, int n) {
+static void per_layer_inputs(g4_context *ctx, const float *h, int n) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     g4_backend *be = m->be;
@@ -29,7 +61,7 @@ static void per_layer_inputs(g4_context *ctx, int n) {
     const int L = c->n_layers, P = c->hidden_size_per_layer_input, H = c->hidden_size;
     const size_t LP = (size_t)L * (size_t)P;
     /* context part: (h0 * Wplm^T) * H^-0.5, RMS-normalized per P-slice */
-    OPS->matmul(be, s->h, n, m->ple_model_proj, NULL, s->ple);
+    OPS->matmul(be, h, n, m->ple_model_proj, NULL, s->ple);
     OPS->scale(be, s->ple, (size_t)n * LP, (float)pow((double)H, -0.5));
     OPS->rmsnorm(be, s->ple, m->ple_proj_norm, n * L, P, (float)c->rms_norm_eps, s->ple);
     /* (ctx + tok) * 2^-0.5 */
@@ -37,13 +69,13 @@ static void per_layer_inputs(g4_context *ctx, int n) {
     OPS->transpose(be, s->ple, n, L, P, s->ple_t);
 }
 
-static void attention_block(g4_context *ctx, int l, int n) {
+static void attention_block(g4_context *ctx, residual *r, int l, int n) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     const g4_layer *y = &m->layers[l];
     g4_backend *be = m->be;
     g4_scratch *s = &ctx->s;
-    const int H = c->hidden_size, NH = c->n_heads, D = c->layer_head_dim[l], KV = c->layer_kv_heads[l];
+    const int NH = c->n_heads, D = c->layer_head_dim[l], KV = c->layer_kv_heads[l];
     const int type = c->layer_type[l], shared = c->layer_kv_shared[l];
     const float eps = (float)c->rms_norm_eps;
     const g4_kv_layer *kvl = &ctx->kv.layers[l];
@@ -53,7 +85,7 @@ static void attention_block(g4_context *ctx, int l, int n) {
      * rows, kvl points at them: only q) */
     g4_matmul_set qkv = {shared ? 1 : y->v_proj ? 3 : 2, {y->q_proj, y->k_proj, y->v_proj},
                          {y->q_bias, y->k_bias, y->v_bias}, {s->q, s->k, s->v}, .norm = y->input_norm, .eps = eps};
-    OPS->matmul_set(be, s->h, n, &qkv);
+    OPS->matmul_set(be, stream_input(r, &qkv), n, &qkv);
     g4_attn_prep_args prep = {
         .q = s->q, .k = s->k, .v = s->v, .n = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
         .kv_shared = shared, .v_from_k = !y->v_proj, .q_norm = y->q_norm, .k_norm = y->k_norm, .eps = eps,
@@ -69,11 +101,11 @@ static void attention_block(g4_context *ctx, int l, int n) {
     };
     OPS->attention(be, &a);
     OPS->matmul(be, s->attn, n, y->o_proj, y->o_bias, s->o);
-    OPS->post_norm_add(be, s->h, s->o, y->post_attn_norm, n, H, eps, 1.0f);
+    update_later(r, s->o, y->post_attn_norm, 1.0f);
 }
 
 /* The feed-forward sublayer; `scale` is applied to the residual stream after its add. */
-static void feed_forward_block(g4_context *ctx, int l, int n, float scale) {
+static void feed_forward_block(g4_context *ctx, residual *r, int l, int n, float scale) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     const g4_layer *y = &m->layers[l];
@@ -82,49 +114,46 @@ static void feed_forward_block(g4_context *ctx, int l, int n, float scale) {
     const int H = c->hidden_size;
     const float eps = (float)c->rms_norm_eps;
 
-    /* s->h is the residual r of this block until the final add */
+    /* r->h is the residual of this block until the final add */
     g4_matmul_set gu = {2, {y->gate_proj, y->up_proj}, {NULL, NULL}, {s->gate, s->up}, .norm = y->pre_ff_norm,
                         .eps = eps, .geglu = 1};
-    OPS->matmul_set(be, s->h, n, &gu);
+    OPS->matmul_set(be, stream_input(r, &gu), n, &gu);
     OPS->matmul(be, s->gate, n, y->down_proj, NULL, s->o);
-    if (c->enable_moe_block) {
-        OPS->rmsnorm(be, s->o, y->post_ff_norm1, n, H, eps, s->o);
-        OPS->rmsnorm(be, s->h, y->pre_ff_norm2, n, H, eps, s->moe_x2);
+    if (c->enable_moe_block) { /* o = post_norm1(o) + post_norm2(experts(pre_norm2(h))) */
         g4_moe_args a = {
-            .residual = s->h, .x2 = s->moe_x2, .out = s->moe_out, .n = n, .hidden = H,
-            .n_experts = c->num_experts, .top_k = c->top_k_experts, .expert_dim = c->moe_intermediate_size,
-            .eps = eps, .router_proj = y->router_proj, .router_scale = y->router_scale,
-            .per_expert_scale = y->per_expert_scale, .gate_up = y->experts_gate_up, .down = y->experts_down,
+            .residual = r->h, .dense = s->o, .out = s->o, .n = n, .hidden = H, .n_experts = c->num_experts,
+            .top_k = c->top_k_experts, .expert_dim = c->moe_intermediate_size, .eps = eps,
+            .pre_norm2 = y->pre_ff_norm2, .post_norm1 = y->post_ff_norm1, .post_norm2 = y->post_ff_norm2,
+            .router_proj = y->router_proj, .router_scale = y->router_scale, .per_expert_scale = y->per_expert_scale,
+            .gate_up = y->experts_gate_up, .down = y->experts_down,
         };
         OPS->moe(be, &a);
-        OPS->rmsnorm(be, s->moe_out, y->post_ff_norm2, n, H, eps, s->moe_out);
-        OPS->add(be, s->o, s->moe_out, (size_t)n * H);
     }
-    OPS->post_norm_add(be, s->h, s->o, y->post_ff_norm, n, H, eps, scale);
+    update_later(r, s->o, y->post_ff_norm, scale);
 }
 
-static void per_layer_input_block(g4_context *ctx, int l, int n, float scale) {
+static void per_layer_input_block(g4_context *ctx, residual *r, int l, int n, float scale) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     const g4_layer *y = &m->layers[l];
     g4_backend *be = m->be;
     g4_scratch *s = &ctx->s;
-    const int H = c->hidden_size, P = c->hidden_size_per_layer_input;
-    g4_matmul_set gate = {1, {y->ple_gate}, {NULL}, {s->ple_g}, .geglu = 1,
+    const int P = c->hidden_size_per_layer_input;
+    g4_matmul_set gate = {1, {y->ple_gate}, {NULL}, {s->ple_g}, .eps = (float)c->rms_norm_eps, .geglu = 1,
                           .mul = s->ple_t + (size_t)l * (size_t)n * (size_t)P};
-    OPS->matmul_set(be, s->h, n, &gate);
+    OPS->matmul_set(be, stream_input(r, &gate), n, &gate);
     OPS->matmul(be, s->ple_g, n, y->ple_proj, NULL, s->ple_h);
-    OPS->post_norm_add(be, s->h, s->ple_h, y->ple_post_norm, n, H, (float)c->rms_norm_eps, scale);
+    update_later(r, s->ple_h, y->ple_post_norm, scale);
 }
 
-/* Final norm of the requested rows into s->x (copied to the capture buffer when one is set). */
-static void final_norm(g4_context *ctx, const g4_step *st) {
+/* Final norm of the requested rows of the stream h into s->x (copied to the capture buffer when one is set). */
+static void final_norm(g4_context *ctx, const float *h, const g4_step *st) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     g4_backend *be = m->be;
     g4_scratch *s = &ctx->s;
     const int H = c->hidden_size;
-    OPS->get_rows(be, s->h, s->out_rows, st->n_out, H, s->x);
+    OPS->get_rows(be, h, s->out_rows, st->n_out, H, s->x);
     OPS->rmsnorm(be, s->x, m->final_norm, st->n_out, H, (float)c->rms_norm_eps, s->x);
     if (ctx->capture_final) OPS->to_host(be, ctx->capture_final, s->x, (size_t)st->n_out * H * sizeof(float));
 }
@@ -161,19 +190,25 @@ static void compute(g4_context *ctx, const g4_step *st, int head_in_step, int wa
     const int n = st->n;
     for (int t = 0; t < G4_LAYER_TYPES; t++) /* one cos/sin table per layer type serves every layer */
         if (c->type_head_dim[t]) OPS->rope_table(be, s->pos, n, m->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
-    OPS->embed(be, m->embed, s->ids, n, m->embed_scale, s->h);
+    residual r = {s->h, s->h_spare, NULL, NULL, 1.0f, 0};
+    OPS->embed(be, m->embed, s->ids, n, m->embed_scale, r.h);
     const int ple = c->hidden_size_per_layer_input > 0;
-    if (ple) per_layer_inputs(ctx, n);
+    if (ple) per_layer_inputs(ctx, r.h, n);
     for (int l = 0; l < c->n_layers; l++) {
         const float layer_scalar = m->layers[l].layer_scalar; /* scales the residual stream after the layer */
-        attention_block(ctx, l, n);
-        feed_forward_block(ctx, l, n, ple ? 1.0f : layer_scalar);
-        if (ple) per_layer_input_block(ctx, l, n, layer_scalar);
-        if (ctx->capture_hidden)
-            OPS->to_host(be, ctx->capture_hidden + (size_t)l * n * c->hidden_size, s->h,
+        attention_block(ctx, &r, l, n);
+        feed_forward_block(ctx, &r, l, n, ple ? 1.0f : layer_scalar);
+        if (ple) per_layer_input_block(ctx, &r, l, n, layer_scalar);
+        if (ctx->capture_hidden) {
+            settle(ctx, &r, n);
+            OPS->to_host(be, ctx->capture_hidden + (size_t)l * n * c->hidden_size, r.h,
                          (size_t)n * c->hidden_size * sizeof(float));
+        }
     }
-    if (st->n_out > 0) final_norm(ctx, st);
+    if (st->n_out > 0) {
+        settle(ctx, &r, n);
+        final_norm(ctx, r.h, st);
+    }
     if (head_in_step) head_rows(ctx, 0, st->n_out, want_ids);
 }
 

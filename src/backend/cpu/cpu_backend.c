@@ -102,8 +102,17 @@ static void cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows
 static void cpu_gelu_mul(g4_backend *be, const float *g, const float *u, size_t n, float *y);
 static void cpu_softcap(g4_backend *be, float *y, size_t n, float c);
 
+static void cpu_post_norm_add(g4_backend *be, float *h, const float *o, const float *w, int rows, int dim, float eps,
+                              float s);
+
 static void cpu_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set) {
     g4_cpu *cpu = cpu_of(be);
+    if (set->res_out) { /* the sublayer's residual update, then its result is the input */
+        const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
+        if (set->res_out != set->res_h) memcpy(set->res_out, set->res_h, (size_t)n * (size_t)in * sizeof(float));
+        cpu_post_norm_add(be, set->res_out, set->res_o, set->res_w, n, in, set->eps, set->res_scale);
+        x = set->res_out;
+    }
     if (set->norm) { /* normalize the rows once into a buffer of the backend */
         const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
         size_t need = (size_t)n * (size_t)in;
@@ -405,6 +414,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     /* routing, per token */
     size_t need = (size_t)n * (size_t)TK * 2 + (size_t)E + (size_t)H   /* weights, ids, logits, z */
                   + (size_t)n * (size_t)H                               /* gathered x2 rows */
+                  + (size_t)n * (size_t)H * 2                           /* x2, expert sum */
                   + (size_t)n * 2 * (size_t)Im                          /* gate_up out */
                   + (size_t)n * (size_t)Im + (size_t)n * (size_t)H      /* act, down out */
                   + (size_t)n * 2;                                      /* routed rows and their weights */
@@ -427,6 +437,9 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     float *dn = act + (size_t)n * Im;                /* [n, H] */
     int32_t *rows = (int32_t *)(dn + (size_t)n * H); /* [n] tokens routed to the current expert */
     float *rw = (float *)(rows + n);                 /* [n] their routing weights */
+    float *x2 = rw + n;                              /* [n, H] rmsnorm(residual) * pre_norm2 */
+    float *esum = x2 + (size_t)n * H;                /* [n, H] the experts' weighted sum */
+    cpu_rmsnorm(be, a->residual, a->pre_norm2, n, H, a->eps, x2);
     const float inv_sqrt_h = 1.0f / sqrtf((float)H);
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
     for (int t = 0; t < n; t++) {
@@ -460,7 +473,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
             *wk = *wk / wsum * a->per_expert_scale[ids[(size_t)t * TK + kk]];
         }
     }
-    memset(a->out, 0, (size_t)n * H * sizeof(float));
+    memset(esum, 0, (size_t)n * H * sizeof(float));
     const size_t esz = (size_t)g4_dtype_bits(a->gate_up->dtype) / 8, dsz = (size_t)g4_dtype_bits(a->down->dtype) / 8;
     /* experts in ascending id order, each over the tokens routed to it */
     for (int e = 0; e < E; e++) {
@@ -473,7 +486,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
                     m++;
                 }
         if (!m) continue;
-        for (int i = 0; i < m; i++) memcpy(xs + (size_t)i * H, a->x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
+        for (int i = 0; i < m; i++) memcpy(xs + (size_t)i * H, x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
         g4_tensor gu_w = {.name = "experts.gate_up_proj", .dtype = a->gate_up->dtype, .ndim = 2,
                           .shape = {2 * Im, H},
                           .data = (const unsigned char *)a->gate_up->data + (size_t)e * 2 * Im * H * esz};
@@ -486,8 +499,12 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
                 act[(size_t)i * Im + c] = gelu_tanh(g) * u;
             }
         g4_cpu_matmul(cpu, act, m, &dn_w, NULL, dn);
-        for (int i = 0; i < m; i++) k->axpy(a->out + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
+        for (int i = 0; i < m; i++) k->axpy(esum + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
     }
+    /* out = rmsnorm(dense) * post_norm1 + rmsnorm(sum) * post_norm2 */
+    cpu_rmsnorm(be, esum, a->post_norm2, n, H, a->eps, esum);
+    cpu_rmsnorm(be, a->dense, a->post_norm1, n, H, a->eps, a->out);
+    for (size_t i = 0; i < (size_t)n * H; i++) a->out[i] += esum[i];
 }
 
 static const g4_backend_ops cpu_ops = {

@@ -2,16 +2,18 @@
  * on K/V as stored (f32, bf16 or f16).
  *
  * One block serves one token and one KV head: the G = n_heads / n_kv_heads query heads that read it (GQA), so
- * every key and value row is read once for all of them. Keys are visited in tiles of ATT_TILE: warps compute
- * the tile's scores (a warp per key, lanes over head_dim, one shuffle sum per query head), the softmax runs
- * online per head (running max and sum), and threads own 4-element slices of the G x head_dim outputs for the
- * value pass. Steps of few tokens (decode) also split the keys over blocks (split-K): each block writes its
- * partial sums and the last block of a (token, head) to finish, found with a counter, combines them, so the
- * whole op is one launch. Head sizes up to 512 (multiples of 8), windows, kv_end and GQA are arguments. */
+ * every key and value row is read once for all of them. Keys are visited in tiles of ATT_TILE: the block copies
+ * the tile's K and V rows to shared memory at once (cp.async: one memory round trip per tile), a thread per
+ * (head, key) computes the scores, the softmax runs online per head (running max and sum), and threads own
+ * 4-element slices of the G x head_dim outputs for the value pass. Steps of few tokens (decode) also split the
+ * keys over blocks (split-K); each block takes an equal share of the token's actual keys (computed on the
+ * device, so one recording serves every length), writes its partial sums, and the last block of a (token,
+ * head) to finish, found with a counter, combines them: the whole op is one launch. Head sizes up to 512
+ * (multiples of 8), windows, kv_end and GQA are arguments. */
 #include "backend/cuda/cuda_common.cuh"
 
 #define ATT_THREADS 256
-#define ATT_TILE 64
+#define ATT_TILE 32
 #define ATT_MAX_D 512
 #define ATT_MAX_SPLITS 16
 
@@ -24,17 +26,18 @@ typedef struct attn_args {
     const int32_t *table;
     int max_blocks, B, window;
     float scale;
-    int n_splits, chunk;
+    int n_splits;
     float *part;   /* [tokens, n_kv, n_splits, G*D + 2G] */
     int *counters; /* [tokens * n_kv] */
 } attn_args;
 
-template <int KVT> static __device__ __forceinline__ void load8(const void *cache, size_t i, float *o) {
+/* 8 (4) elements of a shared-memory row of a KV type as f32 */
+template <int KVT> static __device__ __forceinline__ void row8(const unsigned char *p, float *o) {
     if (KVT == G4_KV_F32) {
-        const float4 a = *(const float4 *)((const float *)cache + i), b = *(const float4 *)((const float *)cache + i + 4);
+        const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 16);
         o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
     } else {
-        const uint4 u = *(const uint4 *)((const uint16_t *)cache + i);
+        const uint4 u = *(const uint4 *)p;
         const unsigned w[4] = {u.x, u.y, u.z, u.w};
         for (int e = 0; e < 4; e++) {
             const uint16_t lo = (uint16_t)(w[e] & 0xffffu), hi = (uint16_t)(w[e] >> 16);
@@ -43,13 +46,12 @@ template <int KVT> static __device__ __forceinline__ void load8(const void *cach
         }
     }
 }
-
-template <int KVT> static __device__ __forceinline__ void load4(const void *cache, size_t i, float *o) {
+template <int KVT> static __device__ __forceinline__ void row4(const unsigned char *p, float *o) {
     if (KVT == G4_KV_F32) {
-        const float4 a = *(const float4 *)((const float *)cache + i);
+        const float4 a = *(const float4 *)p;
         o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w;
     } else {
-        const uint2 u = *(const uint2 *)((const uint16_t *)cache + i);
+        const uint2 u = *(const uint2 *)p;
         const unsigned w[2] = {u.x, u.y};
         for (int e = 0; e < 2; e++) {
             const uint16_t lo = (uint16_t)(w[e] & 0xffffu), hi = (uint16_t)(w[e] >> 16);
@@ -59,15 +61,25 @@ template <int KVT> static __device__ __forceinline__ void load4(const void *cach
     }
 }
 
+/* shared-memory bytes of a block: queries, K and V tiles (rows padded by 16 bytes against bank conflicts),
+ * scores, softmax state, row ids */
+static size_t attention_smem(int G, int D, int esz) {
+    return (size_t)G * D * 4 + 2 * (size_t)ATT_TILE * ((size_t)D * esz + 16) + (size_t)G * ATT_TILE * 4 +
+           3 * (size_t)G * 4 + ATT_TILE * 4;
+}
+
 template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void attention_kernel(attn_args a) {
-    G4_DYN_SMEM(float, sm);
-    const int G = a.G, D = a.D, GD = G * D;
-    float *qs = sm;                /* [G][D] queries times scale */
-    float *sc = qs + GD;           /* [G][TILE] scores, then probabilities */
-    float *mrow = sc + G * ATT_TILE; /* [G] running max */
-    float *lrow = mrow + G;        /* [G] running sum */
-    float *corr = lrow + G;        /* [G] rescale of this tile */
-    int *krow = (int *)(corr + G); /* [TILE] physical cache rows */
+    G4_DYN_SMEM(unsigned char, smem);
+    constexpr int ESZ = KVT == G4_KV_F32 ? 4 : 2;
+    const int G = a.G, D = a.D, GD = G * D, rowb = D * ESZ + 16, cpr = D * ESZ / 16;
+    float *qs = (float *)smem;                        /* [G][D] queries times scale */
+    unsigned char *ks = smem + (size_t)GD * 4;        /* [TILE][rowb] */
+    unsigned char *vs = ks + (size_t)ATT_TILE * rowb; /* [TILE][rowb] */
+    float *sc = (float *)(vs + (size_t)ATT_TILE * rowb); /* [G][TILE] scores, then probabilities */
+    float *mrow = sc + G * ATT_TILE;                  /* [G] running max */
+    float *lrow = mrow + G;                           /* [G] running sum */
+    float *corr = lrow + G;                           /* [G] rescale of this tile */
+    int *krow = (int *)(corr + G);                    /* [TILE] physical cache rows */
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kh = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
@@ -76,8 +88,8 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     const int p = a.pos[t];
     const int lo = a.window ? (p - a.window + 1 > 0 ? p - a.window + 1 : 0) : 0;
     const int hi = a.kv_end ? a.kv_end[t] : p + 1;
-    const int start = lo + s * a.chunk;
-    const int end = a.n_splits == 1 ? hi : (start + a.chunk < hi ? start + a.chunk : hi);
+    const int chunk = (hi - lo + a.n_splits - 1) / a.n_splits; /* this token's keys, shared equally */
+    const int start = lo + s * chunk, end = start + chunk < hi ? start + chunk : hi;
     const float *qg = a.q + ((size_t)t * a.n_heads + (size_t)kh * G) * D;
     for (int i = tid; i < GD; i += ATT_THREADS) qs[i] = qg[i] * a.scale;
     for (int g = tid; g < G; g += ATT_THREADS) mrow[g] = -INFINITY, lrow[g] = 0.0f;
@@ -86,39 +98,40 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     for (int i = 0; i < NV4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     const int32_t *table = a.table + (size_t)a.seq[t] * a.max_blocks;
     const size_t rowe = (size_t)a.n_kv * D, head = (size_t)kh * D;
-    __syncthreads();
 
     for (int j0 = start; j0 < end; j0 += ATT_TILE) {
         const int nk = end - j0 < ATT_TILE ? end - j0 : ATT_TILE;
+        __syncthreads(); /* the previous tile is consumed */
         for (int j = tid; j < nk; j += ATT_THREADS) {
             const int kp = j0 + j;
             krow[j] = table[kp / a.B] * a.B + kp % a.B;
         }
         __syncthreads();
-        /* scores: a warp per key */
-        for (int j = warp; j < nk; j += ATT_THREADS / 32) {
-            const size_t base = (size_t)krow[j] * rowe + head;
-            float kr[2][8];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int d = lane * 8 + 256 * i;
-                if (d < D)
-                    load8<KVT>(a.k, base + d, kr[i]);
-                else
-                    for (int e = 0; e < 8; e++) kr[i][e] = 0.0f;
-            }
-            for (int g = 0; g < G; g++) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int d = lane * 8 + 256 * i;
-                    if (d < D)
-#pragma unroll
-                        for (int e = 0; e < 8; e++) sum += kr[i][e] * qs[g * D + d + e];
+        /* the tile's K and V rows into shared memory, all copies in flight at once */
+        for (int c = tid; c < nk * cpr; c += ATT_THREADS) {
+            const int j = c / cpr, o = (c % cpr) * 16;
+            const size_t src = ((size_t)krow[j] * rowe + head) * ESZ + o;
+            g4_cp16(ks + (size_t)j * rowb + o, (const unsigned char *)a.k + src);
+            g4_cp16(vs + (size_t)j * rowb + o, (const unsigned char *)a.v + src);
+        }
+        g4_cp_wait();
+        __syncthreads();
+        /* scores: a thread per (head, key); a warp shares the head (its query is broadcast) */
+        for (int idx = tid; idx < G * ATT_TILE; idx += ATT_THREADS) {
+            const int g = idx / ATT_TILE, j = idx % ATT_TILE;
+            float sum = 0.0f;
+            if (j < nk) {
+                const float *qv = qs + (size_t)g * D;
+                const unsigned char *kr = ks + (size_t)j * rowb;
+                for (int d = 0; d < D; d += 8) {
+                    float kv[8];
+                    row8<KVT>(kr + (size_t)d * ESZ, kv);
+                    const float4 q0 = *(const float4 *)(qv + d), q1 = *(const float4 *)(qv + d + 4);
+                    sum += kv[0] * q0.x + kv[1] * q0.y + kv[2] * q0.z + kv[3] * q0.w + kv[4] * q1.x + kv[5] * q1.y +
+                           kv[6] * q1.z + kv[7] * q1.w;
                 }
-                sum = g4_warp_sum(sum);
-                if (lane == 0) sc[g * ATT_TILE + j] = sum;
             }
+            sc[idx] = sum;
         }
         __syncthreads();
         /* online softmax, a warp per head */
@@ -150,16 +163,18 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
                 const int g = o / D, d = o % D;
                 const float cf = corr[g];
                 for (int e = 0; e < 4; e++) acc[i][e] *= cf;
+                const float *pg = sc + g * ATT_TILE;
+                const unsigned char *vc = vs + (size_t)d * ESZ;
                 for (int j = 0; j < nk; j++) {
-                    const float pj = sc[g * ATT_TILE + j];
                     float v[4];
-                    load4<KVT>(a.v, (size_t)krow[j] * rowe + head + d, v);
+                    row4<KVT>(vc + (size_t)j * rowb, v);
+                    const float pj = pg[j];
                     for (int e = 0; e < 4; e++) acc[i][e] = fmaf(pj, v[e], acc[i][e]);
                 }
             }
         }
-        __syncthreads();
     }
+    __syncthreads();
 
     float *og = a.out + ((size_t)t * a.n_heads + (size_t)kh * G) * D;
     if (a.n_splits == 1) {
@@ -207,21 +222,26 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     if (tid == 0) a.counters[t * a.n_kv + kh] = 0;
 }
 
+/* Lets every attention kernel use up to the device's shared memory per block. */
+void g4c_attention_init(g4c *c) {
+    g4c_allow_smem(c, attention_kernel<1, G4_KV_F32>), g4c_allow_smem(c, attention_kernel<1, G4_KV_BF16>);
+    g4c_allow_smem(c, attention_kernel<1, G4_KV_F16>), g4c_allow_smem(c, attention_kernel<2, G4_KV_F32>);
+    g4c_allow_smem(c, attention_kernel<2, G4_KV_BF16>), g4c_allow_smem(c, attention_kernel<2, G4_KV_F16>);
+    g4c_allow_smem(c, attention_kernel<4, G4_KV_F32>), g4c_allow_smem(c, attention_kernel<4, G4_KV_BF16>);
+    g4c_allow_smem(c, attention_kernel<4, G4_KV_F16>), g4c_allow_smem(c, attention_kernel<8, G4_KV_F32>);
+    g4c_allow_smem(c, attention_kernel<8, G4_KV_BF16>), g4c_allow_smem(c, attention_kernel<8, G4_KV_F16>);
+}
+
 template <int KVT> static void launch_attention_kvt(g4c *c, const attn_args &x, dim3 grid, size_t smem) {
     const int nv4 = (x.G * x.D + ATT_THREADS * 4 - 1) / (ATT_THREADS * 4);
-    if (nv4 <= 1) {
-        g4c_smem_limit(attention_kernel<1, KVT>, smem);
+    if (nv4 <= 1)
         g4c_launch(c, attention_kernel<1, KVT>, grid, dim3(ATT_THREADS), smem, x);
-    } else if (nv4 <= 2) {
-        g4c_smem_limit(attention_kernel<2, KVT>, smem);
+    else if (nv4 <= 2)
         g4c_launch(c, attention_kernel<2, KVT>, grid, dim3(ATT_THREADS), smem, x);
-    } else if (nv4 <= 4) {
-        g4c_smem_limit(attention_kernel<4, KVT>, smem);
+    else if (nv4 <= 4)
         g4c_launch(c, attention_kernel<4, KVT>, grid, dim3(ATT_THREADS), smem, x);
-    } else {
-        g4c_smem_limit(attention_kernel<8, KVT>, smem);
+    else
         g4c_launch(c, attention_kernel<8, KVT>, grid, dim3(ATT_THREADS), smem, x);
-    }
 }
 
 void g4c_attention(g4_backend *be, const g4_attention_args *a) {
@@ -229,7 +249,9 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
     const int n = a->n_tokens;
     if (n <= 0) return;
     const int G = a->n_heads / a->n_kv_heads, D = a->head_dim;
-    if (D % 8 || D > ATT_MAX_D || G * D > 8 * ATT_THREADS * 4 || a->n_heads % a->n_kv_heads) {
+    const size_t smem = attention_smem(G, D, (int)g4_kv_type_size(a->kv_type));
+    if (D % 8 || D > ATT_MAX_D || G * D > 8 * ATT_THREADS * 4 || a->n_heads % a->n_kv_heads ||
+        smem > c->prop.sharedMemPerBlockOptin) {
         g4c_note(c, cudaErrorInvalidValue, "attention: head_dim must be a multiple of 8 up to 512, and heads x head_dim "
                                            "per KV head at most 8192");
         return;
@@ -253,32 +275,26 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
     x.window = a->window;
     x.scale = a->scale;
     x.n_splits = 1;
-    x.chunk = 1 << 30;
     if (n <= g4c_gemv_max_tokens()) { /* few tokens: split the keys over blocks */
         const int cap = a->max_blocks * a->block_size;
         int bound = a->max_keys > 0 && !c->in_graph_step ? a->max_keys : cap; /* a recording serves every length */
         if (c->in_graph_step && a->window && !a->kv_end && a->window < bound) bound = a->window;
         if (bound > cap) bound = cap;
-        int want = 2 * c->n_sm / (a->n_kv_heads * n);
-        if (want > ATT_MAX_SPLITS) want = ATT_MAX_SPLITS;
-        if (want < 1) want = 1;
-        int chunk = (bound + want - 1) / want;
-        chunk = chunk < 16 ? 16 : (chunk + 15) / 16 * 16;
-        const int splits = (bound + chunk - 1) / chunk;
+        int splits = 2 * c->n_sm / (a->n_kv_heads * n); /* two blocks per multiprocessor */
+        if (splits > ATT_MAX_SPLITS) splits = ATT_MAX_SPLITS;
+        if (splits > (bound + 15) / 16) splits = (bound + 15) / 16; /* at least 16 keys each */
         if (splits > 1) {
             if ((size_t)n * a->n_kv_heads > c->n_counters) {
                 g4c_note(c, cudaErrorInvalidValue, "attention: too many tokens x heads for split-K");
                 return;
             }
             x.n_splits = splits;
-            x.chunk = chunk;
             x.part = (float *)g4c_ws(c, &c->ws_attn,
                                      (size_t)n * a->n_kv_heads * splits * ((size_t)G * D + 2 * (size_t)G) * sizeof(float));
             if (!x.part) return;
             x.counters = c->counters;
         }
     }
-    const size_t smem = ((size_t)G * D + (size_t)G * ATT_TILE + 3 * (size_t)G + ATT_TILE) * sizeof(float);
     const dim3 grid((unsigned)a->n_kv_heads, (unsigned)n, (unsigned)x.n_splits);
     switch (a->kv_type) {
     case G4_KV_F32: launch_attention_kvt<G4_KV_F32>(c, x, grid, smem); break;

@@ -10,7 +10,8 @@
  * Recordings: a step shape (owner, key) runs eagerly the first time (workspaces reach their size), is captured
  * into a CUDA graph the second time, and replayed from the third on. Workspaces that move afterwards bump a
  * generation, and recordings of an older generation are captured again. Environment: G4_CUDA_GRAPHS=0 turns
- * recordings off, G4_CUDA_PDL=0 programmatic dependent launch, G4_CUDA_GEMM=bf16 the precise prefill
+ * recordings off, G4_CUDA_PDL=0 programmatic dependent launch, G4_CUDA_PROFILE=1 prints the time of each
+ * kernel when the backend is freed (steps then run eagerly), G4_CUDA_GEMM=bf16 the precise prefill
  * products (cuda_blas.cu: activations rounded to bf16 once, half the tensor-core work). */
 #include "backend/cuda/cuda_common.cuh"
 
@@ -57,6 +58,73 @@ void *g4c_ws(g4c *c, g4c_buf *b, size_t bytes) {
     return p;
 }
 
+/* ---------------------------------------------------------------- profile */
+#define PROF_EVENTS 16384
+#define PROF_KERNELS 128
+
+typedef struct g4c_profile {
+    cudaEvent_t ev[PROF_EVENTS];
+    const void *pending[PROF_EVENTS / 2];
+    int n_pending;
+    const void *kernel[PROF_KERNELS];
+    double ms[PROF_KERNELS];
+    long calls[PROF_KERNELS];
+    int n_kernels;
+} g4c_profile;
+
+static void profile_collect(g4c *c) {
+    g4c_profile *p = c->profile;
+    if (!p || !p->n_pending) return;
+    cudaEventSynchronize(p->ev[2 * p->n_pending - 1]);
+    for (int i = 0; i < p->n_pending; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]);
+        int k = 0;
+        while (k < p->n_kernels && p->kernel[k] != p->pending[i]) k++;
+        if (k == p->n_kernels) {
+            if (k == PROF_KERNELS) continue;
+            p->kernel[p->n_kernels++] = p->pending[i];
+            p->ms[k] = 0, p->calls[k] = 0;
+        }
+        p->ms[k] += ms;
+        p->calls[k]++;
+    }
+    p->n_pending = 0;
+}
+
+void g4c_profile_begin(g4c *c) {
+    g4c_profile *p = c->profile;
+    if (p->n_pending == PROF_EVENTS / 2) profile_collect(c);
+    cudaEventRecord(p->ev[2 * p->n_pending], c->stream);
+}
+
+void g4c_profile_end(g4c *c, const void *kernel) {
+    g4c_profile *p = c->profile;
+    cudaEventRecord(p->ev[2 * p->n_pending + 1], c->stream);
+    p->pending[p->n_pending++] = kernel;
+}
+
+static void profile_print(g4c *c) {
+    g4c_profile *p = c->profile;
+    profile_collect(c);
+    double total = 0;
+    for (int k = 0; k < p->n_kernels; k++) total += p->ms[k];
+    fprintf(stderr, "cuda profile: %.3f ms in kernels\n", total);
+    for (int pass = 0; pass < p->n_kernels; pass++) { /* largest first */
+        int best = -1;
+        for (int k = 0; k < p->n_kernels; k++)
+            if (p->calls[k] >= 0 && (best < 0 || p->ms[k] > p->ms[best])) best = k;
+        const char *name = "?";
+#ifndef G4_CUDA_EMU
+        cudaFuncGetName(&name, p->kernel[best]);
+#endif
+        fprintf(stderr, "cuda profile: %10.3f ms %5.1f%% %8ld calls %9.2f us/call  %s\n", p->ms[best],
+                100.0 * p->ms[best] / (total > 0 ? total : 1), p->calls[best], 1e3 * p->ms[best] / (double)p->calls[best],
+                name);
+        p->calls[best] = -1;
+    }
+}
+
 /* ---------------------------------------------------------------- memory */
 static void *cu_alloc(g4_backend *be, size_t bytes) {
     void *p = NULL;
@@ -89,6 +157,7 @@ static void cu_sync(g4_backend *be) {
     g4c *c = g4c_of(be);
     g4c_note(c, cudaStreamSynchronize(c->stream), "running the step");
     c->staging_used = 0;
+    if (c->profile) profile_collect(c);
 }
 
 static void cu_to_host(g4_backend *be, void *dst, const void *src, size_t bytes) {
@@ -238,6 +307,11 @@ static void cu_graph_forget(g4_backend *be, const void *owner) {
 static void cu_free(g4_backend *be) {
     g4c *c = g4c_of(be);
     cudaStreamSynchronize(c->stream);
+    if (c->profile) {
+        profile_print(c);
+        for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(c->profile->ev[i]);
+        free(c->profile);
+    }
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     g4c_blas_free(c);
@@ -345,6 +419,10 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
     c->pdl = !env_is("G4_CUDA_PDL", "0");
     c->graphs_on = !env_is("G4_CUDA_GRAPHS", "0");
     c->gemm_split = !env_is("G4_CUDA_GEMM", "bf16");
+    if (env_is("G4_CUDA_PROFILE", "1") && (c->profile = (g4c_profile *)calloc(1, sizeof *c->profile))) {
+        c->graphs_on = 0;
+        for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&c->profile->ev[i]);
+    }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaMalloc((void **)&c->counters, N_COUNTERS * sizeof(int))) != cudaSuccess ||
         (e = cudaMemsetAsync(c->counters, 0, N_COUNTERS * sizeof(int), c->stream)) != cudaSuccess) {
@@ -359,6 +437,13 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
         c->staging_cap = STAGING_BYTES;
     else
         c->staging = NULL, cudaGetLastError();
+    g4c_attention_init(c);
+    g4c_moe_init(c);
+    if (c->error != cudaSuccess) {
+        g4_fail(err, "device 'cuda': cannot start: %s", c->error_what);
+        cu_free(be);
+        return NULL;
+    }
     if (g4c_blas_init(c, err)) {
         cu_free(be);
         return NULL;

@@ -34,6 +34,8 @@ static inline uint4 g4_ld_stream(const void *p) {
 }
 static inline float g4_h2f(uint16_t h) { return g4_f16_to_f32(h); }
 static inline uint16_t g4_f2h(float f) { return g4_f32_to_f16(f); }
+static inline void g4_cp16(void *smem, const void *gmem) { memcpy(smem, gmem, 16); }
+static inline void g4_cp_wait(void) {}
 #else
 #define G4_DYN_SMEM(type, name)                              \
     extern __shared__ __align__(16) unsigned char g4_smem[]; \
@@ -50,6 +52,12 @@ static __device__ __forceinline__ uint4 g4_ld_stream(const void *p) {
                  : "l"(p));
     return v;
 }
+/* 16 bytes global -> shared without registers (cp.async; complete after g4_cp_wait) */
+static __device__ __forceinline__ void g4_cp16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void g4_cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 static __device__ __forceinline__ float g4_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 static __device__ __forceinline__ uint16_t g4_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
 #endif
@@ -229,7 +237,13 @@ typedef struct g4c {
     g4c_graph *recording; /* capture under way */
     int capturing;
     int in_graph_step;    /* the ops run for a recording (or its warm-up): size work for any step of the shape */
+    struct g4c_profile *profile; /* G4_CUDA_PROFILE=1: time of every kernel (steps run eagerly) */
 } g4c;
+
+/* Profiling (cuda_backend.cu): an event before and after each launch, summed per kernel at each sync and
+ * printed when the backend is freed. */
+void g4c_profile_begin(g4c *c);
+void g4c_profile_end(g4c *c, const void *kernel);
 
 static inline g4c *g4c_of(g4_backend *be) { return (g4c *)be->impl; }
 
@@ -260,21 +274,32 @@ static void g4c_launch(g4c *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = c->pdl ? 1 : 0;
+    if (c->profile) g4c_profile_begin(c);
     g4c_note(c, cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...), "kernel launch");
+    if (c->profile) g4c_profile_end(c, (const void *)k);
 }
 #endif
 
-/* Lets kernel k use `bytes` of dynamic shared memory (above the 48 KB default). */
-template <typename F> static void g4c_smem_limit(F k, size_t bytes) {
-    if (bytes > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+/* Lets kernel k use as much dynamic shared memory as the device allows a block (beside its static shared
+ * memory); called once at start, not while a step is recorded. A failure is noted (launches above 48 KB
+ * would then fail). */
+template <typename F> static void g4c_allow_smem(g4c *c, F k) {
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, k);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)c->prop.sharedMemPerBlockOptin - (int)fa.sharedSizeBytes);
+    g4c_note(c, e, "allowing a kernel more shared memory");
 }
 
 /* ---------------------------------------------------------------- entry points of each file */
 /* cuda_gemv.cu */
 void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set);
 void g4c_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
-/* x [n, in] rows times a weight's expert matrices: used by the MoE (cuda_moe.cu) */
 int g4c_gemv_max_tokens(void);
+/* y[n, out] = (x' W^T) * scale with x' = rmsnorm(x) * norm (norm may be NULL): the MoE router's logits */
+void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const float *norm, float eps, float scale,
+                       float *y);
 /* cuda_blas.cu: products of many tokens on tensor cores. g4c_gemm_input prepares x' = x or rmsnorm(x) * norm
  * [n, in] for weights of dtype t (16-bit copies: bf16, or bf16 hi + lo parts in the precise mode; f32 as it is);
  * g4c_gemm_run computes y[n, out] = x' W^T (f32). */
@@ -288,16 +313,21 @@ void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y);
 int g4c_blas_init(g4c *c, g4_error *err);
 void g4c_blas_free(g4c *c);
 /* cuda_attention.cu */
+void g4c_attention_init(g4c *c);
 void g4c_attn_prep(g4_backend *be, const g4_attn_prep_args *a);
 void g4c_attention(g4_backend *be, const g4_attention_args *a);
 void g4c_kv_store(g4_backend *be, const float *k, const float *v, int n, int row, const int32_t *slot, void *k_cache,
                   void *v_cache, g4_kv_type kv_type);
 /* cuda_moe.cu */
+void g4c_moe_init(g4c *c);
 void g4c_moe(g4_backend *be, const g4_moe_args *a);
 /* cuda_misc.cu: the small ops */
 void g4c_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
 void g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);
 void g4c_post_norm_add(g4_backend *be, float *h, const float *o, const float *w, int rows, int dim, float eps, float s);
+/* out = (h + rmsnorm(o) * w) * s per row (out may be h) */
+void g4c_residual(g4c *c, const float *h, const float *o, const float *w, int rows, int dim, float eps, float s,
+                  float *out);
 void g4c_rope_table(g4_backend *be, const int32_t *pos, int n, const float *inv_freq, int half, float *table);
 void g4c_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *table);
 void g4c_head_norm_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *w, float eps,

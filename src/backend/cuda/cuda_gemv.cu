@@ -1,13 +1,14 @@
 /* Matrix products of the CUDA backend (src/backend/backend.h: matmul, matmul_set).
  *
  * Up to G4C_GEMV_MAX tokens (decode, small steps): a GEMV that streams each weight row once from device
- * memory and multiplies it with every token's row. A group of `wpr` warps owns a row (wpr grows when a
- * matrix has few rows, so that the grid still fills the GPU); each lane loads 16 bytes (8 weights) per
- * access, four accesses in flight, and the group sums with shuffles and shared memory. The weight loads of a
- * block's first row are issued before the kernel waits for its predecessor (see cuda_common.cuh). Fused:
- * the input's RMSNorm (each block computes the row's 1/rms itself: it is a dot product's scale), bias, the
- * GeGLU of gate/up pairs (a group reads gate row r and up row r together) or against a given multiplier, and
- * the soft-cap.
+ * memory and multiplies it with every token's row. Each block stages the token rows (times the norm weight)
+ * in shared memory, 40 KB at a time; a group of `wpr` warps owns a row (wpr grows when a matrix has few rows,
+ * so that the grid still fills the GPU); each lane loads 16 bytes (8 weights) per access, four accesses in
+ * flight, the next four issued before the current ones are used, and the group sums with shuffles and shared
+ * memory. The weight loads of a block's first row are issued before the kernel waits for its predecessor (see
+ * cuda_common.cuh). Fused: the input's RMSNorm (each block computes 1/rms itself: it is a dot product's
+ * scale), bias, the GeGLU of gate/up pairs (a group reads gate row r and up row r together) or against a
+ * given multiplier, the soft-cap.
  *
  * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu) and one epilogue kernel. */
 #include "backend/cuda/cuda_common.cuh"
@@ -15,6 +16,7 @@
 #define G4C_GEMV_MAX 8
 #define GEMV_THREADS 256
 #define GEMV_UNROLL 4
+#define GEMV_SMEM (40 * 1024) /* bytes of staged inputs per block (under the 48 KB default with the static ones) */
 
 int g4c_gemv_max_tokens(void) { return G4C_GEMV_MAX; }
 
@@ -32,9 +34,14 @@ typedef struct gemv_args {
     int geglu; /* 0 none, 1 gate/up pairs (w[0] row r with w[1] row r), 2 gelu(y0) * mul */
     const float *mul;
     float softcap;
+    float scale; /* of the sums, before bias and epilogue */
+    const float *res_h, *res_o, *res_w; /* residual prologue (one token, one tile): x = res_out = ... */
+    float res_scale;
+    float *res_out;
     int rows; /* row groups: out[0] for pairs, else the sum of out */
     int wpr;  /* warps per row group: 1, 2, 4 or 8 */
     int xvec; /* x rows are 16-byte aligned */
+    int ktile; /* input elements staged in shared memory at a time (a multiple of 8) */
 } gemv_args;
 
 /* raw 16-byte words of 8 weights, and their decoding */
@@ -72,19 +79,6 @@ template <int DT> static __device__ __forceinline__ void raw_decode(const uint4 
     }
 }
 
-/* 8 input elements of token t at k (zeros past `in`), times the norm weight when there is one */
-static __device__ __forceinline__ void load_x(const gemv_args &a, int t, int k, float xv[8]) {
-    const float *x = a.x + (size_t)t * (size_t)a.in + k;
-    if (a.xvec && k + 8 <= a.in) {
-        float4 p = *(const float4 *)x, q = *(const float4 *)(x + 4);
-        xv[0] = p.x, xv[1] = p.y, xv[2] = p.z, xv[3] = p.w, xv[4] = q.x, xv[5] = q.y, xv[6] = q.z, xv[7] = q.w;
-    } else {
-        for (int i = 0; i < 8; i++) xv[i] = k + i < a.in ? x[i] : 0.0f;
-    }
-    if (a.norm)
-        for (int i = 0; i < 8; i++) xv[i] *= k + i < a.in ? a.norm[k + i] : 0.0f;
-}
-
 /* product p and its local row of a row of the set's concatenated row space */
 static __device__ __forceinline__ int which_product(const gemv_args &a, int row, int *local) {
     int p = 0;
@@ -93,66 +87,142 @@ static __device__ __forceinline__ int which_product(const gemv_args &a, int row,
     return p;
 }
 
+static __device__ __forceinline__ void row_pointers(const gemv_args &a, int row, int rp_n, const unsigned char **rp) {
+    for (int r = 0; r < rp_n; r++) {
+        int local, p = rp_n == 2 ? r : which_product(a, row, &local);
+        if (rp_n == 2) local = row;
+        rp[r] = a.w[p] + (size_t)local * a.row_bytes;
+    }
+}
+
+/* Stages x'[t][k0 .. k0+len) = x[t][k] * (norm ? norm[k] : 1) for t < n into xs [NT][ld], zeros past `in`. */
+template <int NT>
+static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, int ld, int k0, int len) {
+    for (int t = 0; t < NT && t < a.n; t++) {
+        const float *x = a.x + (size_t)t * (size_t)a.in;
+        float *d = xs + (size_t)t * ld;
+        if (a.xvec) {
+            for (int k = threadIdx.x * 4; k < len; k += GEMV_THREADS * 4) {
+                const int kk = k0 + k;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (kk + 4 <= a.in) {
+                    v = *(const float4 *)(x + kk);
+                    if (a.norm) {
+                        const float4 w = *(const float4 *)(a.norm + kk);
+                        v.x *= w.x, v.y *= w.y, v.z *= w.z, v.w *= w.w;
+                    }
+                }
+                *(float4 *)(d + k) = v;
+            }
+        } else {
+            for (int k = threadIdx.x; k < len; k += GEMV_THREADS) {
+                const int kk = k0 + k;
+                d[k] = kk < a.in ? x[kk] * (a.norm ? a.norm[kk] : 1.0f) : 0.0f;
+            }
+        }
+    }
+}
+
+/* A block of 8 warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
+ * inputs (normalized) in shared memory, one tile of ktile elements at a time; each lane streams 16 bytes of
+ * weights per access, GEMV_UNROLL accesses in flight, the next ones issued before the current are used. */
 template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     constexpr int W = wraw<DT>::WORDS;
+    G4_DYN_SMEM(float, xs); /* [NT][ktile] */
+    __shared__ float red[8][RP * NT];
+    __shared__ float inv_rms[NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wpr = a.wpr, groups = 8 / wpr, g = warp / wpr, sub = warp % wpr;
     const int step = wpr * 256, k0 = (sub * 32 + lane) * 8;
-    __shared__ float red[8][RP * NT];
-    __shared__ float inv_rms[NT];
+    const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
 
-    /* rows of this group in each iteration: row (pairs: gate row and up row) */
+    /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
     int row = blockIdx.x * groups + g;
     const unsigned char *rp[RP] = {};
-    /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
     uint4 pre[RP][GEMV_UNROLL][W];
+    const int first_len = a.in < kt ? a.in : kt;
     if (row < a.rows) {
-        for (int r = 0; r < RP; r++) {
-            int local, p = RP == 2 ? r : which_product(a, row, &local);
-            if (RP == 2) local = row;
-            rp[r] = a.w[p] + (size_t)local * a.row_bytes;
-        }
+        row_pointers(a, row, RP, rp);
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; u++)
 #pragma unroll
             for (int r = 0; r < RP; r++)
-                if (k0 + u * step < a.in) raw_load<DT>(rp[r], k0 + u * step, pre[r][u]);
+                if (k0 + u * step < first_len) raw_load<DT>(rp[r], k0 + u * step, pre[r][u]);
     }
     g4_grid_wait();
-    if (a.norm) { /* 1/rms of each token's input row: warp t sums token t */
-        if (warp < a.n) {
-            const float *x = a.x + (size_t)warp * (size_t)a.in;
-            float s = 0.0f;
-            for (int i = lane; i < a.in; i += 32) s += x[i] * x[i];
-            s = g4_warp_sum(s);
-            if (lane == 0) inv_rms[warp] = rsqrtf(s / (float)a.in + a.eps);
+    if (NT == 1 && a.res_out) { /* the residual update (one token): into xs, then its 1/rms and the norm */
+        float so = 0.0f;
+        for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) so += a.res_o[i] * a.res_o[i];
+        const float inv_o = rsqrtf(g4_block_sum(so, &red[0][0]) / (float)a.in + a.eps);
+        float sh = 0.0f;
+        for (int i = threadIdx.x; i < kt; i += GEMV_THREADS) {
+            float hn = 0.0f;
+            if (i < a.in) {
+                hn = (a.res_h[i] + a.res_o[i] * inv_o * a.res_w[i]) * a.res_scale;
+                if (blockIdx.x == 0) a.res_out[i] = hn;
+            }
+            sh += hn * hn;
+            xs[i] = a.norm && i < a.in ? hn * a.norm[i] : hn;
         }
+        const float ssum = g4_block_sum(sh, &red[0][0]);
+        if (threadIdx.x == 0) inv_rms[0] = rsqrtf(ssum / (float)a.in + a.eps);
+    } else if (a.norm) { /* 1/rms of each token's input row, all threads */
+        float ss[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            ss[t] = 0.0f;
+            if (t < a.n)
+                for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) {
+                    const float v = a.x[(size_t)t * a.in + i];
+                    ss[t] += v * v;
+                }
+            ss[t] = g4_warp_sum(ss[t]);
+        }
+        if (lane == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) red[warp][t] = ss[t];
         __syncthreads();
+        if (threadIdx.x < NT) {
+            float s = 0.0f;
+            for (int w = 0; w < 8; w++) s += red[w][threadIdx.x];
+            inv_rms[threadIdx.x] = rsqrtf(s / (float)a.in + a.eps);
+        }
     }
+    if (ntiles == 1 && !(NT == 1 && a.res_out)) stage_x<NT>(a, xs, kt, 0, kt);
+    __syncthreads();
     g4_grid_launch_dependents();
 
     for (int base = blockIdx.x * groups; base < a.rows; base += gridDim.x * groups) {
         row = base + g;
         const int active = row < a.rows;
+        if (active && base != (int)blockIdx.x * groups) { /* later rows: fresh pointers and first accesses */
+            row_pointers(a, row, RP, rp);
+#pragma unroll
+            for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+                for (int r = 0; r < RP; r++)
+                    if (k0 + u * step < first_len) raw_load<DT>(rp[r], k0 + u * step, pre[r][u]);
+        }
         float acc[RP][NT];
 #pragma unroll
         for (int r = 0; r < RP; r++)
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
-        if (active) {
-            if (base != (int)blockIdx.x * groups) { /* later rows: fresh pointers, nothing prefetched */
-                for (int r = 0; r < RP; r++) {
-                    int local, p = RP == 2 ? r : which_product(a, row, &local);
-                    if (RP == 2) local = row;
-                    rp[r] = a.w[p] + (size_t)local * a.row_bytes;
-                }
+        for (int tile = 0; tile < ntiles; tile++) {
+            const int t0 = tile * kt, len = a.in - t0 < kt ? a.in - t0 : kt;
+            if (ntiles > 1) { /* (the grid covers every row once when there are several tiles) */
+                if (tile > 0) __syncthreads();
+                stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
+                __syncthreads();
+                if (tile > 0 && active)
 #pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++)
+                    for (int u = 0; u < GEMV_UNROLL; u++)
 #pragma unroll
-                    for (int r = 0; r < RP; r++)
-                        if (k0 + u * step < a.in) raw_load<DT>(rp[r], k0 + u * step, pre[r][u]);
+                        for (int r = 0; r < RP; r++)
+                            if (k0 + u * step < len) raw_load<DT>(rp[r], t0 + k0 + u * step, pre[r][u]);
             }
-            for (int k = k0; k < a.in; k += step * GEMV_UNROLL) {
+            if (!active) continue;
+            for (int k = k0; k < len; k += step * GEMV_UNROLL) {
                 uint4 cur[RP][GEMV_UNROLL][W];
 #pragma unroll
                 for (int u = 0; u < GEMV_UNROLL; u++)
@@ -160,29 +230,28 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
                     for (int r = 0; r < RP; r++)
 #pragma unroll
                         for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
-                /* issue the next accesses before using these */
-                const int kn = k + step * GEMV_UNROLL;
+                const int kn = k + step * GEMV_UNROLL; /* issue the next accesses before using these */
 #pragma unroll
                 for (int u = 0; u < GEMV_UNROLL; u++)
 #pragma unroll
                     for (int r = 0; r < RP; r++)
-                        if (kn + u * step < a.in) raw_load<DT>(rp[r], kn + u * step, pre[r][u]);
+                        if (kn + u * step < len) raw_load<DT>(rp[r], t0 + kn + u * step, pre[r][u]);
 #pragma unroll
                 for (int u = 0; u < GEMV_UNROLL; u++) {
                     const int kk = k + u * step;
-                    if (kk >= a.in) break;
-                    float w[RP][8];
+                    if (kk < len) {
+                        float w[RP][8];
 #pragma unroll
-                    for (int r = 0; r < RP; r++) raw_decode<DT>(cur[r][u], w[r]);
+                        for (int r = 0; r < RP; r++) raw_decode<DT>(cur[r][u], w[r]);
 #pragma unroll
-                    for (int t = 0; t < NT; t++) {
-                        if (t >= a.n) break;
-                        float xv[8];
-                        load_x(a, t, kk, xv);
+                        for (int t = 0; t < NT; t++) {
+                            const float4 x0 = *(const float4 *)(xs + (size_t)t * kt + kk);
+                            const float4 x1 = *(const float4 *)(xs + (size_t)t * kt + kk + 4);
 #pragma unroll
-                        for (int r = 0; r < RP; r++)
-#pragma unroll
-                            for (int i = 0; i < 8; i++) acc[r][t] = fmaf(w[r][i], xv[i], acc[r][t]);
+                            for (int r = 0; r < RP; r++)
+                                acc[r][t] += w[r][0] * x0.x + w[r][1] * x0.y + w[r][2] * x0.z + w[r][3] * x0.w +
+                                             w[r][4] * x1.x + w[r][5] * x1.y + w[r][6] * x1.z + w[r][7] * x1.w;
+                        }
                     }
                 }
             }
@@ -193,6 +262,7 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[r][t] = g4_warp_sum(acc[r][t]);
         if (wpr > 1) {
+            __syncthreads();
             if (lane == 0)
 #pragma unroll
                 for (int r = 0; r < RP; r++)
@@ -208,7 +278,6 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
                         for (int j = 0; j < wpr; j++) s += red[warp + j][r * NT + t];
                         acc[r][t] = s;
                     }
-            __syncthreads();
         }
         if (active && sub == 0 && lane < a.n && lane < NT) { /* lane t writes token t */
             const int t = lane;
@@ -219,7 +288,7 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
 #pragma unroll
                 for (int q = 0; q < NT; q++)
                     if (q == t) s = acc[r][q];
-                v[r] = a.norm ? s * inv_rms[t] : s;
+                v[r] = (a.norm ? s * inv_rms[t] : s) * a.scale;
             }
             if (RP == 2) { /* gate/up pair */
                 float gt = v[0] + (a.bias[0] ? a.bias[0][row] : 0.0f);
@@ -238,28 +307,48 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
     }
 }
 
-template <int DT, int RP> static void launch_gemv_nt(g4c *c, const gemv_args &a, dim3 grid) {
-    if (a.n <= 1)
-        g4c_launch(c, gemv_kernel<DT, 1, RP>, grid, dim3(GEMV_THREADS), 0, a);
-    else if (a.n <= 2)
-        g4c_launch(c, gemv_kernel<DT, 2, RP>, grid, dim3(GEMV_THREADS), 0, a);
-    else if (a.n <= 4)
-        g4c_launch(c, gemv_kernel<DT, 4, RP>, grid, dim3(GEMV_THREADS), 0, a);
+template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
+    const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
+    /* a tile of the inputs: as much of the row as GEMV_SMEM holds for nt tokens */
+    const int in8 = (a.in + 7) & ~7, most = (int)(GEMV_SMEM / sizeof(float)) / nt / 256 * 256;
+    a.ktile = in8 <= most ? in8 : most;
+    const size_t smem = (size_t)nt * a.ktile * sizeof(float);
+    /* one tile: a block may own several row groups (capped grid); several: every group has its block */
+    unsigned blocks = row_blocks;
+    if (a.ktile == in8 && blocks > (unsigned)c->n_sm * 8) blocks = (unsigned)c->n_sm * 8;
+    const dim3 grid(blocks);
+    if (nt == 1)
+        g4c_launch(c, gemv_kernel<DT, 1, RP>, grid, dim3(GEMV_THREADS), smem, a);
+    else if (nt == 2)
+        g4c_launch(c, gemv_kernel<DT, 2, RP>, grid, dim3(GEMV_THREADS), smem, a);
+    else if (nt == 4)
+        g4c_launch(c, gemv_kernel<DT, 4, RP>, grid, dim3(GEMV_THREADS), smem, a);
     else
-        g4c_launch(c, gemv_kernel<DT, 8, RP>, grid, dim3(GEMV_THREADS), 0, a);
+        g4c_launch(c, gemv_kernel<DT, 8, RP>, grid, dim3(GEMV_THREADS), smem, a);
 }
 
-template <int RP> static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, dim3 grid) {
+template <int RP> static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row_blocks) {
     switch (dt) {
-    case G4_BF16: launch_gemv_nt<G4_BF16, RP>(c, a, grid); break;
-    case G4_F16: launch_gemv_nt<G4_F16, RP>(c, a, grid); break;
-    default: launch_gemv_nt<G4_F32, RP>(c, a, grid); break;
+    case G4_BF16: launch_gemv_nt<G4_BF16, RP>(c, a, row_blocks); break;
+    case G4_F16: launch_gemv_nt<G4_F16, RP>(c, a, row_blocks); break;
+    default: launch_gemv_nt<G4_F32, RP>(c, a, row_blocks); break;
     }
 }
 
-static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set) {
+static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float scale) {
     gemv_args a;
     memset(&a, 0, sizeof a);
+    a.scale = scale;
+    const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
+    if (set->res_out) {
+        if (n == 1 && in <= (int)(GEMV_SMEM / sizeof(float)) && set->res_out != set->res_h) { /* fused */
+            a.res_h = set->res_h, a.res_o = set->res_o, a.res_w = set->res_w, a.res_scale = set->res_scale;
+            a.res_out = set->res_out;
+        } else {
+            g4c_residual(c, set->res_h, set->res_o, set->res_w, n, in, set->eps, set->res_scale, set->res_out);
+        }
+        x = set->res_out;
+    }
     const g4_tensor *w0 = set->w[0];
     a.count = set->count;
     a.in = (int)w0->shape[w0->ndim - 1];
@@ -283,18 +372,18 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set) {
         a.rows = a.out[0];
     else
         for (int i = 0; i < set->count; i++) a.rows += a.out[i];
-    a.xvec = (a.in % 4 == 0) && ((uintptr_t)x % 16 == 0);
+    a.xvec = (a.in % 4 == 0) && ((uintptr_t)x % 16 == 0) && ((uintptr_t)set->norm % 16 == 0);
     /* warps per row: enough row groups for two blocks per multiprocessor; no more warps than 256-element
      * slices of a row */
     int wpr = 1;
     while (wpr < 8 && a.rows * wpr < 2 * 8 * c->n_sm && wpr * 256 < a.in) wpr *= 2;
     a.wpr = wpr;
     const int groups = 8 / wpr;
-    dim3 grid((unsigned)((a.rows + groups - 1) / groups));
+    const unsigned row_blocks = (unsigned)((a.rows + groups - 1) / groups);
     if (pairs)
-        launch_gemv_dt<2>(c, w0->dtype, a, grid);
+        launch_gemv_dt<2>(c, w0->dtype, a, row_blocks);
     else
-        launch_gemv_dt<1>(c, w0->dtype, a, grid);
+        launch_gemv_dt<1>(c, w0->dtype, a, row_blocks);
 }
 
 /* ---------------------------------------------------------------- prefill: epilogue after tensor-core products */
@@ -306,6 +395,7 @@ typedef struct epi_args {
     int n, out;
     int geglu;          /* 0, 1 pairs, 2 mul */
     float softcap;
+    float scale;        /* of y0 before the bias */
 } epi_args;
 
 __global__ void gemm_epilogue(epi_args a) {
@@ -313,7 +403,7 @@ __global__ void gemm_epilogue(epi_args a) {
     const size_t total = (size_t)a.n * (size_t)a.out;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
         const int r = (int)(i % (size_t)a.out);
-        float y = a.y0[i] + (a.bias0 ? a.bias0[r] : 0.0f);
+        float y = a.y0[i] * a.scale + (a.bias0 ? a.bias0[r] : 0.0f);
         if (a.geglu == 1) y = g4_gelu_tanh(y) * (a.y1[i] + (a.bias1 ? a.bias1[r] : 0.0f));
         if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[i];
         if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
@@ -322,6 +412,7 @@ __global__ void gemm_epilogue(epi_args a) {
 }
 
 static void epilogue(g4c *c, epi_args a) {
+    if (a.scale == 0.0f) a.scale = 1.0f;
     const size_t total = (size_t)a.n * (size_t)a.out;
     unsigned blocks = (unsigned)((total + 255) / 256);
     if (blocks > (unsigned)c->n_sm * 16) blocks = (unsigned)c->n_sm * 16;
@@ -330,6 +421,11 @@ static void epilogue(g4c *c, epi_args a) {
 
 static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
     const int pairs = set->geglu && set->count == 2;
+    if (set->res_out) {
+        g4c_residual(c, set->res_h, set->res_o, set->res_w, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->eps,
+                     set->res_scale, set->res_out);
+        x = set->res_out;
+    }
     g4c_gemm_in in;
     if (g4c_gemm_input(c, x, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->norm, set->eps, set->w[0]->dtype, &in))
         return;
@@ -362,6 +458,11 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
     int uniform = 1;
     for (int i = 1; i < set->count; i++) uniform &= set->w[i]->dtype == set->w[0]->dtype;
     if (!uniform) { /* weights of different types: one product at a time, then the epilogue */
+        if (set->res_out) {
+            g4c_residual(c, set->res_h, set->res_o, set->res_w, n, (int)set->w[0]->shape[set->w[0]->ndim - 1],
+                         set->eps, set->res_scale, set->res_out);
+            x = set->res_out;
+        }
         for (int i = 0; i < set->count; i++) {
             g4_matmul_set one;
             memset(&one, 0, sizeof one);
@@ -391,9 +492,34 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
         return;
     }
     if (n <= G4C_GEMV_MAX)
-        gemv(c, x, n, set);
+        gemv(c, x, n, set, 1.0f);
     else
         gemm_set(c, x, n, set);
+}
+
+void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const float *norm, float eps, float scale,
+                       float *y) {
+    g4_matmul_set set;
+    memset(&set, 0, sizeof set);
+    set.count = 1;
+    set.w[0] = w;
+    set.y[0] = y;
+    set.norm = norm;
+    set.eps = eps;
+    if (n <= G4C_GEMV_MAX) {
+        gemv(c, x, n, &set, scale);
+        return;
+    }
+    g4c_gemm_in in;
+    if (g4c_gemm_input(c, x, n, (int)w->shape[w->ndim - 1], norm, eps, w->dtype, &in)) return;
+    g4c_gemm_run(c, &in, w, y);
+    epi_args e;
+    memset(&e, 0, sizeof e);
+    e.y0 = y;
+    e.n = n;
+    e.out = (int)w->shape[0];
+    e.scale = scale;
+    epilogue(c, e);
 }
 
 void g4c_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {

@@ -55,21 +55,26 @@ void g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int d
     g4c_launch(c, rmsnorm_kernel, dim3((unsigned)rows), dim3(row_threads(dim)), 0, x, w, dim, eps, y);
 }
 
-__global__ void post_norm_add_kernel(float *h, const float *o, const float *w, int dim, float eps, float s) {
+/* out = (h + rmsnorm(o) * w) * s per row (out may be h) */
+__global__ void post_norm_add_kernel(const float *h, const float *o, const float *w, int dim, float eps, float s,
+                                     float *out) {
     __shared__ float red[32];
     g4_grid_wait();
-    const float *orow = o + (size_t)blockIdx.x * (size_t)dim;
-    float *hrow = h + (size_t)blockIdx.x * (size_t)dim;
+    const size_t off = (size_t)blockIdx.x * (size_t)dim;
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += orow[i] * orow[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += o[off + i] * o[off + i];
     const float inv = rsqrtf(g4_block_sum(ss, red) / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) hrow[i] = (hrow[i] + orow[i] * inv * w[i]) * s;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[off + i] = (h[off + i] + o[off + i] * inv * w[i]) * s;
+}
+
+void g4c_residual(g4c *c, const float *h, const float *o, const float *w, int rows, int dim, float eps, float s,
+                  float *out) {
+    if (rows <= 0) return;
+    g4c_launch(c, post_norm_add_kernel, dim3((unsigned)rows), dim3(row_threads(dim)), 0, h, o, w, dim, eps, s, out);
 }
 
 void g4c_post_norm_add(g4_backend *be, float *h, const float *o, const float *w, int rows, int dim, float eps, float s) {
-    g4c *c = g4c_of(be);
-    if (rows <= 0) return;
-    g4c_launch(c, post_norm_add_kernel, dim3((unsigned)rows), dim3(row_threads(dim)), 0, h, o, w, dim, eps, s);
+    g4c_residual(g4c_of(be), h, o, w, rows, dim, eps, s, h);
 }
 
 /* ------------------------------------------------------------------- rope */

@@ -223,6 +223,13 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
 template <typename F> static inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }
+struct cudaFuncAttributes {
+    size_t sharedSizeBytes;
+};
+template <typename F> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, F) {
+    a->sharedSizeBytes = 0;
+    return cudaSuccess;
+}
 
 /* Runs body once per thread of every block of the grid (the launch helper of cuda_common.cuh calls it). */
 void g4emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
