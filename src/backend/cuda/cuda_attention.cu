@@ -3,7 +3,7 @@
  *
  * One block serves one token and one KV head: the G = n_heads / n_kv_heads query heads that read it (GQA), so
  * every key and value row is read once for all of them. Keys are visited in tiles of ATT_TILE: the block copies
- * the tile's K and V rows to shared memory at once (cp.async: one memory round trip per tile), a thread per
+ * the tile's K and V rows to shared memory (cp.async), the next tile's copies in flight while one is used; a thread per
  * (head, key) computes the scores, the softmax runs online per head (running max and sum), and threads own
  * 4-element slices of the G x head_dim outputs for the value pass. Steps of few tokens (decode) also split the
  * keys over blocks (split-K); each block takes an equal share of the token's actual keys (computed on the
@@ -13,9 +13,9 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #define ATT_THREADS 256
-#define ATT_TILE 32
+#define ATT_TILE 32 /* keys per tile (16 for f32 caches) */
 #define ATT_MAX_D 512
-#define ATT_MAX_SPLITS 16
+#define ATT_MAX_SPLITS 16 /* <= the smallest tile (the combine's weights live in the score buffer) */
 
 typedef struct attn_args {
     const float *q;
@@ -61,25 +61,25 @@ template <int KVT> static __device__ __forceinline__ void row4(const unsigned ch
     }
 }
 
-/* shared-memory bytes of a block: queries, K and V tiles (rows padded by 16 bytes against bank conflicts),
- * scores, softmax state, row ids */
+/* shared-memory bytes of a block: queries, two buffers of K and V tiles (rows padded by 16 bytes against
+ * bank conflicts), scores, softmax state, row ids */
 static size_t attention_smem(int G, int D, int esz) {
-    return (size_t)G * D * 4 + 2 * (size_t)ATT_TILE * ((size_t)D * esz + 16) + (size_t)G * ATT_TILE * 4 +
-           3 * (size_t)G * 4 + ATT_TILE * 4;
+    const size_t tile = esz == 4 ? ATT_TILE / 2 : ATT_TILE;
+    return (size_t)G * D * 4 + 4 * tile * ((size_t)D * esz + 16) + (size_t)G * tile * 4 + 3 * (size_t)G * 4 +
+           2 * tile * 4;
 }
 
 template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void attention_kernel(attn_args a) {
     G4_DYN_SMEM(unsigned char, smem);
-    constexpr int ESZ = KVT == G4_KV_F32 ? 4 : 2;
+    constexpr int ESZ = KVT == G4_KV_F32 ? 4 : 2, TILE = KVT == G4_KV_F32 ? ATT_TILE / 2 : ATT_TILE;
     const int G = a.G, D = a.D, GD = G * D, rowb = D * ESZ + 16, cpr = D * ESZ / 16;
-    float *qs = (float *)smem;                        /* [G][D] queries times scale */
-    unsigned char *ks = smem + (size_t)GD * 4;        /* [TILE][rowb] */
-    unsigned char *vs = ks + (size_t)ATT_TILE * rowb; /* [TILE][rowb] */
-    float *sc = (float *)(vs + (size_t)ATT_TILE * rowb); /* [G][TILE] scores, then probabilities */
-    float *mrow = sc + G * ATT_TILE;                  /* [G] running max */
-    float *lrow = mrow + G;                           /* [G] running sum */
-    float *corr = lrow + G;                           /* [G] rescale of this tile */
-    int *krow = (int *)(corr + G);                    /* [TILE] physical cache rows */
+    float *qs = (float *)smem;                         /* [G][D] queries times scale */
+    unsigned char *kv = smem + (size_t)GD * 4;         /* [2 buffers][K, V][TILE][rowb] */
+    float *sc = (float *)(kv + 4 * (size_t)TILE * rowb); /* [G][TILE] scores, then probabilities */
+    float *mrow = sc + G * TILE;                       /* [G] running max */
+    float *lrow = mrow + G;                            /* [G] running sum */
+    float *corr = lrow + G;                            /* [G] rescale of this tile */
+    int *krow = (int *)(corr + G);                     /* [2][TILE] physical cache rows */
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kh = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
@@ -90,6 +90,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     const int hi = a.kv_end ? a.kv_end[t] : p + 1;
     const int chunk = (hi - lo + a.n_splits - 1) / a.n_splits; /* this token's keys, shared equally */
     const int start = lo + s * chunk, end = start + chunk < hi ? start + chunk : hi;
+    const int ntiles = end > start ? (end - start + TILE - 1) / TILE : 0;
     const float *qg = a.q + ((size_t)t * a.n_heads + (size_t)kh * G) * D;
     for (int i = tid; i < GD; i += ATT_THREADS) qs[i] = qg[i] * a.scale;
     for (int g = tid; g < G; g += ATT_THREADS) mrow[g] = -INFINITY, lrow[g] = 0.0f;
@@ -99,36 +100,47 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     const int32_t *table = a.table + (size_t)a.seq[t] * a.max_blocks;
     const size_t rowe = (size_t)a.n_kv * D, head = (size_t)kh * D;
 
-    for (int j0 = start; j0 < end; j0 += ATT_TILE) {
-        const int nk = end - j0 < ATT_TILE ? end - j0 : ATT_TILE;
-        __syncthreads(); /* the previous tile is consumed */
-        for (int j = tid; j < nk; j += ATT_THREADS) {
-            const int kp = j0 + j;
-            krow[j] = table[kp / a.B] * a.B + kp % a.B;
+    /* tile i's K and V rows into buffer i & 1 (copies in flight until waited for) */
+#define FETCH(i)                                                                                                    \
+    do {                                                                                                            \
+        const int j0_ = start + (i) * TILE, nk_ = end - j0_ < TILE ? end - j0_ : TILE, b_ = (i) & 1;              \
+        int *kr_ = krow + b_ * TILE;                                                                                \
+        unsigned char *kb_ = kv + (size_t)(2 * b_) * TILE * rowb, *vb_ = kb_ + (size_t)TILE * rowb;                \
+        for (int j = tid; j < nk_; j += ATT_THREADS) kr_[j] = table[(j0_ + j) / a.B] * a.B + (j0_ + j) % a.B;      \
+        __syncthreads();                                                                                            \
+        for (int c = tid; c < nk_ * cpr; c += ATT_THREADS) {                                                       \
+            const int j = c / cpr, o = (c % cpr) * 16;                                                              \
+            const size_t src = ((size_t)kr_[j] * rowe + head) * ESZ + o;                                            \
+            g4_cp16(kb_ + (size_t)j * rowb + o, (const unsigned char *)a.k + src);                                 \
+            g4_cp16(vb_ + (size_t)j * rowb + o, (const unsigned char *)a.v + src);                                 \
+        }                                                                                                           \
+        g4_cp_commit();                                                                                             \
+    } while (0)
+
+    if (ntiles > 0) FETCH(0);
+    for (int it = 0; it < ntiles; it++) {
+        const int j0 = start + it * TILE, nk = end - j0 < TILE ? end - j0 : TILE, b = it & 1;
+        const unsigned char *ks = kv + (size_t)(2 * b) * TILE * rowb, *vs = ks + (size_t)TILE * rowb;
+        if (it + 1 < ntiles) {
+            FETCH(it + 1);
+            g4_cp_wait_but_one();
+        } else {
+            g4_cp_wait();
         }
-        __syncthreads();
-        /* the tile's K and V rows into shared memory, all copies in flight at once */
-        for (int c = tid; c < nk * cpr; c += ATT_THREADS) {
-            const int j = c / cpr, o = (c % cpr) * 16;
-            const size_t src = ((size_t)krow[j] * rowe + head) * ESZ + o;
-            g4_cp16(ks + (size_t)j * rowb + o, (const unsigned char *)a.k + src);
-            g4_cp16(vs + (size_t)j * rowb + o, (const unsigned char *)a.v + src);
-        }
-        g4_cp_wait();
         __syncthreads();
         /* scores: a thread per (head, key); a warp shares the head (its query is broadcast) */
-        for (int idx = tid; idx < G * ATT_TILE; idx += ATT_THREADS) {
-            const int g = idx / ATT_TILE, j = idx % ATT_TILE;
+        for (int idx = tid; idx < G * TILE; idx += ATT_THREADS) {
+            const int g = idx / TILE, j = idx % TILE;
             float sum = 0.0f;
             if (j < nk) {
                 const float *qv = qs + (size_t)g * D;
                 const unsigned char *kr = ks + (size_t)j * rowb;
                 for (int d = 0; d < D; d += 8) {
-                    float kv[8];
-                    row8<KVT>(kr + (size_t)d * ESZ, kv);
+                    float kx[8];
+                    row8<KVT>(kr + (size_t)d * ESZ, kx);
                     const float4 q0 = *(const float4 *)(qv + d), q1 = *(const float4 *)(qv + d + 4);
-                    sum += kv[0] * q0.x + kv[1] * q0.y + kv[2] * q0.z + kv[3] * q0.w + kv[4] * q1.x + kv[5] * q1.y +
-                           kv[6] * q1.z + kv[7] * q1.w;
+                    sum += kx[0] * q0.x + kx[1] * q0.y + kx[2] * q0.z + kx[3] * q0.w + kx[4] * q1.x + kx[5] * q1.y +
+                           kx[6] * q1.z + kx[7] * q1.w;
                 }
             }
             sc[idx] = sum;
@@ -137,13 +149,13 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         /* online softmax, a warp per head */
         for (int g = warp; g < G; g += ATT_THREADS / 32) {
             float mx = -INFINITY;
-            for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, sc[g * ATT_TILE + j]);
+            for (int j = lane; j < nk; j += 32) mx = fmaxf(mx, sc[g * TILE + j]);
             mx = g4_warp_max(mx);
             const float mnew = fmaxf(mrow[g], mx);
             float sum = 0.0f;
             for (int j = lane; j < nk; j += 32) {
-                const float e = expf(sc[g * ATT_TILE + j] - mnew);
-                sc[g * ATT_TILE + j] = e;
+                const float e = expf(sc[g * TILE + j] - mnew);
+                sc[g * TILE + j] = e;
                 sum += e;
             }
             sum = g4_warp_sum(sum);
@@ -163,7 +175,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
                 const int g = o / D, d = o % D;
                 const float cf = corr[g];
                 for (int e = 0; e < 4; e++) acc[i][e] *= cf;
-                const float *pg = sc + g * ATT_TILE;
+                const float *pg = sc + g * TILE;
                 const unsigned char *vc = vs + (size_t)d * ESZ;
                 for (int j = 0; j < nk; j++) {
                     float v[4];
@@ -173,8 +185,9 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
                 }
             }
         }
+        __syncthreads(); /* buffer b and the scores are free for the tile after next */
     }
-    __syncthreads();
+#undef FETCH
 
     float *og = a.out + ((size_t)t * a.n_heads + (size_t)kh * G) * D;
     if (a.n_splits == 1) {
@@ -204,20 +217,24 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const volatile float *all = a.part + (size_t)(t * a.n_kv + kh) * a.n_splits * stride;
+    /* per head: each split's weight exp(m_s - M) / sum_s exp(m_s - M) l_s, into shared memory (sc) */
+    const float *all = a.part + (size_t)(t * a.n_kv + kh) * a.n_splits * stride;
+    const int S = a.n_splits;
+    float *coef = sc; /* [S][G] (S <= TILE) */
+    for (int g = warp; g < G; g += ATT_THREADS / 32) {
+        const float mq = lane < S ? __ldcg(all + (size_t)lane * stride + GD + g) : -INFINITY;
+        const float lq = lane < S ? __ldcg(all + (size_t)lane * stride + GD + G + g) : 0.0f;
+        const float M = g4_warp_max(mq);
+        const float w = mq == -INFINITY ? 0.0f : expf(mq - M); /* a split without keys weighs nothing */
+        const float den = g4_warp_sum(w * lq);
+        if (lane < S) coef[lane * G + g] = w / den;
+    }
+    __syncthreads();
     for (int o = tid; o < GD; o += ATT_THREADS) {
         const int g = o / D;
-        float M = -INFINITY;
-        for (int q = 0; q < a.n_splits; q++) M = fmaxf(M, all[q * stride + GD + g]);
-        float num = 0.0f, den = 0.0f;
-        for (int q = 0; q < a.n_splits; q++) {
-            const float mq = all[q * stride + GD + g];
-            if (mq == -INFINITY) continue; /* a split without keys */
-            const float w = expf(mq - M);
-            num += w * all[q * stride + o];
-            den += w * all[q * stride + GD + G + g];
-        }
-        og[o] = num / den;
+        float v = 0.0f;
+        for (int q = 0; q < S; q++) v += coef[q * G + g] * __ldcg(all + (size_t)q * stride + o);
+        og[o] = v;
     }
     if (tid == 0) a.counters[t * a.n_kv + kh] = 0;
 }
@@ -280,9 +297,9 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
         int bound = a->max_keys > 0 && !c->in_graph_step ? a->max_keys : cap; /* a recording serves every length */
         if (c->in_graph_step && a->window && !a->kv_end && a->window < bound) bound = a->window;
         if (bound > cap) bound = cap;
-        int splits = 2 * c->n_sm / (a->n_kv_heads * n); /* two blocks per multiprocessor */
+        int splits = c->n_sm / (a->n_kv_heads * n); /* a block per multiprocessor */
         if (splits > ATT_MAX_SPLITS) splits = ATT_MAX_SPLITS;
-        if (splits > (bound + 15) / 16) splits = (bound + 15) / 16; /* at least 16 keys each */
+        if (splits > (bound + 63) / 64) splits = (bound + 63) / 64; /* at least 64 keys each */
         if (splits > 1) {
             if ((size_t)n * a->n_kv_heads > c->n_counters) {
                 g4c_note(c, cudaErrorInvalidValue, "attention: too many tokens x heads for split-K");
@@ -321,26 +338,23 @@ void g4c_kv_store(g4_backend *be, const float *k, const float *v, int n, int row
     g4c_launch(c, kv_store_kernel, dim3((unsigned)n), dim3(256), 0, k, v, row, slot, k_cache, v_cache, (int)kv_type);
 }
 
-/* One block per token: a warp per head row. Values first (keys as values read the raw keys), then keys (into
- * the cache) and queries (in place). */
+/* A warp per head row: block (token, group of 8 rows); rows are the values first (keys as values read the raw
+ * keys), then keys (into the cache), then queries (in place). */
 __global__ void attn_prep_kernel(g4_attn_prep_args a) {
     g4_grid_wait();
-    const int t = blockIdx.x, warp = threadIdx.x >> 5, warps = blockDim.x >> 5, D = a.head_dim;
+    const int t = blockIdx.x, D = a.head_dim, KV = a.kv_shared ? 0 : a.n_kv_heads;
+    const int r = blockIdx.y * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const float *cs = a.rope ? a.rope + (size_t)t * D : NULL;
-    const size_t row = (size_t)a.n_kv_heads * D;
-    if (!a.kv_shared) {
-        const size_t dst = (size_t)a.slot[t] * row;
-        for (int h = warp; h < a.n_kv_heads; h += warps) {
-            float *src = (a.v_from_k ? a.k : a.v) + ((size_t)t * a.n_kv_heads + h) * D;
-            g4c_head_row(src, D, 1, NULL, a.eps, NULL, NULL, a.v_cache, dst + (size_t)h * D, (int)a.kv_type);
-        }
-        for (int h = warp; h < a.n_kv_heads; h += warps) {
-            float *src = a.k + ((size_t)t * a.n_kv_heads + h) * D;
-            g4c_head_row(src, D, 1, a.k_norm, a.eps, cs, NULL, a.k_cache, dst + (size_t)h * D, (int)a.kv_type);
-        }
-    }
-    for (int h = warp; h < a.n_heads; h += warps) {
-        float *q = a.q + ((size_t)t * a.n_heads + h) * D;
+    const size_t dst = a.kv_shared ? 0 : (size_t)a.slot[t] * a.n_kv_heads * D;
+    if (r < KV) { /* value head r */
+        float *src = (a.v_from_k ? a.k : a.v) + ((size_t)t * a.n_kv_heads + r) * D;
+        g4c_head_row(src, D, 1, NULL, a.eps, NULL, NULL, a.v_cache, dst + (size_t)r * D, (int)a.kv_type);
+    } else if (r < 2 * KV) { /* key head */
+        const int h = r - KV;
+        float *src = a.k + ((size_t)t * a.n_kv_heads + h) * D;
+        g4c_head_row(src, D, 1, a.k_norm, a.eps, cs, NULL, a.k_cache, dst + (size_t)h * D, (int)a.kv_type);
+    } else if (r < 2 * KV + a.n_heads) { /* query head */
+        float *q = a.q + ((size_t)t * a.n_heads + (r - 2 * KV)) * D;
         g4c_head_row(q, D, 1, a.q_norm, a.eps, cs, q, NULL, 0, 0);
     }
 }
@@ -348,5 +362,6 @@ __global__ void attn_prep_kernel(g4_attn_prep_args a) {
 void g4c_attn_prep(g4_backend *be, const g4_attn_prep_args *a) {
     g4c *c = g4c_of(be);
     if (a->n <= 0) return;
-    g4c_launch(c, attn_prep_kernel, dim3((unsigned)a->n), dim3(256), 0, *a);
+    const int rows = a->n_heads + (a->kv_shared ? 0 : 2 * a->n_kv_heads);
+    g4c_launch(c, attn_prep_kernel, dim3((unsigned)a->n, (unsigned)((rows + 7) / 8)), dim3(256), 0, *a);
 }

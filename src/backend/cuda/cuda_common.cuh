@@ -36,6 +36,8 @@ static inline float g4_h2f(uint16_t h) { return g4_f16_to_f32(h); }
 static inline uint16_t g4_f2h(float f) { return g4_f32_to_f16(f); }
 static inline void g4_cp16(void *smem, const void *gmem) { memcpy(smem, gmem, 16); }
 static inline void g4_cp_wait(void) {}
+static inline void g4_cp_commit(void) {}
+static inline void g4_cp_wait_but_one(void) {}
 #else
 #define G4_DYN_SMEM(type, name)                              \
     extern __shared__ __align__(16) unsigned char g4_smem[]; \
@@ -58,6 +60,11 @@ static __device__ __forceinline__ void g4_cp16(void *smem, const void *gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
 }
 static __device__ __forceinline__ void g4_cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* groups of copies: close the current group; wait until at most the latest group is in flight */
+static __device__ __forceinline__ void g4_cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+static __device__ __forceinline__ void g4_cp_wait_but_one(void) {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
 static __device__ __forceinline__ float g4_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 static __device__ __forceinline__ uint16_t g4_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
 #endif

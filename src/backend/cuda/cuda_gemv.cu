@@ -79,6 +79,17 @@ template <int DT> static __device__ __forceinline__ void raw_decode(const uint4 
     }
 }
 
+/* The accesses k, k + step, ... (GEMV_UNROLL of them, those below len) of the rows rp from element t0. */
+template <int DT, int RP>
+static __device__ __forceinline__ void issue(const unsigned char *const *rp, int t0, int k, int step, int len,
+                                             uint4 (*pre)[GEMV_UNROLL][wraw<DT>::WORDS]) {
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++)
+#pragma unroll
+        for (int r = 0; r < RP; r++)
+            if (k + u * step < len) raw_load<DT>(rp[r], t0 + k + u * step, pre[r][u]);
+}
+
 /* product p and its local row of a row of the set's concatenated row space */
 static __device__ __forceinline__ int which_product(const gemv_args &a, int row, int *local) {
     int p = 0;
@@ -143,11 +154,7 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
     const int first_len = a.in < kt ? a.in : kt;
     if (row < a.rows) {
         row_pointers(a, row, RP, rp);
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-            for (int r = 0; r < RP; r++)
-                if (k0 + u * step < first_len) raw_load<DT>(rp[r], k0 + u * step, pre[r][u]);
+        issue<DT, RP>(rp, 0, k0, step, first_len, pre);
     }
     g4_grid_wait();
     if (NT == 1 && a.res_out) { /* the residual update (one token): into xs, then its 1/rms and the norm */
@@ -197,11 +204,7 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
         const int active = row < a.rows;
         if (active && base != (int)blockIdx.x * groups) { /* later rows: fresh pointers and first accesses */
             row_pointers(a, row, RP, rp);
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-                for (int r = 0; r < RP; r++)
-                    if (k0 + u * step < first_len) raw_load<DT>(rp[r], k0 + u * step, pre[r][u]);
+            issue<DT, RP>(rp, 0, k0, step, first_len, pre);
         }
         float acc[RP][NT];
 #pragma unroll
@@ -214,12 +217,7 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
                 if (tile > 0) __syncthreads();
                 stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
                 __syncthreads();
-                if (tile > 0 && active)
-#pragma unroll
-                    for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-                        for (int r = 0; r < RP; r++)
-                            if (k0 + u * step < len) raw_load<DT>(rp[r], t0 + k0 + u * step, pre[r][u]);
+                if (tile > 0 && active) issue<DT, RP>(rp, t0, k0, step, len, pre);
             }
             if (!active) continue;
             for (int k = k0; k < len; k += step * GEMV_UNROLL) {
@@ -230,12 +228,7 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
                     for (int r = 0; r < RP; r++)
 #pragma unroll
                         for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
-                const int kn = k + step * GEMV_UNROLL; /* issue the next accesses before using these */
-#pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++)
-#pragma unroll
-                    for (int r = 0; r < RP; r++)
-                        if (kn + u * step < len) raw_load<DT>(rp[r], t0 + kn + u * step, pre[r][u]);
+                issue<DT, RP>(rp, t0, k + step * GEMV_UNROLL, step, len, pre); /* the next, before these are used */
 #pragma unroll
                 for (int u = 0; u < GEMV_UNROLL; u++) {
                     const int kk = k + u * step;
@@ -374,7 +367,8 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
         for (int i = 0; i < set->count; i++) a.rows += a.out[i];
     a.xvec = (a.in % 4 == 0) && ((uintptr_t)x % 16 == 0) && ((uintptr_t)set->norm % 16 == 0);
     /* warps per row: enough row groups for two blocks per multiprocessor; no more warps than 256-element
-     * slices of a row */
+     * slices of a row (measured on an H200, ncu: more warps per row, for a full wave of 32 warps per
+     * multiprocessor, made the E2B q/k/v and down products 20-30% slower) */
     int wpr = 1;
     while (wpr < 8 && a.rows * wpr < 2 * 8 * c->n_sm && wpr * 256 < a.in) wpr *= 2;
     a.wpr = wpr;

@@ -44,8 +44,16 @@ typedef struct moe_args {
 /* 1. softmax and top-k of the router's logits: a warp per token, each lane holding E/32 logits */
 #define MOE_MAX_E 256
 __global__ void moe_topk_kernel(moe_args a, const float *logits) {
+    __shared__ float red[32];
     g4_grid_wait();
-    const int t = blockIdx.x, lane = threadIdx.x;
+    const int t = blockIdx.x, lane = threadIdx.x & 31;
+    /* 1/rms of the residual row (all threads): x2 = residual * inv2 * pre_norm2, made where the experts read it */
+    const float *r = a.residual + (size_t)t * a.H;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x) ss += r[i] * r[i];
+    ss = g4_block_sum(ss, red);
+    if (threadIdx.x == 0) a.ws.inv2[t] = rsqrtf(ss / (float)a.H + a.eps);
+    if (threadIdx.x >= 32) return;
     const float *lg = logits + (size_t)t * a.E;
     float v[MOE_MAX_E / 32];
     int taken = 0; /* bit i: element lane + 32 i is chosen */
@@ -88,12 +96,16 @@ __global__ void moe_topk_kernel(moe_args a, const float *logits) {
     }
     __syncwarp();
     if (lane < a.TK) w[lane] = w[lane] / wsum * a.per_expert_scale[ids[lane]];
-    /* 1/rms of the residual row: x2 = residual * inv2 * pre_norm2, made where the experts read it */
-    const float *r = a.residual + (size_t)t * a.H;
-    float ss = 0.0f;
-    for (int i = lane; i < a.H; i += 32) ss += r[i] * r[i];
-    ss = g4_warp_sum(ss);
-    if (lane == 0) a.ws.inv2[t] = rsqrtf(ss / (float)a.H + a.eps);
+    if (gridDim.x == 1) { /* one token: its experts, ascending, are the active list (no grouping kernel) */
+        __syncwarp();
+        if (lane < a.TK) {
+            const int e = ids[lane];
+            int rank = 0;
+            for (int k = 0; k < a.TK; k++) rank += ids[k] < e;
+            a.ws.act_e[rank] = e, a.ws.act_off[rank] = rank, a.ws.act_cnt[rank] = 1, a.ws.pairs[rank] = lane;
+        }
+        if (lane == 0) *a.ws.n_active = a.TK;
+    }
 }
 
 /* 2. one block: thread e collects expert e's pairs in (token, k) order */
@@ -166,19 +178,28 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
         float g[MOE_NT], u[MOE_NT];
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) g[j] = u[j] = 0.0f;
-        for (int k = lane * 8; k < a.H; k += 256) {
-            float wg[8], wu[8];
-            g4_wload<DT>::load(gr, k, wg);
-            g4_wload<DT>::load(ur, k, wu);
+        for (int k4 = lane * 8; k4 < a.H; k4 += 4 * 256) { /* four chunks' loads in flight together */
+            float wg[4][8], wu[4][8];
 #pragma unroll
-            for (int j = 0; j < MOE_NT; j++) {
-                if (j >= np) break;
-                float xv[8];
-                srow8(xs + (size_t)j * ldh + k, xv);
+            for (int q = 0; q < 4; q++)
+                if (k4 + q * 256 < a.H) {
+                    g4_wload<DT>::load(gr, k4 + q * 256, wg[q]);
+                    g4_wload<DT>::load(ur, k4 + q * 256, wu[q]);
+                }
 #pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    g[j] = fmaf(wg[i], xv[i], g[j]);
-                    u[j] = fmaf(wu[i], xv[i], u[j]);
+            for (int q = 0; q < 4; q++) {
+                const int k = k4 + q * 256;
+                if (k >= a.H) break;
+#pragma unroll
+                for (int j = 0; j < MOE_NT; j++) {
+                    if (j >= np) break;
+                    float xv[8];
+                    srow8(xs + (size_t)j * ldh + k, xv);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        g[j] = fmaf(wg[q][i], xv[i], g[j]);
+                        u[j] = fmaf(wu[q][i], xv[i], u[j]);
+                    }
                 }
             }
         }
@@ -209,16 +230,23 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
         float d[MOE_NT];
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) d[j] = 0.0f;
-        for (int k = lane * 8; k < a.Im; k += 256) {
-            float w[8];
-            g4_wload<DT>::load(row, k, w);
+        for (int k4 = lane * 8; k4 < a.Im; k4 += 4 * 256) { /* four chunks' loads in flight together */
+            float w[4][8];
 #pragma unroll
-            for (int j = 0; j < MOE_NT; j++) {
-                if (j >= np) break;
-                float xv[8];
-                srow8(xs + (size_t)j * ldi + k, xv);
+            for (int q = 0; q < 4; q++)
+                if (k4 + q * 256 < a.Im) g4_wload<DT>::load(row, k4 + q * 256, w[q]);
 #pragma unroll
-                for (int q = 0; q < 8; q++) d[j] = fmaf(w[q], xv[q], d[j]);
+            for (int q = 0; q < 4; q++) {
+                const int k = k4 + q * 256;
+                if (k >= a.Im) break;
+#pragma unroll
+                for (int j = 0; j < MOE_NT; j++) {
+                    if (j >= np) break;
+                    float xv[8];
+                    srow8(xs + (size_t)j * ldi + k, xv);
+#pragma unroll
+                    for (int z = 0; z < 8; z++) d[j] = fmaf(w[q][z], xv[z], d[j]);
+                }
             }
         }
 #pragma unroll
@@ -237,11 +265,16 @@ __global__ void moe_combine_kernel(moe_args a) {
     __shared__ float red[32];
     g4_grid_wait();
     const int t = blockIdx.x;
-    const float *d = a.dense + (size_t)t * a.H;
+    const float *d = a.dense + (size_t)t * a.H, *dn = a.ws.dn + (size_t)t * a.TK * a.H;
     float ss = 0.0f, sd = 0.0f;
     for (int i = threadIdx.x; i < a.H; i += blockDim.x) {
-        float v = 0.0f;
-        for (int k = 0; k < a.TK; k++) v += a.ws.dn[((size_t)t * a.TK + k) * a.H + i];
+        float part[8], v = 0.0f;
+        for (int k0 = 0; k0 < a.TK; k0 += 8) { /* eight rows' loads in flight together */
+#pragma unroll
+            for (int k = 0; k < 8; k++) part[k] = k0 + k < a.TK ? dn[(size_t)(k0 + k) * a.H + i] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) v += part[k];
+        }
         sum[i] = v;
         ss += v * v;
         sd += d[i] * d[i];
@@ -302,8 +335,8 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
 
     /* router: rmsnorm(r) * router_scale * H^-0.5, times router_proj^T */
     g4c_matmul_scaled(c, m->residual, n, m->router_proj, m->router_scale, m->eps, 1.0f / sqrtf((float)H), a.ws.logits);
-    g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(32), 0, a, (const float *)a.ws.logits);
-    g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), (size_t)E * sizeof(int), a);
+    g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(256), 0, a, (const float *)a.ws.logits);
+    if (n > 1) g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), (size_t)E * sizeof(int), a);
     const unsigned max_active = (unsigned)(np < (size_t)E ? np : (size_t)E);
     const dim3 gu_grid((unsigned)((Im + 7) / 8), max_active), dn_grid((unsigned)((H + 7) / 8), max_active);
     const size_t gu_smem = (size_t)MOE_NT * ((H + 7) & ~7) * 4, dn_smem = (size_t)MOE_NT * ((Im + 7) & ~7) * 4;
@@ -322,5 +355,5 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     default: g4c_launch(c, moe_down_kernel<G4_F32>, dn_grid, dim3(256), dn_smem, a); break;
     }
     if ((size_t)H * 4 > c->prop.sharedMemPerBlockOptin) return;
-    g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(256), (size_t)H * 4, a);
+    g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(1024), (size_t)H * 4, a);
 }

@@ -301,7 +301,7 @@ cudaError_t cudaGetDevice(int *d) {
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "CUDA emulator (CPU)");
-    p->multiProcessorCount = 4;
+    p->multiProcessorCount = 132; /* as an H200: the same grids and splits as there */
     p->totalGlobalMem = (size_t)8 << 30;
     p->l2CacheSize = 1 << 20;
     p->sharedMemPerBlockOptin = 227 * 1024;

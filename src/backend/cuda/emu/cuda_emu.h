@@ -140,6 +140,7 @@ template <typename T> static inline T atomicCAS(T *p, T cmp, T v) {
 static inline void __threadfence(void) {}
 static inline void __threadfence_block(void) {}
 template <typename T> static inline T __ldg(const T *p) { return *p; }
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
 
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
