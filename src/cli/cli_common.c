@@ -9,8 +9,6 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
-#include "core/error.h"
-#include "model/model.h"
 
 int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err) {
     *ids = NULL;

@@ -8,7 +8,6 @@
 #include <jansson.h>
 
 #include "gemma4c.h"
-#include "tokenizer/tokenizer.h"
 
 /* Parses "2,17,99" into a heap array; returns -1 with a message on bad input. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err);

@@ -15,7 +15,6 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
-#include "engine/context.h"
 
 #define MAX_SIZES 8
 
@@ -42,27 +41,6 @@ static int parse_sizes(const char *s, const char *opt, long *out, int *n) {
         s = *end ? end + 1 : end;
     }
     return *n ? 0 : cli_error("%s: no value", opt);
-}
-
-/* Device copy bandwidth: the best of a few copies of 1 GiB (0 when the backend cannot allocate them). */
-static double copy_bandwidth(g4_backend *be) {
-    const size_t bytes = (size_t)1 << 30;
-    void *a = be->ops->alloc(be, bytes), *b = be->ops->alloc(be, bytes);
-    double best = 0;
-    if (a && b) {
-        be->ops->copy(be, b, a, bytes); /* first touch */
-        be->ops->sync(be);
-        for (int i = 0; i < 5; i++) {
-            double t0 = now_s();
-            be->ops->copy(be, b, a, bytes);
-            be->ops->sync(be);
-            double bw = 2.0 * (double)bytes / (now_s() - t0);
-            if (bw > best) best = bw;
-        }
-    }
-    if (a) be->ops->release(be, a);
-    if (b) be->ops->release(be, b);
-    return best;
 }
 
 /* Runs ids[0..n-1] through sequence 0 in batches; the last batch returns the first generated id. */
@@ -117,8 +95,7 @@ int cmd_bench(int argc, char **argv) {
         m = cli_load_model(dir, (int)threads);
     }
     if (!m) return 1;
-    g4_backend *be = m->be;
-    g4_kv_type kv = be->ops->host_memory ? G4_KV_F32 : G4_KV_BF16;
+    g4_kv_type kv = strcmp(g4_model_device(m), "cpu") ? G4_KV_BF16 : G4_KV_F32;
     if (kv_name) {
         if (!strcmp(kv_name, "f32")) kv = G4_KV_F32;
         else if (!strcmp(kv_name, "bf16")) kv = G4_KV_BF16;
@@ -147,7 +124,7 @@ int cmd_bench(int argc, char **argv) {
         s = s * 1103515245u + 12345u;
         ids[i] = (int32_t)(3 + (s >> 8) % (unsigned)(V - 3));
     }
-    const double bw = getenv("G4_BENCH_NO_COPY") ? 0.0 : copy_bandwidth(be);
+    const double bw = getenv("G4_BENCH_NO_COPY") ? 0.0 : g4_model_copy_bandwidth(m);
     printf("model %s  device %s  KV %s  copy bandwidth %.0f GB/s\n", random_config ? random_config : dir,
            g4_model_device(m), kv == G4_KV_F32 ? "f32" : kv == G4_KV_BF16 ? "bf16" : "f16", bw / 1e9);
     for (int i = 0; i < nP; i++) {

@@ -87,7 +87,7 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     if (params) p = *params;
     const g4_text_config *c = &model->cfg.text;
     if (p.n_seq_max <= 0) p.n_seq_max = 1;
-    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 8192 ? c->max_position_embeddings : 8192;
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.kv_block_size <= 0) p.kv_block_size = 32;
     if (p.n_seq_max > 65536 || p.n_ctx > (1 << 24) || p.n_batch > (1 << 20) || p.kv_block_size > 4096 ||
@@ -110,7 +110,8 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->rows_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
     ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
-    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added) {
+    ctx->seq_tokens = malloc((size_t)p.n_seq_max * (size_t)p.n_ctx * sizeof(int32_t));
+    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens) {
         g4_fail(err, "out of memory");
         goto fail;
     }
@@ -135,10 +136,12 @@ void g4_context_free(g4_context *ctx) {
     free(ctx->rows_host);
     free(ctx->zero_seq);
     free(ctx->seq_added);
+    free(ctx->seq_tokens);
     free(ctx);
 }
 
 int g4_context_n_ctx(const g4_context *ctx) { return ctx->n_ctx; }
+g4_model *g4_context_model(const g4_context *ctx) { return ctx->model; }
 
 void g4_seq_reset(g4_context *ctx, int seq) {
     if (seq < 0 || seq >= ctx->n_seq) return;
@@ -160,6 +163,15 @@ int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err) {
 
 int g4_seq_length(const g4_context *ctx, int seq) {
     return (seq >= 0 && seq < ctx->n_seq) ? ctx->kv.seq_len[seq] : -1;
+}
+
+const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n) {
+    if (seq < 0 || seq >= ctx->n_seq) {
+        *n = 0;
+        return NULL;
+    }
+    *n = ctx->kv.seq_len[seq];
+    return ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx;
 }
 
 int g4_kv_free_blocks(const g4_context *ctx) {
@@ -205,6 +217,7 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     if (g4_kv_cache_prepare(&ctx->kv, added, n, seq, ctx->pos_host, err)) return -1;
     g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host, NULL};
     if (g4_forward(ctx, &st, logits, ids, err)) return -1;
+    for (int i = 0; i < n; i++) ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] = b->token[i];
     for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
     return 0;
 }

@@ -38,6 +38,7 @@ struct g4_context {
     int32_t *rows_host; /* [n_batch] */
     int32_t *zero_seq;  /* [n_batch] zeros: the sequence ids of a batch that gives none */
     int *seq_added;     /* [n_seq] tokens a step adds to each sequence */
+    int32_t *seq_tokens; /* [n_seq][n_ctx] the ids each sequence holds (g4_seq_tokens) */
     float *capture_hidden, *capture_final; /* host, optional */
 };
 

@@ -240,19 +240,21 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
         }
     }
 
-    /* 2. the computation, recorded and replayed for small steps where the backend can */
+    /* 2. the computation, recorded and replayed for small steps where the backend can; without logits and ids
+     * only the final norm is wanted (g4_embed: capture_final) */
+    const int head = st->n_out > 0 && (logits || ids);
     const int one_chunk = st->n_out <= s->logit_rows, want_ids = logits == NULL;
     const int replayable = OPS->graph_begin && one_chunk && n <= GRAPH_MAX_TOKENS && !ctx->capture_hidden &&
                            !ctx->capture_final;
     const uint64_t key = (uint64_t)n | (uint64_t)st->n_out << 16 | (uint64_t)want_ids << 32 |
                          (uint64_t)(st->kv_end != NULL) << 33;
     if (!replayable || !OPS->graph_begin(be, ctx, key)) {
-        compute(ctx, st, one_chunk && st->n_out > 0, want_ids);
+        compute(ctx, st, one_chunk && head, want_ids);
         if (replayable) OPS->graph_end(be);
     }
 
     /* 3. outputs */
-    if (st->n_out > 0) {
+    if (head) {
         if (one_chunk) {
             head_out(ctx, 0, st->n_out, logits, ids);
         } else {

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -392,7 +393,7 @@ void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
 
 static double tbytes(const g4_tensor *t) { return t ? (double)g4_tensor_numel(t) * g4_dtype_bits(t->dtype) / 8 : 0; }
 
-double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
+G4_API double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
     const g4_text_config *c = &m->cfg.text;
     double b = tbytes(m->lm_head); /* the head reads every row (tied: the embedding table, one row of it again) */
     if (m->lm_head != m->embed) b += tbytes(m->embed) / (double)c->vocab_size;
@@ -411,11 +412,39 @@ double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
     return b;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+G4_API double g4_model_copy_bandwidth(g4_model *m) {
+    g4_backend *be = m->be;
+    const size_t bytes = (size_t)1 << 30;
+    void *a = be->ops->alloc(be, bytes), *b = be->ops->alloc(be, bytes);
+    double best = 0;
+    if (a && b) {
+        be->ops->copy(be, b, a, bytes); /* first touch */
+        be->ops->sync(be);
+        for (int i = 0; i < 5; i++) {
+            double t0 = now_s();
+            be->ops->copy(be, b, a, bytes);
+            be->ops->sync(be);
+            double bw = 2.0 * (double)bytes / (now_s() - t0);
+            if (bw > best) best = bw;
+        }
+    }
+    if (a) be->ops->release(be, a);
+    if (b) be->ops->release(be, b);
+    return best;
+}
+
 const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
 
 int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
 int g4_model_n_layers(const g4_model *m) { return m->cfg.text.n_layers; }
 int g4_model_hidden_size(const g4_model *m) { return m->cfg.text.hidden_size; }
+int g4_model_n_ctx_train(const g4_model *m) { return m->cfg.text.max_position_embeddings; }
 
 void g4_model_free(g4_model *m) {
     if (!m) return;
@@ -442,6 +471,7 @@ void g4_model_free(g4_model *m) {
     free(m->uploaded);
     free(m->layers);
     free(m->warnings);
+    g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
     free(m);
 }
@@ -480,13 +510,13 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
     if (!m) return g4_fail(err, "out of memory");
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     m->random = params->random_weights != 0;
-    if (m->random && g4_file_exists(dir)) { /* a config.json file */
+    if (m->random && g4_file_exists(dir)) { /* a config.json file: no tokenizer, template or generation config */
         json_t *root;
         if (g4_json_load_file(dir, &root, err)) goto fail;
         int rc = g4_config_parse(root, dir, &m->cfg, err);
         json_decref(root);
         if (rc) goto fail;
-    } else if (g4_config_load(dir, &m->cfg, err)) {
+    } else if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) {
         goto fail;
     }
     const g4_text_config *c = &m->cfg.text;

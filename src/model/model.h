@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "formats/tensor_set.h"
 #include "model/config.h"
+#include "model/generation_config.h"
 
 /* A weight matrix the backend reads directly (a view into the checkpoint). */
 typedef g4_tensor g4_weight;
@@ -59,18 +60,19 @@ struct g4_model {
     int n_made;
     void *host_table;                /* random mode: the host-kept per-layer embedding table */
     char *warnings;                  /* NULL or lines ending in '\n' */
+    /* beside the weights (model_files.c) */
+    g4_tokenizer *tok;               /* NULL when the folder has no tokenizer.json */
+    g4_chat_template *chat_template; /* NULL when it has no chat template */
+    g4_generation_config gen_config;
     char dir[1024];
 };
 
 /* Inverse RoPE frequencies of a layer type (docs/gemma4-text.md 3.3); out has head_dim/2 floats. */
 void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);
 
-/* Bytes of weights and KV cache one decode step of one token at position pos reads (the per-layer table kept
- * on the host and all but one embedding row excluded unless the head reads them; MoE: top-k of the experts):
- * the numerator of a decode roofline. */
-double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type);
-
-/* Warnings gathered while loading (unexpected tensors, ...), or NULL. */
-const char *g4_model_warnings(const g4_model *model);
+/* What the folder holds beside the weights: tokenizer, chat template, generation_config.json
+ * (model_files.c); g4_model_load reads them first. */
+int g4_model_load_files(g4_model *m, const char *dir, g4_error *err);
+void g4_model_free_files(g4_model *m);
 
 #endif
