@@ -29,6 +29,9 @@ typedef struct g4_cpu {
     /* weights this backend filled with random values (released with the backend or release_weight) */
     void **owned;
     int n_owned, cap_owned;
+    /* the masked_logits op's selected ids */
+    int32_t *sel_buf;
+    size_t sel_cap;
 } g4_cpu;
 
 /* Returns thread `t`'s scratch with at least n floats, or NULL when out of memory. */

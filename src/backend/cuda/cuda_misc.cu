@@ -1,5 +1,5 @@
 /* The small ops of the CUDA backend (src/backend/backend.h): embeddings, norms, RoPE, elementwise ops, row
- * gathers, argmax, random weights. Each is one kernel; rows go to blocks, elements to threads. */
+ * gathers, argmax, the drafter's masked logits (docs/gemma4-assistant.md 3.4), random weights. Each is one kernel; rows go to blocks, elements to threads. */
 #include "backend/cuda/cuda_common.cuh"
 
 static unsigned blocks_for(g4c *c, size_t n, int threads) {
@@ -248,6 +248,121 @@ void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {
     if (!ws) return;
     g4c_launch(c, argmax_kernel, dim3((unsigned)parts, (unsigned)rows), dim3(256), 0, x, n, ws,
                (int *)(ws + (size_t)rows * parts), c->counters, out);
+}
+
+/* ---------------------------------------------------------- masked logits */
+/* Four launches, no host round trip: (1) one block picks the top_k groups by score (ties -> lower index) and
+ * writes the chosen groups and a flag per group; (2) a warp per selected id writes out[id] = x . table[id];
+ * (3) one block takes the smallest of those products; (4) every id of an unchosen group gets it minus 1.
+ * Workspace: sel [top_k] int, taken [n_groups] int, fill [1] float. */
+__global__ void masked_select_kernel(const float *scores, int n_groups, int top_k, int *sel, int *taken) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    G4_DYN_SMEM(unsigned char, flag);
+    g4_grid_wait();
+    for (int g = threadIdx.x; g < n_groups; g += blockDim.x) flag[g] = 0;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int kk = 0; kk < top_k; kk++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int g = threadIdx.x; g < n_groups; g += blockDim.x)
+            if (!flag[g] && better(scores[g], g, bv, bi)) bv = scores[g], bi = g;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+        }
+        if (lane == 0) sv[w] = bv, si[w] = bi;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int j = 1; j < nw; j++)
+                if (better(sv[j], si[j], bv, bi)) bv = sv[j], bi = si[j];
+            if (bi == 0x7fffffff) /* every score NaN: the lowest untaken group */
+                for (bi = 0; flag[bi]; bi++) {}
+            sel[kk] = bi;
+            flag[bi] = 1;
+        }
+        __syncthreads();
+    }
+    for (int g = threadIdx.x; g < n_groups; g += blockDim.x) taken[g] = flag[g];
+}
+
+__global__ void masked_dot_kernel(const float *x, const int *sel, int per, int n, const int32_t *ordering,
+                                  const unsigned char *table, size_t row_bytes, int dt, int dim, float *out) {
+    g4_grid_wait();
+    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    for (int i = blockIdx.x * warps + (threadIdx.x >> 5); i < n; i += gridDim.x * warps) {
+        const int id = ordering[(size_t)sel[i / per] * per + i % per];
+        const unsigned char *row = table + (size_t)id * row_bytes;
+        float s = 0.0f;
+        for (int k = lane * 8; k < dim; k += 32 * 8) {
+            float wv[8];
+            if (dt == G4_BF16)
+                g4_wload<G4_BF16>::load(row, k, wv);
+            else if (dt == G4_F16)
+                g4_wload<G4_F16>::load(row, k, wv);
+            else
+                g4_wload<G4_F32>::load(row, k, wv);
+            for (int j = 0; j < 8 && k + j < dim; j++) s += wv[j] * x[k + j];
+        }
+        s = g4_warp_sum(s);
+        if (lane == 0) out[id] = s;
+    }
+}
+
+__global__ void masked_min_kernel(const int *sel, int per, int n, const int32_t *ordering, const float *out,
+                                  float *fill) {
+    __shared__ float red[32];
+    g4_grid_wait();
+    float m = INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = out[ordering[(size_t)sel[i / per] * per + i % per]];
+        m = v < m ? v : m;
+    }
+    m = -g4_warp_max(-m);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) red[w] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int j = 1; j < nw; j++) m = red[j] < m ? red[j] : m;
+        *fill = m - 1.0f;
+    }
+}
+
+__global__ void masked_fill_kernel(const int *taken, int per, int V, const int32_t *ordering, const float *fill,
+                                   float *out) {
+    g4_grid_wait();
+    const float f = *fill;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < V; j += gridDim.x * blockDim.x)
+        if (!taken[j / per]) out[ordering[j]] = f;
+}
+
+void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
+                       const int32_t *ordering, const g4_tensor *table, float *out) {
+    g4c *c = g4c_of(be);
+    const int V = (int)table->shape[0], dim = (int)table->shape[1];
+    if (n_groups <= 0 || top_k <= 0 || top_k > n_groups || V % n_groups) {
+        g4c_note(c, cudaErrorInvalidValue, "masked_logits: groups do not divide the vocabulary");
+        return;
+    }
+    if ((size_t)n_groups > c->prop.sharedMemPerBlock) {
+        g4c_note(c, cudaErrorInvalidValue, "masked_logits: too many groups");
+        return;
+    }
+    const int per = V / n_groups, n = top_k * per;
+    int *ws = (int *)g4c_ws(c, &c->ws_gemm, ((size_t)top_k + (size_t)n_groups + 1) * 4);
+    if (!ws) return;
+    int *sel = ws, *taken = ws + top_k;
+    float *fill = (float *)(taken + n_groups);
+    g4c_launch(c, masked_select_kernel, dim3(1), dim3(1024), (size_t)n_groups, scores, n_groups, top_k, sel, taken);
+    g4c_launch(c, masked_dot_kernel, dim3(blocks_for(c, (size_t)n, 8)), dim3(256), 0, x, (const int *)sel, per, n,
+               ordering, (const unsigned char *)table->data, g4c_row_bytes(table->dtype, dim), (int)table->dtype,
+               dim, out);
+    g4c_launch(c, masked_min_kernel, dim3(1), dim3(1024), 0, (const int *)sel, per, n, ordering, (const float *)out,
+               fill);
+    g4c_launch(c, masked_fill_kernel, dim3(blocks_for(c, (size_t)V, 256)), dim3(256), 0, (const int *)taken, per, V,
+               ordering, (const float *)fill, out);
 }
 
 /* ------------------------------------------------------------- random weights */
