@@ -27,9 +27,14 @@ typedef struct attn_args {
     int max_blocks, B, window;
     float scale;
     int n_splits;
-    float *part;   /* [tokens, n_kv, n_splits, G*D + 2G] */
+    float *part;   /* [tokens, n_kv, n_splits, part_stride(G, D)] */
     int *counters; /* [tokens * n_kv] */
 } attn_args;
+
+/* floats of one split's partials: G x D sums, then G maxima and G sums, padded to 16 bytes */
+static __host__ __device__ __forceinline__ size_t part_stride(int G, int D) {
+    return (size_t)G * D + (((size_t)2 * G + 3) & ~(size_t)3);
+}
 
 /* 8 (4) elements of a shared-memory row of a KV type as f32 */
 template <int KVT> static __device__ __forceinline__ void row8(const unsigned char *p, float *o) {
@@ -202,13 +207,12 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         return;
     }
     /* split-K: partial sums, then the last block of this (token, head) combines */
-    const size_t stride = (size_t)GD + 2 * (size_t)G;
+    const size_t stride = part_stride(G, D);
     float *part = a.part + ((size_t)(t * a.n_kv + kh) * a.n_splits + s) * stride;
 #pragma unroll
     for (int i = 0; i < NV4; i++) {
         const int o = (tid + ATT_THREADS * i) * 4;
-        if (o < GD)
-            for (int e = 0; e < 4; e++) part[o + e] = acc[i][e];
+        if (o < GD) *(float4 *)(part + o) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
     }
     for (int g = tid; g < G; g += ATT_THREADS) part[GD + g] = mrow[g], part[GD + G + g] = lrow[g];
     __threadfence();
@@ -230,11 +234,22 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         if (lane < S) coef[lane * G + g] = w / den;
     }
     __syncthreads();
-    for (int o = tid; o < GD; o += ATT_THREADS) {
+    /* 4 outputs a thread (one head: D is a multiple of 8), every split's partials loaded before they are used:
+     * one round trip to L2 per 4 x ATT_THREADS outputs */
+    for (int o = tid * 4; o < GD; o += ATT_THREADS * 4) {
         const int g = o / D;
-        float v = 0.0f;
-        for (int q = 0; q < S; q++) v += coef[q * G + g] * __ldcg(all + (size_t)q * stride + o);
-        og[o] = v;
+        float4 pv[ATT_MAX_SPLITS];
+#pragma unroll
+        for (int q = 0; q < ATT_MAX_SPLITS; q++)
+            if (q < S) pv[q] = __ldcg((const float4 *)(all + (size_t)q * stride + o));
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int q = 0; q < ATT_MAX_SPLITS; q++)
+            if (q < S) {
+                const float cq = coef[q * G + g];
+                v.x += cq * pv[q].x, v.y += cq * pv[q].y, v.z += cq * pv[q].z, v.w += cq * pv[q].w;
+            }
+        *(float4 *)(og + o) = v;
     }
     if (tid == 0) a.counters[t * a.n_kv + kh] = 0;
 }
@@ -307,7 +322,7 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
             }
             x.n_splits = splits;
             x.part = (float *)g4c_ws(c, &c->ws_attn,
-                                     (size_t)n * a->n_kv_heads * splits * ((size_t)G * D + 2 * (size_t)G) * sizeof(float));
+                                     (size_t)n * a->n_kv_heads * splits * part_stride(G, D) * sizeof(float));
             if (!x.part) return;
             x.counters = c->counters;
         }
