@@ -194,6 +194,15 @@ static __device__ __forceinline__ int better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi) || (bv != bv && v == v); /* bv NaN: anything real wins */
 }
 
+/* the best (value, index) of a warp, in every lane */
+static __device__ __forceinline__ void warp_best(float *bv, int *bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, *bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
+        if (better(ov, oi, *bv, *bi)) *bv = ov, *bi = oi;
+    }
+}
+
 __global__ void argmax_kernel(const float *x, int n, float *part_v, int *part_i, int *counters, int32_t *out) {
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -206,11 +215,7 @@ __global__ void argmax_kernel(const float *x, int n, float *part_v, int *part_i,
     int bi = 0x7fffffff;
     for (int i = b + threadIdx.x; i < e; i += blockDim.x)
         if (better(xr[i], i, bv, bi)) bv = xr[i], bi = i;
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
+    warp_best(&bv, &bi);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (lane == 0) sv[w] = bv, si[w] = bi;
     __syncthreads();
@@ -268,11 +273,7 @@ __global__ void masked_select_kernel(const float *scores, int n_groups, int top_
         int bi = 0x7fffffff;
         for (int g = threadIdx.x; g < n_groups; g += blockDim.x)
             if (!flag[g] && better(scores[g], g, bv, bi)) bv = scores[g], bi = g;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
-        }
+        warp_best(&bv, &bi);
         if (lane == 0) sv[w] = bv, si[w] = bi;
         __syncthreads();
         if (threadIdx.x == 0) {
