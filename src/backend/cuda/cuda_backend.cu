@@ -420,6 +420,9 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
     c->pdl = !env_is("G4_CUDA_PDL", "0");
     c->graphs_on = !env_is("G4_CUDA_GRAPHS", "0");
     c->gemm_split = !env_is("G4_CUDA_GEMM", "bf16");
+    c->gemv_unroll = env_is("G4_CUDA_GEMV_UNROLL", "8") ? 8 : 4;
+    const char *gb = getenv("G4_CUDA_GEMV_BLOCKS");
+    c->gemv_blocks_per_sm = gb && *gb >= '1' && *gb <= '8' && !gb[1] ? *gb - '0' : 2;
     if (env_is("G4_CUDA_PROFILE", "1") && (c->profile = (g4c_profile *)calloc(1, sizeof *c->profile))) {
         c->graphs_on = 0;
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&c->profile->ev[i]);

@@ -235,6 +235,9 @@ typedef struct g4c {
     void *blas;           /* cublasHandle_t (NULL in the emulator) */
     void *blas_ws;
     int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
+    int gemv_unroll;      /* weight accesses in flight per lane in one-token GEMVs: 4, or 8 (G4_CUDA_GEMV_UNROLL=8) */
+    int gemv_blocks_per_sm; /* GEMV warps per row grow until rows x warps fill this many blocks a multiprocessor
+                             * (2; G4_CUDA_GEMV_BLOCKS=1..8) */
     void **retired;       /* workspaces replaced while recording (freed with the backend) */
     int n_retired;
     /* recordings */

@@ -79,12 +79,12 @@ template <int DT> static __device__ __forceinline__ void raw_decode(const uint4 
     }
 }
 
-/* The accesses k, k + step, ... (GEMV_UNROLL of them, those below len) of the rows rp from element t0. */
-template <int DT, int RP>
+/* The accesses k, k + step, ... (UN of them, those below len) of the rows rp from element t0. */
+template <int DT, int RP, int UN>
 static __device__ __forceinline__ void issue(const unsigned char *const *rp, int t0, int k, int step, int len,
-                                             uint4 (*pre)[GEMV_UNROLL][wraw<DT>::WORDS]) {
+                                             uint4 (*pre)[UN][wraw<DT>::WORDS]) {
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; u++)
+    for (int u = 0; u < UN; u++)
 #pragma unroll
         for (int r = 0; r < RP; r++)
             if (k + u * step < len) raw_load<DT>(rp[r], t0 + k + u * step, pre[r][u]);
@@ -137,7 +137,8 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
 /* A block of 8 warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
  * inputs (normalized) in shared memory, one tile of ktile elements at a time; each lane streams 16 bytes of
  * weights per access, GEMV_UNROLL accesses in flight, the next ones issued before the current are used. */
-template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
+template <int DT, int NT, int RP, int UN = GEMV_UNROLL>
+__global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     constexpr int W = wraw<DT>::WORDS;
     G4_DYN_SMEM(float, xs); /* [NT][ktile] */
     __shared__ float red[8][RP * NT];
@@ -150,11 +151,11 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
     /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
     int row = blockIdx.x * groups + g;
     const unsigned char *rp[RP] = {};
-    uint4 pre[RP][GEMV_UNROLL][W];
+    uint4 pre[RP][UN][W];
     const int first_len = a.in < kt ? a.in : kt;
     if (row < a.rows) {
         row_pointers(a, row, RP, rp);
-        issue<DT, RP>(rp, 0, k0, step, first_len, pre);
+        issue<DT, RP, UN>(rp, 0, k0, step, first_len, pre);
     }
     g4_grid_wait();
     if (NT == 1 && a.res_out) { /* the residual update (one token): into xs, then its 1/rms and the norm */
@@ -204,7 +205,7 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
         const int active = row < a.rows;
         if (active && base != (int)blockIdx.x * groups) { /* later rows: fresh pointers and first accesses */
             row_pointers(a, row, RP, rp);
-            issue<DT, RP>(rp, 0, k0, step, first_len, pre);
+            issue<DT, RP, UN>(rp, 0, k0, step, first_len, pre);
         }
         float acc[RP][NT];
 #pragma unroll
@@ -217,20 +218,20 @@ template <int DT, int NT, int RP> __global__ __launch_bounds__(GEMV_THREADS) voi
                 if (tile > 0) __syncthreads();
                 stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
                 __syncthreads();
-                if (tile > 0 && active) issue<DT, RP>(rp, t0, k0, step, len, pre);
+                if (tile > 0 && active) issue<DT, RP, UN>(rp, t0, k0, step, len, pre);
             }
             if (!active) continue;
-            for (int k = k0; k < len; k += step * GEMV_UNROLL) {
-                uint4 cur[RP][GEMV_UNROLL][W];
+            for (int k = k0; k < len; k += step * UN) {
+                uint4 cur[RP][UN][W];
 #pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++)
+                for (int u = 0; u < UN; u++)
 #pragma unroll
                     for (int r = 0; r < RP; r++)
 #pragma unroll
                         for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
-                issue<DT, RP>(rp, t0, k + step * GEMV_UNROLL, step, len, pre); /* the next, before these are used */
+                issue<DT, RP, UN>(rp, t0, k + step * UN, step, len, pre); /* the next, before these are used */
 #pragma unroll
-                for (int u = 0; u < GEMV_UNROLL; u++) {
+                for (int u = 0; u < UN; u++) {
                     const int kk = k + u * step;
                     if (kk < len) {
                         float w[RP][8];
@@ -310,7 +311,9 @@ template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsign
     unsigned blocks = row_blocks;
     if (a.ktile == in8 && blocks > (unsigned)c->n_sm * 8) blocks = (unsigned)c->n_sm * 8;
     const dim3 grid(blocks);
-    if (nt == 1)
+    if (nt == 1 && c->gemv_unroll == 8)
+        g4c_launch(c, gemv_kernel<DT, 1, RP, 8>, grid, dim3(GEMV_THREADS), smem, a);
+    else if (nt == 1)
         g4c_launch(c, gemv_kernel<DT, 1, RP>, grid, dim3(GEMV_THREADS), smem, a);
     else if (nt == 2)
         g4c_launch(c, gemv_kernel<DT, 2, RP>, grid, dim3(GEMV_THREADS), smem, a);
@@ -370,7 +373,7 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
      * slices of a row (measured on an H200, ncu: more warps per row, for a full wave of 32 warps per
      * multiprocessor, made the E2B q/k/v and down products 20-30% slower) */
     int wpr = 1;
-    while (wpr < 8 && a.rows * wpr < 2 * 8 * c->n_sm && wpr * 256 < a.in) wpr *= 2;
+    while (wpr < 8 && a.rows * wpr < c->gemv_blocks_per_sm * 8 * c->n_sm && wpr * 256 < a.in) wpr *= 2;
     a.wpr = wpr;
     const int groups = 8 / wpr;
     const unsigned row_blocks = (unsigned)((a.rows + groups - 1) / groups);
