@@ -69,6 +69,25 @@ static void per_layer_inputs(g4_context *ctx, const float *h, int n) {
     OPS->transpose(be, s->ple, n, L, P, s->ple_t);
 }
 
+/* Multimodal soft tokens replace the (pad) embeddings of their rows, unscaled (docs/gemma4-towers.md 4):
+ * one copy per run of consecutive embedded rows. */
+static void merge_embeddings(g4_context *ctx, const g4_step *st, float *h) {
+    g4_backend *be = ctx->model->be;
+    const size_t H = (size_t)ctx->model->cfg.text.hidden_size;
+    size_t used = 0;
+    for (int i = 0; i < st->n;) {
+        if (!st->embedded[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < st->n && st->embedded[j]) j++;
+        OPS->to_device(be, h + (size_t)i * H, st->embd + used * H, (size_t)(j - i) * H * sizeof(float));
+        used += (size_t)(j - i);
+        i = j;
+    }
+}
+
 static void attention_block(g4_context *ctx, residual *r, int l, int n) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
@@ -192,6 +211,7 @@ static void compute(g4_context *ctx, const g4_step *st, int head_in_step, int wa
         if (c->type_head_dim[t]) OPS->rope_table(be, s->pos, n, m->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
     residual r = {s->h, s->h_spare, NULL, NULL, 1.0f, 0};
     OPS->embed(be, m->embed, s->ids, n, m->embed_scale, r.h);
+    if (st->embd) merge_embeddings(ctx, st, r.h);
     const int ple = c->hidden_size_per_layer_input > 0;
     if (ple) per_layer_inputs(ctx, r.h, n);
     for (int l = 0; l < c->n_layers; l++) {
@@ -245,7 +265,7 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
     const int head = st->n_out > 0 && (logits || ids);
     const int one_chunk = st->n_out <= s->logit_rows, want_ids = logits == NULL;
     const int replayable = OPS->graph_begin && one_chunk && n <= GRAPH_MAX_TOKENS && !ctx->capture_hidden &&
-                           !ctx->capture_final;
+                           !ctx->capture_final && !st->embd; /* soft tokens: host rows copied in each step */
     const uint64_t key = (uint64_t)n | (uint64_t)st->n_out << 16 | (uint64_t)want_ids << 32 |
                          (uint64_t)(st->kv_end != NULL) << 33;
     if (!replayable || !OPS->graph_begin(be, ctx, key)) {

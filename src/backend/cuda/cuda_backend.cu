@@ -369,6 +369,15 @@ static void init_ops(void) {
     o->attn_prep = g4c_attn_prep;
     o->attention = g4c_attention;
     o->moe = g4c_moe;
+    o->attention_dense = g4c_attention_dense;
+    o->clamp = g4c_clamp;
+    o->shift_scale_cols = g4c_shift_scale_cols;
+    o->gather_sum = g4c_gather_sum;
+    o->sigmoid_mul = g4c_sigmoid_mul;
+    o->layernorm = g4c_layernorm;
+    o->im2col = g4c_im2col;
+    o->conv1d_causal_dw = g4c_conv1d_causal_dw;
+    o->local_attention = g4c_local_attention;
 }
 
 static int env_is(const char *name, const char *value) {
@@ -443,6 +452,7 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
         c->staging = NULL, cudaGetLastError();
     g4c_attention_init(c);
     g4c_moe_init(c);
+    g4c_towers_init(c);
     if (c->error != cudaSuccess) {
         g4_fail(err, "device 'cuda': cannot start: %s", c->error_what);
         cu_free(be);

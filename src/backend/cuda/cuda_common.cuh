@@ -353,6 +353,19 @@ void g4c_transpose(g4_backend *be, const float *src, int na, int nb, int c, floa
 void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out);
 void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
                        const int32_t *ordering, const g4_tensor *table, float *out);
+/* cuda_towers.cu: the ops of the towers */
+void g4c_towers_init(g4c *c);
+void g4c_attention_dense(g4_backend *be, const g4_dense_attention_args *a);
+void g4c_local_attention(g4_backend *be, const g4_local_attention_args *a);
+void g4c_clamp(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi);
+void g4c_shift_scale_cols(g4_backend *be, float *y, int rows, int cols, const float *shift, const float *scale);
+void g4c_gather_sum(g4_backend *be, const float *src, const int32_t *idx, int n, int k, int row, float s, float *dst);
+void g4c_sigmoid_mul(g4_backend *be, const float *a, const float *b, size_t n, float *y);
+void g4c_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
+                   float *y);
+void g4c_im2col(g4_backend *be, const float *x, int h, int w, int c, int kh, int kw, int stride, int pad, int row0,
+                int nrows, float *out);
+void g4c_conv1d_causal_dw(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
 void g4c_fill_random(g4c *c, void *dst, g4_dtype t, int64_t rows, int64_t in, size_t row_bytes, uint64_t seed);
 
 #endif

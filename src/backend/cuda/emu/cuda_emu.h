@@ -144,6 +144,7 @@ template <typename T> static inline T __ldcg(const T *p) { return *p; }
 
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __fmul_rn(float a, float b) { return a * b; } /* a product rounded on its own */
 static inline float __saturatef(float x) { return x < 0 ? 0 : x > 1 ? 1 : x; }
 static inline unsigned __float_as_uint(float f) {
     unsigned u;
