@@ -78,6 +78,10 @@ typedef struct g4_load_params {
     /* Called while weights are bound/paged in; fraction in [0,1]. May be NULL. */
     void (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
+    /* 1: read no weights: every weight of the config's shapes gets random values where it lives (BF16 matrices
+     * uniform in +-sqrt(3/in), vectors 1 +- 0.1; the per-layer embedding table a backend keeps on the host is
+     * zeros). For benchmarks of real shapes; dir may be a config.json file. */
+    int random_weights;
 } g4_load_params;
 
 /* Loads a model folder: config.json and the weights (*.safetensors [+ index]), and beside them,
@@ -198,6 +202,14 @@ G4_API void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *
  * (after the final norm, as transformers' last_hidden_state), hidden_size floats into out.
  * Sequence `seq` of ctx is the scratch: it is reset before and after. */
 G4_API int g4_embed(g4_context *ctx, int seq, const int32_t *ids, int n_ids, float *out, g4_error *err);
+
+/* Benchmarks: the bytes of weights and KV cache one decode step of one token at position pos must read (the
+ * per-layer table a backend keeps on the host and all but one embedding row left out unless the head reads
+ * them; MoE: the top-k experts' share), the numerator of a decode roofline; and the copy bandwidth of the
+ * model's device, bytes read plus written per second by a 1 GiB copy within the backend's memory (best of
+ * five; 0 when the buffers cannot be had). */
+G4_API double g4_model_decode_bytes(const g4_model *model, int pos, g4_kv_type kv_type);
+G4_API double g4_model_copy_bandwidth(g4_model *model);
 
 /* ------------------------------------------------------- images and audio */
 

@@ -113,6 +113,8 @@ static void weight_free(weight *w) {
 
 static const g4_dtype dtypes[] = {G4_F32, G4_BF16, G4_F16};
 
+static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
 /* ------------------------------------------------------------- matmul */
 static void ref_matmul(const float *x, int n, const weight *w, const float *bias, double *y) {
     int out = (int)w->host.shape[0], in = (int)w->host.shape[1];
@@ -197,6 +199,111 @@ static void test_matmul_set(void) {
         }
 }
 
+static void ref_rms_row(const float *x, const float *w, int dim, float eps, double *y) {
+    double ms = 0;
+    for (int i = 0; i < dim; i++) ms += (double)x[i] * x[i];
+    double inv = 1.0 / sqrt(ms / dim + eps);
+    for (int i = 0; i < dim; i++) y[i] = x[i] * inv * (w ? w[i] : 1.0);
+}
+
+/* matmul_set with its fusions: the input's RMSNorm, GeGLU of a gate/up pair or against a multiplier, soft-cap;
+ * step sizes on both sides of the backends' small-step paths */
+static void test_matmul_set_fused(void) {
+    const int ns[] = {1, 3, 8, 9, 21}, ins[] = {77, 256};
+    for (size_t di = 0; di < 3; di++)
+        for (size_t ni = 0; ni < 5; ni++)
+            for (size_t ii = 0; ii < 2; ii++)
+                for (int mode = 0; mode < 6; mode++) {
+                    /* 0 norm+3 products; 1 norm+geglu pair; 2 geglu mul; 3 softcap; 4 residual prologue + norm + 2
+                     * products (into another buffer); 5 the same in place */
+                    const int n = ns[ni], in = ins[ii], out = 40;
+                    const int count = mode == 0 ? 3 : mode == 1 || mode >= 4 ? 2 : 1, with_norm = mode <= 1 || mode >= 4;
+                    weight w[3];
+                    float *x = malloc((size_t)n * in * sizeof(float)), *nw = malloc((size_t)in * sizeof(float));
+                    float *bias = malloc((size_t)(out + 8) * sizeof(float)), *mul = malloc((size_t)n * out * sizeof(float));
+                    fill(x, (size_t)n * in, -2, 2);
+                    fill(nw, (size_t)in, 0.5f, 1.5f);
+                    fill(bias, (size_t)out + 8, -1, 1);
+                    fill(mul, (size_t)n * out, -2, 2);
+                    float *dx = devf(x, (size_t)n * in), *dnw = devf(nw, (size_t)in), *db = devf(bias, (size_t)out + 8);
+                    float *dmul = devf(mul, (size_t)n * out);
+                    g4_matmul_set set = {.count = count, .norm = with_norm ? dnw : NULL, .eps = 1e-6f,
+                                         .geglu = mode == 1 || mode == 2, .mul = mode == 2 ? dmul : NULL,
+                                         .softcap = mode == 3 ? 1.5f : 0.0f};
+                    /* residual prologue: h (random), o = x, weight rw, scale 0.75 */
+                    float *h = malloc((size_t)n * in * sizeof(float)), *rw = malloc((size_t)in * sizeof(float));
+                    fill(h, (size_t)n * in, -3, 3);
+                    fill(rw, (size_t)in, 0.5f, 1.5f);
+                    float *dh = devf(h, (size_t)n * in), *drw = devf(rw, (size_t)in);
+                    float *dout = mode == 5 ? dh : devf(NULL, (size_t)n * in);
+                    if (mode >= 4) {
+                        set.res_h = dh, set.res_o = dx, set.res_w = drw, set.res_scale = 0.75f, set.res_out = dout;
+                        for (int t = 0; t < n; t++) { /* the products' input: the updated stream */
+                            double *o = malloc((size_t)in * sizeof(double));
+                            ref_rms_row(x + (size_t)t * in, rw, in, 1e-6f, o);
+                            for (int k = 0; k < in; k++) {
+                                const size_t i = (size_t)t * in + k;
+                                h[i] = (float)(((double)h[i] + o[k]) * 0.75);
+                            }
+                            free(o);
+                        }
+                    }
+                    for (int i = 0; i < count; i++) {
+                        weight_make(&w[i], dtypes[di], 2, (int64_t[]){out + (mode == 0 ? 3 * i : 0), in}, 1.0f);
+                        set.w[i] = &w[i].dev;
+                        set.bias[i] = mode == 0 && i == 1 ? db : NULL;
+                        set.y[i] = devf(NULL, (size_t)n * (out + 3 * i));
+                    }
+                    be->ops->matmul_set(be, dx, n, &set);
+                    /* reference: x' then the products and epilogues in double */
+                    float *xn = malloc((size_t)n * in * sizeof(float));
+                    double *row = malloc((size_t)in * sizeof(double));
+                    const float *xin = mode >= 4 ? h : x;
+                    for (int t = 0; t < n; t++) {
+                        if (with_norm) {
+                            ref_rms_row(xin + (size_t)t * in, nw, in, 1e-6f, row);
+                            for (int k = 0; k < in; k++) xn[(size_t)t * in + k] = (float)row[k];
+                        } else {
+                            memcpy(xn + (size_t)t * in, xin + (size_t)t * in, (size_t)in * sizeof(float));
+                        }
+                    }
+                    const int checked = mode == 1 ? 1 : count; /* a pair's up output is scratch */
+                    if (mode >= 4) { /* the updated stream */
+                        float *got = malloc((size_t)n * in * sizeof(float));
+                        double *ref = malloc((size_t)n * in * sizeof(double));
+                        for (size_t k = 0; k < (size_t)n * in; k++) ref[k] = h[k];
+                        back(got, dout, (size_t)n * in * sizeof(float));
+                        EXPECT_CLOSE(got, ref, (size_t)n * in, 1e-5, "matmul_set residual mode=%d n=%d in=%d", mode, n, in);
+                        free(got), free(ref);
+                    }
+                    for (int i = 0; i < checked; i++) {
+                        const int oi = (int)w[i].host.shape[0];
+                        double *ref = malloc((size_t)n * oi * sizeof(double)), *up = NULL;
+                        ref_matmul(xn, n, &w[i], set.bias[i] ? bias : NULL, ref);
+                        if (mode == 1) {
+                            up = malloc((size_t)n * oi * sizeof(double));
+                            ref_matmul(xn, n, &w[1], NULL, up);
+                        }
+                        for (size_t k = 0; k < (size_t)n * oi; k++) {
+                            if (mode == 1) ref[k] = gelu_tanh_ref(ref[k]) * up[k];
+                            if (mode == 2) ref[k] = gelu_tanh_ref(ref[k]) * mul[k];
+                            if (mode == 3) ref[k] = tanh(ref[k] / 1.5) * 1.5;
+                        }
+                        float *y = malloc((size_t)n * oi * sizeof(float));
+                        back(y, set.y[i], (size_t)n * oi * sizeof(float));
+                        /* the normalized input is rounded to f32 here, as a backend does */
+                        EXPECT_CLOSE(y, ref, (size_t)n * oi, 1e-5 * sqrt(in) * 4 * backend_tol(),
+                                     "matmul_set fused %s mode=%d n=%d in=%d product %d", g4_dtype_name(dtypes[di]), mode,
+                                     n, in, i);
+                        free(ref), free(up), free(y);
+                    }
+                    for (int i = 0; i < count; i++) rel(set.y[i]), weight_free(&w[i]);
+                    rel(dx), rel(dnw), rel(db), rel(dmul), rel(dh), rel(drw);
+                    if (dout != dh) rel(dout);
+                    free(x), free(nw), free(bias), free(mul), free(xn), free(row), free(h), free(rw);
+                }
+}
+
 /* ------------------------------------------------------------- embed */
 static void test_embed(void) {
     for (size_t di = 0; di < 3; di++) {
@@ -221,12 +328,6 @@ static void test_embed(void) {
 }
 
 /* ------------------------------------------------------------- norms */
-static void ref_rms_row(const float *x, const float *w, int dim, float eps, double *y) {
-    double ms = 0;
-    for (int i = 0; i < dim; i++) ms += (double)x[i] * x[i];
-    double inv = 1.0 / sqrt(ms / dim + eps);
-    for (int i = 0; i < dim; i++) y[i] = x[i] * inv * (w ? w[i] : 1.0);
-}
 
 /* LayerNorm with eps 1e-5, weight w and bias b (each may be NULL) */
 static void ref_layernorm(const float *x, const float *w, const float *b, int rows, int dim, double *y) {
@@ -371,8 +472,6 @@ static void test_rope(void) {
 }
 
 /* ------------------------------------------------------------- elementwise */
-static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
-
 static void test_elementwise(void) {
     const size_t sizes[] = {1, 15, 1000, 100003};
     for (size_t si = 0; si < 4; si++) {
@@ -634,21 +733,105 @@ static void test_attention(void) {
     }
 }
 
+/* attn_prep: q/k/v norms, RoPE, keys as values and the KV store in one op */
+static void test_attn_prep(void) {
+    const g4_kv_type kts[] = {G4_KV_F32, G4_KV_BF16, G4_KV_F16};
+    const int dims[] = {64, 256, 512};
+    for (int ki = 0; ki < 3; ki++)
+        for (int dd = 0; dd < 3; dd++)
+            for (int mode = 0; mode < 3; mode++) { /* 0 k and v; 1 keys as values; 2 KV-shared (q only) */
+                const g4_kv_type kt = kts[ki];
+                const int n = 3, NH = 4, KV = 2, D = dims[dd], half = D / 2, rows = 8, row = KV * D;
+                const size_t nq = (size_t)n * NH * D, nk = (size_t)n * KV * D;
+                float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float)), *v = malloc(nk * sizeof(float));
+                float *qn = malloc((size_t)D * sizeof(float)), *kn = malloc((size_t)D * sizeof(float));
+                float *tab = malloc((size_t)n * D * sizeof(float));
+                fill(q, nq, -2, 2), fill(k, nk, -2, 2), fill(v, nk, -2, 2);
+                fill(qn, (size_t)D, 0.5f, 1.5f), fill(kn, (size_t)D, 0.5f, 1.5f);
+                for (int t = 0; t < n; t++)
+                    for (int j = 0; j < half; j++) {
+                        float a = uniform(-3.14f, 3.14f);
+                        tab[(size_t)t * D + j] = cosf(a), tab[(size_t)t * D + half + j] = sinf(a);
+                    }
+                int32_t slot[3] = {5, 0, 2};
+                const size_t esz = g4_kv_type_size(kt), cache_bytes = (size_t)rows * row * esz;
+                unsigned char *zero = calloc(1, cache_bytes);
+                float *dq = devf(q, nq), *dk = devf(k, nk), *dv = devf(v, nk), *dqn = devf(qn, (size_t)D);
+                float *dkn = devf(kn, (size_t)D), *dtab = devf(tab, (size_t)n * D);
+                int32_t *dslot = dev(slot, sizeof slot);
+                void *kc = dev(zero, cache_bytes), *vc = dev(zero, cache_bytes);
+                g4_attn_prep_args a = {.q = dq, .k = dk, .v = dv, .n = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
+                                       .kv_shared = mode == 2, .v_from_k = mode == 1, .q_norm = dqn, .k_norm = dkn,
+                                       .eps = 1e-6f, .rope = dtab, .slot = dslot, .k_cache = kc, .v_cache = vc,
+                                       .kv_type = kt};
+                be->ops->attn_prep(be, &a);
+                /* reference: per head row, rms * weight, then rotate-half with the table */
+                double *qref = malloc(nq * sizeof(double)), *kref = calloc((size_t)rows * row, sizeof(double));
+                double *vref = calloc((size_t)rows * row, sizeof(double)), *tmp = malloc((size_t)D * sizeof(double));
+                for (int t = 0; t < n; t++) {
+                    const float *cs = tab + (size_t)t * D, *sn = cs + half;
+                    for (int h = 0; h < NH + 2 * KV; h++) {
+                        const int is_q = h < NH, is_k = h >= NH && h < NH + KV, hh = is_q ? h : is_k ? h - NH : h - NH - KV;
+                        const float *src = is_q ? q + ((size_t)t * NH + hh) * D
+                                                : (is_k || mode == 1 ? k : v) + ((size_t)t * KV + hh) * D;
+                        ref_rms_row(src, is_q ? qn : is_k ? kn : NULL, D, 1e-6f, tmp);
+                        double *dst = is_q ? qref + ((size_t)t * NH + hh) * D
+                                           : (is_k ? kref : vref) + (size_t)slot[t] * row + (size_t)hh * D;
+                        for (int j = 0; j < half; j++) {
+                            double x0 = tmp[j], x1 = tmp[j + half];
+                            if (is_q || is_k)
+                                dst[j] = x0 * cs[j] - x1 * sn[j], dst[j + half] = x1 * cs[j] + x0 * sn[j];
+                            else
+                                dst[j] = x0, dst[j + half] = x1;
+                        }
+                    }
+                }
+                float *got = malloc(((size_t)rows * row > nq ? (size_t)rows * row : nq) * sizeof(float));
+                back(got, dq, nq * sizeof(float));
+                EXPECT_CLOSE(got, qref, nq, 1e-5, "attn_prep q kv=%s D=%d mode=%d", kv_name(kt), D, mode);
+                unsigned char *cache = malloc(cache_bytes);
+                for (int c = 0; c < 2; c++) {
+                    back(cache, c ? vc : kc, cache_bytes);
+                    double *ref = c ? vref : kref;
+                    for (size_t i = 0; i < (size_t)rows * row; i++) {
+                        if (mode == 2) ref[i] = 0; /* nothing stored */
+                        else ref[i] = kv_round(kt, (float)ref[i]);
+                        if (kt == G4_KV_F32) memcpy(&got[i], cache + i * 4, 4);
+                        else {
+                            uint16_t hv;
+                            memcpy(&hv, cache + i * 2, 2);
+                            got[i] = kt == G4_KV_BF16 ? g4_bf16_to_f32(hv) : g4_f16_to_f32(hv);
+                        }
+                    }
+                    /* one rounding step of the cache type when our f32 value lands on the other side */
+                    EXPECT_CLOSE(got, ref, (size_t)rows * row, kt == G4_KV_F32 ? 1e-5 : 1e-2,
+                                 "attn_prep %s cache kv=%s D=%d mode=%d", c ? "V" : "K", kv_name(kt), D, mode);
+                }
+                rel(dq), rel(dk), rel(dv), rel(dqn), rel(dkn), rel(dtab), rel(dslot), rel(kc), rel(vc);
+                free(q), free(k), free(v), free(qn), free(kn), free(tab), free(zero), free(qref), free(kref), free(vref);
+                free(tmp), free(got), free(cache);
+            }
+}
+
 /* ------------------------------------------------------------- mixture of experts */
 static void test_moe(void) {
-    const int n = 5, H = 24, E = 6, TK = 2, Im = 10;
+    const int H = 24, E = 6, TK = 2, Im = 10;
+    for (int n = 5; n <= 13; n += 8) /* both sides of the backends' small-step paths */
     for (size_t di = 0; di < 3; di++) {
         weight router, gu, dn;
         weight_make(&router, dtypes[di], 2, (int64_t[]){E, H}, 1.0f);
         weight_make(&gu, dtypes[di], 3, (int64_t[]){E, 2 * Im, H}, 0.5f);
         weight_make(&dn, dtypes[di], 3, (int64_t[]){E, H, Im}, 0.5f);
-        float r[5 * 24], x2[5 * 24], rscale[24], pes[6], out[5 * 24];
+        float r[13 * 24], dense[13 * 24], rscale[24], pes[6], out[13 * 24], pn2[24], qn1[24], qn2[24];
+        double x2[13 * 24], esum[13 * 24], tmp[24];
         fill(r, (size_t)n * H, -2, 2);
-        fill(x2, (size_t)n * H, -1, 1);
+        fill(dense, (size_t)n * H, -1, 1);
         fill(rscale, (size_t)H, 0.5f, 1.5f);
         fill(pes, (size_t)E, 0.5f, 2.0f);
+        fill(pn2, (size_t)H, 0.5f, 1.5f), fill(qn1, (size_t)H, 0.5f, 1.5f), fill(qn2, (size_t)H, 0.5f, 1.5f);
+        for (int t = 0; t < n; t++) ref_rms_row(r + (size_t)t * H, pn2, H, 1e-6f, x2 + (size_t)t * H);
         const float eps = 1e-6f;
-        double ref[5 * 24];
+        double ref[13 * 24];
         for (int t = 0; t < n; t++) {
             double z[24], lg[6], ms = 0;
             for (int i = 0; i < H; i++) ms += (double)r[t * H + i] * r[t * H + i];
@@ -670,7 +853,7 @@ static void test_moe(void) {
                     if ((k == 0 || e != ids[0]) && (best < 0 || lg[e] > lg[best])) best = e;
                 ids[k] = best, w[k] = lg[best], wsum += lg[best];
             }
-            for (int i = 0; i < H; i++) ref[t * H + i] = 0;
+            for (int i = 0; i < H; i++) esum[t * H + i] = 0;
             for (int k = 0; k < TK; k++) {
                 int e = ids[k];
                 double wk = w[k] / wsum * pes[e], act[10];
@@ -685,19 +868,31 @@ static void test_moe(void) {
                 for (int i = 0; i < H; i++) {
                     double d = 0;
                     for (int c = 0; c < Im; c++) d += act[c] * dn.ref[((size_t)e * H + i) * Im + c];
-                    ref[t * H + i] += wk * d;
+                    esum[t * H + i] += wk * d;
                 }
             }
         }
-        float *dr = devf(r, (size_t)n * H), *dx2 = devf(x2, (size_t)n * H), *dout = devf(NULL, (size_t)n * H);
-        float *drs = devf(rscale, (size_t)H), *dpes = devf(pes, (size_t)E);
-        g4_moe_args a = {.residual = dr, .x2 = dx2, .out = dout, .n = n, .hidden = H, .n_experts = E, .top_k = TK,
-                         .expert_dim = Im, .eps = eps, .router_proj = &router.dev, .router_scale = drs,
-                         .per_expert_scale = dpes, .gate_up = &gu.dev, .down = &dn.dev};
+        /* out = rmsnorm(dense) * qn1 + rmsnorm(sum) * qn2 */
+        for (int t = 0; t < n; t++) {
+            double ms = 0;
+            for (int i = 0; i < H; i++) ms += esum[t * H + i] * esum[t * H + i];
+            const double inv = 1 / sqrt(ms / H + eps);
+            ref_rms_row(dense + (size_t)t * H, qn1, H, eps, tmp);
+            for (int i = 0; i < H; i++) ref[t * H + i] = tmp[i] + esum[t * H + i] * inv * qn2[i];
+        }
+        float *dr = devf(r, (size_t)n * H), *ddense = devf(dense, (size_t)n * H);
+        float *dout = (n & 1) ? ddense : devf(NULL, (size_t)n * H); /* in place for odd n */
+        float *drs = devf(rscale, (size_t)H), *dpes = devf(pes, (size_t)E), *dpn2 = devf(pn2, (size_t)H);
+        float *dqn1 = devf(qn1, (size_t)H), *dqn2 = devf(qn2, (size_t)H);
+        g4_moe_args a = {.residual = dr, .dense = ddense, .out = dout, .n = n, .hidden = H, .n_experts = E,
+                         .top_k = TK, .expert_dim = Im, .eps = eps, .pre_norm2 = dpn2, .post_norm1 = dqn1,
+                         .post_norm2 = dqn2, .router_proj = &router.dev, .router_scale = drs, .per_expert_scale = dpes,
+                         .gate_up = &gu.dev, .down = &dn.dev};
         be->ops->moe(be, &a);
-        back(out, dout, sizeof out);
-        EXPECT_CLOSE(out, ref, (size_t)n * H, 2e-5 * backend_tol(), "moe %s", g4_dtype_name(dtypes[di]));
-        rel(dr), rel(dx2), rel(dout), rel(drs), rel(dpes);
+        back(out, dout, (size_t)n * H * sizeof(float));
+        EXPECT_CLOSE(out, ref, (size_t)n * H, 2e-5 * backend_tol(), "moe %s n=%d", g4_dtype_name(dtypes[di]), n);
+        rel(dr), rel(ddense), rel(drs), rel(dpes), rel(dpn2), rel(dqn1), rel(dqn2);
+        if (dout != ddense) rel(dout);
         weight_free(&router), weight_free(&gu), weight_free(&dn);
     }
 }
@@ -849,6 +1044,7 @@ static void run_all(void) {
     test_embed();
     test_matmul();
     test_matmul_set();
+    test_matmul_set_fused();
     test_norms();
     test_layernorm_offset();
     test_rope();
@@ -856,6 +1052,7 @@ static void run_all(void) {
     test_rows_transpose_argmax();
     test_masked_logits();
     test_attention();
+    test_attn_prep();
     test_moe();
     test_attention_dense();
     test_tower_elementwise();

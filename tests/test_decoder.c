@@ -15,7 +15,13 @@
 #include "model_files.h"
 #include "reference.h"
 
-#define LOGIT_TOL 2e-3f
+/* Tolerances of the CPU (f32 arithmetic). A backend of its own memory (CUDA) multiplies prefill products on
+ * tensor cores with bf16 operands, the activations split in two bf16 parts (cuda_blas.cu), and sums in
+ * other orders: logits within 4e-3 there (measured in the emulator: at most 1.1e-3); hidden states as on the
+ * CPU. With activations rounded to bf16 once (G4_CUDA_GEMM=bf16) these random fixtures, whose peaked
+ * attention and routing amplify rounding, differ by 0.6 to 2.9 in the logits (not tested). */
+static int on_gpu; /* the model under test runs on a backend with its own memory */
+#define LOGIT_TOL (on_gpu ? 4e-3f : 2e-3f)
 #define HIDDEN_REL_TOL 1e-3f
 
 typedef struct {
@@ -84,6 +90,7 @@ static void check_model(const char *label, const char *model_dir, const referenc
         return;
     }
     CHECKF(g4_model_warnings(model) == NULL, "%s: unexpected warnings: %s", label, g4_model_warnings(model));
+    on_gpu = strcmp(g4_model_device(model), "cpu") != 0;
     const int V = g4_model_vocab_size(model), L = g4_model_n_layers(model), H = g4_model_hidden_size(model);
     const int T = (int)r->n_ids;
     g4_context *ctx;
@@ -272,7 +279,8 @@ static float *kv16_reference(const char *fixture_dir, const char *label, const c
     for (char *p = prefix + strlen(g4t_tmp("")); *p; p++)
         if (*p == ' ' || *p == '(' || *p == ')') *p = '_';
     const char *src = getenv("G4_SOURCE_DIR");
-    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/data/kv16_reference.py' '%s' '%s'", src ? src : ".",
+    const char *py = getenv("G4_PYTHON"); /* a python3 with numpy; the system one by default */
+    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/data/kv16_reference.py' '%s' '%s'", py ? py : "/usr/bin/python3", src ? src : ".",
              fixture_dir, prefix);
     snprintf(path, sizeof path, "%s.%s.f32", prefix, type);
     if (strcmp(type, "bf16") == 0 && system(cmd) != 0) return NULL; /* one run writes both */
@@ -298,7 +306,8 @@ static float *kv16_reference(const char *fixture_dir, const char *label, const c
 /* Our K/V and the reference's differ in the last f32 bits, so a few elements round to the other bf16/f16
  * neighbour; these fixtures' peaked attention amplifies that to about 1e-2 (measured: at most 2.1e-2, against
  * 0.03 to 4.1 from the float32 reference) */
-#define KV16_TOL 5e-2f
+/* on the GPU: measured 6.6e-2 in the emulator (dense-keqv, bf16) */
+#define KV16_TOL (on_gpu ? 1.5e-1f : 5e-2f)
 static void check_kv_types_and_sharing(const char *label, const char *model_dir, const reference *r) {
     g4_error err;
     g4_model *model;
@@ -308,6 +317,7 @@ static void check_kv_types_and_sharing(const char *label, const char *model_dir,
         return;
     }
     const int V = g4_model_vocab_size(model), T = (int)r->n_ids;
+    on_gpu = strcmp(g4_model_device(model), "cpu") != 0;
     float *logits = malloc((size_t)T * V * sizeof(float)), *row = malloc((size_t)V * sizeof(float));
     const g4_kv_type types[2] = {G4_KV_BF16, G4_KV_F16};
     const char *type_names[2] = {"bf16", "f16"};
@@ -323,7 +333,7 @@ static void check_kv_types_and_sharing(const char *label, const char *model_dir,
         g4_batch b = {.n_tokens = T, .token = r->ids};
         CHECK(g4_decode(ctx, &b, logits, &err) == 0);
         float *ref16 = kv16_reference(model_dir, label, type_names[k], (size_t)T * V);
-        CHECKF(ref16 != NULL, "%s: no %s reference (needs /usr/bin/python3 with numpy)", label, type_names[k]);
+        CHECKF(ref16 != NULL, "%s: no %s reference (needs /usr/bin/python3 or $G4_PYTHON with numpy)", label, type_names[k]);
         e16[k] = ref16 ? max_abs_diff(logits, ref16, (size_t)T * V) : 1e30f;
         e16_f32[k] = max_abs_diff(logits, r->logits, (size_t)T * V);
         free(ref16);

@@ -13,7 +13,9 @@
  *
  * Weights. A weight is a g4_tensor whose dtype says how to read it. upload_weight() places a host view (a
  * memory-mapped file) in the backend: the CPU keeps the view as it is (nothing is copied or read), CUDA copies
- * it into device memory. A model may keep a table on the host instead (host_table): ops never read it; the
+ * it into device memory (rows padded to 16 bytes there: a placed tensor is read only by its backend's ops). A
+ * source without data (data NULL) asks for random values instead, uniform in +-sqrt(3 / row length): random-
+ * weight models of real shapes for benchmarks, filled where they live (on the GPU, no host copy). A model may keep a table on the host instead (host_table): ops never read it; the
  * model gathers its rows on the host and copies them in (E2B's 4.7 GB per-layer embedding table is read one
  * row per token).
  *
@@ -75,13 +77,16 @@ typedef struct g4_dense_attention_args {
     int bias_heads;            /* 1: one bias for every head; n_heads: one per head */
 } g4_dense_attention_args;
 
-/* Mixture-of-experts block of one layer for n tokens (docs/gemma4-text.md 3.7). */
+/* Mixture-of-experts branch of one layer for n tokens, with the dense MLP's output (docs/gemma4-text.md 3.7):
+ * out = rmsnorm(dense) * post_norm1 + rmsnorm(E) * post_norm2, where E = the sum over the top-k experts of
+ * w_k * expert_k(x2), x2 = rmsnorm(residual) * pre_norm2, and the router reads the residual. out may be dense. */
 typedef struct g4_moe_args {
     const float *residual; /* [n, H] router input r */
-    const float *x2;       /* [n, H] pre_feedforward_layernorm_2(r) */
-    float *out;            /* [n, H] sum over the top-k experts of w_k * expert_k(x2), before post-norm */
+    const float *dense;    /* [n, H] output of the dense MLP, before its post-norm */
+    float *out;            /* [n, H] */
     int n, hidden, n_experts, top_k, expert_dim;
     float eps;
+    const float *pre_norm2, *post_norm1, *post_norm2; /* [H] */
     const g4_tensor *router_proj;     /* [E, H] */
     const float *router_scale;        /* [H] */
     const float *per_expert_scale;    /* [E] */
@@ -89,14 +94,46 @@ typedef struct g4_moe_args {
     const g4_tensor *down;            /* [E, H, Im] */
 } g4_moe_args;
 
-/* Several products of one input: y[i][n, out_i] = x[n, in] * w[i]^T (+ bias[i]) for i < count. */
+/* Several products of one input: y[i][n, out_i] = x'[n, in] * w[i]^T (+ bias[i]) for i < count, where x' is x,
+ * or rmsnorm(x) * norm per row when norm is set (fused: the normalized rows are not stored).
+ * Residual prologue (res_out set): first res_out = (res_h + rmsnorm(res_o) * res_w) * res_scale per row (a
+ * sublayer's post_norm_add, res_out may equal res_h), and that is the x of the products (x is ignored).
+ * Epilogues:
+ * - geglu: y[0] = gelu_tanh(x' w[0]^T) * u with u = x' w[1]^T (count 2, equal out; y[1] is scratch the backend
+ *   may overwrite) or u = mul [n, out_0] (count 1);
+ * - softcap > 0: y = tanh(y / softcap) * softcap (after any bias). */
 #define G4_MATMUL_SET_MAX 3
 typedef struct g4_matmul_set {
     int count;
     const g4_tensor *w[G4_MATMUL_SET_MAX];
     const float *bias[G4_MATMUL_SET_MAX]; /* each may be NULL */
     float *y[G4_MATMUL_SET_MAX];
+    const float *norm; /* [in] or NULL */
+    float eps;
+    int geglu;
+    const float *mul;  /* [n, out_0]: geglu with one product */
+    float softcap;
+    const float *res_h, *res_o, *res_w; /* [n, in], [n, in], [in] */
+    float res_scale;
+    float *res_out;    /* [n, in] or NULL: no prologue */
 } g4_matmul_set;
+
+/* The attention inputs of one layer after their projections (docs/gemma4-text.md 3.4), in one op:
+ * q = rope(rmsnorm(q) * q_norm); and unless kv_shared: v = rmsnorm(v_from_k ? k : v) (no weight; keys as values
+ * take the raw k_proj output), k = rope(rmsnorm(k) * k_norm), and row i of k and v stored at row slot[i] of the
+ * caches, converted to kv_type. q is updated in place; k and v are scratch afterwards. rope: the step's table
+ * from rope_table (NULL: no rotation). */
+typedef struct g4_attn_prep_args {
+    float *q, *k, *v;            /* [n, n_heads, D], [n, n_kv_heads, D], [n, n_kv_heads, D] */
+    int n, n_heads, n_kv_heads, head_dim;
+    int kv_shared, v_from_k;
+    const float *q_norm, *k_norm; /* [D] */
+    float eps;
+    const float *rope;           /* [n, D] */
+    const int32_t *slot;         /* [n] */
+    void *k_cache, *v_cache;
+    g4_kv_type kv_type;
+} g4_attn_prep_args;
 
 /* Local self-attention with a relative position bias and a logit cap, the audio conformer's
  * chunked attention reduced to its window (docs/gemma4-towers.md §3.3). Per head, token t
@@ -132,6 +169,16 @@ typedef struct g4_backend_ops {
      * message (e.g. the model does not fit). */
     int (*upload_weight)(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err);
     void (*release_weight)(g4_backend *be, g4_tensor *w);
+
+    /* ---- recorded steps (optional: NULL where the backend has none, e.g. the CPU)
+     * graph_begin(owner, key): 1 when a recording of (owner, key) was launched, so the caller skips the ops it
+     * covers; 0 when the caller must issue them (the backend may record them; graph_end then finishes the
+     * recording and launches it). The ops between them read and write only memory at fixed addresses (the
+     * owner's buffers), copy nothing from or to the host and do not sync. graph_forget drops the owner's
+     * recordings (before its buffers are released). */
+    int (*graph_begin)(g4_backend *be, const void *owner, uint64_t key);
+    void (*graph_end)(g4_backend *be);
+    void (*graph_forget)(g4_backend *be, const void *owner);
 
     /* ---- ops */
     /* out[i, :] = table[ids[i], :] * scale  (table [rows, cols] of any float dtype) */
@@ -180,6 +227,7 @@ typedef struct g4_backend_ops {
     /* writes k[i, :] and v[i, :] (rows of `row` floats) into row slot[i] of the caches, converted to kv_type */
     void (*kv_store)(g4_backend *be, const float *k, const float *v, int n, int row, const int32_t *slot,
                      void *k_cache, void *v_cache, g4_kv_type kv_type);
+    void (*attn_prep)(g4_backend *be, const g4_attn_prep_args *a);
     void (*attention)(g4_backend *be, const g4_attention_args *a);
     void (*moe)(g4_backend *be, const g4_moe_args *a);
 

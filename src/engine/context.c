@@ -15,10 +15,10 @@ static void scratch_free(g4_context *ctx) {
             be->ops->release(be, ctx->s.rope[t]);
             ctx->s.rope[t] = NULL;
         }
-    void **bufs[] = {(void **)&ctx->s.h,      (void **)&ctx->s.x,       (void **)&ctx->s.o,
+    void **bufs[] = {(void **)&ctx->s.h,      (void **)&ctx->s.h_spare, (void **)&ctx->s.x,       (void **)&ctx->s.o,
                      (void **)&ctx->s.q,      (void **)&ctx->s.k,       (void **)&ctx->s.v,
                      (void **)&ctx->s.attn,   (void **)&ctx->s.gate,    (void **)&ctx->s.up,
-                     (void **)&ctx->s.moe_x2, (void **)&ctx->s.moe_out, (void **)&ctx->s.ple,
+                     (void **)&ctx->s.ple,
                      (void **)&ctx->s.ple_t,  (void **)&ctx->s.ple_g,   (void **)&ctx->s.ple_h,
                      (void **)&ctx->s.logits, (void **)&ctx->s.ids,     (void **)&ctx->s.seq,
                      (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows, (void **)&ctx->s.kv_end,
@@ -50,6 +50,7 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
 #define ALLOC(field, count) \
     if (!(s->field = be->ops->alloc(be, (count) * sizeof(*s->field)))) goto oom
     ALLOC(h, n * H);
+    ALLOC(h_spare, n * H);
     ALLOC(x, n * H);
     ALLOC(o, n * H);
     ALLOC(q, n * qmax);
@@ -58,10 +59,6 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(attn, n * qmax);
     ALLOC(gate, n * imax);
     ALLOC(up, n * imax);
-    if (c->enable_moe_block) {
-        ALLOC(moe_x2, n * H);
-        ALLOC(moe_out, n * H);
-    }
     if (P) {
         ALLOC(ple, n * LP);
         ALLOC(ple_t, n * LP);
@@ -141,6 +138,8 @@ fail:
 
 void g4_context_free(g4_context *ctx) {
     if (!ctx) return;
+    g4_backend *be = ctx->model->be;
+    if (be->ops->graph_forget) be->ops->graph_forget(be, ctx); /* recordings of this context's steps */
     scratch_free(ctx);
     if (ctx->kv.layers) g4_kv_cache_free(&ctx->kv);
     free(ctx->pos_host);

@@ -22,7 +22,7 @@ typedef struct g4_step {
 
 typedef struct g4_scratch {
     /* backend memory */
-    float *h, *x, *o, *q, *k, *v, *attn, *gate, *up, *moe_x2, *moe_out;
+    float *h, *h_spare, *x, *o, *q, *k, *v, *attn, *gate, *up; /* h, h_spare: the residual stream */
     float *ple, *ple_t, *ple_g, *ple_h; /* PLE inputs [n, L*P], transposed [L, n, P], gate [n, P], out [n, H] */
     float *logits;                      /* [logit_rows, V] */
     float *rope[G4_LAYER_TYPES];        /* cos/sin of the step's positions per layer type [n, head_dim] */

@@ -20,9 +20,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/json.h"
+#include "core/mapped_file.h"
 #include "formats/safetensors.h"
 #include "towers/audio.h"
 #include "towers/unified.h"
@@ -51,10 +54,34 @@ static void add_missing(binder *b, const char *name) {
 
 static int dtype_ok_for_matrix(g4_dtype t) { return t == G4_BF16 || t == G4_F16 || t == G4_F32; }
 
+/* Random mode: a tensor of the shape the architecture asks for, without data (the backend fills it). */
+static const g4_tensor *make_tensor(binder *b, const char *full, int ndim, const int64_t *shape) {
+    g4_model *m = b->m;
+    g4_tensor **list = realloc(m->made, (size_t)(m->n_made + 2) * sizeof *list);
+    g4_tensor *t = calloc(1, sizeof *t);
+    char *name = strdup(full);
+    if (list) m->made = list;
+    if (!list || !t || !name) {
+        free(t);
+        free(name);
+        g4_fail(b->err, "out of memory");
+        b->failed = 1;
+        return NULL;
+    }
+    t->name = name;
+    t->dtype = G4_BF16;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->nbytes = (size_t)g4_tensor_numel(t) * 2;
+    m->made[m->n_made++] = t;
+    return t;
+}
+
 /* Looks up a tensor by its full name, checks the shape (ndim 0: a scalar, [] or [1]); NULL (and records why)
  * when absent or wrong. */
 static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const int64_t *shape) {
     if (b->failed) return NULL;
+    if (b->m->random) return make_tensor(b, full, ndim, shape);
     const g4_tensor *t = g4_tensor_set_find(&b->m->weights, full);
     if (!t) {
         add_missing(b, full);
@@ -90,6 +117,18 @@ static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const 
 static const g4_tensor *place(binder *b, const g4_tensor *t) {
     if (!t || b->failed) return NULL;
     g4_model *m = b->m;
+    if (m->random) { /* the made tensor becomes its placed copy (random values where the backend keeps it) */
+        g4_tensor tmp = *t;
+        if (m->be->ops->upload_weight(m->be, &tmp, (g4_tensor *)t, b->err)) {
+            ((g4_tensor *)t)->data = NULL;
+            b->failed = 1;
+            return NULL;
+        }
+        b->bytes_placed += t->nbytes;
+        if (b->progress && !m->be->ops->host_memory)
+            b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights", b->progress_user);
+        return t;
+    }
     size_t i = (size_t)(t - m->weights.tensors);
     if (!m->placed[i].data) {
         if (m->be->ops->upload_weight(m->be, t, &m->placed[i], b->err)) {
@@ -141,7 +180,10 @@ static const float *bind_f32(binder *b, const char *name, int ndim, const int64_
     if (!t) return NULL;
     const size_t n = (size_t)g4_tensor_numel(t);
     float *v = vec_slot(b, n, field);
-    if (v) g4_to_f32(t->dtype, t->data, v, n);
+    if (v && b->m->random) /* random mode: 1 +- 0.1 */
+        for (size_t i = 0; i < n; i++) v[i] = 1.0f + g4_random_value(g4_name_seed(t->name), (uint64_t)i, 0.1f);
+    else if (v)
+        g4_to_f32(t->dtype, t->data, v, n);
     return v;
 }
 
@@ -160,7 +202,7 @@ const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int6
 float g4_bind_scalar(g4_binder *b, const char *name) {
     const g4_tensor *t = bind_shape(b, name, 0, NULL);
     float f = 0;
-    if (t) g4_to_f32(t->dtype, t->data, &f, 1);
+    if (t) f = b->m->random ? 1.0f : (g4_to_f32(t->dtype, t->data, &f, 1), f);
     return f;
 }
 
@@ -241,6 +283,20 @@ static int ignored_by_design(const g4_model *m, const char *name) {
     return 0;
 }
 
+/* Bytes of the BF16 weights a config binds (for the progress of a random model). */
+static size_t random_bytes(const g4_text_config *c) {
+    const size_t H = (size_t)c->hidden_size, NH = (size_t)c->n_heads, P = (size_t)c->hidden_size_per_layer_input;
+    size_t n = (size_t)c->vocab_size * H + (size_t)c->n_layers * P * H;
+    for (int l = 0; l < c->n_layers; l++) {
+        const size_t D = (size_t)c->layer_head_dim[l], KV = (size_t)c->layer_kv_heads[l];
+        n += 2 * NH * D * H + 3 * (size_t)c->layer_intermediate[l] * H + 2 * P * H;
+        if (!c->layer_kv_shared[l]) n += (c->layer_k_eq_v[l] ? 1 : 2) * KV * D * H;
+        if (c->enable_moe_block)
+            n += (size_t)c->num_experts * (H + 3 * (size_t)c->moe_intermediate_size * H);
+    }
+    return 2 * n;
+}
+
 /* masked_embedding.token_ordering: [V] integer ids, a permutation of the vocabulary, into backend memory. */
 static void bind_token_ordering(binder *b) {
     g4_model *m = b->m;
@@ -309,6 +365,7 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     binder b = {.m = m, .prefix = m->cfg.weight_prefix, .err = err, .progress = params->progress,
                 .progress_user = params->progress_user};
     for (int i = 0; i < m->weights.n_tensors; i++) b.bytes_total += m->weights.tensors[i].nbytes;
+    if (m->random) b.bytes_total = random_bytes(c);
     if (!b.bytes_total) b.bytes_total = 1;
     b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
     m->layers = calloc((size_t)L, sizeof *m->layers);
@@ -340,6 +397,16 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         int64_t ple_shape[2] = {c->vocab_size_per_layer_input, (int64_t)L * P};
         m->ple_on_host = !m->be->ops->host_memory;
         m->ple_embed = bind_shape(&b, "embed_tokens_per_layer.weight", 2, ple_shape);
+        if (m->ple_on_host && m->random && m->ple_embed) { /* zeros on the host: read one row per token */
+            size_t bytes = m->ple_embed->nbytes;
+            m->host_table = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m->host_table == MAP_FAILED) {
+                m->host_table = NULL;
+                free(b.used);
+                return g4_fail(err, "out of memory for the per-layer embedding table (%zu bytes)", bytes);
+            }
+            ((g4_tensor *)m->ple_embed)->data = m->host_table;
+        }
         if (!m->ple_on_host) m->ple_embed = place(&b, m->ple_embed);
         m->ple_model_proj = bind2(&b, "per_layer_model_projection.weight", (int64_t)L * P, H);
         bind_vec(&b, "per_layer_projection_norm.weight", P, &m->ple_proj_norm);
@@ -395,12 +462,16 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     if (m->cfg.assistant) bind_assistant(&b);
     /* the towers (the embedders of gemma4_unified), with full names */
     b.prefix = "";
-    if (m->cfg.unified && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
-    if (m->cfg.has_vision && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
-    if (m->cfg.has_audio && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
+    if (m->cfg.unified && !m->random && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
+    if (m->cfg.has_vision && !m->random && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
+    if (m->cfg.has_audio && !m->random && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
     if (b.failed) {
         free(b.used);
         return -1;
+    }
+    if (m->random) {
+        free(b.used);
+        return 0;
     }
     if (b.n_missing) {
         free(b.used);
@@ -436,6 +507,54 @@ void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
     }
 }
 
+static double tbytes(const g4_tensor *t) { return t ? (double)g4_tensor_numel(t) * g4_dtype_bits(t->dtype) / 8 : 0; }
+
+G4_API double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
+    const g4_text_config *c = &m->cfg.text;
+    double b = tbytes(m->lm_head); /* the head reads every row (tied: the embedding table, one row of it again) */
+    if (m->lm_head != m->embed) b += tbytes(m->embed) / (double)c->vocab_size;
+    b += tbytes(m->ple_model_proj);
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *y = &m->layers[l];
+        const g4_tensor *dense[] = {y->q_proj, y->k_proj, y->v_proj, y->o_proj, y->gate_proj, y->up_proj,
+                                    y->down_proj, y->ple_gate, y->ple_proj, y->router_proj};
+        for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) b += tbytes(dense[i]);
+        if (c->enable_moe_block)
+            b += (tbytes(y->experts_gate_up) + tbytes(y->experts_down)) * c->top_k_experts / c->num_experts;
+        int keys = pos + 1;
+        if (c->layer_type[l] == G4_LAYER_SLIDING && keys > c->sliding_window) keys = c->sliding_window;
+        b += 2.0 * keys * c->layer_kv_heads[l] * c->layer_head_dim[l] * (double)g4_kv_type_size(kv_type);
+    }
+    return b;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+G4_API double g4_model_copy_bandwidth(g4_model *m) {
+    g4_backend *be = m->be;
+    const size_t bytes = (size_t)1 << 30;
+    void *a = be->ops->alloc(be, bytes), *b = be->ops->alloc(be, bytes);
+    double best = 0;
+    if (a && b) {
+        be->ops->copy(be, b, a, bytes); /* first touch */
+        be->ops->sync(be);
+        for (int i = 0; i < 5; i++) {
+            double t0 = now_s();
+            be->ops->copy(be, b, a, bytes);
+            be->ops->sync(be);
+            double bw = 2.0 * (double)bytes / (now_s() - t0);
+            if (bw > best) best = bw;
+        }
+    }
+    if (a) be->ops->release(be, a);
+    if (b) be->ops->release(be, b);
+    return best;
+}
+
 const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
 
 int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
@@ -451,12 +570,20 @@ void g4_model_free(g4_model *m) {
     if (be) {
         for (int i = 0; i < m->weights.n_tensors && m->placed; i++)
             if (m->uploaded[i]) be->ops->release_weight(be, &m->placed[i]);
+        for (int i = 0; i < m->n_made; i++)
+            if (m->made[i]->data && m->made[i]->data != m->host_table) be->ops->release_weight(be, m->made[i]);
         if (m->vec_arena) be->ops->release(be, m->vec_arena);
         if (m->token_ordering) be->ops->release(be, m->token_ordering);
         for (int t = 0; t < G4_LAYER_TYPES; t++)
             if (m->inv_freq[t]) be->ops->release(be, m->inv_freq[t]);
     }
     if (!m->borrowed_be) g4_backend_free(be);
+    for (int i = 0; i < m->n_made; i++) {
+        if (m->made[i]->data == m->host_table && m->host_table) munmap(m->host_table, m->made[i]->nbytes);
+        free((char *)m->made[i]->name);
+        free(m->made[i]);
+    }
+    free(m->made);
     for (int i = 0; i < m->n_vecs; i++) free(m->vecs[i].host);
     free(m->vecs);
     free(m->placed);
@@ -506,7 +633,16 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     if (!m) return g4_fail(err, "out of memory");
     pthread_mutex_init(&m->tower_lock, NULL);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) goto fail;
+    m->random = params->random_weights != 0;
+    if (m->random && g4_file_exists(dir)) { /* a config.json file: no tokenizer, template or generation config */
+        json_t *root;
+        if (g4_json_load_file(dir, &root, err)) goto fail;
+        int rc = g4_config_parse(root, dir, &m->cfg, err);
+        json_decref(root);
+        if (rc) goto fail;
+    } else if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) {
+        goto fail;
+    }
     const g4_text_config *c = &m->cfg.text;
     if (m->cfg.assistant != assistant) {
         g4_fail(err, assistant ? "%s is not a gemma4_assistant checkpoint (model_type \"%s\")"
@@ -515,11 +651,11 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
                 dir, m->cfg.model_type);
         goto fail;
     }
-    if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
+    if (!m->random && g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
     m->borrowed_be = be != NULL;
     m->be = be ? be : g4_backend_new(params->device, params->n_threads, err);
     if (!m->be) goto fail;
-    if (m->be->ops->host_memory && params->progress) page_in(m, params);
+    if (m->be->ops->host_memory && params->progress && !m->random) page_in(m, params);
     if (bind_weights(m, params, err) || place_vectors(m, err)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {
         int hd = c->type_head_dim[t];

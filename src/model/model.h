@@ -72,6 +72,10 @@ struct g4_model {
     g4_vec_slot *vecs;               /* small vectors (norm weights, scales) as bound */
     int n_vecs;
     float *vec_arena;                /* their backend copies (NULL on a host-memory backend) */
+    int random;                      /* random weights: no files (g4_load_params.random_weights) */
+    g4_tensor **made;                /* random mode: tensors made by the binder, then their placed copies */
+    int n_made;
+    void *host_table;                /* random mode: the host-kept per-layer embedding table */
     char *warnings;                  /* NULL or lines ending in '\n' */
     /* beside the weights (model_files.c) */
     g4_tokenizer *tok;               /* NULL when the folder has no tokenizer.json */

@@ -23,6 +23,12 @@ typedef struct g4_cpu {
     /* buffers the MoE op reuses between calls */
     float *moe_buf;
     size_t moe_cap;
+    /* normalized inputs of a matmul_set with a norm */
+    float *set_buf;
+    size_t set_cap;
+    /* weights this backend filled with random values (released with the backend or release_weight) */
+    void **owned;
+    int n_owned, cap_owned;
     /* the masked_logits op's selected ids */
     int32_t *sel_buf;
     size_t sel_cap;
