@@ -6,7 +6,10 @@
  * answer, thinking and tool calls) -> stop strings (answer text only) -> events; the message
  * (g4_generation_message) accumulates exactly the events. The last token is never fed to the
  * model: a generation ends before the step that would. A batching scheduler reuses the same
- * pieces with its own model steps. */
+ * pieces with its own model steps.
+ * Log-probabilities (params.logprobs) are the log-softmax of the step's raw logits, as vLLM reports
+ * them by default (OpenAI's logprobs / top_logprobs). */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +21,8 @@
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "tokenizer/tokenizer.h"
+
+#define G4_MAX_TOP_LOGPROBS 20
 
 typedef struct queued {
     g4_event_kind kind;
@@ -48,6 +53,10 @@ struct g4_generation {
     int32_t picked;           /* that id */
     int32_t *seqs;            /* [n_batch] all `seq` */
     uint8_t *want;            /* [n_batch] */
+    int logprobs, n_top;      /* params.logprobs, top_logprobs */
+    int have_logprobs;        /* chosen and top describe the last token */
+    g4_token_logprob chosen;
+    g4_token_logprob top[G4_MAX_TOP_LOGPROBS];
     g4_finish finish;
     atomic_int cancel;
     int broken;               /* an error happened: every later call repeats it */
@@ -163,11 +172,37 @@ static int is_stop_id(const g4_generation *g, int32_t id) {
     return 0;
 }
 
+/* The log-probability of id and the n_top most likely tokens of the step's logits. */
+static void compute_logprobs(g4_generation *g, int32_t id) {
+    const float *l = g->logits;
+    const int V = g->ctx->model->cfg.text.vocab_size;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (l[i] > mx) mx = l[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
+    const double lse = mx + log(sum);
+    g->chosen = (g4_token_logprob){id, (float)(l[id] - lse)};
+    int n = 0; /* top: insertion into a short list kept in order (larger first, then lower id) */
+    for (int i = 0; i < V && g->n_top; i++) {
+        if (n == g->n_top && !(l[i] > g->top[n - 1].logprob)) continue;
+        int j = n < g->n_top ? n++ : n - 1;
+        while (j > 0 && l[i] > g->top[j - 1].logprob) {
+            g->top[j] = g->top[j - 1];
+            j--;
+        }
+        g->top[j] = (g4_token_logprob){i, l[i]};
+    }
+    for (int i = 0; i < n; i++) g->top[i].logprob = (float)(g->top[i].logprob - lse);
+    g->have_logprobs = 1;
+}
+
 static int step(g4_generation *g) {
     int r = run_model(g);
     if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
     int32_t id = g->greedy ? g->picked : g4_sampler_sample(g->sampler, g->logits);
     if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
+    if (g->logprobs) compute_logprobs(g, id);
     g->ids[g->n_ids++] = id;
     g4_sampler_accept(g->sampler, id);
     if (queue(g, G4_EVENT_TOKEN, id, "", 0)) return -1;
@@ -199,6 +234,21 @@ int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
     return 1;
 }
 
+int g4_generation_step(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err) {
+    g4_event ev;
+    int rc, stepped = 0;
+    /* the events already queued, then one step's (g4_generation_next steps when the queue is empty) */
+    for (;;) {
+        if (g->q_next == g->q_len) {
+            if (stepped || g->finish) break;
+            stepped = 1;
+        }
+        if ((rc = g4_generation_next(g, &ev, err)) != 1) return rc;
+        if (on_event && on_event(&ev, user)) g4_generation_cancel(g);
+    }
+    return g->finish == G4_FINISH_NONE;
+}
+
 int g4_generation_run(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err) {
     g4_event ev;
     int rc;
@@ -217,6 +267,15 @@ const int32_t *g4_generation_tokens(const g4_generation *g, int *n) {
 }
 
 int g4_generation_n_cached(const g4_generation *g) { return g->n_cached; }
+
+int g4_generation_logprobs(const g4_generation *g, g4_token_logprob *chosen, const g4_token_logprob **top,
+                           int *n_top) {
+    if (!g->have_logprobs) return -1;
+    if (chosen) *chosen = g->chosen;
+    if (top) *top = g->top;
+    if (n_top) *n_top = g->n_top;
+    return 0;
+}
 
 int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error *err) {
     return g4_chat_accum_message(&g->out, out, err);
@@ -267,13 +326,17 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     g->ignore_eos = p->ignore_eos;
     if (p->max_new_tokens < 0 || p->n_stop_ids < 0 || p->n_stop_strings < 0)
         return g4_fail(err, "generation: negative max_new_tokens, n_stop_ids or n_stop_strings");
+    if (p->top_logprobs < 0 || p->top_logprobs > G4_MAX_TOP_LOGPROBS)
+        return g4_fail(err, "generation: top_logprobs must be 0..%d, got %d", G4_MAX_TOP_LOGPROBS, p->top_logprobs);
+    g->logprobs = p->logprobs != 0;
+    g->n_top = g->logprobs ? p->top_logprobs : 0;
     g4_sampler_params sp;
     if (p->sampling) sp = *p->sampling;
     else g4_model_sampler_params(m, &sp);
     if (g4_sampler_new(&sp, V, &g->sampler, err)) return -1;
     /* argmax with nothing that changes logits: the model step finds it (no logits copied back) */
-    g->greedy = g4_sampler_is_argmax(g->sampler);
-    g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
+    g->greedy = g4_sampler_is_argmax(g->sampler) && !g->logprobs; /* log-probabilities need the logits */
+    if (!p->penalties_output_only) g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
 
     const int n_eos = p->ignore_eos ? 0 : m->gen_config.n_eos;
     g->stop_ids = malloc((size_t)(n_eos + p->n_stop_ids + 1) * sizeof *g->stop_ids);
