@@ -179,6 +179,17 @@ await step('errors', async () => {
   check(r.choices.length === 1, 'unknown fields are ignored');
 });
 
+await step('tool messages (release template: tool_responses)', async () => {
+  const call = { id: 'call_1', type: 'function', function: { name: 'lookup', arguments: '{"who":"Pierre"}' } };
+  const tools = [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { who: { type: 'string' } } } } }];
+  const head = [...chatMessages, { role: 'assistant', content: null, tool_calls: [call] }];
+  const a = await client.chat.completions.create({ model, tools, temperature: 0, max_tokens: 1, messages: head });
+  const b = await client.chat.completions.create({
+    model, tools, temperature: 0, max_tokens: 1, messages: [...head, { role: 'tool', tool_call_id: 'call_1', content: '{"born":1772}' }],
+  });
+  check(b.usage.prompt_tokens > a.usage.prompt_tokens, `a tool result is rendered (${a.usage.prompt_tokens} -> ${b.usage.prompt_tokens} prompt tokens)`);
+});
+
 await step('cancel', async () => {
   const before = await metrics(base);
   const cancelled0 = before['gemma4c_generations_cancelled_total'];
