@@ -299,6 +299,7 @@ fail:
 
 static int submit(srv_conn *c, srv_error *e) {
     g4_error err;
+    srv_idle_timeout(c, 0);
     if (srv_engine_submit(c->s->engine, c->group, &err))
         return srv_fail(e, 503, NULL, "server_overloaded", "%s; retry later", err.msg);
     c->created = (long long)time(NULL);
@@ -513,6 +514,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (c->out.failed) return MHD_CONTENT_READER_END_WITH_ERROR;
         if (c->out_pos < c->out.len) {
             size_t n = c->out.len - c->out_pos < max ? c->out.len - c->out_pos : max;
+            srv_idle_timeout(c, 1);
             memcpy(buf, c->out.p + c->out_pos, n);
             c->out_pos += n;
             return (ssize_t)n;
@@ -546,6 +548,7 @@ static enum MHD_Result reply_stream(srv_conn *c) {
                                               NULL)));
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, c, NULL);
     if (!r) return MHD_NO;
+    srv_idle_timeout(c, 1);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     c->status = 200;

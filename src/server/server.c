@@ -81,6 +81,12 @@ int srv_client_gone(srv_conn *c) {
     return c->gone; /* data waiting (a pipelined request) is not a departure */
 }
 
+void srv_idle_timeout(srv_conn *c, int on) {
+    /* setting a timeout after none restarts its clock (libmicrohttpd's MHD_CONNECTION_OPTION_TIMEOUT) */
+    MHD_set_connection_option(c->mc, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+    if (on) MHD_set_connection_option(c->mc, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)c->s->opt.timeout_s);
+}
+
 /* ----------------------------------------------------------------- replies */
 
 static enum MHD_Result reply(srv_conn *c, int status, const char *content_type, char *data, size_t len) {
@@ -92,6 +98,7 @@ static enum MHD_Result reply(srv_conn *c, int status, const char *content_type, 
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, content_type);
     if (atomic_load(&c->s->draining)) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     c->status = status;
+    srv_idle_timeout(c, 1); /* the time the engine took is not the client's idleness */
     enum MHD_Result ok = MHD_queue_response(c->mc, (unsigned)status, r);
     MHD_destroy_response(r);
     return ok;
@@ -336,11 +343,10 @@ int srv_main(const srv_options *o) {
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0);
-    d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                         (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+    d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, s,
+                         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-                         (unsigned)1000, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, s, MHD_OPTION_LISTENING_ADDRESS_REUSE,
-                         (unsigned)1, MHD_OPTION_END);
+                         (unsigned)1000, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "gemma4c: serve: cannot listen on %s port %d: %s\n", o->host, o->port, strerror(errno));
         goto done;
@@ -355,6 +361,7 @@ int srv_main(const srv_options *o) {
             atomic_load(&s->in_flight));
     atomic_store(&s->draining, 1);
     MHD_socket listener = MHD_quiesce_daemon(d);
+    if (listener != MHD_INVALID_SOCKET) shutdown(listener, SHUT_RDWR); /* refuse new connections now */
     const double until = srv_now() + o->drain_s;
     struct timespec tick = {0, 50 * 1000 * 1000};
     while (atomic_load(&s->in_flight) > 0) {

@@ -71,6 +71,9 @@ double srv_now(void);
 /* 1 when the client of c has closed its connection (checked without blocking). */
 int srv_client_gone(srv_conn *c);
 
+/* Turns the connection's idle timeout (--timeout) off while the engine works on its request, and on again
+ * (its clock restarted) once there is something to send: a slow client is one that does not read. */
+void srv_idle_timeout(srv_conn *c, int on);
 /* Queues a response: JSON text (taken), an error, or plain text. Return MHD_YES/MHD_NO. */
 enum MHD_Result srv_reply_json(srv_conn *c, int status, char *json);
 enum MHD_Result srv_reply_error(srv_conn *c, const srv_error *e);
