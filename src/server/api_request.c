@@ -26,17 +26,18 @@ int srv_fail(srv_error *e, int status, const char *param, const char *code, cons
 }
 
 char *srv_error_json(const srv_error *e) {
-    json_t *o = json_pack("{s:{s:s%,s:s,s:o,s:o}}", "error", "message", e->msg, strlen(e->msg), "type", e->type,
-                          "param", e->param[0] ? json_string(e->param) : json_null(), "code",
-                          e->code[0] ? json_string(e->code) : json_null());
-    /* a message that is not UTF-8 (it quotes the request) falls back to its ASCII part */
-    if (!o) {
+    /* a message quoting bytes that are not UTF-8 keeps its ASCII part */
+    json_t *msg = json_stringn(e->msg, strlen(e->msg));
+    if (!msg) {
         char ascii[sizeof e->msg];
         size_t i = 0;
         for (const char *p = e->msg; *p && i + 1 < sizeof ascii; p++) ascii[i++] = (unsigned char)*p < 128 ? *p : '?';
         ascii[i] = 0;
-        o = json_pack("{s:{s:s,s:s,s:n,s:n}}", "error", "message", ascii, "type", e->type, "param", "code");
+        msg = json_string(ascii);
     }
+    json_t *o = json_pack("{s:{s:o,s:s,s:o,s:o}}", "error", "message", msg, "type", e->type, "param",
+                          e->param[0] ? json_string(e->param) : json_null(), "code",
+                          e->code[0] ? json_string(e->code) : json_null());
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;
