@@ -331,6 +331,9 @@ typedef struct g4_generation_params {
                                            presence and frequency penalties); 0: the prompt too (transformers) */
     int logprobs;                       /* 1: keep each generated token's log-probability (g4_generation_logprobs) */
     int top_logprobs;                   /* with logprobs: also the n most likely tokens of each step (0..20) */
+    int json_object;                    /* 1: the output is one JSON object (RFC 8259), starting at its '{':
+                                           tokens that would break it are never drawn, and the generation
+                                           stops when it is closed (OpenAI's response_format json_object) */
 } g4_generation_params;
 
 typedef enum g4_event_kind {

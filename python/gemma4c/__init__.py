@@ -79,7 +79,7 @@ class _GenerationParams(ctypes.Structure):
     _fields_ = [("max_new_tokens", c_int), ("sampling", P(_SamplerParams)), ("ignore_eos", c_int),
                 ("stop_ids", P(c_int32)), ("n_stop_ids", c_int), ("stop_strings", P(c_char_p)),
                 ("n_stop_strings", c_int), ("parse_chat", c_int), ("penalties_output_only", c_int),
-                ("logprobs", c_int), ("top_logprobs", c_int)]
+                ("logprobs", c_int), ("top_logprobs", c_int), ("json_object", c_int)]
 
 
 class _Event(ctypes.Structure):

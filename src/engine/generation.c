@@ -8,7 +8,9 @@
  * model: a generation ends before the step that would. A batching scheduler reuses the same
  * pieces with its own model steps.
  * Log-probabilities (params.logprobs) are the log-softmax of the step's raw logits, as vLLM reports
- * them by default (OpenAI's logprobs / top_logprobs). */
+ * them by default (OpenAI's logprobs / top_logprobs). With params.json_object the logits of tokens that
+ * would not continue a JSON object are set to -infinity before sampling (engine/json_object.h), and the
+ * generation stops once the object is closed. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -18,6 +20,7 @@
 #include "core/error.h"
 #include "core/strbuf.h"
 #include "engine/context.h"
+#include "engine/json_object.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "tokenizer/tokenizer.h"
@@ -57,6 +60,9 @@ struct g4_generation {
     int have_logprobs;        /* chosen and top describe the last token */
     g4_token_logprob chosen;
     g4_token_logprob top[G4_MAX_TOP_LOGPROBS];
+    double lse;               /* log-sum-exp of the step's logits */
+    g4_json_tokens *json;     /* params.json_object: the tokens' bytes */
+    g4_json_state json_state;
     g4_finish finish;
     atomic_int cancel;
     int broken;               /* an error happened: every later call repeats it */
@@ -172,8 +178,8 @@ static int is_stop_id(const g4_generation *g, int32_t id) {
     return 0;
 }
 
-/* The log-probability of id and the n_top most likely tokens of the step's logits. */
-static void compute_logprobs(g4_generation *g, int32_t id) {
+/* The step's log-sum-exp and its n_top most likely tokens, from the raw logits (before any constraint). */
+static void step_logprobs(g4_generation *g) {
     const float *l = g->logits;
     const int V = g->ctx->model->cfg.text.vocab_size;
     float mx = -INFINITY;
@@ -181,8 +187,7 @@ static void compute_logprobs(g4_generation *g, int32_t id) {
         if (l[i] > mx) mx = l[i];
     double sum = 0;
     for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
-    const double lse = mx + log(sum);
-    g->chosen = (g4_token_logprob){id, (float)(l[id] - lse)};
+    g->lse = mx + log(sum);
     int n = 0; /* top: insertion into a short list kept in order (larger first, then lower id) */
     for (int i = 0; i < V && g->n_top; i++) {
         if (n == g->n_top && !(l[i] > g->top[n - 1].logprob)) continue;
@@ -193,22 +198,29 @@ static void compute_logprobs(g4_generation *g, int32_t id) {
         }
         g->top[j] = (g4_token_logprob){i, l[i]};
     }
-    for (int i = 0; i < n; i++) g->top[i].logprob = (float)(g->top[i].logprob - lse);
-    g->have_logprobs = 1;
+    for (int i = 0; i < n; i++) g->top[i].logprob = (float)(g->top[i].logprob - g->lse);
 }
 
 static int step(g4_generation *g) {
     int r = run_model(g);
     if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
+    if (g->logprobs) step_logprobs(g);
+    if (g->json) g4_json_mask(g->json, &g->json_state, g->logits);
     int32_t id = g->greedy ? g->picked : g4_sampler_sample(g->sampler, g->logits);
     if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
-    if (g->logprobs) compute_logprobs(g, id);
+    if (g->logprobs) {
+        g->chosen = (g4_token_logprob){id, (float)(g->logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
+        g->have_logprobs = 1;
+    }
+    if (g->json && g4_json_accept(g->json, &g->json_state, id))
+        return g4_fail(&g->err, "json_object: token %d does not continue the object", id);
     g->ids[g->n_ids++] = id;
     g4_sampler_accept(g->sampler, id);
     if (queue(g, G4_EVENT_TOKEN, id, "", 0)) return -1;
     if (is_stop_id(g, id)) return finish(g, G4_FINISH_STOP); /* a stop token is not shown */
     if (token_text(g, id)) return -1;
-    if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)))
+    if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)) ||
+        (g->json && g4_json_done(&g->json_state)))
         return finish(g, G4_FINISH_STOP);
     if (g->n_ids == g->max_new) return finish(g, G4_FINISH_LENGTH);
     return 0;
@@ -291,6 +303,7 @@ void g4_generation_free(g4_generation *g) {
     if (g->stop) g4_stop_free(g->stop);
     g4_detok_stream_free(g->detok);
     g4_chat_parser_free(g->parser);
+    g4_json_tokens_free(g->json);
     g4_chat_accum_free(&g->out);
     free(g->ids);
     free(g->logits);
@@ -335,7 +348,8 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     else g4_model_sampler_params(m, &sp);
     if (g4_sampler_new(&sp, V, &g->sampler, err)) return -1;
     /* argmax with nothing that changes logits: the model step finds it (no logits copied back) */
-    g->greedy = g4_sampler_is_argmax(g->sampler) && !g->logprobs; /* log-probabilities need the logits */
+    /* log-probabilities and the JSON constraint need the logits */
+    g->greedy = g4_sampler_is_argmax(g->sampler) && !g->logprobs && !p->json_object;
     if (!p->penalties_output_only) g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
 
     const int n_eos = p->ignore_eos ? 0 : m->gen_config.n_eos;
@@ -350,6 +364,11 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     if (g->tok && !(g->detok = g4_detok_stream_new(g->tok, !p->parse_chat))) return g4_fail(err, "out of memory");
     if (p->n_stop_strings && g4_stop_new(p->stop_strings, p->n_stop_strings, &g->stop, err)) return -1;
     if (p->parse_chat && !(g->parser = g4_chat_parser_new(piece, g))) return g4_fail(err, "out of memory");
+    if (p->json_object) {
+        if (!g->tok) return g4_fail(err, "json_object needs the model's tokenizer.json");
+        if (g4_json_tokens_new(g->tok, V, &g->json, err)) return -1;
+        g4_json_start(&g->json_state);
+    }
 
     const size_t nb = (size_t)g->ctx->n_batch;
     g->ids = malloc((size_t)g->max_new * sizeof *g->ids);

@@ -228,10 +228,6 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
                  r->model, s->model_id);
         goto fail;
     }
-    if (r->format == SRV_FORMAT_JSON_OBJECT) {
-        srv_fail(e, 400, "response_format", "unsupported_value", "response_format json_object is not supported yet");
-        goto fail;
-    }
     const int n_prompts = kind == SRV_CHAT ? 1 : r->n_prompts, n = kind == SRV_EMBEDDING ? 1 : r->n;
     c->n_prompts = n_prompts;
     if (!(c->n_prompt = calloc((size_t)n_prompts, sizeof *c->n_prompt)) || !(c->group = srv_group_new(n_prompts * n))) {
@@ -287,7 +283,8 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
             j->gp = (g4_generation_params){.max_new_tokens = max_new, .ignore_eos = r->ignore_eos,
                                            .stop_strings = (const char *const *)r->stops, .n_stop_strings = r->n_stops,
                                            .parse_chat = kind == SRV_CHAT, .penalties_output_only = 1,
-                                           .logprobs = r->logprobs, .top_logprobs = r->top_logprobs};
+                                           .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
+                                           .json_object = r->format == SRV_FORMAT_JSON_OBJECT};
         }
         g4_free(toks.ids);
     }

@@ -179,6 +179,31 @@ await step('errors', async () => {
   check(r.choices.length === 1, 'unknown fields are ignored');
 });
 
+await step('response_format json_object', async () => {
+  let closed = 0;
+  for (const seed of [1, 2, 3]) {
+    const r = await client.chat.completions.create({
+      model, seed, max_tokens: 60, response_format: { type: 'json_object' },
+      messages: [{ role: 'user', content: 'Describe Pierre in JSON.' }],
+    });
+    const text = r.choices[0].message.content, why = r.choices[0].finish_reason;
+    let ok, parsed;
+    try {
+      parsed = JSON.parse(text);
+    } catch (e) { // cut by max_tokens: V8's parser fails only at the end of the text
+      const m = /at position (\d+)/.exec(e.message);
+      ok = why === 'length' && text.startsWith('{') &&
+        (/Unexpected end of JSON input/.test(e.message) || (m && Number(m[1]) >= text.length - 1));
+    }
+    if (parsed !== undefined) {
+      ok = why === 'stop' && typeof parsed === 'object' && parsed !== null && !Array.isArray(parsed);
+      closed++;
+    }
+    check(ok, `json_object (seed ${seed}): an object, or one cut by max_tokens (${why}: ${JSON.stringify(text).slice(0, 80)})`);
+  }
+  console.log(`json_object: ${closed} of 3 replies closed their object within 60 tokens`);
+});
+
 await step('tool messages (release template: tool_responses)', async () => {
   const call = { id: 'call_1', type: 'function', function: { name: 'lookup', arguments: '{"who":"Pierre"}' } };
   const tools = [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { who: { type: 'string' } } } } }];
