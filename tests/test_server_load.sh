@@ -8,10 +8,10 @@ tmp=${G4_TMP:-/tmp}/server-load
 rm -rf "$tmp"; mkdir -p "$tmp"
 node_setup
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp" || { echo "cannot unpack the example model"; exit 1; }
-requests=2; slack=16
-if [ -n "${G4_SANITIZE:-}" ]; then requests=1; slack=64; fi # ASan keeps freed memory in quarantine
+slack=16
+[ -n "${G4_SANITIZE:-}" ] && slack=64 # ASan keeps freed memory in quarantine
 start_server "$tmp/server.log" -m "$tmp/tolstoy-tiny" --ctx 256 --parallel 4 --quiet -t 2
-node "$here/load.mjs" "$SERVER_URL" "$SERVER_PID" 64 "$requests" 8 "$slack"
+node "$here/load.mjs" "$SERVER_URL" "$SERVER_PID" 64 1 6 "$slack"
 check $? "64 concurrent clients"
 stop_server
 rm -rf "$tmp"
