@@ -560,6 +560,7 @@ static int parse_completion(const json_t *in, const srv_limits *lim, srv_request
 }
 
 static int parse_embedding(const json_t *in, const srv_limits *lim, srv_request *r, srv_error *e) {
+    r->n = 1;
     if (parse_prompts(in, "input", lim, r, e)) return -1;
     const char *fmt = NULL;
     if (get_str(in, "encoding_format", &fmt, e)) return -1;
