@@ -6,11 +6,13 @@
  * answer, thinking and tool calls) -> stop strings (answer text only) -> events; the message
  * (g4_generation_message) accumulates exactly the events. The last token is never fed to the
  * model: a generation ends before the step that would. A batching scheduler reuses the same
- * pieces with its own model steps.
+ * pieces with its own model steps. With a drafter (speculative decoding, engine/speculative.h) the
+ * prompt goes through the speculative prefill and every later step is a round of drafts and one
+ * verification, which yields one or more tokens.
  * Log-probabilities (params.logprobs) are the log-softmax of the step's raw logits, as vLLM reports
  * them by default (OpenAI's logprobs / top_logprobs). With params.json_object the logits of tokens that
  * would not continue a JSON object are set to -infinity before sampling (engine/json_object.h), and the
- * generation stops once the object is closed. */
+ * generation stops once the object is closed. Neither goes with a drafter (its rounds sample inside). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -22,6 +24,7 @@
 #include "engine/context.h"
 #include "engine/json_object.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "engine/stop.h"
 #include "tokenizer/tokenizer.h"
 
@@ -55,6 +58,8 @@ struct g4_generation {
     int greedy;               /* plain argmax: the model step picks the id (g4_decode_greedy) */
     int32_t picked;           /* that id */
     int32_t *seqs;            /* [n_batch] all `seq` */
+    g4_spec *spec;            /* with a drafter */
+    int32_t *round;           /* [drafts per round + 1] a round's tokens */
     uint8_t *want;            /* [n_batch] */
     int logprobs, n_top;      /* params.logprobs, top_logprobs */
     int have_logprobs;        /* chosen and top describe the last token */
@@ -152,11 +157,18 @@ static int model_step(g4_generation *g, const g4_batch *b) {
     return g->greedy ? g4_decode_greedy(g->ctx, b, &g->picked, &g->err) : g4_decode(g->ctx, b, g->logits, &g->err);
 }
 
+static int spec_cancelled(void *user) { return cancelled(user); }
+
 /* Runs the model: the rest of the prompt (checking for a cancel between chunks), or the last
  * token. Returns 1 when cancelled, 0 with a fresh result, -1 on error. */
 static int run_model(g4_generation *g) {
     g4_context *ctx = g->ctx;
     if (cancelled(g)) return 1;
+    if (g->spec && g->n_fed < g->n_prompt) { /* logits of the last row; the drafter keeps what it needs */
+        int r = g4_spec_prefill(g->spec, g->prompt + g->n_fed, g->n_prompt - g->n_fed, g->logits, &g->err);
+        if (r == 0) g->n_fed = g->n_prompt;
+        return r;
+    }
     if (g->n_fed == g->n_prompt) {
         g4_batch b = {1, &g->ids[g->n_ids - 1], g->seqs, NULL};
         return model_step(g, &b);
@@ -201,29 +213,56 @@ static void step_logprobs(g4_generation *g) {
     for (int i = 0; i < n; i++) g->top[i].logprob = (float)(g->top[i].logprob - g->lse);
 }
 
-static int step(g4_generation *g) {
-    int r = run_model(g);
-    if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
-    if (g->logprobs) step_logprobs(g);
-    if (g->json) g4_json_mask(g->json, &g->json_state, g->logits);
-    int32_t id = g->greedy ? g->picked : g4_sampler_sample(g->sampler, g->logits);
-    if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
-    if (g->logprobs) {
-        g->chosen = (g4_token_logprob){id, (float)(g->logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
-        g->have_logprobs = 1;
-    }
+/* A generated token: its events, then the stop conditions. 1 when it ended the generation, 0 or -1. */
+static int take(g4_generation *g, int32_t id) {
     if (g->json && g4_json_accept(g->json, &g->json_state, id))
         return g4_fail(&g->err, "json_object: token %d does not continue the object", id);
     g->ids[g->n_ids++] = id;
     g4_sampler_accept(g->sampler, id);
     if (queue(g, G4_EVENT_TOKEN, id, "", 0)) return -1;
-    if (is_stop_id(g, id)) return finish(g, G4_FINISH_STOP); /* a stop token is not shown */
-    if (token_text(g, id)) return -1;
-    if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)) ||
-        (g->json && g4_json_done(&g->json_state)))
-        return finish(g, G4_FINISH_STOP);
-    if (g->n_ids == g->max_new) return finish(g, G4_FINISH_LENGTH);
+    g4_finish why = G4_FINISH_NONE;
+    if (is_stop_id(g, id)) { /* a stop token is not shown */
+        why = G4_FINISH_STOP;
+    } else {
+        if (token_text(g, id)) return -1;
+        if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)) ||
+            (g->json && g4_json_done(&g->json_state)))
+            why = G4_FINISH_STOP;
+        else if (g->n_ids == g->max_new)
+            why = G4_FINISH_LENGTH;
+    }
+    return why == G4_FINISH_NONE ? 0 : finish(g, why) ? -1 : 1;
+}
+
+/* A speculative round: its tokens in order, up to one that ends the generation; the sequence then keeps what
+ * plain decoding would have fed (everything but the newest token). */
+static int spec_step(g4_generation *g) {
+    if (cancelled(g)) return finish(g, G4_FINISH_CANCELLED);
+    int n;
+    if (g4_spec_round(g->spec, g->ids[g->n_ids - 1], g->max_new - g->n_ids, g->sampler, g->round, &n, &g->err))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        int r = take(g, g->round[i]);
+        if (r < 0) return -1;
+        if (r > 0 && i + 1 < n) return g4_seq_truncate(g->ctx, g->seq, g->n_prompt + g->n_ids - 1, &g->err);
+        if (r > 0) break;
+    }
     return 0;
+}
+
+static int step(g4_generation *g) {
+    if (g->spec && g->n_ids > 0) return spec_step(g);
+    int r = run_model(g);
+    if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
+    if (g->logprobs) step_logprobs(g);
+    if (g->json) g4_json_mask(g->json, &g->json_state, g->logits);
+    int32_t id = g->greedy && !g->spec ? g->picked : g4_sampler_sample(g->sampler, g->logits);
+    if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
+    if (g->logprobs) {
+        g->chosen = (g4_token_logprob){id, (float)(g->logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
+        g->have_logprobs = 1;
+    }
+    return take(g, id) < 0 ? -1 : 0;
 }
 
 int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
@@ -289,6 +328,12 @@ int g4_generation_logprobs(const g4_generation *g, g4_token_logprob *chosen, con
     return 0;
 }
 
+void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n) {
+    *drafted = *accepted = NULL;
+    *n = 0;
+    if (g->spec) g4_spec_rounds(g->spec, drafted, accepted, n);
+}
+
 int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error *err) {
     return g4_chat_accum_message(&g->out, out, err);
 }
@@ -309,6 +354,8 @@ void g4_generation_free(g4_generation *g) {
     free(g->logits);
     free(g->seqs);
     free(g->want);
+    g4_spec_free(g->spec);
+    free(g->round);
     free(g->q);
     g4_strbuf_free(&g->q_text);
     free(g);
@@ -377,6 +424,14 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     g->want = malloc(nb);
     if (!g->ids || !g->logits || !g->seqs || !g->want) return g4_fail(err, "out of memory");
     for (size_t i = 0; i < nb; i++) g->seqs[i] = g->seq;
+    if (p->drafter && (g->logprobs || p->json_object))
+        return g4_fail(err, "generation: logprobs and json_object do not go with a drafter");
+    if (p->drafter) { /* drafting stops at the generation's stop ids (transformers: the eos ids) */
+        g4_spec_params spp = {.n_draft = p->n_draft, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
+                              .cancelled = spec_cancelled, .cancelled_user = g};
+        if (g4_spec_new(g->ctx, g->seq, p->drafter, &spp, &g->spec, err)) return -1;
+        if (!(g->round = malloc(((size_t)g->spec->cap + 1) * sizeof *g->round))) return g4_fail(err, "out of memory");
+    }
     reuse_prefix(g);
     return 0;
 }
