@@ -1,5 +1,6 @@
 # What the server tests (tests/test_server*.sh) share; sourced, not run.
-#   node_setup              installs the pinned openai client into tests/server/node_modules (npm ci, once)
+#   node_setup              installs the pinned openai client into tests/server/node_modules (npm ci, once);
+#                           exits 77 (skipped) where node or npm is absent
 #   start_server LOG ARGS   starts `gemma4c serve --port 0 ARGS` on loopback; sets SERVER_PID and SERVER_URL
 #   stop_server             SIGTERM, then checks that it drained and exited 0
 #   check STATUS TEXT       an "ok"/"FAIL" line
@@ -11,7 +12,10 @@ py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 
 node_setup() {
-    command -v node >/dev/null || { echo "FAIL node is not installed (the server tests drive it with the openai npm client)"; exit 1; }
+    # skipped (77) only where Node.js or npm is absent (scripts/install-deps installs both)
+    for c in node npm; do
+        command -v $c >/dev/null || { echo "skipped: $c is not installed (the server tests drive it with the openai npm client)"; exit 77; }
+    done
     (
         flock 9
         want=$(sed -n 's/.*"openai": "\(.*\)".*/\1/p' "$here/package.json")
