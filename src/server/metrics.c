@@ -1,10 +1,10 @@
 /* Prometheus text for the server (metrics.h). */
 #include "server/metrics.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "server/buf.h"
 
 static const double bounds[SRV_HIST_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                                 1,     2.5,  5,     10,   30,  60,  120};
@@ -45,56 +45,22 @@ void srv_metrics_job(srv_metrics *m, const srv_job *j) {
     pthread_mutex_unlock(&m->mu);
 }
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int failed;
-} text;
-
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(text *t, const char *fmt, ...) {
-    if (t->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->p ? t->p + t->len : NULL, t->p ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = 1;
-            return;
-        }
-        if (t->p && t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t cap = t->cap ? 2 * t->cap : 4096;
-        while (cap < t->len + (size_t)n + 1) cap *= 2;
-        char *q = realloc(t->p, cap);
-        if (!q) {
-            t->failed = 1;
-            return;
-        }
-        t->p = q;
-        t->cap = cap;
-    }
-}
-
-static void histogram(text *t, const char *name, const char *help, const srv_histogram *h) {
-    put(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+static void histogram(srv_buf *t, const char *name, const char *help, const srv_histogram *h) {
+    srv_buf_printf(t, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     long long cum = 0;
     for (int b = 0; b < SRV_HIST_BUCKETS; b++) {
         cum += h->count[b];
-        put(t, "%s_bucket{le=\"%g\"} %lld\n", name, bounds[b], cum);
+        srv_buf_printf(t, "%s_bucket{le=\"%g\"} %lld\n", name, bounds[b], cum);
     }
-    put(t, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name, h->n, name, h->sum, name, h->n);
+    srv_buf_printf(t, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.6f\n%s_count %lld\n", name, h->n, name, h->sum, name, h->n);
 }
 
-static void single(text *t, const char *name, const char *type, const char *help, long long v) {
-    put(t, "# HELP %s %s\n# TYPE %s %s\n%s %lld\n", name, help, name, type, name, v);
+static void single(srv_buf *t, const char *name, const char *type, const char *help, long long v) {
+    srv_buf_printf(t, "# HELP %s %s\n# TYPE %s %s\n%s %lld\n", name, help, name, type, name, v);
 }
 
 char *srv_metrics_text(srv_metrics *m, const srv_engine_stats *st) {
-    text t = {0};
+    srv_buf t = {0};
     single(&t, "gemma4c_requests_queued", "gauge", "Generations and embeddings waiting for a sequence.", st->queued);
     single(&t, "gemma4c_requests_running", "gauge", "Generations and embeddings on a sequence.", st->running);
     single(&t, "gemma4c_kv_blocks_used", "gauge", "KV cache blocks in use (full-attention pool).", st->kv_blocks_used);
@@ -106,12 +72,12 @@ char *srv_metrics_text(srv_metrics *m, const srv_engine_stats *st) {
     pthread_mutex_lock(&m->mu);
     single(&t, "gemma4c_generations_cancelled_total", "counter", "Generations cancelled (client gone, shutdown).",
            m->cancelled);
-    put(&t, "# HELP gemma4c_http_requests_total HTTP requests by endpoint and status class.\n"
+    srv_buf_printf(&t, "# HELP gemma4c_http_requests_total HTTP requests by endpoint and status class.\n"
             "# TYPE gemma4c_http_requests_total counter\n");
     for (int ep = 0; ep < SRV_EP_COUNT; ep++)
         for (int c = 1; c <= 5; c++)
             if (m->requests[ep][c])
-                put(&t, "gemma4c_http_requests_total{endpoint=\"%s\",status=\"%dxx\"} %lld\n", endpoints[ep], c,
+                srv_buf_printf(&t, "gemma4c_http_requests_total{endpoint=\"%s\",status=\"%dxx\"} %lld\n", endpoints[ep], c,
                     m->requests[ep][c]);
     histogram(&t, "gemma4c_request_duration_seconds", "Time from a request's arrival to its last byte queued.",
               &m->latency);

@@ -8,6 +8,7 @@
 
 #include "gemma4c.h"
 #include "server/api.h"
+#include "server/buf.h"
 #include "server/engine.h"
 #include "server/metrics.h"
 #include "server/server.h"
@@ -27,15 +28,6 @@ typedef struct srv_state {
     atomic_int in_flight;          /* requests between dispatch and completion */
     atomic_int stopping;           /* the drain is over: waiting requests give up */
 } srv_state;
-
-/* A growable output buffer. */
-typedef struct srv_buf {
-    char *p;
-    size_t len, cap;
-    int failed;
-} srv_buf;
-void srv_buf_put(srv_buf *b, const char *s, size_t n);
-void srv_buf_free(srv_buf *b);
 
 /* One HTTP request (MHD's per-request pointer). */
 typedef struct srv_conn {
