@@ -237,7 +237,7 @@ static int convert_part(const json_t *part, const char *where, const srv_limits 
             return srv_fail(e, 400, where, "invalid_value", "at most %d image and audio parts per request", lim->max_media);
         if (image ? !lim->have_vision : !lim->have_audio)
             return srv_fail(e, 400, where, "unsupported_content",
-                            "%s parts are not supported: this model and build of gemma4c read text only",
+                            "%s parts are not supported by gemma4c serve yet (the CLI takes --image and --audio)",
                             image ? "image_url" : "input_audio");
         return srv_fail(e, 400, where, "unsupported_content", "%s parts are not wired to the towers yet", type);
     }
