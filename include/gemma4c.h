@@ -508,6 +508,13 @@ typedef struct g4_generation_params {
     int n_stop_strings;
     int parse_chat;                     /* 1: split the text into answer, thinking and tool calls
                                            (g4_chat_start sets it) */
+    int penalties_output_only;          /* 1: the sampler's penalties see only the generated tokens (OpenAI's
+                                           presence and frequency penalties); 0: the prompt too (transformers) */
+    int logprobs;                       /* 1: keep each generated token's log-probability (g4_generation_logprobs) */
+    int top_logprobs;                   /* with logprobs: also the n most likely tokens of each step (0..20) */
+    int json_object;                    /* 1: the output is one JSON object (RFC 8259), starting at its '{':
+                                           tokens that would break it are never drawn, and the generation
+                                           stops when it is closed (OpenAI's response_format json_object) */
     g4_drafter *drafter;                /* speculative decoding with this drafter of the model (NULL: none); the
                                            output is the same as without (greedy: the same ids) */
     int n_draft;                        /* drafts per round; 0: the drafter's default */
@@ -556,12 +563,28 @@ G4_API int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err);
  * already made are still delivered). 0 or -1. */
 typedef int (*g4_event_fn)(const g4_event *ev, void *user);
 G4_API int g4_generation_run(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err);
+/* Runs one model step (none when the generation has finished) and hands its events, with any
+ * not yet taken by g4_generation_next, to on_event (a non-zero return cancels, as in
+ * g4_generation_run). 1 while the generation goes on, 0 when it has finished, -1 on error.
+ * Several generations on the sequences of one context can take turns step by step. */
+G4_API int g4_generation_step(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err);
 /* Ends the generation before its next model step (finish G4_FINISH_CANCELLED). Safe from any
  * thread and from a signal handler. */
 G4_API void g4_generation_cancel(g4_generation *g);
 G4_API g4_finish g4_generation_finish(const g4_generation *g);
 /* The generated ids so far. */
 G4_API const int32_t *g4_generation_tokens(const g4_generation *g, int *n);
+/* A token and its log-probability under the model: the log-softmax of the step's logits as the
+ * model computed them, before any bias, penalty, temperature or truncation (vLLM's default). */
+typedef struct g4_token_logprob {
+    int32_t token;
+    float logprob;
+} g4_token_logprob;
+/* With params.logprobs: the last generated token (the latest TOKEN event) with its log-probability,
+ * and the step's top_logprobs most likely tokens (most likely first; ties: lower id first; *top
+ * valid until the next step). -1 before the first token or without logprobs. */
+G4_API int g4_generation_logprobs(const g4_generation *g, g4_token_logprob *chosen, const g4_token_logprob **top,
+                                  int *n_top);
 /* With a drafter: the rounds so far, drafted[i] and accepted[i] drafts of round i (*n = 0 without one). */
 G4_API void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n);
 /* Prompt tokens that the sequence already held (not processed again); for a scheduled generation, those

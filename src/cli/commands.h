@@ -13,6 +13,7 @@ int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_encode_audio(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* Prints "gemma4c: <msg>" to stderr as one line; returns 1. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

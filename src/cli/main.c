@@ -24,6 +24,7 @@ static const command commands[] = {
     {"detokenize", cmd_detokenize, "ids to text: gemma4c detokenize -m DIR -f FILE.jsonl"},
     {"bench", cmd_bench, "prefill/decode speed: gemma4c bench -m DIR [-p 128] [-n 64]"},
     {"template", cmd_template, "render chat messages: gemma4c template -m DIR -f FILE.jsonl"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server: gemma4c serve -m DIR [--port 8080]"},
 };
 
 int cli_error(const char *fmt, ...) {

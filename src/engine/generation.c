@@ -10,7 +10,12 @@
  * pieces: it hands each sampled token to g4_generation_take and the events to their callback
  * (engine/generation.h). With a drafter (speculative decoding, engine/speculative.h) the
  * prompt goes through the speculative prefill and every later step is a round of drafts and one
- * verification, which yields one or more tokens. */
+ * verification, which yields one or more tokens.
+ * Log-probabilities (params.logprobs) are the log-softmax of the step's raw logits, as vLLM reports
+ * them by default (OpenAI's logprobs / top_logprobs). With params.json_object the logits of tokens that
+ * would not continue a JSON object are set to -infinity before sampling (engine/json_object.h), and the
+ * generation stops once the object is closed. Neither goes with a drafter (its rounds sample inside). */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +25,13 @@
 #include "core/strbuf.h"
 #include "engine/context.h"
 #include "engine/generation.h"
+#include "engine/json_object.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
 #include "engine/stop.h"
 #include "tokenizer/tokenizer.h"
+
+#define G4_MAX_TOP_LOGPROBS 20
 
 typedef struct queued {
     g4_event_kind kind;
@@ -58,6 +66,13 @@ struct g4_generation {
     g4_spec *spec;            /* with a drafter */
     int32_t *round;           /* [drafts per round + 1] a round's tokens */
     uint8_t *want;            /* [n_batch] */
+    int logprobs, n_top;      /* params.logprobs, top_logprobs */
+    int have_logprobs;        /* chosen and top describe the last token */
+    g4_token_logprob chosen;
+    g4_token_logprob top[G4_MAX_TOP_LOGPROBS];
+    double lse;               /* log-sum-exp of the step's logits */
+    g4_json_tokens *json;     /* params.json_object: the tokens' bytes */
+    g4_json_state json_state;
     g4_finish finish;
     atomic_int cancel;
     int broken;               /* an error happened: every later call repeats it */
@@ -195,8 +210,33 @@ static int is_stop_id(const g4_generation *g, int32_t id) {
     return 0;
 }
 
+/* The step's log-sum-exp and its n_top most likely tokens, from the raw logits (before any constraint). */
+static void step_logprobs(g4_generation *g) {
+    const float *l = g->logits;
+    const int V = g->ctx->model->cfg.text.vocab_size;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (l[i] > mx) mx = l[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
+    g->lse = mx + log(sum);
+    int n = 0; /* top: insertion into a short list kept in order (larger first, then lower id) */
+    for (int i = 0; i < V && g->n_top; i++) {
+        if (n == g->n_top && !(l[i] > g->top[n - 1].logprob)) continue;
+        int j = n < g->n_top ? n++ : n - 1;
+        while (j > 0 && l[i] > g->top[j - 1].logprob) {
+            g->top[j] = g->top[j - 1];
+            j--;
+        }
+        g->top[j] = (g4_token_logprob){i, l[i]};
+    }
+    for (int i = 0; i < n; i++) g->top[i].logprob = (float)(g->top[i].logprob - g->lse);
+}
+
 /* A generated token: its events, then the stop conditions. 1 when it ended the generation, 0 or -1. */
 static int take(g4_generation *g, int32_t id) {
+    if (g->json && g4_json_accept(g->json, &g->json_state, id))
+        return g4_fail(&g->err, "json_object: token %d does not continue the object", id);
     g->ids[g->n_ids++] = id;
     g4_sampler_accept(g->sampler, id);
     if (queue(g, G4_EVENT_TOKEN, id, "", 0)) return -1;
@@ -205,7 +245,8 @@ static int take(g4_generation *g, int32_t id) {
         why = G4_FINISH_STOP;
     } else {
         if (token_text(g, id)) return -1;
-        if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)))
+        if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)) ||
+            (g->json && g4_json_done(&g->json_state)))
             why = G4_FINISH_STOP;
         else if (g->n_ids == g->max_new)
             why = G4_FINISH_LENGTH;
@@ -233,8 +274,14 @@ static int step(g4_generation *g) {
     if (g->spec && g->n_ids > 0) return spec_step(g);
     int r = run_model(g);
     if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
+    if (g->logprobs) step_logprobs(g);
+    if (g->json) g4_json_mask(g->json, &g->json_state, g->logits);
     int32_t id = g->greedy && !g->spec ? g->picked : g4_sampler_sample(g->sampler, g->logits);
     if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
+    if (g->logprobs) {
+        g->chosen = (g4_token_logprob){id, (float)(g->logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
+        g->have_logprobs = 1;
+    }
     return take(g, id) < 0 ? -1 : 0;
 }
 
@@ -259,6 +306,21 @@ int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
     return 1;
 }
 
+int g4_generation_step(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err) {
+    g4_event ev;
+    int rc, stepped = 0;
+    /* the events already queued, then one step's (g4_generation_next steps when the queue is empty) */
+    for (;;) {
+        if (g->q_next == g->q_len) {
+            if (stepped || g->finish) break;
+            stepped = 1;
+        }
+        if ((rc = g4_generation_next(g, &ev, err)) != 1) return rc;
+        if (on_event && on_event(&ev, user)) g4_generation_cancel(g);
+    }
+    return g->finish == G4_FINISH_NONE;
+}
+
 int g4_generation_run(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err) {
     g4_event ev;
     int rc;
@@ -277,6 +339,15 @@ const int32_t *g4_generation_tokens(const g4_generation *g, int *n) {
 }
 
 int g4_generation_n_cached(const g4_generation *g) { return g->n_cached; }
+
+int g4_generation_logprobs(const g4_generation *g, g4_token_logprob *chosen, const g4_token_logprob **top,
+                           int *n_top) {
+    if (!g->have_logprobs) return -1;
+    if (chosen) *chosen = g->chosen;
+    if (top) *top = g->top;
+    if (n_top) *n_top = g->n_top;
+    return 0;
+}
 
 void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n) {
     *drafted = *accepted = NULL;
@@ -305,6 +376,7 @@ void g4_generation_free(g4_generation *g) {
     if (g->stop) g4_stop_free(g->stop);
     g4_detok_stream_free(g->detok);
     g4_chat_parser_free(g->parser);
+    g4_json_tokens_free(g->json);
     g4_chat_accum_free(&g->out);
     free(g->ids);
     free(g->logits);
@@ -343,13 +415,18 @@ static int setup(g4_generation *g, const g4_generation_params *p, int n_ctx, g4_
     g->ignore_eos = p->ignore_eos;
     if (p->max_new_tokens < 0 || p->n_stop_ids < 0 || p->n_stop_strings < 0)
         return g4_fail(err, "generation: negative max_new_tokens, n_stop_ids or n_stop_strings");
+    if (p->top_logprobs < 0 || p->top_logprobs > G4_MAX_TOP_LOGPROBS)
+        return g4_fail(err, "generation: top_logprobs must be 0..%d, got %d", G4_MAX_TOP_LOGPROBS, p->top_logprobs);
+    g->logprobs = p->logprobs != 0;
+    g->n_top = g->logprobs ? p->top_logprobs : 0;
     g4_sampler_params sp;
     if (p->sampling) sp = *p->sampling;
     else g4_model_sampler_params(m, &sp);
     if (g4_sampler_new(&sp, V, &g->sampler, err)) return -1;
     /* argmax with nothing that changes logits: the model step finds it (no logits copied back) */
-    g->greedy = g4_sampler_is_argmax(g->sampler);
-    g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
+    /* log-probabilities and the JSON constraint need the logits */
+    g->greedy = g4_sampler_is_argmax(g->sampler) && !g->logprobs && !p->json_object;
+    if (!p->penalties_output_only) g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
 
     const int n_eos = p->ignore_eos ? 0 : m->gen_config.n_eos;
     g->stop_ids = malloc((size_t)(n_eos + p->n_stop_ids + 1) * sizeof *g->stop_ids);
@@ -364,6 +441,12 @@ static int setup(g4_generation *g, const g4_generation_params *p, int n_ctx, g4_
     if (p->n_stop_strings && g4_stop_new(p->stop_strings, p->n_stop_strings, &g->stop, err)) return -1;
     if (p->parse_chat && !(g->parser = g4_chat_parser_new(piece, g))) return g4_fail(err, "out of memory");
     if (!(g->ids = malloc((size_t)g->max_new * sizeof *g->ids))) return g4_fail(err, "out of memory");
+
+    if (p->json_object) {
+        if (!g->tok) return g4_fail(err, "json_object needs the model's tokenizer.json");
+        if (g4_json_tokens_new(g->tok, V, &g->json, err)) return -1;
+        g4_json_start(&g->json_state);
+    }
     return 0;
 }
 
@@ -375,6 +458,8 @@ static int setup_seq(g4_generation *g, const g4_generation_params *p, g4_error *
     g->want = malloc(nb);
     if (!g->logits || !g->seqs || !g->want) return g4_fail(err, "out of memory");
     for (size_t i = 0; i < nb; i++) g->seqs[i] = g->seq;
+    if (p->drafter && (g->logprobs || p->json_object))
+        return g4_fail(err, "generation: logprobs and json_object do not go with a drafter");
     if (p->drafter) { /* drafting stops at the generation's stop ids (transformers: the eos ids) */
         g4_spec_params spp = {.n_draft = p->n_draft, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
                               .cancelled = spec_cancelled, .cancelled_user = g};
@@ -469,6 +554,8 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
         }
     } else if (params && params->drafter) {
         g4_fail(err, "speculative decoding (a drafter) is not available to scheduled generations");
+    } else if (params && (params->logprobs || params->json_object)) {
+        g4_fail(err, "logprobs and json_object are not available to scheduled generations yet");
     } else if (params && params->n_media) {
         g4_fail(err, "images and audio are not available to scheduled generations yet: use one generation per request");
     } else if (setup(g, params ? params : &none, n_ctx, err) == 0) {

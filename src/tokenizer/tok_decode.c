@@ -190,6 +190,55 @@ static int decode_ids(const g4_tokenizer *tok, const int32_t *ids, size_t n, dec
     return 0;
 }
 
+int g4_tokenizer_token_bytes(const g4_tokenizer *tok, int32_t id, char *buf, size_t cap) {
+    if (id < 0 || id >= tok->n_ids || !tok->id_str[id] || !cap) return -1;
+    char work[2][1024];
+    size_t n = strlen(tok->id_str[id]);
+    if (n >= sizeof work[0]) return -1;
+    memcpy(work[0], tok->id_str[id], n);
+    int cur = 0, fused = 0;
+    for (size_t k = 0; k < tok->n_dec; k++) {
+        const tok_dec_op *op = &tok->dec[k];
+        const char *s = work[cur];
+        char *o = work[!cur];
+        size_t m = 0;
+        unsigned v;
+        switch (op->type) {
+        case TOK_DEC_REPLACE:
+            for (size_t i = 0; i < n;) {
+                if (op->pattern_len && i + op->pattern_len <= n && !memcmp(s + i, op->pattern, op->pattern_len)) {
+                    if (m + op->content_len >= sizeof work[0]) return -1;
+                    memcpy(o + m, op->content, op->content_len);
+                    m += op->content_len;
+                    i += op->pattern_len;
+                } else {
+                    if (m + 1 >= sizeof work[0]) return -1;
+                    o[m++] = s[i++];
+                }
+            }
+            n = m;
+            cur = !cur;
+            break;
+        case TOK_DEC_BYTE_FALLBACK:
+            if (bf_byte(s, n, &v)) work[cur][0] = (char)v, n = 1;
+            break;
+        case TOK_DEC_FUSE: fused = 1; break;
+        case TOK_DEC_STRIP: /* per token only before the tokens are fused into one text */
+            if (!fused) {
+                size_t a = 0, b = n, cl = op->content_len;
+                for (size_t q = 0; q < op->start && b - a >= cl && !memcmp(s + a, op->content, cl); q++) a += cl;
+                for (size_t q = 0; q < op->stop && b - a >= cl && !memcmp(s + b - cl, op->content, cl); q++) b -= cl;
+                memmove(work[cur], s + a, b - a);
+                n = b - a;
+            }
+            break;
+        }
+    }
+    if (n > cap) return -1;
+    memcpy(buf, work[cur], n);
+    return (int)n;
+}
+
 static int check_id(const g4_tokenizer *tok, int32_t id, g4_error *err) {
     if (id < 0 || id >= tok->n_ids)
         return g4_fail(err, "token id %d is out of range (vocabulary size %d)", id, tok->n_ids);
