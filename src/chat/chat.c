@@ -222,7 +222,7 @@ int g4_chat_render(const g4_chat_template *t, const json_t *messages, const g4_c
     *out = NULL;
     if (len) *len = 0;
     if (!json_is_array(messages)) return g4_fail(err, "chat: \"messages\" must be a JSON array");
-    g4_chat_options none = {NULL, 0, -1, NULL};
+    g4_chat_options none = {NULL, 0, -1, NULL, NULL};
     if (!opt) opt = &none;
     if (opt->tools && !json_is_array(opt->tools) && !json_is_null(opt->tools))
         return g4_fail(err, "chat: \"tools\" must be a JSON array");
@@ -244,9 +244,38 @@ int g4_chat_render(const g4_chat_template *t, const json_t *messages, const g4_c
         json_decref(ctx);
         return g4_fail(err, "chat: out of memory");
     }
-    int rc = g4_jinja_render(t->tpl, ctx, out, len, err);
+    int rc = g4_jinja_render_ex(t->tpl, ctx, opt->limits, out, len, err);
     json_decref(ctx);
     return rc;
+}
+
+int g4_chat_render_request(const g4_chat_template *t, const json_t *request, const g4_jinja_limits *limits,
+                           char **out, size_t *len, g4_error *err) {
+    *out = NULL;
+    if (len) *len = 0;
+    if (!json_is_object(request)) return g4_fail(err, "a chat request must be a JSON object");
+    const json_t *messages = json_object_get(request, "messages");
+    const json_t *tools = json_object_get(request, "tools");
+    const json_t *et = json_object_get(request, "enable_thinking");
+    const json_t *agp = json_object_get(request, "add_generation_prompt");
+    const json_t *kwargs = json_object_get(request, "chat_template_kwargs");
+    if (!json_is_array(messages)) return g4_fail(err, "\"messages\" must be a list of messages");
+    if (tools && !json_is_null(tools) && !json_is_array(tools))
+        return g4_fail(err, "\"tools\" must be a list or null");
+    if (et && !json_is_null(et) && !json_is_boolean(et))
+        return g4_fail(err, "\"enable_thinking\" must be true, false or null");
+    if (agp && !json_is_null(agp) && !json_is_boolean(agp))
+        return g4_fail(err, "\"add_generation_prompt\" must be true or false");
+    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
+        return g4_fail(err, "\"chat_template_kwargs\" must be an object");
+    g4_chat_options opt = {
+        .tools = json_is_array(tools) ? tools : NULL,
+        .add_generation_prompt = json_is_true(agp),
+        .enable_thinking = json_is_boolean(et) ? json_is_true(et) : -1,
+        .extra_vars = json_is_object(kwargs) ? kwargs : NULL,
+        .limits = limits,
+    };
+    return g4_chat_render(t, messages, &opt, out, len, err);
 }
 
 /* ------------------------------------------------------------ output parsing */
@@ -576,9 +605,12 @@ int g4_chat_parse_output(const char *text, size_t len, g4_chat_output *out, g4_e
     sbuf thinking = {0}, content = {0};
     json_t *calls = json_array();
     if (!calls) return g4_fail(err, "chat output: out of memory");
+    /* the next of each marker, searched again only once passed (a text of many markers of one
+     * kind must not be rescanned for the other kind at each of them) */
+    const char *ch = find_lit(text, end, i, "<|channel>"), *tc = find_lit(text, end, i, "<|tool_call>");
     while (i < end) {
-        const char *ch = find_lit(text, end, i, "<|channel>");
-        const char *tc = find_lit(text, end, i, "<|tool_call>");
+        if (ch && ch < text + i) ch = find_lit(text, end, i, "<|channel>");
+        if (tc && tc < text + i) tc = find_lit(text, end, i, "<|tool_call>");
         const char *next = ch && (!tc || ch < tc) ? ch : tc;
         if (!next) {
             sb_put(&content, text + i, end - i);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "gemma4c.h"
+#include "jinja/jinja.h"
 
 typedef struct g4_chat_template g4_chat_template; /* parsed template + special token strings */
 
@@ -44,12 +45,20 @@ typedef struct g4_chat_options {
     int add_generation_prompt; /* 0 / 1 */
     int enable_thinking;       /* -1: not passed (undefined in the template), 0 / 1 */
     const json_t *extra_vars;  /* JSON object of more variables (like HF's **kwargs), or NULL */
+    const g4_jinja_limits *limits; /* the render's limits (jinja.h), NULL: the defaults */
 } g4_chat_options;
 
 /* messages: a JSON array of {role, content, ...}.  opt may be NULL (no tools, no generation
  * prompt, enable_thinking not passed).  *out is NUL-terminated (free()). */
 int g4_chat_render(const g4_chat_template *t, const json_t *messages, const g4_chat_options *opt,
                    char **out, size_t *len, g4_error *err);
+
+/* A chat request as `gemma4c template` reads it (and a server would): a JSON object
+ * {"messages": [...], "tools": [...] | null, "enable_thinking": bool | null (undefined when absent),
+ * "add_generation_prompt": bool (false), "chat_template_kwargs": {...} (more variables)},
+ * rendered with g4_chat_render.  Members of the wrong type are a one-line error. */
+int g4_chat_render_request(const g4_chat_template *t, const json_t *request, const g4_jinja_limits *limits,
+                           char **out, size_t *len, g4_error *err);
 
 /* Model output: thinking `<|channel>thought\n...<channel|>` is split from the answer, and tool
  * calls `<|tool_call>call:NAME{key:value,...}<tool_call|>` (values in Gemma's notation: strings

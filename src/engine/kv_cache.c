@@ -25,7 +25,10 @@ int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, i
         long cap = n_ctx;
         if (y->window && (long)y->window - 1 + n_batch < cap) cap = (long)y->window - 1 + n_batch;
         y->cap = (int)cap;
-        size_t n = (size_t)n_seq * (size_t)y->cap * (size_t)y->row * sizeof(float);
+        size_t n;
+        if (!g4_mul_ok((size_t)n_seq, (size_t)y->cap, &n) || !g4_mul_ok(n, (size_t)y->row, &n) ||
+            !g4_mul_ok(n, sizeof(float), &n) || n > SIZE_MAX / 4)
+            goto oom;
         y->k = be->ops->alloc(be, n);
         y->v = be->ops->alloc(be, n);
         y->k_base = calloc((size_t)n_seq, sizeof(float *));

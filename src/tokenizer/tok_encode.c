@@ -470,7 +470,7 @@ static int bpe_cached(enc_ctx *c, const char *s, size_t n) {
     }
     size_t key_off = c->ckeys.n;
     if (c->ckeys.n + n >= UINT32_MAX || c->cids_n + k >= UINT32_MAX || tbuf_add(&c->ckeys, s, n)) return 0;
-    memcpy(c->cids + c->cids_n, c->out->ids + before, k * sizeof *c->cids);
+    if (k) memcpy(c->cids + c->cids_n, c->out->ids + before, k * sizeof *c->cids); /* (cids may be NULL yet) */
     c->ctab[slot] = (cache_ent){hash, (uint32_t)key_off, (uint32_t)n, (uint32_t)c->cids_n, (uint32_t)k};
     c->cids_n += k;
     c->cn++;

@@ -280,6 +280,10 @@ _Static_assert(TOK_SEC_COUNT <= TOK_CACHE_SECTIONS && TOK_P_COUNT <= TOK_CACHE_P
 /* Maps a cache and checks it belongs to src and is intact: 0, or -1 (absent, stale, corrupt). */
 int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data *d);
 void tok_cache_close(tok_cache_data *d);
+/* Makes the bytes of a cache file claim to belong to src_path (the header's source fields, size
+ * and checksum are recomputed): how tests and the fuzz harness reach the checks behind the
+ * checksum.  -1 when the file is shorter than a header or src cannot be read. */
+int tok_cache_reseal(unsigned char *file, size_t size, const char *src_path);
 /* Writes d's sections and parameters atomically (temporary file + rename). */
 int tok_cache_write(const char *cache_path, const char *src_path, const tok_cache_data *d);
 
