@@ -358,17 +358,14 @@ static int write_tampered_cache(const char *cache, const char *src, int which) {
         ((uint32_t *)copy)[1] = 0xfffffff0u;
     } else if (which == 5) { /* a map of 2^61 slots in 0 bytes: 2^61 * 8 wraps to 0 */
         w.param[TOK_P_VOCAB_MASK] = ((uint64_t)1 << 61) - 1;
-        w.sec[TOK_SEC_VOCAB_MAP].size = 0;
+        for (int k = TOK_SEC_VOCAB_MAP; k < TOK_SEC_COUNT; k++) w.sec[k].size = 0; /* last in the file */
     } else if (which >= 6) { /* a merge table of 2^61 slots (2^60 of 16 bytes) in 0 bytes */
         int bits = which == 6 ? 61 : 60;
         w.param[TOK_P_MERGE_MASK] = ((uint64_t)1 << bits) - 1;
         w.param[TOK_P_MERGE_SHIFT] = (uint64_t)(64 - bits);
         w.param[TOK_P_MERGE_PACKED] = which == 6;
-        if (which == 7) { /* the hot table goes with the packed form only */
-            w.param[TOK_P_HOT_MASK] = 0;
-            w.sec[TOK_SEC_MERGE_HOT].size = 0;
-        }
-        w.sec[TOK_SEC_MERGE_MAIN].size = 0;
+        w.param[TOK_P_HOT_MASK] = 0; /* (the hot table goes with the packed form only) */
+        for (int k = TOK_SEC_MERGE_MAIN; k < TOK_SEC_COUNT; k++) w.sec[k].size = 0; /* last in the file */
     }
     int rc = tok_cache_write(cache, src, &w);
     free(copy);
@@ -657,6 +654,16 @@ static void test_hostile_files(void) {
         g4_tokenizer_free(t);
     }
     unlink(path);
+
+    /* an added token of 100,000 bytes: finding added tokens in a text of its prefix would take
+     * 100,000 steps per byte */
+    size_t big = 100000;
+    char *huge = malloc(big + 200);
+    int n0 = snprintf(huge, 200, MODEL_HEAD "},\"added_tokens\":[{\"id\":3,\"content\":\"");
+    memset(huge + n0, 'a', big);
+    strcpy(huge + n0 + big, "\"}]}");
+    expect_load_error("long added token", huge, "at most");
+    free(huge);
 
     /* a vocabulary made to collide in the hash table: every lookup would walk 1,100 slots */
     size_t cap = 64 + 1100 * 24, n = 0;

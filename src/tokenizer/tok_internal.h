@@ -51,6 +51,10 @@ typedef struct tok_merge_slot {
 #define TOK_MAX_STEPS 64
 #define TOK_MAX_GROWTH 16
 
+/* The added tokens are found in a text by walking a trie from each position, which costs up to
+ * the longest token per position: they may be at most this long (the real ones are under 100). */
+#define TOK_MAX_ADDED_LEN 1024
+
 enum { TOK_NORM_REPLACE, TOK_NORM_PREPEND };
 typedef struct tok_norm_op {
     int type;

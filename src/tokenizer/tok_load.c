@@ -707,6 +707,10 @@ static int install_added(g4_tokenizer *tok, const tok_added_raw *raw, size_t n, 
     }
     if (raw_blob_size) memcpy(blob, raw_blob, raw_blob_size);
     for (size_t i = 0; i < n; i++) {
+        if (raw[i].len > TOK_MAX_ADDED_LEN) {
+            g4_fail(err, "%s[%zu]: %u bytes long (at most %d)", what, i, raw[i].len, TOK_MAX_ADDED_LEN);
+            goto done;
+        }
         off[i] = raw[i].off;
         content[i] = blob + raw[i].off;
         clen[i] = raw[i].len;
