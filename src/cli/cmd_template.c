@@ -10,8 +10,6 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
-#include "core/error.h"
-#include "chat/chat.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -33,12 +31,19 @@ static void usage(FILE *f) {
 
 /* {"messages", "tools", "enable_thinking", "add_generation_prompt", "chat_template_kwargs"} -> "prompt" */
 static json_t *render_line(const json_t *in, void *user, g4_error *err) {
-    char *text = NULL;
+    const g4_chat_template *t = user;
+    if (!json_is_array(json_object_get(in, "messages")))
+        return g4_fail(err, "\"messages\" must be a list of messages"), NULL;
+    char *request = json_dumps(in, JSON_COMPACT), *text = NULL;
     size_t text_len = 0;
-    if (g4_chat_render_request(user, in, NULL, &text, &text_len, err)) return NULL;
-    json_t *s = json_stringn(text, text_len);
-    free(text);
-    if (!s) g4_fail(err, "the rendered text is not valid UTF-8");
+    g4_chat *chat = NULL;
+    int rc = request ? g4_chat_new(t, request, &chat, err) : g4_fail(err, "out of memory");
+    if (rc == 0) rc = g4_chat_render(chat, &text, &text_len, err);
+    g4_chat_free(chat);
+    free(request);
+    json_t *s = rc ? NULL : json_stringn(text, text_len);
+    g4_free(text);
+    if (!rc && !s) g4_fail(err, "the rendered text is not valid UTF-8");
     return s;
 }
 

@@ -104,3 +104,13 @@ void g4_to_f32(g4_dtype t, const void *src, float *dst, size_t n) {
         break;
     }
 }
+
+void g4_tensor_rows_f32(const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
+    size_t cols = (size_t)table->shape[table->ndim - 1];
+    size_t esz = (size_t)g4_dtype_bits(table->dtype) / 8;
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * cols;
+        g4_to_f32(table->dtype, (const unsigned char *)table->data + (size_t)ids[i] * cols * esz, o, cols);
+        for (size_t k = 0; k < cols; k++) o[k] *= scale;
+    }
+}

@@ -298,8 +298,10 @@ size_t tok_growth_limit(size_t n, size_t inserted);
  * text grows past tok_growth_limit. */
 char *tok_normalize_alloc(const g4_tokenizer *tok, const char *s, size_t len, size_t *out_len);
 
-/* Candidate cache paths for src (up to 2); returns how many. Each is malloc'ed. */
-int tok_cache_candidates(const char *src_path, char **paths);
+/* Where the cache of src lives: $G4_TOKENIZER_CACHE_DIR, else $XDG_CACHE_HOME/gemma4c, else
+ * ~/.cache/gemma4c, under a name derived from src's real path. malloc'ed; NULL when there is no
+ * such folder (or no memory). */
+char *tok_cache_path(const char *src_path);
 /* Creates the folder a cache path lives in if missing. */
 int tok_cache_prepare_dir(const char *cache_path);
 

@@ -1356,17 +1356,15 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
     if (stat(path, &st) != 0) return g4_fail(err, "%s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return g4_fail(err, "%s: not a regular file", path);
 
-    char *cands[2] = {NULL, NULL};
-    int nc = cache_disabled() ? 0 : tok_cache_candidates(path, cands);
+    char *cache = cache_disabled() ? NULL : tok_cache_path(path);
     g4_tokenizer *tok = NULL;
-    for (int k = 0; k < nc && !tok; k++) {
+    if (cache) {
         g4_tokenizer *t = tok_new();
-        if (!t) break;
         g4_error e2;
-        if (tok_cache_open(cands[k], path, &t->cache) == 0 && build_from_cache(t, &e2) == 0) {
+        if (t && tok_cache_open(cache, path, &t->cache) == 0 && build_from_cache(t, &e2) == 0) {
             tok = t;
             tok->from_cache = 1;
-            tok->cache_path = strdup(cands[k]);
+            tok->cache_path = strdup(cache);
         } else {
             g4_tokenizer_free(t); /* absent, stale or corrupt: rebuilt from the JSON below */
         }
@@ -1374,12 +1372,12 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
     if (!tok) {
         tok = tok_new();
         if (!tok) {
-            for (int k = 0; k < nc; k++) free(cands[k]);
+            free(cache);
             return g4_fail(err, "out of memory");
         }
         char *rest = NULL;
-        if (build_from_json(tok, path, nc > 0, &rest, err) != 0) {
-            for (int k = 0; k < nc; k++) free(cands[k]);
+        if (build_from_json(tok, path, cache != NULL, &rest, err) != 0) {
+            free(cache);
             g4_tokenizer_free(tok);
             if (err && strstr(err->msg, path) == NULL) g4_fail_prefix(err, "%s", path);
             return -1;
@@ -1387,16 +1385,12 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
         if (rest) {
             tok_cache_data d;
             cache_fill(tok, rest, &d);
-            for (int k = 0; k < nc; k++) {
-                if (tok_cache_prepare_dir(cands[k]) == 0 && tok_cache_write(cands[k], path, &d) == 0) {
-                    tok->cache_path = strdup(cands[k]);
-                    break;
-                }
-            }
+            if (tok_cache_prepare_dir(cache) == 0 && tok_cache_write(cache, path, &d) == 0)
+                tok->cache_path = strdup(cache);
             free(rest);
         }
     }
-    for (int k = 0; k < nc; k++) free(cands[k]);
+    free(cache);
     if (load_config(tok, path, err) != 0) {
         g4_tokenizer_free(tok);
         return -1;

@@ -1,8 +1,6 @@
 /* The chat request of `gemma4c template` (and of a server): {"messages", "tools",
- * "enable_thinking", "add_generation_prompt", "chat_template_kwargs"} rendered with the real
- * Gemma 4 chat templates (src/chat/chat.c g4_chat_render_request).  Byte 0 picks the template. */
-#include <jansson.h>
-
+ * "enable_thinking", "add_generation_prompt", "chat_template_kwargs"} read by g4_chat_new and
+ * rendered with the real Gemma 4 chat templates (src/chat/).  Byte 0 picks the template. */
 #include "chat/chat.h"
 #include "fuzz.h"
 
@@ -25,15 +23,22 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    json_t *req = json_loadb((const char *)data + 1, size - 1, JSON_ALLOW_NUL, NULL);
-    if (!req) return 0; /* not JSON: jansson's business */
-    g4_jinja_limits lim = {.max_output = 1 << 20, .max_steps = 2000000, .max_memory = 64 << 20};
-    char *out = NULL;
-    size_t len = 0;
+    char *request = malloc(size); /* NUL-terminated: the API takes a C string */
+    memcpy(request, data + 1, size - 1);
+    request[size - 1] = 0;
+    g4_chat *chat = NULL;
     g4_error err = {{0}};
-    int rc = g4_chat_render_request(tpls[data[0] % n_tpls], req, &lim, &out, &len, &err);
+    int rc = g4_chat_new(tpls[data[0] % n_tpls], request, &chat, &err);
     fuzz_expect_error(rc, &err);
-    free(out);
-    json_decref(req);
+    if (rc == 0) {
+        g4_jinja_limits lim = {.max_output = 1 << 20, .max_steps = 2000000, .max_memory = 64 << 20};
+        char *out = NULL;
+        size_t len = 0;
+        rc = g4_chat_render_limited(chat, &lim, &out, &len, &err);
+        fuzz_expect_error(rc, &err);
+        free(out);
+        g4_chat_free(chat);
+    }
+    free(request);
     return 0;
 }

@@ -1,6 +1,6 @@
 /* generation_config.json, with config.json's eos ids as the fallback
  * (src/engine/generation_config.c). */
-#include "engine/generation_config.h"
+#include "model/generation_config.h"
 #include "fuzz.h"
 
 static char config_path[600];

@@ -14,11 +14,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_write_file(src, "{}", 2);
     setenv("G4_TOKENIZER_CACHE_DIR", fuzz_tmp("cache"), 1);
     unsetenv("G4_NO_TOKENIZER_CACHE");
-    char *paths[2] = {NULL, NULL};
-    int n = tok_cache_candidates(src, paths);
-    if (n < 1) abort();
-    snprintf(cache, sizeof cache, "%s", paths[0]);
-    for (int i = 0; i < n; i++) free(paths[i]);
+    char *path = tok_cache_path(src);
+    if (!path) abort();
+    snprintf(cache, sizeof cache, "%s", path);
+    free(path);
     return 0;
 }
 

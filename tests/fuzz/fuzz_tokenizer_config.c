@@ -44,7 +44,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         g4_jinja_limits lim = {.max_output = 1 << 20, .max_steps = 200000, .max_memory = 64 << 20};
         g4_chat_options opt = {.add_generation_prompt = 1, .enable_thinking = -1, .limits = &lim};
         char *out = NULL;
-        rc = g4_chat_render(t, messages, &opt, &out, NULL, &err);
+        rc = g4_chat_template_render(t, messages, &opt, &out, NULL, &err);
         fuzz_expect_error(rc, &err);
         free(out);
         json_decref(messages);
