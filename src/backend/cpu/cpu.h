@@ -23,6 +23,9 @@ typedef struct g4_cpu {
     /* buffers the MoE op reuses between calls */
     float *moe_buf;
     size_t moe_cap;
+    /* the masked_logits op's selected ids */
+    int32_t *sel_buf;
+    size_t sel_cap;
 } g4_cpu;
 
 /* Returns thread `t`'s scratch with at least n floats, or NULL when out of memory. */
