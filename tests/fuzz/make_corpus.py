@@ -102,7 +102,9 @@ def main():
             with tarfile.open(tar) as tf:
                 tf.extractall(tmp)
             model = os.path.join(tmp, "tolstoy-tiny")
-    models = sorted(glob.glob(os.path.join(shared, "fixtures", "*"))) + [model]
+    # every fixture folder, nested ones too (the assistant drafters beside their main model)
+    models = sorted({os.path.dirname(p) for p in glob.glob(os.path.join(shared, "fixtures", "**", "*"), recursive=True)
+                     if os.path.isfile(p)}) + [model]
 
     # weights
     for m in models:
@@ -121,6 +123,11 @@ def main():
     for p in sorted(glob.glob(os.path.join(shared, "configs", "*.json"))) + [os.path.join(m, "config.json") for m in models]:
         if os.path.exists(p):
             c.add("config", open(p, "rb").read())
+    # model: a selector byte (tests/fuzz/fuzz_model.c's fixture order), then that fixture's config.json
+    for k, name in enumerate(["dense-ple", "dense-keqv", "moe"]):
+        p = os.path.join(shared, "fixtures", name, "config.json")
+        if os.path.exists(p):
+            c.add("model", bytes([k]) + open(p, "rb").read())
     for m in models:
         p = os.path.join(m, "generation_config.json")
         if os.path.exists(p):
