@@ -128,6 +128,11 @@ def main():
         p = os.path.join(shared, "fixtures", name, "config.json")
         if os.path.exists(p):
             c.add("model", bytes([k]) + open(p, "rb").read())
+    # drafter: a selector byte (tests/fuzz/fuzz_drafter.c's order), then that drafter's config.json
+    for k, name in enumerate(["assistant-lmhead", "assistant-ordered"]):
+        p = os.path.join(shared, "fixtures", "assistant", name, "config.json")
+        if os.path.exists(p):
+            c.add("drafter", bytes([k]) + open(p, "rb").read())
     for m in models:
         p = os.path.join(m, "generation_config.json")
         if os.path.exists(p):
