@@ -13,6 +13,8 @@
  *               limit) pulled event by event (token, text, thinking, tool call) or run with a
  *               callback; g4_generation_cancel stops it from any thread
  *   embeddings  g4_embed: the mean of the final hidden states of a token sequence
+ *   images      g4_image_load/decode, g4_image_encode: soft tokens for the prompt's <|image|> placeholders
+ *   audio       g4_audio_load/decode, g4_audio_encode: soft tokens for the prompt's <|audio|> placeholders
  *
  * Conventions:
  * - Handles are opaque. A function that can fail returns 0 (or a count) on success and -1 on
@@ -138,8 +140,9 @@ G4_API void g4_seq_reset(g4_context *ctx, int seq);
 G4_API int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err);
 /* Number of positions sequence `seq` has processed. */
 G4_API int g4_seq_length(const g4_context *ctx, int seq);
-/* The token ids sequence `seq` holds, in position order (*n = g4_seq_length). Valid until the
- * next call that changes the sequence. */
+/* The token ids sequence `seq` holds, in position order (*n = g4_seq_length); -1 where a soft token
+ * (an image or audio row) was fed, so that different images never look like a shared prefix. Valid until
+ * the next call that changes the sequence. */
 G4_API const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n);
 /* Free blocks of the full-attention pool (of the sliding pool for a model without full layers). */
 G4_API int g4_kv_free_blocks(const g4_context *ctx);
@@ -156,6 +159,15 @@ typedef struct g4_batch {
     const int32_t *token;
     const int32_t *seq;          /* NULL: every token belongs to sequence 0 */
     const uint8_t *want_logits;  /* NULL: logits for every row */
+    /* Multimodal input (image, video or audio soft tokens): each row whose token is one of the model's
+     * soft-token placeholders takes, in batch order, the next row of embd [n_embd, hidden] as its input
+     * embedding (used as given, not scaled); the per-layer-embedding path sees such a row as the pad token.
+     * With embd NULL, placeholders are embedded as the pad token; otherwise their count must equal n_embd.
+     * A run of consecutive image/video placeholders of one sequence is one image or frame: on a model with
+     * use_bidirectional_attention "vision" its tokens also see the later tokens of the run (sliding layers),
+     * so a run must not be split across batch steps. */
+    const float *embd;
+    int n_embd;
 } g4_batch;
 
 G4_API int g4_decode(g4_context *ctx, const g4_batch *batch, float *logits, g4_error *err);
@@ -172,6 +184,89 @@ G4_API void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *
  * (after the final norm, as transformers' last_hidden_state), hidden_size floats into out.
  * Sequence `seq` of ctx is the scratch: it is reset before and after. */
 G4_API int g4_embed(g4_context *ctx, int seq, const int32_t *ids, int n_ids, float *out, g4_error *err);
+
+/* ------------------------------------------------------- images and audio */
+
+/* Images and audio reach the decoder as soft tokens: rows of hidden_size floats made by the model's towers
+ * that take the place of placeholder tokens (docs/gemma4-towers.md 4). A chat template writes one
+ * placeholder per input (<|image|> for a content part {"type": "image"}, <|audio|> for {"type": "audio"});
+ * g4_prompt_expand turns each into its blocks, <|image> + N x <|image|> + <image|> for an image and
+ * <|audio> + N x <|audio|> + <audio|> for each 30 s clip of audio, and lines up the rows in the order the
+ * expanded placeholders take them (g4_batch.embd). g4_generation_params.media does all of it for a
+ * generation. Encoding holds a lock of the model: one input at a time per model. */
+
+/* An 8-bit RGB image as transformers' load_image sees it (PIL: EXIF orientation applied, convert("RGB")):
+ * JPEG, PNG, WebP and GIF (its first frame); other formats, and anything that is not an image, are an
+ * error. */
+typedef struct g4_image {
+    int width, height;
+    uint8_t *rgb; /* [height][width][3]; release with g4_image_free */
+} g4_image;
+
+/* Limits against oversized files and decompression bombs; 0 fields (or a NULL pointer) take the defaults. */
+typedef struct g4_image_limits {
+    size_t max_file_bytes; /* default 256 MiB */
+    int64_t max_pixels;    /* width * height, default 89478485 (PIL's MAX_IMAGE_PIXELS) */
+} g4_image_limits;
+
+/* Decodes an image held in memory. */
+G4_API int g4_image_decode(const void *data, size_t size, const g4_image_limits *limits, g4_image *out,
+                           g4_error *err);
+/* Reads and decodes a file; errors name the path. */
+G4_API int g4_image_load(const char *path, const g4_image_limits *limits, g4_image *out, g4_error *err);
+G4_API void g4_image_free(g4_image *img);
+
+typedef enum g4_media_kind { G4_MEDIA_IMAGE = 1, G4_MEDIA_AUDIO = 3 } g4_media_kind;
+
+/* The soft tokens of one input, in blocks: an image is one block, audio one block per clip of 30 s. */
+typedef struct g4_soft_tokens {
+    g4_media_kind kind;
+    int n_blocks;
+    int *block_tokens; /* [n_blocks] soft tokens of each block */
+    int n_tokens;      /* their sum */
+    int hidden;        /* floats per row: the model's hidden_size */
+    float *rows;       /* [n_tokens, hidden], the blocks one after the other */
+} g4_soft_tokens;
+
+/* The soft tokens of an image through the model's vision tower (image processor settings from the model
+ * folder's processor_config.json or preprocessor_config.json). budget: at most this many soft tokens, 70,
+ * 140, 280, 560 or 1120; 0 takes the processor config's. An error when the model has no vision tower. */
+G4_API int g4_image_encode(g4_model *model, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err);
+/* The most soft tokens an image gets at a budget (0: the processor config's); 0 without a vision tower. */
+G4_API int g4_image_max_tokens(const g4_model *model, int budget);
+G4_API void g4_soft_tokens_free(g4_soft_tokens *s);
+
+/* Audio: any file libsndfile reads (WAV, FLAC, OGG/Vorbis, Opus, MP3, ...) decoded to mono float PCM at
+ * `rate` Hz: channels averaged, other sample rates converted with libsoxr at HQ quality (as librosa.load),
+ * ceil(n * rate / rate_in) samples. *pcm is released with g4_free. Longer than 10 minutes is an error. */
+G4_API int g4_audio_load(const char *path, int rate, float **pcm, size_t *n, g4_error *err);
+/* The same for a file held in memory; `name` labels errors. */
+G4_API int g4_audio_decode(const void *data, size_t size, const char *name, int rate, float **pcm, size_t *n,
+                           g4_error *err);
+/* The sample rate the model's audio tower takes (its feature extractor's, 16000); 0 without an audio tower. */
+G4_API int g4_audio_rate(const g4_model *model);
+/* The soft tokens of PCM at g4_audio_rate (log-mel features from the model folder's preprocessor config,
+ * the audio tower, embed_audio). Audio longer than 30 s is split into clips of 30 s, each its own block. An
+ * error when the model has no audio tower or the audio is too short for one feature frame. */
+G4_API int g4_audio_encode(g4_model *model, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err);
+
+/* Soft-token placeholders among ids[0..n): the rows a batch of these ids takes from g4_batch.embd. */
+G4_API int g4_count_soft_tokens(const g4_model *model, const int32_t *ids, int n);
+/* Tokens of ids[0..n) for the next g4_decode of at most max tokens such that no image's soft tokens are
+ * split between two steps (they attend to one another): n when n <= max, else max or fewer; -1 with a
+ * message when an image alone is longer than max. */
+G4_API int g4_step_length(const g4_model *model, const int32_t *ids, int n, int max, g4_error *err);
+
+/* Expands the placeholders of a prompt as the chat template writes it, one per input: the k-th <|image|>
+ * becomes the blocks of the k-th image among inputs, and so on for each kind (the counts must match).
+ * *out_ids [*n_out] is the expanded prompt and *embd [*n_embd, hidden] the rows in the order its
+ * placeholders take them (both g4_free). */
+G4_API int g4_prompt_expand(const g4_model *model, const int32_t *ids, int n, const g4_soft_tokens *inputs,
+                            int n_inputs, int32_t **out_ids, int *n_out, float **embd, int *n_embd, g4_error *err);
+/* The same rows for ids that already hold the expanded placeholders (as transformers' processor writes
+ * input_ids): each kind's placeholders take the rows of that kind's inputs in order (counts must match). */
+G4_API int g4_soft_tokens_gather(const g4_model *model, const int32_t *ids, int n, const g4_soft_tokens *inputs,
+                                 int n_inputs, float **embd, int *n_embd, g4_error *err);
 
 /* -------------------------------------------------------------- tokenizer */
 
@@ -390,6 +485,9 @@ typedef struct g4_generation_params {
     g4_drafter *drafter;                /* speculative decoding with this drafter of the model (NULL: none); the
                                            output is the same as without (greedy: the same ids) */
     int n_draft;                        /* drafts per round; 0: the drafter's default */
+    const g4_soft_tokens *media;        /* the prompt's images and audio: it holds one placeholder per input, as
+                                           the chat template writes them, expanded as g4_prompt_expand does */
+    int n_media;
 } g4_generation_params;
 
 typedef enum g4_event_kind {

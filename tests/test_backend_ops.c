@@ -641,6 +641,133 @@ static void test_moe(void) {
     }
 }
 
+/* ------------------------------------------------------------- tower ops */
+/* attention_dense: bidirectional GQA over contiguous keys, optional bias (shared or per head) and key mask */
+static void test_attention_dense_case(int nq, int nk, int H, int HKV, int D, int bias_heads, int mask) {
+    const size_t qn = (size_t)nq * H * D, kn = (size_t)nk * HKV * D, bn = (size_t)(bias_heads ? bias_heads : 1) * nq * nk;
+    float *q = malloc(qn * sizeof(float)), *k = malloc(kn * sizeof(float)), *v = malloc(kn * sizeof(float));
+    float *bias = malloc(bn * sizeof(float)), *out = malloc(qn * sizeof(float));
+    double *ref = malloc(qn * sizeof(double)), *s = malloc((size_t)nk * sizeof(double));
+    int32_t *valid = malloc((size_t)nk * sizeof(int32_t));
+    fill(q, qn, -2, 2), fill(k, kn, -2, 2), fill(v, kn, -1, 1), fill(bias, bn, -3, 3);
+    for (int j = 0; j < nk; j++) valid[j] = (j % 3) != 1;
+    if (bias_heads && nq > 1) /* a query that sees no key gets zeros */
+        for (int h = 0; h < bias_heads; h++)
+            for (int j = 0; j < nk; j++) bias[((size_t)h * nq + 1) * nk + j] = -INFINITY;
+    const float scale = 0.7f;
+    for (int i = 0; i < nq; i++)
+        for (int h = 0; h < H; h++) {
+            const int hkv = h / (H / HKV);
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < nk; j++) {
+                double d = 0;
+                for (int c = 0; c < D; c++) d += (double)q[((size_t)i * H + h) * D + c] * k[((size_t)j * HKV + hkv) * D + c];
+                d *= scale;
+                if (bias_heads) d += bias[((size_t)(bias_heads > 1 ? h : 0) * nq + i) * nk + j];
+                if (mask && !valid[j]) d = -INFINITY;
+                s[j] = d;
+                if (d > mx) mx = d;
+            }
+            for (int j = 0; j < nk; j++) sum += (s[j] = mx == -INFINITY ? 0 : exp(s[j] - mx));
+            for (int c = 0; c < D; c++) {
+                double o = 0;
+                for (int j = 0; j < nk; j++) o += s[j] / (sum > 0 ? sum : 1) * v[((size_t)j * HKV + hkv) * D + c];
+                ref[((size_t)i * H + h) * D + c] = o;
+            }
+        }
+    float *dq = devf(q, qn), *dk = devf(k, kn), *dv = devf(v, kn), *db = devf(bias, bn), *dout = devf(NULL, qn);
+    int32_t *dvalid = dev(valid, (size_t)nk * sizeof(int32_t));
+    g4_dense_attention_args a = {.q = dq, .k = dk, .v = dv, .out = dout, .n_q = nq, .n_k = nk, .n_heads = H,
+                                 .n_kv_heads = HKV, .head_dim = D, .scale = scale, .key_valid = mask ? dvalid : NULL,
+                                 .bias = bias_heads ? db : NULL, .bias_heads = bias_heads};
+    be->ops->attention_dense(be, &a);
+    back(out, dout, qn * sizeof(float));
+    EXPECT_CLOSE(out, ref, qn, 2e-5 * backend_tol(), "attention_dense nq=%d nk=%d heads=%d/%d D=%d bias=%d mask=%d", nq,
+                 nk, H, HKV, D, bias_heads, mask);
+    rel(dq), rel(dk), rel(dv), rel(db), rel(dout), rel(dvalid);
+    free(q), free(k), free(v), free(bias), free(out), free(ref), free(s), free(valid);
+}
+
+static void test_attention_dense(void) {
+    test_attention_dense_case(70, 70, 4, 4, 16, 0, 0);    /* the fixture's vision tower */
+    test_attention_dense_case(130, 133, 12, 12, 64, 0, 0); /* E4B heads, keys not a multiple of the tiles */
+    test_attention_dense_case(67, 45, 16, 16, 72, 1, 1);   /* 31B heads, shared bias, masked keys */
+    test_attention_dense_case(5, 9, 8, 2, 24, 8, 0);       /* GQA, a bias per head */
+    test_attention_dense_case(3, 5, 1, 1, 16, 1, 0);       /* a query without keys */
+}
+
+/* clamp, shift_scale_cols and gather_sum: exact in f32 (one rounding, or sums in the listed order) */
+static void test_tower_elementwise(void) {
+    const int rows = 7, cols = 13;
+    const size_t n = (size_t)rows * cols;
+    float x[7 * 13], sh[13], sc[13], y[7 * 13];
+    double ref[7 * 13];
+    fill(x, n, -4, 4), fill(sh, (size_t)cols, -1, 1), fill(sc, (size_t)cols, -2, 2);
+    float *dx = devf(x, n), *dy = devf(NULL, n), *dsh = devf(sh, (size_t)cols), *dsc = devf(sc, (size_t)cols);
+    be->ops->clamp(be, dx, dy, n, -1.5f, 0.25f);
+    back(y, dy, sizeof y);
+    for (size_t i = 0; i < n; i++) ref[i] = fminf(fmaxf(x[i], -1.5f), 0.25f);
+    EXPECT_CLOSE(y, ref, n, 0, "clamp");
+    be->ops->clamp(be, dy, dy, n, 0.0f, INFINITY); /* in place, ReLU */
+    back(y, dy, sizeof y);
+    for (size_t i = 0; i < n; i++) ref[i] = ref[i] > 0 ? ref[i] : 0;
+    EXPECT_CLOSE(y, ref, n, 0, "clamp (ReLU, in place)");
+    be->ops->shift_scale_cols(be, dx, rows, cols, dsh, dsc);
+    back(y, dx, sizeof y);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) ref[r * cols + c] = (float)(x[r * cols + c] + sh[c]) * sc[c];
+    EXPECT_CLOSE(y, ref, n, 0, "shift_scale_cols");
+    be->ops->shift_scale_cols(be, dx, rows, cols, NULL, dsc); /* scale only */
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) ref[r * cols + c] = (float)((float)ref[r * cols + c] * sc[c]);
+    back(y, dx, sizeof y);
+    EXPECT_CLOSE(y, ref, n, 0, "shift_scale_cols (scale only)");
+    /* gather_sum: 3 outputs of 2 rows each, in the listed order */
+    const int32_t idx[6] = {4, 0, 6, 6, 2, 3};
+    int32_t *didx = dev(idx, sizeof idx);
+    be->ops->to_device(be, dx, x, sizeof x);
+    be->ops->gather_sum(be, dx, didx, 3, 2, cols, 0.5f, dy);
+    back(y, dy, 3 * (size_t)cols * sizeof(float));
+    for (int i = 0; i < 3; i++)
+        for (int c = 0; c < cols; c++)
+            ref[i * cols + c] = (float)(x[idx[2 * i] * cols + c] * 0.5f) + (float)(x[idx[2 * i + 1] * cols + c] * 0.5f);
+    EXPECT_CLOSE(y, ref, 3 * (size_t)cols, 1e-7, "gather_sum");
+    rel(dx), rel(dy), rel(dsh), rel(dsc), rel(didx);
+}
+
+/* The CPU's SIMD exp and gelu kernels (of the instruction set under test) over their whole range. */
+static void test_cpu_kernels(void) {
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    enum { N = 2001 };
+    static float x[N], y[N], u[N];
+    for (int i = 0; i < N; i++) x[i] = -100.0f + 100.0f * i / (N - 1); /* -100 .. 0, past the underflow */
+    x[3] = -INFINITY;
+    memcpy(y, x, sizeof x);
+    float sum = k->exp_sum(y, N, 0.0f);
+    double worst = 0, want_sum = 0;
+    for (int i = 0; i < N; i++) {
+        double want = exp((double)x[i]);
+        want_sum += want;
+        double e = want > 1e-30 ? fabs(y[i] - want) / want : fabs(y[i] - want);
+        if (!(e <= worst)) worst = e;
+    }
+    CHECKF(worst < 4e-7 && y[3] == 0.0f, "%s: exp_sum: max relative error %g", be_label, worst);
+    CHECKF(fabs(sum - want_sum) / want_sum < 1e-6, "%s: exp_sum: sum %g, want %g", be_label, sum, want_sum);
+    for (int i = 0; i < N; i++) {
+        x[i] = -12.0f + 24.0f * i / (N - 1);
+        u[i] = 0.5f + (float)(i % 7);
+    }
+    k->gelu_mul(x, u, y, N);
+    worst = 0;
+    for (int i = 0; i < N; i++) {
+        double want = gelu_tanh_ref(x[i]) * u[i], e = fabs(y[i] - want) / (1.0 + fabs(want));
+        if (!(e <= worst)) worst = e;
+    }
+    CHECKF(worst < 1e-6, "%s: gelu_mul kernel: max error %g", be_label, worst);
+    k->gelu_mul(x, NULL, x, N); /* without u, in place: the ends are 0 and x */
+    CHECK(isfinite(x[0]) && x[0] > -1e-6f && fabsf(x[N - 1] - 12.0f) < 1e-5f);
+}
+
 /* ------------------------------------------------------------- memory ops */
 static void test_memory(void) {
     float a[100], b[100];
@@ -668,6 +795,8 @@ static void run_all(void) {
     test_masked_logits();
     test_attention();
     test_moe();
+    test_attention_dense();
+    test_tower_elementwise();
     g4_error err;
     CHECKF(be->ops->check(be, &err) == 0, "%s: check: %s", be_label, err.msg);
 }
@@ -688,6 +817,7 @@ int main(void) {
     CHECKF(be != NULL, "cpu backend: %s", err.msg);
     if (be) {
         run_all();
+        test_cpu_kernels();
         g4_backend_free(be);
     }
 #ifdef G4_WITH_CUDA

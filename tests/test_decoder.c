@@ -66,7 +66,7 @@ static int prefill(g4_context *ctx, const int32_t *ids, int n, int seq, int chun
             seqs[j] = seq;
             want[j] = (i + j == n - 1);
         }
-        g4_batch b = {m, ids + i, seqs, want};
+        g4_batch b = {.n_tokens = m, .token = ids + i, .seq = seqs, .want_logits = want};
         if (g4_decode(ctx, &b, last_logits, &err)) {
             fprintf(stderr, "decode: %s\n", err.msg);
             return -1;
@@ -100,7 +100,7 @@ static void check_model(const char *label, const char *model_dir, const referenc
 
     /* 1. one full forward of the prompt: logits of every position, every layer's output */
     g4_context_capture(ctx, hidden, fnorm);
-    g4_batch b = {T, r->ids, NULL, NULL};
+    g4_batch b = {.n_tokens = T, .token = r->ids};
     CHECKF(g4_decode(ctx, &b, logits, &err) == 0, "%s: %s", label, err.msg);
     g4_context_capture(ctx, NULL, NULL);
     float e_logits = max_abs_diff(logits, r->logits, (size_t)T * V);
@@ -133,7 +133,7 @@ static void check_model(const char *label, const char *model_dir, const referenc
     CHECKF(e_prefill_last <= LOGIT_TOL, "%s: prefill last-row logits differ by %g", label, e_prefill_last);
     float e_decode = 0;
     for (size_t i = 0; i < r->n_decode; i++) {
-        g4_batch d = {1, &r->decode_ids[i], NULL, NULL};
+        g4_batch d = {.n_tokens = 1, .token = &r->decode_ids[i]};
         if (g4_decode(small, &d, row, &err)) {
             CHECKF(0, "%s: decode step %zu: %s", label, i, err.msg);
             break;
@@ -146,7 +146,7 @@ static void check_model(const char *label, const char *model_dir, const referenc
     /* roll back 3 positions (within the ring) and replay them: same logits as before */
     CHECK(g4_seq_truncate(small, 0, T + (int)r->n_decode - 3, &err) == 0);
     for (size_t i = r->n_decode - 3; i < r->n_decode; i++) {
-        g4_batch d = {1, &r->decode_ids[i], NULL, NULL};
+        g4_batch d = {.n_tokens = 1, .token = &r->decode_ids[i]};
         CHECK(g4_decode(small, &d, row, &err) == 0);
     }
     float e_replay = max_abs_diff(row, r->decode_logits + (r->n_decode - 1) * (size_t)V, (size_t)V);
@@ -171,8 +171,8 @@ static void check_model(const char *label, const char *model_dir, const referenc
         n_same += got[i] == r->greedy[i];
         int32_t small_id = argmax_f32(row_small, V);
         n_same_small += small_id == r->greedy[i];
-        g4_batch d = {1, &got[i], NULL, NULL};
-        g4_batch ds = {1, &small_id, NULL, NULL};
+        g4_batch d = {.n_tokens = 1, .token = &got[i]};
+        g4_batch ds = {.n_tokens = 1, .token = &small_id};
         if (g4_decode(ctx, &d, row, &err) || g4_decode(small, &ds, row_small, &err)) {
             CHECKF(0, "%s: greedy step %zu: %s", label, i, err.msg);
             break;
@@ -199,7 +199,7 @@ static void check_model(const char *label, const char *model_dir, const referenc
         CHECK(g4_context_new(model, &cp2, &ctx2, &err) == 0);
         CHECK(prefill(ctx2, r->ids, 20, 0, 20, row) == 0);
         for (int i = 0; i < 8; i++) {
-            g4_batch d = {1, &r->ids[20 + i], NULL, NULL};
+            g4_batch d = {.n_tokens = 1, .token = &r->ids[20 + i]};
             CHECK(g4_decode(ctx2, &d, solo + (size_t)i * V, &err) == 0);
         }
         g4_context_free(ctx2);
@@ -224,7 +224,7 @@ static void check_model(const char *label, const char *model_dir, const referenc
             n++;
         }
         done1 += take;
-        g4_batch mb = {n, ids, seqs, want};
+        g4_batch mb = {.n_tokens = n, .token = ids, .seq = seqs, .want_logits = want};
         if (g4_decode(ctx, &mb, mixed, &err)) {
             CHECKF(0, "%s: mixed batch: %s", label, err.msg);
             break;
@@ -243,10 +243,10 @@ static void check_model(const char *label, const char *model_dir, const referenc
     for (int i = 0; i < 64; i++) many[i] = r->ids[i % T];
     CHECK(prefill(ctx, many, 64, 0, 64, row) == 0);
     CHECK(prefill(ctx, many, 64, 0, 64, row) == 0);
-    g4_batch over = {1, many, NULL, NULL};
+    g4_batch over = {.n_tokens = 1, .token = many};
     CHECK(g4_decode(ctx, &over, row, &err) != 0 && strstr(err.msg, "full"));
     int32_t bad = V;
-    g4_batch badb = {1, &bad, NULL, NULL};
+    g4_batch badb = {.n_tokens = 1, .token = &bad};
     CHECK(g4_decode(ctx, &badb, row, &err) != 0 && strstr(err.msg, "vocabulary"));
 
     printf("%-28s logits %.2e  hidden(rel) %.2e  final(rel) %.2e  decode %.2e  greedy %d+%d/%zu  mixed %.2e/%.2e\n",
@@ -317,7 +317,7 @@ static void check_kv_types_and_sharing(const char *label, const char *model_dir,
             CHECKF(0, "%s: context: %s", label, err.msg);
             continue;
         }
-        g4_batch b = {T, r->ids, NULL, NULL};
+        g4_batch b = {.n_tokens = T, .token = r->ids};
         CHECK(g4_decode(ctx, &b, logits, &err) == 0);
         float *ref16 = kv16_reference(model_dir, label, type_names[k], (size_t)T * V);
         CHECKF(ref16 != NULL, "%s: no %s reference (needs /usr/bin/python3 with numpy)", label, type_names[k]);
@@ -328,7 +328,7 @@ static void check_kv_types_and_sharing(const char *label, const char *model_dir,
         int32_t id = argmax_f32(logits + (size_t)(T - 1) * V, V);
         for (size_t i = 0; i < r->n_greedy; i++) {
             same16[k] += id == r->greedy[i];
-            g4_batch d = {1, &id, NULL, NULL};
+            g4_batch d = {.n_tokens = 1, .token = &id};
             if (g4_decode_greedy(ctx, &d, &id, &err)) break;
         }
         g4_context_free(ctx);
@@ -344,7 +344,7 @@ static void check_kv_types_and_sharing(const char *label, const char *model_dir,
     float e_shared = 0, e_owner = 0;
     CHECK(prefill(ctx, r->ids + T - 3, 3, 1, 3, row) == 0);
     e_shared = max_abs_diff(row, r->logits + (size_t)(T - 1) * V, (size_t)V);
-    g4_batch d = {1, &r->decode_ids[0], NULL, NULL};
+    g4_batch d = {.n_tokens = 1, .token = &r->decode_ids[0]};
     CHECK(g4_decode(ctx, &d, row, &err) == 0);
     e_owner = max_abs_diff(row, r->decode_logits, (size_t)V);
     CHECKF(e_shared <= LOGIT_TOL, "%s: a sequence on a shared prefix differs by %g", label, e_shared);
@@ -358,7 +358,7 @@ static void check_kv_types_and_sharing(const char *label, const char *model_dir,
     g4_context *tiny;
     g4_context_params tp = {.n_seq_max = 1, .n_ctx = 128, .n_batch = 64, .kv_block_size = 4, .n_kv_blocks = 2};
     CHECK(g4_context_new(model, &tp, &tiny, &err) == 0);
-    g4_batch big = {T, r->ids, NULL, NULL};
+    g4_batch big = {.n_tokens = T, .token = r->ids};
     CHECK(g4_decode(tiny, &big, logits, &err) != 0 && strstr(err.msg, "KV cache is full"));
     CHECK(g4_seq_length(tiny, 0) == 0 && g4_kv_free_blocks(tiny) == 2);
     g4_context_free(tiny);

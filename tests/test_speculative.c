@@ -274,7 +274,7 @@ static int same_cache(g4_context *a, g4_context *b, float *la, float *lb, int V,
     same &= sb->n_free >= sa->n_free && sb->n_free - sa->n_free <= (n_draft + b->kv.block - 1) / b->kv.block + 1;
     shorter_history += sb->n_free != sa->n_free;
     int32_t tok = 77;
-    g4_batch one = {1, &tok, NULL, NULL};
+    g4_batch one = {.n_tokens = 1, .token = &tok};
     if (g4_seq_length(a, 0) < a->n_ctx && !g4_decode(a, &one, la, &err) && !g4_decode(b, &one, lb, &err)) {
         float e = max_abs_diff(la, lb, (size_t)V);
         if (!(e <= *e_next)) *e_next = e;
@@ -406,7 +406,7 @@ static void check_samplers(g4_model *m) {
     int32_t t1s[4], t2s[4][4];
     int n1 = 0;
     g4_seq_reset(cp, 0);
-    g4_batch pb = {6, prompt, NULL, NULL};
+    g4_batch pb = {.n_tokens = 6, .token = prompt};
     uint8_t want[6] = {0, 0, 0, 0, 0, 1};
     pb.want_logits = want;
     CHECK(g4_decode(cp, &pb, row, &err) == 0);
@@ -414,7 +414,7 @@ static void check_samplers(g4_model *m) {
     for (int v = 0; v < V; v++) {
         if (p1[v] <= 0 || n1 == 4) continue;
         CHECK(g4_seq_truncate(cp, 0, 6, &err) == 0);
-        g4_batch one = {1, &v, NULL, NULL};
+        g4_batch one = {.n_tokens = 1, .token = &v};
         CHECK(g4_decode(cp, &one, row, &err) == 0);
         g4_sampler_probs(smp, row, p2);
         int n2 = 0;

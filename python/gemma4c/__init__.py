@@ -78,7 +78,8 @@ class _SamplerParams(ctypes.Structure):
 class _GenerationParams(ctypes.Structure):
     _fields_ = [("max_new_tokens", c_int), ("sampling", P(_SamplerParams)), ("ignore_eos", c_int),
                 ("stop_ids", P(c_int32)), ("n_stop_ids", c_int), ("stop_strings", P(c_char_p)),
-                ("n_stop_strings", c_int), ("parse_chat", c_int), ("drafter", c_void_p), ("n_draft", c_int)]
+                ("n_stop_strings", c_int), ("parse_chat", c_int), ("drafter", c_void_p), ("n_draft", c_int),
+                ("media", c_void_p), ("n_media", c_int)]
 
 
 class _Event(ctypes.Structure):

@@ -59,6 +59,20 @@ typedef struct g4_attention_args {
     float scale;
 } g4_attention_args;
 
+/* Bidirectional attention over contiguous keys and values (the vision tower; docs/gemma4-towers.md 2.6):
+ * out[i, h] = sum_j softmax_j(scale * q[i, h].k[j, h / G] + bias) v[j, h / G], G = n_heads / n_kv_heads.
+ * Keys with key_valid[j] == 0 are left out; a query that sees no key gets zeros. */
+typedef struct g4_dense_attention_args {
+    const float *q;            /* [n_q, n_heads, head_dim] */
+    const float *k, *v;        /* [n_k, n_kv_heads, head_dim] */
+    float *out;                /* [n_q, n_heads, head_dim] */
+    int n_q, n_k, n_heads, n_kv_heads, head_dim;
+    float scale;
+    const int32_t *key_valid;  /* [n_k] or NULL (every key valid) */
+    const float *bias;         /* NULL, or additive logits [bias_heads, n_q, n_k] */
+    int bias_heads;            /* 1: one bias for every head; n_heads: one per head */
+} g4_dense_attention_args;
+
 /* Mixture-of-experts block of one layer for n tokens (docs/gemma4-text.md 3.7). */
 typedef struct g4_moe_args {
     const float *residual; /* [n, H] router input r */
@@ -81,6 +95,21 @@ typedef struct g4_matmul_set {
     const float *bias[G4_MATMUL_SET_MAX]; /* each may be NULL */
     float *y[G4_MATMUL_SET_MAX];
 } g4_matmul_set;
+
+/* Local self-attention with a relative position bias and a logit cap, the audio conformer's
+ * chunked attention reduced to its window (docs/gemma4-towers.md §3.3). Per head, token t
+ * attends to s = t-d for d = 0..window-1, s >= 0:
+ *   qs = q_t * q_scale * q_dim_scale (per channel; NULL: 1),
+ *   logit = k_scale * (qs . k_s) + qs . rel_d,  logit = cap * tanh(logit / cap),
+ *   out_t = softmax over s of logit (fp32) times v_s. */
+typedef struct g4_local_attention_args {
+    const float *q, *k, *v;   /* [n, heads, head_dim] */
+    const float *rel;         /* [window, heads, head_dim]: row d is the relative key of distance d */
+    const float *q_dim_scale; /* [head_dim] or NULL */
+    float *out;               /* [n, heads, head_dim] */
+    int n, heads, head_dim, window;
+    float q_scale, k_scale, logit_cap;
+} g4_local_attention_args;
 
 typedef struct g4_backend_ops {
     const char *name;
@@ -151,6 +180,32 @@ typedef struct g4_backend_ops {
                      void *k_cache, void *v_cache, g4_kv_type kv_type);
     void (*attention)(g4_backend *be, const g4_attention_args *a);
     void (*moe)(g4_backend *be, const g4_moe_args *a);
+
+    /* ---- ops of the towers (src/towers/) */
+    void (*attention_dense)(g4_backend *be, const g4_dense_attention_args *a);
+    /* y = min(max(x, lo), hi), n elements (ReLU: lo 0, hi +inf; NaN stays NaN, as torch.clamp); in place allowed */
+    void (*clamp)(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi);
+    /* y[r, c] = (y[r, c] + shift[c]) * scale[c] for `rows` rows of `cols`; shift or scale may be NULL */
+    void (*shift_scale_cols)(g4_backend *be, float *y, int rows, int cols, const float *shift, const float *scale);
+    /* dst[i, :] = sum_{j < k} src[idx[i * k + j], :] * s, summed in j order, for n rows of `row` floats */
+    void (*gather_sum)(g4_backend *be, const float *src, const int32_t *idx, int n, int k, int row, float s,
+                       float *dst);
+    /* y = a * sigmoid(b), n elements (SiLU: a == b; GLU: the two halves); in place allowed */
+    void (*sigmoid_mul)(g4_backend *be, const float *a, const float *b, size_t n, float *y);
+    /* per row of `dim`: y = (x - mean) / sqrt(var + eps) * (w ? w : 1) + (b ? b : 0); in place allowed */
+    void (*layernorm)(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
+                      float *y);
+    /* Patches of a 2-D convolution over x [h, w, c] (channels last), kernel kh x kw, the same stride
+     * and zero padding on both axes: for the output rows oy = row0 .. row0+nrows-1 and every output
+     * column ox, out[(oy-row0)*ow + ox, (ch*kh + i)*kw + j] = x[oy*stride-pad+i, ox*stride-pad+j, ch]
+     * (0 outside), ow = (w + 2*pad - kw) / stride + 1: a matmul with a [c_out, c, kh, kw] weight
+     * then gives the output rows [nrows*ow, c_out] channels last. */
+    void (*im2col)(g4_backend *be, const float *x, int h, int w, int c, int kh, int kw, int stride, int pad, int row0,
+                   int nrows, float *out);
+    /* Causal depthwise 1-D convolution over time: x, y [n, c], w [c, k] (f32);
+     * y[t, ch] = sum_j w[ch, j] * x[t-k+1+j, ch] with zeros before t = 0. y must not alias x. */
+    void (*conv1d_causal_dw)(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
+    void (*local_attention)(g4_backend *be, const g4_local_attention_args *a);
 } g4_backend_ops;
 
 struct g4_backend {

@@ -26,6 +26,7 @@ typedef struct cli_sampling {
     int32_t bias_ids[CLI_MAX_BIAS];
     float bias_values[CLI_MAX_BIAS];
     int n_bias;
+    int image_budget; /* set by a command that takes images (--budget, 0: the model's): a batch step holds one */
     const char *draft_dir; /* --draft: a gemma4_assistant drafter for speculative decoding */
     long draft_n;          /* --draft-n: drafts per round (0: the drafter's default) */
     int draft_stats;       /* --draft-stats: one JSON line of rounds on stderr after each generation */

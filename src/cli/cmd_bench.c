@@ -42,11 +42,11 @@ static double generate(g4_context *ctx, int n_batch, g4_spec *spec, const int32_
     } else {
         for (int i = 0; i < P; i += n_batch) { /* the prompt in batches, the last row's argmax */
             int k = P - i < n_batch ? P - i : n_batch;
-            g4_batch pb = {k, ids + i, NULL, want_last + i};
+            g4_batch pb = {.n_tokens = k, .token = ids + i, .want_logits = want_last + i};
             if (g4_decode_greedy(ctx, &pb, out, err)) return -1;
         }
         for (have = 1; have < n; have++) {
-            g4_batch d = {1, out + have - 1, NULL, NULL};
+            g4_batch d = {.n_tokens = 1, .token = out + have - 1};
             if (g4_decode_greedy(ctx, &d, out + have, err)) return -1;
         }
     }
@@ -92,7 +92,7 @@ static int bench_draft(g4_model *m, const char *draft_dir, int n_draft, const in
     for (int k = 1; k <= k_max + 1; k = k < 4 ? k + 1 : k * 2 > k_max + 1 && k < k_max + 1 ? k_max + 1 : k * 2) {
         double best = 1e30;
         for (int r = 0; r < R; r++) {
-            g4_batch vb = {k, ids + P, NULL, NULL};
+            g4_batch vb = {.n_tokens = k, .token = ids + P};
             double t0 = now_s();
             if (g4_decode_greedy(ctx, &vb, b, &err) || g4_seq_truncate(ctx, 0, P, &err)) goto fail;
             double t = now_s() - t0;
@@ -189,7 +189,7 @@ int cmd_bench(int argc, char **argv) {
         for (long i = 0; i < P; i += cp.n_batch) {
             int k = (int)(P - i < cp.n_batch ? P - i : cp.n_batch);
             want[k - 1] = 1;
-            g4_batch b = {k, ids + i, NULL, want};
+            g4_batch b = {.n_tokens = k, .token = ids + i, .want_logits = want};
             if (g4_decode(ctx, &b, logits, &err)) {
                 cli_error("%s", err.msg);
                 goto done;
@@ -198,7 +198,7 @@ int cmd_bench(int argc, char **argv) {
         }
         double t1 = now_s();
         for (long i = 0; i < N; i++) {
-            g4_batch b = {1, ids + P + i, NULL, NULL};
+            g4_batch b = {.n_tokens = 1, .token = ids + P + i};
             if (g4_decode(ctx, &b, logits, &err)) {
                 cli_error("%s", err.msg);
                 goto done;

@@ -1,13 +1,17 @@
 /* gemma4c generate: text completion.
  *   gemma4c generate -m DIR -p TEXT          streams the continuation of TEXT (BOS added)
  *   gemma4c generate -m DIR --ids 2,17,99    prints the generated ids, comma-separated, on one line
- * Sampling defaults come from the model's generation_config.json; --temp 0 is greedy. */
+ * With --image FILE / --audio FILE the prompt holds one <|image|> / <|audio|> placeholder per file, as a chat
+ * template writes them; each kind's placeholders take its files in order and are expanded into their blocks
+ * (g4_generation_params.media). Sampling defaults come from the model's generation_config.json; --temp 0 is
+ * greedy. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli_common.h"
+#include "cli/cli_media.h"
 #include "cli/cli_text.h"
 #include "cli/commands.h"
 
@@ -17,20 +21,26 @@ static void usage(FILE *f) {
             "  -p TEXT        text to continue (the continuation is streamed to stdout)\n"
             "  --ids LIST     token ids to continue; prints the generated ids on one line\n"
             "  --no-bos       do not add the BOS token to TEXT\n"
+            "  --image FILE   fills the prompt's next <|image|> placeholder (one per image; repeatable)\n"
+            "  --audio FILE   fills the prompt's next <|audio|> placeholder (one per file; repeatable)\n"
+            "  --budget N     soft tokens per image at most: 70, 140, 280, 560, 1120 (default: the model's)\n"
             CLI_SAMPLING_HELP);
 }
 
 int cmd_generate(int argc, char **argv) {
-    enum { OPT_IDS = 2000, OPT_NO_BOS };
+    enum { OPT_IDS = 2000, OPT_NO_BOS, OPT_IMAGE, OPT_AUDIO, OPT_BUDGET };
     static const struct option own[] = {{"prompt", required_argument, 0, 'p'}, {"ids", required_argument, 0, OPT_IDS},
-                                        {"no-bos", no_argument, 0, OPT_NO_BOS}, {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
+                                        {"no-bos", no_argument, 0, OPT_NO_BOS}, {"image", required_argument, 0, OPT_IMAGE},
+                                        {"audio", required_argument, 0, OPT_AUDIO}, {"budget", required_argument, 0, OPT_BUDGET},
+                                        {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
     struct option opts[40];
     cli_options_with_sampling(own, opts, 40);
     const char *text = NULL, *ids_s = NULL;
     int no_bos = 0, c;
+    long budget = 0;
     cli_sampling smp;
     cli_sampling_init(&smp);
+    cli_media_files files = {0};
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "m:p:n:t:h", opts, NULL)) != -1) {
@@ -41,6 +51,13 @@ int cmd_generate(int argc, char **argv) {
         case 'p': text = optarg; break;
         case OPT_IDS: ids_s = optarg; break;
         case OPT_NO_BOS: no_bos = 1; break;
+        case OPT_IMAGE:
+        case OPT_AUDIO:
+            if (cli_media_file(&files, "generate", optarg, c == OPT_AUDIO)) return 1;
+            break;
+        case OPT_BUDGET:
+            if (cli_parse_int(optarg, "--budget", 1, 1 << 20, &budget)) return 1;
+            break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("generate", argv);
         }
@@ -56,7 +73,9 @@ int cmd_generate(int argc, char **argv) {
     cli_text_model tm;
     long n_new = smp.n_predict > 0 ? smp.n_predict : 128;
     if (smp.n_predict <= 0) smp.n_predict = n_new;
-    if (ids_s && smp.n_ctx <= 0) smp.n_ctx = n_prompt + n_new;
+    if (ids_s && !files.n && smp.n_ctx <= 0) smp.n_ctx = n_prompt + n_new; /* soft tokens: the default */
+    smp.image_budget = (int)budget;
+    cli_media md = {0};
     if (cli_text_open(&smp, text ? CLI_NEED_TOKENIZER : 0, &tm)) {
         free(prompt);
         return 1;
@@ -76,9 +95,12 @@ int cmd_generate(int argc, char **argv) {
             goto done;
         }
     }
+    if (cli_media_add_files(&md, tm.model, &files, (int)budget)) goto done;
     g4_sampler_params sp;
     g4_generation_params gp;
     cli_generation_params(&smp, &tm, &sp, &gp);
+    gp.media = md.items;
+    gp.n_media = md.n;
     if (g4_generation_start(tm.ctx, 0, prompt, n_prompt, &gp, &gen, &err)) {
         cli_error("%s", err.msg);
         goto done;
@@ -95,6 +117,7 @@ int cmd_generate(int argc, char **argv) {
     rc = g4_generation_finish(gen) == G4_FINISH_CANCELLED ? 130 : 0;
 done:
     g4_generation_free(gen);
+    cli_media_truncate(&md, 0);
     free(prompt);
     cli_text_close(&tm);
     return rc;

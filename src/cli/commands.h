@@ -3,6 +3,7 @@
 #define G4_CLI_COMMANDS_H
 
 int cmd_logits(int argc, char **argv);
+int cmd_encode_image(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
@@ -10,6 +11,7 @@ int cmd_template(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_encode_audio(int argc, char **argv);
 
 /* Prints "gemma4c: <msg>" to stderr as one line; returns 1. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -114,7 +114,11 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
     ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
     ctx->seq_tokens = malloc((size_t)p.n_seq_max * (size_t)p.n_ctx * sizeof(int32_t));
-    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens) {
+    ctx->ids_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->kv_end_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->embedded_host = malloc((size_t)p.n_batch);
+    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens ||
+        !ctx->ids_host || !ctx->kv_end_host || !ctx->embedded_host) {
         g4_fail(err, "out of memory");
         goto fail;
     }
@@ -138,6 +142,9 @@ void g4_context_free(g4_context *ctx) {
     free(ctx->zero_seq);
     free(ctx->seq_added);
     free(ctx->seq_tokens);
+    free(ctx->ids_host);
+    free(ctx->kv_end_host);
+    free(ctx->embedded_host);
     free(ctx);
 }
 
@@ -188,6 +195,65 @@ void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_n
     ctx->capture_final = final_norm;
 }
 
+int g4_mm_placeholder(const g4_model *m, int32_t id) {
+    const g4_model_config *c = &m->cfg;
+    if (!c->multimodal_wrapper) return 0;
+    return id == c->image_token_id ? 1 : id == c->video_token_id ? 2 : id == c->audio_token_id ? 3 : 0;
+}
+
+static int in_block(const g4_model *m, int32_t id) {
+    int k = g4_mm_placeholder(m, id);
+    return k == 1 || k == 2;
+}
+
+int g4_count_soft_tokens(const g4_model *m, const int32_t *ids, int n) {
+    int k = 0;
+    for (int i = 0; i < n; i++) k += g4_mm_placeholder(m, ids[i]) != 0;
+    return k;
+}
+
+int g4_step_length(const g4_model *m, const int32_t *ids, int n, int max, g4_error *err) {
+    if (max <= 0) return g4_fail(err, "a step of %d tokens", max);
+    if (n <= max) return n;
+    int end = max;
+    while (end > 0 && in_block(m, ids[end - 1]) && in_block(m, ids[end])) end--;
+    if (end == 0) {
+        int run = 0;
+        while (run < n && in_block(m, ids[run])) run++;
+        return g4_fail(err, "an image of %d soft tokens does not fit a batch of %d tokens (its tokens must be "
+                            "processed in one step)", run, max);
+    }
+    return end;
+}
+
+/* Marks the rows that take embedding rows, maps their ids to the pad token, and gives the tokens of
+ * image/video runs their kv_end (2.7). Returns -1 on a count mismatch, else whether a run of the step
+ * attends bidirectionally (ctx->kv_end_host is then meaningful). */
+static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *seq, g4_error *err) {
+    const g4_model *m = ctx->model;
+    const int n = b->n_tokens, use_embd = b->embd != NULL;
+    int n_mm = 0, bidi = 0;
+    for (int i = 0; i < n; i++) {
+        int kind = g4_mm_placeholder(m, b->token[i]);
+        ctx->embedded_host[i] = kind && use_embd;
+        ctx->ids_host[i] = kind ? m->cfg.text.pad_token_id : b->token[i];
+        ctx->kv_end_host[i] = ctx->pos_host[i] + 1;
+        n_mm += kind != 0;
+        bidi |= kind == 1 || kind == 2;
+    }
+    if (!use_embd && b->n_embd) return g4_fail(err, "n_embd is %d but embd is NULL", b->n_embd);
+    if (use_embd && n_mm != b->n_embd)
+        return g4_fail(err, "the batch has %d soft-token placeholders but %d embedding rows", n_mm, b->n_embd);
+    if (!bidi || !use_embd || !m->cfg.text.bidirectional_vision) return 0;
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j < n && in_block(m, b->token[j]) && seq[j] == seq[i]) j++;
+        for (int r = i; r < j; r++) ctx->kv_end_host[r] = ctx->pos_host[j - 1] + 1;
+        i = j > i ? j : i + 1;
+    }
+    return 1;
+}
+
 /* Checks a batch, gives its tokens their positions, takes their KV blocks and runs the forward pass. */
 static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_error *err) {
     const int n = b->n_tokens;
@@ -200,7 +266,6 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     memset(added, 0, (size_t)ctx->n_seq * sizeof *added);
     /* positions continue each sequence; check ids, sequences, order and room */
     int n_out = 0;
-    for (int t = 0; t < G4_LAYER_TYPES; t++) ctx->max_keys[t] = 0;
     for (int i = 0; i < n; i++) {
         if (b->token[i] < 0 || b->token[i] >= V)
             return g4_fail(err, "token id %d at batch row %d is outside the vocabulary (0..%d)", b->token[i], i, V - 1);
@@ -211,14 +276,25 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
             return g4_fail(err, "sequence %d is full: position %d exceeds the context size %d", seq[i], p, ctx->n_ctx);
         ctx->pos_host[i] = p;
         if (!b->want_logits || b->want_logits[i]) ctx->rows_host[n_out++] = i;
-        int full = p + 1, slide = p + 1 < c->sliding_window ? p + 1 : c->sliding_window;
-        if (full > ctx->max_keys[G4_LAYER_FULL]) ctx->max_keys[G4_LAYER_FULL] = full;
-        if (slide > ctx->max_keys[G4_LAYER_SLIDING]) ctx->max_keys[G4_LAYER_SLIDING] = slide;
+    }
+    const int bidi = multimodal_rows(ctx, b, seq, err);
+    if (bidi < 0) return -1;
+    /* the most keys a token sees per layer type: lo .. hi-1 (backend.h), kv_end on sliding layers */
+    for (int t = 0; t < G4_LAYER_TYPES; t++) ctx->max_keys[t] = 0;
+    for (int i = 0; i < n; i++) {
+        int p = ctx->pos_host[i], hi = bidi ? ctx->kv_end_host[i] : p + 1;
+        int lo = p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
+        if (p + 1 > ctx->max_keys[G4_LAYER_FULL]) ctx->max_keys[G4_LAYER_FULL] = p + 1;
+        if (hi - lo > ctx->max_keys[G4_LAYER_SLIDING]) ctx->max_keys[G4_LAYER_SLIDING] = hi - lo;
     }
     if (g4_kv_cache_prepare(&ctx->kv, added, n, seq, ctx->pos_host, err)) return -1;
-    g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host, NULL};
+    g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host, bidi ? ctx->kv_end_host : NULL,
+                  b->embd, ctx->embedded_host};
     if (g4_forward(ctx, &st, logits, ids, err)) return -1;
-    for (int i = 0; i < n; i++) ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] = b->token[i];
+    /* soft-token rows are recorded as -1: they never match a prompt's ids (prefix reuse) */
+    for (int i = 0; i < n; i++)
+        ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] =
+            g4_mm_placeholder(ctx->model, b->token[i]) ? -1 : b->token[i];
     for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
     return 0;
 }

@@ -34,6 +34,7 @@ struct g4_generation {
     int seq;
     int32_t *prompt;
     int n_prompt, n_cached, n_fed; /* prompt tokens: all, held by the cache at the start, in the cache now */
+    float *embd;                   /* [soft tokens of the prompt, H]: the rows of its placeholders, or NULL */
     int max_new;
     int ignore_eos;
     g4_sampler *sampler;
@@ -155,14 +156,21 @@ static int run_model(g4_generation *g) {
         return r;
     }
     if (g->n_fed == g->n_prompt) {
-        g4_batch b = {1, &g->ids[g->n_ids - 1], g->seqs, NULL};
+        g4_batch b = {.n_tokens = 1, .token = &g->ids[g->n_ids - 1], .seq = g->seqs};
         return model_step(g, &b);
     }
+    const g4_model *m = ctx->model;
     while (g->n_fed < g->n_prompt) {
         if (g->n_fed > g->n_cached && cancelled(g)) return 1;
-        int k = g->n_prompt - g->n_fed < ctx->n_batch ? g->n_prompt - g->n_fed : ctx->n_batch;
+        const int32_t *ids = g->prompt + g->n_fed;
+        int k = g4_step_length(m, ids, g->n_prompt - g->n_fed, ctx->n_batch, &g->err); /* an image in one step */
+        if (k < 0) return -1;
         for (int j = 0; j < k; j++) g->want[j] = g->n_fed + j == g->n_prompt - 1;
-        g4_batch b = {k, g->prompt + g->n_fed, g->seqs, g->want};
+        g4_batch b = {.n_tokens = k, .token = ids, .seq = g->seqs, .want_logits = g->want};
+        if (g->embd) { /* the rows of this step's placeholders: those before it were taken by earlier steps */
+            b.embd = g->embd + (size_t)g4_count_soft_tokens(m, g->prompt, g->n_fed) * m->cfg.text.hidden_size;
+            b.n_embd = g4_count_soft_tokens(m, ids, k);
+        }
         if (model_step(g, &b)) return -1;
         g->n_fed += k;
     }
@@ -272,6 +280,7 @@ int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error
 void g4_generation_free(g4_generation *g) {
     if (!g) return;
     free(g->prompt);
+    free(g->embd);
     g4_sampler_free(g->sampler);
     free(g->stop_ids);
     if (g->stop) g4_stop_free(g->stop);
@@ -362,19 +371,32 @@ int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_p
         if (prompt[i] < 0 || prompt[i] >= V)
             return g4_fail(err, "prompt token %d at %d is outside the vocabulary (0..%d)", prompt[i], i, V - 1);
     g4_generation_params none = {0};
+    if (params && params->n_media && params->drafter) /* the speculative prefill feeds token ids only */
+        return g4_fail(err, "speculative decoding does not take images or audio yet: drop the drafter");
     g4_generation *g = calloc(1, sizeof *g);
     if (!g) return g4_fail(err, "out of memory");
     g->ctx = ctx;
     g->seq = seq;
     g->n_prompt = n_prompt;
     atomic_init(&g->cancel, 0);
-    g->prompt = malloc((size_t)n_prompt * sizeof *g->prompt);
-    if (!g->prompt) {
-        g4_generation_free(g);
-        return g4_fail(err, "out of memory");
+    const g4_generation_params *p = params ? params : &none;
+    if (p->n_media) { /* the prompt's placeholders become the inputs' soft tokens */
+        int n_embd;
+        if (p->n_media < 0 || g4_prompt_expand(ctx->model, prompt, n_prompt, p->media, p->n_media, &g->prompt,
+                                               &g->n_prompt, &g->embd, &n_embd, err)) {
+            if (p->n_media < 0) g4_fail(err, "generation: negative n_media");
+            g4_generation_free(g);
+            return -1;
+        }
+    } else {
+        g->prompt = malloc((size_t)n_prompt * sizeof *g->prompt);
+        if (!g->prompt) {
+            g4_generation_free(g);
+            return g4_fail(err, "out of memory");
+        }
+        memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
     }
-    memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
-    if (setup(g, params ? params : &none, err)) {
+    if (setup(g, p, err)) {
         g4_generation_free(g);
         return -1;
     }

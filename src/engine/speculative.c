@@ -280,7 +280,7 @@ int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logi
         if (i == 0) s->want[0] = 1;
         if (last) s->want[n - 1] = 1;
         const int two = last && i == 0 && n > 1; /* both rows wanted: logits of two rows */
-        g4_batch b = {n, prompt + i, s->seqs, s->want};
+        g4_batch b = {.n_tokens = n, .token = prompt + i, .seq = s->seqs, .want_logits = s->want};
         if (g4_decode(ctx, &b, last ? (two ? s->vlogits : logits) : NULL, err)) return -1;
         if (i == 0) OPS->copy(be, s->h0, g4_step_final_rows(ctx), (size_t)H * sizeof(float));
         if (two) memcpy(logits, s->vlogits + V, (size_t)V * sizeof(float));
@@ -390,7 +390,7 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
     s->vtoks[0] = last;
     memcpy(s->vtoks + 1, s->drafts, (size_t)k * sizeof *s->vtoks);
     const int plain = !smp || g4_sampler_is_argmax(smp), greedy = !smp || g4_sampler_is_greedy(smp);
-    g4_batch b = {k + 1, s->vtoks, s->seqs, NULL};
+    g4_batch b = {.n_tokens = k + 1, .token = s->vtoks, .seq = s->seqs};
     if (plain ? g4_decode_greedy(ctx, &b, s->vids, err) : g4_decode(ctx, &b, s->vlogits, err)) return -1;
     if (!greedy && s->raw_q && k > 0) {
         OPS->to_host(be, s->dlogits, s->logits, (size_t)k * V * sizeof(float));

@@ -238,6 +238,50 @@ static int parse_text(const json_t *tc, const char *what, g4_text_config *c, g4_
     return 0;
 }
 
+static int parse_vision(const json_t *vc, const char *what, g4_vision_config *v, g4_error *err) {
+    memset(v, 0, sizeof *v);
+    char w[600];
+    snprintf(w, sizeof w, "%s vision_config", what);
+    if (!json_is_object(vc)) return g4_fail(err, "%s must be an object", w);
+    if (get_int(vc, "hidden_size", 768, &v->hidden_size, 1, w, err) ||
+        get_int(vc, "intermediate_size", 3072, &v->intermediate_size, 1, w, err) ||
+        get_int(vc, "num_hidden_layers", 16, &v->n_layers, 1, w, err) ||
+        get_int(vc, "num_attention_heads", 12, &v->n_heads, 1, w, err) ||
+        get_int(vc, "num_key_value_heads", 12, &v->n_kv_heads, 1, w, err) ||
+        get_int(vc, "head_dim", 64, &v->head_dim, 4, w, err) ||
+        get_int(vc, "patch_size", 16, &v->patch_size, 1, w, err) ||
+        get_int(vc, "pooling_kernel_size", 3, &v->pooling_kernel, 1, w, err) ||
+        get_int(vc, "position_embedding_size", 10240, &v->position_embedding_size, 1, w, err) ||
+        g4_json_num(vc, "rms_norm_eps", 1e-6, &v->rms_norm_eps, w, err) ||
+        g4_json_bool(vc, "use_clipped_linears", 0, &v->use_clipped_linears, w, err) ||
+        g4_json_bool(vc, "standardize", 0, &v->standardize, w, err))
+        return -1;
+    v->rope_theta = 100.0;
+    const json_t *rp = json_object_get(vc, "rope_parameters");
+    if (rp && !json_is_null(rp)) {
+        const char *rt;
+        if (!json_is_object(rp)) return g4_fail(err, "%s: rope_parameters must be an object", w);
+        if (g4_json_str(rp, "rope_type", &rt, w, err) || g4_json_num(rp, "rope_theta", 100.0, &v->rope_theta, w, err))
+            return -1;
+        /* 2-D RoPE over (x, y); "axial" is the class default, released configs say "default" */
+        if (rt && strcmp(rt, "default") && strcmp(rt, "axial"))
+            return g4_fail(err, "%s: rope_type \"%s\" is not supported (default, axial)", w, rt);
+        if (!(v->rope_theta > 0)) return g4_fail(err, "%s: rope_theta must be positive", w);
+    }
+    const char *act;
+    if (g4_json_str(vc, "hidden_activation", &act, w, err)) return -1;
+    if (act && strcmp(act, "gelu_pytorch_tanh"))
+        return g4_fail(err, "%s: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)", w, act);
+    if (v->head_dim % 4) return g4_fail(err, "%s: head_dim %d is not a multiple of 4 (2-D RoPE)", w, v->head_dim);
+    if (v->n_heads % v->n_kv_heads)
+        return g4_fail(err, "%s: %d heads are not a multiple of %d kv heads", w, v->n_heads, v->n_kv_heads);
+    if (v->n_layers > G4_MAX_LAYERS) return g4_fail(err, "%s: %d layers (at most %d)", w, v->n_layers, G4_MAX_LAYERS);
+    if (v->patch_size > 64 || v->pooling_kernel > 8)
+        return g4_fail(err, "%s: patch_size %d / pooling_kernel_size %d out of range", w, v->patch_size, v->pooling_kernel);
+    if (!(v->rms_norm_eps >= 0)) return g4_fail(err, "%s: rms_norm_eps must be >= 0", w);
+    return 0;
+}
+
 static int opt_token(const json_t *root, const char *key, int def, int *out, const char *what, g4_error *err) {
     return get_int(root, key, def, out, 0, what, err);
 }
@@ -313,6 +357,7 @@ int g4_config_parse(const json_t *root, const char *what, g4_model_config *cfg, 
         json_decref(empty);
         if (rc) return -1;
         cfg->has_vision = g4_json_present(root, "vision_config");
+        if (cfg->has_vision && parse_vision(json_object_get(root, "vision_config"), what, &cfg->vision, err)) return -1;
         cfg->has_audio = g4_json_present(root, "audio_config");
         int eoa = 258883;
         if (opt_token(root, "image_token_id", 258880, &cfg->image_token_id, what, err) ||

@@ -45,6 +45,15 @@ typedef struct g4_text_config {
     int type_head_dim[G4_LAYER_TYPES];  /* 0 if no layer has the type */
 } g4_text_config;
 
+/* vision_config of Gemma4ForConditionalGeneration (docs/gemma4-towers.md 1): transformers' class defaults
+ * where a key is absent. */
+typedef struct g4_vision_config {
+    int hidden_size, intermediate_size, n_layers, n_heads, n_kv_heads, head_dim;
+    double rms_norm_eps, rope_theta;
+    int patch_size, pooling_kernel, position_embedding_size;
+    int use_clipped_linears, standardize;
+} g4_vision_config;
+
 /* A gemma4_assistant checkpoint (a drafter for speculative decoding, docs/gemma4-assistant.md 1.1): its decoder
  * is `text`, every layer of which reads the main model's K/V (layer_kv_shared = 1, no K/V projections). */
 typedef struct g4_assistant_config {
@@ -57,10 +66,11 @@ typedef struct g4_model_config {
     char model_type[32];       /* "gemma4", "gemma4_text" or "gemma4_assistant" */
     char weight_prefix[64];    /* "model.language_model." or "model." */
     int multimodal_wrapper;    /* Gemma4ForConditionalGeneration layout */
-    int has_vision, has_audio; /* vision_config / audio_config present (towers not run yet) */
+    int has_vision, has_audio; /* vision_config / audio_config present */
     int image_token_id, audio_token_id, video_token_id, boi_token_id, eoi_token_id, boa_token_id,
         eoa_token_id;
     g4_text_config text;
+    g4_vision_config vision;   /* when has_vision */
     int assistant;             /* model_type "gemma4_assistant" */
     g4_assistant_config asst;
 } g4_model_config;

@@ -37,6 +37,25 @@ static void per_layer_inputs(g4_context *ctx, const g4_step *st) {
     OPS->transpose(be, s->ple, n, L, P, s->ple_t);
 }
 
+/* Multimodal soft tokens replace the (pad) embeddings of their rows, unscaled (docs/gemma4-towers.md 4):
+ * one copy per run of consecutive embedded rows. */
+static void merge_embeddings(g4_context *ctx, const g4_step *st) {
+    g4_backend *be = ctx->model->be;
+    const size_t H = (size_t)ctx->model->cfg.text.hidden_size;
+    size_t used = 0;
+    for (int i = 0; i < st->n;) {
+        if (!st->embedded[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < st->n && st->embedded[j]) j++;
+        OPS->to_device(be, ctx->s.h + (size_t)i * H, st->embd + used * H, (size_t)(j - i) * H * sizeof(float));
+        used += (size_t)(j - i);
+        i = j;
+    }
+}
+
 static void attention_block(g4_context *ctx, int l, int n) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
@@ -166,6 +185,7 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
     for (int t = 0; t < G4_LAYER_TYPES; t++) /* one cos/sin table per layer type serves every layer */
         if (c->type_head_dim[t]) OPS->rope_table(be, s->pos, n, m->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
     OPS->embed(be, m->embed, s->ids, n, m->embed_scale, s->h);
+    if (st->embd) merge_embeddings(ctx, st);
     const int ple = c->hidden_size_per_layer_input > 0;
     if (ple) per_layer_inputs(ctx, st);
     for (int l = 0; l < c->n_layers; l++) {

@@ -5,7 +5,8 @@
  * reported together, by name; tensors that nothing uses are reported as warnings.
  * Tensors absent or ignored by design are neither: k/v projections and k_norm of
  * KV-shared layers, v_proj of k_eq_v layers, v_norm, lm_head when tied, rotary
- * buffers, and the vision/audio towers (not run by the text decoder).
+ * buffers, and tower tensors of a checkpoint whose config has no such tower. The towers
+ * a config names bind their weights through the same binder (g4_binder, model.h).
  *
  * Placement (src/backend/backend.h): the backend is created first; every bound matrix is uploaded to it as it
  * is bound (the CPU keeps the memory-mapped view), except the per-layer embedding table on a backend with its
@@ -23,9 +24,12 @@
 
 #include "core/error.h"
 #include "formats/safetensors.h"
+#include "towers/audio.h"
+#include "towers/vision.h"
 
-typedef struct binder {
+struct g4_binder {
     g4_model *m;
+    const char *prefix; /* of every name looked up: the decoder's weight prefix, "" for the towers */
     size_t bytes_total, bytes_placed; /* for progress while uploading */
     void (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
@@ -34,7 +38,8 @@ typedef struct binder {
     int n_missing;
     g4_error *err;
     int failed; /* a hard error (wrong shape / dtype / memory) is in err */
-} binder;
+};
+typedef struct g4_binder binder;
 
 static void add_missing(binder *b, const char *name) {
     size_t len = strlen(b->missing);
@@ -45,7 +50,8 @@ static void add_missing(binder *b, const char *name) {
 
 static int dtype_ok_for_matrix(g4_dtype t) { return t == G4_BF16 || t == G4_F16 || t == G4_F32; }
 
-/* Looks up a tensor by its full name, checks the shape; NULL (and records why) when absent or wrong. */
+/* Looks up a tensor by its full name, checks the shape (ndim 0: a scalar, [] or [1]); NULL (and records why)
+ * when absent or wrong. */
 static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const int64_t *shape) {
     if (b->failed) return NULL;
     const g4_tensor *t = g4_tensor_set_find(&b->m->weights, full);
@@ -54,7 +60,7 @@ static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const i
         return NULL;
     }
     b->used[t - b->m->weights.tensors] = 1;
-    int same = t->ndim == ndim;
+    int same = t->ndim == ndim || (ndim == 0 && t->ndim == 1 && t->shape[0] == 1);
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (!same) {
         char s1[128], s2[128];
@@ -72,10 +78,10 @@ static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const i
     return t;
 }
 
-/* The same for prefix+name. */
+/* The same for b->prefix + name. */
 static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const int64_t *shape) {
     char full[512];
-    snprintf(full, sizeof full, "%s%s", b->m->cfg.weight_prefix, name);
+    snprintf(full, sizeof full, "%s%s", b->prefix, name);
     return bind_full(b, full, ndim, shape);
 }
 
@@ -108,13 +114,12 @@ static const g4_tensor *bind3(binder *b, const char *name, int64_t d0, int64_t d
     return place(b, bind_shape(b, name, 3, s));
 }
 
-/* A vector of n floats (norm weights, scales, biases): converted to f32 in a host block now; `*field` is
- * pointed at its backend copy by place_vectors() once binding is done. Returns the host copy. */
-static const float *bind_vec(binder *b, const char *name, int64_t n, const float **field) {
-    const g4_tensor *t = bind_shape(b, name, 1, &n);
-    if (!t) return NULL;
+/* Adds a host block of n floats to the model's vectors: `*field` is pointed at its backend copy by
+ * place_vectors() once binding is done (until then at the host block). */
+static float *vec_slot(binder *b, size_t n, const float **field) {
+    if (b->failed) return NULL;
     g4_model *m = b->m;
-    float *v = malloc((size_t)n * sizeof(float));
+    float *v = malloc((n ? n : 1) * sizeof(float));
     g4_vec_slot *slots = realloc(m->vecs, (size_t)(m->n_vecs + 1) * sizeof *slots);
     if (!v || !slots) {
         free(v);
@@ -124,11 +129,43 @@ static const float *bind_vec(binder *b, const char *name, int64_t n, const float
         return NULL;
     }
     m->vecs = slots;
-    slots[m->n_vecs++] = (g4_vec_slot){v, (size_t)n, field};
-    g4_to_f32(t->dtype, t->data, v, (size_t)n);
+    slots[m->n_vecs++] = (g4_vec_slot){v, n, field};
     if (field) *field = v;
     return v;
 }
+
+/* A small tensor (norm weights, scales, biases) converted to f32 into a vector slot. Returns the host copy. */
+static const float *bind_f32(binder *b, const char *name, int ndim, const int64_t *shape, const float **field) {
+    const g4_tensor *t = bind_shape(b, name, ndim, shape);
+    if (!t) return NULL;
+    const size_t n = (size_t)g4_tensor_numel(t);
+    float *v = vec_slot(b, n, field);
+    if (v) g4_to_f32(t->dtype, t->data, v, n);
+    return v;
+}
+
+static const float *bind_vec(binder *b, const char *name, int64_t n, const float **field) {
+    return bind_f32(b, name, 1, &n, field);
+}
+
+const g4_tensor *g4_bind_matrix(g4_binder *b, const char *name, int ndim, const int64_t *shape) {
+    return place(b, bind_shape(b, name, ndim, shape));
+}
+
+const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int64_t *shape, const float **field) {
+    return bind_f32(b, name, ndim, shape, field);
+}
+
+float g4_bind_scalar(g4_binder *b, const char *name) {
+    const g4_tensor *t = bind_shape(b, name, 0, NULL);
+    float f = 0;
+    if (t) g4_to_f32(t->dtype, t->data, &f, 1);
+    return f;
+}
+
+float *g4_bind_computed(g4_binder *b, size_t n, const float **field) { return vec_slot(b, n, field); }
+
+int g4_bind_failed(const g4_binder *b) { return b->failed; }
 
 /* Copies every bound vector into one backend buffer and points the fields there (the CPU backend reads host
  * memory: the host blocks are used as they are). */
@@ -136,20 +173,24 @@ static int place_vectors(g4_model *m, g4_error *err) {
     g4_backend *be = m->be;
     if (be->ops->host_memory) return 0;
     size_t total = 0;
-    for (int i = 0; i < m->n_vecs; i++) total += (m->vecs[i].n + 15) & ~(size_t)15; /* 64-byte aligned starts */
+    for (int i = 0; i < m->n_vecs; i++) /* 64-byte aligned starts; a vector without a field is read on the host */
+        if (m->vecs[i].field) total += (m->vecs[i].n + 15) & ~(size_t)15;
     if (!total) return 0;
     m->vec_arena = be->ops->alloc(be, total * sizeof(float));
     if (!m->vec_arena) return g4_fail(err, "out of %s memory for %zu bytes of norm weights", be->ops->name, total * 4);
     size_t off = 0;
     for (int i = 0; i < m->n_vecs; i++) {
         g4_vec_slot *v = &m->vecs[i];
+        if (!v->field) continue;
         be->ops->to_device(be, m->vec_arena + off, v->host, v->n * sizeof(float));
-        if (v->field) *v->field = m->vec_arena + off;
+        *v->field = m->vec_arena + off;
         off += (v->n + 15) & ~(size_t)15;
     }
     be->ops->sync(be);
     return 0;
-}static void fmt_name(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+}
+
+static void fmt_name(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void fmt_name(char *buf, size_t cap, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -264,7 +305,8 @@ static void bind_assistant(binder *b) {
 static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
-    binder b = {.m = m, .err = err, .progress = params->progress, .progress_user = params->progress_user};
+    binder b = {.m = m, .prefix = m->cfg.weight_prefix, .err = err, .progress = params->progress,
+                .progress_user = params->progress_user};
     for (int i = 0; i < m->weights.n_tensors; i++) b.bytes_total += m->weights.tensors[i].nbytes;
     if (!b.bytes_total) b.bytes_total = 1;
     b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
@@ -350,6 +392,10 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
 #undef NAME
     }
     if (m->cfg.assistant) bind_assistant(&b);
+    /* the towers, with full names */
+    b.prefix = "";
+    if (m->cfg.has_vision && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
+    if (m->cfg.has_audio && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
     if (b.failed) {
         free(b.used);
         return -1;
@@ -398,6 +444,8 @@ int g4_model_n_ctx_train(const g4_model *m) { return m->cfg.text.max_position_em
 void g4_model_free(g4_model *m) {
     if (!m) return;
     g4_backend *be = m->be;
+    g4_vision_free(m->vision);
+    g4_audio_tower_free(m->audio);
     if (be) {
         for (int i = 0; i < m->weights.n_tensors && m->placed; i++)
             if (m->uploaded[i]) be->ops->release_weight(be, &m->placed[i]);
@@ -415,6 +463,7 @@ void g4_model_free(g4_model *m) {
     free(m->warnings);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
+    pthread_mutex_destroy(&m->tower_lock);
     free(m);
 }
 
@@ -453,6 +502,7 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     if (!params) params = &defaults;
     g4_model *m = calloc(1, sizeof *m);
     if (!m) return g4_fail(err, "out of memory");
+    pthread_mutex_init(&m->tower_lock, NULL);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) goto fail;
     const g4_text_config *c = &m->cfg.text;

@@ -3,6 +3,8 @@
 #ifndef G4_MODEL_MODEL_H
 #define G4_MODEL_MODEL_H
 
+#include <pthread.h>
+
 #include "backend/backend.h"
 #include "formats/tensor_set.h"
 #include "model/config.h"
@@ -50,6 +52,9 @@ struct g4_model {
     const float *ple_proj_norm;      /* [P] */
     const float *final_norm;         /* [H] */
     g4_layer *layers;
+    struct g4_vision *vision;        /* NULL without vision_config (src/towers/vision.c) */
+    struct g4_audio_tower *audio;    /* NULL without audio_config (src/towers/audio_tower.c) */
+    pthread_mutex_t tower_lock;      /* one image or audio clip through a tower at a time */
     float *inv_freq[G4_LAYER_TYPES]; /* [head_dim/2] per layer type (backend memory) */
     float embed_scale;               /* fp32(sqrt(H)) */
     g4_vec_slot *vecs;               /* small vectors (norm weights, scales) as bound */
@@ -68,6 +73,24 @@ struct g4_model {
     const g4_weight *centroids;       /* [num_centroids, Ha] (use_ordered_embeddings) */
     int32_t *token_ordering;          /* [V] backend memory (use_ordered_embeddings) */
 };
+
+/* The binder (model.c) as the towers use it while the model loads: each tower binds its weights through it
+ * (src/towers/), so that their matrices are placed with upload_weight and their vectors live in the model's
+ * vector block in backend memory, like the decoder's. Names are full tensor names. A tensor that is absent
+ * is recorded (the load then fails listing every missing tensor) and gives NULL; a wrong shape or dtype is a
+ * hard error. */
+typedef struct g4_binder g4_binder;
+/* A matrix of any rank the ops read: the backend's copy. */
+const g4_tensor *g4_bind_matrix(g4_binder *b, const char *name, int ndim, const int64_t *shape);
+/* A small tensor converted to f32: returns the host copy (valid while the model lives); *field points at
+ * the backend's copy once binding is done (field NULL: the host copy is all there is). */
+const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int64_t *shape, const float **field);
+/* A scalar tensor (shape [] or [1]); 0 when absent. */
+float g4_bind_scalar(g4_binder *b, const char *name);
+/* A vector the tower computes (n floats to fill now, on the host), placed with the others into *field. */
+float *g4_bind_computed(g4_binder *b, size_t n, const float **field);
+/* 1 once binding has hit a hard error (later calls do nothing). */
+int g4_bind_failed(const g4_binder *b);
 
 /* Loads a gemma4_assistant checkpoint (a drafter) onto the backend of another model, which must outlive it
  * (g4_model_load refuses assistant checkpoints). */

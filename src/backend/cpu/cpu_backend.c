@@ -183,11 +183,6 @@ static void cpu_head_norm_rope(g4_backend *be, float *x, int n, int heads, int d
 }
 
 /* ----------------------------------------------------------- elementwise */
-static inline float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-}
-
 typedef struct {
     const float *g, *u;
     float *y;
@@ -195,10 +190,7 @@ typedef struct {
 
 static void gelu_range(void *ctx, int64_t b, int64_t e, int thread) {
     gelu_job *j = ctx;
-    if (j->u)
-        for (int64_t i = b; i < e; i++) j->y[i] = gelu_tanh(j->g[i]) * j->u[i];
-    else
-        for (int64_t i = b; i < e; i++) j->y[i] = gelu_tanh(j->g[i]);
+    g4_cpu_kernels_get()->gelu_mul(j->g + b, j->u ? j->u + b : NULL, j->y + b, (size_t)(e - b));
 }
 
 static void cpu_gelu_mul(g4_backend *be, const float *g, const float *u, size_t n, float *y) {
@@ -477,10 +469,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
                           .data = (const unsigned char *)a->down->data + (size_t)e * H * Im * dsz};
         g4_cpu_matmul(cpu, xs, m, &gu_w, NULL, gu);
         for (int i = 0; i < m; i++)
-            for (int c = 0; c < Im; c++) {
-                float g = gu[(size_t)i * 2 * Im + c], u = gu[(size_t)i * 2 * Im + Im + c];
-                act[(size_t)i * Im + c] = gelu_tanh(g) * u;
-            }
+            k->gelu_mul(gu + (size_t)i * 2 * Im, gu + (size_t)i * 2 * Im + Im, act + (size_t)i * Im, (size_t)Im);
         g4_cpu_matmul(cpu, act, m, &dn_w, NULL, dn);
         for (int i = 0; i < m; i++) k->axpy(a->out + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
     }
@@ -520,6 +509,15 @@ static const g4_backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .moe = cpu_moe,
+    .attention_dense = g4_cpu_attention_dense,
+    .clamp = g4_cpu_clamp,
+    .shift_scale_cols = g4_cpu_shift_scale_cols,
+    .gather_sum = g4_cpu_gather_sum,
+    .sigmoid_mul = g4_cpu_sigmoid_mul,
+    .layernorm = g4_cpu_layernorm,
+    .im2col = g4_cpu_im2col,
+    .conv1d_causal_dw = g4_cpu_conv1d_causal_dw,
+    .local_attention = g4_cpu_local_attention,
 };
 
 g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err) {

@@ -1,6 +1,7 @@
 /* SIMD kernels of the CPU backend: a scalar fallback, AVX2+FMA and AVX-512,
  * picked at run time (the binary runs on any x86-64). */
 #include <immintrin.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,35 @@ static void bf16_to_f32_scalar(const uint16_t *src, float *dst, size_t n) {
 static void axpy_scalar(float *y, const float *x, float a, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
+
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+
+/* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)) */
+static void gelu_mul_scalar(const float *g, const float *u, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i], r = 0.5f * x * (1.0f + tanhf(GELU_C * (x + 0.044715f * x * x * x)));
+        y[i] = u ? r * u[i] : r;
+    }
+}
+
+static float exp_sum_scalar(float *x, size_t n, float shift) {
+    float s = 0;
+    for (size_t i = 0; i < n; i++) s += (x[i] = expf(x[i] - shift));
+    return s;
+}
+
+/* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf, ~1 ulp) */
+#define EXP_LO -87.33654f
+#define EXP_HI 88.72283f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
 
 /* ------------------------------------------------------------- AVX2+FMA */
 __attribute__((target("avx2,fma"))) static inline float hsum256(__m256 v) {
@@ -103,6 +133,48 @@ __attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, const float 
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+__attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(EXP_LOG2E), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_C1), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_C2), x);
+    __m256 z = _mm256_mul_ps(x, x), y = _mm256_set1_ps(EXP_P0);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P1));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P2));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P4));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P5));
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+__attribute__((target("avx2,fma"))) static void gelu_mul_avx2(const float *g, const float *u, float *y, size_t n) {
+    const __m256 c = _mm256_set1_ps(GELU_C), c3 = _mm256_set1_ps(GELU_C * 0.044715f), one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), x2 = _mm256_mul_ps(x, x);
+        __m256 mz2 = _mm256_mul_ps(_mm256_fmadd_ps(c3, x2, c), _mm256_sub_ps(_mm256_setzero_ps(), _mm256_add_ps(x, x)));
+        __m256 r = _mm256_div_ps(x, _mm256_add_ps(one, exp256(mz2))); /* mz2 = -2z */
+        _mm256_storeu_ps(y + i, u ? _mm256_mul_ps(r, _mm256_loadu_ps(u + i)) : r);
+    }
+    gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
+}
+
+__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, size_t n, float shift) {
+    __m256 sh = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+        _mm256_storeu_ps(x + i, v);
+        acc = _mm256_add_ps(acc, v);
+    }
+    float s = hsum256(acc);
+    for (; i < n; i++) s += (x[i] = expf(x[i] - shift));
+    return s;
+}
+
 /* ---------------------------------------------------------------- AVX-512 */
 __attribute__((target("avx512f"))) static float dot_f32_avx512(const float *a, const float *b, size_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
@@ -159,11 +231,57 @@ __attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scalar, bf16_to_f32_scalar,
-                                        axpy_scalar};
-static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2, axpy_avx2};
-static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
-                                        axpy_avx512};
+__attribute__((target("avx512f"))) static inline __m512 exp512(__m512 v) {
+    __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C1), v);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C2), v);
+    __m512 z = _mm512_mul_ps(v, v), y = _mm512_set1_ps(EXP_P0);
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P1));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P2));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P3));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P4));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P5));
+    y = _mm512_fmadd_ps(y, z, _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
+    y = _mm512_scalef_ps(y, fx); /* y * 2^fx */
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+__attribute__((target("avx512f"))) static float exp_sum_avx512(float *x, size_t n, float shift) {
+    __m512 sh = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 y = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
+        _mm512_storeu_ps(x + i, y);
+        acc = _mm512_add_ps(acc, y);
+    }
+    float s = _mm512_reduce_add_ps(acc);
+    for (; i < n; i++) s += (x[i] = expf(x[i] - shift));
+    return s;
+}
+
+/* gelu_tanh(x) = 0.5 x (1 + tanh z) = x / (1 + exp(-2z)): no cancellation near tanh = -1, and the ends are
+ * right (exp -> 0 gives x, exp -> its clamp gives ~0) */
+__attribute__((target("avx512f"))) static void gelu_mul_avx512(const float *g, const float *u, float *y, size_t n) {
+    const __m512 c = _mm512_set1_ps(GELU_C), c3 = _mm512_set1_ps(GELU_C * 0.044715f), one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i), x2 = _mm512_mul_ps(x, x);
+        __m512 mz2 = _mm512_mul_ps(_mm512_fmadd_ps(c3, x2, c), _mm512_sub_ps(_mm512_setzero_ps(), _mm512_add_ps(x, x)));
+        __m512 r = _mm512_div_ps(x, _mm512_add_ps(one, exp512(mz2))); /* mz2 = -2z */
+        _mm512_storeu_ps(y + i, u ? _mm512_mul_ps(r, _mm512_loadu_ps(u + i)) : r);
+    }
+    gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
+}
+
+static const g4_cpu_kernels k_scalar = {"scalar",    dot_f32_scalar,   dot_bf16_scalar, bf16_to_f32_scalar,
+                                        axpy_scalar, exp_sum_scalar,   gelu_mul_scalar};
+static const g4_cpu_kernels k_avx2 = {"avx2",    dot_f32_avx2,   dot_bf16_avx2, bf16_to_f32_avx2,
+                                      axpy_avx2, exp_sum_avx2,   gelu_mul_avx2};
+static const g4_cpu_kernels k_avx512 = {"avx512",    dot_f32_avx512,   dot_bf16_avx512, bf16_to_f32_avx512,
+                                        axpy_avx512, exp_sum_avx512,   gelu_mul_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_get(void) {
     static const g4_cpu_kernels *chosen;
