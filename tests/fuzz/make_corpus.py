@@ -10,6 +10,7 @@ its first ids) so that the fuzzers run fast.
 import argparse
 import glob
 import hashlib
+import io
 import json
 import os
 import struct
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import wave
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
@@ -118,6 +120,30 @@ def main():
     for wm in [good, {**good, "model.d": shards[1]}, {"model.a": shards[0], "model.b": shards[1], "model.c": shards[1]},
                {"model.a": shards[0], "model.b": shards[0]}, {**good, "model.c": "../" + shards[1]}, {}]:
         c.add("safetensors_index", json.dumps({"metadata": {"total_size": 22}, "weight_map": wm}))
+
+    # media: tiny images in every format the decoder reads, short WAVs (and the fixtures' cut down)
+    try:
+        from PIL import Image
+        im = Image.new("RGB", (7, 5))
+        im.putdata([(i * 9 % 256, i * 5 % 256, i * 3 % 256) for i in range(35)])
+        for fmt, kw in [("PNG", {}), ("JPEG", {"quality": 50}), ("WEBP", {}), ("GIF", {})]:
+            buf = io.BytesIO()
+            im.save(buf, fmt, **kw)
+            c.add("image", buf.getvalue())
+    except ImportError:
+        pass
+    for p in sorted(glob.glob(os.path.join(shared, "fixtures", "*", "*.png"))):
+        c.add("image", open(p, "rb").read()[:2048])
+    for rate, channels, width in [(16000, 1, 2), (8000, 2, 2), (44100, 1, 1)]:
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(channels)
+            w.setsampwidth(width)
+            w.setframerate(rate)
+            w.writeframes(bytes((i * 7) % 256 for i in range(400 * channels * width)))
+        c.add("audio", buf.getvalue())
+    for p in sorted(glob.glob(os.path.join(shared, "fixtures", "*", "*.wav"))):
+        c.add("audio", open(p, "rb").read()[:4096])
 
     # configs
     for p in sorted(glob.glob(os.path.join(shared, "configs", "*.json"))) + [os.path.join(m, "config.json") for m in models]:
