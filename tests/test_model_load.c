@@ -108,6 +108,12 @@ static void test_spellings(void) {
          "yarn"},
         {"{\"model_type\":\"gemma4_text\",\"rope_parameters\":{\"full_attention\":{}}}", "no \"sliding_attention\""},
         {"[1]", "not a JSON object"},
+        /* rows the engine sizes in int (issue 16) */
+        {"{\"model_type\":\"gemma4_text\",\"num_attention_heads\":100000,\"num_key_value_heads\":100000,"
+         "\"head_dim\":100000,\"global_head_dim\":60000}",
+         "too large"},
+        {"{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":100,\"hidden_size_per_layer_input\":100000000}",
+         "too large"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = parse(bad[i].json, &c, &err);

@@ -88,7 +88,10 @@ int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, i
     for (int l = 0; l < c->n_layers; l++) {
         g4_kv_layer *y = &kv->layers[l];
         if (y->owner != l) continue; /* shared: filled in below */
-        size_t n = (size_t)kv->pool[y->type].n_blocks * (size_t)block * (size_t)y->row * esz;
+        size_t n;
+        if (!g4_mul_ok((size_t)kv->pool[y->type].n_blocks, (size_t)block, &n) || !g4_mul_ok(n, (size_t)y->row, &n) ||
+            !g4_mul_ok(n, esz, &n))
+            goto oom;
         y->k = be->ops->alloc(be, n);
         y->v = be->ops->alloc(be, n);
         if (!y->k || !y->v) goto oom;

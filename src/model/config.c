@@ -223,6 +223,18 @@ static int parse_text(const json_t *tc, const char *what, int unified, g4_text_c
         c->layer_intermediate[l] =
             (c->use_double_wide_mlp && first > 0 && l >= first) ? 2 * c->intermediate_size : c->intermediate_size;
     }
+    /* the engine forms these row sizes in int: they must fit (each factor alone is checked above) */
+    int64_t big = (int64_t)c->n_layers * c->hidden_size_per_layer_input;
+    for (int l = 0; l < L; l++) {
+        int64_t q = (int64_t)c->n_heads * c->layer_head_dim[l], kv = (int64_t)c->layer_kv_heads[l] * c->layer_head_dim[l];
+        if (q > big) big = q;
+        if (kv > big) big = kv;
+        if (c->layer_intermediate[l] > big) big = c->layer_intermediate[l];
+    }
+    if (c->enable_moe_block && 2 * (int64_t)c->moe_intermediate_size > big) big = 2 * (int64_t)c->moe_intermediate_size;
+    if (big > INT32_MAX)
+        return g4_fail(err, "%s: the dimensions are too large (a row of %lld values; at most %d)", what, (long long)big,
+                       INT32_MAX);
     /* shared layers read their source's cache: geometry must agree */
     for (int l = 0; l < L; l++) {
         int s = c->layer_kv_source[l];
