@@ -195,6 +195,17 @@ const g4_tensor *g4_bind_matrix(g4_binder *b, const char *name, int ndim, const 
     return place(b, bind_shape(b, name, ndim, shape));
 }
 
+const g4_tensor *g4_bind_matrix_flat(g4_binder *b, const char *name, int ndim, const int64_t *shape) {
+    g4_tensor *t = (g4_tensor *)bind_shape(b, name, ndim, shape);
+    if (t && ndim > 2) { /* before placing: a backend lays out (and may pad) whole rows of the last dimension */
+        int64_t in = 1;
+        for (int d = 1; d < ndim; d++) in *= shape[d];
+        t->ndim = 2;
+        t->shape[1] = in;
+    }
+    return place(b, t);
+}
+
 const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int64_t *shape, const float **field) {
     return bind_f32(b, name, ndim, shape, field);
 }

@@ -99,6 +99,9 @@ struct g4_model {
 typedef struct g4_binder g4_binder;
 /* A matrix of any rank the ops read: the backend's copy. */
 const g4_tensor *g4_bind_matrix(g4_binder *b, const char *name, int ndim, const int64_t *shape);
+/* The same, placed as the matrix [shape[0], product of the other dimensions] (convolution kernels read as one
+ * product): a view reshaped after placing would not match a backend's row layout. */
+const g4_tensor *g4_bind_matrix_flat(g4_binder *b, const char *name, int ndim, const int64_t *shape);
 /* A small tensor converted to f32: returns the host copy (valid while the model lives); *field points at
  * the backend's copy once binding is done (field NULL: the host copy is all there is). */
 const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int64_t *shape, const float **field);

@@ -182,11 +182,8 @@ static void clin_rows(const clipped_linear *src, int64_t r0, int64_t n, clipped_
 /* A 4-D [out, in, 3, 3] convolution weight as a [out, in*9] matrix. */
 static void conv_weight(tower_binder *b, const char *name, int64_t out, int64_t in, g4_tensor *view) {
     int64_t s[4] = {out, in, 3, 3};
-    const g4_tensor *t = g4_bind_matrix(b->b, name, 4, s);
-    if (!t) return;
-    *view = *t;
-    view->ndim = 2;
-    view->shape[1] = in * 9;
+    const g4_tensor *t = g4_bind_matrix_flat(b->b, name, 4, s);
+    if (t) *view = *t;
 }
 
 int g4_audio_tower_bind(g4_binder *bd, g4_model *m, g4_audio_tower **out, g4_error *err) {
