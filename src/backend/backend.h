@@ -41,7 +41,8 @@ typedef struct g4_moe_args {
     const g4_tensor *router_proj;     /* [E, H] */
     const float *router_scale;        /* [H] (f32) */
     const float *per_expert_scale;    /* [E] (f32) */
-    const g4_tensor *gate_up;         /* [E, 2*Im, H] */
+    const g4_tensor *gate_up;         /* [E, 2*Im, H], or [E, Im, H] gate alone when up is set */
+    const g4_tensor *up;              /* NULL, or [E, Im, H] */
     const g4_tensor *down;            /* [E, H, Im] */
 } g4_moe_args;
 

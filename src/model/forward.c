@@ -93,7 +93,7 @@ static void feed_forward_block(g4_context *ctx, int l, int n) {
             .residual = s->h, .x2 = s->moe_x2, .out = s->moe_out, .n = n, .hidden = H,
             .n_experts = c->num_experts, .top_k = c->top_k_experts, .expert_dim = c->moe_intermediate_size,
             .eps = eps, .router_proj = y->router_proj, .router_scale = y->router_scale,
-            .per_expert_scale = y->per_expert_scale, .gate_up = y->experts_gate_up, .down = y->experts_down,
+            .per_expert_scale = y->per_expert_scale, .gate_up = y->experts_gate_up, .up = y->experts_up, .down = y->experts_down,
         };
         OPS->moe(be, &a);
         OPS->rmsnorm(be, s->moe_out, y->post_ff_norm2, n, H, eps, s->moe_out);

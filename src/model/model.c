@@ -17,6 +17,9 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/json.h"
+#include "formats/gguf_gemma4.h"
+#include "formats/mlx.h"
 #include "formats/safetensors.h"
 
 typedef struct binder {
@@ -35,7 +38,9 @@ static void add_missing(binder *b, const char *name) {
     b->n_missing++;
 }
 
-static int dtype_ok_for_matrix(g4_dtype t) { return t == G4_BF16 || t == G4_F16 || t == G4_F32; }
+static int dtype_ok_for_matrix(g4_dtype t) {
+    return t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4_dtype_is_quantized(t);
+}
 
 /* Looks up prefix+name, checks the shape; NULL (and records why) when absent or wrong. */
 static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const int64_t *shape) {
@@ -58,7 +63,7 @@ static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const 
         return NULL;
     }
     if (!dtype_ok_for_matrix(t->dtype)) {
-        g4_fail(b->err, "tensor '%s' has dtype %s (supported: BF16, F16, F32)", full,
+        g4_fail(b->err, "tensor '%s' has dtype %s (supported: BF16, F16, F32, GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, MLX affine)", full,
                 t->dtype ? g4_dtype_name(t->dtype) : "of a kind this engine does not read");
         b->failed = 1;
         return NULL;
@@ -80,6 +85,12 @@ static const g4_tensor *bind3(binder *b, const char *name, int64_t d0, int64_t d
 static const float *bind_vec(binder *b, const char *name, int64_t n) {
     const g4_tensor *t = bind_shape(b, name, 1, &n);
     if (!t) return NULL;
+    if (g4_dtype_is_quantized(t->dtype)) {
+        g4_fail(b->err, "tensor '%s%s' is quantized (%s); vectors must be BF16, F16 or F32", b->m->cfg.weight_prefix,
+                name, g4_dtype_name(t->dtype));
+        b->failed = 1;
+        return NULL;
+    }
     float *v = malloc((size_t)n * sizeof(float));
     float **blocks = realloc(b->m->f32_blocks, (size_t)(b->m->n_f32_blocks + 1) * sizeof *blocks);
     if (!v || !blocks) {
@@ -133,6 +144,7 @@ static int ignored_by_design(const g4_model *m, const char *name) {
     const char *pre = m->cfg.weight_prefix;
     size_t pl = strlen(pre);
     if (!strcmp(name, "lm_head.weight") && c->tie_word_embeddings) return 1;
+    if (!strcmp(name, "rope_freqs.weight")) return 1; /* GGUF: the config's RoPE, read when loading */
     if (strncmp(name, pre, pl)) return 0;
     const char *rest = name + pl;
     if (strstr(rest, "rotary_emb.") || strstr(rest, "v_norm.weight")) return 1;
@@ -217,7 +229,14 @@ static int bind_weights(g4_model *m, g4_error *err) {
             y->router_proj = bind2(&b, NAME("layers.%d.router.proj.weight", l), E, H);
             y->router_scale = bind_vec(&b, NAME("layers.%d.router.scale", l), H);
             y->per_expert_scale = bind_vec(&b, NAME("layers.%d.router.per_expert_scale", l), E);
-            y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
+            char fused[512];
+            snprintf(fused, sizeof fused, "%slayers.%d.experts.gate_up_proj", m->cfg.weight_prefix, l);
+            if (g4_tensor_set_find(&m->weights, fused)) {
+                y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
+            } else { /* MLX and some GGUF files keep gate and up apart */
+                y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_proj", l), E, Im, H);
+                y->experts_up = bind3(&b, NAME("layers.%d.experts.up_proj", l), E, Im, H);
+            }
             y->experts_down = bind3(&b, NAME("layers.%d.experts.down_proj", l), E, H, Im);
             y->pre_ff_norm2 = bind_vec(&b, NAME("layers.%d.pre_feedforward_layernorm_2.weight", l), H);
             y->post_ff_norm1 = bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_1.weight", l), H);
@@ -277,6 +296,7 @@ void g4_model_free(g4_model *m) {
     for (int t = 0; t < G4_LAYER_TYPES; t++) free(m->inv_freq[t]);
     free(m->layers);
     free(m->warnings);
+    json_decref(m->gguf_meta);
     g4_tensor_set_free(&m->weights);
     free(m);
 }
@@ -314,9 +334,31 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
     g4_model *m = calloc(1, sizeof *m);
     if (!m) return g4_fail(err, "out of memory");
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    if (g4_config_load(dir, &m->cfg, err)) goto fail;
+    if (g4_gguf_is_file(dir)) { /* -m FILE.gguf */
+        g4_gguf g;
+        json_t *cj;
+        if (g4_gemma4_gguf_open(dir, &g, &cj, err)) goto fail;
+        int rc = g4_config_parse(cj, dir, &m->cfg, err);
+        json_decref(cj);
+        m->weights = g.set;
+        m->gguf_meta = g.meta;
+        if (rc) goto fail;
+    } else {
+        if (g4_config_load(dir, &m->cfg, err)) goto fail;
+        if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
+        if (g4_mlx_detect(&m->weights)) {
+            char path[4096];
+            json_t *root = NULL;
+            if (g4_path_join(path, sizeof path, dir, "config.json", err) || g4_json_load_file(path, &root, err))
+                goto fail;
+            const json_t *q = json_object_get(root, "quantization");
+            if (!q) q = json_object_get(root, "quantization_config");
+            int rc = g4_mlx_adopt(&m->weights, json_is_object(q) ? q : NULL, err);
+            json_decref(root);
+            if (rc) goto fail;
+        }
+    }
     const g4_text_config *c = &m->cfg.text;
-    if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
     if (bind_weights(m, err)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {
         int hd = c->type_head_dim[t];

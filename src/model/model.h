@@ -24,6 +24,7 @@ typedef struct g4_layer {
     const float *ple_post_norm;           /* [H] */
     /* mixture of experts */
     const g4_weight *router_proj, *experts_gate_up, *experts_down;
+    const g4_weight *experts_up; /* NULL: experts_gate_up holds gate then up; else gate and up apart */
     const float *router_scale, *per_expert_scale, *pre_ff_norm2, *post_ff_norm1, *post_ff_norm2;
 } g4_layer;
 
@@ -44,6 +45,7 @@ struct g4_model {
     float **f32_blocks;
     int n_f32_blocks;
     char *warnings;                  /* NULL or lines ending in '\n' */
+    struct json_t *gguf_meta;        /* metadata of a .gguf model (tokenizer), else NULL */
     char dir[1024];
 };
 

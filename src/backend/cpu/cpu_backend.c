@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "core/error.h"
+#include "core/quant.h"
 
 static g4_cpu *cpu_of(g4_backend *be) { return be->impl; }
 
@@ -54,10 +55,9 @@ static int cpu_check(g4_backend *be, g4_error *err) {
 /* ------------------------------------------------------------------ embed */
 static void cpu_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
     size_t cols = (size_t)table->shape[table->ndim - 1];
-    size_t esz = (size_t)g4_dtype_bits(table->dtype) / 8;
     for (int i = 0; i < n; i++) {
         float *o = out + (size_t)i * cols;
-        g4_to_f32(table->dtype, (const unsigned char *)table->data + (size_t)ids[i] * cols * esz, o, cols);
+        g4_dequant_row(table, ids[i], o); /* one row of any dtype, quantized tables included */
         for (size_t c = 0; c < cols; c++) o[c] *= scale;
     }
 }
@@ -294,7 +294,6 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
         }
     }
     memset(a->out, 0, (size_t)n * H * sizeof(float));
-    const size_t esz = (size_t)g4_dtype_bits(a->gate_up->dtype) / 8, dsz = (size_t)g4_dtype_bits(a->down->dtype) / 8;
     /* experts in ascending id order, each over the tokens routed to it */
     for (int e = 0; e < E; e++) {
         int m = 0;
@@ -307,15 +306,17 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
                 }
         if (!m) continue;
         for (int i = 0; i < m; i++) memcpy(xs + (size_t)i * H, a->x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
-        g4_tensor gu_w = {.name = "experts.gate_up_proj", .dtype = a->gate_up->dtype, .ndim = 2,
-                          .shape = {2 * Im, H},
-                          .data = (const unsigned char *)a->gate_up->data + (size_t)e * 2 * Im * H * esz};
-        g4_tensor dn_w = {.name = "experts.down_proj", .dtype = a->down->dtype, .ndim = 2, .shape = {H, Im},
-                          .data = (const unsigned char *)a->down->data + (size_t)e * H * Im * dsz};
+        g4_tensor gu_w = g4_tensor_index(a->gate_up, e), dn_w = g4_tensor_index(a->down, e);
+        /* gate and up: one [2Im, H] matrix, rows [m, 2Im]; or two [Im, H] ones into [m, Im] each */
+        size_t gs = a->up ? (size_t)Im : 2 * (size_t)Im, uo = a->up ? (size_t)m * Im : (size_t)Im;
         g4_cpu_matmul(cpu, xs, m, &gu_w, NULL, gu);
+        if (a->up) {
+            g4_tensor up_w = g4_tensor_index(a->up, e);
+            g4_cpu_matmul(cpu, xs, m, &up_w, NULL, gu + uo);
+        }
         for (int i = 0; i < m; i++)
             for (int c = 0; c < Im; c++) {
-                float g = gu[(size_t)i * 2 * Im + c], u = gu[(size_t)i * 2 * Im + Im + c];
+                float g = gu[(size_t)i * gs + c], u = gu[(size_t)i * gs + uo + c];
                 act[(size_t)i * Im + c] = gelu_tanh(g) * u;
             }
         g4_cpu_matmul(cpu, act, m, &dn_w, NULL, dn);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "core/quant.h"
 
 #define ROW_BLOCK 8
 
@@ -19,9 +20,7 @@ typedef struct {
     float *y;
 } matmul_job;
 
-static inline const unsigned char *row_ptr(const g4_tensor *w, size_t r, size_t in) {
-    return (const unsigned char *)w->data + r * in * (size_t)(g4_dtype_bits(w->dtype) / 8);
-}
+static inline const unsigned char *row_ptr(const g4_tensor *w, size_t r, size_t in) { return g4_tensor_row(w, (int64_t)r); }
 
 static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     matmul_job *j = ctx;
@@ -53,7 +52,7 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
             if (j->w->dtype == G4_BF16)
                 k->bf16_to_f32((const uint16_t *)src, wf + (size_t)i * in, in);
             else
-                g4_to_f32(j->w->dtype, src, wf + (size_t)i * in, in);
+                g4_dequant_row(j->w, rb + i, wf + (size_t)i * in);
         }
         for (int t = 0; t < j->n; t++) {
             const float *xt = j->x + (size_t)t * in;
