@@ -10,6 +10,7 @@ int cmd_template(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 /* Prints "gemma4c: <msg>" to stderr as one line; returns 1. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

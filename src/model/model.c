@@ -29,7 +29,13 @@ typedef struct binder {
     int n_missing;
     g4_error *err;
     int failed; /* a hard error (wrong shape / dtype / memory) is in err */
+    /* collect mode (g4_model_tensor_list): record every tensor the architecture binds instead */
+    int collect;
+    g4_tensor *list;
+    int n_list;
 } binder;
+
+static float collect_dummy[1];
 
 static void add_missing(binder *b, const char *name) {
     size_t len = strlen(b->missing);
@@ -47,6 +53,22 @@ static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const 
     if (b->failed) return NULL;
     char full[512];
     snprintf(full, sizeof full, "%s%s", b->m->cfg.weight_prefix, name);
+    if (b->collect) {
+        g4_tensor *nl = realloc(b->list, (size_t)(b->n_list + 1) * sizeof *nl);
+        char *nm = strdup(full);
+        if (!nl || !nm) {
+            if (nl) b->list = nl;
+            free(nm);
+            g4_fail(b->err, "out of memory");
+            b->failed = 1;
+            return NULL;
+        }
+        b->list = nl;
+        g4_tensor *t = &b->list[b->n_list++];
+        *t = (g4_tensor){.name = nm, .dtype = G4_BF16, .ndim = ndim, .data = collect_dummy};
+        memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+        return t;
+    }
     const g4_tensor *t = g4_tensor_set_find(&b->m->weights, full);
     if (!t) {
         add_missing(b, full);
@@ -84,7 +106,7 @@ static const g4_tensor *bind3(binder *b, const char *name, int64_t d0, int64_t d
 /* A vector of n floats, copied to f32 (norm weights, scales, biases). */
 static const float *bind_vec(binder *b, const char *name, int64_t n) {
     const g4_tensor *t = bind_shape(b, name, 1, &n);
-    if (!t) return NULL;
+    if (!t || b->collect) return t ? collect_dummy : NULL;
     if (g4_dtype_is_quantized(t->dtype)) {
         g4_fail(b->err, "tensor '%s%s' is quantized (%s); vectors must be BF16, F16 or F32", b->m->cfg.weight_prefix,
                 name, g4_dtype_name(t->dtype));
@@ -157,10 +179,11 @@ static int ignored_by_design(const g4_model *m, const char *name) {
     return 0;
 }
 
-static int bind_weights(g4_model *m, g4_error *err) {
+static int bind_weights(g4_model *m, g4_error *err, binder *collect) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
     binder b = {.m = m, .err = err};
+    if (collect) b.collect = 1;
     b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
     m->layers = calloc((size_t)L, sizeof *m->layers);
     if (!b.used || !m->layers) {
@@ -172,6 +195,14 @@ static int bind_weights(g4_model *m, g4_error *err) {
     m->final_norm = bind_vec(&b, "norm.weight", H);
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
+    } else if (b.collect) {
+        int64_t hs[2] = {c->vocab_size, H};
+        const g4_tensor *t = bind_shape(&b, "", 2, hs);
+        if (t) {
+            free((char *)t->name);
+            ((g4_tensor *)t)->name = strdup("lm_head.weight");
+            if (!t->name) b.failed = 1;
+        }
     } else {
         const g4_tensor *t = g4_tensor_set_find(&m->weights, "lm_head.weight");
         if (!t) {
@@ -231,7 +262,7 @@ static int bind_weights(g4_model *m, g4_error *err) {
             y->per_expert_scale = bind_vec(&b, NAME("layers.%d.router.per_expert_scale", l), E);
             char fused[512];
             snprintf(fused, sizeof fused, "%slayers.%d.experts.gate_up_proj", m->cfg.weight_prefix, l);
-            if (g4_tensor_set_find(&m->weights, fused)) {
+            if (b.collect || g4_tensor_set_find(&m->weights, fused)) {
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
             } else { /* MLX and some GGUF files keep gate and up apart */
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_proj", l), E, Im, H);
@@ -243,6 +274,12 @@ static int bind_weights(g4_model *m, g4_error *err) {
             y->post_ff_norm2 = bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_2.weight", l), H);
         }
 #undef NAME
+    }
+    if (collect) {
+        free(b.used);
+        collect->list = b.list;
+        collect->n_list = b.n_list;
+        return b.failed ? -1 : 0;
     }
     if (b.failed) {
         free(b.used);
@@ -263,6 +300,25 @@ static int bind_weights(g4_model *m, g4_error *err) {
     }
     if (n_unexpected > 8) warn(m, "... and %d more unexpected tensors", n_unexpected - 8);
     free(b.used);
+    return 0;
+}
+
+int g4_model_tensor_list(const g4_model_config *cfg, g4_tensor **list, int *n, g4_error *err) {
+    g4_model m = {.cfg = *cfg};
+    binder out = {0};
+    *list = NULL;
+    *n = 0;
+    int rc = bind_weights(&m, err, &out);
+    free(m.layers);
+    for (int i = 0; i < m.n_f32_blocks; i++) free(m.f32_blocks[i]);
+    free(m.f32_blocks);
+    if (rc) {
+        for (int i = 0; i < out.n_list; i++) free((char *)out.list[i].name);
+        free(out.list);
+        return -1;
+    }
+    *list = out.list;
+    *n = out.n_list;
     return 0;
 }
 
@@ -359,7 +415,7 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
         }
     }
     const g4_text_config *c = &m->cfg.text;
-    if (bind_weights(m, err)) goto fail;
+    if (bind_weights(m, err, NULL)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {
         int hd = c->type_head_dim[t];
         if (!hd) continue;

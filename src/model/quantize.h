@@ -1,0 +1,31 @@
+/* Writing a model in another weight format: `gemma4c quantize` and random-weight
+ * checkpoints (docs/formats.md 1-3). The source is a loaded model (safetensors, MLX or
+ * GGUF, any dtype) or random weights for a config; the output is
+ *   - a GGUF file in llama.cpp's Gemma 4 layout (types f32, f16, bf16, q8_0, q4_0, q4_k,
+ *     q5_k, q6_k; 1-D tensors and the router in F32, rows that are not whole blocks of
+ *     the type in Q8_0 when they are whole 32-blocks, else BF16), or
+ *   - an mlx-community folder (types mlx2..mlx8: model.safetensors with MLX names,
+ *     config.json with the "quantization" block; routers 8-bit group 64 as mlx-lm does;
+ *     tensors whose rows are not whole groups stay BF16), or
+ *   - a Hugging Face safetensors folder (types f32, f16, bf16 when OUT is not *.gguf).
+ * Every tensor is produced a block of rows at a time: nothing holds a whole model. */
+#ifndef G4_MODEL_QUANTIZE_H
+#define G4_MODEL_QUANTIZE_H
+
+#include <stdint.h>
+
+#include "gemma4c.h"
+
+typedef struct g4_quantize_params {
+    const char *in;            /* model folder or .gguf file; NULL with random_config */
+    const char *random_config; /* config.json of random weights (when in is NULL) */
+    const char *out;
+    const char *type;          /* see above */
+    int group;                 /* MLX group size (default 64) */
+    uint64_t seed;             /* random weights */
+    int verbose;               /* one line per tensor on stderr */
+} g4_quantize_params;
+
+int g4_quantize(const g4_quantize_params *p, g4_error *err);
+
+#endif
