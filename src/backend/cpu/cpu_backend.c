@@ -29,6 +29,7 @@ static void cpu_free(g4_backend *be) {
     g4_pool_free(cpu->pool);
     for (int i = 0; i < G4_CPU_MAX_THREADS; i++) free(cpu->scratch[i].buf);
     free(cpu->moe_buf);
+    free(cpu->act_buf);
     free(cpu);
     free(be);
 }
