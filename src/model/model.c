@@ -262,7 +262,9 @@ static int bind_weights(g4_model *m, g4_error *err, binder *collect) {
             y->per_expert_scale = bind_vec(&b, NAME("layers.%d.router.per_expert_scale", l), E);
             char fused[512];
             snprintf(fused, sizeof fused, "%slayers.%d.experts.gate_up_proj", m->cfg.weight_prefix, l);
-            if (b.collect || g4_tensor_set_find(&m->weights, fused)) {
+            char gate[512];
+            snprintf(gate, sizeof gate, "%slayers.%d.experts.gate_proj", m->cfg.weight_prefix, l);
+            if (g4_tensor_set_find(&m->weights, fused) || (b.collect && !g4_tensor_set_find(&m->weights, gate))) {
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
             } else { /* MLX and some GGUF files keep gate and up apart */
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_proj", l), E, Im, H);
@@ -303,12 +305,15 @@ static int bind_weights(g4_model *m, g4_error *err, binder *collect) {
     return 0;
 }
 
-int g4_model_tensor_list(const g4_model_config *cfg, g4_tensor **list, int *n, g4_error *err) {
+int g4_model_tensor_list(const g4_model_config *cfg, const g4_tensor_set *have, g4_tensor **list, int *n,
+                         g4_error *err) {
     g4_model m = {.cfg = *cfg};
+    if (have) m.weights = *have; /* only looked up: which spelling of the experts it holds */
     binder out = {0};
     *list = NULL;
     *n = 0;
     int rc = bind_weights(&m, err, &out);
+    memset(&m.weights, 0, sizeof m.weights);
     free(m.layers);
     for (int i = 0; i < m.n_f32_blocks; i++) free(m.f32_blocks[i]);
     free(m.f32_blocks);

@@ -53,9 +53,11 @@ struct g4_model {
 void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);
 
 /* Every weight the architecture of cfg binds, in binding order: full names, shapes,
- * dtype BF16, no data (for writers and random checkpoints). The caller frees each name
- * and the list. */
-int g4_model_tensor_list(const g4_model_config *cfg, g4_tensor **list, int *n, g4_error *err);
+ * dtype BF16, no data (for writers and random checkpoints). Experts are listed fused
+ * (experts.gate_up_proj) unless `have` holds them as experts.gate_proj / up_proj. The
+ * caller frees each name and the list. */
+int g4_model_tensor_list(const g4_model_config *cfg, const g4_tensor_set *have, g4_tensor **list, int *n,
+                         g4_error *err);
 
 /* Warnings gathered while loading (unexpected tensors, ...), or NULL. */
 const char *g4_model_warnings(const g4_model *model);

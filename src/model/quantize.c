@@ -130,12 +130,9 @@ static int plan_gguf(job *j, g4_error *err) {
 }
 
 static void mlx_name(const char *full, char *out, size_t cap) {
+    /* multimodal wrapper: mlx-vlm's language_model.model.X; a text-only model keeps model.X */
     if (!strncmp(full, "model.language_model.", 21))
         snprintf(out, cap, "language_model.model.%s", full + 21);
-    else if (!strncmp(full, "model.", 6))
-        snprintf(out, cap, "language_model.model.%s", full + 6);
-    else if (!strcmp(full, "lm_head.weight"))
-        snprintf(out, cap, "language_model.lm_head.weight");
     else
         snprintf(out, cap, "%s", full);
 }
@@ -179,8 +176,10 @@ static int plan_mlx(job *j, g4_error *err) {
             rc = plan_mlx_one(j, i, n, Im, 2 * Im, 0, err);
             snprintf(p, sizeof n - (size_t)(p - n), "experts.switch_glu.up_proj.weight");
             if (!rc) rc = plan_mlx_one(j, i, n, Im, 2 * Im, Im, err);
-        } else if ((p = strstr(n, "experts.down_proj"))) {
-            snprintf(p, sizeof n - (size_t)(p - n), "experts.switch_glu.down_proj.weight");
+        } else if ((p = strstr(n, "experts.")) && (ends_with(n, "_proj"))) { /* down, or gate / up apart */
+            char which[16];
+            snprintf(which, sizeof which, "%s", p + 8);
+            snprintf(p, sizeof n - (size_t)(p - n), "experts.switch_glu.%s.weight", which);
             rc = plan_mlx_one(j, i, n, 0, 0, 0, err);
         } else {
             rc = plan_mlx_one(j, i, n, 0, 0, 0, err);
@@ -239,7 +238,7 @@ static void source_rows(const job *j, const out_tensor *o, int64_t q0, int64_t n
             random_rows(j, o->src, r, 1, y);
         } else {
             const g4_tensor *s = g4_tensor_set_find(&j->model->weights, t->name);
-            g4_dequant_row(s, r, y);
+            if (s) g4_dequant_row(s, r, y); /* present: the model loaded and bound it */
         }
     }
 }
@@ -486,7 +485,7 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
         json_decref(root);
         if (rc) return -1;
     }
-    int rc = g4_model_tensor_list(&j.cfg, &j.list, &j.n_list, err);
+    int rc = g4_model_tensor_list(&j.cfg, j.model ? &j.model->weights : NULL, &j.list, &j.n_list, err);
     if (!rc) rc = j.kind == OUT_GGUF ? plan_gguf(&j, err) : j.kind == OUT_MLX ? plan_mlx(&j, err) : plan_hf(&j, err);
     if (!rc) rc = j.kind == OUT_GGUF ? write_gguf(&j, err) : write_safetensors_folder(&j, err);
     if (!rc && j.kind != OUT_GGUF) rc = write_config(&j, err);

@@ -132,8 +132,8 @@ __attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float
 
 
 /* ------------------------------------------------------------ f32 tiles */
-#define TILE_F32(NAME, TARGET, VEC, W, LOAD, FMA, ZERO, HSUM)                                                         \
-    __attribute__((target(TARGET))) static inline void NAME##_fixed(const float *w, size_t ldw, const float *x,       \
+#define TILE_F32(NAME, TARGET, VEC, W, LOAD, FMA, ZERO, HSUM, TT)                                                         \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_fixed(const float *w, size_t ldw, const float *x,       \
                                                                     size_t ldx, size_t n, float *y, size_t ldy,       \
                                                                     const int NR, const int NT) {                     \
         VEC acc[4][4];                                                                                               \
@@ -156,8 +156,11 @@ __attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float
     }                                                                                                                \
     __attribute__((target(TARGET))) static void NAME(const float *w, size_t ldw, int nr, const float *x, size_t ldx,  \
                                                      int nt, size_t n, float *y, size_t ldy) {                        \
-        if (nr == 4 && nt == 4) NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 4);                                       \
-        else if (nr == 4 && nt == 1) NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 1);                                  \
+        if (nr == 4 && nt == 4 && TT == 4) NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 4);                            \
+        else if (nr == 4 && nt == 4) {                                                                               \
+            NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 2);                                                           \
+            NAME##_fixed(w, ldw, x + 2 * ldx, ldx, n, y + 2 * ldy, ldy, 4, 2);                                       \
+        } else if (nr == 4 && nt == 1) NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 1);                                \
         else                                                                                                         \
             for (int r = 0; r < nr; r++)                                                                             \
                 for (int t = 0; t < nt; t++)                                                                         \
@@ -166,8 +169,8 @@ __attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float
     }
 
 __attribute__((target("avx512f"))) static inline float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
-TILE_F32(f32_tile_avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_setzero_ps(), hsum256)
-TILE_F32(f32_tile_avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_setzero_ps(), hsum512)
+TILE_F32(f32_tile_avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_setzero_ps(), hsum256, 2)
+TILE_F32(f32_tile_avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_setzero_ps(), hsum512, 4)
 
 /* -------------------------------------------------- int8 activations, AVX2 */
 /* one block as 32 unsigned codes (Q4_0 nibbles) or the int8 values (Q8_0) */
@@ -182,7 +185,7 @@ __attribute__((target("avx2,fma,f16c"))) static inline __m256i dot_u8s8(__m256i 
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-__attribute__((target("avx2,fma,f16c"))) static inline void q8_tile_avx2_fixed(g4_dtype type, const unsigned char *w,
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q8_tile_avx2_fixed(g4_dtype type, const unsigned char *w,
                                                                               size_t row_bytes, const g4_q8_rows *a,
                                                                               int t0, int nb, float *y, size_t ldy,
                                                                               const int NR, const int NT) {
@@ -222,8 +225,8 @@ __attribute__((target("avx2,fma,f16c"))) static inline void q8_tile_avx2_fixed(g
 __attribute__((target("avx2,fma,f16c"))) static void q8_tile_avx2(g4_dtype type, const unsigned char *w,
                                                                  size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
                                                                  int nt, int nb, float *y, size_t ldy) {
-    if (nr == 4 && nt == 4) q8_tile_avx2_fixed(type, w, row_bytes, a, t0, nb, y, ldy, 4, 4);
-    else if (nr == 4 && nt == 1) q8_tile_avx2_fixed(type, w, row_bytes, a, t0, nb, y, ldy, 4, 1);
+    if (nr == 4) /* 4x1 tiles: AVX2 has 16 vector registers */
+        for (int t = 0; t < nt; t++) q8_tile_avx2_fixed(type, w, row_bytes, a, t0 + t, nb, y + (size_t)t * ldy, ldy, 4, 1);
     else
         for (int r = 0; r < nr; r++)
             for (int t = 0; t < nt; t++)
@@ -252,49 +255,71 @@ __attribute__((target(T512))) static inline __m512 pair_ps(float a, float b) {
     return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
 }
 
-__attribute__((target(T512))) static inline void q8_tile_avx512_fixed(g4_dtype type, const unsigned char *w,
-                                                                     size_t row_bytes, const g4_q8_rows *a, int t0,
-                                                                     int nb, float *y, size_t ldy, const int NR,
-                                                                     const int NT) {
+__attribute__((target(T512))) static inline float dot_f32_512(const float *a, const float *b, int n) {
+    __m512 s = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), s);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+#define QCHUNK 256 /* blocks per pass: the weight scales of a pass stay on the stack */
+
+__attribute__((target(T512), always_inline)) static inline void q8_tile_avx512_fixed(g4_dtype type,
+                                                                                    const unsigned char *w,
+                                                                                    size_t row_bytes,
+                                                                                    const g4_q8_rows *a, int t0,
+                                                                                    int nb, float *y, size_t ldy,
+                                                                                    const int NR, const int NT) {
     const size_t bs = type == G4_Q4_0 ? 18 : 34;
     const float off = type == G4_Q4_0 ? 8.0f : 128.0f;
-    __m512 acc[4][4], corr[4][4];
+    __m512 acc[4][4];
+    float corr[4][4] = {{0}}, dwf[4][QCHUNK + 2];
     for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = corr[r][t] = _mm512_setzero_ps();
-    /* nb_pad is even and the activations are zero past the row: an odd last block pairs with zeros */
-    for (int b = 0; b < nb; b += 2) {
-        __m512i wv[4];
-        __m512 dw[4];
-        const int two = b + 1 < nb;
-        for (int r = 0; r < NR; r++) {
-            const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
-            if (two) {
-                wv[r] = load2_u8(type, blk);
-                dw[r] = pair_ps(_cvtsh_ss(*(const unsigned short *)blk), _cvtsh_ss(*(const unsigned short *)(blk + bs)));
-            } else {
-                unsigned char tmp[2 * 34] = {0};
-                memcpy(tmp, blk, bs);
-                wv[r] = load2_u8(type, tmp);
-                dw[r] = pair_ps(_cvtsh_ss(*(const unsigned short *)blk), 0.0f);
-            }
-        }
-        for (int t = 0; t < NT; t++) {
-            const size_t ti = (size_t)(t0 + t);
-            const __m512i xv = _mm512_loadu_si512((const void *)(a->q + ti * a->in_pad + 32 * (size_t)b));
-            const float *d = a->d + ti * a->nb_pad + b, *m = a->m + ti * a->nb_pad + b;
-            const __m512 dx = pair_ps(d[0], d[1]), mx = pair_ps(m[0], m[1]);
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < nb; c0 += QCHUNK) {
+        const int c1 = nb - c0 < QCHUNK ? nb : c0 + QCHUNK;
+        /* nb_pad is even and the activations are zero past the row: an odd last block pairs with zeros */
+        for (int b = c0; b < c1; b += 2) {
+            __m512i wv[4];
+            __m512 dw[4];
             for (int r = 0; r < NR; r++) {
-                __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
-                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
-                corr[r][t] = _mm512_fmadd_ps(dw[r], mx, corr[r][t]);
+                const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
+                float d0 = _cvtsh_ss(*(const unsigned short *)blk), d1 = 0.0f;
+                if (b + 1 < c1) {
+                    wv[r] = load2_u8(type, blk);
+                    d1 = _cvtsh_ss(*(const unsigned short *)(blk + bs));
+                } else {
+                    unsigned char tmp[2 * 34] = {0};
+                    memcpy(tmp, blk, bs);
+                    wv[r] = load2_u8(type, tmp);
+                }
+                dw[r] = pair_ps(d0, d1);
+                dwf[r][b - c0] = d0;
+                dwf[r][b - c0 + 1] = d1;
+            }
+            for (int t = 0; t < NT; t++) {
+                const size_t ti = (size_t)(t0 + t);
+                const __m512i xv = _mm512_loadu_si512((const void *)(a->q + ti * a->in_pad + 32 * (size_t)b));
+                const float *d = a->d + ti * a->nb_pad + b;
+                const __m512 dx = pair_ps(d[0], d[1]);
+                for (int r = 0; r < NR; r++) {
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+                }
             }
         }
+        /* the unsigned offset: off * sum_b dw * d * sum(q) */
+        for (int t = 0; t < NT; t++)
+            for (int r = 0; r < NR; r++)
+                corr[r][t] += dot_f32_512(dwf[r], a->m + (size_t)(t0 + t) * a->nb_pad + c0, c1 - c0);
     }
-    /* corr counted d*sum(q) once per lane of each 8-lane half: divide by 8 */
     for (int r = 0; r < NR; r++)
         for (int t = 0; t < NT; t++)
-            y[(size_t)t * ldy + (size_t)r] =
-                _mm512_reduce_add_ps(acc[r][t]) - off * 0.125f * _mm512_reduce_add_ps(corr[r][t]);
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc[r][t]) - off * corr[r][t];
 }
 
 __attribute__((target(T512))) static void q8_tile_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
