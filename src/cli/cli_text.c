@@ -13,6 +13,7 @@
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
+#include "formats/gguf.h"
 #include "model/model.h"
 
 enum {
@@ -119,6 +120,28 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
     }
 }
 
+/* A GGUF file has no generation_config.json: default sampling, the tokenizer's eos and
+ * Gemma's end-of-turn token as stop ids (as llama.cpp takes end-of-generation tokens), and
+ * the chat template of tokenizer.chat_template. */
+static int gguf_extras(const char *path, int needs, cli_text_model *tm, g4_error *err) {
+    if (g4_generation_config_load_files(NULL, NULL, &tm->gc, err)) return -1;
+    if (!tm->tok) return 0;
+    const int32_t stops[] = {g4_tokenizer_eos_id(tm->tok), g4_tokenizer_token_id(tm->tok, "<turn|>")};
+    for (int i = 0; i < 2; i++)
+        if (stops[i] >= 0 && tm->gc.n_eos < G4_MAX_EOS_IDS) tm->gc.eos_ids[tm->gc.n_eos++] = stops[i];
+    if (!(needs & CLI_NEED_TEMPLATE)) return 0;
+    g4_gguf g;
+    if (g4_gguf_open(path, &g, err)) return -1;
+    const char *tpl = json_string_value(json_object_get(g.meta, "tokenizer.chat_template"));
+    int rc = tpl ? 0 : g4_fail(err, "%s: the file has no chat template (tokenizer.chat_template)", path);
+    int32_t b = g4_tokenizer_bos_id(tm->tok), e = g4_tokenizer_eos_id(tm->tok);
+    if (!rc)
+        rc = g4_chat_template_load_string(tpl, strlen(tpl), b >= 0 ? g4_tokenizer_piece(tm->tok, b) : NULL,
+                                          e >= 0 ? g4_tokenizer_piece(tm->tok, e) : NULL, &tm->tpl, err);
+    g4_gguf_free(&g);
+    return rc;
+}
+
 int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
     memset(tm, 0, sizeof *tm);
     const char *dir = opt->model_dir;
@@ -127,8 +150,12 @@ int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
     if (!dir) return cli_error("no model folder: pass -m DIR"), -1;
     /* the small files first, so that a broken folder fails before the weights load */
     if ((needs & (CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE)) && g4_tokenizer_load_dir(dir, &tm->tok, &err)) goto fail;
-    if (g4_generation_config_load(dir, &tm->gc, &err)) goto fail;
-    if ((needs & CLI_NEED_TEMPLATE) && g4_chat_template_load_dir(dir, &tm->tpl, &err)) goto fail;
+    if (g4_gguf_is_file(dir)) { /* -m FILE.gguf: sampling defaults, template and stop ids from its metadata */
+        if (gguf_extras(dir, needs, tm, &err)) goto fail;
+    } else {
+        if (g4_generation_config_load(dir, &tm->gc, &err)) goto fail;
+        if ((needs & CLI_NEED_TEMPLATE) && g4_chat_template_load_dir(dir, &tm->tpl, &err)) goto fail;
+    }
     tm->model = cli_load_model(dir, (int)opt->threads);
     if (!tm->model) {
         cli_text_close(tm);

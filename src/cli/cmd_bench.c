@@ -1,6 +1,10 @@
-/* gemma4c bench -m DIR [-p 128] [-n 64] [-r 3]
- * Prefill and decode speed of one sequence with arbitrary token ids, like llama-bench:
- * prints tokens per second for a prefill of P tokens and for N decode steps after it. */
+/* gemma4c bench -m MODEL [-p 128] [-n 64] [-r 3]
+ * Prefill and decode speed of one sequence with random token ids (no tokenizer needed),
+ * measured like llama-bench: a prefill of P tokens into an empty sequence, and N decode
+ * steps of one token from an empty sequence; the median of R repeats of each. Also the
+ * bytes of weights one decoded token reads (every matrix once, the top-k experts' share
+ * of the expert tensors, one row of each embedding table; KV cache not counted) and the
+ * read rate that gives at the measured decode speed. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +12,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
+#include "model/model.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -15,8 +20,37 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double tensor_bytes(const g4_tensor *t) { return t ? (double)g4_tensor_row_bytes(t) * (double)g4_tensor_nrows(t) : 0; }
+
+/* Weight bytes one decoded token reads. */
+static double decode_bytes(const g4_model *m) {
+    const g4_text_config *c = &m->cfg.text;
+    double b = tensor_bytes(m->lm_head) + tensor_bytes(m->ple_model_proj) + (double)g4_tensor_row_bytes(m->embed);
+    if (m->ple_embed) b += (double)g4_tensor_row_bytes(m->ple_embed);
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *y = &m->layers[l];
+        const g4_tensor *mats[] = {y->q_proj, y->k_proj, y->v_proj, y->o_proj, y->gate_proj, y->up_proj,
+                                   y->down_proj, y->ple_gate, y->ple_proj, y->router_proj};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) b += tensor_bytes(mats[i]);
+        if (c->enable_moe_block)
+            b += (tensor_bytes(y->experts_gate_up) + tensor_bytes(y->experts_up) + tensor_bytes(y->experts_down)) *
+                 c->top_k_experts / c->num_experts;
+    }
+    return b;
+}
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: gemma4c bench -m DIR [-p PROMPT_TOKENS=128] [-n DECODE_TOKENS=64] [-r REPEATS=3] [-t THREADS]\n");
+    fprintf(f, "usage: gemma4c bench -m MODEL [-p PROMPT_TOKENS=128] [-n DECODE_TOKENS=64] [-r REPEATS=3] [-t THREADS]\n");
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -59,7 +93,7 @@ int cmd_bench(int argc, char **argv) {
         s = s * 1103515245u + 12345u;
         ids[i] = (int32_t)(3 + (s >> 8) % (unsigned)(V - 3));
     }
-    double best_pp = 0, best_tg = 0;
+    double pps[100], tgs[100];
     for (long r = 0; r < R; r++) {
         g4_seq_reset(ctx, 0);
         double t0 = now_s();
@@ -74,6 +108,7 @@ int cmd_bench(int argc, char **argv) {
             want[k - 1] = 0;
         }
         double t1 = now_s();
+        g4_seq_reset(ctx, 0);
         for (long i = 0; i < N; i++) {
             g4_batch b = {1, ids + P + i, NULL, NULL};
             if (g4_decode(ctx, &b, logits, &err)) {
@@ -82,13 +117,13 @@ int cmd_bench(int argc, char **argv) {
             }
         }
         double t2 = now_s();
-        double pp = (double)P / (t1 - t0), tg = (double)N / (t2 - t1);
-        if (pp > best_pp) best_pp = pp;
-        if (tg > best_tg) best_tg = tg;
+        pps[r] = (double)P / (t1 - t0);
+        tgs[r] = (double)N / (t2 - t1);
     }
-    printf("model %s  threads %d\n", dir, threads ? (int)threads : 0);
-    printf("prefill %ld tokens: %.1f tok/s\ndecode %ld tokens: %.1f tok/s (%.2f ms/token)\n", P, best_pp, N, best_tg,
-           1000.0 / best_tg);
+    double pp = median(pps, (int)R), tg = median(tgs, (int)R), bytes = decode_bytes(m);
+    printf("model %s  threads %d  repeats %ld (medians)\n", dir, threads ? (int)threads : 0, R);
+    printf("prefill %ld tokens: %.1f tok/s\ndecode %ld tokens: %.1f tok/s (%.2f ms/token)\n", P, pp, N, tg, 1000.0 / tg);
+    printf("weights read per decoded token: %.3f GB, %.1f GB/s\n", bytes * 1e-9, bytes * tg * 1e-9);
     rc = 0;
 done:
     free(ids);

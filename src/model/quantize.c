@@ -314,12 +314,179 @@ static size_t tensor_bytes(const out_tensor *o) {
     return g4_dtype_row_bytes(o->type, o->shape[o->ndim - 1]) * (size_t)rows;
 }
 
+/* tokenizer.ggml.* of a model folder's tokenizer.json (docs/formats.md 3.3), in the shape a
+ * GGUF's metadata reads back as (g4_gguf.meta); NULL when there is none. */
+static json_t *tokenizer_meta(const job *j, g4_error *err) {
+    if (!j->p->in) return NULL;
+    if (g4_gguf_is_file(j->p->in)) return json_incref(j->model->gguf_meta);
+    char path[4096];
+    if (g4_path_join(path, sizeof path, j->p->in, "tokenizer.json", err) || !g4_file_exists(path)) return NULL;
+    json_t *tj;
+    if (g4_json_load_file(path, &tj, err)) return NULL;
+    const json_t *model = json_object_get(tj, "model"), *vocab = json_object_get(model, "vocab"),
+                 *merges = json_object_get(model, "merges"), *added = json_object_get(tj, "added_tokens");
+    json_t *meta = json_object();
+    if (!json_is_object(vocab) || !json_is_array(merges)) {
+        json_decref(tj);
+        json_decref(meta);
+        g4_fail(err, "%s: not a BPE tokenizer.json", path);
+        return NULL;
+    }
+    /* tokens in id order: model vocabulary, then added tokens */
+    json_int_t n = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)vocab, k, v) if (json_integer_value(v) + 1 > n) n = json_integer_value(v) + 1;
+    size_t ai;
+    json_array_foreach(added, ai, v) if (json_integer_value(json_object_get(v, "id")) + 1 > n) n = json_integer_value(json_object_get(v, "id")) + 1;
+    json_t *toks = json_array(), *ttypes = json_array(), *scores = json_array(), *mj = json_array();
+    for (json_int_t i = 0; i < n; i++) {
+        json_array_append_new(toks, json_string(""));
+        json_array_append_new(ttypes, json_integer(5)); /* unused until named */
+        json_array_append_new(scores, json_real(-1000.0));
+    }
+    json_object_foreach((json_t *)vocab, k, v) {
+        json_int_t id = json_integer_value(v);
+        if (id < 0) continue;
+        json_array_set_new(toks, (size_t)id, json_string(k));
+        int byte = strlen(k) == 6 && !strncmp(k, "<0x", 3) && k[5] == '>';
+        json_array_set_new(ttypes, (size_t)id, json_integer(byte ? 6 : 1));
+    }
+    static const char *render[] = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>",
+                                   "<|tool_response>", "<tool_response|>", "<|\"|>"};
+    json_array_foreach(added, ai, v) {
+        json_int_t id = json_integer_value(json_object_get(v, "id"));
+        const char *c = json_string_value(json_object_get(v, "content"));
+        if (id < 0 || !c) continue;
+        int ty = json_is_true(json_object_get(v, "special")) ? 3 : 4;
+        for (size_t r = 0; r < sizeof render / sizeof render[0]; r++)
+            if (!strcmp(c, render[r])) ty = 4;
+        json_array_set_new(toks, (size_t)id, json_string(c));
+        json_array_set_new(ttypes, (size_t)id, json_integer(ty));
+    }
+    json_array_foreach(merges, ai, v) {
+        if (json_is_string(v)) {
+            json_array_append(mj, v);
+            continue;
+        }
+        /* pair form: joined by one space, a space inside a part written as U+0120 */
+        char buf[1024];
+        size_t o = 0;
+        for (int part = 0; part < 2; part++) {
+            const char *sp = json_string_value(json_array_get(v, (size_t)part));
+            if (part && o < sizeof buf) buf[o++] = ' ';
+            for (; sp && *sp && o + 2 < sizeof buf; sp++) {
+                if (*sp == ' ') {
+                    buf[o++] = (char)0xC4;
+                    buf[o++] = (char)0xA0;
+                } else {
+                    buf[o++] = *sp;
+                }
+            }
+        }
+        json_array_append_new(mj, json_stringn(buf, o < sizeof buf ? o : sizeof buf - 1));
+    }
+    json_object_set_new(meta, "tokenizer.ggml.model", json_string("gemma4"));
+    json_object_set_new(meta, "tokenizer.ggml.tokens", toks);
+    json_object_set_new(meta, "tokenizer.ggml.scores", scores);
+    json_object_set_new(meta, "tokenizer.ggml.token_type", ttypes);
+    json_object_set_new(meta, "tokenizer.ggml.merges", mj);
+    json_object_set_new(meta, "tokenizer.ggml.bos_token_id", json_integer(j->cfg.text.bos_token_id));
+    json_object_set_new(meta, "tokenizer.ggml.eos_token_id", json_integer(j->cfg.text.eos_token_id));
+    json_object_set_new(meta, "tokenizer.ggml.padding_token_id", json_integer(j->cfg.text.pad_token_id));
+    const json_t *unk = json_object_get(vocab, "<unk>");
+    if (unk) json_object_set_new(meta, "tokenizer.ggml.unknown_token_id", json_integer(json_integer_value(unk)));
+    json_object_set_new(meta, "tokenizer.ggml.add_bos_token", json_true());
+    json_object_set_new(meta, "tokenizer.ggml.add_space_prefix", json_false());
+    char *tpl = NULL;
+    size_t tl;
+    g4_error e2;
+    if (!g4_path_join(path, sizeof path, j->p->in, "chat_template.jinja", &e2) && g4_file_exists(path) &&
+        !g4_read_file(path, &tpl, &tl, &e2)) {
+        json_object_set_new(meta, "tokenizer.chat_template", json_stringn(tpl, tl));
+        free(tpl);
+    } else if (!g4_path_join(path, sizeof path, j->p->in, "tokenizer_config.json", &e2) && g4_file_exists(path)) {
+        json_t *tc;
+        if (!g4_json_load_file(path, &tc, &e2)) {
+            const json_t *ct = json_object_get(tc, "chat_template");
+            if (json_is_string(ct)) json_object_set(meta, "tokenizer.chat_template", (json_t *)ct);
+            json_decref(tc);
+        }
+    }
+    json_decref(tj);
+    return meta;
+}
+
+/* Writes the tokenizer keys of a metadata object with the types llama.cpp's writer uses. */
+static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_size) {
+    const json_t *toks = json_object_get(meta, "tokenizer.ggml.tokens");
+    const char *model = json_string_value(json_object_get(meta, "tokenizer.ggml.model"));
+    if (!json_is_array(toks) || !model) {
+        g4_gguf_add_str(w, "tokenizer.ggml.model", "none");
+        g4_gguf_add_u32(w, "gemma4.vocab_size", (uint32_t)vocab_size);
+        return;
+    }
+    g4_gguf_add_str(w, "tokenizer.ggml.model", model);
+    const char *pre = json_string_value(json_object_get(meta, "tokenizer.ggml.pre"));
+    if (pre) g4_gguf_add_str(w, "tokenizer.ggml.pre", pre);
+    static const char *arrays[] = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"};
+    for (int a = 0; a < 2; a++) {
+        const json_t *arr = json_object_get(meta, arrays[a]);
+        size_t n = json_array_size(arr);
+        const char **sv = malloc((n + 1) * sizeof *sv);
+        if (!sv) {
+            w->failed = 1;
+            return;
+        }
+        for (size_t i = 0; i < n; i++) sv[i] = json_string_value(json_array_get(arr, i)) ? json_string_value(json_array_get(arr, i)) : "";
+        if (n) g4_gguf_add_str_arr(w, arrays[a], sv, n);
+        free(sv);
+    }
+    const json_t *sc = json_object_get(meta, "tokenizer.ggml.scores"), *ty = json_object_get(meta, "tokenizer.ggml.token_type");
+    size_t n = json_array_size(toks);
+    float *f = malloc((n + 1) * sizeof *f);
+    int32_t *t = malloc((n + 1) * sizeof *t);
+    if (!f || !t) {
+        free(f);
+        free(t);
+        w->failed = 1;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        f[i] = sc ? (float)json_number_value(json_array_get(sc, i)) : -1000.0f;
+        t[i] = ty ? (int32_t)json_integer_value(json_array_get(ty, i)) : 1;
+    }
+    g4_gguf_add_arr(w, "tokenizer.ggml.scores", G4_GGUF_F32, f, n);
+    g4_gguf_add_arr(w, "tokenizer.ggml.token_type", G4_GGUF_I32, t, n);
+    free(f);
+    free(t);
+    static const char *ids[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                                "tokenizer.ggml.padding_token_id", "tokenizer.ggml.unknown_token_id"};
+    for (size_t i = 0; i < 4; i++) {
+        const json_t *v = json_object_get(meta, ids[i]);
+        if (json_is_integer(v)) g4_gguf_add_u32(w, ids[i], (uint32_t)json_integer_value(v));
+    }
+    static const char *flags[] = {"tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_space_prefix"};
+    for (size_t i = 0; i < 2; i++) {
+        const json_t *v = json_object_get(meta, flags[i]);
+        if (json_is_boolean(v)) g4_gguf_add_bool(w, flags[i], json_is_true(v));
+    }
+    const char *tpl = json_string_value(json_object_get(meta, "tokenizer.chat_template"));
+    if (tpl) g4_gguf_add_str(w, "tokenizer.chat_template", tpl);
+}
+
 static int write_gguf(job *j, g4_error *err) {
     g4_gguf_writer w = {0};
     g4_gemma4_gguf_write_meta(&w, &j->cfg.text);
     g4_gguf_add_u32(&w, "general.file_type", 0);
-    g4_gguf_add_str(&w, "tokenizer.ggml.model", "none");
-    g4_gguf_add_u32(&w, "gemma4.vocab_size", (uint32_t)j->cfg.text.vocab_size);
+    err->msg[0] = 0;
+    json_t *tmeta = tokenizer_meta(j, err);
+    if (!tmeta && err->msg[0]) {
+        g4_gguf_writer_free(&w);
+        return -1;
+    }
+    write_tokenizer(&w, tmeta, j->cfg.text.vocab_size);
+    json_decref(tmeta);
     for (int i = 0; i < j->n_out; i++) {
         out_tensor *o = &j->out[i];
         o->offset = w.data_size;

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "formats/gguf.h"
 #include "core/mapped_file.h"
 #include "tokenizer/tok_internal.h"
 
@@ -1105,10 +1106,17 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
 
 /* Cold path: parse the JSON file. When want_rest, *rest gets the compact JSON of what the
  * cache keeps as JSON (everything but the vocabulary, the merges and the added tokens). */
+static int build_from_root(g4_tokenizer *tok, json_t *root, int want_rest, char **rest, g4_error *err);
+
 static int build_from_json(g4_tokenizer *tok, const char *path, int want_rest, char **rest, g4_error *err) {
     json_t *root;
     *rest = NULL;
     if (g4_json_load_file(path, &root, err)) return -1;
+    return build_from_root(tok, root, want_rest, rest, err);
+}
+
+/* Consumes root. */
+static int build_from_root(g4_tokenizer *tok, json_t *root, int want_rest, char **rest, g4_error *err) {
     int rc = -1;
     json_t *model = json_object_get(root, "model");
     if (!json_is_object(root)) {
@@ -1354,9 +1362,34 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
     return 0;
 }
 
+int g4_tokenizer_from_json(json_t *root, int32_t bos_id, int32_t eos_id, int add_bos, g4_tokenizer **out,
+                           g4_error *err) {
+    *out = NULL;
+    g4_tokenizer *tok = tok_new();
+    char *rest = NULL;
+    if (!tok) {
+        json_decref(root);
+        return g4_fail(err, "out of memory");
+    }
+    if (build_from_root(tok, root, 0, &rest, err)) {
+        g4_tokenizer_free(tok);
+        return -1;
+    }
+    tok->bos_id = bos_id >= 0 && bos_id < tok->n_ids ? bos_id : -1;
+    tok->eos_id = eos_id >= 0 && eos_id < tok->n_ids ? eos_id : -1;
+    tok->n_prefix = tok->n_suffix = 0;
+    if (add_bos && tok->bos_id >= 0 && push_id(&tok->prefix_ids, &tok->n_prefix, tok->bos_id)) {
+        g4_tokenizer_free(tok);
+        return g4_fail(err, "out of memory");
+    }
+    *out = tok;
+    return 0;
+}
+
 int g4_tokenizer_load_dir(const char *model_dir, g4_tokenizer **out, g4_error *err) {
     char path[PATH_MAX];
     *out = NULL;
+    if (g4_gguf_is_file(model_dir)) return g4_tokenizer_load_gguf(model_dir, out, err);
     if (g4_path_join(path, sizeof path, model_dir, "tokenizer.json", err)) return -1;
     if (!g4_file_exists(path)) return g4_fail(err, "%s: no tokenizer.json in this folder", model_dir);
     return g4_tokenizer_load(path, out, err);

@@ -46,8 +46,16 @@ typedef struct g4_tokenizer g4_tokenizer;
  * (ids and ranks in range, sizes agreeing); one that fails any check is rebuilt from the JSON.
  * It is written to a temporary file and renamed into place. */
 int g4_tokenizer_load(const char *tokenizer_json_path, g4_tokenizer **out, g4_error *err);
-/* DIR/tokenizer.json */
+/* DIR/tokenizer.json; for a .gguf file, the tokenizer in its metadata (g4_tokenizer_load_gguf). */
 int g4_tokenizer_load_dir(const char *model_dir, g4_tokenizer **out, g4_error *err);
+/* The tokenizer of a GGUF file's tokenizer.ggml.* metadata (docs/formats.md 3.3), as the
+ * tokenizer.json it was converted from (tok_gguf.c). */
+int g4_tokenizer_load_gguf(const char *path, g4_tokenizer **out, g4_error *err);
+/* A tokenizer from a parsed tokenizer.json object (consumed), with these bos / eos ids
+ * (-1: none) and BOS added by g4_tokenize(add_bos) when add_bos. No cache. */
+struct json_t;
+int g4_tokenizer_from_json(struct json_t *root, int32_t bos_id, int32_t eos_id, int add_bos, g4_tokenizer **out,
+                           g4_error *err);
 void g4_tokenizer_free(g4_tokenizer *tok);
 
 int g4_tokenizer_vocab_size(const g4_tokenizer *tok); /* max id + 1 */
