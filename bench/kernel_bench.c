@@ -13,7 +13,7 @@
 
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts); /* CPU time: the figures hold on a busy machine */
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 

@@ -63,6 +63,9 @@ typedef struct g4_cpu_kernels {
      * x: nt <= 4 rows of n, ldx apart) */
     void (*f32_tile)(const float *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n, float *y,
                      size_t ldy);
+    /* NULL, or q8_tile for up to 16 rows and any number of tokens (prefill) */
+    void (*q8_gemm)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
+                    int nt, int nb, float *y, size_t ldy);
 } g4_cpu_kernels;
 
 void g4_cpu_q8_tile_scalar(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a,

@@ -334,10 +334,109 @@ __attribute__((target(T512))) static void q8_tile_avx512(g4_dtype type, const un
                                      y + (size_t)t * ldy + r, ldy, 1, 1);
 }
 
+/* Prefill: 16 rows x up to 64 tokens with the rows in the vector lanes, as llama.cpp's
+ * repacked kernels do, but gathered from the packed file layout on the fly: for a chunk of
+ * blocks, the 16 rows' 32 codes per block become 8 vectors of 16 rows x 4 bytes
+ * (vpgatherdd, once per chunk, into a per-thread buffer), and each token's block is 8
+ * broadcast dwords, so one vpdpbusd makes 64 products for 16 different rows and a block of
+ * 16 rows x 1 token costs 8 vpdpbusd and 3 float operations. */
+#define GCHUNK 64
+typedef struct {
+    __m512i w[GCHUNK][8];
+    __m512 d[GCHUNK];
+} gemm_pack;
+static __thread gemm_pack gpack;
+
+__attribute__((target(T512))) static void pack16(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,
+                                                int b0, int b1) {
+    const int bs = type == G4_Q4_0 ? 18 : 34;
+    const __mmask16 km = (__mmask16)((1u << nr) - 1);
+    const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)row_bytes));
+    const __m512i lo4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+    for (int b = b0; b < b1; b++) {
+        const unsigned char *base = w + (size_t)b * (size_t)bs;
+        __m512i *wv = gpack.w[b - b0];
+        gpack.d[b - b0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(zero, km, vidx, base, 1)));
+        if (type == G4_Q4_0) {
+            for (int k = 0; k < 4; k++) {
+                __m512i g = _mm512_mask_i32gather_epi32(zero, km, vidx, base + 2 + 4 * k, 1);
+                wv[k] = _mm512_and_si512(g, lo4);
+                wv[k + 4] = _mm512_and_si512(_mm512_srli_epi16(g, 4), lo4);
+            }
+        } else {
+            for (int k = 0; k < 8; k++)
+                wv[k] = _mm512_xor_si512(_mm512_mask_i32gather_epi32(zero, km, vidx, base + 2 + 4 * k, 1),
+                                         _mm512_set1_epi8((char)0x80));
+        }
+    }
+}
+
+__attribute__((target(T512), always_inline)) static inline void q8_gemm_avx512_fixed(float off, int nr,
+                                                                                    const g4_q8_rows *a, int t0,
+                                                                                    int b0, int b1, float *y,
+                                                                                    size_t ldy, int first,
+                                                                                    const int NT) {
+    const __mmask16 km = (__mmask16)((1u << nr) - 1);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int b = b0; b < b1; b++) {
+        const __m512i *wv = gpack.w[b - b0];
+        const __m512 dw = gpack.d[b - b0];
+#pragma GCC unroll 16
+        for (int t = 0; t < NT; t++) {
+            const size_t ti = (size_t)(t0 + t);
+            const int32_t *xq = (const int32_t *)(const void *)(a->q + ti * a->in_pad + 32 * (size_t)b);
+            /* two chains of 4: vpdpbusd's latency is hidden across tokens and halves */
+            __m512i s0 = _mm512_dpbusd_epi32(zero, wv[0], _mm512_set1_epi32(xq[0]));
+            __m512i s1 = _mm512_dpbusd_epi32(zero, wv[4], _mm512_set1_epi32(xq[4]));
+#pragma GCC unroll 4
+            for (int k = 1; k < 4; k++) {
+                s0 = _mm512_dpbusd_epi32(s0, wv[k], _mm512_set1_epi32(xq[k]));
+                s1 = _mm512_dpbusd_epi32(s1, wv[k + 4], _mm512_set1_epi32(xq[k + 4]));
+            }
+            const float *d = a->d + ti * a->nb_pad + b, *m = a->m + ti * a->nb_pad + b;
+            __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(d[0]),
+                                       _mm512_set1_ps(off * m[0]));
+            acc[t] = _mm512_fmadd_ps(v, dw, acc[t]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int t = 0; t < NT; t++) {
+        float *yt = y + (size_t)t * ldy;
+        __m512 v = first ? acc[t] : _mm512_add_ps(acc[t], _mm512_maskz_loadu_ps(km, yt));
+        _mm512_mask_storeu_ps(yt, km, v);
+    }
+}
+
+__attribute__((target(T512))) static void q8_gemm_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                        int nr, const g4_q8_rows *a, int t0, int nt, int nb, float *y,
+                                                        size_t ldy) {
+    const float off = type == G4_Q4_0 ? 8.0f : 128.0f;
+    for (int b0 = 0; b0 < nb; b0 += GCHUNK) {
+        const int b1 = nb - b0 < GCHUNK ? nb : b0 + GCHUNK;
+        pack16(type, w, row_bytes, nr, b0, b1);
+        for (int t = 0; t < nt;) {
+            int k = nt - t >= 16 ? 16 : nt - t >= 8 ? 8 : nt - t >= 4 ? 4 : nt - t >= 2 ? 2 : 1;
+            float *yt = y + (size_t)t * ldy;
+            switch (k) {
+            case 16: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 16); break;
+            case 8: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 8); break;
+            case 4: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 4); break;
+            case 2: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 2); break;
+            default: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 1); break;
+            }
+            t += k;
+        }
+    }
+}
+
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
-                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2};
+                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
-                                        axpy_avx512, q8_tile_avx512, f32_tile_avx512};
+                                        axpy_avx512, q8_tile_avx512, f32_tile_avx512, q8_gemm_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

@@ -67,13 +67,19 @@ static void q8_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     q8_job *j = ctx;
     const int nb = (int)(j->in / 32);
     const unsigned char *w = j->w->data;
-    for (int64_t r = r0; r < r1; r += 4) {
-        int nr = (int)(r1 - r < 4 ? r1 - r : 4);
-        for (int t = 0; t < j->n; t += 4) {
-            int nt = j->n - t < 4 ? j->n - t : 4;
-            j->k->q8_tile(j->w->dtype, w + (size_t)r * j->row_bytes, j->row_bytes, nr, j->a, t, nt, nb,
-                          j->y + (size_t)t * j->out + (size_t)r, j->out);
-        }
+    const int gemm = j->k->q8_gemm && j->n >= 4, step = gemm ? 16 : 4;
+    for (int64_t r = r0; r < r1; r += step) {
+        int nr = (int)(r1 - r < step ? r1 - r : step);
+        if (gemm)
+            for (int t = 0; t < j->n; t += 64) /* 64 tokens' activations of a block stay in L1 */
+                j->k->q8_gemm(j->w->dtype, w + (size_t)r * j->row_bytes, j->row_bytes, nr, j->a, t,
+                              j->n - t < 64 ? j->n - t : 64, nb, j->y + (size_t)t * j->out + (size_t)r, j->out);
+        else
+            for (int t = 0; t < j->n; t += 4) {
+                int nt = j->n - t < 4 ? j->n - t : 4;
+                j->k->q8_tile(j->w->dtype, w + (size_t)r * j->row_bytes, j->row_bytes, nr, j->a, t, nt, nb,
+                              j->y + (size_t)t * j->out + (size_t)r, j->out);
+            }
         if (j->bias)
             for (int t = 0; t < j->n; t++)
                 for (int i = 0; i < nr; i++) j->y[(size_t)t * j->out + (size_t)r + (size_t)i] += j->bias[r + i];
@@ -100,8 +106,8 @@ void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, co
     a.q = (int8_t *)(a.m + (size_t)n * nb_pad);
     q8_job j = {g4_cpu_kernels_get(), w, &a, n, in, out, g4_tensor_row_bytes(w), bias, y, x};
     g4_pool_for(cpu->pool, n, 1 + 65536 / (int64_t)(in + 1), quantize_rows, &j);
-    /* grain: whole 4-row tiles, enough work per chunk to be worth a hand-off */
-    int64_t grain = 4 * (1 + 16384 / (int64_t)(in * (size_t)n / 4 + 1));
+    /* grain: whole 16-row tiles, enough work per chunk to be worth a hand-off */
+    int64_t grain = 16 * (1 + 16384 / (int64_t)(in * (size_t)n / 16 + 1));
     g4_pool_for(cpu->pool, (int64_t)out, grain, q8_rows, &j);
 }
 
