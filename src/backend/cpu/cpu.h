@@ -34,6 +34,11 @@ typedef struct g4_q8_rows {
     int8_t *q;
     float *d, *m;
     size_t in_pad, nb_pad;
+    /* when qp is set (decode kernels that want it, g4_cpu_kernels.q4_groups): per group of
+     * 4 blocks, 64 bytes of the blocks' elements 0-15 then 64 bytes of elements 16-31, and
+     * each block's d and d * sum(q) repeated in 4 lanes; [n][nb_pad] codes, [n][4*nb_pad] */
+    int8_t *qp;
+    float *d4, *m4;
 } g4_q8_rows;
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks (and int8 activations not switched off
@@ -63,6 +68,8 @@ typedef struct g4_cpu_kernels {
      * x: nt <= 4 rows of n, ldx apart) */
     void (*f32_tile)(const float *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n, float *y,
                      size_t ldy);
+    /* NULL, or Q4_0 times one token with the grouped activations of g4_q8_rows.qp (decode) */
+    void (*q4_gemv)(const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t, int nb, float *y);
     /* NULL, or q8_tile for up to 16 rows and any number of tokens (prefill) */
     void (*q8_gemm)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
                     int nt, int nb, float *y, size_t ldy);

@@ -47,7 +47,7 @@ static void f32_tile_scalar(const float *w, size_t ldw, int nr, const float *x, 
 }
 
 static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scalar, bf16_to_f32_scalar,
-                                        axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL};
+                                        axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL, NULL};
 
 static const g4_cpu_kernels *chosen;
 

@@ -433,10 +433,52 @@ __attribute__((target(T512))) static void q8_gemm_avx512(g4_dtype type, const un
     }
 }
 
+/* Decode, Q4_0: 4 blocks (72 bytes) of a row per step: two loads, one vpermi2b gathers the
+ * 64 code bytes and one the 4 scales (as 16 halves, each block's in 4 lanes), so 2 vpdpbusd
+ * cover 128 weights against the grouped activations (g4_q8_rows.qp). Needs AVX512-VBMI. */
+#define T512V T512 ",avx512vbmi"
+__attribute__((target(T512V))) static void q4_gemv_avx512(const unsigned char *w, size_t row_bytes, int nr,
+                                                         const g4_q8_rows *a, int t, int nb, float *y) {
+    uint8_t iq[64], id[64];
+    for (int i = 0; i < 64; i++) {
+        iq[i] = (uint8_t)(18 * (i / 16) + 2 + i % 16); /* block i/16's code byte i%16 */
+        id[i] = (uint8_t)(18 * (i / 8 % 4) + i % 2);    /* half i/2 (of 16): block (i/2)/4's d */
+    }
+    const __m512i vq = _mm512_loadu_si512(iq), vd = _mm512_loadu_si512(id), lo4 = _mm512_set1_epi8(15);
+    const int8_t *qp = a->qp + (size_t)t * a->in_pad;
+    const float *d4 = a->d4 + (size_t)t * 4 * a->nb_pad, *m4 = a->m4 + (size_t)t * 4 * a->nb_pad;
+    const int ng = (nb + 3) / 4;
+    for (int r = 0; r < nr; r++) {
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+        for (int g = 0; g < ng; g++) {
+            const unsigned char *p = row + 72 * (size_t)g;
+            const long rem = (long)row_bytes - 72L * g;
+            __m512i A, B;
+            if (rem >= 72) {
+                A = _mm512_loadu_si512(p);
+                B = _mm512_maskz_loadu_epi8(0xff, p + 64);
+            } else { /* the row's last blocks: only its own bytes, zeros after */
+                A = _mm512_maskz_loadu_epi8(rem >= 64 ? ~0ull : (1ull << rem) - 1, p);
+                B = _mm512_maskz_loadu_epi8(rem > 64 ? (1ull << (rem - 64)) - 1 : 0, p + 64);
+            }
+            const __m512i qs = _mm512_permutex2var_epi8(A, vq, B);
+            const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, vd, B)));
+            const __m512i lo = _mm512_and_si512(qs, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), lo4);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(qp + 128 * g));
+            s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(qp + 128 * g + 64));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(d4 + 16 * g)), acc);
+            corr = _mm512_fmadd_ps(dw, _mm512_loadu_ps(m4 + 16 * g), corr);
+        }
+        /* each block's d * sum(q) sat in 4 lanes */
+        y[r] = _mm512_reduce_add_ps(acc) - 2.0f * _mm512_reduce_add_ps(corr);
+    }
+}
+
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
-                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL};
+                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, NULL};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
-                                        axpy_avx512, q8_tile_avx512, f32_tile_avx512, q8_gemm_avx512};
+                                        axpy_avx512, q8_tile_avx512, f32_tile_avx512, q4_gemv_avx512, q8_gemm_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();
@@ -447,7 +489,7 @@ const g4_cpu_kernels *g4_cpu_kernels_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                   __builtin_cpu_supports("avx512dq")
+                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi")
                ? &k_avx512
                : NULL;
 }

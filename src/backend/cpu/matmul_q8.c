@@ -44,6 +44,18 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
         }
         memset(q + in, 0, a->in_pad - in);
         for (size_t b = nb; b < a->nb_pad; b++) d[b] = m[b] = 0;
+        if (!a->qp) continue;
+        int8_t *qp = a->qp + (size_t)t * a->in_pad;
+        float *d4 = a->d4 + (size_t)t * 4 * a->nb_pad, *m4 = a->m4 + (size_t)t * 4 * a->nb_pad;
+        for (size_t b = 0; b < a->nb_pad; b++) {
+            size_t g = b / 4, i = b % 4;
+            memcpy(qp + 128 * g + 16 * i, q + 32 * b, 16);
+            memcpy(qp + 128 * g + 64 + 16 * i, q + 32 * b + 16, 16);
+            for (int k = 0; k < 4; k++) {
+                d4[4 * b + (size_t)k] = d[b];
+                m4[4 * b + (size_t)k] = m[b];
+            }
+        }
     }
 }
 
@@ -68,6 +80,15 @@ static void q8_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     const int nb = (int)(j->in / 32);
     const unsigned char *w = j->w->data;
     const int gemm = j->k->q8_gemm && j->n >= 4, step = gemm ? 16 : 4;
+    if (j->a->qp) {
+        for (int t = 0; t < j->n; t++)
+            j->k->q4_gemv(w + (size_t)r0 * j->row_bytes, j->row_bytes, (int)(r1 - r0), j->a, t, nb,
+                          j->y + (size_t)t * j->out + (size_t)r0);
+        if (j->bias)
+            for (int t = 0; t < j->n; t++)
+                for (int64_t r = r0; r < r1; r++) j->y[(size_t)t * j->out + (size_t)r] += j->bias[r];
+        return;
+    }
     for (int64_t r = r0; r < r1; r += step) {
         int nr = (int)(r1 - r < step ? r1 - r : step);
         if (gemm)
@@ -88,8 +109,10 @@ static void q8_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
 
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
     const size_t in = (size_t)w->shape[w->ndim - 1], out = (size_t)w->shape[0];
-    const size_t nb_pad = (in / 32 + 1) & ~(size_t)1, in_pad = nb_pad * 32;
-    size_t need = (size_t)n * (in_pad + 2 * nb_pad * sizeof(float)) + 64;
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    const int grouped = k->q4_gemv && w->dtype == G4_Q4_0 && n < 4;
+    const size_t nb_pad = (in / 32 + 3) & ~(size_t)3, in_pad = nb_pad * 32;
+    size_t need = (size_t)n * (in_pad + 2 * nb_pad * sizeof(float)) * (grouped ? 6 : 1) + 64;
     if (cpu->act_cap < need) {
         void *nbuf = NULL;
         if (posix_memalign(&nbuf, 64, need)) {
@@ -104,7 +127,12 @@ void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, co
     a.d = (float *)cpu->act_buf;
     a.m = a.d + (size_t)n * nb_pad;
     a.q = (int8_t *)(a.m + (size_t)n * nb_pad);
-    q8_job j = {g4_cpu_kernels_get(), w, &a, n, in, out, g4_tensor_row_bytes(w), bias, y, x};
+    if (grouped) {
+        a.d4 = (float *)(void *)(a.q + (size_t)n * in_pad);
+        a.m4 = a.d4 + (size_t)n * 4 * nb_pad;
+        a.qp = (int8_t *)(a.m4 + (size_t)n * 4 * nb_pad);
+    }
+    q8_job j = {k, w, &a, n, in, out, g4_tensor_row_bytes(w), bias, y, x};
     g4_pool_for(cpu->pool, n, 1 + 65536 / (int64_t)(in + 1), quantize_rows, &j);
     /* grain: whole 16-row tiles, enough work per chunk to be worth a hand-off */
     int64_t grain = 16 * (1 + 16384 / (int64_t)(in * (size_t)n / 16 + 1));
