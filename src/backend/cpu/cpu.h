@@ -47,6 +47,9 @@ int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a);
 
+/* cpu->act_buf with at least `bytes` (64-byte aligned), NULL (and cpu->failed) when out of memory. */
+void *g4_cpu_act_buf(g4_cpu *cpu, size_t bytes);
+
 /* Returns thread `t`'s scratch with at least n floats, or NULL when out of memory. */
 float *g4_cpu_scratch_get(g4_cpu *cpu, int t, size_t n);
 

@@ -107,24 +107,30 @@ static void q8_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     }
 }
 
+void *g4_cpu_act_buf(g4_cpu *cpu, size_t need) {
+    if (cpu->act_cap < need) {
+        void *nbuf = NULL;
+        if (posix_memalign(&nbuf, 64, need)) {
+            cpu->failed = 1;
+            return NULL;
+        }
+        free(cpu->act_buf);
+        cpu->act_buf = nbuf;
+        cpu->act_cap = need;
+    }
+    return cpu->act_buf;
+}
+
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
     const size_t in = (size_t)w->shape[w->ndim - 1], out = (size_t)w->shape[0];
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
     const int grouped = k->q4_gemv && w->dtype == G4_Q4_0 && n < 4;
     const size_t nb_pad = (in / 32 + 3) & ~(size_t)3, in_pad = nb_pad * 32;
     size_t need = (size_t)n * (in_pad + 2 * nb_pad * sizeof(float)) * (grouped ? 6 : 1) + 64;
-    if (cpu->act_cap < need) {
-        void *nbuf = NULL;
-        if (posix_memalign(&nbuf, 64, need)) {
-            cpu->failed = 1;
-            return;
-        }
-        free(cpu->act_buf);
-        cpu->act_buf = nbuf;
-        cpu->act_cap = need;
-    }
+    float *buf = g4_cpu_act_buf(cpu, need);
+    if (!buf) return;
     g4_q8_rows a = {.in_pad = in_pad, .nb_pad = nb_pad};
-    a.d = (float *)cpu->act_buf;
+    a.d = buf;
     a.m = a.d + (size_t)n * nb_pad;
     a.q = (int8_t *)(a.m + (size_t)n * nb_pad);
     if (grouped) {
