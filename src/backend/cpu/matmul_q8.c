@@ -31,7 +31,7 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
         for (size_t b = 0; b < nb; b++) {
             const float *xb = xt + 32 * b;
             float amax = 0;
-            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
             float db = amax / 127.0f, id = db ? 1.0f / db : 0.0f;
             int s = 0;
             for (int j = 0; j < 32; j++) {
