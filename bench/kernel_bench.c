@@ -2,7 +2,8 @@
  *   g4-kernel-bench [rows=4096] [in=1536] [tokens=1,64] [iters]
  * prints GMAC/s (multiply-adds per second) and, for one token, GB/s of weights read,
  * for each weight type (F32/BF16 tiled f32, Q8_0, Q4_0 with int8 activations) and each
- * ISA this CPU has, with the ratio to the best ISA's peer in the same run. */
+ * ISA this CPU has. Time is the process's CPU time (one thread), so that other load on the
+ * machine changes the figures little; compare ISAs and types within one run. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 
 static double now(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts); /* CPU time: the figures hold on a busy machine */
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
