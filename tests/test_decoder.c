@@ -24,6 +24,9 @@
 #define LOGIT_TOL 4e-4f
 #define HIDDEN_REL_TOL 1e-4f
 
+/* 2, or G4_TEST_THREADS (scripts/test-aarch64 runs one thread under qemu-user) */
+static int test_threads(void) { return getenv("G4_TEST_THREADS") ? atoi(getenv("G4_TEST_THREADS")) : 2; }
+
 typedef struct {
     g4_tensor_set ref;
     int32_t *ids, *greedy, *decode_ids;
@@ -84,7 +87,7 @@ static int prefill(g4_context *ctx, const int32_t *ids, int n, int seq, int chun
 static void check_model(const char *label, const char *model_dir, const reference *r) {
     g4_error err;
     g4_model *model;
-    g4_load_params lp = {.n_threads = 2};
+    g4_load_params lp = {.n_threads = test_threads()};
     if (g4_model_load(model_dir, &lp, &model, &err)) {
         CHECKF(0, "%s: load failed: %s", label, err.msg);
         return;
@@ -269,7 +272,7 @@ static void check_model(const char *label, const char *model_dir, const referenc
 static float *full_logits(const char *model, const reference *r, int *V) {
     g4_error err;
     g4_model *m;
-    g4_load_params lp = {.n_threads = 2};
+    g4_load_params lp = {.n_threads = test_threads()};
     if (g4_model_load(model, &lp, &m, &err)) {
         CHECKF(0, "%s: %s", model, err.msg);
         return NULL;
