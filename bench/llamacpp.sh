@@ -2,8 +2,9 @@
 # gemma4c against llama.cpp on the same GGUF files, same machine, same threads.
 #
 #   bench/llamacpp.sh setup            llama.cpp from npm node-llama-cpp@3.22.1 (its source
-#                                      bundle), built with GGML_NATIVE=ON: llama-bench,
-#                                      llama-quantize and bench/llama_logits.c
+#                                      bundle), built with GGML_NATIVE=ON: libllama and
+#                                      bench/llama_logits.c against it (also llama-bench and
+#                                      llama-quantize with G4_BENCH_LLAMA_BENCH=1)
 #   bench/llamacpp.sh models           random-weight GGUF files at real shapes (E2B Q4_0,
 #                                      Q8_0, BF16; 26B-A4B Q4_0), written by gemma4c quantize
 #   bench/llamacpp.sh check            the independent check of our GGUF writer and reader:
@@ -37,10 +38,14 @@ setup() {
     cmake -S "$dir/llama.cpp" -B "$dir/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DBUILD_SHARED_LIBS=ON >/dev/null
-    cmake --build "$dir/llama.cpp/build" -j"$(nproc)" --target llama-bench llama-quantize llama >/dev/null
+    cmake --build "$dir/llama.cpp/build" -j"$(nproc)" --target llama >/dev/null
     cc -O2 -o "$llama/llama-logits" "$here/bench/llama_logits.c" -I"$dir/llama.cpp/include" \
         -I"$dir/llama.cpp/ggml/include" -L"$llama" -lllama -Wl,-rpath,"$llama"
     echo "llama.cpp ready in $llama"
+    # llama-bench and llama-quantize (minutes more: they pull in llama.cpp's common library)
+    [ "${G4_BENCH_LLAMA_BENCH:-0}" = 1 ] &&
+        cmake --build "$dir/llama.cpp/build" -j"$(nproc)" --target llama-bench llama-quantize >/dev/null
+    return 0
 }
 
 make_models() {
@@ -94,12 +99,11 @@ compare() {
         for spec in $models; do
             IFS=: read -r name cfg type <<<"$spec"
             f=$dir/models/$name.gguf
-            "$llama/llama-bench" -m "$f" -t "$threads" -p 64,512 -n 32 -r 1 -o csv 2>/dev/null |
-                python3 -c "
-import csv,sys
-for row in csv.DictReader(sys.stdin):
-    p,n=int(row['n_prompt']),int(row['n_gen'])
-    print('$r $name llama.cpp', 'pp%d'%p if p else 'tg%d'%n, row['avg_ts'])" | tee -a "$out"
+            # llama.cpp timed by bench/llama_logits.c --bench: what llama-bench times (pp: a
+            # prefill into an empty cache; tg: one-token decodes from an empty cache), after a warm-up
+            "$llama/llama-logits" --bench "$f" 512 32 "$threads" 1 | sed "s/^/$r $name llama.cpp /" | tee -a "$out"
+            "$llama/llama-logits" --bench "$f" 64 0 "$threads" 1 | grep pp64 | sed "s/^/$r $name llama.cpp /" |
+                tee -a "$out"
             "$bin" bench -m "$f" -t "$threads" -p 512 -n 32 -r 1 | awk -v r=$r -v n=$name '
                 /^prefill/ {print r, n, "gemma4c pp512", $4} /^decode/ {print r, n, "gemma4c tg32", $4}
                 /^weights/ {print r, n, "gemma4c GB/token", $6; print r, n, "gemma4c GB/s", $8}' | tee -a "$out"
