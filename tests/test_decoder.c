@@ -369,7 +369,7 @@ int main(void) {
             check_model(label, dir, &r);
         }
         g4_cpu_kernels_use(best);
-        if (getenv("G4_DECODER_QUICK")) { /* emulated runs (scripts/test-aarch64): the fixtures as shipped */
+        if (getenv("G4_DECODER_QUICK")) { /* emulated and sanitizer runs: the fixtures as shipped */
             free_reference(&r);
             continue;
         }

@@ -2,7 +2,7 @@
 # -m FILE.gguf and gemma4c quantize end to end on the shipped example model: a BF16 GGUF
 # written by quantize (weights, tokenizer from tokenizer.json, chat template) tokenizes,
 # computes logits, generates and chats exactly like the folder it came from (BF16 holds the
-# same values); Q8_0 / Q4_0 / Q4_K / Q6_K GGUF files and MLX 8/4-bit folders load and
+# same values); Q8_0 / Q4_0 / Q6_K GGUF files and MLX 4-bit folders load and
 # generate;
 # bad arguments and corrupt files fail with one line.
 set -u
@@ -27,7 +27,7 @@ cmp -s "$tmp/a.f32" "$tmp/b.f32"; check $? "identical logits from the folder and
 a=$("$bin" run -m "$m" -p "Who is Pierre?" -n 24 --temp 0); b=$("$bin" run -m "$g" -p "Who is Pierre?" -n 24 --temp 0)
 [ -n "$a" ] && [ "$a" = "$b" ]; check $? "a chat turn through the GGUF's template gives the folder's answer"
 
-for t in q8_0 q4_0 q4_k q6_k mlx8 mlx4; do
+for t in q8_0 q4_0 q6_k mlx4; do
     case $t in mlx*) out=$tmp/tt-$t ;; *) out=$tmp/tt-$t.gguf ;; esac
     "$bin" quantize "$m" "$out" --type $t && got=$("$bin" generate -m "$out" --ids "$ids" -n 8 --temp 0 --ignore-eos)
     check $? "$t: quantize, load, generate ($got)"
