@@ -1,10 +1,29 @@
-/* gemma4c - an inference engine for Google's Gemma 4 models.
+/* gemma4c - an inference engine for Google's Gemma 4 models: the public C API.
  *
- * The public C API: load a model, create a context (KV cache + scratch), run
- * batch steps that mix prefill chunks and decode tokens of many sequences,
- * and free everything.  Every function that can fail returns 0 on success and
- * -1 on failure, with a one-line message in the caller's g4_error.
- * Nothing in the library calls exit() or abort() on bad input.
+ * Build against it with `pkg-config --cflags --libs gemma4c` (libgemma4c.so, or libgemma4c.a
+ * with `pkg-config --static`). docs/api.md has a short C and a short Python example.
+ *
+ *   model       g4_model_load: a checkpoint folder (weights, tokenizer, chat template, defaults)
+ *   context     g4_context: the KV cache of n sequences; g4_decode runs one batch step
+ *   text        g4_tokenize, g4_detokenize, g4_detok_stream (streaming)
+ *   chat        g4_chat: messages (JSON) rendered by the model's own template; g4_chat_parse
+ *               splits model output into thinking, answer and tool calls
+ *   sampling    g4_sampler from g4_sampler_params (the model's defaults: g4_model_sampler_params)
+ *   generation  g4_generation: one request on one sequence (sampler, stop ids and strings, token
+ *               limit) pulled event by event (token, text, thinking, tool call) or run with a
+ *               callback; g4_generation_cancel stops it from any thread
+ *   embeddings  g4_embed: the mean of the final hidden states of a token sequence
+ *
+ * Conventions:
+ * - Handles are opaque. A function that can fail returns 0 (or a count) on success and -1 on
+ *   failure with a one-line message in the caller's g4_error (err may be NULL). Nothing in the
+ *   library calls exit() or abort() on bad input.
+ * - Parameter structs are zero-initialized for the defaults; a NULL params pointer means the
+ *   defaults too. Fields are only ever added at the end.
+ * - Text is UTF-8. Memory the library hands over (char *, id arrays) is released with g4_free.
+ * - A model, tokenizer or chat template may be used from several threads at once; a context
+ *   (with the generations on it), a chat, a sampler and a detok stream belong to one thread at
+ *   a time, except g4_generation_cancel, which may be called from any thread or a signal handler.
  */
 #ifndef GEMMA4C_H
 #define GEMMA4C_H
@@ -16,60 +35,146 @@
 extern "C" {
 #endif
 
+#define G4_VERSION_MAJOR 0
+#define G4_VERSION_MINOR 1
+#define G4_VERSION_PATCH 0
 #define G4_VERSION "0.1.0"
+
+#if defined(__GNUC__)
+#define G4_API __attribute__((visibility("default")))
+#else
+#define G4_API
+#endif
+
+/* The version of the library loaded at run time ("0.1.0"); compare with G4_VERSION. */
+G4_API const char *g4_version(void);
 
 typedef struct g4_error {
     char msg[512];
 } g4_error;
 
+/* Writes a one-line message (printf format; newlines become spaces) into err, if non-NULL, and
+ * returns -1: `return g4_fail(err, "...", ...);` reports a failure the library's way. */
+G4_API int g4_fail(g4_error *err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Releases memory the library returned (strings, id arrays). NULL is allowed. */
+G4_API void g4_free(void *p);
+
 /* ------------------------------------------------------------------ model */
 
 typedef struct g4_model g4_model;
+typedef struct g4_tokenizer g4_tokenizer;
+typedef struct g4_chat_template g4_chat_template;
 
 typedef struct g4_load_params {
-    int n_threads;                                   /* 0: all cores */
-    /* Called while weights are bound/paged in; fraction in [0,1]. May be NULL. */
+    int n_threads;      /* CPU threads; 0: all cores */
+    const char *device; /* "cpu", "cuda"; NULL or "auto": cuda when built and present */
+    /* Called while weights are copied to a backend with its own memory (the CPU maps them and reads nothing
+     * up front, so it reports nothing); fraction in [0,1]. May be NULL. */
     void (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
 } g4_load_params;
 
-/* Loads a model folder (config.json + *.safetensors [+ index]). */
-int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err);
-void g4_model_free(g4_model *model);
+/* Loads a model folder: config.json and the weights (*.safetensors [+ index], bf16/f16/f32 or MLX
+ * affine-quantized), and beside them, when present, tokenizer.json (+ tokenizer_config.json), the chat
+ * template (chat_template.jinja, tokenizer_config.json's chat_template or chat_template.json) and
+ * generation_config.json. The small files are read first, so a broken folder fails before the weights load.
+ * `dir` may also be a GGUF file (llama.cpp's Gemma 4 layout, F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
+ * Q4_K/Q5_K/Q6_K): config, tokenizer and chat template come from its metadata. */
+G4_API int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err);
+G4_API void g4_model_free(g4_model *model);
 
-int g4_model_vocab_size(const g4_model *model);
-int g4_model_n_layers(const g4_model *model);
-int g4_model_hidden_size(const g4_model *model);
+G4_API int g4_model_vocab_size(const g4_model *model);
+G4_API int g4_model_n_layers(const g4_model *model);
+G4_API int g4_model_hidden_size(const g4_model *model);
+/* The backend the model runs on ("cpu" or "cuda"). */
+G4_API const char *g4_model_device(const g4_model *model);
+/* Backends this build contains, e.g. "cpu" or "cpu, cuda". */
+G4_API const char *g4_backends(void);
+/* The longest sequence the model was trained for (max_position_embeddings). */
+G4_API int g4_model_n_ctx_train(const g4_model *model);
+/* Warnings gathered while loading (unexpected tensors, ...): lines ending in '\n', or NULL. */
+G4_API const char *g4_model_warnings(const g4_model *model);
+/* What the folder held beside the weights; NULL when it had none. Owned by the model. */
+G4_API const g4_tokenizer *g4_model_tokenizer(const g4_model *model);
+G4_API const g4_chat_template *g4_model_chat_template(const g4_model *model);
+/* Bytes of weights one decoded token reads: every matrix once, the top-k experts' share of the expert tensors,
+ * one row of each embedding table (the KV cache not counted). */
+G4_API double g4_model_decode_bytes(const g4_model *model);
+
+/* Writing a model in another weight format (`gemma4c quantize`, random-weight checkpoints). The source is a
+ * model folder or GGUF file (any dtype g4_model_load reads) or random weights for a config.json; `type`:
+ *   q8_0 q4_0 q4_k q5_k q6_k: a GGUF file in llama.cpp's Gemma 4 layout;
+ *   mlx2 mlx3 mlx4 mlx5 mlx6 mlx8: an mlx-community folder (affine, `group` elements per scale);
+ *   bf16 f16 f32: a GGUF file when `out` ends in .gguf, else a safetensors folder.
+ * A source without a tokenizer gives an output without one. */
+typedef struct g4_quantize_params {
+    const char *in;            /* model folder or .gguf file; NULL with random_config */
+    const char *random_config; /* config.json of random weights (when in is NULL) */
+    const char *out;
+    const char *type;
+    int group;                 /* MLX group size: 32, 64 (default) or 128 */
+    uint64_t seed;             /* random weights */
+    int verbose;               /* one line per tensor on stderr */
+} g4_quantize_params;
+
+G4_API int g4_quantize(const g4_quantize_params *p, g4_error *err);
 
 /* ---------------------------------------------------------------- context */
 
 typedef struct g4_context g4_context;
 
+/* Element type of the KV cache. */
+typedef enum g4_kv_type { G4_KV_F32 = 0, G4_KV_BF16 = 1, G4_KV_F16 = 2 } g4_kv_type;
+
+/* The KV cache is paged: positions are kept in blocks of kv_block_size rows taken from one pool per layer
+ * type. Full-attention layers hold ceil(length / kv_block_size) blocks per sequence; sliding-window layers
+ * hold only the blocks their window still needs plus n_batch positions of history for roll-backs
+ * (about (window + n_batch) / kv_block_size). */
 typedef struct g4_context_params {
-    int n_seq_max;   /* sequences that can be live at once (default 1) */
-    int n_ctx;       /* maximum positions per sequence (default: model max, capped at 4096) */
-    int n_batch;     /* maximum tokens in one g4_decode call (default 512) */
+    int n_seq_max;     /* sequences that can be live at once (default 1) */
+    int n_ctx;         /* maximum positions per sequence (default: model max, capped at 8192) */
+    int n_batch;       /* maximum tokens in one g4_decode call (default 512) */
+    g4_kv_type kv_type;/* default G4_KV_F32 */
+    int kv_block_size; /* positions per block (default 32) */
+    int n_kv_blocks;   /* blocks of the full-attention pool (default: every sequence can reach n_ctx);
+                          fewer blocks let more sequences share memory, and a step that finds no free block
+                          fails with a message that says so (nothing is changed) */
 } g4_context_params;
 
-int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);
-void g4_context_free(g4_context *ctx);
+G4_API int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);
+G4_API void g4_context_free(g4_context *ctx);
 
+G4_API g4_model *g4_context_model(const g4_context *ctx);
 /* Positions per sequence the context holds. */
-int g4_context_n_ctx(const g4_context *ctx);
+G4_API int g4_context_n_ctx(const g4_context *ctx);
 
 /* Forget everything sequence `seq` has processed (its next position is 0). */
-void g4_seq_reset(g4_context *ctx, int seq);
+G4_API void g4_seq_reset(g4_context *ctx, int seq);
 /* Rolls sequence `seq` back to its first n positions (to reuse a shared prefix).
- * Sliding-window layers keep a ring, so a roll-back of more than n_batch positions
- * may be impossible: then it fails and the caller resets the sequence instead. */
-int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err);
+ * Sliding-window layers keep only the window's rows plus n_batch more, so a roll-back by more than
+ * n_batch positions may be impossible: then it fails, nothing changes, and the caller resets the
+ * sequence instead. */
+G4_API int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err);
 /* Number of positions sequence `seq` has processed. */
-int g4_seq_length(const g4_context *ctx, int seq);
+G4_API int g4_seq_length(const g4_context *ctx, int seq);
+/* The token ids sequence `seq` holds, in position order (*n = g4_seq_length). Valid until the
+ * next call that changes the sequence. */
+G4_API const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n);
+/* Free blocks of the full-attention pool (of the sliding pool for a model without full layers). */
+G4_API int g4_kv_free_blocks(const g4_context *ctx);
+/* Bytes the KV cache holds in backend memory. */
+G4_API size_t g4_kv_bytes(const g4_context *ctx);
 
 /* One batch step.  Tokens of one sequence must be contiguous in the batch and
  * in position order; each sequence's tokens continue at g4_seq_length(seq).
  * Rows with want_logits[i] != 0 (all rows if want_logits is NULL) get their
- * float32 logits written to `logits` in batch order, vocab floats per row. */
+ * float32 logits written to `logits` in batch order, vocab floats per row;
+ * with logits == NULL no logits are computed (a capture still sees the final norm). */
 typedef struct g4_batch {
     int n_tokens;
     const int32_t *token;
@@ -77,12 +182,230 @@ typedef struct g4_batch {
     const uint8_t *want_logits;  /* NULL: logits for every row */
 } g4_batch;
 
-int g4_decode(g4_context *ctx, const g4_batch *batch, float *logits, g4_error *err);
+G4_API int g4_decode(g4_context *ctx, const g4_batch *batch, float *logits, g4_error *err);
+/* The same step, giving for each wanted row only the id of its largest logit (lowest id on ties) in `ids`:
+ * greedy decoding without copying logits back from the device. */
+G4_API int g4_decode_greedy(g4_context *ctx, const g4_batch *batch, int32_t *ids, g4_error *err);
 
 /* Optional per-layer capture for tests and debugging: when set, the next
  * g4_decode copies the hidden state after every layer ([n_layers][n_tokens][H])
- * and after the final norm ([n_tokens][H]) into these buffers. */
-void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm);
+ * and after the final norm ([rows wanted][H]) into these buffers. */
+G4_API void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm);
+
+/* The embedding of a token sequence: the mean over its positions of the final hidden state
+ * (after the final norm, as transformers' last_hidden_state), hidden_size floats into out.
+ * Sequence `seq` of ctx is the scratch: it is reset before and after. */
+G4_API int g4_embed(g4_context *ctx, int seq, const int32_t *ids, int n_ids, float *out, g4_error *err);
+
+/* -------------------------------------------------------------- tokenizer */
+
+/* A Hugging Face tokenizer.json (BPE, as Gemma 4 uses). A parsed binary form is cached under
+ * $XDG_CACHE_HOME/gemma4c (or ~/.cache/gemma4c); $G4_TOKENIZER_CACHE_DIR names another folder,
+ * $G4_NO_TOKENIZER_CACHE=1 turns the cache off. tokenizer_config.json beside the file is read too. */
+G4_API int g4_tokenizer_load(const char *tokenizer_json_path, g4_tokenizer **out, g4_error *err);
+/* DIR/tokenizer.json; for a GGUF file, the tokenizer of its metadata (cached the same way) */
+G4_API int g4_tokenizer_load_dir(const char *model_dir, g4_tokenizer **out, g4_error *err);
+G4_API void g4_tokenizer_free(g4_tokenizer *tok);
+
+G4_API int g4_tokenizer_vocab_size(const g4_tokenizer *tok); /* max id + 1 */
+G4_API int32_t g4_tokenizer_bos_id(const g4_tokenizer *tok); /* -1 if none */
+G4_API int32_t g4_tokenizer_eos_id(const g4_tokenizer *tok); /* -1 if none */
+/* Id of an exact piece: an added token's content first, then the model vocabulary. -1 if none. */
+G4_API int32_t g4_tokenizer_token_id(const g4_tokenizer *tok, const char *piece);
+/* Raw vocabulary string of an id, NUL-terminated; NULL if out of range or unused. */
+G4_API const char *g4_tokenizer_piece(const g4_tokenizer *tok, int32_t id);
+G4_API int g4_tokenizer_is_special(const g4_tokenizer *tok, int32_t id);
+
+typedef struct g4_tokens {
+    int32_t *ids; /* release with g4_free */
+    size_t n, cap;
+} g4_tokens;
+
+/* Encodes text and appends the ids to out (zero-initialize it first). Special tokens written in
+ * the text are matched, as Hugging Face does. add_bos != 0 adds the special tokens HF's
+ * encode(text) adds (BOS for Gemma). Invalid UTF-8 is an error. */
+G4_API int g4_tokenize(const g4_tokenizer *tok, const char *text, size_t len, int add_bos, g4_tokens *out,
+                       g4_error *err);
+
+/* Hugging Face's decode; skip_special drops special tokens. *out is NUL-terminated (g4_free);
+ * *len is its length. Out-of-range ids are an error. */
+G4_API int g4_detokenize(const g4_tokenizer *tok, const int32_t *ids, size_t n, int skip_special, char **out,
+                         size_t *len, g4_error *err);
+
+/* Streaming decode: push one id at a time, get the newly printable text (never a broken UTF-8
+ * sequence); the outputs concatenated equal g4_detokenize of the whole sequence. */
+typedef struct g4_detok_stream g4_detok_stream;
+G4_API g4_detok_stream *g4_detok_stream_new(const g4_tokenizer *tok, int skip_special); /* NULL: no memory */
+/* *text stays valid until the next call on s. */
+G4_API int g4_detok_stream_push(g4_detok_stream *s, int32_t id, const char **text, size_t *len, g4_error *err);
+G4_API int g4_detok_stream_flush(g4_detok_stream *s, const char **text, size_t *len);
+G4_API void g4_detok_stream_free(g4_detok_stream *s);
+
+/* ------------------------------------------------------------------- chat */
+
+/* A chat template: the checkpoint's own Jinja template, rendered as transformers'
+ * apply_chat_template renders it (special tokens of tokenizer_config.json as variables). */
+G4_API int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_error *err);
+/* A template file with explicit bos / eos strings (NULL: the variable is left undefined). */
+G4_API int g4_chat_template_load_file(const char *jinja_path, const char *bos_token, const char *eos_token,
+                                      g4_chat_template **out, g4_error *err);
+/* A template file with the special tokens of a tokenizer_config.json. */
+G4_API int g4_chat_template_load_file_config(const char *jinja_path, const char *tokenizer_config,
+                                             g4_chat_template **out, g4_error *err);
+G4_API void g4_chat_template_free(g4_chat_template *t);
+
+/* A conversation: messages and the options the template sees.
+ * request_json (may be NULL) is an object, as `gemma4c template` takes per line:
+ *   {"messages": [{"role": ..., "content": ...}, ...], "tools": [...] | null,
+ *    "enable_thinking": bool (undefined when absent), "add_generation_prompt": bool (default false),
+ *    "chat_template_kwargs": {...} (more template variables)}
+ * t is borrowed (g4_model_chat_template or one loaded above); NULL is an error. */
+typedef struct g4_chat g4_chat;
+G4_API int g4_chat_new(const g4_chat_template *t, const char *request_json, g4_chat **out, g4_error *err);
+G4_API void g4_chat_free(g4_chat *c);
+/* Appends a message with text content. */
+G4_API int g4_chat_add(g4_chat *c, const char *role, const char *content, g4_error *err);
+/* Appends any message object (tool calls, tool responses, content parts). */
+G4_API int g4_chat_add_json(g4_chat *c, const char *message_json, g4_error *err);
+/* Removes the last message (no-op when there is none); g4_chat_clear removes them all. */
+G4_API void g4_chat_pop(g4_chat *c);
+G4_API void g4_chat_clear(g4_chat *c);
+G4_API int g4_chat_n_messages(const g4_chat *c);
+/* The prompt text the template renders for the conversation (NUL-terminated, g4_free). */
+G4_API int g4_chat_render(const g4_chat *c, char **out, size_t *len, g4_error *err);
+
+/* Model output split the way Gemma 4 writes it: thinking `<|channel>thought\n...<channel|>`,
+ * tool calls `<|tool_call>call:NAME{key:value,...}<tool_call|>` and the answer; the text ends
+ * at <turn|>, <eos> or <|tool_response>. A tool call that does not parse stays in the answer
+ * as text. Thinking blocks and the answer are trimmed of surrounding whitespace. */
+typedef struct g4_chat_message {
+    char *content;    /* the answer */
+    char *thinking;   /* "" when none */
+    char *tool_calls; /* JSON array of {"name": ..., "arguments": {...}}; "[]" when none */
+    int n_tool_calls;
+} g4_chat_message;
+
+/* Parses a whole model output (decoded with special tokens kept). */
+G4_API int g4_chat_parse(const char *text, size_t len, g4_chat_message *out, g4_error *err);
+G4_API void g4_chat_message_free(g4_chat_message *m);
+
+/* ---------------------------------------------------------------- sampler */
+
+/* Order of operations as in transformers' generate(): logit bias, repetition penalty,
+ * presence/frequency penalties, suppressed ids; then greedy (temperature 0) or temperature,
+ * top-k, top-p, min-p and a draw. Deterministic for a seed on every machine. */
+typedef struct g4_sampler_params {
+    float temperature;        /* 0 = greedy (argmax, ties -> lowest id); below 1e-5 counts as 0 */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1.0 = off; in (0, 1] */
+    float min_p;              /* 0 = off; in [0, 1] */
+    float repetition_penalty; /* 1.0 = off; > 0 (HF: logit > 0 ? logit/p : logit*p) */
+    float presence_penalty;   /* 0 = off; logit -= presence if count > 0 */
+    float frequency_penalty;  /* 0 = off; logit -= frequency * count */
+    int penalty_last_n;       /* ids the penalties look at: -1 all, 0 none */
+    uint64_t seed;
+    const int32_t *bias_ids;  /* bias_values[i] is added to the logit of bias_ids[i]; -INFINITY bans */
+    const float *bias_values;
+    int n_bias;
+    const int32_t *suppress_ids; /* ids that are never drawn */
+    int n_suppress;
+} g4_sampler_params;
+
+/* Neutral settings: temperature 1, no truncation, no penalties, seed 0. */
+G4_API void g4_sampler_params_default(g4_sampler_params *p);
+/* The model's defaults from generation_config.json, as transformers reads it (do_sample false:
+ * greedy; top_k 50 unless set; suppress_tokens); arrays point into the model. */
+G4_API void g4_model_sampler_params(const g4_model *model, g4_sampler_params *p);
+/* The ids that end a turn (generation_config.json's eos_token_id, else config.json's). */
+G4_API int g4_model_eos_ids(const g4_model *model, const int32_t **ids);
+
+typedef struct g4_sampler g4_sampler;
+/* Checks p (one-line errors naming the bad field) and allocates all it needs. */
+G4_API int g4_sampler_new(const g4_sampler_params *p, int vocab_size, g4_sampler **out, g4_error *err);
+G4_API void g4_sampler_free(g4_sampler *s);
+/* Draws the next id from one row of vocab_size logits (not modified); -1 when every id is
+ * banned. Does not add the id to the history: call g4_sampler_accept. */
+G4_API int32_t g4_sampler_sample(g4_sampler *s, const float *logits);
+/* Adds ids to the history the penalties look at (the prompt, then every generated id). */
+G4_API void g4_sampler_accept(g4_sampler *s, int32_t id);
+G4_API void g4_sampler_accept_many(g4_sampler *s, const int32_t *ids, int n);
+/* Clears the history (the random state goes on); g4_sampler_seed restarts the random sequence. */
+G4_API void g4_sampler_reset(g4_sampler *s);
+G4_API void g4_sampler_seed(g4_sampler *s, uint64_t seed);
+
+/* ------------------------------------------------------------- generation */
+
+/* A generation is one request on one sequence of a context: its prompt, sampler, stop
+ * conditions and token limit, and the decoding of its output. g4_generation_next runs the
+ * model one step at a time and hands out events; g4_generation_run does it with a callback.
+ * (A batching scheduler takes the same parameters and delivers the same events.) */
+typedef struct g4_generation g4_generation;
+
+typedef struct g4_generation_params {
+    int max_new_tokens;                 /* 0: generation_config.json's limit, else until the context is full */
+    const g4_sampler_params *sampling;  /* NULL: the model's defaults (g4_model_sampler_params) */
+    int ignore_eos;                     /* 1: the model's eos ids do not end generation */
+    const int32_t *stop_ids;            /* more ids that end generation */
+    int n_stop_ids;
+    const char *const *stop_strings;    /* text that ends generation; it is not shown */
+    int n_stop_strings;
+    int parse_chat;                     /* 1: split the text into answer, thinking and tool calls
+                                           (g4_chat_start sets it) */
+} g4_generation_params;
+
+typedef enum g4_event_kind {
+    G4_EVENT_TOKEN = 0,     /* a generated token (every one, the final eos included): event.token */
+    G4_EVENT_TEXT = 1,      /* text to show: all of it, or with parse_chat the answer; stop strings held back */
+    G4_EVENT_THINKING = 2,  /* parse_chat: the model's thinking */
+    G4_EVENT_TOOL_CALL = 3, /* parse_chat: one whole tool call, JSON {"name": ..., "arguments": {...}} */
+} g4_event_kind;
+
+typedef struct g4_event {
+    g4_event_kind kind;
+    int32_t token;    /* G4_EVENT_TOKEN: the id; otherwise -1 */
+    const char *text; /* NUL-terminated UTF-8 ("" for tokens); valid until the next call on the generation */
+    size_t len;
+} g4_event;
+
+typedef enum g4_finish {
+    G4_FINISH_NONE = 0,      /* still running */
+    G4_FINISH_STOP = 1,      /* an eos or stop id, or a stop string */
+    G4_FINISH_LENGTH = 2,    /* max_new_tokens or the context is full */
+    G4_FINISH_CANCELLED = 3, /* g4_generation_cancel */
+} g4_finish;
+
+/* prompt is the whole token sequence for `seq`. What the sequence already holds of it (the
+ * longest common prefix of g4_seq_tokens and prompt) stays in the cache and is not processed
+ * again; the rest is processed by the first g4_generation_next. */
+G4_API int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt,
+                               const g4_generation_params *params, g4_generation **out, g4_error *err);
+/* The reply to a conversation: renders it with a generation prompt, tokenizes it with the
+ * model's tokenizer and starts a generation with parse_chat on `seq` (reusing what it holds). */
+G4_API int g4_chat_start(const g4_chat *c, g4_context *ctx, int seq, const g4_generation_params *params,
+                         g4_generation **out, g4_error *err);
+/* The next event: 1 with *ev filled, 0 when the generation has finished, -1 on error. Each
+ * model step (the prompt, then one per token) runs inside this call, and yields a TOKEN event
+ * followed by the text it made printable. */
+G4_API int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err);
+/* Runs to the end, calling on_event for every event; a non-zero return cancels (the events
+ * already made are still delivered). 0 or -1. */
+typedef int (*g4_event_fn)(const g4_event *ev, void *user);
+G4_API int g4_generation_run(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err);
+/* Ends the generation before its next model step (finish G4_FINISH_CANCELLED). Safe from any
+ * thread and from a signal handler. */
+G4_API void g4_generation_cancel(g4_generation *g);
+G4_API g4_finish g4_generation_finish(const g4_generation *g);
+/* The generated ids so far. */
+G4_API const int32_t *g4_generation_tokens(const g4_generation *g, int *n);
+/* Prompt tokens that the sequence already held (not processed again). */
+G4_API int g4_generation_n_cached(const g4_generation *g);
+/* The output so far as a message: exactly the TEXT, THINKING and TOOL_CALL events (without
+ * parse_chat, content is all the text). The caller frees it with g4_chat_message_free. */
+G4_API int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error *err);
+/* Appends the generation's output to the conversation as the assistant's message. */
+G4_API int g4_chat_add_reply(g4_chat *c, const g4_generation *g, g4_error *err);
+/* Frees it at any point (the sequence keeps what was processed). */
+G4_API void g4_generation_free(g4_generation *g);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* Parsing Gemma 4 output: thinking, content, tool calls.  The tool-call notation is checked by a
+/* Parsing Gemma 4 output: thinking, content, tool calls; every case also streamed in pieces.  The tool-call notation is checked by a
  * round trip through the checkpoints' own templates: an assistant message with tool_calls is
  * rendered by the template (its format_argument macro writes the arguments), the rendered text
  * is parsed back, and the calls must equal the originals as JSON. */
@@ -10,10 +10,72 @@
 #include "check.h"
 #include "chat/chat.h"
 
-static g4_chat_output parse(const char *text) {
-    g4_chat_output o;
+/* g4_chat_parse's result with the tool calls as JSON values. */
+typedef struct {
+    char *thinking, *content;
+    json_t *tool_calls;
+} parsed;
+
+static void parsed_free(parsed *o) {
+    free(o->thinking);
+    free(o->content);
+    json_decref(o->tool_calls);
+    memset(o, 0, sizeof *o);
+}
+
+static int piece_into(g4_event_kind kind, const char *text, size_t len, void *user) {
+    return g4_chat_accum_add(user, kind, text, len);
+}
+
+/* The streaming parser fed in pieces of `step` bytes (0: a pseudo-random split). */
+static int parse_pieces(const char *text, size_t len, size_t step, g4_chat_message *m) {
+    g4_chat_accum acc = {0};
+    g4_chat_parser *p = g4_chat_parser_new(piece_into, &acc);
+    g4_error err;
+    int rc = p ? 0 : -1;
+    unsigned seed = (unsigned)len;
+    for (size_t at = 0; rc == 0 && at < len;) {
+        seed = seed * 1103515245u + 12345u;
+        size_t k = step ? step : 1 + (seed >> 16) % 9;
+        if (k > len - at) k = len - at;
+        rc = g4_chat_parser_push(p, text + at, k, &err);
+        at += k;
+    }
+    if (rc == 0) rc = g4_chat_parser_finish(p, &err);
+    if (rc == 0) rc = g4_chat_accum_message(&acc, m, &err);
+    g4_chat_parser_free(p);
+    g4_chat_accum_free(&acc);
+    return rc;
+}
+
+static int same_message(const g4_chat_message *a, const g4_chat_message *b) {
+    return !strcmp(a->content, b->content) && !strcmp(a->thinking, b->thinking) &&
+           !strcmp(a->tool_calls, b->tool_calls) && a->n_tool_calls == b->n_tool_calls;
+}
+
+/* g4_chat_parse, checked against the same parser streamed byte by byte and in random pieces. */
+static int parse_into(const char *text, size_t len, parsed *o, g4_error *err) {
+    memset(o, 0, sizeof *o);
+    g4_chat_message m, bytes, pieces;
+    if (g4_chat_parse(text, len, &m, err)) return -1;
+    CHECK(parse_pieces(text, len, 1, &bytes) == 0 && parse_pieces(text, len, 0, &pieces) == 0);
+    CHECKF(same_message(&m, &bytes) && same_message(&m, &pieces), "streamed parse differs for [%.*s]: [%s|%s|%s]",
+           (int)len, text, bytes.content, bytes.thinking, bytes.tool_calls);
+    g4_chat_message_free(&bytes);
+    g4_chat_message_free(&pieces);
+    o->tool_calls = json_loads(m.tool_calls, 0, NULL);
+    CHECKF(json_is_array(o->tool_calls) && json_array_size(o->tool_calls) == (size_t)m.n_tool_calls,
+           "tool_calls %s (%d)", m.tool_calls, m.n_tool_calls);
+    o->thinking = m.thinking;
+    o->content = m.content;
+    free(m.tool_calls);
+    return 0;
+}
+
+static parsed parse(const char *text) {
+    parsed o;
     g4_error err = {{0}};
-    int rc = g4_chat_parse_output(text, strlen(text), &o, &err);
+    int rc = parse_into(text, strlen(text), &o, &err);
     CHECKF(rc == 0, "parse failed: %s", err.msg);
     if (rc) memset(&o, 0, sizeof o);
     return o;
@@ -32,44 +94,44 @@ static int json_text_equal(const json_t *v, const char *want_json) {
 }
 
 static void test_thinking(void) {
-    g4_chat_output o = parse("<|channel>thought\nLet me think.\nStep 2.<channel|>The answer is 4.<turn|>");
+    parsed o = parse("<|channel>thought\nLet me think.\nStep 2.<channel|>The answer is 4.<turn|>");
     CHECK(o.thinking && !strcmp(o.thinking, "Let me think.\nStep 2."));
     CHECK(o.content && !strcmp(o.content, "The answer is 4."));
     CHECK(json_array_size(o.tool_calls) == 0);
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     o = parse("Plain answer.\n<turn|>ignored after the end");
     CHECK(!strcmp(o.thinking, "") && !strcmp(o.content, "Plain answer."));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     /* the empty thought block of the no-thinking generation prompt */
     o = parse("<|channel>thought\n<channel|>Hi there!<eos>");
     CHECK(!strcmp(o.thinking, "") && !strcmp(o.content, "Hi there!"));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     /* unterminated thinking (cut off by max_tokens): all of it is thinking */
     o = parse("<|channel>thought\nstill thinking about");
     CHECK(!strcmp(o.thinking, "still thinking about") && !strcmp(o.content, ""));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     /* a whole model turn */
     o = parse("<|turn>model\n<|channel>thought\nA<channel|>B<turn|>");
     CHECK(!strcmp(o.thinking, "A") && !strcmp(o.content, "B"));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     o = parse("");
     CHECK(o.content && !strcmp(o.content, "") && json_array_size(o.tool_calls) == 0);
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 }
 
 static void test_tool_calls(void) {
-    g4_chat_output o = parse(
+    parsed o = parse(
         "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:3}<tool_call|><|tool_response>");
     CHECK(json_array_size(o.tool_calls) == 1);
     CHECK(json_text_equal(o.tool_calls,
                           "[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}]"));
     CHECK(!strcmp(o.content, ""));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     /* nested values; strings holding braces, commas, colons, brackets and quotes */
     o = parse("<|channel>thought\nneed two calls<channel|>"
@@ -82,28 +144,28 @@ static void test_tool_calls(void) {
         "[{\"name\": \"search\", \"arguments\": {\"q\": \"a, {b}: c] \\\"d\\\"\", \"opts\": {\"deep\": "
         "[1, 2.5, \"x,y\", true, null, {\"k\": false}], \"n\": -4, \"e\": 1e-07}, \"empty\": {}, "
         "\"list\": []}}, {\"name\": \"ns.tool_2\", \"arguments\": {}}]"));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     /* quoted keys (format_argument with escape_keys) are accepted too */
     o = parse("<|tool_call>call:f{<|\"|>a b<|\"|>:1}<tool_call|>");
     CHECK(json_text_equal(o.tool_calls, "[{\"name\": \"f\", \"arguments\": {\"a b\": 1}}]"));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     /* arguments that were a JSON string (OpenAI style) come back as the object */
     o = parse("<|tool_call>call:f{{\"x\": [1, 2], \"y\": \"z\"}}<tool_call|>");
     CHECK(json_text_equal(o.tool_calls, "[{\"name\": \"f\", \"arguments\": {\"x\": [1, 2], \"y\": \"z\"}}]"));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     /* text around tool calls stays content */
     o = parse("Checking.<|tool_call>call:f{a:1}<tool_call|> Done?");
     CHECK(!strcmp(o.content, "Checking. Done?"));
     CHECK(json_array_size(o.tool_calls) == 1);
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 
     /* a call cut off before <tool_call|> but complete still counts */
     o = parse("<|tool_call>call:f{a:<|\"|>v<|\"|>}");
     CHECK(json_text_equal(o.tool_calls, "[{\"name\": \"f\", \"arguments\": {\"a\": \"v\"}}]"));
-    g4_chat_output_free(&o);
+    parsed_free(&o);
 }
 
 static void test_bad_tool_calls(void) {
@@ -121,11 +183,11 @@ static void test_bad_tool_calls(void) {
         "<|tool_call>",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        g4_chat_output o = parse(bad[i]);
+        parsed o = parse(bad[i]);
         CHECKF(o.tool_calls && json_array_size(o.tool_calls) == 0, "bad call %zu parsed", i);
         CHECKF(o.content && strstr(o.content, "<|tool_call>") != NULL, "bad call %zu not kept as text: %s",
                i, o.content ? o.content : "(null)");
-        g4_chat_output_free(&o);
+        parsed_free(&o);
     }
     /* garbage and deep nesting: never a crash */
     unsigned seed = 7;
@@ -144,19 +206,19 @@ static void test_bad_tool_calls(void) {
             memcpy(buf + n, a, l);
             n += l;
         }
-        g4_chat_output o;
+        parsed o;
         g4_error err;
-        if (g4_chat_parse_output(buf, n, &o, &err) == 0) g4_chat_output_free(&o);
+        if (parse_into(buf, n, &o, &err) == 0) parsed_free(&o);
     }
     char *deep = malloc(200100);
     size_t n = (size_t)sprintf(deep, "<|tool_call>call:f{a:");
     for (int i = 0; i < 100000; i++) deep[n++] = '[';
     memcpy(deep + n, "<tool_call|>", 12);
     n += 12;
-    g4_chat_output o;
+    parsed o;
     g4_error err;
-    CHECK(g4_chat_parse_output(deep, n, &o, &err) == 0 && json_array_size(o.tool_calls) == 0);
-    g4_chat_output_free(&o);
+    CHECK(parse_into(deep, n, &o, &err) == 0 && json_array_size(o.tool_calls) == 0);
+    parsed_free(&o);
     free(deep);
 }
 
@@ -188,14 +250,14 @@ static void test_round_trip(void) {
                                  "role", "assistant", "tool_calls", calls);
         char *text = NULL;
         size_t len = 0;
-        int rc = g4_chat_render(t, msgs, NULL, &text, &len, &err);
+        int rc = g4_chat_template_render(t, msgs, NULL, &text, &len, &err);
         CHECKF(rc == 0, "%s: %s", names[k], err.msg);
         if (rc == 0) {
             /* the model's part: everything after the last "<|turn>model\n" */
             const char *turn = strstr(text, "<|turn>model\n");
             CHECK(turn != NULL);
-            g4_chat_output o;
-            rc = g4_chat_parse_output(turn, len - (size_t)(turn - text), &o, &err);
+            parsed o;
+            rc = parse_into(turn, len - (size_t)(turn - text), &o, &err);
             CHECK(rc == 0);
             CHECKF(json_array_size(o.tool_calls) == json_array_size(calls), "%s: %zu calls parsed from %s",
                    names[k], json_array_size(o.tool_calls), turn);
@@ -218,7 +280,7 @@ static void test_round_trip(void) {
                 json_decref(parsed_args);
             }
             CHECKF(!strcmp(o.content, ""), "%s: content [%s]", names[k], o.content);
-            g4_chat_output_free(&o);
+            parsed_free(&o);
         }
         free(text);
         json_decref(msgs);

@@ -96,7 +96,7 @@ static void test_fixtures(void) {
         char *got = NULL;
         size_t got_len = 0;
         g4_error err = {{0}};
-        int rc = g4_chat_render(t, json_object_get(c, "messages"), &opt, &got, &got_len, &err);
+        int rc = g4_chat_template_render(t, json_object_get(c, "messages"), &opt, &got, &got_len, &err);
         CHECKF(rc == 0, "case %d (%s): %s", n, name, err.msg);
         if (rc == 0) {
             int same = got_len == strlen(want) && memcmp(got, want, got_len) == 0;
@@ -219,7 +219,7 @@ static void test_load_dir(void) {
         g4_chat_options opt = {NULL, 1, 0, NULL};
         char *got = NULL;
         size_t got_len;
-        rc = g4_chat_render(t, json_object_get(ref, "messages"), &opt, &got, &got_len, &err);
+        rc = g4_chat_template_render(t, json_object_get(ref, "messages"), &opt, &got, &got_len, &err);
         CHECKF(rc == 0, "render: %s", err.msg);
         const char *want = json_string_value(json_object_get(ref, "text"));
         CHECKF(rc == 0 && want && !strcmp(got, want), "load_dir variant %d renders differently", k);
@@ -250,7 +250,7 @@ static void test_load_dir(void) {
     if (t2) {
         char *got = NULL;
         json_t *notlist = json_object();
-        CHECK(g4_chat_render(t2, notlist, NULL, &got, NULL, &err) == -1 && got == NULL);
+        CHECK(g4_chat_template_render(t2, notlist, NULL, &got, NULL, &err) == -1 && got == NULL);
         json_decref(notlist);
         g4_chat_template_free(t2);
     }
@@ -275,13 +275,13 @@ static void test_variables(void) {
     if (!t) return;
     json_t *msgs = json_array();
     char *out = NULL;
-    CHECK(g4_chat_render(t, msgs, NULL, &out, NULL, &err) == 0);
+    CHECK(g4_chat_template_render(t, msgs, NULL, &out, NULL, &err) == 0);
     CHECKF(out && !strcmp(out, "True|True|False|False|<bos><eos>|-"), "got %s", out ? out : err.msg);
     free(out);
     json_t *extra = json_pack("{s:s}", "custom", "x");
     json_t *tools = json_pack("[{s:s}]", "type", "function");
     g4_chat_options opt = {tools, 1, 1, extra};
-    CHECK(g4_chat_render(t, msgs, &opt, &out, NULL, &err) == 0);
+    CHECK(g4_chat_template_render(t, msgs, &opt, &out, NULL, &err) == 0);
     CHECKF(out && !strcmp(out, "False|True|True|True|<bos><eos>|x"), "got %s", out ? out : err.msg);
     free(out);
     json_decref(extra);

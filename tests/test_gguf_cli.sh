@@ -1,6 +1,7 @@
 #!/bin/bash
 # -m FILE.gguf and gemma4c quantize end to end on the shipped example model: a BF16 GGUF
-# written by quantize (weights, tokenizer from tokenizer.json, chat template) tokenizes,
+# written by quantize (weights, tokenizer from tokenizer.json, chat template) tokenizes (its tokenizer
+# cached like a tokenizer.json),
 # computes logits, generates and chats exactly like the folder it came from (BF16 holds the
 # same values); Q8_0 / Q4_0 / Q6_K GGUF files and MLX 4-bit folders load and
 # generate;
@@ -18,6 +19,11 @@ m=$tmp/tolstoy-tiny g=$tmp/tt-bf16.gguf
 text=$(printf 'Pierre said: "Natasha, \302\253\303\247a va\302\273?"\n  Then   \360\237\230\200 <|turn>user')
 [ "$("$bin" tokenize -m "$m" -p "$text")" = "$("$bin" tokenize -m "$g" -p "$text")" ]
 check $? "the GGUF's tokenizer gives the folder's ids"
+export G4_TOKENIZER_CACHE_DIR=$tmp/tok-cache
+first=$("$bin" tokenize -m "$g" -p "$text") && [ -n "$(ls "$tmp/tok-cache")" ] && second=$("$bin" tokenize -m "$g" -p "$text")
+[ $? = 0 ] && [ "$first" = "$second" ] && [ "$first" = "$("$bin" tokenize -m "$m" -p "$text")" ]
+check $? "the GGUF's tokenizer is cached and the cached one gives the same ids"
+unset G4_TOKENIZER_CACHE_DIR
 
 ids=$("$bin" tokenize -m "$m" -p "The old prince")
 "$bin" logits -m "$m" --ids "$ids" -o "$tmp/a.f32" && "$bin" logits -m "$g" --ids "$ids" -o "$tmp/b.f32"

@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "check.h"
-#include "engine/generation_config.h"
+#include "model/generation_config.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 

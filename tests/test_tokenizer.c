@@ -361,7 +361,7 @@ static int write_tampered_cache(const char *cache, const char *src, int which) {
 }
 
 /* The cache's checks, on a small tokenizer: corruption, truncation, a changed source,
- * the environment switch, and the place beside the file. */
+ * the environment switch, and the default folder ($XDG_CACHE_HOME/gemma4c, ~/.cache/gemma4c). */
 static void test_cache_checks(void) {
     g4_error err;
     const char *sdir = g4t_tmp("small-tokenizer");
@@ -436,16 +436,36 @@ static void test_cache_checks(void) {
     g4_tokenizer_free(t);
     unsetenv("G4_NO_TOKENIZER_CACHE");
 
-    /* beside the tokenizer.json when its folder is writable */
+    /* by default under $XDG_CACHE_HOME/gemma4c (else ~/.cache/gemma4c), never beside the file */
     unsetenv("G4_TOKENIZER_CACHE_DIR");
-    unlink(beside);
+    const char *saved_xdg = getenv("XDG_CACHE_HOME"), *saved_home = getenv("HOME");
+    char *xdg_was = saved_xdg ? strdup(saved_xdg) : NULL, *home_was = saved_home ? strdup(saved_home) : NULL;
+    const char *xdg = g4t_tmp("xdg-cache");
+    char under[4200];
+    snprintf(under, sizeof under, "%s/gemma4c/", xdg);
+    setenv("XDG_CACHE_HOME", xdg, 1);
     CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
-    CHECKF(g4_tokenizer_cache_path(t) && !strcmp(g4_tokenizer_cache_path(t), beside), "cache beside: %s",
-           g4_tokenizer_cache_path(t) ? g4_tokenizer_cache_path(t) : "(none)");
+    CHECKF(g4_tokenizer_cache_path(t) && !strncmp(g4_tokenizer_cache_path(t), under, strlen(under)),
+           "cache under $XDG_CACHE_HOME/gemma4c: %s", g4_tokenizer_cache_path(t) ? g4_tokenizer_cache_path(t) : "(none)");
+    CHECK(!g4_file_exists(beside));
+    if (g4_tokenizer_cache_path(t)) unlink(g4_tokenizer_cache_path(t));
+    g4_tokenizer_free(t);
+    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t)); /* written again */
     g4_tokenizer_free(t);
     CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t) && encode_equal(t, ref, text));
     g4_tokenizer_free(t);
-    unlink(beside);
+    /* without XDG_CACHE_HOME: $HOME/.cache/gemma4c */
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", xdg, 1);
+    snprintf(under, sizeof under, "%s/.cache/gemma4c/", xdg);
+    CHECK(g4_tokenizer_load(src, &t, &err) == 0);
+    CHECKF(g4_tokenizer_cache_path(t) && !strncmp(g4_tokenizer_cache_path(t), under, strlen(under)),
+           "cache under ~/.cache/gemma4c: %s", g4_tokenizer_cache_path(t) ? g4_tokenizer_cache_path(t) : "(none)");
+    g4_tokenizer_free(t);
+    if (xdg_was) setenv("XDG_CACHE_HOME", xdg_was, 1);
+    if (home_was) setenv("HOME", home_was, 1); else unsetenv("HOME");
+    free(xdg_was);
+    free(home_was);
     setenv("G4_TOKENIZER_CACHE_DIR", dir, 1);
     g4_tokenizer_free(ref);
 }

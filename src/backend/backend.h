@@ -1,8 +1,28 @@
-/* The op table the model is written against. The decoder (src/model/forward.c)
- * is written once, in terms of these ops; each backend (CPU today, CUDA later)
- * implements the table. Activations are float32 buffers in the backend's memory
- * (host memory for the CPU); weights are g4_tensor views whose dtype says how to
- * read them. Shapes are row-major: "[n, d]" means n rows of d floats. */
+/* The op table the model is written against, and the backend contract.
+ *
+ * The decoder (src/model/forward.c) and the towers are written once, in terms of these ops; each backend
+ * (CPU: src/backend/cpu/, CUDA: src/backend/cuda/) implements the whole table (docs/architecture.md, "The
+ * forward pass is written once", "The backend owns its memory").
+ *
+ * Memory. A backend has its own memory (host memory for the CPU, device memory for CUDA). Activations are
+ * float32 buffers in it; integer arrays (ids, positions, block tables, slots) are int32 buffers in it.
+ * Every op argument is either a plain scalar, a pointer into backend memory, or a small parameter struct
+ * passed by address whose pointer fields point into backend memory; an op never reads a host array of
+ * backend pointers or host-side constants. Ops are asynchronous: results are visible after sync or a
+ * to_host copy; errors (e.g. out of memory inside an op) are reported by check() after the step.
+ *
+ * Weights. A weight is a g4_tensor whose dtype says how to read it. upload_weight() places a host view (a
+ * memory-mapped file) in the backend: the CPU keeps the view as it is (nothing is copied or read), CUDA copies
+ * it into device memory. A model may keep a table on the host instead (host_table): ops never read it; the
+ * model gathers its rows on the host and copies them in (E2B's 4.7 GB per-layer embedding table is read one
+ * row per token).
+ *
+ * KV cache. Paged (src/engine/kv_cache.h): each non-shared layer has K and V storage of
+ * [n_blocks][block_size][n_kv_heads * head_dim] elements of the context's KV type; a sequence's block table
+ * maps logical block p / block_size to a physical block. Writes go through a slot per token
+ * (physical_block * block_size + p % block_size), computed once per step and layer type.
+ *
+ * Shapes are row-major: "[n, d]" means n rows of d floats. */
 #ifndef G4_BACKEND_BACKEND_H
 #define G4_BACKEND_BACKEND_H
 
@@ -14,20 +34,28 @@
 
 typedef struct g4_backend g4_backend;
 
-/* Attention over a KV cache for one layer, all tokens of a batch step.
- * Token t belongs to sequence seq[t] at absolute position pos[t]. Key/value rows
- * of sequence s live at k_base[s] / v_base[s]; the row of position p is slot
- * (p % cap) and holds n_kv_heads * head_dim floats. Keys of token t are the
- * positions (window ? max(0, pos-window+1) : 0) .. pos[t]. */
+/* Bytes of one KV element of a type. */
+static inline size_t g4_kv_type_size(g4_kv_type t) { return t == G4_KV_F32 ? 4 : 2; }
+
+/* Attention of one layer over the paged KV cache, for all tokens of a batch step.
+ * Token t belongs to sequence seq[t] (a row of block_table) at absolute position pos[t]. It sees the keys
+ * at positions lo .. hi-1 with hi = kv_end ? kv_end[t] : pos[t] + 1 and lo = window ? max(0, pos[t] - window + 1)
+ * : 0 (kv_end lets a token see later tokens of its image, docs/gemma4-towers.md 2.7; those rows are written
+ * in the same step before attention). Position p of sequence s lives in physical row
+ * block_table[s * max_blocks + p / block_size] * block_size + p % block_size of k and v.
+ * out = softmax(scale * q.k) v per head; query head h reads KV head h / (n_heads / n_kv_heads). */
 typedef struct g4_attention_args {
-    const float *q;           /* [n_tokens, n_heads, head_dim] */
-    float *out;               /* [n_tokens, n_heads, head_dim] */
+    const float *q;              /* [n_tokens, n_heads, head_dim] */
+    float *out;                  /* [n_tokens, n_heads, head_dim] */
     int n_tokens, n_heads, n_kv_heads, head_dim;
-    const int32_t *seq, *pos; /* [n_tokens] */
-    float *const *k_base;     /* indexed by sequence */
-    float *const *v_base;
-    int cap;                  /* rows per sequence in the cache (ring size for sliding layers) */
-    int window;               /* 0: full attention */
+    const int32_t *seq, *pos;    /* [n_tokens] */
+    const int32_t *kv_end;       /* [n_tokens] or NULL */
+    const void *k, *v;           /* [n_blocks, block_size, n_kv_heads * head_dim] of kv_type */
+    g4_kv_type kv_type;
+    const int32_t *block_table;  /* [n_seq, max_blocks] physical block ids, -1 where none */
+    int max_blocks, block_size;
+    int window;                  /* 0: full attention */
+    int max_keys;                /* an upper bound of hi - lo over the step's tokens (for sizing work) */
     float scale;
 } g4_attention_args;
 
@@ -39,36 +67,62 @@ typedef struct g4_moe_args {
     int n, hidden, n_experts, top_k, expert_dim;
     float eps;
     const g4_tensor *router_proj;     /* [E, H] */
-    const float *router_scale;        /* [H] (f32) */
-    const float *per_expert_scale;    /* [E] (f32) */
+    const float *router_scale;        /* [H] */
+    const float *per_expert_scale;    /* [E] */
     const g4_tensor *gate_up;         /* [E, 2*Im, H], or [E, Im, H] gate alone when up is set */
     const g4_tensor *up;              /* NULL, or [E, Im, H] */
     const g4_tensor *down;            /* [E, H, Im] */
 } g4_moe_args;
 
+/* Several products of one input: y[i][n, out_i] = x[n, in] * w[i]^T (+ bias[i]) for i < count. */
+#define G4_MATMUL_SET_MAX 3
+typedef struct g4_matmul_set {
+    int count;
+    const g4_tensor *w[G4_MATMUL_SET_MAX];
+    const float *bias[G4_MATMUL_SET_MAX]; /* each may be NULL */
+    float *y[G4_MATMUL_SET_MAX];
+} g4_matmul_set;
+
 typedef struct g4_backend_ops {
     const char *name;
+    int host_memory; /* 1 when backend memory is host memory (ops may be handed host pointers) */
     void (*free)(g4_backend *be);
-    /* memory: float buffers in the backend's memory */
+
+    /* ---- memory */
+    /* NULL when out of memory (no message: the caller says what it was allocating) */
     void *(*alloc)(g4_backend *be, size_t bytes);
     void (*release)(g4_backend *be, void *p);
     void (*to_device)(g4_backend *be, void *dst, const void *src, size_t bytes);
     void (*to_host)(g4_backend *be, void *dst, const void *src, size_t bytes);
+    void (*copy)(g4_backend *be, void *dst, const void *src, size_t bytes); /* within backend memory */
     void (*sync)(g4_backend *be);
     /* 0, or -1 with a message when an op of the last step failed (e.g. out of memory); clears the state */
     int (*check)(g4_backend *be, g4_error *err);
+    /* Places a weight: *dst becomes a tensor the ops can read (dst->data in backend memory). 0, or -1 with a
+     * message (e.g. the model does not fit). */
+    int (*upload_weight)(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err);
+    void (*release_weight)(g4_backend *be, g4_tensor *w);
 
-    /* out[i, :] = table[ids[i], :] * scale  (table [rows, cols] of any float dtype) */
+    /* ---- ops */
+    /* out[i, :] = table[ids[i], :] * scale  (table [rows, cols] of any weight dtype, quantized included) */
     void (*embed)(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
     /* y[n, out] = x[n, in] * W^T (+ bias[out] if bias); W is [out, in] */
     void (*matmul)(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
+    /* the products of a set with one input (q/k/v, gate/up): one pass where the backend can */
+    void (*matmul_set)(g4_backend *be, const float *x, int n, const g4_matmul_set *set);
     /* per row of `dim`: y = x / sqrt(mean(x^2) + eps) * (w ? w : 1); in place allowed */
     void (*rmsnorm)(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);
+    /* h = (h + rmsnorm(o) * w) * s per row of `dim`: a sublayer's post-norm, residual add and layer scalar */
+    void (*post_norm_add)(g4_backend *be, float *h, const float *o, const float *w, int rows, int dim, float eps,
+                          float s);
     /* RoPE angles of n positions: table[i, k] = cos(a), table[i, half + k] = sin(a) with the fp32
      * angle a = pos[i] * inv_freq[k], k < half (the same for every layer of one type) */
     void (*rope_table)(g4_backend *be, const int32_t *pos, int n, const float *inv_freq, int half, float *table);
     /* rotate-half RoPE in place on x[n, heads, dim] with a table from rope_table (half = dim/2) */
     void (*rope)(g4_backend *be, float *x, int n, int heads, int dim, const float *table);
+    /* per head of x[n, heads, dim]: rmsnorm with weight w (NULL: none), then RoPE with table (NULL: none) */
+    void (*head_norm_rope)(g4_backend *be, float *x, int n, int heads, int dim, const float *w, float eps,
+                           const float *table);
     /* y = gelu_tanh(g) * u, n elements (u may be NULL: y = gelu_tanh(g)) */
     void (*gelu_mul)(g4_backend *be, const float *g, const float *u, size_t n, float *y);
     /* y += x */
@@ -85,9 +139,11 @@ typedef struct g4_backend_ops {
     void (*get_rows)(g4_backend *be, const float *src, const int32_t *idx, int n, int row, float *dst);
     /* dst[b, a, :] = src[a, b, :] for src [na, nb, c] */
     void (*transpose)(g4_backend *be, const float *src, int na, int nb, int c, float *dst);
-    /* writes rows of src [n, row] into the cache rows of (seq[i], pos[i]) */
-    void (*kv_store)(g4_backend *be, const float *src, int n, int row, const int32_t *seq, const int32_t *pos,
-                     float *const *base, int cap);
+    /* out[i] = the lowest index of the largest value of row i of x [rows, n] */
+    void (*argmax)(g4_backend *be, const float *x, int rows, int n, int32_t *out);
+    /* writes k[i, :] and v[i, :] (rows of `row` floats) into row slot[i] of the caches, converted to kv_type */
+    void (*kv_store)(g4_backend *be, const float *k, const float *v, int n, int row, const int32_t *slot,
+                     void *k_cache, void *v_cache, g4_kv_type kv_type);
     void (*attention)(g4_backend *be, const g4_attention_args *a);
     void (*moe)(g4_backend *be, const g4_moe_args *a);
 } g4_backend_ops;
@@ -97,8 +153,18 @@ struct g4_backend {
     void *impl;
 };
 
-/* The CPU backend with n_threads threads (0: all cores). NULL on failure. */
+/* The backend for a device name: "cpu", "cuda", or NULL/"auto" (CUDA when built in and a GPU is present, else
+ * the CPU). n_threads: CPU threads (0: all cores). NULL with a message on failure. */
+g4_backend *g4_backend_new(const char *device, int n_threads, g4_error *err);
+
+/* Backends this build contains, e.g. "cpu" or "cpu, cuda". */
+const char *g4_backends_built(void);
+
 g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err);
+#ifdef G4_WITH_CUDA
+g4_backend *g4_backend_cuda_new(g4_error *err);
+int g4_cuda_available(void); /* 1 when a CUDA device can be used */
+#endif
 
 static inline void g4_backend_free(g4_backend *be) {
     if (be) be->ops->free(be);

@@ -1,7 +1,6 @@
-/* Chat template loading and rendering, and parsing of Gemma 4 model output. */
+/* Chat template loading and rendering (chat.h). */
 #include "chat/chat.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,7 +119,8 @@ int g4_chat_template_load_file_config(const char *jinja_path, const char *tokeni
     return rc;
 }
 
-int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_error *err) {
+/* optional: a folder without any template gives 0 and *out NULL */
+static int load_dir(const char *model_dir, int optional, g4_chat_template **out, g4_error *err) {
     *out = NULL;
     char path[4096];
     json_t *config = NULL;
@@ -170,6 +170,10 @@ int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_
                 json_decref(pj);
             }
             if (!src) {
+                if (optional) {
+                    rc = 0;
+                    goto done;
+                }
                 g4_fail(err, "%s: no chat template (chat_template.jinja, \"chat_template\" in "
                              "tokenizer_config.json, or chat_template.json)",
                         model_dir);
@@ -200,6 +204,14 @@ done:
     return rc;
 }
 
+int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_error *err) {
+    return load_dir(model_dir, 0, out, err);
+}
+
+int g4_chat_template_find(const char *model_dir, g4_chat_template **out, g4_error *err) {
+    return load_dir(model_dir, 1, out, err);
+}
+
 void g4_chat_template_free(g4_chat_template *t) {
     if (!t) return;
     g4_jinja_free(t->tpl);
@@ -217,8 +229,8 @@ const char *g4_chat_template_eos(const g4_chat_template *t) {
 
 /* ---------------------------------------------------------------- rendering */
 
-int g4_chat_render(const g4_chat_template *t, const json_t *messages, const g4_chat_options *opt,
-                   char **out, size_t *len, g4_error *err) {
+int g4_chat_template_render(const g4_chat_template *t, const json_t *messages, const g4_chat_options *opt,
+                            char **out, size_t *len, g4_error *err) {
     *out = NULL;
     if (len) *len = 0;
     if (!json_is_array(messages)) return g4_fail(err, "chat: \"messages\" must be a JSON array");
@@ -247,400 +259,4 @@ int g4_chat_render(const g4_chat_template *t, const json_t *messages, const g4_c
     int rc = g4_jinja_render(t->tpl, ctx, out, len, err);
     json_decref(ctx);
     return rc;
-}
-
-/* ------------------------------------------------------------ output parsing */
-
-#define QUOTE "<|\"|>"
-#define QUOTE_LEN 5
-
-typedef struct {
-    const char *s;
-    size_t n, i;
-    int depth;
-} gparser;
-
-static int gp_starts(const gparser *p, const char *lit) {
-    size_t k = strlen(lit);
-    return p->i + k <= p->n && memcmp(p->s + p->i, lit, k) == 0;
-}
-
-static void gp_ws(gparser *p) {
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\n' || p->s[p->i] == '\t' ||
-                           p->s[p->i] == '\r'))
-        p->i++;
-}
-
-static const char *find_lit(const char *s, size_t n, size_t from, const char *lit) {
-    size_t k = strlen(lit);
-    if (from > n) return NULL;
-    const char *hit = memmem(s + from, n - from, lit, k);
-    return hit;
-}
-
-static json_t *gp_value(gparser *p);
-
-/* A <|"|>-delimited string at p->i. */
-static json_t *gp_string(gparser *p) {
-    size_t start = p->i + QUOTE_LEN;
-    const char *end = find_lit(p->s, p->n, start, QUOTE);
-    if (!end) return NULL;
-    size_t len = (size_t)(end - (p->s + start));
-    p->i = (size_t)(end - p->s) + QUOTE_LEN;
-    return json_stringn(p->s + start, len); /* NULL for invalid UTF-8 */
-}
-
-static int is_delim(char c) {
-    return c == ',' || c == '}' || c == ']' || c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
-static json_t *gp_word(gparser *p) {
-    static const struct {
-        const char *w;
-        int kind;
-    } words[] = {{"true", 1}, {"True", 1}, {"false", 2}, {"False", 2}, {"null", 3}, {"None", 3}};
-    for (size_t k = 0; k < sizeof words / sizeof words[0]; k++) {
-        size_t l = strlen(words[k].w);
-        if (gp_starts(p, words[k].w) && (p->i + l == p->n || is_delim(p->s[p->i + l]))) {
-            p->i += l;
-            return words[k].kind == 1 ? json_true() : words[k].kind == 2 ? json_false() : json_null();
-        }
-    }
-    return NULL;
-}
-
-static json_t *gp_number(gparser *p) {
-    size_t j = p->i;
-    const char *s = p->s;
-    int is_real = 0;
-    if (j < p->n && (s[j] == '-' || s[j] == '+')) j++;
-    size_t digits = j;
-    while (j < p->n && s[j] >= '0' && s[j] <= '9') j++;
-    if (j == digits) return NULL;
-    if (j < p->n && s[j] == '.') {
-        is_real = 1;
-        j++;
-        size_t f = j;
-        while (j < p->n && s[j] >= '0' && s[j] <= '9') j++;
-        if (j == f) return NULL;
-    }
-    if (j < p->n && (s[j] == 'e' || s[j] == 'E')) {
-        is_real = 1;
-        j++;
-        if (j < p->n && (s[j] == '-' || s[j] == '+')) j++;
-        size_t e = j;
-        while (j < p->n && s[j] >= '0' && s[j] <= '9') j++;
-        if (j == e) return NULL;
-    }
-    if (j < p->n && !is_delim(s[j])) return NULL;
-    char tmp[64];
-    if (j - p->i >= sizeof tmp) return NULL;
-    memcpy(tmp, s + p->i, j - p->i);
-    tmp[j - p->i] = 0;
-    char *end;
-    json_t *v;
-    if (is_real) {
-        double d = strtod(tmp, &end);
-        v = json_real(d);
-    } else {
-        errno = 0;
-        long long x = strtoll(tmp, &end, 10);
-        if (errno == ERANGE) return NULL; /* beyond 64 bits */
-        v = json_integer(x);
-    }
-    if (v) p->i = j;
-    return v;
-}
-
-static json_t *gp_object(gparser *p) {
-    p->i++; /* { */
-    json_t *obj = json_object();
-    if (!obj) return NULL;
-    gp_ws(p);
-    if (p->i < p->n && p->s[p->i] == '}') {
-        p->i++;
-        return obj;
-    }
-    while (1) {
-        gp_ws(p);
-        char *key = NULL;
-        if (gp_starts(p, QUOTE)) {
-            json_t *k = gp_string(p);
-            if (!k) goto fail;
-            key = strdup(json_string_value(k));
-            json_decref(k);
-        } else { /* bare key up to ':' */
-            size_t st = p->i;
-            while (p->i < p->n && p->s[p->i] != ':' && p->s[p->i] != '{' && p->s[p->i] != '}' &&
-                   p->s[p->i] != '[' && p->s[p->i] != ']' && p->s[p->i] != ',' &&
-                   p->s[p->i] != '<')
-                p->i++;
-            size_t en = p->i;
-            while (en > st && (p->s[en - 1] == ' ' || p->s[en - 1] == '\n' || p->s[en - 1] == '\t'))
-                en--;
-            if (en == st) goto fail;
-            key = strndup(p->s + st, en - st);
-        }
-        if (!key) goto fail;
-        gp_ws(p);
-        if (p->i >= p->n || p->s[p->i] != ':') {
-            free(key);
-            goto fail;
-        }
-        p->i++;
-        gp_ws(p);
-        json_t *v = gp_value(p);
-        if (!v || json_object_set_new(obj, key, v)) { /* invalid UTF-8 key fails here too */
-            free(key);
-            goto fail;
-        }
-        free(key);
-        gp_ws(p);
-        if (p->i < p->n && p->s[p->i] == ',') {
-            p->i++;
-            continue;
-        }
-        if (p->i < p->n && p->s[p->i] == '}') {
-            p->i++;
-            return obj;
-        }
-        goto fail;
-    }
-fail:
-    json_decref(obj);
-    return NULL;
-}
-
-static json_t *gp_array(gparser *p) {
-    p->i++; /* [ */
-    json_t *arr = json_array();
-    if (!arr) return NULL;
-    gp_ws(p);
-    if (p->i < p->n && p->s[p->i] == ']') {
-        p->i++;
-        return arr;
-    }
-    while (1) {
-        gp_ws(p);
-        json_t *v = gp_value(p);
-        if (!v || json_array_append_new(arr, v)) goto fail;
-        gp_ws(p);
-        if (p->i < p->n && p->s[p->i] == ',') {
-            p->i++;
-            continue;
-        }
-        if (p->i < p->n && p->s[p->i] == ']') {
-            p->i++;
-            return arr;
-        }
-        goto fail;
-    }
-fail:
-    json_decref(arr);
-    return NULL;
-}
-
-static json_t *gp_value(gparser *p) {
-    if (p->depth > 500) return NULL;
-    gp_ws(p);
-    if (p->i >= p->n) return NULL;
-    json_t *v;
-    p->depth++;
-    if (gp_starts(p, QUOTE))
-        v = gp_string(p);
-    else if (p->s[p->i] == '{')
-        v = gp_object(p);
-    else if (p->s[p->i] == '[')
-        v = gp_array(p);
-    else if ((v = gp_word(p)) == NULL)
-        v = gp_number(p);
-    p->depth--;
-    return v;
-}
-
-json_t *g4_chat_parse_gemma_value(const char *s, size_t n, size_t *used) {
-    gparser p = {s, n, 0, 0};
-    json_t *v = gp_value(&p);
-    if (used) *used = v ? p.i : 0;
-    return v;
-}
-
-/* "call:NAME{...}" -> {"name", "arguments"}; NULL when it does not parse. */
-static json_t *parse_call(const char *s, size_t n) {
-    size_t i = 0;
-    while (i < n && (s[i] == ' ' || s[i] == '\n')) i++;
-    if (n - i < 5 || memcmp(s + i, "call:", 5) != 0) return NULL;
-    i += 5;
-    size_t name_start = i;
-    while (i < n && s[i] != '{' && s[i] != '\n' && s[i] != '<') i++;
-    if (i >= n || s[i] != '{') return NULL;
-    size_t name_end = i;
-    while (name_end > name_start && s[name_end - 1] == ' ') name_end--;
-    while (name_start < name_end && s[name_start] == ' ') name_start++;
-    if (name_end == name_start) return NULL;
-    json_t *name = json_stringn(s + name_start, name_end - name_start);
-    if (!name) return NULL;
-
-    size_t brace = i;
-    gparser p = {s, n, brace, 0};
-    json_t *args = gp_object(&p);
-    if (args) {
-        gp_ws(&p);
-        if (p.i != n) {
-            json_decref(args);
-            args = NULL;
-        }
-    }
-    if (!args) { /* arguments given as a JSON string: '{' + text + '}' */
-        size_t end = n;
-        while (end > brace && (s[end - 1] == ' ' || s[end - 1] == '\n')) end--;
-        if (end - brace >= 2 && s[end - 1] == '}') {
-            json_error_t je;
-            json_t *j = json_loadb(s + brace + 1, end - brace - 2, 0, &je);
-            if (json_is_object(j))
-                args = j;
-            else
-                json_decref(j);
-        }
-    }
-    if (!args) {
-        json_decref(name);
-        return NULL;
-    }
-    json_t *call = json_object();
-    if (!call || json_object_set_new(call, "name", name) ||
-        json_object_set_new(call, "arguments", args)) {
-        json_decref(call);
-        return NULL;
-    }
-    return call;
-}
-
-static void trim(const char **s, size_t *n) {
-    while (*n && (**s == ' ' || **s == '\n' || **s == '\t' || **s == '\r')) {
-        (*s)++;
-        (*n)--;
-    }
-    while (*n && ((*s)[*n - 1] == ' ' || (*s)[*n - 1] == '\n' || (*s)[*n - 1] == '\t' ||
-                  (*s)[*n - 1] == '\r'))
-        (*n)--;
-}
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int failed;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n) {
-    if (b->failed || n == 0) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->failed = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static char *sb_trimmed(sbuf *b) {
-    const char *s = b->p ? b->p : "";
-    size_t n = b->len;
-    trim(&s, &n);
-    char *out = malloc(n + 1);
-    if (out) {
-        memcpy(out, s, n);
-        out[n] = 0;
-    }
-    return out;
-}
-
-int g4_chat_parse_output(const char *text, size_t len, g4_chat_output *out, g4_error *err) {
-    memset(out, 0, sizeof *out);
-    static const char *const stops[] = {"<turn|>", "<eos>", "<|tool_response>"};
-    /* the answer ends at the first stop marker */
-    size_t end = len;
-    for (size_t k = 0; k < sizeof stops / sizeof stops[0]; k++) {
-        const char *hit = find_lit(text, len, 0, stops[k]);
-        if (hit && (size_t)(hit - text) < end) end = (size_t)(hit - text);
-    }
-    size_t i = 0;
-    if (end >= 13 && memcmp(text, "<|turn>model\n", 13) == 0) i = 13;
-    sbuf thinking = {0}, content = {0};
-    json_t *calls = json_array();
-    if (!calls) return g4_fail(err, "chat output: out of memory");
-    while (i < end) {
-        const char *ch = find_lit(text, end, i, "<|channel>");
-        const char *tc = find_lit(text, end, i, "<|tool_call>");
-        const char *next = ch && (!tc || ch < tc) ? ch : tc;
-        if (!next) {
-            sb_put(&content, text + i, end - i);
-            break;
-        }
-        size_t at = (size_t)(next - text);
-        sb_put(&content, text + i, at - i);
-        if (next == ch) {
-            size_t body = at + strlen("<|channel>");
-            const char *close = find_lit(text, end, body, "<channel|>");
-            size_t body_end = close ? (size_t)(close - text) : end;
-            const char *t = text + body;
-            size_t tn = body_end - body;
-            /* the channel name on the first line ("thought") */
-            size_t w = 0;
-            while (w < tn && ((t[w] >= 'a' && t[w] <= 'z') || t[w] == '_')) w++;
-            if (w > 0 && (w == tn || t[w] == '\n')) {
-                t += w;
-                tn -= w;
-            }
-            trim(&t, &tn);
-            if (tn) {
-                if (thinking.len) sb_put(&thinking, "\n", 1);
-                sb_put(&thinking, t, tn);
-            }
-            i = close ? body_end + strlen("<channel|>") : end;
-        } else {
-            size_t body = at + strlen("<|tool_call>");
-            const char *close = find_lit(text, end, body, "<tool_call|>");
-            size_t body_end = close ? (size_t)(close - text) : end;
-            size_t block_end = close ? body_end + strlen("<tool_call|>") : end;
-            json_t *call = parse_call(text + body, body_end - body);
-            if (call) {
-                if (json_array_append_new(calls, call)) content.failed = 1;
-            } else {
-                sb_put(&content, text + at, block_end - at); /* keep it as text */
-            }
-            i = block_end;
-        }
-    }
-    if (thinking.failed || content.failed) {
-        free(thinking.p);
-        free(content.p);
-        json_decref(calls);
-        return g4_fail(err, "chat output: out of memory");
-    }
-    out->thinking = sb_trimmed(&thinking);
-    out->content = sb_trimmed(&content);
-    out->tool_calls = calls;
-    free(thinking.p);
-    free(content.p);
-    if (!out->thinking || !out->content) {
-        g4_chat_output_free(out);
-        return g4_fail(err, "chat output: out of memory");
-    }
-    return 0;
-}
-
-void g4_chat_output_free(g4_chat_output *o) {
-    if (!o) return;
-    free(o->thinking);
-    free(o->content);
-    json_decref(o->tool_calls);
-    memset(o, 0, sizeof *o);
 }

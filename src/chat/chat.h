@@ -1,39 +1,37 @@
-/* Chat prompts and model output for Gemma 4.
+/* Chat prompts and model output for Gemma 4 (the public part is in gemma4c.h: templates,
+ * g4_chat conversations, g4_chat_parse).
  *
- * Rendering interprets the checkpoint's own Jinja chat template (jinja.h) with the variables that
- * Hugging Face transformers' apply_chat_template passes: messages, tools (None when absent),
- * documents (None), add_generation_prompt, every special token of tokenizer_config.json
- * (bos_token, eos_token, ...), enable_thinking only when the caller gives it, and any extra
- * variables.  Parsing splits a model answer into thinking, visible content and tool calls.
+ * Rendering (chat.c) interprets the checkpoint's own Jinja chat template (jinja.h) with the
+ * variables that Hugging Face transformers' apply_chat_template passes: messages, tools (None
+ * when absent), documents (None), add_generation_prompt, every special token of
+ * tokenizer_config.json (bos_token, eos_token, ...), enable_thinking only when the caller gives
+ * it, and any extra variables. A template folder is searched as DIR/chat_template.jinja, else
+ * "chat_template" in DIR/tokenizer_config.json (a string, or a list of {name, template}: the
+ * "default" one), else DIR/chat_template.json.
+ *
+ * Conversations (chat_conversation.c) hold messages and options and render through a template.
+ *
+ * Output (chat_output.c) is parsed as it streams: g4_chat_parser takes text in any pieces and
+ * hands out pieces of answer, thinking and whole tool calls, the same for any split of the
+ * text. Tool calls `<|tool_call>call:NAME{key:value,...}<tool_call|>` carry values in Gemma's
+ * notation: strings between <|"|> marks, numbers, true/false/None, {..} objects with bare or
+ * quoted keys, [..] lists; arguments written as a JSON object are read too.
  */
-#ifndef G4_TOKENIZER_CHAT_H
-#define G4_TOKENIZER_CHAT_H
+#ifndef G4_CHAT_CHAT_H
+#define G4_CHAT_CHAT_H
 
 #include <jansson.h>
 #include <stddef.h>
 
+#include "core/strbuf.h"
 #include "gemma4c.h"
-
-typedef struct g4_chat_template g4_chat_template; /* parsed template + special token strings */
-
-/* Finds the template of a model folder: DIR/chat_template.jinja, else "chat_template" in
- * DIR/tokenizer_config.json (a string, or a list of {name, template}: the "default" one), else
- * DIR/chat_template.json.  Special tokens (bos/eos/...) come from DIR/tokenizer_config.json. */
-int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_error *err);
-
-/* A template file with explicit token strings (NULL: the variable is left undefined). */
-int g4_chat_template_load_file(const char *jinja_path, const char *bos_token,
-                               const char *eos_token, g4_chat_template **out, g4_error *err);
-
-/* A template file with the special tokens of a tokenizer_config.json. */
-int g4_chat_template_load_file_config(const char *jinja_path, const char *tokenizer_config,
-                                      g4_chat_template **out, g4_error *err);
 
 /* A template given as text (source need not be NUL-terminated). */
 int g4_chat_template_load_string(const char *source, size_t len, const char *bos_token,
                                  const char *eos_token, g4_chat_template **out, g4_error *err);
 
-void g4_chat_template_free(g4_chat_template *t);
+/* Like g4_chat_template_load_dir, but a folder without any template gives 0 and *out NULL. */
+int g4_chat_template_find(const char *model_dir, g4_chat_template **out, g4_error *err);
 
 /* The template's bos / eos strings (NULL when unknown). */
 const char *g4_chat_template_bos(const g4_chat_template *t);
@@ -48,23 +46,42 @@ typedef struct g4_chat_options {
 
 /* messages: a JSON array of {role, content, ...}.  opt may be NULL (no tools, no generation
  * prompt, enable_thinking not passed).  *out is NUL-terminated (free()). */
-int g4_chat_render(const g4_chat_template *t, const json_t *messages, const g4_chat_options *opt,
-                   char **out, size_t *len, g4_error *err);
+int g4_chat_template_render(const g4_chat_template *t, const json_t *messages, const g4_chat_options *opt,
+                            char **out, size_t *len, g4_error *err);
 
-/* Model output: thinking `<|channel>thought\n...<channel|>` is split from the answer, and tool
- * calls `<|tool_call>call:NAME{key:value,...}<tool_call|>` (values in Gemma's notation: strings
- * between <|"|> marks, numbers, true/false/None, {..} objects with bare or quoted keys, [..]
- * lists) become {"name": NAME, "arguments": {...}}.  Text stops at <turn|>, <eos> or
- * <|tool_response>.  A tool call that does not parse stays in content as text; an unterminated
- * thinking block is thinking up to the end.  Both strings are trimmed. */
-typedef struct g4_chat_output {
-    char *thinking;     /* "" when none */
-    char *content;
-    json_t *tool_calls; /* JSON array, maybe empty */
-} g4_chat_output;
+/* The conversation's prompt with a generation prompt, whatever its request said (for a reply). */
+int g4_chat_render_for_reply(const g4_chat *c, char **out, size_t *len, g4_error *err);
+/* Appends a message object (the conversation takes the reference). */
+int g4_chat_add_object(g4_chat *c, json_t *message, g4_error *err);
 
-int g4_chat_parse_output(const char *text, size_t len, g4_chat_output *out, g4_error *err);
-void g4_chat_output_free(g4_chat_output *o);
+/* ------------------------------------------------------------------ output */
+
+/* Gets each piece: G4_EVENT_TEXT (answer), G4_EVENT_THINKING, or G4_EVENT_TOOL_CALL (one whole
+ * call as compact JSON {"name", "arguments"}). Non-zero: out of memory (the parser fails). */
+typedef int (*g4_chat_piece_fn)(g4_event_kind kind, const char *text, size_t len, void *user);
+
+typedef struct g4_chat_parser g4_chat_parser;
+g4_chat_parser *g4_chat_parser_new(g4_chat_piece_fn fn, void *user); /* NULL: no memory */
+/* Feeds text (decoded with special tokens kept). Text after the end of the turn is ignored. */
+int g4_chat_parser_push(g4_chat_parser *p, const char *text, size_t len, g4_error *err);
+/* The output is complete: held text is released, an open tool call is parsed. */
+int g4_chat_parser_finish(g4_chat_parser *p, g4_error *err);
+/* The turn ended (<turn|>, <eos> or <|tool_response> was read). */
+int g4_chat_parser_ended(const g4_chat_parser *p);
+void g4_chat_parser_free(g4_chat_parser *p);
+
+/* 1 when a special token with this piece is part of what the parser reads (its markers and
+ * Gemma's string quote <|"|>); other special tokens are not shown. */
+int g4_chat_reads_token(const char *piece);
+
+/* A message built from pieces. */
+typedef struct g4_chat_accum {
+    g4_strbuf content, thinking, calls;
+    int n_calls;
+} g4_chat_accum;
+int g4_chat_accum_add(g4_chat_accum *a, g4_event_kind kind, const char *text, size_t len); /* -1: no memory */
+int g4_chat_accum_message(const g4_chat_accum *a, g4_chat_message *out, g4_error *err);
+void g4_chat_accum_free(g4_chat_accum *a);
 
 /* Parses one value in Gemma's tool notation at s[0..n); *used gets the bytes consumed.
  * Returns NULL when it does not parse. */

@@ -9,8 +9,6 @@
 #include <unistd.h>
 
 #include "cli/commands.h"
-#include "core/error.h"
-#include "model/model.h"
 
 int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err) {
     *ids = NULL;
@@ -161,7 +159,7 @@ g4_model *cli_load_model(const char *dir, int n_threads) {
         return NULL;
     }
     int last = -1;
-    g4_load_params lp = {.n_threads = n_threads};
+    g4_load_params lp = {.n_threads = n_threads, .device = cli_device};
     if (isatty(STDERR_FILENO)) {
         lp.progress = show_progress;
         lp.progress_user = &last;

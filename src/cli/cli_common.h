@@ -8,7 +8,6 @@
 #include <jansson.h>
 
 #include "gemma4c.h"
-#include "tokenizer/tokenizer.h"
 
 /* Parses "2,17,99" into a heap array; returns -1 with a message on bad input. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n, g4_error *err);
@@ -30,6 +29,9 @@ int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user
 /* Loads DIR/tokenizer.json (model_dir) or a tokenizer.json (file); prints the error and
  * returns NULL on failure. */
 g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file);
+
+/* The --device value of the command line (NULL: automatic); main() takes it out of argv. */
+extern const char *cli_device;
 
 /* Loads a model, showing a progress line on stderr when it is a terminal and the
  * weights are large; prints load warnings. Returns NULL after printing the error. */

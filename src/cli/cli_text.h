@@ -1,18 +1,13 @@
-/* What the text commands (generate -p, run, chat) share: a model folder opened with
- * its tokenizer, generation config and chat template; sampling options; and a
- * streaming generation that prints text as it comes. */
+/* What the text commands (generate, run, chat) share: the sampling options, a model folder
+ * opened with a context, and a generation streamed to the terminal. */
 #ifndef G4_CLI_CLI_TEXT_H
 #define G4_CLI_CLI_TEXT_H
 
 #include <getopt.h>
-#include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 
-#include "engine/generation_config.h"
 #include "gemma4c.h"
-#include "chat/chat.h"
-#include "tokenizer/tokenizer.h"
 
 #define CLI_MAX_STOPS 16
 #define CLI_MAX_BIAS 64
@@ -49,44 +44,31 @@ void cli_options_with_sampling(const struct option *own, struct option *out, int
 int cli_sampling_parse(cli_sampling *s, int opt, const char *arg);
 
 typedef struct cli_text_model {
-    g4_model *model;
-    g4_tokenizer *tok;
-    g4_chat_template *tpl; /* NULL unless asked for */
-    g4_generation_config gc;
+    g4_model *model; /* with the folder's tokenizer, chat template and generation defaults */
     g4_context *ctx;
-    int32_t channel_open, channel_close, tool_call_open, tool_call_close; /* -1 when the vocabulary lacks them */
 } cli_text_model;
 
-/* Loads what a text command needs; prints the error and returns -1 on failure. Without
- * CLI_NEED_TOKENIZER no tokenizer is loaded (generation then reports ids only). */
+/* Loads what a text command needs; prints the error and returns -1 on failure. The needs say
+ * which files beside the weights must be there. */
 enum { CLI_NEED_TOKENIZER = 1, CLI_NEED_TEMPLATE = 2 };
 int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm);
 void cli_text_close(cli_text_model *tm);
 
-/* How generated text is shown. */
-typedef enum {
-    CLI_SHOW_PLAIN, /* everything (special tokens skipped) to `out` */
-    CLI_SHOW_CHAT,  /* the answer to `out`; thinking to `thinking_out` if non-NULL, else hidden;
-                       tool calls are not streamed (the caller prints the parsed calls) */
-} cli_show;
+/* The generation the options ask for: sampling over the model's defaults (a seed from the clock
+ * unless --seed), the length limit, stop strings, --ignore-eos. gp points at sp and at opt's
+ * strings: both must outlive the generation. */
+void cli_generation_params(const cli_sampling *opt, const g4_model *model, g4_sampler_params *sp,
+                           g4_generation_params *gp);
 
-typedef struct cli_generation {
-    int32_t *ids;     /* generated ids */
-    int n_ids;
-    char *raw;        /* decoded with special tokens kept (for parsing), NUL-terminated; NULL without a tokenizer */
-    const char *finish; /* "stop" (eos or stop string), "length", "cancelled" */
-} cli_generation;
-
-/* Ctrl-C: while cli_generating is set it stops the answer (cli_cancel becomes 1), otherwise it
- * ends the program with status 130. */
-extern volatile int cli_cancel, cli_generating;
+/* Ctrl-C: while cli_stream runs it cancels the generation, otherwise it ends the program with
+ * status 130. */
 void cli_catch_sigint(void);
 
-/* Runs the prompt through sequence 0 (continuing from its length) and generates, streaming
- * text as configured; Ctrl-C (see cli_catch_sigint) stops it with finish "cancelled".
- * Returns 0 or -1 (the error is printed). */
-int cli_generate_text(cli_text_model *tm, const int32_t *prompt, int n_prompt, const cli_sampling *opt,
-                      cli_show show, FILE *out, FILE *thinking_out, cli_generation *g);
-void cli_generation_free(cli_generation *g);
+/* Runs the generation to its end: answer (or plain) text to `out`, thinking to `thinking_out`
+ * (either may be NULL: not shown). Returns 0 or -1 (the error is printed). */
+int cli_stream(g4_generation *g, FILE *out, FILE *thinking_out);
+
+/* Prints the reply's tool calls as one line {"tool_calls": [...]} when it made any. */
+void cli_print_tool_calls(const g4_generation *g);
 
 #endif

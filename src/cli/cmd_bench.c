@@ -12,7 +12,6 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
-#include "model/model.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -28,25 +27,6 @@ static int cmp_double(const void *a, const void *b) {
 static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static double tensor_bytes(const g4_tensor *t) { return t ? (double)g4_tensor_row_bytes(t) * (double)g4_tensor_nrows(t) : 0; }
-
-/* Weight bytes one decoded token reads. */
-static double decode_bytes(const g4_model *m) {
-    const g4_text_config *c = &m->cfg.text;
-    double b = tensor_bytes(m->lm_head) + tensor_bytes(m->ple_model_proj) + (double)g4_tensor_row_bytes(m->embed);
-    if (m->ple_embed) b += (double)g4_tensor_row_bytes(m->ple_embed);
-    for (int l = 0; l < c->n_layers; l++) {
-        const g4_layer *y = &m->layers[l];
-        const g4_tensor *mats[] = {y->q_proj, y->k_proj, y->v_proj, y->o_proj, y->gate_proj, y->up_proj,
-                                   y->down_proj, y->ple_gate, y->ple_proj, y->router_proj};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) b += tensor_bytes(mats[i]);
-        if (c->enable_moe_block)
-            b += (tensor_bytes(y->experts_gate_up) + tensor_bytes(y->experts_up) + tensor_bytes(y->experts_down)) *
-                 c->top_k_experts / c->num_experts;
-    }
-    return b;
 }
 
 static void usage(FILE *f) {
@@ -120,7 +100,7 @@ int cmd_bench(int argc, char **argv) {
         pps[r] = (double)P / (t1 - t0);
         tgs[r] = (double)N / (t2 - t1);
     }
-    double pp = median(pps, (int)R), tg = median(tgs, (int)R), bytes = decode_bytes(m);
+    double pp = median(pps, (int)R), tg = median(tgs, (int)R), bytes = g4_model_decode_bytes(m);
     printf("model %s  threads %d  repeats %ld (medians)\n", dir, threads ? (int)threads : 0, R);
     printf("prefill %ld tokens: %.1f tok/s\ndecode %ld tokens: %.1f tok/s (%.2f ms/token)\n", P, pp, N, tg, 1000.0 / tg);
     printf("weights read per decoded token: %.3f GB, %.1f GB/s\n", bytes * 1e-9, bytes * tg * 1e-9);

@@ -21,25 +21,6 @@ static void usage(FILE *f) {
             "in the chat: /reset starts over, /exit quits, Ctrl-C stops an answer\n");
 }
 
-/* Tokens the cache holds for sequence 0, in order. */
-typedef struct {
-    int32_t *ids;
-    int n, cap;
-} history;
-
-static int history_set(history *h, const int32_t *a, int na, const int32_t *b, int nb, int keep) {
-    int n = na + nb < keep ? na + nb : keep;
-    if (n > h->cap) {
-        int32_t *p = realloc(h->ids, (size_t)n * sizeof *p);
-        if (!p) return -1;
-        h->ids = p;
-        h->cap = n;
-    }
-    for (int i = 0; i < n; i++) h->ids[i] = i < na ? a[i] : b[i - na];
-    h->n = n;
-    return 0;
-}
-
 int cmd_chat(int argc, char **argv) {
     enum { OPT_SYSTEM = 2000, OPT_THINK };
     static const struct option own[] = {{"system", required_argument, 0, OPT_SYSTEM}, {"think", no_argument, 0, OPT_THINK},
@@ -68,17 +49,24 @@ int cmd_chat(int argc, char **argv) {
     if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, &tm)) return 1;
     const int interactive = isatty(STDIN_FILENO);
     const int color = isatty(STDOUT_FILENO);
+    g4_error err;
+    g4_chat *chat = NULL;
+    if (g4_chat_new(g4_model_chat_template(tm.model), think ? "{\"enable_thinking\": true}" : NULL, &chat, &err) ||
+        (system_prompt && g4_chat_add(chat, "system", system_prompt, &err))) {
+        cli_error("%s", err.msg);
+        g4_chat_free(chat);
+        cli_text_close(&tm);
+        return 1;
+    }
     cli_catch_sigint();
     if (interactive)
         fprintf(stderr, "gemma4c chat: %s (context %d). /reset starts over, /exit quits, Ctrl-C stops an answer.\n",
                 smp.model_dir, g4_context_n_ctx(tm.ctx));
-    json_t *messages = json_array();
-    if (system_prompt) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
-    history hist = {0};
+    g4_sampler_params sp;
+    g4_generation_params gp;
+    cli_generation_params(&smp, tm.model, &sp, &gp);
     char *line = NULL;
     size_t line_cap = 0;
-    g4_error err;
-    int rc = 0;
     for (;;) {
         if (interactive) {
             fputs(color ? "\033[1m> \033[0m" : "> ", stdout);
@@ -90,11 +78,8 @@ int cmd_chat(int argc, char **argv) {
         if (got == 0) continue;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
         if (!strcmp(line, "/reset")) {
-            json_array_clear(messages);
-            if (system_prompt)
-                json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
-            g4_seq_reset(tm.ctx, 0);
-            hist.n = 0;
+            g4_chat_clear(chat);
+            if (system_prompt) g4_chat_add(chat, "system", system_prompt, NULL);
             fprintf(stderr, "(new conversation)\n");
             continue;
         }
@@ -102,72 +87,31 @@ int cmd_chat(int argc, char **argv) {
             fprintf(stderr, "commands: /reset, /exit\n");
             continue;
         }
-        json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", line));
-        char *prompt_text = NULL;
-        size_t prompt_len;
-        g4_tokens toks = {0};
-        g4_chat_options co = {.add_generation_prompt = 1, .enable_thinking = think ? 1 : -1};
-        if (g4_chat_render(tm.tpl, messages, &co, &prompt_text, &prompt_len, &err) ||
-            g4_tokenize(tm.tok, prompt_text, prompt_len, 0, &toks, &err)) {
+        /* the whole conversation is rendered each turn; the part the cache holds is not run again */
+        if (g4_chat_add(chat, "user", line, &err)) {
             cli_error("%s", err.msg);
-            json_array_remove(messages, json_array_size(messages) - 1);
-            free(prompt_text);
-            free(toks.ids);
             continue;
         }
-        free(prompt_text);
-        /* reuse what the cache holds: keep the common prefix, feed the rest (at least one token) */
-        int same = 0;
-        while (same < hist.n && same < (int)toks.n && hist.ids[same] == toks.ids[same]) same++;
-        if (same == (int)toks.n) same--;
-        if (g4_seq_truncate(tm.ctx, 0, same, &err)) {
-            g4_seq_reset(tm.ctx, 0);
-            same = 0;
-        }
-        cli_generation g;
-        int grc = cli_generate_text(&tm, toks.ids + same, (int)toks.n - same, &smp, CLI_SHOW_CHAT, stdout,
-                                    think ? stderr : NULL, &g);
-        if (grc) {
-            /* the turn failed (e.g. the context is full): forget it */
-            json_array_remove(messages, json_array_size(messages) - 1);
-            g4_seq_reset(tm.ctx, 0);
-            hist.n = 0;
-            free(toks.ids);
+        g4_generation *gen = NULL;
+        int bad = g4_chat_start(chat, tm.ctx, 0, &gp, &gen, &err);
+        if (bad) cli_error("%s", err.msg);
+        else bad = cli_stream(gen, stdout, think ? stderr : NULL);
+        if (!bad && g4_chat_add_reply(chat, gen, &err)) bad = cli_error("%s", err.msg);
+        if (bad) { /* the turn failed (e.g. the context is full): forget it */
+            g4_chat_pop(chat);
+            g4_generation_free(gen);
             fprintf(stderr, "(the turn was dropped; /reset starts a new conversation)\n");
             continue;
         }
-        if (cli_cancel) fputs(color ? " \033[2m[stopped]\033[0m" : " [stopped]", stdout);
+        if (g4_generation_finish(gen) == G4_FINISH_CANCELLED)
+            fputs(color ? " \033[2m[stopped]\033[0m" : " [stopped]", stdout);
         fputs("\n", stdout);
+        cli_print_tool_calls(gen);
         fflush(stdout);
-        if (history_set(&hist, toks.ids, (int)toks.n, g.ids, g.n_ids, g4_seq_length(tm.ctx, 0))) {
-            g4_seq_reset(tm.ctx, 0);
-            hist.n = 0;
-        }
-        g4_chat_output parsed;
-        const char *answer = "";
-        int have_parsed = g.raw && g4_chat_parse_output(g.raw, strlen(g.raw), &parsed, &err) == 0;
-        if (have_parsed) answer = parsed.content;
-        json_t *msg = json_pack("{s:s,s:s}", "role", "assistant", "content", answer);
-        if (have_parsed && json_array_size(parsed.tool_calls)) {
-            json_t *calls = json_array();
-            size_t i;
-            json_t *call;
-            json_array_foreach(parsed.tool_calls, i, call) {
-                json_array_append_new(calls, json_pack("{s:s,s:O}", "type", "function", "function", call));
-                char *s = json_dumps(call, JSON_COMPACT);
-                if (s) printf("{\"tool_call\":%s}\n", s);
-                free(s);
-            }
-            json_object_set_new(msg, "tool_calls", calls);
-        }
-        json_array_append_new(messages, msg);
-        if (have_parsed) g4_chat_output_free(&parsed);
-        cli_generation_free(&g);
-        free(toks.ids);
+        g4_generation_free(gen);
     }
     free(line);
-    free(hist.ids);
-    json_decref(messages);
+    g4_chat_free(chat);
     cli_text_close(&tm);
-    return rc;
+    return 0;
 }

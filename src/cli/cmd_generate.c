@@ -62,9 +62,10 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
+    g4_generation *gen = NULL;
     if (text) {
         g4_tokens toks = {0};
-        if (g4_tokenize(tm.tok, text, strlen(text), !no_bos, &toks, &err)) {
+        if (g4_tokenize(g4_model_tokenizer(tm.model), text, strlen(text), !no_bos, &toks, &err)) {
             cli_error("%s", err.msg);
             goto done;
         }
@@ -75,17 +76,24 @@ int cmd_generate(int argc, char **argv) {
             goto done;
         }
     }
+    g4_sampler_params sp;
+    g4_generation_params gp;
+    cli_generation_params(&smp, tm.model, &sp, &gp);
+    if (g4_generation_start(tm.ctx, 0, prompt, n_prompt, &gp, &gen, &err)) {
+        cli_error("%s", err.msg);
+        goto done;
+    }
     cli_catch_sigint();
-    cli_generation g;
-    int grc = cli_generate_text(&tm, prompt, n_prompt, &smp, CLI_SHOW_PLAIN, stdout, NULL, &g);
-    if (grc) goto done;
+    if (cli_stream(gen, ids_s ? NULL : stdout, NULL)) goto done;
     if (ids_s) {
-        for (int i = 0; i < g.n_ids; i++) printf(i ? ",%d" : "%d", g.ids[i]);
+        int n;
+        const int32_t *ids = g4_generation_tokens(gen, &n);
+        for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
     }
     printf("\n");
-    cli_generation_free(&g);
-    rc = cli_cancel ? 130 : 0;
+    rc = g4_generation_finish(gen) == G4_FINISH_CANCELLED ? 130 : 0;
 done:
+    g4_generation_free(gen);
     free(prompt);
     cli_text_close(&tm);
     return rc;

@@ -9,7 +9,7 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
-#include "model/quantize.h"
+#include "gemma4c.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: gemma4c quantize IN OUT --type T [--group 64] [-v]\n"

@@ -1,6 +1,7 @@
 /* gemma4c run -m DIR -p TEXT: one chat turn through the model's chat template.
  * The answer streams to stdout; with --think the model thinks first and its thinking
- * streams to stderr; tool calls the model makes are printed as JSON lines at the end. */
+ * streams to stderr; tool calls the model makes are printed at the end as one JSON line
+ * {"tool_calls": [{"name": ..., "arguments": {...}}, ...]}. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,40 +52,25 @@ int cmd_run(int argc, char **argv) {
     if (cli_text_open(&smp, CLI_NEED_TOKENIZER | CLI_NEED_TEMPLATE, &tm)) return 1;
     int rc = 1;
     g4_error err;
-    json_t *messages = json_array();
-    if (system_prompt) json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "system", "content", system_prompt));
-    json_array_append_new(messages, json_pack("{s:s,s:s}", "role", "user", "content", text));
-    char *prompt_text = NULL;
-    size_t prompt_len;
-    g4_tokens toks = {0};
-    g4_chat_options co = {.tools = NULL, .add_generation_prompt = 1, .enable_thinking = think ? 1 : -1};
-    if (g4_chat_render(tm.tpl, messages, &co, &prompt_text, &prompt_len, &err) ||
-        g4_tokenize(tm.tok, prompt_text, prompt_len, 0, &toks, &err)) {
+    g4_chat *chat = NULL;
+    g4_generation *gen = NULL;
+    g4_sampler_params sp;
+    g4_generation_params gp;
+    cli_generation_params(&smp, tm.model, &sp, &gp);
+    if (g4_chat_new(g4_model_chat_template(tm.model), think ? "{\"enable_thinking\": true}" : NULL, &chat, &err) ||
+        (system_prompt && g4_chat_add(chat, "system", system_prompt, &err)) || g4_chat_add(chat, "user", text, &err) ||
+        g4_chat_start(chat, tm.ctx, 0, &gp, &gen, &err)) {
         cli_error("%s", err.msg);
         goto done;
     }
     cli_catch_sigint();
-    cli_generation g;
-    int grc = cli_generate_text(&tm, toks.ids, (int)toks.n, &smp, CLI_SHOW_CHAT, stdout, think ? stderr : NULL, &g);
-    if (grc) goto done;
+    if (cli_stream(gen, stdout, think ? stderr : NULL)) goto done;
     printf("\n");
-    g4_chat_output parsed;
-    if (g.raw && g4_chat_parse_output(g.raw, strlen(g.raw), &parsed, &err) == 0) {
-        size_t i;
-        json_t *call;
-        json_array_foreach(parsed.tool_calls, i, call) {
-            char *s = json_dumps(call, JSON_COMPACT);
-            if (s) printf("{\"tool_call\":%s}\n", s);
-            free(s);
-        }
-        g4_chat_output_free(&parsed);
-    }
-    cli_generation_free(&g);
-    rc = cli_cancel ? 130 : 0;
+    cli_print_tool_calls(gen);
+    rc = g4_generation_finish(gen) == G4_FINISH_CANCELLED ? 130 : 0;
 done:
-    free(toks.ids);
-    free(prompt_text);
-    json_decref(messages);
+    g4_generation_free(gen);
+    g4_chat_free(chat);
     cli_text_close(&tm);
     return rc;
 }

@@ -10,8 +10,6 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
-#include "core/error.h"
-#include "chat/chat.h"
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -34,32 +32,18 @@ static void usage(FILE *f) {
 /* {"messages", "tools", "enable_thinking", "add_generation_prompt", "chat_template_kwargs"} -> "prompt" */
 static json_t *render_line(const json_t *in, void *user, g4_error *err) {
     const g4_chat_template *t = user;
-    const json_t *messages = json_object_get(in, "messages");
-    const json_t *tools = json_object_get(in, "tools");
-    const json_t *et = json_object_get(in, "enable_thinking");
-    const json_t *agp = json_object_get(in, "add_generation_prompt");
-    const json_t *kwargs = json_object_get(in, "chat_template_kwargs");
-    if (!json_is_array(messages)) return g4_fail(err, "\"messages\" must be a list of messages"), NULL;
-    if (tools && !json_is_null(tools) && !json_is_array(tools))
-        return g4_fail(err, "\"tools\" must be a list or null"), NULL;
-    if (et && !json_is_null(et) && !json_is_boolean(et))
-        return g4_fail(err, "\"enable_thinking\" must be true, false or null"), NULL;
-    if (agp && !json_is_null(agp) && !json_is_boolean(agp))
-        return g4_fail(err, "\"add_generation_prompt\" must be true or false"), NULL;
-    if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
-        return g4_fail(err, "\"chat_template_kwargs\" must be an object"), NULL;
-    g4_chat_options opt = {
-        .tools = json_is_array(tools) ? tools : NULL,
-        .add_generation_prompt = json_is_true(agp),
-        .enable_thinking = json_is_boolean(et) ? json_is_true(et) : -1,
-        .extra_vars = json_is_object(kwargs) ? kwargs : NULL,
-    };
-    char *text = NULL;
+    if (!json_is_array(json_object_get(in, "messages")))
+        return g4_fail(err, "\"messages\" must be a list of messages"), NULL;
+    char *request = json_dumps(in, JSON_COMPACT), *text = NULL;
     size_t text_len = 0;
-    if (g4_chat_render(t, messages, &opt, &text, &text_len, err)) return NULL;
-    json_t *s = json_stringn(text, text_len);
-    free(text);
-    if (!s) g4_fail(err, "the rendered text is not valid UTF-8");
+    g4_chat *chat = NULL;
+    int rc = request ? g4_chat_new(t, request, &chat, err) : g4_fail(err, "out of memory");
+    if (rc == 0) rc = g4_chat_render(chat, &text, &text_len, err);
+    g4_chat_free(chat);
+    free(request);
+    json_t *s = rc ? NULL : json_stringn(text, text_len);
+    g4_free(text);
+    if (!rc && !s) g4_fail(err, "the rendered text is not valid UTF-8");
     return s;
 }
 

@@ -7,7 +7,6 @@
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
-#include "core/error.h"
 
 static void usage(FILE *f) {
     fprintf(f,

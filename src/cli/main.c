@@ -41,7 +41,32 @@ static void usage(FILE *f) {
             G4_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n'gemma4c COMMAND --help' shows the options of a command.\n");
+    fprintf(f, "\nEvery command that runs a model takes --device cpu|cuda (default: cuda when built in and a GPU\n"
+               "is present; this build has: %s).\n'gemma4c COMMAND --help' shows the options of a command.\n",
+            g4_backends());
+}
+
+const char *cli_device; /* --device, taken out of argv before the command parses its options */
+
+/* Removes "--device X" / "--device=X" from argv; returns the new argc, or -1 after an error line. */
+static int take_device_option(int argc, char **argv) {
+    int out = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) { /* the rest is not options */
+            while (i < argc) argv[out++] = argv[i++];
+            break;
+        }
+        if (!strcmp(argv[i], "--device")) {
+            if (i + 1 >= argc) return cli_error("--device needs a value (cpu or cuda)"), -1;
+            cli_device = argv[++i];
+        } else if (!strncmp(argv[i], "--device=", 9)) {
+            cli_device = argv[i] + 9;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    argv[out] = NULL;
+    return out;
 }
 
 int main(int argc, char **argv) {
@@ -54,10 +79,13 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("gemma4c %s\n", G4_VERSION);
+        printf("gemma4c %s (backends: %s)\n", G4_VERSION, g4_backends());
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) {
+            int n = take_device_option(argc - 1, argv + 1);
+            return n < 0 ? 1 : commands[i].fn(n, argv + 1);
+        }
     return cli_error("unknown command '%s' (try 'gemma4c --help')", argv[1]);
 }

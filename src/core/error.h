@@ -4,9 +4,7 @@
 
 #include "gemma4c.h"
 
-/* Formats the message into err (if non-NULL) and returns -1, so callers write
- * `return g4_fail(err, "...", ...);`. */
-int g4_fail(g4_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* g4_fail (format a one-line message into err, return -1) is public: gemma4c.h. */
 
 /* Prefixes an existing message: "context: old message". Returns -1. */
 int g4_fail_prefix(g4_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -2,6 +2,8 @@
 
 #include <stdio.h>
 
+#include "core/quant.h"
+
 static const struct {
     const char *name;
     int bits;        /* per element, plain types only */
@@ -180,5 +182,14 @@ void g4_to_f32(g4_dtype t, const void *src, float *dst, size_t n) {
     default:
         for (size_t i = 0; i < n; i++) dst[i] = 0.0f;
         break;
+    }
+}
+
+void g4_tensor_rows_f32(const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
+    size_t cols = (size_t)table->shape[table->ndim - 1];
+    for (int i = 0; i < n; i++) {
+        float *o = out + (size_t)i * cols;
+        g4_dequant_row(table, ids[i], o); /* one row of any dtype, quantized tables included */
+        for (size_t k = 0; k < cols; k++) o[k] *= scale;
     }
 }

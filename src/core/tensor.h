@@ -131,4 +131,7 @@ uint16_t g4_f32_to_f16(float f);
 /* Converts n elements of type `src_type` (f32/f16/bf16) at possibly unaligned src to f32. */
 void g4_to_f32(g4_dtype src_type, const void *src, float *dst, size_t n);
 
+/* out[i, :] = table[ids[i], :] * scale in f32, for a host table [rows, cols] of any dtype (embedding lookups). */
+void g4_tensor_rows_f32(const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
+
 #endif

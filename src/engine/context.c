@@ -21,11 +21,14 @@ static void scratch_free(g4_context *ctx) {
                      (void **)&ctx->s.moe_x2, (void **)&ctx->s.moe_out, (void **)&ctx->s.ple,
                      (void **)&ctx->s.ple_t,  (void **)&ctx->s.ple_g,   (void **)&ctx->s.ple_h,
                      (void **)&ctx->s.logits, (void **)&ctx->s.ids,     (void **)&ctx->s.seq,
-                     (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows};
+                     (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows, (void **)&ctx->s.kv_end,
+                     (void **)&ctx->s.out_ids};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i]) be->ops->release(be, *bufs[i]);
         *bufs[i] = NULL;
     }
+    free(ctx->s.host_rows);
+    ctx->s.host_rows = NULL;
 }
 
 static int scratch_alloc(g4_context *ctx, g4_error *err) {
@@ -72,7 +75,10 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(seq, n);
     ALLOC(pos, n);
     ALLOC(out_rows, n);
+    ALLOC(kv_end, n);
+    ALLOC(out_ids, n);
 #undef ALLOC
+    if (P && ctx->model->ple_on_host && !(s->host_rows = malloc(n * LP * sizeof(float)))) goto oom;
     return 0;
 oom:
     return g4_fail(err, "out of memory for a batch of %d tokens", ctx->n_batch);
@@ -84,11 +90,16 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     if (params) p = *params;
     const g4_text_config *c = &model->cfg.text;
     if (p.n_seq_max <= 0) p.n_seq_max = 1;
-    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 4096 ? c->max_position_embeddings : 4096;
+    if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 8192 ? c->max_position_embeddings : 8192;
     if (p.n_batch <= 0) p.n_batch = 512;
-    if (p.n_seq_max > 65536 || p.n_ctx > (1 << 24) || p.n_batch > (1 << 20))
-        return g4_fail(err, "context too large (%d sequences, %d positions, batch %d)", p.n_seq_max, p.n_ctx,
-                       p.n_batch);
+    if (p.kv_block_size <= 0) p.kv_block_size = 32;
+    if (p.n_seq_max > 65536 || p.n_ctx > (1 << 24) || p.n_batch > (1 << 20) || p.kv_block_size > 4096 ||
+        (long)p.n_seq_max * ((p.n_ctx + p.kv_block_size - 1) / p.kv_block_size) > (1L << 26))
+        return g4_fail(err, "context too large (%d sequences, %d positions, batch %d, KV blocks of %d)", p.n_seq_max,
+                       p.n_ctx, p.n_batch, p.kv_block_size);
+    if (p.kv_type != G4_KV_F32 && p.kv_type != G4_KV_BF16 && p.kv_type != G4_KV_F16)
+        return g4_fail(err, "unknown KV cache type %d", (int)p.kv_type);
+    if (p.n_kv_blocks < 0) return g4_fail(err, "negative number of KV blocks %d", p.n_kv_blocks);
     if (p.n_ctx > c->max_position_embeddings)
         return g4_fail(err, "n_ctx %d exceeds the model's max_position_embeddings %d", p.n_ctx,
                        c->max_position_embeddings);
@@ -102,11 +113,14 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->rows_host = malloc((size_t)p.n_batch * sizeof(int32_t));
     ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
     ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
-    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added) {
+    ctx->seq_tokens = malloc((size_t)p.n_seq_max * (size_t)p.n_ctx * sizeof(int32_t));
+    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens) {
         g4_fail(err, "out of memory");
         goto fail;
     }
-    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch, err)) goto fail;
+    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch, p.kv_type, p.kv_block_size,
+                         p.n_kv_blocks, err))
+        goto fail;
     if (scratch_alloc(ctx, err)) goto fail;
     *out = ctx;
     return 0;
@@ -123,27 +137,27 @@ void g4_context_free(g4_context *ctx) {
     free(ctx->rows_host);
     free(ctx->zero_seq);
     free(ctx->seq_added);
+    free(ctx->seq_tokens);
     free(ctx);
 }
 
 int g4_context_n_ctx(const g4_context *ctx) { return ctx->n_ctx; }
+g4_model *g4_context_model(const g4_context *ctx) { return ctx->model; }
 
 void g4_seq_reset(g4_context *ctx, int seq) {
-    if (seq >= 0 && seq < ctx->n_seq) ctx->kv.seq_len[seq] = 0;
+    if (seq < 0 || seq >= ctx->n_seq) return;
+    g4_kv_cache_drop(&ctx->kv, seq, 0);
+    ctx->kv.seq_len[seq] = 0;
 }
 
 int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err) {
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     int len = ctx->kv.seq_len[seq];
     if (n < 0 || n > len) return g4_fail(err, "cannot truncate sequence %d of %d positions to %d", seq, len, n);
-    for (int l = 0; l < ctx->kv.n_layers; l++) {
-        const g4_kv_layer *y = &ctx->kv.layers[l];
-        /* the next step at position n needs positions n-W+1 .. n-1; the ring holds len-cap .. len-1 */
-        int lo = n - y->window + 1 > 0 ? n - y->window + 1 : 0;
-        if (y->window && n > 0 && lo < len - y->cap)
-            return g4_fail(err, "cannot roll sequence %d back from %d to %d positions: the sliding window's ring no "
-                                "longer holds them", seq, len, n);
-    }
+    if (!g4_kv_cache_can_resume(&ctx->kv, seq, n))
+        return g4_fail(err, "cannot roll sequence %d back from %d to %d positions: the sliding window's blocks of "
+                            "those positions were released", seq, len, n);
+    g4_kv_cache_drop(&ctx->kv, seq, n);
     ctx->kv.seq_len[seq] = n;
     return 0;
 }
@@ -152,21 +166,41 @@ int g4_seq_length(const g4_context *ctx, int seq) {
     return (seq >= 0 && seq < ctx->n_seq) ? ctx->kv.seq_len[seq] : -1;
 }
 
+const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n) {
+    if (seq < 0 || seq >= ctx->n_seq) {
+        *n = 0;
+        return NULL;
+    }
+    *n = ctx->kv.seq_len[seq];
+    return ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx;
+}
+
+int g4_kv_free_blocks(const g4_context *ctx) {
+    const g4_kv_pool *p = &ctx->kv.pool[G4_LAYER_FULL];
+    if (!p->used) p = &ctx->kv.pool[G4_LAYER_SLIDING];
+    return p->n_free;
+}
+
+size_t g4_kv_bytes(const g4_context *ctx) { return ctx->kv.bytes; }
+
 void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm) {
     ctx->capture_hidden = hidden_per_layer;
     ctx->capture_final = final_norm;
 }
 
-int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) {
+/* Checks a batch, gives its tokens their positions, takes their KV blocks and runs the forward pass. */
+static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_error *err) {
     const int n = b->n_tokens;
-    const int V = ctx->model->cfg.text.vocab_size;
+    const g4_text_config *c = &ctx->model->cfg.text;
+    const int V = c->vocab_size;
     if (n <= 0) return g4_fail(err, "empty batch");
     if (n > ctx->n_batch) return g4_fail(err, "batch of %d tokens exceeds the context's limit of %d", n, ctx->n_batch);
     const int32_t *seq = b->seq ? b->seq : ctx->zero_seq;
     int *added = ctx->seq_added;
     memset(added, 0, (size_t)ctx->n_seq * sizeof *added);
-    /* positions continue each sequence; check ids, sequences and room */
+    /* positions continue each sequence; check ids, sequences, order and room */
     int n_out = 0;
+    for (int t = 0; t < G4_LAYER_TYPES; t++) ctx->max_keys[t] = 0;
     for (int i = 0; i < n; i++) {
         if (b->token[i] < 0 || b->token[i] >= V)
             return g4_fail(err, "token id %d at batch row %d is outside the vocabulary (0..%d)", b->token[i], i, V - 1);
@@ -177,9 +211,22 @@ int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) 
             return g4_fail(err, "sequence %d is full: position %d exceeds the context size %d", seq[i], p, ctx->n_ctx);
         ctx->pos_host[i] = p;
         if (!b->want_logits || b->want_logits[i]) ctx->rows_host[n_out++] = i;
+        int full = p + 1, slide = p + 1 < c->sliding_window ? p + 1 : c->sliding_window;
+        if (full > ctx->max_keys[G4_LAYER_FULL]) ctx->max_keys[G4_LAYER_FULL] = full;
+        if (slide > ctx->max_keys[G4_LAYER_SLIDING]) ctx->max_keys[G4_LAYER_SLIDING] = slide;
     }
-    g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host};
-    if (g4_forward(ctx, &st, logits, err)) return -1;
+    if (g4_kv_cache_prepare(&ctx->kv, added, n, seq, ctx->pos_host, err)) return -1;
+    g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host, NULL};
+    if (g4_forward(ctx, &st, logits, ids, err)) return -1;
+    for (int i = 0; i < n; i++) ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] = b->token[i];
     for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
     return 0;
+}
+
+int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) {
+    return decode(ctx, b, logits, NULL, err);
+}
+
+int g4_decode_greedy(g4_context *ctx, const g4_batch *b, int32_t *ids, g4_error *err) {
+    return decode(ctx, b, NULL, ids, err);
 }

@@ -13,6 +13,7 @@ typedef struct g4_step {
     const int32_t *ids, *seq, *pos; /* host arrays */
     int n_out;
     const int32_t *out_rows;
+    const int32_t *kv_end;          /* host [n] or NULL: see g4_attention_args (sliding layers only) */
 } g4_step;
 
 typedef struct g4_scratch {
@@ -21,23 +22,28 @@ typedef struct g4_scratch {
     float *ple, *ple_t, *ple_g, *ple_h; /* PLE inputs [n, L*P], transposed [L, n, P], gate [n, P], out [n, H] */
     float *logits;                      /* [logit_rows, V] */
     float *rope[G4_LAYER_TYPES];        /* cos/sin of the step's positions per layer type [n, head_dim] */
-    int32_t *ids, *seq, *pos, *out_rows;
+    int32_t *ids, *seq, *pos, *out_rows, *kv_end, *out_ids;
+    float *host_rows;                   /* host [n, L*P]: rows of a table the model keeps on the host */
     int logit_rows;
 } g4_scratch;
 
 struct g4_context {
     g4_model *model;
     int n_seq, n_ctx, n_batch;
+    int max_keys[G4_LAYER_TYPES]; /* most keys a token of the step sees, per layer type (set by g4_decode) */
+    const int32_t *step_kv_end;   /* the step's kv_end in backend memory, or NULL */
     g4_kv_cache kv;
     g4_scratch s;
     int32_t *pos_host;  /* [n_batch] */
     int32_t *rows_host; /* [n_batch] */
     int32_t *zero_seq;  /* [n_batch] zeros: the sequence ids of a batch that gives none */
     int *seq_added;     /* [n_seq] tokens a step adds to each sequence */
+    int32_t *seq_tokens; /* [n_seq][n_ctx] the ids each sequence holds (g4_seq_tokens) */
     float *capture_hidden, *capture_final; /* host, optional */
 };
 
-/* The decoder forward pass for one step (src/model/forward.c). */
-int g4_forward(g4_context *ctx, const g4_step *step, float *logits, g4_error *err);
+/* The decoder forward pass for one step (src/model/forward.c): float32 logits of the step's out_rows into the
+ * host buffer `logits` [n_out, V], or, when logits is NULL, their argmax into the host array `ids` [n_out]. */
+int g4_forward(g4_context *ctx, const g4_step *step, float *logits, int32_t *ids, g4_error *err);
 
 #endif

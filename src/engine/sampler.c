@@ -1044,6 +1044,10 @@ static int32_t run(g4_sampler *s, const float *logits, float *probs, int *n_nonz
 
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits) { return run(s, logits, NULL, NULL); }
 
+int g4_sampler_is_argmax(const g4_sampler *s) {
+    return s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE && s->n_static == 0 && !s->penalties_on;
+}
+
 int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs) {
     memset(probs, 0, (size_t)s->V * sizeof *probs);
     int nz = 0;

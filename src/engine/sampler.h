@@ -37,65 +37,25 @@
 
 #include "gemma4c.h"
 
-typedef struct g4_sampler_params {
-    float temperature;        /* 0 = greedy (argmax; ties -> lowest id, like torch); values below
-                                 1e-5 are treated as 0 (the scaled logits would overflow) */
-    int top_k;                /* 0 = off */
-    float top_p;              /* 1.0 = off; must be in (0, 1] */
-    float min_p;              /* 0 = off; must be in [0, 1] */
-    float repetition_penalty; /* 1.0 = off; > 0. HF semantics: logit > 0 ? logit/p : logit*p,
-                                 applied once to every id in the history window */
-    float presence_penalty;   /* 0 = off; logit -= presence if count > 0 */
-    float frequency_penalty;  /* 0 = off; logit -= frequency * count */
-    int penalty_last_n;       /* how many of the latest accepted ids the three penalties look at;
-                                 -1 = all of them, 0 = none (penalties off) */
-    uint64_t seed;
-    /* Logit bias: bias_values[i] is added to the logit of bias_ids[i] (repeated ids add up);
-     * -INFINITY bans the id. The arrays are copied by g4_sampler_new. */
-    const int32_t *bias_ids;
-    const float *bias_values;
-    int n_bias;
-    /* Ids set to -INFINITY at every step (generation_config suppress_tokens). Copied. */
-    const int32_t *suppress_ids;
-    int n_suppress;
-} g4_sampler_params;
-
-/* Neutral settings: temperature 1, top_k 0, top_p 1, min_p 0, no penalties
- * (repetition 1, presence 0, frequency 0, penalty_last_n -1), seed 0, no bias,
- * nothing suppressed: plain sampling from softmax(logits). */
-void g4_sampler_params_default(g4_sampler_params *p);
+/* g4_sampler_params, g4_sampler_new/free/sample/accept/reset/seed are declared in gemma4c.h
+ * (the public API); below, what the engine and the tests use besides.
+ *
+ * sample() does not modify logits (it works in the sampler's own scratch). NaN logits count as
+ * -INFINITY; if some logits are +INFINITY the lowest such id is returned. Penalty history ids
+ * outside [0, vocab_size) are ignored; accepting is a no-op when no penalty is on. */
 
 /* Checks the parameters (vocab_size <= 0 skips the id range checks). Returns 0 or -1 with
  * a one-line message naming the bad field. */
 int g4_sampler_params_check(const g4_sampler_params *p, int vocab_size, g4_error *err);
 
-typedef struct g4_sampler g4_sampler;
-
-/* Validates p (clear errors for a negative or non-finite temperature, top_p outside (0,1],
- * ids outside the vocabulary, ...) and allocates every buffer sample() needs. */
-int g4_sampler_new(const g4_sampler_params *p, int vocab_size, g4_sampler **out, g4_error *err);
-void g4_sampler_free(g4_sampler *s);
-
-/* Appends one id to the history the penalties look at: feed the prompt tokens, then every
- * generated token. Ids outside [0, vocab_size) are ignored. A no-op when no penalty is on. */
-void g4_sampler_accept(g4_sampler *s, int32_t id);
-void g4_sampler_accept_many(g4_sampler *s, const int32_t *ids, int n);
-
-/* Clears the history. The random generator keeps its state (a new sequence gets fresh
- * draws); call g4_sampler_seed to restart the random sequence too. */
-void g4_sampler_reset(g4_sampler *s);
-void g4_sampler_seed(g4_sampler *s, uint64_t seed);
-
-/* Draws the next id from one row of vocab_size logits. Does not modify logits (it works in
- * the sampler's own scratch) and does not accept the id into the history. NaN logits count
- * as -INFINITY; if some logits are +INFINITY the lowest such id is returned. Returns -1 when
- * no token can be drawn (every logit -INFINITY or NaN after bias/suppression). */
-int32_t g4_sampler_sample(g4_sampler *s, const float *logits);
-
 /* The exact distribution sample() draws from for this row and history: writes vocab_size
  * probabilities (0 for filtered tokens; greedy gives a one-hot row) and returns how many are
  * non-zero, or -1 as above (then probs is all zero). Consumes no random numbers. */
 int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs);
+
+/* 1 when sample() is the plain argmax of the logits (greedy, no bias, suppression or penalty),
+ * so a model step may pick the id itself (g4_decode_greedy). */
+int g4_sampler_is_argmax(const g4_sampler *s);
 
 /* The parameters the sampler was created with (arrays point at its own copies). */
 const g4_sampler_params *g4_sampler_get_params(const g4_sampler *s);

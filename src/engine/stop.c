@@ -4,12 +4,12 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/strbuf.h"
 
 struct g4_stop_matcher {
     char **stops;
     size_t *lens;
     int n;
-    size_t max_len;
     char *buf;      /* held bytes, then the bytes returned by the last call */
     size_t len;     /* bytes in buf */
     size_t cap;
@@ -55,7 +55,6 @@ int g4_stop_new(const char *const *stops, int n, g4_stop_matcher **out, g4_error
             return g4_fail(err, "stop strings: out of memory");
         }
         memcpy(m->stops[i], stops[i], m->lens[i] + 1);
-        if (m->lens[i] > m->max_len) m->max_len = m->lens[i];
     }
     m->n = n;
     *out = m;
@@ -130,15 +129,7 @@ int g4_stop_push(g4_stop_matcher *m, const char *text, size_t len, g4_stop_resul
     }
 
     /* Hold the longest tail that is a proper prefix of some stop string. */
-    size_t hold = 0;
-    size_t most = m->max_len > 0 ? m->max_len - 1 : 0;
-    if (most > m->len) most = m->len;
-    for (size_t l = most; l > 0 && hold == 0; l--)
-        for (int i = 0; i < m->n; i++)
-            if (m->lens[i] > l && memcmp(m->stops[i], m->buf + m->len - l, l) == 0) {
-                hold = l;
-                break;
-            }
+    size_t hold = g4_tail_prefix_len(m->buf, m->len, (const char *const *)m->stops, m->lens, m->n);
     m->emitted = m->len - hold;
     res->text = m->buf;
     res->len = m->emitted;

@@ -1,11 +1,18 @@
-/* Loading a Gemma 4 model: config, weights (safetensors), binding by architecture.
+/* Loading a Gemma 4 model: config, weights (safetensors folders, MLX quantized folders, GGUF files), binding
+ * by architecture.
  *
  * Binding walks the architecture (docs/gemma4-text.md section 2) and looks up every
  * tensor it needs, checking dtype and shape. Tensors that are truly missing are
  * reported together, by name; tensors that nothing uses are reported as warnings.
  * Tensors absent or ignored by design are neither: k/v projections and k_norm of
  * KV-shared layers, v_proj of k_eq_v layers, v_norm, lm_head when tied, rotary
- * buffers, and the vision/audio towers (not run by the text decoder). */
+ * buffers, and the vision/audio towers (not run by the text decoder).
+ *
+ * Placement (src/backend/backend.h): the backend is created first; every bound matrix is uploaded to it as it
+ * is bound (the CPU keeps the memory-mapped view), except the per-layer embedding table on a backend with its
+ * own memory, which stays on the host (it is read one row per token). Small vectors (norm weights, router
+ * scales, RoPE frequencies) are converted to f32 on the host and then copied into one backend buffer.
+ * Start-up never reads the whole file: on the CPU the weights are paged in by the first steps that use them. */
 #include "model/model.h"
 
 #include <math.h>
@@ -13,8 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "core/error.h"
 #include "core/json.h"
@@ -24,6 +29,9 @@
 
 typedef struct binder {
     g4_model *m;
+    size_t bytes_total, bytes_placed; /* for progress while uploading */
+    void (*progress)(float fraction, const char *what, void *user);
+    void *progress_user;
     unsigned char *used; /* per tensor of m->weights */
     char missing[1024];
     int n_missing;
@@ -93,18 +101,39 @@ static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const 
     return t;
 }
 
+/* The backend's copy of a bound matrix (uploaded once, however often it is bound). */
+static const g4_tensor *place(binder *b, const g4_tensor *t) {
+    if (!t || b->failed) return NULL;
+    if (b->collect) return t;
+    g4_model *m = b->m;
+    size_t i = (size_t)(t - m->weights.tensors);
+    if (!m->placed[i].data) {
+        if (m->be->ops->upload_weight(m->be, t, &m->placed[i], b->err)) {
+            b->failed = 1;
+            return NULL;
+        }
+        m->uploaded[i] = 1;
+        b->bytes_placed += t->nbytes;
+        if (b->progress && !m->be->ops->host_memory)
+            b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights",
+                        b->progress_user);
+    }
+    return &m->placed[i];
+}
+
 static const g4_tensor *bind2(binder *b, const char *name, int64_t d0, int64_t d1) {
     int64_t s[2] = {d0, d1};
-    return bind_shape(b, name, 2, s);
+    return place(b, bind_shape(b, name, 2, s));
 }
 
 static const g4_tensor *bind3(binder *b, const char *name, int64_t d0, int64_t d1, int64_t d2) {
     int64_t s[3] = {d0, d1, d2};
-    return bind_shape(b, name, 3, s);
+    return place(b, bind_shape(b, name, 3, s));
 }
 
-/* A vector of n floats, copied to f32 (norm weights, scales, biases). */
-static const float *bind_vec(binder *b, const char *name, int64_t n) {
+/* A vector of n floats (norm weights, scales, biases): converted to f32 in a host block now; `*field` is
+ * pointed at its backend copy by place_vectors() once binding is done. Returns the host copy. */
+static const float *bind_vec(binder *b, const char *name, int64_t n, const float **field) {
     const g4_tensor *t = bind_shape(b, name, 1, &n);
     if (!t || b->collect) return t ? collect_dummy : NULL;
     if (g4_dtype_is_quantized(t->dtype)) {
@@ -113,19 +142,42 @@ static const float *bind_vec(binder *b, const char *name, int64_t n) {
         b->failed = 1;
         return NULL;
     }
+    g4_model *m = b->m;
     float *v = malloc((size_t)n * sizeof(float));
-    float **blocks = realloc(b->m->f32_blocks, (size_t)(b->m->n_f32_blocks + 1) * sizeof *blocks);
-    if (!v || !blocks) {
+    g4_vec_slot *slots = realloc(m->vecs, (size_t)(m->n_vecs + 1) * sizeof *slots);
+    if (!v || !slots) {
         free(v);
-        if (blocks) b->m->f32_blocks = blocks;
+        if (slots) m->vecs = slots;
         g4_fail(b->err, "out of memory");
         b->failed = 1;
         return NULL;
     }
-    b->m->f32_blocks = blocks;
-    blocks[b->m->n_f32_blocks++] = v;
+    m->vecs = slots;
+    slots[m->n_vecs++] = (g4_vec_slot){v, (size_t)n, field};
     g4_to_f32(t->dtype, t->data, v, (size_t)n);
+    if (field) *field = v;
     return v;
+}
+
+/* Copies every bound vector into one backend buffer and points the fields there (the CPU backend reads host
+ * memory: the host blocks are used as they are). */
+static int place_vectors(g4_model *m, g4_error *err) {
+    g4_backend *be = m->be;
+    if (be->ops->host_memory) return 0;
+    size_t total = 0;
+    for (int i = 0; i < m->n_vecs; i++) total += (m->vecs[i].n + 15) & ~(size_t)15; /* 64-byte aligned starts */
+    if (!total) return 0;
+    m->vec_arena = be->ops->alloc(be, total * sizeof(float));
+    if (!m->vec_arena) return g4_fail(err, "out of %s memory for %zu bytes of norm weights", be->ops->name, total * 4);
+    size_t off = 0;
+    for (int i = 0; i < m->n_vecs; i++) {
+        g4_vec_slot *v = &m->vecs[i];
+        be->ops->to_device(be, m->vec_arena + off, v->host, v->n * sizeof(float));
+        if (v->field) *v->field = m->vec_arena + off;
+        off += (v->n + 15) & ~(size_t)15;
+    }
+    be->ops->sync(be);
+    return 0;
 }
 
 static void fmt_name(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -179,20 +231,24 @@ static int ignored_by_design(const g4_model *m, const char *name) {
     return 0;
 }
 
-static int bind_weights(g4_model *m, g4_error *err, binder *collect) {
+static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err, binder *collect) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
-    binder b = {.m = m, .err = err};
+    binder b = {.m = m, .err = err, .progress = params->progress, .progress_user = params->progress_user};
     if (collect) b.collect = 1;
+    for (int i = 0; i < m->weights.n_tensors; i++) b.bytes_total += m->weights.tensors[i].nbytes;
+    if (!b.bytes_total) b.bytes_total = 1;
     b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
     m->layers = calloc((size_t)L, sizeof *m->layers);
-    if (!b.used || !m->layers) {
+    m->placed = calloc((size_t)m->weights.n_tensors + 1, sizeof *m->placed);
+    m->uploaded = calloc((size_t)m->weights.n_tensors + 1, 1);
+    if (!b.used || !m->layers || !m->placed || !m->uploaded) {
         free(b.used);
         return g4_fail(err, "out of memory");
     }
     char n[256];
     m->embed = bind2(&b, "embed_tokens.weight", c->vocab_size, H);
-    m->final_norm = bind_vec(&b, "norm.weight", H);
+    bind_vec(&b, "norm.weight", H, &m->final_norm);
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
     } else if (b.collect) {
@@ -212,39 +268,43 @@ static int bind_weights(g4_model *m, g4_error *err, binder *collect) {
             g4_fail(err, "tensor 'lm_head.weight' must be [%d, %d] of BF16/F16/F32", c->vocab_size, H);
         } else {
             b.used[t - m->weights.tensors] = 1;
-            m->lm_head = t;
+            m->lm_head = place(&b, t);
         }
     }
     if (P > 0) {
-        m->ple_embed = bind2(&b, "embed_tokens_per_layer.weight", c->vocab_size_per_layer_input, (int64_t)L * P);
+        /* on a backend with its own memory the table stays on the host: rows are gathered per step */
+        int64_t ple_shape[2] = {c->vocab_size_per_layer_input, (int64_t)L * P};
+        m->ple_on_host = m->be && !m->be->ops->host_memory;
+        m->ple_embed = bind_shape(&b, "embed_tokens_per_layer.weight", 2, ple_shape);
+        if (!m->ple_on_host) m->ple_embed = place(&b, m->ple_embed);
         m->ple_model_proj = bind2(&b, "per_layer_model_projection.weight", (int64_t)L * P, H);
-        m->ple_proj_norm = bind_vec(&b, "per_layer_projection_norm.weight", P);
+        bind_vec(&b, "per_layer_projection_norm.weight", P, &m->ple_proj_norm);
     }
     for (int l = 0; l < L && !b.failed; l++) {
         g4_layer *y = &m->layers[l];
         const int D = c->layer_head_dim[l], KV = c->layer_kv_heads[l], I = c->layer_intermediate[l];
 #define NAME(...) (fmt_name(n, sizeof n, __VA_ARGS__), n)
-        y->input_norm = bind_vec(&b, NAME("layers.%d.input_layernorm.weight", l), H);
-        y->post_attn_norm = bind_vec(&b, NAME("layers.%d.post_attention_layernorm.weight", l), H);
-        y->pre_ff_norm = bind_vec(&b, NAME("layers.%d.pre_feedforward_layernorm.weight", l), H);
-        y->post_ff_norm = bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm.weight", l), H);
-        const float *ls = bind_vec(&b, NAME("layers.%d.layer_scalar", l), 1);
+        bind_vec(&b, NAME("layers.%d.input_layernorm.weight", l), H, &y->input_norm);
+        bind_vec(&b, NAME("layers.%d.post_attention_layernorm.weight", l), H, &y->post_attn_norm);
+        bind_vec(&b, NAME("layers.%d.pre_feedforward_layernorm.weight", l), H, &y->pre_ff_norm);
+        bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm.weight", l), H, &y->post_ff_norm);
+        const float *ls = bind_vec(&b, NAME("layers.%d.layer_scalar", l), 1, NULL);
         y->layer_scalar = ls ? ls[0] : 1.0f;
         y->q_proj = bind2(&b, NAME("layers.%d.self_attn.q_proj.weight", l), (int64_t)NH * D, H);
-        y->q_norm = bind_vec(&b, NAME("layers.%d.self_attn.q_norm.weight", l), D);
+        bind_vec(&b, NAME("layers.%d.self_attn.q_norm.weight", l), D, &y->q_norm);
         y->o_proj = bind2(&b, NAME("layers.%d.self_attn.o_proj.weight", l), H, (int64_t)NH * D);
         if (c->attention_bias) {
-            y->q_bias = bind_vec(&b, NAME("layers.%d.self_attn.q_proj.bias", l), (int64_t)NH * D);
-            y->o_bias = bind_vec(&b, NAME("layers.%d.self_attn.o_proj.bias", l), H);
+            bind_vec(&b, NAME("layers.%d.self_attn.q_proj.bias", l), (int64_t)NH * D, &y->q_bias);
+            bind_vec(&b, NAME("layers.%d.self_attn.o_proj.bias", l), H, &y->o_bias);
         }
         if (!c->layer_kv_shared[l]) {
             y->k_proj = bind2(&b, NAME("layers.%d.self_attn.k_proj.weight", l), (int64_t)KV * D, H);
-            y->k_norm = bind_vec(&b, NAME("layers.%d.self_attn.k_norm.weight", l), D);
-            if (c->attention_bias) y->k_bias = bind_vec(&b, NAME("layers.%d.self_attn.k_proj.bias", l), (int64_t)KV * D);
+            bind_vec(&b, NAME("layers.%d.self_attn.k_norm.weight", l), D, &y->k_norm);
+            if (c->attention_bias) bind_vec(&b, NAME("layers.%d.self_attn.k_proj.bias", l), (int64_t)KV * D, &y->k_bias);
             if (!c->layer_k_eq_v[l]) {
                 y->v_proj = bind2(&b, NAME("layers.%d.self_attn.v_proj.weight", l), (int64_t)KV * D, H);
                 if (c->attention_bias)
-                    y->v_bias = bind_vec(&b, NAME("layers.%d.self_attn.v_proj.bias", l), (int64_t)KV * D);
+                    bind_vec(&b, NAME("layers.%d.self_attn.v_proj.bias", l), (int64_t)KV * D, &y->v_bias);
             }
         }
         y->gate_proj = bind2(&b, NAME("layers.%d.mlp.gate_proj.weight", l), I, H);
@@ -253,16 +313,15 @@ static int bind_weights(g4_model *m, g4_error *err, binder *collect) {
         if (P > 0) {
             y->ple_gate = bind2(&b, NAME("layers.%d.per_layer_input_gate.weight", l), P, H);
             y->ple_proj = bind2(&b, NAME("layers.%d.per_layer_projection.weight", l), H, P);
-            y->ple_post_norm = bind_vec(&b, NAME("layers.%d.post_per_layer_input_norm.weight", l), H);
+            bind_vec(&b, NAME("layers.%d.post_per_layer_input_norm.weight", l), H, &y->ple_post_norm);
         }
         if (c->enable_moe_block) {
             const int E = c->num_experts, Im = c->moe_intermediate_size;
             y->router_proj = bind2(&b, NAME("layers.%d.router.proj.weight", l), E, H);
-            y->router_scale = bind_vec(&b, NAME("layers.%d.router.scale", l), H);
-            y->per_expert_scale = bind_vec(&b, NAME("layers.%d.router.per_expert_scale", l), E);
-            char fused[512];
+            bind_vec(&b, NAME("layers.%d.router.scale", l), H, &y->router_scale);
+            bind_vec(&b, NAME("layers.%d.router.per_expert_scale", l), E, &y->per_expert_scale);
+            char fused[512], gate[512];
             snprintf(fused, sizeof fused, "%slayers.%d.experts.gate_up_proj", m->cfg.weight_prefix, l);
-            char gate[512];
             snprintf(gate, sizeof gate, "%slayers.%d.experts.gate_proj", m->cfg.weight_prefix, l);
             if (g4_tensor_set_find(&m->weights, fused) || (b.collect && !g4_tensor_set_find(&m->weights, gate))) {
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
@@ -271,9 +330,9 @@ static int bind_weights(g4_model *m, g4_error *err, binder *collect) {
                 y->experts_up = bind3(&b, NAME("layers.%d.experts.up_proj", l), E, Im, H);
             }
             y->experts_down = bind3(&b, NAME("layers.%d.experts.down_proj", l), E, H, Im);
-            y->pre_ff_norm2 = bind_vec(&b, NAME("layers.%d.pre_feedforward_layernorm_2.weight", l), H);
-            y->post_ff_norm1 = bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_1.weight", l), H);
-            y->post_ff_norm2 = bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_2.weight", l), H);
+            bind_vec(&b, NAME("layers.%d.pre_feedforward_layernorm_2.weight", l), H, &y->pre_ff_norm2);
+            bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_1.weight", l), H, &y->post_ff_norm1);
+            bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_2.weight", l), H, &y->post_ff_norm2);
         }
 #undef NAME
     }
@@ -310,13 +369,14 @@ int g4_model_tensor_list(const g4_model_config *cfg, const g4_tensor_set *have, 
     g4_model m = {.cfg = *cfg};
     if (have) m.weights = *have; /* only looked up: which spelling of the experts it holds */
     binder out = {0};
+    g4_load_params none = {0};
     *list = NULL;
     *n = 0;
-    int rc = bind_weights(&m, err, &out);
+    int rc = bind_weights(&m, &none, err, &out);
     memset(&m.weights, 0, sizeof m.weights);
     free(m.layers);
-    for (int i = 0; i < m.n_f32_blocks; i++) free(m.f32_blocks[i]);
-    free(m.f32_blocks);
+    free(m.placed);
+    free(m.uploaded);
     if (rc) {
         for (int i = 0; i < out.n_list; i++) free((char *)out.list[i].name);
         free(out.list);
@@ -348,44 +408,29 @@ const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
 int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
 int g4_model_n_layers(const g4_model *m) { return m->cfg.text.n_layers; }
 int g4_model_hidden_size(const g4_model *m) { return m->cfg.text.hidden_size; }
+int g4_model_n_ctx_train(const g4_model *m) { return m->cfg.text.max_position_embeddings; }
 
 void g4_model_free(g4_model *m) {
     if (!m) return;
-    g4_backend_free(m->be);
-    for (int i = 0; i < m->n_f32_blocks; i++) free(m->f32_blocks[i]);
-    free(m->f32_blocks);
-    for (int t = 0; t < G4_LAYER_TYPES; t++) free(m->inv_freq[t]);
+    g4_backend *be = m->be;
+    if (be) {
+        for (int i = 0; i < m->weights.n_tensors && m->placed; i++)
+            if (m->uploaded[i]) be->ops->release_weight(be, &m->placed[i]);
+        if (m->vec_arena) be->ops->release(be, m->vec_arena);
+        for (int t = 0; t < G4_LAYER_TYPES; t++)
+            if (m->inv_freq[t]) be->ops->release(be, m->inv_freq[t]);
+    }
+    g4_backend_free(be);
+    for (int i = 0; i < m->n_vecs; i++) free(m->vecs[i].host);
+    free(m->vecs);
+    free(m->placed);
+    free(m->uploaded);
     free(m->layers);
     free(m->warnings);
     json_decref(m->gguf_meta);
+    g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
     free(m);
-}
-
-/* Touches every page of the weights once, in file order, so that a large model is
- * read from disk up front with a progress report instead of during the first tokens. */
-static void page_in(g4_model *m, const g4_load_params *p) {
-    size_t total = 0, done = 0;
-    for (int i = 0; i < m->weights.n_files; i++) total += m->weights.files[i].size;
-    if (!total) return;
-    long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0) page = 4096;
-    int last = -1;
-    volatile unsigned char sink = 0;
-    for (int i = 0; i < m->weights.n_files; i++) {
-        const g4_mapped_file *f = &m->weights.files[i];
-        madvise((void *)f->data, f->size, MADV_WILLNEED);
-        for (size_t o = 0; o < f->size; o += (size_t)page) {
-            sink ^= f->data[o];
-            done += (size_t)page;
-            int pct = (int)(100.0 * (double)(done < total ? done : total) / (double)total);
-            if (pct != last && p->progress) {
-                last = pct;
-                p->progress((float)pct / 100.0f, "loading weights", p->progress_user);
-            }
-        }
-    }
-    (void)sink;
 }
 
 int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err) {
@@ -395,17 +440,17 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
     g4_model *m = calloc(1, sizeof *m);
     if (!m) return g4_fail(err, "out of memory");
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    if (g4_gguf_is_file(dir)) { /* -m FILE.gguf */
+    if (g4_gguf_is_file(dir)) { /* -m FILE.gguf: the config from its metadata */
         g4_gguf g;
         json_t *cj;
         if (g4_gemma4_gguf_open(dir, &g, &cj, err)) goto fail;
-        int rc = g4_config_parse(cj, dir, &m->cfg, err);
-        json_decref(cj);
         m->weights = g.set;
         m->gguf_meta = g.meta;
-        if (rc) goto fail;
+        int rc = g4_config_parse(cj, dir, &m->cfg, err);
+        json_decref(cj);
+        if (rc || g4_model_load_files(m, dir, err)) goto fail;
     } else {
-        if (g4_config_load(dir, &m->cfg, err)) goto fail;
+        if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) goto fail;
         if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
         if (g4_mlx_detect(&m->weights)) {
             char path[4096];
@@ -420,24 +465,49 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
         }
     }
     const g4_text_config *c = &m->cfg.text;
-    if (bind_weights(m, err, NULL)) goto fail;
+    m->be = g4_backend_new(params->device, params->n_threads, err);
+    if (!m->be) goto fail;
+    if (bind_weights(m, params, err, NULL) || place_vectors(m, err)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {
         int hd = c->type_head_dim[t];
         if (!hd) continue;
-        m->inv_freq[t] = malloc((size_t)(hd / 2) * sizeof(float));
-        if (!m->inv_freq[t]) {
-            g4_fail(err, "out of memory");
+        float *host = malloc((size_t)(hd / 2) * sizeof(float));
+        m->inv_freq[t] = m->be->ops->alloc(m->be, (size_t)(hd / 2) * sizeof(float));
+        if (!host || !m->inv_freq[t]) {
+            free(host);
+            g4_fail(err, "out of memory for RoPE frequencies");
             goto fail;
         }
-        g4_rope_inv_freq(&c->rope[t], hd, m->inv_freq[t]);
+        g4_rope_inv_freq(&c->rope[t], hd, host);
+        m->be->ops->to_device(m->be, m->inv_freq[t], host, (size_t)(hd / 2) * sizeof(float));
+        m->be->ops->sync(m->be);
+        free(host);
     }
     m->embed_scale = sqrtf((float)c->hidden_size);
-    if (params->progress) page_in(m, params);
-    m->be = g4_backend_cpu_new(params->n_threads, err);
-    if (!m->be) goto fail;
     *out = m;
     return 0;
 fail:
     g4_model_free(m);
     return -1;
 }
+
+static double tensor_bytes(const g4_tensor *t) { return t ? (double)g4_tensor_row_bytes(t) * (double)g4_tensor_nrows(t) : 0; }
+
+double g4_model_decode_bytes(const g4_model *m) {
+    const g4_text_config *c = &m->cfg.text;
+    double b = tensor_bytes(m->lm_head) + tensor_bytes(m->ple_model_proj) + (double)g4_tensor_row_bytes(m->embed);
+    if (m->ple_embed) b += (double)g4_tensor_row_bytes(m->ple_embed);
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *y = &m->layers[l];
+        const g4_tensor *mats[] = {y->q_proj, y->k_proj, y->v_proj, y->o_proj, y->gate_proj, y->up_proj,
+                                   y->down_proj, y->ple_gate, y->ple_proj, y->router_proj};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) b += tensor_bytes(mats[i]);
+        if (c->enable_moe_block)
+            b += (tensor_bytes(y->experts_gate_up) + tensor_bytes(y->experts_up) + tensor_bytes(y->experts_down)) *
+                 c->top_k_experts / c->num_experts;
+    }
+    return b;
+}
+
+const char *g4_model_device(const g4_model *m) { return m->be->ops->name; }
+const char *g4_backends(void) { return g4_backends_built(); }

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "formats/tensor_set.h"
 #include "model/config.h"
+#include "model/generation_config.h"
 
 /* A weight matrix the backend reads directly (a view into the checkpoint). */
 typedef g4_tensor g4_weight;
@@ -13,6 +14,7 @@ typedef g4_tensor g4_weight;
 typedef struct g4_layer {
     /* attention */
     const g4_weight *q_proj, *k_proj, *v_proj, *o_proj; /* k/v NULL on KV-shared layers; v NULL on k_eq_v */
+    /* vectors live in backend memory */
     const float *q_bias, *k_bias, *v_bias, *o_bias;     /* attention_bias only */
     const float *q_norm, *k_norm;                       /* [D] */
     const float *input_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm; /* [H] */
@@ -28,24 +30,38 @@ typedef struct g4_layer {
     const float *router_scale, *per_expert_scale, *pre_ff_norm2, *post_ff_norm1, *post_ff_norm2;
 } g4_layer;
 
+/* A bound vector: its f32 host copy and the field that points at the copy the backend reads. */
+typedef struct g4_vec_slot {
+    float *host;
+    size_t n;
+    const float **field;
+} g4_vec_slot;
+
 struct g4_model {
     g4_model_config cfg;
-    g4_tensor_set weights;
+    g4_tensor_set weights;           /* host views of the checkpoint's tensors */
     g4_backend *be;
+    g4_tensor *placed;               /* [weights.n_tensors]: the backend's copy of each bound matrix */
+    unsigned char *uploaded;         /* [weights.n_tensors]: placed[i] was made by upload_weight */
+    int ple_on_host;                 /* ple_embed is a host view, gathered per step on the host */
     const g4_weight *embed;          /* [V, H] */
     const g4_weight *lm_head;        /* == embed when tied */
-    const g4_weight *ple_embed;      /* [Vp, L*P] */
+    const g4_weight *ple_embed;      /* [Vp, L*P] (host view when ple_on_host) */
     const g4_weight *ple_model_proj; /* [L*P, H] */
     const float *ple_proj_norm;      /* [P] */
     const float *final_norm;         /* [H] */
     g4_layer *layers;
-    float *inv_freq[G4_LAYER_TYPES]; /* [head_dim/2] per layer type */
+    float *inv_freq[G4_LAYER_TYPES]; /* [head_dim/2] per layer type (backend memory) */
     float embed_scale;               /* fp32(sqrt(H)) */
-    /* model-owned float copies of small vectors (norm weights, scales) */
-    float **f32_blocks;
-    int n_f32_blocks;
+    g4_vec_slot *vecs;               /* small vectors (norm weights, scales) as bound */
+    int n_vecs;
+    float *vec_arena;                /* their backend copies (NULL on a host-memory backend) */
     char *warnings;                  /* NULL or lines ending in '\n' */
     struct json_t *gguf_meta;        /* metadata of a .gguf model (tokenizer), else NULL */
+    /* beside the weights (model_files.c) */
+    g4_tokenizer *tok;               /* NULL when there is none (tokenizer.json, or a GGUF file's metadata) */
+    g4_chat_template *chat_template; /* NULL when it has no chat template */
+    g4_generation_config gen_config;
     char dir[1024];
 };
 
@@ -59,7 +75,9 @@ void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);
 int g4_model_tensor_list(const g4_model_config *cfg, const g4_tensor_set *have, g4_tensor **list, int *n,
                          g4_error *err);
 
-/* Warnings gathered while loading (unexpected tensors, ...), or NULL. */
-const char *g4_model_warnings(const g4_model *model);
+/* What the folder holds beside the weights: tokenizer, chat template, generation_config.json
+ * (model_files.c); g4_model_load reads them first. */
+int g4_model_load_files(g4_model *m, const char *dir, g4_error *err);
+void g4_model_free_files(g4_model *m);
 
 #endif

@@ -12,20 +12,8 @@
 #ifndef G4_MODEL_QUANTIZE_H
 #define G4_MODEL_QUANTIZE_H
 
-#include <stdint.h>
-
 #include "gemma4c.h"
 
-typedef struct g4_quantize_params {
-    const char *in;            /* model folder or .gguf file; NULL with random_config */
-    const char *random_config; /* config.json of random weights (when in is NULL) */
-    const char *out;
-    const char *type;          /* see above */
-    int group;                 /* MLX group size (default 64) */
-    uint64_t seed;             /* random weights */
-    int verbose;               /* one line per tensor on stderr */
-} g4_quantize_params;
-
-int g4_quantize(const g4_quantize_params *p, g4_error *err);
+/* g4_quantize_params and g4_quantize are declared in gemma4c.h. */
 
 #endif

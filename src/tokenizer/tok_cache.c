@@ -213,8 +213,7 @@ static char *concat(const char *a, const char *b) {
     return s;
 }
 
-int tok_cache_candidates(const char *src_path, char **paths) {
-    int n = 0;
+char *tok_cache_path(const char *src_path) {
     char real[PATH_MAX];
     const char *key = realpath(src_path, real) ? real : src_path;
     char name[64];
@@ -222,11 +221,7 @@ int tok_cache_candidates(const char *src_path, char **paths) {
              (unsigned long long)tok_hash_bytes(key, strlen(key), 0x70617468ULL));
 
     const char *forced = getenv("G4_TOKENIZER_CACHE_DIR");
-    if (forced && *forced) {
-        if (mkdir_p(forced) == 0 && (paths[n] = concat(forced, name))) n++;
-        return n;
-    }
-    if ((paths[n] = concat(src_path, ".g4c"))) n++;
+    if (forced && *forced) return mkdir_p(forced) == 0 ? concat(forced, name) : NULL;
     const char *xdg = getenv("XDG_CACHE_HOME");
     const char *home = getenv("HOME");
     char dir[PATH_MAX];
@@ -235,8 +230,7 @@ int tok_cache_candidates(const char *src_path, char **paths) {
         ok = snprintf(dir, sizeof dir, "%s/gemma4c", xdg) < (int)sizeof dir;
     else if (home && *home)
         ok = snprintf(dir, sizeof dir, "%s/.cache/gemma4c", home) < (int)sizeof dir;
-    if (ok && (paths[n] = concat(dir, name))) n++;
-    return n;
+    return ok ? concat(dir, name) : NULL;
 }
 
 int tok_cache_prepare_dir(const char *cache_path) {

@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/tok_internal.h"
 
 static char *replace_g120(const char *s) {
     size_t n = strlen(s);
@@ -122,19 +122,29 @@ fail:
     return NULL;
 }
 
-int g4_tokenizer_load_gguf(const char *path, g4_tokenizer **out, g4_error *err) {
+static json_t *meta_source(const char *path, void *meta, g4_error *err) { return convert(meta, path, err); }
+
+int g4_tokenizer_load_gguf(const char *path, const json_t *meta, g4_tokenizer **out, g4_error *err) {
     *out = NULL;
-    g4_gguf g;
-    if (g4_gguf_open(path, &g, err)) return -1;
-    json_t *root = convert(g.meta, path, err);
-    const json_t *bos = json_object_get(g.meta, "tokenizer.ggml.bos_token_id");
-    const json_t *eos = json_object_get(g.meta, "tokenizer.ggml.eos_token_id");
-    const json_t *add = json_object_get(g.meta, "tokenizer.ggml.add_bos_token");
+    g4_gguf g = {0};
+    if (!meta) {
+        if (g4_gguf_open(path, &g, err)) return -1;
+        meta = g.meta;
+    }
+    const json_t *bos = json_object_get(meta, "tokenizer.ggml.bos_token_id");
+    const json_t *eos = json_object_get(meta, "tokenizer.ggml.eos_token_id");
+    const json_t *add = json_object_get(meta, "tokenizer.ggml.add_bos_token");
     int32_t b = json_is_integer(bos) ? (int32_t)json_integer_value(bos) : -1;
     int32_t e = json_is_integer(eos) ? (int32_t)json_integer_value(eos) : -1;
     int add_bos = add ? json_is_true(add) : 1;
+    g4_tokenizer *tok = NULL;
+    int rc = tok_load_cached(path, meta_source, (void *)meta, &tok, err);
     g4_gguf_free(&g);
-    if (!root) return -1;
-    if (g4_tokenizer_from_json(root, b, e, add_bos, out, err)) return g4_fail_prefix(err, "%s", path);
+    if (!rc && tok_set_special(tok, b, e, add_bos, err)) rc = -1;
+    if (rc) {
+        g4_tokenizer_free(tok);
+        return -1;
+    }
+    *out = tok;
     return 0;
 }

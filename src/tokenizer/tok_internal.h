@@ -268,9 +268,19 @@ int tok_cache_write(const char *cache_path, const char *src_path, const tok_cach
 /* Applies the normalizer to s (for normalized added tokens); malloc'ed, NULL: no memory. */
 char *tok_normalize_alloc(const g4_tokenizer *tok, const char *s, size_t len, size_t *out_len);
 
-/* Candidate cache paths for src (up to 2); returns how many. Each is malloc'ed. */
-int tok_cache_candidates(const char *src_path, char **paths);
+/* Where the cache of src lives: $G4_TOKENIZER_CACHE_DIR, else $XDG_CACHE_HOME/gemma4c, else
+ * ~/.cache/gemma4c, under a name derived from src's real path. malloc'ed; NULL when there is no
+ * such folder (or no memory). */
+char *tok_cache_path(const char *src_path);
 /* Creates the folder a cache path lives in if missing. */
 int tok_cache_prepare_dir(const char *cache_path);
+
+/* The tokenizer of the file `path` through its cache: from the cache when one is valid for the file, else from
+ * source(path, user) (a parsed tokenizer.json object, consumed; NULL with a message on failure), then cached.
+ * Special ids are left as the tokenizer.json sets them (see tok_set_special). */
+typedef struct json_t *(*tok_source_fn)(const char *path, void *user, g4_error *err);
+int tok_load_cached(const char *path, tok_source_fn source, void *user, g4_tokenizer **out, g4_error *err);
+/* bos / eos ids (-1: none; out of range: none) and whether g4_tokenize(add_bos) prepends BOS. */
+int tok_set_special(g4_tokenizer *tok, int32_t bos_id, int32_t eos_id, int add_bos, g4_error *err);
 
 #endif

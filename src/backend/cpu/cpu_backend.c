@@ -46,6 +46,13 @@ static void cpu_copy(g4_backend *be, void *dst, const void *src, size_t bytes) {
 }
 static void cpu_sync(g4_backend *be) {}
 
+/* Weights are read where they are (the memory-mapped file): nothing is copied. */
+static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
+    *dst = *src;
+    return 0;
+}
+static void cpu_release_weight(g4_backend *be, g4_tensor *w) {}
+
 static int cpu_check(g4_backend *be, g4_error *err) {
     g4_cpu *cpu = cpu_of(be);
     if (!cpu->failed) return 0;
@@ -55,24 +62,37 @@ static int cpu_check(g4_backend *be, g4_error *err) {
 
 /* ------------------------------------------------------------------ embed */
 static void cpu_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
-    size_t cols = (size_t)table->shape[table->ndim - 1];
-    for (int i = 0; i < n; i++) {
-        float *o = out + (size_t)i * cols;
-        g4_dequant_row(table, ids[i], o); /* one row of any dtype, quantized tables included */
-        for (size_t c = 0; c < cols; c++) o[c] *= scale;
-    }
+    g4_tensor_rows_f32(table, ids, n, scale, out);
 }
 
 static void cpu_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
     g4_cpu_matmul(cpu_of(be), x, n, w, bias, y);
 }
 
+static void cpu_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set) {
+    for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu_of(be), x, n, set->w[i], set->bias[i], set->y[i]);
+}
+
 /* ---------------------------------------------------------------- rmsnorm */
+/* 1 / sqrt(mean(x^2) + eps) of one row */
+static inline float rms_inv(const g4_cpu_kernels *k, const float *x, int dim, float eps) {
+    float ms = k->dot_f32(x, x, (size_t)dim) / (float)dim;
+    return 1.0f / sqrtf(ms + eps);
+}
+
+/* y = x * inv * (w ? w : 1) */
+static inline void rms_apply(const float *x, float inv, const float *w, int dim, float *y) {
+    if (w)
+        for (int i = 0; i < dim; i++) y[i] = x[i] * inv * w[i];
+    else
+        for (int i = 0; i < dim; i++) y[i] = x[i] * inv;
+}
+
 typedef struct {
     const float *x, *w;
     float *y;
     int dim;
-    float eps;
+    float eps, s;
 } rms_job;
 
 static void rms_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
@@ -80,19 +100,34 @@ static void rms_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
     for (int64_t r = r0; r < r1; r++) {
         const float *x = j->x + (size_t)r * (size_t)j->dim;
-        float *y = j->y + (size_t)r * (size_t)j->dim;
-        float ms = k->dot_f32(x, x, (size_t)j->dim) / (float)j->dim;
-        float inv = 1.0f / sqrtf(ms + j->eps);
-        if (j->w)
-            for (int i = 0; i < j->dim; i++) y[i] = x[i] * inv * j->w[i];
-        else
-            for (int i = 0; i < j->dim; i++) y[i] = x[i] * inv;
+        rms_apply(x, rms_inv(k, x, j->dim, j->eps), j->w, j->dim, j->y + (size_t)r * (size_t)j->dim);
     }
 }
 
 static void cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y) {
-    rms_job j = {x, w, y, dim, eps};
+    rms_job j = {x, w, y, dim, eps, 1.0f};
     g4_pool_for(cpu_of(be)->pool, rows, 1 + 4096 / (dim + 1), rms_rows, &j);
+}
+
+/* h = (h + rmsnorm(o) * w) * s; x is o, y is h */
+static void post_norm_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
+    rms_job *j = ctx;
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    for (int64_t r = r0; r < r1; r++) {
+        const float *o = j->x + (size_t)r * (size_t)j->dim;
+        float *h = j->y + (size_t)r * (size_t)j->dim;
+        float inv = rms_inv(k, o, j->dim, j->eps);
+        for (int i = 0; i < j->dim; i++) {
+            float v = o[i] * inv * j->w[i];
+            h[i] = (h[i] + v) * j->s;
+        }
+    }
+}
+
+static void cpu_post_norm_add(g4_backend *be, float *h, const float *o, const float *w, int rows, int dim, float eps,
+                              float s) {
+    rms_job j = {o, w, h, dim, eps, s};
+    g4_pool_for(cpu_of(be)->pool, rows, 1 + 4096 / (dim + 1), post_norm_rows, &j);
 }
 
 /* ------------------------------------------------------------------- rope */
@@ -108,19 +143,44 @@ static void cpu_rope_table(g4_backend *be, const int32_t *pos, int n, const floa
     }
 }
 
-static void cpu_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *table) {
-    int half = dim / 2;
-    for (int t = 0; t < n; t++) {
-        const float *cs = table + (size_t)t * (size_t)dim, *sn = cs + half;
-        for (int h = 0; h < heads; h++) {
-            float *v = x + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)dim;
-            for (int k = 0; k < half; k++) {
-                float a = v[k], b = v[k + half];
-                v[k] = a * cs[k] - b * sn[k];
-                v[k + half] = b * cs[k] + a * sn[k];
-            }
-        }
+/* rotate-half RoPE of one head vector v[dim] with the cos/sin row cs (sin at cs + dim/2) */
+static inline void rope_head(float *v, int dim, const float *cs) {
+    const int half = dim / 2;
+    const float *sn = cs + half;
+    for (int k = 0; k < half; k++) {
+        float a = v[k], b = v[k + half];
+        v[k] = a * cs[k] - b * sn[k];
+        v[k + half] = b * cs[k] + a * sn[k];
     }
+}
+
+static void cpu_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *table) {
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < heads; h++)
+            rope_head(x + ((size_t)t * (size_t)heads + (size_t)h) * (size_t)dim, dim, table + (size_t)t * (size_t)dim);
+}
+
+typedef struct {
+    float *x;
+    const float *w, *table;
+    int heads, dim;
+    float eps;
+} head_job;
+
+static void head_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
+    head_job *j = ctx;
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    for (int64_t r = r0; r < r1; r++) { /* r = token * heads + head */
+        float *v = j->x + (size_t)r * (size_t)j->dim;
+        rms_apply(v, rms_inv(k, v, j->dim, j->eps), j->w, j->dim, v);
+        if (j->table) rope_head(v, j->dim, j->table + (size_t)(r / j->heads) * (size_t)j->dim);
+    }
+}
+
+static void cpu_head_norm_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *w, float eps,
+                               const float *table) {
+    head_job j = {x, w, table, heads, dim, eps};
+    g4_pool_for(cpu_of(be)->pool, (int64_t)n * heads, 1 + 4096 / (dim + 1), head_rows, &j);
 }
 
 /* ----------------------------------------------------------- elementwise */
@@ -175,12 +235,35 @@ static void cpu_transpose(g4_backend *be, const float *src, int na, int nb, int 
                    src + ((size_t)a * (size_t)nb + (size_t)b) * (size_t)c, (size_t)c * sizeof(float));
 }
 
+static void cpu_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {
+    for (int r = 0; r < rows; r++) {
+        const float *v = x + (size_t)r * (size_t)n;
+        int32_t b = 0;
+        for (int i = 1; i < n; i++)
+            if (v[i] > v[b]) b = i;
+        out[r] = b;
+    }
+}
+
 /* --------------------------------------------------------------- KV cache */
-static void cpu_kv_store(g4_backend *be, const float *src, int n, int row, const int32_t *seq, const int32_t *pos,
-                         float *const *base, int cap) {
-    for (int i = 0; i < n; i++)
-        memcpy(base[seq[i]] + (size_t)(pos[i] % cap) * (size_t)row, src + (size_t)i * (size_t)row,
-               (size_t)row * sizeof(float));
+static void store_row(g4_kv_type t, void *cache, size_t slot, const float *src, int row) {
+    if (t == G4_KV_F32) {
+        memcpy((float *)cache + slot * (size_t)row, src, (size_t)row * sizeof(float));
+        return;
+    }
+    uint16_t *d = (uint16_t *)cache + slot * (size_t)row;
+    if (t == G4_KV_BF16)
+        for (int i = 0; i < row; i++) d[i] = g4_f32_to_bf16(src[i]);
+    else
+        for (int i = 0; i < row; i++) d[i] = g4_f32_to_f16(src[i]);
+}
+
+static void cpu_kv_store(g4_backend *be, const float *k, const float *v, int n, int row, const int32_t *slot,
+                         void *k_cache, void *v_cache, g4_kv_type kv_type) {
+    for (int i = 0; i < n; i++) {
+        store_row(kv_type, k_cache, (size_t)slot[i], k + (size_t)i * (size_t)row, row);
+        store_row(kv_type, v_cache, (size_t)slot[i], v + (size_t)i * (size_t)row, row);
+    }
 }
 
 /* -------------------------------------------------------------- attention */
@@ -189,26 +272,42 @@ typedef struct {
     const g4_attention_args *a;
 } attn_job;
 
+/* Head vector of `dim` elements at element offset `off` of a cache of type t, as f32: in place for f32, else
+ * converted into tmp. */
+static inline const float *cache_vec(g4_kv_type t, const void *cache, size_t off, int dim, float *tmp) {
+    if (t == G4_KV_F32) return (const float *)cache + off;
+    g4_to_f32(t == G4_KV_BF16 ? G4_BF16 : G4_F16, (const uint16_t *)cache + off, tmp, (size_t)dim);
+    return tmp;
+}
+
 static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
     attn_job *j = ctx;
     const g4_attention_args *a = j->a;
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
-    const int D = a->head_dim, G = a->n_heads / a->n_kv_heads;
+    const int D = a->head_dim, G = a->n_heads / a->n_kv_heads, B = a->block_size;
     const size_t row = (size_t)a->n_kv_heads * (size_t)D;
     for (int64_t it = b; it < e; it++) {
         int t = (int)(it / a->n_heads), h = (int)(it % a->n_heads);
         int p = a->pos[t];
         int lo = a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
-        int nk = p - lo + 1;
-        float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nk);
+        int hi = a->kv_end ? a->kv_end[t] : p + 1;
+        int nk = hi - lo;
+        float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nk + (size_t)D);
         if (!sc) return;
+        float *tmp = sc + nk;
         const float *q = a->q + ((size_t)t * (size_t)a->n_heads + (size_t)h) * (size_t)D;
-        const float *K = a->k_base[a->seq[t]] + (size_t)(h / G) * (size_t)D;
-        const float *V = a->v_base[a->seq[t]] + (size_t)(h / G) * (size_t)D;
+        const int32_t *table = a->block_table + (size_t)a->seq[t] * (size_t)a->max_blocks;
+        const size_t head_off = (size_t)(h / G) * (size_t)D;
         float mx = -FLT_MAX;
         for (int i = 0; i < nk; i++) {
-            int slot = (lo + i) % a->cap;
-            float s = k->dot_f32(q, K + (size_t)slot * row, (size_t)D) * a->scale;
+            int kp = lo + i;
+            size_t r = (size_t)table[kp / B] * (size_t)B + (size_t)(kp % B);
+            float s;
+            if (a->kv_type == G4_KV_BF16)
+                s = k->dot_bf16((const uint16_t *)a->k + r * row + head_off, q, (size_t)D);
+            else
+                s = k->dot_f32(q, cache_vec(a->kv_type, a->k, r * row + head_off, D, tmp), (size_t)D);
+            s *= a->scale;
             sc[i] = s;
             if (s > mx) mx = s;
         }
@@ -221,8 +320,9 @@ static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
         float *o = a->out + ((size_t)t * (size_t)a->n_heads + (size_t)h) * (size_t)D;
         memset(o, 0, (size_t)D * sizeof(float));
         for (int i = 0; i < nk; i++) {
-            int slot = (lo + i) % a->cap;
-            k->axpy(o, V + (size_t)slot * row, sc[i] * inv, (size_t)D);
+            int kp = lo + i;
+            size_t r = (size_t)table[kp / B] * (size_t)B + (size_t)(kp % B);
+            k->axpy(o, cache_vec(a->kv_type, a->v, r * row + head_off, D, tmp), sc[i] * inv, (size_t)D);
         }
     }
 }
@@ -327,18 +427,25 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
 
 static const g4_backend_ops cpu_ops = {
     .name = "cpu",
+    .host_memory = 1,
     .free = cpu_free,
     .alloc = cpu_alloc,
     .release = cpu_release,
     .to_device = cpu_copy,
     .to_host = cpu_copy,
+    .copy = cpu_copy,
     .sync = cpu_sync,
     .check = cpu_check,
+    .upload_weight = cpu_upload_weight,
+    .release_weight = cpu_release_weight,
     .embed = cpu_embed,
     .matmul = cpu_matmul,
+    .matmul_set = cpu_matmul_set,
     .rmsnorm = cpu_rmsnorm,
+    .post_norm_add = cpu_post_norm_add,
     .rope_table = cpu_rope_table,
     .rope = cpu_rope,
+    .head_norm_rope = cpu_head_norm_rope,
     .gelu_mul = cpu_gelu_mul,
     .add = cpu_add,
     .scale = cpu_scale,
@@ -347,6 +454,7 @@ static const g4_backend_ops cpu_ops = {
     .softcap = cpu_softcap,
     .get_rows = cpu_get_rows,
     .transpose = cpu_transpose,
+    .argmax = cpu_argmax,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .moe = cpu_moe,

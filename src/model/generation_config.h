@@ -16,12 +16,11 @@
  * A missing generation_config.json is not an error: greedy defaults plus the eos ids from
  * config.json (also absent: no eos ids). A malformed file is an error with a one-line message.
  */
-#ifndef G4_ENGINE_GENERATION_CONFIG_H
-#define G4_ENGINE_GENERATION_CONFIG_H
+#ifndef G4_MODEL_GENERATION_CONFIG_H
+#define G4_MODEL_GENERATION_CONFIG_H
 
 #include <stdint.h>
 
-#include "engine/sampler.h"
 #include "gemma4c.h"
 
 #define G4_MAX_EOS_IDS 16

@@ -1,4 +1,4 @@
-#include "engine/generation_config.h"
+#include "model/generation_config.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,0 +1,334 @@
+/* The public API (gemma4c.h) on a fixture (no tokenizer: ids only): greedy generation equals
+ * transformers' greedy ids, stop ids and limits, the cached prefix of a later request, the
+ * embedding equals the mean of transformers' final hidden states, cancellation (before the
+ * prompt, from the callback, from another thread while generating) returns promptly and, in
+ * the sanitizer build, leaks nothing; bad requests are one-line errors. The text side (chat,
+ * streaming) runs on the example model in test_api_examples.sh and the Python tests. */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "gemma4c.h"
+#include "reference.h"
+
+static const char *FIXTURE = "fixtures/dense-ple";
+
+typedef struct {
+    g4_tensor_set set;
+    int32_t *ids, *greedy;
+    size_t n_ids, n_greedy;
+    float *final_norm;
+} reference;
+
+static int load_reference(reference *r) {
+    char path[4096];
+    g4_error err;
+    snprintf(path, sizeof path, "%s/reference.safetensors", g4t_shared(FIXTURE));
+    memset(r, 0, sizeof *r);
+    if (g4_safetensors_add_file(&r->set, path, &err) || g4_tensor_set_finish(&r->set, &err)) return -1;
+    r->ids = ref_ids(&r->set, "input_ids", &r->n_ids);
+    r->greedy = ref_ids(&r->set, "greedy_ids", &r->n_greedy);
+    r->final_norm = ref_f32(&r->set, "final_norm", NULL);
+    return r->ids && r->greedy && r->final_norm ? 0 : -1;
+}
+
+static void free_reference(reference *r) {
+    free(r->ids);
+    free(r->greedy);
+    free(r->final_norm);
+    g4_tensor_set_free(&r->set);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int one_line(const g4_error *err) { return err->msg[0] && !strchr(err->msg, '\n'); }
+
+static g4_sampler_params greedy_params(void) {
+    g4_sampler_params sp;
+    g4_sampler_params_default(&sp);
+    sp.temperature = 0;
+    return sp;
+}
+
+/* Runs a generation to its end; returns the number of tokens (or -1 on error). */
+static int run_all(g4_generation *g, int32_t *tokens, int cap) {
+    g4_event ev;
+    g4_error err;
+    int n = 0, rc;
+    while ((rc = g4_generation_next(g, &ev, &err)) == 1) {
+        CHECK(ev.text != NULL && ev.text[ev.len] == 0);
+        if (ev.kind == G4_EVENT_TOKEN && n < cap) tokens[n++] = ev.token;
+        CHECKF(ev.kind == G4_EVENT_TOKEN, "a model without a tokenizer makes text events (%d)", ev.kind);
+    }
+    CHECKF(rc == 0, "generation failed: %s", err.msg);
+    return rc ? -1 : n;
+}
+
+static void test_version(void) {
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", G4_VERSION_MAJOR, G4_VERSION_MINOR, G4_VERSION_PATCH);
+    CHECK(!strcmp(g4_version(), G4_VERSION) && !strcmp(want, G4_VERSION));
+}
+
+static void test_generation(g4_model *m, const reference *r) {
+    g4_error err;
+    g4_context *ctx;
+    /* n_batch 64: the sliding layers' ring (window - 1 + n_batch rows) can roll back a reply */
+    g4_context_params cp = {.n_seq_max = 2, .n_ctx = 256, .n_batch = 64};
+    if (g4_context_new(m, &cp, &ctx, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    const int n_prompt = (int)r->n_ids, n_greedy = (int)r->n_greedy;
+    g4_sampler_params sp = greedy_params();
+    g4_generation_params gp = {.max_new_tokens = n_greedy, .sampling = &sp, .ignore_eos = 1};
+    int32_t got[64];
+
+    /* greedy: transformers' ids, finish LENGTH, the events mirror g4_generation_tokens */
+    g4_generation *g;
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == 0);
+    CHECK(g4_generation_finish(g) == G4_FINISH_NONE && g4_generation_n_cached(g) == 0);
+    int n = run_all(g, got, 64);
+    int nt;
+    const int32_t *toks = g4_generation_tokens(g, &nt);
+    CHECKF(n == n_greedy && nt == n && !memcmp(got, r->greedy, (size_t)n * sizeof *got) &&
+               !memcmp(toks, got, (size_t)n * sizeof *got),
+           "%d greedy tokens, want %d", n, n_greedy);
+    CHECK(g4_generation_finish(g) == G4_FINISH_LENGTH);
+    g4_event ev;
+    CHECK(g4_generation_next(g, &ev, &err) == 0); /* finished stays finished */
+    /* the last token is not fed: the sequence holds the prompt and all but the last token */
+    int held;
+    const int32_t *seq_ids = g4_seq_tokens(ctx, 0, &held);
+    CHECK(held == n_prompt + n_greedy - 1 && !memcmp(seq_ids, r->ids, (size_t)n_prompt * sizeof *seq_ids));
+    g4_generation_free(g);
+
+    /* the same request again: the whole prompt is cached but its last token (for the logits) */
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == 0);
+    CHECK(g4_generation_n_cached(g) == n_prompt - 1);
+    CHECK(run_all(g, got, 64) == n_greedy && !memcmp(got, r->greedy, (size_t)n_greedy * sizeof *got));
+    g4_generation_free(g);
+
+    /* the prompt plus 5 greedy tokens continues with the rest of the greedy ids, the prompt cached */
+    int32_t longer[512];
+    memcpy(longer, r->ids, (size_t)n_prompt * sizeof *longer);
+    memcpy(longer + n_prompt, r->greedy, 5 * sizeof *longer);
+    gp.max_new_tokens = n_greedy - 5;
+    CHECK(g4_generation_start(ctx, 0, longer, n_prompt + 5, &gp, &g, &err) == 0);
+    CHECKF(g4_generation_n_cached(g) == n_prompt + 4, "cached %d of %d", g4_generation_n_cached(g), n_prompt + 5);
+    CHECK(run_all(g, got, 64) == n_greedy - 5 && !memcmp(got, r->greedy + 5, (size_t)(n_greedy - 5) * sizeof *got));
+    g4_generation_free(g);
+
+    /* another sequence of the same context is independent */
+    gp.max_new_tokens = 6;
+    CHECK(g4_generation_start(ctx, 1, r->ids, n_prompt, &gp, &g, &err) == 0);
+    CHECK(g4_generation_n_cached(g) == 0 && run_all(g, got, 64) == 6 && !memcmp(got, r->greedy, 6 * sizeof *got));
+    g4_generation_free(g);
+
+    /* a stop id ends it after that token (reported, finish STOP) */
+    gp.max_new_tokens = 0;
+    gp.stop_ids = &r->greedy[3];
+    gp.n_stop_ids = 1;
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == 0);
+    int first = 0;
+    while (first < 3 && r->greedy[first] != r->greedy[3]) first++;
+    CHECK(run_all(g, got, 64) == first + 1 && g4_generation_finish(g) == G4_FINISH_STOP);
+    g4_generation_free(g);
+    gp.stop_ids = NULL;
+    gp.n_stop_ids = 0;
+
+    g4_context_free(ctx);
+}
+
+/* ---------------------------------------------------------------- cancel */
+
+typedef struct {
+    int tokens, stop_at;
+} counting;
+
+static int count_tokens(const g4_event *ev, void *user) {
+    counting *c = user;
+    if (ev->kind == G4_EVENT_TOKEN) c->tokens++;
+    return c->stop_at && c->tokens == c->stop_at;
+}
+
+typedef struct {
+    g4_generation *g;
+    atomic_int tokens;
+    double end;
+    int rc;
+} runner;
+
+static void *generate_in_thread(void *arg) {
+    runner *r = arg;
+    g4_event ev;
+    g4_error err;
+    while ((r->rc = g4_generation_next(r->g, &ev, &err)) == 1)
+        if (ev.kind == G4_EVENT_TOKEN) atomic_fetch_add(&r->tokens, 1);
+    r->end = now_s();
+    return NULL;
+}
+
+static void test_cancel(g4_model *m, const reference *r) {
+    g4_error err;
+    g4_context *ctx;
+    g4_context_params cp = {.n_ctx = 4096, .n_batch = 16};
+    if (g4_context_new(m, &cp, &ctx, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    const int n_prompt = (int)r->n_ids;
+    g4_sampler_params sp = greedy_params();
+    g4_generation_params gp = {.sampling = &sp, .ignore_eos = 1};
+    g4_generation *g;
+
+    /* cancelled before it starts: the prompt is not even run */
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == 0);
+    g4_generation_cancel(g);
+    g4_event ev;
+    CHECK(g4_generation_next(g, &ev, &err) == 0 && g4_generation_finish(g) == G4_FINISH_CANCELLED);
+    CHECK(g4_seq_length(ctx, 0) == 0);
+    g4_generation_free(g);
+
+    /* the callback asks to stop at the 7th token: nothing more is generated */
+    counting c = {0, 7};
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == 0);
+    CHECK(g4_generation_run(g, count_tokens, &c, &err) == 0);
+    int n;
+    g4_generation_tokens(g, &n);
+    CHECKF(n == 7 && c.tokens == 7 && g4_generation_finish(g) == G4_FINISH_CANCELLED, "%d tokens after cancel at 7", n);
+    g4_generation_free(g);
+
+    /* from another thread, in the middle of a long generation (up to ~4000 tokens) */
+    runner run = {0};
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &run.g, &err) == 0);
+    pthread_t th;
+    pthread_create(&th, NULL, generate_in_thread, &run);
+    while (atomic_load(&run.tokens) < 20) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    double t0 = now_s();
+    g4_generation_cancel(run.g);
+    pthread_join(th, NULL);
+    double latency = run.end - t0;
+    g4_generation_tokens(run.g, &n);
+    printf("cancelled from another thread after %d tokens; returned %.1f ms after the cancel\n", n, 1e3 * latency);
+    CHECK(run.rc == 0 && g4_generation_finish(run.g) == G4_FINISH_CANCELLED);
+    CHECKF(n >= 20 && n < 4096 - n_prompt, "%d tokens", n);
+    CHECKF(latency < 2.0, "the cancel took %.3f s", latency); /* one model step of a tiny model */
+    g4_generation_free(run.g);
+
+    /* freed while running: the sequence keeps what was processed and can be reused */
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == 0);
+    for (int i = 0; i < 10; i++) CHECK(g4_generation_next(g, &ev, &err) == 1);
+    g4_generation_free(g);
+    gp.max_new_tokens = 4;
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == 0);
+    CHECK(g4_generation_n_cached(g) == n_prompt - 1);
+    int32_t got[8];
+    CHECK(run_all(g, got, 8) == 4 && !memcmp(got, r->greedy, 4 * sizeof *got));
+    g4_generation_free(g);
+    g4_context_free(ctx);
+}
+
+/* --------------------------------------------------------------- embeddings */
+
+static void test_embed(g4_model *m, const reference *r) {
+    g4_error err;
+    g4_context *ctx;
+    g4_context_params cp = {.n_ctx = 128, .n_batch = 8}; /* several chunks */
+    if (g4_context_new(m, &cp, &ctx, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    const int H = g4_model_hidden_size(m), T = (int)r->n_ids;
+    float *got = malloc((size_t)H * sizeof *got), *want = calloc((size_t)H, sizeof *want);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) want[h] += r->final_norm[(size_t)t * H + h] / (float)T;
+    CHECKF(g4_embed(ctx, 0, r->ids, T, got, &err) == 0, "%s", err.msg);
+    float rel = max_abs_diff(got, want, (size_t)H) / max_abs(want, (size_t)H);
+    printf("embedding: max error %.2e relative to the mean final hidden state\n", rel);
+    CHECKF(rel < 1e-3f, "embedding differs from the mean of transformers' final_norm: %.3e", rel);
+    CHECK(g4_seq_length(ctx, 0) == 0);
+    CHECK(g4_embed(ctx, 0, r->ids, 0, got, &err) == -1 && one_line(&err));
+    CHECK(g4_embed(ctx, 3, r->ids, T, got, &err) == -1 && one_line(&err));
+    int32_t bad = 100000;
+    CHECK(g4_embed(ctx, 0, &bad, 1, got, &err) == -1 && one_line(&err));
+    free(got);
+    free(want);
+    g4_context_free(ctx);
+}
+
+/* ------------------------------------------------------------------ errors */
+
+static void test_errors(g4_model *m, const reference *r) {
+    g4_error err;
+    g4_model *m2 = NULL;
+    g4_load_params lp = {.device = "tpu"};
+    CHECK(g4_model_load(g4t_shared(FIXTURE), &lp, &m2, &err) == -1 && !m2 && one_line(&err));
+    CHECK(g4_model_load("/does/not/exist", NULL, &m2, &err) == -1 && one_line(&err));
+    g4_context *ctx = NULL;
+    g4_context_params cp = {.n_ctx = 64, .kv_type = (g4_kv_type)7};
+    CHECK(g4_context_new(m, &cp, &ctx, &err) == -1 && !ctx && one_line(&err));
+    cp.kv_type = G4_KV_F32;
+    CHECK(g4_context_new(m, &cp, &ctx, &err) == 0);
+    CHECK(g4_model_tokenizer(m) == NULL && g4_model_chat_template(m) == NULL);
+
+    g4_generation *g = NULL;
+    const int n_prompt = (int)r->n_ids;
+    CHECK(g4_generation_start(ctx, 1, r->ids, n_prompt, NULL, &g, &err) == -1 && !g && one_line(&err));
+    CHECK(g4_generation_start(ctx, 0, r->ids, 0, NULL, &g, &err) == -1 && one_line(&err));
+    int32_t bad[2] = {2, 512};
+    CHECK(g4_generation_start(ctx, 0, bad, 2, NULL, &g, &err) == -1 && one_line(&err));
+    int32_t *big = calloc(64, sizeof *big);
+    CHECK(g4_generation_start(ctx, 0, big, 64, NULL, &g, &err) == -1 && one_line(&err)); /* no room */
+    free(big);
+    const char *stop = "x";
+    g4_generation_params gp = {.stop_strings = &stop, .n_stop_strings = 1};
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == -1 && one_line(&err)); /* no tokenizer */
+    g4_sampler_params sp = greedy_params();
+    sp.top_p = 2;
+    gp = (g4_generation_params){.sampling = &sp};
+    CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == -1 && one_line(&err));
+    g4_chat *chat = NULL;
+    CHECK(g4_chat_new(NULL, NULL, &chat, &err) == -1 && !chat && one_line(&err));
+    g4_context_free(ctx);
+
+    g4_chat_message msg;
+    const char *out = "<|channel>thought\nhm<channel|> Yes. <|tool_call>call:f{a:1}<tool_call|>";
+    CHECK(g4_chat_parse(out, strlen(out), &msg, &err) == 0);
+    CHECK(!strcmp(msg.thinking, "hm") && !strcmp(msg.content, "Yes.") && msg.n_tool_calls == 1 &&
+          !strcmp(msg.tool_calls, "[{\"name\":\"f\",\"arguments\":{\"a\":1}}]"));
+    g4_chat_message_free(&msg);
+}
+
+int main(void) {
+    reference r;
+    if (load_reference(&r)) {
+        printf("no %s reference: skipped\n", FIXTURE);
+        return 77;
+    }
+    g4_error err;
+    g4_model *m;
+    g4_load_params lp = {.n_threads = 2, .device = "cpu"};
+    if (g4_model_load(g4t_shared(FIXTURE), &lp, &m, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    test_version();
+    test_generation(m, &r);
+    test_cancel(m, &r);
+    test_embed(m, &r);
+    test_errors(m, &r);
+    g4_model_free(m);
+    free_reference(&r);
+    return g4t_done();
+}

@@ -1,0 +1,22 @@
+#!/bin/bash
+# The library's shape: the CLI is built on the public header alone (no file of src/cli/
+# includes an internal header), and libgemma4c.so exports exactly the functions gemma4c.h
+# declares with G4_API.
+set -u
+src=${G4_SOURCE_DIR:?}; lib=${G4_LIB:?}
+fail=0
+check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+
+# quoted includes of src/cli may name gemma4c.h or the CLI's own headers, nothing else
+bad=$(grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$src"/src/cli/*.[ch] |
+      grep -vE '#[[:space:]]*include[[:space:]]*"(gemma4c\.h|cli/[a-z_]+\.h)"')
+[ -z "$bad" ]; check $? "src/cli includes only gemma4c.h and its own headers${bad:+: $bad}"
+# and angle-bracket includes name system headers only (not the project's folders)
+bad=$(grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*<(core|formats|model|backend|engine|tokenizer|jinja|chat|towers|server)/' "$src"/src/cli/*.[ch])
+[ -z "$bad" ]; check $? "src/cli reaches no internal header with <...>${bad:+: $bad}"
+
+declared=$(sed -n 's/^G4_API .*[ *]\(g4_[a-z0-9_]*\)(.*/\1/p' "$src/include/gemma4c.h" | sort)
+exported=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TW]$/ {print $3}' | sort)
+[ -n "$declared" ] && [ "$declared" = "$exported" ]
+check $? "libgemma4c.so exports exactly the $(echo "$declared" | wc -l) G4_API functions$(diff <(echo "$declared") <(echo "$exported") | grep '^[<>]' | tr '\n' ' ')"
+exit $fail
