@@ -333,6 +333,66 @@ G4_API void g4_sampler_accept_many(g4_sampler *s, const int32_t *ids, int n);
 G4_API void g4_sampler_reset(g4_sampler *s);
 G4_API void g4_sampler_seed(g4_sampler *s, uint64_t seed);
 
+/* --------------------------------------------------- speculative decoding */
+
+/* A drafter: a gemma4_assistant checkpoint (Gemma 4's multi-token-prediction assistant) loaded beside its main
+ * model, on the main model's backend. It drafts tokens from the main model's own K/V cache and hidden state;
+ * the main model checks a round of drafts in one step, as transformers 5.17's assisted generation does.
+ * A generation uses one through g4_generation_params.drafter; g4_spec is the loop itself, for callers that
+ * drive their own steps. */
+typedef struct g4_drafter g4_drafter;
+
+/* Loads DIR and checks that it can draft for `main` (hidden sizes, vocabulary, head sizes, kv heads and RoPE
+ * of the layer types it reads); a mismatched pair is a one-line error. `main` must outlive the drafter. */
+G4_API int g4_drafter_load(const char *dir, g4_model *main, g4_drafter **out, g4_error *err);
+G4_API void g4_drafter_free(g4_drafter *d);
+/* Drafts per round by default: the drafter's generation_config.json num_assistant_tokens (20 when absent). */
+G4_API int g4_drafter_n_draft(const g4_drafter *d);
+
+/* Speculative decoding of one sequence of a context whose model is the drafter's main model. */
+typedef struct g4_spec g4_spec;
+
+typedef struct g4_spec_params {
+    int n_draft;                /* drafts per round; 0: the drafter's default. Below the context's n_batch. */
+    const int32_t *stop_ids;    /* ids that end generation (eos): drafting stops after drafting one */
+    int n_stop_ids;
+    int (*cancelled)(void *user); /* asked between prefill chunks (may be NULL): non-zero stops the prefill */
+    void *cancelled_user;
+    int raw_q;                  /* sampling: verify as transformers 5.17 does, with q = softmax of the drafter's
+                                   raw logits although drafts are its argmax (favours drafts: the output is no
+                                   longer distributed as the main model's); 0: q = the point mass the draft was
+                                   drawn from, lossless */
+} g4_spec_params;
+
+G4_API int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
+                       g4_error *err);
+G4_API void g4_spec_free(g4_spec *s);
+
+/* Runs `prompt` through the sequence (continuing from its length) and keeps what the first round needs;
+ * the last prompt row's logits go to `logits` (vocab floats): the caller picks the first token from them.
+ * Returns 0, 1 when cancelled between chunks, or -1. */
+G4_API int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err);
+
+/* One round after `last`, the sequence's newest token (picked by the caller, not yet run through the model):
+ * up to min(n_draft, budget - 1) drafts, one main-model step over [last, drafts], and the accepted drafts plus
+ * one token of the main model (the correction, or a bonus when all were accepted) into out (room for
+ * n_draft + 1), their count into *n_out (<= budget). smp NULL: greedy (argmax). A greedy sampler (temperature 0)
+ * picks the largest adjusted logit of each row; a sampling one verifies by speculative sampling (the output is
+ * distributed as the main model's with that sampler, see g4_spec_params.raw_q). smp's history must hold the
+ * sequence so far (the caller accepts what it reports; a round leaves the history as it found it). Afterwards
+ * the sequence holds everything but the newest token, as in plain decoding; a sequence changed by other calls
+ * since (g4_decode, g4_seq_truncate, ...) needs a new g4_spec_prefill. */
+G4_API int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out,
+                         g4_error *err);
+
+/* Drafts k tokens after `last` from the sequence as it is, without verifying them (nothing changes but the
+ * drafts a next round would have used): benchmarks, inspection. */
+G4_API int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err);
+
+/* Rounds since the last prefill: *n rounds, drafted[i] and accepted[i] drafts of round i (valid until the next
+ * call on s). */
+G4_API void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted, int *n);
+
 /* ------------------------------------------------------------- generation */
 
 /* A generation is one request on one sequence of a context: its prompt, sampler, stop
@@ -351,6 +411,9 @@ typedef struct g4_generation_params {
     int n_stop_strings;
     int parse_chat;                     /* 1: split the text into answer, thinking and tool calls
                                            (g4_chat_start sets it) */
+    g4_drafter *drafter;                /* speculative decoding with this drafter of the model (NULL: none); the
+                                           output is the same as without (greedy: the same ids) */
+    int n_draft;                        /* drafts per round; 0: the drafter's default */
 } g4_generation_params;
 
 typedef enum g4_event_kind {
@@ -385,7 +448,7 @@ G4_API int g4_chat_start(const g4_chat *c, g4_context *ctx, int seq, const g4_ge
                          g4_generation **out, g4_error *err);
 /* The next event: 1 with *ev filled, 0 when the generation has finished, -1 on error. Each
  * model step (the prompt, then one per token) runs inside this call, and yields a TOKEN event
- * followed by the text it made printable. */
+ * followed by the text it made printable (with a drafter, a step is a round: one or more tokens). */
 G4_API int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err);
 /* Runs to the end, calling on_event for every event; a non-zero return cancels (the events
  * already made are still delivered). 0 or -1. */
@@ -397,6 +460,8 @@ G4_API void g4_generation_cancel(g4_generation *g);
 G4_API g4_finish g4_generation_finish(const g4_generation *g);
 /* The generated ids so far. */
 G4_API const int32_t *g4_generation_tokens(const g4_generation *g, int *n);
+/* With a drafter: the rounds so far, drafted[i] and accepted[i] drafts of round i (*n = 0 without one). */
+G4_API void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n);
 /* Prompt tokens that the sequence already held (not processed again). */
 G4_API int g4_generation_n_cached(const g4_generation *g);
 /* The output so far as a message: exactly the TEXT, THINKING and TOOL_CALL events (without

@@ -30,7 +30,8 @@ int main(void) {
     BEGIN(g4_generation_params); FIELD(g4_generation_params, max_new_tokens); FIELD(g4_generation_params, sampling);
     FIELD(g4_generation_params, ignore_eos); FIELD(g4_generation_params, stop_ids);
     FIELD(g4_generation_params, n_stop_ids); FIELD(g4_generation_params, stop_strings);
-    FIELD(g4_generation_params, n_stop_strings); FIELD(g4_generation_params, parse_chat); END();
+    FIELD(g4_generation_params, n_stop_strings); FIELD(g4_generation_params, parse_chat);
+    FIELD(g4_generation_params, drafter); FIELD(g4_generation_params, n_draft); END();
     BEGIN(g4_event); FIELD(g4_event, kind); FIELD(g4_event, token); FIELD(g4_event, text); FIELD(g4_event, len); END();
     printf("}\n");
     return 0;

@@ -1,6 +1,8 @@
 #!/bin/bash
 # The logits and generate commands on the fixtures, compared with the transformers
-# references; bad input gives a one-line error and a non-zero exit.
+# references; bad input gives a one-line error and a non-zero exit. generate --draft (speculative decoding) on
+# ../shared/fixtures/assistant: with each drafter, the 24 greedy ids and the --draft-stats line (accepted and
+# drafted tokens per round) as transformers' reference.json records them; --draft-n, seeded sampling, misuse.
 set -u
 bin=${G4_BIN:?}; shared=${G4_SHARED_DIR:?}; tmp=${G4_TMP:-/tmp}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,4 +39,44 @@ expect_error "unknown command" "$bin" frobnicate
 mkdir -p "$tmp/llama"; echo '{"model_type": "llama"}' >"$tmp/llama/config.json"
 expect_error "unknown model type" "$bin" generate -m "$tmp/llama" --ids 2
 [ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"
+
+# ---- speculative decoding (generate --draft)
+dir=$shared/fixtures/assistant
+ids=$(python3 "$here/cli_compare.py" ids "$dir/reference.safetensors" input_ids)
+want=$(python3 "$here/cli_compare.py" ids "$dir/reference.safetensors" greedy_ids)
+for v in lmhead ordered; do
+    got=$("$bin" generate -m "$dir" --draft "$dir/assistant-$v" --ids "$ids" -n 24 --temp 0 --draft-stats \
+          2>"$tmp/stats-$v.txt")
+    [ "$got" = "$want" ]
+    check $? "assistant-$v: 24 greedy ids identical"
+    python3 - "$dir/reference.json" "$v" "$tmp/stats-$v.txt" <<'EOF'
+import json, sys
+ref = json.load(open(sys.argv[1]))["assistant"][sys.argv[2]]
+lines = open(sys.argv[3]).read().splitlines()
+got = json.loads(lines[-1])
+ok = len(lines) == 1 and got == {"accepted_per_round": ref["accepted_per_round"],
+                                 "drafts_per_round": ref["drafts_per_round"]}
+print(lines[-1] if lines else "(no line)")
+sys.exit(0 if ok else 1)
+EOF
+    check $? "assistant-$v: --draft-stats as reference.json"
+done
+
+# other draft lengths keep the greedy output; sampling with a seed repeats itself
+got=$("$bin" generate -m "$dir" --draft "$dir/assistant-lmhead" --draft-n 3 --ids "$ids" -n 24 --temp 0)
+[ "$got" = "$want" ]
+check $? "--draft-n 3: greedy ids identical"
+a=$("$bin" generate -m "$dir" --draft "$dir/assistant-ordered" --ids "$ids" -n 24 --temp 0.8 --seed 7)
+b=$("$bin" generate -m "$dir" --draft "$dir/assistant-ordered" --ids "$ids" -n 24 --temp 0.8 --seed 7)
+[ -n "$a" ] && [ "$a" = "$b" ]
+check $? "sampling with a drafter and a seed is repeatable"
+
+expect_error "a drafter for another model" "$bin" generate -m "$shared/fixtures/dense-ple" \
+    --draft "$dir/assistant-lmhead" --ids 2,3 -n 4
+expect_error "a main model as drafter" "$bin" generate -m "$dir" --draft "$shared/fixtures/dense-ple" --ids 2,3 -n 4
+expect_error "a drafter as main model" "$bin" generate -m "$dir/assistant-lmhead" --ids 2,3 -n 4
+expect_error "--draft-n without --draft" "$bin" generate -m "$dir" --draft-n 3 --ids 2,3 -n 4
+expect_error "--draft-n 0" "$bin" generate -m "$dir" --draft "$dir/assistant-lmhead" --draft-n 0 --ids 2,3 -n 4
+expect_error "--draft-n above 256" "$bin" generate -m "$dir" --draft "$dir/assistant-lmhead" --draft-n 300 \
+    --ids 2,3 -n 4
 exit $fail

@@ -693,6 +693,74 @@ static void test_penalties(void) {
     }
 }
 
+/* Speculative decoding's helpers: a rewind takes accepted ids back out of the window (the distribution is the one
+ * of the shorter history), within G4_SAMPLER_REWIND_MAX of the longest history; is_greedy; draw from weights. */
+static void test_rewind_draw(void) {
+    enum { V = 12, HIST = 30, EXTRA = 20 };
+    float x[V];
+    int32_t hist[HIST + EXTRA];
+    for (int t = 0; t < 60; t++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = 0.9f;
+        p.repetition_penalty = 1.5f;
+        p.frequency_penalty = 0.3f;
+        p.penalty_last_n = t % 3 == 0 ? -1 : 1 + (int)(urand() * 10);
+        for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 2.0);
+        int n_hist = 1 + (int)(urand() * HIST), n_extra = 1 + (int)(urand() * EXTRA);
+        for (int i = 0; i < n_hist + n_extra; i++) hist[i] = (int32_t)(urand() * 8);
+        g4_sampler *s = make(&p, V);
+        g4_sampler_accept_many(s, hist, n_hist + n_extra);
+        check_probs(s, x, V, &p, hist, n_hist + n_extra, "before a rewind");
+        CHECK(g4_sampler_rewind(s, n_extra) == 0);
+        check_probs(s, x, V, &p, hist, n_hist, "after a rewind");
+        /* accept other ids, rewind again */
+        g4_sampler_accept(s, 11);
+        g4_sampler_accept(s, 10);
+        CHECK(g4_sampler_rewind(s, 2) == 0);
+        check_probs(s, x, V, &p, hist, n_hist, "after a second rewind");
+        CHECK(g4_sampler_rewind(s, n_hist + 1) != 0);
+        check_probs(s, x, V, &p, hist, n_hist, "after a refused rewind");
+        g4_sampler_free(s);
+    }
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    p.repetition_penalty = 1.2f;
+    p.penalty_last_n = 4;
+    g4_sampler *s = make(&p, V);
+    for (int i = 0; i < G4_SAMPLER_REWIND_MAX + 10; i++) g4_sampler_accept(s, i % V);
+    CHECK(g4_sampler_rewind(s, G4_SAMPLER_REWIND_MAX + 1) != 0); /* beyond what the ring keeps */
+    CHECK(g4_sampler_rewind(s, G4_SAMPLER_REWIND_MAX) == 0);
+    CHECK(g4_sampler_rewind(s, 1) != 0);
+    CHECK(!g4_sampler_is_greedy(s) && !g4_sampler_is_argmax(s));
+    g4_sampler_free(s);
+    p.temperature = 0;
+    s = make(&p, V);
+    CHECK(g4_sampler_is_greedy(s) && !g4_sampler_is_argmax(s));
+    g4_sampler_free(s);
+    g4_sampler_params_default(&p);
+    p.temperature = 0;
+    s = make(&p, V);
+    CHECK(g4_sampler_is_greedy(s) && g4_sampler_is_argmax(s));
+    /* draws from weights: proportions, zero weights never drawn, all zero is -1 */
+    float w[V] = {0};
+    w[2] = 1.0f, w[5] = 3.0f, w[11] = 0.5f;
+    long cnt[V] = {0};
+    const int N = 45000;
+    for (int i = 0; i < N; i++) {
+        int32_t id = g4_sampler_draw(s, w);
+        if (id >= 0 && id < V) cnt[id]++;
+    }
+    CHECK(cnt[2] + cnt[5] + cnt[11] == N);
+    CHECKF(fabs(cnt[5] / (double)N - 3.0 / 4.5) < 0.01 && fabs(cnt[11] / (double)N - 0.5 / 4.5) < 0.01,
+           "draws: %ld %ld %ld", cnt[2], cnt[5], cnt[11]);
+    float zero[V] = {0};
+    CHECK(g4_sampler_draw(s, zero) == -1);
+    double u = g4_sampler_uniform(s);
+    CHECK(u >= 0 && u < 1);
+    g4_sampler_free(s);
+}
+
 static void test_bias_suppress(void) {
     const int V = 30;
     float x[30];
@@ -1097,6 +1165,7 @@ int main(void) {
     RUN(test_large_rows);
     RUN(test_seeds);
     RUN(test_penalties);
+    RUN(test_rewind_draw);
     RUN(test_bias_suppress);
     RUN(test_generation_config);
     RUN(test_stop_strings);

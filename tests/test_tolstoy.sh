@@ -1,7 +1,7 @@
 #!/bin/bash
 # End to end on the shipped example model, against what transformers produced for it
 # (models/tolstoy-tiny/reference.json and reference.safetensors): the prompt's ids, the
-# logits, 32 greedy tokens as ids and as text, and a greedy chat turn through run and chat.
+# logits, 32 greedy tokens as ids and as text, and a greedy chat turn through run and chat (also with a drafter).
 set -u
 bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP:-/tmp}/tolstoy
 here=$(cd "$(dirname "$0")" && pwd)
@@ -82,6 +82,15 @@ fresh_ids=$("$bin" generate -m "$m" --ids "$conv_ids" --temp 0 -n 48)
 "$bin" detokenize -m "$m" --ids "$fresh_ids" --skip-special >"$tmp/fresh.txt"
 python3 -c 'import sys; a=open(sys.argv[1],encoding="utf-8").read().strip(); b=open(sys.argv[2],encoding="utf-8").read().strip(); print(repr(a[:80]), repr(b[:80])) if a!=b else None; sys.exit(a!=b)' "$tmp/conv.jsonl.second" "$tmp/fresh.txt"
 check $? "chat's second turn (cached prefix) equals a fresh run of the whole conversation"
+
+# speculative decoding with a random drafter of the example model's shapes: it drafts badly, and the output must
+# not change (run, and chat's three turns with a cached prefix)
+/usr/bin/python3 "$here/data/random_gemma4.py" drafter "$m" "$tmp/drafter" --hidden 32 --heads 2 --intermediate 64
+"$bin" run -m "$m" -p "$(ref chat_user)" --temp 0 -n 48 --draft "$tmp/drafter" --draft-n 3 >"$tmp/run-draft.txt"
+cmp -s "$tmp/run.txt" "$tmp/run-draft.txt"; check $? "run --draft answers as run does"
+printf '%s\n/reset\n%s\n%s\n' "$(ref chat_user)" "$(ref chat_user)" "$q2" |
+    "$bin" chat -m "$m" --temp 0 -n 48 --draft "$tmp/drafter" --draft-n 2 >"$tmp/chat-draft.txt" 2>/dev/null
+cmp -s "$tmp/chat.txt" "$tmp/chat-draft.txt"; check $? "chat --draft: the same three turns as chat"
 
 # a stop string ends the text right before it: the greedy text is " with his\nrapid, ..."
 got=$("$bin" generate -m "$m" -p "$prompt" -n 32 --temp 0 --ignore-eos --stop "rapid" | od -An -c | tr -s ' ')

@@ -78,7 +78,7 @@ class _SamplerParams(ctypes.Structure):
 class _GenerationParams(ctypes.Structure):
     _fields_ = [("max_new_tokens", c_int), ("sampling", P(_SamplerParams)), ("ignore_eos", c_int),
                 ("stop_ids", P(c_int32)), ("n_stop_ids", c_int), ("stop_strings", P(c_char_p)),
-                ("n_stop_strings", c_int), ("parse_chat", c_int)]
+                ("n_stop_strings", c_int), ("parse_chat", c_int), ("drafter", c_void_p), ("n_draft", c_int)]
 
 
 class _Event(ctypes.Structure):
@@ -100,6 +100,8 @@ _version = _fn("g4_version", c_char_p)
 _free = _fn("g4_free", None, c_void_p)
 _model_load = _fn("g4_model_load", c_int, c_char_p, P(_LoadParams), P(c_void_p), E)
 _model_free = _fn("g4_model_free", None, c_void_p)
+_drafter_load = _fn("g4_drafter_load", c_int, c_char_p, c_void_p, P(c_void_p), E)
+_drafter_free = _fn("g4_drafter_free", None, c_void_p)
 _model_vocab_size = _fn("g4_model_vocab_size", c_int, c_void_p)
 _model_hidden_size = _fn("g4_model_hidden_size", c_int, c_void_p)
 _model_tokenizer = _fn("g4_model_tokenizer", c_void_p, c_void_p)
@@ -216,19 +218,24 @@ class Stream:
 class Model:
     """A model folder (config.json, weights, tokenizer.json, chat template, generation_config.json)
     with one context of n_ctx positions (0: the library's default). One generation runs at a time:
-    starting another closes the one before."""
+    starting another closes the one before. draft: a gemma4_assistant folder for speculative decoding
+    (draft_n drafts per round, 0: its default); the output is the same as without."""
 
-    def __init__(self, path, *, threads=0, device=None, n_ctx=0, progress=None):
+    def __init__(self, path, *, threads=0, device=None, n_ctx=0, progress=None, draft=None, draft_n=0):
         err, handle = _Error(), c_void_p()
         callback = PROGRESS_FN(lambda f, what, user: progress(f, what.decode())) if progress else PROGRESS_FN()
         lp = _LoadParams(threads, device.encode() if device else None, callback, None)
-        self._model = self._ctx = None
+        self._model = self._ctx = self._drafter = None
         self._active = None
+        self._draft_n = draft_n
         _check(_model_load(os.fsencode(path), ctypes.byref(lp), ctypes.byref(handle), ctypes.byref(err)), err)
         self._model = handle
-        ctx = c_void_p()
+        ctx, drafter = c_void_p(), c_void_p()
         cp = _ContextParams(n_seq_max=1, n_ctx=n_ctx)
         try:
+            if draft:
+                _check(_drafter_load(os.fsencode(draft), self._model, ctypes.byref(drafter), ctypes.byref(err)), err)
+                self._drafter = drafter
             _check(_context_new(self._model, ctypes.byref(cp), ctypes.byref(ctx), ctypes.byref(err)), err)
         except Error:
             self.close()
@@ -301,7 +308,8 @@ class Model:
             ids, values = (c_int32 * len(bias))(*bias.keys()), (c_float * len(bias))(*bias.values())
             sp.bias_ids, sp.bias_values, sp.n_bias = ids, values, len(bias)
             keep += [ids, values]
-        gp = _GenerationParams(max_new_tokens=max_tokens or 0, sampling=ctypes.pointer(sp), ignore_eos=int(ignore_eos))
+        gp = _GenerationParams(max_new_tokens=max_tokens or 0, sampling=ctypes.pointer(sp), ignore_eos=int(ignore_eos),
+                               drafter=self._drafter, n_draft=self._draft_n)
         if stop:
             stops = (c_char_p * len(stop))(*[s.encode("utf-8") for s in stop])
             gp.stop_strings, gp.n_stop_strings = stops, len(stop)
@@ -364,6 +372,9 @@ class Model:
         if self._ctx:
             _context_free(self._ctx)
             self._ctx = None
+        if self._drafter:
+            _drafter_free(self._drafter)
+            self._drafter = None
         if self._model:
             _model_free(self._model)
             self._model = None

@@ -109,11 +109,22 @@ def main():
     err = max(abs(a - b) for a, b in zip(got, want)) / scale
     check(len(got) == H == fx.hidden_size and err < 1e-3, "embed: within %.1e of the mean final hidden state" % err)
 
+    # speculative decoding with a Gemma 4 assistant: transformers' greedy ids (reference of the assistant fixture)
+    assistant = os.path.join(os.path.dirname(os.path.abspath(fixture)), "assistant")
+    ref_a = read_safetensors(os.path.join(assistant, "reference.safetensors"))
+    sp = gemma4c.Model(assistant, threads=2, n_ctx=128, draft=os.path.join(assistant, "assistant-lmhead"), draft_n=5)
+    got = sp.generate(list(ref_a["input_ids"][1]), stream=True, max_tokens=24, temperature=0)
+    text = "".join(got)
+    check(got.reply.tokens == list(ref_a["greedy_ids"][1]), "generate with a drafter: transformers' 24 greedy ids")
+    sp.close()
+
     # errors are exceptions with the library's one-line message
     for what, call in [("a missing folder", lambda: gemma4c.Model("/does/not/exist")),
                        ("no tokenizer", lambda: fx.tokenize("hi")),
                        ("no chat template", lambda: fx.chat(msgs)),
                        ("a bad device", lambda: gemma4c.Model(fixture, device="tpu")),
+                       ("a drafter of another model",
+                        lambda: gemma4c.Model(fixture, draft=os.path.join(assistant, "assistant-lmhead"))),
                        ("a bad sampling value", lambda: m.generate("x", top_p=2.0))]:
         try:
             call()

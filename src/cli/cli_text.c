@@ -12,7 +12,7 @@
 
 enum {
     OPT_TEMP = 1000, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_REPEAT, OPT_REPEAT_N, OPT_PRESENCE,
-    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS
+    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS, OPT_DRAFT, OPT_DRAFT_N, OPT_DRAFT_STATS
 };
 
 const struct option cli_sampling_options[] = {
@@ -32,6 +32,9 @@ const struct option cli_sampling_options[] = {
     {"model", required_argument, 0, 'm'},
     {"threads", required_argument, 0, 't'},
     {"ctx", required_argument, 0, OPT_CTX},
+    {"draft", required_argument, 0, OPT_DRAFT},
+    {"draft-n", required_argument, 0, OPT_DRAFT_N},
+    {"draft-stats", no_argument, 0, OPT_DRAFT_STATS},
     {0, 0, 0, 0},
 };
 
@@ -112,6 +115,9 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
     case 'm': s->model_dir = arg; return 1;
     case 't': return cli_parse_int(arg, "--threads", 0, 1024, &s->threads) ? -1 : 1;
     case OPT_CTX: return cli_parse_int(arg, "--ctx", 16, 1 << 24, &s->n_ctx) ? -1 : 1;
+    case OPT_DRAFT: s->draft_dir = arg; return 1;
+    case OPT_DRAFT_N: return cli_parse_int(arg, "--draft-n", 1, 256, &s->draft_n) ? -1 : 1;
+    case OPT_DRAFT_STATS: s->draft_stats = 1; return 1;
     default: return 0;
     }
 }
@@ -131,6 +137,14 @@ int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
                   "chat_template.json)", dir);
         goto fail;
     }
+    if (!opt->draft_dir && (opt->draft_n || opt->draft_stats)) {
+        cli_error("--draft-n and --draft-stats need --draft DIR");
+        goto fail;
+    }
+    if (opt->draft_dir && g4_drafter_load(opt->draft_dir, tm->model, &tm->drafter, &err)) {
+        cli_error("%s", err.msg);
+        goto fail;
+    }
     const int max_pos = g4_model_n_ctx_train(tm->model);
     g4_context_params cp = {.n_ctx = opt->n_ctx < max_pos ? (int)opt->n_ctx : max_pos}; /* 0: the library's default */
     if (g4_context_new(tm->model, &cp, &tm->ctx, &err) == 0) return 0;
@@ -142,13 +156,14 @@ fail:
 
 void cli_text_close(cli_text_model *tm) {
     g4_context_free(tm->ctx);
+    g4_drafter_free(tm->drafter);
     g4_model_free(tm->model);
     memset(tm, 0, sizeof *tm);
 }
 
-void cli_generation_params(const cli_sampling *opt, const g4_model *model, g4_sampler_params *sp,
+void cli_generation_params(const cli_sampling *opt, const cli_text_model *tm, g4_sampler_params *sp,
                            g4_generation_params *gp) {
-    g4_model_sampler_params(model, sp);
+    g4_model_sampler_params(tm->model, sp);
     if (opt->have_temp) sp->temperature = (float)opt->temp;
     if (opt->have_top_k) sp->top_k = (int)opt->top_k;
     if (opt->have_top_p) sp->top_p = (float)opt->top_p;
@@ -169,6 +184,8 @@ void cli_generation_params(const cli_sampling *opt, const g4_model *model, g4_sa
         .ignore_eos = opt->ignore_eos,
         .stop_strings = opt->stops,
         .n_stop_strings = opt->n_stops,
+        .drafter = tm->drafter,
+        .n_draft = (int)opt->draft_n,
     };
 }
 
@@ -198,4 +215,16 @@ void cli_print_tool_calls(const g4_generation *g) {
     }
     if (m.n_tool_calls) printf("{\"tool_calls\":%s}\n", m.tool_calls);
     g4_chat_message_free(&m);
+}
+
+void cli_print_draft_stats(const cli_sampling *opt, const g4_generation *g) {
+    if (!opt->draft_stats) return;
+    const int *drafted, *accepted;
+    int n;
+    g4_generation_rounds(g, &drafted, &accepted, &n);
+    fprintf(stderr, "{\"accepted_per_round\": [");
+    for (int i = 0; i < n; i++) fprintf(stderr, i ? ", %d" : "%d", accepted[i]);
+    fprintf(stderr, "], \"drafts_per_round\": [");
+    for (int i = 0; i < n; i++) fprintf(stderr, i ? ", %d" : "%d", drafted[i]);
+    fprintf(stderr, "]}\n");
 }

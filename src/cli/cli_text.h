@@ -26,6 +26,9 @@ typedef struct cli_sampling {
     int32_t bias_ids[CLI_MAX_BIAS];
     float bias_values[CLI_MAX_BIAS];
     int n_bias;
+    const char *draft_dir; /* --draft: a gemma4_assistant drafter for speculative decoding */
+    long draft_n;          /* --draft-n: drafts per round (0: the drafter's default) */
+    int draft_stats;       /* --draft-stats: one JSON line of rounds on stderr after each generation */
 } cli_sampling;
 
 /* getopt_long entries for those options (-m, -t, -n and values >= 1000); ends with a zero entry. */
@@ -35,7 +38,9 @@ extern const struct option cli_sampling_options[];
     "sampling (defaults from the model's generation_config.json):\n"                                     \
     "  --temp T  --top-k K  --top-p P  --min-p P  --seed N  --repeat-penalty R  --repeat-last-n N\n"   \
     "  --presence-penalty P  --frequency-penalty F  -n N (max new tokens)  --stop TEXT (repeatable)\n" \
-    "  --logit-bias ID=BIAS (repeatable; BIAS may be -inf)  --ignore-eos\n"
+    "  --logit-bias ID=BIAS (repeatable; BIAS may be -inf)  --ignore-eos\n"                               \
+    "speculative decoding: --draft DIR (a gemma4_assistant checkpoint)  --draft-n N (drafts per round)\n" \
+    "  --draft-stats (accepted and drafted tokens per round, one JSON line on stderr)\n"
 void cli_sampling_init(cli_sampling *s);
 /* Copies a command's own options (up to their zero entry), then the sampling options and the
  * terminating zero entry, into out (room for `cap` entries). */
@@ -46,6 +51,7 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg);
 typedef struct cli_text_model {
     g4_model *model; /* with the folder's tokenizer, chat template and generation defaults */
     g4_context *ctx;
+    g4_drafter *drafter; /* with --draft */
 } cli_text_model;
 
 /* Loads what a text command needs; prints the error and returns -1 on failure. The needs say
@@ -55,9 +61,9 @@ int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm);
 void cli_text_close(cli_text_model *tm);
 
 /* The generation the options ask for: sampling over the model's defaults (a seed from the clock
- * unless --seed), the length limit, stop strings, --ignore-eos. gp points at sp and at opt's
- * strings: both must outlive the generation. */
-void cli_generation_params(const cli_sampling *opt, const g4_model *model, g4_sampler_params *sp,
+ * unless --seed), the length limit, stop strings, --ignore-eos, the drafter. gp points at sp and at
+ * opt's strings: both must outlive the generation. */
+void cli_generation_params(const cli_sampling *opt, const cli_text_model *tm, g4_sampler_params *sp,
                            g4_generation_params *gp);
 
 /* Ctrl-C: while cli_stream runs it cancels the generation, otherwise it ends the program with
@@ -70,5 +76,8 @@ int cli_stream(g4_generation *g, FILE *out, FILE *thinking_out);
 
 /* Prints the reply's tool calls as one line {"tool_calls": [...]} when it made any. */
 void cli_print_tool_calls(const g4_generation *g);
+
+/* --draft-stats: {"accepted_per_round": [...], "drafts_per_round": [...]} on stderr when opt asks. */
+void cli_print_draft_stats(const cli_sampling *opt, const g4_generation *g);
 
 #endif

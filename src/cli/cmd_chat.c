@@ -64,7 +64,7 @@ int cmd_chat(int argc, char **argv) {
                 smp.model_dir, g4_context_n_ctx(tm.ctx));
     g4_sampler_params sp;
     g4_generation_params gp;
-    cli_generation_params(&smp, tm.model, &sp, &gp);
+    cli_generation_params(&smp, &tm, &sp, &gp);
     char *line = NULL;
     size_t line_cap = 0;
     for (;;) {
@@ -96,6 +96,7 @@ int cmd_chat(int argc, char **argv) {
         int bad = g4_chat_start(chat, tm.ctx, 0, &gp, &gen, &err);
         if (bad) cli_error("%s", err.msg);
         else bad = cli_stream(gen, stdout, think ? stderr : NULL);
+        if (!bad) cli_print_draft_stats(&smp, gen);
         if (!bad && g4_chat_add_reply(chat, gen, &err)) bad = cli_error("%s", err.msg);
         if (bad) { /* the turn failed (e.g. the context is full): forget it */
             g4_chat_pop(chat);

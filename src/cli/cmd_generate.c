@@ -78,13 +78,14 @@ int cmd_generate(int argc, char **argv) {
     }
     g4_sampler_params sp;
     g4_generation_params gp;
-    cli_generation_params(&smp, tm.model, &sp, &gp);
+    cli_generation_params(&smp, &tm, &sp, &gp);
     if (g4_generation_start(tm.ctx, 0, prompt, n_prompt, &gp, &gen, &err)) {
         cli_error("%s", err.msg);
         goto done;
     }
     cli_catch_sigint();
     if (cli_stream(gen, ids_s ? NULL : stdout, NULL)) goto done;
+    cli_print_draft_stats(&smp, gen);
     if (ids_s) {
         int n;
         const int32_t *ids = g4_generation_tokens(gen, &n);

@@ -56,7 +56,7 @@ int cmd_run(int argc, char **argv) {
     g4_generation *gen = NULL;
     g4_sampler_params sp;
     g4_generation_params gp;
-    cli_generation_params(&smp, tm.model, &sp, &gp);
+    cli_generation_params(&smp, &tm, &sp, &gp);
     if (g4_chat_new(g4_model_chat_template(tm.model), think ? "{\"enable_thinking\": true}" : NULL, &chat, &err) ||
         (system_prompt && g4_chat_add(chat, "system", system_prompt, &err)) || g4_chat_add(chat, "user", text, &err) ||
         g4_chat_start(chat, tm.ctx, 0, &gp, &gen, &err)) {
@@ -65,6 +65,7 @@ int cmd_run(int argc, char **argv) {
     }
     cli_catch_sigint();
     if (cli_stream(gen, stdout, think ? stderr : NULL)) goto done;
+    cli_print_draft_stats(&smp, gen);
     printf("\n");
     cli_print_tool_calls(gen);
     rc = g4_generation_finish(gen) == G4_FINISH_CANCELLED ? 130 : 0;

@@ -43,7 +43,12 @@ struct g4_context {
 };
 
 /* The decoder forward pass for one step (src/model/forward.c): float32 logits of the step's out_rows into the
- * host buffer `logits` [n_out, V], or, when logits is NULL, their argmax into the host array `ids` [n_out]. */
+ * host buffer `logits` [n_out, V], or, when logits is NULL, their argmax into the host array `ids` [n_out];
+ * with both NULL no logits are computed. */
 int g4_forward(g4_context *ctx, const g4_step *step, float *logits, int32_t *ids, g4_error *err);
+
+/* After a step: the final-normed hidden states of its wanted rows, [n_out, H] in backend memory, valid until the
+ * next step (what transformers returns as hidden_states[-1]; a drafter reads them). */
+static inline const float *g4_step_final_rows(const g4_context *ctx) { return ctx->s.x; }
 
 #endif

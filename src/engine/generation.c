@@ -6,7 +6,9 @@
  * answer, thinking and tool calls) -> stop strings (answer text only) -> events; the message
  * (g4_generation_message) accumulates exactly the events. The last token is never fed to the
  * model: a generation ends before the step that would. A batching scheduler reuses the same
- * pieces with its own model steps. */
+ * pieces with its own model steps. With a drafter (speculative decoding, engine/speculative.h) the
+ * prompt goes through the speculative prefill and every later step is a round of drafts and one
+ * verification, which yields one or more tokens. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@
 #include "core/strbuf.h"
 #include "engine/context.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "engine/stop.h"
 #include "tokenizer/tokenizer.h"
 
@@ -47,6 +50,8 @@ struct g4_generation {
     int greedy;               /* plain argmax: the model step picks the id (g4_decode_greedy) */
     int32_t picked;           /* that id */
     int32_t *seqs;            /* [n_batch] all `seq` */
+    g4_spec *spec;            /* with a drafter */
+    int32_t *round;           /* [drafts per round + 1] a round's tokens */
     uint8_t *want;            /* [n_batch] */
     g4_finish finish;
     atomic_int cancel;
@@ -137,11 +142,18 @@ static int model_step(g4_generation *g, const g4_batch *b) {
     return g->greedy ? g4_decode_greedy(g->ctx, b, &g->picked, &g->err) : g4_decode(g->ctx, b, g->logits, &g->err);
 }
 
+static int spec_cancelled(void *user) { return cancelled(user); }
+
 /* Runs the model: the rest of the prompt (checking for a cancel between chunks), or the last
  * token. Returns 1 when cancelled, 0 with a fresh result, -1 on error. */
 static int run_model(g4_generation *g) {
     g4_context *ctx = g->ctx;
     if (cancelled(g)) return 1;
+    if (g->spec && g->n_fed < g->n_prompt) { /* logits of the last row; the drafter keeps what it needs */
+        int r = g4_spec_prefill(g->spec, g->prompt + g->n_fed, g->n_prompt - g->n_fed, g->logits, &g->err);
+        if (r == 0) g->n_fed = g->n_prompt;
+        return r;
+    }
     if (g->n_fed == g->n_prompt) {
         g4_batch b = {1, &g->ids[g->n_ids - 1], g->seqs, NULL};
         return model_step(g, &b);
@@ -163,20 +175,47 @@ static int is_stop_id(const g4_generation *g, int32_t id) {
     return 0;
 }
 
-static int step(g4_generation *g) {
-    int r = run_model(g);
-    if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
-    int32_t id = g->greedy ? g->picked : g4_sampler_sample(g->sampler, g->logits);
-    if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
+/* A generated token: its events, then the stop conditions. 1 when it ended the generation, 0 or -1. */
+static int take(g4_generation *g, int32_t id) {
     g->ids[g->n_ids++] = id;
     g4_sampler_accept(g->sampler, id);
     if (queue(g, G4_EVENT_TOKEN, id, "", 0)) return -1;
-    if (is_stop_id(g, id)) return finish(g, G4_FINISH_STOP); /* a stop token is not shown */
-    if (token_text(g, id)) return -1;
-    if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)))
-        return finish(g, G4_FINISH_STOP);
-    if (g->n_ids == g->max_new) return finish(g, G4_FINISH_LENGTH);
+    g4_finish why = G4_FINISH_NONE;
+    if (is_stop_id(g, id)) { /* a stop token is not shown */
+        why = G4_FINISH_STOP;
+    } else {
+        if (token_text(g, id)) return -1;
+        if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)))
+            why = G4_FINISH_STOP;
+        else if (g->n_ids == g->max_new)
+            why = G4_FINISH_LENGTH;
+    }
+    return why == G4_FINISH_NONE ? 0 : finish(g, why) ? -1 : 1;
+}
+
+/* A speculative round: its tokens in order, up to one that ends the generation; the sequence then keeps what
+ * plain decoding would have fed (everything but the newest token). */
+static int spec_step(g4_generation *g) {
+    if (cancelled(g)) return finish(g, G4_FINISH_CANCELLED);
+    int n;
+    if (g4_spec_round(g->spec, g->ids[g->n_ids - 1], g->max_new - g->n_ids, g->sampler, g->round, &n, &g->err))
+        return -1;
+    for (int i = 0; i < n; i++) {
+        int r = take(g, g->round[i]);
+        if (r < 0) return -1;
+        if (r > 0 && i + 1 < n) return g4_seq_truncate(g->ctx, g->seq, g->n_prompt + g->n_ids - 1, &g->err);
+        if (r > 0) break;
+    }
     return 0;
+}
+
+static int step(g4_generation *g) {
+    if (g->spec && g->n_ids > 0) return spec_step(g);
+    int r = run_model(g);
+    if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
+    int32_t id = g->greedy && !g->spec ? g->picked : g4_sampler_sample(g->sampler, g->logits);
+    if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
+    return take(g, id) < 0 ? -1 : 0;
 }
 
 int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
@@ -218,6 +257,12 @@ const int32_t *g4_generation_tokens(const g4_generation *g, int *n) {
 
 int g4_generation_n_cached(const g4_generation *g) { return g->n_cached; }
 
+void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n) {
+    *drafted = *accepted = NULL;
+    *n = 0;
+    if (g->spec) g4_spec_rounds(g->spec, drafted, accepted, n);
+}
+
 int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error *err) {
     return g4_chat_accum_message(&g->out, out, err);
 }
@@ -237,6 +282,8 @@ void g4_generation_free(g4_generation *g) {
     free(g->logits);
     free(g->seqs);
     free(g->want);
+    g4_spec_free(g->spec);
+    free(g->round);
     free(g->q);
     g4_strbuf_free(&g->q_text);
     free(g);
@@ -295,6 +342,12 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     g->want = malloc(nb);
     if (!g->ids || !g->logits || !g->seqs || !g->want) return g4_fail(err, "out of memory");
     for (size_t i = 0; i < nb; i++) g->seqs[i] = g->seq;
+    if (p->drafter) { /* drafting stops at the generation's stop ids (transformers: the eos ids) */
+        g4_spec_params spp = {.n_draft = p->n_draft, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
+                              .cancelled = spec_cancelled, .cancelled_user = g};
+        if (g4_spec_new(g->ctx, g->seq, p->drafter, &spp, &g->spec, err)) return -1;
+        if (!(g->round = malloc(((size_t)g->spec->cap + 1) * sizeof *g->round))) return g4_fail(err, "out of memory");
+    }
     reuse_prefix(g);
     return 0;
 }

@@ -69,8 +69,11 @@ struct g4_sampler {
     int32_t *seen;     /* distinct ids with count > 0 */
     int32_t *seen_pos; /* [V] index in seen */
     int n_seen;
-    int32_t *ring; /* last penalty_last_n ids (penalty_last_n > 0) */
+    int32_t *ring; /* the last ring_cap accepted ids: the window (penalty_last_n > 0) and what a rewind
+                      takes back (G4_SAMPLER_REWIND_MAX more) */
+    int ring_cap;
     uint64_t n_accepted;
+    uint64_t n_accepted_max; /* the most n_accepted has been since the last reset (bounds a rewind) */
 
     /* The modified ids of the current step and their adjusted values. */
     int32_t *slot; /* [V] index into mod_* or -1; static slots stay set */
@@ -528,8 +531,9 @@ int g4_sampler_new(const g4_sampler_params *p, int vocab_size, g4_sampler **out,
         s->seen = malloc(V * sizeof *s->seen);
         s->seen_pos = malloc(V * sizeof *s->seen_pos);
         ok = s->count && s->seen && s->seen_pos;
-        if (ok && p->penalty_last_n > 0) {
-            s->ring = malloc((size_t)p->penalty_last_n * sizeof *s->ring);
+        if (ok) {
+            s->ring_cap = (p->penalty_last_n > 0 ? p->penalty_last_n : 0) + G4_SAMPLER_REWIND_MAX;
+            s->ring = malloc((size_t)s->ring_cap * sizeof *s->ring);
             ok = s->ring != NULL;
         }
     }
@@ -586,16 +590,32 @@ static void hist_dec(g4_sampler *s, int32_t id) {
     }
 }
 
+/* Accepted id number i (0-based) sits in ring[i % ring_cap]; with a window of last_n ids, accepting number i
+ * drops number i - last_n from the counts. */
+static int32_t ring_at(const g4_sampler *s, uint64_t i) { return s->ring[i % (uint64_t)s->ring_cap]; }
+
 void g4_sampler_accept(g4_sampler *s, int32_t id) {
     if (!s || !s->penalties_on || id < 0 || id >= s->V) return;
-    int last_n = s->p.penalty_last_n;
-    if (last_n > 0) {
-        size_t pos = (size_t)(s->n_accepted % (uint64_t)last_n);
-        if (s->n_accepted >= (uint64_t)last_n) hist_dec(s, s->ring[pos]);
-        s->ring[pos] = id;
-    }
+    const int last_n = s->p.penalty_last_n;
+    if (last_n > 0 && s->n_accepted >= (uint64_t)last_n) hist_dec(s, ring_at(s, s->n_accepted - (uint64_t)last_n));
+    s->ring[s->n_accepted % (uint64_t)s->ring_cap] = id;
     s->n_accepted++;
+    if (s->n_accepted > s->n_accepted_max) s->n_accepted_max = s->n_accepted;
     hist_inc(s, id);
+}
+
+int g4_sampler_rewind(g4_sampler *s, int n) {
+    if (!s || !s->penalties_on || n <= 0) return 0;
+    /* ids back to number n_accepted_max - REWIND_MAX and the ones they pushed out of the window are still in the ring */
+    if ((uint64_t)n > s->n_accepted || s->n_accepted - (uint64_t)n + G4_SAMPLER_REWIND_MAX < s->n_accepted_max)
+        return -1;
+    const int last_n = s->p.penalty_last_n;
+    for (int i = 0; i < n; i++) {
+        s->n_accepted--;
+        hist_dec(s, ring_at(s, s->n_accepted));
+        if (last_n > 0 && s->n_accepted >= (uint64_t)last_n) hist_inc(s, ring_at(s, s->n_accepted - (uint64_t)last_n));
+    }
+    return 0;
 }
 
 void g4_sampler_accept_many(g4_sampler *s, const int32_t *ids, int n) {
@@ -607,6 +627,7 @@ void g4_sampler_reset(g4_sampler *s) {
     for (int i = 0; i < s->n_seen; i++) s->count[s->seen[i]] = 0;
     s->n_seen = 0;
     s->n_accepted = 0;
+    s->n_accepted_max = 0;
 }
 
 /* ------------------------------------------------------------------ modified ids */
@@ -1046,6 +1067,25 @@ int32_t g4_sampler_sample(g4_sampler *s, const float *logits) { return run(s, lo
 
 int g4_sampler_is_argmax(const g4_sampler *s) {
     return s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE && s->n_static == 0 && !s->penalties_on;
+}
+
+int g4_sampler_is_greedy(const g4_sampler *s) { return s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE; }
+
+double g4_sampler_uniform(g4_sampler *s) { return rng_uniform(s->rng); }
+
+int32_t g4_sampler_draw(g4_sampler *s, const float *probs) {
+    double z = 0.0;
+    for (int i = 0; i < s->V; i++) z += probs[i] > 0.0f ? (double)probs[i] : 0.0;
+    if (!(z > 0.0)) return -1;
+    double u = rng_uniform(s->rng) * z, acc = 0.0;
+    int32_t last = -1;
+    for (int i = 0; i < s->V; i++) {
+        if (!(probs[i] > 0.0f)) continue;
+        acc += (double)probs[i];
+        last = i;
+        if (u < acc) return i;
+    }
+    return last; /* u landed in the rounding gap at the very end */
 }
 
 int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs) {

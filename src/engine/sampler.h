@@ -48,6 +48,12 @@
  * a one-line message naming the bad field. */
 int g4_sampler_params_check(const g4_sampler_params *p, int vocab_size, g4_error *err);
 
+/* Takes the last n accepted ids back out of the history (speculative decoding tries drafts and keeps some).
+ * The history can go back G4_SAMPLER_REWIND_MAX ids behind the longest it has been: 0, or -1 beyond that or
+ * beyond its start (nothing changes). */
+#define G4_SAMPLER_REWIND_MAX 256
+int g4_sampler_rewind(g4_sampler *s, int n);
+
 /* The exact distribution sample() draws from for this row and history: writes vocab_size
  * probabilities (0 for filtered tokens; greedy gives a one-hot row) and returns how many are
  * non-zero, or -1 as above (then probs is all zero). Consumes no random numbers. */
@@ -56,6 +62,16 @@ int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs);
 /* 1 when sample() is the plain argmax of the logits (greedy, no bias, suppression or penalty),
  * so a model step may pick the id itself (g4_decode_greedy). */
 int g4_sampler_is_argmax(const g4_sampler *s);
+
+/* 1 when the sampler picks the largest adjusted logit (temperature 0). */
+int g4_sampler_is_greedy(const g4_sampler *s);
+
+/* A uniform number in [0, 1) from the sampler's random sequence. */
+double g4_sampler_uniform(g4_sampler *s);
+
+/* Draws an id from vocab_size non-negative weights (they need not sum to 1) with the sampler's random sequence;
+ * -1 when every weight is 0. */
+int32_t g4_sampler_draw(g4_sampler *s, const float *probs);
 
 /* The parameters the sampler was created with (arrays point at its own copies). */
 const g4_sampler_params *g4_sampler_get_params(const g4_sampler *s);

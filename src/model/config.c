@@ -230,6 +230,59 @@ static int opt_token(const json_t *root, const char *key, int def, int *out, con
     return get_int(root, key, def, out, 0, what, err);
 }
 
+/* gemma4_assistant (docs/gemma4-assistant.md 1.1): the drafter's decoder is a gemma4_text config whose layers all
+ * read the main model's K/V; validate_architecture's rules are checked here. */
+static int parse_assistant(const json_t *root, const char *what, g4_model_config *cfg, g4_error *err) {
+    snprintf(cfg->model_type, sizeof cfg->model_type, "gemma4_assistant");
+    snprintf(cfg->weight_prefix, sizeof cfg->weight_prefix, "model.");
+    cfg->assistant = 1;
+    const json_t *tc = json_object_get(root, "text_config");
+    if (!json_is_object(tc)) return g4_fail(err, "%s: a gemma4_assistant config needs a text_config object", what);
+    const char *tmt;
+    if (g4_json_str(tc, "model_type", &tmt, what, err)) return -1;
+    if (tmt && strcmp(tmt, "gemma4_text"))
+        return g4_fail(err, "%s: the assistant's text_config has model_type \"%s\" (expected gemma4_text)", what, tmt);
+    int64_t L, shared;
+    if (g4_json_int(tc, "num_hidden_layers", 30, &L, what, err) ||
+        g4_json_int(tc, "num_kv_shared_layers", 0, &shared, what, err))
+        return -1;
+    if (shared != 0 && shared != L)
+        return g4_fail(err, "%s: every layer of an assistant reads the main model's K/V: num_kv_shared_layers must "
+                            "be %lld (or 0), not %lld", what, (long long)L, (long long)shared);
+    /* parsed as a decoder without sharing, then every layer is marked as reading K/V from elsewhere */
+    json_t *copy = json_deep_copy(tc);
+    if (!copy || json_object_set_new(copy, "num_kv_shared_layers", json_integer(0))) {
+        json_decref(copy);
+        return g4_fail(err, "out of memory");
+    }
+    int rc = parse_text(copy, what, &cfg->text, err);
+    json_decref(copy);
+    if (rc) return -1;
+    g4_text_config *c = &cfg->text;
+    if (c->hidden_size_per_layer_input || c->vocab_size_per_layer_input || c->enable_moe_block ||
+        c->use_double_wide_mlp || c->bidirectional_vision)
+        return g4_fail(err, "%s: an assistant's text_config must have hidden_size_per_layer_input 0, "
+                            "vocab_size_per_layer_input 0, no MoE block, no double-wide MLP and no bidirectional "
+                            "attention", what);
+    c->num_kv_shared_layers = c->n_layers;
+    for (int l = 0; l < c->n_layers; l++) c->layer_kv_shared[l] = 1;
+    g4_assistant_config *a = &cfg->asst;
+    int tie;
+    if (get_int(root, "backbone_hidden_size", 1536, &a->backbone_hidden_size, 1, what, err) ||
+        g4_json_bool(root, "use_ordered_embeddings", 0, &a->use_ordered_embeddings, what, err) ||
+        get_int(root, "num_centroids", 2048, &a->num_centroids, 1, what, err) ||
+        get_int(root, "centroid_intermediate_top_k", 32, &a->centroid_top_k, 1, what, err) ||
+        g4_json_bool(root, "tie_word_embeddings", c->tie_word_embeddings, &tie, what, err))
+        return -1;
+    c->tie_word_embeddings = tie;
+    if (a->use_ordered_embeddings &&
+        (c->vocab_size % a->num_centroids || a->centroid_top_k > a->num_centroids))
+        return g4_fail(err, "%s: the masked embedder needs num_centroids (%d) to divide vocab_size (%d) and "
+                            "centroid_intermediate_top_k (%d) <= num_centroids", what, a->num_centroids,
+                       c->vocab_size, a->centroid_top_k);
+    return 0;
+}
+
 int g4_config_parse(const json_t *root, const char *what, g4_model_config *cfg, g4_error *err) {
     memset(cfg, 0, sizeof *cfg);
     if (!json_is_object(root)) return g4_fail(err, "%s: not a JSON object", what);
@@ -270,6 +323,7 @@ int g4_config_parse(const json_t *root, const char *what, g4_model_config *cfg, 
         snprintf(cfg->weight_prefix, sizeof cfg->weight_prefix, "model.");
         return parse_text(root, what, &cfg->text, err);
     }
+    if (!strcmp(mt, "gemma4_assistant")) return parse_assistant(root, what, cfg, err);
     if (!strcmp(mt, "gemma4_unified"))
         return g4_fail(err, "%s: model_type \"gemma4_unified\" (Gemma 4 12B) is not supported yet", what);
     return g4_fail(err, "%s: unknown model_type \"%s\" (gemma4c runs \"gemma4\" and \"gemma4_text\")", what, mt);

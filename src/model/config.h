@@ -45,14 +45,24 @@ typedef struct g4_text_config {
     int type_head_dim[G4_LAYER_TYPES];  /* 0 if no layer has the type */
 } g4_text_config;
 
+/* A gemma4_assistant checkpoint (a drafter for speculative decoding, docs/gemma4-assistant.md 1.1): its decoder
+ * is `text`, every layer of which reads the main model's K/V (layer_kv_shared = 1, no K/V projections). */
+typedef struct g4_assistant_config {
+    int backbone_hidden_size;   /* Hb: the main model's hidden_size */
+    int use_ordered_embeddings; /* logits through the centroid masked embedder */
+    int num_centroids, centroid_top_k;
+} g4_assistant_config;
+
 typedef struct g4_model_config {
-    char model_type[32];       /* "gemma4" or "gemma4_text" */
+    char model_type[32];       /* "gemma4", "gemma4_text" or "gemma4_assistant" */
     char weight_prefix[64];    /* "model.language_model." or "model." */
     int multimodal_wrapper;    /* Gemma4ForConditionalGeneration layout */
     int has_vision, has_audio; /* vision_config / audio_config present (towers not run yet) */
     int image_token_id, audio_token_id, video_token_id, boi_token_id, eoi_token_id, boa_token_id,
         eoa_token_id;
     g4_text_config text;
+    int assistant;             /* model_type "gemma4_assistant" */
+    g4_assistant_config asst;
 } g4_model_config;
 
 /* Reads DIR/config.json. Unknown model types and invalid geometry are errors. */

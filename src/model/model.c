@@ -56,11 +56,9 @@ static int dtype_ok_for_matrix(g4_dtype t) {
     return t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4_dtype_is_quantized(t);
 }
 
-/* Looks up prefix+name, checks the shape; NULL (and records why) when absent or wrong. */
-static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const int64_t *shape) {
+/* Looks up a tensor by its full name, checks the shape; NULL (and records why) when absent or wrong. */
+static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const int64_t *shape) {
     if (b->failed) return NULL;
-    char full[512];
-    snprintf(full, sizeof full, "%s%s", b->m->cfg.weight_prefix, name);
     if (b->collect) {
         g4_tensor *nl = realloc(b->list, (size_t)(b->n_list + 1) * sizeof *nl);
         char *nm = strdup(full);
@@ -99,6 +97,13 @@ static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const 
         return NULL;
     }
     return t;
+}
+
+/* The same for prefix+name. */
+static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const int64_t *shape) {
+    char full[512];
+    snprintf(full, sizeof full, "%s%s", b->m->cfg.weight_prefix, name);
+    return bind_full(b, full, ndim, shape);
 }
 
 /* The backend's copy of a bound matrix (uploaded once, however often it is bound). */
@@ -231,6 +236,68 @@ static int ignored_by_design(const g4_model *m, const char *name) {
     return 0;
 }
 
+/* masked_embedding.token_ordering: [V] integer ids, a permutation of the vocabulary, into backend memory. */
+static void bind_token_ordering(binder *b) {
+    g4_model *m = b->m;
+    const int V = m->cfg.text.vocab_size;
+    const char *name = "masked_embedding.token_ordering";
+    const g4_tensor *t = b->failed ? NULL : g4_tensor_set_find(&m->weights, name);
+    if (!t) {
+        if (!b->failed) add_missing(b, name);
+        return;
+    }
+    b->used[t - m->weights.tensors] = 1;
+    if (t->ndim != 1 || t->shape[0] != V || (t->dtype != G4_I64 && t->dtype != G4_I32)) {
+        g4_fail(b->err, "tensor '%s' must be [%d] of I64 or I32", name, V);
+        b->failed = 1;
+        return;
+    }
+    int32_t *ids = malloc((size_t)V * sizeof *ids);
+    unsigned char *seen = calloc((size_t)V, 1);
+    m->token_ordering = ids && seen ? m->be->ops->alloc(m->be, (size_t)V * sizeof *ids) : NULL;
+    if (!m->token_ordering) {
+        g4_fail(b->err, "out of memory");
+        b->failed = 1;
+    }
+    for (int i = 0; i < V && !b->failed; i++) {
+        int64_t v;
+        if (t->dtype == G4_I64) {
+            memcpy(&v, (const char *)t->data + 8 * (size_t)i, 8);
+        } else {
+            int32_t v32;
+            memcpy(&v32, (const char *)t->data + 4 * (size_t)i, 4);
+            v = v32;
+        }
+        if (v < 0 || v >= V || seen[v]) {
+            g4_fail(b->err, "tensor '%s' is not a permutation of the vocabulary (entry %d is %lld)", name, i,
+                    (long long)v);
+            b->failed = 1;
+            break;
+        }
+        seen[v] = 1;
+        ids[i] = (int32_t)v;
+    }
+    if (!b->failed) {
+        m->be->ops->to_device(m->be, m->token_ordering, ids, (size_t)V * sizeof *ids);
+        m->be->ops->sync(m->be);
+    }
+    free(ids);
+    free(seen);
+}
+
+/* A drafter's own tensors outside its decoder (docs/gemma4-assistant.md 2). */
+static void bind_assistant(binder *b) {
+    g4_model *m = b->m;
+    const g4_assistant_config *a = &m->cfg.asst;
+    const int64_t Ha = m->cfg.text.hidden_size, Hb = a->backbone_hidden_size;
+    const int64_t pre[2] = {Ha, 2 * Hb}, post[2] = {Hb, Ha}, cent[2] = {a->num_centroids, Ha};
+    m->pre_projection = place(b, bind_full(b, "pre_projection.weight", 2, pre));
+    m->post_projection = place(b, bind_full(b, "post_projection.weight", 2, post));
+    if (!a->use_ordered_embeddings) return;
+    m->centroids = place(b, bind_full(b, "masked_embedding.centroids.weight", 2, cent));
+    bind_token_ordering(b);
+}
+
 static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err, binder *collect) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
@@ -336,6 +403,7 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         }
 #undef NAME
     }
+    if (m->cfg.assistant && !collect) bind_assistant(&b);
     if (collect) {
         free(b.used);
         collect->list = b.list;
@@ -417,10 +485,11 @@ void g4_model_free(g4_model *m) {
         for (int i = 0; i < m->weights.n_tensors && m->placed; i++)
             if (m->uploaded[i]) be->ops->release_weight(be, &m->placed[i]);
         if (m->vec_arena) be->ops->release(be, m->vec_arena);
+        if (m->token_ordering) be->ops->release(be, m->token_ordering);
         for (int t = 0; t < G4_LAYER_TYPES; t++)
             if (m->inv_freq[t]) be->ops->release(be, m->inv_freq[t]);
     }
-    g4_backend_free(be);
+    if (!m->borrowed_be) g4_backend_free(be);
     for (int i = 0; i < m->n_vecs; i++) free(m->vecs[i].host);
     free(m->vecs);
     free(m->placed);
@@ -433,7 +502,10 @@ void g4_model_free(g4_model *m) {
     free(m);
 }
 
-int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err) {
+/* Loads a model folder onto `be` (NULL: a backend of its own, as params say); an assistant checkpoint only when
+ * `assistant` is set. */
+static int load(const char *dir, const g4_load_params *params, g4_backend *be, int assistant, g4_model **out,
+                g4_error *err) {
     *out = NULL;
     g4_load_params defaults = {0};
     if (!params) params = &defaults;
@@ -465,7 +537,15 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
         }
     }
     const g4_text_config *c = &m->cfg.text;
-    m->be = g4_backend_new(params->device, params->n_threads, err);
+    if (m->cfg.assistant != assistant) {
+        g4_fail(err, assistant ? "%s is not a gemma4_assistant checkpoint (model_type \"%s\")"
+                               : "%s is a gemma4_assistant checkpoint (a drafter): give it with --draft beside its "
+                                 "main model",
+                dir, m->cfg.model_type);
+        goto fail;
+    }
+    m->borrowed_be = be != NULL;
+    m->be = be ? be : g4_backend_new(params->device, params->n_threads, err);
     if (!m->be) goto fail;
     if (bind_weights(m, params, err, NULL) || place_vectors(m, err)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {
@@ -507,6 +587,14 @@ double g4_model_decode_bytes(const g4_model *m) {
                  c->top_k_experts / c->num_experts;
     }
     return b;
+}
+
+int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err) {
+    return load(dir, params, NULL, 0, out, err);
+}
+
+int g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_error *err) {
+    return load(dir, NULL, be, 1, out, err);
 }
 
 const char *g4_model_device(const g4_model *m) { return m->be->ops->name; }

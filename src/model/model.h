@@ -63,7 +63,17 @@ struct g4_model {
     g4_chat_template *chat_template; /* NULL when it has no chat template */
     g4_generation_config gen_config;
     char dir[1024];
+    int borrowed_be;                 /* be belongs to another model (a drafter runs on its main model's) */
+    /* gemma4_assistant only (docs/gemma4-assistant.md 2); `embed` is its output head Ea */
+    const g4_weight *pre_projection;  /* [Ha, 2*Hb] */
+    const g4_weight *post_projection; /* [Hb, Ha] */
+    const g4_weight *centroids;       /* [num_centroids, Ha] (use_ordered_embeddings) */
+    int32_t *token_ordering;          /* [V] backend memory (use_ordered_embeddings) */
 };
+
+/* Loads a gemma4_assistant checkpoint (a drafter) onto the backend of another model, which must outlive it
+ * (g4_model_load refuses assistant checkpoints). */
+int g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_error *err);
 
 /* Inverse RoPE frequencies of a layer type (docs/gemma4-text.md 3.3); out has head_dim/2 floats. */
 void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);

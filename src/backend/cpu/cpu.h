@@ -26,6 +26,9 @@ typedef struct g4_cpu {
     /* int8 activations of the current quantized matmul */
     void *act_buf;
     size_t act_cap;
+    /* the masked_logits op's selected ids */
+    int32_t *sel_buf;
+    size_t sel_cap;
 } g4_cpu;
 
 /* int8 activations of n token rows (matmul_q8.c): q [n][in_pad] (zero past in), the

@@ -30,6 +30,7 @@ static void cpu_free(g4_backend *be) {
     for (int i = 0; i < G4_CPU_MAX_THREADS; i++) free(cpu->scratch[i].buf);
     free(cpu->moe_buf);
     free(cpu->act_buf);
+    free(cpu->sel_buf);
     free(cpu);
     free(be);
 }
@@ -245,6 +246,69 @@ static void cpu_argmax(g4_backend *be, const float *x, int rows, int n, int32_t 
     }
 }
 
+/* ---------------------------------------------------------- masked logits */
+typedef struct {
+    const float *x;
+    const g4_tensor *table;
+    const int32_t *ids; /* the selected ids, n of them */
+    float *out;
+    g4_cpu *cpu;
+} masked_job;
+
+static void masked_rows(void *ctx, int64_t b, int64_t e, int thread) {
+    masked_job *j = ctx;
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    const size_t dim = (size_t)j->table->shape[1];
+    float *row = j->table->dtype == G4_BF16 ? NULL : g4_cpu_scratch_get(j->cpu, thread, dim);
+    if (j->table->dtype != G4_BF16 && !row) return;
+    for (int64_t i = b; i < e; i++) {
+        int32_t id = j->ids[i];
+        if (!row) {
+            j->out[id] = k->dot_bf16((const uint16_t *)j->table->data + (size_t)id * dim, j->x, dim);
+        } else {
+            g4_tensor_rows_f32(j->table, &id, 1, 1.0f, row);
+            j->out[id] = k->dot_f32(row, j->x, dim);
+        }
+    }
+}
+
+static void cpu_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
+                              const int32_t *ordering, const g4_tensor *table, float *out) {
+    g4_cpu *cpu = cpu_of(be);
+    const int V = (int)table->shape[0], per = V / n_groups, n = top_k * per;
+    /* the chosen groups' ids [n], then a flag per group */
+    size_t need = (size_t)n + (size_t)n_groups;
+    if (cpu->sel_cap < need) {
+        int32_t *nb = realloc(cpu->sel_buf, need * sizeof *nb);
+        if (!nb) {
+            cpu->failed = 1;
+            return;
+        }
+        cpu->sel_buf = nb;
+        cpu->sel_cap = need;
+    }
+    int32_t *ids = cpu->sel_buf;
+    int32_t *taken = ids + n;
+    memset(taken, 0, (size_t)n_groups * sizeof *taken);
+    for (int kk = 0; kk < top_k; kk++) {
+        int best = -1;
+        for (int g = 0; g < n_groups; g++)
+            if (!taken[g] && (best < 0 || scores[g] > scores[best])) best = g;
+        taken[best] = 1;
+        memcpy(ids + (size_t)kk * per, ordering + (size_t)best * per, (size_t)per * sizeof *ids);
+    }
+    masked_job j = {x, table, ids, out, cpu};
+    g4_pool_for(cpu->pool, n, 64, masked_rows, &j);
+    float mn = out[ids[0]];
+    for (int i = 1; i < n; i++) mn = out[ids[i]] < mn ? out[ids[i]] : mn;
+    /* the products stay in place: every other id gets the fill value */
+    const float fill = mn - 1.0f;
+    for (int g = 0; g < n_groups; g++) {
+        if (taken[g]) continue;
+        for (int i = 0; i < per; i++) out[ordering[(size_t)g * per + i]] = fill;
+    }
+}
+
 /* --------------------------------------------------------------- KV cache */
 static void store_row(g4_kv_type t, void *cache, size_t slot, const float *src, int row) {
     if (t == G4_KV_F32) {
@@ -455,6 +519,7 @@ static const g4_backend_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .transpose = cpu_transpose,
     .argmax = cpu_argmax,
+    .masked_logits = cpu_masked_logits,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .moe = cpu_moe,

@@ -1,0 +1,471 @@
+/* Speculative decoding with a Gemma 4 assistant (docs/gemma4-assistant.md sections 1.1 pairing, 1.2 settings,
+ * 4 the assisted loop as transformers 5.17 runs it, 4.9 speculative sampling): loading a drafter beside its main
+ * model, the rounds (drafting, one verification step, acceptance, roll-back of the rejected rows) and a
+ * generation loop on top. The drafter forward is src/model/drafter.c. */
+#include "engine/speculative.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/json.h"
+#include "core/mapped_file.h"
+
+#define OPS (be->ops)
+
+/* ------------------------------------------------------------------ the drafter */
+
+static const char *type_name(int t) { return t == G4_LAYER_FULL ? "full-attention" : "sliding"; }
+
+/* The pairing rules of section 1.1 (transformers checks none of them). */
+static int check_pair(g4_drafter *d, g4_error *err) {
+    const g4_text_config *a = &d->m->cfg.text, *m = &d->main->cfg.text;
+    if (d->m->cfg.asst.backbone_hidden_size != m->hidden_size)
+        return g4_fail(err, "backbone_hidden_size %d differs from the main model's hidden_size %d",
+                       d->m->cfg.asst.backbone_hidden_size, m->hidden_size);
+    if (a->vocab_size != m->vocab_size)
+        return g4_fail(err, "vocab_size %d differs from the main model's %d", a->vocab_size, m->vocab_size);
+    const int first_shared = m->n_layers - m->num_kv_shared_layers;
+    for (int t = 0; t < G4_LAYER_TYPES; t++) {
+        d->src[t] = -1;
+        for (int l = 0; l < first_shared; l++)
+            if (m->layer_type[l] == (g4_layer_type)t) d->src[t] = l;
+    }
+    for (int l = 0; l < a->n_layers; l++) {
+        const int t = a->layer_type[l], src = d->src[t];
+        if (src < 0)
+            return g4_fail(err, "its layer %d is %s but the main model has no %s layer with K/V of its own", l,
+                           type_name(t), type_name(t));
+        if (a->layer_head_dim[l] != m->layer_head_dim[src] || a->layer_kv_heads[l] != m->layer_kv_heads[src])
+            return g4_fail(err, "its %s layer %d has head_dim %d and %d kv heads, the main model's layer %d has %d "
+                                "and %d", type_name(t), l, a->layer_head_dim[l], a->layer_kv_heads[l], src,
+                           m->layer_head_dim[src], m->layer_kv_heads[src]);
+        const g4_rope_config *ra = &a->rope[t], *rm = &m->rope[t];
+        if (ra->type != rm->type || ra->theta != rm->theta || ra->partial_rotary_factor != rm->partial_rotary_factor ||
+            ra->factor != rm->factor)
+            return g4_fail(err, "its %s RoPE parameters differ from the main model's", type_name(t));
+    }
+    return 0;
+}
+
+/* The drafter's generation_config.json: num_assistant_tokens (default 20) and its schedule (1.2). */
+static int read_generation_config(g4_drafter *d, const char *dir, g4_error *err) {
+    char path[4096];
+    d->n_draft = 20;
+    d->schedule = G4_SCHEDULE_CONSTANT;
+    if (g4_path_join(path, sizeof path, dir, "generation_config.json", err)) return -1;
+    if (!g4_file_exists(path)) return 0;
+    json_t *root;
+    if (g4_json_load_file(path, &root, err)) return -1;
+    int64_t n;
+    const char *sched;
+    int rc = -1;
+    if (g4_json_int(root, "num_assistant_tokens", 20, &n, path, err) ||
+        g4_json_str(root, "num_assistant_tokens_schedule", &sched, path, err))
+        goto done;
+    if (n < 0 || n > 1 << 16) {
+        g4_fail(err, "%s: num_assistant_tokens %lld is out of range", path, (long long)n);
+        goto done;
+    }
+    d->n_draft = (int)n;
+    if (sched && !strcmp(sched, "heuristic")) {
+        d->schedule = G4_SCHEDULE_HEURISTIC;
+    } else if (sched && !strcmp(sched, "heuristic_transient")) {
+        d->schedule = G4_SCHEDULE_HEURISTIC_TRANSIENT;
+    } else if (sched && strcmp(sched, "constant")) {
+        g4_fail(err, "%s: num_assistant_tokens_schedule \"%s\" is not known (constant, heuristic, "
+                     "heuristic_transient)", path, sched);
+        goto done;
+    }
+    rc = 0;
+done:
+    json_decref(root);
+    return rc;
+}
+
+int g4_drafter_load(const char *dir, g4_model *main, g4_drafter **out, g4_error *err) {
+    *out = NULL;
+    g4_drafter *d = calloc(1, sizeof *d);
+    if (!d) return g4_fail(err, "out of memory");
+    d->main = main;
+    if (main->cfg.assistant) {
+        g4_fail(err, "the main model is itself an assistant");
+        goto fail;
+    }
+    if (g4_model_load_assistant(dir, main->be, &d->m, err) || read_generation_config(d, dir, err)) goto fail;
+    if (check_pair(d, err)) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        g4_fail(err, "%s cannot draft for %s: %s", dir, main->dir, why);
+        goto fail;
+    }
+    *out = d;
+    return 0;
+fail:
+    g4_drafter_free(d);
+    return -1;
+}
+
+void g4_drafter_free(g4_drafter *d) {
+    if (!d) return;
+    g4_model_free(d->m);
+    free(d);
+}
+
+int g4_drafter_n_draft(const g4_drafter *d) { return d->n_draft; }
+
+/* ------------------------------------------------------------------ the state of one sequence */
+
+void g4_spec_free(g4_spec *s) {
+    if (!s) return;
+    g4_backend *be = s->d->m->be;
+    void *bufs[] = {s->xin, s->z, s->xn, s->o, s->zn, s->q, s->attn, s->gate, s->up, s->h0, s->cl, s->logits,
+                    s->rope[0], s->rope[1], s->ints};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) OPS->release(be, bufs[i]);
+    free(s->stop_ids);
+    free(s->ints_host);
+    free(s->drafts);
+    free(s->vlogits);
+    free(s->dlogits);
+    free(s->probs);
+    free(s->resid);
+    free(s->vids);
+    free(s->vtoks);
+    free(s->seqs);
+    free(s->want);
+    free(s->log_drafted);
+    free(s->log_accepted);
+    free(s);
+}
+
+/* Heuristic schedules let the drafts per round grow (+2 after a round that kept every draft); the buffers hold
+ * this many, and the verification step must fit the context's batch. */
+#define HEURISTIC_MAX_DRAFTS 64
+
+int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
+                g4_error *err) {
+    *out = NULL;
+    g4_spec_params p = {0};
+    if (params) p = *params;
+    if (ctx->model != d->main) return g4_fail(err, "the context belongs to another model than the drafter's");
+    if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
+    if (p.n_draft < 0) return g4_fail(err, "negative number of drafts per round %d", p.n_draft);
+    const int n_draft = p.n_draft ? p.n_draft : d->n_draft;
+    if (n_draft > G4_SAMPLER_REWIND_MAX)
+        return g4_fail(err, "%d drafts per round: at most %d", n_draft, G4_SAMPLER_REWIND_MAX);
+    if (n_draft + 1 > ctx->n_batch)
+        return g4_fail(err, "%d drafts per round do not fit the context's batch of %d tokens (a verification runs "
+                            "the round's last token and its drafts in one step)", n_draft, ctx->n_batch);
+    /* the first round after a long prefill reads the last Wa + 1 sliding rows; the cache keeps W - 1 + n_batch */
+    const g4_text_config *ac = &d->m->cfg.text, *mc = &d->main->cfg.text;
+    if (ac->sliding_window + 1 > mc->sliding_window - 1 + ctx->n_batch)
+        return g4_fail(err, "the drafter's sliding window %d needs a context batch of at least %d", ac->sliding_window,
+                       ac->sliding_window + 2 - mc->sliding_window);
+    g4_spec *s = calloc(1, sizeof *s);
+    if (!s) return g4_fail(err, "out of memory");
+    s->ctx = ctx;
+    s->seq = seq;
+    s->d = d;
+    s->n_draft = n_draft;
+    s->cap = n_draft;
+    if (d->schedule != G4_SCHEDULE_CONSTANT) {
+        int most = ctx->n_batch - 1 < HEURISTIC_MAX_DRAFTS ? ctx->n_batch - 1 : HEURISTIC_MAX_DRAFTS;
+        if (most > s->cap) s->cap = most;
+    }
+    s->n_pending = -1;
+    s->cancelled = p.cancelled;
+    s->cancelled_user = p.cancelled_user;
+    s->raw_q = p.raw_q;
+    g4_backend *be = d->m->be;
+    const size_t Hb = (size_t)mc->hidden_size, Ha = (size_t)ac->hidden_size, V = (size_t)mc->vocab_size;
+    const size_t cap = (size_t)s->cap;
+    size_t qmax = 0, imax = 0;
+    for (int l = 0; l < ac->n_layers; l++) {
+        size_t q = (size_t)ac->n_heads * (size_t)ac->layer_head_dim[l];
+        if (q > qmax) qmax = q;
+        if ((size_t)ac->layer_intermediate[l] > imax) imax = (size_t)ac->layer_intermediate[l];
+    }
+    int ok = 1;
+#define ALLOC(field, count) ok = ok && (s->field = OPS->alloc(be, (count) * sizeof *s->field)) != NULL
+    ALLOC(xin, 2 * Hb);
+    ALLOC(z, Ha);
+    ALLOC(xn, Ha);
+    ALLOC(o, Ha);
+    ALLOC(zn, Ha);
+    ALLOC(q, qmax);
+    ALLOC(attn, qmax);
+    ALLOC(gate, imax);
+    ALLOC(up, imax);
+    ALLOC(h0, Hb);
+    ALLOC(logits, (cap ? cap : 1) * V);
+    ALLOC(ints, (size_t)G4_SPEC_TOKENS + cap + 1);
+    if (d->m->cfg.asst.use_ordered_embeddings) ALLOC(cl, (size_t)d->m->cfg.asst.num_centroids);
+    for (int t = 0; t < G4_LAYER_TYPES; t++)
+        if (ac->type_head_dim[t]) ALLOC(rope[t], (size_t)ac->type_head_dim[t]);
+#undef ALLOC
+    s->ints_host = malloc((G4_SPEC_TOKENS + 1) * sizeof *s->ints_host);
+    s->drafts = malloc((cap + 1) * sizeof *s->drafts);
+    s->vlogits = malloc((cap + 2) * V * sizeof *s->vlogits);
+    if (s->raw_q) s->dlogits = malloc((cap + 1) * V * sizeof *s->dlogits);
+    s->probs = malloc(V * sizeof *s->probs);
+    s->resid = malloc(V * sizeof *s->resid);
+    s->vids = malloc((cap + 1) * sizeof *s->vids);
+    s->vtoks = malloc((cap + 1) * sizeof *s->vtoks);
+    s->seqs = malloc((size_t)ctx->n_batch * sizeof *s->seqs);
+    s->want = malloc((size_t)ctx->n_batch);
+    if (p.n_stop_ids > 0 && (s->stop_ids = malloc((size_t)p.n_stop_ids * sizeof *s->stop_ids)))
+        memcpy(s->stop_ids, p.stop_ids, (size_t)p.n_stop_ids * sizeof *s->stop_ids);
+    s->n_stop = p.n_stop_ids > 0 ? p.n_stop_ids : 0;
+    if (!ok || !s->ints_host || !s->drafts || !s->vlogits || (s->raw_q && !s->dlogits) || !s->probs || !s->resid ||
+        !s->vids ||
+        !s->vtoks || !s->seqs || !s->want || (s->n_stop && !s->stop_ids)) {
+        g4_spec_free(s);
+        return g4_fail(err, "out of memory for speculative decoding (%d drafts per round)", (int)cap);
+    }
+    for (int i = 0; i < ctx->n_batch; i++) s->seqs[i] = seq;
+    *out = s;
+    return 0;
+}
+
+static int is_stop(const g4_spec *s, int32_t id) {
+    for (int i = 0; i < s->n_stop; i++)
+        if (s->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Rows the drafter reads at length c (the last token at c - 1), after the main call that processed q0 .. q1-1
+ * (4.3): the full layer's first c rows; the sliding layer's array (the W - 1 rows before q0, then the call's
+ * rows), cut to its first c rows, of which the last Wa + 1 are attended. */
+static g4_draft_rows draft_rows(const g4_spec *s, int c) {
+    const int W = s->d->main->cfg.text.sliding_window, Wa = s->d->m->cfg.text.sliding_window;
+    g4_draft_rows r;
+    r.lo[G4_LAYER_FULL] = 0;
+    r.hi[G4_LAYER_FULL] = s->q1 < c ? s->q1 : c;
+    const int a = s->q0 - W + 1 > 0 ? s->q0 - W + 1 : 0;
+    const int hi = s->q1 < a + c ? s->q1 : a + c;
+    r.hi[G4_LAYER_SLIDING] = hi;
+    r.lo[G4_LAYER_SLIDING] = hi - Wa - 1 > a ? hi - Wa - 1 : a;
+    return r;
+}
+
+/* Drafts up to k tokens after `last` (at position c - 1) into s->drafts; stops after a stop id. */
+static int draft(g4_spec *s, int32_t last, int c, int k) {
+    if (k <= 0) return 0;
+    g4_draft_rows rows = draft_rows(s, c);
+    g4_drafter_forward(s, last, c - 1, &rows, k);
+    for (int i = 0; i < k; i++)
+        if (is_stop(s, s->drafts[i])) return i + 1; /* the stop draft is kept as the last candidate (4.2) */
+    return k;
+}
+
+
+int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
+    g4_context *ctx = s->ctx;
+    g4_backend *be = ctx->model->be;
+    const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
+    if (n_prompt <= 0) return g4_fail(err, "empty prompt");
+    s->ready = 0;
+    s->n_pending = -1;
+    s->n_rounds = 0;
+    const int start = g4_seq_length(ctx, s->seq);
+    for (int i = 0; i < n_prompt; i += ctx->n_batch) {
+        const int n = n_prompt - i < ctx->n_batch ? n_prompt - i : ctx->n_batch, last = i + n == n_prompt;
+        /* the first row gives round 1's hidden state (4.2: row 0 of the prefill, an HF quirk), the last one the
+         * logits */
+        memset(s->want, 0, (size_t)n);
+        if (i == 0) s->want[0] = 1;
+        if (last) s->want[n - 1] = 1;
+        const int two = last && i == 0 && n > 1; /* both rows wanted: logits of two rows */
+        g4_batch b = {n, prompt + i, s->seqs, s->want};
+        if (g4_decode(ctx, &b, last ? (two ? s->vlogits : logits) : NULL, err)) return -1;
+        if (i == 0) OPS->copy(be, s->h0, g4_step_final_rows(ctx), (size_t)H * sizeof(float));
+        if (two) memcpy(logits, s->vlogits + V, (size_t)V * sizeof(float));
+        if (!last && s->cancelled && s->cancelled(s->cancelled_user)) return 1;
+    }
+    s->q0 = start;
+    s->q1 = start + n_prompt;
+    s->ready = 1;
+    return 0;
+}
+
+static double softmax_at(const float *x, int n, int i) {
+    float m = x[0];
+    for (int j = 1; j < n; j++) m = x[j] > m ? x[j] : m;
+    double z = 0;
+    for (int j = 0; j < n; j++) z += exp((double)x[j] - m);
+    return exp((double)x[i] - m) / z;
+}
+
+/* Speculative sampling (4.9; transformers' _speculative_sampling): draft i is kept while a uniform draw is
+ * <= p_i(d_i) / q_i(d_i), p the sampler's distribution of verification row i (its processors see the drafts
+ * before it) and q the distribution the draft was drawn from; then one token from norm(max(p_n - q_n, 0)) after a
+ * rejection, or from p_k. The drafts are argmaxes, so q is a point mass on d_i: a draft is kept with probability
+ * p_i(d_i) and a rejection draws from p_n without d_n, which keeps the output distributed as the main model's
+ * (transformers 5.17 takes q = softmax of the raw drafter logits instead, which favours the drafts: raw_q).
+ * Returns the number kept; *next the token after them; *hist drafts added to smp. */
+static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, int32_t *next, int *hist, g4_error *err) {
+    const int V = s->ctx->model->cfg.text.vocab_size;
+    int n = 0;
+    for (; n <= k; n++) {
+        if (g4_sampler_probs(smp, s->vlogits + (size_t)n * V, s->probs) < 0)
+            return g4_fail(err, "every token of verification row %d is banned", n);
+        if (n == k) break;
+        const int32_t d = s->drafts[n];
+        const double q = s->raw_q ? softmax_at(s->dlogits + (size_t)n * V, V, d) : 1.0, r = g4_sampler_uniform(smp);
+        if (!(s->probs[d] > 0.0f) || !(r <= (double)s->probs[d] / q)) break;
+        g4_sampler_accept(smp, d);
+        (*hist)++;
+    }
+    if (done && n == k) { /* the last draft ends generation: no bonus token (4.5) */
+        *next = s->drafts[k - 1];
+        return k - 1;
+    }
+    const float *p = s->probs;
+    if (n < k) { /* the residual distribution max(p - q, 0); p itself if that is all zero */
+        double left = 0;
+        if (s->raw_q) {
+            const float *dl = s->dlogits + (size_t)n * V;
+            float m = dl[0];
+            for (int j = 1; j < V; j++) m = dl[j] > m ? dl[j] : m;
+            double z = 0;
+            for (int j = 0; j < V; j++) z += exp((double)dl[j] - m);
+            for (int j = 0; j < V; j++) {
+                double r = (double)s->probs[j] - exp((double)dl[j] - m) / z;
+                s->resid[j] = r > 0 ? (float)r : 0.0f;
+                left += s->resid[j];
+            }
+        } else {
+            memcpy(s->resid, s->probs, (size_t)V * sizeof *s->resid);
+            s->resid[s->drafts[n]] = 0.0f;
+            for (int j = 0; j < V; j++) left += s->resid[j];
+        }
+        if (left > 0) p = s->resid;
+    }
+    *next = g4_sampler_draw(smp, p);
+    if (*next < 0) return g4_fail(err, "no token can be drawn from verification row %d", n);
+    return n;
+}
+
+static int log_round(g4_spec *s, int drafted, int accepted, g4_error *err) {
+    if (s->n_rounds == s->log_cap) {
+        int cap = s->log_cap ? 2 * s->log_cap : 64;
+        int *a = realloc(s->log_drafted, (size_t)cap * sizeof *a);
+        if (a) s->log_drafted = a;
+        int *b = a ? realloc(s->log_accepted, (size_t)cap * sizeof *b) : NULL;
+        if (b) s->log_accepted = b;
+        if (!a || !b) return g4_fail(err, "out of memory");
+        s->log_cap = cap;
+    }
+    s->log_drafted[s->n_rounds] = drafted;
+    s->log_accepted[s->n_rounds++] = accepted;
+    return 0;
+}
+
+int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err) {
+    *n_out = 0;
+    g4_context *ctx = s->ctx;
+    g4_backend *be = ctx->model->be;
+    const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
+    if (!s->ready) return g4_fail(err, "speculative decoding: run the prompt first (g4_spec_prefill)");
+    if (last < 0 || last >= V) return g4_fail(err, "token %d is outside the vocabulary (0..%d)", last, V - 1);
+    if (budget <= 0) return 0;
+    const int c = g4_seq_length(ctx, s->seq) + 1; /* the sequence with `last`; last sits at c - 1 */
+    if (c - 1 != s->q1)
+        return g4_fail(err, "speculative decoding: sequence %d changed since the last round (%d positions, %d "
+                            "expected): run its prompt through g4_spec_prefill", s->seq, c - 1, s->q1);
+    int k = s->n_draft < budget - 1 ? s->n_draft : budget - 1;
+    if (k > ctx->n_ctx - c) k = ctx->n_ctx - c; /* the verification writes positions c - 1 .. c - 1 + k */
+    if (k < 0) k = 0;
+    if (s->n_pending >= 0 && s->pending_after == last)
+        k = s->n_pending < k ? s->n_pending : k;
+    else
+        k = draft(s, last, c, k); /* nothing drafted for this token yet: from the sequence as it is */
+    s->n_pending = -1;
+
+    /* verification: one step over [last, drafts] */
+    s->vtoks[0] = last;
+    memcpy(s->vtoks + 1, s->drafts, (size_t)k * sizeof *s->vtoks);
+    const int plain = !smp || g4_sampler_is_argmax(smp), greedy = !smp || g4_sampler_is_greedy(smp);
+    g4_batch b = {k + 1, s->vtoks, s->seqs, NULL};
+    if (plain ? g4_decode_greedy(ctx, &b, s->vids, err) : g4_decode(ctx, &b, s->vlogits, err)) return -1;
+    if (!greedy && s->raw_q && k > 0) {
+        OPS->to_host(be, s->dlogits, s->logits, (size_t)k * V * sizeof(float));
+        OPS->sync(be);
+    }
+
+    /* acceptance (4.5): the longest prefix of drafts the main model agrees with, then its own token */
+    const int done = k > 0 && is_stop(s, s->drafts[k - 1]);
+    int n = 0, hist = 0;
+    int32_t next = -1;
+    if (greedy) {
+        for (;; n++) {
+            next = plain ? s->vids[n] : g4_sampler_sample(smp, s->vlogits + (size_t)n * V);
+            if (next < 0) {
+                g4_sampler_rewind(smp, hist);
+                return g4_fail(err, "every token of verification row %d is banned", n);
+            }
+            if (n == k || next != s->drafts[n]) break;
+            if (!plain) {
+                g4_sampler_accept(smp, next);
+                hist++;
+            }
+        }
+        if (done && n == k) next = s->drafts[--n]; /* the last draft ends generation: no bonus token */
+    } else {
+        n = verify_sampling(s, smp, k, done, &next, &hist, err);
+    }
+    if (smp) g4_sampler_rewind(smp, hist);
+    if (n < 0) return -1;
+    memcpy(out, s->drafts, (size_t)n * sizeof *out);
+    out[n] = next;
+    *n_out = n + 1;
+    if (log_round(s, k, n, err)) return -1;
+    /* the main model's state that produced `next` starts the next round (4.6) */
+    OPS->copy(be, s->h0, g4_step_final_rows(ctx) + (size_t)n * H, (size_t)H * sizeof(float));
+    if (s->d->schedule != G4_SCHEDULE_CONSTANT) { /* 1.2: HF's update_candidate_strategy */
+        int na = n == k ? s->n_draft + 2 : s->n_draft - 1 > 1 ? s->n_draft - 1 : 1;
+        s->n_draft = na < s->cap ? na : s->cap;
+        if (s->d->schedule == G4_SCHEDULE_HEURISTIC) s->d->n_draft = s->n_draft;
+    }
+
+    /* the next round's drafts, from the rows as this verification left them (before the roll-back, 4.7) */
+    s->q0 = c - 1;
+    s->q1 = c + k;
+    const int c2 = c + n + 1, left = budget - n - 1;
+    int k2 = s->n_draft < left - 1 ? s->n_draft : left - 1;
+    if (k2 > ctx->n_ctx - c2) k2 = ctx->n_ctx - c2;
+    if (k2 > 0 && !is_stop(s, next)) {
+        s->n_pending = draft(s, next, c2, k2);
+        s->pending_after = next;
+    }
+    /* roll back the rejected rows: the sequence holds everything but `next`; a roll-back of k - n <= n_batch - 1
+     * positions is always possible (kv_cache.h) */
+    if (g4_seq_truncate(ctx, s->seq, c2 - 1, err)) return -1;
+    s->q0 = s->q1 = c2 - 1;
+    return 0;
+}
+
+void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted, int *n) {
+    *drafted = s->log_drafted;
+    *accepted = s->log_accepted;
+    *n = s->n_rounds;
+}
+
+int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
+    if (!s->ready) return g4_fail(err, "speculative decoding: run the prompt first (g4_spec_prefill)");
+    if (k < 0 || k > s->cap) return g4_fail(err, "%d drafts: at most %d", k, s->cap);
+    if (last < 0 || last >= s->ctx->model->cfg.text.vocab_size)
+        return g4_fail(err, "token %d is outside the vocabulary", last);
+    const int c = g4_seq_length(s->ctx, s->seq) + 1;
+    if (c - 1 != s->q1)
+        return g4_fail(err, "speculative decoding: sequence %d changed since the last round", s->seq);
+    g4_draft_rows rows = draft_rows(s, c);
+    g4_drafter_forward(s, last, c - 1, &rows, k);
+    memcpy(drafts, s->drafts, (size_t)k * sizeof *drafts);
+    s->n_pending = -1;
+    return 0;
+}

@@ -1,0 +1,91 @@
+/* Speculative decoding with a Gemma 4 assistant (docs/gemma4-assistant.md): the drafter beside its main model,
+ * the per-sequence state of the draft/verify loop, and the drafter forward (src/model/drafter.c).
+ *
+ * A round (section 4): the drafter runs k steps at one position p = c - 1 from the main model's last token and
+ * final-normed hidden state, reading the K/V rows of the main model's last non-shared full and sliding layers
+ * straight from the paged cache; the main model verifies [last, drafts] in one g4_decode; the longest matching
+ * prefix and one token of the main model are kept; the rejected rows are rolled back (g4_seq_truncate).
+ * Which rows the drafter reads depends on the main call before it (4.3), so, as the spec's engine recipe says,
+ * the next round is drafted right after a verification and before its roll-back; the drafts wait in the state
+ * for the next g4_spec_round. */
+#ifndef G4_ENGINE_SPECULATIVE_H
+#define G4_ENGINE_SPECULATIVE_H
+
+#include "engine/context.h"
+#include "engine/sampler.h"
+
+typedef enum { G4_SCHEDULE_CONSTANT = 0, G4_SCHEDULE_HEURISTIC, G4_SCHEDULE_HEURISTIC_TRANSIENT } g4_draft_schedule;
+
+struct g4_drafter {
+    g4_model *m;                  /* the assistant checkpoint, on main's backend */
+    const g4_model *main;
+    int src[G4_LAYER_TYPES];      /* main layer whose K/V the drafter's layers of each type read (-1: no such layer) */
+    int n_draft;                  /* num_assistant_tokens (the heuristic schedule writes it back) */
+    g4_draft_schedule schedule;
+};
+
+/* Rows of the main cache a draft round attends to, per layer type: positions lo .. hi-1 (section 4.3). */
+typedef struct g4_draft_rows {
+    int lo[G4_LAYER_TYPES], hi[G4_LAYER_TYPES];
+} g4_draft_rows;
+
+/* For tests: host copies of what the draft steps saw and made, one slot per drafting (a round's drafts are made by
+ * one drafting, at the end of the round before it), the first max_draftings of them. */
+typedef struct g4_spec_capture {
+    int max_draftings, max_steps;
+    int n;                  /* draftings recorded */
+    float *inputs;          /* [max_draftings][max_steps][2*Hb] the drafter's input x (embedding, hidden) */
+    float *hidden;          /* [max_draftings][max_steps][Hb] post_projection outputs */
+    float *logits;          /* [max_draftings][max_steps][V] */
+    int *position, *steps;  /* [max_draftings] */
+    g4_draft_rows *rows;    /* [max_draftings] */
+} g4_spec_capture;
+
+/* The int32 slots of g4_spec.ints (backend memory), then one token per draft step and one more. */
+enum { G4_SPEC_SEQ = 0, G4_SPEC_POS = 1, G4_SPEC_ATTN_POS = 2, G4_SPEC_KV_END = 4, G4_SPEC_TOKENS = 6 };
+
+struct g4_spec {
+    g4_context *ctx;
+    int seq;
+    g4_drafter *d;
+    int cap;                 /* most drafts a round can hold (buffers) */
+    int n_draft;             /* drafts per round now */
+    int32_t *stop_ids;
+    int n_stop;
+    int (*cancelled)(void *user);
+    void *cancelled_user;
+    int raw_q;               /* speculative sampling with transformers 5.17's q (g4_spec_params.raw_q) */
+    /* backend memory */
+    float *xin;              /* [2*Hb]: the main model's scaled embedding of the step's token, then the hidden vector */
+    float *z, *xn, *o, *zn;  /* [Ha] */
+    float *q, *attn;         /* [NHa * largest head_dim] */
+    float *gate, *up;        /* [Ia] */
+    float *h0;               /* [Hb] the main model's final-normed state for the next round's first step */
+    float *cl;               /* [num_centroids] */
+    float *logits;           /* [cap, V] every step's logits */
+    float *rope[G4_LAYER_TYPES];
+    int32_t *ints;           /* [G4_SPEC_TOKENS + cap + 1] */
+    /* host */
+    int32_t *ints_host;
+    int32_t *drafts;         /* [cap] drafts waiting for the next round */
+    int n_pending;           /* how many (-1: none) */
+    int32_t pending_after;   /* the token they continue */
+    int q0, q1;              /* positions the last main call processed (4.3); q0 == q1 once rolled back */
+    int ready;               /* h0 and q0/q1 describe the sequence's last main call */
+    float *vlogits;          /* [cap + 1, V] verification logits (picks that are not a plain argmax) */
+    float *dlogits;          /* [cap, V] drafter logits (speculative sampling with raw_q) */
+    float *probs, *resid;    /* [V] */
+    int32_t *vids;           /* [cap + 1] the verification's argmax ids */
+    int32_t *vtoks;          /* [cap + 1] the verification's tokens */
+    int32_t *seqs;           /* [n_batch] the sequence id, for batches */
+    uint8_t *want;           /* [n_batch] */
+    int *log_drafted, *log_accepted; /* per round since the prefill */
+    int n_rounds, log_cap;
+    g4_spec_capture *capture;
+};
+
+/* The drafter forward (section 3): k steps at position p after token `tok`, from h0 and the cache rows `rows`;
+ * the drafts go to s->drafts and every step's logits stay in s->logits. */
+void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *rows, int k);
+
+#endif
