@@ -1,7 +1,8 @@
 /* gemma4c bench -m MODEL [-p 128] [-n 64] [-r 3] [--draft DIR [--draft-n N]]
  * Prefill and decode speed of one sequence with random token ids (no tokenizer needed),
  * measured like llama-bench: a prefill of P tokens into an empty sequence, and N decode
- * steps of one token from an empty sequence; the median of R repeats of each. Also the
+ * steps of one token from an empty sequence (-p 0 / -n 0 skip one); after a warm-up of each (the
+ * prefill, one decode step), the median of R repeats. Also the
  * bytes of weights one decoded token reads (every matrix once, the top-k experts' share
  * of the expert tensors, one row of each embedding table; KV cache not counted) and the
  * read rate that gives at the measured decode speed.
@@ -167,8 +168,8 @@ int cmd_bench(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "m:p:n:r:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
-        case 'p': if (cli_parse_int(optarg, "-p", 1, 1 << 16, &P)) return 1; break;
-        case 'n': if (cli_parse_int(optarg, "-n", 1, 1 << 16, &N)) return 1; break;
+        case 'p': if (cli_parse_int(optarg, "-p", 0, 1 << 16, &P)) return 1; break;
+        case 'n': if (cli_parse_int(optarg, "-n", 0, 1 << 16, &N)) return 1; break;
         case 'r': if (cli_parse_int(optarg, "-r", 1, 100, &R)) return 1; break;
         case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
         case OPT_DRAFT: draft_dir = optarg; break;
@@ -182,7 +183,7 @@ int cmd_bench(int argc, char **argv) {
     const int V = g4_model_vocab_size(m);
     g4_error err;
     g4_context *ctx = NULL;
-    g4_context_params cp = {.n_seq_max = 1, .n_ctx = (int)(P + N), .n_batch = (int)(P < 512 ? P : 512)};
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = (int)(P + N + 1), .n_batch = (int)(P < 1 ? 1 : P < 512 ? P : 512)};
     int32_t *ids = malloc((size_t)(P + N + 300) * sizeof *ids); /* the prompt, then tokens to decode or verify */
     float *logits = malloc((size_t)V * sizeof(float));
     uint8_t *want = calloc((size_t)cp.n_batch, 1);
@@ -197,7 +198,7 @@ int cmd_bench(int argc, char **argv) {
         ids[i] = (int32_t)(3 + (s >> 8) % (unsigned)(V - 3));
     }
     double pps[100], tgs[100];
-    for (long r = 0; r < R; r++) {
+    for (long r = -1; r < R; r++) { /* r = -1: a warm-up (the prefill, one decode step), as llama-bench does */
         g4_seq_reset(ctx, 0);
         double t0 = now_s();
         for (long i = 0; i < P; i += cp.n_batch) {
@@ -212,7 +213,7 @@ int cmd_bench(int argc, char **argv) {
         }
         double t1 = now_s();
         g4_seq_reset(ctx, 0);
-        for (long i = 0; i < N; i++) {
+        for (long i = 0; i < (r < 0 && N ? 1 : N); i++) {
             g4_batch b = {1, ids + P + i, NULL, NULL};
             if (g4_decode(ctx, &b, logits, &err)) {
                 cli_error("%s", err.msg);
@@ -220,13 +221,17 @@ int cmd_bench(int argc, char **argv) {
             }
         }
         double t2 = now_s();
+        if (r < 0) continue;
         pps[r] = (double)P / (t1 - t0);
         tgs[r] = (double)N / (t2 - t1);
     }
     double pp = median(pps, (int)R), tg = median(tgs, (int)R), bytes = g4_model_decode_bytes(m);
     printf("model %s  threads %d  repeats %ld (medians)\n", dir, threads ? (int)threads : 0, R);
-    printf("prefill %ld tokens: %.1f tok/s\ndecode %ld tokens: %.1f tok/s (%.2f ms/token)\n", P, pp, N, tg, 1000.0 / tg);
-    printf("weights read per decoded token: %.3f GB, %.1f GB/s\n", bytes * 1e-9, bytes * tg * 1e-9);
+    if (P) printf("prefill %ld tokens: %.1f tok/s\n", P, pp);
+    if (N) printf("decode %ld tokens: %.1f tok/s (%.2f ms/token)\n", N, tg, 1000.0 / tg);
+    printf("weights read per decoded token: %.3f GB", bytes * 1e-9);
+    if (N) printf(", %.1f GB/s", bytes * tg * 1e-9);
+    printf("\n");
     rc = draft_dir ? bench_draft(m, draft_dir, (int)draft_n, ids, (int)P, (int)N, (int)R, logits) : 0;
 done:
     free(ids);
