@@ -10,6 +10,13 @@
 
 #include "core/quant.h"
 
+/* A block's f16 scale bits: blocks need not be 2-byte aligned (a GGUF of alignment 1, views at any byte) */
+static inline unsigned short block_d(const unsigned char *p) {
+    unsigned short h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
 /* ------------------------------------------------------------- AVX2+FMA */
 __attribute__((target("avx2,fma"))) static inline float hsum256(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -199,7 +206,7 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q8_ti
         float dw[4];
         for (int r = 0; r < NR; r++) {
             const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
-            dw[r] = _cvtsh_ss(*(const unsigned short *)blk);
+            dw[r] = _cvtsh_ss(block_d(blk));
             wv[r] = type == G4_Q4_0 ? load_q4_0_u8(blk) : _mm256_loadu_si256((const __m256i *)(blk + 2));
         }
         for (int t = 0; t < NT; t++) {
@@ -288,10 +295,10 @@ __attribute__((target(T512), always_inline)) static inline void q8_tile_avx512_f
             __m512 dw[4];
             for (int r = 0; r < NR; r++) {
                 const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
-                float d0 = _cvtsh_ss(*(const unsigned short *)blk), d1 = 0.0f;
+                float d0 = _cvtsh_ss(block_d(blk)), d1 = 0.0f;
                 if (b + 1 < c1) {
                     wv[r] = load2_u8(type, blk);
-                    d1 = _cvtsh_ss(*(const unsigned short *)(blk + bs));
+                    d1 = _cvtsh_ss(block_d(blk + bs));
                 } else {
                     unsigned char tmp[2 * 34] = {0};
                     memcpy(tmp, blk, bs);
