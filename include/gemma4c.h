@@ -13,6 +13,8 @@
  *               limit) pulled event by event (token, text, thinking, tool call) or run with a
  *               callback; g4_generation_cancel stops it from any thread
  *   embeddings  g4_embed: the mean of the final hidden states of a token sequence
+ *   images      g4_image_load/decode, g4_image_encode: soft tokens for the prompt's <|image|> placeholders
+ *   audio       g4_audio_load/decode, g4_audio_encode: soft tokens for the prompt's <|audio|> placeholders
  *
  * Conventions:
  * - Handles are opaque. A function that can fail returns 0 (or a count) on success and -1 on
@@ -77,6 +79,10 @@ typedef struct g4_load_params {
      * up front, so it reports nothing); fraction in [0,1]. May be NULL. */
     void (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
+    /* 1: read no weights: every weight of the config's shapes gets random values where it lives (BF16 matrices
+     * uniform in +-sqrt(3/in), vectors 1 +- 0.1; the per-layer embedding table a backend keeps on the host is
+     * zeros). For benchmarks of real shapes; dir may be a config.json file. */
+    int random_weights;
 } g4_load_params;
 
 /* Loads a model folder: config.json and the weights (*.safetensors [+ index], bf16/f16/f32 or MLX
@@ -102,9 +108,6 @@ G4_API const char *g4_model_warnings(const g4_model *model);
 /* What the folder held beside the weights; NULL when it had none. Owned by the model. */
 G4_API const g4_tokenizer *g4_model_tokenizer(const g4_model *model);
 G4_API const g4_chat_template *g4_model_chat_template(const g4_model *model);
-/* Bytes of weights one decoded token reads: every matrix once, the top-k experts' share of the expert tensors,
- * one row of each embedding table (the KV cache not counted). */
-G4_API double g4_model_decode_bytes(const g4_model *model);
 
 /* Writing a model in another weight format (`gemma4c quantize`, random-weight checkpoints). The source is a
  * model folder or GGUF file (any dtype g4_model_load reads) or random weights for a config.json; `type`:
@@ -144,6 +147,12 @@ typedef struct g4_context_params {
     int n_kv_blocks;   /* blocks of the full-attention pool (default: every sequence can reach n_ctx);
                           fewer blocks let more sequences share memory, and a step that finds no free block
                           fails with a message that says so (nothing is changed) */
+    int kv_history;    /* sliding-window positions a sequence keeps beyond what its next step reads, so that it
+                          can be rolled back that far (g4_seq_truncate): 0 = n_batch (the default), -1 = none
+                          (for many sequences that are never rolled back, e.g. under a scheduler) */
+    int n_kv_sliding_blocks; /* blocks of the sliding-window pool (default: every sequence's window and history,
+                          one batch, and one window per sequence more for the prefix cache); more blocks keep
+                          more cached prefixes resumable (g4_seq_reuse_prefix) */
 } g4_context_params;
 
 G4_API int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);
@@ -162,9 +171,18 @@ G4_API void g4_seq_reset(g4_context *ctx, int seq);
 G4_API int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err);
 /* Number of positions sequence `seq` has processed. */
 G4_API int g4_seq_length(const g4_context *ctx, int seq);
-/* The token ids sequence `seq` holds, in position order (*n = g4_seq_length). Valid until the
- * next call that changes the sequence. */
+/* The token ids sequence `seq` holds, in position order (*n = g4_seq_length); -1 where a soft token
+ * (an image or audio row) was fed, so that different images never look like a shared prefix. Valid until
+ * the next call that changes the sequence. */
 G4_API const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n);
+/* Prefix cache: every whole block of kv_block_size positions a sequence has processed stays findable by its
+ * content (the ids up to its end) while its rows are in the cache, also after the sequence moved on or was
+ * reset, until the memory is needed (least recently freed first). This makes the empty sequence `seq` start
+ * with the longest prefix of ids[0..n-1] it finds, and returns that prefix's length: a multiple of
+ * kv_block_size, 0 when none (then nothing changes). Feed the rest from there. With sliding-window layers a
+ * prefix can be resumed only where the cache still holds the window of rows before its end. Blocks holding a
+ * negative id (a soft token: an image or audio row) are never cached. */
+G4_API int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int n);
 /* Free blocks of the full-attention pool (of the sliding pool for a model without full layers). */
 G4_API int g4_kv_free_blocks(const g4_context *ctx);
 /* Bytes the KV cache holds in backend memory. */
@@ -180,6 +198,15 @@ typedef struct g4_batch {
     const int32_t *token;
     const int32_t *seq;          /* NULL: every token belongs to sequence 0 */
     const uint8_t *want_logits;  /* NULL: logits for every row */
+    /* Multimodal input (image, video or audio soft tokens): each row whose token is one of the model's
+     * soft-token placeholders takes, in batch order, the next row of embd [n_embd, hidden] as its input
+     * embedding (used as given, not scaled); the per-layer-embedding path sees such a row as the pad token.
+     * With embd NULL, placeholders are embedded as the pad token; otherwise their count must equal n_embd.
+     * A run of consecutive image/video placeholders of one sequence is one image or frame: on a model with
+     * use_bidirectional_attention "vision" its tokens also see the later tokens of the run (sliding layers),
+     * so a run must not be split across batch steps. */
+    const float *embd;
+    int n_embd;
 } g4_batch;
 
 G4_API int g4_decode(g4_context *ctx, const g4_batch *batch, float *logits, g4_error *err);
@@ -196,6 +223,97 @@ G4_API void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *
  * (after the final norm, as transformers' last_hidden_state), hidden_size floats into out.
  * Sequence `seq` of ctx is the scratch: it is reset before and after. */
 G4_API int g4_embed(g4_context *ctx, int seq, const int32_t *ids, int n_ids, float *out, g4_error *err);
+
+/* Benchmarks: the bytes of weights and KV cache one decode step of one token at position pos must read (the
+ * per-layer table a backend keeps on the host and all but one embedding row left out unless the head reads
+ * them; MoE: the top-k experts' share), the numerator of a decode roofline; and the copy bandwidth of the
+ * model's device, bytes read plus written per second by a 1 GiB copy within the backend's memory (best of
+ * five; 0 when the buffers cannot be had). */
+G4_API double g4_model_decode_bytes(const g4_model *model, int pos, g4_kv_type kv_type);
+G4_API double g4_model_copy_bandwidth(g4_model *model);
+
+/* ------------------------------------------------------- images and audio */
+
+/* Images and audio reach the decoder as soft tokens: rows of hidden_size floats made by the model's towers
+ * that take the place of placeholder tokens (docs/gemma4-towers.md 4). A chat template writes one
+ * placeholder per input (<|image|> for a content part {"type": "image"}, <|audio|> for {"type": "audio"});
+ * g4_prompt_expand turns each into its blocks, <|image> + N x <|image|> + <image|> for an image and
+ * <|audio> + N x <|audio|> + <audio|> for each 30 s clip of audio, and lines up the rows in the order the
+ * expanded placeholders take them (g4_batch.embd). g4_generation_params.media does all of it for a
+ * generation. Encoding holds a lock of the model: one input at a time per model. */
+
+/* An 8-bit RGB image as transformers' load_image sees it (PIL: EXIF orientation applied, convert("RGB")):
+ * JPEG, PNG, WebP and GIF (its first frame); other formats, and anything that is not an image, are an
+ * error. */
+typedef struct g4_image {
+    int width, height;
+    uint8_t *rgb; /* [height][width][3]; release with g4_image_free */
+} g4_image;
+
+/* Limits against oversized files and decompression bombs; 0 fields (or a NULL pointer) take the defaults. */
+typedef struct g4_image_limits {
+    size_t max_file_bytes; /* default 256 MiB */
+    int64_t max_pixels;    /* width * height, default 89478485 (PIL's MAX_IMAGE_PIXELS) */
+} g4_image_limits;
+
+/* Decodes an image held in memory. */
+G4_API int g4_image_decode(const void *data, size_t size, const g4_image_limits *limits, g4_image *out,
+                           g4_error *err);
+/* Reads and decodes a file; errors name the path. */
+G4_API int g4_image_load(const char *path, const g4_image_limits *limits, g4_image *out, g4_error *err);
+G4_API void g4_image_free(g4_image *img);
+
+typedef enum g4_media_kind { G4_MEDIA_IMAGE = 1, G4_MEDIA_AUDIO = 3 } g4_media_kind;
+
+/* The soft tokens of one input, in blocks: an image is one block, audio one block per clip of 30 s. */
+typedef struct g4_soft_tokens {
+    g4_media_kind kind;
+    int n_blocks;
+    int *block_tokens; /* [n_blocks] soft tokens of each block */
+    int n_tokens;      /* their sum */
+    int hidden;        /* floats per row: the model's hidden_size */
+    float *rows;       /* [n_tokens, hidden], the blocks one after the other */
+} g4_soft_tokens;
+
+/* The soft tokens of an image through the model's vision tower (image processor settings from the model
+ * folder's processor_config.json or preprocessor_config.json). budget: at most this many soft tokens, 70,
+ * 140, 280, 560 or 1120; 0 takes the processor config's. An error when the model has no vision tower. */
+G4_API int g4_image_encode(g4_model *model, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err);
+/* The most soft tokens an image gets at a budget (0: the processor config's); 0 without a vision tower. */
+G4_API int g4_image_max_tokens(const g4_model *model, int budget);
+G4_API void g4_soft_tokens_free(g4_soft_tokens *s);
+
+/* Audio: any file libsndfile reads (WAV, FLAC, OGG/Vorbis, Opus, MP3, ...) decoded to mono float PCM at
+ * `rate` Hz: channels averaged, other sample rates converted with libsoxr at HQ quality (as librosa.load),
+ * ceil(n * rate / rate_in) samples. *pcm is released with g4_free. Longer than 10 minutes is an error. */
+G4_API int g4_audio_load(const char *path, int rate, float **pcm, size_t *n, g4_error *err);
+/* The same for a file held in memory; `name` labels errors. */
+G4_API int g4_audio_decode(const void *data, size_t size, const char *name, int rate, float **pcm, size_t *n,
+                           g4_error *err);
+/* The sample rate the model's audio tower takes (its feature extractor's, 16000); 0 without an audio tower. */
+G4_API int g4_audio_rate(const g4_model *model);
+/* The soft tokens of PCM at g4_audio_rate (log-mel features from the model folder's preprocessor config,
+ * the audio tower, embed_audio). Audio longer than 30 s is split into clips of 30 s, each its own block. An
+ * error when the model has no audio tower or the audio is too short for one feature frame. */
+G4_API int g4_audio_encode(g4_model *model, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err);
+
+/* Soft-token placeholders among ids[0..n): the rows a batch of these ids takes from g4_batch.embd. */
+G4_API int g4_count_soft_tokens(const g4_model *model, const int32_t *ids, int n);
+/* Tokens of ids[0..n) for the next g4_decode of at most max tokens such that no image's soft tokens are
+ * split between two steps (they attend to one another): n when n <= max, else max or fewer; -1 with a
+ * message when an image alone is longer than max. */
+G4_API int g4_step_length(const g4_model *model, const int32_t *ids, int n, int max, g4_error *err);
+
+/* Expands the placeholders of a prompt as the chat template writes it, one per input: the k-th <|image|>
+ * becomes the blocks of the k-th image among inputs, and so on for each kind (the counts must match).
+ * *out_ids [*n_out] is the expanded prompt and *embd [*n_embd, hidden] the rows in the order its
+ * placeholders take them (both g4_free). */
+G4_API int g4_prompt_expand(const g4_model *model, const int32_t *ids, int n, const g4_soft_tokens *inputs,
+                            int n_inputs, int32_t **out_ids, int *n_out, float **embd, int *n_embd, g4_error *err);
+/* The same rows for ids that already hold the expanded placeholders (as transformers' processor writes
+ * input_ids): each kind's placeholders take the rows of that kind's inputs in order (counts must match). */
+G4_API int g4_soft_tokens_gather(const g4_model *model, const int32_t *ids, int n, const g4_soft_tokens *inputs,
+                                 int n_inputs, float **embd, int *n_embd, g4_error *err);
 
 /* -------------------------------------------------------------- tokenizer */
 
@@ -411,9 +529,19 @@ typedef struct g4_generation_params {
     int n_stop_strings;
     int parse_chat;                     /* 1: split the text into answer, thinking and tool calls
                                            (g4_chat_start sets it) */
+    int penalties_output_only;          /* 1: the sampler's penalties see only the generated tokens (OpenAI's
+                                           presence and frequency penalties); 0: the prompt too (transformers) */
+    int logprobs;                       /* 1: keep each generated token's log-probability (g4_generation_logprobs) */
+    int top_logprobs;                   /* with logprobs: also the n most likely tokens of each step (0..20) */
+    int json_object;                    /* 1: the output is one JSON object (RFC 8259), starting at its '{':
+                                           tokens that would break it are never drawn, and the generation
+                                           stops when it is closed (OpenAI's response_format json_object) */
     g4_drafter *drafter;                /* speculative decoding with this drafter of the model (NULL: none); the
                                            output is the same as without (greedy: the same ids) */
     int n_draft;                        /* drafts per round; 0: the drafter's default */
+    const g4_soft_tokens *media;        /* the prompt's images and audio: it holds one placeholder per input, as
+                                           the chat template writes them, expanded as g4_prompt_expand does */
+    int n_media;
 } g4_generation_params;
 
 typedef enum g4_event_kind {
@@ -421,6 +549,7 @@ typedef enum g4_event_kind {
     G4_EVENT_TEXT = 1,      /* text to show: all of it, or with parse_chat the answer; stop strings held back */
     G4_EVENT_THINKING = 2,  /* parse_chat: the model's thinking */
     G4_EVENT_TOOL_CALL = 3, /* parse_chat: one whole tool call, JSON {"name": ..., "arguments": {...}} */
+    G4_EVENT_FINISH = 4,    /* scheduled generations only: the last event (g4_generation_finish says why) */
 } g4_event_kind;
 
 typedef struct g4_event {
@@ -435,6 +564,7 @@ typedef enum g4_finish {
     G4_FINISH_STOP = 1,      /* an eos or stop id, or a stop string */
     G4_FINISH_LENGTH = 2,    /* max_new_tokens or the context is full */
     G4_FINISH_CANCELLED = 3, /* g4_generation_cancel */
+    G4_FINISH_ERROR = 4,     /* scheduled generations: it failed (g4_generation_error says why) */
 } g4_finish;
 
 /* prompt is the whole token sequence for `seq`. What the sequence already holds of it (the
@@ -454,15 +584,32 @@ G4_API int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err);
  * already made are still delivered). 0 or -1. */
 typedef int (*g4_event_fn)(const g4_event *ev, void *user);
 G4_API int g4_generation_run(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err);
+/* Runs one model step (none when the generation has finished) and hands its events, with any
+ * not yet taken by g4_generation_next, to on_event (a non-zero return cancels, as in
+ * g4_generation_run). 1 while the generation goes on, 0 when it has finished, -1 on error.
+ * Several generations on the sequences of one context can take turns step by step. */
+G4_API int g4_generation_step(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err);
 /* Ends the generation before its next model step (finish G4_FINISH_CANCELLED). Safe from any
  * thread and from a signal handler. */
 G4_API void g4_generation_cancel(g4_generation *g);
 G4_API g4_finish g4_generation_finish(const g4_generation *g);
 /* The generated ids so far. */
 G4_API const int32_t *g4_generation_tokens(const g4_generation *g, int *n);
+/* A token and its log-probability under the model: the log-softmax of the step's logits as the
+ * model computed them, before any bias, penalty, temperature or truncation (vLLM's default). */
+typedef struct g4_token_logprob {
+    int32_t token;
+    float logprob;
+} g4_token_logprob;
+/* With params.logprobs: the last generated token (the latest TOKEN event) with its log-probability,
+ * and the step's top_logprobs most likely tokens (most likely first; ties: lower id first; *top
+ * valid until the next step). -1 before the first token or without logprobs. */
+G4_API int g4_generation_logprobs(const g4_generation *g, g4_token_logprob *chosen, const g4_token_logprob **top,
+                                  int *n_top);
 /* With a drafter: the rounds so far, drafted[i] and accepted[i] drafts of round i (*n = 0 without one). */
 G4_API void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n);
-/* Prompt tokens that the sequence already held (not processed again). */
+/* Prompt tokens that the sequence already held (not processed again); for a scheduled generation, those
+ * found in the prefix cache when it was first admitted (0 while it waits). */
 G4_API int g4_generation_n_cached(const g4_generation *g);
 /* The output so far as a message: exactly the TEXT, THINKING and TOOL_CALL events (without
  * parse_chat, content is all the text). The caller frees it with g4_chat_message_free. */
@@ -471,6 +618,61 @@ G4_API int g4_generation_message(const g4_generation *g, g4_chat_message *out, g
 G4_API int g4_chat_add_reply(g4_chat *c, const g4_generation *g, g4_error *err);
 /* Frees it at any point (the sequence keeps what was processed). */
 G4_API void g4_generation_free(g4_generation *g);
+/* Why a scheduled generation failed (G4_FINISH_ERROR), or NULL. */
+G4_API const char *g4_generation_error(const g4_generation *g);
+
+/* -------------------------------------------------------------- scheduler */
+
+/* Continuous batching: a scheduler serves many generations at once on the sequences of one context.
+ * Each g4_scheduler_step is one batch step under the context's n_batch token budget: one token for
+ * every running generation that is decoding, chunks of the prompts still being read, and waiting
+ * requests admitted in arrival order while a sequence is free and the KV pools have room for their
+ * prompts (an admitted request first takes the longest prefix of its tokens that the prefix cache
+ * holds: g4_seq_reuse_prefix). When blocks run out, the newest requests are preempted: their blocks
+ * are freed and they are recomputed later (prompt and tokens so far, often from the prefix cache).
+ * Each generation has its own parameters (sampler, seed, stop ids and strings, limit) and gives the
+ * events g4_generation_next would give, to its callback, from inside g4_scheduler_step, ending with
+ * G4_EVENT_FINISH. On a backend whose ops are batch invariant (the CPU) a generation's tokens do not
+ * depend on what it was batched with, preempted or resumed from the cache.
+ * The scheduler takes every sequence of ctx; create ctx with n_seq_max requests at once, kv_history
+ * -1 (nothing is rolled back) and n_kv_blocks for the memory. g4_scheduler_submit* and
+ * g4_generation_cancel may be called from any thread, g4_scheduler_step from one at a time. */
+typedef struct g4_scheduler g4_scheduler;
+
+G4_API int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err);
+/* Generations still in it end as cancelled (their FINISH events are delivered). */
+G4_API void g4_scheduler_free(g4_scheduler *s);
+/* Queues a generation of prompt[0..n_prompt-1] (copied). *out is its handle: g4_generation_cancel,
+ * _finish, _tokens, _message and _error work on it (not _next or _run). Free it with
+ * g4_generation_free after its FINISH event, or earlier on the thread that steps (e.g. in its
+ * callback): an unfinished one is cancelled and its callback gets no more events. Fails at once on
+ * an empty prompt, ids outside the vocabulary, a prompt that leaves no room in the context or does
+ * not fit the KV pool. */
+G4_API int g4_scheduler_submit(g4_scheduler *s, const int32_t *prompt, int n_prompt, const g4_generation_params *params,
+                               g4_event_fn on_event, void *user, g4_generation **out, g4_error *err);
+/* The reply to a conversation (as g4_chat_start: parse_chat on) through the scheduler. */
+G4_API int g4_scheduler_submit_chat(g4_scheduler *s, const g4_chat *c, const g4_generation_params *params,
+                                    g4_event_fn on_event, void *user, g4_generation **out, g4_error *err);
+/* An embedding request: the mean over ids[0..n_ids-1] of the final hidden state (as g4_embed). It
+ * makes no tokens; once it ended (FINISH, G4_FINISH_STOP) g4_generation_embedding has the result. */
+G4_API int g4_scheduler_submit_embed(g4_scheduler *s, const int32_t *ids, int n_ids, g4_event_fn on_event, void *user,
+                                     g4_generation **out, g4_error *err);
+/* hidden_size floats, or NULL (not an embedding request, or not finished). */
+G4_API const float *g4_generation_embedding(const g4_generation *g);
+/* Runs one batch step and delivers its events. Returns the number of requests still waiting or
+ * running (0: idle), or -1 when the step failed (a backend error; the requests are unchanged and a
+ * later step retries). */
+G4_API int g4_scheduler_step(g4_scheduler *s, g4_error *err);
+
+typedef struct g4_scheduler_stats {
+    long steps;          /* batch steps run */
+    long decode_tokens;  /* tokens fed one at a time after the prompt (one per generated token but the last) */
+    long prefill_tokens; /* prompt tokens fed (recomputed ones after a preemption included) */
+    long reused_tokens;  /* prompt tokens found in the prefix cache instead */
+    long preemptions;
+    int running, waiting;
+} g4_scheduler_stats;
+G4_API void g4_scheduler_get_stats(const g4_scheduler *s, g4_scheduler_stats *out);
 
 #ifdef __cplusplus
 }

@@ -14,10 +14,12 @@ int main(void) {
     printf("{");
     BEGIN(g4_error); FIELD(g4_error, msg); END();
     BEGIN(g4_load_params); FIELD(g4_load_params, n_threads); FIELD(g4_load_params, device);
-    FIELD(g4_load_params, progress); FIELD(g4_load_params, progress_user); END();
+    FIELD(g4_load_params, progress); FIELD(g4_load_params, progress_user);
+    FIELD(g4_load_params, random_weights); END();
     BEGIN(g4_context_params); FIELD(g4_context_params, n_seq_max); FIELD(g4_context_params, n_ctx);
     FIELD(g4_context_params, n_batch); FIELD(g4_context_params, kv_type); FIELD(g4_context_params, kv_block_size);
-    FIELD(g4_context_params, n_kv_blocks); END();
+    FIELD(g4_context_params, n_kv_blocks); FIELD(g4_context_params, kv_history);
+    FIELD(g4_context_params, n_kv_sliding_blocks); END();
     BEGIN(g4_tokens); FIELD(g4_tokens, ids); FIELD(g4_tokens, n); FIELD(g4_tokens, cap); END();
     BEGIN(g4_chat_message); FIELD(g4_chat_message, content); FIELD(g4_chat_message, thinking);
     FIELD(g4_chat_message, tool_calls); FIELD(g4_chat_message, n_tool_calls); END();
@@ -31,7 +33,10 @@ int main(void) {
     FIELD(g4_generation_params, ignore_eos); FIELD(g4_generation_params, stop_ids);
     FIELD(g4_generation_params, n_stop_ids); FIELD(g4_generation_params, stop_strings);
     FIELD(g4_generation_params, n_stop_strings); FIELD(g4_generation_params, parse_chat);
-    FIELD(g4_generation_params, drafter); FIELD(g4_generation_params, n_draft); END();
+    FIELD(g4_generation_params, penalties_output_only); FIELD(g4_generation_params, logprobs);
+    FIELD(g4_generation_params, top_logprobs); FIELD(g4_generation_params, json_object);
+    FIELD(g4_generation_params, drafter); FIELD(g4_generation_params, n_draft);
+    FIELD(g4_generation_params, media); FIELD(g4_generation_params, n_media); END();
     BEGIN(g4_event); FIELD(g4_event, kind); FIELD(g4_event, token); FIELD(g4_event, text); FIELD(g4_event, len); END();
     printf("}\n");
     return 0;

@@ -26,6 +26,16 @@ def read_safetensors(path):
     return out
 
 
+def read_like(path, want):
+    """The float32 file at path as a tuple, or None (after a message) when its size is not that of want."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) != 4 * len(want):
+        print("size mismatch: %d bytes, expected %d" % (len(raw), 4 * len(want)))
+        return None
+    return struct.unpack("<%df" % len(want), raw)
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "ids":  # print a reference int tensor as a comma list
@@ -34,15 +44,47 @@ def main():
     elif cmd == "logits":  # max |ours - reference| of a float32 logits file
         ref = read_safetensors(sys.argv[2])
         shape, want = ref["logits"]
-        with open(sys.argv[3], "rb") as f:
-            raw = f.read()
-        if len(raw) != 4 * len(want):
-            print("size mismatch: %d bytes, expected %d" % (len(raw), 4 * len(want)))
+        got = read_like(sys.argv[3], want)
+        if got is None:
             sys.exit(1)
-        got = struct.unpack("<%df" % len(want), raw)
         err = max(abs(a - b) for a, b in zip(got, want))
         print("%.3e" % err)
         sys.exit(0 if err <= float(sys.argv[4]) else 1)
+    elif cmd == "rel":  # max |ours - reference| / max |reference| of a float32 file against a named tensor
+        ref = read_safetensors(sys.argv[2])
+        shape, want = ref[sys.argv[3]]
+        got = read_like(sys.argv[4], want)
+        if got is None:
+            sys.exit(1)
+        err = max(abs(a - b) for a, b in zip(got, want)) / max(abs(b) for b in want)
+        print("%.3e" % err)
+        sys.exit(0 if err <= float(sys.argv[5]) else 1)
+    elif cmd == "argmax":  # id of the largest logit of the last row of a float32 logits file [rows, vocab]
+        vocab = int(sys.argv[3])
+        with open(sys.argv[2], "rb") as f:
+            raw = f.read()
+        row = struct.unpack("<%df" % vocab, raw[-4 * vocab:])
+        print(max(range(vocab), key=lambda i: (row[i], -i)))
+    elif cmd == "prompt":  # a fixture's input_ids as a chat template writes them: one placeholder per input
+        ids = read_safetensors(sys.argv[2] + "/reference.safetensors")["input_ids"][1]
+        with open(sys.argv[2] + "/config.json") as f:
+            c = json.load(f)
+        placeholders, begins = {c["image_token_id"], c["audio_token_id"]}, {c["boi_token_id"], c["boa_token_id"]}
+        out, i = [], 0
+        while i < len(ids):  # <|x> N x <|x|> <x|> -> <|x|>
+            if ids[i] in begins and i + 1 < len(ids) and ids[i + 1] in placeholders:
+                j = i + 1
+                while j < len(ids) and ids[j] == ids[i + 1]:
+                    j += 1
+                out.append(ids[i + 1])
+                i = j + 1
+            else:
+                out.append(ids[i])
+                i += 1
+        print(",".join(str(x) for x in out))
+    elif cmd == "greedy":  # a fixture's reference greedy ids as a comma list
+        with open(sys.argv[2] + "/reference.json") as f:
+            print(",".join(str(x) for x in json.load(f)["greedy_ids"]))
     else:
         sys.exit("unknown command " + cmd)
 

@@ -30,12 +30,14 @@ static inline int write_text(const char *path, const char *text) {
     return fclose(f);
 }
 
-/* Edits applied while re-saving: drop a tensor, and/or append extra tensors (which may
- * replace a tensor of the same name). */
+/* Edits applied while re-saving: drop a tensor, append extra tensors (which may replace a tensor of the
+ * same name), and/or rename tensors by prefix (pairs rename[2k] -> rename[2k+1]; names up to 255 bytes). */
 typedef struct resave_edit {
     const char *drop;
     const g4_tensor *extra;
     int n_extra;
+    const char *const *rename;
+    int n_rename;
 } resave_edit;
 
 /* to: G4_F32 or G4_F16 converts every float tensor, 0 keeps the dtypes. */
@@ -51,6 +53,7 @@ static inline int resave(const char *src_dir, const char *dst_dir, int n_shards,
     int n_extra = ed ? ed->n_extra : 0;
     g4_tensor *ts = calloc((size_t)(set.n_tensors + n_extra), sizeof *ts);
     float **owned = calloc((size_t)set.n_tensors + 1, sizeof *owned);
+    char(*renamed)[256] = calloc((size_t)set.n_tensors + 1, sizeof *renamed);
     int n = 0;
     for (int i = 0; i < set.n_tensors; i++) {
         const char *name = set.tensors[i].name;
@@ -58,6 +61,13 @@ static inline int resave(const char *src_dir, const char *dst_dir, int n_shards,
         for (int e = 0; e < n_extra; e++) skip |= !strcmp(name, ed->extra[e].name);
         if (skip) continue;
         ts[n] = set.tensors[i];
+        for (int r = 0; ed && r < ed->n_rename; r++) {
+            size_t pl = strlen(ed->rename[2 * r]);
+            if (strncmp(name, ed->rename[2 * r], pl)) continue;
+            snprintf(renamed[i], sizeof renamed[i], "%s%s", ed->rename[2 * r + 1], name + pl);
+            ts[n].name = renamed[i];
+            break;
+        }
         int is_float = ts[n].dtype == G4_BF16 || ts[n].dtype == G4_F16 || ts[n].dtype == G4_F32;
         if (to && is_float && ts[n].dtype != to) {
             size_t cnt = (size_t)g4_tensor_numel(&ts[n]);
@@ -99,6 +109,7 @@ static inline int resave(const char *src_dir, const char *dst_dir, int n_shards,
     }
     for (int i = 0; i < set.n_tensors; i++) free(owned[i]);
     free(owned);
+    free(renamed);
     free(ts);
     g4_tensor_set_free(&set);
     return rc;

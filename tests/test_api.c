@@ -2,7 +2,8 @@
  * transformers' greedy ids, stop ids and limits, the cached prefix of a later request, the
  * embedding equals the mean of transformers' final hidden states, cancellation (before the
  * prompt, from the callback, from another thread while generating) returns promptly and, in
- * the sanitizer build, leaks nothing; bad requests are one-line errors. The text side (chat,
+ * the sanitizer build, leaks nothing; step-by-step generation; log-probabilities equal the
+ * log-softmax of transformers' logits; penalties on the output only; bad requests are one-line errors. The text side (chat,
  * streaming) runs on the example model in test_api_examples.sh and the Python tests. */
 #include <math.h>
 #include <pthread.h>
@@ -20,7 +21,7 @@ typedef struct {
     g4_tensor_set set;
     int32_t *ids, *greedy;
     size_t n_ids, n_greedy;
-    float *final_norm;
+    float *final_norm, *logits; /* [T][H], [T][V] */
 } reference;
 
 static int load_reference(reference *r) {
@@ -32,13 +33,15 @@ static int load_reference(reference *r) {
     r->ids = ref_ids(&r->set, "input_ids", &r->n_ids);
     r->greedy = ref_ids(&r->set, "greedy_ids", &r->n_greedy);
     r->final_norm = ref_f32(&r->set, "final_norm", NULL);
-    return r->ids && r->greedy && r->final_norm ? 0 : -1;
+    r->logits = ref_f32(&r->set, "logits", NULL);
+    return r->ids && r->greedy && r->final_norm && r->logits ? 0 : -1;
 }
 
 static void free_reference(reference *r) {
     free(r->ids);
     free(r->greedy);
     free(r->final_norm);
+    free(r->logits);
     g4_tensor_set_free(&r->set);
 }
 
@@ -239,6 +242,98 @@ static void test_cancel(g4_model *m, const reference *r) {
     g4_context_free(ctx);
 }
 
+/* ------------------------------------- step by step, log-probabilities, penalties */
+
+typedef struct {
+    int tokens, events;
+    int32_t ids[64];
+} step_count;
+
+static int count_step_events(const g4_event *ev, void *user) {
+    step_count *c = user;
+    c->events++;
+    if (ev->kind == G4_EVENT_TOKEN && c->tokens < 64) c->ids[c->tokens++] = ev->token;
+    return 0;
+}
+
+static void test_steps_logprobs(g4_model *m, const reference *r) {
+    g4_error err;
+    g4_context *ctx;
+    g4_context_params cp = {.n_seq_max = 2, .n_ctx = 256, .n_batch = 64};
+    if (g4_context_new(m, &cp, &ctx, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    const int T = (int)r->n_ids, V = g4_model_vocab_size(m), n_greedy = (int)r->n_greedy;
+    g4_sampler_params sp = greedy_params();
+    g4_generation_params gp = {.max_new_tokens = n_greedy, .sampling = &sp, .ignore_eos = 1, .logprobs = 1,
+                               .top_logprobs = 20};
+    g4_generation *g;
+    CHECK(g4_generation_start(ctx, 0, r->ids, T, &gp, &g, &err) == 0);
+    g4_token_logprob chosen;
+    const g4_token_logprob *top;
+    int n_top, rc, steps = 0;
+    CHECK(g4_generation_logprobs(g, &chosen, &top, &n_top) == -1); /* nothing generated yet */
+    step_count c = {0};
+    /* one step, one token: the first one's log-probabilities are the log-softmax of transformers' last row */
+    while ((rc = g4_generation_step(g, count_step_events, &c, &err)) >= 0) {
+        steps++;
+        CHECKF(c.tokens == steps, "step %d made %d tokens in all", steps, c.tokens);
+        CHECK(g4_generation_logprobs(g, &chosen, &top, &n_top) == 0 && chosen.token == c.ids[c.tokens - 1]);
+        CHECK(n_top == 20 && top[0].token == chosen.token && top[0].logprob == chosen.logprob);
+        for (int i = 1; i < n_top; i++) CHECK(top[i].logprob <= top[i - 1].logprob && top[i].logprob <= 0);
+        if (steps == 1) {
+            const float *row = r->logits + (size_t)(T - 1) * V;
+            double mx = row[0], sum = 0;
+            for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+            for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+            float worst = 0;
+            for (int i = 0; i < n_top; i++) {
+                float want = (float)(row[top[i].token] - mx - log(sum)), d = fabsf(top[i].logprob - want);
+                worst = d > worst ? d : worst;
+            }
+            printf("logprobs: top 20 within %.2e of transformers' log-softmax\n", worst);
+            CHECKF(worst < 2e-3f, "first token's log-probabilities differ from transformers' by %.3e", worst);
+            /* the reference's own top 20, in order */
+            int ok = 1;
+            for (int i = 0; i < n_top && ok; i++) {
+                int better = 0;
+                for (int v = 0; v < V; v++) better += row[v] > row[top[i].token];
+                ok = better <= i;
+            }
+            CHECK(ok);
+        }
+        if (rc == 0) break;
+    }
+    CHECKF(steps == n_greedy && c.tokens == n_greedy && !memcmp(c.ids, r->greedy, (size_t)n_greedy * sizeof *c.ids),
+           "%d steps, %d tokens, want %d greedy tokens", steps, c.tokens, n_greedy);
+    CHECK(g4_generation_step(g, count_step_events, &c, &err) == 0 && c.tokens == n_greedy); /* finished */
+    g4_generation_free(g);
+    gp.top_logprobs = 21;
+    CHECK(g4_generation_start(ctx, 0, r->ids, T, &gp, &g, &err) == -1 && one_line(&err));
+
+    /* penalties on the output only: a huge presence penalty makes every generated token new, and
+       the first token is the greedy one whatever the prompt holds */
+    sp.presence_penalty = 1e4f;
+    gp = (g4_generation_params){.max_new_tokens = 16, .sampling = &sp, .ignore_eos = 1, .penalties_output_only = 1};
+    CHECK(g4_generation_start(ctx, 1, r->ids, T, &gp, &g, &err) == 0);
+    int32_t got[64];
+    int n = run_all(g, got, 64), distinct = 1;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) distinct &= got[i] != got[j];
+    CHECKF(n == 16 && got[0] == r->greedy[0] && distinct, "output-only penalties: %d tokens, first %d", n, got[0]);
+    g4_generation_free(g);
+    int in_prompt = 0;
+    for (int i = 0; i < T; i++) in_prompt |= r->ids[i] == r->greedy[0];
+    if (in_prompt) { /* with the prompt in the history the first greedy token is penalized */
+        gp.penalties_output_only = 0;
+        CHECK(g4_generation_start(ctx, 1, r->ids, T, &gp, &g, &err) == 0);
+        CHECK(run_all(g, got, 64) == 16 && got[0] != r->greedy[0]);
+        g4_generation_free(g);
+    }
+    g4_context_free(ctx);
+}
+
 /* --------------------------------------------------------------- embeddings */
 
 static void test_embed(g4_model *m, const reference *r) {
@@ -326,6 +421,7 @@ int main(void) {
     test_version();
     test_generation(m, &r);
     test_cancel(m, &r);
+    test_steps_logprobs(m, &r);
     test_embed(m, &r);
     test_errors(m, &r);
     g4_model_free(m);

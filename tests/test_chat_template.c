@@ -216,7 +216,7 @@ static void test_load_dir(void) {
         if (rc) continue;
         CHECK(g4_chat_template_bos(t) && !strcmp(g4_chat_template_bos(t), "<bos>"));
         CHECK(g4_chat_template_eos(t) && !strcmp(g4_chat_template_eos(t), "<eos>"));
-        g4_chat_options opt = {NULL, 1, 0, NULL};
+        g4_chat_options opt = {NULL, 1, 0, NULL, NULL};
         char *got = NULL;
         size_t got_len;
         rc = g4_chat_template_render(t, json_object_get(ref, "messages"), &opt, &got, &got_len, &err);
@@ -280,7 +280,7 @@ static void test_variables(void) {
     free(out);
     json_t *extra = json_pack("{s:s}", "custom", "x");
     json_t *tools = json_pack("[{s:s}]", "type", "function");
-    g4_chat_options opt = {tools, 1, 1, extra};
+    g4_chat_options opt = {tools, 1, 1, extra, NULL};
     CHECK(g4_chat_template_render(t, msgs, &opt, &out, NULL, &err) == 0);
     CHECKF(out && !strcmp(out, "False|True|True|True|<bos><eos>|x"), "got %s", out ? out : err.msg);
     free(out);

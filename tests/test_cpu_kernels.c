@@ -181,8 +181,9 @@ static void test_moe_split(g4_backend *be, const char *isa) {
     g4_tensor tg = {.name = "g", .dtype = G4_F32, .ndim = 3, .shape = {E, Im, H}, .data = g};
     g4_tensor tu = {.name = "u", .dtype = G4_F32, .ndim = 3, .shape = {E, Im, H}, .data = u};
     g4_tensor tdn = {.name = "d", .dtype = G4_F32, .ndim = 3, .shape = {E, H, Im}, .data = dn};
-    g4_moe_args a = {.residual = res, .x2 = x2, .out = out1, .n = N, .hidden = H, .n_experts = E, .top_k = TK,
-                     .expert_dim = Im, .eps = 1e-6f, .router_proj = &trp, .router_scale = rs,
+    g4_moe_args a = {.residual = res, .dense = x2, .out = out1, .n = N, .hidden = H, .n_experts = E, .top_k = TK,
+                     .expert_dim = Im, .eps = 1e-6f, .pre_norm2 = rs, .post_norm1 = rs, .post_norm2 = rs,
+                     .router_proj = &trp, .router_scale = rs,
                      .per_expert_scale = pes, .gate_up = &tgu, .down = &tdn};
     be->ops->moe(be, &a);
     a.out = out2;

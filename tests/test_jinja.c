@@ -164,7 +164,7 @@ static void test_limits(void) {
     g4_jinja *t = NULL;
     g4_error err;
     CHECK(g4_jinja_parse(src, strlen(src), &t, &err) == 0);
-    g4_jinja_limits lim = {0, 200000, 0};
+    g4_jinja_limits lim = {.max_steps = 200000};
     char *out = NULL;
     CHECK(g4_jinja_render_ex(t, NULL, &lim, &out, NULL, &err) == -1 && out == NULL);
     CHECKF(strstr(err.msg, "steps"), "message: %s", err.msg);
@@ -172,7 +172,7 @@ static void test_limits(void) {
     /* output and string sizes are bounded */
     src = "{% for i in range(100000) %}0123456789{% endfor %}";
     CHECK(g4_jinja_parse(src, strlen(src), &t, &err) == 0);
-    g4_jinja_limits lim2 = {4096, 0, 0};
+    g4_jinja_limits lim2 = {.max_output = 4096};
     CHECK(g4_jinja_render_ex(t, NULL, &lim2, &out, NULL, &err) == -1 && out == NULL);
     CHECKF(strstr(err.msg, "limit"), "message: %s", err.msg);
     g4_jinja_free(t);
@@ -223,6 +223,87 @@ static void test_limits(void) {
     json_decref(ctx);
 }
 
+/* A template made of `head`, `mid` repeated n times and `tail`. */
+static char *repeated(const char *head, const char *mid, int n, const char *tail) {
+    size_t hl = strlen(head), ml = strlen(mid), tl = strlen(tail);
+    char *s = malloc(hl + ml * (size_t)n + tl + 1);
+    memcpy(s, head, hl);
+    for (int i = 0; i < n; i++) memcpy(s + hl + ml * (size_t)i, mid, ml);
+    memcpy(s + hl + ml * (size_t)n, tail, tl + 1);
+    return s;
+}
+
+static void expect_error_limits(const char *src, const char *ctx_json, g4_jinja_limits lim,
+                                const char *needle) {
+    g4_jinja *t = NULL;
+    g4_error err = {{0}};
+    char *out = NULL;
+    int rc = g4_jinja_parse(src, strlen(src), &t, &err);
+    json_t *ctx = ctx_json ? json_loads(ctx_json, 0, NULL) : NULL;
+    if (rc == 0) rc = g4_jinja_render_ex(t, ctx, &lim, &out, NULL, &err);
+    CHECKF(rc != 0 && strstr(err.msg, needle) && !strchr(err.msg, '\n'), "%.120s: [%s] lacks [%s]",
+           src, rc ? err.msg : out, needle);
+    free(out);
+    json_decref(ctx);
+    g4_jinja_free(t);
+}
+
+/* Hostile templates (what fuzzing found, issue 16): each is a one-line error, never a crash, a
+ * hang or gigabytes of memory. */
+static void test_hostile(void) {
+    /* a long flat chain is shallow to parse but deep to evaluate: sums, attributes, filters,
+     * tests, calls, and map() applying map() applying map()... */
+    static const char *const chains[][3] = {
+        {"{{ 1", "+1", " }}"},
+        {"{{ x", ".a", " }}"},
+        {"{{ x", "[0]", " }}"},
+        {"{{ 1", "|string", " }}"},
+        {"{{ 1", " if 1 else 2", " }}"},
+        {"{{ 1", " and 1", " }}"},
+        {"{{ 'a'|map(", "'map',", "'upper')|list }}"},
+    };
+    for (size_t k = 0; k < sizeof chains / sizeof chains[0]; k++) {
+        char *src = repeated(chains[k][0], chains[k][1], 50000, chains[k][2]);
+        expect_error(src, "{\"x\": {}}", "deeper than");
+        free(src);
+    }
+    /* values nested 100,000 deep: comparing, printing and freeing them would recurse as deep */
+    expect_error("{% set ns = namespace(x=[], y=[]) %}{% for i in range(100000) %}"
+                 "{% set ns.x = [ns.x] %}{% set ns.y = [ns.y] %}{% endfor %}{{ ns.x == ns.y }}",
+                 NULL, "nested deeper than");
+    expect_error("{% set ns = namespace(x={}) %}{% for i in range(100000) %}"
+                 "{% set ns.x = {'k': ns.x} %}{% endfor %}{{ ns.x }}",
+                 NULL, "nested deeper than");
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}"
+                 "{% set ns.x = [ns.x.count] %}{% endfor %}",
+                 NULL, "nested deeper than");
+    /* shared values: a list of two references to the previous one, 64 times, is small in
+     * memory but 2^64 items to compare or print */
+    g4_jinja_limits few = {.max_steps = 1000000}, short_output = {.max_output = 1 << 20};
+    expect_error_limits("{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(64) %}"
+                        "{% set ns.x = [ns.x, ns.x] %}{% set ns.y = [ns.y, ns.y] %}{% endfor %}"
+                        "{{ ns.x == ns.y }}",
+                        NULL, few, "steps");
+    expect_error_limits("{% set ns = namespace(x=[1]) %}{% for i in range(64) %}"
+                        "{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x|string|length }}",
+                        NULL, short_output, "limit");
+    /* memory: a list doubled in a loop, strings kept in a list, output kept in macro frames */
+    expect_error("{% set ns = namespace(x=[1]) %}{% for i in range(64) %}"
+                 "{% set ns.x = ns.x + ns.x %}{% endfor %}",
+                 NULL, "memory");
+    expect_error("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
+                 "{% set ns.l = ns.l + ['x' * 1000000 ~ i] %}{% endfor %}",
+                 NULL, "memory");
+    /* work inside builtins counts as steps */
+    expect_error_limits("{{ range(30000)|unique|list|length }}", NULL, few, "steps");
+    expect_error_limits("{% set s = 'ab' * 10000000 %}{% for i in range(1000) %}{{ s|length }}"
+                        "{% endfor %}", NULL, few, "steps");
+    expect_error_limits("{% set s = 'a' * 20000000 %}{% for i in range(1000) %}{{ s[-1] }}"
+                        "{% endfor %}", NULL, few, "steps");
+    expect_error_limits("{% set s = 'a' * 20000000 %}{% for i in range(1000) %}"
+                        "{{ s.find('b') }}{% endfor %}", NULL, few, "steps");
+}
+
 /* Reference cycles through namespaces and macros are broken at the end of a render (the ASan
  * build's leak checker fails this test otherwise). */
 static void test_cycles(void) {
@@ -256,7 +337,7 @@ static void test_malformed(void) {
         0, NULL);
     CHECK(ctx != NULL);
     int parsed = 0, rendered = 0, total = 0;
-    g4_jinja_limits lim = {1 << 20, 2000000, 50};
+    g4_jinja_limits lim = {.max_output = 1 << 20, .max_steps = 2000000, .max_depth = 50};
     for (size_t cut = 0; cut <= len; cut += 7) {
         g4_jinja *t = NULL;
         total++;
@@ -360,6 +441,7 @@ int main(void) {
     test_error_lines();
     test_semantics();
     test_limits();
+    test_hostile();
     test_cycles();
     test_malformed();
     test_threads();

@@ -86,7 +86,9 @@ static void test_spellings(void) {
         const char *json, *want;
     } bad[] = {
         {"{\"model_type\":\"llama\"}", "unknown model_type \"llama\""},
-        {"{\"model_type\":\"gemma4_unified\"}", "not supported yet"},
+        {"{\"model_type\":\"gemma4_unified\",\"vision_config\":{\"patch_size\":14}}", "must be 48"},
+        {"{\"model_type\":\"gemma4_unified\",\"vision_config\":{\"mm_embed_dim\":64}}", "must equal"},
+        {"{\"model_type\":\"gemma4_unified\",\"audio_config\":[]}", "must be objects"},
         {"{\"hidden_size\":8}", "no \"model_type\""},
         {"{\"model_type\":\"gemma4_text\",\"hidden_size\":\"big\"}", "must be an integer"},
         {"{\"model_type\":\"gemma4_text\",\"global_head_dim\":null}", "global_head_dim"},
@@ -106,6 +108,12 @@ static void test_spellings(void) {
          "yarn"},
         {"{\"model_type\":\"gemma4_text\",\"rope_parameters\":{\"full_attention\":{}}}", "no \"sliding_attention\""},
         {"[1]", "not a JSON object"},
+        /* rows the engine sizes in int (issue 16) */
+        {"{\"model_type\":\"gemma4_text\",\"num_attention_heads\":100000,\"num_key_value_heads\":100000,"
+         "\"head_dim\":100000,\"global_head_dim\":60000}",
+         "too large"},
+        {"{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":100,\"hidden_size_per_layer_input\":100000000}",
+         "too large"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = parse(bad[i].json, &c, &err);
@@ -146,7 +154,14 @@ static void test_real_configs(void) {
     CHECKF(load_config_file("configs/gemma-4-e4b.json", &c, &err) == 0, "%s", err.msg);
     CHECK(c.text.hidden_size == 2560 && c.text.num_kv_shared_layers > 0);
 
-    CHECK(load_config_file("configs/gemma-4-12b.json", &c, &err) != 0 && strstr(err.msg, "gemma4_unified"));
+    /* the encoder-free 12B (docs/gemma4-unified.md 1): no PLE although the file names a PLE vocabulary */
+    CHECKF(load_config_file("configs/gemma-4-12b.json", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.unified && c.multimodal_wrapper && c.text.n_layers == 48 && c.text.hidden_size == 3840);
+    CHECK(c.text.hidden_size_per_layer_input == 0 && !c.text.enable_moe_block && c.text.bidirectional_vision);
+    CHECK(c.text.sliding_window == 1024 && c.text.layer_k_eq_v[5] && c.text.layer_kv_heads[5] == 1 &&
+          c.text.layer_head_dim[5] == 512 && c.text.layer_kv_heads[4] == 8);
+    CHECK(c.uni.block == 48 && c.uni.mm_embed_dim == 3840 && c.uni.mm_posemb_size == 1120 && c.uni.audio_samples == 640);
+    CHECK(c.image_token_id == 258880 && c.audio_token_id == 258881 && c.eoa_token_id == 258883);
 }
 
 static void test_rope_tables(void) {

@@ -334,7 +334,8 @@ static int write_tampered_cache(const char *cache, const char *src, int which) {
     w = d;
     w.map = NULL;
     void *copy = NULL;
-    int sec = which == 0 ? TOK_SEC_VOCAB_MAP : which == 1 ? TOK_SEC_MERGES : which == 3 ? TOK_SEC_ADDED : -1;
+    int sec = which == 0 ? TOK_SEC_VOCAB_MAP : which == 1 ? TOK_SEC_MERGES : which == 3 ? TOK_SEC_ADDED
+            : which == 4 ? TOK_SEC_VOCAB_OFF : -1;
     if (sec >= 0) {
         copy = malloc(d.sec[sec].size);
         memcpy(copy, d.sec[sec].data, d.sec[sec].size);
@@ -353,6 +354,18 @@ static int write_tampered_cache(const char *cache, const char *src, int which) {
         w.param[TOK_P_MERGE_MASK] = d.param[TOK_P_MERGE_MASK] * 2 + 1;
     } else if (which == 3) { /* an added token's content outside its blob */
         ((tok_added_raw *)copy)[0].len += 1000;
+    } else if (which == 4) { /* an offset past the end of the pieces (they end where they must) */
+        ((uint32_t *)copy)[1] = 0xfffffff0u;
+    } else if (which == 5) { /* a map of 2^61 slots in 0 bytes: 2^61 * 8 wraps to 0 */
+        w.param[TOK_P_VOCAB_MASK] = ((uint64_t)1 << 61) - 1;
+        for (int k = TOK_SEC_VOCAB_MAP; k < TOK_SEC_COUNT; k++) w.sec[k].size = 0; /* last in the file */
+    } else if (which >= 6) { /* a merge table of 2^61 slots (2^60 of 16 bytes) in 0 bytes */
+        int bits = which == 6 ? 61 : 60;
+        w.param[TOK_P_MERGE_MASK] = ((uint64_t)1 << bits) - 1;
+        w.param[TOK_P_MERGE_SHIFT] = (uint64_t)(64 - bits);
+        w.param[TOK_P_MERGE_PACKED] = which == 6;
+        w.param[TOK_P_HOT_MASK] = 0; /* (the hot table goes with the packed form only) */
+        for (int k = TOK_SEC_MERGE_MAIN; k < TOK_SEC_COUNT; k++) w.sec[k].size = 0; /* last in the file */
     }
     int rc = tok_cache_write(cache, src, &w);
     free(copy);
@@ -396,8 +409,8 @@ static void test_cache_checks(void) {
         CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t));
         g4_tokenizer_free(t);
     }
-    /* a correct checksum over inconsistent tables */
-    for (int which = 0; which < 4; which++) {
+    /* a correct checksum over inconsistent tables (4 and up: what fuzzing found, issue 16) */
+    for (int which = 0; which < 8; which++) {
         CHECKF(write_tampered_cache(cache, src, which) == 0, "tampered cache %d written", which);
         CHECK(g4_tokenizer_load(src, &t, &err) == 0);
         CHECKF(!g4_tokenizer_loaded_from_cache(t), "tampered cache %d was used", which);
@@ -611,6 +624,85 @@ static void test_bad_files(void) {
     unsetenv("G4_NO_TOKENIZER_CACHE");
 }
 
+/* A tokenizer.json whose model is MODEL_HEAD with `steps` copies of `step` in a Sequence of `kind`
+ * (normalizer / pre_tokenizer / decoder, listed under `list`). */
+static char *with_steps(const char *kind, const char *list, const char *step, int steps) {
+    size_t cap = strlen(MODEL_HEAD) + 200 + (strlen(step) + 1) * (size_t)steps;
+    char *s = malloc(cap);
+    size_t n = (size_t)snprintf(s, cap, MODEL_HEAD "},\"%s\":{\"type\":\"Sequence\",\"%s\":[", kind, list);
+    for (int i = 0; i < steps; i++) n += (size_t)snprintf(s + n, cap - n, "%s%s", i ? "," : "", step);
+    snprintf(s + n, cap - n, "]}}");
+    return s;
+}
+
+/* Hostile tokenizer.json files (issue 16): clear errors, never a crash, a hang or an explosion. */
+static void test_hostile_files(void) {
+    setenv("G4_NO_TOKENIZER_CACHE", "1", 1);
+    /* 100,000 steps: each is a pass over the text (and the pre-tokenizer recursed per step) */
+    char *s = with_steps("pre_tokenizer", "pretokenizers",
+                         "{\"type\":\"Split\",\"pattern\":{\"String\":\"a\"},\"behavior\":\"Isolated\"}", 100000);
+    expect_load_error("pre-tokenizer steps", s, "steps");
+    free(s);
+    s = with_steps("normalizer", "normalizers", "{\"type\":\"Prepend\",\"prepend\":\"x\"}", 100000);
+    expect_load_error("normalizer steps", s, "steps");
+    free(s);
+    s = with_steps("decoder", "decoders", "{\"type\":\"Fuse\"}", 100000);
+    expect_load_error("decoder steps", s, "steps");
+    free(s);
+
+    /* steps that multiply the text: 'a' becomes ten of them, 20 times over */
+    char path[4096];
+    snprintf(path, sizeof path, "%s", g4t_tmp("growing-tokenizer.json"));
+    const char *tenfold = "{\"type\":\"Replace\",\"pattern\":{\"String\":\"a\"},\"content\":\"aaaaaaaaaa\"}";
+    for (int dec = 0; dec < 2; dec++) {
+        s = with_steps(dec ? "decoder" : "normalizer", dec ? "decoders" : "normalizers", tenfold, 20);
+        CHECK(write_text(path, s) == 0);
+        free(s);
+        g4_tokenizer *t;
+        g4_error err;
+        CHECKF(g4_tokenizer_load(path, &t, &err) == 0, "%s", err.msg);
+        if (!t) continue;
+        g4_tokens ids = {0};
+        char *out = NULL;
+        size_t len;
+        int32_t a = 0;
+        int rc = dec ? g4_detokenize(t, &a, 1, 0, &out, &len, &err) : g4_tokenize(t, "ab", 2, 0, &ids, &err);
+        CHECKF(rc == -1 && strstr(err.msg, "times longer"), "growing %s: %s", dec ? "decoder" : "normalizer",
+               rc ? err.msg : "no error");
+        free(out);
+        free(ids.ids);
+        g4_tokenizer_free(t);
+    }
+    unlink(path);
+
+    /* an added token of 100,000 bytes: finding added tokens in a text of its prefix would take
+     * 100,000 steps per byte */
+    size_t big = 100000;
+    char *huge = malloc(big + 200);
+    int n0 = snprintf(huge, 200, MODEL_HEAD "},\"added_tokens\":[{\"id\":3,\"content\":\"");
+    memset(huge + n0, 'a', big);
+    strcpy(huge + n0 + big, "\"}]}");
+    expect_load_error("long added token", huge, "at most");
+    free(huge);
+
+    /* a vocabulary made to collide in the hash table: every lookup would walk 1,100 slots */
+    size_t cap = 64 + 1100 * 24, n = 0;
+    char *json = malloc(cap);
+    n += (size_t)snprintf(json + n, cap - n, "{\"model\":{\"type\":\"BPE\",\"vocab\":{");
+    int found = 0;
+    for (unsigned i = 0; found < 1100; i++) {
+        char piece[16];
+        int len = snprintf(piece, sizeof piece, "p%u", i);
+        if ((tok_hash_bytes(piece, (size_t)len, 0) & 4095) >= 64) continue; /* 1,100 pieces: 4,096 slots */
+        n += (size_t)snprintf(json + n, cap - n, "%s\"%s\":%d", found ? "," : "", piece, found);
+        found++;
+    }
+    snprintf(json + n, cap - n, "}}}");
+    expect_load_error("colliding vocabulary", json, "run of more than");
+    free(json);
+    unsetenv("G4_NO_TOKENIZER_CACHE");
+}
+
 /* Random texts and id lists with HF's answers (tests/data/make_gemma_random_cases.js). */
 static void test_random_cases(const g4_tokenizer *tok) {
     char path[4096];
@@ -725,6 +817,7 @@ int main(void) {
     g4_tokenizer_free(tok);
 
     test_cache_checks();
+    test_hostile_files();
     test_synthetic();
     test_bad_files();
 

@@ -52,12 +52,14 @@ class _Error(ctypes.Structure):
 
 
 class _LoadParams(ctypes.Structure):
-    _fields_ = [("n_threads", c_int), ("device", c_char_p), ("progress", PROGRESS_FN), ("progress_user", c_void_p)]
+    _fields_ = [("n_threads", c_int), ("device", c_char_p), ("progress", PROGRESS_FN), ("progress_user", c_void_p),
+                ("random_weights", c_int)]
 
 
 class _ContextParams(ctypes.Structure):
     _fields_ = [("n_seq_max", c_int), ("n_ctx", c_int), ("n_batch", c_int), ("kv_type", c_int),
-                ("kv_block_size", c_int), ("n_kv_blocks", c_int)]
+                ("kv_block_size", c_int), ("n_kv_blocks", c_int), ("kv_history", c_int),
+                ("n_kv_sliding_blocks", c_int)]
 
 
 class _Tokens(ctypes.Structure):
@@ -78,7 +80,10 @@ class _SamplerParams(ctypes.Structure):
 class _GenerationParams(ctypes.Structure):
     _fields_ = [("max_new_tokens", c_int), ("sampling", P(_SamplerParams)), ("ignore_eos", c_int),
                 ("stop_ids", P(c_int32)), ("n_stop_ids", c_int), ("stop_strings", P(c_char_p)),
-                ("n_stop_strings", c_int), ("parse_chat", c_int), ("drafter", c_void_p), ("n_draft", c_int)]
+                ("n_stop_strings", c_int), ("parse_chat", c_int), ("penalties_output_only", c_int),
+                ("logprobs", c_int), ("top_logprobs", c_int), ("json_object", c_int),
+                ("drafter", c_void_p), ("n_draft", c_int),
+                ("media", c_void_p), ("n_media", c_int)]
 
 
 class _Event(ctypes.Structure):

@@ -13,7 +13,9 @@
  *
  * Weights. A weight is a g4_tensor whose dtype says how to read it. upload_weight() places a host view (a
  * memory-mapped file) in the backend: the CPU keeps the view as it is (nothing is copied or read), CUDA copies
- * it into device memory. A model may keep a table on the host instead (host_table): ops never read it; the
+ * it into device memory (rows padded to 16 bytes there: a placed tensor is read only by its backend's ops). A
+ * source without data (data NULL) asks for random values instead, uniform in +-sqrt(3 / row length): random-
+ * weight models of real shapes for benchmarks, filled where they live (on the GPU, no host copy). A model may keep a table on the host instead (host_table): ops never read it; the
  * model gathers its rows on the host and copies them in (E2B's 4.7 GB per-layer embedding table is read one
  * row per token).
  *
@@ -39,9 +41,10 @@ static inline size_t g4_kv_type_size(g4_kv_type t) { return t == G4_KV_F32 ? 4 :
 
 /* Attention of one layer over the paged KV cache, for all tokens of a batch step.
  * Token t belongs to sequence seq[t] (a row of block_table) at absolute position pos[t]. It sees the keys
- * at positions lo .. hi-1 with hi = kv_end ? kv_end[t] : pos[t] + 1 and lo = window ? max(0, pos[t] - window + 1)
- * : 0 (kv_end lets a token see later tokens of its image, docs/gemma4-towers.md 2.7; those rows are written
- * in the same step before attention). Position p of sequence s lives in physical row
+ * at positions lo .. hi-1 with hi = kv_end ? kv_end[t] : pos[t] + 1 and lo = kv_start ? kv_start[t] : window ?
+ * max(0, pos[t] - window + 1) : 0 (kv_end lets a token see later tokens of its image, docs/gemma4-towers.md 2.7;
+ * those rows are written in the same step before attention; kv_start lets a sliding layer see a whole image
+ * beyond its window, docs/gemma4-unified.md 8). Position p of sequence s lives in physical row
  * block_table[s * max_blocks + p / block_size] * block_size + p % block_size of k and v.
  * out = softmax(scale * q.k) v per head; query head h reads KV head h / (n_heads / n_kv_heads). */
 typedef struct g4_attention_args {
@@ -50,6 +53,7 @@ typedef struct g4_attention_args {
     int n_tokens, n_heads, n_kv_heads, head_dim;
     const int32_t *seq, *pos;    /* [n_tokens] */
     const int32_t *kv_end;       /* [n_tokens] or NULL */
+    const int32_t *kv_start;     /* [n_tokens] or NULL */
     const void *k, *v;           /* [n_blocks, block_size, n_kv_heads * head_dim] of kv_type */
     g4_kv_type kv_type;
     const int32_t *block_table;  /* [n_seq, max_blocks] physical block ids, -1 where none */
@@ -59,13 +63,30 @@ typedef struct g4_attention_args {
     float scale;
 } g4_attention_args;
 
-/* Mixture-of-experts block of one layer for n tokens (docs/gemma4-text.md 3.7). */
+/* Bidirectional attention over contiguous keys and values (the vision tower; docs/gemma4-towers.md 2.6):
+ * out[i, h] = sum_j softmax_j(scale * q[i, h].k[j, h / G] + bias) v[j, h / G], G = n_heads / n_kv_heads.
+ * Keys with key_valid[j] == 0 are left out; a query that sees no key gets zeros. */
+typedef struct g4_dense_attention_args {
+    const float *q;            /* [n_q, n_heads, head_dim] */
+    const float *k, *v;        /* [n_k, n_kv_heads, head_dim] */
+    float *out;                /* [n_q, n_heads, head_dim] */
+    int n_q, n_k, n_heads, n_kv_heads, head_dim;
+    float scale;
+    const int32_t *key_valid;  /* [n_k] or NULL (every key valid) */
+    const float *bias;         /* NULL, or additive logits [bias_heads, n_q, n_k] */
+    int bias_heads;            /* 1: one bias for every head; n_heads: one per head */
+} g4_dense_attention_args;
+
+/* Mixture-of-experts branch of one layer for n tokens, with the dense MLP's output (docs/gemma4-text.md 3.7):
+ * out = rmsnorm(dense) * post_norm1 + rmsnorm(E) * post_norm2, where E = the sum over the top-k experts of
+ * w_k * expert_k(x2), x2 = rmsnorm(residual) * pre_norm2, and the router reads the residual. out may be dense. */
 typedef struct g4_moe_args {
     const float *residual; /* [n, H] router input r */
-    const float *x2;       /* [n, H] pre_feedforward_layernorm_2(r) */
-    float *out;            /* [n, H] sum over the top-k experts of w_k * expert_k(x2), before post-norm */
+    const float *dense;    /* [n, H] output of the dense MLP, before its post-norm */
+    float *out;            /* [n, H] */
     int n, hidden, n_experts, top_k, expert_dim;
     float eps;
+    const float *pre_norm2, *post_norm1, *post_norm2; /* [H] */
     const g4_tensor *router_proj;     /* [E, H] */
     const float *router_scale;        /* [H] */
     const float *per_expert_scale;    /* [E] */
@@ -74,14 +95,61 @@ typedef struct g4_moe_args {
     const g4_tensor *down;            /* [E, H, Im] */
 } g4_moe_args;
 
-/* Several products of one input: y[i][n, out_i] = x[n, in] * w[i]^T (+ bias[i]) for i < count. */
+/* Several products of one input: y[i][n, out_i] = x'[n, in] * w[i]^T (+ bias[i]) for i < count, where x' is x,
+ * or rmsnorm(x) * norm per row when norm is set (fused: the normalized rows are not stored).
+ * Residual prologue (res_out set): first res_out = (res_h + rmsnorm(res_o) * res_w) * res_scale per row (a
+ * sublayer's post_norm_add, res_out may equal res_h), and that is the x of the products (x is ignored).
+ * Epilogues:
+ * - geglu: y[0] = gelu_tanh(x' w[0]^T) * u with u = x' w[1]^T (count 2, equal out; y[1] is scratch the backend
+ *   may overwrite) or u = mul [n, out_0] (count 1);
+ * - softcap > 0: y = tanh(y / softcap) * softcap (after any bias). */
 #define G4_MATMUL_SET_MAX 3
 typedef struct g4_matmul_set {
     int count;
     const g4_tensor *w[G4_MATMUL_SET_MAX];
     const float *bias[G4_MATMUL_SET_MAX]; /* each may be NULL */
     float *y[G4_MATMUL_SET_MAX];
+    const float *norm; /* [in] or NULL */
+    float eps;
+    int geglu;
+    const float *mul;  /* [n, out_0]: geglu with one product */
+    float softcap;
+    const float *res_h, *res_o, *res_w; /* [n, in], [n, in], [in] */
+    float res_scale;
+    float *res_out;    /* [n, in] or NULL: no prologue */
 } g4_matmul_set;
+
+/* The attention inputs of one layer after their projections (docs/gemma4-text.md 3.4), in one op:
+ * q = rope(rmsnorm(q) * q_norm); and unless kv_shared: v = rmsnorm(v_from_k ? k : v) (no weight; keys as values
+ * take the raw k_proj output), k = rope(rmsnorm(k) * k_norm), and row i of k and v stored at row slot[i] of the
+ * caches, converted to kv_type. q is updated in place; k and v are scratch afterwards. rope: the step's table
+ * from rope_table (NULL: no rotation). */
+typedef struct g4_attn_prep_args {
+    float *q, *k, *v;            /* [n, n_heads, D], [n, n_kv_heads, D], [n, n_kv_heads, D] */
+    int n, n_heads, n_kv_heads, head_dim;
+    int kv_shared, v_from_k;
+    const float *q_norm, *k_norm; /* [D] */
+    float eps;
+    const float *rope;           /* [n, D] */
+    const int32_t *slot;         /* [n] */
+    void *k_cache, *v_cache;
+    g4_kv_type kv_type;
+} g4_attn_prep_args;
+
+/* Local self-attention with a relative position bias and a logit cap, the audio conformer's
+ * chunked attention reduced to its window (docs/gemma4-towers.md §3.3). Per head, token t
+ * attends to s = t-d for d = 0..window-1, s >= 0:
+ *   qs = q_t * q_scale * q_dim_scale (per channel; NULL: 1),
+ *   logit = k_scale * (qs . k_s) + qs . rel_d,  logit = cap * tanh(logit / cap),
+ *   out_t = softmax over s of logit (fp32) times v_s. */
+typedef struct g4_local_attention_args {
+    const float *q, *k, *v;   /* [n, heads, head_dim] */
+    const float *rel;         /* [window, heads, head_dim]: row d is the relative key of distance d */
+    const float *q_dim_scale; /* [head_dim] or NULL */
+    float *out;               /* [n, heads, head_dim] */
+    int n, heads, head_dim, window;
+    float q_scale, k_scale, logit_cap;
+} g4_local_attention_args;
 
 typedef struct g4_backend_ops {
     const char *name;
@@ -102,6 +170,16 @@ typedef struct g4_backend_ops {
      * message (e.g. the model does not fit). */
     int (*upload_weight)(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err);
     void (*release_weight)(g4_backend *be, g4_tensor *w);
+
+    /* ---- recorded steps (optional: NULL where the backend has none, e.g. the CPU)
+     * graph_begin(owner, key): 1 when a recording of (owner, key) was launched, so the caller skips the ops it
+     * covers; 0 when the caller must issue them (the backend may record them; graph_end then finishes the
+     * recording and launches it). The ops between them read and write only memory at fixed addresses (the
+     * owner's buffers), copy nothing from or to the host and do not sync. graph_forget drops the owner's
+     * recordings (before its buffers are released). */
+    int (*graph_begin)(g4_backend *be, const void *owner, uint64_t key);
+    void (*graph_end)(g4_backend *be);
+    void (*graph_forget)(g4_backend *be, const void *owner);
 
     /* ---- ops */
     /* out[i, :] = table[ids[i], :] * scale  (table [rows, cols] of any weight dtype, quantized included) */
@@ -150,8 +228,35 @@ typedef struct g4_backend_ops {
     /* writes k[i, :] and v[i, :] (rows of `row` floats) into row slot[i] of the caches, converted to kv_type */
     void (*kv_store)(g4_backend *be, const float *k, const float *v, int n, int row, const int32_t *slot,
                      void *k_cache, void *v_cache, g4_kv_type kv_type);
+    void (*attn_prep)(g4_backend *be, const g4_attn_prep_args *a);
     void (*attention)(g4_backend *be, const g4_attention_args *a);
     void (*moe)(g4_backend *be, const g4_moe_args *a);
+
+    /* ---- ops of the towers (src/towers/) */
+    void (*attention_dense)(g4_backend *be, const g4_dense_attention_args *a);
+    /* y = min(max(x, lo), hi), n elements (ReLU: lo 0, hi +inf; NaN stays NaN, as torch.clamp); in place allowed */
+    void (*clamp)(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi);
+    /* y[r, c] = (y[r, c] + shift[c]) * scale[c] for `rows` rows of `cols`; shift or scale may be NULL */
+    void (*shift_scale_cols)(g4_backend *be, float *y, int rows, int cols, const float *shift, const float *scale);
+    /* dst[i, :] = sum_{j < k} src[idx[i * k + j], :] * s, summed in j order, for n rows of `row` floats */
+    void (*gather_sum)(g4_backend *be, const float *src, const int32_t *idx, int n, int k, int row, float s,
+                       float *dst);
+    /* y = a * sigmoid(b), n elements (SiLU: a == b; GLU: the two halves); in place allowed */
+    void (*sigmoid_mul)(g4_backend *be, const float *a, const float *b, size_t n, float *y);
+    /* per row of `dim`: y = (x - mean) / sqrt(var + eps) * (w ? w : 1) + (b ? b : 0); in place allowed */
+    void (*layernorm)(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
+                      float *y);
+    /* Patches of a 2-D convolution over x [h, w, c] (channels last), kernel kh x kw, the same stride
+     * and zero padding on both axes: for the output rows oy = row0 .. row0+nrows-1 and every output
+     * column ox, out[(oy-row0)*ow + ox, (ch*kh + i)*kw + j] = x[oy*stride-pad+i, ox*stride-pad+j, ch]
+     * (0 outside), ow = (w + 2*pad - kw) / stride + 1: a matmul with a [c_out, c, kh, kw] weight
+     * then gives the output rows [nrows*ow, c_out] channels last. */
+    void (*im2col)(g4_backend *be, const float *x, int h, int w, int c, int kh, int kw, int stride, int pad, int row0,
+                   int nrows, float *out);
+    /* Causal depthwise 1-D convolution over time: x, y [n, c], w [c, k] (f32);
+     * y[t, ch] = sum_j w[ch, j] * x[t-k+1+j, ch] with zeros before t = 0. y must not alias x. */
+    void (*conv1d_causal_dw)(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
+    void (*local_attention)(g4_backend *be, const g4_local_attention_args *a);
 } g4_backend_ops;
 
 struct g4_backend {

@@ -234,7 +234,7 @@ int g4_chat_template_render(const g4_chat_template *t, const json_t *messages, c
     *out = NULL;
     if (len) *len = 0;
     if (!json_is_array(messages)) return g4_fail(err, "chat: \"messages\" must be a JSON array");
-    g4_chat_options none = {NULL, 0, -1, NULL};
+    g4_chat_options none = {NULL, 0, -1, NULL, NULL};
     if (!opt) opt = &none;
     if (opt->tools && !json_is_array(opt->tools) && !json_is_null(opt->tools))
         return g4_fail(err, "chat: \"tools\" must be a JSON array");
@@ -256,7 +256,7 @@ int g4_chat_template_render(const g4_chat_template *t, const json_t *messages, c
         json_decref(ctx);
         return g4_fail(err, "chat: out of memory");
     }
-    int rc = g4_jinja_render(t->tpl, ctx, out, len, err);
+    int rc = g4_jinja_render_ex(t->tpl, ctx, opt->limits, out, len, err);
     json_decref(ctx);
     return rc;
 }

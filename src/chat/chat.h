@@ -25,6 +25,7 @@
 
 #include "core/strbuf.h"
 #include "gemma4c.h"
+#include "jinja/jinja.h"
 
 /* A template given as text (source need not be NUL-terminated). */
 int g4_chat_template_load_string(const char *source, size_t len, const char *bos_token,
@@ -42,6 +43,7 @@ typedef struct g4_chat_options {
     int add_generation_prompt; /* 0 / 1 */
     int enable_thinking;       /* -1: not passed (undefined in the template), 0 / 1 */
     const json_t *extra_vars;  /* JSON object of more variables (like HF's **kwargs), or NULL */
+    const g4_jinja_limits *limits; /* the render's limits (jinja.h), NULL: the defaults */
 } g4_chat_options;
 
 /* messages: a JSON array of {role, content, ...}.  opt may be NULL (no tools, no generation
@@ -51,6 +53,8 @@ int g4_chat_template_render(const g4_chat_template *t, const json_t *messages, c
 
 /* The conversation's prompt with a generation prompt, whatever its request said (for a reply). */
 int g4_chat_render_for_reply(const g4_chat *c, char **out, size_t *len, g4_error *err);
+/* g4_chat_render with the render's limits (a server's, the fuzz harness's); NULL: the defaults. */
+int g4_chat_render_limited(const g4_chat *c, const g4_jinja_limits *limits, char **out, size_t *len, g4_error *err);
 /* Appends a message object (the conversation takes the reference). */
 int g4_chat_add_object(g4_chat *c, json_t *message, g4_error *err);
 

@@ -108,15 +108,20 @@ void g4_chat_clear(g4_chat *c) { json_array_clear(c->messages); }
 
 int g4_chat_n_messages(const g4_chat *c) { return (int)json_array_size(c->messages); }
 
-static int render(const g4_chat *c, int add_generation_prompt, char **out, size_t *len, g4_error *err) {
-    g4_chat_options opt = {c->tools, add_generation_prompt, c->enable_thinking, c->kwargs};
+static int render(const g4_chat *c, int add_generation_prompt, const g4_jinja_limits *limits, char **out, size_t *len,
+                  g4_error *err) {
+    g4_chat_options opt = {c->tools, add_generation_prompt, c->enable_thinking, c->kwargs, limits};
     return g4_chat_template_render(c->t, c->messages, &opt, out, len, err);
 }
 
 int g4_chat_render(const g4_chat *c, char **out, size_t *len, g4_error *err) {
-    return render(c, c->add_generation_prompt, out, len, err);
+    return render(c, c->add_generation_prompt, NULL, out, len, err);
+}
+
+int g4_chat_render_limited(const g4_chat *c, const g4_jinja_limits *limits, char **out, size_t *len, g4_error *err) {
+    return render(c, c->add_generation_prompt, limits, out, len, err);
 }
 
 int g4_chat_render_for_reply(const g4_chat *c, char **out, size_t *len, g4_error *err) {
-    return render(c, 1, out, len, err);
+    return render(c, 1, NULL, out, len, err);
 }

@@ -449,15 +449,19 @@ static void scan(g4_chat_parser *p, int final) {
             continue;
         }
         const char *const *marks = p->state == P_TOOL ? TOOL_MARKS : p->state == P_CONTENT ? CONTENT_MARKS : THINK_MARKS;
+        /* the leftmost marker, in one pass over the text (every marker starts with '<'): a text of
+         * many markers of one kind is not rescanned for the others at each of them */
         const char *best = NULL;
         size_t at = n;
-        for (int k = 0; marks[k]; k++) {
-            const char *hit = memmem(s, n, marks[k], strlen(marks[k]));
-            if (hit && (size_t)(hit - s) < at) {
-                at = (size_t)(hit - s);
-                best = marks[k];
+        for (const char *q = memchr(s, '<', n); q && !best; q = memchr(q + 1, '<', (size_t)(s + n - q - 1)))
+            for (int k = 0; marks[k]; k++) {
+                size_t ml = strlen(marks[k]);
+                if ((size_t)(s + n - q) >= ml && !memcmp(q, marks[k], ml)) {
+                    best = marks[k];
+                    at = (size_t)(q - s);
+                    break;
+                }
             }
-        }
         if (best) {
             state_text(p, s, at);
             off += at + strlen(best);

@@ -75,54 +75,50 @@ int cli_bad_option(const char *cmd, char **argv) {
     return cli_error("%s: unknown option or missing value: %s (see 'gemma4c %s --help')", cmd, opt, cmd);
 }
 
-static void print_json_line(json_t *v) {
-    if (!v || json_dumpf(v, stdout, JSON_COMPACT | JSON_ENCODE_ANY) != 0)
+void cli_print_json_line(json_t *v) {
+    /* 9 significant digits: a float32 value reads back exactly */
+    if (!v || json_dumpf(v, stdout, JSON_COMPACT | JSON_ENCODE_ANY | JSON_REAL_PRECISION(9)) != 0)
         fputs("{\"error\":\"the result cannot be written as JSON\"}", stdout);
     fputc('\n', stdout);
 }
 
-static void print_error_line(const char *msg) {
+void cli_print_error_line(const char *msg) {
     json_t *o = json_pack("{s:s}", "error", msg);
-    print_json_line(o);
+    cli_print_json_line(o);
     json_decref(o);
 }
 
-int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user) {
-    FILE *in = stdin;
-    if (path && strcmp(path, "-")) {
-        in = fopen(path, "rb");
-        if (!in) return cli_error("%s: %s: %s", cmd, path, strerror(errno));
-    }
-    char *line = NULL;
-    size_t cap = 0;
+FILE *cli_jsonl_open(const char *cmd, const char *path) {
+    if (!path || !strcmp(path, "-")) return stdin;
+    FILE *in = fopen(path, "rb");
+    if (!in) cli_error("%s: %s: %s", cmd, path, strerror(errno));
+    return in;
+}
+
+int cli_jsonl_next(FILE *in, char **line, size_t *cap, json_t **obj, g4_error *err) {
     ssize_t n;
-    int failed = 0;
-    while ((n = getline(&line, &cap, in)) >= 0) {
+    *obj = NULL;
+    while ((n = getline(line, cap, in)) >= 0) {
         size_t len = (size_t)n, k = 0;
-        while (k < len && (line[k] == ' ' || line[k] == '\t' || line[k] == '\r' || line[k] == '\n')) k++;
+        while (k < len && ((*line)[k] == ' ' || (*line)[k] == '\t' || (*line)[k] == '\r' || (*line)[k] == '\n')) k++;
         if (k == len) continue; /* blank line */
         json_error_t je;
-        json_t *o = json_loadb(line, len, JSON_ALLOW_NUL, &je);
-        g4_error err = {{0}};
-        json_t *out = NULL;
+        json_t *o = json_loadb(*line, len, JSON_ALLOW_NUL, &je);
+        memset(err, 0, sizeof *err);
         if (!o)
-            g4_fail(&err, "invalid JSON: %s (column %d)", je.text, je.column);
+            g4_fail(err, "invalid JSON: %s (column %d)", je.text, je.column);
         else if (!json_is_object(o))
-            g4_fail(&err, "a line must be a JSON object");
-        else
-            out = fn(o, user, &err);
-        if (out) {
-            print_json_line(out);
-        } else {
-            print_error_line(err.msg[0] ? err.msg : "failed");
-            failed++;
-        }
-        json_decref(out);
-        json_decref(o);
+            g4_fail(err, "a line must be a JSON object");
+        if (err->msg[0]) json_decref(o);
+        else *obj = o;
+        return 1;
     }
+    return 0;
+}
+
+int cli_jsonl_close(const char *cmd, const char *path, FILE *in, int failed) {
     int rc = 0;
     if (ferror(in)) rc = cli_error("%s: %s: read error", cmd, path ? path : "stdin");
-    free(line);
     if (in != stdin) fclose(in);
     if (fflush(stdout) != 0) rc = cli_error("%s: cannot write the output", cmd);
     if (failed) {
@@ -130,6 +126,29 @@ int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user
         rc = 1;
     }
     return rc;
+}
+
+int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user) {
+    FILE *in = cli_jsonl_open(cmd, path);
+    if (!in) return 1;
+    char *line = NULL;
+    size_t cap = 0;
+    int failed = 0;
+    json_t *o;
+    g4_error err;
+    while (cli_jsonl_next(in, &line, &cap, &o, &err)) {
+        json_t *out = o ? fn(o, user, &err) : NULL;
+        if (out) {
+            cli_print_json_line(out);
+        } else {
+            cli_print_error_line(err.msg[0] ? err.msg : "failed");
+            failed++;
+        }
+        json_decref(out);
+        json_decref(o);
+    }
+    free(line);
+    return cli_jsonl_close(cmd, path, in, failed);
 }
 
 g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file) {

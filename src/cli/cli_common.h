@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <jansson.h>
 
@@ -25,6 +26,15 @@ int cli_bad_option(const char *cmd, char **argv);
  * {"error": "..."}. Returns the exit status: 0 when every line succeeded, else 1. */
 typedef json_t *(*cli_jsonl_fn)(const json_t *in, void *user, g4_error *err);
 int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user);
+/* The pieces of cli_jsonl_map, for commands that answer lines out of order (cli_batch.h):
+ * open (NULL after printing the error), the next non-blank line as an object (1; *obj NULL with
+ * a message in err for a malformed line) or 0 at the end, and close (the exit status). */
+FILE *cli_jsonl_open(const char *cmd, const char *path);
+int cli_jsonl_next(FILE *in, char **line, size_t *cap, json_t **obj, g4_error *err);
+int cli_jsonl_close(const char *cmd, const char *path, FILE *in, int failed);
+/* One compact JSON line on stdout; {"error": msg} as one. */
+void cli_print_json_line(json_t *v);
+void cli_print_error_line(const char *msg);
 
 /* Loads DIR/tokenizer.json (model_dir) or a tokenizer.json (file); prints the error and
  * returns NULL on failure. */

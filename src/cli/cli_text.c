@@ -122,7 +122,7 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
     }
 }
 
-int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
+int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_model *tm) {
     memset(tm, 0, sizeof *tm);
     const char *dir = opt->model_dir;
     g4_error err;
@@ -146,7 +146,13 @@ int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm) {
         goto fail;
     }
     const int max_pos = g4_model_n_ctx_train(tm->model);
-    g4_context_params cp = {.n_ctx = opt->n_ctx < max_pos ? (int)opt->n_ctx : max_pos}; /* 0: the library's default */
+    const int image = g4_image_max_tokens(tm->model, opt->image_budget); /* 0 without a vision tower */
+    g4_context_params cp = {.n_ctx = opt->n_ctx < max_pos ? (int)opt->n_ctx : max_pos, /* 0: the library's default */
+                            .n_batch = image > 512 ? image : 0};
+    if (parallel > 0) { /* for a scheduler: nothing is rolled back */
+        cp.n_seq_max = parallel;
+        cp.kv_history = -1;
+    }
     if (g4_context_new(tm->model, &cp, &tm->ctx, &err) == 0) return 0;
     cli_error("%s", err.msg);
 fail:

@@ -26,6 +26,7 @@ typedef struct cli_sampling {
     int32_t bias_ids[CLI_MAX_BIAS];
     float bias_values[CLI_MAX_BIAS];
     int n_bias;
+    int image_budget; /* set by a command that takes images (--budget, 0: the model's): a batch step holds one */
     const char *draft_dir; /* --draft: a gemma4_assistant drafter for speculative decoding */
     long draft_n;          /* --draft-n: drafts per round (0: the drafter's default) */
     int draft_stats;       /* --draft-stats: one JSON line of rounds on stderr after each generation */
@@ -55,9 +56,10 @@ typedef struct cli_text_model {
 } cli_text_model;
 
 /* Loads what a text command needs; prints the error and returns -1 on failure. The needs say
- * which files beside the weights must be there. */
+ * which files beside the weights must be there. parallel > 0: a context of that many sequences for
+ * a scheduler (cli_batch.h), else one sequence. */
 enum { CLI_NEED_TOKENIZER = 1, CLI_NEED_TEMPLATE = 2 };
-int cli_text_open(const cli_sampling *opt, int needs, cli_text_model *tm);
+int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_model *tm);
 void cli_text_close(cli_text_model *tm);
 
 /* The generation the options ask for: sampling over the model's defaults (a seed from the clock

@@ -1,13 +1,15 @@
-/* gemma4c bench -m MODEL [-p 128] [-n 64] [-r 3] [--draft DIR [--draft-n N]]
- * Prefill and decode speed of one sequence with random token ids (no tokenizer needed),
- * measured like llama-bench: a prefill of P tokens into an empty sequence, and N decode
- * steps of one token from an empty sequence (-p 0 / -n 0 skip one); after a warm-up of each (the
- * prefill, one decode step), the median of R repeats. Also the
- * bytes of weights one decoded token reads (every matrix once, the top-k experts' share
- * of the expert tensors, one row of each embedding table; KV cache not counted) and the
- * read rate that gives at the measured decode speed.
- * With --draft (a gemma4_assistant drafter): the time of a draft step, of a verification step of k tokens, and
- * greedy generation of N tokens after the prompt without and with the drafter (tokens per second, acceptance). */
+/* gemma4c bench (-m DIR | --random CONFIG) [-p 512,4096] [-c 512,8192] [-n 64] [-r 3] [--kv TYPE] [-t THREADS]
+ * Speed of one sequence with arbitrary token ids, like llama-bench:
+ * - prefill of each P tokens (in batches of up to 512): tokens per second, and the time to the first token
+ *   (the prefill with the first generated id back);
+ * - decode of N tokens after each context C (greedy, ids only): ms per token, the bytes one step must read
+ *   (weights, KV rows; g4_model_decode_bytes), the bandwidth that implies, and its share of the copy bandwidth
+ *   of the device measured in the same run (a device-to-device copy, bytes read plus written): the roofline.
+ * --random reads no weights: random values of a config's shapes are made on the device (bench on real shapes
+ * without checkpoints). Each figure is the best of R repeats.
+ * With --draft (a gemma4_assistant drafter), after the first prompt size: the time of a draft step, of a
+ * verification step of k tokens, and greedy generation of N tokens after the prompt without and with the drafter
+ * (tokens per second, acceptance). */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,25 +19,45 @@
 #include "cli/cli_common.h"
 #include "cli/commands.h"
 
+#define MAX_SIZES 8
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static void usage(FILE *f) {
-    fprintf(f, "usage: gemma4c bench -m MODEL [-p PROMPT_TOKENS=128] [-n DECODE_TOKENS=64] [-r REPEATS=3] [-t THREADS]\n"
-               "                     [--draft DIR [--draft-n DRAFTS_PER_ROUND]]\n");
+    fprintf(f, "usage: gemma4c bench (-m DIR | --random CONFIG.json) [-p PROMPTS=512] [-c CONTEXTS=512] [-n DECODE=64]\n"
+               "                     [-r REPEATS=3] [--kv f32|bf16|f16] [-t THREADS] [--draft DIR [--draft-n N]]\n"
+               "  PROMPTS and CONTEXTS are comma-separated token counts (e.g. -p 512,4096 -c 512,8192)\n");
+}
+
+static int parse_sizes(const char *s, const char *opt, long *out, int *n) {
+    *n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > (1 << 20) || (*end && *end != ',') || *n == MAX_SIZES)
+            return cli_error("%s: expected up to %d comma-separated counts in 1..%d, got '%s'", opt, MAX_SIZES, 1 << 20, s);
+        out[(*n)++] = v;
+        s = *end ? end + 1 : end;
+    }
+    return *n ? 0 : cli_error("%s: no value", opt);
+}
+
+/* Runs ids[0..n-1] through sequence 0 in batches; the last batch returns the first generated id. */
+static int prefill(g4_context *ctx, const int32_t *ids, long n, int batch, uint8_t *want, int32_t *first, g4_error *err) {
+    for (long i = 0; i < n; i += batch) {
+        int k = (int)(n - i < batch ? n - i : batch);
+        int last = i + k == n;
+        want[k - 1] = (uint8_t)last;
+        g4_batch b = {.n_tokens = k, .token = ids + i, .want_logits = want};
+        int rc = last ? g4_decode_greedy(ctx, &b, first, err) : g4_decode(ctx, &b, NULL, err);
+        want[k - 1] = 0;
+        if (rc) return -1;
+    }
+    return 0;
 }
 
 /* Greedy generation of n tokens after the prompt (ids[0..P-1]), plain (spec NULL) or speculative; seconds. */
@@ -57,11 +79,11 @@ static double generate(g4_context *ctx, int n_batch, g4_spec *spec, const int32_
     } else {
         for (int i = 0; i < P; i += n_batch) { /* the prompt in batches, the last row's argmax */
             int k = P - i < n_batch ? P - i : n_batch;
-            g4_batch pb = {k, ids + i, NULL, want_last + i};
+            g4_batch pb = {.n_tokens = k, .token = ids + i, .want_logits = want_last + i};
             if (g4_decode_greedy(ctx, &pb, out, err)) return -1;
         }
         for (have = 1; have < n; have++) {
-            g4_batch d = {1, out + have - 1, NULL, NULL};
+            g4_batch d = {.n_tokens = 1, .token = out + have - 1};
             if (g4_decode_greedy(ctx, &d, out + have, err)) return -1;
         }
     }
@@ -107,7 +129,7 @@ static int bench_draft(g4_model *m, const char *draft_dir, int n_draft, const in
     for (int k = 1; k <= k_max + 1; k = k < 4 ? k + 1 : k * 2 > k_max + 1 && k < k_max + 1 ? k_max + 1 : k * 2) {
         double best = 1e30;
         for (int r = 0; r < R; r++) {
-            g4_batch vb = {k, ids + P, NULL, NULL};
+            g4_batch vb = {.n_tokens = k, .token = ids + P};
             double t0 = now_s();
             if (g4_decode_greedy(ctx, &vb, b, &err) || g4_seq_truncate(ctx, 0, P, &err)) goto fail;
             double t = now_s() - t0;
@@ -155,22 +177,27 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     enum { OPT_DRAFT = 1000, OPT_DRAFT_N };
-    static const struct option opts[] = {{"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+    static const struct option opts[] = {{"model", required_argument, 0, 'm'},  {"random", required_argument, 0, 'R'},
+                                         {"prompt", required_argument, 0, 'p'}, {"context", required_argument, 0, 'c'},
                                          {"n-predict", required_argument, 0, 'n'}, {"repeats", required_argument, 0, 'r'},
-                                         {"threads", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'},
+                                         {"kv", required_argument, 0, 'k'},     {"threads", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'},
                                          {"draft", required_argument, 0, OPT_DRAFT},
                                          {"draft-n", required_argument, 0, OPT_DRAFT_N}, {0, 0, 0, 0}};
-    const char *dir = NULL, *draft_dir = NULL;
-    long P = 128, N = 64, R = 3, threads = 0, draft_n = 0;
-    int c;
+    const char *dir = NULL, *random_config = NULL, *kv_name = NULL, *draft_dir = NULL;
+    long P[MAX_SIZES] = {512}, C[MAX_SIZES] = {512}, N = 64, R = 3, threads = 0, draft_n = 0;
+    int nP = 1, nC = 1, c;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "m:p:n:r:t:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:c:n:r:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
-        case 'p': if (cli_parse_int(optarg, "-p", 0, 1 << 16, &P)) return 1; break;
-        case 'n': if (cli_parse_int(optarg, "-n", 0, 1 << 16, &N)) return 1; break;
+        case 'R': random_config = optarg; break;
+        case 'p': if (parse_sizes(optarg, "-p", P, &nP)) return 1; break;
+        case 'c': if (parse_sizes(optarg, "-c", C, &nC)) return 1; break;
+        case 'n': if (cli_parse_int(optarg, "-n", 1, 1 << 16, &N)) return 1; break;
         case 'r': if (cli_parse_int(optarg, "-r", 1, 100, &R)) return 1; break;
+        case 'k': kv_name = optarg; break;
         case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
         case OPT_DRAFT: draft_dir = optarg; break;
         case OPT_DRAFT_N: if (cli_parse_int(optarg, "--draft-n", 1, 256, &draft_n)) return 1; break;
@@ -178,61 +205,96 @@ int cmd_bench(int argc, char **argv) {
         default: return cli_bad_option("bench", argv);
         }
     }
-    g4_model *m = cli_load_model(dir, (int)threads);
+    if (!dir == !random_config) {
+        usage(stderr);
+        return cli_error("bench: give a model (-m DIR) or a config for random weights (--random CONFIG.json)");
+    }
+    g4_model *m = NULL;
+    if (random_config) {
+        g4_error err;
+        g4_load_params lp = {.n_threads = (int)threads, .device = cli_device, .random_weights = 1};
+        if (g4_model_load(random_config, &lp, &m, &err)) return cli_error("%s", err.msg);
+    } else {
+        m = cli_load_model(dir, (int)threads);
+    }
     if (!m) return 1;
-    const int V = g4_model_vocab_size(m);
+    g4_kv_type kv = strcmp(g4_model_device(m), "cpu") ? G4_KV_BF16 : G4_KV_F32;
+    if (kv_name) {
+        if (!strcmp(kv_name, "f32")) kv = G4_KV_F32;
+        else if (!strcmp(kv_name, "bf16")) kv = G4_KV_BF16;
+        else if (!strcmp(kv_name, "f16")) kv = G4_KV_F16;
+        else {
+            g4_model_free(m);
+            return cli_error("--kv: expected f32, bf16 or f16, got '%s'", kv_name);
+        }
+    }
+    long most = 0;
+    for (int i = 0; i < nP; i++) most = P[i] > most ? P[i] : most;
+    for (int i = 0; i < nC; i++) most = C[i] > most ? C[i] : most;
+    const int V = g4_model_vocab_size(m), batch = 512;
     g4_error err;
     g4_context *ctx = NULL;
-    g4_context_params cp = {.n_seq_max = 1, .n_ctx = (int)(P + N + 1), .n_batch = (int)(P < 1 ? 1 : P < 512 ? P : 512)};
-    int32_t *ids = malloc((size_t)(P + N + 300) * sizeof *ids); /* the prompt, then tokens to decode or verify */
-    float *logits = malloc((size_t)V * sizeof(float));
-    uint8_t *want = calloc((size_t)cp.n_batch, 1);
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = (int)(most + N + 8), .n_batch = batch, .kv_type = kv};
+    const long n_ids = most + N + 300; /* the prompts, then tokens to decode or verify */
+    int32_t *ids = malloc((size_t)n_ids * sizeof *ids);
+    float *logits = draft_dir ? malloc((size_t)V * sizeof(float)) : NULL;
+    uint8_t *want = calloc((size_t)batch, 1);
     int rc = 1;
-    if (!ids || !logits || !want || g4_context_new(m, &cp, &ctx, &err)) {
-        cli_error("%s", ids && logits && want ? err.msg : "out of memory");
+    if (!ids || !want || (draft_dir && !logits) || g4_context_new(m, &cp, &ctx, &err)) {
+        cli_error("%s", ids && want && (logits || !draft_dir) ? err.msg : "out of memory");
         goto done;
     }
     unsigned s = 1;
-    for (long i = 0; i < P + N + 300; i++) {
+    for (long i = 0; i < n_ids; i++) {
         s = s * 1103515245u + 12345u;
         ids[i] = (int32_t)(3 + (s >> 8) % (unsigned)(V - 3));
     }
-    double pps[100], tgs[100];
-    for (long r = -1; r < R; r++) { /* r = -1: a warm-up (the prefill, one decode step), as llama-bench does */
-        g4_seq_reset(ctx, 0);
-        double t0 = now_s();
-        for (long i = 0; i < P; i += cp.n_batch) {
-            int k = (int)(P - i < cp.n_batch ? P - i : cp.n_batch);
-            want[k - 1] = 1;
-            g4_batch b = {k, ids + i, NULL, want};
-            if (g4_decode(ctx, &b, logits, &err)) {
-                cli_error("%s", err.msg);
-                goto done;
-            }
-            want[k - 1] = 0;
+    const double bw = getenv("G4_BENCH_NO_COPY") ? 0.0 : g4_model_copy_bandwidth(m);
+    printf("model %s  device %s  KV %s  copy bandwidth %.0f GB/s\n", random_config ? random_config : dir,
+           g4_model_device(m), kv == G4_KV_F32 ? "f32" : kv == G4_KV_BF16 ? "bf16" : "f16", bw / 1e9);
+    for (int i = 0; i < nP; i++) {
+        double best = 1e30;
+        for (long r = 0; r < R; r++) {
+            int32_t first;
+            g4_seq_reset(ctx, 0);
+            double t0 = now_s();
+            if (prefill(ctx, ids, P[i], batch, want, &first, &err)) goto fail;
+            double t = now_s() - t0;
+            if (t < best) best = t;
         }
-        double t1 = now_s();
-        g4_seq_reset(ctx, 0);
-        for (long i = 0; i < (r < 0 && N ? 1 : N); i++) {
-            g4_batch b = {1, ids + P + i, NULL, NULL};
-            if (g4_decode(ctx, &b, logits, &err)) {
-                cli_error("%s", err.msg);
-                goto done;
-            }
-        }
-        double t2 = now_s();
-        if (r < 0) continue;
-        pps[r] = (double)P / (t1 - t0);
-        tgs[r] = (double)N / (t2 - t1);
+        printf("prefill %6ld tokens: %10.1f tok/s   time to first token %8.2f ms\n", P[i], (double)P[i] / best,
+               best * 1e3);
     }
-    double pp = median(pps, (int)R), tg = median(tgs, (int)R), bytes = g4_model_decode_bytes(m);
-    printf("model %s  threads %d  repeats %ld (medians)\n", dir, threads ? (int)threads : 0, R);
-    if (P) printf("prefill %ld tokens: %.1f tok/s\n", P, pp);
-    if (N) printf("decode %ld tokens: %.1f tok/s (%.2f ms/token)\n", N, tg, 1000.0 / tg);
-    printf("weights read per decoded token: %.3f GB", bytes * 1e-9);
-    if (N) printf(", %.1f GB/s", bytes * tg * 1e-9);
-    printf("\n");
-    rc = draft_dir ? bench_draft(m, draft_dir, (int)draft_n, ids, (int)P, (int)N, (int)R, logits) : 0;
+    for (int i = 0; i < nC; i++) {
+        double best = 1e30;
+        for (long r = 0; r < R; r++) {
+            int32_t id;
+            g4_seq_reset(ctx, 0);
+            if (prefill(ctx, ids, C[i], batch, want, &id, &err)) goto fail;
+            for (int w = 0; w < 3; w++) { /* warm-up: the step's recording */
+                g4_batch b = {.n_tokens = 1, .token = &id};
+                if (g4_decode_greedy(ctx, &b, &id, &err)) goto fail;
+            }
+            double t0 = now_s();
+            for (long j = 0; j < N; j++) {
+                g4_batch b = {.n_tokens = 1, .token = &id};
+                if (g4_decode_greedy(ctx, &b, &id, &err)) goto fail;
+            }
+            double t = (now_s() - t0) / (double)N;
+            if (t < best) best = t;
+        }
+        const double bytes = g4_model_decode_bytes(m, (int)C[i] + 3 + (int)N / 2, kv);
+        printf("decode at context %6ld: %8.3f ms/token  %7.1f tok/s  reads %.2f GB/token  %6.0f GB/s", C[i],
+               best * 1e3, 1.0 / best, bytes / 1e9, bytes / best / 1e9);
+        if (bw > 0) printf("  %5.1f%% of copy bandwidth", 100.0 * bytes / best / bw);
+        printf("\n");
+    }
+    g4_context_free(ctx); /* the drafter's run has its own context */
+    ctx = NULL;
+    rc = draft_dir ? bench_draft(m, draft_dir, (int)draft_n, ids, (int)P[0], (int)N, (int)R, logits) : 0;
+    goto done;
+fail:
+    cli_error("%s", err.msg);
 done:
     free(ids);
     free(logits);

@@ -15,13 +15,17 @@ typedef struct {
 static const command commands[] = {
     {"run", cmd_run, "one chat turn: gemma4c run -m DIR -p TEXT"},
     {"chat", cmd_chat, "interactive chat in the terminal: gemma4c chat -m DIR"},
-    {"generate", cmd_generate, "complete text or ids: gemma4c generate -m DIR (-p TEXT | --ids 2,17)"},
+    {"generate", cmd_generate, "complete text or ids: gemma4c generate -m DIR (-p TEXT | --ids 2,17 | -f FILE.jsonl)"},
+    {"embed", cmd_embed, "embeddings (mean final hidden state): gemma4c embed -m DIR -f FILE.jsonl"},
     {"logits", cmd_logits, "full-forward logits: gemma4c logits -m DIR --ids 2,17,99 -o out.f32"},
+    {"encode-image", cmd_encode_image, "image soft tokens: gemma4c encode-image -m DIR --image FILE -o out.f32"},
+    {"encode-audio", cmd_encode_audio, "audio soft tokens: gemma4c encode-audio -m DIR --audio FILE -o out.f32"},
     {"tokenize", cmd_tokenize, "text to ids: gemma4c tokenize -m DIR (-p TEXT | -f FILE.jsonl)"},
     {"detokenize", cmd_detokenize, "ids to text: gemma4c detokenize -m DIR -f FILE.jsonl"},
     {"bench", cmd_bench, "prefill/decode speed: gemma4c bench -m DIR [-p 128] [-n 64]"},
     {"quantize", cmd_quantize, "write MLX / GGUF weights: gemma4c quantize IN OUT --type q4_0|q8_0|mlx4|..."},
     {"template", cmd_template, "render chat messages: gemma4c template -m DIR -f FILE.jsonl"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server: gemma4c serve -m DIR [--port 8080]"},
 };
 
 int cli_error(const char *fmt, ...) {
@@ -40,7 +44,7 @@ static void usage(FILE *f) {
     fprintf(f, "gemma4c %s - inference for Gemma 4 models\n\nusage: gemma4c COMMAND [options]\n\n",
             G4_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
+        fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\nEvery command that runs a model takes --device cpu|cuda (default: cuda when built in and a GPU\n"
                "is present; this build has: %s).\n'gemma4c COMMAND --help' shows the options of a command.\n",
             g4_backends());

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <math.h>
 #include <stdio.h>
 
 #include "core/quant.h"
@@ -191,5 +192,24 @@ void g4_tensor_rows_f32(const g4_tensor *table, const int32_t *ids, int n, float
         float *o = out + (size_t)i * cols;
         g4_dequant_row(table, ids[i], o); /* one row of any dtype, quantized tables included */
         for (size_t k = 0; k < cols; k++) o[k] *= scale;
+    }
+}
+
+uint64_t g4_name_seed(const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (const unsigned char *p = (const unsigned char *)(name ? name : ""); *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    return h;
+}
+
+void g4_fill_random(g4_dtype t, void *dst, size_t n, int64_t row_len, uint64_t seed) {
+    const float amp = sqrtf(3.0f / (float)(row_len > 0 ? row_len : 1));
+    for (size_t i = 0; i < n; i++) {
+        float v = g4_random_value(seed, i, amp);
+        if (t == G4_F32) {
+            ((float *)dst)[i] = v;
+        } else {
+            uint16_t h = t == G4_BF16 ? g4_f32_to_bf16(v) : g4_f32_to_f16(v);
+            memcpy((unsigned char *)dst + 2 * i, &h, 2);
+        }
     }
 }

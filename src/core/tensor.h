@@ -128,6 +128,27 @@ static inline uint16_t g4_f32_to_bf16(float f) {
 float g4_f16_to_f32(uint16_t h);
 uint16_t g4_f32_to_f16(float f);
 
+/* Functions the CUDA kernels share with the host (compiled for both there). */
+#if defined(__CUDACC__) || defined(G4_CUDA_EMU)
+#define G4_HOST_DEVICE __host__ __device__
+#else
+#define G4_HOST_DEVICE
+#endif
+
+/* Random weights (benchmarks of real shapes, tests): element i of a tensor with seed s is uniform in
+ * +-amp, amp = sqrt(3 / row length), from a hash of (s, i) alone, so that every backend fills the same values. */
+static inline G4_HOST_DEVICE float g4_random_value(uint64_t seed, uint64_t i, float amp) {
+    uint64_t z = seed ^ (i * 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return amp * ((float)(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+}
+/* The seed of a tensor: a hash of its name. */
+uint64_t g4_name_seed(const char *name);
+/* Fills n elements of dtype F32, BF16 or F16 (rows of row_len) with g4_random_value. */
+void g4_fill_random(g4_dtype t, void *dst, size_t n, int64_t row_len, uint64_t seed);
+
 /* Converts n elements of type `src_type` (f32/f16/bf16) at possibly unaligned src to f32. */
 void g4_to_f32(g4_dtype src_type, const void *src, float *dst, size_t n);
 

@@ -15,14 +15,14 @@ static void scratch_free(g4_context *ctx) {
             be->ops->release(be, ctx->s.rope[t]);
             ctx->s.rope[t] = NULL;
         }
-    void **bufs[] = {(void **)&ctx->s.h,      (void **)&ctx->s.x,       (void **)&ctx->s.o,
+    void **bufs[] = {(void **)&ctx->s.h,      (void **)&ctx->s.h_spare, (void **)&ctx->s.x,       (void **)&ctx->s.o,
                      (void **)&ctx->s.q,      (void **)&ctx->s.k,       (void **)&ctx->s.v,
                      (void **)&ctx->s.attn,   (void **)&ctx->s.gate,    (void **)&ctx->s.up,
-                     (void **)&ctx->s.moe_x2, (void **)&ctx->s.moe_out, (void **)&ctx->s.ple,
+                     (void **)&ctx->s.ple,
                      (void **)&ctx->s.ple_t,  (void **)&ctx->s.ple_g,   (void **)&ctx->s.ple_h,
                      (void **)&ctx->s.logits, (void **)&ctx->s.ids,     (void **)&ctx->s.seq,
                      (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows, (void **)&ctx->s.kv_end,
-                     (void **)&ctx->s.out_ids};
+                     (void **)&ctx->s.kv_start, (void **)&ctx->s.out_ids};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i]) be->ops->release(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -50,6 +50,7 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
 #define ALLOC(field, count) \
     if (!(s->field = be->ops->alloc(be, (count) * sizeof(*s->field)))) goto oom
     ALLOC(h, n * H);
+    ALLOC(h_spare, n * H);
     ALLOC(x, n * H);
     ALLOC(o, n * H);
     ALLOC(q, n * qmax);
@@ -58,10 +59,6 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(attn, n * qmax);
     ALLOC(gate, n * imax);
     ALLOC(up, n * imax);
-    if (c->enable_moe_block) {
-        ALLOC(moe_x2, n * H);
-        ALLOC(moe_out, n * H);
-    }
     if (P) {
         ALLOC(ple, n * LP);
         ALLOC(ple_t, n * LP);
@@ -76,6 +73,7 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(pos, n);
     ALLOC(out_rows, n);
     ALLOC(kv_end, n);
+    ALLOC(kv_start, n);
     ALLOC(out_ids, n);
 #undef ALLOC
     if (P && ctx->model->ple_on_host && !(s->host_rows = malloc(n * LP * sizeof(float)))) goto oom;
@@ -99,7 +97,10 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
                        p.n_ctx, p.n_batch, p.kv_block_size);
     if (p.kv_type != G4_KV_F32 && p.kv_type != G4_KV_BF16 && p.kv_type != G4_KV_F16)
         return g4_fail(err, "unknown KV cache type %d", (int)p.kv_type);
-    if (p.n_kv_blocks < 0) return g4_fail(err, "negative number of KV blocks %d", p.n_kv_blocks);
+    if (p.n_kv_blocks < 0 || p.n_kv_sliding_blocks < 0)
+        return g4_fail(err, "negative number of KV blocks %d / %d", p.n_kv_blocks, p.n_kv_sliding_blocks);
+    if (p.kv_history > p.n_batch)
+        return g4_fail(err, "kv_history %d exceeds n_batch %d", p.kv_history, p.n_batch);
     if (p.n_ctx > c->max_position_embeddings)
         return g4_fail(err, "n_ctx %d exceeds the model's max_position_embeddings %d", p.n_ctx,
                        c->max_position_embeddings);
@@ -114,12 +115,18 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     ctx->zero_seq = calloc((size_t)p.n_batch, sizeof(int32_t));
     ctx->seq_added = calloc((size_t)p.n_seq_max, sizeof(int));
     ctx->seq_tokens = malloc((size_t)p.n_seq_max * (size_t)p.n_ctx * sizeof(int32_t));
-    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens) {
+    ctx->ids_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->kv_end_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->kv_start_host = malloc((size_t)p.n_batch * sizeof(int32_t));
+    ctx->embedded_host = malloc((size_t)p.n_batch);
+    if (!ctx->pos_host || !ctx->rows_host || !ctx->zero_seq || !ctx->seq_added || !ctx->seq_tokens ||
+        !ctx->ids_host || !ctx->kv_end_host || !ctx->kv_start_host || !ctx->embedded_host) {
         g4_fail(err, "out of memory");
         goto fail;
     }
-    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch, p.kv_type, p.kv_block_size,
-                         p.n_kv_blocks, err))
+    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
+                         p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
+                         p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks, err))
         goto fail;
     if (scratch_alloc(ctx, err)) goto fail;
     *out = ctx;
@@ -131,6 +138,8 @@ fail:
 
 void g4_context_free(g4_context *ctx) {
     if (!ctx) return;
+    g4_backend *be = ctx->model->be;
+    if (be->ops->graph_forget) be->ops->graph_forget(be, ctx); /* recordings of this context's steps */
     scratch_free(ctx);
     if (ctx->kv.layers) g4_kv_cache_free(&ctx->kv);
     free(ctx->pos_host);
@@ -138,6 +147,10 @@ void g4_context_free(g4_context *ctx) {
     free(ctx->zero_seq);
     free(ctx->seq_added);
     free(ctx->seq_tokens);
+    free(ctx->ids_host);
+    free(ctx->kv_end_host);
+    free(ctx->kv_start_host);
+    free(ctx->embedded_host);
     free(ctx);
 }
 
@@ -175,6 +188,14 @@ const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n) {
     return ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx;
 }
 
+int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int n) {
+    if (seq < 0 || seq >= ctx->n_seq || ctx->kv.seq_len[seq] != 0 || n <= 0) return 0;
+    if (n > ctx->n_ctx) n = ctx->n_ctx;
+    int k = g4_kv_cache_reuse(&ctx->kv, seq, ids, n);
+    memcpy(ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx, ids, (size_t)k * sizeof *ids);
+    return k;
+}
+
 int g4_kv_free_blocks(const g4_context *ctx) {
     const g4_kv_pool *p = &ctx->kv.pool[G4_LAYER_FULL];
     if (!p->used) p = &ctx->kv.pool[G4_LAYER_SLIDING];
@@ -186,6 +207,72 @@ size_t g4_kv_bytes(const g4_context *ctx) { return ctx->kv.bytes; }
 void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm) {
     ctx->capture_hidden = hidden_per_layer;
     ctx->capture_final = final_norm;
+}
+
+int g4_mm_placeholder(const g4_model *m, int32_t id) {
+    const g4_model_config *c = &m->cfg;
+    if (!c->multimodal_wrapper) return 0;
+    return id == c->image_token_id ? 1 : id == c->video_token_id ? 2 : id == c->audio_token_id ? 3 : 0;
+}
+
+static int in_block(const g4_model *m, int32_t id) {
+    int k = g4_mm_placeholder(m, id);
+    return k == 1 || k == 2;
+}
+
+int g4_count_soft_tokens(const g4_model *m, const int32_t *ids, int n) {
+    int k = 0;
+    for (int i = 0; i < n; i++) k += g4_mm_placeholder(m, ids[i]) != 0;
+    return k;
+}
+
+int g4_step_length(const g4_model *m, const int32_t *ids, int n, int max, g4_error *err) {
+    if (max <= 0) return g4_fail(err, "a step of %d tokens", max);
+    if (n <= max) return n;
+    int end = max;
+    while (end > 0 && in_block(m, ids[end - 1]) && in_block(m, ids[end])) end--;
+    if (end == 0) {
+        int run = 0;
+        while (run < n && in_block(m, ids[run])) run++;
+        return g4_fail(err, "an image of %d soft tokens does not fit a batch of %d tokens (its tokens must be "
+                            "processed in one step)", run, max);
+    }
+    return end;
+}
+
+/* Marks the rows that take embedding rows, maps their ids to the pad token, and gives the tokens of
+ * image/video runs their kv_end (2.7) and, for gemma4_unified, their kv_start: there a run is seen whole
+ * from each of its tokens in every layer, beyond the sliding window too (docs/gemma4-unified.md 8, the
+ * forward rule). Returns -1 on a count mismatch, else whether a run of the step attends bidirectionally
+ * (ctx->kv_end_host and ctx->kv_start_host are then meaningful). */
+static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *seq, g4_error *err) {
+    const g4_model *m = ctx->model;
+    const int n = b->n_tokens, use_embd = b->embd != NULL;
+    int n_mm = 0, bidi = 0;
+    for (int i = 0; i < n; i++) {
+        int kind = g4_mm_placeholder(m, b->token[i]);
+        ctx->embedded_host[i] = kind && use_embd;
+        ctx->ids_host[i] = kind ? m->cfg.text.pad_token_id : b->token[i];
+        const int p = ctx->pos_host[i], W = m->cfg.text.sliding_window;
+        ctx->kv_end_host[i] = p + 1;
+        ctx->kv_start_host[i] = p - W + 1 > 0 ? p - W + 1 : 0;
+        n_mm += kind != 0;
+        bidi |= kind == 1 || kind == 2;
+    }
+    if (!use_embd && b->n_embd) return g4_fail(err, "n_embd is %d but embd is NULL", b->n_embd);
+    if (use_embd && n_mm != b->n_embd)
+        return g4_fail(err, "the batch has %d soft-token placeholders but %d embedding rows", n_mm, b->n_embd);
+    if (!bidi || !use_embd || !m->cfg.text.bidirectional_vision) return 0;
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j < n && in_block(m, b->token[j]) && seq[j] == seq[i]) j++;
+        for (int r = i; r < j; r++) {
+            ctx->kv_end_host[r] = ctx->pos_host[j - 1] + 1;
+            if (m->cfg.unified && ctx->pos_host[i] < ctx->kv_start_host[r]) ctx->kv_start_host[r] = ctx->pos_host[i];
+        }
+        i = j > i ? j : i + 1;
+    }
+    return 1;
 }
 
 /* Checks a batch, gives its tokens their positions, takes their KV blocks and runs the forward pass. */
@@ -200,7 +287,6 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     memset(added, 0, (size_t)ctx->n_seq * sizeof *added);
     /* positions continue each sequence; check ids, sequences, order and room */
     int n_out = 0;
-    for (int t = 0; t < G4_LAYER_TYPES; t++) ctx->max_keys[t] = 0;
     for (int i = 0; i < n; i++) {
         if (b->token[i] < 0 || b->token[i] >= V)
             return g4_fail(err, "token id %d at batch row %d is outside the vocabulary (0..%d)", b->token[i], i, V - 1);
@@ -211,15 +297,33 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
             return g4_fail(err, "sequence %d is full: position %d exceeds the context size %d", seq[i], p, ctx->n_ctx);
         ctx->pos_host[i] = p;
         if (!b->want_logits || b->want_logits[i]) ctx->rows_host[n_out++] = i;
-        int full = p + 1, slide = p + 1 < c->sliding_window ? p + 1 : c->sliding_window;
+    }
+    const int bidi = multimodal_rows(ctx, b, seq, err);
+    if (bidi < 0) return -1;
+    /* the most keys a token sees per layer type: lo .. hi-1 (backend.h); kv_end on sliding layers (every layer
+     * of gemma4_unified), kv_start on sliding layers */
+    const int unified = ctx->model->cfg.unified;
+    for (int t = 0; t < G4_LAYER_TYPES; t++) ctx->max_keys[t] = 0;
+    for (int i = 0; i < n; i++) {
+        int p = ctx->pos_host[i], hi = bidi ? ctx->kv_end_host[i] : p + 1;
+        int lo = bidi ? ctx->kv_start_host[i] : p - c->sliding_window + 1 > 0 ? p - c->sliding_window + 1 : 0;
+        int full = unified ? hi : p + 1;
         if (full > ctx->max_keys[G4_LAYER_FULL]) ctx->max_keys[G4_LAYER_FULL] = full;
-        if (slide > ctx->max_keys[G4_LAYER_SLIDING]) ctx->max_keys[G4_LAYER_SLIDING] = slide;
+        if (hi - lo > ctx->max_keys[G4_LAYER_SLIDING]) ctx->max_keys[G4_LAYER_SLIDING] = hi - lo;
     }
     if (g4_kv_cache_prepare(&ctx->kv, added, n, seq, ctx->pos_host, err)) return -1;
-    g4_step st = {n, b->token, seq, ctx->pos_host, n_out, ctx->rows_host, NULL};
+    g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host, bidi ? ctx->kv_end_host : NULL,
+                  bidi && unified ? ctx->kv_start_host : NULL, b->embd, ctx->embedded_host};
     if (g4_forward(ctx, &st, logits, ids, err)) return -1;
-    for (int i = 0; i < n; i++) ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] = b->token[i];
-    for (int s = 0; s < ctx->n_seq; s++) ctx->kv.seq_len[s] += added[s];
+    /* soft-token rows are recorded as -1: they never match a prompt's ids (prefix reuse), nor enter the prefix cache */
+    for (int i = 0; i < n; i++)
+        ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] =
+            g4_mm_placeholder(ctx->model, b->token[i]) ? -1 : b->token[i];
+    for (int s = 0; s < ctx->n_seq; s++) {
+        if (!added[s]) continue;
+        ctx->kv.seq_len[s] += added[s];
+        g4_kv_cache_commit(&ctx->kv, s, ctx->seq_tokens + (size_t)s * (size_t)ctx->n_ctx, ctx->kv.seq_len[s]);
+    }
     return 0;
 }
 

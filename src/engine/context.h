@@ -10,19 +10,23 @@
  * at absolute position pos[i]; out_rows lists the rows whose logits are wanted. */
 typedef struct g4_step {
     int n;
-    const int32_t *ids, *seq, *pos; /* host arrays */
+    const int32_t *ids, *seq, *pos; /* host arrays; soft-token placeholders already mapped to the pad id */
     int n_out;
     const int32_t *out_rows;
-    const int32_t *kv_end;          /* host [n] or NULL: see g4_attention_args (sliding layers only) */
+    const int32_t *kv_end;          /* host [n] or NULL: see g4_attention_args (sliding layers; every layer of
+                                       gemma4_unified) */
+    const int32_t *kv_start;        /* host [n] or NULL: see g4_attention_args (sliding layers) */
+    const float *embd;              /* host [n_embd, H] or NULL: input rows of the embedded rows, in order */
+    const uint8_t *embedded;        /* host [n]: 1 on rows that take the next embd row */
 } g4_step;
 
 typedef struct g4_scratch {
     /* backend memory */
-    float *h, *x, *o, *q, *k, *v, *attn, *gate, *up, *moe_x2, *moe_out;
+    float *h, *h_spare, *x, *o, *q, *k, *v, *attn, *gate, *up; /* h, h_spare: the residual stream */
     float *ple, *ple_t, *ple_g, *ple_h; /* PLE inputs [n, L*P], transposed [L, n, P], gate [n, P], out [n, H] */
     float *logits;                      /* [logit_rows, V] */
     float *rope[G4_LAYER_TYPES];        /* cos/sin of the step's positions per layer type [n, head_dim] */
-    int32_t *ids, *seq, *pos, *out_rows, *kv_end, *out_ids;
+    int32_t *ids, *seq, *pos, *out_rows, *kv_end, *kv_start, *out_ids;
     float *host_rows;                   /* host [n, L*P]: rows of a table the model keeps on the host */
     int logit_rows;
 } g4_scratch;
@@ -32,15 +36,24 @@ struct g4_context {
     int n_seq, n_ctx, n_batch;
     int max_keys[G4_LAYER_TYPES]; /* most keys a token of the step sees, per layer type (set by g4_decode) */
     const int32_t *step_kv_end;   /* the step's kv_end in backend memory, or NULL */
+    const int32_t *step_kv_start; /* the step's kv_start in backend memory, or NULL */
     g4_kv_cache kv;
     g4_scratch s;
     int32_t *pos_host;  /* [n_batch] */
+    int32_t *ids_host;  /* [n_batch] the step's ids as the embedding lookup sees them */
+    int32_t *kv_end_host; /* [n_batch] */
+    int32_t *kv_start_host; /* [n_batch] */
+    uint8_t *embedded_host; /* [n_batch] */
     int32_t *rows_host; /* [n_batch] */
     int32_t *zero_seq;  /* [n_batch] zeros: the sequence ids of a batch that gives none */
     int *seq_added;     /* [n_seq] tokens a step adds to each sequence */
     int32_t *seq_tokens; /* [n_seq][n_ctx] the ids each sequence holds (g4_seq_tokens) */
     float *capture_hidden, *capture_final; /* host, optional */
 };
+
+/* What a token id is to the multimodal merge (docs/gemma4-towers.md 4): 0 text, 1 image, 2 video or 3 audio
+ * soft-token placeholder (the model's token ids; text-only checkpoints have none). */
+int g4_mm_placeholder(const g4_model *m, int32_t id);
 
 /* The decoder forward pass for one step (src/model/forward.c): float32 logits of the step's out_rows into the
  * host buffer `logits` [n_out, V], or, when logits is NULL, their argmax into the host array `ids` [n_out];

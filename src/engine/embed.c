@@ -27,7 +27,7 @@ int g4_embed(g4_context *ctx, int seq, const int32_t *ids, int n_ids, float *out
     for (int i = 0; i < ctx->n_batch; i++) seqs[i] = seq;
     for (int i = 0; i < n_ids; i += ctx->n_batch) {
         int k = n_ids - i < ctx->n_batch ? n_ids - i : ctx->n_batch;
-        g4_batch b = {k, ids + i, seqs, NULL};
+        g4_batch b = {.n_tokens = k, .token = ids + i, .seq = seqs};
         if (g4_decode(ctx, &b, NULL, err)) break;
         for (int r = 0; r < k; r++)
             for (int h = 0; h < H; h++) sum[h] += rows[(size_t)r * H + h];

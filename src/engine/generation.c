@@ -5,10 +5,17 @@
  * Text goes token -> streaming detokenizer -> (parse_chat: chat output parser, which splits
  * answer, thinking and tool calls) -> stop strings (answer text only) -> events; the message
  * (g4_generation_message) accumulates exactly the events. The last token is never fed to the
- * model: a generation ends before the step that would. A batching scheduler reuses the same
- * pieces with its own model steps. With a drafter (speculative decoding, engine/speculative.h) the
+ * model: a generation ends before the step that would. The scheduler (scheduler.c) runs
+ * generations made with g4_generation_new_scheduled with its own model steps and the same
+ * pieces: it hands each sampled token to g4_generation_take and the events to their callback
+ * (engine/generation.h). With a drafter (speculative decoding, engine/speculative.h) the
  * prompt goes through the speculative prefill and every later step is a round of drafts and one
- * verification, which yields one or more tokens. */
+ * verification, which yields one or more tokens.
+ * Log-probabilities (params.logprobs) are the log-softmax of the step's raw logits, as vLLM reports
+ * them by default (OpenAI's logprobs / top_logprobs). With params.json_object the logits of tokens that
+ * would not continue a JSON object are set to -infinity before sampling (engine/json_object.h), and the
+ * generation stops once the object is closed. Neither goes with a drafter (its rounds sample inside). */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,10 +24,14 @@
 #include "core/error.h"
 #include "core/strbuf.h"
 #include "engine/context.h"
+#include "engine/generation.h"
+#include "engine/json_object.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
 #include "engine/stop.h"
 #include "tokenizer/tokenizer.h"
+
+#define G4_MAX_TOP_LOGPROBS 20
 
 typedef struct queued {
     g4_event_kind kind;
@@ -29,11 +40,13 @@ typedef struct queued {
 } queued;
 
 struct g4_generation {
-    g4_context *ctx;
+    g4_context *ctx;          /* NULL for a scheduled generation */
+    const g4_model *model;
     const g4_tokenizer *tok; /* NULL: tokens only, no text */
     int seq;
     int32_t *prompt;
     int n_prompt, n_cached, n_fed; /* prompt tokens: all, held by the cache at the start, in the cache now */
+    float *embd;                   /* [soft tokens of the prompt, H]: the rows of its placeholders, or NULL */
     int max_new;
     int ignore_eos;
     g4_sampler *sampler;
@@ -53,6 +66,13 @@ struct g4_generation {
     g4_spec *spec;            /* with a drafter */
     int32_t *round;           /* [drafts per round + 1] a round's tokens */
     uint8_t *want;            /* [n_batch] */
+    int logprobs, n_top;      /* params.logprobs, top_logprobs */
+    int have_logprobs;        /* chosen and top describe the last token */
+    g4_token_logprob chosen;
+    g4_token_logprob top[G4_MAX_TOP_LOGPROBS];
+    double lse;               /* log-sum-exp of the step's logits */
+    g4_json_tokens *json;     /* params.json_object: the tokens' bytes */
+    g4_json_state json_state;
     g4_finish finish;
     atomic_int cancel;
     int broken;               /* an error happened: every later call repeats it */
@@ -60,6 +80,12 @@ struct g4_generation {
     queued *q;                /* the current step's events */
     int q_len, q_next, q_cap;
     g4_strbuf q_text;
+    /* scheduled generations (g4_generation_new_scheduled) */
+    int scheduled;
+    g4_event_fn on_event;     /* gets the events */
+    void *on_event_user;
+    atomic_int refs;          /* the caller's handle, and the scheduler's while it holds the generation */
+    float *embedding;         /* an embedding request: hidden_size floats once finished */
 };
 
 /* ------------------------------------------------------------------ events */
@@ -117,20 +143,22 @@ static int token_text(g4_generation *g, int32_t id) {
     return decoded(g, t, n);
 }
 
-/* Ends the generation: text still held back is released (unless a stop string ended it). */
+/* Ends the generation: text still held back is released (unless a stop string ended it); a
+ * scheduled generation's last event says it ended. */
 static int finish(g4_generation *g, g4_finish why) {
     g->finish = why;
-    if (g->stopped_by_string || !g->detok) return 0;
-    const char *t;
-    size_t n;
-    if (g4_detok_stream_flush(g->detok, &t, &n) == 0 && decoded(g, t, n)) return -1;
-    if (g->parser && g4_chat_parser_finish(g->parser, &g->err)) return -1;
-    if (g->stop) {
-        g4_stop_result r;
-        g4_stop_flush(g->stop, &r);
-        if (r.len && queue(g, G4_EVENT_TEXT, -1, r.text, r.len)) return -1;
+    if (!g->stopped_by_string && g->detok) {
+        const char *t;
+        size_t n;
+        if (g4_detok_stream_flush(g->detok, &t, &n) == 0 && decoded(g, t, n)) return -1;
+        if (g->parser && g4_chat_parser_finish(g->parser, &g->err)) return -1;
+        if (g->stop) {
+            g4_stop_result r;
+            g4_stop_flush(g->stop, &r);
+            if (r.len && queue(g, G4_EVENT_TEXT, -1, r.text, r.len)) return -1;
+        }
     }
-    return 0;
+    return g->scheduled ? queue(g, G4_EVENT_FINISH, -1, "", 0) : 0;
 }
 
 /* -------------------------------------------------------------------- steps */
@@ -155,14 +183,21 @@ static int run_model(g4_generation *g) {
         return r;
     }
     if (g->n_fed == g->n_prompt) {
-        g4_batch b = {1, &g->ids[g->n_ids - 1], g->seqs, NULL};
+        g4_batch b = {.n_tokens = 1, .token = &g->ids[g->n_ids - 1], .seq = g->seqs};
         return model_step(g, &b);
     }
+    const g4_model *m = ctx->model;
     while (g->n_fed < g->n_prompt) {
         if (g->n_fed > g->n_cached && cancelled(g)) return 1;
-        int k = g->n_prompt - g->n_fed < ctx->n_batch ? g->n_prompt - g->n_fed : ctx->n_batch;
+        const int32_t *ids = g->prompt + g->n_fed;
+        int k = g4_step_length(m, ids, g->n_prompt - g->n_fed, ctx->n_batch, &g->err); /* an image in one step */
+        if (k < 0) return -1;
         for (int j = 0; j < k; j++) g->want[j] = g->n_fed + j == g->n_prompt - 1;
-        g4_batch b = {k, g->prompt + g->n_fed, g->seqs, g->want};
+        g4_batch b = {.n_tokens = k, .token = ids, .seq = g->seqs, .want_logits = g->want};
+        if (g->embd) { /* the rows of this step's placeholders: those before it were taken by earlier steps */
+            b.embd = g->embd + (size_t)g4_count_soft_tokens(m, g->prompt, g->n_fed) * m->cfg.text.hidden_size;
+            b.n_embd = g4_count_soft_tokens(m, ids, k);
+        }
         if (model_step(g, &b)) return -1;
         g->n_fed += k;
     }
@@ -175,8 +210,33 @@ static int is_stop_id(const g4_generation *g, int32_t id) {
     return 0;
 }
 
+/* The step's log-sum-exp and its n_top most likely tokens, from the raw logits (before any constraint). */
+static void step_logprobs(g4_generation *g) {
+    const float *l = g->logits;
+    const int V = g->ctx->model->cfg.text.vocab_size;
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (l[i] > mx) mx = l[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)l[i] - mx);
+    g->lse = mx + log(sum);
+    int n = 0; /* top: insertion into a short list kept in order (larger first, then lower id) */
+    for (int i = 0; i < V && g->n_top; i++) {
+        if (n == g->n_top && !(l[i] > g->top[n - 1].logprob)) continue;
+        int j = n < g->n_top ? n++ : n - 1;
+        while (j > 0 && l[i] > g->top[j - 1].logprob) {
+            g->top[j] = g->top[j - 1];
+            j--;
+        }
+        g->top[j] = (g4_token_logprob){i, l[i]};
+    }
+    for (int i = 0; i < n; i++) g->top[i].logprob = (float)(g->top[i].logprob - g->lse);
+}
+
 /* A generated token: its events, then the stop conditions. 1 when it ended the generation, 0 or -1. */
 static int take(g4_generation *g, int32_t id) {
+    if (g->json && g4_json_accept(g->json, &g->json_state, id))
+        return g4_fail(&g->err, "json_object: token %d does not continue the object", id);
     g->ids[g->n_ids++] = id;
     g4_sampler_accept(g->sampler, id);
     if (queue(g, G4_EVENT_TOKEN, id, "", 0)) return -1;
@@ -185,7 +245,8 @@ static int take(g4_generation *g, int32_t id) {
         why = G4_FINISH_STOP;
     } else {
         if (token_text(g, id)) return -1;
-        if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)))
+        if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)) ||
+            (g->json && g4_json_done(&g->json_state)))
             why = G4_FINISH_STOP;
         else if (g->n_ids == g->max_new)
             why = G4_FINISH_LENGTH;
@@ -213,12 +274,19 @@ static int step(g4_generation *g) {
     if (g->spec && g->n_ids > 0) return spec_step(g);
     int r = run_model(g);
     if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
+    if (g->logprobs) step_logprobs(g);
+    if (g->json) g4_json_mask(g->json, &g->json_state, g->logits);
     int32_t id = g->greedy && !g->spec ? g->picked : g4_sampler_sample(g->sampler, g->logits);
     if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
+    if (g->logprobs) {
+        g->chosen = (g4_token_logprob){id, (float)(g->logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
+        g->have_logprobs = 1;
+    }
     return take(g, id) < 0 ? -1 : 0;
 }
 
 int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
+    if (g->scheduled) return g4_fail(err, "a scheduled generation hands its events to its callback");
     if (g->broken) {
         if (err) *err = g->err;
         return -1;
@@ -236,6 +304,21 @@ int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
     const queued *q = &g->q[g->q_next++];
     *ev = (g4_event){q->kind, q->token, g->q_text.p + q->off, q->len};
     return 1;
+}
+
+int g4_generation_step(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err) {
+    g4_event ev;
+    int rc, stepped = 0;
+    /* the events already queued, then one step's (g4_generation_next steps when the queue is empty) */
+    for (;;) {
+        if (g->q_next == g->q_len) {
+            if (stepped || g->finish) break;
+            stepped = 1;
+        }
+        if ((rc = g4_generation_next(g, &ev, err)) != 1) return rc;
+        if (on_event && on_event(&ev, user)) g4_generation_cancel(g);
+    }
+    return g->finish == G4_FINISH_NONE;
 }
 
 int g4_generation_run(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err) {
@@ -257,6 +340,15 @@ const int32_t *g4_generation_tokens(const g4_generation *g, int *n) {
 
 int g4_generation_n_cached(const g4_generation *g) { return g->n_cached; }
 
+int g4_generation_logprobs(const g4_generation *g, g4_token_logprob *chosen, const g4_token_logprob **top,
+                           int *n_top) {
+    if (!g->have_logprobs) return -1;
+    if (chosen) *chosen = g->chosen;
+    if (top) *top = g->top;
+    if (n_top) *n_top = g->n_top;
+    return 0;
+}
+
 void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n) {
     *drafted = *accepted = NULL;
     *n = 0;
@@ -271,12 +363,20 @@ int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error
 
 void g4_generation_free(g4_generation *g) {
     if (!g) return;
+    if (g->scheduled) {
+        /* the scheduler may still hold it: it is cancelled, and the last of the two lets it go */
+        g4_generation_cancel(g);
+        if (atomic_fetch_sub(&g->refs, 1) > 1) return;
+    }
+    free(g->embedding);
     free(g->prompt);
+    free(g->embd);
     g4_sampler_free(g->sampler);
     free(g->stop_ids);
     if (g->stop) g4_stop_free(g->stop);
     g4_detok_stream_free(g->detok);
     g4_chat_parser_free(g->parser);
+    g4_json_tokens_free(g->json);
     g4_chat_accum_free(&g->out);
     free(g->ids);
     free(g->logits);
@@ -303,9 +403,10 @@ static void reuse_prefix(g4_generation *g) {
     g->n_cached = g->n_fed = same;
 }
 
-static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err) {
-    const g4_model *m = g->ctx->model;
-    const int V = m->cfg.text.vocab_size, n_ctx = g->ctx->n_ctx;
+/* What every generation needs: token limit, sampler, stop ids and strings, text decoding. */
+static int setup(g4_generation *g, const g4_generation_params *p, int n_ctx, g4_error *err) {
+    const g4_model *m = g->model;
+    const int V = m->cfg.text.vocab_size;
     const int room = n_ctx - g->n_prompt;
     if (room <= 0)
         return g4_fail(err, "the prompt (%d tokens) does not fit the context of %d positions", g->n_prompt, n_ctx);
@@ -314,13 +415,18 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     g->ignore_eos = p->ignore_eos;
     if (p->max_new_tokens < 0 || p->n_stop_ids < 0 || p->n_stop_strings < 0)
         return g4_fail(err, "generation: negative max_new_tokens, n_stop_ids or n_stop_strings");
+    if (p->top_logprobs < 0 || p->top_logprobs > G4_MAX_TOP_LOGPROBS)
+        return g4_fail(err, "generation: top_logprobs must be 0..%d, got %d", G4_MAX_TOP_LOGPROBS, p->top_logprobs);
+    g->logprobs = p->logprobs != 0;
+    g->n_top = g->logprobs ? p->top_logprobs : 0;
     g4_sampler_params sp;
     if (p->sampling) sp = *p->sampling;
     else g4_model_sampler_params(m, &sp);
     if (g4_sampler_new(&sp, V, &g->sampler, err)) return -1;
     /* argmax with nothing that changes logits: the model step finds it (no logits copied back) */
-    g->greedy = g4_sampler_is_argmax(g->sampler);
-    g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
+    /* log-probabilities and the JSON constraint need the logits */
+    g->greedy = g4_sampler_is_argmax(g->sampler) && !g->logprobs && !p->json_object;
+    if (!p->penalties_output_only) g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
 
     const int n_eos = p->ignore_eos ? 0 : m->gen_config.n_eos;
     g->stop_ids = malloc((size_t)(n_eos + p->n_stop_ids + 1) * sizeof *g->stop_ids);
@@ -334,14 +440,26 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     if (g->tok && !(g->detok = g4_detok_stream_new(g->tok, !p->parse_chat))) return g4_fail(err, "out of memory");
     if (p->n_stop_strings && g4_stop_new(p->stop_strings, p->n_stop_strings, &g->stop, err)) return -1;
     if (p->parse_chat && !(g->parser = g4_chat_parser_new(piece, g))) return g4_fail(err, "out of memory");
+    if (!(g->ids = malloc((size_t)g->max_new * sizeof *g->ids))) return g4_fail(err, "out of memory");
 
+    if (p->json_object) {
+        if (!g->tok) return g4_fail(err, "json_object needs the model's tokenizer.json");
+        if (g4_json_tokens_new(g->tok, V, &g->json, err)) return -1;
+        g4_json_start(&g->json_state);
+    }
+    return 0;
+}
+
+/* What a generation running its own steps on a sequence needs besides. */
+static int setup_seq(g4_generation *g, const g4_generation_params *p, g4_error *err) {
     const size_t nb = (size_t)g->ctx->n_batch;
-    g->ids = malloc((size_t)g->max_new * sizeof *g->ids);
-    g->logits = malloc((size_t)V * sizeof *g->logits);
+    g->logits = malloc((size_t)g->model->cfg.text.vocab_size * sizeof *g->logits);
     g->seqs = malloc(nb * sizeof *g->seqs);
     g->want = malloc(nb);
-    if (!g->ids || !g->logits || !g->seqs || !g->want) return g4_fail(err, "out of memory");
+    if (!g->logits || !g->seqs || !g->want) return g4_fail(err, "out of memory");
     for (size_t i = 0; i < nb; i++) g->seqs[i] = g->seq;
+    if (p->drafter && (g->logprobs || p->json_object))
+        return g4_fail(err, "generation: logprobs and json_object do not go with a drafter");
     if (p->drafter) { /* drafting stops at the generation's stop ids (transformers: the eos ids) */
         g4_spec_params spp = {.n_draft = p->n_draft, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
                               .cancelled = spec_cancelled, .cancelled_user = g};
@@ -352,29 +470,58 @@ static int setup(g4_generation *g, const g4_generation_params *p, g4_error *err)
     return 0;
 }
 
+/* A generation with a copy of the prompt (checked against the vocabulary), not yet set up. */
+static g4_generation *generation_new(const g4_model *m, const int32_t *prompt, int n_prompt, g4_error *err) {
+    if (n_prompt <= 0 || !prompt) {
+        g4_fail(err, "the prompt is empty");
+        return NULL;
+    }
+    const int V = m->cfg.text.vocab_size;
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V) {
+            g4_fail(err, "prompt token %d at %d is outside the vocabulary (0..%d)", prompt[i], i, V - 1);
+            return NULL;
+        }
+    g4_generation *g = calloc(1, sizeof *g);
+    if (!g || !(g->prompt = malloc((size_t)n_prompt * sizeof *g->prompt))) {
+        free(g);
+        g4_fail(err, "out of memory");
+        return NULL;
+    }
+    g->model = m;
+    g->n_prompt = n_prompt;
+    atomic_init(&g->cancel, 0);
+    atomic_init(&g->refs, 1);
+    memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+    return g;
+}
+
 int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt,
                         const g4_generation_params *params, g4_generation **out, g4_error *err) {
     *out = NULL;
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
-    if (n_prompt <= 0 || !prompt) return g4_fail(err, "the prompt is empty");
-    const int V = ctx->model->cfg.text.vocab_size;
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V)
-            return g4_fail(err, "prompt token %d at %d is outside the vocabulary (0..%d)", prompt[i], i, V - 1);
     g4_generation_params none = {0};
-    g4_generation *g = calloc(1, sizeof *g);
-    if (!g) return g4_fail(err, "out of memory");
+    const g4_generation_params *p = params ? params : &none;
+    if (p->n_media < 0) return g4_fail(err, "generation: negative n_media");
+    if (p->n_media && p->drafter) /* the speculative prefill feeds token ids only */
+        return g4_fail(err, "speculative decoding does not take images or audio yet: drop the drafter");
+    g4_generation *g = generation_new(ctx->model, prompt, n_prompt, err);
+    if (!g) return -1;
     g->ctx = ctx;
     g->seq = seq;
-    g->n_prompt = n_prompt;
-    atomic_init(&g->cancel, 0);
-    g->prompt = malloc((size_t)n_prompt * sizeof *g->prompt);
-    if (!g->prompt) {
-        g4_generation_free(g);
-        return g4_fail(err, "out of memory");
+    if (p->n_media) { /* the prompt's placeholders become the inputs' soft tokens */
+        int32_t *expanded;
+        int n_expanded, n_embd;
+        if (g4_prompt_expand(ctx->model, prompt, n_prompt, p->media, p->n_media, &expanded, &n_expanded, &g->embd,
+                             &n_embd, err)) {
+            g4_generation_free(g);
+            return -1;
+        }
+        free(g->prompt);
+        g->prompt = expanded;
+        g->n_prompt = n_expanded;
     }
-    memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
-    if (setup(g, params ? params : &none, err)) {
+    if (setup(g, p, ctx->n_ctx, err) || setup_seq(g, p, err)) {
         g4_generation_free(g);
         return -1;
     }
@@ -382,25 +529,116 @@ int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_p
     return 0;
 }
 
+/* ------------------------------------------------------------ for the scheduler */
+
+int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *prompt, int n_prompt,
+                                const g4_generation_params *params, int embed, g4_event_fn on_event, void *user,
+                                g4_generation **out, g4_error *err) {
+    *out = NULL;
+    g4_generation_params none = {0};
+    g4_generation *g = generation_new(m, prompt, n_prompt, err);
+    if (!g) return -1;
+    g->scheduled = 1;
+    g->seq = -1;
+    g->on_event = on_event;
+    g->on_event_user = user;
+    atomic_init(&g->refs, 2);
+    if (embed) {
+        if (n_prompt > n_ctx) {
+            g4_fail(err, "%d tokens do not fit the context of %d positions", n_prompt, n_ctx);
+        } else if (!(g->embedding = malloc((size_t)m->cfg.text.hidden_size * sizeof *g->embedding))) {
+            g4_fail(err, "out of memory");
+        } else {
+            *out = g;
+            return 0;
+        }
+    } else if (params && params->drafter) {
+        g4_fail(err, "speculative decoding (a drafter) is not available to scheduled generations");
+    } else if (params && (params->logprobs || params->json_object)) {
+        g4_fail(err, "logprobs and json_object are not available to scheduled generations yet");
+    } else if (params && params->n_media) {
+        g4_fail(err, "images and audio are not available to scheduled generations yet: use one generation per request");
+    } else if (setup(g, params ? params : &none, n_ctx, err) == 0) {
+        *out = g;
+        return 0;
+    }
+    atomic_store(&g->refs, 1);
+    g4_generation_free(g);
+    return -1;
+}
+
+int g4_generation_max_new(const g4_generation *g) { return g->max_new; }
+int g4_generation_is_argmax(const g4_generation *g) { return g->greedy; }
+int g4_generation_cancelled(const g4_generation *g) { return cancelled((g4_generation *)g); }
+int32_t g4_generation_sample(g4_generation *g, const float *logits) { return g4_sampler_sample(g->sampler, logits); }
+float *g4_generation_embedding_out(g4_generation *g) { return g->embedding; }
+void g4_generation_set_cached(g4_generation *g, int n_cached) { g->n_cached = n_cached; }
+
+void g4_generation_take(g4_generation *g, int32_t id) {
+    if (id < 0) g4_fail(&g->err, "no token can be drawn: every token is banned");
+    if (id < 0 || take(g, id) < 0) g4_generation_end(g, G4_FINISH_ERROR);
+}
+
+void g4_generation_end(g4_generation *g, g4_finish why) {
+    if (g->finish) return;
+    if (why == G4_FINISH_ERROR) {
+        g->finish = why;
+        g->broken = 1;
+        queue(g, G4_EVENT_FINISH, -1, "", 0);
+    } else if (finish(g, why)) {
+        g4_generation_end(g, G4_FINISH_ERROR);
+    }
+}
+
+void g4_generation_deliver(g4_generation *g) {
+    /* no callbacks once the caller freed its handle */
+    for (int i = 0; i < g->q_len && g->on_event && atomic_load(&g->refs) > 1; i++) {
+        const queued *q = &g->q[i];
+        g4_event ev = {q->kind, q->token, g->q_text.p + q->off, q->len};
+        if (g->on_event(&ev, g->on_event_user)) g4_generation_cancel(g);
+    }
+    g->q_len = 0;
+    g4_strbuf_clear(&g->q_text);
+}
+
+void g4_generation_release(g4_generation *g) {
+    if (atomic_fetch_sub(&g->refs, 1) == 1) {
+        atomic_store(&g->refs, 1); /* the caller is gone: free it as an unscheduled one */
+        g->scheduled = 0;
+        g4_generation_free(g);
+    }
+}
+
+const char *g4_generation_error(const g4_generation *g) { return g->broken ? g->err.msg : NULL; }
+
+const float *g4_generation_embedding(const g4_generation *g) {
+    return g->embedding && g->finish == G4_FINISH_STOP ? g->embedding : NULL;
+}
+
 /* ------------------------------------------------------------- chat replies */
+
+int g4_chat_reply_prompt(const g4_chat *c, const g4_model *m, g4_tokens *toks, g4_error *err) {
+    if (!m->tok) return g4_fail(err, "chat replies need the model's tokenizer.json");
+    char *text = NULL;
+    size_t len;
+    /* the template writes <bos> itself */
+    int rc = g4_chat_render_for_reply(c, &text, &len, err) == 0 && g4_tokenize(m->tok, text, len, 0, toks, err) == 0
+                 ? 0 : -1;
+    free(text);
+    return rc;
+}
 
 int g4_chat_start(const g4_chat *c, g4_context *ctx, int seq, const g4_generation_params *params,
                   g4_generation **out, g4_error *err) {
     *out = NULL;
-    const g4_tokenizer *tok = ctx->model->tok;
-    if (!tok) return g4_fail(err, "chat replies need the model's tokenizer.json");
-    char *text = NULL;
-    size_t len;
     g4_tokens toks = {0};
     int rc = -1;
-    /* the template writes <bos> itself */
-    if (g4_chat_render_for_reply(c, &text, &len, err) == 0 && g4_tokenize(tok, text, len, 0, &toks, err) == 0) {
+    if (g4_chat_reply_prompt(c, ctx->model, &toks, err) == 0) {
         g4_generation_params p = {0};
         if (params) p = *params;
         p.parse_chat = 1;
         rc = g4_generation_start(ctx, seq, toks.ids, (int)toks.n, &p, out, err);
     }
-    free(text);
     free(toks.ids);
     return rc;
 }

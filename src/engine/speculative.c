@@ -280,7 +280,7 @@ int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logi
         if (i == 0) s->want[0] = 1;
         if (last) s->want[n - 1] = 1;
         const int two = last && i == 0 && n > 1; /* both rows wanted: logits of two rows */
-        g4_batch b = {n, prompt + i, s->seqs, s->want};
+        g4_batch b = {.n_tokens = n, .token = prompt + i, .seq = s->seqs, .want_logits = s->want};
         if (g4_decode(ctx, &b, last ? (two ? s->vlogits : logits) : NULL, err)) return -1;
         if (i == 0) OPS->copy(be, s->h0, g4_step_final_rows(ctx), (size_t)H * sizeof(float));
         if (two) memcpy(logits, s->vlogits + V, (size_t)V * sizeof(float));
@@ -390,8 +390,11 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
     s->vtoks[0] = last;
     memcpy(s->vtoks + 1, s->drafts, (size_t)k * sizeof *s->vtoks);
     const int plain = !smp || g4_sampler_is_argmax(smp), greedy = !smp || g4_sampler_is_greedy(smp);
-    g4_batch b = {k + 1, s->vtoks, s->seqs, NULL};
-    if (plain ? g4_decode_greedy(ctx, &b, s->vids, err) : g4_decode(ctx, &b, s->vlogits, err)) return -1;
+    g4_batch b = {.n_tokens = k + 1, .token = s->vtoks, .seq = s->seqs};
+    ctx->kv.tentative = k; /* the drafts' rows are rolled back unless accepted (kv_cache.h) */
+    int rc = plain ? g4_decode_greedy(ctx, &b, s->vids, err) : g4_decode(ctx, &b, s->vlogits, err);
+    ctx->kv.tentative = 0;
+    if (rc) return -1;
     if (!greedy && s->raw_q && k > 0) {
         OPS->to_host(be, s->dlogits, s->logits, (size_t)k * V * sizeof(float));
         OPS->sync(be);
@@ -442,8 +445,9 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
         s->n_pending = draft(s, next, c2, k2);
         s->pending_after = next;
     }
-    /* roll back the rejected rows: the sequence holds everything but `next`; a roll-back of k - n <= n_batch - 1
-     * positions is always possible (kv_cache.h) */
+    /* roll back the rejected rows: the sequence holds everything but `next`; the verification kept the history
+     * of a step ending at c (tentative), so the roll-back is always possible and leaves the sliding pool as a
+     * plain run's (kv_cache.h) */
     if (g4_seq_truncate(ctx, s->seq, c2 - 1, err)) return -1;
     s->q0 = s->q1 = c2 - 1;
     return 0;

@@ -265,13 +265,13 @@ int g4_safetensors_open_dir(const char *dir, g4_tensor_set *set, g4_error *err) 
             g4_fail(err, "%s: weight_map entry '%s' is not a shard file name", path, key);
             goto done;
         }
-        names[nn++] = key;
-        const char *s = json_string_value(val);
-        size_t k;
-        for (k = 0; k < nshards; k++)
-            if (!strcmp(shards[k], s)) break;
-        if (k == nshards) shards[nshards++] = s;
+        names[nn] = key;
+        shards[nn++] = json_string_value(val);
     }
+    /* the distinct shard names, sorted (a map of many entries is not compared pair by pair) */
+    qsort(shards, nn, sizeof *shards, cmp_str);
+    for (size_t k = 0; k < nn; k++)
+        if (!nshards || strcmp(shards[nshards - 1], shards[k])) shards[nshards++] = shards[k];
     for (size_t k = 0; k < nshards; k++) {
         char sp[4096];
         if (g4_path_join(sp, sizeof sp, dir, shards[k], err)) goto done;

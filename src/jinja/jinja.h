@@ -60,11 +60,18 @@
 
 typedef struct g4_jinja g4_jinja;
 
-/* Guards against runaway templates; a zero field takes the default. */
+/* Guards against runaway and hostile templates; a zero field takes the default.  Besides these,
+ * evaluation nests at most 1000 levels (expressions, statements, filters: the C stack, of which
+ * a render needs up to 1 MiB in an optimized build, several in a sanitizer build) and values at
+ * most 1000 levels (lists in lists ...).  Going past any limit is a one-line error. */
 typedef struct g4_jinja_limits {
     size_t max_output;   /* bytes of any output or string value (default 64 MiB) */
-    uint64_t max_steps;  /* evaluated expressions, statements and loop iterations (default 1e9, ~15 s) */
+    uint64_t max_steps;  /* evaluated expressions, statements and loop iterations, and the work
+                            inside filters and methods: an item compared, copied or visited, 16
+                            bytes scanned (default 1e9, ~15 s) */
     int max_depth;       /* nested macro calls (default 200) */
+    size_t max_memory;   /* bytes of all live values and buffers of one render, the context
+                            included (default 256 MiB) */
 } g4_jinja_limits;
 
 int g4_jinja_parse(const char *source, size_t len, g4_jinja **out, g4_error *err);

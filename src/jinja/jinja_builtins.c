@@ -202,6 +202,15 @@ static void free_entries(sort_entry *e, size_t n) {
 
 /* ------------------------------------------------------------ str helpers */
 
+/* memmem from s + from; the bytes it may scan are charged as steps (NULL after a fault). */
+static const char *scan(const char *s, size_t n, size_t from, const char *sub, size_t m) {
+    if (from > n || n - from < m) return NULL;
+    const char *hit = memmem(s + from, n - from, sub, m);
+    size_t scanned = hit ? (size_t)(hit - (s + from)) : n - from;
+    if (jv_work(jr_bytes_work(scanned + m) + 1)) return NULL;
+    return hit;
+}
+
 static size_t cp_len_at(const char *s, size_t n) {
     uint32_t cp;
     return ju8_next(s, n, &cp);
@@ -314,23 +323,18 @@ static jv *split_impl(jrender *r, int line, const char *s, size_t n, const jv *s
     }
     /* positions of separators (non-overlapping, left to right) */
     size_t *pos = NULL, np = 0, cap = 0;
-    for (size_t i = 0; i + m <= n;) {
-        if (memcmp(s + i, p, m) == 0) {
-            if (np == cap) {
-                cap = cap ? cap * 2 : 16;
-                size_t *q = realloc(pos, cap * sizeof *q);
-                if (!q) {
-                    free(pos);
-                    jv_decref(l);
-                    return jr_oom(r, line);
-                }
-                pos = q;
+    for (const char *hit = scan(s, n, 0, p, m); hit; hit = scan(s, n, (size_t)(hit - s) + m, p, m)) {
+        if (np == cap) {
+            cap = cap ? cap * 2 : 16;
+            size_t *q = realloc(pos, cap * sizeof *q);
+            if (!q) {
+                free(pos);
+                jv_decref(l);
+                return jr_oom(r, line);
             }
-            pos[np++] = i;
-            i += m;
-        } else {
-            i++;
+            pos = q;
         }
+        pos[np++] = (size_t)(hit - s);
     }
     size_t first = 0, last = np;
     if (maxsplit >= 0 && (size_t)maxsplit < np) {
@@ -378,15 +382,15 @@ static jv *replace_impl(jrender *r, int line, const char *s, size_t n, const jv 
         return new_string(r, line, &b);
     }
     size_t i = 0;
-    while (i < n) {
-        if ((count < 0 || done < count) && i + m <= n && memcmp(s + i, o, m) == 0) {
-            jbuf_put(&b, new_->u.str.s, new_->u.str.len);
-            i += m;
-            done++;
-        } else {
-            jbuf_putc(&b, s[i]);
-            i++;
-        }
+    for (const char *hit; (count < 0 || done < count) && (hit = scan(s, n, i, o, m)) != NULL; done++) {
+        jbuf_put(&b, s + i, (size_t)(hit - (s + i)));
+        jbuf_put(&b, new_->u.str.s, new_->u.str.len);
+        i = (size_t)(hit - s) + m;
+    }
+    jbuf_put(&b, s + i, n - i);
+    if (jv_faulted()) {
+        jbuf_free(&b);
+        return jr_fail(r, line, "budget");
     }
     return new_string(r, line, &b);
 }
@@ -425,17 +429,14 @@ oom:
 
 /* Code-point index of the first (or last) occurrence of sub, or -1. */
 static int64_t find_impl(const jv *str, const jv *sub, int last) {
-    const char *s = str->u.str.s;
+    const char *s = str->u.str.s, *hit = NULL;
     size_t n = str->u.str.len, m = sub->u.str.len;
-    int64_t found = -1;
-    if (m > n) return -1;
-    for (size_t i = 0; i + m <= n; i++) {
-        if (memcmp(s + i, sub->u.str.s, m) == 0) {
-            found = (int64_t)ju8_count(s, i);
-            if (!last) return found;
-        }
+    if (m == 0) return last ? (int64_t)ju8_count(s, n) : 0;
+    for (const char *p = scan(s, n, 0, sub->u.str.s, m); p; p = scan(s, n, (size_t)(p - s) + 1, sub->u.str.s, m)) {
+        hit = p;
+        if (!last) break;
     }
-    return found;
+    return hit ? (int64_t)ju8_count(s, (size_t)(hit - s)) : -1;
 }
 
 /* Python's str.title(): a cased letter after an uncased character is upper-cased, others lower. */
@@ -494,7 +495,7 @@ static jv *jinja_title(jrender *r, int line, const char *s, size_t n) {
 static int str_all(const jv *v, int (*pred)(uint32_t)) {
     const char *s = v->u.str.s;
     size_t n = v->u.str.len, i = 0;
-    if (n == 0) return 0;
+    if (n == 0 || jv_work(jr_bytes_work(n))) return 0;
     while (i < n) {
         uint32_t cp;
         i += ju8_next(s + i, n - i, &cp);
@@ -510,6 +511,7 @@ static int str_case_is(const jv *v, int want_upper) {
     const char *s = v->u.str.s;
     size_t n = v->u.str.len, i = 0;
     int cased = 0;
+    if (jv_work(jr_bytes_work(n))) return 0;
     while (i < n) {
         uint32_t cp;
         i += ju8_next(s + i, n - i, &cp);
@@ -638,8 +640,10 @@ static jv *items_of(jrender *r, int line, const jv *d) {
         jv *t = jv_list(2);
         if (!t) goto oom;
         t->u.list.tuple = 1;
-        jv_list_push(t, jv_incref(d->u.dict.keys[i]));
-        jv_list_push(t, jv_incref(d->u.dict.vals[i]));
+        if (jv_list_push(t, jv_incref(d->u.dict.keys[i])) || jv_list_push(t, jv_incref(d->u.dict.vals[i]))) {
+            jv_decref(t);
+            goto oom;
+        }
         if (jv_list_push(l, t)) goto oom;
     }
     return l;
@@ -693,16 +697,19 @@ static jv *call_global(jrender *r, int line, int id, const argv_t *a) {
             if (a->npos == 3) stepv = v[2];
         }
         if (stepv == 0) return jr_fail(r, line, "range() arg 3 must not be zero");
-        double count = stepv > 0 ? ceil(((double)stop - (double)start) / (double)stepv)
-                                 : ceil(((double)start - (double)stop) / (double)-stepv);
-        if (count < 0) count = 0;
+        /* the length, exactly: the distance fits in 64 bits unsigned */
+        uint64_t count = 0;
+        if (stepv > 0 && stop > start)
+            count = ((uint64_t)stop - (uint64_t)start - 1) / (uint64_t)stepv + 1;
+        else if (stepv < 0 && start > stop)
+            count = ((uint64_t)start - (uint64_t)stop - 1) / (0 - (uint64_t)stepv) + 1;
         if (count > 100000)
             return jr_fail(r, line, "Range too big. The sandbox blocks ranges larger than "
                                     "MAX_RANGE (100000).");
         jv *l = jv_list((size_t)count);
         if (!l) return jr_oom(r, line);
-        for (int64_t i = 0, x = start; i < (int64_t)count; i++, x += stepv)
-            if (jv_list_push(l, jv_int(x))) {
+        for (uint64_t i = 0; i < count; i++) /* start + i*step, in two's complement: no overflow */
+            if (jv_list_push(l, jv_int((int64_t)((uint64_t)start + i * (uint64_t)stepv)))) {
                 jv_decref(l);
                 return jr_oom(r, line);
             }
@@ -809,15 +816,9 @@ static jv *call_method(jrender *r, int line, int id, jv *self, const argv_t *a) 
         size_t m = A_[0]->u.str.len;
         if (m == 0) return jv_int((int64_t)ju8_count(s, n) + 1);
         int64_t c = 0;
-        for (size_t i = 0; i + m <= n;) {
-            if (memcmp(s + i, A_[0]->u.str.s, m) == 0) {
-                c++;
-                i += m;
-            } else {
-                i++;
-            }
-        }
-        return jv_int(c);
+        for (const char *p = scan(s, n, 0, A_[0]->u.str.s, m); p; p = scan(s, n, (size_t)(p - s) + m, A_[0]->u.str.s, m))
+            c++;
+        return jv_faulted() ? jr_fail(r, line, "budget") : jv_int(c);
     }
     case M_STR_JOIN: {
         BIND("join", "iterable");
@@ -879,7 +880,10 @@ static jv *call_method(jrender *r, int line, int id, jv *self, const argv_t *a) 
         jv *l = jv_list(self->u.dict.n);
         if (!l) return jr_oom(r, line);
         for (size_t i = 0; i < self->u.dict.n; i++)
-            jv_list_push(l, jv_incref(id == M_DICT_KEYS ? self->u.dict.keys[i] : self->u.dict.vals[i]));
+            if (jv_list_push(l, jv_incref(id == M_DICT_KEYS ? self->u.dict.keys[i] : self->u.dict.vals[i]))) {
+                jv_decref(l);
+                return jr_oom(r, line);
+            }
         return l;
     }
     case M_LIST_INDEX:
@@ -1013,6 +1017,7 @@ int jb_test(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos
         if (arg->kind == JV_STRING) {
             if (v->kind != JV_STRING)
                 return jr_failc(r, line, "'in <string>' requires string as left operand, not %s", jv_type_name(v));
+            if (jr_work(r, line, jr_bytes_work(arg->u.str.len))) return -1;
             return v->u.str.len == 0 ||
                    memmem(arg->u.str.s, arg->u.str.len, v->u.str.s, v->u.str.len) != NULL;
         }
@@ -1223,8 +1228,13 @@ static jv *entries_to_list(jrender *r, int line, sort_entry *e, size_t n) {
         free_entries(e, n);
         return jr_oom(r, line);
     }
-    for (size_t i = 0; i < n; i++) jv_list_push(l, jv_incref(e[i].item));
+    int bad = 0;
+    for (size_t i = 0; i < n && !bad; i++) bad = jv_list_push(l, jv_incref(e[i].item));
     free_entries(e, n);
+    if (bad) {
+        jv_decref(l);
+        return jr_oom(r, line);
+    }
     return l;
 }
 
@@ -1272,13 +1282,17 @@ static jv *f_sortlike(jrender *r, int line, const char *fname, jv *v, const argv
         size_t kept = 0;
         for (size_t i = 0; i < n; i++) {
             int dup = 0;
-            for (size_t j = 0; j < kept && !dup; j++) dup = jv_eq(e[j].key, e[i].key);
+            for (size_t j = 0; j < kept && !dup && !jv_faulted(); j++) dup = jv_eq(e[j].key, e[i].key);
             if (dup) {
                 jv_decref(e[i].key);
                 jv_decref(e[i].item);
             } else {
                 e[kept++] = e[i];
             }
+        }
+        if (jv_faulted()) {
+            free_entries(e, kept);
+            return jr_fail(r, line, "budget");
         }
         jv *res = entries_to_list(r, line, e, kept);
         if (res) res->u.list.gen = 1;
@@ -1663,8 +1677,20 @@ static jv *f_format(jrender *r, int line, jv *v, const argv_t *a) {
     return res;
 }
 
+static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos,
+                        const char **kwnames, jv **kwvals, size_t nkw);
+
+/* Filters nest (map applies filters, which may be map): each is an evaluation level. */
 jv *jb_filter(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos,
               const char **kwnames, jv **kwvals, size_t nkw) {
+    if (jr_enter(r, line)) return NULL;
+    jv *res = filter_inner(r, line, name, v, pos, npos, kwnames, kwvals, nkw);
+    jr_leave(r);
+    return res;
+}
+
+static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos,
+                        const char **kwnames, jv **kwvals, size_t nkw) {
     argv_t args = {pos, npos, kwnames, kwvals, nkw};
     const argv_t *a = &args;
 #define F(s) (!strcmp(name, s))
@@ -1769,6 +1795,10 @@ jv *jb_filter(jrender *r, int line, const char *name, jv *v, jv **pos, size_t np
         int64_t words = 0;
         int in_word = 0;
         size_t i = 0;
+        if (jr_work(r, line, jr_bytes_work(n))) {
+            jbuf_free(&tmp);
+            return NULL;
+        }
         while (i < n) {
             uint32_t cp;
             i += ju8_next(s + i, n - i, &cp);
@@ -1787,20 +1817,14 @@ jv *jb_filter(jrender *r, int line, const char *name, jv *v, jv **pos, size_t np
     if (F("map") || F("select") || F("reject") || F("selectattr") || F("rejectattr"))
         return f_map_select(r, line, name, v, a);
     if (F("list")) {
-        if (v->kind == JV_LIST && (!v->u.list.tuple || v->u.list.gen)) {
-            jv *l = jv_list(v->u.list.n);
-            if (!l) return jr_oom(r, line);
-            for (size_t i = 0; i < v->u.list.n; i++) jv_list_push(l, jv_incref(v->u.list.items[i]));
-            return l;
-        }
         jv *l = jr_iterate(r, line, v);
-        if (l && l->u.list.tuple) {
+        if (l && l->kind == JV_LIST && (l->u.list.tuple || l->u.list.gen || l == v)) { /* a new list */
             jv *c = jv_list(l->u.list.n);
-            if (!c) {
+            if (!c || jv_list_extend(c, l)) {
+                if (c) jv_decref(c);
                 jv_decref(l);
                 return jr_oom(r, line);
             }
-            for (size_t i = 0; i < l->u.list.n; i++) jv_list_push(c, jv_incref(l->u.list.items[i]));
             jv_decref(l);
             l = c;
         }
@@ -1852,8 +1876,14 @@ jv *jb_filter(jrender *r, int line, const char *name, jv *v, jv **pos, size_t np
             jv_decref(items);
             return jr_oom(r, line);
         }
-        for (size_t i = items->u.list.n; i > 0; i--) jv_list_push(l, jv_incref(items->u.list.items[i - 1]));
+        int bad = 0;
+        for (size_t i = items->u.list.n; i > 0 && !bad; i--)
+            bad = jv_list_push(l, jv_incref(items->u.list.items[i - 1]));
         jv_decref(items);
+        if (bad) {
+            jv_decref(l);
+            return jr_oom(r, line);
+        }
         l->u.list.gen = 1; /* reversed(): an iterator */
         return l;
     }

@@ -18,15 +18,38 @@ enum { X_OK = 0, X_ERR = -1, X_BREAK = 1, X_CONTINUE = 2 };
 #define DEFAULT_MAX_OUTPUT ((size_t)64 << 20)
 #define DEFAULT_MAX_STEPS ((uint64_t)1000000000)
 #define DEFAULT_MAX_DEPTH 200
+#define DEFAULT_MAX_MEMORY ((size_t)256 << 20)
+#define MAX_NEST 1000 /* evaluation levels; ~1 KiB of C stack each (ASan: a few) */
 
 /* ----------------------------------------------------------------- errors */
 
 static int error_set(jrender *r) { return r->err && r->err->msg[0]; }
 
+/* The message of a budget fault (the cause of whatever failed after it). */
+static void fault_message(const jrender *r, char *msg, size_t cap) {
+    switch (r->budget.fault) {
+    case JF_STEPS:
+        snprintf(msg, cap, "template took more than %llu steps (runaway loop?)",
+                 (unsigned long long)r->budget.max_steps);
+        break;
+    case JF_MEMORY:
+        snprintf(msg, cap, "template values use more than the memory limit (%zu bytes)", r->budget.max_mem);
+        break;
+    case JF_DEPTH:
+        snprintf(msg, cap, "values nested deeper than %d levels", JV_MAX_DEPTH);
+        break;
+    default:
+        snprintf(msg, cap, "expressions, statements or filters nested deeper than %d levels", MAX_NEST);
+    }
+}
+
 static void vfail(jrender *r, int line, const char *fmt, va_list ap) {
     if (!r->err || error_set(r)) return; /* keep the first (innermost) message */
     char msg[450];
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (r->budget.fault)
+        fault_message(r, msg, sizeof msg);
+    else
+        vsnprintf(msg, sizeof msg, fmt, ap);
     g4_fail(r->err, "template line %d: %s", line, msg);
 }
 
@@ -65,10 +88,22 @@ int jr_register_namespace(jrender *r, jv *ns) {
     return 0;
 }
 
+int jr_work(jrender *r, int line, uint64_t n) {
+    if (jv_work(n)) return jr_failc(r, line, "budget"); /* the fault's message */
+    return 0;
+}
+
 static int step(jrender *r, int line) {
-    if (++r->steps > r->lim.max_steps)
-        return jr_failc(r, line, "template took more than %llu steps (runaway loop?)",
-                        (unsigned long long)r->lim.max_steps);
+    r->line = line;
+    return jr_work(r, line, 1);
+}
+
+int jr_enter(jrender *r, int line) {
+    if (r->nest >= MAX_NEST) {
+        jv_fault(JF_NEST);
+        return jr_failc(r, line, "nesting");
+    }
+    r->nest++;
     return 0;
 }
 
@@ -107,15 +142,36 @@ static void scope_exit(jscope *s) {
     jscope_release(s);
 }
 
+/* A sorted scope (the render variables, which may be many) is searched by bisection, others
+ * (the template's own names) one by one, a step per name. */
 static jv *scope_lookup(const jscope *s, const char *name) {
-    for (; s; s = s->parent)
+    for (; s; s = s->parent) {
+        if (s->sorted) {
+            size_t lo = 0, hi = s->n;
+            while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+                int c = strcmp(s->names[mid], name);
+                if (c == 0) return s->vals[mid];
+                if (c < 0)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            continue;
+        }
+        if (jv_work(s->n)) return NULL;
         for (size_t i = s->n; i > 0; i--)
             if (strcmp(s->names[i - 1], name) == 0) return s->vals[i - 1];
+    }
     return NULL;
 }
 
 /* Steals val. */
 static int scope_set(jscope *s, const char *name, jv *val) {
+    if (jv_work(s->n)) {
+        jv_decref(val);
+        return -1;
+    }
     for (size_t i = 0; i < s->n; i++)
         if (strcmp(s->names[i], name) == 0) {
             jv_decref(s->vals[i]);
@@ -349,6 +405,11 @@ static void slice_range(int64_t n, const jv *start, const jv *stop, int64_t step
     }
 }
 
+/* Is k the last index before b (the next step would pass b, or overflow)? */
+static int slice_last(int64_t k, int64_t b, int64_t stepv) {
+    return stepv > 0 ? stepv >= b - k : stepv <= b - k;
+}
+
 static jv *do_slice(jrender *r, int line, jv *obj, jv *start, jv *stop, jv *stepval) {
     int64_t tmp, stepv = 1;
     if ((start && start->kind != JV_NONE && !as_index(start, &tmp)) ||
@@ -363,32 +424,50 @@ static jv *do_slice(jrender *r, int line, jv *obj, jv *start, jv *stop, jv *step
         jv *l = jv_list(0);
         if (!l) return jr_oom(r, line);
         l->u.list.tuple = obj->u.list.tuple;
-        for (int64_t i = a; stepv > 0 ? i < b : i > b; i += stepv)
+        for (int64_t i = a; stepv > 0 ? i < b : i > b; i += stepv) {
             if (jv_list_push(l, jv_incref(obj->u.list.items[i]))) {
                 jv_decref(l);
                 return jr_oom(r, line);
             }
+            if (slice_last(i, b, stepv)) break;
+        }
         return l;
     }
     if (obj->kind == JV_STRING) {
         const char *s = obj->u.str.s;
         size_t n = obj->u.str.len;
         size_t count = ju8_count(s, n);
-        size_t *offs = malloc((count + 1) * sizeof *offs);
-        if (!offs) return jr_oom(r, line);
-        size_t i = 0, c = 0;
-        while (i < n) {
-            uint32_t cp;
-            offs[c++] = i;
-            i += ju8_next(s + i, n - i, &cp);
-        }
-        offs[count] = n;
         int64_t a, b;
         slice_range((int64_t)count, start, stop, stepv, &a, &b);
-        jbuf out = {0};
-        for (int64_t k = a; stepv > 0 ? k < b : k > b; k += stepv)
-            jbuf_put(&out, s + offs[k], offs[k + 1] - offs[k]);
-        free(offs);
+        jbuf out = {.limit = r->lim.max_output};
+        if (stepv == 1) { /* a substring */
+            if (a < b) {
+                size_t oa = ju8_offset(s, n, (size_t)a);
+                size_t ob = oa + ju8_offset(s + oa, n - oa, (size_t)(b - a));
+                jbuf_put(&out, s + oa, ob - oa);
+            }
+        } else { /* the offsets of every code point, charged as values are */
+            size_t bytes = (count + 1) * sizeof(size_t);
+            if (jv_charge(bytes)) return jr_oom(r, line);
+            size_t *offs = malloc(bytes);
+            if (!offs) {
+                jv_refund(bytes);
+                return jr_oom(r, line);
+            }
+            size_t i = 0, c = 0;
+            while (i < n) {
+                uint32_t cp;
+                offs[c++] = i;
+                i += ju8_next(s + i, n - i, &cp);
+            }
+            offs[count] = n;
+            for (int64_t k = a; stepv > 0 ? k < b : k > b; k += stepv) {
+                jbuf_put(&out, s + offs[k], offs[k + 1] - offs[k]);
+                if (slice_last(k, b, stepv)) break;
+            }
+            free(offs);
+            jv_refund(bytes);
+        }
         if (out.failed) {
             jbuf_free(&out);
             return jr_oom(r, line);
@@ -439,29 +518,28 @@ static jv *repeat(jrender *r, int line, const jv *seq, int64_t times) {
         size_t len = seq->u.str.len;
         if (len && (uint64_t)times > r->lim.max_output / len)
             return jr_fail(r, line, "string longer than the output limit");
-        jbuf b = {0};
-        for (int64_t i = 0; i < times; i++) jbuf_put(&b, seq->u.str.s, len);
-        if (b.failed) {
-            jbuf_free(&b);
-            return jr_oom(r, line);
-        }
-        size_t n;
-        char *p = jbuf_take(&b, &n);
-        jv *v = jv_str_take(p, n);
+        size_t total = len * (size_t)times;
+        if (jr_work(r, line, jr_bytes_work(total))) return NULL;
+        char *p = malloc(total + 1);
+        if (!p) return jr_oom(r, line);
+        if (total) memcpy(p, seq->u.str.s, len);
+        for (size_t done = len; done < total; done *= 2) /* doubling copies */
+            memcpy(p + done, p, done < total - done ? done : total - done);
+        p[total] = 0;
+        jv *v = jv_str_take(p, total);
         return v ? v : jr_oom(r, line);
     }
     size_t n = seq->u.list.n;
     if (n && (uint64_t)times > (r->lim.max_output / 8) / n)
         return jr_fail(r, line, "list too long");
-    jv *l = jv_list(0);
+    jv *l = jv_list(n * (size_t)times);
     if (!l) return jr_oom(r, line);
     l->u.list.tuple = seq->u.list.tuple;
     for (int64_t t = 0; t < times; t++)
-        for (size_t i = 0; i < n; i++)
-            if (jv_list_push(l, jv_incref(seq->u.list.items[i]))) {
-                jv_decref(l);
-                return jr_oom(r, line);
-            }
+        if (jv_list_extend(l, seq)) {
+            jv_decref(l);
+            return jr_oom(r, line);
+        }
     return l;
 }
 
@@ -480,8 +558,10 @@ static jv *concat_values(jrender *r, int line, const jv *a, const jv *b) {
     jv *l = jv_list(a->u.list.n + b->u.list.n);
     if (!l) return jr_oom(r, line);
     l->u.list.tuple = a->u.list.tuple;
-    for (size_t i = 0; i < a->u.list.n; i++) jv_list_push(l, jv_incref(a->u.list.items[i]));
-    for (size_t i = 0; i < b->u.list.n; i++) jv_list_push(l, jv_incref(b->u.list.items[i]));
+    if (jv_list_extend(l, a) || jv_list_extend(l, b)) {
+        jv_decref(l);
+        return jr_oom(r, line);
+    }
     return l;
 }
 
@@ -604,6 +684,7 @@ static int contains(jrender *r, int line, const jv *needle, const jv *hay) {
             return jr_failc(r, line, "'in <string>' requires string as left operand, not %s",
                             jv_type_name(needle));
         if (needle->u.str.len == 0) return 1;
+        if (jr_work(r, line, jr_bytes_work(hay->u.str.len))) return -1;
         return memmem(hay->u.str.s, hay->u.str.len, needle->u.str.s, needle->u.str.len) != NULL;
     case JV_LIST:
         for (size_t i = 0; i < hay->u.list.n; i++)
@@ -1089,8 +1170,9 @@ static jv *eval_inner(jrender *r, jscope *sc, const jexpr *e) {
 }
 
 jv *jr_eval(jrender *r, jscope *sc, const jexpr *e) {
-    if (step(r, e->line)) return NULL;
+    if (step(r, e->line) || jr_enter(r, e->line)) return NULL;
     jv *v = eval_inner(r, sc, e);
+    jr_leave(r);
     if (!v && !error_set(r)) jr_oom(r, e->line);
     return v;
 }
@@ -1227,7 +1309,7 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
             break;
         }
         jscope *inner = scope_new(sc);
-        jv *loop = jv_new(JV_LOOP);
+        jv *loop = jv_loop(items, i);
         if (!inner || !loop) {
             if (loop) jv_decref(loop);
             scope_exit(inner);
@@ -1235,9 +1317,6 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
             jr_oom(r, s->line);
             break;
         }
-        loop->u.loop.index0 = i;
-        loop->u.loop.length = n;
-        loop->u.loop.items = jv_incref(items);
         int rc = bind_target(r, inner, &s->target, items->u.list.items[i]);
         if (rc == 0) {
             if (scope_set(inner, "loop", loop)) { /* scope_set dropped loop */
@@ -1259,8 +1338,16 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
     return result;
 }
 
+static int exec_stmt_inner(jrender *r, jscope *sc, const jstmt *s, jbuf *out);
+
 static int exec_stmt(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
-    if (step(r, s->line)) return X_ERR;
+    if (step(r, s->line) || jr_enter(r, s->line)) return X_ERR;
+    int rc = exec_stmt_inner(r, sc, s, out);
+    jr_leave(r);
+    return rc;
+}
+
+static int exec_stmt_inner(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
     switch (s->kind) {
     case S_TEXT:
         jbuf_put(out, s->text, s->text_len);
@@ -1397,6 +1484,41 @@ int g4_jinja_render(const g4_jinja *tpl, const json_t *context, char **out, size
     return g4_jinja_render_ex(tpl, context, NULL, out, len, err);
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The members of the context object, as a sorted scope. */
+static int load_context(jrender *r, jscope *ctx, const json_t *context) {
+    size_t n = json_object_size(context);
+    const char **keys = calloc(n ? n : 1, sizeof *keys);
+    ctx->names = calloc(n ? n : 1, sizeof *ctx->names);
+    ctx->vals = calloc(n ? n : 1, sizeof *ctx->vals);
+    if (!keys || !ctx->names || !ctx->vals) {
+        free(keys);
+        return g4_fail(r->err, "template context: out of memory");
+    }
+    ctx->cap = n;
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)context, key, val) keys[ctx->n++] = key;
+    qsort(keys, ctx->n, sizeof *keys, cmp_name);
+    int rc = 0;
+    for (size_t i = 0; i < ctx->n && rc == 0; i++) {
+        ctx->names[i] = keys[i];
+        ctx->vals[i] = jv_from_json(json_object_get(context, keys[i]), 0);
+        if (!ctx->vals[i]) {
+            ctx->n = i; /* the scope holds what was converted */
+            char msg[300] = "out of memory";
+            if (r->budget.fault) fault_message(r, msg, sizeof msg);
+            rc = g4_fail(r->err, "template context: '%.60s': %s", keys[i], msg);
+        }
+    }
+    free(keys);
+    ctx->sorted = 1;
+    return rc;
+}
+
 int g4_jinja_render_ex(const g4_jinja *tpl, const json_t *context, const g4_jinja_limits *limits,
                        char **out, size_t *len, g4_error *err) {
     *out = NULL;
@@ -1410,24 +1532,20 @@ int g4_jinja_render_ex(const g4_jinja *tpl, const json_t *context, const g4_jinj
     r.lim.max_output = limits && limits->max_output ? limits->max_output : DEFAULT_MAX_OUTPUT;
     r.lim.max_steps = limits && limits->max_steps ? limits->max_steps : DEFAULT_MAX_STEPS;
     r.lim.max_depth = limits && limits->max_depth > 0 ? limits->max_depth : DEFAULT_MAX_DEPTH;
+    r.lim.max_memory = limits && limits->max_memory ? limits->max_memory : DEFAULT_MAX_MEMORY;
+    r.budget.max_steps = r.lim.max_steps;
+    r.budget.max_mem = r.lim.max_memory;
+    jbudget *saved_budget = jv_budget;
+    jv_budget = &r.budget;
 
     int rc = X_OK;
     jscope *ctx = scope_new(NULL);
     jscope *root = ctx ? scope_new(ctx) : NULL;
     if (!root) rc = g4_fail(err, "template: out of memory");
-    if (rc == X_OK && context) {
-        const char *key;
-        json_t *val;
-        json_object_foreach((json_t *)context, key, val) {
-            jv *v = jv_from_json(val, 0);
-            if (!v || scope_set(ctx, key, v)) {
-                rc = g4_fail(err, "template context: out of memory or nested too deeply");
-                break;
-            }
-        }
-    }
+    if (rc == X_OK && context && load_context(&r, ctx, context)) rc = X_ERR;
     jbuf buf = {.limit = r.lim.max_output};
     if (rc == X_OK) rc = exec_body(&r, root, &tpl->root, &buf);
+    if (rc != X_ERR && r.budget.fault) rc = jr_failc(&r, r.line, "budget"); /* a builtin gave up */
     scope_exit(root);
     scope_exit(ctx);
     for (size_t i = 0; i < r.nns; i++) { /* break cycles through namespaces */
@@ -1440,12 +1558,13 @@ int g4_jinja_render_ex(const g4_jinja *tpl, const json_t *context, const g4_jinj
         jv_decref(ns);
     }
     free(r.namespaces);
+    if (rc != X_OK) jbuf_free(&buf);
+    char *s = rc == X_OK ? jbuf_take(&buf, len) : NULL;
+    jv_budget = saved_budget;
     if (rc != X_OK) {
-        jbuf_free(&buf);
         if (!err->msg[0]) g4_fail(err, "template: render failed");
         return -1;
     }
-    char *s = jbuf_take(&buf, len);
     if (!s) return g4_fail(err, "template: out of memory");
     *out = s;
     return 0;

@@ -16,6 +16,31 @@
 
 #include "jinja/jinja.h"
 
+/* ----------------------------------------------------------------- budget */
+
+/* What one render may use, and why it must stop.  The render running on this thread installs its
+ * budget in jv_budget; values and string buffers charge their memory to it, and comparisons,
+ * copies and scans charge their work as steps (one per item, one per 16 bytes).  A charge over a
+ * limit (or a value nested too deeply) records a fault and fails; the render then stops with the
+ * fault's message.  Outside a render (the parser's constants) nothing is charged. */
+enum { JF_NONE, JF_STEPS, JF_MEMORY, JF_DEPTH, JF_NEST };
+
+#define JV_MAX_DEPTH 1000 /* containers (list, tuple, dict) inside containers */
+
+typedef struct jbudget {
+    size_t mem, max_mem;
+    uint64_t steps, max_steps;
+    int fault; /* JF_*: sticky */
+} jbudget;
+
+extern _Thread_local jbudget *jv_budget;
+
+int jv_charge(size_t bytes); /* 0, or -1 with JF_MEMORY */
+void jv_refund(size_t bytes);
+int jv_work(uint64_t steps); /* 0, or -1 with JF_STEPS (or an earlier fault) */
+int jv_fault(int fault);     /* records a fault (the first one stays); returns -1 */
+static inline int jv_faulted(void) { return jv_budget && jv_budget->fault; }
+
 /* ------------------------------------------------------------------ arena */
 
 typedef struct jarena_block jarena_block;
@@ -85,7 +110,10 @@ typedef struct jexpr jexpr;
 
 struct jv {
     jv_kind kind;
-    int refs; /* < 0: immortal (static singletons, template constants) */
+    int refs;  /* < 0: immortal (static singletons, template constants) */
+    int depth; /* containers: 1 + the deepest item (bound methods and loops count their
+                  receiver / items); a namespace counts as a scalar inside others (it is freed
+                  by the render, compared by identity, printed to a bounded depth) */
     union {
         int b;
         int64_t i;
@@ -135,13 +163,15 @@ jv *jv_str(const char *s, size_t len);
 jv *jv_cstr(const char *s);
 jv *jv_str_take(char *s, size_t len); /* takes a malloc'd NUL-terminated buffer */
 jv *jv_list(size_t cap);
-int jv_list_push(jv *list, jv *item); /* steals item (also on failure); 0 / -1 (no memory) */
+int jv_list_push(jv *list, jv *item); /* steals item (also on failure); 0 / -1 (memory, depth) */
+int jv_list_extend(jv *list, const jv *src); /* appends src's items (new references); 0 / -1 */
 jv *jv_dict(void);
 jv *jv_namespace(void);
 int jv_dict_set(jv *dict, jv *key, jv *val); /* steals both; replaces an equal key in place */
 jv *jv_dict_get(const jv *dict, const jv *key); /* borrowed; NULL when absent */
 jv *jv_dict_get_str(const jv *dict, const char *key, size_t len);
 jv *jv_func(int id, jv *self); /* steals self */
+jv *jv_loop(jv *items, size_t index0); /* takes a new reference to items */
 
 jv *jv_incref(jv *v);
 void jv_decref(jv *v);
@@ -339,14 +369,17 @@ struct jscope {
     const char **names; /* borrowed: template, context or static strings */
     jv **vals;
     size_t n, cap;
+    int sorted; /* names in strcmp order, never assigned to (the render variables) */
 };
 
 typedef struct jrender {
     const g4_jinja *tpl;
     g4_error *err;
     g4_jinja_limits lim;
-    uint64_t steps;
-    int depth;
+    jbudget budget;
+    int depth; /* macro calls */
+    int nest;  /* evaluations in progress (expressions, statements, filters): the C stack */
+    int line;  /* of the latest step */
     jscope *context; /* the render variables */
     jv *input;       /* E_INPUT value while a filter block applies its filters */
     jv **namespaces; /* weak: cleared at the end of the render to break reference cycles */
@@ -358,6 +391,13 @@ jv *jr_fail(jrender *r, int line, const char *fmt, ...) __attribute__((format(pr
 int jr_failc(jrender *r, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 jv *jr_undefined_error(jrender *r, int line, const jv *undef);
 jv *jr_oom(jrender *r, int line);
+/* Work of n steps inside a builtin: 0, or -1 with the error set. */
+int jr_work(jrender *r, int line, uint64_t n);
+/* Bytes scanned or copied, as steps. */
+static inline uint64_t jr_bytes_work(size_t bytes) { return bytes / 16; }
+/* One more evaluation level (0, or -1 with the error set); jr_leave ends it. */
+int jr_enter(jrender *r, int line);
+static inline void jr_leave(jrender *r) { r->nest--; }
 int jr_register_namespace(jrender *r, jv *ns);
 
 jv *jr_eval(jrender *r, jscope *scope, const jexpr *e);

@@ -9,6 +9,44 @@
 
 #include "jinja/jinja_internal.h"
 
+/* ----------------------------------------------------------------- budget */
+
+_Thread_local jbudget *jv_budget;
+
+#define ALLOC_OVERHEAD 16 /* what malloc adds to a block, roughly */
+
+int jv_fault(int fault) {
+    jbudget *b = jv_budget;
+    if (b && !b->fault) b->fault = fault;
+    return -1;
+}
+
+int jv_charge(size_t bytes) {
+    jbudget *b = jv_budget;
+    if (!b) return 0;
+    if (b->fault) return -1;
+    if (bytes > b->max_mem - b->mem) return jv_fault(JF_MEMORY);
+    b->mem += bytes;
+    return 0;
+}
+
+void jv_refund(size_t bytes) {
+    jbudget *b = jv_budget;
+    if (b) b->mem = bytes < b->mem ? b->mem - bytes : 0;
+}
+
+int jv_work(uint64_t steps) {
+    jbudget *b = jv_budget;
+    if (!b) return 0;
+    if (b->fault) return -1;
+    if (steps > b->max_steps - b->steps) {
+        b->steps = b->max_steps;
+        return jv_fault(JF_STEPS);
+    }
+    b->steps += steps;
+    return 0;
+}
+
 /* ------------------------------------------------------------------ arena */
 
 struct jarena_block {
@@ -58,21 +96,25 @@ void jarena_free(jarena *a) {
 
 static int jbuf_reserve(jbuf *b, size_t extra) {
     if (b->failed) return -1;
-    if (b->limit && (extra > b->limit || b->len > b->limit - extra)) {
+    if ((b->limit && (extra > b->limit || b->len > b->limit - extra)) || extra > SIZE_MAX / 4 ||
+        b->len > SIZE_MAX / 4 - extra) {
         b->failed = 2;
+        return -1;
+    }
+    if (jv_work((b->len + extra) / 16 - b->len / 16)) { /* the bytes written are the work */
+        b->failed = 1;
         return -1;
     }
     if (b->len + extra + 1 <= b->cap) return 0;
     size_t cap = b->cap ? b->cap : 64;
-    while (cap < b->len + extra + 1) {
-        if (cap > SIZE_MAX / 2) {
-            b->failed = 1;
-            return -1;
-        }
-        cap *= 2;
+    while (cap < b->len + extra + 1) cap *= 2;
+    if (jv_charge(cap - b->cap)) {
+        b->failed = 1;
+        return -1;
     }
     char *p = realloc(b->p, cap);
     if (!p) {
+        jv_refund(cap - b->cap);
         b->failed = 1;
         return -1;
     }
@@ -112,16 +154,19 @@ void jbuf_printf(jbuf *b, const char *fmt, ...) {
 
 void jbuf_free(jbuf *b) {
     free(b->p);
+    jv_refund(b->cap);
     b->p = NULL;
     b->len = b->cap = 0;
 }
 
+/* The buffer leaves the budget: a string value made of it charges its own length. */
 char *jbuf_take(jbuf *b, size_t *len) {
     if (!b->p) {
         b->p = malloc(1);
         if (!b->p) return NULL;
         b->p[0] = 0;
     }
+    jv_refund(b->cap);
     char *p = b->p;
     if (len) *len = b->len;
     b->p = NULL;
@@ -177,6 +222,7 @@ size_t ju8_next(const char *str, size_t n, uint32_t *cp) {
 
 size_t ju8_count(const char *s, size_t n) {
     size_t count = 0, i = 0;
+    jv_work(jr_bytes_work(n)); /* a fault stops the render at its next step */
     while (i < n) {
         uint32_t cp;
         i += ju8_next(s + i, n - i, &cp);
@@ -192,6 +238,7 @@ size_t ju8_offset(const char *s, size_t n, size_t idx) {
         i += ju8_next(s + i, n - i, &cp);
         idx--;
     }
+    jv_work(jr_bytes_work(i));
     return i;
 }
 
@@ -297,9 +344,34 @@ jv *jv_undefined(void) { return &v_undefined; }
 jv *jv_none(void) { return &v_none; }
 jv *jv_bool(int b) { return b ? &v_true : &v_false; }
 
+/* A block of bytes for a value's payload, charged to the render's budget. */
+static void *payload_alloc(size_t bytes) {
+    if (jv_charge(bytes)) return NULL;
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) jv_refund(bytes);
+    return p;
+}
+
+/* Resizes a payload block from old to new bytes (both charged sizes). */
+static void *payload_realloc(void *p, size_t old_bytes, size_t new_bytes) {
+    if (new_bytes > old_bytes && jv_charge(new_bytes - old_bytes)) return NULL;
+    void *q = realloc(p, new_bytes ? new_bytes : 1);
+    if (!q && new_bytes > old_bytes) jv_refund(new_bytes - old_bytes);
+    return q;
+}
+
+static void payload_free(void *p, size_t bytes) {
+    free(p);
+    jv_refund(bytes);
+}
+
 jv *jv_new(jv_kind kind) {
+    if (jv_charge(sizeof(jv) + ALLOC_OVERHEAD)) return NULL;
     jv *v = calloc(1, sizeof *v);
-    if (!v) return NULL;
+    if (!v) {
+        jv_refund(sizeof(jv) + ALLOC_OVERHEAD);
+        return NULL;
+    }
     v->kind = kind;
     v->refs = 1;
     return v;
@@ -311,9 +383,11 @@ jv *jv_undefined_hint(const char *fmt, ...) {
     char tmp[300];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    v->u.undef.hint = strdup(tmp);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1;
+    v->u.undef.hint = payload_alloc(len + 1);
+    if (v->u.undef.hint) memcpy(v->u.undef.hint, tmp, len + 1);
     return v;
 }
 
@@ -330,6 +404,7 @@ jv *jv_float(double f) {
 }
 
 jv *jv_str(const char *s, size_t len) {
+    if (len >= SIZE_MAX / 2 || jv_work(jr_bytes_work(len))) return NULL;
     char *p = malloc(len + 1);
     if (!p) return NULL;
     if (len) memcpy(p, s, len);
@@ -341,9 +416,13 @@ jv *jv_cstr(const char *s) { return jv_str(s, strlen(s)); }
 
 jv *jv_str_take(char *s, size_t len) {
     if (!s) return NULL;
+    if (jv_charge(len + 1)) {
+        free(s);
+        return NULL;
+    }
     jv *v = jv_new(JV_STRING);
     if (!v) {
-        free(s);
+        payload_free(s, len + 1);
         return NULL;
     }
     v->u.str.s = s;
@@ -355,9 +434,9 @@ jv *jv_list(size_t cap) {
     jv *v = jv_new(JV_LIST);
     if (!v) return NULL;
     if (cap) {
-        v->u.list.items = malloc(cap * sizeof(jv *));
+        v->u.list.items = cap <= SIZE_MAX / 16 ? payload_alloc(cap * sizeof(jv *)) : NULL;
         if (!v->u.list.items) {
-            free(v);
+            jv_decref(v);
             return NULL;
         }
         v->u.list.cap = cap;
@@ -365,11 +444,28 @@ jv *jv_list(size_t cap) {
     return v;
 }
 
+/* The depth of a container holding v (namespaces count as scalars: see struct jv). */
+static int depth_in(const jv *v) { return v->kind == JV_NAMESPACE ? 0 : v->depth; }
+
+/* Raises c's depth for a new item; -1 (a JF_DEPTH fault) when that is too deep. */
+static int contain(jv *c, const jv *item) {
+    int d = depth_in(item);
+    if (d >= JV_MAX_DEPTH) return jv_fault(JF_DEPTH);
+    if (d + 1 > c->depth) c->depth = d + 1;
+    return 0;
+}
+
 int jv_list_push(jv *list, jv *item) {
     if (!item) return -1;
+    if (contain(list, item) || jv_work(1)) {
+        jv_decref(item);
+        return -1;
+    }
     if (list->u.list.n == list->u.list.cap) {
         size_t cap = list->u.list.cap ? list->u.list.cap * 2 : 4;
-        jv **p = realloc(list->u.list.items, cap * sizeof(jv *));
+        jv **p = cap <= SIZE_MAX / 16 ? payload_realloc(list->u.list.items, list->u.list.cap * sizeof(jv *),
+                                                        cap * sizeof(jv *))
+                                      : NULL;
         if (!p) {
             jv_decref(item);
             return -1;
@@ -381,16 +477,38 @@ int jv_list_push(jv *list, jv *item) {
     return 0;
 }
 
+int jv_list_extend(jv *list, const jv *src) {
+    size_t n = src->u.list.n, have = list->u.list.n;
+    if (n == 0) return 0;
+    if (jv_work(n)) return -1;
+    if (src->depth > JV_MAX_DEPTH) return jv_fault(JF_DEPTH);
+    if (n > list->u.list.cap - have) {
+        size_t cap = list->u.list.cap * 2 > have + n ? list->u.list.cap * 2 : have + n;
+        jv **p = cap <= SIZE_MAX / 16 ? payload_realloc(list->u.list.items, list->u.list.cap * sizeof(jv *),
+                                                        cap * sizeof(jv *))
+                                      : NULL;
+        if (!p) return -1;
+        list->u.list.items = p;
+        list->u.list.cap = cap;
+    }
+    for (size_t i = 0; i < n; i++) list->u.list.items[have + i] = jv_incref(src->u.list.items[i]);
+    list->u.list.n = have + n;
+    if (src->depth > list->depth) list->depth = src->depth; /* the items are one level down */
+    return 0;
+}
+
 jv *jv_dict(void) { return jv_new(JV_DICT); }
 jv *jv_namespace(void) { return jv_new(JV_NAMESPACE); }
 
 static int dict_push(jv *d, jv *key, jv *val) {
+    if (contain(d, key) || contain(d, val) || jv_work(1)) goto fail;
     if (d->u.dict.n == d->u.dict.cap) {
-        size_t cap = d->u.dict.cap ? d->u.dict.cap * 2 : 4;
-        jv **k = realloc(d->u.dict.keys, cap * sizeof(jv *));
+        size_t old = d->u.dict.cap, cap = old ? old * 2 : 4;
+        if (cap > SIZE_MAX / 16) goto fail;
+        jv **k = payload_realloc(d->u.dict.keys, old * sizeof(jv *), cap * sizeof(jv *));
         if (!k) goto fail;
-        d->u.dict.keys = k;
-        jv **v = realloc(d->u.dict.vals, cap * sizeof(jv *));
+        d->u.dict.keys = k; /* its growth stays charged even when vals cannot grow */
+        jv **v = payload_realloc(d->u.dict.vals, old * sizeof(jv *), cap * sizeof(jv *));
         if (!v) goto fail;
         d->u.dict.vals = v;
         d->u.dict.cap = cap;
@@ -411,24 +529,36 @@ int jv_dict_set(jv *d, jv *key, jv *val) {
         if (val) jv_decref(val);
         return -1;
     }
-    for (size_t i = 0; i < d->u.dict.n; i++) {
+    for (size_t i = 0; i < d->u.dict.n && !jv_faulted(); i++) {
         if (jv_eq(d->u.dict.keys[i], key)) {
             jv_decref(key);
+            if (contain(d, val)) {
+                jv_decref(val);
+                return -1;
+            }
             jv_decref(d->u.dict.vals[i]);
             d->u.dict.vals[i] = val;
             return 0;
         }
     }
+    if (jv_faulted()) { /* jv_eq gave up: the key may be there */
+        jv_decref(key);
+        jv_decref(val);
+        return -1;
+    }
     return dict_push(d, key, val);
 }
 
 jv *jv_dict_get(const jv *d, const jv *key) {
-    for (size_t i = 0; i < d->u.dict.n; i++)
+    for (size_t i = 0; i < d->u.dict.n; i++) {
         if (jv_eq(d->u.dict.keys[i], key)) return d->u.dict.vals[i];
+        if (jv_faulted()) break;
+    }
     return NULL;
 }
 
 jv *jv_dict_get_str(const jv *d, const char *key, size_t len) {
+    if (jv_work(d->u.dict.n)) return NULL;
     for (size_t i = 0; i < d->u.dict.n; i++) {
         const jv *k = d->u.dict.keys[i];
         if (k->kind == JV_STRING && k->u.str.len == len && memcmp(k->u.str.s, key, len) == 0)
@@ -439,12 +569,25 @@ jv *jv_dict_get_str(const jv *d, const char *key, size_t len) {
 
 jv *jv_func(int id, jv *self) {
     jv *v = jv_new(JV_FUNC);
-    if (!v) {
+    if (!v || (self && contain(v, self))) {
         if (self) jv_decref(self);
+        if (v) jv_decref(v);
         return NULL;
     }
     v->u.func.id = id;
     v->u.func.self = self;
+    return v;
+}
+
+jv *jv_loop(jv *items, size_t index0) {
+    jv *v = jv_new(JV_LOOP);
+    if (!v || contain(v, items)) {
+        if (v) jv_decref(v);
+        return NULL;
+    }
+    v->u.loop.index0 = index0;
+    v->u.loop.length = items->u.list.n;
+    v->u.loop.items = jv_incref(items);
     return v;
 }
 
@@ -455,14 +598,15 @@ jv *jv_incref(jv *v) {
 
 void jscope_release(jscope *s); /* jinja_eval.c */
 
+/* Recursion as deep as the value (JV_MAX_DEPTH at most). */
 static void jv_destroy(jv *v) {
     switch (v->kind) {
     case JV_STRING:
-        free(v->u.str.s);
+        payload_free(v->u.str.s, v->u.str.len + 1);
         break;
     case JV_LIST:
         for (size_t i = 0; i < v->u.list.n; i++) jv_decref(v->u.list.items[i]);
-        free(v->u.list.items);
+        payload_free(v->u.list.items, v->u.list.cap * sizeof(jv *));
         break;
     case JV_DICT:
     case JV_NAMESPACE:
@@ -470,8 +614,8 @@ static void jv_destroy(jv *v) {
             jv_decref(v->u.dict.keys[i]);
             jv_decref(v->u.dict.vals[i]);
         }
-        free(v->u.dict.keys);
-        free(v->u.dict.vals);
+        payload_free(v->u.dict.keys, v->u.dict.cap * sizeof(jv *));
+        payload_free(v->u.dict.vals, v->u.dict.cap * sizeof(jv *));
         break;
     case JV_MACRO:
         if (v->u.macro.closure) jscope_release(v->u.macro.closure);
@@ -483,12 +627,13 @@ static void jv_destroy(jv *v) {
         if (v->u.loop.items) jv_decref(v->u.loop.items);
         break;
     case JV_UNDEFINED:
-        free(v->u.undef.hint);
+        if (v->u.undef.hint) payload_free(v->u.undef.hint, strlen(v->u.undef.hint) + 1);
         break;
     default:
         break;
     }
     free(v);
+    jv_refund(sizeof(jv) + ALLOC_OVERHEAD);
 }
 
 void jv_decref(jv *v) {
@@ -554,7 +699,9 @@ static int num_eq(const jv *a, const jv *b) {
     return jv_num(a) == jv_num(b);
 }
 
+/* Recursion as deep as the values; each item compared is a step (with a fault: "not equal"). */
 int jv_eq(const jv *a, const jv *b) {
+    if (jv_work(1)) return 0;
     if (a == b) return a->kind != JV_FLOAT || a->u.f == a->u.f;
     if (jv_is_number(a) && jv_is_number(b)) return num_eq(a, b);
     if (a->kind != b->kind) return 0;
@@ -563,7 +710,8 @@ int jv_eq(const jv *a, const jv *b) {
     case JV_NONE:
         return 1;
     case JV_STRING:
-        return a->u.str.len == b->u.str.len && memcmp(a->u.str.s, b->u.str.s, a->u.str.len) == 0;
+        if (a->u.str.len != b->u.str.len || jv_work(jr_bytes_work(a->u.str.len))) return 0;
+        return memcmp(a->u.str.s, b->u.str.s, a->u.str.len) == 0;
     case JV_LIST:
         if (a->u.list.gen || b->u.list.gen) return 0; /* iterators compare by identity */
         if (a->u.list.tuple != b->u.list.tuple || a->u.list.n != b->u.list.n) return 0;
@@ -585,6 +733,7 @@ int jv_eq(const jv *a, const jv *b) {
 }
 
 int jv_cmp(const jv *a, const jv *b, int *res) {
+    if (jv_work(1)) return -1;
     if (jv_is_number(a) && jv_is_number(b)) {
         if (a->kind != JV_FLOAT && b->kind != JV_FLOAT) {
             int64_t x = a->kind == JV_BOOL ? a->u.b : a->u.i;
@@ -599,6 +748,7 @@ int jv_cmp(const jv *a, const jv *b, int *res) {
     }
     if (a->kind == JV_STRING && b->kind == JV_STRING) {
         size_t n = a->u.str.len < b->u.str.len ? a->u.str.len : b->u.str.len;
+        if (jv_work(jr_bytes_work(n))) return -1;
         int c = memcmp(a->u.str.s, b->u.str.s, n);
         if (c == 0) c = a->u.str.len < b->u.str.len ? -1 : a->u.str.len > b->u.str.len;
         *res = c < 0 ? -1 : c > 0;
@@ -609,6 +759,7 @@ int jv_cmp(const jv *a, const jv *b, int *res) {
         size_t n = a->u.list.n < b->u.list.n ? a->u.list.n : b->u.list.n;
         for (size_t i = 0; i < n; i++) {
             if (jv_eq(a->u.list.items[i], b->u.list.items[i])) continue;
+            if (jv_faulted()) return -1;
             return jv_cmp(a->u.list.items[i], b->u.list.items[i], res);
         }
         *res = a->u.list.n < b->u.list.n ? -1 : a->u.list.n > b->u.list.n;
@@ -742,7 +893,10 @@ static void write_str_repr(const char *s, size_t n, jbuf *b) {
     jbuf_putc(b, q);
 }
 
+/* Stops as soon as the buffer fails: a value that shares its items can be far larger printed
+ * than in memory. */
 static void write_value(const jv *v, jbuf *b, int repr, int depth) {
+    if (b->failed) return;
     if (depth > 200) {
         jbuf_puts(b, "...");
         return;
@@ -907,6 +1061,10 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
         snprintf(o->err, o->errcap, "value nested too deeply for JSON");
         return -1;
     }
+    if (b->failed) {
+        snprintf(o->err, o->errcap, b->failed == 2 ? "output longer than the limit" : "out of memory");
+        return -1;
+    }
     switch (v->kind) {
     case JV_NONE:
         jbuf_puts(b, "null");
@@ -1004,7 +1162,10 @@ int jv_write_json(const jv *v, jbuf *b, int indent, const char *item_sep, const 
 }
 
 jv *jv_from_json(const json_t *j, int depth) {
-    if (depth > 10000) return NULL;
+    if (depth >= JV_MAX_DEPTH) {
+        jv_fault(JF_DEPTH);
+        return NULL;
+    }
     switch (json_typeof(j)) {
     case JSON_NULL:
         return jv_none();

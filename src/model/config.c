@@ -42,7 +42,10 @@ static int parse_rope(const json_t *rp, const char *type_name, g4_rope_config *o
     return 0;
 }
 
-static int parse_text(const json_t *tc, const char *what, g4_text_config *c, g4_error *err) {
+/* A text config; `unified`: Gemma4UnifiedTextConfig (docs/gemma4-unified.md 1): no per-layer embeddings or
+ * MoE (their keys are not read), sliding_window 1024, use_bidirectional_attention "vision" and
+ * max_position_embeddings 262144 by default. */
+static int parse_text(const json_t *tc, const char *what, int unified, g4_text_config *c, g4_error *err) {
     memset(c, 0, sizeof *c);
     int64_t tmp;
     if (get_int(tc, "vocab_size", 262144, &c->vocab_size, 1, what, err) ||
@@ -52,11 +55,13 @@ static int parse_text(const json_t *tc, const char *what, g4_text_config *c, g4_
         get_int(tc, "num_attention_heads", 8, &c->n_heads, 1, what, err) ||
         get_int(tc, "num_key_value_heads", 4, &c->n_kv_heads, 1, what, err) ||
         get_int(tc, "head_dim", 256, &c->head_dim, 2, what, err) ||
-        get_int(tc, "sliding_window", 512, &c->sliding_window, 1, what, err) ||
-        get_int(tc, "vocab_size_per_layer_input", 262144, &c->vocab_size_per_layer_input, 0, what, err) ||
-        get_int(tc, "hidden_size_per_layer_input", 256, &c->hidden_size_per_layer_input, 0, what, err) ||
+        get_int(tc, "sliding_window", unified ? 1024 : 512, &c->sliding_window, 1, what, err) ||
+        (!unified &&
+         (get_int(tc, "vocab_size_per_layer_input", 262144, &c->vocab_size_per_layer_input, 0, what, err) ||
+          get_int(tc, "hidden_size_per_layer_input", 256, &c->hidden_size_per_layer_input, 0, what, err))) ||
         get_int(tc, "num_kv_shared_layers", 0, &c->num_kv_shared_layers, 0, what, err) ||
-        get_int(tc, "max_position_embeddings", 131072, &c->max_position_embeddings, 1, what, err) ||
+        get_int(tc, "max_position_embeddings", unified ? 262144 : 131072, &c->max_position_embeddings, 1, what,
+                err) ||
         get_int(tc, "pad_token_id", 0, &c->pad_token_id, 0, what, err) ||
         get_int(tc, "bos_token_id", 2, &c->bos_token_id, 0, what, err))
         return -1;
@@ -70,7 +75,7 @@ static int parse_text(const json_t *tc, const char *what, g4_text_config *c, g4_
         return g4_fail(err, "%s: %d layers (at most %d supported)", what, c->n_layers, G4_MAX_LAYERS);
     if (g4_json_num(tc, "rms_norm_eps", 1e-6, &c->rms_norm_eps, what, err) ||
         g4_json_bool(tc, "attention_k_eq_v", 0, &c->attention_k_eq_v, what, err) ||
-        g4_json_bool(tc, "enable_moe_block", 0, &c->enable_moe_block, what, err) ||
+        (!unified && g4_json_bool(tc, "enable_moe_block", 0, &c->enable_moe_block, what, err)) ||
         g4_json_bool(tc, "use_double_wide_mlp", 0, &c->use_double_wide_mlp, what, err) ||
         g4_json_bool(tc, "attention_bias", 0, &c->attention_bias, what, err) ||
         g4_json_bool(tc, "tie_word_embeddings", 1, &c->tie_word_embeddings, what, err))
@@ -87,6 +92,7 @@ static int parse_text(const json_t *tc, const char *what, g4_text_config *c, g4_
         return g4_fail(err, "%s: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)", what, act);
     const char *bidi;
     if (g4_json_str(tc, "use_bidirectional_attention", &bidi, what, err)) return -1;
+    if (unified && !json_object_get(tc, "use_bidirectional_attention")) bidi = "vision";
     if (bidi && !strcmp(bidi, "vision"))
         c->bidirectional_vision = 1;
     else if (bidi && !strcmp(bidi, "all"))
@@ -217,6 +223,18 @@ static int parse_text(const json_t *tc, const char *what, g4_text_config *c, g4_
         c->layer_intermediate[l] =
             (c->use_double_wide_mlp && first > 0 && l >= first) ? 2 * c->intermediate_size : c->intermediate_size;
     }
+    /* the engine forms these row sizes in int: they must fit (each factor alone is checked above) */
+    int64_t big = (int64_t)c->n_layers * c->hidden_size_per_layer_input;
+    for (int l = 0; l < L; l++) {
+        int64_t q = (int64_t)c->n_heads * c->layer_head_dim[l], kv = (int64_t)c->layer_kv_heads[l] * c->layer_head_dim[l];
+        if (q > big) big = q;
+        if (kv > big) big = kv;
+        if (c->layer_intermediate[l] > big) big = c->layer_intermediate[l];
+    }
+    if (c->enable_moe_block && 2 * (int64_t)c->moe_intermediate_size > big) big = 2 * (int64_t)c->moe_intermediate_size;
+    if (big > INT32_MAX)
+        return g4_fail(err, "%s: the dimensions are too large (a row of %lld values; at most %d)", what, (long long)big,
+                       INT32_MAX);
     /* shared layers read their source's cache: geometry must agree */
     for (int l = 0; l < L; l++) {
         int s = c->layer_kv_source[l];
@@ -226,8 +244,128 @@ static int parse_text(const json_t *tc, const char *what, g4_text_config *c, g4_
     return 0;
 }
 
+static int parse_vision(const json_t *vc, const char *what, g4_vision_config *v, g4_error *err) {
+    memset(v, 0, sizeof *v);
+    char w[600];
+    snprintf(w, sizeof w, "%s vision_config", what);
+    if (!json_is_object(vc)) return g4_fail(err, "%s must be an object", w);
+    if (get_int(vc, "hidden_size", 768, &v->hidden_size, 1, w, err) ||
+        get_int(vc, "intermediate_size", 3072, &v->intermediate_size, 1, w, err) ||
+        get_int(vc, "num_hidden_layers", 16, &v->n_layers, 1, w, err) ||
+        get_int(vc, "num_attention_heads", 12, &v->n_heads, 1, w, err) ||
+        get_int(vc, "num_key_value_heads", 12, &v->n_kv_heads, 1, w, err) ||
+        get_int(vc, "head_dim", 64, &v->head_dim, 4, w, err) ||
+        get_int(vc, "patch_size", 16, &v->patch_size, 1, w, err) ||
+        get_int(vc, "pooling_kernel_size", 3, &v->pooling_kernel, 1, w, err) ||
+        get_int(vc, "position_embedding_size", 10240, &v->position_embedding_size, 1, w, err) ||
+        g4_json_num(vc, "rms_norm_eps", 1e-6, &v->rms_norm_eps, w, err) ||
+        g4_json_bool(vc, "use_clipped_linears", 0, &v->use_clipped_linears, w, err) ||
+        g4_json_bool(vc, "standardize", 0, &v->standardize, w, err))
+        return -1;
+    v->rope_theta = 100.0;
+    const json_t *rp = json_object_get(vc, "rope_parameters");
+    if (rp && !json_is_null(rp)) {
+        const char *rt;
+        if (!json_is_object(rp)) return g4_fail(err, "%s: rope_parameters must be an object", w);
+        if (g4_json_str(rp, "rope_type", &rt, w, err) || g4_json_num(rp, "rope_theta", 100.0, &v->rope_theta, w, err))
+            return -1;
+        /* 2-D RoPE over (x, y); "axial" is the class default, released configs say "default" */
+        if (rt && strcmp(rt, "default") && strcmp(rt, "axial"))
+            return g4_fail(err, "%s: rope_type \"%s\" is not supported (default, axial)", w, rt);
+        if (!(v->rope_theta > 0)) return g4_fail(err, "%s: rope_theta must be positive", w);
+    }
+    const char *act;
+    if (g4_json_str(vc, "hidden_activation", &act, w, err)) return -1;
+    if (act && strcmp(act, "gelu_pytorch_tanh"))
+        return g4_fail(err, "%s: hidden_activation \"%s\" is not supported (gelu_pytorch_tanh)", w, act);
+    if (v->head_dim % 4) return g4_fail(err, "%s: head_dim %d is not a multiple of 4 (2-D RoPE)", w, v->head_dim);
+    if (v->n_heads % v->n_kv_heads)
+        return g4_fail(err, "%s: %d heads are not a multiple of %d kv heads", w, v->n_heads, v->n_kv_heads);
+    if (v->n_layers > G4_MAX_LAYERS) return g4_fail(err, "%s: %d layers (at most %d)", w, v->n_layers, G4_MAX_LAYERS);
+    if (v->patch_size > 64 || v->pooling_kernel > 8)
+        return g4_fail(err, "%s: patch_size %d / pooling_kernel_size %d out of range", w, v->patch_size, v->pooling_kernel);
+    if (!(v->rms_norm_eps >= 0)) return g4_fail(err, "%s: rms_norm_eps must be >= 0", w);
+    return 0;
+}
+
 static int opt_token(const json_t *root, const char *key, int def, int *out, const char *what, g4_error *err) {
     return get_int(root, key, def, out, 0, what, err);
+}
+
+/* The multimodal wrapper's own fields (Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration):
+ * placeholder token ids and the tie flag. */
+static int parse_wrapper(const json_t *root, const char *what, g4_model_config *cfg, g4_error *err) {
+    int eoa = 258883;
+    if (opt_token(root, "image_token_id", 258880, &cfg->image_token_id, what, err) ||
+        opt_token(root, "audio_token_id", 258881, &cfg->audio_token_id, what, err) ||
+        opt_token(root, "video_token_id", 258884, &cfg->video_token_id, what, err) ||
+        opt_token(root, "boi_token_id", 255999, &cfg->boi_token_id, what, err) ||
+        opt_token(root, "eoi_token_id", 258882, &cfg->eoi_token_id, what, err) ||
+        opt_token(root, "boa_token_id", 256000, &cfg->boa_token_id, what, err) ||
+        opt_token(root, "eoa_token_index", 258883, &eoa, what, err) ||
+        opt_token(root, "eoa_token_id", eoa, &cfg->eoa_token_id, what, err))
+        return -1;
+    /* the wrapper's tie flag wins over the text config's (both default to true) */
+    int tie;
+    if (g4_json_bool(root, "tie_word_embeddings", cfg->text.tie_word_embeddings, &tie, what, err)) return -1;
+    cfg->text.tie_word_embeddings = tie;
+    return 0;
+}
+
+/* gemma4_unified (docs/gemma4-unified.md 1): the decoder without PLE and MoE, and the two embedders' sizes.
+ * Transformers' class defaults where a key is absent. */
+static int parse_unified(const json_t *root, const char *what, g4_model_config *cfg, g4_error *err) {
+    snprintf(cfg->model_type, sizeof cfg->model_type, "gemma4_unified");
+    snprintf(cfg->weight_prefix, sizeof cfg->weight_prefix, "model.language_model.");
+    cfg->multimodal_wrapper = 1;
+    cfg->unified = 1;
+    const json_t *tc = json_object_get(root, "text_config"), *vc = json_object_get(root, "vision_config"),
+                 *ac = json_object_get(root, "audio_config");
+    json_t *empty = json_object();
+    if (!empty) return g4_fail(err, "out of memory");
+    int rc = -1;
+    char w[600];
+    if ((tc && !json_is_null(tc) && !json_is_object(tc)) || (vc && !json_is_null(vc) && !json_is_object(vc)) ||
+        (ac && !json_is_null(ac) && !json_is_object(ac))) {
+        g4_fail(err, "%s: text_config, vision_config and audio_config must be objects", what);
+        goto done;
+    }
+    if (!json_is_object(tc)) tc = empty;
+    if (!json_is_object(vc)) vc = empty;
+    if (!json_is_object(ac)) ac = empty;
+    if (parse_text(tc, what, 1, &cfg->text, err)) goto done;
+    g4_unified_config *u = &cfg->uni;
+    int patch = 0, kernel = 0;
+    snprintf(w, sizeof w, "%s vision_config", what);
+    if (get_int(vc, "patch_size", 16, &patch, 1, w, err) || get_int(vc, "pooling_kernel_size", 3, &kernel, 1, w, err) ||
+        get_int(vc, "mm_embed_dim", 3840, &u->mm_embed_dim, 1, w, err) ||
+        get_int(vc, "mm_posemb_size", 1120, &u->mm_posemb_size, 1, w, err) ||
+        get_int(vc, "output_proj_dims", 3840, &u->output_proj_dims, 1, w, err) ||
+        g4_json_num(vc, "rms_norm_eps", 1e-6, &u->vision_eps, w, err))
+        goto done;
+    /* model_patch_size = patch_size * pooling_kernel_size, which transformers only accepts as 48 */
+    if (patch * kernel != 48) {
+        g4_fail(err, "%s: patch_size %d x pooling_kernel_size %d must be 48 (the 48-pixel blocks)", w, patch, kernel);
+        goto done;
+    }
+    u->block = 48;
+    if (u->mm_embed_dim != u->output_proj_dims) {
+        g4_fail(err, "%s: mm_embed_dim %d must equal output_proj_dims %d", w, u->mm_embed_dim, u->output_proj_dims);
+        goto done;
+    }
+    /* audio_embed_dim: samples per token; hidden_size, output_proj_dims and audio_samples_per_token alias it */
+    snprintf(w, sizeof w, "%s audio_config", what);
+    if (get_int(ac, "audio_embed_dim", 640, &u->audio_samples, 1, w, err) ||
+        g4_json_num(ac, "rms_norm_eps", 1e-6, &u->audio_eps, w, err))
+        goto done;
+    if (!(u->vision_eps >= 0) || !(u->audio_eps >= 0)) {
+        g4_fail(err, "%s: rms_norm_eps must be >= 0", what);
+        goto done;
+    }
+    rc = parse_wrapper(root, what, cfg, err);
+done:
+    json_decref(empty);
+    return rc;
 }
 
 /* gemma4_assistant (docs/gemma4-assistant.md 1.1): the drafter's decoder is a gemma4_text config whose layers all
@@ -255,7 +393,7 @@ static int parse_assistant(const json_t *root, const char *what, g4_model_config
         json_decref(copy);
         return g4_fail(err, "out of memory");
     }
-    int rc = parse_text(copy, what, &cfg->text, err);
+    int rc = parse_text(copy, what, 0, &cfg->text, err);
     json_decref(copy);
     if (rc) return -1;
     g4_text_config *c = &cfg->text;
@@ -297,36 +435,23 @@ int g4_config_parse(const json_t *root, const char *what, g4_model_config *cfg, 
         json_t *empty = NULL;
         if (!tc || json_is_null(tc)) tc = empty = json_object();
         else if (!json_is_object(tc)) return g4_fail(err, "%s: text_config must be an object", what);
-        int rc = parse_text(tc, what, &cfg->text, err);
+        int rc = parse_text(tc, what, 0, &cfg->text, err);
         json_decref(empty);
         if (rc) return -1;
         cfg->has_vision = g4_json_present(root, "vision_config");
+        if (cfg->has_vision && parse_vision(json_object_get(root, "vision_config"), what, &cfg->vision, err)) return -1;
         cfg->has_audio = g4_json_present(root, "audio_config");
-        int eoa = 258883;
-        if (opt_token(root, "image_token_id", 258880, &cfg->image_token_id, what, err) ||
-            opt_token(root, "audio_token_id", 258881, &cfg->audio_token_id, what, err) ||
-            opt_token(root, "video_token_id", 258884, &cfg->video_token_id, what, err) ||
-            opt_token(root, "boi_token_id", 255999, &cfg->boi_token_id, what, err) ||
-            opt_token(root, "eoi_token_id", 258882, &cfg->eoi_token_id, what, err) ||
-            opt_token(root, "boa_token_id", 256000, &cfg->boa_token_id, what, err) ||
-            opt_token(root, "eoa_token_index", 258883, &eoa, what, err) ||
-            opt_token(root, "eoa_token_id", eoa, &cfg->eoa_token_id, what, err))
-            return -1;
-        /* the wrapper's tie flag wins over the text config's (both default to true) */
-        int tie;
-        if (g4_json_bool(root, "tie_word_embeddings", cfg->text.tie_word_embeddings, &tie, what, err)) return -1;
-        cfg->text.tie_word_embeddings = tie;
-        return 0;
+        return parse_wrapper(root, what, cfg, err);
     }
     if (!strcmp(mt, "gemma4_text")) {
         snprintf(cfg->model_type, sizeof cfg->model_type, "gemma4_text");
         snprintf(cfg->weight_prefix, sizeof cfg->weight_prefix, "model.");
-        return parse_text(root, what, &cfg->text, err);
+        return parse_text(root, what, 0, &cfg->text, err);
     }
     if (!strcmp(mt, "gemma4_assistant")) return parse_assistant(root, what, cfg, err);
-    if (!strcmp(mt, "gemma4_unified"))
-        return g4_fail(err, "%s: model_type \"gemma4_unified\" (Gemma 4 12B) is not supported yet", what);
-    return g4_fail(err, "%s: unknown model_type \"%s\" (gemma4c runs \"gemma4\" and \"gemma4_text\")", what, mt);
+    if (!strcmp(mt, "gemma4_unified")) return parse_unified(root, what, cfg, err);
+    return g4_fail(err, "%s: unknown model_type \"%s\" (gemma4c runs \"gemma4\", \"gemma4_text\" and \"gemma4_unified\")",
+                   what, mt);
 }
 
 int g4_config_load(const char *dir, g4_model_config *cfg, g4_error *err) {

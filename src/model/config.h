@@ -1,5 +1,6 @@
 /* Gemma 4 configuration: config.json of Gemma4ForConditionalGeneration (model_type
- * "gemma4", text fields under "text_config") or Gemma4ForCausalLM ("gemma4_text"),
+ * "gemma4", text fields under "text_config"), Gemma4ForCausalLM ("gemma4_text") or
+ * Gemma4UnifiedForConditionalGeneration ("gemma4_unified", docs/gemma4-unified.md 1),
  * in both spellings (global_head_dim / per_layer_config), resolved per layer
  * (docs/gemma4-text.md section 1). */
 #ifndef G4_MODEL_CONFIG_H
@@ -45,6 +46,15 @@ typedef struct g4_text_config {
     int type_head_dim[G4_LAYER_TYPES];  /* 0 if no layer has the type */
 } g4_text_config;
 
+/* vision_config of Gemma4ForConditionalGeneration (docs/gemma4-towers.md 1): transformers' class defaults
+ * where a key is absent. */
+typedef struct g4_vision_config {
+    int hidden_size, intermediate_size, n_layers, n_heads, n_kv_heads, head_dim;
+    double rms_norm_eps, rope_theta;
+    int patch_size, pooling_kernel, position_embedding_size;
+    int use_clipped_linears, standardize;
+} g4_vision_config;
+
 /* A gemma4_assistant checkpoint (a drafter for speculative decoding, docs/gemma4-assistant.md 1.1): its decoder
  * is `text`, every layer of which reads the main model's K/V (layer_kv_shared = 1, no K/V projections). */
 typedef struct g4_assistant_config {
@@ -53,15 +63,29 @@ typedef struct g4_assistant_config {
     int num_centroids, centroid_top_k;
 } g4_assistant_config;
 
+/* The encoder-free embedders of gemma4_unified (docs/gemma4-unified.md 1, 4, 5). */
+typedef struct g4_unified_config {
+    int block;                         /* model_patch_size: 48-pixel blocks, one soft token each */
+    int mm_embed_dim, output_proj_dims; /* the image embedder's width (equal) */
+    int mm_posemb_size;                /* rows of the factorized position table [pos, 2, mm_embed_dim] */
+    double vision_eps;                 /* the pre-projection RMSNorm (the LayerNorms use 1e-5) */
+    int audio_samples;                 /* audio_embed_dim: samples per audio token (640 = 40 ms) */
+    int sampling_rate;                 /* the feature extractor's (processor config), set when the model loads */
+    double audio_eps;
+} g4_unified_config;
+
 typedef struct g4_model_config {
     char model_type[32];       /* "gemma4", "gemma4_text" or "gemma4_assistant" */
     char weight_prefix[64];    /* "model.language_model." or "model." */
     int multimodal_wrapper;    /* Gemma4ForConditionalGeneration layout */
-    int has_vision, has_audio; /* vision_config / audio_config present (towers not run yet) */
+    int has_vision, has_audio; /* vision_config / audio_config present */
     int image_token_id, audio_token_id, video_token_id, boi_token_id, eoi_token_id, boa_token_id,
         eoa_token_id;
     g4_text_config text;
+    g4_vision_config vision;   /* when has_vision */
     int assistant;             /* model_type "gemma4_assistant" */
+    int unified;               /* model_type "gemma4_unified": images and audio through `uni`'s embedders */
+    g4_unified_config uni;
     g4_assistant_config asst;
 } g4_model_config;
 

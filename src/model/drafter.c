@@ -38,7 +38,7 @@ static void layer(g4_spec *s, int l, const g4_draft_rows *rows) {
     OPS->matmul(be, s->attn, 1, y->o_proj, y->o_bias, s->o);
     OPS->post_norm_add(be, s->z, s->o, y->post_attn_norm, 1, Ha, eps, 1.0f);
     OPS->rmsnorm(be, s->z, y->pre_ff_norm, 1, Ha, eps, s->xn);
-    g4_matmul_set gu = {2, {y->gate_proj, y->up_proj}, {NULL, NULL}, {s->gate, s->up}};
+    g4_matmul_set gu = {.count = 2, .w = {y->gate_proj, y->up_proj}, .y = {s->gate, s->up}};
     OPS->matmul_set(be, s->xn, 1, &gu);
     OPS->gelu_mul(be, s->gate, s->up, (size_t)c->layer_intermediate[l], s->gate);
     OPS->matmul(be, s->gate, 1, y->down_proj, NULL, s->o);

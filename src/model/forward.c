@@ -3,7 +3,11 @@
  * per-layer embeddings, sliding/full attention with their own head sizes and RoPE,
  * KV sharing, keys-as-values, double-wide MLP, mixture of experts, layer scalars,
  * final norm, tied head and soft-cap. Activations are float32 in backend memory;
- * the KV cache is paged (src/engine/kv_cache.h). */
+ * the KV cache is paged (src/engine/kv_cache.h).
+ *
+ * A step has two parts: copying its inputs in (token ids, positions, the rows of a table kept on the host),
+ * then the computation, which reads only buffers at fixed addresses, so that a backend can record it once and
+ * replay it for every later step of the same shape (graph_begin; one recording per context and shape). */
 #include <math.h>
 #include <string.h>
 
@@ -12,24 +16,52 @@
 
 #define OPS (be->ops)
 
+/* Steps of at most this many tokens are replayed from recordings where the backend can. */
+#define GRAPH_MAX_TOKENS 8
+
+/* The residual stream between sublayers. A sublayer's closing update h = (h + rmsnorm(o) * w) * scale is left
+ * pending and done by the next matmul_set as its prologue (one pass less over the stream on a GPU); that
+ * writes the updated stream to the spare buffer, and the two swap. settle() does a pending update alone. */
+typedef struct residual {
+    float *h, *spare;
+    const float *o, *w;
+    float scale;
+    int pending;
+} residual;
+
+static void update_later(residual *r, const float *o, const float *w, float scale) {
+    r->o = o, r->w = w, r->scale = scale, r->pending = 1;
+}
+
+/* The input of a matmul_set that reads the stream: the pending update becomes its prologue. */
+static const float *stream_input(residual *r, g4_matmul_set *set) {
+    if (r->pending) {
+        set->res_h = r->h, set->res_o = r->o, set->res_w = r->w, set->res_scale = r->scale, set->res_out = r->spare;
+        float *t = r->h;
+        r->h = r->spare, r->spare = t, r->pending = 0;
+    }
+    return r->h;
+}
+
+static void settle(g4_context *ctx, residual *r, int n) {
+    if (!r->pending) return;
+    const g4_text_config *c = &ctx->model->cfg.text;
+    g4_backend *be = ctx->model->be;
+    OPS->post_norm_add(be, r->h, r->o, r->w, n, c->hidden_size, (float)c->rms_norm_eps, r->scale);
+    r->pending = 0;
+}
+
 /* Per-layer embeddings of the step's tokens, laid out [L, n, P] so that each layer
- * reads a contiguous [n, P] block (3.2). */
-static void per_layer_inputs(g4_context *ctx, const g4_step *st) {
+ * reads a contiguous [n, P] block (3.2). The token part is already in s->ple_t. */
+static void per_layer_inputs(g4_context *ctx, const float *h, int n) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     g4_backend *be = m->be;
     g4_scratch *s = &ctx->s;
-    const int n = st->n, L = c->n_layers, P = c->hidden_size_per_layer_input, H = c->hidden_size;
+    const int L = c->n_layers, P = c->hidden_size_per_layer_input, H = c->hidden_size;
     const size_t LP = (size_t)L * (size_t)P;
-    /* token part: Eple[id] * sqrt(P) into ple_t (used as a temporary) */
-    if (m->ple_on_host) { /* the table stays in host memory: gather its rows here, copy them in */
-        g4_tensor_rows_f32(m->ple_embed, st->ids, n, sqrtf((float)P), s->host_rows);
-        OPS->to_device(be, s->ple_t, s->host_rows, (size_t)n * LP * sizeof(float));
-    } else {
-        OPS->embed(be, m->ple_embed, s->ids, n, sqrtf((float)P), s->ple_t);
-    }
     /* context part: (h0 * Wplm^T) * H^-0.5, RMS-normalized per P-slice */
-    OPS->matmul(be, s->h, n, m->ple_model_proj, NULL, s->ple);
+    OPS->matmul(be, h, n, m->ple_model_proj, NULL, s->ple);
     OPS->scale(be, s->ple, (size_t)n * LP, (float)pow((double)H, -0.5));
     OPS->rmsnorm(be, s->ple, m->ple_proj_norm, n * L, P, (float)c->rms_norm_eps, s->ple);
     /* (ctx + tok) * 2^-0.5 */
@@ -37,113 +69,170 @@ static void per_layer_inputs(g4_context *ctx, const g4_step *st) {
     OPS->transpose(be, s->ple, n, L, P, s->ple_t);
 }
 
-static void attention_block(g4_context *ctx, int l, int n) {
+/* Multimodal soft tokens replace the (pad) embeddings of their rows, unscaled (docs/gemma4-towers.md 4):
+ * one copy per run of consecutive embedded rows. */
+static void merge_embeddings(g4_context *ctx, const g4_step *st, float *h) {
+    g4_backend *be = ctx->model->be;
+    const size_t H = (size_t)ctx->model->cfg.text.hidden_size;
+    size_t used = 0;
+    for (int i = 0; i < st->n;) {
+        if (!st->embedded[i]) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < st->n && st->embedded[j]) j++;
+        OPS->to_device(be, h + (size_t)i * H, st->embd + used * H, (size_t)(j - i) * H * sizeof(float));
+        used += (size_t)(j - i);
+        i = j;
+    }
+}
+
+static void attention_block(g4_context *ctx, residual *r, int l, int n) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     const g4_layer *y = &m->layers[l];
     g4_backend *be = m->be;
     g4_scratch *s = &ctx->s;
-    const int H = c->hidden_size, NH = c->n_heads, D = c->layer_head_dim[l], KV = c->layer_kv_heads[l];
-    const int type = c->layer_type[l];
+    const int NH = c->n_heads, D = c->layer_head_dim[l], KV = c->layer_kv_heads[l];
+    const int type = c->layer_type[l], shared = c->layer_kv_shared[l];
     const float eps = (float)c->rms_norm_eps;
-    const float *rope = s->rope[type];
     const g4_kv_layer *kvl = &ctx->kv.layers[l];
     const g4_kv_pool *pool = &ctx->kv.pool[type];
 
-    OPS->rmsnorm(be, s->h, y->input_norm, n, H, eps, s->x);
-    if (!c->layer_kv_shared[l]) {
-        /* q, k and v from one pass over x; keys as values: V = v_norm(raw k_proj output) */
-        g4_matmul_set qkv = {y->v_proj ? 3 : 2, {y->q_proj, y->k_proj, y->v_proj}, {y->q_bias, y->k_bias, y->v_bias},
-                             {s->q, s->k, s->v}};
-        OPS->matmul_set(be, s->x, n, &qkv);
-        if (!y->v_proj) OPS->copy(be, s->v, s->k, (size_t)n * KV * D * sizeof(float));
-        OPS->head_norm_rope(be, s->k, n, KV, D, y->k_norm, eps, rope);
-        OPS->head_norm_rope(be, s->v, n, KV, D, NULL, eps, NULL);
-        OPS->kv_store(be, s->k, s->v, n, kvl->row, pool->slot_dev, kvl->k, kvl->v, ctx->kv.type);
-    } else { /* a KV-shared layer reads its source layer's rows (kvl points at them) */
-        OPS->matmul(be, s->x, n, y->q_proj, y->q_bias, s->q);
-    }
-    OPS->head_norm_rope(be, s->q, n, NH, D, y->q_norm, eps, rope);
+    /* q, k and v from one pass over the normalized residual (a KV-shared layer reads its source layer's
+     * rows, kvl points at them: only q) */
+    g4_matmul_set qkv = {shared ? 1 : y->v_proj ? 3 : 2, {y->q_proj, y->k_proj, y->v_proj},
+                         {y->q_bias, y->k_bias, y->v_bias}, {s->q, s->k, s->v}, .norm = y->input_norm, .eps = eps};
+    OPS->matmul_set(be, stream_input(r, &qkv), n, &qkv);
+    g4_attn_prep_args prep = {
+        .q = s->q, .k = s->k, .v = s->v, .n = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
+        .kv_shared = shared, .v_from_k = !y->v_proj, .q_norm = y->q_norm, .k_norm = y->k_norm, .eps = eps,
+        .rope = s->rope[type], .slot = pool->slot_dev, .k_cache = kvl->k, .v_cache = kvl->v, .kv_type = ctx->kv.type,
+    };
+    OPS->attn_prep(be, &prep);
     g4_attention_args a = {
         .q = s->q, .out = s->attn, .n_tokens = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
-        .seq = s->seq, .pos = s->pos, .kv_end = type == G4_LAYER_SLIDING ? ctx->step_kv_end : NULL,
+        .seq = s->seq, .pos = s->pos,
+        /* image blocks: sliding layers (every layer of gemma4_unified, beyond the window too) */
+        .kv_end = type == G4_LAYER_SLIDING || m->cfg.unified ? ctx->step_kv_end : NULL,
+        .kv_start = type == G4_LAYER_SLIDING ? ctx->step_kv_start : NULL,
         .k = kvl->k, .v = kvl->v, .kv_type = ctx->kv.type, .block_table = pool->table_dev,
         .max_blocks = pool->max_blocks, .block_size = ctx->kv.block, .window = kvl->window,
         .max_keys = ctx->max_keys[type], .scale = 1.0f,
     };
     OPS->attention(be, &a);
     OPS->matmul(be, s->attn, n, y->o_proj, y->o_bias, s->o);
-    OPS->post_norm_add(be, s->h, s->o, y->post_attn_norm, n, H, eps, 1.0f);
+    update_later(r, s->o, y->post_attn_norm, 1.0f);
 }
 
 /* The feed-forward sublayer; `scale` is applied to the residual stream after its add. */
-static void feed_forward_block(g4_context *ctx, int l, int n, float scale) {
+static void feed_forward_block(g4_context *ctx, residual *r, int l, int n, float scale) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     const g4_layer *y = &m->layers[l];
     g4_backend *be = m->be;
     g4_scratch *s = &ctx->s;
-    const int H = c->hidden_size, I = c->layer_intermediate[l];
+    const int H = c->hidden_size;
     const float eps = (float)c->rms_norm_eps;
 
-    /* s->h is the residual r of this block until the final add */
-    OPS->rmsnorm(be, s->h, y->pre_ff_norm, n, H, eps, s->x);
-    g4_matmul_set gu = {2, {y->gate_proj, y->up_proj}, {NULL, NULL}, {s->gate, s->up}};
-    OPS->matmul_set(be, s->x, n, &gu);
-    OPS->gelu_mul(be, s->gate, s->up, (size_t)n * I, s->gate);
+    /* r->h is the residual of this block until the final add */
+    g4_matmul_set gu = {2, {y->gate_proj, y->up_proj}, {NULL, NULL}, {s->gate, s->up}, .norm = y->pre_ff_norm,
+                        .eps = eps, .geglu = 1};
+    OPS->matmul_set(be, stream_input(r, &gu), n, &gu);
     OPS->matmul(be, s->gate, n, y->down_proj, NULL, s->o);
-    if (c->enable_moe_block) {
-        OPS->rmsnorm(be, s->o, y->post_ff_norm1, n, H, eps, s->o);
-        OPS->rmsnorm(be, s->h, y->pre_ff_norm2, n, H, eps, s->moe_x2);
+    if (c->enable_moe_block) { /* o = post_norm1(o) + post_norm2(experts(pre_norm2(h))) */
         g4_moe_args a = {
-            .residual = s->h, .x2 = s->moe_x2, .out = s->moe_out, .n = n, .hidden = H,
-            .n_experts = c->num_experts, .top_k = c->top_k_experts, .expert_dim = c->moe_intermediate_size,
-            .eps = eps, .router_proj = y->router_proj, .router_scale = y->router_scale,
-            .per_expert_scale = y->per_expert_scale, .gate_up = y->experts_gate_up, .up = y->experts_up, .down = y->experts_down,
+            .residual = r->h, .dense = s->o, .out = s->o, .n = n, .hidden = H, .n_experts = c->num_experts,
+            .top_k = c->top_k_experts, .expert_dim = c->moe_intermediate_size, .eps = eps,
+            .pre_norm2 = y->pre_ff_norm2, .post_norm1 = y->post_ff_norm1, .post_norm2 = y->post_ff_norm2,
+            .router_proj = y->router_proj, .router_scale = y->router_scale, .per_expert_scale = y->per_expert_scale,
+            .gate_up = y->experts_gate_up, .up = y->experts_up, .down = y->experts_down,
         };
         OPS->moe(be, &a);
-        OPS->rmsnorm(be, s->moe_out, y->post_ff_norm2, n, H, eps, s->moe_out);
-        OPS->add(be, s->o, s->moe_out, (size_t)n * H);
     }
-    OPS->post_norm_add(be, s->h, s->o, y->post_ff_norm, n, H, eps, scale);
+    update_later(r, s->o, y->post_ff_norm, scale);
 }
 
-static void per_layer_input_block(g4_context *ctx, int l, int n, float scale) {
+static void per_layer_input_block(g4_context *ctx, residual *r, int l, int n, float scale) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     const g4_layer *y = &m->layers[l];
     g4_backend *be = m->be;
     g4_scratch *s = &ctx->s;
-    const int H = c->hidden_size, P = c->hidden_size_per_layer_input;
-    OPS->matmul(be, s->h, n, y->ple_gate, NULL, s->ple_g);
-    OPS->gelu_mul(be, s->ple_g, s->ple_t + (size_t)l * (size_t)n * (size_t)P, (size_t)n * P, s->ple_g);
+    const int P = c->hidden_size_per_layer_input;
+    g4_matmul_set gate = {1, {y->ple_gate}, {NULL}, {s->ple_g}, .eps = (float)c->rms_norm_eps, .geglu = 1,
+                          .mul = s->ple_t + (size_t)l * (size_t)n * (size_t)P};
+    OPS->matmul_set(be, stream_input(r, &gate), n, &gate);
     OPS->matmul(be, s->ple_g, n, y->ple_proj, NULL, s->ple_h);
-    OPS->post_norm_add(be, s->h, s->ple_h, y->ple_post_norm, n, H, (float)c->rms_norm_eps, scale);
+    update_later(r, s->ple_h, y->ple_post_norm, scale);
 }
 
-/* Final norm, tied head and soft-cap for the requested rows, in chunks of logit_rows: copied to the caller's
- * host buffer `logits`, or reduced to their argmax in `ids` (host) when logits is NULL. */
-static void head(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids) {
+/* Final norm of the requested rows of the stream h into s->x (copied to the capture buffer when one is set). */
+static void final_norm(g4_context *ctx, const float *h, const g4_step *st) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     g4_backend *be = m->be;
     g4_scratch *s = &ctx->s;
-    const int H = c->hidden_size, V = c->vocab_size;
-    OPS->get_rows(be, s->h, s->out_rows, st->n_out, H, s->x);
+    const int H = c->hidden_size;
+    OPS->get_rows(be, h, s->out_rows, st->n_out, H, s->x);
     OPS->rmsnorm(be, s->x, m->final_norm, st->n_out, H, (float)c->rms_norm_eps, s->x);
     if (ctx->capture_final) OPS->to_host(be, ctx->capture_final, s->x, (size_t)st->n_out * H * sizeof(float));
-    if (!logits && !ids) return; /* only the final norm was wanted (g4_embed) */
-    for (int r0 = 0; r0 < st->n_out; r0 += s->logit_rows) {
-        int nr = st->n_out - r0 < s->logit_rows ? st->n_out - r0 : s->logit_rows;
-        OPS->matmul(be, s->x + (size_t)r0 * H, nr, m->lm_head, NULL, s->logits);
-        if (c->has_softcap) OPS->softcap(be, s->logits, (size_t)nr * V, (float)c->final_logit_softcapping);
-        if (logits) {
-            OPS->to_host(be, logits + (size_t)r0 * V, s->logits, (size_t)nr * V * sizeof(float));
-        } else {
-            OPS->argmax(be, s->logits, nr, V, s->out_ids);
-            OPS->to_host(be, ids + r0, s->out_ids, (size_t)nr * sizeof(int32_t));
+}
+
+/* Tied head and soft-cap of nr normalized rows from row r0 into s->logits, and their argmax into s->out_ids
+ * when ids are wanted. */
+static void head_rows(g4_context *ctx, int r0, int nr, int want_ids) {
+    const g4_model *m = ctx->model;
+    const g4_text_config *c = &m->cfg.text;
+    g4_backend *be = m->be;
+    g4_scratch *s = &ctx->s;
+    g4_matmul_set head = {1, {m->lm_head}, {NULL}, {s->logits},
+                          .softcap = c->has_softcap ? (float)c->final_logit_softcapping : 0.0f};
+    OPS->matmul_set(be, s->x + (size_t)r0 * c->hidden_size, nr, &head);
+    if (want_ids) OPS->argmax(be, s->logits, nr, c->vocab_size, s->out_ids);
+}
+
+/* Copies the head's results of rows r0 .. r0+nr-1 out: logits, or ids (logits NULL). */
+static void head_out(g4_context *ctx, int r0, int nr, float *logits, int32_t *ids) {
+    g4_backend *be = ctx->model->be;
+    const size_t V = (size_t)ctx->model->cfg.text.vocab_size;
+    if (logits)
+        OPS->to_host(be, logits + (size_t)r0 * V, ctx->s.logits, (size_t)nr * V * sizeof(float));
+    else
+        OPS->to_host(be, ids + r0, ctx->s.out_ids, (size_t)nr * sizeof(int32_t));
+}
+
+/* Everything between the input copies and the head's output copies. */
+static void compute(g4_context *ctx, const g4_step *st, int head_in_step, int want_ids) {
+    const g4_model *m = ctx->model;
+    const g4_text_config *c = &m->cfg.text;
+    g4_backend *be = m->be;
+    g4_scratch *s = &ctx->s;
+    const int n = st->n;
+    for (int t = 0; t < G4_LAYER_TYPES; t++) /* one cos/sin table per layer type serves every layer */
+        if (c->type_head_dim[t]) OPS->rope_table(be, s->pos, n, m->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
+    residual r = {s->h, s->h_spare, NULL, NULL, 1.0f, 0};
+    OPS->embed(be, m->embed, s->ids, n, m->embed_scale, r.h);
+    if (st->embd) merge_embeddings(ctx, st, r.h);
+    const int ple = c->hidden_size_per_layer_input > 0;
+    if (ple) per_layer_inputs(ctx, r.h, n);
+    for (int l = 0; l < c->n_layers; l++) {
+        const float layer_scalar = m->layers[l].layer_scalar; /* scales the residual stream after the layer */
+        attention_block(ctx, &r, l, n);
+        feed_forward_block(ctx, &r, l, n, ple ? 1.0f : layer_scalar);
+        if (ple) per_layer_input_block(ctx, &r, l, n, layer_scalar);
+        if (ctx->capture_hidden) {
+            settle(ctx, &r, n);
+            OPS->to_host(be, ctx->capture_hidden + (size_t)l * n * c->hidden_size, r.h,
+                         (size_t)n * c->hidden_size * sizeof(float));
         }
     }
+    if (st->n_out > 0) {
+        settle(ctx, &r, n);
+        final_norm(ctx, r.h, st);
+    }
+    if (head_in_step) head_rows(ctx, 0, st->n_out, want_ids);
 }
 
 int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, g4_error *err) {
@@ -153,31 +242,57 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
     g4_scratch *s = &ctx->s;
     const int n = st->n;
 
+    /* 1. inputs */
     OPS->to_device(be, s->ids, st->ids, (size_t)n * sizeof(int32_t));
     OPS->to_device(be, s->seq, st->seq, (size_t)n * sizeof(int32_t));
     OPS->to_device(be, s->pos, st->pos, (size_t)n * sizeof(int32_t));
     OPS->to_device(be, s->out_rows, st->out_rows, (size_t)st->n_out * sizeof(int32_t));
-    ctx->step_kv_end = NULL;
+    ctx->step_kv_end = ctx->step_kv_start = NULL;
     if (st->kv_end) {
         OPS->to_device(be, s->kv_end, st->kv_end, (size_t)n * sizeof(int32_t));
         ctx->step_kv_end = s->kv_end;
     }
-
-    for (int t = 0; t < G4_LAYER_TYPES; t++) /* one cos/sin table per layer type serves every layer */
-        if (c->type_head_dim[t]) OPS->rope_table(be, s->pos, n, m->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
-    OPS->embed(be, m->embed, s->ids, n, m->embed_scale, s->h);
-    const int ple = c->hidden_size_per_layer_input > 0;
-    if (ple) per_layer_inputs(ctx, st);
-    for (int l = 0; l < c->n_layers; l++) {
-        const float layer_scalar = m->layers[l].layer_scalar; /* scales the residual stream after the layer */
-        attention_block(ctx, l, n);
-        feed_forward_block(ctx, l, n, ple ? 1.0f : layer_scalar);
-        if (ple) per_layer_input_block(ctx, l, n, layer_scalar);
-        if (ctx->capture_hidden)
-            OPS->to_host(be, ctx->capture_hidden + (size_t)l * n * c->hidden_size, s->h,
-                         (size_t)n * c->hidden_size * sizeof(float));
+    if (st->kv_start) {
+        OPS->to_device(be, s->kv_start, st->kv_start, (size_t)n * sizeof(int32_t));
+        ctx->step_kv_start = s->kv_start;
     }
-    if (st->n_out > 0) head(ctx, st, logits, ids);
+
+    if (c->hidden_size_per_layer_input > 0) { /* token part of the per-layer inputs: Eple[id] * sqrt(P) */
+        const int P = c->hidden_size_per_layer_input;
+        const size_t LP = (size_t)c->n_layers * (size_t)P;
+        if (m->ple_on_host) { /* the table stays in host memory: gather its rows here, copy them in */
+            g4_tensor_rows_f32(m->ple_embed, st->ids, n, sqrtf((float)P), s->host_rows);
+            OPS->to_device(be, s->ple_t, s->host_rows, (size_t)n * LP * sizeof(float));
+        } else {
+            OPS->embed(be, m->ple_embed, s->ids, n, sqrtf((float)P), s->ple_t);
+        }
+    }
+
+    /* 2. the computation, recorded and replayed for small steps where the backend can; without logits and ids
+     * only the final norm is wanted (g4_embed: capture_final) */
+    const int head = st->n_out > 0 && (logits || ids);
+    const int one_chunk = st->n_out <= s->logit_rows, want_ids = logits == NULL;
+    const int replayable = OPS->graph_begin && one_chunk && n <= GRAPH_MAX_TOKENS && !ctx->capture_hidden &&
+                           !ctx->capture_final && !st->embd && !st->kv_start; /* soft tokens: host rows copied in each step */
+    const uint64_t key = (uint64_t)n | (uint64_t)st->n_out << 16 | (uint64_t)want_ids << 32 |
+                         (uint64_t)(st->kv_end != NULL) << 33;
+    if (!replayable || !OPS->graph_begin(be, ctx, key)) {
+        compute(ctx, st, one_chunk && head, want_ids);
+        if (replayable) OPS->graph_end(be);
+    }
+
+    /* 3. outputs */
+    if (head) {
+        if (one_chunk) {
+            head_out(ctx, 0, st->n_out, logits, ids);
+        } else {
+            for (int r0 = 0; r0 < st->n_out; r0 += s->logit_rows) {
+                int nr = st->n_out - r0 < s->logit_rows ? st->n_out - r0 : s->logit_rows;
+                head_rows(ctx, r0, nr, want_ids);
+                head_out(ctx, r0, nr, logits, ids);
+            }
+        }
+    }
     OPS->sync(be);
     return OPS->check(be, err);
 }

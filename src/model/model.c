@@ -6,7 +6,8 @@
  * reported together, by name; tensors that nothing uses are reported as warnings.
  * Tensors absent or ignored by design are neither: k/v projections and k_norm of
  * KV-shared layers, v_proj of k_eq_v layers, v_norm, lm_head when tied, rotary
- * buffers, and the vision/audio towers (not run by the text decoder).
+ * buffers, and tower tensors of a checkpoint whose config has no such tower. The towers
+ * a config names bind their weights through the same binder (g4_binder, model.h).
  *
  * Placement (src/backend/backend.h): the backend is created first; every bound matrix is uploaded to it as it
  * is bound (the CPU keeps the memory-mapped view), except the per-layer embedding table on a backend with its
@@ -20,15 +21,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/mapped_file.h"
 #include "formats/gguf_gemma4.h"
 #include "formats/mlx.h"
 #include "formats/safetensors.h"
+#include "towers/audio.h"
+#include "towers/unified.h"
+#include "towers/vision.h"
 
-typedef struct binder {
+struct g4_binder {
     g4_model *m;
+    const char *prefix; /* of every name looked up: the decoder's weight prefix, "" for the towers */
     size_t bytes_total, bytes_placed; /* for progress while uploading */
     void (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
@@ -41,7 +50,8 @@ typedef struct binder {
     int collect;
     g4_tensor *list;
     int n_list;
-} binder;
+};
+typedef struct g4_binder binder;
 
 static float collect_dummy[1];
 
@@ -56,7 +66,31 @@ static int dtype_ok_for_matrix(g4_dtype t) {
     return t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4_dtype_is_quantized(t);
 }
 
-/* Looks up a tensor by its full name, checks the shape; NULL (and records why) when absent or wrong. */
+/* Random mode: a tensor of the shape the architecture asks for, without data (the backend fills it). */
+static const g4_tensor *make_tensor(binder *b, const char *full, int ndim, const int64_t *shape) {
+    g4_model *m = b->m;
+    g4_tensor **list = realloc(m->made, (size_t)(m->n_made + 2) * sizeof *list);
+    g4_tensor *t = calloc(1, sizeof *t);
+    char *name = strdup(full);
+    if (list) m->made = list;
+    if (!list || !t || !name) {
+        free(t);
+        free(name);
+        g4_fail(b->err, "out of memory");
+        b->failed = 1;
+        return NULL;
+    }
+    t->name = name;
+    t->dtype = G4_BF16;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    t->nbytes = (size_t)g4_tensor_numel(t) * 2;
+    m->made[m->n_made++] = t;
+    return t;
+}
+
+/* Looks up a tensor by its full name, checks the shape (ndim 0: a scalar, [] or [1]); NULL (and records why)
+ * when absent or wrong. */
 static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const int64_t *shape) {
     if (b->failed) return NULL;
     if (b->collect) {
@@ -75,13 +109,14 @@ static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const i
         memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
         return t;
     }
+    if (b->m->random) return make_tensor(b, full, ndim, shape);
     const g4_tensor *t = g4_tensor_set_find(&b->m->weights, full);
     if (!t) {
         add_missing(b, full);
         return NULL;
     }
     b->used[t - b->m->weights.tensors] = 1;
-    int same = t->ndim == ndim;
+    int same = t->ndim == ndim || (ndim == 0 && t->ndim == 1 && t->shape[0] == 1);
     for (int i = 0; same && i < ndim; i++) same = t->shape[i] == shape[i];
     if (!same) {
         char s1[128], s2[128];
@@ -99,10 +134,10 @@ static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const i
     return t;
 }
 
-/* The same for prefix+name. */
+/* The same for b->prefix + name. */
 static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const int64_t *shape) {
     char full[512];
-    snprintf(full, sizeof full, "%s%s", b->m->cfg.weight_prefix, name);
+    snprintf(full, sizeof full, "%s%s", b->prefix, name);
     return bind_full(b, full, ndim, shape);
 }
 
@@ -111,6 +146,18 @@ static const g4_tensor *place(binder *b, const g4_tensor *t) {
     if (!t || b->failed) return NULL;
     if (b->collect) return t;
     g4_model *m = b->m;
+    if (m->random) { /* the made tensor becomes its placed copy (random values where the backend keeps it) */
+        g4_tensor tmp = *t;
+        if (m->be->ops->upload_weight(m->be, &tmp, (g4_tensor *)t, b->err)) {
+            ((g4_tensor *)t)->data = NULL;
+            b->failed = 1;
+            return NULL;
+        }
+        b->bytes_placed += t->nbytes;
+        if (b->progress && !m->be->ops->host_memory)
+            b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights", b->progress_user);
+        return t;
+    }
     size_t i = (size_t)(t - m->weights.tensors);
     if (!m->placed[i].data) {
         if (m->be->ops->upload_weight(m->be, t, &m->placed[i], b->err)) {
@@ -136,19 +183,12 @@ static const g4_tensor *bind3(binder *b, const char *name, int64_t d0, int64_t d
     return place(b, bind_shape(b, name, 3, s));
 }
 
-/* A vector of n floats (norm weights, scales, biases): converted to f32 in a host block now; `*field` is
- * pointed at its backend copy by place_vectors() once binding is done. Returns the host copy. */
-static const float *bind_vec(binder *b, const char *name, int64_t n, const float **field) {
-    const g4_tensor *t = bind_shape(b, name, 1, &n);
-    if (!t || b->collect) return t ? collect_dummy : NULL;
-    if (g4_dtype_is_quantized(t->dtype)) {
-        g4_fail(b->err, "tensor '%s%s' is quantized (%s); vectors must be BF16, F16 or F32", b->m->cfg.weight_prefix,
-                name, g4_dtype_name(t->dtype));
-        b->failed = 1;
-        return NULL;
-    }
+/* Adds a host block of n floats to the model's vectors: `*field` is pointed at its backend copy by
+ * place_vectors() once binding is done (until then at the host block). */
+static float *vec_slot(binder *b, size_t n, const float **field) {
+    if (b->failed) return NULL;
     g4_model *m = b->m;
-    float *v = malloc((size_t)n * sizeof(float));
+    float *v = malloc((n ? n : 1) * sizeof(float));
     g4_vec_slot *slots = realloc(m->vecs, (size_t)(m->n_vecs + 1) * sizeof *slots);
     if (!v || !slots) {
         free(v);
@@ -158,11 +198,52 @@ static const float *bind_vec(binder *b, const char *name, int64_t n, const float
         return NULL;
     }
     m->vecs = slots;
-    slots[m->n_vecs++] = (g4_vec_slot){v, (size_t)n, field};
-    g4_to_f32(t->dtype, t->data, v, (size_t)n);
+    slots[m->n_vecs++] = (g4_vec_slot){v, n, field};
     if (field) *field = v;
     return v;
 }
+
+/* A small tensor (norm weights, scales, biases) converted to f32 into a vector slot. Returns the host copy. */
+static const float *bind_f32(binder *b, const char *name, int ndim, const int64_t *shape, const float **field) {
+    const g4_tensor *t = bind_shape(b, name, ndim, shape);
+    if (!t || b->collect) return t ? collect_dummy : NULL;
+    if (g4_dtype_is_quantized(t->dtype)) {
+        g4_fail(b->err, "tensor '%s%s' is quantized (%s); vectors must be BF16, F16 or F32", b->prefix, name,
+                g4_dtype_name(t->dtype));
+        b->failed = 1;
+        return NULL;
+    }
+    const size_t n = (size_t)g4_tensor_numel(t);
+    float *v = vec_slot(b, n, field);
+    if (v && b->m->random) /* random mode: 1 +- 0.1 */
+        for (size_t i = 0; i < n; i++) v[i] = 1.0f + g4_random_value(g4_name_seed(t->name), (uint64_t)i, 0.1f);
+    else if (v)
+        g4_to_f32(t->dtype, t->data, v, n);
+    return v;
+}
+
+static const float *bind_vec(binder *b, const char *name, int64_t n, const float **field) {
+    return bind_f32(b, name, 1, &n, field);
+}
+
+const g4_tensor *g4_bind_matrix(g4_binder *b, const char *name, int ndim, const int64_t *shape) {
+    return place(b, bind_shape(b, name, ndim, shape));
+}
+
+const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int64_t *shape, const float **field) {
+    return bind_f32(b, name, ndim, shape, field);
+}
+
+float g4_bind_scalar(g4_binder *b, const char *name) {
+    const g4_tensor *t = bind_shape(b, name, 0, NULL);
+    float f = 0;
+    if (t) f = b->m->random ? 1.0f : (g4_to_f32(t->dtype, t->data, &f, 1), f);
+    return f;
+}
+
+float *g4_bind_computed(g4_binder *b, size_t n, const float **field) { return vec_slot(b, n, field); }
+
+int g4_bind_failed(const g4_binder *b) { return b->failed; }
 
 /* Copies every bound vector into one backend buffer and points the fields there (the CPU backend reads host
  * memory: the host blocks are used as they are). */
@@ -170,15 +251,17 @@ static int place_vectors(g4_model *m, g4_error *err) {
     g4_backend *be = m->be;
     if (be->ops->host_memory) return 0;
     size_t total = 0;
-    for (int i = 0; i < m->n_vecs; i++) total += (m->vecs[i].n + 15) & ~(size_t)15; /* 64-byte aligned starts */
+    for (int i = 0; i < m->n_vecs; i++) /* 64-byte aligned starts; a vector without a field is read on the host */
+        if (m->vecs[i].field) total += (m->vecs[i].n + 15) & ~(size_t)15;
     if (!total) return 0;
     m->vec_arena = be->ops->alloc(be, total * sizeof(float));
     if (!m->vec_arena) return g4_fail(err, "out of %s memory for %zu bytes of norm weights", be->ops->name, total * 4);
     size_t off = 0;
     for (int i = 0; i < m->n_vecs; i++) {
         g4_vec_slot *v = &m->vecs[i];
+        if (!v->field) continue;
         be->ops->to_device(be, m->vec_arena + off, v->host, v->n * sizeof(float));
-        if (v->field) *v->field = m->vec_arena + off;
+        *v->field = m->vec_arena + off;
         off += (v->n + 15) & ~(size_t)15;
     }
     be->ops->sync(be);
@@ -234,6 +317,20 @@ static int ignored_by_design(const g4_model *m, const char *name) {
         (!strncmp(tail, "k_proj.", 7) || !strncmp(tail, "v_proj.", 7) || !strncmp(tail, "k_norm.", 7)))
         return 1;
     return 0;
+}
+
+/* Bytes of the BF16 weights a config binds (for the progress of a random model). */
+static size_t random_bytes(const g4_text_config *c) {
+    const size_t H = (size_t)c->hidden_size, NH = (size_t)c->n_heads, P = (size_t)c->hidden_size_per_layer_input;
+    size_t n = (size_t)c->vocab_size * H + (size_t)c->n_layers * P * H;
+    for (int l = 0; l < c->n_layers; l++) {
+        const size_t D = (size_t)c->layer_head_dim[l], KV = (size_t)c->layer_kv_heads[l];
+        n += 2 * NH * D * H + 3 * (size_t)c->layer_intermediate[l] * H + 2 * P * H;
+        if (!c->layer_kv_shared[l]) n += (c->layer_k_eq_v[l] ? 1 : 2) * KV * D * H;
+        if (c->enable_moe_block)
+            n += (size_t)c->num_experts * (H + 3 * (size_t)c->moe_intermediate_size * H);
+    }
+    return 2 * n;
 }
 
 /* masked_embedding.token_ordering: [V] integer ids, a permutation of the vocabulary, into backend memory. */
@@ -301,9 +398,11 @@ static void bind_assistant(binder *b) {
 static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err, binder *collect) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
-    binder b = {.m = m, .err = err, .progress = params->progress, .progress_user = params->progress_user};
+    binder b = {.m = m, .prefix = m->cfg.weight_prefix, .err = err, .progress = params->progress,
+                .progress_user = params->progress_user};
     if (collect) b.collect = 1;
     for (int i = 0; i < m->weights.n_tensors; i++) b.bytes_total += m->weights.tensors[i].nbytes;
+    if (m->random) b.bytes_total = random_bytes(c);
     if (!b.bytes_total) b.bytes_total = 1;
     b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
     m->layers = calloc((size_t)L, sizeof *m->layers);
@@ -343,6 +442,16 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         int64_t ple_shape[2] = {c->vocab_size_per_layer_input, (int64_t)L * P};
         m->ple_on_host = m->be && !m->be->ops->host_memory;
         m->ple_embed = bind_shape(&b, "embed_tokens_per_layer.weight", 2, ple_shape);
+        if (m->ple_on_host && m->random && m->ple_embed) { /* zeros on the host: read one row per token */
+            size_t bytes = m->ple_embed->nbytes;
+            m->host_table = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m->host_table == MAP_FAILED) {
+                m->host_table = NULL;
+                free(b.used);
+                return g4_fail(err, "out of memory for the per-layer embedding table (%zu bytes)", bytes);
+            }
+            ((g4_tensor *)m->ple_embed)->data = m->host_table;
+        }
         if (!m->ple_on_host) m->ple_embed = place(&b, m->ple_embed);
         m->ple_model_proj = bind2(&b, "per_layer_model_projection.weight", (int64_t)L * P, H);
         bind_vec(&b, "per_layer_projection_norm.weight", P, &m->ple_proj_norm);
@@ -390,8 +499,13 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
             char fused[512], gate[512];
             snprintf(fused, sizeof fused, "%slayers.%d.experts.gate_up_proj", m->cfg.weight_prefix, l);
             snprintf(gate, sizeof gate, "%slayers.%d.experts.gate_proj", m->cfg.weight_prefix, l);
-            if (g4_tensor_set_find(&m->weights, fused) || (b.collect && !g4_tensor_set_find(&m->weights, gate))) {
+            if (m->random || g4_tensor_set_find(&m->weights, fused) ||
+                (b.collect && !g4_tensor_set_find(&m->weights, gate))) {
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
+            } else if (!b.collect && !m->be->ops->host_memory) { /* only the CPU's moe op reads them apart */
+                g4_fail(err, "%s: experts with gate and up apart (%s) run on the CPU only, not on %s", m->dir, gate,
+                        m->be->ops->name);
+                b.failed = 1;
             } else { /* MLX and some GGUF files keep gate and up apart */
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_proj", l), E, Im, H);
                 y->experts_up = bind3(&b, NAME("layers.%d.experts.up_proj", l), E, Im, H);
@@ -410,9 +524,18 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         collect->n_list = b.n_list;
         return b.failed ? -1 : 0;
     }
+    /* the towers (the embedders of gemma4_unified), with full names */
+    b.prefix = "";
+    if (m->cfg.unified && !m->random && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
+    if (m->cfg.has_vision && !m->random && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
+    if (m->cfg.has_audio && !m->random && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
     if (b.failed) {
         free(b.used);
         return -1;
+    }
+    if (m->random) {
+        free(b.used);
+        return 0;
     }
     if (b.n_missing) {
         free(b.used);
@@ -471,6 +594,56 @@ void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
     }
 }
 
+/* bytes of a matrix of any dtype (quantized: whole blocks) */
+static double tbytes(const g4_tensor *t) { return t ? (double)g4_tensor_row_bytes(t) * (double)g4_tensor_nrows(t) : 0; }
+
+G4_API double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
+    const g4_text_config *c = &m->cfg.text;
+    double b = tbytes(m->lm_head); /* the head reads every row (tied: the embedding table, one row of it again) */
+    if (m->lm_head != m->embed) b += tbytes(m->embed) / (double)c->vocab_size;
+    b += tbytes(m->ple_model_proj);
+    for (int l = 0; l < c->n_layers; l++) {
+        const g4_layer *y = &m->layers[l];
+        const g4_tensor *dense[] = {y->q_proj, y->k_proj, y->v_proj, y->o_proj, y->gate_proj, y->up_proj,
+                                    y->down_proj, y->ple_gate, y->ple_proj, y->router_proj};
+        for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) b += tbytes(dense[i]);
+        if (c->enable_moe_block)
+            b += (tbytes(y->experts_gate_up) + tbytes(y->experts_up) + tbytes(y->experts_down)) * c->top_k_experts /
+                 c->num_experts;
+        int keys = pos + 1;
+        if (c->layer_type[l] == G4_LAYER_SLIDING && keys > c->sliding_window) keys = c->sliding_window;
+        b += 2.0 * keys * c->layer_kv_heads[l] * c->layer_head_dim[l] * (double)g4_kv_type_size(kv_type);
+    }
+    return b;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+G4_API double g4_model_copy_bandwidth(g4_model *m) {
+    g4_backend *be = m->be;
+    const size_t bytes = (size_t)1 << 30;
+    void *a = be->ops->alloc(be, bytes), *b = be->ops->alloc(be, bytes);
+    double best = 0;
+    if (a && b) {
+        be->ops->copy(be, b, a, bytes); /* first touch */
+        be->ops->sync(be);
+        for (int i = 0; i < 5; i++) {
+            double t0 = now_s();
+            be->ops->copy(be, b, a, bytes);
+            be->ops->sync(be);
+            double bw = 2.0 * (double)bytes / (now_s() - t0);
+            if (bw > best) best = bw;
+        }
+    }
+    if (a) be->ops->release(be, a);
+    if (b) be->ops->release(be, b);
+    return best;
+}
+
 const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
 
 int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
@@ -481,15 +654,25 @@ int g4_model_n_ctx_train(const g4_model *m) { return m->cfg.text.max_position_em
 void g4_model_free(g4_model *m) {
     if (!m) return;
     g4_backend *be = m->be;
+    g4_vision_free(m->vision);
+    g4_audio_tower_free(m->audio);
     if (be) {
         for (int i = 0; i < m->weights.n_tensors && m->placed; i++)
             if (m->uploaded[i]) be->ops->release_weight(be, &m->placed[i]);
+        for (int i = 0; i < m->n_made; i++)
+            if (m->made[i]->data && m->made[i]->data != m->host_table) be->ops->release_weight(be, m->made[i]);
         if (m->vec_arena) be->ops->release(be, m->vec_arena);
         if (m->token_ordering) be->ops->release(be, m->token_ordering);
         for (int t = 0; t < G4_LAYER_TYPES; t++)
             if (m->inv_freq[t]) be->ops->release(be, m->inv_freq[t]);
     }
     if (!m->borrowed_be) g4_backend_free(be);
+    for (int i = 0; i < m->n_made; i++) {
+        if (m->made[i]->data == m->host_table && m->host_table) munmap(m->host_table, m->made[i]->nbytes);
+        free((char *)m->made[i]->name);
+        free(m->made[i]);
+    }
+    free(m->made);
     for (int i = 0; i < m->n_vecs; i++) free(m->vecs[i].host);
     free(m->vecs);
     free(m->placed);
@@ -499,7 +682,34 @@ void g4_model_free(g4_model *m) {
     json_decref(m->gguf_meta);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
+    pthread_mutex_destroy(&m->tower_lock);
     free(m);
+}
+
+/* Touches every page of the weights once, in file order, so that a large model is
+ * read from disk up front with a progress report instead of during the first tokens. */
+static void page_in(g4_model *m, const g4_load_params *p) {
+    size_t total = 0, done = 0;
+    for (int i = 0; i < m->weights.n_files; i++) total += m->weights.files[i].size;
+    if (!total) return;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) page = 4096;
+    int last = -1;
+    volatile unsigned char sink = 0;
+    for (int i = 0; i < m->weights.n_files; i++) {
+        const g4_mapped_file *f = &m->weights.files[i];
+        madvise((void *)f->data, f->size, MADV_WILLNEED);
+        for (size_t o = 0; o < f->size; o += (size_t)page) {
+            sink ^= f->data[o];
+            done += (size_t)page;
+            int pct = (int)(100.0 * (double)(done < total ? done : total) / (double)total);
+            if (pct != last && p->progress) {
+                last = pct;
+                p->progress((float)pct / 100.0f, "loading weights", p->progress_user);
+            }
+        }
+    }
+    (void)sink;
 }
 
 /* Loads a model folder onto `be` (NULL: a backend of its own, as params say); an assistant checkpoint only when
@@ -511,8 +721,16 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     if (!params) params = &defaults;
     g4_model *m = calloc(1, sizeof *m);
     if (!m) return g4_fail(err, "out of memory");
+    pthread_mutex_init(&m->tower_lock, NULL);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
-    if (g4_gguf_is_file(dir)) { /* -m FILE.gguf: the config from its metadata */
+    m->random = params->random_weights != 0;
+    if (m->random && g4_file_exists(dir)) { /* a config.json file: no tokenizer, template or generation config */
+        json_t *root;
+        if (g4_json_load_file(dir, &root, err)) goto fail;
+        int rc = g4_config_parse(root, dir, &m->cfg, err);
+        json_decref(root);
+        if (rc) goto fail;
+    } else if (!m->random && g4_gguf_is_file(dir)) { /* -m FILE.gguf: the config from its metadata */
         g4_gguf g;
         json_t *cj;
         if (g4_gemma4_gguf_open(dir, &g, &cj, err)) goto fail;
@@ -523,8 +741,8 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         if (rc || g4_model_load_files(m, dir, err)) goto fail;
     } else {
         if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) goto fail;
-        if (g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
-        if (g4_mlx_detect(&m->weights)) {
+        if (!m->random && g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
+        if (!m->random && g4_mlx_detect(&m->weights)) {
             char path[4096];
             json_t *root = NULL;
             if (g4_path_join(path, sizeof path, dir, "config.json", err) || g4_json_load_file(path, &root, err))
@@ -547,6 +765,7 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     m->borrowed_be = be != NULL;
     m->be = be ? be : g4_backend_new(params->device, params->n_threads, err);
     if (!m->be) goto fail;
+    if (m->be->ops->host_memory && params->progress && !m->random) page_in(m, params);
     if (bind_weights(m, params, err, NULL) || place_vectors(m, err)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {
         int hd = c->type_head_dim[t];
@@ -569,24 +788,6 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
 fail:
     g4_model_free(m);
     return -1;
-}
-
-static double tensor_bytes(const g4_tensor *t) { return t ? (double)g4_tensor_row_bytes(t) * (double)g4_tensor_nrows(t) : 0; }
-
-double g4_model_decode_bytes(const g4_model *m) {
-    const g4_text_config *c = &m->cfg.text;
-    double b = tensor_bytes(m->lm_head) + tensor_bytes(m->ple_model_proj) + (double)g4_tensor_row_bytes(m->embed);
-    if (m->ple_embed) b += (double)g4_tensor_row_bytes(m->ple_embed);
-    for (int l = 0; l < c->n_layers; l++) {
-        const g4_layer *y = &m->layers[l];
-        const g4_tensor *mats[] = {y->q_proj, y->k_proj, y->v_proj, y->o_proj, y->gate_proj, y->up_proj,
-                                   y->down_proj, y->ple_gate, y->ple_proj, y->router_proj};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) b += tensor_bytes(mats[i]);
-        if (c->enable_moe_block)
-            b += (tensor_bytes(y->experts_gate_up) + tensor_bytes(y->experts_up) + tensor_bytes(y->experts_down)) *
-                 c->top_k_experts / c->num_experts;
-    }
-    return b;
 }
 
 int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err) {

@@ -3,6 +3,8 @@
 #ifndef G4_MODEL_MODEL_H
 #define G4_MODEL_MODEL_H
 
+#include <pthread.h>
+
 #include "backend/backend.h"
 #include "formats/tensor_set.h"
 #include "model/config.h"
@@ -37,6 +39,18 @@ typedef struct g4_vec_slot {
     const float **field;
 } g4_vec_slot;
 
+/* The encoder-free embedders of gemma4_unified (docs/gemma4-unified.md 4, 5; src/towers/unified.c). */
+typedef struct g4_unified_weights {
+    const float *ln1_w, *ln1_b;   /* patch_ln1 [3 * block^2] */
+    const g4_weight *dense;       /* patch_dense [E, 3 * block^2] */
+    const float *dense_b;         /* [E] */
+    const float *ln2_w, *ln2_b;   /* patch_ln2 [E] */
+    const g4_weight *pos_table;   /* pos_embedding [mm_posemb_size, 2, E]: row 2 * p + axis */
+    const float *pos_w, *pos_b;   /* pos_norm [E] */
+    const g4_weight *image_proj;  /* embed_vision embedding_projection [H, E] */
+    const g4_weight *audio_proj;  /* embed_audio embedding_projection [H, audio_samples] */
+} g4_unified_weights;
+
 struct g4_model {
     g4_model_config cfg;
     g4_tensor_set weights;           /* host views of the checkpoint's tensors */
@@ -51,11 +65,18 @@ struct g4_model {
     const float *ple_proj_norm;      /* [P] */
     const float *final_norm;         /* [H] */
     g4_layer *layers;
+    struct g4_vision *vision;        /* NULL without vision_config (src/towers/vision.c) */
+    struct g4_audio_tower *audio;    /* NULL without audio_config (src/towers/audio_tower.c) */
+    pthread_mutex_t tower_lock;      /* one image or audio clip through a tower at a time */
     float *inv_freq[G4_LAYER_TYPES]; /* [head_dim/2] per layer type (backend memory) */
     float embed_scale;               /* fp32(sqrt(H)) */
     g4_vec_slot *vecs;               /* small vectors (norm weights, scales) as bound */
     int n_vecs;
     float *vec_arena;                /* their backend copies (NULL on a host-memory backend) */
+    int random;                      /* random weights: no files (g4_load_params.random_weights) */
+    g4_tensor **made;                /* random mode: tensors made by the binder, then their placed copies */
+    int n_made;
+    void *host_table;                /* random mode: the host-kept per-layer embedding table */
     char *warnings;                  /* NULL or lines ending in '\n' */
     struct json_t *gguf_meta;        /* metadata of a .gguf model (tokenizer), else NULL */
     /* beside the weights (model_files.c) */
@@ -69,7 +90,26 @@ struct g4_model {
     const g4_weight *post_projection; /* [Hb, Ha] */
     const g4_weight *centroids;       /* [num_centroids, Ha] (use_ordered_embeddings) */
     int32_t *token_ordering;          /* [V] backend memory (use_ordered_embeddings) */
+    g4_unified_weights uni;           /* gemma4_unified only */
 };
+
+/* The binder (model.c) as the towers use it while the model loads: each tower binds its weights through it
+ * (src/towers/), so that their matrices are placed with upload_weight and their vectors live in the model's
+ * vector block in backend memory, like the decoder's. Names are full tensor names. A tensor that is absent
+ * is recorded (the load then fails listing every missing tensor) and gives NULL; a wrong shape or dtype is a
+ * hard error. */
+typedef struct g4_binder g4_binder;
+/* A matrix of any rank the ops read: the backend's copy. */
+const g4_tensor *g4_bind_matrix(g4_binder *b, const char *name, int ndim, const int64_t *shape);
+/* A small tensor converted to f32: returns the host copy (valid while the model lives); *field points at
+ * the backend's copy once binding is done (field NULL: the host copy is all there is). */
+const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int64_t *shape, const float **field);
+/* A scalar tensor (shape [] or [1]); 0 when absent. */
+float g4_bind_scalar(g4_binder *b, const char *name);
+/* A vector the tower computes (n floats to fill now, on the host), placed with the others into *field. */
+float *g4_bind_computed(g4_binder *b, size_t n, const float **field);
+/* 1 once binding has hit a hard error (later calls do nothing). */
+int g4_bind_failed(const g4_binder *b);
 
 /* Loads a gemma4_assistant checkpoint (a drafter) onto the backend of another model, which must outlive it
  * (g4_model_load refuses assistant checkpoints). */

@@ -51,7 +51,7 @@ static int source_sample_hash(const char *path, uint64_t size, uint64_t *out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     size_t cap = TOK_SAMPLE_BYTES;
-    unsigned char *buf = malloc(cap);
+    unsigned char *buf = malloc(size < cap ? (size_t)size + 1 : cap);
     if (!buf) {
         close(fd);
         return -1;
@@ -132,6 +132,22 @@ int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data 
 bad:
     tok_cache_close(d);
     return -1;
+}
+
+int tok_cache_reseal(unsigned char *file, size_t size, const char *src_path) {
+    struct stat src;
+    tok_cache_header h;
+    if (size < sizeof h || stat(src_path, &src) != 0) return -1;
+    memcpy(&h, file, sizeof h);
+    h.file_size = size;
+    h.src_size = (uint64_t)src.st_size;
+    h.src_mtime_sec = (int64_t)src.st_mtim.tv_sec;
+    h.src_mtime_nsec = (int64_t)src.st_mtim.tv_nsec;
+    if (source_sample_hash(src_path, h.src_size, &h.src_sample_hash) != 0) return -1;
+    memcpy(file, &h, sizeof h);
+    h.checksum = cache_checksum(file, size);
+    memcpy(file, &h, sizeof h);
+    return 0;
 }
 
 int tok_cache_write(const char *cache_path, const char *src_path, const tok_cache_data *d) {

@@ -101,8 +101,8 @@ static int flush_bytes(slist *out, dbuf *bytes) {
     return rc;
 }
 
-/* One decoder step: in -> out. */
-static int apply_op(const tok_dec_op *op, const slist *in, slist *out, dbuf *bytes) {
+/* One decoder step: in -> out (failing once out holds more than limit bytes). */
+static int apply_op(const tok_dec_op *op, const slist *in, slist *out, dbuf *bytes, size_t limit) {
     slist_reset(out);
     const char *base = in->arena.p;
     switch (op->type) {
@@ -112,7 +112,8 @@ static int apply_op(const tok_dec_op *op, const slist *in, slist *out, dbuf *byt
             if (slist_add(out, "", 0)) return -1;
             const char *hit;
             while ((size_t)(end - s) >= op->pattern_len && (hit = memmem(s, (size_t)(end - s), op->pattern, op->pattern_len))) {
-                if (slist_extend_last(out, s, (size_t)(hit - s)) || slist_extend_last(out, op->content, op->content_len))
+                if (slist_extend_last(out, s, (size_t)(hit - s)) || slist_extend_last(out, op->content, op->content_len) ||
+                    out->arena.n > limit)
                     return -1;
                 s = hit + op->pattern_len;
             }
@@ -149,11 +150,13 @@ static int apply_op(const tok_dec_op *op, const slist *in, slist *out, dbuf *byt
     return -1;
 }
 
-/* Runs ops [lo, hi) of the chain over the tokens; the result list ends in *res (one of a/b). */
+/* Runs ops [lo, hi) of the chain over the tokens; the result list ends in *res (one of a/b).
+ * -1: out of memory; -2: the text grew past tok_growth_limit. */
 static int run_ops(const g4_tokenizer *tok, size_t lo, size_t hi, slist *a, slist *b, dbuf *bytes, slist **res) {
     slist *cur = a, *nxt = b;
+    size_t limit = tok_growth_limit(a->arena.n, 0);
     for (size_t k = lo; k < hi; k++) {
-        if (apply_op(&tok->dec[k], cur, nxt, bytes)) return -1;
+        if (apply_op(&tok->dec[k], cur, nxt, bytes, limit)) return nxt->arena.n > limit ? -2 : -1;
         slist *t = cur;
         cur = nxt;
         nxt = t;
@@ -184,10 +187,66 @@ static int decode_ids(const g4_tokenizer *tok, const int32_t *ids, size_t n, dec
     for (size_t i = 0; i < n; i++)
         if (slist_add(&w->a, tok->id_str[ids[i]], tok->id_len[ids[i]])) return -1;
     slist *res;
-    if (run_ops(tok, 0, tok->n_dec, &w->a, &w->b, &w->bytes, &res)) return -1;
+    int rc = run_ops(tok, 0, tok->n_dec, &w->a, &w->b, &w->bytes, &res);
+    if (rc) return rc;
     for (size_t i = 0; i < res->n; i++)
         if (dbuf_add(out, res->arena.p + res->off[i], res->len[i])) return -1;
     return 0;
+}
+
+int g4_tokenizer_token_bytes(const g4_tokenizer *tok, int32_t id, char *buf, size_t cap) {
+    if (id < 0 || id >= tok->n_ids || !tok->id_str[id] || !cap) return -1;
+    char work[2][1024];
+    size_t n = strlen(tok->id_str[id]);
+    if (n >= sizeof work[0]) return -1;
+    memcpy(work[0], tok->id_str[id], n);
+    int cur = 0, fused = 0;
+    for (size_t k = 0; k < tok->n_dec; k++) {
+        const tok_dec_op *op = &tok->dec[k];
+        const char *s = work[cur];
+        char *o = work[!cur];
+        size_t m = 0;
+        unsigned v;
+        switch (op->type) {
+        case TOK_DEC_REPLACE:
+            for (size_t i = 0; i < n;) {
+                if (op->pattern_len && i + op->pattern_len <= n && !memcmp(s + i, op->pattern, op->pattern_len)) {
+                    if (m + op->content_len >= sizeof work[0]) return -1;
+                    memcpy(o + m, op->content, op->content_len);
+                    m += op->content_len;
+                    i += op->pattern_len;
+                } else {
+                    if (m + 1 >= sizeof work[0]) return -1;
+                    o[m++] = s[i++];
+                }
+            }
+            n = m;
+            cur = !cur;
+            break;
+        case TOK_DEC_BYTE_FALLBACK:
+            if (bf_byte(s, n, &v)) work[cur][0] = (char)v, n = 1;
+            break;
+        case TOK_DEC_FUSE: fused = 1; break;
+        case TOK_DEC_STRIP: /* per token only before the tokens are fused into one text */
+            if (!fused) {
+                size_t a = 0, b = n, cl = op->content_len;
+                for (size_t q = 0; q < op->start && b - a >= cl && !memcmp(s + a, op->content, cl); q++) a += cl;
+                for (size_t q = 0; q < op->stop && b - a >= cl && !memcmp(s + b - cl, op->content, cl); q++) b -= cl;
+                memmove(work[cur], s + a, b - a);
+                n = b - a;
+            }
+            break;
+        }
+    }
+    if (n > cap) return -1;
+    memcpy(buf, work[cur], n);
+    return (int)n;
+}
+
+/* The message of decode_ids' failure rc (-1 / -2). */
+static int decode_failure(g4_error *err, int rc) {
+    if (rc == -2) return g4_fail(err, "the tokenizer's decoder makes the text more than %d times longer", TOK_MAX_GROWTH);
+    return g4_fail(err, "out of memory");
 }
 
 static int check_id(const g4_tokenizer *tok, int32_t id, g4_error *err) {
@@ -211,12 +270,13 @@ int g4_detokenize(const g4_tokenizer *tok, const int32_t *ids, size_t n, int ski
     dec_work w;
     memset(&w, 0, sizeof w);
     dbuf res = {0};
-    int rc = decode_ids(tok, kept, m, &w, &res) || dbuf_add(&res, "", 0);
+    int rc = decode_ids(tok, kept, m, &w, &res);
+    if (!rc) rc = dbuf_add(&res, "", 0);
     free(kept);
     dec_work_free(&w);
     if (rc) {
         free(res.p);
-        return g4_fail(err, "out of memory");
+        return decode_failure(err, rc);
     }
     *out = res.p;
     if (len) *len = res.n;
@@ -305,7 +365,7 @@ int g4_detok_stream_push(g4_detok_stream *s, int32_t id, const char **text, size
         break;
     }
     }
-    if (rc) return g4_fail(err, "out of memory");
+    if (rc) return decode_failure(err, rc);
     *text = s->out.p;
     *len = s->out.n;
     return 0;

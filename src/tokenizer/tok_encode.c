@@ -2,6 +2,7 @@
  * library (added_vocabulary.rs, normalizer.rs, bpe/model.rs, bpe/word.rs). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/error.h"
 #include "tokenizer/tok_internal.h"
@@ -55,11 +56,12 @@ static int tokens_reserve(g4_tokens *t, size_t extra) {
 
 /* ---------------------------------------------------------------- normalizer */
 
-/* Runs the normalizer ops on s into one of two scratch buffers; *res points at the result. */
+/* Runs the normalizer ops on s into one of two scratch buffers; *res points at the result.
+ * -1: out of memory; -2: the text would grow past tok_growth_limit. */
 static int normalize(const g4_tokenizer *tok, const char *s, size_t n, tbuf bufs[2], const char **res,
                      size_t *res_len) {
     const char *cur = s;
-    size_t cur_len = n;
+    size_t cur_len = n, limit = tok_growth_limit(n, tok->norm_inserted);
     int which = 0;
     for (size_t k = 0; k < tok->n_norm; k++) {
         const tok_norm_op *op = &tok->norm[k];
@@ -67,6 +69,7 @@ static int normalize(const g4_tokenizer *tok, const char *s, size_t n, tbuf bufs
         out->n = 0;
         if (op->type == TOK_NORM_PREPEND) {
             if (!cur_len) continue;
+            if (op->content_len > limit - cur_len) return -2;
             if (tbuf_reserve(out, cur_len + op->content_len + 1)) return -1;
             memcpy(out->p, op->content, op->content_len);
             memcpy(out->p + op->content_len, cur, cur_len);
@@ -80,6 +83,7 @@ static int normalize(const g4_tokenizer *tok, const char *s, size_t n, tbuf bufs
             size_t grow = op->content_len > 1 ? op->content_len - 1 : 0;
             size_t count = 0;
             for (const char *q = hit; q; q = memchr(q + 1, pc, (size_t)(end - q - 1))) count++;
+            if (grow && count > (limit - cur_len) / grow) return -2;
             if (tbuf_reserve(out, cur_len + count * grow + 1)) return -1;
             char *w = out->p;
             while (hit) {
@@ -100,10 +104,12 @@ static int normalize(const g4_tokenizer *tok, const char *s, size_t n, tbuf bufs
             if (tbuf_reserve(out, cur_len + 1)) return -1;
             while (hit) {
                 if (tbuf_add(out, p, (size_t)(hit - p)) || tbuf_add(out, op->content, op->content_len)) return -1;
+                if (out->n > limit) return -2;
                 p = hit + op->pattern_len;
                 hit = (size_t)(end - p) >= op->pattern_len ? memmem(p, (size_t)(end - p), op->pattern, op->pattern_len) : NULL;
             }
             if (tbuf_add(out, p, (size_t)(end - p))) return -1;
+            if (out->n > limit) return -2;
         }
         cur = out->p;
         cur_len = out->n;
@@ -137,7 +143,9 @@ typedef struct cache_ent {
     uint32_t key_off, key_len, ids_off, ids_n;
 } cache_ent;
 
-enum { CACHE_MAX_KEY = 256, CACHE_MAX_ENTRIES = 1 << 20 };
+/* The text is the caller's, so the cache's hash is seeded per call and a lookup probes at most
+ * CACHE_MAX_PROBES slots (a miss only costs the merge again). */
+enum { CACHE_MAX_KEY = 256, CACHE_MAX_ENTRIES = 1 << 20, CACHE_MAX_PROBES = 64 };
 
 typedef struct enc_ctx {
     const g4_tokenizer *tok;
@@ -154,6 +162,7 @@ typedef struct enc_ctx {
     tbuf ckeys;
     int32_t *cids;
     size_t cids_n, cids_cap;
+    uint64_t cseed;
 } enc_ctx;
 
 static int sym_reserve(enc_ctx *c, size_t n) {
@@ -413,8 +422,9 @@ static int cache_grow(enc_ctx *c) {
     for (size_t i = 0; i < c->ccap; i++) {
         if (!c->ctab[i].key_len) continue;
         size_t h = c->ctab[i].hash & (cap - 1);
-        while (t[h].key_len) h = (h + 1) & (cap - 1);
-        t[h] = c->ctab[i];
+        int probes = 0;
+        while (t[h].key_len && probes++ < CACHE_MAX_PROBES) h = (h + 1) & (cap - 1);
+        if (!t[h].key_len) t[h] = c->ctab[i]; /* else dropped */
     }
     free(c->ctab);
     c->ctab = t;
@@ -425,10 +435,12 @@ static int cache_grow(enc_ctx *c) {
 /* A chunk through the per-call cache. */
 static int bpe_cached(enc_ctx *c, const char *s, size_t n) {
     if (n > CACHE_MAX_KEY) return bpe_chunk(c, s, n);
-    uint64_t hash = tok_hash_bytes(s, n, 0);
+    uint64_t hash = tok_hash_bytes(s, n, c->cseed);
     size_t slot = 0;
+    int probes = 0;
     if (c->ccap) {
         for (slot = hash & (c->ccap - 1); c->ctab[slot].key_len; slot = (slot + 1) & (c->ccap - 1)) {
+            if (++probes > CACHE_MAX_PROBES) return bpe_chunk(c, s, n); /* not cached */
             const cache_ent *e = &c->ctab[slot];
             if (e->hash == hash && e->key_len == n && !memcmp(c->ckeys.p + e->key_off, s, n)) {
                 if (tokens_reserve(c->out, e->ids_n)) return g4_fail(c->err, "out of memory");
@@ -444,8 +456,9 @@ static int bpe_cached(enc_ctx *c, const char *s, size_t n) {
     size_t k = c->out->n - before;
     if ((c->cn + 1) * 2 > c->ccap) {
         if (cache_grow(c)) return 0; /* no cache: still correct */
-        for (slot = hash & (c->ccap - 1); c->ctab[slot].key_len; slot = (slot + 1) & (c->ccap - 1)) {
-        }
+        probes = 0;
+        for (slot = hash & (c->ccap - 1); c->ctab[slot].key_len; slot = (slot + 1) & (c->ccap - 1))
+            if (++probes > CACHE_MAX_PROBES) return 0;
     }
     if (c->cids_n + k > c->cids_cap) {
         size_t cap = c->cids_cap ? c->cids_cap * 2 : 4096;
@@ -457,7 +470,7 @@ static int bpe_cached(enc_ctx *c, const char *s, size_t n) {
     }
     size_t key_off = c->ckeys.n;
     if (c->ckeys.n + n >= UINT32_MAX || c->cids_n + k >= UINT32_MAX || tbuf_add(&c->ckeys, s, n)) return 0;
-    memcpy(c->cids + c->cids_n, c->out->ids + before, k * sizeof *c->cids);
+    if (k) memcpy(c->cids + c->cids_n, c->out->ids + before, k * sizeof *c->cids); /* (cids may be NULL yet) */
     c->ctab[slot] = (cache_ent){hash, (uint32_t)key_off, (uint32_t)n, (uint32_t)c->cids_n, (uint32_t)k};
     c->cids_n += k;
     c->cn++;
@@ -695,8 +708,10 @@ static int plain_normalized(enc_ctx *c, const char *s, size_t n) {
 static int plain_raw(enc_ctx *c, const char *s, size_t n) {
     const char *ns = s;
     size_t nn = n;
-    if (c->tok->n_norm && normalize(c->tok, s, n, c->norm, &ns, &nn))
-        return g4_fail(c->err, "out of memory");
+    int rc = c->tok->n_norm ? normalize(c->tok, s, n, c->norm, &ns, &nn) : 0;
+    if (rc == -2)
+        return g4_fail(c->err, "the tokenizer's normalizer makes the text more than %d times longer", TOK_MAX_GROWTH);
+    if (rc) return g4_fail(c->err, "out of memory");
     if (!nn) return 0;
     return split_added(c, &c->tok->trie_norm, ns, nn, plain_normalized);
 }
@@ -709,6 +724,10 @@ int g4_tokenize(const g4_tokenizer *tok, const char *text, size_t len, int add_b
     size_t n0 = out->n;
     enc_ctx c;
     memset(&c, 0, sizeof c);
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    uint64_t where[2] = {(uint64_t)(uintptr_t)&c, (uint64_t)now.tv_nsec ^ ((uint64_t)now.tv_sec << 32)};
+    c.cseed = tok_hash_bytes(where, sizeof where, 0); /* differs by call and process */
     c.tok = tok;
     c.out = out;
     c.err = err;

@@ -26,6 +26,15 @@ typedef struct tok_strmap {
     uint64_t mask;
 } tok_strmap;
 
+/* The tables hash strings and pairs that a tokenizer.json (or its cache) chooses, so they are
+ * built and accepted only when every run of occupied slots is at most this long: a lookup
+ * then probes at most that many slots, whatever the file (a real vocabulary's longest run is
+ * under 50). */
+#define TOK_MAX_RUN 1024
+
+/* Longest run of slots != empty in table[0..cap), wrapping around (cap when all are full). */
+uint64_t tok_longest_run(const uint64_t *table, uint64_t cap, size_t stride, uint64_t empty);
+
 /* --------------------------------------------------------------- merges map */
 
 typedef struct tok_merge_slot {
@@ -34,6 +43,17 @@ typedef struct tok_merge_slot {
 } tok_merge_slot;
 
 /* ----------------------------------------------------------- pipeline steps */
+
+/* Bounds on what a tokenizer.json may ask of the pipeline: the steps of the normalizer, of the
+ * pre-tokenizer and of the decoder (each step costs a pass over the text), and how much longer
+ * than its input the normalizer or the decoder may make a text (TOK_MAX_GROWTH times, plus
+ * the contents its steps insert, plus 4 KiB). */
+#define TOK_MAX_STEPS 64
+#define TOK_MAX_GROWTH 16
+
+/* The added tokens are found in a text by walking a trie from each position, which costs up to
+ * the longest token per position: they may be at most this long (the real ones are under 100). */
+#define TOK_MAX_ADDED_LEN 1024
 
 enum { TOK_NORM_REPLACE, TOK_NORM_PREPEND };
 typedef struct tok_norm_op {
@@ -186,6 +206,7 @@ struct g4_tokenizer {
 
     tok_norm_op *norm;
     size_t n_norm;
+    size_t norm_inserted; /* total content length of the normalizer's Prepend steps */
     tok_pretok_op *pretok;
     size_t n_pretok;
     tok_dec_op *dec;
@@ -218,8 +239,9 @@ enum { TOK_ID_SPECIAL = 1, TOK_ID_ADDED = 2, TOK_ID_MODEL = 4 };
 /* utilities (tok_util.c) */
 int tok_strmap_init(tok_strmap *m, size_t n_entries);
 void tok_strmap_free(tok_strmap *m);
-/* Adds string `index` of tab; when an equal string is already there the first is kept. */
-void tok_strmap_put(tok_strmap *m, const tok_strtab *tab, uint32_t index);
+/* Adds string `index` of tab; when an equal string is already there the first is kept.
+ * -1 when the slot would be more than TOK_MAX_RUN probes away (a degenerate table). */
+int tok_strmap_put(tok_strmap *m, const tok_strtab *tab, uint32_t index);
 int32_t tok_strmap_get(const tok_strmap *m, const tok_strtab *tab, const char *s, size_t len);
 
 /* Model-vocabulary lookup (pieces from the vocab slots). */
@@ -262,10 +284,18 @@ _Static_assert(TOK_SEC_COUNT <= TOK_CACHE_SECTIONS && TOK_P_COUNT <= TOK_CACHE_P
 /* Maps a cache and checks it belongs to src and is intact: 0, or -1 (absent, stale, corrupt). */
 int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data *d);
 void tok_cache_close(tok_cache_data *d);
+/* Makes the bytes of a cache file claim to belong to src_path (the header's source fields, size
+ * and checksum are recomputed): how tests and the fuzz harness reach the checks behind the
+ * checksum.  -1 when the file is shorter than a header or src cannot be read. */
+int tok_cache_reseal(unsigned char *file, size_t size, const char *src_path);
 /* Writes d's sections and parameters atomically (temporary file + rename). */
 int tok_cache_write(const char *cache_path, const char *src_path, const tok_cache_data *d);
 
-/* Applies the normalizer to s (for normalized added tokens); malloc'ed, NULL: no memory. */
+/* The longest text the normalizer or decoder may make of n bytes (TOK_MAX_GROWTH). */
+size_t tok_growth_limit(size_t n, size_t inserted);
+
+/* Applies the normalizer to s (for normalized added tokens); malloc'ed, NULL: no memory or the
+ * text grows past tok_growth_limit. */
 char *tok_normalize_alloc(const g4_tokenizer *tok, const char *s, size_t len, size_t *out_len);
 
 /* Where the cache of src lives: $G4_TOKENIZER_CACHE_DIR, else $XDG_CACHE_HOME/gemma4c, else

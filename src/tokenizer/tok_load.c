@@ -74,6 +74,16 @@ static int opt_strn(const json_t *obj, const char *key, const char **s, size_t *
 
 /* ------------------------------------------------------------ vocabulary */
 
+static int degenerate(g4_error *err, const char *what) {
+    return g4_fail(err, "tokenizer.json: %s: its hash table has a run of more than %d slots (a file made "
+                        "to slow lookups down?)", what, TOK_MAX_RUN);
+}
+
+/* size == count * elem, without overflow. */
+static int sized(uint64_t size, uint64_t count, uint64_t elem) {
+    return count <= UINT64_MAX / elem && size == count * elem;
+}
+
 static int build_vocab(g4_tokenizer *tok, uint32_t n_slots, const uint32_t *off, const char *blob,
                        g4_error *err) {
     tok->n_slots = n_slots;
@@ -89,7 +99,7 @@ static int build_vocab(g4_tokenizer *tok, uint32_t n_slots, const uint32_t *off,
     for (uint32_t i = 0; i < n_slots; i++) {
         uint32_t a = off[i], b = off[i + 1];
         if (a == b) continue;
-        tok_strmap_put(&tok->vocab_map, &tok->vocab_tab, i);
+        if (tok_strmap_put(&tok->vocab_map, &tok->vocab_tab, i)) return degenerate(err, "model.vocab");
         const unsigned char *s = (const unsigned char *)blob + a;
         size_t len = b - a - 1;
         uint32_t cp;
@@ -97,6 +107,8 @@ static int build_vocab(g4_tokenizer *tok, uint32_t n_slots, const uint32_t *off,
             tok->bmp_id[cp] < 0)
             tok->bmp_id[cp] = (int32_t)i;
     }
+    if (tok_longest_run(tok->vocab_map.slots, tok->vocab_map.mask + 1, 1, 0) > TOK_MAX_RUN)
+        return degenerate(err, "model.vocab");
     for (int b = 0; b < 256; b++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", b);
@@ -149,6 +161,7 @@ static int build_merges(g4_tokenizer *tok, const uint32_t *triples, size_t n, g4
         uint64_t h = hk >> tok->merge_shift, f = hk >> tok->merge_filter_shift;
         tok->merge_filter[f >> 6] |= (uint64_t)1 << (f & 63);
         /* a repeated pair: the later entry wins, as in HF */
+        int probes = 0;
         if (tok->merge_packed) {
             uint64_t kp = (a << id_bits) | b;
             for (;; h = (h + 1) & tok->merge_mask) {
@@ -157,6 +170,7 @@ static int build_merges(g4_tokenizer *tok, const uint32_t *triples, size_t n, g4
                     tok->merge_packed[h] = (kp << rank_bits) | i;
                     break;
                 }
+                if (++probes > TOK_MAX_RUN) return degenerate(err, "model.merges");
             }
         } else {
             uint64_t key = (a << 32) | b;
@@ -167,9 +181,13 @@ static int build_merges(g4_tokenizer *tok, const uint32_t *triples, size_t n, g4
                     s->rank = i;
                     break;
                 }
+                if (++probes > TOK_MAX_RUN) return degenerate(err, "model.merges");
             }
         }
     }
+    if (tok->merge_packed ? tok_longest_run(tok->merge_packed, cap, 1, UINT64_MAX) > TOK_MAX_RUN
+                          : tok_longest_run(&tok->merge_wide->key, cap, 2, UINT64_MAX) > TOK_MAX_RUN)
+        return degenerate(err, "model.merges");
     /* the most used merges (BPE ranks follow frequency) in a table that fits in L2 */
     size_t hot_n = n < 16384 ? n : 16384;
     if (tok->merge_packed && hot_n) {
@@ -194,12 +212,16 @@ static int build_merges(g4_tokenizer *tok, const uint32_t *triples, size_t n, g4
                 if ((e >> rank_bits) == kp) break;
             }
             if ((e & (((uint64_t)1 << rank_bits) - 1)) != i) continue;
-            for (uint64_t h = hk >> tok->merge_hot_shift;; h = (h + 1) & tok->merge_hot_mask)
+            int probes = 0;
+            for (uint64_t h = hk >> tok->merge_hot_shift;; h = (h + 1) & tok->merge_hot_mask) {
                 if (tok->merge_hot[h] == UINT64_MAX) {
                     tok->merge_hot[h] = e;
                     break;
                 }
+                if (++probes > TOK_MAX_RUN) return degenerate(err, "model.merges");
+            }
         }
+        if (tok_longest_run(tok->merge_hot, hcap, 1, UINT64_MAX) > TOK_MAX_RUN) return degenerate(err, "model.merges");
     }
     return 0;
 }
@@ -426,6 +448,7 @@ static int parse_normalizer(g4_tokenizer *tok, const json_t *n, int depth, g4_er
         if (is_replace && pattern_string(n, &p, &pl, what, err)) return -1;
         if (json_strn(json_object_get(n, is_replace ? "content" : "prepend"), &c, &cl))
             return g4_fail(err, "%s: %s needs a \"%s\" string", what, type, is_replace ? "content" : "prepend");
+        if (tok->n_norm >= TOK_MAX_STEPS) return g4_fail(err, "%s: more than %d steps", what, TOK_MAX_STEPS);
         if (grow((void **)&tok->norm, &tok->n_norm, sizeof *tok->norm)) return g4_fail(err, "out of memory");
         tok_norm_op *op = &tok->norm[tok->n_norm - 1];
         op->type = is_replace ? TOK_NORM_REPLACE : TOK_NORM_PREPEND;
@@ -433,6 +456,7 @@ static int parse_normalizer(g4_tokenizer *tok, const json_t *n, int depth, g4_er
             return g4_fail(err, "out of memory");
         op->pattern_len = pl;
         op->content_len = cl;
+        if (!is_replace) tok->norm_inserted += cl;
         return 0;
     }
     return g4_fail(err, "%s: type '%s' is not supported", what, type);
@@ -467,6 +491,7 @@ static int parse_pretok(g4_tokenizer *tok, const json_t *n, int depth, g4_error 
         for (int i = 0; i < 5; i++)
             if (behavior && !strcmp(behavior, names[i])) b = i;
         if (b < 0) return g4_fail(err, "%s: unknown Split behavior '%s'", what, behavior ? behavior : "(none)");
+        if (tok->n_pretok >= TOK_MAX_STEPS) return g4_fail(err, "%s: more than %d steps", what, TOK_MAX_STEPS);
         if (grow((void **)&tok->pretok, &tok->n_pretok, sizeof *tok->pretok))
             return g4_fail(err, "out of memory");
         tok_pretok_op *op = &tok->pretok[tok->n_pretok - 1];
@@ -537,7 +562,12 @@ static int parse_decoder(g4_tokenizer *tok, const json_t *n, int depth, g4_error
     } else {
         return g4_fail(err, "%s: type '%s' is not supported", what, type);
     }
-    if (grow((void **)&tok->dec, &tok->n_dec, sizeof *tok->dec)) {
+    if (tok->n_dec >= TOK_MAX_STEPS || grow((void **)&tok->dec, &tok->n_dec, sizeof *tok->dec)) {
+        if (tok->n_dec >= TOK_MAX_STEPS) {
+            free(op.pattern);
+            free(op.content);
+            return g4_fail(err, "%s: more than %d steps", what, TOK_MAX_STEPS);
+        }
         free(op.pattern);
         free(op.content);
         return g4_fail(err, "out of memory");
@@ -678,6 +708,10 @@ static int install_added(g4_tokenizer *tok, const tok_added_raw *raw, size_t n, 
     }
     if (raw_blob_size) memcpy(blob, raw_blob, raw_blob_size);
     for (size_t i = 0; i < n; i++) {
+        if (raw[i].len > TOK_MAX_ADDED_LEN) {
+            g4_fail(err, "%s[%zu]: %u bytes long (at most %d)", what, i, raw[i].len, TOK_MAX_ADDED_LEN);
+            goto done;
+        }
         off[i] = raw[i].off;
         content[i] = blob + raw[i].off;
         clen[i] = raw[i].len;
@@ -695,7 +729,12 @@ static int install_added(g4_tokenizer *tok, const tok_added_raw *raw, size_t n, 
         g4_fail(err, "out of memory");
         goto done;
     }
-    for (size_t i = 0; i < n; i++) tok_strmap_put(&first, &all, (uint32_t)i);
+    for (size_t i = 0; i < n; i++)
+        if (tok_strmap_put(&first, &all, (uint32_t)i)) {
+            tok_strmap_free(&first);
+            degenerate(err, "added_tokens");
+            goto done;
+        }
     uint8_t *special_any = calloc(n + 1, 1);
     uint8_t *keep = calloc(n + 1, 1);
     if (!special_any || !keep) {
@@ -765,13 +804,22 @@ static int install_added(g4_tokenizer *tok, const tok_added_raw *raw, size_t n, 
         g4_fail(err, "out of memory");
         goto done;
     }
-    for (size_t i = 0; i < m; i++) tok_strmap_put(&tok->added_map, &tok->added_tab, (uint32_t)i);
+    for (size_t i = 0; i < m; i++)
+        if (tok_strmap_put(&tok->added_map, &tok->added_tab, (uint32_t)i)) {
+            degenerate(err, "added_tokens");
+            goto done;
+        }
+    if (tok_longest_run(tok->added_map.slots, tok->added_map.mask + 1, 1, 0) > TOK_MAX_RUN) {
+        degenerate(err, "added_tokens");
+        goto done;
+    }
     for (size_t i = 0; i < m; i++) {
         tok_added *a = &tok->added[i];
         if (!a->normalized) continue;
         a->norm = tok_normalize_alloc(tok, a->content, a->len, &a->norm_len);
         if (!a->norm) {
-            g4_fail(err, "out of memory");
+            g4_fail(err, "%s: normalizing an added token failed (out of memory, or the normalizer makes it more than "
+                         "%d times longer)", what, TOK_MAX_GROWTH);
             goto done;
         }
     }
@@ -978,13 +1026,13 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
     } while (0)
     uint64_t n_slots = P[TOK_P_N_SLOTS], n_merges = P[TOK_P_N_MERGES], blob_size = P[TOK_P_BLOB_SIZE];
     REQUIRE(n_slots <= TOK_MAX_ID && n_merges < ((uint64_t)1 << 32) && blob_size < UINT32_MAX);
-    REQUIRE(S[TOK_SEC_VOCAB_OFF].size == (n_slots + 1) * 4 && S[TOK_SEC_VOCAB_BLOB].size == blob_size);
+    REQUIRE(sized(S[TOK_SEC_VOCAB_OFF].size, n_slots + 1, 4) && S[TOK_SEC_VOCAB_BLOB].size == blob_size);
     const uint32_t *off = S[TOK_SEC_VOCAB_OFF].data;
     const char *blob = S[TOK_SEC_VOCAB_BLOB].data;
     REQUIRE(off[0] == 0 && off[n_slots] == blob_size);
     uint32_t n_vocab = 0;
     for (uint64_t i = 0; i < n_slots; i++) {
-        REQUIRE(off[i + 1] >= off[i]);
+        REQUIRE(off[i + 1] >= off[i] && off[i + 1] <= blob_size);
         if (off[i + 1] > off[i]) {
             REQUIRE(blob[off[i + 1] - 1] == 0);
             n_vocab++;
@@ -998,7 +1046,7 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
 
     /* vocabulary map: every entry names a present slot, as many entries as pieces */
     uint64_t vcap = P[TOK_P_VOCAB_MASK] + 1;
-    REQUIRE(log2_exact(vcap) >= 0 && vcap >= 2 * (uint64_t)n_vocab && S[TOK_SEC_VOCAB_MAP].size == vcap * 8);
+    REQUIRE(log2_exact(vcap) >= 0 && vcap >= 2 * (uint64_t)n_vocab && sized(S[TOK_SEC_VOCAB_MAP].size, vcap, 8));
     const uint64_t *vslots = S[TOK_SEC_VOCAB_MAP].data;
     uint64_t used = 0;
     for (uint64_t i = 0; i < vcap; i++) {
@@ -1007,7 +1055,7 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
         REQUIRE(idx < n_slots && off[idx + 1] > off[idx]);
         used++;
     }
-    REQUIRE(used == n_vocab);
+    REQUIRE(used == n_vocab && tok_longest_run(vslots, vcap, 1, 0) <= TOK_MAX_RUN);
     tok->vocab_map.slots = (uint64_t *)vslots;
     tok->vocab_map.mask = vcap - 1;
 
@@ -1022,7 +1070,7 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
     }
 
     /* merges: triples name present ids; the tables hold ranks in range and have room */
-    REQUIRE(S[TOK_SEC_MERGES].size == n_merges * 12);
+    REQUIRE(sized(S[TOK_SEC_MERGES].size, n_merges, 12));
     const uint32_t *tri = S[TOK_SEC_MERGES].data;
     for (uint64_t i = 0; i < n_merges * 3; i++) REQUIRE(tri[i] < n_slots && off[tri[i] + 1] > off[tri[i]]);
     tok->merge_triples = tri;
@@ -1039,22 +1087,24 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
     tok->merge_rank_bits = rank_bits;
     used = 0;
     if (P[TOK_P_MERGE_PACKED]) {
-        REQUIRE(2 * id_bits + rank_bits <= 63 && S[TOK_SEC_MERGE_MAIN].size == mcap * 8);
+        REQUIRE(2 * id_bits + rank_bits <= 63 && sized(S[TOK_SEC_MERGE_MAIN].size, mcap, 8));
         const uint64_t *t = S[TOK_SEC_MERGE_MAIN].data;
         for (uint64_t i = 0; i < mcap; i++)
             if (t[i] != UINT64_MAX) {
                 REQUIRE((t[i] & (((uint64_t)1 << rank_bits) - 1)) < n_merges);
                 used++;
             }
+        REQUIRE(tok_longest_run(t, mcap, 1, UINT64_MAX) <= TOK_MAX_RUN);
         tok->merge_packed = (uint64_t *)t;
     } else {
-        REQUIRE(S[TOK_SEC_MERGE_MAIN].size == mcap * sizeof(tok_merge_slot));
+        REQUIRE(sized(S[TOK_SEC_MERGE_MAIN].size, mcap, sizeof(tok_merge_slot)));
         const tok_merge_slot *t = S[TOK_SEC_MERGE_MAIN].data;
         for (uint64_t i = 0; i < mcap; i++)
             if (t[i].key != UINT64_MAX) {
                 REQUIRE(t[i].rank < n_merges);
                 used++;
             }
+        REQUIRE(tok_longest_run(&t->key, mcap, 2, UINT64_MAX) <= TOK_MAX_RUN);
         tok->merge_wide = (tok_merge_slot *)t;
     }
     REQUIRE(used <= n_merges && used < mcap);
@@ -1065,7 +1115,8 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
     if (S[TOK_SEC_MERGE_HOT].size) {
         uint64_t hcap = P[TOK_P_HOT_MASK] + 1;
         int hbits = log2_exact(hcap);
-        REQUIRE(P[TOK_P_MERGE_PACKED] && hbits >= 4 && P[TOK_P_HOT_SHIFT] == (uint64_t)(64 - hbits) && S[TOK_SEC_MERGE_HOT].size == hcap * 8);
+        REQUIRE(P[TOK_P_MERGE_PACKED] && hbits >= 4 && P[TOK_P_HOT_SHIFT] == (uint64_t)(64 - hbits) &&
+                sized(S[TOK_SEC_MERGE_HOT].size, hcap, 8));
         const uint64_t *t = S[TOK_SEC_MERGE_HOT].data;
         used = 0;
         for (uint64_t i = 0; i < hcap; i++)
@@ -1073,7 +1124,7 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
                 REQUIRE((t[i] & (((uint64_t)1 << rank_bits) - 1)) < n_merges);
                 used++;
             }
-        REQUIRE(used < hcap);
+        REQUIRE(used < hcap && tok_longest_run(t, hcap, 1, UINT64_MAX) <= TOK_MAX_RUN);
         tok->merge_hot = (uint64_t *)t;
         tok->merge_hot_mask = hcap - 1;
         tok->merge_hot_shift = 64 - hbits;
@@ -1089,7 +1140,7 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
 
     /* added tokens as listed: contents laid out in order, each NUL-terminated */
     uint64_t n_added = P[TOK_P_N_ADDED];
-    REQUIRE(n_added < ((uint64_t)1 << 24) && S[TOK_SEC_ADDED].size == n_added * sizeof(tok_added_raw));
+    REQUIRE(n_added < ((uint64_t)1 << 24) && sized(S[TOK_SEC_ADDED].size, n_added, sizeof(tok_added_raw)));
     const tok_added_raw *raw = S[TOK_SEC_ADDED].data;
     const char *ablob = S[TOK_SEC_ADDED_BLOB].data;
     uint64_t pos = 0;

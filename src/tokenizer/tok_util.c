@@ -59,6 +59,12 @@ uint64_t tok_hash_bytes(const void *data, size_t len, uint64_t seed) {
     return final_mix(h);
 }
 
+size_t tok_growth_limit(size_t n, size_t inserted) {
+    size_t lim = 4096;
+    if (n > (SIZE_MAX / 4) / TOK_MAX_GROWTH || inserted > SIZE_MAX / 4) return SIZE_MAX / 2;
+    return lim + n * TOK_MAX_GROWTH + inserted;
+}
+
 /* --------------------------------------------------------------- string map */
 
 int tok_strmap_init(tok_strmap *m, size_t n_entries) {
@@ -82,26 +88,43 @@ static inline int tab_get(const tok_strtab *tab, uint32_t i, const char **s, siz
     return 1;
 }
 
-void tok_strmap_put(tok_strmap *m, const tok_strtab *tab, uint32_t index) {
+int tok_strmap_put(tok_strmap *m, const tok_strtab *tab, uint32_t index) {
     const char *s;
     size_t len;
-    if (!tab_get(tab, index, &s, &len)) return;
+    if (!tab_get(tab, index, &s, &len)) return 0;
     uint64_t h = tok_hash_bytes(s, len, 0);
     uint64_t tag = h >> 32;
-    for (uint64_t i = h & m->mask;; i = (i + 1) & m->mask) {
+    uint64_t i = h & m->mask;
+    for (int probes = 0; probes <= TOK_MAX_RUN; probes++, i = (i + 1) & m->mask) {
         uint64_t v = m->slots[i];
         if (!v) {
             m->slots[i] = (tag << 32) | ((uint64_t)index + 1);
-            return;
+            return 0;
         }
         if ((v >> 32) == tag) {
             const char *t;
             size_t tl;
             if (tab_get(tab, (uint32_t)(v & 0xffffffffu) - 1, &t, &tl) && tl == len &&
                 !memcmp(t, s, len))
-                return; /* keep the first */
+                return 0; /* keep the first */
         }
     }
+    return -1;
+}
+
+uint64_t tok_longest_run(const uint64_t *table, uint64_t cap, size_t stride, uint64_t empty) {
+    uint64_t best = 0, run = 0, first_empty = cap;
+    for (uint64_t i = 0; i < cap; i++) {
+        if (table[i * stride] == empty) {
+            if (first_empty == cap) first_empty = i;
+            run = 0;
+        } else if (++run > best) {
+            best = run;
+        }
+    }
+    if (first_empty == cap) return cap;
+    /* the run at the end continues at the start */
+    return run + first_empty > best ? run + first_empty : best;
 }
 
 int32_t tok_strmap_get(const tok_strmap *m, const tok_strtab *tab, const char *s, size_t len) {

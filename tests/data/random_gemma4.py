@@ -5,6 +5,7 @@ generator of random checkpoints in this project.
     random_gemma4.py model CONFIG.json OUT [--type bf16] [--seed 1]
     random_gemma4.py drafter MAIN_DIR OUT_DIR [--hidden 256] [--heads 4] [--intermediate 2048] [--dense-head]
     random_gemma4.py pair CONFIG.json OUT_DIR [the same drafter options]
+    random_gemma4.py unified CONFIG.json OUT_DIR [--layers N] [--files-from MODEL_DIR]
 
 model: the text decoder of CONFIG.json (any config.json, e.g. ../shared/configs/gemma-4-26b-a4b.json; towers are
 left out), written by `gemma4c quantize --random` (the binder's tensor list, so every architecture it loads, the
@@ -18,10 +19,18 @@ and RoPE; the centroid masked embedder (2048 centroids, top 32; fewer for a smal
 The drafter's width, heads and MLP size are not public: the defaults are guesses. Its weights are random normals.
 pair: OUT_DIR/main (as `model`, bf16) and OUT_DIR/drafter. The timings are real, the text and the acceptance rate
 are not. E2B's pair is about 9 GB.
+unified: CONFIG.json is a gemma4_unified config (../shared/configs/gemma-4-12b.json): OUT_DIR holds that model
+(decoder under model.language_model., the image and audio embedders under the checkpoint file's names,
+docs/gemma4-unified.md 9) with bf16 weights whose large matrices repeat one random block (writing is disk-bound:
+the 12B is about 24 GB); --layers N keeps the first N layers (the last one made full attention) for a smaller
+file of the same widths (2 layers: about 3 GB); --files-from takes the tokenizer, chat template and generation
+config of another Gemma 4 folder, and its vocabulary size and multimodal token ids; processor_config.json beside
+CONFIG.json is copied.
 """
 import argparse
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -40,7 +49,10 @@ def bf16_bytes(x):
 
 
 def write_safetensors(path, tensors, rng):
-    """tensors: list of (name, shape, kind) with kind 'normal:STD', 'ones' or an int64 array."""
+    """tensors: list of (name, shape, kind) with kind 'normal:STD', 'ones', 'tiled:STD' (one random block of
+    CHUNK values repeated within the tensor), 'repeat:STD' (slices of one random block shared by every such
+    tensor of the file: no random numbers to draw per tensor) or an int64 array."""
+    shared = {}
     header, off = {}, 0
     for name, shape, kind in tensors:
         n = int(np.prod(shape))
@@ -61,9 +73,23 @@ def write_safetensors(path, tensors, rng):
             if kind == "ones":
                 f.write(bf16_bytes(1.0 + 0.05 * rng.standard_normal(n, dtype=np.float32)))
                 continue
-            std = float(kind.split(":")[1])
+            how, std = kind.split(":")
+            if how == "repeat":
+                if std not in shared:
+                    shared[std] = bf16_bytes(float(std) * rng.standard_normal(CHUNK, dtype=np.float32))
+                for i in range(0, n, CHUNK):
+                    f.write(shared[std][:2 * min(CHUNK, n - i)])
+                continue
+            block = None
             for i in range(0, n, CHUNK):
-                f.write(bf16_bytes(std * rng.standard_normal(min(CHUNK, n - i), dtype=np.float32)))
+                m = min(CHUNK, n - i)
+                if how == "tiled" and block is not None and m == len(block) // 2:
+                    f.write(block)
+                    continue
+                data = bf16_bytes(float(std) * rng.standard_normal(m, dtype=np.float32))
+                if how == "tiled" and m == CHUNK:
+                    block = data
+                f.write(data)
 
 
 def layer_dims(tc):
@@ -96,6 +122,38 @@ def write_model(config, out, dtype="bf16", seed=1):
         f.flush()
         if subprocess.run([gemma4c, "quantize", "--random", f.name, out, "--type", dtype, "--seed", str(seed)]).returncode:
             sys.exit(1)
+
+
+def main_tensors(tc, prefix="model.", matrix="normal"):
+    """The decoder's tensors under prefix; large matrices of kind matrix ("normal" or "tiled")."""
+    H, V, NH, P = tc["hidden_size"], tc["vocab_size"], tc["num_attention_heads"], tc.get("hidden_size_per_layer_input", 0)
+    L, types, D, KV, first = layer_dims(tc)
+    s = 0.02
+    t = [(prefix + "embed_tokens.weight", (V, H), f"{matrix}:{s}"), (prefix + "norm.weight", (H,), "ones")]
+    if P:
+        t += [(prefix + "embed_tokens_per_layer.weight", (tc["vocab_size_per_layer_input"], L * P), f"tiled:{s}"),
+              (prefix + "per_layer_model_projection.weight", (L * P, H), f"{matrix}:{s}"),
+              (prefix + "per_layer_projection_norm.weight", (P,), "ones")]
+    for l in range(L):
+        p = f"{prefix}layers.{l}."
+        I = tc["intermediate_size"] * (2 if tc.get("use_double_wide_mlp") and first < L and l >= first else 1)
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            t.append((p + n + ".weight", (H,), "ones"))
+        t += [(p + "layer_scalar", (1,), "ones"), (p + "self_attn.q_proj.weight", (NH * D[l], H), f"{matrix}:{s}"),
+              (p + "self_attn.q_norm.weight", (D[l],), "ones"), (p + "self_attn.o_proj.weight", (H, NH * D[l]), f"{matrix}:{s}")]
+        if l < first:
+            t += [(p + "self_attn.k_proj.weight", (KV[l] * D[l], H), f"{matrix}:{s}"),
+                  (p + "self_attn.k_norm.weight", (D[l],), "ones")]
+            if not (tc.get("attention_k_eq_v") and types[l] == "full_attention"):
+                t.append((p + "self_attn.v_proj.weight", (KV[l] * D[l], H), f"{matrix}:{s}"))
+        t += [(p + "mlp.gate_proj.weight", (I, H), f"{matrix}:{s}"), (p + "mlp.up_proj.weight", (I, H), f"{matrix}:{s}"),
+              (p + "mlp.down_proj.weight", (H, I), f"{matrix}:{s}")]
+        if P:
+            t += [(p + "per_layer_input_gate.weight", (P, H), f"{matrix}:{s}"),
+                  (p + "per_layer_projection.weight", (H, P), f"{matrix}:{s}"),
+                  (p + "post_per_layer_input_norm.weight", (H,), "ones")]
+    return t
 
 
 def drafter(tc, a, rng):
@@ -135,6 +193,49 @@ def drafter(tc, a, rng):
     return cfg, t
 
 
+TOKEN_IDS = {"image_token_id": 258880, "audio_token_id": 258881, "video_token_id": 258884, "boi_token_id": 255999,
+             "eoi_token_id": 258882, "boa_token_id": 256000, "eoa_token_index": 258883}
+
+
+def write_unified(path, out, layers, files_from):
+    """A gemma4_unified model of the config at path (docs/gemma4-unified.md 9), the first `layers` layers."""
+    cfg = json.load(open(path))
+    if cfg.get("model_type") != "gemma4_unified":
+        raise SystemExit(f"{path}: not a gemma4_unified config")
+    tc = cfg["text_config"]
+    os.makedirs(out, exist_ok=True)
+    if os.path.exists(os.path.join(os.path.dirname(path), "processor_config.json")):
+        shutil.copy(os.path.join(os.path.dirname(path), "processor_config.json"), out)
+    if files_from:
+        other = json.load(open(os.path.join(files_from, "config.json")))
+        tc["vocab_size"] = (other.get("text_config") or other)["vocab_size"]
+        for k, v in TOKEN_IDS.items():
+            cfg[k] = other.get(k, v)
+        for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+            if os.path.exists(os.path.join(files_from, f)):
+                shutil.copy(os.path.join(files_from, f), out)
+    if layers:
+        L = min(layers, tc["num_hidden_layers"])
+        _, types, _, _, _ = layer_dims(tc)
+        tc["num_hidden_layers"] = L
+        tc["layer_types"] = types[:L - 1] + ["full_attention"]
+        tc["num_kv_shared_layers"] = 0
+    vc, ac = cfg.get("vision_config", {}), cfg.get("audio_config", {})
+    H, E, A = tc["hidden_size"], vc.get("mm_embed_dim", 3840), ac.get("audio_embed_dim", 640)
+    B = vc.get("patch_size", 16) * vc.get("pooling_kernel_size", 3)
+    v, s = "model.vision_embedder.", 0.02
+    t = main_tensors(dict(tc, hidden_size_per_layer_input=0), "model.language_model.", "repeat")
+    t += [(v + "patch_ln1.weight", (3 * B * B,), "ones"), (v + "patch_ln1.bias", (3 * B * B,), f"normal:{s}"),
+          (v + "patch_dense.weight", (E, 3 * B * B), f"repeat:{s}"), (v + "patch_dense.bias", (E,), f"normal:{s}"),
+          (v + "patch_ln2.weight", (E,), "ones"), (v + "patch_ln2.bias", (E,), f"normal:{s}"),
+          (v + "pos_embedding", (vc.get("mm_posemb_size", 1120), 2, E), f"repeat:{s}"),
+          (v + "pos_norm.weight", (E,), "ones"), (v + "pos_norm.bias", (E,), f"normal:{s}"),
+          ("model.embed_vision.embedding_projection.weight", (H, vc.get("output_proj_dims", E)), f"repeat:{s}"),
+          ("model.embed_audio.embedding_projection.weight", (H, A), f"repeat:{s}")]
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=1)
+    write_safetensors(os.path.join(out, "model.safetensors"), t, np.random.default_rng(0))
+
+
 def text_config(path):
     full = json.load(open(path))
     tc = dict(full.get("text_config") or full)
@@ -153,8 +254,8 @@ def write_drafter(tc, out, a, rng):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["model", "drafter", "pair"])
-    ap.add_argument("source", help="model, pair: a config.json; drafter: the main model's folder")
+    ap.add_argument("what", choices=["model", "drafter", "pair", "unified"])
+    ap.add_argument("source", help="model, pair, unified: a config.json; drafter: the main model's folder")
     ap.add_argument("out")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
@@ -162,10 +263,15 @@ def main():
     ap.add_argument("--dense-head", action="store_true")
     ap.add_argument("--type", default="bf16")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=0, help="unified: keep the first N layers (0: all)")
+    ap.add_argument("--files-from", help="unified: tokenizer, template and vocabulary of this model folder")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     if a.what == "model":
         write_model(a.source, a.out, a.type, a.seed)
+        return
+    if a.what == "unified":
+        write_unified(a.source, a.out, a.layers, a.files_from)
         return
     if a.what == "drafter":
         write_drafter(text_config(os.path.join(a.source, "config.json")), a.out, a, rng)

@@ -26,6 +26,12 @@ typedef struct g4_cpu {
     /* int8 activations of the current quantized matmul */
     void *act_buf;
     size_t act_cap;
+    /* normalized inputs of a matmul_set with a norm */
+    float *set_buf;
+    size_t set_cap;
+    /* weights this backend filled with random values (released with the backend or release_weight) */
+    void **owned;
+    int n_owned, cap_owned;
     /* the masked_logits op's selected ids */
     int32_t *sel_buf;
     size_t sel_cap;
@@ -59,6 +65,21 @@ float *g4_cpu_scratch_get(g4_cpu *cpu, int t, size_t n);
 /* y[n, out] = x[n, in] * W^T (+ bias). W: F32, BF16 or F16, [out, in]. */
 void g4_cpu_matmul(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 
+/* The ops of dense.c. */
+void g4_cpu_attention_dense(g4_backend *be, const g4_dense_attention_args *a);
+void g4_cpu_clamp(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi);
+void g4_cpu_shift_scale_cols(g4_backend *be, float *y, int rows, int cols, const float *shift, const float *scale);
+void g4_cpu_gather_sum(g4_backend *be, const float *src, const int32_t *idx, int n, int k, int row, float s,
+                       float *dst);
+/* The audio tower's ops (cpu_tower_ops.c). */
+void g4_cpu_sigmoid_mul(g4_backend *be, const float *a, const float *b, size_t n, float *y);
+void g4_cpu_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
+                      float *y);
+void g4_cpu_im2col(g4_backend *be, const float *x, int h, int w, int c, int kh, int kw, int stride, int pad, int row0,
+                   int nrows, float *out);
+void g4_cpu_conv1d_causal_dw(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
+void g4_cpu_local_attention(g4_backend *be, const g4_local_attention_args *a);
+
 /* SIMD kernels, chosen once at start-up by the CPU's features. */
 typedef struct g4_cpu_kernels {
     const char *isa;
@@ -76,11 +97,15 @@ typedef struct g4_cpu_kernels {
                      size_t ldy);
     /* NULL, or Q4_0 times one token with the grouped activations of g4_q8_rows.qp (decode) */
     void (*q4_gemv)(const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t, int nb, float *y);
-    /* NULL, or q8_tile for up to 16 rows and any number of tokens (prefill) */
-    void (*q8_gemm)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
-                    int nt, int nb, float *y, size_t ldy);
+    /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
+    float (*exp_sum)(float *x, size_t n, float shift);
+    /* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)); in place allowed */
+    void (*gelu_mul)(const float *g, const float *u, float *y, size_t n);
 } g4_cpu_kernels;
 
+/* the scalar exp_sum and gelu_mul (sets without their own) */
+float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift);
+void g4_cpu_gelu_mul_scalar(const float *g, const float *u, float *y, size_t n);
 void g4_cpu_q8_tile_scalar(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a,
                            int t0, int nt, int nb, float *y, size_t ldy);
 

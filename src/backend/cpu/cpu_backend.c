@@ -30,6 +30,9 @@ static void cpu_free(g4_backend *be) {
     for (int i = 0; i < G4_CPU_MAX_THREADS; i++) free(cpu->scratch[i].buf);
     free(cpu->moe_buf);
     free(cpu->act_buf);
+    free(cpu->set_buf);
+    for (int i = 0; i < cpu->n_owned; i++) free(cpu->owned[i]);
+    free(cpu->owned);
     free(cpu->sel_buf);
     free(cpu);
     free(be);
@@ -47,12 +50,40 @@ static void cpu_copy(g4_backend *be, void *dst, const void *src, size_t bytes) {
 }
 static void cpu_sync(g4_backend *be) {}
 
-/* Weights are read where they are (the memory-mapped file): nothing is copied. */
+/* Weights are read where they are (the memory-mapped file): nothing is copied. A source without data gets
+ * random values in memory of its own. */
 static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     *dst = *src;
+    if (src->data) return 0;
+    g4_cpu *cpu = cpu_of(be);
+    const size_t esz = (size_t)g4_dtype_bits(src->dtype) / 8, n = (size_t)g4_tensor_numel(src);
+    if (esz != 2 && esz != 4) return g4_fail(err, "random values of dtype %s are not supported", g4_dtype_name(src->dtype));
+    if (cpu->n_owned == cpu->cap_owned) {
+        int cap = cpu->cap_owned ? 2 * cpu->cap_owned : 64;
+        void **o = realloc(cpu->owned, (size_t)cap * sizeof *o);
+        if (!o) return g4_fail(err, "out of memory");
+        cpu->owned = o;
+        cpu->cap_owned = cap;
+    }
+    void *data = NULL;
+    if (posix_memalign(&data, 64, n * esz > 0 ? n * esz : 64))
+        return g4_fail(err, "out of memory for %zu bytes of random weights ('%s')", n * esz, src->name);
+    g4_fill_random(src->dtype, data, n, src->shape[src->ndim - 1], g4_name_seed(src->name));
+    cpu->owned[cpu->n_owned++] = data;
+    dst->data = data;
+    dst->nbytes = n * esz;
     return 0;
 }
-static void cpu_release_weight(g4_backend *be, g4_tensor *w) {}
+static void cpu_release_weight(g4_backend *be, g4_tensor *w) {
+    g4_cpu *cpu = cpu_of(be);
+    for (int i = 0; i < cpu->n_owned; i++)
+        if (cpu->owned[i] == w->data) {
+            free(cpu->owned[i]);
+            cpu->owned[i] = cpu->owned[--cpu->n_owned];
+            w->data = NULL;
+            return;
+        }
+}
 
 static int cpu_check(g4_backend *be, g4_error *err) {
     g4_cpu *cpu = cpu_of(be);
@@ -70,8 +101,42 @@ static void cpu_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w
     g4_cpu_matmul(cpu_of(be), x, n, w, bias, y);
 }
 
+static void cpu_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);
+static void cpu_gelu_mul(g4_backend *be, const float *g, const float *u, size_t n, float *y);
+static void cpu_softcap(g4_backend *be, float *y, size_t n, float c);
+
+static void cpu_post_norm_add(g4_backend *be, float *h, const float *o, const float *w, int rows, int dim, float eps,
+                              float s);
+
 static void cpu_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set) {
-    for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu_of(be), x, n, set->w[i], set->bias[i], set->y[i]);
+    g4_cpu *cpu = cpu_of(be);
+    if (set->res_out) { /* the sublayer's residual update, then its result is the input */
+        const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
+        if (set->res_out != set->res_h) memcpy(set->res_out, set->res_h, (size_t)n * (size_t)in * sizeof(float));
+        cpu_post_norm_add(be, set->res_out, set->res_o, set->res_w, n, in, set->eps, set->res_scale);
+        x = set->res_out;
+    }
+    if (set->norm) { /* normalize the rows once into a buffer of the backend */
+        const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
+        size_t need = (size_t)n * (size_t)in;
+        if (cpu->set_cap < need) {
+            float *nb = realloc(cpu->set_buf, need * sizeof(float));
+            if (!nb) {
+                cpu->failed = 1;
+                return;
+            }
+            cpu->set_buf = nb;
+            cpu->set_cap = need;
+        }
+        cpu_rmsnorm(be, x, set->norm, n, in, set->eps, cpu->set_buf);
+        x = cpu->set_buf;
+    }
+    for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu, x, n, set->w[i], set->bias[i], set->y[i]);
+    const size_t n0 = (size_t)n * (size_t)set->w[0]->shape[0];
+    if (set->geglu) cpu_gelu_mul(be, set->y[0], set->count == 2 ? set->y[1] : set->mul, n0, set->y[0]);
+    if (set->softcap > 0)
+        for (int i = 0; i < set->count; i++)
+            cpu_softcap(be, set->y[i], (size_t)n * (size_t)set->w[i]->shape[0], set->softcap);
 }
 
 /* ---------------------------------------------------------------- rmsnorm */
@@ -185,11 +250,6 @@ static void cpu_head_norm_rope(g4_backend *be, float *x, int n, int heads, int d
 }
 
 /* ----------------------------------------------------------- elementwise */
-static inline float gelu_tanh(float x) {
-    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
-}
-
 typedef struct {
     const float *g, *u;
     float *y;
@@ -197,10 +257,7 @@ typedef struct {
 
 static void gelu_range(void *ctx, int64_t b, int64_t e, int thread) {
     gelu_job *j = ctx;
-    if (j->u)
-        for (int64_t i = b; i < e; i++) j->y[i] = gelu_tanh(j->g[i]) * j->u[i];
-    else
-        for (int64_t i = b; i < e; i++) j->y[i] = gelu_tanh(j->g[i]);
+    g4_cpu_kernels_get()->gelu_mul(j->g + b, j->u ? j->u + b : NULL, j->y + b, (size_t)(e - b));
 }
 
 static void cpu_gelu_mul(g4_backend *be, const float *g, const float *u, size_t n, float *y) {
@@ -330,6 +387,18 @@ static void cpu_kv_store(g4_backend *be, const float *k, const float *v, int n, 
     }
 }
 
+static void cpu_attn_prep(g4_backend *be, const g4_attn_prep_args *a) {
+    const int D = a->head_dim;
+    if (!a->kv_shared) {
+        const size_t nkv = (size_t)a->n * (size_t)a->n_kv_heads * (size_t)D;
+        if (a->v_from_k) memcpy(a->v, a->k, nkv * sizeof(float));
+        cpu_head_norm_rope(be, a->k, a->n, a->n_kv_heads, D, a->k_norm, a->eps, a->rope);
+        cpu_head_norm_rope(be, a->v, a->n, a->n_kv_heads, D, NULL, a->eps, NULL);
+        cpu_kv_store(be, a->k, a->v, a->n, a->n_kv_heads * D, a->slot, a->k_cache, a->v_cache, a->kv_type);
+    }
+    cpu_head_norm_rope(be, a->q, a->n, a->n_heads, D, a->q_norm, a->eps, a->rope);
+}
+
 /* -------------------------------------------------------------- attention */
 typedef struct {
     g4_cpu *cpu;
@@ -353,7 +422,7 @@ static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
     for (int64_t it = b; it < e; it++) {
         int t = (int)(it / a->n_heads), h = (int)(it % a->n_heads);
         int p = a->pos[t];
-        int lo = a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
+        int lo = a->kv_start ? a->kv_start[t] : a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
         int hi = a->kv_end ? a->kv_end[t] : p + 1;
         int nk = hi - lo;
         float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nk + (size_t)D);
@@ -403,6 +472,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     /* routing, per token */
     size_t need = (size_t)n * (size_t)TK * 2 + (size_t)E + (size_t)H   /* weights, ids, logits, z */
                   + (size_t)n * (size_t)H                               /* gathered x2 rows */
+                  + (size_t)n * (size_t)H * 2                           /* x2, expert sum */
                   + (size_t)n * 2 * (size_t)Im                          /* gate_up out */
                   + (size_t)n * (size_t)Im + (size_t)n * (size_t)H      /* act, down out */
                   + (size_t)n * 2;                                      /* routed rows and their weights */
@@ -425,6 +495,9 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     float *dn = act + (size_t)n * Im;                /* [n, H] */
     int32_t *rows = (int32_t *)(dn + (size_t)n * H); /* [n] tokens routed to the current expert */
     float *rw = (float *)(rows + n);                 /* [n] their routing weights */
+    float *x2 = rw + n;                              /* [n, H] rmsnorm(residual) * pre_norm2 */
+    float *esum = x2 + (size_t)n * H;                /* [n, H] the experts' weighted sum */
+    cpu_rmsnorm(be, a->residual, a->pre_norm2, n, H, a->eps, x2);
     const float inv_sqrt_h = 1.0f / sqrtf((float)H);
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
     for (int t = 0; t < n; t++) {
@@ -458,7 +531,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
             *wk = *wk / wsum * a->per_expert_scale[ids[(size_t)t * TK + kk]];
         }
     }
-    memset(a->out, 0, (size_t)n * H * sizeof(float));
+    memset(esum, 0, (size_t)n * H * sizeof(float));
     /* experts in ascending id order, each over the tokens routed to it */
     for (int e = 0; e < E; e++) {
         int m = 0;
@@ -470,7 +543,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
                     m++;
                 }
         if (!m) continue;
-        for (int i = 0; i < m; i++) memcpy(xs + (size_t)i * H, a->x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
+        for (int i = 0; i < m; i++) memcpy(xs + (size_t)i * H, x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
         g4_tensor gu_w = g4_tensor_index(a->gate_up, e), dn_w = g4_tensor_index(a->down, e);
         /* gate and up: one [2Im, H] matrix, rows [m, 2Im]; or two [Im, H] ones into [m, Im] each */
         size_t gs = a->up ? (size_t)Im : 2 * (size_t)Im, uo = a->up ? (size_t)m * Im : (size_t)Im;
@@ -480,13 +553,14 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
             g4_cpu_matmul(cpu, xs, m, &up_w, NULL, gu + uo);
         }
         for (int i = 0; i < m; i++)
-            for (int c = 0; c < Im; c++) {
-                float g = gu[(size_t)i * gs + c], u = gu[(size_t)i * gs + uo + c];
-                act[(size_t)i * Im + c] = gelu_tanh(g) * u;
-            }
+            k->gelu_mul(gu + (size_t)i * gs, gu + (size_t)i * gs + uo, act + (size_t)i * Im, (size_t)Im);
         g4_cpu_matmul(cpu, act, m, &dn_w, NULL, dn);
-        for (int i = 0; i < m; i++) k->axpy(a->out + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
+        for (int i = 0; i < m; i++) k->axpy(esum + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
     }
+    /* out = rmsnorm(dense) * post_norm1 + rmsnorm(sum) * post_norm2 */
+    cpu_rmsnorm(be, esum, a->post_norm2, n, H, a->eps, esum);
+    cpu_rmsnorm(be, a->dense, a->post_norm1, n, H, a->eps, a->out);
+    for (size_t i = 0; i < (size_t)n * H; i++) a->out[i] += esum[i];
 }
 
 static const g4_backend_ops cpu_ops = {
@@ -521,8 +595,18 @@ static const g4_backend_ops cpu_ops = {
     .argmax = cpu_argmax,
     .masked_logits = cpu_masked_logits,
     .kv_store = cpu_kv_store,
+    .attn_prep = cpu_attn_prep,
     .attention = cpu_attention,
     .moe = cpu_moe,
+    .attention_dense = g4_cpu_attention_dense,
+    .clamp = g4_cpu_clamp,
+    .shift_scale_cols = g4_cpu_shift_scale_cols,
+    .gather_sum = g4_cpu_gather_sum,
+    .sigmoid_mul = g4_cpu_sigmoid_mul,
+    .layernorm = g4_cpu_layernorm,
+    .im2col = g4_cpu_im2col,
+    .conv1d_causal_dw = g4_cpu_conv1d_causal_dw,
+    .local_attention = g4_cpu_local_attention,
 };
 
 g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err) {

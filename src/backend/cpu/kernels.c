@@ -2,6 +2,7 @@
  * are tested against) and the choice of a set at run time. The SIMD sets are split by
  * architecture: kernels_x86.c (AVX2+FMA, AVX-512 with VNNI), kernels_arm.c (NEON with
  * dot-product instructions); each file compiles to nothing on other architectures. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,14 +19,23 @@ static float dot_f32_scalar(const float *a, const float *b, size_t n) {
     return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
+/* The bf16 dot products below do exactly the float operations of the dot_f32 of their instruction set on the
+ * converted weights (same accumulators, same order, same tail), so that a matmul row is the same number whether
+ * it ran alone (decode, the fused kernel) or in a batch (rows converted once, then dot_f32): batch invariance,
+ * which lets a request's greedy output not depend on what else the scheduler batched with it. */
+static inline float bf16_at(const uint16_t *w, size_t i) { /* w may be unaligned */
+    uint16_t h;
+    memcpy(&h, w + i, 2);
+    return g4_bf16_to_f32(h);
+}
+
 static float dot_bf16_scalar(const uint16_t *w, const float *x, size_t n) {
-    float s = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, w + i, 2);
-        s += g4_bf16_to_f32(h) * x[i];
-    }
-    return s;
+    float s[4] = {0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int j = 0; j < 4; j++) s[j] += bf16_at(w, i + j) * x[i + j];
+    for (; i < n; i++) s[0] += bf16_at(w, i) * x[i];
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 
 static void bf16_to_f32_scalar(const uint16_t *src, float *dst, size_t n) {
@@ -40,6 +50,22 @@ static void axpy_scalar(float *y, const float *x, float a, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+
+/* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)) */
+void g4_cpu_gelu_mul_scalar(const float *g, const float *u, float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i], r = 0.5f * x * (1.0f + tanhf(GELU_C * (x + 0.044715f * x * x * x)));
+        y[i] = u ? r * u[i] : r;
+    }
+}
+
+float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift) {
+    float s = 0;
+    for (size_t i = 0; i < n; i++) s += (x[i] = expf(x[i] - shift));
+    return s;
+}
+
 static void f32_tile_scalar(const float *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n,
                             float *y, size_t ldy) {
     for (int r = 0; r < nr; r++)
@@ -47,7 +73,8 @@ static void f32_tile_scalar(const float *w, size_t ldw, int nr, const float *x, 
 }
 
 static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scalar, bf16_to_f32_scalar,
-                                        axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL, NULL};
+                                        axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL,
+                                        g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar};
 
 static const g4_cpu_kernels *chosen;
 

@@ -6,6 +6,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/quant.h"
@@ -341,105 +342,6 @@ __attribute__((target(T512))) static void q8_tile_avx512(g4_dtype type, const un
                                      y + (size_t)t * ldy + r, ldy, 1, 1);
 }
 
-/* Prefill: 16 rows x up to 64 tokens with the rows in the vector lanes, as llama.cpp's
- * repacked kernels do, but gathered from the packed file layout on the fly: for a chunk of
- * blocks, the 16 rows' 32 codes per block become 8 vectors of 16 rows x 4 bytes
- * (vpgatherdd, once per chunk, into a per-thread buffer), and each token's block is 8
- * broadcast dwords, so one vpdpbusd makes 64 products for 16 different rows and a block of
- * 16 rows x 1 token costs 8 vpdpbusd and 3 float operations. */
-#define GCHUNK 64
-typedef struct {
-    __m512i w[GCHUNK][8];
-    __m512 d[GCHUNK];
-} gemm_pack;
-static __thread gemm_pack gpack;
-
-__attribute__((target(T512))) static void pack16(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,
-                                                int b0, int b1) {
-    const int bs = type == G4_Q4_0 ? 18 : 34;
-    const __mmask16 km = (__mmask16)((1u << nr) - 1);
-    const __m512i vidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                            _mm512_set1_epi32((int)row_bytes));
-    const __m512i lo4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
-    for (int b = b0; b < b1; b++) {
-        const unsigned char *base = w + (size_t)b * (size_t)bs;
-        __m512i *wv = gpack.w[b - b0];
-        gpack.d[b - b0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_mask_i32gather_epi32(zero, km, vidx, base, 1)));
-        if (type == G4_Q4_0) {
-            for (int k = 0; k < 4; k++) {
-                __m512i g = _mm512_mask_i32gather_epi32(zero, km, vidx, base + 2 + 4 * k, 1);
-                wv[k] = _mm512_and_si512(g, lo4);
-                wv[k + 4] = _mm512_and_si512(_mm512_srli_epi16(g, 4), lo4);
-            }
-        } else {
-            for (int k = 0; k < 8; k++)
-                wv[k] = _mm512_xor_si512(_mm512_mask_i32gather_epi32(zero, km, vidx, base + 2 + 4 * k, 1),
-                                         _mm512_set1_epi8((char)0x80));
-        }
-    }
-}
-
-__attribute__((target(T512), always_inline)) static inline void q8_gemm_avx512_fixed(float off, int nr,
-                                                                                    const g4_q8_rows *a, int t0,
-                                                                                    int b0, int b1, float *y,
-                                                                                    size_t ldy, int first,
-                                                                                    const int NT) {
-    const __mmask16 km = (__mmask16)((1u << nr) - 1);
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
-    for (int b = b0; b < b1; b++) {
-        const __m512i *wv = gpack.w[b - b0];
-        const __m512 dw = gpack.d[b - b0];
-#pragma GCC unroll 16
-        for (int t = 0; t < NT; t++) {
-            const size_t ti = (size_t)(t0 + t);
-            const int32_t *xq = (const int32_t *)(const void *)(a->q + ti * a->in_pad + 32 * (size_t)b);
-            /* two chains of 4: vpdpbusd's latency is hidden across tokens and halves */
-            __m512i s0 = _mm512_dpbusd_epi32(zero, wv[0], _mm512_set1_epi32(xq[0]));
-            __m512i s1 = _mm512_dpbusd_epi32(zero, wv[4], _mm512_set1_epi32(xq[4]));
-#pragma GCC unroll 4
-            for (int k = 1; k < 4; k++) {
-                s0 = _mm512_dpbusd_epi32(s0, wv[k], _mm512_set1_epi32(xq[k]));
-                s1 = _mm512_dpbusd_epi32(s1, wv[k + 4], _mm512_set1_epi32(xq[k + 4]));
-            }
-            const float *d = a->d + ti * a->nb_pad + b, *m = a->m + ti * a->nb_pad + b;
-            __m512 v = _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(d[0]),
-                                       _mm512_set1_ps(off * m[0]));
-            acc[t] = _mm512_fmadd_ps(v, dw, acc[t]);
-        }
-    }
-#pragma GCC unroll 16
-    for (int t = 0; t < NT; t++) {
-        float *yt = y + (size_t)t * ldy;
-        __m512 v = first ? acc[t] : _mm512_add_ps(acc[t], _mm512_maskz_loadu_ps(km, yt));
-        _mm512_mask_storeu_ps(yt, km, v);
-    }
-}
-
-__attribute__((target(T512))) static void q8_gemm_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
-                                                        int nr, const g4_q8_rows *a, int t0, int nt, int nb, float *y,
-                                                        size_t ldy) {
-    const float off = type == G4_Q4_0 ? 8.0f : 128.0f;
-    for (int b0 = 0; b0 < nb; b0 += GCHUNK) {
-        const int b1 = nb - b0 < GCHUNK ? nb : b0 + GCHUNK;
-        pack16(type, w, row_bytes, nr, b0, b1);
-        for (int t = 0; t < nt;) {
-            int k = nt - t >= 16 ? 16 : nt - t >= 8 ? 8 : nt - t >= 4 ? 4 : nt - t >= 2 ? 2 : 1;
-            float *yt = y + (size_t)t * ldy;
-            switch (k) {
-            case 16: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 16); break;
-            case 8: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 8); break;
-            case 4: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 4); break;
-            case 2: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 2); break;
-            default: q8_gemm_avx512_fixed(off, nr, a, t0 + t, b0, b1, yt, ldy, b0 == 0, 1); break;
-            }
-            t += k;
-        }
-    }
-}
-
 /* Decode, Q4_0: 4 blocks (72 bytes) of a row per step: two loads, one vpermi2b gathers the
  * 64 code bytes and one the 4 scales (as 16 halves, each block's in 4 lanes), so 2 vpdpbusd
  * cover 128 weights against the grouped activations (g4_q8_rows.qp). Needs AVX512-VBMI. */
@@ -482,10 +384,112 @@ __attribute__((target(T512V))) static void q4_gemv_avx512(const unsigned char *w
     }
 }
 
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+/* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf, ~1 ulp) */
+#define EXP_LO -87.33654f
+#define EXP_HI 88.72283f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+__attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(EXP_LOG2E), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_C1), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_C2), x);
+    __m256 z = _mm256_mul_ps(x, x), y = _mm256_set1_ps(EXP_P0);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P1));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P2));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P4));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P5));
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+__attribute__((target("avx2,fma"))) static void gelu_mul_avx2(const float *g, const float *u, float *y, size_t n) {
+    const __m256 c = _mm256_set1_ps(GELU_C), c3 = _mm256_set1_ps(GELU_C * 0.044715f), one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), x2 = _mm256_mul_ps(x, x);
+        __m256 mz2 = _mm256_mul_ps(_mm256_fmadd_ps(c3, x2, c), _mm256_sub_ps(_mm256_setzero_ps(), _mm256_add_ps(x, x)));
+        __m256 r = _mm256_div_ps(x, _mm256_add_ps(one, exp256(mz2))); /* mz2 = -2z */
+        _mm256_storeu_ps(y + i, u ? _mm256_mul_ps(r, _mm256_loadu_ps(u + i)) : r);
+    }
+    g4_cpu_gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
+}
+
+__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, size_t n, float shift) {
+    __m256 sh = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+        _mm256_storeu_ps(x + i, v);
+        acc = _mm256_add_ps(acc, v);
+    }
+    float s = hsum256(acc);
+    for (; i < n; i++) s += (x[i] = expf(x[i] - shift));
+    return s;
+}
+
+__attribute__((target("avx512f"))) static inline __m512 exp512(__m512 v) {
+    __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C1), v);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C2), v);
+    __m512 z = _mm512_mul_ps(v, v), y = _mm512_set1_ps(EXP_P0);
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P1));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P2));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P3));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P4));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P5));
+    y = _mm512_fmadd_ps(y, z, _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
+    y = _mm512_scalef_ps(y, fx); /* y * 2^fx */
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+__attribute__((target("avx512f"))) static float exp_sum_avx512(float *x, size_t n, float shift) {
+    __m512 sh = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 y = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
+        _mm512_storeu_ps(x + i, y);
+        acc = _mm512_add_ps(acc, y);
+    }
+    float s = _mm512_reduce_add_ps(acc);
+    for (; i < n; i++) s += (x[i] = expf(x[i] - shift));
+    return s;
+}
+
+/* gelu_tanh(x) = 0.5 x (1 + tanh z) = x / (1 + exp(-2z)): no cancellation near tanh = -1, and the ends are
+ * right (exp -> 0 gives x, exp -> its clamp gives ~0) */
+__attribute__((target("avx512f"))) static void gelu_mul_avx512(const float *g, const float *u, float *y, size_t n) {
+    const __m512 c = _mm512_set1_ps(GELU_C), c3 = _mm512_set1_ps(GELU_C * 0.044715f), one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i), x2 = _mm512_mul_ps(x, x);
+        __m512 mz2 = _mm512_mul_ps(_mm512_fmadd_ps(c3, x2, c), _mm512_sub_ps(_mm512_setzero_ps(), _mm512_add_ps(x, x)));
+        __m512 r = _mm512_div_ps(x, _mm512_add_ps(one, exp512(mz2))); /* mz2 = -2z */
+        _mm512_storeu_ps(y + i, u ? _mm512_mul_ps(r, _mm512_loadu_ps(u + i)) : r);
+    }
+    g4_cpu_gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
+}
+
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
-                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, NULL};
+                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
-                                        axpy_avx512, q8_tile_avx512, f32_tile_avx512, q4_gemv_avx512, q8_gemm_avx512};
+                                        axpy_avx512, q8_tile_avx512, f32_tile_avx512, q4_gemv_avx512,
+                                        exp_sum_avx512, gelu_mul_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

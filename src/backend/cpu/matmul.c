@@ -1,12 +1,13 @@
 /* y[n, out] = x[n, in] * W^T on the CPU for every weight dtype (core/tensor.h).
  * - Q8_0 / Q4_0: int8 activations and integer dot products (matmul_q8.c).
- * - BF16 with one token (decode): each row streams once through a fused convert+dot.
- * - otherwise (F32, F16, BF16 prefill, K-quants, Q4_1/Q5_x, MLX affine): a block of rows
+ * - otherwise (F32, F16, BF16, K-quants, Q4_1/Q5_x, MLX affine): a block of rows
  *   is decoded to f32 once (g4_dequant_row, or read in place for aligned F32) and
  *   multiplied with every token by register tiles of 4 rows x 4 tokens, so each loaded
  *   weight vector serves 4 tokens and each token vector 4 rows. All in f32: the result
  *   is what the dequantized weights give, up to summation order.
- * Work is split over output rows; nothing here dequantizes a whole matrix. */
+ * Work is split over output rows; nothing here dequantizes a whole matrix. A row's value does not depend on
+ * the batch (one token or many: the same tiles, the same order), so the scheduler's batched greedy outputs equal
+ * single requests'. */
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
@@ -41,13 +42,6 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     matmul_job *j = ctx;
     const size_t in = j->in;
     const g4_cpu_kernels *k = j->k;
-    if (j->n == 1 && j->w->dtype == G4_BF16) {
-        for (int64_t r = r0; r < r1; r++) {
-            float s = k->dot_bf16((const uint16_t *)g4_tensor_row(j->w, r), j->x, in);
-            j->y[r] = j->bias ? s + j->bias[r] : s;
-        }
-        return;
-    }
     if (j->w->dtype == G4_F32 && (((uintptr_t)j->w->data) & 3) == 0) {
         for (int64_t rb = r0; rb < r1; rb += ROW_BLOCK)
             tiles(j, (const float *)j->w->data + (size_t)rb * in, in, rb, (int)(r1 - rb < ROW_BLOCK ? r1 - rb : ROW_BLOCK));

@@ -79,7 +79,7 @@ static void q8_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     q8_job *j = ctx;
     const int nb = (int)(j->in / 32);
     const unsigned char *w = j->w->data;
-    const int gemm = j->k->q8_gemm && j->n >= 4, step = gemm ? 16 : 4;
+    const int step = 4;
     if (j->a->qp) {
         for (int t = 0; t < j->n; t++)
             j->k->q4_gemv(w + (size_t)r0 * j->row_bytes, j->row_bytes, (int)(r1 - r0), j->a, t, nb,
@@ -91,16 +91,12 @@ static void q8_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     }
     for (int64_t r = r0; r < r1; r += step) {
         int nr = (int)(r1 - r < step ? r1 - r : step);
-        if (gemm)
-            for (int t = 0; t < j->n; t += 64) /* 64 tokens' activations of a block stay in L1 */
-                j->k->q8_gemm(j->w->dtype, w + (size_t)r * j->row_bytes, j->row_bytes, nr, j->a, t,
-                              j->n - t < 64 ? j->n - t : 64, nb, j->y + (size_t)t * j->out + (size_t)r, j->out);
-        else
-            for (int t = 0; t < j->n; t += 4) {
-                int nt = j->n - t < 4 ? j->n - t : 4;
-                j->k->q8_tile(j->w->dtype, w + (size_t)r * j->row_bytes, j->row_bytes, nr, j->a, t, nt, nb,
-                              j->y + (size_t)t * j->out + (size_t)r, j->out);
-            }
+        /* q8_tile only: a row's value must not depend on the batch (batch invariance, test_backend_ops) */
+        for (int t = 0; t < j->n; t += 4) {
+            int nt = j->n - t < 4 ? j->n - t : 4;
+            j->k->q8_tile(j->w->dtype, w + (size_t)r * j->row_bytes, j->row_bytes, nr, j->a, t, nt, nb,
+                          j->y + (size_t)t * j->out + (size_t)r, j->out);
+        }
         if (j->bias)
             for (int t = 0; t < j->n; t++)
                 for (int i = 0; i < nr; i++) j->y[(size_t)t * j->out + (size_t)r + (size_t)i] += j->bias[r + i];
@@ -124,7 +120,7 @@ void *g4_cpu_act_buf(g4_cpu *cpu, size_t need) {
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
     const size_t in = (size_t)w->shape[w->ndim - 1], out = (size_t)w->shape[0];
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
-    const int grouped = k->q4_gemv && w->dtype == G4_Q4_0 && n < 4;
+    const int grouped = k->q4_gemv && w->dtype == G4_Q4_0; /* every n: rows independent of the batch */
     const size_t nb_pad = (in / 32 + 3) & ~(size_t)3, in_pad = nb_pad * 32;
     size_t need = (size_t)n * (in_pad + 2 * nb_pad * sizeof(float)) * (grouped ? 6 : 1) + 64;
     float *buf = g4_cpu_act_buf(cpu, need);

@@ -1,0 +1,68 @@
+#!/bin/bash
+# llama.cpp with CUDA beside gemma4c on the GPU machine, on the same weights: a random-weight checkpoint of a
+# real shape (tests/data/random_gemma4.py, safetensors), which gemma4c reads as it is and llama.cpp reads after
+# its own converter (convert_hf_to_gguf.py, bf16) and llama-quantize (Q4_0). Never part of the build or tests.
+#
+#   bench/llamacpp_gpu.sh prepare TARBALL DIR CONFIG   llama.cpp from a slim tarball of the source in npm
+#                                                     node-llama-cpp@3.22.1 (llama/gitRelease.bundle) built with
+#                                                     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 (llama-bench,
+#                                                     llama-quantize), and the model of CONFIG (one of
+#                                                     ../shared/configs) as DIR/model + DIR/model-bf16.gguf +
+#                                                     DIR/model-q4_0.gguf; tokenizer files from $G4_TOKENIZER_DIR
+#   bench/llamacpp_gpu.sh compare DIR GEMMA4C          llama-bench (prefill 512, 64 decode steps after 512
+#                                                     tokens, every layer on the GPU, flash attention) and
+#                                                     gemma4c bench on the same checkpoint; ms/token and ratios
+set -u
+what=$1
+case $what in
+prepare)
+    tarball=$2 dir=$3 config=$4
+    here=$(cd "$(dirname "$0")/.." && pwd)
+    mkdir -p "$dir/src"
+    tar xJf "$tarball" -C "$dir/src" || exit 1
+    cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null || exit 1
+    t0=$(date +%s)
+    (nice -n 19 cmake --build "$dir/build" -j"${JOBS:-12}" --target llama-bench llama-quantize >"$dir/build.log" 2>&1;
+     echo "llama.cpp build rc=$? in $(($(date +%s) - t0)) s") &
+    build=$!
+    # the checkpoint meanwhile (CPU): gemma4c's generator, then llama.cpp's converter
+    nice -n 19 python3 "$here/tests/data/random_gemma4.py" pair "$config" "$dir/pair" || exit 1
+    python3 - "$dir/pair/main/config.json" <<'PY' || exit 1
+import json, sys
+c = json.load(open(sys.argv[1])); c["architectures"] = ["Gemma4ForCausalLM"]; json.dump(c, open(sys.argv[1], "w"), indent=1)
+PY
+    cp "${G4_TOKENIZER_DIR:?}"/tokenizer.json "${G4_TOKENIZER_DIR}"/tokenizer_config.json "$dir/pair/main/"
+    nice -n 19 python3 "$dir/src/convert_hf_to_gguf.py" "$dir/pair/main" --outtype bf16 --outfile "$dir/model-bf16.gguf" \
+        >"$dir/convert.log" 2>&1
+    echo "convert rc=$? $(tail -1 "$dir/convert.log")"
+    wait $build
+    "$dir/build/bin/llama-quantize" "$dir/model-bf16.gguf" "$dir/model-q4_0.gguf" Q4_0 >"$dir/quantize.log" 2>&1
+    echo "quantize rc=$? $(ls -la "$dir"/*.gguf | awk '{print $5, $9}' | tr '\n' ' ')"
+    ;;
+compare)
+    dir=$2 bin=$3
+    for t in bf16 q4_0; do
+        f=$dir/model-$t.gguf
+        [ -s "$f" ] || { echo "llama.cpp $t: no $f"; continue; }
+        "$dir/build/bin/llama-bench" -m "$f" -ngl 99 -fa 1 -p 512 -n 64 -d 512 -r 3 -o jsonl >"$dir/llama-$t.jsonl" \
+            2>"$dir/llama-$t.err"
+        python3 - "$dir/llama-$t.jsonl" "$t" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if j["n_gen"]:
+        print("llama.cpp %s decode after %d: %.3f ms/token" % (sys.argv[2], j["n_depth"], 1e3 / j["avg_ts"]))
+    else:
+        print("llama.cpp %s prefill %d after %d: %.1f tok/s" % (sys.argv[2], j["n_prompt"], j["n_depth"], j["avg_ts"]))
+PY
+    done | tee "$dir/llama.txt"
+    "$bin" bench -m "$dir/pair/main" -p 512 -c 512 -n 64 -r 3 --device cuda | tee "$dir/gemma4c.txt"
+    ours=$(awk '/^decode at context/ {print $5; exit}' "$dir/gemma4c.txt")
+    theirs=$(awk '/llama.cpp bf16 decode/ {print $6; exit}' "$dir/llama.txt")
+    theirs4=$(awk '/llama.cpp q4_0 decode/ {print $6; exit}' "$dir/llama.txt")
+    awk -v a="$ours" -v b="$theirs" -v c="$theirs4" 'BEGIN { if (a > 0 && b > 0)
+        printf "decode at 512, bf16: gemma4c %.3f ms/token, llama.cpp %.3f ms/token: %.2fx llama.cpp (llama.cpp Q4_0 %s ms)\n", a, b, b / a, c }'
+    ;;
+*) echo "usage: $0 prepare TARBALL DIR CONFIG | compare DIR GEMMA4C" >&2; exit 2 ;;
+esac

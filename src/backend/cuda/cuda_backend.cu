@@ -1,0 +1,467 @@
+/* The CUDA backend (src/backend/backend.h; docs/architecture.md, "The backend owns its memory"): device memory,
+ * weight placement, recorded steps (CUDA graphs) and the op table. The ops live in cuda_gemv.cu (products),
+ * cuda_blas.cu (prefill products), cuda_attention.cu, cuda_moe.cu and cuda_misc.cu.
+ *
+ * Everything runs on one stream. Host-to-device copies of step inputs go through a pinned staging buffer
+ * (reset at each sync), so they are asynchronous; device-to-host copies wait for the stream (the contract:
+ * results are visible after to_host). Errors of a step (a failed launch, cuBLAS, a workspace that cannot grow)
+ * are kept until check() reports the first one.
+ *
+ * Recordings: a step shape (owner, key) runs eagerly the first time (workspaces reach their size), is captured
+ * into a CUDA graph the second time, and replayed from the third on. Workspaces that move afterwards bump a
+ * generation, and recordings of an older generation are captured again. Environment: G4_CUDA_GRAPHS=0 turns
+ * recordings off, G4_CUDA_PDL=0 programmatic dependent launch, G4_CUDA_PROFILE=1 prints the time of each
+ * kernel when the backend is freed (steps then run eagerly), G4_CUDA_GEMM=bf16 the precise prefill
+ * products (cuda_blas.cu: activations rounded to bf16 once, half the tensor-core work). */
+#include "backend/cuda/cuda_common.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STAGING_BYTES ((size_t)64 << 20)
+#define N_COUNTERS 65536
+
+void g4c_note(g4c *c, cudaError_t e, const char *what) {
+    if (e == cudaSuccess || c->error != cudaSuccess) return;
+    c->error = e;
+    snprintf(c->error_what, sizeof c->error_what, "%s: %s", what, cudaGetErrorString(e));
+}
+
+void *g4c_ws(g4c *c, g4c_buf *b, size_t bytes) {
+    if (b->cap >= bytes) return b->p;
+    size_t cap = bytes > 2 * b->cap ? bytes : 2 * b->cap;
+    cap = (cap + 4095) & ~(size_t)4095;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, cap);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        g4c_note(c, e, "growing a workspace");
+        return NULL;
+    }
+    /* a buffer a recording may still use is kept until the backend goes: recordings of older generations are
+     * captured again before they run */
+    if (b->p) {
+        if (c->capturing) {
+            void **r = (void **)realloc(c->retired, (size_t)(c->n_retired + 1) * sizeof *r);
+            if (r) {
+                c->retired = r;
+                c->retired[c->n_retired++] = b->p;
+            }
+        } else {
+            cudaFree(b->p);
+        }
+    }
+    b->p = p;
+    b->cap = cap;
+    c->generation++;
+    return p;
+}
+
+/* ---------------------------------------------------------------- profile */
+#define PROF_EVENTS 16384
+#define PROF_KERNELS 128
+
+typedef struct g4c_profile {
+    cudaEvent_t ev[PROF_EVENTS];
+    const void *pending[PROF_EVENTS / 2];
+    int n_pending;
+    const void *kernel[PROF_KERNELS];
+    double ms[PROF_KERNELS];
+    long calls[PROF_KERNELS];
+    int n_kernels;
+} g4c_profile;
+
+static void profile_collect(g4c *c) {
+    g4c_profile *p = c->profile;
+    if (!p || !p->n_pending) return;
+    cudaEventSynchronize(p->ev[2 * p->n_pending - 1]);
+    for (int i = 0; i < p->n_pending; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]);
+        int k = 0;
+        while (k < p->n_kernels && p->kernel[k] != p->pending[i]) k++;
+        if (k == p->n_kernels) {
+            if (k == PROF_KERNELS) continue;
+            p->kernel[p->n_kernels++] = p->pending[i];
+            p->ms[k] = 0, p->calls[k] = 0;
+        }
+        p->ms[k] += ms;
+        p->calls[k]++;
+    }
+    p->n_pending = 0;
+}
+
+void g4c_profile_begin(g4c *c) {
+    g4c_profile *p = c->profile;
+    if (p->n_pending == PROF_EVENTS / 2) profile_collect(c);
+    cudaEventRecord(p->ev[2 * p->n_pending], c->stream);
+}
+
+void g4c_profile_end(g4c *c, const void *kernel) {
+    g4c_profile *p = c->profile;
+    cudaEventRecord(p->ev[2 * p->n_pending + 1], c->stream);
+    p->pending[p->n_pending++] = kernel;
+}
+
+static void profile_print(g4c *c) {
+    g4c_profile *p = c->profile;
+    profile_collect(c);
+    double total = 0;
+    for (int k = 0; k < p->n_kernels; k++) total += p->ms[k];
+    fprintf(stderr, "cuda profile: %.3f ms in kernels\n", total);
+    for (int pass = 0; pass < p->n_kernels; pass++) { /* largest first */
+        int best = -1;
+        for (int k = 0; k < p->n_kernels; k++)
+            if (p->calls[k] >= 0 && (best < 0 || p->ms[k] > p->ms[best])) best = k;
+        const char *name = "?";
+#ifndef G4_CUDA_EMU
+        cudaFuncGetName(&name, p->kernel[best]);
+#endif
+        fprintf(stderr, "cuda profile: %10.3f ms %5.1f%% %8ld calls %9.2f us/call  %s\n", p->ms[best],
+                100.0 * p->ms[best] / (total > 0 ? total : 1), p->calls[best], 1e3 * p->ms[best] / (double)p->calls[best],
+                name);
+        p->calls[best] = -1;
+    }
+}
+
+/* ---------------------------------------------------------------- memory */
+static void *cu_alloc(g4_backend *be, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_release(g4_backend *be, void *p) {
+    if (p) cudaFree(p);
+}
+
+static void cu_to_device(g4_backend *be, void *dst, const void *src, size_t bytes) {
+    g4c *c = g4c_of(be);
+    if (!bytes) return;
+    if (c->staging && bytes <= c->staging_cap - c->staging_used) {
+        unsigned char *s = c->staging + c->staging_used;
+        memcpy(s, src, bytes);
+        c->staging_used += (bytes + 255) & ~(size_t)255;
+        if (c->staging_used > c->staging_cap) c->staging_used = c->staging_cap;
+        g4c_note(c, cudaMemcpyAsync(dst, s, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the GPU");
+    } else { /* from pageable memory: returns once the source is read */
+        g4c_note(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the GPU");
+    }
+}
+
+static void cu_sync(g4_backend *be) {
+    g4c *c = g4c_of(be);
+    g4c_note(c, cudaStreamSynchronize(c->stream), "running the step");
+    c->staging_used = 0;
+    if (c->profile) profile_collect(c);
+}
+
+static void cu_to_host(g4_backend *be, void *dst, const void *src, size_t bytes) {
+    g4c *c = g4c_of(be);
+    if (!bytes) return;
+    g4c_note(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream), "copy from the GPU");
+    cu_sync(be);
+}
+
+static void cu_copy(g4_backend *be, void *dst, const void *src, size_t bytes) {
+    g4c *c = g4c_of(be);
+    if (bytes) g4c_note(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream), "copy on the GPU");
+}
+
+static int cu_check(g4_backend *be, g4_error *err) {
+    g4c *c = g4c_of(be);
+    g4c_note(c, cudaGetLastError(), "kernel");
+    if (c->error == cudaSuccess) return 0;
+    c->error = cudaSuccess;
+    return g4_fail(err, "CUDA error in %s", c->error_what);
+}
+
+/* ---------------------------------------------------------------- weights */
+static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
+    g4c *c = g4c_of(be);
+    if (src->dtype != G4_BF16 && src->dtype != G4_F16 && src->dtype != G4_F32)
+        return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16 and F32 weights, not %s", src->name,
+                       g4_dtype_name(src->dtype));
+    const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
+    const int64_t rows = in > 0 ? g4_tensor_numel(src) / in : 0;
+    const size_t esz = (size_t)g4_dtype_bits(src->dtype) / 8, row_bytes = g4c_row_bytes(src->dtype, in);
+    const size_t bytes = (size_t)rows * row_bytes;
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total = 0;
+        cudaMemGetInfo(&free_b, &total);
+        return g4_fail(err, "the model does not fit in GPU memory: tensor '%s' needs %.1f MB, %.2f GB of %.2f GB "
+                            "are free on %s",
+                       src->name, (double)bytes / 1e6, (double)free_b / 1e9, (double)total / 1e9, c->prop.name);
+    }
+    if (src->data) {
+        if (row_bytes == (size_t)in * esz) {
+            e = cudaMemcpyAsync(d, src->data, bytes, cudaMemcpyHostToDevice, c->stream);
+        } else { /* padded rows: zeros, then the rows */
+            e = cudaMemsetAsync(d, 0, bytes, c->stream);
+            if (e == cudaSuccess)
+                e = cudaMemcpy2DAsync(d, row_bytes, src->data, (size_t)in * esz, (size_t)in * esz, (size_t)rows,
+                                      cudaMemcpyHostToDevice, c->stream);
+        }
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    } else if (rows > 0) {
+        g4c_fill_random(c, d, src->dtype, rows, in, row_bytes, g4_name_seed(src->name));
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess) {
+        cudaFree(d);
+        return g4_fail(err, "tensor '%s': copy to the GPU failed: %s", src->name, cudaGetErrorString(e));
+    }
+    *dst = *src;
+    dst->data = d;
+    dst->nbytes = bytes;
+    return 0;
+}
+
+static void cu_release_weight(g4_backend *be, g4_tensor *w) {
+    if (w->data) cudaFree((void *)w->data);
+    w->data = NULL;
+}
+
+/* ---------------------------------------------------------------- recordings */
+static int cu_graph_begin(g4_backend *be, const void *owner, uint64_t key) {
+    g4c *c = g4c_of(be);
+    if (!c->graphs_on || c->error != cudaSuccess) return 0;
+    g4c_graph *g = NULL;
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].owner == owner && c->graphs[i].key == key) g = &c->graphs[i];
+    if (!g) {
+        if (c->n_graphs == G4C_MAX_GRAPHS) return 0;
+        g = &c->graphs[c->n_graphs++];
+        memset(g, 0, sizeof *g);
+        g->owner = owner;
+        g->key = key;
+    }
+    g->seen++;
+    if (g->exec && g->generation == c->generation) {
+        g4c_note(c, cudaGraphLaunch(g->exec, c->stream), "replaying a step");
+        return 1;
+    }
+    if (g->exec) {
+        cudaGraphExecDestroy(g->exec);
+        g->exec = NULL;
+    }
+    c->in_graph_step = 1; /* ops size their work for any step of this shape */
+    if (g->seen >= 2) {
+        cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
+        if (e != cudaSuccess) { /* no recordings here (the emulator): run eagerly from now on */
+            cudaGetLastError();
+            c->graphs_on = 0;
+            return 0;
+        }
+        c->capturing = 1;
+        c->recording = g;
+    }
+    return 0;
+}
+
+static void cu_graph_end(g4_backend *be) {
+    g4c *c = g4c_of(be);
+    c->in_graph_step = 0;
+    if (!c->capturing) return;
+    c->capturing = 0;
+    g4c_graph *g = c->recording;
+    c->recording = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    if (e == cudaSuccess && c->error == cudaSuccess) e = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e == cudaSuccess && c->error == cudaSuccess) {
+        g->generation = c->generation;
+        e = cudaGraphLaunch(g->exec, c->stream);
+    }
+    if (e != cudaSuccess || c->error != cudaSuccess) { /* the step did not run: report it, and stop recording */
+        cudaGetLastError();
+        g4c_note(c, e, "recording a step");
+        if (g->exec) cudaGraphExecDestroy(g->exec);
+        g->exec = NULL;
+        c->graphs_on = 0;
+    }
+}
+
+static void cu_graph_forget(g4_backend *be, const void *owner) {
+    g4c *c = g4c_of(be);
+    int k = 0;
+    for (int i = 0; i < c->n_graphs; i++) {
+        if (c->graphs[i].owner == owner) {
+            if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+            continue;
+        }
+        c->graphs[k++] = c->graphs[i];
+    }
+    c->n_graphs = k;
+}
+
+/* ---------------------------------------------------------------- backend */
+static void cu_free(g4_backend *be) {
+    g4c *c = g4c_of(be);
+    cudaStreamSynchronize(c->stream);
+    if (c->profile) {
+        profile_print(c);
+        for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(c->profile->ev[i]);
+        free(c->profile);
+    }
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
+    g4c_blas_free(c);
+    g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_attn, &c->ws_moe};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]->p) cudaFree(bufs[i]->p);
+    for (int i = 0; i < c->n_retired; i++) cudaFree(c->retired[i]);
+    free(c->retired);
+    if (c->counters) cudaFree(c->counters);
+    if (c->staging) cudaFreeHost(c->staging);
+    cudaStreamDestroy(c->stream);
+    free(c);
+    free(be);
+}
+
+/* The op table (filled in once: C++ before C++20 has no designated initializers). */
+static g4_backend_ops cuda_ops;
+
+static void init_ops(void) {
+    g4_backend_ops *o = &cuda_ops;
+    o->name = "cuda";
+    o->host_memory = 0;
+    o->free = cu_free;
+    o->alloc = cu_alloc;
+    o->release = cu_release;
+    o->to_device = cu_to_device;
+    o->to_host = cu_to_host;
+    o->copy = cu_copy;
+    o->sync = cu_sync;
+    o->check = cu_check;
+    o->upload_weight = cu_upload_weight;
+    o->release_weight = cu_release_weight;
+    o->graph_begin = cu_graph_begin;
+    o->graph_end = cu_graph_end;
+    o->graph_forget = cu_graph_forget;
+    o->embed = g4c_embed;
+    o->matmul = g4c_matmul;
+    o->matmul_set = g4c_matmul_set;
+    o->rmsnorm = g4c_rmsnorm;
+    o->post_norm_add = g4c_post_norm_add;
+    o->rope_table = g4c_rope_table;
+    o->rope = g4c_rope;
+    o->head_norm_rope = g4c_head_norm_rope;
+    o->gelu_mul = g4c_gelu_mul;
+    o->add = g4c_add;
+    o->scale = g4c_scale;
+    o->mul = g4c_mul;
+    o->add_scale = g4c_add_scale;
+    o->softcap = g4c_softcap;
+    o->get_rows = g4c_get_rows;
+    o->transpose = g4c_transpose;
+    o->argmax = g4c_argmax;
+    o->masked_logits = g4c_masked_logits;
+    o->kv_store = g4c_kv_store;
+    o->attn_prep = g4c_attn_prep;
+    o->attention = g4c_attention;
+    o->moe = g4c_moe;
+    o->attention_dense = g4c_attention_dense;
+    o->clamp = g4c_clamp;
+    o->shift_scale_cols = g4c_shift_scale_cols;
+    o->gather_sum = g4c_gather_sum;
+    o->sigmoid_mul = g4c_sigmoid_mul;
+    o->layernorm = g4c_layernorm;
+    o->im2col = g4c_im2col;
+    o->conv1d_causal_dw = g4c_conv1d_causal_dw;
+    o->local_attention = g4c_local_attention;
+}
+
+static int env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && !strcmp(v, value);
+}
+
+extern "C" int g4_cuda_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n > 0;
+}
+
+extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        cudaGetLastError();
+        g4_fail(err, "device 'cuda': no CUDA GPU is available (%s)",
+                e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+        return NULL;
+    }
+    g4_backend *be = (g4_backend *)calloc(1, sizeof *be);
+    g4c *c = (g4c *)calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        g4_fail(err, "out of memory");
+        return NULL;
+    }
+    if (!cuda_ops.name) init_ops();
+    be->ops = &cuda_ops;
+    be->impl = c;
+    cudaSetDevice(0);
+    cudaGetDeviceProperties(&c->prop, 0);
+    c->n_sm = c->prop.multiProcessorCount > 0 ? c->prop.multiProcessorCount : 1;
+#ifndef G4_CUDA_EMU
+    if (c->prop.major != 9) {
+        g4_fail(err, "device 'cuda': %s has compute capability %d.%d; this build's kernels are for 9.0 (Hopper)",
+                c->prop.name, c->prop.major, c->prop.minor);
+        free(c);
+        free(be);
+        return NULL;
+    }
+#endif
+    c->pdl = !env_is("G4_CUDA_PDL", "0");
+    c->graphs_on = !env_is("G4_CUDA_GRAPHS", "0");
+    c->gemm_split = !env_is("G4_CUDA_GEMM", "bf16");
+    c->gemv_unroll = env_is("G4_CUDA_GEMV_UNROLL", "8") ? 8 : 4;
+    const char *gb = getenv("G4_CUDA_GEMV_BLOCKS");
+    c->gemv_blocks_per_sm = gb && *gb >= '1' && *gb <= '8' && !gb[1] ? *gb - '0' : 2;
+    if (env_is("G4_CUDA_PROFILE", "1") && (c->profile = (g4c_profile *)calloc(1, sizeof *c->profile))) {
+        c->graphs_on = 0;
+        for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&c->profile->ev[i]);
+    }
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&c->counters, N_COUNTERS * sizeof(int))) != cudaSuccess ||
+        (e = cudaMemsetAsync(c->counters, 0, N_COUNTERS * sizeof(int), c->stream)) != cudaSuccess) {
+        g4_fail(err, "device 'cuda': cannot start: %s", cudaGetErrorString(e));
+        if (c->counters) cudaFree(c->counters);
+        free(c);
+        free(be);
+        return NULL;
+    }
+    c->n_counters = N_COUNTERS;
+    if (cudaMallocHost((void **)&c->staging, STAGING_BYTES) == cudaSuccess)
+        c->staging_cap = STAGING_BYTES;
+    else
+        c->staging = NULL, cudaGetLastError();
+    g4c_attention_init(c);
+    g4c_moe_init(c);
+    g4c_towers_init(c);
+    if (c->error != cudaSuccess) {
+        g4_fail(err, "device 'cuda': cannot start: %s", c->error_what);
+        cu_free(be);
+        return NULL;
+    }
+    if (g4c_blas_init(c, err)) {
+        cu_free(be);
+        return NULL;
+    }
+    cudaStreamSynchronize(c->stream);
+    return be;
+}

@@ -1,0 +1,167 @@
+/* Products of many tokens (prefill) on tensor cores, through cuBLAS (cuda_common.cuh: g4c_gemm_input,
+ * g4c_gemm_run).
+ *
+ * Weights stay as stored (bf16 or f16, rows padded to 8 elements); the activations are converted once per set of
+ * products to the weights' 16-bit type, after the RMSNorm when the set has one. Products accumulate in f32.
+ * Rounding the activations to bf16 costs about 3 significant digits, so by default the rounding remainder is
+ * multiplied too (x = hi + lo, both bf16: near f32 accuracy for twice the tensor-core work); G4_CUDA_GEMM=bf16
+ * rounds once (the usual engines' choice). f32 weights use an f32 product (SGEMM). The emulator computes the same products with
+ * plain loops. */
+#include "backend/cuda/cuda_common.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef G4_CUDA_EMU
+#include <cublas_v2.h>
+#endif
+
+#define BLAS_WS_BYTES ((size_t)32 << 20)
+
+/* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized) */
+__global__ void gemm_convert(const float *x, int in, const float *norm, float eps, int t, void *hi, void *lo) {
+    __shared__ float red[32];
+    g4_grid_wait();
+    const float *xr = x + (size_t)blockIdx.x * (size_t)in;
+    float inv = 1.0f;
+    if (norm) {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < in; i += blockDim.x) s += xr[i] * xr[i];
+        s = g4_block_sum(s, red);
+        inv = rsqrtf(s / (float)in + eps);
+    }
+    const size_t o = (size_t)blockIdx.x * (size_t)in;
+    for (int i = threadIdx.x; i < in; i += blockDim.x) {
+        float v = norm ? xr[i] * inv * norm[i] : xr[i];
+        if (t == G4_F32) {
+            ((float *)hi)[o + i] = v;
+        } else if (t == G4_BF16) {
+            uint16_t h = g4_f2bf(v);
+            ((uint16_t *)hi)[o + i] = h;
+            if (lo) ((uint16_t *)lo)[o + i] = g4_f2bf(v - g4_bf2f(h));
+        } else {
+            uint16_t h = g4_f2h(v);
+            ((uint16_t *)hi)[o + i] = h;
+            if (lo) ((uint16_t *)lo)[o + i] = g4_f2h(v - g4_h2f(h));
+        }
+    }
+}
+
+int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out) {
+    memset(out, 0, sizeof *out);
+    out->n = n;
+    out->in = in;
+    out->t = t;
+    if (t == G4_F32 && !norm) {
+        out->hi = x;
+        return 0;
+    }
+    const size_t esz = t == G4_F32 ? 4 : 2, part = ((size_t)n * (size_t)in * esz + 255) & ~(size_t)255;
+    const int split = c->gemm_split && t != G4_F32;
+    unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_x16, split ? 2 * part : part);
+    if (!ws) return -1;
+    out->hi = ws;
+    out->lo = split ? ws + part : NULL;
+    g4c_launch(c, gemm_convert, dim3((unsigned)n), dim3(256), 0, x, in, norm, eps, (int)t, (void *)out->hi,
+               (void *)out->lo);
+    return 0;
+}
+
+#ifdef G4_CUDA_EMU
+static float elem(const void *p, size_t i, g4_dtype t) {
+    if (t == G4_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    return t == G4_BF16 ? g4_bf16_to_f32(h) : g4_f16_to_f32(h);
+}
+
+void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
+    (void)c;
+    const int out = (int)w->shape[0];
+    const size_t ld = g4c_row_bytes(w->dtype, x->in) / (size_t)(g4_dtype_bits(w->dtype) / 8);
+    for (int t = 0; t < x->n; t++)
+        for (int r = 0; r < out; r++) {
+            float s = 0.0f;
+            for (int k = 0; k < x->in; k++) {
+                float xv = elem(x->hi, (size_t)t * x->in + k, x->t);
+                if (x->lo) xv += elem(x->lo, (size_t)t * x->in + k, x->t);
+                s += elem(w->data, (size_t)r * ld + k, w->dtype) * xv;
+            }
+            y[(size_t)t * out + r] = s;
+        }
+}
+
+int g4c_blas_init(g4c *c, g4_error *err) {
+    (void)err;
+    c->blas = NULL;
+    return 0;
+}
+void g4c_blas_free(g4c *c) { (void)c; }
+#else
+static const char *blas_status(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "out of memory";
+    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "architecture mismatch";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
+    default: return "error";
+    }
+}
+
+static void blas_note(g4c *c, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS || c->error != cudaSuccess) return;
+    c->error = cudaErrorUnknown;
+    snprintf(c->error_what, sizeof c->error_what, "cuBLAS %s: %s", what, blas_status(s));
+}
+
+void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
+    cublasHandle_t h = (cublasHandle_t)c->blas;
+    const int out = (int)w->shape[0];
+    const float one = 1.0f, zero = 0.0f;
+    if (w->dtype == G4_F32) {
+        const int lda = (int)(g4c_row_bytes(w->dtype, x->in) / 4);
+        blas_note(c,
+                  cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, x->n, x->in, &one, (const float *)w->data, lda,
+                              (const float *)x->hi, x->in, &zero, y, out),
+                  "sgemm");
+        return;
+    }
+    const cudaDataType_t t = w->dtype == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const int lda = (int)(g4c_row_bytes(w->dtype, x->in) / 2);
+    blas_note(c,
+              cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, x->n, x->in, &one, w->data, t, lda, x->hi, t, x->in,
+                           &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "gemm");
+    if (x->lo)
+        blas_note(c,
+                  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, x->n, x->in, &one, w->data, t, lda, x->lo, t, x->in,
+                               &one, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  "gemm (low part)");
+}
+
+int g4c_blas_init(g4c *c, g4_error *err) {
+    cublasHandle_t h;
+    cublasStatus_t s = cublasCreate(&h);
+    if (s != CUBLAS_STATUS_SUCCESS) return g4_fail(err, "cuBLAS: cannot start (%s)", blas_status(s));
+    c->blas = h;
+    cublasSetStream(h, c->stream);
+    cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+    /* a fixed workspace: cuBLAS then allocates nothing while a step is recorded */
+    if (cudaMalloc(&c->blas_ws, BLAS_WS_BYTES) != cudaSuccess) {
+        cublasDestroy(h);
+        c->blas = NULL;
+        return g4_fail(err, "out of GPU memory for cuBLAS's workspace");
+    }
+    cublasSetWorkspace(h, c->blas_ws, BLAS_WS_BYTES);
+    return 0;
+}
+
+void g4c_blas_free(g4c *c) {
+    if (c->blas) cublasDestroy((cublasHandle_t)c->blas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
+    c->blas = NULL;
+    c->blas_ws = NULL;
+}
+#endif

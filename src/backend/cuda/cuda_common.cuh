@@ -1,0 +1,371 @@
+/* Internals shared by the CUDA backend's files (src/backend/cuda/): the backend's state, device helpers
+ * (bf16/f16 conversion, 16-byte weight loads, warp sums), the kernel launcher and the entry points of each
+ * file. The kernels are C-style CUDA; the same source also builds for the CPU emulator (emu/cuda_emu.h), so
+ * inline PTX appears only behind the helpers below, each with a portable path.
+ *
+ * Launches use programmatic dependent launch (Hopper): a kernel may start while the previous one finishes; it
+ * reads only weights (never written) before g4_grid_wait(), and everything else after it, so the weight
+ * stream of a GEMV overlaps the previous kernel's tail. Every kernel calls g4_grid_wait() (a kernel that
+ * skipped it could finish before its predecessor and break the chain). */
+#ifndef G4_BACKEND_CUDA_COMMON_CUH
+#define G4_BACKEND_CUDA_COMMON_CUH
+
+#ifndef G4_CUDA_EMU
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#endif
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "core/error.h"
+}
+
+/* ---------------------------------------------------------------- device helpers */
+#ifdef G4_CUDA_EMU
+#define G4_DYN_SMEM(type, name) type *name = (type *)g4emu_dyn_smem()
+static inline void g4_grid_wait(void) {}
+static inline void g4_grid_launch_dependents(void) {}
+static inline uint4 g4_ld_stream(const void *p) {
+    uint4 v;
+    memcpy(&v, p, 16);
+    return v;
+}
+static inline float g4_h2f(uint16_t h) { return g4_f16_to_f32(h); }
+static inline uint16_t g4_f2h(float f) { return g4_f32_to_f16(f); }
+static inline void g4_cp16(void *smem, const void *gmem) { memcpy(smem, gmem, 16); }
+static inline void g4_cp_wait(void) {}
+static inline void g4_cp_commit(void) {}
+static inline void g4_cp_wait_but_one(void) {}
+#else
+#define G4_DYN_SMEM(type, name)                              \
+    extern __shared__ __align__(16) unsigned char g4_smem[]; \
+    type *name = (type *)g4_smem
+static __device__ __forceinline__ void g4_grid_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+static __device__ __forceinline__ void g4_grid_launch_dependents(void) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+/* 16 bytes of a weight stream: read-only, not kept in L1 */
+static __device__ __forceinline__ uint4 g4_ld_stream(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+/* 16 bytes global -> shared without registers (cp.async; complete after g4_cp_wait) */
+static __device__ __forceinline__ void g4_cp16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+static __device__ __forceinline__ void g4_cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* groups of copies: close the current group; wait until at most the latest group is in flight */
+static __device__ __forceinline__ void g4_cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+static __device__ __forceinline__ void g4_cp_wait_but_one(void) {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+static __device__ __forceinline__ float g4_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+static __device__ __forceinline__ uint16_t g4_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
+#endif
+
+static __device__ __forceinline__ float g4_bf2f(uint16_t h) { return __uint_as_float((unsigned)h << 16); }
+static __device__ __forceinline__ uint16_t g4_f2bf(float f) { /* nearest even, NaN stays NaN */
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#ifdef G4_CUDA_EMU /* one exchange instead of five (the emulator switches threads at each) */
+static inline float g4_warp_sum(float v) { return g4emu_warp_reduce(v, 0); }
+static inline float g4_warp_max(float v) { return g4emu_warp_reduce(v, 1); }
+#else
+static __device__ __forceinline__ float g4_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float g4_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#endif
+
+/* Sum over a block of up to 1024 threads; every thread gets the result. red: 32 floats of shared memory. */
+static __device__ __forceinline__ float g4_block_sum(float v, float *red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = g4_warp_sum(v);
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float s = lane < nw ? red[lane] : 0.0f;
+    return g4_warp_sum(s);
+}
+
+static __device__ __forceinline__ float g4_gelu_tanh(float x) {
+    const float c = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
+
+/* Eight consecutive elements of a weight row of dtype DT at element k (k a multiple of 8, 16-byte aligned:
+ * device rows are padded to 16 bytes). Adding a weight type is one more specialization. */
+template <int DT> struct g4_wload;
+template <> struct g4_wload<G4_BF16> {
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, float w[8]) {
+        uint4 v = g4_ld_stream(row + (size_t)k * 2);
+        const unsigned u[4] = {v.x, v.y, v.z, v.w};
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = __uint_as_float(u[i] << 16);
+            w[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        }
+    }
+};
+template <> struct g4_wload<G4_F16> {
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, float w[8]) {
+        uint4 v = g4_ld_stream(row + (size_t)k * 2);
+        const unsigned u[4] = {v.x, v.y, v.z, v.w};
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = g4_h2f((uint16_t)(u[i] & 0xffffu));
+            w[2 * i + 1] = g4_h2f((uint16_t)(u[i] >> 16));
+        }
+    }
+};
+template <> struct g4_wload<G4_F32> {
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, float w[8]) {
+        uint4 a = g4_ld_stream(row + (size_t)k * 4), b = g4_ld_stream(row + (size_t)k * 4 + 16);
+        w[0] = __uint_as_float(a.x), w[1] = __uint_as_float(a.y), w[2] = __uint_as_float(a.z);
+        w[3] = __uint_as_float(a.w), w[4] = __uint_as_float(b.x), w[5] = __uint_as_float(b.y);
+        w[6] = __uint_as_float(b.z), w[7] = __uint_as_float(b.w);
+    }
+};
+
+/* Element of a KV cache row as f32. */
+static __device__ __forceinline__ float g4_kv_get(const void *cache, size_t i, int kv_type) {
+    if (kv_type == G4_KV_F32) return ((const float *)cache)[i];
+    uint16_t h = ((const uint16_t *)cache)[i];
+    return kv_type == G4_KV_BF16 ? g4_bf2f(h) : g4_h2f(h);
+}
+static __device__ __forceinline__ void g4_kv_put(void *cache, size_t i, float v, int kv_type) {
+    if (kv_type == G4_KV_F32)
+        ((float *)cache)[i] = v;
+    else
+        ((uint16_t *)cache)[i] = kv_type == G4_KV_BF16 ? g4_f2bf(v) : g4_f2h(v);
+}
+
+/* One head vector v[dim] per warp: optional RMSNorm (weight w or none), optional rotate-half RoPE with the
+ * token's cos/sin row cs; the result goes to dst (may be v) and/or row cache_off of a KV cache. */
+static __device__ __forceinline__ void g4c_head_row(float *v, int dim, int norm, const float *w, float eps, const float *cs, float *dst,
+                             void *cache, size_t cache_off, int kv_type) {
+    const int lane = threadIdx.x & 31, half = dim / 2;
+    float inv = 1.0f;
+    if (norm) {
+        float s = 0.0f;
+        for (int i = lane; i < dim; i += 32) s += v[i] * v[i];
+        inv = rsqrtf(g4_warp_sum(s) / (float)dim + eps);
+    }
+    for (int k = lane; k < half; k += 32) {
+        float a = v[k], b = v[k + half];
+        if (norm) {
+            a *= inv * (w ? w[k] : 1.0f);
+            b *= inv * (w ? w[k + half] : 1.0f);
+        }
+        if (cs) {
+            const float co = cs[k], si = cs[half + k];
+            const float ra = a * co - b * si, rb = b * co + a * si;
+            a = ra, b = rb;
+        }
+        if (dst) dst[k] = a, dst[k + half] = b;
+        if (cache) {
+            g4_kv_put(cache, cache_off + (size_t)k, a, kv_type);
+            g4_kv_put(cache, cache_off + (size_t)(k + half), b, kv_type);
+        }
+    }
+    if (dim & 1) { /* odd dim: the last element has no rotation partner */
+        if (lane == 0) {
+            float a = v[dim - 1];
+            if (norm) a *= inv * (w ? w[dim - 1] : 1.0f);
+            if (dst) dst[dim - 1] = a;
+            if (cache) g4_kv_put(cache, cache_off + (size_t)(dim - 1), a, kv_type);
+        }
+    }
+    __syncwarp();
+}
+
+/* ---------------------------------------------------------------- host side */
+/* Bytes of a device row of `in` elements of dtype t: padded (with zeros) to a multiple of 8 elements, so
+ * that 8-element loads stay inside the row and are 16-byte aligned. */
+static inline size_t g4c_row_bytes(g4_dtype t, int64_t in) {
+    return (size_t)((in + 7) & ~(int64_t)7) * (size_t)(g4_dtype_bits(t) / 8);
+}
+
+#define G4C_MAX_GRAPHS 64
+
+typedef struct g4c_graph {
+    const void *owner;
+    uint64_t key;
+    int seen;              /* steps run with this key (recorded at the second) */
+    unsigned generation;   /* workspace generation it was recorded with */
+    cudaGraphExec_t exec;  /* NULL until recorded */
+} g4c_graph;
+
+/* A device buffer that grows on demand (outside recordings; growing invalidates recordings). */
+typedef struct g4c_buf {
+    void *p;
+    size_t cap;
+} g4c_buf;
+
+typedef struct g4c {
+    cudaStream_t stream;
+    cudaDeviceProp prop;
+    int n_sm;
+    int pdl;              /* programmatic dependent launch on */
+    cudaError_t error;    /* first error of the current step */
+    char error_what[160];
+    /* pinned staging for small host-to-device copies (reset at each sync) */
+    unsigned char *staging;
+    size_t staging_cap, staging_used;
+    /* workspaces */
+    g4c_buf ws_x16;       /* activations converted for tensor-core products */
+    g4c_buf ws_gemm;      /* product outputs before their epilogue */
+    g4c_buf ws_attn;      /* attention split partials */
+    g4c_buf ws_moe;       /* MoE routing and expert activations */
+    int *counters;        /* zeroed counters the "last block finishes" kernels use */
+    size_t n_counters;
+    unsigned generation;  /* bumped when a workspace moves */
+    void *blas;           /* cublasHandle_t (NULL in the emulator) */
+    void *blas_ws;
+    int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
+    int gemv_unroll;      /* weight accesses in flight per lane in one-token GEMVs: 4, or 8 (G4_CUDA_GEMV_UNROLL=8) */
+    int gemv_blocks_per_sm; /* GEMV warps per row grow until rows x warps fill this many blocks a multiprocessor
+                             * (2; G4_CUDA_GEMV_BLOCKS=1..8) */
+    void **retired;       /* workspaces replaced while recording (freed with the backend) */
+    int n_retired;
+    /* recordings */
+    int graphs_on;
+    g4c_graph graphs[G4C_MAX_GRAPHS];
+    int n_graphs;
+    g4c_graph *recording; /* capture under way */
+    int capturing;
+    int in_graph_step;    /* the ops run for a recording (or its warm-up): size work for any step of the shape */
+    struct g4c_profile *profile; /* G4_CUDA_PROFILE=1: time of every kernel (steps run eagerly) */
+} g4c;
+
+/* Profiling (cuda_backend.cu): an event before and after each launch, summed per kernel at each sync and
+ * printed when the backend is freed. */
+void g4c_profile_begin(g4c *c);
+void g4c_profile_end(g4c *c, const void *kernel);
+
+static inline g4c *g4c_of(g4_backend *be) { return (g4c *)be->impl; }
+
+/* Records the first error of a step (the step's check() reports it). */
+void g4c_note(g4c *c, cudaError_t e, const char *what);
+#define G4C_CHECK_LAUNCH(c, what) g4c_note((c), cudaGetLastError(), (what))
+
+/* Returns a workspace of at least `bytes` (NULL after noting an error). */
+void *g4c_ws(g4c *c, g4c_buf *b, size_t bytes);
+
+/* Launches kernel k on the backend's stream with programmatic dependent launch. */
+#ifdef G4_CUDA_EMU
+template <typename... KArgs, typename... Args>
+static void g4c_launch(g4c *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    (void)c;
+    g4emu_launch(grid, block, smem, [&]() { k(((KArgs)args)...); });
+}
+#else
+template <typename... KArgs, typename... Args>
+static void g4c_launch(g4c *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    if (c->profile) g4c_profile_begin(c);
+    g4c_note(c, cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...), "kernel launch");
+    if (c->profile) g4c_profile_end(c, (const void *)k);
+}
+#endif
+
+/* Lets kernel k use as much dynamic shared memory as the device allows a block (beside its static shared
+ * memory); called once at start, not while a step is recorded. A failure is noted (launches above 48 KB
+ * would then fail). */
+template <typename F> static void g4c_allow_smem(g4c *c, F k) {
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, k);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)c->prop.sharedMemPerBlockOptin - (int)fa.sharedSizeBytes);
+    g4c_note(c, e, "allowing a kernel more shared memory");
+}
+
+/* ---------------------------------------------------------------- entry points of each file */
+/* cuda_gemv.cu */
+void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set);
+void g4c_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
+int g4c_gemv_max_tokens(void);
+/* y[n, out] = (x' W^T) * scale with x' = rmsnorm(x) * norm (norm may be NULL): the MoE router's logits */
+void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const float *norm, float eps, float scale,
+                       float *y);
+/* cuda_blas.cu: products of many tokens on tensor cores. g4c_gemm_input prepares x' = x or rmsnorm(x) * norm
+ * [n, in] for weights of dtype t (16-bit copies: bf16, or bf16 hi + lo parts in the precise mode; f32 as it is);
+ * g4c_gemm_run computes y[n, out] = x' W^T (f32). */
+typedef struct g4c_gemm_in {
+    const void *hi, *lo; /* lo NULL unless split */
+    int n, in;
+    g4_dtype t;
+} g4c_gemm_in;
+int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out);
+void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y);
+int g4c_blas_init(g4c *c, g4_error *err);
+void g4c_blas_free(g4c *c);
+/* cuda_attention.cu */
+void g4c_attention_init(g4c *c);
+void g4c_attn_prep(g4_backend *be, const g4_attn_prep_args *a);
+void g4c_attention(g4_backend *be, const g4_attention_args *a);
+void g4c_kv_store(g4_backend *be, const float *k, const float *v, int n, int row, const int32_t *slot, void *k_cache,
+                  void *v_cache, g4_kv_type kv_type);
+/* cuda_moe.cu */
+void g4c_moe_init(g4c *c);
+void g4c_moe(g4_backend *be, const g4_moe_args *a);
+/* cuda_misc.cu: the small ops */
+void g4c_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
+void g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);
+void g4c_post_norm_add(g4_backend *be, float *h, const float *o, const float *w, int rows, int dim, float eps, float s);
+/* out = (h + rmsnorm(o) * w) * s per row (out may be h) */
+void g4c_residual(g4c *c, const float *h, const float *o, const float *w, int rows, int dim, float eps, float s,
+                  float *out);
+void g4c_rope_table(g4_backend *be, const int32_t *pos, int n, const float *inv_freq, int half, float *table);
+void g4c_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *table);
+void g4c_head_norm_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *w, float eps,
+                        const float *table);
+void g4c_gelu_mul(g4_backend *be, const float *g, const float *u, size_t n, float *y);
+void g4c_add(g4_backend *be, float *y, const float *x, size_t n);
+void g4c_scale(g4_backend *be, float *y, size_t n, float s);
+void g4c_mul(g4_backend *be, float *y, const float *x, size_t n);
+void g4c_add_scale(g4_backend *be, float *y, const float *x, size_t n, float s);
+void g4c_softcap(g4_backend *be, float *y, size_t n, float c);
+void g4c_get_rows(g4_backend *be, const float *src, const int32_t *idx, int n, int row, float *dst);
+void g4c_transpose(g4_backend *be, const float *src, int na, int nb, int c, float *dst);
+void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out);
+void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
+                       const int32_t *ordering, const g4_tensor *table, float *out);
+/* cuda_towers.cu: the ops of the towers */
+void g4c_towers_init(g4c *c);
+void g4c_attention_dense(g4_backend *be, const g4_dense_attention_args *a);
+void g4c_local_attention(g4_backend *be, const g4_local_attention_args *a);
+void g4c_clamp(g4_backend *be, const float *x, float *y, size_t n, float lo, float hi);
+void g4c_shift_scale_cols(g4_backend *be, float *y, int rows, int cols, const float *shift, const float *scale);
+void g4c_gather_sum(g4_backend *be, const float *src, const int32_t *idx, int n, int k, int row, float s, float *dst);
+void g4c_sigmoid_mul(g4_backend *be, const float *a, const float *b, size_t n, float *y);
+void g4c_layernorm(g4_backend *be, const float *x, const float *w, const float *b, int rows, int dim, float eps,
+                   float *y);
+void g4c_im2col(g4_backend *be, const float *x, int h, int w, int c, int kh, int kw, int stride, int pad, int row0,
+                int nrows, float *out);
+void g4c_conv1d_causal_dw(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
+void g4c_fill_random(g4c *c, void *dst, g4_dtype t, int64_t rows, int64_t in, size_t row_bytes, uint64_t seed);
+
+#endif

@@ -1,0 +1,389 @@
+/* The small ops of the CUDA backend (src/backend/backend.h): embeddings, norms, RoPE, elementwise ops, row
+ * gathers, argmax, the drafter's masked logits (docs/gemma4-assistant.md 3.4), random weights. Each is one kernel; rows go to blocks, elements to threads. */
+#include "backend/cuda/cuda_common.cuh"
+
+static unsigned blocks_for(g4c *c, size_t n, int threads) {
+    size_t b = (n + (size_t)threads - 1) / (size_t)threads;
+    size_t cap = (size_t)c->n_sm * 16;
+    if (b > cap) b = cap;
+    return (unsigned)(b ? b : 1);
+}
+
+/* ------------------------------------------------------------------ embed */
+__global__ void embed_kernel(const unsigned char *table, size_t row_bytes, int dt, int cols, const int32_t *ids,
+                             float scale, float *out) {
+    g4_grid_wait();
+    const unsigned char *row = table + (size_t)ids[blockIdx.x] * row_bytes;
+    float *o = out + (size_t)blockIdx.x * (size_t)cols;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        float v;
+        if (dt == G4_F32)
+            v = ((const float *)row)[i];
+        else if (dt == G4_BF16)
+            v = g4_bf2f(((const uint16_t *)row)[i]);
+        else
+            v = g4_h2f(((const uint16_t *)row)[i]);
+        o[i] = v * scale;
+    }
+}
+
+void g4c_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
+    g4c *c = g4c_of(be);
+    if (n <= 0) return;
+    const int cols = (int)table->shape[table->ndim - 1];
+    g4c_launch(c, embed_kernel, dim3((unsigned)n), dim3(256), 0, (const unsigned char *)table->data,
+               g4c_row_bytes(table->dtype, cols), (int)table->dtype, cols, ids, scale, out);
+}
+
+/* ------------------------------------------------------------------ norms */
+__global__ void rmsnorm_kernel(const float *x, const float *w, int dim, float eps, float *y) {
+    __shared__ float red[32];
+    g4_grid_wait();
+    const float *xr = x + (size_t)blockIdx.x * (size_t)dim;
+    float *yr = y + (size_t)blockIdx.x * (size_t)dim;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i] * xr[i];
+    const float inv = rsqrtf(g4_block_sum(s, red) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = xr[i] * inv * (w ? w[i] : 1.0f);
+}
+
+static int row_threads(int dim) { return dim >= 1024 ? 256 : dim >= 256 ? 128 : 64; }
+
+void g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y) {
+    g4c *c = g4c_of(be);
+    if (rows <= 0) return;
+    g4c_launch(c, rmsnorm_kernel, dim3((unsigned)rows), dim3(row_threads(dim)), 0, x, w, dim, eps, y);
+}
+
+/* out = (h + rmsnorm(o) * w) * s per row (out may be h) */
+__global__ void post_norm_add_kernel(const float *h, const float *o, const float *w, int dim, float eps, float s,
+                                     float *out) {
+    __shared__ float red[32];
+    g4_grid_wait();
+    const size_t off = (size_t)blockIdx.x * (size_t)dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += o[off + i] * o[off + i];
+    const float inv = rsqrtf(g4_block_sum(ss, red) / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) out[off + i] = (h[off + i] + o[off + i] * inv * w[i]) * s;
+}
+
+void g4c_residual(g4c *c, const float *h, const float *o, const float *w, int rows, int dim, float eps, float s,
+                  float *out) {
+    if (rows <= 0) return;
+    g4c_launch(c, post_norm_add_kernel, dim3((unsigned)rows), dim3(row_threads(dim)), 0, h, o, w, dim, eps, s, out);
+}
+
+void g4c_post_norm_add(g4_backend *be, float *h, const float *o, const float *w, int rows, int dim, float eps, float s) {
+    g4c_residual(g4c_of(be), h, o, w, rows, dim, eps, s, h);
+}
+
+/* ------------------------------------------------------------------- rope */
+__global__ void rope_table_kernel(const int32_t *pos, int n, const float *inv_freq, int half, float *table) {
+    g4_grid_wait();
+    const int total = n * half;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const int t = i / half, k = i % half;
+        const float a = inv_freq[k] * (float)pos[t]; /* fp32 angle, as the reference computes it */
+        table[(size_t)t * 2 * half + k] = cosf(a);
+        table[(size_t)t * 2 * half + half + k] = sinf(a);
+    }
+}
+
+void g4c_rope_table(g4_backend *be, const int32_t *pos, int n, const float *inv_freq, int half, float *table) {
+    g4c *c = g4c_of(be);
+    if (n <= 0) return;
+    g4c_launch(c, rope_table_kernel, dim3(blocks_for(c, (size_t)n * half, 256)), dim3(256), 0, pos, n, inv_freq, half,
+               table);
+}
+
+__global__ void head_norm_rope_kernel(float *x, int rows, int heads, int dim, int norm, const float *w, float eps,
+                                      const float *table) {
+    g4_grid_wait();
+    const int warps = blockDim.x >> 5;
+    for (int r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows; r += gridDim.x * warps) {
+        float *v = x + (size_t)r * (size_t)dim;
+        g4c_head_row(v, dim, norm, w, eps, table ? table + (size_t)(r / heads) * (size_t)dim : NULL, v, NULL, 0, 0);
+    }
+}
+
+void g4c_head_norm_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *w, float eps,
+                        const float *table) {
+    g4c *c = g4c_of(be);
+    const int rows = n * heads;
+    if (rows <= 0) return;
+    g4c_launch(c, head_norm_rope_kernel, dim3(blocks_for(c, (size_t)rows, 8)), dim3(256), 0, x, rows, heads, dim, 1,
+               w, eps, table);
+}
+
+void g4c_rope(g4_backend *be, float *x, int n, int heads, int dim, const float *table) {
+    g4c *c = g4c_of(be);
+    const int rows = n * heads;
+    if (rows <= 0) return;
+    g4c_launch(c, head_norm_rope_kernel, dim3(blocks_for(c, (size_t)rows, 8)), dim3(256), 0, x, rows, heads, dim, 0,
+               (const float *)NULL, 0.0f, table);
+}
+
+/* ----------------------------------------------------------- elementwise */
+enum { EW_GELU_MUL, EW_GELU, EW_ADD, EW_SCALE, EW_MUL, EW_ADD_SCALE, EW_SOFTCAP };
+
+__global__ void elementwise_kernel(int op, float *y, const float *a, const float *b, size_t n, float s) {
+    g4_grid_wait();
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        switch (op) {
+        case EW_GELU_MUL: y[i] = g4_gelu_tanh(a[i]) * b[i]; break;
+        case EW_GELU: y[i] = g4_gelu_tanh(a[i]); break;
+        case EW_ADD: y[i] += a[i]; break;
+        case EW_SCALE: y[i] *= s; break;
+        case EW_MUL: y[i] *= a[i]; break;
+        case EW_ADD_SCALE: y[i] = (y[i] + a[i]) * s; break;
+        default: y[i] = tanhf(y[i] / s) * s; break;
+        }
+    }
+}
+
+static void ew(g4_backend *be, int op, float *y, const float *a, const float *b, size_t n, float s) {
+    g4c *c = g4c_of(be);
+    if (!n) return;
+    g4c_launch(c, elementwise_kernel, dim3(blocks_for(c, n, 256)), dim3(256), 0, op, y, a, b, n, s);
+}
+
+void g4c_gelu_mul(g4_backend *be, const float *g, const float *u, size_t n, float *y) {
+    ew(be, u ? EW_GELU_MUL : EW_GELU, y, g, u, n, 0.0f);
+}
+void g4c_add(g4_backend *be, float *y, const float *x, size_t n) { ew(be, EW_ADD, y, x, NULL, n, 0.0f); }
+void g4c_scale(g4_backend *be, float *y, size_t n, float s) { ew(be, EW_SCALE, y, NULL, NULL, n, s); }
+void g4c_mul(g4_backend *be, float *y, const float *x, size_t n) { ew(be, EW_MUL, y, x, NULL, n, 0.0f); }
+void g4c_add_scale(g4_backend *be, float *y, const float *x, size_t n, float s) { ew(be, EW_ADD_SCALE, y, x, NULL, n, s); }
+void g4c_softcap(g4_backend *be, float *y, size_t n, float c) { ew(be, EW_SOFTCAP, y, NULL, NULL, n, c); }
+
+/* ------------------------------------------------------------ row moves */
+__global__ void get_rows_kernel(const float *src, const int32_t *idx, int row, float *dst) {
+    g4_grid_wait();
+    const float *s = src + (size_t)idx[blockIdx.x] * (size_t)row;
+    float *d = dst + (size_t)blockIdx.x * (size_t)row;
+    for (int i = threadIdx.x; i < row; i += blockDim.x) d[i] = s[i];
+}
+
+void g4c_get_rows(g4_backend *be, const float *src, const int32_t *idx, int n, int row, float *dst) {
+    g4c *c = g4c_of(be);
+    if (n <= 0) return;
+    g4c_launch(c, get_rows_kernel, dim3((unsigned)n), dim3(256), 0, src, idx, row, dst);
+}
+
+/* dst[b, a, :] = src[a, b, :]: block (a, b) moves one row of c */
+__global__ void transpose_kernel(const float *src, int na, int nb, int cc, float *dst) {
+    g4_grid_wait();
+    const int a = blockIdx.x / nb, b = blockIdx.x % nb;
+    const float *s = src + ((size_t)a * nb + b) * (size_t)cc;
+    float *d = dst + ((size_t)b * na + a) * (size_t)cc;
+    for (int i = threadIdx.x; i < cc; i += blockDim.x) d[i] = s[i];
+}
+
+void g4c_transpose(g4_backend *be, const float *src, int na, int nb, int cc, float *dst) {
+    g4c *c = g4c_of(be);
+    if (na <= 0 || nb <= 0) return;
+    g4c_launch(c, transpose_kernel, dim3((unsigned)(na * nb)), dim3(cc >= 256 ? 256 : 64), 0, src, na, nb, cc, dst);
+}
+
+/* ----------------------------------------------------------------- argmax */
+/* Blocks (row, part) find the best of their part; the last block of a row to finish (a counter) reduces the
+ * parts. Ties go to the lowest index; NaN never wins. */
+#define ARGMAX_PARTS 32
+
+static __device__ __forceinline__ int better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi) || (bv != bv && v == v); /* bv NaN: anything real wins */
+}
+
+/* the best (value, index) of a warp, in every lane */
+static __device__ __forceinline__ void warp_best(float *bv, int *bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, *bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, *bi, o);
+        if (better(ov, oi, *bv, *bi)) *bv = ov, *bi = oi;
+    }
+}
+
+__global__ void argmax_kernel(const float *x, int n, float *part_v, int *part_i, int *counters, int32_t *out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ int last;
+    g4_grid_wait();
+    const int row = blockIdx.y, parts = gridDim.x;
+    const float *xr = x + (size_t)row * (size_t)n;
+    const int per = (n + parts - 1) / parts, b = blockIdx.x * per, e = b + per < n ? b + per : n;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = b + threadIdx.x; i < e; i += blockDim.x)
+        if (better(xr[i], i, bv, bi)) bv = xr[i], bi = i;
+    warp_best(&bv, &bi);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) sv[w] = bv, si[w] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int j = 1; j < nw; j++)
+            if (better(sv[j], si[j], bv, bi)) bv = sv[j], bi = si[j];
+        part_v[row * parts + blockIdx.x] = bv;
+        part_i[row * parts + blockIdx.x] = bi;
+        __threadfence();
+        last = atomicAdd(&counters[row], 1) == parts - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+        __threadfence();
+        const volatile float *pv = part_v + row * parts;
+        const volatile int *pi = part_i + row * parts;
+        float v = pv[0];
+        int i = pi[0];
+        for (int j = 1; j < parts; j++)
+            if (better(pv[j], pi[j], v, i)) v = pv[j], i = pi[j];
+        out[row] = i == 0x7fffffff ? 0 : i;
+        counters[row] = 0;
+    }
+}
+
+void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {
+    g4c *c = g4c_of(be);
+    if (rows <= 0 || n <= 0) return;
+    if ((size_t)rows > c->n_counters) {
+        g4c_note(c, cudaErrorInvalidValue, "argmax: too many rows");
+        return;
+    }
+    int parts = n >= 4096 * ARGMAX_PARTS ? ARGMAX_PARTS : (n + 4095) / 4096;
+    float *ws = (float *)g4c_ws(c, &c->ws_gemm, (size_t)rows * parts * 8);
+    if (!ws) return;
+    g4c_launch(c, argmax_kernel, dim3((unsigned)parts, (unsigned)rows), dim3(256), 0, x, n, ws,
+               (int *)(ws + (size_t)rows * parts), c->counters, out);
+}
+
+/* ---------------------------------------------------------- masked logits */
+/* Four launches, no host round trip: (1) one block picks the top_k groups by score (ties -> lower index) and
+ * writes the chosen groups and a flag per group; (2) a warp per selected id writes out[id] = x . table[id];
+ * (3) one block takes the smallest of those products; (4) every id of an unchosen group gets it minus 1.
+ * Workspace: sel [top_k] int, taken [n_groups] int, fill [1] float. */
+__global__ void masked_select_kernel(const float *scores, int n_groups, int top_k, int *sel, int *taken) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    G4_DYN_SMEM(unsigned char, flag);
+    g4_grid_wait();
+    for (int g = threadIdx.x; g < n_groups; g += blockDim.x) flag[g] = 0;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int kk = 0; kk < top_k; kk++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+        for (int g = threadIdx.x; g < n_groups; g += blockDim.x)
+            if (!flag[g] && better(scores[g], g, bv, bi)) bv = scores[g], bi = g;
+        warp_best(&bv, &bi);
+        if (lane == 0) sv[w] = bv, si[w] = bi;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int j = 1; j < nw; j++)
+                if (better(sv[j], si[j], bv, bi)) bv = sv[j], bi = si[j];
+            if (bi == 0x7fffffff) /* every score NaN: the lowest untaken group */
+                for (bi = 0; flag[bi]; bi++) {}
+            sel[kk] = bi;
+            flag[bi] = 1;
+        }
+        __syncthreads();
+    }
+    for (int g = threadIdx.x; g < n_groups; g += blockDim.x) taken[g] = flag[g];
+}
+
+__global__ void masked_dot_kernel(const float *x, const int *sel, int per, int n, const int32_t *ordering,
+                                  const unsigned char *table, size_t row_bytes, int dt, int dim, float *out) {
+    g4_grid_wait();
+    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    for (int i = blockIdx.x * warps + (threadIdx.x >> 5); i < n; i += gridDim.x * warps) {
+        const int id = ordering[(size_t)sel[i / per] * per + i % per];
+        const unsigned char *row = table + (size_t)id * row_bytes;
+        float s = 0.0f;
+        for (int k = lane * 8; k < dim; k += 32 * 8) {
+            float wv[8];
+            if (dt == G4_BF16)
+                g4_wload<G4_BF16>::load(row, k, wv);
+            else if (dt == G4_F16)
+                g4_wload<G4_F16>::load(row, k, wv);
+            else
+                g4_wload<G4_F32>::load(row, k, wv);
+            for (int j = 0; j < 8 && k + j < dim; j++) s += wv[j] * x[k + j];
+        }
+        s = g4_warp_sum(s);
+        if (lane == 0) out[id] = s;
+    }
+}
+
+__global__ void masked_min_kernel(const int *sel, int per, int n, const int32_t *ordering, const float *out,
+                                  float *fill) {
+    __shared__ float red[32];
+    g4_grid_wait();
+    float m = INFINITY;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = out[ordering[(size_t)sel[i / per] * per + i % per]];
+        m = v < m ? v : m;
+    }
+    m = -g4_warp_max(-m);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) red[w] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int j = 1; j < nw; j++) m = red[j] < m ? red[j] : m;
+        *fill = m - 1.0f;
+    }
+}
+
+__global__ void masked_fill_kernel(const int *taken, int per, int V, const int32_t *ordering, const float *fill,
+                                   float *out) {
+    g4_grid_wait();
+    const float f = *fill;
+    for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < V; j += gridDim.x * blockDim.x)
+        if (!taken[j / per]) out[ordering[j]] = f;
+}
+
+void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
+                       const int32_t *ordering, const g4_tensor *table, float *out) {
+    g4c *c = g4c_of(be);
+    const int V = (int)table->shape[0], dim = (int)table->shape[1];
+    if (n_groups <= 0 || top_k <= 0 || top_k > n_groups || V % n_groups) {
+        g4c_note(c, cudaErrorInvalidValue, "masked_logits: groups do not divide the vocabulary");
+        return;
+    }
+    if (n_groups > 48 * 1024) { /* a flag byte per group in shared memory */
+        g4c_note(c, cudaErrorInvalidValue, "masked_logits: too many groups");
+        return;
+    }
+    const int per = V / n_groups, n = top_k * per;
+    int *ws = (int *)g4c_ws(c, &c->ws_gemm, ((size_t)top_k + (size_t)n_groups + 1) * 4);
+    if (!ws) return;
+    int *sel = ws, *taken = ws + top_k;
+    float *fill = (float *)(taken + n_groups);
+    g4c_launch(c, masked_select_kernel, dim3(1), dim3(1024), (size_t)n_groups, scores, n_groups, top_k, sel, taken);
+    g4c_launch(c, masked_dot_kernel, dim3(blocks_for(c, (size_t)n, 8)), dim3(256), 0, x, (const int *)sel, per, n,
+               ordering, (const unsigned char *)table->data, g4c_row_bytes(table->dtype, dim), (int)table->dtype,
+               dim, out);
+    g4c_launch(c, masked_min_kernel, dim3(1), dim3(1024), 0, (const int *)sel, per, n, ordering, (const float *)out,
+               fill);
+    g4c_launch(c, masked_fill_kernel, dim3(blocks_for(c, (size_t)V, 256)), dim3(256), 0, (const int *)taken, per, V,
+               ordering, (const float *)fill, out);
+}
+
+/* ------------------------------------------------------------- random weights */
+__global__ void fill_random_kernel(unsigned char *dst, int dt, int64_t rows, int64_t in, size_t row_bytes,
+                                   uint64_t seed, float amp) {
+    g4_grid_wait();
+    const size_t esz = dt == G4_F32 ? 4 : 2, per_row = row_bytes / esz, total = (size_t)rows * per_row;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / per_row, k = i % per_row;
+        const float v = (int64_t)k < in ? g4_random_value(seed, r * (size_t)in + k, amp) : 0.0f;
+        if (dt == G4_F32)
+            ((float *)dst)[i] = v;
+        else
+            ((uint16_t *)dst)[i] = dt == G4_BF16 ? g4_f2bf(v) : g4_f2h(v);
+    }
+}
+
+void g4c_fill_random(g4c *c, void *dst, g4_dtype t, int64_t rows, int64_t in, size_t row_bytes, uint64_t seed) {
+    const float amp = sqrtf(3.0f / (float)(in > 0 ? in : 1));
+    const size_t total = (size_t)rows * row_bytes / (t == G4_F32 ? 4 : 2);
+    g4c_launch(c, fill_random_kernel, dim3(blocks_for(c, total, 256) * 4), dim3(256), 0, (unsigned char *)dst, (int)t,
+               rows, in, row_bytes, seed, amp);
+}

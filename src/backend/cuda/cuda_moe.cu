@@ -1,0 +1,359 @@
+/* The mixture-of-experts block on the GPU (src/backend/backend.h: moe; docs/gemma4-text.md 3.7): routing,
+ * grouping and the experts' products without a host round trip, reading only the chosen experts' weights.
+ *
+ * 1. route: the router's logits from the normalized residual (a GEMV), then per token softmax, top-k (ties to
+ *    the lower expert id), weights renormalized and scaled per expert;
+ * 2. group: the (token, k) pairs sorted by expert, the list of active experts with their pairs' range;
+ * 3. gate_up: a block per (active expert, 8 rows): the expert's token rows staged in shared memory 8 at a time,
+ *    a warp per intermediate row reads that expert's gate row and up row once per 8 pairs and writes
+ *    gelu(gate) * up;
+ * 4. down: likewise per output row, times the pair's routing weight;
+ * 5. combine: per token, the sum of its k pairs' rows (in k order), then the branch's norms and the add:
+ *    out = rmsnorm(dense) * post_norm1 + rmsnorm(sum) * post_norm2.
+ * x2 = rmsnorm(residual) * pre_norm2 is never stored: the experts' kernels normalize the rows they stage.
+ * Grids are sized by the most experts a step can touch (min(E, n * top_k)); blocks of experts beyond the
+ * active count return at once, so the launch does not depend on the routing. */
+#include "backend/cuda/cuda_common.cuh"
+
+#define MOE_NT 8
+
+typedef struct moe_ws {
+    int32_t *ids;     /* [n*TK] expert of each pair */
+    float *w;         /* [n*TK] routing weight of each pair */
+    int32_t *n_active;
+    int32_t *act_e, *act_off, *act_cnt; /* [E] */
+    int32_t *pairs;   /* [n*TK] pair ids (t*TK + k) grouped by expert, experts ascending */
+    float *act;       /* [n*TK, Im] */
+    float *dn;        /* [n*TK, H] */
+    float *logits;    /* [n, E] router logits */
+    float *inv2;      /* [n] 1/rms of the residual rows (for x2) */
+} moe_ws;
+
+typedef struct moe_args {
+    const float *residual, *dense;
+    float *out;
+    const float *pre_norm2, *post_norm1, *post_norm2;
+    int n, H, E, TK, Im;
+    float eps;
+    const unsigned char *gate_up, *down;
+    size_t gu_row, dn_row; /* bytes of a row */
+    const float *per_expert_scale;
+    moe_ws ws;
+} moe_args;
+
+/* 1. softmax and top-k of the router's logits: a warp per token, each lane holding E/32 logits */
+#define MOE_MAX_E 256
+__global__ void moe_topk_kernel(moe_args a, const float *logits) {
+    __shared__ float red[32];
+    g4_grid_wait();
+    const int t = blockIdx.x, lane = threadIdx.x & 31;
+    /* 1/rms of the residual row (all threads): x2 = residual * inv2 * pre_norm2, made where the experts read it */
+    const float *r = a.residual + (size_t)t * a.H;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x) ss += r[i] * r[i];
+    ss = g4_block_sum(ss, red);
+    if (threadIdx.x == 0) a.ws.inv2[t] = rsqrtf(ss / (float)a.H + a.eps);
+    if (threadIdx.x >= 32) return;
+    const float *lg = logits + (size_t)t * a.E;
+    float v[MOE_MAX_E / 32];
+    int taken = 0; /* bit i: element lane + 32 i is chosen */
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < MOE_MAX_E / 32; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < a.E ? lg[e] : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = g4_warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MOE_MAX_E / 32; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < a.E ? expf(v[i] - mx) : -1.0f; /* probabilities before the division; -1: no expert */
+        sum += e < a.E ? v[i] : 0.0f;
+    }
+    sum = g4_warp_sum(sum);
+    int32_t *ids = a.ws.ids + (size_t)t * a.TK;
+    float *w = a.ws.w + (size_t)t * a.TK;
+    float wsum = 0.0f;
+    for (int k = 0; k < a.TK; k++) {
+        float bv = -2.0f;
+        int be = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < MOE_MAX_E / 32; i++) {
+            const int e = lane + 32 * i;
+            if (!(taken >> i & 1) && e < a.E && (v[i] > bv || (v[i] == bv && e < be))) bv = v[i], be = e;
+        }
+        for (int o = 16; o > 0; o >>= 1) { /* the best of the warp; ties to the lower expert id */
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
+        }
+        if ((be & 31) == lane) taken |= 1 << (be >> 5);
+        const float pk = bv / sum;
+        if (lane == 0) ids[k] = be, w[k] = pk;
+        wsum += pk;
+    }
+    __syncwarp();
+    if (lane < a.TK) w[lane] = w[lane] / wsum * a.per_expert_scale[ids[lane]];
+    if (gridDim.x == 1) { /* one token: its experts, ascending, are the active list (no grouping kernel) */
+        __syncwarp();
+        if (lane < a.TK) {
+            const int e = ids[lane];
+            int rank = 0;
+            for (int k = 0; k < a.TK; k++) rank += ids[k] < e;
+            a.ws.act_e[rank] = e, a.ws.act_off[rank] = rank, a.ws.act_cnt[rank] = 1, a.ws.pairs[rank] = lane;
+        }
+        if (lane == 0) *a.ws.n_active = a.TK;
+    }
+}
+
+/* 2. one block: thread e collects expert e's pairs in (token, k) order */
+__global__ void moe_group_kernel(moe_args a) {
+    G4_DYN_SMEM(int, cnt); /* [E] */
+    g4_grid_wait();
+    const int np = a.n * a.TK;
+    for (int e = threadIdx.x; e < a.E; e += blockDim.x) {
+        int c = 0;
+        for (int p = 0; p < np; p++) c += a.ws.ids[p] == e;
+        cnt[e] = c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { /* active experts ascending, their offsets */
+        int na = 0, off = 0;
+        for (int e = 0; e < a.E; e++) {
+            if (!cnt[e]) continue;
+            a.ws.act_e[na] = e;
+            a.ws.act_off[na] = off;
+            a.ws.act_cnt[na] = cnt[e];
+            cnt[e] = off; /* now the expert's first slot */
+            off += a.ws.act_cnt[na];
+            na++;
+        }
+        *a.ws.n_active = na;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < a.E; e += blockDim.x) {
+        int slot = cnt[e];
+        for (int p = 0; p < np; p++)
+            if (a.ws.ids[p] == e) a.ws.pairs[slot++] = p;
+    }
+}
+
+/* 8 floats of a shared-memory row */
+static __device__ __forceinline__ void srow8(const float *p, float *o) {
+    const float4 u = *(const float4 *)p, v = *(const float4 *)(p + 4);
+    o[0] = u.x, o[1] = u.y, o[2] = u.z, o[3] = u.w, o[4] = v.x, o[5] = v.y, o[6] = v.z, o[7] = v.w;
+}
+
+/* Copies up to MOE_NT rows of `in` floats (row pairs[j] / row_div of src) into xs [MOE_NT][ld], zero past
+ * `in` (ld is `in` rounded up to 8); with a norm weight, row r times inv[r] * norm[k]. */
+static __device__ __forceinline__ void stage_rows(float *xs, int ld, const float *src, int in, const int32_t *pairs,
+                                                  int np, int row_div, const float *inv, const float *norm) {
+    for (int i = threadIdx.x; i < np * ld; i += blockDim.x) {
+        const int j = i / ld, k = i % ld, r = pairs[j] / row_div;
+        float v = k < in ? src[(size_t)r * in + k] : 0.0f;
+        if (norm && k < in) v *= inv[r] * norm[k];
+        xs[i] = v;
+    }
+}
+
+/* 3. gate/up of an active expert: block (8 intermediate rows, active slot); the expert's token rows are staged
+ * in shared memory MOE_NT at a time, and a warp per row c reads gate row c and up row c once per chunk */
+template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_args a) {
+    G4_DYN_SMEM(float, xs); /* [MOE_NT][ldh] */
+    g4_grid_wait();
+    const int slot = blockIdx.y;
+    if (slot >= *a.ws.n_active) return;
+    const int lane = threadIdx.x & 31, c = blockIdx.x * 8 + (threadIdx.x >> 5), ldh = (a.H + 7) & ~7;
+    const int e = a.ws.act_e[slot], off = a.ws.act_off[slot], cnt = a.ws.act_cnt[slot];
+    const unsigned char *base = a.gate_up + (size_t)e * 2 * a.Im * a.gu_row;
+    const unsigned char *gr = base + (size_t)c * a.gu_row, *ur = base + (size_t)(a.Im + c) * a.gu_row;
+    for (int p0 = 0; p0 < cnt; p0 += MOE_NT) {
+        const int np = cnt - p0 < MOE_NT ? cnt - p0 : MOE_NT;
+        __syncthreads();
+        stage_rows(xs, ldh, a.residual, a.H, a.ws.pairs + off + p0, np, a.TK, a.ws.inv2, a.pre_norm2);
+        __syncthreads();
+        if (c >= a.Im) continue;
+        float g[MOE_NT], u[MOE_NT];
+#pragma unroll
+        for (int j = 0; j < MOE_NT; j++) g[j] = u[j] = 0.0f;
+        for (int k4 = lane * 8; k4 < a.H; k4 += 4 * 256) { /* four chunks' loads in flight together */
+            float wg[4][8], wu[4][8];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (k4 + q * 256 < a.H) {
+                    g4_wload<DT>::load(gr, k4 + q * 256, wg[q]);
+                    g4_wload<DT>::load(ur, k4 + q * 256, wu[q]);
+                }
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int k = k4 + q * 256;
+                if (k >= a.H) break;
+#pragma unroll
+                for (int j = 0; j < MOE_NT; j++) {
+                    if (j >= np) break;
+                    float xv[8];
+                    srow8(xs + (size_t)j * ldh + k, xv);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        g[j] = fmaf(wg[q][i], xv[i], g[j]);
+                        u[j] = fmaf(wu[q][i], xv[i], u[j]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MOE_NT; j++) {
+            if (j >= np) break;
+            const float gv = g4_warp_sum(g[j]), uv = g4_warp_sum(u[j]);
+            if (lane == 0) a.ws.act[(size_t)a.ws.pairs[off + p0 + j] * a.Im + c] = g4_gelu_tanh(gv) * uv;
+        }
+    }
+}
+
+/* 4. down of an active expert: a warp per output row i, times the routing weight */
+template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_args a) {
+    G4_DYN_SMEM(float, xs); /* [MOE_NT][ldi] */
+    g4_grid_wait();
+    const int slot = blockIdx.y;
+    if (slot >= *a.ws.n_active) return;
+    const int lane = threadIdx.x & 31, i = blockIdx.x * 8 + (threadIdx.x >> 5), ldi = (a.Im + 7) & ~7;
+    const int e = a.ws.act_e[slot], off = a.ws.act_off[slot], cnt = a.ws.act_cnt[slot];
+    const unsigned char *row = a.down + ((size_t)e * a.H + i) * a.dn_row;
+    for (int p0 = 0; p0 < cnt; p0 += MOE_NT) {
+        const int np = cnt - p0 < MOE_NT ? cnt - p0 : MOE_NT;
+        __syncthreads();
+        stage_rows(xs, ldi, a.ws.act, a.Im, a.ws.pairs + off + p0, np, 1, (const float *)NULL, (const float *)NULL);
+        __syncthreads();
+        if (i >= a.H) continue;
+        float d[MOE_NT];
+#pragma unroll
+        for (int j = 0; j < MOE_NT; j++) d[j] = 0.0f;
+        for (int k4 = lane * 8; k4 < a.Im; k4 += 4 * 256) { /* four chunks' loads in flight together */
+            float w[4][8];
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                if (k4 + q * 256 < a.Im) g4_wload<DT>::load(row, k4 + q * 256, w[q]);
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int k = k4 + q * 256;
+                if (k >= a.Im) break;
+#pragma unroll
+                for (int j = 0; j < MOE_NT; j++) {
+                    if (j >= np) break;
+                    float xv[8];
+                    srow8(xs + (size_t)j * ldi + k, xv);
+#pragma unroll
+                    for (int z = 0; z < 8; z++) d[j] = fmaf(w[q][z], xv[z], d[j]);
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < MOE_NT; j++) {
+            if (j >= np) break;
+            const float dv = g4_warp_sum(d[j]);
+            const int pr = a.ws.pairs[off + p0 + j];
+            if (lane == 0) a.ws.dn[(size_t)pr * a.H + i] = a.ws.w[pr] * dv;
+        }
+    }
+}
+
+/* 5. per token: out = rmsnorm(dense) * post_norm1 + rmsnorm(sum over k of the pair rows) * post_norm2 */
+__global__ void moe_combine_kernel(moe_args a) {
+    G4_DYN_SMEM(float, sum); /* [H] */
+    __shared__ float red[32];
+    g4_grid_wait();
+    const int t = blockIdx.x;
+    const float *d = a.dense + (size_t)t * a.H, *dn = a.ws.dn + (size_t)t * a.TK * a.H;
+    float ss = 0.0f, sd = 0.0f;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x) {
+        float part[8], v = 0.0f;
+        for (int k0 = 0; k0 < a.TK; k0 += 8) { /* eight rows' loads in flight together */
+#pragma unroll
+            for (int k = 0; k < 8; k++) part[k] = k0 + k < a.TK ? dn[(size_t)(k0 + k) * a.H + i] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) v += part[k];
+        }
+        sum[i] = v;
+        ss += v * v;
+        sd += d[i] * d[i];
+    }
+    const float inv_s = rsqrtf(g4_block_sum(ss, red) / (float)a.H + a.eps);
+    const float inv_d = rsqrtf(g4_block_sum(sd, red) / (float)a.H + a.eps);
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+        a.out[(size_t)t * a.H + i] = d[i] * inv_d * a.post_norm1[i] + sum[i] * inv_s * a.post_norm2[i];
+}
+
+/* Lets the expert kernels stage up to MOE_NT rows of the hidden size in shared memory (once, at start). */
+void g4c_moe_init(g4c *c) {
+    g4c_allow_smem(c, moe_gate_up_kernel<G4_BF16>), g4c_allow_smem(c, moe_gate_up_kernel<G4_F16>);
+    g4c_allow_smem(c, moe_gate_up_kernel<G4_F32>), g4c_allow_smem(c, moe_down_kernel<G4_BF16>);
+    g4c_allow_smem(c, moe_down_kernel<G4_F16>), g4c_allow_smem(c, moe_down_kernel<G4_F32>);
+    g4c_allow_smem(c, moe_combine_kernel);
+}
+
+void g4c_moe(g4_backend *be, const g4_moe_args *m) {
+    g4c *c = g4c_of(be);
+    const int n = m->n, E = m->n_experts, TK = m->top_k, H = m->hidden, Im = m->expert_dim;
+    if (n <= 0) return;
+    if (TK <= 0 || TK > E || TK > 32 || E > MOE_MAX_E) {
+        g4c_note(c, cudaErrorInvalidValue, "moe: at most 256 experts and top_k in 1..min(32, n_experts)");
+        return;
+    }
+    moe_args a;
+    memset(&a, 0, sizeof a);
+    a.residual = m->residual;
+    a.dense = m->dense;
+    a.out = m->out;
+    a.pre_norm2 = m->pre_norm2, a.post_norm1 = m->post_norm1, a.post_norm2 = m->post_norm2;
+    a.n = n, a.H = H, a.E = E, a.TK = TK, a.Im = Im;
+    a.eps = m->eps;
+    a.gate_up = (const unsigned char *)m->gate_up->data;
+    a.down = (const unsigned char *)m->down->data;
+    a.gu_row = g4c_row_bytes(m->gate_up->dtype, H);
+    a.dn_row = g4c_row_bytes(m->down->dtype, Im);
+    a.per_expert_scale = m->per_expert_scale;
+    const size_t np = (size_t)n * TK;
+    const size_t ints = np * 2 + 1 + 3 * (size_t)E,
+                 need = ((ints + 3) & ~(size_t)3) * 4 + np * 4 + np * ((size_t)Im + H) * 4 + (size_t)n * (E + 1) * 4;
+    unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_moe, need);
+    if (!ws) return;
+    int32_t *iw = (int32_t *)ws;
+    a.ws.ids = iw;
+    a.ws.pairs = iw + np;
+    a.ws.n_active = iw + 2 * np;
+    a.ws.act_e = a.ws.n_active + 1;
+    a.ws.act_off = a.ws.act_e + E;
+    a.ws.act_cnt = a.ws.act_off + E;
+    float *fw = (float *)(ws + ((ints + 3) & ~(size_t)3) * 4);
+    a.ws.w = fw;
+    a.ws.act = fw + np;
+    a.ws.dn = a.ws.act + np * Im;
+    a.ws.logits = a.ws.dn + np * H;
+    a.ws.inv2 = a.ws.logits + (size_t)n * E;
+
+    /* router: rmsnorm(r) * router_scale * H^-0.5, times router_proj^T */
+    g4c_matmul_scaled(c, m->residual, n, m->router_proj, m->router_scale, m->eps, 1.0f / sqrtf((float)H), a.ws.logits);
+    g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(256), 0, a, (const float *)a.ws.logits);
+    if (n > 1) g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), (size_t)E * sizeof(int), a);
+    const unsigned max_active = (unsigned)(np < (size_t)E ? np : (size_t)E);
+    const dim3 gu_grid((unsigned)((Im + 7) / 8), max_active), dn_grid((unsigned)((H + 7) / 8), max_active);
+    const size_t gu_smem = (size_t)MOE_NT * ((H + 7) & ~7) * 4, dn_smem = (size_t)MOE_NT * ((Im + 7) & ~7) * 4;
+    if (gu_smem > c->prop.sharedMemPerBlockOptin || dn_smem > c->prop.sharedMemPerBlockOptin) {
+        g4c_note(c, cudaErrorInvalidValue, "moe: hidden size too large for the expert kernels");
+        return;
+    }
+    switch (m->gate_up->dtype) {
+    case G4_BF16: g4c_launch(c, moe_gate_up_kernel<G4_BF16>, gu_grid, dim3(256), gu_smem, a); break;
+    case G4_F16: g4c_launch(c, moe_gate_up_kernel<G4_F16>, gu_grid, dim3(256), gu_smem, a); break;
+    default: g4c_launch(c, moe_gate_up_kernel<G4_F32>, gu_grid, dim3(256), gu_smem, a); break;
+    }
+    switch (m->down->dtype) {
+    case G4_BF16: g4c_launch(c, moe_down_kernel<G4_BF16>, dn_grid, dim3(256), dn_smem, a); break;
+    case G4_F16: g4c_launch(c, moe_down_kernel<G4_F16>, dn_grid, dim3(256), dn_smem, a); break;
+    default: g4c_launch(c, moe_down_kernel<G4_F32>, dn_grid, dim3(256), dn_smem, a); break;
+    }
+    if ((size_t)H * 4 > c->prop.sharedMemPerBlockOptin) return;
+    g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(1024), (size_t)H * 4, a);
+}

@@ -1,0 +1,40 @@
+/* What the scheduler (scheduler.c) uses of a generation (generation.c): a generation it runs
+ * with its own model steps. It samples from the generation's sampler (or takes the argmax when
+ * g4_generation_is_argmax), hands the token to g4_generation_take, which turns it into events
+ * and may end the generation, and delivers the events to the generation's callback with
+ * g4_generation_deliver after each step. The last event of a scheduled generation is
+ * G4_EVENT_FINISH. The caller's handle and the scheduler each hold a reference: g4_generation_free
+ * (the caller's, which also cancels) and g4_generation_release (the scheduler's) free it when
+ * both are done. */
+#ifndef G4_ENGINE_GENERATION_H
+#define G4_ENGINE_GENERATION_H
+
+#include "gemma4c.h"
+
+/* A generation of prompt[0..n_prompt-1] for a context of n_ctx positions; embed: an embedding
+ * request (no tokens; g4_generation_embedding_out gets the result before it ends with STOP). */
+int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *prompt, int n_prompt,
+                                const g4_generation_params *params, int embed, g4_event_fn on_event, void *user,
+                                g4_generation **out, g4_error *err);
+int g4_generation_max_new(const g4_generation *g);
+int g4_generation_is_argmax(const g4_generation *g);
+int g4_generation_cancelled(const g4_generation *g);
+/* The next id from one row of logits with the generation's sampler (-1: every id banned). */
+int32_t g4_generation_sample(g4_generation *g, const float *logits);
+/* The next token: its events; the generation may end (stop id or string, token limit; an error
+ * ends it with G4_FINISH_ERROR). */
+void g4_generation_take(g4_generation *g, int32_t id);
+/* Ends it (no-op when it has ended): held-back text, then the FINISH event. */
+void g4_generation_end(g4_generation *g, g4_finish why);
+/* Calls the callback with the queued events (not once the caller freed its handle), then clears them. */
+void g4_generation_deliver(g4_generation *g);
+/* Prompt tokens found in the prefix cache when it was first admitted (g4_generation_n_cached). */
+void g4_generation_set_cached(g4_generation *g, int n_cached);
+/* The scheduler lets it go. */
+void g4_generation_release(g4_generation *g);
+/* An embedding request's result buffer (hidden_size floats). */
+float *g4_generation_embedding_out(g4_generation *g);
+/* The token ids of a conversation's reply prompt (rendered with a generation prompt). */
+int g4_chat_reply_prompt(const g4_chat *c, const g4_model *m, g4_tokens *toks, g4_error *err);
+
+#endif

@@ -1,0 +1,500 @@
+/* g4_scheduler (gemma4c.h): continuous batching of many generations on the sequences of one context
+ * (docs/architecture.md, "A batch step is the unit of work"; vLLM's scheduler is the model).
+ *
+ * Every step builds one batch under a token budget of n_batch:
+ *   1. requests cancelled since the last step leave, and their blocks go back to the pools at once;
+ *   2. every running request that has its prompt's logits gets one decode token, oldest first;
+ *   3. running requests still reading their prompt get chunks of what budget is left, oldest first;
+ *   4. waiting requests are admitted in arrival order while a sequence is free, the budget is not spent and
+ *      the main pool (full attention) has the blocks for their whole remaining prompt on top of what the
+ *      running ones still need, plus a block of headroom per running request; an admitted request first
+ *      takes the longest prefix of its tokens the prefix cache holds (g4_kv_cache_reuse) and reads on from
+ *      there;
+ *   5. if the step's blocks do not fit the pools, the newest prefill chunk is halved, then dropped, then the
+ *      newest running requests are preempted: their blocks are freed and they wait at the front of the queue
+ *      to be recomputed (prompt and the tokens so far; the prefix cache often still has them); a request that
+ *      cannot go on even alone ends with LENGTH (its tokens need more than the pool);
+ *   6. the batch runs (g4_decode, or g4_decode_greedy when every row that needs a token is a plain argmax),
+ *      each request that got logits samples its next token with its own sampler (g4_generation_take turns it
+ *      into events and decides the end), and requests that ended free their sequence.
+ * A request's last token is never fed to the model. Its sequence's blocks stay in the prefix cache after it
+ * leaves (a later request with the same prefix, e.g. the next turn of a chat, starts from them).
+ *
+ * Embedding requests read their ids with every row's final hidden state kept (summed, then averaged); their
+ * steps compute no logits, and they never reuse a cached prefix (the states of reused positions would be
+ * missing). Generation steps and embedding steps alternate while both kinds have work.
+ *
+ * Threads: submit and cancel from any thread (the queue has a lock; cancel is a flag); a step on one thread
+ * at a time; the callbacks run inside the step. Hot paths allocate nothing: the step's arrays are sized once,
+ * the queue grows in submit. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "engine/context.h"
+#include "engine/generation.h"
+
+typedef struct request {
+    g4_generation *gen;
+    int32_t *tokens; /* prompt, then generated ids [cap] */
+    int n_prompt, n_tokens, cap;
+    int n_fed;       /* tokens its sequence holds (0 while waiting) */
+    int seq;         /* -1 while waiting */
+    int embed;
+    int admitted;    /* it has run (a preempted one waits again) */
+    double *sum;     /* embed: the running sum of the final hidden states */
+} request;
+
+struct g4_scheduler {
+    g4_context *ctx;
+    int n_seq, n_batch, vocab, H;
+    pthread_mutex_t lock;  /* guards the waiting queue */
+    request **waiting;     /* ring buffer: arrival order, preempted requests pushed in front */
+    int w_head, w_count, w_cap;
+    request **running;     /* [n_seq] by sequence, NULL where free */
+    request **run_list;    /* [n_seq] the running requests in admission order */
+    int n_running;
+    int last_step_embed;
+    /* one step's plan and buffers */
+    request **plan_req;    /* [n_batch] requests of the step, in batch order */
+    int *plan_n;           /* [n_batch] tokens each feeds */
+    int n_plan;
+    int32_t *tok, *seq;    /* [n_batch] */
+    uint8_t *want;         /* [n_batch] */
+    int32_t *ids;          /* [n_batch] greedy ids of the wanted rows */
+    float *logits;         /* [logit_rows][vocab] */
+    int logit_rows;
+    float *final_rows;     /* [n_batch][H]: final hidden states of an embedding step */
+    g4_scheduler_stats stats;
+};
+
+/* ------------------------------------------------------------------ queue */
+
+static request *queue_at(const g4_scheduler *s, int i) { return s->waiting[(s->w_head + i) % s->w_cap]; }
+
+static void queue_remove(g4_scheduler *s, int i) { /* keeps the order */
+    for (int j = i; j > 0; j--) s->waiting[(s->w_head + j) % s->w_cap] = s->waiting[(s->w_head + j - 1) % s->w_cap];
+    s->w_head = (s->w_head + 1) % s->w_cap;
+    s->w_count--;
+}
+
+/* Room for `need` waiting requests (under the lock). */
+static int queue_reserve(g4_scheduler *s, int need) {
+    if (need <= s->w_cap) return 0;
+    int cap = s->w_cap ? s->w_cap : 16;
+    while (cap < need) cap *= 2;
+    request **q = malloc((size_t)cap * sizeof *q);
+    if (!q) return -1;
+    for (int i = 0; i < s->w_count; i++) q[i] = queue_at(s, i);
+    free(s->waiting);
+    s->waiting = q;
+    s->w_head = 0;
+    s->w_cap = cap;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ requests */
+
+static void request_free(request *r) {
+    if (!r) return;
+    if (r->gen) g4_generation_release(r->gen);
+    free(r->tokens);
+    free(r->sum);
+    free(r);
+}
+
+static const g4_kv_pool *main_pool(const g4_scheduler *s) {
+    const g4_kv_pool *p = &s->ctx->kv.pool[G4_LAYER_FULL];
+    return p->used ? p : &s->ctx->kv.pool[G4_LAYER_SLIDING];
+}
+
+/* Blocks of the main pool that n positions take. */
+static long blocks_for(const g4_scheduler *s, int n) { return (n + s->ctx->kv.block - 1) / s->ctx->kv.block; }
+
+static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generation_params *params, int embed,
+                  g4_event_fn on_event, void *user, g4_generation **out, g4_error *err) {
+    *out = NULL;
+    g4_generation *g;
+    if (g4_generation_new_scheduled(s->ctx->model, s->ctx->n_ctx, ids, n, params, embed, on_event, user, &g, err))
+        return -1;
+    request *r = calloc(1, sizeof *r);
+    int cap = embed ? n : n + g4_generation_max_new(g);
+    if (r) r->gen = g;
+    if (!r || !(r->tokens = malloc((size_t)cap * sizeof *r->tokens)) ||
+        (embed && !(r->sum = calloc((size_t)s->H, sizeof *r->sum)))) {
+        if (!r) g4_generation_release(g);
+        request_free(r);
+        g4_generation_free(g);
+        return g4_fail(err, "out of memory");
+    }
+    memcpy(r->tokens, ids, (size_t)n * sizeof *ids);
+    r->n_prompt = r->n_tokens = n;
+    r->cap = cap;
+    r->seq = -1;
+    r->embed = embed;
+    if (blocks_for(s, n) > main_pool(s)->n_blocks) {
+        g4_fail(err, "the prompt (%d tokens) needs %ld KV blocks, the pool has %d", n, blocks_for(s, n),
+                main_pool(s)->n_blocks);
+        request_free(r);
+        g4_generation_free(g);
+        return -1;
+    }
+    pthread_mutex_lock(&s->lock);
+    int rc = queue_reserve(s, s->w_count + s->n_running + 1);
+    if (rc == 0) s->waiting[(s->w_head + s->w_count++) % s->w_cap] = r;
+    pthread_mutex_unlock(&s->lock);
+    if (rc) {
+        request_free(r);
+        g4_generation_free(g);
+        return g4_fail(err, "out of memory");
+    }
+    *out = g;
+    return 0;
+}
+
+int g4_scheduler_submit(g4_scheduler *s, const int32_t *prompt, int n_prompt, const g4_generation_params *params,
+                        g4_event_fn on_event, void *user, g4_generation **out, g4_error *err) {
+    return submit(s, prompt, n_prompt, params, 0, on_event, user, out, err);
+}
+
+int g4_scheduler_submit_chat(g4_scheduler *s, const g4_chat *c, const g4_generation_params *params,
+                             g4_event_fn on_event, void *user, g4_generation **out, g4_error *err) {
+    *out = NULL;
+    g4_tokens toks = {0};
+    int rc = -1;
+    if (g4_chat_reply_prompt(c, s->ctx->model, &toks, err) == 0) {
+        g4_generation_params p = {0};
+        if (params) p = *params;
+        p.parse_chat = 1;
+        rc = submit(s, toks.ids, (int)toks.n, &p, 0, on_event, user, out, err);
+    }
+    free(toks.ids);
+    return rc;
+}
+
+int g4_scheduler_submit_embed(g4_scheduler *s, const int32_t *ids, int n_ids, g4_event_fn on_event, void *user,
+                              g4_generation **out, g4_error *err) {
+    return submit(s, ids, n_ids, NULL, 1, on_event, user, out, err);
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
+    *out = NULL;
+    g4_scheduler *s = calloc(1, sizeof *s);
+    if (!s) return g4_fail(err, "out of memory");
+    s->ctx = ctx;
+    s->n_seq = ctx->n_seq;
+    s->n_batch = ctx->n_batch;
+    s->vocab = ctx->model->cfg.text.vocab_size;
+    s->H = ctx->model->cfg.text.hidden_size;
+    s->logit_rows = s->n_seq < s->n_batch ? s->n_seq : s->n_batch;
+    pthread_mutex_init(&s->lock, NULL);
+    const size_t nb = (size_t)s->n_batch;
+    s->running = calloc((size_t)s->n_seq, sizeof *s->running);
+    s->run_list = calloc((size_t)s->n_seq, sizeof *s->run_list);
+    s->plan_req = malloc(nb * sizeof *s->plan_req);
+    s->plan_n = malloc(nb * sizeof *s->plan_n);
+    s->tok = malloc(nb * sizeof *s->tok);
+    s->seq = malloc(nb * sizeof *s->seq);
+    s->want = malloc(nb);
+    s->ids = malloc(nb * sizeof *s->ids);
+    s->logits = malloc((size_t)s->logit_rows * (size_t)s->vocab * sizeof *s->logits);
+    s->final_rows = malloc(nb * (size_t)s->H * sizeof *s->final_rows);
+    if (!s->running || !s->run_list || !s->plan_req || !s->plan_n || !s->tok || !s->seq || !s->want || !s->ids ||
+        !s->logits || !s->final_rows || queue_reserve(s, 16)) {
+        g4_scheduler_free(s);
+        return g4_fail(err, "out of memory for a scheduler of %d sequences", ctx->n_seq);
+    }
+    for (int q = 0; q < s->n_seq; q++) g4_seq_reset(ctx, q);
+    *out = s;
+    return 0;
+}
+
+static void finish(g4_scheduler *s, request *r, g4_finish why);
+
+void g4_scheduler_free(g4_scheduler *s) {
+    if (!s) return;
+    while (s->n_running > 0) finish(s, s->run_list[s->n_running - 1], G4_FINISH_CANCELLED);
+    while (s->w_count > 0) {
+        request *r = queue_at(s, 0);
+        queue_remove(s, 0);
+        finish(s, r, G4_FINISH_CANCELLED);
+    }
+    pthread_mutex_destroy(&s->lock);
+    free(s->waiting);
+    free(s->running);
+    free(s->run_list);
+    free(s->plan_req);
+    free(s->plan_n);
+    free(s->tok);
+    free(s->seq);
+    free(s->want);
+    free(s->ids);
+    free(s->logits);
+    free(s->final_rows);
+    free(s);
+}
+
+void g4_scheduler_get_stats(const g4_scheduler *s, g4_scheduler_stats *out) {
+    g4_scheduler *m = (g4_scheduler *)s;
+    pthread_mutex_lock(&m->lock);
+    *out = s->stats;
+    out->running = s->n_running;
+    out->waiting = s->w_count;
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* ------------------------------------------------------------------ running set */
+
+static void admit(g4_scheduler *s, request *r, int q, int reused) {
+    s->running[q] = r;
+    s->run_list[s->n_running++] = r;
+    r->seq = q;
+    r->n_fed = reused;
+    s->stats.reused_tokens += reused;
+    if (!r->admitted) g4_generation_set_cached(r->gen, reused);
+    r->admitted = 1;
+}
+
+/* Takes r out of the running set; its sequence's blocks go back to the pools (hashed ones stay cached). */
+static void release(g4_scheduler *s, request *r) {
+    if (r->seq < 0) return;
+    g4_seq_reset(s->ctx, r->seq);
+    s->running[r->seq] = NULL;
+    int i = 0;
+    while (s->run_list[i] != r) i++;
+    memmove(s->run_list + i, s->run_list + i + 1, (size_t)(s->n_running - i - 1) * sizeof *s->run_list);
+    s->n_running--;
+    r->seq = -1;
+    r->n_fed = 0;
+}
+
+/* r leaves: its blocks go back, its generation ends (why, unless it has ended) and hears so. */
+static void finish(g4_scheduler *s, request *r, g4_finish why) {
+    release(s, r);
+    if (r->embed && why == G4_FINISH_STOP) {
+        float *out = g4_generation_embedding_out(r->gen);
+        for (int h = 0; h < s->H; h++) out[h] = (float)(r->sum[h] / r->n_tokens);
+    }
+    g4_generation_end(r->gen, why);
+    g4_generation_deliver(r->gen);
+    request_free(r);
+}
+
+/* Frees r's blocks and puts it in front of the queue, to be recomputed from its tokens so far. */
+static void preempt(g4_scheduler *s, request *r) {
+    release(s, r);
+    if (r->embed) memset(r->sum, 0, (size_t)s->H * sizeof *r->sum);
+    s->stats.preemptions++;
+    pthread_mutex_lock(&s->lock); /* room: the queue holds every unfinished request */
+    s->w_head = (s->w_head + s->w_cap - 1) % s->w_cap;
+    s->waiting[s->w_head] = r;
+    s->w_count++;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Cancelled requests leave: running ones free their blocks now, waiting ones leave the queue. */
+static void drop_cancelled(g4_scheduler *s) {
+    for (int i = s->n_running - 1; i >= 0; i--)
+        if (g4_generation_cancelled(s->run_list[i]->gen)) finish(s, s->run_list[i], G4_FINISH_CANCELLED);
+    for (;;) {
+        request *r = NULL;
+        pthread_mutex_lock(&s->lock);
+        for (int i = 0; i < s->w_count && !r; i++)
+            if (g4_generation_cancelled(queue_at(s, i)->gen)) {
+                r = queue_at(s, i);
+                queue_remove(s, i);
+            }
+        pthread_mutex_unlock(&s->lock);
+        if (!r) break;
+        finish(s, r, G4_FINISH_CANCELLED); /* outside the lock: the callback may submit */
+    }
+}
+
+/* ------------------------------------------------------------------ one step */
+
+static void plan_add(g4_scheduler *s, request *r, int k) {
+    s->plan_req[s->n_plan] = r;
+    s->plan_n[s->n_plan++] = k;
+}
+
+static void plan_remove(g4_scheduler *s, int i) {
+    memmove(s->plan_req + i, s->plan_req + i + 1, (size_t)(s->n_plan - i - 1) * sizeof *s->plan_req);
+    memmove(s->plan_n + i, s->plan_n + i + 1, (size_t)(s->n_plan - i - 1) * sizeof *s->plan_n);
+    s->n_plan--;
+}
+
+/* Blocks kept free at admission for the running requests' next tokens: none when the pool lets every sequence
+ * reach n_ctx (nothing can run out), else 1% of the pool (vLLM's watermark), at least one. */
+static long headroom(const g4_scheduler *s) {
+    const g4_kv_pool *p = main_pool(s);
+    if ((long)p->n_blocks >= (long)s->n_seq * s->ctx->kv.max_blocks) return 0;
+    return (p->n_blocks + 99) / 100;
+}
+
+/* Admits waiting requests of one kind in arrival order while a sequence, budget and blocks are free. */
+static void admit_waiting(g4_scheduler *s, int embed_step, int *budget) {
+    g4_context *ctx = s->ctx;
+    long reserve = 0; /* blocks the running requests still need for the tokens they have */
+    for (int i = 0; i < s->n_running; i++)
+        reserve += blocks_for(s, s->run_list[i]->n_tokens) - blocks_for(s, s->run_list[i]->n_fed);
+    request *too_big = NULL;
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->w_count && *budget > 0 && s->n_running < s->n_seq;) {
+        request *r = queue_at(s, i);
+        if (r->embed != embed_step || g4_generation_cancelled(r->gen)) {
+            i++;
+            continue;
+        }
+        int q = 0;
+        while (s->running[q]) q++;
+        /* at least the last token is read, for its logits */
+        int reused = r->embed ? 0 : g4_seq_reuse_prefix(ctx, q, r->tokens, r->n_tokens - 1);
+        long need = blocks_for(s, r->n_tokens) - reused / ctx->kv.block;
+        if (main_pool(s)->n_free < reserve + need + headroom(s)) {
+            g4_seq_reset(ctx, q);
+            if (s->n_running == 0 && need > main_pool(s)->n_free) { /* it would not fit even alone */
+                too_big = r;
+                queue_remove(s, i);
+            }
+            break;
+        }
+        queue_remove(s, i);
+        admit(s, r, q, reused);
+        reserve += need;
+        int k = r->n_tokens - r->n_fed < *budget ? r->n_tokens - r->n_fed : *budget;
+        plan_add(s, r, k);
+        *budget -= k;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (too_big) finish(s, too_big, G4_FINISH_LENGTH);
+}
+
+/* 1 when the plan's blocks fit the pools. */
+static int plan_fits(g4_scheduler *s) {
+    long need[G4_LAYER_TYPES] = {0};
+    for (int i = 0; i < s->n_plan; i++) {
+        int c[G4_LAYER_TYPES];
+        g4_kv_cache_cost(&s->ctx->kv, s->plan_req[i]->seq, s->plan_n[i], c);
+        for (int t = 0; t < G4_LAYER_TYPES; t++) need[t] += c[t];
+    }
+    for (int t = 0; t < G4_LAYER_TYPES; t++)
+        if (s->ctx->kv.pool[t].used && need[t] > s->ctx->kv.pool[t].n_free) return 0;
+    return 1;
+}
+
+static int decoding(const request *r) { return !r->embed && r->n_tokens - r->n_fed == 1; }
+
+/* Shrinks the plan until its blocks fit (step 5 above). */
+static void fit_plan(g4_scheduler *s) {
+    while (s->n_plan > 0 && !plan_fits(s)) {
+        int i = s->n_plan - 1;
+        while (i >= 0 && decoding(s->plan_req[i])) i--;
+        if (i >= 0 && s->plan_n[i] > 1) {
+            s->plan_n[i] /= 2;
+            continue;
+        }
+        if (i >= 0 && s->n_plan > 1) {
+            plan_remove(s, i);
+            continue;
+        }
+        request *v = s->run_list[s->n_running - 1];
+        for (int j = 0; j < s->n_plan; j++)
+            if (s->plan_req[j] == v) {
+                plan_remove(s, j);
+                break;
+            }
+        if (s->n_running == 1) finish(s, v, G4_FINISH_LENGTH);
+        else preempt(s, v);
+    }
+}
+
+int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
+    g4_context *ctx = s->ctx;
+    drop_cancelled(s);
+    /* which kind of step: embeddings and generations alternate when both have work */
+    int gen = 0, emb = 0;
+    for (int i = 0; i < s->n_running; i++) *(s->run_list[i]->embed ? &emb : &gen) = 1;
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->w_count; i++) *(queue_at(s, i)->embed ? &emb : &gen) = 1;
+    pthread_mutex_unlock(&s->lock);
+    const int embed_step = emb && (!gen || !s->last_step_embed);
+    s->last_step_embed = embed_step;
+
+    /* plan: decode tokens, prefill chunks, admissions, under the token budget */
+    int budget = s->n_batch;
+    s->n_plan = 0;
+    for (int i = 0; i < s->n_running && budget > 0; i++)
+        if (!embed_step && decoding(s->run_list[i])) plan_add(s, s->run_list[i], 1), budget--;
+    for (int i = 0; i < s->n_running && budget > 0; i++) {
+        request *r = s->run_list[i];
+        if (r->embed != embed_step || decoding(r)) continue;
+        int k = r->n_tokens - r->n_fed < budget ? r->n_tokens - r->n_fed : budget;
+        plan_add(s, r, k);
+        budget -= k;
+    }
+    admit_waiting(s, embed_step, &budget);
+    fit_plan(s);
+
+    /* the batch */
+    int n = 0, n_want = 0, all_greedy = 1;
+    for (int i = 0; i < s->n_plan; i++) {
+        request *r = s->plan_req[i];
+        const int k = s->plan_n[i], last = r->n_fed + k == r->n_tokens;
+        for (int j = 0; j < k; j++) {
+            s->tok[n] = r->tokens[r->n_fed + j];
+            s->seq[n] = r->seq;
+            s->want[n] = embed_step || (last && j == k - 1);
+            n++;
+        }
+        if (!embed_step && last) {
+            n_want++;
+            all_greedy &= g4_generation_is_argmax(r->gen);
+        }
+    }
+    if (n > 0) {
+        g4_batch b = {.n_tokens = n, .token = s->tok, .seq = s->seq, .want_logits = s->want};
+        int rc;
+        g4_context_capture(ctx, NULL, embed_step ? s->final_rows : NULL);
+        if (embed_step || n_want == 0) rc = g4_decode(ctx, &b, NULL, err);
+        else if (all_greedy) rc = g4_decode_greedy(ctx, &b, s->ids, err);
+        else rc = g4_decode(ctx, &b, s->logits, err);
+        g4_context_capture(ctx, NULL, NULL);
+        if (rc) return -1;
+        s->stats.steps++;
+    }
+
+    /* outputs */
+    int row = 0, w = 0;
+    for (int i = 0; i < s->n_plan; i++) {
+        request *r = s->plan_req[i];
+        const int k = s->plan_n[i];
+        r->n_fed += k;
+        if (r->embed) {
+            for (int j = 0; j < k; j++)
+                for (int h = 0; h < s->H; h++) r->sum[h] += s->final_rows[(size_t)(row + j) * s->H + h];
+            if (r->n_fed == r->n_tokens) finish(s, r, G4_FINISH_STOP);
+        } else {
+            if (r->n_fed > r->n_prompt && k == 1) s->stats.decode_tokens++;
+            else s->stats.prefill_tokens += k;
+            if (r->n_fed == r->n_tokens) {
+                int32_t id = all_greedy ? s->ids[w] : g4_generation_sample(r->gen, s->logits + (size_t)w * s->vocab);
+                w++;
+                g4_generation_take(r->gen, id);
+                if (g4_generation_finish(r->gen)) {
+                    finish(s, r, G4_FINISH_STOP); /* it has ended: the reason is its own */
+                } else {
+                    r->tokens[r->n_tokens++] = id;
+                    g4_generation_deliver(r->gen);
+                }
+            }
+        }
+        row += k;
+    }
+    pthread_mutex_lock(&s->lock);
+    int left = s->n_running + s->w_count;
+    pthread_mutex_unlock(&s->lock);
+    return left;
+}

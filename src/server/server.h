@@ -1,0 +1,33 @@
+/* gemma4c serve: an OpenAI-compatible HTTP server (docs/server.md) on libmicrohttpd and jansson, built on
+ * the public library API (gemma4c.h) alone. */
+#ifndef G4_SERVER_SERVER_H
+#define G4_SERVER_SERVER_H
+
+#include <stddef.h>
+
+typedef struct srv_options {
+    const char *model_path;   /* -m DIR|FILE */
+    const char *model_id;     /* the "model" requests name (default: the folder's name) */
+    const char *host;         /* default 127.0.0.1 (loopback) */
+    int port;                 /* default 8080; 0: any free port (printed) */
+    const char *api_key;      /* NULL: no key */
+    const char *device;       /* NULL: automatic */
+    int n_threads;            /* 0: all cores */
+    int parallel;             /* sequences served at once (default 4) */
+    int n_ctx;                /* positions per sequence (default: the model's, at most 4096) */
+    int max_tokens;           /* per choice; 0: until the context is full */
+    int max_queue;            /* jobs waiting at most (default 256): then 503 */
+    size_t max_body;          /* bytes (default 8 MiB): then 413 */
+    int max_media;            /* image/audio parts per request (default 8) */
+    int timeout_s;            /* an idle connection is closed after it (default 60) */
+    int drain_s;              /* on SIGTERM, in-flight requests get this long to finish (default 30) */
+    int allow_remote_media;   /* --allow-remote-media */
+    int quiet;                /* no request log on stderr */
+} srv_options;
+
+void srv_options_default(srv_options *o);
+/* Loads the model, serves until SIGTERM or SIGINT (then drains in-flight requests), frees everything.
+ * Returns the process exit status (errors are printed as one line). */
+int srv_main(const srv_options *o);
+
+#endif

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Writes image files of many kinds into OUTDIR, with what transformers' load_image (PIL open, EXIF
+transpose, convert("RGB")) and the shared numpy reference of the Gemma 4 image processor
+(../shared/reference/numpy/imgproc.py: target size, torch's antialiased bicubic uint8 resize) make of them.
+tests/test_image.c decodes and resizes the same files and compares.
+
+usage: make_image_cases.py SHARED_DIR OUTDIR
+OUTDIR/cases.json: [{"file", "rgb": "x.rgb" (H*W*3 bytes), "width", "height",
+                     "resized": [{"budget", "th", "tw", "rgb"}]}, ...]
+"""
+import io
+import json
+import os
+import struct
+import sys
+import zlib
+
+import numpy as np
+from PIL import Image, ImageOps
+
+sys.path.insert(0, os.path.join(sys.argv[1], "reference", "numpy"))
+import imgproc  # noqa: E402
+
+OUT = sys.argv[2]
+rng = np.random.default_rng(1234)
+
+
+def smooth(h, w, c=3):
+    """A photo-like image: smooth gradients plus noise (exercises every resize tap)."""
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * 255.0 / max(w - 1, 1)), (y * 255.0 / max(h - 1, 1)),
+                     128 + 100 * np.sin(x / 7.0 + y / 11.0), 255.0 - x * 100.0 / max(w, 1)], -1)[..., :c]
+    noise = rng.normal(0, 25, size=(h, w, c))
+    return np.clip(base + noise, 0, 255).astype(np.uint8)
+
+
+def png_chunk(kind, data):
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+
+def raw_png(samples, color_type, depth, width=None):
+    """A PNG written by hand, for what PIL cannot write (16-bit RGB, 16-bit gray + alpha, 2-bit gray);
+    samples [h, ...] are the rows (already packed below 8 bits, then `width` gives the pixels per row)."""
+    h, w = samples.shape[0], width or samples.shape[1]
+    big = samples.astype(">u2") if depth == 16 else samples.astype(np.uint8)
+    rows = b"".join(b"\0" + big[r].tobytes() for r in range(h))
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(rows)) +
+            png_chunk(b"IEND", b""))
+
+
+def exif_bytes(orientation):
+    ex = Image.Exif()
+    ex[0x0112] = orientation
+    return ex.tobytes()
+
+
+cases = []
+
+
+def add(name, data, budgets=(70,)):
+    path = os.path.join(OUT, name)
+    with open(path, "wb") as f:
+        f.write(data)
+    im = ImageOps.exif_transpose(Image.open(path))
+    rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
+    h, w = rgb.shape[:2]
+    rgb.tofile(path + ".rgb")
+    entry = {"file": name, "rgb": name + ".rgb", "width": w, "height": h, "resized": []}
+    chw = rgb.transpose(2, 0, 1)
+    for b in budgets:
+        th, tw = imgproc.target_size(h, w, b)
+        out = imgproc.resize_uint8(chw, th, tw) if (th, tw) != (h, w) else chw
+        fn = "%s.%d.rgb" % (name, b)
+        np.ascontiguousarray(out.transpose(1, 2, 0)).tofile(os.path.join(OUT, fn))
+        entry["resized"].append({"budget": b, "th": th, "tw": tw, "rgb": fn})
+    cases.append(entry)
+
+
+def pil_bytes(im, fmt, **kw):
+    b = io.BytesIO()
+    im.save(b, fmt, **kw)
+    return b.getvalue()
+
+
+# PNG: every color type and depth PIL distinguishes
+add("rgb.png", pil_bytes(Image.fromarray(smooth(300, 451)), "PNG"), (70, 140, 280, 560, 1120))
+add("rgba.png", pil_bytes(Image.fromarray(smooth(97, 133, 4)), "PNG"), (70, 280))
+add("gray.png", pil_bytes(Image.fromarray(smooth(120, 80, 1)[..., 0]), "PNG"))
+add("gray_alpha.png", pil_bytes(Image.fromarray(smooth(64, 200, 2), "LA"), "PNG"))
+add("bilevel.png", pil_bytes(Image.fromarray(smooth(50, 61, 1)[..., 0] > 128), "PNG"))
+pal = Image.fromarray(smooth(90, 70)).quantize(16)
+add("palette4.png", pil_bytes(pal, "PNG", bits=4))
+add("palette_trns.png", pil_bytes(Image.fromarray(smooth(90, 70)).quantize(200), "PNG", transparency=3))
+add("gray16.png", raw_png((smooth(40, 52, 1)[..., 0].astype(np.uint16) * 3), 0, 16))      # values > 255 clip
+add("rgb16.png", raw_png(smooth(33, 47).astype(np.uint16) * 257 + 3, 2, 16))
+add("gray_alpha16.png", raw_png(smooth(33, 47, 2).astype(np.uint16) * 250, 4, 16))
+v2 = smooth(20, 24, 1)[..., 0] >> 6                                                       # 2-bit gray
+add("gray2.png", raw_png((v2[:, 0::4] << 6) | (v2[:, 1::4] << 4) | (v2[:, 2::4] << 2) | v2[:, 3::4], 0, 2, 24))
+add("exif6.png", pil_bytes(Image.fromarray(smooth(60, 100)), "PNG", exif=exif_bytes(6)))
+# extreme shapes and sizes
+add("tiny.png", pil_bytes(Image.fromarray(smooth(1, 1)), "PNG"), (70, 140))
+add("wide.png", pil_bytes(Image.fromarray(smooth(3, 2000)), "PNG"), (70, 280))
+add("tall.png", pil_bytes(Image.fromarray(smooth(900, 7)), "PNG"), (140,))
+add("exact.png", pil_bytes(Image.fromarray(smooth(384, 384)), "PNG"), (70,))                 # no resize
+add("photo.png", pil_bytes(Image.fromarray(smooth(768, 1024)), "PNG"), (280,))
+# JPEG: subsamplings, grayscale, progressive, CMYK, EXIF orientations
+photo = Image.fromarray(smooth(241, 317))
+add("q90_420.jpg", pil_bytes(photo, "JPEG", quality=90), (70, 280))
+add("q95_444.jpg", pil_bytes(photo, "JPEG", quality=95, subsampling=0))
+add("q75_422.jpg", pil_bytes(photo, "JPEG", quality=75, subsampling=1))
+add("gray.jpg", pil_bytes(photo.convert("L"), "JPEG", quality=85))
+add("progressive.jpg", pil_bytes(photo, "JPEG", quality=80, progressive=True))
+add("cmyk.jpg", pil_bytes(photo.convert("CMYK"), "JPEG", quality=90))
+for o in range(2, 9):
+    add("exif%d.jpg" % o, pil_bytes(Image.fromarray(smooth(37, 53)), "JPEG", quality=90, exif=exif_bytes(o)))
+# WebP: lossy, lossless, lossy with alpha
+add("lossy.webp", pil_bytes(photo, "WEBP", quality=80))
+add("lossless.webp", pil_bytes(photo, "WEBP", lossless=True))
+add("alpha.webp", pil_bytes(Image.fromarray(smooth(80, 90, 4)), "WEBP", quality=70))
+# GIF: palette, with a transparent index
+add("palette.gif", pil_bytes(Image.fromarray(smooth(70, 90)).quantize(64), "GIF"))
+add("transparent.gif", pil_bytes(Image.fromarray(smooth(40, 30)).quantize(32), "GIF", transparency=5))
+
+with open(os.path.join(OUT, "cases.json"), "w") as f:
+    json.dump(cases, f, indent=1)

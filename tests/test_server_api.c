@@ -1,0 +1,187 @@
+/* The server's request parser (src/server/api.h), no model and no network: OpenAI's fields become the
+ * engine's parameters and the chat template's conversation; every bad field is a 4xx naming it with a
+ * one-line message; the API key comparison. */
+#include <string.h>
+
+#include "check.h"
+#include "server/api.h"
+
+static const srv_limits LIM = {.max_tokens = 100, .max_n = 4, .max_prompts = 3, .max_media = 1, .vocab_size = 1000,
+                               .hidden_size = 64};
+
+static int parse(srv_kind kind, const char *body, int tool_role, srv_request *r, srv_error *e) {
+    memset(e, 0, sizeof *e);
+    return srv_parse_request(kind, body, strlen(body), &LIM, tool_role, r, e);
+}
+
+/* A body that must fail with this status and param. */
+static void bad(srv_kind kind, const char *body, int status, const char *param) {
+    srv_request r;
+    srv_error e;
+    int rc = parse(kind, body, 0, &r, &e);
+    CHECKF(rc == -1 && e.status == status && (!param || !strcmp(e.param, param)) && e.msg[0] && !strchr(e.msg, '\n'),
+           "%s -> %d %s '%s' (want %d %s)", body, e.status, e.param, e.msg, status, param ? param : "");
+    if (rc == 0) srv_request_free(&r);
+}
+
+static json_t *messages_of(const srv_request *r) { return json_object_get(r->chat, "messages"); }
+
+static void test_chat(void) {
+    srv_request r;
+    srv_error e;
+    const char *body =
+        "{\"model\": \"m\", \"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"},"
+        "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"hi\"}], \"name\": \"bob\"},"
+        "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\","
+        "\"function\": {\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}}]},"
+        "{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"{\\\"ok\\\": true}\"}],"
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\"}}}],"
+        "\"temperature\": 0.5, \"top_p\": 0.9, \"top_k\": 20, \"min_p\": 0.1, \"seed\": -3, \"n\": 2, \"max_tokens\": 7,"
+        "\"presence_penalty\": 1.5, \"frequency_penalty\": -0.5, \"stop\": \"END\", \"logprobs\": true, \"top_logprobs\": 4,"
+        "\"logit_bias\": {\"17\": -100}, \"stream\": true, \"stream_options\": {\"include_usage\": true},"
+        "\"reasoning_effort\": \"low\", \"unknown_field\": [1, 2]}";
+    CHECKF(parse(SRV_CHAT, body, 0, &r, &e) == 0, "%s", e.msg);
+    CHECK(!strcmp(r.model, "m") && r.stream && r.include_usage && r.n == 2 && r.max_tokens == 7);
+    CHECK(r.have_temperature && r.temperature == 0.5f && r.have_top_p && r.top_p == 0.9f && r.have_top_k && r.top_k == 20);
+    CHECK(r.have_min_p && r.have_seed && r.seed == (uint64_t)-3 && r.presence_penalty == 1.5f && r.frequency_penalty == -0.5f);
+    CHECK(r.n_stops == 1 && !strcmp(r.stops[0], "END") && r.logprobs && r.top_logprobs == 4);
+    CHECK(r.n_bias == 1 && r.bias_ids[0] == 17 && r.bias_values[0] == -100.0f);
+    CHECK(json_is_true(json_object_get(r.chat, "enable_thinking")) && json_array_size(json_object_get(r.chat, "tools")) == 1);
+    json_t *m = messages_of(&r);
+    /* developer -> system; parts kept; the tool result on the assistant message (release templates) */
+    CHECK(json_array_size(m) == 3);
+    CHECK(!strcmp(json_string_value(json_object_get(json_array_get(m, 0), "role")), "system"));
+    CHECK(json_is_array(json_object_get(json_array_get(m, 1), "content")) && !json_object_get(json_array_get(m, 1), "name"));
+    json_t *asst = json_array_get(m, 2);
+    json_t *args = json_object_get(json_object_get(json_array_get(json_object_get(asst, "tool_calls"), 0), "function"), "arguments");
+    CHECK(json_is_object(args) && json_integer_value(json_object_get(args, "a")) == 1);
+    json_t *resp = json_array_get(json_object_get(asst, "tool_responses"), 0);
+    CHECK(!strcmp(json_string_value(json_object_get(resp, "name")), "f") &&
+          json_is_true(json_object_get(json_object_get(resp, "response"), "ok")));
+    srv_request_free(&r);
+
+    /* a template that reads role "tool": the message stays, with the function's name */
+    CHECK(parse(SRV_CHAT, body, 1, &r, &e) == 0);
+    m = messages_of(&r);
+    json_t *tool = json_array_get(m, 3);
+    CHECK(json_array_size(m) == 4 && !strcmp(json_string_value(json_object_get(tool, "role")), "tool") &&
+          !strcmp(json_string_value(json_object_get(tool, "name")), "f") &&
+          !strcmp(json_string_value(json_object_get(tool, "tool_call_id")), "c1"));
+    srv_request_free(&r);
+
+    /* chat_template_kwargs pass through; their enable_thinking is the template's switch; tool_choice none hides tools */
+    CHECK(parse(SRV_CHAT,
+                "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"none\","
+                "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}],"
+                "\"chat_template_kwargs\": {\"enable_thinking\": false, \"k\": 1}, \"max_completion_tokens\": 3}",
+                0, &r, &e) == 0);
+    CHECK(json_is_false(json_object_get(r.chat, "enable_thinking")) && !json_object_get(r.chat, "tools") &&
+          json_object_get(json_object_get(r.chat, "chat_template_kwargs"), "k") && r.max_tokens == 3 && r.n == 1);
+    srv_request_free(&r);
+}
+
+static void test_prompts(void) {
+    srv_request r;
+    srv_error e;
+    CHECK(parse(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": \"hello\"}", 0, &r, &e) == 0);
+    CHECK(r.n_prompts == 1 && !strcmp(r.prompts[0].text, "hello") && r.max_tokens == 16 && !r.logprobs);
+    srv_request_free(&r);
+    CHECK(parse(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": [1, 2, 3], \"logprobs\": 2, \"echo\": false}", 0, &r, &e) == 0);
+    CHECK(r.n_prompts == 1 && !r.prompts[0].text && r.prompts[0].n_ids == 3 && r.prompts[0].ids[2] == 3 && r.logprobs &&
+          r.top_logprobs == 2);
+    srv_request_free(&r);
+    CHECK(parse(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": [[5], \"a\", [6, 7]]}", 0, &r, &e) == 0);
+    CHECK(r.n_prompts == 3 && r.prompts[0].ids[0] == 5 && !strcmp(r.prompts[1].text, "a") && r.prompts[2].n_ids == 2);
+    srv_request_free(&r);
+    CHECK(parse(SRV_EMBEDDING, "{\"model\": \"m\", \"input\": [\"a\", \"b\"], \"encoding_format\": \"base64\", \"dimensions\": 64}",
+                0, &r, &e) == 0);
+    CHECK(r.n_prompts == 2 && r.base64);
+    srv_request_free(&r);
+}
+
+static void test_errors(void) {
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [", 400, NULL);
+    bad(SRV_CHAT, "[]", 400, "body");
+    bad(SRV_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", 400, "model");
+    bad(SRV_CHAT, "{\"model\": \"m\"}", 400, "messages");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": []}", 400, "messages");
+    const char *head = "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], ";
+    static const struct {
+        const char *field, *param;
+    } cases[] = {
+        {"\"temperature\": 3", "temperature"},      {"\"temperature\": \"1\"", "temperature"},
+        {"\"top_p\": 0", "top_p"},                  {"\"n\": 5", "n"},
+        {"\"max_tokens\": 101", "max_tokens"},      {"\"max_tokens\": 2.0", "max_tokens"},
+        {"\"seed\": 1.5", "seed"},                  {"\"stop\": [1]", "stop"},
+        {"\"logit_bias\": {\"1000\": 1}", "logit_bias"}, {"\"logit_bias\": {\"1\": 101}", "logit_bias"},
+        {"\"stream_options\": {}", "stream_options"}, {"\"top_logprobs\": 2", "top_logprobs"},
+        {"\"tool_choice\": \"required\"", "tool_choice"}, {"\"tools\": [{\"type\": \"x\"}]", "tools"},
+        {"\"response_format\": {\"type\": \"json_schema\"}", "response_format"},
+        {"\"reasoning_effort\": \"extreme\"", "reasoning_effort"}, {"\"best_of\": 2", "best_of"},
+        {"\"modalities\": [\"audio\"]", "modalities"},
+    };
+    char body[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(body, sizeof body, "%s%s}", head, cases[i].field);
+        bad(SRV_CHAT, body, 400, cases[i].param);
+    }
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+                  "\"image_url\": {\"url\": \"data:image/png;base64,AAAA\"}}]}]}", 400, "messages.content");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_audio\"}, "
+                  "{\"type\": \"input_audio\"}]}]}", 400, "messages.content");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "messages");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": "
+                  "{\"name\": \"f\", \"arguments\": \"[1]\"}}]}]}", 400, "messages.tool_calls");
+    bad(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": [1000]}", 400, "prompt");
+    bad(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": [\"a\", \"b\", \"c\", \"d\"]}", 400, "prompt");
+    bad(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": []}", 400, "prompt");
+    bad(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": \"a\", \"echo\": true, \"logprobs\": 1}", 400, "echo");
+    bad(SRV_EMBEDDING, "{\"model\": \"m\", \"input\": \"\"}", 400, "input");
+    bad(SRV_EMBEDDING, "{\"model\": \"m\", \"input\": \"a\", \"dimensions\": 3}", 400, "dimensions");
+
+    /* the error body: OpenAI's shape, also for a message quoting bytes that are not UTF-8 */
+    srv_error e;
+    srv_fail(&e, 400, "x", "c", "bad \xff value\nsecond line");
+    char *js = srv_error_json(&e);
+    json_t *o = js ? json_loads(js, 0, NULL) : NULL;
+    json_t *err = json_object_get(o, "error");
+    CHECKF(err && json_is_string(json_object_get(err, "message")) &&
+               !strcmp(json_string_value(json_object_get(err, "type")), "invalid_request_error") &&
+               !strcmp(json_string_value(json_object_get(err, "param")), "x") && !strchr(e.msg, '\n'),
+           "%s", js ? js : "NULL");
+    json_decref(o);
+    free(js);
+    srv_fail(&e, 503, NULL, NULL, "busy");
+    js = srv_error_json(&e);
+    CHECK(js && strstr(js, "\"server_error\"") && strstr(js, "\"param\":null") && strstr(js, "\"code\":null"));
+    free(js);
+
+    /* bytes that are not JSON at all, and every prefix of a valid body, fail cleanly */
+    const char *valid = "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", "
+                        "\"text\": \"x\"}]}], \"stop\": [\"a\"], \"logit_bias\": {\"3\": 1}}";
+    for (size_t n = 0; n < strlen(valid); n++) {
+        srv_request r;
+        if (srv_parse_request(SRV_CHAT, valid, n, &LIM, 0, &r, &e) == 0) srv_request_free(&r);
+    }
+    srv_request r;
+    CHECK(srv_parse_request(SRV_CHAT, valid, strlen(valid), &LIM, 0, &r, &e) == 0);
+    srv_request_free(&r);
+}
+
+static void test_api_key(void) {
+    CHECK(srv_check_api_key("Bearer sk-123", "sk-123"));
+    CHECK(!srv_check_api_key("Bearer sk-1234", "sk-123"));
+    CHECK(!srv_check_api_key("Bearer sk-12", "sk-123"));
+    CHECK(!srv_check_api_key("Bearer ", "sk-123"));
+    CHECK(!srv_check_api_key("bearer sk-123", "sk-123"));
+    CHECK(!srv_check_api_key("sk-123", "sk-123"));
+    CHECK(!srv_check_api_key(NULL, "sk-123"));
+}
+
+int main(void) {
+    test_chat();
+    test_prompts();
+    test_errors();
+    test_api_key();
+    return g4t_done();
+}

@@ -1,0 +1,80 @@
+#!/bin/bash
+# The encoder-free Gemma 4 12B (gemma4_unified) through the commands, on ../shared/fixtures/unified against
+# the transformers references: encode-image and encode-audio (1e-3 relative), logits of the full prompt with
+# two images and an audio clip (2e-3), the 24 greedy ids of generate (the prompt with one placeholder per
+# file, as a chat template writes it); audio longer than 30 s stays one block of ceil(n/640) tokens; bad
+# input gives a one-line error; a random-weight gemma4_unified checkpoint (tests/data/random_gemma4.py)
+# loads and runs run --image --audio and chat with its template.
+set -u
+bin=${G4_BIN:?}; shared=${G4_SHARED_DIR:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP:-/tmp}/unified-cli
+here=$(cd "$(dirname "$0")" && pwd)
+fail=0
+check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+rm -rf "$tmp"; mkdir -p "$tmp"
+fx=$shared/fixtures/unified
+img0=$fx/image0.png; img1=$fx/image1.png; wav=$fx/audio0.wav
+
+"$bin" encode-image -m "$fx" --image "$img0" --image "$img1" -o "$tmp/img.f32" 2>"$tmp/enc.txt"
+err=$(python3 "$here/cli_compare.py" rel "$fx/reference.safetensors" image_embeddings "$tmp/img.f32" 1e-3)
+check $? "encode-image: image_embeddings within 1e-3 relative (error $err)"
+grep -q "image0.png: 60 soft tokens" "$tmp/enc.txt" && grep -q "image1.png: 66 soft tokens" "$tmp/enc.txt"
+check $? "encode-image: 60 and 66 soft tokens (48-px blocks)"
+"$bin" encode-audio -m "$fx" --audio "$wav" -o "$tmp/aud.f32" >"$tmp/enca.txt"
+err=$(python3 "$here/cli_compare.py" rel "$fx/reference.safetensors" audio_embeddings "$tmp/aud.f32" 1e-3)
+check $? "encode-audio: audio_embeddings within 1e-3 relative (error $err; $(cat "$tmp/enca.txt"))"
+
+ids=$(python3 "$here/cli_compare.py" ids "$fx/reference.safetensors" input_ids)
+"$bin" logits -m "$fx" --ids "$ids" --image "$img0" --image "$img1" --audio "$wav" -o "$tmp/logits.f32"
+err=$(python3 "$here/cli_compare.py" logits "$fx/reference.safetensors" "$tmp/logits.f32" 2e-3)
+check $? "logits --image --image --audio: the full prompt within 2e-3 (max error $err)"
+
+# the prompt with one placeholder per input: each <|image> N x <|image|> <image|> run becomes <|image|>
+short=$(python3 -c "
+ids = [int(x) for x in '$ids'.split(',')]
+boi, img, eoi, boa, aud, eoa = 499, 500, 498, 496, 497, 495
+out, i = [], 0
+while i < len(ids):
+    if ids[i] in (boi, boa):
+        j = i + 1
+        while ids[j] in (img, aud): j += 1
+        out.append(ids[i + 1]); i = j + 1
+    else:
+        out.append(ids[i]); i += 1
+print(','.join(map(str, out)))")
+got=$("$bin" generate -m "$fx" --ids "$short" --image "$img0" --image "$img1" --audio "$wav" --temp 0 -n 24 --ignore-eos)
+want=$(python3 -c "import json; print(','.join(map(str, json.load(open('$fx/reference.json'))['greedy_ids'])))")
+[ "$got" = "$want" ]; check $? "generate --image --image --audio: the 24 greedy ids ($got)"
+
+# 31 s of audio: one block of ceil(n / 640) soft tokens (no 30 s clips, no cap)
+python3 -c "
+import math, struct, wave
+w = wave.open('$tmp/long.wav', 'wb'); w.setnchannels(1); w.setsampwidth(2); w.setframerate(16000)
+w.writeframes(b''.join(struct.pack('<h', int(8000 * math.sin(i * 0.05))) for i in range(31 * 16000 + 1)))
+w.close()"
+out=$("$bin" encode-audio -m "$fx" --audio "$tmp/long.wav" -o "$tmp/long.f32")
+size=$(stat -c %s "$tmp/long.f32")
+[ "$size" = $((776 * 128 * 4)) ]; check $? "31 s of audio: 776 soft tokens in one block ($out)"
+
+expect_error() {
+    local what=$1; shift
+    out=$("$@" 2>"$tmp/err.txt"); rc=$?
+    lines=$(wc -l <"$tmp/err.txt")
+    [ $rc -ne 0 ] && [ "$lines" = 1 ] && [ -z "$out" ]
+    check $? "$what: exit $rc, $(head -c 200 "$tmp/err.txt")"
+}
+expect_error "placeholders and images disagree" "$bin" logits -m "$fx" --ids "$ids" --image "$img0" -o "$tmp/x.f32"
+expect_error "a prompt without the audio's placeholder" "$bin" generate -m "$fx" --ids 2,5 --audio "$wav" -n 2
+expect_error "a missing image" "$bin" encode-image -m "$fx" --image "$tmp/nope.png" -o "$tmp/x.f32"
+expect_error "a budget that is not offered" "$bin" encode-image -m "$fx" --image "$img0" --budget 100 -o "$tmp/x.f32"
+[ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"
+
+# a random gemma4_unified checkpoint with the example model's tokenizer and chat template
+tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp"
+/usr/bin/python3 "$here/data/random_gemma4.py" unified "$fx/config.json" "$tmp/ru" --files-from "$tmp/tolstoy-tiny"
+check $? "random_gemma4.py unified: a checkpoint of the fixture's widths with the example's vocabulary"
+out=$("$bin" run -m "$tmp/ru" --image "$img0" --audio "$wav" -p "What do you see and hear?" --temp 0 -n 4 2>"$tmp/err.txt")
+check $? "run --image --audio on the random checkpoint: $(head -c 100 "$tmp/err.txt")"
+printf '/image %s\nwhat is it?\n' "$img1" | "$bin" chat -m "$tmp/ru" --temp 0 -n 3 >"$tmp/chat.txt" 2>&1
+check $? "chat /image on the random checkpoint: $(tail -c 150 "$tmp/chat.txt" | tr '\n' ' ')"
+
+exit $fail
