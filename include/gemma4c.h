@@ -75,7 +75,8 @@ typedef struct g4_chat_template g4_chat_template;
 typedef struct g4_load_params {
     int n_threads;      /* CPU threads; 0: all cores */
     const char *device; /* "cpu", "cuda"; NULL or "auto": cuda when built and present */
-    /* Called while weights are bound/paged in; fraction in [0,1]. May be NULL. */
+    /* Called while weights are copied to a backend with its own memory (the CPU maps them and reads nothing
+     * up front, so it reports nothing); fraction in [0,1]. May be NULL. */
     void (*progress)(float fraction, const char *what, void *user);
     void *progress_user;
     /* 1: read no weights: every weight of the config's shapes gets random values where it lives (BF16 matrices
@@ -84,10 +85,12 @@ typedef struct g4_load_params {
     int random_weights;
 } g4_load_params;
 
-/* Loads a model folder: config.json and the weights (*.safetensors [+ index]), and beside them,
- * when present, tokenizer.json (+ tokenizer_config.json), the chat template (chat_template.jinja,
- * tokenizer_config.json's chat_template or chat_template.json) and generation_config.json.
- * The small files are read first, so a broken folder fails before the weights load. */
+/* Loads a model folder: config.json and the weights (*.safetensors [+ index], bf16/f16/f32 or MLX
+ * affine-quantized), and beside them, when present, tokenizer.json (+ tokenizer_config.json), the chat
+ * template (chat_template.jinja, tokenizer_config.json's chat_template or chat_template.json) and
+ * generation_config.json. The small files are read first, so a broken folder fails before the weights load.
+ * `dir` may also be a GGUF file (llama.cpp's Gemma 4 layout, F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
+ * Q4_K/Q5_K/Q6_K): config, tokenizer and chat template come from its metadata. */
 G4_API int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err);
 G4_API void g4_model_free(g4_model *model);
 
@@ -105,6 +108,24 @@ G4_API const char *g4_model_warnings(const g4_model *model);
 /* What the folder held beside the weights; NULL when it had none. Owned by the model. */
 G4_API const g4_tokenizer *g4_model_tokenizer(const g4_model *model);
 G4_API const g4_chat_template *g4_model_chat_template(const g4_model *model);
+
+/* Writing a model in another weight format (`gemma4c quantize`, random-weight checkpoints). The source is a
+ * model folder or GGUF file (any dtype g4_model_load reads) or random weights for a config.json; `type`:
+ *   q8_0 q4_0 q4_k q5_k q6_k: a GGUF file in llama.cpp's Gemma 4 layout;
+ *   mlx2 mlx3 mlx4 mlx5 mlx6 mlx8: an mlx-community folder (affine, `group` elements per scale);
+ *   bf16 f16 f32: a GGUF file when `out` ends in .gguf, else a safetensors folder.
+ * A source without a tokenizer gives an output without one. */
+typedef struct g4_quantize_params {
+    const char *in;            /* model folder or .gguf file; NULL with random_config */
+    const char *random_config; /* config.json of random weights (when in is NULL) */
+    const char *out;
+    const char *type;
+    int group;                 /* MLX group size: 32, 64 (default) or 128 */
+    uint64_t seed;             /* random weights */
+    int verbose;               /* one line per tensor on stderr */
+} g4_quantize_params;
+
+G4_API int g4_quantize(const g4_quantize_params *p, g4_error *err);
 
 /* ---------------------------------------------------------------- context */
 
@@ -300,7 +321,7 @@ G4_API int g4_soft_tokens_gather(const g4_model *model, const int32_t *ids, int 
  * $XDG_CACHE_HOME/gemma4c (or ~/.cache/gemma4c); $G4_TOKENIZER_CACHE_DIR names another folder,
  * $G4_NO_TOKENIZER_CACHE=1 turns the cache off. tokenizer_config.json beside the file is read too. */
 G4_API int g4_tokenizer_load(const char *tokenizer_json_path, g4_tokenizer **out, g4_error *err);
-/* DIR/tokenizer.json */
+/* DIR/tokenizer.json; for a GGUF file, the tokenizer of its metadata (cached the same way) */
 G4_API int g4_tokenizer_load_dir(const char *model_dir, g4_tokenizer **out, g4_error *err);
 G4_API void g4_tokenizer_free(g4_tokenizer *tok);
 

@@ -90,7 +90,8 @@ typedef struct g4_moe_args {
     const g4_tensor *router_proj;     /* [E, H] */
     const float *router_scale;        /* [H] */
     const float *per_expert_scale;    /* [E] */
-    const g4_tensor *gate_up;         /* [E, 2*Im, H] */
+    const g4_tensor *gate_up;         /* [E, 2*Im, H], or [E, Im, H] gate alone when up is set */
+    const g4_tensor *up;              /* NULL, or [E, Im, H] */
     const g4_tensor *down;            /* [E, H, Im] */
 } g4_moe_args;
 
@@ -181,7 +182,7 @@ typedef struct g4_backend_ops {
     void (*graph_forget)(g4_backend *be, const void *owner);
 
     /* ---- ops */
-    /* out[i, :] = table[ids[i], :] * scale  (table [rows, cols] of any float dtype) */
+    /* out[i, :] = table[ids[i], :] * scale  (table [rows, cols] of any weight dtype, quantized included) */
     void (*embed)(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
     /* y[n, out] = x[n, in] * W^T (+ bias[out] if bias); W is [out, in] */
     void (*matmul)(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);

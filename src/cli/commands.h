@@ -12,6 +12,7 @@ int cmd_template(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 int cmd_encode_audio(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 

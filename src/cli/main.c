@@ -23,6 +23,7 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "text to ids: gemma4c tokenize -m DIR (-p TEXT | -f FILE.jsonl)"},
     {"detokenize", cmd_detokenize, "ids to text: gemma4c detokenize -m DIR -f FILE.jsonl"},
     {"bench", cmd_bench, "prefill/decode speed: gemma4c bench -m DIR [-p 128] [-n 64]"},
+    {"quantize", cmd_quantize, "write MLX / GGUF weights: gemma4c quantize IN OUT --type q4_0|q8_0|mlx4|..."},
     {"template", cmd_template, "render chat messages: gemma4c template -m DIR -f FILE.jsonl"},
     {"serve", cmd_serve, "OpenAI-compatible HTTP server: gemma4c serve -m DIR [--port 8080]"},
 };

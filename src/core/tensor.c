@@ -3,15 +3,41 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "core/quant.h"
+
 static const struct {
     const char *name;
-    int bits;
+    int bits;        /* per element, plain types only */
+    int block, bytes; /* elements per block, bytes per block */
 } dtype_info[G4_DTYPE_COUNT] = {
-    [G4_DTYPE_UNKNOWN] = {"?", 0}, [G4_F32] = {"F32", 32}, [G4_F16] = {"F16", 16},
-    [G4_BF16] = {"BF16", 16},      [G4_F64] = {"F64", 64}, [G4_I8] = {"I8", 8},
-    [G4_U8] = {"U8", 8},           [G4_I16] = {"I16", 16}, [G4_U16] = {"U16", 16},
-    [G4_I32] = {"I32", 32},        [G4_U32] = {"U32", 32}, [G4_I64] = {"I64", 64},
-    [G4_U64] = {"U64", 64},        [G4_BOOL] = {"BOOL", 8},
+    [G4_DTYPE_UNKNOWN] = {"?", 0, 0, 0},
+    [G4_F32] = {"F32", 32, 1, 4},
+    [G4_F16] = {"F16", 16, 1, 2},
+    [G4_BF16] = {"BF16", 16, 1, 2},
+    [G4_F64] = {"F64", 64, 1, 8},
+    [G4_I8] = {"I8", 8, 1, 1},
+    [G4_U8] = {"U8", 8, 1, 1},
+    [G4_I16] = {"I16", 16, 1, 2},
+    [G4_U16] = {"U16", 16, 1, 2},
+    [G4_I32] = {"I32", 32, 1, 4},
+    [G4_U32] = {"U32", 32, 1, 4},
+    [G4_I64] = {"I64", 64, 1, 8},
+    [G4_U64] = {"U64", 64, 1, 8},
+    [G4_BOOL] = {"BOOL", 8, 1, 1},
+    [G4_Q4_0] = {"Q4_0", 0, 32, 18},
+    [G4_Q4_1] = {"Q4_1", 0, 32, 20},
+    [G4_Q5_0] = {"Q5_0", 0, 32, 22},
+    [G4_Q5_1] = {"Q5_1", 0, 32, 24},
+    [G4_Q8_0] = {"Q8_0", 0, 32, 34},
+    [G4_Q4_K] = {"Q4_K", 0, 256, 144},
+    [G4_Q5_K] = {"Q5_K", 0, 256, 176},
+    [G4_Q6_K] = {"Q6_K", 0, 256, 210},
+    [G4_MLX2] = {"MLX2", 0, 4, 1},
+    [G4_MLX3] = {"MLX3", 0, 8, 3},
+    [G4_MLX4] = {"MLX4", 0, 2, 1},
+    [G4_MLX5] = {"MLX5", 0, 8, 5},
+    [G4_MLX6] = {"MLX6", 0, 4, 3},
+    [G4_MLX8] = {"MLX8", 0, 1, 1},
 };
 
 const char *g4_dtype_name(g4_dtype t) {
@@ -20,6 +46,60 @@ const char *g4_dtype_name(g4_dtype t) {
 
 int g4_dtype_bits(g4_dtype t) {
     return (t > 0 && t < G4_DTYPE_COUNT) ? dtype_info[t].bits : 0;
+}
+
+int g4_dtype_block(g4_dtype t) { return (t > 0 && t < G4_DTYPE_COUNT) ? dtype_info[t].block : 0; }
+int g4_dtype_block_bytes(g4_dtype t) { return (t > 0 && t < G4_DTYPE_COUNT) ? dtype_info[t].bytes : 0; }
+
+int g4_mlx_bits(g4_dtype t) {
+    static const int bits[] = {2, 3, 4, 5, 6, 8};
+    return g4_dtype_is_mlx(t) ? bits[t - G4_MLX2] : 0;
+}
+
+g4_dtype g4_mlx_dtype(int bits) {
+    switch (bits) {
+    case 2: return G4_MLX2;
+    case 3: return G4_MLX3;
+    case 4: return G4_MLX4;
+    case 5: return G4_MLX5;
+    case 6: return G4_MLX6;
+    case 8: return G4_MLX8;
+    default: return G4_DTYPE_UNKNOWN;
+    }
+}
+
+size_t g4_dtype_row_bytes(g4_dtype t, int64_t n) {
+    int b = g4_dtype_block(t);
+    if (b <= 0 || n < 0 || n % b) return 0;
+    return (size_t)(n / b) * (size_t)g4_dtype_block_bytes(t);
+}
+
+g4_tensor g4_tensor_rows(const g4_tensor *t, int64_t r0, int64_t n) {
+    g4_tensor v = *t;
+    int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+    v.ndim = 2;
+    memset(v.shape, 0, sizeof v.shape);
+    v.shape[0] = n;
+    v.shape[1] = cols;
+    size_t rb = g4_dtype_row_bytes(t->dtype, cols);
+    v.data = (const unsigned char *)t->data + (size_t)r0 * rb;
+    v.nbytes = (size_t)n * rb;
+    if (g4_dtype_is_mlx(t->dtype) && t->group > 0) {
+        size_t sb = (size_t)(cols / t->group) * (size_t)(g4_dtype_bits(t->scale_dtype) / 8);
+        v.scales = (const unsigned char *)t->scales + (size_t)r0 * sb;
+        v.biases = (const unsigned char *)t->biases + (size_t)r0 * sb;
+    }
+    return v;
+}
+
+g4_tensor g4_tensor_index(const g4_tensor *t, int64_t i) {
+    int64_t per = 1;
+    for (int d = 1; d + 1 < t->ndim; d++) per *= t->shape[d];
+    g4_tensor v = g4_tensor_rows(t, i * per, per);
+    v.ndim = t->ndim - 1;
+    memset(v.shape, 0, sizeof v.shape);
+    for (int d = 1; d < t->ndim; d++) v.shape[d - 1] = t->shape[d];
+    return v;
 }
 
 const char *g4_shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
@@ -108,10 +188,9 @@ void g4_to_f32(g4_dtype t, const void *src, float *dst, size_t n) {
 
 void g4_tensor_rows_f32(const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
     size_t cols = (size_t)table->shape[table->ndim - 1];
-    size_t esz = (size_t)g4_dtype_bits(table->dtype) / 8;
     for (int i = 0; i < n; i++) {
         float *o = out + (size_t)i * cols;
-        g4_to_f32(table->dtype, (const unsigned char *)table->data + (size_t)ids[i] * cols * esz, o, cols);
+        g4_dequant_row(table, ids[i], o); /* one row of any dtype, quantized tables included */
         for (size_t k = 0; k < cols; k++) o[k] *= scale;
     }
 }

@@ -1,5 +1,13 @@
 /* Tensors: a name, a dtype, a shape and a view of bytes that someone else owns
- * (a memory-mapped file, device memory, or an arena). */
+ * (a memory-mapped file, device memory, or an arena).
+ *
+ * Quantized weights are ONE tensor whose dtype says how to read its bytes
+ * (docs/formats.md 2 and 3.2; block layouts in core/quant.h). Quantization runs
+ * along the last axis: a row of shape[ndim-1] elements is a whole number of
+ * blocks, rows are contiguous, and leading axes (experts, vocabulary) just
+ * multiply the row count. MLX affine tensors carry their per-group scales and
+ * biases on the same tensor (`scales`, `biases`, `group`), laid out [rows,
+ * in/group] in `scale_dtype`; g4_tensor_rows / g4_tensor_index slice both. */
 #ifndef G4_CORE_TENSOR_H
 #define G4_CORE_TENSOR_H
 
@@ -22,6 +30,22 @@ typedef enum g4_dtype {
     G4_I64,
     G4_U64,
     G4_BOOL,
+    /* GGUF blocks (llama.cpp ggml types): 32 elements per block unless noted */
+    G4_Q4_0, /* 18 B: f16 d, 16 B nibbles */
+    G4_Q4_1, /* 20 B: f16 d, f16 m, 16 B nibbles */
+    G4_Q5_0, /* 22 B: f16 d, u32 high bits, 16 B nibbles */
+    G4_Q5_1, /* 24 B: f16 d, f16 m, u32 high bits, 16 B nibbles */
+    G4_Q8_0, /* 34 B: f16 d, 32 x int8 */
+    G4_Q4_K, /* 256 per block, 144 B */
+    G4_Q5_K, /* 256 per block, 176 B */
+    G4_Q6_K, /* 256 per block, 210 B */
+    /* MLX affine: `bits`-bit unsigned codes packed LSB-first, w = scale * q + bias per group */
+    G4_MLX2,
+    G4_MLX3,
+    G4_MLX4,
+    G4_MLX5,
+    G4_MLX6,
+    G4_MLX8,
     G4_DTYPE_COUNT
 } g4_dtype;
 
@@ -34,11 +58,46 @@ typedef struct g4_tensor {
     int64_t shape[G4_MAX_DIMS];    /* shape[ndim-1] varies fastest (row-major) */
     const void *data;              /* may be unaligned (MLX files) */
     size_t nbytes;
+    /* MLX affine types only: [rows, shape[ndim-1] / group] scales and biases */
+    const void *scales, *biases;
+    g4_dtype scale_dtype;          /* BF16, F16 or F32 */
+    int group;                     /* 32, 64 or 128 */
 } g4_tensor;
 
 const char *g4_dtype_name(g4_dtype t);
-/* bits per element, 0 for unknown */
+/* bits per element of plain types, 0 for block types and unknown */
 int g4_dtype_bits(g4_dtype t);
+/* Elements per block (1 for plain types, 32 or 256 for GGUF blocks, 32/bits*... for MLX:
+ * the number of elements in a whole number of bytes, 8 for 3/5-bit, 4 for 6-bit) and the
+ * bytes of one such block; 0 for unknown types. */
+int g4_dtype_block(g4_dtype t);
+int g4_dtype_block_bytes(g4_dtype t);
+static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_MLX8; }
+static inline int g4_dtype_is_mlx(g4_dtype t) { return t >= G4_MLX2 && t <= G4_MLX8; }
+/* bits of an MLX type (2..8), 0 otherwise */
+int g4_mlx_bits(g4_dtype t);
+g4_dtype g4_mlx_dtype(int bits); /* G4_DTYPE_UNKNOWN if not 2,3,4,5,6,8 */
+
+/* Bytes of a row of n elements (n a multiple of the block), 0 if it is not. */
+size_t g4_dtype_row_bytes(g4_dtype t, int64_t n);
+
+/* Rows of a tensor: the product of all but the last axis; and the bytes of one row. */
+static inline int64_t g4_tensor_nrows(const g4_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i + 1 < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+static inline size_t g4_tensor_row_bytes(const g4_tensor *t) {
+    return g4_dtype_row_bytes(t->dtype, t->ndim ? t->shape[t->ndim - 1] : 1);
+}
+/* Start of row r's bytes (any dtype). */
+static inline const unsigned char *g4_tensor_row(const g4_tensor *t, int64_t r) {
+    return (const unsigned char *)t->data + (size_t)r * g4_tensor_row_bytes(t);
+}
+/* A 2-D view [n, cols] of rows r0..r0+n of t (any dtype; MLX scales/biases follow). */
+g4_tensor g4_tensor_rows(const g4_tensor *t, int64_t r0, int64_t n);
+/* The view of index i of the first axis (one expert of a stacked [E, out, in] tensor). */
+g4_tensor g4_tensor_index(const g4_tensor *t, int64_t i);
 
 static inline int64_t g4_tensor_numel(const g4_tensor *t) {
     int64_t n = 1;
@@ -93,7 +152,7 @@ void g4_fill_random(g4_dtype t, void *dst, size_t n, int64_t row_len, uint64_t s
 /* Converts n elements of type `src_type` (f32/f16/bf16) at possibly unaligned src to f32. */
 void g4_to_f32(g4_dtype src_type, const void *src, float *dst, size_t n);
 
-/* out[i, :] = table[ids[i], :] * scale in f32, for a host table [rows, cols] (embedding lookups). */
+/* out[i, :] = table[ids[i], :] * scale in f32, for a host table [rows, cols] of any dtype (embedding lookups). */
 void g4_tensor_rows_f32(const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
 
 #endif

@@ -151,5 +151,9 @@ void g4_pool_for(g4_pool *p, int64_t n, int64_t grain, g4_range_fn fn, void *ctx
         pthread_mutex_unlock(&p->mu);
     }
     run_chunks(p, 0);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) cpu_relax();
+    /* a worker still on its last chunk: spin briefly, then give the core away (on a busy
+     * machine the worker may be waiting for this very core) */
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0;)
+        if (++spins < SPIN_ITERS) cpu_relax();
+        else sched_yield();
 }

@@ -323,7 +323,7 @@ done:
     return rc;
 }
 
-int g4_safetensors_write(const char *path, const g4_tensor *tensors, int n, g4_error *err) {
+char *g4_safetensors_header(const g4_tensor *tensors, int n, size_t *len, g4_error *err) {
     json_t *hdr = json_object();
     json_t *meta = json_pack("{s:s}", "format", "pt");
     json_object_set_new(hdr, "__metadata__", meta);
@@ -332,7 +332,8 @@ int g4_safetensors_write(const char *path, const g4_tensor *tensors, int n, g4_e
         const char *dn = g4_safetensors_dtype_name(tensors[i].dtype);
         if (!dn) {
             json_decref(hdr);
-            return g4_fail(err, "%s: cannot write dtype of tensor '%s'", path, tensors[i].name);
+            g4_fail(err, "cannot write dtype of tensor '%s'", tensors[i].name);
+            return NULL;
         }
         json_t *shape = json_array();
         for (int d = 0; d < tensors[i].ndim; d++) json_array_append_new(shape, json_integer(tensors[i].shape[d]));
@@ -343,20 +344,39 @@ int g4_safetensors_write(const char *path, const g4_tensor *tensors, int n, g4_e
     }
     char *text = json_dumps(hdr, JSON_COMPACT);
     json_decref(hdr);
-    if (!text) return g4_fail(err, "out of memory");
-    size_t len = strlen(text);
-    size_t padded = (len + 7) & ~(size_t)7;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
+    if (!text) {
+        g4_fail(err, "out of memory");
+        return NULL;
+    }
+    size_t l = strlen(text), padded = (l + 7) & ~(size_t)7;
+    char *out = malloc(8 + padded);
+    if (!out) {
         free(text);
-        return g4_fail(err, "%s: %s", path, strerror(errno));
+        g4_fail(err, "out of memory");
+        return NULL;
     }
     uint64_t hl = padded;
-    int ok = fwrite(&hl, 8, 1, f) == 1 && fwrite(text, 1, len, f) == len;
-    for (size_t i = len; ok && i < padded; i++) ok = fputc(' ', f) != EOF;
+    memcpy(out, &hl, 8);
+    memcpy(out + 8, text, l);
+    memset(out + 8 + l, ' ', padded - l);
+    free(text);
+    *len = 8 + padded;
+    return out;
+}
+
+int g4_safetensors_write(const char *path, const g4_tensor *tensors, int n, g4_error *err) {
+    size_t len;
+    char *hdr = g4_safetensors_header(tensors, n, &len, err);
+    if (!hdr) return g4_fail_prefix(err, "%s", path);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(hdr);
+        return g4_fail(err, "%s: %s", path, strerror(errno));
+    }
+    int ok = fwrite(hdr, 1, len, f) == len;
     for (int i = 0; ok && i < n; i++)
         ok = tensors[i].nbytes == 0 || fwrite(tensors[i].data, 1, tensors[i].nbytes, f) == tensors[i].nbytes;
-    free(text);
+    free(hdr);
     if (fclose(f) != 0) ok = 0;
     if (!ok) return g4_fail(err, "%s: write failed", path);
     return 0;

@@ -17,6 +17,10 @@ int g4_safetensors_open_dir(const char *dir, g4_tensor_set *set, g4_error *err);
 g4_dtype g4_safetensors_dtype(const char *name);           /* G4_DTYPE_UNKNOWN if not supported */
 const char *g4_safetensors_dtype_name(g4_dtype t);
 
+/* The first bytes of a file of these tensors (u64 length + JSON padded to 8; data offsets
+ * contiguous in the given order, from nbytes); heap string, its length in *len. */
+char *g4_safetensors_header(const g4_tensor *tensors, int n, size_t *len, g4_error *err);
+
 /* Writes tensors (in the given order, contiguous, header padded to 8 bytes). */
 int g4_safetensors_write(const char *path, const g4_tensor *tensors, int n, g4_error *err);
 

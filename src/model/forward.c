@@ -147,7 +147,7 @@ static void feed_forward_block(g4_context *ctx, residual *r, int l, int n, float
             .top_k = c->top_k_experts, .expert_dim = c->moe_intermediate_size, .eps = eps,
             .pre_norm2 = y->pre_ff_norm2, .post_norm1 = y->post_ff_norm1, .post_norm2 = y->post_ff_norm2,
             .router_proj = y->router_proj, .router_scale = y->router_scale, .per_expert_scale = y->per_expert_scale,
-            .gate_up = y->experts_gate_up, .down = y->experts_down,
+            .gate_up = y->experts_gate_up, .up = y->experts_up, .down = y->experts_down,
         };
         OPS->moe(be, &a);
     }

@@ -1,4 +1,5 @@
-/* Loading a Gemma 4 model: config, weights (safetensors), binding by architecture.
+/* Loading a Gemma 4 model: config, weights (safetensors folders, MLX quantized folders, GGUF files), binding
+ * by architecture.
  *
  * Binding walks the architecture (docs/gemma4-text.md section 2) and looks up every
  * tensor it needs, checking dtype and shape. Tensors that are truly missing are
@@ -11,7 +12,8 @@
  * Placement (src/backend/backend.h): the backend is created first; every bound matrix is uploaded to it as it
  * is bound (the CPU keeps the memory-mapped view), except the per-layer embedding table on a backend with its
  * own memory, which stays on the host (it is read one row per token). Small vectors (norm weights, router
- * scales, RoPE frequencies) are converted to f32 on the host and then copied into one backend buffer. */
+ * scales, RoPE frequencies) are converted to f32 on the host and then copied into one backend buffer.
+ * Start-up never reads the whole file: on the CPU the weights are paged in by the first steps that use them. */
 #include "model/model.h"
 
 #include <math.h>
@@ -26,6 +28,8 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/mapped_file.h"
+#include "formats/gguf_gemma4.h"
+#include "formats/mlx.h"
 #include "formats/safetensors.h"
 #include "towers/audio.h"
 #include "towers/unified.h"
@@ -42,8 +46,14 @@ struct g4_binder {
     int n_missing;
     g4_error *err;
     int failed; /* a hard error (wrong shape / dtype / memory) is in err */
+    /* collect mode (g4_model_tensor_list): record every tensor the architecture binds instead */
+    int collect;
+    g4_tensor *list;
+    int n_list;
 };
 typedef struct g4_binder binder;
+
+static float collect_dummy[1];
 
 static void add_missing(binder *b, const char *name) {
     size_t len = strlen(b->missing);
@@ -52,7 +62,9 @@ static void add_missing(binder *b, const char *name) {
     b->n_missing++;
 }
 
-static int dtype_ok_for_matrix(g4_dtype t) { return t == G4_BF16 || t == G4_F16 || t == G4_F32; }
+static int dtype_ok_for_matrix(g4_dtype t) {
+    return t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4_dtype_is_quantized(t);
+}
 
 /* Random mode: a tensor of the shape the architecture asks for, without data (the backend fills it). */
 static const g4_tensor *make_tensor(binder *b, const char *full, int ndim, const int64_t *shape) {
@@ -81,6 +93,22 @@ static const g4_tensor *make_tensor(binder *b, const char *full, int ndim, const
  * when absent or wrong. */
 static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const int64_t *shape) {
     if (b->failed) return NULL;
+    if (b->collect) {
+        g4_tensor *nl = realloc(b->list, (size_t)(b->n_list + 1) * sizeof *nl);
+        char *nm = strdup(full);
+        if (!nl || !nm) {
+            if (nl) b->list = nl;
+            free(nm);
+            g4_fail(b->err, "out of memory");
+            b->failed = 1;
+            return NULL;
+        }
+        b->list = nl;
+        g4_tensor *t = &b->list[b->n_list++];
+        *t = (g4_tensor){.name = nm, .dtype = G4_BF16, .ndim = ndim, .data = collect_dummy};
+        memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+        return t;
+    }
     if (b->m->random) return make_tensor(b, full, ndim, shape);
     const g4_tensor *t = g4_tensor_set_find(&b->m->weights, full);
     if (!t) {
@@ -98,7 +126,7 @@ static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const i
         return NULL;
     }
     if (!dtype_ok_for_matrix(t->dtype)) {
-        g4_fail(b->err, "tensor '%s' has dtype %s (supported: BF16, F16, F32)", full,
+        g4_fail(b->err, "tensor '%s' has dtype %s (supported: BF16, F16, F32, GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, MLX affine)", full,
                 t->dtype ? g4_dtype_name(t->dtype) : "of a kind this engine does not read");
         b->failed = 1;
         return NULL;
@@ -116,6 +144,7 @@ static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const 
 /* The backend's copy of a bound matrix (uploaded once, however often it is bound). */
 static const g4_tensor *place(binder *b, const g4_tensor *t) {
     if (!t || b->failed) return NULL;
+    if (b->collect) return t;
     g4_model *m = b->m;
     if (m->random) { /* the made tensor becomes its placed copy (random values where the backend keeps it) */
         g4_tensor tmp = *t;
@@ -177,7 +206,13 @@ static float *vec_slot(binder *b, size_t n, const float **field) {
 /* A small tensor (norm weights, scales, biases) converted to f32 into a vector slot. Returns the host copy. */
 static const float *bind_f32(binder *b, const char *name, int ndim, const int64_t *shape, const float **field) {
     const g4_tensor *t = bind_shape(b, name, ndim, shape);
-    if (!t) return NULL;
+    if (!t || b->collect) return t ? collect_dummy : NULL;
+    if (g4_dtype_is_quantized(t->dtype)) {
+        g4_fail(b->err, "tensor '%s%s' is quantized (%s); vectors must be BF16, F16 or F32", b->prefix, name,
+                g4_dtype_name(t->dtype));
+        b->failed = 1;
+        return NULL;
+    }
     const size_t n = (size_t)g4_tensor_numel(t);
     float *v = vec_slot(b, n, field);
     if (v && b->m->random) /* random mode: 1 +- 0.1 */
@@ -282,6 +317,7 @@ static int ignored_by_design(const g4_model *m, const char *name) {
     const char *pre = m->cfg.weight_prefix;
     size_t pl = strlen(pre);
     if (!strcmp(name, "lm_head.weight") && c->tie_word_embeddings) return 1;
+    if (!strcmp(name, "rope_freqs.weight")) return 1; /* GGUF: the config's RoPE, read when loading */
     if (strncmp(name, pre, pl)) return 0;
     const char *rest = name + pl;
     if (strstr(rest, "rotary_emb.") || strstr(rest, "v_norm.weight")) return 1;
@@ -370,11 +406,12 @@ static void bind_assistant(binder *b) {
     bind_token_ordering(b);
 }
 
-static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err) {
+static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err, binder *collect) {
     const g4_text_config *c = &m->cfg.text;
     const int H = c->hidden_size, L = c->n_layers, NH = c->n_heads, P = c->hidden_size_per_layer_input;
     binder b = {.m = m, .prefix = m->cfg.weight_prefix, .err = err, .progress = params->progress,
                 .progress_user = params->progress_user};
+    if (collect) b.collect = 1;
     for (int i = 0; i < m->weights.n_tensors; i++) b.bytes_total += m->weights.tensors[i].nbytes;
     if (m->random) b.bytes_total = random_bytes(c);
     if (!b.bytes_total) b.bytes_total = 1;
@@ -391,6 +428,14 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     bind_vec(&b, "norm.weight", H, &m->final_norm);
     if (c->tie_word_embeddings) {
         m->lm_head = m->embed;
+    } else if (b.collect) {
+        int64_t hs[2] = {c->vocab_size, H};
+        const g4_tensor *t = bind_shape(&b, "", 2, hs);
+        if (t) {
+            free((char *)t->name);
+            ((g4_tensor *)t)->name = strdup("lm_head.weight");
+            if (!t->name) b.failed = 1;
+        }
     } else {
         const g4_tensor *t = g4_tensor_set_find(&m->weights, "lm_head.weight");
         if (!t) {
@@ -406,7 +451,7 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     if (P > 0) {
         /* on a backend with its own memory the table stays on the host: rows are gathered per step */
         int64_t ple_shape[2] = {c->vocab_size_per_layer_input, (int64_t)L * P};
-        m->ple_on_host = !m->be->ops->host_memory;
+        m->ple_on_host = m->be && !m->be->ops->host_memory;
         m->ple_embed = bind_shape(&b, "embed_tokens_per_layer.weight", 2, ple_shape);
         if (m->ple_on_host && m->random && m->ple_embed) { /* zeros on the host: read one row per token */
             size_t bytes = m->ple_embed->nbytes;
@@ -462,7 +507,20 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
             y->router_proj = bind2(&b, NAME("layers.%d.router.proj.weight", l), E, H);
             bind_vec(&b, NAME("layers.%d.router.scale", l), H, &y->router_scale);
             bind_vec(&b, NAME("layers.%d.router.per_expert_scale", l), E, &y->per_expert_scale);
-            y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
+            char fused[512], gate[512];
+            snprintf(fused, sizeof fused, "%slayers.%d.experts.gate_up_proj", m->cfg.weight_prefix, l);
+            snprintf(gate, sizeof gate, "%slayers.%d.experts.gate_proj", m->cfg.weight_prefix, l);
+            if (m->random || g4_tensor_set_find(&m->weights, fused) ||
+                (b.collect && !g4_tensor_set_find(&m->weights, gate))) {
+                y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
+            } else if (!b.collect && !m->be->ops->host_memory) { /* only the CPU's moe op reads them apart */
+                g4_fail(err, "%s: experts with gate and up apart (%s) run on the CPU only, not on %s", m->dir, gate,
+                        m->be->ops->name);
+                b.failed = 1;
+            } else { /* MLX and some GGUF files keep gate and up apart */
+                y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_proj", l), E, Im, H);
+                y->experts_up = bind3(&b, NAME("layers.%d.experts.up_proj", l), E, Im, H);
+            }
             y->experts_down = bind3(&b, NAME("layers.%d.experts.down_proj", l), E, H, Im);
             bind_vec(&b, NAME("layers.%d.pre_feedforward_layernorm_2.weight", l), H, &y->pre_ff_norm2);
             bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm_1.weight", l), H, &y->post_ff_norm1);
@@ -470,7 +528,13 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         }
 #undef NAME
     }
-    if (m->cfg.assistant) bind_assistant(&b);
+    if (m->cfg.assistant && !collect) bind_assistant(&b);
+    if (collect) {
+        free(b.used);
+        collect->list = b.list;
+        collect->n_list = b.n_list;
+        return b.failed ? -1 : 0;
+    }
     /* the towers (the embedders of gemma4_unified), with full names */
     b.prefix = "";
     if (m->cfg.unified && !m->random && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
@@ -502,6 +566,29 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     return 0;
 }
 
+int g4_model_tensor_list(const g4_model_config *cfg, const g4_tensor_set *have, g4_tensor **list, int *n,
+                         g4_error *err) {
+    g4_model m = {.cfg = *cfg};
+    if (have) m.weights = *have; /* only looked up: which spelling of the experts it holds */
+    binder out = {0};
+    g4_load_params none = {0};
+    *list = NULL;
+    *n = 0;
+    int rc = bind_weights(&m, &none, err, &out);
+    memset(&m.weights, 0, sizeof m.weights);
+    free(m.layers);
+    free(m.placed);
+    free(m.uploaded);
+    if (rc) {
+        for (int i = 0; i < out.n_list; i++) free((char *)out.list[i].name);
+        free(out.list);
+        return -1;
+    }
+    *list = out.list;
+    *n = out.n_list;
+    return 0;
+}
+
 void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
     int half = head_dim / 2;
     int n_rot = half;
@@ -518,7 +605,8 @@ void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
     }
 }
 
-static double tbytes(const g4_tensor *t) { return t ? (double)g4_tensor_numel(t) * g4_dtype_bits(t->dtype) / 8 : 0; }
+/* bytes of a matrix of any dtype (quantized: whole blocks) */
+static double tbytes(const g4_tensor *t) { return t ? (double)g4_tensor_row_bytes(t) * (double)g4_tensor_nrows(t) : 0; }
 
 G4_API double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
     const g4_text_config *c = &m->cfg.text;
@@ -531,7 +619,8 @@ G4_API double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_ty
                                     y->down_proj, y->ple_gate, y->ple_proj, y->router_proj};
         for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++) b += tbytes(dense[i]);
         if (c->enable_moe_block)
-            b += (tbytes(y->experts_gate_up) + tbytes(y->experts_down)) * c->top_k_experts / c->num_experts;
+            b += (tbytes(y->experts_gate_up) + tbytes(y->experts_up) + tbytes(y->experts_down)) * c->top_k_experts /
+                 c->num_experts;
         int keys = pos + 1;
         if (c->layer_type[l] == G4_LAYER_SLIDING && keys > c->sliding_window) keys = c->sliding_window;
         b += 2.0 * keys * c->layer_kv_heads[l] * c->layer_head_dim[l] * (double)g4_kv_type_size(kv_type);
@@ -601,6 +690,7 @@ void g4_model_free(g4_model *m) {
     free(m->uploaded);
     free(m->layers);
     free(m->warnings);
+    json_decref(m->gguf_meta);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
     pthread_mutex_destroy(&m->tower_lock);
@@ -651,8 +741,29 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         int rc = g4_config_parse(root, dir, &m->cfg, err);
         json_decref(root);
         if (rc) goto fail;
-    } else if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) {
-        goto fail;
+    } else if (!m->random && g4_gguf_is_file(dir)) { /* -m FILE.gguf: the config from its metadata */
+        g4_gguf g;
+        json_t *cj;
+        if (g4_gemma4_gguf_open(dir, &g, &cj, err)) goto fail;
+        m->weights = g.set;
+        m->gguf_meta = g.meta;
+        int rc = g4_config_parse(cj, dir, &m->cfg, err);
+        json_decref(cj);
+        if (rc || g4_model_load_files(m, dir, err)) goto fail;
+    } else {
+        if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) goto fail;
+        if (!m->random && g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
+        if (!m->random && g4_mlx_detect(&m->weights)) {
+            char path[4096];
+            json_t *root = NULL;
+            if (g4_path_join(path, sizeof path, dir, "config.json", err) || g4_json_load_file(path, &root, err))
+                goto fail;
+            const json_t *q = json_object_get(root, "quantization");
+            if (!q) q = json_object_get(root, "quantization_config");
+            int rc = g4_mlx_adopt(&m->weights, json_is_object(q) ? q : NULL, err);
+            json_decref(root);
+            if (rc) goto fail;
+        }
     }
     const g4_text_config *c = &m->cfg.text;
     if (m->cfg.assistant != assistant) {
@@ -662,12 +773,11 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
                 dir, m->cfg.model_type);
         goto fail;
     }
-    if (!m->random && g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
     m->borrowed_be = be != NULL;
     m->be = be ? be : g4_backend_new(params->device, params->n_threads, err);
     if (!m->be) goto fail;
     if (m->be->ops->host_memory && params->progress && !m->random) page_in(m, params);
-    if (bind_weights(m, params, err) || place_vectors(m, err)) goto fail;
+    if (bind_weights(m, params, err, NULL) || place_vectors(m, err)) goto fail;
     for (int t = 0; t < G4_LAYER_TYPES; t++) {
         int hd = c->type_head_dim[t];
         if (!hd) continue;

@@ -28,6 +28,7 @@ typedef struct g4_layer {
     const float *ple_post_norm;           /* [H] */
     /* mixture of experts */
     const g4_weight *router_proj, *experts_gate_up, *experts_down;
+    const g4_weight *experts_up; /* NULL: experts_gate_up holds gate then up; else gate and up apart */
     const float *router_scale, *per_expert_scale, *pre_ff_norm2, *post_ff_norm1, *post_ff_norm2;
 } g4_layer;
 
@@ -77,8 +78,9 @@ struct g4_model {
     int n_made;
     void *host_table;                /* random mode: the host-kept per-layer embedding table */
     char *warnings;                  /* NULL or lines ending in '\n' */
+    struct json_t *gguf_meta;        /* metadata of a .gguf model (tokenizer), else NULL */
     /* beside the weights (model_files.c) */
-    g4_tokenizer *tok;               /* NULL when the folder has no tokenizer.json */
+    g4_tokenizer *tok;               /* NULL when there is none (tokenizer.json, or a GGUF file's metadata) */
     g4_chat_template *chat_template; /* NULL when it has no chat template */
     g4_generation_config gen_config;
     char dir[1024];
@@ -118,6 +120,13 @@ int g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_
 
 /* Inverse RoPE frequencies of a layer type (docs/gemma4-text.md 3.3); out has head_dim/2 floats. */
 void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);
+
+/* Every weight the architecture of cfg binds, in binding order: full names, shapes,
+ * dtype BF16, no data (for writers and random checkpoints). Experts are listed fused
+ * (experts.gate_up_proj) unless `have` holds them as experts.gate_proj / up_proj. The
+ * caller frees each name and the list. */
+int g4_model_tensor_list(const g4_model_config *cfg, const g4_tensor_set *have, g4_tensor **list, int *n,
+                         g4_error *err);
 
 /* What the folder holds beside the weights: tokenizer, chat template, generation_config.json
  * (model_files.c); g4_model_load reads them first. */

@@ -1,8 +1,12 @@
-/* What a model folder holds beside config.json and the weights: tokenizer.json (+
- * tokenizer_config.json), the chat template and generation_config.json (gemma4c.h,
- * g4_model_load). Each is optional; one that is present must load. */
+/* What a model holds beside config.json and the weights: tokenizer.json (+ tokenizer_config.json), the chat
+ * template and generation_config.json of a folder, or the same from a GGUF file's metadata (docs/formats.md 3.3:
+ * tokenizer.ggml.*, tokenizer.chat_template; a GGUF file has no generation config: default sampling, and the
+ * tokenizer's eos and Gemma's end-of-turn token as stop ids, as llama.cpp takes its end-of-generation tokens)
+ * (gemma4c.h, g4_model_load). Each is optional; one that is present must load. */
 #include <stdio.h>
 #include <string.h>
+
+#include <jansson.h>
 
 #include "chat/chat.h"
 #include "core/error.h"
@@ -10,15 +14,38 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
+static int gguf_files(g4_model *m, const char *path, g4_error *err) {
+    if (json_object_get(m->gguf_meta, "tokenizer.ggml.tokens") &&
+        g4_tokenizer_load_gguf(path, m->gguf_meta, &m->tok, err))
+        return -1;
+    if (g4_generation_config_load_files(NULL, NULL, &m->gen_config, err)) return -1;
+    if (!m->tok) return 0;
+    const int32_t stops[] = {g4_tokenizer_eos_id(m->tok), g4_tokenizer_token_id(m->tok, "<turn|>")};
+    for (int i = 0; i < 2; i++)
+        if (stops[i] >= 0 && m->gen_config.n_eos < G4_MAX_EOS_IDS) m->gen_config.eos_ids[m->gen_config.n_eos++] = stops[i];
+    const char *tpl = json_string_value(json_object_get(m->gguf_meta, "tokenizer.chat_template"));
+    if (!tpl) return 0;
+    int32_t b = g4_tokenizer_bos_id(m->tok), e = g4_tokenizer_eos_id(m->tok);
+    if (g4_chat_template_load_string(tpl, strlen(tpl), b >= 0 ? g4_tokenizer_piece(m->tok, b) : NULL,
+                                     e >= 0 ? g4_tokenizer_piece(m->tok, e) : NULL, &m->chat_template, err))
+        return g4_fail_prefix(err, "%s: tokenizer.chat_template", path);
+    return 0;
+}
+
 int g4_model_load_files(g4_model *m, const char *dir, g4_error *err) {
-    char path[4096];
-    if (g4_path_join(path, sizeof path, dir, "tokenizer.json", err)) return -1;
-    if (g4_file_exists(path) && g4_tokenizer_load(path, &m->tok, err)) return -1;
+    if (m->gguf_meta) {
+        if (gguf_files(m, dir, err)) return -1;
+    } else {
+        char path[4096];
+        if (g4_path_join(path, sizeof path, dir, "tokenizer.json", err)) return -1;
+        if (g4_file_exists(path) && g4_tokenizer_load(path, &m->tok, err)) return -1;
+        if (g4_generation_config_load(dir, &m->gen_config, err)) return -1;
+        if (g4_chat_template_find(dir, &m->chat_template, err)) return -1;
+    }
     if (m->tok && g4_tokenizer_vocab_size(m->tok) > m->cfg.text.vocab_size)
         return g4_fail(err, "%s: the tokenizer has %d tokens, the model only %d", dir, g4_tokenizer_vocab_size(m->tok),
                        m->cfg.text.vocab_size);
-    if (g4_generation_config_load(dir, &m->gen_config, err)) return -1;
-    return g4_chat_template_find(dir, &m->chat_template, err);
+    return 0;
 }
 
 void g4_model_free_files(g4_model *m) {

@@ -305,4 +305,12 @@ char *tok_cache_path(const char *src_path);
 /* Creates the folder a cache path lives in if missing. */
 int tok_cache_prepare_dir(const char *cache_path);
 
+/* The tokenizer of the file `path` through its cache: from the cache when one is valid for the file, else from
+ * source(path, user) (a parsed tokenizer.json object, consumed; NULL with a message on failure), then cached.
+ * Special ids are left as the tokenizer.json sets them (see tok_set_special). */
+typedef struct json_t *(*tok_source_fn)(const char *path, void *user, g4_error *err);
+int tok_load_cached(const char *path, tok_source_fn source, void *user, g4_tokenizer **out, g4_error *err);
+/* bos / eos ids (-1: none; out of range: none) and whether g4_tokenize(add_bos) prepends BOS. */
+int tok_set_special(g4_tokenizer *tok, int32_t bos_id, int32_t eos_id, int add_bos, g4_error *err);
+
 #endif

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "formats/gguf.h"
 #include "core/mapped_file.h"
 #include "tokenizer/tok_internal.h"
 
@@ -1154,13 +1155,11 @@ static int adopt_cache(g4_tokenizer *tok, const tok_cache_data *d, g4_error *err
     return 0;
 }
 
-/* Cold path: parse the JSON file. When want_rest, *rest gets the compact JSON of what the
+/* Cold path: a parsed tokenizer.json (consumed). When want_rest, *rest gets the compact JSON of what the
  * cache keeps as JSON (everything but the vocabulary, the merges and the added tokens). */
-static int build_from_json(g4_tokenizer *tok, const char *path, int want_rest, char **rest, g4_error *err) {
-    json_t *root;
-    *rest = NULL;
-    if (g4_json_load_file(path, &root, err)) return -1;
+static int build_from_root(g4_tokenizer *tok, json_t *root, int want_rest, char **rest, g4_error *err) {
     int rc = -1;
+    *rest = NULL;
     json_t *model = json_object_get(root, "model");
     if (!json_is_object(root)) {
         g4_fail(err, "tokenizer.json: the top level must be an object");
@@ -1350,7 +1349,13 @@ static int cache_disabled(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
-int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
+static json_t *json_file_source(const char *path, void *user, g4_error *err) {
+    (void)user;
+    json_t *root;
+    return g4_json_load_file(path, &root, err) ? NULL : root;
+}
+
+int tok_load_cached(const char *path, tok_source_fn source, void *user, g4_tokenizer **out, g4_error *err) {
     *out = NULL;
     struct stat st;
     if (stat(path, &st) != 0) return g4_fail(err, "%s: %s", path, strerror(errno));
@@ -1366,17 +1371,15 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
             tok->from_cache = 1;
             tok->cache_path = strdup(cache);
         } else {
-            g4_tokenizer_free(t); /* absent, stale or corrupt: rebuilt from the JSON below */
+            g4_tokenizer_free(t); /* absent, stale or corrupt: rebuilt from the source below */
         }
     }
     if (!tok) {
         tok = tok_new();
-        if (!tok) {
-            free(cache);
-            return g4_fail(err, "out of memory");
-        }
+        json_t *root = tok ? source(path, user, err) : NULL;
+        if (!tok) g4_fail(err, "out of memory");
         char *rest = NULL;
-        if (build_from_json(tok, path, cache != NULL, &rest, err) != 0) {
+        if (!root || build_from_root(tok, root, cache != NULL, &rest, err) != 0) {
             free(cache);
             g4_tokenizer_free(tok);
             if (err && strstr(err->msg, path) == NULL) g4_fail_prefix(err, "%s", path);
@@ -1391,6 +1394,14 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
         }
     }
     free(cache);
+    *out = tok;
+    return 0;
+}
+
+int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
+    g4_tokenizer *tok;
+    *out = NULL;
+    if (tok_load_cached(path, json_file_source, NULL, &tok, err)) return -1;
     if (load_config(tok, path, err) != 0) {
         g4_tokenizer_free(tok);
         return -1;
@@ -1399,9 +1410,19 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
     return 0;
 }
 
+int tok_set_special(g4_tokenizer *tok, int32_t bos_id, int32_t eos_id, int add_bos, g4_error *err) {
+    tok->bos_id = bos_id >= 0 && bos_id < tok->n_ids ? bos_id : -1;
+    tok->eos_id = eos_id >= 0 && eos_id < tok->n_ids ? eos_id : -1;
+    tok->n_prefix = tok->n_suffix = 0;
+    if (add_bos && tok->bos_id >= 0 && push_id(&tok->prefix_ids, &tok->n_prefix, tok->bos_id))
+        return g4_fail(err, "out of memory");
+    return 0;
+}
+
 int g4_tokenizer_load_dir(const char *model_dir, g4_tokenizer **out, g4_error *err) {
     char path[PATH_MAX];
     *out = NULL;
+    if (g4_gguf_is_file(model_dir)) return g4_tokenizer_load_gguf(model_dir, NULL, out, err);
     if (g4_path_join(path, sizeof path, model_dir, "tokenizer.json", err)) return -1;
     if (!g4_file_exists(path)) return g4_fail(err, "%s: no tokenizer.json in this folder", model_dir);
     return g4_tokenizer_load(path, out, err);

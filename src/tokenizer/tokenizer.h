@@ -50,6 +50,12 @@
  * until it ends (a non-byte token, or flush), because HF turns the whole run into U+FFFD when
  * any part of it is invalid. */
 
+/* The tokenizer of a GGUF file's tokenizer.ggml.* metadata (docs/formats.md 3.3), as the tokenizer.json it
+ * was converted from (tok_gguf.c), cached like a tokenizer.json (keyed by the GGUF file). meta: the file's
+ * metadata when the caller has it open, else NULL (the file is opened). */
+struct json_t;
+int g4_tokenizer_load_gguf(const char *path, const struct json_t *meta, g4_tokenizer **out, g4_error *err);
+
 int32_t g4_tokenizer_token_id_n(const g4_tokenizer *tok, const char *piece, size_t len);
 
 /* The bytes token `id` adds to decoded text wherever it stands: its piece through the decoder chain (Replace

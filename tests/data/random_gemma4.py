@@ -1,19 +1,24 @@
 #!/usr/bin/python3
-"""Random-weight Gemma 4 checkpoints of given shapes: a gemma4_assistant drafter for a main model, a main model
-and its drafter, or an encoder-free gemma4_unified model (12B), for tests (speculative decoding on the example
-model) and speed measurements (real sizes).
+"""Random-weight Gemma 4 checkpoints of given shapes, for tests and speed measurements at real sizes: the one
+generator of random checkpoints in this project.
 
+    random_gemma4.py model CONFIG.json OUT [--type bf16] [--seed 1]
     random_gemma4.py drafter MAIN_DIR OUT_DIR [--hidden 256] [--heads 4] [--intermediate 2048] [--dense-head]
     random_gemma4.py pair CONFIG.json OUT_DIR [the same drafter options]
     random_gemma4.py unified CONFIG.json OUT_DIR [--layers N] [--files-from MODEL_DIR]
 
+model: the text decoder of CONFIG.json (any config.json, e.g. ../shared/configs/gemma-4-26b-a4b.json; towers are
+left out), written by `gemma4c quantize --random` (the binder's tensor list, so every architecture it loads, the
+MoE included) straight in the type asked: bf16 (default; OUT a safetensors folder, or a GGUF file when OUT ends in
+.gguf), q8_0 q4_0 q4_k q5_k q6_k (OUT a .gguf file in llama.cpp's layout), mlx4 mlx8 (OUT an MLX folder). Writing
+the quantized form directly avoids the bf16 file (51 GB for the 26B-A4B). Matrices are uniform in +-sqrt(3/in),
+norms 1 +- 0.1 (src/model/quantize.c). gemma4c is $G4_BIN or build/gemma4c of this checkout.
 drafter: a drafter that can draft for the model in MAIN_DIR (its config.json is read): four layers, three sliding
 and one full, as third-party notes describe the published drafters, with the main model's head sizes, kv heads
 and RoPE; the centroid masked embedder (2048 centroids, top 32; fewer for a small vocabulary) unless --dense-head.
-The drafter's width, heads and MLP size are not public: the defaults are guesses.
-pair: CONFIG.json is one of ../shared/configs (its text_config; towers are left out): OUT_DIR/main (gemma4_text)
-and OUT_DIR/drafter. Weights are random normals (a per-layer embedding table repeats one random block), bf16: the
-timings are real, the text and the acceptance rate are not. E2B's pair is about 9 GB.
+The drafter's width, heads and MLP size are not public: the defaults are guesses. Its weights are random normals.
+pair: OUT_DIR/main (as `model`, bf16) and OUT_DIR/drafter. The timings are real, the text and the acceptance rate
+are not. E2B's pair is about 9 GB.
 unified: CONFIG.json is a gemma4_unified config (../shared/configs/gemma-4-12b.json): OUT_DIR holds that model
 (decoder under model.language_model., the image and audio embedders under the checkpoint file's names,
 docs/gemma4-unified.md 9) with bf16 weights whose large matrices repeat one random block (writing is disk-bound:
@@ -27,6 +32,9 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 
@@ -101,6 +109,19 @@ def layer_dims(tc):
             if types[l] == "full_attention":
                 D[l], KV[l] = tc.get("global_head_dim", 512), gkv or kv
     return L, types, D, KV, L - (tc.get("num_kv_shared_layers") or 0)
+
+
+def write_model(config, out, dtype="bf16", seed=1):
+    """The text decoder of `config` (a config.json) with random weights, by gemma4c quantize --random."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    gemma4c = os.environ.get("G4_BIN") or os.path.join(here, "..", "..", "build", "gemma4c")
+    os.makedirs(out if dtype.startswith("mlx") or not out.endswith(".gguf") else os.path.dirname(out) or ".",
+                exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(text_config(config), f, indent=1)
+        f.flush()
+        if subprocess.run([gemma4c, "quantize", "--random", f.name, out, "--type", dtype, "--seed", str(seed)]).returncode:
+            sys.exit(1)
 
 
 def main_tensors(tc, prefix="model.", matrix="normal"):
@@ -233,28 +254,30 @@ def write_drafter(tc, out, a, rng):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["drafter", "pair", "unified"])
-    ap.add_argument("source", help="drafter: the main model's folder; pair, unified: a config.json")
+    ap.add_argument("what", choices=["model", "drafter", "pair", "unified"])
+    ap.add_argument("source", help="model, pair, unified: a config.json; drafter: the main model's folder")
     ap.add_argument("out")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--intermediate", type=int, default=2048)
     ap.add_argument("--dense-head", action="store_true")
+    ap.add_argument("--type", default="bf16")
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--layers", type=int, default=0, help="unified: keep the first N layers (0: all)")
     ap.add_argument("--files-from", help="unified: tokenizer, template and vocabulary of this model folder")
     a = ap.parse_args()
     rng = np.random.default_rng(0)
+    if a.what == "model":
+        write_model(a.source, a.out, a.type, a.seed)
+        return
     if a.what == "unified":
         write_unified(a.source, a.out, a.layers, a.files_from)
         return
     if a.what == "drafter":
         write_drafter(text_config(os.path.join(a.source, "config.json")), a.out, a, rng)
         return
-    tc = text_config(a.source)
-    os.makedirs(os.path.join(a.out, "main"), exist_ok=True)
-    json.dump(tc, open(os.path.join(a.out, "main", "config.json"), "w"), indent=1)
-    write_safetensors(os.path.join(a.out, "main", "model.safetensors"), main_tensors(tc), rng)
-    write_drafter(tc, os.path.join(a.out, "drafter"), a, rng)
+    write_model(a.source, os.path.join(a.out, "main"), "bf16", a.seed)
+    write_drafter(text_config(a.source), os.path.join(a.out, "drafter"), a, rng)
 
 
 if __name__ == "__main__":

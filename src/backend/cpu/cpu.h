@@ -23,6 +23,9 @@ typedef struct g4_cpu {
     /* buffers the MoE op reuses between calls */
     float *moe_buf;
     size_t moe_cap;
+    /* int8 activations of the current quantized matmul */
+    void *act_buf;
+    size_t act_cap;
     /* normalized inputs of a matmul_set with a norm */
     float *set_buf;
     size_t set_cap;
@@ -33,6 +36,28 @@ typedef struct g4_cpu {
     int32_t *sel_buf;
     size_t sel_cap;
 } g4_cpu;
+
+/* int8 activations of n token rows (matmul_q8.c): q [n][in_pad] (zero past in), the
+ * block scales d and d * sum(q) per block [n][nb_pad]; nb_pad even. */
+typedef struct g4_q8_rows {
+    int8_t *q;
+    float *d, *m;
+    size_t in_pad, nb_pad;
+    /* when qp is set (decode kernels that want it, g4_cpu_kernels.q4_groups): per group of
+     * 4 blocks, 64 bytes of the blocks' elements 0-15 then 64 bytes of elements 16-31, and
+     * each block's d and d * sum(q) repeated in 4 lanes; [n][nb_pad] codes, [n][4*nb_pad] */
+    int8_t *qp;
+    float *d4, *m4;
+} g4_q8_rows;
+
+/* Q8_0 / Q4_0 weights with rows of whole 32-blocks (and int8 activations not switched off
+ * by G4_CPU_NO_Q8_ACT, for comparisons). */
+int g4_cpu_q8_supported(const g4_tensor *w);
+void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
+void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a);
+
+/* cpu->act_buf with at least `bytes` (64-byte aligned), NULL (and cpu->failed) when out of memory. */
+void *g4_cpu_act_buf(g4_cpu *cpu, size_t bytes);
 
 /* Returns thread `t`'s scratch with at least n floats, or NULL when out of memory. */
 float *g4_cpu_scratch_get(g4_cpu *cpu, int t, size_t n);
@@ -62,11 +87,37 @@ typedef struct g4_cpu_kernels {
     float (*dot_bf16)(const uint16_t *w, const float *x, size_t n); /* w may be unaligned */
     void (*bf16_to_f32)(const uint16_t *src, float *dst, size_t n);
     void (*axpy)(float *y, const float *x, float a, size_t n);     /* y += a * x */
+    /* y[t * ldy + r] = row r (< nr <= 4) of a Q8_0/Q4_0 matrix (rows of nb blocks, row_bytes
+     * apart) times activation row t0 + t (t < nt <= 4); see matmul_q8.c */
+    void (*q8_tile)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
+                    int nt, int nb, float *y, size_t ldy);
+    /* y[t * ldy + r] = dot(w row r, x row t) for f32 rows (w: nr <= 4 rows of n, ldw apart;
+     * x: nt <= 4 rows of n, ldx apart) */
+    void (*f32_tile)(const float *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n, float *y,
+                     size_t ldy);
+    /* NULL, or Q4_0 times one token with the grouped activations of g4_q8_rows.qp (decode) */
+    void (*q4_gemv)(const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t, int nb, float *y);
     /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
     float (*exp_sum)(float *x, size_t n, float shift);
     /* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)); in place allowed */
     void (*gelu_mul)(const float *g, const float *u, float *y, size_t n);
 } g4_cpu_kernels;
+
+/* the scalar exp_sum and gelu_mul (sets without their own) */
+float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift);
+void g4_cpu_gelu_mul_scalar(const float *g, const float *u, float *y, size_t n);
+void g4_cpu_q8_tile_scalar(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a,
+                           int t0, int nt, int nb, float *y, size_t ldy);
+
+/* The SIMD sets, NULL where this CPU (or architecture) lacks them. */
+const g4_cpu_kernels *g4_cpu_kernels_avx2(void);
+const g4_cpu_kernels *g4_cpu_kernels_avx512(void);
+const g4_cpu_kernels *g4_cpu_kernels_neon(void);
+
+/* The kernel table of an instruction set ("scalar", "avx2", "avx512", "neon"), NULL if this
+ * CPU or build lacks it; g4_cpu_kernels_use makes one the table every op uses (tests). */
+const g4_cpu_kernels *g4_cpu_kernels_for(const char *isa);
+void g4_cpu_kernels_use(const g4_cpu_kernels *k);
 
 const g4_cpu_kernels *g4_cpu_kernels_get(void);
 

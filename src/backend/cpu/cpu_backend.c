@@ -6,6 +6,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "core/error.h"
+#include "core/quant.h"
 
 static g4_cpu *cpu_of(g4_backend *be) { return be->impl; }
 
@@ -28,6 +29,7 @@ static void cpu_free(g4_backend *be) {
     g4_pool_free(cpu->pool);
     for (int i = 0; i < G4_CPU_MAX_THREADS; i++) free(cpu->scratch[i].buf);
     free(cpu->moe_buf);
+    free(cpu->act_buf);
     free(cpu->set_buf);
     for (int i = 0; i < cpu->n_owned; i++) free(cpu->owned[i]);
     free(cpu->owned);
@@ -530,7 +532,6 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
         }
     }
     memset(esum, 0, (size_t)n * H * sizeof(float));
-    const size_t esz = (size_t)g4_dtype_bits(a->gate_up->dtype) / 8, dsz = (size_t)g4_dtype_bits(a->down->dtype) / 8;
     /* experts in ascending id order, each over the tokens routed to it */
     for (int e = 0; e < E; e++) {
         int m = 0;
@@ -543,14 +544,16 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
                 }
         if (!m) continue;
         for (int i = 0; i < m; i++) memcpy(xs + (size_t)i * H, x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
-        g4_tensor gu_w = {.name = "experts.gate_up_proj", .dtype = a->gate_up->dtype, .ndim = 2,
-                          .shape = {2 * Im, H},
-                          .data = (const unsigned char *)a->gate_up->data + (size_t)e * 2 * Im * H * esz};
-        g4_tensor dn_w = {.name = "experts.down_proj", .dtype = a->down->dtype, .ndim = 2, .shape = {H, Im},
-                          .data = (const unsigned char *)a->down->data + (size_t)e * H * Im * dsz};
+        g4_tensor gu_w = g4_tensor_index(a->gate_up, e), dn_w = g4_tensor_index(a->down, e);
+        /* gate and up: one [2Im, H] matrix, rows [m, 2Im]; or two [Im, H] ones into [m, Im] each */
+        size_t gs = a->up ? (size_t)Im : 2 * (size_t)Im, uo = a->up ? (size_t)m * Im : (size_t)Im;
         g4_cpu_matmul(cpu, xs, m, &gu_w, NULL, gu);
+        if (a->up) {
+            g4_tensor up_w = g4_tensor_index(a->up, e);
+            g4_cpu_matmul(cpu, xs, m, &up_w, NULL, gu + uo);
+        }
         for (int i = 0; i < m; i++)
-            k->gelu_mul(gu + (size_t)i * 2 * Im, gu + (size_t)i * 2 * Im + Im, act + (size_t)i * Im, (size_t)Im);
+            k->gelu_mul(gu + (size_t)i * gs, gu + (size_t)i * gs + uo, act + (size_t)i * Im, (size_t)Im);
         g4_cpu_matmul(cpu, act, m, &dn_w, NULL, dn);
         for (int i = 0; i < m; i++) k->axpy(esum + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
     }

@@ -1,0 +1,510 @@
+/* x86-64 SIMD kernels of the CPU backend (the scalar set in kernels.c is their
+ * reference): AVX2+FMA+F16C, and AVX-512 (F, BW, VL, VNNI) with vpdpbusd for int8
+ * activations. Each function carries its target attribute, so the file builds for any
+ * x86-64 and the set is used only where the CPU reports the features. */
+#include "backend/cpu/cpu.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "core/quant.h"
+
+/* A block's f16 scale bits: blocks need not be 2-byte aligned (a GGUF of alignment 1, views at any byte) */
+static inline unsigned short block_d(const unsigned char *p) {
+    unsigned short h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+/* ------------------------------------------------------------- AVX2+FMA */
+__attribute__((target("avx2,fma"))) static inline float hsum256(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+__attribute__((target("avx2,fma"))) static float dot_f32_avx2(const float *a, const float *b, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+__attribute__((target("avx2,fma"))) static inline __m256 load_bf16x8(const uint16_t *p) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2,fma"))) static float dot_bf16_avx2(const uint16_t *w, const float *x, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
+        s1 = _mm256_fmadd_ps(load_bf16x8(w + i + 8), _mm256_loadu_ps(x + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load_bf16x8(w + i), _mm256_loadu_ps(x + i), s0);
+    float s = hsum256(_mm256_add_ps(s0, s1));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, w + i, 2);
+        s += g4_bf16_to_f32(h) * x[i];
+    }
+    return s;
+}
+
+__attribute__((target("avx2,fma"))) static void bf16_to_f32_avx2(const uint16_t *src, float *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_bf16x8(src + i));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, src + i, 2);
+        dst[i] = g4_bf16_to_f32(h);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, const float *x, float a, size_t n) {
+    __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* ---------------------------------------------------------------- AVX-512 */
+__attribute__((target("avx512f"))) static float dot_f32_avx512(const float *a, const float *b, size_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+__attribute__((target("avx512f"))) static inline __m512 load_bf16x16(const uint16_t *p) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx512f"))) static float dot_bf16_avx512(const uint16_t *w, const float *x, size_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), s0);
+        s1 = _mm512_fmadd_ps(load_bf16x16(w + i + 16), _mm512_loadu_ps(x + i + 16), s1);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(load_bf16x16(w + i), _mm512_loadu_ps(x + i), s0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, w + i, 2);
+        s += g4_bf16_to_f32(h) * x[i];
+    }
+    return s;
+}
+
+__attribute__((target("avx512f"))) static void bf16_to_f32_avx512(const uint16_t *src, float *dst, size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_bf16x16(src + i));
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, src + i, 2);
+        dst[i] = g4_bf16_to_f32(h);
+    }
+}
+
+__attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float *x, float a, size_t n) {
+    __m512 va = _mm512_set1_ps(a);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+
+/* ------------------------------------------------------------ f32 tiles */
+#define TILE_F32(NAME, TARGET, VEC, W, LOAD, FMA, ZERO, HSUM, TT)                                                         \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_fixed(const float *w, size_t ldw, const float *x,       \
+                                                                    size_t ldx, size_t n, float *y, size_t ldy,       \
+                                                                    const int NR, const int NT) {                     \
+        VEC acc[4][4];                                                                                               \
+        for (int r = 0; r < NR; r++)                                                                                 \
+            for (int t = 0; t < NT; t++) acc[r][t] = ZERO;                                                           \
+        size_t i = 0;                                                                                                \
+        for (; i + W <= n; i += W) {                                                                                 \
+            VEC wv[4], xv[4];                                                                                        \
+            for (int r = 0; r < NR; r++) wv[r] = LOAD(w + (size_t)r * ldw + i);                                      \
+            for (int t = 0; t < NT; t++) xv[t] = LOAD(x + (size_t)t * ldx + i);                                      \
+            for (int r = 0; r < NR; r++)                                                                             \
+                for (int t = 0; t < NT; t++) acc[r][t] = FMA(wv[r], xv[t], acc[r][t]);                              \
+        }                                                                                                            \
+        for (int r = 0; r < NR; r++)                                                                                 \
+            for (int t = 0; t < NT; t++) {                                                                           \
+                float s = HSUM(acc[r][t]);                                                                           \
+                for (size_t k = i; k < n; k++) s += w[(size_t)r * ldw + k] * x[(size_t)t * ldx + k];                 \
+                y[(size_t)t * ldy + (size_t)r] = s;                                                                  \
+            }                                                                                                        \
+    }                                                                                                                \
+    __attribute__((target(TARGET))) static void NAME(const float *w, size_t ldw, int nr, const float *x, size_t ldx,  \
+                                                     int nt, size_t n, float *y, size_t ldy) {                        \
+        if (nr == 4 && nt == 4 && TT == 4) NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 4);                            \
+        else if (nr == 4 && nt == 4) {                                                                               \
+            NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 2);                                                           \
+            NAME##_fixed(w, ldw, x + 2 * ldx, ldx, n, y + 2 * ldy, ldy, 4, 2);                                       \
+        } else if (nr == 4 && nt == 1) NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 1);                                \
+        else                                                                                                         \
+            for (int r = 0; r < nr; r++)                                                                             \
+                for (int t = 0; t < nt; t++)                                                                         \
+                    NAME##_fixed(w + (size_t)r * ldw, ldw, x + (size_t)t * ldx, ldx, n, y + (size_t)t * ldy + r, ldy, \
+                                 1, 1);                                                                              \
+    }
+
+__attribute__((target("avx512f"))) static inline float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
+TILE_F32(f32_tile_avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_setzero_ps(), hsum256, 2)
+TILE_F32(f32_tile_avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_setzero_ps(), hsum512, 4)
+
+/* -------------------------------------------------- int8 activations, AVX2 */
+/* one block as 32 unsigned codes (Q4_0 nibbles) or the int8 values (Q8_0) */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256i load_q4_0_u8(const unsigned char *b) {
+    __m128i q = _mm_loadu_si128((const __m128i *)(b + 2));
+    __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+}
+
+/* sum of u8 x s8 products per 32-bit lane (no VNNI): maddubs pairs, then pairs of pairs */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q8_tile_avx2_fixed(g4_dtype type, const unsigned char *w,
+                                                                              size_t row_bytes, const g4_q8_rows *a,
+                                                                              int t0, int nb, float *y, size_t ldy,
+                                                                              const int NR, const int NT) {
+    const size_t bs = type == G4_Q4_0 ? 18 : 34;
+    __m256 acc[4][4];
+    float corr[4][4] = {{0}};
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i wv[4];
+        float dw[4];
+        for (int r = 0; r < NR; r++) {
+            const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
+            dw[r] = _cvtsh_ss(block_d(blk));
+            wv[r] = type == G4_Q4_0 ? load_q4_0_u8(blk) : _mm256_loadu_si256((const __m256i *)(blk + 2));
+        }
+        for (int t = 0; t < NT; t++) {
+            const size_t ti = (size_t)(t0 + t);
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(a->q + ti * a->in_pad + 32 * (size_t)b));
+            const float dx = a->d[ti * a->nb_pad + (size_t)b];
+            for (int r = 0; r < NR; r++) {
+                __m256i p;
+                if (type == G4_Q4_0) {
+                    p = dot_u8s8(wv[r], xv);
+                    corr[r][t] += dw[r] * a->m[ti * a->nb_pad + (size_t)b];
+                } else { /* |w| x (x with w's sign): exact, no offset (maddubs would saturate on w + 128) */
+                    p = dot_u8s8(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(xv, wv[r]));
+                }
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[r] * dx), acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) y[(size_t)t * ldy + (size_t)r] = hsum256(acc[r][t]) - 8.0f * corr[r][t];
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void q8_tile_avx2(g4_dtype type, const unsigned char *w,
+                                                                 size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
+                                                                 int nt, int nb, float *y, size_t ldy) {
+    if (nr == 4) /* 4x1 tiles: AVX2 has 16 vector registers */
+        for (int t = 0; t < nt; t++) q8_tile_avx2_fixed(type, w, row_bytes, a, t0 + t, nb, y + (size_t)t * ldy, ldy, 4, 1);
+    else
+        for (int r = 0; r < nr; r++)
+            for (int t = 0; t < nt; t++)
+                q8_tile_avx2_fixed(type, w + (size_t)r * row_bytes, row_bytes, a, t0 + t, nb, y + (size_t)t * ldy + r,
+                                   ldy, 1, 1);
+}
+
+/* ----------------------------------------------- int8 activations, AVX-512 */
+#define T512 "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c"
+
+/* two consecutive blocks as 64 unsigned codes: Q4_0 nibbles, or Q8_0 int8 + 128 */
+__attribute__((target(T512))) static inline __m512i load2_u8(g4_dtype type, const unsigned char *b) {
+    if (type == G4_Q4_0) {
+        __m128i q0 = _mm_loadu_si128((const __m128i *)(b + 2)), q1 = _mm_loadu_si128((const __m128i *)(b + 20));
+        __m512i v = _mm512_castsi128_si512(q0);
+        v = _mm512_inserti32x4(v, _mm_srli_epi16(q0, 4), 1);
+        v = _mm512_inserti32x4(v, q1, 2);
+        v = _mm512_inserti32x4(v, _mm_srli_epi16(q1, 4), 3);
+        return _mm512_and_si512(v, _mm512_set1_epi8(15));
+    }
+    __m256i q0 = _mm256_loadu_si256((const __m256i *)(b + 2)), q1 = _mm256_loadu_si256((const __m256i *)(b + 36));
+    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1), _mm512_set1_epi8((char)0x80));
+}
+
+__attribute__((target(T512))) static inline __m512 pair_ps(float a, float b) {
+    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
+}
+
+__attribute__((target(T512))) static inline float dot_f32_512(const float *a, const float *b, int n) {
+    __m512 s = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
+    if (i < n) {
+        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), s);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+
+#define QCHUNK 256 /* blocks per pass: the weight scales of a pass stay on the stack */
+
+__attribute__((target(T512), always_inline)) static inline void q8_tile_avx512_fixed(g4_dtype type,
+                                                                                    const unsigned char *w,
+                                                                                    size_t row_bytes,
+                                                                                    const g4_q8_rows *a, int t0,
+                                                                                    int nb, float *y, size_t ldy,
+                                                                                    const int NR, const int NT) {
+    const size_t bs = type == G4_Q4_0 ? 18 : 34;
+    const float off = type == G4_Q4_0 ? 8.0f : 128.0f;
+    __m512 acc[4][4];
+    float corr[4][4] = {{0}}, dwf[4][QCHUNK + 2];
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int c0 = 0; c0 < nb; c0 += QCHUNK) {
+        const int c1 = nb - c0 < QCHUNK ? nb : c0 + QCHUNK;
+        /* nb_pad is even and the activations are zero past the row: an odd last block pairs with zeros */
+        for (int b = c0; b < c1; b += 2) {
+            __m512i wv[4];
+            __m512 dw[4];
+            for (int r = 0; r < NR; r++) {
+                const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
+                float d0 = _cvtsh_ss(block_d(blk)), d1 = 0.0f;
+                if (b + 1 < c1) {
+                    wv[r] = load2_u8(type, blk);
+                    d1 = _cvtsh_ss(block_d(blk + bs));
+                } else {
+                    unsigned char tmp[2 * 34] = {0};
+                    memcpy(tmp, blk, bs);
+                    wv[r] = load2_u8(type, tmp);
+                }
+                dw[r] = pair_ps(d0, d1);
+                dwf[r][b - c0] = d0;
+                dwf[r][b - c0 + 1] = d1;
+            }
+            for (int t = 0; t < NT; t++) {
+                const size_t ti = (size_t)(t0 + t);
+                const __m512i xv = _mm512_loadu_si512((const void *)(a->q + ti * a->in_pad + 32 * (size_t)b));
+                const float *d = a->d + ti * a->nb_pad + b;
+                const __m512 dx = pair_ps(d[0], d[1]);
+                for (int r = 0; r < NR; r++) {
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
+                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
+                }
+            }
+        }
+        /* the unsigned offset: off * sum_b dw * d * sum(q) */
+        for (int t = 0; t < NT; t++)
+            for (int r = 0; r < NR; r++)
+                corr[r][t] += dot_f32_512(dwf[r], a->m + (size_t)(t0 + t) * a->nb_pad + c0, c1 - c0);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++)
+            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc[r][t]) - off * corr[r][t];
+}
+
+__attribute__((target(T512))) static void q8_tile_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                        int nr, const g4_q8_rows *a, int t0, int nt, int nb, float *y,
+                                                        size_t ldy) {
+    if (nr == 4 && nt == 4) q8_tile_avx512_fixed(type, w, row_bytes, a, t0, nb, y, ldy, 4, 4);
+    else if (nr == 4 && nt == 1) q8_tile_avx512_fixed(type, w, row_bytes, a, t0, nb, y, ldy, 4, 1);
+    else
+        for (int r = 0; r < nr; r++)
+            for (int t = 0; t < nt; t++)
+                q8_tile_avx512_fixed(type, w + (size_t)r * row_bytes, row_bytes, a, t0 + t, nb,
+                                     y + (size_t)t * ldy + r, ldy, 1, 1);
+}
+
+/* Decode, Q4_0: 4 blocks (72 bytes) of a row per step: two loads, one vpermi2b gathers the
+ * 64 code bytes and one the 4 scales (as 16 halves, each block's in 4 lanes), so 2 vpdpbusd
+ * cover 128 weights against the grouped activations (g4_q8_rows.qp). Needs AVX512-VBMI. */
+#define T512V T512 ",avx512vbmi"
+__attribute__((target(T512V))) static void q4_gemv_avx512(const unsigned char *w, size_t row_bytes, int nr,
+                                                         const g4_q8_rows *a, int t, int nb, float *y) {
+    uint8_t iq[64], id[64];
+    for (int i = 0; i < 64; i++) {
+        iq[i] = (uint8_t)(18 * (i / 16) + 2 + i % 16); /* block i/16's code byte i%16 */
+        id[i] = (uint8_t)(18 * (i / 8 % 4) + i % 2);    /* half i/2 (of 16): block (i/2)/4's d */
+    }
+    const __m512i vq = _mm512_loadu_si512(iq), vd = _mm512_loadu_si512(id), lo4 = _mm512_set1_epi8(15);
+    const int8_t *qp = a->qp + (size_t)t * a->in_pad;
+    const float *d4 = a->d4 + (size_t)t * 4 * a->nb_pad, *m4 = a->m4 + (size_t)t * 4 * a->nb_pad;
+    const int ng = (nb + 3) / 4;
+    for (int r = 0; r < nr; r++) {
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
+        for (int g = 0; g < ng; g++) {
+            const unsigned char *p = row + 72 * (size_t)g;
+            const long rem = (long)row_bytes - 72L * g;
+            __m512i A, B;
+            if (rem >= 72) {
+                A = _mm512_loadu_si512(p);
+                B = _mm512_maskz_loadu_epi8(0xff, p + 64);
+            } else { /* the row's last blocks: only its own bytes, zeros after */
+                A = _mm512_maskz_loadu_epi8(rem >= 64 ? ~0ull : (1ull << rem) - 1, p);
+                B = _mm512_maskz_loadu_epi8(rem > 64 ? (1ull << (rem - 64)) - 1 : 0, p + 64);
+            }
+            const __m512i qs = _mm512_permutex2var_epi8(A, vq, B);
+            const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, vd, B)));
+            const __m512i lo = _mm512_and_si512(qs, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), lo4);
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(qp + 128 * g));
+            s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(qp + 128 * g + 64));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(d4 + 16 * g)), acc);
+            corr = _mm512_fmadd_ps(dw, _mm512_loadu_ps(m4 + 16 * g), corr);
+        }
+        /* each block's d * sum(q) sat in 4 lanes */
+        y[r] = _mm512_reduce_add_ps(acc) - 2.0f * _mm512_reduce_add_ps(corr);
+    }
+}
+
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+/* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf, ~1 ulp) */
+#define EXP_LO -87.33654f
+#define EXP_HI 88.72283f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
+__attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(EXP_LOG2E), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_C1), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(EXP_C2), x);
+    __m256 z = _mm256_mul_ps(x, x), y = _mm256_set1_ps(EXP_P0);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P1));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P2));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P3));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P4));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(EXP_P5));
+    y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+__attribute__((target("avx2,fma"))) static void gelu_mul_avx2(const float *g, const float *u, float *y, size_t n) {
+    const __m256 c = _mm256_set1_ps(GELU_C), c3 = _mm256_set1_ps(GELU_C * 0.044715f), one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i), x2 = _mm256_mul_ps(x, x);
+        __m256 mz2 = _mm256_mul_ps(_mm256_fmadd_ps(c3, x2, c), _mm256_sub_ps(_mm256_setzero_ps(), _mm256_add_ps(x, x)));
+        __m256 r = _mm256_div_ps(x, _mm256_add_ps(one, exp256(mz2))); /* mz2 = -2z */
+        _mm256_storeu_ps(y + i, u ? _mm256_mul_ps(r, _mm256_loadu_ps(u + i)) : r);
+    }
+    g4_cpu_gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
+}
+
+__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, size_t n, float shift) {
+    __m256 sh = _mm256_set1_ps(shift), acc = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+        _mm256_storeu_ps(x + i, v);
+        acc = _mm256_add_ps(acc, v);
+    }
+    float s = hsum256(acc);
+    for (; i < n; i++) s += (x[i] = expf(x[i] - shift));
+    return s;
+}
+
+__attribute__((target("avx512f"))) static inline __m512 exp512(__m512 v) {
+    __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(v, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C1), v);
+    v = _mm512_fnmadd_ps(fx, _mm512_set1_ps(EXP_C2), v);
+    __m512 z = _mm512_mul_ps(v, v), y = _mm512_set1_ps(EXP_P0);
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P1));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P2));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P3));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P4));
+    y = _mm512_fmadd_ps(y, v, _mm512_set1_ps(EXP_P5));
+    y = _mm512_fmadd_ps(y, z, _mm512_add_ps(v, _mm512_set1_ps(1.0f)));
+    y = _mm512_scalef_ps(y, fx); /* y * 2^fx */
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+
+__attribute__((target("avx512f"))) static float exp_sum_avx512(float *x, size_t n, float shift) {
+    __m512 sh = _mm512_set1_ps(shift), acc = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 y = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), sh));
+        _mm512_storeu_ps(x + i, y);
+        acc = _mm512_add_ps(acc, y);
+    }
+    float s = _mm512_reduce_add_ps(acc);
+    for (; i < n; i++) s += (x[i] = expf(x[i] - shift));
+    return s;
+}
+
+/* gelu_tanh(x) = 0.5 x (1 + tanh z) = x / (1 + exp(-2z)): no cancellation near tanh = -1, and the ends are
+ * right (exp -> 0 gives x, exp -> its clamp gives ~0) */
+__attribute__((target("avx512f"))) static void gelu_mul_avx512(const float *g, const float *u, float *y, size_t n) {
+    const __m512 c = _mm512_set1_ps(GELU_C), c3 = _mm512_set1_ps(GELU_C * 0.044715f), one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i), x2 = _mm512_mul_ps(x, x);
+        __m512 mz2 = _mm512_mul_ps(_mm512_fmadd_ps(c3, x2, c), _mm512_sub_ps(_mm512_setzero_ps(), _mm512_add_ps(x, x)));
+        __m512 r = _mm512_div_ps(x, _mm512_add_ps(one, exp512(mz2))); /* mz2 = -2z */
+        _mm512_storeu_ps(y + i, u ? _mm512_mul_ps(r, _mm512_loadu_ps(u + i)) : r);
+    }
+    g4_cpu_gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
+}
+
+static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
+                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2};
+static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
+                                        axpy_avx512, q8_tile_avx512, f32_tile_avx512, q4_gemv_avx512,
+                                        exp_sum_avx512, gelu_mul_avx512};
+
+const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &k_avx2 : NULL;
+}
+
+const g4_cpu_kernels *g4_cpu_kernels_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi")
+               ? &k_avx512
+               : NULL;
+}
+#else
+const g4_cpu_kernels *g4_cpu_kernels_avx2(void) { return NULL; }
+const g4_cpu_kernels *g4_cpu_kernels_avx512(void) { return NULL; }
+#endif

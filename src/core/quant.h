@@ -1,0 +1,80 @@
+/* Quantized weight formats: block layouts and the plain reference encoders and
+ * decoders (docs/formats.md 2.2-2.4 for MLX affine, 3.2 for GGUF blocks).
+ *
+ * These are the ONE definition of every layout: the writers (gemma4c quantize),
+ * the loaders' checks, the tests and the op tests' plain reference all use them;
+ * the SIMD kernels in backend/cpu (and the CUDA backend) read the same bytes.
+ * All multi-byte fields are little-endian; `f16` is IEEE binary16. Blocks are
+ * packed back to back with no padding, so a field may sit at any alignment.
+ *
+ * GGUF blocks (llama.cpp ggml-common.h), per block of QK elements:
+ *   Q4_0  (32, 18 B): f16 d; u8 qs[16]. y[j] = (qs[j]&15)-8)*d, y[j+16] = ((qs[j]>>4)-8)*d
+ *   Q4_1  (32, 20 B): f16 d; f16 m; u8 qs[16]. same nibbles, y = q*d + m
+ *   Q5_0  (32, 22 B): f16 d; u32 qh; u8 qs[16]. q_j = (qs[j]&15) | bit j of qh << 4,
+ *                     q_{j+16} = (qs[j]>>4) | bit j+16 of qh << 4; y = (q-16)*d
+ *   Q5_1  (32, 24 B): f16 d; f16 m; u32 qh; u8 qs[16]. as Q5_0, y = q*d + m
+ *   Q8_0  (32, 34 B): f16 d; i8 qs[32]. y = qs*d
+ *   Q4_K (256, 144 B): f16 d; f16 dmin; u8 scales[12]; u8 qs[128]. 8 sub-blocks of 32 with
+ *                     6-bit scale sc_k and min m_k (unpacking in g4_k_scale_min); chunk c
+ *                     (64 outputs) uses qs[32c..32c+31]: y[64c+l] = d*sc_2c*(q&15) - dmin*m_2c,
+ *                     y[64c+32+l] = d*sc_2c+1*(q>>4) - dmin*m_2c+1
+ *   Q5_K (256, 176 B): f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]. as Q4_K plus
+ *                     16 * bit 2c (low nibble) / bit 2c+1 (high nibble) of qh[l]
+ *   Q6_K (256, 210 B): u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d (last). halves h of 128:
+ *                     y[128h+l+32i] = d*scales[8h+l/16+2i]*(q_i - 32), q_i 6-bit from ql/qh
+ *
+ * MLX affine (bits b in 2,3,4,5,6,8; group gs in 32,64,128): a row of n codes is a
+ * little-endian bit stream, element j at bits [j*b, (j+1)*b); w = s*q + bias with the
+ * group's scale and bias (`scales`, `biases`: [rows, n/gs] in BF16/F16/F32). */
+#ifndef G4_CORE_QUANT_H
+#define G4_CORE_QUANT_H
+
+#include <stdint.h>
+
+#include "core/tensor.h"
+
+/* Decodes n elements of type t (plain float types or GGUF blocks; n a multiple of the
+ * block) starting at a block boundary of src. */
+void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n);
+
+/* Decodes row r of any weight tensor (plain, GGUF or MLX) into dst[shape[ndim-1]]. */
+void g4_dequant_row(const g4_tensor *t, int64_t r, float *dst);
+
+/* Encodes n floats (a multiple of the block) as type t: F32, F16, BF16 or a GGUF block
+ * type. Returns the bytes written, 0 if t cannot be written or n is not whole blocks. */
+size_t g4_quant(g4_dtype t, const float *src, void *dst, int64_t n);
+
+/* MLX affine: decodes n codes of a row (n a multiple of group) / encodes one row with
+ * the GPU rule of docs/formats.md 2.4 (max starts at 0, half-away rounding); scales and
+ * biases are stored in sdt (BF16/F16/F32). */
+void g4_mlx_dequant(int bits, int group, const void *w, const void *scales, const void *biases, g4_dtype sdt,
+                    float *dst, int64_t n);
+void g4_mlx_quant_row(int bits, int group, const float *x, int64_t n, void *w, void *scales, void *biases,
+                      g4_dtype sdt);
+
+/* Code j of an MLX bit stream. */
+static inline unsigned g4_mlx_code(const unsigned char *w, int bits, int64_t j) {
+    uint64_t bp = (uint64_t)j * (uint64_t)bits;
+    unsigned v = w[bp >> 3];
+    if ((bp & 7) + (uint64_t)bits > 8) v |= (unsigned)w[(bp >> 3) + 1] << 8;
+    return (v >> (bp & 7)) & ((1u << bits) - 1);
+}
+
+/* 6-bit scale and min of sub-block k (0..7) of a Q4_K/Q5_K block's scales[12]. */
+static inline void g4_k_scale_min(const unsigned char *s, int k, int *sc, int *m) {
+    if (k < 4) {
+        *sc = s[k] & 63;
+        *m = s[k + 4] & 63;
+    } else {
+        *sc = (s[k + 4] & 15) | ((s[k - 4] >> 6) << 4);
+        *m = (s[k + 4] >> 4) | ((s[k] >> 6) << 4);
+    }
+}
+
+static inline float g4_f16_at(const void *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return g4_f16_to_f32(h);
+}
+
+#endif

@@ -1,0 +1,423 @@
+/* GGUF v3 reader and writer (docs/formats.md 3.1). The reader checks every length and
+ * offset against the file before using it; strings are limited to 1 GiB, arrays to
+ * 2^30 elements, tensors to 4 dimensions, and tensor data must lie inside the file at
+ * the declared alignment. */
+#include "formats/gguf.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+
+#define MAX_STR (1u << 30)
+#define MAX_ARR (1u << 30)
+
+static const struct {
+    int ggml;
+    g4_dtype t;
+} type_map[] = {
+    {0, G4_F32},   {1, G4_F16},   {2, G4_Q4_0},  {3, G4_Q4_1},  {6, G4_Q5_0}, {7, G4_Q5_1},
+    {8, G4_Q8_0},  {12, G4_Q4_K}, {13, G4_Q5_K}, {14, G4_Q6_K}, {30, G4_BF16},
+};
+
+int g4_gguf_type_of(g4_dtype t) {
+    for (size_t i = 0; i < sizeof type_map / sizeof type_map[0]; i++)
+        if (type_map[i].t == t) return type_map[i].ggml;
+    return -1;
+}
+
+g4_dtype g4_gguf_dtype(int ggml_type) {
+    for (size_t i = 0; i < sizeof type_map / sizeof type_map[0]; i++)
+        if (type_map[i].ggml == ggml_type) return type_map[i].t;
+    return G4_DTYPE_UNKNOWN;
+}
+
+/* ---------------------------------------------------------------- reader */
+typedef struct {
+    const unsigned char *p, *end;
+    const char *path;
+    g4_error *err;
+    int failed;
+} cursor;
+
+static int need(cursor *c, uint64_t n) {
+    if (c->failed) return 0;
+    if ((uint64_t)(c->end - c->p) < n) {
+        c->failed = 1;
+        g4_fail(c->err, "%s: truncated GGUF file", c->path);
+        return 0;
+    }
+    return 1;
+}
+
+static uint64_t rd(cursor *c, int bytes) {
+    uint64_t v = 0;
+    if (!need(c, (uint64_t)bytes)) return 0;
+    memcpy(&v, c->p, (size_t)bytes); /* little-endian host */
+    c->p += bytes;
+    return v;
+}
+
+/* A string as a pointer into the file and its length. */
+static const char *rd_str(cursor *c, uint64_t *len) {
+    *len = rd(c, 8);
+    if (c->failed) return NULL;
+    if (*len > MAX_STR) {
+        c->failed = 1;
+        g4_fail(c->err, "%s: a GGUF string of %llu bytes is too long", c->path, (unsigned long long)*len);
+        return NULL;
+    }
+    if (!need(c, *len)) return NULL;
+    const char *s = (const char *)c->p;
+    c->p += *len;
+    return s;
+}
+
+static int elem_size(int type) {
+    switch (type) {
+    case G4_GGUF_U8: case G4_GGUF_I8: case G4_GGUF_BOOL: return 1;
+    case G4_GGUF_U16: case G4_GGUF_I16: return 2;
+    case G4_GGUF_U32: case G4_GGUF_I32: case G4_GGUF_F32: return 4;
+    case G4_GGUF_U64: case G4_GGUF_I64: case G4_GGUF_F64: return 8;
+    default: return 0;
+    }
+}
+
+static json_t *rd_scalar(cursor *c, int type) {
+    uint64_t len;
+    switch (type) {
+    case G4_GGUF_U8: return json_integer((json_int_t)(uint8_t)rd(c, 1));
+    case G4_GGUF_I8: return json_integer((json_int_t)(int8_t)rd(c, 1));
+    case G4_GGUF_U16: return json_integer((json_int_t)(uint16_t)rd(c, 2));
+    case G4_GGUF_I16: return json_integer((json_int_t)(int16_t)rd(c, 2));
+    case G4_GGUF_U32: return json_integer((json_int_t)(uint32_t)rd(c, 4));
+    case G4_GGUF_I32: return json_integer((json_int_t)(int32_t)rd(c, 4));
+    case G4_GGUF_U64: return json_integer((json_int_t)rd(c, 8));
+    case G4_GGUF_I64: return json_integer((json_int_t)(int64_t)rd(c, 8));
+    case G4_GGUF_BOOL: return json_boolean(rd(c, 1) != 0);
+    case G4_GGUF_F32: {
+        uint32_t u = (uint32_t)rd(c, 4);
+        float f;
+        memcpy(&f, &u, 4);
+        return json_real((double)f);
+    }
+    case G4_GGUF_F64: {
+        uint64_t u = rd(c, 8);
+        double d;
+        memcpy(&d, &u, 8);
+        return json_real(d);
+    }
+    case G4_GGUF_STR: {
+        const char *s = rd_str(c, &len);
+        return s ? json_stringn_nocheck(s, (size_t)len) : NULL;
+    }
+    default:
+        c->failed = 1;
+        g4_fail(c->err, "%s: unknown GGUF value type %d", c->path, type);
+        return NULL;
+    }
+}
+
+static json_t *rd_value(cursor *c, int type) {
+    if (type != G4_GGUF_ARR) return rd_scalar(c, type);
+    int et = (int)rd(c, 4);
+    uint64_t n = rd(c, 8);
+    if (c->failed) return NULL;
+    if (et == G4_GGUF_ARR || n > MAX_ARR || (et != G4_GGUF_STR && !elem_size(et)) ||
+        (elem_size(et) && !need(c, n * (uint64_t)elem_size(et)))) {
+        if (!c->failed) g4_fail(c->err, "%s: bad GGUF array (type %d, %llu elements)", c->path, et, (unsigned long long)n);
+        c->failed = 1;
+        return NULL;
+    }
+    json_t *a = json_array();
+    for (uint64_t i = 0; a && i < n && !c->failed; i++) {
+        json_t *v = rd_scalar(c, et);
+        if (!v || json_array_append_new(a, v)) {
+            json_decref(a);
+            if (!c->failed) g4_fail(c->err, "out of memory");
+            c->failed = 1;
+            return NULL;
+        }
+    }
+    if (c->failed) {
+        json_decref(a);
+        return NULL;
+    }
+    return a;
+}
+
+void g4_gguf_free(g4_gguf *g) {
+    if (!g) return;
+    json_decref(g->meta);
+    g4_tensor_set_free(&g->set);
+    memset(g, 0, sizeof *g);
+}
+
+int g4_gguf_is_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char m[4] = {0};
+    size_t n = fread(m, 1, 4, f);
+    fclose(f);
+    return n == 4 && !memcmp(m, "GGUF", 4);
+}
+
+int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
+    memset(g, 0, sizeof *g);
+    g4_mapped_file mf;
+    if (g4_map_file(path, &mf, err)) return -1;
+    int fi = g4_tensor_set_add_file(&g->set, mf, path, err);
+    if (fi < 0) return -1;
+    cursor c = {mf.data, mf.data + mf.size, path, err, 0};
+    if (mf.size < 24 || memcmp(mf.data, "GGUF", 4)) {
+        g4_gguf_free(g);
+        return g4_fail(err, "%s: not a GGUF file", path);
+    }
+    c.p += 4;
+    uint32_t version = (uint32_t)rd(&c, 4);
+    if (version != 2 && version != 3) {
+        g4_gguf_free(g);
+        if (!(version & 0xffff)) return g4_fail(err, "%s: a big-endian GGUF file is not supported", path);
+        return g4_fail(err, "%s: GGUF version %u is not supported (2 or 3)", path, version);
+    }
+    g->version = (int)version;
+    int64_t n_tensors = (int64_t)rd(&c, 8), n_kv = (int64_t)rd(&c, 8);
+    if (n_tensors < 0 || n_kv < 0 || n_tensors > (int64_t)(mf.size / 16) || n_kv > (int64_t)(mf.size / 12)) {
+        g4_gguf_free(g);
+        return g4_fail(err, "%s: GGUF header counts %lld tensors and %lld keys, more than the file holds", path,
+                       (long long)n_tensors, (long long)n_kv);
+    }
+    g->meta = json_object();
+    if (!g->meta) goto oom;
+    for (int64_t i = 0; i < n_kv && !c.failed; i++) {
+        uint64_t kl;
+        const char *k = rd_str(&c, &kl);
+        int type = (int)rd(&c, 4);
+        if (c.failed) break;
+        char key[256];
+        if (kl == 0 || kl >= sizeof key || memchr(k, 0, kl)) {
+            g4_fail(err, "%s: GGUF key %lld is empty, too long or holds a NUL", path, (long long)i);
+            goto fail;
+        }
+        memcpy(key, k, kl);
+        key[kl] = 0;
+        if (json_object_get(g->meta, key)) {
+            g4_fail(err, "%s: GGUF key '%s' appears twice", path, key);
+            goto fail;
+        }
+        json_t *v = rd_value(&c, type);
+        if (!v) break;
+        if (json_object_set_new(g->meta, key, v)) goto oom;
+    }
+    if (c.failed) goto fail;
+    g->alignment = 32;
+    const json_t *al = json_object_get(g->meta, "general.alignment");
+    if (al) {
+        json_int_t a = json_is_integer(al) ? json_integer_value(al) : 0;
+        if (a <= 0 || a > (1 << 20) || (a & (a - 1))) {
+            g4_fail(err, "%s: general.alignment must be a power of two", path);
+            goto fail;
+        }
+        g->alignment = (size_t)a;
+    }
+    /* tensor infos: data offsets are checked once the data start is known */
+    uint64_t *offs = calloc((size_t)n_tensors + 1, sizeof *offs);
+    if (!offs) goto oom;
+    for (int64_t i = 0; i < n_tensors && !c.failed; i++) {
+        uint64_t nl;
+        const char *nm = rd_str(&c, &nl);
+        uint32_t nd = (uint32_t)rd(&c, 4);
+        if (c.failed) break;
+        char name[256];
+        if (nl == 0 || nl >= sizeof name || memchr(nm, 0, nl) || nd < 1 || nd > 4) {
+            g4_fail(err, "%s: tensor info %lld has a bad name or %u dimensions", path, (long long)i, nd);
+            c.failed = 1;
+            break;
+        }
+        memcpy(name, nm, nl);
+        name[nl] = 0;
+        g4_tensor t = {.name = name, .ndim = (int)nd};
+        uint64_t numel = 1;
+        for (uint32_t d = 0; d < nd; d++) {
+            int64_t ne = (int64_t)rd(&c, 8);
+            if (ne < 0 || ne > ((int64_t)1 << 40) || (ne && numel > (UINT64_MAX >> 24) / (uint64_t)ne)) {
+                g4_fail(err, "%s: tensor '%s' has a bad dimension", path, name);
+                c.failed = 1;
+                break;
+            }
+            t.shape[nd - 1 - d] = ne;
+            numel *= (uint64_t)ne;
+        }
+        int gt = (int)rd(&c, 4);
+        offs[i] = rd(&c, 8);
+        if (c.failed) break;
+        t.dtype = g4_gguf_dtype(gt);
+        if (t.dtype) {
+            t.nbytes = g4_dtype_row_bytes(t.dtype, t.shape[nd - 1]) * (size_t)(numel / (uint64_t)(t.shape[nd - 1] ? t.shape[nd - 1] : 1));
+            if (t.shape[nd - 1] && !g4_dtype_row_bytes(t.dtype, t.shape[nd - 1])) {
+                g4_fail(err, "%s: tensor '%s' rows of %lld are not whole %s blocks", path, name,
+                        (long long)t.shape[nd - 1], g4_dtype_name(t.dtype));
+                c.failed = 1;
+                break;
+            }
+        }
+        if (g4_tensor_set_add(&g->set, &t, fi, err)) c.failed = 1;
+    }
+    if (!c.failed) {
+        size_t hdr = (size_t)(c.p - mf.data);
+        g->data_start = (hdr + g->alignment - 1) / g->alignment * g->alignment;
+        for (int i = 0; i < g->set.n_tensors; i++) {
+            g4_tensor *t = &g->set.tensors[i];
+            uint64_t o = offs[i];
+            if (o % g->alignment || g->data_start > mf.size || o > mf.size - g->data_start ||
+                t->nbytes > mf.size - g->data_start - o) {
+                g4_fail(err, "%s: tensor '%s' data (offset %llu, %zu bytes) is misaligned or outside the file", path,
+                        t->name, (unsigned long long)o, t->nbytes);
+                c.failed = 1;
+                break;
+            }
+            t->data = mf.data + g->data_start + o;
+        }
+    }
+    free(offs);
+    if (c.failed || g4_tensor_set_finish(&g->set, err)) goto fail;
+    return 0;
+oom:
+    g4_fail(err, "out of memory");
+fail:
+    g4_gguf_free(g);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- writer */
+static void grow(g4_gguf_writer *w, unsigned char **buf, size_t *len, size_t *cap, const void *src, size_t n) {
+    if (w->failed) return;
+    if (*len + n > *cap) {
+        size_t nc = *cap ? *cap * 2 : 4096;
+        while (nc < *len + n) nc *= 2;
+        unsigned char *nb = realloc(*buf, nc);
+        if (!nb) {
+            w->failed = 1;
+            return;
+        }
+        *buf = nb;
+        *cap = nc;
+    }
+    memcpy(*buf + *len, src, n);
+    *len += n;
+}
+
+#define KV(src, n) grow(w, &w->kv, &w->kv_len, &w->kv_cap, (src), (n))
+#define TI(src, n) grow(w, &w->ti, &w->ti_len, &w->ti_cap, (src), (n))
+
+static void kv_str(g4_gguf_writer *w, const char *s) {
+    uint64_t n = strlen(s);
+    KV(&n, 8);
+    KV(s, (size_t)n);
+}
+
+static void kv_head(g4_gguf_writer *w, const char *key, uint32_t type) {
+    kv_str(w, key);
+    KV(&type, 4);
+    w->n_kv++;
+}
+
+void g4_gguf_writer_free(g4_gguf_writer *w) {
+    free(w->kv);
+    free(w->ti);
+    memset(w, 0, sizeof *w);
+}
+
+void g4_gguf_add_u32(g4_gguf_writer *w, const char *key, uint32_t v) {
+    kv_head(w, key, G4_GGUF_U32);
+    KV(&v, 4);
+}
+void g4_gguf_add_i32(g4_gguf_writer *w, const char *key, int32_t v) {
+    kv_head(w, key, G4_GGUF_I32);
+    KV(&v, 4);
+}
+void g4_gguf_add_f32(g4_gguf_writer *w, const char *key, float v) {
+    kv_head(w, key, G4_GGUF_F32);
+    KV(&v, 4);
+}
+void g4_gguf_add_bool(g4_gguf_writer *w, const char *key, int v) {
+    unsigned char b = v != 0;
+    kv_head(w, key, G4_GGUF_BOOL);
+    KV(&b, 1);
+}
+void g4_gguf_add_str(g4_gguf_writer *w, const char *key, const char *v) {
+    kv_head(w, key, G4_GGUF_STR);
+    kv_str(w, v);
+}
+
+/* values: int32_t[] for I32/U32, float[] for F32, int[] for BOOL */
+void g4_gguf_add_arr(g4_gguf_writer *w, const char *key, int elem_type, const void *values, size_t n) {
+    kv_head(w, key, G4_GGUF_ARR);
+    uint32_t et = (uint32_t)elem_type;
+    uint64_t cnt = n;
+    KV(&et, 4);
+    KV(&cnt, 8);
+    for (size_t i = 0; i < n; i++) {
+        if (elem_type == G4_GGUF_BOOL) {
+            unsigned char b = ((const int *)values)[i] != 0;
+            KV(&b, 1);
+        } else {
+            KV((const unsigned char *)values + 4 * i, 4);
+        }
+    }
+}
+
+void g4_gguf_add_str_arr(g4_gguf_writer *w, const char *key, const char *const *values, size_t n) {
+    kv_head(w, key, G4_GGUF_ARR);
+    uint32_t et = G4_GGUF_STR;
+    uint64_t cnt = n;
+    KV(&et, 4);
+    KV(&cnt, 8);
+    for (size_t i = 0; i < n; i++) kv_str(w, values[i]);
+}
+
+static size_t pad_to(size_t n) { return (n + G4_GGUF_ALIGN - 1) / G4_GGUF_ALIGN * G4_GGUF_ALIGN; }
+
+size_t g4_gguf_add_tensor(g4_gguf_writer *w, const char *name, g4_dtype t, int ndim, const int64_t *shape) {
+    uint64_t nl = strlen(name);
+    uint32_t nd = (uint32_t)ndim, type = (uint32_t)g4_gguf_type_of(t);
+    TI(&nl, 8);
+    TI(name, (size_t)nl);
+    TI(&nd, 4);
+    int64_t rows = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        TI(&shape[d], 8);
+        if (d < ndim - 1) rows *= shape[d];
+    }
+    TI(&type, 4);
+    uint64_t off = w->data_size;
+    TI(&off, 8);
+    size_t bytes = g4_dtype_row_bytes(t, shape[ndim - 1]) * (size_t)rows;
+    w->data_size += pad_to(bytes);
+    w->n_tensors++;
+    return bytes;
+}
+
+int g4_gguf_write_header(g4_gguf_writer *w, FILE *f, g4_error *err) {
+    if (w->failed) return g4_fail(err, "out of memory");
+    uint32_t version = 3;
+    size_t hdr = 4 + 4 + 8 + 8 + w->kv_len + w->ti_len;
+    static const unsigned char zeros[G4_GGUF_ALIGN];
+    if (fwrite("GGUF", 1, 4, f) != 4 || fwrite(&version, 4, 1, f) != 1 || fwrite(&w->n_tensors, 8, 1, f) != 1 ||
+        fwrite(&w->n_kv, 8, 1, f) != 1 || fwrite(w->kv, 1, w->kv_len, f) != w->kv_len ||
+        fwrite(w->ti, 1, w->ti_len, f) != w->ti_len || fwrite(zeros, 1, pad_to(hdr) - hdr, f) != pad_to(hdr) - hdr)
+        return g4_fail(err, "cannot write the GGUF header");
+    return 0;
+}
+
+int g4_gguf_write_data(FILE *f, const void *data, size_t n, g4_error *err) {
+    if (n && fwrite(data, 1, n, f) != n) return g4_fail(err, "cannot write tensor data");
+    return 0;
+}
+
+int g4_gguf_write_pad(FILE *f, size_t size, g4_error *err) {
+    static const unsigned char zeros[G4_GGUF_ALIGN];
+    size_t p = pad_to(size) - size;
+    if (p && fwrite(zeros, 1, p, f) != p) return g4_fail(err, "cannot write tensor data");
+    return 0;
+}

@@ -1,0 +1,192 @@
+/* GGUF v3 files (docs/formats.md 3.1, 3.3) and MLX folders (2): the writer's layout read
+ * back by the reader (metadata of every written type, tensor shapes reversed, offsets
+ * aligned), corrupt and hostile files rejected with one-line errors, Gemma 4 tensor names
+ * both ways, MLX weight/scales/biases adopted as one tensor with checks. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/quant.h"
+#include "formats/gguf_gemma4.h"
+#include "formats/mlx.h"
+
+static size_t file_size(const char *p) {
+    FILE *f = fopen(p, "rb");
+    fseek(f, 0, SEEK_END);
+    size_t n = (size_t)ftell(f);
+    fclose(f);
+    return n;
+}
+
+static void write_sample(const char *path) {
+    g4_gguf_writer w = {0};
+    g4_gguf_add_str(&w, "general.architecture", "gemma4");
+    g4_gguf_add_u32(&w, "k.u32", 7);
+    g4_gguf_add_i32(&w, "k.i32", -3);
+    g4_gguf_add_f32(&w, "k.f32", 0.5f);
+    g4_gguf_add_bool(&w, "k.bool", 1);
+    int32_t arr[3] = {1, -2, 3};
+    g4_gguf_add_arr(&w, "k.arr", G4_GGUF_I32, arr, 3);
+    const char *strs[2] = {"a b", "\xe2\x96\x81x"};
+    g4_gguf_add_str_arr(&w, "k.strs", strs, 2);
+    int64_t s1[2] = {3, 64}, s2[1] = {5};
+    float v1[3 * 64], v2[5] = {1, 2, 3, 4, 5};
+    for (int i = 0; i < 3 * 64; i++) v1[i] = (float)i / 10.0f;
+    unsigned char q[3 * 68];
+    size_t b1 = g4_gguf_add_tensor(&w, "t.q8", G4_Q8_0, 2, s1);
+    size_t b2 = g4_gguf_add_tensor(&w, "t.f32", G4_F32, 1, s2);
+    CHECK(b1 == 3 * 68 && b2 == 20);
+    for (int r = 0; r < 3; r++) g4_quant(G4_Q8_0, v1 + 64 * r, q + 68 * r, 64);
+    FILE *f = fopen(path, "wb");
+    g4_error err;
+    CHECK(g4_gguf_write_header(&w, f, &err) == 0);
+    CHECK(g4_gguf_write_data(f, q, b1, &err) == 0 && g4_gguf_write_pad(f, b1, &err) == 0);
+    CHECK(g4_gguf_write_data(f, v2, b2, &err) == 0 && g4_gguf_write_pad(f, b2, &err) == 0);
+    fclose(f);
+    g4_gguf_writer_free(&w);
+}
+
+static void test_round_trip(const char *path) {
+    g4_gguf g;
+    g4_error err;
+    CHECKF(g4_gguf_open(path, &g, &err) == 0, "%s", err.msg);
+    CHECK(g4_gguf_is_file(path));
+    CHECK(json_integer_value(json_object_get(g.meta, "k.u32")) == 7);
+    CHECK(json_integer_value(json_object_get(g.meta, "k.i32")) == -3);
+    CHECK(json_real_value(json_object_get(g.meta, "k.f32")) == 0.5);
+    CHECK(json_is_true(json_object_get(g.meta, "k.bool")));
+    CHECK(json_integer_value(json_array_get(json_object_get(g.meta, "k.arr"), 1)) == -2);
+    CHECK(!strcmp(json_string_value(json_array_get(json_object_get(g.meta, "k.strs"), 0)), "a b"));
+    const g4_tensor *t = g4_tensor_set_find(&g.set, "t.q8");
+    CHECK(t && t->dtype == G4_Q8_0 && t->ndim == 2 && t->shape[0] == 3 && t->shape[1] == 64);
+    if (t) {
+        CHECK(((size_t)((const unsigned char *)t->data - g.set.files[0].data)) % 32 == 0);
+        float row[64];
+        g4_dequant_row(t, 2, row);
+        CHECK(row[0] > 12.7f && row[0] < 12.9f); /* 128/10 */
+    }
+    const g4_tensor *f = g4_tensor_set_find(&g.set, "t.f32");
+    CHECK(f && f->dtype == G4_F32 && ((const float *)f->data)[4] == 5.0f);
+    g4_gguf_free(&g);
+}
+
+/* Corrupt copies of the sample: each fails with a message, none crashes. */
+static void test_corrupt(const char *path) {
+    size_t n = file_size(path);
+    unsigned char *b = malloc(n);
+    FILE *f = fopen(path, "rb");
+    CHECK(fread(b, 1, n, f) == n);
+    fclose(f);
+    const char *bad = g4t_tmp("bad.gguf");
+    struct {
+        const char *what;
+        size_t at;
+        unsigned char val;
+        size_t len; /* truncate to this length when nonzero */
+    } cases[] = {
+        {"magic", 0, 'X', 0},          {"version", 4, 9, 0},          {"big-endian", 4, 0, 0},
+        {"tensor count", 15, 0x7f, 0}, {"kv count", 23, 0x7f, 0},     {"key length", 31, 0x7f, 0},
+        {"truncated header", 0, 0, 40}, {"truncated data", 0, 0, n - 16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        unsigned char *c = malloc(n);
+        memcpy(c, b, n);
+        size_t len = cases[i].len ? cases[i].len : n;
+        if (!cases[i].len) {
+            if (!strcmp(cases[i].what, "big-endian")) c[4] = 0, c[5] = 0, c[6] = 0, c[7] = 3;
+            else c[cases[i].at] = cases[i].val;
+        }
+        f = fopen(bad, "wb");
+        fwrite(c, 1, len, f);
+        fclose(f);
+        g4_gguf g;
+        g4_error err = {{0}};
+        CHECKF(g4_gguf_open(bad, &g, &err) != 0 && err.msg[0] && !strchr(err.msg, '\n'), "%s accepted", cases[i].what);
+        free(c);
+    }
+    /* every single-byte flip of the header: clean success or clean failure */
+    size_t hdr = n < 600 ? n : 600;
+    for (size_t i = 0; i < hdr; i++) {
+        unsigned char *c = malloc(n);
+        memcpy(c, b, n);
+        c[i] ^= 0xA5;
+        f = fopen(bad, "wb");
+        fwrite(c, 1, n, f);
+        fclose(f);
+        g4_gguf g;
+        g4_error err = {{0}};
+        if (g4_gguf_open(bad, &g, &err) == 0) g4_gguf_free(&g);
+        else CHECKF(err.msg[0] != 0, "flip at %zu: no message", i);
+        free(c);
+    }
+    free(b);
+}
+
+static void test_names(void) {
+    char out[256], back[256];
+    static const char *hf[] = {"embed_tokens.weight", "layers.3.self_attn.q_proj.weight", "layers.0.layer_scalar",
+                               "layers.12.experts.gate_up_proj", "layers.1.router.per_expert_scale",
+                               "lm_head.weight", "layers.7.per_layer_projection.weight"};
+    for (size_t i = 0; i < sizeof hf / sizeof hf[0]; i++) {
+        CHECKF(g4_gemma4_gguf_name(hf[i], out, sizeof out) == 0, "%s", hf[i]);
+        CHECKF(g4_gemma4_hf_name(out, back, sizeof back) == 0 && !strcmp(back, hf[i]), "%s -> %s -> %s", hf[i], out, back);
+    }
+    CHECK(g4_gemma4_gguf_name("layers.3.self_attn.q_proj.weight", out, sizeof out) == 0 &&
+          !strcmp(out, "blk.3.attn_q.weight"));
+    CHECK(g4_gemma4_hf_name("rope_freqs.weight", out, sizeof out) != 0);
+    CHECK(g4_gemma4_hf_name("blk.x.attn_q.weight", out, sizeof out) != 0);
+}
+
+/* MLX: a 4-bit [2, 64] weight (group 32) with its scales and biases becomes one tensor. */
+static void test_mlx(void) {
+    g4_tensor_set set = {0};
+    g4_error err;
+    uint32_t w[2 * 8];
+    uint16_t sc[4], bi[4];
+    float x[64], y[64];
+    for (int i = 0; i < 64; i++) x[i] = (float)i / 8.0f - 4.0f;
+    g4_mlx_quant_row(4, 32, x, 64, w, sc, bi, G4_BF16);
+    g4_mlx_quant_row(4, 32, x, 64, w + 8, sc + 2, bi + 2, G4_BF16);
+    g4_tensor tw = {.name = "language_model.model.layers.0.mlp.up_proj.weight", .dtype = G4_U32, .ndim = 2,
+                    .shape = {2, 8}, .data = w};
+    g4_tensor ts = {.name = "language_model.model.layers.0.mlp.up_proj.scales", .dtype = G4_BF16, .ndim = 2,
+                    .shape = {2, 2}, .data = sc};
+    g4_tensor tb = {.name = "language_model.model.layers.0.mlp.up_proj.biases", .dtype = G4_BF16, .ndim = 2,
+                    .shape = {2, 2}, .data = bi};
+    CHECK(g4_tensor_set_add(&set, &tw, 0, &err) == 0 && g4_tensor_set_add(&set, &ts, 0, &err) == 0 &&
+          g4_tensor_set_add(&set, &tb, 0, &err) == 0 && g4_tensor_set_finish(&set, &err) == 0);
+    CHECK(g4_mlx_detect(&set));
+    json_t *q = json_pack("{s:i,s:i}", "group_size", 32, "bits", 4);
+    CHECKF(g4_mlx_adopt(&set, q, &err) == 0, "%s", err.msg);
+    const g4_tensor *t = g4_tensor_set_find(&set, "model.language_model.layers.0.mlp.up_proj.weight");
+    CHECK(set.n_tensors == 1 && t && t->dtype == G4_MLX4 && t->shape[1] == 64 && t->group == 32);
+    if (t) {
+        g4_dequant_row(t, 1, y);
+        float e = 0;
+        for (int i = 0; i < 64; i++) e = e > (y[i] - x[i]) * (y[i] - x[i]) ? e : (y[i] - x[i]) * (y[i] - x[i]);
+        CHECK(e < 0.02f);
+    }
+    g4_tensor_set_free(&set);
+    /* the same tensors read as 8-bit do not fit: a clear error */
+    set = (g4_tensor_set){0};
+    g4_tensor_set_add(&set, &tw, 0, &err);
+    g4_tensor_set_add(&set, &ts, 0, &err);
+    g4_tensor_set_add(&set, &tb, 0, &err);
+    g4_tensor_set_finish(&set, &err);
+    json_t *q8 = json_pack("{s:i,s:i}", "group_size", 32, "bits", 8);
+    CHECK(g4_mlx_adopt(&set, q8, &err) != 0 && strstr(err.msg, "do not fit"));
+    g4_tensor_set_free(&set);
+    json_decref(q);
+    json_decref(q8);
+}
+
+int main(void) {
+    const char *path = g4t_tmp("sample.gguf");
+    write_sample(path);
+    test_round_trip(path);
+    test_corrupt(path);
+    test_names();
+    test_mlx();
+    return g4t_done();
+}

@@ -1,0 +1,48 @@
+#!/bin/bash
+# -m FILE.gguf and gemma4c quantize end to end on the shipped example model: a BF16 GGUF
+# written by quantize (weights, tokenizer from tokenizer.json, chat template) tokenizes (its tokenizer
+# cached like a tokenizer.json),
+# computes logits, generates and chats exactly like the folder it came from (BF16 holds the
+# same values); Q8_0 / Q4_0 / Q6_K GGUF files and MLX 4-bit folders load and
+# generate;
+# bad arguments and corrupt files fail with one line.
+set -u
+bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP:-/tmp}/gguf-cli
+fail=0
+check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+
+rm -rf "$tmp"; mkdir -p "$tmp"
+tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp" || { echo "cannot unpack the example model"; exit 1; }
+m=$tmp/tolstoy-tiny g=$tmp/tt-bf16.gguf
+"$bin" quantize "$m" "$g" --type bf16; check $? "quantize to a BF16 GGUF"
+
+text=$(printf 'Pierre said: "Natasha, \302\253\303\247a va\302\273?"\n  Then   \360\237\230\200 <|turn>user')
+[ "$("$bin" tokenize -m "$m" -p "$text")" = "$("$bin" tokenize -m "$g" -p "$text")" ]
+check $? "the GGUF's tokenizer gives the folder's ids"
+export G4_TOKENIZER_CACHE_DIR=$tmp/tok-cache
+first=$("$bin" tokenize -m "$g" -p "$text") && [ -n "$(ls "$tmp/tok-cache")" ] && second=$("$bin" tokenize -m "$g" -p "$text")
+[ $? = 0 ] && [ "$first" = "$second" ] && [ "$first" = "$("$bin" tokenize -m "$m" -p "$text")" ]
+check $? "the GGUF's tokenizer is cached and the cached one gives the same ids"
+unset G4_TOKENIZER_CACHE_DIR
+
+ids=$("$bin" tokenize -m "$m" -p "The old prince")
+"$bin" logits -m "$m" --ids "$ids" -o "$tmp/a.f32" && "$bin" logits -m "$g" --ids "$ids" -o "$tmp/b.f32"
+cmp -s "$tmp/a.f32" "$tmp/b.f32"; check $? "identical logits from the folder and the BF16 GGUF"
+
+a=$("$bin" run -m "$m" -p "Who is Pierre?" -n 24 --temp 0); b=$("$bin" run -m "$g" -p "Who is Pierre?" -n 24 --temp 0)
+[ -n "$a" ] && [ "$a" = "$b" ]; check $? "a chat turn through the GGUF's template gives the folder's answer"
+
+for t in q8_0 q4_0 q6_k mlx4; do
+    case $t in mlx*) out=$tmp/tt-$t ;; *) out=$tmp/tt-$t.gguf ;; esac
+    "$bin" quantize "$m" "$out" --type $t && got=$("$bin" generate -m "$out" --ids "$ids" -n 8 --temp 0 --ignore-eos)
+    check $? "$t: quantize, load, generate ($got)"
+done
+
+"$bin" quantize "$m" "$tmp/x.gguf" --type q3_x 2>"$tmp/err"; [ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ]
+check $? "an unknown type is one line: $(cat "$tmp/err")"
+head -c 100000 "$g" >"$tmp/cut.gguf"
+"$bin" generate -m "$tmp/cut.gguf" --ids 2 -n 1 2>"$tmp/err"; [ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ]
+check $? "a truncated GGUF is one line: $(cat "$tmp/err")"
+"$bin" quantize --random "$m/config.json" "$tmp/r.gguf" --type q4_0 && "$bin" bench -m "$tmp/r.gguf" -p 8 -n 4 -r 1 >"$tmp/bench.txt"
+grep -q "GB/s" "$tmp/bench.txt"; check $? "random weights for a config, benchmarked"
+exit $fail
