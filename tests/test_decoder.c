@@ -278,11 +278,12 @@ static void check_model(const char *label, const char *model_dir, const referenc
     g4_model_free(model);
 }
 
-/* Full-forward logits [T, V] of a model file or folder; NULL on failure. */
+/* Full-forward logits [T, V] of a quantized model file or folder, on the CPU (the CUDA backend reads no
+ * quantized types); NULL on failure. */
 static float *full_logits(const char *model, const reference *r, int *V) {
     g4_error err;
     g4_model *m;
-    g4_load_params lp = {.n_threads = test_threads()};
+    g4_load_params lp = {.n_threads = test_threads(), .device = "cpu"};
     if (g4_model_load(model, &lp, &m, &err)) {
         CHECKF(0, "%s: %s", model, err.msg);
         return NULL;

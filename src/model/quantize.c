@@ -641,7 +641,7 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
     if (j.kind == OUT_GGUF && !ends_with(p->out, ".gguf")) return g4_fail(err, "%s: a GGUF output must end in .gguf", p->out);
     if (j.group != 32 && j.group != 64 && j.group != 128) return g4_fail(err, "--group must be 32, 64 or 128");
     if (p->in) {
-        g4_load_params lp = {.n_threads = 1};
+        g4_load_params lp = {.n_threads = 1, .device = "cpu"}; /* reads the weights where they lie: on the host */
         if (g4_model_load(p->in, &lp, &j.model, err)) return -1;
         j.cfg = j.model->cfg;
     } else {
