@@ -10,8 +10,7 @@ set -u
 bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; build=${G4_BUILD_DIR:?}; shared=${G4_SHARED_DIR:?}
 tmp=${G4_TMP:-/tmp}/api_examples
 py=${G4_PYTHON:-/usr/bin/python3}
-fail=0
-check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+. "$(cd "$(dirname "$0")" && pwd)/cli_check.sh" # check, expect_error
 
 rm -rf "$tmp"; mkdir -p "$tmp"
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp" || { echo "cannot unpack the example model"; exit 1; }

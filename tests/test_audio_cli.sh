@@ -6,8 +6,7 @@
 set -u
 bin=${G4_BIN:?}; shared=${G4_SHARED_DIR:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP:-/tmp}/audio-cli
 here=$(cd "$(dirname "$0")" && pwd)
-fail=0
-check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+. "$(cd "$(dirname "$0")" && pwd)/cli_check.sh" # check, expect_error
 rm -rf "$tmp"; mkdir -p "$tmp"
 fx=$shared/fixtures/audio
 wav=$fx/audio0.wav
@@ -25,13 +24,6 @@ prompt=$(python3 "$here/cli_compare.py" prompt "$fx"); want=$(python3 "$here/cli
 got=$("$bin" generate -m "$fx" --ids "$prompt" --audio "$wav" -n 24 --temp 0 --ignore-eos)
 [ "$got" = "$want" ]; check $? "generate --audio: the 24 greedy ids of the reference ($got)"
 
-expect_error() {
-    local what=$1; shift
-    out=$("$@" 2>"$tmp/err.txt"); rc=$?
-    lines=$(wc -l <"$tmp/err.txt")
-    [ $rc -ne 0 ] && [ "$lines" = 1 ] && [ -z "$out" ]
-    check $? "$what: exit $rc, $(head -c 200 "$tmp/err.txt")"
-}
 printf 'RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00garbage' >"$tmp/corrupt.wav"
 : >"$tmp/empty.wav"
 expect_error "corrupt file" "$bin" encode-audio -m "$fx" --audio "$tmp/corrupt.wav" -o "$tmp/x.f32"

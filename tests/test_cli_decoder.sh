@@ -6,8 +6,7 @@
 set -u
 bin=${G4_BIN:?}; shared=${G4_SHARED_DIR:?}; tmp=${G4_TMP:-/tmp}
 here=$(cd "$(dirname "$0")" && pwd)
-fail=0
-check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+. "$(cd "$(dirname "$0")" && pwd)/cli_check.sh" # check, expect_error
 
 for fx in dense-ple dense-keqv moe; do
     dir=$shared/fixtures/$fx
@@ -22,13 +21,6 @@ for fx in dense-ple dense-keqv moe; do
 done
 
 # bad input: non-zero exit, one line on stderr, nothing on stdout
-expect_error() {
-    local what=$1; shift
-    out=$("$@" 2>"$tmp/err.txt"); rc=$?
-    lines=$(wc -l <"$tmp/err.txt")
-    [ $rc -ne 0 ] && [ "$lines" = 1 ] && [ -z "$out" ]
-    check $? "$what: exit $rc, $(head -c 160 "$tmp/err.txt")"
-}
 dir=$shared/fixtures/dense-ple
 expect_error "missing model folder" "$bin" logits -m "$tmp/nope" --ids 2,3 -o "$tmp/x.f32"
 expect_error "malformed ids" "$bin" generate -m "$dir" --ids 2,,3

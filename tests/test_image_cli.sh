@@ -6,8 +6,7 @@
 set -u
 bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; shared=${G4_SHARED_DIR:?}; tmp=${G4_TMP:-/tmp}/image_cli
 here=$(cd "$(dirname "$0")" && pwd)
-fail=0
-check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+. "$(cd "$(dirname "$0")" && pwd)/cli_check.sh" # check, expect_error
 rm -rf "$tmp"; mkdir -p "$tmp"
 fx=$shared/fixtures/vision
 img0=$fx/image0.png; img1=$fx/image1.png
@@ -38,13 +37,6 @@ size=$(stat -c %s "$tmp/emb280.f32")
 check $? "encode-image --budget 280: $n soft tokens (the formula gives $want), $size bytes"
 
 # bad input: non-zero exit, one line on stderr, nothing on stdout
-expect_error() {
-    local what=$1; shift
-    out=$("$@" 2>"$tmp/err.txt"); rc=$?
-    lines=$(wc -l <"$tmp/err.txt")
-    [ $rc -ne 0 ] && [ "$lines" = 1 ] && [ -z "$out" ]
-    check $? "$what: exit $rc, $(head -c 200 "$tmp/err.txt")"
-}
 printf 'not an image at all\n' >"$tmp/text.png"
 head -c 3000 "$img0" >"$tmp/cut.png"
 : >"$tmp/empty.jpg"

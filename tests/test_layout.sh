@@ -4,8 +4,7 @@
 # server/server.h), and libgemma4c.so exports exactly the functions gemma4c.h declares with G4_API.
 set -u
 src=${G4_SOURCE_DIR:?}; lib=${G4_LIB:?}
-fail=0
-check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+. "$(cd "$(dirname "$0")" && pwd)/cli_check.sh" # check, expect_error
 
 # quoted includes of src/cli may name gemma4c.h or the CLI's own headers, nothing else
 bad=$(grep -HnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$src"/src/cli/*.[ch] |

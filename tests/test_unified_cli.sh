@@ -8,8 +8,7 @@
 set -u
 bin=${G4_BIN:?}; shared=${G4_SHARED_DIR:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP:-/tmp}/unified-cli
 here=$(cd "$(dirname "$0")" && pwd)
-fail=0
-check() { if [ "$1" = 0 ]; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi; }
+. "$(cd "$(dirname "$0")" && pwd)/cli_check.sh" # check, expect_error
 rm -rf "$tmp"; mkdir -p "$tmp"
 fx=$shared/fixtures/unified
 img0=$fx/image0.png; img1=$fx/image1.png; wav=$fx/audio0.wav
@@ -55,13 +54,6 @@ out=$("$bin" encode-audio -m "$fx" --audio "$tmp/long.wav" -o "$tmp/long.f32")
 size=$(stat -c %s "$tmp/long.f32")
 [ "$size" = $((776 * 128 * 4)) ]; check $? "31 s of audio: 776 soft tokens in one block ($out)"
 
-expect_error() {
-    local what=$1; shift
-    out=$("$@" 2>"$tmp/err.txt"); rc=$?
-    lines=$(wc -l <"$tmp/err.txt")
-    [ $rc -ne 0 ] && [ "$lines" = 1 ] && [ -z "$out" ]
-    check $? "$what: exit $rc, $(head -c 200 "$tmp/err.txt")"
-}
 expect_error "placeholders and images disagree" "$bin" logits -m "$fx" --ids "$ids" --image "$img0" -o "$tmp/x.f32"
 expect_error "a prompt without the audio's placeholder" "$bin" generate -m "$fx" --ids 2,5 --audio "$wav" -n 2
 expect_error "a missing image" "$bin" encode-image -m "$fx" --image "$tmp/nope.png" -o "$tmp/x.f32"
