@@ -513,10 +513,6 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
             if (m->random || g4_tensor_set_find(&m->weights, fused) ||
                 (b.collect && !g4_tensor_set_find(&m->weights, gate))) {
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_up_proj", l), E, 2 * (int64_t)Im, H);
-            } else if (!b.collect && !m->be->ops->host_memory) { /* only the CPU's moe op reads them apart */
-                g4_fail(err, "%s: experts with gate and up apart (%s) run on the CPU only, not on %s", m->dir, gate,
-                        m->be->ops->name);
-                b.failed = 1;
             } else { /* MLX and some GGUF files keep gate and up apart */
                 y->experts_gate_up = bind3(&b, NAME("layers.%d.experts.gate_proj", l), E, Im, H);
                 y->experts_up = bind3(&b, NAME("layers.%d.experts.up_proj", l), E, Im, H);

@@ -183,12 +183,20 @@ static int cu_check(g4_backend *be, g4_error *err) {
 /* ---------------------------------------------------------------- weights */
 static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     g4c *c = g4c_of(be);
-    if (src->dtype != G4_BF16 && src->dtype != G4_F16 && src->dtype != G4_F32)
-        return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16 and F32 weights, not %s", src->name,
-                       g4_dtype_name(src->dtype));
+    const int quant = g4_dtype_is_quantized(src->dtype);
+    if (quant ? !g4c_quant_supported(src->dtype)
+              : src->dtype != G4_BF16 && src->dtype != G4_F16 && src->dtype != G4_F32)
+        return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16, F32, Q8_0, Q4_0, Q4_K, Q6_K, MLX4 and MLX8 "
+                            "weights, not %s", src->name, g4_dtype_name(src->dtype));
     const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
     const int64_t rows = in > 0 ? g4_tensor_numel(src) / in : 0;
-    const size_t esz = (size_t)g4_dtype_bits(src->dtype) / 8, row_bytes = g4c_row_bytes(src->dtype, in);
+    if (quant && (g4_dtype_is_mlx(src->dtype) ? (src->group != 32 && src->group != 64 && src->group != 128) ||
+                                                    in % src->group ||
+                                                    (src->data && (!src->scales || !src->biases))
+                                              : in % g4_dtype_block(src->dtype)))
+        return g4_fail(err, "tensor '%s': rows of %lld elements are not whole %s blocks (or MLX groups of 32/64/128)",
+                       src->name, (long long)in, g4_dtype_name(src->dtype));
+    const size_t esz = quant ? 0 : (size_t)g4_dtype_bits(src->dtype) / 8, row_bytes = g4c_wrow_bytes(src);
     const size_t bytes = (size_t)rows * row_bytes;
     void *d = NULL;
     cudaError_t e = cudaMalloc(&d, bytes ? bytes : 16);
@@ -200,7 +208,12 @@ static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
                             "are free on %s",
                        src->name, (double)bytes / 1e6, (double)free_b / 1e9, (double)total / 1e9, c->prop.name);
     }
-    if (src->data) {
+    if (src->data && quant) {
+        if (g4c_upload_quant(c, src, d, rows, row_bytes, err)) {
+            cudaFree(d);
+            return -1;
+        }
+    } else if (src->data) {
         if (row_bytes == (size_t)in * esz) {
             e = cudaMemcpyAsync(d, src->data, bytes, cudaMemcpyHostToDevice, c->stream);
         } else { /* padded rows: zeros, then the rows */
@@ -211,7 +224,10 @@ static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
         }
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     } else if (rows > 0) {
-        g4c_fill_random(c, d, src->dtype, rows, in, row_bytes, g4_name_seed(src->name));
+        if (quant)
+            g4c_fill_random_quant(c, d, src, rows, row_bytes, g4_name_seed(src->name));
+        else
+            g4c_fill_random(c, d, src->dtype, rows, in, row_bytes, g4_name_seed(src->name));
         e = cudaGetLastError();
     }
     if (e != cudaSuccess) {
@@ -221,6 +237,7 @@ static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
     *dst = *src;
     dst->data = d;
     dst->nbytes = bytes;
+    dst->scales = dst->biases = NULL; /* in the rows */
     return 0;
 }
 
@@ -315,7 +332,7 @@ static void cu_free(g4_backend *be) {
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     g4c_blas_free(c);
-    g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_attn, &c->ws_moe};
+    g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_attn, &c->ws_moe, &c->ws_deq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     for (int i = 0; i < c->n_retired; i++) cudaFree(c->retired[i]);

@@ -49,6 +49,7 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
 
 int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out) {
     memset(out, 0, sizeof *out);
+    if (g4_dtype_is_quantized(t)) t = G4_BF16; /* quantized weights are decoded to bf16 tiles (g4c_gemm_run) */
     out->n = n;
     out->in = in;
     out->t = t;
@@ -74,19 +75,18 @@ static float elem(const void *p, size_t i, g4_dtype t) {
     return t == G4_BF16 ? g4_bf16_to_f32(h) : g4_f16_to_f32(h);
 }
 
-void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
+/* y[t, 0..m) (row stride ldc) = x' A^T for A [m, lda] of dtype t */
+static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc) {
     (void)c;
-    const int out = (int)w->shape[0];
-    const size_t ld = g4c_row_bytes(w->dtype, x->in) / (size_t)(g4_dtype_bits(w->dtype) / 8);
-    for (int t = 0; t < x->n; t++)
-        for (int r = 0; r < out; r++) {
+    for (int tk = 0; tk < x->n; tk++)
+        for (int r = 0; r < m; r++) {
             float s = 0.0f;
             for (int k = 0; k < x->in; k++) {
-                float xv = elem(x->hi, (size_t)t * x->in + k, x->t);
-                if (x->lo) xv += elem(x->lo, (size_t)t * x->in + k, x->t);
-                s += elem(w->data, (size_t)r * ld + k, w->dtype) * xv;
+                float xv = elem(x->hi, (size_t)tk * x->in + k, x->t);
+                if (x->lo) xv += elem(x->lo, (size_t)tk * x->in + k, x->t);
+                s += elem(A, (size_t)r * (size_t)lda + k, t) * xv;
             }
-            y[(size_t)t * out + r] = s;
+            y[(size_t)tk * ldc + r] = s;
         }
 }
 
@@ -116,28 +116,26 @@ static void blas_note(g4c *c, cublasStatus_t s, const char *what) {
     snprintf(c->error_what, sizeof c->error_what, "cuBLAS %s: %s", what, blas_status(s));
 }
 
-void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
+/* y[t, 0..m) (row stride ldc) = x' A^T for A [m, lda] of dtype t (f32 weights: an f32 product) */
+static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc) {
     cublasHandle_t h = (cublasHandle_t)c->blas;
-    const int out = (int)w->shape[0];
     const float one = 1.0f, zero = 0.0f;
-    if (w->dtype == G4_F32) {
-        const int lda = (int)(g4c_row_bytes(w->dtype, x->in) / 4);
+    if (t == G4_F32) {
         blas_note(c,
-                  cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, x->n, x->in, &one, (const float *)w->data, lda,
-                              (const float *)x->hi, x->in, &zero, y, out),
+                  cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, (const float *)A, lda,
+                              (const float *)x->hi, x->in, &zero, y, ldc),
                   "sgemm");
         return;
     }
-    const cudaDataType_t t = w->dtype == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    const int lda = (int)(g4c_row_bytes(w->dtype, x->in) / 2);
+    const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
     blas_note(c,
-              cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, x->n, x->in, &one, w->data, t, lda, x->hi, t, x->in,
-                           &zero, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, A, ct, lda, x->hi, ct, x->in, &zero, y,
+                           CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               "gemm");
     if (x->lo)
         blas_note(c,
-                  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, x->n, x->in, &one, w->data, t, lda, x->lo, t, x->in,
-                               &one, y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, A, ct, lda, x->lo, ct, x->in, &one, y,
+                               CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                   "gemm (low part)");
 }
 
@@ -165,3 +163,25 @@ void g4c_blas_free(g4c *c) {
     c->blas_ws = NULL;
 }
 #endif
+
+/* Plain weights are multiplied where they are; quantized ones a tile of rows at a time, decoded to bf16 in a
+ * workspace (at most DEQ_ELEMS weights). */
+#define DEQ_ELEMS ((size_t)32 << 20)
+void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
+    const int out = (int)w->shape[0];
+    if (!g4_dtype_is_quantized(w->dtype)) {
+        const int lda = (int)(g4c_row_bytes(w->dtype, x->in) / (size_t)(g4_dtype_bits(w->dtype) / 8));
+        gemm_rows(c, x, w->data, w->dtype, lda, out, y, out);
+        return;
+    }
+    size_t per = DEQ_ELEMS / (size_t)x->in;
+    if (per < 1) per = 1;
+    if (per > (size_t)out) per = (size_t)out;
+    uint16_t *tile = (uint16_t *)g4c_ws(c, &c->ws_deq, per * (size_t)x->in * 2);
+    if (!tile) return;
+    for (int r0 = 0; r0 < out; r0 += (int)per) {
+        const int m = out - r0 < (int)per ? out - r0 : (int)per;
+        g4c_dequant_bf16(c, w, r0, m, tile);
+        gemm_rows(c, x, tile, G4_BF16, x->in, m, y + r0, out);
+    }
+}

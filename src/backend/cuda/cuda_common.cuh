@@ -139,6 +139,237 @@ template <> struct g4_wload<G4_F32> {
     }
 };
 
+/* ---------------------------------------------------------------- quantized weights in device memory
+ * Supported: GGUF Q8_0, Q4_0, Q4_K, Q6_K and MLX affine 4 and 8 bit (core/quant.h has the file layouts). At
+ * upload every row is repacked (cuda_quant.cu) so that the codes of a row come first, in runs a lane reads with
+ * 16-byte loads, and the row's scales follow them (row bytes padded to 16). The bytes per weight stay those of
+ * the file. Device layouts, per row of `in` elements:
+ *   Q8_0: int8 codes [in]; f16 d [in/32]
+ *   Q4_0: per block of 32, 16 bytes (byte i = element i | element i+16 << 4, GGUF's order); f16 d [in/32]
+ *   Q4_K: per 32-element sub-block, 16 bytes as Q4_0; per 256-block its 16 bytes d, dmin, scales[12] (GGUF's)
+ *   Q6_K: per 64 elements 48 bytes: low nibbles of elements 0..31 and 32..63 (Q4_0 order), then byte j holds the
+ *         two high bits of elements j, j+16, j+32, j+48 (bits 0-1, 2-3, 4-5, 6-7); int8 scales [in/16] (one
+ *         per 16 elements, the file's order is already element order); f16 d [in/256]
+ *   MLX4 / MLX8: the file's LSB-first codes [in*bits/8]; per group (scale, bias) as a 16-bit pair (bf16 or f16,
+ *         as the file) or an f32 pair.
+ * An "access" is EPA elements a lane reads at once (QW 16-byte words of codes plus a word of scales); within
+ * it, segments of SEG elements share one scale a and offset b: w = a * v + b with v the code minus the type's
+ * zero point, so a segment's product is a * sum(v x) + b * sum(x) (b only where NEED_SUM). */
+typedef struct g4c_qrow {
+    int in;    /* elements of a row */
+    int group; /* MLX group (elements per scale) */
+    int sk;    /* MLX scale kind: 0 bf16, 1 f16, 2 f32 */
+} g4c_qrow;
+
+static inline int g4c_quant_supported(g4_dtype t) {
+    return t == G4_Q8_0 || t == G4_Q4_0 || t == G4_Q4_K || t == G4_Q6_K || t == G4_MLX4 || t == G4_MLX8;
+}
+
+/* Bytes of a device row of `in` elements of weight tensor w (plain types: padded to 8 elements). */
+static inline size_t g4c_qrow_bytes(g4_dtype t, int64_t in, int group, g4_dtype sdt) {
+    size_t b = 0;
+    const size_t n = (size_t)in, pair = sdt == G4_F32 ? 8 : 4;
+    switch (t) {
+    case G4_Q8_0: b = n + 2 * (n / 32); break;
+    case G4_Q4_0: b = n / 2 + 2 * (n / 32); break;
+    case G4_Q4_K: b = n / 2 + 16 * (n / 256); break;
+    case G4_Q6_K: b = n * 3 / 4 + n / 16 + 2 * (n / 256); break;
+    case G4_MLX4: b = n / 2 + (group > 0 ? n / (size_t)group : 0) * pair; break;
+    case G4_MLX8: b = n + (group > 0 ? n / (size_t)group : 0) * pair; break;
+    default: return 0;
+    }
+    return (b + 15) & ~(size_t)15;
+}
+static inline size_t g4c_row_bytes(g4_dtype t, int64_t in);
+static inline size_t g4c_wrow_bytes(const g4_tensor *w) {
+    const int64_t in = w->ndim ? w->shape[w->ndim - 1] : 1;
+    if (g4_dtype_is_quantized(w->dtype)) return g4c_qrow_bytes(w->dtype, in, w->group, w->scale_dtype);
+    return g4c_row_bytes(w->dtype, in);
+}
+static inline g4c_qrow g4c_qrow_of(const g4_tensor *w) {
+    g4c_qrow q;
+    q.in = (int)(w->ndim ? w->shape[w->ndim - 1] : 1);
+    q.group = w->group > 0 ? w->group : 32;
+    q.sk = w->scale_dtype == G4_F32 ? 2 : w->scale_dtype == G4_F16 ? 1 : 0;
+    return q;
+}
+
+static __device__ __forceinline__ unsigned g4_ld_u16(const unsigned char *p) { return *(const uint16_t *)p; }
+static __device__ __forceinline__ unsigned g4_ld_u32(const unsigned char *p) { return __ldg((const unsigned *)p); }
+static __device__ __forceinline__ uint4 g4_ld_u4(const unsigned char *p) { return __ldg((const uint4 *)p); }
+
+/* Four bytes of u (values < 256) as floats minus `zero`: each byte becomes the low mantissa byte of 2^23 (one
+ * byte permute), the subtraction of 2^23 + zero is exact. */
+static __device__ __forceinline__ void g4_bytes4(unsigned u, float zero, float *f) {
+    const float m = 8388608.0f + zero;
+#ifdef G4_CUDA_EMU
+    for (int i = 0; i < 4; i++) f[i] = __uint_as_float(0x4B000000u | ((u >> (8 * i)) & 0xffu)) - m;
+#else
+    f[0] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - m;
+    f[1] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - m;
+    f[2] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - m;
+    f[3] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - m;
+#endif
+}
+static __device__ __forceinline__ unsigned g4_word(const uint4 &v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+/* chunk j (0..3) of 8 elements of a 32-element run in Q4_0 nibble order (word v), minus zero */
+static __device__ __forceinline__ void g4_nib32(const uint4 &v, int j, float zero, float *f) {
+    const unsigned a = g4_word(v, (j & 1) * 2), b = g4_word(v, (j & 1) * 2 + 1);
+    const int sh = j >= 2 ? 4 : 0;
+    g4_bytes4((a >> sh) & 0x0F0F0F0Fu, zero, f);
+    g4_bytes4((b >> sh) & 0x0F0F0F0Fu, zero, f + 4);
+}
+
+template <int DT> struct g4_qt;
+template <> struct g4_qt<G4_Q8_0> {
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
+        r[2] = uint4();
+        r[2].x = g4_ld_u16(row + q.in + 2 * (k / 32));
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
+        const uint4 &v = r[j >> 1]; /* int8 as unsigned + 128 */
+        g4_bytes4(g4_word(v, (j & 1) * 2) ^ 0x80808080u, 128.0f, f);
+        g4_bytes4(g4_word(v, (j & 1) * 2 + 1) ^ 0x80808080u, 128.0f, f + 4);
+    }
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
+        *a = g4_h2f((uint16_t)(r[2].x & 0xffffu)), *b = 0.0f;
+    }
+};
+template <> struct g4_qt<G4_Q4_0> {
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k / 2);
+        r[1] = uint4();
+        r[1].x = g4_ld_u16(row + q.in / 2 + 2 * (k / 32));
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib32(r[0], j, 8.0f, f); }
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
+        *a = g4_h2f((uint16_t)(r[1].x & 0xffffu)), *b = 0.0f;
+    }
+};
+template <> struct g4_qt<G4_Q4_K> {
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k / 2);
+        r[1] = g4_ld_u4(row + q.in / 2 + 16 * (k / 256));
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib32(r[0], j, 0.0f, f); }
+    /* sub-block s = (k / 32) % 8: scale d * sc_s, offset -dmin * m_s (6-bit sc, m unpacked as g4_k_scale_min) */
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int k, int, float *a, float *b) {
+        const int s = (k >> 5) & 7;
+        const uint4 &m = r[1];
+#define G4_KS(i) ((((i) < 4 ? m.y : (i) < 8 ? m.z : m.w) >> (((i) & 3) * 8)) & 0xffu)
+        unsigned sc, mn;
+        if (s < 4) {
+            sc = G4_KS(s) & 63, mn = G4_KS(s + 4) & 63;
+        } else {
+            sc = (G4_KS(s + 4) & 15) | ((G4_KS(s - 4) >> 6) << 4);
+            mn = (G4_KS(s + 4) >> 4) | ((G4_KS(s) >> 6) << 4);
+        }
+#undef G4_KS
+        *a = g4_h2f((uint16_t)(m.x & 0xffffu)) * (float)sc;
+        *b = -g4_h2f((uint16_t)(m.x >> 16)) * (float)mn;
+    }
+};
+template <> struct g4_qt<G4_Q6_K> {
+    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+        const unsigned char *c = row + (size_t)k * 3 / 4;
+        r[0] = g4_ld_stream(c), r[1] = g4_ld_stream(c + 16), r[2] = g4_ld_stream(c + 32);
+        const unsigned char *sc = row + (size_t)q.in * 3 / 4;
+        r[3] = uint4();
+        r[3].x = g4_ld_u32(sc + k / 16);
+        r[3].y = g4_ld_u16(sc + q.in / 16 + 2 * (k / 256));
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
+        const uint4 &v = r[j >> 2];
+        const int jj = j & 3, sh = jj >= 2 ? 4 : 0, hs = 2 * (j >> 1);
+        const unsigned a = g4_word(v, (jj & 1) * 2), b = g4_word(v, (jj & 1) * 2 + 1);
+        const unsigned ha = g4_word(r[2], (j & 1) * 2), hb = g4_word(r[2], (j & 1) * 2 + 1);
+        g4_bytes4(((a >> sh) & 0x0F0F0F0Fu) | (((ha >> hs) & 0x03030303u) << 4), 32.0f, f);
+        g4_bytes4(((b >> sh) & 0x0F0F0F0Fu) | (((hb >> hs) & 0x03030303u) << 4), 32.0f, f + 4);
+    }
+    /* segment si (0..3) of 16 elements: d * scales[k/16 + si] */
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int si, float *a, float *b) {
+        const int sc = (int)(signed char)((r[3].x >> (8 * si)) & 0xffu);
+        *a = g4_h2f((uint16_t)(r[3].y & 0xffffu)) * (float)sc, *b = 0.0f;
+    }
+};
+static __device__ __forceinline__ void g4_mlx_pair(const uint4 &m, int sk, float *a, float *b) {
+    if (sk == 2)
+        *a = __uint_as_float(m.x), *b = __uint_as_float(m.y);
+    else if (sk == 1)
+        *a = g4_h2f((uint16_t)(m.x & 0xffffu)), *b = g4_h2f((uint16_t)(m.x >> 16));
+    else
+        *a = g4_bf2f((uint16_t)(m.x & 0xffffu)), *b = g4_bf2f((uint16_t)(m.x >> 16));
+}
+static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, int k, const g4c_qrow &q, uint4 *m) {
+    const int g = k / q.group;
+    *m = uint4();
+    if (q.sk == 2) {
+        const uint2 v = __ldg((const uint2 *)(pairs + 8 * (size_t)g));
+        m->x = v.x, m->y = v.y;
+    } else {
+        m->x = g4_ld_u32(pairs + 4 * (size_t)g);
+    }
+}
+template <> struct g4_qt<G4_MLX4> {
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k / 2);
+        g4_mlx_meta(row + q.in / 2, k, q, &r[1]);
+    }
+    /* LSB first: byte i holds elements 2i (low nibble) and 2i+1 */
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
+        const unsigned u = g4_word(r[0], j);
+        float lo[4], hi[4];
+        g4_bytes4(u & 0x0F0F0F0Fu, 0.0f, lo);
+        g4_bytes4((u >> 4) & 0x0F0F0F0Fu, 0.0f, hi);
+        for (int i = 0; i < 4; i++) f[2 * i] = lo[i], f[2 * i + 1] = hi[i];
+    }
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &q, int, int, float *a, float *b) {
+        g4_mlx_pair(r[1], q.sk, a, b);
+    }
+};
+template <> struct g4_qt<G4_MLX8> {
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
+        g4_mlx_meta(row + q.in, k, q, &r[2]);
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
+        g4_bytes4(g4_word(r[j >> 1], (j & 1) * 2), 0.0f, f);
+        g4_bytes4(g4_word(r[j >> 1], (j & 1) * 2 + 1), 0.0f, f + 4);
+    }
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &q, int, int, float *a, float *b) {
+        g4_mlx_pair(r[2], q.sk, a, b);
+    }
+};
+
+/* The EPA weights of the access at element k (k a multiple of EPA) of a device row, scales applied. */
+template <int DT> static __device__ __forceinline__ void g4_qdecode(const unsigned char *row, int k, const g4c_qrow &q,
+                                                                  float *w) {
+    typedef g4_qt<DT> T;
+    uint4 r[T::QW + 1];
+    T::load(row, k, q, r);
+#pragma unroll
+    for (int s = 0; s < T::EPA / T::SEG; s++) {
+        float a, b;
+        T::seg(r, q, k + s * T::SEG, s, &a, &b);
+#pragma unroll
+        for (int j = 0; j < T::SEG / 8; j++) {
+            float f[8];
+            T::vals8(r, s * (T::SEG / 8) + j, f);
+#pragma unroll
+            for (int i = 0; i < 8; i++) w[s * T::SEG + j * 8 + i] = fmaf(a, f[i], b);
+        }
+    }
+}
+
 /* Element of a KV cache row as f32. */
 static __device__ __forceinline__ float g4_kv_get(const void *cache, size_t i, int kv_type) {
     if (kv_type == G4_KV_F32) return ((const float *)cache)[i];
@@ -229,6 +460,7 @@ typedef struct g4c {
     g4c_buf ws_gemm;      /* product outputs before their epilogue */
     g4c_buf ws_attn;      /* attention split partials */
     g4c_buf ws_moe;       /* MoE routing and expert activations */
+    g4c_buf ws_deq;       /* quantized weights decoded to bf16 for prefill products */
     int *counters;        /* zeroed counters the "last block finishes" kernels use */
     size_t n_counters;
     unsigned generation;  /* bumped when a workspace moves */
@@ -367,5 +599,12 @@ void g4c_im2col(g4_backend *be, const float *x, int h, int w, int c, int kh, int
                 int nrows, float *out);
 void g4c_conv1d_causal_dw(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
 void g4c_fill_random(g4c *c, void *dst, g4_dtype t, int64_t rows, int64_t in, size_t row_bytes, uint64_t seed);
+/* cuda_quant.cu: quantized weights (upload, random packed blocks, rows decoded to bf16, embeddings, row dots) */
+int g4c_upload_quant(g4c *c, const g4_tensor *src, void *d, int64_t rows, size_t row_bytes, g4_error *err);
+void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, size_t row_bytes, uint64_t seed);
+void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *out);
+void g4c_embed_quant(g4c *c, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
+void g4c_quant_dot_rows(g4c *c, dim3 grid, const float *x, const int *sel, int per, int n, const int32_t *ordering,
+                        const g4_tensor *table, float *out);
 
 #endif

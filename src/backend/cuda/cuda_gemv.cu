@@ -42,16 +42,28 @@ typedef struct gemv_args {
     int wpr;  /* warps per row group: 1, 2, 4 or 8 */
     int xvec; /* x rows are 16-byte aligned */
     int ktile; /* input elements staged in shared memory at a time (a multiple of 8) */
+    g4c_qrow q; /* quantized weights: the row's shape for the decoders */
 } gemv_args;
 
-/* raw 16-byte words of 8 weights, and their decoding */
-template <int DT> struct wraw {
-    enum { WORDS = DT == G4_F32 ? 2 : 1 };
+/* One access of a lane: EPA weights in WORDS 16-byte words (plain types: 8 weights; quantized types: the codes
+ * and a word of scales, cuda_common.cuh g4_qt). */
+template <int DT, bool Q = (DT >= G4_Q4_0)> struct wraw {
+    enum { EPA = 8, WORDS = DT == G4_F32 ? 2 : 1, QUANT = 0, SEG = 8, NEED_SUM = 0 };
+};
+template <int DT> struct wraw<DT, true> {
+    enum { EPA = g4_qt<DT>::EPA, WORDS = g4_qt<DT>::QW + 1, QUANT = 1, SEG = g4_qt<DT>::SEG,
+           NEED_SUM = g4_qt<DT>::NEED_SUM };
+};
+/* accesses in flight per lane (about 64 bytes of codes) */
+template <int DT> struct wunroll {
+    enum { N = !wraw<DT>::QUANT ? GEMV_UNROLL : wraw<DT>::WORDS - 1 >= 3 ? 1 : wraw<DT>::WORDS - 1 == 2 ? 2 : 4 };
 };
 
 template <int DT>
-static __device__ __forceinline__ void raw_load(const unsigned char *row, int k, uint4 *r) {
-    if (DT == G4_F32) {
+static __device__ __forceinline__ void raw_load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    if constexpr (wraw<DT>::QUANT) {
+        g4_qt<DT>::load(row, k, q, r);
+    } else if (DT == G4_F32) {
         r[0] = g4_ld_stream(row + (size_t)k * 4);
         r[wraw<DT>::WORDS - 1] = g4_ld_stream(row + (size_t)k * 4 + 16);
     } else {
@@ -82,12 +94,23 @@ template <int DT> static __device__ __forceinline__ void raw_decode(const uint4 
 /* The accesses k, k + step, ... (UN of them, those below len) of the rows rp from element t0. */
 template <int DT, int RP, int UN>
 static __device__ __forceinline__ void issue(const unsigned char *const *rp, int t0, int k, int step, int len,
-                                             uint4 (*pre)[UN][wraw<DT>::WORDS]) {
+                                             const g4c_qrow &q, uint4 (*pre)[UN][wraw<DT>::WORDS]) {
 #pragma unroll
     for (int u = 0; u < UN; u++)
 #pragma unroll
         for (int r = 0; r < RP; r++)
-            if (k + u * step < len) raw_load<DT>(rp[r], t0 + k + u * step, pre[r][u]);
+            if (k + u * step < len) raw_load<DT>(rp[r], t0 + k + u * step, q, pre[r][u]);
+}
+
+/* Sums of 32 consecutive staged inputs (the offsets b of quantized segments multiply them). */
+template <int NT> static __device__ __forceinline__ void stage_sums(const float *xs, int ld, int len, float *sums) {
+    const int n32 = len / 32;
+    for (int i = threadIdx.x; i < NT * n32; i += GEMV_THREADS) {
+        const float *p = xs + (size_t)(i / n32) * ld + (size_t)(i % n32) * 32;
+        float s = 0.0f;
+        for (int j = 0; j < 32; j++) s += p[j];
+        sums[(size_t)(i / n32) * (ld / 32) + i % n32] = s;
+    }
 }
 
 /* product p and its local row of a row of the set's concatenated row space */
@@ -137,25 +160,26 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
 /* A block of 8 warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
  * inputs (normalized) in shared memory, one tile of ktile elements at a time; each lane streams 16 bytes of
  * weights per access, GEMV_UNROLL accesses in flight, the next ones issued before the current are used. */
-template <int DT, int NT, int RP, int UN = GEMV_UNROLL>
+template <int DT, int NT, int RP, int UN = wunroll<DT>::N>
 __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
-    constexpr int W = wraw<DT>::WORDS;
-    G4_DYN_SMEM(float, xs); /* [NT][ktile] */
+    constexpr int W = wraw<DT>::WORDS, EPA = wraw<DT>::EPA;
+    G4_DYN_SMEM(float, xs); /* [NT][ktile], then (quantized types with offsets) [NT][ktile / 32] sums */
     __shared__ float red[8][RP * NT];
     __shared__ float inv_rms[NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wpr = a.wpr, groups = 8 / wpr, g = warp / wpr, sub = warp % wpr;
-    const int step = wpr * 256, k0 = (sub * 32 + lane) * 8;
+    const int step = wpr * 32 * EPA, k0 = (sub * 32 + lane) * EPA;
     const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
+    float *xsum = xs + (size_t)NT * kt;
 
     /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
     int row = blockIdx.x * groups + g;
     const unsigned char *rp[RP] = {};
-    uint4 pre[RP][UN][W];
+    uint4 pre[RP][UN][W] = {};
     const int first_len = a.in < kt ? a.in : kt;
     if (row < a.rows) {
         row_pointers(a, row, RP, rp);
-        issue<DT, RP, UN>(rp, 0, k0, step, first_len, pre);
+        issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
     }
     g4_grid_wait();
     if (NT == 1 && a.res_out) { /* the residual update (one token): into xs, then its 1/rms and the norm */
@@ -198,6 +222,10 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     }
     if (ntiles == 1 && !(NT == 1 && a.res_out)) stage_x<NT>(a, xs, kt, 0, kt);
     __syncthreads();
+    if (wraw<DT>::NEED_SUM && ntiles == 1) {
+        stage_sums<NT>(xs, kt, kt, xsum);
+        __syncthreads();
+    }
     g4_grid_launch_dependents();
 
     for (int base = blockIdx.x * groups; base < a.rows; base += gridDim.x * groups) {
@@ -205,7 +233,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         const int active = row < a.rows;
         if (active && base != (int)blockIdx.x * groups) { /* later rows: fresh pointers and first accesses */
             row_pointers(a, row, RP, rp);
-            issue<DT, RP, UN>(rp, 0, k0, step, first_len, pre);
+            issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
         }
         float acc[RP][NT];
 #pragma unroll
@@ -218,7 +246,11 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                 if (tile > 0) __syncthreads();
                 stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
                 __syncthreads();
-                if (tile > 0 && active) issue<DT, RP, UN>(rp, t0, k0, step, len, pre);
+                if (wraw<DT>::NEED_SUM) {
+                    stage_sums<NT>(xs, kt, len, xsum);
+                    __syncthreads();
+                }
+                if (tile > 0 && active) issue<DT, RP, UN>(rp, t0, k0, step, len, a.q, pre);
             }
             if (!active) continue;
             for (int k = k0; k < len; k += step * UN) {
@@ -229,7 +261,53 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                     for (int r = 0; r < RP; r++)
 #pragma unroll
                         for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
-                issue<DT, RP, UN>(rp, t0, k + step * UN, step, len, pre); /* the next, before these are used */
+                issue<DT, RP, UN>(rp, t0, k + step * UN, step, len, a.q, pre); /* the next, before these are used */
+                if constexpr (wraw<DT>::QUANT) {
+                    /* per segment: acc += a * sum(v x) + b * sum(x), v the codes minus the zero point */
+                    constexpr int SEG = wraw<DT>::SEG;
+#pragma unroll
+                    for (int u = 0; u < UN; u++) {
+                        const int kk = k + u * step;
+                        if (kk >= len) continue;
+#pragma unroll
+                        for (int sg = 0; sg < EPA / SEG; sg++) {
+                            float sa[RP], sb[RP], part[RP][NT];
+#pragma unroll
+                            for (int r = 0; r < RP; r++) {
+                                g4_qt<DT>::seg(cur[r][u], a.q, t0 + kk + sg * SEG, sg, &sa[r], &sb[r]);
+#pragma unroll
+                                for (int t = 0; t < NT; t++) part[r][t] = 0.0f;
+                            }
+#pragma unroll
+                            for (int j = 0; j < SEG / 8; j++) {
+                                const int ke = kk + sg * SEG + j * 8;
+                                float f[RP][8];
+#pragma unroll
+                                for (int r = 0; r < RP; r++) g4_qt<DT>::vals8(cur[r][u], sg * (SEG / 8) + j, f[r]);
+#pragma unroll
+                                for (int t = 0; t < NT; t++) {
+                                    const float4 x0 = *(const float4 *)(xs + (size_t)t * kt + ke);
+                                    const float4 x1 = *(const float4 *)(xs + (size_t)t * kt + ke + 4);
+#pragma unroll
+                                    for (int r = 0; r < RP; r++)
+                                        part[r][t] += f[r][0] * x0.x + f[r][1] * x0.y + f[r][2] * x0.z +
+                                                      f[r][3] * x0.w + f[r][4] * x1.x + f[r][5] * x1.y +
+                                                      f[r][6] * x1.z + f[r][7] * x1.w;
+                                }
+                            }
+#pragma unroll
+                            for (int r = 0; r < RP; r++)
+#pragma unroll
+                                for (int t = 0; t < NT; t++) {
+                                    float v = sa[r] * part[r][t];
+                                    if (wraw<DT>::NEED_SUM)
+                                        v = fmaf(sb[r], xsum[(size_t)t * (kt / 32) + (kk + sg * SEG) / 32], v);
+                                    acc[r][t] += v;
+                                }
+                        }
+                    }
+                    continue;
+                }
 #pragma unroll
                 for (int u = 0; u < UN; u++) {
                     const int kk = k + u * step;
@@ -306,12 +384,12 @@ template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsign
     /* a tile of the inputs: as much of the row as GEMV_SMEM holds for nt tokens */
     const int in8 = (a.in + 7) & ~7, most = (int)(GEMV_SMEM / sizeof(float)) / nt / 256 * 256;
     a.ktile = in8 <= most ? in8 : most;
-    const size_t smem = (size_t)nt * a.ktile * sizeof(float);
+    const size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0);
     /* one tile: a block may own several row groups (capped grid); several: every group has its block */
     unsigned blocks = row_blocks;
     if (a.ktile == in8 && blocks > (unsigned)c->n_sm * 8) blocks = (unsigned)c->n_sm * 8;
     const dim3 grid(blocks);
-    if (nt == 1 && c->gemv_unroll == 8)
+    if (nt == 1 && c->gemv_unroll == 8 && !wraw<DT>::QUANT)
         g4c_launch(c, gemv_kernel<DT, 1, RP, 8>, grid, dim3(GEMV_THREADS), smem, a);
     else if (nt == 1)
         g4c_launch(c, gemv_kernel<DT, 1, RP>, grid, dim3(GEMV_THREADS), smem, a);
@@ -327,6 +405,12 @@ template <int RP> static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_arg
     switch (dt) {
     case G4_BF16: launch_gemv_nt<G4_BF16, RP>(c, a, row_blocks); break;
     case G4_F16: launch_gemv_nt<G4_F16, RP>(c, a, row_blocks); break;
+    case G4_Q8_0: launch_gemv_nt<G4_Q8_0, RP>(c, a, row_blocks); break;
+    case G4_Q4_0: launch_gemv_nt<G4_Q4_0, RP>(c, a, row_blocks); break;
+    case G4_Q4_K: launch_gemv_nt<G4_Q4_K, RP>(c, a, row_blocks); break;
+    case G4_Q6_K: launch_gemv_nt<G4_Q6_K, RP>(c, a, row_blocks); break;
+    case G4_MLX4: launch_gemv_nt<G4_MLX4, RP>(c, a, row_blocks); break;
+    case G4_MLX8: launch_gemv_nt<G4_MLX8, RP>(c, a, row_blocks); break;
     default: launch_gemv_nt<G4_F32, RP>(c, a, row_blocks); break;
     }
 }
@@ -348,7 +432,8 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
     const g4_tensor *w0 = set->w[0];
     a.count = set->count;
     a.in = (int)w0->shape[w0->ndim - 1];
-    a.row_bytes = g4c_row_bytes(w0->dtype, a.in);
+    a.row_bytes = g4c_wrow_bytes(w0);
+    a.q = g4c_qrow_of(w0);
     for (int i = 0; i < set->count; i++) {
         a.w[i] = (const unsigned char *)set->w[i]->data;
         a.bias[i] = set->bias[i];
@@ -373,7 +458,8 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
      * slices of a row (measured on an H200, ncu: more warps per row, for a full wave of 32 warps per
      * multiprocessor, made the E2B q/k/v and down products 20-30% slower) */
     int wpr = 1;
-    while (wpr < 8 && a.rows * wpr < c->gemv_blocks_per_sm * 8 * c->n_sm && wpr * 256 < a.in) wpr *= 2;
+    const int epa = !g4_dtype_is_quantized(w0->dtype) ? 8 : w0->dtype == G4_Q6_K ? 64 : 32; /* wraw<DT>::EPA */
+    while (wpr < 8 && a.rows * wpr < c->gemv_blocks_per_sm * 8 * c->n_sm && wpr * 32 * epa < a.in) wpr *= 2;
     a.wpr = wpr;
     const int groups = 8 / wpr;
     const unsigned row_blocks = (unsigned)((a.rows + groups - 1) / groups);
@@ -453,7 +539,9 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
     g4c *c = g4c_of(be);
     if (n <= 0 || set->count <= 0) return;
     int uniform = 1;
-    for (int i = 1; i < set->count; i++) uniform &= set->w[i]->dtype == set->w[0]->dtype;
+    for (int i = 1; i < set->count; i++) /* (MLX: also the same group and scale type) */
+        uniform &= set->w[i]->dtype == set->w[0]->dtype && set->w[i]->group == set->w[0]->group &&
+                   set->w[i]->scale_dtype == set->w[0]->scale_dtype;
     if (!uniform) { /* weights of different types: one product at a time, then the epilogue */
         if (set->res_out) {
             g4c_residual(c, set->res_h, set->res_o, set->res_w, n, (int)set->w[0]->shape[set->w[0]->ndim - 1],
@@ -505,6 +593,14 @@ void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const 
     set.eps = eps;
     if (n <= G4C_GEMV_MAX) {
         gemv(c, x, n, &set, scale);
+        return;
+    }
+    if (g4_dtype_is_quantized(w->dtype)) { /* the router: exact weights (bf16 tiles could pick other experts) */
+        const int in = (int)w->shape[w->ndim - 1], out = (int)w->shape[0];
+        for (int t = 0; t < n; t += G4C_GEMV_MAX) {
+            set.y[0] = y + (size_t)t * out;
+            gemv(c, x + (size_t)t * in, n - t < G4C_GEMV_MAX ? n - t : G4C_GEMV_MAX, &set, scale);
+        }
         return;
     }
     g4c_gemm_in in;

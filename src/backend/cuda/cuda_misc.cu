@@ -30,6 +30,10 @@ __global__ void embed_kernel(const unsigned char *table, size_t row_bytes, int d
 void g4c_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
     g4c *c = g4c_of(be);
     if (n <= 0) return;
+    if (g4_dtype_is_quantized(table->dtype)) {
+        g4c_embed_quant(c, table, ids, n, scale, out);
+        return;
+    }
     const int cols = (int)table->shape[table->ndim - 1];
     g4c_launch(c, embed_kernel, dim3((unsigned)n), dim3(256), 0, (const unsigned char *)table->data,
                g4c_row_bytes(table->dtype, cols), (int)table->dtype, cols, ids, scale, out);
@@ -357,9 +361,12 @@ void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int 
     int *sel = ws, *taken = ws + top_k;
     float *fill = (float *)(taken + n_groups);
     g4c_launch(c, masked_select_kernel, dim3(1), dim3(1024), (size_t)n_groups, scores, n_groups, top_k, sel, taken);
-    g4c_launch(c, masked_dot_kernel, dim3(blocks_for(c, (size_t)n, 8)), dim3(256), 0, x, (const int *)sel, per, n,
-               ordering, (const unsigned char *)table->data, g4c_row_bytes(table->dtype, dim), (int)table->dtype,
-               dim, out);
+    if (g4_dtype_is_quantized(table->dtype))
+        g4c_quant_dot_rows(c, dim3(blocks_for(c, (size_t)n, 8)), x, (const int *)sel, per, n, ordering, table, out);
+    else
+        g4c_launch(c, masked_dot_kernel, dim3(blocks_for(c, (size_t)n, 8)), dim3(256), 0, x, (const int *)sel, per, n,
+                   ordering, (const unsigned char *)table->data, g4c_row_bytes(table->dtype, dim), (int)table->dtype,
+                   dim, out);
     g4c_launch(c, masked_min_kernel, dim3(1), dim3(1024), 0, (const int *)sel, per, n, ordering, (const float *)out,
                fill);
     g4c_launch(c, masked_fill_kernel, dim3(blocks_for(c, (size_t)V, 256)), dim3(256), 0, (const int *)taken, per, V,

@@ -36,7 +36,9 @@ typedef struct moe_args {
     int n, H, E, TK, Im;
     float eps;
     const unsigned char *gate_up, *down;
+    const unsigned char *up; /* NULL: up rows follow the gate rows of each expert in gate_up */
     size_t gu_row, dn_row; /* bytes of a row */
+    g4c_qrow qgu, qdn;     /* quantized experts: the rows' shapes for the decoders */
     const float *per_expert_scale;
     moe_ws ws;
 } moe_args;
@@ -167,8 +169,14 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
     if (slot >= *a.ws.n_active) return;
     const int lane = threadIdx.x & 31, c = blockIdx.x * 8 + (threadIdx.x >> 5), ldh = (a.H + 7) & ~7;
     const int e = a.ws.act_e[slot], off = a.ws.act_off[slot], cnt = a.ws.act_cnt[slot];
-    const unsigned char *base = a.gate_up + (size_t)e * 2 * a.Im * a.gu_row;
-    const unsigned char *gr = base + (size_t)c * a.gu_row, *ur = base + (size_t)(a.Im + c) * a.gu_row;
+    const unsigned char *gr, *ur;
+    if (a.up) {
+        gr = a.gate_up + ((size_t)e * a.Im + c) * a.gu_row;
+        ur = a.up + ((size_t)e * a.Im + c) * a.gu_row;
+    } else {
+        const unsigned char *base = a.gate_up + (size_t)e * 2 * a.Im * a.gu_row;
+        gr = base + (size_t)c * a.gu_row, ur = base + (size_t)(a.Im + c) * a.gu_row;
+    }
     for (int p0 = 0; p0 < cnt; p0 += MOE_NT) {
         const int np = cnt - p0 < MOE_NT ? cnt - p0 : MOE_NT;
         __syncthreads();
@@ -178,6 +186,40 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
         float g[MOE_NT], u[MOE_NT];
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) g[j] = u[j] = 0.0f;
+        if constexpr (DT >= G4_Q4_0) { /* quantized: an access (EPA weights) per lane at a time, by segments */
+            typedef g4_qt<DT> T;
+            for (int k = lane * T::EPA; k < a.H; k += 32 * T::EPA) {
+                uint4 rg[T::QW + 1], ru[T::QW + 1];
+                T::load(gr, k, a.qgu, rg);
+                T::load(ur, k, a.qgu, ru);
+#pragma unroll
+                for (int sg = 0; sg < T::EPA / T::SEG; sg++) {
+                    float ag, bg, au, bu;
+                    T::seg(rg, a.qgu, k + sg * T::SEG, sg, &ag, &bg);
+                    T::seg(ru, a.qgu, k + sg * T::SEG, sg, &au, &bu);
+#pragma unroll
+                    for (int jc = 0; jc < T::SEG / 8; jc++) {
+                        float fg[8], fu[8];
+                        T::vals8(rg, sg * (T::SEG / 8) + jc, fg);
+                        T::vals8(ru, sg * (T::SEG / 8) + jc, fu);
+#pragma unroll
+                        for (int i = 0; i < 8; i++) fg[i] = fmaf(ag, fg[i], bg), fu[i] = fmaf(au, fu[i], bu);
+                        const int ke = k + sg * T::SEG + jc * 8;
+#pragma unroll
+                        for (int j = 0; j < MOE_NT; j++) {
+                            if (j >= np) break;
+                            float xv[8];
+                            srow8(xs + (size_t)j * ldh + ke, xv);
+#pragma unroll
+                            for (int i = 0; i < 8; i++) {
+                                g[j] = fmaf(fg[i], xv[i], g[j]);
+                                u[j] = fmaf(fu[i], xv[i], u[j]);
+                            }
+                        }
+                    }
+                }
+            }
+        } else
         for (int k4 = lane * 8; k4 < a.H; k4 += 4 * 256) { /* four chunks' loads in flight together */
             float wg[4][8], wu[4][8];
 #pragma unroll
@@ -230,6 +272,34 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
         float d[MOE_NT];
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) d[j] = 0.0f;
+        if constexpr (DT >= G4_Q4_0) { /* quantized: an access (EPA weights) per lane at a time */
+            typedef g4_qt<DT> T;
+            for (int k = lane * T::EPA; k < a.Im; k += 32 * T::EPA) {
+                uint4 rw[T::QW + 1];
+                T::load(row, k, a.qdn, rw);
+#pragma unroll
+                for (int sg = 0; sg < T::EPA / T::SEG; sg++) {
+                    float sa, sb;
+                    T::seg(rw, a.qdn, k + sg * T::SEG, sg, &sa, &sb);
+#pragma unroll
+                    for (int jc = 0; jc < T::SEG / 8; jc++) {
+                        float f[8];
+                        T::vals8(rw, sg * (T::SEG / 8) + jc, f);
+#pragma unroll
+                        for (int z = 0; z < 8; z++) f[z] = fmaf(sa, f[z], sb);
+                        const int ke = k + sg * T::SEG + jc * 8;
+#pragma unroll
+                        for (int j = 0; j < MOE_NT; j++) {
+                            if (j >= np) break;
+                            float xv[8];
+                            srow8(xs + (size_t)j * ldi + ke, xv);
+#pragma unroll
+                            for (int z = 0; z < 8; z++) d[j] = fmaf(f[z], xv[z], d[j]);
+                        }
+                    }
+                }
+            }
+        } else
         for (int k4 = lane * 8; k4 < a.Im; k4 += 4 * 256) { /* four chunks' loads in flight together */
             float w[4][8];
 #pragma unroll
@@ -286,10 +356,11 @@ __global__ void moe_combine_kernel(moe_args a) {
 }
 
 /* Lets the expert kernels stage up to MOE_NT rows of the hidden size in shared memory (once, at start). */
+#define MOE_TYPES(X) X(G4_BF16) X(G4_F16) X(G4_F32) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q4_K) X(G4_Q6_K) X(G4_MLX4) X(G4_MLX8)
 void g4c_moe_init(g4c *c) {
-    g4c_allow_smem(c, moe_gate_up_kernel<G4_BF16>), g4c_allow_smem(c, moe_gate_up_kernel<G4_F16>);
-    g4c_allow_smem(c, moe_gate_up_kernel<G4_F32>), g4c_allow_smem(c, moe_down_kernel<G4_BF16>);
-    g4c_allow_smem(c, moe_down_kernel<G4_F16>), g4c_allow_smem(c, moe_down_kernel<G4_F32>);
+#define ALLOW(T) g4c_allow_smem(c, moe_gate_up_kernel<T>), g4c_allow_smem(c, moe_down_kernel<T>);
+    MOE_TYPES(ALLOW)
+#undef ALLOW
     g4c_allow_smem(c, moe_combine_kernel);
 }
 
@@ -311,8 +382,16 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     a.eps = m->eps;
     a.gate_up = (const unsigned char *)m->gate_up->data;
     a.down = (const unsigned char *)m->down->data;
-    a.gu_row = g4c_row_bytes(m->gate_up->dtype, H);
-    a.dn_row = g4c_row_bytes(m->down->dtype, Im);
+    a.up = m->up ? (const unsigned char *)m->up->data : NULL;
+    if (m->up && (m->up->dtype != m->gate_up->dtype || m->up->group != m->gate_up->group ||
+                  m->up->scale_dtype != m->gate_up->scale_dtype)) {
+        g4c_note(c, cudaErrorInvalidValue, "moe: gate and up experts of different types");
+        return;
+    }
+    a.gu_row = g4c_wrow_bytes(m->gate_up);
+    a.dn_row = g4c_wrow_bytes(m->down);
+    a.qgu = g4c_qrow_of(m->gate_up);
+    a.qdn = g4c_qrow_of(m->down);
     a.per_expert_scale = m->per_expert_scale;
     const size_t np = (size_t)n * TK;
     const size_t ints = np * 2 + 1 + 3 * (size_t)E,
@@ -345,14 +424,18 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
         return;
     }
     switch (m->gate_up->dtype) {
-    case G4_BF16: g4c_launch(c, moe_gate_up_kernel<G4_BF16>, gu_grid, dim3(256), gu_smem, a); break;
-    case G4_F16: g4c_launch(c, moe_gate_up_kernel<G4_F16>, gu_grid, dim3(256), gu_smem, a); break;
-    default: g4c_launch(c, moe_gate_up_kernel<G4_F32>, gu_grid, dim3(256), gu_smem, a); break;
+#define GU(T) \
+    case T: g4c_launch(c, moe_gate_up_kernel<T>, gu_grid, dim3(256), gu_smem, a); break;
+        MOE_TYPES(GU)
+#undef GU
+    default: break;
     }
     switch (m->down->dtype) {
-    case G4_BF16: g4c_launch(c, moe_down_kernel<G4_BF16>, dn_grid, dim3(256), dn_smem, a); break;
-    case G4_F16: g4c_launch(c, moe_down_kernel<G4_F16>, dn_grid, dim3(256), dn_smem, a); break;
-    default: g4c_launch(c, moe_down_kernel<G4_F32>, dn_grid, dim3(256), dn_smem, a); break;
+#define DN(T) \
+    case T: g4c_launch(c, moe_down_kernel<T>, dn_grid, dim3(256), dn_smem, a); break;
+        MOE_TYPES(DN)
+#undef DN
+    default: break;
     }
     if ((size_t)H * 4 > c->prop.sharedMemPerBlockOptin) return;
     g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(1024), (size_t)H * 4, a);

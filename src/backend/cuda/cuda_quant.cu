@@ -1,0 +1,288 @@
+/* Quantized weights on the GPU (src/backend/backend.h: upload_weight; core/quant.h for the file layouts,
+ * cuda_common.cuh for the device layouts and the decoders g4_qt): the repacking at upload, random packed
+ * weights for benchmarks (g4c_fill_random), rows decoded to bf16 tiles for the prefill products
+ * (g4c_dequant_bf16) and embedding rows of a quantized table (g4c_embed).
+ *
+ * Repacking keeps the bytes of every block (no weight is decoded): codes are moved into runs a lane reads
+ * with 16-byte loads, and the scales of a row follow its codes. */
+#include "backend/cuda/cuda_common.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "core/quant.h"
+}
+
+/* ---------------------------------------------------------------- repacking (host) */
+static void put16(unsigned char *p, const unsigned char *q) { p[0] = q[0], p[1] = q[1]; }
+
+/* 32 values < 16 in element order -> 16 bytes in Q4_0 order (byte i = v[i] | v[i+16] << 4) */
+static void nib32(const unsigned char *v, unsigned char *out) {
+    for (int i = 0; i < 16; i++) out[i] = (unsigned char)(v[i] | v[i + 16] << 4);
+}
+
+/* Device row `dst` (g4c_qrow_bytes, zeroed by the caller) from row r of the host tensor t. */
+static void repack_row(const g4_tensor *t, int64_t r, unsigned char *dst) {
+    const int64_t in = t->shape[t->ndim - 1];
+    if (g4_dtype_is_mlx(t->dtype)) {
+        const int bits = g4_mlx_bits(t->dtype), ng = (int)(in / t->group);
+        const size_t cb = (size_t)in * (size_t)bits / 8, ss = t->scale_dtype == G4_F32 ? 4 : 2;
+        memcpy(dst, (const unsigned char *)t->data + (size_t)r * cb, cb);
+        const unsigned char *sc = (const unsigned char *)t->scales + (size_t)r * (size_t)ng * ss;
+        const unsigned char *bi = (const unsigned char *)t->biases + (size_t)r * (size_t)ng * ss;
+        for (int g = 0; g < ng; g++) {
+            memcpy(dst + cb + (size_t)g * 2 * ss, sc + (size_t)g * ss, ss);
+            memcpy(dst + cb + (size_t)g * 2 * ss + ss, bi + (size_t)g * ss, ss);
+        }
+        return;
+    }
+    const unsigned char *src = g4_tensor_row(t, r);
+    const int64_t nb32 = in / 32, nb256 = in / 256;
+    switch (t->dtype) {
+    case G4_Q8_0:
+        for (int64_t b = 0; b < nb32; b++) {
+            memcpy(dst + 32 * b, src + 34 * b + 2, 32);
+            put16(dst + in + 2 * b, src + 34 * b);
+        }
+        break;
+    case G4_Q4_0:
+        for (int64_t b = 0; b < nb32; b++) {
+            memcpy(dst + 16 * b, src + 18 * b + 2, 16);
+            put16(dst + in / 2 + 2 * b, src + 18 * b);
+        }
+        break;
+    case G4_Q4_K:
+        for (int64_t b = 0; b < nb256; b++) {
+            const unsigned char *blk = src + 144 * b, *qs = blk + 16;
+            memcpy(dst + in / 2 + 16 * b, blk, 16); /* d, dmin, scales[12] */
+            for (int s = 0; s < 8; s++) {           /* sub-block s: nibbles of qs[32 (s/2) + l], low for even s */
+                unsigned char v[32];
+                for (int l = 0; l < 32; l++) v[l] = (unsigned char)(s & 1 ? qs[32 * (s / 2) + l] >> 4 : qs[32 * (s / 2) + l] & 15);
+                nib32(v, dst + 128 * b + 16 * s);
+            }
+        }
+        break;
+    case G4_Q6_K:
+        for (int64_t b = 0; b < nb256; b++) {
+            const unsigned char *blk = src + 210 * b;
+            unsigned char q[256];
+            for (int h = 0; h < 2; h++) {
+                const unsigned char *ql = blk + 64 * h, *qh = blk + 128 + 32 * h;
+                for (int l = 0; l < 32; l++) {
+                    q[128 * h + l] = (unsigned char)((ql[l] & 15) | ((qh[l] >> 0) & 3) << 4);
+                    q[128 * h + l + 32] = (unsigned char)((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4);
+                    q[128 * h + l + 64] = (unsigned char)((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4);
+                    q[128 * h + l + 96] = (unsigned char)((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4);
+                }
+            }
+            for (int u = 0; u < 4; u++) { /* 64 elements: two nibble runs, then the high bits */
+                unsigned char *o = dst + 192 * b + 48 * u, lo[64];
+                const unsigned char *v = q + 64 * u;
+                for (int e = 0; e < 64; e++) lo[e] = v[e] & 15;
+                nib32(lo, o), nib32(lo + 32, o + 16);
+                for (int j = 0; j < 16; j++)
+                    o[32 + j] = (unsigned char)((v[j] >> 4) | (v[j + 16] >> 4) << 2 | (v[j + 32] >> 4) << 4 |
+                                                (v[j + 48] >> 4) << 6);
+            }
+            memcpy(dst + in * 3 / 4 + 16 * b, blk + 192, 16);
+            put16(dst + in * 3 / 4 + in / 16 + 2 * b, blk + 208);
+        }
+        break;
+    default: break;
+    }
+}
+
+/* Copies src (a quantized host tensor) into device memory d of rows x row_bytes, repacked. */
+int g4c_upload_quant(g4c *c, const g4_tensor *src, void *d, int64_t rows, size_t row_bytes, g4_error *err) {
+    const size_t chunk_rows = (size_t)((64u << 20) / row_bytes) > 0 ? (size_t)((64u << 20) / row_bytes) : 1;
+    const size_t n = chunk_rows < (size_t)rows ? chunk_rows : (size_t)rows;
+    unsigned char *buf = (unsigned char *)malloc(n * row_bytes);
+    if (!buf) return g4_fail(err, "out of memory repacking '%s'", src->name);
+    for (int64_t r0 = 0; r0 < rows; r0 += (int64_t)n) {
+        const int64_t m = rows - r0 < (int64_t)n ? rows - r0 : (int64_t)n;
+        memset(buf, 0, (size_t)m * row_bytes);
+        for (int64_t r = 0; r < m; r++) repack_row(src, r0 + r, buf + (size_t)r * row_bytes);
+        cudaError_t e = cudaMemcpy((unsigned char *)d + (size_t)r0 * row_bytes, buf, (size_t)m * row_bytes,
+                                   cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+            free(buf);
+            return g4_fail(err, "tensor '%s': copy to the GPU failed: %s", src->name, cudaGetErrorString(e));
+        }
+    }
+    free(buf);
+    (void)c;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- random packed weights */
+static __device__ __forceinline__ unsigned rand_byte(uint64_t seed, uint64_t i) {
+    uint64_t z = seed ^ (i * 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return (unsigned)((z ^ (z >> 31)) >> 56);
+}
+
+/* Byte o of the scales of a device row: values uniform in about +-amp (random codes, fixed scales). */
+static __device__ unsigned meta_byte(int dt, size_t o, int64_t in, int sk, int group, float amp) {
+    const size_t n = (size_t)in;
+    uint16_t h = 0;
+    switch (dt) {
+    case G4_Q8_0:
+    case G4_Q4_0:
+        if (o >= 2 * (n / 32)) return 0;
+        h = g4_f2h(dt == G4_Q8_0 ? amp / 127.0f : amp / 8.0f);
+        return o & 1 ? h >> 8 : h & 0xff;
+    case G4_Q4_K: { /* d * 32 = 2 amp / 15, dmin * 32 = amp: sc = m = 32 in every sub-block */
+        if (o >= 16 * (n / 256)) return 0;
+        const size_t i = o % 16;
+        if (i < 4) {
+            h = g4_f2h(i < 2 ? amp / (15.0f * 16.0f) : amp / 32.0f);
+            return i & 1 ? h >> 8 : h & 0xff;
+        }
+        return i < 12 ? 0xA0u : 0u;
+    }
+    case G4_Q6_K:
+        if (o < n / 16) return 16u; /* d * 16 * 32 = amp */
+        o -= n / 16;
+        if (o >= 2 * (n / 256)) return 0;
+        h = g4_f2h(amp / 512.0f);
+        return o & 1 ? h >> 8 : h & 0xff;
+    default: { /* MLX: scale 2 amp / (2^bits - 1), bias -amp */
+        const size_t pair = sk == 2 ? 8 : 4, ng = n / (size_t)group;
+        if (o >= ng * pair) return 0;
+        const size_t i = o % pair, half = pair / 2;
+        const float v = i < half ? 2.0f * amp / (dt == G4_MLX4 ? 15.0f : 255.0f) : -amp;
+        if (sk == 2) return (__float_as_uint(v) >> (8 * (i % 4))) & 0xff;
+        h = sk == 1 ? g4_f2h(v) : g4_f2bf(v);
+        return i % 2 ? h >> 8 : h & 0xff;
+    }
+    }
+}
+
+__global__ void fill_random_quant_kernel(unsigned char *dst, int dt, int64_t rows, int64_t in, size_t row_bytes,
+                                         size_t code_bytes, int sk, int group, uint64_t seed, float amp) {
+    g4_grid_wait();
+    const size_t total = (size_t)rows * row_bytes;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t o = i % row_bytes;
+        dst[i] = (unsigned char)(o < code_bytes ? rand_byte(seed, i) : meta_byte(dt, o - code_bytes, in, sk, group, amp));
+    }
+}
+
+void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, size_t row_bytes, uint64_t seed) {
+    const int64_t in = t->shape[t->ndim - 1];
+    const float amp = sqrtf(3.0f / (float)(in > 0 ? in : 1));
+    const size_t code_bytes = t->dtype == G4_Q8_0 || t->dtype == G4_MLX8 ? (size_t)in
+                              : t->dtype == G4_Q6_K                      ? (size_t)in * 3 / 4
+                                                                         : (size_t)in / 2;
+    const g4c_qrow q = g4c_qrow_of(t);
+    size_t blocks = ((size_t)rows * row_bytes + 255) / 256;
+    if (blocks > (size_t)c->n_sm * 64) blocks = (size_t)c->n_sm * 64;
+    g4c_launch(c, fill_random_quant_kernel, dim3((unsigned)(blocks ? blocks : 1)), dim3(256), 0, (unsigned char *)dst,
+               (int)t->dtype, rows, in, row_bytes, code_bytes, q.sk, q.group, seed, amp);
+}
+
+/* ---------------------------------------------------------------- decoding rows */
+/* rows [r0, r0 + m) of a quantized matrix as bf16 [m, in]: a thread per access */
+template <int DT>
+__global__ void dequant_bf16_kernel(const unsigned char *w, size_t row_bytes, g4c_qrow q, int64_t r0, int m,
+                                    uint16_t *out) {
+    constexpr int EPA = g4_qt<DT>::EPA;
+    g4_grid_wait();
+    const int per_row = q.in / EPA;
+    const size_t total = (size_t)m * (size_t)per_row;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / (size_t)per_row;
+        const int k = (int)(i % (size_t)per_row) * EPA;
+        float v[EPA];
+        g4_qdecode<DT>(w + (size_t)(r0 + (int64_t)r) * row_bytes, k, q, v);
+        uint16_t *o = out + r * (size_t)q.in + k;
+#pragma unroll
+        for (int j = 0; j < EPA; j += 2) {
+            const unsigned pair = (unsigned)g4_f2bf(v[j]) | (unsigned)g4_f2bf(v[j + 1]) << 16;
+            *(unsigned *)(o + j) = pair;
+        }
+    }
+}
+
+#define G4C_QUANT_SWITCH(dt, CALL)             \
+    switch (dt) {                              \
+    case G4_Q8_0: CALL(G4_Q8_0); break;         \
+    case G4_Q4_0: CALL(G4_Q4_0); break;         \
+    case G4_Q4_K: CALL(G4_Q4_K); break;         \
+    case G4_Q6_K: CALL(G4_Q6_K); break;         \
+    case G4_MLX4: CALL(G4_MLX4); break;         \
+    case G4_MLX8: CALL(G4_MLX8); break;         \
+    default: break;                            \
+    }
+
+void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *out) {
+    const g4c_qrow q = g4c_qrow_of(w);
+    const size_t rb = g4c_wrow_bytes(w), total = (size_t)m * (size_t)(q.in / 32);
+    size_t blocks = (total + 255) / 256;
+    if (blocks > (size_t)c->n_sm * 16) blocks = (size_t)c->n_sm * 16;
+    const dim3 grid((unsigned)(blocks ? blocks : 1));
+#define LAUNCH(T) \
+    g4c_launch(c, dequant_bf16_kernel<T>, grid, dim3(256), 0, (const unsigned char *)w->data, rb, q, r0, m, out)
+    G4C_QUANT_SWITCH(w->dtype, LAUNCH)
+#undef LAUNCH
+}
+
+/* out[i, :] = table[ids[i], :] * scale: a block per row, a thread per access */
+template <int DT>
+__global__ void embed_quant_kernel(const unsigned char *table, size_t row_bytes, g4c_qrow q, const int32_t *ids,
+                                   float scale, float *out) {
+    constexpr int EPA = g4_qt<DT>::EPA;
+    g4_grid_wait();
+    const unsigned char *row = table + (size_t)ids[blockIdx.x] * row_bytes;
+    float *o = out + (size_t)blockIdx.x * (size_t)q.in;
+    for (int k = threadIdx.x * EPA; k < q.in; k += blockDim.x * EPA) {
+        float v[EPA];
+        g4_qdecode<DT>(row, k, q, v);
+#pragma unroll
+        for (int j = 0; j < EPA; j++) o[k + j] = v[j] * scale;
+    }
+}
+
+void g4c_embed_quant(g4c *c, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out) {
+    const g4c_qrow q = g4c_qrow_of(table);
+    const size_t rb = g4c_wrow_bytes(table);
+#define LAUNCH(T)                                                                                                  \
+    g4c_launch(c, embed_quant_kernel<T>, dim3((unsigned)n), dim3(128), 0, (const unsigned char *)table->data, rb, q, \
+               ids, scale, out)
+    G4C_QUANT_SWITCH(table->dtype, LAUNCH)
+#undef LAUNCH
+}
+
+/* out[id] = x . table[id] for a warp per id of the list (the drafter's masked logits): see cuda_misc.cu */
+template <int DT>
+__global__ void quant_dot_rows_kernel(const float *x, const int *sel, int per, int n, const int32_t *ordering,
+                                      const unsigned char *table, size_t row_bytes, g4c_qrow q, float *out) {
+    constexpr int EPA = g4_qt<DT>::EPA;
+    g4_grid_wait();
+    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
+    for (int i = blockIdx.x * warps + (threadIdx.x >> 5); i < n; i += gridDim.x * warps) {
+        const int id = ordering[(size_t)sel[i / per] * per + i % per];
+        const unsigned char *row = table + (size_t)id * row_bytes;
+        float s = 0.0f;
+        for (int k = lane * EPA; k < q.in; k += 32 * EPA) {
+            float v[EPA];
+            g4_qdecode<DT>(row, k, q, v);
+            for (int j = 0; j < EPA; j++) s += v[j] * x[k + j];
+        }
+        s = g4_warp_sum(s);
+        if (lane == 0) out[id] = s;
+    }
+}
+
+void g4c_quant_dot_rows(g4c *c, dim3 grid, const float *x, const int *sel, int per, int n, const int32_t *ordering,
+                        const g4_tensor *table, float *out) {
+    const g4c_qrow q = g4c_qrow_of(table);
+    const size_t rb = g4c_wrow_bytes(table);
+#define LAUNCH(T)                                                                                                  \
+    g4c_launch(c, quant_dot_rows_kernel<T>, grid, dim3(256), 0, x, sel, per, n, ordering,                        \
+               (const unsigned char *)table->data, rb, q, out)
+    G4C_QUANT_SWITCH(table->dtype, LAUNCH)
+#undef LAUNCH
+}
