@@ -6,9 +6,10 @@
 #   BIN     folder with gemma4c, test_backend_ops, test_decoder of a -DGEMMA4C_CUDA=ON build
 #   SHARED  folder with fixtures/ and configs/ (../shared)
 #   OUT     folder for logs
-#   STEP    tests | memcheck | bench:MODEL[:PROMPTS[:CONTEXTS]] | profile:MODEL | ncu:MODEL
-#           MODEL is a config of SHARED/configs (e2b, e4b, 26b-a4b, 31b); PROMPTS/CONTEXTS comma lists
-#           (default 512,4096 and 512,8192)
+#   STEP    tests | memcheck | bench:MODEL[:PROMPTS[:CONTEXTS[:TYPE]]] | profile:MODEL[:TYPE] | ncu:MODEL[:TYPE]
+#           MODEL is a config of SHARED/configs (e2b, e4b, 26b-a4b, 31b, 12b); PROMPTS/CONTEXTS comma lists
+#           (default 512,4096 and 512,8192); TYPE the random weights' type (bf16 default, q4_0, q8_0, q4_k, q6_k,
+#           mlx4, mlx8: gemma4c bench --type), e.g. bench:e2b:512:512:q4_0
 # Decode figures are compared with SGLang's published H200 bf16 batch-1 times (../shared/docs/anchors.md 2):
 # E2B 3.99 ms, E4B 5.64, 26B-A4B 5.60, 31B 12.3 (two GPUs).
 set -u
@@ -20,7 +21,7 @@ export G4_SOURCE_DIR=${G4_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 summary=$OUT/summary.txt
 : >"$summary"
 
-sglang() { case $1 in e2b) echo 3.99 ;; e4b) echo 5.64 ;; 26b-a4b) echo 5.60 ;; 31b) echo 12.3 ;; *) echo 0 ;; esac; }
+sglang() { case $1 in e2b) echo 3.99 ;; e4b) echo 5.64 ;; 26b-a4b) echo 5.60 ;; 31b) echo 12.3 ;; 12b) echo 9.02 ;; *) echo 0 ;; esac; }
 
 for step in "$@"; do
     case $step in
@@ -47,34 +48,37 @@ for step in "$@"; do
         grep -B2 -A12 "Invalid\|ERROR:" "$OUT"/memcheck_*.log | head -40
         ;;
     bench:*)
-        IFS=: read -r _ model prompts contexts <<<"$step"
-        prompts=${prompts:-512,4096} contexts=${contexts:-512,8192}
-        log=$OUT/bench_$model.log
-        echo "== bench $model (random bf16 weights, batch 1)"
-        "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p "$prompts" -c "$contexts" -n 64 -r 2 \
-            --device "${G4_DEVICE:-cuda}" >"$log" 2>&1
+        IFS=: read -r _ model prompts contexts type <<<"$step"
+        prompts=${prompts:-512,4096} contexts=${contexts:-512,8192} type=${type:-bf16}
+        log=$OUT/bench_${model}_$type.log
+        echo "== bench $model (random $type weights, batch 1)"
+        "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" --type "$type" -p "$prompts" -c "$contexts" \
+            -n 64 -r 2 --device "${G4_DEVICE:-cuda}" >"$log" 2>&1
         cat "$log"
         ref=$(sglang "$model")
-        awk -v m="$model" -v ref="$ref" '
-            /^prefill/ { printf "%-8s prefill %6s tok: %9s tok/s  TTFT %s ms\n", m, $2, $4, $10 }
+        awk -v m="$model/$type" -v ref="$ref" '
+            /^prefill/ { printf "%-13s prefill %6s tok: %9s tok/s  TTFT %s ms\n", m, $2, $4, $10 }
             /^decode at context/ { ms = $5; pct = ""; for (i = 1; i <= NF; i++) if ($i == "of") pct = $(i - 1);
-                printf "%-8s decode ctx %6s: %7s ms/token  %s GB/s  %s of copy bw  %sx SGLang (%s ms)\n",
+                printf "%-13s decode ctx %6s: %7s ms/token  %s GB/s  %s of copy bw  %sx SGLang (%s ms)\n",
                        m, substr($4, 1, length($4) - 1), ms, $(NF - 5), pct, (ref > 0 ? sprintf("%.2f", ref / ms) : "-"), ref }' "$log" | tee -a "$summary"
         ;;
     profile:*)
-        model=${step#profile:}
-        echo "== kernel times of 64 decode steps of $model (eager, CUDA events; G4_CUDA_PROFILE=1)"
-        G4_CUDA_PROFILE=1 "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p 1 -c 1 -n 64 -r 1 \
-            --device "${G4_DEVICE:-cuda}" 2>&1 | grep -v fill_random | cut -c1-160 | tee "$OUT/profile_$model.txt" | head -22
+        IFS=: read -r _ model type <<<"$step"
+        type=${type:-bf16}
+        echo "== kernel times of 64 decode steps of $model, $type (eager, CUDA events; G4_CUDA_PROFILE=1)"
+        G4_CUDA_PROFILE=1 "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" --type "$type" -p 1 -c 1 \
+            -n 64 -r 1 --device "${G4_DEVICE:-cuda}" 2>&1 | grep -v fill_random | cut -c1-160 \
+            | tee "$OUT/profile_${model}_$type.txt" | head -22
         ;;
     ncu:*)
-        model=${step#ncu:}
-        echo "== ncu: decode kernels of $model"
+        IFS=: read -r _ model type <<<"$step"
+        type=${type:-bf16}
+        echo "== ncu: decode kernels of $model, $type"
         ncu --clock-control none --kernel-name regex:'gemv_kernel|attention_kernel|post_norm_add|attn_prep|moe_' \
             --launch-skip 260 --launch-count 16 --section SpeedOfLight --section Occupancy --section WarpStateStats \
             --section LaunchStats --csv --page details \
-            "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" -p 1 -c 256 -n 4 -r 1 --device cuda \
-            >"$OUT/ncu_$model.csv" 2>"$OUT/ncu_$model.err"
+            "$BIN/gemma4c" bench --random "$SHARED/configs/gemma-4-$model.json" --type "$type" -p 1 -c 256 -n 4 -r 1 \
+            --device cuda >"$OUT/ncu_$model.csv" 2>"$OUT/ncu_$model.err"
         echo "ncu rc=$? $(wc -l <"$OUT/ncu_$model.csv") lines" | tee -a "$summary"
         awk -F'","' '$13 ~ /^(Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Grid Size|Stall Long Scoreboard|Warp Cycles Per Issued Instruction|Dynamic Shared Memory Per Block)$/ {
             v = $15; gsub(/"/, "", v); print $1 "|" $5 " | " $13 " = " v " " $14 }' "$OUT/ncu_$model.csv" \

@@ -83,6 +83,10 @@ typedef struct g4_load_params {
      * uniform in +-sqrt(3/in), vectors 1 +- 0.1; the per-layer embedding table a backend keeps on the host is
      * zeros). For benchmarks of real shapes; dir may be a config.json file. */
     int random_weights;
+    /* With random_weights: the matrices' type, as `gemma4c quantize --type` names it ("q4_0", "q8_0", "q4_k",
+     * "q6_k", "mlx4" (group 64, bf16 scales), "mlx8", ...; NULL or "bf16": BF16), packed blocks of random codes
+     * with fixed scales, made where the weights live. Routers and a host-kept per-layer table stay BF16. */
+    const char *random_type;
 } g4_load_params;
 
 /* Loads a model folder: config.json and the weights (*.safetensors [+ index], bf16/f16/f32 or MLX

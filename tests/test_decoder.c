@@ -3,7 +3,7 @@
  * the KV cache, 24 greedy tokens, chunked prefill, two sequences in one batch;
  * on the checkpoints as shipped, re-saved as sharded safetensors, as float32 and as a
  * BF16 GGUF file, with every instruction set of this CPU; and quantized (GGUF Q8_0,
- * MLX 8-bit, see check_quantized for the tolerances and why). */
+ * MLX 8-bit, on the default device, see check_quantized for the tolerances and why). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -278,16 +278,17 @@ static void check_model(const char *label, const char *model_dir, const referenc
     g4_model_free(model);
 }
 
-/* Full-forward logits [T, V] of a quantized model file or folder, on the CPU (the CUDA backend reads no
- * quantized types); NULL on failure. */
+/* Full-forward logits [T, V] of a quantized model file or folder on the default device (the GPU where there is
+ * one); NULL on failure. */
 static float *full_logits(const char *model, const reference *r, int *V) {
     g4_error err;
     g4_model *m;
-    g4_load_params lp = {.n_threads = test_threads(), .device = "cpu"};
+    g4_load_params lp = {.n_threads = test_threads()};
     if (g4_model_load(model, &lp, &m, &err)) {
         CHECKF(0, "%s: %s", model, err.msg);
         return NULL;
     }
+    on_gpu = strcmp(g4_model_device(m), "cpu") != 0;
     *V = g4_model_vocab_size(m);
     g4_context *ctx;
     g4_context_params cp = {.n_seq_max = 1, .n_ctx = 64, .n_batch = 64};
@@ -322,7 +323,10 @@ static int quantize(const char *in, const char *out, const char *type) {
  *  2. closeness to transformers, with the default int8 activations of Q8_0: position 0 (no
  *     attention mixing yet) within 0.35, and the RMS error over all positions below half the
  *     RMS of the reference logits (a 4-bit file, or an engine error, comes out near 1.0x;
- *     8-bit files measure 0.05 to 0.16 at position 0 and 0.2x to 0.45x RMS). */
+ *     8-bit files measure 0.05 to 0.16 at position 0 and 0.2x to 0.45x RMS).
+ * On the GPU (the default device where there is one) the same checks run there, with its LOGIT_TOL: the
+ * quantized weights are decoded in the GEMV (float activations, no int8 rounding) and, for the prompt's
+ * products, into bf16 hi + lo tiles (cuda_blas.cu). */
 static void check_quantized(const char *fixture, const char *name, const reference *r, const char *type) {
     char q[4096], dq[4096], rel[256];
     int gguf = type[0] == 'q';

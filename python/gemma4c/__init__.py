@@ -53,7 +53,7 @@ class _Error(ctypes.Structure):
 
 class _LoadParams(ctypes.Structure):
     _fields_ = [("n_threads", c_int), ("device", c_char_p), ("progress", PROGRESS_FN), ("progress_user", c_void_p),
-                ("random_weights", c_int)]
+                ("random_weights", c_int), ("random_type", c_char_p)]
 
 
 class _ContextParams(ctypes.Structure):

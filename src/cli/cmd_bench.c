@@ -1,4 +1,4 @@
-/* gemma4c bench (-m DIR | --random CONFIG) [-p 512,4096] [-c 512,8192] [-n 64] [-r 3] [--kv TYPE] [-t THREADS]
+/* gemma4c bench (-m DIR | --random CONFIG [--type T]) [-p 512,4096] [-c 512,8192] [-n 64] [-r 3] [--kv TYPE] [-t THREADS]
  * Speed of one sequence with arbitrary token ids, like llama-bench:
  * - prefill of each P tokens (in batches of up to 512): tokens per second, and the time to the first token
  *   (the prefill with the first generated id back);
@@ -6,7 +6,8 @@
  *   (weights, KV rows; g4_model_decode_bytes), the bandwidth that implies, and its share of the copy bandwidth
  *   of the device measured in the same run (a device-to-device copy, bytes read plus written): the roofline.
  * --random reads no weights: random values of a config's shapes are made on the device (bench on real shapes
- * without checkpoints). Each figure is the best of R repeats.
+ * without checkpoints); --type T makes the matrices packed blocks of a quantized type (q4_0, q8_0, q4_k, q6_k,
+ * mlx4, mlx8, ...: g4_load_params.random_type). Each figure is the best of R repeats.
  * With --draft (a gemma4_assistant drafter), after the first prompt size: the time of a draft step, of a
  * verification step of k tokens, and greedy generation of N tokens after the prompt without and with the drafter
  * (tokens per second, acceptance). */
@@ -28,7 +29,8 @@ static double now_s(void) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: gemma4c bench (-m DIR | --random CONFIG.json) [-p PROMPTS=512] [-c CONTEXTS=512] [-n DECODE=64]\n"
+    fprintf(f, "usage: gemma4c bench (-m DIR | --random CONFIG.json [--type bf16|q4_0|q8_0|q4_k|q6_k|mlx4|mlx8])\n"
+               "                     [-p PROMPTS=512] [-c CONTEXTS=512] [-n DECODE=64]\n"
                "                     [-r REPEATS=3] [--kv f32|bf16|f16] [-t THREADS] [--draft DIR [--draft-n N]]\n"
                "  PROMPTS and CONTEXTS are comma-separated token counts (e.g. -p 512,4096 -c 512,8192)\n");
 }
@@ -176,15 +178,16 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    enum { OPT_DRAFT = 1000, OPT_DRAFT_N };
+    enum { OPT_DRAFT = 1000, OPT_DRAFT_N, OPT_TYPE };
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},  {"random", required_argument, 0, 'R'},
                                          {"prompt", required_argument, 0, 'p'}, {"context", required_argument, 0, 'c'},
                                          {"n-predict", required_argument, 0, 'n'}, {"repeats", required_argument, 0, 'r'},
                                          {"kv", required_argument, 0, 'k'},     {"threads", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
                                          {"draft", required_argument, 0, OPT_DRAFT},
-                                         {"draft-n", required_argument, 0, OPT_DRAFT_N}, {0, 0, 0, 0}};
-    const char *dir = NULL, *random_config = NULL, *kv_name = NULL, *draft_dir = NULL;
+                                         {"draft-n", required_argument, 0, OPT_DRAFT_N},
+                                         {"type", required_argument, 0, OPT_TYPE}, {0, 0, 0, 0}};
+    const char *dir = NULL, *random_config = NULL, *kv_name = NULL, *draft_dir = NULL, *type = NULL;
     long P[MAX_SIZES] = {512}, C[MAX_SIZES] = {512}, N = 64, R = 3, threads = 0, draft_n = 0;
     int nP = 1, nC = 1, c;
     optind = 1;
@@ -201,6 +204,7 @@ int cmd_bench(int argc, char **argv) {
         case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
         case OPT_DRAFT: draft_dir = optarg; break;
         case OPT_DRAFT_N: if (cli_parse_int(optarg, "--draft-n", 1, 256, &draft_n)) return 1; break;
+        case OPT_TYPE: type = optarg; break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("bench", argv);
         }
@@ -209,10 +213,11 @@ int cmd_bench(int argc, char **argv) {
         usage(stderr);
         return cli_error("bench: give a model (-m DIR) or a config for random weights (--random CONFIG.json)");
     }
+    if (type && !random_config) return cli_error("bench: --type is for random weights (--random CONFIG.json)");
     g4_model *m = NULL;
     if (random_config) {
         g4_error err;
-        g4_load_params lp = {.n_threads = (int)threads, .device = cli_device, .random_weights = 1};
+        g4_load_params lp = {.n_threads = (int)threads, .device = cli_device, .random_weights = 1, .random_type = type};
         if (g4_model_load(random_config, &lp, &m, &err)) return cli_error("%s", err.msg);
     } else {
         m = cli_load_model(dir, (int)threads);
@@ -250,8 +255,8 @@ int cmd_bench(int argc, char **argv) {
         ids[i] = (int32_t)(3 + (s >> 8) % (unsigned)(V - 3));
     }
     const double bw = getenv("G4_BENCH_NO_COPY") ? 0.0 : g4_model_copy_bandwidth(m);
-    printf("model %s  device %s  KV %s  copy bandwidth %.0f GB/s\n", random_config ? random_config : dir,
-           g4_model_device(m), kv == G4_KV_F32 ? "f32" : kv == G4_KV_BF16 ? "bf16" : "f16", bw / 1e9);
+    printf("model %s%s%s  device %s  KV %s  copy bandwidth %.0f GB/s\n", random_config ? random_config : dir,
+           type ? "  weights " : "", type ? type : "", g4_model_device(m), kv == G4_KV_F32 ? "f32" : kv == G4_KV_BF16 ? "bf16" : "f16", bw / 1e9);
     for (int i = 0; i < nP; i++) {
         double best = 1e30;
         for (long r = 0; r < R; r++) {

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,7 +85,23 @@ static const g4_tensor *make_tensor(binder *b, const char *full, int ndim, const
     t->dtype = G4_BF16;
     t->ndim = ndim;
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
-    t->nbytes = (size_t)g4_tensor_numel(t) * 2;
+    /* matrices in the asked type (g4_load_params.random_type), as `gemma4c quantize` would write them: routers
+     * and the host-kept per-layer table stay BF16, rows that are not whole blocks Q8_0 (or BF16) */
+    const g4_dtype rt = m->random_type;
+    const int64_t in = ndim ? shape[ndim - 1] : 1;
+    const size_t fl = strlen(full), rl = strlen("router.proj.weight");
+    const int router = fl >= rl && !strcmp(full + fl - rl, "router.proj.weight");
+    const int ple_host = m->ple_on_host && strstr(full, "embed_tokens_per_layer.weight");
+    if (ndim >= 2 && rt != G4_BF16 && !router && !ple_host) {
+        if (g4_dtype_is_mlx(rt)) {
+            t->dtype = in % 64 == 0 ? rt : G4_BF16;
+            t->group = 64;
+            t->scale_dtype = G4_BF16;
+        } else {
+            t->dtype = !g4_dtype_is_quantized(rt) || in % g4_dtype_block(rt) == 0 ? rt : in % 32 == 0 ? G4_Q8_0 : G4_BF16;
+        }
+    }
+    t->nbytes = (size_t)g4_tensor_nrows(t) * g4_tensor_row_bytes(t);
     m->made[m->n_made++] = t;
     return t;
 }
@@ -602,7 +619,13 @@ void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out) {
 }
 
 /* bytes of a matrix of any dtype (quantized: whole blocks) */
-static double tbytes(const g4_tensor *t) { return t ? (double)g4_tensor_row_bytes(t) * (double)g4_tensor_nrows(t) : 0; }
+static double tbytes(const g4_tensor *t) {
+    if (!t) return 0;
+    double row = (double)g4_tensor_row_bytes(t);
+    if (g4_dtype_is_mlx(t->dtype) && t->group > 0) /* and the row's scales and biases */
+        row += 2.0 * (double)(t->shape[t->ndim - 1] / t->group) * (t->scale_dtype == G4_F32 ? 4 : 2);
+    return row * (double)g4_tensor_nrows(t);
+}
 
 G4_API double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
     const g4_text_config *c = &m->cfg.text;
@@ -731,6 +754,18 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     pthread_mutex_init(&m->tower_lock, NULL);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     m->random = params->random_weights != 0;
+    m->random_type = G4_BF16;
+    if (m->random && params->random_type && strcasecmp(params->random_type, "bf16")) {
+        m->random_type = G4_DTYPE_UNKNOWN;
+        for (int t = G4_F32; t < G4_DTYPE_COUNT; t++)
+            if ((t <= G4_BF16 || g4_dtype_is_quantized((g4_dtype)t)) && !strcasecmp(params->random_type, g4_dtype_name((g4_dtype)t)))
+                m->random_type = (g4_dtype)t;
+        if (m->random_type == G4_DTYPE_UNKNOWN) {
+            g4_fail(err, "random weights of type '%s': expected bf16, f16, f32, q8_0, q4_0, q4_k, q6_k, mlx4, mlx8, ...",
+                    params->random_type);
+            goto fail;
+        }
+    }
     if (m->random && g4_file_exists(dir)) { /* a config.json file: no tokenizer, template or generation config */
         json_t *root;
         if (g4_json_load_file(dir, &root, err)) goto fail;

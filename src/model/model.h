@@ -74,6 +74,7 @@ struct g4_model {
     int n_vecs;
     float *vec_arena;                /* their backend copies (NULL on a host-memory backend) */
     int random;                      /* random weights: no files (g4_load_params.random_weights) */
+    g4_dtype random_type;            /* their matrices' type (g4_load_params.random_type) */
     g4_tensor **made;                /* random mode: tensors made by the binder, then their placed copies */
     int n_made;
     void *host_table;                /* random mode: the host-kept per-layer embedding table */

@@ -57,21 +57,53 @@ static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *ds
     if (src->data) return 0;
     g4_cpu *cpu = cpu_of(be);
     const size_t esz = (size_t)g4_dtype_bits(src->dtype) / 8, n = (size_t)g4_tensor_numel(src);
-    if (esz != 2 && esz != 4) return g4_fail(err, "random values of dtype %s are not supported", g4_dtype_name(src->dtype));
-    if (cpu->n_owned == cpu->cap_owned) {
+    const int quant = g4_dtype_is_quantized(src->dtype) && src->dtype != G4_Q4_1 && src->dtype != G4_Q5_0 &&
+                      src->dtype != G4_Q5_1;
+    if (esz != 2 && esz != 4 && !quant)
+        return g4_fail(err, "random values of dtype %s are not supported", g4_dtype_name(src->dtype));
+    if (cpu->n_owned + 3 > cpu->cap_owned) {
         int cap = cpu->cap_owned ? 2 * cpu->cap_owned : 64;
         void **o = realloc(cpu->owned, (size_t)cap * sizeof *o);
         if (!o) return g4_fail(err, "out of memory");
         cpu->owned = o;
         cpu->cap_owned = cap;
     }
+    const int64_t in = src->shape[src->ndim - 1], rows = in ? (int64_t)n / in : 0;
+    const size_t bytes = quant ? (size_t)rows * g4_tensor_row_bytes(src) : n * esz;
     void *data = NULL;
-    if (posix_memalign(&data, 64, n * esz > 0 ? n * esz : 64))
-        return g4_fail(err, "out of memory for %zu bytes of random weights ('%s')", n * esz, src->name);
-    g4_fill_random(src->dtype, data, n, src->shape[src->ndim - 1], g4_name_seed(src->name));
+    if (posix_memalign(&data, 64, bytes > 0 ? bytes : 64))
+        return g4_fail(err, "out of memory for %zu bytes of random weights ('%s')", bytes, src->name);
     cpu->owned[cpu->n_owned++] = data;
+    *dst = *src;
     dst->data = data;
-    dst->nbytes = n * esz;
+    dst->nbytes = bytes;
+    if (!quant) {
+        g4_fill_random(src->dtype, data, n, in, g4_name_seed(src->name));
+        return 0;
+    }
+    /* quantized: random values encoded row by row (the reference encoders) */
+    float *row = malloc((size_t)in * sizeof(float));
+    if (!row) return g4_fail(err, "out of memory");
+    const int mlx = g4_dtype_is_mlx(src->dtype);
+    const size_t ng = mlx ? (size_t)(in / src->group) : 0, ss = src->scale_dtype == G4_F32 ? 4 : 2;
+    void *sc = NULL, *bi = NULL;
+    if (mlx && (posix_memalign(&sc, 64, (size_t)rows * ng * ss + 64) || posix_memalign(&bi, 64, (size_t)rows * ng * ss + 64))) {
+        free(row), free(sc);
+        return g4_fail(err, "out of memory for random weights ('%s')", src->name);
+    }
+    if (mlx) cpu->owned[cpu->n_owned++] = sc, cpu->owned[cpu->n_owned++] = bi, dst->scales = sc, dst->biases = bi;
+    const float amp = sqrtf(3.0f / (float)(in > 0 ? in : 1));
+    const uint64_t seed = g4_name_seed(src->name);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < in; k++) row[k] = g4_random_value(seed, (uint64_t)(r * in + k), amp);
+        unsigned char *o = (unsigned char *)data + (size_t)r * g4_tensor_row_bytes(src);
+        if (mlx)
+            g4_mlx_quant_row(g4_mlx_bits(src->dtype), src->group, row, in, o, (char *)sc + (size_t)r * ng * ss,
+                             (char *)bi + (size_t)r * ng * ss, src->scale_dtype);
+        else
+            g4_quant(src->dtype, row, o, in);
+    }
+    free(row);
     return 0;
 }
 static void cpu_release_weight(g4_backend *be, g4_tensor *w) {

@@ -1,6 +1,7 @@
 /* The CUDA backend (src/backend/backend.h; docs/architecture.md, "The backend owns its memory"): device memory,
  * weight placement, recorded steps (CUDA graphs) and the op table. The ops live in cuda_gemv.cu (products),
- * cuda_blas.cu (prefill products), cuda_attention.cu, cuda_moe.cu and cuda_misc.cu.
+ * cuda_blas.cu (prefill products), cuda_attention.cu, cuda_moe.cu and cuda_misc.cu; quantized weights
+ * (GGUF Q8_0/Q4_0/Q4_K/Q6_K, MLX affine 4/8-bit) are repacked at upload by cuda_quant.cu and stay packed.
  *
  * Everything runs on one stream. Host-to-device copies of step inputs go through a pinned staging buffer
  * (reset at each sync), so they are asynchronous; device-to-host copies wait for the stream (the contract:

@@ -75,8 +75,9 @@ static float elem(const void *p, size_t i, g4_dtype t) {
     return t == G4_BF16 ? g4_bf16_to_f32(h) : g4_f16_to_f32(h);
 }
 
-/* y[t, 0..m) (row stride ldc) = x' A^T for A [m, lda] of dtype t */
-static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc) {
+/* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t */
+static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
+                      int acc) {
     (void)c;
     for (int tk = 0; tk < x->n; tk++)
         for (int r = 0; r < m; r++) {
@@ -86,7 +87,7 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
                 if (x->lo) xv += elem(x->lo, (size_t)tk * x->in + k, x->t);
                 s += elem(A, (size_t)r * (size_t)lda + k, t) * xv;
             }
-            y[(size_t)tk * ldc + r] = s;
+            y[(size_t)tk * ldc + r] = acc ? y[(size_t)tk * ldc + r] + s : s;
         }
 }
 
@@ -116,10 +117,11 @@ static void blas_note(g4c *c, cublasStatus_t s, const char *what) {
     snprintf(c->error_what, sizeof c->error_what, "cuBLAS %s: %s", what, blas_status(s));
 }
 
-/* y[t, 0..m) (row stride ldc) = x' A^T for A [m, lda] of dtype t (f32 weights: an f32 product) */
-static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc) {
+/* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product) */
+static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
+                      int acc) {
     cublasHandle_t h = (cublasHandle_t)c->blas;
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f, zero = acc ? 1.0f : 0.0f;
     if (t == G4_F32) {
         blas_note(c,
                   cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, (const float *)A, lda,
@@ -165,23 +167,30 @@ void g4c_blas_free(g4c *c) {
 #endif
 
 /* Plain weights are multiplied where they are; quantized ones a tile of rows at a time, decoded to bf16 in a
- * workspace (at most DEQ_ELEMS weights). */
+ * workspace (at most DEQ_ELEMS weights). In the precise mode (c->gemm_split) the decoded weights are split like
+ * the activations, w = hi + lo, and y = hi (x_hi + x_lo) + lo x_hi: about 16 significant bits on both sides
+ * (a weight rounded to bf16 once moves these chaotic fixtures' logits by more than 1). */
 #define DEQ_ELEMS ((size_t)32 << 20)
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
     const int out = (int)w->shape[0];
     if (!g4_dtype_is_quantized(w->dtype)) {
         const int lda = (int)(g4c_row_bytes(w->dtype, x->in) / (size_t)(g4_dtype_bits(w->dtype) / 8));
-        gemm_rows(c, x, w->data, w->dtype, lda, out, y, out);
+        gemm_rows(c, x, w->data, w->dtype, lda, out, y, out, 0);
         return;
     }
     size_t per = DEQ_ELEMS / (size_t)x->in;
     if (per < 1) per = 1;
     if (per > (size_t)out) per = (size_t)out;
-    uint16_t *tile = (uint16_t *)g4c_ws(c, &c->ws_deq, per * (size_t)x->in * 2);
+    const int split = x->lo != NULL;
+    const size_t tile_elems = per * (size_t)x->in;
+    uint16_t *tile = (uint16_t *)g4c_ws(c, &c->ws_deq, tile_elems * 2 * (split ? 2 : 1));
     if (!tile) return;
+    g4c_gemm_in xhi = *x;
+    xhi.lo = NULL;
     for (int r0 = 0; r0 < out; r0 += (int)per) {
         const int m = out - r0 < (int)per ? out - r0 : (int)per;
-        g4c_dequant_bf16(c, w, r0, m, tile);
-        gemm_rows(c, x, tile, G4_BF16, x->in, m, y + r0, out);
+        g4c_dequant_bf16(c, w, r0, m, tile, split ? tile + tile_elems : NULL);
+        gemm_rows(c, x, tile, G4_BF16, x->in, m, y + r0, out, 0);
+        if (split) gemm_rows(c, &xhi, tile + tile_elems, G4_BF16, x->in, m, y + r0, out, 1);
     }
 }

@@ -350,6 +350,9 @@ template <> struct g4_qt<G4_MLX8> {
     }
 };
 
+/* Every weight type of the backend, for dispatching a template: X(G4_BF16) X(G4_F16) ... */
+#define G4C_WEIGHT_TYPES(X) X(G4_BF16) X(G4_F16) X(G4_F32) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q4_K) X(G4_Q6_K) X(G4_MLX4) X(G4_MLX8)
+
 /* The EPA weights of the access at element k (k a multiple of EPA) of a device row, scales applied. */
 template <int DT> static __device__ __forceinline__ void g4_qdecode(const unsigned char *row, int k, const g4c_qrow &q,
                                                                   float *w) {
@@ -369,6 +372,20 @@ template <int DT> static __device__ __forceinline__ void g4_qdecode(const unsign
         }
     }
 }
+
+/* Any weight type: EPA consecutive weights per access (8 for plain types: rows padded to 8; quantized: g4_qt). */
+template <int DT, bool Q = (DT >= G4_Q4_0)> struct g4_wacc {
+    enum { EPA = 8 };
+    static __device__ __forceinline__ void decode(const unsigned char *row, int k, const g4c_qrow &, float *w) {
+        g4_wload<DT>::load(row, k, w);
+    }
+};
+template <int DT> struct g4_wacc<DT, true> {
+    enum { EPA = g4_qt<DT>::EPA };
+    static __device__ __forceinline__ void decode(const unsigned char *row, int k, const g4c_qrow &q, float *w) {
+        g4_qdecode<DT>(row, k, q, w);
+    }
+};
 
 /* Element of a KV cache row as f32. */
 static __device__ __forceinline__ float g4_kv_get(const void *cache, size_t i, int kv_type) {
@@ -602,9 +619,7 @@ void g4c_fill_random(g4c *c, void *dst, g4_dtype t, int64_t rows, int64_t in, si
 /* cuda_quant.cu: quantized weights (upload, random packed blocks, rows decoded to bf16, embeddings, row dots) */
 int g4c_upload_quant(g4c *c, const g4_tensor *src, void *d, int64_t rows, size_t row_bytes, g4_error *err);
 void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, size_t row_bytes, uint64_t seed);
-void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *out);
+void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *out, uint16_t *lo);
 void g4c_embed_quant(g4c *c, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
-void g4c_quant_dot_rows(g4c *c, dim3 grid, const float *x, const int *sel, int per, int n, const int32_t *ordering,
-                        const g4_tensor *table, float *out);
 
 #endif

@@ -10,7 +10,16 @@
  * scale), bias, the GeGLU of gate/up pairs (a group reads gate row r and up row r together) or against a
  * given multiplier, the soft-cap.
  *
- * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu) and one epilogue kernel. */
+ * Quantized weights (cuda_common.cuh, g4_qt) go through the same kernel: an access of a lane is then a run of
+ * EPA codes (32 or 64, 16-32 bytes of 16-byte loads) and the word of its scales, fewer accesses in flight (about
+ * 64 bytes of codes per lane); each segment of codes sharing a scale is summed as sum(v x) with the codes turned
+ * into floats by a byte permute and one subtraction (no int-to-float conversions), then scaled, plus the
+ * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). The
+ * router of the MoE block (g4c_matmul_scaled) stays on this GEMV in steps of G4C_GEMV_MAX tokens for every
+ * step size when it is quantized, so that it reads exact weights.
+ *
+ * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu; quantized weights decoded to bf16
+ * tiles first) and one epilogue kernel. */
 #include "backend/cuda/cuda_common.cuh"
 
 #define G4C_GEMV_MAX 8
@@ -306,8 +315,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                                 }
                         }
                     }
-                    continue;
-                }
+                } else {
 #pragma unroll
                 for (int u = 0; u < UN; u++) {
                     const int kk = k + u * step;
@@ -325,6 +333,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                                              w[r][4] * x1.x + w[r][5] * x1.y + w[r][6] * x1.z + w[r][7] * x1.w;
                         }
                     }
+                }
                 }
             }
         }

@@ -293,23 +293,20 @@ __global__ void masked_select_kernel(const float *scores, int n_groups, int top_
     for (int g = threadIdx.x; g < n_groups; g += blockDim.x) taken[g] = flag[g];
 }
 
+template <int DT>
 __global__ void masked_dot_kernel(const float *x, const int *sel, int per, int n, const int32_t *ordering,
-                                  const unsigned char *table, size_t row_bytes, int dt, int dim, float *out) {
+                                  const unsigned char *table, size_t row_bytes, g4c_qrow q, float *out) {
+    constexpr int EPA = g4_wacc<DT>::EPA;
     g4_grid_wait();
     const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
     for (int i = blockIdx.x * warps + (threadIdx.x >> 5); i < n; i += gridDim.x * warps) {
         const int id = ordering[(size_t)sel[i / per] * per + i % per];
         const unsigned char *row = table + (size_t)id * row_bytes;
         float s = 0.0f;
-        for (int k = lane * 8; k < dim; k += 32 * 8) {
-            float wv[8];
-            if (dt == G4_BF16)
-                g4_wload<G4_BF16>::load(row, k, wv);
-            else if (dt == G4_F16)
-                g4_wload<G4_F16>::load(row, k, wv);
-            else
-                g4_wload<G4_F32>::load(row, k, wv);
-            for (int j = 0; j < 8 && k + j < dim; j++) s += wv[j] * x[k + j];
+        for (int k = lane * EPA; k < q.in; k += 32 * EPA) {
+            float wv[EPA];
+            g4_wacc<DT>::decode(row, k, q, wv);
+            for (int j = 0; j < EPA && k + j < q.in; j++) s += wv[j] * x[k + j];
         }
         s = g4_warp_sum(s);
         if (lane == 0) out[id] = s;
@@ -346,7 +343,7 @@ __global__ void masked_fill_kernel(const int *taken, int per, int V, const int32
 void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
                        const int32_t *ordering, const g4_tensor *table, float *out) {
     g4c *c = g4c_of(be);
-    const int V = (int)table->shape[0], dim = (int)table->shape[1];
+    const int V = (int)table->shape[0];
     if (n_groups <= 0 || top_k <= 0 || top_k > n_groups || V % n_groups) {
         g4c_note(c, cudaErrorInvalidValue, "masked_logits: groups do not divide the vocabulary");
         return;
@@ -361,12 +358,17 @@ void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int 
     int *sel = ws, *taken = ws + top_k;
     float *fill = (float *)(taken + n_groups);
     g4c_launch(c, masked_select_kernel, dim3(1), dim3(1024), (size_t)n_groups, scores, n_groups, top_k, sel, taken);
-    if (g4_dtype_is_quantized(table->dtype))
-        g4c_quant_dot_rows(c, dim3(blocks_for(c, (size_t)n, 8)), x, (const int *)sel, per, n, ordering, table, out);
-    else
-        g4c_launch(c, masked_dot_kernel, dim3(blocks_for(c, (size_t)n, 8)), dim3(256), 0, x, (const int *)sel, per, n,
-                   ordering, (const unsigned char *)table->data, g4c_row_bytes(table->dtype, dim), (int)table->dtype,
-                   dim, out);
+    const g4c_qrow q = g4c_qrow_of(table);
+    switch (table->dtype) {
+#define DOT(T)                                                                                                       \
+    case T:                                                                                                          \
+        g4c_launch(c, masked_dot_kernel<T>, dim3(blocks_for(c, (size_t)n, 8)), dim3(256), 0, x, (const int *)sel, per, \
+                   n, ordering, (const unsigned char *)table->data, g4c_wrow_bytes(table), q, out);                     \
+        break;
+        G4C_WEIGHT_TYPES(DOT)
+#undef DOT
+    default: break;
+    }
     g4c_launch(c, masked_min_kernel, dim3(1), dim3(1024), 0, (const int *)sel, per, n, ordering, (const float *)out,
                fill);
     g4c_launch(c, masked_fill_kernel, dim3(blocks_for(c, (size_t)V, 256)), dim3(256), 0, (const int *)taken, per, V,

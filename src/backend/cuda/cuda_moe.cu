@@ -11,6 +11,8 @@
  * 5. combine: per token, the sum of its k pairs' rows (in k order), then the branch's norms and the add:
  *    out = rmsnorm(dense) * post_norm1 + rmsnorm(sum) * post_norm2.
  * x2 = rmsnorm(residual) * pre_norm2 is never stored: the experts' kernels normalize the rows they stage.
+ * Experts may be quantized (the decoders of cuda_common.cuh: a lane reads an access of EPA codes at a time), and
+ * gate and up may be one tensor [E, 2 Im, H] or two [E, Im, H] (MLX files).
  * Grids are sized by the most experts a step can touch (min(E, n * top_k)); blocks of experts beyond the
  * active count return at once, so the launch does not depend on the routing. */
 #include "backend/cuda/cuda_common.cuh"
@@ -219,7 +221,7 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
                     }
                 }
             }
-        } else
+        } else {
         for (int k4 = lane * 8; k4 < a.H; k4 += 4 * 256) { /* four chunks' loads in flight together */
             float wg[4][8], wu[4][8];
 #pragma unroll
@@ -244,6 +246,7 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
                     }
                 }
             }
+        }
         }
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) {
@@ -299,7 +302,7 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
                     }
                 }
             }
-        } else
+        } else {
         for (int k4 = lane * 8; k4 < a.Im; k4 += 4 * 256) { /* four chunks' loads in flight together */
             float w[4][8];
 #pragma unroll
@@ -318,6 +321,7 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
                     for (int z = 0; z < 8; z++) d[j] = fmaf(w[q][z], xv[z], d[j]);
                 }
             }
+        }
         }
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) {
@@ -356,10 +360,9 @@ __global__ void moe_combine_kernel(moe_args a) {
 }
 
 /* Lets the expert kernels stage up to MOE_NT rows of the hidden size in shared memory (once, at start). */
-#define MOE_TYPES(X) X(G4_BF16) X(G4_F16) X(G4_F32) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q4_K) X(G4_Q6_K) X(G4_MLX4) X(G4_MLX8)
 void g4c_moe_init(g4c *c) {
 #define ALLOW(T) g4c_allow_smem(c, moe_gate_up_kernel<T>), g4c_allow_smem(c, moe_down_kernel<T>);
-    MOE_TYPES(ALLOW)
+    G4C_WEIGHT_TYPES(ALLOW)
 #undef ALLOW
     g4c_allow_smem(c, moe_combine_kernel);
 }
@@ -426,14 +429,14 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     switch (m->gate_up->dtype) {
 #define GU(T) \
     case T: g4c_launch(c, moe_gate_up_kernel<T>, gu_grid, dim3(256), gu_smem, a); break;
-        MOE_TYPES(GU)
+        G4C_WEIGHT_TYPES(GU)
 #undef GU
     default: break;
     }
     switch (m->down->dtype) {
 #define DN(T) \
     case T: g4c_launch(c, moe_down_kernel<T>, dn_grid, dim3(256), dn_smem, a); break;
-        MOE_TYPES(DN)
+        G4C_WEIGHT_TYPES(DN)
 #undef DN
     default: break;
     }

@@ -1,7 +1,7 @@
 /* Quantized weights on the GPU (src/backend/backend.h: upload_weight; core/quant.h for the file layouts,
  * cuda_common.cuh for the device layouts and the decoders g4_qt): the repacking at upload, random packed
  * weights for benchmarks (g4c_fill_random), rows decoded to bf16 tiles for the prefill products
- * (g4c_dequant_bf16) and embedding rows of a quantized table (g4c_embed).
+ * (g4c_dequant_bf16: bf16, or bf16 hi + lo parts) and embedding rows of a quantized table (g4c_embed).
  *
  * Repacking keeps the bytes of every block (no weight is decoded): codes are moved into runs a lane reads
  * with 16-byte loads, and the scales of a row follow its codes. */
@@ -187,7 +187,7 @@ void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, 
 /* rows [r0, r0 + m) of a quantized matrix as bf16 [m, in]: a thread per access */
 template <int DT>
 __global__ void dequant_bf16_kernel(const unsigned char *w, size_t row_bytes, g4c_qrow q, int64_t r0, int m,
-                                    uint16_t *out) {
+                                    uint16_t *out, uint16_t *lo) {
     constexpr int EPA = g4_qt<DT>::EPA;
     g4_grid_wait();
     const int per_row = q.in / EPA;
@@ -197,11 +197,14 @@ __global__ void dequant_bf16_kernel(const unsigned char *w, size_t row_bytes, g4
         const int k = (int)(i % (size_t)per_row) * EPA;
         float v[EPA];
         g4_qdecode<DT>(w + (size_t)(r0 + (int64_t)r) * row_bytes, k, q, v);
-        uint16_t *o = out + r * (size_t)q.in + k;
+        uint16_t *o = out + r * (size_t)q.in + k, *ol = lo ? lo + r * (size_t)q.in + k : NULL;
 #pragma unroll
         for (int j = 0; j < EPA; j += 2) {
-            const unsigned pair = (unsigned)g4_f2bf(v[j]) | (unsigned)g4_f2bf(v[j + 1]) << 16;
-            *(unsigned *)(o + j) = pair;
+            const uint16_t h0 = g4_f2bf(v[j]), h1 = g4_f2bf(v[j + 1]);
+            *(unsigned *)(o + j) = (unsigned)h0 | (unsigned)h1 << 16;
+            if (ol)
+                *(unsigned *)(ol + j) =
+                    (unsigned)g4_f2bf(v[j] - g4_bf2f(h0)) | (unsigned)g4_f2bf(v[j + 1] - g4_bf2f(h1)) << 16;
         }
     }
 }
@@ -217,14 +220,14 @@ __global__ void dequant_bf16_kernel(const unsigned char *w, size_t row_bytes, g4
     default: break;                            \
     }
 
-void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *out) {
+void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *out, uint16_t *lo) {
     const g4c_qrow q = g4c_qrow_of(w);
     const size_t rb = g4c_wrow_bytes(w), total = (size_t)m * (size_t)(q.in / 32);
     size_t blocks = (total + 255) / 256;
     if (blocks > (size_t)c->n_sm * 16) blocks = (size_t)c->n_sm * 16;
     const dim3 grid((unsigned)(blocks ? blocks : 1));
 #define LAUNCH(T) \
-    g4c_launch(c, dequant_bf16_kernel<T>, grid, dim3(256), 0, (const unsigned char *)w->data, rb, q, r0, m, out)
+    g4c_launch(c, dequant_bf16_kernel<T>, grid, dim3(256), 0, (const unsigned char *)w->data, rb, q, r0, m, out, lo)
     G4C_QUANT_SWITCH(w->dtype, LAUNCH)
 #undef LAUNCH
 }
@@ -251,38 +254,6 @@ void g4c_embed_quant(g4c *c, const g4_tensor *table, const int32_t *ids, int n, 
 #define LAUNCH(T)                                                                                                  \
     g4c_launch(c, embed_quant_kernel<T>, dim3((unsigned)n), dim3(128), 0, (const unsigned char *)table->data, rb, q, \
                ids, scale, out)
-    G4C_QUANT_SWITCH(table->dtype, LAUNCH)
-#undef LAUNCH
-}
-
-/* out[id] = x . table[id] for a warp per id of the list (the drafter's masked logits): see cuda_misc.cu */
-template <int DT>
-__global__ void quant_dot_rows_kernel(const float *x, const int *sel, int per, int n, const int32_t *ordering,
-                                      const unsigned char *table, size_t row_bytes, g4c_qrow q, float *out) {
-    constexpr int EPA = g4_qt<DT>::EPA;
-    g4_grid_wait();
-    const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
-    for (int i = blockIdx.x * warps + (threadIdx.x >> 5); i < n; i += gridDim.x * warps) {
-        const int id = ordering[(size_t)sel[i / per] * per + i % per];
-        const unsigned char *row = table + (size_t)id * row_bytes;
-        float s = 0.0f;
-        for (int k = lane * EPA; k < q.in; k += 32 * EPA) {
-            float v[EPA];
-            g4_qdecode<DT>(row, k, q, v);
-            for (int j = 0; j < EPA; j++) s += v[j] * x[k + j];
-        }
-        s = g4_warp_sum(s);
-        if (lane == 0) out[id] = s;
-    }
-}
-
-void g4c_quant_dot_rows(g4c *c, dim3 grid, const float *x, const int *sel, int per, int n, const int32_t *ordering,
-                        const g4_tensor *table, float *out) {
-    const g4c_qrow q = g4c_qrow_of(table);
-    const size_t rb = g4c_wrow_bytes(table);
-#define LAUNCH(T)                                                                                                  \
-    g4c_launch(c, quant_dot_rows_kernel<T>, grid, dim3(256), 0, x, sel, per, n, ordering,                        \
-               (const unsigned char *)table->data, rb, q, out)
     G4C_QUANT_SWITCH(table->dtype, LAUNCH)
 #undef LAUNCH
 }
