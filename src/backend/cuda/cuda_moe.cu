@@ -169,6 +169,14 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
     const int e = a.ws.act_e[slot], off = a.ws.act_off[slot], cnt = a.ws.act_cnt[slot];
     const unsigned char *base = a.gate_up + (size_t)e * 2 * a.Im * a.gu_row;
     const unsigned char *gr = base + (size_t)c * a.gu_row, *ur = base + (size_t)(a.Im + c) * a.gu_row;
+    float wg[4][8], wu[4][8];
+    /* the first four chunks' weights of the first rows: in flight while the inputs are staged */
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        if (c < a.Im && lane * 8 + q * 256 < a.H) {
+            g4_wload<DT>::load(gr, lane * 8 + q * 256, wg[q]);
+            g4_wload<DT>::load(ur, lane * 8 + q * 256, wu[q]);
+        }
     for (int p0 = 0; p0 < cnt; p0 += MOE_NT) {
         const int np = cnt - p0 < MOE_NT ? cnt - p0 : MOE_NT;
         __syncthreads();
@@ -179,13 +187,13 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) g[j] = u[j] = 0.0f;
         for (int k4 = lane * 8; k4 < a.H; k4 += 4 * 256) { /* four chunks' loads in flight together */
-            float wg[4][8], wu[4][8];
+            if (p0 > 0 || k4 > lane * 8)
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                if (k4 + q * 256 < a.H) {
-                    g4_wload<DT>::load(gr, k4 + q * 256, wg[q]);
-                    g4_wload<DT>::load(ur, k4 + q * 256, wu[q]);
-                }
+                for (int q = 0; q < 4; q++)
+                    if (k4 + q * 256 < a.H) {
+                        g4_wload<DT>::load(gr, k4 + q * 256, wg[q]);
+                        g4_wload<DT>::load(ur, k4 + q * 256, wu[q]);
+                    }
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int k = k4 + q * 256;
@@ -221,6 +229,11 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
     const int lane = threadIdx.x & 31, i = blockIdx.x * 8 + (threadIdx.x >> 5), ldi = (a.Im + 7) & ~7;
     const int e = a.ws.act_e[slot], off = a.ws.act_off[slot], cnt = a.ws.act_cnt[slot];
     const unsigned char *row = a.down + ((size_t)e * a.H + i) * a.dn_row;
+    float w[4][8];
+    /* the first four chunks' weights: in flight while the inputs are staged */
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        if (i < a.H && lane * 8 + q * 256 < a.Im) g4_wload<DT>::load(row, lane * 8 + q * 256, w[q]);
     for (int p0 = 0; p0 < cnt; p0 += MOE_NT) {
         const int np = cnt - p0 < MOE_NT ? cnt - p0 : MOE_NT;
         __syncthreads();
@@ -231,10 +244,10 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) d[j] = 0.0f;
         for (int k4 = lane * 8; k4 < a.Im; k4 += 4 * 256) { /* four chunks' loads in flight together */
-            float w[4][8];
+            if (p0 > 0 || k4 > lane * 8)
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                if (k4 + q * 256 < a.Im) g4_wload<DT>::load(row, k4 + q * 256, w[q]);
+                for (int q = 0; q < 4; q++)
+                    if (k4 + q * 256 < a.Im) g4_wload<DT>::load(row, k4 + q * 256, w[q]);
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int k = k4 + q * 256;
