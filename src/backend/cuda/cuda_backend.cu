@@ -431,6 +431,8 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
     c->gemm_split = !env_is("G4_CUDA_GEMM", "bf16");
     const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
+    const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");
+    c->att_min_keys = ak && atoi(ak) >= 16 && atoi(ak) <= 512 ? atoi(ak) : 64;
     const char *gc = getenv("G4_CUDA_GEMV_CAP");
     c->gemv_cap = gc && *gc >= '1' && *gc <= '8' && !gc[1] ? *gc - '0' : 8;
     const char *gb = getenv("G4_CUDA_GEMV_BLOCKS");
