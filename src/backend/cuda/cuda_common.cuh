@@ -35,6 +35,7 @@ static inline uint4 g4_ld_stream(const void *p) {
 static inline float g4_h2f(uint16_t h) { return g4_f16_to_f32(h); }
 static inline uint16_t g4_f2h(float f) { return g4_f32_to_f16(f); }
 static inline void g4_cp16(void *smem, const void *gmem) { memcpy(smem, gmem, 16); }
+static inline void g4_prefetch_l1(const void *p) { (void)p; }
 static inline void g4_cp_wait(void) {}
 static inline void g4_cp_commit(void) {}
 static inline void g4_cp_wait_but_one(void) {}
@@ -54,6 +55,8 @@ static __device__ __forceinline__ uint4 g4_ld_stream(const void *p) {
                  : "l"(p));
     return v;
 }
+/* the 128-byte line of p into L1, for a read soon after */
+static __device__ __forceinline__ void g4_prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 /* 16 bytes global -> shared without registers (cp.async; complete after g4_cp_wait) */
 static __device__ __forceinline__ void g4_cp16(void *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);

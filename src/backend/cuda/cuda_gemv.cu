@@ -159,7 +159,13 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     g4_grid_wait();
     if (NT == 1 && a.res_out) { /* the residual update (one token): into xs, then its 1/rms and the norm */
         float so = 0.0f;
-        for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) so += a.res_o[i] * a.res_o[i];
+        for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) {
+            so += a.res_o[i] * a.res_o[i];
+            if ((i & 31) == 0) { /* what the next pass reads, into L1 meanwhile */
+                g4_prefetch_l1(a.res_h + i), g4_prefetch_l1(a.res_w + i);
+                if (a.norm) g4_prefetch_l1(a.norm + i);
+            }
+        }
         const float inv_o = rsqrtf(g4_block_sum(so, &red[0][0]) / (float)a.in + a.eps);
         float sh = 0.0f;
         for (int i = threadIdx.x; i < kt; i += GEMV_THREADS) {
@@ -182,6 +188,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                 for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) {
                     const float v = a.x[(size_t)t * a.in + i];
                     ss[t] += v * v;
+                    if (t == 0 && (i & 31) == 0) g4_prefetch_l1(a.norm + i); /* staged next */
                 }
             ss[t] = g4_warp_sum(ss[t]);
         }
