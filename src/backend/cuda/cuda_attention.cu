@@ -315,7 +315,7 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
         if (bound > cap) bound = cap;
         int splits = c->n_sm / (a->n_kv_heads * n); /* a block per multiprocessor */
         if (splits > ATT_MAX_SPLITS) splits = ATT_MAX_SPLITS;
-        const int least = c->att_min_keys; /* keys a split takes at least (64; G4_CUDA_ATT_MIN_KEYS) */
+        const int least = c->att_min_keys; /* keys a split takes at least (32; G4_CUDA_ATT_MIN_KEYS) */
         if (splits > (bound + least - 1) / least) splits = (bound + least - 1) / least;
         if (splits > 1) {
             if ((size_t)n * a->n_kv_heads > c->n_counters) {

@@ -432,9 +432,9 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
     const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
     const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");
-    c->att_min_keys = ak && atoi(ak) >= 16 && atoi(ak) <= 512 ? atoi(ak) : 64;
+    c->att_min_keys = ak && atoi(ak) >= 16 && atoi(ak) <= 512 ? atoi(ak) : 32;
     const char *gc = getenv("G4_CUDA_GEMV_CAP");
-    c->gemv_cap = gc && *gc >= '1' && *gc <= '8' && !gc[1] ? *gc - '0' : 8;
+    c->gemv_cap = gc && *gc >= '1' && *gc <= '8' && !gc[1] ? *gc - '0' : 4;
     const char *gb = getenv("G4_CUDA_GEMV_BLOCKS");
     c->gemv_blocks_per_sm = gb && *gb >= '1' && *gb <= '8' && !gb[1] ? *gb - '0' : 2;
     if (env_is("G4_CUDA_PROFILE", "1") && (c->profile = (g4c_profile *)calloc(1, sizeof *c->profile))) {

@@ -239,9 +239,9 @@ typedef struct g4c {
     void *blas_ws;
     int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
     size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
-    int att_min_keys;     /* decode attention: keys a split-K block takes at least (64; G4_CUDA_ATT_MIN_KEYS=16..512) */
+    int att_min_keys;     /* decode attention: keys a split-K block takes at least (32; G4_CUDA_ATT_MIN_KEYS=16..512) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
-                           * (so each block stages its inputs once; 8; G4_CUDA_GEMV_CAP=1..8) */
+                           * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
     int gemv_blocks_per_sm; /* GEMV warps per row grow until rows x warps fill this many blocks a multiprocessor
                              * (2; G4_CUDA_GEMV_BLOCKS=1..8) */
     void **retired;       /* workspaces replaced while recording (freed with the backend) */
