@@ -62,9 +62,11 @@ template <int DT> struct wraw<DT, true> {
     enum { EPA = g4_qt<DT>::EPA, WORDS = g4_qt<DT>::QW + 1, QUANT = 1, SEG = g4_qt<DT>::SEG,
            NEED_SUM = g4_qt<DT>::NEED_SUM };
 };
-/* accesses in flight per lane (about 64 bytes of codes) */
+/* accesses in flight per lane: about 64 bytes of codes and scales (Q4_K's scales are a whole word; ptxas
+ * gave its one-token kernel 124 registers with 4) */
 template <int DT> struct wunroll {
-    enum { N = !wraw<DT>::QUANT ? GEMV_UNROLL : wraw<DT>::WORDS - 1 >= 3 ? 1 : wraw<DT>::WORDS - 1 == 2 ? 2 : 4 };
+    enum { N = !wraw<DT>::QUANT ? GEMV_UNROLL : wraw<DT>::WORDS - 1 >= 3 ? 1
+               : wraw<DT>::WORDS - 1 == 2 || DT == G4_Q4_K ? 2 : 4 };
 };
 
 template <int DT>
