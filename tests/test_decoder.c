@@ -319,14 +319,17 @@ static int quantize(const char *in, const char *out, const char *type) {
  * test), and the error grows along the sequence through attention, so a tight bound against
  * reference.safetensors cannot hold for any correct 8-bit engine. The test therefore checks
  *  1. exactness: the quantized file run with float activations gives the logits of its own
- *     weights decoded to f32 by the reference decoder (a separate F32 file) within LOGIT_TOL;
+ *     weights decoded to f32 by the reference decoder (a separate F32 file) within QUANT_EXACT_TOL;
  *  2. closeness to transformers, with the default int8 activations of Q8_0: position 0 (no
  *     attention mixing yet) within 0.35, and the RMS error over all positions below half the
  *     RMS of the reference logits (a 4-bit file, or an engine error, comes out near 1.0x;
  *     8-bit files measure 0.05 to 0.16 at position 0 and 0.2x to 0.45x RMS).
- * On the GPU (the default device where there is one) the same checks run there, with its LOGIT_TOL: the
- * quantized weights are decoded in the GEMV (float activations, no int8 rounding) and, for the prompt's
- * products, into bf16 hi + lo tiles (cuda_blas.cu). */
+ * On the GPU (the default device where there is one) the same checks run there: the quantized weights are
+ * decoded in the GEMV (float activations, no int8 rounding) and, for the prompt's products, into bf16 hi + lo
+ * tiles (cuda_blas.cu), while the f32-decoded file runs f32 products; check 1 then allows QUANT_EXACT_TOL = 1e-2
+ * (measured in the emulator on the 37-token prompts: 0.9e-3 to 2.9e-3 for Q8_0 and MLX8; an engine error, like
+ * one matrix rounded once more to 8 bits, moves these chaotic fixtures' logits by more than 1). */
+#define QUANT_EXACT_TOL (on_gpu ? 1e-2f : LOGIT_TOL)
 static void check_quantized(const char *fixture, const char *name, const reference *r, const char *type) {
     char q[4096], dq[4096], rel[256];
     int gguf = type[0] == 'q';
@@ -344,7 +347,7 @@ static void check_quantized(const char *fixture, const char *name, const referen
     const size_t T = r->n_ids;
     if (exact && deq && lg && V == V2) {
         float e = max_abs_diff(exact, deq, T * (size_t)V);
-        CHECKF(e <= LOGIT_TOL, "%s %s: logits differ from its f32-decoded weights by %g", name, type, e);
+        CHECKF(e <= QUANT_EXACT_TOL, "%s %s: logits differ from its f32-decoded weights by %g", name, type, e);
         float e0 = max_abs_diff(lg, r->logits, (size_t)V);
         double se = 0, sr = 0;
         for (size_t i = 0; i < T * (size_t)V; i++) {
