@@ -13,7 +13,8 @@
  * core/quant.c (random block bytes with sane scales for the types it does not write), and the reference reads
  * them through the reference decoder (checked against hand-computed values in test_quant.c). Where a backend
  * multiplies with activations rounded to int8 blocks (the CPU for Q8_0/Q4_0, as llama.cpp does:
- * g4_cpu_q8_supported), the reference rounds x by the same rule (d = max|x|/127 per 32, q = rint(x/d)), so
+ * g4_cpu_q8_supported; CUDA's GEMV for Q8_0/Q4_0 in dense products of up to 8 tokens, cuda_gemv.cu), the
+ * reference rounds x by the same rule (d = max|x|/127 per 32, q = rint(x/d)), so
  * the products are still checked to float precision. */
 #include <float.h>
 #include <math.h>
@@ -222,9 +223,12 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
                                   G4_MLX2, G4_MLX3, G4_MLX4, G4_MLX5, G4_MLX6, G4_MLX8};
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
-/* x[n, in] as the backend's product with w reads it: rounded to int8 blocks where the CPU does so. */
-static void x_as_read(const float *x, int n, int in, const g4_tensor *w, double *xr) {
-    int rounds = !strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w);
+/* x[n, in] as the backend's product with w reads it (dense: a matmul / matmul_set product, not an expert's):
+ * rounded to int8 blocks where the CPU does so, and where CUDA's GEMV does (Q8_0 / Q4_0, at most 8 tokens). */
+static void x_as_read(const float *x, int n, int in, const g4_tensor *w, int dense, double *xr) {
+    const int q8 = (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) && in % 32 == 0;
+    const int rounds = (!strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w)) ||
+                       (!strcmp(be->ops->name, "cuda") && dense && q8 && n <= 8);
     for (int t = 0; t < n; t++)
         for (int b = 0; b < in; b += 32) {
             const float *xb = x + (size_t)t * in + b;
@@ -243,7 +247,7 @@ static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(0.79788456080
 static void ref_matmul(const float *x, int n, const weight *w, const float *bias, double *y) {
     int out = (int)w->host.shape[0], in = (int)w->host.shape[1];
     double *xr = malloc((size_t)n * in * sizeof(double));
-    x_as_read(x, n, in, &w->host, xr);
+    x_as_read(x, n, in, &w->host, 1, xr);
     for (int t = 0; t < n; t++)
         for (int r = 0; r < out; r++) {
             double s = bias ? bias[r] : 0;
@@ -1005,7 +1009,7 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
         ref_rms_row(r + (size_t)t * H, pn2, H, eps, tmp);
         for (int i = 0; i < H; i++) x2[(size_t)t * H + i] = (float)tmp[i];
     }
-    x_as_read(x2, n, H, &gu.host, xg);
+    x_as_read(x2, n, H, &gu.host, 0, xg);
     for (int t = 0; t < n; t++) {
         double lg[6], ms = 0;
         for (int i = 0; i < H; i++) ms += (double)r[t * H + i] * r[t * H + i];

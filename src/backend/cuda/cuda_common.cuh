@@ -227,7 +227,7 @@ static __device__ __forceinline__ void g4_nib32(const uint4 &v, int j, float zer
 
 template <int DT> struct g4_qt;
 template <> struct g4_qt<G4_Q8_0> {
-    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0 };
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
         r[2] = uint4();
@@ -241,9 +241,17 @@ template <> struct g4_qt<G4_Q8_0> {
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
         *a = g4_h2f((uint16_t)(r[2].x & 0xffffu)), *b = 0.0f;
     }
+    /* sum of code * xq over the 32 elements (xq: int8 activations x0 = elements 0..15, x1 = 16..31) */
+    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+        int s = __dp4a((int)r[0].x, (int)x0.x, 0);
+        s = __dp4a((int)r[0].y, (int)x0.y, s), s = __dp4a((int)r[0].z, (int)x0.z, s);
+        s = __dp4a((int)r[0].w, (int)x0.w, s), s = __dp4a((int)r[1].x, (int)x1.x, s);
+        s = __dp4a((int)r[1].y, (int)x1.y, s), s = __dp4a((int)r[1].z, (int)x1.z, s);
+        return __dp4a((int)r[1].w, (int)x1.w, s);
+    }
 };
 template <> struct g4_qt<G4_Q4_0> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0 };
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 8 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         r[1] = uint4();
@@ -253,9 +261,20 @@ template <> struct g4_qt<G4_Q4_0> {
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
         *a = g4_h2f((uint16_t)(r[1].x & 0xffffu)), *b = 0.0f;
     }
+    /* sum of nibble * xq (nibbles 0..15; the caller subtracts ZERO * sum(xq)): word j's low nibbles are
+     * elements 4j..4j+3, its high nibbles elements 16+4j.. */
+    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+        const uint4 &v = r[0];
+        int s = __dp4a((int)(v.x & 0x0F0F0F0Fu), (int)x0.x, 0);
+        s = __dp4a((int)((v.x >> 4) & 0x0F0F0F0Fu), (int)x1.x, s);
+        s = __dp4a((int)(v.y & 0x0F0F0F0Fu), (int)x0.y, s), s = __dp4a((int)((v.y >> 4) & 0x0F0F0F0Fu), (int)x1.y, s);
+        s = __dp4a((int)(v.z & 0x0F0F0F0Fu), (int)x0.z, s), s = __dp4a((int)((v.z >> 4) & 0x0F0F0F0Fu), (int)x1.z, s);
+        s = __dp4a((int)(v.w & 0x0F0F0F0Fu), (int)x0.w, s);
+        return __dp4a((int)((v.w >> 4) & 0x0F0F0F0Fu), (int)x1.w, s);
+    }
 };
 template <> struct g4_qt<G4_Q4_K> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1 };
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         r[1] = g4_ld_u4(row + q.in / 2 + 16 * (k / 256));
@@ -279,7 +298,7 @@ template <> struct g4_qt<G4_Q4_K> {
     }
 };
 template <> struct g4_qt<G4_Q6_K> {
-    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0 };
+    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0, I8 = 0, ZERO = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         const unsigned char *c = row + (size_t)k * 3 / 4;
         r[0] = g4_ld_stream(c), r[1] = g4_ld_stream(c + 16), r[2] = g4_ld_stream(c + 32);
@@ -321,7 +340,7 @@ static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, i
     }
 }
 template <> struct g4_qt<G4_MLX4> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1 };
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         g4_mlx_meta(row + q.in / 2, k, q, &r[1]);
@@ -339,7 +358,7 @@ template <> struct g4_qt<G4_MLX4> {
     }
 };
 template <> struct g4_qt<G4_MLX8> {
-    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1 };
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
         g4_mlx_meta(row + q.in, k, q, &r[2]);

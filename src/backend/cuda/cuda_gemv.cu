@@ -56,11 +56,11 @@ typedef struct gemv_args {
 /* One access of a lane: EPA weights in WORDS 16-byte words (plain types: 8 weights; quantized types: the codes
  * and a word of scales, cuda_common.cuh g4_qt). */
 template <int DT, bool Q = (DT >= G4_Q4_0)> struct wraw {
-    enum { EPA = 8, WORDS = DT == G4_F32 ? 2 : 1, QUANT = 0, SEG = 8, NEED_SUM = 0 };
+    enum { EPA = 8, WORDS = DT == G4_F32 ? 2 : 1, QUANT = 0, SEG = 8, NEED_SUM = 0, I8 = 0 };
 };
 template <int DT> struct wraw<DT, true> {
     enum { EPA = g4_qt<DT>::EPA, WORDS = g4_qt<DT>::QW + 1, QUANT = 1, SEG = g4_qt<DT>::SEG,
-           NEED_SUM = g4_qt<DT>::NEED_SUM };
+           NEED_SUM = g4_qt<DT>::NEED_SUM, I8 = g4_qt<DT>::I8 };
 };
 /* accesses in flight per lane: about 64 bytes of codes and scales (Q4_K's scales are a whole word; ptxas
  * gave its one-token kernel 124 registers with 4) */
@@ -123,6 +123,25 @@ template <int NT> static __device__ __forceinline__ void stage_sums(const float 
     }
 }
 
+/* The staged inputs as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c: d = max|x|/127 per 32, q = rint(x/d))
+ * of x' / rms (the 1/rms of token t is scale[t] when norm): codes xq [NT][ld], per block (d, sum of q) in xd
+ * [NT][ld / 32]; one warp a block. len: a multiple of 32. */
+template <int NT>
+static __device__ __forceinline__ void stage_q8(const float *xs, int ld, int len, int n, const float *scale,
+                                                signed char *xq, float2 *xd) {
+    const int lane = threadIdx.x & 31, nb = len / 32;
+    for (int i = threadIdx.x >> 5; i < NT * nb; i += GEMV_THREADS / 32) {
+        const int t = i / nb, b = i % nb;
+        if (t >= n) break;
+        const float v = xs[(size_t)t * ld + b * 32 + lane] * (scale ? scale[t] : 1.0f);
+        const float d = g4_warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const int q = __float2int_rn(v * id);
+        xq[(size_t)t * ld + b * 32 + lane] = (signed char)q;
+        const float sq = g4_warp_sum((float)q); /* |sum| <= 4064: exact */
+        if (lane == 0) xd[(size_t)t * (ld / 32) + b] = make_float2(d, sq);
+    }
+}
+
 /* product p and its local row of a row of the set's concatenated row space */
 static __device__ __forceinline__ int which_product(const gemv_args &a, int row, int *local) {
     int p = 0;
@@ -173,7 +192,8 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
 template <int DT, int NT, int RP, int UN = wunroll<DT>::N>
 __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     constexpr int W = wraw<DT>::WORDS, EPA = wraw<DT>::EPA;
-    G4_DYN_SMEM(float, xs); /* [NT][ktile], then (quantized types with offsets) [NT][ktile / 32] sums */
+    G4_DYN_SMEM(float, xs); /* [NT][ktile], then (quantized types with offsets) [NT][ktile / 32] sums, or
+                             * (int8 activations) codes [NT][ktile] and (d, sum) [NT][ktile / 32] */
     __shared__ float red[8][RP * NT];
     __shared__ float inv_rms[NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -181,6 +201,9 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     const int step = wpr * 32 * EPA, k0 = (sub * 32 + lane) * EPA;
     const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
     float *xsum = xs + (size_t)NT * kt;
+    signed char *xq = (signed char *)(xs + (size_t)NT * kt);
+    float2 *xd = (float2 *)(xq + (size_t)NT * kt);
+    const float *qscale = a.norm ? inv_rms : nullptr; /* int8 activations: the 1/rms is in the codes' scale */
 
     /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
     int row = blockIdx.x * groups + g;
@@ -243,6 +266,10 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         stage_sums<NT>(xs, kt, kt, xsum);
         __syncthreads();
     }
+    if (wraw<DT>::I8 && ntiles == 1) {
+        stage_q8<NT>(xs, kt, kt, a.n, qscale, xq, xd);
+        __syncthreads();
+    }
     g4_grid_launch_dependents();
 
     for (int base = blockIdx.x * groups; base < a.rows; base += gridDim.x * groups) {
@@ -263,6 +290,10 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                     stage_sums<NT>(xs, kt, len, xsum);
                     __syncthreads();
                 }
+                if (wraw<DT>::I8) {
+                    stage_q8<NT>(xs, kt, len, a.n, qscale, xq, xd);
+                    __syncthreads();
+                }
                 if (tile > 0 && active) issue<DT, RP, UN>(rp, t0, k0, step, len, a.q, pre);
             }
             if (!active) continue;
@@ -275,7 +306,27 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 #pragma unroll
                         for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
                 issue<DT, RP, UN>(rp, t0, k + step * UN, step, len, a.q, pre); /* the next, before these are used */
-                if constexpr (wraw<DT>::QUANT) {
+                if constexpr (wraw<DT>::I8) {
+                    /* per 32: acc += dw * dx * (sum(code * xq) - ZERO * sum(xq)), integer products (dp4a) */
+#pragma unroll
+                    for (int u = 0; u < UN; u++) {
+                        const int kk = k + u * step;
+                        if (kk >= len) continue;
+                        float dw[RP], unused;
+#pragma unroll
+                        for (int r = 0; r < RP; r++) g4_qt<DT>::seg(cur[r][u], a.q, 0, 0, &dw[r], &unused);
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            const uint4 x0 = *(const uint4 *)(xq + (size_t)t * kt + kk);
+                            const uint4 x1 = *(const uint4 *)(xq + (size_t)t * kt + kk + 16);
+                            const float2 dx = xd[(size_t)t * (kt / 32) + kk / 32];
+                            const int off = g4_qt<DT>::ZERO * (int)dx.y;
+#pragma unroll
+                            for (int r = 0; r < RP; r++)
+                                acc[r][t] += dw[r] * dx.x * (float)(g4_qt<DT>::dot32(cur[r][u], x0, x1) - off);
+                        }
+                    }
+                } else if constexpr (wraw<DT>::QUANT) {
                     /* per segment: acc += a * sum(v x) + b * sum(x), v the codes minus the zero point */
                     constexpr int SEG = wraw<DT>::SEG;
 #pragma unroll
@@ -379,7 +430,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 #pragma unroll
                 for (int q = 0; q < NT; q++)
                     if (q == t) s = acc[r][q];
-                v[r] = (a.norm ? s * inv_rms[t] : s) * a.scale;
+                v[r] = (a.norm && !wraw<DT>::I8 ? s * inv_rms[t] : s) * a.scale;
             }
             if (RP == 2) { /* gate/up pair */
                 float gt = v[0] + (a.bias[0] ? a.bias[0][row] : 0.0f);
@@ -399,18 +450,21 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 }
 
 /* Input elements of a tile: as much of a row as c->gemv_smem holds for nt tokens (with a sum per 32 inputs for
- * the quantized types with offsets), a multiple of 256. */
-static int gemv_most(const g4c *c, int nt, int need_sum) {
-    const size_t floats = c->gemv_smem / sizeof(float);
-    return (int)(need_sum ? floats * 32 / 33 : floats) / nt / 256 * 256;
+ * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
+ * multiple of 256. */
+static int gemv_most(const g4c *c, int nt, g4_dtype t) {
+    const int need_sum = t == G4_Q4_K || t == G4_MLX4 || t == G4_MLX8; /* g4_qt NEED_SUM */
+    const int i8 = t == G4_Q8_0 || t == G4_Q4_0;                      /* g4_qt I8 */
+    const size_t per32 = 32 * sizeof(float) + (need_sum ? 4 : 0) + (i8 ? 32 + 8 : 0); /* bytes per 32 inputs */
+    return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
 }
-static int gemv_need_sum(g4_dtype t) { return t == G4_Q4_K || t == G4_MLX4 || t == G4_MLX8; } /* g4_qt NEED_SUM */
 
 template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
     const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
-    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, wraw<DT>::NEED_SUM);
+    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT);
     a.ktile = in8 <= most ? in8 : most;
-    const size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0);
+    const size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0) +
+                        (wraw<DT>::I8 ? (size_t)nt * a.ktile + (size_t)nt * (a.ktile / 32) * 8 : 0);
     /* one tile: a block may own several row groups (capped grid); several: every group has its block */
     unsigned blocks = row_blocks;
     if (a.ktile == in8 && blocks > (unsigned)(c->n_sm * c->gemv_cap)) blocks = (unsigned)(c->n_sm * c->gemv_cap);
@@ -457,7 +511,7 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
     a.scale = scale;
     const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
     if (set->res_out) {
-        if (n == 1 && in <= gemv_most(c, 1, gemv_need_sum(set->w[0]->dtype)) && set->res_out != set->res_h) { /* fused */
+        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype) && set->res_out != set->res_h) { /* fused */
             a.res_h = set->res_h, a.res_o = set->res_o, a.res_w = set->res_w, a.res_scale = set->res_scale;
             a.res_out = set->res_out;
         } else {
