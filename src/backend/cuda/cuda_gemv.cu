@@ -123,17 +123,20 @@ template <int NT> static __device__ __forceinline__ void stage_sums(const float 
     }
 }
 
-/* The staged inputs as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c: d = max|x|/127 per 32, q = rint(x/d))
- * of x' / rms (the 1/rms of token t is scale[t] when norm): codes xq [NT][ld], per block (d, sum of q) in xd
- * [NT][ld / 32]; one warp a block. len: a multiple of 32. */
+/* Inputs k0 .. k0+len of the n token rows src [n][sld] (elements past `avail` are zeros), times norm[k] (if
+ * any) and scale[t] (the 1/rms of token t, if any), as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c:
+ * d = max|x|/127 per 32, q = rint(x/d)): codes xq [NT][ld], per block (d, sum of q) in xd [NT][ld / 32]; one
+ * warp a block. len: a multiple of 32. */
 template <int NT>
-static __device__ __forceinline__ void stage_q8(const float *xs, int ld, int len, int n, const float *scale,
-                                                signed char *xq, float2 *xd) {
+static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
+                                                int ld, int len, int n, const float *scale, signed char *xq,
+                                                float2 *xd) {
     const int lane = threadIdx.x & 31, nb = len / 32;
     for (int i = threadIdx.x >> 5; i < NT * nb; i += GEMV_THREADS / 32) {
-        const int t = i / nb, b = i % nb;
+        const int t = i / nb, b = i % nb, k = b * 32 + lane;
         if (t >= n) break;
-        const float v = xs[(size_t)t * ld + b * 32 + lane] * (scale ? scale[t] : 1.0f);
+        float v = k < avail ? src[(size_t)t * sld + k0 + k] * (norm ? norm[k0 + k] : 1.0f) : 0.0f;
+        v *= scale ? scale[t] : 1.0f;
         const float d = g4_warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const int q = __float2int_rn(v * id);
         xq[(size_t)t * ld + b * 32 + lane] = (signed char)q;
@@ -192,17 +195,20 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
 template <int DT, int NT, int RP, int UN = wunroll<DT>::N>
 __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     constexpr int W = wraw<DT>::WORDS, EPA = wraw<DT>::EPA;
-    G4_DYN_SMEM(float, xs); /* [NT][ktile], then (quantized types with offsets) [NT][ktile / 32] sums, or
-                             * (int8 activations) codes [NT][ktile] and (d, sum) [NT][ktile / 32] */
+    /* [NT][ktile] floats, then (quantized types with offsets) [NT][ktile / 32] sums; int8 activations: codes
+     * [NT][ktile], (d, sum) [NT][ktile / 32], then (residual prologue) the floats [ktile] */
+    G4_DYN_SMEM(float, smem);
     __shared__ float red[8][RP * NT];
     __shared__ float inv_rms[NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wpr = a.wpr, groups = 8 / wpr, g = warp / wpr, sub = warp % wpr;
     const int step = wpr * 32 * EPA, k0 = (sub * 32 + lane) * EPA;
     const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
-    float *xsum = xs + (size_t)NT * kt;
-    signed char *xq = (signed char *)(xs + (size_t)NT * kt);
+    constexpr bool I8 = wraw<DT>::I8;
+    signed char *xq = (signed char *)smem;
     float2 *xd = (float2 *)(xq + (size_t)NT * kt);
+    float *xs = I8 ? (float *)(xd + (size_t)NT * (kt / 32)) : smem;
+    float *xsum = xs + (size_t)NT * kt;
     const float *qscale = a.norm ? inv_rms : nullptr; /* int8 activations: the 1/rms is in the codes' scale */
 
     /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
@@ -260,14 +266,17 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             inv_rms[threadIdx.x] = rsqrtf(s / (float)a.in + a.eps);
         }
     }
-    if (ntiles == 1 && !(NT == 1 && a.res_out)) stage_x<NT>(a, xs, kt, 0, kt);
+    if (ntiles == 1 && !(NT == 1 && a.res_out) && !I8) stage_x<NT>(a, xs, kt, 0, kt);
     __syncthreads();
     if (wraw<DT>::NEED_SUM && ntiles == 1) {
         stage_sums<NT>(xs, kt, kt, xsum);
         __syncthreads();
     }
-    if (wraw<DT>::I8 && ntiles == 1) {
-        stage_q8<NT>(xs, kt, kt, a.n, qscale, xq, xd);
+    if (I8 && ntiles == 1) { /* from the residual prologue's floats, else from x */
+        if (NT == 1 && a.res_out)
+            stage_q8<NT>(xs, kt, 0, kt, nullptr, kt, kt, a.n, qscale, xq, xd);
+        else
+            stage_q8<NT>(a.x, a.in, 0, a.in, a.norm, kt, kt, a.n, qscale, xq, xd);
         __syncthreads();
     }
     g4_grid_launch_dependents();
@@ -284,16 +293,16 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             const int t0 = tile * kt, len = a.in - t0 < kt ? a.in - t0 : kt;
             if (ntiles > 1) { /* (the grid covers every row once when there are several tiles) */
                 if (tile > 0) __syncthreads();
-                stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
+                if (I8)
+                    stage_q8<NT>(a.x, a.in, t0, len, a.norm, kt, len, a.n, qscale, xq, xd);
+                else
+                    stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
                 __syncthreads();
                 if (wraw<DT>::NEED_SUM) {
                     stage_sums<NT>(xs, kt, len, xsum);
                     __syncthreads();
                 }
-                if (wraw<DT>::I8) {
-                    stage_q8<NT>(xs, kt, len, a.n, qscale, xq, xd);
-                    __syncthreads();
-                }
+
                 if (tile > 0 && active) issue<DT, RP, UN>(rp, t0, k0, step, len, a.q, pre);
             }
             if (!active) continue;
@@ -452,19 +461,21 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 /* Input elements of a tile: as much of a row as c->gemv_smem holds for nt tokens (with a sum per 32 inputs for
  * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
  * multiple of 256. */
-static int gemv_most(const g4c *c, int nt, g4_dtype t) {
+static int gemv_most(const g4c *c, int nt, g4_dtype t, int res) {
     const int need_sum = t == G4_Q4_K || t == G4_MLX4 || t == G4_MLX8; /* g4_qt NEED_SUM */
     const int i8 = t == G4_Q8_0 || t == G4_Q4_0;                      /* g4_qt I8 */
-    const size_t per32 = 32 * sizeof(float) + (need_sum ? 4 : 0) + (i8 ? 32 + 8 : 0); /* bytes per 32 inputs */
+    /* bytes per 32 inputs of a token (int8 activations: the residual prologue's floats only with nt = 1) */
+    const size_t per32 = i8 ? 32 + 8 + (res ? 128 / nt : 0) : 128 + (need_sum ? 4 : 0);
     return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
 }
 
 template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
     const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
-    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT);
+    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT, a.res_out != nullptr);
     a.ktile = in8 <= most ? in8 : most;
-    const size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0) +
-                        (wraw<DT>::I8 ? (size_t)nt * a.ktile + (size_t)nt * (a.ktile / 32) * 8 : 0);
+    size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0);
+    if (wraw<DT>::I8) /* codes, (d, sum) pairs, the residual prologue's floats */
+        smem = (size_t)nt * a.ktile + (size_t)nt * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
     /* one tile: a block may own several row groups (capped grid); several: every group has its block */
     unsigned blocks = row_blocks;
     if (a.ktile == in8 && blocks > (unsigned)(c->n_sm * c->gemv_cap)) blocks = (unsigned)(c->n_sm * c->gemv_cap);
@@ -511,7 +522,7 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
     a.scale = scale;
     const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
     if (set->res_out) {
-        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype) && set->res_out != set->res_h) { /* fused */
+        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype, 1) && set->res_out != set->res_h) { /* fused */
             a.res_h = set->res_h, a.res_o = set->res_o, a.res_w = set->res_w, a.res_scale = set->res_scale;
             a.res_out = set->res_out;
         } else {
