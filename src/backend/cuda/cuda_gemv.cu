@@ -14,7 +14,12 @@
  * EPA codes (32 or 64, 16-32 bytes of 16-byte loads) and the word of its scales, fewer accesses in flight (about
  * 64 bytes of codes per lane); each segment of codes sharing a scale is summed as sum(v x) with the codes turned
  * into floats by a byte permute and one subtraction (no int-to-float conversions), then scaled, plus the
- * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). The
+ * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). Q8_0 and
+ * Q4_0 instead read the inputs as int8 blocks (the Q8_0 rule of the CPU's matmul_q8.c, as llama.cpp: d =
+ * max|x|/127 per 32 of the normalized input, q = rint(x/d)), quantized by each block while it stages them (no
+ * float copy, so a tile holds about 3x the inputs), and multiply them with __dp4a (4 byte products an
+ * instruction; Q4_0's nibbles unpacked by masks and shifts of 32-bit words, its -8 taken as 8 * sum(q) per
+ * block): per 32 weights acc += dw * d * (integer sum), the same arithmetic per token for any step size. The
  * router of the MoE block (g4c_matmul_scaled) stays on this GEMV in steps of G4C_GEMV_MAX tokens for every
  * step size when it is quantized, so that it reads exact weights.
  *
