@@ -13,7 +13,7 @@
  * core/quant.c (random block bytes with sane scales for the types it does not write), and the reference reads
  * them through the reference decoder (checked against hand-computed values in test_quant.c). Where a backend
  * multiplies with activations rounded to int8 blocks (the CPU for Q8_0/Q4_0, as llama.cpp does:
- * g4_cpu_q8_supported; CUDA's GEMV for Q8_0/Q4_0 in dense products of up to 8 tokens, cuda_gemv.cu), the
+ * g4_cpu_q8_supported; CUDA's GEMV for Q8_0/Q4_0/MLX4/MLX8 in dense products of up to 8 tokens, cuda_gemv.cu), the
  * reference rounds x by the same rule (d = max|x|/127 per 32, q = rint(x/d)), so
  * the products are still checked to float precision. */
 #include <float.h>
@@ -224,11 +224,11 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
- * an expert's): its GEMV (at most 8 tokens) for Q8_0 / Q4_0. */
+ * an expert's): its GEMV (at most 8 tokens) for Q8_0, Q4_0, MLX4, MLX8. */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
-    return !strcmp(be->ops->name, "cuda") && dense && n <= 8 && (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) &&
-           in % 32 == 0;
+    return !strcmp(be->ops->name, "cuda") && dense && n <= 8 &&
+           (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0 || w->dtype == G4_MLX4 || w->dtype == G4_MLX8) && in % 32 == 0;
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums), else backend_tol(). */

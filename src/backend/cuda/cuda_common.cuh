@@ -227,7 +227,7 @@ static __device__ __forceinline__ void g4_nib32(const uint4 &v, int j, float zer
 
 template <int DT> struct g4_qt;
 template <> struct g4_qt<G4_Q8_0> {
-    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0 };
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
         r[2] = uint4();
@@ -251,7 +251,7 @@ template <> struct g4_qt<G4_Q8_0> {
     }
 };
 template <> struct g4_qt<G4_Q4_0> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 8 };
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 8, PERM = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         r[1] = uint4();
@@ -274,7 +274,7 @@ template <> struct g4_qt<G4_Q4_0> {
     }
 };
 template <> struct g4_qt<G4_Q4_K> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0 };
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0, PERM = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         r[1] = g4_ld_u4(row + q.in / 2 + 16 * (k / 256));
@@ -298,7 +298,7 @@ template <> struct g4_qt<G4_Q4_K> {
     }
 };
 template <> struct g4_qt<G4_Q6_K> {
-    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0, I8 = 0, ZERO = 0 };
+    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0, I8 = 0, ZERO = 0, PERM = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         const unsigned char *c = row + (size_t)k * 3 / 4;
         r[0] = g4_ld_stream(c), r[1] = g4_ld_stream(c + 16), r[2] = g4_ld_stream(c + 32);
@@ -340,7 +340,7 @@ static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, i
     }
 }
 template <> struct g4_qt<G4_MLX4> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0 };
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = 0, PERM = 1 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         g4_mlx_meta(row + q.in / 2, k, q, &r[1]);
@@ -356,9 +356,19 @@ template <> struct g4_qt<G4_MLX4> {
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &q, int, int, float *a, float *b) {
         g4_mlx_pair(r[1], q.sk, a, b);
     }
+    /* sum of code * xq, the int8 inputs staged with PERM: per 8 elements the even ones, then the odd ones */
+    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+        const uint4 &v = r[0];
+        int s = __dp4a((int)(v.x & 0x0F0F0F0Fu), (int)x0.x, 0);
+        s = __dp4a((int)((v.x >> 4) & 0x0F0F0F0Fu), (int)x0.y, s);
+        s = __dp4a((int)(v.y & 0x0F0F0F0Fu), (int)x0.z, s), s = __dp4a((int)((v.y >> 4) & 0x0F0F0F0Fu), (int)x0.w, s);
+        s = __dp4a((int)(v.z & 0x0F0F0F0Fu), (int)x1.x, s), s = __dp4a((int)((v.z >> 4) & 0x0F0F0F0Fu), (int)x1.y, s);
+        s = __dp4a((int)(v.w & 0x0F0F0F0Fu), (int)x1.z, s);
+        return __dp4a((int)((v.w >> 4) & 0x0F0F0F0Fu), (int)x1.w, s);
+    }
 };
 template <> struct g4_qt<G4_MLX8> {
-    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0 };
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = -128, PERM = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
         g4_mlx_meta(row + q.in, k, q, &r[2]);
@@ -369,6 +379,15 @@ template <> struct g4_qt<G4_MLX8> {
     }
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &q, int, int, float *a, float *b) {
         g4_mlx_pair(r[2], q.sk, a, b);
+    }
+    /* sum of (code - 128) * xq (the caller adds 128 * sum(xq): ZERO = -128) */
+    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+        const unsigned m = 0x80808080u;
+        int s = __dp4a((int)(r[0].x ^ m), (int)x0.x, 0);
+        s = __dp4a((int)(r[0].y ^ m), (int)x0.y, s), s = __dp4a((int)(r[0].z ^ m), (int)x0.z, s);
+        s = __dp4a((int)(r[0].w ^ m), (int)x0.w, s), s = __dp4a((int)(r[1].x ^ m), (int)x1.x, s);
+        s = __dp4a((int)(r[1].y ^ m), (int)x1.y, s), s = __dp4a((int)(r[1].z ^ m), (int)x1.z, s);
+        return __dp4a((int)(r[1].w ^ m), (int)x1.w, s);
     }
 };
 

@@ -14,12 +14,14 @@
  * EPA codes (32 or 64, 16-32 bytes of 16-byte loads) and the word of its scales, fewer accesses in flight (about
  * 64 bytes of codes per lane); each segment of codes sharing a scale is summed as sum(v x) with the codes turned
  * into floats by a byte permute and one subtraction (no int-to-float conversions), then scaled, plus the
- * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). Q8_0 and
- * Q4_0 instead read the inputs as int8 blocks (the Q8_0 rule of the CPU's matmul_q8.c, as llama.cpp: d =
+ * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). Q8_0,
+ * Q4_0, MLX4 and MLX8 instead read the inputs as int8 blocks (the Q8_0 rule of the CPU's matmul_q8.c, as llama.cpp: d =
  * max|x|/127 per 32 of the normalized input, q = rint(x/d)), quantized by each block while it stages them (no
  * float copy, so a tile holds about 3x the inputs), and multiply them with __dp4a (4 byte products an
  * instruction; Q4_0's nibbles unpacked by masks and shifts of 32-bit words, its -8 taken as 8 * sum(q) per
- * block): per 32 weights acc += dw * d * (integer sum), the same arithmetic per token for any step size. The
+ * block; MLX4's inputs staged as the even then the odd elements of each 8, its codes' order; MLX8's codes
+ * taken as code - 128, then + 128 * sum(q)): per 32 weights acc += d * (dw * integer sum + bw * sum(q)) (bw the
+ * MLX bias), the same arithmetic per token for any step size. The
  * router of the MoE block (g4c_matmul_scaled) stays on this GEMV in steps of G4C_GEMV_MAX tokens for every
  * step size when it is quantized, so that it reads exact weights.
  *
@@ -61,11 +63,12 @@ typedef struct gemv_args {
 /* One access of a lane: EPA weights in WORDS 16-byte words (plain types: 8 weights; quantized types: the codes
  * and a word of scales, cuda_common.cuh g4_qt). */
 template <int DT, bool Q = (DT >= G4_Q4_0)> struct wraw {
-    enum { EPA = 8, WORDS = DT == G4_F32 ? 2 : 1, QUANT = 0, SEG = 8, NEED_SUM = 0, I8 = 0 };
+    enum { EPA = 8, WORDS = DT == G4_F32 ? 2 : 1, QUANT = 0, SEG = 8, NEED_SUM = 0, I8 = 0, PERM = 0 };
 };
 template <int DT> struct wraw<DT, true> {
     enum { EPA = g4_qt<DT>::EPA, WORDS = g4_qt<DT>::QW + 1, QUANT = 1, SEG = g4_qt<DT>::SEG,
-           NEED_SUM = g4_qt<DT>::NEED_SUM, I8 = g4_qt<DT>::I8 };
+           NEED_SUM = g4_qt<DT>::NEED_SUM, I8 = g4_qt<DT>::I8,
+           PERM = g4_qt<DT>::PERM };
 };
 /* accesses in flight per lane: about 64 bytes of codes and scales (Q4_K's scales are a whole word; ptxas
  * gave its one-token kernel 124 registers with 4) */
@@ -132,7 +135,7 @@ template <int NT> static __device__ __forceinline__ void stage_sums(const float 
  * any) and scale[t] (the 1/rms of token t, if any), as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c:
  * d = max|x|/127 per 32, q = rint(x/d)): codes xq [NT][ld], per block (d, sum of q) in xd [NT][ld / 32]; one
  * warp a block. len: a multiple of 32. */
-template <int NT>
+template <int NT, int PERM>
 static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
                                                 int ld, int len, int n, const float *scale, signed char *xq,
                                                 float2 *xd) {
@@ -144,7 +147,8 @@ static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k
         v *= scale ? scale[t] : 1.0f;
         const float d = g4_warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         const int q = __float2int_rn(v * id);
-        xq[(size_t)t * ld + b * 32 + lane] = (signed char)q;
+        const int pos = PERM ? (lane & ~7) | (lane & 1 ? 4 : 0) | ((lane & 7) >> 1) : lane; /* evens, odds */
+        xq[(size_t)t * ld + b * 32 + pos] = (signed char)q;
         const float sq = g4_warp_sum((float)q); /* |sum| <= 4064: exact */
         if (lane == 0) xd[(size_t)t * (ld / 32) + b] = make_float2(d, sq);
     }
@@ -273,15 +277,15 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     }
     if (ntiles == 1 && !(NT == 1 && a.res_out) && !I8) stage_x<NT>(a, xs, kt, 0, kt);
     __syncthreads();
-    if (wraw<DT>::NEED_SUM && ntiles == 1) {
+    if (wraw<DT>::NEED_SUM && !I8 && ntiles == 1) {
         stage_sums<NT>(xs, kt, kt, xsum);
         __syncthreads();
     }
     if (I8 && ntiles == 1) { /* from the residual prologue's floats, else from x */
         if (NT == 1 && a.res_out)
-            stage_q8<NT>(xs, kt, 0, kt, nullptr, kt, kt, a.n, qscale, xq, xd);
+            stage_q8<NT, wraw<DT>::PERM>(xs, kt, 0, kt, nullptr, kt, kt, a.n, qscale, xq, xd);
         else
-            stage_q8<NT>(a.x, a.in, 0, a.in, a.norm, kt, kt, a.n, qscale, xq, xd);
+            stage_q8<NT, wraw<DT>::PERM>(a.x, a.in, 0, a.in, a.norm, kt, kt, a.n, qscale, xq, xd);
         __syncthreads();
     }
     g4_grid_launch_dependents();
@@ -299,11 +303,11 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             if (ntiles > 1) { /* (the grid covers every row once when there are several tiles) */
                 if (tile > 0) __syncthreads();
                 if (I8)
-                    stage_q8<NT>(a.x, a.in, t0, len, a.norm, kt, len, a.n, qscale, xq, xd);
+                    stage_q8<NT, wraw<DT>::PERM>(a.x, a.in, t0, len, a.norm, kt, len, a.n, qscale, xq, xd);
                 else
                     stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
                 __syncthreads();
-                if (wraw<DT>::NEED_SUM) {
+                if (wraw<DT>::NEED_SUM && !I8) {
                     stage_sums<NT>(xs, kt, len, xsum);
                     __syncthreads();
                 }
@@ -326,9 +330,9 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                     for (int u = 0; u < UN; u++) {
                         const int kk = k + u * step;
                         if (kk >= len) continue;
-                        float dw[RP], unused;
+                        float dw[RP], bw[RP]; /* MLX: w = dw * code + bw */
 #pragma unroll
-                        for (int r = 0; r < RP; r++) g4_qt<DT>::seg(cur[r][u], a.q, 0, 0, &dw[r], &unused);
+                        for (int r = 0; r < RP; r++) g4_qt<DT>::seg(cur[r][u], a.q, t0 + kk, 0, &dw[r], &bw[r]);
 #pragma unroll
                         for (int t = 0; t < NT; t++) {
                             const uint4 x0 = *(const uint4 *)(xq + (size_t)t * kt + kk);
@@ -336,8 +340,10 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                             const float2 dx = xd[(size_t)t * (kt / 32) + kk / 32];
                             const int off = g4_qt<DT>::ZERO * (int)dx.y;
 #pragma unroll
-                            for (int r = 0; r < RP; r++)
-                                acc[r][t] += dw[r] * dx.x * (float)(g4_qt<DT>::dot32(cur[r][u], x0, x1) - off);
+                            for (int r = 0; r < RP; r++) {
+                                const float v = dw[r] * (float)(g4_qt<DT>::dot32(cur[r][u], x0, x1) - off);
+                                acc[r][t] += dx.x * (wraw<DT>::NEED_SUM ? fmaf(bw[r], dx.y, v) : v);
+                            }
                         }
                     }
                 } else if constexpr (wraw<DT>::QUANT) {
@@ -467,8 +473,8 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
  * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
  * multiple of 256. */
 static int gemv_most(const g4c *c, int nt, g4_dtype t, int res) {
-    const int need_sum = t == G4_Q4_K || t == G4_MLX4 || t == G4_MLX8; /* g4_qt NEED_SUM */
-    const int i8 = t == G4_Q8_0 || t == G4_Q4_0;                      /* g4_qt I8 */
+    const int i8 = t == G4_Q8_0 || t == G4_Q4_0 || t == G4_MLX4 || t == G4_MLX8; /* g4_qt I8 */
+    const int need_sum = t == G4_Q4_K;                                            /* g4_qt NEED_SUM, not I8 */
     /* bytes per 32 inputs of a token (int8 activations: the residual prologue's floats only with nt = 1) */
     const size_t per32 = i8 ? 32 + 8 + (res ? 128 / nt : 0) : 128 + (need_sum ? 4 : 0);
     return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
@@ -479,6 +485,7 @@ template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsign
     const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT, a.res_out != nullptr);
     a.ktile = in8 <= most ? in8 : most;
     size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0);
+    /* (int8 activations: the sums are those of the codes, beside each block's d) */
     if (wraw<DT>::I8) /* codes, (d, sum) pairs, the residual prologue's floats */
         smem = (size_t)nt * a.ktile + (size_t)nt * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
     /* one tile: a block may own several row groups (capped grid); several: every group has its block */
