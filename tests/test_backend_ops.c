@@ -1175,6 +1175,21 @@ static void test_cpu_kernels(void) {
     CHECKF(worst < 1e-6, "%s: gelu_mul kernel: max error %g", be_label, worst);
     k->gelu_mul(x, NULL, x, N); /* without u, in place: the ends are 0 and x */
     CHECK(isfinite(x[0]) && x[0] > -1e-6f && fabsf(x[N - 1] - 12.0f) < 1e-5f);
+    /* softcap c * tanh(y / c): relative error over the whole range (tiny values, both branches of the tanh,
+     * its saturation, infinities) */
+    for (int i = 0; i < N; i++) {
+        float t = (float)(i - N / 2) / (N / 2); /* -1 .. 1 */
+        x[i] = t * t * t * 40.0f;
+    }
+    x[1] = 1e-30f, x[2] = -3e-8f, x[4] = 1e4f, x[5] = -INFINITY, x[6] = INFINITY;
+    memcpy(y, x, sizeof x);
+    k->softcap(y, N, 3.0f);
+    worst = 0;
+    for (int i = 0; i < N; i++) {
+        double want = 3.0 * tanh((double)x[i] / 3.0), e = want != 0 ? fabs(y[i] - want) / fabs(want) : fabs(y[i]);
+        if (!(e <= worst)) worst = e;
+    }
+    CHECKF(worst < 3e-7, "%s: softcap kernel: max relative error %g", be_label, worst);
 }
 
 /* ------------------------------------------------------------- memory ops */

@@ -277,8 +277,19 @@ static void cpu_mul(g4_backend *be, float *y, const float *x, size_t n) {
 static void cpu_add_scale(g4_backend *be, float *y, const float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) y[i] = (y[i] + x[i]) * s;
 }
+typedef struct {
+    float *y;
+    float c;
+} softcap_job;
+
+static void softcap_range(void *ctx, int64_t b, int64_t e, int thread) {
+    softcap_job *j = ctx;
+    g4_cpu_kernels_get()->softcap(j->y + b, (size_t)(e - b), j->c);
+}
+
 static void cpu_softcap(g4_backend *be, float *y, size_t n, float c) {
-    for (size_t i = 0; i < n; i++) y[i] = tanhf(y[i] / c) * c;
+    softcap_job j = {y, c};
+    g4_pool_for(cpu_of(be)->pool, (int64_t)n, 16384, softcap_range, &j);
 }
 
 static void cpu_get_rows(g4_backend *be, const float *src, const int32_t *idx, int n, int row, float *dst) {
