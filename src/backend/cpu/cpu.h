@@ -103,12 +103,18 @@ typedef struct g4_cpu_kernels {
     void (*gelu_mul)(const float *g, const float *u, float *y, size_t n);
     /* y[i] = c * tanh(y[i] / c) in place (the logit soft-cap) */
     void (*softcap)(float *y, size_t n, float c);
+    /* attention's weighted sum of value rows: o[h * ldo + x] += sum over i < nv, in order, of
+     * p[h * ldp + i] * v[i * ldv + x] (one multiply-add per term), for h < no <= 4 and x < d; each value
+     * row is read once for the no heads */
+    void (*pv)(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv, size_t d);
 } g4_cpu_kernels;
 
 /* the scalar exp_sum, gelu_mul and softcap (sets without their own, and the SIMD sets' tails) */
 float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift);
 void g4_cpu_gelu_mul_scalar(const float *g, const float *u, float *y, size_t n);
 void g4_cpu_softcap_scalar(float *y, size_t n, float c);
+void g4_cpu_pv_scalar(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                      size_t d);
 
 /* Constants of the SIMD exp, gelu and tanh (every instruction set computes them the same way).
  * exp: range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf, ~1 ulp); 0 below EXP_LO.

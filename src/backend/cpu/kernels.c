@@ -62,6 +62,16 @@ void g4_cpu_softcap_scalar(float *y, size_t n, float c) {
     for (size_t i = 0; i < n; i++) y[i] = tanhf(y[i] / c) * c;
 }
 
+void g4_cpu_pv_scalar(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                      size_t d) {
+    for (int h = 0; h < no; h++)
+        for (size_t x = 0; x < d; x++) {
+            float acc = o[(size_t)h * ldo + x];
+            for (int i = 0; i < nv; i++) acc = fmaf(p[(size_t)h * ldp + (size_t)i], v[(size_t)i * ldv + x], acc);
+            o[(size_t)h * ldo + x] = acc;
+        }
+}
+
 float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift) {
     float s = 0;
     for (size_t i = 0; i < n; i++) s += (x[i] = expf(x[i] - shift));
@@ -76,7 +86,8 @@ static void f32_tile_scalar(const float *w, size_t ldw, int nr, const float *x, 
 
 static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scalar, bf16_to_f32_scalar,
                                         axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL,
-                                        g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, g4_cpu_softcap_scalar};
+                                        g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, g4_cpu_softcap_scalar,
+                                        g4_cpu_pv_scalar};
 
 static const g4_cpu_kernels *chosen;
 

@@ -215,12 +215,45 @@ static void softcap_neon(float *y, size_t n, float c) {
     g4_cpu_softcap_scalar(y + i, n - i, c);
 }
 
+/* attention's p * V (see cpu.h): 16 output columns per head in registers over all value rows; the rest as the
+ * scalar set */
+static inline void pv_neon_fixed(float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                                 size_t d, const int NO) {
+    size_t x = 0;
+    for (; x + 16 <= d; x += 16) {
+        float32x4_t acc[4][4];
+        for (int h = 0; h < NO; h++)
+            for (int c = 0; c < 4; c++) acc[h][c] = vld1q_f32(o + (size_t)h * ldo + x + 4 * (size_t)c);
+        for (int i = 0; i < nv; i++) {
+            float32x4_t vv[4];
+            for (int c = 0; c < 4; c++) vv[c] = vld1q_f32(v + (size_t)i * ldv + x + 4 * (size_t)c);
+            for (int h = 0; h < NO; h++) {
+                float32x4_t ph = vdupq_n_f32(p[(size_t)h * ldp + (size_t)i]);
+                for (int c = 0; c < 4; c++) acc[h][c] = vfmaq_f32(acc[h][c], ph, vv[c]);
+            }
+        }
+        for (int h = 0; h < NO; h++)
+            for (int c = 0; c < 4; c++) vst1q_f32(o + (size_t)h * ldo + x + 4 * (size_t)c, acc[h][c]);
+    }
+    if (x < d) g4_cpu_pv_scalar(o + x, ldo, NO, p, ldp, v + x, ldv, nv, d - x);
+}
+
+static void pv_neon(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                    size_t d) {
+    switch (no) {
+    case 4: pv_neon_fixed(o, ldo, p, ldp, v, ldv, nv, d, 4); break;
+    case 3: pv_neon_fixed(o, ldo, p, ldp, v, ldv, nv, d, 3); break;
+    case 2: pv_neon_fixed(o, ldo, p, ldp, v, ldv, nv, d, 2); break;
+    default: pv_neon_fixed(o, ldo, p, ldp, v, ldv, nv, d, 1); break;
+    }
+}
+
 static const g4_cpu_kernels k_neon = {"neon", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                       q8_tile_neon, f32_tile_neon, NULL,
-                                      exp_sum_neon, gelu_mul_neon, softcap_neon};
+                                      exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon};
 static const g4_cpu_kernels k_neon_dot = {"neon", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                           q8_tile_neon_dot, f32_tile_neon, NULL,
-                                      exp_sum_neon, gelu_mul_neon, softcap_neon};
+                                      exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon};
 
 const g4_cpu_kernels *g4_cpu_kernels_neon(void) {
     return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? &k_neon_dot : &k_neon;

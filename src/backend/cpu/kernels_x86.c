@@ -513,12 +513,47 @@ __attribute__((target("avx512f"))) static void softcap_avx512(float *y, size_t n
     g4_cpu_softcap_scalar(y + i, n - i, c);
 }
 
+/* attention's p * V: C vectors of the output per head stay in registers over all nv value rows (each row read
+ * once for the NO heads); the columns past the last whole vector take the scalar set's path (fmaf, same order) */
+#define PV(NAME, TARGET, VEC, W, C, LOAD, STORE, SET1, FMA)                                                          \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_fixed(                                  \
+        float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ldv, int nv, size_t d, const int NO) { \
+        size_t x = 0;                                                                                                \
+        for (; x + (size_t)(C * W) <= d; x += (size_t)(C * W)) {                                                     \
+            VEC acc[4][C];                                                                                           \
+            for (int h = 0; h < NO; h++)                                                                             \
+                for (int c = 0; c < C; c++) acc[h][c] = LOAD(o + (size_t)h * ldo + x + (size_t)(c * W));              \
+            for (int i = 0; i < nv; i++) {                                                                           \
+                VEC vv[C];                                                                                           \
+                for (int c = 0; c < C; c++) vv[c] = LOAD(v + (size_t)i * ldv + x + (size_t)(c * W));                 \
+                for (int h = 0; h < NO; h++) {                                                                       \
+                    VEC ph = SET1(p[(size_t)h * ldp + (size_t)i]);                                                   \
+                    for (int c = 0; c < C; c++) acc[h][c] = FMA(ph, vv[c], acc[h][c]);                               \
+                }                                                                                                    \
+            }                                                                                                        \
+            for (int h = 0; h < NO; h++)                                                                             \
+                for (int c = 0; c < C; c++) STORE(o + (size_t)h * ldo + x + (size_t)(c * W), acc[h][c]);              \
+        }                                                                                                            \
+        if (x < d) g4_cpu_pv_scalar(o + x, ldo, NO, p, ldp, v + x, ldv, nv, d - x);                                  \
+    }                                                                                                                \
+    __attribute__((target(TARGET))) static void NAME(float *o, size_t ldo, int no, const float *p, size_t ldp,        \
+                                                     const float *v, size_t ldv, int nv, size_t d) {                 \
+        switch (no) {                                                                                                \
+        case 4: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 4); break;                                               \
+        case 3: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 3); break;                                               \
+        case 2: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 2); break;                                               \
+        default: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 1); break;                                              \
+        }                                                                                                            \
+    }
+PV(pv_avx2, "avx2,fma", __m256, 8, 2, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
+PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
+
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
                                       axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2,
-                                      softcap_avx2};
+                                      softcap_avx2, pv_avx2};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, q8_tile_avx512, f32_tile_avx512, q4_gemv_avx512,
-                                        exp_sum_avx512, gelu_mul_avx512, softcap_avx512};
+                                        exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();
