@@ -506,7 +506,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     g4_cpu *cpu = cpu_of(be);
     const int n = a->n, H = a->hidden, E = a->n_experts, TK = a->top_k, Im = a->expert_dim;
     /* routing, per token */
-    size_t need = (size_t)n * (size_t)TK * 2 + (size_t)E + (size_t)H   /* weights, ids, logits, z */
+    size_t need = (size_t)n * (size_t)TK * 2 + (size_t)n * ((size_t)E + (size_t)H) /* weights, ids, logits, z */
                   + (size_t)n * (size_t)H                               /* gathered x2 rows */
                   + (size_t)n * (size_t)H * 2                           /* x2, expert sum */
                   + (size_t)n * 2 * (size_t)Im                          /* gate_up out */
@@ -523,9 +523,9 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     }
     float *w = cpu->moe_buf;                         /* [n, TK] routing weights */
     int32_t *ids = (int32_t *)(w + (size_t)n * TK);  /* [n, TK] expert ids (int32 in float slots) */
-    float *lg = (float *)(ids + (size_t)n * TK);     /* [E] */
-    float *z = lg + E;                               /* [H] */
-    float *xs = z + H;                               /* [n, H] */
+    float *lgs = (float *)(ids + (size_t)n * TK);    /* [n, E] router logits */
+    float *zs = lgs + (size_t)n * E;                 /* [n, H] router inputs */
+    float *xs = zs + (size_t)n * H;                  /* [n, H] */
     float *gu = xs + (size_t)n * H;                  /* [n, 2Im] */
     float *act = gu + (size_t)n * 2 * Im;            /* [n, Im] */
     float *dn = act + (size_t)n * Im;                /* [n, H] */
@@ -539,9 +539,12 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     for (int t = 0; t < n; t++) {
         const float *r = a->residual + (size_t)t * H;
         float ms = k->dot_f32(r, r, (size_t)H) / (float)H;
-        float inv = 1.0f / sqrtf(ms + a->eps);
+        float inv = 1.0f / sqrtf(ms + a->eps), *z = zs + (size_t)t * H;
         for (int i = 0; i < H; i++) z[i] = r[i] * inv * a->router_scale[i] * inv_sqrt_h;
-        g4_cpu_matmul(cpu, z, 1, a->router_proj, NULL, lg);
+    }
+    g4_cpu_matmul(cpu, zs, n, a->router_proj, NULL, lgs); /* every token's router logits in one product */
+    for (int t = 0; t < n; t++) {
+        float *lg = lgs + (size_t)t * E;
         float mx = -FLT_MAX, sum = 0;
         for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
         for (int e = 0; e < E; e++) {
