@@ -101,11 +101,48 @@ typedef struct g4_cpu_kernels {
     float (*exp_sum)(float *x, size_t n, float shift);
     /* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)); in place allowed */
     void (*gelu_mul)(const float *g, const float *u, float *y, size_t n);
+    /* y[i] = c * tanh(y[i] / c) in place (the logit soft-cap) */
+    void (*softcap)(float *y, size_t n, float c);
+    /* attention's weighted sum of value rows: o[h * ldo + x] += sum over i < nv, in order, of
+     * p[h * ldp + i] * v[i * ldv + x] (one multiply-add per term), for h < no <= 4 and x < d; each value
+     * row is read once for the no heads */
+    void (*pv)(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv, size_t d);
 } g4_cpu_kernels;
 
-/* the scalar exp_sum and gelu_mul (sets without their own) */
+/* the scalar exp_sum, gelu_mul and softcap (sets without their own, and the SIMD sets' tails) */
 float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift);
 void g4_cpu_gelu_mul_scalar(const float *g, const float *u, float *y, size_t n);
+void g4_cpu_softcap_scalar(float *y, size_t n, float c);
+void g4_cpu_pv_scalar(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                      size_t d);
+
+/* Constants of the SIMD exp, gelu and tanh (every instruction set computes them the same way).
+ * exp: range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf, ~1 ulp); 0 below EXP_LO.
+ * gelu_tanh(x) = 0.5 x (1 + tanh z) = x / (1 + exp(-2z)), z = GELU_C (x + 0.044715 x^3): no cancellation
+ * near tanh = -1, and the ends are right (exp -> 0 gives x, exp -> its clamp gives ~0).
+ * tanh(a): a * P(a^2) for |a| < TANH_SMALL (P: degree 5, a least-squares fit of tanh(a)/a weighted by relative
+ * error, 1.2e-8 in exact arithmetic), else sign(a) (1 - e) / (1 + e) with e = exp(-2 min(|a|, 9)) <= 0.29
+ * (no cancellation); measured against double tanh: relative error below 3e-7 (tests/test_backend_ops.c). */
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+#define EXP_LO -87.33654f
+#define EXP_HI 88.72283f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+#define TANH_SMALL 0.625f
+#define TANH_BIG 9.0f /* tanh is 1 in float beyond */
+#define TANH_P0 9.999999971e-01f
+#define TANH_P1 -3.333327568e-01f
+#define TANH_P2 1.333147831e-01f
+#define TANH_P3 -5.374899748e-02f
+#define TANH_P4 2.068056387e-02f
+#define TANH_P5 -5.759500935e-03f
 void g4_cpu_q8_tile_scalar(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a,
                            int t0, int nt, int nb, float *y, size_t ldy);
 

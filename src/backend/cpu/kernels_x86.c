@@ -384,19 +384,7 @@ __attribute__((target(T512V))) static void q4_gemv_avx512(const unsigned char *w
     }
 }
 
-#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-/* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf, ~1 ulp) */
-#define EXP_LO -87.33654f
-#define EXP_HI 88.72283f
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_C1 0.693359375f
-#define EXP_C2 -2.12194440e-4f
-#define EXP_P0 1.9875691500e-4f
-#define EXP_P1 1.3981999507e-3f
-#define EXP_P2 8.3334519073e-3f
-#define EXP_P3 4.1665795894e-2f
-#define EXP_P4 1.6666665459e-1f
-#define EXP_P5 5.0000001201e-1f
+/* exp, gelu and tanh: the constants and the method are in cpu.h */
 
 __attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
     __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
@@ -440,6 +428,26 @@ __attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, size_t n
     return s;
 }
 
+__attribute__((target("avx2,fma"))) static void softcap_avx2(float *y, size_t n, float c) {
+    const __m256 inv = _mm256_set1_ps(1.0f / c), cc = _mm256_set1_ps(c), sign = _mm256_set1_ps(-0.0f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(y + i), inv), ax = _mm256_andnot_ps(sign, a), s = _mm256_mul_ps(a, a);
+        __m256 p = _mm256_set1_ps(TANH_P5);
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P4));
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P3));
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P2));
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P1));
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P0));
+        __m256 e = exp256(_mm256_mul_ps(_mm256_min_ps(ax, _mm256_set1_ps(TANH_BIG)), _mm256_set1_ps(-2.0f)));
+        __m256 big = _mm256_or_ps(_mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e)), _mm256_and_ps(sign, a));
+        __m256 t = _mm256_blendv_ps(big, _mm256_mul_ps(a, p), _mm256_cmp_ps(ax, _mm256_set1_ps(TANH_SMALL), _CMP_LT_OQ));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(t, cc));
+    }
+    g4_cpu_softcap_scalar(y + i, n - i, c);
+}
+
 __attribute__((target("avx512f"))) static inline __m512 exp512(__m512 v) {
     __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
     v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
@@ -471,8 +479,6 @@ __attribute__((target("avx512f"))) static float exp_sum_avx512(float *x, size_t 
     return s;
 }
 
-/* gelu_tanh(x) = 0.5 x (1 + tanh z) = x / (1 + exp(-2z)): no cancellation near tanh = -1, and the ends are
- * right (exp -> 0 gives x, exp -> its clamp gives ~0) */
 __attribute__((target("avx512f"))) static void gelu_mul_avx512(const float *g, const float *u, float *y, size_t n) {
     const __m512 c = _mm512_set1_ps(GELU_C), c3 = _mm512_set1_ps(GELU_C * 0.044715f), one = _mm512_set1_ps(1.0f);
     size_t i = 0;
@@ -485,11 +491,69 @@ __attribute__((target("avx512f"))) static void gelu_mul_avx512(const float *g, c
     g4_cpu_gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
 }
 
+__attribute__((target("avx512f"))) static void softcap_avx512(float *y, size_t n, float c) {
+    const __m512 inv = _mm512_set1_ps(1.0f / c), cc = _mm512_set1_ps(c), one = _mm512_set1_ps(1.0f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(y + i), inv), ax = _mm512_abs_ps(a), s = _mm512_mul_ps(a, a);
+        __m512 p = _mm512_set1_ps(TANH_P5);
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P4));
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P3));
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P2));
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P1));
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P0));
+        __m512 e = exp512(_mm512_mul_ps(_mm512_min_ps(ax, _mm512_set1_ps(TANH_BIG)), _mm512_set1_ps(-2.0f)));
+        __m512 big = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+        big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big),
+                                                  _mm512_and_si512(_mm512_castps_si512(a), sign)));
+        __mmask16 small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(TANH_SMALL), _CMP_LT_OQ);
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mask_blend_ps(small, big, _mm512_mul_ps(a, p)), cc));
+    }
+    g4_cpu_softcap_scalar(y + i, n - i, c);
+}
+
+/* attention's p * V: C vectors of the output per head stay in registers over all nv value rows (each row read
+ * once for the NO heads); the columns past the last whole vector take the scalar set's path (fmaf, same order) */
+#define PV(NAME, TARGET, VEC, W, C, LOAD, STORE, SET1, FMA)                                                          \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_fixed(                                  \
+        float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ldv, int nv, size_t d, const int NO) { \
+        size_t x = 0;                                                                                                \
+        for (; x + (size_t)(C * W) <= d; x += (size_t)(C * W)) {                                                     \
+            VEC acc[4][C];                                                                                           \
+            for (int h = 0; h < NO; h++)                                                                             \
+                for (int c = 0; c < C; c++) acc[h][c] = LOAD(o + (size_t)h * ldo + x + (size_t)(c * W));              \
+            for (int i = 0; i < nv; i++) {                                                                           \
+                VEC vv[C];                                                                                           \
+                for (int c = 0; c < C; c++) vv[c] = LOAD(v + (size_t)i * ldv + x + (size_t)(c * W));                 \
+                for (int h = 0; h < NO; h++) {                                                                       \
+                    VEC ph = SET1(p[(size_t)h * ldp + (size_t)i]);                                                   \
+                    for (int c = 0; c < C; c++) acc[h][c] = FMA(ph, vv[c], acc[h][c]);                               \
+                }                                                                                                    \
+            }                                                                                                        \
+            for (int h = 0; h < NO; h++)                                                                             \
+                for (int c = 0; c < C; c++) STORE(o + (size_t)h * ldo + x + (size_t)(c * W), acc[h][c]);              \
+        }                                                                                                            \
+        if (x < d) g4_cpu_pv_scalar(o + x, ldo, NO, p, ldp, v + x, ldv, nv, d - x);                                  \
+    }                                                                                                                \
+    __attribute__((target(TARGET))) static void NAME(float *o, size_t ldo, int no, const float *p, size_t ldp,        \
+                                                     const float *v, size_t ldv, int nv, size_t d) {                 \
+        switch (no) {                                                                                                \
+        case 4: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 4); break;                                               \
+        case 3: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 3); break;                                               \
+        case 2: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 2); break;                                               \
+        default: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 1); break;                                              \
+        }                                                                                                            \
+    }
+PV(pv_avx2, "avx2,fma", __m256, 8, 2, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
+PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
+
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
-                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2};
+                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2,
+                                      softcap_avx2, pv_avx2};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, q8_tile_avx512, f32_tile_avx512, q4_gemv_avx512,
-                                        exp_sum_avx512, gelu_mul_avx512};
+                                        exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();
