@@ -292,14 +292,23 @@ __attribute__((target(T512))) static inline q_perm q_perms(g4_dtype type) {
 __attribute__((target(T512), always_inline)) static inline void q_group(g4_dtype type, const q_perm *pm,
                                                                         const unsigned char *p, long rem, __m512i *lo,
                                                                         __m512i *hi, __m512 *dw) {
-    const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
+    const int q4 = type == G4_Q4_0;
+    __m512i A, B, C = _mm512_setzero_si512();
+    if (rem >= (q4 ? 72 : 136)) { /* a whole group: fixed masks */
+        A = _mm512_loadu_si512(p);
+        B = q4 ? _mm512_maskz_loadu_epi8(0xff, p + 64) : _mm512_loadu_si512(p + 64);
+        if (!q4) C = _mm512_maskz_loadu_epi8(0xff, p + 128);
+    } else {
+        A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
+        if (!q4) C = load_upto(p + 128, rem - 128);
+    }
     const __m512i codes = _mm512_permutex2var_epi8(A, pm->lo, B);
-    if (type == G4_Q4_0) {
+    if (q4) {
         const __m512i lo4 = _mm512_set1_epi8(15);
         *lo = _mm512_and_si512(codes, lo4);
         *hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), lo4);
     } else {
-        const __m512i C = load_upto(p + 128, rem - 128), x80 = _mm512_set1_epi8((char)0x80);
+        const __m512i x80 = _mm512_set1_epi8((char)0x80);
         *lo = _mm512_xor_si512(codes, x80);
         *hi = _mm512_xor_si512(
             _mm512_mask_permutexvar_epi8(_mm512_permutex2var_epi8(A, pm->hi, B), 0xff00000000000000ull, pm->c, C), x80);
