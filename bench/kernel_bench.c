@@ -31,7 +31,6 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)rows * in; i++) wf[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
     for (size_t i = 0; i < (size_t)64 * in; i++) x[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
     g4_dtype types[] = {G4_BF16, G4_Q8_0, G4_Q4_0};
-    const char *isas[] = {"scalar", "avx2", "avx512", "neon"};
     for (int ti = 0; ti < 3; ti++) {
         size_t rb = g4_dtype_row_bytes(types[ti], in);
         unsigned char *wq = malloc(rb * (size_t)rows);
@@ -39,8 +38,8 @@ int main(int argc, char **argv) {
         g4_tensor w = {.name = "w", .dtype = types[ti], .ndim = 2, .shape = {rows, in}, .data = wq};
         for (int k = 0; k < 2; k++) {
             int n = toks[k];
-            for (int ii = 0; ii < 4; ii++) {
-                const g4_cpu_kernels *kk = g4_cpu_kernels_for(isas[ii]);
+            for (int ii = 0; g4_cpu_isas[ii]; ii++) {
+                const g4_cpu_kernels *kk = g4_cpu_kernels_for(g4_cpu_isas[ii]);
                 if (!kk) continue;
                 g4_cpu_kernels_use(kk);
                 int iters = 0;
@@ -51,7 +50,8 @@ int main(int argc, char **argv) {
                     t1 = now();
                 } while (t1 - t0 < 0.5 && !(ii == 0 && iters >= 1));
                 double per = (t1 - t0) / iters;
-                printf("%-5s n=%-3d %-7s %8.2f GMAC/s  %7.2f GB/s weights\n", g4_dtype_name(types[ti]), n, isas[ii],
+                printf("%-5s n=%-3d %-8s %8.2f GMAC/s  %7.2f GB/s weights\n", g4_dtype_name(types[ti]), n,
+                       g4_cpu_isas[ii],
                        (double)rows * in * n / per * 1e-9, (double)rb * rows / per * 1e-9);
             }
         }

@@ -1,8 +1,9 @@
 /* Every op of the backend table (src/backend/backend.h) on every backend this build and machine have, against
  * a plain double-precision reference written here, over odd shapes (ggml's test-backend-ops is the model).
  *
- * Backends: the CPU with the instruction set G4_CPU_ISA names (ctest runs this program once per instruction
- * set: scalar, avx2, avx512; one the machine lacks is skipped), and CUDA when built in and a GPU is present.
+ * Backends: the CPU with the instruction set G4_CPU_ISA names (ctest runs this program once with the best set
+ * the CPU has, avx512 or neon_dot, and once per lower set: scalar, avx2, neon; one the machine lacks is
+ * skipped), and CUDA when built in and a GPU is present.
  * Inputs are random (fixed seeds), uploaded to the backend, the op runs, the result comes back and is compared
  * with the reference: max |got - ref| <= tol * max(1, max |ref|). Tolerances: 1e-5 relative for f32 arithmetic
  * on the host; a backend that computes products in lower precision (bf16 tensor cores) states its own factor in

@@ -200,7 +200,6 @@ static void test_moe_split(g4_backend *be, const char *isa) {
 }
 
 int main(void) {
-    static const char *isas[] = {"scalar", "avx2", "avx512", "neon"};
     g4_error err;
     int ran = 0;
     /* G4_TEST_THREADS=1: one thread only (scripts/test-aarch64: qemu-user 7.2 hangs in
@@ -210,14 +209,14 @@ int main(void) {
         g4_backend *be = g4_backend_cpu_new(threads, &err);
         CHECK(be != NULL);
         if (!be) break;
-        for (size_t i = 0; i < 4; i++) {
-            const g4_cpu_kernels *k = g4_cpu_kernels_for(isas[i]);
+        for (const char *const *isa = g4_cpu_isas; *isa; isa++) {
+            const g4_cpu_kernels *k = g4_cpu_kernels_for(*isa);
             if (!k) continue;
             g4_cpu_kernels_use(k);
-            if (threads == 1) test_vectors(k, isas[i]);
-            test_matmul(be, isas[i]);
-            test_moe_split(be, isas[i]);
-            if (threads == 1) printf("tested the %s kernels\n", isas[i]);
+            if (threads == 1) test_vectors(k, *isa);
+            test_matmul(be, *isa);
+            test_moe_split(be, *isa);
+            if (threads == 1) printf("tested the %s kernels\n", *isa);
             ran++;
         }
         g4_backend_free(be);

@@ -484,13 +484,12 @@ int main(void) {
         check_model(fixtures[f], dir, &r);
         check_kv_types_and_sharing(fixtures[f], dir, &r);
         char label[128];
-        static const char *isas[] = {"scalar", "avx2", "avx512", "neon"};
         const g4_cpu_kernels *best = g4_cpu_kernels_get();
-        for (size_t i = 0; i < 4; i++) { /* the other instruction sets this CPU has */
-            const g4_cpu_kernels *k = g4_cpu_kernels_for(isas[i]);
+        for (const char *const *isa = g4_cpu_isas; *isa; isa++) { /* the other instruction sets this CPU has */
+            const g4_cpu_kernels *k = g4_cpu_kernels_for(*isa);
             if (!k || k == best) continue;
             g4_cpu_kernels_use(k);
-            snprintf(label, sizeof label, "%s (%s)", fixtures[f], isas[i]);
+            snprintf(label, sizeof label, "%s (%s)", fixtures[f], *isa);
             check_model(label, dir, &r);
         }
         g4_cpu_kernels_use(best);

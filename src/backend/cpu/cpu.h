@@ -139,10 +139,14 @@ void g4_cpu_q8_tile_scalar(g4_dtype type, const unsigned char *w, size_t row_byt
 /* The SIMD sets, NULL where this CPU (or architecture) lacks them. */
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void);
 const g4_cpu_kernels *g4_cpu_kernels_avx512(void);
-const g4_cpu_kernels *g4_cpu_kernels_neon(void);
+const g4_cpu_kernels *g4_cpu_kernels_neon(void);     /* aarch64: NEON, widening int8 products */
+const g4_cpu_kernels *g4_cpu_kernels_neon_dot(void); /* aarch64: NEON with SDOT (dot-product extension) */
 
-/* The kernel table of an instruction set ("scalar", "avx2", "avx512", "neon"), NULL if this
- * CPU or build lacks it; g4_cpu_kernels_use makes one the table every op uses (tests). */
+/* The names of every instruction set, NULL-terminated: "scalar", "avx2", "avx512", "neon", "neon_dot". */
+extern const char *const g4_cpu_isas[];
+
+/* The kernel table of an instruction set (a name of g4_cpu_isas), NULL if this CPU or build
+ * lacks it; g4_cpu_kernels_use makes one the table every op uses (tests). */
 const g4_cpu_kernels *g4_cpu_kernels_for(const char *isa);
 void g4_cpu_kernels_use(const g4_cpu_kernels *k);
 

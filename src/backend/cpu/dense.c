@@ -5,7 +5,8 @@
  * attention_dense works per (head, block of queries): the head's keys are packed in groups of 8
  * ([group][dim][8]) so that a tile of 4 queries x 32 keys accumulates in registers; the softmax uses the
  * SIMD exp kernel and divides the output row by the sum; P V takes 4 queries x 32 columns at a time.
- * GCC vector types and target_clones give the AVX-512, AVX2 and baseline versions of the tiles. */
+ * GCC vector types and target_clones give the AVX-512, AVX2 and baseline versions of the tiles (x86-64; one
+ * baseline version elsewhere). */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -17,7 +18,11 @@
 
 typedef float v8 __attribute__((vector_size(32), aligned(4))); /* loads need no alignment */
 
+#if defined(__x86_64__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES /* elsewhere the vector types compile to the baseline SIMD (NEON on aarch64) */
+#endif
 
 /* Accumulators are named variables (an array would be kept in memory by GCC). */
 #define ROW4(a, x0, x1, x2, x3) (a##0 += (x0), a##1 += (x1), a##2 += (x2), a##3 += (x3))

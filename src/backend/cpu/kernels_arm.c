@@ -155,13 +155,17 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static void q8_tile_neon_dot(g
 static const g4_cpu_kernels k_neon = {"neon", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                       q8_tile_neon, f32_tile_neon, NULL,
                                       g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, NULL, NULL, NULL};
-static const g4_cpu_kernels k_neon_dot = {"neon", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
+static const g4_cpu_kernels k_neon_dot = {"neon_dot", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                           q8_tile_neon_dot, f32_tile_neon, NULL,
-                                      g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, NULL, NULL, NULL};
+                                          g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, NULL, NULL, NULL};
 
-const g4_cpu_kernels *g4_cpu_kernels_neon(void) {
-    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? &k_neon_dot : &k_neon;
+/* NEON is part of every aarch64 CPU (ARMv8-A); SDOT is the optional dot-product extension */
+const g4_cpu_kernels *g4_cpu_kernels_neon(void) { return &k_neon; }
+
+const g4_cpu_kernels *g4_cpu_kernels_neon_dot(void) {
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) ? &k_neon_dot : NULL;
 }
 #else
 const g4_cpu_kernels *g4_cpu_kernels_neon(void) { return NULL; }
+const g4_cpu_kernels *g4_cpu_kernels_neon_dot(void) { return NULL; }
 #endif

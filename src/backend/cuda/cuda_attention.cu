@@ -315,7 +315,8 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
         if (bound > cap) bound = cap;
         int splits = c->n_sm / (a->n_kv_heads * n); /* a block per multiprocessor */
         if (splits > ATT_MAX_SPLITS) splits = ATT_MAX_SPLITS;
-        if (splits > (bound + 63) / 64) splits = (bound + 63) / 64; /* at least 64 keys each */
+        const int least = c->att_min_keys; /* keys a split takes at least (32; G4_CUDA_ATT_MIN_KEYS) */
+        if (splits > (bound + least - 1) / least) splits = (bound + least - 1) / least;
         if (splits > 1) {
             if ((size_t)n * a->n_kv_heads > c->n_counters) {
                 g4c_note(c, cudaErrorInvalidValue, "attention: too many tokens x heads for split-K");

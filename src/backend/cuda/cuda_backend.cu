@@ -429,7 +429,12 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
     c->pdl = !env_is("G4_CUDA_PDL", "0");
     c->graphs_on = !env_is("G4_CUDA_GRAPHS", "0");
     c->gemm_split = !env_is("G4_CUDA_GEMM", "bf16");
-    c->gemv_unroll = env_is("G4_CUDA_GEMV_UNROLL", "8") ? 8 : 4;
+    const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
+    c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
+    const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");
+    c->att_min_keys = ak && atoi(ak) >= 16 && atoi(ak) <= 512 ? atoi(ak) : 32;
+    const char *gc = getenv("G4_CUDA_GEMV_CAP");
+    c->gemv_cap = gc && *gc >= '1' && *gc <= '8' && !gc[1] ? *gc - '0' : 4;
     const char *gb = getenv("G4_CUDA_GEMV_BLOCKS");
     c->gemv_blocks_per_sm = gb && *gb >= '1' && *gb <= '8' && !gb[1] ? *gb - '0' : 2;
     if (env_is("G4_CUDA_PROFILE", "1") && (c->profile = (g4c_profile *)calloc(1, sizeof *c->profile))) {
@@ -452,6 +457,7 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
         c->staging = NULL, cudaGetLastError();
     g4c_attention_init(c);
     g4c_moe_init(c);
+    g4c_gemv_init(c);
     g4c_towers_init(c);
     if (c->error != cudaSuccess) {
         g4_fail(err, "device 'cuda': cannot start: %s", c->error_what);

@@ -35,6 +35,7 @@ static inline uint4 g4_ld_stream(const void *p) {
 static inline float g4_h2f(uint16_t h) { return g4_f16_to_f32(h); }
 static inline uint16_t g4_f2h(float f) { return g4_f32_to_f16(f); }
 static inline void g4_cp16(void *smem, const void *gmem) { memcpy(smem, gmem, 16); }
+static inline void g4_prefetch_l1(const void *p) { (void)p; }
 static inline void g4_cp_wait(void) {}
 static inline void g4_cp_commit(void) {}
 static inline void g4_cp_wait_but_one(void) {}
@@ -54,6 +55,8 @@ static __device__ __forceinline__ uint4 g4_ld_stream(const void *p) {
                  : "l"(p));
     return v;
 }
+/* the 128-byte line of p into L1, for a read soon after */
+static __device__ __forceinline__ void g4_prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 /* 16 bytes global -> shared without registers (cp.async; complete after g4_cp_wait) */
 static __device__ __forceinline__ void g4_cp16(void *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -235,7 +238,10 @@ typedef struct g4c {
     void *blas;           /* cublasHandle_t (NULL in the emulator) */
     void *blas_ws;
     int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
-    int gemv_unroll;      /* weight accesses in flight per lane in one-token GEMVs: 4, or 8 (G4_CUDA_GEMV_UNROLL=8) */
+    size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
+    int att_min_keys;     /* decode attention: keys a split-K block takes at least (32; G4_CUDA_ATT_MIN_KEYS=16..512) */
+    int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
+                           * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
     int gemv_blocks_per_sm; /* GEMV warps per row grow until rows x warps fill this many blocks a multiprocessor
                              * (2; G4_CUDA_GEMV_BLOCKS=1..8) */
     void **retired;       /* workspaces replaced while recording (freed with the backend) */
@@ -330,6 +336,7 @@ void g4c_kv_store(g4_backend *be, const float *k, const float *v, int n, int row
                   void *v_cache, g4_kv_type kv_type);
 /* cuda_moe.cu */
 void g4c_moe_init(g4c *c);
+void g4c_gemv_init(g4c *c); /* GEMV kernels may use c->gemv_smem bytes of dynamic shared memory */
 void g4c_moe(g4_backend *be, const g4_moe_args *a);
 /* cuda_misc.cu: the small ops */
 void g4c_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);

@@ -16,7 +16,6 @@
 #define G4C_GEMV_MAX 8
 #define GEMV_THREADS 256
 #define GEMV_UNROLL 4
-#define GEMV_SMEM (40 * 1024) /* bytes of staged inputs per block (under the 48 KB default with the static ones) */
 
 int g4c_gemv_max_tokens(void) { return G4C_GEMV_MAX; }
 
@@ -160,7 +159,13 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     g4_grid_wait();
     if (NT == 1 && a.res_out) { /* the residual update (one token): into xs, then its 1/rms and the norm */
         float so = 0.0f;
-        for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) so += a.res_o[i] * a.res_o[i];
+        for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) {
+            so += a.res_o[i] * a.res_o[i];
+            if ((i & 31) == 0) { /* what the next pass reads, into L1 meanwhile */
+                g4_prefetch_l1(a.res_h + i), g4_prefetch_l1(a.res_w + i);
+                if (a.norm) g4_prefetch_l1(a.norm + i);
+            }
+        }
         const float inv_o = rsqrtf(g4_block_sum(so, &red[0][0]) / (float)a.in + a.eps);
         float sh = 0.0f;
         for (int i = threadIdx.x; i < kt; i += GEMV_THREADS) {
@@ -183,6 +188,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                 for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) {
                     const float v = a.x[(size_t)t * a.in + i];
                     ss[t] += v * v;
+                    if (t == 0 && (i & 31) == 0) g4_prefetch_l1(a.norm + i); /* staged next */
                 }
             ss[t] = g4_warp_sum(ss[t]);
         }
@@ -203,10 +209,6 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     for (int base = blockIdx.x * groups; base < a.rows; base += gridDim.x * groups) {
         row = base + g;
         const int active = row < a.rows;
-        if (active && base != (int)blockIdx.x * groups) { /* later rows: fresh pointers and first accesses */
-            row_pointers(a, row, RP, rp);
-            issue<DT, RP, UN>(rp, 0, k0, step, first_len, pre);
-        }
         float acc[RP][NT];
 #pragma unroll
         for (int r = 0; r < RP; r++)
@@ -249,6 +251,12 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                     }
                 }
             }
+        }
+        /* the next row group's first accesses, in flight while this one's sums are formed */
+        const int next = base + (int)gridDim.x * groups + g;
+        if (next < a.rows) {
+            row_pointers(a, next, RP, rp);
+            issue<DT, RP, UN>(rp, 0, k0, step, first_len, pre);
         }
         /* the group's sums */
 #pragma unroll
@@ -303,17 +311,15 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 
 template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
     const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
-    /* a tile of the inputs: as much of the row as GEMV_SMEM holds for nt tokens */
-    const int in8 = (a.in + 7) & ~7, most = (int)(GEMV_SMEM / sizeof(float)) / nt / 256 * 256;
+    /* a tile of the inputs: as much of the row as c->gemv_smem holds for nt tokens */
+    const int in8 = (a.in + 7) & ~7, most = (int)(c->gemv_smem / sizeof(float)) / nt / 256 * 256;
     a.ktile = in8 <= most ? in8 : most;
     const size_t smem = (size_t)nt * a.ktile * sizeof(float);
     /* one tile: a block may own several row groups (capped grid); several: every group has its block */
     unsigned blocks = row_blocks;
-    if (a.ktile == in8 && blocks > (unsigned)c->n_sm * 8) blocks = (unsigned)c->n_sm * 8;
+    if (a.ktile == in8 && blocks > (unsigned)(c->n_sm * c->gemv_cap)) blocks = (unsigned)(c->n_sm * c->gemv_cap);
     const dim3 grid(blocks);
-    if (nt == 1 && c->gemv_unroll == 8)
-        g4c_launch(c, gemv_kernel<DT, 1, RP, 8>, grid, dim3(GEMV_THREADS), smem, a);
-    else if (nt == 1)
+    if (nt == 1)
         g4c_launch(c, gemv_kernel<DT, 1, RP>, grid, dim3(GEMV_THREADS), smem, a);
     else if (nt == 2)
         g4c_launch(c, gemv_kernel<DT, 2, RP>, grid, dim3(GEMV_THREADS), smem, a);
@@ -321,6 +327,17 @@ template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsign
         g4c_launch(c, gemv_kernel<DT, 4, RP>, grid, dim3(GEMV_THREADS), smem, a);
     else
         g4c_launch(c, gemv_kernel<DT, 8, RP>, grid, dim3(GEMV_THREADS), smem, a);
+}
+
+template <int DT, int RP> static void allow_gemv_smem(g4c *c) {
+    g4c_allow_smem(c, gemv_kernel<DT, 1, RP>), g4c_allow_smem(c, gemv_kernel<DT, 2, RP>);
+    g4c_allow_smem(c, gemv_kernel<DT, 4, RP>), g4c_allow_smem(c, gemv_kernel<DT, 8, RP>);
+}
+
+void g4c_gemv_init(g4c *c) {
+    if (c->gemv_smem <= 48 * 1024 - 1024) return;
+    allow_gemv_smem<G4_BF16, 1>(c), allow_gemv_smem<G4_BF16, 2>(c), allow_gemv_smem<G4_F16, 1>(c);
+    allow_gemv_smem<G4_F16, 2>(c), allow_gemv_smem<G4_F32, 1>(c), allow_gemv_smem<G4_F32, 2>(c);
 }
 
 template <int RP> static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row_blocks) {
@@ -337,7 +354,7 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
     a.scale = scale;
     const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
     if (set->res_out) {
-        if (n == 1 && in <= (int)(GEMV_SMEM / sizeof(float)) && set->res_out != set->res_h) { /* fused */
+        if (n == 1 && in <= (int)(c->gemv_smem / sizeof(float)) && set->res_out != set->res_h) { /* fused */
             a.res_h = set->res_h, a.res_o = set->res_o, a.res_w = set->res_w, a.res_scale = set->res_scale;
             a.res_out = set->res_out;
         } else {

@@ -188,7 +188,7 @@ void g4c_transpose(g4_backend *be, const float *src, int na, int nb, int cc, flo
 /* ----------------------------------------------------------------- argmax */
 /* Blocks (row, part) find the best of their part; the last block of a row to finish (a counter) reduces the
  * parts. Ties go to the lowest index; NaN never wins. */
-#define ARGMAX_PARTS 32
+#define ARGMAX_PARTS 128 /* of at least 2048 elements */
 
 static __device__ __forceinline__ int better(float v, int i, float bv, int bi) {
     return v > bv || (v == bv && i < bi) || (bv != bv && v == v); /* bv NaN: anything real wins */
@@ -228,16 +228,23 @@ __global__ void argmax_kernel(const float *x, int n, float *part_v, int *part_i,
         last = atomicAdd(&counters[row], 1) == parts - 1;
     }
     __syncthreads();
-    if (last && threadIdx.x == 0) {
+    if (last) { /* (block-uniform) the parts, a thread each, then the block's best */
         __threadfence();
         const volatile float *pv = part_v + row * parts;
         const volatile int *pi = part_i + row * parts;
-        float v = pv[0];
-        int i = pi[0];
-        for (int j = 1; j < parts; j++)
+        float v = -INFINITY;
+        int i = 0x7fffffff;
+        for (int j = threadIdx.x; j < parts; j += blockDim.x)
             if (better(pv[j], pi[j], v, i)) v = pv[j], i = pi[j];
-        out[row] = i == 0x7fffffff ? 0 : i;
-        counters[row] = 0;
+        warp_best(&v, &i);
+        if (lane == 0) sv[w] = v, si[w] = i;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int j = 1; j < nw; j++)
+                if (better(sv[j], si[j], v, i)) v = sv[j], i = si[j];
+            out[row] = i == 0x7fffffff ? 0 : i;
+            counters[row] = 0;
+        }
     }
 }
 
@@ -248,7 +255,7 @@ void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {
         g4c_note(c, cudaErrorInvalidValue, "argmax: too many rows");
         return;
     }
-    int parts = n >= 4096 * ARGMAX_PARTS ? ARGMAX_PARTS : (n + 4095) / 4096;
+    int parts = n >= 2048 * ARGMAX_PARTS ? ARGMAX_PARTS : (n + 2047) / 2048;
     float *ws = (float *)g4c_ws(c, &c->ws_gemm, (size_t)rows * parts * 8);
     if (!ws) return;
     g4c_launch(c, argmax_kernel, dim3((unsigned)parts, (unsigned)rows), dim3(256), 0, x, n, ws,

@@ -7,7 +7,7 @@
  * 3. gate_up: a block per (active expert, 8 rows): the expert's token rows staged in shared memory 8 at a time,
  *    a warp per intermediate row reads that expert's gate row and up row once per 8 pairs and writes
  *    gelu(gate) * up;
- * 4. down: likewise per output row, times the pair's routing weight;
+ * 4. down: likewise, a warp per 4 output rows, times the pair's routing weight;
  * 5. combine: per token, the sum of its k pairs' rows (in k order), then the branch's norms and the add:
  *    out = rmsnorm(dense) * post_norm1 + rmsnorm(sum) * post_norm2.
  * x2 = rmsnorm(residual) * pre_norm2 is never stored: the experts' kernels normalize the rows they stage.
@@ -169,6 +169,14 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
     const int e = a.ws.act_e[slot], off = a.ws.act_off[slot], cnt = a.ws.act_cnt[slot];
     const unsigned char *base = a.gate_up + (size_t)e * 2 * a.Im * a.gu_row;
     const unsigned char *gr = base + (size_t)c * a.gu_row, *ur = base + (size_t)(a.Im + c) * a.gu_row;
+    float wg[4][8], wu[4][8];
+    /* the first four chunks' weights of the first rows: in flight while the inputs are staged */
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        if (c < a.Im && lane * 8 + q * 256 < a.H) {
+            g4_wload<DT>::load(gr, lane * 8 + q * 256, wg[q]);
+            g4_wload<DT>::load(ur, lane * 8 + q * 256, wu[q]);
+        }
     for (int p0 = 0; p0 < cnt; p0 += MOE_NT) {
         const int np = cnt - p0 < MOE_NT ? cnt - p0 : MOE_NT;
         __syncthreads();
@@ -179,13 +187,13 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) g[j] = u[j] = 0.0f;
         for (int k4 = lane * 8; k4 < a.H; k4 += 4 * 256) { /* four chunks' loads in flight together */
-            float wg[4][8], wu[4][8];
+            if (p0 > 0 || k4 > lane * 8)
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                if (k4 + q * 256 < a.H) {
-                    g4_wload<DT>::load(gr, k4 + q * 256, wg[q]);
-                    g4_wload<DT>::load(ur, k4 + q * 256, wu[q]);
-                }
+                for (int q = 0; q < 4; q++)
+                    if (k4 + q * 256 < a.H) {
+                        g4_wload<DT>::load(gr, k4 + q * 256, wg[q]);
+                        g4_wload<DT>::load(ur, k4 + q * 256, wu[q]);
+                    }
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int k = k4 + q * 256;
@@ -212,32 +220,48 @@ template <int DT> __global__ __launch_bounds__(256) void moe_gate_up_kernel(moe_
     }
 }
 
-/* 4. down of an active expert: a warp per output row i, times the routing weight */
+/* 4. down of an active expert: a warp per DOWN_ROWS output rows (more weight bytes in flight per lane, the
+ * inputs staged once per 8 x DOWN_ROWS rows), times the routing weight */
+#define DOWN_ROWS 4
 template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_args a) {
     G4_DYN_SMEM(float, xs); /* [MOE_NT][ldi] */
     g4_grid_wait();
     const int slot = blockIdx.y;
     if (slot >= *a.ws.n_active) return;
-    const int lane = threadIdx.x & 31, i = blockIdx.x * 8 + (threadIdx.x >> 5), ldi = (a.Im + 7) & ~7;
+    const int lane = threadIdx.x & 31, ldi = (a.Im + 7) & ~7;
+    const int i0 = (blockIdx.x * 8 + (threadIdx.x >> 5)) * DOWN_ROWS;
     const int e = a.ws.act_e[slot], off = a.ws.act_off[slot], cnt = a.ws.act_cnt[slot];
-    const unsigned char *row = a.down + ((size_t)e * a.H + i) * a.dn_row;
+    const unsigned char *row = a.down + ((size_t)e * a.H + i0) * a.dn_row;
+    float w[DOWN_ROWS][2][8];
+    /* the first two chunks of each row: in flight while the inputs are staged */
+#pragma unroll
+    for (int r = 0; r < DOWN_ROWS; r++)
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            if (i0 + r < a.H && lane * 8 + q * 256 < a.Im)
+                g4_wload<DT>::load(row + (size_t)r * a.dn_row, lane * 8 + q * 256, w[r][q]);
     for (int p0 = 0; p0 < cnt; p0 += MOE_NT) {
         const int np = cnt - p0 < MOE_NT ? cnt - p0 : MOE_NT;
         __syncthreads();
         stage_rows(xs, ldi, a.ws.act, a.Im, a.ws.pairs + off + p0, np, 1, (const float *)NULL, (const float *)NULL);
         __syncthreads();
-        if (i >= a.H) continue;
-        float d[MOE_NT];
+        if (i0 >= a.H) continue;
+        float d[DOWN_ROWS][MOE_NT];
 #pragma unroll
-        for (int j = 0; j < MOE_NT; j++) d[j] = 0.0f;
-        for (int k4 = lane * 8; k4 < a.Im; k4 += 4 * 256) { /* four chunks' loads in flight together */
-            float w[4][8];
+        for (int r = 0; r < DOWN_ROWS; r++)
 #pragma unroll
-            for (int q = 0; q < 4; q++)
-                if (k4 + q * 256 < a.Im) g4_wload<DT>::load(row, k4 + q * 256, w[q]);
+            for (int j = 0; j < MOE_NT; j++) d[r][j] = 0.0f;
+        for (int k2 = lane * 8; k2 < a.Im; k2 += 2 * 256) { /* two chunks of each row in flight together */
+            if (p0 > 0 || k2 > lane * 8)
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int k = k4 + q * 256;
+                for (int r = 0; r < DOWN_ROWS; r++)
+#pragma unroll
+                    for (int q = 0; q < 2; q++)
+                        if (i0 + r < a.H && k2 + q * 256 < a.Im)
+                            g4_wload<DT>::load(row + (size_t)r * a.dn_row, k2 + q * 256, w[r][q]);
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const int k = k2 + q * 256;
                 if (k >= a.Im) break;
 #pragma unroll
                 for (int j = 0; j < MOE_NT; j++) {
@@ -245,16 +269,21 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
                     float xv[8];
                     srow8(xs + (size_t)j * ldi + k, xv);
 #pragma unroll
-                    for (int z = 0; z < 8; z++) d[j] = fmaf(w[q][z], xv[z], d[j]);
+                    for (int r = 0; r < DOWN_ROWS; r++)
+#pragma unroll
+                        for (int z = 0; z < 8; z++) d[r][j] = fmaf(w[r][q][z], xv[z], d[r][j]);
                 }
             }
         }
 #pragma unroll
         for (int j = 0; j < MOE_NT; j++) {
             if (j >= np) break;
-            const float dv = g4_warp_sum(d[j]);
             const int pr = a.ws.pairs[off + p0 + j];
-            if (lane == 0) a.ws.dn[(size_t)pr * a.H + i] = a.ws.w[pr] * dv;
+#pragma unroll
+            for (int r = 0; r < DOWN_ROWS; r++) {
+                const float dv = g4_warp_sum(d[r][j]);
+                if (lane == 0 && i0 + r < a.H) a.ws.dn[(size_t)pr * a.H + i0 + r] = a.ws.w[pr] * dv;
+            }
         }
     }
 }
@@ -338,7 +367,8 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(256), 0, a, (const float *)a.ws.logits);
     if (n > 1) g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), (size_t)E * sizeof(int), a);
     const unsigned max_active = (unsigned)(np < (size_t)E ? np : (size_t)E);
-    const dim3 gu_grid((unsigned)((Im + 7) / 8), max_active), dn_grid((unsigned)((H + 7) / 8), max_active);
+    const dim3 gu_grid((unsigned)((Im + 7) / 8), max_active);
+    const dim3 dn_grid((unsigned)((H + 8 * DOWN_ROWS - 1) / (8 * DOWN_ROWS)), max_active);
     const size_t gu_smem = (size_t)MOE_NT * ((H + 7) & ~7) * 4, dn_smem = (size_t)MOE_NT * ((Im + 7) & ~7) * 4;
     if (gu_smem > c->prop.sharedMemPerBlockOptin || dn_smem > c->prop.sharedMemPerBlockOptin) {
         g4c_note(c, cudaErrorInvalidValue, "moe: hidden size too large for the expert kernels");
