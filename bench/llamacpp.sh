@@ -13,14 +13,16 @@
 #   bench/llamacpp.sh compare [ROUNDS] both engines on each model (llama-bench, or libllama through
 #                                      llama_logits.c --bench when llama-bench is not built; gemma4c
 #                                      bench), A/B then B/A in alternate rounds so that both see the
-#                                      same load; per round the ratio gemma4c/llama.cpp, the median of
-#                                      the ratios, and the load average while measuring
+#                                      same load, each after a first touch of the file (warm_up); the
+#                                      table: model, type, threads, prefill tok/s at 64 and 512,
+#                                      decode tok/s and GB/s, ratio gemma4c/llama.cpp (median of the
+#                                      per-round ratios), and the load average while measuring
 #   bench/llamacpp.sh summarize FILE   the table again from a compare run's raw values
 #
 # Everything lands in $G4_BENCH_DIR (default /tmp/gemma4c-bench: tens of GB); llama.cpp is
 # never part of our build or tests. THREADS (default 2), TG (decode tokens, default 32)
 # and MODELS (names below) select.
-set -eu
+set -eu -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dir=${G4_BENCH_DIR:-/tmp/gemma4c-bench}
 threads=${THREADS:-2}
@@ -95,7 +97,10 @@ a=array.array('q'); a.frombytes(b[8+n+e['data_offsets'][0]:8+n+e['data_offsets']
     done
 }
 
-# one engine's numbers for one model: lines "ENGINE TEST TOK/S" (TEST: pp64 pp512 tg$TG; gemma4c also GB/s)
+# One engine's numbers for one model, lines "ENGINE TEST VALUE": TEST pp64, pp512 (prefill tok/s), tg$TG (decode
+# tok/s: $TG one-token steps from an (almost) empty cache, as llama-bench's tg test), and for gemma4c GB/token (the
+# bytes a decode step reads: weights and KV rows, g4_model_decode_bytes). Each engine warms up inside its process
+# before it is timed (llama-bench and llama-logits: one untimed run; gemma4c bench: one untimed prefill).
 run_llama() {
     if [ -x "$llama/llama-bench" ]; then
         "$llama/llama-bench" -m "$1" -t "$threads" -p 64,512 -n "$tg" -r 1 -o jsonl 2>/dev/null | python3 -c '
@@ -107,10 +112,32 @@ for l in sys.stdin:
         "$llama/llama-logits" --bench "$1" 64 0 "$threads" 1 | grep pp64 | sed 's/^/llama.cpp /'
     fi
 }
+# the values are taken by their labels: the field before "tok/s", "GB/token"
 run_gemma4c() {
-    "$bin" bench -m "$1" -t "$threads" -p 64 -n 0 -r 1 | awk '/^prefill/ {print "gemma4c pp64", $4}'
-    "$bin" bench -m "$1" -t "$threads" -p 512 -n "$tg" -r 1 | awk -v tg="tg$tg" '/^prefill/ {print "gemma4c pp512", $4}
-        /^decode/ {print "gemma4c", tg, $4} /^weights/ {print "gemma4c GB/s", $8}'
+    G4_BENCH_NO_COPY=1 "$bin" bench -m "$1" -t "$threads" -p 64,512 -c 1 -n "$tg" -r 1 | awk -v tg="tg$tg" '
+        function before(label,   i) { for (i = 2; i <= NF; i++) if ($i == label) return $(i - 1); return "" }
+        /^prefill/ { print "gemma4c pp" $2, before("tok/s") }
+        /^decode/ { print "gemma4c", tg, before("tok/s"); print "gemma4c GB/token", before("GB/token") }'
+}
+
+# First touch of a model file before an engine is measured on it (the files together are larger than the page
+# cache: a run right after another model's would read from disk): read the whole file when it fits in the
+# available memory, else one short untimed run of the engine. Says what it did and how long the read took
+# (seconds per GB tell page cache from disk).
+warm_up() {
+    local f=$1 engine=$2 size avail t0 t1
+    size=$(stat -c %s "$f")
+    avail=$(($(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) * 1024))
+    if [ "$size" -lt $((avail * 9 / 10)) ]; then
+        t0=$(date +%s.%N); cat "$f" >/dev/null; t1=$(date +%s.%N)
+        echo "# warm-up before $engine: read $(basename "$f") ($(python3 -c "print('%.1f GB in %.1f s' % ($size / 1e9, $t1 - $t0))"))"
+    elif [ "$engine" = run_gemma4c ]; then
+        G4_BENCH_NO_COPY=1 "$bin" bench -m "$f" -t "$threads" -p 8 -n 1 -r 1 >/dev/null
+        echo "# warm-up before $engine: one short untimed run ($(basename "$f") larger than the available memory)"
+    else
+        "$llama/llama-logits" --bench "$f" 8 1 "$threads" 1 >/dev/null
+        echo "# warm-up before $engine: one short untimed run ($(basename "$f") larger than the available memory)"
+    fi
 }
 
 # Both engines on each model, A/B then B/A in alternate rounds (the machine is shared: both see the same load),
@@ -119,7 +146,9 @@ run_gemma4c() {
 compare() {
     rounds=${1:-3}
     out=$dir/compare-$(date +%Y%m%d-%H%M%S).txt
-    echo "# $(uname -n) $(nproc) cores, threads $threads; $(date -u)" | tee "$out"
+    local engines="llama-bench"
+    [ -x "$llama/llama-bench" ] || engines="libllama through llama-logits --bench (llama-bench not built)"
+    echo "# $(uname -n) $(nproc) cores, threads $threads, decode $tg tokens; llama.cpp: $engines; $(date -u)" | tee "$out"
     for r in $(seq 1 "$rounds"); do
         for spec in $models; do
             IFS=: read -r name cfg type <<<"$spec"
@@ -127,6 +156,7 @@ compare() {
             order="run_llama run_gemma4c"
             [ $((r % 2)) = 0 ] && order="run_gemma4c run_llama"
             for engine in $order; do
+                warm_up "$f" "$engine" | tee -a "$out"
                 $engine "$f" | while read -r e t v; do
                     echo "$r $name $e $t $v $(cut -d' ' -f1 /proc/loadavg)"
                 done | tee -a "$out"
@@ -136,33 +166,52 @@ compare() {
     summarize "$out"
 }
 
+# The table: per model a row per engine (prefill 64 and 512, decode tok/s and GB/s: medians over the rounds;
+# llama.cpp's GB/s is its decode rate times the bytes per token gemma4c reports for the same file) and the ratio
+# gemma4c / llama.cpp (median of the per-round ratios, which are listed below the table).
 summarize() {
     python3 - "$1" "$threads" <<'PY'
 import sys, statistics as st, collections
 val, load = collections.defaultdict(dict), []
+head = ""
 for line in open(sys.argv[1]):
     p = line.split()
+    if line.startswith("# ") and not head: head = line[2:].strip()
     if len(p) == 6 and p[0].isdigit():
         val[(p[1], p[3])][(p[2], int(p[0]))] = float(p[4])
         load.append(float(p[5]))
-print("\n| model | type | threads | test | gemma4c tok/s | llama.cpp tok/s | ratio (median of rounds) | ratios per round | gemma4c GB/s |")
-print("|---|---|---|---|---|---|---|---|---|")
 names = sorted({k[0] for k in val}, key=lambda n: (n[:3], n))
+tgs = sorted({k[1] for k in val if k[1].startswith("tg")})
+tg = tgs[0] if tgs else "tg"
+tests = ["pp64", "pp512", tg]
+def med(n, t, e):
+    xs = [x for (ee, r), x in val.get((n, t), {}).items() if ee == e]
+    return st.median(xs) if xs else None
+def ratios(n, t):
+    v = val.get((n, t), {})
+    return [v[("gemma4c", r)] / v[("llama.cpp", r)] for r in sorted({r for (_, r) in v})
+            if ("gemma4c", r) in v and ("llama.cpp", r) in v and v[("llama.cpp", r)] > 0]
+f = lambda x, d=1: ("%%.%df" % d) % x if x is not None else "–"
+print(f"\n{head}\n")
+print(f"| model | type | threads | engine | prefill 64 tok/s | prefill 512 tok/s | decode tok/s ({tg}) | decode GB/s |")
+print("|---|---|---|---|---|---|---|---|")
+per_round = []
 for n in names:
-    for t in ["pp64", "pp512"] + sorted({k[1] for k in val if k[0] == n and k[1].startswith("tg")}):
-        v = val.get((n, t), {})
-        rounds = sorted({r for (_, r) in v if ("gemma4c", r) in v and ("llama.cpp", r) in v})
-        if not rounds: continue
-        ratios = [v[("gemma4c", r)] / v[("llama.cpp", r)] for r in rounds]
-        g = st.median(v[("gemma4c", r)] for r in rounds)
-        l = st.median(v[("llama.cpp", r)] for r in rounds)
-        gb = val.get((n, "GB/s"), {})
-        gbs = "%.1f" % st.median(x for (e, r), x in gb.items()) if t.startswith("tg") and gb else ""
-        print(f"| {n.split('-', 1)[0]} | {n.split('-', 1)[1]} | {sys.argv[2]} | {t} | {g:.1f} | {l:.1f} | "
-              f"{st.median(ratios):.2f} | {' '.join('%.2f' % x for x in ratios)} | {gbs} |")
-print(f"\n{len({r for k in val.values() for (_, r) in k})} rounds, interleaved A/B then B/A; 1-minute load average "
-      f"while measuring: min {min(load):.1f}, median {st.median(load):.1f}, max {max(load):.1f} "
-      f"(raw values in {sys.argv[1]})")
+    model, typ = n.split("-", 1)
+    gbt = med(n, "GB/token", "gemma4c")
+    for e in ["gemma4c", "llama.cpp"]:
+        d = med(n, tg, e)
+        gbs = d * gbt if d is not None and gbt is not None else None
+        print(f"| {model} | {typ} | {sys.argv[2]} | {e} | {f(med(n, 'pp64', e))} | {f(med(n, 'pp512', e))} | {f(d)} | {f(gbs)} |")
+    rs = [ratios(n, t) for t in tests]
+    print(f"| {model} | {typ} | {sys.argv[2]} | **ratio** gemma4c / llama.cpp | "
+          + " | ".join(f(st.median(x), 2) if x else "–" for x in rs) + " | |")
+    per_round.append(f"{n}: " + "; ".join(f"{t} {' '.join('%.2f' % x for x in r)}" for t, r in zip(tests, rs) if r))
+print("\nratios per round: " + " | ".join(per_round))
+if load:
+    print(f"{len({r for k in val.values() for (_, r) in k})} rounds, interleaved A/B then B/A; 1-minute load average "
+          f"while measuring: min {min(load):.1f}, median {st.median(load):.1f}, max {max(load):.1f} "
+          f"(raw values and warm-ups in {sys.argv[1]})")
 PY
 }
 

@@ -899,6 +899,8 @@ static void test_attention(void) {
     const g4_kv_type kts[] = {G4_KV_F32, G4_KV_BF16, G4_KV_F16};
     for (int k = 0; k < 3; k++) {
         test_attention_case(kts[k], 4, 1, 64, 16, 0, 0, 0);
+        test_attention_case(kts[k], 8, 1, 256, 32, 0, 0, 0); /* E2B's grouping: two items of 4 heads per token */
+        test_attention_case(kts[k], 10, 2, 40, 8, 9, 0, 0);  /* groups of 4 and 1 heads, D not a multiple of 16 */
         test_attention_case(kts[k], 8, 2, 256, 32, 0, 0, 0);
         test_attention_case(kts[k], 2, 2, 512, 4, 0, 0, 0);
         test_attention_case(kts[k], 6, 3, 32, 7, 13, 0, 0);  /* sliding window, odd block size */
@@ -1234,6 +1236,42 @@ static void test_cpu_kernels(void) {
     CHECKF(worst < 1e-6, "%s: gelu_mul kernel: max error %g", be_label, worst);
     k->gelu_mul(x, NULL, x, N); /* without u, in place: the ends are 0 and x */
     CHECK(isfinite(x[0]) && x[0] > -1e-6f && fabsf(x[N - 1] - 12.0f) < 1e-5f);
+    /* pv: o += p * V for 1..4 heads, against a double sum (d with a tail past the vectors) */
+    {
+        enum { NV = 37, D = 83, LDV = 90 };
+        static float p[4 * NV], v[NV * LDV], o[4 * D];
+        for (int i = 0; i < 4 * NV; i++) p[i] = uniform(0, 1);
+        for (int i = 0; i < NV * LDV; i++) v[i] = uniform(-2, 2);
+        for (int no = 1; no <= 4; no++) {
+            for (int i = 0; i < 4 * D; i++) o[i] = 0.25f * (float)(i % 5);
+            k->pv(o, D, no, p, NV, v, LDV, NV, D);
+            double err = 0;
+            for (int h = 0; h < 4; h++)
+                for (int c = 0; c < D; c++) {
+                    double want = 0.25 * ((h * D + c) % 5);
+                    if (h < no)
+                        for (int i = 0; i < NV; i++) want += (double)p[h * NV + i] * v[i * LDV + c];
+                    double e = fabs(o[h * D + c] - want);
+                    if (!(e <= err)) err = e;
+                }
+            CHECKF(err < 2e-5, "%s: pv kernel, %d heads: max error %g", be_label, no, err);
+        }
+    }
+    /* softcap c * tanh(y / c): relative error over the whole range (tiny values, both branches of the tanh,
+     * its saturation, infinities) */
+    for (int i = 0; i < N; i++) {
+        float t = (float)(i - N / 2) / (N / 2); /* -1 .. 1 */
+        x[i] = t * t * t * 40.0f;
+    }
+    x[1] = 1e-30f, x[2] = -3e-8f, x[4] = 1e4f, x[5] = -INFINITY, x[6] = INFINITY;
+    memcpy(y, x, sizeof x);
+    k->softcap(y, N, 3.0f);
+    worst = 0;
+    for (int i = 0; i < N; i++) {
+        double want = 3.0 * tanh((double)x[i] / 3.0), e = want != 0 ? fabs(y[i] - want) / fabs(want) : fabs(y[i]);
+        if (!(e <= worst)) worst = e;
+    }
+    CHECKF(worst < 3e-7, "%s: softcap kernel: max relative error %g", be_label, worst);
 }
 
 /* ------------------------------------------------------------- memory ops */

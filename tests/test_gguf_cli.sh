@@ -44,4 +44,6 @@ head -c 100000 "$g" >"$tmp/cut.gguf"
 check $? "a truncated GGUF is one line: $(cat "$tmp/err")"
 "$bin" quantize --random "$m/config.json" "$tmp/r.gguf" --type q4_0 && "$bin" bench -m "$tmp/r.gguf" -p 8 -n 4 -r 1 >"$tmp/bench.txt"
 grep -q "GB/s" "$tmp/bench.txt"; check $? "random weights for a config, benchmarked"
+"$bin" bench -m "$tmp/r.gguf" -p 8 -n 0 -r 1 >"$tmp/bench0.txt" && grep -q "^prefill" "$tmp/bench0.txt" && ! grep -q "^decode" "$tmp/bench0.txt"
+check $? "bench -n 0: prefill only"
 exit $fail

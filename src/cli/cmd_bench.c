@@ -7,7 +7,9 @@
  *   of the device measured in the same run (a device-to-device copy, bytes read plus written): the roofline.
  * --random reads no weights: random values of a config's shapes are made on the device (bench on real shapes
  * without checkpoints); --type T makes the matrices packed blocks of a quantized type (q4_0, q8_0, q4_k, q6_k,
- * mlx4, mlx8, ...: g4_load_params.random_type). Each figure is the best of R repeats.
+ * mlx4, mlx8, ...: g4_load_params.random_type). Each figure is the best of R repeats, after one untimed prefill of
+ * the first prompt size (the first touch of the memory-mapped weights is not timed). -n 0 skips the decode
+ * measurements.
  * With --draft (a gemma4_assistant drafter), after the first prompt size: the time of a draft step, of a
  * verification step of k tokens, and greedy generation of N tokens after the prompt without and with the drafter
  * (tokens per second, acceptance). */
@@ -198,7 +200,7 @@ int cmd_bench(int argc, char **argv) {
         case 'R': random_config = optarg; break;
         case 'p': if (parse_sizes(optarg, "-p", P, &nP)) return 1; break;
         case 'c': if (parse_sizes(optarg, "-c", C, &nC)) return 1; break;
-        case 'n': if (cli_parse_int(optarg, "-n", 1, 1 << 16, &N)) return 1; break;
+        case 'n': if (cli_parse_int(optarg, "-n", 0, 1 << 16, &N)) return 1; break;
         case 'r': if (cli_parse_int(optarg, "-r", 1, 100, &R)) return 1; break;
         case 'k': kv_name = optarg; break;
         case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
@@ -214,6 +216,7 @@ int cmd_bench(int argc, char **argv) {
         return cli_error("bench: give a model (-m DIR) or a config for random weights (--random CONFIG.json)");
     }
     if (type && !random_config) return cli_error("bench: --type is for random weights (--random CONFIG.json)");
+    if (draft_dir && N == 0) return cli_error("bench: --draft generates tokens: give -n 1 or more");
     g4_model *m = NULL;
     if (random_config) {
         g4_error err;
@@ -256,7 +259,13 @@ int cmd_bench(int argc, char **argv) {
     }
     const double bw = getenv("G4_BENCH_NO_COPY") ? 0.0 : g4_model_copy_bandwidth(m);
     printf("model %s%s%s  device %s  KV %s  copy bandwidth %.0f GB/s\n", random_config ? random_config : dir,
-           type ? "  weights " : "", type ? type : "", g4_model_device(m), kv == G4_KV_F32 ? "f32" : kv == G4_KV_BF16 ? "bf16" : "f16", bw / 1e9);
+           type ? "  weights " : "", type ? type : "", g4_model_device(m),
+           kv == G4_KV_F32 ? "f32" : kv == G4_KV_BF16 ? "bf16" : "f16", bw / 1e9);
+    { /* warm-up, untimed: the weights' pages are touched before anything is measured */
+        int32_t first;
+        g4_seq_reset(ctx, 0);
+        if (prefill(ctx, ids, P[0], batch, want, &first, &err)) goto fail;
+    }
     for (int i = 0; i < nP; i++) {
         double best = 1e30;
         for (long r = 0; r < R; r++) {
@@ -270,7 +279,7 @@ int cmd_bench(int argc, char **argv) {
         printf("prefill %6ld tokens: %10.1f tok/s   time to first token %8.2f ms\n", P[i], (double)P[i] / best,
                best * 1e3);
     }
-    for (int i = 0; i < nC; i++) {
+    for (int i = 0; i < nC && N > 0; i++) {
         double best = 1e30;
         for (long r = 0; r < R; r++) {
             int32_t id;
@@ -289,7 +298,7 @@ int cmd_bench(int argc, char **argv) {
             if (t < best) best = t;
         }
         const double bytes = g4_model_decode_bytes(m, (int)C[i] + 3 + (int)N / 2, kv);
-        printf("decode at context %6ld: %8.3f ms/token  %7.1f tok/s  reads %.2f GB/token  %6.0f GB/s", C[i],
+        printf("decode at context %6ld: %8.3f ms/token  %7.1f tok/s  reads %.2f GB/token  %6.1f GB/s", C[i],
                best * 1e3, 1.0 / best, bytes / 1e9, bytes / best / 1e9);
         if (bw > 0) printf("  %5.1f%% of copy bandwidth", 100.0 * bytes / best / bw);
         printf("\n");

@@ -1,5 +1,7 @@
 /* A small fork-join thread pool: g4_pool_for splits [0, n) into chunks that the
- * calling thread and the workers take from a shared counter. Workers spin
+ * calling thread and the workers claim from a shared word (tagged with the job's
+ * generation); the caller waits only for chunks that were claimed, so a worker the
+ * OS has not scheduled yet costs nothing (the caller runs its share). Workers spin
  * briefly between jobs (decode issues hundreds of short jobs per token), then sleep. */
 #ifndef G4_CORE_THREADPOOL_H
 #define G4_CORE_THREADPOOL_H

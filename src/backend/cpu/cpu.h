@@ -37,17 +37,24 @@ typedef struct g4_cpu {
     size_t sel_cap;
 } g4_cpu;
 
-/* int8 activations of n token rows (matmul_q8.c): q [n][in_pad] (zero past in), the
- * block scales d and d * sum(q) per block [n][nb_pad]; nb_pad even. */
+/* int8 activations of n token rows (matmul_q8.c), quantized per block of 32 with the Q8_0 rule.
+ * Plain (kernels with q8_tile; set when q is set): q [n][in_pad] (zero past in), the block
+ * scales d and d * sum(q) per block [n][nb_pad]; nb_pad even.
+ * Grouped (kernels with q_gemm; set when qg is set): per token, ng groups of 4 blocks, each
+ * G4_Q8_GROUP bytes: 64 int8 of the blocks' elements 0-15, 64 of elements 16-31, 16 int32
+ * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the
+ * block scales (each block's in 4 lanes); blocks past the row are zeros. off is the weight
+ * type's unsigned offset (Q4_0: 8, Q8_0: 128), so a group's integer dot product with the
+ * weights' unsigned codes starts from these lanes and ends exact. */
+#define G4_Q8_GROUP 256
+#define G4_QW_GROUP 192 /* a packed weight group: 64 + 64 unsigned codes, 16 float scales */
 typedef struct g4_q8_rows {
     int8_t *q;
     float *d, *m;
     size_t in_pad, nb_pad;
-    /* when qp is set (decode kernels that want it, g4_cpu_kernels.q4_groups): per group of
-     * 4 blocks, 64 bytes of the blocks' elements 0-15 then 64 bytes of elements 16-31, and
-     * each block's d and d * sum(q) repeated in 4 lanes; [n][nb_pad] codes, [n][4*nb_pad] */
-    int8_t *qp;
-    float *d4, *m4;
+    unsigned char *qg;
+    size_t ng;
+    int off;
 } g4_q8_rows;
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks (and int8 activations not switched off
@@ -95,17 +102,75 @@ typedef struct g4_cpu_kernels {
      * x: nt <= 4 rows of n, ldx apart) */
     void (*f32_tile)(const float *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n, float *y,
                      size_t ldy);
-    /* NULL, or Q4_0 times one token with the grouped activations of g4_q8_rows.qp (decode) */
-    void (*q4_gemv)(const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t, int nb, float *y);
+    /* NULL, or (with q_gemm) packs nr rows of a Q8_0/Q4_0 matrix (nb blocks, row_bytes apart) into
+     * ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart: each
+     * group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128) in the order of g4_q8_rows.qg and
+     * the block scales in 4 lanes each (zero past the row) */
+    void (*q_pack)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst);
     /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
     float (*exp_sum)(float *x, size_t n, float shift);
     /* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)); in place allowed */
     void (*gelu_mul)(const float *g, const float *u, float *y, size_t n);
+    /* y[i] = c * tanh(y[i] / c) in place (the logit soft-cap) */
+    void (*softcap)(float *y, size_t n, float c);
+    /* attention's weighted sum of value rows: o[h * ldo + x] += sum over i < nv, in order, of
+     * p[h * ldp + i] * v[i * ldv + x] (one multiply-add per term), for h < no <= 4 and x < d; each value
+     * row is read once for the no heads */
+    void (*pv)(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv, size_t d);
+    /* NULL, or f32_tile on bf16 weights as stored (w: nr <= 4 rows of n bf16, ldw apart), each (row,
+     * token) the same bits as f32_tile on the rows converted to f32 */
+    void (*bf16_tile)(const uint16_t *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n,
+                      float *y, size_t ldy);
+    /* NULL, or y[t * ldy + r] = packed row r (< nr <= 4, q_pack) times grouped activation row t0 + t
+     * (t < nt <= 4); ng groups */
+    void (*q_gemm)(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
+                   size_t ldy);
+    /* NULL, or (with q_gemm) y[r] = row r (< nr) of a Q8_0/Q4_0 matrix as stored times grouped activation
+     * row t, the same bits as q_gemm gives (decode) */
+    void (*q_gemv)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, const g4_q8_rows *a,
+                   int t, float *y);
 } g4_cpu_kernels;
 
-/* the scalar exp_sum and gelu_mul (sets without their own) */
+/* the register tile of q_gemm (rows x tokens) */
+#define G4_Q_TR 4
+#define G4_Q_TT 4
+
+
+
+/* the scalar exp_sum, gelu_mul and softcap (sets without their own, and the SIMD sets' tails) */
 float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift);
 void g4_cpu_gelu_mul_scalar(const float *g, const float *u, float *y, size_t n);
+void g4_cpu_softcap_scalar(float *y, size_t n, float c);
+void g4_cpu_pv_scalar(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                      size_t d);
+
+/* Constants of the SIMD exp, gelu and tanh (every instruction set computes them the same way).
+ * exp: range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf, ~1 ulp); 0 below EXP_LO.
+ * gelu_tanh(x) = 0.5 x (1 + tanh z) = x / (1 + exp(-2z)), z = GELU_C (x + 0.044715 x^3): no cancellation
+ * near tanh = -1, and the ends are right (exp -> 0 gives x, exp -> its clamp gives ~0).
+ * tanh(a): a * P(a^2) for |a| < TANH_SMALL (P: degree 5, a least-squares fit of tanh(a)/a weighted by relative
+ * error, 1.2e-8 in exact arithmetic), else sign(a) (1 - e) / (1 + e) with e = exp(-2 min(|a|, 9)) <= 0.29
+ * (no cancellation); measured against double tanh: relative error below 3e-7 (tests/test_backend_ops.c). */
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+#define EXP_LO -87.33654f
+#define EXP_HI 88.72283f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+#define TANH_SMALL 0.625f
+#define TANH_BIG 9.0f /* tanh is 1 in float beyond */
+#define TANH_P0 9.999999971e-01f
+#define TANH_P1 -3.333327568e-01f
+#define TANH_P2 1.333147831e-01f
+#define TANH_P3 -5.374899748e-02f
+#define TANH_P4 2.068056387e-02f
+#define TANH_P5 -5.759500935e-03f
 void g4_cpu_q8_tile_scalar(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a,
                            int t0, int nt, int nb, float *y, size_t ldy);
 

@@ -309,8 +309,19 @@ static void cpu_mul(g4_backend *be, float *y, const float *x, size_t n) {
 static void cpu_add_scale(g4_backend *be, float *y, const float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) y[i] = (y[i] + x[i]) * s;
 }
+typedef struct {
+    float *y;
+    float c;
+} softcap_job;
+
+static void softcap_range(void *ctx, int64_t b, int64_t e, int thread) {
+    softcap_job *j = ctx;
+    g4_cpu_kernels_get()->softcap(j->y + b, (size_t)(e - b), j->c);
+}
+
 static void cpu_softcap(g4_backend *be, float *y, size_t n, float c) {
-    for (size_t i = 0; i < n; i++) y[i] = tanhf(y[i] / c) * c;
+    softcap_job j = {y, c};
+    g4_pool_for(cpu_of(be)->pool, (int64_t)n, 16384, softcap_range, &j);
 }
 
 static void cpu_get_rows(g4_backend *be, const float *src, const int32_t *idx, int n, int row, float *dst) {
@@ -445,56 +456,81 @@ static inline const float *cache_vec(g4_kv_type t, const void *cache, size_t off
     return tmp;
 }
 
+/* Query heads per work item: the heads of one KV head (GQA) share every key and value row read, in groups of up
+ * to this many (the kernels' tile height). */
+#define ATTN_HEADS 4
+
+/* One item = (token, KV head, group of up to ATTN_HEADS of its query heads): scores of the group against each key
+ * (4 keys per f32_tile within a cache block), a softmax per head, then p * V with each value row read once for the
+ * group (kernel pv; f32 caches read in place, bf16/f16 rows converted one at a time). Every number of a token is
+ * computed the same way whatever else is in the batch: the tiles depend only on the token's key range. */
 static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
     attn_job *j = ctx;
     const g4_attention_args *a = j->a;
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
     const int D = a->head_dim, G = a->n_heads / a->n_kv_heads, B = a->block_size;
+    const int per_kv = (G + ATTN_HEADS - 1) / ATTN_HEADS, per_tok = a->n_kv_heads * per_kv;
     const size_t row = (size_t)a->n_kv_heads * (size_t)D;
     for (int64_t it = b; it < e; it++) {
-        int t = (int)(it / a->n_heads), h = (int)(it % a->n_heads);
-        int p = a->pos[t];
-        int lo = a->kv_start ? a->kv_start[t] : a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
-        int hi = a->kv_end ? a->kv_end[t] : p + 1;
-        int nk = hi - lo;
-        float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nk + (size_t)D);
+        const int t = (int)(it / per_tok), g = (int)(it % per_tok) / per_kv;
+        const int h0 = g * G + (int)(it % per_kv) * ATTN_HEADS, nh = g * G + G - h0 < ATTN_HEADS ? g * G + G - h0 : ATTN_HEADS;
+        const int p = a->pos[t];
+        const int lo = a->kv_start ? a->kv_start[t] : a->window ? (p - a->window + 1 > 0 ? p - a->window + 1 : 0) : 0;
+        const int hi = a->kv_end ? a->kv_end[t] : p + 1;
+        const int nk = hi - lo;
+        float *sc = g4_cpu_scratch_get(j->cpu, thread, (size_t)nh * (size_t)nk + 4 * (size_t)D);
         if (!sc) return;
-        float *tmp = sc + nk;
-        const float *q = a->q + ((size_t)t * (size_t)a->n_heads + (size_t)h) * (size_t)D;
+        float *tmp = sc + (size_t)nh * (size_t)nk; /* up to 4 converted rows */
+        const float *q = a->q + ((size_t)t * (size_t)a->n_heads + (size_t)h0) * (size_t)D;
+        float *out = a->out + ((size_t)t * (size_t)a->n_heads + (size_t)h0) * (size_t)D;
         const int32_t *table = a->block_table + (size_t)a->seq[t] * (size_t)a->max_blocks;
-        const size_t head_off = (size_t)(h / G) * (size_t)D;
-        float mx = -FLT_MAX;
-        for (int i = 0; i < nk; i++) {
-            int kp = lo + i;
-            size_t r = (size_t)table[kp / B] * (size_t)B + (size_t)(kp % B);
-            float s;
-            if (a->kv_type == G4_KV_BF16)
-                s = k->dot_bf16((const uint16_t *)a->k + r * row + head_off, q, (size_t)D);
-            else
-                s = k->dot_f32(q, cache_vec(a->kv_type, a->k, r * row + head_off, D, tmp), (size_t)D);
-            s *= a->scale;
-            sc[i] = s;
-            if (s > mx) mx = s;
+        const size_t head_off = (size_t)g * (size_t)D;
+        for (int i = 0; i < nk;) { /* scores: runs of up to 4 keys inside one block */
+            const int kp = lo + i, off = kp % B;
+            int run = B - off < 4 ? B - off : 4;
+            if (run > nk - i) run = nk - i;
+            const size_t r = (size_t)table[kp / B] * (size_t)B + (size_t)off;
+            const float *kr = (const float *)a->k + r * row + head_off;
+            size_t ldk = row;
+            if (a->kv_type != G4_KV_F32) {
+                for (int x = 0; x < run; x++)
+                    cache_vec(a->kv_type, a->k, (r + (size_t)x) * row + head_off, D, tmp + (size_t)x * (size_t)D);
+                kr = tmp, ldk = (size_t)D;
+            }
+            float s4[16];
+            k->f32_tile(q, (size_t)D, nh, kr, ldk, run, (size_t)D, s4, 4);
+            for (int x = 0; x < run; x++)
+                for (int h = 0; h < nh; h++) sc[(size_t)h * (size_t)nk + (size_t)(i + x)] = s4[x * 4 + h] * a->scale;
+            i += run;
         }
-        float sum = 0;
-        for (int i = 0; i < nk; i++) {
-            sc[i] = expf(sc[i] - mx);
-            sum += sc[i];
+        for (int h = 0; h < nh; h++) { /* softmax: the weights, normalized */
+            float *sh = sc + (size_t)h * (size_t)nk, mx = -FLT_MAX;
+            for (int i = 0; i < nk; i++) mx = sh[i] > mx ? sh[i] : mx;
+            const float inv = 1.0f / k->exp_sum(sh, (size_t)nk, mx);
+            for (int i = 0; i < nk; i++) sh[i] *= inv;
         }
-        float inv = 1.0f / sum;
-        float *o = a->out + ((size_t)t * (size_t)a->n_heads + (size_t)h) * (size_t)D;
-        memset(o, 0, (size_t)D * sizeof(float));
-        for (int i = 0; i < nk; i++) {
-            int kp = lo + i;
-            size_t r = (size_t)table[kp / B] * (size_t)B + (size_t)(kp % B);
-            k->axpy(o, cache_vec(a->kv_type, a->v, r * row + head_off, D, tmp), sc[i] * inv, (size_t)D);
+        memset(out, 0, (size_t)nh * (size_t)D * sizeof(float));
+        for (int i = 0; i < nk;) { /* p * V: runs of keys inside one block */
+            const int kp = lo + i, off = kp % B;
+            int run = B - off < nk - i ? B - off : nk - i;
+            const size_t r = (size_t)table[kp / B] * (size_t)B + (size_t)off;
+            if (a->kv_type == G4_KV_F32) {
+                k->pv(out, (size_t)D, nh, sc + i, (size_t)nk, (const float *)a->v + r * row + head_off, row, run, (size_t)D);
+            } else {
+                for (int x = 0; x < run; x++)
+                    k->pv(out, (size_t)D, nh, sc + i + x, (size_t)nk,
+                          cache_vec(a->kv_type, a->v, (r + (size_t)x) * row + head_off, D, tmp), (size_t)D, 1, (size_t)D);
+            }
+            i += run;
         }
     }
 }
 
 static void cpu_attention(g4_backend *be, const g4_attention_args *a) {
     attn_job j = {cpu_of(be), a};
-    g4_pool_for(cpu_of(be)->pool, (int64_t)a->n_tokens * a->n_heads, 1, attn_items, &j);
+    const int G = a->n_heads / a->n_kv_heads;
+    g4_pool_for(cpu_of(be)->pool, (int64_t)a->n_tokens * a->n_kv_heads * ((G + ATTN_HEADS - 1) / ATTN_HEADS), 1,
+                attn_items, &j);
 }
 
 /* -------------------------------------------------------------------- MoE */
@@ -502,7 +538,7 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     g4_cpu *cpu = cpu_of(be);
     const int n = a->n, H = a->hidden, E = a->n_experts, TK = a->top_k, Im = a->expert_dim;
     /* routing, per token */
-    size_t need = (size_t)n * (size_t)TK * 2 + (size_t)E + (size_t)H   /* weights, ids, logits, z */
+    size_t need = (size_t)n * (size_t)TK * 2 + (size_t)n * ((size_t)E + (size_t)H) /* weights, ids, logits, z */
                   + (size_t)n * (size_t)H                               /* gathered x2 rows */
                   + (size_t)n * (size_t)H * 2                           /* x2, expert sum */
                   + (size_t)n * 2 * (size_t)Im                          /* gate_up out */
@@ -519,9 +555,9 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     }
     float *w = cpu->moe_buf;                         /* [n, TK] routing weights */
     int32_t *ids = (int32_t *)(w + (size_t)n * TK);  /* [n, TK] expert ids (int32 in float slots) */
-    float *lg = (float *)(ids + (size_t)n * TK);     /* [E] */
-    float *z = lg + E;                               /* [H] */
-    float *xs = z + H;                               /* [n, H] */
+    float *lgs = (float *)(ids + (size_t)n * TK);    /* [n, E] router logits */
+    float *zs = lgs + (size_t)n * E;                 /* [n, H] router inputs */
+    float *xs = zs + (size_t)n * H;                  /* [n, H] */
     float *gu = xs + (size_t)n * H;                  /* [n, 2Im] */
     float *act = gu + (size_t)n * 2 * Im;            /* [n, Im] */
     float *dn = act + (size_t)n * Im;                /* [n, H] */
@@ -535,9 +571,12 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     for (int t = 0; t < n; t++) {
         const float *r = a->residual + (size_t)t * H;
         float ms = k->dot_f32(r, r, (size_t)H) / (float)H;
-        float inv = 1.0f / sqrtf(ms + a->eps);
+        float inv = 1.0f / sqrtf(ms + a->eps), *z = zs + (size_t)t * H;
         for (int i = 0; i < H; i++) z[i] = r[i] * inv * a->router_scale[i] * inv_sqrt_h;
-        g4_cpu_matmul(cpu, z, 1, a->router_proj, NULL, lg);
+    }
+    g4_cpu_matmul(cpu, zs, n, a->router_proj, NULL, lgs); /* every token's router logits in one product */
+    for (int t = 0; t < n; t++) {
+        float *lg = lgs + (size_t)t * E;
         float mx = -FLT_MAX, sum = 0;
         for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
         for (int e = 0; e < E; e++) {

@@ -50,14 +50,26 @@ static void axpy_scalar(float *y, const float *x, float a, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-
 /* y = gelu_tanh(g) * u (u NULL: gelu_tanh(g)) */
 void g4_cpu_gelu_mul_scalar(const float *g, const float *u, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) {
         float x = g[i], r = 0.5f * x * (1.0f + tanhf(GELU_C * (x + 0.044715f * x * x * x)));
         y[i] = u ? r * u[i] : r;
     }
+}
+
+void g4_cpu_softcap_scalar(float *y, size_t n, float c) {
+    for (size_t i = 0; i < n; i++) y[i] = tanhf(y[i] / c) * c;
+}
+
+void g4_cpu_pv_scalar(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                      size_t d) {
+    for (int h = 0; h < no; h++)
+        for (size_t x = 0; x < d; x++) {
+            float acc = o[(size_t)h * ldo + x];
+            for (int i = 0; i < nv; i++) acc = fmaf(p[(size_t)h * ldp + (size_t)i], v[(size_t)i * ldv + x], acc);
+            o[(size_t)h * ldo + x] = acc;
+        }
 }
 
 float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift) {
@@ -72,9 +84,16 @@ static void f32_tile_scalar(const float *w, size_t ldw, int nr, const float *x, 
         for (int t = 0; t < nt; t++) y[(size_t)t * ldy + (size_t)r] = dot_f32_scalar(w + (size_t)r * ldw, x + (size_t)t * ldx, n);
 }
 
+static void bf16_tile_scalar(const uint16_t *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n,
+                             float *y, size_t ldy) {
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++) y[(size_t)t * ldy + (size_t)r] = dot_bf16_scalar(w + (size_t)r * ldw, x + (size_t)t * ldx, n);
+}
+
 static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scalar, bf16_to_f32_scalar,
                                         axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL,
-                                        g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar};
+                                        g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, g4_cpu_softcap_scalar,
+                                        g4_cpu_pv_scalar, bf16_tile_scalar, NULL, NULL};
 
 static const g4_cpu_kernels *chosen;
 

@@ -152,12 +152,108 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static void q8_tile_neon_dot(g
     q8_tile_body(type, w, row_bytes, nr, a, t0, nt, nb, y, ldy, 1);
 }
 
+/* exp, gelu and tanh: the constants and the method are in cpu.h (the x86 sets compute the same) */
+static inline float32x4_t exp_neon(float32x4_t x) {
+    uint32x4_t under = vcltq_f32(x, vdupq_n_f32(EXP_LO));
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(EXP_LO)), vdupq_n_f32(EXP_HI));
+    float32x4_t fx = vrndmq_f32(vfmaq_f32(vdupq_n_f32(0.5f), x, vdupq_n_f32(EXP_LOG2E)));
+    x = vfmsq_f32(x, fx, vdupq_n_f32(EXP_C1));
+    x = vfmsq_f32(x, fx, vdupq_n_f32(EXP_C2));
+    float32x4_t z = vmulq_f32(x, x), y = vdupq_n_f32(EXP_P0);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P1), y, x);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P2), y, x);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P3), y, x);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P4), y, x);
+    y = vfmaq_f32(vdupq_n_f32(EXP_P5), y, x);
+    y = vfmaq_f32(vaddq_f32(x, vdupq_n_f32(1.0f)), y, z);
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(fx), vdupq_n_s32(127)), 23);
+    y = vmulq_f32(y, vreinterpretq_f32_s32(e));
+    return vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(y), under));
+}
+
+static float exp_sum_neon(float *x, size_t n, float shift) {
+    float32x4_t sh = vdupq_n_f32(shift), acc = vdupq_n_f32(0);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = exp_neon(vsubq_f32(vld1q_f32(x + i), sh));
+        vst1q_f32(x + i, v);
+        acc = vaddq_f32(acc, v);
+    }
+    return vaddvq_f32(acc) + g4_cpu_exp_sum_scalar(x + i, n - i, shift);
+}
+
+static void gelu_mul_neon(const float *g, const float *u, float *y, size_t n) {
+    const float32x4_t c = vdupq_n_f32(GELU_C), c3 = vdupq_n_f32(GELU_C * 0.044715f), one = vdupq_n_f32(1.0f);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t x = vld1q_f32(g + i);
+        float32x4_t mz2 = vmulq_f32(vfmaq_f32(c, c3, vmulq_f32(x, x)), vmulq_f32(x, vdupq_n_f32(-2.0f))); /* -2z */
+        float32x4_t r = vdivq_f32(x, vaddq_f32(one, exp_neon(mz2)));
+        vst1q_f32(y + i, u ? vmulq_f32(r, vld1q_f32(u + i)) : r);
+    }
+    g4_cpu_gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
+}
+
+static void softcap_neon(float *y, size_t n, float c) {
+    const float32x4_t inv = vdupq_n_f32(1.0f / c), cc = vdupq_n_f32(c), one = vdupq_n_f32(1.0f);
+    const uint32x4_t sign = vdupq_n_u32(0x80000000u);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t a = vmulq_f32(vld1q_f32(y + i), inv), ax = vabsq_f32(a), s = vmulq_f32(a, a);
+        float32x4_t p = vdupq_n_f32(TANH_P5);
+        p = vfmaq_f32(vdupq_n_f32(TANH_P4), p, s);
+        p = vfmaq_f32(vdupq_n_f32(TANH_P3), p, s);
+        p = vfmaq_f32(vdupq_n_f32(TANH_P2), p, s);
+        p = vfmaq_f32(vdupq_n_f32(TANH_P1), p, s);
+        p = vfmaq_f32(vdupq_n_f32(TANH_P0), p, s);
+        float32x4_t e = exp_neon(vmulq_f32(vminq_f32(ax, vdupq_n_f32(TANH_BIG)), vdupq_n_f32(-2.0f)));
+        float32x4_t big = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
+        big = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(big), vandq_u32(vreinterpretq_u32_f32(a), sign)));
+        float32x4_t t = vbslq_f32(vcltq_f32(ax, vdupq_n_f32(TANH_SMALL)), vmulq_f32(a, p), big);
+        vst1q_f32(y + i, vmulq_f32(t, cc));
+    }
+    g4_cpu_softcap_scalar(y + i, n - i, c);
+}
+
+/* attention's p * V (see cpu.h): 16 output columns per head in registers over all value rows; the rest as the
+ * scalar set */
+static inline void pv_neon_fixed(float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                                 size_t d, const int NO) {
+    size_t x = 0;
+    for (; x + 16 <= d; x += 16) {
+        float32x4_t acc[4][4];
+        for (int h = 0; h < NO; h++)
+            for (int c = 0; c < 4; c++) acc[h][c] = vld1q_f32(o + (size_t)h * ldo + x + 4 * (size_t)c);
+        for (int i = 0; i < nv; i++) {
+            float32x4_t vv[4];
+            for (int c = 0; c < 4; c++) vv[c] = vld1q_f32(v + (size_t)i * ldv + x + 4 * (size_t)c);
+            for (int h = 0; h < NO; h++) {
+                float32x4_t ph = vdupq_n_f32(p[(size_t)h * ldp + (size_t)i]);
+                for (int c = 0; c < 4; c++) acc[h][c] = vfmaq_f32(acc[h][c], ph, vv[c]);
+            }
+        }
+        for (int h = 0; h < NO; h++)
+            for (int c = 0; c < 4; c++) vst1q_f32(o + (size_t)h * ldo + x + 4 * (size_t)c, acc[h][c]);
+    }
+    if (x < d) g4_cpu_pv_scalar(o + x, ldo, NO, p, ldp, v + x, ldv, nv, d - x);
+}
+
+static void pv_neon(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
+                    size_t d) {
+    switch (no) {
+    case 4: pv_neon_fixed(o, ldo, p, ldp, v, ldv, nv, d, 4); break;
+    case 3: pv_neon_fixed(o, ldo, p, ldp, v, ldv, nv, d, 3); break;
+    case 2: pv_neon_fixed(o, ldo, p, ldp, v, ldv, nv, d, 2); break;
+    default: pv_neon_fixed(o, ldo, p, ldp, v, ldv, nv, d, 1); break;
+    }
+}
+
 static const g4_cpu_kernels k_neon = {"neon", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                       q8_tile_neon, f32_tile_neon, NULL,
-                                      g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar};
+                                      exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, NULL, NULL};
 static const g4_cpu_kernels k_neon_dot = {"neon_dot", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                           q8_tile_neon_dot, f32_tile_neon, NULL,
-                                          g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar};
+                                          exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, NULL, NULL};
 
 /* NEON is part of every aarch64 CPU (ARMv8-A); SDOT is the optional dot-product extension */
 const g4_cpu_kernels *g4_cpu_kernels_neon(void) { return &k_neon; }

@@ -139,18 +139,23 @@ __attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float
 }
 
 
-/* ------------------------------------------------------------ f32 tiles */
-#define TILE_F32(NAME, TARGET, VEC, W, LOAD, FMA, ZERO, HSUM, TT)                                                         \
-    __attribute__((target(TARGET), always_inline)) static inline void NAME##_fixed(const float *w, size_t ldw, const float *x,       \
-                                                                    size_t ldx, size_t n, float *y, size_t ldy,       \
-                                                                    const int NR, const int NT) {                     \
+/* ------------------------------------------------------- f32 and bf16 tiles */
+/* y[t * ldy + r] = dot(w row r, x row t) for f32 activations and weights of type WT (f32, or bf16 widened in
+ * registers by WLOAD; WAT reads one for the tail): 4 rows x TT tokens per pass. The f32 and bf16 tiles do
+ * the same float operations in the same order per (row, token) for every tile shape, so a bf16 row is the
+ * number its f32 conversion gives, alone or in a batch (batch invariance). */
+#define TILE(NAME, TARGET, WT, VEC, W, WLOAD, LOAD, FMA, ZERO, HSUM, WAT, TT)                                         \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_fixed(const WT *w, size_t ldw,          \
+                                                                                  const float *x, size_t ldx,      \
+                                                                                  size_t n, float *y, size_t ldy,  \
+                                                                                  const int NR, const int NT) {    \
         VEC acc[4][4];                                                                                               \
         for (int r = 0; r < NR; r++)                                                                                 \
             for (int t = 0; t < NT; t++) acc[r][t] = ZERO;                                                           \
         size_t i = 0;                                                                                                \
         for (; i + W <= n; i += W) {                                                                                 \
             VEC wv[4], xv[4];                                                                                        \
-            for (int r = 0; r < NR; r++) wv[r] = LOAD(w + (size_t)r * ldw + i);                                      \
+            for (int r = 0; r < NR; r++) wv[r] = WLOAD(w + (size_t)r * ldw + i);                                     \
             for (int t = 0; t < NT; t++) xv[t] = LOAD(x + (size_t)t * ldx + i);                                      \
             for (int r = 0; r < NR; r++)                                                                             \
                 for (int t = 0; t < NT; t++) acc[r][t] = FMA(wv[r], xv[t], acc[r][t]);                              \
@@ -158,11 +163,11 @@ __attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float
         for (int r = 0; r < NR; r++)                                                                                 \
             for (int t = 0; t < NT; t++) {                                                                           \
                 float s = HSUM(acc[r][t]);                                                                           \
-                for (size_t k = i; k < n; k++) s += w[(size_t)r * ldw + k] * x[(size_t)t * ldx + k];                 \
+                for (size_t k = i; k < n; k++) s += WAT(w + (size_t)r * ldw, k) * x[(size_t)t * ldx + k];            \
                 y[(size_t)t * ldy + (size_t)r] = s;                                                                  \
             }                                                                                                        \
     }                                                                                                                \
-    __attribute__((target(TARGET))) static void NAME(const float *w, size_t ldw, int nr, const float *x, size_t ldx,  \
+    __attribute__((target(TARGET))) static void NAME(const WT *w, size_t ldw, int nr, const float *x, size_t ldx,     \
                                                      int nt, size_t n, float *y, size_t ldy) {                        \
         if (nr == 4 && nt == 4 && TT == 4) NAME##_fixed(w, ldw, x, ldx, n, y, ldy, 4, 4);                            \
         else if (nr == 4 && nt == 4) {                                                                               \
@@ -176,9 +181,21 @@ __attribute__((target("avx512f"))) static void axpy_avx512(float *y, const float
                                  1, 1);                                                                              \
     }
 
+static inline float f32_at(const float *w, size_t k) { return w[k]; }
+static inline float bf16_at(const uint16_t *w, size_t k) {
+    uint16_t h;
+    memcpy(&h, w + k, 2);
+    return g4_bf16_to_f32(h);
+}
 __attribute__((target("avx512f"))) static inline float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
-TILE_F32(f32_tile_avx2, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_fmadd_ps, _mm256_setzero_ps(), hsum256, 2)
-TILE_F32(f32_tile_avx512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_fmadd_ps, _mm512_setzero_ps(), hsum512, 4)
+TILE(f32_tile_avx2, "avx2,fma", float, __m256, 8, _mm256_loadu_ps, _mm256_loadu_ps, _mm256_fmadd_ps,
+     _mm256_setzero_ps(), hsum256, f32_at, 2)
+TILE(f32_tile_avx512, "avx512f", float, __m512, 16, _mm512_loadu_ps, _mm512_loadu_ps, _mm512_fmadd_ps,
+     _mm512_setzero_ps(), hsum512, f32_at, 4)
+TILE(bf16_tile_avx2, "avx2,fma", uint16_t, __m256, 8, load_bf16x8, _mm256_loadu_ps, _mm256_fmadd_ps,
+     _mm256_setzero_ps(), hsum256, bf16_at, 2)
+TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loadu_ps, _mm512_fmadd_ps,
+     _mm512_setzero_ps(), hsum512, bf16_at, 4)
 
 /* -------------------------------------------------- int8 activations, AVX2 */
 /* one block as 32 unsigned codes (Q4_0 nibbles) or the int8 values (Q8_0) */
@@ -243,160 +260,156 @@ __attribute__((target("avx2,fma,f16c"))) static void q8_tile_avx2(g4_dtype type,
 }
 
 /* ----------------------------------------------- int8 activations, AVX-512 */
-#define T512 "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,f16c"
+#define T512 "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx512vbmi,f16c"
 
-/* two consecutive blocks as 64 unsigned codes: Q4_0 nibbles, or Q8_0 int8 + 128 */
-__attribute__((target(T512))) static inline __m512i load2_u8(g4_dtype type, const unsigned char *b) {
-    if (type == G4_Q4_0) {
-        __m128i q0 = _mm_loadu_si128((const __m128i *)(b + 2)), q1 = _mm_loadu_si128((const __m128i *)(b + 20));
-        __m512i v = _mm512_castsi128_si512(q0);
-        v = _mm512_inserti32x4(v, _mm_srli_epi16(q0, 4), 1);
-        v = _mm512_inserti32x4(v, q1, 2);
-        v = _mm512_inserti32x4(v, _mm_srli_epi16(q1, 4), 3);
-        return _mm512_and_si512(v, _mm512_set1_epi8(15));
-    }
-    __m256i q0 = _mm256_loadu_si256((const __m256i *)(b + 2)), q1 = _mm256_loadu_si256((const __m256i *)(b + 36));
-    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1), _mm512_set1_epi8((char)0x80));
+/* Packs Q4_0 / Q8_0 rows into groups of 4 blocks (g4_cpu_kernels.q_pack): vpermi2b gathers each
+ * group's code bytes and its 4 scales (as 16 halves, each block's in 4 lanes) from the loaded bytes;
+ * loads past the row's end are masked (zeros: codes 0 with scale 0). */
+__attribute__((target(T512))) static inline __m512i load_upto(const unsigned char *p, long n) {
+    if (n >= 64) return _mm512_loadu_si512(p);
+    return _mm512_maskz_loadu_epi8(n > 0 ? (1ull << n) - 1 : 0, p);
 }
 
-__attribute__((target(T512))) static inline __m512 pair_ps(float a, float b) {
-    return _mm512_insertf32x8(_mm512_set1_ps(a), _mm256_set1_ps(b), 1);
-}
+/* the permutations that gather a group (of 4 blocks) of Q4_0 or Q8_0 */
+typedef struct {
+    __m512i lo, hi, c, d;
+} q_perm;
 
-__attribute__((target(T512))) static inline float dot_f32_512(const float *a, const float *b, int n) {
-    __m512 s = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s);
-    if (i < n) {
-        __mmask16 k = (__mmask16)((1u << (n - i)) - 1);
-        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i), s);
-    }
-    return _mm512_reduce_add_ps(s);
-}
-
-#define QCHUNK 256 /* blocks per pass: the weight scales of a pass stay on the stack */
-
-__attribute__((target(T512), always_inline)) static inline void q8_tile_avx512_fixed(g4_dtype type,
-                                                                                    const unsigned char *w,
-                                                                                    size_t row_bytes,
-                                                                                    const g4_q8_rows *a, int t0,
-                                                                                    int nb, float *y, size_t ldy,
-                                                                                    const int NR, const int NT) {
-    const size_t bs = type == G4_Q4_0 ? 18 : 34;
-    const float off = type == G4_Q4_0 ? 8.0f : 128.0f;
-    __m512 acc[4][4];
-    float corr[4][4] = {{0}}, dwf[4][QCHUNK + 2];
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int c0 = 0; c0 < nb; c0 += QCHUNK) {
-        const int c1 = nb - c0 < QCHUNK ? nb : c0 + QCHUNK;
-        /* nb_pad is even and the activations are zero past the row: an odd last block pairs with zeros */
-        for (int b = c0; b < c1; b += 2) {
-            __m512i wv[4];
-            __m512 dw[4];
-            for (int r = 0; r < NR; r++) {
-                const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
-                float d0 = _cvtsh_ss(block_d(blk)), d1 = 0.0f;
-                if (b + 1 < c1) {
-                    wv[r] = load2_u8(type, blk);
-                    d1 = _cvtsh_ss(block_d(blk + bs));
-                } else {
-                    unsigned char tmp[2 * 34] = {0};
-                    memcpy(tmp, blk, bs);
-                    wv[r] = load2_u8(type, tmp);
-                }
-                dw[r] = pair_ps(d0, d1);
-                dwf[r][b - c0] = d0;
-                dwf[r][b - c0 + 1] = d1;
-            }
-            for (int t = 0; t < NT; t++) {
-                const size_t ti = (size_t)(t0 + t);
-                const __m512i xv = _mm512_loadu_si512((const void *)(a->q + ti * a->in_pad + 32 * (size_t)b));
-                const float *d = a->d + ti * a->nb_pad + b;
-                const __m512 dx = pair_ps(d[0], d[1]);
-                for (int r = 0; r < NR; r++) {
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[r], xv);
-                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], dx), acc[r][t]);
-                }
-            }
-        }
-        /* the unsigned offset: off * sum_b dw * d * sum(q) */
-        for (int t = 0; t < NT; t++)
-            for (int r = 0; r < NR; r++)
-                corr[r][t] += dot_f32_512(dwf[r], a->m + (size_t)(t0 + t) * a->nb_pad + c0, c1 - c0);
-    }
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++)
-            y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc[r][t]) - off * corr[r][t];
-}
-
-__attribute__((target(T512))) static void q8_tile_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
-                                                        int nr, const g4_q8_rows *a, int t0, int nt, int nb, float *y,
-                                                        size_t ldy) {
-    if (nr == 4 && nt == 4) q8_tile_avx512_fixed(type, w, row_bytes, a, t0, nb, y, ldy, 4, 4);
-    else if (nr == 4 && nt == 1) q8_tile_avx512_fixed(type, w, row_bytes, a, t0, nb, y, ldy, 4, 1);
-    else
-        for (int r = 0; r < nr; r++)
-            for (int t = 0; t < nt; t++)
-                q8_tile_avx512_fixed(type, w + (size_t)r * row_bytes, row_bytes, a, t0 + t, nb,
-                                     y + (size_t)t * ldy + r, ldy, 1, 1);
-}
-
-/* Decode, Q4_0: 4 blocks (72 bytes) of a row per step: two loads, one vpermi2b gathers the
- * 64 code bytes and one the 4 scales (as 16 halves, each block's in 4 lanes), so 2 vpdpbusd
- * cover 128 weights against the grouped activations (g4_q8_rows.qp). Needs AVX512-VBMI. */
-#define T512V T512 ",avx512vbmi"
-__attribute__((target(T512V))) static void q4_gemv_avx512(const unsigned char *w, size_t row_bytes, int nr,
-                                                         const g4_q8_rows *a, int t, int nb, float *y) {
-    uint8_t iq[64], id[64];
+__attribute__((target(T512))) static inline q_perm q_perms(g4_dtype type) {
+    const int bs = type == G4_Q4_0 ? 18 : 34;
+    uint8_t ilo[64], ihi[64], ic[64], id[64];
     for (int i = 0; i < 64; i++) {
-        iq[i] = (uint8_t)(18 * (i / 16) + 2 + i % 16); /* block i/16's code byte i%16 */
-        id[i] = (uint8_t)(18 * (i / 8 % 4) + i % 2);    /* half i/2 (of 16): block (i/2)/4's d */
+        ilo[i] = (uint8_t)(bs * (i / 16) + 2 + i % 16);          /* block i/16's byte i%16 */
+        ihi[i] = (uint8_t)((bs * (i / 16) + 18 + i % 16) & 127); /* Q8_0: its byte 16 + i%16 */
+        ic[i] = (uint8_t)(i >= 56 ? i - 56 : 0);                 /* Q8_0: block 3's last 8 bytes */
+        id[i] = (uint8_t)(bs * (i / 8 % 4) + i % 2);             /* half i/2 (of 16): block i/8's d */
     }
-    const __m512i vq = _mm512_loadu_si512(iq), vd = _mm512_loadu_si512(id), lo4 = _mm512_set1_epi8(15);
-    const int8_t *qp = a->qp + (size_t)t * a->in_pad;
-    const float *d4 = a->d4 + (size_t)t * 4 * a->nb_pad, *m4 = a->m4 + (size_t)t * 4 * a->nb_pad;
-    const int ng = (nb + 3) / 4;
+    return (q_perm){_mm512_loadu_si512(ilo), _mm512_loadu_si512(ihi), _mm512_loadu_si512(ic), _mm512_loadu_si512(id)};
+}
+
+/* group g of a row (rem = the row's bytes from the group on): unsigned codes lo (elements 0-15 of the 4
+ * blocks) and hi (16-31), the scales in 4 lanes each; past the row's end zeros with scale 0 */
+__attribute__((target(T512), always_inline)) static inline void q_group(g4_dtype type, const q_perm *pm,
+                                                                        const unsigned char *p, long rem, __m512i *lo,
+                                                                        __m512i *hi, __m512 *dw) {
+    const int q4 = type == G4_Q4_0;
+    __m512i A, B, C = _mm512_setzero_si512();
+    if (rem >= (q4 ? 72 : 136)) { /* a whole group: fixed masks */
+        A = _mm512_loadu_si512(p);
+        B = q4 ? _mm512_maskz_loadu_epi8(0xff, p + 64) : _mm512_loadu_si512(p + 64);
+        if (!q4) C = _mm512_maskz_loadu_epi8(0xff, p + 128);
+    } else {
+        A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
+        if (!q4) C = load_upto(p + 128, rem - 128);
+    }
+    const __m512i codes = _mm512_permutex2var_epi8(A, pm->lo, B);
+    if (q4) {
+        const __m512i lo4 = _mm512_set1_epi8(15);
+        *lo = _mm512_and_si512(codes, lo4);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), lo4);
+    } else {
+        const __m512i x80 = _mm512_set1_epi8((char)0x80);
+        *lo = _mm512_xor_si512(codes, x80);
+        *hi = _mm512_xor_si512(
+            _mm512_mask_permutexvar_epi8(_mm512_permutex2var_epi8(A, pm->hi, B), 0xff00000000000000ull, pm->c, C), x80);
+    }
+    *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, pm->d, B)));
+}
+
+/* one (row, token) step of a group: the exact integer dot products per lane (from the activations' offset
+ * lanes), then one multiply-add by weight scale x activation scale; the same in q_gemm and q_gemv */
+__attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 acc, __m512i lo, __m512i hi, __m512 dw,
+                                                                         const unsigned char *x) {
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_loadu_si512(x + 128), lo, _mm512_loadu_si512(x)),
+                                          hi, _mm512_loadu_si512(x + 64));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(x + 192)), acc);
+}
+
+__attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                       int nr, int nb, unsigned char *dst) {
+    const int gb = type == G4_Q4_0 ? 72 : 136, ng = (nb + 3) / 4;
+    const q_perm pm = q_perms(type);
     for (int r = 0; r < nr; r++) {
         const unsigned char *row = w + (size_t)r * row_bytes;
-        __m512 acc = _mm512_setzero_ps(), corr = _mm512_setzero_ps();
-        for (int g = 0; g < ng; g++) {
-            const unsigned char *p = row + 72 * (size_t)g;
-            const long rem = (long)row_bytes - 72L * g;
-            __m512i A, B;
-            if (rem >= 72) {
-                A = _mm512_loadu_si512(p);
-                B = _mm512_maskz_loadu_epi8(0xff, p + 64);
-            } else { /* the row's last blocks: only its own bytes, zeros after */
-                A = _mm512_maskz_loadu_epi8(rem >= 64 ? ~0ull : (1ull << rem) - 1, p);
-                B = _mm512_maskz_loadu_epi8(rem > 64 ? (1ull << (rem - 64)) - 1 : 0, p + 64);
-            }
-            const __m512i qs = _mm512_permutex2var_epi8(A, vq, B);
-            const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, vd, B)));
-            const __m512i lo = _mm512_and_si512(qs, lo4), hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), lo4);
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(qp + 128 * g));
-            s = _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(qp + 128 * g + 64));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(d4 + 16 * g)), acc);
-            corr = _mm512_fmadd_ps(dw, _mm512_loadu_ps(m4 + 16 * g), corr);
+        unsigned char *o = dst + (size_t)r * ng * G4_QW_GROUP;
+        for (int g = 0; g < ng; g++, o += G4_QW_GROUP) {
+            __m512i lo, hi;
+            __m512 dw;
+            q_group(type, &pm, row + (size_t)gb * g, (long)row_bytes - (long)gb * g, &lo, &hi, &dw);
+            _mm512_storeu_si512(o, lo);
+            _mm512_storeu_si512(o + 64, hi);
+            _mm512_storeu_ps(o + 128, dw);
         }
-        /* each block's d * sum(q) sat in 4 lanes */
-        y[r] = _mm512_reduce_add_ps(acc) - 2.0f * _mm512_reduce_add_ps(corr);
     }
 }
 
-#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-/* exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes expf, ~1 ulp) */
-#define EXP_LO -87.33654f
-#define EXP_HI 88.72283f
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_C1 0.693359375f
-#define EXP_C2 -2.12194440e-4f
-#define EXP_P0 1.9875691500e-4f
-#define EXP_P1 1.3981999507e-3f
-#define EXP_P2 8.3334519073e-3f
-#define EXP_P3 4.1665795894e-2f
-#define EXP_P4 1.6666665459e-1f
-#define EXP_P5 5.0000001201e-1f
+/* decode: rows as stored times one grouped activation row, each group unpacked in registers; the same
+ * arithmetic per (row, token) as q_gemm, so the same bits */
+__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
+    const int gb = type == G4_Q4_0 ? 72 : 136, ng = (nb + 3) / 4;
+    const q_perm pm = q_perms(type);
+    const unsigned char *xt = a->qg + (size_t)t * a->ng * G4_Q8_GROUP;
+    for (int r = 0; r < nr; r++) {
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        __m512 acc = _mm512_setzero_ps();
+        for (int g = 0; g < ng; g++) {
+            __m512i lo, hi;
+            __m512 dw;
+            q_group(type, &pm, row + (size_t)gb * g, (long)row_bytes - (long)gb * g, &lo, &hi, &dw);
+            acc = q_step(acc, lo, hi, dw, xt + (size_t)g * G4_Q8_GROUP);
+        }
+        y[r] = _mm512_reduce_add_ps(acc);
+    }
+}
+
+/* NR packed rows x NT grouped activation rows: per group, two vpdpbusd from the activations' offset
+ * lanes give each lane's exact integer dot product, then one multiply-add by (weight scale x activation
+ * scale). Every (row, token) sees the same operations in the same order whatever NR and NT are, so a
+ * row's value does not depend on the batch. */
+__attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(const unsigned char *wp, size_t ldw,
+                                                                             const g4_q8_rows *a, int t0, int ng,
+                                                                             float *y, size_t ldy, const int NR,
+                                                                             const int NT) {
+    __m512 acc[G4_Q_TR][G4_Q_TT];
+    const unsigned char *xt[G4_Q_TT];
+    for (int t = 0; t < NT; t++) xt[t] = a->qg + (size_t)(t0 + t) * a->ng * G4_Q8_GROUP;
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m512i wlo[G4_Q_TR], whi[G4_Q_TR];
+        for (int r = 0; r < NR; r++) {
+            const unsigned char *p = wp + (size_t)r * ldw + (size_t)g * G4_QW_GROUP;
+            wlo[r] = _mm512_loadu_si512(p);
+            whi[r] = _mm512_loadu_si512(p + 64);
+        }
+        for (int t = 0; t < NT; t++)
+            for (int r = 0; r < NR; r++)
+                acc[r][t] = q_step(acc[r][t], wlo[r], whi[r],
+                                   _mm512_loadu_ps(wp + (size_t)r * ldw + (size_t)g * G4_QW_GROUP + 128),
+                                   xt[t] + (size_t)g * G4_Q8_GROUP);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+__attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
+                                                       int nt, int ng, float *y, size_t ldy) {
+    const size_t ldw = (size_t)ng * G4_QW_GROUP;
+    if (nr == 4) {
+        switch (nt) {
+        case 4: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 4); return;
+        case 3: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 3); return;
+        case 2: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 2); return;
+        case 1: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 1); return;
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++)
+            q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, 1);
+}
+
+/* exp, gelu and tanh: the constants and the method are in cpu.h */
 
 __attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
     __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_LO), _CMP_LT_OQ);
@@ -440,6 +453,26 @@ __attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, size_t n
     return s;
 }
 
+__attribute__((target("avx2,fma"))) static void softcap_avx2(float *y, size_t n, float c) {
+    const __m256 inv = _mm256_set1_ps(1.0f / c), cc = _mm256_set1_ps(c), sign = _mm256_set1_ps(-0.0f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(y + i), inv), ax = _mm256_andnot_ps(sign, a), s = _mm256_mul_ps(a, a);
+        __m256 p = _mm256_set1_ps(TANH_P5);
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P4));
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P3));
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P2));
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P1));
+        p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(TANH_P0));
+        __m256 e = exp256(_mm256_mul_ps(_mm256_min_ps(ax, _mm256_set1_ps(TANH_BIG)), _mm256_set1_ps(-2.0f)));
+        __m256 big = _mm256_or_ps(_mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e)), _mm256_and_ps(sign, a));
+        __m256 t = _mm256_blendv_ps(big, _mm256_mul_ps(a, p), _mm256_cmp_ps(ax, _mm256_set1_ps(TANH_SMALL), _CMP_LT_OQ));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(t, cc));
+    }
+    g4_cpu_softcap_scalar(y + i, n - i, c);
+}
+
 __attribute__((target("avx512f"))) static inline __m512 exp512(__m512 v) {
     __mmask16 under = _mm512_cmp_ps_mask(v, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
     v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(EXP_HI));
@@ -471,8 +504,6 @@ __attribute__((target("avx512f"))) static float exp_sum_avx512(float *x, size_t 
     return s;
 }
 
-/* gelu_tanh(x) = 0.5 x (1 + tanh z) = x / (1 + exp(-2z)): no cancellation near tanh = -1, and the ends are
- * right (exp -> 0 gives x, exp -> its clamp gives ~0) */
 __attribute__((target("avx512f"))) static void gelu_mul_avx512(const float *g, const float *u, float *y, size_t n) {
     const __m512 c = _mm512_set1_ps(GELU_C), c3 = _mm512_set1_ps(GELU_C * 0.044715f), one = _mm512_set1_ps(1.0f);
     size_t i = 0;
@@ -485,11 +516,70 @@ __attribute__((target("avx512f"))) static void gelu_mul_avx512(const float *g, c
     g4_cpu_gelu_mul_scalar(g + i, u ? u + i : NULL, y + i, n - i);
 }
 
+__attribute__((target("avx512f"))) static void softcap_avx512(float *y, size_t n, float c) {
+    const __m512 inv = _mm512_set1_ps(1.0f / c), cc = _mm512_set1_ps(c), one = _mm512_set1_ps(1.0f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(y + i), inv), ax = _mm512_abs_ps(a), s = _mm512_mul_ps(a, a);
+        __m512 p = _mm512_set1_ps(TANH_P5);
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P4));
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P3));
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P2));
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P1));
+        p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(TANH_P0));
+        __m512 e = exp512(_mm512_mul_ps(_mm512_min_ps(ax, _mm512_set1_ps(TANH_BIG)), _mm512_set1_ps(-2.0f)));
+        __m512 big = _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e));
+        big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big),
+                                                  _mm512_and_si512(_mm512_castps_si512(a), sign)));
+        __mmask16 small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(TANH_SMALL), _CMP_LT_OQ);
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mask_blend_ps(small, big, _mm512_mul_ps(a, p)), cc));
+    }
+    g4_cpu_softcap_scalar(y + i, n - i, c);
+}
+
+/* attention's p * V: C vectors of the output per head stay in registers over all nv value rows (each row read
+ * once for the NO heads); the columns past the last whole vector take the scalar set's path (fmaf, same order) */
+#define PV(NAME, TARGET, VEC, W, C, LOAD, STORE, SET1, FMA)                                                          \
+    __attribute__((target(TARGET), always_inline)) static inline void NAME##_fixed(                                  \
+        float *o, size_t ldo, const float *p, size_t ldp, const float *v, size_t ldv, int nv, size_t d, const int NO) { \
+        size_t x = 0;                                                                                                \
+        for (; x + (size_t)(C * W) <= d; x += (size_t)(C * W)) {                                                     \
+            VEC acc[4][C];                                                                                           \
+            for (int h = 0; h < NO; h++)                                                                             \
+                for (int c = 0; c < C; c++) acc[h][c] = LOAD(o + (size_t)h * ldo + x + (size_t)(c * W));              \
+            for (int i = 0; i < nv; i++) {                                                                           \
+                VEC vv[C];                                                                                           \
+                for (int c = 0; c < C; c++) vv[c] = LOAD(v + (size_t)i * ldv + x + (size_t)(c * W));                 \
+                for (int h = 0; h < NO; h++) {                                                                       \
+                    VEC ph = SET1(p[(size_t)h * ldp + (size_t)i]);                                                   \
+                    for (int c = 0; c < C; c++) acc[h][c] = FMA(ph, vv[c], acc[h][c]);                               \
+                }                                                                                                    \
+            }                                                                                                        \
+            for (int h = 0; h < NO; h++)                                                                             \
+                for (int c = 0; c < C; c++) STORE(o + (size_t)h * ldo + x + (size_t)(c * W), acc[h][c]);              \
+        }                                                                                                            \
+        if (x < d) g4_cpu_pv_scalar(o + x, ldo, NO, p, ldp, v + x, ldv, nv, d - x);                                  \
+    }                                                                                                                \
+    __attribute__((target(TARGET))) static void NAME(float *o, size_t ldo, int no, const float *p, size_t ldp,        \
+                                                     const float *v, size_t ldv, int nv, size_t d) {                 \
+        switch (no) {                                                                                                \
+        case 4: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 4); break;                                               \
+        case 3: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 3); break;                                               \
+        case 2: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 2); break;                                               \
+        default: NAME##_fixed(o, ldo, p, ldp, v, ldv, nv, d, 1); break;                                              \
+        }                                                                                                            \
+    }
+PV(pv_avx2, "avx2,fma", __m256, 8, 2, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
+PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
+
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
-                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2};
+                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2,
+                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
-                                        axpy_avx512, q8_tile_avx512, f32_tile_avx512, q4_gemv_avx512,
-                                        exp_sum_avx512, gelu_mul_avx512};
+                                        axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
+                                        exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
+                                        bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

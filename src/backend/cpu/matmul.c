@@ -1,6 +1,8 @@
 /* y[n, out] = x[n, in] * W^T on the CPU for every weight dtype (core/tensor.h).
  * - Q8_0 / Q4_0: int8 activations and integer dot products (matmul_q8.c).
- * - otherwise (F32, F16, BF16, K-quants, Q4_1/Q5_x, MLX affine): a block of rows
+ * - BF16 (where the kernels have bf16_tile) and aligned F32: register tiles of 4 rows x 4
+ *   tokens on the weights as stored (bf16 widened to f32 in registers), all in f32.
+ * - otherwise (F16, K-quants, Q4_1/Q5_x, MLX affine): a block of rows
  *   is decoded to f32 once (g4_dequant_row, or read in place for aligned F32) and
  *   multiplied with every token by register tiles of 4 rows x 4 tokens, so each loaded
  *   weight vector serves 4 tokens and each token vector 4 rows. All in f32: the result
@@ -26,12 +28,19 @@ typedef struct {
     float *y;
 } matmul_job;
 
-static void tiles(const matmul_job *j, const float *wf, size_t ldw, int64_t r0, int nr) {
+/* rows r0.. (nr of them, ldw elements apart) as f32, or as bf16 (bf16_tile) when bf16 is set */
+static void tiles(const matmul_job *j, const void *w, int bf16, size_t ldw, int64_t r0, int nr) {
     for (int t = 0; t < j->n; t += 4) {
         int nt = j->n - t < 4 ? j->n - t : 4;
-        for (int i = 0; i < nr; i += 4)
-            j->k->f32_tile(wf + (size_t)i * ldw, ldw, nr - i < 4 ? nr - i : 4, j->x + (size_t)t * j->in, j->in, nt,
-                           j->in, j->y + (size_t)t * j->out + (size_t)r0 + (size_t)i, j->out);
+        for (int i = 0; i < nr; i += 4) {
+            const int ni = nr - i < 4 ? nr - i : 4;
+            const float *xt = j->x + (size_t)t * j->in;
+            float *yt = j->y + (size_t)t * j->out + (size_t)r0 + (size_t)i;
+            if (bf16)
+                j->k->bf16_tile((const uint16_t *)w + (size_t)i * ldw, ldw, ni, xt, j->in, nt, j->in, yt, j->out);
+            else
+                j->k->f32_tile((const float *)w + (size_t)i * ldw, ldw, ni, xt, j->in, nt, j->in, yt, j->out);
+        }
     }
     if (j->bias)
         for (int t = 0; t < j->n; t++)
@@ -42,9 +51,10 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     matmul_job *j = ctx;
     const size_t in = j->in;
     const g4_cpu_kernels *k = j->k;
-    if (j->w->dtype == G4_F32 && (((uintptr_t)j->w->data) & 3) == 0) {
+    const int bf16 = j->w->dtype == G4_BF16 && k->bf16_tile;
+    if (bf16 || (j->w->dtype == G4_F32 && (((uintptr_t)j->w->data) & 3) == 0)) { /* the weights as stored */
         for (int64_t rb = r0; rb < r1; rb += ROW_BLOCK)
-            tiles(j, (const float *)j->w->data + (size_t)rb * in, in, rb, (int)(r1 - rb < ROW_BLOCK ? r1 - rb : ROW_BLOCK));
+            tiles(j, g4_tensor_row(j->w, rb), bf16, in, rb, (int)(r1 - rb < ROW_BLOCK ? r1 - rb : ROW_BLOCK));
         return;
     }
     /* decode a block of rows to f32 once, then reuse it for every token */
@@ -58,7 +68,7 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
             else
                 g4_dequant_row(j->w, rb + i, wf + (size_t)i * in);
         }
-        tiles(j, wf, in, rb, nr);
+        tiles(j, wf, 0, in, rb, nr);
     }
 }
 
@@ -68,10 +78,11 @@ void g4_cpu_matmul(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const
         g4_cpu_matmul_q8(cpu, x, n, w, bias, y);
         return;
     }
-    matmul_job j = {cpu, g4_cpu_kernels_get(), x, n, (size_t)w->shape[w->ndim - 1], (size_t)w->shape[0],
-                    w, bias, y};
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    const size_t in = (size_t)w->shape[w->ndim - 1], out = (size_t)w->shape[0];
     /* grain: enough rows per chunk that a chunk is worth a thread hand-off */
-    int64_t grain = (int64_t)(16384 / (j.in * (size_t)n + 1)) + 1;
+    int64_t grain = (int64_t)(16384 / (in * (size_t)n + 1)) + 1;
+    matmul_job j = {cpu, k, x, n, in, out, w, bias, y};
     if (grain < ROW_BLOCK && n > 1) grain = ROW_BLOCK;
     g4_pool_for(cpu->pool, (int64_t)j.out, grain, matmul_rows, &j);
 }

@@ -4,11 +4,15 @@
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
  * where u = the weight codes as unsigned bytes (Q4_0: the nibble 0..15, off = 8; Q8_0:
  * the int8 + 128, off = 128), so one unsigned x signed byte product (VNNI vpdpbusd)
- * serves both types. Work is split over rows in tiles of 4 rows x 4 tokens; each tile
- * unpacks a weight block once for 4 tokens.
- *
- * The ISA-specific tile kernels live in kernels*.c (g4_cpu_kernels.q8_tile); this file
- * quantizes the activations, tiles and threads. */
+ * serves both types. Two shapes, by the kernel set (kernels*.c):
+ * - q8_tile (scalar, AVX2, NEON): tiles of 4 rows x 4 tokens on the blocks as stored;
+ * - q_pack + q_gemm (AVX-512 VNNI): each block of 16 rows is unpacked once into groups of 4
+ *   blocks (unsigned codes in the activations' order, scales in lanes) and register tiles of
+ *   4 rows x 4 tokens pass over every token, two vpdpbusd per 128 products; the offset term
+ *   starts the integer sums (g4_q8_rows.qg), so no correction follows. Below 4 tokens
+ *   (decode) q_gemv unpacks each group in registers instead: the same arithmetic, the same bits.
+ * Either way a row's value does not depend on the batch (the same tiles and order for one
+ * token or many). This file quantizes the activations, tiles and threads. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,45 +25,56 @@ int g4_cpu_q8_supported(const g4_tensor *w) {
     return (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) && in % 32 == 0 && getenv("G4_CPU_NO_Q8_ACT") == NULL;
 }
 
-/* Quantizes rows [t0, t1) of x into a (the reference rule of core/quant.c, f32 scale). */
+/* Quantizes rows [t0, t1) of x into a (the reference rule of core/quant.c, f32 scale): the plain
+ * fields when a->q is set, the grouped ones when a->qg is set. */
 void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a) {
     const size_t nb = in / 32;
     for (int t = t0; t < t1; t++) {
         const float *xt = x + (size_t)t * in;
-        int8_t *q = a->q + (size_t)t * a->in_pad;
-        float *d = a->d + (size_t)t * a->nb_pad, *m = a->m + (size_t)t * a->nb_pad;
+        int8_t *q = a->q ? a->q + (size_t)t * a->in_pad : NULL;
+        float *d = a->q ? a->d + (size_t)t * a->nb_pad : NULL, *m = a->q ? a->m + (size_t)t * a->nb_pad : NULL;
+        unsigned char *qg = a->qg ? a->qg + (size_t)t * a->ng * G4_Q8_GROUP : NULL;
+        if (qg) memset(qg, 0, a->ng * G4_Q8_GROUP);
         for (size_t b = 0; b < nb; b++) {
             const float *xb = xt + 32 * b;
             float amax = 0;
             for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
             float db = amax / 127.0f, id = db ? 1.0f / db : 0.0f;
+            int8_t qb[32];
             int s = 0;
             for (int j = 0; j < 32; j++) {
                 int v = (int)lrintf(xb[j] * id);
-                q[32 * b + j] = (int8_t)v;
+                qb[j] = (int8_t)v;
                 s += v;
             }
-            d[b] = db;
-            m[b] = db * (float)s;
-        }
-        memset(q + in, 0, a->in_pad - in);
-        for (size_t b = nb; b < a->nb_pad; b++) d[b] = m[b] = 0;
-        if (!a->qp) continue;
-        int8_t *qp = a->qp + (size_t)t * a->in_pad;
-        float *d4 = a->d4 + (size_t)t * 4 * a->nb_pad, *m4 = a->m4 + (size_t)t * 4 * a->nb_pad;
-        for (size_t b = 0; b < a->nb_pad; b++) {
-            size_t g = b / 4, i = b % 4;
-            memcpy(qp + 128 * g + 16 * i, q + 32 * b, 16);
-            memcpy(qp + 128 * g + 64 + 16 * i, q + 32 * b + 16, 16);
-            for (int k = 0; k < 4; k++) {
-                d4[4 * b + (size_t)k] = d[b];
-                m4[4 * b + (size_t)k] = m[b];
+            if (q) {
+                memcpy(q + 32 * b, qb, 32);
+                d[b] = db;
+                m[b] = db * (float)s;
             }
+            if (qg) { /* group b/4, block b%4: codes 0-15 and 16-31, 4 lanes of 4 + 4 codes, 4 scale lanes */
+                unsigned char *gp = qg + (b / 4) * G4_Q8_GROUP;
+                const size_t i = b % 4;
+                memcpy(gp + 16 * i, qb, 16);
+                memcpy(gp + 64 + 16 * i, qb + 16, 16);
+                for (int l = 0; l < 4; l++) {
+                    int32_t lane = 0;
+                    for (int k = 0; k < 4; k++) lane += qb[4 * l + k] + qb[16 + 4 * l + k];
+                    lane *= -a->off;
+                    memcpy(gp + 128 + 4 * (4 * i + (size_t)l), &lane, 4);
+                    memcpy(gp + 192 + 4 * (4 * i + (size_t)l), &db, 4);
+                }
+            }
+        }
+        if (q) {
+            memset(q + in, 0, a->in_pad - in);
+            for (size_t b = nb; b < a->nb_pad; b++) d[b] = m[b] = 0;
         }
     }
 }
 
 typedef struct {
+    g4_cpu *cpu;
     const g4_cpu_kernels *k;
     const g4_tensor *w;
     const g4_q8_rows *a;
@@ -75,32 +90,63 @@ static void quantize_rows(void *ctx, int64_t t0, int64_t t1, int thread) {
     g4_cpu_q8_quantize(j->x, j->in, (int)t0, (int)t1, (g4_q8_rows *)j->a);
 }
 
+static void add_bias(const q8_job *j, int64_t r0, int64_t r1) {
+    if (j->bias)
+        for (int t = 0; t < j->n; t++)
+            for (int64_t r = r0; r < r1; r++) j->y[(size_t)t * j->out + (size_t)r] += j->bias[r];
+}
+
+/* plain activations, tiles of 4 rows x 4 tokens (q8_tile) */
 static void q8_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     q8_job *j = ctx;
     const int nb = (int)(j->in / 32);
     const unsigned char *w = j->w->data;
-    const int step = 4;
-    if (j->a->qp) {
-        for (int t = 0; t < j->n; t++)
-            j->k->q4_gemv(w + (size_t)r0 * j->row_bytes, j->row_bytes, (int)(r1 - r0), j->a, t, nb,
-                          j->y + (size_t)t * j->out + (size_t)r0);
-        if (j->bias)
-            for (int t = 0; t < j->n; t++)
-                for (int64_t r = r0; r < r1; r++) j->y[(size_t)t * j->out + (size_t)r] += j->bias[r];
-        return;
-    }
-    for (int64_t r = r0; r < r1; r += step) {
-        int nr = (int)(r1 - r < step ? r1 - r : step);
+    for (int64_t r = r0; r < r1; r += 4) {
+        int nr = (int)(r1 - r < 4 ? r1 - r : 4);
         /* q8_tile only: a row's value must not depend on the batch (batch invariance, test_backend_ops) */
         for (int t = 0; t < j->n; t += 4) {
             int nt = j->n - t < 4 ? j->n - t : 4;
             j->k->q8_tile(j->w->dtype, w + (size_t)r * j->row_bytes, j->row_bytes, nr, j->a, t, nt, nb,
                           j->y + (size_t)t * j->out + (size_t)r, j->out);
         }
-        if (j->bias)
-            for (int t = 0; t < j->n; t++)
-                for (int i = 0; i < nr; i++) j->y[(size_t)t * j->out + (size_t)r + (size_t)i] += j->bias[r + i];
     }
+    add_bias(j, r0, r1);
+}
+
+#define PACK_ROWS 16 /* rows packed at once (a multiple of G4_Q_TR); work items are blocks of them */
+#define TOKEN_BLOCK 64 /* tokens whose activations stay in cache while a packed block passes over them */
+
+/* grouped activations: each block of PACK_ROWS rows is packed once (q_pack), then register tiles of
+ * G4_Q_TR rows x G4_Q_TT tokens (q_gemm) pass over every token */
+static void qg_rows(void *ctx, int64_t b0, int64_t b1, int thread) {
+    q8_job *j = ctx;
+    const int nb = (int)(j->in / 32), ng = (int)j->a->ng;
+    if (j->n < G4_Q_TT) { /* a few tokens: each group unpacked in registers per token (q_gemv), no packing */
+        const int64_t r0 = b0 * PACK_ROWS, r1 = b1 * PACK_ROWS < (int64_t)j->out ? b1 * PACK_ROWS : (int64_t)j->out;
+        for (int t = 0; t < j->n; t++)
+            j->k->q_gemv(j->w->dtype, (const unsigned char *)j->w->data + (size_t)r0 * j->row_bytes, j->row_bytes,
+                         (int)(r1 - r0), nb, j->a, t, j->y + (size_t)t * j->out + (size_t)r0);
+        add_bias(j, r0, r1);
+        return;
+    }
+    const size_t ldw = (size_t)ng * G4_QW_GROUP;
+    unsigned char *wp = (unsigned char *)g4_cpu_scratch_get(j->cpu, thread, PACK_ROWS * ldw / sizeof(float));
+    if (!wp) return; /* out of memory: recorded in cpu->failed, the step reports it */
+    const int64_t r0 = b0 * PACK_ROWS, r1 = b1 * PACK_ROWS < (int64_t)j->out ? b1 * PACK_ROWS : (int64_t)j->out;
+    for (int64_t rb = r0; rb < r1; rb += PACK_ROWS) {
+        const int nrb = (int)(r1 - rb < PACK_ROWS ? r1 - rb : PACK_ROWS);
+        j->k->q_pack(j->w->dtype, (const unsigned char *)j->w->data + (size_t)rb * j->row_bytes, j->row_bytes, nrb,
+                     nb, wp);
+        for (int tb = 0; tb < j->n; tb += TOKEN_BLOCK) {
+            const int te = j->n - tb < TOKEN_BLOCK ? j->n : tb + TOKEN_BLOCK;
+            for (int i = 0; i < nrb; i += G4_Q_TR)
+                for (int t = tb; t < te; t += G4_Q_TT)
+                    j->k->q_gemm(wp + (size_t)i * ldw, nrb - i < G4_Q_TR ? nrb - i : G4_Q_TR, j->a, t,
+                                 te - t < G4_Q_TT ? te - t : G4_Q_TT, ng,
+                                 j->y + (size_t)t * j->out + (size_t)(rb + i), j->out);
+        }
+    }
+    add_bias(j, r0, r1);
 }
 
 void *g4_cpu_act_buf(g4_cpu *cpu, size_t need) {
@@ -120,25 +166,30 @@ void *g4_cpu_act_buf(g4_cpu *cpu, size_t need) {
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
     const size_t in = (size_t)w->shape[w->ndim - 1], out = (size_t)w->shape[0];
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
-    const int grouped = k->q4_gemv && w->dtype == G4_Q4_0; /* every n: rows independent of the batch */
-    const size_t nb_pad = (in / 32 + 3) & ~(size_t)3, in_pad = nb_pad * 32;
-    size_t need = (size_t)n * (in_pad + 2 * nb_pad * sizeof(float)) * (grouped ? 6 : 1) + 64;
-    float *buf = g4_cpu_act_buf(cpu, need);
-    if (!buf) return;
-    g4_q8_rows a = {.in_pad = in_pad, .nb_pad = nb_pad};
-    a.d = buf;
-    a.m = a.d + (size_t)n * nb_pad;
-    a.q = (int8_t *)(a.m + (size_t)n * nb_pad);
-    if (grouped) {
-        a.d4 = (float *)(void *)(a.q + (size_t)n * in_pad);
-        a.m4 = a.d4 + (size_t)n * 4 * nb_pad;
-        a.qp = (int8_t *)(a.m4 + (size_t)n * 4 * nb_pad);
+    g4_q8_rows a = {0};
+    q8_job j = {cpu, k, w, &a, n, in, out, g4_tensor_row_bytes(w), bias, y, x};
+    if (k->q_gemm) {
+        a.ng = (in / 32 + 3) / 4;
+        a.off = w->dtype == G4_Q4_0 ? 8 : 128;
+        a.qg = g4_cpu_act_buf(cpu, (size_t)n * a.ng * G4_Q8_GROUP);
+        if (!a.qg) return;
+    } else {
+        a.nb_pad = (in / 32 + 1) & ~(size_t)1;
+        a.in_pad = a.nb_pad * 32;
+        float *buf = g4_cpu_act_buf(cpu, (size_t)n * (a.in_pad + 2 * a.nb_pad * sizeof(float)));
+        if (!buf) return;
+        a.d = buf;
+        a.m = a.d + (size_t)n * a.nb_pad;
+        a.q = (int8_t *)(a.m + (size_t)n * a.nb_pad);
     }
-    q8_job j = {k, w, &a, n, in, out, g4_tensor_row_bytes(w), bias, y, x};
     g4_pool_for(cpu->pool, n, 1 + 65536 / (int64_t)(in + 1), quantize_rows, &j);
-    /* grain: whole 16-row tiles, enough work per chunk to be worth a hand-off */
-    int64_t grain = 16 * (1 + 16384 / (int64_t)(in * (size_t)n / 16 + 1));
-    g4_pool_for(cpu->pool, (int64_t)out, grain, q8_rows, &j);
+    /* grain: enough work per chunk to be worth a hand-off */
+    const int64_t grain = 1 + 16384 / (int64_t)(in * (size_t)n + 1);
+    if (k->q_gemm)
+        g4_pool_for(cpu->pool, (int64_t)(out + PACK_ROWS - 1) / PACK_ROWS, (grain + PACK_ROWS - 1) / PACK_ROWS,
+                    qg_rows, &j);
+    else
+        g4_pool_for(cpu->pool, (int64_t)out, 16 * ((grain + 15) / 16), q8_rows, &j);
 }
 
 /* ------------------------------------------------------------ scalar tile */
