@@ -225,6 +225,16 @@ static __device__ __forceinline__ void g4_nib32(const uint4 &v, int j, float zer
     g4_bytes4((b >> sh) & 0x0F0F0F0Fu, zero, f + 4);
 }
 
+/* sum over the 4 words c of v: low nibbles of c times int8 word xl.c, high nibbles times xh.c (__dp4a) */
+static __device__ __forceinline__ int g4_dot_nib(const uint4 &v, const uint4 &xl, const uint4 &xh) {
+    const unsigned m = 0x0F0F0F0Fu;
+    int s = __dp4a((int)(v.x & m), (int)xl.x, 0);
+    s = __dp4a((int)((v.x >> 4) & m), (int)xh.x, s), s = __dp4a((int)(v.y & m), (int)xl.y, s);
+    s = __dp4a((int)((v.y >> 4) & m), (int)xh.y, s), s = __dp4a((int)(v.z & m), (int)xl.z, s);
+    s = __dp4a((int)((v.z >> 4) & m), (int)xh.z, s), s = __dp4a((int)(v.w & m), (int)xl.w, s);
+    return __dp4a((int)((v.w >> 4) & m), (int)xh.w, s);
+}
+
 template <int DT> struct g4_qt;
 template <> struct g4_qt<G4_Q8_0> {
     enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
@@ -264,13 +274,7 @@ template <> struct g4_qt<G4_Q4_0> {
     /* sum of nibble * xq (nibbles 0..15; the caller subtracts ZERO * sum(xq)): word j's low nibbles are
      * elements 4j..4j+3, its high nibbles elements 16+4j.. */
     static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
-        const uint4 &v = r[0];
-        int s = __dp4a((int)(v.x & 0x0F0F0F0Fu), (int)x0.x, 0);
-        s = __dp4a((int)((v.x >> 4) & 0x0F0F0F0Fu), (int)x1.x, s);
-        s = __dp4a((int)(v.y & 0x0F0F0F0Fu), (int)x0.y, s), s = __dp4a((int)((v.y >> 4) & 0x0F0F0F0Fu), (int)x1.y, s);
-        s = __dp4a((int)(v.z & 0x0F0F0F0Fu), (int)x0.z, s), s = __dp4a((int)((v.z >> 4) & 0x0F0F0F0Fu), (int)x1.z, s);
-        s = __dp4a((int)(v.w & 0x0F0F0F0Fu), (int)x0.w, s);
-        return __dp4a((int)((v.w >> 4) & 0x0F0F0F0Fu), (int)x1.w, s);
+        return g4_dot_nib(r[0], x0, x1);
     }
 };
 template <> struct g4_qt<G4_Q4_K> {
@@ -358,13 +362,10 @@ template <> struct g4_qt<G4_MLX4> {
     }
     /* sum of code * xq, the int8 inputs staged with PERM: per 8 elements the even ones, then the odd ones */
     static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
-        const uint4 &v = r[0];
-        int s = __dp4a((int)(v.x & 0x0F0F0F0Fu), (int)x0.x, 0);
-        s = __dp4a((int)((v.x >> 4) & 0x0F0F0F0Fu), (int)x0.y, s);
-        s = __dp4a((int)(v.y & 0x0F0F0F0Fu), (int)x0.z, s), s = __dp4a((int)((v.y >> 4) & 0x0F0F0F0Fu), (int)x0.w, s);
-        s = __dp4a((int)(v.z & 0x0F0F0F0Fu), (int)x1.x, s), s = __dp4a((int)((v.z >> 4) & 0x0F0F0F0Fu), (int)x1.y, s);
-        s = __dp4a((int)(v.w & 0x0F0F0F0Fu), (int)x1.z, s);
-        return __dp4a((int)((v.w >> 4) & 0x0F0F0F0Fu), (int)x1.w, s);
+        uint4 xl, xh; /* word j of the codes: elements 8j.. (evens x word 2j, odds 2j+1) */
+        xl.x = x0.x, xl.y = x0.z, xl.z = x1.x, xl.w = x1.z;
+        xh.x = x0.y, xh.y = x0.w, xh.z = x1.y, xh.w = x1.w;
+        return g4_dot_nib(r[0], xl, xh);
     }
 };
 template <> struct g4_qt<G4_MLX8> {
