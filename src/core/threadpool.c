@@ -30,7 +30,7 @@ struct g4_pool {
     pthread_t *threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_ullong claim;  /* generation | chunks | next chunk (above) */
+    _Atomic uint64_t claim; /* generation | chunks | next chunk (above) */
     atomic_int stop;
     atomic_int sleeping;  /* workers blocked on cv */
     /* the current job (written before its claim word is published) */

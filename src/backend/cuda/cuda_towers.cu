@@ -194,7 +194,8 @@ __global__ void attention_dense_kernel(g4_dense_attention_args a) {
 void g4c_attention_dense(g4_backend *be, const g4_dense_attention_args *a) {
     g4c *c = g4c_of(be);
     if (a->n_q <= 0 || a->n_heads <= 0) return;
-    const size_t smem = (size_t)(a->n_k > 0 ? a->n_k : 1) * sizeof(float);
+    /* (4 floats of slack: the value loop's unrolled shared loads may read up to 3 scores past the last key) */
+    const size_t smem = ((size_t)(a->n_k > 0 ? a->n_k : 1) + 4) * sizeof(float);
     if (smem > c->prop.sharedMemPerBlockOptin || a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads) {
         g4c_note(c, cudaErrorInvalidValue, "attention_dense: too many keys for one block, or heads not a multiple "
                                            "of the KV heads");
