@@ -526,6 +526,8 @@ typedef struct g4c {
     void *blas;           /* cublasHandle_t (NULL in the emulator) */
     void *blas_ws;
     int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
+    int float_act;        /* G4_NO_INT8_ACT set: one-token products of Q8_0/Q4_0/MLX weights with float activations
+                           * (exact products of the stored weights, for comparisons) */
     size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
     int att_min_keys;     /* decode attention: keys a split-K block takes at least (32; G4_CUDA_ATT_MIN_KEYS=16..512) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups

@@ -21,9 +21,11 @@
  * instruction; Q4_0's nibbles unpacked by masks and shifts of 32-bit words, its -8 taken as 8 * sum(q) per
  * block; MLX4's inputs staged as the even then the odd elements of each 8, its codes' order; MLX8's codes
  * taken as code - 128, then + 128 * sum(q)): per 32 weights acc += d * (dw * integer sum + bw * sum(q)) (bw the
- * MLX bias), the same arithmetic per token for any step size. The
- * router of the MoE block (g4c_matmul_scaled) stays on this GEMV in steps of G4C_GEMV_MAX tokens for every
- * step size when it is quantized, so that it reads exact weights.
+ * MLX bias), the same arithmetic per token for any step size. With G4_NO_INT8_ACT set (c->float_act, as the
+ * CPU: comparisons of the stored weights' exact products) they take the float path too. The router of the MoE
+ * block (g4c_matmul_scaled) always multiplies float activations (int8 ones picked other experts on the moe
+ * fixture) and stays on this GEMV in steps of G4C_GEMV_MAX tokens for every step size when it is quantized,
+ * so that it reads exact weights.
  *
  * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu; quantized weights decoded to bf16
  * tiles first) and one epilogue kernel. */
@@ -201,7 +203,7 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
 /* A block of 8 warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
  * inputs (normalized) in shared memory, one tile of ktile elements at a time; each lane streams 16 bytes of
  * weights per access, GEMV_UNROLL accesses in flight, the next ones issued before the current are used. */
-template <int DT, int NT, int RP, int UN = wunroll<DT>::N>
+template <int DT, int NT, int RP, bool FA, int UN = wunroll<DT>::N>
 __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     constexpr int W = wraw<DT>::WORDS, EPA = wraw<DT>::EPA;
     /* [NT][ktile] floats, then (quantized types with offsets) [NT][ktile / 32] sums; int8 activations: codes
@@ -213,7 +215,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     const int wpr = a.wpr, groups = 8 / wpr, g = warp / wpr, sub = warp % wpr;
     const int step = wpr * 32 * EPA, k0 = (sub * 32 + lane) * EPA;
     const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
-    constexpr bool I8 = wraw<DT>::I8;
+    constexpr bool I8 = wraw<DT>::I8 && !FA; /* FA: float activations (exact products, routers) */
     signed char *xq = (signed char *)smem;
     float2 *xd = (float2 *)(xq + (size_t)NT * kt);
     float *xs = I8 ? (float *)(xd + (size_t)NT * (kt / 32)) : smem;
@@ -324,7 +326,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 #pragma unroll
                         for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
                 issue<DT, RP, UN>(rp, t0, k + step * UN, step, len, a.q, pre); /* the next, before these are used */
-                if constexpr (wraw<DT>::I8) {
+                if constexpr (I8) {
                     /* per 32: acc += dw * dx * (sum(code * xq) - ZERO * sum(xq)), integer products (dp4a) */
 #pragma unroll
                     for (int u = 0; u < UN; u++) {
@@ -450,7 +452,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 #pragma unroll
                 for (int q = 0; q < NT; q++)
                     if (q == t) s = acc[r][q];
-                v[r] = (a.norm && !wraw<DT>::I8 ? s * inv_rms[t] : s) * a.scale;
+                v[r] = (a.norm && !I8 ? s * inv_rms[t] : s) * a.scale;
             }
             if (RP == 2) { /* gate/up pair */
                 float gt = v[0] + (a.bias[0] ? a.bias[0][row] : 0.0f);
@@ -472,39 +474,43 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 /* Input elements of a tile: as much of a row as c->gemv_smem holds for nt tokens (with a sum per 32 inputs for
  * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
  * multiple of 256. */
-static int gemv_most(const g4c *c, int nt, g4_dtype t, int res) {
-    const int i8 = t == G4_Q8_0 || t == G4_Q4_0 || t == G4_MLX4 || t == G4_MLX8; /* g4_qt I8 */
+static int gemv_most(const g4c *c, int nt, g4_dtype t, int res, int fa) {
+    const int i8 = !fa && (t == G4_Q8_0 || t == G4_Q4_0 || t == G4_MLX4 || t == G4_MLX8); /* g4_qt I8 */
     const int need_sum = t == G4_Q4_K;                                            /* g4_qt NEED_SUM, not I8 */
     /* bytes per 32 inputs of a token (int8 activations: the residual prologue's floats only with nt = 1) */
     const size_t per32 = i8 ? 32 + 8 + (res ? 128 / nt : 0) : 128 + (need_sum ? 4 : 0);
     return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
 }
 
-template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
+template <int DT, int RP, bool FA> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
     const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
-    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT, a.res_out != nullptr);
+    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT, a.res_out != nullptr, FA);
     a.ktile = in8 <= most ? in8 : most;
     size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0);
     /* (int8 activations: the sums are those of the codes, beside each block's d) */
-    if (wraw<DT>::I8) /* codes, (d, sum) pairs, the residual prologue's floats */
+    if (wraw<DT>::I8 && !FA) /* codes, (d, sum) pairs, the residual prologue's floats */
         smem = (size_t)nt * a.ktile + (size_t)nt * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
     /* one tile: a block may own several row groups (capped grid); several: every group has its block */
     unsigned blocks = row_blocks;
     if (a.ktile == in8 && blocks > (unsigned)(c->n_sm * c->gemv_cap)) blocks = (unsigned)(c->n_sm * c->gemv_cap);
     const dim3 grid(blocks);
     if (nt == 1)
-        g4c_launch(c, gemv_kernel<DT, 1, RP>, grid, dim3(GEMV_THREADS), smem, a);
+        g4c_launch(c, gemv_kernel<DT, 1, RP, FA>, grid, dim3(GEMV_THREADS), smem, a);
     else if (nt == 2)
-        g4c_launch(c, gemv_kernel<DT, 2, RP>, grid, dim3(GEMV_THREADS), smem, a);
+        g4c_launch(c, gemv_kernel<DT, 2, RP, FA>, grid, dim3(GEMV_THREADS), smem, a);
     else if (nt == 4)
-        g4c_launch(c, gemv_kernel<DT, 4, RP>, grid, dim3(GEMV_THREADS), smem, a);
+        g4c_launch(c, gemv_kernel<DT, 4, RP, FA>, grid, dim3(GEMV_THREADS), smem, a);
     else
-        g4c_launch(c, gemv_kernel<DT, 8, RP>, grid, dim3(GEMV_THREADS), smem, a);
+        g4c_launch(c, gemv_kernel<DT, 8, RP, FA>, grid, dim3(GEMV_THREADS), smem, a);
 }
 
+template <int DT, int RP, bool FA> static void allow_gemv_smem_fa(g4c *c) {
+    g4c_allow_smem(c, gemv_kernel<DT, 1, RP, FA>), g4c_allow_smem(c, gemv_kernel<DT, 2, RP, FA>);
+    g4c_allow_smem(c, gemv_kernel<DT, 4, RP, FA>), g4c_allow_smem(c, gemv_kernel<DT, 8, RP, FA>);
+}
 template <int DT, int RP> static void allow_gemv_smem(g4c *c) {
-    g4c_allow_smem(c, gemv_kernel<DT, 1, RP>), g4c_allow_smem(c, gemv_kernel<DT, 2, RP>);
-    g4c_allow_smem(c, gemv_kernel<DT, 4, RP>), g4c_allow_smem(c, gemv_kernel<DT, 8, RP>);
+    allow_gemv_smem_fa<DT, RP, false>(c);
+    if (wraw<DT>::I8) allow_gemv_smem_fa<DT, RP, true>(c);
 }
 
 void g4c_gemv_init(g4c *c) {
@@ -514,27 +520,36 @@ void g4c_gemv_init(g4c *c) {
 #undef ALLOW
 }
 
-template <int RP> static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row_blocks) {
+/* float activations (fa) only matter for the types with int8 activations (wraw<DT>::I8) */
+template <int DT, int RP> static void launch_gemv_fa(g4c *c, const gemv_args &a, unsigned row_blocks, int fa) {
+    if (wraw<DT>::I8 && fa)
+        launch_gemv_nt<DT, RP, true>(c, a, row_blocks);
+    else
+        launch_gemv_nt<DT, RP, false>(c, a, row_blocks);
+}
+
+template <int RP>
+static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row_blocks, int fa) {
     switch (dt) {
-    case G4_BF16: launch_gemv_nt<G4_BF16, RP>(c, a, row_blocks); break;
-    case G4_F16: launch_gemv_nt<G4_F16, RP>(c, a, row_blocks); break;
-    case G4_Q8_0: launch_gemv_nt<G4_Q8_0, RP>(c, a, row_blocks); break;
-    case G4_Q4_0: launch_gemv_nt<G4_Q4_0, RP>(c, a, row_blocks); break;
-    case G4_Q4_K: launch_gemv_nt<G4_Q4_K, RP>(c, a, row_blocks); break;
-    case G4_Q6_K: launch_gemv_nt<G4_Q6_K, RP>(c, a, row_blocks); break;
-    case G4_MLX4: launch_gemv_nt<G4_MLX4, RP>(c, a, row_blocks); break;
-    case G4_MLX8: launch_gemv_nt<G4_MLX8, RP>(c, a, row_blocks); break;
-    default: launch_gemv_nt<G4_F32, RP>(c, a, row_blocks); break;
+    case G4_BF16: launch_gemv_fa<G4_BF16, RP>(c, a, row_blocks, fa); break;
+    case G4_F16: launch_gemv_fa<G4_F16, RP>(c, a, row_blocks, fa); break;
+    case G4_Q8_0: launch_gemv_fa<G4_Q8_0, RP>(c, a, row_blocks, fa); break;
+    case G4_Q4_0: launch_gemv_fa<G4_Q4_0, RP>(c, a, row_blocks, fa); break;
+    case G4_Q4_K: launch_gemv_fa<G4_Q4_K, RP>(c, a, row_blocks, fa); break;
+    case G4_Q6_K: launch_gemv_fa<G4_Q6_K, RP>(c, a, row_blocks, fa); break;
+    case G4_MLX4: launch_gemv_fa<G4_MLX4, RP>(c, a, row_blocks, fa); break;
+    case G4_MLX8: launch_gemv_fa<G4_MLX8, RP>(c, a, row_blocks, fa); break;
+    default: launch_gemv_nt<G4_F32, RP, false>(c, a, row_blocks); break;
     }
 }
 
-static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float scale) {
+static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float scale, int fa) {
     gemv_args a;
     memset(&a, 0, sizeof a);
     a.scale = scale;
     const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
     if (set->res_out) {
-        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype, 1) && set->res_out != set->res_h) { /* fused */
+        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype, 1, fa) && set->res_out != set->res_h) { /* fused */
             a.res_h = set->res_h, a.res_o = set->res_o, a.res_w = set->res_w, a.res_scale = set->res_scale;
             a.res_out = set->res_out;
         } else {
@@ -577,9 +592,9 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
     const int groups = 8 / wpr;
     const unsigned row_blocks = (unsigned)((a.rows + groups - 1) / groups);
     if (pairs)
-        launch_gemv_dt<2>(c, w0->dtype, a, row_blocks);
+        launch_gemv_dt<2>(c, w0->dtype, a, row_blocks, fa);
     else
-        launch_gemv_dt<1>(c, w0->dtype, a, row_blocks);
+        launch_gemv_dt<1>(c, w0->dtype, a, row_blocks, fa);
 }
 
 /* ---------------------------------------------------------------- prefill: epilogue after tensor-core products */
@@ -690,7 +705,7 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
         return;
     }
     if (n <= G4C_GEMV_MAX)
-        gemv(c, x, n, set, 1.0f);
+        gemv(c, x, n, set, 1.0f, c->float_act);
     else
         gemm_set(c, x, n, set);
 }
@@ -705,14 +720,14 @@ void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const 
     set.norm = norm;
     set.eps = eps;
     if (n <= G4C_GEMV_MAX) {
-        gemv(c, x, n, &set, scale);
+        gemv(c, x, n, &set, scale, 1); /* the router: float activations (int8 ones can pick other experts) */
         return;
     }
     if (g4_dtype_is_quantized(w->dtype)) { /* the router: exact weights (bf16 tiles could pick other experts) */
         const int in = (int)w->shape[w->ndim - 1], out = (int)w->shape[0];
         for (int t = 0; t < n; t += G4C_GEMV_MAX) {
             set.y[0] = y + (size_t)t * out;
-            gemv(c, x + (size_t)t * in, n - t < G4C_GEMV_MAX ? n - t : G4C_GEMV_MAX, &set, scale);
+            gemv(c, x + (size_t)t * in, n - t < G4C_GEMV_MAX ? n - t : G4C_GEMV_MAX, &set, scale, 1);
         }
         return;
     }
