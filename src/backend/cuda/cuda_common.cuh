@@ -504,6 +504,7 @@ typedef struct g4c_buf {
     size_t cap;
 } g4c_buf;
 
+#define G4C_RESIDENT_MAX 64
 typedef struct g4c {
     cudaStream_t stream;
     cudaDeviceProp prop;
@@ -526,6 +527,12 @@ typedef struct g4c {
     void *blas;           /* cublasHandle_t (NULL in the emulator) */
     void *blas_ws;
     int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
+    struct { /* blocks of a kernel (with so much dynamic shared memory) resident on a multiprocessor */
+        const void *kernel;
+        size_t smem;
+        int blocks;
+    } resident[G4C_RESIDENT_MAX];
+    int n_resident;
     int float_act;        /* G4_NO_INT8_ACT set: one-token products of Q8_0/Q4_0/MLX weights with float activations
                            * (exact products of the stored weights, for comparisons) */
     size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */

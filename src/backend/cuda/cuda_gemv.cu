@@ -135,24 +135,55 @@ template <int NT> static __device__ __forceinline__ void stage_sums(const float 
 
 /* Inputs k0 .. k0+len of the n token rows src [n][sld] (elements past `avail` are zeros), times norm[k] (if
  * any) and scale[t] (the 1/rms of token t, if any), as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c:
- * d = max|x|/127 per 32, q = rint(x/d)): codes xq [NT][ld], per block (d, sum of q) in xd [NT][ld / 32]; one
- * warp a block. len: a multiple of 32. */
+ * d = max|x|/127 per 32, q = rint(x/d)): codes xq [NT][ld], per block (d, sum of q) in xd [NT][ld / 32].
+ * Eight lanes a block, four elements a lane, so a warp quantizes four blocks at once with three shuffles
+ * per reduction (every block of a GEMV does this for the whole input: with a warp a block and five-step
+ * reductions it cost more instructions than the 31B's 4-bit products themselves, ncu on the H200).
+ * PERM: each 8 elements stored as the even ones, then the odd ones (MLX4's code order). len: a multiple of 32. */
 template <int NT, int PERM>
 static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
                                                 int ld, int len, int n, const float *scale, signed char *xq,
                                                 float2 *xd) {
-    const int lane = threadIdx.x & 31, nb = len / 32;
-    for (int i = threadIdx.x >> 5; i < NT * nb; i += GEMV_THREADS / 32) {
-        const int t = i / nb, b = i % nb, k = b * 32 + lane;
-        if (t >= n) break;
-        float v = k < avail ? src[(size_t)t * sld + k0 + k] * (norm ? norm[k0 + k] : 1.0f) : 0.0f;
-        v *= scale ? scale[t] : 1.0f;
-        const float d = g4_warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const int q = __float2int_rn(v * id);
-        const int pos = PERM ? (lane & ~7) | (lane & 1 ? 4 : 0) | ((lane & 7) >> 1) : lane; /* evens, odds */
-        xq[(size_t)t * ld + b * 32 + pos] = (signed char)q;
-        const float sq = g4_warp_sum((float)q); /* |sum| <= 4064: exact */
-        if (lane == 0) xd[(size_t)t * (ld / 32) + b] = make_float2(d, sq);
+    const int lane = threadIdx.x & 31, sub = lane & 7, nb = len / 32;
+    for (int base = (threadIdx.x >> 5) * 4; base < NT * nb; base += GEMV_THREADS / 8) {
+        const int i = base + (lane >> 3), t = i / nb, b = i - t * nb, k = b * 32 + sub * 4;
+        const bool on = i < NT * nb && t < n;
+        const float sc = on && scale ? scale[t] : 1.0f;
+        float v[4], m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int kk = k + j;
+            v[j] = on && kk < avail ? src[(size_t)t * sld + k0 + kk] * (norm ? norm[k0 + kk] : 1.0f) : 0.0f;
+            v[j] *= sc;
+            m = fmaxf(m, fabsf(v[j]));
+        }
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        unsigned w = 0;
+        int sq = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int q = __float2int_rn(v[j] * id);
+            sq += q;
+            w |= ((unsigned)q & 0xffu) << (8 * j);
+        }
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o); /* |sum| <= 4064 */
+        int pos = sub * 4;
+        if (PERM) { /* lanes 2g and 2g+1 hold elements 0-3 and 4-7 of group g: (e0 e2 e4 e6) and (e1 e3 e5 e7) */
+            const unsigned other = __shfl_xor_sync(0xffffffffu, w, 1);
+            const unsigned lo = sub & 1 ? other : w, hi = sub & 1 ? w : other;
+            w = sub & 1 ? (((lo >> 8) & 0xffu) | (((lo >> 24) & 0xffu) << 8) | (((hi >> 8) & 0xffu) << 16) |
+                           (((hi >> 24) & 0xffu) << 24))
+                        : ((lo & 0xffu) | (((lo >> 16) & 0xffu) << 8) | ((hi & 0xffu) << 16) |
+                           (((hi >> 16) & 0xffu) << 24));
+            pos = (sub >> 1) * 8 + (sub & 1) * 4;
+        }
+        if (on) {
+            *(unsigned *)(xq + (size_t)t * ld + b * 32 + pos) = w;
+            if (sub == 0) xd[(size_t)t * (ld / 32) + b] = make_float2(d, (float)sq);
+        }
     }
 }
 
@@ -482,6 +513,22 @@ static int gemv_most(const g4c *c, int nt, g4_dtype t, int res, int fa) {
     return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
 }
 
+/* Blocks of kernel k (with smem bytes of dynamic shared memory) that fit on a multiprocessor at once, asked once
+ * per kernel and size (a capped grid larger than one wave would run its last blocks after the others: ncu on the
+ * H200 showed 1.33 waves for the 31B's 4-bit products, 78 registers a thread leaving room for 3 blocks, not 4). */
+static int gemv_resident(g4c *c, void (*k)(gemv_args), size_t smem) {
+    for (int i = 0; i < c->n_resident; i++)
+        if (c->resident[i].kernel == (const void *)k && c->resident[i].smem == smem) return c->resident[i].blocks;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, GEMV_THREADS, smem) != cudaSuccess || n < 1) n = 1;
+    if (c->n_resident < G4C_RESIDENT_MAX) {
+        c->resident[c->n_resident].kernel = (const void *)k;
+        c->resident[c->n_resident].smem = smem;
+        c->resident[c->n_resident++].blocks = n;
+    }
+    return n;
+}
+
 template <int DT, int RP, bool FA> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
     const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
     const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT, a.res_out != nullptr, FA);
@@ -490,18 +537,19 @@ template <int DT, int RP, bool FA> static void launch_gemv_nt(g4c *c, gemv_args 
     /* (int8 activations: the sums are those of the codes, beside each block's d) */
     if (wraw<DT>::I8 && !FA) /* codes, (d, sum) pairs, the residual prologue's floats */
         smem = (size_t)nt * a.ktile + (size_t)nt * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
-    /* one tile: a block may own several row groups (capped grid); several: every group has its block */
+    void (*k)(gemv_args) = nt == 1   ? gemv_kernel<DT, 1, RP, FA>
+                           : nt == 2 ? gemv_kernel<DT, 2, RP, FA>
+                           : nt == 4 ? gemv_kernel<DT, 4, RP, FA>
+                                     : gemv_kernel<DT, 8, RP, FA>;
+    /* one tile: a block may own several row groups (a grid of at most one wave, gemv_cap blocks a
+     * multiprocessor); several tiles: every group has its block */
     unsigned blocks = row_blocks;
-    if (a.ktile == in8 && blocks > (unsigned)(c->n_sm * c->gemv_cap)) blocks = (unsigned)(c->n_sm * c->gemv_cap);
-    const dim3 grid(blocks);
-    if (nt == 1)
-        g4c_launch(c, gemv_kernel<DT, 1, RP, FA>, grid, dim3(GEMV_THREADS), smem, a);
-    else if (nt == 2)
-        g4c_launch(c, gemv_kernel<DT, 2, RP, FA>, grid, dim3(GEMV_THREADS), smem, a);
-    else if (nt == 4)
-        g4c_launch(c, gemv_kernel<DT, 4, RP, FA>, grid, dim3(GEMV_THREADS), smem, a);
-    else
-        g4c_launch(c, gemv_kernel<DT, 8, RP, FA>, grid, dim3(GEMV_THREADS), smem, a);
+    if (a.ktile == in8) {
+        int per_sm = gemv_resident(c, k, smem);
+        if (per_sm > c->gemv_cap) per_sm = c->gemv_cap;
+        if (blocks > (unsigned)(c->n_sm * per_sm)) blocks = (unsigned)(c->n_sm * per_sm);
+    }
+    g4c_launch(c, k, dim3(blocks), dim3(GEMV_THREADS), smem, a);
 }
 
 template <int DT, int RP, bool FA> static void allow_gemv_smem_fa(g4c *c) {

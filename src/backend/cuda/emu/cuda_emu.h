@@ -239,6 +239,12 @@ template <typename F> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAt
     return cudaSuccess;
 }
 
+template <typename F>
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, F, int, size_t) {
+    *n = 4;
+    return cudaSuccess;
+}
+
 /* Runs body once per thread of every block of the grid (the launch helper of cuda_common.cuh calls it). */
 void g4emu_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
 
