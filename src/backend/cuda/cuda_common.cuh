@@ -161,6 +161,7 @@ template <> struct g4_wload<G4_F32> {
 typedef struct g4c_qrow {
     int in;    /* elements of a row */
     int group; /* MLX group (elements per scale) */
+    int gshift; /* log2(group) when group is a power of two, else -1 (the GEMV's group index without a division) */
     int sk;    /* MLX scale kind: 0 bf16, 1 f16, 2 f32 */
 } g4c_qrow;
 
@@ -193,6 +194,9 @@ static inline g4c_qrow g4c_qrow_of(const g4_tensor *w) {
     g4c_qrow q;
     q.in = (int)(w->ndim ? w->shape[w->ndim - 1] : 1);
     q.group = w->group > 0 ? w->group : 32;
+    q.gshift = -1;
+    for (int b = 0; b < 16; b++)
+        if (q.group == 1 << b) q.gshift = b;
     q.sk = w->scale_dtype == G4_F32 ? 2 : w->scale_dtype == G4_F16 ? 1 : 0;
     return q;
 }
@@ -238,7 +242,7 @@ static __device__ __forceinline__ int g4_dot_nib(const uint4 &v, const uint4 &xl
 template <int DT> struct g4_qt;
 template <> struct g4_qt<G4_Q8_0> {
     enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
         r[2] = uint4();
         r[2].x = g4_ld_u16(row + q.in + 2 * (k / 32));
@@ -262,10 +266,10 @@ template <> struct g4_qt<G4_Q8_0> {
 };
 template <> struct g4_qt<G4_Q4_0> {
     enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 8, PERM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         r[1] = uint4();
-        r[1].x = g4_ld_u16(row + q.in / 2 + 2 * (k / 32));
+        r[1].x = g4_ld_u16(row + (unsigned)q.in / 2 + 2 * (k / 32));
     }
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib32(r[0], j, 8.0f, f); }
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
@@ -279,9 +283,9 @@ template <> struct g4_qt<G4_Q4_0> {
 };
 template <> struct g4_qt<G4_Q4_K> {
     enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0, PERM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
-        r[1] = g4_ld_u4(row + q.in / 2 + 16 * (k / 256));
+        r[1] = g4_ld_u4(row + (unsigned)q.in / 2 + 16 * (k / 256));
     }
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib32(r[0], j, 0.0f, f); }
     /* sub-block s = (k / 32) % 8: scale d * sc_s, offset -dmin * m_s (6-bit sc, m unpacked as g4_k_scale_min) */
@@ -303,13 +307,13 @@ template <> struct g4_qt<G4_Q4_K> {
 };
 template <> struct g4_qt<G4_Q6_K> {
     enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0, I8 = 0, ZERO = 0, PERM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         const unsigned char *c = row + (size_t)k * 3 / 4;
         r[0] = g4_ld_stream(c), r[1] = g4_ld_stream(c + 16), r[2] = g4_ld_stream(c + 32);
         const unsigned char *sc = row + (size_t)q.in * 3 / 4;
         r[3] = uint4();
         r[3].x = g4_ld_u32(sc + k / 16);
-        r[3].y = g4_ld_u16(sc + q.in / 16 + 2 * (k / 256));
+        r[3].y = g4_ld_u16(sc + (unsigned)q.in / 16 + 2 * (k / 256));
     }
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
         const uint4 &v = r[j >> 2];
@@ -333,8 +337,8 @@ static __device__ __forceinline__ void g4_mlx_pair(const uint4 &m, int sk, float
     else
         *a = g4_bf2f((uint16_t)(m.x & 0xffffu)), *b = g4_bf2f((uint16_t)(m.x >> 16));
 }
-static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, int k, const g4c_qrow &q, uint4 *m) {
-    const int g = k / q.group;
+static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, unsigned k, const g4c_qrow &q, uint4 *m) {
+    const unsigned g = q.gshift >= 0 ? k >> q.gshift : k / (unsigned)q.group;
     *m = uint4();
     if (q.sk == 2) {
         const uint2 v = __ldg((const uint2 *)(pairs + 8 * (size_t)g));
@@ -345,9 +349,9 @@ static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, i
 }
 template <> struct g4_qt<G4_MLX4> {
     enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = 0, PERM = 1 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
-        g4_mlx_meta(row + q.in / 2, k, q, &r[1]);
+        g4_mlx_meta(row + (unsigned)q.in / 2, k, q, &r[1]);
     }
     /* LSB first: byte i holds elements 2i (low nibble) and 2i+1 */
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
@@ -370,7 +374,7 @@ template <> struct g4_qt<G4_MLX4> {
 };
 template <> struct g4_qt<G4_MLX8> {
     enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = -128, PERM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
         g4_mlx_meta(row + q.in, k, q, &r[2]);
     }

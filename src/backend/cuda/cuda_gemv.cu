@@ -348,6 +348,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                 if (tile > 0 && active) issue<DT, RP, UN>(rp, t0, k0, step, len, a.q, pre);
             }
             if (!active) continue;
+#pragma unroll 2 /* (two iterations in one body: the copy of pre into cur becomes a renaming of registers) */
             for (int k = k0; k < len; k += step * UN) {
                 uint4 cur[RP][UN][W];
 #pragma unroll
@@ -371,10 +372,11 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                             const uint4 x0 = *(const uint4 *)(xq + (size_t)t * kt + kk);
                             const uint4 x1 = *(const uint4 *)(xq + (size_t)t * kt + kk + 16);
                             const float2 dx = xd[(size_t)t * (kt / 32) + kk / 32];
-                            const int off = g4_qt<DT>::ZERO * (int)dx.y;
+                            /* (integers below 2^24 in magnitude: exact in floats, no float-to-int conversion) */
+                            const float off = (float)g4_qt<DT>::ZERO * dx.y;
 #pragma unroll
                             for (int r = 0; r < RP; r++) {
-                                const float v = dw[r] * (float)(g4_qt<DT>::dot32(cur[r][u], x0, x1) - off);
+                                const float v = dw[r] * ((float)g4_qt<DT>::dot32(cur[r][u], x0, x1) - off);
                                 acc[r][t] += dx.x * (wraw<DT>::NEED_SUM ? fmaf(bw[r], dx.y, v) : v);
                             }
                         }
