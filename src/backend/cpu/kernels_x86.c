@@ -418,6 +418,14 @@ __attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp,
  * whole 32 by masked loads (zeros add nothing). Every (row, token) sees the same instructions in the same order
  * for every NR and NT (batch invariance). */
 #define TBF16 "avx512f,avx512bw,avx512bf16"
+/* the sums of the lanes of a0..a3 in lanes 0..3; each sum's additions are the same whatever the other inputs are */
+__attribute__((target(TBF16), always_inline)) static inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+#define HALVES(a) _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
+    const __m256 c01 = _mm256_hadd_ps(HALVES(a0), HALVES(a1)), c23 = _mm256_hadd_ps(HALVES(a2), HALVES(a3));
+#undef HALVES
+    const __m256 d = _mm256_hadd_ps(c01, c23); /* per 128-bit half: the 4 inputs' sums of that half */
+    return _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+}
 __attribute__((target(TBF16), always_inline)) static inline void bf16x_fixed(const uint16_t *w, size_t ldw,
                                                                             const uint16_t *x, size_t ldx, size_t n,
                                                                             float *y, size_t ldy, const int NR,
@@ -442,8 +450,17 @@ __attribute__((target(TBF16), always_inline)) static inline void bf16x_fixed(con
         for (int r = 0; r < NR; r++)
             for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv[t]);
     }
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc[r][t]);
+    for (int t = 0; t < NT; t++) { /* the 4 rows' sums at once (a 1-row tile: zeros beside it, the same bits) */
+        const __m512 z = _mm512_setzero_ps();
+        const __m128 s = hsum4(acc[0][t], NR > 1 ? acc[1][t] : z, NR > 2 ? acc[2][t] : z, NR > 3 ? acc[3][t] : z);
+        if (NR == 4) {
+            _mm_storeu_ps(y + (size_t)t * ldy, s);
+        } else {
+            float v[4];
+            _mm_storeu_ps(v, s);
+            for (int r = 0; r < NR; r++) y[(size_t)t * ldy + (size_t)r] = v[r];
+        }
+    }
 }
 
 __attribute__((target(TBF16))) static void bf16x_tile_avx512(const uint16_t *w, size_t ldw, int nr, const uint16_t *x,
