@@ -34,23 +34,50 @@ typedef struct {
     float *y;
 } matmul_job;
 
+/* bf16x_tile over slices of at most BF16X_KC columns, so that a slice of G4_BF16X_TT activation rows stays in
+ * L1 while it meets every 4-row tile of the block (rows of 6144 or 12288 columns otherwise stream both operands
+ * from L2); each slice's sums are added to y in slice order, the same for every row and token (batch invariance) */
+#define BF16X_KC 2048
+static void tiles_bf16x(const matmul_job *j, const uint16_t *w, size_t ldw, int64_t r0, int nr) {
+    const size_t in = j->in, ns = (in + BF16X_KC - 1) / BF16X_KC, kc = ((in + ns - 1) / ns + 31) & ~(size_t)31;
+    float part[G4_BF16X_TT * 4];
+    for (size_t k0 = 0; k0 < in; k0 += kc) {
+        const size_t len = in - k0 < kc ? in - k0 : kc;
+        for (int t = 0; t < j->n; t += G4_BF16X_TT) {
+            const int nt = j->n - t < G4_BF16X_TT ? j->n - t : G4_BF16X_TT;
+            for (int i = 0; i < nr; i += 4) {
+                const int ni = nr - i < 4 ? nr - i : 4;
+                const uint16_t *wt = w + (size_t)i * ldw + k0, *xt = j->xb + (size_t)t * in + k0;
+                float *yt = j->y + (size_t)t * j->out + (size_t)r0 + (size_t)i;
+                if (k0 == 0) {
+                    j->k->bf16x_tile(wt, ldw, ni, xt, in, nt, len, yt, j->out);
+                    continue;
+                }
+                j->k->bf16x_tile(wt, ldw, ni, xt, in, nt, len, part, 4);
+                for (int u = 0; u < nt; u++)
+                    for (int r = 0; r < ni; r++) yt[(size_t)u * j->out + (size_t)r] += part[u * 4 + r];
+            }
+        }
+    }
+}
+
 /* rows r0.. (nr of them, ldw elements apart) as f32, or as bf16 (bf16_tile, or bf16x_tile with j->xb) when
  * bf16 is set */
 static void tiles(const matmul_job *j, const void *w, int bf16, size_t ldw, int64_t r0, int nr) {
-    const int tt = bf16 && j->xb ? G4_BF16X_TT : 4;
-    for (int t = 0; t < j->n; t += tt) {
-        int nt = j->n - t < tt ? j->n - t : tt;
-        for (int i = 0; i < nr; i += 4) {
-            const int ni = nr - i < 4 ? nr - i : 4;
-            const float *xt = j->x + (size_t)t * j->in;
-            float *yt = j->y + (size_t)t * j->out + (size_t)r0 + (size_t)i;
-            if (bf16 && j->xb)
-                j->k->bf16x_tile((const uint16_t *)w + (size_t)i * ldw, ldw, ni, j->xb + (size_t)t * j->in, j->in, nt,
-                                 j->in, yt, j->out);
-            else if (bf16)
-                j->k->bf16_tile((const uint16_t *)w + (size_t)i * ldw, ldw, ni, xt, j->in, nt, j->in, yt, j->out);
-            else
-                j->k->f32_tile((const float *)w + (size_t)i * ldw, ldw, ni, xt, j->in, nt, j->in, yt, j->out);
+    if (bf16 && j->xb) {
+        tiles_bf16x(j, w, ldw, r0, nr);
+    } else {
+        for (int t = 0; t < j->n; t += 4) {
+            int nt = j->n - t < 4 ? j->n - t : 4;
+            for (int i = 0; i < nr; i += 4) {
+                const int ni = nr - i < 4 ? nr - i : 4;
+                const float *xt = j->x + (size_t)t * j->in;
+                float *yt = j->y + (size_t)t * j->out + (size_t)r0 + (size_t)i;
+                if (bf16)
+                    j->k->bf16_tile((const uint16_t *)w + (size_t)i * ldw, ldw, ni, xt, j->in, nt, j->in, yt, j->out);
+                else
+                    j->k->f32_tile((const float *)w + (size_t)i * ldw, ldw, ni, xt, j->in, nt, j->in, yt, j->out);
+            }
         }
     }
     if (j->bias)
