@@ -8,9 +8,10 @@
  *   weight vector serves 4 tokens and each token vector 4 rows. All in f32: the result
  *   is what the dequantized weights give, up to summation order.
  * - BF16 with bf16 activations (g4_cpu.bf16_act, g4_load_params.bf16_activations, off by default): the
- *   activations are rounded to bf16 (nearest even) once per matmul, then 4 x 4 tiles of bf16 products summed in
- *   f32 (bf16x_tile: vdpbf16ps), as llama.cpp multiplies BF16 weights; sets without bf16x_tile run the rounded
- *   activations (widened to f32) through bf16_tile, the same products in another summation order.
+ *   activations are rounded to bf16 (nearest even) once per matmul, then tiles of 4 rows x G4_BF16X_TT tokens
+ *   of bf16 products summed in f32 (bf16x_tile: vdpbf16ps) over slices of at most 2048 columns, as llama.cpp
+ *   multiplies BF16 weights; sets without bf16x_tile run the rounded activations (widened to f32) through
+ *   bf16_tile, the same products in another summation order.
  * Work is split over output rows; nothing here dequantizes a whole matrix. A row's value does not depend on
  * the batch (one token or many: the same tiles, the same order), so the scheduler's batched greedy outputs equal
  * single requests'. */
