@@ -377,15 +377,20 @@ static void check_quantized(const char *fixture, const char *name, const referen
  * fixture for an engine that ignores the mode (or rounds another way: one flip per product is as far). */
 #define BF16ACT_MAX_TOL 0.35f
 #define BF16ACT_RMS_TOL 0.03
-static float *bf16act_reference(const char *fixture_dir, const char *label, size_t n) {
-    char out[4096], cmd[16384];
-    snprintf(out, sizeof out, "%s.bf16act.f32", g4t_tmp(label));
+/* Runs tests/data/SCRIPT FIXTURE_DIR OUT with a python3 that has numpy (G4_PYTHON; the system one by default);
+ * its exit status. */
+static int numpy_reference(const char *script, const char *fixture_dir, const char *out) {
+    char cmd[16384];
     const char *src = getenv("G4_SOURCE_DIR");
-    const char *py = getenv("G4_PYTHON"); /* a python3 with numpy; the system one by default */
-    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/data/bf16act_reference.py' '%s' '%s'", py ? py : "/usr/bin/python3",
-             src ? src : ".", fixture_dir, out);
-    if (system(cmd) != 0) return NULL;
-    FILE *f = fopen(out, "rb");
+    const char *py = getenv("G4_PYTHON");
+    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/data/%s' '%s' '%s'", py ? py : "/usr/bin/python3", src ? src : ".",
+             script, fixture_dir, out);
+    return system(cmd);
+}
+
+/* n floats of a file, or NULL */
+static float *read_f32(const char *path, size_t n) {
+    FILE *f = fopen(path, "rb");
     float *x = malloc(n * sizeof(float));
     size_t got = f && x ? fread(x, sizeof(float), n, f) : 0;
     if (f) fclose(f);
@@ -394,6 +399,12 @@ static float *bf16act_reference(const char *fixture_dir, const char *label, size
         return NULL;
     }
     return x;
+}
+
+static float *bf16act_reference(const char *fixture_dir, const char *label, size_t n) {
+    char out[4096];
+    snprintf(out, sizeof out, "%s.bf16act.f32", g4t_tmp(label));
+    return numpy_reference("bf16act_reference.py", fixture_dir, out) == 0 ? read_f32(out, n) : NULL;
 }
 
 static void check_bf16_activations(const char *name, const char *fixture_dir, const reference *r) {
@@ -441,25 +452,14 @@ static void check_bf16_activations(const char *name, const char *fixture_dir, co
 /* Full-forward logits of the fixture's prompt with K/V rounded to bf16 / f16, from the numpy reference
  * (tests/data/kv16_reference.py); NULL when it cannot run. */
 static float *kv16_reference(const char *fixture_dir, const char *label, const char *type, size_t n) {
-    char prefix[4096], cmd[16384], path[4200];
+    char prefix[4096], path[4200];
     snprintf(prefix, sizeof prefix, "%s", g4t_tmp(label));
     for (char *p = prefix + strlen(g4t_tmp("")); *p; p++)
         if (*p == ' ' || *p == '(' || *p == ')') *p = '_';
-    const char *src = getenv("G4_SOURCE_DIR");
-    const char *py = getenv("G4_PYTHON"); /* a python3 with numpy; the system one by default */
-    snprintf(cmd, sizeof cmd, "'%s' '%s/tests/data/kv16_reference.py' '%s' '%s'", py ? py : "/usr/bin/python3", src ? src : ".",
-             fixture_dir, prefix);
     snprintf(path, sizeof path, "%s.%s.f32", prefix, type);
-    if (strcmp(type, "bf16") == 0 && system(cmd) != 0) return NULL; /* one run writes both */
-    FILE *f = fopen(path, "rb");
-    float *x = malloc(n * sizeof(float));
-    size_t got = f && x ? fread(x, sizeof(float), n, f) : 0;
-    if (f) fclose(f);
-    if (got != n) {
-        free(x);
-        return NULL;
-    }
-    return x;
+    /* one run writes both */
+    if (strcmp(type, "bf16") == 0 && numpy_reference("kv16_reference.py", fixture_dir, prefix) != 0) return NULL;
+    return read_f32(path, n);
 }
 
 /* KV cache types and shared prefixes, on the shipped checkpoint:

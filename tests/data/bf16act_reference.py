@@ -12,17 +12,9 @@ import sys
 
 import numpy as np
 
-shared = os.environ.get("G4_SHARED_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared"))
-sys.path.insert(0, os.path.join(shared, "reference", "numpy"))
-import text_numpy as tn  # noqa: E402
+from kv16_reference import round_bf16, tn  # beside this file: text_numpy and bf16 rounding (nearest even)
 
 F32 = np.float32
-
-
-def round_bf16(x):
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16  # round to nearest even
-    return u.astype(np.uint32).view(np.float32).reshape(np.shape(x))
 
 
 plain_linear = tn.linear
