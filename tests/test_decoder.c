@@ -326,8 +326,10 @@ static int quantize(const char *in, const char *out, const char *type) {
  *     attention mixing yet) within 0.35, and the RMS error over all positions below half the
  *     RMS of the reference logits (a 4-bit file, or an engine error, comes out near 1.0x;
  *     8-bit files measure 0.05 to 0.16 at position 0 and 0.2x to 0.45x RMS).
+ * (Float activations: G4_NO_INT8_ACT, honored by the CPU and the CUDA backend.)
  * On the GPU (the default device where there is one) the same checks run there: the quantized weights are
- * decoded in the GEMV (float activations, no int8 rounding) and, for the prompt's products, into bf16 hi + lo
+ * decoded in the GEMV (int8 activations of Q8_0 and MLX as the CPU's, float ones under G4_NO_INT8_ACT) and,
+ * for the prompt's products, into bf16 hi + lo
  * tiles (cuda_blas.cu), while the f32-decoded file runs f32 products; check 1 then allows QUANT_EXACT_TOL = 1e-2
  * (measured in the emulator on the 37-token prompts: 0.9e-3 to 2.9e-3 for Q8_0 and MLX8; an engine error, like
  * one matrix rounded once more to 8 bits, moves these chaotic fixtures' logits by more than 1). */
@@ -342,9 +344,9 @@ static void check_quantized(const char *fixture, const char *name, const referen
     if (quantize(fixture, q, type) || quantize(q, dq, "f32")) return;
     int V = 0, V2 = 0;
     if (!r->logits) return;
-    setenv("G4_CPU_NO_Q8_ACT", "1", 1);
+    setenv("G4_NO_INT8_ACT", "1", 1);
     float *exact = full_logits(q, r, &V), *deq = full_logits(dq, r, &V2);
-    unsetenv("G4_CPU_NO_Q8_ACT");
+    unsetenv("G4_NO_INT8_ACT");
     float *lg = full_logits(q, r, &V);
     const size_t T = r->n_ids;
     if (exact && deq && lg && V == V2) {

@@ -61,7 +61,7 @@ typedef struct g4_q8_rows {
 } g4_q8_rows;
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks (and int8 activations not switched off
- * by G4_CPU_NO_Q8_ACT, for comparisons). */
+ * by G4_NO_INT8_ACT, for comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a);

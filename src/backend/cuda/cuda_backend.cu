@@ -448,6 +448,7 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     c->pdl = !env_is("G4_CUDA_PDL", "0");
     c->graphs_on = !env_is("G4_CUDA_GRAPHS", "0");
     c->gemm_split = !bf16_act && !env_is("G4_CUDA_GEMM", "bf16");
+    c->float_act = getenv("G4_NO_INT8_ACT") != NULL;
     const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
     const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");
