@@ -234,10 +234,17 @@ static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
  * of exactly the codes the reference rounds to, then f32 sums), else backend_tol(). */
 static double product_tol(const g4_tensor *w, int n) { return cuda_reads_int8(w, n, 1) ? 1.0 : backend_tol(); }
 
+static int be_bf16_act; /* be was made with bf16_act (g4_load_params.bf16_activations) */
+
 /* x[n, in] as the backend's product with w reads it (dense: see cuda_reads_int8): rounded to int8 blocks where
- * the CPU does so, and where CUDA's GEMV does. */
+ * the CPU does so, and where CUDA's GEMV does; rounded to bf16 (nearest even) for BF16 weights on a CPU backend
+ * made with bf16_act. */
 static void x_as_read(const float *x, int n, int in, const g4_tensor *w, int dense, double *xr) {
     const int rounds = (!strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w)) || cuda_reads_int8(w, n, dense);
+    if (be_bf16_act && w->dtype == G4_BF16) {
+        for (size_t i = 0; i < (size_t)n * (size_t)in; i++) xr[i] = g4_bf16_to_f32(g4_f32_to_bf16(x[i]));
+        return;
+    }
     for (int t = 0; t < n; t++)
         for (int b = 0; b < in; b += 32) {
             const float *xb = x + (size_t)t * in + b;
@@ -323,6 +330,40 @@ static void test_matmul(void) {
                 weight_free(&w);
             }
     }
+}
+
+/* bf16 activations (a CPU backend made with bf16_act): products with BF16 weights take x rounded to bf16 once;
+ * x_as_read rounds the reference's x the same way, and a product of two bf16 values is exact in f32, so the
+ * only error left is f32 summation: the f32 tolerance holds (AVX512_BF16: vdpbf16ps; other sets: the rounded
+ * x through the f32 kernels). Rows alone equal rows in a batch (check_product). The mode must be in effect:
+ * against unrounded x the error is far larger. */
+static void test_matmul_bf16_act(void) {
+    const int ns[] = {1, 2, 5, 17}, outs[] = {1, 13, 130}, ins[] = {7, 64, 259, 1552};
+    for (size_t a = 0; a < 4; a++)
+        for (size_t b = 0; b < 4; b++)
+            for (size_t c = 0; c < 3; c++) {
+                weight w;
+                make_any(&w, G4_BF16, 2, (int64_t[]){outs[c], ins[b]}, 1.0f);
+                check_product(&w, ns[a], (int)((a + b + c) & 1));
+                weight_free(&w);
+            }
+    weight w;
+    const int n = 5, out = 13, in = 1552;
+    make_any(&w, G4_BF16, 2, (int64_t[]){out, in}, 1.0f);
+    float *x = malloc((size_t)n * in * sizeof(float)), *y = malloc((size_t)n * out * sizeof(float));
+    double *ref = malloc((size_t)n * out * sizeof(double));
+    fill(x, (size_t)n * in, -1, 1);
+    be_bf16_act = 0; /* the reference on x as given */
+    ref_matmul(x, n, &w, NULL, ref);
+    be_bf16_act = 1;
+    float *dx = devf(x, (size_t)n * in), *dy = devf(NULL, (size_t)n * out);
+    be->ops->matmul(be, dx, n, &w.dev, NULL, dy);
+    back(y, dy, (size_t)n * out * sizeof(float));
+    double e = rel_err(y, ref, (size_t)n * out);
+    CHECKF(e > 1e-4, "%s: bf16 activations: error %.3g against unrounded x: x was not rounded?", be_label, e);
+    rel(dx), rel(dy);
+    free(x), free(y), free(ref);
+    weight_free(&w);
 }
 
 static void test_matmul_set(void) {
@@ -1330,17 +1371,30 @@ int main(void) {
     snprintf(label, sizeof label, "cpu/%s", isa);
     be_label = label;
     /* 2 threads, or G4_TEST_THREADS (scripts/test-aarch64 runs one thread under qemu-user) */
-    be = g4_backend_new("cpu", getenv("G4_TEST_THREADS") ? atoi(getenv("G4_TEST_THREADS")) : 2, &err);
+    be = g4_backend_new("cpu", getenv("G4_TEST_THREADS") ? atoi(getenv("G4_TEST_THREADS")) : 2, 0, &err);
     CHECKF(be != NULL, "cpu backend: %s", err.msg);
     if (be) {
         run_all();
         test_cpu_kernels();
         g4_backend_free(be);
     }
+    /* the same CPU with bf16 activations */
+    static char label2[80] = "";
+    be = g4_backend_new("cpu", getenv("G4_TEST_THREADS") ? atoi(getenv("G4_TEST_THREADS")) : 2, 1, &err);
+    CHECKF(be != NULL, "cpu backend (bf16 activations): %s", err.msg);
+    if (be) {
+        snprintf(label2, sizeof label2, ", cpu/%s bf16-act%s", isa, g4_cpu_kernels_get()->bf16x_tile ? " (vdpbf16ps)" : "");
+        be_label = label2 + 2;
+        be_bf16_act = 1;
+        test_matmul_bf16_act();
+        be_bf16_act = 0;
+        be_label = label;
+        g4_backend_free(be);
+    }
 #ifdef G4_WITH_CUDA
     if (g4_cuda_available() && (!want || !strcmp(want, "avx512") || !strcmp(want, isa))) {
         be_label = "cuda";
-        be = g4_backend_new("cuda", 0, &err);
+        be = g4_backend_new("cuda", 0, 0, &err);
         CHECKF(be != NULL, "cuda backend: %s", err.msg);
         if (be) {
             run_all();
@@ -1350,7 +1404,7 @@ int main(void) {
         fprintf(stderr, "cuda: no GPU here, not run\n");
     }
 #endif
-    fprintf(stderr, "backends tested: %s%s\n", label,
+    fprintf(stderr, "backends tested: %s%s%s\n", label, label2,
 #ifdef G4_WITH_CUDA
             g4_cuda_available() ? ", cuda" : ""
 #else
