@@ -344,23 +344,47 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
 }
 
 /* decode: rows as stored times one grouped activation row, each group unpacked in registers; the same
- * arithmetic per (row, token) as q_gemm, so the same bits */
-__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
-                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
-    const int gb = type == G4_Q4_0 ? 72 : 136, ng = (nb + 3) / 4;
-    const q_perm pm = q_perms(type);
-    const unsigned char *xt = a->qg + (size_t)t * a->ng * G4_Q8_GROUP;
-    for (int r = 0; r < nr; r++) {
-        const unsigned char *row = w + (size_t)r * row_bytes;
-        __m512 acc = _mm512_setzero_ps();
-        for (int g = 0; g < ng; g++) {
+ * arithmetic per (row, token) as q_gemm, so the same bits. NR rows at once share each group's activation
+ * loads and keep NR independent accumulator chains in flight; the NR rows lie far apart (one from each
+ * NR-th of the range), so that each is its own sequential stream for the hardware prefetchers (rows next
+ * to each other, interleaved in one page, read at half the bandwidth from memory here). */
+__attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_dtype type, const q_perm *pm,
+                                                                             const unsigned char *w, size_t stride,
+                                                                             size_t row_bytes, int ng,
+                                                                             const unsigned char *xt, float *y,
+                                                                             size_t ystride, const int NR) {
+    const long gb = type == G4_Q4_0 ? 72 : 136;
+    __m512 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        const unsigned char *x = xt + (size_t)g * G4_Q8_GROUP;
+        const __m512i xlo = _mm512_loadu_si512(x), xhi = _mm512_loadu_si512(x + 64),
+                      xoff = _mm512_loadu_si512(x + 128);
+        const __m512 dx = _mm512_loadu_ps(x + 192);
+        for (int r = 0; r < NR; r++) {
             __m512i lo, hi;
             __m512 dw;
-            q_group(type, &pm, row + (size_t)gb * g, (long)row_bytes - (long)gb * g, &lo, &hi, &dw);
-            acc = q_step(acc, lo, hi, dw, xt + (size_t)g * G4_Q8_GROUP);
+            q_group(type, pm, w + (size_t)r * stride + (size_t)gb * g, (long)row_bytes - gb * g, &lo, &hi, &dw);
+            const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xoff, lo, xlo), hi, xhi);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[r]);
         }
-        y[r] = _mm512_reduce_add_ps(acc);
     }
+    for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#ifndef G4_GEMV_NR
+#define G4_GEMV_NR 4
+#endif
+__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
+    const int ng = (nb + 3) / 4, q = nr / G4_GEMV_NR;
+    const q_perm pm = q_perms(type);
+    const unsigned char *xt = a->qg + (size_t)t * a->ng * G4_Q8_GROUP;
+    for (int i = 0; i < q; i++)
+        q_gemv_fixed(type, &pm, w + (size_t)i * row_bytes, (size_t)q * row_bytes, row_bytes, ng, xt, y + i, (size_t)q,
+                     G4_GEMV_NR);
+    for (int r = q * G4_GEMV_NR; r < nr; r++)
+        q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xt, y + r, 0, 1);
 }
 
 /* NR packed rows x NT grouped activation rows: per group, two vpdpbusd from the activations' offset
