@@ -163,7 +163,14 @@ static void cpu_matmul_set(g4_backend *be, const float *x, int n, const g4_matmu
         cpu_rmsnorm(be, x, set->norm, n, in, set->eps, cpu->set_buf);
         x = cpu->set_buf;
     }
-    for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu, x, n, set->w[i], set->bias[i], set->y[i]);
+    int one_job = 1; /* int8 products of one type: one quantization of x and one pool job for the set */
+    for (int i = 0; i < set->count; i++)
+        one_job &= g4_cpu_q8_supported(set->w[i]) && set->w[i]->dtype == set->w[0]->dtype &&
+                    set->w[i]->shape[set->w[i]->ndim - 1] == set->w[0]->shape[set->w[0]->ndim - 1];
+    if (one_job)
+        g4_cpu_matmul_q8_set(cpu, x, n, set->count, set->w, set->bias, set->y);
+    else
+        for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu, x, n, set->w[i], set->bias[i], set->y[i]);
     const size_t n0 = (size_t)n * (size_t)set->w[0]->shape[0];
     if (set->geglu) cpu_gelu_mul(be, set->y[0], set->count == 2 ? set->y[1] : set->mul, n0, set->y[0]);
     if (set->softcap > 0)
