@@ -347,7 +347,10 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
  * arithmetic per (row, token) as q_gemm, so the same bits. NR rows at once share each group's activation
  * loads and keep NR independent accumulator chains in flight; the NR rows lie far apart (one from each
  * NR-th of the range), so that each is its own sequential stream for the hardware prefetchers (rows next
- * to each other, interleaved in one page, read at half the bandwidth from memory here). */
+ * to each other, interleaved in one page, read at half the bandwidth from memory here), and each stream is
+ * prefetched GEMV_PREFETCH bytes ahead (the hardware prefetchers stop at page boundaries: 2048 read one thread's
+ * stream at 28-43 GB/s here against 21-28 without). */
+#define GEMV_PREFETCH 2048
 __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_dtype type, const q_perm *pm,
                                                                              const unsigned char *w, size_t stride,
                                                                              size_t row_bytes, int ng,
@@ -364,6 +367,7 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
         for (int r = 0; r < NR; r++) {
             __m512i lo, hi;
             __m512 dw;
+            _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + GEMV_PREFETCH, _MM_HINT_T0);
             q_group(type, pm, w + (size_t)r * stride + (size_t)gb * g, (long)row_bytes - gb * g, &lo, &hi, &dw);
             const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xoff, lo, xlo), hi, xhi);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[r]);
@@ -372,18 +376,16 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
     for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
 }
 
-#ifndef G4_GEMV_NR
-#define G4_GEMV_NR 4
-#endif
+#define GEMV_ROWS 4
 __attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
                                                        int nr, int nb, const g4_q8_rows *a, int t, float *y) {
-    const int ng = (nb + 3) / 4, q = nr / G4_GEMV_NR;
+    const int ng = (nb + 3) / 4, q = nr / GEMV_ROWS;
     const q_perm pm = q_perms(type);
     const unsigned char *xt = a->qg + (size_t)t * a->ng * G4_Q8_GROUP;
     for (int i = 0; i < q; i++)
         q_gemv_fixed(type, &pm, w + (size_t)i * row_bytes, (size_t)q * row_bytes, row_bytes, ng, xt, y + i, (size_t)q,
-                     G4_GEMV_NR);
-    for (int r = q * G4_GEMV_NR; r < nr; r++)
+                     GEMV_ROWS);
+    for (int r = q * GEMV_ROWS; r < nr; r++)
         q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xt, y + r, 0, 1);
 }
 
