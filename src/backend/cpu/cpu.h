@@ -149,6 +149,9 @@ typedef struct g4_cpu_kernels {
      * row t, the same bits as q_gemm gives (decode) */
     void (*q_gemv)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, const g4_q8_rows *a,
                    int t, float *y);
+    /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
+     * off), the same bytes as g4_cpu_q8_quantize's reference rule */
+    void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
 } g4_cpu_kernels;
 
 /* the register tile of q_gemm (rows x tokens) */

@@ -389,6 +389,35 @@ __attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const uns
         q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xt, y + r, 0, 1);
 }
 
+/* One activation row into groups (g4_cpu_kernels.q8_group_row): per block of 32, d = max|x| / 127 and
+ * q = x * (1/d) rounded to nearest even (vcvtps2dq, as lrintf), the codes, the offset lanes and the scales as
+ * g4_cpu_q8_quantize lays them out. */
+__attribute__((target(T512))) static void q8_group_row_avx512(const float *x, size_t in, int off, unsigned char *qg,
+                                                             size_t ng) {
+    const size_t nb = in / 32;
+    if (nb % 4) memset(qg + (nb / 4) * G4_Q8_GROUP, 0, G4_Q8_GROUP); /* blocks past the row: zeros */
+    if (ng > (nb + 3) / 4) memset(qg + (nb + 3) / 4 * G4_Q8_GROUP, 0, (ng - (nb + 3) / 4) * G4_Q8_GROUP);
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m128i moff = _mm_set1_epi32(-off);
+    for (size_t b = 0; b < nb; b++) {
+        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, abs_mask), _mm512_and_ps(x1, abs_mask)));
+        const float db = amax / 127.0f, id = db ? 1.0f / db : 0.0f;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+        unsigned char *gp = qg + (b / 4) * G4_Q8_GROUP + 16 * (b % 4);
+        _mm_storeu_si128((__m128i *)gp, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(gp + 64), _mm512_cvtepi32_epi8(q1));
+        /* lane l: the codes 4l..4l+3 and 16+4l..16+4l+3, i.e. 128-bit lane l of q0 + q1 */
+        __m512i s = _mm512_add_epi32(q0, q1);
+        s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
+        s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+        const __m128i lanes = _mm512_castsi512_si128(_mm512_maskz_compress_epi32(0x1111, s));
+        _mm_storeu_si128((__m128i *)(gp + 128), _mm_mullo_epi32(lanes, moff));
+        _mm_storeu_ps((float *)(gp + 192), _mm_set1_ps(db));
+    }
+}
+
 /* NR packed rows x NT grouped activation rows: per group, two vpdpbusd from the activations' offset
  * lanes give each lane's exact integer dot product, then one multiply-add by (weight scale x activation
  * scale). Every (row, token) sees the same operations in the same order whatever NR and NT are, so a
@@ -601,11 +630,12 @@ PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm51
 
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
                                       axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2,
-                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL};
+                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL, NULL};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
-                                        bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512};
+                                        bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512,
+                                        q8_group_row_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

@@ -29,11 +29,17 @@ int g4_cpu_q8_supported(const g4_tensor *w) {
  * fields when a->q is set, the grouped ones when a->qg is set. */
 void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a) {
     const size_t nb = in / 32;
+    const g4_cpu_kernels *ks = g4_cpu_kernels_get();
     for (int t = t0; t < t1; t++) {
         const float *xt = x + (size_t)t * in;
         int8_t *q = a->q ? a->q + (size_t)t * a->in_pad : NULL;
         float *d = a->q ? a->d + (size_t)t * a->nb_pad : NULL, *m = a->q ? a->m + (size_t)t * a->nb_pad : NULL;
         unsigned char *qg = a->qg ? a->qg + (size_t)t * a->ng * G4_Q8_GROUP : NULL;
+        if (qg && ks->q8_group_row) { /* the kernel set's own (the same bytes) */
+            ks->q8_group_row(xt, in, a->off, qg, a->ng);
+            qg = NULL;
+            if (!q) continue;
+        }
         if (qg) memset(qg, 0, a->ng * G4_Q8_GROUP);
         for (size_t b = 0; b < nb; b++) {
             const float *xb = xt + 32 * b;
