@@ -325,6 +325,9 @@ __attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(x + 192)), acc);
 }
 
+/* the rows are read PACK_PREFETCH bytes ahead (one thread packing for 8 tokens, in CPU time: 5.7-6.7 GB/s of
+ * Q4_0 weights against 4.7-5.4 without) */
+#define PACK_PREFETCH 4096
 __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
                                                        int nr, int nb, unsigned char *dst) {
     const int gb = type == G4_Q4_0 ? 72 : 136, ng = (nb + 3) / 4;
@@ -335,6 +338,8 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
         for (int g = 0; g < ng; g++, o += G4_QW_GROUP) {
             __m512i lo, hi;
             __m512 dw;
+            _mm_prefetch((const char *)row + (size_t)gb * g + PACK_PREFETCH, _MM_HINT_T0);
+            if (gb > 64) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + PACK_PREFETCH, _MM_HINT_T0);
             q_group(type, &pm, row + (size_t)gb * g, (long)row_bytes - (long)gb * g, &lo, &hi, &dw);
             _mm512_storeu_si512(o, lo);
             _mm512_storeu_si512(o + 64, hi);
