@@ -1,7 +1,8 @@
 /* Kernel throughput of the CPU backend's matmul on one thread, per instruction set:
  *   g4-kernel-bench [rows=4096] [in=1536] [tokens=1,64] [iters]
  * prints GMAC/s (multiply-adds per second) and, for one token, GB/s of weights read,
- * for each weight type (F32/BF16 tiled f32, Q8_0, Q4_0 with int8 activations) and each
+ * for each weight type (F32/BF16 tiled f32, BF16 with bf16 activations (bf16-act: vdpbf16ps
+ * where the CPU has it), Q8_0, Q4_0 with int8 activations) and each
  * ISA this CPU has. Time is the process's CPU time (one thread), so that other load on the
  * machine changes the figures little; compare ISAs and types within one run. */
 #include <stdio.h>
@@ -23,15 +24,16 @@ int main(int argc, char **argv) {
     int toks[2] = {1, 64};
     if (argc > 3) toks[0] = toks[1] = atoi(argv[3]);
     g4_error err;
-    g4_backend *be = g4_backend_cpu_new(1, &err);
-    if (!be) return 1;
+    g4_backend *be_f32 = g4_backend_cpu_new(1, 0, &err), *be_bf16 = g4_backend_cpu_new(1, 1, &err);
+    if (!be_f32 || !be_bf16) return 1;
     float *wf = malloc((size_t)rows * in * sizeof(float)), *x = malloc((size_t)64 * in * sizeof(float));
     float *y = malloc((size_t)64 * rows * sizeof(float));
     unsigned s = 1;
     for (size_t i = 0; i < (size_t)rows * in; i++) wf[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
     for (size_t i = 0; i < (size_t)64 * in; i++) x[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
-    g4_dtype types[] = {G4_BF16, G4_Q8_0, G4_Q4_0};
-    for (int ti = 0; ti < 3; ti++) {
+    g4_dtype types[] = {G4_BF16, G4_BF16, G4_Q8_0, G4_Q4_0};
+    for (int ti = 0; ti < 4; ti++) {
+        g4_backend *be = ti == 1 ? be_bf16 : be_f32;
         size_t rb = g4_dtype_row_bytes(types[ti], in);
         unsigned char *wq = malloc(rb * (size_t)rows);
         for (int r = 0; r < rows; r++) g4_quant(types[ti], wf + (size_t)r * in, wq + (size_t)r * rb, in);
@@ -50,13 +52,14 @@ int main(int argc, char **argv) {
                     t1 = now();
                 } while (t1 - t0 < 0.5 && !(ii == 0 && iters >= 1));
                 double per = (t1 - t0) / iters;
-                printf("%-5s n=%-3d %-8s %8.2f GMAC/s  %7.2f GB/s weights\n", g4_dtype_name(types[ti]), n,
+                printf("%-13s n=%-3d %-8s %8.2f GMAC/s  %7.2f GB/s weights\n", ti == 1 ? "bf16 bf16-act" : g4_dtype_name(types[ti]), n,
                        g4_cpu_isas[ii],
                        (double)rows * in * n / per * 1e-9, (double)rb * rows / per * 1e-9);
             }
         }
         free(wq);
     }
-    g4_backend_free(be);
+    g4_backend_free(be_f32);
+    g4_backend_free(be_bf16);
     return 0;
 }

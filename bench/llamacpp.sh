@@ -22,6 +22,10 @@
 # Everything lands in $G4_BENCH_DIR (default /tmp/gemma4c-bench: tens of GB); llama.cpp is
 # never part of our build or tests. THREADS (default 2), TG (decode tokens, default 32)
 # and MODELS (names below) select.
+# BF16 files: llama.cpp multiplies them with activations rounded to bf16, so gemma4c runs them with the same
+# numerics, --bf16-act (g4_load_params.bf16_activations), as engine "gemma4c"; BF16_EXACT=1 (default) also runs
+# gemma4c's exact default (f32 activations) on them as engine "gemma4c-f32act", in the same rounds (A/B). The
+# table says which numerics each row ran.
 set -eu -o pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dir=${G4_BENCH_DIR:-/tmp/gemma4c-bench}
@@ -112,12 +116,25 @@ for l in sys.stdin:
         "$llama/llama-logits" --bench "$1" 64 0 "$threads" 1 | grep pp64 | sed 's/^/llama.cpp /'
     fi
 }
-# the values are taken by their labels: the field before "tok/s", "GB/token"
-run_gemma4c() {
-    G4_BENCH_NO_COPY=1 "$bin" bench -m "$1" -t "$threads" -p 64,512 -c 1 -n "$tg" -r 1 | awk -v tg="tg$tg" '
+# the values are taken by their labels: the field before "tok/s", "GB/token"; ENGINE names the rows, the rest are
+# gemma4c's options
+gemma4c_bench() {
+    local engine=$1 f=$2
+    shift 2
+    G4_BENCH_NO_COPY=1 "$bin" bench -m "$f" -t "$threads" -p 64,512 -c 1 -n "$tg" -r 1 "$@" | awk -v tg="tg$tg" -v e="$engine" '
         function before(label,   i) { for (i = 2; i <= NF; i++) if ($i == label) return $(i - 1); return "" }
-        /^prefill/ { print "gemma4c pp" $2, before("tok/s") }
-        /^decode/ { print "gemma4c", tg, before("tok/s"); print "gemma4c GB/token", before("GB/token") }'
+        /^model/ { print "#", e ":", $0 }
+        /^prefill/ { print e, "pp" $2, before("tok/s") }
+        /^decode/ { print e, tg, before("tok/s"); print e, "GB/token", before("GB/token") }'
+}
+is_bf16() { case "$(basename "$1")" in *bf16*) return 0 ;; *) return 1 ;; esac; }
+run_gemma4c() {
+    if is_bf16 "$1"; then
+        gemma4c_bench gemma4c "$1" --bf16-act
+        [ "${BF16_EXACT:-1}" = 0 ] || gemma4c_bench gemma4c-f32act "$1"
+    else
+        gemma4c_bench gemma4c "$1"
+    fi
 }
 
 # First touch of a model file before an engine is measured on it (the files together are larger than the page
@@ -158,6 +175,7 @@ compare() {
             for engine in $order; do
                 warm_up "$f" "$engine" | tee -a "$out"
                 $engine "$f" | while read -r e t v; do
+                    if [ "$e" = "#" ]; then echo "# $t $v"; continue; fi
                     echo "$r $name $e $t $v $(cut -d' ' -f1 /proc/loadavg)"
                 done | tee -a "$out"
             done
@@ -199,7 +217,8 @@ per_round = []
 for n in names:
     model, typ = n.split("-", 1)
     gbt = med(n, "GB/token", "gemma4c")
-    for e in ["gemma4c", "llama.cpp"]:
+    engines = ["gemma4c", "gemma4c-f32act", "llama.cpp"]
+    for e in [e for e in engines if any(ee == e for k in (val.get((n, t), {}) for t in tests) for (ee, _) in k)]:
         d = med(n, tg, e)
         gbs = d * gbt if d is not None and gbt is not None else None
         print(f"| {model} | {typ} | {sys.argv[2]} | {e} | {f(med(n, 'pp64', e))} | {f(med(n, 'pp512', e))} | {f(d)} | {f(gbs)} |")
@@ -208,6 +227,9 @@ for n in names:
           + " | ".join(f(st.median(x), 2) if x else "–" for x in rs) + " | |")
     per_round.append(f"{n}: " + "; ".join(f"{t} {' '.join('%.2f' % x for x in r)}" for t, r in zip(tests, rs) if r))
 print("\nratios per round: " + " | ".join(per_round))
+if any(ee == "gemma4c-f32act" for v in val.values() for (ee, _) in v):
+    print("BF16 files: engine gemma4c ran with --bf16-act (activations rounded to bf16, as llama.cpp; the ratio row), "
+          "gemma4c-f32act with the exact default (f32 activations)")
 if load:
     print(f"{len({r for k in val.values() for (_, r) in k})} rounds, interleaved A/B then B/A; 1-minute load average "
           f"while measuring: min {min(load):.1f}, median {st.median(load):.1f}, max {max(load):.1f} "

@@ -9,6 +9,13 @@
 #                                                     llama-quantize), and the model of CONFIG (one of
 #                                                     ../shared/configs) as DIR/model + DIR/model-bf16.gguf +
 #                                                     DIR/model-q4_0.gguf; tokenizer files from $G4_TOKENIZER_DIR
+#   bench/llamacpp_gpu.sh files TARBALL DIR GEMMA4C MODEL:TYPE...
+#                                                     both engines on GGUF files our writer makes from random
+#                                                     weights (`gemma4c quantize --random CONFIG FILE --type
+#                                                     TYPE`, every matrix in the type; MODEL names a config of
+#                                                     ../shared/configs without gemma-4-), made while llama.cpp
+#                                                     builds; per file llama-bench as below and gemma4c bench
+#                                                     -p 512 -c 512 -n 64 -r 3, then the ratios
 #   bench/llamacpp_gpu.sh compare DIR GEMMA4C          llama-bench (prefill 512, 64 decode steps after 512
 #                                                     tokens, every layer on the GPU, flash attention) and
 #                                                     gemma4c bench on the same checkpoint; ms/token and ratios
@@ -64,5 +71,44 @@ PY
     awk -v a="$ours" -v b="$theirs" -v c="$theirs4" 'BEGIN { if (a > 0 && b > 0)
         printf "decode at 512, bf16: gemma4c %.3f ms/token, llama.cpp %.3f ms/token: %.2fx llama.cpp (llama.cpp Q4_0 %s ms)\n", a, b, b / a, c }'
     ;;
-*) echo "usage: $0 prepare TARBALL DIR CONFIG | compare DIR GEMMA4C" >&2; exit 2 ;;
+files)
+    tarball=$2 dir=$3 bin=$4
+    shift 4
+    shared=${G4_SHARED_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/shared}
+    mkdir -p "$dir/src" "$dir/models"
+    tar xJf "$tarball" -C "$dir/src" || exit 1
+    cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null || exit 1
+    t0=$(date +%s)
+    (cmake --build "$dir/build" -j"${JOBS:-14}" --target llama-bench >"$dir/build.log" 2>&1
+     echo "llama.cpp build rc=$? in $(($(date +%s) - t0)) s") &
+    for spec in "$@"; do # the files meanwhile, one process each (the writer is single-threaded)
+        m=${spec%%:*} t=${spec##*:}
+        ("$bin" quantize --random "$shared/configs/gemma-4-$m.json" "$dir/models/$m-$t.gguf" --type "$t" \
+            >"$dir/models/$m-$t.log" 2>&1; echo "$m-$t.gguf rc=$? in $(($(date +%s) - t0)) s") &
+    done
+    wait
+    for spec in "$@"; do
+        f=${spec%%:*}-${spec##*:}
+        "$dir/build/bin/llama-bench" -m "$dir/models/$f.gguf" -ngl 99 -fa 1 -p 512 -n 64 -d 512 -r 3 -o jsonl \
+            >"$dir/llama-$f.jsonl" 2>"$dir/llama-$f.err"
+        "$bin" bench -m "$dir/models/$f.gguf" -p 512 -c 512 -n 64 -r 3 --device cuda >"$dir/gemma4c-$f.txt" 2>&1
+        python3 - "$dir/llama-$f.jsonl" "$dir/gemma4c-$f.txt" "$f" <<'PY'
+import json, re, sys
+ll = {}
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    ll["decode" if j["n_gen"] else "prefill"] = 1e3 / j["avg_ts"] if j["n_gen"] else j["avg_ts"]
+g = open(sys.argv[2]).read()
+pf = re.search(r"^prefill +512 tokens: +([\d.]+) tok/s", g, re.M)
+dc = re.search(r"^decode at context +512: +([\d.]+) ms/token", g, re.M)
+if not (pf and dc and "decode" in ll and "prefill" in ll):
+    print("%s: missing values" % sys.argv[3]); sys.exit(0)
+p, d = float(pf.group(1)), float(dc.group(1))
+print("%-14s prefill 512 tok/s gemma4c %8.1f llama.cpp %8.1f (%.2fx)   decode ms/token at 512 gemma4c %.3f llama.cpp %.3f (%.2fx)"
+      % (sys.argv[3], p, ll["prefill"], p / ll["prefill"], d, ll["decode"], ll["decode"] / d))
+PY
+    done
+    ;;
+*) echo "usage: $0 prepare TARBALL DIR CONFIG | compare DIR GEMMA4C | files TARBALL DIR GEMMA4C MODEL:TYPE..." >&2; exit 2 ;;
 esac

@@ -87,6 +87,14 @@ typedef struct g4_load_params {
      * "q6_k", "mlx4" (group 64, bf16 scales), "mlx8", ...; NULL or "bf16": BF16), packed blocks of random codes
      * with fixed scales, made where the weights live. Routers and a host-kept per-layer table stay BF16. */
     const char *random_type;
+    /* 1: products with BF16 weight matrices round the activations to bf16 (nearest even) once per product and
+     * sum bf16 x bf16 products in f32, as llama.cpp and the usual GPU engines do: faster (the CPU's vdpbf16ps
+     * where it has AVX512_BF16; elsewhere the same rounded inputs through the f32 kernels), but logits move by
+     * about bf16's precision (~3 significant digits of each activation). 0 (default): f32 activations, the
+     * exact path that matches transformers' f32 logits. CPU: prefill and decode alike (a row's value still does
+     * not depend on the batch). CUDA: the prefill GEMMs take one bf16 part per activation instead of a bf16
+     * hi + lo pair (as G4_CUDA_GEMM=bf16; also for quantized weights there); its decode GEMVs stay f32. */
+    int bf16_activations;
 } g4_load_params;
 
 /* Loads a model folder: config.json and the weights (*.safetensors [+ index], bf16/f16/f32 or MLX

@@ -15,7 +15,8 @@ int main(void) {
     BEGIN(g4_error); FIELD(g4_error, msg); END();
     BEGIN(g4_load_params); FIELD(g4_load_params, n_threads); FIELD(g4_load_params, device);
     FIELD(g4_load_params, progress); FIELD(g4_load_params, progress_user);
-    FIELD(g4_load_params, random_weights); FIELD(g4_load_params, random_type); END();
+    FIELD(g4_load_params, random_weights); FIELD(g4_load_params, random_type);
+    FIELD(g4_load_params, bf16_activations); END();
     BEGIN(g4_context_params); FIELD(g4_context_params, n_seq_max); FIELD(g4_context_params, n_ctx);
     FIELD(g4_context_params, n_batch); FIELD(g4_context_params, kv_type); FIELD(g4_context_params, kv_block_size);
     FIELD(g4_context_params, n_kv_blocks); FIELD(g4_context_params, kv_history);

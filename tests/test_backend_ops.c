@@ -13,7 +13,8 @@
  * core/quant.c (random block bytes with sane scales for the types it does not write), and the reference reads
  * them through the reference decoder (checked against hand-computed values in test_quant.c). Where a backend
  * multiplies with activations rounded to int8 blocks (the CPU for Q8_0/Q4_0, as llama.cpp does:
- * g4_cpu_q8_supported), the reference rounds x by the same rule (d = max|x|/127 per 32, q = rint(x/d)), so
+ * g4_cpu_q8_supported; CUDA's GEMV for Q8_0/Q4_0/MLX4/MLX8 in dense products of up to 8 tokens, cuda_gemv.cu), the
+ * reference rounds x by the same rule (d = max|x|/127 per 32, q = rint(x/d)), so
  * the products are still checked to float precision. */
 #include <float.h>
 #include <math.h>
@@ -222,9 +223,28 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
                                   G4_MLX2, G4_MLX3, G4_MLX4, G4_MLX5, G4_MLX6, G4_MLX8};
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
-/* x[n, in] as the backend's product with w reads it: rounded to int8 blocks where the CPU does so. */
-static void x_as_read(const float *x, int n, int in, const g4_tensor *w, double *xr) {
-    int rounds = !strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w);
+/* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
+ * an expert's): its GEMV (at most 8 tokens) for Q8_0, Q4_0, MLX4, MLX8. */
+static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
+    const int64_t in = w->shape[w->ndim - 1];
+    return !strcmp(be->ops->name, "cuda") && dense && n <= 8 &&
+           (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0 || w->dtype == G4_MLX4 || w->dtype == G4_MLX8) && in % 32 == 0;
+}
+/* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
+ * of exactly the codes the reference rounds to, then f32 sums), else backend_tol(). */
+static double product_tol(const g4_tensor *w, int n) { return cuda_reads_int8(w, n, 1) ? 1.0 : backend_tol(); }
+
+static int be_bf16_act; /* be was made with bf16_act (g4_load_params.bf16_activations) */
+
+/* x[n, in] as the backend's product with w reads it (dense: see cuda_reads_int8): rounded to int8 blocks where
+ * the CPU does so, and where CUDA's GEMV does; rounded to bf16 (nearest even) for BF16 weights on a CPU backend
+ * made with bf16_act. */
+static void x_as_read(const float *x, int n, int in, const g4_tensor *w, int dense, double *xr) {
+    const int rounds = (!strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w)) || cuda_reads_int8(w, n, dense);
+    if (be_bf16_act && w->dtype == G4_BF16) {
+        for (size_t i = 0; i < (size_t)n * (size_t)in; i++) xr[i] = g4_bf16_to_f32(g4_f32_to_bf16(x[i]));
+        return;
+    }
     for (int t = 0; t < n; t++)
         for (int b = 0; b < in; b += 32) {
             const float *xb = x + (size_t)t * in + b;
@@ -243,7 +263,7 @@ static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(0.79788456080
 static void ref_matmul(const float *x, int n, const weight *w, const float *bias, double *y) {
     int out = (int)w->host.shape[0], in = (int)w->host.shape[1];
     double *xr = malloc((size_t)n * in * sizeof(double));
-    x_as_read(x, n, in, &w->host, xr);
+    x_as_read(x, n, in, &w->host, 1, xr);
     for (int t = 0; t < n; t++)
         for (int r = 0; r < out; r++) {
             double s = bias ? bias[r] : 0;
@@ -265,7 +285,7 @@ static void check_product(weight *w, int n, int with_bias) {
     be->ops->matmul(be, dx, n, &w->dev, with_bias ? db : NULL, dy);
     float *y = malloc((size_t)n * out * sizeof(float));
     back(y, dy, (size_t)n * out * sizeof(float));
-    EXPECT_CLOSE(y, ref, (size_t)n * out, 1e-5 * sqrt(in) * backend_tol(), "matmul %s n=%d in=%d out=%d bias=%d",
+    EXPECT_CLOSE(y, ref, (size_t)n * out, 1e-5 * sqrt(in) * product_tol(&w->host, n), "matmul %s n=%d in=%d out=%d bias=%d",
                  g4_dtype_name(w->host.dtype), n, in, out, with_bias);
     if (be->ops->host_memory && n > 1) {
         /* the CPU's rows do not depend on the batch: each row alone gives the same bits (the scheduler's batched
@@ -312,6 +332,40 @@ static void test_matmul(void) {
     }
 }
 
+/* bf16 activations (a CPU backend made with bf16_act): products with BF16 weights take x rounded to bf16 once;
+ * x_as_read rounds the reference's x the same way, and a product of two bf16 values is exact in f32, so the
+ * only error left is f32 summation: the f32 tolerance holds (AVX512_BF16: vdpbf16ps; other sets: the rounded
+ * x through the f32 kernels). Rows alone equal rows in a batch (check_product). The mode must be in effect:
+ * against unrounded x the error is far larger. */
+static void test_matmul_bf16_act(void) {
+    const int ns[] = {1, 2, 5, 17}, outs[] = {1, 13, 130}, ins[] = {7, 64, 259, 1552};
+    for (size_t a = 0; a < 4; a++)
+        for (size_t b = 0; b < 4; b++)
+            for (size_t c = 0; c < 3; c++) {
+                weight w;
+                make_any(&w, G4_BF16, 2, (int64_t[]){outs[c], ins[b]}, 1.0f);
+                check_product(&w, ns[a], (int)((a + b + c) & 1));
+                weight_free(&w);
+            }
+    weight w;
+    const int n = 5, out = 13, in = 1552;
+    make_any(&w, G4_BF16, 2, (int64_t[]){out, in}, 1.0f);
+    float *x = malloc((size_t)n * in * sizeof(float)), *y = malloc((size_t)n * out * sizeof(float));
+    double *ref = malloc((size_t)n * out * sizeof(double));
+    fill(x, (size_t)n * in, -1, 1);
+    be_bf16_act = 0; /* the reference on x as given */
+    ref_matmul(x, n, &w, NULL, ref);
+    be_bf16_act = 1;
+    float *dx = devf(x, (size_t)n * in), *dy = devf(NULL, (size_t)n * out);
+    be->ops->matmul(be, dx, n, &w.dev, NULL, dy);
+    back(y, dy, (size_t)n * out * sizeof(float));
+    double e = rel_err(y, ref, (size_t)n * out);
+    CHECKF(e > 1e-4, "%s: bf16 activations: error %.3g against unrounded x: x was not rounded?", be_label, e);
+    rel(dx), rel(dy);
+    free(x), free(y), free(ref);
+    weight_free(&w);
+}
+
 static void test_matmul_set(void) {
     for (int quantized = 0; quantized < 1 + takes_quantized; quantized++)
     for (int count = 1; count <= G4_MATMUL_SET_MAX; count++)
@@ -339,7 +393,7 @@ static void test_matmul_set(void) {
                 float *y = malloc((size_t)n * outs[i] * sizeof(float));
                 ref_matmul(x, n, &w[i], i == 1 ? bias : NULL, ref);
                 back(y, set.y[i], (size_t)n * outs[i] * sizeof(float));
-                EXPECT_CLOSE(y, ref, (size_t)n * outs[i], 1e-5 * sqrt(in) * backend_tol(),
+                EXPECT_CLOSE(y, ref, (size_t)n * outs[i], 1e-5 * sqrt(in) * product_tol(&w[i].host, n),
                              "matmul_set count=%d n=%d product %d (%s)", count, n, i, g4_dtype_name(w[i].host.dtype));
                 free(ref), free(y);
                 rel(set.y[i]);
@@ -447,7 +501,8 @@ static void test_matmul_set_fused(void) {
                         }
                         float *y = malloc((size_t)n * oi * sizeof(float));
                         back(y, set.y[i], (size_t)n * oi * sizeof(float));
-                        /* the normalized input is rounded to f32 here, as a backend does */
+                        /* the normalized input is rounded to f32 here, as a backend does (CUDA's own 1/rms may
+                         * round an int8 code of it the other way: backend_tol) */
                         EXPECT_CLOSE(y, ref, (size_t)n * oi, 1e-5 * sqrt(in) * 4 * backend_tol(),
                                      "matmul_set fused %s mode=%d n=%d in=%d product %d", g4_dtype_name(wt), mode,
                                      n, in, i);
@@ -1007,7 +1062,7 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
         ref_rms_row(r + (size_t)t * H, pn2, H, eps, tmp);
         for (int i = 0; i < H; i++) x2[(size_t)t * H + i] = (float)tmp[i];
     }
-    x_as_read(x2, n, H, &gu.host, xg);
+    x_as_read(x2, n, H, &gu.host, 0, xg);
     for (int t = 0; t < n; t++) {
         double lg[6], ms = 0;
         for (int i = 0; i < H; i++) ms += (double)r[t * H + i] * r[t * H + i];
@@ -1316,17 +1371,30 @@ int main(void) {
     snprintf(label, sizeof label, "cpu/%s", isa);
     be_label = label;
     /* 2 threads, or G4_TEST_THREADS (scripts/test-aarch64 runs one thread under qemu-user) */
-    be = g4_backend_new("cpu", getenv("G4_TEST_THREADS") ? atoi(getenv("G4_TEST_THREADS")) : 2, &err);
+    be = g4_backend_new("cpu", getenv("G4_TEST_THREADS") ? atoi(getenv("G4_TEST_THREADS")) : 2, 0, &err);
     CHECKF(be != NULL, "cpu backend: %s", err.msg);
     if (be) {
         run_all();
         test_cpu_kernels();
         g4_backend_free(be);
     }
+    /* the same CPU with bf16 activations */
+    static char label2[80] = "";
+    be = g4_backend_new("cpu", getenv("G4_TEST_THREADS") ? atoi(getenv("G4_TEST_THREADS")) : 2, 1, &err);
+    CHECKF(be != NULL, "cpu backend (bf16 activations): %s", err.msg);
+    if (be) {
+        snprintf(label2, sizeof label2, ", cpu/%s bf16-act%s", isa, g4_cpu_kernels_get()->bf16x_tile ? " (vdpbf16ps)" : "");
+        be_label = label2 + 2;
+        be_bf16_act = 1;
+        test_matmul_bf16_act();
+        be_bf16_act = 0;
+        be_label = label;
+        g4_backend_free(be);
+    }
 #ifdef G4_WITH_CUDA
     if (g4_cuda_available() && (!want || !strcmp(want, "avx512") || !strcmp(want, isa))) {
         be_label = "cuda";
-        be = g4_backend_new("cuda", 0, &err);
+        be = g4_backend_new("cuda", 0, 0, &err);
         CHECKF(be != NULL, "cuda backend: %s", err.msg);
         if (be) {
             run_all();
@@ -1336,7 +1404,7 @@ int main(void) {
         fprintf(stderr, "cuda: no GPU here, not run\n");
     }
 #endif
-    fprintf(stderr, "backends tested: %s%s\n", label,
+    fprintf(stderr, "backends tested: %s%s%s\n", label, label2,
 #ifdef G4_WITH_CUDA
             g4_cuda_available() ? ", cuda" : ""
 #else

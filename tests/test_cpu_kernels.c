@@ -235,7 +235,7 @@ int main(void) {
      * pthread_create of these binaries on this host) */
     const int max_threads = getenv("G4_TEST_THREADS") ? atoi(getenv("G4_TEST_THREADS")) : 2;
     for (int threads = 1; threads <= max_threads; threads++) {
-        g4_backend *be = g4_backend_cpu_new(threads, &err);
+        g4_backend *be = g4_backend_cpu_new(threads, 0, &err);
         CHECK(be != NULL);
         if (!be) break;
         for (const char *const *isa = g4_cpu_isas; *isa; isa++) {

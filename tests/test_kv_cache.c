@@ -259,7 +259,7 @@ static void test_prefix_across_window(g4_backend *be) {
 
 int main(void) {
     g4_error err;
-    g4_backend *be = g4_backend_new("cpu", 1, &err);
+    g4_backend *be = g4_backend_new("cpu", 1, 0, &err);
     CHECKF(be != NULL, "cpu backend: %s", err.msg);
     if (!be) return g4t_done();
     test_allocation(be);

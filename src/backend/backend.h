@@ -265,15 +265,17 @@ struct g4_backend {
 };
 
 /* The backend for a device name: "cpu", "cuda", or NULL/"auto" (CUDA when built in and a GPU is present, else
- * the CPU). n_threads: CPU threads (0: all cores). NULL with a message on failure. */
-g4_backend *g4_backend_new(const char *device, int n_threads, g4_error *err);
+ * the CPU). n_threads: CPU threads (0: all cores). bf16_act: products with BF16 weights take the activations
+ * rounded to bf16 (g4_load_params.bf16_activations; the CPU: matmul.c, CUDA: one bf16 part per activation in
+ * the prefill GEMM, cuda_blas.cu). NULL with a message on failure. */
+g4_backend *g4_backend_new(const char *device, int n_threads, int bf16_act, g4_error *err);
 
 /* Backends this build contains, e.g. "cpu" or "cpu, cuda". */
 const char *g4_backends_built(void);
 
-g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err);
+g4_backend *g4_backend_cpu_new(int n_threads, int bf16_act, g4_error *err);
 #ifdef G4_WITH_CUDA
-g4_backend *g4_backend_cuda_new(g4_error *err);
+g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err);
 int g4_cuda_available(void); /* 1 when a CUDA device can be used */
 #endif
 

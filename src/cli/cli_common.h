@@ -40,8 +40,10 @@ void cli_print_error_line(const char *msg);
  * returns NULL on failure. */
 g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file);
 
-/* The --device value of the command line (NULL: automatic); main() takes it out of argv. */
+/* The --device value of the command line (NULL: automatic) and --bf16-act (g4_load_params.bf16_activations);
+ * main() takes them out of argv. */
 extern const char *cli_device;
+extern int cli_bf16_act;
 
 /* Loads a model, showing a progress line on stderr when it is a terminal and the
  * weights are large; prints load warnings. Returns NULL after printing the error. */

@@ -220,7 +220,8 @@ int cmd_bench(int argc, char **argv) {
     g4_model *m = NULL;
     if (random_config) {
         g4_error err;
-        g4_load_params lp = {.n_threads = (int)threads, .device = cli_device, .random_weights = 1, .random_type = type};
+        g4_load_params lp = {.n_threads = (int)threads, .device = cli_device, .random_weights = 1, .random_type = type,
+                             .bf16_activations = cli_bf16_act};
         if (g4_model_load(random_config, &lp, &m, &err)) return cli_error("%s", err.msg);
     } else {
         m = cli_load_model(dir, (int)threads);
@@ -258,9 +259,10 @@ int cmd_bench(int argc, char **argv) {
         ids[i] = (int32_t)(3 + (s >> 8) % (unsigned)(V - 3));
     }
     const double bw = getenv("G4_BENCH_NO_COPY") ? 0.0 : g4_model_copy_bandwidth(m);
-    printf("model %s%s%s  device %s  KV %s  copy bandwidth %.0f GB/s\n", random_config ? random_config : dir,
-           type ? "  weights " : "", type ? type : "", g4_model_device(m),
-           kv == G4_KV_F32 ? "f32" : kv == G4_KV_BF16 ? "bf16" : "f16", bw / 1e9);
+    printf("model %s%s%s  device %s  KV %s  activations %s  copy bandwidth %.0f GB/s\n",
+           random_config ? random_config : dir, type ? "  weights " : "", type ? type : "", g4_model_device(m),
+           kv == G4_KV_F32 ? "f32" : kv == G4_KV_BF16 ? "bf16" : "f16",
+           cli_bf16_act ? "bf16 with BF16 weights (--bf16-act)" : "f32", bw / 1e9);
     { /* warm-up, untimed: the weights' pages are touched before anything is measured */
         int32_t first;
         g4_seq_reset(ctx, 0);

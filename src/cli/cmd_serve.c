@@ -80,5 +80,6 @@ int cmd_serve(int argc, char **argv) {
     if (!o.model_path) return cli_error("serve: -m DIR is required");
     if (o.api_key && !*o.api_key) return cli_error("serve: --api-key must not be empty");
     o.device = cli_device;
+    o.bf16_activations = cli_bf16_act;
     return srv_main(&o);
 }

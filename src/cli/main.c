@@ -46,13 +46,17 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\nEvery command that runs a model takes --device cpu|cuda (default: cuda when built in and a GPU\n"
-               "is present; this build has: %s).\n'gemma4c COMMAND --help' shows the options of a command.\n",
+               "is present; this build has: %s) and --bf16-act (products with BF16 weights round the activations\n"
+               "to bf16, as llama.cpp does: faster, less exact; g4_load_params.bf16_activations).\n"
+               "'gemma4c COMMAND --help' shows the options of a command.\n",
             g4_backends());
 }
 
 const char *cli_device; /* --device, taken out of argv before the command parses its options */
+int cli_bf16_act;       /* --bf16-act, likewise */
 
-/* Removes "--device X" / "--device=X" from argv; returns the new argc, or -1 after an error line. */
+/* Removes "--device X" / "--device=X" and "--bf16-act" from argv; returns the new argc, or -1 after an error
+ * line. */
 static int take_device_option(int argc, char **argv) {
     int out = 0;
     for (int i = 0; i < argc; i++) {
@@ -65,6 +69,8 @@ static int take_device_option(int argc, char **argv) {
             cli_device = argv[++i];
         } else if (!strncmp(argv[i], "--device=", 9)) {
             cli_device = argv[i] + 9;
+        } else if (!strcmp(argv[i], "--bf16-act")) {
+            cli_bf16_act = 1;
         } else {
             argv[out++] = argv[i];
         }

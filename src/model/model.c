@@ -805,7 +805,7 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         goto fail;
     }
     m->borrowed_be = be != NULL;
-    m->be = be ? be : g4_backend_new(params->device, params->n_threads, err);
+    m->be = be ? be : g4_backend_new(params->device, params->n_threads, params->bf16_activations, err);
     if (!m->be) goto fail;
     if (m->be->ops->host_memory && params->progress && !m->random) page_in(m, params);
     if (bind_weights(m, params, err, NULL) || place_vectors(m, err)) goto fail;

@@ -12,6 +12,7 @@ typedef struct srv_options {
     int port;                 /* default 8080; 0: any free port (printed) */
     const char *api_key;      /* NULL: no key */
     const char *device;       /* NULL: automatic */
+    int bf16_activations;     /* g4_load_params.bf16_activations (--bf16-act) */
     int n_threads;            /* 0: all cores */
     int parallel;             /* sequences served at once (default 4) */
     int n_ctx;                /* positions per sequence (default: the model's, at most 4096) */

@@ -20,6 +20,9 @@ typedef struct g4_cpu {
     int n_threads;
     g4_cpu_scratch scratch[G4_CPU_MAX_THREADS];
     int failed; /* set when an op could not get memory; the forward step reports it */
+    /* g4_load_params.bf16_activations: products with BF16 weights round the activations to bf16 (RNE) once per
+     * matmul (matmul.c) */
+    int bf16_act;
     /* buffers the MoE op reuses between calls */
     float *moe_buf;
     size_t moe_cap;
@@ -58,7 +61,7 @@ typedef struct g4_q8_rows {
 } g4_q8_rows;
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks (and int8 activations not switched off
- * by G4_CPU_NO_Q8_ACT, for comparisons). */
+ * by G4_NO_INT8_ACT, for comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 /* The products of a matmul set on one input, one int8 quantization of x and one pool job: every w[i] Q8_0 or
@@ -149,10 +152,21 @@ typedef struct g4_cpu_kernels {
      * row t, the same bits as q_gemm gives (decode) */
     void (*q_gemv)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, const g4_q8_rows *a,
                    int t, float *y);
+    /* NULL, or y[t * ldy + r] = dot(w row r, x row t) with both in bf16 (w: nr <= 4 rows of n, ldw apart; x: nt
+     * <= G4_BF16X_TT rows of n, ldx apart), products of element pairs summed in f32 (vdpbf16ps); each (row, token) the
+     * same bits for every tile shape (batch invariance). Sets without it multiply the rounded activations,
+     * widened to f32, by bf16_tile. */
+    void (*bf16x_tile)(const uint16_t *w, size_t ldw, int nr, const uint16_t *x, size_t ldx, int nt, size_t n,
+                       float *y, size_t ldy);
     /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
      * off), the same bytes as g4_cpu_q8_quantize's reference rule */
     void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
 } g4_cpu_kernels;
+
+/* the most tokens of one bf16x_tile call */
+#ifndef G4_BF16X_TT
+#define G4_BF16X_TT 6
+#endif
 
 /* the register tile of q_gemm (rows x tokens) */
 #define G4_Q_TR 4
@@ -203,7 +217,8 @@ const g4_cpu_kernels *g4_cpu_kernels_avx512(void);
 const g4_cpu_kernels *g4_cpu_kernels_neon(void);     /* aarch64: NEON, widening int8 products */
 const g4_cpu_kernels *g4_cpu_kernels_neon_dot(void); /* aarch64: NEON with SDOT (dot-product extension) */
 
-/* The names of every instruction set, NULL-terminated: "scalar", "avx2", "avx512", "neon", "neon_dot". */
+/* The names of every instruction set, NULL-terminated: "scalar", "avx2", "avx512", "neon", "neon_dot". The
+ * avx512 set has bf16x_tile where the CPU has AVX512_BF16. */
 extern const char *const g4_cpu_isas[];
 
 /* The kernel table of an instruction set (a name of g4_cpu_isas), NULL if this CPU or build

@@ -771,7 +771,7 @@ static const g4_backend_ops cpu_ops = {
     .local_attention = g4_cpu_local_attention,
 };
 
-g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err) {
+g4_backend *g4_backend_cpu_new(int n_threads, int bf16_act, g4_error *err) {
     g4_backend *be = calloc(1, sizeof *be);
     g4_cpu *cpu = calloc(1, sizeof *cpu);
     if (!be || !cpu) {
@@ -790,6 +790,7 @@ g4_backend *g4_backend_cpu_new(int n_threads, g4_error *err) {
         return NULL;
     }
     cpu->n_threads = g4_pool_threads(cpu->pool);
+    cpu->bf16_act = bf16_act != 0;
     (void)g4_cpu_kernels_get();
     be->ops = &cpu_ops;
     be->impl = cpu;

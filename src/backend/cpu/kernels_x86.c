@@ -1,7 +1,8 @@
 /* x86-64 SIMD kernels of the CPU backend (the scalar set in kernels.c is their
  * reference): AVX2+FMA+F16C, and AVX-512 (F, BW, VL, VNNI) with vpdpbusd for int8
- * activations. Each function carries its target attribute, so the file builds for any
- * x86-64 and the set is used only where the CPU reports the features. */
+ * activations and, where the CPU has AVX512_BF16, vdpbf16ps for bf16 activations. Each
+ * function carries its target attribute, so the file builds for any x86-64 and the set is
+ * used only where the CPU reports the features. */
 #include "backend/cpu/cpu.h"
 
 #if defined(__x86_64__)
@@ -471,6 +472,82 @@ __attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp,
             q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, 1);
 }
 
+/* ------------------------------------------- bf16 activations, AVX512_BF16 */
+/* bf16x_tile: vdpbf16ps multiplies the bf16 pairs (2i, 2i+1) of a weight vector and an activation vector and
+ * adds both products to f32 lane i. Weights and activations are rows of consecutive elements, so a pair is the
+ * same two columns on both sides and each lane sums whole products of one (row, token): no packing is needed.
+ * 32 columns per step, 4 rows x NT tokens (16 accumulators, 8 operand registers), the columns past the last
+ * whole 32 by masked loads (zeros add nothing). Every (row, token) sees the same instructions in the same order
+ * for every NR and NT (batch invariance). */
+#define TBF16 "avx512f,avx512bw,avx512bf16"
+/* the sums of the lanes of a0..a3 in lanes 0..3; each sum's additions are the same whatever the other inputs are */
+__attribute__((target(TBF16), always_inline)) static inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+#define HALVES(a) _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
+    const __m256 c01 = _mm256_hadd_ps(HALVES(a0), HALVES(a1)), c23 = _mm256_hadd_ps(HALVES(a2), HALVES(a3));
+#undef HALVES
+    const __m256 d = _mm256_hadd_ps(c01, c23); /* per 128-bit half: the 4 inputs' sums of that half */
+    return _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+}
+__attribute__((target(TBF16), always_inline)) static inline void bf16x_fixed(const uint16_t *w, size_t ldw,
+                                                                            const uint16_t *x, size_t ldx, size_t n,
+                                                                            float *y, size_t ldy, const int NR,
+                                                                            const int NT) {
+    __m512 acc[4][G4_BF16X_TT];
+    for (int r = 0; r < NR; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512i wv[4];
+        for (int r = 0; r < NR; r++) wv[r] = _mm512_loadu_si512(w + (size_t)r * ldw + i);
+        for (int t = 0; t < NT; t++) {
+            const __m512i xv = _mm512_loadu_si512(x + (size_t)t * ldx + i);
+            for (int r = 0; r < NR; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+        }
+    }
+    if (i < n) {
+        const __mmask32 m = (__mmask32)((1ull << (n - i)) - 1);
+        __m512i wv[4], xv[G4_BF16X_TT];
+        for (int r = 0; r < NR; r++) wv[r] = _mm512_maskz_loadu_epi16(m, w + (size_t)r * ldw + i);
+        for (int t = 0; t < NT; t++) xv[t] = _mm512_maskz_loadu_epi16(m, x + (size_t)t * ldx + i);
+        for (int r = 0; r < NR; r++)
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv[t]);
+    }
+    for (int t = 0; t < NT; t++) { /* the 4 rows' sums at once (a 1-row tile: zeros beside it, the same bits) */
+        const __m512 z = _mm512_setzero_ps();
+        const __m128 s = hsum4(acc[0][t], NR > 1 ? acc[1][t] : z, NR > 2 ? acc[2][t] : z, NR > 3 ? acc[3][t] : z);
+        if (NR == 4) {
+            _mm_storeu_ps(y + (size_t)t * ldy, s);
+        } else {
+            float v[4];
+            _mm_storeu_ps(v, s);
+            for (int r = 0; r < NR; r++) y[(size_t)t * ldy + (size_t)r] = v[r];
+        }
+    }
+}
+
+__attribute__((target(TBF16))) static void bf16x_tile_avx512(const uint16_t *w, size_t ldw, int nr, const uint16_t *x,
+                                                            size_t ldx, int nt, size_t n, float *y, size_t ldy) {
+    if (nr == 4) {
+        switch (nt) {
+#if G4_BF16X_TT >= 8
+        case 8: bf16x_fixed(w, ldw, x, ldx, n, y, ldy, 4, 8); return;
+        case 7: bf16x_fixed(w, ldw, x, ldx, n, y, ldy, 4, 7); return;
+#endif
+#if G4_BF16X_TT >= 6
+        case 6: bf16x_fixed(w, ldw, x, ldx, n, y, ldy, 4, 6); return;
+        case 5: bf16x_fixed(w, ldw, x, ldx, n, y, ldy, 4, 5); return;
+#endif
+        case 4: bf16x_fixed(w, ldw, x, ldx, n, y, ldy, 4, 4); return;
+        case 3: bf16x_fixed(w, ldw, x, ldx, n, y, ldy, 4, 3); return;
+        case 2: bf16x_fixed(w, ldw, x, ldx, n, y, ldy, 4, 2); return;
+        case 1: bf16x_fixed(w, ldw, x, ldx, n, y, ldy, 4, 1); return;
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t++)
+            bf16x_fixed(w + (size_t)r * ldw, ldw, x + (size_t)t * ldx, ldx, n, y + (size_t)t * ldy + r, ldy, 1, 1);
+}
+
 /* exp, gelu and tanh: the constants and the method are in cpu.h */
 
 __attribute__((target("avx2,fma"))) static inline __m256 exp256(__m256 x) {
@@ -637,12 +714,17 @@ PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm51
 
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
                                       axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2,
-                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL, NULL};
+                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL, NULL, NULL};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
-                                        bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512,
+                                        bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, NULL,
                                         q8_group_row_avx512};
+static const g4_cpu_kernels k_avx512_bf16 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
+                                             axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
+                                             exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
+                                             bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, bf16x_tile_avx512,
+                                             q8_group_row_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();
@@ -654,7 +736,7 @@ const g4_cpu_kernels *g4_cpu_kernels_avx512(void) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vbmi")
-               ? &k_avx512
+               ? (__builtin_cpu_supports("avx512bf16") ? &k_avx512_bf16 : &k_avx512)
                : NULL;
 }
 #else

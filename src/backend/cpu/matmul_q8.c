@@ -22,7 +22,7 @@
 
 int g4_cpu_q8_supported(const g4_tensor *w) {
     const int64_t in = w->shape[w->ndim - 1];
-    return (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) && in % 32 == 0 && getenv("G4_CPU_NO_Q8_ACT") == NULL;
+    return (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) && in % 32 == 0 && getenv("G4_NO_INT8_ACT") == NULL;
 }
 
 /* Quantizes rows [t0, t1) of x into a (the reference rule of core/quant.c, f32 scale): the plain

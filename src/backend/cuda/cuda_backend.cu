@@ -12,8 +12,9 @@
  * into a CUDA graph the second time, and replayed from the third on. Workspaces that move afterwards bump a
  * generation, and recordings of an older generation are captured again. Environment: G4_CUDA_GRAPHS=0 turns
  * recordings off, G4_CUDA_PDL=0 programmatic dependent launch, G4_CUDA_PROFILE=1 prints the time of each
- * kernel when the backend is freed (steps then run eagerly), G4_CUDA_GEMM=bf16 the precise prefill
- * products (cuda_blas.cu: activations rounded to bf16 once, half the tensor-core work). */
+ * kernel when the backend is freed (steps then run eagerly), G4_CUDA_GEMM=bf16 (or bf16_act, from
+ * g4_load_params.bf16_activations) turns off the precise prefill products (cuda_blas.cu: activations rounded to
+ * bf16 once, half the tensor-core work). */
 #include "backend/cuda/cuda_common.cuh"
 
 #include <stdio.h>
@@ -412,7 +413,7 @@ extern "C" int g4_cuda_available(void) {
     return n > 0;
 }
 
-extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
+extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n <= 0) {
@@ -446,7 +447,8 @@ extern "C" g4_backend *g4_backend_cuda_new(g4_error *err) {
 #endif
     c->pdl = !env_is("G4_CUDA_PDL", "0");
     c->graphs_on = !env_is("G4_CUDA_GRAPHS", "0");
-    c->gemm_split = !env_is("G4_CUDA_GEMM", "bf16");
+    c->gemm_split = !bf16_act && !env_is("G4_CUDA_GEMM", "bf16");
+    c->float_act = getenv("G4_NO_INT8_ACT") != NULL;
     const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
     const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");

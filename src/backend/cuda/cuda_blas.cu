@@ -5,7 +5,7 @@
  * products to the weights' 16-bit type, after the RMSNorm when the set has one. Products accumulate in f32.
  * Rounding the activations to bf16 costs about 3 significant digits, so by default the rounding remainder is
  * multiplied too (x = hi + lo, both bf16: near f32 accuracy for twice the tensor-core work); G4_CUDA_GEMM=bf16
- * rounds once (the usual engines' choice). f32 weights use an f32 product (SGEMM). The emulator computes the same products with
+ * or g4_load_params.bf16_activations rounds once (the usual engines' choice). f32 weights use an f32 product (SGEMM). The emulator computes the same products with
  * plain loops. */
 #include "backend/cuda/cuda_common.cuh"
 

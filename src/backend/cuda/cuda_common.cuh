@@ -161,6 +161,7 @@ template <> struct g4_wload<G4_F32> {
 typedef struct g4c_qrow {
     int in;    /* elements of a row */
     int group; /* MLX group (elements per scale) */
+    int gshift; /* log2(group) when group is a power of two, else -1 (the GEMV's group index without a division) */
     int sk;    /* MLX scale kind: 0 bf16, 1 f16, 2 f32 */
 } g4c_qrow;
 
@@ -193,6 +194,9 @@ static inline g4c_qrow g4c_qrow_of(const g4_tensor *w) {
     g4c_qrow q;
     q.in = (int)(w->ndim ? w->shape[w->ndim - 1] : 1);
     q.group = w->group > 0 ? w->group : 32;
+    q.gshift = -1;
+    for (int b = 0; b < 16; b++)
+        if (q.group == 1 << b) q.gshift = b;
     q.sk = w->scale_dtype == G4_F32 ? 2 : w->scale_dtype == G4_F16 ? 1 : 0;
     return q;
 }
@@ -225,10 +229,20 @@ static __device__ __forceinline__ void g4_nib32(const uint4 &v, int j, float zer
     g4_bytes4((b >> sh) & 0x0F0F0F0Fu, zero, f + 4);
 }
 
+/* sum over the 4 words c of v: low nibbles of c times int8 word xl.c, high nibbles times xh.c (__dp4a) */
+static __device__ __forceinline__ int g4_dot_nib(const uint4 &v, const uint4 &xl, const uint4 &xh) {
+    const unsigned m = 0x0F0F0F0Fu;
+    int s = __dp4a((int)(v.x & m), (int)xl.x, 0);
+    s = __dp4a((int)((v.x >> 4) & m), (int)xh.x, s), s = __dp4a((int)(v.y & m), (int)xl.y, s);
+    s = __dp4a((int)((v.y >> 4) & m), (int)xh.y, s), s = __dp4a((int)(v.z & m), (int)xl.z, s);
+    s = __dp4a((int)((v.z >> 4) & m), (int)xh.z, s), s = __dp4a((int)(v.w & m), (int)xl.w, s);
+    return __dp4a((int)((v.w >> 4) & m), (int)xh.w, s);
+}
+
 template <int DT> struct g4_qt;
 template <> struct g4_qt<G4_Q8_0> {
-    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
         r[2] = uint4();
         r[2].x = g4_ld_u16(row + q.in + 2 * (k / 32));
@@ -241,24 +255,37 @@ template <> struct g4_qt<G4_Q8_0> {
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
         *a = g4_h2f((uint16_t)(r[2].x & 0xffffu)), *b = 0.0f;
     }
+    /* sum of code * xq over the 32 elements (xq: int8 activations x0 = elements 0..15, x1 = 16..31) */
+    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+        int s = __dp4a((int)r[0].x, (int)x0.x, 0);
+        s = __dp4a((int)r[0].y, (int)x0.y, s), s = __dp4a((int)r[0].z, (int)x0.z, s);
+        s = __dp4a((int)r[0].w, (int)x0.w, s), s = __dp4a((int)r[1].x, (int)x1.x, s);
+        s = __dp4a((int)r[1].y, (int)x1.y, s), s = __dp4a((int)r[1].z, (int)x1.z, s);
+        return __dp4a((int)r[1].w, (int)x1.w, s);
+    }
 };
 template <> struct g4_qt<G4_Q4_0> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 8, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         r[1] = uint4();
-        r[1].x = g4_ld_u16(row + q.in / 2 + 2 * (k / 32));
+        r[1].x = g4_ld_u16(row + (unsigned)q.in / 2 + 2 * (k / 32));
     }
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib32(r[0], j, 8.0f, f); }
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
         *a = g4_h2f((uint16_t)(r[1].x & 0xffffu)), *b = 0.0f;
     }
+    /* sum of nibble * xq (nibbles 0..15; the caller subtracts ZERO * sum(xq)): word j's low nibbles are
+     * elements 4j..4j+3, its high nibbles elements 16+4j.. */
+    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+        return g4_dot_nib(r[0], x0, x1);
+    }
 };
 template <> struct g4_qt<G4_Q4_K> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
-        r[1] = g4_ld_u4(row + q.in / 2 + 16 * (k / 256));
+        r[1] = g4_ld_u4(row + (unsigned)q.in / 2 + 16 * (k / 256));
     }
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib32(r[0], j, 0.0f, f); }
     /* sub-block s = (k / 32) % 8: scale d * sc_s, offset -dmin * m_s (6-bit sc, m unpacked as g4_k_scale_min) */
@@ -279,14 +306,14 @@ template <> struct g4_qt<G4_Q4_K> {
     }
 };
 template <> struct g4_qt<G4_Q6_K> {
-    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0, I8 = 0, ZERO = 0, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         const unsigned char *c = row + (size_t)k * 3 / 4;
         r[0] = g4_ld_stream(c), r[1] = g4_ld_stream(c + 16), r[2] = g4_ld_stream(c + 32);
         const unsigned char *sc = row + (size_t)q.in * 3 / 4;
         r[3] = uint4();
         r[3].x = g4_ld_u32(sc + k / 16);
-        r[3].y = g4_ld_u16(sc + q.in / 16 + 2 * (k / 256));
+        r[3].y = g4_ld_u16(sc + (unsigned)q.in / 16 + 2 * (k / 256));
     }
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
         const uint4 &v = r[j >> 2];
@@ -310,8 +337,8 @@ static __device__ __forceinline__ void g4_mlx_pair(const uint4 &m, int sk, float
     else
         *a = g4_bf2f((uint16_t)(m.x & 0xffffu)), *b = g4_bf2f((uint16_t)(m.x >> 16));
 }
-static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, int k, const g4c_qrow &q, uint4 *m) {
-    const int g = k / q.group;
+static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, unsigned k, const g4c_qrow &q, uint4 *m) {
+    const unsigned g = q.gshift >= 0 ? k >> q.gshift : k / (unsigned)q.group;
     *m = uint4();
     if (q.sk == 2) {
         const uint2 v = __ldg((const uint2 *)(pairs + 8 * (size_t)g));
@@ -321,10 +348,10 @@ static __device__ __forceinline__ void g4_mlx_meta(const unsigned char *pairs, i
     }
 }
 template <> struct g4_qt<G4_MLX4> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = 0, PERM = 1 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
-        g4_mlx_meta(row + q.in / 2, k, q, &r[1]);
+        g4_mlx_meta(row + (unsigned)q.in / 2, k, q, &r[1]);
     }
     /* LSB first: byte i holds elements 2i (low nibble) and 2i+1 */
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
@@ -337,10 +364,17 @@ template <> struct g4_qt<G4_MLX4> {
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &q, int, int, float *a, float *b) {
         g4_mlx_pair(r[1], q.sk, a, b);
     }
+    /* sum of code * xq, the int8 inputs staged with PERM: per 8 elements the even ones, then the odd ones */
+    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+        uint4 xl, xh; /* word j of the codes: elements 8j.. (evens x word 2j, odds 2j+1) */
+        xl.x = x0.x, xl.y = x0.z, xl.z = x1.x, xl.w = x1.z;
+        xh.x = x0.y, xh.y = x0.w, xh.z = x1.y, xh.w = x1.w;
+        return g4_dot_nib(r[0], xl, xh);
+    }
 };
 template <> struct g4_qt<G4_MLX8> {
-    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1 };
-    static __device__ __forceinline__ void load(const unsigned char *row, int k, const g4c_qrow &q, uint4 *r) {
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = -128, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k), r[1] = g4_ld_stream(row + k + 16);
         g4_mlx_meta(row + q.in, k, q, &r[2]);
     }
@@ -350,6 +384,15 @@ template <> struct g4_qt<G4_MLX8> {
     }
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &q, int, int, float *a, float *b) {
         g4_mlx_pair(r[2], q.sk, a, b);
+    }
+    /* sum of (code - 128) * xq (the caller adds 128 * sum(xq): ZERO = -128) */
+    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+        const unsigned m = 0x80808080u;
+        int s = __dp4a((int)(r[0].x ^ m), (int)x0.x, 0);
+        s = __dp4a((int)(r[0].y ^ m), (int)x0.y, s), s = __dp4a((int)(r[0].z ^ m), (int)x0.z, s);
+        s = __dp4a((int)(r[0].w ^ m), (int)x0.w, s), s = __dp4a((int)(r[1].x ^ m), (int)x1.x, s);
+        s = __dp4a((int)(r[1].y ^ m), (int)x1.y, s), s = __dp4a((int)(r[1].z ^ m), (int)x1.z, s);
+        return __dp4a((int)(r[1].w ^ m), (int)x1.w, s);
     }
 };
 
@@ -465,6 +508,7 @@ typedef struct g4c_buf {
     size_t cap;
 } g4c_buf;
 
+#define G4C_RESIDENT_MAX 64
 typedef struct g4c {
     cudaStream_t stream;
     cudaDeviceProp prop;
@@ -487,6 +531,14 @@ typedef struct g4c {
     void *blas;           /* cublasHandle_t (NULL in the emulator) */
     void *blas_ws;
     int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
+    struct { /* blocks of a kernel (with so much dynamic shared memory) resident on a multiprocessor */
+        const void *kernel;
+        size_t smem;
+        int blocks;
+    } resident[G4C_RESIDENT_MAX];
+    int n_resident;
+    int float_act;        /* G4_NO_INT8_ACT set: one-token products of Q8_0/Q4_0/MLX weights with float activations
+                           * (exact products of the stored weights, for comparisons) */
     size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
     int att_min_keys;     /* decode attention: keys a split-K block takes at least (32; G4_CUDA_ATT_MIN_KEYS=16..512) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups

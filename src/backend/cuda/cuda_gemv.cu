@@ -14,9 +14,18 @@
  * EPA codes (32 or 64, 16-32 bytes of 16-byte loads) and the word of its scales, fewer accesses in flight (about
  * 64 bytes of codes per lane); each segment of codes sharing a scale is summed as sum(v x) with the codes turned
  * into floats by a byte permute and one subtraction (no int-to-float conversions), then scaled, plus the
- * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). The
- * router of the MoE block (g4c_matmul_scaled) stays on this GEMV in steps of G4C_GEMV_MAX tokens for every
- * step size when it is quantized, so that it reads exact weights.
+ * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). Q8_0,
+ * Q4_0, MLX4 and MLX8 instead read the inputs as int8 blocks (the Q8_0 rule of the CPU's matmul_q8.c, as llama.cpp: d =
+ * max|x|/127 per 32 of the normalized input, q = rint(x/d)), quantized by each block while it stages them (no
+ * float copy, so a tile holds about 3x the inputs), and multiply them with __dp4a (4 byte products an
+ * instruction; Q4_0's nibbles unpacked by masks and shifts of 32-bit words, its -8 taken as 8 * sum(q) per
+ * block; MLX4's inputs staged as the even then the odd elements of each 8, its codes' order; MLX8's codes
+ * taken as code - 128, then + 128 * sum(q)): per 32 weights acc += d * (dw * integer sum + bw * sum(q)) (bw the
+ * MLX bias), the same arithmetic per token for any step size. With G4_NO_INT8_ACT set (c->float_act, as the
+ * CPU: comparisons of the stored weights' exact products) they take the float path too. The router of the MoE
+ * block (g4c_matmul_scaled) always multiplies float activations (int8 ones picked other experts on the moe
+ * fixture) and stays on this GEMV in steps of G4C_GEMV_MAX tokens for every step size when it is quantized,
+ * so that it reads exact weights.
  *
  * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu; quantized weights decoded to bf16
  * tiles first) and one epilogue kernel. */
@@ -56,11 +65,12 @@ typedef struct gemv_args {
 /* One access of a lane: EPA weights in WORDS 16-byte words (plain types: 8 weights; quantized types: the codes
  * and a word of scales, cuda_common.cuh g4_qt). */
 template <int DT, bool Q = (DT >= G4_Q4_0)> struct wraw {
-    enum { EPA = 8, WORDS = DT == G4_F32 ? 2 : 1, QUANT = 0, SEG = 8, NEED_SUM = 0 };
+    enum { EPA = 8, WORDS = DT == G4_F32 ? 2 : 1, QUANT = 0, SEG = 8, NEED_SUM = 0, I8 = 0, PERM = 0 };
 };
 template <int DT> struct wraw<DT, true> {
     enum { EPA = g4_qt<DT>::EPA, WORDS = g4_qt<DT>::QW + 1, QUANT = 1, SEG = g4_qt<DT>::SEG,
-           NEED_SUM = g4_qt<DT>::NEED_SUM };
+           NEED_SUM = g4_qt<DT>::NEED_SUM, I8 = g4_qt<DT>::I8,
+           PERM = g4_qt<DT>::PERM };
 };
 /* accesses in flight per lane: about 64 bytes of codes and scales (Q4_K's scales are a whole word; ptxas
  * gave its one-token kernel 124 registers with 4) */
@@ -123,6 +133,60 @@ template <int NT> static __device__ __forceinline__ void stage_sums(const float 
     }
 }
 
+/* Inputs k0 .. k0+len of the n token rows src [n][sld] (elements past `avail` are zeros), times norm[k] (if
+ * any) and scale[t] (the 1/rms of token t, if any), as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c:
+ * d = max|x|/127 per 32, q = rint(x/d)): codes xq [NT][ld], per block (d, sum of q) in xd [NT][ld / 32].
+ * Eight lanes a block, four elements a lane, so a warp quantizes four blocks at once with three shuffles
+ * per reduction (every block of a GEMV does this for the whole input: with a warp a block and five-step
+ * reductions it cost more instructions than the 31B's 4-bit products themselves, ncu on the H200).
+ * PERM: each 8 elements stored as the even ones, then the odd ones (MLX4's code order). len: a multiple of 32. */
+template <int NT, int PERM>
+static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
+                                                int ld, int len, int n, const float *scale, signed char *xq,
+                                                float2 *xd) {
+    const int lane = threadIdx.x & 31, sub = lane & 7, nb = len / 32;
+    for (int base = (threadIdx.x >> 5) * 4; base < NT * nb; base += GEMV_THREADS / 8) {
+        const int i = base + (lane >> 3), t = i / nb, b = i - t * nb, k = b * 32 + sub * 4;
+        const bool on = i < NT * nb && t < n;
+        const float sc = on && scale ? scale[t] : 1.0f;
+        float v[4], m = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int kk = k + j;
+            v[j] = on && kk < avail ? src[(size_t)t * sld + k0 + kk] * (norm ? norm[k0 + kk] : 1.0f) : 0.0f;
+            v[j] *= sc;
+            m = fmaxf(m, fabsf(v[j]));
+        }
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        unsigned w = 0;
+        int sq = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int q = __float2int_rn(v[j] * id);
+            sq += q;
+            w |= ((unsigned)q & 0xffu) << (8 * j);
+        }
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o); /* |sum| <= 4064 */
+        int pos = sub * 4;
+        if (PERM) { /* lanes 2g and 2g+1 hold elements 0-3 and 4-7 of group g: (e0 e2 e4 e6) and (e1 e3 e5 e7) */
+            const unsigned other = __shfl_xor_sync(0xffffffffu, w, 1);
+            const unsigned lo = sub & 1 ? other : w, hi = sub & 1 ? w : other;
+            w = sub & 1 ? (((lo >> 8) & 0xffu) | (((lo >> 24) & 0xffu) << 8) | (((hi >> 8) & 0xffu) << 16) |
+                           (((hi >> 24) & 0xffu) << 24))
+                        : ((lo & 0xffu) | (((lo >> 16) & 0xffu) << 8) | ((hi & 0xffu) << 16) |
+                           (((hi >> 16) & 0xffu) << 24));
+            pos = (sub >> 1) * 8 + (sub & 1) * 4;
+        }
+        if (on) {
+            *(unsigned *)(xq + (size_t)t * ld + b * 32 + pos) = w;
+            if (sub == 0) xd[(size_t)t * (ld / 32) + b] = make_float2(d, (float)sq);
+        }
+    }
+}
+
 /* product p and its local row of a row of the set's concatenated row space */
 static __device__ __forceinline__ int which_product(const gemv_args &a, int row, int *local) {
     int p = 0;
@@ -170,17 +234,24 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
 /* A block of 8 warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
  * inputs (normalized) in shared memory, one tile of ktile elements at a time; each lane streams 16 bytes of
  * weights per access, GEMV_UNROLL accesses in flight, the next ones issued before the current are used. */
-template <int DT, int NT, int RP, int UN = wunroll<DT>::N>
+template <int DT, int NT, int RP, bool FA, int UN = wunroll<DT>::N>
 __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     constexpr int W = wraw<DT>::WORDS, EPA = wraw<DT>::EPA;
-    G4_DYN_SMEM(float, xs); /* [NT][ktile], then (quantized types with offsets) [NT][ktile / 32] sums */
+    /* [NT][ktile] floats, then (quantized types with offsets) [NT][ktile / 32] sums; int8 activations: codes
+     * [NT][ktile], (d, sum) [NT][ktile / 32], then (residual prologue) the floats [ktile] */
+    G4_DYN_SMEM(float, smem);
     __shared__ float red[8][RP * NT];
     __shared__ float inv_rms[NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int wpr = a.wpr, groups = 8 / wpr, g = warp / wpr, sub = warp % wpr;
     const int step = wpr * 32 * EPA, k0 = (sub * 32 + lane) * EPA;
     const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
+    constexpr bool I8 = wraw<DT>::I8 && !FA; /* FA: float activations (exact products, routers) */
+    signed char *xq = (signed char *)smem;
+    float2 *xd = (float2 *)(xq + (size_t)NT * kt);
+    float *xs = I8 ? (float *)(xd + (size_t)NT * (kt / 32)) : smem;
     float *xsum = xs + (size_t)NT * kt;
+    const float *qscale = a.norm ? inv_rms : nullptr; /* int8 activations: the 1/rms is in the codes' scale */
 
     /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
     int row = blockIdx.x * groups + g;
@@ -237,10 +308,17 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             inv_rms[threadIdx.x] = rsqrtf(s / (float)a.in + a.eps);
         }
     }
-    if (ntiles == 1 && !(NT == 1 && a.res_out)) stage_x<NT>(a, xs, kt, 0, kt);
+    if (ntiles == 1 && !(NT == 1 && a.res_out) && !I8) stage_x<NT>(a, xs, kt, 0, kt);
     __syncthreads();
-    if (wraw<DT>::NEED_SUM && ntiles == 1) {
+    if (wraw<DT>::NEED_SUM && !I8 && ntiles == 1) {
         stage_sums<NT>(xs, kt, kt, xsum);
+        __syncthreads();
+    }
+    if (I8 && ntiles == 1) { /* from the residual prologue's floats, else from x */
+        if (NT == 1 && a.res_out)
+            stage_q8<NT, wraw<DT>::PERM>(xs, kt, 0, kt, nullptr, kt, kt, a.n, qscale, xq, xd);
+        else
+            stage_q8<NT, wraw<DT>::PERM>(a.x, a.in, 0, a.in, a.norm, kt, kt, a.n, qscale, xq, xd);
         __syncthreads();
     }
     g4_grid_launch_dependents();
@@ -257,15 +335,20 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             const int t0 = tile * kt, len = a.in - t0 < kt ? a.in - t0 : kt;
             if (ntiles > 1) { /* (the grid covers every row once when there are several tiles) */
                 if (tile > 0) __syncthreads();
-                stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
+                if (I8)
+                    stage_q8<NT, wraw<DT>::PERM>(a.x, a.in, t0, len, a.norm, kt, len, a.n, qscale, xq, xd);
+                else
+                    stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
                 __syncthreads();
-                if (wraw<DT>::NEED_SUM) {
+                if (wraw<DT>::NEED_SUM && !I8) {
                     stage_sums<NT>(xs, kt, len, xsum);
                     __syncthreads();
                 }
+
                 if (tile > 0 && active) issue<DT, RP, UN>(rp, t0, k0, step, len, a.q, pre);
             }
             if (!active) continue;
+#pragma unroll 2 /* (two iterations in one body: the copy of pre into cur becomes a renaming of registers) */
             for (int k = k0; k < len; k += step * UN) {
                 uint4 cur[RP][UN][W];
 #pragma unroll
@@ -275,7 +358,30 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 #pragma unroll
                         for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
                 issue<DT, RP, UN>(rp, t0, k + step * UN, step, len, a.q, pre); /* the next, before these are used */
-                if constexpr (wraw<DT>::QUANT) {
+                if constexpr (I8) {
+                    /* per 32: acc += dw * dx * (sum(code * xq) - ZERO * sum(xq)), integer products (dp4a) */
+#pragma unroll
+                    for (int u = 0; u < UN; u++) {
+                        const int kk = k + u * step;
+                        if (kk >= len) continue;
+                        float dw[RP], bw[RP]; /* MLX: w = dw * code + bw */
+#pragma unroll
+                        for (int r = 0; r < RP; r++) g4_qt<DT>::seg(cur[r][u], a.q, t0 + kk, 0, &dw[r], &bw[r]);
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            const uint4 x0 = *(const uint4 *)(xq + (size_t)t * kt + kk);
+                            const uint4 x1 = *(const uint4 *)(xq + (size_t)t * kt + kk + 16);
+                            const float2 dx = xd[(size_t)t * (kt / 32) + kk / 32];
+                            /* (integers below 2^24 in magnitude: exact in floats, no float-to-int conversion) */
+                            const float off = (float)g4_qt<DT>::ZERO * dx.y;
+#pragma unroll
+                            for (int r = 0; r < RP; r++) {
+                                const float v = dw[r] * ((float)g4_qt<DT>::dot32(cur[r][u], x0, x1) - off);
+                                acc[r][t] += dx.x * (wraw<DT>::NEED_SUM ? fmaf(bw[r], dx.y, v) : v);
+                            }
+                        }
+                    }
+                } else if constexpr (wraw<DT>::QUANT) {
                     /* per segment: acc += a * sum(v x) + b * sum(x), v the codes minus the zero point */
                     constexpr int SEG = wraw<DT>::SEG;
 #pragma unroll
@@ -379,7 +485,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 #pragma unroll
                 for (int q = 0; q < NT; q++)
                     if (q == t) s = acc[r][q];
-                v[r] = (a.norm ? s * inv_rms[t] : s) * a.scale;
+                v[r] = (a.norm && !I8 ? s * inv_rms[t] : s) * a.scale;
             }
             if (RP == 2) { /* gate/up pair */
                 float gt = v[0] + (a.bias[0] ? a.bias[0][row] : 0.0f);
@@ -399,35 +505,62 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 }
 
 /* Input elements of a tile: as much of a row as c->gemv_smem holds for nt tokens (with a sum per 32 inputs for
- * the quantized types with offsets), a multiple of 256. */
-static int gemv_most(const g4c *c, int nt, int need_sum) {
-    const size_t floats = c->gemv_smem / sizeof(float);
-    return (int)(need_sum ? floats * 32 / 33 : floats) / nt / 256 * 256;
+ * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
+ * multiple of 256. */
+static int gemv_most(const g4c *c, int nt, g4_dtype t, int res, int fa) {
+    const int i8 = !fa && (t == G4_Q8_0 || t == G4_Q4_0 || t == G4_MLX4 || t == G4_MLX8); /* g4_qt I8 */
+    const int need_sum = t == G4_Q4_K;                                            /* g4_qt NEED_SUM, not I8 */
+    /* bytes per 32 inputs of a token (int8 activations: the residual prologue's floats only with nt = 1) */
+    const size_t per32 = i8 ? 32 + 8 + (res ? 128 / nt : 0) : 128 + (need_sum ? 4 : 0);
+    return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
 }
-static int gemv_need_sum(g4_dtype t) { return t == G4_Q4_K || t == G4_MLX4 || t == G4_MLX8; } /* g4_qt NEED_SUM */
 
-template <int DT, int RP> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
+/* Blocks of kernel k (with smem bytes of dynamic shared memory) that fit on a multiprocessor at once, asked once
+ * per kernel and size (a capped grid larger than one wave would run its last blocks after the others: ncu on the
+ * H200 showed 1.33 waves for the 31B's 4-bit products, 78 registers a thread leaving room for 3 blocks, not 4). */
+static int gemv_resident(g4c *c, void (*k)(gemv_args), size_t smem) {
+    for (int i = 0; i < c->n_resident; i++)
+        if (c->resident[i].kernel == (const void *)k && c->resident[i].smem == smem) return c->resident[i].blocks;
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, GEMV_THREADS, smem) != cudaSuccess || n < 1) n = 1;
+    if (c->n_resident < G4C_RESIDENT_MAX) {
+        c->resident[c->n_resident].kernel = (const void *)k;
+        c->resident[c->n_resident].smem = smem;
+        c->resident[c->n_resident++].blocks = n;
+    }
+    return n;
+}
+
+template <int DT, int RP, bool FA> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
     const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
-    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, wraw<DT>::NEED_SUM);
+    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT, a.res_out != nullptr, FA);
     a.ktile = in8 <= most ? in8 : most;
-    const size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0);
-    /* one tile: a block may own several row groups (capped grid); several: every group has its block */
+    size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0);
+    /* (int8 activations: the sums are those of the codes, beside each block's d) */
+    if (wraw<DT>::I8 && !FA) /* codes, (d, sum) pairs, the residual prologue's floats */
+        smem = (size_t)nt * a.ktile + (size_t)nt * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
+    void (*k)(gemv_args) = nt == 1   ? gemv_kernel<DT, 1, RP, FA>
+                           : nt == 2 ? gemv_kernel<DT, 2, RP, FA>
+                           : nt == 4 ? gemv_kernel<DT, 4, RP, FA>
+                                     : gemv_kernel<DT, 8, RP, FA>;
+    /* one tile: a block may own several row groups (a grid of at most one wave, gemv_cap blocks a
+     * multiprocessor); several tiles: every group has its block */
     unsigned blocks = row_blocks;
-    if (a.ktile == in8 && blocks > (unsigned)(c->n_sm * c->gemv_cap)) blocks = (unsigned)(c->n_sm * c->gemv_cap);
-    const dim3 grid(blocks);
-    if (nt == 1)
-        g4c_launch(c, gemv_kernel<DT, 1, RP>, grid, dim3(GEMV_THREADS), smem, a);
-    else if (nt == 2)
-        g4c_launch(c, gemv_kernel<DT, 2, RP>, grid, dim3(GEMV_THREADS), smem, a);
-    else if (nt == 4)
-        g4c_launch(c, gemv_kernel<DT, 4, RP>, grid, dim3(GEMV_THREADS), smem, a);
-    else
-        g4c_launch(c, gemv_kernel<DT, 8, RP>, grid, dim3(GEMV_THREADS), smem, a);
+    if (a.ktile == in8) {
+        int per_sm = gemv_resident(c, k, smem);
+        if (per_sm > c->gemv_cap) per_sm = c->gemv_cap;
+        if (blocks > (unsigned)(c->n_sm * per_sm)) blocks = (unsigned)(c->n_sm * per_sm);
+    }
+    g4c_launch(c, k, dim3(blocks), dim3(GEMV_THREADS), smem, a);
 }
 
+template <int DT, int RP, bool FA> static void allow_gemv_smem_fa(g4c *c) {
+    g4c_allow_smem(c, gemv_kernel<DT, 1, RP, FA>), g4c_allow_smem(c, gemv_kernel<DT, 2, RP, FA>);
+    g4c_allow_smem(c, gemv_kernel<DT, 4, RP, FA>), g4c_allow_smem(c, gemv_kernel<DT, 8, RP, FA>);
+}
 template <int DT, int RP> static void allow_gemv_smem(g4c *c) {
-    g4c_allow_smem(c, gemv_kernel<DT, 1, RP>), g4c_allow_smem(c, gemv_kernel<DT, 2, RP>);
-    g4c_allow_smem(c, gemv_kernel<DT, 4, RP>), g4c_allow_smem(c, gemv_kernel<DT, 8, RP>);
+    allow_gemv_smem_fa<DT, RP, false>(c);
+    if (wraw<DT>::I8) allow_gemv_smem_fa<DT, RP, true>(c);
 }
 
 void g4c_gemv_init(g4c *c) {
@@ -437,27 +570,36 @@ void g4c_gemv_init(g4c *c) {
 #undef ALLOW
 }
 
-template <int RP> static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row_blocks) {
+/* float activations (fa) only matter for the types with int8 activations (wraw<DT>::I8) */
+template <int DT, int RP> static void launch_gemv_fa(g4c *c, const gemv_args &a, unsigned row_blocks, int fa) {
+    if (wraw<DT>::I8 && fa)
+        launch_gemv_nt<DT, RP, true>(c, a, row_blocks);
+    else
+        launch_gemv_nt<DT, RP, false>(c, a, row_blocks);
+}
+
+template <int RP>
+static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row_blocks, int fa) {
     switch (dt) {
-    case G4_BF16: launch_gemv_nt<G4_BF16, RP>(c, a, row_blocks); break;
-    case G4_F16: launch_gemv_nt<G4_F16, RP>(c, a, row_blocks); break;
-    case G4_Q8_0: launch_gemv_nt<G4_Q8_0, RP>(c, a, row_blocks); break;
-    case G4_Q4_0: launch_gemv_nt<G4_Q4_0, RP>(c, a, row_blocks); break;
-    case G4_Q4_K: launch_gemv_nt<G4_Q4_K, RP>(c, a, row_blocks); break;
-    case G4_Q6_K: launch_gemv_nt<G4_Q6_K, RP>(c, a, row_blocks); break;
-    case G4_MLX4: launch_gemv_nt<G4_MLX4, RP>(c, a, row_blocks); break;
-    case G4_MLX8: launch_gemv_nt<G4_MLX8, RP>(c, a, row_blocks); break;
-    default: launch_gemv_nt<G4_F32, RP>(c, a, row_blocks); break;
+    case G4_BF16: launch_gemv_fa<G4_BF16, RP>(c, a, row_blocks, fa); break;
+    case G4_F16: launch_gemv_fa<G4_F16, RP>(c, a, row_blocks, fa); break;
+    case G4_Q8_0: launch_gemv_fa<G4_Q8_0, RP>(c, a, row_blocks, fa); break;
+    case G4_Q4_0: launch_gemv_fa<G4_Q4_0, RP>(c, a, row_blocks, fa); break;
+    case G4_Q4_K: launch_gemv_fa<G4_Q4_K, RP>(c, a, row_blocks, fa); break;
+    case G4_Q6_K: launch_gemv_fa<G4_Q6_K, RP>(c, a, row_blocks, fa); break;
+    case G4_MLX4: launch_gemv_fa<G4_MLX4, RP>(c, a, row_blocks, fa); break;
+    case G4_MLX8: launch_gemv_fa<G4_MLX8, RP>(c, a, row_blocks, fa); break;
+    default: launch_gemv_nt<G4_F32, RP, false>(c, a, row_blocks); break;
     }
 }
 
-static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float scale) {
+static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float scale, int fa) {
     gemv_args a;
     memset(&a, 0, sizeof a);
     a.scale = scale;
     const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
     if (set->res_out) {
-        if (n == 1 && in <= gemv_most(c, 1, gemv_need_sum(set->w[0]->dtype)) && set->res_out != set->res_h) { /* fused */
+        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype, 1, fa) && set->res_out != set->res_h) { /* fused */
             a.res_h = set->res_h, a.res_o = set->res_o, a.res_w = set->res_w, a.res_scale = set->res_scale;
             a.res_out = set->res_out;
         } else {
@@ -500,9 +642,9 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
     const int groups = 8 / wpr;
     const unsigned row_blocks = (unsigned)((a.rows + groups - 1) / groups);
     if (pairs)
-        launch_gemv_dt<2>(c, w0->dtype, a, row_blocks);
+        launch_gemv_dt<2>(c, w0->dtype, a, row_blocks, fa);
     else
-        launch_gemv_dt<1>(c, w0->dtype, a, row_blocks);
+        launch_gemv_dt<1>(c, w0->dtype, a, row_blocks, fa);
 }
 
 /* ---------------------------------------------------------------- prefill: epilogue after tensor-core products */
@@ -613,7 +755,7 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
         return;
     }
     if (n <= G4C_GEMV_MAX)
-        gemv(c, x, n, set, 1.0f);
+        gemv(c, x, n, set, 1.0f, c->float_act);
     else
         gemm_set(c, x, n, set);
 }
@@ -628,14 +770,14 @@ void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const 
     set.norm = norm;
     set.eps = eps;
     if (n <= G4C_GEMV_MAX) {
-        gemv(c, x, n, &set, scale);
+        gemv(c, x, n, &set, scale, 1); /* the router: float activations (int8 ones can pick other experts) */
         return;
     }
     if (g4_dtype_is_quantized(w->dtype)) { /* the router: exact weights (bf16 tiles could pick other experts) */
         const int in = (int)w->shape[w->ndim - 1], out = (int)w->shape[0];
         for (int t = 0; t < n; t += G4C_GEMV_MAX) {
             set.y[0] = y + (size_t)t * out;
-            gemv(c, x + (size_t)t * in, n - t < G4C_GEMV_MAX ? n - t : G4C_GEMV_MAX, &set, scale);
+            gemv(c, x + (size_t)t * in, n - t < G4C_GEMV_MAX ? n - t : G4C_GEMV_MAX, &set, scale, 1);
         }
         return;
     }
