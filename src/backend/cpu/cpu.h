@@ -64,6 +64,26 @@ typedef struct g4_q8_rows {
  * by G4_NO_INT8_ACT, for comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
+/* The products of a matmul set on one input, one int8 quantization of x and one pool job: every w[i] Q8_0 or
+ * Q4_0 (g4_cpu_q8_supported) of the same type and input size; bias NULL or per product (entries may be NULL). */
+void g4_cpu_matmul_q8_set(g4_cpu *cpu, const float *x, int n, int count, const g4_tensor *const *w,
+                          const float *const *bias, float *const *y);
+
+/* One product of g4_cpu_q8_products: y[n, out] = activation rows t0 .. t0+n-1 of a times w^T (+ bias). */
+typedef struct g4_q8_product {
+    const g4_tensor *w;
+    const float *bias;
+    float *y;
+    const struct g4_q8_rows *a;
+    int t0, n;
+} g4_q8_product;
+#define G4_Q8_MAX_PRODUCTS 256
+/* x[n, in] quantized into a (in cpu->act_buf, valid until the next call) for weights of `type`; -1 when out of
+ * memory (cpu->failed set). */
+int g4_cpu_q8_prepare(g4_cpu *cpu, const float *x, int n, size_t in, g4_dtype type, struct g4_q8_rows *a);
+/* count <= G4_Q8_MAX_PRODUCTS products as one pool job over their blocks of rows; each (row, token) gets the same
+ * bits as a product of its own */
+void g4_cpu_q8_products(g4_cpu *cpu, const g4_q8_product *p, int count);
 void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a);
 
 /* cpu->act_buf with at least `bytes` (64-byte aligned), NULL (and cpu->failed) when out of memory. */
@@ -138,6 +158,9 @@ typedef struct g4_cpu_kernels {
      * widened to f32, by bf16_tile. */
     void (*bf16x_tile)(const uint16_t *w, size_t ldw, int nr, const uint16_t *x, size_t ldx, int nt, size_t n,
                        float *y, size_t ldy);
+    /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
+     * off), the same bytes as g4_cpu_q8_quantize's reference rule */
+    void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
 } g4_cpu_kernels;
 
 /* the most tokens of one bf16x_tile call */

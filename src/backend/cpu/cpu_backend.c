@@ -163,7 +163,14 @@ static void cpu_matmul_set(g4_backend *be, const float *x, int n, const g4_matmu
         cpu_rmsnorm(be, x, set->norm, n, in, set->eps, cpu->set_buf);
         x = cpu->set_buf;
     }
-    for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu, x, n, set->w[i], set->bias[i], set->y[i]);
+    int one_job = 1; /* int8 products of one type: one quantization of x and one pool job for the set */
+    for (int i = 0; i < set->count; i++)
+        one_job &= g4_cpu_q8_supported(set->w[i]) && set->w[i]->dtype == set->w[0]->dtype &&
+                    set->w[i]->shape[set->w[i]->ndim - 1] == set->w[0]->shape[set->w[0]->ndim - 1];
+    if (one_job)
+        g4_cpu_matmul_q8_set(cpu, x, n, set->count, set->w, set->bias, set->y);
+    else
+        for (int i = 0; i < set->count; i++) g4_cpu_matmul(cpu, x, n, set->w[i], set->bias[i], set->y[i]);
     const size_t n0 = (size_t)n * (size_t)set->w[0]->shape[0];
     if (set->geglu) cpu_gelu_mul(be, set->y[0], set->count == 2 ? set->y[1] : set->mul, n0, set->y[0]);
     if (set->softcap > 0)
@@ -534,16 +541,95 @@ static void cpu_attention(g4_backend *be, const g4_attention_args *a) {
 }
 
 /* -------------------------------------------------------------------- MoE */
+/* Routed rows of one wave of experts: the (token, expert) pairs of experts e0 .. e1-1 in ascending expert id,
+ * each expert's tokens ascending; start[e - e0] is expert e's first pair. */
+typedef struct {
+    int e0, e1, m; /* experts [e0, e1), pairs */
+    int32_t *rows; /* [m] token of each pair */
+    float *rw;     /* [m] its routing weight */
+    int start[G4_Q8_MAX_PRODUCTS + 1];
+} moe_wave;
+
+/* The experts of a wave on int8 activations (every expert matrix Q8_0/Q4_0 of one type): the pairs' inputs
+ * quantized once, every expert's gate/up in one pool job, then their down projections in one more; each (row,
+ * token) the same bits as a product of its own. dn[i] = expert output of pair i. */
+static void moe_wave_q8(g4_cpu *cpu, const g4_moe_args *a, const moe_wave *wv, const float *xs, float *gu,
+                        float *act, float *dn) {
+    const int H = a->hidden, Im = a->expert_dim, m = wv->m;
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    g4_tensor wt[G4_Q8_MAX_PRODUCTS];
+    g4_q8_product p[G4_Q8_MAX_PRODUCTS];
+    g4_q8_rows q;
+    /* gate and up: one [2Im, H] matrix per expert, rows [m, 2Im]; or two [Im, H] ones into [m, Im] each */
+    const size_t gs = a->up ? (size_t)Im : 2 * (size_t)Im, uo = a->up ? (size_t)m * Im : (size_t)Im;
+    if (g4_cpu_q8_prepare(cpu, xs, m, (size_t)H, a->gate_up->dtype, &q)) return;
+    int np = 0;
+    for (int e = wv->e0; e < wv->e1; e++) {
+        const int s0 = wv->start[e - wv->e0], me = wv->start[e - wv->e0 + 1] - s0;
+        if (!me) continue;
+        wt[np] = g4_tensor_index(a->gate_up, e);
+        p[np] = (g4_q8_product){&wt[np], NULL, gu + (size_t)s0 * gs, &q, s0, me};
+        np++;
+        if (a->up) {
+            wt[np] = g4_tensor_index(a->up, e);
+            p[np] = (g4_q8_product){&wt[np], NULL, gu + uo + (size_t)s0 * gs, &q, s0, me};
+            np++;
+        }
+    }
+    g4_cpu_q8_products(cpu, p, np);
+    for (int i = 0; i < m; i++)
+        k->gelu_mul(gu + (size_t)i * gs, gu + (size_t)i * gs + uo, act + (size_t)i * Im, (size_t)Im);
+    if (g4_cpu_q8_prepare(cpu, act, m, (size_t)Im, a->down->dtype, &q)) return;
+    np = 0;
+    for (int e = wv->e0; e < wv->e1; e++) {
+        const int s0 = wv->start[e - wv->e0], me = wv->start[e - wv->e0 + 1] - s0;
+        if (!me) continue;
+        wt[np] = g4_tensor_index(a->down, e);
+        p[np] = (g4_q8_product){&wt[np], NULL, dn + (size_t)s0 * H, &q, s0, me};
+        np++;
+    }
+    g4_cpu_q8_products(cpu, p, np);
+}
+
+/* The experts of a wave one at a time (other weight types). */
+static void moe_wave_each(g4_cpu *cpu, const g4_moe_args *a, const moe_wave *wv, const float *xs, float *gu,
+                          float *act, float *dn) {
+    const int H = a->hidden, Im = a->expert_dim;
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    for (int e = wv->e0; e < wv->e1; e++) {
+        const int s0 = wv->start[e - wv->e0], me = wv->start[e - wv->e0 + 1] - s0;
+        if (!me) continue;
+        g4_tensor gu_w = g4_tensor_index(a->gate_up, e), dn_w = g4_tensor_index(a->down, e);
+        const size_t gs = a->up ? (size_t)Im : 2 * (size_t)Im, uo = a->up ? (size_t)me * Im : (size_t)Im;
+        g4_cpu_matmul(cpu, xs + (size_t)s0 * H, me, &gu_w, NULL, gu);
+        if (a->up) {
+            g4_tensor up_w = g4_tensor_index(a->up, e);
+            g4_cpu_matmul(cpu, xs + (size_t)s0 * H, me, &up_w, NULL, gu + uo);
+        }
+        for (int i = 0; i < me; i++)
+            k->gelu_mul(gu + (size_t)i * gs, gu + (size_t)i * gs + uo, act + (size_t)i * Im, (size_t)Im);
+        g4_cpu_matmul(cpu, act, me, &dn_w, NULL, dn + (size_t)s0 * H);
+    }
+}
+
+static int moe_q8(const g4_moe_args *a) {
+    if (!g4_cpu_q8_supported(a->gate_up) || !g4_cpu_q8_supported(a->down)) return 0;
+    if (a->up && (!g4_cpu_q8_supported(a->up) || a->up->dtype != a->gate_up->dtype)) return 0;
+    return 1;
+}
+
 static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     g4_cpu *cpu = cpu_of(be);
     const int n = a->n, H = a->hidden, E = a->n_experts, TK = a->top_k, Im = a->expert_dim;
-    /* routing, per token */
+    /* pairs per wave of experts: every pair of a step of up to 4 tokens, else 4 tokens' worth (an expert takes a
+     * token at most once, so one expert always fits) */
+    const int cap = n * TK < 4 * (n > 4 ? n : 4) ? n * TK : 4 * (n > 4 ? n : 4);
     size_t need = (size_t)n * (size_t)TK * 2 + (size_t)n * ((size_t)E + (size_t)H) /* weights, ids, logits, z */
-                  + (size_t)n * (size_t)H                               /* gathered x2 rows */
+                  + (size_t)cap * (size_t)H                             /* gathered x2 rows */
                   + (size_t)n * (size_t)H * 2                           /* x2, expert sum */
-                  + (size_t)n * 2 * (size_t)Im                          /* gate_up out */
-                  + (size_t)n * (size_t)Im + (size_t)n * (size_t)H      /* act, down out */
-                  + (size_t)n * 2;                                      /* routed rows and their weights */
+                  + (size_t)cap * 2 * (size_t)Im                        /* gate_up out */
+                  + (size_t)cap * (size_t)Im + (size_t)cap * (size_t)H  /* act, down out */
+                  + (size_t)cap * 2;                                    /* routed rows and their weights */
     if (cpu->moe_cap < need) {
         float *nb = realloc(cpu->moe_buf, need * sizeof(float));
         if (!nb) {
@@ -553,18 +639,18 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
         cpu->moe_buf = nb;
         cpu->moe_cap = need;
     }
-    float *w = cpu->moe_buf;                         /* [n, TK] routing weights */
-    int32_t *ids = (int32_t *)(w + (size_t)n * TK);  /* [n, TK] expert ids (int32 in float slots) */
-    float *lgs = (float *)(ids + (size_t)n * TK);    /* [n, E] router logits */
-    float *zs = lgs + (size_t)n * E;                 /* [n, H] router inputs */
-    float *xs = zs + (size_t)n * H;                  /* [n, H] */
-    float *gu = xs + (size_t)n * H;                  /* [n, 2Im] */
-    float *act = gu + (size_t)n * 2 * Im;            /* [n, Im] */
-    float *dn = act + (size_t)n * Im;                /* [n, H] */
-    int32_t *rows = (int32_t *)(dn + (size_t)n * H); /* [n] tokens routed to the current expert */
-    float *rw = (float *)(rows + n);                 /* [n] their routing weights */
-    float *x2 = rw + n;                              /* [n, H] rmsnorm(residual) * pre_norm2 */
-    float *esum = x2 + (size_t)n * H;                /* [n, H] the experts' weighted sum */
+    float *w = cpu->moe_buf;                           /* [n, TK] routing weights */
+    int32_t *ids = (int32_t *)(w + (size_t)n * TK);    /* [n, TK] expert ids (int32 in float slots) */
+    float *lgs = (float *)(ids + (size_t)n * TK);      /* [n, E] router logits */
+    float *zs = lgs + (size_t)n * E;                   /* [n, H] router inputs */
+    float *xs = zs + (size_t)n * H;                    /* [cap, H] the wave's gathered inputs */
+    float *gu = xs + (size_t)cap * H;                  /* [cap, 2Im] */
+    float *act = gu + (size_t)cap * 2 * Im;            /* [cap, Im] */
+    float *dn = act + (size_t)cap * Im;                /* [cap, H] */
+    int32_t *rows = (int32_t *)(dn + (size_t)cap * H); /* [cap] token of each of the wave's pairs */
+    float *rw = (float *)(rows + cap);                 /* [cap] their routing weights */
+    float *x2 = rw + cap;                              /* [n, H] rmsnorm(residual) * pre_norm2 */
+    float *esum = x2 + (size_t)n * H;                  /* [n, H] the experts' weighted sum */
     cpu_rmsnorm(be, a->residual, a->pre_norm2, n, H, a->eps, x2);
     const float inv_sqrt_h = 1.0f / sqrtf((float)H);
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
@@ -603,30 +689,35 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
         }
     }
     memset(esum, 0, (size_t)n * H * sizeof(float));
-    /* experts in ascending id order, each over the tokens routed to it */
-    for (int e = 0; e < E; e++) {
-        int m = 0;
-        for (int t = 0; t < n; t++)
-            for (int kk = 0; kk < TK; kk++)
-                if (ids[(size_t)t * TK + kk] == e) {
-                    rows[m] = t;
-                    rw[m] = w[(size_t)t * TK + kk];
-                    m++;
-                }
-        if (!m) continue;
-        for (int i = 0; i < m; i++) memcpy(xs + (size_t)i * H, x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
-        g4_tensor gu_w = g4_tensor_index(a->gate_up, e), dn_w = g4_tensor_index(a->down, e);
-        /* gate and up: one [2Im, H] matrix, rows [m, 2Im]; or two [Im, H] ones into [m, Im] each */
-        size_t gs = a->up ? (size_t)Im : 2 * (size_t)Im, uo = a->up ? (size_t)m * Im : (size_t)Im;
-        g4_cpu_matmul(cpu, xs, m, &gu_w, NULL, gu);
-        if (a->up) {
-            g4_tensor up_w = g4_tensor_index(a->up, e);
-            g4_cpu_matmul(cpu, xs, m, &up_w, NULL, gu + uo);
+    const int q8 = moe_q8(a), per_expert = a->up ? 2 : 1;
+    /* experts in ascending id order, in waves of at most cap pairs (and G4_Q8_MAX_PRODUCTS products) */
+    moe_wave wv = {.rows = rows, .rw = rw};
+    for (int e0 = 0; e0 < E;) {
+        wv.e0 = e0, wv.m = 0;
+        int e = e0;
+        for (; e < E && (e - e0 + 1) * per_expert <= G4_Q8_MAX_PRODUCTS; e++) {
+            int me = 0;
+            for (int t = 0; t < n; t++)
+                for (int kk = 0; kk < TK; kk++) me += ids[(size_t)t * TK + kk] == e;
+            if (wv.m + me > cap) break;
+            wv.start[e - e0] = wv.m;
+            for (int t = 0; t < n; t++)
+                for (int kk = 0; kk < TK; kk++)
+                    if (ids[(size_t)t * TK + kk] == e) {
+                        rows[wv.m] = t;
+                        rw[wv.m] = w[(size_t)t * TK + kk];
+                        wv.m++;
+                    }
         }
-        for (int i = 0; i < m; i++)
-            k->gelu_mul(gu + (size_t)i * gs, gu + (size_t)i * gs + uo, act + (size_t)i * Im, (size_t)Im);
-        g4_cpu_matmul(cpu, act, m, &dn_w, NULL, dn);
-        for (int i = 0; i < m; i++) k->axpy(esum + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
+        wv.e1 = e, wv.start[e - e0] = wv.m;
+        e0 = e;
+        if (!wv.m) continue;
+        for (int i = 0; i < wv.m; i++) memcpy(xs + (size_t)i * H, x2 + (size_t)rows[i] * H, (size_t)H * sizeof(float));
+        if (q8)
+            moe_wave_q8(cpu, a, &wv, xs, gu, act, dn);
+        else
+            moe_wave_each(cpu, a, &wv, xs, gu, act, dn);
+        for (int i = 0; i < wv.m; i++) k->axpy(esum + (size_t)rows[i] * H, dn + (size_t)i * H, rw[i], (size_t)H);
     }
     /* out = rmsnorm(dense) * post_norm1 + rmsnorm(sum) * post_norm2 */
     cpu_rmsnorm(be, esum, a->post_norm2, n, H, a->eps, esum);

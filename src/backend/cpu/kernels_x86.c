@@ -326,6 +326,9 @@ __attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(x + 192)), acc);
 }
 
+/* the rows are read PACK_PREFETCH bytes ahead (one thread packing for 8 tokens, in CPU time: 5.7-6.7 GB/s of
+ * Q4_0 weights against 4.7-5.4 without) */
+#define PACK_PREFETCH 4096
 __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
                                                        int nr, int nb, unsigned char *dst) {
     const int gb = type == G4_Q4_0 ? 72 : 136, ng = (nb + 3) / 4;
@@ -336,6 +339,8 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
         for (int g = 0; g < ng; g++, o += G4_QW_GROUP) {
             __m512i lo, hi;
             __m512 dw;
+            _mm_prefetch((const char *)row + (size_t)gb * g + PACK_PREFETCH, _MM_HINT_T0);
+            if (gb > 64) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + PACK_PREFETCH, _MM_HINT_T0);
             q_group(type, &pm, row + (size_t)gb * g, (long)row_bytes - (long)gb * g, &lo, &hi, &dw);
             _mm512_storeu_si512(o, lo);
             _mm512_storeu_si512(o + 64, hi);
@@ -345,22 +350,79 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
 }
 
 /* decode: rows as stored times one grouped activation row, each group unpacked in registers; the same
- * arithmetic per (row, token) as q_gemm, so the same bits */
-__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
-                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
-    const int gb = type == G4_Q4_0 ? 72 : 136, ng = (nb + 3) / 4;
-    const q_perm pm = q_perms(type);
-    const unsigned char *xt = a->qg + (size_t)t * a->ng * G4_Q8_GROUP;
-    for (int r = 0; r < nr; r++) {
-        const unsigned char *row = w + (size_t)r * row_bytes;
-        __m512 acc = _mm512_setzero_ps();
-        for (int g = 0; g < ng; g++) {
+ * arithmetic per (row, token) as q_gemm, so the same bits. NR rows at once share each group's activation
+ * loads and keep NR independent accumulator chains in flight; the NR rows lie far apart (one from each
+ * NR-th of the range), so that each is its own sequential stream for the hardware prefetchers (rows next
+ * to each other, interleaved in one page, read at half the bandwidth from memory here), and each stream is
+ * prefetched GEMV_PREFETCH bytes ahead, every line of it (the hardware prefetchers stop at page boundaries: one
+ * thread, in CPU time, reads Q4_0 at 32 GB/s, Q8_0 at 27-33 GB/s, against 16-17 and 12-13 before these changes). */
+#define GEMV_PREFETCH 2048
+__attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_dtype type, const q_perm *pm,
+                                                                             const unsigned char *w, size_t stride,
+                                                                             size_t row_bytes, int ng,
+                                                                             const unsigned char *xt, float *y,
+                                                                             size_t ystride, const int NR) {
+    const long gb = type == G4_Q4_0 ? 72 : 136;
+    __m512 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        const unsigned char *x = xt + (size_t)g * G4_Q8_GROUP;
+        const __m512i xlo = _mm512_loadu_si512(x), xhi = _mm512_loadu_si512(x + 64),
+                      xoff = _mm512_loadu_si512(x + 128);
+        const __m512 dx = _mm512_loadu_ps(x + 192);
+        for (int r = 0; r < NR; r++) {
             __m512i lo, hi;
             __m512 dw;
-            q_group(type, &pm, row + (size_t)gb * g, (long)row_bytes - (long)gb * g, &lo, &hi, &dw);
-            acc = q_step(acc, lo, hi, dw, xt + (size_t)g * G4_Q8_GROUP);
+            _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + GEMV_PREFETCH, _MM_HINT_T0);
+            if (gb > 72) /* Q8_0: a group spans three lines */
+                _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + 64 + GEMV_PREFETCH, _MM_HINT_T0);
+            q_group(type, pm, w + (size_t)r * stride + (size_t)gb * g, (long)row_bytes - gb * g, &lo, &hi, &dw);
+            const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xoff, lo, xlo), hi, xhi);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[r]);
         }
-        y[r] = _mm512_reduce_add_ps(acc);
+    }
+    for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#define GEMV_ROWS 4
+__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
+    const int ng = (nb + 3) / 4, q = nr / GEMV_ROWS;
+    const q_perm pm = q_perms(type);
+    const unsigned char *xt = a->qg + (size_t)t * a->ng * G4_Q8_GROUP;
+    for (int i = 0; i < q; i++)
+        q_gemv_fixed(type, &pm, w + (size_t)i * row_bytes, (size_t)q * row_bytes, row_bytes, ng, xt, y + i, (size_t)q,
+                     GEMV_ROWS);
+    for (int r = q * GEMV_ROWS; r < nr; r++)
+        q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xt, y + r, 0, 1);
+}
+
+/* One activation row into groups (g4_cpu_kernels.q8_group_row): per block of 32, d = max|x| / 127 and
+ * q = x * (1/d) rounded to nearest even (vcvtps2dq, as lrintf), the codes, the offset lanes and the scales as
+ * g4_cpu_q8_quantize lays them out. */
+__attribute__((target(T512))) static void q8_group_row_avx512(const float *x, size_t in, int off, unsigned char *qg,
+                                                             size_t ng) {
+    const size_t nb = in / 32;
+    if (nb % 4) memset(qg + (nb / 4) * G4_Q8_GROUP, 0, G4_Q8_GROUP); /* blocks past the row: zeros */
+    if (ng > (nb + 3) / 4) memset(qg + (nb + 3) / 4 * G4_Q8_GROUP, 0, (ng - (nb + 3) / 4) * G4_Q8_GROUP);
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m128i moff = _mm_set1_epi32(-off);
+    for (size_t b = 0; b < nb; b++) {
+        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, abs_mask), _mm512_and_ps(x1, abs_mask)));
+        const float db = amax / 127.0f, id = db ? 1.0f / db : 0.0f;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(id)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(id)));
+        unsigned char *gp = qg + (b / 4) * G4_Q8_GROUP + 16 * (b % 4);
+        _mm_storeu_si128((__m128i *)gp, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(gp + 64), _mm512_cvtepi32_epi8(q1));
+        /* lane l: the codes 4l..4l+3 and 16+4l..16+4l+3, i.e. 128-bit lane l of q0 + q1 */
+        __m512i s = _mm512_add_epi32(q0, q1);
+        s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
+        s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
+        const __m128i lanes = _mm512_castsi512_si128(_mm512_maskz_compress_epi32(0x1111, s));
+        _mm_storeu_si128((__m128i *)(gp + 128), _mm_mullo_epi32(lanes, moff));
+        _mm_storeu_ps((float *)(gp + 192), _mm_set1_ps(db));
     }
 }
 
@@ -652,15 +714,17 @@ PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm51
 
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
                                       axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2,
-                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL, NULL};
+                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL, NULL, NULL};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
-                                        bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, NULL};
+                                        bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, NULL,
+                                        q8_group_row_avx512};
 static const g4_cpu_kernels k_avx512_bf16 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                              axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                              exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
-                                             bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, bf16x_tile_avx512};
+                                             bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, bf16x_tile_avx512,
+                                             q8_group_row_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

@@ -12,6 +12,9 @@
  *   of bf16 products summed in f32 (bf16x_tile: vdpbf16ps) over slices of at most 2048 columns, as llama.cpp
  *   multiplies BF16 weights; sets without bf16x_tile run the rounded activations (widened to f32) through
  *   bf16_tile, the same products in another summation order.
+ * One token (decode) on the weights as stored in f32 products: each tile takes 4 rows a quarter of the thread's
+ * range apart, so each row is its own sequential stream (4 adjacent rows in one tile read at about half the rate
+ * here).
  * Work is split over output rows; nothing here dequantizes a whole matrix. A row's value does not depend on
  * the batch (one token or many: the same tiles, the same order), so the scheduler's batched greedy outputs equal
  * single requests'. */
@@ -92,6 +95,22 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     const g4_cpu_kernels *k = j->k;
     const int bf16 = j->w->dtype == G4_BF16 && (k->bf16_tile || j->xb);
     if (bf16 || (j->w->dtype == G4_F32 && (((uintptr_t)j->w->data) & 3) == 0)) { /* the weights as stored */
+        if (j->n == 1 && !j->xb) { /* decode: tiles of 4 rows a quarter of the range apart, each its own sequential stream */
+            const int64_t q = (r1 - r0) / 4;
+            const size_t ldw = (size_t)q * in;
+            for (int64_t i = 0; i < q; i++) {
+                float y4[4];
+                const void *w = g4_tensor_row(j->w, r0 + i);
+                if (bf16)
+                    k->bf16_tile(w, ldw, 4, j->x, in, 1, in, y4, 1);
+                else
+                    k->f32_tile(w, ldw, 4, j->x, in, 1, in, y4, 1);
+                for (int r = 0; r < 4; r++) j->y[r0 + i + r * q] = y4[r] + (j->bias ? j->bias[r0 + i + r * q] : 0.0f);
+            }
+            r0 += 4 * q;
+            if (r0 < r1) tiles(j, g4_tensor_row(j->w, r0), bf16, in, r0, (int)(r1 - r0));
+            return;
+        }
         for (int64_t rb = r0; rb < r1; rb += ROW_BLOCK)
             tiles(j, g4_tensor_row(j->w, rb), bf16, in, rb, (int)(r1 - rb < ROW_BLOCK ? r1 - rb : ROW_BLOCK));
         return;

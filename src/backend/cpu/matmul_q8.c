@@ -29,11 +29,17 @@ int g4_cpu_q8_supported(const g4_tensor *w) {
  * fields when a->q is set, the grouped ones when a->qg is set. */
 void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a) {
     const size_t nb = in / 32;
+    const g4_cpu_kernels *ks = g4_cpu_kernels_get();
     for (int t = t0; t < t1; t++) {
         const float *xt = x + (size_t)t * in;
         int8_t *q = a->q ? a->q + (size_t)t * a->in_pad : NULL;
         float *d = a->q ? a->d + (size_t)t * a->nb_pad : NULL, *m = a->q ? a->m + (size_t)t * a->nb_pad : NULL;
         unsigned char *qg = a->qg ? a->qg + (size_t)t * a->ng * G4_Q8_GROUP : NULL;
+        if (qg && ks->q8_group_row) { /* the kernel set's own (the same bytes) */
+            ks->q8_group_row(xt, in, a->off, qg, a->ng);
+            qg = NULL;
+            if (!q) continue;
+        }
         if (qg) memset(qg, 0, a->ng * G4_Q8_GROUP);
         for (size_t b = 0; b < nb; b++) {
             const float *xb = xt + 32 * b;
@@ -73,80 +79,100 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
     }
 }
 
-typedef struct {
-    g4_cpu *cpu;
-    const g4_cpu_kernels *k;
-    const g4_tensor *w;
-    const g4_q8_rows *a;
-    int n;
-    size_t in, out, row_bytes;
-    const float *bias;
-    float *y;
-    const float *x;
-} q8_job;
-
-static void quantize_rows(void *ctx, int64_t t0, int64_t t1, int thread) {
-    q8_job *j = ctx;
-    g4_cpu_q8_quantize(j->x, j->in, (int)t0, (int)t1, (g4_q8_rows *)j->a);
-}
-
-static void add_bias(const q8_job *j, int64_t r0, int64_t r1) {
-    if (j->bias)
-        for (int t = 0; t < j->n; t++)
-            for (int64_t r = r0; r < r1; r++) j->y[(size_t)t * j->out + (size_t)r] += j->bias[r];
-}
-
-/* plain activations, tiles of 4 rows x 4 tokens (q8_tile) */
-static void q8_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
-    q8_job *j = ctx;
-    const int nb = (int)(j->in / 32);
-    const unsigned char *w = j->w->data;
-    for (int64_t r = r0; r < r1; r += 4) {
-        int nr = (int)(r1 - r < 4 ? r1 - r : 4);
-        /* q8_tile only: a row's value must not depend on the batch (batch invariance, test_backend_ops) */
-        for (int t = 0; t < j->n; t += 4) {
-            int nt = j->n - t < 4 ? j->n - t : 4;
-            j->k->q8_tile(j->w->dtype, w + (size_t)r * j->row_bytes, j->row_bytes, nr, j->a, t, nt, nb,
-                          j->y + (size_t)t * j->out + (size_t)r, j->out);
-        }
-    }
-    add_bias(j, r0, r1);
-}
-
 #define PACK_ROWS 16 /* rows packed at once (a multiple of G4_Q_TR); work items are blocks of them */
 #define TOKEN_BLOCK 64 /* tokens whose activations stay in cache while a packed block passes over them */
 
-/* grouped activations: each block of PACK_ROWS rows is packed once (q_pack), then register tiles of
- * G4_Q_TR rows x G4_Q_TT tokens (q_gemm) pass over every token */
-static void qg_rows(void *ctx, int64_t b0, int64_t b1, int thread) {
-    q8_job *j = ctx;
-    const int nb = (int)(j->in / 32), ng = (int)j->a->ng;
-    if (j->n < G4_Q_TT) { /* a few tokens: each group unpacked in registers per token (q_gemv), no packing */
-        const int64_t r0 = b0 * PACK_ROWS, r1 = b1 * PACK_ROWS < (int64_t)j->out ? b1 * PACK_ROWS : (int64_t)j->out;
-        for (int t = 0; t < j->n; t++)
-            j->k->q_gemv(j->w->dtype, (const unsigned char *)j->w->data + (size_t)r0 * j->row_bytes, j->row_bytes,
-                         (int)(r1 - r0), nb, j->a, t, j->y + (size_t)t * j->out + (size_t)r0);
-        add_bias(j, r0, r1);
+/* Several products in one pool job: the work items are the blocks of PACK_ROWS rows of every product in turn
+ * (first[i] = product i's first block), so a matmul set or a layer's experts cost one hand-off, not one each. */
+typedef struct {
+    g4_cpu *cpu;
+    const g4_cpu_kernels *k;
+    const g4_q8_product *p;
+    int count;
+    int64_t first[G4_Q8_MAX_PRODUCTS + 1];
+} q8_job;
+
+typedef struct {
+    const float *x;
+    size_t in;
+    g4_q8_rows *a;
+} quantize_job;
+
+static void quantize_rows(void *ctx, int64_t t0, int64_t t1, int thread) {
+    quantize_job *j = ctx;
+    g4_cpu_q8_quantize(j->x, j->in, (int)t0, (int)t1, j->a);
+}
+
+static void add_bias(const g4_q8_product *p, size_t out, int64_t r0, int64_t r1) {
+    if (p->bias)
+        for (int t = 0; t < p->n; t++)
+            for (int64_t r = r0; r < r1; r++) p->y[(size_t)t * out + (size_t)r] += p->bias[r];
+}
+
+/* rows [r0, r1) of product p, plain activations: tiles of 4 rows x 4 tokens (q8_tile) */
+static void q8_rows(const q8_job *j, const g4_q8_product *p, int64_t r0, int64_t r1) {
+    const size_t in = (size_t)p->w->shape[p->w->ndim - 1], out = (size_t)p->w->shape[0];
+    const size_t row_bytes = g4_tensor_row_bytes(p->w);
+    const int nb = (int)(in / 32);
+    const unsigned char *w = p->w->data;
+    for (int64_t r = r0; r < r1; r += 4) {
+        int nr = (int)(r1 - r < 4 ? r1 - r : 4);
+        /* q8_tile only: a row's value must not depend on the batch (batch invariance, test_backend_ops) */
+        for (int t = 0; t < p->n; t += 4) {
+            int nt = p->n - t < 4 ? p->n - t : 4;
+            j->k->q8_tile(p->w->dtype, w + (size_t)r * row_bytes, row_bytes, nr, p->a, p->t0 + t, nt, nb,
+                          p->y + (size_t)t * out + (size_t)r, out);
+        }
+    }
+    add_bias(p, out, r0, r1);
+}
+
+/* rows [r0, r1) of product p, grouped activations: each block of PACK_ROWS rows is packed once (q_pack), then
+ * register tiles of G4_Q_TR rows x G4_Q_TT tokens (q_gemm) pass over every token */
+static void qg_rows(const q8_job *j, const g4_q8_product *p, int64_t r0, int64_t r1, int thread) {
+    const size_t in = (size_t)p->w->shape[p->w->ndim - 1], out = (size_t)p->w->shape[0];
+    const size_t row_bytes = g4_tensor_row_bytes(p->w);
+    const int nb = (int)(in / 32), ng = (int)p->a->ng;
+    const unsigned char *w = p->w->data;
+    if (p->n < G4_Q_TT) { /* a few tokens: each group unpacked in registers per token (q_gemv), no packing */
+        for (int t = 0; t < p->n; t++)
+            j->k->q_gemv(p->w->dtype, w + (size_t)r0 * row_bytes, row_bytes, (int)(r1 - r0), nb, p->a, p->t0 + t,
+                         p->y + (size_t)t * out + (size_t)r0);
+        add_bias(p, out, r0, r1);
         return;
     }
     const size_t ldw = (size_t)ng * G4_QW_GROUP;
     unsigned char *wp = (unsigned char *)g4_cpu_scratch_get(j->cpu, thread, PACK_ROWS * ldw / sizeof(float));
     if (!wp) return; /* out of memory: recorded in cpu->failed, the step reports it */
-    const int64_t r0 = b0 * PACK_ROWS, r1 = b1 * PACK_ROWS < (int64_t)j->out ? b1 * PACK_ROWS : (int64_t)j->out;
     for (int64_t rb = r0; rb < r1; rb += PACK_ROWS) {
         const int nrb = (int)(r1 - rb < PACK_ROWS ? r1 - rb : PACK_ROWS);
-        j->k->q_pack(j->w->dtype, (const unsigned char *)j->w->data + (size_t)rb * j->row_bytes, j->row_bytes, nrb,
-                     nb, wp);
-        for (int tb = 0; tb < j->n; tb += TOKEN_BLOCK) {
-            const int te = j->n - tb < TOKEN_BLOCK ? j->n : tb + TOKEN_BLOCK;
+        j->k->q_pack(p->w->dtype, w + (size_t)rb * row_bytes, row_bytes, nrb, nb, wp);
+        for (int tb = 0; tb < p->n; tb += TOKEN_BLOCK) {
+            const int te = p->n - tb < TOKEN_BLOCK ? p->n : tb + TOKEN_BLOCK;
             for (int i = 0; i < nrb; i += G4_Q_TR)
                 for (int t = tb; t < te; t += G4_Q_TT)
-                    j->k->q_gemm(wp + (size_t)i * ldw, nrb - i < G4_Q_TR ? nrb - i : G4_Q_TR, j->a, t,
-                                 te - t < G4_Q_TT ? te - t : G4_Q_TT, ng,
-                                 j->y + (size_t)t * j->out + (size_t)(rb + i), j->out);
+                    j->k->q_gemm(wp + (size_t)i * ldw, nrb - i < G4_Q_TR ? nrb - i : G4_Q_TR, p->a, p->t0 + t,
+                                 te - t < G4_Q_TT ? te - t : G4_Q_TT, ng, p->y + (size_t)t * out + (size_t)(rb + i),
+                                 out);
         }
     }
-    add_bias(j, r0, r1);
+    add_bias(p, out, r0, r1);
+}
+
+/* blocks [b0, b1) of the job: the part of each product they cover */
+static void product_blocks(void *ctx, int64_t b0, int64_t b1, int thread) {
+    q8_job *j = ctx;
+    for (int i = 0; i < j->count && b0 < b1; i++) {
+        if (b0 >= j->first[i + 1]) continue;
+        const g4_q8_product *p = &j->p[i];
+        const int64_t out = p->w->shape[0], e = b1 < j->first[i + 1] ? b1 : j->first[i + 1];
+        const int64_t r0 = (b0 - j->first[i]) * PACK_ROWS, r1 = (e - j->first[i]) * PACK_ROWS;
+        if (j->k->q_gemm)
+            qg_rows(j, p, r0, r1 < out ? r1 : out, thread);
+        else
+            q8_rows(j, p, r0, r1 < out ? r1 : out);
+        b0 = e;
+    }
 }
 
 void *g4_cpu_act_buf(g4_cpu *cpu, size_t need) {
@@ -163,33 +189,55 @@ void *g4_cpu_act_buf(g4_cpu *cpu, size_t need) {
     return cpu->act_buf;
 }
 
-void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
-    const size_t in = (size_t)w->shape[w->ndim - 1], out = (size_t)w->shape[0];
+int g4_cpu_q8_prepare(g4_cpu *cpu, const float *x, int n, size_t in, g4_dtype type, g4_q8_rows *a) {
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
-    g4_q8_rows a = {0};
-    q8_job j = {cpu, k, w, &a, n, in, out, g4_tensor_row_bytes(w), bias, y, x};
+    memset(a, 0, sizeof *a);
     if (k->q_gemm) {
-        a.ng = (in / 32 + 3) / 4;
-        a.off = w->dtype == G4_Q4_0 ? 8 : 128;
-        a.qg = g4_cpu_act_buf(cpu, (size_t)n * a.ng * G4_Q8_GROUP);
-        if (!a.qg) return;
+        a->ng = (in / 32 + 3) / 4;
+        a->off = type == G4_Q4_0 ? 8 : 128;
+        a->qg = g4_cpu_act_buf(cpu, (size_t)n * a->ng * G4_Q8_GROUP);
+        if (!a->qg) return -1;
     } else {
-        a.nb_pad = (in / 32 + 1) & ~(size_t)1;
-        a.in_pad = a.nb_pad * 32;
-        float *buf = g4_cpu_act_buf(cpu, (size_t)n * (a.in_pad + 2 * a.nb_pad * sizeof(float)));
-        if (!buf) return;
-        a.d = buf;
-        a.m = a.d + (size_t)n * a.nb_pad;
-        a.q = (int8_t *)(a.m + (size_t)n * a.nb_pad);
+        a->nb_pad = (in / 32 + 1) & ~(size_t)1;
+        a->in_pad = a->nb_pad * 32;
+        float *buf = g4_cpu_act_buf(cpu, (size_t)n * (a->in_pad + 2 * a->nb_pad * sizeof(float)));
+        if (!buf) return -1;
+        a->d = buf;
+        a->m = a->d + (size_t)n * a->nb_pad;
+        a->q = (int8_t *)(a->m + (size_t)n * a->nb_pad);
     }
-    g4_pool_for(cpu->pool, n, 1 + 65536 / (int64_t)(in + 1), quantize_rows, &j);
-    /* grain: enough work per chunk to be worth a hand-off */
-    const int64_t grain = 1 + 16384 / (int64_t)(in * (size_t)n + 1);
-    if (k->q_gemm)
-        g4_pool_for(cpu->pool, (int64_t)(out + PACK_ROWS - 1) / PACK_ROWS, (grain + PACK_ROWS - 1) / PACK_ROWS,
-                    qg_rows, &j);
-    else
-        g4_pool_for(cpu->pool, (int64_t)out, 16 * ((grain + 15) / 16), q8_rows, &j);
+    quantize_job qj = {x, in, a};
+    g4_pool_for(cpu->pool, n, 1 + 65536 / (int64_t)(in + 1), quantize_rows, &qj);
+    return 0;
+}
+
+void g4_cpu_q8_products(g4_cpu *cpu, const g4_q8_product *p, int count) {
+    q8_job j = {cpu, g4_cpu_kernels_get(), p, count, {0}};
+    int64_t work = 0; /* multiply-adds */
+    for (int i = 0; i < count; i++) {
+        const int64_t out = p[i].w->shape[0];
+        j.first[i + 1] = j.first[i] + (p[i].n > 0 ? (out + PACK_ROWS - 1) / PACK_ROWS : 0);
+        work += out * p[i].w->shape[p[i].w->ndim - 1] * p[i].n;
+    }
+    const int64_t blocks = j.first[count];
+    if (!blocks) return;
+    /* grain: enough work per chunk (about 16384 multiply-adds or more) to be worth a hand-off */
+    const int64_t per_block = work / blocks + 1, grain = 1 + 16384 / (per_block + 1);
+    g4_pool_for(cpu->pool, blocks, grain, product_blocks, &j);
+}
+
+void g4_cpu_matmul_q8_set(g4_cpu *cpu, const float *x, int n, int count, const g4_tensor *const *w,
+                          const float *const *bias, float *const *y) {
+    const size_t in = (size_t)w[0]->shape[w[0]->ndim - 1];
+    g4_q8_rows a;
+    if (g4_cpu_q8_prepare(cpu, x, n, in, w[0]->dtype, &a)) return;
+    g4_q8_product p[G4_Q8_MAX_PRODUCTS];
+    for (int i = 0; i < count; i++) p[i] = (g4_q8_product){w[i], bias ? bias[i] : NULL, y[i], &a, 0, n};
+    g4_cpu_q8_products(cpu, p, count);
+}
+
+void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y) {
+    g4_cpu_matmul_q8_set(cpu, x, n, 1, &w, &bias, &y);
 }
 
 /* ------------------------------------------------------------ scalar tile */
