@@ -42,8 +42,12 @@ typedef struct {
  * L1 while it meets every 4-row tile of the block (rows of 6144 or 12288 columns otherwise stream both operands
  * from L2); each slice's sums are added to y in slice order, the same for every row and token (batch invariance) */
 #define BF16X_KC 2048
+static size_t bf16x_slice(size_t in) {
+    const size_t ns = (in + BF16X_KC - 1) / BF16X_KC;
+    return ((in + ns - 1) / ns + 31) & ~(size_t)31;
+}
 static void tiles_bf16x(const matmul_job *j, const uint16_t *w, size_t ldw, int64_t r0, int nr) {
-    const size_t in = j->in, ns = (in + BF16X_KC - 1) / BF16X_KC, kc = ((in + ns - 1) / ns + 31) & ~(size_t)31;
+    const size_t in = j->in, kc = bf16x_slice(in);
     float part[G4_BF16X_TT * 4];
     for (size_t k0 = 0; k0 < in; k0 += kc) {
         const size_t len = in - k0 < kc ? in - k0 : kc;
@@ -105,6 +109,24 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
                     k->bf16_tile(w, ldw, 4, j->x, in, 1, in, y4, 1);
                 else
                     k->f32_tile(w, ldw, 4, j->x, in, 1, in, y4, 1);
+                for (int r = 0; r < 4; r++) j->y[r0 + i + r * q] = y4[r] + (j->bias ? j->bias[r0 + i + r * q] : 0.0f);
+            }
+            r0 += 4 * q;
+            if (r0 < r1) tiles(j, g4_tensor_row(j->w, r0), bf16, in, r0, (int)(r1 - r0));
+            return;
+        }
+        if (j->n == 1 && bf16) { /* decode with bf16 activations: the same 4 far-apart rows, tiles_bf16x's slices */
+            const int64_t q = (r1 - r0) / 4;
+            const size_t ldw = (size_t)q * in, kc = bf16x_slice(in);
+            for (int64_t i = 0; i < q; i++) {
+                const uint16_t *w = (const uint16_t *)g4_tensor_row(j->w, r0 + i);
+                float y4[4], part[4];
+                for (size_t k0 = 0; k0 < in; k0 += kc) {
+                    const size_t len = in - k0 < kc ? in - k0 : kc;
+                    k->bf16x_tile(w + k0, ldw, 4, j->xb + k0, in, 1, len, k0 ? part : y4, 1);
+                    if (k0)
+                        for (int r = 0; r < 4; r++) y4[r] += part[r];
+                }
                 for (int r = 0; r < 4; r++) j->y[r0 + i + r * q] = y4[r] + (j->bias ? j->bias[r0 + i + r * q] : 0.0f);
             }
             r0 += 4 * q;
