@@ -93,40 +93,38 @@ static void tiles(const matmul_job *j, const void *w, int bf16, size_t ldw, int6
             for (int i = 0; i < nr; i++) j->y[(size_t)t * j->out + (size_t)r0 + (size_t)i] += j->bias[r0 + i];
 }
 
+/* One token, 4 rows ldw elements apart (the decode's far-apart rows): their products with the token, as tiles()
+ * computes them (with bf16 activations: tiles_bf16x's column slices, so the bits match the batch path) */
+static void decode_rows4(const matmul_job *j, const void *w, size_t ldw, int bf16, float y4[4]) {
+    const size_t in = j->in;
+    if (j->xb) {
+        const size_t kc = bf16x_slice(in);
+        float part[4];
+        for (size_t k0 = 0; k0 < in; k0 += kc) {
+            const size_t len = in - k0 < kc ? in - k0 : kc;
+            j->k->bf16x_tile((const uint16_t *)w + k0, ldw, 4, j->xb + k0, in, 1, len, k0 ? part : y4, 1);
+            if (k0)
+                for (int r = 0; r < 4; r++) y4[r] += part[r];
+        }
+    } else if (bf16) {
+        j->k->bf16_tile(w, ldw, 4, j->x, in, 1, in, y4, 1);
+    } else {
+        j->k->f32_tile(w, ldw, 4, j->x, in, 1, in, y4, 1);
+    }
+}
+
 static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     matmul_job *j = ctx;
     const size_t in = j->in;
     const g4_cpu_kernels *k = j->k;
     const int bf16 = j->w->dtype == G4_BF16 && (k->bf16_tile || j->xb);
     if (bf16 || (j->w->dtype == G4_F32 && (((uintptr_t)j->w->data) & 3) == 0)) { /* the weights as stored */
-        if (j->n == 1 && !j->xb) { /* decode: tiles of 4 rows a quarter of the range apart, each its own sequential stream */
+        if (j->n == 1) { /* decode: tiles of 4 rows a quarter of the range apart, each its own sequential stream */
             const int64_t q = (r1 - r0) / 4;
             const size_t ldw = (size_t)q * in;
             for (int64_t i = 0; i < q; i++) {
                 float y4[4];
-                const void *w = g4_tensor_row(j->w, r0 + i);
-                if (bf16)
-                    k->bf16_tile(w, ldw, 4, j->x, in, 1, in, y4, 1);
-                else
-                    k->f32_tile(w, ldw, 4, j->x, in, 1, in, y4, 1);
-                for (int r = 0; r < 4; r++) j->y[r0 + i + r * q] = y4[r] + (j->bias ? j->bias[r0 + i + r * q] : 0.0f);
-            }
-            r0 += 4 * q;
-            if (r0 < r1) tiles(j, g4_tensor_row(j->w, r0), bf16, in, r0, (int)(r1 - r0));
-            return;
-        }
-        if (j->n == 1 && bf16) { /* decode with bf16 activations: the same 4 far-apart rows, tiles_bf16x's slices */
-            const int64_t q = (r1 - r0) / 4;
-            const size_t ldw = (size_t)q * in, kc = bf16x_slice(in);
-            for (int64_t i = 0; i < q; i++) {
-                const uint16_t *w = (const uint16_t *)g4_tensor_row(j->w, r0 + i);
-                float y4[4], part[4];
-                for (size_t k0 = 0; k0 < in; k0 += kc) {
-                    const size_t len = in - k0 < kc ? in - k0 : kc;
-                    k->bf16x_tile(w + k0, ldw, 4, j->xb + k0, in, 1, len, k0 ? part : y4, 1);
-                    if (k0)
-                        for (int r = 0; r < 4; r++) y4[r] += part[r];
-                }
+                decode_rows4(j, g4_tensor_row(j->w, r0 + i), ldw, bf16, y4);
                 for (int r = 0; r < 4; r++) j->y[r0 + i + r * q] = y4[r] + (j->bias ? j->bias[r0 + i + r * q] : 0.0f);
             }
             r0 += 4 * q;
