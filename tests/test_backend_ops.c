@@ -224,10 +224,10 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
- * an expert's): its GEMV (at most 8 tokens) for Q8_0, Q4_0, MLX4, MLX8. */
+ * an expert's): its GEMV for Q8_0, Q4_0, MLX4, MLX8 (at most 8 tokens; experts: one token). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
-    return !strcmp(be->ops->name, "cuda") && dense && n <= 8 &&
+    return !strcmp(be->ops->name, "cuda") && (dense ? n <= 8 : n == 1) &&
            (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0 || w->dtype == G4_MLX4 || w->dtype == G4_MLX8) && in % 32 == 0;
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
@@ -1031,12 +1031,134 @@ static void test_attn_prep(void) {
             }
 }
 
+/* attention with its prep (g4_attention_args.prep), as a decode step runs it: one token whose raw q, k and v rows
+ * the op normalizes, rotates and stores before attending over the paged cache of the earlier positions (keys
+ * spread over several blocks of a split where the backend splits). mode: 0 k and v; 1 keys as values; 2 KV-shared
+ * (the cache already holds the token's rows; q only). The reference attends over the cache rows read back, after
+ * checking the token's stored rows against the reference prep. */
+static void test_attention_prep_case(g4_kv_type kt, int NH, int KV, int D, int len, int window, int mode) {
+    const int B = 16, max_blocks = (len + B - 1) / B, row = KV * D, half = D / 2, p = len - 1;
+    const float eps = 1e-6f, scale = 0.37f;
+    int32_t table[64];
+    for (int b = 0; b < max_blocks; b++) table[b] = max_blocks - 1 - b; /* physical blocks in reverse order */
+    const size_t esz = g4_kv_type_size(kt), cache_elems = (size_t)max_blocks * B * row;
+    const int stored = mode == 2 ? len : len - 1;
+    float *kin = malloc((size_t)len * row * sizeof(float)), *vin = malloc((size_t)len * row * sizeof(float));
+    int32_t *slots = malloc((size_t)len * sizeof(int32_t));
+    for (int j = 0; j < len; j++) slots[j] = table[j / B] * B + j % B;
+    fill(kin, (size_t)len * row, -1, 1), fill(vin, (size_t)len * row, -1, 1);
+    void *dk = dev(NULL, cache_elems * esz), *dv = dev(NULL, cache_elems * esz);
+    float *dkin = devf(kin, (size_t)len * row), *dvin = devf(vin, (size_t)len * row);
+    int32_t *dslots = dev(slots, (size_t)len * sizeof(int32_t));
+    if (stored > 0) be->ops->kv_store(be, dkin, dvin, stored, row, dslots, dk, dv, kt);
+    /* the token's raw rows, norms and RoPE table row */
+    float *q = malloc((size_t)NH * D * sizeof(float)), *k = malloc((size_t)row * sizeof(float));
+    float *v = malloc((size_t)row * sizeof(float)), *qn = malloc((size_t)D * sizeof(float));
+    float *kn = malloc((size_t)D * sizeof(float)), *tab = malloc((size_t)D * sizeof(float));
+    fill(q, (size_t)NH * D, -2, 2), fill(k, (size_t)row, -2, 2), fill(v, (size_t)row, -2, 2);
+    fill(qn, (size_t)D, 0.5f, 1.5f), fill(kn, (size_t)D, 0.5f, 1.5f);
+    for (int j = 0; j < half; j++) {
+        const float ang = uniform(-3.14f, 3.14f);
+        tab[j] = cosf(ang), tab[half + j] = sinf(ang);
+    }
+    /* reference prep: rms * weight, then rotate-half (values: rms only) */
+    double *qref = malloc((size_t)NH * D * sizeof(double)), *kvref = malloc((size_t)2 * row * sizeof(double));
+    double *tmp = malloc((size_t)D * sizeof(double));
+    for (int h = 0; h < NH + 2 * KV; h++) {
+        const int is_q = h < NH, is_k = h >= NH && h < NH + KV, hh = is_q ? h : is_k ? h - NH : h - NH - KV;
+        const float *src = is_q ? q + (size_t)hh * D : (is_k || mode == 1 ? k : v) + (size_t)hh * D;
+        ref_rms_row(src, is_q ? qn : is_k ? kn : NULL, D, eps, tmp);
+        double *dst = is_q ? qref + (size_t)hh * D : kvref + (size_t)(is_k ? 0 : row) + (size_t)hh * D;
+        for (int j = 0; j < half; j++) {
+            const double x0 = tmp[j], x1 = tmp[j + half];
+            if (is_q || is_k)
+                dst[j] = x0 * tab[j] - x1 * tab[half + j], dst[j + half] = x1 * tab[j] + x0 * tab[half + j];
+            else
+                dst[j] = x0, dst[j + half] = x1;
+        }
+    }
+    float *dq = devf(q, (size_t)NH * D), *dkr = devf(k, (size_t)row), *dvr = devf(v, (size_t)row);
+    float *dqn = devf(qn, (size_t)D), *dkn = devf(kn, (size_t)D), *dtab = devf(tab, (size_t)D);
+    float *dout = devf(NULL, (size_t)NH * D);
+    const int32_t seq = 0, pos = p;
+    int32_t *dseq = dev(&seq, 4), *dpos = dev(&pos, 4), *dtable = dev(table, (size_t)max_blocks * 4);
+    const int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
+    g4_attn_prep_args prep = {.q = dq, .k = dkr, .v = dvr, .n = 1, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
+                              .kv_shared = mode == 2, .v_from_k = mode == 1, .q_norm = dqn, .k_norm = dkn, .eps = eps,
+                              .rope = dtab, .slot = dslots + p, .k_cache = dk, .v_cache = dv, .kv_type = kt};
+    g4_attention_args a = {.q = dq, .out = dout, .n_tokens = 1, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
+                           .seq = dseq, .pos = dpos, .k = dk, .v = dv, .kv_type = kt, .block_table = dtable,
+                           .max_blocks = max_blocks, .block_size = B, .window = window, .max_keys = p + 1 - lo,
+                           .scale = scale, .prep = &prep};
+    be->ops->attention(be, &a);
+    /* the cache read back as f32: the token's rows against the reference prep (one rounding step of the cache
+     * type where our f32 value lands on the other side), then every key and value the reference reads */
+    unsigned char *cache = malloc(cache_elems * esz);
+    float *kc = malloc(cache_elems * sizeof(float)), *vc = malloc(cache_elems * sizeof(float));
+    for (int c = 0; c < 2; c++) {
+        back(cache, c ? dv : dk, cache_elems * esz);
+        float *dst = c ? vc : kc;
+        for (size_t i = 0; i < cache_elems; i++) {
+            if (kt == G4_KV_F32) {
+                memcpy(&dst[i], cache + i * 4, 4);
+            } else {
+                uint16_t hv;
+                memcpy(&hv, cache + i * 2, 2);
+                dst[i] = kt == G4_KV_BF16 ? g4_bf16_to_f32(hv) : g4_f16_to_f32(hv);
+            }
+        }
+    }
+    const size_t tok = (size_t)slots[p] * row;
+    if (mode != 2) {
+        EXPECT_CLOSE(kc + tok, kvref, (size_t)row, kt == G4_KV_F32 ? 1e-5 : 1e-2, "attention+prep K row kv=%s D=%d mode=%d",
+                     kv_name(kt), D, mode);
+        EXPECT_CLOSE(vc + tok, kvref + row, (size_t)row, kt == G4_KV_F32 ? 1e-5 : 1e-2,
+                     "attention+prep V row kv=%s D=%d mode=%d", kv_name(kt), D, mode);
+    }
+    double *ref = malloc((size_t)NH * D * sizeof(double)), *sc = malloc((size_t)len * sizeof(double));
+    for (int h = 0; h < NH; h++) {
+        const int kh = h / (NH / KV);
+        double mx = -DBL_MAX, sum = 0;
+        for (int j = lo; j <= p; j++) {
+            const float *kr = kc + (size_t)slots[j] * row + (size_t)kh * D;
+            double d = 0;
+            for (int i = 0; i < D; i++) d += qref[(size_t)h * D + i] * kr[i];
+            sc[j] = d * scale;
+            if (sc[j] > mx) mx = sc[j];
+        }
+        for (int j = lo; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
+        double *o = ref + (size_t)h * D;
+        for (int i = 0; i < D; i++) o[i] = 0;
+        for (int j = lo; j <= p; j++)
+            for (int i = 0; i < D; i++) o[i] += sc[j] / sum * vc[(size_t)slots[j] * row + (size_t)kh * D + i];
+    }
+    float *out = malloc((size_t)NH * D * sizeof(float));
+    back(out, dout, (size_t)NH * D * sizeof(float));
+    EXPECT_CLOSE(out, ref, (size_t)NH * D, 2e-5 * backend_tol(), "attention+prep kv=%s heads=%d/%d D=%d len=%d window=%d mode=%d",
+                 kv_name(kt), NH, KV, D, len, window, mode);
+    rel(dk), rel(dv), rel(dkin), rel(dvin), rel(dslots), rel(dq), rel(dkr), rel(dvr), rel(dqn), rel(dkn), rel(dtab);
+    rel(dout), rel(dseq), rel(dpos), rel(dtable);
+    free(kin), free(vin), free(slots), free(q), free(k), free(v), free(qn), free(kn), free(tab), free(qref), free(kvref);
+    free(tmp), free(cache), free(kc), free(vc), free(ref), free(sc), free(out);
+}
+
+static void test_attention_prep(void) {
+    const g4_kv_type kts[] = {G4_KV_F32, G4_KV_BF16, G4_KV_F16};
+    for (int i = 0; i < 3; i++) {
+        test_attention_prep_case(kts[i], 8, 1, 256, 300, 0, 0); /* E2B's grouping, keys over several splits */
+        test_attention_prep_case(kts[i], 8, 2, 512, 200, 64, 1); /* keys as values, sliding window */
+        test_attention_prep_case(kts[i], 4, 2, 256, 150, 0, 2); /* KV-shared: q only */
+        test_attention_prep_case(kts[i], 6, 3, 64, 1, 0, 0);   /* the first position: its own key only */
+    }
+}
+
 /* ------------------------------------------------------------- mixture of experts */
 /* One MoE block over n tokens: the router in rt, gate and up in gt (one [E, 2Im, H] tensor, or two [E, Im, H]
  * when split), down in dt; out = rmsnorm(dense) * post_norm1 + rmsnorm(sum of experts) * post_norm2, the
  * experts reading x2 = rmsnorm(residual) * pre_norm2. The reference reads every product's input as the backend
- * does (x_as_read of x2 rounded to float); down's input (the activations the backend computed in float) must then
- * not be rounded to int8 blocks, so dt is never such a type here. */
+ * does (x_as_read of x2 rounded to float); down's input (the activations the backend computed in float) is rounded
+ * the same way only where CUDA's one-token experts read int8 blocks (a rare flip of one step where the two
+ * computations of an activation straddle a rounding boundary); on the CPU dt is never such a type. */
 static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, g4_dtype dt) {
     const int E = 6, TK = 2;
     weight router, gu, up, dn;
@@ -1058,6 +1180,7 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
     double *ref = calloc(nh, sizeof(double)), *esum = calloc(nh, sizeof(double)), *z = malloc((size_t)H * sizeof(double));
     double *xg = malloc(nh * sizeof(double)), *act = malloc((size_t)Im * sizeof(double));
     double *tmp = malloc((size_t)H * sizeof(double));
+    float *actf = malloc((size_t)Im * sizeof(float));
     for (int t = 0; t < n; t++) {
         ref_rms_row(r + (size_t)t * H, pn2, H, eps, tmp);
         for (int i = 0; i < H; i++) x2[(size_t)t * H + i] = (float)tmp[i];
@@ -1097,6 +1220,10 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
                 }
                 act[c] = gelu_tanh_ref(g) * u;
             }
+            if (cuda_reads_int8(&dn.host, n, 0)) { /* CUDA's one-token down reads the activations as int8 blocks */
+                for (int c = 0; c < Im; c++) actf[c] = (float)act[c];
+                x_as_read(actf, 1, Im, &dn.host, 0, act);
+            }
             for (int i = 0; i < H; i++) {
                 double d = 0;
                 for (int c = 0; c < Im; c++) d += act[c] * dn.ref[((size_t)e * H + i) * Im + c];
@@ -1127,13 +1254,14 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
     weight_free(&router), weight_free(&gu), weight_free(&dn);
     if (split) weight_free(&up);
     free(r), free(dense), free(x2), free(rscale), free(out), free(pn2), free(qn1), free(qn2);
-    free(ref), free(esum), free(z), free(xg), free(act), free(tmp);
+    free(ref), free(esum), free(z), free(xg), free(act), free(tmp), free(actf);
 }
 
 static void test_moe(void) {
-    for (int n = 5; n <= 13; n += 8) /* both sides of the backends' small-step paths */
+    for (int n = 1; n <= 13; n += n == 1 ? 4 : 8) /* one token (decode), both sides of the small-step paths */
         for (size_t di = 0; di < 3; di++) moe_case(n, 24, 10, dtypes[di], dtypes[di], 0, dtypes[di]);
     moe_case(5, 24, 10, G4_BF16, G4_BF16, 1, G4_F16); /* gate and up apart */
+    moe_case(1, 64, 96, G4_BF16, G4_BF16, 1, G4_BF16);
     if (!takes_quantized) return;
     /* quantized experts (routers stay F32 in GGUF files: a rounded router could pick other experts) */
     static const struct {
@@ -1351,6 +1479,7 @@ static void run_all(void) {
     test_masked_logits();
     test_attention();
     test_attn_prep();
+    test_attention_prep();
     test_moe();
     test_attention_dense();
     test_tower_elementwise();

@@ -61,6 +61,9 @@ typedef struct g4_attention_args {
     int window;                  /* 0: full attention */
     int max_keys;                /* an upper bound of hi - lo over the step's tokens (for sizing work) */
     float scale;
+    /* NULL, or the layer's attn_prep (below), still to be done: q is the q projection's raw rows (prep->q) and
+     * the op does the prep first (a backend may fuse the two: one launch a layer in a decode step) */
+    const struct g4_attn_prep_args *prep;
 } g4_attention_args;
 
 /* Bidirectional attention over contiguous keys and values (the vision tower; docs/gemma4-towers.md 2.6):

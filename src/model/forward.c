@@ -110,7 +110,6 @@ static void attention_block(g4_context *ctx, residual *r, int l, int n) {
         .kv_shared = shared, .v_from_k = !y->v_proj, .q_norm = y->q_norm, .k_norm = y->k_norm, .eps = eps,
         .rope = s->rope[type], .slot = pool->slot_dev, .k_cache = kvl->k, .v_cache = kvl->v, .kv_type = ctx->kv.type,
     };
-    OPS->attn_prep(be, &prep);
     g4_attention_args a = {
         .q = s->q, .out = s->attn, .n_tokens = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
         .seq = s->seq, .pos = s->pos,
@@ -119,7 +118,7 @@ static void attention_block(g4_context *ctx, residual *r, int l, int n) {
         .kv_start = type == G4_LAYER_SLIDING ? ctx->step_kv_start : NULL,
         .k = kvl->k, .v = kvl->v, .kv_type = ctx->kv.type, .block_table = pool->table_dev,
         .max_blocks = pool->max_blocks, .block_size = ctx->kv.block, .window = kvl->window,
-        .max_keys = ctx->max_keys[type], .scale = 1.0f,
+        .max_keys = ctx->max_keys[type], .scale = 1.0f, .prep = &prep, /* q/k norms, RoPE, the KV store first */
     };
     OPS->attention(be, &a);
     OPS->matmul(be, s->attn, n, y->o_proj, y->o_bias, s->o);

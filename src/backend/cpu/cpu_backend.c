@@ -534,6 +534,7 @@ static void attn_items(void *ctx, int64_t b, int64_t e, int thread) {
 }
 
 static void cpu_attention(g4_backend *be, const g4_attention_args *a) {
+    if (a->prep) cpu_attn_prep(be, a->prep);
     attn_job j = {cpu_of(be), a};
     const int G = a->n_heads / a->n_kv_heads;
     g4_pool_for(cpu_of(be)->pool, (int64_t)a->n_tokens * a->n_kv_heads * ((G + ATTN_HEADS - 1) / ATTN_HEADS), 1,

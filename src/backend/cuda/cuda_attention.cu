@@ -9,7 +9,10 @@
  * keys over blocks (split-K); each block takes an equal share of the token's actual keys (computed on the
  * device, so one recording serves every length), writes its partial sums, and the last block of a (token,
  * head) to finish, found with a counter, combines them: the whole op is one launch. Head sizes up to 512
- * (multiples of 8), windows, kv_end, kv_start and GQA are arguments. */
+ * (multiples of 8), windows, kv_end, kv_start and GQA are arguments. The layer's attn_prep (args.prep) runs in
+ * the same launch when every block can do its share alone (one token, or a KV-shared layer): each block
+ * normalizes and rotates its queries into shared memory, and the block whose keys include the token's position
+ * stores the token's key and value rows before reading them (E2B decode: one launch a layer less, 1%). */
 #include "backend/cuda/cuda_common.cuh"
 
 #define ATT_THREADS 256
@@ -29,6 +32,13 @@ typedef struct attn_args {
     int n_splits;
     float *part;   /* [tokens, n_kv, n_splits, part_stride(G, D)] */
     int *counters; /* [tokens * n_kv] */
+    /* attn_prep fused (one token, or KV-shared): q holds the raw rows; the block normalizes and rotates its
+     * queries, and the block whose keys include the token's position stores the token's key and value rows */
+    int prep, kv_shared, v_from_k;
+    const float *kraw, *vraw, *q_norm, *k_norm, *rope;
+    const int32_t *slot;
+    void *kc, *vc;
+    float eps;
 } attn_args;
 
 /* floats of one split's partials: G x D sums, then G maxima and G sums, padded to 16 bytes */
@@ -97,13 +107,29 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     const int start = lo + s * chunk, end = start + chunk < hi ? start + chunk : hi;
     const int ntiles = end > start ? (end - start + TILE - 1) / TILE : 0;
     const float *qg = a.q + ((size_t)t * a.n_heads + (size_t)kh * G) * D;
-    for (int i = tid; i < GD; i += ATT_THREADS) qs[i] = qg[i] * a.scale;
+    const size_t rowe = (size_t)a.n_kv * D, head = (size_t)kh * D;
+    if (a.prep) { /* attn_prep's rows of this block (as attn_prep_kernel), a warp a row */
+        const float *cs = a.rope ? a.rope + (size_t)t * D : NULL;
+        for (int g = warp; g < G; g += ATT_THREADS / 32)
+            g4c_head_row((float *)qg + (size_t)g * D, D, 1, a.q_norm, a.eps, cs, qs + (size_t)g * D, NULL, 0, 0);
+        if (!a.kv_shared && p >= start && p < end && warp < 2) { /* read by this block only */
+            const size_t src = ((size_t)t * a.n_kv + kh) * D, dst = (size_t)a.slot[t] * rowe + head;
+            if (warp == 0)
+                g4c_head_row((float *)(a.v_from_k ? a.kraw : a.vraw) + src, D, 1, NULL, a.eps, NULL, NULL, a.vc, dst,
+                             KVT);
+            else
+                g4c_head_row((float *)a.kraw + src, D, 1, a.k_norm, a.eps, cs, NULL, a.kc, dst, KVT);
+        }
+        __syncthreads(); /* (the stored rows are read below through cp.async by this block) */
+        for (int i = tid; i < GD; i += ATT_THREADS) qs[i] *= a.scale;
+    } else {
+        for (int i = tid; i < GD; i += ATT_THREADS) qs[i] = qg[i] * a.scale;
+    }
     for (int g = tid; g < G; g += ATT_THREADS) mrow[g] = -INFINITY, lrow[g] = 0.0f;
     float acc[NV4][4];
 #pragma unroll
     for (int i = 0; i < NV4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     const int32_t *table = a.table + (size_t)a.seq[t] * a.max_blocks;
-    const size_t rowe = (size_t)a.n_kv * D, head = (size_t)kh * D;
 
     /* tile i's K and V rows into buffer i & 1 (copies in flight until waited for) */
 #define FETCH(i)                                                                                                    \
@@ -280,6 +306,11 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
     g4c *c = g4c_of(be);
     const int n = a->n_tokens;
     if (n <= 0) return;
+    /* the prep in the same launch where each block can do its part: queries always; a key and value row only
+     * when no other token of the step can read it (one token) */
+    const g4_attn_prep_args *pp = a->prep;
+    const int fuse = pp && (pp->kv_shared || n == 1) && pp->q == a->q && pp->head_dim == a->head_dim;
+    if (pp && !fuse) g4c_attn_prep(be, pp);
     const int G = a->n_heads / a->n_kv_heads, D = a->head_dim;
     const size_t smem = attention_smem(G, D, (int)g4_kv_type_size(a->kv_type));
     if (D % 8 || D > ATT_MAX_D || G * D > 8 * ATT_THREADS * 4 || a->n_heads % a->n_kv_heads ||
@@ -307,6 +338,11 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
     x.B = a->block_size;
     x.window = a->window;
     x.scale = a->scale;
+    if (fuse) {
+        x.prep = 1, x.kv_shared = pp->kv_shared, x.v_from_k = pp->v_from_k;
+        x.kraw = pp->k, x.vraw = pp->v, x.q_norm = pp->q_norm, x.k_norm = pp->k_norm, x.rope = pp->rope;
+        x.slot = pp->slot, x.kc = pp->k_cache, x.vc = pp->v_cache, x.eps = pp->eps;
+    }
     x.n_splits = 1;
     if (n <= g4c_gemv_max_tokens()) { /* few tokens: split the keys over blocks */
         const int cap = a->max_blocks * a->block_size;

@@ -172,10 +172,23 @@ void g4c_blas_free(g4c *c) {
  * (a weight rounded to bf16 once moves these chaotic fixtures' logits by more than 1). */
 #define DEQ_ELEMS ((size_t)32 << 20)
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
+    g4c_gemm_run_ld(c, x, w, y, (int)w->shape[0]);
+}
+
+g4c_gemm_in g4c_gemm_in_rows(const g4c_gemm_in *x, int r0, int n) {
+    g4c_gemm_in r = *x;
+    const size_t off = (size_t)r0 * (size_t)x->in * (x->t == G4_F32 ? 4 : 2);
+    r.hi = (const unsigned char *)x->hi + off;
+    if (x->lo) r.lo = (const unsigned char *)x->lo + off;
+    r.n = n;
+    return r;
+}
+
+void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y, int ldc) {
     const int out = (int)w->shape[0];
     if (!g4_dtype_is_quantized(w->dtype)) {
         const int lda = (int)(g4c_row_bytes(w->dtype, x->in) / (size_t)(g4_dtype_bits(w->dtype) / 8));
-        gemm_rows(c, x, w->data, w->dtype, lda, out, y, out, 0);
+        gemm_rows(c, x, w->data, w->dtype, lda, out, y, ldc, 0);
         return;
     }
     size_t per = DEQ_ELEMS / (size_t)x->in;
@@ -190,7 +203,7 @@ void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
     for (int r0 = 0; r0 < out; r0 += (int)per) {
         const int m = out - r0 < (int)per ? out - r0 : (int)per;
         g4c_dequant_bf16(c, w, r0, m, tile, split ? tile + tile_elems : NULL);
-        gemm_rows(c, x, tile, G4_BF16, x->in, m, y + r0, out, 0);
-        if (split) gemm_rows(c, &xhi, tile + tile_elems, G4_BF16, x->in, m, y + r0, out, 1);
+        gemm_rows(c, x, tile, G4_BF16, x->in, m, y + r0, ldc, 0);
+        if (split) gemm_rows(c, &xhi, tile + tile_elems, G4_BF16, x->in, m, y + r0, ldc, 1);
     }
 }

@@ -6,7 +6,9 @@
  * Launches use programmatic dependent launch (Hopper): a kernel may start while the previous one finishes; it
  * reads only weights (never written) before g4_grid_wait(), and everything else after it, so the weight
  * stream of a GEMV overlaps the previous kernel's tail. Every kernel calls g4_grid_wait() (a kernel that
- * skipped it could finish before its predecessor and break the chain). */
+ * skipped it could finish before its predecessor and break the chain). The GEMV lets its successor launch
+ * once its inputs are staged (g4_grid_launch_dependents). (A build that did so right after the wait in every
+ * kernel, among other changes, decoded bf16 7-11% slower on the H200 than the library before it, same call.) */
 #ifndef G4_BACKEND_CUDA_COMMON_CUH
 #define G4_BACKEND_CUDA_COMMON_CUH
 
@@ -614,6 +616,14 @@ template <typename F> static void g4c_allow_smem(g4c *c, F k) {
 void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set);
 void g4c_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 int g4c_gemv_max_tokens(void);
+/* The experts' products of a MoE block for one token, through the GEMV (cuda_gemv.cu), for the `slots` experts
+ * ex[s] (device memory): gate/up pairs when pair is NULL, y[s * rows + c] = gelu(gate_c . x') * (up_c . x') with
+ * x' = rmsnorm(x) * norm (w [E, 2 rows, in] with the up rows after the gate rows, or w and up [E, rows, in]);
+ * else down rows, y[pair[s] * rows + i] = pw[pair[s]] * (w_i . x[s]) (w [E, rows, in], x [slots, in]).
+ * Only where g4c_gemv_experts_fit(w, rows of x) (its input fits one staged tile). */
+int g4c_gemv_experts_fit(g4c *c, const g4_tensor *w, int x_rows);
+void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows, const int32_t *ex, int slots,
+                      const float *x, const float *norm, float eps, const int32_t *pair, const float *pw, float *y);
 /* y[n, out] = (x' W^T) * scale with x' = rmsnorm(x) * norm (norm may be NULL): the MoE router's logits */
 void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const float *norm, float eps, float scale,
                        float *y);
@@ -627,6 +637,9 @@ typedef struct g4c_gemm_in {
 } g4c_gemm_in;
 int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out);
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y);
+/* ... with output rows ldc floats apart; rows r0 .. r0+n-1 of a converted input */
+void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y, int ldc);
+g4c_gemm_in g4c_gemm_in_rows(const g4c_gemm_in *x, int r0, int n);
 int g4c_blas_init(g4c *c, g4_error *err);
 void g4c_blas_free(g4c *c);
 /* cuda_attention.cu */

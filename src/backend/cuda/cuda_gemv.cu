@@ -27,6 +27,10 @@
  * fixture) and stays on this GEMV in steps of G4C_GEMV_MAX tokens for every step size when it is quantized,
  * so that it reads exact weights.
  *
+ * The experts of a MoE block for one token (g4c_gemv_experts, cuda_moe.cu) run through the same kernel (EX): row r
+ * is a row of the matrix of the expert its slot chose (read on the device after the wait, so no weight is loaded
+ * before it), and down's slots each read their own staged input row.
+ *
  * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu; quantized weights decoded to bf16
  * tiles first) and one epilogue kernel. */
 #include "backend/cuda/cuda_common.cuh"
@@ -59,6 +63,14 @@ typedef struct gemv_args {
     int wpr;  /* warps per row group: 1, 2, 4 or 8 */
     int xvec; /* x rows are 16-byte aligned */
     int ktile; /* input elements staged in shared memory at a time (a multiple of 8) */
+    /* experts of a MoE block for one token (g4c_gemv_experts): row r is row r % ex_rows of the matrix of expert
+     * ex[r / ex_rows] (the slot's), ex_bytes[p] apart in w[p]; with ex_pair (down): slot s reads x row s (xrows
+     * rows staged) and writes row ex_pair[s] of y[0] times ex_w[ex_pair[s]] */
+    const int32_t *ex, *ex_pair;
+    const float *ex_w;
+    size_t ex_bytes[2];
+    int ex_rows;
+    int xrows; /* x rows staged: n, or the slots */
     g4c_qrow q; /* quantized weights: the row's shape for the decoders */
 } gemv_args;
 
@@ -123,9 +135,10 @@ static __device__ __forceinline__ void issue(const unsigned char *const *rp, int
 }
 
 /* Sums of 32 consecutive staged inputs (the offsets b of quantized segments multiply them). */
-template <int NT> static __device__ __forceinline__ void stage_sums(const float *xs, int ld, int len, float *sums) {
+template <int NT, bool EX>
+static __device__ __forceinline__ void stage_sums(const float *xs, int rows, int ld, int len, float *sums) {
     const int n32 = len / 32;
-    for (int i = threadIdx.x; i < NT * n32; i += GEMV_THREADS) {
+    for (int i = threadIdx.x; i < (EX ? rows : NT) * n32; i += GEMV_THREADS) {
         const float *p = xs + (size_t)(i / n32) * ld + (size_t)(i % n32) * 32;
         float s = 0.0f;
         for (int j = 0; j < 32; j++) s += p[j];
@@ -140,14 +153,14 @@ template <int NT> static __device__ __forceinline__ void stage_sums(const float 
  * per reduction (every block of a GEMV does this for the whole input: with a warp a block and five-step
  * reductions it cost more instructions than the 31B's 4-bit products themselves, ncu on the H200).
  * PERM: each 8 elements stored as the even ones, then the odd ones (MLX4's code order). len: a multiple of 32. */
-template <int NT, int PERM>
+template <int NT, int PERM, bool EX>
 static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
                                                 int ld, int len, int n, const float *scale, signed char *xq,
                                                 float2 *xd) {
     const int lane = threadIdx.x & 31, sub = lane & 7, nb = len / 32;
-    for (int base = (threadIdx.x >> 5) * 4; base < NT * nb; base += GEMV_THREADS / 8) {
+    for (int base = (threadIdx.x >> 5) * 4; base < (EX ? n : NT) * nb; base += GEMV_THREADS / 8) {
         const int i = base + (lane >> 3), t = i / nb, b = i - t * nb, k = b * 32 + sub * 4;
-        const bool on = i < NT * nb && t < n;
+        const bool on = i < (EX ? n : NT) * nb && t < n;
         const float sc = on && scale ? scale[t] : 1.0f;
         float v[4], m = 0.0f;
 #pragma unroll
@@ -195,18 +208,25 @@ static __device__ __forceinline__ int which_product(const gemv_args &a, int row,
     return p;
 }
 
+template <bool EX>
 static __device__ __forceinline__ void row_pointers(const gemv_args &a, int row, int rp_n, const unsigned char **rp) {
-    for (int r = 0; r < rp_n; r++) {
-        int local, p = rp_n == 2 ? r : which_product(a, row, &local);
-        if (rp_n == 2) local = row;
-        rp[r] = a.w[p] + (size_t)local * a.row_bytes;
+    if constexpr (EX) {
+        const int s = row / a.ex_rows;
+        const size_t e = (size_t)a.ex[s], local = (size_t)(row - s * a.ex_rows);
+        for (int r = 0; r < rp_n; r++) rp[r] = a.w[r] + e * a.ex_bytes[r] + local * a.row_bytes;
+    } else {
+        for (int r = 0; r < rp_n; r++) {
+            int local, p = rp_n == 2 ? r : which_product(a, row, &local);
+            if (rp_n == 2) local = row;
+            rp[r] = a.w[p] + (size_t)local * a.row_bytes;
+        }
     }
 }
 
 /* Stages x'[t][k0 .. k0+len) = x[t][k] * (norm ? norm[k] : 1) for t < n into xs [NT][ld], zeros past `in`. */
-template <int NT>
+template <int NT, bool EX>
 static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, int ld, int k0, int len) {
-    for (int t = 0; t < NT && t < a.n; t++) {
+    for (int t = 0; EX ? t < a.xrows : t < NT && t < a.n; t++) {
         const float *x = a.x + (size_t)t * (size_t)a.in;
         float *d = xs + (size_t)t * ld;
         if (a.xvec) {
@@ -234,11 +254,11 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
 /* A block of 8 warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
  * inputs (normalized) in shared memory, one tile of ktile elements at a time; each lane streams 16 bytes of
  * weights per access, GEMV_UNROLL accesses in flight, the next ones issued before the current are used. */
-template <int DT, int NT, int RP, bool FA, int UN = wunroll<DT>::N>
+template <int DT, int NT, int RP, bool FA, bool EX = false, int UN = wunroll<DT>::N>
 __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     constexpr int W = wraw<DT>::WORDS, EPA = wraw<DT>::EPA;
-    /* [NT][ktile] floats, then (quantized types with offsets) [NT][ktile / 32] sums; int8 activations: codes
-     * [NT][ktile], (d, sum) [NT][ktile / 32], then (residual prologue) the floats [ktile] */
+    /* [sn][ktile] floats, then (quantized types with offsets) [sn][ktile / 32] sums; int8 activations: codes
+     * [sn][ktile], (d, sum) [sn][ktile / 32], then (residual prologue) the floats [ktile]; sn = max(NT, xrows) */
     G4_DYN_SMEM(float, smem);
     __shared__ float red[8][RP * NT];
     __shared__ float inv_rms[NT];
@@ -247,22 +267,28 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     const int step = wpr * 32 * EPA, k0 = (sub * 32 + lane) * EPA;
     const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
     constexpr bool I8 = wraw<DT>::I8 && !FA; /* FA: float activations (exact products, routers) */
+    const int sn = EX && a.xrows > NT ? a.xrows : NT; /* staged x rows (experts' down: one a slot) */
     signed char *xq = (signed char *)smem;
-    float2 *xd = (float2 *)(xq + (size_t)NT * kt);
-    float *xs = I8 ? (float *)(xd + (size_t)NT * (kt / 32)) : smem;
-    float *xsum = xs + (size_t)NT * kt;
+    float2 *xd = (float2 *)(xq + (size_t)sn * kt);
+    float *xs = I8 ? (float *)(xd + (size_t)sn * (kt / 32)) : smem;
+    float *xsum = xs + (size_t)sn * kt;
     const float *qscale = a.norm ? inv_rms : nullptr; /* int8 activations: the 1/rms is in the codes' scale */
 
-    /* prefetch the first accesses of the first row: weights only, before waiting for the previous kernel */
+    /* the first accesses of the first row: weights only, before waiting for the previous kernel (experts: after
+     * it, which chose them) */
     int row = blockIdx.x * groups + g;
     const unsigned char *rp[RP] = {};
     uint4 pre[RP][UN][W] = {};
     const int first_len = a.in < kt ? a.in : kt;
-    if (row < a.rows) {
-        row_pointers(a, row, RP, rp);
+    if (row < a.rows && !EX) {
+        row_pointers<EX>(a, row, RP, rp);
         issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
     }
     g4_grid_wait();
+    if (row < a.rows && EX) {
+        row_pointers<EX>(a, row, RP, rp);
+        issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
+    }
     if (NT == 1 && a.res_out) { /* the residual update (one token): into xs, then its 1/rms and the norm */
         float so = 0.0f;
         for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) {
@@ -308,23 +334,24 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             inv_rms[threadIdx.x] = rsqrtf(s / (float)a.in + a.eps);
         }
     }
-    if (ntiles == 1 && !(NT == 1 && a.res_out) && !I8) stage_x<NT>(a, xs, kt, 0, kt);
+    if (ntiles == 1 && !(NT == 1 && a.res_out) && !I8) stage_x<NT, EX>(a, xs, kt, 0, kt);
     __syncthreads();
     if (wraw<DT>::NEED_SUM && !I8 && ntiles == 1) {
-        stage_sums<NT>(xs, kt, kt, xsum);
+        stage_sums<NT, EX>(xs, a.xrows, kt, kt, xsum);
         __syncthreads();
     }
     if (I8 && ntiles == 1) { /* from the residual prologue's floats, else from x */
         if (NT == 1 && a.res_out)
-            stage_q8<NT, wraw<DT>::PERM>(xs, kt, 0, kt, nullptr, kt, kt, a.n, qscale, xq, xd);
+            stage_q8<NT, wraw<DT>::PERM, EX>(xs, kt, 0, kt, nullptr, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd);
         else
-            stage_q8<NT, wraw<DT>::PERM>(a.x, a.in, 0, a.in, a.norm, kt, kt, a.n, qscale, xq, xd);
+            stage_q8<NT, wraw<DT>::PERM, EX>(a.x, a.in, 0, a.in, a.norm, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd);
         __syncthreads();
     }
     g4_grid_launch_dependents();
 
     for (int base = blockIdx.x * groups; base < a.rows; base += gridDim.x * groups) {
         row = base + g;
+        const int xsel = EX && RP == 1 && row < a.rows ? row / a.ex_rows : 0; /* experts' down: the slot's x row */
         const int active = row < a.rows;
         float acc[RP][NT];
 #pragma unroll
@@ -336,12 +363,12 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             if (ntiles > 1) { /* (the grid covers every row once when there are several tiles) */
                 if (tile > 0) __syncthreads();
                 if (I8)
-                    stage_q8<NT, wraw<DT>::PERM>(a.x, a.in, t0, len, a.norm, kt, len, a.n, qscale, xq, xd);
+                    stage_q8<NT, wraw<DT>::PERM, EX>(a.x, a.in, t0, len, a.norm, kt, len, EX ? a.xrows : a.n, qscale, xq, xd);
                 else
-                    stage_x<NT>(a, xs, kt, t0, (len + 7) & ~7);
+                    stage_x<NT, EX>(a, xs, kt, t0, (len + 7) & ~7);
                 __syncthreads();
                 if (wraw<DT>::NEED_SUM && !I8) {
-                    stage_sums<NT>(xs, kt, len, xsum);
+                    stage_sums<NT, EX>(xs, a.xrows, kt, len, xsum);
                     __syncthreads();
                 }
 
@@ -369,9 +396,9 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                         for (int r = 0; r < RP; r++) g4_qt<DT>::seg(cur[r][u], a.q, t0 + kk, 0, &dw[r], &bw[r]);
 #pragma unroll
                         for (int t = 0; t < NT; t++) {
-                            const uint4 x0 = *(const uint4 *)(xq + (size_t)t * kt + kk);
-                            const uint4 x1 = *(const uint4 *)(xq + (size_t)t * kt + kk + 16);
-                            const float2 dx = xd[(size_t)t * (kt / 32) + kk / 32];
+                            const uint4 x0 = *(const uint4 *)(xq + (size_t)(t + xsel) * kt + kk);
+                            const uint4 x1 = *(const uint4 *)(xq + (size_t)(t + xsel) * kt + kk + 16);
+                            const float2 dx = xd[(size_t)(t + xsel) * (kt / 32) + kk / 32];
                             /* (integers below 2^24 in magnitude: exact in floats, no float-to-int conversion) */
                             const float off = (float)g4_qt<DT>::ZERO * dx.y;
 #pragma unroll
@@ -405,8 +432,8 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                                 for (int r = 0; r < RP; r++) g4_qt<DT>::vals8(cur[r][u], sg * (SEG / 8) + j, f[r]);
 #pragma unroll
                                 for (int t = 0; t < NT; t++) {
-                                    const float4 x0 = *(const float4 *)(xs + (size_t)t * kt + ke);
-                                    const float4 x1 = *(const float4 *)(xs + (size_t)t * kt + ke + 4);
+                                    const float4 x0 = *(const float4 *)(xs + (size_t)(t + xsel) * kt + ke);
+                                    const float4 x1 = *(const float4 *)(xs + (size_t)(t + xsel) * kt + ke + 4);
 #pragma unroll
                                     for (int r = 0; r < RP; r++)
                                         part[r][t] += f[r][0] * x0.x + f[r][1] * x0.y + f[r][2] * x0.z +
@@ -420,7 +447,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                                 for (int t = 0; t < NT; t++) {
                                     float v = sa[r] * part[r][t];
                                     if (wraw<DT>::NEED_SUM)
-                                        v = fmaf(sb[r], xsum[(size_t)t * (kt / 32) + (kk + sg * SEG) / 32], v);
+                                        v = fmaf(sb[r], xsum[(size_t)(t + xsel) * (kt / 32) + (kk + sg * SEG) / 32], v);
                                     acc[r][t] += v;
                                 }
                         }
@@ -435,8 +462,8 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                         for (int r = 0; r < RP; r++) raw_decode<DT>(cur[r][u], w[r]);
 #pragma unroll
                         for (int t = 0; t < NT; t++) {
-                            const float4 x0 = *(const float4 *)(xs + (size_t)t * kt + kk);
-                            const float4 x1 = *(const float4 *)(xs + (size_t)t * kt + kk + 4);
+                            const float4 x0 = *(const float4 *)(xs + (size_t)(t + xsel) * kt + kk);
+                            const float4 x1 = *(const float4 *)(xs + (size_t)(t + xsel) * kt + kk + 4);
 #pragma unroll
                             for (int r = 0; r < RP; r++)
                                 acc[r][t] += w[r][0] * x0.x + w[r][1] * x0.y + w[r][2] * x0.z + w[r][3] * x0.w +
@@ -450,7 +477,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         /* the next row group's first accesses, in flight while this one's sums are formed */
         const int next = base + (int)gridDim.x * groups + g;
         if (next < a.rows) {
-            row_pointers(a, next, RP, rp);
+            row_pointers<EX>(a, next, RP, rp);
             issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
         }
         /* the group's sums */
@@ -498,7 +525,12 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                 float y = v[0] + (a.bias[p] ? a.bias[p][local] : 0.0f);
                 if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[(size_t)t * a.out[0] + local];
                 if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
-                a.y[p][(size_t)t * a.out[p] + local] = y;
+                if (EX) { /* an expert's down row: the pair's row, times its routing weight */
+                    const int pr = a.ex_pair[xsel];
+                    a.y[0][(size_t)pr * a.ex_rows + (row - xsel * a.ex_rows)] = y * a.ex_w[pr];
+                } else {
+                    a.y[p][(size_t)t * a.out[p] + local] = y;
+                }
             }
         }
     }
@@ -531,15 +563,18 @@ static int gemv_resident(g4c *c, void (*k)(gemv_args), size_t smem) {
     return n;
 }
 
-template <int DT, int RP, bool FA> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
+template <int DT, int RP, bool FA, bool EX = false> static void launch_gemv_nt(g4c *c, gemv_args a, unsigned row_blocks) {
     const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
-    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, nt, (g4_dtype)DT, a.res_out != nullptr, FA);
+    if (!a.xrows) a.xrows = a.n;
+    const int sn = a.xrows > nt ? a.xrows : nt; /* rows of the staged tile */
+    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, sn, (g4_dtype)DT, a.res_out != nullptr, FA);
     a.ktile = in8 <= most ? in8 : most;
-    size_t smem = (size_t)nt * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)nt * (a.ktile / 32) * 4 : 0);
+    size_t smem = (size_t)sn * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)sn * (a.ktile / 32) * 4 : 0);
     /* (int8 activations: the sums are those of the codes, beside each block's d) */
     if (wraw<DT>::I8 && !FA) /* codes, (d, sum) pairs, the residual prologue's floats */
-        smem = (size_t)nt * a.ktile + (size_t)nt * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
-    void (*k)(gemv_args) = nt == 1   ? gemv_kernel<DT, 1, RP, FA>
+        smem = (size_t)sn * a.ktile + (size_t)sn * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
+    void (*k)(gemv_args) = EX        ? gemv_kernel<DT, 1, RP, FA, true> /* (one token) */
+                           : nt == 1 ? gemv_kernel<DT, 1, RP, FA>
                            : nt == 2 ? gemv_kernel<DT, 2, RP, FA>
                            : nt == 4 ? gemv_kernel<DT, 4, RP, FA>
                                      : gemv_kernel<DT, 8, RP, FA>;
@@ -561,6 +596,8 @@ template <int DT, int RP, bool FA> static void allow_gemv_smem_fa(g4c *c) {
 template <int DT, int RP> static void allow_gemv_smem(g4c *c) {
     allow_gemv_smem_fa<DT, RP, false>(c);
     if (wraw<DT>::I8) allow_gemv_smem_fa<DT, RP, true>(c);
+    g4c_allow_smem(c, gemv_kernel<DT, 1, RP, false, true>); /* experts */
+    if (wraw<DT>::I8) g4c_allow_smem(c, gemv_kernel<DT, 1, RP, true, true>);
 }
 
 void g4c_gemv_init(g4c *c) {
@@ -570,27 +607,53 @@ void g4c_gemv_init(g4c *c) {
 #undef ALLOW
 }
 
-/* float activations (fa) only matter for the types with int8 activations (wraw<DT>::I8) */
-template <int DT, int RP> static void launch_gemv_fa(g4c *c, const gemv_args &a, unsigned row_blocks, int fa) {
-    if (wraw<DT>::I8 && fa)
+/* float activations (fa) only matter for the types with int8 activations (wraw<DT>::I8); ex: experts */
+template <int DT, int RP> static void launch_gemv_fa(g4c *c, const gemv_args &a, unsigned row_blocks, int fa, int ex) {
+    if (ex && wraw<DT>::I8 && fa)
+        launch_gemv_nt<DT, RP, true, true>(c, a, row_blocks);
+    else if (ex)
+        launch_gemv_nt<DT, RP, false, true>(c, a, row_blocks);
+    else if (wraw<DT>::I8 && fa)
         launch_gemv_nt<DT, RP, true>(c, a, row_blocks);
     else
         launch_gemv_nt<DT, RP, false>(c, a, row_blocks);
 }
 
 template <int RP>
-static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row_blocks, int fa) {
+static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row_blocks, int fa, int ex) {
     switch (dt) {
-    case G4_BF16: launch_gemv_fa<G4_BF16, RP>(c, a, row_blocks, fa); break;
-    case G4_F16: launch_gemv_fa<G4_F16, RP>(c, a, row_blocks, fa); break;
-    case G4_Q8_0: launch_gemv_fa<G4_Q8_0, RP>(c, a, row_blocks, fa); break;
-    case G4_Q4_0: launch_gemv_fa<G4_Q4_0, RP>(c, a, row_blocks, fa); break;
-    case G4_Q4_K: launch_gemv_fa<G4_Q4_K, RP>(c, a, row_blocks, fa); break;
-    case G4_Q6_K: launch_gemv_fa<G4_Q6_K, RP>(c, a, row_blocks, fa); break;
-    case G4_MLX4: launch_gemv_fa<G4_MLX4, RP>(c, a, row_blocks, fa); break;
-    case G4_MLX8: launch_gemv_fa<G4_MLX8, RP>(c, a, row_blocks, fa); break;
-    default: launch_gemv_nt<G4_F32, RP, false>(c, a, row_blocks); break;
+    case G4_BF16: launch_gemv_fa<G4_BF16, RP>(c, a, row_blocks, fa, ex); break;
+    case G4_F16: launch_gemv_fa<G4_F16, RP>(c, a, row_blocks, fa, ex); break;
+    case G4_Q8_0: launch_gemv_fa<G4_Q8_0, RP>(c, a, row_blocks, fa, ex); break;
+    case G4_Q4_0: launch_gemv_fa<G4_Q4_0, RP>(c, a, row_blocks, fa, ex); break;
+    case G4_Q4_K: launch_gemv_fa<G4_Q4_K, RP>(c, a, row_blocks, fa, ex); break;
+    case G4_Q6_K: launch_gemv_fa<G4_Q6_K, RP>(c, a, row_blocks, fa, ex); break;
+    case G4_MLX4: launch_gemv_fa<G4_MLX4, RP>(c, a, row_blocks, fa, ex); break;
+    case G4_MLX8: launch_gemv_fa<G4_MLX8, RP>(c, a, row_blocks, fa, ex); break;
+    default:
+        if (ex)
+            launch_gemv_nt<G4_F32, RP, false, true>(c, a, row_blocks);
+        else
+            launch_gemv_nt<G4_F32, RP, false>(c, a, row_blocks);
+        break;
     }
+}
+
+/* Warps per row: enough row groups for two blocks per multiprocessor; no more warps than 256-element slices of a
+ * row (measured on an H200, ncu: more warps per row, for a full wave of 32 warps per multiprocessor, made the
+ * E2B q/k/v and down products 20-30% slower). Then the launch. */
+static void gemv_launch(g4c *c, gemv_args *a, g4_dtype dt, int pairs, int fa) {
+    const int ex = a->ex != NULL;
+    int wpr = 1;
+    const int epa = !g4_dtype_is_quantized(dt) ? 8 : dt == G4_Q6_K ? 64 : 32; /* wraw<DT>::EPA */
+    while (wpr < 8 && a->rows * wpr < c->gemv_blocks_per_sm * 8 * c->n_sm && wpr * 32 * epa < a->in) wpr *= 2;
+    a->wpr = wpr;
+    const int groups = 8 / wpr;
+    const unsigned row_blocks = (unsigned)((a->rows + groups - 1) / groups);
+    if (pairs)
+        launch_gemv_dt<2>(c, dt, *a, row_blocks, fa, ex);
+    else
+        launch_gemv_dt<1>(c, dt, *a, row_blocks, fa, ex);
 }
 
 static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float scale, int fa) {
@@ -631,20 +694,38 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
         a.rows = a.out[0];
     else
         for (int i = 0; i < set->count; i++) a.rows += a.out[i];
-    a.xvec = (a.in % 4 == 0) && ((uintptr_t)x % 16 == 0) && ((uintptr_t)set->norm % 16 == 0);
-    /* warps per row: enough row groups for two blocks per multiprocessor; no more warps than 256-element
-     * slices of a row (measured on an H200, ncu: more warps per row, for a full wave of 32 warps per
-     * multiprocessor, made the E2B q/k/v and down products 20-30% slower) */
-    int wpr = 1;
-    const int epa = !g4_dtype_is_quantized(w0->dtype) ? 8 : w0->dtype == G4_Q6_K ? 64 : 32; /* wraw<DT>::EPA */
-    while (wpr < 8 && a.rows * wpr < c->gemv_blocks_per_sm * 8 * c->n_sm && wpr * 32 * epa < a.in) wpr *= 2;
-    a.wpr = wpr;
-    const int groups = 8 / wpr;
-    const unsigned row_blocks = (unsigned)((a.rows + groups - 1) / groups);
-    if (pairs)
-        launch_gemv_dt<2>(c, w0->dtype, a, row_blocks, fa);
-    else
-        launch_gemv_dt<1>(c, w0->dtype, a, row_blocks, fa);
+    gemv_launch(c, &a, w0->dtype, pairs, fa);
+}
+
+/* The experts' products of a MoE block for one token through the GEMV (cuda_common.cuh): the inputs as for the
+ * dense products (int8 blocks for Q8_0, Q4_0, MLX4 and MLX8 unless c->float_act, as the CPU's experts). */
+int g4c_gemv_experts_fit(g4c *c, const g4_tensor *w, int x_rows) {
+    const int64_t in = w->shape[w->ndim - 1];
+    return in % 32 == 0 && in <= gemv_most(c, x_rows, w->dtype, 0, c->float_act);
+}
+
+void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows, const int32_t *ex, int slots,
+                      const float *x, const float *norm, float eps, const int32_t *pair, const float *pw, float *y) {
+    gemv_args a;
+    memset(&a, 0, sizeof a);
+    const int down = pair != NULL;
+    a.scale = 1.0f;
+    a.in = (int)w->shape[w->ndim - 1];
+    a.row_bytes = g4c_wrow_bytes(w);
+    a.q = g4c_qrow_of(w);
+    a.count = down ? 1 : 2;
+    a.w[0] = (const unsigned char *)w->data;
+    a.w[1] = up ? (const unsigned char *)up->data : a.w[0] + (size_t)rows * a.row_bytes; /* up rows after gate's */
+    a.ex_bytes[0] = (size_t)w->shape[w->ndim - 2] * a.row_bytes; /* one expert's matrix */
+    a.ex_bytes[1] = up ? (size_t)up->shape[up->ndim - 2] * a.row_bytes : a.ex_bytes[0];
+    a.ex = ex, a.ex_rows = rows, a.ex_pair = pair, a.ex_w = pw;
+    a.y[0] = y;
+    a.rows = a.out[0] = slots * rows;
+    a.x = x, a.n = 1, a.xrows = down ? slots : 1;
+    a.norm = norm, a.eps = eps;
+    a.geglu = !down;
+    a.xvec = (a.in % 4 == 0) && ((uintptr_t)x % 16 == 0) && ((uintptr_t)norm % 16 == 0);
+    gemv_launch(c, &a, w->dtype, !down, c->float_act);
 }
 
 /* ---------------------------------------------------------------- prefill: epilogue after tensor-core products */

@@ -4,6 +4,9 @@
  * 1. route: the router's logits from the normalized residual (a GEMV), then per token softmax, top-k (ties to
  *    the lower expert id), weights renormalized and scaled per expert;
  * 2. group: the (token, k) pairs sorted by expert, the list of active experts with their pairs' range;
+ * For many tokens (prefill) steps 3 and 4 are tensor-core products per active expert (moe_experts_gemm, cuBLAS);
+ * for one token (decode) they are the GEMV's (cuda_gemv.cu, g4c_gemv_experts: a grid of one wave whose
+ * warps stream the chosen experts' rows, as for the dense products), the activations in the slots' order.
  * 3. gate_up: a block per (active expert, 8 rows): the expert's token rows staged in shared memory 8 at a time,
  *    a warp per intermediate row reads that expert's gate row and up row once per 8 pairs and writes
  *    gelu(gate) * up;
@@ -112,14 +115,22 @@ __global__ void moe_topk_kernel(moe_args a, const float *logits) {
     }
 }
 
-/* 2. one block: thread e collects expert e's pairs in (token, k) order */
-__global__ void moe_group_kernel(moe_args a) {
-    G4_DYN_SMEM(int, cnt); /* [E] */
+/* 2. one block: thread e collects expert e's pairs in (token, k) order (the experts of the pairs staged in shared
+ * memory first when they fit: every thread scans them all) */
+__global__ void moe_group_kernel(moe_args a, int staged) {
+    G4_DYN_SMEM(int, cnt); /* [E], then (staged) [n * TK] */
     g4_grid_wait();
     const int np = a.n * a.TK;
+    const int32_t *ids = a.ws.ids;
+    if (staged) {
+        int *s = cnt + a.E;
+        for (int p = threadIdx.x; p < np; p += blockDim.x) s[p] = ids[p];
+        ids = s;
+        __syncthreads();
+    }
     for (int e = threadIdx.x; e < a.E; e += blockDim.x) {
         int c = 0;
-        for (int p = 0; p < np; p++) c += a.ws.ids[p] == e;
+        for (int p = 0; p < np; p++) c += ids[p] == e;
         cnt[e] = c;
     }
     __syncthreads();
@@ -140,7 +151,7 @@ __global__ void moe_group_kernel(moe_args a) {
     for (int e = threadIdx.x; e < a.E; e += blockDim.x) {
         int slot = cnt[e];
         for (int p = 0; p < np; p++)
-            if (a.ws.ids[p] == e) a.ws.pairs[slot++] = p;
+            if (ids[p] == e) a.ws.pairs[slot++] = p;
     }
 }
 
@@ -396,12 +407,91 @@ __global__ void moe_combine_kernel(moe_args a) {
         a.out[(size_t)t * a.H + i] = d[i] * inv_d * a.post_norm1[i] + sum[i] * inv_s * a.post_norm2[i];
 }
 
+/* ---------------------------------------------------------------- many tokens: tensor-core products per expert */
+/* xg[j] = the residual row of pair j (pairs grouped by expert) */
+__global__ void moe_gather_kernel(moe_args a, float *xg) {
+    g4_grid_wait();
+    const float *r = a.residual + (size_t)(a.ws.pairs[blockIdx.x] / a.TK) * a.H;
+    float *o = xg + (size_t)blockIdx.x * a.H;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x) o[i] = r[i];
+}
+
+/* act[j][c] = gelu(gu[j][c]) * gu[j][Im + c] */
+__global__ void moe_geglu_kernel(moe_args a, const float *gu, int np) {
+    g4_grid_wait();
+    const size_t total = (size_t)np * a.Im;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t j = i / a.Im, k = i % a.Im;
+        a.ws.act[i] = g4_gelu_tanh(gu[j * 2 * a.Im + k]) * gu[j * 2 * a.Im + a.Im + k];
+    }
+}
+
+/* dn[pair j] = its routing weight times d[j] */
+__global__ void moe_scatter_kernel(moe_args a, const float *d) {
+    g4_grid_wait();
+    const int pr = a.ws.pairs[blockIdx.x];
+    const float w = a.ws.w[pr];
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+        a.ws.dn[(size_t)pr * a.H + i] = w * d[(size_t)blockIdx.x * a.H + i];
+}
+
+/* Expert e's matrix of a [E, rows, in] tensor, as a tensor of its own (rows from row r0, m of them). */
+static g4_tensor expert_view(const g4_tensor *w, int e, int r0, int m) {
+    g4_tensor v = *w;
+    const size_t rb = g4c_wrow_bytes(w);
+    v.data = (unsigned char *)w->data + ((size_t)e * (size_t)w->shape[1] + (size_t)r0) * rb;
+    v.ndim = 2;
+    v.shape[0] = m, v.shape[1] = w->shape[2];
+    return v;
+}
+
+/* Steps 3 and 4 for many tokens (prefill): the active experts and their pair counts come to the host (one
+ * synchronization a layer), the pairs' inputs are gathered in expert order and converted once, and each active
+ * expert multiplies its rows through cuBLAS (gate/up, the GeGLU, down), scattered back by pair. gu: [np, 2 Im]. */
+static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, int np, float *xg, float *gu) {
+    const int E = a.E, H = a.H, Im = a.Im;
+    int32_t host[1 + 3 * MOE_MAX_E]; /* n_active, act_e, act_off, act_cnt (consecutive in the workspace) */
+    g4c_note(c, cudaMemcpyAsync(host, a.ws.n_active, (size_t)(1 + 3 * E) * 4, cudaMemcpyDeviceToHost, c->stream),
+             "moe: copying the expert counts");
+    g4c_note(c, cudaStreamSynchronize(c->stream), "moe: routing");
+    if (c->error != cudaSuccess) return;
+    const int na = host[0];
+    const int32_t *act_e = host + 1, *act_off = host + 1 + E, *act_cnt = host + 1 + 2 * E;
+    g4c_launch(c, moe_gather_kernel, dim3((unsigned)np), dim3(256), 0, a, xg);
+    g4c_gemm_in in;
+    if (g4c_gemm_input(c, xg, np, H, m->pre_norm2, m->eps, m->gate_up->dtype, &in)) return;
+    for (int i = 0; i < na; i++) {
+        const g4c_gemm_in x = g4c_gemm_in_rows(&in, act_off[i], act_cnt[i]);
+        float *y = gu + (size_t)act_off[i] * 2 * Im;
+        if (m->up) {
+            const g4_tensor g = expert_view(m->gate_up, act_e[i], 0, Im), u = expert_view(m->up, act_e[i], 0, Im);
+            g4c_gemm_run_ld(c, &x, &g, y, 2 * Im);
+            g4c_gemm_run_ld(c, &x, &u, y + Im, 2 * Im);
+        } else {
+            const g4_tensor g = expert_view(m->gate_up, act_e[i], 0, 2 * Im);
+            g4c_gemm_run_ld(c, &x, &g, y, 2 * Im);
+        }
+    }
+    unsigned blocks = (unsigned)(((size_t)np * Im + 255) / 256);
+    if (blocks > (unsigned)c->n_sm * 16) blocks = (unsigned)c->n_sm * 16;
+    g4c_launch(c, moe_geglu_kernel, dim3(blocks), dim3(256), 0, a, (const float *)gu, np);
+    if (g4c_gemm_input(c, a.ws.act, np, Im, NULL, 0.0f, m->down->dtype, &in)) return;
+    float *d = xg; /* (the gathered rows were converted above) */
+    for (int i = 0; i < na; i++) {
+        const g4c_gemm_in x = g4c_gemm_in_rows(&in, act_off[i], act_cnt[i]);
+        const g4_tensor dn = expert_view(m->down, act_e[i], 0, H);
+        g4c_gemm_run_ld(c, &x, &dn, d + (size_t)act_off[i] * H, H);
+    }
+    g4c_launch(c, moe_scatter_kernel, dim3((unsigned)np), dim3(256), 0, a, (const float *)d);
+}
+
 /* Lets the expert kernels stage up to MOE_NT rows of the hidden size in shared memory (once, at start). */
 void g4c_moe_init(g4c *c) {
 #define ALLOW(T) g4c_allow_smem(c, moe_gate_up_kernel<T>), g4c_allow_smem(c, moe_down_kernel<T>);
     G4C_WEIGHT_TYPES(ALLOW)
 #undef ALLOW
     g4c_allow_smem(c, moe_combine_kernel);
+    g4c_allow_smem(c, moe_group_kernel);
 }
 
 void g4c_moe(g4_backend *be, const g4_moe_args *m) {
@@ -434,8 +524,11 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     a.qdn = g4c_qrow_of(m->down);
     a.per_expert_scale = m->per_expert_scale;
     const size_t np = (size_t)n * TK;
+    /* many tokens: the experts' products through cuBLAS (not while a step is recorded: it reads counts back) */
+    const int gemm = n > g4c_gemv_max_tokens() && !c->capturing && !c->in_graph_step;
     const size_t ints = np * 2 + 1 + 3 * (size_t)E,
-                 need = ((ints + 3) & ~(size_t)3) * 4 + np * 4 + np * ((size_t)Im + H) * 4 + (size_t)n * (E + 1) * 4;
+                 need = ((ints + 3) & ~(size_t)3) * 4 + np * 4 + np * ((size_t)Im + H) * 4 + (size_t)n * (E + 1) * 4 +
+                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 : 0);
     unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_moe, need);
     if (!ws) return;
     int32_t *iw = (int32_t *)ws;
@@ -451,11 +544,29 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     a.ws.dn = a.ws.act + np * Im;
     a.ws.logits = a.ws.dn + np * H;
     a.ws.inv2 = a.ws.logits + (size_t)n * E;
+    float *xg = a.ws.inv2 + n, *gu = xg + np * H; /* (gemm) [np, H], [np, 2 Im] */
 
     /* router: rmsnorm(r) * router_scale * H^-0.5, times router_proj^T */
     g4c_matmul_scaled(c, m->residual, n, m->router_proj, m->router_scale, m->eps, 1.0f / sqrtf((float)H), a.ws.logits);
     g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(256), 0, a, (const float *)a.ws.logits);
-    if (n > 1) g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), (size_t)E * sizeof(int), a);
+    if (n == 1 && g4c_gemv_experts_fit(c, m->gate_up, 1) && g4c_gemv_experts_fit(c, m->down, TK) &&
+        (size_t)H * 4 <= c->prop.sharedMemPerBlockOptin) { /* one token: the experts' rows through the GEMV */
+        g4c_gemv_experts(c, m->gate_up, m->up, Im, a.ws.act_e, TK, m->residual, m->pre_norm2, m->eps, NULL, NULL,
+                         a.ws.act);
+        g4c_gemv_experts(c, m->down, NULL, H, a.ws.act_e, TK, a.ws.act, NULL, 0.0f, a.ws.pairs, a.ws.w, a.ws.dn);
+            g4c_launch(c, moe_combine_kernel, dim3(1), dim3(1024), (size_t)H * 4, a);
+        return;
+    }
+    if (n > 1) {
+        const size_t staged = ((size_t)E + np) * sizeof(int);
+        const int st = staged <= c->prop.sharedMemPerBlockOptin;
+        g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), st ? staged : (size_t)E * sizeof(int), a, st);
+    }
+    if (gemm && (size_t)H * 4 <= c->prop.sharedMemPerBlockOptin) {
+        moe_experts_gemm(c, m, a, (int)np, xg, gu);
+        g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(1024), (size_t)H * 4, a);
+        return;
+    }
     const unsigned max_active = (unsigned)(np < (size_t)E ? np : (size_t)E);
     const dim3 gu_grid((unsigned)((Im + 7) / 8), max_active);
     const dim3 dn_grid((unsigned)((H + 8 * DOWN_ROWS - 1) / (8 * DOWN_ROWS)), max_active);
