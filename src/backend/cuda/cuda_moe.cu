@@ -485,6 +485,35 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     g4c_launch(c, moe_scatter_kernel, dim3((unsigned)np), dim3(256), 0, a, (const float *)d);
 }
 
+/* Steps 3 and 4 with the experts' kernels (a few tokens, or a step being recorded): grids sized by the most experts
+ * the step can touch. 0, or -1 after noting an error. */
+static int moe_experts_kernels(g4c *c, const g4_moe_args *m, const moe_args &a, size_t np) {
+    const int E = a.E, H = a.H, Im = a.Im;
+    const unsigned max_active = (unsigned)(np < (size_t)E ? np : (size_t)E);
+    const dim3 gu_grid((unsigned)((Im + 7) / 8), max_active);
+    const dim3 dn_grid((unsigned)((H + 8 * DOWN_ROWS - 1) / (8 * DOWN_ROWS)), max_active);
+    const size_t gu_smem = (size_t)MOE_NT * ((H + 7) & ~7) * 4, dn_smem = (size_t)MOE_NT * ((Im + 7) & ~7) * 4;
+    if (gu_smem > c->prop.sharedMemPerBlockOptin || dn_smem > c->prop.sharedMemPerBlockOptin) {
+        g4c_note(c, cudaErrorInvalidValue, "moe: hidden size too large for the expert kernels");
+        return -1;
+    }
+    switch (m->gate_up->dtype) {
+#define GU(T) \
+    case T: g4c_launch(c, moe_gate_up_kernel<T>, gu_grid, dim3(256), gu_smem, a); break;
+        G4C_WEIGHT_TYPES(GU)
+#undef GU
+    default: break;
+    }
+    switch (m->down->dtype) {
+#define DN(T) \
+    case T: g4c_launch(c, moe_down_kernel<T>, dn_grid, dim3(256), dn_smem, a); break;
+        G4C_WEIGHT_TYPES(DN)
+#undef DN
+    default: break;
+    }
+    return 0;
+}
+
 /* Lets the expert kernels stage up to MOE_NT rows of the hidden size in shared memory (once, at start). */
 void g4c_moe_init(g4c *c) {
 #define ALLOW(T) g4c_allow_smem(c, moe_gate_up_kernel<T>), g4c_allow_smem(c, moe_down_kernel<T>);
@@ -500,6 +529,10 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     if (n <= 0) return;
     if (TK <= 0 || TK > E || TK > 32 || E > MOE_MAX_E) {
         g4c_note(c, cudaErrorInvalidValue, "moe: at most 256 experts and top_k in 1..min(32, n_experts)");
+        return;
+    }
+    if ((size_t)H * 4 > c->prop.sharedMemPerBlockOptin) {
+        g4c_note(c, cudaErrorInvalidValue, "moe: hidden size too large for the combine kernel");
         return;
     }
     moe_args a;
@@ -549,46 +582,21 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     /* router: rmsnorm(r) * router_scale * H^-0.5, times router_proj^T */
     g4c_matmul_scaled(c, m->residual, n, m->router_proj, m->router_scale, m->eps, 1.0f / sqrtf((float)H), a.ws.logits);
     g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(256), 0, a, (const float *)a.ws.logits);
-    if (n == 1 && g4c_gemv_experts_fit(c, m->gate_up, 1) && g4c_gemv_experts_fit(c, m->down, TK) &&
-        (size_t)H * 4 <= c->prop.sharedMemPerBlockOptin) { /* one token: the experts' rows through the GEMV */
+    if (n == 1 && g4c_gemv_experts_fit(c, m->gate_up, 1) && g4c_gemv_experts_fit(c, m->down, TK)) {
+        /* one token: the experts' rows through the GEMV, the slots' activations in act */
         g4c_gemv_experts(c, m->gate_up, m->up, Im, a.ws.act_e, TK, m->residual, m->pre_norm2, m->eps, NULL, NULL,
                          a.ws.act);
         g4c_gemv_experts(c, m->down, NULL, H, a.ws.act_e, TK, a.ws.act, NULL, 0.0f, a.ws.pairs, a.ws.w, a.ws.dn);
-            g4c_launch(c, moe_combine_kernel, dim3(1), dim3(1024), (size_t)H * 4, a);
-        return;
+    } else {
+        if (n > 1) {
+            const size_t staged = ((size_t)E + np) * sizeof(int);
+            const int st = staged <= c->prop.sharedMemPerBlockOptin;
+            g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), st ? staged : (size_t)E * sizeof(int), a, st);
+        }
+        if (gemm)
+            moe_experts_gemm(c, m, a, (int)np, xg, gu);
+        else if (moe_experts_kernels(c, m, a, np))
+            return;
     }
-    if (n > 1) {
-        const size_t staged = ((size_t)E + np) * sizeof(int);
-        const int st = staged <= c->prop.sharedMemPerBlockOptin;
-        g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), st ? staged : (size_t)E * sizeof(int), a, st);
-    }
-    if (gemm && (size_t)H * 4 <= c->prop.sharedMemPerBlockOptin) {
-        moe_experts_gemm(c, m, a, (int)np, xg, gu);
-        g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(1024), (size_t)H * 4, a);
-        return;
-    }
-    const unsigned max_active = (unsigned)(np < (size_t)E ? np : (size_t)E);
-    const dim3 gu_grid((unsigned)((Im + 7) / 8), max_active);
-    const dim3 dn_grid((unsigned)((H + 8 * DOWN_ROWS - 1) / (8 * DOWN_ROWS)), max_active);
-    const size_t gu_smem = (size_t)MOE_NT * ((H + 7) & ~7) * 4, dn_smem = (size_t)MOE_NT * ((Im + 7) & ~7) * 4;
-    if (gu_smem > c->prop.sharedMemPerBlockOptin || dn_smem > c->prop.sharedMemPerBlockOptin) {
-        g4c_note(c, cudaErrorInvalidValue, "moe: hidden size too large for the expert kernels");
-        return;
-    }
-    switch (m->gate_up->dtype) {
-#define GU(T) \
-    case T: g4c_launch(c, moe_gate_up_kernel<T>, gu_grid, dim3(256), gu_smem, a); break;
-        G4C_WEIGHT_TYPES(GU)
-#undef GU
-    default: break;
-    }
-    switch (m->down->dtype) {
-#define DN(T) \
-    case T: g4c_launch(c, moe_down_kernel<T>, dn_grid, dim3(256), dn_smem, a); break;
-        G4C_WEIGHT_TYPES(DN)
-#undef DN
-    default: break;
-    }
-    if ((size_t)H * 4 > c->prop.sharedMemPerBlockOptin) return;
     g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(1024), (size_t)H * 4, a);
 }
