@@ -7,15 +7,17 @@
  * (head, key) computes the scores, the softmax runs online per head (running max and sum), and threads own
  * 4-element slices of the G x head_dim outputs for the value pass. Steps of few tokens (decode) also split the
  * keys over blocks (split-K); each block takes an equal share of the token's actual keys (computed on the
- * device, so one recording serves every length), writes its partial sums, and the last block of a (token,
- * head) to finish, found with a counter, combines them: the whole op is one launch. Head sizes up to 512
+ * device, so one recording serves every length), writes its partial sums, waits for the other splits of its
+ * (token, head) at a counter, and combines its share of the outputs (until 2026-12-02 the last block combined them
+ * all: 7 us of E2B's 14 us a sliding layer, globaltimer trace on the H200): the whole op is one launch. Head sizes up to 512
  * (multiples of 8), windows, kv_end, kv_start and GQA are arguments. The layer's attn_prep (args.prep) runs in
  * the same launch when every block can do its share alone (one token, or a KV-shared layer): each block
  * normalizes and rotates its queries into shared memory, and the block whose keys include the token's position
- * stores the token's key and value rows before reading them (E2B decode: one launch a layer less, 1%). */
+ * stores the token's key and value rows (E2B decode: one launch a layer less, 1%); the first tile's copies are
+ * issued before the prep, the token's own row written into the tile by the prep. */
 #include "backend/cuda/cuda_common.cuh"
 
-#define ATT_THREADS 256
+#define ATT_THREADS 512 /* 16 warps: a tile's scores and values are latency-bound on one block a multiprocessor */
 #define ATT_TILE 32 /* keys per tile (16 for f32 caches) */
 #define ATT_MAX_D 512
 #define ATT_MAX_SPLITS 16 /* <= the smallest tile (the combine's weights live in the score buffer) */
@@ -31,7 +33,8 @@ typedef struct attn_args {
     float scale;
     int n_splits;
     float *part;   /* [tokens, n_kv, n_splits, part_stride(G, D)] */
-    int *counters; /* [tokens * n_kv] */
+    int *counters; /* [tokens * n_kv], zero between launches */
+    int *gens;     /* [tokens * n_kv]: generations of the split barriers */
     /* attn_prep fused (one token, or KV-shared): q holds the raw rows; the block normalizes and rotates its
      * queries, and the block whose keys include the token's position stores the token's key and value rows */
     int prep, kv_shared, v_from_k;
@@ -88,6 +91,10 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     G4_DYN_SMEM(unsigned char, smem);
     constexpr int ESZ = KVT == G4_KV_F32 ? 4 : 2, TILE = KVT == G4_KV_F32 ? ATT_TILE / 2 : ATT_TILE;
     const int G = a.G, D = a.D, GD = G * D, rowb = D * ESZ + 16, cpr = D * ESZ / 16;
+    /* threads per score: as many as leave no thread idle, at most 4, each with a whole number of 8-element steps
+     * (G x TILE x ways stays a multiple of 32, so every warp runs the shuffles whole) */
+    int ways = 1;
+    while (ways < 4 && G * TILE * ways * 2 <= ATT_THREADS && D % (16 * ways) == 0) ways *= 2;
     float *qs = (float *)smem;                         /* [G][D] queries times scale */
     unsigned char *kv = smem + (size_t)GD * 4;         /* [2 buffers][K, V][TILE][rowb] */
     float *sc = (float *)(kv + 4 * (size_t)TILE * rowb); /* [G][TILE] scores, then probabilities */
@@ -95,7 +102,6 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     float *lrow = mrow + G;                            /* [G] running sum */
     float *corr = lrow + G;                            /* [G] rescale of this tile */
     int *krow = (int *)(corr + G);                     /* [2][TILE] physical cache rows */
-    __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kh = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
 
@@ -108,29 +114,11 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     const int ntiles = end > start ? (end - start + TILE - 1) / TILE : 0;
     const float *qg = a.q + ((size_t)t * a.n_heads + (size_t)kh * G) * D;
     const size_t rowe = (size_t)a.n_kv * D, head = (size_t)kh * D;
-    if (a.prep) { /* attn_prep's rows of this block (as attn_prep_kernel), a warp a row */
-        const float *cs = a.rope ? a.rope + (size_t)t * D : NULL;
-        for (int g = warp; g < G; g += ATT_THREADS / 32)
-            g4c_head_row((float *)qg + (size_t)g * D, D, 1, a.q_norm, a.eps, cs, qs + (size_t)g * D, NULL, 0, 0);
-        if (!a.kv_shared && p >= start && p < end && warp < 2) { /* read by this block only */
-            const size_t src = ((size_t)t * a.n_kv + kh) * D, dst = (size_t)a.slot[t] * rowe + head;
-            if (warp == 0)
-                g4c_head_row((float *)(a.v_from_k ? a.kraw : a.vraw) + src, D, 1, NULL, a.eps, NULL, NULL, a.vc, dst,
-                             KVT);
-            else
-                g4c_head_row((float *)a.kraw + src, D, 1, a.k_norm, a.eps, cs, NULL, a.kc, dst, KVT);
-        }
-        __syncthreads(); /* (the stored rows are read below through cp.async by this block) */
-        for (int i = tid; i < GD; i += ATT_THREADS) qs[i] *= a.scale;
-    } else {
-        for (int i = tid; i < GD; i += ATT_THREADS) qs[i] = qg[i] * a.scale;
-    }
-    for (int g = tid; g < G; g += ATT_THREADS) mrow[g] = -INFINITY, lrow[g] = 0.0f;
-    float acc[NV4][4];
-#pragma unroll
-    for (int i = 0; i < NV4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     const int32_t *table = a.table + (size_t)a.seq[t] * a.max_blocks;
-
+    /* the prep's block stores the token's key and value rows (read by this block only); the first tile's copies are
+     * issued before the prep, so when the token's row is in it, the prep writes that row into the tile too */
+    const int own = a.prep && !a.kv_shared && p >= start && p < end, own0 = own && p - start < TILE;
+    const int skip = own0 ? p : -1;
     /* tile i's K and V rows into buffer i & 1 (copies in flight until waited for) */
 #define FETCH(i)                                                                                                    \
     do {                                                                                                            \
@@ -141,6 +129,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         __syncthreads();                                                                                            \
         for (int c = tid; c < nk_ * cpr; c += ATT_THREADS) {                                                       \
             const int j = c / cpr, o = (c % cpr) * 16;                                                              \
+            if (j0_ + j == skip) continue; /* the token's own row, written by the prep */                           \
             const size_t src = ((size_t)kr_[j] * rowe + head) * ESZ + o;                                            \
             g4_cp16(kb_ + (size_t)j * rowb + o, (const unsigned char *)a.k + src);                                 \
             g4_cp16(vb_ + (size_t)j * rowb + o, (const unsigned char *)a.v + src);                                 \
@@ -149,6 +138,30 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     } while (0)
 
     if (ntiles > 0) FETCH(0);
+    if (a.prep) { /* attn_prep's rows of this block (as attn_prep_kernel), a warp a row */
+        const float *cs = a.rope ? a.rope + (size_t)t * D : NULL;
+        for (int g = warp; g < G; g += ATT_THREADS / 32)
+            g4c_head_row((float *)qg + (size_t)g * D, D, 1, a.q_norm, a.eps, cs, qs + (size_t)g * D, NULL, 0, 0);
+        if (own && warp < 2) {
+            const size_t src = ((size_t)t * a.n_kv + kh) * D, dst = (size_t)a.slot[t] * rowe + head;
+            unsigned char *krow0 = own0 ? kv + (size_t)(p - start) * rowb : NULL; /* buffer 0's K row, V below */
+            if (warp == 0)
+                g4c_head_row((float *)(a.v_from_k ? a.kraw : a.vraw) + src, D, 1, NULL, a.eps, NULL, NULL, a.vc, dst,
+                             KVT, own0 ? krow0 + (size_t)TILE * rowb : NULL);
+            else
+                g4c_head_row((float *)a.kraw + src, D, 1, a.k_norm, a.eps, cs, NULL, a.kc, dst, KVT, krow0);
+        }
+        __syncthreads(); /* (later tiles read the stored rows through cp.async by this block) */
+        for (int i = tid; i < GD; i += ATT_THREADS) qs[i] *= a.scale;
+    } else {
+        for (int i = tid; i < GD; i += ATT_THREADS) qs[i] = qg[i] * a.scale;
+    }
+    for (int g = tid; g < G; g += ATT_THREADS) mrow[g] = -INFINITY, lrow[g] = 0.0f;
+    G4_TRACE_MARK(2);
+    float acc[NV4][4];
+#pragma unroll
+    for (int i = 0; i < NV4; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+
     for (int it = 0; it < ntiles; it++) {
         const int j0 = start + it * TILE, nk = end - j0 < TILE ? end - j0 : TILE, b = it & 1;
         const unsigned char *ks = kv + (size_t)(2 * b) * TILE * rowb, *vs = ks + (size_t)TILE * rowb;
@@ -159,14 +172,16 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
             g4_cp_wait();
         }
         __syncthreads();
-        /* scores: a thread per (head, key); a warp shares the head (its query is broadcast) */
-        for (int idx = tid; idx < G * TILE; idx += ATT_THREADS) {
-            const int g = idx / TILE, j = idx % TILE;
+        if (it == 0) G4_TRACE_MARK(3);
+        /* scores: `ways` adjacent threads per (head, key), each every ways-th 8 elements, summed by shuffles; a warp
+         * shares the head (its query is broadcast) */
+        for (int idx = tid; idx < G * TILE * ways; idx += ATT_THREADS) {
+            const int item = idx / ways, part = idx - item * ways, g = item / TILE, j = item % TILE;
             float sum = 0.0f;
             if (j < nk) {
                 const float *qv = qs + (size_t)g * D;
                 const unsigned char *kr = ks + (size_t)j * rowb;
-                for (int d = 0; d < D; d += 8) {
+                for (int d = part * 8; d < D; d += 8 * ways) {
                     float kx[8];
                     row8<KVT>(kr + (size_t)d * ESZ, kx);
                     const float4 q0 = *(const float4 *)(qv + d), q1 = *(const float4 *)(qv + d + 4);
@@ -174,7 +189,8 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
                            kx[6] * q1.z + kx[7] * q1.w;
                 }
             }
-            sc[idx] = sum;
+            for (int o = 1; o < ways; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (part == 0) sc[item] = sum;
         }
         __syncthreads();
         /* online softmax, a warp per head */
@@ -219,6 +235,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         __syncthreads(); /* buffer b and the scores are free for the tile after next */
     }
 #undef FETCH
+    G4_TRACE_MARK(4);
 
     float *og = a.out + ((size_t)t * a.n_heads + (size_t)kh * G) * D;
     if (a.n_splits == 1) {
@@ -232,7 +249,9 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         }
         return;
     }
-    /* split-K: partial sums, then the last block of this (token, head) combines */
+    /* split-K: partial sums; once every split of this (token, head) has written its own, each block combines its
+     * share of the outputs (all blocks of a split grid are resident: at most one a multiprocessor). The emulator
+     * runs blocks one after another: there the last block to finish combines them all. */
     const size_t stride = part_stride(G, D);
     float *part = a.part + ((size_t)(t * a.n_kv + kh) * a.n_splits + s) * stride;
 #pragma unroll
@@ -243,13 +262,40 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     for (int g = tid; g < G; g += ATT_THREADS) part[GD + g] = mrow[g], part[GD + G + g] = lrow[g];
     __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(&a.counters[t * a.n_kv + kh], 1) == a.n_splits - 1;
+    const int S = a.n_splits;
+    int *count = a.counters + t * a.n_kv + kh;
+#ifdef G4_CUDA_EMU
+    __shared__ int last;
+    if (tid == 0) last = atomicAdd(count, 1) == S - 1;
     __syncthreads();
     if (!last) return;
+    const int o0 = 0, o1 = GD;
+#else
+    if (tid == 0) { /* a barrier of the S blocks: the last to arrive resets the count and moves the generation on */
+        volatile int *gen = a.gens + t * a.n_kv + kh;
+        const int g0 = *gen;
+        __threadfence();
+        if (atomicAdd(count, 1) == S - 1) {
+            *count = 0;
+            __threadfence();
+            atomicAdd((int *)gen, 1);
+        } else {
+            for (long spin = 0; *gen == g0 && spin < (1L << 26); spin++) __nanosleep(32); /* (bounded: no hang) */
+        }
+    }
+    __syncthreads();
+    const int share = (GD / 4 + S - 1) / S * 4, o0 = s * share, o1 = o0 + share < GD ? o0 + share : GD;
+    G4_TRACE_MARK(5);
+#endif
     __threadfence();
-    /* per head: each split's weight exp(m_s - M) / sum_s exp(m_s - M) l_s, into shared memory (sc) */
     const float *all = a.part + (size_t)(t * a.n_kv + kh) * a.n_splits * stride;
-    const int S = a.n_splits;
+    /* this thread's first 4 outputs: every split's partials in flight while the weights are formed */
+    const int of = o0 + tid * 4;
+    float4 pv[ATT_MAX_SPLITS];
+#pragma unroll
+    for (int q = 0; q < ATT_MAX_SPLITS; q++)
+        if (q < S && of < o1) pv[q] = __ldcg((const float4 *)(all + (size_t)q * stride + of));
+    /* per head: each split's weight exp(m_s - M) / sum_s exp(m_s - M) l_s, into shared memory (sc) */
     float *coef = sc; /* [S][G] (S <= TILE) */
     for (int g = warp; g < G; g += ATT_THREADS / 32) {
         const float mq = lane < S ? __ldcg(all + (size_t)lane * stride + GD + g) : -INFINITY;
@@ -262,12 +308,12 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     __syncthreads();
     /* 4 outputs a thread (one head: D is a multiple of 8), every split's partials loaded before they are used:
      * one round trip to L2 per 4 x ATT_THREADS outputs */
-    for (int o = tid * 4; o < GD; o += ATT_THREADS * 4) {
+    for (int o = of; o < o1; o += ATT_THREADS * 4) {
         const int g = o / D;
-        float4 pv[ATT_MAX_SPLITS];
+        if (o != of)
 #pragma unroll
-        for (int q = 0; q < ATT_MAX_SPLITS; q++)
-            if (q < S) pv[q] = __ldcg((const float4 *)(all + (size_t)q * stride + o));
+            for (int q = 0; q < ATT_MAX_SPLITS; q++)
+                if (q < S) pv[q] = __ldcg((const float4 *)(all + (size_t)q * stride + o));
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int q = 0; q < ATT_MAX_SPLITS; q++)
@@ -277,7 +323,10 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
             }
         *(float4 *)(og + o) = v;
     }
-    if (tid == 0) a.counters[t * a.n_kv + kh] = 0;
+#ifdef G4_CUDA_EMU
+    if (tid == 0) *count = 0;
+#endif
+    G4_TRACE_MARK(6);
 }
 
 /* Lets every attention kernel use up to the device's shared memory per block. */
@@ -354,7 +403,7 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
         const int least = c->att_min_keys; /* keys a split takes at least (32; G4_CUDA_ATT_MIN_KEYS) */
         if (splits > (bound + least - 1) / least) splits = (bound + least - 1) / least;
         if (splits > 1) {
-            if ((size_t)n * a->n_kv_heads > c->n_counters) {
+            if ((size_t)n * a->n_kv_heads > c->n_counters / 2) {
                 g4c_note(c, cudaErrorInvalidValue, "attention: too many tokens x heads for split-K");
                 return;
             }
@@ -363,6 +412,7 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
                                      (size_t)n * a->n_kv_heads * splits * part_stride(G, D) * sizeof(float));
             if (!x.part) return;
             x.counters = c->counters;
+            x.gens = c->counters + c->n_counters / 2; /* (the upper half: other kernels' counters stay below) */
         }
     }
     const dim3 grid((unsigned)a->n_kv_heads, (unsigned)n, (unsigned)x.n_splits);
@@ -418,3 +468,5 @@ void g4c_attn_prep(g4_backend *be, const g4_attn_prep_args *a) {
     const int rows = a->n_heads + (a->kv_shared ? 0 : 2 * a->n_kv_heads);
     g4c_launch(c, attn_prep_kernel, dim3((unsigned)a->n, (unsigned)((rows + 7) / 8)), dim3(256), 0, *a);
 }
+
+G4_TRACE_TU(attention)

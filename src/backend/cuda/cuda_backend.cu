@@ -14,7 +14,9 @@
  * recordings off, G4_CUDA_PDL=0 programmatic dependent launch, G4_CUDA_PROFILE=1 prints the time of each
  * kernel when the backend is freed (steps then run eagerly), G4_CUDA_GEMM=bf16 (or bf16_act, from
  * g4_load_params.bf16_activations) turns off the precise prefill products (cuda_blas.cu: activations rounded to
- * bf16 once, half the tensor-core work). */
+ * bf16 once, half the tensor-core work). A build with -DCMAKE_CUDA_FLAGS=-DG4_CUDA_TRACE and G4_CUDA_TRACE=1 prints
+ * the timeline of the last replayed recording when the backend is freed (cuda_common.cuh: every kernel's wait and
+ * its marks, from the GPU's global timer; the recording runs as in production). */
 #include "backend/cuda/cuda_common.cuh"
 
 #include <stdio.h>
@@ -281,6 +283,9 @@ static int cu_graph_begin(g4_backend *be, const void *owner, uint64_t key) {
         }
         c->capturing = 1;
         c->recording = g;
+#ifdef G4_CUDA_TRACE
+        c->trace_nk = 0;
+#endif
     }
     return 0;
 }
@@ -322,10 +327,67 @@ static void cu_graph_forget(g4_backend *be, const void *owner) {
     c->n_graphs = k;
 }
 
+#ifdef G4_CUDA_TRACE
+/* The last replayed recording's kernels (G4_CUDA_TRACE=1 in a -DG4_CUDA_TRACE build): the records of every
+ * translation unit merged by the end of their grid waits; a kernel's span runs from the end of its wait to the end of
+ * the next one's (the next kernel's wait ends when this one has finished). */
+typedef void (*trace_take)(unsigned long long (*)[8], unsigned *);
+void g4c_trace_take_attention(unsigned long long (*)[8], unsigned *);
+void g4c_trace_take_blas(unsigned long long (*)[8], unsigned *);
+void g4c_trace_take_gemv(unsigned long long (*)[8], unsigned *);
+void g4c_trace_take_misc(unsigned long long (*)[8], unsigned *);
+void g4c_trace_take_moe(unsigned long long (*)[8], unsigned *);
+void g4c_trace_take_quant(unsigned long long (*)[8], unsigned *);
+void g4c_trace_take_towers(unsigned long long (*)[8], unsigned *);
+static int trace_cmp(const void *a, const void *b) {
+    const unsigned long long x = ((const unsigned long long *)a)[1], y = ((const unsigned long long *)b)[1];
+    return x < y ? -1 : x > y;
+}
+static void trace_print(g4c *c) {
+    const trace_take take[] = {g4c_trace_take_attention, g4c_trace_take_blas, g4c_trace_take_gemv,
+                               g4c_trace_take_misc,      g4c_trace_take_moe,  g4c_trace_take_quant,
+                               g4c_trace_take_towers};
+    const size_t per = (size_t)G4_TRACE_N * 8;
+    unsigned long long *all = (unsigned long long *)calloc(per * 7, sizeof *all), *buf = all;
+    size_t n = 0;
+    for (int i = 0; i < 7; i++) {
+        unsigned cnt = 0;
+        take[i]((unsigned long long (*)[8])buf, &cnt);
+        const size_t k = cnt < G4_TRACE_N ? cnt : G4_TRACE_N;
+        memmove(all + n * 8, buf, k * 8 * sizeof *all);
+        n += k, buf = all + n * 8;
+    }
+    qsort(all, n, 8 * sizeof *all, trace_cmp);
+    const int nk = c->trace_nk;
+    if ((int)n < nk || nk < 2) {
+        fprintf(stderr, "trace: %zu records, %d kernels recorded\n", n, nk);
+        free(all);
+        return;
+    }
+    const unsigned long long *r = all + (n - (size_t)nk) * 8;
+    fprintf(stderr, "trace: the last recording, %d kernels, %.1f us from the first wait's end to the last's\n", nk,
+            (double)(r[(nk - 1) * 8 + 1] - r[1]) / 1e3);
+    fprintf(stderr, "trace: i span_us wait_us marks2..7_us kernel (marks from the end of the wait)\n");
+    for (int i = 0; i < nk; i++) {
+        const unsigned long long *q = r + i * 8;
+        const char *name = "?";
+        cudaFuncGetName(&name, c->trace_k[i]);
+        const double span = i + 1 < nk ? (double)(q[9] - q[1]) / 1e3 : 0.0;
+        fprintf(stderr, "trace: %d %.2f %.2f", i, span, (double)(q[1] - q[0]) / 1e3);
+        for (int m = 2; m < 8; m++) fprintf(stderr, " %.2f", q[m] ? (double)(q[m] - q[1]) / 1e3 : 0.0);
+        fprintf(stderr, " %s\n", name);
+    }
+    free(all);
+}
+#endif
+
 /* ---------------------------------------------------------------- backend */
 static void cu_free(g4_backend *be) {
     g4c *c = g4c_of(be);
     cudaStreamSynchronize(c->stream);
+#ifdef G4_CUDA_TRACE
+    if (getenv("G4_CUDA_TRACE")) trace_print(c);
+#endif
     if (c->profile) {
         profile_print(c);
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(c->profile->ev[i]);
@@ -456,7 +518,7 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     const char *gc = getenv("G4_CUDA_GEMV_CAP");
     c->gemv_cap = gc && *gc >= '1' && *gc <= '8' && !gc[1] ? *gc - '0' : 4;
     const char *gb = getenv("G4_CUDA_GEMV_BLOCKS");
-    c->gemv_blocks_per_sm = gb && *gb >= '1' && *gb <= '8' && !gb[1] ? *gb - '0' : 2;
+    c->gemv_blocks_per_sm = gb && *gb >= '1' && *gb <= '8' && !gb[1] ? *gb - '0' : 0; /* 0: by weight type */
     if (env_is("G4_CUDA_PROFILE", "1") && (c->profile = (g4c_profile *)calloc(1, sizeof *c->profile))) {
         c->graphs_on = 0;
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&c->profile->ev[i]);

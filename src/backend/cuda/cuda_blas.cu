@@ -207,3 +207,5 @@ void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y,
         if (split) gemm_rows(c, &xhi, tile + tile_elems, G4_BF16, x->in, m, y + r0, ldc, 1);
     }
 }
+
+G4_TRACE_TU(blas)

@@ -7,8 +7,7 @@
  * reads only weights (never written) before g4_grid_wait(), and everything else after it, so the weight
  * stream of a GEMV overlaps the previous kernel's tail. Every kernel calls g4_grid_wait() (a kernel that
  * skipped it could finish before its predecessor and break the chain). The GEMV lets its successor launch
- * once its inputs are staged (g4_grid_launch_dependents). (A build that did so right after the wait in every
- * kernel, among other changes, decoded bf16 7-11% slower on the H200 than the library before it, same call.) */
+ * once its inputs are staged (g4_grid_launch_dependents). */
 #ifndef G4_BACKEND_CUDA_COMMON_CUH
 #define G4_BACKEND_CUDA_COMMON_CUH
 
@@ -28,6 +27,8 @@ extern "C" {
 #ifdef G4_CUDA_EMU
 #define G4_DYN_SMEM(type, name) type *name = (type *)g4emu_dyn_smem()
 static inline void g4_grid_wait(void) {}
+#define G4_TRACE_MARK(i) ((void)0)
+#define G4_TRACE_TU(name)
 static inline void g4_grid_launch_dependents(void) {}
 static inline uint4 g4_ld_stream(const void *p) {
     uint4 v;
@@ -45,7 +46,49 @@ static inline void g4_cp_wait_but_one(void) {}
 #define G4_DYN_SMEM(type, name)                              \
     extern __shared__ __align__(16) unsigned char g4_smem[]; \
     type *name = (type *)g4_smem
+#ifdef G4_CUDA_TRACE
+/* Diagnostics, a build with -DG4_CUDA_TRACE only: block (0,0,0) of every kernel records the global time before and
+ * after its grid wait (the wait ends when the previous kernel has finished), and at G4_TRACE_MARK(2..7) points;
+ * records per translation unit (G4_TRACE_TU), merged and printed by cuda_backend.cu with G4_CUDA_TRACE=1. */
+#define G4_TRACE_N 16384
+static __device__ unsigned long long g4_trace_rec[G4_TRACE_N][8];
+static __device__ unsigned g4_trace_ctr;
+static __device__ __forceinline__ unsigned long long g4_now(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+static __device__ __forceinline__ bool g4_trace_block(void) {
+    return threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+}
+static __device__ __forceinline__ unsigned &g4_trace_slot(void) {
+    __shared__ unsigned slot;
+    return slot;
+}
+static __device__ __forceinline__ void g4_grid_wait(void) {
+    unsigned long long t0 = g4_trace_block() ? g4_now() : 0;
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (g4_trace_block()) {
+        const unsigned s = atomicAdd(&g4_trace_ctr, 1u) % G4_TRACE_N;
+        g4_trace_slot() = s;
+        g4_trace_rec[s][0] = t0, g4_trace_rec[s][1] = g4_now();
+        for (int i = 2; i < 8; i++) g4_trace_rec[s][i] = 0;
+    }
+}
+#define G4_TRACE_MARK(i)                                                    \
+    do {                                                                    \
+        if (g4_trace_block()) g4_trace_rec[g4_trace_slot()][i] = g4_now(); \
+    } while (0)
+#define G4_TRACE_TU(name)                                                               \
+    void g4c_trace_take_##name(unsigned long long (*rec)[8], unsigned *n) {             \
+        cudaMemcpyFromSymbol(rec, g4_trace_rec, sizeof g4_trace_rec);                   \
+        cudaMemcpyFromSymbol(n, g4_trace_ctr, sizeof *n);                               \
+    }
+#else
 static __device__ __forceinline__ void g4_grid_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+#define G4_TRACE_MARK(i) ((void)0)
+#define G4_TRACE_TU(name)
+#endif
 static __device__ __forceinline__ void g4_grid_launch_dependents(void) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
@@ -449,9 +492,10 @@ static __device__ __forceinline__ void g4_kv_put(void *cache, size_t i, float v,
 }
 
 /* One head vector v[dim] per warp: optional RMSNorm (weight w or none), optional rotate-half RoPE with the
- * token's cos/sin row cs; the result goes to dst (may be v) and/or row cache_off of a KV cache. */
+ * token's cos/sin row cs; the result goes to dst (may be v) and/or row cache_off of a KV cache (and then also to
+ * the row `copy` of the cache's type, if any). */
 static __device__ __forceinline__ void g4c_head_row(float *v, int dim, int norm, const float *w, float eps, const float *cs, float *dst,
-                             void *cache, size_t cache_off, int kv_type) {
+                             void *cache, size_t cache_off, int kv_type, void *copy = NULL) {
     const int lane = threadIdx.x & 31, half = dim / 2;
     float inv = 1.0f;
     if (norm) {
@@ -475,6 +519,7 @@ static __device__ __forceinline__ void g4c_head_row(float *v, int dim, int norm,
             g4_kv_put(cache, cache_off + (size_t)k, a, kv_type);
             g4_kv_put(cache, cache_off + (size_t)(k + half), b, kv_type);
         }
+        if (copy) g4_kv_put(copy, (size_t)k, a, kv_type), g4_kv_put(copy, (size_t)(k + half), b, kv_type);
     }
     if (dim & 1) { /* odd dim: the last element has no rotation partner */
         if (lane == 0) {
@@ -482,6 +527,7 @@ static __device__ __forceinline__ void g4c_head_row(float *v, int dim, int norm,
             if (norm) a *= inv * (w ? w[dim - 1] : 1.0f);
             if (dst) dst[dim - 1] = a;
             if (cache) g4_kv_put(cache, cache_off + (size_t)(dim - 1), a, kv_type);
+            if (copy) g4_kv_put(copy, (size_t)(dim - 1), a, kv_type);
         }
     }
     __syncwarp();
@@ -545,8 +591,8 @@ typedef struct g4c {
     int att_min_keys;     /* decode attention: keys a split-K block takes at least (32; G4_CUDA_ATT_MIN_KEYS=16..512) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
-    int gemv_blocks_per_sm; /* GEMV warps per row grow until rows x warps fill this many blocks a multiprocessor
-                             * (2; G4_CUDA_GEMV_BLOCKS=1..8) */
+    int gemv_blocks_per_sm; /* GEMV warps per row grow until rows x warps fill this many times 8 warps a
+                             * multiprocessor (G4_CUDA_GEMV_BLOCKS=1..8; 0: 2 for float weights, 1 for quantized) */
     void **retired;       /* workspaces replaced while recording (freed with the backend) */
     int n_retired;
     /* recordings */
@@ -557,6 +603,10 @@ typedef struct g4c {
     int capturing;
     int in_graph_step;    /* the ops run for a recording (or its warm-up): size work for any step of the shape */
     struct g4c_profile *profile; /* G4_CUDA_PROFILE=1: time of every kernel (steps run eagerly) */
+#ifdef G4_CUDA_TRACE
+    const void *trace_k[4096]; /* the kernels of the last recording, in order */
+    int trace_nk;
+#endif
 } g4c;
 
 /* Profiling (cuda_backend.cu): an event before and after each launch, summed per kernel at each sync and
@@ -594,6 +644,9 @@ static void g4c_launch(g4c *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_
     cfg.attrs = attr;
     cfg.numAttrs = c->pdl ? 1 : 0;
     if (c->profile) g4c_profile_begin(c);
+#ifdef G4_CUDA_TRACE
+    if (c->capturing && c->trace_nk < 4096) c->trace_k[c->trace_nk++] = (const void *)k;
+#endif
     g4c_note(c, cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...), "kernel launch");
     if (c->profile) g4c_profile_end(c, (const void *)k);
 }

@@ -36,7 +36,13 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #define G4C_GEMV_MAX 8
-#define GEMV_THREADS 256
+/* 16 warps a block: every block stages the whole input (and does the residual prologue), so fewer, larger blocks
+ * read less of L2 for the same warps (H200, same call: E2B decode bf16 2.533 -> 2.389 ms, Q4_0 2.308 -> 2.060, 12B
+ * Q4_0 4.940 -> 3.979 against 8 warps; staging had taken 2-9 us of a GEMV's 7-19, globaltimer trace) */
+#ifndef GEMV_THREADS /* (a build may try another block size) */
+#define GEMV_THREADS 512
+#endif
+#define GEMV_WARPS (GEMV_THREADS / 32)
 #define GEMV_UNROLL 4
 
 int g4c_gemv_max_tokens(void) { return G4C_GEMV_MAX; }
@@ -156,17 +162,34 @@ static __device__ __forceinline__ void stage_sums(const float *xs, int rows, int
 template <int NT, int PERM, bool EX>
 static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
                                                 int ld, int len, int n, const float *scale, signed char *xq,
-                                                float2 *xd) {
-    const int lane = threadIdx.x & 31, sub = lane & 7, nb = len / 32;
+                                                float2 *xd, bool vec) {
+    const int lane = threadIdx.x & 31, sub = lane & 7, nb = len / 32, rows = EX ? n : NT < n ? NT : n;
+    /* vec: src rows, k0 and norm 16-byte aligned (float4 loads). The tile's lines into L1 first when the loop below
+     * takes several passes (else each pass waited for its own round trip to L2: 5 us for E2B's down product) */
+    if (rows * nb > GEMV_THREADS / 8 && __isGlobal(src))
+        for (int i = threadIdx.x * 32; i < rows * len; i += GEMV_THREADS * 32) {
+            const int t = i / len, k = i - t * len;
+            if (k < avail) g4_prefetch_l1(src + (size_t)t * sld + k0 + k);
+            if (t == 0 && norm && k < avail) g4_prefetch_l1(norm + k0 + k);
+        }
     for (int base = (threadIdx.x >> 5) * 4; base < (EX ? n : NT) * nb; base += GEMV_THREADS / 8) {
         const int i = base + (lane >> 3), t = i / nb, b = i - t * nb, k = b * 32 + sub * 4;
         const bool on = i < (EX ? n : NT) * nb && t < n;
         const float sc = on && scale ? scale[t] : 1.0f;
         float v[4], m = 0.0f;
+        if (vec && on && k + 4 <= avail) {
+            const float4 x4 = *(const float4 *)(src + (size_t)t * sld + k0 + k);
+            const float4 w4 = norm ? *(const float4 *)(norm + k0 + k) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            v[0] = x4.x * w4.x, v[1] = x4.y * w4.y, v[2] = x4.z * w4.z, v[3] = x4.w * w4.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int kk = k + j;
+                v[j] = on && kk < avail ? src[(size_t)t * sld + k0 + kk] * (norm ? norm[k0 + kk] : 1.0f) : 0.0f;
+            }
+        }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int kk = k + j;
-            v[j] = on && kk < avail ? src[(size_t)t * sld + k0 + kk] * (norm ? norm[k0 + kk] : 1.0f) : 0.0f;
             v[j] *= sc;
             m = fmaxf(m, fabsf(v[j]));
         }
@@ -251,7 +274,7 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
     }
 }
 
-/* A block of 8 warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
+/* A block of GEMV_WARPS warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
  * inputs (normalized) in shared memory, one tile of ktile elements at a time; each lane streams 16 bytes of
  * weights per access, GEMV_UNROLL accesses in flight, the next ones issued before the current are used. */
 template <int DT, int NT, int RP, bool FA, bool EX = false, int UN = wunroll<DT>::N>
@@ -260,10 +283,10 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     /* [sn][ktile] floats, then (quantized types with offsets) [sn][ktile / 32] sums; int8 activations: codes
      * [sn][ktile], (d, sum) [sn][ktile / 32], then (residual prologue) the floats [ktile]; sn = max(NT, xrows) */
     G4_DYN_SMEM(float, smem);
-    __shared__ float red[8][RP * NT];
+    __shared__ float red[GEMV_WARPS][RP * NT];
     __shared__ float inv_rms[NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int wpr = a.wpr, groups = 8 / wpr, g = warp / wpr, sub = warp % wpr;
+    const int wpr = a.wpr, groups = GEMV_WARPS / wpr, g = warp / wpr, sub = warp % wpr;
     const int step = wpr * 32 * EPA, k0 = (sub * 32 + lane) * EPA;
     const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
     constexpr bool I8 = wraw<DT>::I8 && !FA; /* FA: float activations (exact products, routers) */
@@ -330,7 +353,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         __syncthreads();
         if (threadIdx.x < NT) {
             float s = 0.0f;
-            for (int w = 0; w < 8; w++) s += red[w][threadIdx.x];
+            for (int w = 0; w < GEMV_WARPS; w++) s += red[w][threadIdx.x];
             inv_rms[threadIdx.x] = rsqrtf(s / (float)a.in + a.eps);
         }
     }
@@ -342,12 +365,15 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     }
     if (I8 && ntiles == 1) { /* from the residual prologue's floats, else from x */
         if (NT == 1 && a.res_out)
-            stage_q8<NT, wraw<DT>::PERM, EX>(xs, kt, 0, kt, nullptr, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd);
+            stage_q8<NT, wraw<DT>::PERM, EX>(xs, kt, 0, kt, nullptr, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd,
+                                             ((uintptr_t)xs & 15) == 0);
         else
-            stage_q8<NT, wraw<DT>::PERM, EX>(a.x, a.in, 0, a.in, a.norm, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd);
+            stage_q8<NT, wraw<DT>::PERM, EX>(a.x, a.in, 0, a.in, a.norm, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd,
+                                             a.xvec);
         __syncthreads();
     }
     g4_grid_launch_dependents();
+    G4_TRACE_MARK(2);
 
     for (int base = blockIdx.x * groups; base < a.rows; base += gridDim.x * groups) {
         row = base + g;
@@ -363,7 +389,8 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             if (ntiles > 1) { /* (the grid covers every row once when there are several tiles) */
                 if (tile > 0) __syncthreads();
                 if (I8)
-                    stage_q8<NT, wraw<DT>::PERM, EX>(a.x, a.in, t0, len, a.norm, kt, len, EX ? a.xrows : a.n, qscale, xq, xd);
+                    stage_q8<NT, wraw<DT>::PERM, EX>(a.x, a.in, t0, len, a.norm, kt, len, EX ? a.xrows : a.n, qscale, xq,
+                                                     xd, a.xvec);
                 else
                     stage_x<NT, EX>(a, xs, kt, t0, (len + 7) & ~7);
                 __syncthreads();
@@ -534,6 +561,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             }
         }
     }
+    G4_TRACE_MARK(3);
 }
 
 /* Input elements of a tile: as much of a row as c->gemv_smem holds for nt tokens (with a sum per 32 inputs for
@@ -639,16 +667,20 @@ static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row
     }
 }
 
-/* Warps per row: enough row groups for two blocks per multiprocessor; no more warps than 256-element slices of a
- * row (measured on an H200, ncu: more warps per row, for a full wave of 32 warps per multiprocessor, made the
- * E2B q/k/v and down products 20-30% slower). Then the launch. */
+/* Warps per row: enough row groups for 16 warps a multiprocessor with float weights, 8 with quantized ones
+ * (G4_CUDA_GEMV_BLOCKS x 8; with 16-warp blocks, H200: E2B Q4_0 decode 2.077 ms at 16, 1.999 at 8; bf16 2.396 at 16,
+ * 2.515 at 8); no more warps than 256-element slices of a row (measured on an H200, ncu: more warps per row, for a
+ * full wave of 32 warps per multiprocessor, made the E2B q/k/v and down products 20-30% slower). Then the launch. */
 static void gemv_launch(g4c *c, gemv_args *a, g4_dtype dt, int pairs, int fa) {
-    const int ex = a->ex != NULL;
+    const int ex = a->ex != NULL, quant = g4_dtype_is_quantized(dt);
+    const int bps = c->gemv_blocks_per_sm ? c->gemv_blocks_per_sm : quant ? 1 : 2;
     int wpr = 1;
-    const int epa = !g4_dtype_is_quantized(dt) ? 8 : dt == G4_Q6_K ? 64 : 32; /* wraw<DT>::EPA */
-    while (wpr < 8 && a->rows * wpr < c->gemv_blocks_per_sm * 8 * c->n_sm && wpr * 32 * epa < a->in) wpr *= 2;
+    const int epa = !quant ? 8 : dt == G4_Q6_K ? 64 : 32; /* wraw<DT>::EPA */
+    while (wpr < 8 && a->rows * wpr < bps * 8 * c->n_sm && wpr * 32 * epa < a->in) wpr *= 2;
     a->wpr = wpr;
-    const int groups = 8 / wpr;
+    /* float4 staging of the inputs (the scalar loop made every bf16 product 7-11% slower, H200) */
+    a->xvec = (a->in % 4 == 0) && ((uintptr_t)a->x % 16 == 0) && ((uintptr_t)a->norm % 16 == 0);
+    const int groups = GEMV_WARPS / wpr;
     const unsigned row_blocks = (unsigned)((a->rows + groups - 1) / groups);
     if (pairs)
         launch_gemv_dt<2>(c, dt, *a, row_blocks, fa, ex);
@@ -724,7 +756,6 @@ void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows,
     a.x = x, a.n = 1, a.xrows = down ? slots : 1;
     a.norm = norm, a.eps = eps;
     a.geglu = !down;
-    a.xvec = (a.in % 4 == 0) && ((uintptr_t)x % 16 == 0) && ((uintptr_t)norm % 16 == 0);
     gemv_launch(c, &a, w->dtype, !down, c->float_act);
 }
 
@@ -883,3 +914,5 @@ void g4c_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const
     set.y[0] = y;
     g4c_matmul_set(be, x, n, &set);
 }
+
+G4_TRACE_TU(gemv)

@@ -255,7 +255,7 @@ __global__ void argmax_kernel(const float *x, int n, float *part_v, int *part_i,
 void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {
     g4c *c = g4c_of(be);
     if (rows <= 0 || n <= 0) return;
-    if ((size_t)rows > c->n_counters) {
+    if ((size_t)rows > c->n_counters / 2) { /* (the upper half: the attention's barrier generations) */
         g4c_note(c, cudaErrorInvalidValue, "argmax: too many rows");
         return;
     }
@@ -403,3 +403,5 @@ void g4c_fill_random(g4c *c, void *dst, g4_dtype t, int64_t rows, int64_t in, si
     g4c_launch(c, fill_random_kernel, dim3(blocks_for(c, total, 256) * 4), dim3(256), 0, (unsigned char *)dst, (int)t,
                rows, in, row_bytes, seed, amp);
 }
+
+G4_TRACE_TU(misc)

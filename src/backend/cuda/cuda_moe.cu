@@ -600,3 +600,5 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     }
     g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(1024), (size_t)H * 4, a);
 }
+
+G4_TRACE_TU(moe)

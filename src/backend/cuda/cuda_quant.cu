@@ -257,3 +257,5 @@ void g4c_embed_quant(g4c *c, const g4_tensor *table, const int32_t *ids, int n, 
     G4C_QUANT_SWITCH(table->dtype, LAUNCH)
 #undef LAUNCH
 }
+
+G4_TRACE_TU(quant)

@@ -258,3 +258,5 @@ void g4c_towers_init(g4c *c) {
     g4c_allow_smem(c, attention_dense_kernel);
     g4c_allow_smem(c, local_attention_kernel);
 }
+
+G4_TRACE_TU(towers)

@@ -139,6 +139,7 @@ template <typename T> static inline T atomicCAS(T *p, T cmp, T v) {
 }
 static inline void __threadfence(void) {}
 static inline void __threadfence_block(void) {}
+static inline unsigned __isGlobal(const void *p) { return p != NULL; } /* (prefetches are no-ops here) */
 template <typename T> static inline T __ldg(const T *p) { return *p; }
 template <typename T> static inline T __ldcg(const T *p) { return *p; }
 
