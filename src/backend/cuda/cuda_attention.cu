@@ -6,10 +6,13 @@
  * the tile's K and V rows to shared memory (cp.async), the next tile's copies in flight while one is used; a thread per
  * (head, key) computes the scores, the softmax runs online per head (running max and sum), and threads own
  * 4-element slices of the G x head_dim outputs for the value pass. Steps of few tokens (decode) also split the
- * keys over blocks (split-K); each block takes an equal share of the token's actual keys (computed on the
- * device, so one recording serves every length), writes its partial sums, waits for the other splits of its
- * (token, head) at a counter, and combines its share of the outputs (until 2026-12-02 the last block combined them
- * all: 7 us of E2B's 14 us a sliding layer, globaltimer trace on the H200): the whole op is one launch. Head sizes up to 512
+ * keys over blocks (split-K), up to a block a multiprocessor with at least G4_CUDA_ATT_MIN_KEYS (8) keys each: the
+ * work of a tile is latency on one multiprocessor (E2B, 16 splits of 32 keys: 4.5 us a tile; 64 of 8: 2.2 us), and
+ * a split with fewer keys than a tile uses a smaller one, with more threads per score. Each block takes an equal
+ * share of the token's actual keys (computed on the device, so one recording serves every length), writes its
+ * partial sums, waits for the other splits of its (token, head) at a counter, and combines its share of the outputs
+ * (a group of threads per 4 outputs, one thread per split in flight, shuffles): the whole op is one launch, and it
+ * lets the next kernel launch right after its wait (its blocks load their first weights meanwhile). Head sizes up to 512
  * (multiples of 8), windows, kv_end, kv_start and GQA are arguments. The layer's attn_prep (args.prep) runs in
  * the same launch when every block can do its share alone (one token, or a KV-shared layer): each block
  * normalizes and rotates its queries into shared memory, and the block whose keys include the token's position
@@ -20,7 +23,7 @@
 #define ATT_THREADS 512 /* 16 warps: a tile's scores and values are latency-bound on one block a multiprocessor */
 #define ATT_TILE 32 /* keys per tile (16 for f32 caches) */
 #define ATT_MAX_D 512
-#define ATT_MAX_SPLITS 16 /* <= the smallest tile (the combine's weights live in the score buffer) */
+#define ATT_MAX_SPLITS 256 /* a split a multiprocessor (the combine keeps 8 of its splits' weights a lane) */
 
 typedef struct attn_args {
     const float *q;
@@ -42,6 +45,7 @@ typedef struct attn_args {
     const int32_t *slot;
     void *kc, *vc;
     float eps;
+    int early; /* let the next kernel's blocks start (and load their first weights) right after the wait */
 } attn_args;
 
 /* floats of one split's partials: G x D sums, then G maxima and G sums, padded to 16 bytes */
@@ -83,35 +87,37 @@ template <int KVT> static __device__ __forceinline__ void row4(const unsigned ch
  * bank conflicts), scores, softmax state, row ids */
 static size_t attention_smem(int G, int D, int esz) {
     const size_t tile = esz == 4 ? ATT_TILE / 2 : ATT_TILE;
-    return (size_t)G * D * 4 + 4 * tile * ((size_t)D * esz + 16) + (size_t)G * tile * 4 + 3 * (size_t)G * 4 +
-           2 * tile * 4;
+    return (size_t)G * D * 4 + 4 * tile * ((size_t)D * esz + 16) + (size_t)G * tile * 4 + 3 * (size_t)G * 4;
 }
 
 template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void attention_kernel(attn_args a) {
     G4_DYN_SMEM(unsigned char, smem);
     constexpr int ESZ = KVT == G4_KV_F32 ? 4 : 2, TILE = KVT == G4_KV_F32 ? ATT_TILE / 2 : ATT_TILE;
     const int G = a.G, D = a.D, GD = G * D, rowb = D * ESZ + 16, cpr = D * ESZ / 16;
-    /* threads per score: as many as leave no thread idle, at most 4, each with a whole number of 8-element steps
-     * (G x TILE x ways stays a multiple of 32, so every warp runs the shuffles whole) */
-    int ways = 1;
-    while (ways < 4 && G * TILE * ways * 2 <= ATT_THREADS && D % (16 * ways) == 0) ways *= 2;
     float *qs = (float *)smem;                         /* [G][D] queries times scale */
     unsigned char *kv = smem + (size_t)GD * 4;         /* [2 buffers][K, V][TILE][rowb] */
     float *sc = (float *)(kv + 4 * (size_t)TILE * rowb); /* [G][TILE] scores, then probabilities */
     float *mrow = sc + G * TILE;                       /* [G] running max */
     float *lrow = mrow + G;                            /* [G] running sum */
     float *corr = lrow + G;                            /* [G] rescale of this tile */
-    int *krow = (int *)(corr + G);                     /* [2][TILE] physical cache rows */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kh = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
 
     g4_grid_wait();
+    if (a.early) g4_grid_launch_dependents();
     const int p = a.pos[t];
     const int lo = a.kv_start ? a.kv_start[t] : a.window ? (p - a.window + 1 > 0 ? p - a.window + 1 : 0) : 0;
     const int hi = a.kv_end ? a.kv_end[t] : p + 1;
     const int chunk = (hi - lo + a.n_splits - 1) / a.n_splits; /* this token's keys, shared equally */
     const int start = lo + s * chunk, end = start + chunk < hi ? start + chunk : hi;
     const int ntiles = end > start ? (end - start + TILE - 1) / TILE : 0;
+    /* keys of a tile (2^lk: fewer than TILE when the split has fewer keys, as with a split a multiprocessor), and
+     * threads per score (2^lw: as many as leave no thread idle, up to a warp, each with a whole number of 8-element
+     * steps; the score loop runs whole warps, so the shuffles do) */
+    int lk = 0, lw = 0;
+    while ((1 << lk) < TILE && (1 << lk) < end - start) lk++;
+    while (lw < 5 && (G << (lk + lw + 1)) <= ATT_THREADS && D % (16 << lw) == 0) lw++;
+    const int kt = 1 << lk, ways = 1 << lw;
     const float *qg = a.q + ((size_t)t * a.n_heads + (size_t)kh * G) * D;
     const size_t rowe = (size_t)a.n_kv * D, head = (size_t)kh * D;
     const int32_t *table = a.table + (size_t)a.seq[t] * a.max_blocks;
@@ -119,18 +125,16 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
      * issued before the prep, so when the token's row is in it, the prep writes that row into the tile too */
     const int own = a.prep && !a.kv_shared && p >= start && p < end, own0 = own && p - start < TILE;
     const int skip = own0 ? p : -1;
-    /* tile i's K and V rows into buffer i & 1 (copies in flight until waited for) */
+    /* tile i's K and V rows into buffer i & 1 (copies in flight until waited for); the copies go to the last threads
+     * first, so that the prep's warps (the first ones) are not held up by the block table's loads */
 #define FETCH(i)                                                                                                    \
     do {                                                                                                            \
         const int j0_ = start + (i) * TILE, nk_ = end - j0_ < TILE ? end - j0_ : TILE, b_ = (i) & 1;              \
-        int *kr_ = krow + b_ * TILE;                                                                                \
         unsigned char *kb_ = kv + (size_t)(2 * b_) * TILE * rowb, *vb_ = kb_ + (size_t)TILE * rowb;                \
-        for (int j = tid; j < nk_; j += ATT_THREADS) kr_[j] = table[(j0_ + j) / a.B] * a.B + (j0_ + j) % a.B;      \
-        __syncthreads();                                                                                            \
-        for (int c = tid; c < nk_ * cpr; c += ATT_THREADS) {                                                       \
-            const int j = c / cpr, o = (c % cpr) * 16;                                                              \
-            if (j0_ + j == skip) continue; /* the token's own row, written by the prep */                           \
-            const size_t src = ((size_t)kr_[j] * rowe + head) * ESZ + o;                                            \
+        for (int c = ATT_THREADS - 1 - tid; c < nk_ * cpr; c += ATT_THREADS) {                                     \
+            const int j = c / cpr, o = (c % cpr) * 16, key = j0_ + j;                                              \
+            if (key == skip) continue; /* the token's own row, written by the prep */                               \
+            const size_t src = (((size_t)table[key / a.B] * a.B + key % a.B) * rowe + head) * ESZ + o;             \
             g4_cp16(kb_ + (size_t)j * rowb + o, (const unsigned char *)a.k + src);                                 \
             g4_cp16(vb_ + (size_t)j * rowb + o, (const unsigned char *)a.v + src);                                 \
         }                                                                                                           \
@@ -138,18 +142,17 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     } while (0)
 
     if (ntiles > 0) FETCH(0);
-    if (a.prep) { /* attn_prep's rows of this block (as attn_prep_kernel), a warp a row */
+    if (a.prep) { /* attn_prep's rows of this block (as attn_prep_kernel), a warp a row: the G queries, then (the block
+                   * whose keys hold the token's position) its key and value rows, into the cache and the first tile */
         const float *cs = a.rope ? a.rope + (size_t)t * D : NULL;
-        for (int g = warp; g < G; g += ATT_THREADS / 32)
-            g4c_head_row((float *)qg + (size_t)g * D, D, 1, a.q_norm, a.eps, cs, qs + (size_t)g * D, NULL, 0, 0);
-        if (own && warp < 2) {
-            const size_t src = ((size_t)t * a.n_kv + kh) * D, dst = (size_t)a.slot[t] * rowe + head;
-            unsigned char *krow0 = own0 ? kv + (size_t)(p - start) * rowb : NULL; /* buffer 0's K row, V below */
-            if (warp == 0)
-                g4c_head_row((float *)(a.v_from_k ? a.kraw : a.vraw) + src, D, 1, NULL, a.eps, NULL, NULL, a.vc, dst,
-                             KVT, own0 ? krow0 + (size_t)TILE * rowb : NULL);
-            else
-                g4c_head_row((float *)a.kraw + src, D, 1, a.k_norm, a.eps, cs, NULL, a.kc, dst, KVT, krow0);
+        unsigned char *own_k = own0 ? kv + (size_t)(p - start) * rowb : NULL; /* buffer 0's K row, V below */
+        const size_t src = ((size_t)t * a.n_kv + kh) * D, dst = own ? (size_t)a.slot[t] * rowe + head : 0;
+        for (int r = warp; r < G + 2 * own; r += ATT_THREADS / 32) { /* (one call site: a smaller kernel) */
+            const int q = r < G, k = r == G;
+            float *v = q ? (float *)qg + (size_t)r * D : (float *)(k || a.v_from_k ? a.kraw : a.vraw) + src;
+            g4c_head_row(v, D, 1, q ? a.q_norm : k ? a.k_norm : NULL, a.eps, q || k ? cs : NULL,
+                         q ? qs + (size_t)r * D : NULL, q ? NULL : k ? a.kc : a.vc, dst, KVT,
+                         q || !own_k ? NULL : k ? own_k : own_k + (size_t)TILE * rowb);
         }
         __syncthreads(); /* (later tiles read the stored rows through cp.async by this block) */
         for (int i = tid; i < GD; i += ATT_THREADS) qs[i] *= a.scale;
@@ -175,10 +178,11 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         if (it == 0) G4_TRACE_MARK(3);
         /* scores: `ways` adjacent threads per (head, key), each every ways-th 8 elements, summed by shuffles; a warp
          * shares the head (its query is broadcast) */
-        for (int idx = tid; idx < G * TILE * ways; idx += ATT_THREADS) {
-            const int item = idx / ways, part = idx - item * ways, g = item / TILE, j = item % TILE;
+        const int items = G << lk, total = ((items << lw) + 31) & ~31;
+        for (int idx = tid; idx < total; idx += ATT_THREADS) {
+            const int item = idx >> lw, part = idx & (ways - 1), g = item >> lk, j = item & (kt - 1);
             float sum = 0.0f;
-            if (j < nk) {
+            if (item < items && j < nk) {
                 const float *qv = qs + (size_t)g * D;
                 const unsigned char *kr = ks + (size_t)j * rowb;
                 for (int d = part * 8; d < D; d += 8 * ways) {
@@ -190,7 +194,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
                 }
             }
             for (int o = 1; o < ways; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (part == 0) sc[item] = sum;
+            if (part == 0 && item < items) sc[g * TILE + j] = sum;
         }
         __syncthreads();
         /* online softmax, a warp per head */
@@ -289,39 +293,81 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
 #endif
     __threadfence();
     const float *all = a.part + (size_t)(t * a.n_kv + kh) * a.n_splits * stride;
-    /* this thread's first 4 outputs: every split's partials in flight while the weights are formed */
-    const int of = o0 + tid * 4;
-    float4 pv[ATT_MAX_SPLITS];
+    /* the share's 4-output slices, T = 2^lt threads each (a pass of ATT_THREADS / T slices at a time): thread
+     * `sub` of a slice sums the splits sub, sub + T, ..., the T sums then added by shuffles (and shared memory when
+     * T spans warps); the first pass's partials are in flight while the weights are formed */
+    const int n4 = (o1 - o0) / 4, g_lo = o0 / D, gc = o1 > o0 ? (o1 - 1) / D - g_lo + 1 : 0;
+    int lt = 0;
+    while (lt < 9 && (n4 << (lt + 1)) <= ATT_THREADS && (1 << lt) < S) lt++;
+    const int T = 1 << lt, per = ATT_THREADS >> lt, sub = tid & (T - 1);
+    float *coef = (float *)kv;                       /* [S][gc] split weights (the tile buffers are free now) */
+    float4 *red4 = (float4 *)(coef + ((S * gc + 3) & ~3)); /* [warps] sums of slices spanning warps */
+    float4 pv[4] = {};
+    {
+        const int sl = tid >> lt, o = o0 + 4 * sl;
 #pragma unroll
-    for (int q = 0; q < ATT_MAX_SPLITS; q++)
-        if (q < S && of < o1) pv[q] = __ldcg((const float4 *)(all + (size_t)q * stride + of));
-    /* per head: each split's weight exp(m_s - M) / sum_s exp(m_s - M) l_s, into shared memory (sc) */
-    float *coef = sc; /* [S][G] (S <= TILE) */
-    for (int g = warp; g < G; g += ATT_THREADS / 32) {
-        const float mq = lane < S ? __ldcg(all + (size_t)lane * stride + GD + g) : -INFINITY;
-        const float lq = lane < S ? __ldcg(all + (size_t)lane * stride + GD + G + g) : 0.0f;
-        const float M = g4_warp_max(mq);
-        const float w = mq == -INFINITY ? 0.0f : expf(mq - M); /* a split without keys weighs nothing */
-        const float den = g4_warp_sum(w * lq);
-        if (lane < S) coef[lane * G + g] = w / den;
+        for (int u = 0; u < 4; u++)
+            if (sl < n4 && sub + u * T < S) pv[u] = __ldcg((const float4 *)(all + (size_t)(sub + u * T) * stride + o));
+    }
+    /* per head of the share, a warp: each split's weight exp(m_s - M) / sum_s exp(m_s - M) l_s */
+    for (int gi = warp; gi < gc; gi += ATT_THREADS / 32) {
+        const int g = g_lo + gi;
+        float mq[ATT_MAX_SPLITS / 32], lq[ATT_MAX_SPLITS / 32], M = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_SPLITS / 32; i++) {
+            const int q = lane + 32 * i;
+            mq[i] = q < S ? __ldcg(all + (size_t)q * stride + GD + g) : -INFINITY;
+            lq[i] = q < S ? __ldcg(all + (size_t)q * stride + GD + G + g) : 0.0f;
+            M = fmaxf(M, mq[i]);
+        }
+        M = g4_warp_max(M);
+        float den = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_SPLITS / 32; i++) {
+            mq[i] = mq[i] == -INFINITY ? 0.0f : expf(mq[i] - M); /* a split without keys weighs nothing */
+            den += mq[i] * lq[i];
+        }
+        den = g4_warp_sum(den);
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_SPLITS / 32; i++)
+            if (lane + 32 * i < S) coef[(lane + 32 * i) * gc + gi] = mq[i] / den;
     }
     __syncthreads();
-    /* 4 outputs a thread (one head: D is a multiple of 8), every split's partials loaded before they are used:
-     * one round trip to L2 per 4 x ATT_THREADS outputs */
-    for (int o = of; o < o1; o += ATT_THREADS * 4) {
-        const int g = o / D;
-        if (o != of)
-#pragma unroll
-            for (int q = 0; q < ATT_MAX_SPLITS; q++)
-                if (q < S) pv[q] = __ldcg((const float4 *)(all + (size_t)q * stride + o));
+    for (int base = 0; base < n4; base += per) { /* (uniform: every thread runs every pass) */
+        const int sl = base + (tid >> lt), o = o0 + 4 * sl, gi = sl < n4 ? o / D - g_lo : 0;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (sl < n4) {
+            if (base > 0)
 #pragma unroll
-        for (int q = 0; q < ATT_MAX_SPLITS; q++)
-            if (q < S) {
-                const float cq = coef[q * G + g];
-                v.x += cq * pv[q].x, v.y += cq * pv[q].y, v.z += cq * pv[q].z, v.w += cq * pv[q].w;
+                for (int u = 0; u < 4; u++)
+                    if (sub + u * T < S) pv[u] = __ldcg((const float4 *)(all + (size_t)(sub + u * T) * stride + o));
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (sub + u * T < S) {
+                    const float cq = coef[(sub + u * T) * gc + gi];
+                    v.x += cq * pv[u].x, v.y += cq * pv[u].y, v.z += cq * pv[u].z, v.w += cq * pv[u].w;
+                }
+            for (int q = sub + 4 * T; q < S; q += T) {
+                const float4 p4 = __ldcg((const float4 *)(all + (size_t)q * stride + o));
+                const float cq = coef[q * gc + gi];
+                v.x += cq * p4.x, v.y += cq * p4.y, v.z += cq * p4.z, v.w += cq * p4.w;
             }
-        *(float4 *)(og + o) = v;
+        }
+        for (int off = (T < 32 ? T : 32) >> 1; off > 0; off >>= 1) {
+            v.x += __shfl_xor_sync(0xffffffffu, v.x, off), v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+            v.z += __shfl_xor_sync(0xffffffffu, v.z, off), v.w += __shfl_xor_sync(0xffffffffu, v.w, off);
+        }
+        if (T > 32) { /* the slice spans T / 32 warps */
+            if (lane == 0) red4[warp] = v;
+            __syncthreads();
+            if (sub == 0)
+                for (int w = 1; w < T / 32; w++) {
+                    const float4 r = red4[warp + w];
+                    v.x += r.x, v.y += r.y, v.z += r.z, v.w += r.w;
+                }
+            __syncthreads();
+        }
+        if (sub == 0 && sl < n4) *(float4 *)(og + o) = v;
     }
 #ifdef G4_CUDA_EMU
     if (tid == 0) *count = 0;
@@ -387,6 +433,7 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
     x.B = a->block_size;
     x.window = a->window;
     x.scale = a->scale;
+    x.early = c->att_early;
     if (fuse) {
         x.prep = 1, x.kv_shared = pp->kv_shared, x.v_from_k = pp->v_from_k;
         x.kraw = pp->k, x.vraw = pp->v, x.q_norm = pp->q_norm, x.k_norm = pp->k_norm, x.rope = pp->rope;
@@ -400,8 +447,12 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
         if (bound > cap) bound = cap;
         int splits = c->n_sm / (a->n_kv_heads * n); /* a block per multiprocessor */
         if (splits > ATT_MAX_SPLITS) splits = ATT_MAX_SPLITS;
-        const int least = c->att_min_keys; /* keys a split takes at least (32; G4_CUDA_ATT_MIN_KEYS) */
+        const int least = c->att_min_keys; /* keys a split takes at least (G4_CUDA_ATT_MIN_KEYS) */
         if (splits > (bound + least - 1) / least) splits = (bound + least - 1) / least;
+        /* the combine's split weights (and 16 float4 sums) live in the tile buffers */
+        const size_t esz = g4_kv_type_size(a->kv_type), tile_floats = (esz == 4 ? ATT_TILE / 2 : ATT_TILE) *
+                                                                       ((size_t)D * esz + 16);
+        while (splits > 1 && (size_t)splits * G + 4 + 64 > tile_floats) splits--;
         if (splits > 1) {
             if ((size_t)n * a->n_kv_heads > c->n_counters / 2) {
                 g4c_note(c, cudaErrorInvalidValue, "attention: too many tokens x heads for split-K");

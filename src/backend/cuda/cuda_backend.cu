@@ -513,8 +513,10 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     c->float_act = getenv("G4_NO_INT8_ACT") != NULL;
     const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
+    c->att_early = !env_is("G4_CUDA_ATT_EARLY", "0");
+    c->gemv_balance = !env_is("G4_CUDA_GEMV_BALANCE", "0");
     const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");
-    c->att_min_keys = ak && atoi(ak) >= 16 && atoi(ak) <= 512 ? atoi(ak) : 32;
+    c->att_min_keys = ak && atoi(ak) >= 1 && atoi(ak) <= 512 ? atoi(ak) : 8;
     const char *gc = getenv("G4_CUDA_GEMV_CAP");
     c->gemv_cap = gc && *gc >= '1' && *gc <= '8' && !gc[1] ? *gc - '0' : 4;
     const char *gb = getenv("G4_CUDA_GEMV_BLOCKS");

@@ -497,6 +497,44 @@ static __device__ __forceinline__ void g4_kv_put(void *cache, size_t i, float v,
 static __device__ __forceinline__ void g4c_head_row(float *v, int dim, int norm, const float *w, float eps, const float *cs, float *dst,
                              void *cache, size_t cache_off, int kv_type, void *copy = NULL) {
     const int lane = threadIdx.x & 31, half = dim / 2;
+    if ((dim & 63) == 0 && dim <= 512) { /* every load of the row, its weights and its cos/sin issued at once (one
+                                           * round trip to L2 instead of one per pass: the decode attention's prep) */
+        constexpr int MAXP = 8; /* pairs (k, k + half) a lane, k = lane + 32 i */
+        const int np = half / 32;
+        float a[MAXP], b[MAXP], wa[MAXP], wb[MAXP], co[MAXP], si[MAXP];
+#pragma unroll
+        for (int i = 0; i < MAXP; i++)
+            if (i < np) {
+                const int k = lane + 32 * i;
+                a[i] = v[k], b[i] = v[k + half];
+                wa[i] = norm && w ? w[k] : 1.0f, wb[i] = norm && w ? w[k + half] : 1.0f;
+                co[i] = cs ? cs[k] : 1.0f, si[i] = cs ? cs[half + k] : 0.0f;
+            }
+        float inv = 1.0f;
+        if (norm) {
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < MAXP; i++)
+                if (i < np) s += a[i] * a[i] + b[i] * b[i];
+            inv = rsqrtf(g4_warp_sum(s) / (float)dim + eps);
+        }
+#pragma unroll
+        for (int i = 0; i < MAXP; i++)
+            if (i < np) {
+                const int k = lane + 32 * i;
+                float x = a[i] * (inv * wa[i]), y = b[i] * (inv * wb[i]);
+                if (cs) {
+                    const float rx = x * co[i] - y * si[i], ry = y * co[i] + x * si[i];
+                    x = rx, y = ry;
+                }
+                if (dst) dst[k] = x, dst[k + half] = y;
+                if (cache) g4_kv_put(cache, cache_off + (size_t)k, x, kv_type),
+                           g4_kv_put(cache, cache_off + (size_t)(k + half), y, kv_type);
+                if (copy) g4_kv_put(copy, (size_t)k, x, kv_type), g4_kv_put(copy, (size_t)(k + half), y, kv_type);
+            }
+        __syncwarp();
+        return;
+    }
     float inv = 1.0f;
     if (norm) {
         float s = 0.0f;
@@ -588,7 +626,9 @@ typedef struct g4c {
     int float_act;        /* G4_NO_INT8_ACT set: one-token products of Q8_0/Q4_0/MLX weights with float activations
                            * (exact products of the stored weights, for comparisons) */
     size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
-    int att_min_keys;     /* decode attention: keys a split-K block takes at least (32; G4_CUDA_ATT_MIN_KEYS=16..512) */
+    int gemv_balance;     /* GEMV: rows spread evenly over the multiprocessors (1; G4_CUDA_GEMV_BALANCE=0: off) */
+    int att_early;        /* decode attention lets the next kernel launch right after its wait (1; G4_CUDA_ATT_EARLY=0: at its end) */
+    int att_min_keys;     /* decode attention: keys a split-K block takes at least (8; G4_CUDA_ATT_MIN_KEYS=1..512) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
     int gemv_blocks_per_sm; /* GEMV warps per row grow until rows x warps fill this many times 8 warps a
