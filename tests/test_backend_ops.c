@@ -1158,17 +1158,26 @@ static void test_attention_prep(void) {
  * experts reading x2 = rmsnorm(residual) * pre_norm2. The reference reads every product's input as the backend
  * does (x_as_read of x2 rounded to float); down's input (the activations the backend computed in float) is rounded
  * the same way only where CUDA's one-token experts read int8 blocks (a rare flip of one step where the two
- * computations of an activation straddle a rounding boundary); on the CPU dt is never such a type. */
-static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, g4_dtype dt) {
-    const int E = 6, TK = 2;
+ * computations of an activation straddle a rounding boundary); on the CPU dt is never such a type.
+ * E experts, TK a token (E <= 256, TK <= 32); ties (a float32 router): experts 2j and 2j + 1 get equal router rows,
+ * so every pick is a tie of two, taken by the lower expert id. */
+static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, g4_dtype dt, int E, int TK,
+                       int ties) {
     weight router, gu, up, dn;
     make_any(&router, rt, 2, (int64_t[]){E, H}, 1.0f);
+    if (ties) { /* (float32: the host bytes are the values) */
+        float *rw = (float *)router.host.data;
+        for (int e = 1; e < E; e += 2)
+            for (size_t i = (size_t)e * H; i < (size_t)(e + 1) * H; i++) rw[i] = rw[i - H], router.ref[i] = rw[i];
+        if (router.dev.data != router.host.data) be->ops->release_weight(be, &router.dev);
+        weight_upload(&router);
+    }
     make_any(&gu, gt, 3, (int64_t[]){E, (split ? 1 : 2) * (int64_t)Im, H}, 0.5f);
     if (split) make_any(&up, gt, 3, (int64_t[]){E, Im, H}, 0.5f);
     make_any(&dn, dt, 3, (int64_t[]){E, H, Im}, 0.5f);
     const size_t nh = (size_t)n * H;
     float *r = malloc(nh * sizeof(float)), *dense = malloc(nh * sizeof(float)), *x2 = calloc(nh, sizeof(float));
-    float *rscale = malloc((size_t)H * sizeof(float)), pes[6], *out = malloc(nh * sizeof(float));
+    float *rscale = malloc((size_t)H * sizeof(float)), pes[256], *out = malloc(nh * sizeof(float));
     float *pn2 = malloc((size_t)H * sizeof(float)), *qn1 = malloc((size_t)H * sizeof(float));
     float *qn2 = malloc((size_t)H * sizeof(float));
     fill(r, nh, -2, 2);
@@ -1187,7 +1196,7 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
     }
     x_as_read(x2, n, H, &gu.host, 0, xg);
     for (int t = 0; t < n; t++) {
-        double lg[6], ms = 0;
+        double lg[256], ms = 0;
         for (int i = 0; i < H; i++) ms += (double)r[t * H + i] * r[t * H + i];
         double inv = 1 / sqrt(ms / H + eps);
         for (int i = 0; i < H; i++) z[i] = r[t * H + i] * inv * rscale[i] / sqrt((double)H);
@@ -1199,12 +1208,15 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
         }
         for (int e = 0; e < E; e++) sum += (lg[e] = exp(lg[e] - mx));
         for (int e = 0; e < E; e++) lg[e] /= sum;
-        int ids[2];
-        double w[2], wsum = 0;
-        for (int k = 0; k < TK; k++) {
+        int ids[32];
+        double w[32], wsum = 0;
+        for (int k = 0; k < TK; k++) { /* the best not taken yet, ties to the lower id */
             int best = -1;
-            for (int e = 0; e < E; e++)
-                if ((k == 0 || e != ids[0]) && (best < 0 || lg[e] > lg[best])) best = e;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= ids[j] == e;
+                if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
+            }
             ids[k] = best, w[k] = lg[best], wsum += lg[best];
         }
         for (int k = 0; k < TK; k++) {
@@ -1247,8 +1259,9 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
                      .up = split ? &up.dev : NULL, .down = &dn.dev};
     be->ops->moe(be, &a);
     back(out, dout, nh * sizeof(float));
-    EXPECT_CLOSE(out, ref, nh, 2e-5 * backend_tol(), "moe n=%d router %s, gate/up %s%s, down %s", n, g4_dtype_name(rt),
-                 g4_dtype_name(gt), split ? " (split)" : "", g4_dtype_name(dt));
+    EXPECT_CLOSE(out, ref, nh, 2e-5 * backend_tol(), "moe n=%d router %s, gate/up %s%s, down %s, top %d of %d%s", n,
+                 g4_dtype_name(rt), g4_dtype_name(gt), split ? " (split)" : "", g4_dtype_name(dt), TK, E,
+                 ties ? " (ties)" : "");
     rel(dr), rel(ddense), rel(drs), rel(dpes), rel(dpn2), rel(dqn1), rel(dqn2);
     if (dout != ddense) rel(dout);
     weight_free(&router), weight_free(&gu), weight_free(&dn);
@@ -1257,12 +1270,15 @@ static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, 
     free(ref), free(esum), free(z), free(xg), free(act), free(tmp), free(actf);
 }
 
+static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, g4_dtype dt) {
+    moe_case_e(n, H, Im, rt, gt, split, dt, 6, 2, 0);
+}
+
 static void test_moe(void) {
     for (int n = 1; n <= 13; n += n == 1 ? 4 : 8) /* one token (decode), both sides of the small-step paths */
         for (size_t di = 0; di < 3; di++) moe_case(n, 24, 10, dtypes[di], dtypes[di], 0, dtypes[di]);
     moe_case(5, 24, 10, G4_BF16, G4_BF16, 1, G4_F16); /* gate and up apart */
     moe_case(1, 64, 96, G4_BF16, G4_BF16, 1, G4_BF16);
-    if (!takes_quantized) return;
     /* quantized experts (routers stay F32 in GGUF files: a rounded router could pick other experts) */
     static const struct {
         int n, H, Im;
@@ -1275,9 +1291,14 @@ static void test_moe(void) {
               {1, 256, 256, G4_F32, G4_MLX4, 0, G4_Q6_K}, {1, 256, 256, G4_F32, G4_Q4_K, 1, G4_MLX8},
               /* one token with Q8_0 / Q4_0 experts: not on the CPU (x_as_read does not model its one-token path) */
               {1, 64, 32, G4_F32, G4_Q8_0, 0, G4_Q4_0},   {1, 256, 256, G4_Q8_0, G4_Q4_0, 1, G4_Q8_0}};
-    for (size_t i = 0; i < sizeof qc / sizeof qc[0]; i++)
+    for (size_t i = 0; takes_quantized && i < sizeof qc / sizeof qc[0]; i++)
         if (takes(qc[i].rt) && takes(qc[i].gt) && takes(qc[i].dt) && (qc[i].n > 1 || i < 8 || !be->ops->host_memory))
             moe_case(qc[i].n, qc[i].H, qc[i].Im, qc[i].rt, qc[i].gt, qc[i].split, qc[i].dt);
+    /* experts over several lanes (CUDA: E / 32 a lane), top-k over several groups of 8 rows (the combine's loads);
+     * then ties in every pick (CUDA's GEMV computes equal rows alike; the CPU's kernels need not: its row tiles) */
+    for (int n = 1; n <= 5; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 40, 10, 0);
+    if (!strcmp(be->ops->name, "cuda"))
+        for (int n = 1; n <= 5; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 1, G4_BF16, 64, 5, 1);
 }
 
 /* ------------------------------------------------------------- tower ops */
