@@ -709,7 +709,14 @@ template <typename F> static void g4c_allow_smem(g4c *c, F k) {
 void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *set);
 void g4c_matmul(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 int g4c_gemv_max_tokens(void);
-/* the experts' products of a MoE block for one token: cuda_moe.cuh */
+/* The experts' products of a MoE block for one token, through the GEMV (cuda_gemv.cu), for the `slots` experts
+ * ex[s] (device memory): gate/up pairs when pair is NULL, y[s * rows + c] = gelu(gate_c . x') * (up_c . x') with
+ * x' = rmsnorm(x) * norm (w [E, 2 rows, in] with the up rows after the gate rows, or w and up [E, rows, in]);
+ * else down rows, y[pair[s] * rows + i] = pw[pair[s]] * (w_i . x[s]) (w [E, rows, in], x [slots, in]).
+ * Only where g4c_gemv_experts_fit(w, rows of x) (its input fits one staged tile). */
+int g4c_gemv_experts_fit(g4c *c, const g4_tensor *w, int x_rows);
+void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows, const int32_t *ex, int slots,
+                      const float *x, const float *norm, float eps, const int32_t *pair, const float *pw, float *y);
 /* y[n, out] = (x' W^T) * scale with x' = rmsnorm(x) * norm (norm may be NULL): the MoE router's logits */
 void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const float *norm, float eps, float scale,
                        float *y);

@@ -29,15 +29,12 @@
  * so that it reads exact weights.
  *
  * The experts of a MoE block for one token (g4c_gemv_experts, cuda_moe.cu) run through the same kernel (EX): row r
- * is a row of the matrix of the expert its slot chose (known on the device after the wait, so no weight is loaded
- * before it), and down's slots each read their own staged input row. Fused (a.moe, cuda_moe.cuh): gate/up routes
- * the token in every block (warp 0 runs the softmax and top-k of the router's logits while the other warps start
- * the 1/rms of the input; block 0 writes the routing for down), down's last block to finish combines the slots'
- * rows into the MoE block's output (its rows fenced, then counted in an atomic counter it resets).
+ * is a row of the matrix of the expert its slot chose (read on the device after the wait, so no weight is loaded
+ * before it), and down's slots each read their own staged input row.
  *
  * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu; quantized weights decoded to bf16
  * tiles first) and one epilogue kernel. */
-#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #define G4C_GEMV_MAX 8
 /* 16 warps a block: every block stages the whole input (and does the residual prologue), so fewer, larger blocks
@@ -47,7 +44,6 @@
 #define GEMV_THREADS 512
 #endif
 #define GEMV_WARPS (GEMV_THREADS / 32)
-static_assert(1024 % GEMV_THREADS == 0, "the MoE combine sums as 1024 threads (cuda_moe.cuh)");
 #define GEMV_UNROLL 4
 
 int g4c_gemv_max_tokens(void) { return G4C_GEMV_MAX; }
@@ -85,7 +81,6 @@ typedef struct gemv_args {
     int ex_rows;
     int xrows; /* x rows staged: n, or the slots */
     g4c_qrow q; /* quantized weights: the row's shape for the decoders */
-    g4c_moe_fuse moe; /* experts: the routing (gate/up) or the combine (down) done in the kernel (cuda_moe.cuh) */
 } gemv_args;
 
 /* One access of a lane: EPA weights in WORDS 16-byte words (plain types: 8 weights; quantized types: the codes
@@ -239,13 +234,11 @@ static __device__ __forceinline__ int which_product(const gemv_args &a, int row,
     return p;
 }
 
-/* experts: ex [slots] the slots' experts (a.ex, or the kernel's own routing) */
 template <bool EX>
-static __device__ __forceinline__ void row_pointers(const gemv_args &a, const int32_t *ex, int row, int rp_n,
-                                                    const unsigned char **rp) {
+static __device__ __forceinline__ void row_pointers(const gemv_args &a, int row, int rp_n, const unsigned char **rp) {
     if constexpr (EX) {
         const int s = row / a.ex_rows;
-        const size_t e = (size_t)ex[s], local = (size_t)(row - s * a.ex_rows);
+        const size_t e = (size_t)a.ex[s], local = (size_t)(row - s * a.ex_rows);
         for (int r = 0; r < rp_n; r++) rp[r] = a.w[r] + e * a.ex_bytes[r] + local * a.row_bytes;
     } else {
         for (int r = 0; r < rp_n; r++) {
@@ -284,20 +277,6 @@ static __device__ __forceinline__ void stage_x(const gemv_args &a, float *xs, in
     }
 }
 
-/* Each thread's part of the sums of squares of the token rows of x (their 1/rms: the fused input norm). */
-template <int NT> static __device__ __forceinline__ void rms_part(const gemv_args &a, float *ss) {
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        ss[t] = 0.0f;
-        if (t < a.n)
-            for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) {
-                const float v = a.x[(size_t)t * a.in + i];
-                ss[t] += v * v;
-                if (t == 0 && (i & 31) == 0) g4_prefetch_l1(a.norm + i); /* staged next */
-            }
-    }
-}
-
 /* A block of GEMV_WARPS warps; a group of wpr warps owns a row (pairs: gate row and up row). The block stages the
  * inputs (normalized) in shared memory, one tile of ktile elements at a time; each lane streams 16 bytes of
  * weights per access, GEMV_UNROLL accesses in flight, the next ones issued before the current are used. */
@@ -327,37 +306,14 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     const unsigned char *rp[RP] = {};
     uint4 pre[RP][UN][W] = {};
     const int first_len = a.in < kt ? a.in : kt;
-    const int32_t *ex = a.ex; /* experts: the slots' experts */
     if (row < a.rows && !EX) {
-        row_pointers<EX>(a, ex, row, RP, rp);
+        row_pointers<EX>(a, row, RP, rp);
         issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
     }
-    float ss[NT]; /* the fused norm: each thread's part of the sums of squares of the token rows */
-    bool ss_early = false;
     g4_grid_wait();
-    if constexpr (EX) {
-        if (a.moe.logits) { /* gate/up: warp 0 routes the token (every block), the others start the 1/rms meanwhile */
-            __shared__ int32_t ex_s[G4C_MOE_MAX_TK], id_s[G4C_MOE_MAX_TK];
-            __shared__ float w_s[G4C_MOE_MAX_TK];
-            const g4c_moe_fuse &f = a.moe;
-            if (warp == 0) {
-                g4c_moe_topk_warp(f.logits, f.E, f.TK, f.scale, id_s, w_s);
-                g4c_moe_one_token(id_s, f.TK, ex_s, nullptr, nullptr, nullptr, nullptr);
-                if (blockIdx.x == 0) { /* the routing for the down GEMV, as moe_topk_kernel leaves it for one token */
-                    if (lane < f.TK) f.ids[lane] = id_s[lane], f.w[lane] = w_s[lane];
-                    g4c_moe_one_token(id_s, f.TK, f.act_e, f.act_off, f.act_cnt, f.pairs, f.n_active);
-                }
-            } else if (a.norm && !a.res_out) {
-                rms_part<NT>(a, ss);
-                ss_early = true;
-            }
-            __syncthreads();
-            ex = ex_s;
-        }
-        if (row < a.rows) {
-            row_pointers<EX>(a, ex, row, RP, rp);
-            issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
-        }
+    if (row < a.rows && EX) {
+        row_pointers<EX>(a, row, RP, rp);
+        issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
     }
     if (NT == 1 && a.res_out) { /* the residual update (one token): into xs, then its 1/rms and the norm */
         float so = 0.0f;
@@ -382,9 +338,18 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         const float ssum = g4_block_sum(sh, &red[0][0]);
         if (threadIdx.x == 0) inv_rms[0] = rsqrtf(ssum / (float)a.in + a.eps);
     } else if (a.norm) { /* 1/rms of each token's input row, all threads */
-        if (!ss_early) rms_part<NT>(a, ss);
+        float ss[NT];
 #pragma unroll
-        for (int t = 0; t < NT; t++) ss[t] = g4_warp_sum(ss[t]);
+        for (int t = 0; t < NT; t++) {
+            ss[t] = 0.0f;
+            if (t < a.n)
+                for (int i = threadIdx.x; i < a.in; i += GEMV_THREADS) {
+                    const float v = a.x[(size_t)t * a.in + i];
+                    ss[t] += v * v;
+                    if (t == 0 && (i & 31) == 0) g4_prefetch_l1(a.norm + i); /* staged next */
+                }
+            ss[t] = g4_warp_sum(ss[t]);
+        }
         if (lane == 0)
 #pragma unroll
             for (int t = 0; t < NT; t++) red[warp][t] = ss[t];
@@ -542,7 +507,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         /* the next row group's first accesses, in flight while this one's sums are formed */
         const int next = base + (int)gridDim.x * rpb + g;
         if (g < rpb && next < a.rows) {
-            row_pointers<EX>(a, ex, next, RP, rp);
+            row_pointers<EX>(a, next, RP, rp);
             issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
         }
         /* the group's sums */
@@ -599,23 +564,6 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             }
         }
     }
-    if constexpr (EX) {
-        if (a.moe.out) { /* down: the last block to finish combines the slots' rows (y, written by every block) */
-            __shared__ int last;
-            __shared__ float cred[32];
-            const g4c_moe_fuse &f = a.moe;
-            __threadfence(); /* this thread's rows, visible to the device before the block counts itself */
-            __syncthreads();
-            if (threadIdx.x == 0) last = atomicAdd(f.counter, 1) == (int)gridDim.x - 1;
-            __syncthreads();
-            if (last) { /* (block-uniform) */
-                __threadfence();
-                g4c_moe_combine<1024 / GEMV_THREADS>(f.dense, a.y[0], f.TK, a.ex_rows, f.eps, f.post_norm1,
-                                                     f.post_norm2, f.out, f.sum_smem ? smem : a.y[0], cred);
-                if (threadIdx.x == 0) *f.counter = 0; /* zero for the next user */
-            }
-        }
-    }
     G4_TRACE_MARK(3);
 }
 
@@ -656,7 +604,6 @@ template <int DT, int RP, bool FA, bool EX = false> static void launch_gemv_nt(g
     /* (int8 activations: the sums are those of the codes, beside each block's d) */
     if (wraw<DT>::I8 && !FA) /* codes, (d, sum) pairs, the residual prologue's floats */
         smem = (size_t)sn * a.ktile + (size_t)sn * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
-    if (a.moe.out) a.moe.sum_smem = (size_t)a.ex_rows * sizeof(float) <= smem; /* the combine's scratch */
     void (*k)(gemv_args) = EX        ? gemv_kernel<DT, 1, RP, FA, true> /* (one token) */
                            : nt == 1 ? gemv_kernel<DT, 1, RP, FA>
                            : nt == 2 ? gemv_kernel<DT, 2, RP, FA>
@@ -738,7 +685,7 @@ static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row
  * 2.515 at 8); no more warps than 256-element slices of a row (measured on an H200, ncu: more warps per row, for a
  * full wave of 32 warps per multiprocessor, made the E2B q/k/v and down products 20-30% slower). Then the launch. */
 static void gemv_launch(g4c *c, gemv_args *a, g4_dtype dt, int pairs, int fa) {
-    const int ex = a->ex != NULL || a->moe.logits != NULL, quant = g4_dtype_is_quantized(dt);
+    const int ex = a->ex != NULL, quant = g4_dtype_is_quantized(dt);
     const int bps = c->gemv_blocks_per_sm ? c->gemv_blocks_per_sm : quant ? 1 : 2;
     int wpr = 1;
     const int epa = !quant ? 8 : dt == G4_Q6_K ? 64 : 32; /* wraw<DT>::EPA */
@@ -803,11 +750,9 @@ int g4c_gemv_experts_fit(g4c *c, const g4_tensor *w, int x_rows) {
 }
 
 void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows, const int32_t *ex, int slots,
-                      const float *x, const float *norm, float eps, const int32_t *pair, const float *pw, float *y,
-                      const g4c_moe_fuse *f) {
+                      const float *x, const float *norm, float eps, const int32_t *pair, const float *pw, float *y) {
     gemv_args a;
     memset(&a, 0, sizeof a);
-    if (f) a.moe = *f;
     const int down = pair != NULL;
     a.scale = 1.0f;
     a.in = (int)w->shape[w->ndim - 1];

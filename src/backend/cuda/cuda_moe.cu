@@ -5,15 +5,8 @@
  *    the lower expert id), weights renormalized and scaled per expert;
  * 2. group: the (token, k) pairs sorted by expert, the list of active experts with their pairs' range;
  * For many tokens (prefill) steps 3 and 4 are tensor-core products per active expert (moe_experts_gemm, cuBLAS);
- * for one token (decode) the whole block is three kernels, the router's GEMV and the experts' two GEMVs
- * (cuda_gemv.cu, g4c_gemv_experts: a grid of one wave whose warps stream the chosen experts' rows, as for the dense
- * products), the activations in the slots' order (the experts ascending): no top-k, grouping or combine kernel
- * (each was a dependent launch of pure latency, 7-12 us on an H200). Every block of the gate/up GEMV routes the
- * token itself after its grid wait (step 1 by one warp, the same device function as moe_topk_kernel:
- * cuda_moe.cuh), so its rows' weight loads wait on no other kernel, and its block 0 leaves the routing in the
- * workspace for the down GEMV; the down GEMV's last block to finish (an atomic count in c->counters[0], zero again
- * after it) runs step 5 with the combine kernel's function and summation order. The 1/rms of step 1 (inv2) is
- * then not made: only moe_gate_up_kernel reads it, and the GEMV normalizes its staged input itself.
+ * for one token (decode) they are the GEMV's (cuda_gemv.cu, g4c_gemv_experts: a grid of one wave whose
+ * warps stream the chosen experts' rows, as for the dense products), the activations in the slots' order.
  * 3. gate_up: a block per (active expert, 8 rows): the expert's token rows staged in shared memory 8 at a time,
  *    a warp per intermediate row reads that expert's gate row and up row once per 8 pairs and writes
  *    gelu(gate) * up;
@@ -25,7 +18,7 @@
  * gate and up may be one tensor [E, 2 Im, H] or two [E, Im, H] (MLX files).
  * Grids are sized by the most experts a step can touch (min(E, n * top_k)); blocks of experts beyond the
  * active count return at once, so the launch does not depend on the routing. */
-#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #define MOE_NT 8
 
@@ -55,12 +48,12 @@ typedef struct moe_args {
     moe_ws ws;
 } moe_args;
 
-/* 1. softmax and top-k of the router's logits: a warp per token (g4c_moe_topk_warp), and the 1/rms of the residual
- * row the experts' kernels read */
+/* 1. softmax and top-k of the router's logits: a warp per token, each lane holding E/32 logits */
+#define MOE_MAX_E 256
 __global__ void moe_topk_kernel(moe_args a, const float *logits) {
     __shared__ float red[32];
     g4_grid_wait();
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, lane = threadIdx.x & 31;
     /* 1/rms of the residual row (all threads): x2 = residual * inv2 * pre_norm2, made where the experts read it */
     const float *r = a.residual + (size_t)t * a.H;
     float ss = 0.0f;
@@ -68,10 +61,58 @@ __global__ void moe_topk_kernel(moe_args a, const float *logits) {
     ss = g4_block_sum(ss, red);
     if (threadIdx.x == 0) a.ws.inv2[t] = rsqrtf(ss / (float)a.H + a.eps);
     if (threadIdx.x >= 32) return;
+    const float *lg = logits + (size_t)t * a.E;
+    float v[MOE_MAX_E / 32];
+    int taken = 0; /* bit i: element lane + 32 i is chosen */
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < MOE_MAX_E / 32; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < a.E ? lg[e] : -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = g4_warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MOE_MAX_E / 32; i++) {
+        const int e = lane + 32 * i;
+        v[i] = e < a.E ? expf(v[i] - mx) : -1.0f; /* probabilities before the division; -1: no expert */
+        sum += e < a.E ? v[i] : 0.0f;
+    }
+    sum = g4_warp_sum(sum);
     int32_t *ids = a.ws.ids + (size_t)t * a.TK;
-    g4c_moe_topk_warp(logits + (size_t)t * a.E, a.E, a.TK, a.per_expert_scale, ids, a.ws.w + (size_t)t * a.TK);
-    if (gridDim.x == 1) /* one token: its experts, ascending, are the active list (no grouping kernel) */
-        g4c_moe_one_token(ids, a.TK, a.ws.act_e, a.ws.act_off, a.ws.act_cnt, a.ws.pairs, a.ws.n_active);
+    float *w = a.ws.w + (size_t)t * a.TK;
+    float wsum = 0.0f;
+    for (int k = 0; k < a.TK; k++) {
+        float bv = -2.0f;
+        int be = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < MOE_MAX_E / 32; i++) {
+            const int e = lane + 32 * i;
+            if (!(taken >> i & 1) && e < a.E && (v[i] > bv || (v[i] == bv && e < be))) bv = v[i], be = e;
+        }
+        for (int o = 16; o > 0; o >>= 1) { /* the best of the warp; ties to the lower expert id */
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (ov > bv || (ov == bv && oe < be)) bv = ov, be = oe;
+        }
+        if ((be & 31) == lane) taken |= 1 << (be >> 5);
+        const float pk = bv / sum;
+        if (lane == 0) ids[k] = be, w[k] = pk;
+        wsum += pk;
+    }
+    __syncwarp();
+    if (lane < a.TK) w[lane] = w[lane] / wsum * a.per_expert_scale[ids[lane]];
+    if (gridDim.x == 1) { /* one token: its experts, ascending, are the active list (no grouping kernel) */
+        __syncwarp();
+        if (lane < a.TK) {
+            const int e = ids[lane];
+            int rank = 0;
+            for (int k = 0; k < a.TK; k++) rank += ids[k] < e;
+            a.ws.act_e[rank] = e, a.ws.act_off[rank] = rank, a.ws.act_cnt[rank] = 1, a.ws.pairs[rank] = lane;
+        }
+        if (lane == 0) *a.ws.n_active = a.TK;
+    }
 }
 
 /* 2. one block: thread e collects expert e's pairs in (token, k) order (the experts of the pairs staged in shared
@@ -340,14 +381,30 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
     }
 }
 
-/* 5. per token (1024 threads): out = rmsnorm(dense) * post_norm1 + rmsnorm(sum over k of the pair rows) * post_norm2 */
+/* 5. per token: out = rmsnorm(dense) * post_norm1 + rmsnorm(sum over k of the pair rows) * post_norm2 */
 __global__ void moe_combine_kernel(moe_args a) {
     G4_DYN_SMEM(float, sum); /* [H] */
     __shared__ float red[32];
     g4_grid_wait();
-    const size_t t = blockIdx.x;
-    g4c_moe_combine<1>(a.dense + t * a.H, a.ws.dn + t * a.TK * a.H, a.TK, a.H, a.eps, a.post_norm1, a.post_norm2,
-                       a.out + t * a.H, sum, red);
+    const int t = blockIdx.x;
+    const float *d = a.dense + (size_t)t * a.H, *dn = a.ws.dn + (size_t)t * a.TK * a.H;
+    float ss = 0.0f, sd = 0.0f;
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x) {
+        float part[8], v = 0.0f;
+        for (int k0 = 0; k0 < a.TK; k0 += 8) { /* eight rows' loads in flight together */
+#pragma unroll
+            for (int k = 0; k < 8; k++) part[k] = k0 + k < a.TK ? dn[(size_t)(k0 + k) * a.H + i] : 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) v += part[k];
+        }
+        sum[i] = v;
+        ss += v * v;
+        sd += d[i] * d[i];
+    }
+    const float inv_s = rsqrtf(g4_block_sum(ss, red) / (float)a.H + a.eps);
+    const float inv_d = rsqrtf(g4_block_sum(sd, red) / (float)a.H + a.eps);
+    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+        a.out[(size_t)t * a.H + i] = d[i] * inv_d * a.post_norm1[i] + sum[i] * inv_s * a.post_norm2[i];
 }
 
 /* ---------------------------------------------------------------- many tokens: tensor-core products per expert */
@@ -393,7 +450,7 @@ static g4_tensor expert_view(const g4_tensor *w, int e, int r0, int m) {
  * expert multiplies its rows through cuBLAS (gate/up, the GeGLU, down), scattered back by pair. gu: [np, 2 Im]. */
 static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, int np, float *xg, float *gu) {
     const int E = a.E, H = a.H, Im = a.Im;
-    int32_t host[1 + 3 * G4C_MOE_MAX_E]; /* n_active, act_e, act_off, act_cnt (consecutive in the workspace) */
+    int32_t host[1 + 3 * MOE_MAX_E]; /* n_active, act_e, act_off, act_cnt (consecutive in the workspace) */
     g4c_note(c, cudaMemcpyAsync(host, a.ws.n_active, (size_t)(1 + 3 * E) * 4, cudaMemcpyDeviceToHost, c->stream),
              "moe: copying the expert counts");
     g4c_note(c, cudaStreamSynchronize(c->stream), "moe: routing");
@@ -470,7 +527,7 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     g4c *c = g4c_of(be);
     const int n = m->n, E = m->n_experts, TK = m->top_k, H = m->hidden, Im = m->expert_dim;
     if (n <= 0) return;
-    if (TK <= 0 || TK > E || TK > G4C_MOE_MAX_TK || E > G4C_MOE_MAX_E) {
+    if (TK <= 0 || TK > E || TK > 32 || E > MOE_MAX_E) {
         g4c_note(c, cudaErrorInvalidValue, "moe: at most 256 experts and top_k in 1..min(32, n_experts)");
         return;
     }
@@ -524,32 +581,23 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
 
     /* router: rmsnorm(r) * router_scale * H^-0.5, times router_proj^T */
     g4c_matmul_scaled(c, m->residual, n, m->router_proj, m->router_scale, m->eps, 1.0f / sqrtf((float)H), a.ws.logits);
-    if (n == 1 && g4c_gemv_experts_fit(c, m->gate_up, 1) && g4c_gemv_experts_fit(c, m->down, TK)) {
-        /* one token: the experts' rows through the GEMV, the slots' activations in act. Gate/up routes the token in
-         * each block (no top-k kernel), down combines the rows in its last block (no combine kernel). */
-        g4c_moe_fuse f;
-        memset(&f, 0, sizeof f);
-        f.logits = a.ws.logits, f.scale = m->per_expert_scale, f.E = E, f.TK = TK;
-        f.ids = a.ws.ids, f.w = a.ws.w, f.act_e = a.ws.act_e, f.act_off = a.ws.act_off, f.act_cnt = a.ws.act_cnt;
-        f.pairs = a.ws.pairs, f.n_active = a.ws.n_active;
-        g4c_gemv_experts(c, m->gate_up, m->up, Im, NULL, TK, m->residual, m->pre_norm2, m->eps, NULL, NULL, a.ws.act,
-                         &f);
-        memset(&f, 0, sizeof f);
-        f.TK = TK, f.dense = m->dense, f.post_norm1 = m->post_norm1, f.post_norm2 = m->post_norm2, f.out = m->out;
-        f.eps = m->eps, f.counter = c->counters; /* (counter 0: zero between kernels, as every user leaves it) */
-        g4c_gemv_experts(c, m->down, NULL, H, a.ws.act_e, TK, a.ws.act, NULL, 0.0f, a.ws.pairs, a.ws.w, a.ws.dn, &f);
-        return;
-    }
     g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(256), 0, a, (const float *)a.ws.logits);
-    if (n > 1) {
-        const size_t staged = ((size_t)E + np) * sizeof(int);
-        const int st = staged <= c->prop.sharedMemPerBlockOptin;
-        g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), st ? staged : (size_t)E * sizeof(int), a, st);
+    if (n == 1 && g4c_gemv_experts_fit(c, m->gate_up, 1) && g4c_gemv_experts_fit(c, m->down, TK)) {
+        /* one token: the experts' rows through the GEMV, the slots' activations in act */
+        g4c_gemv_experts(c, m->gate_up, m->up, Im, a.ws.act_e, TK, m->residual, m->pre_norm2, m->eps, NULL, NULL,
+                         a.ws.act);
+        g4c_gemv_experts(c, m->down, NULL, H, a.ws.act_e, TK, a.ws.act, NULL, 0.0f, a.ws.pairs, a.ws.w, a.ws.dn);
+    } else {
+        if (n > 1) {
+            const size_t staged = ((size_t)E + np) * sizeof(int);
+            const int st = staged <= c->prop.sharedMemPerBlockOptin;
+            g4c_launch(c, moe_group_kernel, dim3(1), dim3(256), st ? staged : (size_t)E * sizeof(int), a, st);
+        }
+        if (gemm)
+            moe_experts_gemm(c, m, a, (int)np, xg, gu);
+        else if (moe_experts_kernels(c, m, a, np))
+            return;
     }
-    if (gemm)
-        moe_experts_gemm(c, m, a, (int)np, xg, gu);
-    else if (moe_experts_kernels(c, m, a, np))
-        return;
     g4c_launch(c, moe_combine_kernel, dim3((unsigned)n), dim3(1024), (size_t)H * 4, a);
 }
 
