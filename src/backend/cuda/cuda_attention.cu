@@ -131,7 +131,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     do {                                                                                                            \
         const int j0_ = start + (i) * TILE, nk_ = end - j0_ < TILE ? end - j0_ : TILE, b_ = (i) & 1;              \
         unsigned char *kb_ = kv + (size_t)(2 * b_) * TILE * rowb, *vb_ = kb_ + (size_t)TILE * rowb;                \
-        for (int c = ATT_THREADS - 1 - tid; c < nk_ * cpr; c += ATT_THREADS) {                                     \
+        _Pragma("unroll 1") for (int c = ATT_THREADS - 1 - tid; c < nk_ * cpr; c += ATT_THREADS) {                 \
             const int j = c / cpr, o = (c % cpr) * 16, key = j0_ + j;                                              \
             if (key == skip) continue; /* the token's own row, written by the prep */                               \
             const size_t src = (((size_t)table[key / a.B] * a.B + key % a.B) * rowe + head) * ESZ + o;             \
@@ -264,7 +264,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         if (o < GD) *(float4 *)(part + o) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
     }
     for (int g = tid; g < G; g += ATT_THREADS) part[GD + g] = mrow[g], part[GD + G + g] = lrow[g];
-    __threadfence();
+    g4_fence_gpu();
     __syncthreads();
     const int S = a.n_splits;
     int *count = a.counters + t * a.n_kv + kh;
@@ -278,10 +278,10 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     if (tid == 0) { /* a barrier of the S blocks: the last to arrive resets the count and moves the generation on */
         volatile int *gen = a.gens + t * a.n_kv + kh;
         const int g0 = *gen;
-        __threadfence();
+        g4_fence_gpu();
         if (atomicAdd(count, 1) == S - 1) {
             *count = 0;
-            __threadfence();
+            g4_fence_gpu();
             atomicAdd((int *)gen, 1);
         } else {
             for (long spin = 0; *gen == g0 && spin < (1L << 26); spin++) __nanosleep(32); /* (bounded: no hang) */
@@ -291,7 +291,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     const int share = (GD / 4 + S - 1) / S * 4, o0 = s * share, o1 = o0 + share < GD ? o0 + share : GD;
     G4_TRACE_MARK(5);
 #endif
-    __threadfence();
+    g4_fence_gpu();
     const float *all = a.part + (size_t)(t * a.n_kv + kh) * a.n_splits * stride;
     /* the share's 4-output slices, T = 2^lt threads each (a pass of ATT_THREADS / T slices at a time): thread
      * `sub` of a slice sums the splits sub, sub + T, ..., the T sums then added by shuffles (and shared memory when

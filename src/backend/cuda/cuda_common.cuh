@@ -42,6 +42,7 @@ static inline void g4_prefetch_l1(const void *p) { (void)p; }
 static inline void g4_cp_wait(void) {}
 static inline void g4_cp_commit(void) {}
 static inline void g4_cp_wait_but_one(void) {}
+static inline void g4_fence_gpu(void) {}
 #else
 #define G4_DYN_SMEM(type, name)                              \
     extern __shared__ __align__(16) unsigned char g4_smem[]; \
@@ -92,6 +93,9 @@ static __device__ __forceinline__ void g4_grid_wait(void) { asm volatile("gridde
 static __device__ __forceinline__ void g4_grid_launch_dependents(void) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
+/* A release-acquire fence at GPU scope, what a counter barrier between blocks needs (__threadfence() is a
+ * sequentially consistent one: MEMBAR.SC.GPU) */
+static __device__ __forceinline__ void g4_fence_gpu(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 /* 16 bytes of a weight stream: read-only, not kept in L1 */
 static __device__ __forceinline__ uint4 g4_ld_stream(const void *p) {
     uint4 v;
@@ -535,12 +539,14 @@ static __device__ __forceinline__ void g4c_head_row(float *v, int dim, int norm,
         __syncwarp();
         return;
     }
-    float inv = 1.0f;
+    float inv = 1.0f; /* (other sizes: loops kept small, this code sits in the decode attention's kernel) */
     if (norm) {
         float s = 0.0f;
+#pragma unroll 1
         for (int i = lane; i < dim; i += 32) s += v[i] * v[i];
         inv = rsqrtf(g4_warp_sum(s) / (float)dim + eps);
     }
+#pragma unroll 1
     for (int k = lane; k < half; k += 32) {
         float a = v[k], b = v[k + half];
         if (norm) {
