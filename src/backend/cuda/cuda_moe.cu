@@ -53,6 +53,7 @@ typedef struct moe_args {
 __global__ void moe_topk_kernel(moe_args a, const float *logits) {
     __shared__ float red[32];
     g4_grid_wait();
+    g4_grid_launch_dependents(); /* (a few blocks: the experts' GEMV may take its place on the GPU meanwhile) */
     const int t = blockIdx.x, lane = threadIdx.x & 31;
     /* 1/rms of the residual row (all threads): x2 = residual * inv2 * pre_norm2, made where the experts read it */
     const float *r = a.residual + (size_t)t * a.H;
@@ -386,6 +387,7 @@ __global__ void moe_combine_kernel(moe_args a) {
     G4_DYN_SMEM(float, sum); /* [H] */
     __shared__ float red[32];
     g4_grid_wait();
+    g4_grid_launch_dependents(); /* (a block a token: the next layer's first blocks load their weights meanwhile) */
     const int t = blockIdx.x;
     const float *d = a.dense + (size_t)t * a.H, *dn = a.ws.dn + (size_t)t * a.TK * a.H;
     float ss = 0.0f, sd = 0.0f;
