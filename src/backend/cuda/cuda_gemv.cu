@@ -7,9 +7,9 @@
  * multiprocessor the same number of rows: H200, E4B bf16 decode 3.70 -> 3.57 ms); each lane loads 16 bytes (8
  * weights) per access, four accesses in flight, the next four issued before the current ones are used, and the
  * group sums with shuffles and shared memory. The weight loads of a block's first row are issued before the
- * kernel waits for its predecessor (see cuda_common.cuh). Fused: the input's RMSNorm (each block computes 1/rms itself: it is a dot product's
- * scale), bias, the GeGLU of gate/up pairs (a group reads gate row r and up row r together) or against a
- * given multiplier, the soft-cap.
+ * kernel waits for its predecessor (see cuda_common.cuh). Fused: the input's RMSNorm (each block computes 1/rms
+ * itself: it is a dot product's scale), bias, the GeGLU of gate/up pairs (a group reads gate row r and up row r
+ * together) or against a given multiplier, the soft-cap.
  *
  * Quantized weights (cuda_common.cuh, g4_qt) go through the same kernel: an access of a lane is then a run of
  * EPA codes (32 or 64, 16-32 bytes of 16-byte loads) and the word of its scales, fewer accesses in flight (about
