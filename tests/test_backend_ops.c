@@ -1162,7 +1162,7 @@ static void test_attention_prep(void) {
  * E experts, TK a token (E <= 256, TK <= 32); ties (a float32 router): experts 2j and 2j + 1 get equal router rows,
  * so every pick is a tie of two, taken by the lower expert id. */
 static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, g4_dtype dt, int E, int TK,
-                       int ties) {
+                       int ties, int mlp) {
     weight router, gu, up, dn;
     make_any(&router, rt, 2, (int64_t[]){E, H}, 1.0f);
     if (ties) { /* (float32: the host bytes are the values) */
@@ -1186,6 +1186,36 @@ static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split
     fill(pes, (size_t)E, 0.5f, 2.0f);
     fill(pn2, (size_t)H, 0.5f, 1.5f), fill(qn1, (size_t)H, 0.5f, 1.5f), fill(qn2, (size_t)H, 0.5f, 1.5f);
     const float eps = 1e-6f;
+    /* mlp 1: the dense MLP in the op (gate/up [Id, H] with norm pn1, down [H, Id], BF16); mlp 2: also the residual
+     * prologue r = (h + rmsnorm(o) * rw) * 0.75 */
+    const int Id = 48;
+    weight mg = {0}, mu = {0}, md = {0};
+    float *h = malloc(nh * sizeof(float)), *o = malloc(nh * sizeof(float)), *rw = malloc((size_t)H * sizeof(float));
+    float *pn1 = malloc((size_t)H * sizeof(float));
+    fill(h, nh, -2, 2), fill(o, nh, -2, 2), fill(rw, (size_t)H, 0.5f, 1.5f), fill(pn1, (size_t)H, 0.5f, 1.5f);
+    if (mlp) {
+        make_any(&mg, G4_BF16, 2, (int64_t[]){Id, H}, 0.5f);
+        make_any(&mu, G4_BF16, 2, (int64_t[]){Id, H}, 0.5f);
+        make_any(&md, G4_BF16, 2, (int64_t[]){H, Id}, 0.5f);
+        double *row = malloc((size_t)H * sizeof(double));
+        if (mlp == 2)
+            for (int t = 0; t < n; t++) {
+                ref_rms_row(o + (size_t)t * H, rw, H, eps, row);
+                for (int i = 0; i < H; i++) r[(size_t)t * H + i] = (float)(((double)h[(size_t)t * H + i] + row[i]) * 0.75);
+            }
+        float *x1 = malloc(nh * sizeof(float)), *actd = malloc((size_t)n * Id * sizeof(float));
+        double *g = malloc((size_t)n * Id * sizeof(double)), *u = malloc((size_t)n * Id * sizeof(double));
+        double *dd = malloc(nh * sizeof(double));
+        for (int t = 0; t < n; t++) {
+            ref_rms_row(r + (size_t)t * H, pn1, H, eps, row);
+            for (int i = 0; i < H; i++) x1[(size_t)t * H + i] = (float)row[i];
+        }
+        ref_matmul(x1, n, &mg, NULL, g), ref_matmul(x1, n, &mu, NULL, u);
+        for (size_t k = 0; k < (size_t)n * Id; k++) actd[k] = (float)(gelu_tanh_ref(g[k]) * u[k]);
+        ref_matmul(actd, n, &md, NULL, dd);
+        for (size_t k = 0; k < nh; k++) dense[k] = (float)dd[k];
+        free(row), free(x1), free(actd), free(g), free(u), free(dd);
+    }
     double *ref = calloc(nh, sizeof(double)), *esum = calloc(nh, sizeof(double)), *z = malloc((size_t)H * sizeof(double));
     double *xg = malloc(nh * sizeof(double)), *act = malloc((size_t)Im * sizeof(double));
     double *tmp = malloc((size_t)H * sizeof(double));
@@ -1249,19 +1279,37 @@ static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split
         ref_rms_row(dense + (size_t)t * H, qn1, H, eps, tmp);
         for (int i = 0; i < H; i++) ref[t * H + i] = tmp[i] + esum[t * H + i] * einv * qn2[i];
     }
-    float *dr = devf(r, nh), *ddense = devf(dense, nh);
+    float *dr = devf(mlp == 2 ? NULL : r, nh), *ddense = devf(mlp ? NULL : dense, nh);
     float *dout = (n & 1) ? ddense : devf(NULL, nh); /* in place for odd n */
+    float *dh = devf(h, nh), *dop = devf(o, nh), *drw = devf(rw, (size_t)H), *dpn1 = devf(pn1, (size_t)H);
+    float *dg = devf(NULL, (size_t)n * Id), *dup = devf(NULL, (size_t)n * Id);
     float *drs = devf(rscale, (size_t)H), *dpes = devf(pes, (size_t)E), *dpn2 = devf(pn2, (size_t)H);
     float *dqn1 = devf(qn1, (size_t)H), *dqn2 = devf(qn2, (size_t)H);
     g4_moe_args a = {.residual = dr, .dense = ddense, .out = dout, .n = n, .hidden = H, .n_experts = E, .top_k = TK,
                      .expert_dim = Im, .eps = eps, .pre_norm2 = dpn2, .post_norm1 = dqn1, .post_norm2 = dqn2,
                      .router_proj = &router.dev, .router_scale = drs, .per_expert_scale = dpes, .gate_up = &gu.dev,
                      .up = split ? &up.dev : NULL, .down = &dn.dev};
+    if (mlp) {
+        g4_matmul_set gset = {2, {&mg.dev, &mu.dev}, {NULL, NULL}, {dg, dup}, .norm = dpn1, .eps = eps, .geglu = 1};
+        if (mlp == 2) gset.res_h = dh, gset.res_o = dop, gset.res_w = drw, gset.res_scale = 0.75f, gset.res_out = dr;
+        a.mlp = gset, a.mlp_down = &md.dev;
+    }
     be->ops->moe(be, &a);
     back(out, dout, nh * sizeof(float));
-    EXPECT_CLOSE(out, ref, nh, 2e-5 * backend_tol(), "moe n=%d router %s, gate/up %s%s, down %s, top %d of %d%s", n,
-                 g4_dtype_name(rt), g4_dtype_name(gt), split ? " (split)" : "", g4_dtype_name(dt), TK, E,
-                 ties ? " (ties)" : "");
+    EXPECT_CLOSE(out, ref, nh, 2e-5 * backend_tol(), "moe n=%d router %s, gate/up %s%s, down %s, top %d of %d%s%s",
+                 n, g4_dtype_name(rt), g4_dtype_name(gt), split ? " (split)" : "", g4_dtype_name(dt), TK, E,
+                 ties ? " (ties)" : "", mlp == 1 ? ", dense MLP in the op" : mlp == 2 ? ", MLP and residual in the op" : "");
+    if (mlp == 2) { /* the residual the op made */
+        float *got = malloc(nh * sizeof(float));
+        double *rr = malloc(nh * sizeof(double));
+        back(got, dr, nh * sizeof(float));
+        for (size_t k = 0; k < nh; k++) rr[k] = r[k];
+        EXPECT_CLOSE(got, rr, nh, 1e-5, "moe n=%d: the residual of the prologue", n);
+        free(got), free(rr);
+    }
+    if (mlp) weight_free(&mg), weight_free(&mu), weight_free(&md);
+    rel(dh), rel(dop), rel(drw), rel(dpn1), rel(dg), rel(dup);
+    free(h), free(o), free(rw), free(pn1);
     rel(dr), rel(ddense), rel(drs), rel(dpes), rel(dpn2), rel(dqn1), rel(dqn2);
     if (dout != ddense) rel(dout);
     weight_free(&router), weight_free(&gu), weight_free(&dn);
@@ -1271,7 +1319,7 @@ static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split
 }
 
 static void moe_case(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, g4_dtype dt) {
-    moe_case_e(n, H, Im, rt, gt, split, dt, 6, 2, 0);
+    moe_case_e(n, H, Im, rt, gt, split, dt, 6, 2, 0, 0);
 }
 
 static void test_moe(void) {
@@ -1296,9 +1344,14 @@ static void test_moe(void) {
             moe_case(qc[i].n, qc[i].H, qc[i].Im, qc[i].rt, qc[i].gt, qc[i].split, qc[i].dt);
     /* experts over several lanes (CUDA: E / 32 a lane), top-k over several groups of 8 rows (the combine's loads);
      * then ties in every pick (CUDA's GEMV computes equal rows alike; the CPU's kernels need not: its row tiles) */
-    for (int n = 1; n <= 5; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 40, 10, 0);
+    for (int n = 1; n <= 5; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 40, 10, 0, 0);
     if (!strcmp(be->ops->name, "cuda"))
-        for (int n = 1; n <= 5; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 1, G4_BF16, 64, 5, 1);
+        for (int n = 1; n <= 5; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 1, G4_BF16, 64, 5, 1, 0);
+    /* the dense MLP in the op (CUDA: beside the experts up to 8 tokens), with and without the residual prologue */
+    for (int mlp = 1; mlp <= 2; mlp++)
+        for (int n = 1; n <= 9; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 8, 2, 0, mlp);
+    if (takes_quantized && takes(G4_Q4_0) && takes(G4_Q8_0) && !be->ops->host_memory) /* (CUDA only, as above) */
+        moe_case_e(1, 256, 256, G4_F32, G4_Q4_0, 1, G4_Q8_0, 8, 2, 0, 2);
 }
 
 /* ------------------------------------------------------------- tower ops */

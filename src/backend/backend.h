@@ -80,24 +80,6 @@ typedef struct g4_dense_attention_args {
     int bias_heads;            /* 1: one bias for every head; n_heads: one per head */
 } g4_dense_attention_args;
 
-/* Mixture-of-experts branch of one layer for n tokens, with the dense MLP's output (docs/gemma4-text.md 3.7):
- * out = rmsnorm(dense) * post_norm1 + rmsnorm(E) * post_norm2, where E = the sum over the top-k experts of
- * w_k * expert_k(x2), x2 = rmsnorm(residual) * pre_norm2, and the router reads the residual. out may be dense. */
-typedef struct g4_moe_args {
-    const float *residual; /* [n, H] router input r */
-    const float *dense;    /* [n, H] output of the dense MLP, before its post-norm */
-    float *out;            /* [n, H] */
-    int n, hidden, n_experts, top_k, expert_dim;
-    float eps;
-    const float *pre_norm2, *post_norm1, *post_norm2; /* [H] */
-    const g4_tensor *router_proj;     /* [E, H] */
-    const float *router_scale;        /* [H] */
-    const float *per_expert_scale;    /* [E] */
-    const g4_tensor *gate_up;         /* [E, 2*Im, H], or [E, Im, H] gate alone when up is set */
-    const g4_tensor *up;              /* NULL, or [E, Im, H] */
-    const g4_tensor *down;            /* [E, H, Im] */
-} g4_moe_args;
-
 /* Several products of one input: y[i][n, out_i] = x'[n, in] * w[i]^T (+ bias[i]) for i < count, where x' is x,
  * or rmsnorm(x) * norm per row when norm is set (fused: the normalized rows are not stored).
  * Residual prologue (res_out set): first res_out = (res_h + rmsnorm(res_o) * res_w) * res_scale per row (a
@@ -121,6 +103,30 @@ typedef struct g4_matmul_set {
     float res_scale;
     float *res_out;    /* [n, in] or NULL: no prologue */
 } g4_matmul_set;
+
+/* Mixture-of-experts feed-forward block of one layer for n tokens (docs/gemma4-text.md 3.7):
+ * out = rmsnorm(dense) * post_norm1 + rmsnorm(E) * post_norm2, where E = the sum over the top-k experts of
+ * w_k * expert_k(x2), x2 = rmsnorm(residual) * pre_norm2, and the router reads the residual. out may be dense.
+ * The dense MLP is either an input (mlp.count == 0: `dense` holds its output) or part of the op (mlp.count == 2:
+ * the gate/up pair of matmul_set with its norm and GeGLU, mlp.y[0] its activations and mlp.y[1] scratch, then
+ * mlp_down into `dense`); with the set's residual prologue (mlp.res_out == residual) the op first makes the
+ * residual, as matmul_set does. The two branches read only the residual: a backend may run them at once. */
+typedef struct g4_moe_args {
+    const float *residual; /* [n, H] router input r (made by the op with mlp's residual prologue) */
+    float *dense;          /* [n, H] output of the dense MLP, before its post-norm (written when mlp.count) */
+    float *out;            /* [n, H] */
+    int n, hidden, n_experts, top_k, expert_dim;
+    float eps;
+    const float *pre_norm2, *post_norm1, *post_norm2; /* [H] */
+    const g4_tensor *router_proj;     /* [E, H] */
+    const float *router_scale;        /* [H] */
+    const float *per_expert_scale;    /* [E] */
+    const g4_tensor *gate_up;         /* [E, 2*Im, H], or [E, Im, H] gate alone when up is set */
+    const g4_tensor *up;              /* NULL, or [E, Im, H] */
+    const g4_tensor *down;            /* [E, H, Im] */
+    g4_matmul_set mlp;                /* the dense MLP's gate/up pair, or count 0 */
+    const g4_tensor *mlp_down;        /* [H, I] with mlp */
+} g4_moe_args;
 
 /* The attention inputs of one layer after their projections (docs/gemma4-text.md 3.4), in one op:
  * q = rope(rmsnorm(q) * q_norm); and unless kv_shared: v = rmsnorm(v_from_k ? k : v) (no weight; keys as values

@@ -138,17 +138,20 @@ static void feed_forward_block(g4_context *ctx, residual *r, int l, int n, float
     /* r->h is the residual of this block until the final add */
     g4_matmul_set gu = {2, {y->gate_proj, y->up_proj}, {NULL, NULL}, {s->gate, s->up}, .norm = y->pre_ff_norm,
                         .eps = eps, .geglu = 1};
-    OPS->matmul_set(be, stream_input(r, &gu), n, &gu);
-    OPS->matmul(be, s->gate, n, y->down_proj, NULL, s->o);
-    if (c->enable_moe_block) { /* o = post_norm1(o) + post_norm2(experts(pre_norm2(h))) */
+    if (c->enable_moe_block) { /* o = post_norm1(mlp(h)) + post_norm2(experts(pre_norm2(h))), both in one op */
         g4_moe_args a = {
-            .residual = r->h, .dense = s->o, .out = s->o, .n = n, .hidden = H, .n_experts = c->num_experts,
+            .dense = s->o, .out = s->o, .n = n, .hidden = H, .n_experts = c->num_experts,
             .top_k = c->top_k_experts, .expert_dim = c->moe_intermediate_size, .eps = eps,
             .pre_norm2 = y->pre_ff_norm2, .post_norm1 = y->post_ff_norm1, .post_norm2 = y->post_ff_norm2,
             .router_proj = y->router_proj, .router_scale = y->router_scale, .per_expert_scale = y->per_expert_scale,
             .gate_up = y->experts_gate_up, .up = y->experts_up, .down = y->experts_down,
+            .mlp = gu, .mlp_down = y->down_proj,
         };
+        a.residual = stream_input(r, &a.mlp);
         OPS->moe(be, &a);
+    } else {
+        OPS->matmul_set(be, stream_input(r, &gu), n, &gu);
+        OPS->matmul(be, s->gate, n, y->down_proj, NULL, s->o);
     }
     update_later(r, s->o, y->post_ff_norm, scale);
 }

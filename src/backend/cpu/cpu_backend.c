@@ -652,6 +652,10 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
     float *rw = (float *)(rows + cap);                 /* [cap] their routing weights */
     float *x2 = rw + cap;                              /* [n, H] rmsnorm(residual) * pre_norm2 */
     float *esum = x2 + (size_t)n * H;                  /* [n, H] the experts' weighted sum */
+    if (a->mlp.count) { /* the dense MLP first (with the residual prologue, if any, which makes the residual) */
+        cpu_matmul_set(be, a->residual, n, &a->mlp);
+        g4_cpu_matmul(cpu, a->mlp.y[0], n, a->mlp_down, NULL, a->dense);
+    }
     cpu_rmsnorm(be, a->residual, a->pre_norm2, n, H, a->eps, x2);
     const float inv_sqrt_h = 1.0f / sqrtf((float)H);
     const g4_cpu_kernels *k = g4_cpu_kernels_get();

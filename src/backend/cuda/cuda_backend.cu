@@ -403,6 +403,7 @@ static void cu_free(g4_backend *be) {
     free(c->retired);
     if (c->counters) cudaFree(c->counters);
     if (c->staging) cudaFreeHost(c->staging);
+    if (c->fork_ok) cudaStreamDestroy(c->side), cudaEventDestroy(c->ev_fork), cudaEventDestroy(c->ev_join);
     cudaStreamDestroy(c->stream);
     free(c);
     free(be);
@@ -513,6 +514,7 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     c->float_act = getenv("G4_NO_INT8_ACT") != NULL;
     const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
+    c->moe_fork = !env_is("G4_CUDA_MOE_FORK", "0");
     c->att_early = !env_is("G4_CUDA_ATT_EARLY", "0");
     c->gemv_balance = !env_is("G4_CUDA_GEMV_BALANCE", "0");
     const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");
@@ -535,6 +537,13 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
         return NULL;
     }
     c->n_counters = N_COUNTERS;
+    c->fork_ok = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) == cudaSuccess;
+    if (c->fork_ok && (cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming) != cudaSuccess ||
+                       cudaEventCreateWithFlags(&c->ev_join, cudaEventDisableTiming) != cudaSuccess)) {
+        cudaStreamDestroy(c->side); /* (no side branch: the MoE block's dense MLP runs before its experts) */
+        c->fork_ok = 0;
+    }
+    cudaGetLastError();
     if (cudaMallocHost((void **)&c->staging, STAGING_BYTES) == cudaSuccess)
         c->staging_cap = STAGING_BYTES;
     else

@@ -634,6 +634,10 @@ typedef struct g4c {
     size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
     int gemv_balance;     /* GEMV: rows spread evenly over the multiprocessors (1; G4_CUDA_GEMV_BALANCE=0: off) */
     int att_early;        /* decode attention lets the next kernel launch right after its wait (1; G4_CUDA_ATT_EARLY=0: at its end) */
+    cudaStream_t side, main_stream; /* a side branch (g4c_fork), where fork_ok */
+    int fork_ok;
+    cudaEvent_t ev_fork, ev_join;
+    int moe_fork;         /* MoE block: the dense MLP beside the routing and experts (1; G4_CUDA_MOE_FORK=0: after) */
     int att_min_keys;     /* decode attention: keys a split-K block takes at least (8; G4_CUDA_ATT_MIN_KEYS=1..512) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
@@ -698,6 +702,21 @@ static void g4c_launch(g4c *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_
 }
 #endif
 
+/* A side branch of the launches (cuda_moe.cu: the dense MLP beside the routing and the experts): after g4c_fork the
+ * launches go to a second stream that starts once everything issued so far is done; after g4c_fork_end to the main
+ * stream again, which does not wait for them until g4c_join. A recording captures both streams: the side branch
+ * becomes a parallel branch of the step's graph. cuBLAS stays on the main stream: GEMV launches only. */
+static inline void g4c_fork(g4c *c) {
+    g4c_note(c, cudaEventRecord(c->ev_fork, c->stream), "branch");
+    g4c_note(c, cudaStreamWaitEvent(c->side, c->ev_fork, 0), "branch");
+    c->main_stream = c->stream, c->stream = c->side;
+}
+static inline void g4c_fork_end(g4c *c) {
+    g4c_note(c, cudaEventRecord(c->ev_join, c->side), "branch");
+    c->stream = c->main_stream;
+}
+static inline void g4c_join(g4c *c) { g4c_note(c, cudaStreamWaitEvent(c->stream, c->ev_join, 0), "branch"); }
+
 /* Lets kernel k use as much dynamic shared memory as the device allows a block (beside its static shared
  * memory); called once at start, not while a step is recorded. A failure is noted (launches above 48 KB
  * would then fail). */
@@ -723,9 +742,10 @@ int g4c_gemv_max_tokens(void);
 int g4c_gemv_experts_fit(g4c *c, const g4_tensor *w, int x_rows);
 void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows, const int32_t *ex, int slots,
                       const float *x, const float *norm, float eps, const int32_t *pair, const float *pw, float *y);
-/* y[n, out] = (x' W^T) * scale with x' = rmsnorm(x) * norm (norm may be NULL): the MoE router's logits */
+/* y[n, out] = (x' W^T) * scale with x' = rmsnorm(x) * norm (norm may be NULL): the MoE router's logits; pro (or
+ * NULL): a set whose residual prologue (res_*) is done first, x then res_out (at most g4c_gemv_max_tokens()) */
 void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const float *norm, float eps, float scale,
-                       float *y);
+                       float *y, const g4_matmul_set *pro);
 /* cuda_blas.cu: products of many tokens on tensor cores. g4c_gemm_input prepares x' = x or rmsnorm(x) * norm
  * [n, in] for weights of dtype t (16-bit copies: bf16, or bf16 hi + lo parts in the precise mode; f32 as it is);
  * g4c_gemm_run computes y[n, out] = x' W^T (f32). */

@@ -886,7 +886,7 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
 }
 
 void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const float *norm, float eps, float scale,
-                       float *y) {
+                       float *y, const g4_matmul_set *pro) {
     g4_matmul_set set;
     memset(&set, 0, sizeof set);
     set.count = 1;
@@ -894,6 +894,10 @@ void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const 
     set.y[0] = y;
     set.norm = norm;
     set.eps = eps;
+    if (pro && pro->res_out) { /* (few tokens only: the caller makes the residual first for more) */
+        set.res_h = pro->res_h, set.res_o = pro->res_o, set.res_w = pro->res_w, set.res_scale = pro->res_scale;
+        set.res_out = pro->res_out;
+    }
     if (n <= G4C_GEMV_MAX) {
         gemv(c, x, n, &set, scale, 1); /* the router: float activations (int8 ones can pick other experts) */
         return;
