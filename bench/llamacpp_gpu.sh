@@ -3,6 +3,9 @@
 # real shape (tests/data/random_gemma4.py, safetensors), which gemma4c reads as it is and llama.cpp reads after
 # its own converter (convert_hf_to_gguf.py, bf16) and llama-quantize (Q4_0). Never part of the build or tests.
 #
+# TARBALL: the source of llama/gitRelease.bundle (git clone it) without .git, docs/, media/ and the top models/
+# (vocabularies): src/models/ is source and must stay (an --exclude=models pattern drops both).
+#
 #   bench/llamacpp_gpu.sh prepare TARBALL DIR CONFIG   llama.cpp from a slim tarball of the source in npm
 #                                                     node-llama-cpp@3.22.1 (llama/gitRelease.bundle) built with
 #                                                     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 (llama-bench,
