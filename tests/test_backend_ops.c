@@ -1352,6 +1352,10 @@ static void test_moe(void) {
         for (int n = 1; n <= 9; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 8, 2, 0, mlp);
     if (takes_quantized && takes(G4_Q4_0) && takes(G4_Q8_0) && !be->ops->host_memory) /* (CUDA only, as above) */
         moe_case_e(1, 256, 256, G4_F32, G4_Q4_0, 1, G4_Q8_0, 8, 2, 0, 2);
+    /* many tokens a few experts: token counts of several multiples of 16 (CUDA: a batched product per count) */
+    moe_case_e(40, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 6, 2, 0, 0);
+    if (takes_quantized && takes(G4_Q4_0) && takes(G4_Q8_0) && !be->ops->host_memory) /* (the CPU: as above) */
+        moe_case_e(40, 64, 64, G4_F32, G4_Q4_0, 1, G4_Q8_0, 6, 2, 0, 0);
 }
 
 /* ------------------------------------------------------------- tower ops */

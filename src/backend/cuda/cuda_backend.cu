@@ -69,8 +69,10 @@ void *g4c_ws(g4c *c, g4c_buf *b, size_t bytes) {
 typedef struct g4c_profile {
     cudaEvent_t ev[PROF_EVENTS];
     const void *pending[PROF_EVENTS / 2];
+    const char *pending_name[PROF_EVENTS / 2];
     int n_pending;
     const void *kernel[PROF_KERNELS];
+    const char *name[PROF_KERNELS]; /* NULL: the kernel's own name */
     double ms[PROF_KERNELS];
     long calls[PROF_KERNELS];
     int n_kernels;
@@ -88,6 +90,7 @@ static void profile_collect(g4c *c) {
         if (k == p->n_kernels) {
             if (k == PROF_KERNELS) continue;
             p->kernel[p->n_kernels++] = p->pending[i];
+            p->name[k] = p->pending_name[i];
             p->ms[k] = 0, p->calls[k] = 0;
         }
         p->ms[k] += ms;
@@ -102,11 +105,14 @@ void g4c_profile_begin(g4c *c) {
     cudaEventRecord(p->ev[2 * p->n_pending], c->stream);
 }
 
-void g4c_profile_end(g4c *c, const void *kernel) {
+void g4c_profile_end_named(g4c *c, const void *key, const char *name) {
     g4c_profile *p = c->profile;
     cudaEventRecord(p->ev[2 * p->n_pending + 1], c->stream);
-    p->pending[p->n_pending++] = kernel;
+    p->pending_name[p->n_pending] = name;
+    p->pending[p->n_pending++] = key;
 }
+
+void g4c_profile_end(g4c *c, const void *kernel) { g4c_profile_end_named(c, kernel, NULL); }
 
 static void profile_print(g4c *c) {
     g4c_profile *p = c->profile;
@@ -118,9 +124,9 @@ static void profile_print(g4c *c) {
         int best = -1;
         for (int k = 0; k < p->n_kernels; k++)
             if (p->calls[k] >= 0 && (best < 0 || p->ms[k] > p->ms[best])) best = k;
-        const char *name = "?";
+        const char *name = p->name[best] ? p->name[best] : "?";
 #ifndef G4_CUDA_EMU
-        cudaFuncGetName(&name, p->kernel[best]);
+        if (!p->name[best]) cudaFuncGetName(&name, p->kernel[best]);
 #endif
         fprintf(stderr, "cuda profile: %10.3f ms %5.1f%% %8ld calls %9.2f us/call  %s\n", p->ms[best],
                 100.0 * p->ms[best] / (total > 0 ? total : 1), p->calls[best], 1e3 * p->ms[best] / (double)p->calls[best],
@@ -143,8 +149,7 @@ static void cu_release(g4_backend *be, void *p) {
     if (p) cudaFree(p);
 }
 
-static void cu_to_device(g4_backend *be, void *dst, const void *src, size_t bytes) {
-    g4c *c = g4c_of(be);
+void g4c_copy_to_device(g4c *c, void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
     if (c->staging && bytes <= c->staging_cap - c->staging_used) {
         unsigned char *s = c->staging + c->staging_used;
@@ -155,6 +160,10 @@ static void cu_to_device(g4_backend *be, void *dst, const void *src, size_t byte
     } else { /* from pageable memory: returns once the source is read */
         g4c_note(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the GPU");
     }
+}
+
+static void cu_to_device(g4_backend *be, void *dst, const void *src, size_t bytes) {
+    g4c_copy_to_device(g4c_of(be), dst, src, bytes);
 }
 
 static void cu_sync(g4_backend *be) {
@@ -396,7 +405,7 @@ static void cu_free(g4_backend *be) {
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     g4c_blas_free(c);
-    g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_attn, &c->ws_moe, &c->ws_deq};
+    g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_attn, &c->ws_moe, &c->ws_deq, &c->ws_grp, &c->ws_map, &c->ws_pad};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     for (int i = 0; i < c->n_retired; i++) cudaFree(c->retired[i]);
@@ -525,6 +534,8 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     c->gemv_blocks_per_sm = gb && *gb >= '1' && *gb <= '8' && !gb[1] ? *gb - '0' : 0; /* 0: by weight type */
     if (env_is("G4_CUDA_PROFILE", "1") && (c->profile = (g4c_profile *)calloc(1, sizeof *c->profile))) {
         c->graphs_on = 0;
+        c->pdl = 0; /* (with programmatic launch a kernel's events also cover the tail of the one before: H200, an E2B
+                     * prefill's epilogue after cuBLAS showed 240 us in this table, 18.7 us under ncu) */
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&c->profile->ev[i]);
     }
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||

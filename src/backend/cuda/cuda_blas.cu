@@ -1,5 +1,5 @@
 /* Products of many tokens (prefill) on tensor cores, through cuBLAS (cuda_common.cuh: g4c_gemm_input,
- * g4c_gemm_run).
+ * g4c_gemm_run; a mixture's experts: g4c_gemm_experts, batched by padded token count).
  *
  * Weights stay as stored (bf16 or f16, rows padded to 8 elements); the activations are converted once per set of
  * products to the weights' 16-bit type, after the RMSNorm when the set has one. Products accumulate in f32.
@@ -17,6 +17,8 @@
 #endif
 
 #define BLAS_WS_BYTES ((size_t)32 << 20)
+#define GROUP_MAX 256 /* products a batched call takes */
+#define PAD_ROWS 16   /* experts' token rows are padded to a multiple of this for the batched products */
 
 /* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized) */
 __global__ void gemm_convert(const float *x, int in, const float *norm, float eps, int t, void *hi, void *lo) {
@@ -57,7 +59,8 @@ int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, flo
         out->hi = x;
         return 0;
     }
-    const size_t esz = t == G4_F32 ? 4 : 2, part = ((size_t)n * (size_t)in * esz + 255) & ~(size_t)255;
+    /* (PAD_ROWS rows of slack: the experts' padded products read past the last row, g4c_gemm_experts) */
+    const size_t esz = t == G4_F32 ? 4 : 2, part = ((size_t)(n + PAD_ROWS) * (size_t)in * esz + 255) & ~(size_t)255;
     const int split = c->gemm_split && t != G4_F32;
     unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_x16, split ? 2 * part : part);
     if (!ws) return -1;
@@ -91,6 +94,15 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
         }
 }
 
+/* y_i = x_i A_i^T for i < count, of one shape: A_i [m, lda] of type t, x_i [n, k], y_i rows ldc apart (acc: +=) */
+static void gemm_batched(g4c *c, int count, const void *const *A, const void *const *B, float *const *C, int m, int n,
+                         int k, int lda, int ldc, g4_dtype t, int acc) {
+    for (int i = 0; i < count; i++) {
+        const g4c_gemm_in xi = {B[i], NULL, n, k, t};
+        gemm_rows(c, &xi, A[i], t, lda, m, C[i], ldc, acc);
+    }
+}
+
 int g4c_blas_init(g4c *c, g4_error *err) {
     (void)err;
     c->blas = NULL;
@@ -120,13 +132,16 @@ static void blas_note(g4c *c, cublasStatus_t s, const char *what) {
 /* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product) */
 static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
                       int acc) {
+    static const char key = 0;
     cublasHandle_t h = (cublasHandle_t)c->blas;
+    if (c->profile) g4c_profile_begin(c);
     const float one = 1.0f, zero = acc ? 1.0f : 0.0f;
     if (t == G4_F32) {
         blas_note(c,
                   cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, (const float *)A, lda,
                               (const float *)x->hi, x->in, &zero, y, ldc),
                   "sgemm");
+        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
         return;
     }
     const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -139,6 +154,35 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
                   cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, A, ct, lda, x->lo, ct, x->in, &one, y,
                                CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                   "gemm (low part)");
+    if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
+}
+
+/* y_i = x_i A_i^T for i < count, of one shape: A_i [m, lda] of 16-bit type t, x_i [n, k], y_i rows ldc apart (acc:
+ * +=): one batched call (cuBLAS's grouped call, which would take shapes that differ, declines f32 outputs of 16-bit
+ * products: H200, cuBLAS 13, status 15); where cuBLAS declines, one call a product. */
+static void gemm_batched(g4c *c, int count, const void *const *A, const void *const *B, float *const *C, int m, int n,
+                         int k, int lda, int ldc, g4_dtype t, int acc) {
+    static const char key = 0;
+    cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+    if (count <= GROUP_MAX) {
+        const void *ptrs[3 * GROUP_MAX];
+        for (int i = 0; i < count; i++) ptrs[i] = A[i], ptrs[count + i] = B[i], ptrs[2 * count + i] = C[i];
+        const void **dev = (const void **)g4c_ws(c, &c->ws_grp, sizeof ptrs);
+        if (!dev) return;
+        g4c_copy_to_device(c, dev, ptrs, (size_t)3 * (size_t)count * sizeof *ptrs);
+        const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
+        if (c->profile) g4c_profile_begin(c);
+        st = cublasGemmBatchedEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dev, ct, lda,
+                                 dev + count, ct, k, &beta, (void *const *)(dev + 2 * count), CUDA_R_32F, ldc, count,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS batched (experts)");
+    }
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+    for (int i = 0; i < count; i++) {
+        const g4c_gemm_in xi = {B[i], NULL, n, k, t};
+        gemm_rows(c, &xi, A[i], t, lda, m, C[i], ldc, acc);
+    }
 }
 
 int g4c_blas_init(g4c *c, g4_error *err) {
@@ -170,7 +214,7 @@ void g4c_blas_free(g4c *c) {
  * workspace (at most DEQ_ELEMS weights). In the precise mode (c->gemm_split) the decoded weights are split like
  * the activations, w = hi + lo, and y = hi (x_hi + x_lo) + lo x_hi: about 16 significant bits on both sides
  * (a weight rounded to bf16 once moves these chaotic fixtures' logits by more than 1). */
-#define DEQ_ELEMS ((size_t)32 << 20)
+#define DEQ_ELEMS ((size_t)64 << 20)
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
     g4c_gemm_run_ld(c, x, w, y, (int)w->shape[0]);
 }
@@ -191,8 +235,9 @@ void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y,
         gemm_rows(c, x, w->data, w->dtype, lda, out, y, ldc, 0);
         return;
     }
-    size_t per = DEQ_ELEMS / (size_t)x->in;
-    if (per < 1) per = 1;
+    size_t per = DEQ_ELEMS / (size_t)x->in & ~(size_t)63; /* tiles of 64 rows: y + r0 stays 256-byte aligned (cuBLAS
+                                                            * runs misaligned outputs at a fraction of its speed) */
+    if (per < 64) per = 64;
     if (per > (size_t)out) per = (size_t)out;
     const int split = x->lo != NULL;
     const size_t tile_elems = per * (size_t)x->in;
@@ -205,6 +250,96 @@ void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y,
         g4c_dequant_bf16(c, w, r0, m, tile, split ? tile + tile_elems : NULL);
         gemm_rows(c, x, tile, G4_BF16, x->in, m, y + r0, ldc, 0);
         if (split) gemm_rows(c, &xhi, tile + tile_elems, G4_BF16, x->in, m, y + r0, ldc, 1);
+    }
+}
+
+/* dst row p (ldd apart) = src row map[p] (cols floats) */
+__global__ void rows_gather_kernel(const float *src, int cols, const int32_t *map, int rows, float *dst, int ldd) {
+    g4_grid_wait();
+    for (int p = blockIdx.y; p < rows; p += gridDim.y) {
+        const float *s = src + (size_t)map[p] * (size_t)cols;
+        float *d = dst + (size_t)p * (size_t)ldd;
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += gridDim.x * blockDim.x) d[i] = s[i];
+    }
+}
+
+/* Experts of the same padded row count (a multiple of PAD_ROWS) go into one batched call; their outputs into a
+ * padded scratch, then gathered to y's rows. A run of quantized experts is decoded at once (with the inactive ones
+ * between them: few in prefill). f32 weights: a call an expert. */
+void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, const int32_t *act_e,
+                      const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc) {
+    const int R = (int)w->shape[1], in = x->in, quant = g4_dtype_is_quantized(w->dtype), split = x->lo != NULL;
+    const size_t rb = g4c_wrow_bytes(w), esz = x->t == G4_F32 ? 4 : 2;
+    const int lda = quant ? in : (int)(g4c_row_bytes(w->dtype, in) / (size_t)(g4_dtype_bits(w->dtype) / 8));
+    const g4_dtype t = quant ? G4_BF16 : w->dtype;
+    if (t == G4_F32) {
+        for (int i = 0; i < na; i++) {
+            const g4c_gemm_in xi = g4c_gemm_in_rows(x, act_off[i], act_cnt[i]);
+            gemm_rows(c, &xi, (const unsigned char *)w->data + (size_t)act_e[i] * (size_t)R * rb, t, lda, R,
+                      y + (size_t)act_off[i] * (size_t)ldc, ldc, 0);
+        }
+        return;
+    }
+    for (int i0 = 0; i0 < na;) {
+        int i1 = quant ? i0 + 1 : (na - i0 > GROUP_MAX ? i0 + GROUP_MAX : na);
+        uint16_t *tile = NULL;
+        size_t span = 0;
+        if (quant) {
+            while (i1 < na && i1 - i0 < GROUP_MAX && act_e[i1] > act_e[i1 - 1] &&
+                   (size_t)(act_e[i1] - act_e[i0] + 1) * (size_t)R * (size_t)in <= DEQ_ELEMS)
+                i1++;
+            span = (size_t)(act_e[i1 - 1] - act_e[i0] + 1) * (size_t)R;
+            tile = (uint16_t *)g4c_ws(c, &c->ws_deq, span * (size_t)in * 2 * (split ? 2 : 1));
+            if (!tile) return;
+            g4c_dequant_bf16(c, w, (int64_t)act_e[i0] * R, (int)span, tile, split ? tile + span * (size_t)in : NULL);
+        }
+        const int ne = i1 - i0, row0 = act_off[i0], rows = act_off[i1 - 1] + act_cnt[i1 - 1] - row0;
+        int pc[GROUP_MAX], srow[GROUP_MAX], done[GROUP_MAX], padded = 0;
+        for (int j = 0; j < ne; j++) {
+            pc[j] = (act_cnt[i0 + j] + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS;
+            srow[j] = padded, padded += pc[j], done[j] = 0;
+        }
+        float *scr = (float *)g4c_ws(c, &c->ws_pad, (size_t)padded * (size_t)R * 4);
+        int32_t *map = (int32_t *)malloc((size_t)rows * sizeof *map);
+        int32_t *dmap = (int32_t *)g4c_ws(c, &c->ws_map, (size_t)rows * sizeof *map);
+        if (!scr || !map || !dmap) {
+            free(map);
+            if (map) g4c_note(c, cudaErrorMemoryAllocation, "moe: out of host memory");
+            return;
+        }
+        for (int j = 0; j < ne; j++) { /* the batches: experts of one padded count */
+            if (done[j] || !pc[j]) continue;
+            const void *A[GROUP_MAX], *Al[GROUP_MAX], *B[GROUP_MAX], *Bl[GROUP_MAX];
+            float *C[GROUP_MAX];
+            int nb = 0;
+            for (int l = j; l < ne; l++) {
+                if (done[l] || pc[l] != pc[j]) continue;
+                const int i = i0 + l;
+                done[l] = 1;
+                if (quant) {
+                    A[nb] = tile + (size_t)(act_e[i] - act_e[i0]) * (size_t)R * (size_t)in;
+                    Al[nb] = (const uint16_t *)A[nb] + span * (size_t)in;
+                } else {
+                    A[nb] = (const unsigned char *)w->data + (size_t)act_e[i] * (size_t)R * rb;
+                }
+                B[nb] = (const unsigned char *)x->hi + (size_t)act_off[i] * (size_t)in * esz;
+                Bl[nb] = split ? (const unsigned char *)x->lo + (size_t)act_off[i] * (size_t)in * esz : NULL;
+                C[nb++] = scr + (size_t)srow[l] * (size_t)R;
+            }
+            gemm_batched(c, nb, A, B, C, R, pc[j], in, lda, R, t, 0);
+            if (split) gemm_batched(c, nb, A, Bl, C, R, pc[j], in, lda, R, t, 1);
+            if (split && quant) gemm_batched(c, nb, Al, B, C, R, pc[j], in, lda, R, t, 1);
+        }
+        for (int j = 0; j < ne; j++)
+            for (int r = 0; r < act_cnt[i0 + j]; r++) map[act_off[i0 + j] - row0 + r] = srow[j] + r;
+        g4c_copy_to_device(c, dmap, map, (size_t)rows * sizeof *map);
+        free(map);
+        unsigned bx = (unsigned)((R + 255) / 256), by = (unsigned)(rows < 65535 ? rows : 65535);
+        while (bx > 1 && (size_t)bx * by > (size_t)c->n_sm * 16) bx = (bx + 1) / 2;
+        if (rows > 0)
+            g4c_launch(c, rows_gather_kernel, dim3(bx, by), dim3(256), 0, (const float *)scr, R, (const int32_t *)dmap,
+                       rows, y + (size_t)row0 * (size_t)ldc, ldc);
+        i0 = i1;
     }
 }
 

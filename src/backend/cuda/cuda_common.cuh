@@ -617,6 +617,8 @@ typedef struct g4c {
     g4c_buf ws_attn;      /* attention split partials */
     g4c_buf ws_moe;       /* MoE routing and expert activations */
     g4c_buf ws_deq;       /* quantized weights decoded to bf16 for prefill products */
+    g4c_buf ws_grp, ws_map; /* pointer arrays of batched products, row maps (g4c_gemm_experts) */
+    g4c_buf ws_pad;       /* the experts' outputs at padded rows (g4c_gemm_experts) */
     int *counters;        /* zeroed counters the "last block finishes" kernels use */
     size_t n_counters;
     unsigned generation;  /* bumped when a workspace moves */
@@ -660,11 +662,16 @@ typedef struct g4c {
 } g4c;
 
 /* Profiling (cuda_backend.cu): an event before and after each launch, summed per kernel at each sync and
- * printed when the backend is freed. */
+ * printed when the backend is freed; library calls (cuBLAS) are summed under a key and a name of their own. */
 void g4c_profile_begin(g4c *c);
 void g4c_profile_end(g4c *c, const void *kernel);
+void g4c_profile_end_named(g4c *c, const void *key, const char *name);
 
 static inline g4c *g4c_of(g4_backend *be) { return (g4c *)be->impl; }
+
+/* Copies host memory to the GPU in stream order (through the pinned staging when it has room; else returns once
+ * the source is read). */
+void g4c_copy_to_device(g4c *c, void *dst, const void *src, size_t bytes);
 
 /* Records the first error of a step (the step's check() reports it). */
 void g4c_note(g4c *c, cudaError_t e, const char *what);
@@ -758,6 +765,12 @@ int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, flo
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y);
 /* ... with output rows ldc floats apart; rows r0 .. r0+n-1 of a converted input */
 void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y, int ldc);
+/* The products of a mixture's active experts (prefill): for i < na, rows act_off[i] .. + act_cnt[i] of the converted
+ * input (g4c_gemm_input) times expert act_e[i] of w [E, R, in] (experts ascending, rows consecutive) into y (rows
+ * ldc apart, from row act_off[i]): a batched tensor-core call for each padded row count (quantized experts decoded to
+ * bf16 a run at a time) instead of a call an expert. Host arrays. */
+void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, const int32_t *act_e,
+                      const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc);
 g4c_gemm_in g4c_gemm_in_rows(const g4c_gemm_in *x, int r0, int n);
 int g4c_blas_init(g4c *c, g4_error *err);
 void g4c_blas_free(g4c *c);

@@ -8,7 +8,7 @@
  * 1. route: the router's logits from the normalized residual (a GEMV), then per token softmax, top-k (ties to
  *    the lower expert id), weights renormalized and scaled per expert;
  * 2. group: the (token, k) pairs sorted by expert, the list of active experts with their pairs' range;
- * For many tokens (prefill) steps 3 and 4 are tensor-core products per active expert (moe_experts_gemm, cuBLAS);
+ * For many tokens (prefill) steps 3 and 4 are tensor-core products of the active experts (moe_experts_gemm, cuBLAS);
  * for one token (decode) they are the GEMV's (cuda_gemv.cu, g4c_gemv_experts: a grid of one wave whose
  * warps stream the chosen experts' rows, as for the dense products), the activations in the slots' order.
  * 3. gate_up: a block per (active expert, 8 rows): the expert's token rows staged in shared memory 8 at a time,
@@ -441,19 +441,10 @@ __global__ void moe_scatter_kernel(moe_args a, const float *d) {
         a.ws.dn[(size_t)pr * a.H + i] = w * d[(size_t)blockIdx.x * a.H + i];
 }
 
-/* Expert e's matrix of a [E, rows, in] tensor, as a tensor of its own (rows from row r0, m of them). */
-static g4_tensor expert_view(const g4_tensor *w, int e, int r0, int m) {
-    g4_tensor v = *w;
-    const size_t rb = g4c_wrow_bytes(w);
-    v.data = (unsigned char *)w->data + ((size_t)e * (size_t)w->shape[1] + (size_t)r0) * rb;
-    v.ndim = 2;
-    v.shape[0] = m, v.shape[1] = w->shape[2];
-    return v;
-}
-
 /* Steps 3 and 4 for many tokens (prefill): the active experts and their pair counts come to the host (one
- * synchronization a layer), the pairs' inputs are gathered in expert order and converted once, and each active
- * expert multiplies its rows through cuBLAS (gate/up, the GeGLU, down), scattered back by pair. gu: [np, 2 Im]. */
+ * synchronization a layer), the pairs' inputs are gathered in expert order and converted once, and the active
+ * experts multiply their rows in batched cuBLAS calls (g4c_gemm_experts: gate/up, the GeGLU, down), scattered back by
+ * pair. gu: [np, 2 Im]. */
 static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, int np, float *xg, float *gu) {
     const int E = a.E, H = a.H, Im = a.Im;
     int32_t host[1 + 3 * MOE_MAX_E]; /* n_active, act_e, act_off, act_cnt (consecutive in the workspace) */
@@ -466,28 +457,14 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     g4c_launch(c, moe_gather_kernel, dim3((unsigned)np), dim3(256), 0, a, xg);
     g4c_gemm_in in;
     if (g4c_gemm_input(c, xg, np, H, m->pre_norm2, m->eps, m->gate_up->dtype, &in)) return;
-    for (int i = 0; i < na; i++) {
-        const g4c_gemm_in x = g4c_gemm_in_rows(&in, act_off[i], act_cnt[i]);
-        float *y = gu + (size_t)act_off[i] * 2 * Im;
-        if (m->up) {
-            const g4_tensor g = expert_view(m->gate_up, act_e[i], 0, Im), u = expert_view(m->up, act_e[i], 0, Im);
-            g4c_gemm_run_ld(c, &x, &g, y, 2 * Im);
-            g4c_gemm_run_ld(c, &x, &u, y + Im, 2 * Im);
-        } else {
-            const g4_tensor g = expert_view(m->gate_up, act_e[i], 0, 2 * Im);
-            g4c_gemm_run_ld(c, &x, &g, y, 2 * Im);
-        }
-    }
+    g4c_gemm_experts(c, &in, m->gate_up, na, act_e, act_off, act_cnt, gu, 2 * Im);
+    if (m->up) g4c_gemm_experts(c, &in, m->up, na, act_e, act_off, act_cnt, gu + Im, 2 * Im);
     unsigned blocks = (unsigned)(((size_t)np * Im + 255) / 256);
     if (blocks > (unsigned)c->n_sm * 16) blocks = (unsigned)c->n_sm * 16;
     g4c_launch(c, moe_geglu_kernel, dim3(blocks), dim3(256), 0, a, (const float *)gu, np);
     if (g4c_gemm_input(c, a.ws.act, np, Im, NULL, 0.0f, m->down->dtype, &in)) return;
     float *d = xg; /* (the gathered rows were converted above) */
-    for (int i = 0; i < na; i++) {
-        const g4c_gemm_in x = g4c_gemm_in_rows(&in, act_off[i], act_cnt[i]);
-        const g4_tensor dn = expert_view(m->down, act_e[i], 0, H);
-        g4c_gemm_run_ld(c, &x, &dn, d + (size_t)act_off[i] * H, H);
-    }
+    g4c_gemm_experts(c, &in, m->down, na, act_e, act_off, act_cnt, d, H);
     g4c_launch(c, moe_scatter_kernel, dim3((unsigned)np), dim3(256), 0, a, (const float *)d);
 }
 

@@ -184,28 +184,40 @@ void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, 
 }
 
 /* ---------------------------------------------------------------- decoding rows */
-/* rows [r0, r0 + m) of a quantized matrix as bf16 [m, in]: a thread per access */
+/* rows [r0, r0 + m) of a quantized matrix as bf16 [m, in] (and the rounding remainders in lo): the tile is a run
+ * of accesses (EPA weights each, row after row); a block decodes DEQ_THREADS consecutive accesses, a thread each,
+ * into shared memory, then writes them out as 16-byte stores of consecutive addresses (a thread's own stores, EPA x
+ * 2 bytes apart from its neighbours', wrote 4 bytes of each 32-byte sector a store: H200, 31B Q4_0 prefill of 512
+ * tokens 471 -> 1943 tok/s with this, tiles of 64-row multiples and twice the tile). */
+#define DEQ_THREADS 128
 template <int DT>
-__global__ void dequant_bf16_kernel(const unsigned char *w, size_t row_bytes, g4c_qrow q, int64_t r0, int m,
-                                    uint16_t *out, uint16_t *lo) {
-    constexpr int EPA = g4_qt<DT>::EPA;
+__global__ __launch_bounds__(DEQ_THREADS) void dequant_bf16_kernel(const unsigned char *w, size_t row_bytes,
+                                                                   g4c_qrow q, int64_t r0, int m, uint16_t *out,
+                                                                   uint16_t *lo) {
+    constexpr int EPA = g4_qt<DT>::EPA, CHUNK = DEQ_THREADS * EPA; /* weights a block decodes per pass */
+    __shared__ __align__(16) uint16_t sh[2][CHUNK];
     g4_grid_wait();
-    const int per_row = q.in / EPA;
-    const size_t total = (size_t)m * (size_t)per_row;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / (size_t)per_row;
-        const int k = (int)(i % (size_t)per_row) * EPA;
-        float v[EPA];
-        g4_qdecode<DT>(w + (size_t)(r0 + (int64_t)r) * row_bytes, k, q, v);
-        uint16_t *o = out + r * (size_t)q.in + k, *ol = lo ? lo + r * (size_t)q.in + k : NULL;
+    const unsigned per_row = (unsigned)(q.in / EPA), total = (unsigned)m * per_row;
+    for (unsigned base = blockIdx.x * DEQ_THREADS; base < total; base += gridDim.x * DEQ_THREADS) {
+        const unsigned i = base + threadIdx.x;
+        if (i < total) {
+            const unsigned r = i / per_row;
+            float v[EPA];
+            g4_qdecode<DT>(w + (size_t)(r0 + (int64_t)r) * row_bytes, (int)(i - r * per_row) * EPA, q, v);
 #pragma unroll
-        for (int j = 0; j < EPA; j += 2) {
-            const uint16_t h0 = g4_f2bf(v[j]), h1 = g4_f2bf(v[j + 1]);
-            *(unsigned *)(o + j) = (unsigned)h0 | (unsigned)h1 << 16;
-            if (ol)
-                *(unsigned *)(ol + j) =
-                    (unsigned)g4_f2bf(v[j] - g4_bf2f(h0)) | (unsigned)g4_f2bf(v[j + 1] - g4_bf2f(h1)) << 16;
+            for (int j = 0; j < EPA; j++) {
+                const uint16_t h = g4_f2bf(v[j]);
+                sh[0][threadIdx.x * EPA + j] = h;
+                if (lo) sh[1][threadIdx.x * EPA + j] = g4_f2bf(v[j] - g4_bf2f(h));
+            }
         }
+        __syncthreads();
+        const unsigned n16 = ((total - base < DEQ_THREADS ? total - base : DEQ_THREADS) * EPA) / 8; /* 16-byte runs */
+        for (unsigned k = threadIdx.x; k < n16; k += DEQ_THREADS) {
+            ((uint4 *)(out + (size_t)base * EPA))[k] = ((const uint4 *)sh[0])[k];
+            if (lo) ((uint4 *)(lo + (size_t)base * EPA))[k] = ((const uint4 *)sh[1])[k];
+        }
+        __syncthreads();
     }
 }
 
@@ -222,12 +234,13 @@ __global__ void dequant_bf16_kernel(const unsigned char *w, size_t row_bytes, g4
 
 void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *out, uint16_t *lo) {
     const g4c_qrow q = g4c_qrow_of(w);
-    const size_t rb = g4c_wrow_bytes(w), total = (size_t)m * (size_t)(q.in / 32);
-    size_t blocks = (total + 255) / 256;
+    const size_t rb = g4c_wrow_bytes(w), total = (size_t)m * (size_t)(q.in / 32); /* (accesses of 32 or more) */
+    size_t blocks = (total + DEQ_THREADS - 1) / DEQ_THREADS;
     if (blocks > (size_t)c->n_sm * 16) blocks = (size_t)c->n_sm * 16;
     const dim3 grid((unsigned)(blocks ? blocks : 1));
-#define LAUNCH(T) \
-    g4c_launch(c, dequant_bf16_kernel<T>, grid, dim3(256), 0, (const unsigned char *)w->data, rb, q, r0, m, out, lo)
+#define LAUNCH(T)                                                                                                     \
+    g4c_launch(c, dequant_bf16_kernel<T>, grid, dim3(DEQ_THREADS), 0, (const unsigned char *)w->data, rb, q, r0, m, out, \
+               lo)
     G4C_QUANT_SWITCH(w->dtype, LAUNCH)
 #undef LAUNCH
 }
