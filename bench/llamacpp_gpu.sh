@@ -6,6 +6,8 @@
 # TARBALL: the source of llama/gitRelease.bundle (git clone it) without .git, docs/, media/ and the top models/
 # (vocabularies): src/models/ is source and must stay (an --exclude=models pattern drops both).
 #
+#   bench/llamacpp_gpu.sh tarball BUNDLE OUT          that tarball (xz) from the bundle, on this machine
+#
 #   bench/llamacpp_gpu.sh prepare TARBALL DIR CONFIG   llama.cpp from a slim tarball of the source in npm
 #                                                     node-llama-cpp@3.22.1 (llama/gitRelease.bundle) built with
 #                                                     -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 (llama-bench,
@@ -24,12 +26,25 @@
 #                                                     gemma4c bench on the same checkpoint; ms/token and ratios
 set -u
 what=$1
+# the tarball's source unpacked into $1/src, or a clear stop before a build that would fail minutes later
+unpack() {
+    mkdir -p "$1/src" && tar xJf "$2" -C "$1/src" || exit 1
+    [ -d "$1/src/src/models" ] || { echo "llama.cpp tarball $2 has no src/models (make it with: $0 tarball)" >&2; exit 1; }
+}
+
 case $what in
+tarball)
+    bundle=$2 out=$3
+    tmp=$(mktemp -d) || exit 1
+    git clone -q "$bundle" "$tmp/llama.cpp" 2>/dev/null || { echo "cannot clone $bundle" >&2; rm -rf "$tmp"; exit 1; }
+    rm -rf "$tmp/llama.cpp/.git" "$tmp/llama.cpp/docs" "$tmp/llama.cpp/media" "$tmp/llama.cpp/models"
+    tar -C "$tmp/llama.cpp" -cJf "$out" . && echo "$out: $(du -h "$out" | cut -f1), $(tar tJf "$out" | grep -c /src/models/) files in src/models"
+    rm -rf "$tmp"
+    ;;
 prepare)
     tarball=$2 dir=$3 config=$4
     here=$(cd "$(dirname "$0")/.." && pwd)
-    mkdir -p "$dir/src"
-    tar xJf "$tarball" -C "$dir/src" || exit 1
+    unpack "$dir" "$tarball"
     cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null || exit 1
     t0=$(date +%s)
@@ -78,8 +93,8 @@ files)
     tarball=$2 dir=$3 bin=$4
     shift 4
     shared=${G4_SHARED_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/shared}
-    mkdir -p "$dir/src" "$dir/models"
-    tar xJf "$tarball" -C "$dir/src" || exit 1
+    mkdir -p "$dir/models"
+    unpack "$dir" "$tarball"
     cmake -S "$dir/src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null || exit 1
     t0=$(date +%s)
@@ -113,5 +128,6 @@ print("%-14s prefill 512 tok/s gemma4c %8.1f llama.cpp %8.1f (%.2fx)   decode ms
 PY
     done
     ;;
-*) echo "usage: $0 prepare TARBALL DIR CONFIG | compare DIR GEMMA4C | files TARBALL DIR GEMMA4C MODEL:TYPE..." >&2; exit 2 ;;
+*) echo "usage: $0 tarball BUNDLE OUT | prepare TARBALL DIR CONFIG | compare DIR GEMMA4C | files TARBALL DIR GEMMA4C MODEL:TYPE..." >&2
+   exit 2 ;;
 esac
