@@ -94,15 +94,6 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
         }
 }
 
-/* y_i = x_i A_i^T for i < count, of one shape: A_i [m, lda] of type t, x_i [n, k], y_i rows ldc apart (acc: +=) */
-static void gemm_batched(g4c *c, int count, const void *const *A, const void *const *B, float *const *C, int m, int n,
-                         int k, int lda, int ldc, g4_dtype t, int acc) {
-    for (int i = 0; i < count; i++) {
-        const g4c_gemm_in xi = {B[i], NULL, n, k, t};
-        gemm_rows(c, &xi, A[i], t, lda, m, C[i], ldc, acc);
-    }
-}
-
 int g4c_blas_init(g4c *c, g4_error *err) {
     (void)err;
     c->blas = NULL;
@@ -157,34 +148,6 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
     if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
 }
 
-/* y_i = x_i A_i^T for i < count, of one shape: A_i [m, lda] of 16-bit type t, x_i [n, k], y_i rows ldc apart (acc:
- * +=): one batched call (cuBLAS's grouped call, which would take shapes that differ, declines f32 outputs of 16-bit
- * products: H200, cuBLAS 13, status 15); where cuBLAS declines, one call a product. */
-static void gemm_batched(g4c *c, int count, const void *const *A, const void *const *B, float *const *C, int m, int n,
-                         int k, int lda, int ldc, g4_dtype t, int acc) {
-    static const char key = 0;
-    cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
-    if (count <= GROUP_MAX) {
-        const void *ptrs[3 * GROUP_MAX];
-        for (int i = 0; i < count; i++) ptrs[i] = A[i], ptrs[count + i] = B[i], ptrs[2 * count + i] = C[i];
-        const void **dev = (const void **)g4c_ws(c, &c->ws_grp, sizeof ptrs);
-        if (!dev) return;
-        g4c_copy_to_device(c, dev, ptrs, (size_t)3 * (size_t)count * sizeof *ptrs);
-        const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
-        if (c->profile) g4c_profile_begin(c);
-        st = cublasGemmBatchedEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dev, ct, lda,
-                                 dev + count, ct, k, &beta, (void *const *)(dev + 2 * count), CUDA_R_32F, ldc, count,
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS batched (experts)");
-    }
-    if (st == CUBLAS_STATUS_SUCCESS) return;
-    for (int i = 0; i < count; i++) {
-        const g4c_gemm_in xi = {B[i], NULL, n, k, t};
-        gemm_rows(c, &xi, A[i], t, lda, m, C[i], ldc, acc);
-    }
-}
-
 int g4c_blas_init(g4c *c, g4_error *err) {
     cublasHandle_t h;
     cublasStatus_t s = cublasCreate(&h);
@@ -209,6 +172,36 @@ void g4c_blas_free(g4c *c) {
     c->blas_ws = NULL;
 }
 #endif
+
+/* y_i = x_i A_i^T for i < count, of one shape: A_i [m, lda] of 16-bit type t, x_i [n, k], y_i rows ldc apart (acc:
+ * +=): one batched call (cuBLAS's grouped call, which would take shapes that differ, declines f32 outputs of 16-bit
+ * products: H200, cuBLAS 13, status 15); where cuBLAS declines (and in the emulator), one call a product. */
+static void gemm_batched(g4c *c, int count, const void *const *A, const void *const *B, float *const *C, int m, int n,
+                         int k, int lda, int ldc, g4_dtype t, int acc) {
+#ifndef G4_CUDA_EMU
+    static const char key = 0;
+    if (count <= GROUP_MAX) {
+        const void *ptrs[3 * GROUP_MAX];
+        for (int i = 0; i < count; i++) ptrs[i] = A[i], ptrs[count + i] = B[i], ptrs[2 * count + i] = C[i];
+        const void **dev = (const void **)g4c_ws(c, &c->ws_grp, sizeof ptrs);
+        if (!dev) return;
+        g4c_copy_to_device(c, dev, ptrs, (size_t)3 * (size_t)count * sizeof *ptrs);
+        const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        const float one = 1.0f, beta = acc ? 1.0f : 0.0f;
+        if (c->profile) g4c_profile_begin(c);
+        const cublasStatus_t st =
+            cublasGemmBatchedEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dev, ct, lda,
+                                dev + count, ct, k, &beta, (void *const *)(dev + 2 * count), CUDA_R_32F, ldc, count,
+                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS batched (experts)");
+        if (st == CUBLAS_STATUS_SUCCESS) return;
+    }
+#endif
+    for (int i = 0; i < count; i++) {
+        const g4c_gemm_in xi = {B[i], NULL, n, k, t};
+        gemm_rows(c, &xi, A[i], t, lda, m, C[i], ldc, acc);
+    }
+}
 
 /* Plain weights are multiplied where they are; quantized ones a tile of rows at a time, decoded to bf16 in a
  * workspace (at most DEQ_ELEMS weights). In the precise mode (c->gemm_split) the decoded weights are split like
