@@ -830,8 +830,9 @@ static const char *kv_name(g4_kv_type t) { return t == G4_KV_F32 ? "f32" : t == 
 
 /* A random paged cache: n_seq sequences of len[s] positions with scrambled physical blocks; K/V values as the
  * cache holds them (rounded to the KV type) are kept in kref/vref [s][p][row]. */
-static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int B, int window, int with_kv_end,
-                                int with_kv_start) {
+/* many: a prefill-sized step (16 tokens: the last 12 positions of one sequence, 3 of another, 1 decode token) */
+static void test_attention_case_n(g4_kv_type kt, int n_heads, int n_kv, int D, int B, int window, int with_kv_end,
+                                  int with_kv_start, int many) {
     enum { NSEQ = 3, MAXLEN = 80 };
     const int len[NSEQ] = {1, 37, 80}, row = n_kv * D;
     const int max_blocks = (MAXLEN + B - 1) / B, n_blocks = NSEQ * max_blocks + 3;
@@ -879,7 +880,7 @@ static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int
     int32_t tseq[16], tpos[16], tend[16], tstart[16];
     int nt = 0;
     for (int s = 0; s < NSEQ; s++)
-        for (int p = len[s] - (s == 2 ? 5 : 1); p < len[s]; p++) {
+        for (int p = len[s] - (s == 2 ? (many ? 12 : 5) : s == 1 && many ? 3 : 1); p < len[s]; p++) {
             tseq[nt] = s, tpos[nt] = p;
             /* kv_end: some tokens see a few later positions (an image block), never past the sequence */
             tend[nt] = with_kv_end && p + 3 <= len[s] && (nt & 1) ? p + 3 : p + 1;
@@ -930,14 +931,29 @@ static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int
     be->ops->attention(be, &a);
     back(out, dout, nq * sizeof(float));
     EXPECT_CLOSE(out, ref, nq, 2e-5 * backend_tol(),
-                 "attention kv=%s heads=%d/%d D=%d block=%d window=%d kv_end=%d kv_start=%d", kv_name(kt), n_heads, n_kv,
-                 D, B, window, with_kv_end, with_kv_start);
+                 "attention kv=%s heads=%d/%d D=%d block=%d window=%d kv_end=%d kv_start=%d tokens=%d", kv_name(kt),
+                 n_heads, n_kv, D, B, window, with_kv_end, with_kv_start, nt);
     rel(dk), rel(dv), rel(dq), rel(dout), rel(dseq), rel(dpos), rel(dend), rel(dstart), rel(dtable);
     free(kref), free(vref), free(kin), free(vin), free(q), free(out), free(ref);
 }
 
+static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int B, int window, int with_kv_end,
+                                int with_kv_start) {
+    test_attention_case_n(kt, n_heads, n_kv, D, B, window, with_kv_end, with_kv_start, 0);
+}
+
 static void test_attention(void) {
     const g4_kv_type kts[] = {G4_KV_F32, G4_KV_BF16, G4_KV_F16};
+    /* prefill-sized steps (CUDA, bf16 cache, 16 % G == 0 and D % 128 == 0: the tensor-core kernel; rows of three
+     * sequences in one block) */
+    for (int k = 0; k < 3; k++) {
+        test_attention_case_n(kts[k], 8, 1, 256, 32, 0, 0, 0, 1);  /* E2B: two tokens a block */
+        test_attention_case_n(kts[k], 8, 1, 512, 16, 0, 0, 0, 1);  /* E2B's full layers */
+        test_attention_case_n(kts[k], 4, 2, 256, 32, 20, 1, 0, 1); /* a window, a kv_end ahead */
+        test_attention_case_n(kts[k], 2, 1, 512, 8, 13, 1, 1, 1);  /* G 2 (31B), keys below the window */
+        test_attention_case_n(kts[k], 1, 1, 128, 7, 0, 0, 0, 1);   /* sixteen tokens a block */
+        test_attention_case_n(kts[k], 10, 2, 256, 8, 9, 0, 0, 1); /* G 5: the per-token kernel */
+    }
     for (int k = 0; k < 3; k++) {
         test_attention_case(kts[k], 4, 1, 64, 16, 0, 0, 0);
         test_attention_case(kts[k], 8, 1, 256, 32, 0, 0, 0); /* E2B's grouping: two items of 4 heads per token */

@@ -46,6 +46,7 @@ typedef struct attn_args {
     void *kc, *vc;
     float eps;
     int early; /* let the next kernel's blocks start (and load their first weights) right after the wait */
+    int n_tokens; /* (the tensor-core kernel) */
 } attn_args;
 
 /* floats of one split's partials: G x D sums, then G maxima and G sums, padded to 16 bytes */
@@ -375,6 +376,204 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     G4_TRACE_MARK(6);
 }
 
+/* ---------------------------------------------------------------- many tokens on tensor cores */
+/* Prefill with a bf16 cache: a block per KV head and 16 query rows (16 / G consecutive tokens, each with its G query
+ * heads), 8 warps. Per tile of TC_KEYS keys (K and V rows copied to shared memory, the next tile's copies in flight):
+ * warp w forms the scores' share of its head dimensions [w D/8, (w+1) D/8) with m16n8k16 products (the queries as
+ * bf16 hi + lo parts: near f32 scores), the shares are summed in shared memory, 16 threads a row run the online
+ * softmax (each row masked to its own keys: position, window, kv_start/kv_end), and warp w adds P V for its head
+ * dimensions (P as hi + lo parts too). Rows of different sequences are served one sequence after another (tiles
+ * through that sequence's block table): a batch of one sequence takes one pass. */
+#define TC_WARPS 8
+#define TC_KEYS 32
+#define TC_PROW (TC_KEYS + 8) /* bf16 elements of a P row in shared memory (padded) */
+
+static size_t attention_tc_smem(int D) {
+    size_t s = (size_t)2 * 16 * (D + 8) * 2;            /* queries, hi and lo */
+    s += (size_t)4 * TC_KEYS * (2 * D + 16);              /* two buffers of K and V rows */
+    s += (size_t)TC_WARPS * 16 * TC_KEYS * 4;             /* the warps' shares of the scores */
+    s += (size_t)2 * 16 * TC_PROW * 2;                    /* P, hi and lo */
+    s += (size_t)7 * 16 * 4;                              /* per row: max, sum, rescale, first and end key, seq, done */
+#ifdef G4_CUDA_EMU
+    s += (size_t)TC_WARPS * 384 * 4;                      /* the emulator's product scratch */
+#endif
+    return s;
+}
+
+static __device__ __forceinline__ uint32_t pack_bf16(uint16_t lo, uint16_t hi) { return (uint32_t)lo | (uint32_t)hi << 16; }
+
+__global__ __launch_bounds__(TC_WARPS * 32) void attention_tc_kernel(attn_args a) {
+    G4_DYN_SMEM(unsigned char, smem);
+    const int G = a.G, D = a.D, QT = 16 / G, qrow = D + 8, rowb = 2 * D + 16, cpr = D / 8, Dw = D / TC_WARPS;
+    uint16_t *qh = (uint16_t *)smem, *ql = qh + 16 * qrow;
+    unsigned char *kv = (unsigned char *)(ql + 16 * qrow); /* [2 buffers][K, V][TC_KEYS][rowb] */
+    float *red = (float *)(kv + (size_t)4 * TC_KEYS * rowb); /* [warp][16][TC_KEYS] */
+    uint16_t *ph = (uint16_t *)(red + TC_WARPS * 16 * TC_KEYS), *pl = ph + 16 * TC_PROW;
+    float *mrow = (float *)(pl + 16 * TC_PROW), *lrow = mrow + 16, *corr = lrow + 16;
+    int *rlo = (int *)(corr + 16), *rhi = rlo + 16, *rseq = rhi + 16, *rdone = rseq + 16;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, t4 = lane & 3;
+#ifdef G4_CUDA_EMU
+    float *scr = (float *)(rdone + 16) + warp * 384;
+#else
+    float *scr = NULL;
+#endif
+    const int kh = blockIdx.x, t0 = blockIdx.y * QT;
+    const size_t rowe = (size_t)a.n_kv * D, head = (size_t)kh * D;
+    g4_grid_wait();
+    if (tid < 16) { /* row tid: token t0 + tid / G, head tid % G */
+        const int t = t0 + tid / G, ok = t < a.n_tokens;
+        const int p = ok ? a.pos[t] : 0;
+        rlo[tid] = !ok ? 0 : a.kv_start ? a.kv_start[t] : a.window ? (p - a.window + 1 > 0 ? p - a.window + 1 : 0) : 0;
+        rhi[tid] = !ok ? 0 : a.kv_end ? a.kv_end[t] : p + 1;
+        rseq[tid] = ok ? a.seq[t] : -1;
+        rdone[tid] = !ok;
+        mrow[tid] = -INFINITY, lrow[tid] = 0.0f;
+    }
+    for (int i = tid; i < 16 * D; i += TC_WARPS * 32) {
+        const int r = i / D, d = i - r * D, t = t0 + r / G;
+        const float v = t < a.n_tokens ? a.q[((size_t)t * a.n_heads + (size_t)kh * G + r % G) * D + d] * a.scale : 0.0f;
+        const uint16_t h = g4_f2bf(v);
+        qh[r * qrow + d] = h, ql[r * qrow + d] = g4_f2bf(v - g4_bf2f(h));
+    }
+    float acc[8][4]; /* this warp's head dimensions of rows gq and gq + 8: Dw / 8 tiles of 8 */
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (;;) {
+        __syncthreads();
+        int cur = -1, lo = 0x7fffffff, hi = 0; /* the next sequence (the lowest id left) and its rows' keys */
+        for (int r = 0; r < 16; r++)
+            if (!rdone[r] && (cur < 0 || rseq[r] < cur)) cur = rseq[r];
+        if (cur < 0) break;
+        for (int r = 0; r < 16; r++)
+            if (!rdone[r] && rseq[r] == cur) lo = rlo[r] < lo ? rlo[r] : lo, hi = rhi[r] > hi ? rhi[r] : hi;
+        const int32_t *table = a.table + (size_t)cur * a.max_blocks;
+        const int ntiles = hi > lo ? (hi - lo + TC_KEYS - 1) / TC_KEYS : 0;
+        /* tile i's K and V rows into buffer i & 1; rows past the keys are zeros (their P is 0: no NaN from V) */
+#define TC_FETCH(i)                                                                                                 \
+    do {                                                                                                            \
+        const int j0_ = lo + (i) * TC_KEYS, nk_ = hi - j0_ < TC_KEYS ? hi - j0_ : TC_KEYS;                          \
+        unsigned char *kb_ = kv + (size_t)(2 * ((i) & 1)) * TC_KEYS * rowb, *vb_ = kb_ + (size_t)TC_KEYS * rowb;   \
+        for (int c_ = tid; c_ < TC_KEYS * cpr; c_ += TC_WARPS * 32) {                                               \
+            const int j_ = c_ / cpr, o_ = (c_ - j_ * cpr) * 16, key_ = j0_ + j_;                                    \
+            if (j_ < nk_) {                                                                                         \
+                const size_t src_ = (((size_t)table[key_ / a.B] * a.B + key_ % a.B) * rowe + head) * 2 + o_;       \
+                g4_cp16(kb_ + (size_t)j_ * rowb + o_, (const unsigned char *)a.k + src_);                           \
+                g4_cp16(vb_ + (size_t)j_ * rowb + o_, (const unsigned char *)a.v + src_);                           \
+            } else {                                                                                                \
+                *(uint4 *)(kb_ + (size_t)j_ * rowb + o_) = uint4{0u, 0u, 0u, 0u};                                     \
+                *(uint4 *)(vb_ + (size_t)j_ * rowb + o_) = uint4{0u, 0u, 0u, 0u};                                     \
+            }                                                                                                       \
+        }                                                                                                           \
+        g4_cp_commit();                                                                                             \
+    } while (0)
+        if (ntiles > 0) TC_FETCH(0);
+        for (int it = 0; it < ntiles; it++) {
+            const int j0 = lo + it * TC_KEYS;
+            const unsigned char *ks = kv + (size_t)(2 * (it & 1)) * TC_KEYS * rowb, *vs = ks + (size_t)TC_KEYS * rowb;
+            if (it + 1 < ntiles) {
+                TC_FETCH(it + 1);
+                g4_cp_wait_but_one();
+            } else {
+                g4_cp_wait();
+            }
+            __syncthreads();
+            /* this warp's share of the scores: 16 rows x TC_KEYS keys over its Dw head dimensions */
+            float sc[TC_KEYS / 8][4];
+#pragma unroll
+            for (int n = 0; n < TC_KEYS / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            for (int kk = 0; kk < Dw; kk += 16) {
+                const int d0 = warp * Dw + kk + 2 * t4;
+                uint32_t ah[4], al[4];
+                ah[0] = *(const uint32_t *)(qh + gq * qrow + d0), ah[1] = *(const uint32_t *)(qh + (gq + 8) * qrow + d0);
+                ah[2] = *(const uint32_t *)(qh + gq * qrow + d0 + 8);
+                ah[3] = *(const uint32_t *)(qh + (gq + 8) * qrow + d0 + 8);
+                al[0] = *(const uint32_t *)(ql + gq * qrow + d0), al[1] = *(const uint32_t *)(ql + (gq + 8) * qrow + d0);
+                al[2] = *(const uint32_t *)(ql + gq * qrow + d0 + 8);
+                al[3] = *(const uint32_t *)(ql + (gq + 8) * qrow + d0 + 8);
+#pragma unroll
+                for (int n = 0; n < TC_KEYS / 8; n++) {
+                    const unsigned char *kr = ks + (size_t)(n * 8 + gq) * rowb + (size_t)d0 * 2;
+                    const uint32_t b[2] = {*(const uint32_t *)kr, *(const uint32_t *)(kr + 16)};
+                    g4_mma_bf16(sc[n], ah, b, scr);
+                    g4_mma_bf16(sc[n], al, b, scr);
+                }
+            }
+            float *rw = red + warp * 16 * TC_KEYS;
+#pragma unroll
+            for (int n = 0; n < TC_KEYS / 8; n++) {
+                rw[gq * TC_KEYS + n * 8 + 2 * t4] = sc[n][0], rw[gq * TC_KEYS + n * 8 + 2 * t4 + 1] = sc[n][1];
+                rw[(gq + 8) * TC_KEYS + n * 8 + 2 * t4] = sc[n][2], rw[(gq + 8) * TC_KEYS + n * 8 + 2 * t4 + 1] = sc[n][3];
+            }
+            __syncthreads();
+            { /* online softmax: 16 threads a row (two keys each), the row's lanes of one warp */
+                const int r = tid >> 4, jj = (tid & 15) * 2, live = !rdone[r] && rseq[r] == cur;
+                float v[2];
+                for (int e = 0; e < 2; e++) {
+                    const int key = j0 + jj + e;
+                    float sum = 0.0f;
+                    for (int w = 0; w < TC_WARPS; w++) sum += red[(w * 16 + r) * TC_KEYS + jj + e];
+                    v[e] = live && key < hi && key >= rlo[r] && key < rhi[r] ? sum : -INFINITY;
+                }
+                float mx = fmaxf(v[0], v[1]);
+                for (int o = 1; o < 16; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                const float mold = mrow[r], mnew = fmaxf(mold, mx);
+                float p[2], s = 0.0f;
+                for (int e = 0; e < 2; e++) p[e] = v[e] == -INFINITY ? 0.0f : expf(v[e] - mnew), s += p[e];
+                for (int o = 1; o < 16; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                __syncwarp(); /* (every lane has read mrow[r]) */
+                if ((tid & 15) == 0) {
+                    const float cf = mnew == -INFINITY ? 1.0f : expf(mold - mnew);
+                    corr[r] = cf, lrow[r] = lrow[r] * cf + s, mrow[r] = mnew;
+                }
+                for (int e = 0; e < 2; e++) {
+                    const uint16_t h = g4_f2bf(p[e]);
+                    ph[r * TC_PROW + jj + e] = h, pl[r * TC_PROW + jj + e] = g4_f2bf(p[e] - g4_bf2f(h));
+                }
+            }
+            __syncthreads();
+            { /* P V into this warp's head dimensions */
+                const float c0 = corr[gq], c1 = corr[gq + 8];
+#pragma unroll
+                for (int n = 0; n < 8; n++)
+                    if (n < Dw / 8) acc[n][0] *= c0, acc[n][1] *= c0, acc[n][2] *= c1, acc[n][3] *= c1;
+                for (int kk = 0; kk < TC_KEYS; kk += 16) {
+                    const int j = kk + 2 * t4;
+                    uint32_t ah[4], al[4];
+                    ah[0] = *(const uint32_t *)(ph + gq * TC_PROW + j), ah[1] = *(const uint32_t *)(ph + (gq + 8) * TC_PROW + j);
+                    ah[2] = *(const uint32_t *)(ph + gq * TC_PROW + j + 8);
+                    ah[3] = *(const uint32_t *)(ph + (gq + 8) * TC_PROW + j + 8);
+                    al[0] = *(const uint32_t *)(pl + gq * TC_PROW + j), al[1] = *(const uint32_t *)(pl + (gq + 8) * TC_PROW + j);
+                    al[2] = *(const uint32_t *)(pl + gq * TC_PROW + j + 8);
+                    al[3] = *(const uint32_t *)(pl + (gq + 8) * TC_PROW + j + 8);
+#pragma unroll
+                    for (int n = 0; n < 8; n++)
+                        if (n < Dw / 8) {
+                            const uint16_t *vc = (const uint16_t *)(vs + (size_t)(warp * Dw + n * 8 + gq) * 2);
+                            const size_t rs = (size_t)rowb / 2; /* elements a V row */
+                            const uint32_t b[2] = {pack_bf16(vc[j * rs], vc[(j + 1) * rs]),
+                                                   pack_bf16(vc[(j + 8) * rs], vc[(j + 9) * rs])};
+                            g4_mma_bf16(acc[n], ah, b, scr);
+                            g4_mma_bf16(acc[n], al, b, scr);
+                        }
+                }
+            }
+            __syncthreads(); /* the buffer, the shares and P are free for the next tile */
+        }
+#undef TC_FETCH
+        if (tid < 16 && rseq[tid] == cur) rdone[tid] = 1;
+    }
+    /* outputs: rows gq and gq + 8 of this warp's head dimensions, over their sums */
+    for (int h = 0; h < 2; h++) {
+        const int r = gq + 8 * h, t = t0 + r / G;
+        if (t >= a.n_tokens) continue;
+        const float l = lrow[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float *o = a.out + ((size_t)t * a.n_heads + (size_t)kh * G + r % G) * D + warp * Dw + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+            if (n < Dw / 8) o[n * 8] = acc[n][2 * h] * inv, o[n * 8 + 1] = acc[n][2 * h + 1] * inv;
+    }
+}
+
 /* Lets every attention kernel use up to the device's shared memory per block. */
 void g4c_attention_init(g4c *c) {
     g4c_allow_smem(c, attention_kernel<1, G4_KV_F32>), g4c_allow_smem(c, attention_kernel<1, G4_KV_BF16>);
@@ -383,6 +582,7 @@ void g4c_attention_init(g4c *c) {
     g4c_allow_smem(c, attention_kernel<4, G4_KV_F32>), g4c_allow_smem(c, attention_kernel<4, G4_KV_BF16>);
     g4c_allow_smem(c, attention_kernel<4, G4_KV_F16>), g4c_allow_smem(c, attention_kernel<8, G4_KV_F32>);
     g4c_allow_smem(c, attention_kernel<8, G4_KV_BF16>), g4c_allow_smem(c, attention_kernel<8, G4_KV_F16>);
+    g4c_allow_smem(c, attention_tc_kernel);
 }
 
 template <int KVT> static void launch_attention_kvt(g4c *c, const attn_args &x, dim3 grid, size_t smem) {
@@ -440,6 +640,13 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
         x.slot = pp->slot, x.kc = pp->k_cache, x.vc = pp->v_cache, x.eps = pp->eps;
     }
     x.n_splits = 1;
+    x.n_tokens = n;
+    if (n > g4c_gemv_max_tokens() && !fuse && c->att_tc && a->kv_type == G4_KV_BF16 && 16 % G == 0 && D % 128 == 0 &&
+        attention_tc_smem(D) <= c->prop.sharedMemPerBlockOptin) { /* many tokens: tensor cores */
+        g4c_launch(c, attention_tc_kernel, dim3((unsigned)a->n_kv_heads, (unsigned)((n + 16 / G - 1) / (16 / G))),
+                   dim3(TC_WARPS * 32), attention_tc_smem(D), x);
+        return;
+    }
     if (n <= g4c_gemv_max_tokens()) { /* few tokens: split the keys over blocks */
         const int cap = a->max_blocks * a->block_size;
         int bound = a->max_keys > 0 && !c->in_graph_step ? a->max_keys : cap; /* a recording serves every length */

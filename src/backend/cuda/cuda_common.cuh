@@ -154,6 +154,39 @@ static __device__ __forceinline__ float g4_block_sum(float v, float *red) {
     return g4_warp_sum(s);
 }
 
+/* c += a b for one m16n8k16 tile: a 16 x 16 bf16 (row-major fragments), b 16 x 8 bf16 (column fragments), c 16 x 8
+ * f32 (PTX ISA, mma.m16n8k16 .bf16: lane l holds, with g = l / 4 and t = l % 4, a's rows g and g + 8 at columns
+ * 2t, 2t + 1 and 2t + 8, 2t + 9 as a[0] (row g), a[1] (row g + 8), a[2] (row g, + 8), a[3] (row g + 8, + 8); b's
+ * rows 2t, 2t + 1 (b[0]) and 2t + 8, 2t + 9 (b[1]) of column g; c's rows g (c[0], c[1]) and g + 8 (c[2], c[3]) at
+ * columns 2t, 2t + 1; the lower half of a 32-bit register is the lower column or row). The emulator forms the
+ * product from the lanes' fragments in scr (384 floats a warp). */
+static __device__ __forceinline__ void g4_mma_bf16(float c[4], const uint32_t a[4], const uint32_t b[2], float *scr) {
+#ifdef G4_CUDA_EMU
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    float *A = scr, *B = scr + 256; /* A [16][16], B [16][8] (k, n) */
+    for (int h = 0; h < 2; h++) {
+        A[g * 16 + 2 * t + h] = g4_bf2f((uint16_t)(a[0] >> (16 * h)));
+        A[(g + 8) * 16 + 2 * t + h] = g4_bf2f((uint16_t)(a[1] >> (16 * h)));
+        A[g * 16 + 2 * t + 8 + h] = g4_bf2f((uint16_t)(a[2] >> (16 * h)));
+        A[(g + 8) * 16 + 2 * t + 8 + h] = g4_bf2f((uint16_t)(a[3] >> (16 * h)));
+        B[(2 * t + h) * 8 + g] = g4_bf2f((uint16_t)(b[0] >> (16 * h)));
+        B[(2 * t + 8 + h) * 8 + g] = g4_bf2f((uint16_t)(b[1] >> (16 * h)));
+    }
+    __syncwarp();
+    for (int k = 0; k < 16; k++) {
+        c[0] += A[g * 16 + k] * B[k * 8 + 2 * t], c[1] += A[g * 16 + k] * B[k * 8 + 2 * t + 1];
+        c[2] += A[(g + 8) * 16 + k] * B[k * 8 + 2 * t], c[3] += A[(g + 8) * 16 + k] * B[k * 8 + 2 * t + 1];
+    }
+    __syncwarp();
+#else
+    (void)scr;
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
 static __device__ __forceinline__ float g4_gelu_tanh(float x) {
     const float c = 0.7978845608028654f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
@@ -635,6 +668,7 @@ typedef struct g4c {
                            * (exact products of the stored weights, for comparisons) */
     size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
     int gemv_balance;     /* GEMV: rows spread evenly over the multiprocessors (1; G4_CUDA_GEMV_BALANCE=0: off) */
+    int att_tc;           /* prefill attention on tensor cores (1; G4_CUDA_ATT_TC=0: the per-token kernel) */
     int att_early;        /* decode attention lets the next kernel launch right after its wait (1; G4_CUDA_ATT_EARLY=0: at its end) */
     cudaStream_t side, main_stream; /* a side branch (g4c_fork), where fork_ok */
     int fork_ok;
