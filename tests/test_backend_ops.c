@@ -1052,13 +1052,15 @@ static void test_attn_prep(void) {
  * spread over several blocks of a split where the backend splits). mode: 0 k and v; 1 keys as values; 2 KV-shared
  * (the cache already holds the token's rows; q only). The reference attends over the cache rows read back, after
  * checking the token's stored rows against the reference prep. */
-static void test_attention_prep_case(g4_kv_type kt, int NH, int KV, int D, int len, int window, int mode) {
-    const int B = 16, max_blocks = (len + B - 1) / B, row = KV * D, half = D / 2, p = len - 1;
+/* A step of n tokens (positions len-n .. len-1 of one sequence) with the prep in the attention op: raw q/k/v rows,
+ * norms and a RoPE row per token; the keys before the step are in the cache already (KV-shared: all of them). */
+static void test_attention_prep_case(g4_kv_type kt, int NH, int KV, int D, int len, int window, int mode, int n) {
+    const int B = 16, max_blocks = (len + B - 1) / B, row = KV * D, half = D / 2, p0 = len - n;
     const float eps = 1e-6f, scale = 0.37f;
     int32_t table[64];
     for (int b = 0; b < max_blocks; b++) table[b] = max_blocks - 1 - b; /* physical blocks in reverse order */
     const size_t esz = g4_kv_type_size(kt), cache_elems = (size_t)max_blocks * B * row;
-    const int stored = mode == 2 ? len : len - 1;
+    const int stored = mode == 2 ? len : p0;
     float *kin = malloc((size_t)len * row * sizeof(float)), *vin = malloc((size_t)len * row * sizeof(float));
     int32_t *slots = malloc((size_t)len * sizeof(int32_t));
     for (int j = 0; j < len; j++) slots[j] = table[j / B] * B + j % B;
@@ -1067,47 +1069,51 @@ static void test_attention_prep_case(g4_kv_type kt, int NH, int KV, int D, int l
     float *dkin = devf(kin, (size_t)len * row), *dvin = devf(vin, (size_t)len * row);
     int32_t *dslots = dev(slots, (size_t)len * sizeof(int32_t));
     if (stored > 0) be->ops->kv_store(be, dkin, dvin, stored, row, dslots, dk, dv, kt);
-    /* the token's raw rows, norms and RoPE table row */
-    float *q = malloc((size_t)NH * D * sizeof(float)), *k = malloc((size_t)row * sizeof(float));
-    float *v = malloc((size_t)row * sizeof(float)), *qn = malloc((size_t)D * sizeof(float));
-    float *kn = malloc((size_t)D * sizeof(float)), *tab = malloc((size_t)D * sizeof(float));
-    fill(q, (size_t)NH * D, -2, 2), fill(k, (size_t)row, -2, 2), fill(v, (size_t)row, -2, 2);
+    /* the step's raw rows, norms and RoPE table rows */
+    const size_t nq = (size_t)n * NH * D, nkv = (size_t)n * row;
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nkv * sizeof(float));
+    float *v = malloc(nkv * sizeof(float)), *qn = malloc((size_t)D * sizeof(float));
+    float *kn = malloc((size_t)D * sizeof(float)), *tab = malloc((size_t)n * D * sizeof(float));
+    fill(q, nq, -2, 2), fill(k, nkv, -2, 2), fill(v, nkv, -2, 2);
     fill(qn, (size_t)D, 0.5f, 1.5f), fill(kn, (size_t)D, 0.5f, 1.5f);
-    for (int j = 0; j < half; j++) {
+    for (int j = 0; j < n * half; j++) {
         const float ang = uniform(-3.14f, 3.14f);
-        tab[j] = cosf(ang), tab[half + j] = sinf(ang);
+        tab[(j / half) * D + j % half] = cosf(ang), tab[(j / half) * D + half + j % half] = sinf(ang);
     }
     /* reference prep: rms * weight, then rotate-half (values: rms only) */
-    double *qref = malloc((size_t)NH * D * sizeof(double)), *kvref = malloc((size_t)2 * row * sizeof(double));
+    double *qref = malloc(nq * sizeof(double)), *kvref = malloc((size_t)2 * nkv * sizeof(double));
     double *tmp = malloc((size_t)D * sizeof(double));
-    for (int h = 0; h < NH + 2 * KV; h++) {
-        const int is_q = h < NH, is_k = h >= NH && h < NH + KV, hh = is_q ? h : is_k ? h - NH : h - NH - KV;
-        const float *src = is_q ? q + (size_t)hh * D : (is_k || mode == 1 ? k : v) + (size_t)hh * D;
-        ref_rms_row(src, is_q ? qn : is_k ? kn : NULL, D, eps, tmp);
-        double *dst = is_q ? qref + (size_t)hh * D : kvref + (size_t)(is_k ? 0 : row) + (size_t)hh * D;
-        for (int j = 0; j < half; j++) {
-            const double x0 = tmp[j], x1 = tmp[j + half];
-            if (is_q || is_k)
-                dst[j] = x0 * tab[j] - x1 * tab[half + j], dst[j + half] = x1 * tab[j] + x0 * tab[half + j];
-            else
-                dst[j] = x0, dst[j + half] = x1;
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < NH + 2 * KV; h++) {
+            const int is_q = h < NH, is_k = h >= NH && h < NH + KV, hh = is_q ? h : is_k ? h - NH : h - NH - KV;
+            const float *src = is_q ? q + ((size_t)t * NH + hh) * D : (is_k || mode == 1 ? k : v) + (size_t)t * row + (size_t)hh * D;
+            const float *cs = tab + (size_t)t * D;
+            ref_rms_row(src, is_q ? qn : is_k ? kn : NULL, D, eps, tmp);
+            double *dst = is_q ? qref + ((size_t)t * NH + hh) * D : kvref + (size_t)(is_k ? 0 : nkv) + (size_t)t * row + (size_t)hh * D;
+            for (int j = 0; j < half; j++) {
+                const double x0 = tmp[j], x1 = tmp[j + half];
+                if (is_q || is_k)
+                    dst[j] = x0 * cs[j] - x1 * cs[half + j], dst[j + half] = x1 * cs[j] + x0 * cs[half + j];
+                else
+                    dst[j] = x0, dst[j + half] = x1;
+            }
         }
-    }
-    float *dq = devf(q, (size_t)NH * D), *dkr = devf(k, (size_t)row), *dvr = devf(v, (size_t)row);
-    float *dqn = devf(qn, (size_t)D), *dkn = devf(kn, (size_t)D), *dtab = devf(tab, (size_t)D);
-    float *dout = devf(NULL, (size_t)NH * D);
-    const int32_t seq = 0, pos = p;
-    int32_t *dseq = dev(&seq, 4), *dpos = dev(&pos, 4), *dtable = dev(table, (size_t)max_blocks * 4);
-    const int lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
-    g4_attn_prep_args prep = {.q = dq, .k = dkr, .v = dvr, .n = 1, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
+    float *dq = devf(q, nq), *dkr = devf(k, nkv), *dvr = devf(v, nkv);
+    float *dqn = devf(qn, (size_t)D), *dkn = devf(kn, (size_t)D), *dtab = devf(tab, (size_t)n * D);
+    float *dout = devf(NULL, nq);
+    int32_t seq[64], pos[64];
+    for (int t = 0; t < n; t++) seq[t] = 0, pos[t] = p0 + t;
+    int32_t *dseq = dev(seq, (size_t)n * 4), *dpos = dev(pos, (size_t)n * 4), *dtable = dev(table, (size_t)max_blocks * 4);
+    const int lo0 = window && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
+    g4_attn_prep_args prep = {.q = dq, .k = dkr, .v = dvr, .n = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
                               .kv_shared = mode == 2, .v_from_k = mode == 1, .q_norm = dqn, .k_norm = dkn, .eps = eps,
-                              .rope = dtab, .slot = dslots + p, .k_cache = dk, .v_cache = dv, .kv_type = kt};
-    g4_attention_args a = {.q = dq, .out = dout, .n_tokens = 1, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
+                              .rope = dtab, .slot = dslots + p0, .k_cache = dk, .v_cache = dv, .kv_type = kt};
+    g4_attention_args a = {.q = dq, .out = dout, .n_tokens = n, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
                            .seq = dseq, .pos = dpos, .k = dk, .v = dv, .kv_type = kt, .block_table = dtable,
-                           .max_blocks = max_blocks, .block_size = B, .window = window, .max_keys = p + 1 - lo,
+                           .max_blocks = max_blocks, .block_size = B, .window = window, .max_keys = len - lo0,
                            .scale = scale, .prep = &prep};
     be->ops->attention(be, &a);
-    /* the cache read back as f32: the token's rows against the reference prep (one rounding step of the cache
+    /* the cache read back as f32: the step's rows against the reference prep (one rounding step of the cache
      * type where our f32 value lands on the other side), then every key and value the reference reads */
     unsigned char *cache = malloc(cache_elems * esz);
     float *kc = malloc(cache_elems * sizeof(float)), *vc = malloc(cache_elems * sizeof(float));
@@ -1124,34 +1130,40 @@ static void test_attention_prep_case(g4_kv_type kt, int NH, int KV, int D, int l
             }
         }
     }
-    const size_t tok = (size_t)slots[p] * row;
-    if (mode != 2) {
-        EXPECT_CLOSE(kc + tok, kvref, (size_t)row, kt == G4_KV_F32 ? 1e-5 : 1e-2, "attention+prep K row kv=%s D=%d mode=%d",
-                     kv_name(kt), D, mode);
-        EXPECT_CLOSE(vc + tok, kvref + row, (size_t)row, kt == G4_KV_F32 ? 1e-5 : 1e-2,
-                     "attention+prep V row kv=%s D=%d mode=%d", kv_name(kt), D, mode);
-    }
-    double *ref = malloc((size_t)NH * D * sizeof(double)), *sc = malloc((size_t)len * sizeof(double));
-    for (int h = 0; h < NH; h++) {
-        const int kh = h / (NH / KV);
-        double mx = -DBL_MAX, sum = 0;
-        for (int j = lo; j <= p; j++) {
-            const float *kr = kc + (size_t)slots[j] * row + (size_t)kh * D;
-            double d = 0;
-            for (int i = 0; i < D; i++) d += qref[(size_t)h * D + i] * kr[i];
-            sc[j] = d * scale;
-            if (sc[j] > mx) mx = sc[j];
+    if (mode != 2)
+        for (int t = 0; t < n; t++) {
+            const size_t tok = (size_t)slots[p0 + t] * row;
+            EXPECT_CLOSE(kc + tok, kvref + (size_t)t * row, (size_t)row, kt == G4_KV_F32 ? 1e-5 : 1e-2,
+                         "attention+prep K row kv=%s D=%d mode=%d n=%d", kv_name(kt), D, mode, n);
+            EXPECT_CLOSE(vc + tok, kvref + nkv + (size_t)t * row, (size_t)row, kt == G4_KV_F32 ? 1e-5 : 1e-2,
+                         "attention+prep V row kv=%s D=%d mode=%d n=%d", kv_name(kt), D, mode, n);
         }
-        for (int j = lo; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
-        double *o = ref + (size_t)h * D;
-        for (int i = 0; i < D; i++) o[i] = 0;
-        for (int j = lo; j <= p; j++)
-            for (int i = 0; i < D; i++) o[i] += sc[j] / sum * vc[(size_t)slots[j] * row + (size_t)kh * D + i];
+    double *ref = malloc(nq * sizeof(double)), *sc = malloc((size_t)len * sizeof(double));
+    for (int t = 0; t < n; t++) {
+        const int p = p0 + t, lo = window && p - window + 1 > 0 ? p - window + 1 : 0;
+        for (int h = 0; h < NH; h++) {
+            const int kh = h / (NH / KV);
+            const double *qv = qref + ((size_t)t * NH + h) * D;
+            double mx = -DBL_MAX, sum = 0;
+            for (int j = lo; j <= p; j++) {
+                const float *kr = kc + (size_t)slots[j] * row + (size_t)kh * D;
+                double d = 0;
+                for (int i = 0; i < D; i++) d += qv[i] * kr[i];
+                sc[j] = d * scale;
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int j = lo; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
+            double *o = ref + ((size_t)t * NH + h) * D;
+            for (int i = 0; i < D; i++) o[i] = 0;
+            for (int j = lo; j <= p; j++)
+                for (int i = 0; i < D; i++) o[i] += sc[j] / sum * vc[(size_t)slots[j] * row + (size_t)kh * D + i];
+        }
     }
-    float *out = malloc((size_t)NH * D * sizeof(float));
-    back(out, dout, (size_t)NH * D * sizeof(float));
-    EXPECT_CLOSE(out, ref, (size_t)NH * D, 2e-5 * backend_tol(), "attention+prep kv=%s heads=%d/%d D=%d len=%d window=%d mode=%d",
-                 kv_name(kt), NH, KV, D, len, window, mode);
+    float *out = malloc(nq * sizeof(float));
+    back(out, dout, nq * sizeof(float));
+    EXPECT_CLOSE(out, ref, nq, 2e-5 * backend_tol(),
+                 "attention+prep kv=%s heads=%d/%d D=%d len=%d window=%d mode=%d n=%d", kv_name(kt), NH, KV, D, len,
+                 window, mode, n);
     rel(dk), rel(dv), rel(dkin), rel(dvin), rel(dslots), rel(dq), rel(dkr), rel(dvr), rel(dqn), rel(dkn), rel(dtab);
     rel(dout), rel(dseq), rel(dpos), rel(dtable);
     free(kin), free(vin), free(slots), free(q), free(k), free(v), free(qn), free(kn), free(tab), free(qref), free(kvref);
@@ -1161,10 +1173,14 @@ static void test_attention_prep_case(g4_kv_type kt, int NH, int KV, int D, int l
 static void test_attention_prep(void) {
     const g4_kv_type kts[] = {G4_KV_F32, G4_KV_BF16, G4_KV_F16};
     for (int i = 0; i < 3; i++) {
-        test_attention_prep_case(kts[i], 8, 1, 256, 300, 0, 0); /* E2B's grouping, keys over several splits */
-        test_attention_prep_case(kts[i], 8, 2, 512, 200, 64, 1); /* keys as values, sliding window */
-        test_attention_prep_case(kts[i], 4, 2, 256, 150, 0, 2); /* KV-shared: q only */
-        test_attention_prep_case(kts[i], 6, 3, 64, 1, 0, 0);   /* the first position: its own key only */
+        test_attention_prep_case(kts[i], 8, 1, 256, 300, 0, 0, 1); /* E2B's grouping, keys over several splits */
+        test_attention_prep_case(kts[i], 8, 2, 512, 200, 64, 1, 1); /* keys as values, sliding window */
+        test_attention_prep_case(kts[i], 4, 2, 256, 150, 0, 2, 1); /* KV-shared: q only */
+        test_attention_prep_case(kts[i], 6, 3, 64, 1, 0, 0, 1);   /* the first position: its own key only */
+        /* steps of many tokens (CUDA, bf16 keys: the tensor-core kernel after a separate prep) */
+        test_attention_prep_case(kts[i], 8, 1, 256, 90, 0, 2, 20);  /* KV-shared (E2B's later layers) */
+        test_attention_prep_case(kts[i], 8, 2, 128, 70, 24, 1, 17); /* keys as values, a window */
+        test_attention_prep_case(kts[i], 4, 1, 512, 40, 0, 0, 40);  /* a first chunk: no key stored before */
     }
 }
 

@@ -604,9 +604,12 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
     /* the prep in the same launch where each block can do its part: queries always; a key and value row only
      * when no other token of the step can read it (one token) */
     const g4_attn_prep_args *pp = a->prep;
-    const int fuse = pp && (pp->kv_shared || n == 1) && pp->q == a->q && pp->head_dim == a->head_dim;
-    if (pp && !fuse) g4c_attn_prep(be, pp);
     const int G = a->n_heads / a->n_kv_heads, D = a->head_dim;
+    /* many tokens of bf16 keys: tensor cores (G4_CUDA_ATT_TC=0: the per-token kernel) */
+    const int tc = n > g4c_gemv_max_tokens() && c->att_tc && a->kv_type == G4_KV_BF16 && 16 % G == 0 &&
+                   D % 128 == 0 && attention_tc_smem(D) <= c->prop.sharedMemPerBlockOptin;
+    const int fuse = !tc && pp && (pp->kv_shared || n == 1) && pp->q == a->q && pp->head_dim == a->head_dim;
+    if (pp && !fuse) g4c_attn_prep(be, pp);
     const size_t smem = attention_smem(G, D, (int)g4_kv_type_size(a->kv_type));
     if (D % 8 || D > ATT_MAX_D || G * D > 8 * ATT_THREADS * 4 || a->n_heads % a->n_kv_heads ||
         smem > c->prop.sharedMemPerBlockOptin) {
@@ -641,8 +644,7 @@ void g4c_attention(g4_backend *be, const g4_attention_args *a) {
     }
     x.n_splits = 1;
     x.n_tokens = n;
-    if (n > g4c_gemv_max_tokens() && !fuse && c->att_tc && a->kv_type == G4_KV_BF16 && 16 % G == 0 && D % 128 == 0 &&
-        attention_tc_smem(D) <= c->prop.sharedMemPerBlockOptin) { /* many tokens: tensor cores */
+    if (tc) {
         g4c_launch(c, attention_tc_kernel, dim3((unsigned)a->n_kv_heads, (unsigned)((n + 16 / G - 1) / (16 / G))),
                    dim3(TC_WARPS * 32), attention_tc_smem(D), x);
         return;
