@@ -145,6 +145,9 @@ typedef struct g4_context g4_context;
 
 /* Element type of the KV cache. */
 typedef enum g4_kv_type { G4_KV_F32 = 0, G4_KV_BF16 = 1, G4_KV_F16 = 2 } g4_kv_type;
+/* The KV cache type the commands and the server use unless told otherwise: bf16 on a GPU (half the bytes a
+ * decode step reads, and the tensor-core attention of many-token steps), f32 on the CPU (exact). */
+G4_API g4_kv_type g4_model_kv_type_preferred(const g4_model *model);
 
 /* The KV cache is paged: positions are kept in blocks of kv_block_size rows taken from one pool per layer
  * type. Full-attention layers hold ceil(length / kv_block_size) blocks per sequence; sliding-window layers

@@ -50,6 +50,16 @@ def main():
         err = max(abs(a - b) for a, b in zip(got, want))
         print("%.3e" % err)
         sys.exit(0 if err <= float(sys.argv[4]) else 1)
+    elif cmd == "files":  # max |a - b| of two float32 files of one size
+        with open(sys.argv[3], "rb") as f:
+            raw = f.read()
+        want = struct.unpack("<%df" % (len(raw) // 4), raw[:len(raw) // 4 * 4])
+        got = read_like(sys.argv[2], want)
+        if got is None:
+            sys.exit(1)
+        err = max(abs(a - b) for a, b in zip(got, want))
+        print("%.3e" % err)
+        sys.exit(0 if err <= float(sys.argv[4]) else 1)
     elif cmd == "rel":  # max |ours - reference| / max |reference| of a float32 file against a named tensor
         ref = read_safetensors(sys.argv[2])
         shape, want = ref[sys.argv[3]]

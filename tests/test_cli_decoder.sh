@@ -1,6 +1,7 @@
 #!/bin/bash
 # The logits and generate commands on the fixtures, compared with the transformers
-# references; bad input gives a one-line error and a non-zero exit. generate --draft (speculative decoding) on
+# references (a float32 KV cache, --kv f32: the GPU's default is bf16); --kv bf16 and f16 against the numpy
+# reference with K and V rounded alike; bad input gives a one-line error and a non-zero exit. generate --draft (speculative decoding) on
 # ../shared/fixtures/assistant: with each drafter, the 24 greedy ids and the --draft-stats line (accepted and
 # drafted tokens per round) as transformers' reference.json records them; --draft-n, seeded sampling, misuse.
 set -u
@@ -12,16 +13,31 @@ for fx in dense-ple dense-keqv moe; do
     dir=$shared/fixtures/$fx
     ids=$(python3 "$here/cli_compare.py" ids "$dir/reference.safetensors" input_ids)
     want=$(python3 "$here/cli_compare.py" ids "$dir/reference.safetensors" greedy_ids)
-    "$bin" logits -m "$dir" --ids "$ids" -o "$tmp/$fx.f32"
+    "$bin" logits -m "$dir" --kv f32 --ids "$ids" -o "$tmp/$fx.f32"
     err=$(python3 "$here/cli_compare.py" logits "$dir/reference.safetensors" "$tmp/$fx.f32" 2e-3)
     check $? "$fx: logits within 2e-3 (max error $err)"
-    got=$("$bin" generate -m "$dir" --ids "$ids" -n 24 --temp 0)
+    got=$("$bin" generate -m "$dir" --kv f32 --ids "$ids" -n 24 --temp 0)
     [ "$got" = "$want" ]
     check $? "$fx: 24 greedy ids identical"
 done
 
-# bad input: non-zero exit, one line on stderr, nothing on stdout
+# --kv: the cache type reaches the context (tests/data/kv16_reference.py: the numpy reference with K and V rounded
+# to the type; tolerance as test_decoder's KV16_TOL, these random fixtures' peaked attention amplifies a rounding)
 dir=$shared/fixtures/dense-ple
+ids=$(python3 "$here/cli_compare.py" ids "$dir/reference.safetensors" input_ids)
+"${G4_PYTHON:-/usr/bin/python3}" "$here/data/kv16_reference.py" "$dir" "$tmp/kvref"
+check $? "numpy reference of bf16/f16 KV caches"
+for kv in bf16 f16; do
+    "$bin" logits -m "$dir" --kv $kv --ids "$ids" -o "$tmp/kv-$kv.f32"
+    err=$(python3 "$here/cli_compare.py" files "$tmp/kv-$kv.f32" "$tmp/kvref.$kv.f32" 1.5e-1)
+    check $? "dense-ple: logits with --kv $kv within 1.5e-1 of the reference of that cache (max error $err)"
+done
+err=$(python3 "$here/cli_compare.py" files "$tmp/kv-bf16.f32" "$tmp/dense-ple.f32" 1e-4)
+[ $? -ne 0 ]; check $? "--kv bf16 is not the f32 cache (differs by $err)"
+expect_error "unknown KV cache type" "$bin" logits -m "$dir" --kv q4 --ids 2 -o "$tmp/x.f32"
+expect_error "--kv without a value" "$bin" logits -m "$dir" --ids 2 -o "$tmp/x.f32" --kv
+
+# bad input: non-zero exit, one line on stderr, nothing on stdout
 expect_error "missing model folder" "$bin" logits -m "$tmp/nope" --ids 2,3 -o "$tmp/x.f32"
 expect_error "malformed ids" "$bin" generate -m "$dir" --ids 2,,3
 expect_error "id outside the vocabulary" "$bin" generate -m "$dir" --ids 2,512

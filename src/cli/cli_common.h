@@ -44,6 +44,10 @@ g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file);
  * main() takes them out of argv. */
 extern const char *cli_device;
 extern int cli_bf16_act;
+/* --kv as a g4_kv_type, -1 when not given; cli_kv_type: the type a context of model m gets (--kv, else
+ * g4_model_kv_type_preferred: bf16 on a GPU, f32 on the CPU). */
+extern int cli_kv;
+g4_kv_type cli_kv_type(const g4_model *m);
 
 /* Loads a model, showing a progress line on stderr when it is a terminal and the
  * weights are large; prints load warnings. Returns NULL after printing the error. */

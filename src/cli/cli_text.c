@@ -148,7 +148,7 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
     const int max_pos = g4_model_n_ctx_train(tm->model);
     const int image = g4_image_max_tokens(tm->model, opt->image_budget); /* 0 without a vision tower */
     g4_context_params cp = {.n_ctx = opt->n_ctx < max_pos ? (int)opt->n_ctx : max_pos, /* 0: the library's default */
-                            .n_batch = image > 512 ? image : 0};
+                            .n_batch = image > 512 ? image : 0, .kv_type = cli_kv_type(tm->model)};
     if (parallel > 0) { /* for a scheduler: nothing is rolled back */
         cp.n_seq_max = parallel;
         cp.kv_history = -1;

@@ -111,7 +111,7 @@ static int bench_draft(g4_model *m, const char *draft_dir, int n_draft, const in
     const int V = g4_model_vocab_size(m), k_max = n_draft ? n_draft : g4_drafter_n_draft(d);
     int nb = P < 512 ? P : 512;
     if (nb < k_max + 1) nb = k_max + 1;
-    g4_context_params cp = {.n_seq_max = 1, .n_ctx = P + N + k_max + 2, .n_batch = nb};
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = P + N + k_max + 2, .n_batch = nb, .kv_type = cli_kv_type(m)};
     g4_spec_params sp = {.n_draft = n_draft};
     if (g4_context_new(m, &cp, &ctx, &err) || g4_spec_new(ctx, 0, d, &sp, &spec, &err)) {
         cli_error("%s", err.msg);
@@ -184,12 +184,12 @@ int cmd_bench(int argc, char **argv) {
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},  {"random", required_argument, 0, 'R'},
                                          {"prompt", required_argument, 0, 'p'}, {"context", required_argument, 0, 'c'},
                                          {"n-predict", required_argument, 0, 'n'}, {"repeats", required_argument, 0, 'r'},
-                                         {"kv", required_argument, 0, 'k'},     {"threads", required_argument, 0, 't'},
+                                         {"threads", required_argument, 0, 't'},
                                          {"help", no_argument, 0, 'h'},
                                          {"draft", required_argument, 0, OPT_DRAFT},
                                          {"draft-n", required_argument, 0, OPT_DRAFT_N},
                                          {"type", required_argument, 0, OPT_TYPE}, {0, 0, 0, 0}};
-    const char *dir = NULL, *random_config = NULL, *kv_name = NULL, *draft_dir = NULL, *type = NULL;
+    const char *dir = NULL, *random_config = NULL, *draft_dir = NULL, *type = NULL;
     long P[MAX_SIZES] = {512}, C[MAX_SIZES] = {512}, N = 64, R = 3, threads = 0, draft_n = 0;
     int nP = 1, nC = 1, c;
     optind = 1;
@@ -202,7 +202,6 @@ int cmd_bench(int argc, char **argv) {
         case 'c': if (parse_sizes(optarg, "-c", C, &nC)) return 1; break;
         case 'n': if (cli_parse_int(optarg, "-n", 0, 1 << 16, &N)) return 1; break;
         case 'r': if (cli_parse_int(optarg, "-r", 1, 100, &R)) return 1; break;
-        case 'k': kv_name = optarg; break;
         case 't': if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1; break;
         case OPT_DRAFT: draft_dir = optarg; break;
         case OPT_DRAFT_N: if (cli_parse_int(optarg, "--draft-n", 1, 256, &draft_n)) return 1; break;
@@ -227,16 +226,7 @@ int cmd_bench(int argc, char **argv) {
         m = cli_load_model(dir, (int)threads);
     }
     if (!m) return 1;
-    g4_kv_type kv = strcmp(g4_model_device(m), "cpu") ? G4_KV_BF16 : G4_KV_F32;
-    if (kv_name) {
-        if (!strcmp(kv_name, "f32")) kv = G4_KV_F32;
-        else if (!strcmp(kv_name, "bf16")) kv = G4_KV_BF16;
-        else if (!strcmp(kv_name, "f16")) kv = G4_KV_F16;
-        else {
-            g4_model_free(m);
-            return cli_error("--kv: expected f32, bf16 or f16, got '%s'", kv_name);
-        }
-    }
+    const g4_kv_type kv = cli_kv_type(m); /* (--kv, a global option) */
     long most = 0;
     for (int i = 0; i < nP; i++) most = P[i] > most ? P[i] : most;
     for (int i = 0; i < nC; i++) most = C[i] > most ? C[i] : most;

@@ -82,7 +82,7 @@ int cmd_logits(int argc, char **argv) {
     for (int i = 0; i < md.n; i++)
         if (md.items[i].kind == G4_MEDIA_IMAGE && md.items[i].n_tokens > batch)
             batch = md.items[i].n_tokens < n ? md.items[i].n_tokens : n;
-    g4_context_params cp = {.n_seq_max = 1, .n_ctx = n, .n_batch = batch};
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = n, .n_batch = batch, .kv_type = cli_kv_type(m)};
     if (g4_context_new(m, &cp, &ctx, &err)) {
         cli_error("%s", err.msg);
         goto done;

@@ -46,16 +46,20 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-13s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\nEvery command that runs a model takes --device cpu|cuda (default: cuda when built in and a GPU\n"
-               "is present; this build has: %s) and --bf16-act (products with BF16 weights round the activations\n"
-               "to bf16, as llama.cpp does: faster, less exact; g4_load_params.bf16_activations).\n"
+               "is present; this build has: %s), --kv f32|bf16|f16 (the KV cache: default bf16 on a GPU, f32 on\n"
+               "the CPU) and --bf16-act (products with BF16 weights round the activations to bf16, as llama.cpp\n"
+               "does: faster, less exact; g4_load_params.bf16_activations).\n"
                "'gemma4c COMMAND --help' shows the options of a command.\n",
             g4_backends());
 }
 
 const char *cli_device; /* --device, taken out of argv before the command parses its options */
 int cli_bf16_act;       /* --bf16-act, likewise */
+int cli_kv = -1;        /* --kv as a g4_kv_type, -1: the model's preferred type */
 
-/* Removes "--device X" / "--device=X" and "--bf16-act" from argv; returns the new argc, or -1 after an error
+g4_kv_type cli_kv_type(const g4_model *m) { return cli_kv >= 0 ? (g4_kv_type)cli_kv : g4_model_kv_type_preferred(m); }
+
+/* Removes "--device X" / "--device=X", "--kv X" / "--kv=X" and "--bf16-act" from argv; returns the new argc, or -1 after an error
  * line. */
 static int take_device_option(int argc, char **argv) {
     int out = 0;
@@ -69,6 +73,13 @@ static int take_device_option(int argc, char **argv) {
             cli_device = argv[++i];
         } else if (!strncmp(argv[i], "--device=", 9)) {
             cli_device = argv[i] + 9;
+        } else if (!strcmp(argv[i], "--kv") || !strncmp(argv[i], "--kv=", 5)) {
+            const char *v = argv[i][4] == '=' ? argv[i] + 5 : i + 1 < argc ? argv[++i] : NULL;
+            if (!v) return cli_error("--kv needs a value (f32, bf16 or f16)"), -1;
+            if (!strcmp(v, "f32")) cli_kv = G4_KV_F32;
+            else if (!strcmp(v, "bf16")) cli_kv = G4_KV_BF16;
+            else if (!strcmp(v, "f16")) cli_kv = G4_KV_F16;
+            else return cli_error("--kv: expected f32, bf16 or f16, got '%s'", v), -1;
         } else if (!strcmp(argv[i], "--bf16-act")) {
             cli_bf16_act = 1;
         } else {

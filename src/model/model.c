@@ -841,4 +841,8 @@ int g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_
 }
 
 const char *g4_model_device(const g4_model *m) { return m->be->ops->name; }
+
+g4_kv_type g4_model_kv_type_preferred(const g4_model *m) {
+    return strcmp(m->be->ops->name, "cpu") ? G4_KV_BF16 : G4_KV_F32;
+}
 const char *g4_backends(void) { return g4_backends_built(); }

@@ -303,7 +303,7 @@ static void *worker(void *arg) {
 
 /* ------------------------------------------------------------------ engine */
 
-int srv_engine_new(g4_model *model, int n_seq, int n_ctx, int max_queue, srv_job_fn on_finished, void *user,
+int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, int max_queue, srv_job_fn on_finished, void *user,
                    srv_engine **out, g4_error *err) {
     *out = NULL;
     srv_engine *e = calloc(1, sizeof *e);
@@ -311,7 +311,7 @@ int srv_engine_new(g4_model *model, int n_seq, int n_ctx, int max_queue, srv_job
         free(e);
         return g4_fail(err, "out of memory");
     }
-    g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = n_ctx};
+    g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = n_ctx, .kv_type = kv_type};
     if (g4_context_new(model, &cp, &e->ctx, err)) {
         free(e->running);
         free(e);

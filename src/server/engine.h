@@ -95,7 +95,7 @@ typedef struct srv_engine_stats {
 /* on_finished (may be NULL) is called on the worker for each job that ends, outside any lock. */
 typedef void (*srv_job_fn)(const srv_job *job, void *user);
 
-int srv_engine_new(g4_model *model, int n_seq, int n_ctx, int max_queue, srv_job_fn on_finished, void *user,
+int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, int max_queue, srv_job_fn on_finished, void *user,
                    srv_engine **out, g4_error *err);
 /* Cancels whatever is left, stops the worker, frees the context. */
 void srv_engine_free(srv_engine *e);

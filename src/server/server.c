@@ -37,6 +37,7 @@ void srv_options_default(srv_options *o) {
     o->max_media = 8;
     o->timeout_s = 60;
     o->drain_s = 30;
+    o->kv_type = -1;
 }
 
 double srv_now(void) {
@@ -303,7 +304,8 @@ int srv_main(const srv_options *o) {
     else model_name(o->model_path, s->model_id, sizeof s->model_id);
     int n_ctx = o->n_ctx ? o->n_ctx : g4_model_n_ctx_train(s->model);
     if (!o->n_ctx && n_ctx > 4096) n_ctx = 4096;
-    if (srv_engine_new(s->model, o->parallel, n_ctx, o->max_queue, on_job_finished, s, &s->engine, &err)) {
+    const g4_kv_type kv = o->kv_type >= 0 ? (g4_kv_type)o->kv_type : g4_model_kv_type_preferred(s->model);
+    if (srv_engine_new(s->model, o->parallel, n_ctx, kv, o->max_queue, on_job_finished, s, &s->engine, &err)) {
         fprintf(stderr, "gemma4c: %s\n", err.msg);
         goto done;
     }

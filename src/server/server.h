@@ -13,6 +13,7 @@ typedef struct srv_options {
     const char *api_key;      /* NULL: no key */
     const char *device;       /* NULL: automatic */
     int bf16_activations;     /* g4_load_params.bf16_activations (--bf16-act) */
+    int kv_type;              /* a g4_kv_type (--kv); -1: g4_model_kv_type_preferred */
     int n_threads;            /* 0: all cores */
     int parallel;             /* sequences served at once (default 4) */
     int n_ctx;                /* positions per sequence (default: the model's, at most 4096) */
