@@ -224,11 +224,13 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
- * an expert's): its GEMV for Q8_0, Q4_0, MLX4, MLX8 (at most 8 tokens; experts: one token). */
+ * an expert's): its GEMV for Q8_0, Q4_0, MLX4, MLX8 (at most 8 tokens; experts: one token), and the experts' int8
+ * tensor-core products for Q8_0 and Q4_0 (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
-    return !strcmp(be->ops->name, "cuda") && (dense ? n <= 8 : n == 1) &&
-           (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0 || w->dtype == G4_MLX4 || w->dtype == G4_MLX8) && in % 32 == 0;
+    const int q = w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0;
+    return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
+           (((dense ? n <= 8 : n == 1) && (q || w->dtype == G4_MLX4 || w->dtype == G4_MLX8)) || (!dense && n > 8 && q));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums), else backend_tol(). */
@@ -1294,7 +1296,7 @@ static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split
                 }
                 act[c] = gelu_tanh_ref(g) * u;
             }
-            if (cuda_reads_int8(&dn.host, n, 0)) { /* CUDA's one-token down reads the activations as int8 blocks */
+            if (cuda_reads_int8(&dn.host, n, 0)) { /* CUDA's down reads the activations as int8 blocks */
                 for (int c = 0; c < Im; c++) actf[c] = (float)act[c];
                 x_as_read(actf, 1, Im, &dn.host, 0, act);
             }
@@ -1388,6 +1390,12 @@ static void test_moe(void) {
     moe_case_e(40, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 6, 2, 0, 0);
     if (takes_quantized && takes(G4_Q4_0) && takes(G4_Q8_0) && !be->ops->host_memory) /* (the CPU: as above) */
         moe_case_e(40, 64, 64, G4_F32, G4_Q4_0, 1, G4_Q8_0, 6, 2, 0, 0);
+    /* CUDA's int8 tensor-core experts (Q4_0 / Q8_0, more than 8 tokens): experts of more than 32 pairs (several row
+     * tiles), 320 gate/up rows (a partial tile of 128), k of 9 and 5 blocks of 32 (a partial stage of 4) */
+    if (takes_quantized && takes(G4_Q4_0) && takes(G4_Q8_0) && !be->ops->host_memory) {
+        moe_case_e(64, 288, 160, G4_F32, G4_Q8_0, 0, G4_Q4_0, 4, 2, 0, 0);
+        moe_case_e(24, 288, 160, G4_F32, G4_Q4_0, 0, G4_Q4_0, 4, 3, 0, 1);
+    }
 }
 
 /* ------------------------------------------------------------- tower ops */

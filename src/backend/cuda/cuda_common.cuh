@@ -187,6 +187,39 @@ static __device__ __forceinline__ void g4_mma_bf16(float c[4], const uint32_t a[
 #endif
 }
 
+/* c = a b for one m16n8k32 tile of int8 (PTX ISA, mma.m16n8k32 .s8): lane l holds, with g = l / 4 and t = l % 4,
+ * a's (16 x 32, row-major) bytes 4t .. 4t + 3 of rows g (a[0]) and g + 8 (a[1]) and bytes 16 + 4t .. of rows g (a[2])
+ * and g + 8 (a[3]); b's (32 x 8, columns) rows 4t .. 4t + 3 (b[0]) and 16 + 4t .. (b[1]) of column g; c's (s32) rows
+ * g (c[0], c[1]) and g + 8 (c[2], c[3]) at columns 2t, 2t + 1; the lowest byte of a register is the lowest index.
+ * The emulator forms the product from the lanes' fragments in scr (768 ints a warp). */
+static __device__ __forceinline__ void g4_mma_s8(int c[4], const uint32_t a[4], const uint32_t b[2], int *scr) {
+#ifdef G4_CUDA_EMU
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int *A = scr, *B = scr + 512; /* A [16][32], B [32][8] (k, n) */
+    for (int h = 0; h < 4; h++) {
+        A[g * 32 + 4 * t + h] = (signed char)(a[0] >> (8 * h));
+        A[(g + 8) * 32 + 4 * t + h] = (signed char)(a[1] >> (8 * h));
+        A[g * 32 + 16 + 4 * t + h] = (signed char)(a[2] >> (8 * h));
+        A[(g + 8) * 32 + 16 + 4 * t + h] = (signed char)(a[3] >> (8 * h));
+        B[(4 * t + h) * 8 + g] = (signed char)(b[0] >> (8 * h));
+        B[(16 + 4 * t + h) * 8 + g] = (signed char)(b[1] >> (8 * h));
+    }
+    __syncwarp();
+    c[0] = c[1] = c[2] = c[3] = 0;
+    for (int k = 0; k < 32; k++) {
+        c[0] += A[g * 32 + k] * B[k * 8 + 2 * t], c[1] += A[g * 32 + k] * B[k * 8 + 2 * t + 1];
+        c[2] += A[(g + 8) * 32 + k] * B[k * 8 + 2 * t], c[3] += A[(g + 8) * 32 + k] * B[k * 8 + 2 * t + 1];
+    }
+    __syncwarp();
+#else
+    (void)scr;
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
+#endif
+}
+
 static __device__ __forceinline__ float g4_gelu_tanh(float x) {
     const float c = 0.7978845608028654f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));

@@ -445,6 +445,203 @@ __global__ void moe_scatter_kernel(moe_args a, const float *d) {
  * synchronization a layer), the pairs' inputs are gathered in expert order and converted once, and the active
  * experts multiply their rows in batched cuBLAS calls (g4c_gemm_experts: gate/up, the GeGLU, down), scattered back by
  * pair. gu: [np, 2 Im]. */
+/* ---- many tokens of Q4_0 / Q8_0 experts: int8 tensor-core products of the codes as stored
+ * The activations are int8 blocks as the one-token GEMV and the CPU read them (the Q8_0 rule: d = max|x|/127 per 32,
+ * q = rint(x/d)); a weight block's codes (Q4_0: nibble - 8) times a block of q is an exact integer (mma m16n8k32),
+ * scaled by the two blocks' d into an f32 sum. No decoded copy of the weights is written or read: the bytes a
+ * product reads are the codes themselves (cuBLAS on bf16 tiles read and wrote 2-3 bytes a weight per step). */
+#define MMQ_BM 32   /* pair rows (tokens of one expert) a block */
+#define MMQ_BN 128  /* weight rows a block */
+#define MMQ_KB 4    /* blocks of 32 of k a stage */
+#define MMQ_LD (MMQ_KB * 32 + 16) /* bytes of a staged row (16 more: lanes of a fragment load hit distinct banks) */
+
+/* xq[r] / xd[r] = the int8 blocks of row r of x (times norm and its 1/rms when norm is set); in % 32 == 0 */
+__global__ void q8_rows_kernel(const float *x, int in, const float *norm, float eps, signed char *xq, float *xd) {
+    __shared__ float red[32];
+    g4_grid_wait();
+    const float *xr = x + (size_t)blockIdx.x * (size_t)in;
+    float inv = 1.0f;
+    if (norm) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < in; i += blockDim.x) ss += xr[i] * xr[i];
+        inv = rsqrtf(g4_block_sum(ss, red) / (float)in + eps);
+    }
+    const int lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < in / 32; b += blockDim.x >> 5) { /* a warp a block of 32 */
+        const int k = b * 32 + lane;
+        const float v = (norm ? xr[k] * norm[k] : xr[k]) * inv;
+        float m = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        xq[(size_t)blockIdx.x * in + k] = (signed char)__float2int_rn(v * id);
+        if (lane == 0) xd[(size_t)blockIdx.x * (in / 32) + b] = d;
+    }
+}
+
+typedef struct mmq_args {
+    const signed char *xq; /* [pair rows, in] */
+    const float *xd;       /* [pair rows, in / 32] */
+    const unsigned char *w;
+    size_t row_bytes, ex_bytes; /* expert e's row r at w + e * ex_bytes + r * row_bytes */
+    int in, R;
+    const int32_t *tiles; /* per block row: expert, first pair row, pair rows (<= MMQ_BM) */
+    float *y;
+    int ldc;
+} mmq_args;
+
+/* y[pair row][r] = sum_k x[pair row][k] w_e[r][k] for a tile of MMQ_BM pair rows of expert e and MMQ_BN rows r.
+ * 8 warps: warp w takes pair rows 16 (w & 1) .. + 16 and weight rows 32 (w >> 1) .. + 32 (four n8 tiles). A stage
+ * holds MMQ_KB blocks of k of both sides in shared memory (weights unpacked to int8); the next stage's loads are in
+ * registers while this one is multiplied. */
+template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_args a) {
+    __shared__ __align__(16) signed char xs[MMQ_BM][MMQ_LD];
+    __shared__ __align__(16) signed char ws[MMQ_BN][MMQ_LD];
+    __shared__ float xsd[MMQ_BM][MMQ_KB], wsd[MMQ_BN][MMQ_KB];
+#ifdef G4_CUDA_EMU
+    __shared__ int scr[8][768];
+#else
+    int *scr[8] = {};
+#endif
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int wm = warp & 1, wn = warp >> 1, nb = a.in / 32;
+    const int e = a.tiles[3 * blockIdx.y], p0 = a.tiles[3 * blockIdx.y + 1], cnt = a.tiles[3 * blockIdx.y + 2];
+    const int n0 = blockIdx.x * MMQ_BN;
+    const unsigned char *we = a.w + (size_t)e * a.ex_bytes;
+    constexpr int CW = DT == G4_Q4_0 ? 16 : 32; /* code bytes of a block of 32 */
+    /* this thread's share of a stage: x bytes [xr][16 xp ..), x scale (xr2, xb2); weight blocks (wr[i], wb[i]) */
+    const int xr = tid >> 3, xp = tid & 7;
+    uint4 xv, wv[2][CW / 16];
+    float xdv = 0.0f, wdv[2];
+    auto load = [&](int kb0) {
+        const int b = kb0 + (xp >> 1);
+        xv = uint4();
+        if (xr < cnt && b < nb) xv = *(const uint4 *)(a.xq + (size_t)(p0 + xr) * a.in + (size_t)kb0 * 32 + xp * 16);
+        if (tid < MMQ_BM * MMQ_KB) {
+            const int r = tid / MMQ_KB, bb = kb0 + tid % MMQ_KB;
+            xdv = r < cnt && bb < nb ? a.xd[(size_t)(p0 + r) * nb + bb] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int item = tid + 256 * i, r = item / MMQ_KB, bb = kb0 + item % MMQ_KB;
+            wdv[i] = 0.0f;
+#pragma unroll
+            for (int q = 0; q < CW / 16; q++) wv[i][q] = uint4();
+            if (n0 + r < a.R && bb < nb) {
+                const unsigned char *row = we + (size_t)(n0 + r) * a.row_bytes;
+#pragma unroll
+                for (int q = 0; q < CW / 16; q++) wv[i][q] = g4_ld_stream(row + (size_t)bb * CW + 16 * q);
+                wdv[i] = g4_h2f((uint16_t)g4_ld_u16(row + (size_t)a.in * CW / 32 + 2 * bb));
+            }
+        }
+    };
+    auto store = [&]() {
+        *(uint4 *)&xs[xr][xp * 16] = xv;
+        if (tid < MMQ_BM * MMQ_KB) xsd[tid / MMQ_KB][tid % MMQ_KB] = xdv;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int item = tid + 256 * i, r = item / MMQ_KB, bb = item % MMQ_KB;
+            wsd[r][bb] = wdv[i];
+            if constexpr (DT == G4_Q4_0) { /* byte j: element j (low nibble), 16 + j (high); code - 8 */
+                const unsigned u[4] = {wv[i][0].x, wv[i][0].y, wv[i][0].z, wv[i][0].w};
+                unsigned lo[4], hi[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    lo[j] = ((u[j] & 0x0f0f0f0fu) + 0x78787878u) ^ 0x80808080u; /* n - 8 as int8: (n + 120) ^ 128 */
+                    hi[j] = (((u[j] >> 4) & 0x0f0f0f0fu) + 0x78787878u) ^ 0x80808080u;
+                }
+                uint4 lv, hv;
+                lv.x = lo[0], lv.y = lo[1], lv.z = lo[2], lv.w = lo[3], hv.x = hi[0], hv.y = hi[1], hv.z = hi[2], hv.w = hi[3];
+                *(uint4 *)&ws[r][bb * 32] = lv;
+                *(uint4 *)&ws[r][bb * 32 + 16] = hv;
+            } else {
+                *(uint4 *)&ws[r][bb * 32] = wv[i][0];
+                *(uint4 *)&ws[r][bb * 32 + 16] = wv[i][CW / 16 - 1];
+            }
+        }
+    };
+    float acc[4][4] = {};
+    g4_grid_wait();
+    load(0);
+    for (int kb0 = 0; kb0 < nb; kb0 += MMQ_KB) {
+        __syncthreads(); /* the previous stage is multiplied */
+        store();
+        __syncthreads();
+        if (kb0 + MMQ_KB < nb) load(kb0 + MMQ_KB); /* in flight while this stage is multiplied */
+#pragma unroll
+        for (int b = 0; b < MMQ_KB; b++) {
+            if (kb0 + b >= nb) break;
+            const int ra = wm * 16 + g;
+            uint32_t af[4];
+            af[0] = *(const uint32_t *)&xs[ra][b * 32 + 4 * t];
+            af[1] = *(const uint32_t *)&xs[ra + 8][b * 32 + 4 * t];
+            af[2] = *(const uint32_t *)&xs[ra][b * 32 + 16 + 4 * t];
+            af[3] = *(const uint32_t *)&xs[ra + 8][b * 32 + 16 + 4 * t];
+            const float d0 = xsd[ra][b], d1 = xsd[ra + 8][b];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int cb = wn * 32 + nt * 8;
+                const uint32_t bf[2] = {*(const uint32_t *)&ws[cb + g][b * 32 + 4 * t],
+                                        *(const uint32_t *)&ws[cb + g][b * 32 + 16 + 4 * t]};
+                int ci[4];
+                g4_mma_s8(ci, af, bf, scr[warp]);
+                const float e0 = wsd[cb + 2 * t][b], e1 = wsd[cb + 2 * t + 1][b];
+                acc[nt][0] += (float)ci[0] * (d0 * e0), acc[nt][1] += (float)ci[1] * (d0 * e1);
+                acc[nt][2] += (float)ci[2] * (d1 * e0), acc[nt][3] += (float)ci[3] * (d1 * e1);
+            }
+        }
+    }
+    g4_grid_launch_dependents();
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = wm * 16 + g + 8 * h, col = n0 + wn * 32 + nt * 8 + 2 * t;
+            if (r >= cnt) continue;
+            float *y = a.y + (size_t)(p0 + r) * a.ldc;
+            if (col < a.R) y[col] = acc[nt][2 * h];
+            if (col + 1 < a.R) y[col + 1] = acc[nt][2 * h + 1];
+        }
+}
+
+static int mmq_takes(const g4c *c, const g4_tensor *w) {
+    return !c->float_act && (w->dtype == G4_Q4_0 || w->dtype == G4_Q8_0) && w->shape[w->ndim - 1] % 32 == 0;
+}
+
+/* the experts' products of np pair rows (rows of expert act_e[i] from act_off[i], act_cnt[i] of them): x's rows as
+ * int8 blocks (xq, xd) into y (ldc apart); tiles: a workspace of the tile list */
+static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const float *xd, int na,
+                        const int32_t *act_e, const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc) {
+    int most = 0;
+    for (int i = 0; i < na; i++) most += (act_cnt[i] + MMQ_BM - 1) / MMQ_BM;
+    int32_t *host = (int32_t *)malloc((size_t)(most > 0 ? most : 1) * 3 * sizeof(int32_t));
+    if (!host) {
+        g4c_note(c, cudaErrorMemoryAllocation, "moe: out of host memory");
+        return;
+    }
+    int nt = 0;
+    for (int i = 0; i < na; i++)
+        for (int m0 = 0; m0 < act_cnt[i]; m0 += MMQ_BM, nt++) {
+            host[3 * nt] = act_e[i], host[3 * nt + 1] = act_off[i] + m0;
+            host[3 * nt + 2] = act_cnt[i] - m0 < MMQ_BM ? act_cnt[i] - m0 : MMQ_BM;
+        }
+    int32_t *tiles = nt ? (int32_t *)g4c_ws(c, &c->ws_map, (size_t)nt * 3 * sizeof(int32_t)) : NULL;
+    if (tiles) g4c_copy_to_device(c, tiles, host, (size_t)nt * 3 * sizeof(int32_t));
+    free(host);
+    if (!tiles) return;
+    mmq_args m;
+    m.xq = xq, m.xd = xd, m.w = (const unsigned char *)w->data;
+    m.row_bytes = g4c_wrow_bytes(w);
+    m.R = (int)w->shape[1];
+    m.ex_bytes = (size_t)m.R * m.row_bytes;
+    m.in = (int)w->shape[2];
+    m.tiles = tiles, m.y = y, m.ldc = ldc;
+    const dim3 grid((unsigned)((m.R + MMQ_BN - 1) / MMQ_BN), (unsigned)nt);
+    if (w->dtype == G4_Q4_0)
+        g4c_launch(c, experts_mmq_kernel<G4_Q4_0>, grid, dim3(256), 0, m);
+    else
+        g4c_launch(c, experts_mmq_kernel<G4_Q8_0>, grid, dim3(256), 0, m);
+}
+
 static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, int np, float *xg, float *gu) {
     const int E = a.E, H = a.H, Im = a.Im;
     int32_t host[1 + 3 * MOE_MAX_E]; /* n_active, act_e, act_off, act_cnt (consecutive in the workspace) */
@@ -455,16 +652,34 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     const int na = host[0];
     const int32_t *act_e = host + 1, *act_off = host + 1 + E, *act_cnt = host + 1 + 2 * E;
     g4c_launch(c, moe_gather_kernel, dim3((unsigned)np), dim3(256), 0, a, xg);
+    /* Q4_0 / Q8_0 experts: int8 blocks of x2 (then of the activations) after gu, [np, max(H, Im)] codes, then the
+     * scales; other types: cuBLAS on bf16 tiles */
+    const int qgu = mmq_takes(c, m->gate_up) && (!m->up || mmq_takes(c, m->up)), qdn = mmq_takes(c, m->down);
+    signed char *xq = (signed char *)(((uintptr_t)(gu + (size_t)np * 2 * Im) + 255) & ~(uintptr_t)255);
+    float *xd = (float *)(xq + (size_t)np * (H > Im ? H : Im));
     g4c_gemm_in in;
-    if (g4c_gemm_input(c, xg, np, H, m->pre_norm2, m->eps, m->gate_up->dtype, &in)) return;
-    g4c_gemm_experts(c, &in, m->gate_up, na, act_e, act_off, act_cnt, gu, 2 * Im);
-    if (m->up) g4c_gemm_experts(c, &in, m->up, na, act_e, act_off, act_cnt, gu + Im, 2 * Im);
+    if (qgu) {
+        g4c_launch(c, q8_rows_kernel, dim3((unsigned)np), dim3(256), 0, (const float *)xg, H, m->pre_norm2, m->eps,
+                   xq, xd);
+        experts_mmq(c, m->gate_up, xq, xd, na, act_e, act_off, act_cnt, gu, 2 * Im);
+        if (m->up) experts_mmq(c, m->up, xq, xd, na, act_e, act_off, act_cnt, gu + Im, 2 * Im);
+    } else {
+        if (g4c_gemm_input(c, xg, np, H, m->pre_norm2, m->eps, m->gate_up->dtype, &in)) return;
+        g4c_gemm_experts(c, &in, m->gate_up, na, act_e, act_off, act_cnt, gu, 2 * Im);
+        if (m->up) g4c_gemm_experts(c, &in, m->up, na, act_e, act_off, act_cnt, gu + Im, 2 * Im);
+    }
     unsigned blocks = (unsigned)(((size_t)np * Im + 255) / 256);
     if (blocks > (unsigned)c->n_sm * 16) blocks = (unsigned)c->n_sm * 16;
     g4c_launch(c, moe_geglu_kernel, dim3(blocks), dim3(256), 0, a, (const float *)gu, np);
-    if (g4c_gemm_input(c, a.ws.act, np, Im, NULL, 0.0f, m->down->dtype, &in)) return;
     float *d = xg; /* (the gathered rows were converted above) */
-    g4c_gemm_experts(c, &in, m->down, na, act_e, act_off, act_cnt, d, H);
+    if (qdn) {
+        g4c_launch(c, q8_rows_kernel, dim3((unsigned)np), dim3(256), 0, (const float *)a.ws.act, Im, (const float *)NULL,
+                   0.0f, xq, xd);
+        experts_mmq(c, m->down, xq, xd, na, act_e, act_off, act_cnt, d, H);
+    } else {
+        if (g4c_gemm_input(c, a.ws.act, np, Im, NULL, 0.0f, m->down->dtype, &in)) return;
+        g4c_gemm_experts(c, &in, m->down, na, act_e, act_off, act_cnt, d, H);
+    }
     g4c_launch(c, moe_scatter_kernel, dim3((unsigned)np), dim3(256), 0, a, (const float *)d);
 }
 
@@ -544,7 +759,7 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     const int gemm = n > g4c_gemv_max_tokens() && !c->capturing && !c->in_graph_step;
     const size_t ints = np * 2 + 1 + 3 * (size_t)E,
                  need = ((ints + 3) & ~(size_t)3) * 4 + np * 4 + np * ((size_t)Im + H) * 4 + (size_t)n * (E + 1) * 4 +
-                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 : 0);
+                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 + np * (size_t)(H > Im ? H : Im) * 9 / 8 + 256 : 0);
     unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_moe, need);
     if (!ws) return;
     int32_t *iw = (int32_t *)ws;
