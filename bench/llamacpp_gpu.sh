@@ -21,6 +21,11 @@
 #                                                     ../shared/configs without gemma-4-), made while llama.cpp
 #                                                     builds; per file llama-bench as below and gemma4c bench
 #                                                     -p 512 -c 512 -n 64 -r 3, then the ratios
+#   bench/llamacpp_gpu.sh make-files TARBALL DIR GEMMA4C MODEL:TYPE...
+#   bench/llamacpp_gpu.sh bench-files DIR GEMMA4C MODEL:TYPE...
+#                                                     the two halves of `files`: the build and the files (no GPU
+#                                                     work: run it in the background of other measurements), then
+#                                                     the benches and ratios
 #   bench/llamacpp_gpu.sh compare DIR GEMMA4C          llama-bench (prefill 512, 64 decode steps after 512
 #                                                     tokens, every layer on the GPU, flash attention) and
 #                                                     gemma4c bench on the same checkpoint; ms/token and ratios
@@ -90,6 +95,9 @@ PY
         printf "decode at 512, bf16: gemma4c %.3f ms/token, llama.cpp %.3f ms/token: %.2fx llama.cpp (llama.cpp Q4_0 %s ms)\n", a, b, b / a, c }'
     ;;
 files)
+    bash "$0" make-files "${@:2}" && bash "$0" bench-files "${@:3}"
+    ;;
+make-files)
     tarball=$2 dir=$3 bin=$4
     shift 4
     shared=${G4_SHARED_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/shared}
@@ -106,6 +114,11 @@ files)
             >"$dir/models/$m-$t.log" 2>&1; echo "$m-$t.gguf rc=$? in $(($(date +%s) - t0)) s") &
     done
     wait
+    [ -x "$dir/build/bin/llama-bench" ] || { echo "llama.cpp build failed: $dir/build.log" >&2; exit 1; }
+    ;;
+bench-files)
+    dir=$2 bin=$3
+    shift 3
     for spec in "$@"; do
         f=${spec%%:*}-${spec##*:}
         "$dir/build/bin/llama-bench" -m "$dir/models/$f.gguf" -ngl 99 -fa 1 -p 512 -n 64 -d 512 -r 3 -o jsonl \
@@ -128,6 +141,6 @@ print("%-14s prefill 512 tok/s gemma4c %8.1f llama.cpp %8.1f (%.2fx)   decode ms
 PY
     done
     ;;
-*) echo "usage: $0 tarball BUNDLE OUT | prepare TARBALL DIR CONFIG | compare DIR GEMMA4C | files TARBALL DIR GEMMA4C MODEL:TYPE..." >&2
+*) echo "usage: $0 tarball BUNDLE OUT | prepare TARBALL DIR CONFIG | compare DIR GEMMA4C | files TARBALL DIR GEMMA4C MODEL:TYPE... | make-files TARBALL DIR GEMMA4C MODEL:TYPE... | bench-files DIR GEMMA4C MODEL:TYPE..." >&2
    exit 2 ;;
 esac
