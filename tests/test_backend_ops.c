@@ -225,12 +225,13 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
  * an expert's): its GEMV for Q8_0, Q4_0, MLX4, MLX8 (at most 8 tokens; experts: one token), and the experts' int8
- * tensor-core products for Q8_0 and Q4_0 (more than 8 tokens). */
+ * tensor-core products for Q8_0, Q4_0 and Q4_K (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const int q = w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
-           (((dense ? n <= 8 : n == 1) && (q || w->dtype == G4_MLX4 || w->dtype == G4_MLX8)) || (!dense && n > 8 && q));
+           (((dense ? n <= 8 : n == 1) && (q || w->dtype == G4_MLX4 || w->dtype == G4_MLX8)) ||
+            (!dense && n > 8 && (q || w->dtype == G4_Q4_K)));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums), else backend_tol(). */
@@ -1395,6 +1396,11 @@ static void test_moe(void) {
     if (takes_quantized && takes(G4_Q4_0) && takes(G4_Q8_0) && !be->ops->host_memory) {
         moe_case_e(64, 288, 160, G4_F32, G4_Q8_0, 0, G4_Q4_0, 4, 2, 0, 0);
         moe_case_e(24, 288, 160, G4_F32, G4_Q4_0, 0, G4_Q4_0, 4, 3, 0, 1);
+    }
+    if (takes_quantized && takes(G4_Q4_K) && takes(G4_Q6_K) && !be->ops->host_memory) { /* Q4_K (k of 256s); a Q6_K
+                                                                                           * down: bf16 tiles beside */
+        moe_case_e(40, 512, 256, G4_F32, G4_Q4_K, 0, G4_Q4_K, 4, 2, 0, 0);
+        moe_case_e(24, 512, 256, G4_F32, G4_Q4_K, 1, G4_Q6_K, 4, 2, 0, 0);
     }
 }
 

@@ -484,12 +484,7 @@ __global__ __launch_bounds__(TC_WARPS * 32) void attention_tc_kernel(attn_args a
             for (int kk = 0; kk < Dw; kk += 16) {
                 const int d0 = warp * Dw + kk + 2 * t4;
                 uint32_t ah[4], al[4];
-                ah[0] = *(const uint32_t *)(qh + gq * qrow + d0), ah[1] = *(const uint32_t *)(qh + (gq + 8) * qrow + d0);
-                ah[2] = *(const uint32_t *)(qh + gq * qrow + d0 + 8);
-                ah[3] = *(const uint32_t *)(qh + (gq + 8) * qrow + d0 + 8);
-                al[0] = *(const uint32_t *)(ql + gq * qrow + d0), al[1] = *(const uint32_t *)(ql + (gq + 8) * qrow + d0);
-                al[2] = *(const uint32_t *)(ql + gq * qrow + d0 + 8);
-                al[3] = *(const uint32_t *)(ql + (gq + 8) * qrow + d0 + 8);
+                g4_frag_a16(qh, qrow, gq, d0, ah), g4_frag_a16(ql, qrow, gq, d0, al);
 #pragma unroll
                 for (int n = 0; n < TC_KEYS / 8; n++) {
                     const unsigned char *kr = ks + (size_t)(n * 8 + gq) * rowb + (size_t)d0 * 2;
@@ -539,12 +534,7 @@ __global__ __launch_bounds__(TC_WARPS * 32) void attention_tc_kernel(attn_args a
                 for (int kk = 0; kk < TC_KEYS; kk += 16) {
                     const int j = kk + 2 * t4;
                     uint32_t ah[4], al[4];
-                    ah[0] = *(const uint32_t *)(ph + gq * TC_PROW + j), ah[1] = *(const uint32_t *)(ph + (gq + 8) * TC_PROW + j);
-                    ah[2] = *(const uint32_t *)(ph + gq * TC_PROW + j + 8);
-                    ah[3] = *(const uint32_t *)(ph + (gq + 8) * TC_PROW + j + 8);
-                    al[0] = *(const uint32_t *)(pl + gq * TC_PROW + j), al[1] = *(const uint32_t *)(pl + (gq + 8) * TC_PROW + j);
-                    al[2] = *(const uint32_t *)(pl + gq * TC_PROW + j + 8);
-                    al[3] = *(const uint32_t *)(pl + (gq + 8) * TC_PROW + j + 8);
+                    g4_frag_a16(ph, TC_PROW, gq, j, ah), g4_frag_a16(pl, TC_PROW, gq, j, al);
 #pragma unroll
                     for (int n = 0; n < 8; n++)
                         if (n < Dw / 8) {

@@ -25,13 +25,7 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
     __shared__ float red[32];
     g4_grid_wait();
     const float *xr = x + (size_t)blockIdx.x * (size_t)in;
-    float inv = 1.0f;
-    if (norm) {
-        float s = 0.0f;
-        for (int i = threadIdx.x; i < in; i += blockDim.x) s += xr[i] * xr[i];
-        s = g4_block_sum(s, red);
-        inv = rsqrtf(s / (float)in + eps);
-    }
+    const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
     const size_t o = (size_t)blockIdx.x * (size_t)in;
     for (int i = threadIdx.x; i < in; i += blockDim.x) {
         float v = norm ? xr[i] * inv * norm[i] : xr[i];

@@ -187,6 +187,13 @@ static __device__ __forceinline__ void g4_mma_bf16(float c[4], const uint32_t a[
 #endif
 }
 
+/* a's fragment of an m16n8k16 bf16 product (g4_mma_bf16) from a row-major 16-bit matrix m (ld elements a row): rows g
+ * and g + 8 at columns c, c + 1 and c + 8, c + 9 (c = the tile's first column + 2t) */
+static __device__ __forceinline__ void g4_frag_a16(const uint16_t *m, int ld, int g, int c, uint32_t a[4]) {
+    a[0] = *(const uint32_t *)(m + (size_t)g * ld + c), a[1] = *(const uint32_t *)(m + (size_t)(g + 8) * ld + c);
+    a[2] = *(const uint32_t *)(m + (size_t)g * ld + c + 8), a[3] = *(const uint32_t *)(m + (size_t)(g + 8) * ld + c + 8);
+}
+
 /* c = a b for one m16n8k32 tile of int8 (PTX ISA, mma.m16n8k32 .s8): lane l holds, with g = l / 4 and t = l % 4,
  * a's (16 x 32, row-major) bytes 4t .. 4t + 3 of rows g (a[0]) and g + 8 (a[1]) and bytes 16 + 4t .. of rows g (a[2])
  * and g + 8 (a[3]); b's (32 x 8, columns) rows 4t .. 4t + 3 (b[0]) and 16 + 4t .. (b[1]) of column g; c's (s32) rows
@@ -218,6 +225,13 @@ static __device__ __forceinline__ void g4_mma_s8(int c[4], const uint32_t a[4], 
                  : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0));
 #endif
+}
+
+/* 1/rms of a row of n floats, for every thread of the block (red: 32 floats of shared memory) */
+static __device__ __forceinline__ float g4_row_inv_rms(const float *x, int n, float eps, float *red) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    return rsqrtf(g4_block_sum(ss, red) / (float)n + eps);
 }
 
 static __device__ __forceinline__ float g4_gelu_tanh(float x) {

@@ -445,27 +445,24 @@ __global__ void moe_scatter_kernel(moe_args a, const float *d) {
  * synchronization a layer), the pairs' inputs are gathered in expert order and converted once, and the active
  * experts multiply their rows in batched cuBLAS calls (g4c_gemm_experts: gate/up, the GeGLU, down), scattered back by
  * pair. gu: [np, 2 Im]. */
-/* ---- many tokens of Q4_0 / Q8_0 experts: int8 tensor-core products of the codes as stored
+/* ---- many tokens of Q4_0 / Q8_0 / Q4_K experts: int8 tensor-core products of the codes as stored
  * The activations are int8 blocks as the one-token GEMV and the CPU read them (the Q8_0 rule: d = max|x|/127 per 32,
- * q = rint(x/d)); a weight block's codes (Q4_0: nibble - 8) times a block of q is an exact integer (mma m16n8k32),
- * scaled by the two blocks' d into an f32 sum. No decoded copy of the weights is written or read: the bytes a
+ * q = rint(x/d)); a weight block's codes (Q4_0: nibble - 8; Q4_K: the nibble) times a block of q is an exact integer
+ * (mma m16n8k32), scaled by the two blocks' d into an f32 sum (Q4_K: w = a code + b per 32, so
+ * sum w x = dx (a sum(code q) + b sum(q))). No decoded copy of the weights is written or read: the bytes a
  * product reads are the codes themselves (cuBLAS on bf16 tiles read and wrote 2-3 bytes a weight per step). */
 #define MMQ_BM 32   /* pair rows (tokens of one expert) a block */
 #define MMQ_BN 128  /* weight rows a block */
 #define MMQ_KB 4    /* blocks of 32 of k a stage */
 #define MMQ_LD (MMQ_KB * 32 + 16) /* bytes of a staged row (16 more: lanes of a fragment load hit distinct banks) */
 
-/* xq[r] / xd[r] = the int8 blocks of row r of x (times norm and its 1/rms when norm is set); in % 32 == 0 */
-__global__ void q8_rows_kernel(const float *x, int in, const float *norm, float eps, signed char *xq, float *xd) {
+/* xq[r] / xd[r] = the int8 blocks of row r of x (times norm and its 1/rms when norm is set) and each block's
+ * (d, sum of q); in % 32 == 0 */
+__global__ void q8_rows_kernel(const float *x, int in, const float *norm, float eps, signed char *xq, float2 *xd) {
     __shared__ float red[32];
     g4_grid_wait();
     const float *xr = x + (size_t)blockIdx.x * (size_t)in;
-    float inv = 1.0f;
-    if (norm) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < in; i += blockDim.x) ss += xr[i] * xr[i];
-        inv = rsqrtf(g4_block_sum(ss, red) / (float)in + eps);
-    }
+    const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
     const int lane = threadIdx.x & 31;
     for (int b = threadIdx.x >> 5; b < in / 32; b += blockDim.x >> 5) { /* a warp a block of 32 */
         const int k = b * 32 + lane;
@@ -473,14 +470,17 @@ __global__ void q8_rows_kernel(const float *x, int in, const float *norm, float 
         float m = fabsf(v);
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        xq[(size_t)blockIdx.x * in + k] = (signed char)__float2int_rn(v * id);
-        if (lane == 0) xd[(size_t)blockIdx.x * (in / 32) + b] = d;
+        const int q = __float2int_rn(v * id);
+        xq[(size_t)blockIdx.x * in + k] = (signed char)q;
+        int sq = q;
+        for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (lane == 0) xd[(size_t)blockIdx.x * (in / 32) + b] = make_float2(d, (float)sq);
     }
 }
 
 typedef struct mmq_args {
     const signed char *xq; /* [pair rows, in] */
-    const float *xd;       /* [pair rows, in / 32] */
+    const float2 *xd;      /* [pair rows, in / 32]: (d, sum of q) */
     const unsigned char *w;
     size_t row_bytes, ex_bytes; /* expert e's row r at w + e * ex_bytes + r * row_bytes */
     int in, R;
@@ -496,7 +496,7 @@ typedef struct mmq_args {
 template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_args a) {
     __shared__ __align__(16) signed char xs[MMQ_BM][MMQ_LD];
     __shared__ __align__(16) signed char ws[MMQ_BN][MMQ_LD];
-    __shared__ float xsd[MMQ_BM][MMQ_KB], wsd[MMQ_BN][MMQ_KB];
+    __shared__ float2 xsd[MMQ_BM][MMQ_KB], wsd[MMQ_BN][MMQ_KB]; /* (d, sum q); (a, b): w = a code + b */
 #ifdef G4_CUDA_EMU
     __shared__ int scr[8][768];
 #else
@@ -507,47 +507,61 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
     const int e = a.tiles[3 * blockIdx.y], p0 = a.tiles[3 * blockIdx.y + 1], cnt = a.tiles[3 * blockIdx.y + 2];
     const int n0 = blockIdx.x * MMQ_BN;
     const unsigned char *we = a.w + (size_t)e * a.ex_bytes;
-    constexpr int CW = DT == G4_Q4_0 ? 16 : 32; /* code bytes of a block of 32 */
+    constexpr int CW = DT == G4_Q8_0 ? 32 : 16; /* code bytes of a block of 32 */
     /* this thread's share of a stage: x bytes [xr][16 xp ..), x scale (xr2, xb2); weight blocks (wr[i], wb[i]) */
     const int xr = tid >> 3, xp = tid & 7;
-    uint4 xv, wv[2][CW / 16];
-    float xdv = 0.0f, wdv[2];
+    uint4 xv, wv[2][CW / 16], wsc[2]; /* (Q4_K: the super-block's scales) */
+    float2 xdv = make_float2(0.0f, 0.0f);
+    float wdv[2];
     auto load = [&](int kb0) {
         const int b = kb0 + (xp >> 1);
         xv = uint4();
         if (xr < cnt && b < nb) xv = *(const uint4 *)(a.xq + (size_t)(p0 + xr) * a.in + (size_t)kb0 * 32 + xp * 16);
         if (tid < MMQ_BM * MMQ_KB) {
             const int r = tid / MMQ_KB, bb = kb0 + tid % MMQ_KB;
-            xdv = r < cnt && bb < nb ? a.xd[(size_t)(p0 + r) * nb + bb] : 0.0f;
+            xdv = r < cnt && bb < nb ? a.xd[(size_t)(p0 + r) * nb + bb] : make_float2(0.0f, 0.0f);
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int item = tid + 256 * i, r = item / MMQ_KB, bb = kb0 + item % MMQ_KB;
-            wdv[i] = 0.0f;
+            wdv[i] = 0.0f, wsc[i] = uint4();
 #pragma unroll
             for (int q = 0; q < CW / 16; q++) wv[i][q] = uint4();
             if (n0 + r < a.R && bb < nb) {
                 const unsigned char *row = we + (size_t)(n0 + r) * a.row_bytes;
 #pragma unroll
                 for (int q = 0; q < CW / 16; q++) wv[i][q] = g4_ld_stream(row + (size_t)bb * CW + 16 * q);
-                wdv[i] = g4_h2f((uint16_t)g4_ld_u16(row + (size_t)a.in * CW / 32 + 2 * bb));
+                if constexpr (DT == G4_Q4_K)
+                    wsc[i] = g4_ld_u4(row + (size_t)a.in / 2 + 16 * (bb / 8));
+                else
+                    wdv[i] = g4_h2f((uint16_t)g4_ld_u16(row + (size_t)a.in * CW / 32 + 2 * bb));
             }
         }
     };
-    auto store = [&]() {
+    auto store = [&](int kb0) {
         *(uint4 *)&xs[xr][xp * 16] = xv;
         if (tid < MMQ_BM * MMQ_KB) xsd[tid / MMQ_KB][tid % MMQ_KB] = xdv;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int item = tid + 256 * i, r = item / MMQ_KB, bb = item % MMQ_KB;
-            wsd[r][bb] = wdv[i];
-            if constexpr (DT == G4_Q4_0) { /* byte j: element j (low nibble), 16 + j (high); code - 8 */
+            if constexpr (DT == G4_Q4_K) { /* (zeros past the row: a = b = 0) */
+                float2 ab = make_float2(0.0f, 0.0f);
+                if (wsc[i].x | wsc[i].y | wsc[i].z | wsc[i].w) {
+                    const uint4 r2[2] = {uint4(), wsc[i]};
+                    g4_qt<G4_Q4_K>::seg(r2, g4c_qrow(), (kb0 + bb) * 32, 0, &ab.x, &ab.y);
+                }
+                wsd[r][bb] = ab;
+            } else {
+                wsd[r][bb] = make_float2(wdv[i], 0.0f);
+            }
+            if constexpr (DT != G4_Q8_0) { /* byte j: element j (low nibble), 16 + j (high); Q4_0: code - 8 */
+                constexpr unsigned Z = DT == G4_Q4_0 ? 0x78787878u : 0x80808080u; /* (c + Z) ^ 0x80: c - 8 or c */
                 const unsigned u[4] = {wv[i][0].x, wv[i][0].y, wv[i][0].z, wv[i][0].w};
                 unsigned lo[4], hi[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    lo[j] = ((u[j] & 0x0f0f0f0fu) + 0x78787878u) ^ 0x80808080u; /* n - 8 as int8: (n + 120) ^ 128 */
-                    hi[j] = (((u[j] >> 4) & 0x0f0f0f0fu) + 0x78787878u) ^ 0x80808080u;
+                    lo[j] = ((u[j] & 0x0f0f0f0fu) + Z) ^ 0x80808080u; /* c - 8 as int8: (c + 120) ^ 128 */
+                    hi[j] = (((u[j] >> 4) & 0x0f0f0f0fu) + Z) ^ 0x80808080u;
                 }
                 uint4 lv, hv;
                 lv.x = lo[0], lv.y = lo[1], lv.z = lo[2], lv.w = lo[3], hv.x = hi[0], hv.y = hi[1], hv.z = hi[2], hv.w = hi[3];
@@ -564,7 +578,7 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
     load(0);
     for (int kb0 = 0; kb0 < nb; kb0 += MMQ_KB) {
         __syncthreads(); /* the previous stage is multiplied */
-        store();
+        store(kb0);
         __syncthreads();
         if (kb0 + MMQ_KB < nb) load(kb0 + MMQ_KB); /* in flight while this stage is multiplied */
 #pragma unroll
@@ -576,7 +590,7 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
             af[1] = *(const uint32_t *)&xs[ra + 8][b * 32 + 4 * t];
             af[2] = *(const uint32_t *)&xs[ra][b * 32 + 16 + 4 * t];
             af[3] = *(const uint32_t *)&xs[ra + 8][b * 32 + 16 + 4 * t];
-            const float d0 = xsd[ra][b], d1 = xsd[ra + 8][b];
+            const float2 d0 = xsd[ra][b], d1 = xsd[ra + 8][b];
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 const int cb = wn * 32 + nt * 8;
@@ -584,9 +598,16 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
                                         *(const uint32_t *)&ws[cb + g][b * 32 + 16 + 4 * t]};
                 int ci[4];
                 g4_mma_s8(ci, af, bf, scr[warp]);
-                const float e0 = wsd[cb + 2 * t][b], e1 = wsd[cb + 2 * t + 1][b];
-                acc[nt][0] += (float)ci[0] * (d0 * e0), acc[nt][1] += (float)ci[1] * (d0 * e1);
-                acc[nt][2] += (float)ci[2] * (d1 * e0), acc[nt][3] += (float)ci[3] * (d1 * e1);
+                const float2 e0 = wsd[cb + 2 * t][b], e1 = wsd[cb + 2 * t + 1][b];
+                if constexpr (DT == G4_Q4_K) {
+                    acc[nt][0] += d0.x * fmaf(e0.x, (float)ci[0], e0.y * d0.y);
+                    acc[nt][1] += d0.x * fmaf(e1.x, (float)ci[1], e1.y * d0.y);
+                    acc[nt][2] += d1.x * fmaf(e0.x, (float)ci[2], e0.y * d1.y);
+                    acc[nt][3] += d1.x * fmaf(e1.x, (float)ci[3], e1.y * d1.y);
+                } else {
+                    acc[nt][0] += (float)ci[0] * (d0.x * e0.x), acc[nt][1] += (float)ci[1] * (d0.x * e1.x);
+                    acc[nt][2] += (float)ci[2] * (d1.x * e0.x), acc[nt][3] += (float)ci[3] * (d1.x * e1.x);
+                }
             }
         }
     }
@@ -604,12 +625,13 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
 }
 
 static int mmq_takes(const g4c *c, const g4_tensor *w) {
-    return !c->float_act && (w->dtype == G4_Q4_0 || w->dtype == G4_Q8_0) && w->shape[w->ndim - 1] % 32 == 0;
+    return !c->float_act && (w->dtype == G4_Q4_0 || w->dtype == G4_Q8_0 || w->dtype == G4_Q4_K) &&
+           w->shape[w->ndim - 1] % (w->dtype == G4_Q4_K ? 256 : 32) == 0;
 }
 
 /* the experts' products of np pair rows (rows of expert act_e[i] from act_off[i], act_cnt[i] of them): x's rows as
  * int8 blocks (xq, xd) into y (ldc apart); tiles: a workspace of the tile list */
-static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const float *xd, int na,
+static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const float2 *xd, int na,
                         const int32_t *act_e, const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc) {
     int most = 0;
     for (int i = 0; i < na; i++) most += (act_cnt[i] + MMQ_BM - 1) / MMQ_BM;
@@ -638,6 +660,8 @@ static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const
     const dim3 grid((unsigned)((m.R + MMQ_BN - 1) / MMQ_BN), (unsigned)nt);
     if (w->dtype == G4_Q4_0)
         g4c_launch(c, experts_mmq_kernel<G4_Q4_0>, grid, dim3(256), 0, m);
+    else if (w->dtype == G4_Q4_K)
+        g4c_launch(c, experts_mmq_kernel<G4_Q4_K>, grid, dim3(256), 0, m);
     else
         g4c_launch(c, experts_mmq_kernel<G4_Q8_0>, grid, dim3(256), 0, m);
 }
@@ -652,11 +676,11 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     const int na = host[0];
     const int32_t *act_e = host + 1, *act_off = host + 1 + E, *act_cnt = host + 1 + 2 * E;
     g4c_launch(c, moe_gather_kernel, dim3((unsigned)np), dim3(256), 0, a, xg);
-    /* Q4_0 / Q8_0 experts: int8 blocks of x2 (then of the activations) after gu, [np, max(H, Im)] codes, then the
+    /* Q4_0 / Q8_0 / Q4_K experts: int8 blocks of x2 (then of the activations) after gu, [np, max(H, Im)] codes, then the
      * scales; other types: cuBLAS on bf16 tiles */
     const int qgu = mmq_takes(c, m->gate_up) && (!m->up || mmq_takes(c, m->up)), qdn = mmq_takes(c, m->down);
     signed char *xq = (signed char *)(((uintptr_t)(gu + (size_t)np * 2 * Im) + 255) & ~(uintptr_t)255);
-    float *xd = (float *)(xq + (size_t)np * (H > Im ? H : Im));
+    float2 *xd = (float2 *)(xq + (size_t)np * (H > Im ? H : Im));
     g4c_gemm_in in;
     if (qgu) {
         g4c_launch(c, q8_rows_kernel, dim3((unsigned)np), dim3(256), 0, (const float *)xg, H, m->pre_norm2, m->eps,
@@ -759,7 +783,7 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     const int gemm = n > g4c_gemv_max_tokens() && !c->capturing && !c->in_graph_step;
     const size_t ints = np * 2 + 1 + 3 * (size_t)E,
                  need = ((ints + 3) & ~(size_t)3) * 4 + np * 4 + np * ((size_t)Im + H) * 4 + (size_t)n * (E + 1) * 4 +
-                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 + np * (size_t)(H > Im ? H : Im) * 9 / 8 + 256 : 0);
+                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 + np * (size_t)(H > Im ? H : Im) * 5 / 4 + 256 : 0);
     unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_moe, need);
     if (!ws) return;
     int32_t *iw = (int32_t *)ws;
