@@ -1401,6 +1401,7 @@ static void test_moe(void) {
                                                                                            * down: bf16 tiles beside */
         moe_case_e(40, 512, 256, G4_F32, G4_Q4_K, 0, G4_Q4_K, 4, 2, 0, 0);
         moe_case_e(24, 512, 256, G4_F32, G4_Q4_K, 1, G4_Q6_K, 4, 2, 0, 0);
+        moe_case_e(24, 512, 256, G4_F32, G4_Q6_K, 0, G4_Q4_K, 5, 2, 0, 0); /* the tiles outlive gate/up's cuBLAS */
     }
 }
 

@@ -699,6 +699,7 @@ typedef struct g4c {
     g4c_buf ws_deq;       /* quantized weights decoded to bf16 for prefill products */
     g4c_buf ws_grp, ws_map; /* pointer arrays of batched products, row maps (g4c_gemm_experts) */
     g4c_buf ws_pad;       /* the experts' outputs at padded rows (g4c_gemm_experts) */
+    g4c_buf ws_tiles;     /* row tiles of the experts' int8 products (cuda_moe.cu, mmq_tiles) */
     int *counters;        /* zeroed counters the "last block finishes" kernels use */
     size_t n_counters;
     unsigned generation;  /* bumped when a workspace moves */

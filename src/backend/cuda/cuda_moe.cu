@@ -629,16 +629,18 @@ static int mmq_takes(const g4c *c, const g4_tensor *w) {
            w->shape[w->ndim - 1] % (w->dtype == G4_Q4_K ? 256 : 32) == 0;
 }
 
-/* the experts' products of np pair rows (rows of expert act_e[i] from act_off[i], act_cnt[i] of them): x's rows as
- * int8 blocks (xq, xd) into y (ldc apart); tiles: a workspace of the tile list */
-static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const float2 *xd, int na,
-                        const int32_t *act_e, const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc) {
+/* The row tiles of the experts' int8 products (per tile: expert, first pair row, rows <= MMQ_BM) in a workspace,
+ * made once for a step's gate/up and down products; the count, 0 when there is none (or after noting an error). */
+static int mmq_tiles(g4c *c, int na, const int32_t *act_e, const int32_t *act_off, const int32_t *act_cnt,
+                     const int32_t **tiles) {
     int most = 0;
     for (int i = 0; i < na; i++) most += (act_cnt[i] + MMQ_BM - 1) / MMQ_BM;
-    int32_t *host = (int32_t *)malloc((size_t)(most > 0 ? most : 1) * 3 * sizeof(int32_t));
-    if (!host) {
-        g4c_note(c, cudaErrorMemoryAllocation, "moe: out of host memory");
-        return;
+    int32_t *host = most ? (int32_t *)malloc((size_t)most * 3 * sizeof(int32_t)) : NULL;
+    int32_t *dev = most ? (int32_t *)g4c_ws(c, &c->ws_tiles, (size_t)most * 3 * sizeof(int32_t)) : NULL;
+    if (most && !host) g4c_note(c, cudaErrorMemoryAllocation, "moe: out of host memory");
+    if (!host || !dev) {
+        free(host);
+        return 0;
     }
     int nt = 0;
     for (int i = 0; i < na; i++)
@@ -646,10 +648,17 @@ static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const
             host[3 * nt] = act_e[i], host[3 * nt + 1] = act_off[i] + m0;
             host[3 * nt + 2] = act_cnt[i] - m0 < MMQ_BM ? act_cnt[i] - m0 : MMQ_BM;
         }
-    int32_t *tiles = nt ? (int32_t *)g4c_ws(c, &c->ws_map, (size_t)nt * 3 * sizeof(int32_t)) : NULL;
-    if (tiles) g4c_copy_to_device(c, tiles, host, (size_t)nt * 3 * sizeof(int32_t));
+    g4c_copy_to_device(c, dev, host, (size_t)nt * 3 * sizeof(int32_t));
     free(host);
-    if (!tiles) return;
+    *tiles = dev;
+    return nt;
+}
+
+/* the experts' products of the pair rows of nt tiles (mmq_tiles): x's rows as int8 blocks (xq, xd) into y (ldc
+ * apart) */
+static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const float2 *xd, const int32_t *tiles,
+                        int nt, float *y, int ldc) {
+    if (!nt) return;
     mmq_args m;
     m.xq = xq, m.xd = xd, m.w = (const unsigned char *)w->data;
     m.row_bytes = g4c_wrow_bytes(w);
@@ -682,11 +691,13 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     signed char *xq = (signed char *)(((uintptr_t)(gu + (size_t)np * 2 * Im) + 255) & ~(uintptr_t)255);
     float2 *xd = (float2 *)(xq + (size_t)np * (H > Im ? H : Im));
     g4c_gemm_in in;
+    const int32_t *tiles = NULL;
+    const int nt = qgu || qdn ? mmq_tiles(c, na, act_e, act_off, act_cnt, &tiles) : 0;
     if (qgu) {
         g4c_launch(c, q8_rows_kernel, dim3((unsigned)np), dim3(256), 0, (const float *)xg, H, m->pre_norm2, m->eps,
                    xq, xd);
-        experts_mmq(c, m->gate_up, xq, xd, na, act_e, act_off, act_cnt, gu, 2 * Im);
-        if (m->up) experts_mmq(c, m->up, xq, xd, na, act_e, act_off, act_cnt, gu + Im, 2 * Im);
+        experts_mmq(c, m->gate_up, xq, xd, tiles, nt, gu, 2 * Im);
+        if (m->up) experts_mmq(c, m->up, xq, xd, tiles, nt, gu + Im, 2 * Im);
     } else {
         if (g4c_gemm_input(c, xg, np, H, m->pre_norm2, m->eps, m->gate_up->dtype, &in)) return;
         g4c_gemm_experts(c, &in, m->gate_up, na, act_e, act_off, act_cnt, gu, 2 * Im);
@@ -699,7 +710,7 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     if (qdn) {
         g4c_launch(c, q8_rows_kernel, dim3((unsigned)np), dim3(256), 0, (const float *)a.ws.act, Im, (const float *)NULL,
                    0.0f, xq, xd);
-        experts_mmq(c, m->down, xq, xd, na, act_e, act_off, act_cnt, d, H);
+        experts_mmq(c, m->down, xq, xd, tiles, nt, d, H);
     } else {
         if (g4c_gemm_input(c, a.ws.act, np, Im, NULL, 0.0f, m->down->dtype, &in)) return;
         g4c_gemm_experts(c, &in, m->down, na, act_e, act_off, act_cnt, d, H);
