@@ -508,7 +508,8 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
     const int n0 = blockIdx.x * MMQ_BN;
     const unsigned char *we = a.w + (size_t)e * a.ex_bytes;
     constexpr int CW = DT == G4_Q8_0 ? 32 : 16; /* code bytes of a block of 32 */
-    /* this thread's share of a stage: x bytes [xr][16 xp ..), x scale (xr2, xb2); weight blocks (wr[i], wb[i]) */
+    /* this thread's share of a stage: x bytes [xr][16 xp ..), the x scales of thread tid < MMQ_BM * MMQ_KB, and the
+     * weight blocks tid and tid + 256 (row item / MMQ_KB, block item % MMQ_KB) */
     const int xr = tid >> 3, xp = tid & 7;
     uint4 xv, wv[2][CW / 16], wsc[2]; /* (Q4_K: the super-block's scales) */
     float2 xdv = make_float2(0.0f, 0.0f);
@@ -544,12 +545,10 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int item = tid + 256 * i, r = item / MMQ_KB, bb = item % MMQ_KB;
-            if constexpr (DT == G4_Q4_K) { /* (zeros past the row: a = b = 0) */
-                float2 ab = make_float2(0.0f, 0.0f);
-                if (wsc[i].x | wsc[i].y | wsc[i].z | wsc[i].w) {
-                    const uint4 r2[2] = {uint4(), wsc[i]};
-                    g4_qt<G4_Q4_K>::seg(r2, g4c_qrow(), (kb0 + bb) * 32, 0, &ab.x, &ab.y);
-                }
+            if constexpr (DT == G4_Q4_K) { /* (past the row: zero scales, so a = b = 0) */
+                float2 ab;
+                const uint4 r2[2] = {uint4(), wsc[i]};
+                g4_qt<G4_Q4_K>::seg(r2, g4c_qrow(), (kb0 + bb) * 32, 0, &ab.x, &ab.y);
                 wsd[r][bb] = ab;
             } else {
                 wsd[r][bb] = make_float2(wdv[i], 0.0f);
