@@ -329,8 +329,8 @@ static int quantize(const char *in, const char *out, const char *type) {
  * (Float activations: G4_NO_INT8_ACT, honored by the CPU and the CUDA backend.)
  * On the GPU (the default device where there is one) the same checks run there: the quantized weights are
  * decoded in the GEMV (int8 activations of Q8_0 and MLX as the CPU's, float ones under G4_NO_INT8_ACT) and,
- * for the prompt's products, into bf16 hi + lo
- * tiles (cuda_blas.cu), while the f32-decoded file runs f32 products; check 1 then allows QUANT_EXACT_TOL = 1e-2
+ * for the prompt's products, into bf16 tiles (cuda_blas.cu: rounded once, with the activations; hi + lo parts
+ * under G4_NO_INT8_ACT), while the f32-decoded file runs f32 products; check 1 then allows QUANT_EXACT_TOL = 1e-2
  * (measured in the emulator on the 37-token prompts: 0.9e-3 to 2.9e-3 for Q8_0 and MLX8; an engine error, like
  * one matrix rounded once more to 8 bits, moves these chaotic fixtures' logits by more than 1). */
 #define QUANT_EXACT_TOL (on_gpu ? 1e-2f : LOGIT_TOL)

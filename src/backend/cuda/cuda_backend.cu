@@ -14,7 +14,8 @@
  * recordings off, G4_CUDA_PDL=0 programmatic dependent launch, G4_CUDA_PROFILE=1 prints the time of each
  * kernel when the backend is freed (steps then run eagerly), G4_CUDA_GEMM=bf16 (or bf16_act, from
  * g4_load_params.bf16_activations) turns off the precise prefill products (cuda_blas.cu: activations rounded to
- * bf16 once, half the tensor-core work). A build with -DCMAKE_CUDA_FLAGS=-DG4_CUDA_TRACE and G4_CUDA_TRACE=1 prints
+ * bf16 once, half the tensor-core work), G4_CUDA_QGEMM=precise turns them on for quantized weights too (as
+ * G4_NO_INT8_ACT does). A build with -DCMAKE_CUDA_FLAGS=-DG4_CUDA_TRACE and G4_CUDA_TRACE=1 prints
  * the timeline of the last replayed recording when the backend is freed (cuda_common.cuh: every kernel's wait and
  * its marks, from the GPU's global timer; the recording runs as in production). */
 #include "backend/cuda/cuda_common.cuh"
@@ -522,6 +523,7 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     c->graphs_on = !env_is("G4_CUDA_GRAPHS", "0");
     c->gemm_split = !bf16_act && !env_is("G4_CUDA_GEMM", "bf16");
     c->float_act = getenv("G4_NO_INT8_ACT") != NULL;
+    c->qgemm_split = c->gemm_split && (c->float_act || env_is("G4_CUDA_QGEMM", "precise"));
     const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
     c->moe_fork = !env_is("G4_CUDA_MOE_FORK", "0");

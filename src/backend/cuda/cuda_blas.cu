@@ -5,8 +5,14 @@
  * products to the weights' 16-bit type, after the RMSNorm when the set has one. Products accumulate in f32.
  * Rounding the activations to bf16 costs about 3 significant digits, so by default the rounding remainder is
  * multiplied too (x = hi + lo, both bf16: near f32 accuracy for twice the tensor-core work); G4_CUDA_GEMM=bf16
- * or g4_load_params.bf16_activations rounds once (the usual engines' choice). f32 weights use an f32 product (SGEMM). The emulator computes the same products with
- * plain loops. */
+ * or g4_load_params.bf16_activations rounds once (the usual engines' choice). f32 weights use an f32 product
+ * (SGEMM). Quantized weights are decoded to bf16 tiles and, with their activations, rounded to bf16 once: the
+ * file's own rounding is the larger error (their one-token products already read int8 activations), and the
+ * precise form (weights and activations as hi + lo, three products) would cost 1.5-2.1x the prefill time
+ * (H200, same call: 12B Q4_0 512 tokens 6601 -> 13213 tok/s, E4B Q4_0 11605 -> 19473; test_decoder's Q8_0 / MLX8
+ * fixtures' closeness to transformers alike: position 0 within 0.07-0.15 and RMS 0.17-0.48x either way). The
+ * precise form stays under G4_NO_INT8_ACT (comparisons of the stored weights' exact products) and
+ * G4_CUDA_QGEMM=precise. The emulator computes the same products with plain loops. */
 #include "backend/cuda/cuda_common.cuh"
 
 #include <stdio.h>
@@ -45,17 +51,19 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
 
 int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out) {
     memset(out, 0, sizeof *out);
-    if (g4_dtype_is_quantized(t)) t = G4_BF16; /* quantized weights are decoded to bf16 tiles (g4c_gemm_run) */
+    const int quant = g4_dtype_is_quantized(t);
+    if (quant) t = G4_BF16; /* quantized weights are decoded to bf16 tiles (g4c_gemm_run) */
     out->n = n;
     out->in = in;
     out->t = t;
+    out->wsplit = quant && c->qgemm_split;
     if (t == G4_F32 && !norm) {
         out->hi = x;
         return 0;
     }
     /* (PAD_ROWS rows of slack: the experts' padded products read past the last row, g4c_gemm_experts) */
     const size_t esz = t == G4_F32 ? 4 : 2, part = ((size_t)(n + PAD_ROWS) * (size_t)in * esz + 255) & ~(size_t)255;
-    const int split = c->gemm_split && t != G4_F32;
+    const int split = t != G4_F32 && (quant ? c->qgemm_split : c->gemm_split);
     unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_x16, split ? 2 * part : part);
     if (!ws) return -1;
     out->hi = ws;
@@ -192,15 +200,16 @@ static void gemm_batched(g4c *c, int count, const void *const *A, const void *co
     }
 #endif
     for (int i = 0; i < count; i++) {
-        const g4c_gemm_in xi = {B[i], NULL, n, k, t};
+        const g4c_gemm_in xi = {B[i], NULL, n, k, t, 0};
         gemm_rows(c, &xi, A[i], t, lda, m, C[i], ldc, acc);
     }
 }
 
 /* Plain weights are multiplied where they are; quantized ones a tile of rows at a time, decoded to bf16 in a
- * workspace (at most DEQ_ELEMS weights). In the precise mode (c->gemm_split) the decoded weights are split like
+ * workspace (at most DEQ_ELEMS weights). In their precise mode (c->qgemm_split) the decoded weights are split like
  * the activations, w = hi + lo, and y = hi (x_hi + x_lo) + lo x_hi: about 16 significant bits on both sides
- * (a weight rounded to bf16 once moves these chaotic fixtures' logits by more than 1). */
+ * (the exact-weights comparison of test_decoder: a weight rounded to bf16 once moves these chaotic fixtures'
+ * logits by more than 1). */
 #define DEQ_ELEMS ((size_t)64 << 20)
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
     g4c_gemm_run_ld(c, x, w, y, (int)w->shape[0]);
@@ -226,7 +235,7 @@ void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y,
                                                             * runs misaligned outputs at a fraction of its speed) */
     if (per < 64) per = 64;
     if (per > (size_t)out) per = (size_t)out;
-    const int split = x->lo != NULL;
+    const int split = x->wsplit;
     const size_t tile_elems = per * (size_t)x->in;
     uint16_t *tile = (uint16_t *)g4c_ws(c, &c->ws_deq, tile_elems * 2 * (split ? 2 : 1));
     if (!tile) return;
@@ -255,7 +264,7 @@ __global__ void rows_gather_kernel(const float *src, int cols, const int32_t *ma
  * between them: few in prefill). f32 weights: a call an expert. */
 void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, const int32_t *act_e,
                       const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc) {
-    const int R = (int)w->shape[1], in = x->in, quant = g4_dtype_is_quantized(w->dtype), split = x->lo != NULL;
+    const int R = (int)w->shape[1], in = x->in, quant = g4_dtype_is_quantized(w->dtype), split = x->wsplit;
     const size_t rb = g4c_wrow_bytes(w), esz = x->t == G4_F32 ? 4 : 2;
     const int lda = quant ? in : (int)(g4c_row_bytes(w->dtype, in) / (size_t)(g4_dtype_bits(w->dtype) / 8));
     const g4_dtype t = quant ? G4_BF16 : w->dtype;
@@ -310,11 +319,11 @@ void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, 
                     A[nb] = (const unsigned char *)w->data + (size_t)act_e[i] * (size_t)R * rb;
                 }
                 B[nb] = (const unsigned char *)x->hi + (size_t)act_off[i] * (size_t)in * esz;
-                Bl[nb] = split ? (const unsigned char *)x->lo + (size_t)act_off[i] * (size_t)in * esz : NULL;
+                Bl[nb] = x->lo ? (const unsigned char *)x->lo + (size_t)act_off[i] * (size_t)in * esz : NULL;
                 C[nb++] = scr + (size_t)srow[l] * (size_t)R;
             }
             gemm_batched(c, nb, A, B, C, R, pc[j], in, lda, R, t, 0);
-            if (split) gemm_batched(c, nb, A, Bl, C, R, pc[j], in, lda, R, t, 1);
+            if (x->lo) gemm_batched(c, nb, A, Bl, C, R, pc[j], in, lda, R, t, 1);
             if (split && quant) gemm_batched(c, nb, Al, B, C, R, pc[j], in, lda, R, t, 1);
         }
         for (int j = 0; j < ne; j++)

@@ -706,6 +706,7 @@ typedef struct g4c {
     void *blas;           /* cublasHandle_t (NULL in the emulator) */
     void *blas_ws;
     int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
+    int qgemm_split;      /* prefill products of quantized weights as hi + lo parts on both sides (cuda_blas.cu) */
     struct { /* blocks of a kernel (with so much dynamic shared memory) resident on a multiprocessor */
         const void *kernel;
         size_t smem;
@@ -842,6 +843,7 @@ typedef struct g4c_gemm_in {
     const void *hi, *lo; /* lo NULL unless split */
     int n, in;
     g4_dtype t;
+    int wsplit; /* quantized weights: decoded as bf16 hi + lo parts (c->qgemm_split) */
 } g4c_gemm_in;
 int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out);
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y);
