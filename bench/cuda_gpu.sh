@@ -3,7 +3,8 @@
 # real shapes, and a profile of a decode step. Prints a table last.
 #
 # usage: bench/cuda_gpu.sh BIN SHARED OUT STEP...
-#   BIN     folder with gemma4c, test_backend_ops, test_decoder of a -DGEMMA4C_CUDA=ON build
+#   BIN     folder with gemma4c, test_backend_ops, test_decoder (and test_vision, test_audio, test_unified where
+#           present: the towers end to end) of a -DGEMMA4C_CUDA=ON build
 #   SHARED  folder with fixtures/ and configs/ (../shared)
 #   OUT     folder for logs
 #   STEP    tests | memcheck | bench:MODEL[:PROMPTS[:CONTEXTS[:TYPE]]] | profile:MODEL[:TYPE] | ncu:MODEL[:TYPE]
@@ -34,6 +35,12 @@ for step in "$@"; do
         "$BIN/test_decoder" >"$OUT/decoder.log" 2>&1
         echo "decoder rc=$? $(tail -1 "$OUT/decoder.log")" | tee -a "$summary"
         grep -E "logits|KV|failed" "$OUT/decoder.log" | head -30
+        for t in test_vision test_audio test_unified; do # the towers: image / WAV to logits on the default device
+            [ -x "$BIN/$t" ] || continue
+            "$BIN/$t" >"$OUT/$t.log" 2>&1
+            echo "$t rc=$? $(tail -1 "$OUT/$t.log")" | tee -a "$summary"
+            grep -E "error|failed" "$OUT/$t.log" | head -8
+        done
         ;;
     memcheck)
         echo "== compute-sanitizer memcheck: the CUDA op tests and a fixture model run"
