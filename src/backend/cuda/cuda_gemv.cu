@@ -784,28 +784,25 @@ typedef struct epi_args {
     float scale;        /* of y0 before the bias */
 } epi_args;
 
-/* rows t over blockIdx.y, outputs r over blockIdx.x (a flat index took a 64-bit remainder per element: 1 ms for the
- * soft-capped logits of 143 tokens x 262144, H200 profile of test_vision) */
 __global__ void gemm_epilogue(epi_args a) {
     g4_grid_wait();
-    for (int t = blockIdx.y; t < a.n; t += gridDim.y)
-        for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < a.out; r += gridDim.x * blockDim.x) {
-            const size_t i = (size_t)t * (size_t)a.out + (size_t)r;
-            float y = a.y0[i] * a.scale + (a.bias0 ? a.bias0[r] : 0.0f);
-            if (a.geglu == 1) y = g4_gelu_tanh(y) * (a.y1[i] + (a.bias1 ? a.bias1[r] : 0.0f));
-            if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[i];
-            if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
-            a.y0[i] = y;
-        }
+    const size_t total = (size_t)a.n * (size_t)a.out;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const int r = (int)(i % (size_t)a.out);
+        float y = a.y0[i] * a.scale + (a.bias0 ? a.bias0[r] : 0.0f);
+        if (a.geglu == 1) y = g4_gelu_tanh(y) * (a.y1[i] + (a.bias1 ? a.bias1[r] : 0.0f));
+        if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[i];
+        if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+        a.y0[i] = y;
+    }
 }
 
 static void epilogue(g4c *c, epi_args a) {
     if (a.scale == 0.0f) a.scale = 1.0f;
-    const unsigned most = (unsigned)c->n_sm * 16;
-    unsigned bx = (unsigned)((a.out + 255) / 256), by = (unsigned)(a.n < 65535 ? a.n : 65535);
-    while (bx > 1 && bx * by > most) bx = (bx + 1) / 2;
-    while (by > 1 && bx * by > most) by = (by + 1) / 2;
-    g4c_launch(c, gemm_epilogue, dim3(bx, by), dim3(256), 0, a);
+    const size_t total = (size_t)a.n * (size_t)a.out;
+    unsigned blocks = (unsigned)((total + 255) / 256);
+    if (blocks > (unsigned)c->n_sm * 16) blocks = (unsigned)c->n_sm * 16;
+    g4c_launch(c, gemm_epilogue, dim3(blocks), dim3(256), 0, a);
 }
 
 static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
