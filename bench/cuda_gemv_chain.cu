@@ -9,7 +9,7 @@
 //      where two fit a multiprocessor); rows past PF streamed as in A.
 // Prints the device-to-device copy bandwidth, then us a step, GB/s of weights and % of the copy bandwidth for 1 and
 // 2 blocks a multiprocessor, and a checksum of the head's outputs (A and B sum in the same order: equal).
-// Build and run on the GPU machine: nvcc -O3 -arch=sm_90a -o /tmp/chain bench/cuda_gemv_chain.cu && /tmp/chain [PF]
+// Built as build-cuda/g4-cuda-gemv-chain by -DGEMMA4C_CUDA=ON (or nvcc -O3 -arch=sm_90a); run: g4-cuda-gemv-chain [PF]
 // (bench/cuda_h200_results.md, session of 2026-12-02 22:34 UTC: A reaches 61.8% at best, B does not beat it).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
