@@ -56,7 +56,6 @@ int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, flo
     out->n = n;
     out->in = in;
     out->t = t;
-    out->wsplit = quant && c->qgemm_split;
     if (t == G4_F32 && !norm) {
         out->hi = x;
         return 0;
@@ -200,7 +199,7 @@ static void gemm_batched(g4c *c, int count, const void *const *A, const void *co
     }
 #endif
     for (int i = 0; i < count; i++) {
-        const g4c_gemm_in xi = {B[i], NULL, n, k, t, 0};
+        const g4c_gemm_in xi = {B[i], NULL, n, k, t};
         gemm_rows(c, &xi, A[i], t, lda, m, C[i], ldc, acc);
     }
 }
@@ -235,7 +234,7 @@ void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y,
                                                             * runs misaligned outputs at a fraction of its speed) */
     if (per < 64) per = 64;
     if (per > (size_t)out) per = (size_t)out;
-    const int split = x->wsplit;
+    const int split = c->qgemm_split;
     const size_t tile_elems = per * (size_t)x->in;
     uint16_t *tile = (uint16_t *)g4c_ws(c, &c->ws_deq, tile_elems * 2 * (split ? 2 : 1));
     if (!tile) return;
@@ -264,7 +263,8 @@ __global__ void rows_gather_kernel(const float *src, int cols, const int32_t *ma
  * between them: few in prefill). f32 weights: a call an expert. */
 void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, const int32_t *act_e,
                       const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc) {
-    const int R = (int)w->shape[1], in = x->in, quant = g4_dtype_is_quantized(w->dtype), split = x->wsplit;
+    const int R = (int)w->shape[1], in = x->in, quant = g4_dtype_is_quantized(w->dtype);
+    const int split = quant && c->qgemm_split; /* the decoded weights as hi + lo parts */
     const size_t rb = g4c_wrow_bytes(w), esz = x->t == G4_F32 ? 4 : 2;
     const int lda = quant ? in : (int)(g4c_row_bytes(w->dtype, in) / (size_t)(g4_dtype_bits(w->dtype) / 8));
     const g4_dtype t = quant ? G4_BF16 : w->dtype;

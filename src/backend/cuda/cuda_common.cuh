@@ -843,7 +843,6 @@ typedef struct g4c_gemm_in {
     const void *hi, *lo; /* lo NULL unless split */
     int n, in;
     g4_dtype t;
-    int wsplit; /* quantized weights: decoded as bf16 hi + lo parts (c->qgemm_split) */
 } g4c_gemm_in;
 int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out);
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y);
