@@ -1,16 +1,25 @@
-// How fast can a decode step of E2B's shape go as one kernel a matrix product? An E2B-shaped step as a chain of bf16
-// GEMVs (35 layers: q/k/v, o, gate/up as one matrix, down, per-layer-input gate and projection; double-wide MLP from
-// layer 15; then the 262144-row head: 211 products, 4.47 GB), one kernel a product chained with programmatic
-// dependent launch and recorded as a CUDA graph; no attention, norms or other kernels. Two variants:
-//   A: the engine's way (cuda_gemv.cu): the first accesses of a block's first row issued before the grid wait, the
-//      rest streamed after it;
-//   B: each block copies up to PF bytes of its rows into shared memory (cp.async) before the grid wait, so that a
-//      kernel's weights stream while the one before it finishes (the next kernel's blocks are resident meanwhile
-//      where two fit a multiprocessor); rows past PF streamed as in A.
-// Prints the device-to-device copy bandwidth, then us a step, GB/s of weights and % of the copy bandwidth for 1 and
-// 2 blocks a multiprocessor, and a checksum of the head's outputs (A and B sum in the same order: equal).
-// Built as build-cuda/g4-cuda-gemv-chain by -DGEMMA4C_CUDA=ON (or nvcc -O3 -arch=sm_90a); run: g4-cuda-gemv-chain [PF]
-// (bench/cuda_h200_results.md, session of 2026-12-02 22:34 UTC: A reaches 61.8% at best, B does not beat it).
+// How fast can a decode step of E2B's shape go, products only? An E2B-shaped step as a chain of bf16 GEMVs (35
+// layers: q/k/v, o, gate/up as one matrix, down, per-layer-input gate and projection; double-wide MLP from layer 15;
+// then the 262144-row head: 211 products, 4.47 GB), each product needing the whole output of the one before; no
+// attention, norms or other work. Variants:
+//   A: one kernel a product, chained with programmatic dependent launch in a CUDA graph, the engine's way
+//      (cuda_gemv.cu): a block's first row's first accesses issued before the grid wait, the rest streamed after it;
+//   B: as A, each block first copying up to PF bytes of its rows into shared memory (cp.async) before the grid wait;
+//   C: one persistent kernel (one block a multiprocessor) for the whole chain: a product's outputs announced per
+//      block on a counter, the next product's first PF bytes of the block's rows copied into a second shared-memory
+//      page while the block waits for that counter; modes: & 1 the announcing warp issues no copies, & 2 the release
+//      add without a full fence before it;
+//   D: persistent, the weights through a ring of shared-memory slots filled with bulk copies (TMA) by a producer warp
+//      running ahead across the counters, consumed by the other 15 warps; modes (timing probes, wrong sums): & 1 no
+//      products computed, & 2 no counters waited for;
+//   E: persistent, every warp streaming its own contiguous run of the block's rows through its own slots (TMA, NS
+//      copies of S bytes in flight a warp, running on into the next products' rows across the counters); inputs
+//      staged conflict-free; modes as D; LA more chunks a warp asked into L2 ahead of the copies.
+// Prints the device-to-device copy bandwidth, then us a step, GB/s of weights and % of the copy bandwidth, and a
+// checksum of the head's outputs (every variant sums in A's order: equal checksums, except D/E's timing probes).
+// Built as build-cuda/g4-cuda-gemv-chain by -DGEMMA4C_CUDA=ON (or nvcc -O3 -arch=sm_90a); run:
+// g4-cuda-gemv-chain [PF for B] [PF for C ...]; CHAIN_ONLY=A (A and B), C, D or E runs those only.
+// Results: bench/cuda_h200_results.md (sessions of 2026-12-02 22:34 UTC and 2026-12-03 02:28 UTC).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -39,12 +48,29 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
-__device__ __forceinline__ float dot8(uint4 w, const float *x) {
+__device__ __forceinline__ float dot8(uint4 w, const float *x) { // x 32-byte aligned: two 16-byte loads, as the engine
+    const float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     const unsigned u[4] = {w.x, w.y, w.z, w.w};
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; i++) s += __uint_as_float(u[i] << 16) * x[2 * i] + __uint_as_float(u[i] & 0xffff0000u) * x[2 * i + 1];
+    for (int i = 0; i < 4; i++) s += __uint_as_float(u[i] << 16) * xv[2 * i] + __uint_as_float(u[i] & 0xffff0000u) * xv[2 * i + 1];
     return s;
+}
+
+// one row's dot product from shared memory, four 16-byte accesses a lane in flight (the sum in the order of A)
+__device__ __forceinline__ float row_smem(const uint4 *row, const float *xs, int nv, int lane) {
+    float acc = 0.0f;
+    int v = lane;
+    for (; v + 96 < nv; v += 128) {
+        uint4 q[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) q[u] = row[v + 32 * u];
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc += dot8(q[u], xs + 8 * (v + 32 * u));
+    }
+    for (; v < nv; v += 32) acc += dot8(row[v], xs + 8 * v);
+    return acc;
 }
 
 template <bool PF> __global__ __launch_bounds__(THREADS, 2) void gemv(Stage s, int pf_bytes) {
@@ -77,7 +103,7 @@ template <bool PF> __global__ __launch_bounds__(THREADS, 2) void gemv(Stage s, i
         __syncthreads();
         for (int r = r0 + warp; r < r0 + inbuf; r += WARPS) {
             float acc = 0.0f;
-            for (int v = lane; v < nv; v += 32) acc += dot8(buf[(size_t)(r - r0) * nv + v], xs + 8 * v);
+            acc = row_smem(buf + (size_t)(r - r0) * nv, xs, nv, lane);
             for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
             if (lane == 0) s.y[r] = acc;
         }
@@ -103,6 +129,274 @@ template <bool PF> __global__ __launch_bounds__(THREADS, 2) void gemv(Stage s, i
         }
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) s.y[r] = acc;
+    }
+}
+
+
+// C: one persistent kernel for the whole chain. Each block keeps two pages of shared memory; while it waits for the
+// counter that says the stage's input is complete, the first PF bytes of its rows of the NEXT stage are already on
+// their way into the other page (cp.async), so device memory is never idle across a stage boundary; the rest of a
+// block's rows stream as in A, 8 accesses a lane in flight. Stage s's outputs are announced by each block with a
+// release add to done[s]; a block reads stage s's inputs after done[s-1] == gridDim.x (acquire).
+template <int MODE>
+__device__ __forceinline__ void pf_rows(const Stage &s, int pf_bytes, uint4 *page, int &r0, int &r1, int &inbuf) {
+    const int per = (s.rows + gridDim.x - 1) / gridDim.x, nv = s.cols / 8;
+    r0 = blockIdx.x * per, r1 = min(s.rows, r0 + per);
+    inbuf = max(0, min(r1 - r0, pf_bytes / (nv * 16)));
+    // MODE & 1: warp 0 (whose thread 0 announces and polls) issues none of the copies, so that its fence does not
+    // wait for them
+    const int t0 = (MODE & 1) ? 32 : 0;
+    for (int i = (int)threadIdx.x - t0; i >= 0 && i < inbuf * nv; i += THREADS - t0) {
+        const unsigned d = (unsigned)__cvta_generic_to_shared(page + i);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(s.w + (size_t)r0 * nv + i) : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int MODE> __global__ __launch_bounds__(THREADS, 1) void chain_persistent(const Stage *stages, int n, unsigned *done, int pf_bytes) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    float *xs = (float *)sm;
+    uint4 *page[2] = {(uint4 *)(sm + XMAX * 4), (uint4 *)(sm + XMAX * 4 + pf_bytes)};
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int r0, r1, inbuf, nr0, nr1, ninbuf;
+    pf_rows<MODE>(stages[0], pf_bytes, page[0], r0, r1, inbuf);
+    for (int si = 0; si < n; si++) {
+        const Stage s = stages[si];
+        if (si + 1 < n) pf_rows<MODE>(stages[si + 1], pf_bytes, page[(si + 1) & 1], nr0, nr1, ninbuf);
+        else asm volatile("cp.async.commit_group;" ::: "memory");
+        if (si > 0 && threadIdx.x == 0) {
+            unsigned v;
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done + si - 1) : "memory");
+            while (v < gridDim.x);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < s.cols; i += THREADS) xs[i] = __ldcg(s.x + i);
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        __syncthreads();
+        const int nv = s.cols / 8;
+        const uint4 *buf = page[si & 1];
+        for (int r = r0 + warp; r < r0 + inbuf; r += WARPS) {
+            float acc = 0.0f;
+            acc = row_smem(buf + (size_t)(r - r0) * nv, xs, nv, lane);
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0) __stcg(s.y + r, acc);
+        }
+        for (int r = r0 + inbuf + warp; r < r1; r += WARPS) {
+            float acc = 0.0f;
+            const uint4 *row = s.w + (size_t)r * nv;
+            for (int v = lane; v < nv; v += 256) {
+                uint4 q[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (v + 32 * u < nv) q[u] = ldw(row + v + 32 * u);
+#pragma unroll
+                for (int u = 0; u < 8; u++)
+                    if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
+            }
+            for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+            if (lane == 0) __stcg(s.y + r, acc);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (!(MODE & 2)) __threadfence(); // MODE & 2: the release add alone
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done + si) : "memory");
+        }
+        r0 = nr0, r1 = nr1, inbuf = ninbuf;
+    }
+}
+
+// D: one persistent kernel whose weights stream through a ring of shared-memory slots filled by one producer warp
+// with bulk copies (TMA, cp.async.bulk + mbarrier) in the order the block will consume them, as far ahead as the
+// ring allows and regardless of the stage barriers; the other warps wait for each stage's inputs (the same counters
+// as C), then consume the slots. A slot holds whole rows of one stage (a row is at most SLOT bytes).
+constexpr int DW = 16, DCONS = DW - 1, SLOT = 24576; // warps, consumer warps, slot bytes
+__device__ __forceinline__ unsigned saddr(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mb_wait(unsigned mb, unsigned parity) {
+    asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(mb), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void slice(const Stage &s, int &r0, int &r1, int &rps) {
+    const int per = (s.rows + gridDim.x - 1) / gridDim.x;
+    r0 = min(s.rows, blockIdx.x * per), r1 = min(s.rows, r0 + per);
+    rps = max(1, SLOT / (s.cols * 2)); // rows a slot
+}
+
+// MODE (timing probes only, wrong results): & 1 consumers skip the products, & 2 no stage barriers
+template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_ring(const Stage *stages, int n, unsigned *done, int nslot) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    unsigned long long *full = (unsigned long long *)sm, *empty = full + 32;
+    float *xs = (float *)(sm + 512);
+    unsigned char *ring = sm + 512 + XMAX * 4;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < nslot; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(full + i)) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(saddr(empty + i)), "r"(DCONS) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == DCONS) { // the producer
+        if (lane == 0) {
+            unsigned k = 0; // chunks issued so far
+            for (int si = 0; si < n; si++) {
+                const Stage s = stages[si];
+                int r0, r1, rps;
+                slice(s, r0, r1, rps);
+                for (int r = r0; r < r1; r += rps, k++) {
+                    const int slot = k % nslot, use = k / nslot;
+                    if (use > 0) mb_wait(saddr(empty + slot), (use - 1) & 1);
+                    const unsigned bytes = (unsigned)(min(rps, r1 - r) * s.cols * 2);
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(full + slot)), "r"(bytes) : "memory");
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                                 ::"r"(saddr(ring + (size_t)slot * SLOT)), "l"(s.w + (size_t)r * (s.cols / 8)), "r"(bytes),
+                                 "r"(saddr(full + slot)) : "memory");
+                }
+            }
+        }
+        return;
+    }
+    unsigned k = 0;
+    for (int si = 0; si < n; si++) {
+        const Stage s = stages[si];
+        int r0, r1, rps;
+        slice(s, r0, r1, rps);
+        if (!(MODE & 2) && si > 0 && threadIdx.x == 0) {
+            unsigned v;
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done + si - 1) : "memory");
+            while (v < gridDim.x);
+        }
+        asm volatile("bar.sync 1, %0;" ::"r"(DCONS * 32) : "memory");
+        for (int i = threadIdx.x; i < s.cols / 4; i += DCONS * 32) ((float4 *)xs)[i] = __ldcg((const float4 *)s.x + i);
+        asm volatile("bar.sync 1, %0;" ::"r"(DCONS * 32) : "memory");
+        const int nv = s.cols / 8;
+        for (int r = r0; r < r1; r += rps, k++) {
+            const int slot = k % nslot, use = k / nslot, nr = min(rps, r1 - r);
+            mb_wait(saddr(full + slot), use & 1);
+            const uint4 *buf = (const uint4 *)(ring + (size_t)slot * SLOT);
+            // the block's rows of the stage go round the consumer warps
+            for (int row = 0; row < nr; row++) {
+                if ((MODE & 1) || (r - r0 + row) % DCONS != warp) continue;
+                float acc = 0.0f;
+                acc = row_smem(buf + (size_t)row * nv, xs, nv, lane);
+                for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+                if (lane == 0) __stcg(s.y + r + row, acc);
+            }
+            __syncwarp();
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(empty + slot)) : "memory");
+        }
+        asm volatile("bar.sync 1, %0;" ::"r"(DCONS * 32) : "memory");
+        if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done + si) : "memory");
+    }
+}
+
+// E: every warp streams its own rows. The block's rows of a stage are split into 16 contiguous runs, one a warp; a
+// warp's lane 0 keeps NS bulk copies (TMA) of S bytes of its run in flight in the warp's own slots, running on into
+// its rows of the next stages regardless of the stage barriers; the warp consumes its slots in order (no waiting on
+// other warps but at the stage barrier). The inputs are staged as two float4 arrays (x[8v..8v+3], x[8v+4..8v+7]), so
+// that a warp's reads of them are free of bank conflicts. Sums in the order of A.
+struct Cur { int si; long long pos, end; };
+__device__ __forceinline__ void warp_run(const Stage &s, int warp, long long &b0, long long &b1) {
+    const int per = (s.rows + gridDim.x - 1) / gridDim.x;
+    const int r0 = min(s.rows, blockIdx.x * per), r1 = min(s.rows, r0 + per), nr = r1 - r0;
+    const long long rb = (long long)s.cols * 2;
+    b0 = (r0 + (long long)nr * warp / DW) * rb, b1 = (r0 + (long long)nr * (warp + 1) / DW) * rb;
+}
+__device__ __forceinline__ void cur_seek(const Stage *st, int n, int warp, Cur &c) { // first non-empty run from c.si
+    for (; c.si < n; c.si++) {
+        warp_run(st[c.si], warp, c.pos, c.end);
+        if (c.end > c.pos) return;
+    }
+}
+__device__ __forceinline__ float dot8s(uint4 w, float4 a, float4 b) {
+    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) s += __uint_as_float(u[i] << 16) * xv[2 * i] + __uint_as_float(u[i] & 0xffff0000u) * xv[2 * i + 1];
+    return s;
+}
+
+template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_warps(const Stage *stages, int n, unsigned *done, int S, int NS, int LA) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned long long *full = (unsigned long long *)sm + warp * NS; // 16 x NS barriers (1 KB at most)
+    float4 *xlo = (float4 *)(sm + 1024), *xhi = xlo + XMAX / 8;
+    unsigned char *slots = sm + 1024 + XMAX * 4 + (size_t)warp * NS * S;
+    if (lane == 0) {
+        for (int i = 0; i < NS; i++) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(full + i)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    Cur pc = {0, 0, 0};
+    unsigned pk = 0, ck = 0, qk = 0; // chunks issued, consumed, asked into L2
+    cur_seek(stages, n, warp, pc);
+    Cur qc = pc; // LA > 0: the chunks LA past the last one issued are asked into L2 (cp.async.bulk.prefetch.L2)
+    auto issue = [&]() {
+        while (LA > 0 && qc.si < n && qk < pk + NS + LA) {
+            const long long b = min((long long)S, qc.end - qc.pos);
+            if (lane == 0)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const unsigned char *)stages[qc.si].w + qc.pos), "r"((unsigned)b) : "memory");
+            qk++;
+            qc.pos += b;
+            if (qc.pos == qc.end) qc.si++, cur_seek(stages, n, warp, qc);
+        }
+        if (pc.si >= n) return;
+        const Stage &s = stages[pc.si];
+        const unsigned bytes = (unsigned)min((long long)S, pc.end - pc.pos);
+        const int slot = pk % NS;
+        if (lane == 0) {
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(full + slot)), "r"(bytes) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         ::"r"(saddr(slots + (size_t)slot * S)), "l"((const unsigned char *)s.w + pc.pos), "r"(bytes),
+                         "r"(saddr(full + slot)) : "memory");
+        }
+        pk++;
+        pc.pos += bytes;
+        if (pc.pos == pc.end) pc.si++, cur_seek(stages, n, warp, pc);
+    };
+    for (int i = 0; i < NS; i++) issue();
+    for (int si = 0; si < n; si++) {
+        const Stage s = stages[si];
+        if (!(MODE & 2) && si > 0 && threadIdx.x == 0) {
+            unsigned v;
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done + si - 1) : "memory");
+            while (v < gridDim.x);
+        }
+        __syncthreads();
+        const int nv = s.cols / 8;
+        for (int i = threadIdx.x; i < nv; i += DW * 32) {
+            xlo[i] = __ldcg((const float4 *)s.x + 2 * i);
+            xhi[i] = __ldcg((const float4 *)s.x + 2 * i + 1);
+        }
+        __syncthreads();
+        long long b0, b1;
+        warp_run(s, warp, b0, b1);
+        const int spr = nv / 32; // 512-byte segments a row
+        float acc = 0.0f;
+        for (long long pos = b0; pos < b1;) {
+            const int slot = ck % NS, nb = (int)min((long long)S, b1 - pos);
+            mb_wait(saddr(full + slot), (ck / NS) & 1);
+            const uint4 *sl = (const uint4 *)(slots + (size_t)slot * S);
+            if (!(MODE & 1)) {
+                long long seg = pos / 512; // segment index within the matrix
+#pragma unroll 4
+                for (int g = 0; g < nb / 512; g++, seg++) {
+                    const int j = (int)(seg % spr), v = lane + 32 * j;
+                    acc += dot8s(sl[g * 32 + lane], xlo[v], xhi[v]);
+                    if (j == spr - 1) {
+                        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+                        if (lane == 0) __stcg(s.y + seg / spr, acc);
+                        acc = 0.0f;
+                    }
+                }
+            }
+            __syncwarp();
+            ck++;
+            pos += nb;
+            issue();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done + si) : "memory");
     }
 }
 
@@ -174,7 +468,8 @@ int main(int argc, char **argv) {
     const double copy_gbs = 2.0 * cbytes * 10 / (ms * 1e-3) / 1e9;
     printf("copy bandwidth %.0f GB/s; %zu stages, %.3f GB of weights; blocks a multiprocessor A %d, B %d (PF %d)\n", copy_gbs,
            st.size(), bytes / 1e9, occA, occB, pf);
-    for (int variant = 0; variant < 2; variant++)
+    const char *only = getenv("CHAIN_ONLY"); // A, C or D: one variant
+    for (int variant = 0; variant < 2 && (!only || *only == 'A'); variant++)
         for (int bpm = 1; bpm <= 2; bpm++) {
             cudaGraph_t g;
             cudaGraphExec_t ge;
@@ -218,6 +513,175 @@ int main(int argc, char **argv) {
             printf("%s, %d block(s) a multiprocessor: %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n",
                    variant ? "B (rows into shared memory before the wait)" : "A (as the engine)", bpm, us, gbs,
                    100.0 * gbs / copy_gbs, sum);
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+        }
+    // C: the persistent kernel, one block a multiprocessor, pages of PF bytes (argv[2..], default 32K 64K 88K)
+    Stage *dst;
+    unsigned *done;
+    CK(cudaMalloc(&dst, st.size() * sizeof(Stage)));
+    CK(cudaMemcpy(dst, st.data(), st.size() * sizeof(Stage), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&done, st.size() * sizeof(unsigned)));
+    std::vector<int> pfs;
+    for (int i = 2; i < argc; i++) pfs.push_back(atoi(argv[i]));
+    if (pfs.empty()) pfs = {32768, 65536, 90112};
+    std::vector<Stage> empty(st.size());
+    for (size_t i = 0; i < st.size(); i++) empty[i] = st[i], empty[i].rows = 0, empty[i].cols = 8;
+    Stage *dempty;
+    CK(cudaMalloc(&dempty, st.size() * sizeof(Stage)));
+    CK(cudaMemcpy(dempty, empty.data(), st.size() * sizeof(Stage), cudaMemcpyHostToDevice));
+    auto kern = [](int mode) {
+        return mode == 0 ? chain_persistent<0> : mode == 1 ? chain_persistent<1> : mode == 2 ? chain_persistent<2> : chain_persistent<3>;
+    };
+    for (int mode = 0; mode < 4 && (!only || *only == 'C'); mode++)
+    for (int emp = 0; emp < 2; emp++)
+    for (int pfc : pfs) {
+        if (emp && pfc != pfs[0]) continue;
+        const size_t smemC = XMAX * 4 + 2 * (size_t)pfc;
+        CK(cudaFuncSetAttribute(kern(mode), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smemC));
+        int occC = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occC, kern(mode), THREADS, smemC));
+        if (occC < 1) { printf("C PF %d: does not fit\n", pfc); continue; }
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+        CK(cudaMemsetAsync(done, 0, st.size() * sizeof(unsigned), cs));
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)nsm);
+        cfg.blockDim = dim3(THREADS);
+        cfg.dynamicSmemBytes = smemC;
+        cfg.stream = cs;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeCooperative;
+        at[0].val.cooperative = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        const Stage *cst = emp ? dempty : dst;
+        const int nst = (int)st.size();
+        CK(cudaLaunchKernelEx(&cfg, kern(mode), cst, nst, done, pfc));
+        CK(cudaStreamEndCapture(cs, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, cs));
+        CK(cudaStreamSynchronize(cs));
+        std::vector<float> ones(262144, 0.01f), out(262144);
+        CK(cudaMemcpy(buf[0], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(buf[1], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
+        CK(cudaGraphLaunch(ge, cs));
+        CK(cudaStreamSynchronize(cs));
+        CK(cudaMemcpy(out.data(), st.back().y, 262144 * 4, cudaMemcpyDeviceToHost));
+        double sum = 0;
+        for (float v : out) sum += v;
+        CK(cudaEventRecord(e0, cs));
+        for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, cs));
+        CK(cudaEventRecord(e1, cs));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = ms * 1e3 / 20, gbs = bytes / (us * 1e-6) / 1e9;
+        if (emp)
+            printf("C mode %d, %zu empty stages: %8.1f us, %.2f us a stage\n", mode, st.size(), us, us / st.size());
+        else
+            printf("C mode %d (one persistent kernel, pages of %d bytes): %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n",
+                   mode, pfc, us, gbs, 100.0 * gbs / copy_gbs, sum);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+    // D: the ring, slots of SLOT bytes
+    auto kring = [](int mode) { return mode == 0 ? chain_ring<0> : mode == 1 ? chain_ring<1> : mode == 2 ? chain_ring<2> : chain_ring<3>; };
+    for (int mode = 0; mode < 4 && (!only || *only == 'D'); mode++)
+    for (int emp = 0; emp < 2; emp++)
+        for (int nslot = 3; nslot <= 7; nslot += 4) {
+            if (emp && (nslot != 7 || mode)) continue;
+            const size_t smemD = 512 + XMAX * 4 + (size_t)nslot * SLOT;
+            CK(cudaFuncSetAttribute(kring(mode), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smemD));
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+            CK(cudaMemsetAsync(done, 0, st.size() * sizeof(unsigned), cs));
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)nsm);
+            cfg.blockDim = dim3(DW * 32);
+            cfg.dynamicSmemBytes = smemD;
+            cfg.stream = cs;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeCooperative;
+            at[0].val.cooperative = 1;
+            cfg.attrs = at, cfg.numAttrs = 1;
+            const Stage *cst = emp ? dempty : dst;
+            const int nst = (int)st.size();
+            CK(cudaLaunchKernelEx(&cfg, kring(mode), cst, nst, done, nslot));
+            CK(cudaStreamEndCapture(cs, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, cs));
+            CK(cudaStreamSynchronize(cs));
+            std::vector<float> ones(262144, 0.01f), out(262144);
+            CK(cudaMemcpy(buf[0], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(buf[1], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
+            CK(cudaGraphLaunch(ge, cs));
+            CK(cudaStreamSynchronize(cs));
+            CK(cudaMemcpy(out.data(), st.back().y, 262144 * 4, cudaMemcpyDeviceToHost));
+            double sum = 0;
+            for (float v : out) sum += v;
+            CK(cudaEventRecord(e0, cs));
+            for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, cs));
+            CK(cudaEventRecord(e1, cs));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            const double us = ms * 1e3 / 20, gbs = bytes / (us * 1e-6) / 1e9;
+            if (emp)
+                printf("D, %zu empty stages: %8.1f us, %.2f us a stage\n", st.size(), us, us / st.size());
+            else
+                printf("D mode %d (ring of %d slots of %d bytes, TMA): %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n", mode, nslot,
+                       SLOT, us, gbs, 100.0 * gbs / copy_gbs, sum);
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+        }
+    // E: every warp its own slots: S bytes x NS a warp (pairs from CHAIN_E="S:NS,S:NS", default 4096:2 3072:3 2048:4)
+    auto kw = [](int mode) { return mode == 0 ? chain_warps<0> : mode == 1 ? chain_warps<1> : mode == 2 ? chain_warps<2> : chain_warps<3>; };
+    std::vector<std::pair<int, int>> es = {{4096, 2}, {3072, 3}, {2048, 4}, {1536, 5}};
+    const int las[] = {0, 4, 8, 16, 32};
+    for (int mode = 0; mode < 4 && (!only || *only == 'E'); mode++)
+        for (auto e : es)
+        for (int LA : las) {
+            if (mode && (e.first != 3072 || LA)) continue;
+            if (LA && e.first != 3072 && e.first != 2048) continue;
+            const int S = e.first, NS = e.second;
+            const size_t smemE = 1024 + XMAX * 4 + (size_t)DW * NS * S;
+            CK(cudaFuncSetAttribute(kw(mode), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smemE));
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+            CK(cudaMemsetAsync(done, 0, st.size() * sizeof(unsigned), cs));
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3((unsigned)nsm);
+            cfg.blockDim = dim3(DW * 32);
+            cfg.dynamicSmemBytes = smemE;
+            cfg.stream = cs;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeCooperative;
+            at[0].val.cooperative = 1;
+            cfg.attrs = at, cfg.numAttrs = 1;
+            const Stage *cst = dst;
+            const int nst = (int)st.size();
+            CK(cudaLaunchKernelEx(&cfg, kw(mode), cst, nst, done, S, NS, LA));
+            CK(cudaStreamEndCapture(cs, &g));
+            CK(cudaGraphInstantiate(&ge, g, 0));
+            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, cs));
+            CK(cudaStreamSynchronize(cs));
+            std::vector<float> ones(262144, 0.01f), out(262144);
+            CK(cudaMemcpy(buf[0], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(buf[1], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
+            CK(cudaGraphLaunch(ge, cs));
+            CK(cudaStreamSynchronize(cs));
+            CK(cudaMemcpy(out.data(), st.back().y, 262144 * 4, cudaMemcpyDeviceToHost));
+            double sum = 0;
+            for (float v : out) sum += v;
+            CK(cudaEventRecord(e0, cs));
+            for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, cs));
+            CK(cudaEventRecord(e1, cs));
+            CK(cudaEventSynchronize(e1));
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            const double us = ms * 1e3 / 20, gbs = bytes / (us * 1e-6) / 1e9;
+            printf("E mode %d (every warp %d slots of %d bytes, TMA; %2d more into L2): %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n",
+                   mode, NS, S, LA, us, gbs, 100.0 * gbs / copy_gbs, sum);
             CK(cudaGraphExecDestroy(ge));
             CK(cudaGraphDestroy(g));
         }
