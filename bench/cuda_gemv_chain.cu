@@ -378,15 +378,15 @@ template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_warps(co
             mb_wait(saddr(full + slot), (ck / NS) & 1);
             const uint4 *sl = (const uint4 *)(slots + (size_t)slot * S);
             if (!(MODE & 1)) {
-                long long seg = pos / 512; // segment index within the matrix
-#pragma unroll 4
-                for (int g = 0; g < nb / 512; g++, seg++) {
-                    const int j = (int)(seg % spr), v = lane + 32 * j;
+                const long long seg0 = pos / 512; // the chunk's first segment within the matrix: its row and place
+                int row = (int)(seg0 / spr), j = (int)(seg0 - (long long)row * spr);
+                for (int g = 0; g < nb / 512; g++) {
+                    const int v = lane + 32 * j;
                     acc += dot8s(sl[g * 32 + lane], xlo[v], xhi[v]);
-                    if (j == spr - 1) {
+                    if (++j == spr) {
                         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-                        if (lane == 0) __stcg(s.y + seg / spr, acc);
-                        acc = 0.0f;
+                        if (lane == 0) __stcg(s.y + row, acc);
+                        acc = 0.0f, j = 0, row++;
                     }
                 }
             }
@@ -468,96 +468,14 @@ int main(int argc, char **argv) {
     const double copy_gbs = 2.0 * cbytes * 10 / (ms * 1e-3) / 1e9;
     printf("copy bandwidth %.0f GB/s; %zu stages, %.3f GB of weights; blocks a multiprocessor A %d, B %d (PF %d)\n", copy_gbs,
            st.size(), bytes / 1e9, occA, occB, pf);
-    const char *only = getenv("CHAIN_ONLY"); // A, C or D: one variant
-    for (int variant = 0; variant < 2 && (!only || *only == 'A'); variant++)
-        for (int bpm = 1; bpm <= 2; bpm++) {
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-            for (auto &s : st) {
-                cudaLaunchConfig_t cfg = {};
-                cfg.gridDim = dim3((unsigned)(nsm * bpm));
-                cfg.blockDim = dim3(THREADS);
-                cfg.dynamicSmemBytes = variant ? smemB : smemA;
-                cfg.stream = cs;
-                cudaLaunchAttribute at[1];
-                at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                at[0].val.programmaticStreamSerializationAllowed = 1;
-                cfg.attrs = at, cfg.numAttrs = 1;
-                if (variant)
-                    CK(cudaLaunchKernelEx(&cfg, gemv<true>, s, pf));
-                else
-                    CK(cudaLaunchKernelEx(&cfg, gemv<false>, s, pf));
-            }
-            CK(cudaStreamEndCapture(cs, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            CK(cudaMemset(buf[0], 0, 262144 * 4));
-            CK(cudaMemset(buf[1], 0, 262144 * 4));
-            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, cs));
-            CK(cudaStreamSynchronize(cs));
-            // checksum of one replay from a known input
-            std::vector<float> ones(262144, 0.01f), out(262144);
-            CK(cudaMemcpy(buf[0], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(buf[1], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
-            CK(cudaGraphLaunch(ge, cs));
-            CK(cudaStreamSynchronize(cs));
-            CK(cudaMemcpy(out.data(), st.back().y, 262144 * 4, cudaMemcpyDeviceToHost));
-            double sum = 0;
-            for (float v : out) sum += v;
-            CK(cudaEventRecord(e0, cs));
-            for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, cs));
-            CK(cudaEventRecord(e1, cs));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            const double us = ms * 1e3 / 20, gbs = bytes / (us * 1e-6) / 1e9;
-            printf("%s, %d block(s) a multiprocessor: %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n",
-                   variant ? "B (rows into shared memory before the wait)" : "A (as the engine)", bpm, us, gbs,
-                   100.0 * gbs / copy_gbs, sum);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
-        }
-    // C: the persistent kernel, one block a multiprocessor, pages of PF bytes (argv[2..], default 32K 64K 88K)
-    Stage *dst;
-    unsigned *done;
-    CK(cudaMalloc(&dst, st.size() * sizeof(Stage)));
-    CK(cudaMemcpy(dst, st.data(), st.size() * sizeof(Stage), cudaMemcpyHostToDevice));
-    CK(cudaMalloc(&done, st.size() * sizeof(unsigned)));
-    std::vector<int> pfs;
-    for (int i = 2; i < argc; i++) pfs.push_back(atoi(argv[i]));
-    if (pfs.empty()) pfs = {32768, 65536, 90112};
-    std::vector<Stage> empty(st.size());
-    for (size_t i = 0; i < st.size(); i++) empty[i] = st[i], empty[i].rows = 0, empty[i].cols = 8;
-    Stage *dempty;
-    CK(cudaMalloc(&dempty, st.size() * sizeof(Stage)));
-    CK(cudaMemcpy(dempty, empty.data(), st.size() * sizeof(Stage), cudaMemcpyHostToDevice));
-    auto kern = [](int mode) {
-        return mode == 0 ? chain_persistent<0> : mode == 1 ? chain_persistent<1> : mode == 2 ? chain_persistent<2> : chain_persistent<3>;
-    };
-    for (int mode = 0; mode < 4 && (!only || *only == 'C'); mode++)
-    for (int emp = 0; emp < 2; emp++)
-    for (int pfc : pfs) {
-        if (emp && pfc != pfs[0]) continue;
-        const size_t smemC = XMAX * 4 + 2 * (size_t)pfc;
-        CK(cudaFuncSetAttribute(kern(mode), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smemC));
-        int occC = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occC, kern(mode), THREADS, smemC));
-        if (occC < 1) { printf("C PF %d: does not fit\n", pfc); continue; }
+    const char *only = getenv("CHAIN_ONLY"); // A (A and B), C, D or E: that family only
+    // record(): the launches of one step on stream cs, captured into a graph; replayed 3 times, once from a known
+    // input for the checksum of the head's outputs, then 20 times timed
+    auto measure = [&](auto &&record, double &us, double &sum) {
         cudaGraph_t g;
         cudaGraphExec_t ge;
         CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-        CK(cudaMemsetAsync(done, 0, st.size() * sizeof(unsigned), cs));
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)nsm);
-        cfg.blockDim = dim3(THREADS);
-        cfg.dynamicSmemBytes = smemC;
-        cfg.stream = cs;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeCooperative;
-        at[0].val.cooperative = 1;
-        cfg.attrs = at, cfg.numAttrs = 1;
-        const Stage *cst = emp ? dempty : dst;
-        const int nst = (int)st.size();
-        CK(cudaLaunchKernelEx(&cfg, kern(mode), cst, nst, done, pfc));
+        record();
         CK(cudaStreamEndCapture(cs, &g));
         CK(cudaGraphInstantiate(&ge, g, 0));
         for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, cs));
@@ -568,122 +486,120 @@ int main(int argc, char **argv) {
         CK(cudaGraphLaunch(ge, cs));
         CK(cudaStreamSynchronize(cs));
         CK(cudaMemcpy(out.data(), st.back().y, 262144 * 4, cudaMemcpyDeviceToHost));
-        double sum = 0;
+        sum = 0;
         for (float v : out) sum += v;
         CK(cudaEventRecord(e0, cs));
         for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, cs));
         CK(cudaEventRecord(e1, cs));
         CK(cudaEventSynchronize(e1));
         CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double us = ms * 1e3 / 20, gbs = bytes / (us * 1e-6) / 1e9;
-        if (emp)
-            printf("C mode %d, %zu empty stages: %8.1f us, %.2f us a stage\n", mode, st.size(), us, us / st.size());
-        else
-            printf("C mode %d (one persistent kernel, pages of %d bytes): %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n",
-                   mode, pfc, us, gbs, 100.0 * gbs / copy_gbs, sum);
+        us = ms * 1e3 / 20;
         CK(cudaGraphExecDestroy(ge));
         CK(cudaGraphDestroy(g));
-    }
-    // D: the ring, slots of SLOT bytes
-    auto kring = [](int mode) { return mode == 0 ? chain_ring<0> : mode == 1 ? chain_ring<1> : mode == 2 ? chain_ring<2> : chain_ring<3>; };
-    for (int mode = 0; mode < 4 && (!only || *only == 'D'); mode++)
-    for (int emp = 0; emp < 2; emp++)
-        for (int nslot = 3; nslot <= 7; nslot += 4) {
-            if (emp && (nslot != 7 || mode)) continue;
-            const size_t smemD = 512 + XMAX * 4 + (size_t)nslot * SLOT;
-            CK(cudaFuncSetAttribute(kring(mode), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smemD));
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-            CK(cudaMemsetAsync(done, 0, st.size() * sizeof(unsigned), cs));
+    };
+    auto report = [&](const char *what, double us, double sum) {
+        const double gbs = bytes / (us * 1e-6) / 1e9;
+        printf("%s: %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n", what, us, gbs, 100.0 * gbs / copy_gbs, sum);
+    };
+    char what[160];
+    double us, sum;
+    for (int variant = 0; variant < 2 && (!only || *only == 'A'); variant++)
+        for (int bpm = 1; bpm <= 2; bpm++) {
+            measure([&] {
+                for (auto &s : st) {
+                    cudaLaunchConfig_t cfg = {};
+                    cfg.gridDim = dim3((unsigned)(nsm * bpm));
+                    cfg.blockDim = dim3(THREADS);
+                    cfg.dynamicSmemBytes = variant ? smemB : smemA;
+                    cfg.stream = cs;
+                    cudaLaunchAttribute at[1];
+                    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                    at[0].val.programmaticStreamSerializationAllowed = 1;
+                    cfg.attrs = at, cfg.numAttrs = 1;
+                    if (variant)
+                        CK(cudaLaunchKernelEx(&cfg, gemv<true>, s, pf));
+                    else
+                        CK(cudaLaunchKernelEx(&cfg, gemv<false>, s, pf));
+                }
+            }, us, sum);
+            snprintf(what, sizeof what, "%s, %d block(s) a multiprocessor",
+                     variant ? "B (rows into shared memory before the wait)" : "A (as the engine)", bpm);
+            report(what, us, sum);
+        }
+    // the persistent variants: the stages in device memory, one counter a stage zeroed by the graph, and the same
+    // stages with no rows (the counters' cost alone)
+    Stage *dst, *dempty;
+    unsigned *done;
+    std::vector<Stage> empty(st.size());
+    for (size_t i = 0; i < st.size(); i++) empty[i] = st[i], empty[i].rows = 0, empty[i].cols = 8;
+    CK(cudaMalloc(&dst, st.size() * sizeof(Stage)));
+    CK(cudaMalloc(&dempty, st.size() * sizeof(Stage)));
+    CK(cudaMemcpy(dst, st.data(), st.size() * sizeof(Stage), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dempty, empty.data(), st.size() * sizeof(Stage), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&done, st.size() * sizeof(unsigned)));
+    const int nst = (int)st.size();
+    auto persistent = [&](auto kern, size_t smem, auto... args) { // one cooperative block a multiprocessor
+        CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        return [=]() {
+            CK(cudaMemsetAsync(done, 0, nst * sizeof(unsigned), cs));
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3((unsigned)nsm);
-            cfg.blockDim = dim3(DW * 32);
-            cfg.dynamicSmemBytes = smemD;
+            cfg.blockDim = dim3(THREADS);
+            cfg.dynamicSmemBytes = smem;
             cfg.stream = cs;
             cudaLaunchAttribute at[1];
             at[0].id = cudaLaunchAttributeCooperative;
             at[0].val.cooperative = 1;
             cfg.attrs = at, cfg.numAttrs = 1;
-            const Stage *cst = emp ? dempty : dst;
-            const int nst = (int)st.size();
-            CK(cudaLaunchKernelEx(&cfg, kring(mode), cst, nst, done, nslot));
-            CK(cudaStreamEndCapture(cs, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, cs));
-            CK(cudaStreamSynchronize(cs));
-            std::vector<float> ones(262144, 0.01f), out(262144);
-            CK(cudaMemcpy(buf[0], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(buf[1], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
-            CK(cudaGraphLaunch(ge, cs));
-            CK(cudaStreamSynchronize(cs));
-            CK(cudaMemcpy(out.data(), st.back().y, 262144 * 4, cudaMemcpyDeviceToHost));
-            double sum = 0;
-            for (float v : out) sum += v;
-            CK(cudaEventRecord(e0, cs));
-            for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, cs));
-            CK(cudaEventRecord(e1, cs));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            const double us = ms * 1e3 / 20, gbs = bytes / (us * 1e-6) / 1e9;
-            if (emp)
-                printf("D, %zu empty stages: %8.1f us, %.2f us a stage\n", st.size(), us, us / st.size());
-            else
-                printf("D mode %d (ring of %d slots of %d bytes, TMA): %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n", mode, nslot,
-                       SLOT, us, gbs, 100.0 * gbs / copy_gbs, sum);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
+            CK(cudaLaunchKernelEx(&cfg, kern, args...));
+        };
+    };
+    auto empty_report = [&](const char *what, double us) {
+        printf("%s, %d empty stages: %8.1f us, %.2f us a stage\n", what, nst, us, us / nst);
+    };
+    // C: pages of PF bytes (argv[2..], default 16K 32K 64K)
+    std::vector<int> pfs;
+    for (int i = 2; i < argc; i++) pfs.push_back(atoi(argv[i]));
+    if (pfs.empty()) pfs = {16384, 32768, 65536};
+    void (*kc[4])(const Stage *, int, unsigned *, int) = {chain_persistent<0>, chain_persistent<1>, chain_persistent<2>, chain_persistent<3>};
+    for (int mode = 0; mode < 4 && (!only || *only == 'C'); mode++) {
+        for (int pfc : pfs) {
+            const size_t smem = XMAX * 4 + 2 * (size_t)pfc;
+            if (smem > prop.sharedMemPerBlockOptin) continue;
+            measure(persistent(kc[mode], smem, (const Stage *)dst, nst, done, pfc), us, sum);
+            snprintf(what, sizeof what, "C mode %d (one persistent kernel, pages of %d bytes)", mode, pfc);
+            report(what, us, sum);
         }
-    // E: every warp its own slots: S bytes x NS a warp (pairs from CHAIN_E="S:NS,S:NS", default 4096:2 3072:3 2048:4)
-    auto kw = [](int mode) { return mode == 0 ? chain_warps<0> : mode == 1 ? chain_warps<1> : mode == 2 ? chain_warps<2> : chain_warps<3>; };
-    std::vector<std::pair<int, int>> es = {{4096, 2}, {3072, 3}, {2048, 4}, {1536, 5}};
+        measure(persistent(kc[mode], XMAX * 4 + 2 * (size_t)pfs[0], (const Stage *)dempty, nst, done, pfs[0]), us, sum);
+        snprintf(what, sizeof what, "C mode %d", mode);
+        empty_report(what, us);
+    }
+    // D: a ring of 3 or 7 slots of SLOT bytes
+    void (*kd[4])(const Stage *, int, unsigned *, int) = {chain_ring<0>, chain_ring<1>, chain_ring<2>, chain_ring<3>};
+    for (int mode = 0; mode < 4 && (!only || *only == 'D'); mode++) {
+        for (int nslot = 3; nslot <= 7; nslot += 4) {
+            measure(persistent(kd[mode], 512 + XMAX * 4 + (size_t)nslot * SLOT, (const Stage *)dst, nst, done, nslot), us, sum);
+            snprintf(what, sizeof what, "D mode %d (ring of %d slots of %d bytes, TMA)", mode, nslot, SLOT);
+            report(what, us, sum);
+        }
+        if (mode == 0) {
+            measure(persistent(kd[0], 512 + XMAX * 4 + 7 * (size_t)SLOT, (const Stage *)dempty, nst, done, 7), us, sum);
+            empty_report("D", us);
+        }
+    }
+    // E: every warp NS slots of S bytes, LA more chunks into L2
+    void (*ke[4])(const Stage *, int, unsigned *, int, int, int) = {chain_warps<0>, chain_warps<1>, chain_warps<2>, chain_warps<3>};
+    const std::pair<int, int> es[] = {{4096, 2}, {3072, 3}, {2048, 4}, {1536, 5}};
     const int las[] = {0, 4, 8, 16, 32};
     for (int mode = 0; mode < 4 && (!only || *only == 'E'); mode++)
         for (auto e : es)
-        for (int LA : las) {
-            if (mode && (e.first != 3072 || LA)) continue;
-            if (LA && e.first != 3072 && e.first != 2048) continue;
-            const int S = e.first, NS = e.second;
-            const size_t smemE = 1024 + XMAX * 4 + (size_t)DW * NS * S;
-            CK(cudaFuncSetAttribute(kw(mode), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smemE));
-            cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-            CK(cudaMemsetAsync(done, 0, st.size() * sizeof(unsigned), cs));
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3((unsigned)nsm);
-            cfg.blockDim = dim3(DW * 32);
-            cfg.dynamicSmemBytes = smemE;
-            cfg.stream = cs;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeCooperative;
-            at[0].val.cooperative = 1;
-            cfg.attrs = at, cfg.numAttrs = 1;
-            const Stage *cst = dst;
-            const int nst = (int)st.size();
-            CK(cudaLaunchKernelEx(&cfg, kw(mode), cst, nst, done, S, NS, LA));
-            CK(cudaStreamEndCapture(cs, &g));
-            CK(cudaGraphInstantiate(&ge, g, 0));
-            for (int i = 0; i < 3; i++) CK(cudaGraphLaunch(ge, cs));
-            CK(cudaStreamSynchronize(cs));
-            std::vector<float> ones(262144, 0.01f), out(262144);
-            CK(cudaMemcpy(buf[0], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(buf[1], ones.data(), 262144 * 4, cudaMemcpyHostToDevice));
-            CK(cudaGraphLaunch(ge, cs));
-            CK(cudaStreamSynchronize(cs));
-            CK(cudaMemcpy(out.data(), st.back().y, 262144 * 4, cudaMemcpyDeviceToHost));
-            double sum = 0;
-            for (float v : out) sum += v;
-            CK(cudaEventRecord(e0, cs));
-            for (int i = 0; i < 20; i++) CK(cudaGraphLaunch(ge, cs));
-            CK(cudaEventRecord(e1, cs));
-            CK(cudaEventSynchronize(e1));
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            const double us = ms * 1e3 / 20, gbs = bytes / (us * 1e-6) / 1e9;
-            printf("E mode %d (every warp %d slots of %d bytes, TMA; %2d more into L2): %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n",
-                   mode, NS, S, LA, us, gbs, 100.0 * gbs / copy_gbs, sum);
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
-        }
+            for (int LA : las) {
+                if (mode && (e.first != 3072 || LA)) continue;
+                if (LA && e.first != 3072 && e.first != 2048) continue;
+                const int S = e.first, NS = e.second;
+                measure(persistent(ke[mode], 1024 + XMAX * 4 + (size_t)DW * NS * S, (const Stage *)dst, nst, done, S, NS, LA), us, sum);
+                snprintf(what, sizeof what, "E mode %d (every warp %d slots of %d bytes, TMA; %2d more into L2)", mode, NS, S, LA);
+                report(what, us, sum);
+            }
     return 0;
 }
