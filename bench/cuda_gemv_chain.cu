@@ -48,14 +48,17 @@ __device__ __forceinline__ uint4 ldw(const uint4 *p) {
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
 }
-__device__ __forceinline__ float dot8(uint4 w, const float *x) { // x 32-byte aligned: two 16-byte loads, as the engine
-    const float4 a = *(const float4 *)x, b = *(const float4 *)(x + 4);
+// w: 8 bf16 weights; a, b: their 8 inputs
+__device__ __forceinline__ float dot8s(uint4 w, float4 a, float4 b) {
     const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     const unsigned u[4] = {w.x, w.y, w.z, w.w};
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) s += __uint_as_float(u[i] << 16) * xv[2 * i] + __uint_as_float(u[i] & 0xffff0000u) * xv[2 * i + 1];
     return s;
+}
+__device__ __forceinline__ float dot8(uint4 w, const float *x) { // x 32-byte aligned: two 16-byte loads, as the engine
+    return dot8s(w, *(const float4 *)x, *(const float4 *)(x + 4));
 }
 
 // one row's dot product from shared memory, four 16-byte accesses a lane in flight (the sum in the order of A)
@@ -70,6 +73,20 @@ __device__ __forceinline__ float row_smem(const uint4 *row, const float *xs, int
         for (int u = 0; u < 4; u++) acc += dot8(q[u], xs + 8 * (v + 32 * u));
     }
     for (; v < nv; v += 32) acc += dot8(row[v], xs + 8 * v);
+    return acc;
+}
+
+// a row's dot product streamed from device memory from v on, U 16-byte accesses a lane in flight (A's order)
+template <int U> __device__ __forceinline__ float row_global(const uint4 *row, const float *xs, int nv, int v, float acc) {
+    for (; v < nv; v += 32 * U) {
+        uint4 q[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (v + 32 * u < nv) q[u] = ldw(row + v + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
+    }
     return acc;
 }
 
@@ -118,15 +135,7 @@ template <bool PF> __global__ __launch_bounds__(THREADS, 2) void gemv(Stage s, i
                 if (v + 32 * u < nv) acc += dot8(pre[u], xs + 8 * (v + 32 * u));
             v += 128;
         }
-        for (; v < nv; v += 128) {
-            uint4 q[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (v + 32 * u < nv) q[u] = ldw(row + v + 32 * u);
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
-        }
+        acc = row_global<4>(row, xs, nv, v, acc);
         for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
         if (lane == 0) s.y[r] = acc;
     }
@@ -184,15 +193,7 @@ template <int MODE> __global__ __launch_bounds__(THREADS, 1) void chain_persiste
         for (int r = r0 + inbuf + warp; r < r1; r += WARPS) {
             float acc = 0.0f;
             const uint4 *row = s.w + (size_t)r * nv;
-            for (int v = lane; v < nv; v += 256) {
-                uint4 q[8];
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    if (v + 32 * u < nv) q[u] = ldw(row + v + 32 * u);
-#pragma unroll
-                for (int u = 0; u < 8; u++)
-                    if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
-            }
+            acc = row_global<8>(row, xs, nv, lane, acc);
             for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
             if (lane == 0) __stcg(s.y + r, acc);
         }
@@ -306,14 +307,6 @@ __device__ __forceinline__ void cur_seek(const Stage *st, int n, int warp, Cur &
         warp_run(st[c.si], warp, c.pos, c.end);
         if (c.end > c.pos) return;
     }
-}
-__device__ __forceinline__ float dot8s(uint4 w, float4 a, float4 b) {
-    const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    const unsigned u[4] = {w.x, w.y, w.z, w.w};
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) s += __uint_as_float(u[i] << 16) * xv[2 * i] + __uint_as_float(u[i] & 0xffff0000u) * xv[2 * i + 1];
-    return s;
 }
 
 template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_warps(const Stage *stages, int n, unsigned *done, int S, int NS, int LA) {
