@@ -61,6 +61,19 @@ __device__ __forceinline__ float dot8(uint4 w, const float *x) { // x 32-byte al
     return dot8s(w, *(const float4 *)x, *(const float4 *)(x + 4));
 }
 
+// the rows [r0, r1) of a stage that this block computes (every variant splits a product's rows alike)
+__device__ __forceinline__ void block_rows(const Stage &s, int &r0, int &r1) {
+    const int per = (s.rows + gridDim.x - 1) / gridDim.x;
+    r0 = min(s.rows, (int)blockIdx.x * per), r1 = min(s.rows, r0 + per);
+}
+// the persistent variants' counters: wait until every block has announced stage `c`, announce one
+__device__ __forceinline__ void wait_announced(const unsigned *c) {
+    unsigned v;
+    do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
+    while (v < gridDim.x);
+}
+__device__ __forceinline__ void announce(unsigned *c) { asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(c) : "memory"); }
+
 // one row's dot product from shared memory, four 16-byte accesses a lane in flight (the sum in the order of A)
 __device__ __forceinline__ float row_smem(const uint4 *row, const float *xs, int nv, int lane) {
     float acc = 0.0f;
@@ -95,8 +108,9 @@ template <bool PF> __global__ __launch_bounds__(THREADS, 2) void gemv(Stage s, i
     float *xs = (float *)sm;
     uint4 *buf = (uint4 *)(sm + XMAX * 4);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int per = (s.rows + gridDim.x - 1) / gridDim.x, r0 = blockIdx.x * per;
-    const int r1 = min(s.rows, r0 + per), nv = s.cols / 8; // uint4 a row
+    int r0, r1;
+    block_rows(s, r0, r1);
+    const int nv = s.cols / 8; // uint4 a row
     const int inbuf = PF ? min(r1 - r0, max(0, pf_bytes / (nv * 16))) : 0; // rows in shared memory
     if (PF) {
         for (int i = threadIdx.x; i < inbuf * nv; i += THREADS) {
@@ -149,8 +163,8 @@ template <bool PF> __global__ __launch_bounds__(THREADS, 2) void gemv(Stage s, i
 // release add to done[s]; a block reads stage s's inputs after done[s-1] == gridDim.x (acquire).
 template <int MODE>
 __device__ __forceinline__ void pf_rows(const Stage &s, int pf_bytes, uint4 *page, int &r0, int &r1, int &inbuf) {
-    const int per = (s.rows + gridDim.x - 1) / gridDim.x, nv = s.cols / 8;
-    r0 = blockIdx.x * per, r1 = min(s.rows, r0 + per);
+    const int nv = s.cols / 8;
+    block_rows(s, r0, r1);
     inbuf = max(0, min(r1 - r0, pf_bytes / (nv * 16)));
     // MODE & 1: warp 0 (whose thread 0 announces and polls) issues none of the copies, so that its fence does not
     // wait for them
@@ -173,11 +187,7 @@ template <int MODE> __global__ __launch_bounds__(THREADS, 1) void chain_persiste
         const Stage s = stages[si];
         if (si + 1 < n) pf_rows<MODE>(stages[si + 1], pf_bytes, page[(si + 1) & 1], nr0, nr1, ninbuf);
         else asm volatile("cp.async.commit_group;" ::: "memory");
-        if (si > 0 && threadIdx.x == 0) {
-            unsigned v;
-            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done + si - 1) : "memory");
-            while (v < gridDim.x);
-        }
+        if (si > 0 && threadIdx.x == 0) wait_announced(done + si - 1);
         __syncthreads();
         for (int i = threadIdx.x; i < s.cols; i += THREADS) xs[i] = __ldcg(s.x + i);
         asm volatile("cp.async.wait_group 1;" ::: "memory");
@@ -200,7 +210,7 @@ template <int MODE> __global__ __launch_bounds__(THREADS, 1) void chain_persiste
         __syncthreads();
         if (threadIdx.x == 0) {
             if (!(MODE & 2)) __threadfence(); // MODE & 2: the release add alone
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done + si) : "memory");
+            announce(done + si);
         }
         r0 = nr0, r1 = nr1, inbuf = ninbuf;
     }
@@ -216,8 +226,7 @@ __device__ __forceinline__ void mb_wait(unsigned mb, unsigned parity) {
     asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra W;\n}" ::"r"(mb), "r"(parity) : "memory");
 }
 __device__ __forceinline__ void slice(const Stage &s, int &r0, int &r1, int &rps) {
-    const int per = (s.rows + gridDim.x - 1) / gridDim.x;
-    r0 = min(s.rows, blockIdx.x * per), r1 = min(s.rows, r0 + per);
+    block_rows(s, r0, r1);
     rps = max(1, SLOT / (s.cols * 2)); // rows a slot
 }
 
@@ -261,11 +270,7 @@ template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_ring(con
         const Stage s = stages[si];
         int r0, r1, rps;
         slice(s, r0, r1, rps);
-        if (!(MODE & 2) && si > 0 && threadIdx.x == 0) {
-            unsigned v;
-            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done + si - 1) : "memory");
-            while (v < gridDim.x);
-        }
+        if (!(MODE & 2) && si > 0 && threadIdx.x == 0) wait_announced(done + si - 1);
         asm volatile("bar.sync 1, %0;" ::"r"(DCONS * 32) : "memory");
         for (int i = threadIdx.x; i < s.cols / 4; i += DCONS * 32) ((float4 *)xs)[i] = __ldcg((const float4 *)s.x + i);
         asm volatile("bar.sync 1, %0;" ::"r"(DCONS * 32) : "memory");
@@ -286,7 +291,7 @@ template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_ring(con
             if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(saddr(empty + slot)) : "memory");
         }
         asm volatile("bar.sync 1, %0;" ::"r"(DCONS * 32) : "memory");
-        if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done + si) : "memory");
+        if (threadIdx.x == 0) announce(done + si);
     }
 }
 
@@ -297,8 +302,9 @@ template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_ring(con
 // that a warp's reads of them are free of bank conflicts. Sums in the order of A.
 struct Cur { int si; long long pos, end; };
 __device__ __forceinline__ void warp_run(const Stage &s, int warp, long long &b0, long long &b1) {
-    const int per = (s.rows + gridDim.x - 1) / gridDim.x;
-    const int r0 = min(s.rows, blockIdx.x * per), r1 = min(s.rows, r0 + per), nr = r1 - r0;
+    int r0, r1;
+    block_rows(s, r0, r1);
+    const int nr = r1 - r0;
     const long long rb = (long long)s.cols * 2;
     b0 = (r0 + (long long)nr * warp / DW) * rb, b1 = (r0 + (long long)nr * (warp + 1) / DW) * rb;
 }
@@ -350,11 +356,7 @@ template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_warps(co
     for (int i = 0; i < NS; i++) issue();
     for (int si = 0; si < n; si++) {
         const Stage s = stages[si];
-        if (!(MODE & 2) && si > 0 && threadIdx.x == 0) {
-            unsigned v;
-            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done + si - 1) : "memory");
-            while (v < gridDim.x);
-        }
+        if (!(MODE & 2) && si > 0 && threadIdx.x == 0) wait_announced(done + si - 1);
         __syncthreads();
         const int nv = s.cols / 8;
         for (int i = threadIdx.x; i < nv; i += DW * 32) {
@@ -389,7 +391,7 @@ template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_warps(co
             issue();
         }
         __syncthreads();
-        if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(done + si) : "memory");
+        if (threadIdx.x == 0) announce(done + si);
     }
 }
 
