@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #define CK(x)                                                                                          \
@@ -395,6 +396,131 @@ template <int MODE> __global__ __launch_bounds__(DW * 32, 1) void chain_warps(co
     }
 }
 
+// P: as A (2 blocks a multiprocessor), and every block also asks ITS rows of a later stage (d stages on, up to PCAP
+// bytes a block from the start of its rows) into L2, so that device memory keeps streaming weights through the
+// stage boundaries and the later stage's loads hit L2. MODE & 1: the prefetch before the grid wait (else after it);
+// & 2: one prefetch.global.L2::evict_last a thread a 128-byte line (else bulk prefetches by thread 0); & 4: the
+// stage's own weight loads marked L2::evict_first.
+__device__ __forceinline__ uint4 ldw_ef(const uint4 *p) {
+    uint4 v;
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
+    return v;
+}
+template <int MODE> __device__ __forceinline__ void l2_ahead(const Stage &p, int pcap) {
+    int r0, r1;
+    block_rows(p, r0, r1);
+    const size_t rowb = (size_t)p.cols * 2;
+    size_t n = min((size_t)(r1 - r0) * rowb, (size_t)pcap) & ~(size_t)127;
+    const unsigned char *b = (const unsigned char *)p.w + (size_t)r0 * rowb;
+    if (MODE & 2) {
+        for (size_t o = (size_t)threadIdx.x * 128; o < n; o += (size_t)THREADS * 128)
+            asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(b + o));
+    } else if (threadIdx.x == 0) {
+        for (size_t o = 0; o < n; o += 32768)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b + o), "r"((unsigned)min(n - o, (size_t)32768)) : "memory");
+    }
+}
+template <int MODE> __global__ __launch_bounds__(THREADS, 2) void gemv_l2(Stage s, Stage p, int pcap) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    float *xs = (float *)sm;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int r0, r1;
+    block_rows(s, r0, r1);
+    const int nv = s.cols / 8;
+    uint4 pre[4];
+    const int rfirst = r0 + warp;
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+        if (rfirst < r1 && lane + 32 * u < nv) pre[u] = (MODE & 4) ? ldw_ef(s.w + (size_t)rfirst * nv + lane + 32 * u) : ldw(s.w + (size_t)rfirst * nv + lane + 32 * u);
+    if (MODE & 1) l2_ahead<MODE>(p, pcap);
+    gwait();
+    if (!(MODE & 1)) l2_ahead<MODE>(p, pcap);
+    for (int i = threadIdx.x; i < s.cols; i += THREADS) xs[i] = s.x[i];
+    __syncthreads();
+    gtrigger();
+    for (int r = rfirst; r < r1; r += WARPS) {
+        float acc = 0.0f;
+        const uint4 *row = s.w + (size_t)r * nv;
+        int v = lane;
+        if (r == rfirst) {
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) acc += dot8(pre[u], xs + 8 * (v + 32 * u));
+            v += 128;
+        }
+        for (; v < nv; v += 32 * 4) {
+            uint4 q[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) q[u] = (MODE & 4) ? ldw_ef(row + v + 32 * u) : ldw(row + v + 32 * u);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
+        }
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) s.y[r] = acc;
+    }
+}
+
+
+// Q: as A, but a stage waits for a counter that its predecessor's blocks announce on (a release add each after its
+// rows) instead of the grid dependency, and lets its successor launch at its start; the inputs are read from L2
+// (other blocks wrote them). MODE & 1: the first row's first accesses before the wait (as A); & 2: the weight loads
+// marked L2::evict_first.
+template <int MODE, int BPM> __global__ __launch_bounds__(THREADS, BPM) void gemv_cnt(Stage s, unsigned *cnt, int i, unsigned need) {
+    extern __shared__ __align__(16) unsigned char sm[];
+    float *xs = (float *)sm;
+    gtrigger();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int r0, r1;
+    block_rows(s, r0, r1);
+    const int nv = s.cols / 8;
+    uint4 pre[4];
+    const int rfirst = r0 + warp;
+    if (MODE & 1) {
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (rfirst < r1 && lane + 32 * u < nv) pre[u] = (MODE & 2) ? ldw_ef(s.w + (size_t)rfirst * nv + lane + 32 * u) : ldw(s.w + (size_t)rfirst * nv + lane + 32 * u);
+    }
+    if (i > 0) {
+        if (threadIdx.x == 0) {
+            unsigned v;
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(cnt + i - 1) : "memory");
+            while (v < need);
+        }
+        __syncthreads();
+    }
+    for (int j = threadIdx.x; j < s.cols; j += THREADS) xs[j] = __ldcg(s.x + j);
+    __syncthreads();
+    for (int r = rfirst; r < r1; r += WARPS) {
+        float acc = 0.0f;
+        const uint4 *row = s.w + (size_t)r * nv;
+        int v = lane;
+        if ((MODE & 1) && r == rfirst) {
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) acc += dot8(pre[u], xs + 8 * (v + 32 * u));
+            v += 128;
+        }
+        for (; v < nv; v += 32 * 4) {
+            uint4 q[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) q[u] = (MODE & 2) ? ldw_ef(row + v + 32 * u) : ldw(row + v + 32 * u);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
+        }
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) __stcg(s.y + r, acc);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) announce(cnt + i);
+}
+
+
 __global__ void fill(uint4 *w, size_t n, unsigned seed, float scale) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         unsigned u[4];
@@ -463,7 +589,7 @@ int main(int argc, char **argv) {
     const double copy_gbs = 2.0 * cbytes * 10 / (ms * 1e-3) / 1e9;
     printf("copy bandwidth %.0f GB/s; %zu stages, %.3f GB of weights; blocks a multiprocessor A %d, B %d (PF %d)\n", copy_gbs,
            st.size(), bytes / 1e9, occA, occB, pf);
-    const char *only = getenv("CHAIN_ONLY"); // A (A and B), C, D or E: that family only
+    const char *only = getenv("CHAIN_ONLY"); // A (A and B), P, C, D or E: that family only
     // record(): the launches of one step on stream cs, captured into a graph; replayed 3 times, once from a known
     // input for the checksum of the head's outputs, then 20 times timed
     auto measure = [&](auto &&record, double &us, double &sum) {
@@ -498,7 +624,7 @@ int main(int argc, char **argv) {
     };
     char what[160];
     double us, sum;
-    for (int variant = 0; variant < 2 && (!only || *only == 'A'); variant++)
+    for (int variant = 0; variant < 2 && (!only || strchr(only, 'A')); variant++)
         for (int bpm = 1; bpm <= 2; bpm++) {
             measure([&] {
                 for (auto &s : st) {
@@ -521,6 +647,68 @@ int main(int argc, char **argv) {
                      variant ? "B (rows into shared memory before the wait)" : "A (as the engine)", bpm);
             report(what, us, sum);
         }
+    // Q: A's kernels synchronized by counters instead of the grid dependency
+    {
+        unsigned *cnt;
+        CK(cudaMalloc(&cnt, st.size() * sizeof(unsigned)));
+        void (*kq[2][4])(Stage, unsigned *, int, unsigned) = {{gemv_cnt<0, 1>, gemv_cnt<1, 1>, gemv_cnt<2, 1>, gemv_cnt<3, 1>},
+                                                               {gemv_cnt<0, 2>, gemv_cnt<1, 2>, gemv_cnt<2, 2>, gemv_cnt<3, 2>}};
+        const int n = (int)st.size();
+        for (int bpm = 1; bpm <= 2 && (!only || strchr(only, 'Q')); bpm++)
+            for (int m = 0; m < 4; m++) {
+                CK(cudaFuncSetAttribute(kq[bpm - 1][m], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smemA));
+                const int grid = nsm * bpm;
+                measure([&] {
+                    CK(cudaMemsetAsync(cnt, 0, n * sizeof(unsigned), cs));
+                    for (int i = 0; i < n; i++) {
+                        cudaLaunchConfig_t cfg = {};
+                        cfg.gridDim = dim3((unsigned)grid);
+                        cfg.blockDim = dim3(THREADS);
+                        cfg.dynamicSmemBytes = smemA;
+                        cfg.stream = cs;
+                        cudaLaunchAttribute at[1];
+                        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                        at[0].val.programmaticStreamSerializationAllowed = 1;
+                        cfg.attrs = at, cfg.numAttrs = 1;
+                        CK(cudaLaunchKernelEx(&cfg, kq[bpm - 1][m], st[i], cnt, i, (unsigned)grid));
+                    }
+                }, us, sum);
+                snprintf(what, sizeof what, "Q mode %d (kernels synchronized by counters), %d block(s) a multiprocessor", m, bpm);
+                report(what, us, sum);
+            }
+    }
+    // P: A at 2 blocks a multiprocessor plus each stage asking a later stage's rows into L2
+    {
+        void (*kp[8])(Stage, Stage, int) = {gemv_l2<0>, gemv_l2<1>, gemv_l2<2>, gemv_l2<3>, gemv_l2<4>, gemv_l2<5>, gemv_l2<6>, gemv_l2<7>};
+        for (int m = 0; m < 8; m++) CK(cudaFuncSetAttribute(kp[m], cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smemA));
+        const int modes[] = {0, 4};
+        const int dists[] = {1, 3};
+        const int caps[] = {0, 4, 24}; // MB a stage, all blocks
+        const int n = (int)st.size(), grid = nsm * 2;
+        for (int m : modes)
+            for (int d : dists)
+                for (int cap : caps) {
+                    if (only && !strchr(only, 'P')) break;
+                    if (cap == 0 && d != 1) continue;
+                    const int pcap = (int)(((size_t)cap << 20) / grid);
+                    measure([&] {
+                        for (int i = 0; i < n; i++) {
+                            cudaLaunchConfig_t cfg = {};
+                            cfg.gridDim = dim3((unsigned)grid);
+                            cfg.blockDim = dim3(THREADS);
+                            cfg.dynamicSmemBytes = smemA;
+                            cfg.stream = cs;
+                            cudaLaunchAttribute at[1];
+                            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+                            at[0].val.programmaticStreamSerializationAllowed = 1;
+                            cfg.attrs = at, cfg.numAttrs = 1;
+                            CK(cudaLaunchKernelEx(&cfg, kp[m], st[i], st[(i + d) % n], pcap));
+                        }
+                    }, us, sum);
+                    snprintf(what, sizeof what, "P mode %d (stage +%d's rows into L2, %2d MB a stage)", m, d, cap);
+                    report(what, us, sum);
+                }
+    }
     // the persistent variants: the stages in device memory, one counter a stage zeroed by the graph, and the same
     // stages with no rows (the counters' cost alone)
     Stage *dst, *dempty;
@@ -557,7 +745,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) pfs.push_back(atoi(argv[i]));
     if (pfs.empty()) pfs = {16384, 32768, 65536};
     void (*kc[4])(const Stage *, int, unsigned *, int) = {chain_persistent<0>, chain_persistent<1>, chain_persistent<2>, chain_persistent<3>};
-    for (int mode = 0; mode < 4 && (!only || *only == 'C'); mode++) {
+    for (int mode = 0; mode < 4 && (!only || strchr(only, 'C')); mode++) {
         for (int pfc : pfs) {
             const size_t smem = XMAX * 4 + 2 * (size_t)pfc;
             if (smem > prop.sharedMemPerBlockOptin) continue;
@@ -571,7 +759,7 @@ int main(int argc, char **argv) {
     }
     // D: a ring of 3 or 7 slots of SLOT bytes
     void (*kd[4])(const Stage *, int, unsigned *, int) = {chain_ring<0>, chain_ring<1>, chain_ring<2>, chain_ring<3>};
-    for (int mode = 0; mode < 4 && (!only || *only == 'D'); mode++) {
+    for (int mode = 0; mode < 4 && (!only || strchr(only, 'D')); mode++) {
         for (int nslot = 3; nslot <= 7; nslot += 4) {
             measure(persistent(kd[mode], 512 + XMAX * 4 + (size_t)nslot * SLOT, (const Stage *)dst, nst, done, nslot), us, sum);
             snprintf(what, sizeof what, "D mode %d (ring of %d slots of %d bytes, TMA)", mode, nslot, SLOT);
@@ -586,7 +774,7 @@ int main(int argc, char **argv) {
     void (*ke[4])(const Stage *, int, unsigned *, int, int, int) = {chain_warps<0>, chain_warps<1>, chain_warps<2>, chain_warps<3>};
     const std::pair<int, int> es[] = {{4096, 2}, {3072, 3}, {2048, 4}, {1536, 5}};
     const int las[] = {0, 4, 8, 16, 32};
-    for (int mode = 0; mode < 4 && (!only || *only == 'E'); mode++)
+    for (int mode = 0; mode < 4 && (!only || strchr(only, 'E')); mode++)
         for (auto e : es)
             for (int LA : las) {
                 if (mode && (e.first != 3072 || LA)) continue;

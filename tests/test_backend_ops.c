@@ -1589,6 +1589,117 @@ static void probe_quantized(void) {
     for (size_t i = 0; i < N_QTYPES; i++) takes_quantized |= takes(qtypes[i]);
 }
 
+
+/* ------------------------------------------------------------- recorded steps */
+/* A decode layer's chain of one-token ops (q product with its norm, attention, o product, the gate/up pair with
+ * the residual prologue, down product) run as a step through graph_begin / graph_end six times with new inputs
+ * each time: eagerly, recorded, then replayed (CUDA: the replays' kernels wait on counters instead of their
+ * predecessors' grids, cuda_common.cuh g4_sync, so this checks that every replay reads what the kernel before it
+ * wrote, and that the counters carry over from replay to replay); each run against the reference. */
+static void test_recorded_chain(void) {
+    enum { H = 320, NH = 4, KV = 1, D = 64, I = 192, LEN = 45, B = 16, RUNS = 6 };
+    const int max_blocks = (LEN + B - 1) / B, row = KV * D;
+    const float eps = 1e-6f, scale = 0.125f;
+    weight wq, wo, wg, wu, wd;
+    weight_make(&wq, G4_BF16, 2, (int64_t[]){NH * D, H}, 0.1f);
+    weight_make(&wo, G4_BF16, 2, (int64_t[]){H, NH * D}, 0.1f);
+    weight_make(&wg, G4_BF16, 2, (int64_t[]){I, H}, 0.1f);
+    weight_make(&wu, G4_BF16, 2, (int64_t[]){I, H}, 0.1f);
+    weight_make(&wd, G4_BF16, 2, (int64_t[]){H, I}, 0.1f);
+    float nq[H], n2[H], rw[H];
+    fill(nq, H, 0.5f, 1.5f), fill(n2, H, 0.5f, 1.5f), fill(rw, H, 0.5f, 1.5f);
+    /* the cache: LEN keys and values in f32, blocks in reverse order */
+    int32_t table[8], slots[LEN], seq = 0, pos = LEN - 1;
+    for (int b = 0; b < max_blocks; b++) table[b] = max_blocks - 1 - b;
+    for (int j = 0; j < LEN; j++) slots[j] = table[j / B] * B + j % B;
+    float *kin = malloc((size_t)LEN * row * sizeof(float)), *vin = malloc((size_t)LEN * row * sizeof(float));
+    fill(kin, (size_t)LEN * row, -1, 1), fill(vin, (size_t)LEN * row, -1, 1);
+    const size_t cache = (size_t)max_blocks * B * row * sizeof(float);
+    void *dk = dev(NULL, cache), *dv = dev(NULL, cache);
+    float *dkin = devf(kin, (size_t)LEN * row), *dvin = devf(vin, (size_t)LEN * row);
+    int32_t *dslots = dev(slots, sizeof slots), *dtable = dev(table, (size_t)max_blocks * 4);
+    int32_t *dseq = dev(&seq, 4), *dpos = dev(&pos, 4);
+    be->ops->kv_store(be, dkin, dvin, LEN, row, dslots, dk, dv, G4_KV_F32);
+    float *dnq = devf(nq, H), *dn2 = devf(n2, H), *drw = devf(rw, H);
+    float *dx = devf(NULL, H), *dh = devf(NULL, H), *dq = devf(NULL, NH * D), *datt = devf(NULL, NH * D);
+    float *dout = devf(NULL, H), *dh2 = devf(NULL, H), *dg = devf(NULL, I), *dup = devf(NULL, I), *dy = devf(NULL, H);
+    static const char owner; /* the recording's owner */
+    for (int run = 0; run < RUNS; run++) {
+        float x[H], h[H];
+        fill(x, H, -2, 2), fill(h, H, -2, 2);
+        be->ops->to_device(be, dx, x, sizeof x);
+        be->ops->to_device(be, dh, h, sizeof h);
+        if (!be->ops->graph_begin || !be->ops->graph_begin(be, &owner, 1)) {
+            g4_matmul_set qs = {.count = 1, .w = {&wq.dev}, .y = {dq}, .norm = dnq, .eps = eps};
+            be->ops->matmul_set(be, dx, 1, &qs);
+            g4_attention_args a = {.q = dq, .out = datt, .n_tokens = 1, .n_heads = NH, .n_kv_heads = KV, .head_dim = D,
+                                   .seq = dseq, .pos = dpos, .k = dk, .v = dv, .kv_type = G4_KV_F32,
+                                   .block_table = dtable, .max_blocks = max_blocks, .block_size = B, .max_keys = LEN,
+                                   .scale = scale};
+            be->ops->attention(be, &a);
+            be->ops->matmul(be, datt, 1, &wo.dev, NULL, dout);
+            g4_matmul_set gu = {.count = 2, .w = {&wg.dev, &wu.dev}, .y = {dg, dup}, .norm = dn2, .eps = eps, .geglu = 1,
+                                .res_h = dh, .res_o = dout, .res_w = drw, .res_scale = 1.0f, .res_out = dh2};
+            be->ops->matmul_set(be, dh2, 1, &gu);
+            be->ops->matmul(be, dg, 1, &wd.dev, NULL, dy);
+            if (be->ops->graph_end) be->ops->graph_end(be);
+        }
+        float y[H], h2[H];
+        back(y, dy, sizeof y);
+        back(h2, dh2, sizeof h2);
+        /* reference */
+        double xn[H], q[NH * D], att[NH * D], o[H], h2r[H], g[I], yr[H], t[H];
+        ref_rms_row(x, nq, H, eps, xn);
+        for (int r = 0; r < NH * D; r++) {
+            double s = 0;
+            for (int i = 0; i < H; i++) s += xn[i] * wq.ref[(size_t)r * H + i];
+            q[r] = s;
+        }
+        for (int hd = 0; hd < NH; hd++) {
+            double sc[LEN], mx = -DBL_MAX, sum = 0;
+            for (int j = 0; j < LEN; j++) {
+                double d = 0;
+                for (int i = 0; i < D; i++) d += q[hd * D + i] * kin[(size_t)j * row + i];
+                sc[j] = d * scale;
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int j = 0; j < LEN; j++) sum += (sc[j] = exp(sc[j] - mx));
+            for (int i = 0; i < D; i++) {
+                double v = 0;
+                for (int j = 0; j < LEN; j++) v += sc[j] / sum * vin[(size_t)j * row + i];
+                att[hd * D + i] = v;
+            }
+        }
+        for (int r = 0; r < H; r++) {
+            double s = 0;
+            for (int i = 0; i < NH * D; i++) s += att[i] * wo.ref[(size_t)r * NH * D + i];
+            o[r] = s;
+        }
+        float of[H], h2f[H];
+        for (int i = 0; i < H; i++) of[i] = (float)o[i];
+        ref_rms_row(of, rw, H, eps, t);
+        for (int i = 0; i < H; i++) h2r[i] = h[i] + t[i], h2f[i] = (float)h2r[i];
+        ref_rms_row(h2f, n2, H, eps, t);
+        for (int r = 0; r < I; r++) {
+            double sg = 0, su = 0;
+            for (int i = 0; i < H; i++) sg += t[i] * wg.ref[(size_t)r * H + i], su += t[i] * wu.ref[(size_t)r * H + i];
+            g[r] = gelu_tanh_ref(sg) * su;
+        }
+        for (int r = 0; r < H; r++) {
+            double s = 0;
+            for (int i = 0; i < I; i++) s += g[i] * wd.ref[(size_t)r * I + i];
+            yr[r] = s;
+        }
+        EXPECT_CLOSE(h2, h2r, H, 1e-5 * backend_tol(), "recorded step run %d: the residual stream", run);
+        EXPECT_CLOSE(y, yr, H, 1e-5 * sqrt(H) * backend_tol(), "recorded step run %d: the last product", run);
+    }
+    if (be->ops->graph_forget) be->ops->graph_forget(be, &owner);
+    rel(dk), rel(dv), rel(dkin), rel(dvin), rel(dslots), rel(dtable), rel(dseq), rel(dpos), rel(dnq), rel(dn2), rel(drw);
+    rel(dx), rel(dh), rel(dq), rel(datt), rel(dout), rel(dh2), rel(dg), rel(dup), rel(dy);
+    weight_free(&wq), weight_free(&wo), weight_free(&wg), weight_free(&wu), weight_free(&wd);
+    free(kin), free(vin);
+}
+
 static void run_all(void) {
     probe_quantized();
     test_memory();
@@ -1608,6 +1719,7 @@ static void run_all(void) {
     test_moe();
     test_attention_dense();
     test_tower_elementwise();
+    test_recorded_chain();
     g4_error err;
     CHECKF(be->ops->check(be, &err) == 0, "%s: check: %s", be_label, err.msg);
 }
