@@ -15,11 +15,16 @@
 //   E: persistent, every warp streaming its own contiguous run of the block's rows through its own slots (TMA, NS
 //      copies of S bytes in flight a warp, running on into the next products' rows across the counters); inputs
 //      staged conflict-free; modes as D; LA more chunks a warp asked into L2 ahead of the copies.
+//   P: as A at 2 blocks a multiprocessor, every block also asking its rows of a later stage into L2 (distance, MB a
+//      stage; modes: & 1 before the grid wait, & 2 one prefetch a line, & 4 the stage's own loads L2::evict_first);
+//   Q: as A, a stage waiting for a counter its predecessor's blocks announce on instead of the grid dependency.
+//   (H200, 2026-12-03: P slower the more it asks into L2, 61.7% -> 57.8% at 40 MB; evict_first alone 61.4 -> 63.6%;
+//   Q 61.2-61.9% at 2 blocks a multiprocessor, 57% at 1: the grid dependency is not what a stage loses.)
 // Prints the device-to-device copy bandwidth, then us a step, GB/s of weights and % of the copy bandwidth, and a
 // checksum of the head's outputs (every variant sums in A's order: equal checksums, except D/E's timing probes).
 // Built as build-cuda/g4-cuda-gemv-chain by -DGEMMA4C_CUDA=ON (or nvcc -O3 -arch=sm_90a); run:
-// g4-cuda-gemv-chain [PF for B] [PF for C ...]; CHAIN_ONLY=A (A and B), C, D or E runs those only.
-// Results: bench/cuda_h200_results.md (sessions of 2026-12-02 22:34 UTC and 2026-12-03 02:28 UTC).
+// g4-cuda-gemv-chain [PF for B] [PF for C ...]; CHAIN_ONLY=A (A and B), P, Q, C, D or E (or several letters) runs those only.
+// Results: bench/cuda_h200_results.md (sessions of 2026-12-02 22:34 UTC, 2026-12-03 02:28 UTC and 08:33 UTC).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cstdio>

@@ -1593,9 +1593,9 @@ static void probe_quantized(void) {
 /* ------------------------------------------------------------- recorded steps */
 /* A decode layer's chain of one-token ops (q product with its norm, attention, o product, the gate/up pair with
  * the residual prologue, down product) run as a step through graph_begin / graph_end six times with new inputs
- * each time: eagerly, recorded, then replayed (CUDA: the replays' kernels wait on counters instead of their
- * predecessors' grids, cuda_common.cuh g4_sync, so this checks that every replay reads what the kernel before it
- * wrote, and that the counters carry over from replay to replay); each run against the reference. */
+ * each time: eagerly, recorded, then replayed (CUDA: a graph of kernels that start before their predecessors end,
+ * programmatic dependent launch), so that every replay must read what the op before it wrote in that replay; each
+ * run against the reference. */
 static void test_recorded_chain(void) {
     enum { H = 320, NH = 4, KV = 1, D = 64, I = 192, LEN = 45, B = 16, RUNS = 6 };
     const int max_blocks = (LEN + B - 1) / B, row = KV * D;

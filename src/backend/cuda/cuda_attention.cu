@@ -46,7 +46,6 @@ typedef struct attn_args {
     void *kc, *vc;
     float eps;
     int early; /* let the next kernel's blocks start (and load their first weights) right after the wait */
-    g4_sync sync; /* counters of a recorded step (cuda_common.cuh) */
     int n_tokens; /* (the tensor-core kernel) */
 } attn_args;
 
@@ -92,13 +91,7 @@ static size_t attention_smem(int G, int D, int esz) {
     return (size_t)G * D * 4 + 4 * tile * ((size_t)D * esz + 16) + (size_t)G * tile * 4 + 3 * (size_t)G * 4;
 }
 
-template <int NV4, int KVT> static __device__ __forceinline__ void attention_body(const attn_args &a);
 template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void attention_kernel(attn_args a) {
-    g4_sync_begin(a.sync);
-    attention_body<NV4, KVT>(a);
-    g4_sync_done(a.sync);
-}
-template <int NV4, int KVT> static __device__ __forceinline__ void attention_body(const attn_args &a) {
     G4_DYN_SMEM(unsigned char, smem);
     constexpr int ESZ = KVT == G4_KV_F32 ? 4 : 2, TILE = KVT == G4_KV_F32 ? ATT_TILE / 2 : ATT_TILE;
     const int G = a.G, D = a.D, GD = G * D, rowb = D * ESZ + 16, cpr = D * ESZ / 16;
@@ -111,8 +104,8 @@ template <int NV4, int KVT> static __device__ __forceinline__ void attention_bod
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kh = blockIdx.x, t = blockIdx.y, s = blockIdx.z;
 
-    g4_sync_wait(a.sync);
-    if (a.early && !a.sync.own) g4_grid_launch_dependents();
+    g4_grid_wait();
+    if (a.early) g4_grid_launch_dependents();
     const int p = a.pos[t];
     const int lo = a.kv_start ? a.kv_start[t] : a.window ? (p - a.window + 1 > 0 ? p - a.window + 1 : 0) : 0;
     const int hi = a.kv_end ? a.kv_end[t] : p + 1;
@@ -582,9 +575,8 @@ void g4c_attention_init(g4c *c) {
     g4c_allow_smem(c, attention_tc_kernel);
 }
 
-template <int KVT> static void launch_attention_kvt(g4c *c, attn_args x, dim3 grid, size_t smem) {
+template <int KVT> static void launch_attention_kvt(g4c *c, const attn_args &x, dim3 grid, size_t smem) {
     const int nv4 = (x.G * x.D + ATT_THREADS * 4 - 1) / (ATT_THREADS * 4);
-    x.sync = g4c_sync_take(c, grid.x * grid.y * grid.z);
     if (nv4 <= 1)
         g4c_launch(c, attention_kernel<1, KVT>, grid, dim3(ATT_THREADS), smem, x);
     else if (nv4 <= 2)
@@ -593,7 +585,6 @@ template <int KVT> static void launch_attention_kvt(g4c *c, attn_args x, dim3 gr
         g4c_launch(c, attention_kernel<4, KVT>, grid, dim3(ATT_THREADS), smem, x);
     else
         g4c_launch(c, attention_kernel<8, KVT>, grid, dim3(ATT_THREADS), smem, x);
-    g4c_sync_launched(c, &x.sync);
 }
 
 void g4c_attention(g4_backend *be, const g4_attention_args *a) {

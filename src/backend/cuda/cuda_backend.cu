@@ -261,50 +261,6 @@ static void cu_release_weight(g4_backend *be, g4_tensor *w) {
 }
 
 /* ---------------------------------------------------------------- recordings */
-/* The capture's current dependencies are exactly one node: *node (NULL otherwise). */
-static int capture_tail(g4c *c, void **node) {
-    *node = NULL;
-#ifndef G4_CUDA_EMU
-    cudaStreamCaptureStatus st;
-    const cudaGraphNode_t *deps = NULL;
-    size_t nd = 0;
-    if (cudaStreamGetCaptureInfo(c->stream, &st, NULL, NULL, &deps, NULL, &nd) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    if (st != cudaStreamCaptureStatusActive || nd != 1) return 0;
-    *node = (void *)deps[0];
-    return 1;
-#else
-    (void)c;
-    return 0;
-#endif
-}
-
-g4_sync g4c_sync_take(g4c *c, unsigned blocks) {
-    g4_sync s;
-    memset(&s, 0, sizeof s);
-    if (!c->capturing || !c->recording || !c->recording->sync || c->sync_n >= G4C_SYNC_SLOTS || !blocks) return s;
-    s.own = c->recording->sync + c->sync_n;
-    s.own_need = blocks;
-    /* the predecessor: only when the kernel's one dependency in the graph is the last kernel with a counter (so a
-     * copy, a library call, a branch or any other launch between them makes this one wait for the grid) */
-    void *tail;
-    if (c->sync_prev && capture_tail(c, &tail) && tail == c->sync_prev) {
-        s.after = c->recording->sync + c->sync_prev_slot;
-        s.after_need = c->sync_prev_need;
-    }
-    return s;
-}
-
-void g4c_sync_launched(g4c *c, const g4_sync *s) {
-    if (!s->own) return;
-    void *tail;
-    c->sync_prev = capture_tail(c, &tail) ? tail : NULL;
-    c->sync_prev_slot = c->sync_n++;
-    c->sync_prev_need = s->own_need;
-}
-
 static int cu_graph_begin(g4_backend *be, const void *owner, uint64_t key) {
     g4c *c = g4c_of(be);
     if (!c->graphs_on || c->error != cudaSuccess) return 0;
@@ -329,14 +285,6 @@ static int cu_graph_begin(g4_backend *be, const void *owner, uint64_t key) {
     }
     c->in_graph_step = 1; /* ops size their work for any step of this shape */
     if (g->seen >= 2) {
-        /* the kernels' counters (g4_sync), from zero for this recording */
-        if (c->sync_on && !g->sync && cudaMalloc((void **)&g->sync, G4C_SYNC_SLOTS * sizeof *g->sync) != cudaSuccess) {
-            cudaGetLastError();
-            g->sync = NULL; /* (grid waits only) */
-        }
-        if (g->sync) g4c_note(c, cudaMemsetAsync(g->sync, 0, G4C_SYNC_SLOTS * sizeof *g->sync, c->stream), "recording");
-        c->sync_n = 0;
-        c->sync_prev = NULL;
         cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed);
         if (e != cudaSuccess) { /* no recordings here (the emulator): run eagerly from now on */
             cudaGetLastError();
@@ -382,7 +330,6 @@ static void cu_graph_forget(g4_backend *be, const void *owner) {
     for (int i = 0; i < c->n_graphs; i++) {
         if (c->graphs[i].owner == owner) {
             if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
-            if (c->graphs[i].sync) cudaFree(c->graphs[i].sync);
             continue;
         }
         c->graphs[k++] = c->graphs[i];
@@ -456,10 +403,8 @@ static void cu_free(g4_backend *be) {
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(c->profile->ev[i]);
         free(c->profile);
     }
-    for (int i = 0; i < c->n_graphs; i++) {
+    for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
-        if (c->graphs[i].sync) cudaFree(c->graphs[i].sync);
-    }
     g4c_blas_free(c);
     g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_attn, &c->ws_moe, &c->ws_deq, &c->ws_grp, &c->ws_map, &c->ws_pad,
                        &c->ws_tiles};
@@ -583,7 +528,6 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 40) * 1024;
     c->moe_fork = !env_is("G4_CUDA_MOE_FORK", "0");
     c->att_early = !env_is("G4_CUDA_ATT_EARLY", "0");
-    c->sync_on = !env_is("G4_CUDA_SYNC", "0") && c->pdl;
     c->att_tc = !env_is("G4_CUDA_ATT_TC", "0");
     c->gemv_balance = !env_is("G4_CUDA_GEMV_BALANCE", "0");
     const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");

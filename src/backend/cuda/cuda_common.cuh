@@ -96,20 +96,17 @@ static __device__ __forceinline__ void g4_grid_launch_dependents(void) {
 /* A release-acquire fence at GPU scope, what a counter barrier between blocks needs (__threadfence() is a
  * sequentially consistent one: MEMBAR.SC.GPU) */
 static __device__ __forceinline__ void g4_fence_gpu(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-/* 16 bytes of a weight stream: read-only, not kept in L1; with G4_STREAM_EVICT_FIRST, marked first to go from L2 */
+/* 16 bytes of a weight stream: read-only, not kept in L1, and the first lines to go from L2 (a weight is read once a
+ * step; the activations and the KV cache stay. H200, same call: E2B's 211 decode products as a chain of GEMVs
+ * 1694 -> 1645 us, bench/cuda_gemv_chain.cu variant P mode 4; decode Q4_0 E2B 1.886 -> 1.840 ms, E4B 2.710 -> 2.651,
+ * 12B 3.872 -> 3.784; bf16 within 1%) */
 static __device__ __forceinline__ uint4 g4_ld_stream(const void *p) {
     uint4 v;
-#if G4_STREAM_EVICT_FIRST
-    unsigned long long pol;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
-#else
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-#endif
+                 : "l"(p), "l"(policy));
     return v;
 }
 /* the 128-byte line of p into L1, for a read soon after */
@@ -128,49 +125,6 @@ static __device__ __forceinline__ void g4_cp_wait_but_one(void) {
 static __device__ __forceinline__ float g4_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 static __device__ __forceinline__ uint16_t g4_f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
 #endif
-
-/* Counter synchronization of a recorded step's kernels (cuda_backend.cu g4c_sync_take; G4_CUDA_SYNC=0 turns it off).
- * A kernel of a recorded step whose only predecessor in the step's graph is another such kernel waits for a counter
- * that every block of the predecessor adds one to once its results are written (release), instead of the
- * predecessor's grid (griddepcontrol.wait: ~2.5 us a dependent launch on the H200, bench/cuda_gemv_chain.cu), and
- * lets its own successor launch as soon as it starts. The counters of a recording only grow (64 bits): a block reads
- * its own kernel's counter first, and the replays before this one are its count over its blocks (no block of this
- * kernel has added to it yet in this replay when the block starts). Kernels a predecessor of which is anything else
- * (a copy, a cuBLAS call, a branch, an op without counters) wait for the grid as before. Every thread of a block calls
- * g4_sync_wait once before it reads anything a kernel before wrote, and g4_sync_done once at its end. */
-typedef struct g4_sync {
-    unsigned long long *own;         /* NULL: no counters (the grid waits of programmatic dependent launch) */
-    const unsigned long long *after; /* NULL: wait for the predecessor's grid */
-    unsigned own_need, after_need;   /* blocks of this kernel, of the predecessor */
-} g4_sync;
-static __device__ __forceinline__ void g4_sync_begin(const g4_sync &s) {
-    if (s.own) g4_grid_launch_dependents();
-}
-static __device__ __forceinline__ void g4_sync_wait(const g4_sync &s) {
-#ifndef G4_CUDA_EMU /* (the emulator records no steps: never counters there) */
-    if (s.after) {
-        if (threadIdx.x == 0) {
-            unsigned long long own, v;
-            asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(own) : "l"(s.own) : "memory");
-            const unsigned long long target = (own / s.own_need + 1) * s.after_need;
-            for (long spin = 0; spin < (1L << 30); spin++) { /* (bounded: a broken chain ends, not hangs) */
-                asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(s.after) : "memory");
-                if (v >= target) break;
-            }
-        }
-        __syncthreads();
-        return;
-    }
-#endif
-    g4_grid_wait();
-}
-static __device__ __forceinline__ void g4_sync_done(const g4_sync &s) {
-#ifndef G4_CUDA_EMU
-    if (!s.own) return;
-    __syncthreads();
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(s.own) : "memory");
-#endif
-}
 
 static __device__ __forceinline__ float g4_bf2f(uint16_t h) { return __uint_as_float((unsigned)h << 16); }
 static __device__ __forceinline__ uint16_t g4_f2bf(float f) { /* nearest even, NaN stays NaN */
@@ -717,15 +671,12 @@ static inline size_t g4c_row_bytes(g4_dtype t, int64_t in) {
 
 #define G4C_MAX_GRAPHS 64
 
-#define G4C_SYNC_SLOTS 2048 /* counters of a recording (g4_sync); launches past them wait for the grid */
-
 typedef struct g4c_graph {
     const void *owner;
     uint64_t key;
     int seen;              /* steps run with this key (recorded at the second) */
     unsigned generation;   /* workspace generation it was recorded with */
     cudaGraphExec_t exec;  /* NULL until recorded */
-    unsigned long long *sync; /* [G4C_SYNC_SLOTS] its kernels' counters (g4_sync), or NULL */
 } g4c_graph;
 
 /* A device buffer that grows on demand (outside recordings; growing invalidates recordings). */
@@ -790,11 +741,6 @@ typedef struct g4c {
     int n_graphs;
     g4c_graph *recording; /* capture under way */
     int capturing;
-    int sync_on;          /* kernels of recordings synchronized by counters (1; G4_CUDA_SYNC=0: grid waits only) */
-    int sync_n;           /* counters of the recording under way handed out */
-    void *sync_prev;      /* cudaGraphNode_t of the last kernel with a counter, its counter and blocks */
-    int sync_prev_slot;
-    unsigned sync_prev_need;
     int in_graph_step;    /* the ops run for a recording (or its warm-up): size work for any step of the shape */
     struct g4c_profile *profile; /* G4_CUDA_PROFILE=1: time of every kernel (steps run eagerly) */
 #ifdef G4_CUDA_TRACE
@@ -821,11 +767,6 @@ void g4c_note(g4c *c, cudaError_t e, const char *what);
 
 /* Returns a workspace of at least `bytes` (NULL after noting an error). */
 void *g4c_ws(g4c *c, g4c_buf *b, size_t bytes);
-
-/* The counters of the next launch of `blocks` blocks (g4_sync; all NULL unless a step is being recorded), and the
- * note that it was launched (call both around the launch of a kernel that uses g4_sync). */
-g4_sync g4c_sync_take(g4c *c, unsigned blocks);
-void g4c_sync_launched(g4c *c, const g4_sync *s);
 
 /* Launches kernel k on the backend's stream with programmatic dependent launch. */
 #ifdef G4_CUDA_EMU

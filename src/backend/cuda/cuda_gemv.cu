@@ -81,7 +81,6 @@ typedef struct gemv_args {
     int ex_rows;
     int xrows; /* x rows staged: n, or the slots */
     g4c_qrow q; /* quantized weights: the row's shape for the decoders */
-    g4_sync sync; /* counters of a recorded step (cuda_common.cuh) */
 } gemv_args;
 
 /* One access of a lane: EPA weights in WORDS 16-byte words (plain types: 8 weights; quantized types: the codes
@@ -300,7 +299,6 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     float *xs = I8 ? (float *)(xd + (size_t)sn * (kt / 32)) : smem;
     float *xsum = xs + (size_t)sn * kt;
     const float *qscale = a.norm ? inv_rms : nullptr; /* int8 activations: the 1/rms is in the codes' scale */
-    g4_sync_begin(a.sync);
 
     /* the first accesses of the first row: weights only, before waiting for the previous kernel (experts: after
      * it, which chose them) */
@@ -312,7 +310,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         row_pointers<EX>(a, row, RP, rp);
         issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
     }
-    g4_sync_wait(a.sync);
+    g4_grid_wait();
     if (row < a.rows && EX) {
         row_pointers<EX>(a, row, RP, rp);
         issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
@@ -377,7 +375,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                                              a.xvec);
         __syncthreads();
     }
-    if (!a.sync.own) g4_grid_launch_dependents();
+    g4_grid_launch_dependents();
     G4_TRACE_MARK(2);
 
     for (int base = blockIdx.x * rpb; base < a.rows; base += gridDim.x * rpb) {
@@ -567,7 +565,6 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         }
     }
     G4_TRACE_MARK(3);
-    g4_sync_done(a.sync);
 }
 
 /* Input elements of a tile: as much of a row as c->gemv_smem holds for nt tokens (with a sum per 32 inputs for
@@ -630,9 +627,7 @@ template <int DT, int RP, bool FA, bool EX = false> static void launch_gemv_nt(g
             blocks = (unsigned)((a.rows + a.rpb - 1) / a.rpb);
         }
     }
-    a.sync = g4c_sync_take(c, blocks);
     g4c_launch(c, k, dim3(blocks), dim3(GEMV_THREADS), smem, a);
-    g4c_sync_launched(c, &a.sync);
 }
 
 template <int DT, int RP, bool FA> static void allow_gemv_smem_fa(g4c *c) {
