@@ -413,6 +413,46 @@ __device__ __forceinline__ uint4 ldw_ef(const uint4 *p) {
     asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(pol));
     return v;
 }
+// P and Q: the first row of this warp and the end of its block's rows, and (issue) the first row's first four
+// accesses a lane
+template <bool EF> __device__ __forceinline__ void warp_rows(const Stage &s, int &rfirst, int &r1, uint4 *pre, bool issue) {
+    const int lane = threadIdx.x & 31, nv = s.cols / 8;
+    int r0;
+    block_rows(s, r0, r1);
+    rfirst = r0 + (int)(threadIdx.x >> 5);
+    if (issue)
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (rfirst < r1 && lane + 32 * u < nv) pre[u] = EF ? ldw_ef(s.w + (size_t)rfirst * nv + lane + 32 * u) : ldw(s.w + (size_t)rfirst * nv + lane + 32 * u);
+}
+// P and Q: a warp's rows rfirst, rfirst + WARPS, ... below r1 (the first row's first four accesses already in pre
+// when has_pre), four accesses a lane in flight, EF: loads marked L2::evict_first; the sums in A's order
+template <bool EF>
+__device__ __forceinline__ void rows_stream(const Stage &s, const float *xs, int rfirst, int r1, const uint4 *pre, bool has_pre) {
+    const int lane = threadIdx.x & 31, nv = s.cols / 8;
+    for (int r = rfirst; r < r1; r += WARPS) {
+        float acc = 0.0f;
+        const uint4 *row = s.w + (size_t)r * nv;
+        int v = lane;
+        if (has_pre && r == rfirst) {
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) acc += dot8(pre[u], xs + 8 * (v + 32 * u));
+            v += 128;
+        }
+        for (; v < nv; v += 32 * 4) {
+            uint4 q[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) q[u] = EF ? ldw_ef(row + v + 32 * u) : ldw(row + v + 32 * u);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
+        }
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) __stcg(s.y + r, acc);
+    }
+}
 template <int MODE> __device__ __forceinline__ void l2_ahead(const Stage &p, int pcap) {
     int r0, r1;
     block_rows(p, r0, r1);
@@ -430,43 +470,16 @@ template <int MODE> __device__ __forceinline__ void l2_ahead(const Stage &p, int
 template <int MODE> __global__ __launch_bounds__(THREADS, 2) void gemv_l2(Stage s, Stage p, int pcap) {
     extern __shared__ __align__(16) unsigned char sm[];
     float *xs = (float *)sm;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int r0, r1;
-    block_rows(s, r0, r1);
-    const int nv = s.cols / 8;
+    int rfirst, r1;
     uint4 pre[4];
-    const int rfirst = r0 + warp;
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-        if (rfirst < r1 && lane + 32 * u < nv) pre[u] = (MODE & 4) ? ldw_ef(s.w + (size_t)rfirst * nv + lane + 32 * u) : ldw(s.w + (size_t)rfirst * nv + lane + 32 * u);
+    warp_rows<(MODE & 4) != 0>(s, rfirst, r1, pre, true);
     if (MODE & 1) l2_ahead<MODE>(p, pcap);
     gwait();
     if (!(MODE & 1)) l2_ahead<MODE>(p, pcap);
     for (int i = threadIdx.x; i < s.cols; i += THREADS) xs[i] = s.x[i];
     __syncthreads();
     gtrigger();
-    for (int r = rfirst; r < r1; r += WARPS) {
-        float acc = 0.0f;
-        const uint4 *row = s.w + (size_t)r * nv;
-        int v = lane;
-        if (r == rfirst) {
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (v + 32 * u < nv) acc += dot8(pre[u], xs + 8 * (v + 32 * u));
-            v += 128;
-        }
-        for (; v < nv; v += 32 * 4) {
-            uint4 q[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (v + 32 * u < nv) q[u] = (MODE & 4) ? ldw_ef(row + v + 32 * u) : ldw(row + v + 32 * u);
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
-        }
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) s.y[r] = acc;
-    }
+    rows_stream<(MODE & 4) != 0>(s, xs, rfirst, r1, pre, true);
 }
 
 
@@ -478,17 +491,9 @@ template <int MODE, int BPM> __global__ __launch_bounds__(THREADS, BPM) void gem
     extern __shared__ __align__(16) unsigned char sm[];
     float *xs = (float *)sm;
     gtrigger();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int r0, r1;
-    block_rows(s, r0, r1);
-    const int nv = s.cols / 8;
+    int rfirst, r1;
     uint4 pre[4];
-    const int rfirst = r0 + warp;
-    if (MODE & 1) {
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (rfirst < r1 && lane + 32 * u < nv) pre[u] = (MODE & 2) ? ldw_ef(s.w + (size_t)rfirst * nv + lane + 32 * u) : ldw(s.w + (size_t)rfirst * nv + lane + 32 * u);
-    }
+    warp_rows<(MODE & 2) != 0>(s, rfirst, r1, pre, MODE & 1);
     if (i > 0) {
         if (threadIdx.x == 0) {
             unsigned v;
@@ -499,28 +504,7 @@ template <int MODE, int BPM> __global__ __launch_bounds__(THREADS, BPM) void gem
     }
     for (int j = threadIdx.x; j < s.cols; j += THREADS) xs[j] = __ldcg(s.x + j);
     __syncthreads();
-    for (int r = rfirst; r < r1; r += WARPS) {
-        float acc = 0.0f;
-        const uint4 *row = s.w + (size_t)r * nv;
-        int v = lane;
-        if ((MODE & 1) && r == rfirst) {
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (v + 32 * u < nv) acc += dot8(pre[u], xs + 8 * (v + 32 * u));
-            v += 128;
-        }
-        for (; v < nv; v += 32 * 4) {
-            uint4 q[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (v + 32 * u < nv) q[u] = (MODE & 2) ? ldw_ef(row + v + 32 * u) : ldw(row + v + 32 * u);
-#pragma unroll
-            for (int u = 0; u < 4; u++)
-                if (v + 32 * u < nv) acc += dot8(q[u], xs + 8 * (v + 32 * u));
-        }
-        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        if (lane == 0) __stcg(s.y + r, acc);
-    }
+    rows_stream<(MODE & 2) != 0>(s, xs, rfirst, r1, pre, MODE & 1);
     __syncthreads();
     if (threadIdx.x == 0) announce(cnt + i);
 }
@@ -627,25 +611,35 @@ int main(int argc, char **argv) {
         const double gbs = bytes / (us * 1e-6) / 1e9;
         printf("%s: %8.1f us a step, %6.0f GB/s, %5.1f%% of copy; checksum %.6e\n", what, us, gbs, 100.0 * gbs / copy_gbs, sum);
     };
+    // one kernel on cs with one launch attribute: programmatic dependent launch (the chains), or cooperative
+    auto launch_with = [cs](cudaLaunchAttributeID id, auto kern, int grid, size_t smem, auto... args) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)grid);
+        cfg.blockDim = dim3(THREADS);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = cs;
+        cudaLaunchAttribute at[1];
+        at[0].id = id;
+        if (id == cudaLaunchAttributeCooperative)
+            at[0].val.cooperative = 1;
+        else
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        CK(cudaLaunchKernelEx(&cfg, kern, args...));
+    };
+    auto pdl_launch = [&](auto kern, int grid, size_t smem, auto... args) {
+        launch_with(cudaLaunchAttributeProgrammaticStreamSerialization, kern, grid, smem, args...);
+    };
     char what[160];
     double us, sum;
     for (int variant = 0; variant < 2 && (!only || strchr(only, 'A')); variant++)
         for (int bpm = 1; bpm <= 2; bpm++) {
             measure([&] {
                 for (auto &s : st) {
-                    cudaLaunchConfig_t cfg = {};
-                    cfg.gridDim = dim3((unsigned)(nsm * bpm));
-                    cfg.blockDim = dim3(THREADS);
-                    cfg.dynamicSmemBytes = variant ? smemB : smemA;
-                    cfg.stream = cs;
-                    cudaLaunchAttribute at[1];
-                    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                    at[0].val.programmaticStreamSerializationAllowed = 1;
-                    cfg.attrs = at, cfg.numAttrs = 1;
                     if (variant)
-                        CK(cudaLaunchKernelEx(&cfg, gemv<true>, s, pf));
+                        pdl_launch(gemv<true>, nsm * bpm, smemB, s, pf);
                     else
-                        CK(cudaLaunchKernelEx(&cfg, gemv<false>, s, pf));
+                        pdl_launch(gemv<false>, nsm * bpm, smemA, s, pf);
                 }
             }, us, sum);
             snprintf(what, sizeof what, "%s, %d block(s) a multiprocessor",
@@ -666,16 +660,7 @@ int main(int argc, char **argv) {
                 measure([&] {
                     CK(cudaMemsetAsync(cnt, 0, n * sizeof(unsigned), cs));
                     for (int i = 0; i < n; i++) {
-                        cudaLaunchConfig_t cfg = {};
-                        cfg.gridDim = dim3((unsigned)grid);
-                        cfg.blockDim = dim3(THREADS);
-                        cfg.dynamicSmemBytes = smemA;
-                        cfg.stream = cs;
-                        cudaLaunchAttribute at[1];
-                        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                        at[0].val.programmaticStreamSerializationAllowed = 1;
-                        cfg.attrs = at, cfg.numAttrs = 1;
-                        CK(cudaLaunchKernelEx(&cfg, kq[bpm - 1][m], st[i], cnt, i, (unsigned)grid));
+                        pdl_launch(kq[bpm - 1][m], grid, smemA, st[i], cnt, i, (unsigned)grid);
                     }
                 }, us, sum);
                 snprintf(what, sizeof what, "Q mode %d (kernels synchronized by counters), %d block(s) a multiprocessor", m, bpm);
@@ -698,16 +683,7 @@ int main(int argc, char **argv) {
                     const int pcap = (int)(((size_t)cap << 20) / grid);
                     measure([&] {
                         for (int i = 0; i < n; i++) {
-                            cudaLaunchConfig_t cfg = {};
-                            cfg.gridDim = dim3((unsigned)grid);
-                            cfg.blockDim = dim3(THREADS);
-                            cfg.dynamicSmemBytes = smemA;
-                            cfg.stream = cs;
-                            cudaLaunchAttribute at[1];
-                            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-                            at[0].val.programmaticStreamSerializationAllowed = 1;
-                            cfg.attrs = at, cfg.numAttrs = 1;
-                            CK(cudaLaunchKernelEx(&cfg, kp[m], st[i], st[(i + d) % n], pcap));
+                            pdl_launch(kp[m], grid, smemA, st[i], st[(i + d) % n], pcap);
                         }
                     }, us, sum);
                     snprintf(what, sizeof what, "P mode %d (stage +%d's rows into L2, %2d MB a stage)", m, d, cap);
@@ -730,16 +706,7 @@ int main(int argc, char **argv) {
         CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         return [=]() {
             CK(cudaMemsetAsync(done, 0, nst * sizeof(unsigned), cs));
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3((unsigned)nsm);
-            cfg.blockDim = dim3(THREADS);
-            cfg.dynamicSmemBytes = smem;
-            cfg.stream = cs;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeCooperative;
-            at[0].val.cooperative = 1;
-            cfg.attrs = at, cfg.numAttrs = 1;
-            CK(cudaLaunchKernelEx(&cfg, kern, args...));
+            launch_with(cudaLaunchAttributeCooperative, kern, nsm, smem, args...);
         };
     };
     auto empty_report = [&](const char *what, double us) {
