@@ -96,17 +96,12 @@ static __device__ __forceinline__ void g4_grid_launch_dependents(void) {
 /* A release-acquire fence at GPU scope, what a counter barrier between blocks needs (__threadfence() is a
  * sequentially consistent one: MEMBAR.SC.GPU) */
 static __device__ __forceinline__ void g4_fence_gpu(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-/* 16 bytes of a weight stream: read-only, not kept in L1, and the first lines to go from L2 (a weight is read once a
- * step; the activations and the KV cache stay. H200, same call: E2B's 211 decode products as a chain of GEMVs
- * 1694 -> 1645 us, bench/cuda_gemv_chain.cu variant P mode 4; decode Q4_0 E2B 1.886 -> 1.840 ms, E4B 2.710 -> 2.651,
- * 12B 3.872 -> 3.784; bf16 within 1%) */
+/* 16 bytes of a weight stream: read-only, not kept in L1 */
 static __device__ __forceinline__ uint4 g4_ld_stream(const void *p) {
     uint4 v;
-    unsigned long long policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(policy));
+                 : "l"(p));
     return v;
 }
 /* the 128-byte line of p into L1, for a read soon after */
