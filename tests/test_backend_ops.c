@@ -1647,14 +1647,12 @@ static void test_recorded_chain(void) {
         float y[H], h2[H];
         back(y, dy, sizeof y);
         back(h2, dh2, sizeof h2);
-        /* reference */
-        double xn[H], q[NH * D], att[NH * D], o[H], h2r[H], g[I], yr[H], t[H];
+        /* reference (the products' inputs rounded to f32, as a backend stages them) */
+        double xn[H], q[NH * D], att[NH * D], o[H], h2r[H], g[I], up[I], yr[H], t[H];
+        float f[H];
         ref_rms_row(x, nq, H, eps, xn);
-        for (int r = 0; r < NH * D; r++) {
-            double s = 0;
-            for (int i = 0; i < H; i++) s += xn[i] * wq.ref[(size_t)r * H + i];
-            q[r] = s;
-        }
+        for (int i = 0; i < H; i++) f[i] = (float)xn[i];
+        ref_matmul(f, 1, &wq, NULL, q);
         for (int hd = 0; hd < NH; hd++) {
             double sc[LEN], mx = -DBL_MAX, sum = 0;
             for (int j = 0; j < LEN; j++) {
@@ -1670,26 +1668,18 @@ static void test_recorded_chain(void) {
                 att[hd * D + i] = v;
             }
         }
-        for (int r = 0; r < H; r++) {
-            double s = 0;
-            for (int i = 0; i < NH * D; i++) s += att[i] * wo.ref[(size_t)r * NH * D + i];
-            o[r] = s;
-        }
-        float of[H], h2f[H];
-        for (int i = 0; i < H; i++) of[i] = (float)o[i];
-        ref_rms_row(of, rw, H, eps, t);
-        for (int i = 0; i < H; i++) h2r[i] = h[i] + t[i], h2f[i] = (float)h2r[i];
-        ref_rms_row(h2f, n2, H, eps, t);
-        for (int r = 0; r < I; r++) {
-            double sg = 0, su = 0;
-            for (int i = 0; i < H; i++) sg += t[i] * wg.ref[(size_t)r * H + i], su += t[i] * wu.ref[(size_t)r * H + i];
-            g[r] = gelu_tanh_ref(sg) * su;
-        }
-        for (int r = 0; r < H; r++) {
-            double s = 0;
-            for (int i = 0; i < I; i++) s += g[i] * wd.ref[(size_t)r * I + i];
-            yr[r] = s;
-        }
+        for (int i = 0; i < NH * D; i++) f[i] = (float)att[i];
+        ref_matmul(f, 1, &wo, NULL, o);
+        for (int i = 0; i < H; i++) f[i] = (float)o[i];
+        ref_rms_row(f, rw, H, eps, t);
+        for (int i = 0; i < H; i++) h2r[i] = h[i] + t[i], f[i] = (float)h2r[i];
+        ref_rms_row(f, n2, H, eps, t);
+        for (int i = 0; i < H; i++) f[i] = (float)t[i];
+        ref_matmul(f, 1, &wg, NULL, g);
+        ref_matmul(f, 1, &wu, NULL, up);
+        float gf[I];
+        for (int r = 0; r < I; r++) gf[r] = (float)(gelu_tanh_ref(g[r]) * up[r]);
+        ref_matmul(gf, 1, &wd, NULL, yr);
         EXPECT_CLOSE(h2, h2r, H, 1e-5 * backend_tol(), "recorded step run %d: the residual stream", run);
         EXPECT_CLOSE(y, yr, H, 1e-5 * sqrt(H) * backend_tol(), "recorded step run %d: the last product", run);
     }
