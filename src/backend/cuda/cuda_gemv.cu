@@ -382,6 +382,13 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         row = g < rpb ? base + g : a.rows;
         const int xsel = EX && RP == 1 && row < a.rows ? row / a.ex_rows : 0; /* experts' down: the slot's x row */
         const int active = row < a.rows;
+        /* the epilogue's multiplier (GeGLU against `mul`), asked for now: its latency hides behind the row's weights */
+        float mulv = 0.0f;
+        if (RP == 1 && a.geglu == 2 && active && sub == 0 && lane < a.n && lane < NT) {
+            int local;
+            which_product(a, row, &local);
+            mulv = a.mul[(size_t)lane * a.out[0] + local];
+        }
         float acc[RP][NT];
 #pragma unroll
         for (int r = 0; r < RP; r++)
@@ -553,7 +560,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             } else {
                 int local, p = which_product(a, row, &local);
                 float y = v[0] + (a.bias[p] ? a.bias[p][local] : 0.0f);
-                if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[(size_t)t * a.out[0] + local];
+                if (a.geglu == 2) y = g4_gelu_tanh(y) * mulv;
                 if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
                 if (EX) { /* an expert's down row: the pair's row, times its routing weight */
                     const int pr = a.ex_pair[xsel];
