@@ -17,7 +17,8 @@
  * the same launch when every block can do its share alone (one token, or a KV-shared layer): each block
  * normalizes and rotates its queries into shared memory, and the block whose keys include the token's position
  * stores the token's key and value rows (E2B decode: one launch a layer less, 1%); the first tile's copies are
- * issued before the prep, the token's own row written into the tile by the prep. */
+ * issued before the prep, the token's own row written into the tile by the prep, and then even before the kernel waits
+ * for the previous one (every other row they read was written before that one began). */
 #include "backend/cuda/cuda_common.cuh"
 
 #define ATT_THREADS 512 /* 16 warps: a tile's scores and values are latency-bound on one block a multiprocessor */
