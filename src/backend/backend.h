@@ -62,7 +62,9 @@ typedef struct g4_attention_args {
     int max_keys;                /* an upper bound of hi - lo over the step's tokens (for sizing work) */
     float scale;
     /* NULL, or the layer's attn_prep (below), still to be done: q is the q projection's raw rows (prep->q) and
-     * the op does the prep first (a backend may fuse the two: one launch a layer in a decode step) */
+     * the op does the prep first (a backend may fuse the two: one launch a layer in a decode step). With a prep, the
+     * cache rows other than those the prep stores must not be written by the op issued just before this one (a backend
+     * may start reading them while that op finishes; the decoder writes them in earlier steps or layers). */
     const struct g4_attn_prep_args *prep;
 } g4_attention_args;
 
