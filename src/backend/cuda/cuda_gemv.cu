@@ -382,13 +382,13 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         row = g < rpb ? base + g : a.rows;
         const int xsel = EX && RP == 1 && row < a.rows ? row / a.ex_rows : 0; /* experts' down: the slot's x row */
         const int active = row < a.rows;
-        /* the epilogue's multiplier (GeGLU against `mul`), asked for now: its latency hides behind the row's weights */
+        /* (one product) the row's product and local row, and the epilogue's multiplier (GeGLU against `mul`), asked
+         * for now: its latency hides behind the row's weights */
+        int local = 0;
+        const int p = RP == 1 && active ? which_product(a, row, &local) : 0;
         float mulv = 0.0f;
-        if (RP == 1 && a.geglu == 2 && active && sub == 0 && lane < a.n && lane < NT) {
-            int local;
-            which_product(a, row, &local);
+        if (RP == 1 && a.geglu == 2 && active && sub == 0 && lane < a.n && lane < NT)
             mulv = a.mul[(size_t)lane * a.out[0] + local];
-        }
         float acc[RP][NT];
 #pragma unroll
         for (int r = 0; r < RP; r++)
@@ -558,7 +558,6 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                 if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
                 a.y[0][(size_t)t * a.out[0] + row] = y;
             } else {
-                int local, p = which_product(a, row, &local);
                 float y = v[0] + (a.bias[p] ? a.bias[p][local] : 0.0f);
                 if (a.geglu == 2) y = g4_gelu_tanh(y) * mulv;
                 if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
