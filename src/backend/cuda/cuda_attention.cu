@@ -271,8 +271,7 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
         if (o < GD) *(float4 *)(part + o) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
     }
     for (int g = tid; g < G; g += ATT_THREADS) part[GD + g] = mrow[g], part[GD + G + g] = lrow[g];
-    g4_fence_gpu();
-    __syncthreads();
+    __syncthreads(); /* (the block's writes, then thread 0's fences release and acquire for all of it: cumulative) */
     const int S = a.n_splits;
     int *count = a.counters + t * a.n_kv + kh;
 #ifdef G4_CUDA_EMU
@@ -292,13 +291,13 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
             atomicAdd((int *)gen, 1);
         } else {
             for (long spin = 0; *gen == g0 && spin < (1L << 26); spin++) __nanosleep(32); /* (bounded: no hang) */
+            g4_fence_gpu();
         }
     }
     __syncthreads();
     const int share = (GD / 4 + S - 1) / S * 4, o0 = s * share, o1 = o0 + share < GD ? o0 + share : GD;
     G4_TRACE_MARK(5);
 #endif
-    g4_fence_gpu();
     const float *all = a.part + (size_t)(t * a.n_kv + kh) * a.n_splits * stride;
     /* the share's 4-output slices, T = 2^lt threads each (a pass of ATT_THREADS / T slices at a time): thread
      * `sub` of a slice sums the splits sub, sub + T, ..., the T sums then added by shuffles (and shared memory when
