@@ -325,6 +325,12 @@ static void test_matmul(void) {
                     check_product(&w, ns[a], (int)((a + b + c) & 1));
                     weight_free(&w);
                 }
+        if (di >= 3) { /* many short rows (CUDA: quantized weights, a warp's lanes split over several rows) */
+            weight w;
+            make_any(&w, t, 2, (int64_t[]){4500, di < 3 ? 64 : 2 * bk}, 1.0f);
+            check_product(&w, 5, 1);
+            weight_free(&w);
+        }
         if (t != G4_F32 && g4_dtype_is_quantized(t)) /* long rows: inputs staged in several tiles */
             for (int n = 1; n <= 3; n += 2) {
                 weight w;
@@ -419,17 +425,23 @@ static void ref_rms_row(const float *x, const float *w, int dim, float eps, doub
 static const g4_dtype fused_qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_K, G4_Q6_K, G4_MLX4, G4_MLX8};
 static void test_matmul_set_fused(void) {
     const int ns[] = {1, 3, 8, 9, 21}, ins[] = {77, 256};
-    /* plain types, then (on a backend that takes them) the quantized ones with rows of whole blocks */
+    /* plain types, then (on a backend that takes them) the quantized ones with rows of whole blocks; 40 rows, and
+     * for one and eight tokens 3000 and 4500 in modes 1, 2 and 4 with quantized weights of each of CUDA's GEMV paths
+     * (int8 activations, quantized with offsets, MLX's order) (CUDA: a warp's lanes split over several rows, 16 and
+     * 8 lanes a row) */
     for (size_t di = 0; di < 3 + sizeof fused_qtypes / sizeof fused_qtypes[0]; di++)
         for (size_t ni = 0; ni < 5; ni++)
             for (size_t ii = di < 3 ? 0 : 1; ii < 2; ii++)
-                for (int mode = 0; mode < 6; mode++) {
+                for (int mi = 0; mi < 12; mi++) {
                     const g4_dtype wt = di < 3 ? dtypes[di] : fused_qtypes[di - 3];
+                    if (mi >= 6 && (ii != 1 || (ns[ni] != 1 && ns[ni] != 8) || (mi != 7 && mi != 8 && mi != 10) ||
+                                    (wt != G4_Q8_0 && wt != G4_Q4_0 && wt != G4_Q4_K && wt != G4_MLX4)))
+                        continue;
                     if (!takes_quantized && di >= 3) continue;
                     if (!takes(wt)) continue;
                     /* 0 norm+3 products; 1 norm+geglu pair; 2 geglu mul; 3 softcap; 4 residual prologue + norm + 2
-                     * products (into another buffer); 5 the same in place */
-                    const int n = ns[ni], in = ins[ii], out = 40;
+                     * products (into another buffer); 5 the same in place; 6-11: the same with 4500 rows */
+                    const int n = ns[ni], in = ins[ii], out = mi < 6 ? 40 : n == 1 ? 3000 : 4500, mode = mi % 6;
                     const int count = mode == 0 ? 3 : mode == 1 || mode >= 4 ? 2 : 1, with_norm = mode <= 1 || mode >= 4;
                     weight w[3];
                     float *x = malloc((size_t)n * in * sizeof(float)), *nw = malloc((size_t)in * sizeof(float));
@@ -1382,6 +1394,9 @@ static void test_moe(void) {
     for (int n = 1; n <= 5; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 40, 10, 0, 0);
     if (!strcmp(be->ops->name, "cuda"))
         for (int n = 1; n <= 5; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 1, G4_BF16, 64, 5, 1, 0);
+    /* one token, eight experts of many rows (CUDA: a warp's lanes split over several rows of the experts) */
+    if (takes_quantized && takes(G4_Q4_0) && !be->ops->host_memory) /* (CUDA only, as above) */
+        moe_case_e(1, 576, 320, G4_F32, G4_Q4_0, 1, G4_Q4_0, 16, 8, 0, 0);
     /* the dense MLP in the op (CUDA: beside the experts up to 8 tokens), with and without the residual prologue */
     for (int mlp = 1; mlp <= 2; mlp++)
         for (int n = 1; n <= 9; n += 4) moe_case_e(n, 64, 96, G4_F32, G4_BF16, 0, G4_BF16, 8, 2, 0, mlp);

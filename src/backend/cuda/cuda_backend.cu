@@ -534,6 +534,10 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     c->att_min_keys = ak && atoi(ak) >= 1 && atoi(ak) <= 512 ? atoi(ak) : 8;
     const char *gc = getenv("G4_CUDA_GEMV_CAP");
     c->gemv_cap = gc && *gc >= '1' && *gc <= '8' && !gc[1] ? *gc - '0' : 4;
+    const char *gl = getenv("G4_CUDA_GEMV_LANES");
+    c->gemv_lanes = gl && (atoi(gl) == 16 || atoi(gl) == 32) ? atoi(gl) : 8;
+    const char *ga = getenv("G4_CUDA_GEMV_LANE_ACC");
+    c->gemv_lane_acc = ga && atoi(ga) >= 1 && atoi(ga) <= 64 ? atoi(ga) : 0;
     const char *gb = getenv("G4_CUDA_GEMV_BLOCKS");
     c->gemv_blocks_per_sm = gb && *gb >= '1' && *gb <= '8' && !gb[1] ? *gb - '0' : 0; /* 0: by weight type */
     if (env_is("G4_CUDA_PROFILE", "1") && (c->profile = (g4c_profile *)calloc(1, sizeof *c->profile))) {

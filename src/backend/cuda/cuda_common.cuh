@@ -143,6 +143,12 @@ static __device__ __forceinline__ float g4_warp_max(float v) {
 }
 #endif
 
+/* Sum over each aligned group of n lanes (n a power of two up to 32); every lane of the group gets its sum. */
+static __device__ __forceinline__ float g4_lanes_sum(float v, int n) {
+    for (int o = n >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 /* Sum over a block of up to 1024 threads; every thread gets the result. red: 32 floats of shared memory. */
 static __device__ __forceinline__ float g4_block_sum(float v, float *red) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
@@ -726,6 +732,9 @@ typedef struct g4c {
     int att_min_keys;     /* decode attention: keys a split-K block takes at least (8; G4_CUDA_ATT_MIN_KEYS=1..512) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
+    int gemv_lanes;       /* GEMV: lanes per row group at least (8; G4_CUDA_GEMV_LANES=8, 16 or 32) */
+    int gemv_lane_acc;    /* GEMV: a row's accesses a lane at most for fewer lanes a row (0: 3 x the unroll;
+                           * G4_CUDA_GEMV_LANE_ACC=1..64) */
     int gemv_blocks_per_sm; /* GEMV warps per row grow until rows x warps fill this many times 8 warps a
                              * multiprocessor (G4_CUDA_GEMV_BLOCKS=1..8; 0: 2 for float weights, 1 for quantized) */
     void **retired;       /* workspaces replaced while recording (freed with the backend) */

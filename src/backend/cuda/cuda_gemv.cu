@@ -68,6 +68,8 @@ typedef struct gemv_args {
     float *res_out;
     int rows; /* row groups: out[0] for pairs, else the sum of out */
     int wpr;  /* warps per row group: 1, 2, 4 or 8 */
+    int lpr;  /* lanes per row group: 32, or (quantized weights, wpr = 1) 16 or 8 for short rows, so that a warp has
+               * several rows in flight */
     int rpb;  /* row groups a block takes a pass (<= GEMV_WARPS / wpr: the rest of its warps idle), so that every
                * multiprocessor gets the same number of rows */
     int xvec; /* x rows are 16-byte aligned */
@@ -289,8 +291,10 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     __shared__ float red[GEMV_WARPS][RP * NT];
     __shared__ float inv_rms[NT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int wpr = a.wpr, rpb = a.rpb, g = warp / wpr, sub = warp % wpr;
-    const int step = wpr * 32 * EPA, k0 = (sub * 32 + lane) * EPA;
+    /* a row group: wpr warps, or (quantized weights) the lpr lanes tl = 0 .. lpr-1 of a warp (wpr = 1) */
+    const int wpr = a.wpr, lpr = wraw<DT>::QUANT ? a.lpr : 32, rpb = a.rpb, sub = warp % wpr, tl = lane & (lpr - 1);
+    const int g = lpr == 32 ? warp / wpr : lane / lpr * GEMV_WARPS + warp; /* (a block's first groups: one a warp) */
+    const int step = wpr * lpr * EPA, k0 = (sub * lpr + tl) * EPA;
     const int kt = a.ktile, ntiles = (a.in + kt - 1) / kt;
     constexpr bool I8 = wraw<DT>::I8 && !FA; /* FA: float activations (exact products, routers) */
     const int sn = EX && a.xrows > NT ? a.xrows : NT; /* staged x rows (experts' down: one a slot) */
@@ -387,8 +391,8 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         int local = 0;
         const int p = RP == 1 && active ? which_product(a, row, &local) : 0;
         float mulv = 0.0f;
-        if (RP == 1 && a.geglu == 2 && active && sub == 0 && lane < a.n && lane < NT)
-            mulv = a.mul[(size_t)lane * a.out[0] + local];
+        if (RP == 1 && a.geglu == 2 && active && sub == 0 && tl < a.n && tl < NT)
+            mulv = a.mul[(size_t)tl * a.out[0] + local];
         float acc[RP][NT];
 #pragma unroll
         for (int r = 0; r < RP; r++)
@@ -517,11 +521,11 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             row_pointers<EX>(a, next, RP, rp);
             issue<DT, RP, UN>(rp, 0, k0, step, first_len, a.q, pre);
         }
-        /* the group's sums */
+        /* the group's sums (over its lanes, then its warps) */
 #pragma unroll
         for (int r = 0; r < RP; r++)
 #pragma unroll
-            for (int t = 0; t < NT; t++) acc[r][t] = g4_warp_sum(acc[r][t]);
+            for (int t = 0; t < NT; t++) acc[r][t] = lpr == 32 ? g4_warp_sum(acc[r][t]) : g4_lanes_sum(acc[r][t], lpr);
         if (wpr > 1) {
             __syncthreads();
             if (lane == 0)
@@ -540,8 +544,8 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                         acc[r][t] = s;
                     }
         }
-        if (active && sub == 0 && lane < a.n && lane < NT) { /* lane t writes token t */
-            const int t = lane;
+        if (active && sub == 0 && tl < a.n && tl < NT) { /* the group's lane t writes token t */
+            const int t = tl;
             float v[RP];
 #pragma unroll
             for (int r = 0; r < RP; r++) {
@@ -618,19 +622,25 @@ template <int DT, int RP, bool FA, bool EX = false> static void launch_gemv_nt(g
     /* one tile: a block may own several row groups (a grid of at most one wave, gemv_cap blocks a
      * multiprocessor); several tiles: every group has its block */
     unsigned blocks = row_blocks;
-    const int groups = GEMV_WARPS / a.wpr;
+    const int groups = GEMV_WARPS / a.wpr * (32 / a.lpr);
     a.rpb = groups;
     if (a.ktile == in8) {
         int per_sm = gemv_resident(c, k, smem);
         if (per_sm > c->gemv_cap) per_sm = c->gemv_cap;
         if (blocks > (unsigned)(c->n_sm * per_sm)) blocks = (unsigned)(c->n_sm * per_sm);
         /* the same rows for every multiprocessor: k blocks each, fewer row groups a block where that evens them out
-         * (E2B's o product, 1536 rows: 256 blocks of 6 rows instead of 192 of 8, so no multiprocessor holds 16) */
+         * (E2B's o product, 1536 rows: 256 blocks of 6 rows instead of 192 of 8, so no multiprocessor holds 16);
+         * several passes of a full grid: passes of equal size (E2B's 4-bit gate/up, 12288 rows in groups of 8 lanes:
+         * two passes of 47 rows a block, not 64 and then 29 for some blocks and none for the others; H200, decode
+         * ms: 31B bf16 17.59 -> 17.21, 12B bf16 6.94 -> 6.86, 31B Q4_0 7.78 -> 7.63, E4B Q4_0 2.55 -> 2.51) */
         const int ksm = (int)((row_blocks + (unsigned)c->n_sm - 1) / (unsigned)c->n_sm);
         if (c->gemv_balance && ksm <= per_sm) {
             const int want = c->n_sm * ksm;
             a.rpb = (a.rows + want - 1) / want;
             blocks = (unsigned)((a.rows + a.rpb - 1) / a.rpb);
+        } else if (c->gemv_balance) {
+            const int per_block = (int)((a.rows + blocks - 1) / blocks), passes = (per_block + groups - 1) / groups;
+            a.rpb = (per_block + passes - 1) / passes;
         }
     }
     g4c_launch(c, k, dim3(blocks), dim3(GEMV_THREADS), smem, a);
@@ -686,6 +696,16 @@ static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row
     }
 }
 
+static int gemv_unroll(g4_dtype dt) { /* wunroll<DT>::N */
+    switch (dt) {
+#define UNROLL(T)                                                                                                  \
+    case T: return wunroll<T>::N;
+        G4C_WEIGHT_TYPES(UNROLL)
+#undef UNROLL
+    default: return GEMV_UNROLL;
+    }
+}
+
 /* Warps per row: enough row groups for 16 warps a multiprocessor with float weights, 8 with quantized ones
  * (G4_CUDA_GEMV_BLOCKS x 8; with 16-warp blocks, H200: E2B Q4_0 decode 2.077 ms at 16, 1.999 at 8; bf16 2.396 at 16,
  * 2.515 at 8); no more warps than 256-element slices of a row (measured on an H200, ncu: more warps per row, for a
@@ -697,9 +717,22 @@ static void gemv_launch(g4c *c, gemv_args *a, g4_dtype dt, int pairs, int fa) {
     const int epa = !quant ? 8 : dt == G4_Q6_K ? 64 : 32; /* wraw<DT>::EPA */
     while (wpr < 8 && a->rows * wpr < bps * 8 * c->n_sm && wpr * 32 * epa < a->in) wpr *= 2;
     a->wpr = wpr;
+    /* lanes per row (quantized weights: a plain type's row is 4 times as many accesses): fewer than a warp while
+     * there are rows enough for every group and a lane's share of a row stays within 3 x the unroll (about 192
+     * bytes of codes), so that every warp has more of its rows' weights in flight (a warp's row of 1536 4-bit weights
+     * is 1.5 accesses a lane). H200, Q4_0 decode ms, whole warps / at most 2 x the unroll / 3 x (both with the
+     * balanced passes of launch_gemv_nt): E2B 1.840 / 1.717 / 1.718, E4B 2.620 / 2.514 / 2.446, 26B-A4B 2.916 / 2.571
+     * / 2.468, 12B 3.739 / 3.618 / 3.617, 31B 7.763 / 7.628 / 7.232 */
+    int lpr = 32;
+    const int acc = (a->in + epa - 1) / epa, warps = c->n_sm * GEMV_WARPS * bps, un = gemv_unroll(dt);
+    const int most = c->gemv_lane_acc ? c->gemv_lane_acc : 3 * un;
+    while (quant && wpr == 1 && lpr > c->gemv_lanes && (acc + lpr / 2 - 1) / (lpr / 2) <= most &&
+           (long)a->rows > (long)warps * (32 / lpr))
+        lpr /= 2;
+    a->lpr = lpr;
     /* float4 staging of the inputs (the scalar loop made every bf16 product 7-11% slower, H200) */
     a->xvec = (a->in % 4 == 0) && ((uintptr_t)a->x % 16 == 0) && ((uintptr_t)a->norm % 16 == 0);
-    const int groups = GEMV_WARPS / wpr;
+    const int groups = GEMV_WARPS / wpr * (32 / lpr);
     const unsigned row_blocks = (unsigned)((a->rows + groups - 1) / groups);
     if (pairs)
         launch_gemv_dt<2>(c, dt, *a, row_blocks, fa, ex);
