@@ -160,69 +160,72 @@ static __device__ __forceinline__ void stage_sums(const float *xs, int rows, int
 /* Inputs k0 .. k0+len of the n token rows src [n][sld] (elements past `avail` are zeros), times norm[k] (if
  * any) and scale[t] (the 1/rms of token t, if any), as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c:
  * d = max|x|/127 per 32, q = rint(x/d)): codes xq [NT][ld], per block (d, sum of q) in xd [NT][ld / 32].
- * Eight lanes a block, four elements a lane, so a warp quantizes four blocks at once with three shuffles
- * per reduction (every block of a GEMV does this for the whole input: with a warp a block and five-step
- * reductions it cost more instructions than the 31B's 4-bit products themselves, ncu on the H200).
+ * Four lanes a block, eight elements a lane, so a warp quantizes eight blocks at once with two shuffles per
+ * reduction (every block of a GEMV does this for the whole input: with a warp a block and five-step reductions it
+ * cost more instructions than the 31B's 4-bit products themselves, ncu on the H200; eight lanes a block and three
+ * shuffles took 3.5 us of E2B's 4-bit down product, globaltimer trace).
  * PERM: each 8 elements stored as the even ones, then the odd ones (MLX4's code order). len: a multiple of 32. */
 template <int NT, int PERM, bool EX>
 static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
                                                 int ld, int len, int n, const float *scale, signed char *xq,
                                                 float2 *xd, bool vec) {
-    const int lane = threadIdx.x & 31, sub = lane & 7, nb = len / 32, rows = EX ? n : NT < n ? NT : n;
+    const int lane = threadIdx.x & 31, sub = lane & 3, nb = len / 32, rows = EX ? n : NT < n ? NT : n;
     /* vec: src rows, k0 and norm 16-byte aligned (float4 loads). The tile's lines into L1 first when the loop below
      * takes several passes (else each pass waited for its own round trip to L2: 5 us for E2B's down product) */
-    if (rows * nb > GEMV_THREADS / 8 && __isGlobal(src))
+    if (rows * nb > GEMV_THREADS / 4 && __isGlobal(src))
         for (int i = threadIdx.x * 32; i < rows * len; i += GEMV_THREADS * 32) {
             const int t = i / len, k = i - t * len;
             if (k < avail) g4_prefetch_l1(src + (size_t)t * sld + k0 + k);
             if (t == 0 && norm && k < avail) g4_prefetch_l1(norm + k0 + k);
         }
-    for (int base = (threadIdx.x >> 5) * 4; base < (EX ? n : NT) * nb; base += GEMV_THREADS / 8) {
-        const int i = base + (lane >> 3), t = i / nb, b = i - t * nb, k = b * 32 + sub * 4;
+    for (int base = (threadIdx.x >> 5) * 8; base < (EX ? n : NT) * nb; base += GEMV_THREADS / 4) {
+        const int i = base + (lane >> 2), t = i / nb, b = i - t * nb, k = b * 32 + sub * 8;
         const bool on = i < (EX ? n : NT) * nb && t < n;
         const float sc = on && scale ? scale[t] : 1.0f;
-        float v[4], m = 0.0f;
-        if (vec && on && k + 4 <= avail) {
-            const float4 x4 = *(const float4 *)(src + (size_t)t * sld + k0 + k);
-            const float4 w4 = norm ? *(const float4 *)(norm + k0 + k) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-            v[0] = x4.x * w4.x, v[1] = x4.y * w4.y, v[2] = x4.z * w4.z, v[3] = x4.w * w4.w;
+        float v[8], m = 0.0f;
+        if (vec && on && k + 8 <= avail) {
+            const float *x = src + (size_t)t * sld + k0 + k;
+            const float4 x0 = *(const float4 *)x, x1 = *(const float4 *)(x + 4);
+            const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            const float4 w0 = norm ? *(const float4 *)(norm + k0 + k) : one;
+            const float4 w1 = norm ? *(const float4 *)(norm + k0 + k + 4) : one;
+            v[0] = x0.x * w0.x, v[1] = x0.y * w0.y, v[2] = x0.z * w0.z, v[3] = x0.w * w0.w;
+            v[4] = x1.x * w1.x, v[5] = x1.y * w1.y, v[6] = x1.z * w1.z, v[7] = x1.w * w1.w;
         } else {
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
+            for (int j = 0; j < 8; j++) {
                 const int kk = k + j;
                 v[j] = on && kk < avail ? src[(size_t)t * sld + k0 + kk] * (norm ? norm[k0 + kk] : 1.0f) : 0.0f;
             }
         }
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
+        for (int j = 0; j < 8; j++) {
             v[j] *= sc;
             m = fmaxf(m, fabsf(v[j]));
         }
 #pragma unroll
-        for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        for (int o = 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        unsigned w = 0;
-        int sq = 0;
+        int q[8], sq = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            q[j] = __float2int_rn(v[j] * id);
+            sq += q[j];
+        }
+#pragma unroll
+        for (int o = 2; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o); /* |sum| <= 4064 */
+        /* elements 0-3 and 4-7 of the lane's 8, or (PERM) the even ones and the odd ones */
+        unsigned w0 = 0, w1 = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int q = __float2int_rn(v[j] * id);
-            sq += q;
-            w |= ((unsigned)q & 0xffu) << (8 * j);
-        }
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o); /* |sum| <= 4064 */
-        int pos = sub * 4;
-        if (PERM) { /* lanes 2g and 2g+1 hold elements 0-3 and 4-7 of group g: (e0 e2 e4 e6) and (e1 e3 e5 e7) */
-            const unsigned other = __shfl_xor_sync(0xffffffffu, w, 1);
-            const unsigned lo = sub & 1 ? other : w, hi = sub & 1 ? w : other;
-            w = sub & 1 ? (((lo >> 8) & 0xffu) | (((lo >> 24) & 0xffu) << 8) | (((hi >> 8) & 0xffu) << 16) |
-                           (((hi >> 24) & 0xffu) << 24))
-                        : ((lo & 0xffu) | (((lo >> 16) & 0xffu) << 8) | ((hi & 0xffu) << 16) |
-                           (((hi >> 16) & 0xffu) << 24));
-            pos = (sub >> 1) * 8 + (sub & 1) * 4;
+            const int a0 = PERM ? 2 * j : j, a1 = PERM ? 2 * j + 1 : j + 4;
+            w0 |= ((unsigned)q[a0] & 0xffu) << (8 * j);
+            w1 |= ((unsigned)q[a1] & 0xffu) << (8 * j);
         }
         if (on) {
-            *(unsigned *)(xq + (size_t)t * ld + b * 32 + pos) = w;
+            uint2 w;
+            w.x = w0, w.y = w1;
+            *(uint2 *)(xq + (size_t)t * ld + k) = w;
             if (sub == 0) xd[(size_t)t * (ld / 32) + b] = make_float2(d, (float)sq);
         }
     }
