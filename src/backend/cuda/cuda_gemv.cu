@@ -157,47 +157,24 @@ static __device__ __forceinline__ void stage_sums(const float *xs, int rows, int
     }
 }
 
-/* Inputs k0 .. k0+len of the n token rows src [n][sld] (elements past `avail` are zeros), times norm[k] (if
- * any) and scale[t] (the 1/rms of token t, if any), as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c:
- * d = max|x|/127 per 32, q = rint(x/d)): codes xq [NT][ld], per block (d, sum of q) in xd [NT][ld / 32].
- * Four lanes a block, eight elements a lane, so a warp quantizes eight blocks at once with two shuffles per
+/* nb blocks of 32 inputs of each of the n token rows, load8(t, k, on, v) giving inputs k .. k+7 of row t (zeros
+ * where !on) times scale[t] (if any), as int8 blocks (Q8_0 rule, as the CPU's matmul_q8.c: d = max|x|/127 per 32,
+ * q = rint(x/d)): codes xq [NT][ld], per block (d, sum of q) in xd [NT][ld / 32]. Four lanes a block, eight
+ * elements a lane, so a warp quantizes eight blocks at once with two shuffles per
  * reduction (every block of a GEMV does this for the whole input: with a warp a block and five-step reductions it
  * cost more instructions than the 31B's 4-bit products themselves, ncu on the H200; eight lanes a block and three
  * shuffles took 3.5 us of E2B's 4-bit down product, globaltimer trace).
- * PERM: each 8 elements stored as the even ones, then the odd ones (MLX4's code order). len: a multiple of 32. */
-template <int NT, int PERM, bool EX>
-static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
-                                                int ld, int len, int n, const float *scale, signed char *xq,
-                                                float2 *xd, bool vec) {
-    const int lane = threadIdx.x & 31, sub = lane & 3, nb = len / 32, rows = EX ? n : NT < n ? NT : n;
-    /* vec: src rows, k0 and norm 16-byte aligned (float4 loads). The tile's lines into L1 first when the loop below
-     * takes several passes (else each pass waited for its own round trip to L2: 5 us for E2B's down product) */
-    if (rows * nb > GEMV_THREADS / 4 && __isGlobal(src))
-        for (int i = threadIdx.x * 32; i < rows * len; i += GEMV_THREADS * 32) {
-            const int t = i / len, k = i - t * len;
-            if (k < avail) g4_prefetch_l1(src + (size_t)t * sld + k0 + k);
-            if (t == 0 && norm && k < avail) g4_prefetch_l1(norm + k0 + k);
-        }
+ * PERM: each 8 elements stored as the even ones, then the odd ones (MLX4's code order). */
+template <int NT, int PERM, bool EX, class Load8>
+static __device__ __forceinline__ void quant_blocks(int nb, int n, int ld, const float *scale, signed char *xq,
+                                                    float2 *xd, Load8 load8) {
+    const int lane = threadIdx.x & 31, sub = lane & 3;
     for (int base = (threadIdx.x >> 5) * 8; base < (EX ? n : NT) * nb; base += GEMV_THREADS / 4) {
         const int i = base + (lane >> 2), t = i / nb, b = i - t * nb, k = b * 32 + sub * 8;
         const bool on = i < (EX ? n : NT) * nb && t < n;
         const float sc = on && scale ? scale[t] : 1.0f;
         float v[8], m = 0.0f;
-        if (vec && on && k + 8 <= avail) {
-            const float *x = src + (size_t)t * sld + k0 + k;
-            const float4 x0 = *(const float4 *)x, x1 = *(const float4 *)(x + 4);
-            const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-            const float4 w0 = norm ? *(const float4 *)(norm + k0 + k) : one;
-            const float4 w1 = norm ? *(const float4 *)(norm + k0 + k + 4) : one;
-            v[0] = x0.x * w0.x, v[1] = x0.y * w0.y, v[2] = x0.z * w0.z, v[3] = x0.w * w0.w;
-            v[4] = x1.x * w1.x, v[5] = x1.y * w1.y, v[6] = x1.z * w1.z, v[7] = x1.w * w1.w;
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int kk = k + j;
-                v[j] = on && kk < avail ? src[(size_t)t * sld + k0 + kk] * (norm ? norm[k0 + kk] : 1.0f) : 0.0f;
-            }
-        }
+        load8(t, k, on, v); /* (zeros where !on) */
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             v[j] *= sc;
@@ -229,6 +206,40 @@ static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k
             if (sub == 0) xd[(size_t)t * (ld / 32) + b] = make_float2(d, (float)sq);
         }
     }
+}
+
+/* Inputs k0 .. k0+len of the n token rows src [n][sld] (elements past `avail` are zeros), times norm[k] (if any)
+ * and scale[t] (the 1/rms of token t, if any), as int8 blocks (quant_blocks). len: a multiple of 32. */
+template <int NT, int PERM, bool EX>
+static __device__ __forceinline__ void stage_q8(const float *src, int sld, int k0, int avail, const float *norm,
+                                                int ld, int len, int n, const float *scale, signed char *xq,
+                                                float2 *xd, bool vec) {
+    const int nb = len / 32, rows = EX ? n : NT < n ? NT : n;
+    /* vec: src rows, k0 and norm 16-byte aligned (float4 loads). The tile's lines into L1 first when the loop below
+     * takes several passes (else each pass waited for its own round trip to L2: 5 us for E2B's down product) */
+    if (rows * nb > GEMV_THREADS / 4 && __isGlobal(src))
+        for (int i = threadIdx.x * 32; i < rows * len; i += GEMV_THREADS * 32) {
+            const int t = i / len, k = i - t * len;
+            if (k < avail) g4_prefetch_l1(src + (size_t)t * sld + k0 + k);
+            if (t == 0 && norm && k < avail) g4_prefetch_l1(norm + k0 + k);
+        }
+    quant_blocks<NT, PERM, EX>(nb, n, ld, scale, xq, xd, [&](int t, int k, bool on, float *v) {
+        if (vec && on && k + 8 <= avail) {
+            const float *x = src + (size_t)t * sld + k0 + k;
+            const float4 x0 = *(const float4 *)x, x1 = *(const float4 *)(x + 4);
+            const float4 one = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            const float4 w0 = norm ? *(const float4 *)(norm + k0 + k) : one;
+            const float4 w1 = norm ? *(const float4 *)(norm + k0 + k + 4) : one;
+            v[0] = x0.x * w0.x, v[1] = x0.y * w0.y, v[2] = x0.z * w0.z, v[3] = x0.w * w0.w;
+            v[4] = x1.x * w1.x, v[5] = x1.y * w1.y, v[6] = x1.z * w1.z, v[7] = x1.w * w1.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int kk = k + j;
+                v[j] = on && kk < avail ? src[(size_t)t * sld + k0 + kk] * (norm ? norm[k0 + kk] : 1.0f) : 0.0f;
+            }
+        }
+    });
 }
 
 /* product p and its local row of a row of the set's concatenated row space */
@@ -289,10 +300,11 @@ template <int DT, int NT, int RP, bool FA, bool EX = false, int UN = wunroll<DT>
 __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     constexpr int W = wraw<DT>::WORDS, EPA = wraw<DT>::EPA;
     /* [sn][ktile] floats, then (quantized types with offsets) [sn][ktile / 32] sums; int8 activations: codes
-     * [sn][ktile], (d, sum) [sn][ktile / 32], then (residual prologue) the floats [ktile]; sn = max(NT, xrows) */
+     * [sn][ktile], (d, sum) [sn][ktile / 32]; sn = max(NT, xrows) */
     G4_DYN_SMEM(float, smem);
     __shared__ float red[GEMV_WARPS][RP * NT];
     __shared__ float inv_rms[NT];
+    __shared__ float ssq[GEMV_WARPS]; /* (int8 residual prologue) the warps' sums of squares of the updated stream */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     /* a row group: wpr warps, or (quantized weights) the lpr lanes tl = 0 .. lpr-1 of a warp (wpr = 1) */
     const int wpr = a.wpr, lpr = wraw<DT>::QUANT ? a.lpr : 32, rpb = a.rpb, sub = warp % wpr, tl = lane & (lpr - 1);
@@ -332,18 +344,62 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             }
         }
         const float inv_o = rsqrtf(g4_block_sum(so, &red[0][0]) / (float)a.in + a.eps);
+        /* int8 activations: the stream's sum of squares only scales the products (after the rows, from ssq), so the
+         * codes come straight from the updated stream (the codes of x and of x / rms are the same up to rounding; the
+         * scale of each block, d, leaves 1/rms out), without a block reduction before them (H200 decode: E2B Q4_0
+         * 1.67 -> 1.63 ms, 12B 3.44 -> 3.37, 31B 6.98 -> 6.89; float weights: 26B-A4B bf16 3.34 -> 3.38, so they keep
+         * the reduction) */
         float sh = 0.0f;
-        for (int i = threadIdx.x; i < kt; i += GEMV_THREADS) {
-            float hn = 0.0f;
-            if (i < a.in) {
-                hn = (a.res_h[i] + a.res_o[i] * inv_o * a.res_w[i]) * a.res_scale;
-                if (blockIdx.x == 0) a.res_out[i] = hn;
+        if constexpr (I8) {
+            const bool rvec = a.in % 8 == 0 &&
+                              (((uintptr_t)a.res_h | (uintptr_t)a.res_o | (uintptr_t)a.res_w | (uintptr_t)a.res_out |
+                                (uintptr_t)a.norm) & 15) == 0;
+            quant_blocks<NT, wraw<DT>::PERM, EX>(kt / 32, 1, kt, nullptr, xq, xd, [&](int, int k, bool on, float *v) {
+                if (on && rvec && k + 8 <= a.in) {
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float4 h = *(const float4 *)(a.res_h + k + 4 * c), o = *(const float4 *)(a.res_o + k + 4 * c);
+                        const float4 w = *(const float4 *)(a.res_w + k + 4 * c);
+                        float4 r;
+                        r.x = (h.x + o.x * inv_o * w.x) * a.res_scale, r.y = (h.y + o.y * inv_o * w.y) * a.res_scale;
+                        r.z = (h.z + o.z * inv_o * w.z) * a.res_scale, r.w = (h.w + o.w * inv_o * w.w) * a.res_scale;
+                        if (blockIdx.x == 0) *(float4 *)(a.res_out + k + 4 * c) = r;
+                        sh += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
+                        const float4 nw = a.norm ? *(const float4 *)(a.norm + k + 4 * c) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+                        v[4 * c] = r.x * nw.x, v[4 * c + 1] = r.y * nw.y, v[4 * c + 2] = r.z * nw.z, v[4 * c + 3] = r.w * nw.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 8; j++) {
+                        const int i = k + j;
+                        float hn = 0.0f;
+                        if (on && i < a.in) {
+                            hn = (a.res_h[i] + a.res_o[i] * inv_o * a.res_w[i]) * a.res_scale;
+                            if (blockIdx.x == 0) a.res_out[i] = hn;
+                        }
+                        sh += hn * hn;
+                        v[j] = a.norm && on && i < a.in ? hn * a.norm[i] : hn;
+                    }
+                }
+            });
+        } else {
+            for (int i = threadIdx.x; i < kt; i += GEMV_THREADS) {
+                float hn = 0.0f;
+                if (i < a.in) {
+                    hn = (a.res_h[i] + a.res_o[i] * inv_o * a.res_w[i]) * a.res_scale;
+                    if (blockIdx.x == 0) a.res_out[i] = hn;
+                }
+                sh += hn * hn;
+                xs[i] = a.norm && i < a.in ? hn * a.norm[i] : hn;
             }
-            sh += hn * hn;
-            xs[i] = a.norm && i < a.in ? hn * a.norm[i] : hn;
         }
-        const float ssum = g4_block_sum(sh, &red[0][0]);
-        if (threadIdx.x == 0) inv_rms[0] = rsqrtf(ssum / (float)a.in + a.eps);
+        if constexpr (I8) {
+            sh = g4_warp_sum(sh);
+            if (lane == 0) ssq[warp] = sh;
+        } else {
+            const float ssum = g4_block_sum(sh, &red[0][0]);
+            if (threadIdx.x == 0) inv_rms[0] = rsqrtf(ssum / (float)a.in + a.eps);
+        }
     } else if (a.norm) { /* 1/rms of each token's input row, all threads */
         float ss[NT];
 #pragma unroll
@@ -373,17 +429,21 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
         stage_sums<NT, EX>(xs, a.xrows, kt, kt, xsum);
         __syncthreads();
     }
-    if (I8 && ntiles == 1) { /* from the residual prologue's floats, else from x */
-        if (NT == 1 && a.res_out)
-            stage_q8<NT, wraw<DT>::PERM, EX>(xs, kt, 0, kt, nullptr, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd,
-                                             ((uintptr_t)xs & 15) == 0);
-        else
-            stage_q8<NT, wraw<DT>::PERM, EX>(a.x, a.in, 0, a.in, a.norm, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd,
-                                             a.xvec);
+    if (I8 && ntiles == 1 && !(NT == 1 && a.res_out)) { /* (the residual prologue has staged its codes) */
+        stage_q8<NT, wraw<DT>::PERM, EX>(a.x, a.in, 0, a.in, a.norm, kt, kt, EX ? a.xrows : a.n, qscale, xq, xd,
+                                         a.xvec);
         __syncthreads();
     }
     g4_grid_launch_dependents();
     G4_TRACE_MARK(2);
+    /* int8 activations with the residual prologue: the scale of the sums, the updated stream's 1/rms (else the 1/rms
+     * of each token's input is in inv_rms, or with int8 activations in the codes' scale) */
+    float res_rms = 1.0f;
+    if (I8 && NT == 1 && a.res_out && a.norm) {
+        float ss = 0.0f;
+        for (int w = 0; w < GEMV_WARPS; w++) ss += ssq[w];
+        res_rms = rsqrtf(ss / (float)a.in + a.eps);
+    }
 
     for (int base = blockIdx.x * rpb; base < a.rows; base += gridDim.x * rpb) {
         row = g < rpb ? base + g : a.rows;
@@ -556,7 +616,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 #pragma unroll
                 for (int q = 0; q < NT; q++)
                     if (q == t) s = acc[r][q];
-                v[r] = (a.norm && !I8 ? s * inv_rms[t] : s) * a.scale;
+                v[r] = (I8 && NT == 1 && a.res_out ? s * res_rms : a.norm && !I8 ? s * inv_rms[t] : s) * a.scale;
             }
             if (RP == 2) { /* gate/up pair */
                 float gt = v[0] + (a.bias[0] ? a.bias[0][row] : 0.0f);
@@ -583,11 +643,11 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
 /* Input elements of a tile: as much of a row as c->gemv_smem holds for nt tokens (with a sum per 32 inputs for
  * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
  * multiple of 256. */
-static int gemv_most(const g4c *c, int nt, g4_dtype t, int res, int fa) {
+static int gemv_most(const g4c *c, int nt, g4_dtype t, int fa) {
     const int i8 = !fa && (t == G4_Q8_0 || t == G4_Q4_0 || t == G4_MLX4 || t == G4_MLX8); /* g4_qt I8 */
     const int need_sum = t == G4_Q4_K;                                            /* g4_qt NEED_SUM, not I8 */
-    /* bytes per 32 inputs of a token (int8 activations: the residual prologue's floats only with nt = 1) */
-    const size_t per32 = i8 ? 32 + 8 + (res ? 128 / nt : 0) : 128 + (need_sum ? 4 : 0);
+    /* bytes per 32 inputs of a token */
+    const size_t per32 = i8 ? 32 + 8 : 128 + (need_sum ? 4 : 0);
     return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
 }
 
@@ -611,12 +671,12 @@ template <int DT, int RP, bool FA, bool EX = false> static void launch_gemv_nt(g
     const int nt = a.n <= 1 ? 1 : a.n <= 2 ? 2 : a.n <= 4 ? 4 : 8;
     if (!a.xrows) a.xrows = a.n;
     const int sn = a.xrows > nt ? a.xrows : nt; /* rows of the staged tile */
-    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, sn, (g4_dtype)DT, a.res_out != nullptr, FA);
+    const int in8 = (a.in + 7) & ~7, most = gemv_most(c, sn, (g4_dtype)DT, FA);
     a.ktile = in8 <= most ? in8 : most;
     size_t smem = (size_t)sn * a.ktile * sizeof(float) + (wraw<DT>::NEED_SUM ? (size_t)sn * (a.ktile / 32) * 4 : 0);
     /* (int8 activations: the sums are those of the codes, beside each block's d) */
-    if (wraw<DT>::I8 && !FA) /* codes, (d, sum) pairs, the residual prologue's floats */
-        smem = (size_t)sn * a.ktile + (size_t)sn * (a.ktile / 32) * 8 + (a.res_out ? (size_t)a.ktile * sizeof(float) : 0);
+    if (wraw<DT>::I8 && !FA) /* codes, (d, sum) pairs */
+        smem = (size_t)sn * a.ktile + (size_t)sn * (a.ktile / 32) * 8;
     void (*k)(gemv_args) = EX        ? gemv_kernel<DT, 1, RP, FA, true> /* (one token) */
                            : nt == 1 ? gemv_kernel<DT, 1, RP, FA>
                            : nt == 2 ? gemv_kernel<DT, 2, RP, FA>
@@ -749,7 +809,7 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
     a.scale = scale;
     const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
     if (set->res_out) {
-        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype, 1, fa) && set->res_out != set->res_h) { /* fused */
+        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype, fa) && set->res_out != set->res_h) { /* fused */
             a.res_h = set->res_h, a.res_o = set->res_o, a.res_w = set->res_w, a.res_scale = set->res_scale;
             a.res_out = set->res_out;
         } else {
@@ -788,7 +848,7 @@ static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float 
  * dense products (int8 blocks for Q8_0, Q4_0, MLX4 and MLX8 unless c->float_act, as the CPU's experts). */
 int g4c_gemv_experts_fit(g4c *c, const g4_tensor *w, int x_rows) {
     const int64_t in = w->shape[w->ndim - 1];
-    return in % 32 == 0 && in <= gemv_most(c, x_rows, w->dtype, 0, c->float_act);
+    return in % 32 == 0 && in <= gemv_most(c, x_rows, w->dtype, c->float_act);
 }
 
 void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows, const int32_t *ex, int slots,
