@@ -103,15 +103,18 @@ int g4c_upload_quant(g4c *c, const g4_tensor *src, void *d, int64_t rows, size_t
         const int64_t m = rows - r0 < (int64_t)n ? rows - r0 : (int64_t)n;
         memset(buf, 0, (size_t)m * row_bytes);
         for (int64_t r = 0; r < m; r++) repack_row(src, r0 + r, buf + (size_t)r * row_bytes);
-        cudaError_t e = cudaMemcpy((unsigned char *)d + (size_t)r0 * row_bytes, buf, (size_t)m * row_bytes,
-                                   cudaMemcpyHostToDevice);
+        /* on the backend's stream, and waited for: a plain cudaMemcpy from pageable memory may return before its DMA
+         * lands (CUDA runtime, API synchronization behavior), on the legacy stream, which the backend's non-blocking
+         * stream does not wait for: a product launched right after could read stale weights */
+        cudaError_t e = cudaMemcpyAsync((unsigned char *)d + (size_t)r0 * row_bytes, buf, (size_t)m * row_bytes,
+                                        cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) {
             free(buf);
             return g4_fail(err, "tensor '%s': copy to the GPU failed: %s", src->name, cudaGetErrorString(e));
         }
     }
     free(buf);
-    (void)c;
     return 0;
 }
 
