@@ -721,7 +721,7 @@ typedef struct g4c {
     int n_resident;
     int float_act;        /* G4_NO_INT8_ACT set: one-token products of Q8_0/Q4_0/MLX weights with float activations
                            * (exact products of the stored weights, for comparisons) */
-    size_t gemv_smem;     /* staged GEMV inputs per block: 40 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
+    size_t gemv_smem;     /* staged GEMV inputs per block: 96 KB (G4_CUDA_GEMV_SMEM_KB=8..96) */
     int gemv_balance;     /* GEMV: rows spread evenly over the multiprocessors (1; G4_CUDA_GEMV_BALANCE=0: off) */
     int att_tc;           /* prefill attention on tensor cores (1; G4_CUDA_ATT_TC=0: the per-token kernel) */
     int att_early;        /* decode attention lets the next kernel launch right after its wait (1; G4_CUDA_ATT_EARLY=0: at its end) */

@@ -2,11 +2,11 @@
  *
  * Up to G4C_GEMV_MAX tokens (decode, small steps): a GEMV that streams each weight row once from device
  * memory and multiplies it with every token's row. Each block stages the token rows (times the norm weight)
- * in shared memory, 40 KB at a time; a group of `wpr` warps owns a row (wpr grows when a matrix has few rows,
- * so that the grid still fills the GPU; a block takes fewer groups than it has warps for when that gives every
- * multiprocessor the same number of rows: H200, E4B bf16 decode 3.70 -> 3.57 ms); each lane loads 16 bytes (8
- * weights) per access, four accesses in flight, the next four issued before the current ones are used, and the
- * group sums with shuffles and shared memory. The weight loads of a block's first row are issued before the
+ * in shared memory, 96 KB at a time (G4_CUDA_GEMV_SMEM_KB); a group of `wpr` warps owns a row (wpr grows when a
+ * matrix has few rows, so that the grid still fills the GPU; a block takes fewer groups than it has warps for when
+ * that gives every multiprocessor the same number of rows: H200, E4B bf16 decode 3.70 -> 3.57 ms); each lane loads
+ * 16 bytes (8 weights) per access, four accesses in flight, the next four issued before the current ones are used,
+ * and the group sums with shuffles and shared memory. The weight loads of a block's first row are issued before the
  * kernel waits for its predecessor (see cuda_common.cuh). Fused: the input's RMSNorm (each block computes 1/rms
  * itself: it is a dot product's scale), bias, the GeGLU of gate/up pairs (a group reads gate row r and up row r
  * together) or against a given multiplier, the soft-cap.
