@@ -349,6 +349,8 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
          * scale of each block, d, leaves 1/rms out), without a block reduction before them (H200 decode: E2B Q4_0
          * 1.67 -> 1.63 ms, 12B 3.44 -> 3.37, 31B 6.98 -> 6.89; float weights: 26B-A4B bf16 3.34 -> 3.38, so they keep
          * the reduction) */
+        /* the updated stream's element from its parts (h + rmsnorm(o) w) scale */
+        const auto upd = [&](float h, float o, float w) { return (h + o * inv_o * w) * a.res_scale; };
         float sh = 0.0f;
         if constexpr (I8) {
             const bool rvec = a.in % 8 == 0 &&
@@ -361,8 +363,8 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                         const float4 h = *(const float4 *)(a.res_h + k + 4 * c), o = *(const float4 *)(a.res_o + k + 4 * c);
                         const float4 w = *(const float4 *)(a.res_w + k + 4 * c);
                         float4 r;
-                        r.x = (h.x + o.x * inv_o * w.x) * a.res_scale, r.y = (h.y + o.y * inv_o * w.y) * a.res_scale;
-                        r.z = (h.z + o.z * inv_o * w.z) * a.res_scale, r.w = (h.w + o.w * inv_o * w.w) * a.res_scale;
+                        r.x = upd(h.x, o.x, w.x), r.y = upd(h.y, o.y, w.y);
+                        r.z = upd(h.z, o.z, w.z), r.w = upd(h.w, o.w, w.w);
                         if (blockIdx.x == 0) *(float4 *)(a.res_out + k + 4 * c) = r;
                         sh += r.x * r.x + r.y * r.y + r.z * r.z + r.w * r.w;
                         const float4 nw = a.norm ? *(const float4 *)(a.norm + k + 4 * c) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
@@ -374,7 +376,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                         const int i = k + j;
                         float hn = 0.0f;
                         if (on && i < a.in) {
-                            hn = (a.res_h[i] + a.res_o[i] * inv_o * a.res_w[i]) * a.res_scale;
+                            hn = upd(a.res_h[i], a.res_o[i], a.res_w[i]);
                             if (blockIdx.x == 0) a.res_out[i] = hn;
                         }
                         sh += hn * hn;
@@ -386,7 +388,7 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
             for (int i = threadIdx.x; i < kt; i += GEMV_THREADS) {
                 float hn = 0.0f;
                 if (i < a.in) {
-                    hn = (a.res_h[i] + a.res_o[i] * inv_o * a.res_w[i]) * a.res_scale;
+                    hn = upd(a.res_h[i], a.res_o[i], a.res_w[i]);
                     if (blockIdx.x == 0) a.res_out[i] = hn;
                 }
                 sh += hn * hn;
