@@ -281,14 +281,16 @@ template <int NV4, int KVT> __global__ __launch_bounds__(ATT_THREADS) void atten
     if (!last) return;
     const int o0 = 0, o1 = GD;
 #else
-    if (tid == 0) { /* a barrier of the S blocks: the last to arrive resets the count and moves the generation on */
+    if (tid == 0) { /* a barrier of the S blocks: the last to arrive moves the generation on, then resets the count
+                     * (no block of this launch reads the count again, and the next launch begins after this one
+                     * ends: the reset need not be waited for before the others are released) */
         volatile int *gen = a.gens + t * a.n_kv + kh;
         const int g0 = *gen;
         g4_fence_gpu();
         if (atomicAdd(count, 1) == S - 1) {
-            *count = 0;
             g4_fence_gpu();
             atomicAdd((int *)gen, 1);
+            *count = 0;
         } else {
             for (long spin = 0; *gen == g0 && spin < (1L << 26); spin++) __nanosleep(32); /* (bounded: no hang) */
             g4_fence_gpu();

@@ -59,12 +59,15 @@ __global__ void moe_topk_kernel(moe_args a, const float *logits) {
     g4_grid_wait();
     g4_grid_launch_dependents(); /* (a few blocks: the experts' GEMV may take its place on the GPU meanwhile) */
     const int t = blockIdx.x, lane = threadIdx.x & 31;
-    /* 1/rms of the residual row (all threads): x2 = residual * inv2 * pre_norm2, made where the experts read it */
-    const float *r = a.residual + (size_t)t * a.H;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < a.H; i += blockDim.x) ss += r[i] * r[i];
-    ss = g4_block_sum(ss, red);
-    if (threadIdx.x == 0) a.ws.inv2[t] = rsqrtf(ss / (float)a.H + a.eps);
+    /* 1/rms of the residual row (all threads): x2 = residual * inv2 * pre_norm2, made where the experts' kernels read
+     * it (the GEMV of one token's experts normalizes its staged row itself: no inv2, one warp) */
+    if (a.ws.inv2) {
+        const float *r = a.residual + (size_t)t * a.H;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < a.H; i += blockDim.x) ss += r[i] * r[i];
+        ss = g4_block_sum(ss, red);
+        if (threadIdx.x == 0) a.ws.inv2[t] = rsqrtf(ss / (float)a.H + a.eps);
+    }
     if (threadIdx.x >= 32) return;
     const float *lg = logits + (size_t)t * a.E;
     float v[MOE_MAX_E / 32];
@@ -386,30 +389,50 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
     }
 }
 
-/* 5. per token: out = rmsnorm(dense) * post_norm1 + rmsnorm(sum over k of the pair rows) * post_norm2 */
-__global__ void moe_combine_kernel(moe_args a) {
+/* 5. per token: out = rmsnorm(dense) * post_norm1 + rmsnorm(sum over k of the pair rows) * post_norm2. A thread takes
+ * up to MOE_CPT elements of the row, the loads of all of them (and of eight pair rows) issued before any is summed:
+ * one round trip to memory for rows of up to MOE_CPT x 1024 elements; both sums of squares in one block reduction. */
+#define MOE_CPT 4
+__global__ __launch_bounds__(1024) void moe_combine_kernel(moe_args a) {
     G4_DYN_SMEM(float, sum); /* [H] */
-    __shared__ float red[32];
+    __shared__ float red[2][32];
     g4_grid_wait();
     g4_grid_launch_dependents(); /* (a block a token: the next layer's first blocks load their weights meanwhile) */
-    const int t = blockIdx.x;
+    const int t = blockIdx.x, nt = blockDim.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const float *d = a.dense + (size_t)t * a.H, *dn = a.ws.dn + (size_t)t * a.TK * a.H;
     float ss = 0.0f, sd = 0.0f;
-    for (int i = threadIdx.x; i < a.H; i += blockDim.x) {
-        float part[8], v = 0.0f;
-        for (int k0 = 0; k0 < a.TK; k0 += 8) { /* eight rows' loads in flight together */
+    for (int i0 = threadIdx.x; i0 < a.H; i0 += MOE_CPT * nt) {
+        float v[MOE_CPT] = {};
+        for (int k0 = 0; k0 < a.TK; k0 += 8) {
+            float part[MOE_CPT][8];
 #pragma unroll
-            for (int k = 0; k < 8; k++) part[k] = k0 + k < a.TK ? dn[(size_t)(k0 + k) * a.H + i] : 0.0f;
+            for (int u = 0; u < MOE_CPT; u++)
 #pragma unroll
-            for (int k = 0; k < 8; k++) v += part[k];
+                for (int k = 0; k < 8; k++) {
+                    const int i = i0 + u * nt;
+                    part[u][k] = i < a.H && k0 + k < a.TK ? dn[(size_t)(k0 + k) * a.H + i] : 0.0f;
+                }
+#pragma unroll
+            for (int u = 0; u < MOE_CPT; u++)
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[u] += part[u][k];
         }
-        sum[i] = v;
-        ss += v * v;
-        sd += d[i] * d[i];
+#pragma unroll
+        for (int u = 0; u < MOE_CPT; u++) {
+            const int i = i0 + u * nt;
+            const float x = i < a.H ? d[i] : 0.0f;
+            if (i < a.H) sum[i] = v[u];
+            ss += v[u] * v[u];
+            sd += x * x;
+        }
     }
-    const float inv_s = rsqrtf(g4_block_sum(ss, red) / (float)a.H + a.eps);
-    const float inv_d = rsqrtf(g4_block_sum(sd, red) / (float)a.H + a.eps);
-    for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+    ss = g4_warp_sum(ss), sd = g4_warp_sum(sd);
+    if (lane == 0) red[0][w] = ss, red[1][w] = sd;
+    __syncthreads();
+    const int nw = (nt + 31) >> 5;
+    ss = g4_warp_sum(lane < nw ? red[0][lane] : 0.0f), sd = g4_warp_sum(lane < nw ? red[1][lane] : 0.0f);
+    const float inv_s = rsqrtf(ss / (float)a.H + a.eps), inv_d = rsqrtf(sd / (float)a.H + a.eps);
+    for (int i = threadIdx.x; i < a.H; i += nt)
         a.out[(size_t)t * a.H + i] = d[i] * inv_d * a.post_norm1[i] + sum[i] * inv_s * a.post_norm2[i];
 }
 
@@ -830,8 +853,11 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
         g4c_matmul(be, mlp->y[0], n, m->mlp_down, NULL, m->dense);
         g4c_fork_end(c);
     }
-    g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(256), 0, a, (const float *)a.ws.logits);
-    if (n == 1 && g4c_gemv_experts_fit(c, m->gate_up, 1) && g4c_gemv_experts_fit(c, m->down, TK)) {
+    const int gemv_experts = n == 1 && g4c_gemv_experts_fit(c, m->gate_up, 1) && g4c_gemv_experts_fit(c, m->down, TK);
+    moe_args ta = a;
+    if (gemv_experts) ta.ws.inv2 = NULL;
+    g4c_launch(c, moe_topk_kernel, dim3((unsigned)n), dim3(gemv_experts ? 32 : 256), 0, ta, (const float *)a.ws.logits);
+    if (gemv_experts) {
         /* one token: the experts' rows through the GEMV, the slots' activations in act */
         g4c_gemv_experts(c, m->gate_up, m->up, Im, a.ws.act_e, TK, m->residual, m->pre_norm2, m->eps, NULL, NULL,
                          a.ws.act);
