@@ -160,6 +160,17 @@ static __device__ __forceinline__ float g4_block_sum(float v, float *red) {
     return g4_warp_sum(s);
 }
 
+/* Two sums over a block of up to 1024 threads in one reduction (as g4_block_sum); every thread gets both. red: 2 x 32
+ * floats of shared memory. */
+static __device__ __forceinline__ void g4_block_sum2(float *a, float *b, float (*red)[32]) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    const float va = g4_warp_sum(*a), vb = g4_warp_sum(*b);
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[0][w] = va, red[1][w] = vb;
+    __syncthreads();
+    *a = g4_warp_sum(lane < nw ? red[0][lane] : 0.0f), *b = g4_warp_sum(lane < nw ? red[1][lane] : 0.0f);
+}
+
 /* c += a b for one m16n8k16 tile: a 16 x 16 bf16 (row-major fragments), b 16 x 8 bf16 (column fragments), c 16 x 8
  * f32 (PTX ISA, mma.m16n8k16 .bf16: lane l holds, with g = l / 4 and t = l % 4, a's rows g and g + 8 at columns
  * 2t, 2t + 1 and 2t + 8, 2t + 9 as a[0] (row g), a[1] (row g + 8), a[2] (row g, + 8), a[3] (row g + 8, + 8); b's

@@ -398,7 +398,7 @@ __global__ __launch_bounds__(1024) void moe_combine_kernel(moe_args a) {
     __shared__ float red[2][32];
     g4_grid_wait();
     g4_grid_launch_dependents(); /* (a block a token: the next layer's first blocks load their weights meanwhile) */
-    const int t = blockIdx.x, nt = blockDim.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int t = blockIdx.x, nt = blockDim.x;
     const float *d = a.dense + (size_t)t * a.H, *dn = a.ws.dn + (size_t)t * a.TK * a.H;
     float ss = 0.0f, sd = 0.0f;
     for (int i0 = threadIdx.x; i0 < a.H; i0 += MOE_CPT * nt) {
@@ -426,11 +426,7 @@ __global__ __launch_bounds__(1024) void moe_combine_kernel(moe_args a) {
             sd += x * x;
         }
     }
-    ss = g4_warp_sum(ss), sd = g4_warp_sum(sd);
-    if (lane == 0) red[0][w] = ss, red[1][w] = sd;
-    __syncthreads();
-    const int nw = (nt + 31) >> 5;
-    ss = g4_warp_sum(lane < nw ? red[0][lane] : 0.0f), sd = g4_warp_sum(lane < nw ? red[1][lane] : 0.0f);
+    g4_block_sum2(&ss, &sd, red);
     const float inv_s = rsqrtf(ss / (float)a.H + a.eps), inv_d = rsqrtf(sd / (float)a.H + a.eps);
     for (int i = threadIdx.x; i < a.H; i += nt)
         a.out[(size_t)t * a.H + i] = d[i] * inv_d * a.post_norm1[i] + sum[i] * inv_s * a.post_norm2[i];
