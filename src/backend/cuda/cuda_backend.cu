@@ -12,7 +12,8 @@
  * into a CUDA graph the second time, and replayed from the third on. Workspaces that move afterwards bump a
  * generation, and recordings of an older generation are captured again. Environment: G4_CUDA_GRAPHS=0 turns
  * recordings off, G4_CUDA_PDL=0 programmatic dependent launch, G4_CUDA_PROFILE=1 prints the time of each
- * kernel when the backend is freed (steps then run eagerly), G4_CUDA_GEMM=bf16 (or bf16_act, from
+ * kernel when the backend is freed (steps then run eagerly), G4_CUDA_STEP_TIME=1 how long replayed steps take before,
+ * in and after their recording, G4_CUDA_GEMM=bf16 (or bf16_act, from
  * g4_load_params.bf16_activations) turns off the precise prefill products (cuda_blas.cu: activations rounded to
  * bf16 once, half the tensor-core work), G4_CUDA_QGEMM=precise turns them on for quantized weights too (as
  * G4_NO_INT8_ACT does). A build with -DCMAKE_CUDA_FLAGS=-DG4_CUDA_TRACE and G4_CUDA_TRACE=1 prints
@@ -167,11 +168,36 @@ static void cu_to_device(g4_backend *be, void *dst, const void *src, size_t byte
     g4c_copy_to_device(g4c_of(be), dst, src, bytes);
 }
 
+/* G4_CUDA_STEP_TIME=1: events at the end of each sync (0), before and after each replayed recording (1, 2) and
+ * before the sync that ends its step (3): the GPU's time from the last sync to the recording's start (the host's
+ * work on the step and its input copies), in the recording, and from its end to the sync (the results' copy),
+ * summed over replayed steps and printed when the backend is freed. */
+typedef struct g4c_step_time {
+    cudaEvent_t ev[4];
+    int armed, replayed;
+    long steps;
+    double ms[3];
+} g4c_step_time;
+
 static void cu_sync(g4_backend *be) {
     g4c *c = g4c_of(be);
+    g4c_step_time *t = c->step_time;
+    if (t && t->replayed) cudaEventRecord(t->ev[3], c->stream);
     g4c_note(c, cudaStreamSynchronize(c->stream), "running the step");
     c->staging_used = 0;
     if (c->profile) profile_collect(c);
+    if (t) {
+        if (t->replayed) {
+            for (int i = 0; i < 3; i++) {
+                float ms = 0.0f;
+                cudaEventElapsedTime(&ms, t->ev[i], t->ev[i + 1]);
+                t->ms[i] += ms;
+            }
+            t->steps++;
+            t->replayed = 0;
+        }
+        t->armed = cudaEventRecord(t->ev[0], c->stream) == cudaSuccess;
+    }
 }
 
 static void cu_to_host(g4_backend *be, void *dst, const void *src, size_t bytes) {
@@ -276,7 +302,10 @@ static int cu_graph_begin(g4_backend *be, const void *owner, uint64_t key) {
     }
     g->seen++;
     if (g->exec && g->generation == c->generation) {
+        g4c_step_time *t = c->step_time && c->step_time->armed && !c->step_time->replayed ? c->step_time : NULL;
+        if (t) cudaEventRecord(t->ev[1], c->stream);
         g4c_note(c, cudaGraphLaunch(g->exec, c->stream), "replaying a step");
+        if (t) t->replayed = cudaEventRecord(t->ev[2], c->stream) == cudaSuccess;
         return 1;
     }
     if (g->exec) {
@@ -398,6 +427,15 @@ static void cu_free(g4_backend *be) {
 #ifdef G4_CUDA_TRACE
     if (getenv("G4_CUDA_TRACE")) trace_print(c);
 #endif
+    if (c->step_time) {
+        g4c_step_time *t = c->step_time;
+        const double n = t->steps > 0 ? (double)t->steps : 1.0;
+        fprintf(stderr, "cuda step time: %ld replayed steps; us a step: %.1f from the last sync to the recording "
+                "(host work, input copies), %.1f in it, %.1f after it (the results' copy)\n", t->steps,
+                1e3 * t->ms[0] / n, 1e3 * t->ms[1] / n, 1e3 * t->ms[2] / n);
+        for (int i = 0; i < 4; i++) cudaEventDestroy(t->ev[i]);
+        free(t);
+    }
     if (c->profile) {
         profile_print(c);
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventDestroy(c->profile->ev[i]);
@@ -549,6 +587,8 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
                      * prefill's epilogue after cuBLAS showed 240 us in this table, 18.7 us under ncu) */
         for (int i = 0; i < PROF_EVENTS; i++) cudaEventCreate(&c->profile->ev[i]);
     }
+    if (env_is("G4_CUDA_STEP_TIME", "1") && (c->step_time = (g4c_step_time *)calloc(1, sizeof *c->step_time)))
+        for (int i = 0; i < 4; i++) cudaEventCreate(&c->step_time->ev[i]);
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaMalloc((void **)&c->counters, N_COUNTERS * sizeof(int))) != cudaSuccess ||
         (e = cudaMemsetAsync(c->counters, 0, N_COUNTERS * sizeof(int), c->stream)) != cudaSuccess) {

@@ -758,6 +758,7 @@ typedef struct g4c {
     int capturing;
     int in_graph_step;    /* the ops run for a recording (or its warm-up): size work for any step of the shape */
     struct g4c_profile *profile; /* G4_CUDA_PROFILE=1: time of every kernel (steps run eagerly) */
+    struct g4c_step_time *step_time; /* G4_CUDA_STEP_TIME=1: where the time of replayed steps goes (cuda_backend.cu) */
 #ifdef G4_CUDA_TRACE
     const void *trace_k[4096]; /* the kernels of the last recording, in order */
     int trace_nk;
