@@ -218,6 +218,8 @@ static void compute(g4_context *ctx, const g4_step *st, int head_in_step, int wa
     OPS->embed(be, m->embed, s->ids, n, m->embed_scale, r.h);
     if (st->embd) merge_embeddings(ctx, st, r.h);
     const int ple = c->hidden_size_per_layer_input > 0;
+    if (ple && !m->ple_on_host) /* the token part of the per-layer inputs, from the table in backend memory */
+        OPS->embed(be, m->ple_embed, s->ids, n, sqrtf((float)c->hidden_size_per_layer_input), s->ple_t);
     if (ple) per_layer_inputs(ctx, r.h, n);
     for (int l = 0; l < c->n_layers; l++) {
         const float layer_scalar = m->layers[l].layer_scalar; /* scales the residual stream after the layer */
@@ -259,15 +261,13 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
         ctx->step_kv_start = s->kv_start;
     }
 
-    if (c->hidden_size_per_layer_input > 0) { /* token part of the per-layer inputs: Eple[id] * sqrt(P) */
+    if (c->hidden_size_per_layer_input > 0 && m->ple_on_host) { /* token part of the per-layer inputs, Eple[id] *
+                                                                    * sqrt(P), from the table in host memory (else
+                                                                    * in compute) */
         const int P = c->hidden_size_per_layer_input;
         const size_t LP = (size_t)c->n_layers * (size_t)P;
-        if (m->ple_on_host) { /* the table stays in host memory: gather its rows here, copy them in */
-            g4_tensor_rows_f32(m->ple_embed, st->ids, n, sqrtf((float)P), s->host_rows);
-            OPS->to_device(be, s->ple_t, s->host_rows, (size_t)n * LP * sizeof(float));
-        } else {
-            OPS->embed(be, m->ple_embed, s->ids, n, sqrtf((float)P), s->ple_t);
-        }
+        g4_tensor_rows_f32(m->ple_embed, st->ids, n, sqrtf((float)P), s->host_rows);
+        OPS->to_device(be, s->ple_t, s->host_rows, (size_t)n * LP * sizeof(float));
     }
 
     /* 2. the computation, recorded and replayed for small steps where the backend can; without logits and ids
