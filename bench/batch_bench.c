@@ -44,6 +44,8 @@ typedef struct {
     const char *device;
     int threads, prompt, n_new, batch, block, prefix;
     g4_kv_type kv_type;
+    float temperature, top_p; /* the requests' sampling (temperature 0: greedy) */
+    int top_k;
 } options;
 
 static int run_all(g4_scheduler *s, g4_error *err) {
@@ -77,7 +79,7 @@ static int concurrency(g4_model *m, const options *o, int C, int quiet) {
     const int V = g4_model_vocab_size(m);
     g4_sampler_params sp;
     g4_sampler_params_default(&sp);
-    sp.temperature = 0;
+    sp.temperature = o->temperature, sp.top_k = o->top_k, sp.top_p = o->top_p;
     g4_generation_params gp = {.max_new_tokens = o->n_new, .sampling = &sp, .ignore_eos = 1};
     tracker *t = calloc((size_t)C, sizeof *t);
     g4_generation **g = calloc((size_t)C, sizeof *g);
@@ -163,18 +165,29 @@ static int prefix(g4_model *m, const options *o) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: g4-batch-bench -m DIR [--device cpu|cuda] [-t THREADS] [-c 1,4,16,64] [-p PROMPT_TOKENS]\n"
-                    "                      [-n NEW_TOKENS] [--batch N] [--block B] [--prefix TOKENS] [--kv f32|bf16|f16]\n");
+    fprintf(stderr, "usage: g4-batch-bench (-m DIR | --random CONFIG.json [--type bf16|q4_0|...]) [--device cpu|cuda]\n"
+                    "                      [-t THREADS] [-c 1,4,16,64] [-p PROMPT_TOKENS] [-n NEW_TOKENS] [--batch N]\n"
+                    "                      [--block B] [--prefix TOKENS] [--kv f32|bf16|f16] [--bf16-act 0|1]\n"
+                    "                      [--temp T --top-k K --top-p P] (default: greedy)\n"
+                    "--random: random weights of a config's shapes, made where they live (g4_load_params.random_weights)\n");
 }
 
 int main(int argc, char **argv) {
-    options o = {.prompt = 64, .n_new = 32, .batch = 512, .block = 32, .prefix = 512, .kv_type = G4_KV_F32};
-    const char *dir = NULL, *list = "1,4,16,64";
+    options o = {.prompt = 64, .n_new = 32, .batch = 512, .block = 32, .prefix = 512, .kv_type = G4_KV_F32,
+                 .top_p = 1.0f};
+    const char *dir = NULL, *random_config = NULL, *type = NULL, *list = "1,4,16,64";
+    int bf16_act = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(), 0;
         if (!v) return usage(), 2;
         if (!strcmp(a, "-m")) dir = v;
+        else if (!strcmp(a, "--random")) random_config = v;
+        else if (!strcmp(a, "--type")) type = v;
+        else if (!strcmp(a, "--bf16-act")) bf16_act = atoi(v);
+        else if (!strcmp(a, "--temp")) o.temperature = (float)atof(v);
+        else if (!strcmp(a, "--top-k")) o.top_k = atoi(v);
+        else if (!strcmp(a, "--top-p")) o.top_p = (float)atof(v);
         else if (!strcmp(a, "--device")) o.device = v;
         else if (!strcmp(a, "-t")) o.threads = atoi(v);
         else if (!strcmp(a, "-c")) list = v;
@@ -187,10 +200,13 @@ int main(int argc, char **argv) {
         else return usage(), 2;
         i++;
     }
-    if (!dir || o.prompt < 1 || o.n_new < 1 || o.prefix < 0) return usage(), 2;
+    if (!dir == !random_config || (type && !random_config) || o.prompt < 1 || o.n_new < 1 || o.prefix < 0)
+        return usage(), 2;
+    if (random_config) dir = random_config;
     g4_error err;
     g4_model *m;
-    g4_load_params lp = {.n_threads = o.threads, .device = o.device};
+    g4_load_params lp = {.n_threads = o.threads, .device = o.device, .random_weights = random_config != NULL,
+                         .random_type = type, .bf16_activations = bf16_act};
     if (g4_model_load(dir, &lp, &m, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;

@@ -444,7 +444,7 @@ static void cu_free(g4_backend *be) {
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     g4c_blas_free(c);
-    g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_attn, &c->ws_moe, &c->ws_deq, &c->ws_grp, &c->ws_map, &c->ws_pad,
+    g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_fold, &c->ws_attn, &c->ws_moe, &c->ws_deq, &c->ws_grp, &c->ws_map, &c->ws_pad,
                        &c->ws_tiles};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);

@@ -60,13 +60,15 @@ int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, flo
         out->hi = x;
         return 0;
     }
-    /* (PAD_ROWS rows of slack: the experts' padded products read past the last row, g4c_gemm_experts) */
-    const size_t esz = t == G4_F32 ? 4 : 2, part = ((size_t)(n + PAD_ROWS) * (size_t)in * esz + 255) & ~(size_t)255;
+    /* the lo rows right after the hi rows (one product of both, gemm_rows), then PAD_ROWS rows of slack: the experts'
+     * padded products read past the last row (g4c_gemm_experts) */
+    const size_t esz = t == G4_F32 ? 4 : 2, rows = (size_t)n * (size_t)in * esz;
     const int split = t != G4_F32 && (quant ? c->qgemm_split : c->gemm_split);
-    unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_x16, split ? 2 * part : part);
+    unsigned char *ws =
+        (unsigned char *)g4c_ws(c, &c->ws_x16, (split ? 2 * rows : rows) + (size_t)PAD_ROWS * (size_t)in * esz);
     if (!ws) return -1;
     out->hi = ws;
-    out->lo = split ? ws + part : NULL;
+    out->lo = split ? ws + rows : NULL;
     g4c_launch(c, gemm_convert, dim3((unsigned)n), dim3(256), 0, x, in, norm, eps, (int)t, (void *)out->hi,
                (void *)out->lo);
     return 0;
@@ -121,13 +123,49 @@ static void blas_note(g4c *c, cublasStatus_t s, const char *what) {
     snprintf(c->error_what, sizeof c->error_what, "cuBLAS %s: %s", what, blas_status(s));
 }
 
-/* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product) */
+/* y[t, r] (row stride ldc) (acc: +)= y2[t, r] + y2[n + t, r] for y2 [2n, m]: a product's hi and lo halves */
+__global__ void gemm_fold_kernel(const float *y2, int n, int m, float *y, int ldc, int acc) {
+    g4_grid_wait();
+    g4_grid_launch_dependents();
+    const size_t total = (size_t)n * (size_t)m;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = i / (size_t)m, r = i % (size_t)m;
+        const float v = y2[i] + y2[total + i];
+        float *d = y + t * (size_t)ldc + r;
+        *d = acc ? *d + v : v;
+    }
+}
+
+/* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product).
+ * Activations as hi + lo parts for a few tokens (at most FOLD_TOKENS, the lo rows right after the hi rows, as
+ * g4c_gemm_input lays them out): one product of the 2n stacked rows, so the weights are read once, then its
+ * halves added (H200, E2B bf16 decode of 64 sequences: two calls read the weights twice at ~1 TB/s); the same
+ * sum as the low part's product accumulated onto the high part's. */
+#define FOLD_TOKENS 128
 static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
                       int acc) {
     static const char key = 0;
     cublasHandle_t h = (cublasHandle_t)c->blas;
-    if (c->profile) g4c_profile_begin(c);
     const float one = 1.0f, zero = acc ? 1.0f : 0.0f;
+    if (t != G4_F32 && x->lo && x->n <= FOLD_TOKENS &&
+        x->lo == (const unsigned char *)x->hi + (size_t)x->n * (size_t)x->in * 2) {
+        float *y2 = (float *)g4c_ws(c, &c->ws_fold, (size_t)2 * (size_t)x->n * (size_t)m * sizeof(float));
+        if (!y2) return;
+        const float nil = 0.0f;
+        const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+        if (c->profile) g4c_profile_begin(c);
+        blas_note(c,
+                  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, 2 * x->n, x->in, &one, A, ct, lda, x->hi, ct, x->in,
+                               &nil, y2, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  "gemm (stacked parts)");
+        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
+        const size_t total = (size_t)x->n * (size_t)m;
+        unsigned blocks = (unsigned)((total + 255) / 256);
+        if (blocks > (unsigned)c->n_sm * 8) blocks = (unsigned)c->n_sm * 8;
+        g4c_launch(c, gemm_fold_kernel, dim3(blocks), dim3(256), 0, (const float *)y2, x->n, m, y, ldc, acc);
+        return;
+    }
+    if (c->profile) g4c_profile_begin(c);
     if (t == G4_F32) {
         blas_note(c,
                   cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, (const float *)A, lda,

@@ -711,6 +711,7 @@ typedef struct g4c {
     /* workspaces */
     g4c_buf ws_x16;       /* activations converted for tensor-core products */
     g4c_buf ws_gemm;      /* product outputs before their epilogue */
+    g4c_buf ws_fold;      /* a product of stacked hi and lo activation rows, before its two halves are added */
     g4c_buf ws_attn;      /* attention split partials */
     g4c_buf ws_moe;       /* MoE routing and expert activations */
     g4c_buf ws_deq;       /* quantized weights decoded to bf16 for prefill products */
