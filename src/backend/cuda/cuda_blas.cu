@@ -26,11 +26,21 @@
 #define GROUP_MAX 256 /* products a batched call takes */
 #define PAD_ROWS 16   /* experts' token rows are padded to a multiple of this for the batched products */
 
-/* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized) */
-__global__ void gemm_convert(const float *x, int in, const float *norm, float eps, int t, void *hi, void *lo) {
+/* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized); with res_o, each row first
+ * becomes (x + rmsnorm(res_o) w) s, written to upd (the residual prologue of a set, g4c_residual's arithmetic) */
+__global__ void gemm_convert(const float *x, int in, const float *norm, float eps, int t, void *hi, void *lo,
+                             const float *res_o, const float *w, float s, float *upd) {
     __shared__ float red[32];
     g4_grid_wait();
     const float *xr = x + (size_t)blockIdx.x * (size_t)in;
+    if (res_o) {
+        const float *orow = res_o + (size_t)blockIdx.x * (size_t)in;
+        float *ur = upd + (size_t)blockIdx.x * (size_t)in;
+        const float inv_o = g4_row_inv_rms(orow, in, eps, red);
+        for (int i = threadIdx.x; i < in; i += blockDim.x) ur[i] = (xr[i] + orow[i] * inv_o * w[i]) * s;
+        __syncthreads(); /* (the block's own writes, read back below) */
+        xr = ur;
+    }
     const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
     const size_t o = (size_t)blockIdx.x * (size_t)in;
     for (int i = threadIdx.x; i < in; i += blockDim.x) {
@@ -49,15 +59,19 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
     }
 }
 
-int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out) {
+int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,
+                   const g4_matmul_set *res) {
     memset(out, 0, sizeof *out);
     const int quant = g4_dtype_is_quantized(t);
     if (quant) t = G4_BF16; /* quantized weights are decoded to bf16 tiles (g4c_gemm_run) */
     out->n = n;
     out->in = in;
     out->t = t;
+    if (res && !res->res_out) res = NULL;
+    if (res) x = res->res_h;
     if (t == G4_F32 && !norm) {
-        out->hi = x;
+        if (res) g4c_residual(c, res->res_h, res->res_o, res->res_w, n, in, res->eps, res->res_scale, res->res_out);
+        out->hi = res ? res->res_out : x;
         return 0;
     }
     /* the lo rows right after the hi rows (one product of both, gemm_rows), then PAD_ROWS rows of slack: the experts'
@@ -70,7 +84,8 @@ int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, flo
     out->hi = ws;
     out->lo = split ? ws + rows : NULL;
     g4c_launch(c, gemm_convert, dim3((unsigned)n), dim3(256), 0, x, in, norm, eps, (int)t, (void *)out->hi,
-               (void *)out->lo);
+               (void *)out->lo, res ? res->res_o : (const float *)NULL, res ? res->res_w : (const float *)NULL,
+               res ? res->res_scale : 1.0f, res ? res->res_out : (float *)NULL);
     return 0;
 }
 

@@ -860,13 +860,15 @@ void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const 
                        float *y, const g4_matmul_set *pro);
 /* cuda_blas.cu: products of many tokens on tensor cores. g4c_gemm_input prepares x' = x or rmsnorm(x) * norm
  * [n, in] for weights of dtype t (16-bit copies: bf16, or bf16 hi + lo parts in the precise mode; f32 as it is);
- * g4c_gemm_run computes y[n, out] = x' W^T (f32). */
+ * g4c_gemm_run computes y[n, out] = x' W^T (f32). With res (a set with a residual prologue, res_out set), x is
+ * first updated as that prologue does, (res_h + rmsnorm(res_o) res_w) res_scale into res_out, in the same launch. */
 typedef struct g4c_gemm_in {
     const void *hi, *lo; /* lo NULL unless split */
     int n, in;
     g4_dtype t;
 } g4c_gemm_in;
-int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out);
+int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,
+                   const g4_matmul_set *res);
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y);
 /* ... with output rows ldc floats apart; rows r0 .. r0+n-1 of a converted input */
 void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y, int ldc);

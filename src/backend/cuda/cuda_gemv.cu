@@ -911,13 +911,9 @@ static void epilogue(g4c *c, epi_args a) {
 
 static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
     const int pairs = set->geglu && set->count == 2;
-    if (set->res_out) {
-        g4c_residual(c, set->res_h, set->res_o, set->res_w, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->eps,
-                     set->res_scale, set->res_out);
-        x = set->res_out;
-    }
-    g4c_gemm_in in;
-    if (g4c_gemm_input(c, x, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->norm, set->eps, set->w[0]->dtype, &in))
+    g4c_gemm_in in; /* (the residual prologue, when the set has one, in the same launch) */
+    if (g4c_gemm_input(c, x, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->norm, set->eps, set->w[0]->dtype, &in,
+                       set))
         return;
     for (int i = 0; i < set->count; i++) {
         g4c_gemm_run(c, &in, set->w[i], set->y[i]);
@@ -1015,7 +1011,7 @@ void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const 
         return;
     }
     g4c_gemm_in in;
-    if (g4c_gemm_input(c, x, n, (int)w->shape[w->ndim - 1], norm, eps, w->dtype, &in)) return;
+    if (g4c_gemm_input(c, x, n, (int)w->shape[w->ndim - 1], norm, eps, w->dtype, &in, NULL)) return;
     g4c_gemm_run(c, &in, w, y);
     epi_args e;
     memset(&e, 0, sizeof e);
