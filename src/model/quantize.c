@@ -627,6 +627,12 @@ static int write_config(job *j, g4_error *err) {
     return 0;
 }
 
+/* whether a and b name the same file or folder (b need not exist) */
+static int same_path(const char *a, const char *b) {
+    struct stat sa, sb;
+    return !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 int g4_quantize(const g4_quantize_params *p, g4_error *err) {
     job j = {.p = p, .group = p->group ? p->group : 64};
     int ti = -1;
@@ -640,6 +646,10 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
     j.bits = g4_mlx_bits(j.target);
     if (j.kind == OUT_GGUF && !ends_with(p->out, ".gguf")) return g4_fail(err, "%s: a GGUF output must end in .gguf", p->out);
     if (j.group != 32 && j.group != 64 && j.group != 128) return g4_fail(err, "--group must be 32, 64 or 128");
+    if (p->in && same_path(p->in, p->out))
+        return g4_fail(err, "%s: the output is the input (it would be overwritten while it is read)", p->out);
+    if (p->in && j.kind != OUT_GGUF && g4_gguf_is_file(p->in)) /* before any file is written */
+        return g4_fail(err, "writing a folder from a GGUF source is not supported (its config.json is not kept)");
     if (p->in) {
         g4_load_params lp = {.n_threads = 1, .device = "cpu"}; /* reads the weights where they lie: on the host */
         if (g4_model_load(p->in, &lp, &j.model, err)) return -1;
