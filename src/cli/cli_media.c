@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 
 static g4_soft_tokens *next_slot(cli_media *md) {
@@ -62,7 +63,7 @@ int cli_media_write(const cli_media *md, const char *path) {
         bad = fwrite(md->items[i].rows, sizeof(float), count, f) != count;
     }
     if ((bad | ferror(f)) | fclose(f)) {
-        remove(path);
+        cli_remove_output(path);
         return cli_error("%s: write failed", path), -1;
     }
     return 0;
