@@ -54,6 +54,11 @@ if [ -c /dev/full ]; then
     expect_error "logits -o a full device" "$bin" logits -m "$dir" --ids 2,3 -o "$tmp/full.f32"
     [ -L "$tmp/full.f32" ]; check $? "logits -o a device that fails: the device is left where it is"
     rm -f "$tmp/full.f32"
+    # standard output that cannot be written is an error, not exit 0 with the output lost
+    for c in "generate -m $dir --ids 2,3 -n 2" "generate -m $dir -f $tmp/gen.jsonl -n 2"; do
+        echo '{"ids": [2, 3]}' >"$tmp/gen.jsonl"
+        expect_error "$c >/dev/full" sh -c '"$0" "$@" >/dev/full' "$bin" $c
+    done
 fi
 
 # ---- speculative decoding (generate --draft)
