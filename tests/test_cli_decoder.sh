@@ -47,6 +47,19 @@ expect_error "unknown command" "$bin" frobnicate
 mkdir -p "$tmp/llama"; echo '{"model_type": "llama"}' >"$tmp/llama/config.json"
 expect_error "unknown model type" "$bin" generate -m "$tmp/llama" --ids 2
 [ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"
+if [ -c /dev/full ]; then
+    # a failed write removes a partial output file, never what -o names that is not a regular file (the
+    # link here stood for /dev/full itself, which was deleted that way when run as root)
+    ln -sf /dev/full "$tmp/full.f32"
+    expect_error "logits -o a full device" "$bin" logits -m "$dir" --ids 2,3 -o "$tmp/full.f32"
+    [ -L "$tmp/full.f32" ]; check $? "logits -o a device that fails: the device is left where it is"
+    rm -f "$tmp/full.f32"
+    # standard output that cannot be written is an error, not exit 0 with the output lost
+    for c in "generate -m $dir --ids 2,3 -n 2" "generate -m $dir -f $tmp/gen.jsonl -n 2"; do
+        echo '{"ids": [2, 3]}' >"$tmp/gen.jsonl"
+        expect_error "$c >/dev/full" sh -c '"$0" "$@" >/dev/full' "$bin" $c
+    done
+fi
 
 # ---- speculative decoding (generate --draft)
 dir=$shared/fixtures/assistant

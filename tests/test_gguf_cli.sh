@@ -39,6 +39,23 @@ done
 
 "$bin" quantize "$m" "$tmp/x.gguf" --type q3_x 2>"$tmp/err"; [ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ]
 check $? "an unknown type is one line: $(cat "$tmp/err")"
+# the output is the input: refused before a byte is written (it was truncated while mapped: SIGBUS, the model lost)
+cp "$g" "$tmp/same.gguf" && cp -r "$m" "$tmp/same"
+expect_error "quantize a GGUF onto itself" "$bin" quantize "$tmp/same.gguf" "$tmp/same.gguf" --type q4_0
+cmp -s "$g" "$tmp/same.gguf"; check $? "the GGUF quantized onto itself is intact"
+expect_error "quantize a folder into itself" "$bin" quantize "$tmp/same" "$tmp/same/" --type mlx4
+cmp -s "$m/model.safetensors" "$tmp/same/model.safetensors" && cmp -s "$m/config.json" "$tmp/same/config.json"
+check $? "the folder quantized into itself is intact"
+expect_error "a folder from a GGUF" "$bin" quantize "$g" "$tmp/from-gguf" --type mlx4
+[ ! -e "$tmp/from-gguf" ]; check $? "a folder from a GGUF is refused before it is written"
+rm -rf "$tmp/same" "$tmp/same.gguf"
+# a write that fails part way (here the file size limit) leaves no partial weights file behind
+(trap '' XFSZ; ulimit -f 1000; exec "$bin" quantize "$m" "$tmp/big.gguf" --type q8_0) 2>"$tmp/err"
+[ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && [ ! -e "$tmp/big.gguf" ]
+check $? "a GGUF that cannot be written whole is one line and no file: $(cat "$tmp/err")"
+(trap '' XFSZ; ulimit -f 1000; exec "$bin" quantize "$m" "$tmp/big-mlx" --type mlx8) 2>"$tmp/err"
+[ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && [ ! -e "$tmp/big-mlx/model.safetensors" ]
+check $? "an MLX folder that cannot be written whole is one line and no weights file: $(cat "$tmp/err")"
 head -c 100000 "$g" >"$tmp/cut.gguf"
 "$bin" generate -m "$tmp/cut.gguf" --ids 2 -n 1 2>"$tmp/err"; [ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ]
 check $? "a truncated GGUF is one line: $(cat "$tmp/err")"

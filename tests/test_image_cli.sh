@@ -55,6 +55,10 @@ check $? "a vision tower for the example model"
 m=$tmp/tv
 expect_error "a model without a vision tower" "$bin" run -m "$tmp/tolstoy-tiny" --image "$img0" -p "Hi" -n 2
 expect_error "run: an unreadable image" "$bin" run -m "$m" --image "$tmp/text.png" -p "Hi" -n 2
+# text that is not UTF-8: an error (the image was sent without it, or "out of memory" without an image)
+expect_error "run: an image and a message that is not UTF-8" "$bin" run -m "$m" --image "$img0" -p $'Hi \xff' -n 2
+expect_error "run: a message that is not UTF-8" "$bin" run -m "$m" -p $'Hi \xff' -n 2
+grep -q "not valid UTF-8" "$tmp/err.txt"; check $? "run: the error says the message is not UTF-8"
 q="What is in the picture?"
 "$bin" run -m "$m" --image "$img0" -p "$q" --temp 0 -n 1 >"$tmp/run1.txt"
 check $? "run --image"

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/commands.h"
@@ -198,4 +199,9 @@ g4_model *cli_load_model(const char *dir, int n_threads) {
         w += len + (nl ? 1 : 0);
     }
     return m;
+}
+
+void cli_remove_output(const char *path) {
+    struct stat st;
+    if (path && !stat(path, &st) && S_ISREG(st.st_mode)) remove(path);
 }

@@ -36,6 +36,10 @@ int cli_jsonl_close(const char *cmd, const char *path, FILE *in, int failed);
 void cli_print_json_line(json_t *v);
 void cli_print_error_line(const char *msg);
 
+/* Removes a partly written output file after a failure: only a regular file (-o /dev/stdout, a
+ * device or a FIFO is left where it is). */
+void cli_remove_output(const char *path);
+
 /* Loads DIR/tokenizer.json (model_dir) or a tokenizer.json (file); prints the error and
  * returns NULL on failure. */
 g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file);

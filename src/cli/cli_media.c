@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli_common.h"
 #include "cli/commands.h"
 
 static g4_soft_tokens *next_slot(cli_media *md) {
@@ -62,7 +63,7 @@ int cli_media_write(const cli_media *md, const char *path) {
         bad = fwrite(md->items[i].rows, sizeof(float), count, f) != count;
     }
     if ((bad | ferror(f)) | fclose(f)) {
-        remove(path);
+        cli_remove_output(path);
         return cli_error("%s: write failed", path), -1;
     }
     return 0;
@@ -78,12 +79,20 @@ int cli_media_tokens(const cli_media *md) {
     return k;
 }
 
-json_t *cli_user_message(const char *text, const cli_media *md, int first) {
-    if (first >= md->n) return json_pack("{s:s,s:s}", "role", "user", "content", text);
-    json_t *content = json_array();
-    for (int i = first; i < md->n; i++)
-        json_array_append_new(content,
-                              json_pack("{s:s}", "type", md->items[i].kind == G4_MEDIA_IMAGE ? "image" : "audio"));
-    json_array_append_new(content, json_pack("{s:s,s:s}", "type", "text", "text", text));
-    return json_pack("{s:s,s:o}", "role", "user", "content", content);
+json_t *cli_user_message(const char *text, const cli_media *md, int first, g4_error *err) {
+    json_t *t = json_string(text); /* NULL for text that is not UTF-8: it must not vanish from the message */
+    if (!t) return g4_fail(err, "the message is not valid UTF-8"), NULL;
+    json_t *m;
+    if (first >= md->n) {
+        m = json_pack("{s:s,s:o}", "role", "user", "content", t);
+    } else {
+        json_t *content = json_array();
+        for (int i = first; i < md->n; i++)
+            json_array_append_new(content,
+                                  json_pack("{s:s}", "type", md->items[i].kind == G4_MEDIA_IMAGE ? "image" : "audio"));
+        json_array_append_new(content, json_pack("{s:s,s:o}", "type", "text", "text", t));
+        m = json_pack("{s:s,s:o}", "role", "user", "content", content);
+    }
+    if (!m) g4_fail(err, "out of memory");
+    return m;
 }

@@ -41,7 +41,7 @@ int cli_media_tokens(const cli_media *md);
 
 /* A user chat message: {"role": "user", "content": TEXT}, or with inputs md->items[first..n) the content list
  * [{"type": "image"} / {"type": "audio"}..., {"type": "text", "text": TEXT}] (the inputs first, in order, as
- * HF's examples write it). */
-json_t *cli_user_message(const char *text, const cli_media *md, int first);
+ * HF's examples write it). NULL with a message in err when TEXT is not valid UTF-8 (or memory runs out). */
+json_t *cli_user_message(const char *text, const cli_media *md, int first, g4_error *err);
 
 #endif

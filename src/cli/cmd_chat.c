@@ -115,10 +115,10 @@ int cmd_chat(int argc, char **argv) {
             continue;
         }
         /* the whole conversation is rendered each turn; the part the cache holds is not run again */
-        json_t *msg = cli_user_message(line, &md, pending);
+        json_t *msg = cli_user_message(line, &md, pending, &err);
         char *user = msg ? json_dumps(msg, 0) : NULL;
         json_decref(msg);
-        if (!user) g4_fail(&err, "out of memory");
+        if (msg && !user) g4_fail(&err, "out of memory");
         int added = user && g4_chat_add_json(chat, user, &err) == 0;
         free(user);
         if (!added) {

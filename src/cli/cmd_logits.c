@@ -122,7 +122,7 @@ int cmd_logits(int argc, char **argv) {
     rc = 0;
 done:
     if (f) fclose(f);
-    if (rc && out) remove(out);
+    if (rc) cli_remove_output(out);
     free(logits);
     free(ids);
     g4_free(embd);

@@ -77,13 +77,13 @@ int cmd_run(int argc, char **argv) {
     cli_media md = {0};
     char *user = NULL;
     if (cli_media_add_files(&md, tm.model, &files, (int)budget)) goto done;
-    json_t *msg = cli_user_message(text, &md, 0);
+    json_t *msg = cli_user_message(text, &md, 0, &err);
     user = msg ? json_dumps(msg, 0) : NULL;
     json_decref(msg);
     gp.media = md.items;
     gp.n_media = md.n;
     if (!user) {
-        cli_error("out of memory");
+        cli_error("%s", msg ? "out of memory" : err.msg);
         goto done;
     }
     if (g4_chat_new(g4_model_chat_template(tm.model), think ? "{\"enable_thinking\": true}" : NULL, &chat, &err) ||

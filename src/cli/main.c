@@ -106,7 +106,11 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) {
             int n = take_device_option(argc - 1, argv + 1);
-            return n < 0 ? 1 : commands[i].fn(n, argv + 1);
+            int rc = n < 0 ? 1 : commands[i].fn(n, argv + 1);
+            /* output that could not all be written (a full disk, a closed pipe) is a failure, not exit 0 */
+            if (rc == 0 && (fflush(stdout) != 0 || ferror(stdout)))
+                rc = cli_error("%s: cannot write the output (standard output)", argv[1]);
+            return rc;
         }
     return cli_error("unknown command '%s' (try 'gemma4c --help')", argv[1]);
 }

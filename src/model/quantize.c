@@ -475,6 +475,12 @@ static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_siz
     if (tpl) g4_gguf_add_str(w, "tokenizer.chat_template", tpl);
 }
 
+/* a weights file this run began and could not finish is not left to be loaded (a regular file only) */
+static void remove_partial(const char *path) {
+    struct stat st;
+    if (!stat(path, &st) && S_ISREG(st.st_mode)) remove(path);
+}
+
 static int write_gguf(job *j, g4_error *err) {
     g4_gguf_writer w = {0};
     g4_gemma4_gguf_write_meta(&w, &j->cfg.text);
@@ -501,10 +507,11 @@ static int write_gguf(job *j, g4_error *err) {
     size_t start = (size_t)ftell(f);
     g4_gguf_writer_free(&w);
     if (fflush(f) || ftruncate(fileno(f), (off_t)(start + (j->n_out ? j->out[j->n_out - 1].offset + ((j->out[j->n_out - 1].bytes + 31) & ~(size_t)31) : 0))))
-        rc = rc ? rc : g4_fail(err, "%s: cannot size the file", j->p->out);
+        rc = rc ? rc : g4_fail(err, "%s: cannot size the file (%s)", j->p->out, strerror(errno));
     for (int i = 0; i < j->n_out; i++) j->out[i].offset += start;
     if (!rc) rc = write_all_tensors(j, fileno(f), err);
     if (fclose(f) && !rc) rc = g4_fail(err, "%s: write failed", j->p->out);
+    if (rc) remove_partial(j->p->out);
     return rc;
 }
 
@@ -569,9 +576,10 @@ static int write_safetensors_folder(job *j, g4_error *err) {
             }
         }
         rc = pwrite_all(fd, hdr, hl, 0, err);
-        if (!rc && ftruncate(fd, (off_t)off)) rc = g4_fail(err, "%s: cannot size the file", path);
+        if (!rc && ftruncate(fd, (off_t)off)) rc = g4_fail(err, "%s: cannot size the file (%s)", path, strerror(errno));
         if (!rc) rc = write_all_tensors(j, fd, err);
         if (close(fd) && !rc) rc = g4_fail(err, "%s: write failed", path);
+        if (rc) remove_partial(path);
     }
     free(hdr);
     free(st);
@@ -627,6 +635,12 @@ static int write_config(job *j, g4_error *err) {
     return 0;
 }
 
+/* whether a and b name the same file or folder (b need not exist) */
+static int same_path(const char *a, const char *b) {
+    struct stat sa, sb;
+    return !stat(a, &sa) && !stat(b, &sb) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 int g4_quantize(const g4_quantize_params *p, g4_error *err) {
     job j = {.p = p, .group = p->group ? p->group : 64};
     int ti = -1;
@@ -640,6 +654,10 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
     j.bits = g4_mlx_bits(j.target);
     if (j.kind == OUT_GGUF && !ends_with(p->out, ".gguf")) return g4_fail(err, "%s: a GGUF output must end in .gguf", p->out);
     if (j.group != 32 && j.group != 64 && j.group != 128) return g4_fail(err, "--group must be 32, 64 or 128");
+    if (p->in && same_path(p->in, p->out))
+        return g4_fail(err, "%s: the output is the input (it would be overwritten while it is read)", p->out);
+    if (p->in && j.kind != OUT_GGUF && g4_gguf_is_file(p->in)) /* before any file is written */
+        return g4_fail(err, "writing a folder from a GGUF source is not supported (its config.json is not kept)");
     if (p->in) {
         g4_load_params lp = {.n_threads = 1, .device = "cpu"}; /* reads the weights where they lie: on the host */
         if (g4_model_load(p->in, &lp, &j.model, err)) return -1;
