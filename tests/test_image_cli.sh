@@ -59,6 +59,10 @@ expect_error "run: an unreadable image" "$bin" run -m "$m" --image "$tmp/text.pn
 expect_error "run: an image and a message that is not UTF-8" "$bin" run -m "$m" --image "$img0" -p $'Hi \xff' -n 2
 expect_error "run: a message that is not UTF-8" "$bin" run -m "$m" -p $'Hi \xff' -n 2
 grep -q "not valid UTF-8" "$tmp/err.txt"; check $? "run: the error says the message is not UTF-8"
+# a FIFO named as an image: refused at once, not a wait for a writer (timeout: a regression fails, not hangs)
+mkfifo "$tmp/fifo.png"
+expect_error "run: a FIFO as the image" timeout 20 "$bin" run -m "$m" --image "$tmp/fifo.png" -p "Hi" -n 2
+grep -q "not a regular file" "$tmp/err.txt"; check $? "run: the error says the FIFO is not a regular file"
 q="What is in the picture?"
 "$bin" run -m "$m" --image "$img0" -p "$q" --temp 0 -n 1 >"$tmp/run1.txt"
 check $? "run --image"

@@ -14,7 +14,8 @@
 int g4_map_file(const char *path, g4_mapped_file *out, g4_error *err) {
     out->data = NULL;
     out->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO is refused below instead of waiting for a writer (regular files read as usual) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return g4_fail(err, "%s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
