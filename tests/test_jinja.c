@@ -181,6 +181,10 @@ static void test_limits(void) {
                  "{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
                  NULL, "limit");
     expect_error("{{ 9223372036854775807 + 1 }}", NULL, "overflow");
+    /* an empty list or string repeated a huge number of times is empty at once (it looped 2^63 times) */
+    expect_render("{{ (9223372036854775807 * [])|length }}-{{ ([] * 9223372036854775807)|length }}-"
+                  "{{ ('' * 9223372036854775807)|length }}",
+                  NULL, "0-0-0");
     /* deep nesting in the source is an error, not a stack overflow */
     char *deep = malloc(200010);
     for (int parens = 250; parens <= 100000; parens += 99750) { /* parser limit, lexer limit */

@@ -530,6 +530,7 @@ static jv *repeat(jrender *r, int line, const jv *seq, int64_t times) {
         return v ? v : jr_oom(r, line);
     }
     size_t n = seq->u.list.n;
+    if (!n) times = 0; /* an empty list stays empty (no loop of `times` empty extensions) */
     if (n && (uint64_t)times > (r->lim.max_output / 8) / n)
         return jr_fail(r, line, "list too long");
     jv *l = jv_list(n * (size_t)times);
