@@ -78,6 +78,16 @@ static void test_chat(void) {
     CHECK(json_is_false(json_object_get(r.chat, "enable_thinking")) && !json_object_get(r.chat, "tools") &&
           json_object_get(json_object_get(r.chat, "chat_template_kwargs"), "k") && r.max_tokens == 3 && r.n == 1);
     srv_request_free(&r);
+
+    /* tools of distinct names pass as they are (names are compared whole: "f" is not "f2") */
+    CHECKF(parse(SRV_CHAT,
+                 "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": ["
+                 "{\"type\": \"function\", \"function\": {\"name\": \"f\"}},"
+                 "{\"type\": \"function\", \"function\": {\"name\": \"f2\", \"parameters\": null}}]}",
+                 0, &r, &e) == 0,
+           "%s", e.msg);
+    CHECK(json_array_size(json_object_get(r.chat, "tools")) == 2);
+    srv_request_free(&r);
 }
 
 static void test_prompts(void) {
@@ -119,6 +129,13 @@ static void test_errors(void) {
         {"\"response_format\": {\"type\": \"json_schema\"}", "response_format"},
         {"\"reasoning_effort\": \"extreme\"", "reasoning_effort"}, {"\"best_of\": 2", "best_of"},
         {"\"modalities\": [\"audio\"]", "modalities"},
+        /* a tool the model could not call by name: empty, not a string, or two of one name */
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"\"}}]", "tools.function.name"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": 7}}]", "tools.function.name"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": null}}]", "tools.function.name"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}, {\"type\": \"function\", "
+         "\"function\": {\"name\": \"g\"}}, {\"type\": \"function\", \"function\": {\"name\": \"f\"}}]",
+         "tools.function.name"},
     };
     char body[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -432,19 +432,49 @@ static int parse_tools(const json_t *in, json_t *chat, srv_error *e) {
     }
     if (!tools || json_is_null(tools)) return 0;
     if (!json_is_array(tools)) return bad_type(e, "tools", tools, "an array");
+    json_t *seen = json_object(); /* name -> index: the model calls a tool by its name, so names are unique */
+    if (!seen) return oom(e);
+    int rc = 0;
     size_t i;
     const json_t *t;
     json_array_foreach(tools, i, t) {
         const json_t *fn = json_object_get(t, "function");
         const char *type = json_string_value(json_object_get(t, "type"));
-        if (!json_is_object(t) || !type || strcmp(type, "function") || !json_is_object(fn) ||
-            !json_is_string(json_object_get(fn, "name")))
-            return srv_fail(e, 400, "tools", "invalid_value",
-                            "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+        const json_t *name = json_object_get(fn, "name");
+        if (!json_is_object(t) || !type || strcmp(type, "function") || !json_is_object(fn) || !name) {
+            rc = srv_fail(e, 400, "tools", "invalid_value",
+                          "tools[%zu] must be {\"type\": \"function\", \"function\": {\"name\": ...}}", i);
+            break;
+        }
+        if (!json_is_string(name)) {
+            rc = bad_type(e, "tools.function.name", name, "a string");
+            break;
+        }
+        const char *s = json_string_value(name);
+        const size_t len = json_string_length(name);
+        if (len == 0) {
+            rc = srv_fail(e, 400, "tools.function.name", "invalid_value", "tools[%zu].function.name is empty", i);
+            break;
+        }
+        const json_t *prev = json_object_getn(seen, s, len);
+        if (prev) {
+            rc = srv_fail(e, 400, "tools.function.name", "invalid_value",
+                          "tools[%lld] and tools[%zu] have the same function name '%.64s'",
+                          (long long)json_integer_value(prev), i, s);
+            break;
+        }
+        if (json_object_setn_new_nocheck(seen, s, len, json_integer((json_int_t)i))) {
+            rc = oom(e);
+            break;
+        }
         const json_t *params = json_object_get(fn, "parameters");
-        if (params && !json_is_null(params) && !json_is_object(params))
-            return bad_type(e, "tools.function.parameters", params, "an object");
+        if (params && !json_is_null(params) && !json_is_object(params)) {
+            rc = bad_type(e, "tools.function.parameters", params, "an object");
+            break;
+        }
     }
+    json_decref(seen);
+    if (rc) return rc;
     return json_array_size(tools) && json_object_set(chat, "tools", (json_t *)tools) ? oom(e) : 0;
 }
 

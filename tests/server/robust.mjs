@@ -85,6 +85,8 @@ await step('malformed', async () => {
     { stream: 'yes' }, { n: 0 }, { n: 1000 }, { stop: 5 }, { stop: Array(40).fill('x') }, { logit_bias: { abc: 1 } },
     { logit_bias: { 5: 500 } }, { seed: 1.5 }, { max_tokens: -1 }, { max_tokens: 1e12 }, { temperature: 'hot' }, { top_p: 0 },
     { top_logprobs: 3 }, { logprobs: true, top_logprobs: 50 }, { tools: {} }, { tools: [{ type: 'function' }] },
+    { tools: [{ type: 'function', function: { name: '' } }] }, { tools: [{ type: 'function', function: { name: 3 } }] },
+    { tools: [{ type: 'function', function: { name: 'f' } }, { type: 'function', function: { name: 'f' } }] },
     { stream_options: { include_usage: true } }, { response_format: { type: 'xml' } }, { reasoning_effort: 'max' },
     { messages: [{ role: 'user', content: [{ type: 'video', video: {} }] }] },
     { messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:image/png;base64,@@@not base64@@@' } }] }] },
