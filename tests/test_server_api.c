@@ -123,6 +123,7 @@ static void test_errors(void) {
         {"\"top_p\": 0", "top_p"},                  {"\"n\": 5", "n"},
         {"\"max_tokens\": 101", "max_tokens"},      {"\"max_tokens\": 2.0", "max_tokens"},
         {"\"seed\": 1.5", "seed"},                  {"\"stop\": [1]", "stop"},
+        {"\"stop\": \"\"", "stop"},                  {"\"stop\": [\"END\", \"\"]", "stop"},
         {"\"logit_bias\": {\"1000\": 1}", "logit_bias"}, {"\"logit_bias\": {\"1\": 101}", "logit_bias"},
         {"\"stream_options\": {}", "stream_options"}, {"\"top_logprobs\": 2", "top_logprobs"},
         {"\"tool_choice\": \"required\"", "tool_choice"}, {"\"tools\": [{\"type\": \"x\"}]", "tools"},

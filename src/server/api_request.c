@@ -138,7 +138,8 @@ static int parse_stop(const json_t *o, srv_request *r, srv_error *e) {
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_string(v) ? v : json_array_get(v, i);
         if (!json_is_string(s)) return bad_type(e, "stop", s, "a string");
-        if (json_string_length(s) == 0) continue; /* an empty stop string would stop at once: ignored */
+        if (json_string_length(s) == 0) /* it would match before the first token: refused, as vLLM and the CLI do */
+            return srv_fail(e, 400, "stop", "invalid_value", "stop strings must not be empty");
         if (json_string_length(s) > 1024 || memchr(json_string_value(s), 0, json_string_length(s)))
             return srv_fail(e, 400, "stop", "invalid_value", "a stop string is longer than 1024 bytes or holds NUL");
         if (!(r->stops[r->n_stops++] = dup_str(s))) return oom(e);

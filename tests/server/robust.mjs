@@ -82,7 +82,8 @@ await step('malformed', async () => {
   await expectStatus('a number past double', post('/v1/chat/completions', chat({ temperature: 1 }).replace('"temperature":1', '"temperature":1e400')), 400);
   await expectStatus('NUL escape in a string', post('/v1/chat/completions', '{"model":"tolstoy-tiny","messages":[{"role":"user","content":"a\\u0000b"}]}'), 400);
   const wrong = [{ messages: 'hi' }, { messages: [1] }, { messages: [{ role: 'wizard', content: 'x' }] }, { messages: [{ content: 'x' }] },
-    { stream: 'yes' }, { n: 0 }, { n: 1000 }, { stop: 5 }, { stop: Array(40).fill('x') }, { logit_bias: { abc: 1 } },
+    { stream: 'yes' }, { n: 0 }, { n: 1000 }, { stop: 5 }, { stop: Array(40).fill('x') }, { stop: '' }, { stop: ['x', ''] },
+    { logit_bias: { abc: 1 } },
     { logit_bias: { 5: 500 } }, { seed: 1.5 }, { max_tokens: -1 }, { max_tokens: 1e12 }, { temperature: 'hot' }, { top_p: 0 },
     { top_logprobs: 3 }, { logprobs: true, top_logprobs: 50 }, { tools: {} }, { tools: [{ type: 'function' }] },
     { tools: [{ type: 'function', function: { name: '' } }] }, { tools: [{ type: 'function', function: { name: 3 } }] },
