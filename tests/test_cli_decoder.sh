@@ -44,6 +44,19 @@ expect_error "id outside the vocabulary" "$bin" generate -m "$dir" --ids 2,512
 expect_error "no ids" "$bin" logits -m "$dir" -o "$tmp/x.f32"
 expect_error "unknown option" "$bin" generate -m "$dir" --ids 2 --bogus
 expect_error "unknown command" "$bin" frobnicate
+# --ctx above the model's max_position_embeddings (4096 here) is an error naming the limit, not capped silently,
+# on every command that takes it (a context size the command picks itself is still capped)
+echo '{"ids": [2, 3]}' >"$tmp/ctx.jsonl"
+for c in "generate -m $dir --ids 2,3 -n 2 --ctx 5000" "embed -m $dir -f $tmp/ctx.jsonl --ctx 5000" \
+         "serve -m $dir --port 0 --ctx 5000"; do
+    expect_error "${c%% *} --ctx 5000" timeout 120 "$bin" $c
+    grep -q -- "--ctx 5000 exceeds the model's max_position_embeddings 4096" "$tmp/err.txt"
+    check $? "${c%% *} --ctx 5000: the error names the limit"
+done
+[ "$("$bin" generate -m "$dir" --ids 2,3 -n 2 --temp 0 --ctx 4096)" = "$("$bin" generate -m "$dir" --ids 2,3 -n 2 --temp 0)" ]
+check $? "--ctx at max_position_embeddings runs"
+[ -n "$("$bin" generate -m "$dir" --ids 2,3 -n 5000 --temp 0 --ignore-eos 2>/dev/null)" ]
+check $? "generate --ids with -n past max_position_embeddings and no --ctx: the default context is capped"
 mkdir -p "$tmp/llama"; echo '{"model_type": "llama"}' >"$tmp/llama/config.json"
 expect_error "unknown model type" "$bin" generate -m "$tmp/llama" --ids 2
 [ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"

@@ -114,7 +114,7 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
     case 'n': return cli_parse_int(arg, "-n", 1, 1 << 24, &s->n_predict) ? -1 : 1;
     case 'm': s->model_dir = arg; return 1;
     case 't': return cli_parse_int(arg, "--threads", 0, 1024, &s->threads) ? -1 : 1;
-    case OPT_CTX: return cli_parse_int(arg, "--ctx", 16, 1 << 24, &s->n_ctx) ? -1 : 1;
+    case OPT_CTX: s->have_ctx = 1; return cli_parse_int(arg, "--ctx", 16, 1 << 24, &s->n_ctx) ? -1 : 1;
     case OPT_DRAFT: s->draft_dir = arg; return 1;
     case OPT_DRAFT_N: return cli_parse_int(arg, "--draft-n", 1, 256, &s->draft_n) ? -1 : 1;
     case OPT_DRAFT_STATS: s->draft_stats = 1; return 1;
@@ -146,6 +146,10 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
         goto fail;
     }
     const int max_pos = g4_model_n_ctx_train(tm->model);
+    if (opt->have_ctx && opt->n_ctx > max_pos) { /* a default (generate --ids: prompt + -n) is capped instead */
+        cli_error("--ctx %ld exceeds the model's max_position_embeddings %d", opt->n_ctx, max_pos);
+        goto fail;
+    }
     const int image = g4_image_max_tokens(tm->model, opt->image_budget); /* 0 without a vision tower */
     g4_context_params cp = {.n_ctx = opt->n_ctx < max_pos ? (int)opt->n_ctx : max_pos, /* 0: the library's default */
                             .n_batch = image > 512 ? image : 0, .kv_type = cli_kv_type(tm->model)};

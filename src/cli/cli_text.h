@@ -20,6 +20,7 @@ typedef struct cli_sampling {
     double temp, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     long top_k, seed, n_predict, repeat_last_n;
     int have_temp, have_top_p, have_min_p, have_repeat, have_presence, have_frequency, have_top_k, have_seed;
+    int have_ctx; /* --ctx given: above the model's max_position_embeddings it is an error, not capped */
     int ignore_eos;
     const char *stops[CLI_MAX_STOPS];
     int n_stops;

@@ -74,6 +74,7 @@ int cmd_embed(int argc, char **argv) {
             if (cli_parse_int(optarg, "--threads", 0, 1024, &smp.threads)) return 1;
             break;
         case OPT_CTX:
+            smp.have_ctx = 1;
             if (cli_parse_int(optarg, "--ctx", 16, 1 << 24, &smp.n_ctx)) return 1;
             break;
         case OPT_PARALLEL:

@@ -304,6 +304,11 @@ int srv_main(const srv_options *o) {
     else model_name(o->model_path, s->model_id, sizeof s->model_id);
     int n_ctx = o->n_ctx ? o->n_ctx : g4_model_n_ctx_train(s->model);
     if (!o->n_ctx && n_ctx > 4096) n_ctx = 4096;
+    if (n_ctx > g4_model_n_ctx_train(s->model)) { /* as the other commands say it */
+        fprintf(stderr, "gemma4c: --ctx %d exceeds the model's max_position_embeddings %d\n", n_ctx,
+                g4_model_n_ctx_train(s->model));
+        goto done;
+    }
     const g4_kv_type kv = o->kv_type >= 0 ? (g4_kv_type)o->kv_type : g4_model_kv_type_preferred(s->model);
     if (srv_engine_new(s->model, o->parallel, n_ctx, kv, o->max_queue, on_job_finished, s, &s->engine, &err)) {
         fprintf(stderr, "gemma4c: %s\n", err.msg);
