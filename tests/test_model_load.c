@@ -196,6 +196,74 @@ static g4_model *load_expect(const char *what, const char *dir, const char *want
     return rc == 0 ? m : NULL;
 }
 
+/* Rewrites dir/config.json with its first `from` replaced by `to`; 0 when it held `from`. */
+static int edit_config(const char *dir, const char *from, const char *to) {
+    char path[4200], *text, *out;
+    size_t len;
+    g4_error err;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (g4_read_file(path, &text, &len, &err)) return -1;
+    char *hit = strstr(text, from);
+    int rc = -1;
+    if (hit && (out = malloc(len + strlen(to) + 1))) {
+        size_t at = (size_t)(hit - text);
+        memcpy(out, text, at);
+        strcpy(out + at, to);
+        strcat(out, hit + strlen(from));
+        rc = write_text(path, out);
+        free(out);
+    }
+    free(text);
+    return rc;
+}
+
+/* A config that disagrees with the weights is refused with one line naming a tensor: its shape against the one
+ * the config implies, or a tensor the weights hold that the config leaves out (a different model would run). */
+static void test_config_mismatch(void) {
+    char src[4096], moe[4096], dir[4096];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
+    snprintf(moe, sizeof moe, "%s", g4t_shared("fixtures/moe"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("mismatch-model"));
+    static const struct {
+        const char *what, *from, *to, *want;
+    } cases[] = {
+        {"num_attention_heads", "\"num_attention_heads\": 4", "\"num_attention_heads\": 8",
+         "q_proj.weight' has shape [128, 128], the config implies [256, 128]"},
+        {"head_dim", "\"head_dim\": 32", "\"head_dim\": 16", "q_proj.weight' has shape [128, 128], the config implies [64, 128]"},
+        {"num_key_value_heads", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 1",
+         "k_proj.weight' has shape [64, 128], the config implies [32, 128]"},
+        {"hidden_size_per_layer_input 0", "\"hidden_size_per_layer_input\": 16", "\"hidden_size_per_layer_input\": 0",
+         "embed_tokens_per_layer.weight' is in the weights but the config leaves it out (hidden_size_per_layer_input is 0)"},
+        {"attention_k_eq_v", "\"attention_k_eq_v\": false", "\"attention_k_eq_v\": true",
+         "layers.2.self_attn.v_proj.weight' is in the weights but the config leaves it out (attention_k_eq_v"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        CHECK(resave(src, dir, 1, 0, NULL) == 0);
+        CHECKF(edit_config(dir, cases[i].from, cases[i].to) == 0, "%s: fixture config lacks %s", cases[i].what,
+               cases[i].from);
+        load_expect(cases[i].what, dir, cases[i].want);
+    }
+    CHECK(resave(moe, dir, 1, 0, NULL) == 0);
+    CHECK(edit_config(dir, "\"enable_moe_block\": true", "\"enable_moe_block\": false") == 0);
+    load_expect("enable_moe_block false", dir, "is in the weights but the config leaves it out (enable_moe_block is false)");
+    char vision[4096];
+    snprintf(vision, sizeof vision, "%s", g4t_shared("fixtures/vision"));
+    CHECK(resave(vision, dir, 1, 0, NULL) == 0);
+    CHECK(edit_config(dir, "\"num_hidden_layers\": 2,", "\"num_hidden_layers\": 1,") == 0); /* vision_config's */
+    load_expect("vision_config.num_hidden_layers", dir, "vision_tower.encoder.layers.1.");
+    load_expect("vision_config.num_hidden_layers", dir, "(vision_config.num_hidden_layers is 1)");
+
+    /* a layer past num_hidden_layers (8) */
+    static uint16_t zeros[256 * 128];
+    char name[256];
+    snprintf(name, sizeof name, "model.language_model.layers.8.mlp.up_proj.weight");
+    g4_tensor extra = {.name = name, .dtype = G4_BF16, .ndim = 2, .shape = {256, 128}, .data = zeros, .nbytes = sizeof zeros};
+    resave_edit more = {.extra = &extra, .n_extra = 1};
+    CHECK(resave(src, dir, 1, 0, &more) == 0);
+    load_expect("a layer past num_hidden_layers", dir, "layers.8.mlp.up_proj.weight' is in the weights but the config "
+                                                      "leaves it out (num_hidden_layers is 8)");
+}
+
 static void test_bad_folders(void) {
     char src[4096];
     snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
@@ -291,5 +359,6 @@ int main(void) {
     test_real_configs();
     test_rope_tables();
     test_bad_folders();
+    test_config_mismatch();
     return g4t_done();
 }

@@ -3,7 +3,11 @@
  *
  * Binding walks the architecture (docs/gemma4-text.md section 2) and looks up every
  * tensor it needs, checking dtype and shape. Tensors that are truly missing are
- * reported together, by name; tensors that nothing uses are reported as warnings.
+ * reported together, by name; tensors that nothing uses are reported as warnings, except
+ * weights this architecture binds under another config (layers past num_hidden_layers,
+ * per-layer-input weights with hidden_size_per_layer_input 0, v_proj of a keys-as-values
+ * layer, experts without enable_moe_block, biases without attention_bias): there the config
+ * does not describe the weights, and loading fails (left_out_by_config).
  * Tensors absent or ignored by design are neither: k/v projections and k_norm of
  * KV-shared layers, v_proj of k_eq_v layers, v_norm, lm_head when tied, rotary
  * buffers, and tower tensors of a checkpoint whose config has no such tower. The towers
@@ -347,6 +351,60 @@ static int ignored_by_design(const g4_model *m, const char *name) {
     return 0;
 }
 
+/* A tensor of the weights that this architecture binds under another config: the config leaves out weights the
+ * checkpoint has (a different model would run), an error; `why` names the config field. 0 for any other name
+ * (an unknown tensor is a warning only). Checked after ignored_by_design(). */
+static int left_out_by_config(const g4_model *m, const char *name, char *why, size_t cap) {
+    const g4_text_config *c = &m->cfg.text;
+    const char *pre = m->cfg.weight_prefix;
+    const size_t pl = strlen(pre);
+    int l, k = 0;
+    if (m->cfg.has_vision && !m->cfg.unified &&
+        sscanf(name, "model.vision_tower.encoder.layers.%d.%n", &l, &k) == 1 && k > 0 && l >= m->cfg.vision.n_layers) {
+        snprintf(why, cap, "vision_config.num_hidden_layers is %d", m->cfg.vision.n_layers);
+        return 1;
+    }
+    if (strncmp(name, pre, pl)) return 0;
+    const char *rest = name + pl;
+    static const char *const ple[] = {"embed_tokens_per_layer.weight", "per_layer_model_projection.weight",
+                                      "per_layer_projection_norm.weight"};
+    for (size_t i = 0; i < sizeof ple / sizeof ple[0]; i++)
+        if (!strcmp(rest, ple[i]) && c->hidden_size_per_layer_input == 0) {
+            snprintf(why, cap, "hidden_size_per_layer_input is 0");
+            return 1;
+        }
+    k = 0;
+    if (sscanf(rest, "layers.%d.%n", &l, &k) != 1 || k == 0 || l < 0) return 0;
+    const char *tail = rest + k;
+    if (l >= c->n_layers) {
+        snprintf(why, cap, "num_hidden_layers is %d", c->n_layers);
+        return 1;
+    }
+    if (c->hidden_size_per_layer_input == 0 &&
+        (!strncmp(tail, "per_layer_input_gate.", 21) || !strncmp(tail, "per_layer_projection.", 21) ||
+         !strncmp(tail, "post_per_layer_input_norm.", 26))) {
+        snprintf(why, cap, "hidden_size_per_layer_input is 0");
+        return 1;
+    }
+    if (!c->enable_moe_block &&
+        (!strncmp(tail, "router.", 7) || !strncmp(tail, "experts.", 8) ||
+         !strncmp(tail, "pre_feedforward_layernorm_2.", 28) || !strncmp(tail, "post_feedforward_layernorm_1.", 29) ||
+         !strncmp(tail, "post_feedforward_layernorm_2.", 29))) {
+        snprintf(why, cap, "enable_moe_block is false");
+        return 1;
+    }
+    if (!c->layer_kv_shared[l] && c->layer_k_eq_v[l] && !strncmp(tail, "self_attn.v_proj.", 17)) {
+        snprintf(why, cap, "attention_k_eq_v: layer %d takes its values from k_proj", l);
+        return 1;
+    }
+    if (!c->attention_bias && !strncmp(tail, "self_attn.", 10) && strlen(tail) > 15 &&
+        !strcmp(tail + strlen(tail) - 10, "_proj.bias")) {
+        snprintf(why, cap, "attention_bias is false");
+        return 1;
+    }
+    return 0;
+}
+
 /* Bytes of the BF16 weights a config binds (for the progress of a random model). */
 static size_t random_bytes(const g4_text_config *c) {
     const size_t H = (size_t)c->hidden_size, NH = (size_t)c->n_heads, P = (size_t)c->hidden_size_per_layer_input;
@@ -570,6 +628,12 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     for (int i = 0; i < m->weights.n_tensors; i++) {
         const char *name = m->weights.tensors[i].name;
         if (b.used[i] || ignored_by_design(m, name)) continue;
+        char why[96];
+        if (left_out_by_config(m, name, why, sizeof why)) {
+            free(b.used);
+            return g4_fail(err, "%s: tensor '%s' is in the weights but the config leaves it out (%s): config.json does "
+                           "not describe these weights", m->dir, name, why);
+        }
         if (is_tower_tensor(name)) continue; /* vision/audio towers: not part of the text decoder */
         if (n_unexpected < 8) warn(m, "unexpected tensor '%s' is not used", name);
         n_unexpected++;
