@@ -32,11 +32,14 @@ static int32_t random_id(int vocab) { /* xorshift; ids 3.. to keep clear of pad/
 typedef struct {
     double first; /* time of the first token, 0 before */
     int tokens;
+    uint64_t hash; /* of its ids in order: two runs that print the same hashes made the same tokens */
 } tracker;
 
 static int on_event(const g4_event *ev, void *user) {
     tracker *t = user;
-    if (ev->kind == G4_EVENT_TOKEN && t->tokens++ == 0) t->first = now();
+    if (ev->kind != G4_EVENT_TOKEN) return 0;
+    if (t->tokens++ == 0) t->first = now();
+    t->hash = (t->hash ^ (uint64_t)(uint32_t)ev->token) * 0x100000001b3ull; /* FNV-1a over the ids */
     return 0;
 }
 
@@ -95,7 +98,9 @@ static int concurrency(g4_model *m, const options *o, int C, int quiet) {
     if (rc) fprintf(stderr, "C=%d: %s\n", C, err.msg);
     long out = 0, after = 0;
     double all_first = t0;
+    uint64_t hash = 0;
     for (int i = 0; i < C; i++) {
+        hash += t[i].hash;
         out += t[i].tokens;
         if (t[i].first > all_first) all_first = t[i].first;
     }
@@ -106,9 +111,9 @@ static int concurrency(g4_model *m, const options *o, int C, int quiet) {
     double decode = t1 > all_first ? (double)after / (t1 - all_first) : 0;
     if (!rc && !quiet)
         printf("concurrency %4d  prompt %5d  new %5d  wall %8.2f s  output %10.3f tok/s  decode %10.3f tok/s  "
-               "cpu %8.2f s  output %10.3f tok/cpu-s  steps %ld\n",
+               "cpu %8.2f s  output %10.3f tok/cpu-s  steps %ld  ids %016llx\n",
                C, o->prompt, o->n_new, t1 - t0, (double)out / (t1 - t0), decode, c1 - c0, (double)out / (c1 - c0),
-               st.steps);
+               st.steps, (unsigned long long)hash);
     for (int i = 0; i < C; i++) g4_generation_free(g[i]);
     free(t);
     free(g);

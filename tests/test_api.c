@@ -169,6 +169,35 @@ typedef struct {
     int rc;
 } runner;
 
+/* A top-k sampler fed each step's top candidates (G4_SAMPLE_CANDIDATES=1: the path the logits in device memory
+ * take, here on the CPU) draws what it draws from whole rows (=0), from the same seed. */
+static void test_sampled_candidates(g4_model *m, const reference *r) {
+    g4_error err;
+    g4_context *ctx;
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = 256, .n_batch = 64};
+    if (g4_context_new(m, &cp, &ctx, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    g4_sampler_params sp;
+    g4_sampler_params_default(&sp);
+    sp.temperature = 1.2f, sp.top_k = 20, sp.top_p = 0.9f, sp.seed = 7;
+    g4_generation_params gp = {.max_new_tokens = 24, .sampling = &sp, .ignore_eos = 1};
+    int32_t got[2][64];
+    int n[2];
+    for (int pass = 0; pass < 2; pass++) {
+        setenv("G4_SAMPLE_CANDIDATES", pass ? "1" : "0", 1);
+        g4_generation *g;
+        CHECK(g4_generation_start(ctx, 0, r->ids, (int)r->n_ids, &gp, &g, &err) == 0);
+        n[pass] = run_all(g, got[pass], 64);
+        g4_generation_free(g);
+    }
+    unsetenv("G4_SAMPLE_CANDIDATES");
+    CHECKF(n[0] == 24 && n[1] == 24 && !memcmp(got[0], got[1], 24 * sizeof(int32_t)),
+           "sampled from candidates: %d tokens, from rows: %d, or they differ", n[1], n[0]);
+    g4_context_free(ctx);
+}
+
 static void *generate_in_thread(void *arg) {
     runner *r = arg;
     g4_event ev;
@@ -421,6 +450,7 @@ int main(void) {
     test_version();
     test_generation(m, &r);
     test_cancel(m, &r);
+    test_sampled_candidates(m, &r);
     test_steps_logprobs(m, &r);
     test_embed(m, &r);
     test_errors(m, &r);

@@ -782,6 +782,72 @@ static void test_rows_transpose_argmax(void) {
     free(x);
 }
 
+/* ------------------------------------------------------------- top-k candidates */
+static int cmp_desc_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* The indices of every value >= the k-th largest finite-or-+inf value (NaN and -inf never), ascending: how many,
+ * or -1 above cap. */
+static int ref_top_k(const float *x, int n, int k, int cap, int32_t *ids, float *scratch) {
+    int f = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] == x[i] && x[i] != -INFINITY) scratch[f++] = x[i];
+    qsort(scratch, (size_t)f, sizeof *scratch, cmp_desc_f);
+    const float t = f == 0 ? INFINITY : f < k ? scratch[f - 1] : scratch[k - 1];
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] == x[i] && x[i] != -INFINITY && x[i] >= t) {
+            if (m < cap) ids[m] = i;
+            m++;
+        }
+    return m > cap ? -1 : m;
+}
+
+/* Rows of several lengths (one chunk of the GPU's, several, a ragged last one) with NaN, -inf and +inf, ties at
+ * the k-th value, fewer finite values than k, ties beyond cap, and k from 1 to G4_TOP_K_MAX. */
+static void test_top_k(void) {
+    const int ns[] = {1, 7, 300, 4096, 4097, 70001}, ks[] = {1, 5, 64, 200, G4_TOP_K_MAX}, R = 7;
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            const int n = ns[ni], k = ks[ki], cap = k < 64 ? k + 64 : 2 * k;
+            float *x = malloc((size_t)R * n * sizeof(float)), *scratch = malloc((size_t)n * sizeof(float));
+            float *vals = malloc((size_t)R * cap * sizeof(float));
+            int32_t *ids = malloc((size_t)R * cap * sizeof(int32_t)), *want = malloc((size_t)cap * sizeof(int32_t));
+            int32_t count[7];
+            fill(x, (size_t)R * n, -20, 20);
+            float *r1 = x + n, *r2 = x + 2 * (size_t)n, *r3 = x + 3 * (size_t)n, *r4 = x + 4 * (size_t)n,
+                  *r5 = x + 5 * (size_t)n, *r6 = x + 6 * (size_t)n;
+            for (int i = 0; i < n; i += 3) r1[i] = NAN, r1[i + 1 < n ? i + 1 : i] = -INFINITY; /* NaN, -inf */
+            r1[n / 2] = INFINITY;
+            for (int i = 0; i < n; i++) r2[i] = (float)(i % 97) * 0.25f; /* many ties everywhere */
+            for (int i = 0; i < n; i++) r3[i] = i % 5 ? -INFINITY : NAN;  /* a few finite values, fewer than k */
+            for (int i = 0; i < n; i += 11) r3[i] = uniform(-3, 3);
+            for (int i = 0; i < n; i++) r4[i] = 1.5f;                      /* all tie: beyond cap where n is */
+            for (int i = 0; i < n; i++) r5[i] = NAN;                       /* nothing qualifies */
+            for (int i = 0; i < n; i++) r6[i] = -3.0f + (float)(i % 13) * 1e-7f; /* close values, negative */
+            r6[n - 1] = -1e30f;
+            float *dx = devf(x, (size_t)R * n), *dvals = devf(NULL, (size_t)R * cap);
+            int32_t *dids = dev(NULL, (size_t)R * cap * sizeof(int32_t)), *dcount = dev(NULL, sizeof count);
+            be->ops->top_k(be, dx, R, n, k, cap, dids, dvals, dcount);
+            back(ids, dids, (size_t)R * cap * sizeof(int32_t));
+            back(vals, dvals, (size_t)R * cap * sizeof(float));
+            back(count, dcount, sizeof count);
+            for (int r = 0; r < R; r++) {
+                const float *xr = x + (size_t)r * n;
+                const int m = ref_top_k(xr, n, k, cap, want, scratch);
+                int ok = count[r] == m;
+                for (int i = 0; ok && i < m; i++)
+                    ok = ids[(size_t)r * cap + i] == want[i] &&
+                         !memcmp(&vals[(size_t)r * cap + i], &xr[want[i]], sizeof(float));
+                CHECKF(ok, "%s: top_k n=%d k=%d cap=%d row %d: count %d, want %d", be_label, n, k, cap, r, count[r], m);
+            }
+            rel(dx), rel(dvals), rel(dids), rel(dcount);
+            free(x), free(scratch), free(vals), free(ids), free(want);
+        }
+}
+
 /* ------------------------------------------------------------- masked logits */
 /* The drafter's masked embedder: top-k groups by score (ties -> lower index), products with their table rows,
  * min - 1 everywhere else; groups tie at the top_k boundary, and top_k = every group. */
@@ -1717,6 +1783,7 @@ static void run_all(void) {
     test_rope();
     test_elementwise();
     test_rows_transpose_argmax();
+    test_top_k();
     test_masked_logits();
     test_attention();
     test_attn_prep();

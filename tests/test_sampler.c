@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "backend/backend.h"
 #include "check.h"
 #include "model/generation_config.h"
 #include "engine/sampler.h"
@@ -547,6 +548,79 @@ static void test_large_rows(void) {
         g4_sampler_free(s);
     }
     free(x);
+}
+
+/* Sampling from a row's top candidates (the backend's top_k op, as the engine does on a GPU) draws the ids that
+ * sampling the whole row draws, from the same seed: two samplers, one fed whole rows, one the CPU backend's
+ * candidates for K = k or more (a batch's largest k); rows with NaN, -inf, +inf and ties at the k-th value. */
+static void test_candidates(void) {
+    g4_error err = {{0}};
+    g4_backend *be = g4_backend_new("cpu", 1, 0, &err);
+    CHECKF(be != NULL, "cpu backend: %s", err.msg);
+    if (!be) return;
+    const int Vs[] = {50, 5000, 262144}, ks[] = {1, 5, 64, 300, G4_SAMPLER_CANDIDATES_MAX};
+    const float temps[] = {0.0f, 0.7f, 1.0f, 1.6f}, top_ps[] = {1.0f, 0.9f, 0.4f};
+    int compared = 0, fell_back = 0;
+    for (int vi = 0; vi < 3; vi++) {
+        const int V = Vs[vi];
+        float *x = malloc((size_t)V * sizeof *x), *vals = malloc(2 * G4_SAMPLER_CANDIDATES_MAX * sizeof *vals);
+        int32_t *ids = malloc(2 * G4_SAMPLER_CANDIDATES_MAX * sizeof *ids);
+        for (int trial = 0; trial < (vi == 2 ? 12 : 60); trial++) {
+            const int shape = trial % 4;
+            for (int i = 0; i < V; i++) x[i] = (float)(nrand() * (1.0 + trial % 3));
+            if (shape == 1) /* ties at every level */
+                for (int i = 0; i < V; i++) x[i] = (float)(i % 23) * 0.5f;
+            if (shape == 2) /* NaN, -inf, one +inf now and then */
+                for (int i = 0; i < V; i += 7) x[i] = i % 2 ? NAN : -INFINITY;
+            if (shape == 2 && trial % 8 == 2) x[V / 3] = INFINITY;
+            if (shape == 3) /* few finite values */
+                for (int i = 0; i < V; i++) x[i] = i % 17 ? -INFINITY : x[i];
+            g4_sampler_params p;
+            g4_sampler_params_default(&p);
+            p.temperature = temps[trial % 4];
+            p.top_k = ks[(trial / 4) % 5];
+            p.top_p = top_ps[(trial / 3) % 3];
+            p.min_p = trial % 5 == 0 ? 0.05f : 0.0f;
+            p.seed = (uint64_t)trial * 7919u + (uint64_t)V;
+            g4_sampler *a = make(&p, V), *b = make(&p, V);
+            if (!a || !b) break;
+            const int k = g4_sampler_candidates_k(b);
+            CHECKF(k == (p.temperature == 0.0f ? 1 : p.top_k < V ? p.top_k : V), "candidates_k %d for top_k %d", k,
+                   p.top_k);
+            const int K = trial % 2 && 2 * k <= G4_SAMPLER_CANDIDATES_MAX ? 2 * k : k, cap = 2 * K;
+            int32_t count = 0;
+            be->ops->top_k(be, x, 1, V, K, cap, ids, vals, &count);
+            for (int d = 0; d < 16; d++) {
+                const int32_t want = g4_sampler_sample(a, x);
+                const int32_t got = count < 0 ? g4_sampler_sample(b, x) : g4_sampler_sample_candidates(b, ids, vals, count);
+                CHECKF(want == got, "V=%d T=%g top_k %d (K %d) top_p %g min_p %g draw %d: row %d, candidates %d", V,
+                       (double)p.temperature, p.top_k, K, (double)p.top_p, (double)p.min_p, d, want, got);
+                if (want != got) break;
+            }
+            compared += count >= 0, fell_back += count < 0;
+            g4_sampler_free(a);
+            g4_sampler_free(b);
+        }
+        free(x), free(vals), free(ids);
+    }
+    CHECKF(compared > 100 && fell_back > 0, "rows compared %d, rows beyond cap %d", compared, fell_back);
+    /* the samplers that need the whole row */
+    g4_sampler_params p;
+    g4_sampler_params_default(&p);
+    p.top_k = 0;
+    g4_sampler *s = make(&p, 100);
+    CHECKF(g4_sampler_candidates_k(s) == 0, "no top-k: whole row");
+    g4_sampler_free(s);
+    p.top_k = G4_SAMPLER_CANDIDATES_MAX + 1;
+    s = make(&p, 5000);
+    CHECKF(g4_sampler_candidates_k(s) == 0, "top_k above the limit: whole row");
+    g4_sampler_free(s);
+    p.top_k = 40, p.presence_penalty = 0.5f;
+    s = make(&p, 5000);
+    CHECKF(g4_sampler_candidates_k(s) == 0 && g4_sampler_sample_candidates(s, NULL, NULL, 0) == -1,
+           "penalties: whole row");
+    g4_sampler_free(s);
+    g4_backend_free(be);
 }
 
 static void test_seeds(void) {
@@ -1163,6 +1237,7 @@ int main(void) {
     RUN(test_top_k);
     RUN(test_top_p_min_p);
     RUN(test_large_rows);
+    RUN(test_candidates);
     RUN(test_seeds);
     RUN(test_penalties);
     RUN(test_rewind_draw);

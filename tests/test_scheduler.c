@@ -6,6 +6,7 @@
  *   while they run or wait (their blocks return at once, the others are unchanged), with preemption forced by a
  *   small pool, and a second round that finds the first round's prefixes in the cache;
  * - sampled requests, each with its own temperature, top-k and seed, give what the same sampler gives alone;
+ *   so do top-k samplers fed each row's top candidates instead of its logits;
  * - embedding requests give the mean of transformers' final_norm rows. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,6 +349,28 @@ static void check_sampling(const char *label, g4_model *m, prompt *p, int n_ctx)
     run_case(label, m, p, &sampled, n_ctx);
 }
 
+/* Samplers that need only each row's top candidates (no penalty): scheduled with candidates (context.h
+ * g4_decode_candidates; G4_SAMPLE_CANDIDATES=1 takes that path on the CPU too), they draw what the same
+ * samplers draw alone from whole rows. */
+static void check_sampling_candidates(const char *label, g4_model *m, prompt *p, int n_ctx) {
+    g4_sampler_params sp;
+    g4_sampler_params_default(&sp);
+    sp.temperature = 1.1f;
+    sp.top_k = 40;
+    sp.top_p = 0.9f;
+    for (int i = 0; i < N_REQ; i++) { /* (alone: whole rows, g4_decode) */
+        g4_sampler_params one = sp;
+        one.seed = (uint64_t)i;
+        p[i].n_alone = alone(m, p[i].ids, p[i].n, MAX_NEW, &one, p[i].alone);
+    }
+    setenv("G4_SAMPLE_CANDIDATES", "1", 1);
+    char l[300];
+    snprintf(l, sizeof l, "%s (top candidates)", label);
+    const sched_case sampled = {.n_seq = 8, .n_batch = 40, .sampling = &sp, .rounds = 1};
+    run_case(l, m, p, &sampled, n_ctx);
+    unsetenv("G4_SAMPLE_CANDIDATES");
+}
+
 /* full: every case; otherwise those the issue lists (all at once, cancellations, preemption). */
 static void check_model(const char *label, const char *dir, int full) {
     g4_error err;
@@ -385,6 +408,7 @@ static void check_model(const char *label, const char *dir, int full) {
         check_preemption(label, m, p, n_ctx);
         if (full) {
             check_sampling(label, m, p, n_ctx);
+            check_sampling_candidates(label, m, p, n_ctx);
             check_embeddings(label, m, &ref);
         }
     }

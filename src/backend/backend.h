@@ -91,6 +91,8 @@ typedef struct g4_dense_attention_args {
  *   may overwrite) or u = mul [n, out_0] (count 1);
  * - softcap > 0: y = tanh(y / softcap) * softcap (after any bias). */
 #define G4_MATMUL_SET_MAX 3
+/* The largest k of the top_k op */
+#define G4_TOP_K_MAX 1024
 typedef struct g4_matmul_set {
     int count;
     const g4_tensor *w[G4_MATMUL_SET_MAX];
@@ -230,6 +232,14 @@ typedef struct g4_backend_ops {
     void (*transpose)(g4_backend *be, const float *src, int na, int nb, int c, float *dst);
     /* out[i] = the lowest index of the largest value of row i of x [rows, n] */
     void (*argmax)(g4_backend *be, const float *x, int rows, int n, int32_t *out);
+    /* The candidates of a top-k sampler (src/engine/sampler.h, g4_sampler_sample_candidates), per row i of
+     * x [rows, n]: the indices of every value >= the row's k-th largest value (NaN and -inf never count; every tie
+     * at the k-th value is kept; fewer than k finite values: all of them), in ascending order, into
+     * ids[i * cap ..] with their values in vals[i * cap ..], and their number in count[i]; count[i] = -1 when more
+     * than cap qualify (ties: the caller reads the row itself). 1 <= k <= G4_TOP_K_MAX, k <= cap <= 2 * G4_TOP_K_MAX.
+     * Only the token choices come back per step, not the vocabulary rows. */
+    void (*top_k)(g4_backend *be, const float *x, int rows, int n, int k, int cap, int32_t *ids, float *vals,
+                  int32_t *count);
     /* The masked embedder's logits of one row x [dim] (docs/gemma4-assistant.md 3.4): the top_k largest of the
      * n_groups `scores` (ties -> lower index) select the ids ordering[g * per .. g * per + per - 1] of each chosen
      * group g (per = V / n_groups, table [V, dim]); out[v] = x . table[v] for a selected id and the smallest of

@@ -24,7 +24,8 @@ static void scratch_free(g4_context *ctx) {
                      (void **)&ctx->s.ple_t,  (void **)&ctx->s.ple_g,   (void **)&ctx->s.ple_h,
                      (void **)&ctx->s.logits, (void **)&ctx->s.ids,     (void **)&ctx->s.seq,
                      (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows, (void **)&ctx->s.kv_end,
-                     (void **)&ctx->s.kv_start, (void **)&ctx->s.out_ids};
+                     (void **)&ctx->s.kv_start, (void **)&ctx->s.out_ids, (void **)&ctx->s.top_ids,
+                     (void **)&ctx->s.top_count, (void **)&ctx->s.top_vals};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i]) be->ops->release(be, *bufs[i]);
         *bufs[i] = NULL;
@@ -77,6 +78,10 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(kv_end, n);
     ALLOC(kv_start, n);
     ALLOC(out_ids, n);
+    const size_t cap = (size_t)g4_candidates_cap(G4_TOP_K_MAX);
+    ALLOC(top_ids, (size_t)s->logit_rows * cap);
+    ALLOC(top_vals, (size_t)s->logit_rows * cap);
+    ALLOC(top_count, (size_t)s->logit_rows);
 #undef ALLOC
     if (P && ctx->model->ple_on_host && !(s->host_rows = malloc(n * LP * sizeof(float)))) goto oom;
     return 0;
@@ -278,7 +283,8 @@ static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *se
 }
 
 /* Checks a batch, gives its tokens their positions, takes their KV blocks and runs the forward pass. */
-static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_error *err) {
+static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_candidates *cand,
+                  g4_error *err) {
     const int n = b->n_tokens;
     const g4_text_config *c = &ctx->model->cfg.text;
     const int V = c->vocab_size;
@@ -316,7 +322,7 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     if (g4_kv_cache_prepare(&ctx->kv, added, n, seq, ctx->pos_host, err)) return -1;
     g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host, bidi ? ctx->kv_end_host : NULL,
                   bidi && unified ? ctx->kv_start_host : NULL, b->embd, ctx->embedded_host};
-    if (g4_forward(ctx, &st, logits, ids, err)) return -1;
+    if (g4_forward(ctx, &st, logits, ids, cand, err)) return -1;
     /* soft-token rows are recorded as -1: they never match a prompt's ids (prefix reuse), nor enter the prefix cache */
     for (int i = 0; i < n; i++)
         ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] =
@@ -330,9 +336,21 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
 }
 
 int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) {
-    return decode(ctx, b, logits, NULL, err);
+    return decode(ctx, b, logits, NULL, NULL, err);
 }
 
 int g4_decode_greedy(g4_context *ctx, const g4_batch *b, int32_t *ids, g4_error *err) {
-    return decode(ctx, b, NULL, ids, err);
+    return decode(ctx, b, NULL, ids, NULL, err);
+}
+
+int g4_context_candidates_max(const g4_context *ctx) {
+    const char *e = getenv("G4_SAMPLE_CANDIDATES");
+    const int on = e && *e ? strcmp(e, "0") != 0 : !ctx->model->be->ops->host_memory;
+    return on ? G4_TOP_K_MAX : 0;
+}
+
+int g4_decode_candidates(g4_context *ctx, const g4_batch *b, g4_candidates *cand, g4_error *err) {
+    if (cand->k < 1 || cand->k > g4_context_candidates_max(ctx) || cand->cap != g4_candidates_cap(cand->k))
+        return g4_fail(err, "top-k candidates: k %d or cap %d out of range", cand->k, cand->cap);
+    return decode(ctx, b, NULL, NULL, cand, err);
 }

@@ -27,6 +27,8 @@ typedef struct g4_scratch {
     float *logits;                      /* [logit_rows, V] */
     float *rope[G4_LAYER_TYPES];        /* cos/sin of the step's positions per layer type [n, head_dim] */
     int32_t *ids, *seq, *pos, *out_rows, *kv_end, *kv_start, *out_ids;
+    int32_t *top_ids, *top_count;       /* [logit_rows, cap], [logit_rows]: a step's top-k candidates */
+    float *top_vals;                    /* [logit_rows, cap] */
     float *host_rows;                   /* host [n, L*P]: rows of a table the model keeps on the host */
     int logit_rows;
 } g4_scratch;
@@ -55,10 +57,29 @@ struct g4_context {
  * soft-token placeholder (the model's token ids; text-only checkpoints have none). */
 int g4_mm_placeholder(const g4_model *m, int32_t id);
 
+/* A step's top candidates for samplers that need no more (backend.h top_k, engine/sampler.h
+ * g4_sampler_sample_candidates): per output row r, count[r] ids in ascending order at ids + r * cap with their
+ * logits at vals + r * cap (host arrays); count[r] = -1 where more than cap tie in, and then the row's whole
+ * logits are in fallback + r * V (host [n_out, V]). */
+typedef struct g4_candidates {
+    int k, cap; /* k <= g4_context_candidates_max(); cap = g4_candidates_cap(k) */
+    int32_t *ids, *count;
+    float *vals, *fallback;
+} g4_candidates;
+static inline int g4_candidates_cap(int k) { return k < 64 ? k + 64 : 2 * k; }
+
+/* The largest k g4_decode_candidates takes (0: none): G4_TOP_K_MAX where the logits live in device memory, 0
+ * where they are in host memory (the sampler reads the row where it is: nothing to save). The environment's
+ * G4_SAMPLE_CANDIDATES overrides it: 0 never (whole rows come back), 1 on every backend (tests of the path). */
+int g4_context_candidates_max(const g4_context *ctx);
+/* g4_decode, with each wanted row's top candidates instead of its logits. */
+int g4_decode_candidates(g4_context *ctx, const g4_batch *b, g4_candidates *cand, g4_error *err);
+
 /* The decoder forward pass for one step (src/model/forward.c): float32 logits of the step's out_rows into the
- * host buffer `logits` [n_out, V], or, when logits is NULL, their argmax into the host array `ids` [n_out];
- * with both NULL no logits are computed. */
-int g4_forward(g4_context *ctx, const g4_step *step, float *logits, int32_t *ids, g4_error *err);
+ * host buffer `logits` [n_out, V]; or, when logits is NULL, their argmax into the host array `ids` [n_out]; or,
+ * when both are NULL and cand is not, their top candidates; with all three NULL no logits are computed. */
+int g4_forward(g4_context *ctx, const g4_step *step, float *logits, int32_t *ids, g4_candidates *cand,
+               g4_error *err);
 
 /* After a step: the final-normed hidden states of its wanted rows, [n_out, H] in backend memory, valid until the
  * next step (what transformers returns as hidden_states[-1]; a drafter reads them). */

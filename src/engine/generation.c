@@ -62,6 +62,9 @@ struct g4_generation {
     float *logits;            /* [vocab]: the last step's */
     int greedy;               /* plain argmax: the model step picks the id (g4_decode_greedy) */
     int32_t picked;           /* that id */
+    g4_candidates cand;       /* k > 0: the sampler needs only a row's top k candidates (g4_sampler_candidates_k),
+                                 and the logits are in device memory (without a drafter): the last step's (one
+                                 row; a row of ties beyond cap brings its logits) */
     int32_t *seqs;            /* [n_batch] all `seq` */
     g4_spec *spec;            /* with a drafter */
     int32_t *round;           /* [drafts per round + 1] a round's tokens */
@@ -165,9 +168,11 @@ static int finish(g4_generation *g, g4_finish why) {
 
 static int cancelled(g4_generation *g) { return atomic_load_explicit(&g->cancel, memory_order_relaxed) != 0; }
 
-/* One batch step: logits for the sampler, or with a plain argmax the picked id itself. */
+/* One batch step: logits for the sampler, its top candidates, or with a plain argmax the picked id itself. */
 static int model_step(g4_generation *g, const g4_batch *b) {
-    return g->greedy ? g4_decode_greedy(g->ctx, b, &g->picked, &g->err) : g4_decode(g->ctx, b, g->logits, &g->err);
+    if (g->greedy) return g4_decode_greedy(g->ctx, b, &g->picked, &g->err);
+    if (g->cand.k) return g4_decode_candidates(g->ctx, b, &g->cand, &g->err);
+    return g4_decode(g->ctx, b, g->logits, &g->err);
 }
 
 static int spec_cancelled(void *user) { return cancelled(user); }
@@ -276,7 +281,10 @@ static int step(g4_generation *g) {
     if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
     if (g->logprobs) step_logprobs(g);
     if (g->json) g4_json_mask(g->json, &g->json_state, g->logits);
-    int32_t id = g->greedy && !g->spec ? g->picked : g4_sampler_sample(g->sampler, g->logits);
+    int32_t id = g->greedy && !g->spec ? g->picked
+                 : g->cand.k && g->cand.count[0] >= 0
+                     ? g4_sampler_sample_candidates(g->sampler, g->cand.ids, g->cand.vals, g->cand.count[0])
+                     : g4_sampler_sample(g->sampler, g->logits);
     if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
     if (g->logprobs) {
         g->chosen = (g4_token_logprob){id, (float)(g->logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
@@ -380,6 +388,9 @@ void g4_generation_free(g4_generation *g) {
     g4_chat_accum_free(&g->out);
     free(g->ids);
     free(g->logits);
+    free(g->cand.ids);
+    free(g->cand.vals);
+    free(g->cand.count);
     free(g->seqs);
     free(g->want);
     g4_spec_free(g->spec);
@@ -465,6 +476,13 @@ static int setup_seq(g4_generation *g, const g4_generation_params *p, g4_error *
                               .cancelled = spec_cancelled, .cancelled_user = g};
         if (g4_spec_new(g->ctx, g->seq, p->drafter, &spp, &g->spec, err)) return -1;
         if (!(g->round = malloc(((size_t)g->spec->cap + 1) * sizeof *g->round))) return g4_fail(err, "out of memory");
+    }
+    const int k = g4_generation_candidates_k(g);
+    if (!g->greedy && !g->spec && k > 0 && k <= g4_context_candidates_max(g->ctx)) {
+        const int cap = g4_candidates_cap(k);
+        g->cand = (g4_candidates){k, cap, malloc((size_t)cap * sizeof(int32_t)), malloc(sizeof(int32_t)),
+                                  malloc((size_t)cap * sizeof(float)), g->logits};
+        if (!g->cand.ids || !g->cand.count || !g->cand.vals) return g4_fail(err, "out of memory");
     }
     reuse_prefix(g);
     return 0;
@@ -569,6 +587,12 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
 
 int g4_generation_max_new(const g4_generation *g) { return g->max_new; }
 int g4_generation_is_argmax(const g4_generation *g) { return g->greedy; }
+int g4_generation_candidates_k(const g4_generation *g) {
+    return g->logprobs || g->json ? 0 : g4_sampler_candidates_k(g->sampler);
+}
+int32_t g4_generation_sample_candidates(g4_generation *g, const int32_t *ids, const float *vals, int n) {
+    return g4_sampler_sample_candidates(g->sampler, ids, vals, n);
+}
 int g4_generation_cancelled(const g4_generation *g) { return cancelled((g4_generation *)g); }
 int32_t g4_generation_sample(g4_generation *g, const float *logits) { return g4_sampler_sample(g->sampler, logits); }
 float *g4_generation_embedding_out(g4_generation *g) { return g->embedding; }

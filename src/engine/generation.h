@@ -21,6 +21,10 @@ int g4_generation_is_argmax(const g4_generation *g);
 int g4_generation_cancelled(const g4_generation *g);
 /* The next id from one row of logits with the generation's sampler (-1: every id banned). */
 int32_t g4_generation_sample(g4_generation *g, const float *logits);
+/* The k of the top candidates its sampler can draw from instead of a row (engine/sampler.h
+ * g4_sampler_candidates_k; 0: it needs the row, as for log-probabilities or a JSON constraint), and the draw. */
+int g4_generation_candidates_k(const g4_generation *g);
+int32_t g4_generation_sample_candidates(g4_generation *g, const int32_t *ids, const float *vals, int n);
 /* The next token: its events; the generation may end (stop id or string, token limit; an error
  * ends it with G4_FINISH_ERROR). */
 void g4_generation_take(g4_generation *g, int32_t id);

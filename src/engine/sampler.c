@@ -893,21 +893,10 @@ static int32_t finish(g4_sampler *s, g4_cand *c, int n, float m, float inv_t, do
 
 /* ------------------------------------------------------------------ the paths */
 
-/* Greedy or top-k: no copy of the row. */
-static int32_t run_top_k(g4_sampler *s, const float *logits, int k, int greedy, float *probs,
-                         int *n_nonzero) {
-    /* The modified ids are left out of the scan and added with their adjusted values: an
-     * unmodified id of the true top-k has fewer than k unmodified ids above it. */
-    int n = select_top(s, logits, k, s->n_mod > 0);
+/* Greedy or top-k over the n candidates in s->cand: every id whose value is >= the k-th largest of the row
+ * (ties kept), unmodified ones in ascending id order, then the modified ones. */
+static int32_t top_k_from(g4_sampler *s, int n, int k, int greedy, float *probs, int *n_nonzero) {
     g4_cand *c = s->cand;
-    if (s->n_mod > 0) {
-        for (int i = 0; i < s->n_mod; i++)
-            if (s->mod_values[i] > -INFINITY) {
-                c[n].v = s->mod_values[i];
-                c[n].id = s->mod_ids[i];
-                n++;
-            }
-    }
     if (n == 0) return -1;
     int b = best_cand(c, n);
     float m = c[b].v;
@@ -924,6 +913,24 @@ static int32_t run_top_k(g4_sampler *s, const float *logits, int k, int greedy, 
     const float inv_t = 1.0f / s->p.temperature;
     for (int i = 0; i < n; i++) c[i].e = exp_scaled(c[i].v, m, inv_t);
     return finish(s, c, n, m, inv_t, -1.0, probs, n_nonzero);
+}
+
+/* Greedy or top-k: no copy of the row. */
+static int32_t run_top_k(g4_sampler *s, const float *logits, int k, int greedy, float *probs,
+                         int *n_nonzero) {
+    /* The modified ids are left out of the scan and added with their adjusted values: an
+     * unmodified id of the true top-k has fewer than k unmodified ids above it. */
+    int n = select_top(s, logits, k, s->n_mod > 0);
+    g4_cand *c = s->cand;
+    if (s->n_mod > 0) {
+        for (int i = 0; i < s->n_mod; i++)
+            if (s->mod_values[i] > -INFINITY) {
+                c[n].v = s->mod_values[i];
+                c[n].id = s->mod_ids[i];
+                n++;
+            }
+    }
+    return top_k_from(s, n, k, greedy, probs, n_nonzero);
 }
 
 /* No top-k: the adjusted row is materialized in s->work. */
@@ -1064,6 +1071,21 @@ static int32_t run(g4_sampler *s, const float *logits, float *probs, int *n_nonz
 }
 
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits) { return run(s, logits, NULL, NULL); }
+
+int g4_sampler_candidates_k(const g4_sampler *s) {
+    if (s->n_static > 0 || s->penalties_on) return 0;
+    if (s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE) return 1;
+    const int k = s->p.top_k < s->V ? s->p.top_k : s->V;
+    return k <= G4_SAMPLER_CANDIDATES_MAX ? k : 0;
+}
+
+int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n) {
+    const int k = g4_sampler_candidates_k(s);
+    if (k == 0 || n < 0 || n > s->V) return -1;
+    for (int i = 0; i < n; i++) s->cand[i] = (g4_cand){vals[i] != vals[i] ? -INFINITY : vals[i], 0.0f, ids[i]};
+    s->n_mod = 0;
+    return top_k_from(s, n, k, s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE, NULL, NULL);
+}
 
 int g4_sampler_is_argmax(const g4_sampler *s) {
     return s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE && s->n_static == 0 && !s->penalties_on;

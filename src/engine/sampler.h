@@ -59,6 +59,18 @@ int g4_sampler_rewind(g4_sampler *s, int n);
  * non-zero, or -1 as above (then probs is all zero). Consumes no random numbers. */
 int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs);
 
+/* Sampling from a row's top candidates instead of the whole row (the backend's top_k op finds them where the
+ * logits are, so only they come back from a GPU).
+ * g4_sampler_candidates_k: the k such candidates must be found for: 1 for greedy, top_k (at most the vocabulary)
+ * for top-k sampling; 0 when the sampler needs the whole row (bias, suppression, penalties, no top-k, or a top_k
+ * above G4_SAMPLER_CANDIDATES_MAX).
+ * g4_sampler_sample_candidates: ids [n] in ascending order with their logits vals: every id whose logit is >= the
+ * row's K-th largest (NaN and -inf left out, every tie kept) for some K >= candidates_k. Returns the id sample()
+ * would return for the whole row, from the same random numbers; -1 where candidates_k is 0 or none is given. */
+#define G4_SAMPLER_CANDIDATES_MAX 1024
+int g4_sampler_candidates_k(const g4_sampler *s);
+int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n);
+
 /* 1 when sample() is the plain argmax of the logits (greedy, no bias, suppression or penalty),
  * so a model step may pick the id itself (g4_decode_greedy). */
 int g4_sampler_is_argmax(const g4_sampler *s);

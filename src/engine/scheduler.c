@@ -14,8 +14,9 @@
  *      newest running requests are preempted: their blocks are freed and they wait at the front of the queue
  *      to be recomputed (prompt and the tokens so far; the prefix cache often still has them); a request that
  *      cannot go on even alone ends with LENGTH (its tokens need more than the pool);
- *   6. the batch runs (g4_decode, or g4_decode_greedy when every row that needs a token is a plain argmax),
- *      each request that got logits samples its next token with its own sampler (g4_generation_take turns it
+ *   6. the batch runs (g4_decode; g4_decode_greedy when every row that needs a token is a plain argmax;
+ *      g4_decode_candidates when every such row's sampler needs only its top candidates and the logits are in
+ *      device memory: only those come back), each request that got logits or candidates samples its next token with its own sampler (g4_generation_take turns it
  *      into events and decides the end), and requests that ended free their sequence.
  * A request's last token is never fed to the model. Its sequence's blocks stay in the prefix cache after it
  * leaves (a later request with the same prefix, e.g. the next turn of a chat, starts from them).
@@ -65,6 +66,8 @@ struct g4_scheduler {
     int32_t *ids;          /* [n_batch] greedy ids of the wanted rows */
     float *logits;         /* [logit_rows][vocab] */
     int logit_rows;
+    int cand_max;          /* g4_context_candidates_max: 0 where every sampled row takes its logits */
+    g4_candidates cand;    /* [logit_rows] rows of top candidates (rows beyond cap: their logits in `logits`) */
     float *final_rows;     /* [n_batch][H]: final hidden states of an embedding step */
     g4_scheduler_stats stats;
 };
@@ -202,8 +205,15 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
     s->ids = malloc(nb * sizeof *s->ids);
     s->logits = malloc((size_t)s->logit_rows * (size_t)s->vocab * sizeof *s->logits);
     s->final_rows = malloc(nb * (size_t)s->H * sizeof *s->final_rows);
+    s->cand_max = g4_context_candidates_max(ctx);
+    if (s->cand_max) {
+        const size_t cap = (size_t)g4_candidates_cap(s->cand_max), rows = (size_t)s->logit_rows;
+        s->cand = (g4_candidates){0, 0, malloc(rows * cap * sizeof(int32_t)), malloc(rows * sizeof(int32_t)),
+                                  malloc(rows * cap * sizeof(float)), s->logits};
+    }
     if (!s->running || !s->run_list || !s->plan_req || !s->plan_n || !s->tok || !s->seq || !s->want || !s->ids ||
-        !s->logits || !s->final_rows || queue_reserve(s, 16)) {
+        !s->logits || !s->final_rows || (s->cand_max && (!s->cand.ids || !s->cand.count || !s->cand.vals)) ||
+        queue_reserve(s, 16)) {
         g4_scheduler_free(s);
         return g4_fail(err, "out of memory for a scheduler of %d sequences", ctx->n_seq);
     }
@@ -233,6 +243,9 @@ void g4_scheduler_free(g4_scheduler *s) {
     free(s->want);
     free(s->ids);
     free(s->logits);
+    free(s->cand.ids);
+    free(s->cand.count);
+    free(s->cand.vals);
     free(s->final_rows);
     free(s);
 }
@@ -439,7 +452,8 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     fit_plan(s);
 
     /* the batch */
-    int n = 0, n_want = 0, all_greedy = 1;
+    int n = 0, n_want = 0, all_greedy = 1, top_k = 0; /* top_k: the largest k of the rows' candidates, -1 when a
+                                                        * row needs its logits */
     for (int i = 0; i < s->n_plan; i++) {
         request *r = s->plan_req[i];
         const int k = s->plan_n[i], last = r->n_fed + k == r->n_tokens;
@@ -452,6 +466,8 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         if (!embed_step && last) {
             n_want++;
             all_greedy &= g4_generation_is_argmax(r->gen);
+            const int kr = g4_generation_candidates_k(r->gen);
+            top_k = kr == 0 || kr > s->cand_max || top_k < 0 ? -1 : kr > top_k ? kr : top_k;
         }
     }
     if (n > 0) {
@@ -460,7 +476,10 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         g4_context_capture(ctx, NULL, embed_step ? s->final_rows : NULL);
         if (embed_step || n_want == 0) rc = g4_decode(ctx, &b, NULL, err);
         else if (all_greedy) rc = g4_decode_greedy(ctx, &b, s->ids, err);
-        else rc = g4_decode(ctx, &b, s->logits, err);
+        else if (top_k > 0) {
+            s->cand.k = top_k, s->cand.cap = g4_candidates_cap(top_k);
+            rc = g4_decode_candidates(ctx, &b, &s->cand, err);
+        } else rc = g4_decode(ctx, &b, s->logits, err);
         g4_context_capture(ctx, NULL, NULL);
         if (rc) return -1;
         s->stats.steps++;
@@ -480,7 +499,12 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             if (r->n_fed > r->n_prompt && k == 1) s->stats.decode_tokens++;
             else s->stats.prefill_tokens += k;
             if (r->n_fed == r->n_tokens) {
-                int32_t id = all_greedy ? s->ids[w] : g4_generation_sample(r->gen, s->logits + (size_t)w * s->vocab);
+                const size_t at = (size_t)w * (size_t)s->cand.cap;
+                int32_t id = all_greedy ? s->ids[w]
+                             : top_k > 0 && s->cand.count[w] >= 0
+                                 ? g4_generation_sample_candidates(r->gen, s->cand.ids + at, s->cand.vals + at,
+                                                                   s->cand.count[w])
+                                 : g4_generation_sample(r->gen, s->logits + (size_t)w * s->vocab);
                 w++;
                 g4_generation_take(r->gen, id);
                 if (g4_generation_finish(r->gen)) {

@@ -182,9 +182,12 @@ static void final_norm(g4_context *ctx, const float *h, const g4_step *st) {
     if (ctx->capture_final) OPS->to_host(be, ctx->capture_final, s->x, (size_t)st->n_out * H * sizeof(float));
 }
 
-/* Tied head and soft-cap of nr normalized rows from row r0 into s->logits, and their argmax into s->out_ids
- * when ids are wanted. */
-static void head_rows(g4_context *ctx, int r0, int nr, int want_ids) {
+/* What the head gives back: the logits rows, their argmax, or their top-k candidates (context.h). */
+typedef enum { HEAD_LOGITS, HEAD_IDS, HEAD_TOP } head_mode;
+
+/* Tied head and soft-cap of nr normalized rows from row r0 into s->logits, then their argmax into s->out_ids or
+ * their top-k candidates into s->top_* (k: cand's) as the mode asks. */
+static void head_rows(g4_context *ctx, int r0, int nr, head_mode mode, const g4_candidates *cand) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     g4_backend *be = m->be;
@@ -192,21 +195,35 @@ static void head_rows(g4_context *ctx, int r0, int nr, int want_ids) {
     g4_matmul_set head = {1, {m->lm_head}, {NULL}, {s->logits},
                           .softcap = c->has_softcap ? (float)c->final_logit_softcapping : 0.0f};
     OPS->matmul_set(be, s->x + (size_t)r0 * c->hidden_size, nr, &head);
-    if (want_ids) OPS->argmax(be, s->logits, nr, c->vocab_size, s->out_ids);
+    if (mode == HEAD_IDS) OPS->argmax(be, s->logits, nr, c->vocab_size, s->out_ids);
+    if (mode == HEAD_TOP)
+        OPS->top_k(be, s->logits, nr, c->vocab_size, cand->k, cand->cap, s->top_ids, s->top_vals, s->top_count);
 }
 
-/* Copies the head's results of rows r0 .. r0+nr-1 out: logits, or ids (logits NULL). */
-static void head_out(g4_context *ctx, int r0, int nr, float *logits, int32_t *ids) {
+/* Copies the head's results of rows r0 .. r0+nr-1 out: logits, ids or candidates (a row whose candidates
+ * overflowed brings its logits). */
+static void head_out(g4_context *ctx, int r0, int nr, float *logits, int32_t *ids, g4_candidates *cand) {
     g4_backend *be = ctx->model->be;
+    g4_scratch *s = &ctx->s;
     const size_t V = (size_t)ctx->model->cfg.text.vocab_size;
-    if (logits)
-        OPS->to_host(be, logits + (size_t)r0 * V, ctx->s.logits, (size_t)nr * V * sizeof(float));
-    else
-        OPS->to_host(be, ids + r0, ctx->s.out_ids, (size_t)nr * sizeof(int32_t));
+    if (logits) {
+        OPS->to_host(be, logits + (size_t)r0 * V, s->logits, (size_t)nr * V * sizeof(float));
+    } else if (ids) {
+        OPS->to_host(be, ids + r0, s->out_ids, (size_t)nr * sizeof(int32_t));
+    } else {
+        const size_t cap = (size_t)cand->cap, at = (size_t)r0 * cap;
+        OPS->to_host(be, cand->count + r0, s->top_count, (size_t)nr * sizeof(int32_t));
+        OPS->to_host(be, cand->ids + at, s->top_ids, (size_t)nr * cap * sizeof(int32_t));
+        OPS->to_host(be, cand->vals + at, s->top_vals, (size_t)nr * cap * sizeof(float));
+        OPS->sync(be);
+        for (int i = 0; i < nr; i++)
+            if (cand->count[r0 + i] < 0)
+                OPS->to_host(be, cand->fallback + (size_t)(r0 + i) * V, s->logits + (size_t)i * V, V * sizeof(float));
+    }
 }
 
 /* Everything between the input copies and the head's output copies. */
-static void compute(g4_context *ctx, const g4_step *st, int head_in_step, int want_ids) {
+static void compute(g4_context *ctx, const g4_step *st, int head_in_step, head_mode mode, const g4_candidates *cand) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     g4_backend *be = m->be;
@@ -236,10 +253,11 @@ static void compute(g4_context *ctx, const g4_step *st, int head_in_step, int wa
         settle(ctx, &r, n);
         final_norm(ctx, r.h, st);
     }
-    if (head_in_step) head_rows(ctx, 0, st->n_out, want_ids);
+    if (head_in_step) head_rows(ctx, 0, st->n_out, mode, cand);
 }
 
-int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, g4_error *err) {
+int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, g4_candidates *cand,
+               g4_error *err) {
     const g4_model *m = ctx->model;
     const g4_text_config *c = &m->cfg.text;
     g4_backend *be = m->be;
@@ -272,26 +290,27 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
 
     /* 2. the computation, recorded and replayed for small steps where the backend can; without logits and ids
      * only the final norm is wanted (g4_embed: capture_final) */
-    const int head = st->n_out > 0 && (logits || ids);
-    const int one_chunk = st->n_out <= s->logit_rows, want_ids = logits == NULL;
+    const int head = st->n_out > 0 && (logits || ids || cand);
+    const int one_chunk = st->n_out <= s->logit_rows;
+    const head_mode mode = logits ? HEAD_LOGITS : ids ? HEAD_IDS : HEAD_TOP;
     const int replayable = OPS->graph_begin && one_chunk && n <= GRAPH_MAX_TOKENS && !ctx->capture_hidden &&
                            !ctx->capture_final && !st->embd && !st->kv_start; /* soft tokens: host rows copied in each step */
-    const uint64_t key = (uint64_t)n | (uint64_t)st->n_out << 16 | (uint64_t)want_ids << 32 |
-                         (uint64_t)(st->kv_end != NULL) << 33;
+    const uint64_t key = (uint64_t)n | (uint64_t)st->n_out << 16 | (uint64_t)mode << 32 |
+                         (uint64_t)(st->kv_end != NULL) << 34 | (uint64_t)(mode == HEAD_TOP ? cand->k : 0) << 35;
     if (!replayable || !OPS->graph_begin(be, ctx, key)) {
-        compute(ctx, st, one_chunk && head, want_ids);
+        compute(ctx, st, one_chunk && head, mode, cand);
         if (replayable) OPS->graph_end(be);
     }
 
     /* 3. outputs */
     if (head) {
         if (one_chunk) {
-            head_out(ctx, 0, st->n_out, logits, ids);
+            head_out(ctx, 0, st->n_out, logits, ids, cand);
         } else {
             for (int r0 = 0; r0 < st->n_out; r0 += s->logit_rows) {
                 int nr = st->n_out - r0 < s->logit_rows ? st->n_out - r0 : s->logit_rows;
-                head_rows(ctx, r0, nr, want_ids);
-                head_out(ctx, r0, nr, logits, ids);
+                head_rows(ctx, r0, nr, mode, cand);
+                head_out(ctx, r0, nr, logits, ids, cand);
             }
         }
     }

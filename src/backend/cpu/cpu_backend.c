@@ -353,6 +353,66 @@ static void cpu_argmax(g4_backend *be, const float *x, int rows, int n, int32_t 
     }
 }
 
+/* ---------------------------------------------------------- top-k candidates */
+/* The order of floats as unsigned keys; NaN and -inf (never candidates) are 0, below every other key. */
+static uint32_t top_key(float v) {
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if (v != v || v == -INFINITY) return 0;
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+typedef struct {
+    const float *x;
+    int n, k, cap;
+    int32_t *ids, *count;
+    float *vals;
+} top_k_job;
+
+/* Per row: the k-th largest key by radix selection (a byte a pass, most significant first), then the
+ * qualifying indices in order. */
+static void top_k_rows(void *ctx, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const top_k_job *j = ctx;
+    for (int64_t r = b; r < e; r++) {
+        const float *x = j->x + (size_t)r * (size_t)j->n;
+        uint32_t prefix = 0, mask = 0;
+        int left = j->k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            uint32_t hist[256] = {0};
+            for (int i = 0; i < j->n; i++) {
+                uint32_t key = top_key(x[i]);
+                if (key && (key & mask) == prefix) hist[key >> shift & 255]++;
+            }
+            int bin = 255;
+            uint32_t cum = 0;
+            while (bin >= 0 && cum + hist[bin] < (uint32_t)left) cum += hist[bin--];
+            if (bin < 0) { /* fewer than k finite values (the first pass only): all of them */
+                prefix = 1;
+                break;
+            }
+            left -= (int)cum;
+            prefix |= (uint32_t)bin << shift;
+            mask |= 255u << shift;
+        }
+        int m = 0;
+        int32_t *ids = j->ids + (size_t)r * (size_t)j->cap;
+        float *vals = j->vals + (size_t)r * (size_t)j->cap;
+        for (int i = 0; i < j->n && m <= j->cap; i++) /* (prefix >= 1: NaN and -inf never pass) */
+            if (top_key(x[i]) >= prefix) {
+                if (m < j->cap) ids[m] = i, vals[m] = x[i];
+                m++;
+            }
+        j->count[r] = m > j->cap ? -1 : m;
+    }
+}
+
+static void cpu_top_k(g4_backend *be, const float *x, int rows, int n, int k, int cap, int32_t *ids, float *vals,
+                      int32_t *count) {
+    top_k_job j = {x, n, k, cap, ids, count, vals};
+    g4_pool_for(cpu_of(be)->pool, rows, 1, top_k_rows, &j);
+}
+
 /* ---------------------------------------------------------- masked logits */
 typedef struct {
     const float *x;
@@ -760,6 +820,7 @@ static const g4_backend_ops cpu_ops = {
     .get_rows = cpu_get_rows,
     .transpose = cpu_transpose,
     .argmax = cpu_argmax,
+    .top_k = cpu_top_k,
     .masked_logits = cpu_masked_logits,
     .kv_store = cpu_kv_store,
     .attn_prep = cpu_attn_prep,

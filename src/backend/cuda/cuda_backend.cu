@@ -495,6 +495,7 @@ static void init_ops(void) {
     o->get_rows = g4c_get_rows;
     o->transpose = g4c_transpose;
     o->argmax = g4c_argmax;
+    o->top_k = g4c_top_k;
     o->masked_logits = g4c_masked_logits;
     o->kv_store = g4c_kv_store;
     o->attn_prep = g4c_attn_prep;

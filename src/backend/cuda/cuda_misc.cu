@@ -1,5 +1,5 @@
 /* The small ops of the CUDA backend (src/backend/backend.h): embeddings, norms, RoPE, elementwise ops, row
- * gathers, argmax, the drafter's masked logits (docs/gemma4-assistant.md 3.4), random weights. Each is one kernel; rows go to blocks, elements to threads. */
+ * gathers, argmax, top-k candidates, the drafter's masked logits (docs/gemma4-assistant.md 3.4), random weights. Each is one kernel; rows go to blocks, elements to threads. */
 #include "backend/cuda/cuda_common.cuh"
 
 static unsigned blocks_for(g4c *c, size_t n, int threads) {
@@ -264,6 +264,153 @@ void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {
     if (!ws) return;
     g4c_launch(c, argmax_kernel, dim3((unsigned)parts, (unsigned)rows), dim3(256), 0, x, n, ws,
                (int *)(ws + (size_t)rows * parts), c->counters, out);
+}
+
+/* ------------------------------------------------------- top-k candidates */
+/* Two launches, no host round trip. (1) A block per (chunk of TOPK_CHUNK, row) keeps its chunk in registers as
+ * order-preserving keys, finds the chunk's k-th largest key by radix selection (a byte a pass, a 256-bin shared
+ * histogram) and writes the indices at or above it (at most `cap` a chunk, its count and key beside them).
+ * (2) A block per row selects the row's k-th largest key among the chunks' candidates the same way: every
+ * value of the row's top k is among them (fewer than k values of its chunk are larger). It then writes those at
+ * or above it in ascending order (a rank each) with their values; -1 when more than cap qualify, or when a
+ * chunk had more ties than its slots at a key the row keeps. Workspace: [rows, chunks, cap + 2] int. */
+#define TOPK_CHUNK 4096
+#define TOPK_THREADS 256
+#define TOPK_MERGE_THREADS 1024
+
+/* the order of floats as unsigned keys; NaN and -inf (never candidates) are 0 */
+static __device__ __forceinline__ unsigned topk_key(float v) {
+    const unsigned u = __float_as_uint(v);
+    if (v != v || v == -INFINITY) return 0u;
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+/* The k-th largest non-zero key of those the block's threads visit (each(f) calls f(key) for every key of the
+ * calling thread); 1 when there are fewer than k (every non-zero key qualifies). Every thread gets it. */
+template <typename Each>
+static __device__ unsigned topk_kth_key(int k, Each each) {
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix;
+    __shared__ int s_left;
+    unsigned prefix = 0, mask = 0;
+    int left = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        each([&](unsigned key) {
+            if (key && (key & mask) == prefix) atomicAdd(&hist[key >> shift & 255], 1u);
+        });
+        __syncthreads();
+        if (threadIdx.x < 32) { /* the bin where the count from the top reaches `left`: 8 bins a lane, a scan */
+            const int lane = threadIdx.x;
+            unsigned own = 0;
+            for (int q = 0; q < 8; q++) own += hist[255 - 8 * lane - q];
+            unsigned incl = own;
+            for (int d = 1; d < 32; d <<= 1) {
+                const unsigned o = __shfl_sync(0xffffffffu, incl, lane >= d ? lane - d : lane);
+                if (lane >= d) incl += o;
+            }
+            const unsigned hit = __ballot_sync(0xffffffffu, incl >= (unsigned)left);
+            if (!hit) {
+                if (lane == 0) s_left = -1, s_prefix = 1u;
+            } else if (lane == __ffs((int)hit) - 1) {
+                unsigned cum = incl - own;
+                int bin = 255 - 8 * lane;
+                while (cum + hist[bin] < (unsigned)left) cum += hist[bin--];
+                s_left = left - (int)cum;
+                s_prefix = prefix | (unsigned)bin << shift;
+            }
+        }
+        __syncthreads();
+        left = s_left, prefix = s_prefix, mask |= 255u << shift;
+        if (left < 0) return 1u; /* (block-uniform) fewer than k: the first pass only */
+    }
+    return prefix;
+}
+
+__global__ void topk_chunk_kernel(const float *x, int n, int k, int cap, int *cand) {
+    __shared__ int cnt;
+    g4_grid_wait();
+    const int row = blockIdx.y, c0 = blockIdx.x * TOPK_CHUNK;
+    const float *xr = x + (size_t)row * (size_t)n;
+    unsigned key[TOPK_CHUNK / TOPK_THREADS];
+    for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++) {
+        const int i = c0 + j * TOPK_THREADS + (int)threadIdx.x;
+        key[j] = i < n ? topk_key(xr[i]) : 0u;
+    }
+    const unsigned t = topk_kth_key(k, [&](auto f) {
+        for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++) f(key[j]);
+    });
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    int *out = cand + ((size_t)row * gridDim.x + blockIdx.x) * (size_t)(cap + 2);
+    for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++)
+        if (key[j] >= t) { /* (t >= 1) */
+            const int p = atomicAdd(&cnt, 1);
+            if (p < cap) out[2 + p] = c0 + j * TOPK_THREADS + (int)threadIdx.x;
+        }
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = cnt, out[1] = (int)t; /* a count above cap: ties lost */
+}
+
+__global__ void topk_merge_kernel(const float *x, int n, int chunks, int k, int cap, const int *cand, int32_t *ids,
+                                  float *vals, int32_t *count) {
+    __shared__ int sel[2 * G4_TOP_K_MAX];
+    __shared__ int m, bad;
+    g4_grid_wait();
+    const int row = blockIdx.x, stride = cap + 2;
+    const float *xr = x + (size_t)row * (size_t)n;
+    const int *cr = cand + (size_t)row * (size_t)chunks * (size_t)stride;
+    /* every candidate slot of the row, a thread each in turn: f(key, index) */
+    auto visit = [&](auto f) {
+        for (int s = threadIdx.x; s < chunks * cap; s += blockDim.x) {
+            const int c = s / cap, j = s - c * cap;
+            if (j < cr[c * stride]) {
+                const int i = cr[c * stride + 2 + j];
+                f(topk_key(xr[i]), i);
+            }
+        }
+    };
+    const unsigned t = topk_kth_key(k, [&](auto f) { visit([&](unsigned key, int) { f(key); }); });
+    if (threadIdx.x == 0) m = 0, bad = 0;
+    __syncthreads();
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x)
+        if (cr[c * stride] > cap && (unsigned)cr[c * stride + 1] >= t) bad = 1;
+    visit([&](unsigned key, int i) {
+        if (key >= t) {
+            const int p = atomicAdd(&m, 1);
+            if (p < cap) sel[p] = i;
+        }
+    });
+    __syncthreads();
+    if (bad || m > cap) {
+        if (threadIdx.x == 0) count[row] = -1;
+        return;
+    }
+    for (int a = threadIdx.x; a < m; a += blockDim.x) { /* the rank of each index among the selected */
+        const int i = sel[a];
+        int r = 0;
+        for (int b = 0; b < m; b++) r += sel[b] < i;
+        ids[(size_t)row * cap + r] = i;
+        vals[(size_t)row * cap + r] = xr[i];
+    }
+    if (threadIdx.x == 0) count[row] = m;
+}
+
+void g4c_top_k(g4_backend *be, const float *x, int rows, int n, int k, int cap, int32_t *ids, float *vals,
+               int32_t *count) {
+    g4c *c = g4c_of(be);
+    if (rows <= 0 || n <= 0) return;
+    if (k < 1 || k > G4_TOP_K_MAX || cap < k || cap > 2 * G4_TOP_K_MAX) {
+        g4c_note(c, cudaErrorInvalidValue, "top_k: k or cap out of range");
+        return;
+    }
+    const int chunks = (n + TOPK_CHUNK - 1) / TOPK_CHUNK;
+    int *ws = (int *)g4c_ws(c, &c->ws_gemm, (size_t)rows * chunks * (cap + 2) * sizeof(int));
+    if (!ws) return;
+    g4c_launch(c, topk_chunk_kernel, dim3((unsigned)chunks, (unsigned)rows), dim3(TOPK_THREADS), 0, x, n, k, cap, ws);
+    g4c_launch(c, topk_merge_kernel, dim3((unsigned)rows), dim3(TOPK_MERGE_THREADS), 0, x, n, chunks, k, cap,
+               (const int *)ws, ids, vals, count);
 }
 
 /* ---------------------------------------------------------- masked logits */
