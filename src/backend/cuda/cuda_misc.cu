@@ -269,14 +269,17 @@ void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {
 /* ------------------------------------------------------- top-k candidates */
 /* Two launches, no host round trip. (1) A block per (chunk of TOPK_CHUNK, row) keeps its chunk in registers as
  * order-preserving keys, finds the chunk's k-th largest key by radix selection (a byte a pass, a 256-bin shared
- * histogram) and writes the indices at or above it (at most `cap` a chunk, its count and key beside them).
- * (2) A block per row selects the row's k-th largest key among the chunks' candidates the same way: every
- * value of the row's top k is among them (fewer than k values of its chunk are larger). It then writes those at
- * or above it in ascending order (a rank each) with their values; -1 when more than cap qualify, or when a
- * chunk had more ties than its slots at a key the row keeps. Workspace: [rows, chunks, cap + 2] int. */
+ * histogram), and appends the (index, key) pairs at or above it (at most cap a chunk) to the row's list, at a
+ * place a row counter hands out; its count and key go beside. (2) A block per row stages the list in shared
+ * memory (where it fits) and selects the row's k-th largest key among it the same way: every value of the row's
+ * top k is there (fewer than k values of its chunk are larger). It writes those at or above it in ascending order
+ * (a rank each) with their values; -1 when more than cap qualify, or when a chunk had more ties than cap at a key
+ * the row keeps. It sets the row counter back to 0. Workspace: [rows, chunks] (count, key), [rows, chunks * cap]
+ * (index, key). */
 #define TOPK_CHUNK 4096
 #define TOPK_THREADS 256
 #define TOPK_MERGE_THREADS 1024
+#define TOPK_STAGE 4096 /* list entries the merge keeps in shared memory */
 
 /* the order of floats as unsigned keys; NaN and -inf (never candidates) are 0 */
 static __device__ __forceinline__ unsigned topk_key(float v) {
@@ -328,10 +331,10 @@ static __device__ unsigned topk_kth_key(int k, Each each) {
     return prefix;
 }
 
-__global__ void topk_chunk_kernel(const float *x, int n, int k, int cap, int *cand) {
-    __shared__ int cnt;
+__global__ void topk_chunk_kernel(const float *x, int n, int k, int cap, int *info, int2 *list, int *counters) {
+    __shared__ int cnt, put, base;
     g4_grid_wait();
-    const int row = blockIdx.y, c0 = blockIdx.x * TOPK_CHUNK;
+    const int row = blockIdx.y, chunks = gridDim.x, c0 = blockIdx.x * TOPK_CHUNK;
     const float *xr = x + (size_t)row * (size_t)n;
     unsigned key[TOPK_CHUNK / TOPK_THREADS];
     for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++) {
@@ -341,42 +344,49 @@ __global__ void topk_chunk_kernel(const float *x, int n, int k, int cap, int *ca
     const unsigned t = topk_kth_key(k, [&](auto f) {
         for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++) f(key[j]);
     });
-    if (threadIdx.x == 0) cnt = 0;
+    if (threadIdx.x == 0) cnt = 0, put = 0;
     __syncthreads();
-    int *out = cand + ((size_t)row * gridDim.x + blockIdx.x) * (size_t)(cap + 2);
     for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++)
-        if (key[j] >= t) { /* (t >= 1) */
-            const int p = atomicAdd(&cnt, 1);
-            if (p < cap) out[2 + p] = c0 + j * TOPK_THREADS + (int)threadIdx.x;
-        }
+        if (key[j] >= t) atomicAdd(&cnt, 1); /* (t >= 1: NaN and -inf never) */
     __syncthreads();
-    if (threadIdx.x == 0) out[0] = cnt, out[1] = (int)t; /* a count above cap: ties lost */
+    if (threadIdx.x == 0) {
+        base = atomicAdd(&counters[row], cnt < cap ? cnt : cap);
+        info[2 * (row * chunks + blockIdx.x)] = cnt; /* above cap: ties lost */
+        info[2 * (row * chunks + blockIdx.x) + 1] = (int)t;
+    }
+    __syncthreads();
+    int2 *out = list + (size_t)row * (size_t)chunks * (size_t)cap + base;
+    for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++)
+        if (key[j] >= t) {
+            const int p = atomicAdd(&put, 1);
+            if (p < cap) out[p] = make_int2(c0 + j * TOPK_THREADS + (int)threadIdx.x, (int)key[j]);
+        }
 }
 
-__global__ void topk_merge_kernel(const float *x, int n, int chunks, int k, int cap, const int *cand, int32_t *ids,
-                                  float *vals, int32_t *count) {
+__global__ void topk_merge_kernel(const float *x, int n, int chunks, int k, int cap, const int *info, const int2 *list,
+                                  int *counters, int32_t *ids, float *vals, int32_t *count) {
+    __shared__ int2 stage[TOPK_STAGE];
     __shared__ int sel[2 * G4_TOP_K_MAX];
-    __shared__ int m, bad;
+    __shared__ int total, m, bad;
     g4_grid_wait();
-    const int row = blockIdx.x, stride = cap + 2;
-    const float *xr = x + (size_t)row * (size_t)n;
-    const int *cr = cand + (size_t)row * (size_t)chunks * (size_t)stride;
-    /* every candidate slot of the row, a thread each in turn: f(key, index) */
-    auto visit = [&](auto f) {
-        for (int s = threadIdx.x; s < chunks * cap; s += blockDim.x) {
-            const int c = s / cap, j = s - c * cap;
-            if (j < cr[c * stride]) {
-                const int i = cr[c * stride + 2 + j];
-                f(topk_key(xr[i]), i);
-            }
+    const int row = blockIdx.x;
+    if (threadIdx.x == 0) total = counters[row], counters[row] = 0, m = 0, bad = 0;
+    __syncthreads();
+    const int2 *lr = list + (size_t)row * (size_t)chunks * (size_t)cap;
+    const int staged = total <= TOPK_STAGE;
+    if (staged)
+        for (int s = threadIdx.x; s < total; s += blockDim.x) stage[s] = lr[s];
+    __syncthreads();
+    auto visit = [&](auto f) { /* every (index, key) of the list, a thread each in turn */
+        for (int s = threadIdx.x; s < total; s += blockDim.x) {
+            const int2 e = staged ? stage[s] : lr[s];
+            f(e.x, (unsigned)e.y);
         }
     };
-    const unsigned t = topk_kth_key(k, [&](auto f) { visit([&](unsigned key, int) { f(key); }); });
-    if (threadIdx.x == 0) m = 0, bad = 0;
-    __syncthreads();
+    const unsigned t = topk_kth_key(k, [&](auto f) { visit([&](int, unsigned key) { f(key); }); });
     for (int c = threadIdx.x; c < chunks; c += blockDim.x)
-        if (cr[c * stride] > cap && (unsigned)cr[c * stride + 1] >= t) bad = 1;
-    visit([&](unsigned key, int i) {
+        if (info[2 * (row * chunks + c)] > cap && (unsigned)info[2 * (row * chunks + c) + 1] >= t) bad = 1;
+    visit([&](int i, unsigned key) {
         if (key >= t) {
             const int p = atomicAdd(&m, 1);
             if (p < cap) sel[p] = i;
@@ -387,6 +397,7 @@ __global__ void topk_merge_kernel(const float *x, int n, int chunks, int k, int 
         if (threadIdx.x == 0) count[row] = -1;
         return;
     }
+    const float *xr = x + (size_t)row * (size_t)n;
     for (int a = threadIdx.x; a < m; a += blockDim.x) { /* the rank of each index among the selected */
         const int i = sel[a];
         int r = 0;
@@ -401,16 +412,19 @@ void g4c_top_k(g4_backend *be, const float *x, int rows, int n, int k, int cap, 
                int32_t *count) {
     g4c *c = g4c_of(be);
     if (rows <= 0 || n <= 0) return;
-    if (k < 1 || k > G4_TOP_K_MAX || cap < k || cap > 2 * G4_TOP_K_MAX) {
-        g4c_note(c, cudaErrorInvalidValue, "top_k: k or cap out of range");
+    if (k < 1 || k > G4_TOP_K_MAX || cap < k || cap > 2 * G4_TOP_K_MAX || (size_t)rows > c->n_counters / 2) {
+        g4c_note(c, cudaErrorInvalidValue, "top_k: k, cap or rows out of range");
         return;
     }
     const int chunks = (n + TOPK_CHUNK - 1) / TOPK_CHUNK;
-    int *ws = (int *)g4c_ws(c, &c->ws_gemm, (size_t)rows * chunks * (cap + 2) * sizeof(int));
+    const size_t n_info = (size_t)rows * chunks * 2, n_list = (size_t)rows * chunks * cap;
+    int *ws = (int *)g4c_ws(c, &c->ws_gemm, (n_info + 2 * n_list) * sizeof(int));
     if (!ws) return;
-    g4c_launch(c, topk_chunk_kernel, dim3((unsigned)chunks, (unsigned)rows), dim3(TOPK_THREADS), 0, x, n, k, cap, ws);
+    int2 *list = (int2 *)(ws + n_info); /* (n_info is even: 8-byte aligned) */
+    g4c_launch(c, topk_chunk_kernel, dim3((unsigned)chunks, (unsigned)rows), dim3(TOPK_THREADS), 0, x, n, k, cap, ws,
+               list, c->counters);
     g4c_launch(c, topk_merge_kernel, dim3((unsigned)rows), dim3(TOPK_MERGE_THREADS), 0, x, n, chunks, k, cap,
-               (const int *)ws, ids, vals, count);
+               (const int *)ws, (const int2 *)list, c->counters, ids, vals, count);
 }
 
 /* ---------------------------------------------------------- masked logits */
