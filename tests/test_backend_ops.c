@@ -912,8 +912,10 @@ static const char *kv_name(g4_kv_type t) { return t == G4_KV_F32 ? "f32" : t == 
 /* A random paged cache: n_seq sequences of len[s] positions with scrambled physical blocks; K/V values as the
  * cache holds them (rounded to the KV type) are kept in kref/vref [s][p][row]. */
 /* many: a prefill-sized step (16 tokens: the last 12 positions of one sequence, 3 of another, 1 decode token) */
+/* decode_hint: the step claims one token a sequence (max_seq_tokens 1, a kernel-choosing hint: results must not
+ * depend on it) */
 static void test_attention_case_n(g4_kv_type kt, int n_heads, int n_kv, int D, int B, int window, int with_kv_end,
-                                  int with_kv_start, int many) {
+                                  int with_kv_start, int many, int decode_hint) {
     enum { NSEQ = 3, MAXLEN = 80 };
     const int len[NSEQ] = {1, 37, 80}, row = n_kv * D;
     const int max_blocks = (MAXLEN + B - 1) / B, n_blocks = NSEQ * max_blocks + 3;
@@ -1007,20 +1009,20 @@ static void test_attention_case_n(g4_kv_type kt, int n_heads, int n_kv, int D, i
         .q = dq, .out = dout, .n_tokens = nt, .n_heads = n_heads, .n_kv_heads = n_kv, .head_dim = D,
         .seq = dseq, .pos = dpos, .kv_end = with_kv_end ? dend : NULL, .kv_start = with_kv_start ? dstart : NULL, .k = dk, .v = dv, .kv_type = kt,
         .block_table = dtable, .max_blocks = max_blocks, .block_size = B, .window = window, .max_keys = max_keys,
-        .scale = scale,
+        .max_seq_tokens = decode_hint, .scale = scale,
     };
     be->ops->attention(be, &a);
     back(out, dout, nq * sizeof(float));
     EXPECT_CLOSE(out, ref, nq, 2e-5 * backend_tol(),
-                 "attention kv=%s heads=%d/%d D=%d block=%d window=%d kv_end=%d kv_start=%d tokens=%d", kv_name(kt),
-                 n_heads, n_kv, D, B, window, with_kv_end, with_kv_start, nt);
+                 "attention kv=%s heads=%d/%d D=%d block=%d window=%d kv_end=%d kv_start=%d tokens=%d hint=%d",
+                 kv_name(kt), n_heads, n_kv, D, B, window, with_kv_end, with_kv_start, nt, decode_hint);
     rel(dk), rel(dv), rel(dq), rel(dout), rel(dseq), rel(dpos), rel(dend), rel(dstart), rel(dtable);
     free(kref), free(vref), free(kin), free(vin), free(q), free(out), free(ref);
 }
 
 static void test_attention_case(g4_kv_type kt, int n_heads, int n_kv, int D, int B, int window, int with_kv_end,
                                 int with_kv_start) {
-    test_attention_case_n(kt, n_heads, n_kv, D, B, window, with_kv_end, with_kv_start, 0);
+    test_attention_case_n(kt, n_heads, n_kv, D, B, window, with_kv_end, with_kv_start, 0, 0);
 }
 
 static void test_attention(void) {
@@ -1028,12 +1030,15 @@ static void test_attention(void) {
     /* prefill-sized steps (CUDA, bf16 cache, 16 % G == 0 and D % 128 == 0: the tensor-core kernel; rows of three
      * sequences in one block) */
     for (int k = 0; k < 3; k++) {
-        test_attention_case_n(kts[k], 8, 1, 256, 32, 0, 0, 0, 1);  /* E2B: two tokens a block */
-        test_attention_case_n(kts[k], 8, 1, 512, 16, 0, 0, 0, 1);  /* E2B's full layers */
-        test_attention_case_n(kts[k], 4, 2, 256, 32, 20, 1, 0, 1); /* a window, a kv_end ahead */
-        test_attention_case_n(kts[k], 2, 1, 512, 8, 13, 1, 1, 1);  /* G 2 (31B), keys below the window */
-        test_attention_case_n(kts[k], 1, 1, 128, 7, 0, 0, 0, 1);   /* sixteen tokens a block */
-        test_attention_case_n(kts[k], 10, 2, 256, 8, 9, 0, 0, 1); /* G 5: the per-token kernel */
+        test_attention_case_n(kts[k], 8, 1, 256, 32, 0, 0, 0, 1, 0);  /* E2B: two tokens a block */
+        test_attention_case_n(kts[k], 8, 1, 512, 16, 0, 0, 0, 1, 0);  /* E2B's full layers */
+        test_attention_case_n(kts[k], 4, 2, 256, 32, 20, 1, 0, 1, 0); /* a window, a kv_end ahead */
+        test_attention_case_n(kts[k], 2, 1, 512, 8, 13, 1, 1, 1, 0);  /* G 2 (31B), keys below the window */
+        test_attention_case_n(kts[k], 1, 1, 128, 7, 0, 0, 0, 1, 0);   /* sixteen tokens a block */
+        test_attention_case_n(kts[k], 10, 2, 256, 8, 9, 0, 0, 1, 0); /* G 5: the per-token kernel */
+        /* 16 tokens as a decode batch (the hint): the per-token kernel, keys split over blocks */
+        test_attention_case_n(kts[k], 8, 1, 256, 32, 0, 0, 0, 1, 1);
+        test_attention_case_n(kts[k], 4, 2, 256, 32, 20, 1, 1, 1, 1);
     }
     for (int k = 0; k < 3; k++) {
         test_attention_case(kts[k], 4, 1, 64, 16, 0, 0, 0);

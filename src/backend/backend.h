@@ -60,6 +60,8 @@ typedef struct g4_attention_args {
     int max_blocks, block_size;
     int window;                  /* 0: full attention */
     int max_keys;                /* an upper bound of hi - lo over the step's tokens (for sizing work) */
+    int max_seq_tokens;          /* the most tokens one sequence has in the step, 0 unknown (1: a batch of decode
+                                    tokens); a hint for choosing kernels, results do not depend on it */
     float scale;
     /* NULL, or the layer's attn_prep (below), still to be done: q is the q projection's raw rows (prep->q) and
      * the op does the prep first (a backend may fuse the two: one launch a layer in a decode step). With a prep, the

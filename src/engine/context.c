@@ -319,6 +319,9 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
         if (full > ctx->max_keys[G4_LAYER_FULL]) ctx->max_keys[G4_LAYER_FULL] = full;
         if (hi - lo > ctx->max_keys[G4_LAYER_SLIDING]) ctx->max_keys[G4_LAYER_SLIDING] = hi - lo;
     }
+    ctx->max_seq_tokens = 0;
+    for (int s = 0; s < ctx->n_seq; s++)
+        if (added[s] > ctx->max_seq_tokens) ctx->max_seq_tokens = added[s];
     if (g4_kv_cache_prepare(&ctx->kv, added, n, seq, ctx->pos_host, err)) return -1;
     g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host, bidi ? ctx->kv_end_host : NULL,
                   bidi && unified ? ctx->kv_start_host : NULL, b->embd, ctx->embedded_host};

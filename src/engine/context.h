@@ -37,6 +37,7 @@ struct g4_context {
     g4_model *model;
     int n_seq, n_ctx, n_batch;
     int max_keys[G4_LAYER_TYPES]; /* most keys a token of the step sees, per layer type (set by g4_decode) */
+    int max_seq_tokens;           /* the most tokens one sequence has in the step (set by g4_decode) */
     const int32_t *step_kv_end;   /* the step's kv_end in backend memory, or NULL */
     const int32_t *step_kv_start; /* the step's kv_start in backend memory, or NULL */
     g4_kv_cache kv;

@@ -118,7 +118,7 @@ static void attention_block(g4_context *ctx, residual *r, int l, int n) {
         .kv_start = type == G4_LAYER_SLIDING ? ctx->step_kv_start : NULL,
         .k = kvl->k, .v = kvl->v, .kv_type = ctx->kv.type, .block_table = pool->table_dev,
         .max_blocks = pool->max_blocks, .block_size = ctx->kv.block, .window = kvl->window,
-        .max_keys = ctx->max_keys[type], .scale = 1.0f, .prep = &prep, /* q/k norms, RoPE, the KV store first */
+        .max_keys = ctx->max_keys[type], .max_seq_tokens = ctx->max_seq_tokens, .scale = 1.0f, .prep = &prep, /* q/k norms, RoPE, the KV store first */
     };
     OPS->attention(be, &a);
     OPS->matmul(be, s->attn, n, y->o_proj, y->o_bias, s->o);
