@@ -295,8 +295,9 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
     const head_mode mode = logits ? HEAD_LOGITS : ids ? HEAD_IDS : HEAD_TOP;
     const int replayable = OPS->graph_begin && one_chunk && n <= GRAPH_MAX_TOKENS && !ctx->capture_hidden &&
                            !ctx->capture_final && !st->embd && !st->kv_start; /* soft tokens: host rows copied in each step */
+    const int top_k = mode == HEAD_TOP && cand ? cand->k : 0; /* (no output at all: the mode is not used) */
     const uint64_t key = (uint64_t)n | (uint64_t)st->n_out << 16 | (uint64_t)mode << 32 |
-                         (uint64_t)(st->kv_end != NULL) << 34 | (uint64_t)(mode == HEAD_TOP ? cand->k : 0) << 35;
+                         (uint64_t)(st->kv_end != NULL) << 34 | (uint64_t)top_k << 35;
     if (!replayable || !OPS->graph_begin(be, ctx, key)) {
         compute(ctx, st, one_chunk && head, mode, cand);
         if (replayable) OPS->graph_end(be);
