@@ -16,8 +16,9 @@
  *      cannot go on even alone ends with LENGTH (its tokens need more than the pool);
  *   6. the batch runs (g4_decode; g4_decode_greedy when every row that needs a token is a plain argmax;
  *      g4_decode_candidates when every such row's sampler needs only its top candidates and the logits are in
- *      device memory: only those come back), each request that got logits or candidates samples its next token with its own sampler (g4_generation_take turns it
- *      into events and decides the end), and requests that ended free their sequence.
+ *      device memory: only those come back), each request that got logits or candidates samples its next token
+ *      with its own sampler (g4_generation_take turns it into events and decides the end), and requests that
+ *      ended free their sequence.
  * A request's last token is never fed to the model. Its sequence's blocks stay in the prefix cache after it
  * leaves (a later request with the same prefix, e.g. the next turn of a chat, starts from them).
  *
