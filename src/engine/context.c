@@ -353,7 +353,7 @@ int g4_context_candidates_max(const g4_context *ctx) {
 }
 
 int g4_decode_candidates(g4_context *ctx, const g4_batch *b, g4_candidates *cand, g4_error *err) {
-    if (cand->k < 1 || cand->k > g4_context_candidates_max(ctx) || cand->cap != g4_candidates_cap(cand->k))
+    if (cand->k < 1 || cand->k > G4_TOP_K_MAX || cand->cap != g4_candidates_cap(cand->k))
         return g4_fail(err, "top-k candidates: k %d or cap %d out of range", cand->k, cand->cap);
     return decode(ctx, b, NULL, NULL, cand, err);
 }

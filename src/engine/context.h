@@ -73,7 +73,7 @@ static inline int g4_candidates_cap(int k) { return k < 64 ? k + 64 : 2 * k; }
  * where they are in host memory (the sampler reads the row where it is: nothing to save). The environment's
  * G4_SAMPLE_CANDIDATES overrides it: 0 never (whole rows come back), 1 on every backend (tests of the path). */
 int g4_context_candidates_max(const g4_context *ctx);
-/* g4_decode, with each wanted row's top candidates instead of its logits. */
+/* g4_decode, with each wanted row's top candidates instead of its logits (any backend; k <= G4_TOP_K_MAX). */
 int g4_decode_candidates(g4_context *ctx, const g4_batch *b, g4_candidates *cand, g4_error *err);
 
 /* The decoder forward pass for one step (src/model/forward.c): float32 logits of the step's out_rows into the
