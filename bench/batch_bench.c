@@ -49,6 +49,8 @@ typedef struct {
     g4_kv_type kv_type;
     float temperature, top_p; /* the requests' sampling (temperature 0: greedy) */
     int top_k;
+    float presence, frequency, repetition; /* penalties (OpenAI's presence / frequency, transformers' repetition) */
+    int penalty_last_n;
 } options;
 
 static int run_all(g4_scheduler *s, g4_error *err) {
@@ -83,7 +85,10 @@ static int concurrency(g4_model *m, const options *o, int C, int quiet) {
     g4_sampler_params sp;
     g4_sampler_params_default(&sp);
     sp.temperature = o->temperature, sp.top_k = o->top_k, sp.top_p = o->top_p;
-    g4_generation_params gp = {.max_new_tokens = o->n_new, .sampling = &sp, .ignore_eos = 1};
+    sp.presence_penalty = o->presence, sp.frequency_penalty = o->frequency, sp.repetition_penalty = o->repetition;
+    sp.penalty_last_n = o->penalty_last_n;
+    g4_generation_params gp = {.max_new_tokens = o->n_new, .sampling = &sp, .ignore_eos = 1,
+                               .penalties_output_only = 1}; /* as the server: OpenAI's penalties */
     tracker *t = calloc((size_t)C, sizeof *t);
     g4_generation **g = calloc((size_t)C, sizeof *g);
     int32_t *ids = malloc((size_t)o->prompt * sizeof *ids);
@@ -174,12 +179,13 @@ static void usage(void) {
                     "                      [-t THREADS] [-c 1,4,16,64] [-p PROMPT_TOKENS] [-n NEW_TOKENS] [--batch N]\n"
                     "                      [--block B] [--prefix TOKENS] [--kv f32|bf16|f16] [--bf16-act 0|1]\n"
                     "                      [--temp T --top-k K --top-p P] (default: greedy)\n"
+                    "                      [--presence P --frequency F --repetition R --last-n N] (penalties; last-n -1: all)\n"
                     "--random: random weights of a config's shapes, made where they live (g4_load_params.random_weights)\n");
 }
 
 int main(int argc, char **argv) {
     options o = {.prompt = 64, .n_new = 32, .batch = 512, .block = 32, .prefix = 512, .kv_type = G4_KV_F32,
-                 .top_p = 1.0f};
+                 .top_p = 1.0f, .repetition = 1.0f, .penalty_last_n = -1};
     const char *dir = NULL, *random_config = NULL, *type = NULL, *list = "1,4,16,64";
     int bf16_act = 0;
     for (int i = 1; i < argc; i++) {
@@ -193,6 +199,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--temp")) o.temperature = (float)atof(v);
         else if (!strcmp(a, "--top-k")) o.top_k = atoi(v);
         else if (!strcmp(a, "--top-p")) o.top_p = (float)atof(v);
+        else if (!strcmp(a, "--presence")) o.presence = (float)atof(v);
+        else if (!strcmp(a, "--frequency")) o.frequency = (float)atof(v);
+        else if (!strcmp(a, "--repetition")) o.repetition = (float)atof(v);
+        else if (!strcmp(a, "--last-n")) o.penalty_last_n = atoi(v);
         else if (!strcmp(a, "--device")) o.device = v;
         else if (!strcmp(a, "-t")) o.threads = atoi(v);
         else if (!strcmp(a, "-c")) list = v;

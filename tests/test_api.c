@@ -170,8 +170,9 @@ typedef struct {
 } runner;
 
 /* A top-k sampler fed each step's top candidates (G4_SAMPLE_CANDIDATES=1: the path the logits in device memory
- * take, here on the CPU) draws what it draws from whole rows (=0), from the same seed. */
-static void test_sampled_candidates(g4_model *m, const reference *r) {
+ * take, here on the CPU) draws what it draws from whole rows (=0), from the same seed; with penalties and a bias
+ * too (the logits of those ids gathered besides the candidates). */
+static void sampled_candidates(g4_model *m, const reference *r, int mods) {
     g4_error err;
     g4_context *ctx;
     g4_context_params cp = {.n_seq_max = 1, .n_ctx = 256, .n_batch = 64};
@@ -182,6 +183,12 @@ static void test_sampled_candidates(g4_model *m, const reference *r) {
     g4_sampler_params sp;
     g4_sampler_params_default(&sp);
     sp.temperature = 1.2f, sp.top_k = 20, sp.top_p = 0.9f, sp.seed = 7;
+    int32_t bias_ids[2] = {3, 9};
+    float bias_vals[2] = {2.5f, -INFINITY};
+    if (mods) {
+        sp.repetition_penalty = 1.5f, sp.frequency_penalty = 0.3f, sp.penalty_last_n = -1;
+        sp.n_bias = 2, sp.bias_ids = bias_ids, sp.bias_values = bias_vals;
+    }
     g4_generation_params gp = {.max_new_tokens = 24, .sampling = &sp, .ignore_eos = 1};
     int32_t got[2][64];
     int n[2];
@@ -194,7 +201,7 @@ static void test_sampled_candidates(g4_model *m, const reference *r) {
     }
     unsetenv("G4_SAMPLE_CANDIDATES");
     CHECKF(n[0] == 24 && n[1] == 24 && !memcmp(got[0], got[1], 24 * sizeof(int32_t)),
-           "sampled from candidates: %d tokens, from rows: %d, or they differ", n[1], n[0]);
+           "sampled from candidates (modified ids: %d): %d tokens, from rows: %d, or they differ", mods, n[1], n[0]);
     g4_context_free(ctx);
 }
 
@@ -450,7 +457,8 @@ int main(void) {
     test_version();
     test_generation(m, &r);
     test_cancel(m, &r);
-    test_sampled_candidates(m, &r);
+    sampled_candidates(m, &r, 0);
+    sampled_candidates(m, &r, 1);
     test_steps_logprobs(m, &r);
     test_embed(m, &r);
     test_errors(m, &r);

@@ -763,6 +763,25 @@ static void test_rows_transpose_argmax(void) {
     for (int i = 0; i < n; i++)
         for (int k = 0; k < row; k++) ref[(size_t)i * row + k] = src[(size_t)idx[i] * row + k];
     EXPECT_CLOSE(out, ref, (size_t)n * row, 0, "get_rows");
+    /* single elements and short rows (the sampler's modified ids gathered from rows of logits), many of them */
+    {
+        const int rows_of[3] = {1, 3, 31}, m = 300;
+        int32_t gidx[300];
+        for (int w = 0; w < 3; w++) {
+            const int r = rows_of[w], avail = (int)(sizeof src / sizeof src[0]) / r;
+            for (int i = 0; i < m; i++) gidx[i] = (int32_t)((i * 7919 + w) % avail);
+            int32_t *dg = dev(gidx, sizeof gidx);
+            float *dgo = devf(NULL, (size_t)m * r), *go = malloc((size_t)m * r * sizeof(float));
+            double *gref = malloc((size_t)m * r * sizeof(double));
+            be->ops->get_rows(be, dsrc, dg, m, r, dgo);
+            back(go, dgo, (size_t)m * r * sizeof(float));
+            for (int i = 0; i < m; i++)
+                for (int k = 0; k < r; k++) gref[(size_t)i * r + k] = src[(size_t)gidx[i] * r + k];
+            EXPECT_CLOSE(go, gref, (size_t)m * r, 0, "get_rows of %d-float rows", r);
+            rel(dg), rel(dgo);
+            free(go), free(gref);
+        }
+    }
     /* argmax: ties go to the lowest index, -inf and huge values, long rows */
     const int V = 70001, R = 3;
     float *x = malloc((size_t)R * V * sizeof(float));

@@ -560,11 +560,12 @@ static void test_candidates(void) {
     if (!be) return;
     const int Vs[] = {50, 5000, 262144}, ks[] = {1, 5, 64, 300, G4_SAMPLER_CANDIDATES_MAX};
     const float temps[] = {0.0f, 0.7f, 1.0f, 1.6f}, top_ps[] = {1.0f, 0.9f, 0.4f};
-    int compared = 0, fell_back = 0;
+    int compared = 0, fell_back = 0, with_extras = 0;
     for (int vi = 0; vi < 3; vi++) {
         const int V = Vs[vi];
         float *x = malloc((size_t)V * sizeof *x), *vals = malloc(2 * G4_SAMPLER_CANDIDATES_MAX * sizeof *vals);
-        int32_t *ids = malloc(2 * G4_SAMPLER_CANDIDATES_MAX * sizeof *ids);
+        int32_t *ids = malloc(2 * G4_SAMPLER_CANDIDATES_MAX * sizeof *ids), ex_ids[G4_SAMPLER_CANDIDATES_MAX];
+        float ex_vals[G4_SAMPLER_CANDIDATES_MAX];
         for (int trial = 0; trial < (vi == 2 ? 12 : 60); trial++) {
             const int shape = trial % 4;
             for (int i = 0; i < V; i++) x[i] = (float)(nrand() * (1.0 + trial % 3));
@@ -582,28 +583,64 @@ static void test_candidates(void) {
             p.top_p = top_ps[(trial / 3) % 3];
             p.min_p = trial % 5 == 0 ? 0.05f : 0.0f;
             p.seed = (uint64_t)trial * 7919u + (uint64_t)V;
+            /* modified ids on some trials: a bias that lifts low ids into the top and bans others, suppressed
+             * ids, penalties over a history that grows with every draw (the extras' logits come back besides) */
+            const int mods = (trial / 2) % 3; /* 0 none, 1 bias + suppression, 2 penalties (+ a bias) */
+            int32_t hist[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+            int32_t bias_ids[4] = {0, 3 % V, (V / 2) % V, (V - 1) % V}, sup_ids[2] = {1 % V, (V / 3) % V};
+            float bias_vals[4] = {25.0f, -INFINITY, 8.0f, -3.0f};
+            if (mods >= 1) p.n_bias = mods == 1 ? 4 : 1, p.bias_ids = bias_ids, p.bias_values = bias_vals;
+            if (mods == 1) p.n_suppress = 2, p.suppress_ids = sup_ids;
+            if (mods == 2) {
+                p.repetition_penalty = 1.3f, p.presence_penalty = 0.4f, p.frequency_penalty = 0.25f;
+                p.penalty_last_n = trial % 4 < 2 ? 8 : -1;
+            }
             g4_sampler *a = make(&p, V), *b = make(&p, V);
             if (!a || !b) break;
-            const int k = g4_sampler_candidates_k(b);
-            CHECKF(k == (p.temperature == 0.0f ? 1 : p.top_k < V ? p.top_k : V), "candidates_k %d for top_k %d", k,
-                   p.top_k);
-            const int K = trial % 2 && 2 * k <= G4_SAMPLER_CANDIDATES_MAX ? 2 * k : k, cap = 2 * K;
-            int32_t count = 0;
-            be->ops->top_k(be, x, 1, V, K, cap, ids, vals, &count);
+            if (mods == 2) /* a history: the row's largest values (the draw needs K >= k + them) and others */
+                for (int i = 0; i < 8; i++) {
+                    int32_t id = (int32_t)((i * 2654435761u + (unsigned)trial) % (unsigned)V);
+                    if (i < 6) { /* the i-th largest finite value (ties: the lowest id) */
+                        id = -1;
+                        for (int j = 0; j < V; j++) {
+                            int taken = 0;
+                            for (int q = 0; q < i; q++) taken |= hist[q] == j;
+                            if (!taken && isfinite(x[j]) && (id < 0 || x[j] > x[id])) id = j;
+                        }
+                    }
+                    if (id < 0) continue;
+                    hist[i] = id;
+                    g4_sampler_accept(a, id), g4_sampler_accept(b, id);
+                }
             for (int d = 0; d < 16; d++) {
+                const int k = g4_sampler_candidates_k(b);
+                const int k_plain = p.temperature == 0.0f ? 1 : p.top_k < V ? p.top_k : V;
+                const int n_ex = g4_sampler_candidate_extras(b, NULL);
+                if (d == 0 && mods == 0)
+                    CHECKF(k == k_plain && n_ex == 0, "candidates_k %d for top_k %d", k, p.top_k);
+                CHECKF(k == 0 ? k_plain + n_ex > G4_SAMPLER_CANDIDATES_MAX : k >= (k_plain + n_ex < V ? k_plain + n_ex : V),
+                       "candidates_k %d for top_k %d and %d modified ids", k, p.top_k, n_ex);
+                const int K = k > 0 && trial % 2 && 2 * k <= G4_SAMPLER_CANDIDATES_MAX ? 2 * k : k, cap = 2 * K;
+                int32_t count = -1;
+                if (K > 0) be->ops->top_k(be, x, 1, V, K, cap, ids, vals, &count);
+                g4_sampler_candidate_extras(b, ex_ids);
+                for (int e = 0; e < n_ex; e++) ex_vals[e] = x[ex_ids[e]];
                 const int32_t want = g4_sampler_sample(a, x);
-                const int32_t got = count < 0 ? g4_sampler_sample(b, x) : g4_sampler_sample_candidates(b, ids, vals, count);
-                CHECKF(want == got, "V=%d T=%g top_k %d (K %d) top_p %g min_p %g draw %d: row %d, candidates %d", V,
-                       (double)p.temperature, p.top_k, K, (double)p.top_p, (double)p.min_p, d, want, got);
+                const int32_t got = count < 0 ? g4_sampler_sample(b, x)
+                                              : g4_sampler_sample_candidates(b, ids, vals, count, n_ex ? ex_vals : NULL);
+                CHECKF(want == got, "V=%d T=%g top_k %d (K %d) top_p %g min_p %g mods %d draw %d: row %d, candidates %d",
+                       V, (double)p.temperature, p.top_k, K, (double)p.top_p, (double)p.min_p, mods, d, want, got);
                 if (want != got) break;
+                compared += count >= 0, fell_back += count < 0, with_extras += count >= 0 && n_ex > 0;
+                g4_sampler_accept(a, want), g4_sampler_accept(b, got);
             }
-            compared += count >= 0, fell_back += count < 0;
             g4_sampler_free(a);
             g4_sampler_free(b);
         }
         free(x), free(vals), free(ids);
     }
-    CHECKF(compared > 100 && fell_back > 0, "rows compared %d, rows beyond cap %d", compared, fell_back);
+    CHECKF(compared > 1000 && fell_back > 0 && with_extras > 500, "rows compared %d (%d with modified ids), rows "
+           "beyond cap or k %d", compared, with_extras, fell_back);
     /* the samplers that need the whole row */
     g4_sampler_params p;
     g4_sampler_params_default(&p);
@@ -615,10 +652,19 @@ static void test_candidates(void) {
     s = make(&p, 5000);
     CHECKF(g4_sampler_candidates_k(s) == 0, "top_k above the limit: whole row");
     g4_sampler_free(s);
+    /* a penalty history beyond the limit: whole rows; modified ids without their logits: no draw */
     p.top_k = 40, p.presence_penalty = 0.5f;
     s = make(&p, 5000);
-    CHECKF(g4_sampler_candidates_k(s) == 0 && g4_sampler_sample_candidates(s, NULL, NULL, 0) == -1,
-           "penalties: whole row");
+    CHECKF(g4_sampler_candidates_k(s) == 40, "penalties, no history yet: k %d", g4_sampler_candidates_k(s));
+    for (int i = 0; i < G4_SAMPLER_CANDIDATES_MAX; i++) g4_sampler_accept(s, i);
+    CHECKF(g4_sampler_candidates_k(s) == 0, "penalty history of %d ids: whole row", G4_SAMPLER_CANDIDATES_MAX);
+    g4_sampler_free(s);
+    s = make(&p, 5000);
+    g4_sampler_accept(s, 7);
+    int32_t one_id = 7;
+    float one_val = 1.0f;
+    CHECKF(g4_sampler_candidates_k(s) == 64 && g4_sampler_sample_candidates(s, &one_id, &one_val, 1, NULL) == -1,
+           "penalties without the extras' logits: no draw");
     g4_sampler_free(s);
     g4_backend_free(be);
 }

@@ -361,16 +361,24 @@ static void check_sampling(const char *label, g4_model *m, prompt *p, int n_ctx)
     run_case(label, m, p, &sampled, n_ctx);
 }
 
-/* Samplers that need only each row's top candidates (no penalty), fed those (context.h g4_decode_candidates;
- * G4_SAMPLE_CANDIDATES=1 takes that path on the CPU too), draw what the same samplers draw from whole rows (=0) in
- * the same scheduled batches: the same logits, so the same ids on every backend (a GPU's batched products round
- * differently from one sequence's alone, which a sampled draw can tell). */
-static void check_sampling_candidates(const char *label, g4_model *m, prompt *p, int n_ctx) {
+/* Top-k samplers fed each row's top candidates (context.h g4_decode_candidates; G4_SAMPLE_CANDIDATES=1 takes
+ * that path on the CPU too) draw what the same samplers draw from whole rows (=0) in the same scheduled batches: the
+ * same logits, so the same ids on every backend (a GPU's batched products round differently from one sequence's
+ * alone, which a sampled draw can tell). mods: with penalties over the last 48 ids, a bias and a suppressed id
+ * (their logits gathered besides the candidates), greedy or sampled. */
+static void check_sampling_candidates(const char *label, g4_model *m, prompt *p, int n_ctx, int mods) {
     g4_sampler_params sp;
     g4_sampler_params_default(&sp);
-    sp.temperature = 1.1f;
+    sp.temperature = mods == 2 ? 0.0f : 1.1f;
     sp.top_k = 40;
     sp.top_p = 0.9f;
+    int32_t bias_ids[3] = {2, 11, 1}, sup_ids[1] = {5};
+    float bias_vals[3] = {4.0f, -INFINITY, -1.5f};
+    if (mods) {
+        sp.repetition_penalty = 1.3f, sp.presence_penalty = 0.5f, sp.frequency_penalty = 0.2f, sp.penalty_last_n = 48;
+        sp.n_bias = 3, sp.bias_ids = bias_ids, sp.bias_values = bias_vals;
+        sp.n_suppress = 1, sp.suppress_ids = sup_ids;
+    }
     prompt *rows = malloc(N_REQ * sizeof *rows);
     if (!rows) return;
     memcpy(rows, p, N_REQ * sizeof *rows);
@@ -424,7 +432,7 @@ static void check_model(const char *label, const char *dir, int full) {
         check_preemption(label, m, p, n_ctx);
         if (full) {
             check_sampling(label, m, p, n_ctx);
-            check_sampling_candidates(label, m, p, n_ctx);
+            for (int mods = 0; mods < 3; mods++) check_sampling_candidates(label, m, p, n_ctx, mods);
             check_embeddings(label, m, &ref);
         }
     }

@@ -1,6 +1,7 @@
 /* g4_context: KV cache + scratch, and g4_decode, the batch step of the public API. */
 #include "engine/context.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,13 +26,16 @@ static void scratch_free(g4_context *ctx) {
                      (void **)&ctx->s.logits, (void **)&ctx->s.ids,     (void **)&ctx->s.seq,
                      (void **)&ctx->s.pos,    (void **)&ctx->s.out_rows, (void **)&ctx->s.kv_end,
                      (void **)&ctx->s.kv_start, (void **)&ctx->s.out_ids, (void **)&ctx->s.top_ids,
-                     (void **)&ctx->s.top_count, (void **)&ctx->s.top_vals};
+                     (void **)&ctx->s.top_count, (void **)&ctx->s.top_vals, (void **)&ctx->s.extra_idx,
+                     (void **)&ctx->s.extra_vals};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (*bufs[i]) be->ops->release(be, *bufs[i]);
         *bufs[i] = NULL;
     }
     free(ctx->s.host_rows);
     ctx->s.host_rows = NULL;
+    free(ctx->s.extra_idx_host);
+    ctx->s.extra_idx_host = NULL;
 }
 
 static int scratch_alloc(g4_context *ctx, g4_error *err) {
@@ -82,7 +86,10 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(top_ids, (size_t)s->logit_rows * cap);
     ALLOC(top_vals, (size_t)s->logit_rows * cap);
     ALLOC(top_count, (size_t)s->logit_rows);
+    ALLOC(extra_idx, (size_t)s->logit_rows * G4_TOP_K_MAX);
+    ALLOC(extra_vals, (size_t)s->logit_rows * G4_TOP_K_MAX);
 #undef ALLOC
+    if (!(s->extra_idx_host = malloc((size_t)s->logit_rows * G4_TOP_K_MAX * sizeof(int32_t)))) goto oom;
     if (P && ctx->model->ple_on_host && !(s->host_rows = malloc(n * LP * sizeof(float)))) goto oom;
     return 0;
 oom:
@@ -355,5 +362,19 @@ int g4_context_candidates_max(const g4_context *ctx) {
 int g4_decode_candidates(g4_context *ctx, const g4_batch *b, g4_candidates *cand, g4_error *err) {
     if (cand->k < 1 || cand->k > G4_TOP_K_MAX || cand->cap != g4_candidates_cap(cand->k))
         return g4_fail(err, "top-k candidates: k %d or cap %d out of range", cand->k, cand->cap);
+    if (cand->n_extra < 0 || (cand->n_extra > 0 && (!cand->extra_row || !cand->extra_id || !cand->extra_vals)))
+        return g4_fail(err, "top-k candidates: %d extra ids without their arrays", cand->n_extra);
+    int n_out = 0;
+    for (int i = 0; i < b->n_tokens; i++) n_out += !b->want_logits || b->want_logits[i];
+    const int V = ctx->model->cfg.text.vocab_size;
+    if ((int64_t)ctx->s.logit_rows * V > INT32_MAX)
+        return g4_fail(err, "top-k candidates: a vocabulary of %d is too large for extra ids", V);
+    for (int i = 0, run = 0; i < cand->n_extra; i++) {
+        const int32_t r = cand->extra_row[i], id = cand->extra_id[i];
+        run = i > 0 && r == cand->extra_row[i - 1] ? run + 1 : 1;
+        if (r < 0 || r >= n_out || (i > 0 && r < cand->extra_row[i - 1]) || id < 0 || id >= V || run > G4_TOP_K_MAX)
+            return g4_fail(err, "top-k candidates: extra id %d of row %d (entry %d): rows ascend below %d, ids below "
+                           "%d, at most %d a row", id, r, i, n_out, V, G4_TOP_K_MAX);
+    }
     return decode(ctx, b, NULL, NULL, cand, err);
 }

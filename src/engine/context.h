@@ -29,6 +29,9 @@ typedef struct g4_scratch {
     int32_t *ids, *seq, *pos, *out_rows, *kv_end, *kv_start, *out_ids;
     int32_t *top_ids, *top_count;       /* [logit_rows, cap], [logit_rows]: a step's top-k candidates */
     float *top_vals;                    /* [logit_rows, cap] */
+    int32_t *extra_idx;                 /* [logit_rows * G4_TOP_K_MAX]: single logits gathered (g4_candidates) */
+    float *extra_vals;                  /* [logit_rows * G4_TOP_K_MAX] */
+    int32_t *extra_idx_host;            /* host, the same */
     float *host_rows;                   /* host [n, L*P]: rows of a table the model keeps on the host */
     int logit_rows;
 } g4_scratch;
@@ -61,11 +64,16 @@ int g4_mm_placeholder(const g4_model *m, int32_t id);
 /* A step's top candidates for samplers that need no more (backend.h top_k, engine/sampler.h
  * g4_sampler_sample_candidates): per output row r, count[r] ids in ascending order at ids + r * cap with their
  * logits at vals + r * cap (host arrays); count[r] = -1 where more than cap tie in, and then the row's whole
- * logits are in fallback + r * V (host [n_out, V]). */
+ * logits are in fallback + r * V (host [n_out, V]). Besides them, the logits of n_extra (row, id) pairs (the
+ * samplers' biased, suppressed and penalized ids: g4_sampler_candidate_extras) into extra_vals: rows in
+ * ascending order, at most G4_TOP_K_MAX ids a row. */
 typedef struct g4_candidates {
     int k, cap; /* k <= g4_context_candidates_max(); cap = g4_candidates_cap(k) */
     int32_t *ids, *count;
     float *vals, *fallback;
+    int n_extra;
+    const int32_t *extra_row, *extra_id; /* [n_extra] */
+    float *extra_vals;                   /* [n_extra] */
 } g4_candidates;
 static inline int g4_candidates_cap(int k) { return k < 64 ? k + 64 : 2 * k; }
 

@@ -62,9 +62,12 @@ struct g4_generation {
     float *logits;            /* [vocab]: the last step's */
     int greedy;               /* plain argmax: the model step picks the id (g4_decode_greedy) */
     int32_t picked;           /* that id */
-    g4_candidates cand;       /* k > 0: the sampler needs only a row's top k candidates (g4_sampler_candidates_k),
-                                 and the logits are in device memory (without a drafter): the last step's (one
-                                 row; a row of ties beyond cap brings its logits) */
+    int cand_on;              /* the logits are in device memory (without a drafter, log-probabilities or a JSON
+                                 constraint): a step whose sampler needs only a row's top candidates
+                                 (g4_sampler_candidates_k) and its modified ids' logits brings only those back */
+    g4_candidates cand;       /* k > 0: the last step's (one row; a row of ties beyond cap brings its logits);
+                                 buffers for the largest k */
+    int32_t *extra_id;        /* [G4_TOP_K_MAX] the sampler's modified ids of the step */
     int32_t *seqs;            /* [n_batch] all `seq` */
     g4_spec *spec;            /* with a drafter */
     int32_t *round;           /* [drafts per round + 1] a round's tokens */
@@ -171,7 +174,14 @@ static int cancelled(g4_generation *g) { return atomic_load_explicit(&g->cancel,
 /* One batch step: logits for the sampler, its top candidates, or with a plain argmax the picked id itself. */
 static int model_step(g4_generation *g, const g4_batch *b) {
     if (g->greedy) return g4_decode_greedy(g->ctx, b, &g->picked, &g->err);
-    if (g->cand.k) return g4_decode_candidates(g->ctx, b, &g->cand, &g->err);
+    const int k = g->cand_on ? g4_generation_candidates_k(g) : 0; /* grows with a penalty's history */
+    g->cand.k = k > 0 && k <= g4_context_candidates_max(g->ctx) ? k : 0;
+    if (g->cand.k) {
+        g->cand.cap = g4_candidates_cap(k);
+        g->cand.n_extra = g4_sampler_candidate_extras(g->sampler, g->extra_id);
+        g->cand.extra_id = g->extra_id;
+        return g4_decode_candidates(g->ctx, b, &g->cand, &g->err);
+    }
     return g4_decode(g->ctx, b, g->logits, &g->err);
 }
 
@@ -283,7 +293,8 @@ static int step(g4_generation *g) {
     if (g->json) g4_json_mask(g->json, &g->json_state, g->logits);
     int32_t id = g->greedy && !g->spec ? g->picked
                  : g->cand.k && g->cand.count[0] >= 0
-                     ? g4_sampler_sample_candidates(g->sampler, g->cand.ids, g->cand.vals, g->cand.count[0])
+                     ? g4_sampler_sample_candidates(g->sampler, g->cand.ids, g->cand.vals, g->cand.count[0],
+                                                    g->cand.extra_vals)
                      : g4_sampler_sample(g->sampler, g->logits);
     if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
     if (g->logprobs) {
@@ -391,6 +402,9 @@ void g4_generation_free(g4_generation *g) {
     free(g->cand.ids);
     free(g->cand.vals);
     free(g->cand.count);
+    free((void *)g->cand.extra_row);
+    free(g->cand.extra_vals);
+    free(g->extra_id);
     free(g->seqs);
     free(g->want);
     g4_spec_free(g->spec);
@@ -477,12 +491,17 @@ static int setup_seq(g4_generation *g, const g4_generation_params *p, g4_error *
         if (g4_spec_new(g->ctx, g->seq, p->drafter, &spp, &g->spec, err)) return -1;
         if (!(g->round = malloc(((size_t)g->spec->cap + 1) * sizeof *g->round))) return g4_fail(err, "out of memory");
     }
-    const int k = g4_generation_candidates_k(g);
-    if (!g->greedy && !g->spec && k > 0 && k <= g4_context_candidates_max(g->ctx)) {
-        const int cap = g4_candidates_cap(k);
-        g->cand = (g4_candidates){k, cap, malloc((size_t)cap * sizeof(int32_t)), malloc(sizeof(int32_t)),
-                                  malloc((size_t)cap * sizeof(float)), g->logits};
-        if (!g->cand.ids || !g->cand.count || !g->cand.vals) return g4_fail(err, "out of memory");
+    if (!g->greedy && !g->spec && !g->logprobs && !g->json && g4_context_candidates_max(g->ctx) > 0) {
+        const size_t cap = (size_t)g4_candidates_cap(G4_TOP_K_MAX);
+        g->cand_on = 1;
+        g->cand = (g4_candidates){.ids = malloc(cap * sizeof(int32_t)), .count = malloc(sizeof(int32_t)),
+                                  .vals = malloc(cap * sizeof(float)), .fallback = g->logits};
+        g->cand.extra_row = calloc(G4_TOP_K_MAX, sizeof(int32_t)); /* one row: row 0 */
+        g->cand.extra_vals = malloc(G4_TOP_K_MAX * sizeof(float));
+        g->extra_id = malloc(G4_TOP_K_MAX * sizeof(int32_t));
+        if (!g->cand.ids || !g->cand.count || !g->cand.vals || !g->cand.extra_row || !g->cand.extra_vals ||
+            !g->extra_id)
+            return g4_fail(err, "out of memory");
     }
     reuse_prefix(g);
     return 0;
@@ -590,8 +609,12 @@ int g4_generation_is_argmax(const g4_generation *g) { return g->greedy; }
 int g4_generation_candidates_k(const g4_generation *g) {
     return g->logprobs || g->json ? 0 : g4_sampler_candidates_k(g->sampler);
 }
-int32_t g4_generation_sample_candidates(g4_generation *g, const int32_t *ids, const float *vals, int n) {
-    return g4_sampler_sample_candidates(g->sampler, ids, vals, n);
+int g4_generation_candidate_extras(const g4_generation *g, int32_t *ids) {
+    return g4_sampler_candidate_extras(g->sampler, ids);
+}
+int32_t g4_generation_sample_candidates(g4_generation *g, const int32_t *ids, const float *vals, int n,
+                                        const float *extra_vals) {
+    return g4_sampler_sample_candidates(g->sampler, ids, vals, n, extra_vals);
 }
 int g4_generation_cancelled(const g4_generation *g) { return cancelled((g4_generation *)g); }
 int32_t g4_generation_sample(g4_generation *g, const float *logits) { return g4_sampler_sample(g->sampler, logits); }

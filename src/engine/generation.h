@@ -22,9 +22,12 @@ int g4_generation_cancelled(const g4_generation *g);
 /* The next id from one row of logits with the generation's sampler (-1: every id banned). */
 int32_t g4_generation_sample(g4_generation *g, const float *logits);
 /* The k of the top candidates its sampler can draw from instead of a row (engine/sampler.h
- * g4_sampler_candidates_k; 0: it needs the row, as for log-probabilities or a JSON constraint), and the draw. */
+ * g4_sampler_candidates_k; 0: it needs the row, as for log-probabilities or a JSON constraint), the ids whose
+ * logits it needs besides (g4_sampler_candidate_extras), and the draw. */
 int g4_generation_candidates_k(const g4_generation *g);
-int32_t g4_generation_sample_candidates(g4_generation *g, const int32_t *ids, const float *vals, int n);
+int g4_generation_candidate_extras(const g4_generation *g, int32_t *ids);
+int32_t g4_generation_sample_candidates(g4_generation *g, const int32_t *ids, const float *vals, int n,
+                                        const float *extra_vals);
 /* The next token: its events; the generation may end (stop id or string, token limit; an error
  * ends it with G4_FINISH_ERROR). */
 void g4_generation_take(g4_generation *g, int32_t id);

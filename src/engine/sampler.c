@@ -633,8 +633,9 @@ void g4_sampler_reset(g4_sampler *s) {
 /* ------------------------------------------------------------------ modified ids */
 
 /* Fills mod_ids/mod_values with the adjusted logits of every biased, suppressed or
- * penalized id; dynamic slots are registered in s->slot until mods_clear. */
-static void mods_build(g4_sampler *s, const float *logits) {
+ * penalized id; dynamic slots are registered in s->slot until mods_clear. The raw logits are
+ * logits[id], or raw[i] for the i-th id in this order (g4_sampler_candidate_extras). */
+static void mods_build(g4_sampler *s, const float *logits, const float *raw) {
     int n = s->n_static;
     for (int i = 0; i < s->n_static; i++) s->mod_ids[i] = s->static_ids[i];
     if (s->penalties_on) {
@@ -651,7 +652,7 @@ static void mods_build(g4_sampler *s, const float *logits) {
     const float pres = s->p.presence_penalty, freq = s->p.frequency_penalty;
     for (int i = 0; i < n; i++) {
         int32_t id = s->mod_ids[i];
-        float v = logits[id];
+        float v = raw ? raw[i] : logits[id];
         if (v != v) v = -INFINITY;
         if (i < s->n_static) v += s->static_bias[i];
         if (s->penalties_on && s->count[id] > 0) {
@@ -1056,7 +1057,7 @@ static int32_t run_full(g4_sampler *s, const float *logits, float *probs, int *n
 }
 
 static int32_t run(g4_sampler *s, const float *logits, float *probs, int *n_nonzero) {
-    if (s->n_static > 0 || s->penalties_on) mods_build(s, logits);
+    if (s->n_static > 0 || s->penalties_on) mods_build(s, logits, NULL);
     else s->n_mod = 0;
     int greedy = s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE;
     int32_t r;
@@ -1072,19 +1073,67 @@ static int32_t run(g4_sampler *s, const float *logits, float *probs, int *n_nonz
 
 int32_t g4_sampler_sample(g4_sampler *s, const float *logits) { return run(s, logits, NULL, NULL); }
 
-int g4_sampler_candidates_k(const g4_sampler *s) {
-    if (s->n_static > 0 || s->penalties_on) return 0;
-    if (s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE) return 1;
-    const int k = s->p.top_k < s->V ? s->p.top_k : s->V;
-    return k <= G4_SAMPLER_CANDIDATES_MAX ? k : 0;
+/* The modified ids of this step in mods_build's order (static ones, then the history's others), when there are
+ * any; returns their number. */
+static int mod_ids_now(const g4_sampler *s, int32_t *ids) {
+    int n = s->n_static;
+    if (ids)
+        for (int i = 0; i < n; i++) ids[i] = s->static_ids[i];
+    if (s->penalties_on)
+        for (int i = 0; i < s->n_seen; i++)
+            if (s->slot[s->seen[i]] < 0) {
+                if (ids) ids[n] = s->seen[i];
+                n++;
+            }
+    return n;
 }
 
-int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n) {
-    const int k = g4_sampler_candidates_k(s);
-    if (k == 0 || n < 0 || n > s->V) return -1;
-    for (int i = 0; i < n; i++) s->cand[i] = (g4_cand){vals[i] != vals[i] ? -INFINITY : vals[i], 0.0f, ids[i]};
+int g4_sampler_candidates_k(const g4_sampler *s) {
+    const int greedy = s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE;
+    const int k = greedy ? 1 : s->p.top_k < s->V ? s->p.top_k : s->V;
+    if (k <= 0) return 0;
+    const int n_mod = s->n_static > 0 || s->penalties_on ? mod_ids_now(s, NULL) : 0;
+    if (n_mod == 0) return k <= G4_SAMPLER_CANDIDATES_MAX ? k : 0;
+    /* an unmodified id among the row's k largest adjusted values has fewer than k unmodified and at most n_mod
+     * modified ids above it, so it is among the k + n_mod largest raw values; rounded up to a power of two so
+     * that steps with a growing history share a few k (a model step is recorded per k) */
+    int kk = 1;
+    while (kk < k + n_mod) kk *= 2;
+    if (kk > s->V) kk = s->V;
+    return kk <= G4_SAMPLER_CANDIDATES_MAX ? kk : 0;
+}
+
+int g4_sampler_candidate_extras(const g4_sampler *s, int32_t *ids) {
+    return s->n_static > 0 || s->penalties_on ? mod_ids_now(s, ids) : 0;
+}
+
+int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n,
+                                     const float *extra_vals) {
+    const int kk = g4_sampler_candidates_k(s);
+    if (kk == 0 || n < 0 || n > s->V) return -1;
+    const int greedy = s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE;
+    const int k = greedy ? 1 : s->p.top_k < s->V ? s->p.top_k : s->V;
     s->n_mod = 0;
-    return top_k_from(s, n, k, s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE, NULL, NULL);
+    if (s->n_static > 0 || s->penalties_on) {
+        if (mod_ids_now(s, NULL) > 0 && !extra_vals) return -1;
+        mods_build(s, NULL, extra_vals);
+    }
+    /* as run_top_k: the unmodified candidates in ascending id order, then the modified ids' adjusted values */
+    g4_cand *c = s->cand;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= s->V) {
+            if (s->n_mod > 0) mods_clear(s);
+            return -1;
+        }
+        if (s->n_mod > 0 && s->slot[ids[i]] >= 0) continue;
+        c[m++] = (g4_cand){vals[i] != vals[i] ? -INFINITY : vals[i], 0.0f, ids[i]};
+    }
+    for (int i = 0; i < s->n_mod; i++)
+        if (s->mod_values[i] > -INFINITY) c[m++] = (g4_cand){s->mod_values[i], 0.0f, s->mod_ids[i]};
+    const int32_t r = top_k_from(s, m, k, greedy, NULL, NULL);
+    if (s->n_mod > 0) mods_clear(s);
+    return r;
 }
 
 int g4_sampler_is_argmax(const g4_sampler *s) {

@@ -61,15 +61,21 @@ int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs);
 
 /* Sampling from a row's top candidates instead of the whole row (the backend's top_k op finds them where the
  * logits are, so only they come back from a GPU).
- * g4_sampler_candidates_k: the k such candidates must be found for: 1 for greedy, top_k (at most the vocabulary)
- * for top-k sampling; 0 when the sampler needs the whole row (bias, suppression, penalties, no top-k, or a top_k
- * above G4_SAMPLER_CANDIDATES_MAX).
+ * g4_sampler_candidates_k: the k such candidates must be found for (0 when the sampler needs the whole row: no
+ * top-k, or more than G4_SAMPLER_CANDIDATES_MAX): 1 for greedy, top_k (at most the vocabulary) for top-k sampling;
+ * with biased, suppressed or penalized ids (the "modified" ids of sampler.c) at least k + their number, rounded up
+ * to a power of two (it grows with the penalty history, a step at a time).
+ * g4_sampler_candidate_extras: those modified ids of this step (NULL: only counts them), whose raw logits the
+ * draw needs besides the candidates; returns their number (< the candidates' k). Valid until the next accept.
  * g4_sampler_sample_candidates: ids [n] in ascending order with their logits vals: every id whose logit is >= the
- * row's K-th largest (NaN and -inf left out, every tie kept) for some K >= candidates_k. Returns the id sample()
- * would return for the whole row, from the same random numbers; -1 where candidates_k is 0 or none is given. */
+ * row's K-th largest (NaN and -inf left out, every tie kept) for some K >= candidates_k; extra_vals: the raw logits
+ * of the extras' ids, in their order (NULL when there are none). Returns the id sample() would return for the
+ * whole row, from the same random numbers; -1 where candidates_k is 0, extras are missing or an id is out of range. */
 #define G4_SAMPLER_CANDIDATES_MAX 1024
 int g4_sampler_candidates_k(const g4_sampler *s);
-int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n);
+int g4_sampler_candidate_extras(const g4_sampler *s, int32_t *ids);
+int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n,
+                                     const float *extra_vals);
 
 /* 1 when sample() is the plain argmax of the logits (greedy, no bias, suppression or penalty),
  * so a model step may pick the id itself (g4_decode_greedy). */

@@ -16,7 +16,8 @@
  *      cannot go on even alone ends with LENGTH (its tokens need more than the pool);
  *   6. the batch runs (g4_decode; g4_decode_greedy when every row that needs a token is a plain argmax;
  *      g4_decode_candidates when every such row's sampler needs only its top candidates and the logits are in
- *      device memory: only those come back), each request that got logits or candidates samples its next token
+ *      device memory: only those come back, with the logits of its penalized, biased and suppressed ids), each
+ *      request that got logits or candidates samples its next token
  *      with its own sampler (g4_generation_take turns it into events and decides the end), and requests that
  *      ended free their sequence.
  * A request's last token is never fed to the model. Its sequence's blocks stay in the prefix cache after it
@@ -68,7 +69,11 @@ struct g4_scheduler {
     float *logits;         /* [logit_rows][vocab] */
     int logit_rows;
     int cand_max;          /* g4_context_candidates_max: 0 where every sampled row takes its logits */
-    g4_candidates cand;    /* [logit_rows] rows of top candidates (rows beyond cap: their logits in `logits`) */
+    g4_candidates cand;    /* [logit_rows] rows of top candidates (rows beyond cap: their logits in `logits`) and
+                              the logits of their samplers' modified ids (extra_at[w] .. extra_at[w + 1] - 1) */
+    int32_t *extra_row, *extra_id, *extra_at; /* [extra_cap], [extra_cap], [logit_rows + 1] */
+    float *extra_vals;                        /* [extra_cap] */
+    int extra_cap;
     float *final_rows;     /* [n_batch][H]: final hidden states of an embedding step */
     g4_scheduler_stats stats;
 };
@@ -76,6 +81,22 @@ struct g4_scheduler {
 /* ------------------------------------------------------------------ queue */
 
 static request *queue_at(const g4_scheduler *s, int i) { return s->waiting[(s->w_head + i) % s->w_cap]; }
+
+/* Room for n extra ids of a step (the samplers' modified ids); 0 or -1 when out of memory (then the step copies
+ * whole rows). */
+static int extras_reserve(g4_scheduler *s, int n) {
+    int cap = s->extra_cap ? s->extra_cap : 256;
+    while (cap < n) cap *= 2;
+    int32_t *row = realloc(s->extra_row, (size_t)cap * sizeof *row);
+    if (row) s->extra_row = row;
+    int32_t *id = realloc(s->extra_id, (size_t)cap * sizeof *id);
+    if (id) s->extra_id = id;
+    float *vals = realloc(s->extra_vals, (size_t)cap * sizeof *vals);
+    if (vals) s->extra_vals = vals;
+    if (!row || !id || !vals) return -1;
+    s->extra_cap = cap;
+    return 0;
+}
 
 static void queue_remove(g4_scheduler *s, int i) { /* keeps the order */
     for (int j = i; j > 0; j--) s->waiting[(s->w_head + j) % s->w_cap] = s->waiting[(s->w_head + j - 1) % s->w_cap];
@@ -209,11 +230,13 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
     s->cand_max = g4_context_candidates_max(ctx);
     if (s->cand_max) {
         const size_t cap = (size_t)g4_candidates_cap(s->cand_max), rows = (size_t)s->logit_rows;
-        s->cand = (g4_candidates){0, 0, malloc(rows * cap * sizeof(int32_t)), malloc(rows * sizeof(int32_t)),
-                                  malloc(rows * cap * sizeof(float)), s->logits};
+        s->cand = (g4_candidates){.ids = malloc(rows * cap * sizeof(int32_t)), .count = malloc(rows * sizeof(int32_t)),
+                                  .vals = malloc(rows * cap * sizeof(float)), .fallback = s->logits};
+        s->extra_at = malloc((rows + 1) * sizeof(int32_t));
     }
     if (!s->running || !s->run_list || !s->plan_req || !s->plan_n || !s->tok || !s->seq || !s->want || !s->ids ||
-        !s->logits || !s->final_rows || (s->cand_max && (!s->cand.ids || !s->cand.count || !s->cand.vals)) ||
+        !s->logits || !s->final_rows ||
+        (s->cand_max && (!s->cand.ids || !s->cand.count || !s->cand.vals || !s->extra_at)) ||
         queue_reserve(s, 16)) {
         g4_scheduler_free(s);
         return g4_fail(err, "out of memory for a scheduler of %d sequences", ctx->n_seq);
@@ -247,6 +270,10 @@ void g4_scheduler_free(g4_scheduler *s) {
     free(s->cand.ids);
     free(s->cand.count);
     free(s->cand.vals);
+    free(s->extra_row);
+    free(s->extra_id);
+    free(s->extra_at);
+    free(s->extra_vals);
     free(s->final_rows);
     free(s);
 }
@@ -455,6 +482,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     /* the batch */
     int n = 0, n_want = 0, all_greedy = 1, top_k = 0; /* top_k: the largest k of the rows' candidates, -1 when a
                                                         * row needs its logits */
+    int n_extra = 0;
     for (int i = 0; i < s->n_plan; i++) {
         request *r = s->plan_req[i];
         const int k = s->plan_n[i], last = r->n_fed + k == r->n_tokens;
@@ -469,6 +497,16 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             all_greedy &= g4_generation_is_argmax(r->gen);
             const int kr = g4_generation_candidates_k(r->gen);
             top_k = kr == 0 || kr > s->cand_max || top_k < 0 ? -1 : kr > top_k ? kr : top_k;
+            if (top_k > 0) { /* the modified ids of the row's sampler (penalties, bias, suppression) */
+                const int ne = g4_generation_candidate_extras(r->gen, NULL);
+                if (n_extra + ne > s->extra_cap && extras_reserve(s, n_extra + ne)) top_k = -1;
+                else {
+                    s->extra_at[n_want - 1] = n_extra;
+                    g4_generation_candidate_extras(r->gen, s->extra_id + n_extra);
+                    for (int e = 0; e < ne; e++) s->extra_row[n_extra + e] = n_want - 1;
+                    n_extra += ne;
+                }
+            }
         }
     }
     if (n > 0) {
@@ -479,6 +517,9 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         else if (all_greedy) rc = g4_decode_greedy(ctx, &b, s->ids, err);
         else if (top_k > 0) {
             s->cand.k = top_k, s->cand.cap = g4_candidates_cap(top_k);
+            s->extra_at[n_want] = n_extra;
+            s->cand.n_extra = n_extra;
+            s->cand.extra_row = s->extra_row, s->cand.extra_id = s->extra_id, s->cand.extra_vals = s->extra_vals;
             rc = g4_decode_candidates(ctx, &b, &s->cand, err);
         } else rc = g4_decode(ctx, &b, s->logits, err);
         g4_context_capture(ctx, NULL, NULL);
@@ -504,7 +545,8 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
                 int32_t id = all_greedy ? s->ids[w]
                              : top_k > 0 && s->cand.count[w] >= 0
                                  ? g4_generation_sample_candidates(r->gen, s->cand.ids + at, s->cand.vals + at,
-                                                                   s->cand.count[w])
+                                                                   s->cand.count[w],
+                                                                   s->extra_vals + s->extra_at[w])
                                  : g4_generation_sample(r->gen, s->logits + (size_t)w * s->vocab);
                 w++;
                 g4_generation_take(r->gen, id);

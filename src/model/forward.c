@@ -219,6 +219,16 @@ static void head_out(g4_context *ctx, int r0, int nr, float *logits, int32_t *id
         for (int i = 0; i < nr; i++)
             if (cand->count[r0 + i] < 0)
                 OPS->to_host(be, cand->fallback + (size_t)(r0 + i) * V, s->logits + (size_t)i * V, V * sizeof(float));
+        /* the extra ids of these rows: single logits gathered (rows of one float) */
+        int e0 = 0, e1;
+        while (e0 < cand->n_extra && cand->extra_row[e0] < r0) e0++;
+        for (e1 = e0; e1 < cand->n_extra && cand->extra_row[e1] < r0 + nr; e1++)
+            s->extra_idx_host[e1 - e0] = (int32_t)((size_t)(cand->extra_row[e1] - r0) * V + (size_t)cand->extra_id[e1]);
+        if (e1 > e0) {
+            OPS->to_device(be, s->extra_idx, s->extra_idx_host, (size_t)(e1 - e0) * sizeof(int32_t));
+            OPS->get_rows(be, s->logits, s->extra_idx, e1 - e0, 1, s->extra_vals);
+            OPS->to_host(be, cand->extra_vals + e0, s->extra_vals, (size_t)(e1 - e0) * sizeof(float));
+        }
     }
 }
 

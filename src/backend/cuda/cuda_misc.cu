@@ -168,10 +168,24 @@ __global__ void get_rows_kernel(const float *src, const int32_t *idx, int row, f
     for (int i = threadIdx.x; i < row; i += blockDim.x) d[i] = s[i];
 }
 
+/* short rows (single logits gathered for a sampler): a thread an element */
+__global__ void get_short_rows_kernel(const float *src, const int32_t *idx, int n, int row, float *dst) {
+    g4_grid_wait();
+    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (size_t)n * (size_t)row) return;
+    const size_t i = t / (size_t)row, j = t % (size_t)row;
+    dst[t] = src[(size_t)idx[i] * (size_t)row + j];
+}
+
 void g4c_get_rows(g4_backend *be, const float *src, const int32_t *idx, int n, int row, float *dst) {
     g4c *c = g4c_of(be);
-    if (n <= 0) return;
-    g4c_launch(c, get_rows_kernel, dim3((unsigned)n), dim3(256), 0, src, idx, row, dst);
+    if (n <= 0 || row <= 0) return;
+    if (row < 32) {
+        const size_t total = (size_t)n * (size_t)row;
+        g4c_launch(c, get_short_rows_kernel, dim3((unsigned)((total + 255) / 256)), dim3(256), 0, src, idx, n, row, dst);
+    } else {
+        g4c_launch(c, get_rows_kernel, dim3((unsigned)n), dim3(256), 0, src, idx, row, dst);
+    }
 }
 
 /* dst[b, a, :] = src[a, b, :]: block (a, b) moves one row of c */
