@@ -241,10 +241,12 @@ static int be_bf16_act; /* be was made with bf16_act (g4_load_params.bf16_activa
 
 /* x[n, in] as the backend's product with w reads it (dense: see cuda_reads_int8): rounded to int8 blocks where
  * the CPU does so, and where CUDA's GEMV does; rounded to bf16 (nearest even) for BF16 weights on a CPU backend
- * made with bf16_act. */
+ * made with bf16_act, and for quantized weights that CUDA decodes to bf16 tiles for a tensor-core product of more
+ * than 8 tokens (cuda_blas.cu: their activations are rounded to bf16 once). */
 static void x_as_read(const float *x, int n, int in, const g4_tensor *w, int dense, double *xr) {
     const int rounds = (!strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w)) || cuda_reads_int8(w, n, dense);
-    if (be_bf16_act && w->dtype == G4_BF16) {
+    const int bf16_tiles = !strcmp(be->ops->name, "cuda") && n > 8 && g4_dtype_is_quantized(w->dtype) && !rounds;
+    if ((be_bf16_act && w->dtype == G4_BF16) || bf16_tiles) {
         for (size_t i = 0; i < (size_t)n * (size_t)in; i++) xr[i] = g4_bf16_to_f32(g4_f32_to_bf16(x[i]));
         return;
     }
@@ -424,16 +426,19 @@ static void ref_rms_row(const float *x, const float *w, int dim, float eps, doub
  * step sizes on both sides of the backends' small-step paths */
 static const g4_dtype fused_qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_K, G4_Q6_K, G4_MLX4, G4_MLX8};
 static void test_matmul_set_fused(void) {
-    const int ns[] = {1, 3, 8, 9, 21}, ins[] = {77, 256};
+    const int ns[] = {1, 3, 8, 9, 21}, ins[] = {77, 256, 4100, 16392};
     /* plain types, then (on a backend that takes them) the quantized ones with rows of whole blocks; 40 rows, and
      * for one and eight tokens 3000 and 4500 in modes 1, 2 and 4 with quantized weights of each of CUDA's GEMV paths
      * (int8 activations, quantized with offsets, MLX's order) (CUDA: a warp's lanes split over several rows, 16 and
      * 8 lanes a row) */
     for (size_t di = 0; di < 3 + sizeof fused_qtypes / sizeof fused_qtypes[0]; di++)
         for (size_t ni = 0; ni < 5; ni++)
-            for (size_t ii = di < 3 ? 0 : 1; ii < 2; ii++)
+            for (size_t ii = di < 3 ? 0 : 1; ii < 4; ii++)
                 for (int mi = 0; mi < 12; mi++) {
                     const g4_dtype wt = di < 3 ? dtypes[di] : fused_qtypes[di - 3];
+                    /* wide rows (CUDA's conversion of many tokens' inputs: several float4s a thread, or none fit),
+                     * plain types, nine tokens, a norm with or without the residual prologue */
+                    if (ii >= 2 && (di >= 3 || ns[ni] != 9 || (mi != 0 && mi != 4 && mi != 5))) continue;
                     if (mi >= 6 && (ii != 1 || (ns[ni] != 1 && ns[ni] != 8) || (mi != 7 && mi != 8 && mi != 10) ||
                                     (wt != G4_Q8_0 && wt != G4_Q4_0 && wt != G4_Q4_K && wt != G4_MLX4)))
                         continue;

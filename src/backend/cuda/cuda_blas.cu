@@ -27,34 +27,102 @@
 #define PAD_ROWS 16   /* experts' token rows are padded to a multiple of this for the batched products */
 
 /* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized); with res_o, each row first
- * becomes (x + rmsnorm(res_o) w) s, written to upd (the residual prologue of a set, g4c_residual's arithmetic) */
+ * becomes (x + rmsnorm(res_o) w) s, written to upd (the residual prologue of a set, g4c_residual's arithmetic).
+ * A block a row. Rows of a multiple of 4 floats up to 4 x 1024 x CONV_NV (VEC): each thread keeps its float4s of the
+ * row in registers from the one read to the writes (a row read once from memory, its loads all in flight together);
+ * other rows loop over the row for each pass. */
+#define CONV_NV 4
+template <bool VEC>
 __global__ void gemm_convert(const float *x, int in, const float *norm, float eps, int t, void *hi, void *lo,
                              const float *res_o, const float *w, float s, float *upd) {
     __shared__ float red[32];
     g4_grid_wait();
-    const float *xr = x + (size_t)blockIdx.x * (size_t)in;
-    if (res_o) {
-        const float *orow = res_o + (size_t)blockIdx.x * (size_t)in;
-        float *ur = upd + (size_t)blockIdx.x * (size_t)in;
-        const float inv_o = g4_row_inv_rms(orow, in, eps, red);
-        for (int i = threadIdx.x; i < in; i += blockDim.x) ur[i] = (xr[i] + orow[i] * inv_o * w[i]) * s;
-        __syncthreads(); /* (the block's own writes, read back below) */
-        xr = ur;
-    }
-    const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
     const size_t o = (size_t)blockIdx.x * (size_t)in;
-    for (int i = threadIdx.x; i < in; i += blockDim.x) {
-        float v = norm ? xr[i] * inv * norm[i] : xr[i];
-        if (t == G4_F32) {
-            ((float *)hi)[o + i] = v;
-        } else if (t == G4_BF16) {
-            uint16_t h = g4_f2bf(v);
-            ((uint16_t *)hi)[o + i] = h;
-            if (lo) ((uint16_t *)lo)[o + i] = g4_f2bf(v - g4_bf2f(h));
-        } else {
-            uint16_t h = g4_f2h(v);
-            ((uint16_t *)hi)[o + i] = h;
-            if (lo) ((uint16_t *)lo)[o + i] = g4_f2h(v - g4_h2f(h));
+    const float *xr = x + o;
+    if (VEC) {
+        const int n4 = in / 4;
+        float4 v[CONV_NV];
+#pragma unroll
+        for (int j = 0; j < CONV_NV; j++) {
+            const int i = threadIdx.x + j * (int)blockDim.x;
+            v[j] = i < n4 ? ((const float4 *)xr)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        float ss = 0.0f;
+        if (res_o) {
+            float4 r[CONV_NV];
+#pragma unroll
+            for (int j = 0; j < CONV_NV; j++) {
+                const int i = threadIdx.x + j * (int)blockDim.x;
+                r[j] = i < n4 ? ((const float4 *)(res_o + o))[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                ss += r[j].x * r[j].x + r[j].y * r[j].y + r[j].z * r[j].z + r[j].w * r[j].w;
+            }
+            const float inv_o = rsqrtf(g4_block_sum(ss, red) / (float)in + eps);
+            ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CONV_NV; j++) {
+                const int i = threadIdx.x + j * (int)blockDim.x;
+                if (i < n4) {
+                    const float4 wv = ((const float4 *)w)[i];
+                    v[j].x = (v[j].x + r[j].x * inv_o * wv.x) * s, v[j].y = (v[j].y + r[j].y * inv_o * wv.y) * s;
+                    v[j].z = (v[j].z + r[j].z * inv_o * wv.z) * s, v[j].w = (v[j].w + r[j].w * inv_o * wv.w) * s;
+                    ((float4 *)(upd + o))[i] = v[j];
+                }
+            }
+        }
+        float inv = 1.0f;
+        if (norm) {
+            ss = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CONV_NV; j++) ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+            inv = rsqrtf(g4_block_sum(ss, red) / (float)in + eps);
+        }
+#pragma unroll
+        for (int j = 0; j < CONV_NV; j++) {
+            const int i = threadIdx.x + j * (int)blockDim.x;
+            if (i >= n4) continue;
+            float e[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+            if (norm) {
+                const float4 nv = ((const float4 *)norm)[i];
+                e[0] *= inv * nv.x, e[1] *= inv * nv.y, e[2] *= inv * nv.z, e[3] *= inv * nv.w;
+            }
+            if (t == G4_F32) {
+                ((float4 *)((float *)hi + o))[i] = make_float4(e[0], e[1], e[2], e[3]);
+                continue;
+            }
+            uint16_t h[4], l[4];
+            for (int k = 0; k < 4; k++) {
+                h[k] = t == G4_BF16 ? g4_f2bf(e[k]) : g4_f2h(e[k]);
+                l[k] = t == G4_BF16 ? g4_f2bf(e[k] - g4_bf2f(h[k])) : g4_f2h(e[k] - g4_h2f(h[k]));
+            }
+            ((uint2 *)((uint16_t *)hi + o))[i] = make_uint2((unsigned)h[0] | (unsigned)h[1] << 16,
+                                                            (unsigned)h[2] | (unsigned)h[3] << 16);
+            if (lo)
+                ((uint2 *)((uint16_t *)lo + o))[i] = make_uint2((unsigned)l[0] | (unsigned)l[1] << 16,
+                                                                (unsigned)l[2] | (unsigned)l[3] << 16);
+        }
+    } else {
+        if (res_o) {
+            const float *orow = res_o + o;
+            float *ur = upd + o;
+            const float inv_o = g4_row_inv_rms(orow, in, eps, red);
+            for (int i = threadIdx.x; i < in; i += blockDim.x) ur[i] = (xr[i] + orow[i] * inv_o * w[i]) * s;
+            __syncthreads(); /* (the block's own writes, read back below) */
+            xr = ur;
+        }
+        const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
+        for (int i = threadIdx.x; i < in; i += blockDim.x) {
+            float v = norm ? xr[i] * inv * norm[i] : xr[i];
+            if (t == G4_F32) {
+                ((float *)hi)[o + i] = v;
+            } else if (t == G4_BF16) {
+                uint16_t h = g4_f2bf(v);
+                ((uint16_t *)hi)[o + i] = h;
+                if (lo) ((uint16_t *)lo)[o + i] = g4_f2bf(v - g4_bf2f(h));
+            } else {
+                uint16_t h = g4_f2h(v);
+                ((uint16_t *)hi)[o + i] = h;
+                if (lo) ((uint16_t *)lo)[o + i] = g4_f2h(v - g4_h2f(h));
+            }
         }
     }
 }
@@ -83,9 +151,20 @@ int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, flo
     if (!ws) return -1;
     out->hi = ws;
     out->lo = split ? ws + rows : NULL;
-    g4c_launch(c, gemm_convert, dim3((unsigned)n), dim3(256), 0, x, in, norm, eps, (int)t, (void *)out->hi,
-               (void *)out->lo, res ? res->res_o : (const float *)NULL, res ? res->res_w : (const float *)NULL,
-               res ? res->res_scale : 1.0f, res ? res->res_out : (float *)NULL);
+    const float *ro = res ? res->res_o : (const float *)NULL, *rw = res ? res->res_w : (const float *)NULL;
+    float *upd = res ? res->res_out : (float *)NULL;
+    const float rs = res ? res->res_scale : 1.0f;
+    /* (norm weights, residual rows and scratch are 16-byte aligned allocations: rows of a multiple of 4 floats are) */
+    const int n4 = in / 4, aligned = in % 4 == 0 && ((uintptr_t)x | (uintptr_t)ro | (uintptr_t)rw | (uintptr_t)upd |
+                                                     (uintptr_t)norm) % 16 == 0;
+    if (aligned && n4 <= 1024 * CONV_NV) {
+        const int per = (n4 + CONV_NV - 1) / CONV_NV, threads = per <= 256 ? 256 : (per + 31) / 32 * 32;
+        g4c_launch(c, gemm_convert<true>, dim3((unsigned)n), dim3((unsigned)threads), 0, x, in, norm, eps, (int)t,
+                   (void *)out->hi, (void *)out->lo, ro, rw, rs, upd);
+    } else {
+        g4c_launch(c, gemm_convert<false>, dim3((unsigned)n), dim3(256), 0, x, in, norm, eps, (int)t, (void *)out->hi,
+                   (void *)out->lo, ro, rw, rs, upd);
+    }
     return 0;
 }
 
@@ -138,16 +217,31 @@ static void blas_note(g4c *c, cublasStatus_t s, const char *what) {
     snprintf(c->error_what, sizeof c->error_what, "cuBLAS %s: %s", what, blas_status(s));
 }
 
-/* y[t, r] (row stride ldc) (acc: +)= y2[t, r] + y2[n + t, r] for y2 [2n, m]: a product's hi and lo halves */
-__global__ void gemm_fold_kernel(const float *y2, int n, int m, float *y, int ldc, int acc) {
+/* y[t, r] (row stride ldc) (acc: +)= y2[t, r] + y2[n + t, r] for y2 [2n, m]: a product's hi and lo halves; V4: four
+ * at a time (m and ldc multiples of 4, y 16-byte aligned) */
+template <bool V4> __global__ void gemm_fold_kernel(const float *y2, int n, int m, float *y, int ldc, int acc) {
     g4_grid_wait();
     g4_grid_launch_dependents();
-    const size_t total = (size_t)n * (size_t)m;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t t = i / (size_t)m, r = i % (size_t)m;
-        const float v = y2[i] + y2[total + i];
-        float *d = y + t * (size_t)ldc + r;
-        *d = acc ? *d + v : v;
+    const size_t total = (size_t)n * (size_t)m, step = (size_t)gridDim.x * blockDim.x;
+    if (V4) {
+        for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < total; i += step * 4) {
+            const size_t t = i / (size_t)m, r = i % (size_t)m;
+            const float4 a = __ldcg((const float4 *)(y2 + i)), b = __ldcg((const float4 *)(y2 + total + i));
+            float4 *d = (float4 *)(y + t * (size_t)ldc + r);
+            float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            if (acc) {
+                const float4 c0 = *d;
+                v = make_float4(c0.x + v.x, c0.y + v.y, c0.z + v.z, c0.w + v.w);
+            }
+            *d = v;
+        }
+    } else {
+        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+            const size_t t = i / (size_t)m, r = i % (size_t)m;
+            const float v = y2[i] + y2[total + i];
+            float *d = y + t * (size_t)ldc + r;
+            *d = acc ? *d + v : v;
+        }
     }
 }
 
@@ -175,9 +269,11 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
                   "gemm (stacked parts)");
         if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
         const size_t total = (size_t)x->n * (size_t)m;
-        unsigned blocks = (unsigned)((total + 255) / 256);
+        const int v4 = m % 4 == 0 && ldc % 4 == 0 && (uintptr_t)y % 16 == 0;
+        unsigned blocks = (unsigned)((total / (v4 ? 4 : 1) + 255) / 256);
         if (blocks > (unsigned)c->n_sm * 8) blocks = (unsigned)c->n_sm * 8;
-        g4c_launch(c, gemm_fold_kernel, dim3(blocks), dim3(256), 0, (const float *)y2, x->n, m, y, ldc, acc);
+        g4c_launch(c, v4 ? gemm_fold_kernel<true> : gemm_fold_kernel<false>, dim3(blocks), dim3(256), 0,
+                   (const float *)y2, x->n, m, y, ldc, acc);
         return;
     }
     if (c->profile) g4c_profile_begin(c);
