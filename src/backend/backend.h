@@ -201,7 +201,10 @@ typedef struct g4_backend_ops {
     void (*embed)(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
     /* y[n, out] = x[n, in] * W^T (+ bias[out] if bias); W is [out, in] */
     void (*matmul)(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
-    /* the products of a set with one input (q/k/v, gate/up): one pass where the backend can */
+    /* the products of a set with one input (q/k/v, gate/up): one pass where the backend can. The input is
+     * rmsnorm(x) * norm with a norm; with res_out, x is first (res_h + rmsnorm(res_o) * res_w) * res_scale, written
+     * to res_out. geglu with two products: y[0] = gelu_tanh(x W0^T + b0) * (x W1^T + b1), y[1] scratch (contents
+     * unspecified); geglu with one: y[0] = gelu_tanh(x W0^T + b0) * mul; softcap c: y = tanh(y / c) * c. */
     void (*matmul_set)(g4_backend *be, const float *x, int n, const g4_matmul_set *set);
     /* per row of `dim`: y = x / sqrt(mean(x^2) + eps) * (w ? w : 1); in place allowed */
     void (*rmsnorm)(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);

@@ -25,6 +25,7 @@
 #define BLAS_WS_BYTES ((size_t)32 << 20)
 #define GROUP_MAX 256 /* products a batched call takes */
 #define PAD_ROWS 16   /* experts' token rows are padded to a multiple of this for the batched products */
+#define FOLD_TOKENS 128 /* the most tokens whose hi and lo rows are multiplied as one stacked product */
 
 /* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized); with res_o, each row first
  * becomes (x + rmsnorm(res_o) w) s, written to upd (the residual prologue of a set, g4c_residual's arithmetic).
@@ -191,6 +192,25 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
         }
 }
 
+int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2) {
+    if (x->t == G4_F32 || !x->lo || x->n > FOLD_TOKENS) return 0;
+    size_t at[G4_MATMUL_SET_MAX + 1] = {0};
+    for (int i = 0; i < count; i++) {
+        if (w[i]->dtype != x->t) return 0;
+        at[i + 1] = at[i] + ((size_t)2 * (size_t)x->n * (size_t)w[i]->shape[0] + 63) / 64 * 64;
+    }
+    float *ws = (float *)g4c_ws(c, &c->ws_fold, at[count] * sizeof(float));
+    if (!ws) return -1;
+    for (int i = 0; i < count; i++) { /* the hi rows' products, then the lo rows' */
+        const int m = (int)w[i]->shape[0], lda = (int)(g4c_row_bytes(w[i]->dtype, x->in) / 2);
+        const g4c_gemm_in hi = {x->hi, NULL, x->n, x->in, x->t}, lo = {x->lo, NULL, x->n, x->in, x->t};
+        y2[i] = ws + at[i];
+        gemm_rows(c, &hi, w[i]->data, x->t, lda, m, y2[i], m, 0);
+        gemm_rows(c, &lo, w[i]->data, x->t, lda, m, y2[i] + (size_t)x->n * m, m, 0);
+    }
+    return 1;
+}
+
 int g4c_blas_init(g4c *c, g4_error *err) {
     (void)err;
     c->blas = NULL;
@@ -250,7 +270,6 @@ template <bool V4> __global__ void gemm_fold_kernel(const float *y2, int n, int 
  * g4c_gemm_input lays them out): one product of the 2n stacked rows, so the weights are read once, then its
  * halves added (H200, E2B bf16 decode of 64 sequences: two calls read the weights twice at ~1 TB/s); the same
  * sum as the low part's product accumulated onto the high part's. */
-#define FOLD_TOKENS 128
 static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
                       int acc) {
     static const char key = 0;
@@ -296,6 +315,35 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
                                CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                   "gemm (low part)");
     if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
+}
+
+int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2) {
+    if (x->t == G4_F32 || !x->lo || x->n > FOLD_TOKENS ||
+        x->lo != (const unsigned char *)x->hi + (size_t)x->n * (size_t)x->in * 2)
+        return 0;
+    size_t at[G4_MATMUL_SET_MAX + 1] = {0};
+    for (int i = 0; i < count; i++) {
+        if (w[i]->dtype != x->t) return 0;
+        at[i + 1] = at[i] + ((size_t)2 * (size_t)x->n * (size_t)w[i]->shape[0] + 63) / 64 * 64; /* 256-byte starts */
+    }
+    float *ws = (float *)g4c_ws(c, &c->ws_fold, at[count] * sizeof(float));
+    if (!ws) return -1;
+    static const char key = 0;
+    const float one = 1.0f, nil = 0.0f;
+    const cudaDataType_t ct = x->t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    for (int i = 0; i < count; i++) {
+        const int m = (int)w[i]->shape[0];
+        const int lda = (int)(g4c_row_bytes(w[i]->dtype, x->in) / 2);
+        y2[i] = ws + at[i];
+        if (c->profile) g4c_profile_begin(c);
+        blas_note(c,
+                  cublasGemmEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, 2 * x->n, x->in, &one, w[i]->data,
+                               ct, lda, x->hi, ct, x->in, &nil, y2[i], CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                               CUBLAS_GEMM_DEFAULT),
+                  "gemm (stacked parts of a set)");
+        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
+    }
+    return 1;
 }
 
 int g4c_blas_init(g4c *c, g4_error *err) {

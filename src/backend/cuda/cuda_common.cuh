@@ -879,6 +879,11 @@ void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y,
 void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, const int32_t *act_e,
                       const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc);
 g4c_gemm_in g4c_gemm_in_rows(const g4c_gemm_in *x, int r0, int n);
+/* The products of a set's plain 16-bit weights w[0 .. count) with an input whose hi and lo rows are stacked (at most
+ * FOLD_TOKENS tokens): y2[i] [2n, out_i] (a workspace) gets the hi rows' products, then the lo rows', their halves
+ * not yet added (the caller's epilogue adds them). Returns 1, 0 where the set does not take that form (nothing ran),
+ * -1 out of memory. */
+int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2);
 int g4c_blas_init(g4c *c, g4_error *err);
 void g4c_blas_free(g4c *c);
 /* cuda_attention.cu */
