@@ -8,8 +8,10 @@
 #include "core/error.h"
 
 /* Rows of logits a step computes at once (the head's weights are read once per such chunk: 64 sequences decoding
- * together read them once, not four times; 64 MB of f32 logits for a 262144-token vocabulary) */
+ * together read them once, not four times; 64 MB of f32 logits for a 262144-token vocabulary); 128 in device memory
+ * (a GPU's batch of up to 128 sequences reads the head once: E2B's is 0.8 GB) */
 #define LOGIT_ROWS 64
+#define LOGIT_ROWS_DEVICE 128
 
 static void scratch_free(g4_context *ctx) {
     g4_backend *be = ctx->model->be;
@@ -53,7 +55,8 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     const size_t LP = (size_t)c->n_layers * (size_t)c->hidden_size_per_layer_input;
     const size_t P = (size_t)c->hidden_size_per_layer_input;
     g4_scratch *s = &ctx->s;
-    s->logit_rows = ctx->n_batch < LOGIT_ROWS ? ctx->n_batch : LOGIT_ROWS;
+    const int logit_rows = be->ops->host_memory ? LOGIT_ROWS : LOGIT_ROWS_DEVICE;
+    s->logit_rows = ctx->n_batch < logit_rows ? ctx->n_batch : logit_rows;
 #define ALLOC(field, count) \
     if (!(s->field = be->ops->alloc(be, (count) * sizeof(*s->field)))) goto oom
     ALLOC(h, n * H);
