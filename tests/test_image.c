@@ -4,13 +4,16 @@
  *   orientations, WebP, GIF) against PIL and the shared numpy reference of the resize, at several budgets
  *   (tests/data/make_image_cases.py writes them with the system's python3, PIL and numpy);
  * - PNGs with alpha, grayscale and a palette and a JPEG, each encoded here with libspng / libjpeg;
- * - empty, truncated, corrupt, huge, oversized and non-image files: a clear one-line error each. */
+ * - empty, truncated, corrupt, huge, oversized and non-image files: a clear one-line error each; an
+ *   animated WebP whose canvas is a bomb is refused before libwebp allocates its canvases. */
 #include <jansson.h>
 #include <jpeglib.h>
 #include <spng.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <webp/encode.h>
 
 #include "check.h"
 #include "core/mapped_file.h"
@@ -402,10 +405,74 @@ static void check_processor(void) {
     g4_image_free(&img);
 }
 
+/* ------------------------------------------------------- WebP canvas bomb */
+static void le24(unsigned char *p, unsigned v) {
+    p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8), p[2] = (unsigned char)(v >> 16);
+}
+
+/* An animated WebP (VP8X + ANIM + one ANMF frame of 1x1, encoded here by libwebp) whose canvas is W x H. */
+static size_t animated_webp(unsigned W, unsigned H, unsigned char *out, size_t cap) {
+    const unsigned char px[4] = {10, 20, 30, 255};
+    unsigned char *one;
+    size_t n = WebPEncodeLosslessRGBA(px, 1, 1, 4, &one), frame = n - 12; /* its VP8L chunk follows "RIFF" n "WEBP" */
+    size_t o = 12, total = 12 + 18 + 14 + 24 + frame + (frame & 1);
+    if (!n || total > cap) {
+        WebPFree(one);
+        return 0;
+    }
+    memset(out, 0, total);
+    memcpy(out + o, "VP8X", 4), le24(out + o + 4, 10), out[o + 8] = 0x02; /* the animation flag */
+    le24(out + o + 12, W - 1), le24(out + o + 15, H - 1), o += 18;
+    memcpy(out + o, "ANIM", 4), le24(out + o + 4, 6), o += 14;
+    memcpy(out + o, "ANMF", 4), le24(out + o + 4, (unsigned)(16 + frame)), le24(out + o + 20, 100), o += 24;
+    memcpy(out + o, one + 12, frame);
+    memcpy(out, "RIFF", 4), le24(out + 4, (unsigned)(total - 8)), memcpy(out + 8, "WEBP", 4);
+    WebPFree(one);
+    return total;
+}
+
+static void check_webp_canvas(void) {
+    unsigned char buf[512];
+    g4_image img;
+    g4_error err;
+    size_t n = animated_webp(64, 48, buf, sizeof buf);
+    CHECK(n > 0);
+    int rc = g4_image_decode(buf, n, NULL, &img, &err);
+    CHECKF(rc == 0 && img.width == 64 && img.height == 48 && img.rgb[0] == 10 && img.rgb[2] == 30, "64x48 animated WebP: %s",
+           rc ? err.msg : "wrong pixels");
+    g4_image_free(&img);
+    /* 16384 x 16384 (268 M pixels, 3x the limit): libwebp's animation decoder callocs two RGBA canvases of 1 GiB
+     * each. With the address space 768 MiB above what is mapped now, a check after that allocation sees it fail
+     * ("corrupt WebP"); the check before it names the size. (AddressSanitizer maps terabytes of shadow: there
+     * only the message is checked.) */
+    n = animated_webp(16384, 16384, buf, sizeof buf);
+    CHECK(n > 0);
+    struct rlimit old;
+    int limited = 0;
+#if !defined(__SANITIZE_ADDRESS__)
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld", &pages) == 1 && getrlimit(RLIMIT_AS, &old) == 0) {
+        struct rlimit lim = old;
+        rlim_t want = (rlim_t)pages * 4096 + ((rlim_t)768 << 20);
+        if (old.rlim_cur == RLIM_INFINITY || old.rlim_cur > want) lim.rlim_cur = want;
+        limited = setrlimit(RLIMIT_AS, &lim) == 0;
+    }
+    if (f) fclose(f);
+#endif
+    rc = g4_image_decode(buf, n, NULL, &img, &err);
+    if (limited) setrlimit(RLIMIT_AS, &old);
+    CHECKF(rc == -1 && strstr(err.msg, "16384x16384") && strstr(err.msg, "limit"), "16384x16384 WebP canvas: rc %d '%s'%s",
+           rc, rc ? err.msg : "", limited ? " (address space limited)" : "");
+    fprintf(stderr, "  16384x16384 animated WebP%s -> %s\n", limited ? " (address space limited)" : "", err.msg);
+    if (!rc) g4_image_free(&img);
+}
+
 int main(void) {
     check_processor();
     check_fixture();
     check_encoded();
+    check_webp_canvas();
     check_pil_cases();
     return g4t_done();
 }

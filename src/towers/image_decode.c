@@ -246,6 +246,8 @@ static int decode_webp(const uint8_t *data, size_t size, int64_t max_pixels, g4_
                        size_t *exif_len, g4_error *err) {
     WebPBitstreamFeatures feat;
     if (WebPGetFeatures(data, size, &feat) != VP8_STATUS_OK) return g4_fail(err, "corrupt or truncated WebP");
+    /* the canvas size (VP8X's for an animation), checked before WebPAnimDecoderNew allocates two RGBA canvases */
+    if (check_size(feat.width, feat.height, max_pixels, err)) return -1;
     WebPData wd = {data, size};
     WebPAnimDecoderOptions opt;
     if (!WebPAnimDecoderOptionsInit(&opt)) return g4_fail(err, "libwebp version mismatch");
