@@ -5,7 +5,9 @@
  *   (tests/data/make_image_cases.py writes them with the system's python3, PIL and numpy);
  * - PNGs with alpha, grayscale and a palette and a JPEG, each encoded here with libspng / libjpeg;
  * - empty, truncated, corrupt, huge, oversized and non-image files: a clear one-line error each; an
- *   animated WebP whose canvas is a bomb is refused before libwebp allocates its canvases. */
+ *   animated WebP whose canvas is a bomb is refused before libwebp allocates its canvases, a GIF whose first
+ *   frame is (its lines outside the canvas are decompressed too) before its lines are. */
+#include <gif_lib.h>
 #include <jansson.h>
 #include <jpeglib.h>
 #include <spng.h>
@@ -468,11 +470,67 @@ static void check_webp_canvas(void) {
     if (!rc) g4_image_free(&img);
 }
 
+/* ------------------------------------------------------- GIF frame bomb */
+typedef struct mem_out {
+    unsigned char *p;
+    size_t n, cap;
+} mem_out;
+
+static int gif_write(GifFileType *g, const GifByteType *b, int len) {
+    mem_out *m = g->UserData;
+    if (m->n + (size_t)len > m->cap) return 0;
+    memcpy(m->p + m->n, b, (size_t)len);
+    m->n += (size_t)len;
+    return len;
+}
+
+/* A GIF (giflib's encoder) with a canvas of cw x ch and one frame of fw x fh at (0, 0), all index 1 (white). */
+static size_t gif_with_frame(int cw, int ch, int fw, int fh, unsigned char *out, size_t cap) {
+    mem_out m = {out, 0, cap};
+    int e;
+    GifFileType *g = EGifOpen(&m, gif_write, &e);
+    if (!g) return 0;
+    GifColorType colors[2] = {{0, 0, 0}, {255, 255, 255}};
+    ColorMapObject *cm = GifMakeMapObject(2, colors);
+    GifPixelType *line = malloc((size_t)fw);
+    int ok = cm && line && EGifPutScreenDesc(g, cw, ch, 1, 0, cm) == GIF_OK &&
+             EGifPutImageDesc(g, 0, 0, fw, fh, false, NULL) == GIF_OK;
+    if (line) memset(line, 1, (size_t)fw);
+    for (int y = 0; ok && y < fh; y++) ok = EGifPutLine(g, line, fw) == GIF_OK;
+    ok = EGifCloseFile(g, &e) == GIF_OK && ok;
+    GifFreeMapObject(cm);
+    free(line);
+    return ok ? m.n : 0;
+}
+
+static void check_gif_frame(void) {
+    static unsigned char buf[1 << 16];
+    g4_image img;
+    g4_error err;
+    /* a frame as large as the canvas decodes (white) */
+    size_t n = gif_with_frame(20, 10, 20, 10, buf, sizeof buf);
+    CHECK(n > 0);
+    int rc = g4_image_decode(buf, n, NULL, &img, &err);
+    CHECKF(rc == 0 && img.width == 20 && img.height == 10 && img.rgb[0] == 255, "20x10 GIF: %s", rc ? err.msg : "wrong");
+    g4_image_free(&img);
+    /* a 1x1 canvas with a 300x200 frame under a limit of 1000 pixels: the canvas passes, the frame (60000 pixels,
+     * each decompressed) does not. The same at the default limit: 65535x65535 in 3 MB took a minute. */
+    n = gif_with_frame(1, 1, 300, 200, buf, sizeof buf);
+    CHECK(n > 0);
+    g4_image_limits lim = {.max_pixels = 1000};
+    rc = g4_image_decode(buf, n, &lim, &img, &err);
+    CHECKF(rc == -1 && strstr(err.msg, "300x200") && strstr(err.msg, "limit"), "1x1 GIF with a 300x200 frame: rc %d '%s'",
+           rc, rc ? err.msg : "");
+    fprintf(stderr, "  1x1 GIF with a 300x200 frame, limit 1000 pixels -> %s\n", rc ? err.msg : "decoded");
+    if (!rc) g4_image_free(&img);
+}
+
 int main(void) {
     check_processor();
     check_fixture();
     check_encoded();
     check_webp_canvas();
+    check_gif_frame();
     check_pil_cases();
     return g4t_done();
 }
