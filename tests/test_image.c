@@ -451,7 +451,14 @@ static void check_webp_canvas(void) {
     CHECK(n > 0);
     struct rlimit old;
     int limited = 0;
-#if !defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) /* gcc */
+#define G4T_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) /* clang */
+#define G4T_ASAN 1
+#endif
+#endif
+#if !defined(G4T_ASAN)
     long pages = 0;
     FILE *f = fopen("/proc/self/statm", "r");
     if (f && fscanf(f, "%ld", &pages) == 1 && getrlimit(RLIMIT_AS, &old) == 0) {
