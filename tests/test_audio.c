@@ -4,12 +4,14 @@
  * libsndfile: silence, a 0.1 s clip, a clip over the 30 s limit (split), stereo, 44.1 kHz
  * and 8 kHz input (features compared with the same band-limited signal sampled at 16 kHz
  * directly, the ideal resampler), FLAC/OGG/MP3, a corrupt file, a non-audio file, an empty
- * file: each gives a clear result or a clear error, and every number is finite. */
+ * file: each gives a clear result or a clear error, and every number is finite. First, an audio
+ * bomb (a small FLAC at a huge rate) decodes without holding its input's samples. */
 #include <math.h>
 #include <sndfile.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -369,10 +371,55 @@ static void expansion(const g4_model *m) {
     free(rows);
 }
 
+/* An audio bomb: two minutes of FLAC silence at 655350 Hz (FLAC's highest rate) is a file of a few hundred
+ * kilobytes that holds 78.6 million samples. Decoding it to 16 kHz must cost memory in proportion to the
+ * 16 kHz result (1.9 million samples, 7.7 MB), not to the input's samples (315 MB as float). Run before
+ * the model loads, so the process's peak resident size measures the decode alone. */
+static long peak_rss_kb(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+}
+
+static void bomb(void) {
+    const int rate = 655350, secs = 120;
+    SF_INFO info = {.samplerate = rate, .channels = 1, .format = SF_FORMAT_FLAC | SF_FORMAT_PCM_16};
+    if (!sf_format_check(&info)) {
+        fprintf(stderr, "bomb: this libsndfile does not write FLAC at %d Hz; skipped\n", rate);
+        return;
+    }
+    const char *path = g4t_tmp("audio_bomb.flac");
+    SNDFILE *f = sf_open(path, SFM_WRITE, &info);
+    CHECK(f != NULL);
+    if (!f) return;
+    short *z = calloc(rate, sizeof *z);
+    for (int s = 0; s < secs; s++) CHECK(sf_writef_short(f, z, rate) == rate);
+    sf_close(f);
+    free(z);
+    long before = peak_rss_kb();
+    float *pcm = NULL;
+    size_t n = 0;
+    g4_error err;
+    CHECKF(g4_audio_load(path, 16000, &pcm, &n, &err) == 0, "%s", err.msg);
+    long grew = peak_rss_kb() - before;
+    const size_t frames = (size_t)rate * secs, want = (frames * 16000 + rate - 1) / rate; /* librosa's length */
+    CHECKF(n == want, "%zu samples, not %zu", n, want);
+    int zero = 1;
+    for (size_t i = 0; i < n && pcm; i++) zero &= pcm[i] == 0;
+    CHECK(zero);
+    /* the result is 7.7 MB; the input's samples as float would be 315 MB */
+    CHECKF(grew >= 0 && grew < 100 * 1024, "decoding %zu samples at %d Hz raised the peak resident size by %ld MB",
+           frames, rate, grew / 1024);
+    fprintf(stderr, "bomb: %zu samples at %d Hz -> %zu at 16 kHz, peak resident size +%ld MB\n", frames, rate, n,
+            grew / 1024);
+    g4_free(pcm);
+    unlink(path);
+}
+
 int main(void) {
     g4_error err;
     g4_model *m;
     g4_load_params lp = {.n_threads = 2};
+    bomb();
     if (g4_model_load(g4t_shared("fixtures/audio"), &lp, &m, &err)) {
         fprintf(stderr, "load: %s\n", err.msg);
         return 1;

@@ -84,4 +84,15 @@ tids=$("$bin" tokenize -m "$m" -p "Prince Andrew")
 printf '{"text": "Prince Andrew"}\n{"ids": [%s]}\n{"text": 5}\n' "$tids" | "$bin" embed -m "$m" -f - >"$tmp/emb2.jsonl" 2>/dev/null
 [ $? = 1 ] && [ "$(sed -n 1p "$tmp/emb2.jsonl")" = "$(sed -n 2p "$tmp/emb2.jsonl")" ] && sed -n 3p "$tmp/emb2.jsonl" | grep -q error
 check $? "embed: a text line equals its ids; a bad line is an error line"
+# input that is not lines: 100 MB of zero bytes (one line longer than the 64 MiB limit, as /dev/zero's endless one) ends
+# the input with one error after the lines before it are answered (without the limit it was read whole, and an
+# endless one until memory ran out); a folder is refused
+(printf '{"prompt": "Pierre", "max_tokens": 2}\n'; head -c 100000000 /dev/zero) | timeout 60 "$bin" generate -m "$m" -f - >"$tmp/zero.jsonl" 2>"$tmp/zero.err"
+rc=$?
+[ $rc = 1 ] && [ "$(wc -l <"$tmp/zero.jsonl")" = 1 ] && grep -q '"ids"' "$tmp/zero.jsonl" && [ "$(wc -l <"$tmp/zero.err")" = 1 ] &&
+    grep -q "longer than" "$tmp/zero.err"
+check $? "generate -f: a first line, then zero bytes: its answer, then one error line ($rc: $(head -c 200 "$tmp/zero.err"))"
+expect_error "embed -f zero bytes through a pipe's path" timeout 60 "$bin" embed -m "$m" -f <(head -c 100000000 /dev/zero)
+expect_error "generate -f a folder" "$bin" generate -m "$m" -f "$tmp"
+grep -q "is a directory" "$tmp/err.txt"; check $? "generate -f a folder: the error says so"
 exit $fail

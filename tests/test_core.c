@@ -1,10 +1,16 @@
-/* Core pieces: float conversions (IEEE facts), the thread pool, error messages. */
+/* Core pieces: float conversions (IEEE facts), the thread pool, error messages, whole-file reads of
+ * what is not a regular file. */
 #include <math.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "core/error.h"
+#include "core/json.h"
+#include "core/mapped_file.h"
 #include "core/tensor.h"
 #include "core/threadpool.h"
 
@@ -76,10 +82,57 @@ static void test_errors(void) {
     CHECK(!g4_mul_ok(SIZE_MAX / 2, 3, &out) && g4_mul_ok(1000, 1000, &out) && out == 1000000);
 }
 
+static void hung(int sig) {
+    (void)sig;
+    static const char m[] = "test_core: reading a FIFO waited for a writer (hung)\n";
+    if (write(2, m, sizeof m - 1) < 0) _exit(1);
+    _exit(1);
+}
+
+/* A FIFO (which would wait for a writer), /dev/zero (which never ends) and a folder: one clear error from
+ * each whole-file reader at once, as g4_map_file gives; a regular file still reads. alarm() turns a wait
+ * into a failure. */
+static void test_not_regular(void) {
+    const char *fifo = g4t_tmp("test_core.fifo"), *text = g4t_tmp("test_core.json");
+    unlink(fifo);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    const char *paths[] = {fifo, "/dev/zero", g4t_tmp("")};
+    signal(SIGALRM, hung);
+    alarm(20);
+    for (int i = 0; i < 3; i++) {
+        g4_error err = {{0}};
+        char *buf = NULL;
+        size_t len = 0;
+        CHECKF(g4_read_file(paths[i], &buf, &len, &err) == -1 && strstr(err.msg, "not a regular file"),
+               "g4_read_file(%s): %s", paths[i], buf ? "read" : err.msg);
+        free(buf);
+        json_t *j = NULL;
+        memset(&err, 0, sizeof err);
+        CHECKF(g4_json_load_file(paths[i], &j, &err) == -1 && !j && strstr(err.msg, "not a regular file"),
+               "g4_json_load_file(%s): %s", paths[i], err.msg);
+        json_decref(j);
+    }
+    alarm(0);
+    unlink(fifo);
+    FILE *f = fopen(text, "w");
+    CHECK(f && fputs("{\"a\": [1, 2]}", f) >= 0 && fclose(f) == 0);
+    g4_error err;
+    char *buf = NULL;
+    size_t len = 0;
+    json_t *j = NULL;
+    CHECK(g4_read_file(text, &buf, &len, &err) == 0 && len == 13 && !strcmp(buf, "{\"a\": [1, 2]}"));
+    CHECK(g4_json_load_file(text, &j, &err) == 0 && json_array_size(json_object_get(j, "a")) == 2);
+    json_decref(j);
+    CHECK(g4_json_load_file(g4t_tmp("test_core.missing.json"), &j, &err) == -1 && !j && strstr(err.msg, "missing"));
+    free(buf);
+    unlink(text);
+}
+
 int main(void) {
     test_f16();
     test_bf16();
     test_pool();
     test_errors();
+    test_not_regular();
     return g4t_done();
 }

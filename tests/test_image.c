@@ -4,13 +4,18 @@
  *   orientations, WebP, GIF) against PIL and the shared numpy reference of the resize, at several budgets
  *   (tests/data/make_image_cases.py writes them with the system's python3, PIL and numpy);
  * - PNGs with alpha, grayscale and a palette and a JPEG, each encoded here with libspng / libjpeg;
- * - empty, truncated, corrupt, huge, oversized and non-image files: a clear one-line error each. */
+ * - empty, truncated, corrupt, huge, oversized and non-image files: a clear one-line error each; an
+ *   animated WebP whose canvas is a bomb is refused before libwebp allocates its canvases, a GIF whose first
+ *   frame is (its lines outside the canvas are decompressed too) before its lines are. */
+#include <gif_lib.h>
 #include <jansson.h>
 #include <jpeglib.h>
 #include <spng.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <webp/encode.h>
 
 #include "check.h"
 #include "core/mapped_file.h"
@@ -402,10 +407,137 @@ static void check_processor(void) {
     g4_image_free(&img);
 }
 
+/* ------------------------------------------------------- WebP canvas bomb */
+static void le24(unsigned char *p, unsigned v) {
+    p[0] = (unsigned char)v, p[1] = (unsigned char)(v >> 8), p[2] = (unsigned char)(v >> 16);
+}
+
+/* An animated WebP (VP8X + ANIM + one ANMF frame of 1x1, encoded here by libwebp) whose canvas is W x H. */
+static size_t animated_webp(unsigned W, unsigned H, unsigned char *out, size_t cap) {
+    const unsigned char px[4] = {10, 20, 30, 255};
+    unsigned char *one;
+    size_t n = WebPEncodeLosslessRGBA(px, 1, 1, 4, &one), frame = n - 12; /* its VP8L chunk follows "RIFF" n "WEBP" */
+    size_t o = 12, total = 12 + 18 + 14 + 24 + frame + (frame & 1);
+    if (!n || total > cap) {
+        WebPFree(one);
+        return 0;
+    }
+    memset(out, 0, total);
+    memcpy(out + o, "VP8X", 4), le24(out + o + 4, 10), out[o + 8] = 0x02; /* the animation flag */
+    le24(out + o + 12, W - 1), le24(out + o + 15, H - 1), o += 18;
+    memcpy(out + o, "ANIM", 4), le24(out + o + 4, 6), o += 14;
+    memcpy(out + o, "ANMF", 4), le24(out + o + 4, (unsigned)(16 + frame)), le24(out + o + 20, 100), o += 24;
+    memcpy(out + o, one + 12, frame);
+    memcpy(out, "RIFF", 4), le24(out + 4, (unsigned)(total - 8)), memcpy(out + 8, "WEBP", 4);
+    WebPFree(one);
+    return total;
+}
+
+static void check_webp_canvas(void) {
+    unsigned char buf[512];
+    g4_image img;
+    g4_error err;
+    size_t n = animated_webp(64, 48, buf, sizeof buf);
+    CHECK(n > 0);
+    int rc = g4_image_decode(buf, n, NULL, &img, &err);
+    CHECKF(rc == 0 && img.width == 64 && img.height == 48 && img.rgb[0] == 10 && img.rgb[2] == 30, "64x48 animated WebP: %s",
+           rc ? err.msg : "wrong pixels");
+    g4_image_free(&img);
+    /* 16384 x 16384 (268 M pixels, 3x the limit): libwebp's animation decoder callocs two RGBA canvases of 1 GiB
+     * each. With the address space 768 MiB above what is mapped now, a check after that allocation sees it fail
+     * ("corrupt WebP"); the check before it names the size. (AddressSanitizer maps terabytes of shadow: there
+     * only the message is checked.) */
+    n = animated_webp(16384, 16384, buf, sizeof buf);
+    CHECK(n > 0);
+    struct rlimit old;
+    int limited = 0;
+#if defined(__SANITIZE_ADDRESS__) /* gcc */
+#define G4T_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) /* clang */
+#define G4T_ASAN 1
+#endif
+#endif
+#if !defined(G4T_ASAN)
+    long pages = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f && fscanf(f, "%ld", &pages) == 1 && getrlimit(RLIMIT_AS, &old) == 0) {
+        struct rlimit lim = old;
+        rlim_t want = (rlim_t)pages * 4096 + ((rlim_t)768 << 20);
+        if (old.rlim_cur == RLIM_INFINITY || old.rlim_cur > want) lim.rlim_cur = want;
+        limited = setrlimit(RLIMIT_AS, &lim) == 0;
+    }
+    if (f) fclose(f);
+#endif
+    rc = g4_image_decode(buf, n, NULL, &img, &err);
+    if (limited) setrlimit(RLIMIT_AS, &old);
+    CHECKF(rc == -1 && strstr(err.msg, "16384x16384") && strstr(err.msg, "limit"), "16384x16384 WebP canvas: rc %d '%s'%s",
+           rc, rc ? err.msg : "", limited ? " (address space limited)" : "");
+    fprintf(stderr, "  16384x16384 animated WebP%s -> %s\n", limited ? " (address space limited)" : "", err.msg);
+    if (!rc) g4_image_free(&img);
+}
+
+/* ------------------------------------------------------- GIF frame bomb */
+typedef struct mem_out {
+    unsigned char *p;
+    size_t n, cap;
+} mem_out;
+
+static int gif_write(GifFileType *g, const GifByteType *b, int len) {
+    mem_out *m = g->UserData;
+    if (m->n + (size_t)len > m->cap) return 0;
+    memcpy(m->p + m->n, b, (size_t)len);
+    m->n += (size_t)len;
+    return len;
+}
+
+/* A GIF (giflib's encoder) with a canvas of cw x ch and one frame of fw x fh at (0, 0), all index 1 (white). */
+static size_t gif_with_frame(int cw, int ch, int fw, int fh, unsigned char *out, size_t cap) {
+    mem_out m = {out, 0, cap};
+    int e;
+    GifFileType *g = EGifOpen(&m, gif_write, &e);
+    if (!g) return 0;
+    GifColorType colors[2] = {{0, 0, 0}, {255, 255, 255}};
+    ColorMapObject *cm = GifMakeMapObject(2, colors);
+    GifPixelType *line = malloc((size_t)fw);
+    int ok = cm && line && EGifPutScreenDesc(g, cw, ch, 1, 0, cm) == GIF_OK &&
+             EGifPutImageDesc(g, 0, 0, fw, fh, false, NULL) == GIF_OK;
+    if (line) memset(line, 1, (size_t)fw);
+    for (int y = 0; ok && y < fh; y++) ok = EGifPutLine(g, line, fw) == GIF_OK;
+    ok = EGifCloseFile(g, &e) == GIF_OK && ok;
+    GifFreeMapObject(cm);
+    free(line);
+    return ok ? m.n : 0;
+}
+
+static void check_gif_frame(void) {
+    static unsigned char buf[1 << 16];
+    g4_image img;
+    g4_error err;
+    /* a frame as large as the canvas decodes (white) */
+    size_t n = gif_with_frame(20, 10, 20, 10, buf, sizeof buf);
+    CHECK(n > 0);
+    int rc = g4_image_decode(buf, n, NULL, &img, &err);
+    CHECKF(rc == 0 && img.width == 20 && img.height == 10 && img.rgb[0] == 255, "20x10 GIF: %s", rc ? err.msg : "wrong");
+    g4_image_free(&img);
+    /* a 1x1 canvas with a 300x200 frame under a limit of 1000 pixels: the canvas passes, the frame (60000 pixels,
+     * each decompressed) does not. The same at the default limit: 65535x65535 in 3 MB took a minute. */
+    n = gif_with_frame(1, 1, 300, 200, buf, sizeof buf);
+    CHECK(n > 0);
+    g4_image_limits lim = {.max_pixels = 1000};
+    rc = g4_image_decode(buf, n, &lim, &img, &err);
+    CHECKF(rc == -1 && strstr(err.msg, "300x200") && strstr(err.msg, "limit"), "1x1 GIF with a 300x200 frame: rc %d '%s'",
+           rc, rc ? err.msg : "");
+    fprintf(stderr, "  1x1 GIF with a 300x200 frame, limit 1000 pixels -> %s\n", rc ? err.msg : "decoded");
+    if (!rc) g4_image_free(&img);
+}
+
 int main(void) {
     check_processor();
     check_fixture();
     check_encoded();
+    check_webp_canvas();
+    check_gif_frame();
     check_pil_cases();
     return g4t_done();
 }

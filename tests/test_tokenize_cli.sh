@@ -109,5 +109,20 @@ check "--help" $([ $? = 0 ] && grep -q "usage: gemma4c tokenize" "$W/help.txt" &
 "$G4_BIN" tokenize --tokenizer "$TOK" > /dev/null 2>&1
 check "no input is a usage error" $([ $? = 1 ] && echo 0 || echo 1)
 
+# ---- input that is not lines: a line before 100 MB of zero bytes (a line longer than the 64 MiB limit, as /dev/zero's
+# endless one) is answered, then one error line on stderr and exit 1 (without the limit the zeros were read whole, and
+# /dev/zero until memory ran out); the same through a pipe's path (-f <(...)); a folder is refused
+(printf '{"text": "Hello world"}\n'; head -c 100000000 /dev/zero) |
+    timeout 60 "$G4_BIN" tokenize --tokenizer "$TOK" -f - > "$W/zero.jsonl" 2> "$W/zero.err"
+rc=$?
+check "tokenize -f: a line, then zero bytes ($rc: $(head -c 200 "$W/zero.err"))" $([ $rc = 1 ] && [ "$(wc -l < "$W/zero.jsonl")" = 1 ] &&
+    [ "$(wc -l < "$W/zero.err")" = 1 ] && grep -q "longer than" "$W/zero.err" && echo 0 || echo 1)
+timeout 60 "$G4_BIN" detokenize --tokenizer "$TOK" -f <(head -c 100000000 /dev/zero) > "$W/zero2.jsonl" 2> "$W/zero2.err"
+rc=$?
+check "detokenize -f <(zero bytes) ($rc)" $([ $rc = 1 ] && [ ! -s "$W/zero2.jsonl" ] && [ "$(wc -l < "$W/zero2.err")" = 1 ] && echo 0 || echo 1)
+"$G4_BIN" tokenize --tokenizer "$TOK" -f "$W" > /dev/null 2> "$W/dir.err"
+rc=$?
+check "tokenize -f a folder ($rc: $(cat "$W/dir.err"))" $([ $rc = 1 ] && [ "$(wc -l < "$W/dir.err")" = 1 ] && grep -q "is a directory" "$W/dir.err" && echo 0 || echo 1)
+
 if [ $fail = 0 ]; then echo "all tokenize/detokenize CLI checks passed"; fi
 exit $fail

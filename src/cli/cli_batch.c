@@ -18,14 +18,16 @@ int cli_batch_run(const char *cmd, const char *path, g4_scheduler *s, int window
     pending *q = calloc((size_t)window, sizeof *q); /* ring of the lines in flight, in input order */
     char *line = NULL;
     size_t cap = 0;
-    int head = 0, count = 0, failed = 0, eof = 0, broken = 0;
+    int head = 0, count = 0, failed = 0, eof = 0, broken = 0, unreadable = 0;
     long index = 0;
     if (!q) eof = broken = cli_error("%s: out of memory", cmd);
     while (!broken && (!eof || count > 0)) {
         while (!eof && count < window) {
             json_t *o;
             g4_error err;
-            if (!cli_jsonl_next(in, &line, &cap, &o, &err)) {
+            int r = cli_jsonl_next(in, &line, &cap, &o, &err);
+            if (r <= 0) { /* the lines in flight still finish and print */
+                if (r < 0) unreadable = cli_error("%s: %s: %s", cmd, path && strcmp(path, "-") ? path : "stdin", err.msg);
                 eof = 1;
                 break;
             }
@@ -60,7 +62,7 @@ int cli_batch_run(const char *cmd, const char *path, g4_scheduler *s, int window
     for (; count > 0; count--, head = (head + 1) % window) g4_generation_free(q[head].g);
     free(q);
     free(line);
-    return cli_jsonl_close(cmd, path, in, failed) || broken;
+    return cli_jsonl_close(cmd, path, in, failed) || broken || unreadable;
 }
 
 int32_t *cli_batch_line_ids(const json_t *line, const char *text_key, int add_bos, const g4_model *model, int *n,

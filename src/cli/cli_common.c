@@ -92,14 +92,55 @@ void cli_print_error_line(const char *msg) {
 FILE *cli_jsonl_open(const char *cmd, const char *path) {
     if (!path || !strcmp(path, "-")) return stdin;
     FILE *in = fopen(path, "rb");
+    struct stat st;
     if (!in) cli_error("%s: %s: %s", cmd, path, strerror(errno));
+    else if (fstat(fileno(in), &st) == 0 && S_ISDIR(st.st_mode)) {
+        fclose(in);
+        in = NULL;
+        cli_error("%s: %s: is a directory, not a JSON lines file", cmd, path);
+    }
     return in;
+}
+
+ssize_t cli_read_line(FILE *in, char **line, size_t *cap, size_t max) {
+    size_t n = 0;
+    int c = EOF;
+    flockfile(in);
+    while ((c = getc_unlocked(in)) != EOF) {
+        if (n + 2 > *cap) { /* room for c and the terminating zero */
+            if (*cap >= max + 2) {
+                funlockfile(in);
+                return -2;
+            }
+            size_t want = *cap ? *cap * 2 : 4096;
+            if (want > max + 2) want = max + 2;
+            char *p = realloc(*line, want);
+            if (!p) {
+                funlockfile(in);
+                return -3;
+            }
+            *line = p;
+            *cap = want;
+        }
+        (*line)[n++] = (char)c;
+        if (c == '\n') break;
+    }
+    funlockfile(in);
+    if (n == 0) return -1;
+    (*line)[n] = 0;
+    return (ssize_t)n;
 }
 
 int cli_jsonl_next(FILE *in, char **line, size_t *cap, json_t **obj, g4_error *err) {
     ssize_t n;
     *obj = NULL;
-    while ((n = getline(line, cap, in)) >= 0) {
+    while ((n = cli_read_line(in, line, cap, CLI_MAX_LINE)) >= 0 || n < -1) {
+        if (n < -1) { /* the rest of the input cannot be read line by line: the end, with an error */
+            memset(err, 0, sizeof *err);
+            if (n == -2) g4_fail(err, "a line longer than %d MiB (not a JSON lines file?)", CLI_MAX_LINE >> 20);
+            else g4_fail(err, "out of memory for a line");
+            return -1;
+        }
         size_t len = (size_t)n, k = 0;
         while (k < len && ((*line)[k] == ' ' || (*line)[k] == '\t' || (*line)[k] == '\r' || (*line)[k] == '\n')) k++;
         if (k == len) continue; /* blank line */
@@ -137,7 +178,8 @@ int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user
     int failed = 0;
     json_t *o;
     g4_error err;
-    while (cli_jsonl_next(in, &line, &cap, &o, &err)) {
+    int r, rc;
+    while ((r = cli_jsonl_next(in, &line, &cap, &o, &err)) > 0) {
         json_t *out = o ? fn(o, user, &err) : NULL;
         if (out) {
             cli_print_json_line(out);
@@ -149,7 +191,9 @@ int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user
         json_decref(o);
     }
     free(line);
-    return cli_jsonl_close(cmd, path, in, failed);
+    if (r < 0) cli_error("%s: %s: %s", cmd, path && strcmp(path, "-") ? path : "stdin", err.msg);
+    rc = cli_jsonl_close(cmd, path, in, failed);
+    return rc || r < 0;
 }
 
 g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file) {

@@ -78,6 +78,7 @@ int cmd_chat(int argc, char **argv) {
     cli_generation_params(&smp, &tm, &sp, &gp);
     cli_media md = {0}; /* every image and audio of the conversation, in order (the generation's media) */
     int pending = 0;    /* the inputs from index `pending` on go with the next message */
+    int rc = 0;
     char *line = NULL;
     size_t line_cap = 0;
     for (;;) {
@@ -85,7 +86,11 @@ int cmd_chat(int argc, char **argv) {
             fputs(color ? "\033[1m> \033[0m" : "> ", stdout);
             fflush(stdout);
         }
-        ssize_t got = getline(&line, &line_cap, stdin);
+        ssize_t got = cli_read_line(stdin, &line, &line_cap, CLI_MAX_LINE);
+        if (got < -1) {
+            rc = cli_error("chat: %s", got == -2 ? "a message longer than 64 MiB (the input is not text?)" : "out of memory");
+            break;
+        }
         if (got < 0) break;
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
         if (got == 0) continue;
@@ -151,5 +156,5 @@ int cmd_chat(int argc, char **argv) {
     cli_media_truncate(&md, 0);
     g4_chat_free(chat);
     cli_text_close(&tm);
-    return 0;
+    return rc;
 }

@@ -1,12 +1,19 @@
 #include "core/json.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 
 int g4_json_load_file(const char *path, json_t **out, g4_error *err) {
     json_error_t je;
-    *out = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    char *text;
+    size_t len;
+    *out = NULL;
+    if (g4_read_file(path, &text, &len, err)) return -1; /* a regular file only */
+    *out = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    free(text);
     if (!*out) return g4_fail(err, "%s:%d: invalid JSON: %s", path, je.line, je.text);
     return 0;
 }

@@ -48,8 +48,25 @@ void g4_unmap_file(g4_mapped_file *f) {
 
 int g4_read_file(const char *path, char **out, size_t *len, g4_error *err) {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return g4_fail(err, "%s: %s", path, strerror(errno));
+    /* as g4_map_file: only a regular file (a FIFO would wait for a writer, /dev/zero never ends) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return g4_fail(err, "%s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return g4_fail(err, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return g4_fail(err, "%s: not a regular file", path);
+    }
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        return g4_fail(err, "%s: %s", path, strerror(e));
+    }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap + 1);
     if (!buf) {

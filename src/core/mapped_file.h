@@ -14,7 +14,8 @@ typedef struct g4_mapped_file {
 int g4_map_file(const char *path, g4_mapped_file *out, g4_error *err);
 void g4_unmap_file(g4_mapped_file *f);
 
-/* Reads a whole (small) file into a NUL-terminated heap buffer. */
+/* Reads a whole (small) regular file into a NUL-terminated heap buffer; anything else (a FIFO, a
+ * device, a folder) is an error, as for g4_map_file. */
 int g4_read_file(const char *path, char **out, size_t *len, g4_error *err);
 
 /* Joins dir and name into buf ("dir/name"); fails if it does not fit. */

@@ -4,8 +4,11 @@
  * the declared alignment. */
 #include "formats/gguf.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -154,11 +157,13 @@ void g4_gguf_free(g4_gguf *g) {
 }
 
 int g4_gguf_is_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
+    /* a regular file only: a FIFO is not opened (it would wait for a writer); g4_map_file says why */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return 0;
+    struct stat st;
     char m[4] = {0};
-    size_t n = fread(m, 1, 4, f);
-    fclose(f);
+    ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? read(fd, m, 4) : 0;
+    close(fd);
     return n == 4 && !memcmp(m, "GGUF", 4);
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/json.h"
 
 static const struct {
     const char *name;
@@ -239,9 +240,8 @@ int g4_safetensors_open_dir(const char *dir, g4_tensor_set *set, g4_error *err) 
         }
         return 0;
     }
-    json_error_t je;
-    json_t *idx = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
-    if (!idx) return g4_fail(err, "%s:%d: invalid JSON: %s", path, je.line, je.text);
+    json_t *idx;
+    if (g4_json_load_file(path, &idx, err)) return -1;
     const json_t *wm = json_object_get(idx, "weight_map");
     const char **shards = NULL;
     const char **names = NULL;

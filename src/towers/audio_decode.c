@@ -37,75 +37,120 @@ static sf_count_t mf_read(void *ptr, sf_count_t count, void *user) {
 }
 static sf_count_t mf_write(const void *ptr, sf_count_t count, void *user) { return 0; }
 
-/* Reads every frame (the header's count may be an estimate for compressed formats) and
- * averages the channels. */
-static int read_mono(SNDFILE *sf, const SF_INFO *info, const char *name, float **out, size_t *n, g4_error *err) {
-    const int ch = info->channels;
-    const size_t limit = (size_t)G4_AUDIO_MAX_SECONDS * (size_t)info->samplerate;
-    size_t cap = info->frames > 0 && (size_t)info->frames <= limit ? (size_t)info->frames : 65536, len = 0;
-    float *mono = malloc(cap * sizeof *mono), *buf = malloc((size_t)4096 * ch * sizeof *buf);
-    if (!mono || !buf) goto oom;
+/* Grows *buf to hold at least `need` floats (doubling); 0 or -1 when out of memory. */
+static int reserve(float **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 65536;
+    while (c < need) c *= 2;
+    float *p = realloc(*buf, c * sizeof *p);
+    if (!p) return -1;
+    *buf = p;
+    *cap = c;
+    return 0;
+}
+
+/* Reads every frame (the header's count may be an estimate for compressed formats), averages the
+ * channels and, at another rate than `rate`, resamples as it reads: only the output is held, so a
+ * small compressed file that declares a huge rate (a FLAC of silence at 655 kHz) costs memory in
+ * proportion to its duration at `rate`, not at its own rate. libsoxr's stream is the one
+ * soxr_oneshot computes (the same filter state, input fed in pieces); librosa's fix_length then
+ * gives ceil(n * rate / rate_in) samples, the rest zero. */
+static int read_mono(SNDFILE *sf, const SF_INFO *info, int rate, const char *name, float **out, size_t *n,
+                     g4_error *err) {
+    const int ch = info->channels, rate_in = info->samplerate;
+    const size_t limit = (size_t)G4_AUDIO_MAX_SECONDS * (size_t)rate_in, chunk = 4096;
+    const double ratio = (double)rate / (double)rate_in;
+    soxr_t sx = NULL;
+    if (rate_in != rate) {
+        soxr_error_t e = NULL;
+        soxr_io_spec_t io = soxr_io_spec(SOXR_FLOAT32_I, SOXR_FLOAT32_I);
+        soxr_quality_spec_t q = soxr_quality_spec(SOXR_HQ, 0);
+        sx = soxr_create((double)rate_in, (double)rate, 1, &e, &io, &q, NULL);
+        if (e || !sx) {
+            soxr_delete(sx);
+            return g4_fail(err, "%s: resampling from %d Hz failed: %s", name, rate_in, e ? e : "out of memory");
+        }
+    }
+    size_t len = 0, olen = 0, cap = 0;
+    if (info->frames > 0 && (size_t)info->frames <= limit) /* the declared length, as a first guess */
+        cap = (size_t)((double)info->frames * (sx ? ratio : 1.0)) + chunk;
+    float *res = NULL, *buf = malloc(chunk * (size_t)ch * sizeof *buf), *mono = sx ? malloc(chunk * sizeof *mono) : NULL;
+    if (!buf || (sx && !mono) || (cap && !(res = malloc(cap * sizeof *res)))) goto oom;
     for (;;) {
-        sf_count_t got = sf_readf_float(sf, buf, 4096);
+        sf_count_t got = sf_readf_float(sf, buf, (sf_count_t)chunk);
         if (got <= 0) break;
         if (len + (size_t)got > limit) {
-            free(mono);
-            free(buf);
-            return g4_fail(err, "%s: the audio is longer than %d s", name, G4_AUDIO_MAX_SECONDS);
+            g4_fail(err, "%s: the audio is longer than %d s", name, G4_AUDIO_MAX_SECONDS);
+            goto fail;
         }
-        if (len + (size_t)got > cap) {
-            while (len + (size_t)got > cap) cap *= 2;
-            float *p = realloc(mono, cap * sizeof *p);
-            if (!p) goto oom;
-            mono = p;
-        }
+        if (!sx && reserve(&res, &cap, len + (size_t)got)) goto oom;
+        float *m = sx ? mono : res + len;
         for (sf_count_t i = 0; i < got; i++) {
             float s = 0;
             for (int c = 0; c < ch; c++) s += buf[i * ch + c];
-            mono[len + (size_t)i] = ch == 1 ? s : s / (float)ch;
+            m[i] = ch == 1 ? s : s / (float)ch;
+            if (!(m[i] == m[i]) || m[i] > 1e30f || m[i] < -1e30f) {
+                g4_fail(err, "%s: the audio holds samples that are not finite numbers", name);
+                goto fail;
+            }
         }
         len += (size_t)got;
+        /* soxr takes as much input as the output room allows: room for all of it, again until it is taken */
+        for (size_t used = 0; sx && used < (size_t)got;) {
+            size_t took = 0, done = 0;
+            if (reserve(&res, &cap, olen + (size_t)((double)((size_t)got - used) * ratio) + 64)) goto oom;
+            soxr_error_t e = soxr_process(sx, mono + used, (size_t)got - used, &took, res + olen, cap - olen, &done);
+            if (e) {
+                g4_fail(err, "%s: resampling from %d Hz failed: %s", name, rate_in, e);
+                goto fail;
+            }
+            if (!took) {
+                g4_fail(err, "%s: resampling from %d Hz took no input", name, rate_in);
+                goto fail;
+            }
+            used += took;
+            olen += done;
+        }
     }
-    free(buf);
     if (sf_error(sf) != SF_ERR_NO_ERROR) {
-        free(mono);
-        return g4_fail(err, "%s: cannot decode the audio: %s", name, sf_strerror(sf));
+        g4_fail(err, "%s: cannot decode the audio: %s", name, sf_strerror(sf));
+        goto fail;
     }
     if (!len) {
-        free(mono);
-        return g4_fail(err, "%s: the audio holds no samples", name);
+        g4_fail(err, "%s: the audio holds no samples", name);
+        goto fail;
     }
-    for (size_t i = 0; i < len; i++)
-        if (!(mono[i] == mono[i]) || mono[i] > 1e30f || mono[i] < -1e30f) {
-            free(mono);
-            return g4_fail(err, "%s: the audio holds samples that are not finite numbers", name);
+    size_t want = len;
+    if (sx) {
+        want = (size_t)(((unsigned long long)len * (unsigned)rate + (unsigned)rate_in - 1) / (unsigned)rate_in);
+        while (olen < want) { /* the end of the input: the filter's tail, up to librosa's length */
+            size_t done = 0;
+            if (reserve(&res, &cap, want)) goto oom;
+            soxr_error_t e = soxr_process(sx, NULL, 0, NULL, res + olen, want - olen, &done);
+            if (e) {
+                g4_fail(err, "%s: resampling from %d Hz failed: %s", name, rate_in, e);
+                goto fail;
+            }
+            if (!done) break;
+            olen += done;
         }
-    *out = mono;
-    *n = len;
+        /* fewer samples than librosa's length: the rest is zero, as its fix_length pads */
+        if (olen < want) memset(res + olen, 0, (want - olen) * sizeof *res);
+    }
+    soxr_delete(sx);
+    free(buf);
+    free(mono);
+    *out = res;
+    *n = want;
     return 0;
 oom:
-    free(mono);
+    g4_fail(err, "%s: out of memory", name);
+fail:
+    soxr_delete(sx);
     free(buf);
-    return g4_fail(err, "%s: out of memory", name);
-}
-
-static int resample(const float *in, size_t n, int rate_in, int rate, const char *name, float **out, size_t *n_out,
-                    g4_error *err) {
-    size_t want = (size_t)(((unsigned long long)n * (unsigned)rate + (unsigned)rate_in - 1) / (unsigned)rate_in);
-    float *y = calloc(want ? want : 1, sizeof *y);
-    if (!y) return g4_fail(err, "%s: out of memory", name);
-    soxr_io_spec_t io = soxr_io_spec(SOXR_FLOAT32_I, SOXR_FLOAT32_I);
-    soxr_quality_spec_t q = soxr_quality_spec(SOXR_HQ, 0);
-    size_t done = 0;
-    soxr_error_t e = soxr_oneshot((double)rate_in, (double)rate, 1, in, n, NULL, y, want, &done, &io, &q, NULL);
-    if (e) {
-        free(y);
-        return g4_fail(err, "%s: resampling from %d Hz failed: %s", name, rate_in, e);
-    }
-    /* fewer samples than librosa's length: the rest stays zero, as its fix_length pads */
-    *out = y;
-    *n_out = want;
-    return 0;
+    free(mono);
+    free(res);
+    return -1;
 }
 
 int g4_audio_decode(const void *data, size_t size, const char *name, int rate, float **out, size_t *n, g4_error *err) {
@@ -123,18 +168,8 @@ int g4_audio_decode(const void *data, size_t size, const char *name, int rate, f
         sf_close(sf);
         return g4_fail(err, "%s: unsupported audio layout (%d channels at %d Hz)", name, info.channels, info.samplerate);
     }
-    float *mono = NULL;
-    size_t len = 0;
-    int rc = read_mono(sf, &info, name, &mono, &len, err);
+    int rc = read_mono(sf, &info, rate, name, out, n, err);
     sf_close(sf);
-    if (rc) return -1;
-    if (info.samplerate == rate) {
-        *out = mono;
-        *n = len;
-        return 0;
-    }
-    rc = resample(mono, len, info.samplerate, rate, name, out, n, err);
-    free(mono);
     return rc;
 }
 

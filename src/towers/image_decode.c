@@ -246,6 +246,8 @@ static int decode_webp(const uint8_t *data, size_t size, int64_t max_pixels, g4_
                        size_t *exif_len, g4_error *err) {
     WebPBitstreamFeatures feat;
     if (WebPGetFeatures(data, size, &feat) != VP8_STATUS_OK) return g4_fail(err, "corrupt or truncated WebP");
+    /* the canvas size (VP8X's for an animation), checked before WebPAnimDecoderNew allocates two RGBA canvases */
+    if (check_size(feat.width, feat.height, max_pixels, err)) return -1;
     WebPData wd = {data, size};
     WebPAnimDecoderOptions opt;
     if (!WebPAnimDecoderOptionsInit(&opt)) return g4_fail(err, "libwebp version mismatch");
@@ -329,6 +331,9 @@ static int decode_gif(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
     }
     const GifImageDesc *d = &g->Image;
     if (d->Width <= 0 || d->Height <= 0 || d->Width > 65535 || d->Height > 65535) goto corrupt;
+    /* every line of the frame is decompressed, also those outside the canvas: a 1x1 canvas with a frame of
+     * 65535x65535 is a 3 MB file that took a minute */
+    if (check_size(d->Width, d->Height, max_pixels, err)) goto done;
     /* the canvas starts as the transparent index (else 0), the first frame is drawn into it */
     if (!(idx = malloc((size_t)W * (size_t)H))) {
         g4_fail(err, "out of memory");

@@ -224,6 +224,11 @@ def main():
         which = names.index(case["template"]) if case["template"] in names else 0
         req = {k: case[k] for k in ("messages", "tools", "enable_thinking", "add_generation_prompt") if k in case}
         c.add("chat_request", bytes([which]) + json.dumps(req, ensure_ascii=False).encode("utf-8"))
+        # the same conversation as a client's /v1/chat/completions body (byte 0: endpoint 0, bit 2: tool role)
+        body = {"model": "m", "messages": case["messages"], "max_tokens": 8}
+        if "tools" in case:
+            body["tools"] = case["tools"]
+        c.add("server_request", bytes([4]) + json.dumps(body, ensure_ascii=False).encode("utf-8"))
     outputs += [
         "<|channel>thought\nLet me think.<channel|>The answer is 4.<turn|>",
         "<|tool_call>call:get_weather{location:<|\"|>Paris<|\"|>,days:3,units:[<|\"|>c<|\"|>],x:{y:true,z:None}}<tool_call|>",
@@ -233,6 +238,18 @@ def main():
     ]
     for o in outputs:
         c.add("chat_output", o)
+    for kind, body in [
+        (0, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2, "stop": ["x", "y"], "seed": 3,
+             "temperature": 0.5, "top_p": 0.9, "logit_bias": {"5": -100}, "logprobs": True, "top_logprobs": 2,
+             "stream": True, "stream_options": {"include_usage": True}, "response_format": {"type": "json_object"}}),
+        (0, {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}),
+        (1, {"model": "m", "prompt": "Once", "max_tokens": 4, "echo": True, "stop": "\n"}),
+        (1, {"model": "m", "prompt": [[2, 17, 99], [5]], "max_tokens": 2}),
+        (2, {"model": "m", "input": ["a", "b"], "encoding_format": "base64"}),
+        (2, {"model": "m", "input": [[2, 3, 4]]}),
+    ]:
+        c.add("server_request", bytes([kind]) + json.dumps(body).encode("utf-8"))
 
     for h in sorted(c.count):
         print("%-18s %4d seeds" % (h, c.count[h]))
