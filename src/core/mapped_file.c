@@ -11,9 +11,9 @@
 
 #include "core/error.h"
 
-int g4_map_file(const char *path, g4_mapped_file *out, g4_error *err) {
-    out->data = NULL;
-    out->size = 0;
+/* A descriptor of path, opened for reading, when it is a regular file (a FIFO would wait for a writer, /dev/zero never
+ * ends): its size in *size (size may be NULL); -1 with the error otherwise. */
+static int open_regular(const char *path, off_t *size, g4_error *err) {
     /* O_NONBLOCK: a FIFO is refused below instead of waiting for a writer (regular files read as usual) */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return g4_fail(err, "%s: %s", path, strerror(errno));
@@ -27,16 +27,26 @@ int g4_map_file(const char *path, g4_mapped_file *out, g4_error *err) {
         close(fd);
         return g4_fail(err, "%s: not a regular file", path);
     }
-    if (st.st_size == 0) {
+    if (size) *size = st.st_size;
+    return fd;
+}
+
+int g4_map_file(const char *path, g4_mapped_file *out, g4_error *err) {
+    out->data = NULL;
+    out->size = 0;
+    off_t size = 0;
+    int fd = open_regular(path, &size, err);
+    if (fd < 0) return -1;
+    if (size == 0) {
         close(fd);
         return 0;
     }
-    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *p = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;
     close(fd);
     if (p == MAP_FAILED) return g4_fail(err, "%s: mmap failed: %s", path, strerror(e));
     out->data = p;
-    out->size = (size_t)st.st_size;
+    out->size = (size_t)size;
     return 0;
 }
 
@@ -48,19 +58,8 @@ void g4_unmap_file(g4_mapped_file *f) {
 
 int g4_read_file(const char *path, char **out, size_t *len, g4_error *err) {
     *out = NULL;
-    /* as g4_map_file: only a regular file (a FIFO would wait for a writer, /dev/zero never ends) */
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return g4_fail(err, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return g4_fail(err, "%s: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return g4_fail(err, "%s: not a regular file", path);
-    }
+    int fd = open_regular(path, NULL, err);
+    if (fd < 0) return -1;
     FILE *fp = fdopen(fd, "rb");
     if (!fp) {
         int e = errno;
