@@ -294,13 +294,20 @@ static int cu_graph_begin(g4_backend *be, const void *owner, uint64_t key) {
     for (int i = 0; i < c->n_graphs; i++)
         if (c->graphs[i].owner == owner && c->graphs[i].key == key) g = &c->graphs[i];
     if (!g) {
-        if (c->n_graphs == G4C_MAX_GRAPHS) return 0;
-        g = &c->graphs[c->n_graphs++];
+        if (c->n_graphs == G4C_MAX_GRAPHS) { /* all taken: the least recently run one makes room */
+            g = &c->graphs[0];
+            for (int i = 1; i < c->n_graphs; i++)
+                if (c->graphs[i].used < g->used) g = &c->graphs[i];
+            if (g->exec) cudaGraphExecDestroy(g->exec);
+        } else {
+            g = &c->graphs[c->n_graphs++];
+        }
         memset(g, 0, sizeof *g);
         g->owner = owner;
         g->key = key;
     }
     g->seen++;
+    g->used = ++c->graph_clock;
     if (g->exec && g->generation == c->generation) {
         g4c_step_time *t = c->step_time && c->step_time->armed && !c->step_time->replayed ? c->step_time : NULL;
         if (t) cudaEventRecord(t->ev[1], c->stream);

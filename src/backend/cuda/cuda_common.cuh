@@ -687,6 +687,7 @@ typedef struct g4c_graph {
     const void *owner;
     uint64_t key;
     int seen;              /* steps run with this key (recorded at the second) */
+    unsigned long used;    /* the backend's step count when last run (the least recently used goes when all are taken) */
     unsigned generation;   /* workspace generation it was recorded with */
     cudaGraphExec_t exec;  /* NULL until recorded */
 } g4c_graph;
@@ -755,6 +756,7 @@ typedef struct g4c {
     int graphs_on;
     g4c_graph graphs[G4C_MAX_GRAPHS];
     int n_graphs;
+    unsigned long graph_clock; /* steps that asked for a recording */
     g4c_graph *recording; /* capture under way */
     int capturing;
     int in_graph_step;    /* the ops run for a recording (or its warm-up): size work for any step of the shape */
