@@ -62,9 +62,10 @@ struct g4_generation {
     float *logits;            /* [vocab]: the last step's */
     int greedy;               /* plain argmax: the model step picks the id (g4_decode_greedy) */
     int32_t picked;           /* that id */
-    int cand_on;              /* the logits are in device memory (without a drafter, log-probabilities or a JSON
-                                 constraint): a step whose sampler needs only a row's top candidates
-                                 (g4_sampler_candidates_k) and its modified ids' logits brings only those back */
+    int cand_max;             /* g4_context_candidates_max where the logits are in device memory (without a drafter,
+                                 log-probabilities or a JSON constraint), else 0: a step whose sampler needs only a
+                                 row's top candidates (g4_sampler_candidates_k, at most this many) and its modified
+                                 ids' logits brings only those back */
     g4_candidates cand;       /* k > 0: the last step's (one row; a row of ties beyond cap brings its logits);
                                  buffers for the largest k */
     int32_t *extra_id;        /* [G4_TOP_K_MAX] the sampler's modified ids of the step */
@@ -174,8 +175,8 @@ static int cancelled(g4_generation *g) { return atomic_load_explicit(&g->cancel,
 /* One batch step: logits for the sampler, its top candidates, or with a plain argmax the picked id itself. */
 static int model_step(g4_generation *g, const g4_batch *b) {
     if (g->greedy) return g4_decode_greedy(g->ctx, b, &g->picked, &g->err);
-    const int k = g->cand_on ? g4_generation_candidates_k(g) : 0; /* grows with a penalty's history */
-    g->cand.k = k > 0 && k <= g4_context_candidates_max(g->ctx) ? k : 0;
+    const int k = g->cand_max ? g4_generation_candidates_k(g) : 0; /* grows with a penalty's history */
+    g->cand.k = k > 0 && k <= g->cand_max ? k : 0;
     if (g->cand.k) {
         g->cand.cap = g4_candidates_cap(k);
         g->cand.n_extra = g4_sampler_candidate_extras(g->sampler, g->extra_id);
@@ -491,9 +492,10 @@ static int setup_seq(g4_generation *g, const g4_generation_params *p, g4_error *
         if (g4_spec_new(g->ctx, g->seq, p->drafter, &spp, &g->spec, err)) return -1;
         if (!(g->round = malloc(((size_t)g->spec->cap + 1) * sizeof *g->round))) return g4_fail(err, "out of memory");
     }
-    if (!g->greedy && !g->spec && !g->logprobs && !g->json && g4_context_candidates_max(g->ctx) > 0) {
+    const int cand_max = g4_context_candidates_max(g->ctx);
+    if (!g->greedy && !g->spec && !g->logprobs && !g->json && cand_max > 0) {
         const size_t cap = (size_t)g4_candidates_cap(G4_TOP_K_MAX);
-        g->cand_on = 1;
+        g->cand_max = cand_max;
         g->cand = (g4_candidates){.ids = malloc(cap * sizeof(int32_t)), .count = malloc(sizeof(int32_t)),
                                   .vals = malloc(cap * sizeof(float)), .fallback = g->logits};
         g->cand.extra_row = calloc(G4_TOP_K_MAX, sizeof(int32_t)); /* one row: row 0 */
