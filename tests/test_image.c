@@ -223,7 +223,9 @@ static void *encode_png(int w, int h, int color_type, int depth, const void *px,
     return buf;
 }
 
-static void *encode_jpeg(int w, int h, const unsigned char *rgb, int quality, size_t *out_len) {
+/* A JPEG of rgb at a quality; with bands > 0 progressive, of 1 + 3 x bands scans: the DC of all components, then each
+ * component's 63 AC coefficients in `bands` spectral bands (spectral selection only). */
+static void *encode_jpeg(int w, int h, const unsigned char *rgb, int quality, int bands, size_t *out_len) {
     struct jpeg_compress_struct ci;
     struct jpeg_error_mgr jerr;
     ci.err = jpeg_std_error(&jerr);
@@ -237,41 +239,16 @@ static void *encode_jpeg(int w, int h, const unsigned char *rgb, int quality, si
     ci.in_color_space = JCS_RGB;
     jpeg_set_defaults(&ci);
     jpeg_set_quality(&ci, quality, TRUE);
-    jpeg_start_compress(&ci, TRUE);
-    while (ci.next_scanline < ci.image_height) {
-        JSAMPROW row = (JSAMPROW)(rgb + (size_t)ci.next_scanline * w * 3);
-        jpeg_write_scanlines(&ci, &row, 1);
+    jpeg_scan_info *sc = bands > 0 ? calloc((size_t)(1 + 3 * bands), sizeof *sc) : NULL;
+    if (sc) {
+        sc[0].comps_in_scan = 3, sc[0].component_index[1] = 1, sc[0].component_index[2] = 2; /* DC, all components */
+        for (int c = 0, i = 1; c < 3; c++)
+            for (int b = 0; b < bands; b++, i++) { /* coefficients 1..63 in `bands` contiguous bands */
+                sc[i].comps_in_scan = 1, sc[i].component_index[0] = c;
+                sc[i].Ss = 1 + 63 * b / bands, sc[i].Se = 63 * (b + 1) / bands;
+            }
+        ci.scan_info = sc, ci.num_scans = 1 + 3 * bands;
     }
-    jpeg_finish_compress(&ci);
-    jpeg_destroy_compress(&ci);
-    *out_len = n;
-    return buf;
-}
-
-/* A progressive JPEG of rgb (quality 95) with 1 + 3 x bands scans: the DC of all components, then each component's 63
- * AC coefficients in `bands` spectral bands (spectral selection only). */
-static void *encode_jpeg_scans(int w, int h, const unsigned char *rgb, int bands, size_t *out_len) {
-    struct jpeg_compress_struct ci;
-    struct jpeg_error_mgr jerr;
-    ci.err = jpeg_std_error(&jerr);
-    jpeg_create_compress(&ci);
-    unsigned char *buf = NULL;
-    unsigned long n = 0;
-    jpeg_mem_dest(&ci, &buf, &n);
-    ci.image_width = (JDIMENSION)w;
-    ci.image_height = (JDIMENSION)h;
-    ci.input_components = 3;
-    ci.in_color_space = JCS_RGB;
-    jpeg_set_defaults(&ci);
-    jpeg_set_quality(&ci, 95, TRUE);
-    jpeg_scan_info *sc = calloc((size_t)(1 + 3 * bands), sizeof *sc);
-    sc[0].comps_in_scan = 3, sc[0].component_index[1] = 1, sc[0].component_index[2] = 2; /* DC, all components */
-    for (int c = 0, i = 1; c < 3; c++)
-        for (int b = 0; b < bands; b++, i++) { /* coefficients 1..63 in `bands` contiguous bands */
-            sc[i].comps_in_scan = 1, sc[i].component_index[0] = c;
-            sc[i].Ss = 1 + 63 * b / bands, sc[i].Se = 63 * (b + 1) / bands;
-        }
-    ci.scan_info = sc, ci.num_scans = 1 + 3 * bands;
     jpeg_start_compress(&ci, TRUE);
     while (ci.next_scanline < ci.image_height) {
         JSAMPROW row = (JSAMPROW)(rgb + (size_t)ci.next_scanline * w * 3);
@@ -294,7 +271,7 @@ static void check_jpeg_scans(void) {
     const int bands[2] = {33, 34}; /* 100 and 103 scans */
     for (int i = 0; i < 2; i++) {
         size_t n = 0;
-        void *jpg = encode_jpeg_scans(W, H, &rgb[0][0][0], bands[i], &n);
+        void *jpg = encode_jpeg(W, H, &rgb[0][0][0], 95, bands[i], &n);
         g4_image img;
         g4_error err;
         const int rc = g4_image_decode(jpg, n, NULL, &img, &err);
@@ -364,7 +341,7 @@ static void check_encoded(void) {
     g4_image_free(&img);
     free(png);
     /* a JPEG from libjpeg: the decode is close to what was encoded (lossy), and exact to itself */
-    void *jpg = encode_jpeg(W, H, &rgb[0][0][0], 95, &n);
+    void *jpg = encode_jpeg(W, H, &rgb[0][0][0], 95, 0, &n);
     CHECK(jpg && load_bytes("q95.jpg", jpg, n, NULL, &img, &err) == 0);
     double se = 0;
     for (int y = 0; y < H; y++)
