@@ -27,6 +27,12 @@
 #define PAD_ROWS 16   /* experts' token rows are padded to a multiple of this for the batched products */
 #define FOLD_TOKENS 128 /* the most tokens whose hi and lo rows are multiplied as one stacked product */
 
+/* Whether x's hi and lo rows are multiplied as one product of 2n stacked rows (g4c_gemm_input lays the lo rows
+ * right after the hi rows) */
+static int stacked_parts(const g4c_gemm_in *x) {
+    return x->lo && x->n <= FOLD_TOKENS && x->lo == (const unsigned char *)x->hi + (size_t)x->n * (size_t)x->in * 2;
+}
+
 /* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized); with res_o, each row first
  * becomes (x + rmsnorm(res_o) w) s, written to upd (the residual prologue of a set, g4c_residual's arithmetic).
  * A block a row. Rows of a multiple of 4 floats up to 4 x 1024 x CONV_NV (VEC): each thread keeps its float4s of the
@@ -192,23 +198,11 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
         }
 }
 
-int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2) {
-    if (x->t == G4_F32 || !x->lo || x->n > FOLD_TOKENS) return 0;
-    size_t at[G4_MATMUL_SET_MAX + 1] = {0};
-    for (int i = 0; i < count; i++) {
-        if (w[i]->dtype != x->t) return 0;
-        at[i + 1] = at[i] + ((size_t)2 * (size_t)x->n * (size_t)w[i]->shape[0] + 63) / 64 * 64;
-    }
-    float *ws = (float *)g4c_ws(c, &c->ws_fold, at[count] * sizeof(float));
-    if (!ws) return -1;
-    for (int i = 0; i < count; i++) { /* the hi rows' products, then the lo rows' */
-        const int m = (int)w[i]->shape[0], lda = (int)(g4c_row_bytes(w[i]->dtype, x->in) / 2);
-        const g4c_gemm_in hi = {x->hi, NULL, x->n, x->in, x->t}, lo = {x->lo, NULL, x->n, x->in, x->t};
-        y2[i] = ws + at[i];
-        gemm_rows(c, &hi, w[i]->data, x->t, lda, m, y2[i], m, 0);
-        gemm_rows(c, &lo, w[i]->data, x->t, lda, m, y2[i] + (size_t)x->n * m, m, 0);
-    }
-    return 1;
+/* y2 [2n, m] = the hi rows' products, then the lo rows' (x's parts stacked) */
+static void gemm_stacked(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y2) {
+    const g4c_gemm_in hi = {x->hi, NULL, x->n, x->in, t}, lo = {x->lo, NULL, x->n, x->in, t};
+    gemm_rows(c, &hi, A, t, lda, m, y2, m, 0);
+    gemm_rows(c, &lo, A, t, lda, m, y2 + (size_t)x->n * m, m, 0);
 }
 
 int g4c_blas_init(g4c *c, g4_error *err) {
@@ -265,6 +259,20 @@ template <bool V4> __global__ void gemm_fold_kernel(const float *y2, int n, int 
     }
 }
 
+static const char blas_key = 0; /* the profile's entry of every product */
+
+/* y2 [2n, m] = x' A^T for x's hi rows, then its lo rows: one product of the stacked rows (stacked_parts) */
+static void gemm_stacked(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y2) {
+    const float one = 1.0f, nil = 0.0f;
+    const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    if (c->profile) g4c_profile_begin(c);
+    blas_note(c,
+              cublasGemmEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, 2 * x->n, x->in, &one, A, ct, lda,
+                           x->hi, ct, x->in, &nil, y2, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+              "gemm (stacked parts)");
+    if (c->profile) g4c_profile_end_named(c, &blas_key, "cuBLAS (all products)");
+}
+
 /* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product).
  * Activations as hi + lo parts for a few tokens (at most FOLD_TOKENS, the lo rows right after the hi rows, as
  * g4c_gemm_input lays them out): one product of the 2n stacked rows, so the weights are read once, then its
@@ -272,21 +280,12 @@ template <bool V4> __global__ void gemm_fold_kernel(const float *y2, int n, int 
  * sum as the low part's product accumulated onto the high part's. */
 static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
                       int acc) {
-    static const char key = 0;
     cublasHandle_t h = (cublasHandle_t)c->blas;
     const float one = 1.0f, zero = acc ? 1.0f : 0.0f;
-    if (t != G4_F32 && x->lo && x->n <= FOLD_TOKENS &&
-        x->lo == (const unsigned char *)x->hi + (size_t)x->n * (size_t)x->in * 2) {
+    if (t != G4_F32 && stacked_parts(x)) {
         float *y2 = (float *)g4c_ws(c, &c->ws_fold, (size_t)2 * (size_t)x->n * (size_t)m * sizeof(float));
         if (!y2) return;
-        const float nil = 0.0f;
-        const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-        if (c->profile) g4c_profile_begin(c);
-        blas_note(c,
-                  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, 2 * x->n, x->in, &one, A, ct, lda, x->hi, ct, x->in,
-                               &nil, y2, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                  "gemm (stacked parts)");
-        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
+        gemm_stacked(c, x, A, t, lda, m, y2);
         const size_t total = (size_t)x->n * (size_t)m;
         const int v4 = m % 4 == 0 && ldc % 4 == 0 && (uintptr_t)y % 16 == 0;
         unsigned blocks = (unsigned)((total / (v4 ? 4 : 1) + 255) / 256);
@@ -301,7 +300,7 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
                   cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, (const float *)A, lda,
                               (const float *)x->hi, x->in, &zero, y, ldc),
                   "sgemm");
-        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
+        if (c->profile) g4c_profile_end_named(c, &blas_key, "cuBLAS (all products)");
         return;
     }
     const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -314,36 +313,7 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
                   cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, x->n, x->in, &one, A, ct, lda, x->lo, ct, x->in, &one, y,
                                CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                   "gemm (low part)");
-    if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
-}
-
-int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2) {
-    if (x->t == G4_F32 || !x->lo || x->n > FOLD_TOKENS ||
-        x->lo != (const unsigned char *)x->hi + (size_t)x->n * (size_t)x->in * 2)
-        return 0;
-    size_t at[G4_MATMUL_SET_MAX + 1] = {0};
-    for (int i = 0; i < count; i++) {
-        if (w[i]->dtype != x->t) return 0;
-        at[i + 1] = at[i] + ((size_t)2 * (size_t)x->n * (size_t)w[i]->shape[0] + 63) / 64 * 64; /* 256-byte starts */
-    }
-    float *ws = (float *)g4c_ws(c, &c->ws_fold, at[count] * sizeof(float));
-    if (!ws) return -1;
-    static const char key = 0;
-    const float one = 1.0f, nil = 0.0f;
-    const cudaDataType_t ct = x->t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    for (int i = 0; i < count; i++) {
-        const int m = (int)w[i]->shape[0];
-        const int lda = (int)(g4c_row_bytes(w[i]->dtype, x->in) / 2);
-        y2[i] = ws + at[i];
-        if (c->profile) g4c_profile_begin(c);
-        blas_note(c,
-                  cublasGemmEx((cublasHandle_t)c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, 2 * x->n, x->in, &one, w[i]->data,
-                               ct, lda, x->hi, ct, x->in, &nil, y2[i], CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-                               CUBLAS_GEMM_DEFAULT),
-                  "gemm (stacked parts of a set)");
-        if (c->profile) g4c_profile_end_named(c, &key, "cuBLAS (all products)");
-    }
-    return 1;
+    if (c->profile) g4c_profile_end_named(c, &blas_key, "cuBLAS (all products)");
 }
 
 int g4c_blas_init(g4c *c, g4_error *err) {
@@ -370,6 +340,22 @@ void g4c_blas_free(g4c *c) {
     c->blas_ws = NULL;
 }
 #endif
+
+int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2) {
+    if (x->t == G4_F32 || !stacked_parts(x)) return 0;
+    size_t at[G4_MATMUL_SET_MAX + 1] = {0};
+    for (int i = 0; i < count; i++) {
+        if (w[i]->dtype != x->t) return 0;
+        at[i + 1] = at[i] + ((size_t)2 * (size_t)x->n * (size_t)w[i]->shape[0] + 63) / 64 * 64; /* 256-byte starts */
+    }
+    float *ws = (float *)g4c_ws(c, &c->ws_fold, at[count] * sizeof(float));
+    if (!ws) return -1;
+    for (int i = 0; i < count; i++) {
+        y2[i] = ws + at[i];
+        gemm_stacked(c, x, w[i]->data, x->t, (int)(g4c_row_bytes(w[i]->dtype, x->in) / 2), (int)w[i]->shape[0], y2[i]);
+    }
+    return 1;
+}
 
 /* y_i = x_i A_i^T for i < count, of one shape: A_i [m, lda] of 16-bit type t, x_i [n, k], y_i rows ldc apart (acc:
  * +=): one batched call (cuBLAS's grouped call, which would take shapes that differ, declines f32 outputs of 16-bit
