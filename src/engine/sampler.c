@@ -1088,9 +1088,13 @@ static int mod_ids_now(const g4_sampler *s, int32_t *ids) {
     return n;
 }
 
+/* The k of run(): 1 for greedy, else top_k up to the vocabulary (0: no top-k) */
+static int run_k(const g4_sampler *s) {
+    return s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE ? 1 : s->p.top_k < s->V ? s->p.top_k : s->V;
+}
+
 int g4_sampler_candidates_k(const g4_sampler *s) {
-    const int greedy = s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE;
-    const int k = greedy ? 1 : s->p.top_k < s->V ? s->p.top_k : s->V;
+    const int k = run_k(s);
     if (k <= 0) return 0;
     const int n_mod = s->n_static > 0 || s->penalties_on ? mod_ids_now(s, NULL) : 0;
     if (n_mod == 0) return k <= G4_SAMPLER_CANDIDATES_MAX ? k : 0;
@@ -1111,8 +1115,7 @@ int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const fl
                                      const float *extra_vals) {
     const int kk = g4_sampler_candidates_k(s);
     if (kk == 0 || n < 0 || n > s->V) return -1;
-    const int greedy = s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE;
-    const int k = greedy ? 1 : s->p.top_k < s->V ? s->p.top_k : s->V;
+    const int greedy = s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE, k = run_k(s);
     s->n_mod = 0;
     if (s->n_static > 0 || s->penalties_on) {
         if (mod_ids_now(s, NULL) > 0 && !extra_vals) return -1;
