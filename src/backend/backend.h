@@ -15,9 +15,9 @@
  * memory-mapped file) in the backend: the CPU keeps the view as it is (nothing is copied or read), CUDA copies
  * it into device memory (rows padded to 16 bytes there: a placed tensor is read only by its backend's ops). A
  * source without data (data NULL) asks for random values instead, uniform in +-sqrt(3 / row length): random-
- * weight models of real shapes for benchmarks, filled where they live (on the GPU, no host copy). A model may keep a table on the host instead (host_table): ops never read it; the
- * model gathers its rows on the host and copies them in (E2B's 4.7 GB per-layer embedding table is read one
- * row per token).
+ * weight models of real shapes for benchmarks, filled where they live (on the GPU, no host copy). A model may
+ * keep a table on the host instead (host_table): ops never read it; rows_to_device copies the step's rows in
+ * (E2B's 4.7 GB per-layer embedding table is read one row per token).
  *
  * KV cache. Paged (src/engine/kv_cache.h): each non-shared layer has K and V storage of
  * [n_blocks][block_size][n_kv_heads * head_dim] elements of the context's KV type; a sequence's block table
@@ -176,6 +176,10 @@ typedef struct g4_backend_ops {
     void *(*alloc)(g4_backend *be, size_t bytes);
     void (*release)(g4_backend *be, void *p);
     void (*to_device)(g4_backend *be, void *dst, const void *src, size_t bytes);
+    /* dst[i, :] = table[ids[i], :] * scale as floats, for i < n, from a table kept in host memory (host_table: any
+     * weight dtype; ids a host array): a copy from the host as to_device is (a backend may copy the rows as stored
+     * and widen them itself). */
+    void (*rows_to_device)(g4_backend *be, float *dst, const g4_tensor *table, const int32_t *ids, int n, float scale);
     void (*to_host)(g4_backend *be, void *dst, const void *src, size_t bytes);
     void (*copy)(g4_backend *be, void *dst, const void *src, size_t bytes); /* within backend memory */
     void (*sync)(g4_backend *be);
@@ -184,6 +188,10 @@ typedef struct g4_backend_ops {
     /* Places a weight: *dst becomes a tensor the ops can read (dst->data in backend memory). 0, or -1 with a
      * message (e.g. the model does not fit). */
     int (*upload_weight)(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err);
+    /* Optional (NULL: upload_weight each): places the weights of a set (src[0 .. count), count <= G4_MATMUL_SET_MAX:
+     * q/k/v, gate/up) one after another in one block of backend memory, so that matmul_set may multiply them as one
+     * product; each is released on its own. 0, or -1 with a message and none placed. */
+    int (*upload_weights)(g4_backend *be, const g4_tensor *const *src, g4_tensor *const *dst, int count, g4_error *err);
     void (*release_weight)(g4_backend *be, g4_tensor *w);
 
     /* ---- recorded steps (optional: NULL where the backend has none, e.g. the CPU)

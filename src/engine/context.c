@@ -34,8 +34,6 @@ static void scratch_free(g4_context *ctx) {
         if (*bufs[i]) be->ops->release(be, *bufs[i]);
         *bufs[i] = NULL;
     }
-    free(ctx->s.host_rows);
-    ctx->s.host_rows = NULL;
     free(ctx->s.extra_idx_host);
     ctx->s.extra_idx_host = NULL;
 }
@@ -93,7 +91,6 @@ static int scratch_alloc(g4_context *ctx, g4_error *err) {
     ALLOC(extra_vals, (size_t)s->logit_rows * G4_TOP_K_MAX);
 #undef ALLOC
     if (!(s->extra_idx_host = malloc((size_t)s->logit_rows * G4_TOP_K_MAX * sizeof(int32_t)))) goto oom;
-    if (P && ctx->model->ple_on_host && !(s->host_rows = malloc(n * LP * sizeof(float)))) goto oom;
     return 0;
 oom:
     return g4_fail(err, "out of memory for a batch of %d tokens", ctx->n_batch);

@@ -32,7 +32,6 @@ typedef struct g4_scratch {
     int32_t *extra_idx;                 /* [logit_rows * G4_TOP_K_MAX]: single logits gathered (g4_candidates) */
     float *extra_vals;                  /* [logit_rows * G4_TOP_K_MAX] */
     int32_t *extra_idx_host;            /* host, the same */
-    float *host_rows;                   /* host [n, L*P]: rows of a table the model keeps on the host */
     int logit_rows;
 } g4_scratch;
 

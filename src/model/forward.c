@@ -295,10 +295,7 @@ int g4_forward(g4_context *ctx, const g4_step *st, float *logits, int32_t *ids, 
     if (c->hidden_size_per_layer_input > 0 && m->ple_on_host) { /* token part of the per-layer inputs, Eple[id] *
                                                                     * sqrt(P), from the table in host memory (else
                                                                     * in compute) */
-        const int P = c->hidden_size_per_layer_input;
-        const size_t LP = (size_t)c->n_layers * (size_t)P;
-        g4_tensor_rows_f32(m->ple_embed, st->ids, n, sqrtf((float)P), s->host_rows);
-        OPS->to_device(be, s->ple_t, s->host_rows, (size_t)n * LP * sizeof(float));
+        OPS->rows_to_device(be, s->ple_t, m->ple_embed, st->ids, n, sqrtf((float)c->hidden_size_per_layer_input));
     }
 
     /* 2. the computation, recorded and replayed for small steps where the backend can; without logits and ids

@@ -194,6 +194,47 @@ static const g4_tensor *place(binder *b, const g4_tensor *t) {
     return &m->placed[i];
 }
 
+/* place() for the weights of a set (q/k/v, gate/up: t[0 .. count), bound and not yet placed), in one block of
+ * backend memory where the backend can (upload_weights: their products may then be one); t[i] becomes its placed
+ * copy. */
+static void place_set(binder *b, const g4_tensor **t, int count) {
+    g4_model *m = b->m;
+    int together = !b->failed && !b->collect && m->be->ops->upload_weights && count > 1;
+    for (int i = 0; together && i < count; i++)
+        together = t[i] && (m->random || !m->placed[t[i] - m->weights.tensors].data);
+    if (!together) {
+        for (int i = 0; i < count; i++) t[i] = place(b, t[i]);
+        return;
+    }
+    g4_tensor tmp[G4_MATMUL_SET_MAX], *dst[G4_MATMUL_SET_MAX];
+    const g4_tensor *src[G4_MATMUL_SET_MAX];
+    for (int i = 0; i < count; i++) {
+        if (m->random) { /* the made tensor becomes its placed copy, as in place() */
+            tmp[i] = *t[i];
+            src[i] = &tmp[i];
+            dst[i] = (g4_tensor *)t[i];
+        } else {
+            src[i] = t[i];
+            dst[i] = &m->placed[t[i] - m->weights.tensors];
+        }
+    }
+    if (m->be->ops->upload_weights(m->be, src, dst, count, b->err)) {
+        for (int i = 0; i < count; i++) {
+            if (m->random) dst[i]->data = NULL;
+            t[i] = NULL;
+        }
+        b->failed = 1;
+        return;
+    }
+    for (int i = 0; i < count; i++) {
+        if (!m->random) m->uploaded[t[i] - m->weights.tensors] = 1;
+        b->bytes_placed += t[i]->nbytes;
+        t[i] = dst[i];
+    }
+    if (b->progress)
+        b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights", b->progress_user);
+}
+
 static const g4_tensor *bind2(binder *b, const char *name, int64_t d0, int64_t d1) {
     int64_t s[2] = {d0, d1};
     return place(b, bind_shape(b, name, 2, s));
@@ -552,25 +593,33 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         bind_vec(&b, NAME("layers.%d.post_feedforward_layernorm.weight", l), H, &y->post_ff_norm);
         const float *ls = bind_vec(&b, NAME("layers.%d.layer_scalar", l), 1, NULL);
         y->layer_scalar = ls ? ls[0] : 1.0f;
-        y->q_proj = bind2(&b, NAME("layers.%d.self_attn.q_proj.weight", l), (int64_t)NH * D, H);
+        /* q/k/v and gate/up are sets (one block of backend memory each: place_set) */
+        const int64_t s_q[2] = {(int64_t)NH * D, H}, s_kv[2] = {(int64_t)KV * D, H}, s_mlp[2] = {I, H};
+        const g4_tensor *qkv[3] = {bind_shape(&b, NAME("layers.%d.self_attn.q_proj.weight", l), 2, s_q), NULL, NULL};
+        int n_qkv = 1;
         bind_vec(&b, NAME("layers.%d.self_attn.q_norm.weight", l), D, &y->q_norm);
-        y->o_proj = bind2(&b, NAME("layers.%d.self_attn.o_proj.weight", l), H, (int64_t)NH * D);
-        if (c->attention_bias) {
-            bind_vec(&b, NAME("layers.%d.self_attn.q_proj.bias", l), (int64_t)NH * D, &y->q_bias);
-            bind_vec(&b, NAME("layers.%d.self_attn.o_proj.bias", l), H, &y->o_bias);
-        }
+        if (c->attention_bias) bind_vec(&b, NAME("layers.%d.self_attn.q_proj.bias", l), (int64_t)NH * D, &y->q_bias);
         if (!c->layer_kv_shared[l]) {
-            y->k_proj = bind2(&b, NAME("layers.%d.self_attn.k_proj.weight", l), (int64_t)KV * D, H);
+            qkv[n_qkv++] = bind_shape(&b, NAME("layers.%d.self_attn.k_proj.weight", l), 2, s_kv);
             bind_vec(&b, NAME("layers.%d.self_attn.k_norm.weight", l), D, &y->k_norm);
             if (c->attention_bias) bind_vec(&b, NAME("layers.%d.self_attn.k_proj.bias", l), (int64_t)KV * D, &y->k_bias);
             if (!c->layer_k_eq_v[l]) {
-                y->v_proj = bind2(&b, NAME("layers.%d.self_attn.v_proj.weight", l), (int64_t)KV * D, H);
+                qkv[n_qkv++] = bind_shape(&b, NAME("layers.%d.self_attn.v_proj.weight", l), 2, s_kv);
                 if (c->attention_bias)
                     bind_vec(&b, NAME("layers.%d.self_attn.v_proj.bias", l), (int64_t)KV * D, &y->v_bias);
             }
         }
-        y->gate_proj = bind2(&b, NAME("layers.%d.mlp.gate_proj.weight", l), I, H);
-        y->up_proj = bind2(&b, NAME("layers.%d.mlp.up_proj.weight", l), I, H);
+        place_set(&b, qkv, n_qkv);
+        y->q_proj = qkv[0];
+        if (n_qkv > 1) y->k_proj = qkv[1];
+        if (n_qkv > 2) y->v_proj = qkv[2];
+        y->o_proj = bind2(&b, NAME("layers.%d.self_attn.o_proj.weight", l), H, (int64_t)NH * D);
+        if (c->attention_bias) bind_vec(&b, NAME("layers.%d.self_attn.o_proj.bias", l), H, &y->o_bias);
+        const g4_tensor *mlp[2] = {bind_shape(&b, NAME("layers.%d.mlp.gate_proj.weight", l), 2, s_mlp), NULL};
+        mlp[1] = bind_shape(&b, NAME("layers.%d.mlp.up_proj.weight", l), 2, s_mlp);
+        place_set(&b, mlp, 2);
+        y->gate_proj = mlp[0];
+        y->up_proj = mlp[1];
         y->down_proj = bind2(&b, NAME("layers.%d.mlp.down_proj.weight", l), H, I);
         if (P > 0) {
             y->ple_gate = bind2(&b, NAME("layers.%d.per_layer_input_gate.weight", l), P, H);

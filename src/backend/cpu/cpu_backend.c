@@ -106,6 +106,11 @@ static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *ds
     free(row);
     return 0;
 }
+static void cpu_rows_to_device(g4_backend *be, float *dst, const g4_tensor *table, const int32_t *ids, int n,
+                               float scale) {
+    (void)be;
+    g4_tensor_rows_f32(table, ids, n, scale, dst);
+}
 static void cpu_release_weight(g4_backend *be, g4_tensor *w) {
     g4_cpu *cpu = cpu_of(be);
     for (int i = 0; i < cpu->n_owned; i++)
@@ -797,6 +802,7 @@ static const g4_backend_ops cpu_ops = {
     .alloc = cpu_alloc,
     .release = cpu_release,
     .to_device = cpu_copy,
+    .rows_to_device = cpu_rows_to_device,
     .to_host = cpu_copy,
     .copy = cpu_copy,
     .sync = cpu_sync,

@@ -221,8 +221,9 @@ static int cu_check(g4_backend *be, g4_error *err) {
 }
 
 /* ---------------------------------------------------------------- weights */
-static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
-    g4c *c = g4c_of(be);
+/* The bytes src takes in device memory (rows padded to 16 bytes, quantized ones repacked: g4c_wrow_bytes), or -1
+ * with a message where this backend does not read it. */
+static int64_t weight_bytes(const g4_tensor *src, g4_error *err) {
     const int quant = g4_dtype_is_quantized(src->dtype);
     if (quant ? !g4c_quant_supported(src->dtype)
               : src->dtype != G4_BF16 && src->dtype != G4_F16 && src->dtype != G4_F32)
@@ -236,23 +237,30 @@ static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
                                               : in % g4_dtype_block(src->dtype)))
         return g4_fail(err, "tensor '%s': rows of %lld elements are not whole %s blocks (or MLX groups of 32/64/128)",
                        src->name, (long long)in, g4_dtype_name(src->dtype));
+    return rows * (int64_t)g4c_wrow_bytes(src);
+}
+
+static void *weight_alloc(g4c *c, size_t bytes, const char *name, g4_error *err) {
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes ? bytes : 16) == cudaSuccess) return d;
+    cudaGetLastError();
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    g4_fail(err, "the model does not fit in GPU memory: %s needs %.1f MB, %.2f GB of %.2f GB are free on %s", name,
+            (double)bytes / 1e6, (double)free_b / 1e9, (double)total / 1e9, c->prop.name);
+    return NULL;
+}
+
+/* src's values (or random ones where it has no data) into d, weight_bytes(src) bytes of device memory */
+static int weight_fill(g4c *c, const g4_tensor *src, void *d, g4_tensor *dst, g4_error *err) {
+    const int quant = g4_dtype_is_quantized(src->dtype);
+    const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
+    const int64_t rows = in > 0 ? g4_tensor_numel(src) / in : 0;
     const size_t esz = quant ? 0 : (size_t)g4_dtype_bits(src->dtype) / 8, row_bytes = g4c_wrow_bytes(src);
     const size_t bytes = (size_t)rows * row_bytes;
-    void *d = NULL;
-    cudaError_t e = cudaMalloc(&d, bytes ? bytes : 16);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        size_t free_b = 0, total = 0;
-        cudaMemGetInfo(&free_b, &total);
-        return g4_fail(err, "the model does not fit in GPU memory: tensor '%s' needs %.1f MB, %.2f GB of %.2f GB "
-                            "are free on %s",
-                       src->name, (double)bytes / 1e6, (double)free_b / 1e9, (double)total / 1e9, c->prop.name);
-    }
+    cudaError_t e = cudaSuccess;
     if (src->data && quant) {
-        if (g4c_upload_quant(c, src, d, rows, row_bytes, err)) {
-            cudaFree(d);
-            return -1;
-        }
+        if (g4c_upload_quant(c, src, d, rows, row_bytes, err)) return -1;
     } else if (src->data) {
         if (row_bytes == (size_t)in * esz) {
             e = cudaMemcpyAsync(d, src->data, bytes, cudaMemcpyHostToDevice, c->stream);
@@ -270,10 +278,7 @@ static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
             g4c_fill_random(c, d, src->dtype, rows, in, row_bytes, g4_name_seed(src->name));
         e = cudaGetLastError();
     }
-    if (e != cudaSuccess) {
-        cudaFree(d);
-        return g4_fail(err, "tensor '%s': copy to the GPU failed: %s", src->name, cudaGetErrorString(e));
-    }
+    if (e != cudaSuccess) return g4_fail(err, "tensor '%s': copy to the GPU failed: %s", src->name, cudaGetErrorString(e));
     *dst = *src;
     dst->data = d;
     dst->nbytes = bytes;
@@ -281,9 +286,66 @@ static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
     return 0;
 }
 
+static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
+    g4c *c = g4c_of(be);
+    const int64_t bytes = weight_bytes(src, err);
+    if (bytes < 0) return -1;
+    char what[300];
+    snprintf(what, sizeof what, "tensor '%s'", src->name);
+    void *d = weight_alloc(c, (size_t)bytes, what, err);
+    if (!d) return -1;
+    if (weight_fill(c, src, d, dst, err)) {
+        cudaFree(d);
+        return -1;
+    }
+    return 0;
+}
+
+/* A set's weights in one block, each right after the one before (when its size is a multiple of 256 bytes, as the
+ * model's are; otherwise the next starts at the next multiple): g4c_gemm_set_stacked multiplies weights that
+ * follow each other as one product (one cuBLAS call for q/k/v instead of three). */
+static int cu_upload_weights(g4_backend *be, const g4_tensor *const *src, g4_tensor *const *dst, int count,
+                             g4_error *err) {
+    g4c *c = g4c_of(be);
+    size_t at[G4_MATMUL_SET_MAX + 1] = {0};
+    if (count < 1 || count > G4_MATMUL_SET_MAX) return g4_fail(err, "a set of %d weights", count);
+    for (int i = 0; i < count; i++) {
+        const int64_t bytes = weight_bytes(src[i], err);
+        if (bytes < 0) return -1;
+        at[i + 1] = at[i] + ((size_t)bytes + 255) / 256 * 256;
+    }
+    struct g4c_wset *sets = (struct g4c_wset *)realloc(c->wsets, (size_t)(c->n_wsets + 1) * sizeof *sets);
+    if (!sets) return g4_fail(err, "out of memory");
+    c->wsets = sets;
+    char what[300];
+    snprintf(what, sizeof what, "the set of '%s' (%d tensors)", src[0]->name, count);
+    unsigned char *d = (unsigned char *)weight_alloc(c, at[count], what, err);
+    if (!d) return -1;
+    for (int i = 0; i < count; i++)
+        if (weight_fill(c, src[i], d + at[i], dst[i], err)) {
+            for (int j = 0; j < i; j++) dst[j]->data = NULL;
+            cudaFree(d);
+            return -1;
+        }
+    c->wsets[c->n_wsets++] = (struct g4c_wset){d, at[count], count};
+    return 0;
+}
+
 static void cu_release_weight(g4_backend *be, g4_tensor *w) {
-    if (w->data) cudaFree((void *)w->data);
+    g4c *c = g4c_of(be);
+    unsigned char *p = (unsigned char *)w->data;
     w->data = NULL;
+    if (!p) return;
+    for (int i = 0; i < c->n_wsets; i++) {
+        struct g4c_wset *s = &c->wsets[i];
+        if (p < s->base || p >= s->base + s->bytes) continue;
+        if (--s->live == 0) { /* the block goes with the set's last weight */
+            cudaFree(s->base);
+            *s = c->wsets[--c->n_wsets];
+        }
+        return;
+    }
+    cudaFree(p);
 }
 
 /* ---------------------------------------------------------------- recordings */
@@ -452,11 +514,14 @@ static void cu_free(g4_backend *be) {
         if (c->graphs[i].exec) cudaGraphExecDestroy(c->graphs[i].exec);
     g4c_blas_free(c);
     g4c_buf *bufs[] = {&c->ws_x16, &c->ws_gemm, &c->ws_fold, &c->ws_attn, &c->ws_moe, &c->ws_deq, &c->ws_grp, &c->ws_map, &c->ws_pad,
-                       &c->ws_tiles};
+                       &c->ws_tiles, &c->ws_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     for (int i = 0; i < c->n_retired; i++) cudaFree(c->retired[i]);
     free(c->retired);
+    for (int i = 0; i < c->n_wsets; i++) cudaFree(c->wsets[i].base); /* (weights the model did not release) */
+    free(c->wsets);
+    free(c->host_rows);
     if (c->counters) cudaFree(c->counters);
     if (c->staging) cudaFreeHost(c->staging);
     if (c->fork_ok) cudaStreamDestroy(c->side), cudaEventDestroy(c->ev_fork), cudaEventDestroy(c->ev_join);
@@ -476,11 +541,13 @@ static void init_ops(void) {
     o->alloc = cu_alloc;
     o->release = cu_release;
     o->to_device = cu_to_device;
+    o->rows_to_device = g4c_rows_to_device;
     o->to_host = cu_to_host;
     o->copy = cu_copy;
     o->sync = cu_sync;
     o->check = cu_check;
     o->upload_weight = cu_upload_weight;
+    o->upload_weights = cu_upload_weights;
     o->release_weight = cu_release_weight;
     o->graph_begin = cu_graph_begin;
     o->graph_end = cu_graph_end;
@@ -569,6 +636,8 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     c->graphs_on = !env_is("G4_CUDA_GRAPHS", "0");
     c->gemm_split = !bf16_act && !env_is("G4_CUDA_GEMM", "bf16");
     c->float_act = getenv("G4_NO_INT8_ACT") != NULL;
+    const char *ft = getenv("G4_CUDA_FOLD_TOKENS");
+    c->fold_tokens = ft ? atoi(ft) : 2048;
     c->qgemm_split = c->gemm_split && (c->float_act || env_is("G4_CUDA_QGEMM", "precise"));
     const char *gs = getenv("G4_CUDA_GEMV_SMEM_KB");
     /* 96 KB: a token's whole input row in one tile up to 24576 floats (31B's down product, 21504, included; H200,

@@ -25,12 +25,17 @@
 #define BLAS_WS_BYTES ((size_t)32 << 20)
 #define GROUP_MAX 256 /* products a batched call takes */
 #define PAD_ROWS 16   /* experts' token rows are padded to a multiple of this for the batched products */
-#define FOLD_TOKENS 128 /* the most tokens whose hi and lo rows are multiplied as one stacked product */
 
-/* Whether x's hi and lo rows are multiplied as one product of 2n stacked rows (g4c_gemm_input lays the lo rows
- * right after the hi rows) */
-static int stacked_parts(const g4c_gemm_in *x) {
-    return x->lo && x->n <= FOLD_TOKENS && x->lo == (const unsigned char *)x->hi + (size_t)x->n * (size_t)x->in * 2;
+/* Whether x's hi and lo rows are multiplied by m weight rows as one product of 2n stacked rows (g4c_gemm_input lays
+ * the lo rows right after the hi rows), its two halves then added: for up to c->fold_tokens tokens (G4_CUDA_FOLD_TOKENS,
+ * default 2048) while the halves take at most FOLD_BYTES. The product of 2n rows takes the time of one of n rows where
+ * the weights are small (H200, cuBLAS, 512 tokens: q/k/v 11-12 us either way) and less than two of n rows where they
+ * are large (12288 x 1536: 60 against 70 us); E2B, 100 prompts of 128 tokens in steps of 512, kernel time 549 -> 470
+ * ms with the sets' weights one product (g4c_gemm_set_stacked). */
+#define FOLD_BYTES ((size_t)512 << 20)
+static int stacked_parts(const g4c *c, const g4c_gemm_in *x, size_t m) {
+    return x->lo && x->n <= c->fold_tokens && (size_t)2 * (size_t)x->n * m * sizeof(float) <= FOLD_BYTES &&
+           x->lo == (const unsigned char *)x->hi + (size_t)x->n * (size_t)x->in * 2;
 }
 
 /* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized); with res_o, each row first
@@ -261,7 +266,8 @@ template <bool V4> __global__ void gemm_fold_kernel(const float *y2, int n, int 
 
 static const char blas_key = 0; /* the profile's entry of every product */
 
-/* y2 [2n, m] = x' A^T for x's hi rows, then its lo rows: one product of the stacked rows (stacked_parts) */
+/* y2 [2n, m] = x' A^T for x's hi rows, then its lo rows: one product of the stacked rows (stacked_parts); A's
+ * rows lda elements apart */
 static void gemm_stacked(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y2) {
     const float one = 1.0f, nil = 0.0f;
     const cudaDataType_t ct = t == G4_BF16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -274,7 +280,7 @@ static void gemm_stacked(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t
 }
 
 /* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product).
- * Activations as hi + lo parts for a few tokens (at most FOLD_TOKENS, the lo rows right after the hi rows, as
+ * Activations as hi + lo parts for a few tokens (at most c->fold_tokens, the lo rows right after the hi rows, as
  * g4c_gemm_input lays them out): one product of the 2n stacked rows, so the weights are read once, then its
  * halves added (H200, E2B bf16 decode of 64 sequences: two calls read the weights twice at ~1 TB/s); the same
  * sum as the low part's product accumulated onto the high part's. */
@@ -282,7 +288,7 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
                       int acc) {
     cublasHandle_t h = (cublasHandle_t)c->blas;
     const float one = 1.0f, zero = acc ? 1.0f : 0.0f;
-    if (t != G4_F32 && stacked_parts(x)) {
+    if (t != G4_F32 && stacked_parts(c, x, (size_t)m)) {
         float *y2 = (float *)g4c_ws(c, &c->ws_fold, (size_t)2 * (size_t)x->n * (size_t)m * sizeof(float));
         if (!y2) return;
         gemm_stacked(c, x, A, t, lda, m, y2);
@@ -341,18 +347,30 @@ void g4c_blas_free(g4c *c) {
 }
 #endif
 
-int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2) {
-    if (x->t == G4_F32 || !stacked_parts(x)) return 0;
+int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2, int *ld) {
+    size_t m_all = 0;
+    for (int i = 0; i < count; i++) m_all += (size_t)w[i]->shape[0];
+    if (x->t == G4_F32 || !stacked_parts(c, x, m_all)) return 0;
+    const int lda = (int)(g4c_row_bytes(x->t, x->in) / 2);
+    int first[G4_MATMUL_SET_MAX], rows[G4_MATMUL_SET_MAX] = {0}, col[G4_MATMUL_SET_MAX];
     size_t at[G4_MATMUL_SET_MAX + 1] = {0};
-    for (int i = 0; i < count; i++) {
+    int runs = 0;
+    for (int i = 0; i < count; i++) { /* runs of weights that follow each other in memory: one product each */
         if (w[i]->dtype != x->t) return 0;
-        at[i + 1] = at[i] + ((size_t)2 * (size_t)x->n * (size_t)w[i]->shape[0] + 63) / 64 * 64; /* 256-byte starts */
+        const int m = (int)w[i]->shape[0];
+        const int joins = i > 0 && w[i]->data == (const unsigned char *)w[i - 1]->data +
+                                                     (size_t)w[i - 1]->shape[0] * (size_t)lda * 2;
+        if (!joins) first[runs++] = i;
+        col[i] = rows[runs - 1];
+        rows[runs - 1] += m;
     }
-    float *ws = (float *)g4c_ws(c, &c->ws_fold, at[count] * sizeof(float));
+    for (int r = 0; r < runs; r++) /* 256-byte starts */
+        at[r + 1] = at[r] + ((size_t)2 * (size_t)x->n * (size_t)rows[r] + 63) / 64 * 64;
+    float *ws = (float *)g4c_ws(c, &c->ws_fold, at[runs] * sizeof(float));
     if (!ws) return -1;
-    for (int i = 0; i < count; i++) {
-        y2[i] = ws + at[i];
-        gemm_stacked(c, x, w[i]->data, x->t, (int)(g4c_row_bytes(w[i]->dtype, x->in) / 2), (int)w[i]->shape[0], y2[i]);
+    for (int r = 0, i = 0; r < runs; r++) {
+        gemm_stacked(c, x, w[first[r]]->data, x->t, lda, rows[r], ws + at[r]);
+        for (; i < count && (r + 1 == runs || i < first[r + 1]); i++) y2[i] = ws + at[r] + col[i], ld[i] = rows[r];
     }
     return 1;
 }

@@ -699,7 +699,15 @@ typedef struct g4c_buf {
 } g4c_buf;
 
 #define G4C_RESIDENT_MAX 64
+struct g4c_wset { /* a block of device memory that holds a set's weights (cu_upload_weights) */
+    unsigned char *base;
+    size_t bytes;
+    int live; /* its weights not yet released */
+};
+
 typedef struct g4c {
+    struct g4c_wset *wsets; /* blocks of the sets' weights */
+    int n_wsets;
     cudaStream_t stream;
     cudaDeviceProp prop;
     int n_sm;
@@ -719,11 +727,15 @@ typedef struct g4c {
     g4c_buf ws_grp, ws_map; /* pointer arrays of batched products, row maps (g4c_gemm_experts) */
     g4c_buf ws_pad;       /* the experts' outputs at padded rows (g4c_gemm_experts) */
     g4c_buf ws_tiles;     /* row tiles of the experts' int8 products (cuda_moe.cu, mmq_tiles) */
+    g4c_buf ws_rows;      /* rows of a host table as stored (g4c_rows_to_device) */
+    float *host_rows;     /* rows of a host table widened on the host (g4c_rows_to_device, other dtypes) */
+    size_t host_rows_cap;
     int *counters;        /* zeroed counters the "last block finishes" kernels use */
     size_t n_counters;
     unsigned generation;  /* bumped when a workspace moves */
     void *blas;           /* cublasHandle_t (NULL in the emulator) */
     void *blas_ws;
+    int fold_tokens;      /* the most tokens whose hi and lo rows are one stacked product (cuda_blas.cu) */
     int gemm_split;       /* 1: activations as bf16 hi + lo parts (about f32 accuracy, twice the products) */
     int qgemm_split;      /* prefill products of quantized weights as hi + lo parts on both sides (cuda_blas.cu) */
     struct { /* blocks of a kernel (with so much dynamic shared memory) resident on a multiprocessor */
@@ -779,6 +791,9 @@ static inline g4c *g4c_of(g4_backend *be) { return (g4c *)be->impl; }
 /* Copies host memory to the GPU in stream order (through the pinned staging when it has room; else returns once
  * the source is read). */
 void g4c_copy_to_device(g4c *c, void *dst, const void *src, size_t bytes);
+
+/* rows_to_device (backend.h) */
+void g4c_rows_to_device(g4_backend *be, float *dst, const g4_tensor *table, const int32_t *ids, int n, float scale);
 
 /* Records the first error of a step (the step's check() reports it). */
 void g4c_note(g4c *c, cudaError_t e, const char *what);
@@ -882,10 +897,11 @@ void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, 
                       const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc);
 g4c_gemm_in g4c_gemm_in_rows(const g4c_gemm_in *x, int r0, int n);
 /* The products of a set's plain 16-bit weights w[0 .. count) with an input whose hi and lo rows are stacked (at most
- * FOLD_TOKENS tokens): y2[i] [2n, out_i] (a workspace) gets the hi rows' products, then the lo rows', their halves
- * not yet added (the caller's epilogue adds them). Returns 1, 0 where the set does not take that form (nothing ran),
- * -1 out of memory. */
-int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2);
+ * c->fold_tokens tokens): row t of y2[i] (a workspace, rows ld[i] floats apart) gets the hi row's product, row n + t
+ * the lo row's, their halves not yet added (the caller's epilogue adds them). Weights that lie one after another in
+ * memory (the backend places a set's weights so, g4c_weight_alloc) are one product: their outputs are columns of one
+ * [2n, ld] block. Returns 1, 0 where the set does not take that form (nothing ran), -1 out of memory. */
+int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2, int *ld);
 int g4c_blas_init(g4c *c, g4_error *err);
 void g4c_blas_free(g4c *c);
 /* cuda_attention.cu */

@@ -913,7 +913,8 @@ static void epilogue(g4c *c, epi_args a) {
  * gemm_epilogue's arithmetic (a pair: y0 = gelu(gate + b0) (up + b1), its up not written). V4: four outputs at a
  * time (every out a multiple of 4). */
 typedef struct fold_args {
-    const float *y2[G4_MATMUL_SET_MAX];
+    const float *y2[G4_MATMUL_SET_MAX]; /* product i's hi rows, its lo rows n rows further; rows ld[i] floats apart */
+    int ld[G4_MATMUL_SET_MAX];
     float *y[G4_MATMUL_SET_MAX];
     const float *bias[G4_MATMUL_SET_MAX];
     size_t end[G4_MATMUL_SET_MAX]; /* the products' outputs as one index range: product i ends at end[i] */
@@ -940,13 +941,14 @@ template <bool V4> __global__ void gemm_fold_epilogue(fold_args a) {
     for (size_t g = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * (V4 ? 4 : 1); g < total; g += step) {
         int p = 0;
         while (g >= a.end[p]) p++;
-        const size_t i = g - (p ? a.end[p - 1] : 0), h = (size_t)a.n * (size_t)a.out[p];
+        const size_t i = g - (p ? a.end[p - 1] : 0), t = i / (size_t)a.out[p];
         const int r = (int)(i % (size_t)a.out[p]);
+        const size_t s = t * (size_t)a.ld[p] + (size_t)r, h = (size_t)a.n * (size_t)a.ld[p]; /* hi at s, lo at h + s */
         if (V4) {
-            const float4 y0 = __ldcg((const float4 *)(a.y2[p] + i)), y1 = __ldcg((const float4 *)(a.y2[p] + h + i));
+            const float4 y0 = __ldcg((const float4 *)(a.y2[p] + s)), y1 = __ldcg((const float4 *)(a.y2[p] + h + s));
             float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f), m = u;
-            if (a.geglu == 1) {
-                const float4 u0 = __ldcg((const float4 *)(a.y2[1] + i)), u1 = __ldcg((const float4 *)(a.y2[1] + h + i));
+            if (a.geglu == 1) { /* (the pair: up has gate's shape and stride) */
+                const float4 u0 = __ldcg((const float4 *)(a.y2[1] + s)), u1 = __ldcg((const float4 *)(a.y2[1] + h + s));
                 u = make_float4(u0.x + u1.x, u0.y + u1.y, u0.z + u1.z, u0.w + u1.w);
             }
             if (a.geglu == 2) m = *(const float4 *)(a.mul + i);
@@ -954,8 +956,8 @@ template <bool V4> __global__ void gemm_fold_epilogue(fold_args a) {
                 make_float4(fold_out(a, p, r, y0.x + y1.x, u.x, m.x), fold_out(a, p, r + 1, y0.y + y1.y, u.y, m.y),
                             fold_out(a, p, r + 2, y0.z + y1.z, u.z, m.z), fold_out(a, p, r + 3, y0.w + y1.w, u.w, m.w));
         } else {
-            const float u = a.geglu == 1 ? a.y2[1][i] + a.y2[1][h + i] : 0.0f, m = a.geglu == 2 ? a.mul[i] : 0.0f;
-            a.y[p][i] = fold_out(a, p, r, a.y2[p][i] + a.y2[p][h + i], u, m);
+            const float u = a.geglu == 1 ? a.y2[1][s] + a.y2[1][h + s] : 0.0f, m = a.geglu == 2 ? a.mul[i] : 0.0f;
+            a.y[p][i] = fold_out(a, p, r, a.y2[p][s] + a.y2[p][h + s], u, m);
         }
     }
 }
@@ -968,7 +970,7 @@ static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
         return;
     fold_args f;
     memset(&f, 0, sizeof f);
-    const int stacked = g4c_gemm_set_stacked(c, &in, set->w, set->count, (float **)f.y2);
+    const int stacked = g4c_gemm_set_stacked(c, &in, set->w, set->count, (float **)f.y2, f.ld);
     if (stacked < 0) return;
     if (stacked) { /* the products' halves added and their epilogues in one launch */
         f.count = set->count, f.n = n, f.geglu = pairs ? 1 : set->geglu ? 2 : 0, f.mul = set->mul;
@@ -977,7 +979,8 @@ static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
         for (int i = 0; i < set->count; i++) {
             f.y[i] = set->y[i], f.bias[i] = set->bias[i], f.out[i] = (int)set->w[i]->shape[0];
             f.end[i] = (i ? f.end[i - 1] : 0) + (size_t)n * (size_t)f.out[i];
-            v4 &= f.out[i] % 4 == 0 && (uintptr_t)set->y[i] % 16 == 0 && (uintptr_t)set->mul % 16 == 0;
+            v4 &= f.out[i] % 4 == 0 && f.ld[i] % 4 == 0 && (uintptr_t)f.y2[i] % 16 == 0 && (uintptr_t)set->y[i] % 16 == 0 &&
+                  (uintptr_t)set->mul % 16 == 0;
         }
         const size_t total = f.end[pairs ? 0 : set->count - 1] / (v4 ? 4 : 1);
         unsigned blocks = (unsigned)((total + 255) / 256);
