@@ -311,7 +311,12 @@ int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, in
         free(e);
         return g4_fail(err, "out of memory");
     }
-    g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = n_ctx, .kv_type = kv_type};
+    /* On a GPU, steps of up to 2048 tokens (prompts read in fewer, larger products; H200, E2B, 100 requests of 128
+     * tokens at once: output tok/s 7015-7875 -> 8556-8897 against 512), keeping the 512 positions of sliding-window
+     * history the default would give (more would cost KV memory for every sequence). */
+    const int gpu = strcmp(g4_model_device(model), "cpu") != 0;
+    g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = n_ctx, .n_batch = gpu ? 2048 : 0, .kv_history = gpu ? 512 : 0,
+                            .kv_type = kv_type};
     if (g4_context_new(model, &cp, &e->ctx, err)) {
         free(e->running);
         free(e);
