@@ -180,11 +180,12 @@ static void usage(void) {
                     "                      [--block B] [--prefix TOKENS] [--kv f32|bf16|f16] [--bf16-act 0|1]\n"
                     "                      [--temp T --top-k K --top-p P] (default: greedy)\n"
                     "                      [--presence P --frequency F --repetition R --last-n N] (penalties; last-n -1: all)\n"
-                    "--random: random weights of a config's shapes, made where they live (g4_load_params.random_weights)\n");
+                    "--random: random weights of a config's shapes, made where they live (g4_load_params.random_weights)\n"
+                    "--batch: the step's token budget (default as the server's: 2048 on a GPU, 512 on the CPU)\n");
 }
 
 int main(int argc, char **argv) {
-    options o = {.prompt = 64, .n_new = 32, .batch = 512, .block = 32, .prefix = 512, .kv_type = G4_KV_F32,
+    options o = {.prompt = 64, .n_new = 32, .batch = 0, .block = 32, .prefix = 512, .kv_type = G4_KV_F32,
                  .top_p = 1.0f, .repetition = 1.0f, .penalty_last_n = -1};
     const char *dir = NULL, *random_config = NULL, *type = NULL, *list = "1,4,16,64";
     int bf16_act = 0;
@@ -226,6 +227,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
+    if (o.batch <= 0) o.batch = strcmp(g4_model_device(m), "cpu") ? 2048 : 512; /* as the server (src/server/engine.c) */
     printf("model %s  layers %d  hidden %d  vocab %d  kv-block %d  batch %d\n", dir, g4_model_n_layers(m),
            g4_model_hidden_size(m), g4_model_vocab_size(m), o.block, o.batch);
     int rc = 0;
