@@ -46,10 +46,10 @@ static int stacked_parts(const g4c *c, const g4c_gemm_in *x, size_t m) {
 #define CONV_NV 4
 template <bool VEC>
 __global__ void gemm_convert(const float *x, int in, const float *norm, float eps, int t, void *hi, void *lo,
-                             const float *res_o, const float *w, float s, float *upd) {
+                             const float *res_o, const float *w, float s, float *upd, int ostride) {
     __shared__ float red[32];
     g4_grid_wait();
-    const size_t o = (size_t)blockIdx.x * (size_t)in;
+    const size_t o = (size_t)blockIdx.x * (size_t)in, oo = (size_t)blockIdx.x * (size_t)ostride; /* x's row, hi/lo's */
     const float *xr = x + o;
     if (VEC) {
         const int n4 = in / 4;
@@ -98,7 +98,7 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
                 e[0] *= inv * nv.x, e[1] *= inv * nv.y, e[2] *= inv * nv.z, e[3] *= inv * nv.w;
             }
             if (t == G4_F32) {
-                ((float4 *)((float *)hi + o))[i] = make_float4(e[0], e[1], e[2], e[3]);
+                ((float4 *)((float *)hi + oo))[i] = make_float4(e[0], e[1], e[2], e[3]);
                 continue;
             }
             uint16_t h[4], l[4];
@@ -106,11 +106,11 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
                 h[k] = t == G4_BF16 ? g4_f2bf(e[k]) : g4_f2h(e[k]);
                 l[k] = t == G4_BF16 ? g4_f2bf(e[k] - g4_bf2f(h[k])) : g4_f2h(e[k] - g4_h2f(h[k]));
             }
-            ((uint2 *)((uint16_t *)hi + o))[i] = make_uint2((unsigned)h[0] | (unsigned)h[1] << 16,
-                                                            (unsigned)h[2] | (unsigned)h[3] << 16);
+            ((uint2 *)((uint16_t *)hi + oo))[i] = make_uint2((unsigned)h[0] | (unsigned)h[1] << 16,
+                                                             (unsigned)h[2] | (unsigned)h[3] << 16);
             if (lo)
-                ((uint2 *)((uint16_t *)lo + o))[i] = make_uint2((unsigned)l[0] | (unsigned)l[1] << 16,
-                                                                (unsigned)l[2] | (unsigned)l[3] << 16);
+                ((uint2 *)((uint16_t *)lo + oo))[i] = make_uint2((unsigned)l[0] | (unsigned)l[1] << 16,
+                                                                 (unsigned)l[2] | (unsigned)l[3] << 16);
         }
     } else {
         if (res_o) {
@@ -125,22 +125,22 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
         for (int i = threadIdx.x; i < in; i += blockDim.x) {
             float v = norm ? xr[i] * inv * norm[i] : xr[i];
             if (t == G4_F32) {
-                ((float *)hi)[o + i] = v;
+                ((float *)hi)[oo + i] = v;
             } else if (t == G4_BF16) {
                 uint16_t h = g4_f2bf(v);
-                ((uint16_t *)hi)[o + i] = h;
-                if (lo) ((uint16_t *)lo)[o + i] = g4_f2bf(v - g4_bf2f(h));
+                ((uint16_t *)hi)[oo + i] = h;
+                if (lo) ((uint16_t *)lo)[oo + i] = g4_f2bf(v - g4_bf2f(h));
             } else {
                 uint16_t h = g4_f2h(v);
-                ((uint16_t *)hi)[o + i] = h;
-                if (lo) ((uint16_t *)lo)[o + i] = g4_f2h(v - g4_h2f(h));
+                ((uint16_t *)hi)[oo + i] = h;
+                if (lo) ((uint16_t *)lo)[oo + i] = g4_f2h(v - g4_h2f(h));
             }
         }
     }
 }
 
-int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,
-                   const g4_matmul_set *res) {
+static int gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,
+                      const g4_matmul_set *res, int pairs) {
     memset(out, 0, sizeof *out);
     const int quant = g4_dtype_is_quantized(t);
     if (quant) t = G4_BF16; /* quantized weights are decoded to bf16 tiles (g4c_gemm_run) */
@@ -154,15 +154,17 @@ int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, flo
         out->hi = res ? res->res_out : x;
         return 0;
     }
-    /* the lo rows right after the hi rows (one product of both, gemm_rows), then PAD_ROWS rows of slack: the experts'
-     * padded products read past the last row (g4c_gemm_experts) */
+    /* the lo rows right after the hi rows (one product of both, gemm_rows), or each row's lo right after its hi
+     * (pairs), then 2 PAD_ROWS rows of slack: the experts' padded products read past the last row (g4c_gemm_experts) */
     const size_t esz = t == G4_F32 ? 4 : 2, rows = (size_t)n * (size_t)in * esz;
     const int split = t != G4_F32 && (quant ? c->qgemm_split : c->gemm_split);
     unsigned char *ws =
-        (unsigned char *)g4c_ws(c, &c->ws_x16, (split ? 2 * rows : rows) + (size_t)PAD_ROWS * (size_t)in * esz);
+        (unsigned char *)g4c_ws(c, &c->ws_x16, (split ? 2 * rows : rows) + (size_t)2 * PAD_ROWS * (size_t)in * esz);
     if (!ws) return -1;
+    out->pairs = split && pairs;
     out->hi = ws;
-    out->lo = split ? ws + rows : NULL;
+    out->lo = !split ? NULL : out->pairs ? ws + (size_t)in * esz : ws + rows;
+    const int ostride = out->pairs ? 2 * in : in;
     const float *ro = res ? res->res_o : (const float *)NULL, *rw = res ? res->res_w : (const float *)NULL;
     float *upd = res ? res->res_out : (float *)NULL;
     const float rs = res ? res->res_scale : 1.0f;
@@ -172,12 +174,22 @@ int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, flo
     if (aligned && n4 <= 1024 * CONV_NV) {
         const int per = (n4 + CONV_NV - 1) / CONV_NV, threads = per <= 256 ? 256 : (per + 31) / 32 * 32;
         g4c_launch(c, gemm_convert<true>, dim3((unsigned)n), dim3((unsigned)threads), 0, x, in, norm, eps, (int)t,
-                   (void *)out->hi, (void *)out->lo, ro, rw, rs, upd);
+                   (void *)out->hi, (void *)out->lo, ro, rw, rs, upd, ostride);
     } else {
         g4c_launch(c, gemm_convert<false>, dim3((unsigned)n), dim3(256), 0, x, in, norm, eps, (int)t, (void *)out->hi,
-                   (void *)out->lo, ro, rw, rs, upd);
+                   (void *)out->lo, ro, rw, rs, upd, ostride);
     }
     return 0;
+}
+
+int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,
+                   const g4_matmul_set *res) {
+    return gemm_input(c, x, n, in, norm, eps, t, out, res, 0);
+}
+
+int g4c_gemm_input_pairs(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t,
+                         g4c_gemm_in *out) {
+    return gemm_input(c, x, n, in, norm, eps, t, out, NULL, 1);
 }
 
 #ifdef G4_CUDA_EMU
@@ -205,7 +217,7 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
 
 /* y2 [2n, m] = the hi rows' products, then the lo rows' (x's parts stacked) */
 static void gemm_stacked(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y2) {
-    const g4c_gemm_in hi = {x->hi, NULL, x->n, x->in, t}, lo = {x->lo, NULL, x->n, x->in, t};
+    const g4c_gemm_in hi = {x->hi, NULL, x->n, x->in, t, 0}, lo = {x->lo, NULL, x->n, x->in, t, 0};
     gemm_rows(c, &hi, A, t, lda, m, y2, m, 0);
     gemm_rows(c, &lo, A, t, lda, m, y2 + (size_t)x->n * m, m, 0);
 }
@@ -400,7 +412,7 @@ static void gemm_batched(g4c *c, int count, const void *const *A, const void *co
     }
 #endif
     for (int i = 0; i < count; i++) {
-        const g4c_gemm_in xi = {B[i], NULL, n, k, t};
+        const g4c_gemm_in xi = {B[i], NULL, n, k, t, 0};
         gemm_rows(c, &xi, A[i], t, lda, m, C[i], ldc, acc);
     }
 }
@@ -449,19 +461,24 @@ void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y,
     }
 }
 
-/* dst row p (ldd apart) = src row map[p] (cols floats) */
-__global__ void rows_gather_kernel(const float *src, int cols, const int32_t *map, int rows, float *dst, int ldd) {
+/* dst row p (ldd apart) = src row map[p] (cols floats), plus the row after it with pairs (a row's hi and lo parts'
+ * products) */
+__global__ void rows_gather_kernel(const float *src, int cols, const int32_t *map, int rows, float *dst, int ldd,
+                                   int pairs) {
     g4_grid_wait();
     for (int p = blockIdx.y; p < rows; p += gridDim.y) {
         const float *s = src + (size_t)map[p] * (size_t)cols;
         float *d = dst + (size_t)p * (size_t)ldd;
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += gridDim.x * blockDim.x) d[i] = s[i];
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += gridDim.x * blockDim.x)
+            d[i] = pairs ? s[i] + s[(size_t)cols + i] : s[i];
     }
 }
 
 /* Experts of the same padded row count (a multiple of PAD_ROWS) go into one batched call; their outputs into a
  * padded scratch, then gathered to y's rows. A run of quantized experts is decoded at once (with the inactive ones
- * between them: few in prefill). f32 weights: a call an expert. */
+ * between them: few in prefill). f32 weights: a call an expert. An input of pairs (g4c_gemm_input_pairs) is one
+ * call of both parts' rows, the pairs' products added in the gather (H200, 26B-A4B decode of 100 sequences: the
+ * hi and lo parts as two calls read every active expert's weights twice). */
 void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, const int32_t *act_e,
                       const int32_t *act_off, const int32_t *act_cnt, float *y, int ldc) {
     const int R = (int)w->shape[1], in = x->in, quant = g4_dtype_is_quantized(w->dtype);
@@ -491,9 +508,10 @@ void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, 
             g4c_dequant_bf16(c, w, (int64_t)act_e[i0] * R, (int)span, tile, split ? tile + span * (size_t)in : NULL);
         }
         const int ne = i1 - i0, row0 = act_off[i0], rows = act_off[i1 - 1] + act_cnt[i1 - 1] - row0;
+        const int K = x->pairs ? 2 : 1; /* rows a token has in x and in the outputs */
         int pc[GROUP_MAX], srow[GROUP_MAX], done[GROUP_MAX], padded = 0;
         for (int j = 0; j < ne; j++) {
-            pc[j] = (act_cnt[i0 + j] + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS;
+            pc[j] = (act_cnt[i0 + j] + PAD_ROWS - 1) / PAD_ROWS * PAD_ROWS * K;
             srow[j] = padded, padded += pc[j], done[j] = 0;
         }
         float *scr = (float *)g4c_ws(c, &c->ws_pad, (size_t)padded * (size_t)R * 4);
@@ -519,23 +537,23 @@ void g4c_gemm_experts(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, int na, 
                 } else {
                     A[nb] = (const unsigned char *)w->data + (size_t)act_e[i] * (size_t)R * rb;
                 }
-                B[nb] = (const unsigned char *)x->hi + (size_t)act_off[i] * (size_t)in * esz;
+                B[nb] = (const unsigned char *)x->hi + (size_t)act_off[i] * (size_t)K * (size_t)in * esz;
                 Bl[nb] = x->lo ? (const unsigned char *)x->lo + (size_t)act_off[i] * (size_t)in * esz : NULL;
                 C[nb++] = scr + (size_t)srow[l] * (size_t)R;
             }
             gemm_batched(c, nb, A, B, C, R, pc[j], in, lda, R, t, 0);
-            if (x->lo) gemm_batched(c, nb, A, Bl, C, R, pc[j], in, lda, R, t, 1);
+            if (x->lo && !x->pairs) gemm_batched(c, nb, A, Bl, C, R, pc[j], in, lda, R, t, 1);
             if (split && quant) gemm_batched(c, nb, Al, B, C, R, pc[j], in, lda, R, t, 1);
         }
         for (int j = 0; j < ne; j++)
-            for (int r = 0; r < act_cnt[i0 + j]; r++) map[act_off[i0 + j] - row0 + r] = srow[j] + r;
+            for (int r = 0; r < act_cnt[i0 + j]; r++) map[act_off[i0 + j] - row0 + r] = srow[j] + K * r;
         g4c_copy_to_device(c, dmap, map, (size_t)rows * sizeof *map);
         free(map);
         unsigned bx = (unsigned)((R + 255) / 256), by = (unsigned)(rows < 65535 ? rows : 65535);
         while (bx > 1 && (size_t)bx * by > (size_t)c->n_sm * 16) bx = (bx + 1) / 2;
         if (rows > 0)
             g4c_launch(c, rows_gather_kernel, dim3(bx, by), dim3(256), 0, (const float *)scr, R, (const int32_t *)dmap,
-                       rows, y + (size_t)row0 * (size_t)ldc, ldc);
+                       rows, y + (size_t)row0 * (size_t)ldc, ldc, (int)x->pairs);
         i0 = i1;
     }
 }

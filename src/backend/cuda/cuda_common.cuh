@@ -883,9 +883,14 @@ typedef struct g4c_gemm_in {
     const void *hi, *lo; /* lo NULL unless split */
     int n, in;
     g4_dtype t;
+    int pairs; /* each row's lo right after its hi (lo = hi + in: rows 2 in apart), for g4c_gemm_experts only */
 } g4c_gemm_in;
 int g4c_gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,
                    const g4_matmul_set *res);
+/* The same with each row's hi and lo parts next to each other (pairs), where they are split: the experts' products
+ * then read their rows' two parts as one block of rows, and their weights once (g4c_gemm_experts). */
+int g4c_gemm_input_pairs(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t,
+                         g4c_gemm_in *out);
 void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y);
 /* ... with output rows ldc floats apart; rows r0 .. r0+n-1 of a converted input */
 void g4c_gemm_run_ld(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y, int ldc);

@@ -717,7 +717,7 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
         experts_mmq(c, m->gate_up, xq, xd, tiles, nt, gu, 2 * Im);
         if (m->up) experts_mmq(c, m->up, xq, xd, tiles, nt, gu + Im, 2 * Im);
     } else {
-        if (g4c_gemm_input(c, xg, np, H, m->pre_norm2, m->eps, m->gate_up->dtype, &in, NULL)) return;
+        if (g4c_gemm_input_pairs(c, xg, np, H, m->pre_norm2, m->eps, m->gate_up->dtype, &in)) return;
         g4c_gemm_experts(c, &in, m->gate_up, na, act_e, act_off, act_cnt, gu, 2 * Im);
         if (m->up) g4c_gemm_experts(c, &in, m->up, na, act_e, act_off, act_cnt, gu + Im, 2 * Im);
     }
@@ -730,7 +730,7 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
                    0.0f, xq, xd);
         experts_mmq(c, m->down, xq, xd, tiles, nt, d, H);
     } else {
-        if (g4c_gemm_input(c, a.ws.act, np, Im, NULL, 0.0f, m->down->dtype, &in, NULL)) return;
+        if (g4c_gemm_input_pairs(c, a.ws.act, np, Im, NULL, 0.0f, m->down->dtype, &in)) return;
         g4c_gemm_experts(c, &in, m->down, na, act_e, act_off, act_cnt, d, H);
     }
     g4c_launch(c, moe_scatter_kernel, dim3((unsigned)np), dim3(256), 0, a, (const float *)d);
