@@ -429,7 +429,7 @@ void g4c_gemm_run(g4c *c, const g4c_gemm_in *x, const g4_tensor *w, float *y) {
 
 g4c_gemm_in g4c_gemm_in_rows(const g4c_gemm_in *x, int r0, int n) {
     g4c_gemm_in r = *x;
-    const size_t off = (size_t)r0 * (size_t)x->in * (x->t == G4_F32 ? 4 : 2);
+    const size_t off = (size_t)r0 * (x->pairs ? 2 : 1) * (size_t)x->in * (x->t == G4_F32 ? 4 : 2);
     r.hi = (const unsigned char *)x->hi + off;
     if (x->lo) r.lo = (const unsigned char *)x->lo + off;
     r.n = n;

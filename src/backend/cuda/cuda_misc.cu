@@ -54,6 +54,7 @@ void g4c_rows_to_device(g4_backend *be, float *dst, const g4_tensor *table, cons
         if (!d) return;
         for (int i = 0; i < n; i++) memcpy(s + (size_t)i * rb, (const unsigned char *)table->data + (size_t)ids[i] * rb, rb);
         c->staging_used += (bytes + 255) & ~(size_t)255;
+        if (c->staging_used > c->staging_cap) c->staging_used = c->staging_cap;
         g4c_note(c, cudaMemcpyAsync(d, s, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the GPU");
         g4c_launch(c, embed_kernel, dim3((unsigned)n), dim3(256), 0, (const unsigned char *)d, rb, (int)table->dtype,
                    (int)cols, (const int32_t *)NULL, scale, dst);
