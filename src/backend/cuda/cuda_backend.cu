@@ -151,13 +151,19 @@ static void cu_release(g4_backend *be, void *p) {
     if (p) cudaFree(p);
 }
 
+unsigned char *g4c_staging_take(g4c *c, size_t bytes) {
+    if (!c->staging || bytes > c->staging_cap - c->staging_used) return NULL;
+    unsigned char *s = c->staging + c->staging_used;
+    c->staging_used += (bytes + 255) & ~(size_t)255;
+    if (c->staging_used > c->staging_cap) c->staging_used = c->staging_cap;
+    return s;
+}
+
 void g4c_copy_to_device(g4c *c, void *dst, const void *src, size_t bytes) {
     if (!bytes) return;
-    if (c->staging && bytes <= c->staging_cap - c->staging_used) {
-        unsigned char *s = c->staging + c->staging_used;
+    unsigned char *s = g4c_staging_take(c, bytes);
+    if (s) {
         memcpy(s, src, bytes);
-        c->staging_used += (bytes + 255) & ~(size_t)255;
-        if (c->staging_used > c->staging_cap) c->staging_used = c->staging_cap;
         g4c_note(c, cudaMemcpyAsync(dst, s, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the GPU");
     } else { /* from pageable memory: returns once the source is read */
         g4c_note(c, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the GPU");

@@ -791,6 +791,9 @@ static inline g4c *g4c_of(g4_backend *be) { return (g4c *)be->impl; }
 /* Copies host memory to the GPU in stream order (through the pinned staging when it has room; else returns once
  * the source is read). */
 void g4c_copy_to_device(g4c *c, void *dst, const void *src, size_t bytes);
+/* bytes of the pinned staging for this step's copies to the GPU (free again after the next sync), or NULL where it
+ * has no room left */
+unsigned char *g4c_staging_take(g4c *c, size_t bytes);
 
 /* rows_to_device (backend.h) */
 void g4c_rows_to_device(g4_backend *be, float *dst, const g4_tensor *table, const int32_t *ids, int n, float scale);

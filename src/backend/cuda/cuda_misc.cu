@@ -49,12 +49,11 @@ void g4c_rows_to_device(g4_backend *be, float *dst, const g4_tensor *table, cons
     const size_t cols = (size_t)table->shape[table->ndim - 1];
     const int plain = table->dtype == G4_BF16 || table->dtype == G4_F16 || table->dtype == G4_F32;
     const size_t rb = plain ? cols * (size_t)g4_dtype_bits(table->dtype) / 8 : 0, bytes = (size_t)n * rb;
-    if (plain && c->staging && bytes <= c->staging_cap - c->staging_used && cols <= INT32_MAX) {
-        unsigned char *s = c->staging + c->staging_used, *d = (unsigned char *)g4c_ws(c, &c->ws_rows, bytes);
+    unsigned char *s = plain && cols <= INT32_MAX ? g4c_staging_take(c, bytes) : NULL;
+    if (s) {
+        unsigned char *d = (unsigned char *)g4c_ws(c, &c->ws_rows, bytes);
         if (!d) return;
         for (int i = 0; i < n; i++) memcpy(s + (size_t)i * rb, (const unsigned char *)table->data + (size_t)ids[i] * rb, rb);
-        c->staging_used += (bytes + 255) & ~(size_t)255;
-        if (c->staging_used > c->staging_cap) c->staging_used = c->staging_cap;
         g4c_note(c, cudaMemcpyAsync(d, s, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the GPU");
         g4c_launch(c, embed_kernel, dim3((unsigned)n), dim3(256), 0, (const unsigned char *)d, rb, (int)table->dtype,
                    (int)cols, (const int32_t *)NULL, scale, dst);
