@@ -651,6 +651,8 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
      * 6.88, the others within 1%) */
     c->gemv_smem = (size_t)(gs && atoi(gs) >= 8 && atoi(gs) <= 96 ? atoi(gs) : 96) * 1024;
     c->moe_fork = !env_is("G4_CUDA_MOE_FORK", "0");
+    const char *mt = getenv("G4_CUDA_MOE_TC");
+    c->moe_tc_tokens = mt ? atoi(mt) : 192;
     c->att_early = !env_is("G4_CUDA_ATT_EARLY", "0");
     c->att_tc = !env_is("G4_CUDA_ATT_TC", "0");
     c->gemv_balance = !env_is("G4_CUDA_GEMV_BALANCE", "0");

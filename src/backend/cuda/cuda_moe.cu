@@ -9,6 +9,8 @@
  *    the lower expert id), weights renormalized and scaled per expert;
  * 2. group: the (token, k) pairs sorted by expert, the list of active experts with their pairs' range;
  * For many tokens (prefill) steps 3 and 4 are tensor-core products of the active experts (moe_experts_gemm, cuBLAS);
+ * for steps of 9 to c->moe_tc_tokens tokens with bf16 experts (batched decode) they are tensor-core kernels of our own
+ * (experts_tc_kernel: no host round trip, each expert's weights read once a pass of 16 tokens);
  * for one token (decode) they are the GEMV's (cuda_gemv.cu, g4c_gemv_experts: a grid of one wave whose
  * warps stream the chosen experts' rows, as for the dense products), the activations in the slots' order.
  * 3. gate_up: a block per (active expert, 8 rows): the expert's token rows staged in shared memory 8 at a time,
@@ -36,6 +38,8 @@ typedef struct moe_ws {
     float *dn;        /* [n*TK, H] */
     float *logits;    /* [n, E] router logits */
     float *inv2;      /* [n] 1/rms of the residual rows (for x2) */
+    uint16_t *xhl;    /* (experts_tc) [n, 2 H] x2 as bf16 hi and lo parts, interleaved by 8 (hl_put) */
+    uint16_t *ahl;    /* (experts_tc) [n*TK, 2 Im] the activations of the pairs in slot order, likewise */
 } moe_ws;
 
 typedef struct moe_args {
@@ -52,6 +56,14 @@ typedef struct moe_args {
     moe_ws ws;
 } moe_args;
 
+/* element i of a row of bf16 hi and lo parts interleaved by 8 (elements 8b .. 8b + 7 of the hi part, then of the lo
+ * part): v = hi + lo to about 16 significant bits, as the products' activations elsewhere (cuda_blas.cu) */
+static __device__ __forceinline__ void hl_put(uint16_t *row, int i, float v) {
+    const uint16_t h = g4_f2bf(v);
+    row[(i >> 3) * 16 + (i & 7)] = h;
+    row[(i >> 3) * 16 + 8 + (i & 7)] = g4_f2bf(v - g4_bf2f(h));
+}
+
 /* 1. softmax and top-k of the router's logits: a warp per token, each lane holding E/32 logits */
 #define MOE_MAX_E 256
 __global__ void moe_topk_kernel(moe_args a, const float *logits) {
@@ -66,7 +78,11 @@ __global__ void moe_topk_kernel(moe_args a, const float *logits) {
         float ss = 0.0f;
         for (int i = threadIdx.x; i < a.H; i += blockDim.x) ss += r[i] * r[i];
         ss = g4_block_sum(ss, red);
-        if (threadIdx.x == 0) a.ws.inv2[t] = rsqrtf(ss / (float)a.H + a.eps);
+        const float inv = rsqrtf(ss / (float)a.H + a.eps);
+        if (threadIdx.x == 0) a.ws.inv2[t] = inv;
+        if (a.ws.xhl) /* x2's row as the tensor-core experts read it */
+            for (int i = threadIdx.x; i < a.H; i += blockDim.x)
+                hl_put(a.ws.xhl + (size_t)t * 2 * a.H, i, r[i] * (inv * a.pre_norm2[i]));
     }
     if (threadIdx.x >= 32) return;
     const float *lg = logits + (size_t)t * a.E;
@@ -426,6 +442,123 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
             for (int r = 0; r < DOWN_ROWS; r++) {
                 const float dv = g4_warp_sum(d[r][j]);
                 if (lane == 0 && i0 + r < a.H) a.ws.dn[(size_t)pr * a.H + i0 + r] = a.ws.w[pr] * dv;
+            }
+        }
+    }
+}
+
+/* 3 and 4 on tensor cores (bf16 experts, steps of more than G4C_GEMV_MAX tokens up to c->moe_tc_tokens: batched
+ * decode). Block (ETC_WARPS warps, active slot); a warp takes one m16 tile of weight rows: the gate rows of 8
+ * intermediate rows (tile rows 0-7) and their up rows (8-15), whose sums meet in each lane for gelu(gate) * up
+ * (gate/up), or 16 rows (down). The rows stream from memory into registers, ETC_U steps of 32 elements at a time,
+ * 16 bytes of a row a lane (no shared memory, no block barrier); the expert's token rows (x2, or the pairs'
+ * activations) are bf16 hi and lo parts read through L1, in passes of up to 8 ETC_NT tokens (n8 tiles of
+ * mma.m16n8k16, hi and lo into the same f32 sums: about f32 activations). Within a step of 32, lane (g, q) holds
+ * elements 8q .. 8q + 7 of its rows and of its token: the k order of the mma is permuted alike on both sides (its
+ * logical k 2q, 2q + 1, 2q + 8, 2q + 9 are elements 8q .. 8q + 3, the second mma's 8q + 4 .. 8q + 7), so every load
+ * is 16 bytes. K is a multiple of 8 (the tail of a step reads zeros). gate/up writes the pairs' activations as bf16
+ * hi and lo parts (ahl, slot order); down writes dn[pair] = the routing weight times its rows.
+ * H200, 26B-A4B, decode steps of 100 sequences (every expert active): gate/up 278 us a layer (87% of the copy
+ * bandwidth), down 144 us (84%); with two tiles a warp, fewer registers a lane or more steps in flight, or the next
+ * steps' loads issued before the products (register double buffer): 293-423 us and 142-314 us. cuBLAS's batched
+ * products were at about 90%, but with the gather, conversions, GeGLU, scatter and a host round trip around them
+ * the step took 10% longer (decode 4797-4842 tok/s against 5315-5344). */
+#define ETC_WARPS 4
+#define ETC_U 4
+#define ETC_NT 2
+template <bool GU> __global__ __launch_bounds__(32 * ETC_WARPS) void experts_tc_kernel(moe_args a, int split) {
+#ifdef G4_CUDA_EMU
+    __shared__ float scr[ETC_WARPS][384];
+#else
+    float *scr[ETC_WARPS] = {};
+#endif
+    g4_grid_wait();
+    const int slot = blockIdx.y;
+    if (slot >= *a.ws.n_active) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int K = GU ? a.H : a.Im, R = GU ? a.Im : a.H;
+    const int r0 = (blockIdx.x * ETC_WARPS + warp) * (GU ? 8 : 16); /* the warp's first output row */
+    if (r0 >= R) return;
+    const int e = a.ws.act_e[slot], off = a.ws.act_off[slot], cnt = a.ws.act_cnt[slot];
+    const size_t rb = GU ? a.gu_row : a.dn_row;
+    const unsigned char *mg, *mu; /* the expert's row 0 of gate and of up (down: of down, twice) */
+    if (!GU)
+        mg = mu = a.down + (size_t)e * a.H * rb;
+    else if (a.up)
+        mg = a.gate_up + (size_t)e * a.Im * rb, mu = a.up + (size_t)e * a.Im * rb;
+    else
+        mg = a.gate_up + (size_t)e * 2 * a.Im * rb, mu = mg + (size_t)a.Im * rb;
+    /* tile rows g and g + 8 (past R: the last row, its sums not written) */
+    const int rg = r0 + g < R ? r0 + g : R - 1, rg8 = GU ? rg : (r0 + g + 8 < R ? r0 + g + 8 : R - 1);
+    const unsigned char *ar[2] = {mg + (size_t)rg * rb + 16 * q, mu + (size_t)rg8 * rb + 16 * q};
+    const uint16_t *xb = GU ? a.ws.xhl : a.ws.ahl;
+    for (int p0 = 0; p0 < cnt; p0 += 8 * ETC_NT) {
+        const int ntl = cnt - p0 >= 8 * ETC_NT ? ETC_NT : (cnt - p0 + 7) / 8;
+        const uint16_t *br[ETC_NT]; /* token g of each n8 tile (NULL past the expert's tokens) */
+#pragma unroll
+        for (int j = 0; j < ETC_NT; j++) {
+            const int tk = p0 + 8 * j + g;
+            br[j] = j < ntl && tk < cnt
+                        ? xb + (size_t)(GU ? a.ws.pairs[off + tk] / a.TK : off + tk) * 2 * K + 16 * q
+                        : (const uint16_t *)NULL;
+        }
+        float acc[ETC_NT][4];
+#pragma unroll
+        for (int j = 0; j < ETC_NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        for (int k0 = 0; k0 < K; k0 += 32 * ETC_U) {
+            uint4 w[ETC_U][2]; /* ETC_U steps' weights in flight together */
+#pragma unroll
+            for (int u = 0; u < ETC_U; u++)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    w[u][i] = k0 + 32 * u + 8 * q < K ? g4_ld_stream(ar[i] + 2 * (size_t)(k0 + 32 * u)) : uint4();
+#pragma unroll
+            for (int u = 0; u < ETC_U; u++) {
+                const int k = k0 + 32 * u;
+                if (k >= K) break;
+                uint4 bh[ETC_NT], bl[ETC_NT];
+#pragma unroll
+                for (int j = 0; j < ETC_NT; j++) {
+                    bh[j] = bl[j] = uint4();
+                    if (br[j] && k + 8 * q < K) {
+                        bh[j] = __ldg((const uint4 *)(br[j] + 2 * (size_t)k));
+                        if (split) bl[j] = __ldg((const uint4 *)(br[j] + 2 * (size_t)k + 8));
+                    }
+                }
+                const uint4 ra = w[u][0], rb8 = w[u][1]; /* tile rows g, g + 8 */
+                const uint32_t a0[4] = {ra.x, rb8.x, ra.y, rb8.y}, a1[4] = {ra.z, rb8.z, ra.w, rb8.w};
+#pragma unroll
+                for (int j = 0; j < ETC_NT; j++) {
+                    if (j >= ntl) break;
+                    const uint32_t h0[2] = {bh[j].x, bh[j].y}, h1[2] = {bh[j].z, bh[j].w};
+                    g4_mma_bf16(acc[j], a0, h0, scr[warp]);
+                    g4_mma_bf16(acc[j], a1, h1, scr[warp]);
+                    if (split) {
+                        const uint32_t l0[2] = {bl[j].x, bl[j].y}, l1[2] = {bl[j].z, bl[j].w};
+                        g4_mma_bf16(acc[j], a0, l0, scr[warp]);
+                        g4_mma_bf16(acc[j], a1, l1, scr[warp]);
+                    }
+                }
+            }
+        }
+        /* lane (g, q) holds tile rows g (sums 0, 1) and g + 8 (2, 3) for tokens 2q, 2q + 1 of each n8 tile */
+#pragma unroll
+        for (int j = 0; j < ETC_NT; j++) {
+            if (j >= ntl) break;
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int tk = p0 + 8 * j + 2 * q + c;
+                if (tk >= cnt) continue;
+                if (GU) {
+                    if (r0 + g < R)
+                        hl_put(a.ws.ahl + (size_t)(off + tk) * 2 * a.Im, r0 + g, g4_gelu_tanh(acc[j][c]) * acc[j][2 + c]);
+                } else {
+                    const int pr = a.ws.pairs[off + tk];
+                    const float wt = a.ws.w[pr];
+                    float *row = a.ws.dn + (size_t)pr * a.H;
+                    if (r0 + g < R) row[r0 + g] = wt * acc[j][c];
+                    if (r0 + g + 8 < R) row[r0 + g + 8] = wt * acc[j][2 + c];
+                }
             }
         }
     }
@@ -807,6 +940,22 @@ static int moe_experts_kernels(g4c *c, const g4_moe_args *m, const moe_args &a, 
     return 0;
 }
 
+/* Whether the experts' tensor-core kernels take a step of n tokens: bf16 experts, rows of multiples of 8 elements. */
+static int experts_tc_takes(const g4c *c, const g4_moe_args *m, int n) {
+    return n > g4c_gemv_max_tokens() && n <= c->moe_tc_tokens && m->gate_up->dtype == G4_BF16 &&
+           m->down->dtype == G4_BF16 && (!m->up || m->up->dtype == G4_BF16) && m->hidden % 8 == 0 &&
+           m->expert_dim % 8 == 0;
+}
+
+/* Steps 3 and 4 on the experts' tensor-core kernels (x2's hi and lo rows made by the top-k kernel) */
+static void moe_experts_tc(g4c *c, const moe_args &a, size_t np) {
+    const unsigned max_active = (unsigned)(np < (size_t)a.E ? np : (size_t)a.E);
+    g4c_launch(c, experts_tc_kernel<true>, dim3((unsigned)((a.Im + 8 * ETC_WARPS - 1) / (8 * ETC_WARPS)), max_active),
+               dim3(32 * ETC_WARPS), 0, a, c->gemm_split);
+    g4c_launch(c, experts_tc_kernel<false>, dim3((unsigned)((a.H + 16 * ETC_WARPS - 1) / (16 * ETC_WARPS)), max_active),
+               dim3(32 * ETC_WARPS), 0, a, c->gemm_split);
+}
+
 /* Lets the expert kernels stage up to MOE_NT rows of the hidden size in shared memory (once, at start). */
 void g4c_moe_init(g4c *c) {
 #define ALLOW(T) g4c_allow_smem(c, moe_gate_up_kernel<T>), g4c_allow_smem(c, moe_down_kernel<T>);
@@ -851,10 +1000,12 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     a.per_expert_scale = m->per_expert_scale;
     const size_t np = (size_t)n * TK;
     /* many tokens: the experts' products through cuBLAS (not while a step is recorded: it reads counts back) */
-    const int gemm = n > g4c_gemv_max_tokens() && !c->capturing && !c->in_graph_step;
+    const int tc = experts_tc_takes(c, m, n);
+    const int gemm = n > g4c_gemv_max_tokens() && !c->capturing && !c->in_graph_step && !tc;
     const size_t ints = np * 2 + 1 + 3 * (size_t)E,
                  need = ((ints + 3) & ~(size_t)3) * 4 + np * 4 + np * ((size_t)Im + H) * 4 + (size_t)n * (E + 1) * 4 +
-                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 + np * (size_t)(H > Im ? H : Im) * 5 / 4 + 256 : 0);
+                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 + np * (size_t)(H > Im ? H : Im) * 5 / 4 + 256 : 0) +
+                        (tc ? ((size_t)n * H + np * (size_t)Im) * 4 + 16 : 0);
     unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_moe, need);
     if (!ws) return;
     int32_t *iw = (int32_t *)ws;
@@ -871,6 +1022,10 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     a.ws.logits = a.ws.dn + np * H;
     a.ws.inv2 = a.ws.logits + (size_t)n * E;
     float *xg = a.ws.inv2 + n, *gu = xg + np * H; /* (gemm) [np, H], [np, 2 Im] */
+    if (tc) {
+        a.ws.xhl = (uint16_t *)(((uintptr_t)(a.ws.inv2 + n) + 15) & ~(uintptr_t)15);
+        a.ws.ahl = a.ws.xhl + (size_t)n * 2 * H;
+    }
 
     /* The dense MLP (when it is part of the op): few tokens, beside the routing and the experts (a side branch after
      * the router, which makes the residual in its prologue: both read it); else first. */
@@ -908,6 +1063,8 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
         }
         if (gemm)
             moe_experts_gemm(c, m, a, (int)np, xg, gu);
+        else if (tc)
+            moe_experts_tc(c, a, np);
         else if (moe_experts_kernels(c, m, a, np)) {
             if (fork) g4c_join(c);
             return;
