@@ -80,9 +80,23 @@ __global__ void moe_topk_kernel(moe_args a, const float *logits) {
         ss = g4_block_sum(ss, red);
         const float inv = rsqrtf(ss / (float)a.H + a.eps);
         if (threadIdx.x == 0) a.ws.inv2[t] = inv;
-        if (a.ws.xhl) /* x2's row as the tensor-core experts read it */
-            for (int i = threadIdx.x; i < a.H; i += blockDim.x)
-                hl_put(a.ws.xhl + (size_t)t * 2 * a.H, i, r[i] * (inv * a.pre_norm2[i]));
+        if (a.ws.xhl) /* x2's row as the tensor-core experts read it, 8 elements a thread (H % 8 == 0) */
+            for (int b = threadIdx.x; b < a.H / 8; b += blockDim.x) {
+                const float4 r0 = ((const float4 *)r)[2 * b], r1 = ((const float4 *)r)[2 * b + 1];
+                const float4 w0 = ((const float4 *)a.pre_norm2)[2 * b], w1 = ((const float4 *)a.pre_norm2)[2 * b + 1];
+                const float v[8] = {r0.x * (inv * w0.x), r0.y * (inv * w0.y), r0.z * (inv * w0.z), r0.w * (inv * w0.w),
+                                    r1.x * (inv * w1.x), r1.y * (inv * w1.y), r1.z * (inv * w1.z), r1.w * (inv * w1.w)};
+                uint32_t hw[4], lw[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const uint16_t h0 = g4_f2bf(v[2 * i]), h1 = g4_f2bf(v[2 * i + 1]);
+                    hw[i] = (uint32_t)h0 | (uint32_t)h1 << 16;
+                    lw[i] = (uint32_t)g4_f2bf(v[2 * i] - g4_bf2f(h0)) | (uint32_t)g4_f2bf(v[2 * i + 1] - g4_bf2f(h1)) << 16;
+                }
+                uint4 *o = (uint4 *)(a.ws.xhl + (size_t)t * 2 * a.H) + 2 * b;
+                o[0] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+                o[1] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+            }
     }
     if (threadIdx.x >= 32) return;
     const float *lg = logits + (size_t)t * a.E;
@@ -940,11 +954,12 @@ static int moe_experts_kernels(g4c *c, const g4_moe_args *m, const moe_args &a, 
     return 0;
 }
 
-/* Whether the experts' tensor-core kernels take a step of n tokens: bf16 experts, rows of multiples of 8 elements. */
+/* Whether the experts' tensor-core kernels take a step of n tokens: bf16 experts, rows of multiples of 8 elements
+ * (the residual and its norm weight 16-byte aligned: the top-k kernel reads them 8 floats at a time). */
 static int experts_tc_takes(const g4c *c, const g4_moe_args *m, int n) {
     return n > g4c_gemv_max_tokens() && n <= c->moe_tc_tokens && m->gate_up->dtype == G4_BF16 &&
            m->down->dtype == G4_BF16 && (!m->up || m->up->dtype == G4_BF16) && m->hidden % 8 == 0 &&
-           m->expert_dim % 8 == 0;
+           m->expert_dim % 8 == 0 && ((uintptr_t)m->residual | (uintptr_t)m->pre_norm2) % 16 == 0;
 }
 
 /* Steps 3 and 4 on the experts' tensor-core kernels (x2's hi and lo rows made by the top-k kernel) */
