@@ -9,17 +9,19 @@
  *    the lower expert id), weights renormalized and scaled per expert;
  * 2. group: the (token, k) pairs sorted by expert, the list of active experts with their pairs' range;
  * For many tokens (prefill) steps 3 and 4 are tensor-core products of the active experts (moe_experts_gemm, cuBLAS);
- * for steps of 9 to c->moe_tc_tokens tokens with bf16 experts (batched decode) they are tensor-core kernels of our own
+ * for steps of 2 to c->moe_tc_tokens tokens with bf16 experts (batched decode) they are tensor-core kernels of our own
  * (experts_tc_kernel: no host round trip, each expert's weights read once a pass of 16 tokens);
  * for one token (decode) they are the GEMV's (cuda_gemv.cu, g4c_gemv_experts: a grid of one wave whose
  * warps stream the chosen experts' rows, as for the dense products), the activations in the slots' order.
- * 3. gate_up: a block per (active expert, 8 rows): the expert's token rows staged in shared memory 8 at a time,
- *    a warp per intermediate row reads that expert's gate row and up row once per 8 pairs and writes
- *    gelu(gate) * up;
+ * 3. gate_up (steps of up to 8 tokens whose experts the tensor-core kernels do not take: quantized or 16-bit float
+ *    experts, rows not of multiples of 8): a block per (active expert, 8 rows): the expert's token rows staged in
+ *    shared memory 8 at a time, a warp per intermediate row reads that expert's gate row and up row once per 8 pairs
+ *    and writes gelu(gate) * up;
  * 4. down: likewise, a warp per 4 output rows, times the pair's routing weight;
  * 5. combine: per token, the sum of its k pairs' rows (in k order), then the branch's norms and the add:
  *    out = rmsnorm(dense) * post_norm1 + rmsnorm(sum) * post_norm2.
- * x2 = rmsnorm(residual) * pre_norm2 is never stored: the experts' kernels normalize the rows they stage.
+ * x2 = rmsnorm(residual) * pre_norm2 is stored only as the tensor-core kernels' hi/lo rows: the other experts' kernels
+ * normalize the rows they stage.
  * Experts may be quantized (the decoders of cuda_common.cuh: a lane reads an access of EPA codes at a time), and
  * gate and up may be one tensor [E, 2 Im, H] or two [E, Im, H] (MLX files).
  * Grids are sized by the most experts a step can touch (min(E, n * top_k)); blocks of experts beyond the
@@ -461,8 +463,7 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
     }
 }
 
-/* 3 and 4 on tensor cores (bf16 experts, steps of more than G4C_GEMV_MAX tokens up to c->moe_tc_tokens: batched
- * decode). Block (ETC_WARPS warps, active slot); a warp takes one m16 tile of weight rows: the gate rows of 8
+/* 3 and 4 on tensor cores (bf16 experts, steps of 2 to c->moe_tc_tokens tokens: batched decode). Block (ETC_WARPS warps, active slot); a warp takes one m16 tile of weight rows: the gate rows of 8
  * intermediate rows (tile rows 0-7) and their up rows (8-15), whose sums meet in each lane for gelu(gate) * up
  * (gate/up), or 16 rows (down). The rows stream from memory into registers, ETC_U steps of 32 elements at a time,
  * 16 bytes of a row a lane (no shared memory, no block barrier); the expert's token rows (x2, or the pairs'
@@ -476,7 +477,9 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
  * bandwidth), down 144 us (84%); with two tiles a warp, fewer registers a lane or more steps in flight, or the next
  * steps' loads issued before the products (register double buffer): 293-423 us and 142-314 us. cuBLAS's batched
  * products were at about 90%, but with the gather, conversions, GeGLU, scatter and a host round trip around them
- * the step took 10% longer (decode 4797-4842 tok/s against 5315-5344). */
+ * the step took 10% longer (decode 4797-4842 tok/s against 5315-5344). From 2 to 8 tokens they replace the kernels
+ * below (3, 4: f32 arithmetic on CUDA cores, 8 tokens staged at a time): 8 sequences 224 + 131 -> 120 + 62 us a layer,
+ * decode 303 / 368 / 415 -> 367 / 504 / 581 tok/s at 2 / 4 / 8 sequences. */
 #define ETC_WARPS 4
 #define ETC_U 4
 #define ETC_NT 2
@@ -954,10 +957,11 @@ static int moe_experts_kernels(g4c *c, const g4_moe_args *m, const moe_args &a, 
     return 0;
 }
 
-/* Whether the experts' tensor-core kernels take a step of n tokens: bf16 experts, rows of multiples of 8 elements
+/* Whether the experts' tensor-core kernels take a step of n tokens (2 .. c->moe_tc_tokens; one token: the GEMV's):
+ * bf16 experts, rows of multiples of 8 elements
  * (the residual and its norm weight 16-byte aligned: the top-k kernel reads them 8 floats at a time). */
 static int experts_tc_takes(const g4c *c, const g4_moe_args *m, int n) {
-    return n > g4c_gemv_max_tokens() && n <= c->moe_tc_tokens && m->gate_up->dtype == G4_BF16 &&
+    return n > 1 && n <= c->moe_tc_tokens && m->gate_up->dtype == G4_BF16 &&
            m->down->dtype == G4_BF16 && (!m->up || m->up->dtype == G4_BF16) && m->hidden % 8 == 0 &&
            m->expert_dim % 8 == 0 && ((uintptr_t)m->residual | (uintptr_t)m->pre_norm2) % 16 == 0;
 }
