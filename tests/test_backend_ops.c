@@ -1466,7 +1466,8 @@ static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split
     back(out, dout, nh * sizeof(float));
     /* (16-bit and f32 experts: f32 activations on every backend, CUDA's tensor-core products as hi + lo parts) */
     const int q_exp = g4_dtype_is_quantized(gt) || g4_dtype_is_quantized(dt);
-    EXPECT_CLOSE(out, ref, nh, 2e-5 * (q_exp ? backend_tol() : 1.0), "moe n=%d router %s, gate/up %s%s, down %s, top %d of %d%s%s",
+    EXPECT_CLOSE(out, ref, nh, 2e-5 * (q_exp ? backend_tol() : 1.0),
+                 "moe n=%d router %s, gate/up %s%s, down %s, top %d of %d%s%s",
                  n, g4_dtype_name(rt), g4_dtype_name(gt), split ? " (split)" : "", g4_dtype_name(dt), TK, E,
                  ties ? " (ties)" : "", mlp == 1 ? ", dense MLP in the op" : mlp == 2 ? ", MLP and residual in the op" : "");
     if (mlp == 2) { /* the residual the op made */

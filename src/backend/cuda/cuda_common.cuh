@@ -755,9 +755,9 @@ typedef struct g4c {
     cudaEvent_t ev_fork, ev_join;
     int moe_fork;         /* MoE block: the dense MLP beside the routing and experts (1; G4_CUDA_MOE_FORK=0: after) */
     int moe_tc_tokens;    /* MoE block: the experts' tensor-core kernels up to this many tokens a step, bf16 experts
-                           * (cuda_moe.cu; 192; G4_CUDA_MOE_TC=0: the f32 kernels up to 8 tokens, cuBLAS from 9 on). H200, 26B-A4B, output
-                           * tok/s against cuBLAS: 100 sequences +7%, 200 +1%, 256 -4% (an expert's tokens past 16
-                           * take another pass over its weights) */
+                           * (cuda_moe.cu; 192; G4_CUDA_MOE_TC=0: the f32 kernels up to 8 tokens, cuBLAS from 9 on).
+                           * H200, 26B-A4B, output tok/s against cuBLAS: 100 sequences +7%, 200 +1%, 256 -4% (an
+                           * expert's tokens past 16 take another pass over its weights) */
     int att_min_keys;     /* decode attention: keys a split-K block takes at least (8; G4_CUDA_ATT_MIN_KEYS=1..512) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */

@@ -93,7 +93,8 @@ __global__ void moe_topk_kernel(moe_args a, const float *logits) {
                 for (int i = 0; i < 4; i++) {
                     const uint16_t h0 = g4_f2bf(v[2 * i]), h1 = g4_f2bf(v[2 * i + 1]);
                     hw[i] = (uint32_t)h0 | (uint32_t)h1 << 16;
-                    lw[i] = (uint32_t)g4_f2bf(v[2 * i] - g4_bf2f(h0)) | (uint32_t)g4_f2bf(v[2 * i + 1] - g4_bf2f(h1)) << 16;
+                    lw[i] = (uint32_t)g4_f2bf(v[2 * i] - g4_bf2f(h0)) |
+                            (uint32_t)g4_f2bf(v[2 * i + 1] - g4_bf2f(h1)) << 16;
                 }
                 uint4 *o = (uint4 *)(a.ws.xhl + (size_t)t * 2 * a.H) + 2 * b;
                 o[0] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
@@ -463,23 +464,23 @@ template <int DT> __global__ __launch_bounds__(256) void moe_down_kernel(moe_arg
     }
 }
 
-/* 3 and 4 on tensor cores (bf16 experts, steps of 2 to c->moe_tc_tokens tokens: batched decode). Block (ETC_WARPS warps, active slot); a warp takes one m16 tile of weight rows: the gate rows of 8
- * intermediate rows (tile rows 0-7) and their up rows (8-15), whose sums meet in each lane for gelu(gate) * up
- * (gate/up), or 16 rows (down). The rows stream from memory into registers, ETC_U steps of 32 elements at a time,
- * 16 bytes of a row a lane (no shared memory, no block barrier); the expert's token rows (x2, or the pairs'
- * activations) are bf16 hi and lo parts read through L1, in passes of up to 8 ETC_NT tokens (n8 tiles of
- * mma.m16n8k16, hi and lo into the same f32 sums: about f32 activations). Within a step of 32, lane (g, q) holds
- * elements 8q .. 8q + 7 of its rows and of its token: the k order of the mma is permuted alike on both sides (its
- * logical k 2q, 2q + 1, 2q + 8, 2q + 9 are elements 8q .. 8q + 3, the second mma's 8q + 4 .. 8q + 7), so every load
- * is 16 bytes. K is a multiple of 8 (the tail of a step reads zeros). gate/up writes the pairs' activations as bf16
- * hi and lo parts (ahl, slot order); down writes dn[pair] = the routing weight times its rows.
- * H200, 26B-A4B, decode steps of 100 sequences (every expert active): gate/up 278 us a layer (87% of the copy
- * bandwidth), down 144 us (84%); with two tiles a warp, fewer registers a lane or more steps in flight, or the next
- * steps' loads issued before the products (register double buffer): 293-423 us and 142-314 us. cuBLAS's batched
- * products were at about 90%, but with the gather, conversions, GeGLU, scatter and a host round trip around them
- * the step took 10% longer (decode 4797-4842 tok/s against 5315-5344). From 2 to 8 tokens they replace the kernels
- * below (3, 4: f32 arithmetic on CUDA cores, 8 tokens staged at a time): 8 sequences 224 + 131 -> 120 + 62 us a layer,
- * decode 303 / 368 / 415 -> 367 / 504 / 581 tok/s at 2 / 4 / 8 sequences. */
+/* 3 and 4 on tensor cores (bf16 experts, steps of 2 to c->moe_tc_tokens tokens: batched decode). Block (ETC_WARPS
+ * warps, active slot); a warp takes one m16 tile of weight rows: the gate rows of 8 intermediate rows (tile rows
+ * 0-7) and their up rows (8-15), whose sums meet in each lane for gelu(gate) * up (gate/up), or 16 rows (down). The
+ * rows stream from memory into registers, ETC_U steps of 32 elements at a time, 16 bytes of a row a lane (no shared
+ * memory, no block barrier); the expert's token rows (x2, or the pairs' activations) are bf16 hi and lo parts read
+ * through L1, in passes of up to 8 ETC_NT tokens (n8 tiles of mma.m16n8k16, hi and lo into the same f32 sums: about
+ * f32 activations). Within a step of 32, lane (g, q) holds elements 8q .. 8q + 7 of its rows and of its token: the k
+ * order of the mma is permuted alike on both sides (its logical k 2q, 2q + 1, 2q + 8, 2q + 9 are elements 8q .. 8q +
+ * 3, the second mma's 8q + 4 .. 8q + 7), so every load is 16 bytes. K is a multiple of 8 (the tail of a step reads
+ * zeros). gate/up writes the pairs' activations as bf16 hi and lo parts (ahl, slot order); down writes dn[pair] =
+ * the routing weight times its rows. H200, 26B-A4B, decode steps of 100 sequences (every expert active): gate/up 278
+ * us a layer (87% of the copy bandwidth), down 144 us (84%); with two tiles a warp, fewer registers a lane or more
+ * steps in flight, or the next steps' loads issued before the products (register double buffer): 293-423 us and
+ * 142-314 us. cuBLAS's batched products were at about 90%, but with the gather, conversions, GeGLU, scatter and a
+ * host round trip around them the step took 10% longer (decode 4797-4842 tok/s against 5315-5344). From 2 to 8
+ * tokens they replace the kernels below (3, 4: f32 arithmetic on CUDA cores, 8 tokens staged at a time): 8 sequences
+ * 224 + 131 -> 120 + 62 us a layer, decode 303 / 368 / 415 -> 367 / 504 / 581 tok/s at 2 / 4 / 8 sequences. */
 #define ETC_WARPS 4
 #define ETC_U 4
 #define ETC_NT 2
@@ -568,7 +569,8 @@ template <bool GU> __global__ __launch_bounds__(32 * ETC_WARPS) void experts_tc_
                 if (tk >= cnt) continue;
                 if (GU) {
                     if (r0 + g < R)
-                        hl_put(a.ws.ahl + (size_t)(off + tk) * 2 * a.Im, r0 + g, g4_gelu_tanh(acc[j][c]) * acc[j][2 + c]);
+                        hl_put(a.ws.ahl + (size_t)(off + tk) * 2 * a.Im, r0 + g,
+                               g4_gelu_tanh(acc[j][c]) * acc[j][2 + c]);
                 } else {
                     const int pr = a.ws.pairs[off + tk];
                     const float wt = a.ws.w[pr];
@@ -1023,7 +1025,8 @@ void g4c_moe(g4_backend *be, const g4_moe_args *m) {
     const int gemm = n > g4c_gemv_max_tokens() && !c->capturing && !c->in_graph_step && !tc;
     const size_t ints = np * 2 + 1 + 3 * (size_t)E,
                  need = ((ints + 3) & ~(size_t)3) * 4 + np * 4 + np * ((size_t)Im + H) * 4 + (size_t)n * (E + 1) * 4 +
-                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 + np * (size_t)(H > Im ? H : Im) * 5 / 4 + 256 : 0) +
+                        (gemm ? np * ((size_t)H + 2 * (size_t)Im) * 4 + np * (size_t)(H > Im ? H : Im) * 5 / 4 + 256
+                              : 0) +
                         (tc ? ((size_t)n * H + np * (size_t)Im) * 4 + 16 : 0);
     unsigned char *ws = (unsigned char *)g4c_ws(c, &c->ws_moe, need);
     if (!ws) return;
