@@ -65,6 +65,19 @@ static __device__ __forceinline__ void hl_put(uint16_t *row, int i, float v) {
     row[(i >> 3) * 16 + (i & 7)] = h;
     row[(i >> 3) * 16 + 8 + (i & 7)] = g4_f2bf(v - g4_bf2f(h));
 }
+/* elements 8b .. 8b + 7 of such a row at once (two 16-byte stores; the row 16-byte aligned) */
+static __device__ __forceinline__ void hl_put8(uint16_t *row, int b, const float v[8]) {
+    uint32_t hw[4], lw[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint16_t h0 = g4_f2bf(v[2 * i]), h1 = g4_f2bf(v[2 * i + 1]);
+        hw[i] = (uint32_t)h0 | (uint32_t)h1 << 16;
+        lw[i] = (uint32_t)g4_f2bf(v[2 * i] - g4_bf2f(h0)) | (uint32_t)g4_f2bf(v[2 * i + 1] - g4_bf2f(h1)) << 16;
+    }
+    uint4 *o = (uint4 *)row + 2 * b;
+    o[0] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+    o[1] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+}
 
 /* 1. softmax and top-k of the router's logits: a warp per token, each lane holding E/32 logits */
 #define MOE_MAX_E 256
@@ -88,17 +101,7 @@ __global__ void moe_topk_kernel(moe_args a, const float *logits) {
                 const float4 w0 = ((const float4 *)a.pre_norm2)[2 * b], w1 = ((const float4 *)a.pre_norm2)[2 * b + 1];
                 const float v[8] = {r0.x * (inv * w0.x), r0.y * (inv * w0.y), r0.z * (inv * w0.z), r0.w * (inv * w0.w),
                                     r1.x * (inv * w1.x), r1.y * (inv * w1.y), r1.z * (inv * w1.z), r1.w * (inv * w1.w)};
-                uint32_t hw[4], lw[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const uint16_t h0 = g4_f2bf(v[2 * i]), h1 = g4_f2bf(v[2 * i + 1]);
-                    hw[i] = (uint32_t)h0 | (uint32_t)h1 << 16;
-                    lw[i] = (uint32_t)g4_f2bf(v[2 * i] - g4_bf2f(h0)) |
-                            (uint32_t)g4_f2bf(v[2 * i + 1] - g4_bf2f(h1)) << 16;
-                }
-                uint4 *o = (uint4 *)(a.ws.xhl + (size_t)t * 2 * a.H) + 2 * b;
-                o[0] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
-                o[1] = make_uint4(lw[0], lw[1], lw[2], lw[3]);
+                hl_put8(a.ws.xhl + (size_t)t * 2 * a.H, b, v);
             }
     }
     if (threadIdx.x >= 32) return;
