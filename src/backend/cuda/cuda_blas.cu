@@ -192,6 +192,66 @@ int g4c_gemm_input_pairs(g4c *c, const float *x, int n, int in, const float *nor
     return gemm_input(c, x, n, in, norm, eps, t, out, NULL, 1);
 }
 
+/* output element r of product p's row: its sum g (+ bias), then the set's epilogue with the up sum u or the
+ * multiplier m */
+static __device__ __forceinline__ float fold_out(const g4c_fold_args &a, int p, int r, float g, float u, float m) {
+    float y = g + (a.bias[p] ? a.bias[p][r] : 0.0f);
+    if (a.geglu == 1) y = g4_gelu_tanh(y) * (u + (a.bias[1] ? a.bias[1][r] : 0.0f));
+    if (a.geglu == 2) y = g4_gelu_tanh(y) * m;
+    if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+    return y;
+}
+
+/* g4c_gemm_fold's kernel; V4: four outputs at a time */
+template <bool V4> __global__ void gemm_fold_kernel(g4c_fold_args a) {
+    g4_grid_wait();
+    g4_grid_launch_dependents();
+    const int ranges = a.geglu == 1 ? 1 : a.count;
+    const size_t total = a.end[ranges - 1], step = (size_t)gridDim.x * blockDim.x * (V4 ? 4 : 1);
+    for (size_t g = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * (V4 ? 4 : 1); g < total; g += step) {
+        int p = 0;
+        while (g >= a.end[p]) p++;
+        const size_t i = g - (p ? a.end[p - 1] : 0), t = i / (size_t)a.out[p];
+        const int r = (int)(i % (size_t)a.out[p]);
+        const size_t s = t * (size_t)a.ld[p] + (size_t)r, h = (size_t)a.n * (size_t)a.ld[p]; /* hi at s, lo at h + s */
+        float *d = a.y[p] + t * (size_t)a.ldy[p] + (size_t)r;
+        if (V4) {
+            const float4 y0 = __ldcg((const float4 *)(a.y2[p] + s)), y1 = __ldcg((const float4 *)(a.y2[p] + h + s));
+            float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f), m = u;
+            if (a.geglu == 1) { /* (the pair: up has gate's shape and stride) */
+                const float4 u0 = __ldcg((const float4 *)(a.y2[1] + s)), u1 = __ldcg((const float4 *)(a.y2[1] + h + s));
+                u = make_float4(u0.x + u1.x, u0.y + u1.y, u0.z + u1.z, u0.w + u1.w);
+            }
+            if (a.geglu == 2) m = *(const float4 *)(a.mul + i);
+            float4 v = make_float4(fold_out(a, p, r, y0.x + y1.x, u.x, m.x), fold_out(a, p, r + 1, y0.y + y1.y, u.y, m.y),
+                                   fold_out(a, p, r + 2, y0.z + y1.z, u.z, m.z), fold_out(a, p, r + 3, y0.w + y1.w, u.w, m.w));
+            if (a.acc) {
+                const float4 c0 = *(const float4 *)d;
+                v = make_float4(c0.x + v.x, c0.y + v.y, c0.z + v.z, c0.w + v.w);
+            }
+            *(float4 *)d = v;
+        } else {
+            const float u = a.geglu == 1 ? a.y2[1][s] + a.y2[1][h + s] : 0.0f, m = a.geglu == 2 ? a.mul[i] : 0.0f;
+            const float v = fold_out(a, p, r, a.y2[p][s] + a.y2[p][h + s], u, m);
+            *d = a.acc ? *d + v : v;
+        }
+    }
+}
+
+void g4c_gemm_fold(g4c *c, g4c_fold_args *f) {
+    int v4 = (uintptr_t)f->mul % 16 == 0;
+    for (int i = 0; i < f->count; i++) {
+        if (!f->ldy[i]) f->ldy[i] = f->out[i];
+        f->end[i] = (i ? f->end[i - 1] : 0) + (size_t)f->n * (size_t)f->out[i];
+        v4 &= f->out[i] % 4 == 0 && f->ld[i] % 4 == 0 && f->ldy[i] % 4 == 0 && (uintptr_t)f->y2[i] % 16 == 0 &&
+              (uintptr_t)f->y[i] % 16 == 0;
+    }
+    const size_t total = f->end[f->geglu == 1 ? 0 : f->count - 1] / (v4 ? 4 : 1);
+    unsigned blocks = (unsigned)((total + 255) / 256);
+    if (blocks > (unsigned)c->n_sm * 16) blocks = (unsigned)c->n_sm * 16;
+    g4c_launch(c, v4 ? gemm_fold_kernel<true> : gemm_fold_kernel<false>, dim3(blocks), dim3(256), 0, *f);
+}
+
 #ifdef G4_CUDA_EMU
 static float elem(const void *p, size_t i, g4_dtype t) {
     if (t == G4_F32) return ((const float *)p)[i];
@@ -248,34 +308,6 @@ static void blas_note(g4c *c, cublasStatus_t s, const char *what) {
     snprintf(c->error_what, sizeof c->error_what, "cuBLAS %s: %s", what, blas_status(s));
 }
 
-/* y[t, r] (row stride ldc) (acc: +)= y2[t, r] + y2[n + t, r] for y2 [2n, m]: a product's hi and lo halves; V4: four
- * at a time (m and ldc multiples of 4, y 16-byte aligned) */
-template <bool V4> __global__ void gemm_fold_kernel(const float *y2, int n, int m, float *y, int ldc, int acc) {
-    g4_grid_wait();
-    g4_grid_launch_dependents();
-    const size_t total = (size_t)n * (size_t)m, step = (size_t)gridDim.x * blockDim.x;
-    if (V4) {
-        for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < total; i += step * 4) {
-            const size_t t = i / (size_t)m, r = i % (size_t)m;
-            const float4 a = __ldcg((const float4 *)(y2 + i)), b = __ldcg((const float4 *)(y2 + total + i));
-            float4 *d = (float4 *)(y + t * (size_t)ldc + r);
-            float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-            if (acc) {
-                const float4 c0 = *d;
-                v = make_float4(c0.x + v.x, c0.y + v.y, c0.z + v.z, c0.w + v.w);
-            }
-            *d = v;
-        }
-    } else {
-        for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-            const size_t t = i / (size_t)m, r = i % (size_t)m;
-            const float v = y2[i] + y2[total + i];
-            float *d = y + t * (size_t)ldc + r;
-            *d = acc ? *d + v : v;
-        }
-    }
-}
-
 static const char blas_key = 0; /* the profile's entry of every product */
 
 /* y2 [2n, m] = x' A^T for x's hi rows, then its lo rows: one product of the stacked rows (stacked_parts); A's
@@ -304,12 +336,10 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
         float *y2 = (float *)g4c_ws(c, &c->ws_fold, (size_t)2 * (size_t)x->n * (size_t)m * sizeof(float));
         if (!y2) return;
         gemm_stacked(c, x, A, t, lda, m, y2);
-        const size_t total = (size_t)x->n * (size_t)m;
-        const int v4 = m % 4 == 0 && ldc % 4 == 0 && (uintptr_t)y % 16 == 0;
-        unsigned blocks = (unsigned)((total / (v4 ? 4 : 1) + 255) / 256);
-        if (blocks > (unsigned)c->n_sm * 8) blocks = (unsigned)c->n_sm * 8;
-        g4c_launch(c, v4 ? gemm_fold_kernel<true> : gemm_fold_kernel<false>, dim3(blocks), dim3(256), 0,
-                   (const float *)y2, x->n, m, y, ldc, acc);
+        g4c_fold_args f;
+        memset(&f, 0, sizeof f);
+        f.y2[0] = y2, f.ld[0] = m, f.y[0] = y, f.ldy[0] = ldc, f.out[0] = m, f.count = 1, f.n = x->n, f.acc = acc;
+        g4c_gemm_fold(c, &f);
         return;
     }
     if (c->profile) g4c_profile_begin(c);

@@ -914,6 +914,24 @@ g4c_gemm_in g4c_gemm_in_rows(const g4c_gemm_in *x, int r0, int n);
  * memory (the backend places a set's weights so, g4c_weight_alloc) are one product: their outputs are columns of one
  * [2n, ld] block. Returns 1, 0 where the set does not take that form (nothing ran), -1 out of memory. */
 int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2, int *ld);
+/* Stacked products finished in one launch (g4c_gemm_fold): each output's hi and lo halves added, then a set's
+ * epilogue (bias; a pair: y0 = gelu(gate + b0) (up + b1), its up not written; gelu(y) mul; softcap), written to y[i]
+ * (rows ldy[i] floats apart, 0: out[i]) or, with acc, added to it. */
+typedef struct g4c_fold_args {
+    const float *y2[G4_MATMUL_SET_MAX]; /* product i's hi rows, its lo rows n rows further; rows ld[i] floats apart */
+    int ld[G4_MATMUL_SET_MAX];
+    float *y[G4_MATMUL_SET_MAX];
+    int ldy[G4_MATMUL_SET_MAX];
+    const float *bias[G4_MATMUL_SET_MAX];
+    size_t end[G4_MATMUL_SET_MAX]; /* the products' outputs as one index range: product i ends at end[i] (set by
+                                    * g4c_gemm_fold) */
+    int out[G4_MATMUL_SET_MAX];
+    int count, n, geglu; /* geglu: 0, 1 a pair (count 2, one range), 2 against mul [n, out[0]] */
+    const float *mul;
+    float softcap;
+    int acc;
+} g4c_fold_args;
+void g4c_gemm_fold(g4c *c, g4c_fold_args *f);
 int g4c_blas_init(g4c *c, g4_error *err);
 void g4c_blas_free(g4c *c);
 /* cuda_attention.cu */

@@ -909,83 +909,22 @@ static void epilogue(g4c *c, epi_args a) {
     g4c_launch(c, gemm_epilogue, dim3(blocks), dim3(256), 0, a);
 }
 
-/* A set's stacked products (g4c_gemm_set_stacked) finished in one launch: each output's hi and lo halves added, then
- * gemm_epilogue's arithmetic (a pair: y0 = gelu(gate + b0) (up + b1), its up not written). V4: four outputs at a
- * time (every out a multiple of 4). */
-typedef struct fold_args {
-    const float *y2[G4_MATMUL_SET_MAX]; /* product i's hi rows, its lo rows n rows further; rows ld[i] floats apart */
-    int ld[G4_MATMUL_SET_MAX];
-    float *y[G4_MATMUL_SET_MAX];
-    const float *bias[G4_MATMUL_SET_MAX];
-    size_t end[G4_MATMUL_SET_MAX]; /* the products' outputs as one index range: product i ends at end[i] */
-    int out[G4_MATMUL_SET_MAX];
-    int count, n, geglu; /* geglu: 0, 1 a pair (count 2, one range), 2 against mul */
-    const float *mul;
-    float softcap;
-} fold_args;
-
-/* output element r of a row: its sum g (+ bias), then the set's epilogue with the up sum u or the multiplier m */
-static __device__ __forceinline__ float fold_out(const fold_args &a, int p, int r, float g, float u, float m) {
-    float y = g + (a.bias[p] ? a.bias[p][r] : 0.0f);
-    if (a.geglu == 1) y = g4_gelu_tanh(y) * (u + (a.bias[1] ? a.bias[1][r] : 0.0f));
-    if (a.geglu == 2) y = g4_gelu_tanh(y) * m;
-    if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
-    return y;
-}
-
-template <bool V4> __global__ void gemm_fold_epilogue(fold_args a) {
-    g4_grid_wait();
-    g4_grid_launch_dependents();
-    const int ranges = a.geglu == 1 ? 1 : a.count;
-    const size_t total = a.end[ranges - 1], step = (size_t)gridDim.x * blockDim.x * (V4 ? 4 : 1);
-    for (size_t g = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * (V4 ? 4 : 1); g < total; g += step) {
-        int p = 0;
-        while (g >= a.end[p]) p++;
-        const size_t i = g - (p ? a.end[p - 1] : 0), t = i / (size_t)a.out[p];
-        const int r = (int)(i % (size_t)a.out[p]);
-        const size_t s = t * (size_t)a.ld[p] + (size_t)r, h = (size_t)a.n * (size_t)a.ld[p]; /* hi at s, lo at h + s */
-        if (V4) {
-            const float4 y0 = __ldcg((const float4 *)(a.y2[p] + s)), y1 = __ldcg((const float4 *)(a.y2[p] + h + s));
-            float4 u = make_float4(0.0f, 0.0f, 0.0f, 0.0f), m = u;
-            if (a.geglu == 1) { /* (the pair: up has gate's shape and stride) */
-                const float4 u0 = __ldcg((const float4 *)(a.y2[1] + s)), u1 = __ldcg((const float4 *)(a.y2[1] + h + s));
-                u = make_float4(u0.x + u1.x, u0.y + u1.y, u0.z + u1.z, u0.w + u1.w);
-            }
-            if (a.geglu == 2) m = *(const float4 *)(a.mul + i);
-            *(float4 *)(a.y[p] + i) =
-                make_float4(fold_out(a, p, r, y0.x + y1.x, u.x, m.x), fold_out(a, p, r + 1, y0.y + y1.y, u.y, m.y),
-                            fold_out(a, p, r + 2, y0.z + y1.z, u.z, m.z), fold_out(a, p, r + 3, y0.w + y1.w, u.w, m.w));
-        } else {
-            const float u = a.geglu == 1 ? a.y2[1][s] + a.y2[1][h + s] : 0.0f, m = a.geglu == 2 ? a.mul[i] : 0.0f;
-            a.y[p][i] = fold_out(a, p, r, a.y2[p][s] + a.y2[p][h + s], u, m);
-        }
-    }
-}
-
 static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
     const int pairs = set->geglu && set->count == 2;
     g4c_gemm_in in; /* (the residual prologue, when the set has one, in the same launch) */
     if (g4c_gemm_input(c, x, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->norm, set->eps, set->w[0]->dtype, &in,
                        set))
         return;
-    fold_args f;
+    g4c_fold_args f;
     memset(&f, 0, sizeof f);
     const int stacked = g4c_gemm_set_stacked(c, &in, set->w, set->count, (float **)f.y2, f.ld);
     if (stacked < 0) return;
     if (stacked) { /* the products' halves added and their epilogues in one launch */
         f.count = set->count, f.n = n, f.geglu = pairs ? 1 : set->geglu ? 2 : 0, f.mul = set->mul;
         f.softcap = set->softcap;
-        int v4 = 1;
-        for (int i = 0; i < set->count; i++) {
+        for (int i = 0; i < set->count; i++)
             f.y[i] = set->y[i], f.bias[i] = set->bias[i], f.out[i] = (int)set->w[i]->shape[0];
-            f.end[i] = (i ? f.end[i - 1] : 0) + (size_t)n * (size_t)f.out[i];
-            v4 &= f.out[i] % 4 == 0 && f.ld[i] % 4 == 0 && (uintptr_t)f.y2[i] % 16 == 0 && (uintptr_t)set->y[i] % 16 == 0 &&
-                  (uintptr_t)set->mul % 16 == 0;
-        }
-        const size_t total = f.end[pairs ? 0 : set->count - 1] / (v4 ? 4 : 1);
-        unsigned blocks = (unsigned)((total + 255) / 256);
-        if (blocks > (unsigned)c->n_sm * 16) blocks = (unsigned)c->n_sm * 16;
-        g4c_launch(c, v4 ? gemm_fold_epilogue<true> : gemm_fold_epilogue<false>, dim3(blocks), dim3(256), 0, f);
+        g4c_gemm_fold(c, &f);
         return;
     }
     for (int i = 0; i < set->count; i++) {
