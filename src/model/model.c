@@ -162,36 +162,47 @@ static const g4_tensor *bind_shape(binder *b, const char *name, int ndim, const 
     return bind_full(b, full, ndim, shape);
 }
 
+/* Where t's backend copy goes: a random model's made tensor becomes its own copy (uploaded from a copy of its
+ * header, *src), a file's tensor gets m->placed[i]. */
+static g4_tensor *place_target(g4_model *m, const g4_tensor *t, g4_tensor *tmp, const g4_tensor **src) {
+    if (m->random) {
+        *tmp = *t;
+        *src = tmp;
+        return (g4_tensor *)t;
+    }
+    *src = t;
+    return &m->placed[t - m->weights.tensors];
+}
+
+/* After an upload of t[0 .. count) into dst[]: the bookkeeping (failed: the binder fails, a random model's tensors
+ * lose their data); 0 when it succeeded. */
+static int place_done(binder *b, int failed, const g4_tensor **t, g4_tensor **dst, int count) {
+    g4_model *m = b->m;
+    if (failed) {
+        for (int i = 0; i < count; i++)
+            if (m->random) dst[i]->data = NULL;
+        b->failed = 1;
+        return -1;
+    }
+    for (int i = 0; i < count; i++) {
+        if (!m->random) m->uploaded[t[i] - m->weights.tensors] = 1;
+        b->bytes_placed += t[i]->nbytes;
+    }
+    if (b->progress && !m->be->ops->host_memory)
+        b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights", b->progress_user);
+    return 0;
+}
+
 /* The backend's copy of a bound matrix (uploaded once, however often it is bound). */
 static const g4_tensor *place(binder *b, const g4_tensor *t) {
     if (!t || b->failed) return NULL;
     if (b->collect) return t;
     g4_model *m = b->m;
-    if (m->random) { /* the made tensor becomes its placed copy (random values where the backend keeps it) */
-        g4_tensor tmp = *t;
-        if (m->be->ops->upload_weight(m->be, &tmp, (g4_tensor *)t, b->err)) {
-            ((g4_tensor *)t)->data = NULL;
-            b->failed = 1;
-            return NULL;
-        }
-        b->bytes_placed += t->nbytes;
-        if (b->progress && !m->be->ops->host_memory)
-            b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights", b->progress_user);
-        return t;
-    }
-    size_t i = (size_t)(t - m->weights.tensors);
-    if (!m->placed[i].data) {
-        if (m->be->ops->upload_weight(m->be, t, &m->placed[i], b->err)) {
-            b->failed = 1;
-            return NULL;
-        }
-        m->uploaded[i] = 1;
-        b->bytes_placed += t->nbytes;
-        if (b->progress && !m->be->ops->host_memory)
-            b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights",
-                        b->progress_user);
-    }
-    return &m->placed[i];
+    if (!m->random && m->placed[t - m->weights.tensors].data) return &m->placed[t - m->weights.tensors];
+    g4_tensor tmp;
+    const g4_tensor *src;
+    g4_tensor *dst = place_target(m, t, &tmp, &src);
+    return place_done(b, m->be->ops->upload_weight(m->be, src, dst, b->err) != 0, &t, &dst, 1) ? NULL : dst;
 }
 
 /* place() for the weights of a set (q/k/v, gate/up: t[0 .. count), bound and not yet placed), in one block of
@@ -208,31 +219,9 @@ static void place_set(binder *b, const g4_tensor **t, int count) {
     }
     g4_tensor tmp[G4_MATMUL_SET_MAX], *dst[G4_MATMUL_SET_MAX];
     const g4_tensor *src[G4_MATMUL_SET_MAX];
-    for (int i = 0; i < count; i++) {
-        if (m->random) { /* the made tensor becomes its placed copy, as in place() */
-            tmp[i] = *t[i];
-            src[i] = &tmp[i];
-            dst[i] = (g4_tensor *)t[i];
-        } else {
-            src[i] = t[i];
-            dst[i] = &m->placed[t[i] - m->weights.tensors];
-        }
-    }
-    if (m->be->ops->upload_weights(m->be, src, dst, count, b->err)) {
-        for (int i = 0; i < count; i++) {
-            if (m->random) dst[i]->data = NULL;
-            t[i] = NULL;
-        }
-        b->failed = 1;
-        return;
-    }
-    for (int i = 0; i < count; i++) {
-        if (!m->random) m->uploaded[t[i] - m->weights.tensors] = 1;
-        b->bytes_placed += t[i]->nbytes;
-        t[i] = dst[i];
-    }
-    if (b->progress)
-        b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights", b->progress_user);
+    for (int i = 0; i < count; i++) dst[i] = place_target(m, t[i], &tmp[i], &src[i]);
+    const int failed = place_done(b, m->be->ops->upload_weights(m->be, src, dst, count, b->err) != 0, t, dst, count);
+    for (int i = 0; i < count; i++) t[i] = failed ? NULL : dst[i];
 }
 
 static const g4_tensor *bind2(binder *b, const char *name, int64_t d0, int64_t d1) {

@@ -260,8 +260,8 @@ static float elem(const void *p, size_t i, g4_dtype t) {
 }
 
 /* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t */
-static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
-                      int acc) {
+static void gemm_plain(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
+                       int acc) {
     (void)c;
     for (int tk = 0; tk < x->n; tk++)
         for (int r = 0; r < m; r++) {
@@ -278,8 +278,8 @@ static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, i
 /* y2 [2n, m] = the hi rows' products, then the lo rows' (x's parts stacked) */
 static void gemm_stacked(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y2) {
     const g4c_gemm_in hi = {x->hi, NULL, x->n, x->in, t, 0}, lo = {x->lo, NULL, x->n, x->in, t, 0};
-    gemm_rows(c, &hi, A, t, lda, m, y2, m, 0);
-    gemm_rows(c, &lo, A, t, lda, m, y2 + (size_t)x->n * m, m, 0);
+    gemm_plain(c, &hi, A, t, lda, m, y2, m, 0);
+    gemm_plain(c, &lo, A, t, lda, m, y2 + (size_t)x->n * m, m, 0);
 }
 
 int g4c_blas_init(g4c *c, g4_error *err) {
@@ -323,25 +323,12 @@ static void gemm_stacked(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t
     if (c->profile) g4c_profile_end_named(c, &blas_key, "cuBLAS (all products)");
 }
 
-/* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product).
- * Activations as hi + lo parts for a few tokens (at most c->fold_tokens, the lo rows right after the hi rows, as
- * g4c_gemm_input lays them out): one product of the 2n stacked rows, so the weights are read once, then its
- * halves added (H200, E2B bf16 decode of 64 sequences: two calls read the weights twice at ~1 TB/s); the same
- * sum as the low part's product accumulated onto the high part's. */
-static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
-                      int acc) {
+/* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product), as
+ * one product (x's lo part, when it has one, a second product accumulated onto the first) */
+static void gemm_plain(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
+                       int acc) {
     cublasHandle_t h = (cublasHandle_t)c->blas;
     const float one = 1.0f, zero = acc ? 1.0f : 0.0f;
-    if (t != G4_F32 && stacked_parts(c, x, (size_t)m)) {
-        float *y2 = (float *)g4c_ws(c, &c->ws_fold, (size_t)2 * (size_t)x->n * (size_t)m * sizeof(float));
-        if (!y2) return;
-        gemm_stacked(c, x, A, t, lda, m, y2);
-        g4c_fold_args f;
-        memset(&f, 0, sizeof f);
-        f.y2[0] = y2, f.ld[0] = m, f.y[0] = y, f.ldy[0] = ldc, f.out[0] = m, f.count = 1, f.n = x->n, f.acc = acc;
-        g4c_gemm_fold(c, &f);
-        return;
-    }
     if (c->profile) g4c_profile_begin(c);
     if (t == G4_F32) {
         blas_note(c,
@@ -388,6 +375,27 @@ void g4c_blas_free(g4c *c) {
     c->blas_ws = NULL;
 }
 #endif
+
+/* y[t, 0..m) (row stride ldc) = x' A^T (acc: y +=) for A [m, lda] of dtype t (f32 weights: an f32 product).
+ * Activations as hi + lo parts for a few tokens (at most c->fold_tokens, the lo rows right after the hi rows, as
+ * g4c_gemm_input lays them out): one product of the 2n stacked rows, so the weights are read once, then its
+ * halves added (H200, E2B bf16 decode of 64 sequences: two calls read the weights twice at ~1 TB/s); the same
+ * sum as the low part's product accumulated onto the high part's. */
+static void gemm_rows(g4c *c, const g4c_gemm_in *x, const void *A, g4_dtype t, int lda, int m, float *y, int ldc,
+                      int acc) {
+    if (t != G4_F32 && stacked_parts(c, x, (size_t)m)) {
+        float *y2 = (float *)g4c_ws(c, &c->ws_fold, (size_t)2 * (size_t)x->n * (size_t)m * sizeof(float));
+        if (!y2) return;
+        gemm_stacked(c, x, A, t, lda, m, y2);
+        g4c_fold_args f;
+        memset(&f, 0, sizeof f);
+        f.y2[0] = y2, f.ld[0] = m, f.y[0] = y, f.ldy[0] = ldc, f.out[0] = m, f.count = 1, f.n = x->n, f.acc = acc;
+        g4c_gemm_fold(c, &f);
+        return;
+    }
+    gemm_plain(c, x, A, t, lda, m, y, ldc, acc);
+}
+
 
 int g4c_gemm_set_stacked(g4c *c, const g4c_gemm_in *x, const g4_tensor *const *w, int count, float **y2, int *ld) {
     size_t m_all = 0;
