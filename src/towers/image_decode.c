@@ -534,7 +534,8 @@ static int exif_orientation(const uint8_t *p, size_t n) {
                 case EXIF_FORMAT_FLOAT:
                 case EXIF_FORMAT_DOUBLE: {
                     uint8_t raw[8];
-                    for (size_t k = 0; k < unit; k++) raw[k] = e->data[bo == EXIF_BYTE_ORDER_MOTOROLA ? unit - 1 - k : k];
+                    const int swap = bo == EXIF_BYTE_ORDER_MOTOROLA;
+                    for (size_t k = 0; k < unit; k++) raw[k] = e->data[swap ? unit - 1 - k : k];
                     if (unit == 4) {
                         float f;
                         memcpy(&f, raw, 4);

@@ -167,19 +167,22 @@ def jpeg_with_app1(jpeg, payload):
 
 small = Image.fromarray(smooth(29, 41))
 add("xmp6.png", pil_bytes(small, "PNG", pnginfo=png_text("itxt", "XML:com.adobe.xmp", xmp_packet(6).decode())))
-add("xmp8_ztxt.png", pil_bytes(small, "PNG", pnginfo=png_text("ztxt", "XML:com.adobe.xmp", xmp_packet(8, True).decode())))
+add("xmp8_ztxt.png", pil_bytes(small, "PNG",
+                               pnginfo=png_text("ztxt", "XML:com.adobe.xmp", xmp_packet(8, True).decode())))
 add("xmp6_exif1.png", pil_bytes(small, "PNG", exif=exif_bytes(1),          # the EXIF's tag wins, even 1
                                 pnginfo=png_text("itxt", "XML:com.adobe.xmp", xmp_packet(6).decode())))
 raw_hex = exif_bytes(5).hex()
-add("raw_profile5.png", pil_bytes(small, "PNG", pnginfo=png_text("ztxt", "Raw profile type exif", "\nexif\n%8d\n%s\n" % (
-    len(raw_hex) // 2, "\n".join(raw_hex[i:i + 72] for i in range(0, len(raw_hex), 72))))))  # ImageMagick's old form
+raw_text = "\nexif\n%8d\n%s\n" % (len(raw_hex) // 2, "\n".join(raw_hex[i:i + 72] for i in range(0, len(raw_hex), 72)))
+# ImageMagick's old way to keep EXIF in a PNG
+add("raw_profile5.png", pil_bytes(small, "PNG", pnginfo=png_text("ztxt", "Raw profile type exif", raw_text)))
 plain = pil_bytes(small, "JPEG", quality=90)
 for o, element in ((8, True), (5, False)):
     packet = xmp_packet(o, element)
     add("xmp%d.jpg" % o, jpeg_with_app1(plain, b"http://ns.adobe.com/xap/1.0/\0" + packet), xmp=packet)
 add("xmp7.webp", pil_bytes(small, "WEBP", lossless=True, xmp=xmp_packet(7)), xmp=xmp_packet(7))
 for name, kind, count, value in (("long6", 4, 1, struct.pack("<I", 6)), ("sshort8", 8, 1, struct.pack("<h", 8)),
-                                 ("rational3", 5, 1, struct.pack("<II", 6, 2)), ("double5", 12, 1, struct.pack("<d", 5)),
+                                 ("rational3", 5, 1, struct.pack("<II", 6, 2)),
+                                 ("double5", 12, 1, struct.pack("<d", 5)),
                                  ("short_x2", 3, 2, struct.pack("<HH", 7, 1)), ("byte6", 1, 1, b"\6")):
     add("exif_%s.jpg" % name, jpeg_with_app1(plain, tiff_orientation(kind, count, value)))
 # palette indices past the PLTE entries (PIL reads index i there as gray i)
