@@ -326,6 +326,21 @@ static void made_inputs(g4_model *m) {
         CHECKF(encode(m, bad[k], &e, &err) < 0 && err.msg[0] && !strchr(err.msg, '\n'), "%s was accepted", bad[k]);
         fprintf(stderr, "%s\n", err.msg);
     }
+    /* float samples that are NaN, infinite, or finite but too large for the spectrum: an error that says which */
+    static const struct {
+        float v;
+        const char *says;
+    } odd[] = {{NAN, "not a finite number"}, {-INFINITY, "not a finite number"}, {3e38f, "beyond"}, {-2e30f, "beyond"}};
+    for (size_t k = 0; k < sizeof odd / sizeof odd[0]; k++) {
+        float *y = malloc(n * sizeof *y);
+        memcpy(y, x16, n * sizeof *y);
+        y[n / 2] = odd[k].v;
+        CHECK(write_sound(g4t_tmp("audio_odd.wav"), WAVF, 16000, 1, y, n) == 0);
+        err.msg[0] = 0;
+        CHECKF(encode(m, g4t_tmp("audio_odd.wav"), &e, &err) < 0 && strstr(err.msg, odd[k].says), "%g: %s", odd[k].v,
+               err.msg);
+        free(y);
+    }
     /* a WAV cut short in its data (the header still says 1 s): the samples that are there */
     CHECK(truncate(g4t_tmp("audio16.wav"), 44 + 2 * 8000) == 0);
     CHECKF(g4_audio_load(g4t_tmp("audio16.wav"), 16000, &mono, &n, &err) == 0 && n == 8000, "cut WAV: %s", err.msg);

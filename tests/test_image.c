@@ -1,7 +1,8 @@
 /* Image decoding and the image processor (src/towers/image*.c, docs/gemma4-towers.md 2.1-2.5):
  * - the vision fixture's pixel_values and position ids from image0.png / image1.png;
- * - files of many kinds (PNG color types and depths, JPEG subsamplings, progressive, CMYK, EXIF
- *   orientations, WebP, GIF) against PIL and the shared numpy reference of the resize, at several budgets
+ * - files of many kinds (PNG color types and depths, short palettes, JPEG subsamplings, progressive, CMYK,
+ *   orientations from EXIF of any numeric type, XMP and PNG text, WebP, GIF) against PIL and the shared numpy
+ *   reference of the resize, at several budgets
  *   (tests/data/make_image_cases.py writes them with the system's python3, PIL and numpy);
  * - PNGs with alpha, grayscale and a palette and a JPEG, each encoded here with libspng / libjpeg;
  * - empty, truncated, corrupt, huge, oversized and non-image files: a clear one-line error each; an

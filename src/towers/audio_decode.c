@@ -90,7 +90,11 @@ static int read_mono(SNDFILE *sf, const SF_INFO *info, int rate, const char *nam
             for (int c = 0; c < ch; c++) s += buf[i * ch + c];
             m[i] = ch == 1 ? s : s / (float)ch;
             if (!(m[i] == m[i]) || m[i] > 1e30f || m[i] < -1e30f) {
-                g4_fail(err, "%s: the audio holds samples that are not finite numbers", name);
+                /* NaN and Inf, and finite values so large that the spectrum overflows (transformers would give
+                 * NaN soft tokens for them) */
+                const int finite = m[i] == m[i] && m[i] > -3.4e38f && m[i] < 3.4e38f;
+                g4_fail(err, "%s: the audio holds a sample that is %s", name,
+                        finite ? "beyond +-1e30 (the spectrum would overflow)" : "not a finite number (NaN or Inf)");
                 goto fail;
             }
         }

@@ -13,8 +13,13 @@
  * - WebP: the first frame of the (possibly animated) canvas, alpha dropped.
  * - GIF: the first frame; outside its rectangle the transparent index (else index 0); colours from the
  *   frame's palette (else the global one; without any palette the indices are gray levels).
- * - EXIF orientation 2..8 (JPEG APP1, PNG eXIf, WebP EXIF) is applied, as PIL's exif_transpose does
- *   (orientation written only as XMP or a PNG text chunk is not read).
+ * - PNG palette indices past the PLTE entries read as gray (index i -> (i, i, i)): PIL's palette starts as the gray
+ *   ramp and PLTE overwrites only its first entries.
+ * - The orientation 2..8 is applied as ImageOps.exif_transpose applies what Image.getexif() gives: tag 0x0112 of
+ *   the EXIF (JPEG APP1, PNG eXIf or, without it, ImageMagick's "Raw profile type exif" text, WebP EXIF) in any
+ *   numeric type PIL compares equal to 2..8; when the EXIF has no such tag, the first tiff:Orientation="D" or
+ *   tiff:Orientation>D of the XMP packet (PNG "XML:com.adobe.xmp" text, JPEG APP1 XMP, WebP XMP; Pillow >= 11
+ *   for the last two). Not read: XMP in a GIF.
  * Other formats (BMP, TIFF, ...) and anything that is not an image are clear errors. */
 #ifndef G4_TOWERS_IMAGE_H
 #define G4_TOWERS_IMAGE_H

@@ -45,6 +45,23 @@ static int check_size(int64_t w, int64_t h, int64_t max_pixels, g4_error *err) {
     return 0;
 }
 
+/* What exif_transpose reads besides the pixels: the EXIF block (TIFF, with or without "Exif\0\0") and the XMP
+ * packet, each owned (malloc) or NULL. */
+typedef struct image_meta {
+    uint8_t *exif, *xmp;
+    size_t exif_len, xmp_len;
+} image_meta;
+
+static void meta_set(uint8_t **dst, size_t *dst_len, const void *src, size_t n) {
+    free(*dst);
+    *dst = NULL;
+    *dst_len = 0;
+    if (n && (*dst = malloc(n))) {
+        memcpy(*dst, src, n);
+        *dst_len = n;
+    }
+}
+
 /* ------------------------------------------------------------------- JPEG */
 typedef struct jpeg_fail {
     struct jpeg_error_mgr mgr;
@@ -163,8 +180,10 @@ static int decode_jpeg(const uint8_t *data, size_t size, int64_t max_pixels, g4_
     return 0;
 }
 
-/* The first APP1 segment that holds EXIF ("Exif\0\0" + TIFF), or NULL. */
-static const uint8_t *jpeg_exif(const uint8_t *d, size_t n, size_t *len) {
+/* PIL's JPEG header parse: the first APP1 segment that holds EXIF ("Exif\0\0" + TIFF; later ones only extend it)
+ * and the last one that holds XMP ("http://ns.adobe.com/xap/1.0/\0" + packet), up to the start of scan. */
+static void jpeg_meta(const uint8_t *d, size_t n, image_meta *m) {
+    static const char xmp_id[] = "http://ns.adobe.com/xap/1.0/"; /* and its terminating zero */
     size_t i = 2;
     while (i + 4 <= n && d[i] == 0xFF) {
         int marker = d[i + 1];
@@ -175,23 +194,61 @@ static const uint8_t *jpeg_exif(const uint8_t *d, size_t n, size_t *len) {
         if (marker == 0xDA || marker == 0xD9) break; /* start of scan: no more headers */
         size_t seg = (size_t)d[i + 2] << 8 | d[i + 3];
         if (seg < 2 || i + 2 + seg > n) break;
-        if (marker == 0xE1 && seg >= 8 && !memcmp(d + i + 4, "Exif\0\0", 6)) {
-            *len = seg - 2;
-            return d + i + 4;
-        }
+        const uint8_t *p = d + i + 4;
+        const size_t len = seg - 2;
+        if (marker == 0xE1 && len >= 6 && !memcmp(p, "Exif\0\0", 6) && !m->exif)
+            meta_set(&m->exif, &m->exif_len, p, len);
+        else if (marker == 0xE1 && len >= sizeof xmp_id && !memcmp(p, xmp_id, sizeof xmp_id))
+            meta_set(&m->xmp, &m->xmp_len, p + sizeof xmp_id, len - sizeof xmp_id);
         i += 2 + seg;
     }
-    return NULL;
+}
+
+/* The bytes of ImageMagick's legacy PNG text "Raw profile type exif" ("\nexif\n   LEN\nHEX..."): PIL reads the hex
+ * after the third line break when the file has no eXIf chunk. 0 when it is not valid hex. */
+static int raw_profile_exif(const char *t, size_t n, image_meta *m) {
+    size_t i = 0;
+    for (int lines = 0; lines < 3 && i < n; i++) lines += t[i] == '\n';
+    uint8_t *b = malloc(n / 2 + 1);
+    if (!b) return 0;
+    size_t k = 0;
+    int hi = -1;
+    for (; i < n; i++) {
+        int c = (unsigned char)t[i], v;
+        if (c == '\n') continue; /* the lines are joined */
+        if (c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f') {
+            if (hi >= 0) break; /* whitespace only between the bytes */
+            continue;
+        }
+        if (c >= '0' && c <= '9') v = c - '0';
+        else if ((c | 32) >= 'a' && (c | 32) <= 'f') v = (c | 32) - 'a' + 10;
+        else break;
+        if (hi < 0) {
+            hi = v;
+        } else {
+            b[k++] = (uint8_t)(hi << 4 | v);
+            hi = -1;
+        }
+    }
+    int ok = i == n && hi < 0 && k > 0;
+    if (ok) meta_set(&m->exif, &m->exif_len, b, k);
+    free(b);
+    return ok;
 }
 
 /* -------------------------------------------------------------------- PNG */
-static int decode_png(const uint8_t *data, size_t size, int64_t max_pixels, g4_image *out, uint8_t **exif,
-                      size_t *exif_len, g4_error *err) {
+static int decode_png(const uint8_t *data, size_t size, int64_t max_pixels, g4_image *out, image_meta *m,
+                      g4_error *err) {
     spng_ctx *ctx = spng_ctx_new(0);
     if (!ctx) return g4_fail(err, "out of memory");
     int rc = -1, e;
     uint8_t *raw = NULL;
     struct spng_ihdr ihdr;
+    struct spng_plte *plte = malloc(sizeof *plte);
+    if (!plte) {
+        spng_ctx_free(ctx);
+        return g4_fail(err, "out of memory");
+    }
     spng_set_chunk_limits(ctx, PNG_CHUNK_LIMIT, PNG_CHUNK_LIMIT);
     if ((e = spng_set_png_buffer(ctx, data, size)) || (e = spng_get_ihdr(ctx, &ihdr))) {
         g4_fail(err, "corrupt PNG: %s", spng_strerror(e));
@@ -218,6 +275,34 @@ static int decode_png(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
             uint8_t g = v > 255 ? 255 : (uint8_t)v;
             out->rgb[3 * i] = out->rgb[3 * i + 1] = out->rgb[3 * i + 2] = g;
         }
+    } else if (ihdr.color_type == SPNG_COLOR_TYPE_INDEXED && spng_get_plte(ctx, plte) == 0 &&
+               plte->n_entries < (1u << ihdr.bit_depth)) {
+        /* indices past the palette (the spec calls them an error; libspng gives black): PIL's palette starts as
+         * the gray ramp (i, i, i) and PLTE overwrites only its first entries, so index i past them reads as gray i */
+        size_t len;
+        const size_t stride = ((size_t)W * ihdr.bit_depth + 7) / 8;
+        if ((e = spng_decoded_image_size(ctx, SPNG_FMT_PNG, &len)) || len != stride * H || !(raw = malloc(len))) {
+            g4_fail(err, e ? "corrupt PNG: %s" : "out of memory", spng_strerror(e));
+            goto done;
+        }
+        if ((e = spng_decode_image(ctx, raw, len, SPNG_FMT_PNG, 0))) {
+            g4_fail(err, "corrupt PNG: %s", spng_strerror(e));
+            goto done;
+        }
+        const int bits = ihdr.bit_depth, mask = (1 << bits) - 1;
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++) {
+                const size_t bit = (size_t)x * bits;
+                const int v = raw[(size_t)y * stride + bit / 8] >> (8 - bits - (int)(bit % 8)) & mask;
+                uint8_t *o = out->rgb + ((size_t)y * W + x) * 3;
+                if ((uint32_t)v < plte->n_entries) {
+                    o[0] = plte->entries[v].red;
+                    o[1] = plte->entries[v].green;
+                    o[2] = plte->entries[v].blue;
+                } else {
+                    o[0] = o[1] = o[2] = (uint8_t)v;
+                }
+            }
     } else {
         size_t len;
         if ((e = spng_decoded_image_size(ctx, SPNG_FMT_RGB8, &len)) || len != npx * 3) {
@@ -230,21 +315,34 @@ static int decode_png(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
         }
     }
     struct spng_exif ex;
-    if (spng_get_exif(ctx, &ex) == 0 && ex.length > 0 && (*exif = malloc(ex.length))) {
-        memcpy(*exif, ex.data, ex.length);
-        *exif_len = ex.length;
+    if (spng_get_exif(ctx, &ex) == 0 && ex.length > 0) meta_set(&m->exif, &m->exif_len, ex.data, ex.length);
+    /* text chunks (tEXt, zTXt, iTXt, also those after the image data, which PIL reads on load): the XMP packet
+     * of the last "XML:com.adobe.xmp" and, without eXIf, ImageMagick's "Raw profile type exif" */
+    uint32_t n_text = 0;
+    struct spng_text *text = NULL;
+    if (spng_get_text(ctx, NULL, &n_text) == 0 && n_text && (text = calloc(n_text, sizeof *text)) &&
+        spng_get_text(ctx, text, &n_text) == 0) {
+        int raw_exif = 0;
+        for (uint32_t i = 0; i < n_text; i++) {
+            if (!strcmp(text[i].keyword, "XML:com.adobe.xmp") && text[i].text)
+                meta_set(&m->xmp, &m->xmp_len, text[i].text, text[i].length);
+            else if (!m->exif && !raw_exif && !strcmp(text[i].keyword, "Raw profile type exif") && text[i].text)
+                raw_exif = raw_profile_exif(text[i].text, text[i].length, m);
+        }
     }
+    free(text);
     rc = 0;
 done:
     if (rc) g4_image_free(out);
     free(raw);
+    free(plte);
     spng_ctx_free(ctx);
     return rc;
 }
 
 /* ------------------------------------------------------------------- WebP */
-static int decode_webp(const uint8_t *data, size_t size, int64_t max_pixels, g4_image *out, uint8_t **exif,
-                       size_t *exif_len, g4_error *err) {
+static int decode_webp(const uint8_t *data, size_t size, int64_t max_pixels, g4_image *out, image_meta *m,
+                       g4_error *err) {
     WebPBitstreamFeatures feat;
     if (WebPGetFeatures(data, size, &feat) != VP8_STATUS_OK) return g4_fail(err, "corrupt or truncated WebP");
     /* the canvas size (VP8X's for an animation), checked before WebPAnimDecoderNew allocates two RGBA canvases */
@@ -275,10 +373,11 @@ static int decode_webp(const uint8_t *data, size_t size, int64_t max_pixels, g4_
     WebPChunkIterator it;
     const WebPDemuxer *dmx = WebPAnimDecoderGetDemuxer(dec);
     if (dmx && WebPDemuxGetChunk(dmx, "EXIF", 1, &it)) {
-        if (it.chunk.size && (*exif = malloc(it.chunk.size))) {
-            memcpy(*exif, it.chunk.bytes, it.chunk.size);
-            *exif_len = it.chunk.size;
-        }
+        meta_set(&m->exif, &m->exif_len, it.chunk.bytes, it.chunk.size);
+        WebPDemuxReleaseChunkIterator(&it);
+    }
+    if (dmx && WebPDemuxGetChunk(dmx, "XMP ", 1, &it)) {
+        meta_set(&m->xmp, &m->xmp_len, it.chunk.bytes, it.chunk.size);
         WebPDemuxReleaseChunkIterator(&it);
     }
     rc = 0;
@@ -389,11 +488,14 @@ done:
 }
 
 /* ------------------------------------------------------------ orientation */
-/* EXIF orientation (tag 0x0112 of IFD0) of a TIFF block with or without the "Exif\0\0" prefix; 1 if none. */
+/* Pillow's getexif()[0x0112]: the orientation tag of IFD0 of a TIFF block with or without the "Exif\0\0" prefix,
+ * -1 when there is no such tag. PIL reads it whatever its integer type (SHORT as the standard says, also LONG,
+ * SBYTE, SSHORT, SLONG; a RATIONAL, FLOAT or DOUBLE equal to an integer compares equal to it), the first value when
+ * there are several; BYTE and UNDEFINED come back as bytes and ASCII as text, which select no transposition (0). */
 static int exif_orientation(const uint8_t *p, size_t n) {
-    if (!p || n < 8) return 1;
+    if (!p || n < 8) return -1;
     uint8_t *buf = malloc(n + 6);
-    if (!buf) return 1;
+    if (!buf) return -1;
     size_t len = n;
     if (memcmp(p, "Exif\0\0", 6)) { /* libexif wants the APP1 prefix */
         memcpy(buf, "Exif\0\0", 6);
@@ -402,18 +504,71 @@ static int exif_orientation(const uint8_t *p, size_t n) {
     } else {
         memcpy(buf, p, n);
     }
-    int o = 1;
+    int o = -1;
     ExifData *ed = exif_data_new();
     if (ed) {
         exif_data_unset_option(ed, EXIF_DATA_OPTION_FOLLOW_SPECIFICATION); /* read, do not "repair" */
         exif_data_load_data(ed, buf, (unsigned int)len);
         ExifEntry *e = exif_content_get_entry(ed->ifd[EXIF_IFD_0], EXIF_TAG_ORIENTATION);
-        if (e && e->format == EXIF_FORMAT_SHORT && e->components >= 1 && e->size >= 2)
-            o = exif_get_short(e->data, exif_data_get_byte_order(ed));
+        if (e) {
+            const ExifByteOrder bo = exif_data_get_byte_order(ed);
+            const size_t unit = exif_format_get_size(e->format);
+            double v = 0; /* no transposition unless a value below says otherwise */
+            if (e->components >= 1 && unit && e->size >= unit && e->data) {
+                switch (e->format) {
+                case EXIF_FORMAT_SHORT: v = exif_get_short(e->data, bo); break;
+                case EXIF_FORMAT_SSHORT: v = exif_get_sshort(e->data, bo); break;
+                case EXIF_FORMAT_LONG: v = exif_get_long(e->data, bo); break;
+                case EXIF_FORMAT_SLONG: v = exif_get_slong(e->data, bo); break;
+                case EXIF_FORMAT_SBYTE: v = (int8_t)e->data[0]; break;
+                case EXIF_FORMAT_RATIONAL: {
+                    ExifRational r = exif_get_rational(e->data, bo);
+                    v = r.denominator ? (double)r.numerator / r.denominator : 0;
+                    break;
+                }
+                case EXIF_FORMAT_SRATIONAL: {
+                    ExifSRational r = exif_get_srational(e->data, bo);
+                    v = r.denominator ? (double)r.numerator / r.denominator : 0;
+                    break;
+                }
+                case EXIF_FORMAT_FLOAT:
+                case EXIF_FORMAT_DOUBLE: {
+                    uint8_t raw[8];
+                    const int swap = bo == EXIF_BYTE_ORDER_MOTOROLA;
+                    for (size_t k = 0; k < unit; k++) raw[k] = e->data[swap ? unit - 1 - k : k];
+                    if (unit == 4) {
+                        float f;
+                        memcpy(&f, raw, 4);
+                        v = f;
+                    } else {
+                        memcpy(&v, raw, 8);
+                    }
+                    break;
+                }
+                default: break; /* BYTE, ASCII, UNDEFINED */
+                }
+            }
+            o = v >= 2 && v <= 8 && v == (int)v ? (int)v : 0;
+        }
         exif_data_unref(ed);
     }
     free(buf);
-    return o >= 2 && o <= 8 ? o : 1;
+    return o;
+}
+
+/* Pillow's fallback when the EXIF has no orientation tag: the digit of the first `tiff:Orientation="D` or
+ * `tiff:Orientation>D` in the XMP packet (its regex tiff:Orientation(="|>)([0-9])); -1 if none. */
+static int xmp_orientation(const uint8_t *p, size_t n) {
+    static const char key[] = "tiff:Orientation";
+    const size_t k = sizeof key - 1;
+    for (size_t i = 0; p && i + k + 1 < n; i++) {
+        if (p[i] != 't' || memcmp(p + i, key, k)) continue;
+        const uint8_t *q = p + i + k;
+        const size_t left = n - i - k;
+        if (left >= 3 && q[0] == '=' && q[1] == '"' && q[2] >= '0' && q[2] <= '9') return q[2] - '0';
+        if (left >= 2 && q[0] == '>' && q[1] >= '0' && q[1] <= '9') return q[1] - '0';
+    }
+    return -1;
 }
 
 /* PIL's exif_transpose: 2 mirror, 3 rotate 180, 4 flip, 5 transpose, 6 rotate 270 (clockwise 90),
@@ -451,17 +606,15 @@ int g4_image_decode(const void *data, size_t size, const g4_image_limits *limits
     if (size == 0) return g4_fail(err, "empty file (not an image)");
     if (size > max_bytes)
         return g4_fail(err, "the file has %zu bytes, more than the limit of %zu for an image", size, max_bytes);
-    uint8_t *exif = NULL;
-    size_t exif_len = 0;
+    image_meta meta = {0};
     int rc;
     if (size >= 3 && d[0] == 0xFF && d[1] == 0xD8 && d[2] == 0xFF) {
         rc = decode_jpeg(d, size, max_px, out, err);
-        const uint8_t *e = rc ? NULL : jpeg_exif(d, size, &exif_len);
-        if (e && (exif = malloc(exif_len))) memcpy(exif, e, exif_len);
+        if (rc == 0) jpeg_meta(d, size, &meta);
     } else if (size >= 8 && !memcmp(d, "\x89PNG\r\n\x1a\n", 8)) {
-        rc = decode_png(d, size, max_px, out, &exif, &exif_len, err);
+        rc = decode_png(d, size, max_px, out, &meta, err);
     } else if (size >= 12 && !memcmp(d, "RIFF", 4) && !memcmp(d + 8, "WEBP", 4)) {
-        rc = decode_webp(d, size, max_px, out, &exif, &exif_len, err);
+        rc = decode_webp(d, size, max_px, out, &meta, err);
     } else if (size >= 6 && (!memcmp(d, "GIF87a", 6) || !memcmp(d, "GIF89a", 6))) {
         rc = decode_gif(d, size, max_px, out, err);
     } else if (size >= 2 && !memcmp(d, "BM", 2)) {
@@ -471,8 +624,13 @@ int g4_image_decode(const void *data, size_t size, const g4_image_limits *limits
     } else {
         return g4_fail(err, "not an image (the format is not recognised; JPEG, PNG, WebP and GIF are read)");
     }
-    if (rc == 0 && exif) rc = apply_orientation(out, exif_orientation(exif, exif_len), err);
-    free(exif);
+    if (rc == 0) { /* ImageOps.exif_transpose: the EXIF tag, else the XMP's */
+        int o = exif_orientation(meta.exif, meta.exif_len);
+        if (o < 0) o = xmp_orientation(meta.xmp, meta.xmp_len);
+        if (o >= 2 && o <= 8) rc = apply_orientation(out, o, err);
+    }
+    free(meta.exif);
+    free(meta.xmp);
     if (rc) g4_image_free(out);
     return rc;
 }

@@ -11,18 +11,21 @@ OUTDIR/cases.json: [{"file", "rgb": "x.rgb" (H*W*3 bytes), "width", "height",
 import io
 import json
 import os
+import re
 import struct
 import sys
+import warnings
 import zlib
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, PngImagePlugin
 
 sys.path.insert(0, os.path.join(sys.argv[1], "reference", "numpy"))
 import imgproc  # noqa: E402
 
 OUT = sys.argv[2]
 rng = np.random.default_rng(1234)
+warnings.filterwarnings("ignore", "Metadata Warning")  # the orientation written twice (exif_short_x2.jpg)
 
 
 def smooth(h, w, c=3):
@@ -38,15 +41,16 @@ def png_chunk(kind, data):
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
-def raw_png(samples, color_type, depth, width=None):
-    """A PNG written by hand, for what PIL cannot write (16-bit RGB, 16-bit gray + alpha, 2-bit gray);
-    samples [h, ...] are the rows (already packed below 8 bits, then `width` gives the pixels per row)."""
+def raw_png(samples, color_type, depth, width=None, plte=None):
+    """A PNG written by hand, for what PIL cannot write (16-bit RGB, 16-bit gray + alpha, 2-bit gray, a palette
+    shorter than its indices); samples [h, ...] are the rows (already packed below 8 bits, then `width` gives the
+    pixels per row); plte: the PLTE chunk's bytes."""
     h, w = samples.shape[0], width or samples.shape[1]
     big = samples.astype(">u2") if depth == 16 else samples.astype(np.uint8)
     rows = b"".join(b"\0" + big[r].tobytes() for r in range(h))
     ihdr = struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(rows)) +
-            png_chunk(b"IEND", b""))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + (png_chunk(b"PLTE", plte) if plte else b"") +
+            png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
 
 
 def exif_bytes(orientation):
@@ -58,11 +62,20 @@ def exif_bytes(orientation):
 cases = []
 
 
-def add(name, data, budgets=(70,)):
+def add(name, data, budgets=(70,), xmp=None):
+    """xmp: the XMP packet a JPEG or WebP file carries. Pillow >= 11 keeps it as info["xmp"], and its getexif()
+    takes the orientation from it (the first match of tiff:Orientation(="|>)([0-9])) when the EXIF has none, as it
+    already does for a PNG's "XML:com.adobe.xmp" text; an older PIL does not, so that rule is applied here."""
     path = os.path.join(OUT, name)
     with open(path, "wb") as f:
         f.write(data)
-    im = ImageOps.exif_transpose(Image.open(path))
+    im = Image.open(path)
+    ex = im.getexif()
+    if xmp is not None and 0x0112 not in ex:
+        m = re.search(rb'tiff:Orientation(="|>)([0-9])', xmp)
+        if m:
+            ex[0x0112] = int(m[2])  # the cached Exif that exif_transpose reads
+    im = ImageOps.exif_transpose(im)
     rgb = np.asarray(im.convert("RGB"), dtype=np.uint8)
     h, w = rgb.shape[:2]
     rgb.tofile(path + ".rgb")
@@ -121,6 +134,63 @@ add("alpha.webp", pil_bytes(Image.fromarray(smooth(80, 90, 4)), "WEBP", quality=
 # GIF: palette, with a transparent index
 add("palette.gif", pil_bytes(Image.fromarray(smooth(70, 90)).quantize(64), "GIF"))
 add("transparent.gif", pil_bytes(Image.fromarray(smooth(40, 30)).quantize(32), "GIF", transparency=5))
+
+# orientation from elsewhere than a SHORT in the EXIF (ImageOps.exif_transpose reads Image.getexif())
+def xmp_packet(orientation, element=False):
+    o = ("<tiff:Orientation>%d</tiff:Orientation>" % orientation) if element else ""
+    a = "" if element else ' tiff:Orientation="%d"' % orientation
+    return ('<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+            '<rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/"%s>%s</rdf:Description></rdf:RDF></x:xmpmeta>'
+            % (a, o)).encode()
+
+
+def png_text(kind, keyword, text):
+    """PIL's PngInfo with one text chunk (iTXt, compressed tEXt = zTXt)."""
+    info = PngImagePlugin.PngInfo()
+    if kind == "itxt":
+        info.add_itxt(keyword, text)
+    else:
+        info.add_text(keyword, text, zip=True)
+    return info
+
+
+def tiff_orientation(kind, count, value):
+    """An EXIF block whose IFD0 holds only the orientation, of TIFF type `kind` (little-endian)."""
+    inline = len(value) <= 4
+    entry = struct.pack("<HHI", 0x0112, kind, count) + (value.ljust(4, b"\0") if inline else struct.pack("<I", 26))
+    return b"Exif\0\0II*\0" + struct.pack("<IH", 8, 1) + entry + struct.pack("<I", 0) + (b"" if inline else value)
+
+
+def jpeg_with_app1(jpeg, payload):
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]
+
+
+small = Image.fromarray(smooth(29, 41))
+add("xmp6.png", pil_bytes(small, "PNG", pnginfo=png_text("itxt", "XML:com.adobe.xmp", xmp_packet(6).decode())))
+add("xmp8_ztxt.png", pil_bytes(small, "PNG",
+                               pnginfo=png_text("ztxt", "XML:com.adobe.xmp", xmp_packet(8, True).decode())))
+add("xmp6_exif1.png", pil_bytes(small, "PNG", exif=exif_bytes(1),          # the EXIF's tag wins, even 1
+                                pnginfo=png_text("itxt", "XML:com.adobe.xmp", xmp_packet(6).decode())))
+raw_hex = exif_bytes(5).hex()
+raw_text = "\nexif\n%8d\n%s\n" % (len(raw_hex) // 2, "\n".join(raw_hex[i:i + 72] for i in range(0, len(raw_hex), 72)))
+# ImageMagick's old way to keep EXIF in a PNG
+add("raw_profile5.png", pil_bytes(small, "PNG", pnginfo=png_text("ztxt", "Raw profile type exif", raw_text)))
+plain = pil_bytes(small, "JPEG", quality=90)
+for o, element in ((8, True), (5, False)):
+    packet = xmp_packet(o, element)
+    add("xmp%d.jpg" % o, jpeg_with_app1(plain, b"http://ns.adobe.com/xap/1.0/\0" + packet), xmp=packet)
+add("xmp7.webp", pil_bytes(small, "WEBP", lossless=True, xmp=xmp_packet(7)), xmp=xmp_packet(7))
+for name, kind, count, value in (("long6", 4, 1, struct.pack("<I", 6)), ("sshort8", 8, 1, struct.pack("<h", 8)),
+                                 ("rational3", 5, 1, struct.pack("<II", 6, 2)),
+                                 ("double5", 12, 1, struct.pack("<d", 5)),
+                                 ("short_x2", 3, 2, struct.pack("<HH", 7, 1)), ("byte6", 1, 1, b"\6")):
+    add("exif_%s.jpg" % name, jpeg_with_app1(plain, tiff_orientation(kind, count, value)))
+# palette indices past the PLTE entries (PIL reads index i there as gray i)
+idx = (np.arange(23 * 37).reshape(23, 37) * 7 % 256).astype(np.uint8)
+few = b"".join(bytes(c) for c in smooth(1, 5)[0])
+add("palette_short.png", raw_png(idx, 3, 8, plte=few))
+idx4 = idx % 16
+add("palette4_short.png", raw_png((idx4[:, 0:36:2] << 4) | idx4[:, 1:37:2], 3, 4, 36, plte=few))
 
 with open(os.path.join(OUT, "cases.json"), "w") as f:
     json.dump(cases, f, indent=1)
