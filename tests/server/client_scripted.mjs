@@ -79,6 +79,21 @@ await step('tool round trip', async () => {
   });
   check(r.choices.length === 1 && r.usage.prompt_tokens > first.usage.prompt_tokens,
     'a tool result goes back to the model (role "tool" after the assistant\'s tool_calls)');
+  // the thinking that led to the call goes back with it: the 31B template writes it within the tool-calling turn
+  const thought = await client.chat.completions.create({
+    model, tools, temperature: 0, max_tokens: 4,
+    messages: [...messages, { role: 'assistant', content: null, reasoning_content: 'Rain is likely.', tool_calls: [call] },
+      { role: 'tool', tool_call_id: call.id, content: JSON.stringify({ forecast: 'rain' }) }],
+  });
+  check(thought.usage.prompt_tokens > r.usage.prompt_tokens,
+    `an assistant message's reasoning_content reaches the template (${thought.usage.prompt_tokens} > ${r.usage.prompt_tokens} prompt tokens)`);
+  // a tool message that names its function instead of answering a call id
+  const named = await client.chat.completions.create({
+    model, tools, temperature: 0, max_tokens: 4,
+    messages: [...messages, { role: 'assistant', content: null, tool_calls: [call] },
+      { role: 'tool', name: 'get_weather', content: JSON.stringify({ forecast: 'rain' }) }],
+  });
+  check(named.usage.prompt_tokens === r.usage.prompt_tokens, 'a tool message with a name and no tool_call_id renders as the call\'s');
   try {
     await client.chat.completions.create({
       model, messages: [...messages, { role: 'assistant', tool_calls: [{ ...call, function: { name: 'get_weather', arguments: '{not json' } }] }],
