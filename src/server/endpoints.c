@@ -229,6 +229,20 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
         goto fail;
     }
     const int n_prompts = kind == SRV_CHAT ? 1 : r->n_prompts, n = kind == SRV_EMBEDDING ? 1 : r->n;
+    if (kind == SRV_CHAT && s->tool_call_token >= 0 && !json_object_get(r->chat, "tools")) {
+        /* no tools offered (none given, or tool_choice "none"): the model cannot start a tool call, as OpenAI's
+         * "will not call any tool and instead generates a message" */
+        int32_t *ids = realloc(r->bias_ids, (size_t)(r->n_bias + 1) * sizeof *ids);
+        if (ids) r->bias_ids = ids;
+        float *values = ids ? realloc(r->bias_values, (size_t)(r->n_bias + 1) * sizeof *values) : NULL;
+        if (!values) {
+            srv_fail(e, 500, NULL, NULL, "out of memory");
+            goto fail;
+        }
+        r->bias_values = values;
+        r->bias_ids[r->n_bias] = s->tool_call_token;
+        r->bias_values[r->n_bias++] = -INFINITY;
+    }
     c->n_prompts = n_prompts;
     if (!(c->n_prompt = calloc((size_t)n_prompts, sizeof *c->n_prompt)) || !(c->group = srv_group_new(n_prompts * n))) {
         srv_fail(e, 500, NULL, NULL, "out of memory");

@@ -245,6 +245,21 @@ static int template_reads_tool_role(const g4_chat_template *t) {
     return yes;
 }
 
+/* The id of the token that starts a tool call in Gemma's format, -1 where the vocabulary has none. */
+static int32_t tool_call_token(const g4_tokenizer *tok) {
+    static const char text[] = "<|tool_call>";
+    g4_tokens t = {0};
+    char *back = NULL;
+    size_t len = 0;
+    int32_t id = -1;
+    if (tok && g4_tokenize(tok, text, sizeof text - 1, 0, &t, NULL) == 0 && t.n == 1 &&
+        g4_detokenize(tok, t.ids, 1, 0, &back, &len, NULL) == 0 && len == sizeof text - 1 && !memcmp(back, text, len))
+        id = t.ids[0];
+    g4_free(back);
+    g4_free(t.ids);
+    return id;
+}
+
 static int resolve_host(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len, int *ipv6) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
     char ps[16];
@@ -299,6 +314,7 @@ int srv_main(const srv_options *o) {
     s->tok = g4_model_tokenizer(s->model);
     s->tpl = g4_model_chat_template(s->model);
     s->tool_role = template_reads_tool_role(s->tpl);
+    s->tool_call_token = s->tpl ? tool_call_token(s->tok) : -1;
     s->created = (long long)time(NULL);
     if (o->model_id) snprintf(s->model_id, sizeof s->model_id, "%s", o->model_id);
     else model_name(o->model_path, s->model_id, sizeof s->model_id);

@@ -104,4 +104,22 @@ await step('tool round trip', async () => {
   }
 });
 
+await step('no tools offered', async () => {
+  // the model always calls get_weather; without tools, or with tool_choice "none", it cannot (OpenAI: "the model will
+  // not call any tool and instead generates a message")
+  for (const [what, extra] of [['no tools', {}], ['tool_choice none', { tools, tool_choice: 'none' }]]) {
+    const r = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: 8, ...extra });
+    const ch = r.choices[0];
+    check(ch.message.tool_calls === undefined && ch.finish_reason !== 'tool_calls' && !ch.message.content.includes('tool_call'),
+      `${what}: no tool call (${ch.finish_reason} ${JSON.stringify(ch.message)})`);
+    const stream = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: 8, stream: true, ...extra });
+    let calls = 0, finish = null;
+    for await (const c of stream) {
+      calls += (c.choices[0]?.delta.tool_calls ?? []).length;
+      finish = c.choices[0]?.finish_reason ?? finish;
+    }
+    check(calls === 0 && finish !== 'tool_calls', `${what}, streamed: no tool call (${finish})`);
+  }
+});
+
 done();
