@@ -229,6 +229,12 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
         goto fail;
     }
     const int n_prompts = kind == SRV_CHAT ? 1 : r->n_prompts, n = kind == SRV_EMBEDDING ? 1 : r->n;
+    if ((long long)n_prompts * n > s->opt.max_queue) { /* it could never be queued: no use retrying (a 503) */
+        srv_fail(e, 400, n > 1 ? "n" : kind == SRV_EMBEDDING ? "input" : "prompt", "invalid_value",
+                 "This request asks for %d generations (%d prompt(s), n = %d); this server queues at most %d "
+                 "(--max-queue).", n_prompts * n, n_prompts, n, s->opt.max_queue);
+        goto fail;
+    }
     if (kind == SRV_CHAT && s->tool_call_token >= 0 && !json_object_get(r->chat, "tools")) {
         /* no tools offered (none given, or tool_choice "none"): the model cannot start a tool call, as OpenAI's
          * "will not call any tool and instead generates a message" */

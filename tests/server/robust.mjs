@@ -98,6 +98,8 @@ await step('malformed', async () => {
   await expectStatus('completions: suffix', post('/v1/completions', JSON.stringify({ model, prompt: 'x', suffix: 'y' })), 400);
   await expectStatus('completions: best_of', post('/v1/completions', JSON.stringify({ model, prompt: 'x', best_of: 3 })), 400);
   await expectStatus('completions: prompt of floats', post('/v1/completions', JSON.stringify({ model, prompt: [1.5] })), 400);
+  // 20 prompts x n 16 is more than the queue (--max-queue 256) ever holds: a 400, not a 503 that invites retries
+  await expectStatus('completions: more choices than the queue holds', post('/v1/completions', JSON.stringify({ model, prompt: Array(20).fill('x'), n: 16, max_tokens: 1 })), 400);
 });
 
 await step('http', async () => {
