@@ -124,6 +124,9 @@ static enum MHD_Result dispatch(srv_conn *c, const char *url) {
     srv_error e;
     const char *model_id;
     route(url, &model_id);
+    /* in flight from here: a request whose body is still coming has nothing to lose, so the drain on SIGTERM does
+     * not wait for it (a client sending one byte a second would hold the exit for --drain seconds) */
+    if (!c->dispatched) c->dispatched = 1, atomic_fetch_add(&s->in_flight, 1);
     if (c->too_big)
         return srv_fail(&e, 413, NULL, "request_too_large", "The request body is larger than %zu bytes.",
                         s->opt.max_body),
@@ -161,8 +164,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->method = !strcmp(method, "GET") ? 'G' : !strcmp(method, "POST") ? 'P' : 0;
         const char *unused;
         c->endpoint = route(url, &unused);
-        c->dispatched = 1;
-        atomic_fetch_add(&s->in_flight, 1);
         *con_cls = c;
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->opt.max_body) { /* refused before the body is read */

@@ -248,6 +248,14 @@ await step('fuzz', async () => {
 });
 
 await step('SIGTERM drains', async () => {
+  // a client still sending its body, one byte at a time (never idle for --timeout): it has nothing to lose, so the
+  // drain does not wait for it
+  const slow = net.connect(Number(url.port), url.hostname);
+  slow.on('error', () => {});
+  let slowClosed = 0;
+  slow.on('close', () => { slowClosed = Date.now(); });
+  slow.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{');
+  const drip = setInterval(() => slow.write(' '), 300);
   const ac = new AbortController();
   const r = await fetch(`${base}/v1/completions`, {
     method: 'POST', signal: ac.signal, headers: { 'content-type': 'application/json' },
@@ -275,6 +283,12 @@ await step('SIGTERM drains', async () => {
   const usage = text.split('\n').filter((l) => l.includes('"usage":{')).map((l) => JSON.parse(l.slice(6)).usage)[0];
   check(signalled && text.includes('data: [DONE]') && usage && usage.completion_tokens === 24,
     `the stream in flight at SIGTERM ends whole (${usage && usage.completion_tokens} tokens)`);
+  const ended = Date.now();
+  for (let t = 0; t < 100 && !slowClosed; t++) await sleep(100);
+  clearInterval(drip);
+  slow.destroy();
+  check(slowClosed && slowClosed - ended < 5000,
+    `the server stops at once once the stream is over, not waiting for a client still sending its body (${slowClosed ? slowClosed - ended : '>10000'} ms)`);
 });
 
 done();
