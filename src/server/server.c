@@ -170,6 +170,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             c->too_big = 1;
             return dispatch(c, url);
         }
+        /* so is a large body (or one of unknown length) without the key: a client that has not got it cannot make
+         * the server hold --max-body bytes per connection. A small one is read first, so that the client, still
+         * sending it, is not reset before it reads its 401. */
+        if (s->opt.api_key && c->endpoint != SRV_EP_HEALTH && (!cl || strtoull(cl, NULL, 10) > 65536) &&
+            !srv_check_api_key(MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization"), s->opt.api_key))
+            return dispatch(c, url);
         return MHD_YES;
     }
     if (*upload_size) {
