@@ -359,20 +359,24 @@ static json_t *chat_choice(const srv_conn *c, const srv_job *j) {
                      finish_reason(j, n_calls));
 }
 
+/* Completions' echo: the prompt of choice `index` as text, appended to out. */
+static void echo_prompt(const srv_conn *c, int index, srv_buf *out) {
+    const srv_request *r = c->req;
+    const srv_prompt *p = &r->prompts[index / r->n];
+    if (p->text) {
+        srv_buf_put(out, p->text, strlen(p->text));
+        return;
+    }
+    char *t = NULL;
+    size_t len = 0;
+    if (c->s->tok && g4_detokenize(c->s->tok, p->ids, (size_t)p->n_ids, 0, &t, &len, NULL) == 0) srv_buf_put(out, t, len);
+    g4_free(t);
+}
+
 static json_t *completion_choice(const srv_conn *c, const srv_job *j) {
     srv_buf text = {0};
     const srv_request *r = c->req;
-    const srv_prompt *p = &r->prompts[j->index / r->n];
-    if (r->echo) {
-        if (p->text) srv_buf_put(&text, p->text, strlen(p->text));
-        else {
-            char *t = NULL;
-            size_t len = 0;
-            if (c->s->tok && g4_detokenize(c->s->tok, p->ids, (size_t)p->n_ids, 0, &t, &len, NULL) == 0)
-                srv_buf_put(&text, t, len);
-            g4_free(t);
-        }
-    }
+    if (r->echo) echo_prompt(c, j->index, &text);
     json_t *lp = r->logprobs ? completion_logprobs_new() : NULL;
     for (int i = 0; i < j->n_ev; i++) {
         const srv_event *ev = &j->ev[i];
@@ -563,6 +567,14 @@ static enum MHD_Result reply_stream(srv_conn *c) {
         for (int i = 0; i < g->n_jobs; i++)
             sse(c, chunk(c, chat_delta_choice(i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL,
                                               NULL)));
+    else if (c->req->echo) /* the prompt first, for every choice, as the plain reply starts with it */
+        for (int i = 0; i < g->n_jobs; i++) {
+            srv_buf text = {0};
+            echo_prompt(c, i, &text);
+            sse(c, chunk(c, json_pack("{s:o,s:i,s:n,s:n}", "text", lossy_string(text.p ? text.p : "", text.len), "index",
+                                      i, "logprobs", "finish_reason")));
+            srv_buf_free(&text);
+        }
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, c, NULL);
     if (!r) return MHD_NO;
     srv_idle_timeout(c, 1);
