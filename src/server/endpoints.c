@@ -257,6 +257,20 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
     c->group->data = r;
     c->group->free_data = free_request;
     const int n_ctx = srv_engine_n_ctx(s->engine);
+    if (kind == SRV_CHAT) {
+        /* every message, tool call and tool takes at least one token of the rendered prompt (its turn or block
+         * markers): more of them than the context cannot fit, and are refused before the template renders them
+         * (rendering costs time per message: 16000 short messages, a 600 kB body, took 13 s of a core for a 400;
+         * 31B's template matches every tool reply against every call of its turn) */
+        const json_t *msgs = json_object_get(r->chat, "messages"), *m;
+        size_t n_msgs = json_array_size(msgs), n_calls = 0, n_tools = json_array_size(json_object_get(r->chat, "tools")), i;
+        json_array_foreach(msgs, i, m) n_calls += json_array_size(json_object_get(m, "tool_calls"));
+        if (n_msgs + n_calls + n_tools > (size_t)n_ctx)
+            return srv_fail(e, 400, "messages", "context_length_exceeded",
+                            "This model's maximum context length is %d tokens. However, your request holds %zu "
+                            "messages, %zu tool calls and %zu tools, each at least one token. Please reduce the "
+                            "length of the messages.", n_ctx, n_msgs, n_calls, n_tools);
+    }
     int max_new = r->max_tokens ? r->max_tokens : s->opt.max_tokens;
     for (int p = 0; p < n_prompts; p++) {
         g4_tokens toks = {0};

@@ -98,6 +98,12 @@ await step('malformed', async () => {
   await expectStatus('completions: suffix', post('/v1/completions', JSON.stringify({ model, prompt: 'x', suffix: 'y' })), 400);
   await expectStatus('completions: best_of', post('/v1/completions', JSON.stringify({ model, prompt: 'x', best_of: 3 })), 400);
   await expectStatus('completions: prompt of floats', post('/v1/completions', JSON.stringify({ model, prompt: [1.5] })), 400);
+  // more messages than the context has tokens (--ctx 256) cannot fit: refused before the template renders them
+  const many = Array.from({ length: 300 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: 'a' }));
+  const r = await raw(post('/v1/chat/completions', JSON.stringify({ model, messages: many, max_tokens: 1 })));
+  const e = JSON.parse(dechunk(r.head, r.body)).error;
+  check(r.status === 400 && e.code === 'context_length_exceeded' && e.message.includes('300 messages'),
+    `300 messages with a context of 256: 400 before rendering (${r.status} ${e.message})`);
   // 20 prompts x n 16 is more than the queue (--max-queue 256) ever holds: a 400, not a 503 that invites retries
   await expectStatus('completions: more choices than the queue holds', post('/v1/completions', JSON.stringify({ model, prompt: Array(20).fill('x'), n: 16, max_tokens: 1 })), 400);
 });
