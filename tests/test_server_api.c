@@ -26,6 +26,8 @@ static void bad(srv_kind kind, const char *body, int status, const char *param) 
 
 static json_t *messages_of(const srv_request *r) { return json_object_get(r->chat, "messages"); }
 
+static int str_is(const json_t *v, const char *s) { return json_is_string(v) && !strcmp(json_string_value(v), s); }
+
 static void test_chat(void) {
     srv_request r;
     srv_error e;
@@ -67,6 +69,21 @@ static void test_chat(void) {
     CHECK(json_array_size(m) == 4 && !strcmp(json_string_value(json_object_get(tool, "role")), "tool") &&
           !strcmp(json_string_value(json_object_get(tool, "name")), "f") &&
           !strcmp(json_string_value(json_object_get(tool, "tool_call_id")), "c1"));
+    srv_request_free(&r);
+
+    /* an assistant's thinking goes to the template (31B's writes it within a tool-calling turn); a tool message
+     * whose tool_call_id answers no call keeps the function name it gives */
+    CHECKF(parse(SRV_CHAT,
+                 "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"},"
+                 "{\"role\": \"assistant\", \"reasoning_content\": \"think\", \"reasoning\": \"again\", \"tool_calls\": "
+                 "[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]},"
+                 "{\"role\": \"tool\", \"name\": \"g\", \"content\": \"ok\"}]}",
+                 1, &r, &e) == 0,
+           "%s", e.msg);
+    m = messages_of(&r);
+    CHECK(str_is(json_object_get(json_array_get(m, 1), "reasoning_content"), "think") &&
+          str_is(json_object_get(json_array_get(m, 1), "reasoning"), "again") &&
+          str_is(json_object_get(json_array_get(m, 2), "name"), "g"));
     srv_request_free(&r);
 
     /* chat_template_kwargs pass through; their enable_thinking is the template's switch; tool_choice none hides tools */
@@ -130,6 +147,8 @@ static void test_errors(void) {
         {"\"response_format\": {\"type\": \"json_schema\"}", "response_format"},
         {"\"reasoning_effort\": \"extreme\"", "reasoning_effort"}, {"\"best_of\": 2", "best_of"},
         {"\"modalities\": [\"audio\"]", "modalities"},
+        /* tools are checked also when tool_choice "none" hides them */
+        {"\"tool_choice\": \"none\", \"tools\": \"f\"", "tools"},
         /* a tool the model could not call by name: empty, not a string, or two of one name */
         {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"\"}}]", "tools.function.name"},
         {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": 7}}]", "tools.function.name"},
@@ -150,6 +169,14 @@ static void test_errors(void) {
     bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "messages");
     bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": "
                   "{\"name\": \"f\", \"arguments\": \"[1]\"}}]}]}", 400, "messages.tool_calls");
+    /* tool_calls that are not a list, thinking that is not text, a tool message's name that is not a string */
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"assistant\", \"tool_calls\": {}}]}", 400,
+        "messages.tool_calls");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"assistant\", \"content\": \"a\", "
+                  "\"reasoning_content\": 1}]}", 400, "messages.reasoning_content");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", "
+                  "\"tool_calls\": [{\"id\": \"c\", \"function\": {\"name\": \"f\"}}]}, {\"role\": \"tool\", \"name\": 3, "
+                  "\"content\": \"x\"}]}", 400, "messages.name");
     bad(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": [1000]}", 400, "prompt");
     bad(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": [\"a\", \"b\", \"c\", \"d\"]}", 400, "prompt");
     bad(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": []}", 400, "prompt");

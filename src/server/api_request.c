@@ -356,6 +356,8 @@ static int add_tool_response(json_t *messages, const json_t *m, srv_error *e) {
     if (!prev || !role || strcmp(role, "assistant"))
         return srv_fail(e, 400, "messages", "invalid_value",
                         "a 'tool' message must follow the assistant message whose tool call it answers");
+    const json_t *own = json_object_get(m, "name");
+    if (own && !json_is_null(own) && !json_is_string(own)) return bad_type(e, "messages.name", own, "a string");
     json_t *text;
     if (content_text(json_object_get(m, "content"), "messages.content", &text, e)) return -1;
     json_t *value = json_loadb(json_string_value(text), json_string_length(text), JSON_DECODE_ANY, NULL);
@@ -405,12 +407,27 @@ static int convert_messages(const json_t *in, const srv_limits *lim, int tool_ro
         if (convert_content(json_object_get(m, "content"), "messages.content", lim, &n_media, &content, e)) return -1;
         if (content && json_object_set_new(msg, "content", content)) return oom(e);
         const json_t *calls = json_object_get(m, "tool_calls");
-        if (calls && !json_is_null(calls) && json_array_size(calls) && convert_tool_calls(calls, msg, e)) return -1;
+        if (calls && !json_is_null(calls) && !json_is_array(calls))
+            return bad_type(e, "messages.tool_calls", calls, "an array");
+        if (json_array_size(calls) && convert_tool_calls(calls, msg, e)) return -1;
+        if (!strcmp(role, "assistant")) {
+            /* the thinking that led to the calls: templates that keep it within a tool-calling turn (31B's)
+             * read "reasoning_content" (the field our replies carry) or "reasoning" (vLLM's) */
+            static const char *const thinking[] = {"reasoning_content", "reasoning"};
+            for (int k = 0; k < 2; k++) {
+                const json_t *t = json_object_get(m, thinking[k]);
+                if (!t || json_is_null(t)) continue;
+                if (!json_is_string(t)) return bad_type(e, "messages.reasoning_content", t, "a string");
+                if (json_object_set(msg, thinking[k], (json_t *)t)) return oom(e);
+            }
+        }
         if (is_tool) {
             const json_t *id = json_object_get(m, "tool_call_id");
             if (id && !json_is_string(id)) return bad_type(e, "messages.tool_call_id", id, "a string");
             if (id) json_object_set(msg, "tool_call_id", (json_t *)id);
-            const json_t *name = call_name(out, id);
+            const json_t *name = call_name(out, id), *own = json_object_get(m, "name");
+            if (own && !json_is_null(own) && !json_is_string(own)) return bad_type(e, "messages.name", own, "a string");
+            if (!name && json_is_string(own)) name = own; /* no call of that id: the function the message names */
             if (name) json_object_set(msg, "name", (json_t *)name);
         }
         if (!content && !json_object_get(msg, "tool_calls") && strcmp(role, "assistant"))
@@ -429,8 +446,8 @@ static int parse_tools(const json_t *in, json_t *chat, srv_error *e) {
             return srv_fail(e, 400, "tool_choice", "unsupported_value",
                             "tool_choice 'required' or a named function is not supported (gemma4c does not force "
                             "tool calls); use \"auto\" or \"none\"");
-        if (!strcmp(c, "none")) return 0; /* the model is not told of the tools */
     }
+    const int hide = choice && json_is_string(choice) && !strcmp(json_string_value(choice), "none");
     if (!tools || json_is_null(tools)) return 0;
     if (!json_is_array(tools)) return bad_type(e, "tools", tools, "an array");
     json_t *seen = json_object(); /* name -> index: the model calls a tool by its name, so names are unique */
@@ -476,6 +493,7 @@ static int parse_tools(const json_t *in, json_t *chat, srv_error *e) {
     }
     json_decref(seen);
     if (rc) return rc;
+    if (hide) return 0; /* tool_choice none: the model is not told of the tools */
     return json_array_size(tools) && json_object_set(chat, "tools", (json_t *)tools) ? oom(e) : 0;
 }
 

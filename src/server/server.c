@@ -124,6 +124,9 @@ static enum MHD_Result dispatch(srv_conn *c, const char *url) {
     srv_error e;
     const char *model_id;
     route(url, &model_id);
+    /* in flight from here: a request whose body is still coming has nothing to lose, so the drain on SIGTERM does
+     * not wait for it (a client sending one byte a second would hold the exit for --drain seconds) */
+    if (!c->dispatched) c->dispatched = 1, atomic_fetch_add(&s->in_flight, 1);
     if (c->too_big)
         return srv_fail(&e, 413, NULL, "request_too_large", "The request body is larger than %zu bytes.",
                         s->opt.max_body),
@@ -161,14 +164,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->method = !strcmp(method, "GET") ? 'G' : !strcmp(method, "POST") ? 'P' : 0;
         const char *unused;
         c->endpoint = route(url, &unused);
-        c->dispatched = 1;
-        atomic_fetch_add(&s->in_flight, 1);
         *con_cls = c;
         const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->opt.max_body) { /* refused before the body is read */
             c->too_big = 1;
             return dispatch(c, url);
         }
+        /* so is a large body (or one of unknown length) without the key: a client that has not got it cannot make
+         * the server hold --max-body bytes per connection. A small one is read first, so that the client, still
+         * sending it, is not reset before it reads its 401. */
+        if (s->opt.api_key && c->endpoint != SRV_EP_HEALTH && (!cl || strtoull(cl, NULL, 10) > 65536) &&
+            !srv_check_api_key(MHD_lookup_connection_value(mc, MHD_HEADER_KIND, "Authorization"), s->opt.api_key))
+            return dispatch(c, url);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -245,6 +252,21 @@ static int template_reads_tool_role(const g4_chat_template *t) {
     return yes;
 }
 
+/* The id of the token that starts a tool call in Gemma's format, -1 where the vocabulary has none. */
+static int32_t tool_call_token(const g4_tokenizer *tok) {
+    static const char text[] = "<|tool_call>";
+    g4_tokens t = {0};
+    char *back = NULL;
+    size_t len = 0;
+    int32_t id = -1;
+    if (tok && g4_tokenize(tok, text, sizeof text - 1, 0, &t, NULL) == 0 && t.n == 1 &&
+        g4_detokenize(tok, t.ids, 1, 0, &back, &len, NULL) == 0 && len == sizeof text - 1 && !memcmp(back, text, len))
+        id = t.ids[0];
+    g4_free(back);
+    g4_free(t.ids);
+    return id;
+}
+
 static int resolve_host(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len, int *ipv6) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *res;
     char ps[16];
@@ -299,6 +321,7 @@ int srv_main(const srv_options *o) {
     s->tok = g4_model_tokenizer(s->model);
     s->tpl = g4_model_chat_template(s->model);
     s->tool_role = template_reads_tool_role(s->tpl);
+    s->tool_call_token = s->tpl ? tool_call_token(s->tok) : -1;
     s->created = (long long)time(NULL);
     if (o->model_id) snprintf(s->model_id, sizeof s->model_id, "%s", o->model_id);
     else model_name(o->model_path, s->model_id, sizeof s->model_id);

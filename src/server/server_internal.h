@@ -21,6 +21,7 @@ typedef struct srv_state {
     char model_id[256];
     long long created;             /* when the model was loaded (unix seconds) */
     int tool_role;                 /* the template reads role "tool" messages */
+    int32_t tool_call_token;       /* the token that starts a tool call (<|tool_call>), -1: none */
     srv_limits limits;
     srv_engine *engine;
     srv_metrics metrics;

@@ -3,6 +3,7 @@
 // reference.safetensors; the API key (401 in OpenAI's shape without it, constant-time compared);
 // text where the model has no tokenizer is a 400.
 //   node client_fixture.mjs BASE_URL FIXTURE_DIR API_KEY
+import net from 'node:net';
 import OpenAI from 'openai';
 import { check, done, logSoftmax, readSafetensors, step } from './util.mjs';
 
@@ -70,6 +71,19 @@ await step('api key', async () => {
   const body = await none.json();
   check(none.status === 401 && body.error.code === 'invalid_api_key' && body.error.type === 'invalid_request_error',
     'no Authorization header: 401 in OpenAI\'s shape');
+  // a wrong key is refused from the headers, before the body is read: a client without the key cannot make the
+  // server hold --max-body bytes per connection
+  const url = new URL(base);
+  const early = await new Promise((resolve) => {
+    const s = net.connect(Number(url.port), url.hostname);
+    let text = '';
+    const timer = setTimeout(() => { s.destroy(); resolve(text); }, 3000);
+    s.on('error', () => {});
+    s.on('data', (d) => { text += d.toString('latin1'); if (text.includes('invalid_api_key')) { clearTimeout(timer); s.destroy(); resolve(text); } });
+    s.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\nContent-Length: 4000000\r\n\r\n{');
+  });
+  check(/^HTTP\/1\.1 401/.test(early) && early.includes('invalid_api_key'),
+    `a wrong key with a 4 MB body to come: 401 before the body (${JSON.stringify(early.slice(0, 40))})`);
   const h = await fetch(`${base}/health`);
   check(h.status === 200, '/health needs no key');
   const m = await fetch(`${base}/metrics`);

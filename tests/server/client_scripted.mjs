@@ -79,6 +79,21 @@ await step('tool round trip', async () => {
   });
   check(r.choices.length === 1 && r.usage.prompt_tokens > first.usage.prompt_tokens,
     'a tool result goes back to the model (role "tool" after the assistant\'s tool_calls)');
+  // the thinking that led to the call goes back with it: the 31B template writes it within the tool-calling turn
+  const thought = await client.chat.completions.create({
+    model, tools, temperature: 0, max_tokens: 4,
+    messages: [...messages, { role: 'assistant', content: null, reasoning_content: 'Rain is likely.', tool_calls: [call] },
+      { role: 'tool', tool_call_id: call.id, content: JSON.stringify({ forecast: 'rain' }) }],
+  });
+  check(thought.usage.prompt_tokens > r.usage.prompt_tokens,
+    `an assistant message's reasoning_content reaches the template (${thought.usage.prompt_tokens} > ${r.usage.prompt_tokens} prompt tokens)`);
+  // a tool message that names its function instead of answering a call id
+  const named = await client.chat.completions.create({
+    model, tools, temperature: 0, max_tokens: 4,
+    messages: [...messages, { role: 'assistant', content: null, tool_calls: [call] },
+      { role: 'tool', name: 'get_weather', content: JSON.stringify({ forecast: 'rain' }) }],
+  });
+  check(named.usage.prompt_tokens === r.usage.prompt_tokens, 'a tool message with a name and no tool_call_id renders as the call\'s');
   try {
     await client.chat.completions.create({
       model, messages: [...messages, { role: 'assistant', tool_calls: [{ ...call, function: { name: 'get_weather', arguments: '{not json' } }] }],
@@ -86,6 +101,24 @@ await step('tool round trip', async () => {
     check(false, 'tool_calls arguments that are not JSON: no error');
   } catch (e) {
     check(e.status === 400 && e.param === 'messages.tool_calls', `tool_calls arguments that are not JSON: 400 (${e.message})`);
+  }
+});
+
+await step('no tools offered', async () => {
+  // the model always calls get_weather; without tools, or with tool_choice "none", it cannot (OpenAI: "the model will
+  // not call any tool and instead generates a message")
+  for (const [what, extra] of [['no tools', {}], ['tool_choice none', { tools, tool_choice: 'none' }]]) {
+    const r = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: 8, ...extra });
+    const ch = r.choices[0];
+    check(ch.message.tool_calls === undefined && ch.finish_reason !== 'tool_calls' && !ch.message.content.includes('tool_call'),
+      `${what}: no tool call (${ch.finish_reason} ${JSON.stringify(ch.message)})`);
+    const stream = await client.chat.completions.create({ model, messages, temperature: 0, max_tokens: 8, stream: true, ...extra });
+    let calls = 0, finish = null;
+    for await (const c of stream) {
+      calls += (c.choices[0]?.delta.tool_calls ?? []).length;
+      finish = c.choices[0]?.finish_reason ?? finish;
+    }
+    check(calls === 0 && finish !== 'tool_calls', `${what}, streamed: no tool call (${finish})`);
   }
 });
 

@@ -83,6 +83,10 @@ await step('completions', async () => {
   const e = await client.completions.create({ ...body, max_tokens: 4, prompt: ref.prompt, echo: true });
   check(e.choices[0].text.startsWith(ref.prompt) && ref.greedy_text.startsWith(e.choices[0].text.slice(ref.prompt.length)),
     'completions: echo');
+  let echoed = '';
+  for await (const ch of await client.completions.create({ ...body, max_tokens: 4, prompt: ref.prompt, echo: true, stream: true }))
+    echoed += ch.choices[0]?.text ?? '';
+  check(echoed === e.choices[0].text, `completions: echo, streamed, starts with the prompt too (${JSON.stringify(echoed.slice(0, 40))})`);
   const two = await client.completions.create({ ...body, max_tokens: 4, prompt: [ref.prompt, ref.input_ids] });
   check(two.choices.length === 2 && two.choices[1].index === 1 && two.choices[0].text === two.choices[1].text,
     'completions: two prompts, two choices');

@@ -98,6 +98,14 @@ await step('malformed', async () => {
   await expectStatus('completions: suffix', post('/v1/completions', JSON.stringify({ model, prompt: 'x', suffix: 'y' })), 400);
   await expectStatus('completions: best_of', post('/v1/completions', JSON.stringify({ model, prompt: 'x', best_of: 3 })), 400);
   await expectStatus('completions: prompt of floats', post('/v1/completions', JSON.stringify({ model, prompt: [1.5] })), 400);
+  // more messages than the context has tokens (--ctx 256) cannot fit: refused before the template renders them
+  const many = Array.from({ length: 300 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: 'a' }));
+  const r = await raw(post('/v1/chat/completions', JSON.stringify({ model, messages: many, max_tokens: 1 })));
+  const e = JSON.parse(dechunk(r.head, r.body)).error;
+  check(r.status === 400 && e.code === 'context_length_exceeded' && e.message.includes('300 messages'),
+    `300 messages with a context of 256: 400 before rendering (${r.status} ${e.message})`);
+  // 20 prompts x n 16 is more than the queue (--max-queue 256) ever holds: a 400, not a 503 that invites retries
+  await expectStatus('completions: more choices than the queue holds', post('/v1/completions', JSON.stringify({ model, prompt: Array(20).fill('x'), n: 16, max_tokens: 1 })), 400);
 });
 
 await step('http', async () => {
@@ -246,6 +254,14 @@ await step('fuzz', async () => {
 });
 
 await step('SIGTERM drains', async () => {
+  // a client still sending its body, one byte at a time (never idle for --timeout): it has nothing to lose, so the
+  // drain does not wait for it
+  const slow = net.connect(Number(url.port), url.hostname);
+  slow.on('error', () => {});
+  let slowClosed = 0;
+  slow.on('close', () => { slowClosed = Date.now(); });
+  slow.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{');
+  const drip = setInterval(() => slow.write(' '), 300);
   const ac = new AbortController();
   const r = await fetch(`${base}/v1/completions`, {
     method: 'POST', signal: ac.signal, headers: { 'content-type': 'application/json' },
@@ -273,6 +289,12 @@ await step('SIGTERM drains', async () => {
   const usage = text.split('\n').filter((l) => l.includes('"usage":{')).map((l) => JSON.parse(l.slice(6)).usage)[0];
   check(signalled && text.includes('data: [DONE]') && usage && usage.completion_tokens === 24,
     `the stream in flight at SIGTERM ends whole (${usage && usage.completion_tokens} tokens)`);
+  const ended = Date.now();
+  for (let t = 0; t < 100 && !slowClosed; t++) await sleep(100);
+  clearInterval(drip);
+  slow.destroy();
+  check(slowClosed && slowClosed - ended < 5000,
+    `the server stops at once once the stream is over, not waiting for a client still sending its body (${slowClosed ? slowClosed - ended : '>10000'} ms)`);
 });
 
 done();
