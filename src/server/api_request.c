@@ -442,6 +442,10 @@ static int parse_tools(const json_t *in, json_t *chat, srv_error *e) {
     if (choice && !json_is_null(choice)) {
         const char *c = json_string_value(choice);
         if (!c && !json_is_object(choice)) return bad_type(e, "tool_choice", choice, "a string or an object");
+        if (c && strcmp(c, "auto") && strcmp(c, "none") && strcmp(c, "required"))
+            return srv_fail(e, 400, "tool_choice", "invalid_value",
+                            "tool_choice must be \"none\", \"auto\", \"required\" or an object naming a function, not "
+                            "\"%.100s\"", c);
         if (!c || (strcmp(c, "auto") && strcmp(c, "none")))
             return srv_fail(e, 400, "tool_choice", "unsupported_value",
                             "tool_choice 'required' or a named function is not supported (gemma4c does not force "

@@ -131,6 +131,9 @@ static enum MHD_Result dispatch(srv_conn *c, const char *url) {
         return srv_fail(&e, 413, NULL, "request_too_large", "The request body is larger than %zu bytes.",
                         s->opt.max_body),
                srv_reply_error(c, &e);
+    if (c->endpoint == SRV_EP_HEALTH && c->method != 'G' && c->method != 'H')
+        return srv_fail(&e, 405, NULL, "method_not_allowed", "/health takes GET (or HEAD) requests."),
+               srv_reply_error(c, &e);
     if (c->endpoint == SRV_EP_HEALTH) return srv_handle_health(c);
     if (s->opt.api_key && !srv_check_api_key(MHD_lookup_connection_value(c->mc, MHD_HEADER_KIND, "Authorization"),
                                              s->opt.api_key))
@@ -138,8 +141,8 @@ static enum MHD_Result dispatch(srv_conn *c, const char *url) {
     if (c->endpoint == SRV_EP_OTHER)
         return srv_fail(&e, 404, NULL, "unknown_url", "Unknown request URL: %.200s.", url), srv_reply_error(c, &e);
     const int want_post = c->endpoint <= SRV_EP_EMBEDDINGS;
-    if (c->method != (want_post ? 'P' : 'G'))
-        return srv_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s requests.", url, want_post ? "POST" : "GET"),
+    if (c->method != (want_post ? 'P' : 'G') && (want_post || c->method != 'H'))
+        return srv_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s requests.", url, want_post ? "POST" : "GET (or HEAD)"),
                srv_reply_error(c, &e);
     if (want_post && atomic_load(&s->draining))
         return srv_fail(&e, 503, NULL, "shutting_down", "The server is shutting down."), srv_reply_error(c, &e);
@@ -161,7 +164,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->s = s;
         c->mc = mc;
         c->t_start = srv_now();
-        c->method = !strcmp(method, "GET") ? 'G' : !strcmp(method, "POST") ? 'P' : 0;
+        c->method = !strcmp(method, "GET") ? 'G' : !strcmp(method, "POST") ? 'P' : !strcmp(method, "HEAD") ? 'H' : 0;
         const char *unused;
         c->endpoint = route(url, &unused);
         *con_cls = c;

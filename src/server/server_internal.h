@@ -35,7 +35,7 @@ typedef struct srv_conn {
     srv_state *s;
     struct MHD_Connection *mc;
     int endpoint;                  /* SRV_EP_* */
-    int method;                    /* 'G', 'P', other 0 */
+    int method;                    /* 'G', 'P', 'H' (HEAD), other 0 */
     srv_buf body;
     size_t discarded;              /* bytes of an oversized body dropped */
     int too_big;

@@ -174,6 +174,9 @@ await step('errors', async () => {
   await expectError('tool_choice required', () => client.chat.completions.create({
     model, messages: m, tool_choice: 'required', tools: [{ type: 'function', function: { name: 'f' } }],
   }), 400, null, 'tool_choice');
+  await expectError('tool_choice of no known kind', () => client.chat.completions.create({
+    model, messages: m, tool_choice: 'bogus', tools: [{ type: 'function', function: { name: 'f' } }],
+  }), 400, 'invalid_value', 'tool_choice');
   await expectError('json_schema', () => client.chat.completions.create({
     model, messages: m, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } },
   }), 400, null, 'response_format');

@@ -112,6 +112,11 @@ await step('http', async () => {
   await expectStatus('unknown route', 'GET /v2/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n', 404);
   await expectStatus('GET on a POST route', 'GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n', 405);
   await expectStatus('DELETE /v1/models', 'DELETE /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n', 405);
+  await expectStatus('POST /health', 'POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}', 405);
+  for (const path of ['/health', '/v1/models']) {
+    const r = await raw(`HEAD ${path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n`);
+    check(r.status === 200 && r.body.length === 0, `HEAD ${path}: 200 without a body (${r.status}, ${r.body.length} bytes)`);
+  }
   await expectStatus('a body over --max-body (Content-Length)', `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ${64 << 20}\r\nConnection: close\r\n\r\n{`, 413);
   const big = 'x'.repeat(100000);
   const chunked = `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n` +
