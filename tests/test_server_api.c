@@ -167,6 +167,11 @@ static void test_errors(void) {
     bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"input_audio\"}, "
                   "{\"type\": \"input_audio\"}]}]}", 400, "messages.content");
     bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 400, "messages");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": 7, \"content\": \"x\"}]}", 400, "messages.role");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": 1}]}]}", 400,
+        "messages.content.type");
+    bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": "
+                  "\"bogus\"}", 400, "tool_choice");
     bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": "
                   "{\"name\": \"f\", \"arguments\": \"[1]\"}}]}]}", 400, "messages.tool_calls");
     /* tool_calls that are not a list, thinking that is not text, a tool message's name that is not a string */

@@ -108,10 +108,11 @@ static int get_num(const json_t *o, const char *k, double lo, double hi, float *
     return 0;
 }
 
-static int get_str(const json_t *o, const char *k, const char **out, srv_error *e) {
+/* o[k] as a string (left as it is when absent or null); param: the field's name in an error (NULL: k) */
+static int get_str(const json_t *o, const char *k, const char *param, const char **out, srv_error *e) {
     const json_t *v = json_object_get(o, k);
     if (!v || json_is_null(v)) return 0;
-    if (!json_is_string(v)) return bad_type(e, k, v, "a string");
+    if (!json_is_string(v)) return bad_type(e, param ? param : k, v, "a string");
     *out = json_string_value(v);
     return 0;
 }
@@ -225,7 +226,7 @@ static int convert_part(const json_t *part, const char *where, const srv_limits 
                         srv_error *e) {
     if (!json_is_object(part)) return bad_type(e, where, part, "an object");
     const char *type = NULL;
-    if (get_str(part, "type", &type, e)) return -1;
+    if (get_str(part, "type", "messages.content.type", &type, e)) return -1;
     if (!type) return srv_fail(e, 400, where, "missing_required_parameter", "a content part needs a 'type'");
     if (!strcmp(type, "text") || !strcmp(type, "refusal")) {
         const json_t *t = json_object_get(part, type);
@@ -391,7 +392,7 @@ static int convert_messages(const json_t *in, const srv_limits *lim, int tool_ro
     json_array_foreach(msgs, i, m) {
         if (!json_is_object(m)) return bad_type(e, "messages", m, "an object");
         const char *role = NULL;
-        if (get_str(m, "role", &role, e)) return -1;
+        if (get_str(m, "role", "messages.role", &role, e)) return -1;
         if (!role) return srv_fail(e, 400, "messages.role", "missing_required_parameter", "messages[%zu] has no 'role'", i);
         if (!strcmp(role, "developer")) role = "system";
         const int is_tool = !strcmp(role, "tool");
@@ -505,7 +506,7 @@ static int parse_chat(const json_t *in, const srv_limits *lim, int tool_role, sr
     if (!(r->chat = json_object())) return oom(e);
     if (convert_messages(in, lim, tool_role, r->chat, e) || parse_tools(in, r->chat, e)) return -1;
     const char *effort = NULL;
-    if (get_str(in, "reasoning_effort", &effort, e)) return -1;
+    if (get_str(in, "reasoning_effort", NULL, &effort, e)) return -1;
     if (effort) {
         int off = !strcmp(effort, "none") || !strcmp(effort, "minimal");
         if (!off && strcmp(effort, "low") && strcmp(effort, "medium") && strcmp(effort, "high"))
@@ -616,7 +617,7 @@ static int parse_embedding(const json_t *in, const srv_limits *lim, srv_request 
     r->n = 1;
     if (parse_prompts(in, "input", lim, r, e)) return -1;
     const char *fmt = NULL;
-    if (get_str(in, "encoding_format", &fmt, e)) return -1;
+    if (get_str(in, "encoding_format", NULL, &fmt, e)) return -1;
     if (fmt && strcmp(fmt, "float") && strcmp(fmt, "base64"))
         return srv_fail(e, 400, "encoding_format", "invalid_value", "encoding_format must be \"float\" or \"base64\"");
     r->base64 = fmt && !strcmp(fmt, "base64");
@@ -645,7 +646,7 @@ int srv_parse_request(srv_kind kind, const char *body, size_t len, const srv_lim
     const char *model = NULL;
     if (!json_is_object(in)) {
         bad_type(e, "body", in, "a JSON object");
-    } else if (get_str(in, "model", &model, e) == 0) {
+    } else if (get_str(in, "model", NULL, &model, e) == 0) {
         if (!model) srv_fail(e, 400, "model", "missing_required_parameter", "Missing required parameter: 'model'.");
         else if (!(out->model = strdup(model))) oom(e);
         else if (kind == SRV_CHAT) rc = parse_chat(in, lim, tool_role, out, e) || parse_sampling(in, lim, out, e) ? -1 : 0;
