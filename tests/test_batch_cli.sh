@@ -92,6 +92,13 @@ rc=$?
 [ $rc = 1 ] && [ "$(wc -l <"$tmp/zero.jsonl")" = 1 ] && grep -q '"ids"' "$tmp/zero.jsonl" && [ "$(wc -l <"$tmp/zero.err")" = 1 ] &&
     grep -q "longer than" "$tmp/zero.err"
 check $? "generate -f: a first line, then zero bytes: its answer, then one error line ($rc: $(head -c 200 "$tmp/zero.err"))"
+# a text line longer than the limit is an error line in its place; the lines after it still run
+(printf '{"prompt": "Pierre", "max_tokens": 2}\n'; head -c 100000000 /dev/zero | tr '\0' x; printf '\n{"prompt": "Pierre", "max_tokens": 2}\n') |
+    timeout 120 "$bin" generate -m "$m" -f - >"$tmp/long.jsonl" 2>"$tmp/long.err"
+rc=$?
+[ $rc = 1 ] && [ "$(wc -l <"$tmp/long.jsonl")" = 3 ] && sed -n 2p "$tmp/long.jsonl" | grep -q '"error":"a line longer than' &&
+    sed -n 3p "$tmp/long.jsonl" | grep -q '"ids"'
+check $? "generate -f: a 100 MB line between two: an error line in its place, the next line answered ($rc: $(head -c 200 "$tmp/long.err"))"
 expect_error "embed -f zero bytes through a pipe's path" timeout 60 "$bin" embed -m "$m" -f <(head -c 100000000 /dev/zero)
 expect_error "generate -f a folder" "$bin" generate -m "$m" -f "$tmp"
 grep -q "is a directory" "$tmp/err.txt"; check $? "generate -f a folder: the error says so"

@@ -117,6 +117,17 @@ check "no input is a usage error" $([ $? = 1 ] && echo 0 || echo 1)
 rc=$?
 check "tokenize -f: a line, then zero bytes ($rc: $(head -c 200 "$W/zero.err"))" $([ $rc = 1 ] && [ "$(wc -l < "$W/zero.jsonl")" = 1 ] &&
     [ "$(wc -l < "$W/zero.err")" = 1 ] && grep -q "longer than" "$W/zero.err" && echo 0 || echo 1)
+# a text line longer than the limit (100 MB; and 64 MiB + 1 bytes, whose newline is the byte read at the limit) is an
+# error line in its place, and the lines after it are still answered
+for size in 100000000 $(((64 << 20) + 1)); do
+    (printf '{"text": "Hello world"}\n'; head -c "$size" /dev/zero | tr '\0' x; printf '\n{"text": "Hello"}\n') |
+        timeout 60 "$G4_BIN" tokenize --tokenizer "$TOK" -f - > "$W/long.jsonl" 2> "$W/long.err"
+    rc=$?
+    check "tokenize -f: a line of $size bytes between two ($rc: $(head -c 200 "$W/long.err"))" $([ $rc = 1 ] &&
+        [ "$(wc -l < "$W/long.jsonl")" = 3 ] && sed -n 2p "$W/long.jsonl" | grep -q '"error":"a line longer than' &&
+        [ "$(sed -n 3p "$W/long.jsonl")" = "$("$G4_BIN" tokenize --tokenizer "$TOK" -p Hello | tr -d ' ' | sed 's/.*/[&]/')" ] &&
+        echo 0 || echo 1)
+done
 timeout 60 "$G4_BIN" detokenize --tokenizer "$TOK" -f <(head -c 100000000 /dev/zero) > "$W/zero2.jsonl" 2> "$W/zero2.err"
 rc=$?
 check "detokenize -f <(zero bytes) ($rc)" $([ $rc = 1 ] && [ ! -s "$W/zero2.jsonl" ] && [ "$(wc -l < "$W/zero2.err")" = 1 ] && echo 0 || echo 1)

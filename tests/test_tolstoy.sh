@@ -75,6 +75,10 @@ open(sys.argv[4] + ".second", "w", encoding="utf-8").write(out[len(head):].strip
 sys.exit(0 if ok else 1)
 PY
 check $? "chat answers the first turn like run, and again after /reset"
+# lines of spaces are no turn, and a command typed with a space after it is still the command: the same output
+printf '%s\n  \t \n/reset \t\n\n%s\n%s\n/exit \nnot read\n' "$(ref chat_user)" "$(ref chat_user)" "$q2" |
+    "$bin" chat -m "$m" --temp 0 -n 48 >"$tmp/chat-spaces.txt" 2>/dev/null
+cmp -s "$tmp/chat.txt" "$tmp/chat-spaces.txt"; check $? "chat: blank lines are skipped, '/reset ' and '/exit ' are commands"
 "$bin" template -m "$m" -f "$tmp/conv.jsonl" | python3 -c 'import json,sys; print(json.dumps({"text": json.loads(sys.stdin.readline()), "add_special_tokens": False}))' >"$tmp/conv-text.jsonl"
 conv_ids=$("$bin" tokenize -m "$m" -f "$tmp/conv-text.jsonl" | python3 -c 'import json,sys; print(",".join(map(str, json.loads(sys.stdin.readline()))))')
 fresh_ids=$("$bin" generate -m "$m" --ids "$conv_ids" --temp 0 -n 48)

@@ -109,6 +109,7 @@ ssize_t cli_read_line(FILE *in, char **line, size_t *cap, size_t max) {
     while ((c = getc_unlocked(in)) != EOF) {
         if (n + 2 > *cap) { /* room for c and the terminating zero */
             if (*cap >= max + 2) {
+                ungetc(c, in); /* the line's rest, this byte too, is still to read */
                 funlockfile(in);
                 return -2;
             }
@@ -131,10 +132,34 @@ ssize_t cli_read_line(FILE *in, char **line, size_t *cap, size_t max) {
     return (ssize_t)n;
 }
 
+/* After cli_read_line returned -2 (the `got` bytes in `line` are the start of an overlong line): reads
+ * on to the line's end. 1 when it was text (a JSON line too long to take: the next lines are still
+ * lines), 0 when it was not (a zero byte: /dev/zero, a binary file; or more than 1 GiB without a
+ * newline): then the input ends there. */
+static int skip_long_line(FILE *in, const char *line, size_t got) {
+    if (memchr(line, 0, got)) return 0;
+    size_t n = got;
+    int c, text = 1;
+    flockfile(in);
+    while ((c = getc_unlocked(in)) != EOF && c != '\n') {
+        if (c == 0 || ++n > ((size_t)1 << 30)) {
+            text = 0;
+            break;
+        }
+    }
+    funlockfile(in);
+    return text;
+}
+
 int cli_jsonl_next(FILE *in, char **line, size_t *cap, json_t **obj, g4_error *err) {
     ssize_t n;
     *obj = NULL;
     while ((n = cli_read_line(in, line, cap, CLI_MAX_LINE)) >= 0 || n < -1) {
+        if (n == -2 && skip_long_line(in, *line, *cap - 1)) { /* an error line in its place; the rest goes on */
+            memset(err, 0, sizeof *err);
+            g4_fail(err, "a line longer than %d MiB", CLI_MAX_LINE >> 20);
+            return 1;
+        }
         if (n < -1) { /* the rest of the input cannot be read line by line: the end, with an error */
             memset(err, 0, sizeof *err);
             if (n == -2) g4_fail(err, "a line longer than %d MiB (not a JSON lines file?)", CLI_MAX_LINE >> 20);

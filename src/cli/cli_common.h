@@ -29,16 +29,17 @@ typedef json_t *(*cli_jsonl_fn)(const json_t *in, void *user, g4_error *err);
 int cli_jsonl_map(const char *cmd, const char *path, cli_jsonl_fn fn, void *user);
 /* The pieces of cli_jsonl_map, for commands that answer lines out of order (cli_batch.h):
  * open (NULL after printing the error), the next non-blank line as an object (1; *obj NULL with
- * a message in err for a malformed line), 0 at the end, or -1 with a message in err when the input
- * cannot be read as lines (one longer than CLI_MAX_LINE: /dev/zero, a binary file) and so ends
- * there, and close (the exit status). */
+ * a message in err for a malformed line, also for a text line longer than CLI_MAX_LINE: it is read
+ * past), 0 at the end, or -1 with a message in err when the input cannot be read as lines (one longer
+ * than CLI_MAX_LINE with a zero byte or no newline within 1 GiB: /dev/zero, a binary file) and so
+ * ends there, and close (the exit status). */
 #define CLI_MAX_LINE (64 << 20)
 FILE *cli_jsonl_open(const char *cmd, const char *path);
 int cli_jsonl_next(FILE *in, char **line, size_t *cap, json_t **obj, g4_error *err);
 int cli_jsonl_close(const char *cmd, const char *path, FILE *in, int failed);
 /* One line of `in`, its newline kept, into *line (grown as getline does): its length; -1 at the end
- * of the input; -2 when it is longer than `max` bytes (what was read is dropped, the rest of the line
- * is not read); -3 out of memory. Bounded memory on endless input without a newline (/dev/zero). */
+ * of the input; -2 when it is longer than `max` bytes (*line holds its first *cap - 1 bytes, not
+ * zero-terminated; the rest of the line is not read); -3 out of memory. Bounded memory on endless input without a newline (/dev/zero). */
 ssize_t cli_read_line(FILE *in, char **line, size_t *cap, size_t max);
 /* One compact JSON line on stdout; {"error": msg} as one. */
 void cli_print_json_line(json_t *v);

@@ -93,7 +93,9 @@ int cmd_chat(int argc, char **argv) {
         }
         if (got < 0) break;
         while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
-        if (got == 0) continue;
+        if (line[strspn(line, " \t")] == 0) continue; /* nothing said: no turn */
+        if (line[0] == '/') /* a command typed with a space after it ("/reset ") is still the command */
+            while (line[got - 1] == ' ' || line[got - 1] == '\t') line[--got] = 0;
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit")) break;
         if (!strcmp(line, "/reset")) {
             g4_chat_clear(chat);

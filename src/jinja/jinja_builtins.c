@@ -83,19 +83,64 @@ static void view_str(const jv *v, jbuf *tmp, const char **s, size_t *n) {
     *n = tmp->len;
 }
 
-/* Upper-case forms longer than one character (Python's full case mapping, the common ones). */
-static const char *upper_special(uint32_t cp) {
-    switch (cp) {
-    case 0xDF: return "SS";
-    case 0xFB00: return "FF";
-    case 0xFB01: return "FI";
-    case 0xFB02: return "FL";
-    case 0xFB03: return "FFI";
-    case 0xFB04: return "FFL";
-    case 0xFB05:
-    case 0xFB06: return "ST";
-    default: return NULL;
-    }
+/* Python's full case mapping where it differs from the simple one (SpecialCasing.txt, its
+ * unconditional part): the upper-case forms longer than one character, in code point order, as
+ *   python3 -c "print([(hex(c), chr(c).upper()) for c in range(0x110000)
+ *                      if not 0xD800 <= c < 0xE000 and len(chr(c).upper()) > 1])"
+ * lists them (Unicode 14, Python 3.11), and the one lower-case form longer than one character:
+ * U+0130 (I with dot above) -> "i" U+0307. */
+typedef struct {
+    uint32_t cp;
+    const char *s;
+} case_form;
+
+static const case_form upper_full[] = {
+    {0xDF, "\x53\x53"}, {0x149, "\xca\xbc\x4e"}, {0x1F0, "\x4a\xcc\x8c"}, {0x390, "\xce\x99\xcc\x88\xcc\x81"},
+    {0x3B0, "\xce\xa5\xcc\x88\xcc\x81"}, {0x587, "\xd4\xb5\xd5\x92"}, {0x1E96, "\x48\xcc\xb1"},
+    {0x1E97, "\x54\xcc\x88"}, {0x1E98, "\x57\xcc\x8a"}, {0x1E99, "\x59\xcc\x8a"}, {0x1E9A, "\x41\xca\xbe"},
+    {0x1F50, "\xce\xa5\xcc\x93"}, {0x1F52, "\xce\xa5\xcc\x93\xcc\x80"}, {0x1F54, "\xce\xa5\xcc\x93\xcc\x81"},
+    {0x1F56, "\xce\xa5\xcc\x93\xcd\x82"}, {0x1F80, "\xe1\xbc\x88\xce\x99"}, {0x1F81, "\xe1\xbc\x89\xce\x99"},
+    {0x1F82, "\xe1\xbc\x8a\xce\x99"}, {0x1F83, "\xe1\xbc\x8b\xce\x99"}, {0x1F84, "\xe1\xbc\x8c\xce\x99"},
+    {0x1F85, "\xe1\xbc\x8d\xce\x99"}, {0x1F86, "\xe1\xbc\x8e\xce\x99"}, {0x1F87, "\xe1\xbc\x8f\xce\x99"},
+    {0x1F88, "\xe1\xbc\x88\xce\x99"}, {0x1F89, "\xe1\xbc\x89\xce\x99"}, {0x1F8A, "\xe1\xbc\x8a\xce\x99"},
+    {0x1F8B, "\xe1\xbc\x8b\xce\x99"}, {0x1F8C, "\xe1\xbc\x8c\xce\x99"}, {0x1F8D, "\xe1\xbc\x8d\xce\x99"},
+    {0x1F8E, "\xe1\xbc\x8e\xce\x99"}, {0x1F8F, "\xe1\xbc\x8f\xce\x99"}, {0x1F90, "\xe1\xbc\xa8\xce\x99"},
+    {0x1F91, "\xe1\xbc\xa9\xce\x99"}, {0x1F92, "\xe1\xbc\xaa\xce\x99"}, {0x1F93, "\xe1\xbc\xab\xce\x99"},
+    {0x1F94, "\xe1\xbc\xac\xce\x99"}, {0x1F95, "\xe1\xbc\xad\xce\x99"}, {0x1F96, "\xe1\xbc\xae\xce\x99"},
+    {0x1F97, "\xe1\xbc\xaf\xce\x99"}, {0x1F98, "\xe1\xbc\xa8\xce\x99"}, {0x1F99, "\xe1\xbc\xa9\xce\x99"},
+    {0x1F9A, "\xe1\xbc\xaa\xce\x99"}, {0x1F9B, "\xe1\xbc\xab\xce\x99"}, {0x1F9C, "\xe1\xbc\xac\xce\x99"},
+    {0x1F9D, "\xe1\xbc\xad\xce\x99"}, {0x1F9E, "\xe1\xbc\xae\xce\x99"}, {0x1F9F, "\xe1\xbc\xaf\xce\x99"},
+    {0x1FA0, "\xe1\xbd\xa8\xce\x99"}, {0x1FA1, "\xe1\xbd\xa9\xce\x99"}, {0x1FA2, "\xe1\xbd\xaa\xce\x99"},
+    {0x1FA3, "\xe1\xbd\xab\xce\x99"}, {0x1FA4, "\xe1\xbd\xac\xce\x99"}, {0x1FA5, "\xe1\xbd\xad\xce\x99"},
+    {0x1FA6, "\xe1\xbd\xae\xce\x99"}, {0x1FA7, "\xe1\xbd\xaf\xce\x99"}, {0x1FA8, "\xe1\xbd\xa8\xce\x99"},
+    {0x1FA9, "\xe1\xbd\xa9\xce\x99"}, {0x1FAA, "\xe1\xbd\xaa\xce\x99"}, {0x1FAB, "\xe1\xbd\xab\xce\x99"},
+    {0x1FAC, "\xe1\xbd\xac\xce\x99"}, {0x1FAD, "\xe1\xbd\xad\xce\x99"}, {0x1FAE, "\xe1\xbd\xae\xce\x99"},
+    {0x1FAF, "\xe1\xbd\xaf\xce\x99"}, {0x1FB2, "\xe1\xbe\xba\xce\x99"}, {0x1FB3, "\xce\x91\xce\x99"},
+    {0x1FB4, "\xce\x86\xce\x99"}, {0x1FB6, "\xce\x91\xcd\x82"}, {0x1FB7, "\xce\x91\xcd\x82\xce\x99"},
+    {0x1FBC, "\xce\x91\xce\x99"}, {0x1FC2, "\xe1\xbf\x8a\xce\x99"}, {0x1FC3, "\xce\x97\xce\x99"},
+    {0x1FC4, "\xce\x89\xce\x99"}, {0x1FC6, "\xce\x97\xcd\x82"}, {0x1FC7, "\xce\x97\xcd\x82\xce\x99"},
+    {0x1FCC, "\xce\x97\xce\x99"}, {0x1FD2, "\xce\x99\xcc\x88\xcc\x80"}, {0x1FD3, "\xce\x99\xcc\x88\xcc\x81"},
+    {0x1FD6, "\xce\x99\xcd\x82"}, {0x1FD7, "\xce\x99\xcc\x88\xcd\x82"}, {0x1FE2, "\xce\xa5\xcc\x88\xcc\x80"},
+    {0x1FE3, "\xce\xa5\xcc\x88\xcc\x81"}, {0x1FE4, "\xce\xa1\xcc\x93"}, {0x1FE6, "\xce\xa5\xcd\x82"},
+    {0x1FE7, "\xce\xa5\xcc\x88\xcd\x82"}, {0x1FF2, "\xe1\xbf\xba\xce\x99"}, {0x1FF3, "\xce\xa9\xce\x99"},
+    {0x1FF4, "\xce\x8f\xce\x99"}, {0x1FF6, "\xce\xa9\xcd\x82"}, {0x1FF7, "\xce\xa9\xcd\x82\xce\x99"},
+    {0x1FFC, "\xce\xa9\xce\x99"}, {0xFB00, "\x46\x46"}, {0xFB01, "\x46\x49"}, {0xFB02, "\x46\x4c"},
+    {0xFB03, "\x46\x46\x49"}, {0xFB04, "\x46\x46\x4c"}, {0xFB05, "\x53\x54"}, {0xFB06, "\x53\x54"},
+    {0xFB13, "\xd5\x84\xd5\x86"}, {0xFB14, "\xd5\x84\xd4\xb5"}, {0xFB15, "\xd5\x84\xd4\xbb"},
+    {0xFB16, "\xd5\x8e\xd5\x86"}, {0xFB17, "\xd5\x84\xd4\xbd"},
+};
+
+static int cmp_upper_full(const void *key, const void *item) {
+    uint32_t a = *(const uint32_t *)key, b = *(const uint32_t *)item;
+    return a < b ? -1 : a > b;
+}
+
+static const char *case_special(uint32_t cp, int upper) {
+    if (!upper) return cp == 0x130 ? "i\xcc\x87" : NULL;
+    if (cp < 0xDF) return NULL;
+    const void *hit = bsearch(&cp, upper_full, sizeof upper_full / sizeof upper_full[0], sizeof upper_full[0],
+                              cmp_upper_full);
+    return hit ? ((const case_form *)hit)->s : NULL;
 }
 
 static jv *case_map(jrender *r, int line, const char *s, size_t n, int upper) {
@@ -104,7 +149,7 @@ static jv *case_map(jrender *r, int line, const char *s, size_t n, int upper) {
     while (i < n) {
         uint32_t cp;
         size_t k = ju8_next(s + i, n - i, &cp);
-        const char *sp = upper ? upper_special(cp) : NULL;
+        const char *sp = case_special(cp, upper);
         if (sp) {
             jbuf_puts(&b, sp);
             i += k;
@@ -451,7 +496,7 @@ static jv *py_title(jrender *r, int line, const char *s, size_t n) {
         int cased = up != lo || ju_isalpha(cp);
         uint32_t out = cased ? (prev_cased ? lo : up) : cp;
         ju8_put(&b, out);
-        prev_cased = cased && (up != lo);
+        prev_cased = cased && (up != lo || case_special(cp, 1)); /* ß: cased, though its simple forms are itself */
         i += k;
     }
     return new_string(r, line, &b);

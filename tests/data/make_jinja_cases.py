@@ -32,6 +32,9 @@ CTX = {"d": {"k": 1, "b": "two"}, "x": {"a": [1, 2.5, "é", None, True]},
        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " yo "}],
        "n": None, "t": True, "s": "Hello World", "items": [3, 1, 2], "big": 123456789012}
 
+# the characters whose Python upper-case form is longer than one character
+FULL_UPPER = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000 and len(chr(c).upper()) > 1)
+
 CASES = [
     # output of values: Python's str()
     "{{ 3 }} {{ -7 }} {{ none }} {{ true }} {{ false }} {{ n }} {{ t }}",
@@ -138,6 +141,11 @@ CASES = [
     "{{ d.get('k') }}{{ d.get('z') }}{{ d.get('z', 5) }}{{ d.keys()|list }}{{ d.values()|list }}{{ d.items()|list }}",
     "{{ items.index(1) }}{{ items.count(3) }}{{ 'prefix-x'.removeprefix('prefix-') }}{{ 'x.txt'.removesuffix('.txt') }}",
     "{{ 'ÄÖü'.lower() }}{{ 'straße'.upper() }}{{ 'élan'|capitalize }}{{ 'ﬁ'.upper() }}",
+    # Python's multi-character case forms: every upper-case one, and U+0130's lower-case one (dictsort and sort
+    # compare keys lower-cased, so they decide the order of a tool's arguments)
+    "{{ '%s'.upper() }}|{{ '%s'|upper }}|{{ 'İstanbul'.lower() }}{{ 'İ'|lower|length }}{{ 'straße'.title() }}"
+    % (FULL_UPPER, FULL_UPPER),
+    "{{ {'İ': 0, 'i': 1, 'j': 2, 'I': 3, 'ı': 4}|dictsort }}{{ ['İb', 'ia', 'ic', 'Ia']|sort }}{{ ['ﬃx', 'ffiy', 'FFIa']|sort }}",
     # namespaces and dicts
     "{% set ns = namespace() %}{% set ns.a = [1] %}{% set ns.b = ns.a + [2] %}{{ ns.b }}{{ ns.c }}",
     "{% set ns = namespace({'x': 1}) %}{{ ns.x }}{% set d2 = dict(a=1, b=2) %}{{ d2 }}{{ dict({'z': 0}, y=1) }}",
