@@ -31,6 +31,11 @@ static int read_request(g4_chat *c, const json_t *in, g4_error *err) {
         return g4_fail(err, "\"add_generation_prompt\" must be true or false");
     if (kwargs && !json_is_null(kwargs) && !json_is_object(kwargs))
         return g4_fail(err, "\"chat_template_kwargs\" must be an object");
+    /* the variables the render itself sets (transformers: a TypeError, "got multiple values for keyword argument") */
+    static const char *const own[] = {"messages", "tools", "documents", "add_generation_prompt"};
+    for (size_t k = 0; json_is_object(kwargs) && k < sizeof own / sizeof own[0]; k++)
+        if (json_object_get(kwargs, own[k]))
+            return g4_fail(err, "\"chat_template_kwargs\" cannot set \"%s\" (the request's own field)", own[k]);
     size_t i;
     const json_t *m;
     json_array_foreach(messages, i, m) {
