@@ -16,6 +16,8 @@ for fx in dense-ple dense-keqv moe; do
     "$bin" logits -m "$dir" --kv f32 --ids "$ids" -o "$tmp/$fx.f32"
     err=$(python3 "$here/cli_compare.py" logits "$dir/reference.safetensors" "$tmp/$fx.f32" 2e-3)
     check $? "$fx: logits within 2e-3 (max error $err)"
+    "$bin" logits -m "$dir" --kv f32 --ids "$ids" -o - | cmp -s - "$tmp/$fx.f32"
+    check $? "$fx: logits -o - writes the same bytes to standard output"
     got=$("$bin" generate -m "$dir" --kv f32 --ids "$ids" -n 24 --temp 0)
     [ "$got" = "$want" ]
     check $? "$fx: 24 greedy ids identical"

@@ -272,5 +272,12 @@ g4_model *cli_load_model(const char *dir, int n_threads) {
 
 void cli_remove_output(const char *path) {
     struct stat st;
-    if (path && !stat(path, &st) && S_ISREG(st.st_mode)) remove(path);
+    if (path && strcmp(path, "-") && !stat(path, &st) && S_ISREG(st.st_mode)) remove(path);
+}
+
+FILE *cli_open_output(const char *path) { return strcmp(path, "-") ? fopen(path, "wb") : stdout; }
+
+int cli_close_output(FILE *f) {
+    if (f != stdout) return fclose(f);
+    return fflush(f) | ferror(f);
 }

@@ -48,6 +48,10 @@ void cli_print_error_line(const char *msg);
 /* Removes a partly written output file after a failure: only a regular file (-o /dev/stdout, a
  * device or a FIFO is left where it is). */
 void cli_remove_output(const char *path);
+/* A binary output by its path, "-" for standard output (NULL when it cannot be opened); closing it (standard output
+ * flushed, not closed) returns nonzero when a write failed. */
+FILE *cli_open_output(const char *path);
+int cli_close_output(FILE *f);
 
 /* Loads DIR/tokenizer.json (model_dir) or a tokenizer.json (file); prints the error and
  * returns NULL on failure. */

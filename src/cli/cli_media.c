@@ -55,14 +55,14 @@ int cli_media_add_files(cli_media *md, g4_model *m, const cli_media_files *f, in
 }
 
 int cli_media_write(const cli_media *md, const char *path) {
-    FILE *f = fopen(path, "wb");
+    FILE *f = cli_open_output(path);
     if (!f) return cli_error("%s: cannot open for writing", path), -1;
     int bad = 0;
     for (int i = 0; i < md->n && !bad; i++) {
         const size_t count = (size_t)md->items[i].n_tokens * (size_t)md->items[i].hidden;
         bad = fwrite(md->items[i].rows, sizeof(float), count, f) != count;
     }
-    if ((bad | ferror(f)) | fclose(f)) {
+    if ((bad | ferror(f)) | cli_close_output(f)) {
         cli_remove_output(path);
         return cli_error("%s: write failed", path), -1;
     }

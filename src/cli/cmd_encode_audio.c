@@ -12,7 +12,7 @@
 #include "cli/commands.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: gemma4c encode-audio -m DIR --audio FILE -o OUT.f32 [-t THREADS]\n"
+    fprintf(f, "usage: gemma4c encode-audio -m DIR --audio FILE -o OUT.f32|- [-t THREADS]\n"
                "Writes the audio's soft tokens, float32 [n, hidden] (little-endian); for an audio tower, audio\n"
                "longer than 30 s is split into 30 s clips whose tokens follow one another (blocks).\n");
 }

@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: gemma4c encode-image -m DIR --image FILE [--image FILE ...] [--budget N] -o OUT.f32 [-t THREADS]\n"
+    fprintf(f, "usage: gemma4c encode-image -m DIR --image FILE [--image FILE ...] [--budget N] -o OUT.f32|- [-t THREADS]\n"
                "Writes float32 soft-token embeddings [n_tokens, hidden] (little-endian), images in order.\n"
                "  --budget N   soft tokens per image at most: 70, 140, 280, 560 or 1120 (default: the model's)\n");
 }

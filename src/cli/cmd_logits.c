@@ -13,7 +13,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: gemma4c logits -m DIR --ids 2,17,99 -o OUT.f32 [--image FILE ...] [--budget N] [--audio FILE ...]\n"
+            "usage: gemma4c logits -m DIR --ids 2,17,99 -o OUT.f32|- [--image FILE ...] [--budget N] [--audio FILE ...]\n"
             "                [-t THREADS]\n"
             "Writes float32 logits [n_ids, vocab] (little-endian) for every position of one forward pass.\n"
             "  --image FILE   fills the ids' image placeholders, in order (repeatable)\n"
@@ -88,7 +88,7 @@ int cmd_logits(int argc, char **argv) {
         goto done;
     }
     logits = malloc((size_t)batch * V * sizeof(float));
-    f = fopen(out, "wb");
+    f = cli_open_output(out);
     if (!logits || !f) {
         cli_error("%s: %s", out, logits ? "cannot open for writing" : "out of memory");
         goto done;
@@ -113,7 +113,7 @@ int cmd_logits(int argc, char **argv) {
             goto done;
         }
     }
-    if (fclose(f) != 0) {
+    if (cli_close_output(f) != 0) {
         f = NULL;
         cli_error("%s: write failed", out);
         goto done;
@@ -121,7 +121,7 @@ int cmd_logits(int argc, char **argv) {
     f = NULL;
     rc = 0;
 done:
-    if (f) fclose(f);
+    if (f) cli_close_output(f);
     if (rc) cli_remove_output(out);
     free(logits);
     free(ids);
