@@ -23,6 +23,16 @@ check $? "logits within 2e-3 (max error $err)"
 got=$("$bin" generate -m "$m" --ids "$ids" -n 32 --temp 0 --ignore-eos)
 [ "$got" = "$(ref greedy_ids)" ]; check $? "32 greedy ids identical"
 
+# a context too small for -n: the ids up to it, a note on stderr saying why they stop short, exit 0
+n_ids=$(echo "$ids" | tr ',' '\n' | wc -l)
+ctx=$((n_ids + 8 > 16 ? n_ids + 8 : 16)); k=$((ctx - n_ids))
+got=$("$bin" generate -m "$m" --ids "$ids" -n 32 --temp 0 --ignore-eos --ctx $ctx 2>"$tmp/full.err")
+check $? "a generation the context cuts short exits 0"
+[ "$got" = "$(ref greedy_ids | cut -d, -f1-$k)" ] && grep -q "the context of $ctx tokens is full after $k of the 32" "$tmp/full.err"
+check $? "... with the first $k greedy ids and a note ($(cat "$tmp/full.err"))"
+"$bin" generate -m "$m" --ids "$ids" -n 4 --temp 0 --ignore-eos 2>"$tmp/short.err" >/dev/null && [ ! -s "$tmp/short.err" ]
+check $? "no note when -n ends it"
+
 "$bin" generate -m "$m" -p "$prompt" -n 32 --temp 0 --ignore-eos >"$tmp/greedy.txt"
 python3 - "$m/reference.json" "$tmp/greedy.txt" <<'PY'
 import json, sys

@@ -199,6 +199,14 @@ void cli_generation_params(const cli_sampling *opt, const cli_text_model *tm, g4
     };
 }
 
+void cli_note_context_full(const cli_sampling *opt, const cli_text_model *tm, const g4_generation *g, const char *cmd) {
+    int n = 0;
+    g4_generation_tokens(g, &n);
+    if (g4_generation_finish(g) == G4_FINISH_LENGTH && opt->n_predict > 0 && n < opt->n_predict)
+        fprintf(stderr, "gemma4c: %s: the context of %d tokens is full after %d of the %ld new tokens asked for (--ctx "
+                        "sets its size)\n", cmd, g4_context_n_ctx(tm->ctx), n, opt->n_predict);
+}
+
 int cli_stream(g4_generation *g, FILE *out, FILE *thinking_out) {
     g4_error err;
     g4_event ev;

@@ -83,4 +83,7 @@ void cli_print_tool_calls(const g4_generation *g);
 /* --draft-stats: {"accepted_per_round": [...], "drafts_per_round": [...]} on stderr when opt asks. */
 void cli_print_draft_stats(const cli_sampling *opt, const g4_generation *g);
 
+/* A note on stderr when the context, not -n, ended the generation (G4_FINISH_LENGTH before the -n tokens asked for). */
+void cli_note_context_full(const cli_sampling *opt, const cli_text_model *tm, const g4_generation *g, const char *cmd);
+
 #endif

@@ -223,6 +223,7 @@ int cmd_generate(int argc, char **argv) {
         for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
     }
     printf("\n");
+    cli_note_context_full(&smp, &tm, gen, "generate");
     rc = g4_generation_finish(gen) == G4_FINISH_CANCELLED ? 130 : 0;
 done:
     g4_generation_free(gen);

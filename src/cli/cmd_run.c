@@ -96,6 +96,7 @@ int cmd_run(int argc, char **argv) {
     if (cli_stream(gen, stdout, think ? stderr : NULL)) goto done;
     cli_print_draft_stats(&smp, gen);
     printf("\n");
+    cli_note_context_full(&smp, &tm, gen, "run");
     cli_print_tool_calls(gen);
     rc = g4_generation_finish(gen) == G4_FINISH_CANCELLED ? 130 : 0;
 done:
