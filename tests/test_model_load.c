@@ -354,11 +354,50 @@ static void test_bad_folders(void) {
     load_expect("truncated weights", dir, "truncated");
 }
 
+/* A tower the config names but the weights leave out altogether (a text-only conversion: mlx-lm keeps the
+ * config's vision_config and drops the tower) is absent by design: the text model loads, with a warning, and
+ * images are refused. A tower that is only partly there is still an error; mlx-vlm's tower names (no outer
+ * "model.") bind as HF's. */
+static void test_towers(void) {
+    char vision[4096], dir[4096];
+    snprintf(vision, sizeof vision, "%s", g4t_shared("fixtures/vision"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("towers-model"));
+    resave_edit no_tower = {.drop_prefix = "model.vision_tower."};
+    CHECK(resave(vision, dir, 1, 0, &no_tower) == 0);
+    load_expect("embed_vision without its tower", dir, "model.vision_tower.patch_embedder.input_proj.weight");
+    static const char *const both[] = {"model.vision_tower.", "dropped.vision_tower.", "model.embed_vision.",
+                                       "dropped.embed_vision."};
+    resave_edit text_only = {.drop_prefix = "dropped.", .rename = both, .n_rename = 2};
+    CHECK(resave(vision, dir, 1, 0, &text_only) == 0);
+    g4_model *m = load_expect("no vision tower in the weights", dir, NULL);
+    if (m) {
+        const char *w = g4_model_warnings(m);
+        CHECKF(w && strstr(w, "no vision tower"), "warnings: %s", w ? w : "(none)");
+        CHECKF(m->vision == NULL, "a vision tower without weights");
+        g4_model_free(m);
+    }
+    resave_edit partial = {.drop = "model.vision_tower.patch_embedder.input_proj.weight"};
+    CHECK(resave(vision, dir, 1, 0, &partial) == 0);
+    load_expect("a vision tower without its input projection", dir, "patch_embedder.input_proj.weight");
+    static const char *const mlx_vlm[] = {"model.language_model.", "language_model.model.", "model.vision_tower.",
+                                          "vision_tower.", "model.embed_vision.", "embed_vision."};
+    resave_edit vlm = {.rename = mlx_vlm, .n_rename = 3};
+    CHECK(resave(vision, dir, 1, 0, &vlm) == 0);
+    m = load_expect("mlx-vlm names", dir, NULL);
+    if (m) {
+        const char *w = g4_model_warnings(m);
+        CHECKF(!w, "warnings: %s", w);
+        CHECKF(m->vision != NULL, "mlx-vlm's vision tower was not bound");
+        g4_model_free(m);
+    }
+}
+
 int main(void) {
     test_spellings();
     test_real_configs();
     test_rope_tables();
     test_bad_folders();
     test_config_mismatch();
+    test_towers();
     return g4t_done();
 }
