@@ -392,6 +392,45 @@ static void test_towers(void) {
     }
 }
 
+/* NaN in the weights: transformers computes NaN logits; the batch step reports them as an error (the soft-cap
+ * must not turn NaN into a finite +-cap on the way), and the embedding's hidden states likewise. */
+static void test_nan_weights(void) {
+    char src[4096], dir[4096];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("nan-model"));
+    static uint16_t w[256 * 128];
+    char name[256];
+    snprintf(name, sizeof name, "model.language_model.layers.1.mlp.down_proj.weight");
+    g4_tensor_set set;
+    g4_error err = {{0}};
+    CHECK(g4_safetensors_open_dir(src, &set, &err) == 0);
+    const g4_tensor *t = g4_tensor_set_find(&set, name);
+    CHECK(t && t->nbytes == sizeof w);
+    if (t) memcpy(w, t->data, sizeof w);
+    g4_tensor_set_free(&set);
+    w[5] = 0x7fc0; /* bf16 NaN */
+    g4_tensor nan_t = {.name = name, .dtype = G4_BF16, .ndim = 2, .shape = {128, 256}, .data = w, .nbytes = sizeof w};
+    resave_edit ed = {.extra = &nan_t, .n_extra = 1};
+    CHECK(resave(src, dir, 1, 0, &ed) == 0);
+    g4_model *m = load_expect("NaN weights", dir, NULL);
+    if (!m) return;
+    g4_context *ctx;
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = 16, .n_batch = 8};
+    if (g4_context_new(m, &cp, &ctx, &err) == 0) {
+        int32_t ids[3] = {2, 328, 298};
+        float logits[3 * 512], emb[128];
+        g4_batch b = {.n_tokens = 3, .token = ids};
+        CHECK(g4_decode(ctx, &b, logits, &err) != 0);
+        CHECKF(strstr(err.msg, "NaN logits") != NULL, "%s", err.msg);
+        CHECK(g4_embed(ctx, 0, ids, 3, emb, &err) != 0);
+        CHECKF(strstr(err.msg, "NaN hidden states") != NULL, "%s", err.msg);
+        g4_context_free(ctx);
+    } else {
+        CHECKF(0, "context: %s", err.msg);
+    }
+    g4_model_free(m);
+}
+
 int main(void) {
     test_spellings();
     test_real_configs();
@@ -399,5 +438,6 @@ int main(void) {
     test_bad_folders();
     test_config_mismatch();
     test_towers();
+    test_nan_weights();
     return g4t_done();
 }
