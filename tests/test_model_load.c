@@ -12,6 +12,8 @@
 
 #include "check.h"
 #include "gemma4c.h"
+#include "formats/gguf.h"
+#include "formats/gguf_gemma4.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model_files.h"
@@ -431,6 +433,56 @@ static void test_nan_weights(void) {
     g4_model_free(m);
 }
 
+/* An Ollama GGUF keeps its vision and audio towers in the file (v.*, a.*, mm.*): the text model loads without a
+ * warning per tower tensor, as the towers of an HF checkpoint. */
+static void test_gguf_towers(void) {
+    char src[4096], path[4096];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
+    snprintf(path, sizeof path, "%s", g4t_tmp("ollama-towers.gguf"));
+    g4_tensor_set set;
+    g4_model_config cfg;
+    g4_error err = {{0}};
+    if (g4_safetensors_open_dir(src, &set, &err) || g4_config_load(src, &cfg, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    g4_gguf_writer w = {0};
+    g4_gemma4_gguf_write_meta(&w, &cfg.text);
+    static const char *const towers[] = {"v.blk.0.attn_q.weight", "a.conv1d.0.weight", "mm.input_projection.weight"};
+    const float zeros[4] = {0};
+    const int64_t four = 4;
+    const g4_tensor **order = calloc((size_t)set.n_tensors, sizeof *order);
+    size_t *bytes = calloc((size_t)set.n_tensors + 3, sizeof *bytes);
+    int n = 0;
+    const size_t pl = strlen("model.language_model.");
+    for (int i = 0; order && bytes && i < set.n_tensors; i++) {
+        const g4_tensor *t = &set.tensors[i];
+        char name[256];
+        if (strncmp(t->name, "model.language_model.", pl) || g4_gemma4_gguf_name(t->name + pl, name, sizeof name)) continue;
+        bytes[n] = g4_gguf_add_tensor(&w, name, t->dtype, t->ndim, t->shape);
+        order[n++] = t;
+    }
+    for (int k = 0; k < 3 && bytes; k++) bytes[n + k] = g4_gguf_add_tensor(&w, towers[k], G4_F32, 1, &four);
+    FILE *f = fopen(path, "wb");
+    int ok = f && order && bytes && g4_gguf_write_header(&w, f, &err) == 0;
+    for (int i = 0; ok && i < n; i++)
+        ok = g4_gguf_write_data(f, order[i]->data, bytes[i], &err) == 0 && g4_gguf_write_pad(f, bytes[i], &err) == 0;
+    for (int k = 0; ok && k < 3; k++)
+        ok = g4_gguf_write_data(f, zeros, bytes[n + k], &err) == 0 && g4_gguf_write_pad(f, bytes[n + k], &err) == 0;
+    if (f) fclose(f);
+    CHECKF(ok, "writing %s: %s", path, err.msg);
+    g4_gguf_writer_free(&w);
+    free(order);
+    free(bytes);
+    g4_tensor_set_free(&set);
+    g4_model *m = ok ? load_expect("an Ollama GGUF with its towers", path, NULL) : NULL;
+    if (m) {
+        const char *warn = g4_model_warnings(m);
+        CHECKF(!warn, "warnings: %s", warn);
+        g4_model_free(m);
+    }
+}
+
 int main(void) {
     test_spellings();
     test_real_configs();
@@ -439,5 +491,6 @@ int main(void) {
     test_config_mismatch();
     test_towers();
     test_nan_weights();
+    test_gguf_towers();
     return g4t_done();
 }

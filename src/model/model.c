@@ -378,8 +378,9 @@ static int holds_prefix(const g4_tensor_set *set, const char *prefix) {
 }
 
 static int is_tower_tensor(const char *name) {
+    /* HF names, and the towers Ollama's GGUF files carry beside the decoder (v.*, a.*, mm.*: docs/formats.md 3) */
     static const char *towers[] = {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
-                                   "model.embed_audio.", "model.multi_modal_projector."};
+                                   "model.embed_audio.", "model.multi_modal_projector.", "v.", "a.", "mm."};
     for (size_t i = 0; i < sizeof towers / sizeof towers[0]; i++)
         if (!strncmp(name, towers[i], strlen(towers[i]))) return 1;
     return 0;
