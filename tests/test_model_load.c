@@ -327,6 +327,11 @@ static void test_bad_folders(void) {
     remove(cfg);
     load_expect("no config", dir, "no config.json");
     load_expect("no folder", g4t_tmp("no-such-model"), "no config.json");
+    /* a file that is neither a folder nor a GGUF file (the weights file itself, a GGUF cut before its magic) */
+    char notdir[4200];
+    snprintf(notdir, sizeof notdir, "%s/weights.bin", dir);
+    CHECK(write_text(notdir, "GGU") == 0);
+    load_expect("a file, not a folder", notdir, "not a model folder, nor a GGUF file");
 
     /* a config that disagrees with the weights: the first misfit is named */
     CHECK(resave(src, dir, 1, 0, NULL) == 0);
