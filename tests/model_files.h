@@ -30,10 +30,12 @@ static inline int write_text(const char *path, const char *text) {
     return fclose(f);
 }
 
-/* Edits applied while re-saving: drop a tensor, append extra tensors (which may replace a tensor of the
- * same name), and/or rename tensors by prefix (pairs rename[2k] -> rename[2k+1]; names up to 255 bytes). */
+/* Edits applied while re-saving: drop a tensor, drop every tensor whose name (after renaming) starts with drop_prefix, append
+ * extra tensors (which may replace a tensor of the same name), and/or rename tensors by prefix (pairs
+ * rename[2k] -> rename[2k+1]; names up to 255 bytes). */
 typedef struct resave_edit {
     const char *drop;
+    const char *drop_prefix;
     const g4_tensor *extra;
     int n_extra;
     const char *const *rename;
@@ -59,7 +61,6 @@ static inline int resave(const char *src_dir, const char *dst_dir, int n_shards,
         const char *name = set.tensors[i].name;
         int skip = ed && ed->drop && !strcmp(name, ed->drop);
         for (int e = 0; e < n_extra; e++) skip |= !strcmp(name, ed->extra[e].name);
-        if (skip) continue;
         ts[n] = set.tensors[i];
         for (int r = 0; ed && r < ed->n_rename; r++) {
             size_t pl = strlen(ed->rename[2 * r]);
@@ -68,6 +69,8 @@ static inline int resave(const char *src_dir, const char *dst_dir, int n_shards,
             ts[n].name = renamed[i];
             break;
         }
+        skip |= ed && ed->drop_prefix && !strncmp(ts[n].name, ed->drop_prefix, strlen(ed->drop_prefix));
+        if (skip) continue;
         int is_float = ts[n].dtype == G4_BF16 || ts[n].dtype == G4_F16 || ts[n].dtype == G4_F32;
         if (to && is_float && ts[n].dtype != to) {
             size_t cnt = (size_t)g4_tensor_numel(&ts[n]);

@@ -1702,11 +1702,14 @@ static void test_cpu_kernels(void) {
         float t = (float)(i - N / 2) / (N / 2); /* -1 .. 1 */
         x[i] = t * t * t * 40.0f;
     }
-    x[1] = 1e-30f, x[2] = -3e-8f, x[4] = 1e4f, x[5] = -INFINITY, x[6] = INFINITY;
+    x[1] = 1e-30f, x[2] = -3e-8f, x[4] = 1e4f, x[5] = -INFINITY, x[6] = INFINITY, x[7] = NAN, x[N - 1] = -NAN;
     memcpy(y, x, sizeof x);
     k->softcap(y, N, 3.0f);
+    /* a NaN stays NaN, as tanh keeps it (transformers' logits are NaN there): not a finite +-c */
+    CHECKF(isnan(y[7]) && isnan(y[N - 1]), "%s: softcap kernel: NaN became %g, %g", be_label, y[7], y[N - 1]);
     worst = 0;
     for (int i = 0; i < N; i++) {
+        if (isnan(x[i])) continue;
         double want = 3.0 * tanh((double)x[i] / 3.0), e = want != 0 ? fabs(y[i] - want) / fabs(want) : fabs(y[i]);
         if (!(e <= worst)) worst = e;
     }

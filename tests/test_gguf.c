@@ -10,6 +10,7 @@
 #include "core/quant.h"
 #include "formats/gguf_gemma4.h"
 #include "formats/mlx.h"
+#include "model/config.h"
 
 static size_t file_size(const char *p) {
     FILE *f = fopen(p, "rb");
@@ -181,6 +182,53 @@ static void test_mlx(void) {
     json_decref(q8);
 }
 
+/* A Gemma 4 GGUF whose final_logit_softcapping is written as `cap_type` (-1: absent): the metadata of a small
+ * config and a token_embd; returns what g4_gemma4_gguf_open says. */
+static int open_with_softcap(const char *path, int cap_type, json_t **cfg, g4_error *err) {
+    static const char *text = "{\"model_type\": \"gemma4_text\", \"vocab_size\": 8, \"hidden_size\": 4, "
+                              "\"num_hidden_layers\": 2, \"num_attention_heads\": 1, \"num_key_value_heads\": 1, "
+                              "\"head_dim\": 2, \"global_head_dim\": 4, \"hidden_size_per_layer_input\": 0, "
+                              "\"intermediate_size\": 8}";
+    json_error_t je;
+    json_t *root = json_loads(text, 0, &je);
+    g4_model_config c;
+    CHECK(root && g4_config_parse(root, "test", &c, err) == 0);
+    json_decref(root);
+    g4_gguf_writer w = {0};
+    g4_gemma4_gguf_write_meta(&w, &c.text);
+    if (cap_type == G4_GGUF_F32) g4_gguf_add_f32(&w, "gemma4.final_logit_softcapping", 30.0f);
+    if (cap_type == G4_GGUF_STR) g4_gguf_add_str(&w, "gemma4.final_logit_softcapping", "30.0");
+    const int64_t shape[2] = {8, 4};
+    float zeros[32] = {0};
+    size_t bytes = g4_gguf_add_tensor(&w, "token_embd.weight", G4_F32, 2, shape);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && g4_gguf_write_header(&w, f, err) == 0 && g4_gguf_write_data(f, zeros, bytes, err) == 0 &&
+          g4_gguf_write_pad(f, bytes, err) == 0);
+    if (f) fclose(f);
+    g4_gguf_writer_free(&w);
+    g4_gguf g;
+    *cfg = NULL;
+    int rc = g4_gemma4_gguf_open(path, &g, cfg, err);
+    if (rc == 0) g4_gguf_free(&g);
+    return rc;
+}
+
+/* The soft-cap key is optional, but one that is there must be a number: a string is an error, not "no soft-cap"
+ * (that would be a silent wrong answer). */
+static void test_softcap_key(void) {
+    const char *path = g4t_tmp("softcap.gguf");
+    json_t *cfg;
+    g4_error err = {{0}};
+    CHECKF(open_with_softcap(path, G4_GGUF_F32, &cfg, &err) == 0, "%s", err.msg);
+    CHECK(json_real_value(json_object_get(cfg, "final_logit_softcapping")) == 30.0);
+    json_decref(cfg);
+    CHECKF(open_with_softcap(path, -1, &cfg, &err) == 0, "%s", err.msg);
+    CHECK(cfg && !json_object_get(cfg, "final_logit_softcapping"));
+    json_decref(cfg);
+    CHECK(open_with_softcap(path, G4_GGUF_STR, &cfg, &err) != 0);
+    CHECKF(strstr(err.msg, "final_logit_softcapping must be a number") != NULL, "%s", err.msg);
+}
+
 int main(void) {
     const char *path = g4t_tmp("sample.gguf");
     write_sample(path);
@@ -188,5 +236,6 @@ int main(void) {
     test_corrupt(path);
     test_names();
     test_mlx();
+    test_softcap_key();
     return g4t_done();
 }

@@ -63,4 +63,7 @@ check $? "a truncated GGUF is one line: $(cat "$tmp/err")"
 grep -q "GB/s" "$tmp/bench.txt"; check $? "random weights for a config, benchmarked"
 "$bin" bench -m "$tmp/r.gguf" -p 8 -n 0 -r 1 >"$tmp/bench0.txt" && grep -q "^prefill" "$tmp/bench0.txt" && ! grep -q "^decode" "$tmp/bench0.txt"
 check $? "bench -n 0: prefill only"
+"$bin" run -m "$tmp/r.gguf" -p "Hi" -n 1 2>"$tmp/err"
+[ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "the file has no tokenizer (tokenizer.ggml.tokens)" "$tmp/err"
+check $? "a GGUF without tokenizer metadata says so (not 'no tokenizer.json'): $(cat "$tmp/err")"
 exit $fail

@@ -12,6 +12,8 @@
 
 #include "check.h"
 #include "gemma4c.h"
+#include "formats/gguf.h"
+#include "formats/gguf_gemma4.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model_files.h"
@@ -325,6 +327,11 @@ static void test_bad_folders(void) {
     remove(cfg);
     load_expect("no config", dir, "no config.json");
     load_expect("no folder", g4t_tmp("no-such-model"), "no config.json");
+    /* a file that is neither a folder nor a GGUF file (the weights file itself, a GGUF cut before its magic) */
+    char notdir[4200];
+    snprintf(notdir, sizeof notdir, "%s/weights.bin", dir);
+    CHECK(write_text(notdir, "GGU") == 0);
+    load_expect("a file, not a folder", notdir, "not a model folder, nor a GGUF file");
 
     /* a config that disagrees with the weights: the first misfit is named */
     CHECK(resave(src, dir, 1, 0, NULL) == 0);
@@ -354,11 +361,141 @@ static void test_bad_folders(void) {
     load_expect("truncated weights", dir, "truncated");
 }
 
+/* A tower the config names but the weights leave out altogether (a text-only conversion: mlx-lm keeps the
+ * config's vision_config and drops the tower) is absent by design: the text model loads, with a warning, and
+ * images are refused. A tower that is only partly there is still an error; mlx-vlm's tower names (no outer
+ * "model.") bind as HF's. */
+static void test_towers(void) {
+    char vision[4096], dir[4096];
+    snprintf(vision, sizeof vision, "%s", g4t_shared("fixtures/vision"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("towers-model"));
+    resave_edit no_tower = {.drop_prefix = "model.vision_tower."};
+    CHECK(resave(vision, dir, 1, 0, &no_tower) == 0);
+    load_expect("embed_vision without its tower", dir, "model.vision_tower.patch_embedder.input_proj.weight");
+    static const char *const both[] = {"model.vision_tower.", "dropped.vision_tower.", "model.embed_vision.",
+                                       "dropped.embed_vision."};
+    resave_edit text_only = {.drop_prefix = "dropped.", .rename = both, .n_rename = 2};
+    CHECK(resave(vision, dir, 1, 0, &text_only) == 0);
+    g4_model *m = load_expect("no vision tower in the weights", dir, NULL);
+    if (m) {
+        const char *w = g4_model_warnings(m);
+        CHECKF(w && strstr(w, "no vision tower"), "warnings: %s", w ? w : "(none)");
+        CHECKF(m->vision == NULL, "a vision tower without weights");
+        g4_model_free(m);
+    }
+    resave_edit partial = {.drop = "model.vision_tower.patch_embedder.input_proj.weight"};
+    CHECK(resave(vision, dir, 1, 0, &partial) == 0);
+    load_expect("a vision tower without its input projection", dir, "patch_embedder.input_proj.weight");
+    static const char *const mlx_vlm[] = {"model.language_model.", "language_model.model.", "model.vision_tower.",
+                                          "vision_tower.", "model.embed_vision.", "embed_vision."};
+    resave_edit vlm = {.rename = mlx_vlm, .n_rename = 3};
+    CHECK(resave(vision, dir, 1, 0, &vlm) == 0);
+    m = load_expect("mlx-vlm names", dir, NULL);
+    if (m) {
+        const char *w = g4_model_warnings(m);
+        CHECKF(!w, "warnings: %s", w);
+        CHECKF(m->vision != NULL, "mlx-vlm's vision tower was not bound");
+        g4_model_free(m);
+    }
+}
+
+/* NaN in the weights: transformers computes NaN logits; the batch step reports them as an error (the soft-cap
+ * must not turn NaN into a finite +-cap on the way), and the embedding's hidden states likewise. */
+static void test_nan_weights(void) {
+    char src[4096], dir[4096];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("nan-model"));
+    static uint16_t w[256 * 128];
+    char name[256];
+    snprintf(name, sizeof name, "model.language_model.layers.1.mlp.down_proj.weight");
+    g4_tensor_set set;
+    g4_error err = {{0}};
+    CHECK(g4_safetensors_open_dir(src, &set, &err) == 0);
+    const g4_tensor *t = g4_tensor_set_find(&set, name);
+    CHECK(t && t->nbytes == sizeof w);
+    if (t) memcpy(w, t->data, sizeof w);
+    g4_tensor_set_free(&set);
+    w[5] = 0x7fc0; /* bf16 NaN */
+    g4_tensor nan_t = {.name = name, .dtype = G4_BF16, .ndim = 2, .shape = {128, 256}, .data = w, .nbytes = sizeof w};
+    resave_edit ed = {.extra = &nan_t, .n_extra = 1};
+    CHECK(resave(src, dir, 1, 0, &ed) == 0);
+    g4_model *m = load_expect("NaN weights", dir, NULL);
+    if (!m) return;
+    g4_context *ctx;
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = 16, .n_batch = 8};
+    if (g4_context_new(m, &cp, &ctx, &err) == 0) {
+        int32_t ids[3] = {2, 328, 298};
+        float logits[3 * 512], emb[128];
+        g4_batch b = {.n_tokens = 3, .token = ids};
+        CHECK(g4_decode(ctx, &b, logits, &err) != 0);
+        CHECKF(strstr(err.msg, "NaN logits") != NULL, "%s", err.msg);
+        CHECK(g4_embed(ctx, 0, ids, 3, emb, &err) != 0);
+        CHECKF(strstr(err.msg, "NaN hidden states") != NULL, "%s", err.msg);
+        g4_context_free(ctx);
+    } else {
+        CHECKF(0, "context: %s", err.msg);
+    }
+    g4_model_free(m);
+}
+
+/* An Ollama GGUF keeps its vision and audio towers in the file (v.*, a.*, mm.*): the text model loads without a
+ * warning per tower tensor, as the towers of an HF checkpoint. */
+static void test_gguf_towers(void) {
+    char src[4096], path[4096];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
+    snprintf(path, sizeof path, "%s", g4t_tmp("ollama-towers.gguf"));
+    g4_tensor_set set;
+    g4_model_config cfg;
+    g4_error err = {{0}};
+    if (g4_safetensors_open_dir(src, &set, &err) || g4_config_load(src, &cfg, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    g4_gguf_writer w = {0};
+    g4_gemma4_gguf_write_meta(&w, &cfg.text);
+    static const char *const towers[] = {"v.blk.0.attn_q.weight", "a.conv1d.0.weight", "mm.input_projection.weight"};
+    const float zeros[4] = {0};
+    const int64_t four = 4;
+    const g4_tensor **order = calloc((size_t)set.n_tensors, sizeof *order);
+    size_t *bytes = calloc((size_t)set.n_tensors + 3, sizeof *bytes);
+    int n = 0;
+    const size_t pl = strlen("model.language_model.");
+    for (int i = 0; order && bytes && i < set.n_tensors; i++) {
+        const g4_tensor *t = &set.tensors[i];
+        char name[256];
+        if (strncmp(t->name, "model.language_model.", pl) || g4_gemma4_gguf_name(t->name + pl, name, sizeof name)) continue;
+        bytes[n] = g4_gguf_add_tensor(&w, name, t->dtype, t->ndim, t->shape);
+        order[n++] = t;
+    }
+    for (int k = 0; k < 3 && bytes; k++) bytes[n + k] = g4_gguf_add_tensor(&w, towers[k], G4_F32, 1, &four);
+    FILE *f = fopen(path, "wb");
+    int ok = f && order && bytes && g4_gguf_write_header(&w, f, &err) == 0;
+    for (int i = 0; ok && i < n; i++)
+        ok = g4_gguf_write_data(f, order[i]->data, bytes[i], &err) == 0 && g4_gguf_write_pad(f, bytes[i], &err) == 0;
+    for (int k = 0; ok && k < 3; k++)
+        ok = g4_gguf_write_data(f, zeros, bytes[n + k], &err) == 0 && g4_gguf_write_pad(f, bytes[n + k], &err) == 0;
+    if (f) fclose(f);
+    CHECKF(ok, "writing %s: %s", path, err.msg);
+    g4_gguf_writer_free(&w);
+    free(order);
+    free(bytes);
+    g4_tensor_set_free(&set);
+    g4_model *m = ok ? load_expect("an Ollama GGUF with its towers", path, NULL) : NULL;
+    if (m) {
+        const char *warn = g4_model_warnings(m);
+        CHECKF(!warn, "warnings: %s", warn);
+        g4_model_free(m);
+    }
+}
+
 int main(void) {
     test_spellings();
     test_real_configs();
     test_rope_tables();
     test_bad_folders();
     test_config_mismatch();
+    test_towers();
+    test_nan_weights();
+    test_gguf_towers();
     return g4t_done();
 }

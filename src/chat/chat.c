@@ -76,16 +76,23 @@ static int ends_with(const char *s, const char *suffix) {
 }
 
 /* Every "*_token" entry of tokenizer_config.json becomes a template variable, as in HF's
- * special_tokens_map. */
+ * special_tokens_map; the special tokens it leaves out (or a folder without the file) take GemmaTokenizer's
+ * defaults, as transformers builds that class for a gemma4 config (tokenization_gemma.py: bos_token "<bos>", ...). */
 static json_t *tokens_from_config(const json_t *config) {
+    static const char *const defaults[][2] = {{"bos_token", "<bos>"}, {"eos_token", "<eos>"}, {"unk_token", "<unk>"},
+                                              {"pad_token", "<pad>"}, {"mask_token", "<mask>"}};
     json_t *tokens = json_object();
-    if (!tokens || !config) return tokens;
+    if (!tokens) return NULL;
     const char *key;
     json_t *val;
-    json_object_foreach((json_t *)config, key, val) {
-        const char *s = token_string(val);
-        if (s && ends_with(key, "_token")) json_object_set_new(tokens, key, json_string(s));
-    }
+    if (config)
+        json_object_foreach((json_t *)config, key, val) {
+            const char *s = token_string(val);
+            if (s && ends_with(key, "_token")) json_object_set_new(tokens, key, json_string(s));
+        }
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+        if (!config || !json_object_get(config, defaults[i][0]))
+            json_object_set_new(tokens, defaults[i][0], json_string(defaults[i][1]));
     return tokens;
 }
 

@@ -31,7 +31,7 @@ int cli_media_add_audio(cli_media *md, g4_model *m, const char *path) {
     float *pcm;
     size_t n;
     const int rate = g4_audio_rate(m);
-    if (!rate) return cli_error("%s: this model does not take audio (no audio_config)", path), -1;
+    if (!rate) return cli_error("%s: this model does not take audio (no audio_config, or no audio tower in the weights)", path), -1;
     if (g4_audio_load(path, rate, &pcm, &n, &err)) return cli_error("%s", err.msg), -1;
     int rc = g4_audio_encode(m, pcm, n, s, &err);
     g4_free(pcm);

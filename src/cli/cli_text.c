@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,13 +129,19 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
     g4_error err;
     tm->model = cli_load_model(dir, (int)opt->threads);
     if (!tm->model) return -1;
+    struct stat st; /* -m FILE is a GGUF file: its tokenizer and template are metadata */
+    const int gguf = stat(dir, &st) == 0 && S_ISREG(st.st_mode);
     if ((needs & CLI_NEED_TOKENIZER) && !g4_model_tokenizer(tm->model)) {
-        cli_error("%s: no tokenizer.json", dir);
+        cli_error(gguf ? "%s: the file has no tokenizer (tokenizer.ggml.tokens)"
+                       : "%s: no tokenizer.json", dir);
         goto fail;
     }
     if ((needs & CLI_NEED_TEMPLATE) && !g4_model_chat_template(tm->model)) {
-        cli_error("%s: no chat template (chat_template.jinja, \"chat_template\" in tokenizer_config.json, or "
-                  "chat_template.json)", dir);
+        if (gguf)
+            cli_error("%s: the file has no chat template (tokenizer.chat_template)", dir);
+        else
+            cli_error("%s: no chat template (chat_template.jinja, \"chat_template\" in tokenizer_config.json, or "
+                      "chat_template.json)", dir);
         goto fail;
     }
     if (!opt->draft_dir && (opt->draft_n || opt->draft_stats)) {

@@ -289,6 +289,19 @@ static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *se
     return 1;
 }
 
+/* The index of the first NaN of x[0 .. n), or -1 (blocks without a branch, so that the scan vectorizes). */
+static int64_t first_nan(const float *x, size_t n) {
+    for (size_t b = 0; b < n; b += 4096) {
+        const size_t e = n - b < 4096 ? n : b + 4096;
+        int any = 0;
+        for (size_t i = b; i < e; i++) any |= x[i] != x[i];
+        if (any)
+            for (size_t i = b; i < e; i++)
+                if (x[i] != x[i]) return (int64_t)i;
+    }
+    return -1;
+}
+
 /* Checks a batch, gives its tokens their positions, takes their KV blocks and runs the forward pass. */
 static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_candidates *cand,
                   g4_error *err) {
@@ -333,6 +346,14 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     g4_step st = {n, ctx->ids_host, seq, ctx->pos_host, n_out, ctx->rows_host, bidi ? ctx->kv_end_host : NULL,
                   bidi && unified ? ctx->kv_start_host : NULL, b->embd, ctx->embedded_host};
     if (g4_forward(ctx, &st, logits, ids, cand, err)) return -1;
+    /* NaN comes only from weights that hold NaN or infinities (transformers gives NaN logits there): an error,
+     * as when the forward fails, rather than NaN handed on or sampled from */
+    const int H = c->hidden_size;
+    const int64_t bad = logits ? first_nan(logits, (size_t)n_out * (size_t)V)
+                        : ctx->capture_final ? first_nan(ctx->capture_final, (size_t)n_out * (size_t)H) : -1;
+    if (bad >= 0)
+        return g4_fail(err, "the model computed NaN %s (batch row %d): its weights hold NaN or infinite values",
+                       logits ? "logits" : "hidden states", ctx->rows_host[bad / (logits ? V : H)]);
     /* soft-token rows are recorded as -1: they never match a prompt's ids (prefix reuse), nor enter the prefix cache */
     for (int i = 0; i < n; i++)
         ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] =

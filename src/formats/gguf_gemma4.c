@@ -124,7 +124,9 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
         num_key(g, "embedding_length_per_layer_input", 0, &ple, err) < 0 ||
         num_key(g, "rope.freq_base", 0, &fb, err) < 0 || num_key(g, "rope.freq_base_swa", 0, &fbs, err) < 0)
         return NULL;
-    int has_cap = num_key(g, "final_logit_softcapping", 0, &cap, err) == 0;
+    const int cap_rc = num_key(g, "final_logit_softcapping", 0, &cap, err); /* absent: no soft-cap */
+    if (cap_rc < 0) return NULL;
+    const int has_cap = cap_rc == 0;
     const int L = (int)L_;
     if (L < 1 || L > G4_MAX_LAYERS) {
         g4_fail(err, "GGUF: gemma4.block_count %d is out of range", L);

@@ -57,6 +57,9 @@ static char *rename_mlx(const char *n) {
     } else if (!strncmp(n, "language_model.lm_head.", 23)) {
         pre = "lm_head.";
         rest = n + 23;
+    } else if (!strncmp(n, "vision_tower.", 13) || !strncmp(n, "embed_vision.", 13)) {
+        pre = "model."; /* mlx-vlm drops the outer "model." of the towers; its vision tower keeps HF's layout (its
+                         * audio tower does not: conv weights channels-last, so it is left unread) */
     }
     snprintf(buf, sizeof buf, "%s%s", pre, rest);
     static const char *sw[][2] = {{"experts.switch_glu.gate_proj.weight", "experts.gate_proj"},

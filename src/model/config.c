@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/error.h"
 #include "core/json.h"
@@ -457,6 +458,9 @@ int g4_config_parse(const json_t *root, const char *what, g4_model_config *cfg, 
 int g4_config_load(const char *dir, g4_model_config *cfg, g4_error *err) {
     char path[4096];
     if (g4_path_join(path, sizeof path, dir, "config.json", err)) return -1;
+    struct stat st;
+    if (!g4_file_exists(path) && stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return g4_fail(err, "%s: not a model folder, nor a GGUF file (its first bytes are not \"GGUF\")", dir);
     if (!g4_file_exists(path)) return g4_fail(err, "%s: no config.json (is this a model folder?)", dir);
     json_t *root;
     if (g4_json_load_file(path, &root, err)) return -1;

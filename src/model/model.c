@@ -354,9 +354,22 @@ static void warn(g4_model *m, const char *fmt, ...) {
     m->warnings = w;
 }
 
+/* Whether any tensor's name starts with `prefix` (names are sorted: one binary search). */
+static int holds_prefix(const g4_tensor_set *set, const char *prefix) {
+    const size_t n = strlen(prefix);
+    int lo = 0, hi = set->n_tensors;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(set->tensors[mid].name, prefix) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < set->n_tensors && !strncmp(set->tensors[lo].name, prefix, n);
+}
+
 static int is_tower_tensor(const char *name) {
+    /* HF names, and the towers Ollama's GGUF files carry beside the decoder (v.*, a.*, mm.*: docs/formats.md 3) */
     static const char *towers[] = {"model.vision_tower.", "model.audio_tower.", "model.embed_vision.",
-                                   "model.embed_audio.", "model.multi_modal_projector."};
+                                   "model.embed_audio.", "model.multi_modal_projector.", "v.", "a.", "mm."};
     for (size_t i = 0; i < sizeof towers / sizeof towers[0]; i++)
         if (!strncmp(name, towers[i], strlen(towers[i]))) return 1;
     return 0;
@@ -652,8 +665,19 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         collect->n_list = b.n_list;
         return b.failed ? -1 : 0;
     }
-    /* the towers (the embedders of gemma4_unified), with full names */
+    /* the towers (the embedders of gemma4_unified), with full names; a tower the config names but the weights
+     * leave out altogether (a text-only conversion: mlx-lm, `gemma4c quantize`) is absent by design */
     b.prefix = "";
+    if (m->cfg.has_vision && !m->cfg.unified && !m->random && !holds_prefix(&m->weights, "model.vision_tower.") &&
+        !holds_prefix(&m->weights, "model.embed_vision.")) {
+        m->cfg.has_vision = 0;
+        warn(m, "config.json has a vision_config but the weights hold no vision tower: images are not supported");
+    }
+    if (m->cfg.has_audio && !m->cfg.unified && !m->random && !holds_prefix(&m->weights, "model.audio_tower.") &&
+        !holds_prefix(&m->weights, "model.embed_audio.")) {
+        m->cfg.has_audio = 0;
+        warn(m, "config.json has an audio_config but the weights hold no audio tower: audio is not supported");
+    }
     if (m->cfg.unified && !m->random && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
     if (m->cfg.has_vision && !m->random && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
     if (m->cfg.has_audio && !m->random && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;

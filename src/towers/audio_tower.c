@@ -432,7 +432,7 @@ int g4_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out
     if (m->cfg.unified) return g4_unified_audio_encode(m, pcm, n, out, err);
     memset(out, 0, sizeof *out);
     g4_audio_tower *t = m->audio;
-    if (!t) return g4_fail(err, "%s: this model does not take audio (no audio_config)", m->dir);
+    if (!t) return g4_fail(err, "%s: this model does not take audio (no audio_config, or no audio tower in the weights)", m->dir);
     const size_t clip = (size_t)t->fx.max_samples;
     int n_clips = 0, total = 0;
     for (size_t at = 0; at < n; at += clip) { /* a tail too short for a frame gives no clip */

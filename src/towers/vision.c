@@ -360,7 +360,7 @@ int g4_image_max_tokens(const g4_model *m, int budget) {
 int g4_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err) {
     if (m->cfg.unified) return g4_unified_image_encode(m, img, budget, out, err);
     memset(out, 0, sizeof *out);
-    if (!m->vision) return g4_fail(err, "%s: the model has no vision tower (its config has no vision_config)", m->dir);
+    if (!m->vision) return g4_fail(err, "%s: the model has no vision tower (no vision_config, or none in the weights)", m->dir);
     g4_image_processor proc;
     g4_image_patches pp;
     if (processor_for(m, &proc, err) || g4_image_preprocess(&proc, img, budget, &pp, err)) return -1;

@@ -210,6 +210,7 @@ static void softcap_neon(float *y, size_t n, float c) {
         float32x4_t big = vdivq_f32(vsubq_f32(one, e), vaddq_f32(one, e));
         big = vreinterpretq_f32_u32(vorrq_u32(vreinterpretq_u32_f32(big), vandq_u32(vreinterpretq_u32_f32(a), sign)));
         float32x4_t t = vbslq_f32(vcltq_f32(ax, vdupq_n_f32(TANH_SMALL)), vmulq_f32(a, p), big);
+        t = vbslq_f32(vceqq_f32(a, a), t, a); /* NaN stays NaN */
         vst1q_f32(y + i, vmulq_f32(t, cc));
     }
     g4_cpu_softcap_scalar(y + i, n - i, c);

@@ -607,6 +607,7 @@ __attribute__((target("avx2,fma"))) static void softcap_avx2(float *y, size_t n,
         __m256 e = exp256(_mm256_mul_ps(_mm256_min_ps(ax, _mm256_set1_ps(TANH_BIG)), _mm256_set1_ps(-2.0f)));
         __m256 big = _mm256_or_ps(_mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e)), _mm256_and_ps(sign, a));
         __m256 t = _mm256_blendv_ps(big, _mm256_mul_ps(a, p), _mm256_cmp_ps(ax, _mm256_set1_ps(TANH_SMALL), _CMP_LT_OQ));
+        t = _mm256_blendv_ps(t, a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q)); /* NaN stays NaN (min() dropped it) */
         _mm256_storeu_ps(y + i, _mm256_mul_ps(t, cc));
     }
     g4_cpu_softcap_scalar(y + i, n - i, c);
@@ -672,7 +673,9 @@ __attribute__((target("avx512f"))) static void softcap_avx512(float *y, size_t n
         big = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(big),
                                                   _mm512_and_si512(_mm512_castps_si512(a), sign)));
         __mmask16 small = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(TANH_SMALL), _CMP_LT_OQ);
-        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mask_blend_ps(small, big, _mm512_mul_ps(a, p)), cc));
+        __m512 t = _mm512_mask_blend_ps(small, big, _mm512_mul_ps(a, p));
+        t = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), t, a); /* NaN stays NaN (min() dropped it) */
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(t, cc));
     }
     g4_cpu_softcap_scalar(y + i, n - i, c);
 }
