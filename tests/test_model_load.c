@@ -349,6 +349,14 @@ static void test_bad_folders(void) {
     }
     free(text);
 
+    /* a text-only (gemma4_text) config beside a multimodal checkpoint's weights: the missing tensors say why */
+    CHECK(resave(src, dir, 1, 0, NULL) == 0);
+    json_t *root = json_load_file(cfg, 0, NULL), *tc = json_incref(json_object_get(root, "text_config"));
+    CHECK(tc && json_object_set_new(tc, "model_type", json_string("gemma4_text")) == 0 && json_dump_file(tc, cfg, 0) == 0);
+    json_decref(tc);
+    json_decref(root);
+    load_expect("text-only config, multimodal weights", dir, "the weights name them model.language_model.*");
+
     /* a corrupt weights file */
     CHECK(resave(src, dir, 1, 0, NULL) == 0);
     char st[4200];

@@ -691,8 +691,19 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     }
     if (b.n_missing) {
         free(b.used);
-        return g4_fail(err, "%s: %d tensor%s missing: %s%s", m->dir, b.n_missing, b.n_missing > 1 ? "s are" : " is",
-                       b.missing, b.n_missing > 6 ? ", ..." : "");
+        /* the weights of the other kind of config: the multimodal wrapper's decoder is model.language_model.*, a
+         * text-only (gemma4_text) one's model.* */
+        const int wrapped = m->cfg.multimodal_wrapper;
+        const char *hint = !wrapped && holds_prefix(&m->weights, "model.language_model.")
+                               ? " (the weights name them model.language_model.*, as a multimodal gemma4 checkpoint does, "
+                                 "but config.json is a text-only one)"
+                           : wrapped && !holds_prefix(&m->weights, "model.language_model.") &&
+                                   holds_prefix(&m->weights, "model.layers.")
+                               ? " (the weights name them model.*, as a text-only gemma4_text checkpoint does, but "
+                                 "config.json is a multimodal gemma4 one)"
+                               : "";
+        return g4_fail(err, "%s: %d tensor%s missing: %s%s%s", m->dir, b.n_missing, b.n_missing > 1 ? "s are" : " is",
+                       b.missing, b.n_missing > 6 ? ", ..." : "", hint);
     }
     int n_unexpected = 0;
     for (int i = 0; i < m->weights.n_tensors; i++) {
