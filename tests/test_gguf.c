@@ -178,6 +178,14 @@ static void test_mlx(void) {
     json_t *q8 = json_pack("{s:i,s:i}", "group_size", 32, "bits", 8);
     CHECK(g4_mlx_adopt(&set, q8, &err) != 0 && strstr(err.msg, "do not fit"));
     g4_tensor_set_free(&set);
+    /* ... and without a quantization block (mlx-lm reads no bits or group then): a clear error, not 4-bit guessed */
+    set = (g4_tensor_set){0};
+    g4_tensor_set_add(&set, &tw, 0, &err);
+    g4_tensor_set_add(&set, &ts, 0, &err);
+    g4_tensor_set_add(&set, &tb, 0, &err);
+    g4_tensor_set_finish(&set, &err);
+    CHECK(g4_mlx_adopt(&set, NULL, &err) != 0 && strstr(err.msg, "no \"quantization\" block"));
+    g4_tensor_set_free(&set);
     json_decref(q);
     json_decref(q8);
 }

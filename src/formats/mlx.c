@@ -24,7 +24,10 @@ int g4_mlx_detect(const g4_tensor_set *set) {
 /* bits and group of module `mod` (tensor name without ".weight") */
 static int module_params(const json_t *quant, const char *mod, int *bits, int *group, g4_error *err) {
     json_int_t b = 4, g = 64;
-    if (quant) {
+    if (!quant) /* (mlx-lm then reads the packed words as plain weights, and fails on their shapes) */
+        return g4_fail(err, "%s: the weights are MLX-quantized (scales and biases) but config.json has no "
+                            "\"quantization\" block saying their bits and group size", mod);
+    {
         const json_t *v = json_object_get(quant, "bits"), *gs = json_object_get(quant, "group_size");
         if (json_is_integer(v)) b = json_integer_value(v);
         if (json_is_integer(gs)) g = json_integer_value(gs);
