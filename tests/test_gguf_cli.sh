@@ -66,4 +66,18 @@ check $? "bench -n 0: prefill only"
 "$bin" run -m "$tmp/r.gguf" -p "Hi" -n 1 2>"$tmp/err"
 [ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "the file has no tokenizer (tokenizer.ggml.tokens)" "$tmp/err"
 check $? "a GGUF without tokenizer metadata says so (not 'no tokenizer.json'): $(cat "$tmp/err")"
+# a BOS id past the vocabulary (the metadata value patched in place: type uint32 after the key): an error, not a
+# BOS silently left out
+python3 - "$g" "$tmp/bos.gguf" <<'PY'
+import struct, sys
+d = bytearray(open(sys.argv[1], "rb").read())
+key = b"tokenizer.ggml.bos_token_id"
+at = d.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+assert struct.unpack_from("<I", d, at)[0] == 4  # GGUF uint32
+struct.pack_into("<I", d, at + 4, 0x7fffffff)
+open(sys.argv[2], "wb").write(d)
+PY
+"$bin" tokenize -m "$tmp/bos.gguf" -p "Hi" 2>"$tmp/err"
+[ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "bos_token_id 2147483647 is outside the vocabulary" "$tmp/err"
+check $? "a BOS id past the vocabulary is one line: $(cat "$tmp/err")"
 exit $fail

@@ -134,13 +134,18 @@ int g4_tokenizer_load_gguf(const char *path, const json_t *meta, g4_tokenizer **
     const json_t *bos = json_object_get(meta, "tokenizer.ggml.bos_token_id");
     const json_t *eos = json_object_get(meta, "tokenizer.ggml.eos_token_id");
     const json_t *add = json_object_get(meta, "tokenizer.ggml.add_bos_token");
-    int32_t b = json_is_integer(bos) ? (int32_t)json_integer_value(bos) : -1;
-    int32_t e = json_is_integer(eos) ? (int32_t)json_integer_value(eos) : -1;
+    const json_int_t b = json_is_integer(bos) ? json_integer_value(bos) : -1;
+    const json_int_t e = json_is_integer(eos) ? json_integer_value(eos) : -1;
     int add_bos = add ? json_is_true(add) : 1;
     g4_tokenizer *tok = NULL;
     int rc = tok_load_cached(path, meta_source, (void *)meta, &tok, err);
     g4_gguf_free(&g);
-    if (!rc && tok_set_special(tok, b, e, add_bos, err)) rc = -1;
+    /* an id the file gives that names no token of its vocabulary: an error (a BOS silently dropped otherwise) */
+    const json_int_t n = rc ? 0 : g4_tokenizer_vocab_size(tok), bad = b >= n ? b : e >= n ? e : -1;
+    if (!rc && bad >= 0)
+        rc = g4_fail(err, "%s: tokenizer.ggml.%s_token_id %lld is outside the vocabulary of %lld tokens", path,
+                     bad == b ? "bos" : "eos", (long long)bad, (long long)n);
+    if (!rc && tok_set_special(tok, (int32_t)b, (int32_t)e, add_bos, err)) rc = -1;
     if (rc) {
         g4_tokenizer_free(tok);
         return -1;
