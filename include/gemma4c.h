@@ -224,6 +224,7 @@ typedef struct g4_batch {
     int n_embd;
 } g4_batch;
 
+/* Logits that hold a NaN (weights with NaN or infinities) are an error, in both calls. */
 G4_API int g4_decode(g4_context *ctx, const g4_batch *batch, float *logits, g4_error *err);
 /* The same step, giving for each wanted row only the id of its largest logit (lowest id on ties) in `ids`:
  * greedy decoding without copying logits back from the device. */

@@ -584,6 +584,14 @@ static void test_embed(void) {
         be->ops->rows_to_device(be, dout, &w.host, ids, n, 0.75f);
         back(out, dout, (size_t)n * cols * sizeof(float));
         EXPECT_CLOSE(out, ref, (size_t)n * cols, 1e-6, "rows_to_device %s", g4_dtype_name(w.host.dtype));
+        /* ids outside the table (the argmax's -1 of a NaN row, in the drafter's chain): rows of NaN */
+        const int32_t bad_ids[2] = {-1, rows};
+        be->ops->to_device(be, dids, bad_ids, sizeof bad_ids);
+        be->ops->embed(be, &w.dev, dids, 2, 0.75f, dout);
+        back(out, dout, 2 * (size_t)cols * sizeof(float));
+        int nan_rows = 1;
+        for (int i = 0; i < 2 * cols; i++) nan_rows &= out[i] != out[i];
+        CHECKF(nan_rows, "%s: embed %s of ids -1 and %d: not NaN rows", be_label, g4_dtype_name(w.host.dtype), rows);
         rel(dids), rel(dout);
         weight_free(&w);
     }
@@ -813,21 +821,25 @@ static void test_rows_transpose_argmax(void) {
             free(go), free(gref);
         }
     }
-    /* argmax: ties go to the lowest index, -inf and huge values, long rows */
-    const int V = 70001, R = 3;
+    /* argmax: ties go to the lowest index, -inf and huge values, long rows; a row that holds a NaN (anywhere,
+     * first or last, beside +inf) gives -1 */
+    const int V = 70001, R = 6;
     float *x = malloc((size_t)R * V * sizeof(float));
     fill(x, (size_t)R * V, -30, 30);
     x[0 * V + 123] = 50, x[0 * V + 60000] = 50;  /* tie: 123 */
     x[1 * V + V - 1] = 1e30f;                     /* last element */
     for (int i = 0; i < V; i++) x[2 * V + i] = -INFINITY;
     x[2 * V + 7] = -1e30f;
-    int32_t want[3] = {123, V - 1, 7}, got[3] = {-1, -1, -1};
+    x[3 * V + 0] = NAN;
+    x[4 * V + V - 1] = NAN, x[4 * V + 5] = INFINITY;
+    x[5 * V + 33333] = NAN;
+    int32_t want[6] = {123, V - 1, 7, -1, -1, -1}, got[6] = {-2, -2, -2, -2, -2, -2};
     float *dx = devf(x, (size_t)R * V);
     int32_t *dids = dev(NULL, sizeof got);
     be->ops->argmax(be, dx, R, V, dids);
     back(got, dids, sizeof got);
-    CHECKF(got[0] == want[0] && got[1] == want[1] && got[2] == want[2], "%s: argmax gave %d %d %d", be_label, got[0],
-           got[1], got[2]);
+    CHECKF(!memcmp(got, want, sizeof got), "%s: argmax gave %d %d %d %d %d %d", be_label, got[0], got[1], got[2],
+           got[3], got[4], got[5]);
     rel(dsrc), rel(dout), rel(didx), rel(dx), rel(dids);
     free(x);
 }
@@ -838,12 +850,14 @@ static int cmp_desc_f(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-/* The indices of every value >= the k-th largest finite-or-+inf value (NaN and -inf never), ascending: how many,
- * or -1 above cap. */
+/* The indices of every value >= the k-th largest finite-or-+inf value (-inf never), ascending: how many, or -1
+ * above cap and for a row that holds a NaN. */
 static int ref_top_k(const float *x, int n, int k, int cap, int32_t *ids, float *scratch) {
     int f = 0;
     for (int i = 0; i < n; i++)
-        if (x[i] == x[i] && x[i] != -INFINITY) scratch[f++] = x[i];
+        if (x[i] != x[i]) return -1;
+    for (int i = 0; i < n; i++)
+        if (x[i] != -INFINITY) scratch[f++] = x[i];
     qsort(scratch, (size_t)f, sizeof *scratch, cmp_desc_f);
     const float t = f == 0 ? INFINITY : f < k ? scratch[f - 1] : scratch[k - 1];
     int m = 0;
@@ -855,8 +869,9 @@ static int ref_top_k(const float *x, int n, int k, int cap, int32_t *ids, float 
     return m > cap ? -1 : m;
 }
 
-/* Rows of several lengths (one chunk of the GPU's, several, a ragged last one) with NaN, -inf and +inf, ties at
- * the k-th value, fewer finite values than k, ties beyond cap, and k from 1 to G4_TOP_K_MAX. */
+/* Rows of several lengths (one chunk of the GPU's, several, a ragged last one) with -inf and +inf, ties at the
+ * k-th value, fewer finite values than k, ties beyond cap, a NaN (in the last chunk) or NaN only, and k from 1 to
+ * G4_TOP_K_MAX. */
 static void test_top_k(void) {
     const int ns[] = {1, 7, 300, 4096, 4097, 70001}, ks[] = {1, 5, 64, 200, G4_TOP_K_MAX}, R = 7;
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
@@ -869,13 +884,17 @@ static void test_top_k(void) {
             fill(x, (size_t)R * n, -20, 20);
             float *r1 = x + n, *r2 = x + 2 * (size_t)n, *r3 = x + 3 * (size_t)n, *r4 = x + 4 * (size_t)n,
                   *r5 = x + 5 * (size_t)n, *r6 = x + 6 * (size_t)n;
-            for (int i = 0; i < n; i += 3) r1[i] = NAN, r1[i + 1 < n ? i + 1 : i] = -INFINITY; /* NaN, -inf */
+            for (int i = 0; i < n; i += 3) r1[i] = -INFINITY; /* -inf */
             r1[n / 2] = INFINITY;
+            if (n == 300)
+                for (int i = 0; i < n; i++) r1[i] = -INFINITY; /* nothing qualifies */
             for (int i = 0; i < n; i++) r2[i] = (float)(i % 97) * 0.25f; /* many ties everywhere */
-            for (int i = 0; i < n; i++) r3[i] = i % 5 ? -INFINITY : NAN;  /* a few finite values, fewer than k */
+            for (int i = 0; i < n; i++) r3[i] = -INFINITY;                 /* a few finite values, fewer than k */
             for (int i = 0; i < n; i += 11) r3[i] = uniform(-3, 3);
             for (int i = 0; i < n; i++) r4[i] = 1.5f;                      /* all tie: beyond cap where n is */
-            for (int i = 0; i < n; i++) r5[i] = NAN;                       /* nothing qualifies */
+            r5[n - 1] = NAN;                                               /* one NaN: the row comes back */
+            if (n == 7)
+                for (int i = 0; i < n; i++) r5[i] = NAN;
             for (int i = 0; i < n; i++) r6[i] = -3.0f + (float)(i % 13) * 1e-7f; /* close values, negative */
             r6[n - 1] = -1e30f;
             float *dx = devf(x, (size_t)R * n), *dvals = devf(NULL, (size_t)R * cap);

@@ -14,6 +14,7 @@
 #include "gemma4c.h"
 #include "formats/gguf.h"
 #include "formats/gguf_gemma4.h"
+#include "engine/context.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model_files.h"
@@ -439,6 +440,16 @@ static void test_nan_weights(void) {
         CHECKF(strstr(err.msg, "NaN logits") != NULL, "%s", err.msg);
         CHECK(g4_embed(ctx, 0, ids, 3, emb, &err) != 0);
         CHECKF(strstr(err.msg, "NaN hidden states") != NULL, "%s", err.msg);
+        /* the step's argmax (greedy ids) and its top-k candidates say so too, rather than skip the NaN */
+        int32_t got[3] = {0, 0, 0};
+        CHECK(g4_decode_greedy(ctx, &b, got, &err) != 0);
+        CHECKF(strstr(err.msg, "NaN logits") != NULL, "greedy: %s", err.msg);
+        int32_t cids[3 * 74], count[3];
+        float cvals[3 * 74], fallback[3 * 512];
+        g4_candidates cand = {.k = 10, .cap = g4_candidates_cap(10), .ids = cids, .count = count, .vals = cvals,
+                              .fallback = fallback};
+        CHECK(g4_decode_candidates(ctx, &b, &cand, &err) != 0);
+        CHECKF(strstr(err.msg, "NaN logits") != NULL, "candidates: %s", err.msg);
         g4_context_free(ctx);
     } else {
         CHECKF(0, "context: %s", err.msg);

@@ -641,6 +641,52 @@ static void check_schedule_and_errors(g4_model *m) {
     printf("schedule and pairing errors checked\n");
 }
 
+/* ------------------------------------------------------------------ 5. NaN in the drafter's weights */
+/* The drafter's argmax of a NaN row is -1 (backend.h) and the next draft step embeds it as a NaN row: the round and
+ * g4_spec_draft report it rather than verify an id outside the vocabulary. */
+static void check_nan_drafter(g4_model *m) {
+    g4_error err = {{0}};
+    char dir[4096], a[4200], b[4200];
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("spec-nan"));
+    g4_tensor_set set;
+    CHECK(g4_safetensors_open_dir(fix_path("assistant-lmhead"), &set, &err) == 0);
+    const g4_tensor *t = g4_tensor_set_find(&set, "pre_projection.weight");
+    static uint16_t w[48 * 128];
+    CHECK(t && t->dtype == G4_BF16 && t->nbytes == sizeof w);
+    if (t && t->nbytes == sizeof w) memcpy(w, t->data, sizeof w);
+    g4_tensor_set_free(&set);
+    w[7] = 0x7fc0; /* bf16 NaN */
+    g4_tensor nan_t = {.name = "pre_projection.weight", .dtype = G4_BF16, .ndim = 2, .shape = {48, 128}, .data = w,
+                       .nbytes = sizeof w};
+    resave_edit ed = {.extra = &nan_t, .n_extra = 1};
+    CHECK(resave(fix_path("assistant-lmhead"), dir, 1, 0, &ed) == 0);
+    snprintf(a, sizeof a, "%s/generation_config.json", fix_path("assistant-lmhead"));
+    snprintf(b, sizeof b, "%s/generation_config.json", dir);
+    copy_file(a, b);
+    g4_drafter *d = load_drafter(m, dir);
+    g4_context *ctx = new_context(m, 64, 32);
+    g4_spec *s = NULL;
+    if (!d || !ctx || g4_spec_new(ctx, 0, d, NULL, &s, &err)) {
+        CHECKF(0, "NaN drafter: %s", err.msg);
+    } else {
+        const int V = g4_model_vocab_size(m);
+        const int32_t prompt[5] = {2, 17, 99, 150, 7};
+        float *row = malloc((size_t)V * sizeof(float));
+        int32_t out[16], drafts[4];
+        int n = 0;
+        CHECK(g4_spec_prefill(s, prompt, 5, row, &err) == 0);
+        const int32_t first = argmax_f32(row, V);
+        CHECK(g4_spec_draft(s, first, 2, drafts, &err) != 0);
+        CHECKF(strstr(err.msg, "drafter computed NaN logits") != NULL, "g4_spec_draft: %s", err.msg);
+        CHECK(g4_spec_round(s, first, 8, NULL, out, &n, &err) != 0);
+        CHECKF(strstr(err.msg, "drafter computed NaN logits") != NULL && n == 0, "round: %d tokens, %s", n, err.msg);
+        free(row);
+    }
+    g4_spec_free(s);
+    g4_context_free(ctx);
+    g4_drafter_free(d);
+}
+
 int main(void) {
     snprintf(FIX, sizeof FIX, "%s", g4t_shared("fixtures/assistant"));
     g4_error err;
@@ -659,6 +705,7 @@ int main(void) {
         check_greedy_equal(m);
         check_samplers(m);
         check_schedule_and_errors(m);
+        check_nan_drafter(m);
     }
     g4_model_free(m);
     g4_tensor_set_free(&ref);

@@ -205,7 +205,8 @@ typedef struct g4_backend_ops {
     void (*graph_forget)(g4_backend *be, const void *owner);
 
     /* ---- ops */
-    /* out[i, :] = table[ids[i], :] * scale  (table [rows, cols] of any weight dtype, quantized included) */
+    /* out[i, :] = table[ids[i], :] * scale  (table [rows, cols] of any weight dtype, quantized included); an id
+     * outside the rows (argmax's -1) gives a row of NaN */
     void (*embed)(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
     /* y[n, out] = x[n, in] * W^T (+ bias[out] if bias); W is [out, in] */
     void (*matmul)(g4_backend *be, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
@@ -243,13 +244,15 @@ typedef struct g4_backend_ops {
     void (*get_rows)(g4_backend *be, const float *src, const int32_t *idx, int n, int row, float *dst);
     /* dst[b, a, :] = src[a, b, :] for src [na, nb, c] */
     void (*transpose)(g4_backend *be, const float *src, int na, int nb, int c, float *dst);
-    /* out[i] = the lowest index of the largest value of row i of x [rows, n] */
+    /* out[i] = the lowest index of the largest value of row i of x [rows, n]; -1 when the row holds a NaN (NaN
+     * logits come only from broken weights: the caller reports them, as for the logits themselves) */
     void (*argmax)(g4_backend *be, const float *x, int rows, int n, int32_t *out);
     /* The candidates of a top-k sampler (src/engine/sampler.h, g4_sampler_sample_candidates), per row i of
      * x [rows, n]: the indices of every value >= the row's k-th largest value (NaN and -inf never count; every tie
      * at the k-th value is kept; fewer than k finite values: all of them), in ascending order, into
      * ids[i * cap ..] with their values in vals[i * cap ..], and their number in count[i]; count[i] = -1 when more
-     * than cap qualify (ties: the caller reads the row itself). 1 <= k <= G4_TOP_K_MAX, k <= cap <= 2 * G4_TOP_K_MAX.
+     * than cap qualify (ties: the caller reads the row itself) and when the row holds a NaN (the caller finds it
+     * there). 1 <= k <= G4_TOP_K_MAX, k <= cap <= 2 * G4_TOP_K_MAX.
      * Only the token choices come back per step, not the vocabulary rows. */
     void (*top_k)(g4_backend *be, const float *x, int rows, int n, int k, int cap, int32_t *ids, float *vals,
                   int32_t *count);

@@ -190,6 +190,10 @@ void g4_tensor_rows_f32(const g4_tensor *table, const int32_t *ids, int n, float
     size_t cols = (size_t)table->shape[table->ndim - 1];
     for (int i = 0; i < n; i++) {
         float *o = out + (size_t)i * cols;
+        if (ids[i] < 0 || ids[i] >= table->shape[0]) { /* the argmax's -1 of a NaN row (backend.h): a NaN row */
+            for (size_t k = 0; k < cols; k++) o[k] = NAN;
+            continue;
+        }
         g4_dequant_row(table, ids[i], o); /* one row of any dtype, quantized tables included */
         for (size_t k = 0; k < cols; k++) o[k] *= scale;
     }

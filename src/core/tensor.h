@@ -152,7 +152,8 @@ void g4_fill_random(g4_dtype t, void *dst, size_t n, int64_t row_len, uint64_t s
 /* Converts n elements of type `src_type` (f32/f16/bf16) at possibly unaligned src to f32. */
 void g4_to_f32(g4_dtype src_type, const void *src, float *dst, size_t n);
 
-/* out[i, :] = table[ids[i], :] * scale in f32, for a host table [rows, cols] of any dtype (embedding lookups). */
+/* out[i, :] = table[ids[i], :] * scale in f32, for a host table [rows, cols] of any dtype (embedding lookups); an id
+ * outside 0 .. rows-1 gives a row of NaN. */
 void g4_tensor_rows_f32(const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
 
 #endif

@@ -348,12 +348,24 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
     if (g4_forward(ctx, &st, logits, ids, cand, err)) return -1;
     /* NaN comes only from weights that hold NaN or infinities (transformers gives NaN logits there): an error,
      * as when the forward fails, rather than NaN handed on or sampled from */
-    const int H = c->hidden_size;
-    const int64_t bad = logits ? first_nan(logits, (size_t)n_out * (size_t)V)
-                        : ctx->capture_final ? first_nan(ctx->capture_final, (size_t)n_out * (size_t)H) : -1;
+    int64_t bad = -1;
+    const char *what = "logits";
+    int width = V;
+    if (logits) {
+        bad = first_nan(logits, (size_t)n_out * (size_t)V);
+    } else if (ids) { /* the argmax of a row that holds NaN is -1 (backend.h) */
+        for (int r = 0; bad < 0 && r < n_out; r++)
+            if (ids[r] < 0) bad = (int64_t)r * V;
+    } else if (cand) { /* so is the candidates' count, and the row came back */
+        for (int r = 0; bad < 0 && r < n_out; r++)
+            if (cand->count[r] < 0 && first_nan(cand->fallback + (size_t)r * V, (size_t)V) >= 0) bad = (int64_t)r * V;
+    } else if (ctx->capture_final) {
+        what = "hidden states", width = c->hidden_size;
+        bad = first_nan(ctx->capture_final, (size_t)n_out * (size_t)width);
+    }
     if (bad >= 0)
-        return g4_fail(err, "the model computed NaN %s (batch row %d): its weights hold NaN or infinite values",
-                       logits ? "logits" : "hidden states", ctx->rows_host[bad / (logits ? V : H)]);
+        return g4_fail(err, "the model computed NaN %s (batch row %d): its weights hold NaN or infinite values", what,
+                       ctx->rows_host[bad / width]);
     /* soft-token rows are recorded as -1: they never match a prompt's ids (prefix reuse), nor enter the prefix cache */
     for (int i = 0; i < n; i++)
         ctx->seq_tokens[(size_t)seq[i] * (size_t)ctx->n_ctx + (size_t)ctx->pos_host[i]] =

@@ -62,8 +62,8 @@ int g4_mm_placeholder(const g4_model *m, int32_t id);
 
 /* A step's top candidates for samplers that need no more (backend.h top_k, engine/sampler.h
  * g4_sampler_sample_candidates): per output row r, count[r] ids in ascending order at ids + r * cap with their
- * logits at vals + r * cap (host arrays); count[r] = -1 where more than cap tie in, and then the row's whole
- * logits are in fallback + r * V (host [n_out, V]). Besides them, the logits of n_extra (row, id) pairs (the
+ * logits at vals + r * cap (host arrays); count[r] = -1 where more than cap tie in (or the row holds a NaN, which
+ * g4_decode_candidates reports), and then the row's whole logits are in fallback + r * V (host [n_out, V]). Besides them, the logits of n_extra (row, id) pairs (the
  * samplers' biased, suppressed and penalized ids: g4_sampler_candidate_extras) into extra_vals: rows in
  * ascending order, at most G4_TOP_K_MAX ids a row. */
 typedef struct g4_candidates {

@@ -252,11 +252,21 @@ static g4_draft_rows draft_rows(const g4_spec *s, int c) {
     return r;
 }
 
-/* Drafts up to k tokens after `last` (at position c - 1) into s->drafts; stops after a stop id. */
-static int draft(g4_spec *s, int32_t last, int c, int k) {
+/* A draft of -1: the drafter's logits held NaN (the argmax's, backend.h). */
+static int drafts_nan(const g4_spec *s, int k, g4_error *err) {
+    for (int i = 0; i < k; i++)
+        if (s->drafts[i] < 0)
+            return g4_fail(err, "the drafter computed NaN logits (draft %d): its weights hold NaN or infinite values",
+                           i + 1);
+    return 0;
+}
+
+/* Drafts up to k tokens after `last` (at position c - 1) into s->drafts; stops after a stop id. How many, or -1. */
+static int draft(g4_spec *s, int32_t last, int c, int k, g4_error *err) {
     if (k <= 0) return 0;
     g4_draft_rows rows = draft_rows(s, c);
     g4_drafter_forward(s, last, c - 1, &rows, k);
+    if (drafts_nan(s, k, err)) return -1;
     for (int i = 0; i < k; i++)
         if (is_stop(s, s->drafts[i])) return i + 1; /* the stop draft is kept as the last candidate (4.2) */
     return k;
@@ -383,7 +393,8 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
     if (s->n_pending >= 0 && s->pending_after == last)
         k = s->n_pending < k ? s->n_pending : k;
     else
-        k = draft(s, last, c, k); /* nothing drafted for this token yet: from the sequence as it is */
+        k = draft(s, last, c, k, err); /* nothing drafted for this token yet: from the sequence as it is */
+    if (k < 0) return -1;
     s->n_pending = -1;
 
     /* verification: one step over [last, drafts] */
@@ -442,7 +453,8 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
     int k2 = s->n_draft < left - 1 ? s->n_draft : left - 1;
     if (k2 > ctx->n_ctx - c2) k2 = ctx->n_ctx - c2;
     if (k2 > 0 && !is_stop(s, next)) {
-        s->n_pending = draft(s, next, c2, k2);
+        g4_error derr; /* (a failed draft is none: the next round drafts again and reports it) */
+        s->n_pending = draft(s, next, c2, k2, &derr);
         s->pending_after = next;
     }
     /* roll back the rejected rows: the sequence holds everything but `next`; the verification kept the history
@@ -469,6 +481,7 @@ int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *er
         return g4_fail(err, "speculative decoding: sequence %d changed since the last round", s->seq);
     g4_draft_rows rows = draft_rows(s, c);
     g4_drafter_forward(s, last, c - 1, &rows, k);
+    if (drafts_nan(s, k, err)) return -1;
     memcpy(drafts, s->drafts, (size_t)k * sizeof *drafts);
     s->n_pending = -1;
     return 0;

@@ -352,8 +352,13 @@ static void cpu_argmax(g4_backend *be, const float *x, int rows, int n, int32_t 
     for (int r = 0; r < rows; r++) {
         const float *v = x + (size_t)r * (size_t)n;
         int32_t b = 0;
-        for (int i = 1; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            if (v[i] != v[i]) {
+                b = -1;
+                break;
+            }
             if (v[i] > v[b]) b = i;
+        }
         out[r] = b;
     }
 }
@@ -382,7 +387,12 @@ static void top_k_rows(void *ctx, int64_t b, int64_t e, int thread) {
     for (int64_t r = b; r < e; r++) {
         const float *x = j->x + (size_t)r * (size_t)j->n;
         uint32_t prefix = 0, mask = 0;
-        int left = j->k;
+        int left = j->k, nan = 0;
+        for (int i = 0; i < j->n; i++) nan |= x[i] != x[i];
+        if (nan) { /* the caller finds the NaN in the row (backend.h) */
+            j->count[r] = -1;
+            continue;
+        }
         for (int shift = 24; shift >= 0; shift -= 8) {
             uint32_t hist[256] = {0};
             for (int i = 0; i < j->n; i++) {

@@ -10,11 +10,17 @@ static unsigned blocks_for(g4c *c, size_t n, int threads) {
 }
 
 /* ------------------------------------------------------------------ embed */
-__global__ void embed_kernel(const unsigned char *table, size_t row_bytes, int dt, int cols, const int32_t *ids,
-                             float scale, float *out) {
+/* (an id outside the table's rows, the argmax's -1 of a NaN row in the drafter's chain, gives a NaN row) */
+__global__ void embed_kernel(const unsigned char *table, size_t row_bytes, int dt, int cols, int rows,
+                             const int32_t *ids, float scale, float *out) {
     g4_grid_wait();
-    const unsigned char *row = table + (size_t)(ids ? ids[blockIdx.x] : (int32_t)blockIdx.x) * row_bytes;
+    const int32_t id = ids ? ids[blockIdx.x] : (int32_t)blockIdx.x;
+    const unsigned char *row = table + (size_t)id * row_bytes;
     float *o = out + (size_t)blockIdx.x * (size_t)cols;
+    if (id < 0 || id >= rows) {
+        for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __int_as_float(0x7fc00000);
+        return;
+    }
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
         float v;
         if (dt == G4_F32)
@@ -36,7 +42,7 @@ void g4c_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n
     }
     const int cols = (int)table->shape[table->ndim - 1];
     g4c_launch(c, embed_kernel, dim3((unsigned)n), dim3(256), 0, (const unsigned char *)table->data,
-               g4c_row_bytes(table->dtype, cols), (int)table->dtype, cols, ids, scale, out);
+               g4c_row_bytes(table->dtype, cols), (int)table->dtype, cols, (int)table->shape[0], ids, scale, out);
 }
 
 /* Rows of a table in host memory: 16- and 32-bit rows are copied as stored, gathered into the pinned staging (one
@@ -56,7 +62,7 @@ void g4c_rows_to_device(g4_backend *be, float *dst, const g4_tensor *table, cons
         for (int i = 0; i < n; i++) memcpy(s + (size_t)i * rb, (const unsigned char *)table->data + (size_t)ids[i] * rb, rb);
         g4c_note(c, cudaMemcpyAsync(d, s, bytes, cudaMemcpyHostToDevice, c->stream), "copy to the GPU");
         g4c_launch(c, embed_kernel, dim3((unsigned)n), dim3(256), 0, (const unsigned char *)d, rb, (int)table->dtype,
-                   (int)cols, (const int32_t *)NULL, scale, dst);
+                   (int)cols, n, (const int32_t *)NULL, scale, dst);
         return;
     }
     const size_t fb = (size_t)n * cols * sizeof(float);
@@ -238,11 +244,12 @@ void g4c_transpose(g4_backend *be, const float *src, int na, int nb, int cc, flo
 
 /* ----------------------------------------------------------------- argmax */
 /* Blocks (row, part) find the best of their part; the last block of a row to finish (a counter) reduces the
- * parts. Ties go to the lowest index; NaN never wins. */
+ * parts. Ties go to the lowest index; a NaN beats every number, so a row that holds one gives -1 (backend.h). */
 #define ARGMAX_PARTS 128 /* of at least 2048 elements */
 
 static __device__ __forceinline__ int better(float v, int i, float bv, int bi) {
-    return v > bv || (v == bv && i < bi) || (bv != bv && v == v); /* bv NaN: anything real wins */
+    const int vn = v != v, bn = bv != bv;
+    return vn != bn ? vn : (vn || v == bv) ? i < bi : v > bv;
 }
 
 /* the best (value, index) of a warp, in every lane */
@@ -293,7 +300,7 @@ __global__ void argmax_kernel(const float *x, int n, float *part_v, int *part_i,
         if (threadIdx.x == 0) {
             for (int j = 1; j < nw; j++)
                 if (better(sv[j], si[j], v, i)) v = sv[j], i = si[j];
-            out[row] = i == 0x7fffffff ? 0 : i;
+            out[row] = v != v ? -1 : i == 0x7fffffff ? 0 : i;
             counters[row] = 0;
         }
     }
@@ -320,8 +327,8 @@ void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {
  * place a row counter hands out; its count and key go beside. (2) A block per row stages the list in shared
  * memory (where it fits) and selects the row's k-th largest key among it the same way: every value of the row's
  * top k is there (fewer than k values of its chunk are larger). It writes those at or above it in ascending order
- * (a rank each) with their values; -1 when more than cap qualify, or when a chunk had more ties than cap at a key
- * the row keeps. It sets the row counter back to 0. Workspace: [rows, chunks] (count, key), [rows, chunks * cap]
+ * (a rank each) with their values; -1 when more than cap qualify, when a chunk had more ties than cap at a key
+ * the row keeps, or when a chunk holds a NaN. It sets the row counter back to 0. Workspace: [rows, chunks] (count, key), [rows, chunks * cap]
  * (index, key). */
 #define TOPK_CHUNK 4096
 #define TOPK_THREADS 256
@@ -379,14 +386,17 @@ static __device__ unsigned topk_kth_key(int k, Each each) {
 }
 
 __global__ void topk_chunk_kernel(const float *x, int n, int k, int cap, int *info, int2 *list, int *counters) {
-    __shared__ int cnt, put, base;
+    __shared__ int cnt, put, base, nan;
     g4_grid_wait();
     const int row = blockIdx.y, chunks = gridDim.x, c0 = blockIdx.x * TOPK_CHUNK;
     const float *xr = x + (size_t)row * (size_t)n;
+    if (threadIdx.x == 0) nan = 0; /* a NaN in the chunk: the row's count is -1 (backend.h) */
+    __syncthreads();
     unsigned key[TOPK_CHUNK / TOPK_THREADS];
     for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++) {
         const int i = c0 + j * TOPK_THREADS + (int)threadIdx.x;
         key[j] = i < n ? topk_key(xr[i]) : 0u;
+        if (i < n && xr[i] != xr[i]) nan = 1; /* (read after the barriers below) */
     }
     const unsigned t = topk_kth_key(k, [&](auto f) {
         for (int j = 0; j < TOPK_CHUNK / TOPK_THREADS; j++) f(key[j]);
@@ -398,8 +408,8 @@ __global__ void topk_chunk_kernel(const float *x, int n, int k, int cap, int *in
     __syncthreads();
     if (threadIdx.x == 0) {
         base = atomicAdd(&counters[row], cnt < cap ? cnt : cap);
-        info[2 * (row * chunks + blockIdx.x)] = cnt; /* above cap: ties lost */
-        info[2 * (row * chunks + blockIdx.x) + 1] = (int)t;
+        info[2 * (row * chunks + blockIdx.x)] = nan ? 0x7fffffff : cnt; /* above cap: ties lost (or a NaN) */
+        info[2 * (row * chunks + blockIdx.x) + 1] = nan ? -1 : (int)t;     /* (as unsigned: above every key) */
     }
     __syncthreads();
     int2 *out = list + (size_t)row * (size_t)chunks * (size_t)cap + base;

@@ -250,12 +250,17 @@ void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *o
 
 /* out[i, :] = table[ids[i], :] * scale: a block per row, a thread per access */
 template <int DT>
-__global__ void embed_quant_kernel(const unsigned char *table, size_t row_bytes, g4c_qrow q, const int32_t *ids,
-                                   float scale, float *out) {
+__global__ void embed_quant_kernel(const unsigned char *table, size_t row_bytes, int rows, g4c_qrow q,
+                                   const int32_t *ids, float scale, float *out) {
     constexpr int EPA = g4_qt<DT>::EPA;
     g4_grid_wait();
-    const unsigned char *row = table + (size_t)ids[blockIdx.x] * row_bytes;
+    const int32_t id = ids[blockIdx.x];
+    const unsigned char *row = table + (size_t)id * row_bytes;
     float *o = out + (size_t)blockIdx.x * (size_t)q.in;
+    if (id < 0 || id >= rows) { /* (as embed_kernel) */
+        for (int k = threadIdx.x; k < q.in; k += blockDim.x) o[k] = __int_as_float(0x7fc00000);
+        return;
+    }
     for (int k = threadIdx.x * EPA; k < q.in; k += blockDim.x * EPA) {
         float v[EPA];
         g4_qdecode<DT>(row, k, q, v);
@@ -268,8 +273,8 @@ void g4c_embed_quant(g4c *c, const g4_tensor *table, const int32_t *ids, int n, 
     const g4c_qrow q = g4c_qrow_of(table);
     const size_t rb = g4c_wrow_bytes(table);
 #define LAUNCH(T)                                                                                                  \
-    g4c_launch(c, embed_quant_kernel<T>, dim3((unsigned)n), dim3(128), 0, (const unsigned char *)table->data, rb, q, \
-               ids, scale, out)
+    g4c_launch(c, embed_quant_kernel<T>, dim3((unsigned)n), dim3(128), 0, (const unsigned char *)table->data, rb,   \
+               (int)table->shape[0], q, ids, scale, out)
     G4C_QUANT_SWITCH(table->dtype, LAUNCH)
 #undef LAUNCH
 }
