@@ -10,7 +10,7 @@ node_setup
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp" || { echo "cannot unpack the example model"; exit 1; }
 n=${G4_SERVER_FUZZ:-600}
 [ -n "${G4_SANITIZE:-}" ] && n=${G4_SERVER_FUZZ:-300}
-start_server "$tmp/server.log" -m "$tmp/tolstoy-tiny" --ctx 256 --parallel 2 --max-tokens 32 --max-body 65536 --timeout 3 --quiet -t 2
+start_server "$tmp/server.log" -m "$tmp/tolstoy-tiny" --ctx 256 --parallel 2 --max-tokens 32 --max-body 65536 --timeout 3 --request-timeout 5 --quiet -t 2
 node "$here/robust.mjs" "$SERVER_URL" "$SERVER_PID" "$n"
 check $? "bad input, slow clients, fuzz, drain"
 wait "$SERVER_PID"

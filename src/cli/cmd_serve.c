@@ -22,6 +22,10 @@ static void usage(FILE *f) {
             "  --max-body BYTES     largest request body, then 413 (default 8388608)\n"
             "  --max-media N        image and audio parts per request (default 8)\n"
             "  --timeout S          close connections idle this long (default 60)\n"
+            "  --request-timeout S  close a connection whose request has not arrived whole this long after it\n"
+            "                       could start (default 120)\n"
+            "  --max-connections N  open connections at most (default 1000)\n"
+            "  --max-connections-per-ip N  from one address at most (default: no limit)\n"
             "  --drain S            on SIGTERM, let running requests finish this long (default 30)\n"
             "  --allow-remote-media accept http(s) image URLs (not fetched yet: they are refused either way)\n"
             "  --quiet              no request log\n");
@@ -29,7 +33,7 @@ static void usage(FILE *f) {
 
 int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 3000, O_PORT, O_KEY, O_PAR, O_CTX, O_ALIAS, O_MAXTOK, O_QUEUE, O_BODY, O_MEDIA, O_TIMEOUT,
-           O_DRAIN, O_REMOTE, O_QUIET };
+           O_DRAIN, O_REMOTE, O_QUIET, O_REQ_TIMEOUT, O_MAX_CONN, O_MAX_CONN_IP };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"threads", required_argument, 0, 't'},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -39,6 +43,9 @@ int cmd_serve(int argc, char **argv) {
         {"max-body", required_argument, 0, O_BODY},  {"max-media", required_argument, 0, O_MEDIA},
         {"timeout", required_argument, 0, O_TIMEOUT}, {"drain", required_argument, 0, O_DRAIN},
         {"allow-remote-media", no_argument, 0, O_REMOTE}, {"quiet", no_argument, 0, O_QUIET},
+        {"request-timeout", required_argument, 0, O_REQ_TIMEOUT},
+        {"max-connections", required_argument, 0, O_MAX_CONN},
+        {"max-connections-per-ip", required_argument, 0, O_MAX_CONN_IP},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     srv_options o;
     srv_options_default(&o);
@@ -69,6 +76,9 @@ int cmd_serve(int argc, char **argv) {
         case O_MEDIA: INT_OPT("--max-media", 0, 1024, o.max_media); break;
         case O_TIMEOUT: INT_OPT("--timeout", 1, 86400, o.timeout_s); break;
         case O_DRAIN: INT_OPT("--drain", 0, 86400, o.drain_s); break;
+        case O_REQ_TIMEOUT: INT_OPT("--request-timeout", 1, 86400, o.request_timeout_s); break;
+        case O_MAX_CONN: INT_OPT("--max-connections", 1, 100000, o.max_connections); break;
+        case O_MAX_CONN_IP: INT_OPT("--max-connections-per-ip", 0, 100000, o.max_connections_per_ip); break;
         case O_REMOTE: o.allow_remote_media = 1; break;
         case O_QUIET: o.quiet = 1; break;
         case 'h': usage(stdout); return 0;

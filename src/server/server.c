@@ -7,8 +7,9 @@
  * closed its socket reads as end of file): a client that leaves has its jobs cancelled at once, and
  * their sequences and KV blocks go back to the engine.
  * Limits: the body size (413 before the body is read when Content-Length says so), header size
- * (libmicrohttpd's 431), an idle-connection timeout (slow clients), a connection limit, the engine's
- * queue (503 when full); per request, tokens and media (api.h).
+ * (libmicrohttpd's 431), an idle-connection timeout (clients that stop sending), a deadline for a request to
+ * arrive whole (clients that send a byte a second: a watchdog thread shuts their socket down), a connection
+ * limit, in all and per address, the engine's queue (503 when full); per request, tokens and media (api.h).
  * Shutdown: SIGTERM or SIGINT stops accepting connections, answers new requests on open connections with
  * 503, lets in-flight requests finish (at most --drain seconds; a second signal cancels them), then
  * exits 0. */
@@ -36,6 +37,8 @@ void srv_options_default(srv_options *o) {
     o->max_body = 8u << 20;
     o->max_media = 8;
     o->timeout_s = 60;
+    o->request_timeout_s = 120;
+    o->max_connections = 1000;
     o->drain_s = 30;
     o->kv_type = -1;
 }
@@ -119,6 +122,66 @@ static int route(const char *url, const char **model_id) {
     return SRV_EP_OTHER;
 }
 
+/* ------------------------------------------------------ request deadline */
+
+/* A connection is born or dies (MHD_OPTION_NOTIFY_CONNECTION; libmicrohttpd calls the "closed" one before it
+ * closes the socket, so a listed fd is the connection's own). */
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    srv_state *s = cls;
+    srv_sock *k = *socket_context;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!ci || !(k = calloc(1, sizeof *k))) return; /* (out of memory: that connection has no deadline) */
+        k->fd = ci->connect_fd;
+        k->since = srv_now();
+        pthread_mutex_lock(&s->socks_lock);
+        if ((k->next = s->socks)) k->next->prev = k;
+        s->socks = k;
+        pthread_mutex_unlock(&s->socks_lock);
+        *socket_context = k;
+    } else if (k) {
+        pthread_mutex_lock(&s->socks_lock);
+        if (k->prev) k->prev->next = k->next;
+        else s->socks = k->next;
+        if (k->next) k->next->prev = k->prev;
+        pthread_mutex_unlock(&s->socks_lock);
+        free(k);
+        *socket_context = NULL;
+    }
+}
+
+static void sock_serving(srv_state *s, srv_sock *k, int on) {
+    if (!k) return;
+    pthread_mutex_lock(&s->socks_lock);
+    k->serving = on;
+    k->since = srv_now();
+    pthread_mutex_unlock(&s->socks_lock);
+}
+
+/* Every 250 ms: connections whose request has not arrived whole within the deadline are shut down (libmicrohttpd
+ * then sees the socket end and closes the connection; its request, never dispatched, had nothing running). */
+static void *deadline_watch(void *arg) {
+    srv_state *s = arg;
+    const struct timespec tick = {0, 250 * 1000 * 1000};
+    while (!atomic_load(&s->stopping)) {
+        nanosleep(&tick, NULL);
+        const double now = srv_now();
+        int n = 0;
+        pthread_mutex_lock(&s->socks_lock);
+        for (srv_sock *k = s->socks; k; k = k->next)
+            if (!k->serving && !k->cut && now - k->since > s->opt.request_timeout_s) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->cut = 1, n++;
+            }
+        pthread_mutex_unlock(&s->socks_lock);
+        if (n && !s->opt.quiet)
+            fprintf(stderr, "gemma4c serve: closed %d connection(s) whose request did not arrive within %d s\n", n,
+                    s->opt.request_timeout_s);
+    }
+    return NULL;
+}
+
 static enum MHD_Result dispatch(srv_conn *c, const char *url) {
     srv_state *s = c->s;
     srv_error e;
@@ -164,6 +227,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         c->s = s;
         c->mc = mc;
         c->t_start = srv_now();
+        const union MHD_ConnectionInfo *si = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        c->sock = si ? si->socket_context : NULL;
         c->method = !strcmp(method, "GET") ? 'G' : !strcmp(method, "POST") ? 'P' : !strcmp(method, "HEAD") ? 'H' : 0;
         const char *unused;
         c->endpoint = route(url, &unused);
@@ -192,6 +257,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         *upload_size = 0;
         return MHD_YES;
     }
+    sock_serving(s, c->sock, 1); /* the request is in whole: no deadline while it is served */
     if (c->body.failed) {
         srv_error e;
         return srv_fail(&e, 500, NULL, NULL, "out of memory"), srv_reply_error(c, &e);
@@ -210,6 +276,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
         if (!c->status) c->status = 499; /* the client left first (nginx's code) */
     }
     if (c->group) srv_group_cancel(c->group); /* a no-op for jobs that are done */
+    sock_serving(s, c->sock, 0);              /* the next request's deadline starts now */
     srv_metrics_request(&s->metrics, c->endpoint, c->status ? c->status : 500, srv_now() - c->t_start);
     if (!s->opt.quiet && c->endpoint <= SRV_EP_EMBEDDINGS)
         fprintf(stderr, "gemma4c serve: %s %d %.3fs%s\n",
@@ -303,6 +370,9 @@ int srv_main(const srv_options *o) {
     atomic_init(&s->in_flight, 0);
     atomic_init(&s->stopping, 0);
     srv_metrics_init(&s->metrics);
+    pthread_mutex_init(&s->socks_lock, NULL);
+    pthread_t watch;
+    int watching = 0;
     int rc = 1;
     g4_error err;
     struct MHD_Daemon *d = NULL;
@@ -355,14 +425,18 @@ int srv_main(const srv_options *o) {
                      MHD_USE_ERROR_LOG | (ipv6 ? MHD_USE_IPv6 : 0);
     d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, s,
                          MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-                         (unsigned)1000, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+                         MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_CONNECTION_TIMEOUT,
+                         (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+                         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_connections_per_ip,
+                         MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "gemma4c: serve: cannot listen on %s port %d: %s\n", o->host, o->port, strerror(errno));
         goto done;
     }
     fprintf(stderr, "gemma4c serve: %s on http://%s%s%s:%d (parallel %d, context %d)\n", s->model_id,
             ipv6 ? "[" : "", o->host, ipv6 ? "]" : "", bound_port(d), o->parallel, srv_engine_n_ctx(s->engine));
+    watching = pthread_create(&watch, NULL, deadline_watch, s) == 0;
+    if (!watching) fprintf(stderr, "gemma4c serve: no request deadline (cannot start its thread)\n");
 
     int sig = 0;
     while (sigwait(&sigs, &sig) != 0) {
@@ -387,10 +461,13 @@ int srv_main(const srv_options *o) {
     if (listener != MHD_INVALID_SOCKET) close(listener);
     rc = 0;
 done:
+    atomic_store(&s->stopping, 1);
+    if (watching) pthread_join(watch, NULL);
     if (d) MHD_stop_daemon(d);
     srv_engine_free(s->engine);
     g4_model_free(s->model);
     srv_metrics_destroy(&s->metrics);
+    pthread_mutex_destroy(&s->socks_lock);
     free(s);
     return rc;
 }

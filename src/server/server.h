@@ -22,6 +22,11 @@ typedef struct srv_options {
     size_t max_body;          /* bytes (default 8 MiB): then 413 */
     int max_media;            /* image/audio parts per request (default 8) */
     int timeout_s;            /* an idle connection is closed after it (default 60) */
+    int request_timeout_s;    /* a request must have arrived whole this long after its connection was ready for
+                               * it (connected, or the previous reply sent), else the connection is closed (default
+                               * 120): a client that sends a byte a second is never idle */
+    int max_connections;      /* open connections at most (default 1000) */
+    int max_connections_per_ip; /* from one address at most (default 0: no limit) */
     int drain_s;              /* on SIGTERM, in-flight requests get this long to finish (default 30) */
     int allow_remote_media;   /* --allow-remote-media */
     int quiet;                /* no request log on stderr */

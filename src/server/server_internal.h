@@ -3,6 +3,7 @@
 #define G4_SERVER_SERVER_INTERNAL_H
 
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 
@@ -13,8 +14,20 @@
 #include "server/metrics.h"
 #include "server/server.h"
 
+/* A connection as the request deadline sees it (opt.request_timeout_s): from MHD's connection notification, in
+ * srv_state's list under `socks_lock`. */
+typedef struct srv_sock {
+    int fd;
+    double since;   /* when it began waiting for its current request */
+    int serving;    /* a whole request is in (dispatched), until its reply is done */
+    int cut;        /* shut down by the deadline */
+    struct srv_sock *prev, *next;
+} srv_sock;
+
 typedef struct srv_state {
     srv_options opt;
+    pthread_mutex_t socks_lock;
+    srv_sock *socks;               /* the open connections */
     g4_model *model;
     const g4_tokenizer *tok;       /* NULL: ids only */
     const g4_chat_template *tpl;   /* NULL: no chat */
@@ -40,6 +53,7 @@ typedef struct srv_conn {
     size_t discarded;              /* bytes of an oversized body dropped */
     int too_big;
     double t_start;
+    srv_sock *sock;                /* its connection's */
     int status;                    /* the status sent (for metrics and the log) */
     int dispatched;                /* counted in in_flight */
     /* a generation or embedding request */

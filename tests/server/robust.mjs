@@ -156,6 +156,40 @@ await step('slow and idle clients', async () => {
   for (const s of [a, ...stalled]) s.destroy();
 });
 
+await step('clients that send a byte at a time', async () => {
+  // never idle for --timeout 3, but the request is not whole after --request-timeout 5: closed, headers or body
+  const drip = (head, unit) => {
+    const s = net.connect(Number(url.port), url.hostname);
+    const o = { closed: 0, t0: Date.now() };
+    s.on('error', () => {});
+    s.on('close', () => { o.closed = Date.now(); });
+    s.write(head);
+    o.timer = setInterval(() => { if (!o.closed) s.write(unit); }, 250);
+    o.sock = s;
+    return o;
+  };
+  const h = drip('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ', 'a');
+  const b = drip('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\n{', ' ');
+  // on a kept-alive connection, a request every 2 s for 8 s: each has its own deadline, from the previous reply
+  const k = net.connect(Number(url.port), url.hostname);
+  let got = '';
+  k.on('error', () => {});
+  k.on('data', (d) => { got += d.toString('latin1'); });
+  for (let i = 0; i < 4; i++) {
+    k.write('GET /health HTTP/1.1\r\nHost: x\r\n\r\n');
+    await sleep(2000);
+  }
+  k.destroy();
+  check(got.split('HTTP/1.1 200').length === 5, `four requests 2 s apart on one connection are all answered (${got.split('HTTP/1.1 200').length - 1})`);
+  for (let t = 0; t < 120 && !(h.closed && b.closed); t++) await sleep(100);
+  for (const [o, what] of [[h, 'headers'], [b, 'body']]) {
+    clearInterval(o.timer);
+    o.sock.destroy();
+    const took = (o.closed - o.t0) / 1000;
+    check(o.closed && took >= 4.5 && took < 8, `a client that drips its ${what} is closed after --request-timeout 5 (${o.closed ? took.toFixed(1) + ' s' : 'still open'})`);
+  }
+});
+
 await step('client leaves mid-stream', async () => {
   const m0 = await metrics(base);
   const got = await new Promise((resolve) => { // leaves at its first chunk
