@@ -179,7 +179,9 @@ static int by_offset(const void *a, const void *b) {
 
 /* The tensors' data, in offset order, must be packed as llama.cpp writes and reads it: the first at 0, each
  * next one right after the previous one's bytes padded to the alignment. A tensor whose declared type or shape
- * does not match the bytes given to it overlaps the next one or leaves a gap before it. */
+ * does not match the bytes given to it overlaps the next one or leaves a gap before it. (A tensor of a type this
+ * engine does not read has no known size: the one after it is not checked, and the tensor itself is an error
+ * only where the model uses it.) */
 static int check_packed(g4_gguf *g, const uint64_t *offs, const char *path, g4_error *err) {
     const int n = g->set.n_tensors;
     if (n <= 0) return 0;
@@ -192,7 +194,7 @@ static int check_packed(g4_gguf *g, const uint64_t *offs, const char *path, g4_e
     const g4_tensor *prev = NULL;
     for (int k = 0; k < n && !rc; k++) {
         const g4_tensor *t = &g->set.tensors[p[k].i];
-        if (p[k].off != want) {
+        if (p[k].off != want && !(prev && prev->dtype == G4_DTYPE_UNKNOWN)) {
             if (!prev)
                 rc = g4_fail(err, "%s: the first tensor data ('%s') starts at offset %llu, not 0", path, t->name,
                              (unsigned long long)p[k].off);
