@@ -302,12 +302,43 @@ static void test_type_mismatch(void) {
     free(b);
 }
 
+/* A shard of llama-gguf-split (split.count > 1) holds part of the tensors: refused with a line that says so and
+ * how to merge (not "N tensors are missing"); split.count 1 is an ordinary file. */
+static void test_split(void) {
+    for (int count = 1; count <= 2; count++) {
+        const char *path = g4t_tmp("split.gguf");
+        g4_gguf_writer w = {0};
+        g4_gguf_add_str(&w, "general.architecture", "gemma4");
+        g4_gguf_add_u32(&w, "split.no", 0);
+        g4_gguf_add_u32(&w, "split.count", (uint32_t)count);
+        g4_gguf_add_i32(&w, "split.tensors.count", 1);
+        int64_t sh[1] = {8};
+        size_t bytes = g4_gguf_add_tensor(&w, "t", G4_F32, 1, sh);
+        static const float v[8];
+        FILE *f = fopen(path, "wb");
+        g4_error err = {{0}};
+        CHECK(g4_gguf_write_header(&w, f, &err) == 0 && g4_gguf_write_data(f, v, bytes, &err) == 0 &&
+              g4_gguf_write_pad(f, bytes, &err) == 0);
+        fclose(f);
+        g4_gguf_writer_free(&w);
+        g4_gguf g;
+        int rc = g4_gguf_open(path, &g, &err);
+        if (!rc) g4_gguf_free(&g);
+        if (count == 1)
+            CHECKF(rc == 0, "split.count 1: %s", err.msg);
+        else
+            CHECKF(rc != 0 && strstr(err.msg, "shard 1 of a GGUF split into 2 files") && !strchr(err.msg, '\n'),
+                   "a shard of a split GGUF: %s", rc ? err.msg : "accepted");
+    }
+}
+
 int main(void) {
     const char *path = g4t_tmp("sample.gguf");
     write_sample(path);
     test_round_trip(path);
     test_corrupt(path);
     test_type_mismatch();
+    test_split();
     test_names();
     test_mlx();
     test_softcap_key();

@@ -261,6 +261,14 @@ int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
         if (json_object_set_new(g->meta, key, v)) goto oom;
     }
     if (c.failed) goto fail;
+    const json_t *split = json_object_get(g->meta, "split.count");
+    if (json_is_integer(split) && json_integer_value(split) > 1) { /* llama-gguf-split's shards */
+        const json_t *no = json_object_get(g->meta, "split.no");
+        g4_fail(err, "%s: shard %lld of a GGUF split into %lld files; split GGUF files are not read (merge them into one "
+                     "with llama-gguf-split --merge)",
+                path, json_is_integer(no) ? (long long)json_integer_value(no) + 1 : 1LL, (long long)json_integer_value(split));
+        goto fail;
+    }
     g->alignment = 32;
     const json_t *al = json_object_get(g->meta, "general.alignment");
     if (al) {
