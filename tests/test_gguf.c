@@ -237,11 +237,108 @@ static void test_softcap_key(void) {
     CHECKF(strstr(err.msg, "final_logit_softcapping must be a number") != NULL, "%s", err.msg);
 }
 
+/* A tensor whose declared type does not match the bytes the file gives it (the next tensor's data starts
+ * elsewhere than right after its own, padded) is refused with one line, as llama.cpp refuses it: a larger type
+ * would read the next tensor's bytes as its own, a smaller one leave part of its data unread. */
+static void test_type_mismatch(void) {
+    const char *path = g4t_tmp("mismatch.gguf");
+    g4_gguf_writer w = {0};
+    g4_gguf_add_str(&w, "general.architecture", "gemma4");
+    int64_t sa[2] = {2, 64}, sb[1] = {64}, sc[1] = {5};
+    size_t ba = g4_gguf_add_tensor(&w, "t.a", G4_Q8_0, 2, sa);
+    size_t bb = g4_gguf_add_tensor(&w, "t.b", G4_F32, 1, sb);
+    size_t bc = g4_gguf_add_tensor(&w, "t.c", G4_F32, 1, sc);
+    static unsigned char zeros[512];
+    FILE *f = fopen(path, "wb");
+    g4_error err;
+    CHECK(g4_gguf_write_header(&w, f, &err) == 0);
+    size_t sizes[3] = {ba, bb, bc};
+    for (int i = 0; i < 3; i++) CHECK(g4_gguf_write_data(f, zeros, sizes[i], &err) == 0 && g4_gguf_write_pad(f, sizes[i], &err) == 0);
+    fclose(f);
+    g4_gguf_writer_free(&w);
+    size_t n = file_size(path);
+    unsigned char *b = malloc(n);
+    f = fopen(path, "rb");
+    CHECK(fread(b, 1, n, f) == n);
+    fclose(f);
+    g4_gguf g;
+    CHECKF(g4_gguf_open(path, &g, &err) == 0, "%s", err.msg);
+    if (!err.msg[0]) g4_gguf_free(&g);
+    /* the type field of t.a: after its name, u32 ndim and two u64 dimensions */
+    size_t at = 0;
+    for (size_t i = 0; i + 3 <= n; i++)
+        if (!memcmp(b + i, "t.a", 3)) {
+            at = i + 3 + 4 + 16;
+            break;
+        }
+    CHECK(at > 0);
+    const uint32_t types[2] = {1 /* F16: 256 bytes, over t.b's data */, 2 /* Q4_0: 72 bytes, a gap */};
+    for (int k = 0; k < 2 && at; k++) {
+        const char *bad = g4t_tmp("mismatch-bad.gguf");
+        memcpy(b + at, &types[k], 4);
+        f = fopen(bad, "wb");
+        fwrite(b, 1, n, f);
+        fclose(f);
+        err.msg[0] = 0;
+        int rc = g4_gguf_open(bad, &g, &err);
+        if (!rc) g4_gguf_free(&g);
+        CHECKF(rc != 0 && strstr(err.msg, "'t.a'") && !strchr(err.msg, '\n'), "type %u on Q8_0 data: %s", types[k],
+               rc ? err.msg : "accepted");
+    }
+    /* a type this engine does not read (Q2_K) has no size to check: the file opens (the model refuses the tensor
+     * where it uses it, naming its type) */
+    if (at) {
+        const char *odd = g4t_tmp("mismatch-q2k.gguf");
+        const uint32_t q2k = 10;
+        memcpy(b + at, &q2k, 4);
+        f = fopen(odd, "wb");
+        fwrite(b, 1, n, f);
+        fclose(f);
+        err.msg[0] = 0;
+        int rc = g4_gguf_open(odd, &g, &err);
+        CHECKF(rc == 0, "an unread type before other tensors: %s", err.msg);
+        if (!rc) g4_gguf_free(&g);
+    }
+    free(b);
+}
+
+/* A shard of llama-gguf-split (split.count > 1) holds part of the tensors: refused with a line that says so and
+ * how to merge (not "N tensors are missing"); split.count 1 is an ordinary file. */
+static void test_split(void) {
+    for (int count = 1; count <= 2; count++) {
+        const char *path = g4t_tmp("split.gguf");
+        g4_gguf_writer w = {0};
+        g4_gguf_add_str(&w, "general.architecture", "gemma4");
+        g4_gguf_add_u32(&w, "split.no", 0);
+        g4_gguf_add_u32(&w, "split.count", (uint32_t)count);
+        g4_gguf_add_i32(&w, "split.tensors.count", 1);
+        int64_t sh[1] = {8};
+        size_t bytes = g4_gguf_add_tensor(&w, "t", G4_F32, 1, sh);
+        static const float v[8];
+        FILE *f = fopen(path, "wb");
+        g4_error err = {{0}};
+        CHECK(g4_gguf_write_header(&w, f, &err) == 0 && g4_gguf_write_data(f, v, bytes, &err) == 0 &&
+              g4_gguf_write_pad(f, bytes, &err) == 0);
+        fclose(f);
+        g4_gguf_writer_free(&w);
+        g4_gguf g;
+        int rc = g4_gguf_open(path, &g, &err);
+        if (!rc) g4_gguf_free(&g);
+        if (count == 1)
+            CHECKF(rc == 0, "split.count 1: %s", err.msg);
+        else
+            CHECKF(rc != 0 && strstr(err.msg, "shard 1 of a GGUF split into 2 files") && !strchr(err.msg, '\n'),
+                   "a shard of a split GGUF: %s", rc ? err.msg : "accepted");
+    }
+}
+
 int main(void) {
     const char *path = g4t_tmp("sample.gguf");
     write_sample(path);
     test_round_trip(path);
     test_corrupt(path);
+    test_type_mismatch();
+    test_split();
     test_names();
     test_mlx();
     test_softcap_key();

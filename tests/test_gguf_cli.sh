@@ -37,6 +37,24 @@ for t in q8_0 q4_0 q6_k mlx4; do
     check $? "$t: quantize, load, generate ($got)"
 done
 
+# general.file_type is llama.cpp's llama_ftype of the file's main type (llama.cpp prints it and keeps it when it
+# re-quantizes; 0 would say "all F32"): bf16 32, q8_0 7, q4_0 2, q6_k 18, and the K-quant "_S" mixes q4_k 14, q5_k 16
+"$bin" quantize "${G4_SHARED_DIR:?}/fixtures/dense-ple" "$tmp/fx-q4_k.gguf" --type q4_k &&
+    "$bin" quantize "$G4_SHARED_DIR/fixtures/dense-ple" "$tmp/fx-q5_k.gguf" --type q5_k
+check $? "quantize a fixture to q4_k and q5_k"
+for pair in "$g:32" "$tmp/tt-q8_0.gguf:7" "$tmp/tt-q4_0.gguf:2" "$tmp/tt-q6_k.gguf:18" "$tmp/fx-q4_k.gguf:14" "$tmp/fx-q5_k.gguf:16"; do
+    got=$(python3 - "${pair%:*}" <<'PY'
+import struct, sys
+d = open(sys.argv[1], "rb").read()
+key = b"general.file_type"
+at = d.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+assert struct.unpack_from("<I", d, at)[0] == 4  # GGUF uint32
+print(struct.unpack_from("<I", d, at + 4)[0])
+PY
+)
+    [ "$got" = "${pair##*:}" ]; check $? "general.file_type of $(basename "${pair%:*}") is ${pair##*:} ($got)"
+done
+
 "$bin" quantize "$m" "$tmp/x.gguf" --type q3_x 2>"$tmp/err"; [ $? != 0 ] && [ "$(wc -l <"$tmp/err")" = 1 ]
 check $? "an unknown type is one line: $(cat "$tmp/err")"
 # the output is the input: refused before a byte is written (it was truncated while mapped: SIGBUS, the model lost)

@@ -167,6 +167,52 @@ int g4_gguf_is_file(const char *path) {
     return n == 4 && !memcmp(m, "GGUF", 4);
 }
 
+typedef struct {
+    uint64_t off;
+    int i;
+} placed;
+
+static int by_offset(const void *a, const void *b) {
+    const placed *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off ? 1 : x->i - y->i;
+}
+
+/* The tensors' data, in offset order, must be packed as llama.cpp writes and reads it: the first at 0, each
+ * next one right after the previous one's bytes padded to the alignment. A tensor whose declared type or shape
+ * does not match the bytes given to it overlaps the next one or leaves a gap before it. (A tensor of a type this
+ * engine does not read has no known size: the one after it is not checked, and the tensor itself is an error
+ * only where the model uses it.) */
+static int check_packed(g4_gguf *g, const uint64_t *offs, const char *path, g4_error *err) {
+    const int n = g->set.n_tensors;
+    if (n <= 0) return 0;
+    placed *p = malloc((size_t)n * sizeof *p);
+    if (!p) return g4_fail(err, "out of memory");
+    for (int i = 0; i < n; i++) p[i] = (placed){offs[i], i};
+    qsort(p, (size_t)n, sizeof *p, by_offset);
+    int rc = 0;
+    uint64_t want = 0;
+    const g4_tensor *prev = NULL;
+    for (int k = 0; k < n && !rc; k++) {
+        const g4_tensor *t = &g->set.tensors[p[k].i];
+        if (p[k].off != want && !(prev && prev->dtype == G4_DTYPE_UNKNOWN)) {
+            if (!prev)
+                rc = g4_fail(err, "%s: the first tensor data ('%s') starts at offset %llu, not 0", path, t->name,
+                             (unsigned long long)p[k].off);
+            else
+                rc = g4_fail(err,
+                             "%s: tensor '%s' (%s, %zu bytes at offset %llu) %s tensor '%s' at offset %llu: its type "
+                             "or shape does not match its data",
+                             path, prev->name, g4_dtype_name(prev->dtype), prev->nbytes,
+                             (unsigned long long)p[k - 1].off, p[k].off < want ? "overlaps" : "leaves a gap before",
+                             t->name, (unsigned long long)p[k].off);
+        }
+        want = p[k].off + (t->nbytes + g->alignment - 1) / g->alignment * g->alignment;
+        prev = t;
+    }
+    free(p);
+    return rc;
+}
+
 int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
     memset(g, 0, sizeof *g);
     g4_mapped_file mf;
@@ -215,6 +261,14 @@ int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
         if (json_object_set_new(g->meta, key, v)) goto oom;
     }
     if (c.failed) goto fail;
+    const json_t *split = json_object_get(g->meta, "split.count");
+    if (json_is_integer(split) && json_integer_value(split) > 1) { /* llama-gguf-split's shards */
+        const json_t *no = json_object_get(g->meta, "split.no");
+        g4_fail(err, "%s: shard %lld of a GGUF split into %lld files; split GGUF files are not read (merge them into one "
+                     "with llama-gguf-split --merge)",
+                path, json_is_integer(no) ? (long long)json_integer_value(no) + 1 : 1LL, (long long)json_integer_value(split));
+        goto fail;
+    }
     g->alignment = 32;
     const json_t *al = json_object_get(g->meta, "general.alignment");
     if (al) {
@@ -284,6 +338,7 @@ int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
             t->data = mf.data + g->data_start + o;
         }
     }
+    if (!c.failed && check_packed(g, offs, path, err)) c.failed = 1;
     free(offs);
     if (c.failed || g4_tensor_set_finish(&g->set, err)) goto fail;
     return 0;

@@ -481,10 +481,25 @@ static void remove_partial(const char *path) {
     if (!stat(path, &st) && S_ISREG(st.st_mode)) remove(path);
 }
 
+/* llama.cpp's general.file_type (enum llama_ftype) of a file whose weights are mostly of type t; the K-quant
+ * files written here are its "_S" mixes (every tensor that can be of the type is) */
+static uint32_t llama_ftype(g4_dtype t) {
+    switch (t) {
+    case G4_F16: return 1;
+    case G4_Q4_0: return 2;
+    case G4_Q8_0: return 7;
+    case G4_Q4_K: return 14;
+    case G4_Q5_K: return 16;
+    case G4_Q6_K: return 18;
+    case G4_BF16: return 32;
+    default: return 0; /* F32 */
+    }
+}
+
 static int write_gguf(job *j, g4_error *err) {
     g4_gguf_writer w = {0};
     g4_gemma4_gguf_write_meta(&w, &j->cfg.text);
-    g4_gguf_add_u32(&w, "general.file_type", 0);
+    g4_gguf_add_u32(&w, "general.file_type", llama_ftype(j->target));
     err->msg[0] = 0;
     json_t *tmeta = tokenizer_meta(j, err);
     if (!tmeta && err->msg[0]) {
