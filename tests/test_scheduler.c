@@ -386,6 +386,23 @@ static void check_whole_pool(const char *label, g4_model *m, const prompt *p, in
     g4_context_free(ctx);
 }
 
+/* A sliding pool of exactly what one sequence's window spans (blocks of 8, no history): every request still gives
+ * its tokens alone (fewer requests run at once, the others are preempted); one block fewer is an error at once
+ * (it used to be taken, and then no step fitted: the scheduler ended requests with LENGTH, often with no token). */
+static void check_least_sliding_pool(const char *label, g4_model *m, const prompt *p, int n_ctx, int W) {
+    const int least = (W - 1 + 7) / 8 + 1;
+    g4_error err;
+    g4_context *ctx = NULL;
+    g4_context_params cp = {.n_seq_max = 4, .n_ctx = n_ctx, .n_batch = 16, .kv_history = -1, .kv_block_size = 8,
+                            .n_kv_sliding_blocks = least - 1};
+    int rc = g4_context_new(m, &cp, &ctx, &err);
+    CHECKF(rc != 0 && strstr(err.msg, "window"), "%s: a sliding pool of %d blocks of 8 (window %d) was taken", label,
+           least - 1, W);
+    if (rc == 0) g4_context_free(ctx);
+    const sched_case at_least = {.n_seq = 4, .n_batch = 16, .n_kv_sliding_blocks = least, .rounds = 1};
+    run_case(label, m, p, &at_least, n_ctx);
+}
+
 /* Per-request temperature, top-k, repetition penalty and seeds: what the same sampler gives alone. Where the
  * backend's memory is not the host's (a GPU), a batch's products round differently from one sequence's (other
  * kernels: the logits agree to about 1e-3 of transformers' either way), and a draw whose random number falls that
@@ -473,6 +490,7 @@ static void check_model(const char *label, const char *dir, int full) {
         run_case(label, m, p, &all, n_ctx);
         check_cancel_frees(label, m, p, n_ctx);
         if (full) check_prefix_cache(label, m, p, n_ctx, W);
+        if (full) check_least_sliding_pool(label, m, p, n_ctx, W);
         const sched_case cancels = {.n_seq = 6, .n_batch = 48, .cancel = 1, .rounds = 1};
         run_case(label, m, p, &cancels, n_ctx);
         check_preemption(label, m, p, n_ctx);
