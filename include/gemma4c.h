@@ -167,7 +167,8 @@ typedef struct g4_context_params {
                           (for many sequences that are never rolled back, e.g. under a scheduler) */
     int n_kv_sliding_blocks; /* blocks of the sliding-window pool (default: every sequence's window and history,
                           one batch, and one window per sequence more for the prefix cache); more blocks keep
-                          more cached prefixes resumable (g4_seq_reuse_prefix) */
+                          more cached prefixes resumable (g4_seq_reuse_prefix); fewer than one sequence's window
+                          and history span is an error */
 } g4_context_params;
 
 G4_API int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err);

@@ -30,14 +30,15 @@ lines = [
     {"ids": [2, 9999999]},
     {"prompt": "War", "max_tokens": 0},
     {"prompt": "Moscow", "max_tokens": 12, "stop": ["Napoleon", ", "]},
+    {"prompt": "War", "max_tokens": 99999999999},
 ]
 for l in lines:
     print(l if isinstance(l, str) else json.dumps(l))
 PY
 "$bin" generate -m "$m" -f "$tmp/in.jsonl" --temp 0 --ignore-eos --parallel 5 >"$tmp/out5.jsonl" 2>"$tmp/err5.txt"
 rc=$?
-[ $rc = 1 ] && grep -q "4 lines failed" "$tmp/err5.txt"; check $? "bad lines: exit status 1 and a count on stderr ($rc: $(cat "$tmp/err5.txt"))"
-[ "$(wc -l <"$tmp/out5.jsonl")" = 10 ]; check $? "one output line per input line"
+[ $rc = 1 ] && grep -q "5 lines failed" "$tmp/err5.txt"; check $? "bad lines: exit status 1 and a count on stderr ($rc: $(cat "$tmp/err5.txt"))"
+[ "$(wc -l <"$tmp/out5.jsonl")" = 11 ]; check $? "one output line per input line"
 "$bin" generate -m "$m" -f "$tmp/in.jsonl" --temp 0 --ignore-eos --parallel 1 >"$tmp/out1.jsonl" 2>/dev/null
 cmp -s "$tmp/out1.jsonl" "$tmp/out5.jsonl"; check $? "--parallel 1 and --parallel 5 print the same"
 
@@ -57,6 +58,7 @@ check $? "line 7 (longer prompt): as alone"
 field 8 error | grep -q "outside the vocabulary"; check $? "line 8: an id outside the vocabulary"
 field 9 error | grep -q "max_tokens"; check $? "line 9: max_tokens 0"
 [ "$(field 10 text)" = "$(alone Moscow -n 12 --temp 0 --stop Napoleon --stop ', ')" ]; check $? "line 10 (two stops): as alone"
+field 11 error | grep -q "max_tokens\" must be an integer in 1..16777216"; check $? "line 11: max_tokens too large names the range ($(field 11 error))"
 
 # embed: the fixture's prompt against transformers' final hidden states
 fx=$shared/fixtures/dense-ple

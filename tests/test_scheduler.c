@@ -340,6 +340,69 @@ static void check_preemption(const char *label, g4_model *m, const prompt *p, in
     CHECKF(st.preemptions > 0, "%s: the small pool forced no preemption", label);
 }
 
+/* A prompt that needs every block of a small full-attention pool: alone, it is admitted (the admission's headroom is
+ * for running requests), makes the tokens its blocks hold room for and ends with LENGTH; the request queued behind
+ * it runs after it. (The headroom used to apply to it too: neither admitted nor too big, it waited forever, and so
+ * did every request behind it.) */
+static void check_whole_pool(const char *label, g4_model *m, const prompt *p, int n_ctx) {
+    enum { B = 8, BLOCKS = 4, N_BIG = BLOCKS * B - 3, N_SMALL = 5 };
+    g4_error err;
+    g4_context *ctx;
+    g4_scheduler *s;
+    g4_context_params cp = {.n_seq_max = 2, .n_ctx = n_ctx, .n_batch = 16, .kv_history = -1, .kv_block_size = B,
+                            .n_kv_blocks = BLOCKS};
+    if (g4_context_new(m, &cp, &ctx, &err) || g4_scheduler_new(ctx, &s, &err)) {
+        CHECKF(0, "%s: %s", label, err.msg);
+        return;
+    }
+    const prompt *src = &p[11]; /* the longest prompt */
+    CHECK(src->n >= N_BIG);
+    int32_t want_big[MAX_NEW], want_small[MAX_NEW];
+    int n_big = alone(m, src->ids, N_BIG, MAX_NEW, NULL, want_big);
+    int n_small = alone(m, src->ids + 1, N_SMALL, 3, NULL, want_small);
+    slot big = {.cancel_at = -1}, small = {.cancel_at = -1};
+    g4_sampler_params sp;
+    g4_sampler_params_default(&sp);
+    sp.temperature = 0;
+    g4_generation_params gp = {.max_new_tokens = MAX_NEW, .sampling = &sp, .ignore_eos = 1};
+    CHECK(g4_scheduler_submit(s, src->ids, N_BIG, &gp, on_event, &big, &big.g, &err) == 0);
+    gp.max_new_tokens = 3;
+    CHECK(g4_scheduler_submit(s, src->ids + 1, N_SMALL, &gp, on_event, &small, &small.g, &err) == 0);
+    int left = 1, steps = 0;
+    while (steps < 1000 && (left = g4_scheduler_step(s, &err)) > 0) steps++;
+    CHECKF(left == 0, "%s: a prompt of the whole pool's %d blocks: %d requests left after %d steps", label, BLOCKS,
+           left, steps);
+    /* its blocks hold N_BIG + 3 fed positions: 4 tokens (the last one is never fed) */
+    CHECKF(big.done && g4_generation_finish(big.g) == G4_FINISH_LENGTH && big.n_got == 4 && n_big >= 4 &&
+               !memcmp(big.got, want_big, 4 * sizeof(int32_t)),
+           "%s: the whole-pool prompt made %d tokens (finish %d), not its first 4 alone", label, big.n_got,
+           (int)g4_generation_finish(big.g));
+    CHECKF(small.done && g4_generation_finish(small.g) == G4_FINISH_LENGTH && small.n_got == 3 && n_small == 3 &&
+               !memcmp(small.got, want_small, 3 * sizeof(int32_t)),
+           "%s: the request behind it made %d tokens, not its 3 alone", label, small.n_got);
+    g4_generation_free(big.g);
+    g4_generation_free(small.g);
+    g4_scheduler_free(s);
+    g4_context_free(ctx);
+}
+
+/* A sliding pool of exactly what one sequence's window spans (blocks of 8, no history): every request still gives
+ * its tokens alone (fewer requests run at once, the others are preempted); one block fewer is an error at once
+ * (it used to be taken, and then no step fitted: the scheduler ended requests with LENGTH, often with no token). */
+static void check_least_sliding_pool(const char *label, g4_model *m, const prompt *p, int n_ctx, int W) {
+    const int least = (W - 1 + 7) / 8 + 1;
+    g4_error err;
+    g4_context *ctx = NULL;
+    g4_context_params cp = {.n_seq_max = 4, .n_ctx = n_ctx, .n_batch = 16, .kv_history = -1, .kv_block_size = 8,
+                            .n_kv_sliding_blocks = least - 1};
+    int rc = g4_context_new(m, &cp, &ctx, &err);
+    CHECKF(rc != 0 && strstr(err.msg, "window"), "%s: a sliding pool of %d blocks of 8 (window %d) was taken", label,
+           least - 1, W);
+    if (rc == 0) g4_context_free(ctx);
+    const sched_case at_least = {.n_seq = 4, .n_batch = 16, .n_kv_sliding_blocks = least, .rounds = 1};
+    run_case(label, m, p, &at_least, n_ctx);
+}
+
 /* Per-request temperature, top-k, repetition penalty and seeds: what the same sampler gives alone. Where the
  * backend's memory is not the host's (a GPU), a batch's products round differently from one sequence's (other
  * kernels: the logits agree to about 1e-3 of transformers' either way), and a draw whose random number falls that
@@ -427,9 +490,11 @@ static void check_model(const char *label, const char *dir, int full) {
         run_case(label, m, p, &all, n_ctx);
         check_cancel_frees(label, m, p, n_ctx);
         if (full) check_prefix_cache(label, m, p, n_ctx, W);
+        if (full) check_least_sliding_pool(label, m, p, n_ctx, W);
         const sched_case cancels = {.n_seq = 6, .n_batch = 48, .cancel = 1, .rounds = 1};
         run_case(label, m, p, &cancels, n_ctx);
         check_preemption(label, m, p, n_ctx);
+        check_whole_pool(label, m, p, n_ctx);
         if (full) {
             check_sampling(label, m, p, n_ctx);
             for (int mods = 0; mods < 3; mods++) check_sampling_candidates(label, m, p, n_ctx, mods);

@@ -53,7 +53,7 @@ static int gen_submit(const json_t *line, long index, g4_scheduler *s, void *use
     const json_t *v;
     if ((v = json_object_get(line, "max_tokens"))) {
         if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
-            return g4_fail(err, "\"max_tokens\" must be an integer >= 1");
+            return g4_fail(err, "\"max_tokens\" must be an integer in 1..%d", 1 << 24);
         gp.max_new_tokens = (int)json_integer_value(v);
     }
     if ((v = json_object_get(line, "temperature"))) {

@@ -25,6 +25,20 @@ int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, i
                      int history, g4_kv_type type, int block, int n_full_blocks, int n_sliding_blocks,
                      g4_error *err) {
     memset(kv, 0, sizeof *kv);
+    if (n_sliding_blocks > 0) { /* a sequence's step reads its window (and keeps its history): fewer blocks than
+                                 * that and no step of any sequence fits (the scheduler ended every request with
+                                 * LENGTH, often with no token) */
+        int sliding = 0;
+        for (int l = 0; l < c->n_layers; l++) sliding |= c->layer_type[l] == G4_LAYER_SLIDING;
+        const int h = history < 0 ? n_batch : history;
+        const long rows = (long)c->sliding_window - 1 + (h > 0 ? h : 1), most = ceil_div(n_ctx, block);
+        long least = ceil_div(rows - 1, block) + 1;
+        if (least > most) least = most;
+        if (sliding && n_sliding_blocks < least)
+            return g4_fail(err, "%d sliding-window KV blocks cannot hold one sequence's window: a window of %d "
+                                "positions%s needs %ld blocks of %d", n_sliding_blocks, c->sliding_window,
+                           h > 0 ? " and its history" : "", least, block);
+    }
     kv->be = be;
     kv->n_layers = c->n_layers;
     kv->n_seq = n_seq;

@@ -95,7 +95,8 @@ typedef struct g4_kv_cache {
 } g4_kv_cache;
 
 /* n_full_blocks: blocks of the full-attention pool, 0 for "every sequence can reach n_ctx". history < 0: n_batch.
- * n_sliding_blocks: blocks of the sliding pool, 0 for enough for every sequence's window plus history, one batch
+ * n_sliding_blocks: blocks of the sliding pool (at least what one sequence's window and history span, else an
+ * error), 0 for enough for every sequence's window plus history, one batch
  * of new rows, and a window per sequence more for the prefix cache. */
 int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, int n_seq, int n_ctx, int n_batch,
                      int history, g4_kv_type type, int block, int n_full_blocks, int n_sliding_blocks,

@@ -7,7 +7,7 @@
  *   3. running requests still reading their prompt get chunks of what budget is left, oldest first;
  *   4. waiting requests are admitted in arrival order while a sequence is free, the budget is not spent and
  *      the main pool (full attention) has the blocks for their whole remaining prompt on top of what the
- *      running ones still need, plus a block of headroom per running request; an admitted request first
+ *      running ones still need, plus some headroom while any run (headroom()); an admitted request first
  *      takes the longest prefix of its tokens the prefix cache holds (g4_kv_cache_reuse) and reads on from
  *      there;
  *   5. if the step's blocks do not fit the pools, the newest prefill chunk is halved, then dropped, then the
@@ -367,8 +367,8 @@ static void plan_remove(g4_scheduler *s, int i) {
     s->n_plan--;
 }
 
-/* Blocks kept free at admission for the running requests' next tokens: none when the pool lets every sequence
- * reach n_ctx (nothing can run out), else 1% of the pool (vLLM's watermark), at least one. */
+/* Blocks kept free at admission for the running requests' next tokens (while some run): none when the pool lets
+ * every sequence reach n_ctx (nothing can run out), else 1% of the pool (vLLM's watermark), at least one. */
 static long headroom(const g4_scheduler *s) {
     const g4_kv_pool *p = main_pool(s);
     if ((long)p->n_blocks >= (long)s->n_seq * s->ctx->kv.max_blocks) return 0;
@@ -394,7 +394,9 @@ static void admit_waiting(g4_scheduler *s, int embed_step, int *budget) {
         /* at least the last token is read, for its logits */
         int reused = r->embed ? 0 : g4_seq_reuse_prefix(ctx, q, r->tokens, r->n_tokens - 1);
         long need = blocks_for(s, r->n_tokens) - reused / ctx->kv.block;
-        if (main_pool(s)->n_free < reserve + need + headroom(s)) {
+        /* the headroom is for running requests: alone, a request that fits the pool runs (else it would wait
+         * forever, neither admitted nor too big, and every request behind it with it) */
+        if (main_pool(s)->n_free < reserve + need + (s->n_running ? headroom(s) : 0)) {
             g4_seq_reset(ctx, q);
             if (s->n_running == 0 && need > main_pool(s)->n_free) { /* it would not fit even alone */
                 too_big = r;
