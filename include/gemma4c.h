@@ -20,6 +20,9 @@
  * - Handles are opaque. A function that can fail returns 0 (or a count) on success and -1 on
  *   failure with a one-line message in the caller's g4_error (err may be NULL). Nothing in the
  *   library calls exit() or abort() on bad input.
+ * - A NULL handle, or NULL for a pointer a call needs, is such a failure (the message names the call
+ *   and the argument); getters then return 0, -1 or NULL as their kind of "none", and void calls
+ *   (the *_free ones among them) do nothing.
  * - Parameter structs are zero-initialized for the defaults; a NULL params pointer means the
  *   defaults too. Fields are only ever added at the end.
  * - Text is UTF-8. Memory the library hands over (char *, id arrays) is released with g4_free.
@@ -368,7 +371,7 @@ G4_API int g4_detokenize(const g4_tokenizer *tok, const int32_t *ids, size_t n, 
 /* Streaming decode: push one id at a time, get the newly printable text (never a broken UTF-8
  * sequence); the outputs concatenated equal g4_detokenize of the whole sequence. */
 typedef struct g4_detok_stream g4_detok_stream;
-G4_API g4_detok_stream *g4_detok_stream_new(const g4_tokenizer *tok, int skip_special); /* NULL: no memory */
+G4_API g4_detok_stream *g4_detok_stream_new(const g4_tokenizer *tok, int skip_special); /* NULL: no memory, or tok NULL */
 /* *text stays valid until the next call on s. */
 G4_API int g4_detok_stream_push(g4_detok_stream *s, int32_t id, const char **text, size_t *len, g4_error *err);
 G4_API int g4_detok_stream_flush(g4_detok_stream *s, const char **text, size_t *len);

@@ -87,7 +87,10 @@ done:
 }
 
 int g4_drafter_load(const char *dir, g4_model *main, g4_drafter **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(dir, err);
+    G4_ARG(main, err);
     g4_drafter *d = calloc(1, sizeof *d);
     if (!d) return g4_fail(err, "out of memory");
     d->main = main;
@@ -115,7 +118,7 @@ void g4_drafter_free(g4_drafter *d) {
     free(d);
 }
 
-int g4_drafter_n_draft(const g4_drafter *d) { return d->n_draft; }
+int g4_drafter_n_draft(const g4_drafter *d) { return d ? d->n_draft : 0; }
 
 /* ------------------------------------------------------------------ the state of one sequence */
 
@@ -148,7 +151,10 @@ void g4_spec_free(g4_spec *s) {
 
 int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
                 g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(ctx, err);
+    G4_ARG(d, err);
     g4_spec_params p = {0};
     if (params) p = *params;
     if (ctx->model != d->main) return g4_fail(err, "the context belongs to another model than the drafter's");
@@ -264,6 +270,9 @@ static int draft(g4_spec *s, int32_t last, int c, int k) {
 
 
 int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
+    G4_ARG(s, err);
+    G4_ARG(prompt, err);
+    G4_ARG(logits, err);
     g4_context *ctx = s->ctx;
     g4_backend *be = ctx->model->be;
     const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
@@ -366,7 +375,10 @@ static int log_round(g4_spec *s, int drafted, int accepted, g4_error *err) {
 }
 
 int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err) {
+    G4_ARG(n_out, err);
     *n_out = 0;
+    G4_ARG(s, err);
+    G4_ARG(out, err);
     g4_context *ctx = s->ctx;
     g4_backend *be = ctx->model->be;
     const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
@@ -454,12 +466,14 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
 }
 
 void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted, int *n) {
-    *drafted = s->log_drafted;
-    *accepted = s->log_accepted;
-    *n = s->n_rounds;
+    if (drafted) *drafted = s ? s->log_drafted : NULL;
+    if (accepted) *accepted = s ? s->log_accepted : NULL;
+    if (n) *n = s ? s->n_rounds : 0;
 }
 
 int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
+    G4_ARG(s, err);
+    G4_ARG(drafts, err);
     if (!s->ready) return g4_fail(err, "speculative decoding: run the prompt first (g4_spec_prefill)");
     if (k < 0 || k > s->cap) return g4_fail(err, "%d drafts: at most %d", k, s->cap);
     if (last < 0 || last >= s->ctx->model->cfg.text.vocab_size)
