@@ -652,7 +652,8 @@ G4_API const char *g4_generation_error(const g4_generation *g);
  * events g4_generation_next would give, to its callback, from inside g4_scheduler_step, ending with
  * G4_EVENT_FINISH. On a backend whose ops are batch invariant (the CPU) a generation's tokens do not
  * depend on what it was batched with, preempted or resumed from the cache.
- * The scheduler takes every sequence of ctx; create ctx with n_seq_max requests at once, kv_history
+ * The scheduler takes every sequence of ctx: while it exists, g4_generation_start, g4_chat_start, g4_embed,
+ * g4_spec_new and a second g4_scheduler_new on ctx fail. Create ctx with n_seq_max requests at once, kv_history
  * -1 (nothing is rolled back) and n_kv_blocks for the memory. g4_scheduler_submit* and
  * g4_generation_cancel may be called from any thread, g4_scheduler_step from one at a time. */
 typedef struct g4_scheduler g4_scheduler;

@@ -35,6 +35,7 @@ static g4_error E;
     } while (0)
 
 #define ONE_LINE (E.msg[0] && !strchr(E.msg, '\n'))
+static int one_line(const g4_error *err) { return err->msg[0] && !strchr(err->msg, '\n'); }
 /* a call that can fail: -1 and a message */
 #define FAILS(expr) ISOLATED(expr, rc == -1 && ONE_LINE)
 /* a getter or a void call: the given value, or just no crash */
@@ -230,6 +231,42 @@ static int test_nulls(g4_model *m, g4_context *ctx) {
     return 0;
 }
 
+/* Calls in an order the API does not allow, and sizes it does not take. */
+static void test_misuse(g4_model *m) {
+    g4_error err;
+    g4_context *ctx = NULL;
+    /* negative sizes are errors (0 takes the default; they were taken as 0) */
+    g4_context_params bad[] = {{.n_seq_max = -1}, {.n_ctx = -5}, {.n_batch = -2}, {.kv_block_size = -5}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ctx = NULL;
+        CHECKF(g4_context_new(m, &bad[i], &ctx, &err) == -1 && !ctx && one_line(&err), "context params %zu", i);
+        g4_context_free(ctx);
+    }
+    /* a scheduler takes every sequence of its context: no second scheduler, no generation or embedding beside it */
+    g4_context_params cp = {.n_seq_max = 2, .n_ctx = 64, .n_batch = 16, .kv_history = -1};
+    g4_scheduler *s = NULL, *s2 = NULL;
+    if (g4_context_new(m, &cp, &ctx, &err) || g4_scheduler_new(ctx, &s, &err)) {
+        CHECKF(0, "%s", err.msg);
+        g4_context_free(ctx);
+        return;
+    }
+    int32_t ids[4] = {2, 10, 11, 12};
+    float *emb = malloc((size_t)g4_model_hidden_size(m) * sizeof *emb);
+    g4_generation *g = NULL;
+    CHECK(g4_scheduler_new(ctx, &s2, &err) == -1 && !s2 && one_line(&err));
+    CHECK(g4_generation_start(ctx, 0, ids, 4, NULL, &g, &err) == -1 && !g && one_line(&err));
+    CHECK(g4_embed(ctx, 0, ids, 4, emb, &err) == -1 && one_line(&err));
+    g4_scheduler_free(s);
+    /* once it is freed the context is free for them again */
+    CHECKF(g4_embed(ctx, 0, ids, 4, emb, &err) == 0, "%s", err.msg);
+    CHECKF(g4_generation_start(ctx, 0, ids, 4, NULL, &g, &err) == 0, "%s", err.msg);
+    g4_generation_free(g);
+    CHECKF(g4_scheduler_new(ctx, &s, &err) == 0, "%s", err.msg);
+    g4_scheduler_free(s);
+    free(emb);
+    g4_context_free(ctx);
+}
+
 int main(void) {
     g4_error err;
     g4_model *m;
@@ -245,6 +282,7 @@ int main(void) {
         return 1;
     }
     test_nulls(m, ctx);
+    test_misuse(m);
     g4_context_free(ctx);
     g4_model_free(m);
     return g4t_done();

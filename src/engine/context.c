@@ -103,6 +103,9 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     g4_context_params p = {0};
     if (params) p = *params;
     const g4_text_config *c = &model->cfg.text;
+    if (p.n_seq_max < 0 || p.n_ctx < 0 || p.n_batch < 0 || p.kv_block_size < 0)
+        return g4_fail(err, "negative context size (n_seq_max %d, n_ctx %d, n_batch %d, kv_block_size %d; 0 takes "
+                            "the default)", p.n_seq_max, p.n_ctx, p.n_batch, p.kv_block_size);
     if (p.n_seq_max <= 0) p.n_seq_max = 1;
     if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 8192 ? c->max_position_embeddings : 8192;
     if (p.n_batch <= 0) p.n_batch = 512;

@@ -557,6 +557,9 @@ int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_p
     G4_ARG(out, err);
     *out = NULL;
     G4_ARG(ctx, err);
+    if (ctx->scheduler)
+        return g4_fail(err, "the context's sequences belong to its scheduler: submit the request there "
+                            "(g4_scheduler_submit)");
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     g4_generation_params none = {0};
     const g4_generation_params *p = params ? params : &none;

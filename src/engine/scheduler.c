@@ -216,6 +216,7 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
     G4_ARG(out, err);
     *out = NULL;
     G4_ARG(ctx, err);
+    if (ctx->scheduler) return g4_fail(err, "the context already has a scheduler (it takes every sequence)");
     g4_scheduler *s = calloc(1, sizeof *s);
     if (!s) return g4_fail(err, "out of memory");
     s->ctx = ctx;
@@ -251,6 +252,7 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
         return g4_fail(err, "out of memory for a scheduler of %d sequences", ctx->n_seq);
     }
     for (int q = 0; q < s->n_seq; q++) g4_seq_reset(ctx, q);
+    ctx->scheduler = s;
     *out = s;
     return 0;
 }
@@ -259,6 +261,7 @@ static void finish(g4_scheduler *s, request *r, g4_finish why);
 
 void g4_scheduler_free(g4_scheduler *s) {
     if (!s) return;
+    if (s->ctx && s->ctx->scheduler == s) s->ctx->scheduler = NULL;
     while (s->n_running > 0) finish(s, s->run_list[s->n_running - 1], G4_FINISH_CANCELLED);
     while (s->w_count > 0) {
         request *r = queue_at(s, 0);

@@ -155,6 +155,7 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
     *out = NULL;
     G4_ARG(ctx, err);
     G4_ARG(d, err);
+    if (ctx->scheduler) return g4_fail(err, "the context's sequences belong to its scheduler");
     g4_spec_params p = {0};
     if (params) p = *params;
     if (ctx->model != d->main) return g4_fail(err, "the context belongs to another model than the drafter's");
