@@ -29,6 +29,8 @@
  * - A model, tokenizer or chat template may be used from several threads at once; a context
  *   (with the generations on it), a chat, a sampler and a detok stream belong to one thread at
  *   a time, except g4_generation_cancel, which may be called from any thread or a signal handler.
+ *   Contexts of one model on several threads take turns for each batch step (a step uses all of the
+ *   model's threads), as do its drafters and its image and audio encoding.
  */
 #ifndef GEMMA4C_H
 #define GEMMA4C_H

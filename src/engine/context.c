@@ -143,11 +143,13 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
         g4_fail(err, "out of memory");
         goto fail;
     }
-    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
-                         p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
-                         p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks, err))
-        goto fail;
-    if (scratch_alloc(ctx, err)) goto fail;
+    pthread_mutex_lock(&model->backend_lock);
+    int rc = g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
+                              p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
+                              p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks, err) ||
+             scratch_alloc(ctx, err);
+    pthread_mutex_unlock(&model->backend_lock);
+    if (rc) goto fail;
     *out = ctx;
     return 0;
 fail:
@@ -158,9 +160,11 @@ fail:
 void g4_context_free(g4_context *ctx) {
     if (!ctx) return;
     g4_backend *be = ctx->model->be;
+    pthread_mutex_lock(&ctx->model->backend_lock);
     if (be->ops->graph_forget) be->ops->graph_forget(be, ctx); /* recordings of this context's steps */
     scratch_free(ctx);
     if (ctx->kv.layers) g4_kv_cache_free(&ctx->kv);
+    pthread_mutex_unlock(&ctx->model->backend_lock);
     free(ctx->pos_host);
     free(ctx->rows_host);
     free(ctx->zero_seq);
@@ -314,9 +318,8 @@ static int64_t first_nan(const float *x, size_t n) {
 }
 
 /* Checks a batch, gives its tokens their positions, takes their KV blocks and runs the forward pass. */
-static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_candidates *cand,
-                  g4_error *err) {
-    if (!ctx || !b) return g4_fail(err, "g4_decode: %s is NULL", ctx ? "the batch" : "the context");
+static int decode_locked(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_candidates *cand,
+                         g4_error *err) {
     const int n = b->n_tokens;
     const g4_text_config *c = &ctx->model->cfg.text;
     const int V = c->vocab_size;
@@ -377,6 +380,16 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
         g4_kv_cache_commit(&ctx->kv, s, ctx->seq_tokens + (size_t)s * (size_t)ctx->n_ctx, ctx->kv.seq_len[s]);
     }
     return 0;
+}
+
+/* Contexts of one model share its backend: their steps take turns. */
+static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_candidates *cand,
+                  g4_error *err) {
+    if (!ctx || !b) return g4_fail(err, "g4_decode: %s is NULL", ctx ? "the batch" : "the context");
+    pthread_mutex_lock(&ctx->model->backend_lock);
+    int rc = decode_locked(ctx, b, logits, ids, cand, err);
+    pthread_mutex_unlock(&ctx->model->backend_lock);
+    return rc;
 }
 
 int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) {

@@ -859,7 +859,7 @@ void g4_model_free(g4_model *m) {
     json_decref(m->gguf_meta);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
-    pthread_mutex_destroy(&m->tower_lock);
+    pthread_mutex_destroy(&m->backend_lock);
     free(m);
 }
 
@@ -898,7 +898,11 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     if (!params) params = &defaults;
     g4_model *m = calloc(1, sizeof *m);
     if (!m) return g4_fail(err, "out of memory");
-    pthread_mutex_init(&m->tower_lock, NULL);
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&m->backend_lock, &attr);
+    pthread_mutexattr_destroy(&attr);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     m->random = params->random_weights != 0;
     m->random_type = G4_BF16;

@@ -460,7 +460,7 @@ int g4_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out
         return g4_fail(err, "out of memory");
     }
     int rc = 0;
-    pthread_mutex_lock(&m->tower_lock);
+    pthread_mutex_lock(&m->backend_lock);
     for (size_t at = 0; at < n && !rc; at += clip) {
         size_t len = n - at < clip ? n - at : clip;
         int fr = g4_audio_n_frames(&t->fx, len);
@@ -471,7 +471,7 @@ int g4_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out
         out->block_tokens[out->n_blocks++] = k;
         out->n_tokens += k;
     }
-    pthread_mutex_unlock(&m->tower_lock);
+    pthread_mutex_unlock(&m->backend_lock);
     free(feat);
     if (rc) g4_soft_tokens_free(out);
     return rc ? -1 : 0;

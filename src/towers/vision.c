@@ -379,9 +379,9 @@ int g4_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens
         g4_soft_tokens_free(out);
         return g4_fail(err, "out of memory");
     }
-    pthread_mutex_lock(&m->tower_lock);
+    pthread_mutex_lock(&m->backend_lock);
     int rc = g4_vision_encode(m->vision, &pp, out->rows, NULL, err);
-    pthread_mutex_unlock(&m->tower_lock);
+    pthread_mutex_unlock(&m->backend_lock);
     out->n_blocks = 1;
     out->block_tokens[0] = out->n_tokens = pp.n_tokens;
     g4_image_patches_free(&pp);
