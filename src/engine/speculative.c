@@ -124,7 +124,8 @@ int g4_drafter_n_draft(const g4_drafter *d) { return d ? d->n_draft : 0; }
 
 void g4_spec_free(g4_spec *s) {
     if (!s) return;
-    pthread_mutex_lock(&s->ctx->model->backend_lock);
+    g4_model *main = (g4_model *)s->d->main; /* outlives the drafter (the context may be gone); its lock is mutable */
+    pthread_mutex_lock(&main->backend_lock);
     g4_backend *be = s->d->m->be;
     void *bufs[] = {s->xin, s->z, s->xn, s->o, s->zn, s->q, s->attn, s->gate, s->up, s->h0, s->cl, s->logits,
                     s->rope[0], s->rope[1], s->ints};
@@ -143,7 +144,7 @@ void g4_spec_free(g4_spec *s) {
     free(s->want);
     free(s->log_drafted);
     free(s->log_accepted);
-    pthread_mutex_unlock(&s->ctx->model->backend_lock);
+    pthread_mutex_unlock(&main->backend_lock);
     free(s);
 }
 
