@@ -20,12 +20,17 @@
  * - Handles are opaque. A function that can fail returns 0 (or a count) on success and -1 on
  *   failure with a one-line message in the caller's g4_error (err may be NULL). Nothing in the
  *   library calls exit() or abort() on bad input.
+ * - A NULL handle, or NULL for a pointer a call needs, is such a failure (the message names the call
+ *   and the argument); getters then return 0, -1 or NULL as their kind of "none", and void calls
+ *   (the *_free ones among them) do nothing.
  * - Parameter structs are zero-initialized for the defaults; a NULL params pointer means the
  *   defaults too. Fields are only ever added at the end.
  * - Text is UTF-8. Memory the library hands over (char *, id arrays) is released with g4_free.
  * - A model, tokenizer or chat template may be used from several threads at once; a context
  *   (with the generations on it), a chat, a sampler and a detok stream belong to one thread at
  *   a time, except g4_generation_cancel, which may be called from any thread or a signal handler.
+ *   Contexts of one model on several threads take turns for each batch step (a step uses all of the
+ *   model's threads), as do its drafters and its image and audio encoding.
  */
 #ifndef GEMMA4C_H
 #define GEMMA4C_H
@@ -370,7 +375,7 @@ G4_API int g4_detokenize(const g4_tokenizer *tok, const int32_t *ids, size_t n, 
 /* Streaming decode: push one id at a time, get the newly printable text (never a broken UTF-8
  * sequence); the outputs concatenated equal g4_detokenize of the whole sequence. */
 typedef struct g4_detok_stream g4_detok_stream;
-G4_API g4_detok_stream *g4_detok_stream_new(const g4_tokenizer *tok, int skip_special); /* NULL: no memory */
+G4_API g4_detok_stream *g4_detok_stream_new(const g4_tokenizer *tok, int skip_special); /* NULL: no memory, or tok NULL */
 /* *text stays valid until the next call on s. */
 G4_API int g4_detok_stream_push(g4_detok_stream *s, int32_t id, const char **text, size_t *len, g4_error *err);
 G4_API int g4_detok_stream_flush(g4_detok_stream *s, const char **text, size_t *len);
@@ -651,7 +656,8 @@ G4_API const char *g4_generation_error(const g4_generation *g);
  * events g4_generation_next would give, to its callback, from inside g4_scheduler_step, ending with
  * G4_EVENT_FINISH. On a backend whose ops are batch invariant (the CPU) a generation's tokens do not
  * depend on what it was batched with, preempted or resumed from the cache.
- * The scheduler takes every sequence of ctx; create ctx with n_seq_max requests at once, kv_history
+ * The scheduler takes every sequence of ctx: while it exists, g4_generation_start, g4_chat_start, g4_embed,
+ * g4_spec_new and a second g4_scheduler_new on ctx fail. Create ctx with n_seq_max requests at once, kv_history
  * -1 (nothing is rolled back) and n_kv_blocks for the memory. g4_scheduler_submit* and
  * g4_generation_cancel may be called from any thread, g4_scheduler_step from one at a time. */
 typedef struct g4_scheduler g4_scheduler;

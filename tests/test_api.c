@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "gemma4c.h"
@@ -398,6 +399,59 @@ static void test_embed(g4_model *m, const reference *r) {
     g4_context_free(ctx);
 }
 
+/* ------------------------------------------------ contexts of one model in threads */
+
+typedef struct {
+    g4_model *m;
+    const reference *r;
+    int rounds, same;
+} ctx_thread;
+
+static void *generate_on_own_context(void *arg) {
+    ctx_thread *t = arg;
+    g4_error err;
+    g4_context *ctx;
+    g4_context_params cp = {.n_ctx = 128, .n_batch = 16};
+    if (g4_context_new(t->m, &cp, &ctx, &err)) return NULL;
+    g4_sampler_params sp = greedy_params();
+    g4_generation_params gp = {.max_new_tokens = (int)t->r->n_greedy, .sampling = &sp, .ignore_eos = 1};
+    for (int i = 0; i < t->rounds; i++) {
+        g4_generation *g;
+        int32_t got[64];
+        if (g4_generation_start(ctx, 0, t->r->ids, (int)t->r->n_ids, &gp, &g, &err)) break;
+        g4_seq_reset(ctx, 0); /* the whole prompt again (no cached prefix) */
+        int n = run_all(g, got, 64);
+        t->same += n == (int)t->r->n_greedy && !memcmp(got, t->r->greedy, (size_t)n * sizeof *got);
+        g4_generation_free(g);
+        g4_seq_reset(ctx, 0);
+    }
+    g4_context_free(ctx);
+    return NULL;
+}
+
+/* "A model may be used from several threads at once": contexts of one model generating in threads at the same
+ * time each get transformers' greedy ids (they shared the backend's thread pool and scratch, and got garbage). */
+static void test_threads(g4_model *m, const reference *r) {
+    enum { N = 3 };
+    pthread_t th[N];
+    ctx_thread t[N];
+    for (int i = 0; i < N; i++) {
+        t[i] = (ctx_thread){m, r, 4, 0};
+        pthread_create(&th[i], NULL, generate_on_own_context, &t[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 120; /* seconds here; the shared pool could also spin forever */
+        if (pthread_timedjoin_np(th[i], NULL, &until)) {
+            fprintf(stderr, "FAIL: contexts of one model in threads did not finish in 2 minutes\n");
+            _exit(1);
+        }
+        CHECKF(t[i].same == t[i].rounds, "thread %d: %d of %d generations gave the greedy ids", i, t[i].same,
+               t[i].rounds);
+    }
+}
+
 /* ------------------------------------------------------------------ errors */
 
 static void test_errors(g4_model *m, const reference *r) {
@@ -461,6 +515,7 @@ int main(void) {
     sampled_candidates(m, &r, 1);
     test_steps_logprobs(m, &r);
     test_embed(m, &r);
+    test_threads(m, &r);
     test_errors(m, &r);
     g4_model_free(m);
     free_reference(&r);

@@ -49,6 +49,13 @@ check $? "the C example builds outside the tree with pkg-config ($(cat "$tmp/cc.
 "$tmp/chat" "$m" "$user" 48 >"$tmp/c.txt"
 check $? "the C example runs"
 cmp -s "$tmp/run.txt" "$tmp/c.txt"; check $? "the C example prints exactly what run prints"
+# linked with libgemma4c.a and what `pkg-config --static --libs` lists besides, as docs/api.md says
+# shellcheck disable=SC2086,SC2046
+$cc -std=c11 -Wall -Werror ${G4_EXAMPLE_CFLAGS:-} "$tmp/chat.c" -o "$tmp/chat_static" $(pkg-config --cflags gemma4c) \
+    "$libdir/libgemma4c.a" $(pkg-config --static --libs gemma4c | sed 's/-lgemma4c\b//') 2>"$tmp/cc_static.log"
+check $? "the C example links libgemma4c.a with pkg-config --static ($(head -c 300 "$tmp/cc_static.log"))"
+"$tmp/chat_static" "$m" "$user" 48 >"$tmp/c_static.txt" && cmp -s "$tmp/run.txt" "$tmp/c_static.txt"
+check $? "the statically linked C example prints exactly what run prints"
 # shellcheck disable=SC2046
 $cc -std=c11 -Wall -Werror ${G4_EXAMPLE_CFLAGS:-} "$src/tests/abi_layout.c" -o "$tmp/abi_layout" \
     $(pkg-config --cflags --libs gemma4c) -Wl,-rpath,"$libdir" && "$tmp/abi_layout" >"$tmp/abi.json"

@@ -50,7 +50,9 @@ int g4_chat_template_load_string(const char *source, size_t len, const char *bos
 
 int g4_chat_template_load_file(const char *jinja_path, const char *bos_token,
                                const char *eos_token, g4_chat_template **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(jinja_path, err);
     char *src;
     size_t len;
     if (g4_read_file(jinja_path, &src, &len, err)) return -1;
@@ -108,7 +110,10 @@ static int load_config(const char *path, json_t **config, g4_error *err) {
 
 int g4_chat_template_load_file_config(const char *jinja_path, const char *tokenizer_config,
                                       g4_chat_template **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(jinja_path, err);
+    G4_ARG(tokenizer_config, err);
     json_t *config = NULL;
     if (load_config(tokenizer_config, &config, err)) return -1;
     json_t *tokens = tokens_from_config(config);
@@ -212,6 +217,9 @@ done:
 }
 
 int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_error *err) {
+    G4_ARG(out, err);
+    *out = NULL;
+    G4_ARG(model_dir, err);
     return load_dir(model_dir, 0, out, err);
 }
 

@@ -50,6 +50,7 @@ static int read_request(g4_chat *c, const json_t *in, g4_error *err) {
 }
 
 int g4_chat_new(const g4_chat_template *t, const char *request_json, g4_chat **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
     if (!t) return g4_fail(err, "no chat template (the model folder has none)");
     g4_chat *c = calloc(1, sizeof *c);
@@ -91,6 +92,7 @@ int g4_chat_add_object(g4_chat *c, json_t *message, g4_error *err) {
 }
 
 int g4_chat_add(g4_chat *c, const char *role, const char *content, g4_error *err) {
+    G4_ARG(c, err);
     if (!role || !content) return g4_fail(err, "a message needs a role and a content");
     json_t *m = json_pack("{s:s,s:s}", "role", role, "content", content);
     if (!m) return g4_fail(err, "the message is not valid UTF-8");
@@ -98,6 +100,7 @@ int g4_chat_add(g4_chat *c, const char *role, const char *content, g4_error *err
 }
 
 int g4_chat_add_json(g4_chat *c, const char *message_json, g4_error *err) {
+    G4_ARG(c, err);
     json_error_t je;
     json_t *m = message_json ? json_loads(message_json, JSON_ALLOW_NUL, &je) : NULL;
     if (!m) return g4_fail(err, "message: invalid JSON: %s", message_json ? je.text : "NULL");
@@ -105,22 +108,29 @@ int g4_chat_add_json(g4_chat *c, const char *message_json, g4_error *err) {
 }
 
 void g4_chat_pop(g4_chat *c) {
+    if (!c) return;
     size_t n = json_array_size(c->messages);
     if (n) json_array_remove(c->messages, n - 1);
 }
 
-void g4_chat_clear(g4_chat *c) { json_array_clear(c->messages); }
+void g4_chat_clear(g4_chat *c) {
+    if (c) json_array_clear(c->messages);
+}
 
-int g4_chat_n_messages(const g4_chat *c) { return (int)json_array_size(c->messages); }
+int g4_chat_n_messages(const g4_chat *c) { return c ? (int)json_array_size(c->messages) : 0; }
 
 static int render(const g4_chat *c, int add_generation_prompt, const g4_jinja_limits *limits, char **out, size_t *len,
                   g4_error *err) {
+    if (!out) return g4_fail(err, "g4_chat_render: out is NULL");
+    *out = NULL;
+    if (len) *len = 0;
+    if (!c) return g4_fail(err, "g4_chat_render: c is NULL");
     g4_chat_options opt = {c->tools, add_generation_prompt, c->enable_thinking, c->kwargs, limits};
     return g4_chat_template_render(c->t, c->messages, &opt, out, len, err);
 }
 
 int g4_chat_render(const g4_chat *c, char **out, size_t *len, g4_error *err) {
-    return render(c, c->add_generation_prompt, NULL, out, len, err);
+    return render(c, c && c->add_generation_prompt, NULL, out, len, err);
 }
 
 int g4_chat_render_limited(const g4_chat *c, const g4_jinja_limits *limits, char **out, size_t *len, g4_error *err) {

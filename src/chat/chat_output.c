@@ -543,7 +543,9 @@ static int accum_piece(g4_event_kind kind, const char *text, size_t len, void *u
 }
 
 int g4_chat_parse(const char *text, size_t len, g4_chat_message *out, g4_error *err) {
+    G4_ARG(out, err);
     memset(out, 0, sizeof *out);
+    if (!text && len) return g4_fail(err, "g4_chat_parse: text is NULL (%zu bytes)", len);
     g4_chat_accum acc = {0};
     g4_chat_parser *p = g4_chat_parser_new(accum_piece, &acc);
     int rc = !p ? g4_fail(err, "chat output: out of memory")

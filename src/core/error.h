@@ -9,6 +9,13 @@
 /* Prefixes an existing message: "context: old message". Returns -1. */
 int g4_fail_prefix(g4_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* A public entry point's check of a pointer argument: NULL is an error naming the call and the argument
+ * ("g4_decode: batch is NULL"). */
+#define G4_ARG(p, err)                                                                                         \
+    do {                                                                                                       \
+        if (!(p)) return g4_fail((err), "%s: %s is NULL", __func__, #p);                                      \
+    } while (0)
+
 /* Overflow-checked size arithmetic: return 0 on overflow. */
 static inline int g4_mul_ok(size_t a, size_t b, size_t *out) {
     return !__builtin_mul_overflow(a, b, out);

@@ -97,10 +97,15 @@ oom:
 }
 
 int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(model, err);
     g4_context_params p = {0};
     if (params) p = *params;
     const g4_text_config *c = &model->cfg.text;
+    if (p.n_seq_max < 0 || p.n_ctx < 0 || p.n_batch < 0 || p.kv_block_size < 0)
+        return g4_fail(err, "negative context size (n_seq_max %d, n_ctx %d, n_batch %d, kv_block_size %d; 0 takes "
+                            "the default)", p.n_seq_max, p.n_ctx, p.n_batch, p.kv_block_size);
     if (p.n_seq_max <= 0) p.n_seq_max = 1;
     if (p.n_ctx <= 0) p.n_ctx = c->max_position_embeddings < 8192 ? c->max_position_embeddings : 8192;
     if (p.n_batch <= 0) p.n_batch = 512;
@@ -138,11 +143,13 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
         g4_fail(err, "out of memory");
         goto fail;
     }
-    if (g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
-                         p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
-                         p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks, err))
-        goto fail;
-    if (scratch_alloc(ctx, err)) goto fail;
+    pthread_mutex_lock(&model->backend_lock);
+    int rc = g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
+                              p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
+                              p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks, err) ||
+             scratch_alloc(ctx, err);
+    pthread_mutex_unlock(&model->backend_lock);
+    if (rc) goto fail;
     *out = ctx;
     return 0;
 fail:
@@ -153,9 +160,11 @@ fail:
 void g4_context_free(g4_context *ctx) {
     if (!ctx) return;
     g4_backend *be = ctx->model->be;
+    pthread_mutex_lock(&ctx->model->backend_lock);
     if (be->ops->graph_forget) be->ops->graph_forget(be, ctx); /* recordings of this context's steps */
     scratch_free(ctx);
     if (ctx->kv.layers) g4_kv_cache_free(&ctx->kv);
+    pthread_mutex_unlock(&ctx->model->backend_lock);
     free(ctx->pos_host);
     free(ctx->rows_host);
     free(ctx->zero_seq);
@@ -168,16 +177,17 @@ void g4_context_free(g4_context *ctx) {
     free(ctx);
 }
 
-int g4_context_n_ctx(const g4_context *ctx) { return ctx->n_ctx; }
-g4_model *g4_context_model(const g4_context *ctx) { return ctx->model; }
+int g4_context_n_ctx(const g4_context *ctx) { return ctx ? ctx->n_ctx : 0; }
+g4_model *g4_context_model(const g4_context *ctx) { return ctx ? ctx->model : NULL; }
 
 void g4_seq_reset(g4_context *ctx, int seq) {
-    if (seq < 0 || seq >= ctx->n_seq) return;
+    if (!ctx || seq < 0 || seq >= ctx->n_seq) return;
     g4_kv_cache_drop(&ctx->kv, seq, 0);
     ctx->kv.seq_len[seq] = 0;
 }
 
 int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err) {
+    G4_ARG(ctx, err);
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     int len = ctx->kv.seq_len[seq];
     if (n < 0 || n > len) return g4_fail(err, "cannot truncate sequence %d of %d positions to %d", seq, len, n);
@@ -190,20 +200,20 @@ int g4_seq_truncate(g4_context *ctx, int seq, int n, g4_error *err) {
 }
 
 int g4_seq_length(const g4_context *ctx, int seq) {
-    return (seq >= 0 && seq < ctx->n_seq) ? ctx->kv.seq_len[seq] : -1;
+    return (ctx && seq >= 0 && seq < ctx->n_seq) ? ctx->kv.seq_len[seq] : -1;
 }
 
 const int32_t *g4_seq_tokens(const g4_context *ctx, int seq, int *n) {
-    if (seq < 0 || seq >= ctx->n_seq) {
-        *n = 0;
+    if (!ctx || seq < 0 || seq >= ctx->n_seq) {
+        if (n) *n = 0;
         return NULL;
     }
-    *n = ctx->kv.seq_len[seq];
+    if (n) *n = ctx->kv.seq_len[seq];
     return ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx;
 }
 
 int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int n) {
-    if (seq < 0 || seq >= ctx->n_seq || ctx->kv.seq_len[seq] != 0 || n <= 0) return 0;
+    if (!ctx || !ids || seq < 0 || seq >= ctx->n_seq || ctx->kv.seq_len[seq] != 0 || n <= 0) return 0;
     if (n > ctx->n_ctx) n = ctx->n_ctx;
     int k = g4_kv_cache_reuse(&ctx->kv, seq, ids, n);
     memcpy(ctx->seq_tokens + (size_t)seq * (size_t)ctx->n_ctx, ids, (size_t)k * sizeof *ids);
@@ -211,14 +221,16 @@ int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int n) {
 }
 
 int g4_kv_free_blocks(const g4_context *ctx) {
+    if (!ctx) return 0;
     const g4_kv_pool *p = &ctx->kv.pool[G4_LAYER_FULL];
     if (!p->used) p = &ctx->kv.pool[G4_LAYER_SLIDING];
     return p->n_free;
 }
 
-size_t g4_kv_bytes(const g4_context *ctx) { return ctx->kv.bytes; }
+size_t g4_kv_bytes(const g4_context *ctx) { return ctx ? ctx->kv.bytes : 0; }
 
 void g4_context_capture(g4_context *ctx, float *hidden_per_layer, float *final_norm) {
+    if (!ctx) return;
     ctx->capture_hidden = hidden_per_layer;
     ctx->capture_final = final_norm;
 }
@@ -235,12 +247,15 @@ static int in_block(const g4_model *m, int32_t id) {
 }
 
 int g4_count_soft_tokens(const g4_model *m, const int32_t *ids, int n) {
+    if (!m || !ids) return 0;
     int k = 0;
     for (int i = 0; i < n; i++) k += g4_mm_placeholder(m, ids[i]) != 0;
     return k;
 }
 
 int g4_step_length(const g4_model *m, const int32_t *ids, int n, int max, g4_error *err) {
+    G4_ARG(m, err);
+    G4_ARG(ids, err);
     if (max <= 0) return g4_fail(err, "a step of %d tokens", max);
     if (n <= max) return n;
     int end = max;
@@ -303,13 +318,14 @@ static int64_t first_nan(const float *x, size_t n) {
 }
 
 /* Checks a batch, gives its tokens their positions, takes their KV blocks and runs the forward pass. */
-static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_candidates *cand,
-                  g4_error *err) {
+static int decode_locked(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_candidates *cand,
+                         g4_error *err) {
     const int n = b->n_tokens;
     const g4_text_config *c = &ctx->model->cfg.text;
     const int V = c->vocab_size;
     if (n <= 0) return g4_fail(err, "empty batch");
     if (n > ctx->n_batch) return g4_fail(err, "batch of %d tokens exceeds the context's limit of %d", n, ctx->n_batch);
+    if (!b->token) return g4_fail(err, "a batch of %d tokens without its token array", n);
     const int32_t *seq = b->seq ? b->seq : ctx->zero_seq;
     int *added = ctx->seq_added;
     memset(added, 0, (size_t)ctx->n_seq * sizeof *added);
@@ -376,6 +392,16 @@ static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *id
         g4_kv_cache_commit(&ctx->kv, s, ctx->seq_tokens + (size_t)s * (size_t)ctx->n_ctx, ctx->kv.seq_len[s]);
     }
     return 0;
+}
+
+/* Contexts of one model share its backend: their steps take turns. */
+static int decode(g4_context *ctx, const g4_batch *b, float *logits, int32_t *ids, g4_candidates *cand,
+                  g4_error *err) {
+    if (!ctx || !b) return g4_fail(err, "g4_decode: %s is NULL", ctx ? "the batch" : "the context");
+    pthread_mutex_lock(&ctx->model->backend_lock);
+    int rc = decode_locked(ctx, b, logits, ids, cand, err);
+    pthread_mutex_unlock(&ctx->model->backend_lock);
+    return rc;
 }
 
 int g4_decode(g4_context *ctx, const g4_batch *b, float *logits, g4_error *err) {

@@ -38,6 +38,7 @@ typedef struct g4_scratch {
 struct g4_context {
     g4_model *model;
     int n_seq, n_ctx, n_batch;
+    const void *scheduler; /* the g4_scheduler that took every sequence, or NULL */
     int max_keys[G4_LAYER_TYPES]; /* most keys a token of the step sees, per layer type (set by g4_decode) */
     int max_seq_tokens;           /* the most tokens one sequence has in the step (set by g4_decode) */
     const int32_t *step_kv_end;   /* the step's kv_end in backend memory, or NULL */

@@ -8,6 +8,12 @@
 #include "engine/context.h"
 
 int g4_embed(g4_context *ctx, int seq, const int32_t *ids, int n_ids, float *out, g4_error *err) {
+    G4_ARG(ctx, err);
+    G4_ARG(ids, err);
+    G4_ARG(out, err);
+    if (ctx->scheduler)
+        return g4_fail(err, "the context's sequences belong to its scheduler: submit the request there "
+                            "(g4_scheduler_submit_embed)");
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     if (n_ids <= 0) return g4_fail(err, "nothing to embed: no token ids");
     if (n_ids > ctx->n_ctx)

@@ -306,6 +306,8 @@ static int step(g4_generation *g) {
 }
 
 int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
+    G4_ARG(g, err);
+    G4_ARG(ev, err);
     if (g->scheduled) return g4_fail(err, "a scheduled generation hands its events to its callback");
     if (g->broken) {
         if (err) *err = g->err;
@@ -327,6 +329,7 @@ int g4_generation_next(g4_generation *g, g4_event *ev, g4_error *err) {
 }
 
 int g4_generation_step(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err) {
+    G4_ARG(g, err);
     g4_event ev;
     int rc, stepped = 0;
     /* the events already queued, then one step's (g4_generation_next steps when the queue is empty) */
@@ -342,6 +345,7 @@ int g4_generation_step(g4_generation *g, g4_event_fn on_event, void *user, g4_er
 }
 
 int g4_generation_run(g4_generation *g, g4_event_fn on_event, void *user, g4_error *err) {
+    G4_ARG(g, err);
     g4_event ev;
     int rc;
     while ((rc = g4_generation_next(g, &ev, err)) == 1)
@@ -349,20 +353,22 @@ int g4_generation_run(g4_generation *g, g4_event_fn on_event, void *user, g4_err
     return rc;
 }
 
-void g4_generation_cancel(g4_generation *g) { atomic_store_explicit(&g->cancel, 1, memory_order_relaxed); }
-
-g4_finish g4_generation_finish(const g4_generation *g) { return g->finish; }
-
-const int32_t *g4_generation_tokens(const g4_generation *g, int *n) {
-    *n = g->n_ids;
-    return g->ids;
+void g4_generation_cancel(g4_generation *g) {
+    if (g) atomic_store_explicit(&g->cancel, 1, memory_order_relaxed);
 }
 
-int g4_generation_n_cached(const g4_generation *g) { return g->n_cached; }
+g4_finish g4_generation_finish(const g4_generation *g) { return g ? g->finish : G4_FINISH_NONE; }
+
+const int32_t *g4_generation_tokens(const g4_generation *g, int *n) {
+    if (n) *n = g ? g->n_ids : 0;
+    return g ? g->ids : NULL;
+}
+
+int g4_generation_n_cached(const g4_generation *g) { return g ? g->n_cached : 0; }
 
 int g4_generation_logprobs(const g4_generation *g, g4_token_logprob *chosen, const g4_token_logprob **top,
                            int *n_top) {
-    if (!g->have_logprobs) return -1;
+    if (!g || !g->have_logprobs) return -1;
     if (chosen) *chosen = g->chosen;
     if (top) *top = g->top;
     if (n_top) *n_top = g->n_top;
@@ -370,12 +376,20 @@ int g4_generation_logprobs(const g4_generation *g, g4_token_logprob *chosen, con
 }
 
 void g4_generation_rounds(const g4_generation *g, const int **drafted, const int **accepted, int *n) {
+    const int *d_unused, *a_unused;
+    int n_unused;
+    if (!drafted) drafted = &d_unused;
+    if (!accepted) accepted = &a_unused;
+    if (!n) n = &n_unused;
     *drafted = *accepted = NULL;
     *n = 0;
-    if (g->spec) g4_spec_rounds(g->spec, drafted, accepted, n);
+    if (g && g->spec) g4_spec_rounds(g->spec, drafted, accepted, n);
 }
 
 int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error *err) {
+    G4_ARG(out, err);
+    memset(out, 0, sizeof *out);
+    G4_ARG(g, err);
     return g4_chat_accum_message(&g->out, out, err);
 }
 
@@ -441,6 +455,9 @@ static int setup(g4_generation *g, const g4_generation_params *p, int n_ctx, g4_
     g->ignore_eos = p->ignore_eos;
     if (p->max_new_tokens < 0 || p->n_stop_ids < 0 || p->n_stop_strings < 0)
         return g4_fail(err, "generation: negative max_new_tokens, n_stop_ids or n_stop_strings");
+    if ((p->n_stop_ids && !p->stop_ids) || (p->n_stop_strings && !p->stop_strings))
+        return g4_fail(err, "generation: %d stop ids and %d stop strings without their arrays", p->n_stop_ids,
+                       p->n_stop_strings);
     if (p->top_logprobs < 0 || p->top_logprobs > G4_MAX_TOP_LOGPROBS)
         return g4_fail(err, "generation: top_logprobs must be 0..%d, got %d", G4_MAX_TOP_LOGPROBS, p->top_logprobs);
     g->logprobs = p->logprobs != 0;
@@ -537,11 +554,17 @@ static g4_generation *generation_new(const g4_model *m, const int32_t *prompt, i
 
 int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt,
                         const g4_generation_params *params, g4_generation **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(ctx, err);
+    if (ctx->scheduler)
+        return g4_fail(err, "the context's sequences belong to its scheduler: submit the request there "
+                            "(g4_scheduler_submit)");
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     g4_generation_params none = {0};
     const g4_generation_params *p = params ? params : &none;
-    if (p->n_media < 0) return g4_fail(err, "generation: negative n_media");
+    if (p->n_media < 0 || (p->n_media && !p->media))
+        return g4_fail(err, "generation: n_media %d with media %s", p->n_media, p->media ? "given" : "NULL");
     if (p->n_media && p->drafter) /* the speculative prefill feeds token ids only */
         return g4_fail(err, "speculative decoding does not take images or audio yet: drop the drafter");
     g4_generation *g = generation_new(ctx->model, prompt, n_prompt, err);
@@ -658,10 +681,10 @@ void g4_generation_release(g4_generation *g) {
     }
 }
 
-const char *g4_generation_error(const g4_generation *g) { return g->broken ? g->err.msg : NULL; }
+const char *g4_generation_error(const g4_generation *g) { return g && g->broken ? g->err.msg : NULL; }
 
 const float *g4_generation_embedding(const g4_generation *g) {
-    return g->embedding && g->finish == G4_FINISH_STOP ? g->embedding : NULL;
+    return g && g->embedding && g->finish == G4_FINISH_STOP ? g->embedding : NULL;
 }
 
 /* ------------------------------------------------------------- chat replies */
@@ -679,7 +702,10 @@ int g4_chat_reply_prompt(const g4_chat *c, const g4_model *m, g4_tokens *toks, g
 
 int g4_chat_start(const g4_chat *c, g4_context *ctx, int seq, const g4_generation_params *params,
                   g4_generation **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(c, err);
+    G4_ARG(ctx, err);
     g4_tokens toks = {0};
     int rc = -1;
     if (g4_chat_reply_prompt(c, ctx->model, &toks, err) == 0) {
@@ -693,6 +719,8 @@ int g4_chat_start(const g4_chat *c, g4_context *ctx, int seq, const g4_generatio
 }
 
 int g4_chat_add_reply(g4_chat *c, const g4_generation *g, g4_error *err) {
+    G4_ARG(c, err);
+    G4_ARG(g, err);
     g4_chat_message m;
     if (g4_generation_message(g, &m, err)) return -1;
     json_t *msg = json_pack("{s:s,s:s}", "role", "assistant", "content", m.content);

@@ -121,6 +121,7 @@ static uint64_t rng_next(uint64_t st[4]) {
 static double rng_uniform(uint64_t st[4]) { return (double)(rng_next(st) >> 11) * 0x1.0p-53; }
 
 void g4_sampler_seed(g4_sampler *s, uint64_t seed) {
+    if (!s) return;
     uint64_t x = seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64_next(&x);
 }
@@ -390,6 +391,7 @@ static float row_max(const float *x, int n) {
 /* ------------------------------------------------------------------ parameters */
 
 void g4_sampler_params_default(g4_sampler_params *p) {
+    if (!p) return;
     memset(p, 0, sizeof *p);
     p->temperature = 1.0f;
     p->top_k = 0;
@@ -469,6 +471,7 @@ void g4_sampler_free(g4_sampler *s) {
 }
 
 int g4_sampler_new(const g4_sampler_params *p, int vocab_size, g4_sampler **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
     if (vocab_size <= 0) return g4_fail(err, "sampler: vocabulary size must be > 0, got %d", vocab_size);
     if (g4_sampler_params_check(p, vocab_size, err)) return -1;
@@ -619,7 +622,7 @@ int g4_sampler_rewind(g4_sampler *s, int n) {
 }
 
 void g4_sampler_accept_many(g4_sampler *s, const int32_t *ids, int n) {
-    for (int i = 0; i < n; i++) g4_sampler_accept(s, ids[i]);
+    for (int i = 0; ids && i < n; i++) g4_sampler_accept(s, ids[i]);
 }
 
 void g4_sampler_reset(g4_sampler *s) {
@@ -1071,7 +1074,7 @@ static int32_t run(g4_sampler *s, const float *logits, float *probs, int *n_nonz
     return r;
 }
 
-int32_t g4_sampler_sample(g4_sampler *s, const float *logits) { return run(s, logits, NULL, NULL); }
+int32_t g4_sampler_sample(g4_sampler *s, const float *logits) { return s && logits ? run(s, logits, NULL, NULL) : -1; }
 
 /* The modified ids of this step in mods_build's order (static ones, then the history's others), when there are
  * any; returns their number. */

@@ -139,7 +139,9 @@ static long blocks_for(const g4_scheduler *s, int n) { return (n + s->ctx->kv.bl
 
 static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generation_params *params, int embed,
                   g4_event_fn on_event, void *user, g4_generation **out, g4_error *err) {
+    if (!out) return g4_fail(err, "g4_scheduler_submit: out is NULL");
     *out = NULL;
+    if (!s) return g4_fail(err, "g4_scheduler_submit: s is NULL");
     g4_generation *g;
     if (g4_generation_new_scheduled(s->ctx->model, s->ctx->n_ctx, ids, n, params, embed, on_event, user, &g, err))
         return -1;
@@ -185,7 +187,10 @@ int g4_scheduler_submit(g4_scheduler *s, const int32_t *prompt, int n_prompt, co
 
 int g4_scheduler_submit_chat(g4_scheduler *s, const g4_chat *c, const g4_generation_params *params,
                              g4_event_fn on_event, void *user, g4_generation **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(s, err);
+    G4_ARG(c, err);
     g4_tokens toks = {0};
     int rc = -1;
     if (g4_chat_reply_prompt(c, s->ctx->model, &toks, err) == 0) {
@@ -200,13 +205,18 @@ int g4_scheduler_submit_chat(g4_scheduler *s, const g4_chat *c, const g4_generat
 
 int g4_scheduler_submit_embed(g4_scheduler *s, const int32_t *ids, int n_ids, g4_event_fn on_event, void *user,
                               g4_generation **out, g4_error *err) {
+    if (out) *out = NULL;
+    G4_ARG(s, err);
     return submit(s, ids, n_ids, NULL, 1, on_event, user, out, err);
 }
 
 /* ------------------------------------------------------------------ lifecycle */
 
 int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(ctx, err);
+    if (ctx->scheduler) return g4_fail(err, "the context already has a scheduler (it takes every sequence)");
     g4_scheduler *s = calloc(1, sizeof *s);
     if (!s) return g4_fail(err, "out of memory");
     s->ctx = ctx;
@@ -242,6 +252,7 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
         return g4_fail(err, "out of memory for a scheduler of %d sequences", ctx->n_seq);
     }
     for (int q = 0; q < s->n_seq; q++) g4_seq_reset(ctx, q);
+    ctx->scheduler = s;
     *out = s;
     return 0;
 }
@@ -250,6 +261,7 @@ static void finish(g4_scheduler *s, request *r, g4_finish why);
 
 void g4_scheduler_free(g4_scheduler *s) {
     if (!s) return;
+    if (s->ctx && s->ctx->scheduler == s) s->ctx->scheduler = NULL;
     while (s->n_running > 0) finish(s, s->run_list[s->n_running - 1], G4_FINISH_CANCELLED);
     while (s->w_count > 0) {
         request *r = queue_at(s, 0);
@@ -279,6 +291,9 @@ void g4_scheduler_free(g4_scheduler *s) {
 }
 
 void g4_scheduler_get_stats(const g4_scheduler *s, g4_scheduler_stats *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!s) return;
     g4_scheduler *m = (g4_scheduler *)s;
     pthread_mutex_lock(&m->lock);
     *out = s->stats;
@@ -455,6 +470,7 @@ static void fit_plan(g4_scheduler *s) {
 }
 
 int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
+    G4_ARG(s, err);
     g4_context *ctx = s->ctx;
     drop_cancelled(s);
     /* which kind of step: embeddings and generations alternate when both have work */

@@ -87,7 +87,10 @@ done:
 }
 
 int g4_drafter_load(const char *dir, g4_model *main, g4_drafter **out, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(dir, err);
+    G4_ARG(main, err);
     g4_drafter *d = calloc(1, sizeof *d);
     if (!d) return g4_fail(err, "out of memory");
     d->main = main;
@@ -115,12 +118,14 @@ void g4_drafter_free(g4_drafter *d) {
     free(d);
 }
 
-int g4_drafter_n_draft(const g4_drafter *d) { return d->n_draft; }
+int g4_drafter_n_draft(const g4_drafter *d) { return d ? d->n_draft : 0; }
 
 /* ------------------------------------------------------------------ the state of one sequence */
 
 void g4_spec_free(g4_spec *s) {
     if (!s) return;
+    g4_model *main = (g4_model *)s->d->main; /* outlives the drafter (the context may be gone); its lock is mutable */
+    pthread_mutex_lock(&main->backend_lock);
     g4_backend *be = s->d->m->be;
     void *bufs[] = {s->xin, s->z, s->xn, s->o, s->zn, s->q, s->attn, s->gate, s->up, s->h0, s->cl, s->logits,
                     s->rope[0], s->rope[1], s->ints};
@@ -139,6 +144,7 @@ void g4_spec_free(g4_spec *s) {
     free(s->want);
     free(s->log_drafted);
     free(s->log_accepted);
+    pthread_mutex_unlock(&main->backend_lock);
     free(s);
 }
 
@@ -146,9 +152,13 @@ void g4_spec_free(g4_spec *s) {
  * this many, and the verification step must fit the context's batch. */
 #define HEURISTIC_MAX_DRAFTS 64
 
-int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
+static int g4_spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
                 g4_error *err) {
+    if (!out) return g4_fail(err, "g4_spec_new: out is NULL");
     *out = NULL;
+    if (!ctx) return g4_fail(err, "g4_spec_new: ctx is NULL");
+    if (!d) return g4_fail(err, "g4_spec_new: d is NULL");
+    if (ctx->scheduler) return g4_fail(err, "the context's sequences belong to its scheduler");
     g4_spec_params p = {0};
     if (params) p = *params;
     if (ctx->model != d->main) return g4_fail(err, "the context belongs to another model than the drafter's");
@@ -273,7 +283,10 @@ static int draft(g4_spec *s, int32_t last, int c, int k, g4_error *err) {
 }
 
 
-int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
+static int g4_spec_prefill_locked(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
+    if (!s) return g4_fail(err, "g4_spec_prefill: s is NULL");
+    if (!prompt) return g4_fail(err, "g4_spec_prefill: prompt is NULL");
+    if (!logits) return g4_fail(err, "g4_spec_prefill: logits is NULL");
     g4_context *ctx = s->ctx;
     g4_backend *be = ctx->model->be;
     const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
@@ -375,8 +388,11 @@ static int log_round(g4_spec *s, int drafted, int accepted, g4_error *err) {
     return 0;
 }
 
-int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err) {
+static int g4_spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err) {
+    if (!n_out) return g4_fail(err, "g4_spec_round: n_out is NULL");
     *n_out = 0;
+    if (!s) return g4_fail(err, "g4_spec_round: s is NULL");
+    if (!out) return g4_fail(err, "g4_spec_round: out is NULL");
     g4_context *ctx = s->ctx;
     g4_backend *be = ctx->model->be;
     const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
@@ -466,12 +482,14 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
 }
 
 void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted, int *n) {
-    *drafted = s->log_drafted;
-    *accepted = s->log_accepted;
-    *n = s->n_rounds;
+    if (drafted) *drafted = s ? s->log_drafted : NULL;
+    if (accepted) *accepted = s ? s->log_accepted : NULL;
+    if (n) *n = s ? s->n_rounds : 0;
 }
 
-int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
+static int g4_spec_draft_locked(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
+    if (!s) return g4_fail(err, "g4_spec_draft: s is NULL");
+    if (!drafts) return g4_fail(err, "g4_spec_draft: drafts is NULL");
     if (!s->ready) return g4_fail(err, "speculative decoding: run the prompt first (g4_spec_prefill)");
     if (k < 0 || k > s->cap) return g4_fail(err, "%d drafts: at most %d", k, s->cap);
     if (last < 0 || last >= s->ctx->model->cfg.text.vocab_size)
@@ -485,4 +503,42 @@ int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *er
     memcpy(drafts, s->drafts, (size_t)k * sizeof *drafts);
     s->n_pending = -1;
     return 0;
+}
+
+/* The drafter runs on its main model's backend: its steps take turns with the contexts' (g4_decode). */
+int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
+    G4_ARG(s, err);
+    pthread_mutex_lock(&s->ctx->model->backend_lock);
+    int rc = g4_spec_prefill_locked(s, prompt, n_prompt, logits, err);
+    pthread_mutex_unlock(&s->ctx->model->backend_lock);
+    return rc;
+}
+
+int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err) {
+    G4_ARG(n_out, err);
+    *n_out = 0;
+    G4_ARG(s, err);
+    pthread_mutex_lock(&s->ctx->model->backend_lock);
+    int rc = g4_spec_round_locked(s, last, budget, smp, out, n_out, err);
+    pthread_mutex_unlock(&s->ctx->model->backend_lock);
+    return rc;
+}
+
+int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
+    G4_ARG(s, err);
+    pthread_mutex_lock(&s->ctx->model->backend_lock);
+    int rc = g4_spec_draft_locked(s, last, k, drafts, err);
+    pthread_mutex_unlock(&s->ctx->model->backend_lock);
+    return rc;
+}
+
+int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
+                g4_error *err) {
+    G4_ARG(out, err);
+    *out = NULL;
+    G4_ARG(ctx, err);
+    pthread_mutex_lock(&ctx->model->backend_lock);
+    int rc = g4_spec_new_locked(ctx, seq, d, params, out, err);
+    pthread_mutex_unlock(&ctx->model->backend_lock);
+    return rc;
 }

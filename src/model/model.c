@@ -773,6 +773,7 @@ static double tbytes(const g4_tensor *t) {
 }
 
 G4_API double g4_model_decode_bytes(const g4_model *m, int pos, g4_kv_type kv_type) {
+    if (!m) return 0;
     const g4_text_config *c = &m->cfg.text;
     double b = tbytes(m->lm_head); /* the head reads every row (tied: the embedding table, one row of it again) */
     if (m->lm_head != m->embed) b += tbytes(m->embed) / (double)c->vocab_size;
@@ -799,6 +800,7 @@ static double now_s(void) {
 }
 
 G4_API double g4_model_copy_bandwidth(g4_model *m) {
+    if (!m) return 0;
     g4_backend *be = m->be;
     const size_t bytes = (size_t)1 << 30;
     void *a = be->ops->alloc(be, bytes), *b = be->ops->alloc(be, bytes);
@@ -819,12 +821,12 @@ G4_API double g4_model_copy_bandwidth(g4_model *m) {
     return best;
 }
 
-const char *g4_model_warnings(const g4_model *model) { return model->warnings; }
+const char *g4_model_warnings(const g4_model *model) { return model ? model->warnings : NULL; }
 
-int g4_model_vocab_size(const g4_model *m) { return m->cfg.text.vocab_size; }
-int g4_model_n_layers(const g4_model *m) { return m->cfg.text.n_layers; }
-int g4_model_hidden_size(const g4_model *m) { return m->cfg.text.hidden_size; }
-int g4_model_n_ctx_train(const g4_model *m) { return m->cfg.text.max_position_embeddings; }
+int g4_model_vocab_size(const g4_model *m) { return m ? m->cfg.text.vocab_size : 0; }
+int g4_model_n_layers(const g4_model *m) { return m ? m->cfg.text.n_layers : 0; }
+int g4_model_hidden_size(const g4_model *m) { return m ? m->cfg.text.hidden_size : 0; }
+int g4_model_n_ctx_train(const g4_model *m) { return m ? m->cfg.text.max_position_embeddings : 0; }
 
 void g4_model_free(g4_model *m) {
     if (!m) return;
@@ -857,7 +859,7 @@ void g4_model_free(g4_model *m) {
     json_decref(m->gguf_meta);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
-    pthread_mutex_destroy(&m->tower_lock);
+    pthread_mutex_destroy(&m->backend_lock);
     free(m);
 }
 
@@ -896,7 +898,11 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     if (!params) params = &defaults;
     g4_model *m = calloc(1, sizeof *m);
     if (!m) return g4_fail(err, "out of memory");
-    pthread_mutex_init(&m->tower_lock, NULL);
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&m->backend_lock, &attr);
+    pthread_mutexattr_destroy(&attr);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     m->random = params->random_weights != 0;
     m->random_type = G4_BF16;
@@ -978,6 +984,9 @@ fail:
 }
 
 int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err) {
+    G4_ARG(out, err);
+    *out = NULL;
+    G4_ARG(dir, err);
     return load(dir, params, NULL, 0, out, err);
 }
 
@@ -985,9 +994,9 @@ int g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_
     return load(dir, NULL, be, 1, out, err);
 }
 
-const char *g4_model_device(const g4_model *m) { return m->be->ops->name; }
+const char *g4_model_device(const g4_model *m) { return m ? m->be->ops->name : NULL; }
 
 g4_kv_type g4_model_kv_type_preferred(const g4_model *m) {
-    return strcmp(m->be->ops->name, "cpu") ? G4_KV_BF16 : G4_KV_F32;
+    return !m ? G4_KV_F32 : strcmp(m->be->ops->name, "cpu") ? G4_KV_BF16 : G4_KV_F32;
 }
 const char *g4_backends(void) { return g4_backends_built(); }

@@ -67,7 +67,9 @@ struct g4_model {
     g4_layer *layers;
     struct g4_vision *vision;        /* NULL without vision_config (src/towers/vision.c) */
     struct g4_audio_tower *audio;    /* NULL without audio_config (src/towers/audio_tower.c) */
-    pthread_mutex_t tower_lock;      /* one image or audio clip through a tower at a time */
+    /* one job at a time on the backend (its thread pool and scratch serve one caller): a batch step of any of
+     * the model's contexts (g4_decode), a drafter's round, an image or audio clip through a tower. Recursive. */
+    pthread_mutex_t backend_lock;
     float *inv_freq[G4_LAYER_TYPES]; /* [head_dim/2] per layer type (backend memory) */
     float embed_scale;               /* fp32(sqrt(H)) */
     g4_vec_slot *vecs;               /* small vectors (norm weights, scales) as bound */

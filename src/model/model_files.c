@@ -56,12 +56,16 @@ void g4_model_free_files(g4_model *m) {
     m->chat_template = NULL;
 }
 
-const g4_tokenizer *g4_model_tokenizer(const g4_model *m) { return m->tok; }
-const g4_chat_template *g4_model_chat_template(const g4_model *m) { return m->chat_template; }
+const g4_tokenizer *g4_model_tokenizer(const g4_model *m) { return m ? m->tok : NULL; }
+const g4_chat_template *g4_model_chat_template(const g4_model *m) { return m ? m->chat_template : NULL; }
 
-void g4_model_sampler_params(const g4_model *m, g4_sampler_params *p) { *p = m->gen_config.sampling; }
+void g4_model_sampler_params(const g4_model *m, g4_sampler_params *p) {
+    if (!p) return;
+    if (m) *p = m->gen_config.sampling;
+    else g4_sampler_params_default(p);
+}
 
 int g4_model_eos_ids(const g4_model *m, const int32_t **ids) {
-    *ids = m->gen_config.eos_ids;
-    return m->gen_config.n_eos;
+    if (ids) *ids = m ? m->gen_config.eos_ids : NULL;
+    return m ? m->gen_config.n_eos : 0;
 }

@@ -657,6 +657,7 @@ static int same_path(const char *a, const char *b) {
 }
 
 int g4_quantize(const g4_quantize_params *p, g4_error *err) {
+    G4_ARG(p, err);
     job j = {.p = p, .group = p->group ? p->group : 64};
     int ti = -1;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)

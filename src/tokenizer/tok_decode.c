@@ -258,8 +258,11 @@ static int check_id(const g4_tokenizer *tok, int32_t id, g4_error *err) {
 
 int g4_detokenize(const g4_tokenizer *tok, const int32_t *ids, size_t n, int skip_special, char **out,
                   size_t *len, g4_error *err) {
+    G4_ARG(out, err);
     *out = NULL;
     if (len) *len = 0;
+    G4_ARG(tok, err);
+    if (n && !ids) return g4_fail(err, "g4_detokenize: ids is NULL (%zu ids)", n);
     for (size_t i = 0; i < n; i++)
         if (check_id(tok, ids[i], err)) return -1;
     int32_t *kept = malloc((n ? n : 1) * sizeof *kept);
@@ -296,6 +299,7 @@ struct g4_detok_stream {
 };
 
 g4_detok_stream *g4_detok_stream_new(const g4_tokenizer *tok, int skip_special) {
+    if (!tok) return NULL;
     g4_detok_stream *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->tok = tok;
@@ -337,6 +341,13 @@ static int is_fallback_byte(g4_detok_stream *s, int32_t id) {
 }
 
 int g4_detok_stream_push(g4_detok_stream *s, int32_t id, const char **text, size_t *len, g4_error *err) {
+    const char *text_unused;
+    size_t len_unused;
+    if (!text) text = &text_unused;
+    if (!len) len = &len_unused;
+    *text = "";
+    *len = 0;
+    G4_ARG(s, err);
     const g4_tokenizer *tok = s->tok;
     s->out.n = 0;
     if (dbuf_add(&s->out, "", 0)) return g4_fail(err, "out of memory");
@@ -372,6 +383,13 @@ int g4_detok_stream_push(g4_detok_stream *s, int32_t id, const char **text, size
 }
 
 int g4_detok_stream_flush(g4_detok_stream *s, const char **text, size_t *len) {
+    const char *text_unused;
+    size_t len_unused;
+    if (!text) text = &text_unused;
+    if (!len) len = &len_unused;
+    *text = "";
+    *len = 0;
+    if (!s) return -1;
     s->out.n = 0;
     int rc = dbuf_add(&s->out, "", 0);
     if (!rc && s->n_pending) rc = decode_ids(s->tok, s->pending, s->n_pending, &s->w, &s->out);

@@ -718,6 +718,8 @@ static int plain_raw(enc_ctx *c, const char *s, size_t n) {
 
 int g4_tokenize(const g4_tokenizer *tok, const char *text, size_t len, int add_bos, g4_tokens *out,
                 g4_error *err) {
+    G4_ARG(tok, err);
+    G4_ARG(out, err);
     if (!text && len) return g4_fail(err, "no text");
     size_t bad = tok_utf8_validate(text, len);
     if (bad < len) return g4_fail(err, "the text is not valid UTF-8 (byte %zu)", bad);

@@ -1400,7 +1400,9 @@ int tok_load_cached(const char *path, tok_source_fn source, void *user, g4_token
 
 int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
     g4_tokenizer *tok;
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(path, err);
     if (tok_load_cached(path, json_file_source, NULL, &tok, err)) return -1;
     if (load_config(tok, path, err) != 0) {
         g4_tokenizer_free(tok);
@@ -1421,16 +1423,18 @@ int tok_set_special(g4_tokenizer *tok, int32_t bos_id, int32_t eos_id, int add_b
 
 int g4_tokenizer_load_dir(const char *model_dir, g4_tokenizer **out, g4_error *err) {
     char path[PATH_MAX];
+    G4_ARG(out, err);
     *out = NULL;
+    G4_ARG(model_dir, err);
     if (g4_gguf_is_file(model_dir)) return g4_tokenizer_load_gguf(model_dir, NULL, out, err);
     if (g4_path_join(path, sizeof path, model_dir, "tokenizer.json", err)) return -1;
     if (!g4_file_exists(path)) return g4_fail(err, "%s: no tokenizer.json in this folder", model_dir);
     return g4_tokenizer_load(path, out, err);
 }
 
-int g4_tokenizer_vocab_size(const g4_tokenizer *tok) { return tok->n_ids; }
-int32_t g4_tokenizer_bos_id(const g4_tokenizer *tok) { return tok->bos_id; }
-int32_t g4_tokenizer_eos_id(const g4_tokenizer *tok) { return tok->eos_id; }
+int g4_tokenizer_vocab_size(const g4_tokenizer *tok) { return tok ? tok->n_ids : 0; }
+int32_t g4_tokenizer_bos_id(const g4_tokenizer *tok) { return tok ? tok->bos_id : -1; }
+int32_t g4_tokenizer_eos_id(const g4_tokenizer *tok) { return tok ? tok->eos_id : -1; }
 
 int32_t g4_tokenizer_token_id_n(const g4_tokenizer *tok, const char *piece, size_t len) {
     int32_t i = tok_strmap_get(&tok->added_map, &tok->added_tab, piece, len);
@@ -1439,16 +1443,17 @@ int32_t g4_tokenizer_token_id_n(const g4_tokenizer *tok, const char *piece, size
 }
 
 int32_t g4_tokenizer_token_id(const g4_tokenizer *tok, const char *piece) {
+    if (!tok || !piece) return -1;
     return g4_tokenizer_token_id_n(tok, piece, strlen(piece));
 }
 
 const char *g4_tokenizer_piece(const g4_tokenizer *tok, int32_t id) {
-    if (id < 0 || id >= tok->n_ids) return NULL;
+    if (!tok || id < 0 || id >= tok->n_ids) return NULL;
     return tok->id_str[id];
 }
 
 int g4_tokenizer_is_special(const g4_tokenizer *tok, int32_t id) {
-    if (id < 0 || id >= tok->n_ids) return 0;
+    if (!tok || id < 0 || id >= tok->n_ids) return 0;
     return (tok->id_flags[id] & TOK_ID_SPECIAL) != 0;
 }
 

@@ -65,7 +65,7 @@ int g4_audio_tower_n_tokens(const g4_audio_tower *t, int frames);
 /* Runs the tower on features [frames, n_mels] (host) and writes the soft tokens
  * [g4_audio_tower_n_tokens(frames), text hidden] to `embeddings` (host). When
  * `tower_out` is non-NULL the output_proj rows [n, output_proj_dims] go there too.
- * Callers hold the model's tower_lock (g4_audio_encode does). */
+ * Callers hold the model's backend_lock (g4_audio_encode does). */
 int g4_audio_tower_encode(g4_audio_tower *t, const float *features, int frames, float *embeddings, float *tower_out,
                           g4_error *err);
 

@@ -158,9 +158,12 @@ fail:
 }
 
 int g4_audio_decode(const void *data, size_t size, const char *name, int rate, float **out, size_t *n, g4_error *err) {
+    G4_ARG(out, err);
+    G4_ARG(n, err);
     *out = NULL;
     *n = 0;
     if (!name) name = "audio";
+    if (!data && size) return g4_fail(err, "%s: data is NULL (%zu bytes)", name, size);
     if (rate < 1000 || rate > 1536000) return g4_fail(err, "%s: cannot decode to %d Hz", name, rate);
     memory_file mf = {data, (sf_count_t)size, 0};
     SF_VIRTUAL_IO vio = {mf_length, mf_seek, mf_read, mf_write, mf_tell};
@@ -178,6 +181,11 @@ int g4_audio_decode(const void *data, size_t size, const char *name, int rate, f
 }
 
 int g4_audio_load(const char *path, int rate, float **out, size_t *n, g4_error *err) {
+    G4_ARG(out, err);
+    G4_ARG(n, err);
+    *out = NULL;
+    *n = 0;
+    G4_ARG(path, err);
     g4_mapped_file f;
     if (g4_map_file(path, &f, err)) return -1;
     int rc = g4_audio_decode(f.data, f.size, path, rate, out, n, err);

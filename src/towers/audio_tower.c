@@ -425,10 +425,14 @@ int g4_audio_tower_encode(g4_audio_tower *t, const float *features, int frames, 
 
 /* ------------------------------------------------------------- public API */
 int g4_audio_rate(const g4_model *m) {
-    return m->audio ? m->audio->fx.sampling_rate : m->cfg.unified ? m->cfg.uni.sampling_rate : 0;
+    return !m ? 0 : m->audio ? m->audio->fx.sampling_rate : m->cfg.unified ? m->cfg.uni.sampling_rate : 0;
 }
 
 int g4_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err) {
+    G4_ARG(out, err);
+    memset(out, 0, sizeof *out);
+    G4_ARG(m, err);
+    if (n && !pcm) return g4_fail(err, "g4_audio_encode: pcm is NULL (%zu samples)", n);
     if (m->cfg.unified) return g4_unified_audio_encode(m, pcm, n, out, err);
     memset(out, 0, sizeof *out);
     g4_audio_tower *t = m->audio;
@@ -456,7 +460,7 @@ int g4_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out
         return g4_fail(err, "out of memory");
     }
     int rc = 0;
-    pthread_mutex_lock(&m->tower_lock);
+    pthread_mutex_lock(&m->backend_lock);
     for (size_t at = 0; at < n && !rc; at += clip) {
         size_t len = n - at < clip ? n - at : clip;
         int fr = g4_audio_n_frames(&t->fx, len);
@@ -467,7 +471,7 @@ int g4_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out
         out->block_tokens[out->n_blocks++] = k;
         out->n_tokens += k;
     }
-    pthread_mutex_unlock(&m->tower_lock);
+    pthread_mutex_unlock(&m->backend_lock);
     free(feat);
     if (rc) g4_soft_tokens_free(out);
     return rc ? -1 : 0;

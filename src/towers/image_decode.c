@@ -599,7 +599,9 @@ static int apply_orientation(g4_image *img, int o, g4_error *err) {
 
 /* ------------------------------------------------------------------ entry */
 int g4_image_decode(const void *data, size_t size, const g4_image_limits *limits, g4_image *out, g4_error *err) {
+    G4_ARG(out, err);
     memset(out, 0, sizeof *out);
+    if (!data && size) return g4_fail(err, "g4_image_decode: data is NULL (%zu bytes)", size);
     const uint8_t *d = data;
     size_t max_bytes = limits && limits->max_file_bytes ? limits->max_file_bytes : G4_IMAGE_MAX_FILE_BYTES;
     int64_t max_px = limits && limits->max_pixels > 0 ? limits->max_pixels : G4_IMAGE_MAX_PIXELS;
@@ -636,7 +638,9 @@ int g4_image_decode(const void *data, size_t size, const g4_image_limits *limits
 }
 
 int g4_image_load(const char *path, const g4_image_limits *limits, g4_image *out, g4_error *err) {
+    G4_ARG(out, err);
     memset(out, 0, sizeof *out);
+    G4_ARG(path, err);
     g4_mapped_file f;
     if (g4_map_file(path, &f, err)) return -1;
     int rc = g4_image_decode(f.data, f.size, limits, out, err);

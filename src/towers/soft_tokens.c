@@ -20,6 +20,9 @@ static const char *kind_name(int kind) { return kind == G4_MEDIA_IMAGE ? "image"
  * (expansion) or their soft tokens (gathering). */
 static int check_counts(const g4_model *m, const int32_t *ids, int n, const g4_soft_tokens *in, int n_in,
                         int per_token, g4_error *err) {
+    if (!m) return g4_fail(err, "soft tokens: the model is NULL");
+    if (n < 0 || (n && !ids)) return g4_fail(err, "soft tokens: %d prompt ids%s", n, ids ? "" : " without their array");
+    if (n_in < 0 || (n_in && !in)) return g4_fail(err, "soft tokens: %d inputs%s", n_in, in ? "" : " without their array");
     const int H = m->cfg.text.hidden_size;
     static const g4_media_kind kinds[2] = {G4_MEDIA_IMAGE, G4_MEDIA_AUDIO};
     for (int i = 0; i < n_in; i++) {
@@ -29,7 +32,8 @@ static int check_counts(const g4_model *m, const int32_t *ids, int n, const g4_s
             return g4_fail(err, "input %d has rows of %d floats, the model takes %d", i, in[i].hidden, H);
         long sum = 0, bad = in[i].n_blocks < 0 || (in[i].n_tokens && !in[i].rows);
         for (int b = 0; b < in[i].n_blocks; b++) {
-            bad |= in[i].block_tokens[b] < 0;
+            bad |= !in[i].block_tokens || in[i].block_tokens[b] < 0;
+            if (bad) break;
             sum += in[i].block_tokens[b];
         }
         if (bad || sum != in[i].n_tokens)
@@ -50,6 +54,8 @@ static int check_counts(const g4_model *m, const int32_t *ids, int n, const g4_s
 
 int g4_soft_tokens_gather(const g4_model *m, const int32_t *ids, int n, const g4_soft_tokens *in, int n_in,
                           float **embd, int *n_embd, g4_error *err) {
+    G4_ARG(embd, err);
+    G4_ARG(n_embd, err);
     *embd = NULL;
     *n_embd = 0;
     if (check_counts(m, ids, n, in, n_in, 1, err)) return -1;
@@ -76,6 +82,10 @@ int g4_soft_tokens_gather(const g4_model *m, const int32_t *ids, int n, const g4
 
 int g4_prompt_expand(const g4_model *m, const int32_t *ids, int n, const g4_soft_tokens *in, int n_in,
                      int32_t **out_ids, int *n_out, float **embd, int *n_embd, g4_error *err) {
+    G4_ARG(out_ids, err);
+    G4_ARG(n_out, err);
+    G4_ARG(embd, err);
+    G4_ARG(n_embd, err);
     *out_ids = NULL;
     *n_out = 0;
     *embd = NULL;

@@ -192,9 +192,9 @@ int g4_unified_image_encode(g4_model *m, const g4_image *img, int budget, g4_sof
     if (g4_unified_image_blocks(m, img, budget, &pp, err)) return -1;
     int rc = soft_tokens_alloc(m, G4_MEDIA_IMAGE, pp.n_patches, out, err);
     if (!rc) {
-        pthread_mutex_lock(&m->tower_lock);
+        pthread_mutex_lock(&m->backend_lock);
         rc = g4_unified_embed_image(m, pp.pixels, pp.pos, pp.n_patches, out->rows, err);
-        pthread_mutex_unlock(&m->tower_lock);
+        pthread_mutex_unlock(&m->backend_lock);
         if (rc) g4_soft_tokens_free(out);
     }
     g4_image_patches_free(&pp);
@@ -210,9 +210,9 @@ int g4_unified_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tok
     g4_unified_audio_frames(m, pcm, n, frames);
     int rc = soft_tokens_alloc(m, G4_MEDIA_AUDIO, k, out, err);
     if (!rc) {
-        pthread_mutex_lock(&m->tower_lock);
+        pthread_mutex_lock(&m->backend_lock);
         rc = g4_unified_embed_audio(m, frames, k, out->rows, err);
-        pthread_mutex_unlock(&m->tower_lock);
+        pthread_mutex_unlock(&m->backend_lock);
         if (rc) g4_soft_tokens_free(out);
     }
     free(frames);

@@ -348,6 +348,7 @@ static int processor_for(const g4_model *m, g4_image_processor *p, g4_error *err
 }
 
 int g4_image_max_tokens(const g4_model *m, int budget) {
+    if (!m) return 0;
     if (m->cfg.unified) return g4_unified_image_max_tokens(m, budget);
     if (!m->vision) return 0;
     if (budget > 0) return budget;
@@ -358,6 +359,10 @@ int g4_image_max_tokens(const g4_model *m, int budget) {
 }
 
 int g4_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err) {
+    G4_ARG(out, err);
+    memset(out, 0, sizeof *out);
+    G4_ARG(m, err);
+    G4_ARG(img, err);
     if (m->cfg.unified) return g4_unified_image_encode(m, img, budget, out, err);
     memset(out, 0, sizeof *out);
     if (!m->vision) return g4_fail(err, "%s: the model has no vision tower (no vision_config, or none in the weights)", m->dir);
@@ -374,9 +379,9 @@ int g4_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens
         g4_soft_tokens_free(out);
         return g4_fail(err, "out of memory");
     }
-    pthread_mutex_lock(&m->tower_lock);
+    pthread_mutex_lock(&m->backend_lock);
     int rc = g4_vision_encode(m->vision, &pp, out->rows, NULL, err);
-    pthread_mutex_unlock(&m->tower_lock);
+    pthread_mutex_unlock(&m->backend_lock);
     out->n_blocks = 1;
     out->block_tokens[0] = out->n_tokens = pp.n_tokens;
     g4_image_patches_free(&pp);

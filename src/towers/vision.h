@@ -22,7 +22,7 @@ void g4_vision_free(g4_vision *v);
 
 /* Soft tokens of one preprocessed image: out [n_tokens, text hidden] (host). When tower_out is non-NULL it
  * receives the tower's output before embed_vision, [n_tokens, vision hidden] (for tests). Callers hold the
- * model's tower_lock (g4_image_encode does). */
+ * model's backend_lock (g4_image_encode does). */
 int g4_vision_encode(g4_vision *v, const g4_image_patches *pp, float *out, float *tower_out, g4_error *err);
 
 /* The patch geometry the tower expects (from the vision config). */
