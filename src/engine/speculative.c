@@ -274,6 +274,11 @@ static int draft(g4_spec *s, int32_t last, int c, int k, g4_error *err) {
 
 
 int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
+    return g4_spec_prefill_embd(s, prompt, n_prompt, NULL, logits, err);
+}
+
+int g4_spec_prefill_embd(g4_spec *s, const int32_t *prompt, int n_prompt, const float *embd, float *logits,
+                         g4_error *err) {
     g4_context *ctx = s->ctx;
     g4_backend *be = ctx->model->be;
     const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
@@ -282,8 +287,10 @@ int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logi
     s->n_pending = -1;
     s->n_rounds = 0;
     const int start = g4_seq_length(ctx, s->seq);
-    for (int i = 0; i < n_prompt; i += ctx->n_batch) {
-        const int n = n_prompt - i < ctx->n_batch ? n_prompt - i : ctx->n_batch, last = i + n == n_prompt;
+    for (int i = 0, n; i < n_prompt; i += n) {
+        /* steps as plain decoding takes them: an image's soft tokens in one step */
+        if ((n = g4_step_length(ctx->model, prompt + i, n_prompt - i, ctx->n_batch, err)) < 0) return -1;
+        const int last = i + n == n_prompt;
         /* the first row gives round 1's hidden state (4.2: row 0 of the prefill, an HF quirk), the last one the
          * logits */
         memset(s->want, 0, (size_t)n);
@@ -291,6 +298,10 @@ int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logi
         if (last) s->want[n - 1] = 1;
         const int two = last && i == 0 && n > 1; /* both rows wanted: logits of two rows */
         g4_batch b = {.n_tokens = n, .token = prompt + i, .seq = s->seqs, .want_logits = s->want};
+        if (embd) { /* the rows of this step's placeholders: those before it were taken by earlier steps */
+            b.embd = embd + (size_t)g4_count_soft_tokens(ctx->model, prompt, i) * H;
+            b.n_embd = g4_count_soft_tokens(ctx->model, prompt + i, n);
+        }
         if (g4_decode(ctx, &b, last ? (two ? s->vlogits : logits) : NULL, err)) return -1;
         if (i == 0) OPS->copy(be, s->h0, g4_step_final_rows(ctx), (size_t)H * sizeof(float));
         if (two) memcpy(logits, s->vlogits + V, (size_t)V * sizeof(float));
