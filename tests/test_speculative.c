@@ -614,6 +614,9 @@ static void check_schedule_and_errors(g4_model *m) {
                    "RoPE", "RoPE");
     expect_refused(m, edited_drafter("assistant-lmhead", "spec-hb", "{\"backbone_hidden_size\": 32}", 0, NULL),
                    "backbone_hidden_size", "pre_projection");
+    /* a message about a tensor names the drafter's folder (it could be the main model's) */
+    const char *hb = edited_drafter("assistant-lmhead", "spec-hb", "{\"backbone_hidden_size\": 32}", 0, NULL);
+    expect_refused(m, hb, "backbone_hidden_size: the folder", hb);
     expect_refused(m, edited_drafter("assistant-lmhead", "spec-shared", "{\"num_kv_shared_layers\": 2}", 1, NULL),
                    "num_kv_shared_layers", "num_kv_shared_layers");
     expect_refused(m, edited_drafter("assistant-lmhead", "spec-ple", "{\"hidden_size_per_layer_input\": 16, "

@@ -95,7 +95,14 @@ int g4_drafter_load(const char *dir, g4_model *main, g4_drafter **out, g4_error 
         g4_fail(err, "the main model is itself an assistant");
         goto fail;
     }
-    if (g4_model_load_assistant(dir, main->be, &d->m, err) || read_generation_config(d, dir, err)) goto fail;
+    if (g4_model_load_assistant(dir, main->be, &d->m, err) || read_generation_config(d, dir, err)) {
+        if (err && strncmp(err->msg, dir, strlen(dir))) { /* a message about a tensor or field: say whose */
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            g4_fail(err, "%s: %s", dir, why);
+        }
+        goto fail;
+    }
     if (check_pair(d, err)) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
