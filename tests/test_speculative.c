@@ -569,6 +569,22 @@ static void check_schedule_and_errors(g4_model *m) {
         CHECKF(g4_drafter_n_draft(d) == na_now, "the heuristic schedule keeps its value in the drafter (%d vs %d)",
                g4_drafter_n_draft(d), na_now);
         g4_generation_free(g);
+        /* that value on a context whose batch cannot verify so many drafts: as many as it takes, not an error */
+        const int small = na_now > 2 ? na_now : 2;
+        g4_context *cb = new_context(m, small, 4);
+        gp.drafter = NULL;
+        run_gen(cp, 0, prompt, 37, &gp, a, &na, NULL);
+        gp.drafter = d;
+        g = NULL;
+        int started = cb && g4_generation_start(cb, 0, prompt, 37, &gp, &g, &err) == 0;
+        CHECKF(started && na_now > 2, "heuristic value %d on a context of batch %d: %s", na_now, small,
+               started ? "no larger than the batch" : err.msg);
+        if (started && g4_generation_run(g, NULL, NULL, &err) == 0) {
+            ids = g4_generation_tokens(g, &nb);
+            CHECK(na == nb && !memcmp(a, ids, (size_t)na * sizeof *a));
+        }
+        g4_generation_free(g);
+        g4_context_free(cb);
     }
     g4_drafter_free(d);
 

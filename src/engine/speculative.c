@@ -161,7 +161,11 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
     if (ctx->model != d->main) return g4_fail(err, "the context belongs to another model than the drafter's");
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     if (p.n_draft < 0) return g4_fail(err, "negative number of drafts per round %d", p.n_draft);
-    const int n_draft = p.n_draft ? p.n_draft : d->n_draft;
+    int n_draft = p.n_draft ? p.n_draft : d->n_draft;
+    if (!p.n_draft && d->schedule == G4_SCHEDULE_HEURISTIC) { /* what earlier rounds learned, on another context
+                                                                 perhaps: as many as this one's batch takes */
+        if (n_draft > ctx->n_batch - 1) n_draft = ctx->n_batch - 1;
+    }
     if (n_draft > G4_SAMPLER_REWIND_MAX)
         return g4_fail(err, "%d drafts per round: at most %d", n_draft, G4_SAMPLER_REWIND_MAX);
     if (n_draft + 1 > ctx->n_batch)
