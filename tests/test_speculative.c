@@ -10,7 +10,10 @@
  *    further step;
  * 3. a greedy sampler with processors (penalty, bias) equal to plain decoding with the same sampler; speculative
  *    sampling draws the main model's own distribution (exact distribution of two tokens vs many seeded runs);
- * 4. the heuristic schedule; mismatched pairs and bad drafter files refused with one-line errors. */
+ * 4. the heuristic schedule; mismatched pairs and bad drafter files refused with one-line errors;
+ * 5. NaN in the drafter's weights reported;
+ * 6. images and audio in the prompt (the vision and audio fixtures with a drafter made for their hidden size):
+ *    greedy output and cache equal to plain greedy decoding with the same inputs. */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -566,6 +569,22 @@ static void check_schedule_and_errors(g4_model *m) {
         CHECKF(g4_drafter_n_draft(d) == na_now, "the heuristic schedule keeps its value in the drafter (%d vs %d)",
                g4_drafter_n_draft(d), na_now);
         g4_generation_free(g);
+        /* that value on a context whose batch cannot verify so many drafts: as many as it takes, not an error */
+        const int small = na_now > 2 ? na_now : 2;
+        g4_context *cb = new_context(m, small, 4);
+        gp.drafter = NULL;
+        run_gen(cp, 0, prompt, 37, &gp, a, &na, NULL);
+        gp.drafter = d;
+        g = NULL;
+        int started = cb && g4_generation_start(cb, 0, prompt, 37, &gp, &g, &err) == 0;
+        CHECKF(started && na_now > 2, "heuristic value %d on a context of batch %d: %s", na_now, small,
+               started ? "no larger than the batch" : err.msg);
+        if (started && g4_generation_run(g, NULL, NULL, &err) == 0) {
+            ids = g4_generation_tokens(g, &nb);
+            CHECK(na == nb && !memcmp(a, ids, (size_t)na * sizeof *a));
+        }
+        g4_generation_free(g);
+        g4_context_free(cb);
     }
     g4_drafter_free(d);
 
@@ -611,6 +630,9 @@ static void check_schedule_and_errors(g4_model *m) {
                    "RoPE", "RoPE");
     expect_refused(m, edited_drafter("assistant-lmhead", "spec-hb", "{\"backbone_hidden_size\": 32}", 0, NULL),
                    "backbone_hidden_size", "pre_projection");
+    /* a message about a tensor names the drafter's folder (it could be the main model's) */
+    const char *hb = edited_drafter("assistant-lmhead", "spec-hb", "{\"backbone_hidden_size\": 32}", 0, NULL);
+    expect_refused(m, hb, "backbone_hidden_size: the folder", hb);
     expect_refused(m, edited_drafter("assistant-lmhead", "spec-shared", "{\"num_kv_shared_layers\": 2}", 1, NULL),
                    "num_kv_shared_layers", "num_kv_shared_layers");
     expect_refused(m, edited_drafter("assistant-lmhead", "spec-ple", "{\"hidden_size_per_layer_input\": 16, "
@@ -687,6 +709,111 @@ static void check_nan_drafter(g4_model *m) {
     g4_drafter_free(d);
 }
 
+/* ------------------------------------------------------------------ 6. images and audio in the prompt */
+/* The vision and audio fixtures have no drafter of their own: assistant-lmhead with projections for their hidden
+ * size (128; the same layer shapes otherwise) pairs with both. Greedy output with an image or audio in the prompt
+ * must equal plain greedy decoding with the same inputs, for prefills in one step and in several (the soft tokens
+ * of one input always in one step), and leave the cache as a plain run does. */
+static void check_media(void) {
+    g4_error err;
+    const char *dir = g4t_tmp("spec-media-drafter");
+    static float pre[48 * 256], post[128 * 48];
+    unsigned seed = 12345u;
+    for (size_t i = 0; i < 48 * 256 + 128 * 48; i++) { /* uniform in [-0.1, 0.1] */
+        seed = seed * 1103515245u + 12345u;
+        float x = (float)((int)((seed >> 9) % 2001u) - 1000) * 1e-4f;
+        if (i < 48 * 256) pre[i] = x;
+        else post[i - 48 * 256] = x;
+    }
+    g4_tensor t[2] = {{.name = "pre_projection.weight", .dtype = G4_F32, .ndim = 2, .shape = {48, 256}, .data = pre,
+                       .nbytes = sizeof pre},
+                      {.name = "post_projection.weight", .dtype = G4_F32, .ndim = 2, .shape = {128, 48}, .data = post,
+                       .nbytes = sizeof post}};
+    resave_edit ed = {.extra = t, .n_extra = 2};
+    char cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    json_error_t je;
+    json_t *cfg = resave(fix_path("assistant-lmhead"), dir, 1, 0, &ed) == 0 ? json_load_file(cfg_path, 0, &je) : NULL;
+    CHECK(cfg != NULL);
+    if (!cfg) return;
+    json_object_set_new(cfg, "backbone_hidden_size", json_integer(128));
+    json_dump_file(cfg, cfg_path, 0);
+    json_decref(cfg);
+
+    const char *fixtures[2] = {"fixtures/vision", "fixtures/audio"};
+    int runs = 0, equal = 0, cache_equal = 0;
+    float e_next = 0;
+    for (int f = 0; f < 2; f++) {
+        g4_model *m = load_main(g4t_shared(fixtures[f]));
+        g4_drafter *d = m ? load_drafter(m, dir) : NULL;
+        g4_soft_tokens in[2] = {{0}};
+        int n_in = 0;
+        if (d && f == 0) {
+            const char *imgs[2] = {"fixtures/vision/image0.png", "fixtures/vision/image1.png"};
+            for (; n_in < 2; n_in++) {
+                g4_image img;
+                if (g4_image_load(g4t_shared(imgs[n_in]), NULL, &img, &err)) break;
+                int rc = g4_image_encode(m, &img, 0, &in[n_in], &err);
+                g4_image_free(&img);
+                if (rc) break;
+            }
+        } else if (d) {
+            float *pcm = NULL;
+            size_t n_pcm = 0;
+            if (g4_audio_load(g4t_shared("fixtures/audio/audio0.wav"), g4_audio_rate(m), &pcm, &n_pcm, &err) == 0 &&
+                g4_audio_encode(m, pcm, n_pcm, &in[0], &err) == 0)
+                n_in = 1;
+            g4_free(pcm);
+        }
+        CHECKF(!d || n_in == (f == 0 ? 2 : 1), "%s: inputs: %s", fixtures[f], err.msg);
+        const int V = m ? g4_model_vocab_size(m) : 0, ph = f == 0 ? 500 : 497; /* <|image|>, <|audio|> */
+        float *la = malloc((size_t)(V ? V : 1) * sizeof(float)), *lb = malloc((size_t)(V ? V : 1) * sizeof(float));
+        /* (n_batch: one step, several steps), prompt: text, placeholders at the start, middle and end */
+        const int batches[2] = {256, 90};
+        for (int bi = 0; bi < 2 && d && n_in; bi++) {
+            g4_context *cp = new_context(m, batches[bi], 8), *cs = new_context(m, batches[bi], 8);
+            for (int v = 0; v < 3 && cp && cs; v++) {
+                int32_t prompt[64], plain[40], spec[40];
+                int n = 0;
+                prompt_ids(40, 31u + (unsigned)v, V - 20, prompt); /* ids below the multimodal ones (494..500) */
+                n = 40;
+                if (v == 0) prompt[1] = ph; /* right after <bos> */
+                if (v == 1 || n_in == 2) prompt[20] = ph;
+                if (v == 2) prompt[n - 1] = ph; /* the prompt ends with the input */
+                int n_ph = 0;
+                for (int i = 0; i < n; i++) n_ph += prompt[i] == ph;
+                for (int dn = 1; dn <= 20; dn += 19) {
+                    g4_sampler_params greedy;
+                    g4_sampler_params_default(&greedy);
+                    greedy.temperature = 0;
+                    g4_generation_params gp = {.max_new_tokens = 24, .sampling = &greedy, .ignore_eos = 1,
+                                               .media = in, .n_media = n_ph};
+                    int np = 0, ns = 0;
+                    g4_finish wp = run_gen(cp, 0, prompt, n, &gp, plain, &np, NULL);
+                    gp.drafter = d, gp.n_draft = dn;
+                    g4_finish ws = run_gen(cs, 0, prompt, n, &gp, spec, &ns, NULL);
+                    int same = np == 24 && np == ns && wp == ws && !memcmp(plain, spec, (size_t)np * sizeof *plain);
+                    CHECKF(same, "%s, n_batch %d, prompt %d, %d drafts: %d vs %d tokens differ", fixtures[f],
+                           batches[bi], v, dn, np, ns);
+                    int cache = same_cache(cp, cs, la, lb, V, &e_next);
+                    CHECKF(cache, "%s, n_batch %d, prompt %d: the cache differs from a plain run's", fixtures[f],
+                           batches[bi], v);
+                    runs++, equal += same, cache_equal += cache;
+                }
+            }
+            g4_context_free(cp);
+            g4_context_free(cs);
+        }
+        free(la), free(lb);
+        for (int i = 0; i < n_in; i++) g4_soft_tokens_free(&in[i]);
+        g4_drafter_free(d);
+        g4_model_free(m);
+    }
+    CHECKF(runs == 24 && e_next <= LOGIT_TOL, "images and audio: %d runs, the step after differs by %g", runs, e_next);
+    printf("images and audio %d/%d runs equal to plain greedy, cache as plain in %d, next-step logits %.2e\n", equal,
+           runs, cache_equal, e_next);
+}
+
 int main(void) {
     snprintf(FIX, sizeof FIX, "%s", g4t_shared("fixtures/assistant"));
     g4_error err;
@@ -706,6 +833,7 @@ int main(void) {
         check_samplers(m);
         check_schedule_and_errors(m);
         check_nan_drafter(m);
+        check_media();
     }
     g4_model_free(m);
     g4_tensor_set_free(&ref);

@@ -194,7 +194,10 @@ static int run_model(g4_generation *g) {
     g4_context *ctx = g->ctx;
     if (cancelled(g)) return 1;
     if (g->spec && g->n_fed < g->n_prompt) { /* logits of the last row; the drafter keeps what it needs */
-        int r = g4_spec_prefill(g->spec, g->prompt + g->n_fed, g->n_prompt - g->n_fed, g->logits, &g->err);
+        const float *embd = g->embd ? g->embd + (size_t)g4_count_soft_tokens(ctx->model, g->prompt, g->n_fed) *
+                                                    ctx->model->cfg.text.hidden_size
+                                    : NULL;
+        int r = g4_spec_prefill_embd(g->spec, g->prompt + g->n_fed, g->n_prompt - g->n_fed, embd, g->logits, &g->err);
         if (r == 0) g->n_fed = g->n_prompt;
         return r;
     }
@@ -565,8 +568,6 @@ int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_p
     const g4_generation_params *p = params ? params : &none;
     if (p->n_media < 0 || (p->n_media && !p->media))
         return g4_fail(err, "generation: n_media %d with media %s", p->n_media, p->media ? "given" : "NULL");
-    if (p->n_media && p->drafter) /* the speculative prefill feeds token ids only */
-        return g4_fail(err, "speculative decoding does not take images or audio yet: drop the drafter");
     g4_generation *g = generation_new(ctx->model, prompt, n_prompt, err);
     if (!g) return -1;
     g->ctx = ctx;

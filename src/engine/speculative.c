@@ -98,7 +98,14 @@ int g4_drafter_load(const char *dir, g4_model *main, g4_drafter **out, g4_error 
         g4_fail(err, "the main model is itself an assistant");
         goto fail;
     }
-    if (g4_model_load_assistant(dir, main->be, &d->m, err) || read_generation_config(d, dir, err)) goto fail;
+    if (g4_model_load_assistant(dir, main->be, &d->m, err) || read_generation_config(d, dir, err)) {
+        if (err && strncmp(err->msg, dir, strlen(dir))) { /* a message about a tensor or field: say whose */
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            g4_fail(err, "%s: %s", dir, why);
+        }
+        goto fail;
+    }
     if (check_pair(d, err)) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
@@ -164,7 +171,11 @@ static int g4_spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_
     if (ctx->model != d->main) return g4_fail(err, "the context belongs to another model than the drafter's");
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     if (p.n_draft < 0) return g4_fail(err, "negative number of drafts per round %d", p.n_draft);
-    const int n_draft = p.n_draft ? p.n_draft : d->n_draft;
+    int n_draft = p.n_draft ? p.n_draft : d->n_draft;
+    if (!p.n_draft && d->schedule == G4_SCHEDULE_HEURISTIC) { /* what earlier rounds learned, on another context
+                                                                 perhaps: as many as this one's batch takes */
+        if (n_draft > ctx->n_batch - 1) n_draft = ctx->n_batch - 1;
+    }
     if (n_draft > G4_SAMPLER_REWIND_MAX)
         return g4_fail(err, "%d drafts per round: at most %d", n_draft, G4_SAMPLER_REWIND_MAX);
     if (n_draft + 1 > ctx->n_batch)
@@ -283,8 +294,8 @@ static int draft(g4_spec *s, int32_t last, int c, int k, g4_error *err) {
 }
 
 
-static int g4_spec_prefill_locked(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
-    if (!s) return g4_fail(err, "g4_spec_prefill: s is NULL");
+static int spec_prefill_locked(g4_spec *s, const int32_t *prompt, int n_prompt, const float *embd, float *logits,
+                               g4_error *err) {
     if (!prompt) return g4_fail(err, "g4_spec_prefill: prompt is NULL");
     if (!logits) return g4_fail(err, "g4_spec_prefill: logits is NULL");
     g4_context *ctx = s->ctx;
@@ -295,8 +306,10 @@ static int g4_spec_prefill_locked(g4_spec *s, const int32_t *prompt, int n_promp
     s->n_pending = -1;
     s->n_rounds = 0;
     const int start = g4_seq_length(ctx, s->seq);
-    for (int i = 0; i < n_prompt; i += ctx->n_batch) {
-        const int n = n_prompt - i < ctx->n_batch ? n_prompt - i : ctx->n_batch, last = i + n == n_prompt;
+    for (int i = 0, n; i < n_prompt; i += n) {
+        /* steps as plain decoding takes them: an image's soft tokens in one step */
+        if ((n = g4_step_length(ctx->model, prompt + i, n_prompt - i, ctx->n_batch, err)) < 0) return -1;
+        const int last = i + n == n_prompt;
         /* the first row gives round 1's hidden state (4.2: row 0 of the prefill, an HF quirk), the last one the
          * logits */
         memset(s->want, 0, (size_t)n);
@@ -304,6 +317,10 @@ static int g4_spec_prefill_locked(g4_spec *s, const int32_t *prompt, int n_promp
         if (last) s->want[n - 1] = 1;
         const int two = last && i == 0 && n > 1; /* both rows wanted: logits of two rows */
         g4_batch b = {.n_tokens = n, .token = prompt + i, .seq = s->seqs, .want_logits = s->want};
+        if (embd) { /* the rows of this step's placeholders: those before it were taken by earlier steps */
+            b.embd = embd + (size_t)g4_count_soft_tokens(ctx->model, prompt, i) * H;
+            b.n_embd = g4_count_soft_tokens(ctx->model, prompt + i, n);
+        }
         if (g4_decode(ctx, &b, last ? (two ? s->vlogits : logits) : NULL, err)) return -1;
         if (i == 0) OPS->copy(be, s->h0, g4_step_final_rows(ctx), (size_t)H * sizeof(float));
         if (two) memcpy(logits, s->vlogits + V, (size_t)V * sizeof(float));
@@ -506,12 +523,17 @@ static int g4_spec_draft_locked(g4_spec *s, int32_t last, int k, int32_t *drafts
 }
 
 /* The drafter runs on its main model's backend: its steps take turns with the contexts' (g4_decode). */
-int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
+int g4_spec_prefill_embd(g4_spec *s, const int32_t *prompt, int n_prompt, const float *embd, float *logits,
+                         g4_error *err) {
     G4_ARG(s, err);
     pthread_mutex_lock(&s->ctx->model->backend_lock);
-    int rc = g4_spec_prefill_locked(s, prompt, n_prompt, logits, err);
+    int rc = spec_prefill_locked(s, prompt, n_prompt, embd, logits, err);
     pthread_mutex_unlock(&s->ctx->model->backend_lock);
     return rc;
+}
+
+int g4_spec_prefill(g4_spec *s, const int32_t *prompt, int n_prompt, float *logits, g4_error *err) {
+    return g4_spec_prefill_embd(s, prompt, n_prompt, NULL, logits, err);
 }
 
 int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err) {

@@ -87,5 +87,9 @@ struct g4_spec {
 /* The drafter forward (section 3): k steps at position p after token `tok`, from h0 and the cache rows `rows`;
  * the drafts go to s->drafts and every step's logits stay in s->logits. */
 void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *rows, int k);
+/* g4_spec_prefill with the rows of the prompt's soft-token placeholders (embd [soft tokens, hidden] in prompt
+ * order, as g4_batch.embd; NULL: none): images and audio in the prompt. */
+int g4_spec_prefill_embd(g4_spec *s, const int32_t *prompt, int n_prompt, const float *embd, float *logits,
+                         g4_error *err);
 
 #endif
