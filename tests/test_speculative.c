@@ -283,6 +283,73 @@ static int same_cache(g4_context *a, g4_context *b, float *la, float *lb, int V,
     return same;
 }
 
+/* An event callback that returns non-zero at the third token: the generation ends cancelled, with what its round
+ * made (the events already made are delivered: a step is a round, gemma4c.h), a prefix of plain greedy's ids; the
+ * sequence then holds what was delivered, and a next turn on it is plain greedy's. */
+typedef struct {
+    int tokens, stop_at;
+} stop_cb;
+
+static int stop_on_token(const g4_event *ev, void *user) {
+    stop_cb *c = user;
+    return ev->kind == G4_EVENT_TOKEN && ++c->tokens >= c->stop_at;
+}
+
+static void check_callback_stop(g4_model *m) {
+    g4_error err;
+    const int V = g4_model_vocab_size(m);
+    g4_sampler_params greedy;
+    g4_sampler_params_default(&greedy);
+    greedy.temperature = 0;
+    g4_drafter *d = load_drafter(m, fix_path("assistant-lmhead"));
+    g4_context *cp = new_context(m, 64, 32), *cs = new_context(m, 64, 32);
+    int32_t prompt[40], plain[48], next[48];
+    prompt_ids(37, 99u, V, prompt);
+    int np = 0, nn = 0;
+    g4_generation_params gp = {.max_new_tokens = 40, .sampling = &greedy};
+    if (!d || !cp || !cs) return;
+    run_gen(cp, 0, prompt, 37, &gp, plain, &np, NULL);
+    for (int n_draft = 1; n_draft <= 8; n_draft *= 2) {
+        g4_seq_reset(cs, 0);
+        gp.drafter = d, gp.n_draft = n_draft;
+        g4_generation *g = NULL;
+        stop_cb cb = {0, 3};
+        int ok = g4_generation_start(cs, 0, prompt, 37, &gp, &g, &err) == 0 &&
+                 g4_generation_run(g, stop_on_token, &cb, &err) == 0;
+        CHECKF(ok, "n_draft %d: %s", n_draft, err.msg);
+        if (!ok) {
+            g4_generation_free(g);
+            continue;
+        }
+        int n = 0;
+        const int32_t *ids = g4_generation_tokens(g, &n);
+        CHECKF(g4_generation_finish(g) == G4_FINISH_CANCELLED && n == cb.tokens && n >= 3 && n <= 3 + n_draft &&
+                   n <= np && !memcmp(ids, plain, (size_t)n * sizeof *ids),
+               "n_draft %d: a callback that stops at the 3rd token: finish %d, %d tokens (%d delivered)", n_draft,
+               (int)g4_generation_finish(g), n, cb.tokens);
+        CHECKF(g4_seq_length(cs, 0) >= 37 + n - 1 && g4_seq_length(cs, 0) <= 37 + n,
+               "n_draft %d: the sequence holds %d positions after %d tokens", n_draft, g4_seq_length(cs, 0), n);
+        g4_generation_free(g);
+        /* the next turn: the prompt and what was delivered, on the same sequence (its cached prefix reused) */
+        int32_t turn[80];
+        memcpy(turn, prompt, 37 * sizeof *turn);
+        memcpy(turn + 37, plain, (size_t)n * sizeof *turn);
+        gp.max_new_tokens = 8;
+        run_gen(cs, 1, turn, 37 + n, &gp, next, &nn, NULL);
+        gp.drafter = NULL;
+        int32_t want[48];
+        int nw = 0;
+        run_gen(cp, 0, turn, 37 + n, &gp, want, &nw, NULL);
+        CHECKF(nn == nw && !memcmp(next, want, (size_t)nn * sizeof *next), "n_draft %d: the next turn differs",
+               n_draft);
+        gp.max_new_tokens = 40;
+    }
+    printf("a callback that stops: cancelled with a prefix of plain greedy, next turns equal\n");
+    g4_context_free(cp);
+    g4_context_free(cs);
+    g4_drafter_free(d);
+}
+
 static void check_greedy_equal(g4_model *m) {
     const int V = g4_model_vocab_size(m);
     const char *drafters[] = {"assistant-lmhead", "assistant-ordered"};
@@ -830,6 +897,7 @@ int main(void) {
         check_reference(m, &ref, meta, "lmhead");
         check_reference(m, &ref, meta, "ordered");
         check_greedy_equal(m);
+        check_callback_stop(m);
         check_samplers(m);
         check_schedule_and_errors(m);
         check_nan_drafter(m);

@@ -950,8 +950,8 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     const g4_text_config *c = &m->cfg.text;
     if (m->cfg.assistant != assistant) {
         g4_fail(err, assistant ? "%s is not a gemma4_assistant checkpoint (model_type \"%s\")"
-                               : "%s is a gemma4_assistant checkpoint (a drafter): give it with --draft beside its "
-                                 "main model",
+                               : "%s is a gemma4_assistant checkpoint (a drafter): it runs beside its main model "
+                                 "(-m MAIN --draft DIR), not on its own",
                 dir, m->cfg.model_type);
         goto fail;
     }
