@@ -384,7 +384,8 @@ G4_API void g4_detok_stream_free(g4_detok_stream *s);
 /* ------------------------------------------------------------------- chat */
 
 /* A chat template: the checkpoint's own Jinja template, rendered as transformers'
- * apply_chat_template renders it (special tokens of tokenizer_config.json as variables). */
+ * apply_chat_template renders it (special tokens of tokenizer_config.json as variables); model_dir
+ * may also be a GGUF file (its tokenizer.chat_template, as g4_model_load takes it). */
 G4_API int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_error *err);
 /* A template file with explicit bos / eos strings (NULL: the variable is left undefined). */
 G4_API int g4_chat_template_load_file(const char *jinja_path, const char *bos_token, const char *eos_token,

@@ -30,6 +30,9 @@ cmp -s "$tmp/a.f32" "$tmp/b.f32"; check $? "identical logits from the folder and
 
 a=$("$bin" run -m "$m" -p "Who is Pierre?" -n 24 --temp 0); b=$("$bin" run -m "$g" -p "Who is Pierre?" -n 24 --temp 0)
 [ -n "$a" ] && [ "$a" = "$b" ]; check $? "a chat turn through the GGUF's template gives the folder's answer"
+conv='{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who is Pierre?"}]}'
+a=$(echo "$conv" | "$bin" template -m "$m" -f -) && b=$(echo "$conv" | "$bin" template -m "$g" -f -)
+[ $? = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; check $? "the template command renders the GGUF's template as the folder's"
 
 for t in q8_0 q4_0 q6_k mlx4; do
     case $t in mlx*) out=$tmp/tt-$t ;; *) out=$tmp/tt-$t.gguf ;; esac

@@ -7,7 +7,9 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/mapped_file.h"
+#include "formats/gguf.h"
 #include "jinja/jinja.h"
+#include "tokenizer/tokenizer.h"
 
 struct g4_chat_template {
     g4_jinja *tpl;
@@ -216,10 +218,36 @@ done:
     return rc;
 }
 
+int g4_chat_template_from_gguf(const json_t *meta, const g4_tokenizer *tok, const char *path, g4_chat_template **out,
+                               g4_error *err) {
+    *out = NULL;
+    const char *tpl = json_string_value(json_object_get(meta, "tokenizer.chat_template"));
+    if (!tpl) return 0;
+    const int32_t b = g4_tokenizer_bos_id(tok), e = g4_tokenizer_eos_id(tok);
+    if (g4_chat_template_load_string(tpl, strlen(tpl), b >= 0 ? g4_tokenizer_piece(tok, b) : NULL,
+                                     e >= 0 ? g4_tokenizer_piece(tok, e) : NULL, out, err))
+        return g4_fail_prefix(err, "%s: tokenizer.chat_template", path);
+    return 0;
+}
+
+/* A GGUF file's template, as g4_model_load takes it (its own tokenizer's bos / eos strings). */
+static int load_gguf(const char *path, g4_chat_template **out, g4_error *err) {
+    g4_gguf g;
+    if (g4_gguf_open(path, &g, err)) return -1;
+    g4_tokenizer *tok = NULL;
+    int rc = json_object_get(g.meta, "tokenizer.ggml.tokens") ? g4_tokenizer_load_gguf(path, g.meta, &tok, err) : 0;
+    if (!rc) rc = g4_chat_template_from_gguf(g.meta, tok, path, out, err);
+    if (!rc && !*out) rc = g4_fail(err, "%s: the file has no chat template (tokenizer.chat_template)", path);
+    g4_tokenizer_free(tok);
+    g4_gguf_free(&g);
+    return rc;
+}
+
 int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_error *err) {
     G4_ARG(out, err);
     *out = NULL;
     G4_ARG(model_dir, err);
+    if (g4_gguf_is_file(model_dir)) return load_gguf(model_dir, out, err);
     return load_dir(model_dir, 0, out, err);
 }
 

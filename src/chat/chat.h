@@ -31,6 +31,11 @@
 int g4_chat_template_load_string(const char *source, size_t len, const char *bos_token,
                                  const char *eos_token, g4_chat_template **out, g4_error *err);
 
+/* The template of a GGUF file's metadata (tokenizer.chat_template; tok: the file's tokenizer, for the bos / eos
+ * strings, or NULL): 0 with *out NULL when the file has none. path names the file in errors. */
+int g4_chat_template_from_gguf(const json_t *meta, const g4_tokenizer *tok, const char *path, g4_chat_template **out,
+                               g4_error *err);
+
 /* Like g4_chat_template_load_dir, but a folder without any template gives 0 and *out NULL. */
 int g4_chat_template_find(const char *model_dir, g4_chat_template **out, g4_error *err);
 

@@ -23,13 +23,7 @@ static int gguf_files(g4_model *m, const char *path, g4_error *err) {
     const int32_t stops[] = {g4_tokenizer_eos_id(m->tok), g4_tokenizer_token_id(m->tok, "<turn|>")};
     for (int i = 0; i < 2; i++)
         if (stops[i] >= 0 && m->gen_config.n_eos < G4_MAX_EOS_IDS) m->gen_config.eos_ids[m->gen_config.n_eos++] = stops[i];
-    const char *tpl = json_string_value(json_object_get(m->gguf_meta, "tokenizer.chat_template"));
-    if (!tpl) return 0;
-    int32_t b = g4_tokenizer_bos_id(m->tok), e = g4_tokenizer_eos_id(m->tok);
-    if (g4_chat_template_load_string(tpl, strlen(tpl), b >= 0 ? g4_tokenizer_piece(m->tok, b) : NULL,
-                                     e >= 0 ? g4_tokenizer_piece(m->tok, e) : NULL, &m->chat_template, err))
-        return g4_fail_prefix(err, "%s: tokenizer.chat_template", path);
-    return 0;
+    return g4_chat_template_from_gguf(m->gguf_meta, m->tok, path, &m->chat_template, err);
 }
 
 int g4_model_load_files(g4_model *m, const char *dir, g4_error *err) {
