@@ -8,7 +8,9 @@
  * tok/cpu-s = C * n / CPU seconds of the process (all threads), steadier than the wall clock on a shared machine.
  * Prefix: a prompt of --prefix ids + 16 more, cold (no cached prefix) and right after a request for the first
  * --prefix ids ran (its blocks cached): time to the first token of each, and the tokens reused. */
+#include <errno.h>
 #include <gemma4c.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,6 +186,27 @@ static void usage(void) {
                     "--batch: the step's token budget (default as the server's: 2048 on a GPU, 512 on the CPU)\n");
 }
 
+/* A whole number in lo..hi, or a float, for option `opt` (else a one-line error). */
+static int int_arg(const char *opt, const char *v, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi)
+        return fprintf(stderr, "g4-batch-bench: %s must be a whole number in %ld..%ld, not '%s'\n", opt, lo, hi, v), -1;
+    *out = (int)x;
+    return 0;
+}
+
+static int float_arg(const char *opt, const char *v, float *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x))
+        return fprintf(stderr, "g4-batch-bench: %s must be a number, not '%s'\n", opt, v), -1;
+    *out = (float)x;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     options o = {.prompt = 64, .n_new = 32, .batch = 0, .block = 32, .prefix = 512, .kv_type = G4_KV_F32,
                  .top_p = 1.0f, .repetition = 1.0f, .penalty_last_n = -1};
@@ -196,28 +219,45 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "-m")) dir = v;
         else if (!strcmp(a, "--random")) random_config = v;
         else if (!strcmp(a, "--type")) type = v;
-        else if (!strcmp(a, "--bf16-act")) bf16_act = atoi(v);
-        else if (!strcmp(a, "--temp")) o.temperature = (float)atof(v);
-        else if (!strcmp(a, "--top-k")) o.top_k = atoi(v);
-        else if (!strcmp(a, "--top-p")) o.top_p = (float)atof(v);
-        else if (!strcmp(a, "--presence")) o.presence = (float)atof(v);
-        else if (!strcmp(a, "--frequency")) o.frequency = (float)atof(v);
-        else if (!strcmp(a, "--repetition")) o.repetition = (float)atof(v);
-        else if (!strcmp(a, "--last-n")) o.penalty_last_n = atoi(v);
         else if (!strcmp(a, "--device")) o.device = v;
-        else if (!strcmp(a, "-t")) o.threads = atoi(v);
         else if (!strcmp(a, "-c")) list = v;
-        else if (!strcmp(a, "-p")) o.prompt = atoi(v);
-        else if (!strcmp(a, "-n")) o.n_new = atoi(v);
-        else if (!strcmp(a, "--batch")) o.batch = atoi(v);
-        else if (!strcmp(a, "--block")) o.block = atoi(v);
-        else if (!strcmp(a, "--prefix")) o.prefix = atoi(v);
-        else if (!strcmp(a, "--kv")) o.kv_type = !strcmp(v, "bf16") ? G4_KV_BF16 : !strcmp(v, "f16") ? G4_KV_F16 : G4_KV_F32;
-        else return usage(), 2;
+        else if (!strcmp(a, "--kv")) {
+            if (!strcmp(v, "f32") || !strcmp(v, "bf16") || !strcmp(v, "f16"))
+                o.kv_type = !strcmp(v, "bf16") ? G4_KV_BF16 : !strcmp(v, "f16") ? G4_KV_F16 : G4_KV_F32;
+            else
+                return fprintf(stderr, "g4-batch-bench: --kv takes f32, bf16 or f16, not '%s'\n", v), 2;
+        } else if (!strcmp(a, "--bf16-act") ? int_arg(a, v, 0, 1, &bf16_act)
+                   : !strcmp(a, "--top-k")  ? int_arg(a, v, 0, 1 << 20, &o.top_k)
+                   : !strcmp(a, "--last-n") ? int_arg(a, v, -1, 1 << 24, &o.penalty_last_n)
+                   : !strcmp(a, "-t")       ? int_arg(a, v, 0, 1024, &o.threads)
+                   : !strcmp(a, "-p")       ? int_arg(a, v, 1, 1 << 20, &o.prompt)
+                   : !strcmp(a, "-n")       ? int_arg(a, v, 1, 1 << 20, &o.n_new)
+                   : !strcmp(a, "--batch")  ? int_arg(a, v, 0, 1 << 20, &o.batch)
+                   : !strcmp(a, "--block")  ? int_arg(a, v, 1, 1 << 16, &o.block)
+                   : !strcmp(a, "--prefix") ? int_arg(a, v, 0, 1 << 20, &o.prefix)
+                   : !strcmp(a, "--temp")   ? float_arg(a, v, &o.temperature)
+                   : !strcmp(a, "--top-p")  ? float_arg(a, v, &o.top_p)
+                   : !strcmp(a, "--presence")   ? float_arg(a, v, &o.presence)
+                   : !strcmp(a, "--frequency")  ? float_arg(a, v, &o.frequency)
+                   : !strcmp(a, "--repetition") ? float_arg(a, v, &o.repetition)
+                   : (usage(), 1))
+            return 2;
         i++;
     }
     if (!dir == !random_config || (type && !random_config) || o.prompt < 1 || o.n_new < 1 || o.prefix < 0)
         return usage(), 2;
+    int conc[64], n_conc = 0; /* -c: the concurrencies */
+    for (const char *p = list;;) {
+        char *end;
+        errno = 0;
+        long C = strtol(p, &end, 10);
+        if (errno || end == p || (*end && *end != ',') || C < 1 || C > 100000 || n_conc == 64)
+            return fprintf(stderr, "g4-batch-bench: -c takes up to 64 concurrencies 1..100000, separated by commas, "
+                                   "not '%s'\n", list), 2;
+        conc[n_conc++] = (int)C;
+        if (!*end) break;
+        p = end + 1;
+    }
     if (random_config) dir = random_config;
     g4_error err;
     g4_model *m;
@@ -235,13 +275,7 @@ int main(int argc, char **argv) {
     warm.prompt = 8;
     warm.n_new = 2;
     rc |= concurrency(m, &warm, 2, 1);
-    for (const char *p = list; *p && !rc;) {
-        int C = atoi(p);
-        if (C > 0) rc |= concurrency(m, &o, C, 0);
-        p = strchr(p, ',');
-        if (!p) break;
-        p++;
-    }
+    for (int k = 0; k < n_conc && !rc; k++) rc |= concurrency(m, &o, conc[k], 0);
     if (!rc && o.prefix > 0) rc |= prefix(m, &o);
     fflush(stdout);
     g4_model_free(m);
