@@ -1,7 +1,7 @@
 /* gemma4c quantize IN OUT --type T [--group G]
  * gemma4c quantize --random CONFIG OUT --type T [--seed S]
  * Writes a model in another weight format (model/quantize.h; docs/formats.md 2-3):
- * mlx2..mlx8 (a folder), q8_0 q4_0 q4_k q5_k q6_k (a .gguf file), bf16 f16 f32 (a .gguf
+ * mlx2 to mlx6 and mlx8 (a folder), q8_0 q4_0 q4_k q5_k q6_k (a .gguf file), bf16 f16 f32 (a .gguf
  * file, or a safetensors folder). --random draws weights for a config.json instead. */
 #include <getopt.h>
 #include <stdio.h>

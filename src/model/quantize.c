@@ -663,7 +663,9 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (p->type && !strcmp(p->type, types[i].name)) ti = (int)i;
     if (ti < 0)
-        return g4_fail(err, "unknown type '%s' (mlx2..mlx8, q8_0, q4_0, q4_k, q5_k, q6_k, bf16, f16, f32)",
+        return g4_fail(err,
+                       "unknown type '%s' (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8, q8_0, q4_0, q4_k, q5_k, q6_k, bf16, f16, "
+                       "f32)",
                        p->type ? p->type : "");
     j.target = types[ti].t;
     j.kind = types[ti].kind >= 0 ? types[ti].kind : ends_with(p->out, ".gguf") ? OUT_GGUF : OUT_HF;
