@@ -304,32 +304,87 @@ static void test_type_mismatch(void) {
 
 /* A shard of llama-gguf-split (split.count > 1) holds part of the tensors: refused with a line that says so and
  * how to merge (not "N tensors are missing"); split.count 1 is an ordinary file. */
+/* One shard of a split GGUF as llama-gguf-split writes it: the first holds the keys, each its tensors (shard k:
+ * tensor "t<k>" of 8 floats k*8 ..). */
+static void write_shard(const char *path, int no, int count, int total, int first_keys) {
+    g4_gguf_writer w = {0};
+    if (first_keys) g4_gguf_add_str(&w, "general.architecture", "gemma4");
+    g4_gguf_add_u32(&w, "split.no", (uint32_t)no);
+    g4_gguf_add_u32(&w, "split.count", (uint32_t)count);
+    g4_gguf_add_i32(&w, "split.tensors.count", total);
+    int64_t sh[1] = {8};
+    char name[16];
+    snprintf(name, sizeof name, "t%d", no);
+    size_t bytes = g4_gguf_add_tensor(&w, name, G4_F32, 1, sh);
+    float v[8];
+    for (int i = 0; i < 8; i++) v[i] = (float)(no * 8 + i);
+    FILE *f = fopen(path, "wb");
+    g4_error err = {{0}};
+    CHECK(f && g4_gguf_write_header(&w, f, &err) == 0 && g4_gguf_write_data(f, v, bytes, &err) == 0 &&
+          g4_gguf_write_pad(f, bytes, &err) == 0);
+    if (f) fclose(f);
+    g4_gguf_writer_free(&w);
+}
+
+static const char *shard_name(const char *prefix, int no, int count) {
+    static char buf[16][4096];
+    static int k;
+    char *b = buf[k++ & 15];
+    snprintf(b, sizeof buf[0], "%s-%05d-of-%05d.gguf", g4t_tmp(prefix), no + 1, count);
+    return b;
+}
+
+/* A GGUF split in 3 (llama.cpp's PREFIX-0000k-of-00003.gguf): the first shard's path opens all three, every
+ * tensor's data from its own file; a later shard given, a first shard not named so, a missing shard, a shard of
+ * another split or a wrong tensor count are one-line errors. */
 static void test_split(void) {
-    for (int count = 1; count <= 2; count++) {
-        const char *path = g4t_tmp("split.gguf");
-        g4_gguf_writer w = {0};
-        g4_gguf_add_str(&w, "general.architecture", "gemma4");
-        g4_gguf_add_u32(&w, "split.no", 0);
-        g4_gguf_add_u32(&w, "split.count", (uint32_t)count);
-        g4_gguf_add_i32(&w, "split.tensors.count", 1);
-        int64_t sh[1] = {8};
-        size_t bytes = g4_gguf_add_tensor(&w, "t", G4_F32, 1, sh);
-        static const float v[8];
-        FILE *f = fopen(path, "wb");
-        g4_error err = {{0}};
-        CHECK(g4_gguf_write_header(&w, f, &err) == 0 && g4_gguf_write_data(f, v, bytes, &err) == 0 &&
-              g4_gguf_write_pad(f, bytes, &err) == 0);
-        fclose(f);
-        g4_gguf_writer_free(&w);
-        g4_gguf g;
-        int rc = g4_gguf_open(path, &g, &err);
-        if (!rc) g4_gguf_free(&g);
-        if (count == 1)
-            CHECKF(rc == 0, "split.count 1: %s", err.msg);
-        else
-            CHECKF(rc != 0 && strstr(err.msg, "shard 1 of a GGUF split into 2 files") && !strchr(err.msg, '\n'),
-                   "a shard of a split GGUF: %s", rc ? err.msg : "accepted");
+    for (int no = 0; no < 3; no++) write_shard(shard_name("split", no, 3), no, 3, 3, no == 0);
+    g4_gguf g;
+    g4_error err = {{0}};
+    int rc = g4_gguf_open(shard_name("split", 0, 3), &g, &err);
+    CHECKF(rc == 0, "a GGUF split in 3: %s", err.msg);
+    if (!rc) {
+        int ok = g.set.n_tensors == 3;
+        for (int no = 0; ok && no < 3; no++) {
+            char name[16];
+            snprintf(name, sizeof name, "t%d", no);
+            const g4_tensor *t = g4_tensor_set_find(&g.set, name);
+            ok = t && t->dtype == G4_F32 && t->nbytes == 32;
+            for (int i = 0; ok && i < 8; i++) ok = ((const float *)t->data)[i] == (float)(no * 8 + i);
+        }
+        CHECKF(ok, "a GGUF split in 3: %d tensors, not each shard's data", g.set.n_tensors);
+        CHECK(json_is_string(json_object_get(g.meta, "general.architecture")));
+        g4_gguf_free(&g);
     }
+    struct {
+        const char *path, *needle;
+    } bad[5];
+    bad[0].path = shard_name("split", 1, 3), bad[0].needle = "give the first one";
+    char plain[4096]; /* (g4t_tmp's buffer is reused) */
+    snprintf(plain, sizeof plain, "%s", g4t_tmp("split-plain.gguf"));
+    write_shard(plain, 0, 3, 3, 1);
+    bad[1].path = plain, bad[1].needle = "not named PREFIX-00001-of-00003.gguf";
+    write_shard(shard_name("gap", 0, 3), 0, 3, 3, 1);
+    write_shard(shard_name("gap", 1, 3), 1, 3, 3, 0);
+    bad[2].path = shard_name("gap", 0, 3), bad[2].needle = "gap-00003-of-00003.gguf";
+    write_shard(shard_name("other", 0, 2), 0, 2, 2, 1);
+    write_shard(shard_name("other", 1, 2), 0, 2, 2, 0); /* split.no 0 where shard 2 belongs */
+    bad[3].path = shard_name("other", 0, 2), bad[3].needle = "where shard 2 of 2 belongs";
+    write_shard(shard_name("count", 0, 2), 0, 2, 5, 1);
+    write_shard(shard_name("count", 1, 2), 1, 2, 5, 0);
+    bad[4].path = shard_name("count", 0, 2), bad[4].needle = "split.tensors.count says 5";
+    for (int k = 0; k < 5; k++) {
+        err.msg[0] = 0;
+        rc = g4_gguf_open(bad[k].path, &g, &err);
+        if (!rc) g4_gguf_free(&g);
+        CHECKF(rc != 0 && strstr(err.msg, bad[k].needle) && !strchr(err.msg, '\n'), "split case %d: %s", k,
+               rc ? err.msg : "accepted");
+    }
+    /* split.count 1 is a plain file */
+    write_shard(plain, 0, 1, 1, 1);
+    rc = g4_gguf_open(plain, &g, &err);
+    CHECKF(rc == 0, "split.count 1: %s", err.msg);
+    if (!rc) g4_gguf_free(&g);
 }
 
 int main(void) {

@@ -4,7 +4,7 @@
 # cached like a tokenizer.json),
 # computes logits, generates and chats exactly like the folder it came from (BF16 holds the
 # same values); Q8_0 / Q4_0 / Q6_K GGUF files and MLX 4-bit folders load and
-# generate;
+# generate; a GGUF split by llama-gguf-split loads from its first shard;
 # bad arguments and corrupt files fail with one line.
 set -u
 bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP:-/tmp}/gguf-cli
@@ -27,6 +27,12 @@ unset G4_TOKENIZER_CACHE_DIR
 ids=$("$bin" tokenize -m "$m" -p "The old prince")
 "$bin" logits -m "$m" --ids "$ids" -o "$tmp/a.f32" && "$bin" logits -m "$g" --ids "$ids" -o "$tmp/b.f32"
 cmp -s "$tmp/a.f32" "$tmp/b.f32"; check $? "identical logits from the folder and the BF16 GGUF"
+/usr/bin/python3 "$src/tests/data/split_gguf.py" "$g" "$tmp/tt-split" 3 &&
+    "$bin" logits -m "$tmp/tt-split-00001-of-00003.gguf" --ids "$ids" -o "$tmp/c.f32" && cmp -s "$tmp/a.f32" "$tmp/c.f32"
+check $? "a GGUF split in 3 as llama-gguf-split writes it: identical logits from its first shard"
+expect_error "a later shard of a split GGUF" "$bin" logits -m "$tmp/tt-split-00002-of-00003.gguf" --ids "$ids" -o "$tmp/c.f32"
+grep -q "give the first one" "$tmp/err.txt"; check $? "it names the first shard"
+rm -f "$tmp"/tt-split-*
 
 a=$("$bin" run -m "$m" -p "Who is Pierre?" -n 24 --temp 0); b=$("$bin" run -m "$g" -p "Who is Pierre?" -n 24 --temp 0)
 [ -n "$a" ] && [ "$a" = "$b" ]; check $? "a chat turn through the GGUF's template gives the folder's answer"

@@ -177,17 +177,17 @@ static int by_offset(const void *a, const void *b) {
     return x->off < y->off ? -1 : x->off > y->off ? 1 : x->i - y->i;
 }
 
-/* The tensors' data, in offset order, must be packed as llama.cpp writes and reads it: the first at 0, each
+/* The tensors' data of one file (tensors t0 .. of the set), in offset order, must be packed as llama.cpp writes and reads it: the first at 0, each
  * next one right after the previous one's bytes padded to the alignment. A tensor whose declared type or shape
  * does not match the bytes given to it overlaps the next one or leaves a gap before it. (A tensor of a type this
  * engine does not read has no known size: the one after it is not checked, and the tensor itself is an error
  * only where the model uses it.) */
-static int check_packed(g4_gguf *g, const uint64_t *offs, const char *path, g4_error *err) {
-    const int n = g->set.n_tensors;
+static int check_packed(g4_gguf *g, int t0, const uint64_t *offs, const char *path, g4_error *err) {
+    const int n = g->set.n_tensors - t0;
     if (n <= 0) return 0;
     placed *p = malloc((size_t)n * sizeof *p);
     if (!p) return g4_fail(err, "out of memory");
-    for (int i = 0; i < n; i++) p[i] = (placed){offs[i], i};
+    for (int i = 0; i < n; i++) p[i] = (placed){offs[i], t0 + i};
     qsort(p, (size_t)n, sizeof *p, by_offset);
     int rc = 0;
     uint64_t want = 0;
@@ -213,33 +213,29 @@ static int check_packed(g4_gguf *g, const uint64_t *offs, const char *path, g4_e
     return rc;
 }
 
-int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
-    memset(g, 0, sizeof *g);
+/* One file of a GGUF (the whole model, or one shard of a split one): its keys into *meta (a new object), its
+ * tensors into g->set (their data in this file). */
+static int read_file(const char *path, g4_gguf *g, json_t **meta, g4_error *err) {
+    *meta = NULL;
     g4_mapped_file mf;
     if (g4_map_file(path, &mf, err)) return -1;
     int fi = g4_tensor_set_add_file(&g->set, mf, path, err);
     if (fi < 0) return -1;
     cursor c = {mf.data, mf.data + mf.size, path, err, 0};
-    if (mf.size < 24 || memcmp(mf.data, "GGUF", 4)) {
-        g4_gguf_free(g);
-        return g4_fail(err, "%s: not a GGUF file", path);
-    }
+    if (mf.size < 24 || memcmp(mf.data, "GGUF", 4)) return g4_fail(err, "%s: not a GGUF file", path);
     c.p += 4;
     uint32_t version = (uint32_t)rd(&c, 4);
     if (version != 2 && version != 3) {
-        g4_gguf_free(g);
         if (!(version & 0xffff)) return g4_fail(err, "%s: a big-endian GGUF file is not supported", path);
         return g4_fail(err, "%s: GGUF version %u is not supported (2 or 3)", path, version);
     }
     g->version = (int)version;
     int64_t n_tensors = (int64_t)rd(&c, 8), n_kv = (int64_t)rd(&c, 8);
-    if (n_tensors < 0 || n_kv < 0 || n_tensors > (int64_t)(mf.size / 16) || n_kv > (int64_t)(mf.size / 12)) {
-        g4_gguf_free(g);
+    if (n_tensors < 0 || n_kv < 0 || n_tensors > (int64_t)(mf.size / 16) || n_kv > (int64_t)(mf.size / 12))
         return g4_fail(err, "%s: GGUF header counts %lld tensors and %lld keys, more than the file holds", path,
                        (long long)n_tensors, (long long)n_kv);
-    }
-    g->meta = json_object();
-    if (!g->meta) goto oom;
+    json_t *m = *meta = json_object();
+    if (!m) goto oom;
     for (int64_t i = 0; i < n_kv && !c.failed; i++) {
         uint64_t kl;
         const char *k = rd_str(&c, &kl);
@@ -252,25 +248,17 @@ int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
         }
         memcpy(key, k, kl);
         key[kl] = 0;
-        if (json_object_get(g->meta, key)) {
+        if (json_object_get(m, key)) {
             g4_fail(err, "%s: GGUF key '%s' appears twice", path, key);
             goto fail;
         }
         json_t *v = rd_value(&c, type);
         if (!v) break;
-        if (json_object_set_new(g->meta, key, v)) goto oom;
+        if (json_object_set_new(m, key, v)) goto oom;
     }
     if (c.failed) goto fail;
-    const json_t *split = json_object_get(g->meta, "split.count");
-    if (json_is_integer(split) && json_integer_value(split) > 1) { /* llama-gguf-split's shards */
-        const json_t *no = json_object_get(g->meta, "split.no");
-        g4_fail(err, "%s: shard %lld of a GGUF split into %lld files; split GGUF files are not read (merge them into one "
-                     "with llama-gguf-split --merge)",
-                path, json_is_integer(no) ? (long long)json_integer_value(no) + 1 : 1LL, (long long)json_integer_value(split));
-        goto fail;
-    }
     g->alignment = 32;
-    const json_t *al = json_object_get(g->meta, "general.alignment");
+    const json_t *al = json_object_get(m, "general.alignment");
     if (al) {
         json_int_t a = json_is_integer(al) ? json_integer_value(al) : 0;
         if (a <= 0 || a > (1 << 20) || (a & (a - 1))) {
@@ -280,6 +268,7 @@ int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
         g->alignment = (size_t)a;
     }
     /* tensor infos: data offsets are checked once the data start is known */
+    const int t0 = g->set.n_tensors; /* this file's tensors are t0 .. */
     uint64_t *offs = calloc((size_t)n_tensors + 1, sizeof *offs);
     if (!offs) goto oom;
     for (int64_t i = 0; i < n_tensors && !c.failed; i++) {
@@ -325,9 +314,9 @@ int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
     if (!c.failed) {
         size_t hdr = (size_t)(c.p - mf.data);
         g->data_start = (hdr + g->alignment - 1) / g->alignment * g->alignment;
-        for (int i = 0; i < g->set.n_tensors; i++) {
+        for (int i = t0; i < g->set.n_tensors; i++) {
             g4_tensor *t = &g->set.tensors[i];
-            uint64_t o = offs[i];
+            uint64_t o = offs[i - t0];
             if (o % g->alignment || g->data_start > mf.size || o > mf.size - g->data_start ||
                 t->nbytes > mf.size - g->data_start - o) {
                 g4_fail(err, "%s: tensor '%s' data (offset %llu, %zu bytes) is misaligned or outside the file", path,
@@ -338,12 +327,73 @@ int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
             t->data = mf.data + g->data_start + o;
         }
     }
-    if (!c.failed && check_packed(g, offs, path, err)) c.failed = 1;
+    if (!c.failed && check_packed(g, t0, offs, path, err)) c.failed = 1;
     free(offs);
-    if (c.failed || g4_tensor_set_finish(&g->set, err)) goto fail;
-    return 0;
+    return c.failed ? -1 : 0;
 oom:
     g4_fail(err, "out of memory");
+fail:
+    return -1;
+}
+
+/* The path of shard `no` (from 0) of `count` beside the first one's, llama.cpp's PREFIX-%05d-of-%05d.gguf
+ * (llama_split_path); -1 when the first one's name is not of that form. */
+static int shard_path(const char *first, int no, int count, char *out, size_t cap) {
+    const size_t n = strlen(first), tail = strlen("-00001-of-00000.gguf");
+    char want[32];
+    snprintf(want, sizeof want, "-00001-of-%05d.gguf", count);
+    if (n < tail || strcmp(first + n - strlen(want), want) || n + 8 >= cap) return -1;
+    const size_t base = n - strlen(want);
+    snprintf(out, cap, "%.*s-%05d-of-%05d.gguf", (int)base, first, no + 1, count);
+    return 0;
+}
+
+static json_int_t meta_int(const json_t *meta, const char *key, json_int_t def) {
+    const json_t *v = json_object_get(meta, key);
+    return json_is_integer(v) ? json_integer_value(v) : def;
+}
+
+int g4_gguf_open(const char *path, g4_gguf *g, g4_error *err) {
+    memset(g, 0, sizeof *g);
+    if (read_file(path, g, &g->meta, err)) goto fail;
+    /* a split GGUF (llama-gguf-split, llama.cpp's convention): the first shard holds every key, each shard its
+     * tensors and their data; split.tensors.count counts them all */
+    const json_int_t count = meta_int(g->meta, "split.count", 1), no = meta_int(g->meta, "split.no", 0);
+    if (count > 1) {
+        if (no != 0) {
+            g4_fail(err, "%s: shard %lld of a GGUF split into %lld files: give the first one (its -00001-of-%05lld.gguf)",
+                    path, (long long)no + 1, (long long)count, (long long)count);
+            goto fail;
+        }
+        const size_t alignment = g->alignment;
+        for (int k = 1; k < count; k++) {
+            char sp[4096];
+            if (count > 99999 || shard_path(path, k, (int)count, sp, sizeof sp)) {
+                g4_fail(err, "%s: the first shard of a GGUF split into %lld files is not named PREFIX-00001-of-%05lld.gguf "
+                             "(the others are found by that name)", path, (long long)count, (long long)count);
+                goto fail;
+            }
+            json_t *sm = NULL;
+            int rc = read_file(sp, g, &sm, err);
+            const json_int_t sno = meta_int(sm, "split.no", -1), scount = meta_int(sm, "split.count", -1);
+            json_decref(sm);
+            if (rc) goto fail;
+            if (sno != k || scount != count) {
+                g4_fail(err, "%s: split.no %lld of %lld, where shard %d of %lld belongs", sp, (long long)sno,
+                        (long long)scount, k + 1, (long long)count);
+                goto fail;
+            }
+        }
+        g->alignment = alignment;
+        const json_int_t total = meta_int(g->meta, "split.tensors.count", g->set.n_tensors);
+        if (total != g->set.n_tensors) {
+            g4_fail(err, "%s: the %lld shards hold %d tensors, split.tensors.count says %lld", path, (long long)count,
+                    g->set.n_tensors, (long long)total);
+            goto fail;
+        }
+    }
+    if (g4_tensor_set_finish(&g->set, err)) goto fail;
+    return 0;
 fail:
     g4_gguf_free(g);
     return -1;
