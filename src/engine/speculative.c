@@ -159,12 +159,8 @@ void g4_spec_free(g4_spec *s) {
  * this many, and the verification step must fit the context's batch. */
 #define HEURISTIC_MAX_DRAFTS 64
 
-static int g4_spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
-                g4_error *err) {
-    if (!out) return g4_fail(err, "g4_spec_new: out is NULL");
-    *out = NULL;
-    if (!ctx) return g4_fail(err, "g4_spec_new: ctx is NULL");
-    if (!d) return g4_fail(err, "g4_spec_new: d is NULL");
+static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
+                           g4_error *err) {
     if (ctx->scheduler) return g4_fail(err, "the context's sequences belong to its scheduler");
     g4_spec_params p = {0};
     if (params) p = *params;
@@ -296,8 +292,6 @@ static int draft(g4_spec *s, int32_t last, int c, int k, g4_error *err) {
 
 static int spec_prefill_locked(g4_spec *s, const int32_t *prompt, int n_prompt, const float *embd, float *logits,
                                g4_error *err) {
-    if (!prompt) return g4_fail(err, "g4_spec_prefill: prompt is NULL");
-    if (!logits) return g4_fail(err, "g4_spec_prefill: logits is NULL");
     g4_context *ctx = s->ctx;
     g4_backend *be = ctx->model->be;
     const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
@@ -405,11 +399,8 @@ static int log_round(g4_spec *s, int drafted, int accepted, g4_error *err) {
     return 0;
 }
 
-static int g4_spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out, g4_error *err) {
-    if (!n_out) return g4_fail(err, "g4_spec_round: n_out is NULL");
-    *n_out = 0;
-    if (!s) return g4_fail(err, "g4_spec_round: s is NULL");
-    if (!out) return g4_fail(err, "g4_spec_round: out is NULL");
+static int spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out,
+                             g4_error *err) {
     g4_context *ctx = s->ctx;
     g4_backend *be = ctx->model->be;
     const int V = ctx->model->cfg.text.vocab_size, H = ctx->model->cfg.text.hidden_size;
@@ -504,9 +495,7 @@ void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted,
     if (n) *n = s ? s->n_rounds : 0;
 }
 
-static int g4_spec_draft_locked(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
-    if (!s) return g4_fail(err, "g4_spec_draft: s is NULL");
-    if (!drafts) return g4_fail(err, "g4_spec_draft: drafts is NULL");
+static int spec_draft_locked(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
     if (!s->ready) return g4_fail(err, "speculative decoding: run the prompt first (g4_spec_prefill)");
     if (k < 0 || k > s->cap) return g4_fail(err, "%d drafts: at most %d", k, s->cap);
     if (last < 0 || last >= s->ctx->model->cfg.text.vocab_size)
@@ -526,6 +515,8 @@ static int g4_spec_draft_locked(g4_spec *s, int32_t last, int k, int32_t *drafts
 int g4_spec_prefill_embd(g4_spec *s, const int32_t *prompt, int n_prompt, const float *embd, float *logits,
                          g4_error *err) {
     G4_ARG(s, err);
+    G4_ARG(prompt, err);
+    G4_ARG(logits, err);
     pthread_mutex_lock(&s->ctx->model->backend_lock);
     int rc = spec_prefill_locked(s, prompt, n_prompt, embd, logits, err);
     pthread_mutex_unlock(&s->ctx->model->backend_lock);
@@ -540,16 +531,18 @@ int g4_spec_round(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t
     G4_ARG(n_out, err);
     *n_out = 0;
     G4_ARG(s, err);
+    G4_ARG(out, err);
     pthread_mutex_lock(&s->ctx->model->backend_lock);
-    int rc = g4_spec_round_locked(s, last, budget, smp, out, n_out, err);
+    int rc = spec_round_locked(s, last, budget, smp, out, n_out, err);
     pthread_mutex_unlock(&s->ctx->model->backend_lock);
     return rc;
 }
 
 int g4_spec_draft(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
     G4_ARG(s, err);
+    G4_ARG(drafts, err);
     pthread_mutex_lock(&s->ctx->model->backend_lock);
-    int rc = g4_spec_draft_locked(s, last, k, drafts, err);
+    int rc = spec_draft_locked(s, last, k, drafts, err);
     pthread_mutex_unlock(&s->ctx->model->backend_lock);
     return rc;
 }
@@ -559,8 +552,9 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
     G4_ARG(out, err);
     *out = NULL;
     G4_ARG(ctx, err);
+    G4_ARG(d, err);
     pthread_mutex_lock(&ctx->model->backend_lock);
-    int rc = g4_spec_new_locked(ctx, seq, d, params, out, err);
+    int rc = spec_new_locked(ctx, seq, d, params, out, err);
     pthread_mutex_unlock(&ctx->model->backend_lock);
     return rc;
 }
