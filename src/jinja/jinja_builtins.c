@@ -143,6 +143,29 @@ static const char *case_special(uint32_t cp, int upper) {
     return hit ? ((const case_form *)hit)->s : NULL;
 }
 
+/* Python's lower() of the capital sigma at s[i .. i+k) (its Final_Sigma context, SpecialCasing.txt): U+03C2 after
+ * a cased letter (case-ignorable characters between) that no cased letter follows (the same), else U+03C3. */
+static uint32_t final_sigma(const char *s, size_t n, size_t i, size_t k) {
+    uint32_t cp = 0;
+    int before = 0;
+    for (size_t j = i; j > 0;) { /* back to the start of the previous character */
+        size_t a = j - 1;
+        while (a > 0 && ((unsigned char)s[a] & 0xC0) == 0x80) a--;
+        ju8_next(s + a, j - a, &cp);
+        j = a;
+        if (!ju_case_ignorable(cp)) {
+            before = ju_cased(cp);
+            break;
+        }
+    }
+    if (!before) return 0x3C3;
+    for (size_t j = i + k; j < n;) {
+        j += ju8_next(s + j, n - j, &cp);
+        if (!ju_case_ignorable(cp)) return ju_cased(cp) ? 0x3C3 : 0x3C2;
+    }
+    return 0x3C2;
+}
+
 static jv *case_map(jrender *r, int line, const char *s, size_t n, int upper) {
     jbuf b = {.limit = r->lim.max_output};
     size_t i = 0;
@@ -155,7 +178,7 @@ static jv *case_map(jrender *r, int line, const char *s, size_t n, int upper) {
             i += k;
             continue;
         }
-        uint32_t m = upper ? ju_upper(cp) : ju_lower(cp);
+        uint32_t m = upper ? ju_upper(cp) : cp == 0x3A3 ? final_sigma(s, n, i, k) : ju_lower(cp);
         if (m == cp)
             jbuf_put(&b, s + i, k);
         else

@@ -83,6 +83,10 @@ size_t ju8_lspace(const char *s, size_t n);
 size_t ju8_rspace(const char *s, size_t n);
 uint32_t ju_upper(uint32_t cp);
 uint32_t ju_lower(uint32_t cp);
+/* Unicode's Cased (a letter with case) and Case_Ignorable, as Python's str.lower() reads them for its final sigma
+ * (approximated from the C library's classes and the ignorable ranges that occur in text). */
+int ju_cased(uint32_t cp);
+int ju_case_ignorable(uint32_t cp);
 int ju_isalpha(uint32_t cp);
 int ju_isdigit(uint32_t cp);
 

@@ -145,6 +145,9 @@ CASES = [
     # compare keys lower-cased, so they decide the order of a tool's arguments)
     "{{ '%s'.upper() }}|{{ '%s'|upper }}|{{ 'İstanbul'.lower() }}{{ 'İ'|lower|length }}{{ 'straße'.title() }}"
     % (FULL_UPPER, FULL_UPPER),
+    # the final sigma of lower(): after a cased letter, no cased letter following (case-ignorable ones between)
+    "{{ 'ΟΔΥΣΣΕΥΣ'.lower() }}|{{ 'ΣΑ Σ ΑΣ. ΑΣ\\'Α ΑΣ\\'. Α\u0301Σ 1Σ ΣΣ aΣb aΣ'|lower }}|{{ 'ΑΣ\u0301'.lower() }}"
+    "|{{ 'ΑΣ\u00adΒ ΑΣ:ΒΣ ΑΣ·'.lower() }}|{{ ['ΑΣ', 'αΣ', 'Σ']|map('lower')|list }}",
     "{{ {'İ': 0, 'i': 1, 'j': 2, 'I': 3, 'ı': 4}|dictsort }}{{ ['İb', 'ia', 'ic', 'Ia']|sort }}{{ ['ﬃx', 'ffiy', 'FFIa']|sort }}",
     # namespaces and dicts
     "{% set ns = namespace() %}{% set ns.a = [1] %}{% set ns.b = ns.a + [2] %}{{ ns.b }}{{ ns.c }}",
