@@ -43,9 +43,9 @@
  * jinja2 would never consume the generator; a slice of a non-sequence is an error even in a
  * constant expression; dict.items()/keys()/values() and range() print as lists (jinja2:
  * dict_items, range objects); upper/lower use the C library's simple case mapping plus Python's
- * multi-character forms (ß -> SS, ligatures, U+0130 -> i U+0307, ...) and lower()'s final sigma
- * (with Cased and Case_Ignorable approximated: jinja_internal.h); title/capitalize upper-case where
- * Python title-cases (ǆ -> Ǆ, not ǅ);
+ * multi-character forms (ß -> SS, ligatures, U+0130 -> i U+0307, ...), its title case (str.title,
+ * capitalize: ǆ -> ǅ, ß -> Ss) and lower()'s final sigma (Cased and Case_Ignorable approximated:
+ * jinja_internal.h);
  * repr() escapes an approximation of Python's non-printable set; a macro that reads a top-level
  * variable shadowing a render variable before the top level assigns it sees the render variable
  * (jinja2: undefined); a macro defined inside a loop no longer sees the loop variables after the

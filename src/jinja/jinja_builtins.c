@@ -130,6 +130,49 @@ static const case_form upper_full[] = {
     {0xFB16, "\xd5\x8e\xd5\x86"}, {0xFB17, "\xd5\x84\xd4\xbd"},
 };
 
+/* The title-case forms that differ from the upper-case ones (digraphs, ligatures, ß, Georgian, Greek with
+ * ypogegrammeni), in code point order, as
+ *   python3 -c "print([(hex(c), chr(c).title()) for c in range(0x110000)
+ *                      if not 0xD800 <= c < 0xE000 and chr(c).title() != chr(c).upper()])"
+ * lists them (Python 3.11). */
+static const case_form title_full[] = {
+    {0xDF, "\x53\x73"}, {0x1C4, "\xc7\x85"}, {0x1C5, "\xc7\x85"}, {0x1C6, "\xc7\x85"}, {0x1C7, "\xc7\x88"},
+    {0x1C8, "\xc7\x88"}, {0x1C9, "\xc7\x88"}, {0x1CA, "\xc7\x8b"}, {0x1CB, "\xc7\x8b"}, {0x1CC, "\xc7\x8b"},
+    {0x1F1, "\xc7\xb2"}, {0x1F2, "\xc7\xb2"}, {0x1F3, "\xc7\xb2"}, {0x587, "\xd4\xb5\xd6\x82"},
+    {0x10D0, "\xe1\x83\x90"}, {0x10D1, "\xe1\x83\x91"}, {0x10D2, "\xe1\x83\x92"}, {0x10D3, "\xe1\x83\x93"},
+    {0x10D4, "\xe1\x83\x94"}, {0x10D5, "\xe1\x83\x95"}, {0x10D6, "\xe1\x83\x96"}, {0x10D7, "\xe1\x83\x97"},
+    {0x10D8, "\xe1\x83\x98"}, {0x10D9, "\xe1\x83\x99"}, {0x10DA, "\xe1\x83\x9a"}, {0x10DB, "\xe1\x83\x9b"},
+    {0x10DC, "\xe1\x83\x9c"}, {0x10DD, "\xe1\x83\x9d"}, {0x10DE, "\xe1\x83\x9e"}, {0x10DF, "\xe1\x83\x9f"},
+    {0x10E0, "\xe1\x83\xa0"}, {0x10E1, "\xe1\x83\xa1"}, {0x10E2, "\xe1\x83\xa2"}, {0x10E3, "\xe1\x83\xa3"},
+    {0x10E4, "\xe1\x83\xa4"}, {0x10E5, "\xe1\x83\xa5"}, {0x10E6, "\xe1\x83\xa6"}, {0x10E7, "\xe1\x83\xa7"},
+    {0x10E8, "\xe1\x83\xa8"}, {0x10E9, "\xe1\x83\xa9"}, {0x10EA, "\xe1\x83\xaa"}, {0x10EB, "\xe1\x83\xab"},
+    {0x10EC, "\xe1\x83\xac"}, {0x10ED, "\xe1\x83\xad"}, {0x10EE, "\xe1\x83\xae"}, {0x10EF, "\xe1\x83\xaf"},
+    {0x10F0, "\xe1\x83\xb0"}, {0x10F1, "\xe1\x83\xb1"}, {0x10F2, "\xe1\x83\xb2"}, {0x10F3, "\xe1\x83\xb3"},
+    {0x10F4, "\xe1\x83\xb4"}, {0x10F5, "\xe1\x83\xb5"}, {0x10F6, "\xe1\x83\xb6"}, {0x10F7, "\xe1\x83\xb7"},
+    {0x10F8, "\xe1\x83\xb8"}, {0x10F9, "\xe1\x83\xb9"}, {0x10FA, "\xe1\x83\xba"}, {0x10FD, "\xe1\x83\xbd"},
+    {0x10FE, "\xe1\x83\xbe"}, {0x10FF, "\xe1\x83\xbf"}, {0x1F80, "\xe1\xbe\x88"}, {0x1F81, "\xe1\xbe\x89"},
+    {0x1F82, "\xe1\xbe\x8a"}, {0x1F83, "\xe1\xbe\x8b"}, {0x1F84, "\xe1\xbe\x8c"}, {0x1F85, "\xe1\xbe\x8d"},
+    {0x1F86, "\xe1\xbe\x8e"}, {0x1F87, "\xe1\xbe\x8f"}, {0x1F88, "\xe1\xbe\x88"}, {0x1F89, "\xe1\xbe\x89"},
+    {0x1F8A, "\xe1\xbe\x8a"}, {0x1F8B, "\xe1\xbe\x8b"}, {0x1F8C, "\xe1\xbe\x8c"}, {0x1F8D, "\xe1\xbe\x8d"},
+    {0x1F8E, "\xe1\xbe\x8e"}, {0x1F8F, "\xe1\xbe\x8f"}, {0x1F90, "\xe1\xbe\x98"}, {0x1F91, "\xe1\xbe\x99"},
+    {0x1F92, "\xe1\xbe\x9a"}, {0x1F93, "\xe1\xbe\x9b"}, {0x1F94, "\xe1\xbe\x9c"}, {0x1F95, "\xe1\xbe\x9d"},
+    {0x1F96, "\xe1\xbe\x9e"}, {0x1F97, "\xe1\xbe\x9f"}, {0x1F98, "\xe1\xbe\x98"}, {0x1F99, "\xe1\xbe\x99"},
+    {0x1F9A, "\xe1\xbe\x9a"}, {0x1F9B, "\xe1\xbe\x9b"}, {0x1F9C, "\xe1\xbe\x9c"}, {0x1F9D, "\xe1\xbe\x9d"},
+    {0x1F9E, "\xe1\xbe\x9e"}, {0x1F9F, "\xe1\xbe\x9f"}, {0x1FA0, "\xe1\xbe\xa8"}, {0x1FA1, "\xe1\xbe\xa9"},
+    {0x1FA2, "\xe1\xbe\xaa"}, {0x1FA3, "\xe1\xbe\xab"}, {0x1FA4, "\xe1\xbe\xac"}, {0x1FA5, "\xe1\xbe\xad"},
+    {0x1FA6, "\xe1\xbe\xae"}, {0x1FA7, "\xe1\xbe\xaf"}, {0x1FA8, "\xe1\xbe\xa8"}, {0x1FA9, "\xe1\xbe\xa9"},
+    {0x1FAA, "\xe1\xbe\xaa"}, {0x1FAB, "\xe1\xbe\xab"}, {0x1FAC, "\xe1\xbe\xac"}, {0x1FAD, "\xe1\xbe\xad"},
+    {0x1FAE, "\xe1\xbe\xae"}, {0x1FAF, "\xe1\xbe\xaf"}, {0x1FB2, "\xe1\xbe\xba\xcd\x85"}, {0x1FB3, "\xe1\xbe\xbc"},
+    {0x1FB4, "\xce\x86\xcd\x85"}, {0x1FB7, "\xce\x91\xcd\x82\xcd\x85"}, {0x1FBC, "\xe1\xbe\xbc"},
+    {0x1FC2, "\xe1\xbf\x8a\xcd\x85"}, {0x1FC3, "\xe1\xbf\x8c"}, {0x1FC4, "\xce\x89\xcd\x85"},
+    {0x1FC7, "\xce\x97\xcd\x82\xcd\x85"}, {0x1FCC, "\xe1\xbf\x8c"}, {0x1FF2, "\xe1\xbf\xba\xcd\x85"},
+    {0x1FF3, "\xe1\xbf\xbc"}, {0x1FF4, "\xce\x8f\xcd\x85"}, {0x1FF7, "\xce\xa9\xcd\x82\xcd\x85"},
+    {0x1FFC, "\xe1\xbf\xbc"}, {0xFB00, "\x46\x66"}, {0xFB01, "\x46\x69"}, {0xFB02, "\x46\x6c"},
+    {0xFB03, "\x46\x66\x69"}, {0xFB04, "\x46\x66\x6c"}, {0xFB05, "\x53\x74"}, {0xFB06, "\x53\x74"},
+    {0xFB13, "\xd5\x84\xd5\xb6"}, {0xFB14, "\xd5\x84\xd5\xa5"}, {0xFB15, "\xd5\x84\xd5\xab"},
+    {0xFB16, "\xd5\x8e\xd5\xb6"}, {0xFB17, "\xd5\x84\xd5\xad"},
+};
+
 static int cmp_upper_full(const void *key, const void *item) {
     uint32_t a = *(const uint32_t *)key, b = *(const uint32_t *)item;
     return a < b ? -1 : a > b;
@@ -139,6 +182,13 @@ static const char *case_special(uint32_t cp, int upper) {
     if (!upper) return cp == 0x130 ? "i\xcc\x87" : NULL;
     if (cp < 0xDF) return NULL;
     const void *hit = bsearch(&cp, upper_full, sizeof upper_full / sizeof upper_full[0], sizeof upper_full[0],
+                              cmp_upper_full);
+    return hit ? ((const case_form *)hit)->s : NULL;
+}
+
+static const char *title_special(uint32_t cp) {
+    if (cp < 0xDF) return NULL;
+    const void *hit = bsearch(&cp, title_full, sizeof title_full / sizeof title_full[0], sizeof title_full[0],
                               cmp_upper_full);
     return hit ? ((const case_form *)hit)->s : NULL;
 }
@@ -166,23 +216,28 @@ static uint32_t final_sigma(const char *s, size_t n, size_t i, size_t k) {
     return 0x3C2;
 }
 
+/* Writes Python's full case form of the character cp at s[i .. i+k) to b: 'u' upper(), 'l' lower() (the final
+ * sigma included), 't' title case (str.title() and capitalize() at a word's start). */
+static void put_case(jbuf *b, const char *s, size_t n, size_t i, size_t k, uint32_t cp, int form) {
+    const char *sp = form == 't' ? title_special(cp) : NULL;
+    if (!sp) sp = case_special(cp, form != 'l');
+    if (sp) {
+        jbuf_puts(b, sp);
+        return;
+    }
+    uint32_t m = form != 'l' ? ju_upper(cp) : cp == 0x3A3 ? final_sigma(s, n, i, k) : ju_lower(cp);
+    if (m == cp)
+        jbuf_put(b, s + i, k);
+    else
+        ju8_put(b, m);
+}
+
 static jv *case_map(jrender *r, int line, const char *s, size_t n, int upper) {
     jbuf b = {.limit = r->lim.max_output};
-    size_t i = 0;
-    while (i < n) {
+    for (size_t i = 0; i < n;) {
         uint32_t cp;
         size_t k = ju8_next(s + i, n - i, &cp);
-        const char *sp = case_special(cp, upper);
-        if (sp) {
-            jbuf_puts(&b, sp);
-            i += k;
-            continue;
-        }
-        uint32_t m = upper ? ju_upper(cp) : cp == 0x3A3 ? final_sigma(s, n, i, k) : ju_lower(cp);
-        if (m == cp)
-            jbuf_put(&b, s + i, k);
-        else
-            ju8_put(&b, m);
+        put_case(&b, s, n, i, k, cp, upper ? 'u' : 'l');
         i += k;
     }
     return new_string(r, line, &b);
@@ -507,55 +562,55 @@ static int64_t find_impl(const jv *str, const jv *sub, int last) {
     return hit ? (int64_t)ju8_count(s, (size_t)(hit - s)) : -1;
 }
 
-/* Python's str.title(): a cased letter after an uncased character is upper-cased, others lower. */
+/* Python's str.title(): a character after a cased one is lower-cased, others title-cased. */
 static jv *py_title(jrender *r, int line, const char *s, size_t n) {
     jbuf b = {.limit = r->lim.max_output};
     int prev_cased = 0;
-    size_t i = 0;
-    while (i < n) {
+    for (size_t i = 0; i < n;) {
         uint32_t cp;
         size_t k = ju8_next(s + i, n - i, &cp);
-        uint32_t up = ju_upper(cp), lo = ju_lower(cp);
-        int cased = up != lo || ju_isalpha(cp);
-        uint32_t out = cased ? (prev_cased ? lo : up) : cp;
-        ju8_put(&b, out);
-        prev_cased = cased && (up != lo || case_special(cp, 1)); /* ß: cased, though its simple forms are itself */
+        put_case(&b, s, n, i, k, cp, prev_cased ? 'l' : 't');
+        prev_cased = ju_cased(cp);
         i += k;
     }
     return new_string(r, line, &b);
 }
 
+/* Python's str.capitalize(): the first character title-cased, the rest lower-cased. */
 static jv *py_capitalize(jrender *r, int line, const char *s, size_t n) {
     jbuf b = {.limit = r->lim.max_output};
-    size_t i = 0;
-    int first = 1;
-    while (i < n) {
+    for (size_t i = 0; i < n;) {
         uint32_t cp;
         size_t k = ju8_next(s + i, n - i, &cp);
-        ju8_put(&b, first ? ju_upper(cp) : ju_lower(cp));
-        first = 0;
+        put_case(&b, s, n, i, k, cp, i == 0 ? 't' : 'l');
         i += k;
     }
     return new_string(r, line, &b);
 }
 
 /* jinja's title filter: words start after runs of "-", whitespace, "(", "{", "[", "<". */
+static int title_sep(uint32_t cp) { return cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || ju_isspace(cp); }
+
 static jv *jinja_title(jrender *r, int line, const char *s, size_t n) {
     jbuf b = {.limit = r->lim.max_output};
-    size_t i = 0;
-    int at_start = 1;
-    while (i < n) {
-        uint32_t cp;
-        size_t k = ju8_next(s + i, n - i, &cp);
-        int sep = cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<' || ju_isspace(cp);
-        if (sep) {
+    for (size_t i = 0; i < n;) {
+        uint32_t cp, c2;
+        size_t k = ju8_next(s + i, n - i, &cp), k2;
+        if (title_sep(cp)) {
             jbuf_put(&b, s + i, k);
-            at_start = 1;
-        } else {
-            ju8_put(&b, at_start ? ju_upper(cp) : ju_lower(cp));
-            at_start = 0;
+            i += k;
+            continue;
         }
-        i += k;
+        /* a word: item[0].upper() + item[1:].lower(), the rest lower-cased as a string of its own */
+        size_t e = i + k;
+        while (e < n && !title_sep((k2 = ju8_next(s + e, n - e, &c2), c2))) e += k2;
+        put_case(&b, s, n, i, k, cp, 'u');
+        const char *rest = s + i + k;
+        for (size_t j = 0; j < e - i - k; j += k2) {
+            k2 = ju8_next(rest + j, e - i - k - j, &c2);
+            put_case(&b, rest, e - i - k, j, k2, c2, 'l');
+        }
+        i = e;
     }
     return new_string(r, line, &b);
 }

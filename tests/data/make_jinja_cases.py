@@ -148,6 +148,10 @@ CASES = [
     # the final sigma of lower(): after a cased letter, no cased letter following (case-ignorable ones between)
     "{{ 'ΟΔΥΣΣΕΥΣ'.lower() }}|{{ 'ΣΑ Σ ΑΣ. ΑΣ\\'Α ΑΣ\\'. Α\u0301Σ 1Σ ΣΣ aΣb aΣ'|lower }}|{{ 'ΑΣ\u0301'.lower() }}"
     "|{{ 'ΑΣ\u00adΒ ΑΣ:ΒΣ ΑΣ·'.lower() }}|{{ ['ΑΣ', 'αΣ', 'Σ']|map('lower')|list }}",
+    # title case: str.title() and capitalize() title-case (digraphs, ligatures, ß, Georgian, Greek with
+    # ypogegrammeni), jinja's title filter upper-cases a word's first character and lower-cases the rest on its own
+    "{{ 'ǆemal ǉubav ǌego ǳ ßa ﬁsh ﬃx ᾳδης მამა ΑΣ ΟΔΥΣΣΕΥΣ ιΣ'.title() }}|{{ 'ǆemal ΣΑΣ'.capitalize() }}|"
+    "{{ 'ßa'|capitalize }}|{{ 'ﬁsh ǆemal-ǉubav (ΑΣ ΣΣ ßa მამა ᾳδης'|title }}|{{ 'a中b 1a éCOLE'.title() }}",
     "{{ {'İ': 0, 'i': 1, 'j': 2, 'I': 3, 'ı': 4}|dictsort }}{{ ['İb', 'ia', 'ic', 'Ia']|sort }}{{ ['ﬃx', 'ffiy', 'FFIa']|sort }}",
     # namespaces and dicts
     "{% set ns = namespace() %}{% set ns.a = [1] %}{% set ns.b = ns.a + [2] %}{{ ns.b }}{{ ns.c }}",
