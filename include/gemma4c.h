@@ -183,7 +183,8 @@ G4_API g4_model *g4_context_model(const g4_context *ctx);
 /* Positions per sequence the context holds. */
 G4_API int g4_context_n_ctx(const g4_context *ctx);
 
-/* Forget everything sequence `seq` has processed (its next position is 0). */
+/* Forget everything sequence `seq` has processed (its next position is 0). A generation running on the
+ * sequence (reset or truncated under it) fails at its next step. */
 G4_API void g4_seq_reset(g4_context *ctx, int seq);
 /* Rolls sequence `seq` back to its first n positions (to reuse a shared prefix).
  * Sliding-window layers keep only the window's rows plus n_batch more, so a roll-back by more than

@@ -276,6 +276,22 @@ static void test_cancel(g4_model *m, const reference *r) {
     int32_t got[8];
     CHECK(run_all(g, got, 8) == 4 && !memcmp(got, r->greedy, 4 * sizeof *got));
     g4_generation_free(g);
+
+    /* its sequence reset or truncated while it runs: the next step is an error, not tokens from another state */
+    gp.max_new_tokens = 0;
+    for (int how = 0; how < 2; how++) {
+        g4_seq_reset(ctx, 0);
+        CHECK(g4_generation_start(ctx, 0, r->ids, n_prompt, &gp, &g, &err) == 0);
+        for (int i = 0; i < 5; i++) CHECK(g4_generation_next(g, &ev, &err) == 1);
+        if (how == 0) g4_seq_reset(ctx, 0);
+        else CHECK(g4_seq_truncate(ctx, 0, n_prompt - 2, &err) == 0);
+        int rc;
+        while ((rc = g4_generation_next(g, &ev, &err)) == 1 && ev.kind != G4_EVENT_TOKEN) {
+        }
+        CHECKF(rc == -1 && strstr(err.msg, "changed under its generation") && one_line(&err), "%s: rc %d, %s",
+               how ? "truncated" : "reset", rc, err.msg);
+        g4_generation_free(g);
+    }
     g4_context_free(ctx);
 }
 

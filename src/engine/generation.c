@@ -193,6 +193,12 @@ static int spec_cancelled(void *user) { return cancelled(user); }
 static int run_model(g4_generation *g) {
     g4_context *ctx = g->ctx;
     if (cancelled(g)) return 1;
+    /* the sequence holds what this generation fed it (the drafter's rounds check their own): a reset or truncate
+     * of it while the generation runs would have it go on from another state */
+    const int want = g->n_fed < g->n_prompt ? g->n_fed : g->n_prompt + g->n_ids - 1;
+    if (!g->spec && !g->scheduled && g4_seq_length(ctx, g->seq) != want)
+        return g4_fail(&g->err, "sequence %d changed under its generation (%d positions, %d expected): it was reset "
+                       "or truncated while the generation ran", g->seq, g4_seq_length(ctx, g->seq), want);
     if (g->spec && g->n_fed < g->n_prompt) { /* logits of the last row; the drafter keeps what it needs */
         const float *embd = g->embd ? g->embd + (size_t)g4_count_soft_tokens(ctx->model, g->prompt, g->n_fed) *
                                                     ctx->model->cfg.text.hidden_size
