@@ -84,6 +84,15 @@ expect_error "a missing image" "$bin" encode-image -m "$fx" --image "$tmp/nope.p
 expect_error "a budget that is not offered" "$bin" encode-image -m "$fx" --image "$img0" --budget 100 -o "$tmp/x.f32"
 [ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"
 
+# quantize writes the decoder only (as for the towers of gemma4): the folder loads and runs text, and an image
+# or audio is a one-line error (it failed to load: the embedders' 11 tensors were required)
+"$bin" quantize "$fx" "$tmp/mlx8" --type mlx8 >/dev/null 2>&1
+out=$("$bin" generate -m "$tmp/mlx8" --ids 2,10,11 -n 2 --temp 0 2>"$tmp/q.txt")
+check $? "generate on a gemma4_unified folder quantized to mlx8 ($out $(head -c 150 "$tmp/q.txt"))"
+out=$("$bin" generate -m "$tmp/mlx8" --ids 2,500 --image "$img0" -n 1 2>"$tmp/q.txt")
+[ $? -ne 0 ] && [ -z "$out" ] && tail -n 1 "$tmp/q.txt" | grep -q "no image embedder"
+check $? "an image for the mlx8 folder: the load's warning, then an error: no image embedder ($(tail -n 1 "$tmp/q.txt"))"
+
 # a random gemma4_unified checkpoint with the example model's tokenizer and chat template
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp"
 /usr/bin/python3 "$here/data/random_gemma4.py" unified "$fx/config.json" "$tmp/ru" --files-from "$tmp/tolstoy-tiny"

@@ -168,6 +168,7 @@ int g4_unified_image_blocks(const g4_model *m, const g4_image *img, int budget, 
 }
 
 int g4_unified_image_max_tokens(const g4_model *m, int budget) {
+    if (!m->uni.dense) return 0; /* no embedders in the weights (a text-only conversion) */
     if (budget > 0) return budget;
     g4_image_processor p;
     g4_error err;
@@ -194,6 +195,7 @@ static int soft_tokens_alloc(const g4_model *m, g4_media_kind kind, int n, g4_so
 
 int g4_unified_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err) {
     memset(out, 0, sizeof *out);
+    if (!m->uni.dense) return g4_fail(err, "%s: the model has no image embedder (none in the weights)", m->dir);
     g4_image_patches pp;
     if (g4_unified_image_blocks(m, img, budget, &pp, err)) return -1;
     int rc = soft_tokens_alloc(m, G4_MEDIA_IMAGE, pp.n_patches, out, err);
@@ -209,6 +211,7 @@ int g4_unified_image_encode(g4_model *m, const g4_image *img, int budget, g4_sof
 
 int g4_unified_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err) {
     memset(out, 0, sizeof *out);
+    if (!m->uni.audio_proj) return g4_fail(err, "%s: the model has no audio embedder (none in the weights)", m->dir);
     if (n == 0) return g4_fail(err, "the audio is empty");
     const int k = g4_unified_audio_tokens(m, n);
     float *frames = malloc((size_t)k * m->cfg.uni.audio_samples * sizeof *frames);
