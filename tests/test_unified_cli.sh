@@ -54,11 +54,44 @@ out=$("$bin" encode-audio -m "$fx" --audio "$tmp/long.wav" -o "$tmp/long.f32")
 size=$(stat -c %s "$tmp/long.f32")
 [ "$size" = $((776 * 128 * 4)) ]; check $? "31 s of audio: 776 soft tokens in one block ($out)"
 
+# a tall image (100x7 -> 3024x192 at 280 soft tokens: blocks 63 x 4) against the numpy reference
+# (../shared/reference/numpy): rows y >= 32 index the position table's second half (row 2y+1 of [64, 2, E])
+/usr/bin/python3 - "$shared/reference/numpy" "$fx" "$tmp" <<'PY'
+import struct, sys, zlib
+sys.path.insert(0, sys.argv[1])
+import numpy as np, imgproc, st, unified_numpy as U
+fx, tmp = sys.argv[2], sys.argv[3]
+a = np.random.default_rng(0).integers(0, 256, (100, 7, 3), dtype=np.uint8)
+def chunk(t, d): return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+raw = b''.join(b'\x00' + a[y].tobytes() for y in range(a.shape[0]))
+open(tmp + '/tall.png', 'wb').write(b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 7, 100, 8, 2, 0, 0, 0))
+                                    + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+th, tw = imgproc.target_size(100, 7, 280)
+pv, pos, n = U.blockify(imgproc.RESCALE_LUT[imgproc.resize_uint8(a.transpose(2, 0, 1).copy(), th, tw)], 280)
+U.image_embed(st.load(fx + '/model.safetensors'), pv, pos).astype('<f4').tofile(tmp + '/tall_ref.f32')
+PY
+"$bin" encode-image -m "$fx" --image "$tmp/tall.png" --budget 280 -o "$tmp/tall.f32" >/dev/null 2>&1
+err=$(/usr/bin/python3 -c "
+import numpy as np
+a, b = np.fromfile('$tmp/tall.f32', np.float32), np.fromfile('$tmp/tall_ref.f32', np.float32)
+e = float(np.abs(a - b).max() / np.abs(b).max()) if a.size == b.size == 252 * 128 else float('inf')
+print(e); exit(not e <= 1e-3)")
+check $? "encode-image: a 100x7 image at 280 soft tokens (blocks up to row 62) within 1e-3 of numpy (error $err)"
+
 expect_error "placeholders and images disagree" "$bin" logits -m "$fx" --ids "$ids" --image "$img0" -o "$tmp/x.f32"
 expect_error "a prompt without the audio's placeholder" "$bin" generate -m "$fx" --ids 2,5 --audio "$wav" -n 2
 expect_error "a missing image" "$bin" encode-image -m "$fx" --image "$tmp/nope.png" -o "$tmp/x.f32"
 expect_error "a budget that is not offered" "$bin" encode-image -m "$fx" --image "$img0" --budget 100 -o "$tmp/x.f32"
 [ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"
+
+# quantize writes the decoder only (as for the towers of gemma4): the folder loads and runs text, and an image
+# or audio is a one-line error (it failed to load: the embedders' 11 tensors were required)
+"$bin" quantize "$fx" "$tmp/mlx8" --type mlx8 >/dev/null 2>&1
+out=$("$bin" generate -m "$tmp/mlx8" --ids 2,10,11 -n 2 --temp 0 2>"$tmp/q.txt")
+check $? "generate on a gemma4_unified folder quantized to mlx8 ($out $(head -c 150 "$tmp/q.txt"))"
+out=$("$bin" generate -m "$tmp/mlx8" --ids 2,500 --image "$img0" -n 1 2>"$tmp/q.txt")
+[ $? -ne 0 ] && [ -z "$out" ] && tail -n 1 "$tmp/q.txt" | grep -q "no image embedder"
+check $? "an image for the mlx8 folder: the load's warning, then an error: no image embedder ($(tail -n 1 "$tmp/q.txt"))"
 
 # a random gemma4_unified checkpoint with the example model's tokenizer and chat template
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp"
@@ -68,5 +101,13 @@ out=$("$bin" run -m "$tmp/ru" --image "$img0" --audio "$wav" -p "What do you see
 check $? "run --image --audio on the random checkpoint: $(head -c 100 "$tmp/err.txt")"
 printf '/image %s\nwhat is it?\n' "$img1" | "$bin" chat -m "$tmp/ru" --temp 0 -n 3 >"$tmp/chat.txt" 2>&1
 check $? "chat /image on the random checkpoint: $(tail -c 150 "$tmp/chat.txt" | tr '\n' ' ')"
+
+# a video placeholder beside an image: it took a soft-token row past the image's (a read past the buffer, NaN
+# logits blamed on the weights); video input is not supported, so it is a one-line error
+expect_error "run: <|video|> in the text beside an image" "$bin" run -m "$tmp/ru" --image "$img0" -p "a <|video|> b" -n 2
+grep -q "video placeholder" "$tmp/err.txt"; check $? "run: the error names the video placeholder"
+vids=2,494,499$(printf ',500%.0s' $(seq 60)),498,5
+expect_error "logits: a video placeholder beside an image's" "$bin" logits -m "$fx" --ids "$vids" --image "$img0" -o "$tmp/v.f32"
+grep -q "video placeholder" "$tmp/err.txt"; check $? "logits: the error names the video placeholder"
 
 exit $fail

@@ -678,7 +678,13 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         m->cfg.has_audio = 0;
         warn(m, "config.json has an audio_config but the weights hold no audio tower: audio is not supported");
     }
-    if (m->cfg.unified && !m->random && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
+    const int embedders = m->cfg.unified && !m->random &&
+                          (holds_prefix(&m->weights, "model.vision_embedder.") ||
+                           holds_prefix(&m->weights, "model.embed_vision.") || holds_prefix(&m->weights, "model.embed_audio."));
+    if (m->cfg.unified && !m->random && !embedders)
+        warn(m, "config.json is a gemma4_unified one but the weights hold no image or audio embedders: images and audio "
+                "are not supported");
+    if (embedders && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
     if (m->cfg.has_vision && !m->random && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
     if (m->cfg.has_audio && !m->random && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
     if (b.failed) {

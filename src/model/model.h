@@ -45,7 +45,8 @@ typedef struct g4_unified_weights {
     const g4_weight *dense;       /* patch_dense [E, 3 * block^2] */
     const float *dense_b;         /* [E] */
     const float *ln2_w, *ln2_b;   /* patch_ln2 [E] */
-    const g4_weight *pos_table;   /* pos_embedding [mm_posemb_size, 2, E]: row 2 * p + axis */
+    g4_weight pos_table;          /* pos_embedding [mm_posemb_size, 2, E] viewed as [2 * mm_posemb_size, E]:
+                                   * row 2 * p + axis (the embed op reads rows below shape[0] only) */
     const float *pos_w, *pos_b;   /* pos_norm [E] */
     const g4_weight *image_proj;  /* embed_vision embedding_projection [H, E] */
     const g4_weight *audio_proj;  /* embed_audio embedding_projection [H, audio_samples] */

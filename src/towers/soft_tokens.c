@@ -39,6 +39,13 @@ static int check_counts(const g4_model *m, const int32_t *ids, int n, const g4_s
         if (bad || sum != in[i].n_tokens)
             return g4_fail(err, "input %d: its blocks do not add up to its %d soft tokens", i, in[i].n_tokens);
     }
+    /* a batch with embedding rows gives every placeholder a row (g4_count_soft_tokens): a video placeholder
+     * would take one past the rows gathered here */
+    int video = 0;
+    for (int i = 0; i < n; i++) video += g4_mm_placeholder(m, ids[i]) == 2;
+    if (video)
+        return g4_fail(err, "the prompt has %d video placeholder%s (<|video|>): video input is not supported", video,
+                       video == 1 ? "" : "s");
     for (int k = 0; k < 2; k++) {
         int found = 0, want = 0;
         for (int i = 0; i < n; i++) found += g4_mm_placeholder(m, ids[i]) == (int)kinds[k];

@@ -44,7 +44,13 @@ int g4_unified_bind(g4_binder *b, g4_model *m, g4_error *err) {
     g4_bind_vector(b, VNAME("patch_dense.bias"), 1, &E, &w->dense_b);
     g4_bind_vector(b, VNAME("patch_ln2.weight"), 1, &E, &w->ln2_w);
     g4_bind_vector(b, VNAME("patch_ln2.bias"), 1, &E, &w->ln2_b);
-    w->pos_table = g4_bind_matrix(b, VNAME("pos_embedding"), 3, pos);
+    const g4_tensor *pt = g4_bind_matrix(b, VNAME("pos_embedding"), 3, pos);
+    if (pt) { /* rows of E as stored; a [S, 2, E] table would end at row S, half of the 2 * S rows indexed */
+        w->pos_table = *pt;
+        w->pos_table.ndim = 2;
+        w->pos_table.shape[0] = 2 * pos[0];
+        w->pos_table.shape[1] = E;
+    }
     g4_bind_vector(b, VNAME("pos_norm.weight"), 1, &E, &w->pos_w);
     g4_bind_vector(b, VNAME("pos_norm.bias"), 1, &E, &w->pos_b);
 #undef VNAME
@@ -95,8 +101,8 @@ int g4_unified_embed_image(g4_model *m, const float *blocks, const int32_t *pos,
     OPS->layernorm(be, x, w->ln1_w, w->ln1_b, n, P, 1e-5f, x);
     OPS->matmul(be, x, n, w->dense, w->dense_b, h);
     OPS->layernorm(be, h, w->ln2_w, w->ln2_b, n, E, 1e-5f, h);
-    OPS->embed(be, w->pos_table, didx, n, 1.0f, pe);
-    OPS->embed(be, w->pos_table, didx + n, n, 1.0f, pe_y);
+    OPS->embed(be, &w->pos_table, didx, n, 1.0f, pe);
+    OPS->embed(be, &w->pos_table, didx + n, n, 1.0f, pe_y);
     OPS->add(be, pe, pe_y, (size_t)n * E); /* P[bx, 0] + P[by, 1], then added to the LN2 output */
     OPS->add(be, h, pe, (size_t)n * E);
     OPS->layernorm(be, h, w->pos_w, w->pos_b, n, E, 1e-5f, h);
@@ -162,6 +168,7 @@ int g4_unified_image_blocks(const g4_model *m, const g4_image *img, int budget, 
 }
 
 int g4_unified_image_max_tokens(const g4_model *m, int budget) {
+    if (!m->uni.dense) return 0; /* no embedders in the weights (a text-only conversion) */
     if (budget > 0) return budget;
     g4_image_processor p;
     g4_error err;
@@ -188,6 +195,7 @@ static int soft_tokens_alloc(const g4_model *m, g4_media_kind kind, int n, g4_so
 
 int g4_unified_image_encode(g4_model *m, const g4_image *img, int budget, g4_soft_tokens *out, g4_error *err) {
     memset(out, 0, sizeof *out);
+    if (!m->uni.dense) return g4_fail(err, "%s: the model has no image embedder (none in the weights)", m->dir);
     g4_image_patches pp;
     if (g4_unified_image_blocks(m, img, budget, &pp, err)) return -1;
     int rc = soft_tokens_alloc(m, G4_MEDIA_IMAGE, pp.n_patches, out, err);
@@ -203,6 +211,7 @@ int g4_unified_image_encode(g4_model *m, const g4_image *img, int budget, g4_sof
 
 int g4_unified_audio_encode(g4_model *m, const float *pcm, size_t n, g4_soft_tokens *out, g4_error *err) {
     memset(out, 0, sizeof *out);
+    if (!m->uni.audio_proj) return g4_fail(err, "%s: the model has no audio embedder (none in the weights)", m->dir);
     if (n == 0) return g4_fail(err, "the audio is empty");
     const int k = g4_unified_audio_tokens(m, n);
     float *frames = malloc((size_t)k * m->cfg.uni.audio_samples * sizeof *frames);
