@@ -228,8 +228,64 @@ static void test_api_key(void) {
     CHECK(!srv_check_api_key(NULL, "sk-123"));
 }
 
+/* Image and audio parts for a model with both towers: their bytes, base64-decoded (RFC 4648's test vectors, section
+ * 10, with and without padding), in message order, the template's {"type": "image"} / {"type": "audio"} parts in
+ * their place; a remote URL, a data URL that is not base64, bad base64, an input_audio without data, and more parts
+ * than max_media are 400s. */
+static void test_media(void) {
+    const srv_limits lim = {.max_tokens = 100, .max_n = 4, .max_prompts = 3, .max_media = 3, .vocab_size = 1000,
+                            .hidden_size = 64, .have_vision = 1, .have_audio = 1};
+    static const char *const vectors[][2] = {{"Zg==", "f"}, {"Zm8=", "fo"}, {"Zm9v", "foo"}, {"Zm9vYg==", "foob"},
+                                             {"Zm9vYmE=", "fooba"}, {"Zm9vYmFy", "foobar"}, {"Zm9vYg", "foob"},
+                                             {"Zm9vYmE", "fooba"}};
+    char body[1024];
+    for (size_t v = 0; v < sizeof vectors / sizeof vectors[0]; v++) {
+        snprintf(body, sizeof body,
+                 "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+                 "\"a\"}, {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,%s\"}}, "
+                 "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"%s\", \"format\": \"wav\"}}]}]}",
+                 vectors[v][0], vectors[(v + 1) % 8][0]);
+        srv_request r;
+        srv_error e = {0};
+        int rc = srv_parse_request(SRV_CHAT, body, strlen(body), &lim, 0, &r, &e);
+        CHECKF(rc == 0, "%s: %s", vectors[v][0], e.msg);
+        if (rc) continue;
+        const char *a = vectors[v][1], *b = vectors[(v + 1) % 8][1];
+        CHECKF(r.n_media == 2 && !r.media[0].audio && r.media[0].len == strlen(a) && !memcmp(r.media[0].data, a, strlen(a)) &&
+                   r.media[1].audio && r.media[1].len == strlen(b) && !memcmp(r.media[1].data, b, strlen(b)),
+               "%s: %d parts", vectors[v][0], r.n_media);
+        const json_t *parts = json_object_get(json_array_get(messages_of(&r), 0), "content");
+        CHECK(json_array_size(parts) == 3 && str_is(json_object_get(json_array_get(parts, 1), "type"), "image") &&
+              str_is(json_object_get(json_array_get(parts, 2), "type"), "audio"));
+        srv_request_free(&r);
+    }
+    static const char *const wrong[] = {
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"https://example.com/a.png\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png,Zm9v\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Zm9v!\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Z\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"format\": \"wav\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": \"Zm9v\"}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"Zm9v\"}}, {\"type\": \"input_audio\", "
+        "\"input_audio\": {\"data\": \"Zm9v\"}}, {\"type\": \"input_audio\", \"input_audio\": {\"data\": \"Zm9v\"}}, "
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"Zm9v\"}}",
+    };
+    for (size_t w = 0; w < sizeof wrong / sizeof wrong[0]; w++) {
+        snprintf(body, sizeof body, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [%s]}]}",
+                 wrong[w]);
+        srv_request r;
+        srv_error e = {0};
+        int rc = srv_parse_request(SRV_CHAT, body, strlen(body), &lim, 0, &r, &e);
+        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, "messages.content") && !strchr(e.msg, '\n'),
+               "media case %zu -> %d %s '%s'", w, e.status, e.param, e.msg);
+        if (rc == 0) srv_request_free(&r);
+    }
+}
+
 int main(void) {
     test_chat();
+    test_media();
     test_prompts();
     test_errors();
     test_api_key();

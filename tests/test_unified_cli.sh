@@ -102,6 +102,50 @@ check $? "run --image --audio on the random checkpoint: $(head -c 100 "$tmp/err.
 printf '/image %s\nwhat is it?\n' "$img1" | "$bin" chat -m "$tmp/ru" --temp 0 -n 3 >"$tmp/chat.txt" 2>&1
 check $? "chat /image on the random checkpoint: $(tail -c 150 "$tmp/chat.txt" | tr '\n' ' ')"
 
+# the server's chat endpoint with image_url (base64 data URL) and input_audio parts: the reply of `run` with the
+# same files and text; a remote URL, bad base64 and bytes that are no image are 400s in OpenAI's shape
+"$bin" serve -m "$tmp/ru" --port 0 --quiet -t 2 2>"$tmp/serve.log" &
+spid=$!
+port=""
+for i in $(seq 1 300); do
+    port=$(sed -n 's|.* on http://127.0.0.1:\([0-9]*\) .*|\1|p' "$tmp/serve.log" | head -n 1)
+    [ -n "$port" ] && break
+    sleep 0.1
+done
+want_i=$("$bin" run -m "$tmp/ru" --image "$img0" -p "What do you see?" --temp 0 -n 6)
+want_ia=$("$bin" run -m "$tmp/ru" --image "$img0" --audio "$wav" -p "What do you see and hear?" --temp 0 -n 6)
+got=$(/usr/bin/python3 - "$port" "$img0" "$wav" <<'PY'
+import base64, json, sys, urllib.error, urllib.request
+port, img, wav = sys.argv[1:4]
+b64 = lambda f: base64.b64encode(open(f, "rb").read()).decode()
+image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(img)}}
+audio = {"type": "input_audio", "input_audio": {"data": b64(wav), "format": "wav"}}
+def post(content):
+    body = {"model": "ru", "messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": 6}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    try:
+        return json.load(urllib.request.urlopen(req, timeout=120))["choices"][0]["message"]["content"]
+    except urllib.error.HTTPError as e:
+        err = json.loads(e.read())["error"]
+        return f"{e.code} {err['param']} {err['message']}"
+print(post([image, {"type": "text", "text": "What do you see?"}]))
+print(post([image, audio, {"type": "text", "text": "What do you see and hear?"}]))
+print(post([{"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}, {"type": "text", "text": "x"}]))
+print(post([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, {"type": "text", "text": "x"}]))
+print(post([{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}, {"type": "text", "text": "x"}]))
+PY
+)
+kill "$spid" 2>/dev/null; wait "$spid"
+check $? "serve: exits 0 on SIGTERM"
+if grep -qiE "sanitizer|runtime error|leak" "$tmp/serve.log"; then check 1 "serve: $(grep -m2 -iE 'sanitizer|runtime error|leak' "$tmp/serve.log")"; fi
+[ -n "$port" ] && [ "$(sed -n 1p <<<"$got")" = "$want_i" ] && [ -n "$want_i" ]
+check $? "serve: an image_url part gives run --image's reply ($(sed -n 1p <<<"$got"))"
+[ "$(sed -n 2p <<<"$got")" = "$want_ia" ] && [ -n "$want_ia" ]
+check $? "serve: image_url and input_audio parts give run --image --audio's reply ($(sed -n 2p <<<"$got"))"
+sed -n 3,5p <<<"$got" | grep -c "^400 messages.content " | grep -qx 3
+check $? "serve: a remote image URL, bad base64, and bytes that are no image are 400s ($(sed -n 3,5p <<<"$got" | tr '\n' '|' | head -c 300))"
+
 # a video placeholder beside an image: it took a soft-token row past the image's (a read past the buffer, NaN
 # logits blamed on the weights); video input is not supported, so it is a one-line error
 expect_error "run: <|video|> in the text beside an image" "$bin" run -m "$tmp/ru" --image "$img0" -p "a <|video|> b" -n 2

@@ -58,6 +58,13 @@ typedef struct srv_prompt {
 
 typedef enum { SRV_FORMAT_TEXT = 0, SRV_FORMAT_JSON_OBJECT = 1 } srv_format;
 
+/* An image or audio part of a chat request, as its file's bytes (from a base64 data URL or input_audio). */
+typedef struct srv_media {
+    int audio; /* 0: an image, 1: audio */
+    unsigned char *data;
+    size_t len;
+} srv_media;
+
 typedef struct srv_request {
     srv_kind kind;
     char *model;
@@ -83,6 +90,9 @@ typedef struct srv_request {
     srv_prompt *prompts;   /* completions, embeddings */
     int n_prompts;
     int base64;            /* embeddings: encoding_format "base64" */
+    srv_media *media;      /* chat: the image and audio parts in message order (their placeholders' order) */
+    int n_media;
+    g4_soft_tokens *soft;  /* [n_media] their soft tokens, made and freed by the endpoint (endpoints.c) */
 } srv_request;
 
 /* Parses and checks a request body. tool_role: the chat template reads role "tool" messages itself (else

@@ -221,8 +221,72 @@ static int parse_sampling(const json_t *o, const srv_limits *lim, srv_request *r
 
 /* --------------------------------------------------------------- chat */
 
-/* A content part the template reads: {"type": "text", "text": ...}; images and audio need their towers. */
-static int convert_part(const json_t *part, const char *where, const srv_limits *lim, int *n_media, json_t *out,
+/* Standard base64 (padding optional, no line breaks) into a new buffer; -1 when it is not base64. */
+static int base64_decode(const char *in, size_t n, unsigned char **out, size_t *len) {
+    static signed char val[256];
+    if (!val['B'])
+        for (int i = 0; i < 256; i++)
+            val[i] = (signed char)(i >= 'A' && i <= 'Z' ? i - 'A' : i >= 'a' && i <= 'z' ? i - 'a' + 26
+                                   : i >= '0' && i <= '9' ? i - '0' + 52 : i == '+' ? 62 : i == '/' ? 63 : -1);
+    while (n > 0 && in[n - 1] == '=') n--;
+    if (n % 4 == 1) return -1;
+    unsigned char *b = malloc(n / 4 * 3 + 3);
+    if (!b) return -1;
+    size_t k = 0;
+    uint32_t acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int v = val[(unsigned char)in[i]];
+        if (v < 0) {
+            free(b);
+            return -1;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        if (i % 4 == 3) b[k++] = (unsigned char)(acc >> 16), b[k++] = (unsigned char)(acc >> 8), b[k++] = (unsigned char)acc;
+    }
+    if (n % 4 == 2) b[k++] = (unsigned char)(acc >> 4);
+    if (n % 4 == 3) b[k++] = (unsigned char)(acc >> 10), b[k++] = (unsigned char)(acc >> 2);
+    *out = b;
+    *len = k;
+    return 0;
+}
+
+/* An image_url part ({"url": "data:image/...;base64,..."}, or the URL as a string) or an input_audio part
+ * ({"data": base64, "format": "wav" | "mp3" | ...}): its bytes into r->media. */
+static int media_part(const json_t *part, int audio, const char *where, srv_request *r, srv_error *e) {
+    const json_t *v = json_object_get(part, audio ? "input_audio" : "image_url");
+    const char *b64 = NULL;
+    if (!audio) {
+        const json_t *u = json_is_object(v) ? json_object_get(v, "url") : v;
+        if (!json_is_string(u)) return bad_type(e, where, u ? u : json_null(), "an image_url with a 'url' string");
+        const char *url = json_string_value(u), *comma = strchr(url, ',');
+        if (strncmp(url, "data:", 5))
+            return srv_fail(e, 400, where, "invalid_value", "image_url: only data URLs (data:image/...;base64,...) are "
+                                                            "read; remote images are not fetched");
+        if (!comma || comma - url < 12 || strncmp(comma - 7, ";base64", 7))
+            return srv_fail(e, 400, where, "invalid_value", "image_url: a data URL must be base64 (data:image/png;base64,...)");
+        b64 = comma + 1;
+    } else {
+        const json_t *d = json_object_get(v, "data");
+        if (!json_is_object(v) || !json_is_string(d))
+            return bad_type(e, where, d ? d : json_null(), "an input_audio with base64 'data'");
+        b64 = json_string_value(d);
+    }
+    srv_media *m = realloc(r->media, (size_t)(r->n_media + 1) * sizeof *m);
+    if (!m) return oom(e);
+    r->media = m;
+    m += r->n_media;
+    *m = (srv_media){.audio = audio};
+    if (base64_decode(b64, strlen(b64), &m->data, &m->len) || m->len == 0) {
+        free(m->data);
+        return srv_fail(e, 400, where, "invalid_value", "%s: the data is not base64 (or empty)", audio ? "input_audio" : "image_url");
+    }
+    r->n_media++;
+    return 0;
+}
+
+/* A content part the template reads: {"type": "text", "text": ...}; an image or audio part becomes the template's
+ * {"type": "image"} / {"type": "audio"} (its placeholder), its bytes kept in r->media. */
+static int convert_part(const json_t *part, const char *where, const srv_limits *lim, srv_request *r, json_t *out,
                         srv_error *e) {
     if (!json_is_object(part)) return bad_type(e, where, part, "an object");
     const char *type = NULL;
@@ -235,20 +299,20 @@ static int convert_part(const json_t *part, const char *where, const srv_limits 
     }
     if (!strcmp(type, "image_url") || !strcmp(type, "input_audio")) {
         int image = type[0] == 'i' && type[1] == 'm';
-        if (++*n_media > lim->max_media)
+        if (r->n_media >= lim->max_media)
             return srv_fail(e, 400, where, "invalid_value", "at most %d image and audio parts per request", lim->max_media);
         if (image ? !lim->have_vision : !lim->have_audio)
-            return srv_fail(e, 400, where, "unsupported_content",
-                            "%s parts are not supported by gemma4c serve yet (the CLI takes --image and --audio)",
-                            image ? "image_url" : "input_audio");
-        return srv_fail(e, 400, where, "unsupported_content", "%s parts are not wired to the towers yet", type);
+            return srv_fail(e, 400, where, "unsupported_content", "this model reads no %s (%s parts)",
+                            image ? "images" : "audio", type);
+        if (media_part(part, !image, where, r, e)) return -1;
+        return json_array_append_new(out, json_pack("{s:s}", "type", image ? "image" : "audio")) ? oom(e) : 0;
     }
     return srv_fail(e, 400, where, "invalid_value",
                     "content part type '%.40s' is not supported (text, image_url, input_audio)", type);
 }
 
 /* Message content: a string, null, or a list of parts; *out gets what the template reads (NULL: none). */
-static int convert_content(const json_t *c, const char *where, const srv_limits *lim, int *n_media, json_t **out,
+static int convert_content(const json_t *c, const char *where, const srv_limits *lim, srv_request *r, json_t **out,
                            srv_error *e) {
     *out = NULL;
     if (!c || json_is_null(c)) return 0;
@@ -262,7 +326,7 @@ static int convert_content(const json_t *c, const char *where, const srv_limits 
     size_t i;
     const json_t *p;
     json_array_foreach(c, i, p) {
-        if (convert_part(p, where, lim, n_media, parts, e)) {
+        if (convert_part(p, where, lim, r, parts, e)) {
             json_decref(parts);
             return -1;
         }
@@ -378,7 +442,8 @@ static int add_tool_response(json_t *messages, const json_t *m, srv_error *e) {
     return !resp || json_array_append_new(list, resp) ? oom(e) : 0;
 }
 
-static int convert_messages(const json_t *in, const srv_limits *lim, int tool_role, json_t *chat, srv_error *e) {
+static int convert_messages(const json_t *in, const srv_limits *lim, int tool_role, srv_request *r, srv_error *e) {
+    json_t *chat = r->chat;
     const json_t *msgs = json_object_get(in, "messages");
     if (!msgs) return srv_fail(e, 400, "messages", "missing_required_parameter", "Missing required parameter: 'messages'.");
     if (!json_is_array(msgs)) return bad_type(e, "messages", msgs, "an array");
@@ -386,7 +451,6 @@ static int convert_messages(const json_t *in, const srv_limits *lim, int tool_ro
         return srv_fail(e, 400, "messages", "invalid_value", "'messages' must hold at least one message");
     json_t *out = json_array();
     if (!out || json_object_set_new(chat, "messages", out)) return oom(e);
-    int n_media = 0;
     size_t i;
     const json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -405,7 +469,7 @@ static int convert_messages(const json_t *in, const srv_limits *lim, int tool_ro
         }
         json_t *msg = json_pack("{s:s}", "role", role), *content;
         if (!msg || json_array_append_new(out, msg)) return oom(e);
-        if (convert_content(json_object_get(m, "content"), "messages.content", lim, &n_media, &content, e)) return -1;
+        if (convert_content(json_object_get(m, "content"), "messages.content", lim, r, &content, e)) return -1;
         if (content && json_object_set_new(msg, "content", content)) return oom(e);
         const json_t *calls = json_object_get(m, "tool_calls");
         if (calls && !json_is_null(calls) && !json_is_array(calls))
@@ -504,7 +568,7 @@ static int parse_tools(const json_t *in, json_t *chat, srv_error *e) {
 
 static int parse_chat(const json_t *in, const srv_limits *lim, int tool_role, srv_request *r, srv_error *e) {
     if (!(r->chat = json_object())) return oom(e);
-    if (convert_messages(in, lim, tool_role, r->chat, e) || parse_tools(in, r->chat, e)) return -1;
+    if (convert_messages(in, lim, tool_role, r, e) || parse_tools(in, r->chat, e)) return -1;
     const char *effort = NULL;
     if (get_str(in, "reasoning_effort", NULL, &effort, e)) return -1;
     if (effort) {
@@ -670,5 +734,8 @@ void srv_request_free(srv_request *r) {
         free(r->prompts[i].ids);
     }
     free(r->prompts);
+    for (int i = 0; i < r->n_media; i++) free(r->media[i].data);
+    free(r->media);
+    free(r->soft); /* (the endpoint frees what its entries hold: free_request) */
     memset(r, 0, sizeof *r);
 }

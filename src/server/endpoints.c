@@ -167,8 +167,10 @@ static enum MHD_Result fail(srv_conn *c, int status, const char *param, const ch
 /* --------------------------------------------------------------- prompts */
 
 static void free_request(void *p) {
-    srv_request_free(p);
-    free(p);
+    srv_request *r = p;
+    for (int i = 0; r->soft && i < r->n_media; i++) g4_soft_tokens_free(&r->soft[i]);
+    srv_request_free(r);
+    free(r);
 }
 
 /* The token ids of prompt i of the request (chat: the conversation rendered with a generation prompt). */
@@ -210,6 +212,47 @@ static int prompt_ids(srv_conn *c, int i, g4_tokens *toks, srv_error *e) {
     if (g4_tokenize(s->tok, p->text, strlen(p->text), 1, toks, &err))
         return srv_fail(e, 400, field, "invalid_value", "%s", err.msg);
     if (toks->n == 0) return srv_fail(e, 400, field, "invalid_value", "the prompt is empty");
+    return 0;
+}
+
+/* The soft tokens of a chat request's images and audio (r->soft, in the order of their placeholders), and the
+ * length the prompt of *np tokens expands to with them. */
+static int encode_media(srv_conn *c, const int32_t *ids, int *np, srv_error *e) {
+    srv_request *r = c->req;
+    g4_model *m = c->s->model;
+    g4_error err;
+    if (!r->n_media) return 0;
+    if (!(r->soft = calloc((size_t)r->n_media, sizeof *r->soft))) return srv_fail(e, 500, NULL, NULL, "out of memory");
+    for (int i = 0; i < r->n_media; i++) {
+        srv_media *md = &r->media[i];
+        int rc;
+        if (!md->audio) {
+            g4_image img;
+            if (g4_image_decode(md->data, md->len, NULL, &img, &err))
+                return srv_fail(e, 400, "messages.content", "invalid_value", "image %d: %s", i + 1, err.msg);
+            rc = g4_image_encode(m, &img, 0, &r->soft[i], &err);
+            g4_image_free(&img);
+        } else {
+            float *pcm = NULL;
+            size_t n = 0;
+            if (g4_audio_decode(md->data, md->len, "input_audio", g4_audio_rate(m), &pcm, &n, &err))
+                return srv_fail(e, 400, "messages.content", "invalid_value", "audio %d: %s", i + 1, err.msg);
+            rc = g4_audio_encode(m, pcm, n, &r->soft[i], &err);
+            g4_free(pcm);
+        }
+        if (rc) return srv_fail(e, 400, "messages.content", "invalid_value", "%s %d: %s", md->audio ? "audio" : "image",
+                                i + 1, err.msg);
+        free(md->data); /* (the bytes are not needed any more) */
+        md->data = NULL;
+    }
+    int32_t *expanded = NULL;
+    float *rows = NULL;
+    int n_expanded = 0, n_rows = 0;
+    if (g4_prompt_expand(m, ids, *np, r->soft, r->n_media, &expanded, &n_expanded, &rows, &n_rows, &err))
+        return srv_fail(e, 400, "messages", "invalid_value", "%s", err.msg);
+    g4_free(expanded);
+    g4_free(rows);
+    *np = n_expanded;
     return 0;
 }
 
@@ -278,7 +321,11 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
             g4_free(toks.ids);
             return -1;
         }
-        const int np = (int)toks.n;
+        int np = (int)toks.n; /* (with images or audio: the expanded prompt's length) */
+        if (kind == SRV_CHAT && encode_media(c, toks.ids, &np, e)) {
+            g4_free(toks.ids);
+            return -1;
+        }
         c->n_prompt[p] = np;
         const char *param = kind == SRV_CHAT ? "messages" : kind == SRV_EMBEDDING ? "input" : "prompt";
         if (np > n_ctx - (kind != SRV_EMBEDDING) || (r->max_tokens && np + r->max_tokens > n_ctx)) {
@@ -294,12 +341,12 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
         }
         for (int k = 0; k < n; k++) {
             srv_job *j = &c->group->jobs[p * n + k];
-            if (!(j->prompt = malloc((size_t)np * sizeof *j->prompt))) {
+            if (!(j->prompt = malloc(toks.n * sizeof *j->prompt))) {
                 g4_free(toks.ids);
                 return srv_fail(e, 500, NULL, NULL, "out of memory");
             }
-            memcpy(j->prompt, toks.ids, (size_t)np * sizeof *j->prompt);
-            j->n_prompt = np;
+            memcpy(j->prompt, toks.ids, toks.n * sizeof *j->prompt);
+            j->n_prompt = (int)toks.n;
             j->embed = kind == SRV_EMBEDDING;
             if (j->embed) continue;
             g4_sampler_params *sp = &j->sp;
@@ -318,7 +365,8 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
                                            .stop_strings = (const char *const *)r->stops, .n_stop_strings = r->n_stops,
                                            .parse_chat = kind == SRV_CHAT, .penalties_output_only = 1,
                                            .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
-                                           .json_object = r->format == SRV_FORMAT_JSON_OBJECT};
+                                           .json_object = r->format == SRV_FORMAT_JSON_OBJECT,
+                                           .media = r->soft, .n_media = r->n_media};
         }
         g4_free(toks.ids);
     }

@@ -412,7 +412,9 @@ int srv_main(const srv_options *o) {
     }
     s->limits = (srv_limits){.max_tokens = o->max_tokens, .max_n = 16, .max_prompts = 64, .max_media = o->max_media,
                              .allow_remote_media = o->allow_remote_media, .vocab_size = g4_model_vocab_size(s->model),
-                             .hidden_size = g4_model_hidden_size(s->model)};
+                             .hidden_size = g4_model_hidden_size(s->model),
+                             .have_vision = g4_image_max_tokens(s->model, 0) > 0,
+                             .have_audio = g4_audio_rate(s->model) > 0};
 
     struct sockaddr_storage addr;
     socklen_t addr_len;
