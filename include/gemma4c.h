@@ -654,7 +654,8 @@ G4_API const char *g4_generation_error(const g4_generation *g);
  * prompts (an admitted request first takes the longest prefix of its tokens that the prefix cache
  * holds: g4_seq_reuse_prefix). When blocks run out, the newest requests are preempted: their blocks
  * are freed and they are recomputed later (prompt and tokens so far, often from the prefix cache).
- * Each generation has its own parameters (sampler, seed, stop ids and strings, limit) and gives the
+ * Each generation has its own parameters (sampler, seed, stop ids and strings, limit, log-probabilities,
+ * json_object, images and audio; not a drafter) and gives the
  * events g4_generation_next would give, to its callback, from inside g4_scheduler_step, ending with
  * G4_EVENT_FINISH. On a backend whose ops are batch invariant (the CPU) a generation's tokens do not
  * depend on what it was batched with, preempted or resumed from the cache.
@@ -685,8 +686,8 @@ G4_API int g4_scheduler_submit_embed(g4_scheduler *s, const int32_t *ids, int n_
 /* hidden_size floats, or NULL (not an embedding request, or not finished). */
 G4_API const float *g4_generation_embedding(const g4_generation *g);
 /* Runs one batch step and delivers its events. Returns the number of requests still waiting or
- * running (0: idle), or -1 when the step failed (a backend error; the requests are unchanged and a
- * later step retries). */
+ * running (0: idle), or -1 when the step failed (a backend error): the step's requests then end with
+ * G4_FINISH_ERROR (g4_generation_error says why), the others go on with the next step. */
 G4_API int g4_scheduler_step(g4_scheduler *s, g4_error *err);
 
 typedef struct g4_scheduler_stats {

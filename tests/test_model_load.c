@@ -408,6 +408,11 @@ static void test_towers(void) {
     }
 }
 
+static int count_finish(const g4_event *ev, void *user) {
+    if (ev->kind == G4_EVENT_FINISH) ++*(int *)user;
+    return 0;
+}
+
 /* NaN in the weights: transformers computes NaN logits; the batch step reports them as an error (the soft-cap
  * must not turn NaN into a finite +-cap on the way), and the embedding's hidden states likewise. */
 static void test_nan_weights(void) {
@@ -454,6 +459,30 @@ static void test_nan_weights(void) {
     } else {
         CHECKF(0, "context: %s", err.msg);
     }
+    /* under a scheduler the failed step ends its requests with the error (they would fail the same way again),
+     * each with its FINISH event; the scheduler is then idle */
+    g4_context_params sp = {.n_seq_max = 2, .n_ctx = 16, .n_batch = 8, .kv_history = -1};
+    g4_scheduler *s = NULL;
+    if (g4_context_new(m, &sp, &ctx, &err) == 0 && g4_scheduler_new(ctx, &s, &err) == 0) {
+        int32_t ids[3] = {2, 328, 298};
+        g4_generation *g[2] = {NULL, NULL};
+        int finished[2] = {0, 0};
+        for (int i = 0; i < 2; i++)
+            CHECKF(g4_scheduler_submit(s, ids, 3 - i, NULL, count_finish, &finished[i], &g[i], &err) == 0, "%s", err.msg);
+        CHECK(g4_scheduler_step(s, &err) == -1);
+        CHECKF(strstr(err.msg, "NaN logits") != NULL, "scheduler: %s", err.msg);
+        for (int i = 0; i < 2; i++) {
+            CHECK(finished[i] == 1 && g4_generation_finish(g[i]) == G4_FINISH_ERROR);
+            CHECKF(g4_generation_error(g[i]) && strstr(g4_generation_error(g[i]), "NaN logits"), "request %d: %s", i,
+                   g4_generation_error(g[i]) ? g4_generation_error(g[i]) : "no error");
+            g4_generation_free(g[i]);
+        }
+        CHECK(g4_scheduler_step(s, &err) == 0);
+    } else {
+        CHECKF(0, "scheduler: %s", err.msg);
+    }
+    g4_scheduler_free(s);
+    g4_context_free(ctx);
     g4_model_free(m);
 }
 

@@ -7,7 +7,9 @@
  *   small pool, and a second round that finds the first round's prefixes in the cache;
  * - sampled requests, each with its own temperature, top-k and seed, give what the same sampler gives alone;
  *   top-k samplers fed each row's top candidates instead of its logits draw what they draw from the rows;
- * - embedding requests give the mean of transformers' final_norm rows. */
+ * - embedding requests give the mean of transformers' final_norm rows;
+ * - log-probabilities, JSON objects, images and audio (vision and unified fixtures) give what they give alone. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -508,6 +510,167 @@ static void check_model(const char *label, const char *dir, int full) {
     g4_model_free(m);
 }
 
+/* ------------------------------------------------------------------ generation features */
+
+/* What a generation gave: tokens, each token's log-probability and its step's most likely token, the finish. */
+typedef struct {
+    g4_generation *g;
+    int32_t ids[MAX_NEW], top_id[MAX_NEW];
+    float lp[MAX_NEW], top_lp[MAX_NEW];
+    int n, n_lp, done;
+    g4_finish finish;
+} feat_out;
+
+static int feat_event(const g4_event *ev, void *user) {
+    feat_out *o = user;
+    if (ev->kind == G4_EVENT_FINISH) {
+        CHECK(!o->done);
+        o->done = 1;
+        o->finish = g4_generation_finish(o->g);
+        return 0;
+    }
+    if (ev->kind != G4_EVENT_TOKEN || o->n >= MAX_NEW) return 0;
+    g4_token_logprob ch;
+    const g4_token_logprob *top;
+    int n_top;
+    if (g4_generation_logprobs(o->g, &ch, &top, &n_top) == 0) {
+        CHECK(ch.token == ev->token && n_top == 3);
+        o->lp[o->n] = ch.logprob;
+        o->top_id[o->n] = top[0].token;
+        o->top_lp[o->n] = top[0].logprob;
+        o->n_lp++;
+    }
+    o->ids[o->n++] = ev->token;
+    return 0;
+}
+
+/* Log-probabilities, JSON objects, images and audio through the scheduler: five requests on four sequences, with
+ * a step budget that makes the media prompts' chunks stop before an image, give what each gives alone with
+ * g4_generation_start (the same tokens and log-probabilities; on the CPU bit for bit). A prompt that holds an
+ * image placeholder id without an image reads it as the pad id (as alone) and breaks nobody's batch. */
+static void check_features(const char *label, g4_model *m, const g4_soft_tokens *image, const g4_soft_tokens *audio,
+                           int json) {
+    g4_error err;
+    const int V = g4_model_vocab_size(m), cpu = !strcmp(g4_model_device(m), "cpu");
+    const int img_tokens = image ? image->n_tokens : 0;
+    const int n_batch = img_tokens + 24 > 48 ? img_tokens + 24 : 48;
+    enum { N = 5 };
+    int32_t ids[N][160];
+    int n[N];
+    g4_generation_params gp[N];
+    g4_sampler_params sp[N];
+    rng_state = 777;
+    for (int r = 0; r < N; r++) {
+        n[r] = r == 4 ? 150 : 40 + 7 * r;
+        ids[r][0] = 2;
+        for (int i = 1; i < n[r]; i++) ids[r][i] = 3 + (int32_t)(rnd() % (uint32_t)(V - 3));
+        g4_model_sampler_params(m, &sp[r]);
+        sp[r].temperature = 0;
+        gp[r] = (g4_generation_params){.max_new_tokens = 6, .sampling = &sp[r], .ignore_eos = 1};
+    }
+    /* 0: an image after 40 text tokens; 1: sampled with log-probabilities; 2: an image placeholder id without an
+     * image; 3: audio then an image; 4: a long prompt, greedy with log-probabilities (or a JSON object) */
+    if (image) {
+        ids[0][40 - 1] = m->cfg.image_token_id;
+        gp[0].media = image, gp[0].n_media = 1;
+        ids[2][20] = m->cfg.image_token_id;
+    }
+    static g4_soft_tokens both[2];
+    if (image && audio) {
+        both[0] = *audio, both[1] = *image;
+        ids[3][5] = m->cfg.audio_token_id;
+        ids[3][30] = m->cfg.image_token_id;
+        gp[3].media = both, gp[3].n_media = 2;
+    }
+    sp[1].temperature = 0.9f, sp[1].seed = 7, sp[1].top_k = 0, sp[1].top_p = 1;
+    gp[1].logprobs = 1, gp[1].top_logprobs = 3;
+    gp[4].logprobs = 1, gp[4].top_logprobs = 3;
+    if (json) gp[4].json_object = 1, gp[4].logprobs = 0, gp[4].max_new_tokens = 24;
+
+    feat_out alone_out[N], sched_out[N];
+    memset(alone_out, 0, sizeof alone_out);
+    memset(sched_out, 0, sizeof sched_out);
+    for (int r = 0; r < N; r++) {
+        g4_context *ctx;
+        g4_context_params cp = {.n_seq_max = 1, .n_ctx = 512, .n_batch = n_batch};
+        CHECKF(g4_context_new(m, &cp, &ctx, &err) == 0, "%s: %s", label, err.msg);
+        if (g4_generation_start(ctx, 0, ids[r], n[r], &gp[r], &alone_out[r].g, &err) == 0) {
+            CHECKF(g4_generation_run(alone_out[r].g, feat_event, &alone_out[r], &err) == 0, "%s alone %d: %s", label,
+                   r, err.msg);
+            alone_out[r].finish = g4_generation_finish(alone_out[r].g);
+            g4_generation_free(alone_out[r].g);
+        } else {
+            CHECKF(0, "%s alone %d: %s", label, r, err.msg);
+        }
+        g4_context_free(ctx);
+    }
+    g4_context *ctx;
+    g4_scheduler *s;
+    g4_context_params cp = {.n_seq_max = 4, .n_ctx = 512, .n_batch = n_batch, .kv_history = -1};
+    CHECKF(g4_context_new(m, &cp, &ctx, &err) == 0, "%s: %s", label, err.msg);
+    CHECKF(g4_scheduler_new(ctx, &s, &err) == 0, "%s: %s", label, err.msg);
+    for (int r = 0; r < N; r++)
+        CHECKF(g4_scheduler_submit(s, ids[r], n[r], &gp[r], feat_event, &sched_out[r], &sched_out[r].g, &err) == 0,
+               "%s submit %d: %s", label, r, err.msg);
+    int left, steps = 0;
+    while ((left = g4_scheduler_step(s, &err)) > 0 && steps < 1000) steps++;
+    CHECKF(left == 0, "%s: %s", label, left < 0 ? err.msg : "steps left");
+    printf("%-12s features: %d steps of at most %d tokens (an image of %d soft tokens); tokens a request:", label, steps,
+           n_batch, img_tokens);
+    for (int r = 0; r < N; r++) printf(" %d", sched_out[r].n);
+    printf("\n");
+    for (int r = 0; r < N; r++) {
+        feat_out *a = &alone_out[r], *b = &sched_out[r];
+        CHECKF(b->done && b->finish == a->finish && b->n == a->n && a->n > 0 &&
+                   !memcmp(a->ids, b->ids, (size_t)a->n * sizeof *a->ids),
+               "%s request %d: %d tokens through the scheduler (finish %d), %d alone (finish %d)", label, r, b->n,
+               b->finish, a->n, a->finish);
+        CHECKF(a->n_lp == b->n_lp && (a->n_lp == 0 || a->n_lp == a->n), "%s request %d: %d / %d log-probabilities",
+               label, r, b->n_lp, a->n_lp);
+        float worst = 0;
+        for (int i = 0; i < a->n_lp && i < b->n_lp; i++) {
+            float d = fabsf(a->lp[i] - b->lp[i]), d2 = fabsf(a->top_lp[i] - b->top_lp[i]);
+            worst = d > worst ? d : worst;
+            worst = d2 > worst ? d2 : worst;
+            CHECKF(a->top_id[i] == b->top_id[i], "%s request %d token %d: top %d / %d", label, r, i, b->top_id[i],
+                   a->top_id[i]);
+        }
+        CHECKF(cpu ? worst == 0 : worst < 2e-3f, "%s request %d: log-probabilities %g from alone", label, r, worst);
+        g4_generation_free(b->g);
+    }
+    g4_scheduler_free(s);
+    g4_context_free(ctx);
+}
+
+static void check_media_model(const char *label, const char *dir, int with_audio) {
+    g4_error err;
+    g4_model *m;
+    g4_load_params lp = {.n_threads = 2};
+    if (g4_model_load(dir, &lp, &m, &err)) {
+        CHECKF(0, "%s: load: %s", label, err.msg);
+        return;
+    }
+    char path[4200];
+    g4_image img;
+    g4_soft_tokens image = {0}, audio = {0};
+    snprintf(path, sizeof path, "%s/image0.png", dir);
+    CHECKF(g4_image_load(path, NULL, &img, &err) == 0 && g4_image_encode(m, &img, 0, &image, &err) == 0, "%s: %s", label,
+           err.msg);
+    g4_image_free(&img);
+    if (with_audio) {
+        float *pcm;
+        size_t n;
+        snprintf(path, sizeof path, "%s/audio0.wav", dir);
+        CHECKF(g4_audio_load(path, g4_audio_rate(m), &pcm, &n, &err) == 0 && g4_audio_encode(m, pcm, n, &audio, &err) == 0,
+               "%s: %s", label, err.msg);
+        free(pcm);
+    }
+    check_features(label, m, &image, with_audio ? &audio : NULL, 0);
+    g4_soft_tokens_free(&image);
+    g4_soft_tokens_free(&audio);
+    g4_model_free(m);
+}
+
 int main(void) {
     const char *fixtures[] = {"dense-ple", "dense-keqv", "moe"};
 #ifdef __SANITIZE_ADDRESS__
@@ -521,6 +684,8 @@ int main(void) {
         snprintf(rel, sizeof rel, "fixtures/%s", fixtures[i]);
         check_model(fixtures[i], g4t_shared(rel), 1);
     }
+    check_media_model("vision", g4t_shared("fixtures/vision"), 0);
+    check_media_model("unified", g4t_shared("fixtures/unified"), 1);
 #ifdef __SANITIZE_ADDRESS__
     return g4t_done();
 #endif
@@ -532,5 +697,11 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/tolstoy-tiny", tmp);
     CHECKF(system(cmd) == 0, "cannot unpack tolstoy-tiny");
     check_model("tolstoy-tiny", dir, 0); /* the fixtures ran the other cases; these are the slow ones here */
+    g4_model *m; /* a JSON object (the tokenizer's bytes) */
+    g4_error err;
+    g4_load_params lp = {.n_threads = 2};
+    CHECKF(g4_model_load(dir, &lp, &m, &err) == 0, "tolstoy-tiny: %s", err.msg);
+    if (m) check_features("tolstoy-tiny json", m, NULL, NULL, 1);
+    g4_model_free(m);
     return g4t_done();
 }

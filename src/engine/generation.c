@@ -235,10 +235,9 @@ static int is_stop_id(const g4_generation *g, int32_t id) {
     return 0;
 }
 
-/* The step's log-sum-exp and its n_top most likely tokens, from the raw logits (before any constraint). */
-static void step_logprobs(g4_generation *g) {
-    const float *l = g->logits;
-    const int V = g->ctx->model->cfg.text.vocab_size;
+/* The step's log-sum-exp and its n_top most likely tokens, from the raw logits l (before any constraint). */
+static void step_logprobs(g4_generation *g, const float *l) {
+    const int V = g->model->cfg.text.vocab_size;
     float mx = -INFINITY;
     for (int i = 0; i < V; i++)
         if (l[i] > mx) mx = l[i];
@@ -295,22 +294,29 @@ static int spec_step(g4_generation *g) {
     return 0;
 }
 
+/* The next id from a row of the step's logits (-1: every id banned): the log-probabilities first, from the logits
+ * as the model computed them, then the JSON constraint masks the row (in place) and the sampler draws. */
+static int32_t pick(g4_generation *g, float *logits) {
+    if (g->logprobs) step_logprobs(g, logits);
+    if (g->json) g4_json_mask(g->json, &g->json_state, logits);
+    const int32_t id = g4_sampler_sample(g->sampler, logits);
+    if (id >= 0 && g->logprobs) {
+        g->chosen = (g4_token_logprob){id, (float)(logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
+        g->have_logprobs = 1;
+    }
+    return id;
+}
+
 static int step(g4_generation *g) {
     if (g->spec && g->n_ids > 0) return spec_step(g);
     int r = run_model(g);
     if (r) return r < 0 ? -1 : finish(g, G4_FINISH_CANCELLED);
-    if (g->logprobs) step_logprobs(g);
-    if (g->json) g4_json_mask(g->json, &g->json_state, g->logits);
     int32_t id = g->greedy && !g->spec ? g->picked
                  : g->cand.k && g->cand.count[0] >= 0
                      ? g4_sampler_sample_candidates(g->sampler, g->cand.ids, g->cand.vals, g->cand.count[0],
                                                     g->cand.extra_vals)
-                     : g4_sampler_sample(g->sampler, g->logits);
+                     : pick(g, g->logits);
     if (id < 0) return g4_fail(&g->err, "no token can be drawn: every token is banned");
-    if (g->logprobs) {
-        g->chosen = (g4_token_logprob){id, (float)(g->logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
-        g->have_logprobs = 1;
-    }
     return take(g, id) < 0 ? -1 : 0;
 }
 
@@ -561,6 +567,23 @@ static g4_generation *generation_new(const g4_model *m, const int32_t *prompt, i
     return g;
 }
 
+/* The prompt's placeholders become the inputs' soft tokens (params.media): the prompt is expanded and the rows of
+ * its soft tokens kept in g->embd. */
+static int expand_media(g4_generation *g, const g4_generation_params *p, g4_error *err) {
+    if (p->n_media < 0 || (p->n_media && !p->media))
+        return g4_fail(err, "generation: n_media %d with media %s", p->n_media, p->media ? "given" : "NULL");
+    if (!p->n_media) return 0;
+    int32_t *expanded;
+    int n_expanded, n_embd;
+    if (g4_prompt_expand(g->model, g->prompt, g->n_prompt, p->media, p->n_media, &expanded, &n_expanded, &g->embd,
+                         &n_embd, err))
+        return -1;
+    free(g->prompt);
+    g->prompt = expanded;
+    g->n_prompt = n_expanded;
+    return 0;
+}
+
 int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_prompt,
                         const g4_generation_params *params, g4_generation **out, g4_error *err) {
     G4_ARG(out, err);
@@ -572,25 +595,11 @@ int g4_generation_start(g4_context *ctx, int seq, const int32_t *prompt, int n_p
     if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     g4_generation_params none = {0};
     const g4_generation_params *p = params ? params : &none;
-    if (p->n_media < 0 || (p->n_media && !p->media))
-        return g4_fail(err, "generation: n_media %d with media %s", p->n_media, p->media ? "given" : "NULL");
     g4_generation *g = generation_new(ctx->model, prompt, n_prompt, err);
     if (!g) return -1;
     g->ctx = ctx;
     g->seq = seq;
-    if (p->n_media) { /* the prompt's placeholders become the inputs' soft tokens */
-        int32_t *expanded;
-        int n_expanded, n_embd;
-        if (g4_prompt_expand(ctx->model, prompt, n_prompt, p->media, p->n_media, &expanded, &n_expanded, &g->embd,
-                             &n_embd, err)) {
-            g4_generation_free(g);
-            return -1;
-        }
-        free(g->prompt);
-        g->prompt = expanded;
-        g->n_prompt = n_expanded;
-    }
-    if (setup(g, p, ctx->n_ctx, err) || setup_seq(g, p, err)) {
+    if (expand_media(g, p, err) || setup(g, p, ctx->n_ctx, err) || setup_seq(g, p, err)) {
         g4_generation_free(g);
         return -1;
     }
@@ -623,11 +632,7 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
         }
     } else if (params && params->drafter) {
         g4_fail(err, "speculative decoding (a drafter) is not available to scheduled generations");
-    } else if (params && (params->logprobs || params->json_object)) {
-        g4_fail(err, "logprobs and json_object are not available to scheduled generations yet");
-    } else if (params && params->n_media) {
-        g4_fail(err, "images and audio are not available to scheduled generations yet: use one generation per request");
-    } else if (setup(g, params ? params : &none, n_ctx, err) == 0) {
+    } else if (expand_media(g, params ? params : &none, err) == 0 && setup(g, params ? params : &none, n_ctx, err) == 0) {
         *out = g;
         return 0;
     }
@@ -649,13 +654,24 @@ int32_t g4_generation_sample_candidates(g4_generation *g, const int32_t *ids, co
     return g4_sampler_sample_candidates(g->sampler, ids, vals, n, extra_vals);
 }
 int g4_generation_cancelled(const g4_generation *g) { return cancelled((g4_generation *)g); }
-int32_t g4_generation_sample(g4_generation *g, const float *logits) { return g4_sampler_sample(g->sampler, logits); }
+int32_t g4_generation_sample(g4_generation *g, float *logits) { return pick(g, logits); }
+const int32_t *g4_generation_prompt(const g4_generation *g, int *n) {
+    *n = g->n_prompt;
+    return g->prompt;
+}
+const float *g4_generation_embd(const g4_generation *g) { return g->embd; }
 float *g4_generation_embedding_out(g4_generation *g) { return g->embedding; }
 void g4_generation_set_cached(g4_generation *g, int n_cached) { g->n_cached = n_cached; }
 
 void g4_generation_take(g4_generation *g, int32_t id) {
     if (id < 0) g4_fail(&g->err, "no token can be drawn: every token is banned");
     if (id < 0 || take(g, id) < 0) g4_generation_end(g, G4_FINISH_ERROR);
+}
+
+void g4_generation_fail(g4_generation *g, const char *why) {
+    if (g->finish) return;
+    g4_fail(&g->err, "%s", why);
+    g4_generation_end(g, G4_FINISH_ERROR);
 }
 
 void g4_generation_end(g4_generation *g, g4_finish why) {

@@ -19,8 +19,13 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
 int g4_generation_max_new(const g4_generation *g);
 int g4_generation_is_argmax(const g4_generation *g);
 int g4_generation_cancelled(const g4_generation *g);
-/* The next id from one row of logits with the generation's sampler (-1: every id banned). */
-int32_t g4_generation_sample(g4_generation *g, const float *logits);
+/* The next id from one row of logits with the generation's sampler (-1: every id banned); with logprobs it keeps
+ * the step's log-probabilities, with json_object it masks the row in place first. */
+int32_t g4_generation_sample(g4_generation *g, float *logits);
+/* The prompt as the model reads it (images and audio expanded to their soft tokens) and the rows of its soft
+ * tokens in order ([soft tokens, hidden_size], NULL without media). */
+const int32_t *g4_generation_prompt(const g4_generation *g, int *n);
+const float *g4_generation_embd(const g4_generation *g);
 /* The k of the top candidates its sampler can draw from instead of a row (engine/sampler.h
  * g4_sampler_candidates_k; 0: it needs the row, as for log-probabilities or a JSON constraint), the ids whose
  * logits it needs besides (g4_sampler_candidate_extras), and the draw. */
@@ -33,6 +38,8 @@ int32_t g4_generation_sample_candidates(g4_generation *g, const int32_t *ids, co
 void g4_generation_take(g4_generation *g, int32_t id);
 /* Ends it (no-op when it has ended): held-back text, then the FINISH event. */
 void g4_generation_end(g4_generation *g, g4_finish why);
+/* Ends it with G4_FINISH_ERROR and `why` as its error (no-op when it has ended). */
+void g4_generation_fail(g4_generation *g, const char *why);
 /* Calls the callback with the queued events (not once the caller freed its handle), then clears them. */
 void g4_generation_deliver(g4_generation *g);
 /* Prompt tokens found in the prefix cache when it was first admitted (g4_generation_n_cached). */

@@ -19,7 +19,11 @@
  *      device memory: only those come back, with the logits of its penalized, biased and suppressed ids), each
  *      request that got logits or candidates samples its next token
  *      with its own sampler (g4_generation_take turns it into events and decides the end), and requests that
- *      ended free their sequence.
+ *      ended free their sequence. A step that fails ends its requests with the error (G4_FINISH_ERROR).
+ * Images and audio: a request's soft tokens take their rows (the generation's) in the step that reads them, and
+ * an image's tokens are never split between steps (g4_step_length: a chunk stops before an image that does not
+ * fit). A placeholder id without a row (in a prompt without media, or generated) is fed as the pad id, which is
+ * what the forward pass reads for it, so that it cannot break a batch of other requests' images.
  * A request's last token is never fed to the model. Its sequence's blocks stay in the prefix cache after it
  * leaves (a later request with the same prefix, e.g. the next turn of a chat, starts from them).
  *
@@ -40,7 +44,10 @@
 
 typedef struct request {
     g4_generation *gen;
-    int32_t *tokens; /* prompt, then generated ids [cap] */
+    int32_t *tokens; /* prompt, then generated ids [cap], as the model reads them: soft-token placeholders without
+                        rows (in a prompt without media, or generated) are the pad id, which is what the model
+                        reads for them (context.c, multimodal_rows) */
+    const float *embd; /* the rows of the prompt's soft tokens, in order (the generation's), or NULL */
     int n_prompt, n_tokens, cap;
     int n_fed;       /* tokens its sequence holds (0 while waiting) */
     int seq;         /* -1 while waiting */
@@ -75,6 +82,7 @@ struct g4_scheduler {
     float *extra_vals;                        /* [extra_cap] */
     int extra_cap;
     float *final_rows;     /* [n_batch][H]: final hidden states of an embedding step */
+    float *embd;           /* [n_batch][H]: the soft tokens' rows of a step (allocated by the first that has any) */
     g4_scheduler_stats stats;
 };
 
@@ -137,6 +145,21 @@ static const g4_kv_pool *main_pool(const g4_scheduler *s) {
 /* Blocks of the main pool that n positions take. */
 static long blocks_for(const g4_scheduler *s, int n) { return (n + s->ctx->kv.block - 1) / s->ctx->kv.block; }
 
+/* The pad id for a soft-token placeholder that has no row (see request.tokens). */
+static int32_t fed_id(const g4_scheduler *s, int32_t id) {
+    return g4_mm_placeholder(s->ctx->model, id) ? s->ctx->model->cfg.text.pad_token_id : id;
+}
+
+/* Tokens of r's next prefill chunk: what it has left, at most max, without splitting an image's soft tokens
+ * (g4_step_length); 0 when its next image does not fit max. */
+static int chunk(const g4_scheduler *s, const request *r, int max) {
+    const int left = r->n_tokens - r->n_fed;
+    if (left <= max || !r->embd) return left < max ? left : max;
+    g4_error e;
+    const int k = g4_step_length(s->ctx->model, r->tokens + r->n_fed, left, max, &e);
+    return k < 0 ? 0 : k;
+}
+
 static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generation_params *params, int embed,
                   g4_event_fn on_event, void *user, g4_generation **out, g4_error *err) {
     if (!out) return g4_fail(err, "g4_scheduler_submit: out is NULL");
@@ -145,6 +168,17 @@ static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generatio
     g4_generation *g;
     if (g4_generation_new_scheduled(s->ctx->model, s->ctx->n_ctx, ids, n, params, embed, on_event, user, &g, err))
         return -1;
+    ids = g4_generation_prompt(g, &n); /* with images and audio: expanded */
+    const float *embd = g4_generation_embd(g);
+    for (int i = 0; embd && i < n;) { /* every image fits a step */
+        const int k = g4_step_length(s->ctx->model, ids + i, n - i, s->n_batch, err);
+        if (k < 0) {
+            g4_generation_release(g);
+            g4_generation_free(g);
+            return -1;
+        }
+        i += k;
+    }
     request *r = calloc(1, sizeof *r);
     int cap = embed ? n : n + g4_generation_max_new(g);
     if (r) r->gen = g;
@@ -155,7 +189,8 @@ static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generatio
         g4_generation_free(g);
         return g4_fail(err, "out of memory");
     }
-    memcpy(r->tokens, ids, (size_t)n * sizeof *ids);
+    for (int i = 0; i < n; i++) r->tokens[i] = embd ? ids[i] : fed_id(s, ids[i]);
+    r->embd = embd;
     r->n_prompt = r->n_tokens = n;
     r->cap = cap;
     r->seq = -1;
@@ -287,6 +322,7 @@ void g4_scheduler_free(g4_scheduler *s) {
     free(s->extra_at);
     free(s->extra_vals);
     free(s->final_rows);
+    free(s->embd);
     free(s);
 }
 
@@ -422,8 +458,8 @@ static void admit_waiting(g4_scheduler *s, int embed_step, int *budget) {
         queue_remove(s, i);
         admit(s, r, q, reused);
         reserve += need;
-        int k = r->n_tokens - r->n_fed < *budget ? r->n_tokens - r->n_fed : *budget;
-        plan_add(s, r, k);
+        const int k = chunk(s, r, *budget);
+        if (k > 0) plan_add(s, r, k);
         *budget -= k;
     }
     pthread_mutex_unlock(&s->lock);
@@ -450,8 +486,9 @@ static void fit_plan(g4_scheduler *s) {
     while (s->n_plan > 0 && !plan_fits(s)) {
         int i = s->n_plan - 1;
         while (i >= 0 && decoding(s->plan_req[i])) i--;
-        if (i >= 0 && s->plan_n[i] > 1) {
-            s->plan_n[i] /= 2;
+        const int half = i >= 0 && s->plan_n[i] > 1 ? chunk(s, s->plan_req[i], s->plan_n[i] / 2) : 0;
+        if (half > 0) {
+            s->plan_n[i] = half;
             continue;
         }
         if (i >= 0 && s->n_plan > 1) {
@@ -469,8 +506,21 @@ static void fit_plan(g4_scheduler *s) {
     }
 }
 
+/* A failed step: its requests end with the error (a failed model step may fail again the same way, so they are not
+ * retried); the others go on. */
+static void fail_plan(g4_scheduler *s, const char *why) {
+    for (int i = 0; i < s->n_plan; i++) {
+        request *r = s->plan_req[i];
+        g4_generation_fail(r->gen, why);
+        finish(s, r, G4_FINISH_ERROR);
+    }
+    s->n_plan = 0;
+}
+
 int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     G4_ARG(s, err);
+    g4_error unused;
+    if (!err) err = &unused; /* the failed requests get the message */
     g4_context *ctx = s->ctx;
     drop_cancelled(s);
     /* which kind of step: embeddings and generations alternate when both have work */
@@ -490,7 +540,8 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     for (int i = 0; i < s->n_running && budget > 0; i++) {
         request *r = s->run_list[i];
         if (r->embed != embed_step || decoding(r)) continue;
-        int k = r->n_tokens - r->n_fed < budget ? r->n_tokens - r->n_fed : budget;
+        const int k = chunk(s, r, budget);
+        if (k == 0) continue;
         plan_add(s, r, k);
         budget -= k;
     }
@@ -500,7 +551,8 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     /* the batch */
     int n = 0, n_want = 0, all_greedy = 1, top_k = 0; /* top_k: the largest k of the rows' candidates, -1 when a
                                                         * row needs its logits */
-    int n_extra = 0;
+    int n_extra = 0, n_embd = 0;
+    const g4_model *m = ctx->model;
     for (int i = 0; i < s->n_plan; i++) {
         request *r = s->plan_req[i];
         const int k = s->plan_n[i], last = r->n_fed + k == r->n_tokens;
@@ -509,6 +561,17 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             s->seq[n] = r->seq;
             s->want[n] = embed_step || (last && j == k - 1);
             n++;
+        }
+        const int n_soft = r->embd ? g4_count_soft_tokens(m, r->tokens + r->n_fed, k) : 0;
+        if (n_soft) { /* the rows of the chunk's soft tokens: those before it were read by earlier steps */
+            if (!s->embd && !(s->embd = malloc((size_t)s->n_batch * (size_t)s->H * sizeof *s->embd))) {
+                g4_fail(err, "out of memory for a step's %d soft tokens", n_soft);
+                fail_plan(s, "out of memory for a step's soft tokens");
+                return -1;
+            }
+            const size_t before = (size_t)g4_count_soft_tokens(m, r->tokens, r->n_fed);
+            memcpy(s->embd + (size_t)n_embd * s->H, r->embd + before * s->H, (size_t)n_soft * s->H * sizeof *s->embd);
+            n_embd += n_soft;
         }
         if (!embed_step && last) {
             n_want++;
@@ -528,7 +591,8 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         }
     }
     if (n > 0) {
-        g4_batch b = {.n_tokens = n, .token = s->tok, .seq = s->seq, .want_logits = s->want};
+        g4_batch b = {.n_tokens = n, .token = s->tok, .seq = s->seq, .want_logits = s->want,
+                      .embd = n_embd ? s->embd : NULL, .n_embd = n_embd};
         int rc;
         g4_context_capture(ctx, NULL, embed_step ? s->final_rows : NULL);
         if (embed_step || n_want == 0) rc = g4_decode(ctx, &b, NULL, err);
@@ -541,7 +605,10 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             rc = g4_decode_candidates(ctx, &b, &s->cand, err);
         } else rc = g4_decode(ctx, &b, s->logits, err);
         g4_context_capture(ctx, NULL, NULL);
-        if (rc) return -1;
+        if (rc) {
+            fail_plan(s, err ? err->msg : "the batch step failed");
+            return -1;
+        }
         s->stats.steps++;
     }
 
@@ -571,7 +638,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
                 if (g4_generation_finish(r->gen)) {
                     finish(s, r, G4_FINISH_STOP); /* it has ended: the reason is its own */
                 } else {
-                    r->tokens[r->n_tokens++] = id;
+                    r->tokens[r->n_tokens++] = fed_id(s, id); /* a generated placeholder has no row */
                     g4_generation_deliver(r->gen);
                 }
             }

@@ -1,5 +1,5 @@
-/* The server's engine (engine.h): one worker thread owns the context and takes turns over the running
- * generations, one model step each (g4_generation_step); embeddings run whole (g4_embed). */
+/* The server's engine (engine.h): one worker thread owns the context and its batching scheduler (g4_scheduler):
+ * it hands new jobs to the scheduler and runs its steps while it has requests. */
 #include "server/engine.h"
 
 #include <malloc.h>
@@ -11,17 +11,17 @@
 struct srv_engine {
     g4_model *model;
     g4_context *ctx;
+    g4_scheduler *sched;
     int n_seq, n_ctx, hidden;
     const int32_t *eos;
     int n_eos;
     pthread_t thread;
     int started;
-    pthread_mutex_t mu; /* guards the waiting list, running[], stop and the stats */
+    pthread_mutex_t mu; /* guards the list of new jobs, stop and the stats */
     pthread_cond_t cv;
-    srv_job *wait_head, *wait_tail;
-    int n_waiting, max_queue;
-    srv_job **running; /* [n_seq], by sequence */
-    int n_running;
+    srv_job *new_head, *new_tail; /* submitted, not yet handed to the scheduler */
+    int n_unfinished, max_queue;  /* submitted and not finished */
+    int n_running;                /* on a sequence (the scheduler's count after its last step) */
     int stop;
     srv_job_fn on_finished;
     void *user;
@@ -54,7 +54,6 @@ srv_group *srv_group_new(int n_jobs) {
     for (int i = 0; i < n_jobs; i++) {
         g->jobs[i].group = g;
         g->jobs[i].index = i;
-        g->jobs[i].seq = -1;
         atomic_init(&g->jobs[i].cancel, 0);
     }
     return g;
@@ -121,16 +120,26 @@ static int is_eos(const srv_engine *e, int32_t id) {
     return 0;
 }
 
-typedef struct {
-    srv_engine *e;
-    srv_job *job;
-} event_ctx;
+static void finish_job(srv_engine *e, srv_job *j, g4_finish why, const char *failure);
 
-/* Appends a generation event to its job (under the group's lock; the step's end signals the reader). */
+/* A scheduled generation's event (on the worker, inside a scheduler step): appended to its job under the group's
+ * lock; the text events and the last wake the reader (a token's text follows its TOKEN event in the same step). */
 static int on_event(const g4_event *ev, void *user) {
-    event_ctx *c = user;
-    srv_job *j = c->job;
+    srv_job *j = user;
+    srv_engine *e = j->engine;
     srv_group *g = j->group;
+    if (ev->kind == G4_EVENT_FINISH) {
+        g4_finish why = g4_generation_finish(j->gen);
+        const char *failure = why == G4_FINISH_ERROR ? g4_generation_error(j->gen) : NULL;
+        j->n_cached = g4_generation_n_cached(j->gen);
+        if (j->embed && why == G4_FINISH_STOP) {
+            const float *v = g4_generation_embedding(j->gen);
+            if (!(j->embedding = malloc((size_t)e->hidden * sizeof *j->embedding))) failure = "out of memory";
+            else memcpy(j->embedding, v, (size_t)e->hidden * sizeof *j->embedding);
+        }
+        finish_job(e, j, why == G4_FINISH_ERROR ? G4_FINISH_STOP : why, failure);
+        return 0;
+    }
     int rc = 0;
     pthread_mutex_lock(&g->mu);
     size_t cap_ev = (size_t)j->cap_ev;
@@ -154,7 +163,7 @@ static int on_event(const g4_event *ev, void *user) {
         if (ev->kind == G4_EVENT_TOKEN) {
             if (!j->n_generated++) j->t_first = now_s();
             /* the token that ends the turn is not part of the answer: no log-probability is shown for it */
-            if (j->gp.logprobs && !is_eos(c->e, ev->token) && g4_generation_logprobs(j->gen, &chosen, &top, &n_top) == 0 &&
+            if (j->gp.logprobs && !is_eos(e, ev->token) && g4_generation_logprobs(j->gen, &chosen, &top, &n_top) == 0 &&
                 grow((void **)&j->top, &j->cap_top, j->n_top + (size_t)n_top, sizeof *j->top) == 0) {
                 out->has_logprob = 1;
                 out->logprob = chosen.logprob;
@@ -163,6 +172,8 @@ static int on_event(const g4_event *ev, void *user) {
                 memcpy(j->top + j->n_top, top, (size_t)n_top * sizeof *top);
                 j->n_top += (size_t)n_top;
             }
+        } else {
+            pthread_cond_broadcast(&g->cv);
         }
     }
     pthread_mutex_unlock(&g->mu);
@@ -171,6 +182,7 @@ static int on_event(const g4_event *ev, void *user) {
 
 /* ---------------------------------------------------------------- worker */
 
+/* The job is done (on the worker): the reader hears it, the generation and the job's reference go. */
 static void finish_job(srv_engine *e, srv_job *j, g4_finish why, const char *failure) {
     srv_group *g = j->group;
     g4_generation *gen = j->gen;
@@ -186,118 +198,81 @@ static void finish_job(srv_engine *e, srv_job *j, g4_finish why, const char *fai
     g->n_done++;
     pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
-    g4_generation_free(gen);
-    /* a cancelled request's KV blocks go back at once (a finished one's stay, for the next turn's prefix) */
-    if (why == G4_FINISH_CANCELLED && j->seq >= 0) g4_seq_reset(e->ctx, j->seq);
+    g4_generation_free(gen); /* inside its FINISH event: allowed on the stepping thread */
     pthread_mutex_lock(&e->mu);
-    if (j->seq >= 0) {
-        e->running[j->seq] = NULL;
-        e->n_running--;
-    }
+    e->n_unfinished--;
     e->generated_tokens += j->n_generated;
+    e->cached_tokens += j->n_cached;
     pthread_mutex_unlock(&e->mu);
     if (e->on_finished) e->on_finished(j, e->user);
     srv_group_release(g);
 }
 
-/* The free sequence whose cached tokens share the longest prefix with the prompt. */
-static int pick_seq(srv_engine *e, const srv_job *j) {
-    int best = -1, best_len = -1;
-    for (int q = 0; q < e->n_seq; q++) {
-        if (e->running[q]) continue;
-        int n, k = 0;
-        const int32_t *held = g4_seq_tokens(e->ctx, q, &n);
-        while (k < n && k < j->n_prompt && held[k] == j->prompt[k]) k++;
-        if (k > best_len) best = q, best_len = k;
-    }
-    return best;
-}
-
-static void start_job(srv_engine *e, srv_job *j) {
+/* A new job goes to the scheduler (or ends: cancelled, refused). */
+static void hand_over(srv_engine *e, srv_job *j) {
     g4_error err;
     if (atomic_load(&j->cancel)) {
         finish_job(e, j, G4_FINISH_CANCELLED, NULL);
         return;
     }
-    pthread_mutex_lock(&e->mu);
-    int q = pick_seq(e, j);
-    e->running[q] = j;
-    e->n_running++;
-    e->prompt_tokens += j->n_prompt;
-    pthread_mutex_unlock(&e->mu);
-    j->seq = q;
-    if (j->embed) {
-        j->embedding = malloc((size_t)e->hidden * sizeof *j->embedding);
-        if (!j->embedding) finish_job(e, j, G4_FINISH_STOP, "out of memory");
-        else if (g4_embed(e->ctx, q, j->prompt, j->n_prompt, j->embedding, &err)) finish_job(e, j, G4_FINISH_STOP, err.msg);
-        else finish_job(e, j, G4_FINISH_STOP, NULL);
-        return;
-    }
     g4_generation *gen;
-    if (g4_generation_start(e->ctx, q, j->prompt, j->n_prompt, &j->gp, &gen, &err)) {
+    /* the handle is set before the first step can deliver an event: steps run on this thread */
+    int rc = j->embed ? g4_scheduler_submit_embed(e->sched, j->prompt, j->n_prompt, on_event, j, &gen, &err)
+                      : g4_scheduler_submit(e->sched, j->prompt, j->n_prompt, &j->gp, on_event, j, &gen, &err);
+    if (rc) {
         finish_job(e, j, G4_FINISH_STOP, err.msg);
         return;
     }
     pthread_mutex_lock(&j->group->mu);
     j->gen = gen;
-    j->n_cached = g4_generation_n_cached(gen);
-    if (atomic_load(&j->cancel)) g4_generation_cancel(gen);
+    if (atomic_load(&j->cancel)) g4_generation_cancel(gen); /* srv_group_cancel found no handle yet */
     pthread_mutex_unlock(&j->group->mu);
     pthread_mutex_lock(&e->mu);
-    e->cached_tokens += j->n_cached;
+    e->prompt_tokens += j->n_prompt;
     pthread_mutex_unlock(&e->mu);
-}
-
-static void step_job(srv_engine *e, srv_job *j) {
-    g4_error err;
-    event_ctx c = {e, j};
-    int rc = g4_generation_step(j->gen, on_event, &c, &err);
-    pthread_mutex_lock(&j->group->mu);
-    pthread_cond_broadcast(&j->group->cv);
-    pthread_mutex_unlock(&j->group->mu);
-    if (rc < 0) finish_job(e, j, G4_FINISH_STOP, err.msg);
-    else if (rc == 0) finish_job(e, j, g4_generation_finish(j->gen), NULL);
 }
 
 static void *worker(void *arg) {
     srv_engine *e = arg;
-    int was_busy = 0;
+    int busy = 0, was_busy = 0; /* busy: the scheduler has requests */
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        if (!e->n_waiting && !e->n_running && was_busy) {
+        if (!e->new_head && !busy && was_busy) {
             /* idle: hand the memory of finished requests back to the system */
             pthread_mutex_unlock(&e->mu);
             malloc_trim(0);
             was_busy = 0;
             continue;
         }
-        while (!e->stop && !e->n_waiting && !e->n_running) pthread_cond_wait(&e->cv, &e->mu);
-        if (e->stop && !e->n_waiting && !e->n_running) {
-            pthread_mutex_unlock(&e->mu);
-            break;
-        }
-        was_busy = 1;
-        while (e->n_waiting && e->n_running < e->n_seq) {
-            srv_job *j = e->wait_head;
-            e->wait_head = j->next_waiting;
-            if (!e->wait_head) e->wait_tail = NULL;
-            e->n_waiting--;
-            if (e->stop) atomic_store(&j->cancel, 1);
-            pthread_mutex_unlock(&e->mu);
-            start_job(e, j);
-            pthread_mutex_lock(&e->mu);
-        }
+        while (!e->stop && !e->new_head && !busy) pthread_cond_wait(&e->cv, &e->mu);
+        const int stop = e->stop;
+        srv_job *j = e->new_head;
+        e->new_head = e->new_tail = NULL;
         pthread_mutex_unlock(&e->mu);
-        for (int q = 0; q < e->n_seq; q++) {
-            srv_job *j = e->running[q]; /* only this thread changes running[] */
-            if (!j) continue;
-            if (e->stop || atomic_load(&j->cancel)) g4_generation_cancel(j->gen);
-            step_job(e, j);
+        while (j) {
+            srv_job *next = j->next_waiting;
+            if (stop) atomic_store(&j->cancel, 1);
+            hand_over(e, j);
+            j = next;
         }
+        if (stop) break; /* g4_scheduler_free ends the rest as cancelled */
+        was_busy = 1;
+        g4_error err;
+        int left = g4_scheduler_step(e->sched, &err);
+        if (left < 0) { /* the step's requests ended with the error; the others go on */
+            fprintf(stderr, "gemma4c serve: a batch step failed: %s\n", err.msg);
+            left = 1;
+        }
+        g4_scheduler_stats st;
+        g4_scheduler_get_stats(e->sched, &st);
+        busy = left > 0;
         pthread_mutex_lock(&e->mu);
+        e->n_running = st.running;
         e->kv_used = e->kv_total - g4_kv_free_blocks(e->ctx);
         pthread_mutex_unlock(&e->mu);
     }
+    g4_scheduler_free(e->sched);
+    e->sched = NULL;
     return NULL;
 }
 
@@ -307,18 +282,22 @@ int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, in
                    srv_engine **out, g4_error *err) {
     *out = NULL;
     srv_engine *e = calloc(1, sizeof *e);
-    if (!e || !(e->running = calloc((size_t)n_seq, sizeof *e->running))) {
-        free(e);
-        return g4_fail(err, "out of memory");
-    }
+    if (!e) return g4_fail(err, "out of memory");
     /* On a GPU, steps of up to 2048 tokens (prompts read in fewer, larger products; H200, E2B, 100 requests of 128
-     * tokens at once: output tok/s 7015-7875 -> 8556-8897 against 512), keeping the 512 positions of sliding-window
-     * history the default would give (more would cost KV memory for every sequence). */
+     * tokens at once: output tok/s 7015-7875 -> 8556-8897 against 512); on the CPU the library's default, or an
+     * image's soft tokens where they are more (an image is read in one step). Nothing is rolled back under a
+     * scheduler: no sliding-window history is kept. */
     const int gpu = strcmp(g4_model_device(model), "cpu") != 0;
-    g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = n_ctx, .n_batch = gpu ? 2048 : 0, .kv_history = gpu ? 512 : 0,
-                            .kv_type = kv_type};
+    const int image = g4_image_max_tokens(model, 0);
+    g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = n_ctx, .n_batch = gpu ? 2048 : image > 512 ? image : 0,
+                            .kv_history = -1, .kv_type = kv_type};
+    if (gpu && image > 2048) cp.n_batch = image;
     if (g4_context_new(model, &cp, &e->ctx, err)) {
-        free(e->running);
+        free(e);
+        return -1;
+    }
+    if (g4_scheduler_new(e->ctx, &e->sched, err)) {
+        g4_context_free(e->ctx);
         free(e);
         return -1;
     }
@@ -351,10 +330,10 @@ void srv_engine_free(srv_engine *e) {
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
+    g4_scheduler_free(e->sched); /* (the worker freed it, unless it never started) */
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     g4_context_free(e->ctx);
-    free(e->running);
     free(e);
 }
 
@@ -362,7 +341,7 @@ int srv_engine_n_ctx(const srv_engine *e) { return e->n_ctx; }
 
 int srv_engine_submit(srv_engine *e, srv_group *g, g4_error *err) {
     pthread_mutex_lock(&e->mu);
-    if (e->stop || e->n_waiting + g->n_jobs > e->max_queue) {
+    if (e->stop || e->n_unfinished - e->n_running + g->n_jobs > e->max_queue) {
         int stopping = e->stop;
         pthread_mutex_unlock(&e->mu);
         return g4_fail(err, stopping ? "the server is shutting down" : "the queue is full (%d requests waiting)",
@@ -374,13 +353,14 @@ int srv_engine_submit(srv_engine *e, srv_group *g, g4_error *err) {
     const double t = now_s();
     for (int i = 0; i < g->n_jobs; i++) {
         srv_job *j = &g->jobs[i];
+        j->engine = e;
         j->t_submit = t;
         j->gp.sampling = &j->sp;
         j->next_waiting = NULL;
-        if (e->wait_tail) e->wait_tail->next_waiting = j;
-        else e->wait_head = j;
-        e->wait_tail = j;
-        e->n_waiting++;
+        if (e->new_tail) e->new_tail->next_waiting = j;
+        else e->new_head = j;
+        e->new_tail = j;
+        e->n_unfinished++;
     }
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
@@ -389,7 +369,7 @@ int srv_engine_submit(srv_engine *e, srv_group *g, g4_error *err) {
 
 void srv_engine_stats_get(srv_engine *e, srv_engine_stats *out) {
     pthread_mutex_lock(&e->mu);
-    *out = (srv_engine_stats){e->n_waiting, e->n_running, e->kv_used, e->kv_total,
+    *out = (srv_engine_stats){e->n_unfinished - e->n_running, e->n_running, e->kv_used, e->kv_total,
                               e->prompt_tokens, e->cached_tokens, e->generated_tokens};
     pthread_mutex_unlock(&e->mu);
 }

@@ -6,12 +6,12 @@
  * job of it are done with it (reference counts), so a client that leaves never frees memory the worker
  * still writes, and the worker never waits for a client.
  *
- * Until the batching scheduler is in the public API, the worker takes turns over up to n_seq generations on
- * the sequences of one context, one model step each (g4_generation_step): --parallel N gives N requests
- * progress at once, not yet one batched step. A new job goes to the free sequence whose cached tokens share
- * the longest prefix with its prompt (the next turn of a chat reuses the previous turn's cache).
- * Cancelling a job (client gone) stops it before its next model step, also in the middle of its prompt;
- * its sequence is then free for the next job. */
+ * The worker hands new jobs to a batching scheduler (g4_scheduler: continuous batching under the context's token
+ * budget, prefix cache, preemption) and runs its steps while it has requests: --parallel N generations share
+ * each batch step. A new request takes the longest prefix of its prompt that the prefix cache holds, in whole KV
+ * blocks (the next turn of a chat reuses the previous turn's cache). Cancelling a job (client gone) stops it
+ * before the next step, also in the middle of its prompt, and its blocks go back at once. A failed step ends
+ * its requests with the error (500); the others go on. */
 #ifndef G4_SERVER_ENGINE_H
 #define G4_SERVER_ENGINE_H
 
@@ -59,8 +59,8 @@ typedef struct srv_job {
     float *embedding;            /* embed: hidden_size floats once done */
     double t_submit, t_first, t_done; /* seconds (monotonic): submitted, first token, finished */
     /* the worker's */
-    g4_generation *gen;          /* while running (read under the group's lock to cancel) */
-    int seq;
+    struct srv_engine *engine;
+    g4_generation *gen;          /* while in the scheduler (read under the group's lock to cancel) */
     atomic_int cancel;
     struct srv_job *next_waiting;
 } srv_job;
@@ -87,7 +87,7 @@ void srv_group_cancel(srv_group *g);
 typedef struct srv_engine srv_engine;
 
 typedef struct srv_engine_stats {
-    int queued, running;          /* jobs waiting / on a sequence */
+    int queued, running;          /* jobs waiting / on a sequence (after the last step) */
     int kv_blocks_used, kv_blocks_total;
     long long prompt_tokens, cached_tokens, generated_tokens;
 } srv_engine_stats;
