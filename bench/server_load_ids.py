@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+# Output throughput of a running gemma4c server (or any OpenAI-compatible one) on prompts of random token ids,
+# which need no tokenizer (random-weight checkpoints of the real shapes: gemma4c quantize --random CONFIG DIR
+# --type bf16): C concurrent clients send R completions each, P prompt ids and N new tokens (ignore_eos),
+# greedy (TEMP 0) or sampled (top-k 64, top-p 0.95); prints output tokens/s over the wall time.
+#   bench/server_load_ids.py URL MODEL C R P N TEMP [VOCAB]   (ids drawn from 3 .. VOCAB-1, default 262144)
+import json, random, sys, threading, time, urllib.request
+url, model = sys.argv[1], sys.argv[2]
+C, R, P, N, temp = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7])
+V = int(sys.argv[8]) if len(sys.argv) > 8 else 262144
+tokens, errors = [0], []
+lock = threading.Lock()
+def client(c):
+    rnd = random.Random(c)
+    for i in range(R):
+        body = {"model": model, "prompt": [2] + [rnd.randrange(3, V) for _ in range(P - 1)], "max_tokens": N,
+                "temperature": temp, "ignore_eos": True, "seed": c * 100 + i}
+        if temp > 0: body["top_k"] = 64; body["top_p"] = 0.95
+        req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        try:
+            r = json.load(urllib.request.urlopen(req, timeout=600))
+            with lock: tokens[0] += r["usage"]["completion_tokens"]
+        except Exception as e:
+            with lock: errors.append(str(e)[:200])
+t0 = time.time()
+th = [threading.Thread(target=client, args=(c,)) for c in range(C)]
+for t in th: t.start()
+for t in th: t.join()
+dt = time.time() - t0
+print(f"{C} clients x {R} requests, prompt {P}, {N} new, temp {temp}: {tokens[0]} tokens in {dt:.1f} s = {tokens[0]/dt:.0f} tok/s, {len(errors)} errors {errors[:2]}")
