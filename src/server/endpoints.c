@@ -298,6 +298,7 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
         goto fail;
     }
     c->group->data = r;
+    c->group->stream = r->stream;
     c->group->free_data = free_request;
     const int n_ctx = srv_engine_n_ctx(s->engine);
     if (kind == SRV_CHAT) {

@@ -123,7 +123,8 @@ static int is_eos(const srv_engine *e, int32_t id) {
 static void finish_job(srv_engine *e, srv_job *j, g4_finish why, const char *failure);
 
 /* A scheduled generation's event (on the worker, inside a scheduler step): appended to its job under the group's
- * lock; the text events and the last wake the reader (a token's text follows its TOKEN event in the same step). */
+ * lock; a streaming reader wakes for the text events (a token's text follows its TOKEN event in the same step),
+ * every reader for the job's end. */
 static int on_event(const g4_event *ev, void *user) {
     srv_job *j = user;
     srv_engine *e = j->engine;
@@ -172,7 +173,7 @@ static int on_event(const g4_event *ev, void *user) {
                 memcpy(j->top + j->n_top, top, (size_t)n_top * sizeof *top);
                 j->n_top += (size_t)n_top;
             }
-        } else {
+        } else if (g->stream) {
             pthread_cond_broadcast(&g->cv);
         }
     }

@@ -70,6 +70,7 @@ struct srv_group {
     pthread_cond_t cv;
     int refs;      /* the HTTP side's one and each submitted, unfinished job's */
     int n_jobs, n_done;
+    int stream;                /* the reader takes each event as it comes; otherwise only a job's end wakes it */
     srv_job *jobs;
     void *data;                /* what the jobs' parameters point into (the request); freed with the group */
     void (*free_data)(void *data);
