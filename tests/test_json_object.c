@@ -107,6 +107,34 @@ static void test_tokens(void) {
     g4_json_mask(jt, &st, logits);
     int32_t quote = g4_tokenizer_token_id(tok, "\""), eos = g4_tokenizer_eos_id(tok);
     CHECK(quote >= 0 && logits[quote] == 0 && logits[the] == -INFINITY && (eos < 0 || logits[eos] == -INFINITY));
+    /* the masks kept for the states met last: along a text's tokens (more than the 16 kept states, some met again
+     * after others pushed them out) every mask equals the one computed token by token from the state */
+    const char *text = "{\"a\": [1, 2.5e-3, true, null, {\"b\": \"x y z\"}], \"cc\": -0.75, \"d\": [[], {}], "
+                       "\"e\": \"\\u00e9\\n\", \"f\": false, \"g\": [[[1]]], \"h\": 12345}";
+    g4_tokens toks = {0};
+    CHECK(g4_tokenize(tok, text, strlen(text), 0, &toks, &err) == 0);
+    g4_json_tokens *fresh;
+    CHECK(g4_json_tokens_new(tok, V, &fresh, &err) == 0);
+    g4_json_start(&st);
+    int steps_ok = 0, pos = 0;
+    for (size_t i = 0; i < toks.n; i++) {
+        memset(logits, 0, (size_t)V * sizeof *logits);
+        g4_json_mask(fresh, &st, logits);
+        int same = 1;
+        for (int id = 0; id < V; id++) {
+            g4_json_state probe = st;
+            n = g4_tokenizer_is_special(tok, id) ? -1 : g4_tokenizer_token_bytes(tok, id, buf, sizeof buf);
+            const int may = n > 0 && g4_json_feed(&probe, buf, (size_t)n) == 0;
+            same &= may == (logits[id] == 0);
+        }
+        steps_ok += same;
+        n = g4_tokenizer_token_bytes(tok, toks.ids[i], buf, sizeof buf);
+        CHECKF(logits[toks.ids[i]] == 0 && g4_json_accept(fresh, &st, toks.ids[i]) == 0, "token %zu", i);
+        pos += n;
+    }
+    CHECKF(steps_ok == (int)toks.n && g4_json_done(&st), "%d of %zu masks equal the state's own", steps_ok, toks.n);
+    g4_json_tokens_free(fresh);
+    free(toks.ids);
     free(logits);
     g4_json_tokens_free(jt);
     g4_tokenizer_free(tok);

@@ -173,17 +173,33 @@ int g4_json_feed(g4_json_state *s, const char *bytes, size_t n) {
 
 /* ------------------------------------------------------------------ tokens */
 
+/* The masks of the last JSON_MASKS states are kept as bits (a step's mask depends on the automaton's state
+ * alone, and a generation meets few states: inside a string, one for every token): a step in a cached state
+ * reads V bits instead of feeding every token's bytes to the automaton. */
+#define JSON_MASKS 16
+
 struct g4_json_tokens {
     int V;
     uint32_t *off; /* [V + 1] into bytes; a token without text (special, empty) has off[id] == off[id + 1] */
     char *bytes;
+    size_t words;                 /* 64-bit words of a mask */
+    uint64_t *bits;               /* [JSON_MASKS][words]: bit id set where the token may come */
+    g4_json_state state[JSON_MASKS];
+    uint64_t used[JSON_MASKS];    /* when each mask was last used (0: empty) */
+    uint64_t clock;
 };
 
 void g4_json_tokens_free(g4_json_tokens *t) {
     if (!t) return;
     free(t->off);
     free(t->bytes);
+    free(t->bits);
     free(t);
+}
+
+static int same_state(const g4_json_state *a, const g4_json_state *b) {
+    return a->arrays == b->arrays && a->depth == b->depth && a->mode == b->mode &&
+           a->key == b->key && a->lit == b->lit && a->ws == b->ws;
 }
 
 int g4_json_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_json_tokens **out, g4_error *err) {
@@ -195,6 +211,11 @@ int g4_json_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_json_tokens *
         return g4_fail(err, "out of memory");
     }
     t->V = vocab_size;
+    t->words = ((size_t)vocab_size + 63) / 64;
+    if (!(t->bits = malloc(JSON_MASKS * t->words * sizeof *t->bits))) {
+        g4_json_tokens_free(t);
+        return g4_fail(err, "out of memory");
+    }
     char buf[1024];
     for (int id = 0; id < vocab_size; id++) {
         t->off[id] = (uint32_t)len;
@@ -216,12 +237,27 @@ int g4_json_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_json_tokens *
     return 0;
 }
 
-void g4_json_mask(const g4_json_tokens *t, const g4_json_state *s, float *logits) {
-    for (int id = 0; id < t->V; id++) {
-        const uint32_t a = t->off[id], b = t->off[id + 1];
-        g4_json_state probe = *s;
-        if (a == b || g4_json_feed(&probe, t->bytes + a, b - a)) logits[id] = -INFINITY;
+void g4_json_mask(g4_json_tokens *t, const g4_json_state *s, float *logits) {
+    int slot = -1, oldest = 0;
+    for (int i = 0; i < JSON_MASKS && slot < 0; i++) {
+        if (t->used[i] && same_state(&t->state[i], s)) slot = i;
+        if (t->used[i] < t->used[oldest]) oldest = i;
     }
+    if (slot < 0) { /* the least recently used mask gives way to this state's */
+        slot = oldest;
+        uint64_t *bits = t->bits + (size_t)slot * t->words;
+        memset(bits, 0, t->words * sizeof *bits);
+        for (int id = 0; id < t->V; id++) {
+            const uint32_t a = t->off[id], b = t->off[id + 1];
+            g4_json_state probe = *s;
+            if (a != b && g4_json_feed(&probe, t->bytes + a, b - a) == 0) bits[id >> 6] |= 1ull << (id & 63);
+        }
+        t->state[slot] = *s;
+    }
+    t->used[slot] = ++t->clock;
+    const uint64_t *bits = t->bits + (size_t)slot * t->words;
+    for (int id = 0; id < t->V; id++)
+        if (!(bits[id >> 6] >> (id & 63) & 1)) logits[id] = -INFINITY;
 }
 
 int g4_json_accept(const g4_json_tokens *t, g4_json_state *s, int32_t id) {

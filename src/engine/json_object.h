@@ -30,12 +30,12 @@ int g4_json_feed(g4_json_state *s, const char *bytes, size_t n);
 /* 1 once the object is closed. */
 int g4_json_done(const g4_json_state *s);
 
-/* The tokens' bytes of a tokenizer, read once per generation. */
+/* The tokens' bytes of a tokenizer, read once per generation, and the masks of the states met last. */
 typedef struct g4_json_tokens g4_json_tokens;
 int g4_json_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_json_tokens **out, g4_error *err);
 void g4_json_tokens_free(g4_json_tokens *t);
 /* Sets logits[id] = -INFINITY for every token that cannot come next in state s. */
-void g4_json_mask(const g4_json_tokens *t, const g4_json_state *s, float *logits);
+void g4_json_mask(g4_json_tokens *t, const g4_json_state *s, float *logits);
 /* Advances s by token id (0, or -1 when it does not fit). */
 int g4_json_accept(const g4_json_tokens *t, g4_json_state *s, int32_t id);
 
