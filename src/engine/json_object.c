@@ -2,6 +2,7 @@
 #include "engine/json_object.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -187,6 +188,7 @@ struct g4_json_tokens {
     g4_json_state state[JSON_MASKS];
     uint64_t used[JSON_MASKS];    /* when each mask was last used (0: empty) */
     uint64_t clock;
+    pthread_mutex_t mu;           /* the masks (generations on several threads share a table) */
 };
 
 void g4_json_tokens_free(g4_json_tokens *t) {
@@ -194,11 +196,12 @@ void g4_json_tokens_free(g4_json_tokens *t) {
     free(t->off);
     free(t->bytes);
     free(t->bits);
+    pthread_mutex_destroy(&t->mu);
     free(t);
 }
 
 static int same_state(const g4_json_state *a, const g4_json_state *b) {
-    return a->arrays == b->arrays && a->depth == b->depth && a->mode == b->mode &&
+    return a->arrays == b->arrays && a->depth == b->depth && a->mode == b->mode && a->sub == b->sub &&
            a->key == b->key && a->lit == b->lit && a->ws == b->ws;
 }
 
@@ -206,6 +209,7 @@ int g4_json_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_json_tokens *
     *out = NULL;
     g4_json_tokens *t = calloc(1, sizeof *t);
     size_t cap = (size_t)vocab_size * 8, len = 0;
+    if (t) pthread_mutex_init(&t->mu, NULL);
     if (!t || !(t->off = malloc(((size_t)vocab_size + 1) * sizeof *t->off)) || !(t->bytes = malloc(cap))) {
         g4_json_tokens_free(t);
         return g4_fail(err, "out of memory");
@@ -238,6 +242,7 @@ int g4_json_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_json_tokens *
 }
 
 void g4_json_mask(g4_json_tokens *t, const g4_json_state *s, float *logits) {
+    pthread_mutex_lock(&t->mu);
     int slot = -1, oldest = 0;
     for (int i = 0; i < JSON_MASKS && slot < 0; i++) {
         if (t->used[i] && same_state(&t->state[i], s)) slot = i;
@@ -258,6 +263,7 @@ void g4_json_mask(g4_json_tokens *t, const g4_json_state *s, float *logits) {
     const uint64_t *bits = t->bits + (size_t)slot * t->words;
     for (int id = 0; id < t->V; id++)
         if (!(bits[id >> 6] >> (id & 63) & 1)) logits[id] = -INFINITY;
+    pthread_mutex_unlock(&t->mu);
 }
 
 int g4_json_accept(const g4_json_tokens *t, g4_json_state *s, int32_t id) {

@@ -30,7 +30,8 @@ int g4_json_feed(g4_json_state *s, const char *bytes, size_t n);
 /* 1 once the object is closed. */
 int g4_json_done(const g4_json_state *s);
 
-/* The tokens' bytes of a tokenizer, read once per generation, and the masks of the states met last. */
+/* The tokens' bytes of a tokenizer and the masks of the states met last (a model keeps one for its generations:
+ * g4_json_mask may be called from several threads). */
 typedef struct g4_json_tokens g4_json_tokens;
 int g4_json_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_json_tokens **out, g4_error *err);
 void g4_json_tokens_free(g4_json_tokens *t);

@@ -863,6 +863,7 @@ void g4_model_free(g4_model *m) {
     free(m->layers);
     free(m->warnings);
     json_decref(m->gguf_meta);
+    if (m->json_tokens) m->json_tokens_free(m->json_tokens);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
     pthread_mutex_destroy(&m->backend_lock);

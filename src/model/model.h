@@ -85,6 +85,9 @@ struct g4_model {
     struct json_t *gguf_meta;        /* metadata of a .gguf model (tokenizer), else NULL */
     /* beside the weights (model_files.c) */
     g4_tokenizer *tok;               /* NULL when there is none (tokenizer.json, or a GGUF file's metadata) */
+    void *json_tokens;               /* the tokens' bytes for json_object, made by the first generation that needs
+                                        them (engine/generation.c), freed with the model by json_tokens_free */
+    void (*json_tokens_free)(void *);
     g4_chat_template *chat_template; /* NULL when it has no chat template */
     g4_generation_config gen_config;
     char dir[1024];
