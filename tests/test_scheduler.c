@@ -642,6 +642,56 @@ static void check_features(const char *label, g4_model *m, const g4_soft_tokens 
     g4_context_free(ctx);
 }
 
+/* An image whose tokens do not fit what the decode tokens leave of a step: the newest decode tokens wait a step
+ * for it, rather than the image waiting as long as others decode. Four text requests decode 30 tokens each on a
+ * step budget of the image's tokens + 2; an image request that comes after their prompts ends long before them,
+ * with the tokens it gives alone. */
+static void check_image_not_starved(const char *label, g4_model *m, const g4_soft_tokens *image) {
+    g4_error err;
+    const int V = g4_model_vocab_size(m), n_batch = image->n_tokens + 2;
+    int32_t ids[5][32];
+    rng_state = 99;
+    for (int r = 0; r < 5; r++) {
+        ids[r][0] = 2;
+        for (int i = 1; i < 32; i++) ids[r][i] = 3 + (int32_t)(rnd() % (uint32_t)(V - 3));
+    }
+    ids[4][10] = m->cfg.image_token_id;
+    g4_sampler_params sp;
+    g4_model_sampler_params(m, &sp);
+    sp.temperature = 0;
+    g4_generation_params text = {.max_new_tokens = 30, .sampling = &sp, .ignore_eos = 1};
+    g4_generation_params img = {.max_new_tokens = 4, .sampling = &sp, .ignore_eos = 1, .media = image, .n_media = 1};
+    feat_out alone = {0}, out[5];
+    memset(out, 0, sizeof out);
+    g4_context *ctx;
+    g4_context_params cp1 = {.n_seq_max = 1, .n_ctx = 256, .n_batch = n_batch};
+    CHECKF(g4_context_new(m, &cp1, &ctx, &err) == 0, "%s: %s", label, err.msg);
+    if (g4_generation_start(ctx, 0, ids[4], 32, &img, &alone.g, &err) == 0) {
+        CHECKF(g4_generation_run(alone.g, feat_event, &alone, &err) == 0, "%s: %s", label, err.msg);
+        g4_generation_free(alone.g);
+    }
+    g4_context_free(ctx);
+    g4_scheduler *s;
+    g4_context_params cp = {.n_seq_max = 6, .n_ctx = 256, .n_batch = n_batch, .kv_history = -1};
+    CHECKF(g4_context_new(m, &cp, &ctx, &err) == 0 && g4_scheduler_new(ctx, &s, &err) == 0, "%s: %s", label, err.msg);
+    for (int r = 0; r < 4; r++) CHECK(g4_scheduler_submit(s, ids[r], 32, &text, feat_event, &out[r], &out[r].g, &err) == 0);
+    int steps = 0, image_done = -1, left;
+    while ((left = g4_scheduler_step(s, &err)) > 0 && steps < 500) {
+        if (++steps == 4) CHECK(g4_scheduler_submit(s, ids[4], 32, &img, feat_event, &out[4], &out[4].g, &err) == 0);
+        if (out[4].done && image_done < 0) image_done = steps;
+    }
+    CHECKF(left == 0, "%s: %s", label, left < 0 ? err.msg : "steps left");
+    CHECKF(image_done > 0 && image_done < 20 && out[0].n == 30,
+           "%s: the image request ended at step %d of %d (submitted at 4)", label, image_done, steps);
+    CHECKF(out[4].n == alone.n && alone.n == 4 && !memcmp(out[4].ids, alone.ids, sizeof alone.ids[0] * 4),
+           "%s: the image request's tokens differ from alone", label);
+    printf("%-12s an image of %d tokens on steps of %d beside 4 decoding requests: done at step %d of %d\n", label,
+           image->n_tokens, n_batch, image_done, steps);
+    for (int r = 0; r < 5; r++) g4_generation_free(out[r].g);
+    g4_scheduler_free(s);
+    g4_context_free(ctx);
+}
+
 static void check_media_model(const char *label, const char *dir, int with_audio) {
     g4_error err;
     g4_model *m;
@@ -666,6 +716,7 @@ static void check_media_model(const char *label, const char *dir, int with_audio
         free(pcm);
     }
     check_features(label, m, &image, with_audio ? &audio : NULL, 0);
+    check_image_not_starved(label, m, &image);
     g4_soft_tokens_free(&image);
     g4_soft_tokens_free(&audio);
     g4_model_free(m);

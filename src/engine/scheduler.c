@@ -22,7 +22,7 @@
  *      ended free their sequence. A step that fails ends its requests with the error (G4_FINISH_ERROR).
  * Images and audio: a request's soft tokens take their rows (the generation's) in the step that reads them, and
  * an image's tokens are never split between steps (g4_step_length: a chunk stops before an image that does not
- * fit). A placeholder id without a row (in a prompt without media, or generated) is fed as the pad id, which is
+ * fit; when it does not fit what the decode tokens left of the budget, the newest of those wait a step). A placeholder id without a row (in a prompt without media, or generated) is fed as the pad id, which is
  * what the forward pass reads for it, so that it cannot break a batch of other requests' images.
  * A request's last token is never fed to the model. Its sequence's blocks stay in the prefix cache after it
  * leaves (a later request with the same prefix, e.g. the next turn of a chat, starts from them).
@@ -537,10 +537,18 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     s->n_plan = 0;
     for (int i = 0; i < s->n_running && budget > 0; i++)
         if (!embed_step && decoding(s->run_list[i])) plan_add(s, s->run_list[i], 1), budget--;
-    for (int i = 0; i < s->n_running && budget > 0; i++) {
+    for (int i = 0; i < s->n_running; i++) {
         request *r = s->run_list[i];
         if (r->embed != embed_step || decoding(r)) continue;
-        const int k = chunk(s, r, budget);
+        if (budget == 0) break;
+        int k = chunk(s, r, budget);
+        /* an image that does not fit what the decode tokens left: the newest of them wait a step (else it could
+         * wait as long as others decode) */
+        for (int j = s->n_plan - 1; k == 0 && r->embd && j >= 0; j--)
+            if (decoding(s->plan_req[j])) {
+                plan_remove(s, j);
+                k = chunk(s, r, ++budget);
+            }
         if (k == 0) continue;
         plan_add(s, r, k);
         budget -= k;
