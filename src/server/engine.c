@@ -170,7 +170,7 @@ static int on_event(const g4_event *ev, void *user) {
                 out->logprob = chosen.logprob;
                 out->top_off = (uint32_t)j->n_top;
                 out->n_top = (uint8_t)n_top;
-                memcpy(j->top + j->n_top, top, (size_t)n_top * sizeof *top);
+                if (n_top) memcpy(j->top + j->n_top, top, (size_t)n_top * sizeof *top); /* j->top may be NULL */
                 j->n_top += (size_t)n_top;
             }
         } else if (g->stream) {

@@ -120,6 +120,12 @@ await step('logprobs', async () => {
   check(content.length === 4 && content.every((t) => t.top_logprobs.length === 3 && t.top_logprobs[0].logprob === t.logprob &&
     Buffer.from(t.bytes).toString('utf8') === t.token), 'chat logprobs: 4 tokens, their top 3, bytes');
   check(content.map((t) => t.token).join('') === c.choices[0].message.content, 'chat logprobs: the tokens spell the reply');
+  // logprobs without top_logprobs: each token's own, no alternatives (a 0-byte copy from a NULL list aborted the
+  // sanitizer build's server)
+  const own = await client.chat.completions.create({ model, messages: chatMessages, temperature: 0, max_tokens: 4, logprobs: true });
+  const oc = own.choices[0].logprobs.content;
+  check(oc.length === 4 && oc.every((t, i) => t.top_logprobs.length === 0 && t.logprob === content[i].logprob),
+    'chat logprobs without top_logprobs: the same log-probabilities, no alternatives');
   // logit_bias -100 on the greedy token: another one comes first
   const banned = await client.completions.create({
     model, prompt: ref.input_ids, max_tokens: 1, temperature: 0, logprobs: 1, logit_bias: { [ref.greedy_ids[0]]: -100 },
