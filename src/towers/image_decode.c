@@ -281,7 +281,8 @@ static int decode_png(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
          * the gray ramp (i, i, i) and PLTE overwrites only its first entries, so index i past them reads as gray i */
         size_t len;
         const size_t stride = ((size_t)W * ihdr.bit_depth + 7) / 8;
-        if ((e = spng_decoded_image_size(ctx, SPNG_FMT_PNG, &len)) || len != stride * H || !(raw = malloc(len))) {
+        /* zeroed: libspng deinterlaces rows of 1, 2 and 4 bits by OR-ing the pixels into this buffer */
+        if ((e = spng_decoded_image_size(ctx, SPNG_FMT_PNG, &len)) || len != stride * H || !(raw = calloc(1, len))) {
             g4_fail(err, e ? "corrupt PNG: %s" : "out of memory", spng_strerror(e));
             goto done;
         }

@@ -53,6 +53,31 @@ def raw_png(samples, color_type, depth, width=None, plte=None):
             png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
 
 
+def pack_row(values, depth):
+    """One row of samples packed MSB first at 1, 2 or 4 bits (8: as bytes)."""
+    if depth == 8:
+        return values.astype(np.uint8).tobytes()
+    per = 8 // depth
+    v = np.zeros(-(-len(values) // per) * per, np.uint8)
+    v[:len(values)] = values
+    v = v.reshape(-1, per)
+    return bytes(sum((v[:, k].astype(np.uint32) << (8 - depth * (k + 1))) for k in range(per)).astype(np.uint8))
+
+
+def adam7_png(samples, color_type, depth, plte=None):
+    """An interlaced (Adam7) PNG of samples [h, w] (unpacked, 8 bits or less), for what PIL cannot write."""
+    h, w = samples.shape
+    rows = b""
+    for x0, y0, dx, dy in ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+                           (0, 1, 1, 2)):
+        sub = samples[y0::dy, x0::dx]
+        if sub.size:
+            rows += b"".join(b"\0" + pack_row(r, depth) for r in sub)
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, 1)
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + (png_chunk(b"PLTE", plte) if plte else b"") +
+            png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
+
+
 def exif_bytes(orientation):
     ex = Image.Exif()
     ex[0x0112] = orientation
@@ -191,6 +216,10 @@ few = b"".join(bytes(c) for c in smooth(1, 5)[0])
 add("palette_short.png", raw_png(idx, 3, 8, plte=few))
 idx4 = idx % 16
 add("palette4_short.png", raw_png((idx4[:, 0:36:2] << 4) | idx4[:, 1:37:2], 3, 4, 36, plte=few))
+
+# the same, interlaced at 1, 2 and 4 bits (libspng deinterlaces such rows by OR-ing into its output buffer)
+for depth in (1, 2, 4):
+    add("palette%d_short_interlaced.png" % depth, adam7_png(idx % (1 << depth), 3, depth, plte=few[:3]))
 
 with open(os.path.join(OUT, "cases.json"), "w") as f:
     json.dump(cases, f, indent=1)
