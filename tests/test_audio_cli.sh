@@ -34,6 +34,8 @@ expect_error "corrupt file" "$bin" encode-audio -m "$fx" --audio "$tmp/corrupt.w
 expect_error "not audio" "$bin" encode-audio -m "$fx" --audio "$fx/config.json" -o "$tmp/x.f32"
 expect_error "empty file" "$bin" encode-audio -m "$fx" --audio "$tmp/empty.wav" -o "$tmp/x.f32"
 expect_error "missing file" "$bin" encode-audio -m "$fx" --audio "$tmp/nope.wav" -o "$tmp/x.f32"
+# encode-audio reads one file: a second --audio is refused (it replaced the first without a word)
+expect_error "encode-audio: --audio twice" "$bin" encode-audio -m "$fx" --audio "$wav" --audio "$wav" -o "$tmp/x.f32"
 expect_error "placeholders and soft tokens disagree" "$bin" logits -m "$fx" --ids 2,497,497 --audio "$wav" -o "$tmp/x.f32"
 [ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"
 

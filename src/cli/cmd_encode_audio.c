@@ -30,7 +30,10 @@ int cmd_encode_audio(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "m:a:o:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
-        case 'a': audio = optarg; break;
+        case 'a':
+            if (audio) return cli_error("encode-audio: one --audio FILE (given twice: '%s', '%s')", audio, optarg);
+            audio = optarg;
+            break;
         case 'o': out = optarg; break;
         case 't':
             if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1;
