@@ -570,6 +570,13 @@ static void check_gif_frame(void) {
            rc, rc ? err.msg : "");
     fprintf(stderr, "  1x1 GIF with a 300x200 frame, limit 1000 pixels -> %s\n", rc ? err.msg : "decoded");
     if (!rc) g4_image_free(&img);
+    /* a frame of 0x0 pixels: an error that says so (it printed giflib's NULL message as "(null)") */
+    static const unsigned char empty[] = {'G', 'I', 'F', '8', '9', 'a', 10, 0, 10, 0, 0x80, 0, 0, 0, 0, 0, 255, 255, 255,
+                                          0x2c, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 0x44, 1, 0, 0x3b};
+    rc = g4_image_decode(empty, sizeof empty, NULL, &img, &err);
+    CHECKF(rc == -1 && !strstr(err.msg, "(null)") && strstr(err.msg, "0x0"), "a GIF frame of 0x0 pixels: rc %d '%s'", rc,
+           rc ? err.msg : "");
+    if (!rc) g4_image_free(&img);
 }
 
 int main(void) {

@@ -78,6 +78,29 @@ def adam7_png(samples, color_type, depth, plte=None):
             png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
 
 
+def gif_frame(cw, ch, left, top, fw, fh, transparent=None):
+    """A GIF whose logical screen is cw x ch and whose one frame is fw x fh at (left, top), for what PIL cannot
+    write (a frame beyond the screen); 4-colour palette, pixels 1, 2, 3, ... each coded after a clear code (LZW
+    that never grows its table)."""
+    pal = bytes(v for i in range(4) for v in (i * 70 % 256, i * 37 % 256, 255 - i * 60))
+    gce = b"" if transparent is None else b"\x21\xf9\x04\x01\x00\x00" + bytes([transparent]) + b"\x00"
+    codes = [c for i in range(fw * fh) for c in (4, 1 + i % 3)] + [5]
+    acc = nbits = 0
+    lzw = bytearray()
+    for c in codes:  # 3-bit codes, least significant bit first
+        acc |= c << nbits
+        nbits += 3
+        while nbits >= 8:
+            lzw.append(acc & 255)
+            acc >>= 8
+            nbits -= 8
+    if nbits:
+        lzw.append(acc)
+    blocks = b"".join(bytes([len(lzw[i:i + 255])]) + lzw[i:i + 255] for i in range(0, len(lzw), 255)) + b"\0"
+    return (b"GIF89a" + struct.pack("<HHBBB", cw, ch, 0x81, 0, 0) + pal + gce + b"\x2c" +
+            struct.pack("<HHHHB", left, top, fw, fh, 0) + b"\x02" + blocks + b"\x3b")
+
+
 def exif_bytes(orientation):
     ex = Image.Exif()
     ex[0x0112] = orientation
@@ -217,6 +240,11 @@ add("palette_short.png", raw_png(idx, 3, 8, plte=few))
 idx4 = idx % 16
 add("palette4_short.png", raw_png((idx4[:, 0:36:2] << 4) | idx4[:, 1:37:2], 3, 4, 36, plte=few))
 
+# GIF frames beyond the logical screen: PIL grows the image to hold the first frame (a 0x0 screen too), the rest
+# filled with the transparent index, else 0
+add("gif_frame_right.gif", gif_frame(10, 8, 6, 2, 7, 3))
+add("gif_frame_beyond_transparent.gif", gif_frame(10, 8, 8, 6, 5, 5, transparent=3))
+add("gif_screen_0x0.gif", gif_frame(0, 0, 0, 0, 5, 4))
 # the same, interlaced at 1, 2 and 4 bits (libspng deinterlaces such rows by OR-ing into its output buffer)
 for depth in (1, 2, 4):
     add("palette%d_short_interlaced.png" % depth, adam7_png(idx % (1 << depth), 3, depth, plte=few[:3]))
