@@ -164,6 +164,8 @@ add("tiny.png", pil_bytes(Image.fromarray(smooth(1, 1)), "PNG"), (70, 140))
 add("wide.png", pil_bytes(Image.fromarray(smooth(3, 2000)), "PNG"), (70, 280))
 add("tall.png", pil_bytes(Image.fromarray(smooth(900, 7)), "PNG"), (140,))
 add("exact.png", pil_bytes(Image.fromarray(smooth(384, 384)), "PNG"), (70,))                 # no resize
+# widened (2 -> 48) then narrowed in height by 6 (20000 -> 3360): the height pass's window of rows moves down a ring
+add("tall_thin.png", pil_bytes(Image.fromarray(smooth(20000, 2)), "PNG"), (70,))
 add("photo.png", pil_bytes(Image.fromarray(smooth(768, 1024)), "PNG"), (280,))
 # JPEG: subsamplings, grayscale, progressive, CMYK, EXIF orientations
 photo = Image.fromarray(smooth(241, 317))
