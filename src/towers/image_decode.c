@@ -478,14 +478,12 @@ static int decode_gif(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
     for (size_t i = 0; i < (size_t)W * H; i++) {
         uint8_t *o = out->rgb + 3 * i;
         int v = idx[i];
-        if (!cm) { /* no palette: PIL reads the indices as gray levels */
-            o[0] = o[1] = o[2] = (uint8_t)v;
-        } else if (v < cm->ColorCount) {
+        if (cm && v < cm->ColorCount) {
             o[0] = cm->Colors[v].Red;
             o[1] = cm->Colors[v].Green;
             o[2] = cm->Colors[v].Blue;
-        } else {
-            o[0] = o[1] = o[2] = 0;
+        } else { /* no palette, or an index past it: PIL's palette starts as the gray ramp (i, i, i) */
+            o[0] = o[1] = o[2] = (uint8_t)v;
         }
     }
     rc = 0;

@@ -78,11 +78,11 @@ def adam7_png(samples, color_type, depth, plte=None):
             png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
 
 
-def gif_frame(cw, ch, left, top, fw, fh, transparent=None):
+def gif_frame(cw, ch, left, top, fw, fh, transparent=None, colors=4):
     """A GIF whose logical screen is cw x ch and whose one frame is fw x fh at (left, top), for what PIL cannot
-    write (a frame beyond the screen); 4-colour palette, pixels 1, 2, 3, ... each coded after a clear code (LZW
-    that never grows its table)."""
-    pal = bytes(v for i in range(4) for v in (i * 70 % 256, i * 37 % 256, 255 - i * 60))
+    write (a frame beyond the screen, a colour table shorter than the indices); a palette of `colors` (2 or 4),
+    pixels 1, 2, 3, ... each coded after a clear code (LZW that never grows its table)."""
+    pal = bytes(v for i in range(colors) for v in (i * 70 % 256, i * 37 % 256, 255 - i * 60))
     gce = b"" if transparent is None else b"\x21\xf9\x04\x01\x00\x00" + bytes([transparent]) + b"\x00"
     codes = [c for i in range(fw * fh) for c in (4, 1 + i % 3)] + [5]
     acc = nbits = 0
@@ -97,7 +97,7 @@ def gif_frame(cw, ch, left, top, fw, fh, transparent=None):
     if nbits:
         lzw.append(acc)
     blocks = b"".join(bytes([len(lzw[i:i + 255])]) + lzw[i:i + 255] for i in range(0, len(lzw), 255)) + b"\0"
-    return (b"GIF89a" + struct.pack("<HHBBB", cw, ch, 0x81, 0, 0) + pal + gce + b"\x2c" +
+    return (b"GIF89a" + struct.pack("<HHBBB", cw, ch, 0x80 | (colors.bit_length() - 2), 0, 0) + pal + gce + b"\x2c" +
             struct.pack("<HHHHB", left, top, fw, fh, 0) + b"\x02" + blocks + b"\x3b")
 
 
@@ -247,6 +247,8 @@ add("palette4_short.png", raw_png((idx4[:, 0:36:2] << 4) | idx4[:, 1:37:2], 3, 4
 add("gif_frame_right.gif", gif_frame(10, 8, 6, 2, 7, 3))
 add("gif_frame_beyond_transparent.gif", gif_frame(10, 8, 8, 6, 5, 5, transparent=3))
 add("gif_screen_0x0.gif", gif_frame(0, 0, 0, 0, 5, 4))
+# indices past a 2-colour table: PIL's palette starts as the gray ramp, so index i reads as gray i (as for PNG)
+add("gif_short_table.gif", gif_frame(9, 7, 0, 0, 9, 7, colors=2))
 # the same, interlaced at 1, 2 and 4 bits (libspng deinterlaces such rows by OR-ing into its output buffer)
 for depth in (1, 2, 4):
     add("palette%d_short_interlaced.png" % depth, adam7_png(idx % (1 << depth), 3, depth, plte=few[:3]))
