@@ -15,6 +15,10 @@ out=$("$bin" encode-audio -m "$fx" --audio "$wav" -o "$tmp/emb.f32")
 check $? "encode-audio: $out"
 err=$(python3 "$here/cli_compare.py" rel "$fx/reference.safetensors" audio_embeddings "$tmp/emb.f32" 1e-3)
 check $? "encode-audio: audio_embeddings within 1e-3 relative (error $err)"
+# -o -: the soft tokens alone on stdout, as in the file (the summary line went to stdout after the floats)
+"$bin" encode-audio -m "$fx" --audio "$wav" -o - >"$tmp/stdout.f32" 2>"$tmp/stdout_err.txt"
+cmp -s "$tmp/stdout.f32" "$tmp/emb.f32"
+check $? "encode-audio -o -: stdout holds the same bytes as the file ($(stat -c %s "$tmp/stdout.f32") bytes; $(cat "$tmp/stdout_err.txt"))"
 
 ids=$(python3 "$here/cli_compare.py" ids "$fx/reference.safetensors" input_ids)
 "$bin" logits -m "$fx" --ids "$ids" --audio "$wav" -o "$tmp/logits.f32"
@@ -30,6 +34,8 @@ expect_error "corrupt file" "$bin" encode-audio -m "$fx" --audio "$tmp/corrupt.w
 expect_error "not audio" "$bin" encode-audio -m "$fx" --audio "$fx/config.json" -o "$tmp/x.f32"
 expect_error "empty file" "$bin" encode-audio -m "$fx" --audio "$tmp/empty.wav" -o "$tmp/x.f32"
 expect_error "missing file" "$bin" encode-audio -m "$fx" --audio "$tmp/nope.wav" -o "$tmp/x.f32"
+# encode-audio reads one file: a second --audio is refused (it replaced the first without a word)
+expect_error "encode-audio: --audio twice" "$bin" encode-audio -m "$fx" --audio "$wav" --audio "$wav" -o "$tmp/x.f32"
 expect_error "placeholders and soft tokens disagree" "$bin" logits -m "$fx" --ids 2,497,497 --audio "$wav" -o "$tmp/x.f32"
 [ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"
 

@@ -11,6 +11,9 @@
 #include <gif_lib.h>
 #include <jansson.h>
 #include <jpeglib.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <spng.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -567,9 +570,47 @@ static void check_gif_frame(void) {
            rc, rc ? err.msg : "");
     fprintf(stderr, "  1x1 GIF with a 300x200 frame, limit 1000 pixels -> %s\n", rc ? err.msg : "decoded");
     if (!rc) g4_image_free(&img);
+    /* a frame of 0x0 pixels: an error that says so (it printed giflib's NULL message as "(null)") */
+    static const unsigned char empty[] = {'G', 'I', 'F', '8', '9', 'a', 10, 0, 10, 0, 0x80, 0, 0, 0, 0, 0, 255, 255, 255,
+                                          0x2c, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 0x44, 1, 0, 0x3b};
+    rc = g4_image_decode(empty, sizeof empty, NULL, &img, &err);
+    CHECKF(rc == -1 && !strstr(err.msg, "(null)") && strstr(err.msg, "0x0"), "a GIF frame of 0x0 pixels: rc %d '%s'", rc,
+           rc ? err.msg : "");
+    if (!rc) g4_image_free(&img);
+}
+
+/* A 1x4,000,000 image (a small PNG; 89 M pixels pass the limit) resized as the processor sizes it, 48x3360: the width
+ * pass widens every row to 48 pixels before the height pass narrows them, and the whole widened image (576 MB here,
+ * 2.9 GB for 20 M rows, 12.9 GB at the pixel limit) was held between the passes. Run first, while the process's
+ * peak resident size is low. (The resize's values are checked against the numpy reference with the PIL cases.) */
+static void check_resize_memory(void) {
+    g4_image img, out;
+    g4_error err;
+    const int H = 4000000;
+    if (g4_image_alloc(&img, 1, H, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    for (int y = 0; y < H; y++)
+        for (int c = 0; c < 3; c++) img.rgb[3 * (size_t)y + c] = (unsigned char)((y >> (4 + c)) * 37 + c * 80);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    const long before = ru.ru_maxrss;
+    int rc = g4_image_resize(&img, 3360, 48, &out, &err);
+    getrusage(RUSAGE_SELF, &ru);
+    const long grown_mb = (ru.ru_maxrss - before) / 1024;
+    CHECKF(rc == 0 && out.width == 48 && out.height == 3360, "1x%d resized to 48x3360: %s", H, rc ? err.msg : "wrong size");
+    CHECKF(grown_mb < 200, "1x%d resized to 48x3360: the peak resident size grew by %ld MB", H, grown_mb);
+    fprintf(stderr, "1x%d resized to 48x3360: peak resident size +%ld MB\n", H, grown_mb);
+    if (!rc) g4_image_free(&out);
+    g4_image_free(&img);
 }
 
 int main(void) {
+#ifdef __GLIBC__
+    mallopt(M_PERTURB, 0x5a); /* fresh heap memory is not zero: a decoder that reads what it did not write shows */
+#endif
+    check_resize_memory();
     check_processor();
     check_fixture();
     check_encoded();

@@ -1,11 +1,12 @@
 /* gemma4c encode-audio -m DIR --audio FILE -o out.f32
  * Writes the soft tokens of an audio file: little-endian float32 [n, hidden], the rows that
  * replace its <|audio|> placeholders (audio tower + embed_audio, docs/gemma4-towers.md §3; the 12B's raw
- * 640-sample frames, docs/gemma4-unified.md 5). Prints "N soft tokens x HIDDEN (C block(s))" on stdout: a
- * block is a clip of at most 30 s for the audio tower, the whole audio for the 12B. */
+ * 640-sample frames, docs/gemma4-unified.md 5). Prints "N soft tokens x HIDDEN (C block(s))" on stdout (on
+ * stderr with -o -): a block is a clip of at most 30 s for the audio tower, the whole audio for the 12B. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli_common.h"
 #include "cli/cli_media.h"
@@ -29,7 +30,10 @@ int cmd_encode_audio(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "m:a:o:t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': dir = optarg; break;
-        case 'a': audio = optarg; break;
+        case 'a':
+            if (audio) return cli_error("encode-audio: one --audio FILE (given twice: '%s', '%s')", audio, optarg);
+            audio = optarg;
+            break;
         case 'o': out = optarg; break;
         case 't':
             if (cli_parse_int(optarg, "--threads", 0, 1024, &threads)) return 1;
@@ -51,7 +55,9 @@ int cmd_encode_audio(int argc, char **argv) {
     }
     const g4_soft_tokens *e = &md.items[0];
     if (cli_media_write(&md, out) == 0) {
-        printf("%d soft tokens x %d (%d block%s)\n", e->n_tokens, e->hidden, e->n_blocks, e->n_blocks == 1 ? "" : "s");
+        /* (on stderr when the soft tokens themselves go to stdout) */
+        fprintf(strcmp(out, "-") ? stdout : stderr, "%d soft tokens x %d (%d block%s)\n", e->n_tokens, e->hidden,
+                e->n_blocks, e->n_blocks == 1 ? "" : "s");
         rc = 0;
     }
     cli_media_truncate(&md, 0);

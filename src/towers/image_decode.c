@@ -281,7 +281,8 @@ static int decode_png(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
          * the gray ramp (i, i, i) and PLTE overwrites only its first entries, so index i past them reads as gray i */
         size_t len;
         const size_t stride = ((size_t)W * ihdr.bit_depth + 7) / 8;
-        if ((e = spng_decoded_image_size(ctx, SPNG_FMT_PNG, &len)) || len != stride * H || !(raw = malloc(len))) {
+        /* zeroed: libspng deinterlaces rows of 1, 2 and 4 bits by OR-ing the pixels into this buffer */
+        if ((e = spng_decoded_image_size(ctx, SPNG_FMT_PNG, &len)) || len != stride * H || !(raw = calloc(1, len))) {
             g4_fail(err, e ? "corrupt PNG: %s" : "out of memory", spng_strerror(e));
             goto done;
         }
@@ -400,15 +401,19 @@ static int gif_read(GifFileType *g, GifByteType *buf, int len) {
     return (int)k;
 }
 
+/* giflib's message for an error code (it has none for some: NULL) */
+static const char *gif_error(int code) {
+    const char *m = GifErrorString(code);
+    return m ? m : "malformed data";
+}
+
 static int decode_gif(const uint8_t *data, size_t size, int64_t max_pixels, g4_image *out, g4_error *err) {
     mem_reader r = {data, size, 0};
     int e = 0;
     GifFileType *g = DGifOpen(&r, gif_read, &e);
-    if (!g) return g4_fail(err, "corrupt GIF: %s", GifErrorString(e));
+    if (!g) return g4_fail(err, "corrupt GIF: %s", gif_error(e));
     int rc = -1, transparent = -1;
     uint8_t *idx = NULL;
-    if (check_size(g->SWidth, g->SHeight, max_pixels, err)) goto done;
-    const int W = g->SWidth, H = g->SHeight;
     for (;;) {
         GifRecordType t;
         if (DGifGetRecordType(g, &t) == GIF_ERROR) goto corrupt;
@@ -430,10 +435,16 @@ static int decode_gif(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
         break;
     }
     const GifImageDesc *d = &g->Image;
-    if (d->Width <= 0 || d->Height <= 0 || d->Width > 65535 || d->Height > 65535) goto corrupt;
-    /* every line of the frame is decompressed, also those outside the canvas: a 1x1 canvas with a frame of
-     * 65535x65535 is a 3 MB file that took a minute */
-    if (check_size(d->Width, d->Height, max_pixels, err)) goto done;
+    if (d->Width <= 0 || d->Height <= 0 || d->Width > 65535 || d->Height > 65535 || d->Left < 0 || d->Top < 0) {
+        g4_fail(err, "corrupt GIF: its first frame is %dx%d pixels at (%d, %d)", d->Width, d->Height, d->Left, d->Top);
+        goto done;
+    }
+    /* PIL grows the image to hold the first frame where it reaches past the logical screen (a 0x0 screen too).
+     * Held to the pixel limit before any line is decompressed: a 1x1 screen with a frame of 65535x65535 is a 3 MB
+     * file that took a minute. */
+    const int W = g->SWidth > d->Left + d->Width ? g->SWidth : d->Left + d->Width;
+    const int H = g->SHeight > d->Top + d->Height ? g->SHeight : d->Top + d->Height;
+    if (check_size(W, H, max_pixels, err)) goto done;
     /* the canvas starts as the transparent index (else 0), the first frame is drawn into it */
     if (!(idx = malloc((size_t)W * (size_t)H))) {
         g4_fail(err, "out of memory");
@@ -451,7 +462,7 @@ static int decode_gif(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
         for (int y = d->Interlace ? start[p] : 0; y < d->Height; y += d->Interlace ? step[p] : 1) {
             if (DGifGetLine(g, line, d->Width) == GIF_ERROR) {
                 free(line);
-                g4_fail(err, "truncated or corrupt GIF: %s", GifErrorString(g->Error));
+                g4_fail(err, "truncated or corrupt GIF: %s", gif_error(g->Error));
                 goto done;
             }
             int cy = d->Top + y;
@@ -467,20 +478,18 @@ static int decode_gif(const uint8_t *data, size_t size, int64_t max_pixels, g4_i
     for (size_t i = 0; i < (size_t)W * H; i++) {
         uint8_t *o = out->rgb + 3 * i;
         int v = idx[i];
-        if (!cm) { /* no palette: PIL reads the indices as gray levels */
-            o[0] = o[1] = o[2] = (uint8_t)v;
-        } else if (v < cm->ColorCount) {
+        if (cm && v < cm->ColorCount) {
             o[0] = cm->Colors[v].Red;
             o[1] = cm->Colors[v].Green;
             o[2] = cm->Colors[v].Blue;
-        } else {
-            o[0] = o[1] = o[2] = 0;
+        } else { /* no palette, or an index past it: PIL's palette starts as the gray ramp (i, i, i) */
+            o[0] = o[1] = o[2] = (uint8_t)v;
         }
     }
     rc = 0;
     goto done;
 corrupt:
-    g4_fail(err, "truncated or corrupt GIF: %s", GifErrorString(g->Error));
+    g4_fail(err, "truncated or corrupt GIF: %s", gif_error(g->Error));
 done:
     free(idx);
     DGifCloseFile(g, &e);

@@ -138,7 +138,7 @@ static int axis_weights_make(int n_in, int n_out, axis_weights *aw) {
     memset(aw, 0, sizeof *aw);
     aw->n_out = n_out;
     aw->kmax = kmax;
-    double *wd = malloc((size_t)n_out * kmax * sizeof(double));
+    double *wd = malloc((size_t)kmax * sizeof(double)); /* one output's weights at a time */
     aw->xmin = malloc((size_t)n_out * sizeof(int));
     aw->n = malloc((size_t)n_out * sizeof(int));
     aw->w = calloc((size_t)n_out * kmax, sizeof(int16_t));
@@ -146,32 +146,36 @@ static int axis_weights_make(int n_in, int n_out, axis_weights *aw) {
         free(wd);
         return -1;
     }
+    /* two passes over the outputs: the largest normalized weight (it sets the precision), then the weights
+     * again, rounded at that precision (each pass computes them the same way, so the values are the same) */
     double wmax = 0;
-    for (int i = 0; i < n_out; i++) {
-        const double c = scale * (i + 0.5);
-        int64_t xmin = (int64_t)(c - support + 0.5); /* C truncation, as torch */
-        if (xmin < 0) xmin = 0;
-        int64_t xmax = (int64_t)(c + support + 0.5);
-        if (xmax > n_in) xmax = n_in;
-        int64_t n = xmax - xmin;
-        n = n < 0 ? 0 : n > kmax ? kmax : n;
-        double *w = wd + (size_t)i * kmax, sum = 0;
-        for (int j = 0; j < n; j++) sum += (w[j] = cubic((j + xmin - c + 0.5) * inv));
-        for (int j = 0; j < n; j++) {
-            if (sum != 0.0) w[j] /= sum;
-            if (w[j] > wmax) wmax = w[j];
-        }
-        aw->xmin[i] = (int)xmin;
-        aw->n[i] = (int)n;
-    }
     int p = 0;
-    while (p < 22 && (int)(0.5 + wmax * (double)(1 << (p + 1))) < 32768) p++;
-    aw->prec = p;
-    for (int i = 0; i < n_out; i++)
-        for (int j = 0; j < aw->n[i]; j++) {
-            double v = wd[(size_t)i * kmax + j] * (double)(1 << p);
-            aw->w[(size_t)i * kmax + j] = (int16_t)(v >= 0 ? (int)(v + 0.5) : (int)(v - 0.5));
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < n_out; i++) {
+            const double c = scale * (i + 0.5);
+            int64_t xmin = (int64_t)(c - support + 0.5); /* C truncation, as torch */
+            if (xmin < 0) xmin = 0;
+            int64_t xmax = (int64_t)(c + support + 0.5);
+            if (xmax > n_in) xmax = n_in;
+            int64_t n = xmax - xmin;
+            n = n < 0 ? 0 : n > kmax ? kmax : n;
+            double sum = 0;
+            for (int j = 0; j < n; j++) sum += (wd[j] = cubic((j + xmin - c + 0.5) * inv));
+            for (int j = 0; j < n; j++) {
+                if (sum != 0.0) wd[j] /= sum;
+                if (pass == 0) {
+                    if (wd[j] > wmax) wmax = wd[j];
+                } else {
+                    const double v = wd[j] * (double)(1 << p);
+                    aw->w[(size_t)i * kmax + j] = (int16_t)(v >= 0 ? (int)(v + 0.5) : (int)(v - 0.5));
+                }
+            }
+            aw->xmin[i] = (int)xmin;
+            aw->n[i] = (int)n;
         }
+        while (pass == 0 && p < 22 && (int)(0.5 + wmax * (double)(1 << (p + 1))) < 32768) p++;
+    }
+    aw->prec = p;
     free(wd);
     return 0;
 }
@@ -187,74 +191,81 @@ static inline uint8_t clip_shift(int32_t acc, int prec) {
     return (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
 }
 
-/* Resamples along x (stride 3 between pixels) or y (stride 3 * width between rows). */
-static void resample_w(const g4_image *src, g4_image *dst, const axis_weights *aw) {
+/* The width pass of one row of pixels (stride 3). */
+static void resample_row(const uint8_t *s, uint8_t *d, int width, const axis_weights *aw) {
     const int32_t half = 1 << (aw->prec - 1);
-    for (int y = 0; y < dst->height; y++) {
-        const uint8_t *s = src->rgb + (size_t)y * src->width * 3;
-        uint8_t *d = dst->rgb + (size_t)y * dst->width * 3;
-        for (int x = 0; x < dst->width; x++) {
-            const int16_t *w = aw->w + (size_t)x * aw->kmax;
-            const uint8_t *px = s + (size_t)aw->xmin[x] * 3;
-            int32_t a0 = half, a1 = half, a2 = half;
-            for (int j = 0; j < aw->n[x]; j++) {
-                a0 += px[3 * j] * w[j];
-                a1 += px[3 * j + 1] * w[j];
-                a2 += px[3 * j + 2] * w[j];
-            }
-            d[3 * x] = clip_shift(a0, aw->prec);
-            d[3 * x + 1] = clip_shift(a1, aw->prec);
-            d[3 * x + 2] = clip_shift(a2, aw->prec);
+    for (int x = 0; x < width; x++) {
+        const int16_t *w = aw->w + (size_t)x * aw->kmax;
+        const uint8_t *px = s + (size_t)aw->xmin[x] * 3;
+        int32_t a0 = half, a1 = half, a2 = half;
+        for (int j = 0; j < aw->n[x]; j++) {
+            a0 += px[3 * j] * w[j];
+            a1 += px[3 * j + 1] * w[j];
+            a2 += px[3 * j + 2] * w[j];
         }
+        d[3 * x] = clip_shift(a0, aw->prec);
+        d[3 * x + 1] = clip_shift(a1, aw->prec);
+        d[3 * x + 2] = clip_shift(a2, aw->prec);
     }
 }
 
-static void resample_h(const g4_image *src, g4_image *dst, const axis_weights *aw) {
-    const int32_t half = 1 << (aw->prec - 1);
-    const size_t row = (size_t)src->width * 3;
-    for (int y = 0; y < dst->height; y++) {
-        const int16_t *w = aw->w + (size_t)y * aw->kmax;
-        const uint8_t *s = src->rgb + (size_t)aw->xmin[y] * row;
-        uint8_t *d = dst->rgb + (size_t)y * row;
-        for (size_t i = 0; i < row; i++) {
-            int32_t a = half;
-            for (int j = 0; j < aw->n[y]; j++) a += s[(size_t)j * row + i] * w[j];
-            d[i] = clip_shift(a, aw->prec);
-        }
-    }
-}
-
+/* Width pass, then height pass, as torch computes them (uint8 between the passes), without holding the whole
+ * intermediate image: output row y of the height pass reads intermediate rows xmin[y] .. xmin[y] + n[y] - 1, a
+ * window that only moves down, so the width pass makes each row once, when a window first reaches it, into a
+ * ring of kmax rows (a 1x20,000,000 image widened to 48 columns was a 2.9 GB intermediate). The height pass
+ * sums whole rows into an int32 row (the same integer sums, read in order). */
 int g4_image_resize(const g4_image *src, int th, int tw, g4_image *dst, g4_error *err) {
     memset(dst, 0, sizeof *dst);
-    g4_image mid = {0};
-    axis_weights aw;
-    const g4_image *cur = src;
-    if (tw != src->width) {
-        if (axis_weights_make(src->width, tw, &aw) || g4_image_alloc(&mid, tw, src->height, err)) {
-            axis_weights_free(&aw);
-            return g4_fail(err, "out of memory resizing a %dx%d image", src->width, src->height);
+    const int do_w = tw != src->width, do_h = th != src->height;
+    axis_weights ax = {0}, ay = {0};
+    uint8_t *ring = NULL;
+    int32_t *acc = NULL;
+    const size_t row = (size_t)tw * 3;
+    int ok = (!do_w || axis_weights_make(src->width, tw, &ax) == 0) &&
+             (!do_h || axis_weights_make(src->height, th, &ay) == 0);
+    if (ok && do_h) {
+        acc = malloc(row * sizeof *acc);
+        ring = do_w ? malloc((size_t)ay.kmax * row) : NULL;
+        ok = acc && (ring || !do_w);
+    }
+    if (!ok || g4_image_alloc(dst, tw, th, err)) {
+        axis_weights_free(&ax);
+        axis_weights_free(&ay);
+        free(ring);
+        free(acc);
+        g4_image_free(dst);
+        return g4_fail(err, "out of memory resizing a %dx%d image", src->width, src->height);
+    }
+    const size_t src_row = (size_t)src->width * 3;
+    if (!do_h) { /* the width pass alone (or a copy) */
+        for (int y = 0; y < th; y++) {
+            if (do_w)
+                resample_row(src->rgb + (size_t)y * src_row, dst->rgb + (size_t)y * row, tw, &ax);
+            else
+                memcpy(dst->rgb + (size_t)y * row, src->rgb + (size_t)y * src_row, row);
         }
-        resample_w(src, &mid, &aw);
-        axis_weights_free(&aw);
-        cur = &mid;
-    }
-    if (th != src->height) {
-        if (axis_weights_make(src->height, th, &aw) || g4_image_alloc(dst, tw, th, err)) {
-            axis_weights_free(&aw);
-            g4_image_free(&mid);
-            return g4_fail(err, "out of memory resizing a %dx%d image", src->width, src->height);
+    } else {
+        const int32_t half = 1 << (ay.prec - 1);
+        int next = 0; /* the next intermediate row the width pass makes */
+        for (int y = 0; y < th; y++) {
+            const int lo = ay.xmin[y], n = ay.n[y];
+            for (; do_w && next < lo + n; next++)
+                resample_row(src->rgb + (size_t)next * src_row, ring + (size_t)(next % ay.kmax) * row, tw, &ax);
+            const int16_t *w = ay.w + (size_t)y * ay.kmax;
+            for (size_t i = 0; i < row; i++) acc[i] = half;
+            for (int j = 0; j < n; j++) {
+                const uint8_t *s = do_w ? ring + (size_t)((lo + j) % ay.kmax) * row : src->rgb + (size_t)(lo + j) * row;
+                const int32_t wj = w[j];
+                for (size_t i = 0; i < row; i++) acc[i] += s[i] * wj;
+            }
+            uint8_t *d = dst->rgb + (size_t)y * row;
+            for (size_t i = 0; i < row; i++) d[i] = clip_shift(acc[i], ay.prec);
         }
-        resample_h(cur, dst, &aw);
-        axis_weights_free(&aw);
-        g4_image_free(&mid);
-        return 0;
     }
-    if (cur == &mid) {
-        *dst = mid;
-        return 0;
-    }
-    if (g4_image_alloc(dst, tw, th, err)) return -1;
-    memcpy(dst->rgb, src->rgb, (size_t)tw * th * 3);
+    axis_weights_free(&ax);
+    axis_weights_free(&ay);
+    free(ring);
+    free(acc);
     return 0;
 }
 

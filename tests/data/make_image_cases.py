@@ -53,6 +53,54 @@ def raw_png(samples, color_type, depth, width=None, plte=None):
             png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
 
 
+def pack_row(values, depth):
+    """One row of samples packed MSB first at 1, 2 or 4 bits (8: as bytes)."""
+    if depth == 8:
+        return values.astype(np.uint8).tobytes()
+    per = 8 // depth
+    v = np.zeros(-(-len(values) // per) * per, np.uint8)
+    v[:len(values)] = values
+    v = v.reshape(-1, per)
+    return bytes(sum((v[:, k].astype(np.uint32) << (8 - depth * (k + 1))) for k in range(per)).astype(np.uint8))
+
+
+def adam7_png(samples, color_type, depth, plte=None):
+    """An interlaced (Adam7) PNG of samples [h, w] (unpacked, 8 bits or less), for what PIL cannot write."""
+    h, w = samples.shape
+    rows = b""
+    for x0, y0, dx, dy in ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2),
+                           (0, 1, 1, 2)):
+        sub = samples[y0::dy, x0::dx]
+        if sub.size:
+            rows += b"".join(b"\0" + pack_row(r, depth) for r in sub)
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, color_type, 0, 0, 1)
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + (png_chunk(b"PLTE", plte) if plte else b"") +
+            png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b""))
+
+
+def gif_frame(cw, ch, left, top, fw, fh, transparent=None, colors=4):
+    """A GIF whose logical screen is cw x ch and whose one frame is fw x fh at (left, top), for what PIL cannot
+    write (a frame beyond the screen, a colour table shorter than the indices); a palette of `colors` (2 or 4),
+    pixels 1, 2, 3, ... each coded after a clear code (LZW that never grows its table)."""
+    pal = bytes(v for i in range(colors) for v in (i * 70 % 256, i * 37 % 256, 255 - i * 60))
+    gce = b"" if transparent is None else b"\x21\xf9\x04\x01\x00\x00" + bytes([transparent]) + b"\x00"
+    codes = [c for i in range(fw * fh) for c in (4, 1 + i % 3)] + [5]
+    acc = nbits = 0
+    lzw = bytearray()
+    for c in codes:  # 3-bit codes, least significant bit first
+        acc |= c << nbits
+        nbits += 3
+        while nbits >= 8:
+            lzw.append(acc & 255)
+            acc >>= 8
+            nbits -= 8
+    if nbits:
+        lzw.append(acc)
+    blocks = b"".join(bytes([len(lzw[i:i + 255])]) + lzw[i:i + 255] for i in range(0, len(lzw), 255)) + b"\0"
+    return (b"GIF89a" + struct.pack("<HHBBB", cw, ch, 0x80 | (colors.bit_length() - 2), 0, 0) + pal + gce + b"\x2c" +
+            struct.pack("<HHHHB", left, top, fw, fh, 0) + b"\x02" + blocks + b"\x3b")
+
+
 def exif_bytes(orientation):
     ex = Image.Exif()
     ex[0x0112] = orientation
@@ -116,6 +164,8 @@ add("tiny.png", pil_bytes(Image.fromarray(smooth(1, 1)), "PNG"), (70, 140))
 add("wide.png", pil_bytes(Image.fromarray(smooth(3, 2000)), "PNG"), (70, 280))
 add("tall.png", pil_bytes(Image.fromarray(smooth(900, 7)), "PNG"), (140,))
 add("exact.png", pil_bytes(Image.fromarray(smooth(384, 384)), "PNG"), (70,))                 # no resize
+# widened (2 -> 48) then narrowed in height by 6 (20000 -> 3360): the height pass's window of rows moves down a ring
+add("tall_thin.png", pil_bytes(Image.fromarray(smooth(20000, 2)), "PNG"), (70,))
 add("photo.png", pil_bytes(Image.fromarray(smooth(768, 1024)), "PNG"), (280,))
 # JPEG: subsamplings, grayscale, progressive, CMYK, EXIF orientations
 photo = Image.fromarray(smooth(241, 317))
@@ -191,6 +241,17 @@ few = b"".join(bytes(c) for c in smooth(1, 5)[0])
 add("palette_short.png", raw_png(idx, 3, 8, plte=few))
 idx4 = idx % 16
 add("palette4_short.png", raw_png((idx4[:, 0:36:2] << 4) | idx4[:, 1:37:2], 3, 4, 36, plte=few))
+
+# GIF frames beyond the logical screen: PIL grows the image to hold the first frame (a 0x0 screen too), the rest
+# filled with the transparent index, else 0
+add("gif_frame_right.gif", gif_frame(10, 8, 6, 2, 7, 3))
+add("gif_frame_beyond_transparent.gif", gif_frame(10, 8, 8, 6, 5, 5, transparent=3))
+add("gif_screen_0x0.gif", gif_frame(0, 0, 0, 0, 5, 4))
+# indices past a 2-colour table: PIL's palette starts as the gray ramp, so index i reads as gray i (as for PNG)
+add("gif_short_table.gif", gif_frame(9, 7, 0, 0, 9, 7, colors=2))
+# the same, interlaced at 1, 2 and 4 bits (libspng deinterlaces such rows by OR-ing into its output buffer)
+for depth in (1, 2, 4):
+    add("palette%d_short_interlaced.png" % depth, adam7_png(idx % (1 << depth), 3, depth, plte=few[:3]))
 
 with open(os.path.join(OUT, "cases.json"), "w") as f:
     json.dump(cases, f, indent=1)
