@@ -507,8 +507,74 @@ static void test_gguf_towers(void) {
     }
 }
 
+/* An explicit null: transformers' config classes are @strict dataclasses (huggingface_hub), whose type validator
+ * refuses None for a field typed without `| None` (reference/transformers-5.17/gemma4/configuration_gemma4.py:152-180,
+ * 273-290, 354; gemma4_unified/configuration_gemma4_unified.py:46-48, 124-150, 229-235, 314;
+ * gemma4_assistant/configuration_gemma4_assistant.py:70-74): such a null is an error, never the default (a null
+ * sliding_window ran with a window of 512 instead of refusing). A field typed `X | None` takes None as "none":
+ * final_logit_softcapping None is no soft-cap (modeling_gemma4.py:1864), rope_parameters / layer_types None the
+ * defaults (configuration_gemma4.py:190-208), the unified model's use_bidirectional_attention None is causal
+ * (configuration_gemma4_unified.py:147: its default "vision" applies only when the key is absent). */
+static void test_nulls(void) {
+    g4_model_config c;
+    g4_error err;
+    static const struct {
+        const char *json, *key;
+    } bad[] = {
+        {"{\"model_type\":\"gemma4_text\",\"sliding_window\":null}", "sliding_window"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"hidden_size_per_layer_input\":null}}",
+         "hidden_size_per_layer_input"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"rms_norm_eps\":null}}", "rms_norm_eps"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"attention_k_eq_v\":null}}", "attention_k_eq_v"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"num_kv_shared_layers\":null}}", "num_kv_shared_layers"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"enable_moe_block\":null}}", "enable_moe_block"},
+        {"{\"model_type\":\"gemma4\",\"tie_word_embeddings\":null}", "tie_word_embeddings"},
+        {"{\"model_type\":\"gemma4\",\"vision_config\":{\"head_dim\":null}}", "head_dim"},
+        {"{\"model_type\":\"gemma4_unified\",\"text_config\":{\"sliding_window\":null}}", "sliding_window"},
+        {"{\"model_type\":\"gemma4_unified\",\"vision_config\":{\"mm_posemb_size\":null}}", "mm_posemb_size"},
+        {"{\"model_type\":\"gemma4_unified\",\"audio_config\":{\"audio_embed_dim\":null}}", "audio_embed_dim"},
+        {"{\"model_type\":\"gemma4_assistant\",\"num_centroids\":null,\"text_config\":{"
+         "\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":0}}",
+         "num_centroids"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = parse(bad[i].json, &c, &err);
+        char want[128];
+        snprintf(want, sizeof want, "\"%s\" is null", bad[i].key);
+        CHECKF(rc != 0 && strstr(err.msg, want), "null %zu: rc %d, '%s' lacks '%s'", i, rc, rc ? err.msg : "", want);
+    }
+    /* `| None` fields: null is "none" */
+    CHECKF(parse("{\"model_type\":\"gemma4_text\",\"final_logit_softcapping\":null,\"rope_parameters\":null,"
+                 "\"layer_types\":null,\"use_bidirectional_attention\":null,\"pad_token_id\":null,\"bos_token_id\":null,"
+                 "\"eos_token_id\":null,\"num_experts\":null,\"top_k_experts\":null,\"moe_intermediate_size\":null,"
+                 "\"num_hidden_layers\":6,\"attention_dropout\":null}",
+                 &c, &err) == 0,
+           "%s", err.msg);
+    CHECK(!c.text.has_softcap && c.text.rope[G4_LAYER_FULL].type == G4_ROPE_PROPORTIONAL &&
+          c.text.layer_type[5] == G4_LAYER_FULL && c.text.layer_type[4] == G4_LAYER_SLIDING &&
+          !c.text.bidirectional_vision);
+    CHECKF(parse("{\"model_type\":\"gemma4_unified\",\"text_config\":{\"use_bidirectional_attention\":null}}", &c,
+                 &err) == 0,
+           "%s", err.msg);
+    CHECK(!c.text.bidirectional_vision && c.text.sliding_window == 1024);
+    CHECKF(parse("{\"model_type\":\"gemma4_unified\",\"text_config\":{}}", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.text.bidirectional_vision);
+    /* a multimodal wrapper's null towers are absent towers (configuration_gemma4.py:363-371) */
+    CHECKF(parse("{\"model_type\":\"gemma4\",\"vision_config\":null,\"audio_config\":null}", &c, &err) == 0, "%s",
+           err.msg);
+    CHECK(!c.has_vision && !c.has_audio);
+    /* Gemma4AudioConfig (configuration_gemma4.py:55-76), read with the audio tower */
+    char src[4096], dir[4096];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/audio"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("null-audio"));
+    CHECK(resave(src, dir, 1, 0, NULL) == 0);
+    CHECK(edit_config(dir, "\"residual_weight\": 0.5", "\"residual_weight\": null") == 0);
+    load_expect("audio_config null", dir, "audio_config: \"residual_weight\" is null");
+}
+
 int main(void) {
     test_spellings();
+    test_nulls();
     test_real_configs();
     test_rope_tables();
     test_bad_folders();
