@@ -572,9 +572,69 @@ static void test_nulls(void) {
     load_expect("audio_config null", dir, "audio_config: \"residual_weight\" is null");
 }
 
+/* Ids outside an embedding table: transformers' nn.Embedding refuses them (an IndexError), we read past the table
+ * (NaN logits blamed on the weights, or a fault). A placeholder's row reads the pad token's embedding
+ * (reference/transformers-5.17/gemma4/modeling_gemma4.py:2308); pad_token_id is `int | None` and one outside the
+ * vocabulary (-1 is on the Hub) only draws a warning at load (configuration_utils.py validate_token_ids), so the
+ * model loads and text runs. The per-layer table has vocab_size_per_layer_input rows (modeling_gemma4.py:1591-1593). */
+static void test_token_tables(void) {
+    char src[4096], dir[4096], name[256];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("token-tables"));
+    g4_error err = {{0}};
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = 16, .n_batch = 8};
+    static float logits[3 * 512];
+    /* a per-layer table of 256 rows under a vocabulary of 512 */
+    static uint16_t zeros[256 * 128];
+    snprintf(name, sizeof name, "model.language_model.embed_tokens_per_layer.weight");
+    g4_tensor ple = {.name = name, .dtype = G4_BF16, .ndim = 2, .shape = {256, 128}, .data = zeros, .nbytes = sizeof zeros};
+    resave_edit ed = {.extra = &ple, .n_extra = 1};
+    CHECK(resave(src, dir, 1, 0, &ed) == 0);
+    CHECK(edit_config(dir, "\"vocab_size_per_layer_input\": 512", "\"vocab_size_per_layer_input\": 256") == 0);
+    g4_model *m = load_expect("per-layer table of 256 rows", dir, NULL);
+    g4_context *ctx;
+    if (m && g4_context_new(m, &cp, &ctx, &err) == 0) {
+        int32_t ok[3] = {2, 17, 255}, bad[3] = {2, 17, 400};
+        g4_batch b = {.n_tokens = 3, .token = ok};
+        CHECKF(g4_decode(ctx, &b, logits, &err) == 0, "%s", err.msg);
+        g4_seq_reset(ctx, 0);
+        b.token = bad;
+        CHECK(g4_decode(ctx, &b, logits, &err) != 0);
+        CHECKF(strstr(err.msg, "token id 400 at batch row 2 is outside the per-layer embedding table "
+                               "(vocab_size_per_layer_input 256)"), "%s", err.msg);
+        g4_context_free(ctx);
+    }
+    g4_model_free(m);
+    /* pad_token_id outside the vocabulary, and -1 (refused at load before) */
+    static const struct {
+        const char *to, *want;
+    } pads[] = {{"\"pad_token_id\": 100000", "pad_token_id 100000 is outside the vocabulary (0..511)"},
+                {"\"pad_token_id\": -1", "no pad_token_id (null or negative)"},
+                {"\"pad_token_id\": null", "no pad_token_id (null or negative)"}};
+    for (size_t i = 0; i < sizeof pads / sizeof pads[0]; i++) {
+        CHECK(resave(src, dir, 1, 0, NULL) == 0);
+        CHECK(edit_config(dir, "\"pad_token_id\": 0", pads[i].to) == 0);
+        m = load_expect(pads[i].to, dir, NULL);
+        if (!m || g4_context_new(m, &cp, &ctx, &err)) {
+            g4_model_free(m);
+            continue;
+        }
+        int32_t text[3] = {2, 17, 99}, image[3] = {2, 500, 17}; /* 500: the fixture's image_token_id */
+        g4_batch b = {.n_tokens = 3, .token = text};
+        CHECKF(g4_decode(ctx, &b, logits, &err) == 0, "%s: text: %s", pads[i].to, err.msg);
+        g4_seq_reset(ctx, 0);
+        b.token = image;
+        CHECK(g4_decode(ctx, &b, logits, &err) != 0);
+        CHECKF(strstr(err.msg, pads[i].want), "%s: '%s' lacks '%s'", pads[i].to, err.msg, pads[i].want);
+        g4_context_free(ctx);
+        g4_model_free(m);
+    }
+}
+
 int main(void) {
     test_spellings();
     test_nulls();
+    test_token_tables();
     test_real_configs();
     test_rope_tables();
     test_bad_folders();

@@ -20,6 +20,19 @@ static int get_int(const json_t *o, const char *key, int64_t def, int *out, int 
     return 0;
 }
 
+/* pad_token_id / bos_token_id: `int | None` (configuration_gemma4.py:164,166); a value outside the vocabulary
+ * (the Hub has configs with pad_token_id -1) only draws a warning in transformers (configuration_utils.py
+ * validate_token_ids), so the model loads. Null and negative ids are kept as -1, "none"; where an id is used
+ * (a soft-token placeholder reads the pad token's embedding) one outside the tables is an error there. */
+static int token_id(const json_t *o, const char *key, int64_t def, int *out, const char *what, g4_error *err) {
+    int64_t v;
+    if (g4_json_int(o, key, def, &v, what, err)) return -1;
+    if (json_is_null(json_object_get(o, key)) || v < 0) v = -1;
+    if (v > INT32_MAX) return g4_fail(err, "%s: \"%s\" = %lld is out of range", what, key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
 static int parse_rope(const json_t *rp, const char *type_name, g4_rope_config *out, const char *what,
                       g4_error *err) {
     const json_t *p = json_object_get(rp, type_name);
@@ -94,8 +107,8 @@ static int parse_text(const json_t *tc, const char *what, int unified, g4_text_c
         get_int(tc, "num_kv_shared_layers", 0, &c->num_kv_shared_layers, 0, what, err) ||
         get_int(tc, "max_position_embeddings", unified ? 262144 : 131072, &c->max_position_embeddings, 1, what,
                 err) ||
-        get_int(tc, "pad_token_id", 0, &c->pad_token_id, 0, what, err) ||
-        get_int(tc, "bos_token_id", 2, &c->bos_token_id, 0, what, err))
+        token_id(tc, "pad_token_id", 0, &c->pad_token_id, what, err) ||
+        token_id(tc, "bos_token_id", 2, &c->bos_token_id, what, err))
         return -1;
     /* eos_token_id may be an int or a list; the text model only records the first */
     const json_t *eos = json_object_get(tc, "eos_token_id");

@@ -391,9 +391,12 @@ static json_t *tokenizer_meta(const job *j, g4_error *err) {
     json_object_set_new(meta, "tokenizer.ggml.scores", scores);
     json_object_set_new(meta, "tokenizer.ggml.token_type", ttypes);
     json_object_set_new(meta, "tokenizer.ggml.merges", mj);
-    json_object_set_new(meta, "tokenizer.ggml.bos_token_id", json_integer(j->cfg.text.bos_token_id));
+    /* -1: the config has none (null or negative) */
+    if (j->cfg.text.bos_token_id >= 0)
+        json_object_set_new(meta, "tokenizer.ggml.bos_token_id", json_integer(j->cfg.text.bos_token_id));
     json_object_set_new(meta, "tokenizer.ggml.eos_token_id", json_integer(j->cfg.text.eos_token_id));
-    json_object_set_new(meta, "tokenizer.ggml.padding_token_id", json_integer(j->cfg.text.pad_token_id));
+    if (j->cfg.text.pad_token_id >= 0)
+        json_object_set_new(meta, "tokenizer.ggml.padding_token_id", json_integer(j->cfg.text.pad_token_id));
     const json_t *unk = json_object_get(vocab, "<unk>");
     if (unk) json_object_set_new(meta, "tokenizer.ggml.unknown_token_id", json_integer(json_integer_value(unk)));
     json_object_set_new(meta, "tokenizer.ggml.add_bos_token", json_true());
