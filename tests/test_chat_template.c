@@ -247,6 +247,21 @@ static void test_load_dir(void) {
     err.msg[0] = 0;
     CHECK(g4_chat_template_load_dir(dir_d, &t, &err) == -1 && t == NULL);
     CHECKF(strstr(err.msg, "no chat template") != NULL, "message: %s", err.msg);
+    /* "chat_template": null is no template, as transformers reads it (the tokenizer's chat_template None): the
+     * model still loads (g4_chat_template_find) and a chat_template.json beside it is used; it was refused with
+     * '"chat_template" must be a string', and so was the whole model, even for generate --ids */
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir_d);
+    CHECK(write_file(path, "{\"chat_template\": null}", 23) == 0);
+    err.msg[0] = 0;
+    CHECK(g4_chat_template_load_dir(dir_d, &t, &err) == -1 && t == NULL);
+    CHECKF(strstr(err.msg, "no chat template") != NULL, "null: %s", err.msg);
+    CHECKF(g4_chat_template_find(dir_d, &t, &err) == 0 && t == NULL, "find, null: %s", err.msg);
+    snprintf(path, sizeof path, "%s/chat_template.json", dir_d);
+    CHECK(write_file(path, "{\"chat_template\": \"T{{ bos_token }}\"}", 37) == 0);
+    CHECKF(g4_chat_template_load_dir(dir_d, &t, &err) == 0 && t, "null, chat_template.json: %s", err.msg);
+    g4_chat_template_free(t);
+    t = NULL;
+    unlink(path);
     /* a broken template: the error names the line */
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir_d);
     CHECK(write_file(path, "ok\n{% if x %}\n{{ x }", 21) == 0);

@@ -154,6 +154,8 @@ static int load_dir(const char *model_dir, int optional, g4_chat_template **out,
         if (g4_read_file(path, &src, &len, err)) goto done;
     } else {
         const json_t *ct = config ? json_object_get(config, "chat_template") : NULL;
+        if (json_is_null(ct)) ct = NULL; /* "chat_template": null is no template (tokenizer_config.json as saved
+                                          * by a tokenizer without one) */
         if (json_is_array(ct)) { /* [{name, template}, ...]: the default one */
             const json_t *found = NULL;
             size_t i;
