@@ -631,10 +631,45 @@ static void test_token_tables(void) {
     }
 }
 
+/* Sizes a config may give (each up to 1e9) that no machine holds: random weights (bench --random) and random
+ * checkpoints (quantize --random) are made from the config alone, so the config is all that stops them. Made
+ * weights that cannot fit memory, or an output larger than its disk's free space, are refused before anything
+ * is allocated or written (they were allocated and filled until the OOM killer, or a 353 GB file was written
+ * until the disk was full). 256 layers of hidden size 1e7: about 6 TB in BF16. */
+static void test_huge_random(void) {
+    char cfg[4096], out[4096];
+    snprintf(cfg, sizeof cfg, "%s", g4t_tmp("huge-config.json"));
+    CHECK(write_text(cfg, "{\"model_type\": \"gemma4_text\", \"vocab_size\": 512, \"hidden_size\": 10000000, "
+                          "\"num_hidden_layers\": 256, \"num_attention_heads\": 4, \"num_key_value_heads\": 1, "
+                          "\"head_dim\": 32, \"global_head_dim\": 32, \"intermediate_size\": 256, "
+                          "\"hidden_size_per_layer_input\": 0}") == 0);
+    g4_model *m = NULL;
+    g4_error err = {{0}};
+    g4_load_params lp = {.n_threads = 1, .random_weights = 1, .device = "cpu"};
+    int rc = g4_model_load(cfg, &lp, &m, &err);
+    CHECKF(rc != 0 && strstr(err.msg, "random weights of this config need") && strstr(err.msg, "GB of memory"),
+           "random model: rc %d '%s'", rc, rc ? err.msg : "");
+    if (!rc) g4_model_free(m);
+    static const char *types[] = {"q8_0", "mlx4", "bf16"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(out, sizeof out, "%s%s", g4t_tmp("huge-out"), i ? "" : ".gguf");
+        char file[4200];
+        snprintf(file, sizeof file, "%s%s", out, i ? "/model.safetensors" : "");
+        remove(file); /* left by an earlier run */
+        g4_quantize_params qp = {.random_config = cfg, .out = out, .type = types[i]};
+        rc = g4_quantize(&qp, &err);
+        CHECKF(rc != 0 && strstr(err.msg, "the output needs") && strstr(err.msg, "GB free"), "quantize %s: rc %d '%s'",
+               types[i], rc, rc ? err.msg : "");
+        struct stat st;
+        CHECKF(stat(file, &st) != 0, "quantize %s left %s", types[i], file);
+    }
+}
+
 int main(void) {
     test_spellings();
     test_nulls();
     test_token_tables();
+    test_huge_random();
     test_real_configs();
     test_rope_tables();
     test_bad_folders();
