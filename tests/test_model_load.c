@@ -522,6 +522,8 @@ static void test_nulls(void) {
         const char *json, *key;
     } bad[] = {
         {"{\"model_type\":\"gemma4_text\",\"sliding_window\":null}", "sliding_window"},
+        {"{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":6,\"per_layer_config\":{\"5\":{\"head_dim\":null}}}",
+         "head_dim"},
         {"{\"model_type\":\"gemma4\",\"text_config\":{\"hidden_size_per_layer_input\":null}}",
          "hidden_size_per_layer_input"},
         {"{\"model_type\":\"gemma4\",\"text_config\":{\"rms_norm_eps\":null}}", "rms_norm_eps"},

@@ -197,7 +197,9 @@ static int parse_text(const json_t *tc, const char *what, int unified, g4_text_c
             if (!json_is_object(ov)) return g4_fail(err, "%s: per_layer_config[\"%s\"] must be an object", what, key);
             char w2[160];
             snprintf(w2, sizeof w2, "%s per_layer_config[\"%s\"]", what, key);
-            if (get_int(ov, "head_dim", c->head_dim, &c->layer_head_dim[li], 2, w2, err) ||
+            static const char *const overrides[] = {"head_dim", "num_key_value_heads", NULL};
+            if (g4_json_reject_nulls(ov, overrides, w2, err) || /* a None override: the layer's head_dim is None */
+                get_int(ov, "head_dim", c->head_dim, &c->layer_head_dim[li], 2, w2, err) ||
                 get_int(ov, "num_key_value_heads", c->n_kv_heads, &c->layer_kv_heads[li], 1, w2, err))
                 return -1;
         }
