@@ -1061,6 +1061,10 @@ static void test_generation_config(void) {
     CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "eos -2: %s", err.msg);
     CHECK(gc.n_eos == 2 && gc.eos_ids[0] == 1 && gc.eos_ids[1] == 106);
     g4_generation_config_free(&gc);
+    write_file(gp, "{\"pad_token_id\": -5, \"bos_token_id\": -2}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "pad -5: %s", err.msg);
+    CHECK(gc.pad_id == -1 && gc.bos_id == -1);
+    g4_generation_config_free(&gc);
     write_file(gp, "{\"eos_token_id\": -1}");
     CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "eos -1: %s", err.msg);
     CHECK(gc.n_eos == 0);

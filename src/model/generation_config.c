@@ -64,9 +64,8 @@ static int read_optional_id(const json_t *obj, const char *key, const char *what
                             g4_error *err) {
     int64_t v;
     if (g4_json_int(obj, key, -1, &v, what, err)) return -1;
-    if (v < -1 || v > INT32_MAX)
-        return g4_fail(err, "%s: \"%s\" %lld is not a valid token id", what, key, (long long)v);
-    *out = (int32_t)v;
+    if (v > INT32_MAX) return g4_fail(err, "%s: \"%s\" %lld is not a valid token id", what, key, (long long)v);
+    *out = v < 0 ? -1 : (int32_t)v; /* negative: none (transformers only warns, GenerationConfig.validate() 1.1) */
     return 0;
 }
 
