@@ -561,6 +561,11 @@ static void test_nulls(void) {
     CHECK(!c.text.bidirectional_vision && c.text.sliding_window == 1024);
     CHECKF(parse("{\"model_type\":\"gemma4_unified\",\"text_config\":{}}", &c, &err) == 0, "%s", err.msg);
     CHECK(c.text.bidirectional_vision);
+    /* the wrapper's token ids are `int | None` (configuration_gemma4.py:346-352): null or -1 is none, not the
+     * default id (null gave 258880) nor a refused model (-1 was "out of range") */
+    CHECKF(parse("{\"model_type\":\"gemma4\",\"image_token_id\":null,\"audio_token_id\":-1}", &c, &err) == 0, "%s",
+           err.msg);
+    CHECK(c.image_token_id == -1 && c.audio_token_id == -1 && c.video_token_id == 258884);
     /* a multimodal wrapper's null towers are absent towers (configuration_gemma4.py:363-371) */
     CHECKF(parse("{\"model_type\":\"gemma4\",\"vision_config\":null,\"audio_config\":null}", &c, &err) == 0, "%s",
            err.msg);

@@ -336,8 +336,10 @@ static int parse_vision(const json_t *vc, const char *what, g4_vision_config *v,
     return 0;
 }
 
+/* The wrapper's token ids are `int | None` too (configuration_gemma4.py:346-352): null or negative is none (-1),
+ * a placeholder no token matches, as transformers' `input_ids == None` matches none; not a refused model. */
 static int opt_token(const json_t *root, const char *key, int def, int *out, const char *what, g4_error *err) {
-    return get_int(root, key, def, out, 0, what, err);
+    return token_id(root, key, def, out, what, err);
 }
 
 /* The multimodal wrapper's own fields (Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration):
