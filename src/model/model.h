@@ -86,6 +86,7 @@ struct g4_model {
     /* beside the weights (model_files.c) */
     g4_tokenizer *tok;               /* NULL when there is none (tokenizer.json, or a GGUF file's metadata) */
     g4_chat_template *chat_template; /* NULL when it has no chat template */
+    char *chat_template_error;       /* why a template it has cannot be used, or NULL */
     g4_generation_config gen_config;
     char dir[1024];
     int borrowed_be;                 /* be belongs to another model (a drafter runs on its main model's) */
