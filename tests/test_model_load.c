@@ -538,6 +538,9 @@ static void test_nulls(void) {
         {"{\"model_type\":\"gemma4_assistant\",\"num_centroids\":null,\"text_config\":{"
          "\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":0}}",
          "num_centroids"},
+        {"{\"model_type\":\"gemma4_assistant\",\"text_config\":{\"num_kv_shared_layers\":null,"
+         "\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":0}}",
+         "num_kv_shared_layers"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = parse(bad[i].json, &c, &err);

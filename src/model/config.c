@@ -434,6 +434,7 @@ static int parse_assistant(const json_t *root, const char *what, g4_model_config
     if (tmt && strcmp(tmt, "gemma4_text"))
         return g4_fail(err, "%s: the assistant's text_config has model_type \"%s\" (expected gemma4_text)", what, tmt);
     int64_t L, shared;
+    if (g4_json_reject_nulls(tc, text_required, what, err)) return -1; /* before num_kv_shared_layers is replaced */
     if (g4_json_int(tc, "num_hidden_layers", 30, &L, what, err) ||
         g4_json_int(tc, "num_kv_shared_layers", 0, &shared, what, err))
         return -1;
