@@ -558,6 +558,14 @@ static void test_nulls(void) {
     CHECK(!c.text.has_softcap && c.text.rope[G4_LAYER_FULL].type == G4_ROPE_PROPORTIONAL &&
           c.text.layer_type[5] == G4_LAYER_FULL && c.text.layer_type[4] == G4_LAYER_SLIDING &&
           !c.text.bidirectional_vision);
+    /* a negative soft-cap is the positive one (logits / c, tanh, * c is odd in c: modeling_gemma4.py:1864-1867); 0
+     * divides by zero in transformers, and 1e308 is infinite as the float32 it is applied in (NaN logits there) */
+    CHECKF(parse("{\"model_type\":\"gemma4_text\",\"final_logit_softcapping\":-30.0}", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.text.has_softcap && c.text.final_logit_softcapping == 30.0);
+    CHECK(parse("{\"model_type\":\"gemma4_text\",\"final_logit_softcapping\":0}", &c, &err) != 0 &&
+          strstr(err.msg, "final_logit_softcapping"));
+    CHECK(parse("{\"model_type\":\"gemma4_text\",\"final_logit_softcapping\":1e308}", &c, &err) != 0 &&
+          strstr(err.msg, "final_logit_softcapping"));
     CHECKF(parse("{\"model_type\":\"gemma4_unified\",\"text_config\":{\"use_bidirectional_attention\":null}}", &c,
                  &err) == 0,
            "%s", err.msg);

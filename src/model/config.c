@@ -128,8 +128,11 @@ static int parse_text(const json_t *tc, const char *what, int unified, g4_text_c
     if (!(c->rms_norm_eps >= 0)) return g4_fail(err, "%s: rms_norm_eps must be >= 0", what);
     c->has_softcap = g4_json_present(tc, "final_logit_softcapping");
     if (g4_json_num(tc, "final_logit_softcapping", 0.0, &c->final_logit_softcapping, what, err)) return -1;
-    if (c->has_softcap && !(c->final_logit_softcapping > 0))
-        return g4_fail(err, "%s: final_logit_softcapping must be positive", what);
+    /* transformers computes logits / c, tanh, * c (modeling_gemma4.py:1864-1867): an odd function of c, so a
+     * negative cap is the positive one (it was refused); 0 divides by zero there (NaN logits): an error here */
+    if (c->has_softcap && !(fabs(c->final_logit_softcapping) > 0 && fabs(c->final_logit_softcapping) < 3e38))
+        return g4_fail(err, "%s: final_logit_softcapping must be a non-zero number a float holds", what);
+    c->final_logit_softcapping = fabs(c->final_logit_softcapping);
 
     const char *act;
     if (g4_json_str(tc, "hidden_activation", &act, what, err)) return -1;
