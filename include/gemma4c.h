@@ -125,6 +125,9 @@ G4_API const char *g4_model_warnings(const g4_model *model);
 /* What the folder held beside the weights; NULL when it had none. Owned by the model. */
 G4_API const g4_tokenizer *g4_model_tokenizer(const g4_model *model);
 G4_API const g4_chat_template *g4_model_chat_template(const g4_model *model);
+/* Why the folder's chat template cannot be used (a Jinja error, a named list without "default"), or NULL: the
+ * model loads without one, as transformers loads a tokenizer whose template fails only when a chat is rendered. */
+G4_API const char *g4_model_chat_template_error(const g4_model *model);
 
 /* Writing a model in another weight format (`gemma4c quantize`, random-weight checkpoints). The source is a
  * model folder or GGUF file (any dtype g4_model_load reads) or random weights for a config.json; `type`:

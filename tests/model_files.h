@@ -91,6 +91,9 @@ static inline int resave(const char *src_dir, const char *dst_dir, int n_shards,
     snprintf(b, sizeof b, "%s/model.safetensors.index.json", dst_dir);
     remove(b);
     if (n_shards > 1) {
+        char single[4096];
+        snprintf(single, sizeof single, "%s/model.safetensors", dst_dir);
+        remove(single); /* it would be read instead of the shards, as transformers does */
         idx = fopen(b, "w");
         fprintf(idx, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {");
     }

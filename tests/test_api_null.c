@@ -81,6 +81,7 @@ static int test_nulls(g4_model *m, g4_context *ctx) {
     GIVES(g4_model_n_ctx_train(NULL), 0);
     GIVES(g4_model_device(NULL) != NULL, 0);
     GIVES(g4_model_warnings(NULL) != NULL, 0);
+    GIVES(g4_model_chat_template_error(NULL) != NULL, 0);
     GIVES(g4_model_tokenizer(NULL) != NULL, 0);
     GIVES(g4_model_chat_template(NULL) != NULL, 0);
     SURVIVES(g4_model_kv_type_preferred(NULL));

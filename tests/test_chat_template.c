@@ -247,12 +247,44 @@ static void test_load_dir(void) {
     err.msg[0] = 0;
     CHECK(g4_chat_template_load_dir(dir_d, &t, &err) == -1 && t == NULL);
     CHECKF(strstr(err.msg, "no chat template") != NULL, "message: %s", err.msg);
+    /* "chat_template": null is no template, as transformers reads it (the tokenizer's chat_template None): the
+     * model still loads (g4_chat_template_find) and a chat_template.json beside it is used; it was refused with
+     * '"chat_template" must be a string', and so was the whole model, even for generate --ids */
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir_d);
+    CHECK(write_file(path, "{\"chat_template\": null}", 23) == 0);
+    err.msg[0] = 0;
+    CHECK(g4_chat_template_load_dir(dir_d, &t, &err) == -1 && t == NULL);
+    CHECKF(strstr(err.msg, "no chat template") != NULL, "null: %s", err.msg);
+    char *why = NULL;
+    CHECKF(g4_chat_template_find(dir_d, &t, &why, &err) == 0 && t == NULL && !why, "find, null: %s", err.msg);
+    snprintf(path, sizeof path, "%s/chat_template.json", dir_d);
+    CHECK(write_file(path, "{\"chat_template\": \"T{{ bos_token }}\"}", 37) == 0);
+    CHECKF(g4_chat_template_load_dir(dir_d, &t, &err) == 0 && t, "null, chat_template.json: %s", err.msg);
+    g4_chat_template_free(t);
+    t = NULL;
+    unlink(path);
     /* a broken template: the error names the line */
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir_d);
     CHECK(write_file(path, "ok\n{% if x %}\n{{ x }", 21) == 0);
     err.msg[0] = 0;
     CHECK(g4_chat_template_load_dir(dir_d, &t, &err) == -1 && t == NULL);
     CHECKF(strstr(err.msg, "line 3") != NULL, "message: %s", err.msg);
+    /* the model's own lookup loads it without a template and keeps why: transformers reads a tokenizer's template
+     * only in apply_chat_template, so a broken one fails chats, not the loading of the tokenizer (generate --ids
+     * and tokenize ran no more on such a folder) */
+    CHECKF(g4_chat_template_find(dir_d, &t, &why, &err) == 0 && t == NULL && why && strstr(why, "line 3"),
+           "find, broken: %s", why ? why : err.msg);
+    free(why);
+    why = NULL;
+    remove(path);
+    /* a named list without "default": transformers' get_chat_template raises only when a chat is rendered */
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir_d);
+    const char *named = "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}]}";
+    CHECK(write_file(path, named, strlen(named)) == 0);
+    CHECK(g4_chat_template_load_dir(dir_d, &t, &err) == -1 && strstr(err.msg, "no \"default\" entry"));
+    CHECKF(g4_chat_template_find(dir_d, &t, &why, &err) == 0 && t == NULL && why && strstr(why, "no \"default\" entry"),
+           "find, no default: %s", why ? why : err.msg);
+    free(why);
     /* messages must be a list */
     g4_chat_template *t2 = NULL;
     CHECK(g4_chat_template_load_string("{{ messages }}", 14, "<bos>", NULL, &t2, &err) == 0);

@@ -2,6 +2,7 @@
  * back by the reader (metadata of every written type, tensor shapes reversed, offsets
  * aligned), corrupt and hostile files rejected with one-line errors, Gemma 4 tensor names
  * both ways, MLX weight/scales/biases adopted as one tensor with checks. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,7 +193,8 @@ static void test_mlx(void) {
 
 /* A Gemma 4 GGUF whose final_logit_softcapping is written as `cap_type` (-1: absent): the metadata of a small
  * config and a token_embd; returns what g4_gemma4_gguf_open says. */
-static int open_with_softcap(const char *path, int cap_type, json_t **cfg, g4_error *err) {
+static int open_with_softcap(const char *path, int cap_type, json_t **cfg, g4_error *err,
+                             void (*extra)(g4_gguf_writer *)) {
     static const char *text = "{\"model_type\": \"gemma4_text\", \"vocab_size\": 8, \"hidden_size\": 4, "
                               "\"num_hidden_layers\": 2, \"num_attention_heads\": 1, \"num_key_value_heads\": 1, "
                               "\"head_dim\": 2, \"global_head_dim\": 4, \"hidden_size_per_layer_input\": 0, "
@@ -206,6 +208,7 @@ static int open_with_softcap(const char *path, int cap_type, json_t **cfg, g4_er
     g4_gemma4_gguf_write_meta(&w, &c.text);
     if (cap_type == G4_GGUF_F32) g4_gguf_add_f32(&w, "gemma4.final_logit_softcapping", 30.0f);
     if (cap_type == G4_GGUF_STR) g4_gguf_add_str(&w, "gemma4.final_logit_softcapping", "30.0");
+    if (extra) extra(&w);
     const int64_t shape[2] = {8, 4};
     float zeros[32] = {0};
     size_t bytes = g4_gguf_add_tensor(&w, "token_embd.weight", G4_F32, 2, shape);
@@ -227,14 +230,76 @@ static void test_softcap_key(void) {
     const char *path = g4t_tmp("softcap.gguf");
     json_t *cfg;
     g4_error err = {{0}};
-    CHECKF(open_with_softcap(path, G4_GGUF_F32, &cfg, &err) == 0, "%s", err.msg);
+    CHECKF(open_with_softcap(path, G4_GGUF_F32, &cfg, &err, NULL) == 0, "%s", err.msg);
     CHECK(json_real_value(json_object_get(cfg, "final_logit_softcapping")) == 30.0);
     json_decref(cfg);
-    CHECKF(open_with_softcap(path, -1, &cfg, &err) == 0, "%s", err.msg);
+    CHECKF(open_with_softcap(path, -1, &cfg, &err, NULL) == 0, "%s", err.msg);
     CHECK(cfg && !json_object_get(cfg, "final_logit_softcapping"));
     json_decref(cfg);
-    CHECK(open_with_softcap(path, G4_GGUF_STR, &cfg, &err) != 0);
+    CHECK(open_with_softcap(path, G4_GGUF_STR, &cfg, &err, NULL) != 0);
     CHECKF(strstr(err.msg, "final_logit_softcapping must be a number") != NULL, "%s", err.msg);
+}
+
+/* Metadata numbers no config holds. A NaN or infinity: jansson's json_real gives NULL for one, which ended the
+ * metadata silently and the tensor infos were read from the middle of the key/value pairs ("tensor info 0 has a
+ * bad name or 9 dimensions"); it is an error naming the key. A size no int holds (1e30) was cast to int
+ * (undefined; "hidden_size = -9223372036854775808 is out of range"); it is refused as a size. */
+static void add_nan_cap(g4_gguf_writer *w) { g4_gguf_add_f32(w, "gemma4.final_logit_softcapping", NAN); }
+static void add_inf(g4_gguf_writer *w) { g4_gguf_add_f32(w, "general.some_number", INFINITY); }
+static void add_huge_experts(g4_gguf_writer *w) { g4_gguf_add_f32(w, "gemma4.expert_count", 1e30f); }
+static void add_nan_array(g4_gguf_writer *w) {
+    const float v[3] = {1.0f, NAN, 2.0f};
+    g4_gguf_add_arr(w, "gemma4.some_floats", G4_GGUF_F32, v, 3);
+}
+
+static void test_bad_numbers(void) {
+    const char *path = g4t_tmp("numbers.gguf");
+    static const struct {
+        void (*extra)(g4_gguf_writer *);
+        const char *want;
+    } cases[] = {
+        {add_nan_cap, "GGUF key 'gemma4.final_logit_softcapping': a GGUF number is not finite (nan)"},
+        {add_inf, "GGUF key 'general.some_number': a GGUF number is not finite (inf)"},
+        {add_nan_array, "GGUF key 'gemma4.some_floats': a GGUF number is not finite (nan)"},
+        {add_huge_experts, "are not valid sizes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *cfg = NULL;
+        g4_error err = {{0}};
+        int rc = open_with_softcap(path, -1, &cfg, &err, cases[i].extra);
+        CHECKF(rc != 0 && strstr(err.msg, cases[i].want) && !strchr(err.msg, '\n'), "case %zu: rc %d '%s'", i, rc,
+               err.msg);
+        json_decref(cfg);
+    }
+    /* gemma4.context_length (a u32 the writer gives) turned into the f32 1e30 in place: same size */
+    json_t *cfg = NULL;
+    g4_error err = {{0}};
+    CHECKF(open_with_softcap(path, -1, &cfg, &err, NULL) == 0, "%s", err.msg);
+    json_decref(cfg);
+    FILE *f = fopen(path, "r+b");
+    static unsigned char buf[1 << 16];
+    size_t n = f ? fread(buf, 1, sizeof buf, f) : 0;
+    const char *k = "gemma4.context_length";
+    unsigned char *hit = NULL;
+    for (size_t i = 0; i + strlen(k) + 8 <= n && !hit; i++)
+        if (!memcmp(buf + i, k, strlen(k))) hit = buf + i + strlen(k);
+    CHECK(hit && hit[0] == G4_GGUF_U32);
+    if (f && hit) {
+        const float big = 1e30f;
+        hit[0] = G4_GGUF_F32;
+        memcpy(hit + 4, &big, 4);
+        fseek(f, 0, SEEK_SET);
+        CHECK(fwrite(buf, 1, n, f) == n);
+    }
+    if (f) fclose(f);
+    g4_gguf g;
+    int rc = g4_gemma4_gguf_open(path, &g, &cfg, &err);
+    CHECKF(rc != 0 && strstr(err.msg, "gemma4.context_length = 1e+30 is not a valid size"), "context_length: rc %d '%s'",
+           rc, err.msg);
+    if (rc == 0) {
+        g4_gguf_free(&g);
+        json_decref(cfg);
+    }
 }
 
 /* A tensor whose declared type does not match the bytes the file gives it (the next tensor's data starts
@@ -397,5 +462,6 @@ int main(void) {
     test_names();
     test_mlx();
     test_softcap_key();
+    test_bad_numbers();
     return g4t_done();
 }

@@ -536,8 +536,187 @@ static void test_gguf_towers(void) {
     }
 }
 
+/* An explicit null: transformers' config classes are @strict dataclasses (huggingface_hub), whose type validator
+ * refuses None for a field typed without `| None` (reference/transformers-5.17/gemma4/configuration_gemma4.py:152-180,
+ * 273-290, 354; gemma4_unified/configuration_gemma4_unified.py:46-48, 124-150, 229-235, 314;
+ * gemma4_assistant/configuration_gemma4_assistant.py:70-74): such a null is an error, never the default (a null
+ * sliding_window ran with a window of 512 instead of refusing). A field typed `X | None` takes None as "none":
+ * final_logit_softcapping None is no soft-cap (modeling_gemma4.py:1864), rope_parameters / layer_types None the
+ * defaults (configuration_gemma4.py:190-208), the unified model's use_bidirectional_attention None is causal
+ * (configuration_gemma4_unified.py:147: its default "vision" applies only when the key is absent). */
+static void test_nulls(void) {
+    g4_model_config c;
+    g4_error err;
+    static const struct {
+        const char *json, *key;
+    } bad[] = {
+        {"{\"model_type\":\"gemma4_text\",\"sliding_window\":null}", "sliding_window"},
+        {"{\"model_type\":\"gemma4_text\",\"num_hidden_layers\":6,\"per_layer_config\":{\"5\":{\"head_dim\":null}}}",
+         "head_dim"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"hidden_size_per_layer_input\":null}}",
+         "hidden_size_per_layer_input"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"rms_norm_eps\":null}}", "rms_norm_eps"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"attention_k_eq_v\":null}}", "attention_k_eq_v"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"num_kv_shared_layers\":null}}", "num_kv_shared_layers"},
+        {"{\"model_type\":\"gemma4\",\"text_config\":{\"enable_moe_block\":null}}", "enable_moe_block"},
+        {"{\"model_type\":\"gemma4\",\"tie_word_embeddings\":null}", "tie_word_embeddings"},
+        {"{\"model_type\":\"gemma4\",\"vision_config\":{\"head_dim\":null}}", "head_dim"},
+        {"{\"model_type\":\"gemma4_unified\",\"text_config\":{\"sliding_window\":null}}", "sliding_window"},
+        {"{\"model_type\":\"gemma4_unified\",\"vision_config\":{\"mm_posemb_size\":null}}", "mm_posemb_size"},
+        {"{\"model_type\":\"gemma4_unified\",\"audio_config\":{\"audio_embed_dim\":null}}", "audio_embed_dim"},
+        {"{\"model_type\":\"gemma4_assistant\",\"num_centroids\":null,\"text_config\":{"
+         "\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":0}}",
+         "num_centroids"},
+        {"{\"model_type\":\"gemma4_assistant\",\"text_config\":{\"num_kv_shared_layers\":null,"
+         "\"hidden_size_per_layer_input\":0,\"vocab_size_per_layer_input\":0}}",
+         "num_kv_shared_layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = parse(bad[i].json, &c, &err);
+        char want[128];
+        snprintf(want, sizeof want, "\"%s\" is null", bad[i].key);
+        CHECKF(rc != 0 && strstr(err.msg, want), "null %zu: rc %d, '%s' lacks '%s'", i, rc, rc ? err.msg : "", want);
+    }
+    /* `| None` fields: null is "none" */
+    CHECKF(parse("{\"model_type\":\"gemma4_text\",\"final_logit_softcapping\":null,\"rope_parameters\":null,"
+                 "\"layer_types\":null,\"use_bidirectional_attention\":null,\"pad_token_id\":null,\"bos_token_id\":null,"
+                 "\"eos_token_id\":null,\"num_experts\":null,\"top_k_experts\":null,\"moe_intermediate_size\":null,"
+                 "\"num_hidden_layers\":6,\"attention_dropout\":null}",
+                 &c, &err) == 0,
+           "%s", err.msg);
+    CHECK(!c.text.has_softcap && c.text.rope[G4_LAYER_FULL].type == G4_ROPE_PROPORTIONAL &&
+          c.text.layer_type[5] == G4_LAYER_FULL && c.text.layer_type[4] == G4_LAYER_SLIDING &&
+          !c.text.bidirectional_vision);
+    /* a negative soft-cap is the positive one (logits / c, tanh, * c is odd in c: modeling_gemma4.py:1864-1867); 0
+     * divides by zero in transformers, and 1e308 is infinite as the float32 it is applied in (NaN logits there) */
+    CHECKF(parse("{\"model_type\":\"gemma4_text\",\"final_logit_softcapping\":-30.0}", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.text.has_softcap && c.text.final_logit_softcapping == 30.0);
+    CHECK(parse("{\"model_type\":\"gemma4_text\",\"final_logit_softcapping\":0}", &c, &err) != 0 &&
+          strstr(err.msg, "final_logit_softcapping"));
+    CHECK(parse("{\"model_type\":\"gemma4_text\",\"final_logit_softcapping\":1e308}", &c, &err) != 0 &&
+          strstr(err.msg, "final_logit_softcapping"));
+    CHECKF(parse("{\"model_type\":\"gemma4_unified\",\"text_config\":{\"use_bidirectional_attention\":null}}", &c,
+                 &err) == 0,
+           "%s", err.msg);
+    CHECK(!c.text.bidirectional_vision && c.text.sliding_window == 1024);
+    CHECKF(parse("{\"model_type\":\"gemma4_unified\",\"text_config\":{}}", &c, &err) == 0, "%s", err.msg);
+    CHECK(c.text.bidirectional_vision);
+    /* the wrapper's token ids are `int | None` (configuration_gemma4.py:346-352): null or -1 is none, not the
+     * default id (null gave 258880) nor a refused model (-1 was "out of range") */
+    CHECKF(parse("{\"model_type\":\"gemma4\",\"image_token_id\":null,\"audio_token_id\":-1}", &c, &err) == 0, "%s",
+           err.msg);
+    CHECK(c.image_token_id == -1 && c.audio_token_id == -1 && c.video_token_id == 258884);
+    /* a multimodal wrapper's null towers are absent towers (configuration_gemma4.py:363-371) */
+    CHECKF(parse("{\"model_type\":\"gemma4\",\"vision_config\":null,\"audio_config\":null}", &c, &err) == 0, "%s",
+           err.msg);
+    CHECK(!c.has_vision && !c.has_audio);
+    /* Gemma4AudioConfig (configuration_gemma4.py:55-76), read with the audio tower */
+    char src[4096], dir[4096];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/audio"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("null-audio"));
+    CHECK(resave(src, dir, 1, 0, NULL) == 0);
+    CHECK(edit_config(dir, "\"residual_weight\": 0.5", "\"residual_weight\": null") == 0);
+    load_expect("audio_config null", dir, "audio_config: \"residual_weight\" is null");
+}
+
+/* Ids outside an embedding table: transformers' nn.Embedding refuses them (an IndexError), we read past the table
+ * (NaN logits blamed on the weights, or a fault). A placeholder's row reads the pad token's embedding
+ * (reference/transformers-5.17/gemma4/modeling_gemma4.py:2308); pad_token_id is `int | None` and one outside the
+ * vocabulary (-1 is on the Hub) only draws a warning at load (configuration_utils.py validate_token_ids), so the
+ * model loads and text runs. The per-layer table has vocab_size_per_layer_input rows (modeling_gemma4.py:1591-1593). */
+static void test_token_tables(void) {
+    char src[4096], dir[4096], name[256];
+    snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("token-tables"));
+    g4_error err = {{0}};
+    g4_context_params cp = {.n_seq_max = 1, .n_ctx = 16, .n_batch = 8};
+    static float logits[3 * 512];
+    /* a per-layer table of 256 rows under a vocabulary of 512 */
+    static uint16_t zeros[256 * 128];
+    snprintf(name, sizeof name, "model.language_model.embed_tokens_per_layer.weight");
+    g4_tensor ple = {.name = name, .dtype = G4_BF16, .ndim = 2, .shape = {256, 128}, .data = zeros, .nbytes = sizeof zeros};
+    resave_edit ed = {.extra = &ple, .n_extra = 1};
+    CHECK(resave(src, dir, 1, 0, &ed) == 0);
+    CHECK(edit_config(dir, "\"vocab_size_per_layer_input\": 512", "\"vocab_size_per_layer_input\": 256") == 0);
+    g4_model *m = load_expect("per-layer table of 256 rows", dir, NULL);
+    g4_context *ctx;
+    if (m && g4_context_new(m, &cp, &ctx, &err) == 0) {
+        int32_t ok[3] = {2, 17, 255}, bad[3] = {2, 17, 400};
+        g4_batch b = {.n_tokens = 3, .token = ok};
+        CHECKF(g4_decode(ctx, &b, logits, &err) == 0, "%s", err.msg);
+        g4_seq_reset(ctx, 0);
+        b.token = bad;
+        CHECK(g4_decode(ctx, &b, logits, &err) != 0);
+        CHECKF(strstr(err.msg, "token id 400 at batch row 2 is outside the per-layer embedding table "
+                               "(vocab_size_per_layer_input 256)"), "%s", err.msg);
+        g4_context_free(ctx);
+    }
+    g4_model_free(m);
+    /* pad_token_id outside the vocabulary, and -1 (refused at load before) */
+    static const struct {
+        const char *to, *want;
+    } pads[] = {{"\"pad_token_id\": 100000", "pad_token_id 100000 is outside the vocabulary (0..511)"},
+                {"\"pad_token_id\": -1", "no pad_token_id (null or negative)"},
+                {"\"pad_token_id\": null", "no pad_token_id (null or negative)"}};
+    for (size_t i = 0; i < sizeof pads / sizeof pads[0]; i++) {
+        CHECK(resave(src, dir, 1, 0, NULL) == 0);
+        CHECK(edit_config(dir, "\"pad_token_id\": 0", pads[i].to) == 0);
+        m = load_expect(pads[i].to, dir, NULL);
+        if (!m || g4_context_new(m, &cp, &ctx, &err)) {
+            g4_model_free(m);
+            continue;
+        }
+        int32_t text[3] = {2, 17, 99}, image[3] = {2, 500, 17}; /* 500: the fixture's image_token_id */
+        g4_batch b = {.n_tokens = 3, .token = text};
+        CHECKF(g4_decode(ctx, &b, logits, &err) == 0, "%s: text: %s", pads[i].to, err.msg);
+        g4_seq_reset(ctx, 0);
+        b.token = image;
+        CHECK(g4_decode(ctx, &b, logits, &err) != 0);
+        CHECKF(strstr(err.msg, pads[i].want), "%s: '%s' lacks '%s'", pads[i].to, err.msg, pads[i].want);
+        g4_context_free(ctx);
+        g4_model_free(m);
+    }
+}
+
+/* Sizes a config may give (each up to 1e9) that no machine holds: random weights (bench --random) and random
+ * checkpoints (quantize --random) are made from the config alone, so the config is all that stops them. Made
+ * weights that cannot fit memory, or an output larger than its disk's free space, are refused before anything
+ * is allocated or written (they were allocated and filled until the OOM killer, or a 353 GB file was written
+ * until the disk was full). 256 layers of hidden size 1e7: about 6 TB in BF16. */
+static void test_huge_random(void) {
+    char cfg[4096], out[4096];
+    snprintf(cfg, sizeof cfg, "%s", g4t_tmp("huge-config.json"));
+    CHECK(write_text(cfg, "{\"model_type\": \"gemma4_text\", \"vocab_size\": 512, \"hidden_size\": 10000000, "
+                          "\"num_hidden_layers\": 256, \"num_attention_heads\": 4, \"num_key_value_heads\": 1, "
+                          "\"head_dim\": 32, \"global_head_dim\": 32, \"intermediate_size\": 256, "
+                          "\"hidden_size_per_layer_input\": 0}") == 0);
+    g4_model *m = NULL;
+    g4_error err = {{0}};
+    g4_load_params lp = {.n_threads = 1, .random_weights = 1, .device = "cpu"};
+    int rc = g4_model_load(cfg, &lp, &m, &err);
+    CHECKF(rc != 0 && strstr(err.msg, "random weights of this config need") && strstr(err.msg, "GB of memory"),
+           "random model: rc %d '%s'", rc, rc ? err.msg : "");
+    if (!rc) g4_model_free(m);
+    static const char *types[] = {"q8_0", "mlx4", "bf16"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(out, sizeof out, "%s%s", g4t_tmp("huge-out"), i ? "" : ".gguf");
+        char file[4200];
+        snprintf(file, sizeof file, "%s%s", out, i ? "/model.safetensors" : "");
+        remove(file); /* left by an earlier run */
+        g4_quantize_params qp = {.random_config = cfg, .out = out, .type = types[i]};
+        rc = g4_quantize(&qp, &err);
+        CHECKF(rc != 0 && strstr(err.msg, "the output needs") && strstr(err.msg, "GB free"), "quantize %s: rc %d '%s'",
+               types[i], rc, rc ? err.msg : "");
+        struct stat st;
+        CHECKF(stat(file, &st) != 0, "quantize %s left %s", types[i], file);
+    }
+}
+
 int main(void) {
     test_spellings();
+    test_nulls();
+    test_token_tables();
+    test_huge_random();
     test_real_configs();
     test_rope_tables();
     test_bad_folders();

@@ -239,6 +239,17 @@ static void test_sharded(void) {
         if (rc == 0) g4_tensor_set_free(&set);
     }
     CHECK(g4_safetensors_open_dir(g4t_tmp("no-such-dir"), &set, &err) != 0 && strstr(err.msg, "model.safetensors"));
+
+    /* model.safetensors beside an index (here a broken one): transformers loads the single file and never reads the
+     * index (modeling_utils.py _get_resolved_checkpoint_files checks SAFE_WEIGHTS_NAME before
+     * SAFE_WEIGHTS_INDEX_NAME); the index was read first and its missing shard refused the folder */
+    write_bytes(idx, bad[0].index, strlen(bad[0].index));
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    write_st(p, "{\"single\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
+    CHECKF(g4_safetensors_open_dir(dir, &set, &err) == 0, "single file beside an index: %s", err.msg);
+    CHECK(set.n_files == 1 && set.n_tensors == 1 && g4_tensor_set_find(&set, "single"));
+    g4_tensor_set_free(&set);
+    remove(p);
 }
 
 int main(void) {

@@ -1043,6 +1043,33 @@ static void test_generation_config(void) {
     CHECK(gc.sampling.temperature == 0.0f && gc.temperature == 0.7f);
     g4_generation_config_free(&gc);
 
+    /* Sampling-only values out of range with do_sample false: transformers warns and decodes greedily
+     * (GenerationConfig.validate() 2.1, "minor issues"; its warpers that refuse them are only built for sampling),
+     * so the model loads and they are ignored (defaults kept). top_p 0 is valid there (TopPLogitsWarper accepts
+     * [0, 1] and keeps min_tokens_to_keep = 1 token: top_k 1). A negative eos id only draws a warning in
+     * transformers (_prepare_special_tokens) and never matches: it is dropped, not an error. */
+    write_file(gp, "{\"do_sample\": false, \"top_p\": 1.5, \"temperature\": -1, \"top_k\": -3, \"min_p\": 2}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "greedy, warped values: %s", err.msg);
+    CHECK(gc.sampling.temperature == 0.0f && gc.temperature == 1.0f && gc.sampling.top_k == 50 &&
+          gc.sampling.top_p == 1.0f && gc.sampling.min_p == 0.0f);
+    g4_generation_config_free(&gc);
+    write_file(gp, "{\"do_sample\": true, \"top_p\": 0.0, \"top_k\": 0}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "top_p 0: %s", err.msg);
+    CHECK(gc.sampling.temperature == 1.0f && gc.sampling.top_k == 1 && gc.sampling.top_p == 1.0f);
+    g4_generation_config_free(&gc);
+    write_file(gp, "{\"eos_token_id\": [1, -2, 106]}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "eos -2: %s", err.msg);
+    CHECK(gc.n_eos == 2 && gc.eos_ids[0] == 1 && gc.eos_ids[1] == 106);
+    g4_generation_config_free(&gc);
+    write_file(gp, "{\"pad_token_id\": -5, \"bos_token_id\": -2}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "pad -5: %s", err.msg);
+    CHECK(gc.pad_id == -1 && gc.bos_id == -1);
+    g4_generation_config_free(&gc);
+    write_file(gp, "{\"eos_token_id\": -1}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "eos -1: %s", err.msg);
+    CHECK(gc.n_eos == 0);
+    g4_generation_config_free(&gc);
+
     /* malformed files: one clear line naming the problem */
     struct {
         const char *text, *want;
@@ -1050,12 +1077,13 @@ static void test_generation_config(void) {
         {"{\"do_sample\": tru", "invalid JSON"},
         {"[1, 2]", "object"},
         {"{\"top_p\": \"high\"}", "top_p"},
-        {"{\"top_p\": 1.5}", "top_p"},
-        {"{\"temperature\": -1}", "temperature"},
-        {"{\"top_k\": -3}", "top_k"},
+        {"{\"do_sample\": true, \"top_p\": 1.5}", "top_p"},
+        {"{\"do_sample\": true, \"temperature\": -1}", "temperature"},
+        {"{\"do_sample\": true, \"top_k\": -3}", "top_k"},
+        {"{\"do_sample\": true, \"min_p\": 2}", "min_p"},
         {"{\"do_sample\": 1}", "do_sample"},
         {"{\"eos_token_id\": \"x\"}", "eos_token_id"},
-        {"{\"eos_token_id\": [1, -2]}", "eos_token_id"},
+        {"{\"eos_token_id\": [1, 1e3]}", "eos_token_id"},
         {"{\"eos_token_id\": [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}", "eos_token_id"},
         {"{\"suppress_tokens\": [1, \"a\"]}", "suppress_tokens"},
         {"{\"suppress_tokens\": 5}", "suppress_tokens"},

@@ -117,4 +117,13 @@ first=$("$bin" generate -m "$m" --ids "$ids" -n 1 --temp 0 --logit-bias 607=-inf
 a=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 7 --temp 1)
 b=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 7 --temp 1)
 [ -n "$a" ] && [ "$a" = "$b" ]; check $? "same seed, same sampled text"
+# a chat template that cannot be used (a Jinja error): the model still loads for what needs no chat, as
+# transformers loads a tokenizer whose template fails only in apply_chat_template; run gives the reason in one line
+bt=$tmp/broken-template; mkdir -p "$bt"
+for f in "$m"/*; do [ "$(basename "$f")" = chat_template.jinja ] || ln -sf "$f" "$bt/"; done
+printf '{%% if %%}' > "$bt/chat_template.jinja"
+got=$("$bin" generate -m "$bt" --ids "$ids" -n 2 --temp 0 --ignore-eos 2>"$tmp/bt.err")
+[ $? = 0 ] && [ -n "$got" ] && [ ! -s "$tmp/bt.err" ]; check $? "generate --ids beside a broken chat template ($got)"
+expect_error "run with a broken chat template" "$bin" run -m "$bt" -p hi -n 2
+grep -q "chat template: template line 1" "$tmp/err.txt"; check $? "run names the template's error"
 exit $fail

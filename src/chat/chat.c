@@ -134,8 +134,9 @@ int g4_chat_template_load_file_config(const char *jinja_path, const char *tokeni
 }
 
 /* optional: a folder without any template gives 0 and *out NULL */
-static int load_dir(const char *model_dir, int optional, g4_chat_template **out, g4_error *err) {
+static int load_dir(const char *model_dir, int optional, g4_chat_template **out, char **why, g4_error *err) {
     *out = NULL;
+    int broken = 0; /* a template is there but cannot be used: `why`, when optional */
     char path[4096];
     json_t *config = NULL;
     if (g4_path_join(path, sizeof path, model_dir, "tokenizer_config.json", err)) return -1;
@@ -154,6 +155,8 @@ static int load_dir(const char *model_dir, int optional, g4_chat_template **out,
         if (g4_read_file(path, &src, &len, err)) goto done;
     } else {
         const json_t *ct = config ? json_object_get(config, "chat_template") : NULL;
+        if (json_is_null(ct)) ct = NULL; /* "chat_template": null is no template (tokenizer_config.json as saved
+                                          * by a tokenizer without one) */
         if (json_is_array(ct)) { /* [{name, template}, ...]: the default one */
             const json_t *found = NULL;
             size_t i;
@@ -166,6 +169,7 @@ static int load_dir(const char *model_dir, int optional, g4_chat_template **out,
             if (!json_is_string(found)) {
                 g4_fail(err, "%s/tokenizer_config.json: chat_template list has no \"default\" entry",
                         model_dir);
+                broken = 1;
                 goto done;
             }
             ct = found;
@@ -197,6 +201,7 @@ static int load_dir(const char *model_dir, int optional, g4_chat_template **out,
             if (!json_is_string(ct)) {
                 g4_fail(err, "%s/tokenizer_config.json: \"chat_template\" must be a string",
                         model_dir);
+                broken = 1;
                 goto done;
             }
             len = json_string_length(ct);
@@ -211,7 +216,14 @@ static int load_dir(const char *model_dir, int optional, g4_chat_template **out,
     rc = make_template(src, len, tokens, out, err);
     tokens = NULL;
     if (rc) g4_fail_prefix(err, "%s chat template", model_dir);
+    broken = rc != 0;
 done:
+    /* transformers reads a tokenizer's chat template only in apply_chat_template: one that cannot be used fails
+     * there, not the loading of the tokenizer (or model); the reason is kept for the commands that render chats */
+    if (rc && optional && broken && why) {
+        *why = strdup(err->msg);
+        rc = 0;
+    }
     free(src);
     json_decref(tokens);
     json_decref(config);
@@ -248,11 +260,12 @@ int g4_chat_template_load_dir(const char *model_dir, g4_chat_template **out, g4_
     *out = NULL;
     G4_ARG(model_dir, err);
     if (g4_gguf_is_file(model_dir)) return load_gguf(model_dir, out, err);
-    return load_dir(model_dir, 0, out, err);
+    return load_dir(model_dir, 0, out, NULL, err);
 }
 
-int g4_chat_template_find(const char *model_dir, g4_chat_template **out, g4_error *err) {
-    return load_dir(model_dir, 1, out, err);
+int g4_chat_template_find(const char *model_dir, g4_chat_template **out, char **why, g4_error *err) {
+    if (why) *why = NULL;
+    return load_dir(model_dir, 1, out, why, err);
 }
 
 void g4_chat_template_free(g4_chat_template *t) {

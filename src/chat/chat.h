@@ -36,8 +36,9 @@ int g4_chat_template_load_string(const char *source, size_t len, const char *bos
 int g4_chat_template_from_gguf(const json_t *meta, const g4_tokenizer *tok, const char *path, g4_chat_template **out,
                                g4_error *err);
 
-/* Like g4_chat_template_load_dir, but a folder without any template gives 0 and *out NULL. */
-int g4_chat_template_find(const char *model_dir, g4_chat_template **out, g4_error *err);
+/* Like g4_chat_template_load_dir, but a folder without any template gives 0 and *out NULL, and so does one whose
+ * template cannot be used (a Jinja error, a named list without "default"): then *why (free it) says why. */
+int g4_chat_template_find(const char *model_dir, g4_chat_template **out, char **why, g4_error *err);
 
 /* The template's bos / eos strings (NULL when unknown). */
 const char *g4_chat_template_bos(const g4_chat_template *t);

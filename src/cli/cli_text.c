@@ -137,7 +137,9 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
         goto fail;
     }
     if ((needs & CLI_NEED_TEMPLATE) && !g4_model_chat_template(tm->model)) {
-        if (gguf)
+        if (g4_model_chat_template_error(tm->model))
+            cli_error("%s", g4_model_chat_template_error(tm->model));
+        else if (gguf)
             cli_error("%s: the file has no chat template (tokenizer.chat_template)", dir);
         else
             cli_error("%s: no chat template (chat_template.jinja, \"chat_template\" in tokenizer_config.json, or "

@@ -74,3 +74,11 @@ int g4_json_str(const json_t *obj, const char *key, const char **out, const char
     *out = json_string_value(v);
     return 0;
 }
+
+int g4_json_reject_nulls(const json_t *obj, const char *const *keys, const char *what, g4_error *err) {
+    for (; *keys; keys++)
+        if (json_is_null(json_object_get(obj, *keys)))
+            return g4_fail(err, "%s: \"%s\" is null (it needs a value; leave the key out for the default)", what,
+                           *keys);
+    return 0;
+}

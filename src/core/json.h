@@ -22,6 +22,11 @@ int g4_json_bool(const json_t *obj, const char *key, int def, int *out, const ch
 int g4_json_str(const json_t *obj, const char *key, const char **out, const char *what,
                 g4_error *err);
 
+/* Keys (a NULL-terminated list) whose JSON null is an error: the fields a transformers config class types
+ * without `| None` (its @strict dataclass refuses None for them), where taking the default would run a
+ * different model than the one transformers refuses. */
+int g4_json_reject_nulls(const json_t *obj, const char *const *keys, const char *what, g4_error *err);
+
 /* A value is "absent" when missing or JSON null. */
 static inline int g4_json_present(const json_t *obj, const char *key) {
     const json_t *v = json_object_get(obj, key);

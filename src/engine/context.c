@@ -277,11 +277,23 @@ int g4_step_length(const g4_model *m, const int32_t *ids, int n, int max, g4_err
 static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *seq, g4_error *err) {
     const g4_model *m = ctx->model;
     const int n = b->n_tokens, use_embd = b->embd != NULL;
+    const int ple_rows = m->cfg.text.hidden_size_per_layer_input > 0 ? m->cfg.text.vocab_size_per_layer_input : 0;
     int n_mm = 0, bidi = 0;
     for (int i = 0; i < n; i++) {
         int kind = g4_mm_placeholder(m, b->token[i]);
         ctx->embedded_host[i] = kind && use_embd;
         ctx->ids_host[i] = kind ? m->cfg.text.pad_token_id : b->token[i];
+        /* a placeholder reads the pad token's rows (modeling_gemma4.py:2308), which transformers' embeddings refuse
+         * outside their tables; so do the per-layer embeddings for any id past vocab_size_per_layer_input */
+        if (kind && ctx->ids_host[i] < 0)
+            return g4_fail(err, "the config has no pad_token_id (null or negative): the soft tokens' placeholders "
+                                "take its embedding");
+        if (kind && ctx->ids_host[i] >= m->cfg.text.vocab_size)
+            return g4_fail(err, "the config's pad_token_id %d is outside the vocabulary (0..%d): the soft tokens' "
+                                "placeholders take its embedding", ctx->ids_host[i], m->cfg.text.vocab_size - 1);
+        if (ple_rows && ctx->ids_host[i] >= ple_rows)
+            return g4_fail(err, "token id %d at batch row %d is outside the per-layer embedding table "
+                                "(vocab_size_per_layer_input %d)", ctx->ids_host[i], i, ple_rows);
         const int p = ctx->pos_host[i], W = m->cfg.text.sliding_window;
         ctx->kv_end_host[i] = p + 1;
         ctx->kv_start_host[i] = p - W + 1 > 0 ? p - W + 1 : 0;

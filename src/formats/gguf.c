@@ -5,6 +5,7 @@
 #include "formats/gguf.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -86,6 +87,16 @@ static int elem_size(int type) {
     }
 }
 
+/* A float value: JSON (jansson) holds no NaN or infinity, and json_real gives NULL for one; that NULL ended the
+ * reading of the metadata silently, and the tensor infos were then read from the middle of the key/value pairs
+ * (a "bad name or N dimensions" error, or worse). A non-finite number is an error naming it. */
+static json_t *real_value(cursor *c, double d) {
+    if (isfinite(d)) return json_real(d);
+    c->failed = 1;
+    g4_fail(c->err, "%s: a GGUF number is not finite (%g)", c->path, d);
+    return NULL;
+}
+
 static json_t *rd_scalar(cursor *c, int type) {
     uint64_t len;
     switch (type) {
@@ -102,13 +113,13 @@ static json_t *rd_scalar(cursor *c, int type) {
         uint32_t u = (uint32_t)rd(c, 4);
         float f;
         memcpy(&f, &u, 4);
-        return json_real((double)f);
+        return c->failed ? NULL : real_value(c, (double)f);
     }
     case G4_GGUF_F64: {
         uint64_t u = rd(c, 8);
         double d;
         memcpy(&d, &u, 8);
-        return json_real(d);
+        return c->failed ? NULL : real_value(c, d);
     }
     case G4_GGUF_STR: {
         const char *s = rd_str(c, &len);
@@ -253,7 +264,16 @@ static int read_file(const char *path, g4_gguf *g, json_t **meta, g4_error *err)
             goto fail;
         }
         json_t *v = rd_value(&c, type);
-        if (!v) break;
+        if (!v) {
+            if (!c.failed) goto oom;
+            /* a path is the message's start: "PATH: GGUF key 'K': ..." */
+            char msg[sizeof err->msg];
+            const size_t pl = strlen(path);
+            snprintf(msg, sizeof msg, "%s", !strncmp(err->msg, path, pl) && !strncmp(err->msg + pl, ": ", 2)
+                                                 ? err->msg + pl + 2 : err->msg);
+            g4_fail(err, "%s: GGUF key '%s': %s", path, key, msg);
+            goto fail;
+        }
         if (json_object_set_new(m, key, v)) goto oom;
     }
     if (c.failed) goto fail;

@@ -124,6 +124,20 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
         num_key(g, "embedding_length_per_layer_input", 0, &ple, err) < 0 ||
         num_key(g, "rope.freq_base", 0, &fb, err) < 0 || num_key(g, "rope.freq_base_swa", 0, &fbs, err) < 0)
         return NULL;
+    /* the sizes are cast to integers below: a value no int holds (1e30, -1, 2.5) is refused first (the casts of such
+     * values are undefined behaviour; they gave "hidden_size = -9223372036854775808 is out of range") */
+    const struct {
+        const char *k;
+        double v;
+    } sizes[] = {{"block_count", L_}, {"embedding_length", H}, {"attention.head_count", NH},
+                 {"attention.key_length_swa", kswa}, {"attention.key_length", kfull}, {"attention.sliding_window", win},
+                 {"attention.shared_kv_layers", nshared}, {"context_length", ctx},
+                 {"embedding_length_per_layer_input", ple}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (!(sizes[i].v >= 0 && sizes[i].v <= 2147483647.0 && sizes[i].v == floor(sizes[i].v))) {
+            g4_fail(err, "GGUF: gemma4.%s = %g is not a valid size", sizes[i].k, sizes[i].v);
+            return NULL;
+        }
     const int cap_rc = num_key(g, "final_logit_softcapping", 0, &cap, err); /* absent: no soft-cap */
     if (cap_rc < 0) return NULL;
     const int has_cap = cap_rc == 0;
@@ -193,6 +207,12 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
     if (num_key(g, "expert_count", 0, &ne, err) < 0 || num_key(g, "expert_used_count", 0, &nu, err) < 0 ||
         num_key(g, "expert_feed_forward_length", 0, &fe, err) < 0)
         goto fail;
+    if (!(ne >= 0 && ne <= 1e9 && ne == floor(ne)) || !(nu >= 0 && nu <= 1e9 && nu == floor(nu)) ||
+        !(fe >= 0 && fe <= 1e9 && fe == floor(fe))) {
+        g4_fail(err, "GGUF: gemma4.expert_count / expert_used_count / expert_feed_forward_length (%g / %g / %g) are "
+                     "not valid sizes", ne, nu, fe);
+        goto fail;
+    }
     json_object_set_new(c, "enable_moe_block", json_boolean(ne > 0));
     if (ne > 0) {
         json_object_set_new(c, "num_experts", json_integer((json_int_t)ne));

@@ -229,17 +229,19 @@ static int cmp_str(const void *a, const void *b) {
 int g4_safetensors_open_dir(const char *dir, g4_tensor_set *set, g4_error *err) {
     char path[4096];
     memset(set, 0, sizeof *set);
-    if (g4_path_join(path, sizeof path, dir, "model.safetensors.index.json", err)) return -1;
-    if (!g4_file_exists(path)) {
-        if (g4_path_join(path, sizeof path, dir, "model.safetensors", err)) return -1;
-        if (!g4_file_exists(path))
-            return g4_fail(err, "%s: no model.safetensors or model.safetensors.index.json", dir);
+    /* model.safetensors first, the index only without it: transformers' from_pretrained takes the single file when a
+     * folder holds both (modeling_utils.py _get_resolved_checkpoint_files: SAFE_WEIGHTS_NAME, then
+     * SAFE_WEIGHTS_INDEX_NAME), so an index left beside it (its shards gone or stale) does not matter */
+    if (g4_path_join(path, sizeof path, dir, "model.safetensors", err)) return -1;
+    if (g4_file_exists(path)) {
         if (g4_safetensors_add_file(set, path, err) || g4_tensor_set_finish(set, err)) {
             g4_tensor_set_free(set);
             return -1;
         }
         return 0;
     }
+    if (g4_path_join(path, sizeof path, dir, "model.safetensors.index.json", err)) return -1;
+    if (!g4_file_exists(path)) return g4_fail(err, "%s: no model.safetensors or model.safetensors.index.json", dir);
     json_t *idx;
     if (g4_json_load_file(path, &idx, err)) return -1;
     const json_t *wm = json_object_get(idx, "weight_map");

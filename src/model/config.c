@@ -20,6 +20,19 @@ static int get_int(const json_t *o, const char *key, int64_t def, int *out, int 
     return 0;
 }
 
+/* pad_token_id / bos_token_id: `int | None` (configuration_gemma4.py:164,166); a value outside the vocabulary
+ * (the Hub has configs with pad_token_id -1) only draws a warning in transformers (configuration_utils.py
+ * validate_token_ids), so the model loads. Null and negative ids are kept as -1, "none"; where an id is used
+ * (a soft-token placeholder reads the pad token's embedding) one outside the tables is an error there. */
+static int token_id(const json_t *o, const char *key, int64_t def, int *out, const char *what, g4_error *err) {
+    int64_t v;
+    if (g4_json_int(o, key, def, &v, what, err)) return -1;
+    if (json_is_null(json_object_get(o, key)) || v < 0) v = -1;
+    if (v > INT32_MAX) return g4_fail(err, "%s: \"%s\" = %lld is out of range", what, key, (long long)v);
+    *out = (int)v;
+    return 0;
+}
+
 static int parse_rope(const json_t *rp, const char *type_name, g4_rope_config *out, const char *what,
                       g4_error *err) {
     const json_t *p = json_object_get(rp, type_name);
@@ -43,12 +56,43 @@ static int parse_rope(const json_t *rp, const char *type_name, g4_rope_config *o
     return 0;
 }
 
+/* The fields each transformers config class types without `| None`: its @strict dataclass refuses an explicit
+ * null for them (huggingface_hub's type validator), so a null there is an error here too, not the default. */
+/* Gemma4TextConfig (reference/transformers-5.17/gemma4/configuration_gemma4.py:152-180) and
+ * Gemma4UnifiedTextConfig (gemma4_unified/configuration_gemma4_unified.py:124-150) */
+static const char *const text_required[] = {
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_activation", "max_position_embeddings", "initializer_range",
+    "rms_norm_eps", "use_cache", "tie_word_embeddings", "attention_bias", "sliding_window", "attention_k_eq_v",
+    "num_kv_shared_layers", "use_double_wide_mlp", NULL};
+/* Gemma4TextConfig only (configuration_gemma4.py:175-179) */
+static const char *const text_required_ple_moe[] = {"vocab_size_per_layer_input", "hidden_size_per_layer_input",
+                                                    "enable_moe_block", NULL};
+/* Gemma4VisionConfig (configuration_gemma4.py:273-290) */
+static const char *const vision_required[] = {
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "hidden_activation", "rms_norm_eps", "max_position_embeddings", "pooling_kernel_size", "patch_size",
+    "position_embedding_size", "use_clipped_linears", "standardize", "initializer_range", NULL};
+/* Gemma4Config / Gemma4UnifiedConfig (configuration_gemma4.py:354, configuration_gemma4_unified.py:314) */
+static const char *const wrapper_required[] = {"tie_word_embeddings", NULL};
+/* Gemma4UnifiedVisionConfig (configuration_gemma4_unified.py:229-235), Gemma4UnifiedAudioConfig (46-48) */
+static const char *const unified_vision_required[] = {"patch_size", "pooling_kernel_size", "mm_embed_dim",
+                                                      "mm_posemb_size", "rms_norm_eps", "output_proj_dims",
+                                                      "initializer_range", NULL};
+static const char *const unified_audio_required[] = {"audio_embed_dim", "rms_norm_eps", "initializer_range", NULL};
+/* Gemma4AssistantConfig (gemma4_assistant/configuration_gemma4_assistant.py:70-74) */
+static const char *const assistant_required[] = {"backbone_hidden_size", "use_ordered_embeddings", "num_centroids",
+                                                 "centroid_intermediate_top_k", "tie_word_embeddings", NULL};
+
 /* A text config; `unified`: Gemma4UnifiedTextConfig (docs/gemma4-unified.md 1): no per-layer embeddings or
  * MoE (their keys are not read), sliding_window 1024, use_bidirectional_attention "vision" and
  * max_position_embeddings 262144 by default. */
 static int parse_text(const json_t *tc, const char *what, int unified, g4_text_config *c, g4_error *err) {
     memset(c, 0, sizeof *c);
     int64_t tmp;
+    if (g4_json_reject_nulls(tc, text_required, what, err) ||
+        (!unified && g4_json_reject_nulls(tc, text_required_ple_moe, what, err)))
+        return -1;
     if (get_int(tc, "vocab_size", 262144, &c->vocab_size, 1, what, err) ||
         get_int(tc, "hidden_size", 2304, &c->hidden_size, 1, what, err) ||
         get_int(tc, "intermediate_size", 9216, &c->intermediate_size, 1, what, err) ||
@@ -63,8 +107,8 @@ static int parse_text(const json_t *tc, const char *what, int unified, g4_text_c
         get_int(tc, "num_kv_shared_layers", 0, &c->num_kv_shared_layers, 0, what, err) ||
         get_int(tc, "max_position_embeddings", unified ? 262144 : 131072, &c->max_position_embeddings, 1, what,
                 err) ||
-        get_int(tc, "pad_token_id", 0, &c->pad_token_id, 0, what, err) ||
-        get_int(tc, "bos_token_id", 2, &c->bos_token_id, 0, what, err))
+        token_id(tc, "pad_token_id", 0, &c->pad_token_id, what, err) ||
+        token_id(tc, "bos_token_id", 2, &c->bos_token_id, what, err))
         return -1;
     /* eos_token_id may be an int or a list; the text model only records the first */
     const json_t *eos = json_object_get(tc, "eos_token_id");
@@ -84,8 +128,11 @@ static int parse_text(const json_t *tc, const char *what, int unified, g4_text_c
     if (!(c->rms_norm_eps >= 0)) return g4_fail(err, "%s: rms_norm_eps must be >= 0", what);
     c->has_softcap = g4_json_present(tc, "final_logit_softcapping");
     if (g4_json_num(tc, "final_logit_softcapping", 0.0, &c->final_logit_softcapping, what, err)) return -1;
-    if (c->has_softcap && !(c->final_logit_softcapping > 0))
-        return g4_fail(err, "%s: final_logit_softcapping must be positive", what);
+    /* transformers computes logits / c, tanh, * c (modeling_gemma4.py:1864-1867): an odd function of c, so a
+     * negative cap is the positive one (it was refused); 0 divides by zero there (NaN logits): an error here */
+    if (c->has_softcap && !(fabs(c->final_logit_softcapping) > 0 && fabs(c->final_logit_softcapping) < 3e38))
+        return g4_fail(err, "%s: final_logit_softcapping must be a non-zero number a float holds", what);
+    c->final_logit_softcapping = fabs(c->final_logit_softcapping);
 
     const char *act;
     if (g4_json_str(tc, "hidden_activation", &act, what, err)) return -1;
@@ -153,7 +200,9 @@ static int parse_text(const json_t *tc, const char *what, int unified, g4_text_c
             if (!json_is_object(ov)) return g4_fail(err, "%s: per_layer_config[\"%s\"] must be an object", what, key);
             char w2[160];
             snprintf(w2, sizeof w2, "%s per_layer_config[\"%s\"]", what, key);
-            if (get_int(ov, "head_dim", c->head_dim, &c->layer_head_dim[li], 2, w2, err) ||
+            static const char *const overrides[] = {"head_dim", "num_key_value_heads", NULL};
+            if (g4_json_reject_nulls(ov, overrides, w2, err) || /* a None override: the layer's head_dim is None */
+                get_int(ov, "head_dim", c->head_dim, &c->layer_head_dim[li], 2, w2, err) ||
                 get_int(ov, "num_key_value_heads", c->n_kv_heads, &c->layer_kv_heads[li], 1, w2, err))
                 return -1;
         }
@@ -250,6 +299,7 @@ static int parse_vision(const json_t *vc, const char *what, g4_vision_config *v,
     char w[600];
     snprintf(w, sizeof w, "%s vision_config", what);
     if (!json_is_object(vc)) return g4_fail(err, "%s must be an object", w);
+    if (g4_json_reject_nulls(vc, vision_required, w, err)) return -1;
     if (get_int(vc, "hidden_size", 768, &v->hidden_size, 1, w, err) ||
         get_int(vc, "intermediate_size", 3072, &v->intermediate_size, 1, w, err) ||
         get_int(vc, "num_hidden_layers", 16, &v->n_layers, 1, w, err) ||
@@ -289,14 +339,17 @@ static int parse_vision(const json_t *vc, const char *what, g4_vision_config *v,
     return 0;
 }
 
+/* The wrapper's token ids are `int | None` too (configuration_gemma4.py:346-352): null or negative is none (-1),
+ * a placeholder no token matches, as transformers' `input_ids == None` matches none; not a refused model. */
 static int opt_token(const json_t *root, const char *key, int def, int *out, const char *what, g4_error *err) {
-    return get_int(root, key, def, out, 0, what, err);
+    return token_id(root, key, def, out, what, err);
 }
 
 /* The multimodal wrapper's own fields (Gemma4ForConditionalGeneration, Gemma4UnifiedForConditionalGeneration):
  * placeholder token ids and the tie flag. */
 static int parse_wrapper(const json_t *root, const char *what, g4_model_config *cfg, g4_error *err) {
     int eoa = 258883;
+    if (g4_json_reject_nulls(root, wrapper_required, what, err)) return -1;
     if (opt_token(root, "image_token_id", 258880, &cfg->image_token_id, what, err) ||
         opt_token(root, "audio_token_id", 258881, &cfg->audio_token_id, what, err) ||
         opt_token(root, "video_token_id", 258884, &cfg->video_token_id, what, err) ||
@@ -338,6 +391,7 @@ static int parse_unified(const json_t *root, const char *what, g4_model_config *
     g4_unified_config *u = &cfg->uni;
     int patch = 0, kernel = 0;
     snprintf(w, sizeof w, "%s vision_config", what);
+    if (g4_json_reject_nulls(vc, unified_vision_required, w, err)) goto done;
     if (get_int(vc, "patch_size", 16, &patch, 1, w, err) || get_int(vc, "pooling_kernel_size", 3, &kernel, 1, w, err) ||
         get_int(vc, "mm_embed_dim", 3840, &u->mm_embed_dim, 1, w, err) ||
         get_int(vc, "mm_posemb_size", 1120, &u->mm_posemb_size, 1, w, err) ||
@@ -356,6 +410,7 @@ static int parse_unified(const json_t *root, const char *what, g4_model_config *
     }
     /* audio_embed_dim: samples per token; hidden_size, output_proj_dims and audio_samples_per_token alias it */
     snprintf(w, sizeof w, "%s audio_config", what);
+    if (g4_json_reject_nulls(ac, unified_audio_required, w, err)) goto done;
     if (get_int(ac, "audio_embed_dim", 640, &u->audio_samples, 1, w, err) ||
         g4_json_num(ac, "rms_norm_eps", 1e-6, &u->audio_eps, w, err))
         goto done;
@@ -382,6 +437,7 @@ static int parse_assistant(const json_t *root, const char *what, g4_model_config
     if (tmt && strcmp(tmt, "gemma4_text"))
         return g4_fail(err, "%s: the assistant's text_config has model_type \"%s\" (expected gemma4_text)", what, tmt);
     int64_t L, shared;
+    if (g4_json_reject_nulls(tc, text_required, what, err)) return -1; /* before num_kv_shared_layers is replaced */
     if (g4_json_int(tc, "num_hidden_layers", 30, &L, what, err) ||
         g4_json_int(tc, "num_kv_shared_layers", 0, &shared, what, err))
         return -1;
@@ -407,6 +463,7 @@ static int parse_assistant(const json_t *root, const char *what, g4_model_config
     for (int l = 0; l < c->n_layers; l++) c->layer_kv_shared[l] = 1;
     g4_assistant_config *a = &cfg->asst;
     int tie;
+    if (g4_json_reject_nulls(root, assistant_required, what, err)) return -1;
     if (get_int(root, "backbone_hidden_size", 1536, &a->backbone_hidden_size, 1, what, err) ||
         g4_json_bool(root, "use_ordered_embeddings", 0, &a->use_ordered_embeddings, what, err) ||
         get_int(root, "num_centroids", 2048, &a->num_centroids, 1, what, err) ||

@@ -32,9 +32,9 @@ static int read_eos(const json_t *obj, const char *what, g4_generation_config *c
     c->n_eos = 0;
     if (json_is_integer(v)) {
         json_int_t id = json_integer_value(v);
-        if (id < 0 || id > INT32_MAX)
+        if (id > INT32_MAX)
             return g4_fail(err, "%s: \"eos_token_id\" %lld is not a valid token id", what, (long long)id);
-        c->eos_ids[c->n_eos++] = (int32_t)id;
+        if (id >= 0) c->eos_ids[c->n_eos++] = (int32_t)id;
         return 1;
     }
     if (!json_is_array(v))
@@ -45,9 +45,10 @@ static int read_eos(const json_t *obj, const char *what, g4_generation_config *c
         if (!json_is_integer(e))
             return g4_fail(err, "%s: \"eos_token_id\"[%zu] must be an integer", what, i);
         json_int_t id = json_integer_value(e);
-        if (id < 0 || id > INT32_MAX)
+        if (id > INT32_MAX)
             return g4_fail(err, "%s: \"eos_token_id\"[%zu] = %lld is not a valid token id", what, i,
                            (long long)id);
+        if (id < 0) continue; /* no token is negative: transformers only warns, and never stops on it */
         int dup = 0;
         for (int k = 0; k < c->n_eos; k++) dup |= c->eos_ids[k] == (int32_t)id;
         if (dup) continue;
@@ -63,9 +64,8 @@ static int read_optional_id(const json_t *obj, const char *key, const char *what
                             g4_error *err) {
     int64_t v;
     if (g4_json_int(obj, key, -1, &v, what, err)) return -1;
-    if (v < -1 || v > INT32_MAX)
-        return g4_fail(err, "%s: \"%s\" %lld is not a valid token id", what, key, (long long)v);
-    *out = (int32_t)v;
+    if (v > INT32_MAX) return g4_fail(err, "%s: \"%s\" %lld is not a valid token id", what, key, (long long)v);
+    *out = v < 0 ? -1 : (int32_t)v; /* negative: none (transformers only warns, GenerationConfig.validate() 1.1) */
     return 0;
 }
 
@@ -101,21 +101,42 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
     if (g4_json_num(root, "top_p", 1.0, &top_p, path, err)) goto done;
     if (g4_json_num(root, "min_p", 0.0, &min_p, path, err)) goto done;
     if (g4_json_num(root, "repetition_penalty", 1.0, &rep, path, err)) goto done;
+    /* temperature, top_k, top_p and min_p only act when sampling: with do_sample false transformers lets any value
+     * pass (GenerationConfig.validate() 2.1 lists them as "minor issues", a warning) and decodes greedily, so
+     * there an out-of-range one is ignored (its default kept for a sampling override) rather than refuse the model;
+     * with do_sample true its logits warpers refuse it (TemperatureLogitsWarper: > 0 (0 is greedy here),
+     * TopKLogitsWarper: > 0 or 0 = off, TopPLogitsWarper: [0, 1], MinPLogitsWarper: [0, 1]). */
     if (!isfinite(temperature) || temperature < 0) {
-        g4_fail(err, "%s: \"temperature\" must be >= 0, got %g", path, temperature);
-        goto done;
+        if (do_sample) {
+            g4_fail(err, "%s: \"temperature\" must be >= 0, got %g", path, temperature);
+            goto done;
+        }
+        temperature = 1.0;
     }
     if (top_k < 0 || top_k > INT32_MAX) {
-        g4_fail(err, "%s: \"top_k\" must be >= 0, got %lld", path, (long long)top_k);
-        goto done;
+        if (do_sample) {
+            g4_fail(err, "%s: \"top_k\" must be >= 0, got %lld", path, (long long)top_k);
+            goto done;
+        }
+        top_k = G4_HF_DEFAULT_TOP_K;
     }
-    if (!(top_p > 0.0 && top_p <= 1.0)) {
-        g4_fail(err, "%s: \"top_p\" must be in (0, 1], got %g", path, top_p);
-        goto done;
+    if (!(top_p >= 0.0 && top_p <= 1.0)) {
+        if (do_sample) {
+            g4_fail(err, "%s: \"top_p\" must be in [0, 1], got %g", path, top_p);
+            goto done;
+        }
+        top_p = 1.0;
+    }
+    if (top_p == 0.0) { /* TopPLogitsWarper keeps min_tokens_to_keep = 1 token: the most likely one, as top_k 1 */
+        top_p = 1.0;
+        top_k = 1;
     }
     if (!(min_p >= 0.0 && min_p <= 1.0)) {
-        g4_fail(err, "%s: \"min_p\" must be in [0, 1], got %g", path, min_p);
-        goto done;
+        if (do_sample) {
+            g4_fail(err, "%s: \"min_p\" must be in [0, 1], got %g", path, min_p);
+            goto done;
+        }
+        min_p = 0.0;
     }
     if (!isfinite(rep) || !(rep > 0.0)) {
         g4_fail(err, "%s: \"repetition_penalty\" must be > 0, got %g", path, rep);

@@ -5,10 +5,12 @@
  *   temperature (1.0)     used when do_sample is true (0 there also means greedy)
  *   top_k (50)            transformers' global default when the file does not set it; 0 = off
  *   top_p (1.0), min_p (off), repetition_penalty (1.0)
+ *                         (temperature/top_k/top_p/min_p out of range: an error with do_sample true, ignored
+ *                         with do_sample false, as transformers only warns there; top_p 0 keeps one token)
  *   suppress_tokens       ids set to -inf at every step (greedy included)
  *   eos_token_id          int or list; when absent, config.json's top-level eos_token_id, else
  *                         text_config.eos_token_id (the stop set is the file's list as is;
- *                         it is not merged with config.json's)
+ *                         it is not merged with config.json's; negative ids never match and are dropped)
  *   pad_token_id, bos_token_id, max_new_tokens, max_length
  * Not supported and ignored: begin_suppress_tokens, bad_words_ids, sequence_bias,
  * no_repeat_ngram_size, num_beams and the other beam/assisted-decoding fields.

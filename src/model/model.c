@@ -448,18 +448,35 @@ static int left_out_by_config(const g4_model *m, const char *name, char *why, si
     return 0;
 }
 
-/* Bytes of the BF16 weights a config binds (for the progress of a random model). */
-static size_t random_bytes(const g4_text_config *c) {
-    const size_t H = (size_t)c->hidden_size, NH = (size_t)c->n_heads, P = (size_t)c->hidden_size_per_layer_input;
-    size_t n = (size_t)c->vocab_size * H + (size_t)c->n_layers * P * H;
+/* Bytes of the BF16 weights a config binds (for the progress of a random model, and its memory check); in double:
+ * a config's sizes (each up to 1e9) can multiply past size_t. */
+static double random_bytes(const g4_text_config *c) {
+    const double H = c->hidden_size, NH = c->n_heads, P = c->hidden_size_per_layer_input;
+    double n = (double)c->vocab_size * H + (double)c->n_layers * P * H;
     for (int l = 0; l < c->n_layers; l++) {
-        const size_t D = (size_t)c->layer_head_dim[l], KV = (size_t)c->layer_kv_heads[l];
-        n += 2 * NH * D * H + 3 * (size_t)c->layer_intermediate[l] * H + 2 * P * H;
+        const double D = c->layer_head_dim[l], KV = c->layer_kv_heads[l];
+        n += 2 * NH * D * H + 3 * (double)c->layer_intermediate[l] * H + 2 * P * H;
         if (!c->layer_kv_shared[l]) n += (c->layer_k_eq_v[l] ? 1 : 2) * KV * D * H;
-        if (c->enable_moe_block)
-            n += (size_t)c->num_experts * (H + 3 * (size_t)c->moe_intermediate_size * H);
+        if (c->enable_moe_block) n += (double)c->num_experts * (H + 3 * (double)c->moe_intermediate_size * H);
     }
     return 2 * n;
+}
+
+/* Random weights are made in memory: a config whose weights cannot fit this machine's memory is refused before
+ * any is made (a huge config otherwise allocated and filled until the allocator or the OOM killer stopped it).
+ * The matrices' bytes scale with the asked type; the estimate is kept low (per weight, the type's bytes). */
+static int check_random_memory(const g4_model *m, const g4_text_config *c, g4_error *err) {
+    const g4_dtype t = m->random_type;
+    double per = g4_dtype_bits(t) / 8.0; /* F32/F16/BF16 */
+    if (g4_dtype_is_mlx(t)) per = g4_mlx_bits(t) / 8.0;
+    else if (g4_dtype_is_quantized(t) && g4_dtype_block(t) > 0) per = (double)g4_dtype_block_bytes(t) / g4_dtype_block(t);
+    const double need = random_bytes(c) / 2 * per;
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    const double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+    if (have > 0 && need > have)
+        return g4_fail(err, "%s: random weights of this config need %.1f GB, more than this machine's %.1f GB of memory",
+                       m->dir, need / 1e9, have / 1e9);
+    return 0;
 }
 
 /* masked_embedding.token_ordering: [V] integer ids, a permutation of the vocabulary, into backend memory. */
@@ -531,7 +548,11 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
                 .progress_user = params->progress_user};
     if (collect) b.collect = 1;
     for (int i = 0; i < m->weights.n_tensors; i++) b.bytes_total += m->weights.tensors[i].nbytes;
-    if (m->random) b.bytes_total = random_bytes(c);
+    if (m->random) {
+        if ((!m->be || m->be->ops->host_memory) && check_random_memory(m, c, err)) return -1;
+        const double rb = random_bytes(c);
+        b.bytes_total = rb < 1e18 ? (size_t)rb : (size_t)1e18;
+    }
     if (!b.bytes_total) b.bytes_total = 1;
     b.used = calloc((size_t)m->weights.n_tensors + 1, 1);
     m->layers = calloc((size_t)L, sizeof *m->layers);

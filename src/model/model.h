@@ -89,6 +89,7 @@ struct g4_model {
                                         them (engine/generation.c), freed with the model by json_tokens_free */
     void (*json_tokens_free)(void *);
     g4_chat_template *chat_template; /* NULL when it has no chat template */
+    char *chat_template_error;       /* why a template it has cannot be used, or NULL */
     g4_generation_config gen_config;
     char dir[1024];
     int borrowed_be;                 /* be belongs to another model (a drafter runs on its main model's) */

@@ -4,6 +4,7 @@
  * tokenizer's eos and Gemma's end-of-turn token as stop ids, as llama.cpp takes its end-of-generation tokens)
  * (gemma4c.h, g4_model_load). Each is optional; one that is present must load. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -34,7 +35,7 @@ int g4_model_load_files(g4_model *m, const char *dir, g4_error *err) {
         if (g4_path_join(path, sizeof path, dir, "tokenizer.json", err)) return -1;
         if (g4_file_exists(path) && g4_tokenizer_load(path, &m->tok, err)) return -1;
         if (g4_generation_config_load(dir, &m->gen_config, err)) return -1;
-        if (g4_chat_template_find(dir, &m->chat_template, err)) return -1;
+        if (g4_chat_template_find(dir, &m->chat_template, &m->chat_template_error, err)) return -1;
     }
     if (m->tok && g4_tokenizer_vocab_size(m->tok) > m->cfg.text.vocab_size)
         return g4_fail(err, "%s: the tokenizer has %d tokens, the model only %d", dir, g4_tokenizer_vocab_size(m->tok),
@@ -46,12 +47,15 @@ void g4_model_free_files(g4_model *m) {
     g4_tokenizer_free(m->tok);
     g4_chat_template_free(m->chat_template);
     g4_generation_config_free(&m->gen_config);
+    free(m->chat_template_error);
     m->tok = NULL;
     m->chat_template = NULL;
+    m->chat_template_error = NULL;
 }
 
 const g4_tokenizer *g4_model_tokenizer(const g4_model *m) { return m ? m->tok : NULL; }
 const g4_chat_template *g4_model_chat_template(const g4_model *m) { return m ? m->chat_template : NULL; }
+const char *g4_model_chat_template_error(const g4_model *m) { return m ? m->chat_template_error : NULL; }
 
 void g4_model_sampler_params(const g4_model *m, g4_sampler_params *p) {
     if (!p) return;

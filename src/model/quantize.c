@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -391,9 +392,12 @@ static json_t *tokenizer_meta(const job *j, g4_error *err) {
     json_object_set_new(meta, "tokenizer.ggml.scores", scores);
     json_object_set_new(meta, "tokenizer.ggml.token_type", ttypes);
     json_object_set_new(meta, "tokenizer.ggml.merges", mj);
-    json_object_set_new(meta, "tokenizer.ggml.bos_token_id", json_integer(j->cfg.text.bos_token_id));
+    /* -1: the config has none (null or negative) */
+    if (j->cfg.text.bos_token_id >= 0)
+        json_object_set_new(meta, "tokenizer.ggml.bos_token_id", json_integer(j->cfg.text.bos_token_id));
     json_object_set_new(meta, "tokenizer.ggml.eos_token_id", json_integer(j->cfg.text.eos_token_id));
-    json_object_set_new(meta, "tokenizer.ggml.padding_token_id", json_integer(j->cfg.text.pad_token_id));
+    if (j->cfg.text.pad_token_id >= 0)
+        json_object_set_new(meta, "tokenizer.ggml.padding_token_id", json_integer(j->cfg.text.pad_token_id));
     const json_t *unk = json_object_get(vocab, "<unk>");
     if (unk) json_object_set_new(meta, "tokenizer.ggml.unknown_token_id", json_integer(json_integer_value(unk)));
     json_object_set_new(meta, "tokenizer.ggml.add_bos_token", json_true());
@@ -476,6 +480,39 @@ static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_siz
 }
 
 /* a weights file this run began and could not finish is not left to be loaded (a regular file only) */
+/* The output is sized first and then written: one larger than the free space of its disk (a --random config of
+ * huge sizes: hundreds of GB) is refused before anything is written, rather than fill the disk. */
+static int check_space(const char *path, double bytes, g4_error *err) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == dir) dir[1] = 0;
+    else if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    struct statvfs v;
+    if (statvfs(dir, &v)) return 0; /* unknown: the writes say */
+    const double avail = (double)v.f_bavail * (double)v.f_frsize;
+    if (bytes > avail)
+        return g4_fail(err, "%s: the output needs %.1f GB, its disk has %.1f GB free", path, bytes / 1e9, avail / 1e9);
+    return 0;
+}
+
+/* The output's weight bytes in double (its size_t offsets can wrap for a config of absurd sizes): each tensor's
+ * elements at its type's bytes per weight (MLX codes without their scales; a floor, as check_space needs). */
+static double out_bytes(const job *j) {
+    double total = 0;
+    for (int i = 0; i < j->n_out; i++) {
+        const out_tensor *o = &j->out[i];
+        double n = 1, per = g4_dtype_bits(o->type) / 8.0;
+        for (int d = 0; d < o->ndim; d++) n *= (double)o->shape[d];
+        if (o->bits) per = o->bits / 8.0;
+        else if (g4_dtype_is_quantized(o->type) && g4_dtype_block(o->type) > 0)
+            per = (double)g4_dtype_block_bytes(o->type) / g4_dtype_block(o->type);
+        total += n * per;
+    }
+    return total;
+}
+
 static void remove_partial(const char *path) {
     struct stat st;
     if (!stat(path, &st) && S_ISREG(st.st_mode)) remove(path);
@@ -512,6 +549,11 @@ static int write_gguf(job *j, g4_error *err) {
         out_tensor *o = &j->out[i];
         o->offset = w.data_size;
         o->bytes = g4_gguf_add_tensor(&w, o->name, o->type, o->ndim, o->shape);
+    }
+    const double need = out_bytes(j);
+    if (check_space(j->p->out, need > (double)w.data_size ? need : (double)w.data_size, err)) {
+        g4_gguf_writer_free(&w);
+        return -1;
     }
     FILE *f = fopen(j->p->out, "wb");
     if (!f) {
@@ -575,21 +617,23 @@ static int write_safetensors_folder(job *j, g4_error *err) {
     char *hdr = g4_safetensors_header(st, n, &hl, err);
     char path[4096];
     int rc = hdr ? g4_path_join(path, sizeof path, j->p->out, "model.safetensors", err) : -1;
+    size_t off = hl;
+    for (int i = 0, k = 0; !rc && i < j->n_out; i++) {
+        out_tensor *o = &j->out[i];
+        o->offset = off;
+        off += st[k++].nbytes;
+        if (o->bits) {
+            o->s_offset = off;
+            off += st[k++].nbytes;
+            o->b_offset = off;
+            off += st[k++].nbytes;
+        }
+    }
+    const double need = out_bytes(j);
+    if (!rc) rc = check_space(path, need > (double)off ? need : (double)off, err);
     int fd = rc ? -1 : open(path, O_WRONLY | O_CREAT | O_TRUNC, 0666);
     if (!rc && fd < 0) rc = g4_fail(err, "%s: %s", path, strerror(errno));
     if (!rc) {
-        size_t off = hl;
-        for (int i = 0, k = 0; i < j->n_out; i++) {
-            out_tensor *o = &j->out[i];
-            o->offset = off;
-            off += st[k++].nbytes;
-            if (o->bits) {
-                o->s_offset = off;
-                off += st[k++].nbytes;
-                o->b_offset = off;
-                off += st[k++].nbytes;
-            }
-        }
         rc = pwrite_all(fd, hdr, hl, 0, err);
         if (!rc && ftruncate(fd, (off_t)off)) rc = g4_fail(err, "%s: cannot size the file (%s)", path, strerror(errno));
         if (!rc) rc = write_all_tensors(j, fd, err);

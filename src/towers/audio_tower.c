@@ -70,6 +70,16 @@ static int parse_config(const char *dir, audio_config *c, g4_error *err) {
         g4_fail(err, "%s: no audio_config (the model does not take audio)", path);
         goto done;
     }
+    /* Gemma4AudioConfig types these without `| None` (reference/transformers-5.17/gemma4/configuration_gemma4.py:55-76):
+     * its @strict dataclass refuses a null, so a null is an error here, not the default */
+    static const char *const required[] = {
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "hidden_act", "subsampling_conv_channels",
+        "conv_kernel_size", "residual_weight", "attention_chunk_size", "attention_context_left",
+        "attention_context_right", "attention_logit_cap", "attention_invalid_logits_value", "use_clipped_linears",
+        "rms_norm_eps", "gradient_clipping", "output_proj_dims", "initializer_range", NULL};
+    char w[4200];
+    snprintf(w, sizeof w, "%s audio_config", path);
+    if (g4_json_reject_nulls(a, required, w, err)) goto done;
     const json_t *ch = json_object_get(a, "subsampling_conv_channels");
     c->channels[0] = 128;
     c->channels[1] = 32;
