@@ -624,6 +624,42 @@ static void test_nulls(void) {
  * (reference/transformers-5.17/gemma4/modeling_gemma4.py:2308); pad_token_id is `int | None` and one outside the
  * vocabulary (-1 is on the Hub) only draws a warning at load (configuration_utils.py validate_token_ids), so the
  * model loads and text runs. The per-layer table has vocab_size_per_layer_input rows (modeling_gemma4.py:1591-1593). */
+static int count_tokens(const g4_event *ev, void *user) {
+    if (ev->kind == G4_EVENT_TOKEN) ++*(int *)user;
+    return 0;
+}
+
+/* A scheduler is given a prompt the model cannot read (bad) beside one it can (ok): the bad one is refused at
+ * submit with `want`, the good one runs to its end (or, where it generates an id the model cannot read back, ends
+ * alone with that error). */
+static void scheduled_alone(const char *label, g4_model *m, const int32_t *bad, const int32_t *ok, const char *want) {
+    g4_error err = {{0}};
+    g4_context *ctx = NULL;
+    g4_scheduler *s = NULL;
+    g4_context_params cp = {.n_seq_max = 2, .n_ctx = 16, .n_batch = 8, .kv_history = -1};
+    if (g4_context_new(m, &cp, &ctx, &err) || g4_scheduler_new(ctx, &s, &err)) {
+        CHECKF(0, "%s: %s", label, err.msg);
+        g4_context_free(ctx);
+        return;
+    }
+    g4_generation_params gp = {.max_new_tokens = 3, .ignore_eos = 1};
+    g4_generation *good = NULL, *refused = NULL;
+    int n_good = 0, n_bad = 0;
+    CHECKF(g4_scheduler_submit(s, ok, 3, &gp, count_tokens, &n_good, &good, &err) == 0, "%s: %s", label, err.msg);
+    CHECK(g4_scheduler_submit(s, bad, 3, &gp, count_tokens, &n_bad, &refused, &err) != 0 && !refused);
+    CHECKF(strstr(err.msg, want), "%s: '%s' lacks '%s'", label, err.msg, want);
+    int left;
+    while ((left = g4_scheduler_step(s, &err)) > 0) {}
+    const char *why = g4_generation_error(good);
+    CHECKF(left == 0 && ((n_good == 3 && g4_generation_finish(good) == G4_FINISH_LENGTH) ||
+                         (n_good > 0 && why && strstr(why, "outside the per-layer embedding table"))),
+           "%s: %d tokens, %s", label, n_good, left < 0 ? err.msg : why ? why : "");
+    printf("%s: the good request gave %d tokens%s%s\n", label, n_good, why ? ", then: " : "", why ? why : "");
+    g4_generation_free(good);
+    g4_scheduler_free(s);
+    g4_context_free(ctx);
+}
+
 static void test_token_tables(void) {
     char src[4096], dir[4096], name[256];
     snprintf(src, sizeof src, "%s", g4t_shared("fixtures/dense-ple"));
@@ -647,9 +683,11 @@ static void test_token_tables(void) {
         g4_seq_reset(ctx, 0);
         b.token = bad;
         CHECK(g4_decode(ctx, &b, logits, &err) != 0);
-        CHECKF(strstr(err.msg, "token id 400 at batch row 2 is outside the per-layer embedding table "
+        CHECKF(strstr(err.msg, "batch row 2: token id 400 is outside the per-layer embedding table "
                                "(vocab_size_per_layer_input 256)"), "%s", err.msg);
         g4_context_free(ctx);
+        /* under a scheduler such a prompt is refused alone, not in a step with others */
+        scheduled_alone("per-layer table", m, bad, ok, "prompt token 2: token id 400 is outside the per-layer");
     }
     g4_model_free(m);
     /* pad_token_id outside the vocabulary, and -1 (refused at load before) */
@@ -674,6 +712,7 @@ static void test_token_tables(void) {
         CHECK(g4_decode(ctx, &b, logits, &err) != 0);
         CHECKF(strstr(err.msg, pads[i].want), "%s: '%s' lacks '%s'", pads[i].to, err.msg, pads[i].want);
         g4_context_free(ctx);
+        scheduled_alone(pads[i].to, m, image, text, pads[i].want);
         g4_model_free(m);
     }
 }

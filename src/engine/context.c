@@ -269,6 +269,27 @@ int g4_step_length(const g4_model *m, const int32_t *ids, int n, int max, g4_err
     return end;
 }
 
+int32_t g4_token_read(const g4_model *m, int32_t id, g4_error *err) {
+    const g4_text_config *c = &m->cfg.text;
+    const int ple_rows = c->hidden_size_per_layer_input > 0 ? c->vocab_size_per_layer_input : 0;
+    if (g4_mm_placeholder(m, id)) {
+        /* a placeholder reads the pad token's rows (modeling_gemma4.py:2308), which transformers' embeddings
+         * refuse outside their tables */
+        if (c->pad_token_id < 0)
+            return g4_fail(err, "the config has no pad_token_id (null or negative): the soft tokens' placeholders "
+                                "take its embedding");
+        if (c->pad_token_id >= c->vocab_size)
+            return g4_fail(err, "the config's pad_token_id %d is outside the vocabulary (0..%d): the soft tokens' "
+                                "placeholders take its embedding", c->pad_token_id, c->vocab_size - 1);
+        id = c->pad_token_id;
+    }
+    /* so do the per-layer embeddings for an id past vocab_size_per_layer_input */
+    if (ple_rows && id >= ple_rows)
+        return g4_fail(err, "token id %d is outside the per-layer embedding table (vocab_size_per_layer_input %d)",
+                       id, ple_rows);
+    return id;
+}
+
 /* Marks the rows that take embedding rows, maps their ids to the pad token, and gives the tokens of
  * image/video runs their kv_end (2.7) and, for gemma4_unified, their kv_start: there a run is seen whole
  * from each of its tokens in every layer, beyond the sliding window too (docs/gemma4-unified.md 8, the
@@ -277,23 +298,12 @@ int g4_step_length(const g4_model *m, const int32_t *ids, int n, int max, g4_err
 static int multimodal_rows(g4_context *ctx, const g4_batch *b, const int32_t *seq, g4_error *err) {
     const g4_model *m = ctx->model;
     const int n = b->n_tokens, use_embd = b->embd != NULL;
-    const int ple_rows = m->cfg.text.hidden_size_per_layer_input > 0 ? m->cfg.text.vocab_size_per_layer_input : 0;
     int n_mm = 0, bidi = 0;
     for (int i = 0; i < n; i++) {
         int kind = g4_mm_placeholder(m, b->token[i]);
         ctx->embedded_host[i] = kind && use_embd;
-        ctx->ids_host[i] = kind ? m->cfg.text.pad_token_id : b->token[i];
-        /* a placeholder reads the pad token's rows (modeling_gemma4.py:2308), which transformers' embeddings refuse
-         * outside their tables; so do the per-layer embeddings for any id past vocab_size_per_layer_input */
-        if (kind && ctx->ids_host[i] < 0)
-            return g4_fail(err, "the config has no pad_token_id (null or negative): the soft tokens' placeholders "
-                                "take its embedding");
-        if (kind && ctx->ids_host[i] >= m->cfg.text.vocab_size)
-            return g4_fail(err, "the config's pad_token_id %d is outside the vocabulary (0..%d): the soft tokens' "
-                                "placeholders take its embedding", ctx->ids_host[i], m->cfg.text.vocab_size - 1);
-        if (ple_rows && ctx->ids_host[i] >= ple_rows)
-            return g4_fail(err, "token id %d at batch row %d is outside the per-layer embedding table "
-                                "(vocab_size_per_layer_input %d)", ctx->ids_host[i], i, ple_rows);
+        if ((ctx->ids_host[i] = g4_token_read(m, b->token[i], err)) < 0)
+            return g4_fail_prefix(err, "batch row %d", i);
         const int p = ctx->pos_host[i], W = m->cfg.text.sliding_window;
         ctx->kv_end_host[i] = p + 1;
         ctx->kv_start_host[i] = p - W + 1 > 0 ? p - W + 1 : 0;

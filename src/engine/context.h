@@ -60,6 +60,9 @@ struct g4_context {
 /* What a token id is to the multimodal merge (docs/gemma4-towers.md 4): 0 text, 1 image, 2 video or 3 audio
  * soft-token placeholder (the model's token ids; text-only checkpoints have none). */
 int g4_mm_placeholder(const g4_model *m, int32_t id);
+/* The id a token (in the vocabulary) is looked up as: a placeholder as the pad token; -1 with a message where the
+ * model cannot read it (no pad token for a placeholder, an id past the per-layer table). */
+int32_t g4_token_read(const g4_model *m, int32_t id, g4_error *err);
 
 /* A step's top candidates for samplers that need no more (backend.h top_k, engine/sampler.h
  * g4_sampler_sample_candidates): per output row r, count[r] ids in ascending order at ids + r * cap with their

@@ -145,10 +145,6 @@ static const g4_kv_pool *main_pool(const g4_scheduler *s) {
 /* Blocks of the main pool that n positions take. */
 static long blocks_for(const g4_scheduler *s, int n) { return (n + s->ctx->kv.block - 1) / s->ctx->kv.block; }
 
-/* The pad id for a soft-token placeholder that has no row (see request.tokens). */
-static int32_t fed_id(const g4_scheduler *s, int32_t id) {
-    return g4_mm_placeholder(s->ctx->model, id) ? s->ctx->model->cfg.text.pad_token_id : id;
-}
 
 /* Tokens of r's next prefill chunk: what it has left, at most max, without splitting an image's soft tokens
  * (g4_step_length); 0 when its next image does not fit max. */
@@ -189,7 +185,17 @@ static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generatio
         g4_generation_free(g);
         return g4_fail(err, "out of memory");
     }
-    for (int i = 0; i < n; i++) r->tokens[i] = embd ? ids[i] : fed_id(s, ids[i]);
+    /* a token the model cannot read fails its request here, not a batch of others (g4_token_read) */
+    for (int i = 0; i < n; i++) {
+        const int32_t read = g4_token_read(s->ctx->model, ids[i], err);
+        if (read < 0) {
+            g4_fail_prefix(err, "prompt token %d", i);
+            request_free(r);
+            g4_generation_free(g);
+            return -1;
+        }
+        r->tokens[i] = embd ? ids[i] : read;
+    }
     r->embd = embd;
     r->n_prompt = r->n_tokens = n;
     r->cap = cap;
@@ -643,10 +649,13 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
                                  : g4_generation_sample(r->gen, s->logits + (size_t)w * s->vocab);
                 w++;
                 g4_generation_take(r->gen, id);
+                g4_error e;
+                const int32_t read = g4_generation_finish(r->gen) ? 0 : g4_token_read(m, id, &e);
+                if (read < 0) g4_generation_fail(r->gen, e.msg); /* it cannot be fed: it fails alone */
                 if (g4_generation_finish(r->gen)) {
                     finish(s, r, G4_FINISH_STOP); /* it has ended: the reason is its own */
                 } else {
-                    r->tokens[r->n_tokens++] = fed_id(s, id); /* a generated placeholder has no row */
+                    r->tokens[r->n_tokens++] = read; /* a generated placeholder has no row: the pad id */
                     g4_generation_deliver(r->gen);
                 }
             }
