@@ -460,15 +460,20 @@ static void check_sampling_candidates(const char *label, g4_model *m, prompt *p,
     free(rows);
 }
 
-/* full: every case; otherwise those the issue lists (all at once, cancellations, preemption). */
-static void check_model(const char *label, const char *dir, int full) {
+static g4_model *load(const char *label, const char *dir) {
     g4_error err;
     g4_model *m;
     g4_load_params lp = {.n_threads = 2};
-    if (g4_model_load(dir, &lp, &m, &err)) {
-        CHECKF(0, "%s: load: %s", label, err.msg);
-        return;
-    }
+    if (g4_model_load(dir, &lp, &m, &err) == 0) return m;
+    CHECKF(0, "%s: load: %s", label, err.msg);
+    return NULL;
+}
+
+/* full: every case; otherwise those the issue lists (all at once, cancellations, preemption). */
+static void check_model(const char *label, const char *dir, int full) {
+    g4_error err;
+    g4_model *m = load(label, dir);
+    if (!m) return;
     char path[4200];
     snprintf(path, sizeof path, "%s/reference.safetensors", dir);
     g4_tensor_set ref = {0};
@@ -694,12 +699,8 @@ static void check_image_not_starved(const char *label, g4_model *m, const g4_sof
 
 static void check_media_model(const char *label, const char *dir, int with_audio) {
     g4_error err;
-    g4_model *m;
-    g4_load_params lp = {.n_threads = 2};
-    if (g4_model_load(dir, &lp, &m, &err)) {
-        CHECKF(0, "%s: load: %s", label, err.msg);
-        return;
-    }
+    g4_model *m = load(label, dir);
+    if (!m) return;
     char path[4200];
     g4_image img;
     g4_soft_tokens image = {0}, audio = {0};
@@ -748,10 +749,7 @@ int main(void) {
     snprintf(dir, sizeof dir, "%s/tolstoy-tiny", tmp);
     CHECKF(system(cmd) == 0, "cannot unpack tolstoy-tiny");
     check_model("tolstoy-tiny", dir, 0); /* the fixtures ran the other cases; these are the slow ones here */
-    g4_model *m; /* a JSON object (the tokenizer's bytes) */
-    g4_error err;
-    g4_load_params lp = {.n_threads = 2};
-    CHECKF(g4_model_load(dir, &lp, &m, &err) == 0, "tolstoy-tiny: %s", err.msg);
+    g4_model *m = load("tolstoy-tiny", dir); /* a JSON object (the tokenizer's bytes) */
     if (m) check_features("tolstoy-tiny json", m, NULL, NULL, 1);
     g4_model_free(m);
     return g4t_done();
