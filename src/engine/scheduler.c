@@ -22,8 +22,10 @@
  *      ended free their sequence. A step that fails ends its requests with the error (G4_FINISH_ERROR).
  * Images and audio: a request's soft tokens take their rows (the generation's) in the step that reads them, and
  * an image's tokens are never split between steps (g4_step_length: a chunk stops before an image that does not
- * fit; when it does not fit what the decode tokens left of the budget, the newest of those wait a step). A placeholder id without a row (in a prompt without media, or generated) is fed as the pad id, which is
- * what the forward pass reads for it, so that it cannot break a batch of other requests' images.
+ * fit; when it does not fit what the decode tokens left of the budget, the newest of those wait a step). A
+ * placeholder id without a row (in a prompt without media, or generated) is fed as the pad id, which is what the
+ * forward pass reads for it, so that it cannot break a batch of other requests' images. A token the model cannot
+ * read (g4_token_read) fails its own request, at submit or when generated, not the step.
  * A request's last token is never fed to the model. Its sequence's blocks stay in the prefix cache after it
  * leaves (a later request with the same prefix, e.g. the next turn of a chat, starts from them).
  *
@@ -144,7 +146,6 @@ static const g4_kv_pool *main_pool(const g4_scheduler *s) {
 
 /* Blocks of the main pool that n positions take. */
 static long blocks_for(const g4_scheduler *s, int n) { return (n + s->ctx->kv.block - 1) / s->ctx->kv.block; }
-
 
 /* Tokens of r's next prefill chunk: what it has left, at most max, without splitting an image's soft tokens
  * (g4_step_length); 0 when its next image does not fit max. */
@@ -580,7 +581,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         if (n_soft) { /* the rows of the chunk's soft tokens: those before it were read by earlier steps */
             if (!s->embd && !(s->embd = malloc((size_t)s->n_batch * (size_t)s->H * sizeof *s->embd))) {
                 g4_fail(err, "out of memory for a step's %d soft tokens", n_soft);
-                fail_plan(s, "out of memory for a step's soft tokens");
+                fail_plan(s, err->msg);
                 return -1;
             }
             const size_t before = (size_t)g4_count_soft_tokens(m, r->tokens, r->n_fed);
@@ -620,7 +621,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         } else rc = g4_decode(ctx, &b, s->logits, err);
         g4_context_capture(ctx, NULL, NULL);
         if (rc) {
-            fail_plan(s, err ? err->msg : "the batch step failed");
+            fail_plan(s, err->msg);
             return -1;
         }
         s->stats.steps++;
