@@ -118,9 +118,9 @@ static int concurrency(g4_model *m, const options *o, int C, int quiet) {
     double decode = t1 > all_first ? (double)after / (t1 - all_first) : 0;
     if (!rc && !quiet)
         printf("concurrency %4d  prompt %5d  new %5d  wall %8.2f s  output %10.3f tok/s  decode %10.3f tok/s  "
-               "cpu %8.2f s  output %10.3f tok/cpu-s  steps %ld  ids %016llx\n",
+               "cpu %8.2f s  output %10.3f tok/cpu-s  steps %ld  in steps %.2f s  model %.2f s  ids %016llx\n",
                C, o->prompt, o->n_new, t1 - t0, (double)out / (t1 - t0), decode, c1 - c0, (double)out / (c1 - c0),
-               st.steps, (unsigned long long)hash);
+               st.steps, st.step_seconds, st.model_seconds, (unsigned long long)hash);
     for (int i = 0; i < C; i++) g4_generation_free(g[i]);
     free(t);
     free(g);

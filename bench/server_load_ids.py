@@ -2,7 +2,8 @@
 # Output throughput of a running gemma4c server (or any OpenAI-compatible one) on prompts of random token ids,
 # which need no tokenizer (random-weight checkpoints of the real shapes: gemma4c quantize --random CONFIG DIR
 # --type bf16): C concurrent clients send R completions each, P prompt ids and N new tokens (ignore_eos),
-# greedy (TEMP 0) or sampled (top-k 64, top-p 0.95); prints output tokens/s over the wall time.
+# greedy (TEMP 0) or sampled (top-k 64, top-p 0.95); prints output tokens/s over the wall time, and from a gemma4c
+# server's /metrics where its engine's time went: per batch step, in the model and in the rest of the engine.
 #   bench/server_load_ids.py URL MODEL C R P N TEMP [VOCAB]   (ids drawn from 3 .. VOCAB-1, default 262144)
 import json, random, sys, threading, time, urllib.request
 url, model = sys.argv[1], sys.argv[2]
@@ -22,9 +23,22 @@ def client(c):
             with lock: tokens[0] += r["usage"]["completion_tokens"]
         except Exception as e:
             with lock: errors.append(str(e)[:200])
+def metrics():
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    except Exception:
+        return {}
+    return {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and not l.startswith("#") and len(l.split()) == 2}
+m0 = metrics()
 t0 = time.time()
 th = [threading.Thread(target=client, args=(c,)) for c in range(C)]
 for t in th: t.start()
 for t in th: t.join()
 dt = time.time() - t0
 print(f"{C} clients x {R} requests, prompt {P}, {N} new, temp {temp}: {tokens[0]} tokens in {dt:.1f} s = {tokens[0]/dt:.0f} tok/s, {len(errors)} errors {errors[:2]}")
+m1 = metrics()
+d = lambda k: m1.get(k, 0) - m0.get(k, 0)
+if d("gemma4c_batch_steps_total") > 0:
+    n = d("gemma4c_batch_steps_total")
+    print(f"  engine: {n:.0f} steps, {1e3 * d('gemma4c_batch_step_seconds_total') / n:.2f} ms a step, of which model "
+          f"{1e3 * d('gemma4c_model_seconds_total') / n:.2f} ms; busy {d('gemma4c_worker_busy_seconds_total'):.2f} s of {dt:.1f} s")

@@ -700,6 +700,9 @@ typedef struct g4_scheduler_stats {
     long reused_tokens;  /* prompt tokens found in the prefix cache instead */
     long preemptions;
     int running, waiting;
+    double step_seconds;  /* wall time of the steps that ran a batch, from g4_scheduler_step's call to its return */
+    double model_seconds; /* of which in the model's forward pass and its on-device sampling (until the ids or
+                           * logits are back): the rest is the scheduler's own work and the requests' events */
 } g4_scheduler_stats;
 G4_API void g4_scheduler_get_stats(const g4_scheduler *s, g4_scheduler_stats *out);
 

@@ -200,6 +200,11 @@ static g4_scheduler_stats run_case(const char *label, g4_model *m, const prompt 
         }
         g4_scheduler_get_stats(s, &st); /* this round's */
         CHECK(st.running == 0 && st.waiting == 0);
+        /* the time of the steps so far, and of the model within them */
+        CHECKF(st.steps > 0 && st.model_seconds > 0 && st.model_seconds <= st.step_seconds &&
+                   st.step_seconds > before.step_seconds,
+               "%s: %ld steps, %.6f s in steps, %.6f s in the model", label, st.steps, st.step_seconds,
+               st.model_seconds);
         g4_scheduler_stats total = st;
         st.steps -= before.steps, st.decode_tokens -= before.decode_tokens;
         st.prefill_tokens -= before.prefill_tokens, st.reused_tokens -= before.reused_tokens;

@@ -37,6 +37,7 @@
  * at a time; the callbacks run inside the step. Hot paths allocate nothing: the step's arrays are sized once,
  * the queue grows in submit. */
 #include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,6 +138,12 @@ static void request_free(request *r) {
     free(r->tokens);
     free(r->sum);
     free(r);
+}
+
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static const g4_kv_pool *main_pool(const g4_scheduler *s) {
@@ -528,6 +535,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     G4_ARG(s, err);
     g4_error unused;
     if (!err) err = &unused; /* the failed requests get the message */
+    const double t_step = seconds_now();
     g4_context *ctx = s->ctx;
     drop_cancelled(s);
     /* which kind of step: embeddings and generations alternate when both have work */
@@ -609,6 +617,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         g4_batch b = {.n_tokens = n, .token = s->tok, .seq = s->seq, .want_logits = s->want,
                       .embd = n_embd ? s->embd : NULL, .n_embd = n_embd};
         int rc;
+        const double t_model = seconds_now();
         g4_context_capture(ctx, NULL, embed_step ? s->final_rows : NULL);
         if (embed_step || n_want == 0) rc = g4_decode(ctx, &b, NULL, err);
         else if (all_greedy) rc = g4_decode_greedy(ctx, &b, s->ids, err);
@@ -620,8 +629,10 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             rc = g4_decode_candidates(ctx, &b, &s->cand, err);
         } else rc = g4_decode(ctx, &b, s->logits, err);
         g4_context_capture(ctx, NULL, NULL);
+        s->stats.model_seconds += seconds_now() - t_model;
         if (rc) {
             fail_plan(s, err->msg);
+            s->stats.step_seconds += seconds_now() - t_step;
             return -1;
         }
         s->stats.steps++;
@@ -665,6 +676,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     }
     pthread_mutex_lock(&s->lock);
     int left = s->n_running + s->w_count;
+    if (n > 0) s->stats.step_seconds += seconds_now() - t_step;
     pthread_mutex_unlock(&s->lock);
     return left;
 }

@@ -27,6 +27,8 @@ struct srv_engine {
     void *user;
     int kv_total, kv_used;
     long long prompt_tokens, cached_tokens, generated_tokens;
+    long long steps;                 /* the scheduler's batch steps */
+    double step_s, model_s, busy_s;  /* in those steps; of which in the model; the worker's time with work */
 };
 
 static double now_s(void) {
@@ -247,6 +249,7 @@ static void *worker(void *arg) {
         }
         while (!e->stop && !e->new_head && !busy) pthread_cond_wait(&e->cv, &e->mu);
         const int stop = e->stop;
+        const double t_busy = now_s();
         srv_job *j = e->new_head;
         e->new_head = e->new_tail = NULL;
         pthread_mutex_unlock(&e->mu);
@@ -270,6 +273,8 @@ static void *worker(void *arg) {
         pthread_mutex_lock(&e->mu);
         e->n_running = st.running;
         e->kv_used = e->kv_total - g4_kv_free_blocks(e->ctx);
+        e->steps = st.steps, e->step_s = st.step_seconds, e->model_s = st.model_seconds;
+        e->busy_s += now_s() - t_busy;
         pthread_mutex_unlock(&e->mu);
     }
     g4_scheduler_free(e->sched);
@@ -371,6 +376,7 @@ int srv_engine_submit(srv_engine *e, srv_group *g, g4_error *err) {
 void srv_engine_stats_get(srv_engine *e, srv_engine_stats *out) {
     pthread_mutex_lock(&e->mu);
     *out = (srv_engine_stats){e->n_unfinished - e->n_running, e->n_running, e->kv_used, e->kv_total,
-                              e->prompt_tokens, e->cached_tokens, e->generated_tokens};
+                              e->prompt_tokens, e->cached_tokens, e->generated_tokens,
+                              e->steps, e->step_s, e->model_s, e->busy_s};
     pthread_mutex_unlock(&e->mu);
 }

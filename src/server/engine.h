@@ -91,6 +91,10 @@ typedef struct srv_engine_stats {
     int queued, running;          /* jobs waiting / on a sequence (after the last step) */
     int kv_blocks_used, kv_blocks_total;
     long long prompt_tokens, cached_tokens, generated_tokens;
+    long long steps;      /* batch steps run */
+    double step_seconds;  /* wall time in them */
+    double model_seconds; /* of which in the model (forward pass and on-device sampling) */
+    double busy_seconds;  /* the worker's time with requests: steps, and handing new requests over */
 } srv_engine_stats;
 
 /* on_finished (may be NULL) is called on the worker for each job that ends, outside any lock. */

@@ -59,6 +59,10 @@ static void single(srv_buf *t, const char *name, const char *type, const char *h
     srv_buf_printf(t, "# HELP %s %s\n# TYPE %s %s\n%s %lld\n", name, help, name, type, name, v);
 }
 
+static void seconds(srv_buf *t, const char *name, const char *help, double v) {
+    srv_buf_printf(t, "# HELP %s %s\n# TYPE %s counter\n%s %.6f\n", name, help, name, name, v);
+}
+
 char *srv_metrics_text(srv_metrics *m, const srv_engine_stats *st) {
     srv_buf t = {0};
     single(&t, "gemma4c_requests_queued", "gauge", "Generations and embeddings waiting for a sequence.", st->queued);
@@ -69,6 +73,14 @@ char *srv_metrics_text(srv_metrics *m, const srv_engine_stats *st) {
     single(&t, "gemma4c_prompt_tokens_cached_total", "counter", "Prompt tokens found in the KV cache.",
            st->cached_tokens);
     single(&t, "gemma4c_generated_tokens_total", "counter", "Tokens generated.", st->generated_tokens);
+    single(&t, "gemma4c_batch_steps_total", "counter", "Batch steps run (each feeds every running request).",
+           st->steps);
+    seconds(&t, "gemma4c_batch_step_seconds_total", "Wall time in batch steps.", st->step_seconds);
+    seconds(&t, "gemma4c_model_seconds_total",
+            "Of the batch steps' time, the time in the model's forward pass and on-device sampling.", st->model_seconds);
+    seconds(&t, "gemma4c_worker_busy_seconds_total",
+            "The engine thread's time with requests: batch steps and handing new requests to the scheduler.",
+            st->busy_seconds);
     pthread_mutex_lock(&m->mu);
     single(&t, "gemma4c_generations_cancelled_total", "counter", "Generations cancelled (client gone, shutdown).",
            m->cancelled);

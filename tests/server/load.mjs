@@ -88,6 +88,12 @@ check(m.gemma4c_generations_cancelled_total - m0.gemma4c_generations_cancelled_t
   `the server cancelled the ${cancelled} abandoned streams`);
 check(after <= baseline + slackMb * 1024,
   `resident memory back to its baseline: ${(baseline / 1024).toFixed(1)} MB before, ${(after / 1024).toFixed(1)} MB after (slack ${slackMb} MB)`);
+const d = (k) => m[k] - m0[k];
+const steps = d('gemma4c_batch_steps_total'), stepS = d('gemma4c_batch_step_seconds_total');
+const modelS = d('gemma4c_model_seconds_total'), busyS = d('gemma4c_worker_busy_seconds_total');
+check(steps > 0 && modelS > 0 && modelS <= stepS + 1e-5 && stepS <= busyS + 1e-5 && busyS <= wall + 1,
+  `the engine's time: ${steps} steps, ${stepS.toFixed(2)} s in them, ${modelS.toFixed(2)} s of it in the model, ` +
+  `${busyS.toFixed(2)} s busy (of ${wall.toFixed(1)} s)`);
 console.log(`load: ${C} clients x ${R} requests, max_tokens ${maxTokens}: ${wall.toFixed(1)} s, ` +
   `latency p50 ${pct(lat, 0.5).toFixed(0)} ms p99 ${pct(lat, 0.99).toFixed(0)} ms, ` +
   `first token p50 ${pct(ttfts, 0.5).toFixed(0)} ms p99 ${pct(ttfts, 0.99).toFixed(0)} ms, ` +
