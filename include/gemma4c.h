@@ -116,6 +116,9 @@ G4_API int g4_model_n_layers(const g4_model *model);
 G4_API int g4_model_hidden_size(const g4_model *model);
 /* The backend the model runs on ("cpu" or "cuda"). */
 G4_API const char *g4_model_device(const g4_model *model);
+/* The memory of the model's backend free now and in all, in bytes (on the CPU the system's available memory):
+ * what a KV cache may still take. */
+G4_API int g4_model_memory(const g4_model *model, size_t *free_bytes, size_t *total_bytes, g4_error *err);
 /* Backends this build contains, e.g. "cpu" or "cpu, cuda". */
 G4_API const char *g4_backends(void);
 /* The longest sequence the model was trained for (max_position_embeddings). */
@@ -212,6 +215,9 @@ G4_API int g4_seq_reuse_prefix(g4_context *ctx, int seq, const int32_t *ids, int
 G4_API int g4_kv_free_blocks(const g4_context *ctx);
 /* Bytes the KV cache holds in backend memory. */
 G4_API size_t g4_kv_bytes(const g4_context *ctx);
+/* The bytes g4_context_new(model, params) would take for its KV cache (0 with a message when params cannot make
+ * a context, SIZE_MAX when they overflow): with g4_model_memory, how many sequences fit. */
+G4_API size_t g4_kv_bytes_needed(const g4_model *model, const g4_context_params *params, g4_error *err);
 
 /* One batch step.  Tokens of one sequence must be contiguous in the batch and
  * in position order; each sequence's tokens continue at g4_seq_length(seq).

@@ -90,6 +90,13 @@ static void test_generation(g4_model *m, const reference *r) {
         CHECKF(0, "%s", err.msg);
         return;
     }
+    /* the KV bytes a context would take, said before it is made; the backend's memory */
+    CHECKF(g4_kv_bytes_needed(m, &cp, &err) == g4_kv_bytes(ctx) && g4_kv_bytes(ctx) > 0, "%zu bytes said, %zu taken",
+           g4_kv_bytes_needed(m, &cp, &err), g4_kv_bytes(ctx));
+    g4_context_params bad = {.n_seq_max = -1};
+    CHECK(g4_kv_bytes_needed(m, &bad, &err) == 0 && strstr(err.msg, "negative"));
+    size_t mem_free = 0, mem_total = 0;
+    CHECK(g4_model_memory(m, &mem_free, &mem_total, &err) == 0 && mem_total > 0 && mem_free <= mem_total);
     const int n_prompt = (int)r->n_ids, n_greedy = (int)r->n_greedy;
     g4_sampler_params sp = greedy_params();
     g4_generation_params gp = {.max_new_tokens = n_greedy, .sampling = &sp, .ignore_eos = 1};

@@ -106,6 +106,8 @@ static int test_nulls(g4_model *m, g4_context *ctx) {
     GIVES(g4_seq_reuse_prefix(ctx, 0, NULL, 4), 0);
     GIVES(g4_kv_free_blocks(NULL), 0);
     GIVES(g4_kv_bytes(NULL), 0);
+    GIVES(g4_kv_bytes_needed(NULL, NULL, &E), 0);
+    FAILS(g4_model_memory(NULL, NULL, NULL, &E));
     SURVIVES(g4_context_capture(NULL, NULL, NULL));
     FAILS(g4_decode(NULL, &b, out, &E));
     FAILS(g4_decode(ctx, NULL, out, &E));

@@ -1746,6 +1746,16 @@ static void test_memory(void) {
     for (int i = 0; i < 60; i++) ref[i] = a[10 + i];
     EXPECT_CLOSE(b, ref, 60, 0, "copy");
     rel(d1), rel(d2);
+    /* what memory the backend has: a device's free memory falls by what is allocated in it */
+    size_t f0 = 0, t0 = 0, f1 = 0, t1 = 0;
+    CHECKF(be->ops->memory && be->ops->memory(be, &f0, &t0) == 0 && t0 > 0 && f0 <= t0, "%s: memory %zu of %zu",
+           be_label, f0, t0);
+    if (!be->ops->host_memory && f0 > ((size_t)256 << 20)) {
+        void *big = be->ops->alloc(be, (size_t)64 << 20);
+        CHECKF(big && be->ops->memory(be, &f1, &t1) == 0 && t1 == t0 && f1 + ((size_t)64 << 20) <= f0,
+               "%s: free memory %zu before 64 MiB were allocated, %zu after", be_label, f0, f1);
+        be->ops->release(be, big);
+    }
     g4_error err;
     CHECKF(be->ops->check(be, &err) == 0, "%s: check after the ops: %s", be_label, err.msg);
 }

@@ -117,6 +117,30 @@ static void test_allocation(g4_backend *be) {
     g4_kv_cache_free(&kv);
 }
 
+/* g4_kv_cache_bytes says what init allocates, for each pool size and type */
+static void test_bytes(g4_backend *be) {
+    g4_text_config c = layout();
+    const g4_kv_type types[2] = {G4_KV_F32, G4_KV_BF16};
+    for (int n_seq = 1; n_seq <= NSEQ; n_seq++)
+        for (int t = 0; t < 2; t++)
+            for (int history = 0; history <= NBATCH; history += NBATCH)
+                for (int full = 0; full <= 6; full += 6)
+                    for (int sliding = 0; sliding <= 9; sliding += 9) {
+                        g4_kv_cache kv;
+                        g4_error err;
+                        const int rc = g4_kv_cache_init(&kv, &c, be, n_seq, NCTX, NBATCH, history, types[t], B, full,
+                                                         sliding, &err);
+                        CHECKF(rc == 0, "init: %s", err.msg);
+                        if (rc) continue;
+                        const size_t want = g4_kv_cache_bytes(&c, n_seq, NCTX, NBATCH, history, types[t], B, full,
+                                                              sliding);
+                        CHECKF(want == kv.bytes && want > 0,
+                               "%d sequences, %s, history %d, blocks %d/%d: %zu bytes allocated, %zu said", n_seq,
+                               t ? "bf16" : "f32", history, full, sliding, kv.bytes, want);
+                        g4_kv_cache_free(&kv);
+                    }
+}
+
 static void test_sliding_recycling(g4_backend *be) {
     for (int history = 0; history <= NBATCH; history += NBATCH) {
         g4_kv_cache kv;
@@ -263,6 +287,7 @@ int main(void) {
     CHECKF(be != NULL, "cpu backend: %s", err.msg);
     if (!be) return g4t_done();
     test_allocation(be);
+    test_bytes(be);
     test_sliding_recycling(be);
     test_prefix_hits(be);
     test_eviction(be);

@@ -183,6 +183,9 @@ typedef struct g4_backend_ops {
     void (*to_host)(g4_backend *be, void *dst, const void *src, size_t bytes);
     void (*copy)(g4_backend *be, void *dst, const void *src, size_t bytes); /* within backend memory */
     void (*sync)(g4_backend *be);
+    /* The backend memory free now and in all, in bytes (the CPU: the system's available and total memory). 0, or
+     * -1 when unknown. */
+    int (*memory)(g4_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* 0, or -1 with a message when an op of the last step failed (e.g. out of memory); clears the state */
     int (*check)(g4_backend *be, g4_error *err);
     /* Places a weight: *dst becomes a tensor the ops can read (dst->data in backend memory). 0, or -1 with a

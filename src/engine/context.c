@@ -96,10 +96,9 @@ oom:
     return g4_fail(err, "out of memory for a batch of %d tokens", ctx->n_batch);
 }
 
-int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err) {
-    G4_ARG(out, err);
-    *out = NULL;
-    G4_ARG(model, err);
+/* params with their defaults filled in, or -1 with the message when they cannot make a context */
+static int context_params(const g4_model *model, const g4_context_params *params, g4_context_params *out,
+                          g4_error *err) {
     g4_context_params p = {0};
     if (params) p = *params;
     const g4_text_config *c = &model->cfg.text;
@@ -123,6 +122,33 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
     if (p.n_ctx > c->max_position_embeddings)
         return g4_fail(err, "n_ctx %d exceeds the model's max_position_embeddings %d", p.n_ctx,
                        c->max_position_embeddings);
+    *out = p;
+    return 0;
+}
+
+/* the history kv_cache_init takes: kv_history 0 is one batch, -1 none */
+static int history_of(const g4_context_params *p) {
+    return p->kv_history == 0 ? p->n_batch : p->kv_history < 0 ? 0 : p->kv_history;
+}
+
+size_t g4_kv_bytes_needed(const g4_model *model, const g4_context_params *params, g4_error *err) {
+    g4_context_params p = {0};
+    if (!model) {
+        g4_fail(err, "g4_kv_bytes_needed: model is NULL");
+        return 0;
+    }
+    if (context_params(model, params, &p, err)) return 0;
+    return g4_kv_cache_bytes(&model->cfg.text, p.n_seq_max, p.n_ctx, p.n_batch, history_of(&p), p.kv_type,
+                             p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks);
+}
+
+int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err) {
+    G4_ARG(out, err);
+    *out = NULL;
+    G4_ARG(model, err);
+    g4_context_params p = {0};
+    if (context_params(model, params, &p, err)) return -1;
+    const g4_text_config *c = &model->cfg.text;
     g4_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) return g4_fail(err, "out of memory");
     ctx->model = model;
@@ -144,8 +170,7 @@ int g4_context_new(g4_model *model, const g4_context_params *params, g4_context 
         goto fail;
     }
     pthread_mutex_lock(&model->backend_lock);
-    int rc = g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch,
-                              p.kv_history == 0 ? p.n_batch : p.kv_history < 0 ? 0 : p.kv_history, p.kv_type,
+    int rc = g4_kv_cache_init(&ctx->kv, c, model->be, p.n_seq_max, p.n_ctx, p.n_batch, history_of(&p), p.kv_type,
                               p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks, err) ||
              scratch_alloc(ctx, err);
     pthread_mutex_unlock(&model->backend_lock);

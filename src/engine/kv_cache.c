@@ -1,6 +1,7 @@
 /* The paged KV cache (see kv_cache.h for the layout and the rules). */
 #include "engine/kv_cache.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,37 @@ static int sliding_blocks(const g4_kv_cache *kv, int window) {
     long n = (long)kv->n_seq * ((per_seq < max ? per_seq : max) + (cached < max ? cached : max)) +
              ceil_div(kv->n_batch, kv->block);
     return n < (long)kv->n_seq * max ? (int)n : (int)((long)kv->n_seq * max);
+}
+
+/* The blocks of pool t (kv's n_seq, n_batch, history, block and max_blocks set). */
+static int pool_blocks(const g4_kv_cache *kv, const g4_text_config *c, int t, int n_full_blocks,
+                       int n_sliding_blocks) {
+    if (t == G4_LAYER_SLIDING) return n_sliding_blocks > 0 ? n_sliding_blocks : sliding_blocks(kv, c->sliding_window);
+    return n_full_blocks > 0 ? n_full_blocks : kv->n_seq * kv->max_blocks;
+}
+
+/* Bytes of a layer's keys or values in a pool of n_blocks (0 when it overflows). */
+static size_t layer_bytes(long n_blocks, int block, int row, size_t esz) {
+    size_t n;
+    if (!g4_mul_ok((size_t)n_blocks, (size_t)block, &n) || !g4_mul_ok(n, (size_t)row, &n) || !g4_mul_ok(n, esz, &n))
+        return 0;
+    return n;
+}
+
+size_t g4_kv_cache_bytes(const g4_text_config *c, int n_seq, int n_ctx, int n_batch, int history, g4_kv_type type,
+                         int block, int n_full_blocks, int n_sliding_blocks) {
+    g4_kv_cache kv = {.n_seq = n_seq, .n_batch = n_batch, .history = history < 0 ? n_batch : history,
+                      .block = block, .max_blocks = ceil_div(n_ctx, block)};
+    size_t bytes = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kv_source[l] != l) continue; /* shared */
+        const int t = c->layer_type[l];
+        const size_t n = layer_bytes(pool_blocks(&kv, c, t, n_full_blocks, n_sliding_blocks), block,
+                                     c->layer_kv_heads[l] * c->layer_head_dim[l], g4_kv_type_size(type));
+        if (!n || bytes + 2 * n < bytes) return SIZE_MAX;
+        bytes += 2 * n;
+    }
+    return bytes;
 }
 
 int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, int n_seq, int n_ctx, int n_batch,
@@ -67,10 +99,7 @@ int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, i
         g4_kv_pool *p = &kv->pool[t];
         if (!p->used) continue;
         p->max_blocks = max_blocks;
-        if (t == G4_LAYER_SLIDING)
-            p->n_blocks = n_sliding_blocks > 0 ? n_sliding_blocks : sliding_blocks(kv, c->sliding_window);
-        else
-            p->n_blocks = n_full_blocks > 0 ? n_full_blocks : n_seq * p->max_blocks;
+        p->n_blocks = pool_blocks(kv, c, t, n_full_blocks, n_sliding_blocks);
         size_t tab = (size_t)n_seq * (size_t)p->max_blocks;
         p->free_ids = malloc((size_t)p->n_blocks * sizeof(int32_t));
         p->ref = calloc((size_t)p->n_blocks, sizeof(int32_t));
@@ -102,10 +131,8 @@ int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, i
     for (int l = 0; l < c->n_layers; l++) {
         g4_kv_layer *y = &kv->layers[l];
         if (y->owner != l) continue; /* shared: filled in below */
-        size_t n;
-        if (!g4_mul_ok((size_t)kv->pool[y->type].n_blocks, (size_t)block, &n) || !g4_mul_ok(n, (size_t)y->row, &n) ||
-            !g4_mul_ok(n, esz, &n))
-            goto oom;
+        const size_t n = layer_bytes(kv->pool[y->type].n_blocks, block, y->row, esz);
+        if (!n) goto oom;
         y->k = be->ops->alloc(be, n);
         y->v = be->ops->alloc(be, n);
         if (!y->k || !y->v) goto oom;

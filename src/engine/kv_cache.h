@@ -102,6 +102,10 @@ int g4_kv_cache_init(g4_kv_cache *kv, const g4_text_config *c, g4_backend *be, i
                      int history, g4_kv_type type, int block, int n_full_blocks, int n_sliding_blocks,
                      g4_error *err);
 void g4_kv_cache_free(g4_kv_cache *kv);
+/* The bytes g4_kv_cache_init would allocate for the keys and values with these arguments (SIZE_MAX when they
+ * overflow). */
+size_t g4_kv_cache_bytes(const g4_text_config *c, int n_seq, int n_ctx, int n_batch, int history, g4_kv_type type,
+                         int block, int n_full_blocks, int n_sliding_blocks);
 
 /* Blocks of pool t that sequence s adding `add` positions would take, less those it would release (plain
  * count per pool; both may be negative). */

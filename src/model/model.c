@@ -1024,6 +1024,17 @@ int g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_
 
 const char *g4_model_device(const g4_model *m) { return m ? m->be->ops->name : NULL; }
 
+int g4_model_memory(const g4_model *m, size_t *free_bytes, size_t *total_bytes, g4_error *err) {
+    G4_ARG(m, err);
+    G4_ARG(free_bytes, err);
+    G4_ARG(total_bytes, err);
+    *free_bytes = *total_bytes = 0;
+    pthread_mutex_lock(&((g4_model *)m)->backend_lock);
+    const int rc = m->be->ops->memory ? m->be->ops->memory(m->be, free_bytes, total_bytes) : -1;
+    pthread_mutex_unlock(&((g4_model *)m)->backend_lock);
+    return rc ? g4_fail(err, "the %s backend does not say how much memory it has", m->be->ops->name) : 0;
+}
+
 g4_kv_type g4_model_kv_type_preferred(const g4_model *m) {
     return !m ? G4_KV_F32 : strcmp(m->be->ops->name, "cpu") ? G4_KV_BF16 : G4_KV_F32;
 }

@@ -3,6 +3,7 @@
 #include "server/engine.h"
 
 #include <malloc.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,20 +285,50 @@ static void *worker(void *arg) {
 
 /* ------------------------------------------------------------------ engine */
 
-int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, int max_queue, srv_job_fn on_finished, void *user,
-                   srv_engine **out, g4_error *err) {
-    *out = NULL;
-    srv_engine *e = calloc(1, sizeof *e);
-    if (!e) return g4_fail(err, "out of memory");
-    /* On a GPU, steps of up to 2048 tokens (prompts read in fewer, larger products; H200, E2B, 100 requests of 128
-     * tokens at once: output tok/s 7015-7875 -> 8556-8897 against 512); on the CPU the library's default, or an
-     * image's soft tokens where they are more (an image is read in one step). Nothing is rolled back under a
-     * scheduler: no sliding-window history is kept. */
+/* The engine's context: on a GPU, steps of up to 2048 tokens (prompts read in fewer, larger products; H200, E2B,
+ * 100 requests of 128 tokens at once: output tok/s 7015-7875 -> 8556-8897 against 512); on the CPU the library's
+ * default, or an image's soft tokens where they are more (an image is read in one step). Nothing is rolled back
+ * under a scheduler: no sliding-window history is kept. */
+static g4_context_params context_params(const g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type) {
     const int gpu = strcmp(g4_model_device(model), "cpu") != 0;
     const int image = g4_image_max_tokens(model, 0);
     g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = n_ctx, .n_batch = gpu ? 2048 : image > 512 ? image : 0,
                             .kv_history = -1, .kv_type = kv_type};
     if (gpu && image > 2048) cp.n_batch = image;
+    return cp;
+}
+
+int srv_engine_auto_parallel(const g4_model *model, int n_ctx, g4_kv_type kv_type, char *note, size_t note_size) {
+    snprintf(note, note_size, "the CPU's default");
+    if (!strcmp(g4_model_device(model), "cpu")) return SRV_CPU_PARALLEL;
+    g4_error err;
+    size_t free_b, total;
+    if (g4_model_memory(model, &free_b, &total, &err)) {
+        snprintf(note, note_size, "%s", err.msg);
+        return SRV_CPU_PARALLEL;
+    }
+    g4_context_params one = context_params(model, 1, n_ctx, kv_type), two = context_params(model, 2, n_ctx, kv_type);
+    const size_t b1 = g4_kv_bytes_needed(model, &one, &err), b2 = g4_kv_bytes_needed(model, &two, &err);
+    if (!b1 || b1 == SIZE_MAX || b2 <= b1 || b2 == SIZE_MAX) {
+        snprintf(note, note_size, "the KV cache's size is unknown");
+        return 1;
+    }
+    const size_t per = b2 - b1, base = b1 - per, reserve = total / 20 > SRV_GPU_RESERVE ? total / 20 : SRV_GPU_RESERVE;
+    const size_t room = free_b > reserve + base ? free_b - reserve - base : 0;
+    size_t n = room / per;
+    if (n < 1) n = 1;
+    if (n > SRV_GPU_PARALLEL_MAX) n = SRV_GPU_PARALLEL_MAX;
+    snprintf(note, note_size, "KV cache %.2f GB; %.2f GB of %.2f GB were free, %.2f GB kept for the steps",
+             (double)(base + n * per) / 1e9, (double)free_b / 1e9, (double)total / 1e9, (double)reserve / 1e9);
+    return (int)n;
+}
+
+int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, int max_queue, srv_job_fn on_finished, void *user,
+                   srv_engine **out, g4_error *err) {
+    *out = NULL;
+    srv_engine *e = calloc(1, sizeof *e);
+    if (!e) return g4_fail(err, "out of memory");
+    g4_context_params cp = context_params(model, n_seq, n_ctx, kv_type);
     if (g4_context_new(model, &cp, &e->ctx, err)) {
         free(e);
         return -1;

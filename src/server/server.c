@@ -32,7 +32,7 @@ void srv_options_default(srv_options *o) {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
     o->port = 8080;
-    o->parallel = 4;
+    o->parallel = 0; /* sized by the memory (srv_engine_auto_parallel) */
     o->max_queue = 256;
     o->max_body = 8u << 20;
     o->max_media = 8;
@@ -406,7 +406,9 @@ int srv_main(const srv_options *o) {
         goto done;
     }
     const g4_kv_type kv = o->kv_type >= 0 ? (g4_kv_type)o->kv_type : g4_model_kv_type_preferred(s->model);
-    if (srv_engine_new(s->model, o->parallel, n_ctx, kv, o->max_queue, on_job_finished, s, &s->engine, &err)) {
+    char sized[256] = "";
+    const int parallel = o->parallel ? o->parallel : srv_engine_auto_parallel(s->model, n_ctx, kv, sized, sizeof sized);
+    if (srv_engine_new(s->model, parallel, n_ctx, kv, o->max_queue, on_job_finished, s, &s->engine, &err)) {
         fprintf(stderr, "gemma4c: %s\n", err.msg);
         goto done;
     }
@@ -435,8 +437,9 @@ int srv_main(const srv_options *o) {
         fprintf(stderr, "gemma4c: serve: cannot listen on %s port %d: %s\n", o->host, o->port, strerror(errno));
         goto done;
     }
-    fprintf(stderr, "gemma4c serve: %s on http://%s%s%s:%d (parallel %d, context %d)\n", s->model_id,
-            ipv6 ? "[" : "", o->host, ipv6 ? "]" : "", bound_port(d), o->parallel, srv_engine_n_ctx(s->engine));
+    fprintf(stderr, "gemma4c serve: %s on http://%s%s%s:%d (parallel %d%s%s%s, context %d)\n", s->model_id,
+            ipv6 ? "[" : "", o->host, ipv6 ? "]" : "", bound_port(d), parallel, *sized ? ": " : "", sized,
+            *sized ? "; --parallel sets it" : "", srv_engine_n_ctx(s->engine));
     watching = pthread_create(&watch, NULL, deadline_watch, s) == 0;
     if (!watching) fprintf(stderr, "gemma4c serve: no request deadline (cannot start its thread)\n");
 

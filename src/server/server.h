@@ -15,7 +15,7 @@ typedef struct srv_options {
     int bf16_activations;     /* g4_load_params.bf16_activations (--bf16-act) */
     int kv_type;              /* a g4_kv_type (--kv); -1: g4_model_kv_type_preferred */
     int n_threads;            /* 0: all cores */
-    int parallel;             /* sequences served at once (default 4) */
+    int parallel;             /* sequences served at once (0: sized by the memory, srv_engine_auto_parallel) */
     int n_ctx;                /* positions per sequence (default: the model's, at most 4096) */
     int max_tokens;           /* per choice; 0: until the context is full */
     int max_queue;            /* jobs waiting at most (default 256): then 503 */

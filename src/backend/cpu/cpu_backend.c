@@ -1,8 +1,10 @@
 /* The CPU backend: every op of backend.h on the host, threaded with g4_pool. */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu.h"
 #include "core/error.h"
@@ -49,6 +51,30 @@ static void cpu_copy(g4_backend *be, void *dst, const void *src, size_t bytes) {
     if (bytes) memmove(dst, src, bytes);
 }
 static void cpu_sync(g4_backend *be) {}
+/* MemAvailable and MemTotal of /proc/meminfo (Linux), else the free and all physical pages */
+static int cpu_memory(g4_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    unsigned long long avail = 0, total = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f)) {
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = kb * 1024;
+            else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) total = kb * 1024;
+        }
+        fclose(f);
+    }
+    if (!avail || !total) {
+        const long page = sysconf(_SC_PAGESIZE), av = sysconf(_SC_AVPHYS_PAGES), all = sysconf(_SC_PHYS_PAGES);
+        if (page <= 0 || av < 0 || all <= 0) return -1;
+        avail = (unsigned long long)av * (unsigned long long)page;
+        total = (unsigned long long)all * (unsigned long long)page;
+    }
+    *free_bytes = (size_t)avail;
+    *total_bytes = (size_t)total;
+    return 0;
+}
 
 /* Weights are read where they are (the memory-mapped file): nothing is copied. A source without data gets
  * random values in memory of its own. */
@@ -816,6 +842,7 @@ static const g4_backend_ops cpu_ops = {
     .to_host = cpu_copy,
     .copy = cpu_copy,
     .sync = cpu_sync,
+    .memory = cpu_memory,
     .check = cpu_check,
     .upload_weight = cpu_upload_weight,
     .release_weight = cpu_release_weight,

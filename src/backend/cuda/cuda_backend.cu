@@ -536,6 +536,13 @@ static void cu_free(g4_backend *be) {
     free(be);
 }
 
+static int cu_memory(g4_backend *be, size_t *free_bytes, size_t *total_bytes) {
+    (void)be;
+    if (cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess) return 0;
+    cudaGetLastError();
+    return -1;
+}
+
 /* The op table (filled in once: C++ before C++20 has no designated initializers). */
 static g4_backend_ops cuda_ops;
 
@@ -551,6 +558,7 @@ static void init_ops(void) {
     o->to_host = cu_to_host;
     o->copy = cu_copy;
     o->sync = cu_sync;
+    o->memory = cu_memory;
     o->check = cu_check;
     o->upload_weight = cu_upload_weight;
     o->upload_weights = cu_upload_weights;

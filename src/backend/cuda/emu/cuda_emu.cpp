@@ -2,6 +2,8 @@
  * x86-64 assembly at barriers; memory and stream calls done at once on the host. */
 #include "backend/cuda/emu/cuda_emu.h"
 
+#include <atomic>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -309,21 +311,41 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     p->minor = 0;
     return cudaSuccess;
 }
+/* Device memory: G4_EMU_MEMORY_MB of it (default 8 GiB), counted by what cudaMalloc handed out, so that free
+ * memory falls as on a GPU and an allocation past it fails. */
+static std::atomic<size_t> emu_allocated{0};
+static size_t emu_memory(void) {
+    const char *v = getenv("G4_EMU_MEMORY_MB");
+    return v && atol(v) > 0 ? (size_t)atol(v) << 20 : (size_t)8 << 30;
+}
 cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
-    *f = (size_t)8 << 30;
-    *t = (size_t)8 << 30;
+    const size_t all = emu_memory(), used = emu_allocated.load();
+    *f = used < all ? all - used : 0;
+    *t = all;
     return cudaSuccess;
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = NULL;
+    if (emu_allocated.load() + n > emu_memory()) return cudaErrorMemoryAllocation;
     *p = malloc(n ? n : 1);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+    if (!*p) return cudaErrorMemoryAllocation;
+    emu_allocated += malloc_usable_size(*p);
+    return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    if (p) emu_allocated -= malloc_usable_size(p);
     free(p);
     return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
-cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+/* pinned host memory is not device memory */
+cudaError_t cudaMallocHost(void **p, size_t n) {
+    *p = malloc(n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void *p) {
+    free(p);
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
     if (n) memmove(d, s, n);
     return cudaSuccess;
