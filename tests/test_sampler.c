@@ -612,6 +612,11 @@ static void test_candidates(void) {
                     hist[i] = id;
                     g4_sampler_accept(a, id), g4_sampler_accept(b, id);
                 }
+            if (mods == 2 && trial % 4 == 1) { /* prompt ids (the repetition penalty's only): some of the largest */
+                int32_t prompt[6];
+                for (int i = 0; i < 6; i++) prompt[i] = i < 3 && hist[i] >= 0 ? (hist[i] + 1) % V : (int32_t)((i * 7919u + (unsigned)trial * 31u) % (unsigned)V);
+                CHECK(g4_sampler_accept_prompt(a, prompt, 6) == 0 && g4_sampler_accept_prompt(b, prompt, 6) == 0);
+            }
             for (int d = 0; d < 16; d++) {
                 const int k = g4_sampler_candidates_k(b);
                 const int k_plain = p.temperature == 0.0f ? 1 : p.top_k < V ? p.top_k : V;
@@ -794,6 +799,55 @@ static void test_penalties(void) {
         CHECK(g4_sampler_sample(s, row) == 3);
         g4_sampler_accept(s, 3);
         CHECK(g4_sampler_sample(s, row) == 2);
+        g4_sampler_free(s);
+    }
+    /* prompt ids for the repetition penalty only (vLLM's apply_penalties: repetition over the prompt's and the
+     * output's ids, presence and frequency over the output's counts), outside the window; reset forgets them */
+    for (int t = 0; t < 200; t++) {
+        enum { PV = 12 };
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = t % 2 ? 0.0f : 0.9f;
+        p.repetition_penalty = t % 5 == 4 ? (float)(0.5 + urand() * 0.4) : (float)(1.1 + urand() * 2.0);
+        p.presence_penalty = (float)(urand() * 1.5);
+        p.frequency_penalty = (float)(urand() * 0.8);
+        p.penalty_last_n = t % 3 == 0 ? -1 : 1 + (int)(urand() * 6);
+        float px[PV];
+        for (int i = 0; i < PV; i++) px[i] = (float)(nrand() * 2.0);
+        int32_t prompt[10], out[10];
+        const int n_prompt = 1 + (int)(urand() * 10), n_out = (int)(urand() * 10);
+        for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)(urand() * 8);
+        for (int i = 0; i < n_out; i++) out[i] = (int32_t)(urand() * 8);
+        double adj[PV];
+        ref_adjust(px, PV, &p, out, n_out, adj); /* the output's ids: all three penalties */
+        int in_window[PV] = {0};
+        for (int i = n_out > p.penalty_last_n && p.penalty_last_n > 0 ? n_out - p.penalty_last_n : 0; i < n_out; i++)
+            in_window[out[i]] = 1;
+        int done[PV] = {0};
+        for (int i = 0; i < n_prompt; i++) { /* the prompt's others: the repetition penalty alone */
+            const int id = prompt[i];
+            if (in_window[id] || done[id]) continue;
+            done[id] = 1;
+            adj[id] = adj[id] < 0 ? adj[id] * p.repetition_penalty : adj[id] / p.repetition_penalty;
+        }
+        g4_sampler *s = make(&p, PV);
+        CHECK(g4_sampler_accept_prompt(s, prompt, n_prompt) == 0);
+        g4_sampler_accept_many(s, out, n_out);
+        float got[PV];
+        const int nz = g4_sampler_probs(s, px, got);
+        double want[PV], z = 0, m = -INFINITY, worst = 0;
+        int best = 0;
+        for (int i = 0; i < PV; i++) m = adj[i] > m ? adj[i] : m, best = adj[i] > adj[best] ? i : best;
+        for (int i = 0; i < PV; i++) z += want[i] = p.temperature > 0 ? exp((adj[i] - m) / p.temperature) : i == best;
+        for (int i = 0; i < PV; i++) worst = fmax(worst, fabs(got[i] - want[i] / z));
+        CHECKF(nz > 0 && worst < 1e-5, "prompt ids for the repetition penalty, trial %d: probabilities off by %.2e",
+               t, worst);
+        if (p.temperature == 0.0f)
+            CHECKF(g4_sampler_sample(s, px) == best, "prompt ids, greedy trial %d: want %d", t, best);
+        g4_sampler_reset(s);
+        g4_sampler_params q = p;
+        q.repetition_penalty = 1.0f, q.presence_penalty = q.frequency_penalty = 0.0f;
+        check_probs(s, px, PV, &q, NULL, 0, "prompt ids after a reset");
         g4_sampler_free(s);
     }
     /* the window: only the last penalty_last_n ids count */
