@@ -1124,6 +1124,51 @@ static void test_generation_config(void) {
     CHECK(gc.n_eos == 0);
     g4_generation_config_free(&gc);
 
+    /* fields transformers acts on and this engine does not: one warning line each, naming the field; values
+     * that change nothing there (and sampling-only ones without do_sample) draw none */
+    write_file(gp, "{\"no_repeat_ngram_size\": 3, \"bad_words_ids\": [[5, 6]], \"min_new_tokens\": 4, \"min_length\": 9,"
+                   " \"begin_suppress_tokens\": [7], \"forced_eos_token_id\": 1, \"sequence_bias\": [[[5], -1.0]],"
+                   " \"num_beams\": 4, \"stop_strings\": [\"x\"], \"do_sample\": true, \"typical_p\": 0.5}");
+    memset(&err, 0, sizeof err);
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "ignored fields: %s", err.msg);
+    {
+        const char *keys[] = {"no_repeat_ngram_size", "bad_words_ids", "min_new_tokens", "min_length", "begin_suppress_tokens",
+                              "forced_eos_token_id", "sequence_bias", "num_beams", "stop_strings", "typical_p"};
+        int lines = 0;
+        for (const char *w = gc.warnings; w && *w; w++) lines += *w == '\n';
+        CHECKF(lines == 10, "%d warning lines for 10 ignored fields:\n%s", lines, gc.warnings ? gc.warnings : "");
+        for (int i = 0; i < 10; i++) {
+            char quoted[64];
+            snprintf(quoted, sizeof quoted, "\"%s\"", keys[i]);
+            CHECKF(gc.warnings && strstr(gc.warnings, quoted), "no warning for %s", keys[i]);
+        }
+    }
+    g4_generation_config_free(&gc);
+    CHECK(gc.warnings == NULL);
+    write_file(gp, "{\"no_repeat_ngram_size\": 0, \"bad_words_ids\": null, \"min_new_tokens\": 0, \"num_beams\": 1,"
+                   " \"begin_suppress_tokens\": [], \"remove_invalid_values\": false, \"typical_p\": 0.5, \"top_h\": 0.3,"
+                   " \"encoder_repetition_penalty\": 1.0, \"guidance_scale\": null, \"epsilon_cutoff\": 0.0}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0 && gc.warnings == NULL,
+           "fields that change nothing: %s / %s", err.msg, gc.warnings ? gc.warnings : "");
+    g4_generation_config_free(&gc);
+    /* do_sample with temperature 0: transformers refuses to generate (TemperatureLogitsWarper); greedy here, said */
+    write_file(gp, "{\"do_sample\": true, \"temperature\": 0.0, \"top_k\": 64}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "temperature 0: %s", err.msg);
+    CHECK(gc.sampling.temperature == 0.0f && gc.warnings && strstr(gc.warnings, "\"temperature\" 0"));
+    g4_generation_config_free(&gc);
+    /* JSON types as transformers' processors check them: an integer temperature of 1 or a top_k of 64 loads, and
+     * anything goes without do_sample (no warper is built) */
+    const char *typed_ok[] = {"{\"do_sample\": true, \"temperature\": 1, \"top_k\": 64, \"top_p\": 1, \"min_p\": 0}",
+                              "{\"do_sample\": false, \"temperature\": 2, \"top_k\": 64.0}",
+                              "{\"do_sample\": true, \"top_k\": 0.0, \"repetition_penalty\": 1}"};
+    for (int i = 0; i < 3; i++) {
+        write_file(gp, typed_ok[i]);
+        memset(&err, 0, sizeof err);
+        CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0 && gc.warnings == NULL, "%s: %s", typed_ok[i],
+               err.msg);
+        g4_generation_config_free(&gc);
+    }
+
     /* malformed files: one clear line naming the problem */
     struct {
         const char *text, *want;
@@ -1143,6 +1188,9 @@ static void test_generation_config(void) {
         {"{\"suppress_tokens\": 5}", "suppress_tokens"},
         {"{\"max_new_tokens\": 0}", "max_new_tokens"},
         {"{\"top_k\": 5, \"top_k\": 6}", "duplicate"},
+        {"{\"do_sample\": true, \"temperature\": 2}", "temperature"}, /* TemperatureLogitsWarper: a float */
+        {"{\"do_sample\": true, \"top_k\": 64.0}", "top_k"},          /* TopKLogitsWarper: an int */
+        {"{\"repetition_penalty\": 2}", "repetition_penalty"},        /* RepetitionPenaltyLogitsProcessor */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(gp, bad[i].text);
