@@ -1018,7 +1018,7 @@ static void test_generation_config(void) {
                "%s: eos/pad/bos", dir);
         CHECKF(gc.do_sample == 0 && gc.sampling.temperature == 0.0f, "%s: greedy by default", dir);
         CHECK(g4_generation_config_is_eos(&gc, 1) && !g4_generation_config_is_eos(&gc, 106));
-        CHECK(gc.max_new_tokens == -1 && g4_generation_config_max_new(&gc, 10) == -1);
+        CHECK(gc.max_new_tokens == -1 && g4_generation_config_max_new(&gc, 10) == -1 && gc.warnings == NULL);
         g4_generation_config_free(&gc);
     }
 
@@ -1041,6 +1041,7 @@ static void test_generation_config(void) {
             CHECK(gc.n_eos == 3 && gc.eos_ids[0] == 1 && gc.eos_ids[1] == 106 && gc.eos_ids[2] == 50);
             CHECK(g4_generation_config_is_eos(&gc, 50) && !g4_generation_config_is_eos(&gc, 2));
             CHECK(gc.n_suppress == 0 && gc.pad_id == 0 && gc.bos_id == 2);
+            CHECKF(gc.warnings == NULL, "a published -it generation_config.json draws warnings: %s", gc.warnings);
             g4_sampler *s = NULL;
             CHECK(g4_sampler_new(&gc.sampling, 262144, &s, &err) == 0);
             g4_sampler_free(s);
