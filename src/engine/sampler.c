@@ -634,28 +634,31 @@ void g4_sampler_accept_many(g4_sampler *s, const int32_t *ids, int n) {
 int g4_sampler_accept_prompt(g4_sampler *s, const int32_t *ids, int n) {
     if (!s || !s->penalties_on || s->p.repetition_penalty == 1.0f || !ids || n <= 0) return 0;
     if (!s->in_prompt) {
-        s->in_prompt = calloc((size_t)s->V, 1);
-        s->prompt_ids = malloc((size_t)s->V * sizeof *s->prompt_ids);
-        if (!s->in_prompt || !s->prompt_ids) return -1;
-    }
-    int added = 0;
-    for (int i = 0; i < n; i++)
-        if (ids[i] >= 0 && ids[i] < s->V && !s->in_prompt[ids[i]]) {
-            s->in_prompt[ids[i]] = 1;
-            s->prompt_ids[s->n_prompt++] = ids[i];
-            added++;
+        unsigned char *mark = calloc((size_t)s->V, 1);
+        int32_t *list = malloc((size_t)s->V * sizeof *list);
+        if (!mark || !list) {
+            free(mark), free(list);
+            return -1;
         }
-    /* the step's modified ids are at most the static ones, the window's and the prompt's (and never more than V) */
-    int cap = s->mod_cap + added;
+        s->in_prompt = mark, s->prompt_ids = list;
+    }
+    /* room first: a step's modified ids are the static ones, the window's and the prompt's, never more than V */
+    int cap = n > s->V ? s->n_static + s->V : s->mod_cap + n;
     if (cap > s->n_static + s->V) cap = s->n_static + s->V;
     if (cap > s->mod_cap) {
         int32_t *ids2 = realloc(s->mod_ids, (size_t)cap * sizeof *ids2);
-        if (ids2) s->mod_ids = ids2;
-        float *vals2 = ids2 ? realloc(s->mod_values, (size_t)cap * sizeof *vals2) : NULL;
+        if (!ids2) return -1;
+        s->mod_ids = ids2;
+        float *vals2 = realloc(s->mod_values, (size_t)cap * sizeof *vals2);
         if (!vals2) return -1;
         s->mod_values = vals2;
         s->mod_cap = cap;
     }
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->V && !s->in_prompt[ids[i]]) {
+            s->in_prompt[ids[i]] = 1;
+            s->prompt_ids[s->n_prompt++] = ids[i];
+        }
     return 0;
 }
 
