@@ -562,8 +562,9 @@ typedef struct g4_generation_params {
     int n_stop_strings;
     int parse_chat;                     /* 1: split the text into answer, thinking and tool calls
                                            (g4_chat_start sets it) */
-    int penalties_output_only;          /* 1: the sampler's penalties see only the generated tokens (OpenAI's
-                                           presence and frequency penalties); 0: the prompt too (transformers) */
+    int penalties_output_only;          /* 1: presence and frequency penalties count only the generated tokens
+                                           (OpenAI, vLLM), the repetition penalty sees the prompt too (vLLM and
+                                           transformers); 0: the prompt counts for all three (llama.cpp) */
     int logprobs;                       /* 1: keep each generated token's log-probability (g4_generation_logprobs) */
     int top_logprobs;                   /* with logprobs: also the n most likely tokens of each step (0..20) */
     int json_object;                    /* 1: the output is one JSON object (RFC 8259), starting at its '{':

@@ -391,6 +391,23 @@ static void test_steps_logprobs(g4_model *m, const reference *r) {
         CHECK(run_all(g, got, 64) == 16 && got[0] != r->greedy[0]);
         g4_generation_free(g);
     }
+    /* the repetition penalty looks at the prompt with output-only penalties too (vLLM's apply_penalties:
+       repetition over the prompt's and the output's ids, presence and frequency over the output's): alone, the
+       flag changes nothing, and a prompt token that is the greedy first token is penalized */
+    sp.presence_penalty = 0.0f, sp.repetition_penalty = 100.0f;
+    int32_t with_flag[64];
+    int n_flag = -1, n_plain = -1;
+    for (int flag = 1; flag >= 0; flag--) {
+        gp = (g4_generation_params){.max_new_tokens = 12, .sampling = &sp, .ignore_eos = 1, .penalties_output_only = flag};
+        CHECK(g4_generation_start(ctx, 1, r->ids, T, &gp, &g, &err) == 0);
+        if (flag) n_flag = run_all(g, with_flag, 64);
+        else n_plain = run_all(g, got, 64);
+        g4_generation_free(g);
+    }
+    CHECKF(n_flag == 12 && n_plain == 12 && !memcmp(with_flag, got, 12 * sizeof *got) &&
+               (!in_prompt || with_flag[0] != r->greedy[0]),
+           "repetition penalty with output-only penalties: %d and %d tokens, first %d (greedy %d, in the prompt: %d)",
+           n_flag, n_plain, with_flag[0], r->greedy[0], in_prompt);
     g4_context_free(ctx);
 }
 

@@ -408,6 +408,29 @@ static void test_towers(void) {
     }
 }
 
+/* A generation_config.json field transformers acts on and this engine does not is a load warning (the CLI and the
+ * server print them), not silently different output; the fixture's own file draws none. */
+static void test_generation_config_warnings(void) {
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s", g4t_tmp("genconfig-model"));
+    CHECK(resave(g4t_shared("fixtures/dense-ple"), dir, 1, 0, NULL) == 0);
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    CHECK(copy_file(g4t_shared("fixtures/dense-ple/generation_config.json"), path) == 0);
+    g4_model *m = load_expect("the fixture's generation_config.json", dir, NULL);
+    if (m) {
+        CHECKF(!g4_model_warnings(m), "warnings: %s", g4_model_warnings(m));
+        g4_model_free(m);
+    }
+    CHECK(write_text(path, "{\"eos_token_id\": 1, \"no_repeat_ngram_size\": 3, \"min_new_tokens\": 2}") == 0);
+    m = load_expect("no_repeat_ngram_size and min_new_tokens", dir, NULL);
+    if (m) {
+        const char *w = g4_model_warnings(m);
+        CHECKF(w && strstr(w, "\"no_repeat_ngram_size\" 3") && strstr(w, "\"min_new_tokens\" 2"), "warnings: %s",
+               w ? w : "(none)");
+        g4_model_free(m);
+    }
+}
+
 static int count_finish(const g4_event *ev, void *user) {
     if (ev->kind == G4_EVENT_FINISH) ++*(int *)user;
     return 0;
@@ -761,6 +784,7 @@ int main(void) {
     test_bad_folders();
     test_config_mismatch();
     test_towers();
+    test_generation_config_warnings();
     test_nan_weights();
     test_gguf_towers();
     return g4t_done();

@@ -612,6 +612,11 @@ static void test_candidates(void) {
                     hist[i] = id;
                     g4_sampler_accept(a, id), g4_sampler_accept(b, id);
                 }
+            if (mods == 2 && trial % 4 == 1) { /* prompt ids (the repetition penalty's only): some of the largest */
+                int32_t prompt[6];
+                for (int i = 0; i < 6; i++) prompt[i] = i < 3 && hist[i] >= 0 ? (hist[i] + 1) % V : (int32_t)((i * 7919u + (unsigned)trial * 31u) % (unsigned)V);
+                CHECK(g4_sampler_accept_prompt(a, prompt, 6) == 0 && g4_sampler_accept_prompt(b, prompt, 6) == 0);
+            }
             for (int d = 0; d < 16; d++) {
                 const int k = g4_sampler_candidates_k(b);
                 const int k_plain = p.temperature == 0.0f ? 1 : p.top_k < V ? p.top_k : V;
@@ -796,6 +801,55 @@ static void test_penalties(void) {
         CHECK(g4_sampler_sample(s, row) == 2);
         g4_sampler_free(s);
     }
+    /* prompt ids for the repetition penalty only (vLLM's apply_penalties: repetition over the prompt's and the
+     * output's ids, presence and frequency over the output's counts), outside the window; reset forgets them */
+    for (int t = 0; t < 200; t++) {
+        enum { PV = 12 };
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = t % 2 ? 0.0f : 0.9f;
+        p.repetition_penalty = t % 5 == 4 ? (float)(0.5 + urand() * 0.4) : (float)(1.1 + urand() * 2.0);
+        p.presence_penalty = (float)(urand() * 1.5);
+        p.frequency_penalty = (float)(urand() * 0.8);
+        p.penalty_last_n = t % 3 == 0 ? -1 : 1 + (int)(urand() * 6);
+        float px[PV];
+        for (int i = 0; i < PV; i++) px[i] = (float)(nrand() * 2.0);
+        int32_t prompt[10], out[10];
+        const int n_prompt = 1 + (int)(urand() * 10), n_out = (int)(urand() * 10);
+        for (int i = 0; i < n_prompt; i++) prompt[i] = (int32_t)(urand() * 8);
+        for (int i = 0; i < n_out; i++) out[i] = (int32_t)(urand() * 8);
+        double adj[PV];
+        ref_adjust(px, PV, &p, out, n_out, adj); /* the output's ids: all three penalties */
+        int in_window[PV] = {0};
+        for (int i = n_out > p.penalty_last_n && p.penalty_last_n > 0 ? n_out - p.penalty_last_n : 0; i < n_out; i++)
+            in_window[out[i]] = 1;
+        int done[PV] = {0};
+        for (int i = 0; i < n_prompt; i++) { /* the prompt's others: the repetition penalty alone */
+            const int id = prompt[i];
+            if (in_window[id] || done[id]) continue;
+            done[id] = 1;
+            adj[id] = adj[id] < 0 ? adj[id] * p.repetition_penalty : adj[id] / p.repetition_penalty;
+        }
+        g4_sampler *s = make(&p, PV);
+        CHECK(g4_sampler_accept_prompt(s, prompt, n_prompt) == 0);
+        g4_sampler_accept_many(s, out, n_out);
+        float got[PV];
+        const int nz = g4_sampler_probs(s, px, got);
+        double want[PV], z = 0, m = -INFINITY, worst = 0;
+        int best = 0;
+        for (int i = 0; i < PV; i++) m = adj[i] > m ? adj[i] : m, best = adj[i] > adj[best] ? i : best;
+        for (int i = 0; i < PV; i++) z += want[i] = p.temperature > 0 ? exp((adj[i] - m) / p.temperature) : i == best;
+        for (int i = 0; i < PV; i++) worst = fmax(worst, fabs(got[i] - want[i] / z));
+        CHECKF(nz > 0 && worst < 1e-5, "prompt ids for the repetition penalty, trial %d: probabilities off by %.2e",
+               t, worst);
+        if (p.temperature == 0.0f)
+            CHECKF(g4_sampler_sample(s, px) == best, "prompt ids, greedy trial %d: want %d", t, best);
+        g4_sampler_reset(s);
+        g4_sampler_params q = p;
+        q.repetition_penalty = 1.0f, q.presence_penalty = q.frequency_penalty = 0.0f;
+        check_probs(s, px, PV, &q, NULL, 0, "prompt ids after a reset");
+        g4_sampler_free(s);
+    }
     /* the window: only the last penalty_last_n ids count */
     {
         g4_sampler_params p;
@@ -964,7 +1018,7 @@ static void test_generation_config(void) {
                "%s: eos/pad/bos", dir);
         CHECKF(gc.do_sample == 0 && gc.sampling.temperature == 0.0f, "%s: greedy by default", dir);
         CHECK(g4_generation_config_is_eos(&gc, 1) && !g4_generation_config_is_eos(&gc, 106));
-        CHECK(gc.max_new_tokens == -1 && g4_generation_config_max_new(&gc, 10) == -1);
+        CHECK(gc.max_new_tokens == -1 && g4_generation_config_max_new(&gc, 10) == -1 && gc.warnings == NULL);
         g4_generation_config_free(&gc);
     }
 
@@ -987,6 +1041,7 @@ static void test_generation_config(void) {
             CHECK(gc.n_eos == 3 && gc.eos_ids[0] == 1 && gc.eos_ids[1] == 106 && gc.eos_ids[2] == 50);
             CHECK(g4_generation_config_is_eos(&gc, 50) && !g4_generation_config_is_eos(&gc, 2));
             CHECK(gc.n_suppress == 0 && gc.pad_id == 0 && gc.bos_id == 2);
+            CHECKF(gc.warnings == NULL, "a published -it generation_config.json draws warnings: %s", gc.warnings);
             g4_sampler *s = NULL;
             CHECK(g4_sampler_new(&gc.sampling, 262144, &s, &err) == 0);
             g4_sampler_free(s);
@@ -1070,6 +1125,51 @@ static void test_generation_config(void) {
     CHECK(gc.n_eos == 0);
     g4_generation_config_free(&gc);
 
+    /* fields transformers acts on and this engine does not: one warning line each, naming the field; values
+     * that change nothing there (and sampling-only ones without do_sample) draw none */
+    write_file(gp, "{\"no_repeat_ngram_size\": 3, \"bad_words_ids\": [[5, 6]], \"min_new_tokens\": 4, \"min_length\": 9,"
+                   " \"begin_suppress_tokens\": [7], \"forced_eos_token_id\": 1, \"sequence_bias\": [[[5], -1.0]],"
+                   " \"num_beams\": 4, \"stop_strings\": [\"x\"], \"do_sample\": true, \"typical_p\": 0.5}");
+    memset(&err, 0, sizeof err);
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "ignored fields: %s", err.msg);
+    {
+        const char *keys[] = {"no_repeat_ngram_size", "bad_words_ids", "min_new_tokens", "min_length", "begin_suppress_tokens",
+                              "forced_eos_token_id", "sequence_bias", "num_beams", "stop_strings", "typical_p"};
+        int lines = 0;
+        for (const char *w = gc.warnings; w && *w; w++) lines += *w == '\n';
+        CHECKF(lines == 10, "%d warning lines for 10 ignored fields:\n%s", lines, gc.warnings ? gc.warnings : "");
+        for (int i = 0; i < 10; i++) {
+            char quoted[64];
+            snprintf(quoted, sizeof quoted, "\"%s\"", keys[i]);
+            CHECKF(gc.warnings && strstr(gc.warnings, quoted), "no warning for %s", keys[i]);
+        }
+    }
+    g4_generation_config_free(&gc);
+    CHECK(gc.warnings == NULL);
+    write_file(gp, "{\"no_repeat_ngram_size\": 0, \"bad_words_ids\": null, \"min_new_tokens\": 0, \"num_beams\": 1,"
+                   " \"begin_suppress_tokens\": [], \"remove_invalid_values\": false, \"typical_p\": 0.5, \"top_h\": 0.3,"
+                   " \"encoder_repetition_penalty\": 1.0, \"guidance_scale\": null, \"epsilon_cutoff\": 0.0}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0 && gc.warnings == NULL,
+           "fields that change nothing: %s / %s", err.msg, gc.warnings ? gc.warnings : "");
+    g4_generation_config_free(&gc);
+    /* do_sample with temperature 0: transformers refuses to generate (TemperatureLogitsWarper); greedy here, said */
+    write_file(gp, "{\"do_sample\": true, \"temperature\": 0.0, \"top_k\": 64}");
+    CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0, "temperature 0: %s", err.msg);
+    CHECK(gc.sampling.temperature == 0.0f && gc.warnings && strstr(gc.warnings, "\"temperature\" 0"));
+    g4_generation_config_free(&gc);
+    /* JSON types as transformers' processors check them: an integer temperature of 1 or a top_k of 64 loads, and
+     * anything goes without do_sample (no warper is built) */
+    const char *typed_ok[] = {"{\"do_sample\": true, \"temperature\": 1, \"top_k\": 64, \"top_p\": 1, \"min_p\": 0}",
+                              "{\"do_sample\": false, \"temperature\": 2, \"top_k\": 64.0}",
+                              "{\"do_sample\": true, \"top_k\": 0.0, \"repetition_penalty\": 1}"};
+    for (int i = 0; i < 3; i++) {
+        write_file(gp, typed_ok[i]);
+        memset(&err, 0, sizeof err);
+        CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0 && gc.warnings == NULL, "%s: %s", typed_ok[i],
+               err.msg);
+        g4_generation_config_free(&gc);
+    }
+
     /* malformed files: one clear line naming the problem */
     struct {
         const char *text, *want;
@@ -1089,6 +1189,9 @@ static void test_generation_config(void) {
         {"{\"suppress_tokens\": 5}", "suppress_tokens"},
         {"{\"max_new_tokens\": 0}", "max_new_tokens"},
         {"{\"top_k\": 5, \"top_k\": 6}", "duplicate"},
+        {"{\"do_sample\": true, \"temperature\": 2}", "temperature"}, /* TemperatureLogitsWarper: a float */
+        {"{\"do_sample\": true, \"top_k\": 64.0}", "top_k"},          /* TopKLogitsWarper: an int */
+        {"{\"repetition_penalty\": 2}", "repetition_penalty"},        /* RepetitionPenaltyLogitsProcessor */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(gp, bad[i].text);

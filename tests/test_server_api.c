@@ -147,6 +147,13 @@ static void test_errors(void) {
         {"\"response_format\": {\"type\": \"json_schema\"}", "response_format"},
         {"\"reasoning_effort\": \"extreme\"", "reasoning_effort"}, {"\"best_of\": 2", "best_of"},
         {"\"modalities\": [\"audio\"]", "modalities"},
+        /* sampling values outside what vLLM and OpenAI take: top_k -1 and 0 are off, below is an error */
+        {"\"top_k\": -2", "top_k"},                {"\"top_k\": 2147483648", "top_k"},
+        {"\"top_k\": 40.5", "top_k"},              {"\"min_p\": 1.5", "min_p"},
+        {"\"min_p\": -0.1", "min_p"},              {"\"top_p\": 1.01", "top_p"},
+        {"\"temperature\": -0.5", "temperature"},  {"\"repetition_penalty\": 0", "repetition_penalty"},
+        {"\"presence_penalty\": 2.5", "presence_penalty"}, {"\"frequency_penalty\": -3", "frequency_penalty"},
+        {"\"logit_bias\": {\"1\": \"x\"}", "logit_bias"}, {"\"logit_bias\": {\"-1\": 1}", "logit_bias"},
         /* tools are checked also when tool_choice "none" hides them */
         {"\"tool_choice\": \"none\", \"tools\": \"f\"", "tools"},
         /* a tool the model could not call by name: empty, not a string, or two of one name */
@@ -161,6 +168,24 @@ static void test_errors(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(body, sizeof body, "%s%s}", head, cases[i].field);
         bad(SRV_CHAT, body, 400, cases[i].param);
+    }
+    /* NaN and numbers no double holds are not JSON (RFC 8259; jansson refuses them): a 400, one line */
+    static const char *const not_json[] = {"\"temperature\": NaN", "\"temperature\": Infinity", "\"top_p\": 1e999",
+                                           "\"temperature\": -1e999"};
+    for (size_t i = 0; i < sizeof not_json / sizeof not_json[0]; i++) {
+        snprintf(body, sizeof body, "%s%s}", head, not_json[i]);
+        bad(SRV_CHAT, body, 400, NULL);
+    }
+    /* the edges that are valid: a tiny temperature (greedy below 1e-5), min_p 1 (the top tokens only), a top_k
+     * far beyond the vocabulary (all of it), top_k -1 (off) */
+    static const char *const edges[] = {"\"temperature\": 1e-9, \"min_p\": 1", "\"top_k\": 1073741824",
+                                        "\"top_k\": -1, \"top_p\": 1e-9"};
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++) {
+        srv_request r;
+        srv_error e2;
+        snprintf(body, sizeof body, "%s%s}", head, edges[i]);
+        CHECKF(parse(SRV_CHAT, body, 0, &r, &e2) == 0, "%s: %s", edges[i], e2.msg);
+        srv_request_free(&r);
     }
     bad(SRV_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
                   "\"image_url\": {\"url\": \"data:image/png;base64,AAAA\"}}]}]}", 400, "messages.content");

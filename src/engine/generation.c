@@ -505,7 +505,10 @@ static int setup(g4_generation *g, const g4_generation_params *p, int n_ctx, g4_
     /* argmax with nothing that changes logits: the model step finds it (no logits copied back) */
     /* log-probabilities and the JSON constraint need the logits */
     g->greedy = g4_sampler_is_argmax(g->sampler) && !g->logprobs && !p->json_object;
-    if (!p->penalties_output_only) g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
+    if (!p->penalties_output_only)
+        g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
+    else if (g4_sampler_accept_prompt(g->sampler, g->prompt, g->n_prompt)) /* vLLM: the repetition penalty's */
+        return g4_fail(err, "generation: out of memory (the prompt's ids for the repetition penalty)");
 
     const int n_eos = p->ignore_eos ? 0 : m->gen_config.n_eos;
     g->stop_ids = malloc((size_t)(n_eos + p->n_stop_ids + 1) * sizeof *g->stop_ids);

@@ -74,6 +74,10 @@ struct g4_sampler {
     int ring_cap;
     uint64_t n_accepted;
     uint64_t n_accepted_max; /* the most n_accepted has been since the last reset (bounds a rewind) */
+    /* Prompt ids only the repetition penalty sees (g4_sampler_accept_prompt): outside the window and the counts. */
+    unsigned char *in_prompt; /* [V] */
+    int32_t *prompt_ids;      /* the distinct ones */
+    int n_prompt;
 
     /* The modified ids of the current step and their adjusted values. */
     int32_t *slot; /* [V] index into mod_* or -1; static slots stay set */
@@ -459,6 +463,8 @@ void g4_sampler_free(g4_sampler *s) {
     free(s->seen);
     free(s->seen_pos);
     free(s->ring);
+    free(s->in_prompt);
+    free(s->prompt_ids);
     free(s->slot);
     free(s->mod_ids);
     free(s->mod_values);
@@ -625,9 +631,42 @@ void g4_sampler_accept_many(g4_sampler *s, const int32_t *ids, int n) {
     for (int i = 0; ids && i < n; i++) g4_sampler_accept(s, ids[i]);
 }
 
+int g4_sampler_accept_prompt(g4_sampler *s, const int32_t *ids, int n) {
+    if (!s || !s->penalties_on || s->p.repetition_penalty == 1.0f || !ids || n <= 0) return 0;
+    if (!s->in_prompt) {
+        unsigned char *mark = calloc((size_t)s->V, 1);
+        int32_t *list = malloc((size_t)s->V * sizeof *list);
+        if (!mark || !list) {
+            free(mark), free(list);
+            return -1;
+        }
+        s->in_prompt = mark, s->prompt_ids = list;
+    }
+    /* room first: a step's modified ids are the static ones, the window's and the prompt's, never more than V */
+    int cap = n > s->V ? s->n_static + s->V : s->mod_cap + n;
+    if (cap > s->n_static + s->V) cap = s->n_static + s->V;
+    if (cap > s->mod_cap) {
+        int32_t *ids2 = realloc(s->mod_ids, (size_t)cap * sizeof *ids2);
+        if (!ids2) return -1;
+        s->mod_ids = ids2;
+        float *vals2 = realloc(s->mod_values, (size_t)cap * sizeof *vals2);
+        if (!vals2) return -1;
+        s->mod_values = vals2;
+        s->mod_cap = cap;
+    }
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < s->V && !s->in_prompt[ids[i]]) {
+            s->in_prompt[ids[i]] = 1;
+            s->prompt_ids[s->n_prompt++] = ids[i];
+        }
+    return 0;
+}
+
 void g4_sampler_reset(g4_sampler *s) {
     if (!s || !s->penalties_on) return;
     for (int i = 0; i < s->n_seen; i++) s->count[s->seen[i]] = 0;
+    for (int i = 0; i < s->n_prompt; i++) s->in_prompt[s->prompt_ids[i]] = 0;
+    s->n_prompt = 0;
     s->n_seen = 0;
     s->n_accepted = 0;
     s->n_accepted_max = 0;
@@ -649,6 +688,13 @@ static void mods_build(g4_sampler *s, const float *logits, const float *raw) {
                 s->mod_ids[n++] = id;
             }
         }
+        for (int i = 0; i < s->n_prompt; i++) { /* (those also in the window have their slot now) */
+            int32_t id = s->prompt_ids[i];
+            if (s->slot[id] < 0) {
+                s->slot[id] = n;
+                s->mod_ids[n++] = id;
+            }
+        }
     }
     s->n_mod = n;
     const float rp = s->p.repetition_penalty;
@@ -658,10 +704,10 @@ static void mods_build(g4_sampler *s, const float *logits, const float *raw) {
         float v = raw ? raw[i] : logits[id];
         if (v != v) v = -INFINITY;
         if (i < s->n_static) v += s->static_bias[i];
-        if (s->penalties_on && s->count[id] > 0) {
+        if (s->penalties_on && (s->count[id] > 0 || (s->n_prompt > 0 && s->in_prompt[id]))) {
             int32_t c = s->count[id];
             if (rp != 1.0f) v = v > 0.0f ? v / rp : v * rp; /* HF: score < 0 ? score * p : score / p */
-            v -= freq * (float)c + pres;
+            if (c > 0) v -= freq * (float)c + pres;
         }
         if (i < s->n_static && s->static_suppressed[i]) v = -INFINITY;
         if (v != v) v = -INFINITY; /* +inf logit with a -inf bias */
@@ -1082,12 +1128,18 @@ static int mod_ids_now(const g4_sampler *s, int32_t *ids) {
     int n = s->n_static;
     if (ids)
         for (int i = 0; i < n; i++) ids[i] = s->static_ids[i];
-    if (s->penalties_on)
+    if (s->penalties_on) {
         for (int i = 0; i < s->n_seen; i++)
             if (s->slot[s->seen[i]] < 0) {
                 if (ids) ids[n] = s->seen[i];
                 n++;
             }
+        for (int i = 0; i < s->n_prompt; i++) /* those not in the window */
+            if (s->slot[s->prompt_ids[i]] < 0 && s->count[s->prompt_ids[i]] == 0) {
+                if (ids) ids[n] = s->prompt_ids[i];
+                n++;
+            }
+    }
     return n;
 }
 

@@ -5,7 +5,8 @@
  *
  *   1. logit bias (added; -INFINITY bans a token)         ~ SequenceBiasLogitsProcessor
  *   2. repetition penalty over the history window          ~ RepetitionPenaltyLogitsProcessor
- *      (logit > 0 ? logit / p : logit * p for every id seen at least once)
+ *      (logit > 0 ? logit / p : logit * p for every id seen at least once, and for the prompt ids
+ *      of g4_sampler_accept_prompt)
  *   3. presence / frequency penalties (OpenAI semantics)   logit -= presence*(count>0) + frequency*count
  *   4. suppressed ids set to -INFINITY                      ~ SuppressTokensLogitsProcessor
  *   -- temperature == 0: greedy, argmax of the above (ties -> lowest id, like torch.argmax)
@@ -47,6 +48,13 @@
 /* Checks the parameters (vocab_size <= 0 skips the id range checks). Returns 0 or -1 with
  * a one-line message naming the bad field. */
 int g4_sampler_params_check(const g4_sampler_params *p, int vocab_size, g4_error *err);
+
+/* Prompt ids that only the repetition penalty looks at, as vLLM's sampler does for OpenAI requests
+ * (vllm/model_executor/layers/utils.py apply_penalties: repetition_penalty over the prompt's and the output's ids,
+ * frequency_penalty and presence_penalty over the output's counts only). They stay until g4_sampler_reset, outside
+ * penalty_last_n's window and g4_sampler_rewind. A no-op unless a repetition penalty is on; ids outside the
+ * vocabulary are ignored. Returns 0, or -1 out of memory (nothing else changes). */
+int g4_sampler_accept_prompt(g4_sampler *s, const int32_t *ids, int n);
 
 /* Takes the last n accepted ids back out of the history (speculative decoding tries drafts and keeps some).
  * The history can go back G4_SAMPLER_REWIND_MAX ids behind the longest it has been: 0, or -1 beyond that or

@@ -1,6 +1,8 @@
 #include "model/generation_config.h"
 
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,6 +85,86 @@ static int read_positive(const json_t *obj, const char *key, const char *what, i
     return 0;
 }
 
+/* One line for c->warnings (lines ending in '\n'). */
+static void gc_warn(g4_generation_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void gc_warn(g4_generation_config *c, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof line) n = (int)sizeof line - 1;
+    const size_t old = c->warnings ? strlen(c->warnings) : 0;
+    char *w = realloc(c->warnings, old + (size_t)n + 2);
+    if (!w) return;
+    memcpy(w + old, line, (size_t)n);
+    w[old + (size_t)n] = '\n';
+    w[old + (size_t)n + 1] = 0;
+    c->warnings = w;
+}
+
+/* Fields transformers 5.17 acts on that are not implemented here (generation/utils.py
+ * GenerationMixin._get_logits_processor and _get_stopping_criteria, GenerationConfig.get_generation_mode): a value
+ * that would change what transformers generates is a warning naming it, never silently different output. */
+enum { IGN_POSITIVE, IGN_ABOVE_ONE, IGN_SET, IGN_NONEMPTY, IGN_NOT_ONE, IGN_OPEN01, IGN_TRUE };
+static const struct {
+    const char *key, *what;
+    int kind, sampling_only;
+} ignored_fields[] = {
+    {"min_length", "MinLengthLogitsProcessor: no eos before that length", IGN_POSITIVE, 0},
+    {"min_new_tokens", "MinNewTokensLengthLogitsProcessor: no eos before that many new tokens", IGN_POSITIVE, 0},
+    {"no_repeat_ngram_size", "NoRepeatNGramLogitsProcessor", IGN_POSITIVE, 0},
+    {"encoder_no_repeat_ngram_size", "EncoderNoRepeatNGramLogitsProcessor over the prompt", IGN_POSITIVE, 0},
+    {"encoder_repetition_penalty", "EncoderRepetitionPenaltyLogitsProcessor over the prompt", IGN_NOT_ONE, 0},
+    {"bad_words_ids", "NoBadWordsLogitsProcessor", IGN_SET, 0},
+    {"sequence_bias", "SequenceBiasLogitsProcessor", IGN_SET, 0},
+    {"begin_suppress_tokens", "SuppressTokensAtBeginLogitsProcessor at the first new token", IGN_NONEMPTY, 0},
+    {"forced_bos_token_id", "ForcedBOSTokenLogitsProcessor", IGN_SET, 0},
+    {"forced_eos_token_id", "ForcedEOSTokenLogitsProcessor at max_length", IGN_SET, 0},
+    {"exponential_decay_length_penalty", "ExponentialDecayLengthPenalty", IGN_SET, 0},
+    {"remove_invalid_values", "InfNanRemoveLogitsProcessor (here NaN logits count as -inf)", IGN_TRUE, 0},
+    {"guidance_scale", "classifier-free guidance", IGN_NOT_ONE, 0},
+    {"watermarking_config", "a watermark processor", IGN_SET, 0},
+    {"stop_strings", "StopStringCriteria (give them as stop strings here)", IGN_NONEMPTY, 0},
+    {"max_time", "MaxTimeCriteria", IGN_SET, 0},
+    {"num_beams", "beam search", IGN_ABOVE_ONE, 0},
+    {"dola_layers", "DoLa decoding", IGN_SET, 0},
+    {"token_healing", "token healing", IGN_TRUE, 0},
+    {"typical_p", "TypicalLogitsWarper", IGN_OPEN01, 1},
+    {"epsilon_cutoff", "EpsilonLogitsWarper", IGN_OPEN01, 1},
+    {"eta_cutoff", "EtaLogitsWarper", IGN_OPEN01, 1},
+    {"top_h", "TopHLogitsWarper", IGN_SET, 1},
+};
+
+static void warn_ignored(const json_t *root, const char *path, int do_sample, g4_generation_config *c) {
+    for (size_t i = 0; i < sizeof ignored_fields / sizeof ignored_fields[0]; i++) {
+        const json_t *v = json_object_get(root, ignored_fields[i].key);
+        if (!v || json_is_null(v) || (ignored_fields[i].sampling_only && !do_sample)) continue;
+        const double x = json_is_number(v) ? json_number_value(v) : NAN;
+        int acts;
+        switch (ignored_fields[i].kind) {
+        case IGN_POSITIVE: acts = !json_is_number(v) || x > 0; break;
+        case IGN_ABOVE_ONE: acts = !json_is_number(v) || x > 1; break;
+        case IGN_NONEMPTY: acts = !json_is_array(v) || json_array_size(v) > 0; break;
+        case IGN_NOT_ONE: acts = !json_is_number(v) || x != 1.0; break;
+        case IGN_OPEN01: acts = !json_is_number(v) || (x > 0 && x < 1); break;
+        case IGN_TRUE: acts = !json_is_false(v); break;
+        default: acts = 1; break;
+        }
+        if (!acts) continue;
+        char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        gc_warn(c, "%s: \"%s\" %.60s%s is not supported and is ignored (transformers applies %s)", path,
+                ignored_fields[i].key, text ? text : "?", text && strlen(text) > 60 ? "..." : "", ignored_fields[i].what);
+        free(text);
+    }
+    /* contrastive search (GenerationConfig.get_generation_mode: greedy, top_k > 1 and penalty_alpha > 0) */
+    const json_t *alpha = json_object_get(root, "penalty_alpha");
+    if (!do_sample && json_is_number(alpha) && json_number_value(alpha) > 0 && c->sampling.top_k > 1)
+        gc_warn(c, "%s: \"penalty_alpha\" %g asks for contrastive search, which is not supported: decoding greedily",
+                path, json_number_value(alpha));
+}
+
 static int read_generation_file(const char *path, g4_generation_config *c, int *has_eos,
                                 g4_error *err) {
     json_t *root;
@@ -101,6 +183,30 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
     if (g4_json_num(root, "top_p", 1.0, &top_p, path, err)) goto done;
     if (g4_json_num(root, "min_p", 0.0, &min_p, path, err)) goto done;
     if (g4_json_num(root, "repetition_penalty", 1.0, &rep, path, err)) goto done;
+    /* transformers takes the JSON types as they are (GenerationConfig.__init__ stores them unconverted) and its
+     * processors check them when generate() builds them (generation/logits_process.py):
+     * TemperatureLogitsWarper (built with do_sample when temperature != 1.0) and RepetitionPenaltyLogitsProcessor
+     * (built when repetition_penalty != 1.0) refuse anything but a Python float, TopKLogitsWarper (do_sample,
+     * top_k != 0) anything but an int; TopPLogitsWarper converts with float(), MinPLogitsWarper checks the range
+     * only. So "temperature": 1 and "top_k": 64 load, "temperature": 2, "repetition_penalty": 2 and "top_k": 64.0
+     * fail there. */
+    const json_t *jt = json_object_get(root, "temperature"), *jk = json_object_get(root, "top_k"),
+                 *jr = json_object_get(root, "repetition_penalty");
+    if (do_sample && json_is_integer(jt) && temperature != 1.0 && temperature > 0) {
+        g4_fail(err, "%s: \"temperature\" must be a float: transformers' TemperatureLogitsWarper refuses the integer %g "
+                "(write %g.0)", path, temperature, temperature);
+        goto done;
+    }
+    if (do_sample && json_is_real(jk) && top_k != 0) {
+        g4_fail(err, "%s: \"top_k\" must be an integer: transformers' TopKLogitsWarper refuses %g (write %lld)", path,
+                json_real_value(jk), (long long)top_k);
+        goto done;
+    }
+    if (json_is_integer(jr) && rep != 1.0 && rep > 0) {
+        g4_fail(err, "%s: \"repetition_penalty\" must be a float: transformers' RepetitionPenaltyLogitsProcessor refuses "
+                "the integer %g (write %g.0)", path, rep, rep);
+        goto done;
+    }
     /* temperature, top_k, top_p and min_p only act when sampling: with do_sample false transformers lets any value
      * pass (GenerationConfig.validate() 2.1 lists them as "minor issues", a warning) and decodes greedily, so
      * there an out-of-range one is ignored (its default kept for a sampling override) rather than refuse the model;
@@ -142,6 +248,9 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
         g4_fail(err, "%s: \"repetition_penalty\" must be > 0, got %g", path, rep);
         goto done;
     }
+    if (do_sample && temperature == 0.0) /* transformers raises: TemperatureLogitsWarper wants a temperature > 0 */
+        gc_warn(c, "%s: \"do_sample\" true with \"temperature\" 0 makes transformers refuse to generate (its "
+                   "TemperatureLogitsWarper needs a temperature > 0); decoding greedily", path);
     c->do_sample = do_sample;
     c->temperature = (float)temperature;
     c->sampling.temperature = do_sample ? (float)temperature : 0.0f;
@@ -183,6 +292,7 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
     if (read_optional_id(root, "bos_token_id", path, &c->bos_id, err)) goto done;
     if (read_positive(root, "max_new_tokens", path, &c->max_new_tokens, err)) goto done;
     if (read_positive(root, "max_length", path, &c->max_length, err)) goto done;
+    warn_ignored(root, path, do_sample, c);
     rc = 0;
 done:
     json_decref(root);
@@ -243,6 +353,8 @@ int g4_generation_config_load(const char *model_dir, g4_generation_config *out, 
 
 void g4_generation_config_free(g4_generation_config *c) {
     if (!c) return;
+    free(c->warnings);
+    c->warnings = NULL;
     free(c->suppress_ids);
     c->suppress_ids = NULL;
     c->n_suppress = 0;

@@ -12,8 +12,13 @@
  *                         text_config.eos_token_id (the stop set is the file's list as is;
  *                         it is not merged with config.json's; negative ids never match and are dropped)
  *   pad_token_id, bos_token_id, max_new_tokens, max_length
- * Not supported and ignored: begin_suppress_tokens, bad_words_ids, sequence_bias,
- * no_repeat_ngram_size, num_beams and the other beam/assisted-decoding fields.
+ * Not supported: begin_suppress_tokens, bad_words_ids, sequence_bias, no_repeat_ngram_size, min_length,
+ * min_new_tokens, forced_bos/eos_token_id, stop_strings, num_beams, typical_p and the other processors of
+ * transformers' _get_logits_processor: a value that would change transformers' output is a line in `warnings`
+ * (the model's load warnings), never ignored silently. Types as transformers' processors check them: with
+ * do_sample an integer temperature other than 1 or a float top_k is an error, as is an integer
+ * repetition_penalty other than 1; do_sample with temperature 0 (transformers refuses it) decodes greedily with
+ * a warning.
  *
  * A missing generation_config.json is not an error: greedy defaults plus the eos ids from
  * config.json (also absent: no eos ids). A malformed file is an error with a one-line message.
@@ -40,6 +45,7 @@ typedef struct g4_generation_config {
     int32_t pad_id;     /* -1 when absent */
     int32_t bos_id;     /* -1 when absent */
     int from_file;      /* 1 when generation_config.json was found and read */
+    char *warnings;     /* owned: lines ending in '\n' (fields read but not acted on), or NULL */
 } g4_generation_config;
 
 /* Reads model_dir/generation_config.json (and model_dir/config.json for the eos fallback). */

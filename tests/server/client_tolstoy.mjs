@@ -140,12 +140,16 @@ await step('seeds and n', async () => {
   check(a.choices.length === 2 && a.choices.map((c) => c.index).join() === '0,1', 'n: 2 choices, indexed');
   check(a.choices.every((c, i) => c.message.content === b.choices[i].message.content), 'the same seed gives the same choices');
   check(a.usage.completion_tokens === 24, 'usage adds up every choice');
-  // penalties see the generated tokens only: the prompt already holds the next greedy token, which still comes
+  // presence and frequency penalties see the generated tokens only: the prompt already holds the next greedy token,
+  // which still comes; repetition_penalty sees the prompt too, as vLLM's (apply_penalties: prompt_mask | output_mask)
   const prompt = [...ref.input_ids, ...ref.greedy_ids.slice(0, 5)];
   const greedy = await client.completions.create({ model, prompt, max_tokens: 1, temperature: 0 });
   const p = await client.completions.create({ model, prompt, max_tokens: 1, temperature: 0, presence_penalty: 2, frequency_penalty: 2 });
   check(prompt.includes(ref.greedy_ids[5]) && p.choices[0].text === greedy.choices[0].text,
     `presence/frequency penalties do not look at the prompt (${JSON.stringify(p.choices[0].text)})`);
+  const r = await client.completions.create({ model, prompt, max_tokens: 1, temperature: 0, repetition_penalty: 100 });
+  check(r.choices[0].text !== greedy.choices[0].text,
+    `repetition_penalty looks at the prompt (${JSON.stringify(r.choices[0].text)}, greedy ${JSON.stringify(greedy.choices[0].text)})`);
 });
 
 await step('embeddings', async () => {
