@@ -1170,6 +1170,29 @@ static void test_generation_config(void) {
         g4_generation_config_free(&gc);
     }
 
+    /* the types transformers' warpers refuse when generating: a warning each, the numbers used */
+    const struct {
+        const char *text, *want;
+        float temperature, repetition;
+        int top_k;
+    } typed_warn[] = {
+        {"{\"do_sample\": true, \"temperature\": 2}", "\"temperature\" 2 is an integer", 2.0f, 1.0f, 50},
+        {"{\"do_sample\": true, \"top_k\": 64.0}", "\"top_k\" 64 is not an integer", 1.0f, 1.0f, 64},
+        {"{\"repetition_penalty\": 2}", "\"repetition_penalty\" 2 is an integer", 0.0f, 2.0f, 50},
+    };
+    for (int i = 0; i < 3; i++) {
+        write_file(gp, typed_warn[i].text);
+        memset(&err, 0, sizeof err);
+        CHECKF(g4_generation_config_load_files(gp, NULL, &gc, &err) == 0 && gc.warnings &&
+                   strstr(gc.warnings, typed_warn[i].want) && gc.sampling.temperature == typed_warn[i].temperature &&
+                   gc.sampling.repetition_penalty == typed_warn[i].repetition &&
+                   (typed_warn[i].temperature == 0.0f || gc.sampling.top_k == typed_warn[i].top_k),
+               "%s: %s / %s (temperature %g, top_k %d, repetition %g)", typed_warn[i].text, err.msg,
+               gc.warnings ? gc.warnings : "", gc.sampling.temperature, gc.sampling.top_k,
+               gc.sampling.repetition_penalty);
+        g4_generation_config_free(&gc);
+    }
+
     /* malformed files: one clear line naming the problem */
     struct {
         const char *text, *want;
@@ -1189,9 +1212,6 @@ static void test_generation_config(void) {
         {"{\"suppress_tokens\": 5}", "suppress_tokens"},
         {"{\"max_new_tokens\": 0}", "max_new_tokens"},
         {"{\"top_k\": 5, \"top_k\": 6}", "duplicate"},
-        {"{\"do_sample\": true, \"temperature\": 2}", "temperature"}, /* TemperatureLogitsWarper: a float */
-        {"{\"do_sample\": true, \"top_k\": 64.0}", "top_k"},          /* TopKLogitsWarper: an int */
-        {"{\"repetition_penalty\": 2}", "repetition_penalty"},        /* RepetitionPenaltyLogitsProcessor */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_file(gp, bad[i].text);

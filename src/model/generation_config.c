@@ -188,25 +188,20 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
      * TemperatureLogitsWarper (built with do_sample when temperature != 1.0) and RepetitionPenaltyLogitsProcessor
      * (built when repetition_penalty != 1.0) refuse anything but a Python float, TopKLogitsWarper (do_sample,
      * top_k != 0) anything but an int; TopPLogitsWarper converts with float(), MinPLogitsWarper checks the range
-     * only. So "temperature": 1 and "top_k": 64 load, "temperature": 2, "repetition_penalty": 2 and "top_k": 64.0
-     * fail there. */
+     * only. So "temperature": 1 and "top_k": 64 pass, "temperature": 2, "repetition_penalty": 2 and "top_k": 64.0
+     * fail there, when generating. Here they are warnings and their numbers are used: the model still loads (its
+     * tokenizer and template serve without them, and a request's own values override them). */
     const json_t *jt = json_object_get(root, "temperature"), *jk = json_object_get(root, "top_k"),
                  *jr = json_object_get(root, "repetition_penalty");
-    if (do_sample && json_is_integer(jt) && temperature != 1.0 && temperature > 0) {
-        g4_fail(err, "%s: \"temperature\" must be a float: transformers' TemperatureLogitsWarper refuses the integer %g "
-                "(write %g.0)", path, temperature, temperature);
-        goto done;
-    }
-    if (do_sample && json_is_real(jk) && top_k != 0) {
-        g4_fail(err, "%s: \"top_k\" must be an integer: transformers' TopKLogitsWarper refuses %g (write %lld)", path,
-                json_real_value(jk), (long long)top_k);
-        goto done;
-    }
-    if (json_is_integer(jr) && rep != 1.0 && rep > 0) {
-        g4_fail(err, "%s: \"repetition_penalty\" must be a float: transformers' RepetitionPenaltyLogitsProcessor refuses "
-                "the integer %g (write %g.0)", path, rep, rep);
-        goto done;
-    }
+    if (do_sample && json_is_integer(jt) && temperature != 1.0 && temperature > 0)
+        gc_warn(c, "%s: \"temperature\" %g is an integer, which transformers' TemperatureLogitsWarper refuses (write "
+                   "%g.0); taken as %g", path, temperature, temperature, temperature);
+    if (do_sample && json_is_real(jk) && top_k != 0)
+        gc_warn(c, "%s: \"top_k\" %g is not an integer, which transformers' TopKLogitsWarper refuses (write %lld); "
+                   "taken as %lld", path, json_real_value(jk), (long long)top_k, (long long)top_k);
+    if (json_is_integer(jr) && rep != 1.0 && rep > 0)
+        gc_warn(c, "%s: \"repetition_penalty\" %g is an integer, which transformers' RepetitionPenaltyLogitsProcessor "
+                   "refuses (write %g.0); taken as %g", path, rep, rep, rep);
     /* temperature, top_k, top_p and min_p only act when sampling: with do_sample false transformers lets any value
      * pass (GenerationConfig.validate() 2.1 lists them as "minor issues", a warning) and decodes greedily, so
      * there an out-of-range one is ignored (its default kept for a sampling override) rather than refuse the model;
