@@ -229,28 +229,31 @@ static void test_api_key(void) {
 }
 
 /* Image and audio parts for a model with both towers: their bytes, base64-decoded (RFC 4648's test vectors, section
- * 10, with and without padding), in message order, the template's {"type": "image"} / {"type": "audio"} parts in
- * their place; a remote URL, a data URL that is not base64, bad base64, an input_audio without data, and more parts
+ * 10, with and without padding, and with ASCII whitespace inside, as Python's b64decode discards it), in message
+ * order, the template's {"type": "image"} / {"type": "audio"} parts in their place; a remote URL, a data URL that is
+ * not base64, bad base64 (other characters outside the alphabet too), an input_audio without data, and more parts
  * than max_media are 400s. */
 static void test_media(void) {
     const srv_limits lim = {.max_tokens = 100, .max_n = 4, .max_prompts = 3, .max_media = 3, .vocab_size = 1000,
                             .hidden_size = 64, .have_vision = 1, .have_audio = 1};
     static const char *const vectors[][2] = {{"Zg==", "f"}, {"Zm8=", "fo"}, {"Zm9v", "foo"}, {"Zm9vYg==", "foob"},
                                              {"Zm9vYmE=", "fooba"}, {"Zm9vYmFy", "foobar"}, {"Zm9vYg", "foob"},
-                                             {"Zm9vYmE", "fooba"}};
+                                             {"Zm9vYmE", "fooba"}, {"Zm9v\\r\\nYmFy\\n", "foobar"},
+                                             {" Zm 9v\\tYg =\\n=", "foob"}};
+    const size_t n_vectors = sizeof vectors / sizeof vectors[0];
     char body[1024];
-    for (size_t v = 0; v < sizeof vectors / sizeof vectors[0]; v++) {
+    for (size_t v = 0; v < n_vectors; v++) {
         snprintf(body, sizeof body,
                  "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
                  "\"a\"}, {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,%s\"}}, "
                  "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"%s\", \"format\": \"wav\"}}]}]}",
-                 vectors[v][0], vectors[(v + 1) % 8][0]);
+                 vectors[v][0], vectors[(v + 1) % n_vectors][0]);
         srv_request r;
         srv_error e = {0};
         int rc = srv_parse_request(SRV_CHAT, body, strlen(body), &lim, 0, &r, &e);
         CHECKF(rc == 0, "%s: %s", vectors[v][0], e.msg);
         if (rc) continue;
-        const char *a = vectors[v][1], *b = vectors[(v + 1) % 8][1];
+        const char *a = vectors[v][1], *b = vectors[(v + 1) % n_vectors][1];
         CHECKF(r.n_media == 2 && !r.media[0].audio && r.media[0].len == strlen(a) && !memcmp(r.media[0].data, a, strlen(a)) &&
                    r.media[1].audio && r.media[1].len == strlen(b) && !memcmp(r.media[1].data, b, strlen(b)),
                "%s: %d parts", vectors[v][0], r.n_media);
@@ -263,6 +266,9 @@ static void test_media(void) {
         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"https://example.com/a.png\"}}",
         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png,Zm9v\"}}",
         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Zm9v!\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Zm9v\\u000bYg-\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Zm9v\\u00a0\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"Zm9v\\u001fYg==\"}}",
         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Z\"}}",
         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,\"}}",
         "{\"type\": \"input_audio\", \"input_audio\": {\"format\": \"wav\"}}",

@@ -221,30 +221,37 @@ static int parse_sampling(const json_t *o, const srv_limits *lim, srv_request *r
 
 /* --------------------------------------------------------------- chat */
 
-/* Standard base64 (padding optional, no line breaks) into a new buffer; -1 when it is not base64. */
+/* Standard base64 (padding optional) into a new buffer; -1 when it is not base64. ASCII whitespace anywhere is
+ * skipped (MIME's 76-column lines), as Python's base64.b64decode, which transformers and vLLM use, discards it;
+ * any other character outside the alphabet is refused. */
 static int base64_decode(const char *in, size_t n, unsigned char **out, size_t *len) {
     static signed char val[256];
     if (!val['B'])
         for (int i = 0; i < 256; i++)
             val[i] = (signed char)(i >= 'A' && i <= 'Z' ? i - 'A' : i >= 'a' && i <= 'z' ? i - 'a' + 26
-                                   : i >= '0' && i <= '9' ? i - '0' + 52 : i == '+' ? 62 : i == '/' ? 63 : -1);
-    while (n > 0 && in[n - 1] == '=') n--;
-    if (n % 4 == 1) return -1;
+                                   : i >= '0' && i <= '9' ? i - '0' + 52 : i == '+' ? 62 : i == '/' ? 63
+                                   : i == ' ' || (i >= '\t' && i <= '\r') ? -2 : -1);
+    while (n > 0 && (in[n - 1] == '=' || val[(unsigned char)in[n - 1]] == -2)) n--;
     unsigned char *b = malloc(n / 4 * 3 + 3);
     if (!b) return -1;
-    size_t k = 0;
+    size_t k = 0, m = 0; /* m: the alphabet's characters so far */
     uint32_t acc = 0;
     for (size_t i = 0; i < n; i++) {
         const int v = val[(unsigned char)in[i]];
+        if (v == -2) continue;
         if (v < 0) {
             free(b);
             return -1;
         }
         acc = acc << 6 | (uint32_t)v;
-        if (i % 4 == 3) b[k++] = (unsigned char)(acc >> 16), b[k++] = (unsigned char)(acc >> 8), b[k++] = (unsigned char)acc;
+        if (m++ % 4 == 3) b[k++] = (unsigned char)(acc >> 16), b[k++] = (unsigned char)(acc >> 8), b[k++] = (unsigned char)acc;
     }
-    if (n % 4 == 2) b[k++] = (unsigned char)(acc >> 4);
-    if (n % 4 == 3) b[k++] = (unsigned char)(acc >> 10), b[k++] = (unsigned char)(acc >> 2);
+    if (m % 4 == 1) {
+        free(b);
+        return -1;
+    }
+    if (m % 4 == 2) b[k++] = (unsigned char)(acc >> 4);
+    if (m % 4 == 3) b[k++] = (unsigned char)(acc >> 10), b[k++] = (unsigned char)(acc >> 2);
     *out = b;
     *len = k;
     return 0;
