@@ -1,6 +1,6 @@
 """A file server on loopback for tests/test_server_media_url.sh: python's http.server over a folder, plus paths
 that misbehave. Prints its port on stdout, logs requests on stderr.
-  /slow/NAME             NAME after 4 s
+  /slow/NAME             NAME after 5 s
   /redirect/N/NAME       302 to /redirect/N-1/NAME, and /redirect/1/NAME to /NAME (N redirects)
   /redirect-to/PORT/NAME 302 to http://127.0.0.1:PORT/NAME
   /to-ftp                302 to an ftp URL
@@ -20,7 +20,7 @@ class Handler(http.server.SimpleHTTPRequestHandler):
         parts = self.path.split("/")
         try:
             if parts[1] == "slow":
-                time.sleep(4)
+                time.sleep(5)
                 self.path = "/" + "/".join(parts[2:])
             elif parts[1] == "redirect":
                 n = int(parts[2])
