@@ -4,9 +4,10 @@
 # (images and audio; tests/data/random_gemma4.py): a fetched image, image + audio, a redirect and a data URL
 # whose base64 has line breaks give the greedy reply of the same bytes sent as data URLs; a 404, a body over
 # --max-media-bytes (with and without Content-Length), a slow server (--media-fetch-timeout), too many redirects,
-# a redirect to ftp, a closed port, a body that is no image, and the schemes ftp, file and gopher are one-line
-# 400s; a slow fetch does not hold another request; --allowed-media-domains refuses other hosts (on a redirect
-# too) and --no-remote-media every URL; the server answers after each and exits 0.
+# a redirect to ftp, a closed port, an https server with a self-signed certificate, a body that is no image, and
+# the schemes ftp, file and gopher are one-line 400s; a slow fetch does not hold another request;
+# --allowed-media-domains refuses other hosts (on a redirect too) and --no-remote-media every URL; the server
+# answers after each and exits 0.
 set -u
 . "$G4_SOURCE_DIR/tests/server/common.sh" # check, start_server, stop_server
 tmp=${G4_TMP:-/tmp}/server-media-url
@@ -26,6 +27,15 @@ files_port=$(head -n 1 "$tmp/files.port")
 [ -n "$files_port" ] || { echo "FAIL the file server did not start: $(tail -n 2 "$tmp/files.log")"; exit 1; }
 trap 'kill $files_pid 2>/dev/null' EXIT
 files=http://127.0.0.1:$files_port
+# the same over https with a self-signed certificate, which the fetch must not trust
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$tmp/key.pem" -out "$tmp/cert.pem" -days 1 -subj /CN=127.0.0.1 \
+    >/dev/null 2>&1
+"$py" "$src/tests/server/media_server.py" "$tmp/www" "$tmp/cert.pem" "$tmp/key.pem" >"$tmp/tls.port" 2>"$tmp/tls.log" &
+tls_pid=$!
+for i in $(seq 1 100); do [ -s "$tmp/tls.port" ] && break; sleep 0.1; done
+tls_port=$(head -n 1 "$tmp/tls.port")
+[ -n "$tls_port" ] || { echo "FAIL the https file server did not start: $(tail -n 2 "$tmp/tls.log")"; exit 1; }
+trap 'kill $files_pid $tls_pid 2>/dev/null' EXIT
 closed_port=$("$py" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 
 export no_proxy=127.0.0.1,localhost NO_PROXY=127.0.0.1,localhost # (libcurl honours proxy variables; these are local)
@@ -58,6 +68,7 @@ a server slower than --media-fetch-timeout|$files/slow/image0.png|timed out afte
 a redirect to ftp|$files/to-ftp|only http and https
 a closed port|http://127.0.0.1:$closed_port/image0.png|onnect
 a body that is no image|$files/text.png|image 1
+an https server whose certificate is self-signed|https://127.0.0.1:$tls_port/image0.png|certificate
 an ftp URL|ftp://127.0.0.1:$files_port/image0.png|scheme 'ftp'
 a file URL|file:///etc/passwd|scheme 'file'
 a gopher URL|gopher://127.0.0.1:$files_port/|scheme 'gopher'
@@ -96,6 +107,6 @@ stop_server
 if grep -qiE "sanitizer|runtime error|leak" "$tmp"/serve*.log; then
     check 1 "sanitizer report: $(grep -m3 -iE 'sanitizer|runtime error|leak' "$tmp"/serve*.log)"
 fi
-kill $files_pid 2>/dev/null
+kill $files_pid $tls_pid 2>/dev/null
 rm -rf "$tmp"
 exit $fail

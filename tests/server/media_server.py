@@ -5,8 +5,8 @@ that misbehave. Prints its port on stdout, logs requests on stderr.
   /redirect-to/PORT/NAME 302 to http://127.0.0.1:PORT/NAME
   /to-ftp                302 to an ftp URL
   /nolength/N            N bytes without a Content-Length (the end of the body is the end of the connection)
-usage: media_server.py DIR"""
-import functools, http.server, sys, time
+usage: media_server.py DIR [CERT.pem KEY.pem]   (with a certificate: https)"""
+import functools, http.server, ssl, sys, time
 
 
 class Handler(http.server.SimpleHTTPRequestHandler):
@@ -48,5 +48,9 @@ class Handler(http.server.SimpleHTTPRequestHandler):
 
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=sys.argv[1]))
 server.daemon_threads = True
+if len(sys.argv) > 3:
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(sys.argv[2], sys.argv[3])
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
 print(server.server_address[1], flush=True)
 server.serve_forever()
