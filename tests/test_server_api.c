@@ -254,28 +254,31 @@ static void test_api_key(void) {
 }
 
 /* Image and audio parts for a model with both towers: their bytes, base64-decoded (RFC 4648's test vectors, section
- * 10, with and without padding), in message order, the template's {"type": "image"} / {"type": "audio"} parts in
- * their place; a remote URL, a data URL that is not base64, bad base64, an input_audio without data, and more parts
- * than max_media are 400s. */
+ * 10, with and without padding, and with ASCII whitespace inside, as Python's b64decode discards it), in message
+ * order, the template's {"type": "image"} / {"type": "audio"} parts in their place; http(s) URLs (image_url,
+ * audio_url) kept to be fetched; a remote URL where fetching is off, other schemes, a data URL that is not base64,
+ * bad base64, an input_audio without data, and more parts than max_media are 400s. */
 static void test_media(void) {
     const srv_limits lim = {.max_tokens = 100, .max_n = 4, .max_prompts = 3, .max_media = 3, .vocab_size = 1000,
                             .hidden_size = 64, .have_vision = 1, .have_audio = 1};
     static const char *const vectors[][2] = {{"Zg==", "f"}, {"Zm8=", "fo"}, {"Zm9v", "foo"}, {"Zm9vYg==", "foob"},
                                              {"Zm9vYmE=", "fooba"}, {"Zm9vYmFy", "foobar"}, {"Zm9vYg", "foob"},
-                                             {"Zm9vYmE", "fooba"}};
+                                             {"Zm9vYmE", "fooba"}, {"Zm9v\\r\\nYmFy\\n", "foobar"},
+                                             {" Zm 9v\\tYg =\\n=", "foob"}};
+    const size_t n_vectors = sizeof vectors / sizeof vectors[0];
     char body[1024];
-    for (size_t v = 0; v < sizeof vectors / sizeof vectors[0]; v++) {
+    for (size_t v = 0; v < n_vectors; v++) {
         snprintf(body, sizeof body,
                  "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
                  "\"a\"}, {\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,%s\"}}, "
                  "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"%s\", \"format\": \"wav\"}}]}]}",
-                 vectors[v][0], vectors[(v + 1) % 8][0]);
+                 vectors[v][0], vectors[(v + 1) % n_vectors][0]);
         srv_request r;
         srv_error e = {0};
         int rc = srv_parse_request(SRV_CHAT, body, strlen(body), &lim, 0, &r, &e);
         CHECKF(rc == 0, "%s: %s", vectors[v][0], e.msg);
         if (rc) continue;
-        const char *a = vectors[v][1], *b = vectors[(v + 1) % 8][1];
+        const char *a = vectors[v][1], *b = vectors[(v + 1) % n_vectors][1];
         CHECKF(r.n_media == 2 && !r.media[0].audio && r.media[0].len == strlen(a) && !memcmp(r.media[0].data, a, strlen(a)) &&
                    r.media[1].audio && r.media[1].len == strlen(b) && !memcmp(r.media[1].data, b, strlen(b)),
                "%s: %d parts", vectors[v][0], r.n_media);
@@ -285,7 +288,11 @@ static void test_media(void) {
         srv_request_free(&r);
     }
     static const char *const wrong[] = {
-        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"https://example.com/a.png\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"https://example.com/a.png\"}}", /* fetching is off */
+        "{\"type\": \"audio_url\", \"audio_url\": {\"url\": \"http://example.com/a.wav\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Zm9v\\u000bYg-\"}}",
+        "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Zm9v\\u00a0\"}}",
+        "{\"type\": \"input_audio\", \"input_audio\": {\"data\": \"Zm9v\\u001fYg==\"}}",
         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png,Zm9v\"}}",
         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Zm9v!\"}}",
         "{\"type\": \"image_url\", \"image_url\": {\"url\": \"data:image/png;base64,Z\"}}",
@@ -304,6 +311,37 @@ static void test_media(void) {
         int rc = srv_parse_request(SRV_CHAT, body, strlen(body), &lim, 0, &r, &e);
         CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, "messages.content") && !strchr(e.msg, '\n'),
                "media case %zu -> %d %s '%s'", w, e.status, e.param, e.msg);
+        if (rc == 0) srv_request_free(&r);
+    }
+    /* with fetching on: http(s) URLs are kept, in order with the data; other schemes are refused */
+    srv_limits on = lim;
+    on.allow_remote_media = 1;
+    snprintf(body, sizeof body,
+             "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+             "\"image_url\": {\"url\": \"HTTPS://example.com/a.png?x=1\"}}, {\"type\": \"input_audio\", \"input_audio\": "
+             "{\"data\": \"Zm9v\"}}, {\"type\": \"audio_url\", \"audio_url\": {\"url\": \"http://example.com/a.wav\"}}]}]}");
+    srv_request r;
+    srv_error e = {0};
+    int rc = srv_parse_request(SRV_CHAT, body, strlen(body), &on, 0, &r, &e);
+    CHECKF(rc == 0, "http(s) URLs: %s", e.msg);
+    if (rc == 0) {
+        CHECK(r.n_media == 3 && !r.media[0].audio && r.media[0].url && !r.media[0].data &&
+              !strcmp(r.media[0].url, "HTTPS://example.com/a.png?x=1") && r.media[1].audio && !r.media[1].url &&
+              r.media[1].len == 3 && r.media[2].audio && r.media[2].url && !strcmp(r.media[2].url, "http://example.com/a.wav"));
+        const json_t *parts = json_object_get(json_array_get(messages_of(&r), 0), "content");
+        CHECK(str_is(json_object_get(json_array_get(parts, 2), "type"), "audio"));
+        srv_request_free(&r);
+    }
+    static const char *const schemes[] = {"ftp://example.com/a.png", "file:///etc/passwd", "gopher://example.com/",
+                                          "a.png", "//example.com/a.png", "httpx://example.com/a.png"};
+    for (size_t w = 0; w < sizeof schemes / sizeof schemes[0]; w++) {
+        snprintf(body, sizeof body,
+                 "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+                 "\"image_url\": {\"url\": \"%s\"}}]}]}", schemes[w]);
+        memset(&e, 0, sizeof e);
+        rc = srv_parse_request(SRV_CHAT, body, strlen(body), &on, 0, &r, &e);
+        CHECKF(rc == -1 && e.status == 400 && !strcmp(e.param, "messages.content") && !strchr(e.msg, '\n'),
+               "%s -> %d %s '%s'", schemes[w], e.status, e.param, e.msg);
         if (rc == 0) srv_request_free(&r);
     }
 }

@@ -103,7 +103,8 @@ printf '/image %s\nwhat is it?\n' "$img1" | "$bin" chat -m "$tmp/ru" --temp 0 -n
 check $? "chat /image on the random checkpoint: $(tail -c 150 "$tmp/chat.txt" | tr '\n' ' ')"
 
 # the server's chat endpoint with image_url (base64 data URL) and input_audio parts: the reply of `run` with the
-# same files and text; a remote URL, bad base64 and bytes that are no image are 400s in OpenAI's shape
+# same files and text; an ftp URL, bad base64 and bytes that are no image are 400s in OpenAI's shape (http(s) URLs
+# are fetched: test_server_media_url)
 "$bin" serve -m "$tmp/ru" --port 0 --quiet -t 2 2>"$tmp/serve.log" &
 spid=$!
 port=""
@@ -131,7 +132,7 @@ def post(content):
         return f"{e.code} {err['param']} {err['message']}"
 print(post([image, {"type": "text", "text": "What do you see?"}]))
 print(post([image, audio, {"type": "text", "text": "What do you see and hear?"}]))
-print(post([{"type": "image_url", "image_url": {"url": "http://example.com/a.png"}}, {"type": "text", "text": "x"}]))
+print(post([{"type": "image_url", "image_url": {"url": "ftp://example.com/a.png"}}, {"type": "text", "text": "x"}]))
 print(post([{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, {"type": "text", "text": "x"}]))
 print(post([{"type": "image_url", "image_url": {"url": "data:image/png;base64,aGVsbG8="}}, {"type": "text", "text": "x"}]))
 PY
@@ -144,7 +145,7 @@ check $? "serve: an image_url part gives run --image's reply ($(sed -n 1p <<<"$g
 [ "$(sed -n 2p <<<"$got")" = "$want_ia" ] && [ -n "$want_ia" ]
 check $? "serve: image_url and input_audio parts give run --image --audio's reply ($(sed -n 2p <<<"$got"))"
 sed -n 3,5p <<<"$got" | grep -c "^400 messages.content " | grep -qx 3
-check $? "serve: a remote image URL, bad base64, and bytes that are no image are 400s ($(sed -n 3,5p <<<"$got" | tr '\n' '|' | head -c 300))"
+check $? "serve: an ftp image URL, bad base64, and bytes that are no image are 400s ($(sed -n 3,5p <<<"$got" | tr '\n' '|' | head -c 300))"
 
 # a video placeholder beside an image: it took a soft-token row past the image's (a read past the buffer, NaN
 # logits blamed on the weights); video input is not supported, so it is a one-line error

@@ -2,6 +2,7 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli_common.h"
 #include "cli/commands.h"
@@ -28,13 +29,19 @@ static void usage(FILE *f) {
             "  --max-connections N  open connections at most (default 1000)\n"
             "  --max-connections-per-ip N  from one address at most (default: no limit)\n"
             "  --drain S            on SIGTERM, let running requests finish this long (default 30)\n"
-            "  --allow-remote-media accept http(s) image URLs (not fetched yet: they are refused either way)\n"
+            "  --no-remote-media    refuse http(s) URLs of images and audio (default: fetched; data URLs always work)\n"
+            "  --allowed-media-domains LIST  fetch media only from these hosts (comma-separated, each compared with\n"
+            "                       the URL's host whole, on every redirect too; default: any host)\n"
+            "  --max-media-bytes BYTES  largest file fetched from a URL (default 16777216)\n"
+            "  --media-fetch-timeout S  a fetch, redirects included, at most (default 15)\n"
+            "  --media-max-redirects N  redirects a fetch follows (default 5; 0: none)\n"
             "  --quiet              no request log\n");
 }
 
 int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 3000, O_PORT, O_KEY, O_PAR, O_CTX, O_ALIAS, O_MAXTOK, O_QUEUE, O_BODY, O_MEDIA, O_TIMEOUT,
-           O_DRAIN, O_REMOTE, O_QUIET, O_REQ_TIMEOUT, O_MAX_CONN, O_MAX_CONN_IP };
+           O_DRAIN, O_REMOTE, O_NO_REMOTE, O_DOMAINS, O_MEDIA_BYTES, O_FETCH_TIMEOUT, O_REDIRECTS, O_QUIET,
+           O_REQ_TIMEOUT, O_MAX_CONN, O_MAX_CONN_IP };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"threads", required_argument, 0, 't'},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -43,7 +50,11 @@ int cmd_serve(int argc, char **argv) {
         {"max-tokens", required_argument, 0, O_MAXTOK}, {"max-queue", required_argument, 0, O_QUEUE},
         {"max-body", required_argument, 0, O_BODY},  {"max-media", required_argument, 0, O_MEDIA},
         {"timeout", required_argument, 0, O_TIMEOUT}, {"drain", required_argument, 0, O_DRAIN},
-        {"allow-remote-media", no_argument, 0, O_REMOTE}, {"quiet", no_argument, 0, O_QUIET},
+        {"allow-remote-media", no_argument, 0, O_REMOTE}, {"no-remote-media", no_argument, 0, O_NO_REMOTE},
+        {"allowed-media-domains", required_argument, 0, O_DOMAINS},
+        {"max-media-bytes", required_argument, 0, O_MEDIA_BYTES},
+        {"media-fetch-timeout", required_argument, 0, O_FETCH_TIMEOUT},
+        {"media-max-redirects", required_argument, 0, O_REDIRECTS}, {"quiet", no_argument, 0, O_QUIET},
         {"request-timeout", required_argument, 0, O_REQ_TIMEOUT},
         {"max-connections", required_argument, 0, O_MAX_CONN},
         {"max-connections-per-ip", required_argument, 0, O_MAX_CONN_IP},
@@ -80,7 +91,12 @@ int cmd_serve(int argc, char **argv) {
         case O_REQ_TIMEOUT: INT_OPT("--request-timeout", 1, 86400, o.request_timeout_s); break;
         case O_MAX_CONN: INT_OPT("--max-connections", 1, 100000, o.max_connections); break;
         case O_MAX_CONN_IP: INT_OPT("--max-connections-per-ip", 0, 100000, o.max_connections_per_ip); break;
-        case O_REMOTE: o.allow_remote_media = 1; break;
+        case O_REMOTE: o.allow_remote_media = 1; break; /* (the default; kept for scripts that name it) */
+        case O_NO_REMOTE: o.allow_remote_media = 0; break;
+        case O_DOMAINS: o.allowed_media_domains = optarg; break;
+        case O_MEDIA_BYTES: INT_OPT("--max-media-bytes", 1024, 1L << 30, o.max_media_bytes); break;
+        case O_FETCH_TIMEOUT: INT_OPT("--media-fetch-timeout", 1, 3600, o.media_fetch_timeout_s); break;
+        case O_REDIRECTS: INT_OPT("--media-max-redirects", 0, 20, o.media_max_redirects); break;
         case O_QUIET: o.quiet = 1; break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("serve", argv);
@@ -90,6 +106,8 @@ int cmd_serve(int argc, char **argv) {
     if (optind < argc) return cli_error("serve: unexpected argument '%s'", argv[optind]);
     if (!o.model_path) return cli_error("serve: -m DIR is required");
     if (o.api_key && !*o.api_key) return cli_error("serve: --api-key must not be empty");
+    if (o.allowed_media_domains && !o.allowed_media_domains[strspn(o.allowed_media_domains, ", ")])
+        return cli_error("serve: --allowed-media-domains names no host (--no-remote-media refuses every URL)");
     o.device = cli_device;
     o.bf16_activations = cli_bf16_act;
     o.kv_type = cli_kv;

@@ -42,7 +42,7 @@ typedef struct srv_limits {
     int max_n;              /* choices per request */
     int max_prompts;        /* prompts / inputs per completions or embeddings request */
     int max_media;          /* image and audio parts per request */
-    int allow_remote_media; /* http(s) URLs of images (fetching them is not built: a 400 either way) */
+    int allow_remote_media; /* http(s) URLs of images and audio are fetched (else a 400) */
     int have_vision;        /* the model reads images (else an image part is a 400) */
     int have_audio;         /* the model reads audio (else an audio part is a 400) */
     int vocab_size;         /* token ids (prompts, logit_bias) must be below it */
@@ -58,11 +58,13 @@ typedef struct srv_prompt {
 
 typedef enum { SRV_FORMAT_TEXT = 0, SRV_FORMAT_JSON_OBJECT = 1 } srv_format;
 
-/* An image or audio part of a chat request, as its file's bytes (from a base64 data URL or input_audio). */
+/* An image or audio part of a chat request: its file's bytes (from a base64 data URL or input_audio), or the
+ * http(s) URL they are to be fetched from (fetch.h; the endpoint fetches it on the request's own thread). */
 typedef struct srv_media {
     int audio; /* 0: an image, 1: audio */
     unsigned char *data;
     size_t len;
+    char *url; /* NULL: data holds the bytes */
 } srv_media;
 
 typedef struct srv_request {

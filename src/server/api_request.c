@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "server/api.h"
 
@@ -221,64 +222,97 @@ static int parse_sampling(const json_t *o, const srv_limits *lim, srv_request *r
 
 /* --------------------------------------------------------------- chat */
 
-/* Standard base64 (padding optional, no line breaks) into a new buffer; -1 when it is not base64. */
+/* Standard base64 (padding optional) into a new buffer; -1 when it is not base64. ASCII whitespace anywhere is
+ * skipped (MIME's 76-column lines), as Python's base64.b64decode, which transformers and vLLM use, discards it;
+ * any other character outside the alphabet is refused. */
 static int base64_decode(const char *in, size_t n, unsigned char **out, size_t *len) {
     static signed char val[256];
     if (!val['B'])
         for (int i = 0; i < 256; i++)
             val[i] = (signed char)(i >= 'A' && i <= 'Z' ? i - 'A' : i >= 'a' && i <= 'z' ? i - 'a' + 26
-                                   : i >= '0' && i <= '9' ? i - '0' + 52 : i == '+' ? 62 : i == '/' ? 63 : -1);
-    while (n > 0 && in[n - 1] == '=') n--;
-    if (n % 4 == 1) return -1;
+                                   : i >= '0' && i <= '9' ? i - '0' + 52 : i == '+' ? 62 : i == '/' ? 63
+                                   : i == ' ' || (i >= '\t' && i <= '\r') ? -2 : -1);
+    while (n > 0 && (in[n - 1] == '=' || val[(unsigned char)in[n - 1]] == -2)) n--;
     unsigned char *b = malloc(n / 4 * 3 + 3);
     if (!b) return -1;
-    size_t k = 0;
+    size_t k = 0, m = 0; /* m: the alphabet's characters so far */
     uint32_t acc = 0;
     for (size_t i = 0; i < n; i++) {
         const int v = val[(unsigned char)in[i]];
+        if (v == -2) continue;
         if (v < 0) {
             free(b);
             return -1;
         }
         acc = acc << 6 | (uint32_t)v;
-        if (i % 4 == 3) b[k++] = (unsigned char)(acc >> 16), b[k++] = (unsigned char)(acc >> 8), b[k++] = (unsigned char)acc;
+        if (m++ % 4 == 3) b[k++] = (unsigned char)(acc >> 16), b[k++] = (unsigned char)(acc >> 8), b[k++] = (unsigned char)acc;
     }
-    if (n % 4 == 2) b[k++] = (unsigned char)(acc >> 4);
-    if (n % 4 == 3) b[k++] = (unsigned char)(acc >> 10), b[k++] = (unsigned char)(acc >> 2);
+    if (m % 4 == 1) {
+        free(b);
+        return -1;
+    }
+    if (m % 4 == 2) b[k++] = (unsigned char)(acc >> 4);
+    if (m % 4 == 3) b[k++] = (unsigned char)(acc >> 10), b[k++] = (unsigned char)(acc >> 2);
     *out = b;
     *len = k;
     return 0;
 }
 
-/* An image_url part ({"url": "data:image/...;base64,..."}, or the URL as a string) or an input_audio part
- * ({"data": base64, "format": "wav" | "mp3" | ...}): its bytes into r->media. */
-static int media_part(const json_t *part, int audio, const char *where, srv_request *r, srv_error *e) {
-    const json_t *v = json_object_get(part, audio ? "input_audio" : "image_url");
-    const char *b64 = NULL;
-    if (!audio) {
-        const json_t *u = json_is_object(v) ? json_object_get(v, "url") : v;
-        if (!json_is_string(u)) return bad_type(e, where, u ? u : json_null(), "an image_url with a 'url' string");
-        const char *url = json_string_value(u), *comma = strchr(url, ',');
-        if (strncmp(url, "data:", 5))
-            return srv_fail(e, 400, where, "invalid_value", "image_url: only data URLs (data:image/...;base64,...) are "
-                                                            "read; remote images are not fetched");
+/* Where a media URL's bytes come from: 'd' a base64 data URL, 'r' an http(s) URL (fetched later, by the
+ * endpoint), or -1 with e filled. kind names the part in messages ("image_url", "audio_url"). */
+static int url_source(const char *url, const char *kind, const char *where, const srv_limits *lim, srv_error *e) {
+    if (!strncasecmp(url, "data:", 5)) {
+        const char *comma = strchr(url, ',');
         if (!comma || comma - url < 12 || strncmp(comma - 7, ";base64", 7))
-            return srv_fail(e, 400, where, "invalid_value", "image_url: a data URL must be base64 (data:image/png;base64,...)");
-        b64 = comma + 1;
+            return srv_fail(e, 400, where, "invalid_value", "%s: a data URL must be base64 (data:image/png;base64,...)",
+                            kind);
+        return 'd';
+    }
+    const size_t scheme = strcspn(url, ":/?#"); /* (RFC 3986: the scheme ends at the first ':') */
+    if (url[scheme] != ':')
+        return srv_fail(e, 400, where, "invalid_value", "%s: '%.60s' is not a URL (data:, http:// or https://)", kind, url);
+    if (!(scheme == 4 && !strncasecmp(url, "http", 4)) && !(scheme == 5 && !strncasecmp(url, "https", 5)))
+        return srv_fail(e, 400, where, "invalid_value", "%s: URLs of scheme '%.*s' are not read (data:, http:// and "
+                        "https:// are)", kind, (int)(scheme > 20 ? 20 : scheme), url);
+    if (!lim->allow_remote_media)
+        return srv_fail(e, 400, where, "invalid_value", "%s: this server does not fetch remote media (--no-remote-media); "
+                                                        "send a data URL", kind);
+    return 'r';
+}
+
+/* An image_url or audio_url part ({"url": "data:...;base64,..." or "http(s)://..."}, or the URL as a string) or an
+ * input_audio part ({"data": base64, "format": "wav" | "mp3" | ...}): its bytes, or its URL, into r->media. */
+static int media_part(const json_t *part, const char *type, const char *where, const srv_limits *lim, srv_request *r,
+                      srv_error *e) {
+    const int audio = strcmp(type, "image_url") != 0;
+    const json_t *v = json_object_get(part, type);
+    const char *b64 = NULL, *url = NULL;
+    size_t b64_len = 0;
+    if (strcmp(type, "input_audio")) {
+        const json_t *u = json_is_object(v) ? json_object_get(v, "url") : v;
+        if (!json_is_string(u))
+            return bad_type(e, where, u ? u : json_null(), audio ? "an audio_url with a 'url' string"
+                                                                 : "an image_url with a 'url' string");
+        const int src = url_source(json_string_value(u), type, where, lim, e);
+        if (src < 0) return -1;
+        if (src == 'd') b64 = strchr(json_string_value(u), ',') + 1, b64_len = strlen(b64);
+        else url = json_string_value(u);
     } else {
         const json_t *d = json_object_get(v, "data");
         if (!json_is_object(v) || !json_is_string(d))
             return bad_type(e, where, d ? d : json_null(), "an input_audio with base64 'data'");
-        b64 = json_string_value(d);
+        b64 = json_string_value(d), b64_len = json_string_length(d);
     }
     srv_media *m = realloc(r->media, (size_t)(r->n_media + 1) * sizeof *m);
     if (!m) return oom(e);
     r->media = m;
     m += r->n_media;
     *m = (srv_media){.audio = audio};
-    if (base64_decode(b64, strlen(b64), &m->data, &m->len) || m->len == 0) {
+    if (url) {
+        if (!(m->url = strdup(url))) return oom(e);
+    } else if (base64_decode(b64, b64_len, &m->data, &m->len) || m->len == 0) {
         free(m->data);
-        return srv_fail(e, 400, where, "invalid_value", "%s: the data is not base64 (or empty)", audio ? "input_audio" : "image_url");
+        return srv_fail(e, 400, where, "invalid_value", "%s: the data is not base64 (or empty)", type);
     }
     r->n_media++;
     return 0;
@@ -297,18 +331,18 @@ static int convert_part(const json_t *part, const char *where, const srv_limits 
         if (!json_is_string(t)) return bad_type(e, where, t ? t : json_null(), "a string in 'text'");
         return json_array_append_new(out, json_pack("{s:s,s:O}", "type", "text", "text", t)) ? oom(e) : 0;
     }
-    if (!strcmp(type, "image_url") || !strcmp(type, "input_audio")) {
-        int image = type[0] == 'i' && type[1] == 'm';
+    if (!strcmp(type, "image_url") || !strcmp(type, "input_audio") || !strcmp(type, "audio_url")) {
+        int image = !strcmp(type, "image_url");
         if (r->n_media >= lim->max_media)
             return srv_fail(e, 400, where, "invalid_value", "at most %d image and audio parts per request", lim->max_media);
         if (image ? !lim->have_vision : !lim->have_audio)
             return srv_fail(e, 400, where, "unsupported_content", "this model reads no %s (%s parts)",
                             image ? "images" : "audio", type);
-        if (media_part(part, !image, where, r, e)) return -1;
+        if (media_part(part, type, where, lim, r, e)) return -1;
         return json_array_append_new(out, json_pack("{s:s}", "type", image ? "image" : "audio")) ? oom(e) : 0;
     }
     return srv_fail(e, 400, where, "invalid_value",
-                    "content part type '%.40s' is not supported (text, image_url, input_audio)", type);
+                    "content part type '%.40s' is not supported (text, image_url, input_audio, audio_url)", type);
 }
 
 /* Message content: a string, null, or a list of parts; *out gets what the template reads (NULL: none). */
@@ -734,7 +768,7 @@ void srv_request_free(srv_request *r) {
         free(r->prompts[i].ids);
     }
     free(r->prompts);
-    for (int i = 0; i < r->n_media; i++) free(r->media[i].data);
+    for (int i = 0; i < r->n_media; i++) free(r->media[i].data), free(r->media[i].url);
     free(r->media);
     free(r->soft); /* (the endpoint frees what its entries hold: free_request) */
     memset(r, 0, sizeof *r);

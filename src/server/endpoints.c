@@ -4,7 +4,8 @@
  *
  * A generation request becomes one job per prompt and choice: its prompt is rendered by the model's chat
  * template (chat) or taken as text or ids (completions) and tokenized here, on the connection's thread, so
- * that a prompt over the context is a 400 before anything is queued. Output events map to OpenAI's fields:
+ * that a prompt over the context is a 400 before anything is queued; the http(s) URLs of its images and audio
+ * are fetched here too (fetch.h), and their bytes decoded as a data URL's. Output events map to OpenAI's fields:
  * answer text to content (text for completions), thinking to reasoning_content, each tool call to one entry
  * of tool_calls ({"id", "type": "function", "function": {"name", "arguments": "<JSON text>"}}), streamed
  * as soon as the model has written it whole; logprobs from the tokens' log-probabilities. Sampling fields
@@ -17,6 +18,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "server/fetch.h"
 #include "server/server_internal.h"
 
 /* ------------------------------------------------------------------ helpers */
@@ -215,13 +217,34 @@ static int prompt_ids(srv_conn *c, int i, g4_tokens *toks, srv_error *e) {
     return 0;
 }
 
+/* A fetch stops when its client has left or the server stops (fetch.h) */
+static int fetch_cancelled(void *c) { return srv_client_gone(c) || atomic_load(&((srv_conn *)c)->s->stopping); }
+
+/* The bytes of the request's http(s) media (srv_media.url), fetched here, on the connection's thread, before the
+ * request goes to the engine: a slow or large download holds this request alone. */
+static int fetch_media(srv_conn *c, srv_error *e) {
+    const srv_options *o = &c->s->opt;
+    const srv_fetch_limits lim = {.max_bytes = o->max_media_bytes, .timeout_s = o->media_fetch_timeout_s,
+                                  .max_redirects = o->media_max_redirects, .allowed_domains = o->allowed_media_domains};
+    srv_request *r = c->req;
+    for (int i = 0; i < r->n_media; i++) {
+        srv_media *md = &r->media[i];
+        char msg[400];
+        if (md->url && !md->data && srv_fetch(md->url, &lim, fetch_cancelled, c, &md->data, &md->len, msg, sizeof msg))
+            return srv_fail(e, 400, "messages.content", md->audio ? "invalid_audio_url" : "invalid_image_url",
+                            "%s %d (%.200s): %s", md->audio ? "audio" : "image", i + 1, md->url, msg);
+    }
+    return 0;
+}
+
 /* The soft tokens of a chat request's images and audio (r->soft, in the order of their placeholders), and the
  * length the prompt of *np tokens expands to with them. */
 static int encode_media(srv_conn *c, const int32_t *ids, int *np, srv_error *e) {
     srv_request *r = c->req;
     g4_model *m = c->s->model;
     g4_error err;
-    if (!r->n_media) return 0;
+    if (r->n_media <= 0) return 0;
+    if (fetch_media(c, e)) return -1;
     if (!(r->soft = calloc((size_t)r->n_media, sizeof *r->soft))) return srv_fail(e, 500, NULL, NULL, "out of memory");
     for (int i = 0; i < r->n_media; i++) {
         srv_media *md = &r->media[i];

@@ -9,7 +9,8 @@
  * Limits: the body size (413 before the body is read when Content-Length says so), header size
  * (libmicrohttpd's 431), an idle-connection timeout (clients that stop sending), a deadline for a request to
  * arrive whole (clients that send a byte a second: a watchdog thread shuts their socket down), a connection
- * limit, in all and per address, the engine's queue (503 when full); per request, tokens and media (api.h).
+ * limit, in all and per address, the engine's queue (503 when full); per request, tokens and media (api.h), and
+ * for media fetched from http(s) URLs their size, time, redirects and hosts (fetch.h).
  * Shutdown: SIGTERM or SIGINT stops accepting connections, answers new requests on open connections with
  * 503, lets in-flight requests finish (at most --drain seconds; a second signal cancels them), then
  * exits 0. */
@@ -26,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/fetch.h"
 #include "server/server_internal.h"
 
 void srv_options_default(srv_options *o) {
@@ -36,6 +38,10 @@ void srv_options_default(srv_options *o) {
     o->max_queue = 256;
     o->max_body = 8u << 20;
     o->max_media = 8;
+    o->allow_remote_media = 1;
+    o->max_media_bytes = 16u << 20;
+    o->media_fetch_timeout_s = 15;
+    o->media_max_redirects = 5;
     o->timeout_s = 60;
     o->request_timeout_s = 120;
     o->max_connections = 1000;
@@ -372,7 +378,7 @@ int srv_main(const srv_options *o) {
     srv_metrics_init(&s->metrics);
     pthread_mutex_init(&s->socks_lock, NULL);
     pthread_t watch;
-    int watching = 0;
+    int watching = 0, fetching = 0;
     int rc = 1;
     g4_error err;
     struct MHD_Daemon *d = NULL;
@@ -385,6 +391,11 @@ int srv_main(const srv_options *o) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
+    if (srv_fetch_global_init()) { /* (before any thread: libcurl's global state) */
+        fprintf(stderr, "gemma4c: serve: libcurl cannot start\n");
+        goto done;
+    }
+    fetching = 1;
     g4_load_params lp = {.n_threads = o->n_threads, .device = o->device, .bf16_activations = o->bf16_activations};
     if (g4_model_load(o->model_path, &lp, &s->model, &err)) {
         fprintf(stderr, "gemma4c: %s\n", err.msg);
@@ -473,6 +484,7 @@ done:
     g4_model_free(s->model);
     srv_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->socks_lock);
+    if (fetching) srv_fetch_global_cleanup();
     free(s);
     return rc;
 }

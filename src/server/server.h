@@ -28,7 +28,12 @@ typedef struct srv_options {
     int max_connections;      /* open connections at most (default 1000) */
     int max_connections_per_ip; /* from one address at most (default 0: no limit) */
     int drain_s;              /* on SIGTERM, in-flight requests get this long to finish (default 30) */
-    int allow_remote_media;   /* --allow-remote-media */
+    int allow_remote_media;   /* fetch http(s) URLs of images and audio (default 1; --no-remote-media: 0) */
+    const char *allowed_media_domains; /* NULL: any host; else the hosts media may be fetched from, comma-separated
+                                        * (--allowed-media-domains) */
+    size_t max_media_bytes;   /* a fetched file's size at most (default 16 MiB) */
+    int media_fetch_timeout_s; /* a fetch, redirects included, at most (default 15) */
+    int media_max_redirects;  /* redirects a fetch follows at most (default 5) */
     int quiet;                /* no request log on stderr */
 } srv_options;
 

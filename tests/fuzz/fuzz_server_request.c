@@ -2,8 +2,10 @@
  * them to /v1/chat/completions, /v1/completions or /v1/embeddings: byte 0 picks the endpoint and whether
  * the chat template reads role "tool" messages, the rest is the body.  A body is parsed into a request or
  * refused with a 4xx whose message is one line and whose error JSON is OpenAI's shape; a parsed chat
- * request's conversation serializes (the server hands it to the chat template as JSON). */
+ * request's conversation serializes (the server hands it to the chat template as JSON), and each of its image
+ * and audio parts holds bytes or an http(s) URL. */
 #include <jansson.h>
+#include <strings.h>
 
 #include "fuzz.h"
 #include "server/api.h"
@@ -11,6 +13,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     static const srv_limits lim = {.max_tokens = 4096, .max_n = 16, .max_prompts = 64, .max_media = 8,
+                                   .allow_remote_media = 1, .have_vision = 1, .have_audio = 1,
                                    .vocab_size = 262144, .hidden_size = 128};
     srv_request r;
     srv_error e;
@@ -20,6 +23,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fuzz_expect(r.model && r.n >= 1 && r.n <= lim.max_n && r.n_stops >= 0 && r.n_bias >= 0);
         fuzz_expect(kind == SRV_CHAT ? json_is_array(json_object_get(r.chat, "messages")) : r.n_prompts >= 1);
         for (int i = 0; i < r.n_prompts; i++) fuzz_expect(r.prompts[i].text || r.prompts[i].n_ids > 0);
+        for (int i = 0; i < r.n_media; i++) /* bytes, or an http(s) URL to fetch (the parser never fetches) */
+            fuzz_expect(!r.media[i].data != !r.media[i].url && (r.media[i].url ? !strncasecmp(r.media[i].url, "http", 4)
+                                                                               : r.media[i].len > 0));
         char *js = kind == SRV_CHAT ? json_dumps(r.chat, JSON_COMPACT) : NULL;
         fuzz_expect(kind != SRV_CHAT || js);
         free(js);
