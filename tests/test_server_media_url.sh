@@ -6,8 +6,9 @@
 # --max-media-bytes (with and without Content-Length), a slow server (--media-fetch-timeout), too many redirects,
 # a redirect to ftp, a closed port, an https server with a self-signed certificate, a body that is no image, and
 # the schemes ftp, file and gopher are one-line 400s; a slow fetch does not hold another request;
-# --allowed-media-domains refuses other hosts (on a redirect too) and --no-remote-media every URL; the server
-# answers after each and exits 0.
+# --allowed-media-domains refuses other hosts (on a redirect too) and --no-remote-media every URL; without
+# --allow-private-media-hosts a loopback address (by number or name) is refused; the server answers after each and
+# exits 0.
 set -u
 . "$G4_SOURCE_DIR/tests/server/common.sh" # check, start_server, stop_server
 tmp=${G4_TMP:-/tmp}/server-media-url
@@ -42,8 +43,9 @@ export no_proxy=127.0.0.1,localhost NO_PROXY=127.0.0.1,localhost # (libcurl hono
 # ask PY_ARGS...: runs tests/server/media_client.py against the server (one line per request)
 ask() { "$py" "$src/tests/server/media_client.py" "$SERVER_URL" "$tmp/www" "$@" </dev/null; }
 
+# (the file servers are on loopback, which a server contacts only with --allow-private-media-hosts)
 start_server "$tmp/serve1.log" -m "$tmp/ru" --quiet -t 2 --max-media-bytes 262144 --media-fetch-timeout 3 \
-    --media-max-redirects 2
+    --media-max-redirects 2 --allow-private-media-hosts
 ask same "$files/image0.png" "$files/audio0.wav" "$files/redirect/2/image0.png" >"$tmp/same.txt"
 grep -qx "ok image" "$tmp/same.txt"
 check $? "a fetched image gives the data URL's reply ($(sed -n 1p "$tmp/same.txt"))"
@@ -81,7 +83,8 @@ grep -q "^ok image" <<<"$got"
 check $? "after all these, a fetched image still gives the data URL's reply ($got)"
 stop_server
 
-start_server "$tmp/serve2.log" -m "$tmp/ru" --quiet -t 2 --allowed-media-domains "example.org, LOCALHOST"
+start_server "$tmp/serve2.log" -m "$tmp/ru" --quiet -t 2 --allowed-media-domains "example.org, LOCALHOST" \
+    --allow-private-media-hosts
 got=$(ask error "$files/image0.png")
 grep -q "^400 messages.content .*host '127.0.0.1' is not in this server's --allowed-media-domains" <<<"$got"
 check $? "--allowed-media-domains: a host not in the list is refused ($got)"
@@ -102,6 +105,18 @@ check $? "--no-remote-media: an http URL is refused, and not requested ($got)"
 got=$(ask same-data)
 grep -q "^ok " <<<"$got"
 check $? "--no-remote-media: a data URL is still read ($got)"
+stop_server
+
+# by default only public addresses are contacted: loopback by address and by name is refused before a request
+start_server "$tmp/serve4.log" -m "$tmp/ru" --quiet -t 2
+seen=$(grep -c '"GET /image0.png' "$tmp/files.log")
+got=$(ask error "$files/image0.png")
+grep -q "^400 messages.content .*resolves to 127.0.0.1, which is not a public address" <<<"$got"
+check $? "by default a loopback address is refused ($got)"
+got=$(ask error "http://localhost:$files_port/image0.png")
+grep -qE "^400 messages.content .*resolves to (127.0.0.1|::1), which is not a public address" <<<"$got" &&
+    [ "$(grep -c '"GET /image0.png' "$tmp/files.log")" = "$seen" ]
+check $? "by default localhost is refused, and nothing is requested ($got)"
 stop_server
 
 if grep -qiE "sanitizer|runtime error|leak" "$tmp"/serve*.log; then

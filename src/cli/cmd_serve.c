@@ -32,6 +32,8 @@ static void usage(FILE *f) {
             "  --no-remote-media    refuse http(s) URLs of images and audio (default: fetched; data URLs always work)\n"
             "  --allowed-media-domains LIST  fetch media only from these hosts (comma-separated, each compared with\n"
             "                       the URL's host whole, on every redirect too; default: any host)\n"
+            "  --allow-private-media-hosts  fetch media from loopback, private and link-local addresses too (default:\n"
+            "                       only public addresses are contacted)\n"
             "  --max-media-bytes BYTES  largest file fetched from a URL (default 16777216)\n"
             "  --media-fetch-timeout S  a fetch, redirects included, at most (default 15)\n"
             "  --media-max-redirects N  redirects a fetch follows (default 5; 0: none)\n"
@@ -41,7 +43,7 @@ static void usage(FILE *f) {
 int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 3000, O_PORT, O_KEY, O_PAR, O_CTX, O_ALIAS, O_MAXTOK, O_QUEUE, O_BODY, O_MEDIA, O_TIMEOUT,
            O_DRAIN, O_REMOTE, O_NO_REMOTE, O_DOMAINS, O_MEDIA_BYTES, O_FETCH_TIMEOUT, O_REDIRECTS, O_QUIET,
-           O_REQ_TIMEOUT, O_MAX_CONN, O_MAX_CONN_IP };
+           O_REQ_TIMEOUT, O_MAX_CONN, O_MAX_CONN_IP, O_PRIVATE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"threads", required_argument, 0, 't'},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -52,6 +54,7 @@ int cmd_serve(int argc, char **argv) {
         {"timeout", required_argument, 0, O_TIMEOUT}, {"drain", required_argument, 0, O_DRAIN},
         {"allow-remote-media", no_argument, 0, O_REMOTE}, {"no-remote-media", no_argument, 0, O_NO_REMOTE},
         {"allowed-media-domains", required_argument, 0, O_DOMAINS},
+        {"allow-private-media-hosts", no_argument, 0, O_PRIVATE},
         {"max-media-bytes", required_argument, 0, O_MEDIA_BYTES},
         {"media-fetch-timeout", required_argument, 0, O_FETCH_TIMEOUT},
         {"media-max-redirects", required_argument, 0, O_REDIRECTS}, {"quiet", no_argument, 0, O_QUIET},
@@ -94,6 +97,7 @@ int cmd_serve(int argc, char **argv) {
         case O_REMOTE: o.allow_remote_media = 1; break; /* (the default; kept for scripts that name it) */
         case O_NO_REMOTE: o.allow_remote_media = 0; break;
         case O_DOMAINS: o.allowed_media_domains = optarg; break;
+        case O_PRIVATE: o.allow_private_media = 1; break;
         case O_MEDIA_BYTES: INT_OPT("--max-media-bytes", 1024, 1L << 30, o.max_media_bytes); break;
         case O_FETCH_TIMEOUT: INT_OPT("--media-fetch-timeout", 1, 3600, o.media_fetch_timeout_s); break;
         case O_REDIRECTS: INT_OPT("--media-max-redirects", 0, 20, o.media_max_redirects); break;

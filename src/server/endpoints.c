@@ -225,7 +225,8 @@ static int fetch_cancelled(void *c) { return srv_client_gone(c) || atomic_load(&
 static int fetch_media(srv_conn *c, srv_error *e) {
     const srv_options *o = &c->s->opt;
     const srv_fetch_limits lim = {.max_bytes = o->max_media_bytes, .timeout_s = o->media_fetch_timeout_s,
-                                  .max_redirects = o->media_max_redirects, .allowed_domains = o->allowed_media_domains};
+                                  .max_redirects = o->media_max_redirects, .allowed_domains = o->allowed_media_domains,
+                                  .allow_private = o->allow_private_media};
     srv_request *r = c->req;
     for (int i = 0; i < r->n_media; i++) {
         srv_media *md = &r->media[i];

@@ -1,5 +1,6 @@
 /* Fetching media URLs with libcurl (fetch.h): one easy handle per fetch, redirects followed by hand so that
  * every hop's scheme and host are checked before it is requested. */
+#include <arpa/inet.h>
 #include <curl/curl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,6 +65,34 @@ static int check_hop(const char *url, const srv_fetch_limits *lim, char *msg, si
     return rc;
 }
 
+/* 1 when ip (text, as curl reports the address it connected to) is not a public address: IPv4 0/8, 10/8,
+ * 100.64/10, 127/8, 169.254/16, 172.16/12, 192.0.0/24, 192.168/16, 198.18/15, 224/3 and 255.255.255.255; IPv6
+ * ::, ::1, fc00::/7, fe80::/10, ff00::/8 and an IPv4-mapped or -compatible address by its IPv4 (RFC 6890's
+ * special-purpose registries). An address that does not parse counts as not public. */
+static int ipv4_private(const unsigned char *a) {
+    return a[0] == 0 || a[0] == 10 || a[0] == 127 || a[0] >= 224 || (a[0] == 100 && (a[1] & 0xc0) == 64) ||
+           (a[0] == 169 && a[1] == 254) || (a[0] == 172 && (a[1] & 0xf0) == 16) ||
+           (a[0] == 192 && a[1] == 0 && a[2] == 0) || (a[0] == 192 && a[1] == 168) ||
+           (a[0] == 198 && (a[1] & 0xfe) == 18);
+}
+static int address_private(const char *ip) {
+    unsigned char a[16];
+    if (inet_pton(AF_INET, ip, a) == 1) return ipv4_private(a);
+    if (inet_pton(AF_INET6, ip, a) != 1) return 1;
+    static const unsigned char zero[12] = {0}, mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (!memcmp(a, mapped, 12) || !memcmp(a, zero, 12)) return ipv4_private(a + 12); /* (:: and ::1 are 0.0.0.x) */
+    return (a[0] & 0xfe) == 0xfc || (a[0] == 0xfe && (a[1] & 0xc0) == 0x80) || a[0] == 0xff;
+}
+
+/* curl's last word before a request goes out on a connection: refuse addresses that are not public */
+static int on_connected(void *arg, char *ip, char *local_ip, int port, int local_port) {
+    (void)local_ip, (void)port, (void)local_port;
+    char *refused = arg;
+    if (!address_private(ip)) return CURL_PREREQFUNC_OK;
+    snprintf(refused, 64, "%s", ip);
+    return CURL_PREREQFUNC_ABORT;
+}
+
 typedef struct body {
     unsigned char *p;
     size_t len, cap, max;
@@ -112,7 +141,7 @@ int srv_fetch(const char *url, const srv_fetch_limits *lim, int (*cancelled)(voi
     CURL *h = curl_easy_init();
     if (!h) return say(msg, cap, "out of memory");
     body b = {.max = lim->max_bytes, .cancelled = cancelled, .user = user};
-    char errbuf[CURL_ERROR_SIZE];
+    char errbuf[CURL_ERROR_SIZE], refused[64] = "";
     char *hop = strdup(url);
     const double deadline = now_s() + lim->timeout_s;
     int rc = -1;
@@ -127,6 +156,10 @@ int srv_fetch(const char *url, const srv_fetch_limits *lim, int (*cancelled)(voi
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, &b);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
     curl_easy_setopt(h, CURLOPT_USERAGENT, "gemma4c");
+    if (!lim->allow_private) {
+        curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, on_connected);
+        curl_easy_setopt(h, CURLOPT_PREREQDATA, refused);
+    }
     for (int redirects = 0; hop;) {
         if (check_hop(hop, lim, msg, cap)) break;
         const double left = deadline - now_s();
@@ -147,6 +180,11 @@ int srv_fetch(const char *url, const srv_fetch_limits *lim, int (*cancelled)(voi
         }
         if (cc == CURLE_OPERATION_TIMEDOUT) {
             say(msg, cap, "timed out after %d s (--media-fetch-timeout)", lim->timeout_s);
+            break;
+        }
+        if (cc == CURLE_ABORTED_BY_CALLBACK && refused[0]) {
+            say(msg, cap, "the host resolves to %s, which is not a public address (--allow-private-media-hosts "
+                          "lets this server fetch from it)", refused);
             break;
         }
         if (cc == CURLE_ABORTED_BY_CALLBACK && b.gone) {

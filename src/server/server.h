@@ -31,6 +31,8 @@ typedef struct srv_options {
     int allow_remote_media;   /* fetch http(s) URLs of images and audio (default 1; --no-remote-media: 0) */
     const char *allowed_media_domains; /* NULL: any host; else the hosts media may be fetched from, comma-separated
                                         * (--allowed-media-domains) */
+    int allow_private_media;  /* fetch from addresses that are not public: loopback, private, link-local (default 0;
+                               * --allow-private-media-hosts: 1) */
     size_t max_media_bytes;   /* a fetched file's size at most (default 16 MiB) */
     int media_fetch_timeout_s; /* a fetch, redirects included, at most (default 15) */
     int media_max_redirects;  /* redirects a fetch follows at most (default 5) */
