@@ -256,6 +256,49 @@ static void check_cancel_frees(const char *label, g4_model *m, const prompt *p, 
     g4_context_free(ctx);
 }
 
+/* Four requests of one prompt submitted together (a request's n choices, one system prompt arriving from many
+ * clients): one reads the prompt, the others wait a step or so and take its blocks from the prefix cache, and
+ * all four give the tokens the prompt gives alone. */
+static void check_shared_prompt(const char *label, g4_model *m, const prompt *p, int n_ctx) {
+    g4_error err;
+    g4_context *ctx;
+    g4_scheduler *s;
+    g4_context_params cp = {.n_seq_max = 4, .n_ctx = n_ctx, .n_batch = 256, .kv_history = -1, .kv_block_size = 8};
+    if (g4_context_new(m, &cp, &ctx, &err) || g4_scheduler_new(ctx, &s, &err)) {
+        CHECKF(0, "%s: %s", label, err.msg);
+        return;
+    }
+    const prompt *q = &p[0];
+    for (int i = 1; i < N_REQ; i++)
+        if (p[i].n > q->n) q = &p[i]; /* the longest */
+    slot sl[4];
+    memset(sl, 0, sizeof sl);
+    g4_sampler_params sp;
+    g4_sampler_params_default(&sp);
+    sp.temperature = 0;
+    g4_generation_params gp = {.max_new_tokens = MAX_NEW, .sampling = &sp, .ignore_eos = 1};
+    for (int i = 0; i < 4; i++) {
+        sl[i].cancel_at = -1;
+        CHECK(g4_scheduler_submit(s, q->ids, q->n, &gp, on_event, &sl[i], &sl[i].g, &err) == 0);
+    }
+    while (g4_scheduler_step(s, &err) > 0) {}
+    g4_scheduler_stats st;
+    g4_scheduler_get_stats(s, &st);
+    const long cached = (long)(q->n - 1) / 8 * 8;
+    CHECKF(st.reused_tokens == 3 * cached && st.prefill_tokens == q->n + 3 * (q->n - cached),
+           "%s: 4 requests of one prompt of %d tokens: %ld reused (want %ld), %ld read", label, q->n,
+           st.reused_tokens, 3 * cached, st.prefill_tokens);
+    for (int i = 0; i < 4; i++) {
+        CHECKF(sl[i].done && sl[i].n_got == MAX_NEW && q->n_alone > 0 &&
+                   !memcmp(sl[i].got, q->alone, (size_t)q->n_alone * sizeof(int32_t)),
+               "%s: request %d of the shared prompt: %d tokens, not those of the prompt alone", label, i, sl[i].n_got);
+        g4_generation_free(sl[i].g);
+    }
+    printf("%-12s one prompt of %d tokens x 4: %ld steps, %ld reused\n", label, q->n, st.steps, st.reused_tokens);
+    g4_scheduler_free(s);
+    g4_context_free(ctx);
+}
+
 static void check_embeddings(const char *label, g4_model *m, const g4_tensor_set *ref) {
     size_t n_ids = 0, n_fin = 0;
     int32_t *ids = ref_ids(ref, "input_ids", &n_ids);
@@ -501,6 +544,7 @@ static void check_model(const char *label, const char *dir, int full) {
         const sched_case all = {.n_seq = N_REQ, .n_batch = 64, .rounds = 1};
         run_case(label, m, p, &all, n_ctx);
         check_cancel_frees(label, m, p, n_ctx);
+        check_shared_prompt(label, m, p, n_ctx);
         if (full) check_prefix_cache(label, m, p, n_ctx, W);
         if (full) check_least_sliding_pool(label, m, p, n_ctx, W);
         const sched_case cancels = {.n_seq = 6, .n_batch = 48, .cancel = 1, .rounds = 1};

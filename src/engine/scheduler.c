@@ -9,7 +9,8 @@
  *      the main pool (full attention) has the blocks for their whole remaining prompt on top of what the
  *      running ones still need, plus some headroom while any run (headroom()); an admitted request first
  *      takes the longest prefix of its tokens the prefix cache holds (g4_kv_cache_reuse) and reads on from
- *      there;
+ *      there; one whose prompt shares more whole blocks with a running request that has not read them yet
+ *      waits until it has (pending_prefix: n choices of one prompt, one system prompt from many clients);
  *   5. if the step's blocks do not fit the pools, the newest prefill chunk is halved, then dropped, then the
  *      newest running requests are preempted: their blocks are freed and they wait at the front of the queue
  *      to be recomputed (prompt and the tokens so far; the prefix cache often still has them); a request that
@@ -440,7 +441,28 @@ static long headroom(const g4_scheduler *s) {
     return (p->n_blocks + 99) / 100;
 }
 
-/* Admits waiting requests of one kind in arrival order while a sequence, budget and blocks are free. */
+/* The length of the prefix that r's prompt (but its last token, read for its logits) shares with a running
+ * request that is still reading its tokens and has not read that far: the blocks of it the prefix cache lacks
+ * now are there once that request has read them, so r waits for them rather than read them again beside it (the
+ * choices of one request, many requests with one system prompt arriving together; SGLang's in-batch prefix
+ * caching). Requests with images or audio (placeholders stand for different rows) and embeddings are not
+ * compared. */
+static int pending_prefix(const g4_scheduler *s, const request *r) {
+    if (r->embed || r->embd) return 0;
+    int best = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        const request *p = s->run_list[i];
+        if (p->embed || p->embd || p->n_tokens - p->n_fed <= 1) continue; /* decoding: its prompt is in */
+        const int n = p->n_tokens < r->n_tokens - 1 ? p->n_tokens : r->n_tokens - 1;
+        int c = 0;
+        while (c < n && p->tokens[c] == r->tokens[c]) c++;
+        if (c > p->n_fed && c > best) best = c;
+    }
+    return best;
+}
+
+/* Admits waiting requests of one kind in arrival order while a sequence, budget and blocks are free; one whose
+ * prompt's blocks a running request is about to put in the prefix cache waits for them (pending_prefix). */
 static void admit_waiting(g4_scheduler *s, int embed_step, int *budget) {
     g4_context *ctx = s->ctx;
     long reserve = 0; /* blocks the running requests still need for the tokens they have */
@@ -458,6 +480,11 @@ static void admit_waiting(g4_scheduler *s, int embed_step, int *budget) {
         while (s->running[q]) q++;
         /* at least the last token is read, for its logits */
         int reused = r->embed ? 0 : g4_seq_reuse_prefix(ctx, q, r->tokens, r->n_tokens - 1);
+        if (pending_prefix(s, r) / ctx->kv.block > reused / ctx->kv.block) {
+            g4_seq_reset(ctx, q);
+            i++;
+            continue;
+        }
         long need = blocks_for(s, r->n_tokens) - reused / ctx->kv.block;
         /* the headroom is for running requests: alone, a request that fits the pool runs (else it would wait
          * forever, neither admitted nor too big, and every request behind it with it) */
