@@ -218,6 +218,13 @@ G4_API size_t g4_kv_bytes(const g4_context *ctx);
 /* The bytes g4_context_new(model, params) would take for its KV cache (0 with a message when params cannot make
  * a context, SIZE_MAX when they overflow): with g4_model_memory, how many sequences fit. */
 G4_API size_t g4_kv_bytes_needed(const g4_model *model, const g4_context_params *params, g4_error *err);
+/* How many sequences of params (its n_seq_max aside) the backend's free memory holds the KV cache of, keeping
+ * G4_STEP_RESERVE_BYTES or 5% of the memory, whichever is more, for the steps' buffers: 1 .. max_seq (vLLM gives
+ * 90% of a card to weights, activations and KV). *kv_bytes (may be NULL): the KV cache of that many. -1 with a
+ * message when the backend does not say its memory. */
+#define G4_STEP_RESERVE_BYTES ((size_t)2 << 30)
+G4_API int g4_context_fit_sequences(const g4_model *model, const g4_context_params *params, int max_seq,
+                                    size_t *kv_bytes, g4_error *err);
 
 /* One batch step.  Tokens of one sequence must be contiguous in the batch and
  * in position order; each sequence's tokens continue at g4_seq_length(seq).

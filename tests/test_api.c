@@ -95,8 +95,15 @@ static void test_generation(g4_model *m, const reference *r) {
            g4_kv_bytes_needed(m, &cp, &err), g4_kv_bytes(ctx));
     g4_context_params bad = {.n_seq_max = -1};
     CHECK(g4_kv_bytes_needed(m, &bad, &err) == 0 && strstr(err.msg, "negative"));
-    size_t mem_free = 0, mem_total = 0;
+    size_t mem_free = 0, mem_total = 0, fit_kv = 0;
     CHECK(g4_model_memory(m, &mem_free, &mem_total, &err) == 0 && mem_total > 0 && mem_free <= mem_total);
+    /* sequences that fit: their KV cache, and the reserve for the steps, within the free memory (or just one) */
+    const int fit = g4_context_fit_sequences(m, &cp, 3, &fit_kv, &err);
+    g4_context_params fit_cp = cp;
+    fit_cp.n_seq_max = fit;
+    CHECKF(fit >= 1 && fit <= 3 && fit_kv == g4_kv_bytes_needed(m, &fit_cp, &err) &&
+               (fit == 1 || fit_kv + G4_STEP_RESERVE_BYTES <= mem_free),
+           "%d sequences fit, %zu bytes, %zu free", fit, fit_kv, mem_free);
     const int n_prompt = (int)r->n_ids, n_greedy = (int)r->n_greedy;
     g4_sampler_params sp = greedy_params();
     g4_generation_params gp = {.max_new_tokens = n_greedy, .sampling = &sp, .ignore_eos = 1};

@@ -107,6 +107,7 @@ static int test_nulls(g4_model *m, g4_context *ctx) {
     GIVES(g4_kv_free_blocks(NULL), 0);
     GIVES(g4_kv_bytes(NULL), 0);
     GIVES(g4_kv_bytes_needed(NULL, NULL, &E), 0);
+    GIVES(g4_context_fit_sequences(NULL, NULL, 4, NULL, &E), -1);
     FAILS(g4_model_memory(NULL, NULL, NULL, &E));
     SURVIVES(g4_context_capture(NULL, NULL, NULL));
     FAILS(g4_decode(NULL, &b, out, &E));

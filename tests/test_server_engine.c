@@ -29,7 +29,7 @@ static void check_sizing(g4_model *m, int n_ctx, const char *label) {
     const int n = srv_engine_auto_parallel(m, n_ctx, G4_KV_BF16, note, sizeof note);
     printf("%s, context %d: parallel %d (%s)\n", label, n_ctx, n, note);
     CHECKF(n >= 1 && n <= SRV_GPU_PARALLEL_MAX, "%s: %d sequences", label, n);
-    const size_t reserve = total / 20 > SRV_GPU_RESERVE ? total / 20 : SRV_GPU_RESERVE;
+    const size_t reserve = total / 20 > G4_STEP_RESERVE_BYTES ? total / 20 : G4_STEP_RESERVE_BYTES;
     srv_engine *e = NULL;
     if (srv_engine_new(m, n, n_ctx, G4_KV_BF16, 16, NULL, NULL, &e, &err)) {
         CHECKF(0, "%s: an engine of %d sequences: %s", label, n, err.msg);

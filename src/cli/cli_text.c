@@ -162,10 +162,22 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
     const int image = g4_image_max_tokens(tm->model, opt->image_budget); /* 0 without a vision tower */
     g4_context_params cp = {.n_ctx = opt->n_ctx < max_pos ? (int)opt->n_ctx : max_pos, /* 0: the library's default */
                             .n_batch = image > 512 ? image : 0, .kv_type = cli_kv_type(tm->model)};
+    if (parallel == CLI_PARALLEL_AUTO) {
+        cp.kv_history = -1;
+        parallel = CLI_PARALLEL_CPU;
+        if (strcmp(g4_model_device(tm->model), "cpu")) {
+            parallel = g4_context_fit_sequences(tm->model, &cp, CLI_PARALLEL_GPU_MAX, NULL, &err);
+            if (parallel < 0) {
+                cli_error("%s", err.msg);
+                goto fail;
+            }
+        }
+    }
     if (parallel > 0) { /* for a scheduler: nothing is rolled back */
         cp.n_seq_max = parallel;
         cp.kv_history = -1;
     }
+    tm->n_seq = cp.n_seq_max > 0 ? cp.n_seq_max : 1;
     if (g4_context_new(tm->model, &cp, &tm->ctx, &err) == 0) return 0;
     cli_error("%s", err.msg);
 fail:

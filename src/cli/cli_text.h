@@ -54,11 +54,16 @@ typedef struct cli_text_model {
     g4_model *model; /* with the folder's tokenizer, chat template and generation defaults */
     g4_context *ctx;
     g4_drafter *drafter; /* with --draft */
+    int n_seq;           /* the context's sequences */
 } cli_text_model;
 
+/* cli_text_open's parallel for "as many as fit": CLI_PARALLEL_CPU on the CPU, on a GPU as many sequences as its
+ * free memory holds the KV cache of (g4_context_fit_sequences), at most CLI_PARALLEL_GPU_MAX */
+enum { CLI_PARALLEL_AUTO = -1, CLI_PARALLEL_CPU = 8, CLI_PARALLEL_GPU_MAX = 128 };
+
 /* Loads what a text command needs; prints the error and returns -1 on failure. The needs say
- * which files beside the weights must be there. parallel > 0: a context of that many sequences for
- * a scheduler (cli_batch.h), else one sequence. */
+ * which files beside the weights must be there. parallel > 0 (or CLI_PARALLEL_AUTO): a context of that many
+ * sequences for a scheduler (cli_batch.h; tm->n_seq says how many), else one sequence. */
 enum { CLI_NEED_TOKENIZER = 1, CLI_NEED_TEMPLATE = 2 };
 int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_model *tm);
 void cli_text_close(cli_text_model *tm);

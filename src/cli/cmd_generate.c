@@ -27,7 +27,8 @@ static void usage(FILE *f) {
             "                 {\"prompt\": TEXT} or {\"ids\": [...]}, optional \"max_tokens\", \"temperature\",\n"
             "                 \"seed\", \"stop\" (a string or a list); prints {\"ids\": [...], \"text\": ...}\n"
             "                 (the generated part) or {\"error\": ...} per line, in input order\n"
-            "  --parallel P   requests running at once with -f (default 8)\n"
+            "  --parallel P   requests running at once with -f (default: 8 on the CPU; on a GPU as many as its\n"
+            "                 free memory holds the KV cache of, at most 128)\n"
             "  --no-bos       do not add the BOS token to TEXT\n"
             "  --image FILE   fills the prompt's next <|image|> placeholder (one per image; repeatable)\n"
             "  --audio FILE   fills the prompt's next <|audio|> placeholder (one per file; repeatable)\n"
@@ -119,7 +120,7 @@ static int generate_file(const char *file, cli_sampling *smp, int parallel, int 
     g4_error err;
     int rc = 1;
     if (g4_scheduler_new(tm.ctx, &s, &err) == 0) {
-        rc = cli_batch_run("generate", file, s, 2 * parallel, gen_submit, gen_result, &b);
+        rc = cli_batch_run("generate", file, s, 2 * tm.n_seq, gen_submit, gen_result, &b);
         g4_scheduler_free(s);
     } else {
         cli_error("%s", err.msg);
@@ -140,7 +141,7 @@ int cmd_generate(int argc, char **argv) {
     cli_options_with_sampling(own, opts, 40);
     const char *text = NULL, *ids_s = NULL, *file = NULL;
     int no_bos = 0, c;
-    long budget = 0, parallel = 8;
+    long budget = 0, parallel = CLI_PARALLEL_AUTO;
     cli_sampling smp;
     cli_sampling_init(&smp);
     cli_media_files files = {0};

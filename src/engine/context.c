@@ -142,6 +142,32 @@ size_t g4_kv_bytes_needed(const g4_model *model, const g4_context_params *params
                              p.kv_block_size, p.n_kv_blocks, p.n_kv_sliding_blocks);
 }
 
+int g4_context_fit_sequences(const g4_model *model, const g4_context_params *params, int max_seq, size_t *kv_bytes,
+                             g4_error *err) {
+    if (kv_bytes) *kv_bytes = 0;
+    G4_ARG(model, err);
+    size_t free_b, total;
+    if (g4_model_memory(model, &free_b, &total, err)) return -1;
+    g4_context_params p = {0};
+    if (params) p = *params;
+    const size_t reserve = total / 20 > G4_STEP_RESERVE_BYTES ? total / 20 : G4_STEP_RESERVE_BYTES;
+    const size_t room = free_b > reserve ? free_b - reserve : 0;
+    /* the largest n whose KV cache fits (it grows with n): lo fits or is 1, hi does not or is past max_seq */
+    int lo = 1, hi = (max_seq > 1 ? max_seq : 1) + 1;
+    size_t at_lo = 0;
+    p.n_seq_max = 1;
+    if (!(at_lo = g4_kv_bytes_needed(model, &p, err))) return -1;
+    while (hi - lo > 1) {
+        p.n_seq_max = lo + (hi - lo) / 2;
+        const size_t b = g4_kv_bytes_needed(model, &p, err);
+        if (!b) return -1;
+        if (b <= room) lo = p.n_seq_max, at_lo = b;
+        else hi = p.n_seq_max;
+    }
+    if (kv_bytes) *kv_bytes = at_lo;
+    return lo;
+}
+
 int g4_context_new(g4_model *model, const g4_context_params *params, g4_context **out, g4_error *err) {
     G4_ARG(out, err);
     *out = NULL;

@@ -302,25 +302,16 @@ int srv_engine_auto_parallel(const g4_model *model, int n_ctx, g4_kv_type kv_typ
     snprintf(note, note_size, "the CPU's default");
     if (!strcmp(g4_model_device(model), "cpu")) return SRV_CPU_PARALLEL;
     g4_error err;
-    size_t free_b, total;
-    if (g4_model_memory(model, &free_b, &total, &err)) {
+    size_t free_b = 0, total = 0, kv = 0;
+    const g4_context_params cp = context_params(model, 1, n_ctx, kv_type);
+    const int n = g4_context_fit_sequences(model, &cp, SRV_GPU_PARALLEL_MAX, &kv, &err);
+    if (n < 0 || g4_model_memory(model, &free_b, &total, &err)) {
         snprintf(note, note_size, "%s", err.msg);
         return SRV_CPU_PARALLEL;
     }
-    g4_context_params one = context_params(model, 1, n_ctx, kv_type), two = context_params(model, 2, n_ctx, kv_type);
-    const size_t b1 = g4_kv_bytes_needed(model, &one, &err), b2 = g4_kv_bytes_needed(model, &two, &err);
-    if (!b1 || b1 == SIZE_MAX || b2 <= b1 || b2 == SIZE_MAX) {
-        snprintf(note, note_size, "the KV cache's size is unknown");
-        return 1;
-    }
-    const size_t per = b2 - b1, base = b1 - per, reserve = total / 20 > SRV_GPU_RESERVE ? total / 20 : SRV_GPU_RESERVE;
-    const size_t room = free_b > reserve + base ? free_b - reserve - base : 0;
-    size_t n = room / per;
-    if (n < 1) n = 1;
-    if (n > SRV_GPU_PARALLEL_MAX) n = SRV_GPU_PARALLEL_MAX;
-    snprintf(note, note_size, "KV cache %.2f GB; %.2f GB of %.2f GB were free, %.2f GB kept for the steps",
-             (double)(base + n * per) / 1e9, (double)free_b / 1e9, (double)total / 1e9, (double)reserve / 1e9);
-    return (int)n;
+    snprintf(note, note_size, "KV cache %.2f GB; %.2f GB of %.2f GB were free", (double)kv / 1e9, (double)free_b / 1e9,
+             (double)total / 1e9);
+    return n;
 }
 
 int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, int max_queue, srv_job_fn on_finished, void *user,

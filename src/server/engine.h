@@ -101,11 +101,9 @@ typedef struct srv_engine_stats {
 typedef void (*srv_job_fn)(const srv_job *job, void *user);
 
 /* --parallel's default: SRV_CPU_PARALLEL on the CPU (its steps are bound by compute); on a GPU as many
- * sequences as the KV cache of n_ctx positions each leaves room for in the free memory, less the larger of
- * SRV_GPU_RESERVE and 5% of the card for the steps' buffers, at most SRV_GPU_PARALLEL_MAX (vLLM: up to 256
- * sequences in 90% of the card). note: one line saying how it was sized. */
+ * sequences as the free memory holds the KV cache of, n_ctx positions each, at most SRV_GPU_PARALLEL_MAX
+ * (g4_context_fit_sequences). note: one line saying how it was sized. */
 enum { SRV_CPU_PARALLEL = 4, SRV_GPU_PARALLEL_MAX = 128 };
-#define SRV_GPU_RESERVE ((size_t)2 << 30)
 int srv_engine_auto_parallel(const g4_model *model, int n_ctx, g4_kv_type kv_type, char *note, size_t note_size);
 int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, int max_queue, srv_job_fn on_finished, void *user,
                    srv_engine **out, g4_error *err);
