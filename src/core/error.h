@@ -9,6 +9,11 @@
 /* Prefixes an existing message: "context: old message". Returns -1. */
 int g4_fail_prefix(g4_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Warnings are lines ending in '\n' in one malloc'ed string (NULL: none). g4_warn appends one formatted line
+ * (a newline inside it becomes a space), g4_warn_lines appends lines as they are; out of memory drops them. */
+void g4_warn(char **lines, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void g4_warn_lines(char **lines, const char *more);
+
 /* A public entry point's check of a pointer argument: NULL is an error naming the call and the argument
  * ("g4_decode: batch is NULL"). */
 #define G4_ARG(p, err)                                                                                         \

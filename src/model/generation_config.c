@@ -1,7 +1,6 @@
 #include "model/generation_config.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,25 +84,6 @@ static int read_positive(const json_t *obj, const char *key, const char *what, i
     return 0;
 }
 
-/* One line for c->warnings (lines ending in '\n'). */
-static void gc_warn(g4_generation_config *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void gc_warn(g4_generation_config *c, const char *fmt, ...) {
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n >= sizeof line) n = (int)sizeof line - 1;
-    const size_t old = c->warnings ? strlen(c->warnings) : 0;
-    char *w = realloc(c->warnings, old + (size_t)n + 2);
-    if (!w) return;
-    memcpy(w + old, line, (size_t)n);
-    w[old + (size_t)n] = '\n';
-    w[old + (size_t)n + 1] = 0;
-    c->warnings = w;
-}
-
 /* Fields transformers 5.17 acts on that are not implemented here (generation/utils.py
  * GenerationMixin._get_logits_processor and _get_stopping_criteria, GenerationConfig.get_generation_mode): a value
  * that would change what transformers generates is a warning naming it, never silently different output. */
@@ -154,14 +134,14 @@ static void warn_ignored(const json_t *root, const char *path, int do_sample, g4
         }
         if (!acts) continue;
         char *text = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-        gc_warn(c, "%s: \"%s\" %.60s%s is not supported and is ignored (transformers applies %s)", path,
+        g4_warn(&c->warnings, "%s: \"%s\" %.60s%s is not supported and is ignored (transformers applies %s)", path,
                 ignored_fields[i].key, text ? text : "?", text && strlen(text) > 60 ? "..." : "", ignored_fields[i].what);
         free(text);
     }
     /* contrastive search (GenerationConfig.get_generation_mode: greedy, top_k > 1 and penalty_alpha > 0) */
     const json_t *alpha = json_object_get(root, "penalty_alpha");
     if (!do_sample && json_is_number(alpha) && json_number_value(alpha) > 0 && c->sampling.top_k > 1)
-        gc_warn(c, "%s: \"penalty_alpha\" %g asks for contrastive search, which is not supported: decoding greedily",
+        g4_warn(&c->warnings, "%s: \"penalty_alpha\" %g asks for contrastive search, which is not supported: decoding greedily",
                 path, json_number_value(alpha));
 }
 
@@ -194,13 +174,13 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
     const json_t *jt = json_object_get(root, "temperature"), *jk = json_object_get(root, "top_k"),
                  *jr = json_object_get(root, "repetition_penalty");
     if (do_sample && json_is_integer(jt) && temperature != 1.0 && temperature > 0)
-        gc_warn(c, "%s: \"temperature\" %g is an integer, which transformers' TemperatureLogitsWarper refuses (write "
+        g4_warn(&c->warnings, "%s: \"temperature\" %g is an integer, which transformers' TemperatureLogitsWarper refuses (write "
                    "%g.0); taken as %g", path, temperature, temperature, temperature);
     if (do_sample && json_is_real(jk) && top_k != 0)
-        gc_warn(c, "%s: \"top_k\" %g is not an integer, which transformers' TopKLogitsWarper refuses (write %lld); "
+        g4_warn(&c->warnings, "%s: \"top_k\" %g is not an integer, which transformers' TopKLogitsWarper refuses (write %lld); "
                    "taken as %lld", path, json_real_value(jk), (long long)top_k, (long long)top_k);
     if (json_is_integer(jr) && rep != 1.0 && rep > 0)
-        gc_warn(c, "%s: \"repetition_penalty\" %g is an integer, which transformers' RepetitionPenaltyLogitsProcessor "
+        g4_warn(&c->warnings, "%s: \"repetition_penalty\" %g is an integer, which transformers' RepetitionPenaltyLogitsProcessor "
                    "refuses (write %g.0); taken as %g", path, rep, rep, rep);
     /* temperature, top_k, top_p and min_p only act when sampling: with do_sample false transformers lets any value
      * pass (GenerationConfig.validate() 2.1 lists them as "minor issues", a warning) and decodes greedily, so
@@ -244,7 +224,7 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
         goto done;
     }
     if (do_sample && temperature == 0.0) /* transformers raises: TemperatureLogitsWarper wants a temperature > 0 */
-        gc_warn(c, "%s: \"do_sample\" true with \"temperature\" 0 makes transformers refuse to generate (its "
+        g4_warn(&c->warnings, "%s: \"do_sample\" true with \"temperature\" 0 makes transformers refuse to generate (its "
                    "TemperatureLogitsWarper needs a temperature > 0); decoding greedily", path);
     c->do_sample = do_sample;
     c->temperature = (float)temperature;

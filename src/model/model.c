@@ -338,22 +338,6 @@ static void fmt_name(char *buf, size_t cap, const char *fmt, ...) {
     va_end(ap);
 }
 
-static void warn(g4_model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void warn(g4_model *m, const char *fmt, ...) {
-    char line[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    size_t old = m->warnings ? strlen(m->warnings) : 0;
-    char *w = realloc(m->warnings, old + strlen(line) + 2);
-    if (!w) return;
-    memcpy(w + old, line, strlen(line));
-    w[old + strlen(line)] = '\n';
-    w[old + strlen(line) + 1] = 0;
-    m->warnings = w;
-}
-
 /* Whether any tensor's name starts with `prefix` (names are sorted: one binary search). */
 static int holds_prefix(const g4_tensor_set *set, const char *prefix) {
     const size_t n = strlen(prefix);
@@ -692,18 +676,18 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     if (m->cfg.has_vision && !m->cfg.unified && !m->random && !holds_prefix(&m->weights, "model.vision_tower.") &&
         !holds_prefix(&m->weights, "model.embed_vision.")) {
         m->cfg.has_vision = 0;
-        warn(m, "config.json has a vision_config but the weights hold no vision tower: images are not supported");
+        g4_warn(&m->warnings, "config.json has a vision_config but the weights hold no vision tower: images are not supported");
     }
     if (m->cfg.has_audio && !m->cfg.unified && !m->random && !holds_prefix(&m->weights, "model.audio_tower.") &&
         !holds_prefix(&m->weights, "model.embed_audio.")) {
         m->cfg.has_audio = 0;
-        warn(m, "config.json has an audio_config but the weights hold no audio tower: audio is not supported");
+        g4_warn(&m->warnings, "config.json has an audio_config but the weights hold no audio tower: audio is not supported");
     }
     const int embedders = m->cfg.unified && !m->random &&
                           (holds_prefix(&m->weights, "model.vision_embedder.") ||
                            holds_prefix(&m->weights, "model.embed_vision.") || holds_prefix(&m->weights, "model.embed_audio."));
     if (m->cfg.unified && !m->random && !embedders)
-        warn(m, "config.json is a gemma4_unified one but the weights hold no image or audio embedders: images and audio "
+        g4_warn(&m->warnings, "config.json is a gemma4_unified one but the weights hold no image or audio embedders: images and audio "
                 "are not supported");
     if (embedders && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
     if (m->cfg.has_vision && !m->random && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
@@ -743,10 +727,10 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
                            "not describe these weights", m->dir, name, why);
         }
         if (is_tower_tensor(name)) continue; /* vision/audio towers: not part of the text decoder */
-        if (n_unexpected < 8) warn(m, "unexpected tensor '%s' is not used", name);
+        if (n_unexpected < 8) g4_warn(&m->warnings, "unexpected tensor '%s' is not used", name);
         n_unexpected++;
     }
-    if (n_unexpected > 8) warn(m, "... and %d more unexpected tensors", n_unexpected - 8);
+    if (n_unexpected > 8) g4_warn(&m->warnings, "... and %d more unexpected tensors", n_unexpected - 8);
     free(b.used);
     return 0;
 }

@@ -35,13 +35,7 @@ int g4_model_load_files(g4_model *m, const char *dir, g4_error *err) {
         if (g4_path_join(path, sizeof path, dir, "tokenizer.json", err)) return -1;
         if (g4_file_exists(path) && g4_tokenizer_load(path, &m->tok, err)) return -1;
         if (g4_generation_config_load(dir, &m->gen_config, err)) return -1;
-        if (m->gen_config.warnings) { /* among the model's load warnings */
-            const size_t old = m->warnings ? strlen(m->warnings) : 0, n = strlen(m->gen_config.warnings);
-            char *w = realloc(m->warnings, old + n + 1);
-            if (!w) return g4_fail(err, "out of memory");
-            memcpy(w + old, m->gen_config.warnings, n + 1);
-            m->warnings = w;
-        }
+        g4_warn_lines(&m->warnings, m->gen_config.warnings); /* among the model's load warnings */
         if (g4_chat_template_find(dir, &m->chat_template, &m->chat_template_error, err)) return -1;
     }
     if (m->tok && g4_tokenizer_vocab_size(m->tok) > m->cfg.text.vocab_size)
