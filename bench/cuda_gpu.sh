@@ -3,7 +3,8 @@
 # real shapes, and a profile of a decode step. Prints a table last.
 #
 # usage: bench/cuda_gpu.sh BIN SHARED OUT STEP...
-#   BIN     folder with gemma4c, test_backend_ops, test_decoder (and test_vision, test_audio, test_unified where
+#   BIN     folder with gemma4c, test_backend_ops, test_decoder (and test_vision, test_audio, test_unified,
+#           test_server_engine where
 #           present: the towers end to end) of a -DGEMMA4C_CUDA=ON build
 #   SHARED  folder with fixtures/ and configs/ (../shared)
 #   OUT     folder for logs
@@ -35,7 +36,8 @@ for step in "$@"; do
         "$BIN/test_decoder" >"$OUT/decoder.log" 2>&1
         echo "decoder rc=$? $(tail -1 "$OUT/decoder.log")" | tee -a "$summary"
         grep -E "logits|KV|failed" "$OUT/decoder.log" | head -30
-        for t in test_vision test_audio test_unified; do # the towers: image / WAV to logits on the default device
+        for t in test_vision test_audio test_unified test_server_engine; do # the towers: image / WAV to logits on the
+            # default device; the server's default --parallel sized by the card's memory
             [ -x "$BIN/$t" ] || continue
             "$BIN/$t" >"$OUT/$t.log" 2>&1
             echo "$t rc=$? $(tail -1 "$OUT/$t.log")" | tee -a "$summary"
