@@ -4,8 +4,7 @@
 #
 # usage: bench/cuda_gpu.sh BIN SHARED OUT STEP...
 #   BIN     folder with gemma4c, test_backend_ops, test_decoder (and test_vision, test_audio, test_unified,
-#           test_server_engine where
-#           present: the towers end to end) of a -DGEMMA4C_CUDA=ON build
+#           test_server_engine where present: the towers end to end, the server's sizing) of a -DGEMMA4C_CUDA=ON build
 #   SHARED  folder with fixtures/ and configs/ (../shared)
 #   OUT     folder for logs
 #   STEP    tests | memcheck | bench:MODEL[:PROMPTS[:CONTEXTS[:TYPE]]] | profile:MODEL[:TYPE] | ncu:MODEL[:TYPE]
