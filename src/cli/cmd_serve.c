@@ -92,6 +92,7 @@ int cmd_serve(int argc, char **argv) {
     if (o.api_key && !*o.api_key) return cli_error("serve: --api-key must not be empty");
     o.device = cli_device;
     o.bf16_activations = cli_bf16_act;
+    o.mmproj = cli_mmproj;
     o.kv_type = cli_kv;
     return srv_main(&o);
 }

@@ -385,7 +385,8 @@ int srv_main(const srv_options *o) {
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    g4_load_params lp = {.n_threads = o->n_threads, .device = o->device, .bf16_activations = o->bf16_activations};
+    g4_load_params lp = {.n_threads = o->n_threads, .device = o->device, .bf16_activations = o->bf16_activations,
+                         .mmproj = o->mmproj};
     if (g4_model_load(o->model_path, &lp, &s->model, &err)) {
         fprintf(stderr, "gemma4c: %s\n", err.msg);
         goto done;
