@@ -725,7 +725,8 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         const char *hint = !wrapped && holds_prefix(&m->weights, "model.language_model.")
                                ? " (the weights name them model.language_model.*, as a multimodal gemma4 checkpoint does, "
                                  "but config.json is a text-only one)"
-                           : wrapped && !holds_prefix(&m->weights, "model.language_model.") &&
+                           : wrapped && !m->gguf_meta /* a GGUF + mmproj pair names them model.* */ &&
+                                   !holds_prefix(&m->weights, "model.language_model.") &&
                                    holds_prefix(&m->weights, "model.layers.")
                                ? " (the weights name them model.*, as a text-only gemma4_text checkpoint does, but "
                                  "config.json is a multimodal gemma4 one)"
@@ -1027,7 +1028,8 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         if (found == 1) warn(m, "loaded the vision tower from %s, the mmproj file beside the model", beside);
         int rc = g4_config_parse(cj, dir, &m->cfg, err);
         json_decref(cj);
-        /* the text tensors keep the names g4_gemma4_gguf_open gave them (model.*) under the multimodal config */
+        /* the text tensors keep the names g4_gemma4_gguf_open gave them (model.*, a text-only checkpoint's layout)
+         * under the multimodal config */
         if (mmproj) snprintf(m->cfg.weight_prefix, sizeof m->cfg.weight_prefix, "model.");
         if (rc || g4_model_load_files(m, dir, err)) goto fail;
     } else {
