@@ -101,7 +101,7 @@ typedef struct g4_load_params {
      * hi + lo pair (as G4_CUDA_GEMM=bf16; also for quantized weights there); its decode GEMVs stay f32. */
     int bf16_activations;
     /* With a GGUF model file: llama.cpp's multimodal projector file ("mmproj-*.gguf", projector type gemma4v)
-     * that holds the vision tower (docs/formats.md 3.4). NULL: the one mmproj*.gguf beside the model file, when
+     * that holds the vision tower (docs/mmproj.md). NULL: the one mmproj*.gguf beside the model file, when
      * there is exactly one (a load warning names it); none: a text-only model. Its audio tower is not read. */
     const char *mmproj;
 } g4_load_params;

@@ -1,6 +1,6 @@
 /* llama.cpp's multimodal projector files ("mmproj-*.gguf", general.architecture "clip") for Gemma 4: the vision
  * tower that llama.cpp's converter (conversion/gemma.py Gemma4VisionAudioModel, projector type "gemma4v") writes
- * beside the text GGUF, read back into the tensors and config our vision tower binds (docs/formats.md 3.4).
+ * beside the text GGUF, read back into the tensors and config our vision tower binds (docs/mmproj.md).
  *
  * Contract: g4_mmproj_attach opens FILE, checks it is a Gemma 4 vision projector for a text model of hidden size
  * `text_hidden`, renames its tensors to the Hugging Face names (model.vision_tower.*, model.embed_vision.*),
