@@ -886,6 +886,7 @@ void g4_model_free(g4_model *m) {
     free(m->layers);
     free(m->warnings);
     json_decref(m->gguf_meta);
+    json_decref(m->mmproj_audio);
     if (m->json_tokens) m->json_tokens_free(m->json_tokens);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
@@ -929,7 +930,7 @@ static int gguf_token(const json_t *meta, const char *piece) {
     return -1;
 }
 
-/* A GGUF text model with llama.cpp's projector file (gguf_mmproj.h): the vision tower's tensors join the weights
+/* A GGUF text model with llama.cpp's projector file (gguf_mmproj.h): the towers' tensors join the weights
  * and *cj (the text config rebuilt from the GGUF) becomes a multimodal gemma4 config around it. The placeholder
  * ids are the vocabulary's <|image|>, <|image>, <image|> (as llama.cpp's mtmd.cpp finds "<|image>"/"<image|>" by
  * their text; a vocabulary without them is an error, a file without one takes Gemma 4's ids), and images attend to each other as transformers' use_bidirectional_attention "vision" does
@@ -937,12 +938,16 @@ static int gguf_token(const json_t *meta, const char *piece) {
  * widths 1536 and 2560, E2B and E4B, whose configs leave it unset). */
 static int attach_mmproj(g4_model *m, const char *path, json_t **cj, g4_error *err) {
     const int hidden = (int)json_integer_value(json_object_get(*cj, "hidden_size"));
-    json_t *vc;
-    int audio;
-    if (g4_mmproj_attach(path, hidden, &m->weights, &vc, &audio, err)) return -1;
+    json_t *vc, *ac;
+    if (g4_mmproj_attach(path, hidden, &m->weights, &vc, &ac, err)) return -1;
     if (g4_tensor_set_finish(&m->weights, err)) {
         json_decref(vc);
+        json_decref(ac);
         return -1;
+    }
+    if (ac) { /* the audio tower reads its config from the model (no config.json beside a GGUF) */
+        m->mmproj_audio = json_incref(ac);
+        snprintf(m->mmproj_path, sizeof m->mmproj_path, "%s", path);
     }
     static const char *const pieces[] = {"<|image|>", "<|image>", "<image|>", "<|video|>", "<|audio|>", "<|audio>",
                                          "<audio|>"};
@@ -951,26 +956,25 @@ static int attach_mmproj(g4_model *m, const char *path, json_t **cj, g4_error *e
     json_t *w = json_object();
     if (!w || json_object_set_new(w, "model_type", json_string("gemma4")) ||
         json_object_set(w, "tie_word_embeddings", json_object_get(*cj, "tie_word_embeddings")) ||
-        json_object_set_new(w, "vision_config", vc)) {
+        (vc && json_object_set_new(w, "vision_config", vc)) || (ac && json_object_set_new(w, "audio_config", ac))) {
         json_decref(w);
         return g4_fail(err, "out of memory");
     }
     for (int i = 0; i < 7; i++) {
         int id = gguf_token(m->gguf_meta, pieces[i]);
         /* a file without a vocabulary keeps transformers' defaults (Gemma 4's ids, as a config.json without them) */
-        if (id < 0 && i < 3 && json_object_get(m->gguf_meta, "tokenizer.ggml.tokens")) {
+        const int needed = (vc && i < 3) || (ac && i >= 4);
+        if (id < 0 && needed && json_object_get(m->gguf_meta, "tokenizer.ggml.tokens")) {
             json_decref(w);
-            return g4_fail(err, "%s: the model's vocabulary has no %s token: it cannot take images", m->dir, pieces[i]);
+            return g4_fail(err, "%s: the model's vocabulary has no %s token: it cannot take %s", m->dir, pieces[i],
+                           i < 3 ? "images" : "audio");
         }
         if (id >= 0) json_object_set_new(w, keys[i], json_integer(id));
     }
-    if (hidden != 1536 && hidden != 2560)
+    if (vc && hidden != 1536 && hidden != 2560)
         json_object_set_new(*cj, "use_bidirectional_attention", json_string("vision"));
     json_object_set_new(w, "text_config", *cj);
     *cj = w;
-    if (audio)
-        warn(m, "%s also holds an audio tower (gemma4a); gemma4c reads only the vision tower of an mmproj file: "
-                "audio is not supported with it", path);
     return 0;
 }
 
@@ -1014,7 +1018,7 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         if (g4_gemma4_gguf_open(dir, &g, &cj, err)) goto fail;
         m->weights = g.set;
         m->gguf_meta = g.meta;
-        /* the vision tower: --mmproj FILE, else the one mmproj*.gguf beside the model */
+        /* the vision and audio towers: --mmproj FILE, else the one mmproj*.gguf beside the model */
         char beside[8192];
         const char *mmproj = params->mmproj;
         const int found = mmproj ? 0 : g4_mmproj_beside(dir, beside, sizeof beside);
@@ -1025,7 +1029,7 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
             json_decref(cj);
             goto fail;
         }
-        if (found == 1) warn(m, "loaded the vision tower from %s, the mmproj file beside the model", beside);
+        if (found == 1) warn(m, "loaded the projector %s, the mmproj file beside the model", beside);
         int rc = g4_config_parse(cj, dir, &m->cfg, err);
         json_decref(cj);
         /* the text tensors keep the names g4_gemma4_gguf_open gave them (model.*, a text-only checkpoint's layout)
