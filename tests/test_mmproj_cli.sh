@@ -1,8 +1,8 @@
 #!/bin/bash
-# A multimodal Gemma 4 as llama.cpp distributes it: a text GGUF and a projector file (mmproj-*.gguf, projector
-# gemma4v). The vision fixture is written in both (tests/data/make_mmproj.py: the vision tower as llama.cpp's
-# converter writes it, F16 and F32; the text weights by `gemma4c quantize`, with a vocabulary holding the
-# fixture's placeholder ids) and must give the transformers references through --mmproj, and through the one
+# A multimodal Gemma 4 as llama.cpp distributes it: a text GGUF and a projector file (mmproj-*.gguf, projectors
+# gemma4v and gemma4a). The vision and audio fixtures are written in both (tests/data/make_mmproj.py: the towers as
+# llama.cpp's converter writes them, F16 and F32; the text weights by `gemma4c quantize`, with a vocabulary holding
+# the fixture's placeholder ids) and must give the transformers references through --mmproj, and through the one
 # mmproj*.gguf beside the model without it. Broken projector files give one-line errors.
 set -u
 bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; shared=${G4_SHARED_DIR:?}; tmp=${G4_TMP:-/tmp}/mmproj_cli
@@ -55,7 +55,7 @@ check $? "a projector whose patch embedding is not permuted misses the reference
 mkdir -p "$tmp/auto" && cp "$tmp/text/text.gguf" "$tmp/auto/model-f32.gguf" && cp "$tmp/proj/mmproj-f16.gguf" "$tmp/auto/mmproj-model-f16.gguf"
 "$bin" encode-image -m "$tmp/auto/model-f32.gguf" --image "$img0" --image "$img1" --budget 70 -o "$tmp/emb-auto.f32" \
     2>"$tmp/auto.txt" && cmp -s "$tmp/emb-auto.f32" "$tmp/emb-f16.f32" &&
-    grep -q "warning: loaded the vision tower from $tmp/auto/mmproj-model-f16.gguf" "$tmp/auto.txt"
+    grep -q "warning: loaded the projector $tmp/auto/mmproj-model-f16.gguf" "$tmp/auto.txt"
 check $? "the mmproj file beside the model: the same soft tokens, a line names it ($(head -1 "$tmp/auto.txt"))"
 cp "$tmp/proj/mmproj-f32.gguf" "$tmp/auto/mmproj-model-f32.gguf"
 "$bin" encode-image -m "$tmp/auto/model-f32.gguf" --image "$img0" --budget 70 -o "$tmp/x.f32" 2>"$tmp/two.txt"
@@ -64,6 +64,53 @@ check $? "two mmproj files beside the model: neither is guessed ($(head -1 "$tmp
 "$bin" encode-image -m "$tmp/auto/model-f32.gguf" --mmproj "$tmp/proj/mmproj-f16.gguf" --image "$img0" --budget 70 \
     -o "$tmp/named.f32" 2>/dev/null
 check $? "two mmproj files beside the model: --mmproj names one"
+
+# the audio fixture: its conformer as the converter writes it (no vision tower: the converter would refuse the
+# fixture, so make_mmproj.py writes the audio half alone)
+afx=$shared/fixtures/audio wav=$shared/fixtures/audio/audio0.wav aref=$shared/fixtures/audio/reference.safetensors
+mkdir -p "$tmp/atext" "$tmp/aproj"
+"$bin" quantize "$afx" "$tmp/anovocab.gguf" --type f32 >/dev/null 2>&1 &&
+    mk vocab "$tmp/anovocab.gguf" "$tmp/atext/text.gguf" "$afx" && mk mmproj "$afx" "$tmp/aproj/mmproj-f16.gguf"
+check $? "the audio fixture as a text GGUF and a llama.cpp projector file"
+expect_error "the text GGUF alone takes no audio" "$bin" encode-audio -m "$tmp/atext/text.gguf" --audio "$wav" -o "$tmp/x.f32"
+"$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/aproj/mmproj-f16.gguf" --audio "$wav" -o "$tmp/aemb.f32" >/dev/null
+err=$(python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/aemb.f32" 1e-3)
+check $? "encode-audio --mmproj: audio_embeddings within 1e-3 relative (error $err)"
+ids=$(python3 "$here/cli_compare.py" ids "$aref" input_ids)
+"$bin" logits -m "$tmp/atext/text.gguf" --mmproj "$tmp/aproj/mmproj-f16.gguf" --ids "$ids" --audio "$wav" -o "$tmp/alogits.f32"
+err=$(python3 "$here/cli_compare.py" logits "$aref" "$tmp/alogits.f32" 2e-3)
+check $? "logits --mmproj --audio: within 2e-3 (max error $err)"
+prompt=$(python3 "$here/cli_compare.py" prompt "$afx"); want=$(python3 "$here/cli_compare.py" greedy "$afx")
+got=$("$bin" generate -m "$tmp/atext/text.gguf" --mmproj "$tmp/aproj/mmproj-f16.gguf" --ids "$prompt" --audio "$wav" -n 24 \
+    --temp 0 --ignore-eos)
+[ "$got" = "$want" ]; check $? "generate --mmproj --audio: the 24 greedy ids of the reference ($got)"
+# the comparison sees the converter's softplus of per_dim_scale
+mk mmproj "$afx" "$tmp/nosoftplus.gguf" --skip-softplus &&
+    "$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/nosoftplus.gguf" --audio "$wav" -o "$tmp/aemb-x.f32" >/dev/null
+[ $? = 0 ] && ! python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/aemb-x.f32" 1e-3 >/dev/null
+check $? "a projector whose per_dim_scale is not softplus'd misses the reference"
+abad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
+    local what=$1 pat=$2; shift 2
+    mk mmproj "$afx" "$tmp/abad.gguf" "$@" || { check 1 "$what: make_mmproj.py $*"; return; }
+    expect_error "$what" "$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/abad.gguf" --audio "$wav" -o "$tmp/x.f32"
+    grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
+}
+abad "another audio projector type" 'audio projector type "ultravox" is not Gemma 4' --audio-projector ultravox
+abad "no mel bins" "has no clip.audio.num_mel_bins" --omit-key clip.audio.num_mel_bins
+abad "no subsampling convolution" "has no a.conv1d.1.weight" --omit-tensor a.conv1d.1.weight
+abad "another model's audio projector" "audio projector maps to 256-wide embeddings" --projection-dim 256
+abad "a relative key projection of the wrong shape" "self_attn.relative_k_proj.weight' has shape \[63, 64\]" \
+    --shrink a.blk.1.attn_k_rel.weight
+# one file with both towers (as E2B/E4B's): the vision fixture's and the audio fixture's (whose embed_audio also
+# projects to 128): each gives its own reference soft tokens through the vision fixture's text model
+mk mmproj "$fx" "$tmp/both.gguf" --audio-from "$afx" &&
+    "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/both.gguf" --image "$img0" --image "$img1" --budget 70 \
+        -o "$tmp/both-img.f32" 2>/dev/null &&
+    "$bin" encode-audio -m "$tmp/text/text.gguf" --mmproj "$tmp/both.gguf" --audio "$wav" -o "$tmp/both-aud.f32" >/dev/null &&
+    python3 "$here/cli_compare.py" rel "$ref" image_embeddings "$tmp/both-img.f32" 1e-3 >/dev/null &&
+    python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/both-aud.f32" 1e-3 >/dev/null
+check $? "a projector with both towers: image and audio soft tokens of the references"
+rm -f "$tmp/x.f32"
 
 # broken projector files and wrong pairings: one line each
 bad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
