@@ -49,7 +49,7 @@ static void usage(FILE *f) {
                "is present; this build has: %s), --kv f32|bf16|f16 (the KV cache: default bf16 on a GPU, f32 on\n"
                "the CPU) and --bf16-act (products with BF16 weights round the activations to bf16, as llama.cpp\n"
                "does: faster, less exact; g4_load_params.bf16_activations) and --mmproj FILE (with -m MODEL.gguf:\n"
-               "llama.cpp's projector file with the vision tower; default: the one mmproj*.gguf beside the model).\n"
+               "llama.cpp's projector file with the vision/audio towers; default: the one mmproj*.gguf beside the model).\n"
                "'gemma4c COMMAND --help' shows the options of a command.\n",
             g4_backends());
 }
