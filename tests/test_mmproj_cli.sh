@@ -64,6 +64,14 @@ check $? "two mmproj files beside the model: neither is guessed ($(head -1 "$tmp
 "$bin" encode-image -m "$tmp/auto/model-f32.gguf" --mmproj "$tmp/proj/mmproj-f16.gguf" --image "$img0" --budget 70 \
     -o "$tmp/named.f32" 2>/dev/null
 check $? "two mmproj files beside the model: --mmproj names one"
+# another model's projector beside the model (not asked for): the text model loads without it, a line says why
+mkdir -p "$tmp/other" && cp "$tmp/text/text.gguf" "$tmp/other/model.gguf" &&
+    mk mmproj "$fx" "$tmp/other/mmproj-wider.gguf" --projection-dim 256
+"$bin" logits -m "$tmp/other/model.gguf" --ids 2,17,99 -o "$tmp/other.f32" 2>"$tmp/other.txt" &&
+    grep -q "warning: the mmproj file beside the model is not loaded: $tmp/other/mmproj-wider.gguf: the projector maps to 256-wide" "$tmp/other.txt"
+check $? "another model's projector beside the model: text only, with a warning ($(head -1 "$tmp/other.txt"))"
+expect_error "... and named with --mmproj: an error" "$bin" logits -m "$tmp/other/model.gguf" \
+    --mmproj "$tmp/other/mmproj-wider.gguf" --ids 2,17,99 -o "$tmp/x.f32"
 
 # the audio fixture: its conformer as the converter writes it (no vision tower: the converter would refuse the
 # fixture, so make_mmproj.py writes the audio half alone)

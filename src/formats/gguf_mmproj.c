@@ -326,6 +326,7 @@ static double inverse_softplus(double y) { return y > 20.0 ? y : y + log(-expm1(
 int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json_t **vision_config_out,
                      json_t **audio_config_out, g4_error *err) {
     *vision_config_out = *audio_config_out = NULL;
+    const int n0 = set->n_tensors; /* a failure leaves the set's tensors as they were */
     g4_gguf g;
     if (g4_gguf_open(path, &g, err)) return -1;
     const json_t *meta = g.meta;
@@ -407,6 +408,8 @@ done:
     json_decref(vc);
     json_decref(ac);
     g4_gguf_free(&g);
+    if (rc)
+        while (set->n_tensors > n0) free((char *)set->tensors[--set->n_tensors].name);
     return rc;
 }
 

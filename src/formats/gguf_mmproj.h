@@ -10,7 +10,8 @@
  * adds them to `set` (its file goes with them; call g4_tensor_set_finish afterwards). *vision_config and
  * *audio_config receive transformers-style config objects (new references), NULL for a tower the file does not
  * hold. Every problem is a one-line error naming FILE: not a GGUF, a text GGUF, another projector type, missing
- * metadata, wrong shapes. Nothing exits. */
+ * metadata, wrong shapes; after an error `set` holds the tensors it held before (the file may stay in it). Nothing
+ * exits. */
 #ifndef G4_FORMATS_GGUF_MMPROJ_H
 #define G4_FORMATS_GGUF_MMPROJ_H
 

@@ -1026,10 +1026,17 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         if (found < 0)
             warn(m, "several mmproj*.gguf files beside %s (%s): none is loaded, name one with --mmproj", dir, beside);
         if (mmproj && attach_mmproj(m, mmproj, &cj, err)) {
-            json_decref(cj);
-            goto fail;
+            if (found != 1) {
+                json_decref(cj);
+                goto fail;
+            }
+            /* a projector found beside the model, not asked for (another model's, a broken one): the text model
+             * loads without it */
+            warn(m, "the mmproj file beside the model is not loaded: %s", err->msg);
+            mmproj = NULL;
+        } else if (found == 1) {
+            warn(m, "loaded the projector %s, the mmproj file beside the model", beside);
         }
-        if (found == 1) warn(m, "loaded the projector %s, the mmproj file beside the model", beside);
         int rc = g4_config_parse(cj, dir, &m->cfg, err);
         json_decref(cj);
         /* the text tensors keep the names g4_gemma4_gguf_open gave them (model.*, a text-only checkpoint's layout)
