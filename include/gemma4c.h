@@ -100,6 +100,11 @@ typedef struct g4_load_params {
      * not depend on the batch). CUDA: the prefill GEMMs take one bf16 part per activation instead of a bf16
      * hi + lo pair (as G4_CUDA_GEMM=bf16; also for quantized weights there); its decode GEMVs stay f32. */
     int bf16_activations;
+    /* With a GGUF model file: llama.cpp's multimodal projector file ("mmproj-*.gguf", projector types gemma4v and
+     * gemma4a) that holds the vision and audio towers (docs/mmproj.md). NULL: the one mmproj*.gguf beside the
+     * model file, when there is exactly one (a load warning names it); none: a text-only model. With a model
+     * folder it is an error (a folder carries its towers). */
+    const char *mmproj;
 } g4_load_params;
 
 /* Loads a model folder: config.json and the weights (*.safetensors [+ index], bf16/f16/f32 or MLX

@@ -16,7 +16,7 @@ int main(void) {
     BEGIN(g4_load_params); FIELD(g4_load_params, n_threads); FIELD(g4_load_params, device);
     FIELD(g4_load_params, progress); FIELD(g4_load_params, progress_user);
     FIELD(g4_load_params, random_weights); FIELD(g4_load_params, random_type);
-    FIELD(g4_load_params, bf16_activations); END();
+    FIELD(g4_load_params, bf16_activations); FIELD(g4_load_params, mmproj); END();
     BEGIN(g4_context_params); FIELD(g4_context_params, n_seq_max); FIELD(g4_context_params, n_ctx);
     FIELD(g4_context_params, n_batch); FIELD(g4_context_params, kv_type); FIELD(g4_context_params, kv_block_size);
     FIELD(g4_context_params, n_kv_blocks); FIELD(g4_context_params, kv_history);

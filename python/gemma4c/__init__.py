@@ -53,7 +53,8 @@ class _Error(ctypes.Structure):
 
 class _LoadParams(ctypes.Structure):
     _fields_ = [("n_threads", c_int), ("device", c_char_p), ("progress", PROGRESS_FN), ("progress_user", c_void_p),
-                ("random_weights", c_int), ("random_type", c_char_p), ("bf16_activations", c_int)]
+                ("random_weights", c_int), ("random_type", c_char_p), ("bf16_activations", c_int),
+                ("mmproj", c_char_p)]
 
 
 class _ContextParams(ctypes.Structure):
@@ -225,14 +226,17 @@ class Model:
     with one context of n_ctx positions (0: the library's default). One generation runs at a time:
     starting another closes the one before. draft: a gemma4_assistant folder for speculative decoding
     (draft_n drafts per round, 0: its default); the output is the same as without. bf16_activations: the
-    faster, less exact products with BF16 weights (g4_load_params.bf16_activations in gemma4c.h)."""
+    faster, less exact products with BF16 weights (g4_load_params.bf16_activations in gemma4c.h). mmproj:
+    with a GGUF model file, llama.cpp's projector file with its vision/audio towers (g4_load_params.mmproj;
+    None: the one mmproj*.gguf beside the model, if any)."""
 
     def __init__(self, path, *, threads=0, device=None, n_ctx=0, progress=None, draft=None, draft_n=0,
-                 bf16_activations=False):
+                 bf16_activations=False, mmproj=None):
         err, handle = _Error(), c_void_p()
         callback = PROGRESS_FN(lambda f, what, user: progress(f, what.decode())) if progress else PROGRESS_FN()
         lp = _LoadParams(threads, device.encode() if device else None, callback, None,
-                         bf16_activations=int(bool(bf16_activations)))
+                         bf16_activations=int(bool(bf16_activations)),
+                         mmproj=os.fsencode(mmproj) if mmproj is not None else None)
         self._model = self._ctx = self._drafter = None
         self._active = None
         self._draft_n = draft_n

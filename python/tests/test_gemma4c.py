@@ -125,6 +125,8 @@ def main():
                        ("a bad device", lambda: gemma4c.Model(fixture, device="tpu")),
                        ("a drafter of another model",
                         lambda: gemma4c.Model(fixture, draft=os.path.join(assistant, "assistant-lmhead"))),
+                       ("a projector beside a folder (g4_load_params.mmproj)",
+                        lambda: gemma4c.Model(fixture, mmproj="/does/not/exist/mmproj.gguf")),
                        ("a bad sampling value", lambda: m.generate("x", top_p=2.0))]:
         try:
             call()

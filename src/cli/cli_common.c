@@ -248,7 +248,8 @@ g4_model *cli_load_model(const char *dir, int n_threads) {
         return NULL;
     }
     int last = -1;
-    g4_load_params lp = {.n_threads = n_threads, .device = cli_device, .bf16_activations = cli_bf16_act};
+    g4_load_params lp = {.n_threads = n_threads, .device = cli_device, .bf16_activations = cli_bf16_act,
+                         .mmproj = cli_mmproj};
     if (isatty(STDERR_FILENO)) {
         lp.progress = show_progress;
         lp.progress_user = &last;

@@ -61,6 +61,7 @@ g4_tokenizer *cli_load_tokenizer(const char *model_dir, const char *file);
  * main() takes them out of argv. */
 extern const char *cli_device;
 extern int cli_bf16_act;
+extern const char *cli_mmproj; /* --mmproj FILE (g4_load_params.mmproj) */
 /* --kv as a g4_kv_type, -1 when not given; cli_kv_type: the type a context of model m gets (--kv, else
  * g4_model_kv_type_preferred: bf16 on a GPU, f32 on the CPU). */
 extern int cli_kv;

@@ -114,6 +114,7 @@ int cmd_serve(int argc, char **argv) {
         return cli_error("serve: --allowed-media-domains names no host (--no-remote-media refuses every URL)");
     o.device = cli_device;
     o.bf16_activations = cli_bf16_act;
+    o.mmproj = cli_mmproj;
     o.kv_type = cli_kv;
     return srv_main(&o);
 }

@@ -48,18 +48,20 @@ static void usage(FILE *f) {
     fprintf(f, "\nEvery command that runs a model takes --device cpu|cuda (default: cuda when built in and a GPU\n"
                "is present; this build has: %s), --kv f32|bf16|f16 (the KV cache: default bf16 on a GPU, f32 on\n"
                "the CPU) and --bf16-act (products with BF16 weights round the activations to bf16, as llama.cpp\n"
-               "does: faster, less exact; g4_load_params.bf16_activations).\n"
+               "does: faster, less exact; g4_load_params.bf16_activations) and --mmproj FILE (with -m MODEL.gguf:\n"
+               "llama.cpp's projector file with the vision/audio towers; default: the one mmproj*.gguf beside the model).\n"
                "'gemma4c COMMAND --help' shows the options of a command.\n",
             g4_backends());
 }
 
 const char *cli_device; /* --device, taken out of argv before the command parses its options */
 int cli_bf16_act;       /* --bf16-act, likewise */
+const char *cli_mmproj; /* --mmproj FILE, likewise */
 int cli_kv = -1;        /* --kv as a g4_kv_type, -1: the model's preferred type */
 
 g4_kv_type cli_kv_type(const g4_model *m) { return cli_kv >= 0 ? (g4_kv_type)cli_kv : g4_model_kv_type_preferred(m); }
 
-/* Removes "--device X" / "--device=X", "--kv X" / "--kv=X" and "--bf16-act" from argv; returns the new argc, or -1 after an error
+/* Removes "--device X" / "--device=X", "--kv X" / "--kv=X", "--bf16-act" and "--mmproj FILE" from argv; returns the new argc, or -1 after an error
  * line. */
 static int take_device_option(int argc, char **argv) {
     int out = 0;
@@ -82,6 +84,10 @@ static int take_device_option(int argc, char **argv) {
             else return cli_error("--kv: expected f32, bf16 or f16, got '%s'", v), -1;
         } else if (!strcmp(argv[i], "--bf16-act")) {
             cli_bf16_act = 1;
+        } else if (!strcmp(argv[i], "--mmproj") || !strncmp(argv[i], "--mmproj=", 9)) {
+            const char *v = argv[i][8] == '=' ? argv[i] + 9 : i + 1 < argc ? argv[++i] : NULL;
+            if (!v || !*v) return cli_error("--mmproj needs a file (llama.cpp's mmproj-*.gguf)"), -1;
+            cli_mmproj = v;
         } else {
             argv[out++] = argv[i];
         }

@@ -16,7 +16,20 @@ void g4_tensor_set_free(g4_tensor_set *set) {
     }
     free(set->files);
     free(set->file_paths);
+    for (int i = 0; i < set->n_owned; i++) free(set->owned[i]);
+    free(set->owned);
     memset(set, 0, sizeof *set);
+}
+
+int g4_tensor_set_own(g4_tensor_set *set, void *buf, g4_error *err) {
+    void **o = realloc(set->owned, (size_t)(set->n_owned + 1) * sizeof *o);
+    if (!o) {
+        free(buf);
+        return g4_fail(err, "out of memory");
+    }
+    set->owned = o;
+    set->owned[set->n_owned++] = buf;
+    return 0;
 }
 
 int g4_tensor_set_add_file(g4_tensor_set *set, g4_mapped_file file, const char *path,

@@ -14,12 +14,16 @@ typedef struct g4_tensor_set {
     char **file_paths;
     int n_files, cap_files;
     int *file_of;          /* file index of each tensor (parallel to tensors) */
+    void **owned;          /* heap buffers tensors point into (converted layouts), freed with the set */
+    int n_owned;
 } g4_tensor_set;
 
 void g4_tensor_set_free(g4_tensor_set *set);
 
 /* Adds a mapped file to the set (takes ownership); returns its index or -1. */
 int g4_tensor_set_add_file(g4_tensor_set *set, g4_mapped_file file, const char *path, g4_error *err);
+/* Hands a heap buffer to the set (freed with it); on failure the buffer is freed and -1 returned. */
+int g4_tensor_set_own(g4_tensor_set *set, void *buf, g4_error *err);
 /* Adds a tensor view (the name is copied). */
 int g4_tensor_set_add(g4_tensor_set *set, const g4_tensor *t, int file_index, g4_error *err);
 /* Sorts by name and rejects duplicate names across files. */

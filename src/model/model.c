@@ -34,6 +34,7 @@
 #include "core/json.h"
 #include "core/mapped_file.h"
 #include "formats/gguf_gemma4.h"
+#include "formats/gguf_mmproj.h"
 #include "formats/mlx.h"
 #include "formats/safetensors.h"
 #include "towers/audio.h"
@@ -708,7 +709,8 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         const char *hint = !wrapped && holds_prefix(&m->weights, "model.language_model.")
                                ? " (the weights name them model.language_model.*, as a multimodal gemma4 checkpoint does, "
                                  "but config.json is a text-only one)"
-                           : wrapped && !holds_prefix(&m->weights, "model.language_model.") &&
+                           : wrapped && !m->gguf_meta /* a GGUF + mmproj pair names them model.* */ &&
+                                   !holds_prefix(&m->weights, "model.language_model.") &&
                                    holds_prefix(&m->weights, "model.layers.")
                                ? " (the weights name them model.*, as a text-only gemma4_text checkpoint does, but "
                                  "config.json is a multimodal gemma4 one)"
@@ -868,6 +870,7 @@ void g4_model_free(g4_model *m) {
     free(m->layers);
     free(m->warnings);
     json_decref(m->gguf_meta);
+    json_decref(m->mmproj_audio);
     if (m->json_tokens) m->json_tokens_free(m->json_tokens);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
@@ -899,6 +902,64 @@ static void page_in(g4_model *m, const g4_load_params *p) {
         }
     }
     (void)sink;
+}
+
+/* The id of a token of a GGUF file's vocabulary (tokenizer.ggml.tokens), -1 when absent. */
+static int gguf_token(const json_t *meta, const char *piece) {
+    const json_t *toks = json_object_get(meta, "tokenizer.ggml.tokens");
+    for (size_t i = 0; i < json_array_size(toks); i++) {
+        const char *s = json_string_value(json_array_get(toks, i));
+        if (s && !strcmp(s, piece)) return (int)i;
+    }
+    return -1;
+}
+
+/* A GGUF text model with llama.cpp's projector file (gguf_mmproj.h): the towers' tensors join the weights
+ * and *cj (the text config rebuilt from the GGUF) becomes a multimodal gemma4 config around it. The placeholder
+ * ids are the vocabulary's <|image|>, <|image>, <image|> (as llama.cpp's mtmd.cpp finds "<|image>"/"<image|>" by
+ * their text; a vocabulary without them is an error, a file without one takes Gemma 4's ids), and images attend to each other as transformers' use_bidirectional_attention "vision" does
+ * exactly where llama.cpp decodes them non-causally (mtmd.cpp mtmd_decode_use_non_causal: gemma4v except text
+ * widths 1536 and 2560, E2B and E4B, whose configs leave it unset). */
+static int attach_mmproj(g4_model *m, const char *path, json_t **cj, g4_error *err) {
+    const int hidden = (int)json_integer_value(json_object_get(*cj, "hidden_size"));
+    json_t *vc, *ac;
+    if (g4_mmproj_attach(path, hidden, &m->weights, &vc, &ac, err)) return -1;
+    if (g4_tensor_set_finish(&m->weights, err)) {
+        json_decref(vc);
+        json_decref(ac);
+        return -1;
+    }
+    if (ac) { /* the audio tower reads its config from the model (no config.json beside a GGUF) */
+        m->mmproj_audio = json_incref(ac);
+        snprintf(m->mmproj_path, sizeof m->mmproj_path, "%s", path);
+    }
+    static const char *const pieces[] = {"<|image|>", "<|image>", "<image|>", "<|video|>", "<|audio|>", "<|audio>",
+                                         "<audio|>"};
+    static const char *const keys[] = {"image_token_id", "boi_token_id", "eoi_token_id", "video_token_id",
+                                       "audio_token_id", "boa_token_id", "eoa_token_id"};
+    json_t *w = json_object();
+    if (!w || json_object_set_new(w, "model_type", json_string("gemma4")) ||
+        json_object_set(w, "tie_word_embeddings", json_object_get(*cj, "tie_word_embeddings")) ||
+        (vc && json_object_set_new(w, "vision_config", vc)) || (ac && json_object_set_new(w, "audio_config", ac))) {
+        json_decref(w);
+        return g4_fail(err, "out of memory");
+    }
+    for (int i = 0; i < 7; i++) {
+        int id = gguf_token(m->gguf_meta, pieces[i]);
+        /* a file without a vocabulary keeps transformers' defaults (Gemma 4's ids, as a config.json without them) */
+        const int needed = (vc && i < 3) || (ac && i >= 4);
+        if (id < 0 && needed && json_object_get(m->gguf_meta, "tokenizer.ggml.tokens")) {
+            json_decref(w);
+            return g4_fail(err, "%s: the model's vocabulary has no %s token: it cannot take %s", m->dir, pieces[i],
+                           i < 3 ? "images" : "audio");
+        }
+        if (id >= 0) json_object_set_new(w, keys[i], json_integer(id));
+    }
+    if (vc && hidden != 1536 && hidden != 2560)
+        json_object_set_new(*cj, "use_bidirectional_attention", json_string("vision"));
+    json_object_set_new(w, "text_config", *cj);
+    *cj = w;
+    return 0;
 }
 
 /* Loads a model folder onto `be` (NULL: a backend of its own, as params say); an assistant checkpoint only when
@@ -941,10 +1002,37 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         if (g4_gemma4_gguf_open(dir, &g, &cj, err)) goto fail;
         m->weights = g.set;
         m->gguf_meta = g.meta;
+        /* the vision and audio towers: --mmproj FILE, else the one mmproj*.gguf beside the model */
+        char beside[8192];
+        const char *mmproj = params->mmproj;
+        const int found = mmproj ? 0 : g4_mmproj_beside(dir, beside, sizeof beside);
+        if (found == 1) mmproj = beside;
+        if (found < 0)
+            g4_warn(&m->warnings, "several mmproj*.gguf files beside %s (%s): none is loaded, name one with --mmproj", dir, beside);
+        if (mmproj && attach_mmproj(m, mmproj, &cj, err)) {
+            if (found != 1) {
+                json_decref(cj);
+                goto fail;
+            }
+            /* a projector found beside the model, not asked for (another model's, a broken one): the text model
+             * loads without it */
+            g4_warn(&m->warnings, "the mmproj file beside the model is not loaded: %s", err->msg);
+            mmproj = NULL;
+        } else if (found == 1) {
+            g4_warn(&m->warnings, "loaded the projector %s, the mmproj file beside the model", beside);
+        }
         int rc = g4_config_parse(cj, dir, &m->cfg, err);
         json_decref(cj);
+        /* the text tensors keep the names g4_gemma4_gguf_open gave them (model.*, a text-only checkpoint's layout)
+         * under the multimodal config */
+        if (mmproj) snprintf(m->cfg.weight_prefix, sizeof m->cfg.weight_prefix, "model.");
         if (rc || g4_model_load_files(m, dir, err)) goto fail;
     } else {
+        if (params->mmproj) {
+            g4_fail(err, "--mmproj %s: a projector file goes with a GGUF model (-m FILE.gguf); %s is not one",
+                    params->mmproj, dir);
+            goto fail;
+        }
         if (g4_config_load(dir, &m->cfg, err) || g4_model_load_files(m, dir, err)) goto fail;
         if (!m->random && g4_safetensors_open_dir(dir, &m->weights, err)) goto fail;
         if (!m->random && g4_mlx_detect(&m->weights)) {

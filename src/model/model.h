@@ -83,6 +83,8 @@ struct g4_model {
     void *host_table;                /* random mode: the host-kept per-layer embedding table */
     char *warnings;                  /* NULL or lines ending in '\n' */
     struct json_t *gguf_meta;        /* metadata of a .gguf model (tokenizer), else NULL */
+    struct json_t *mmproj_audio;     /* a GGUF model's projector file with an audio tower: its audio_config */
+    char mmproj_path[4096];          /* that projector file (messages) */
     /* beside the weights (model_files.c) */
     g4_tokenizer *tok;               /* NULL when there is none (tokenizer.json, or a GGUF file's metadata) */
     void *json_tokens;               /* the tokens' bytes for json_object, made by the first generation that needs

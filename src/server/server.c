@@ -396,7 +396,8 @@ int srv_main(const srv_options *o) {
         goto done;
     }
     fetching = 1;
-    g4_load_params lp = {.n_threads = o->n_threads, .device = o->device, .bf16_activations = o->bf16_activations};
+    g4_load_params lp = {.n_threads = o->n_threads, .device = o->device, .bf16_activations = o->bf16_activations,
+                         .mmproj = o->mmproj};
     if (g4_model_load(o->model_path, &lp, &s->model, &err)) {
         fprintf(stderr, "gemma4c: %s\n", err.msg);
         goto done;

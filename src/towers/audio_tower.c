@@ -60,10 +60,18 @@ typedef struct {
     const char *act;
 } audio_config;
 
-static int parse_config(const char *dir, audio_config *c, g4_error *err) {
+/* The audio_config of the folder's config.json, or the one a GGUF model's projector file gave (model->mmproj_audio,
+ * formats/gguf_mmproj.h). */
+static int parse_config(const g4_model *m, audio_config *c, g4_error *err) {
     char path[4096];
     json_t *root;
-    if (g4_path_join(path, sizeof path, dir, "config.json", err) || g4_json_load_file(path, &root, err)) return -1;
+    if (m->mmproj_audio) {
+        snprintf(path, sizeof path, "%s", m->mmproj_path);
+        root = json_pack("{s:O}", "audio_config", m->mmproj_audio);
+        if (!root) return g4_fail(err, "out of memory");
+    } else if (g4_path_join(path, sizeof path, m->dir, "config.json", err) || g4_json_load_file(path, &root, err)) {
+        return -1;
+    }
     const json_t *a = json_object_get(root, "audio_config");
     int rc = -1;
     if (!json_is_object(a)) {
@@ -199,7 +207,7 @@ static void conv_weight(tower_binder *b, const char *name, int64_t out, int64_t 
 int g4_audio_tower_bind(g4_binder *bd, g4_model *m, g4_audio_tower **out, g4_error *err) {
     *out = NULL;
     audio_config c;
-    if (parse_config(m->dir, &c, err)) return -1;
+    if (parse_config(m, &c, err)) return -1;
     g4_audio_tower *t = calloc(1, sizeof *t);
     if (!t) return g4_fail(err, "out of memory");
     t->m = m;

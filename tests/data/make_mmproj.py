@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""A Gemma 4 checkpoint's vision tower written as llama.cpp's converter writes it: the projector file
+("mmproj-*.gguf") that `convert_hf_to_gguf.py --mmproj` makes of a Gemma4ForConditionalGeneration folder
+(tests/test_mmproj_cli.sh). python3 + numpy only; no torch, no gguf-py.
+
+    make_mmproj.py mmproj MODEL_DIR OUT.gguf [--outtype f16|f32]
+        the vision and audio towers of MODEL_DIR (config.json, preprocessor_config.json, model.safetensors,
+        BF16/F16/F32); a model with audio but no vision (the audio fixture, which the converter refuses) gets the
+        audio half alone
+        broken variants for the error tests (not the converter's output): --projector TYPE, --audio-projector TYPE,
+        --omit-key KEY, --omit-tensor NAME, --projection-dim N, --shrink NAME (one row less),
+        --skip-permute (the patch embedding's bytes left in HF order), --skip-softplus (per_dim_scale as HF has it);
+        --audio-from DIR: the audio tower of another fixture beside this one's vision tower (one file with both,
+        as E2B/E4B projectors are)
+    make_mmproj.py vocab IN.gguf OUT.gguf MODEL_DIR
+        IN.gguf (a text GGUF without a vocabulary, as `gemma4c quantize` writes a folder without tokenizer.json)
+        with a vocabulary of config.json's vocab_size whose placeholder pieces sit at the config's ids
+        (<|image|> at image_token_id, ...), the rest "<unusedN>": what a llama.cpp text GGUF carries
+
+Followed line by line (llama.cpp as node-llama-cpp 3.22.1 bundles it, llama/gitRelease.bundle, release tag
+v0.5.0): conversion/gemma.py Gemma4VisionAudioModel (__init__ :960-971, set_gguf_parameters :973-986,
+tensor_force_quant :991-997, modify_tensors :999-1032); conversion/base.py MmprojModel (__init__ :2537-2606,
+filter_tensors :2608-2616, set_type :2626, set_gguf_parameters :2640-2661, tensor_force_quant :2695-2698) and
+ModelBase.prepare_tensors (:1026-1110: the dtype of each tensor; tensor_force_quant gets the HF name); gguf-py/gguf/tensor_mapping.py (the "# gemma4"
+names), constants.py (keys), gguf_writer.py (layout: header, key-values, tensor infos, data aligned to 32)."""
+import json
+import struct
+import sys
+
+import numpy as np
+
+ALIGN = 32
+GGML_F32, GGML_F16 = 0, 1
+# GGUF value types
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+
+
+# ------------------------------------------------------------------ reading
+def read_safetensors(path):
+    buf = open(path, 'rb').read()
+    n = struct.unpack('<Q', buf[:8])[0]
+    head = json.loads(buf[8:8 + n])
+    out = {}
+    for name, info in head.items():
+        if name == '__metadata__':
+            continue
+        a, b = info['data_offsets']
+        raw = buf[8 + n + a:8 + n + b]
+        dt = info['dtype']
+        if dt == 'BF16':  # ModelBase.prepare_tensors :1029-1030: unsupported dtypes (bf16) go to float32
+            x = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif dt == 'F16':
+            x = np.frombuffer(raw, np.float16)
+        elif dt == 'F32':
+            x = np.frombuffer(raw, np.float32)
+        else:
+            raise SystemExit(f'{name}: dtype {dt} not handled')
+        out[name] = x.reshape(info['shape'])
+    return out
+
+
+# ------------------------------------------------------------------ writing (gguf_writer.py layout)
+def s_bytes(s):
+    b = s.encode()
+    return struct.pack('<Q', len(b)) + b
+
+
+def kv_bytes(key, vtype, value):
+    out = s_bytes(key) + struct.pack('<I', vtype)
+    if vtype == ARR:
+        et, vals = value
+        out += struct.pack('<IQ', et, len(vals))
+        for v in vals:
+            out += scalar_bytes(et, v)
+    else:
+        out += scalar_bytes(vtype, value)
+    return out
+
+
+def scalar_bytes(t, v):
+    if t == STR:
+        return s_bytes(v)
+    return struct.pack({U8: '<B', I8: '<b', U16: '<H', I16: '<h', U32: '<I', I32: '<i', F32: '<f', BOOL: '<?',
+                        U64: '<Q', I64: '<q', F64: '<d'}[t], v)
+
+
+def pad(n):
+    return (ALIGN - n % ALIGN) % ALIGN
+
+
+def write_gguf(path, kvs, tensors):
+    """kvs: list of (key, type, value); tensors: list of (name, np array f32/f16, C order). ne = reversed shape."""
+    head = b'GGUF' + struct.pack('<IQQ', 3, len(tensors), len(kvs))
+    head += b''.join(kv_bytes(*kv) for kv in kvs)
+    off, blobs = 0, []
+    for name, a in tensors:
+        a = np.ascontiguousarray(a)
+        t = GGML_F32 if a.dtype == np.float32 else GGML_F16
+        head += s_bytes(name) + struct.pack('<I', a.ndim) + b''.join(struct.pack('<Q', d) for d in a.shape[::-1])
+        head += struct.pack('<IQ', t, off)
+        raw = a.tobytes()
+        blobs.append(raw + b'\0' * pad(len(raw)))
+        off += len(blobs[-1])
+    with open(path, 'wb') as f:
+        f.write(head + b'\0' * pad(len(head)))
+        for b in blobs:
+            f.write(b)
+
+
+# ------------------------------------------------------------------ the converter
+# tensor_mapping.py, MODEL_ARCH.MMPROJ: vision_model.model.layers.{bid}.<hf> -> v.blk.{bid}.<gguf> ("# gemma4")
+LAYER_MAP = {
+    'input_layernorm': 'ln1', 'pre_feedforward_layernorm': 'ln2', 'post_attention_layernorm': 'attn_post_norm',
+    'post_feedforward_layernorm': 'ffn_post_norm', 'self_attn.q_norm': 'attn_q_norm',
+    'self_attn.k_norm': 'attn_k_norm', 'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k',
+    'self_attn.v_proj': 'attn_v', 'self_attn.o_proj': 'attn_out', 'mlp.gate_proj': 'ffn_gate',
+    'mlp.up_proj': 'ffn_up', 'mlp.down_proj': 'ffn_down', 'layer_scalar': 'out_scale',
+}
+GLOBAL_MAP = {
+    'model.vision_tower.patch_embedder.input_proj': 'v.patch_embd',
+    'model.vision_tower.patch_embedder.position_embedding_table': 'v.position_embd',
+    'model.vision_tower.std_bias': 'v.std_bias',
+    'model.vision_tower.std_scale': 'v.std_scale',
+    'model.embed_vision.embedding_projection': 'mm.input_projection',
+}
+# tensor_mapping.py, MODEL_ARCH.MMPROJ: the conformer's names after gemma.py:1008-1009 ("# gemma4" entries)
+AUDIO_LAYER_MAP = {
+    'feed_forward1.ffw_layer_1': 'ffn_up', 'feed_forward1.ffw_layer_2': 'ffn_down',
+    'feed_forward1.pre_layer_norm': 'ffn_norm', 'feed_forward1.post_layer_norm': 'ffn_post_norm',
+    'feed_forward2.ffw_layer_1': 'ffn_up_1', 'feed_forward2.ffw_layer_2': 'ffn_down_1',
+    'feed_forward2.pre_layer_norm': 'ffn_norm_1', 'feed_forward2.post_layer_norm': 'ffn_post_norm_1',
+    'self_attn.q_proj': 'attn_q', 'self_attn.k_proj': 'attn_k', 'self_attn.v_proj': 'attn_v',
+    'self_attn.post': 'attn_out', 'self_attn.relative_k_proj': 'attn_k_rel', 'self_attn.per_dim_scale': 'per_dim_scale',
+    'norm_pre_attn': 'attn_pre_norm', 'norm_post_attn': 'attn_post_norm', 'norm_out': 'ln2',
+    'lconv1d.pre_layer_norm': 'conv_norm', 'lconv1d.conv_norm': 'norm_conv',  # swapped, as tensor_mapping.py has them
+    'lconv1d.depthwise_conv1d': 'conv_dw', 'lconv1d.linear_start': 'conv_pw1', 'lconv1d.linear_end': 'conv_pw2',
+}
+AUDIO_GLOBAL_MAP = {
+    'conformer.subsample_conv_projection.layer0.conv': 'a.conv1d.0',
+    'conformer.subsample_conv_projection.layer0.norm': 'a.conv1d.0.norm',
+    'conformer.subsample_conv_projection.layer1.conv': 'a.conv1d.1',
+    'conformer.subsample_conv_projection.layer1.norm': 'a.conv1d.1.norm',
+    'conformer.subsample_conv_projection.input_proj_linear': 'a.input_projection',
+    'conformer.output_proj': 'a.pre_encode.out',
+    'model.embed_audio.embedding_projection': 'mm.a.input_projection',
+}
+SUFFIXES = ('.weight', '.bias', '.input_max', '.input_min', '.output_max', '.output_min')  # gemma.py:1031
+
+
+def map_tensor_name(name):
+    """TensorNameMap.get_name with try_suffixes: the name, else the name less a suffix, mapped, suffix put back."""
+    for suf in ('',) + SUFFIXES:
+        if suf and not name.endswith(suf):
+            continue
+        base = name[:len(name) - len(suf)] if suf else name
+        if base in GLOBAL_MAP:
+            return GLOBAL_MAP[base] + suf
+        if base in AUDIO_GLOBAL_MAP:
+            return AUDIO_GLOBAL_MAP[base] + suf
+        if base.startswith('conformer.layers.'):
+            bid, rest = base[len('conformer.layers.'):].split('.', 1)
+            if rest in AUDIO_LAYER_MAP:
+                return f'a.blk.{int(bid)}.{AUDIO_LAYER_MAP[rest]}{suf}'
+        pre = 'vision_model.model.layers.'
+        if base.startswith(pre):
+            bid, rest = base[len(pre):].split('.', 1)
+            # the gemma4 entries name the clippable linears with their ".linear" module (q_proj.linear), the
+            # llama4 ones without: both map to the same tensor
+            rest = rest[:-len('.linear')] if rest.endswith('.linear') else rest
+            if rest in LAYER_MAP:
+                return f'v.blk.{int(bid)}.{LAYER_MAP[rest]}{suf}'
+    raise SystemExit(f'Can not map tensor {name!r}')  # map_tensor_name raises too
+
+
+def softplus(x):  # torch.nn.functional.softplus (beta 1, threshold 20) in float32
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))).astype(np.float32)
+
+
+def convert(model_dir, out, outtype, broken):
+    cfg = json.load(open(f'{model_dir}/config.json'))
+    pre = json.load(open(f'{model_dir}/preprocessor_config.json'))
+    # MmprojModel.__init__: hparams_vision / hparams_audio = global_config["vision_config"] / ["audio_config"].
+    # Gemma4VisionAudioModel asserts a vision tower (gemma.py:962); the audio fixture has none, so for it this
+    # writes the audio half alone, exactly as it is written beside a vision tower.
+    hv = dict(cfg['vision_config']) if cfg.get('vision_config') else None
+    ha = dict(cfg['audio_config']) if cfg.get('audio_config') else None
+    weights = read_safetensors(f'{model_dir}/model.safetensors')
+    if '--audio-from' in broken:  # a test construction: another fixture's audio tower beside this vision tower
+        other = broken['--audio-from']
+        ha = dict(json.load(open(f'{other}/config.json'))['audio_config'])
+        weights.update({k: v for k, v in read_safetensors(f'{other}/model.safetensors').items()
+                        if 'audio_tower' in k or 'embed_audio' in k})
+    if hv:
+        hv['image_size'] = 224  # gemma.py:963 "unused, but set to avoid error"
+    if ha:  # gemma.py:966-969
+        ha['feat_in'] = ha.get('input_feat_size', 128)
+        if 'hidden_size' in ha:
+            ha['intermediate_size'] = ha['hidden_size'] * 4
+    text = {**cfg, **cfg.get('text_config', {})}
+    n_embd_text = text.get('hidden_size', text.get('n_embd', 0))  # base.py:2549-2550
+    f16 = outtype == 'f16'
+    kvs = [
+        ('general.architecture', STR, 'clip'),   # MODEL_ARCH.MMPROJ -> "clip" (constants.py)
+        ('general.type', STR, 'mmproj'),         # MmprojModel.set_type
+        ('general.name', STR, 'Gemma4 fixture'),
+        ('general.file_type', U32, 1 if f16 else 0),  # LlamaFileType MOSTLY_F16 = 1, ALL_F32 = 0
+    ]
+    if hv:  # MmprojModel.set_gguf_parameters (base.py:2643-2661)
+        kvs += [
+            ('clip.has_vision_encoder', BOOL, True),
+            ('clip.vision.projection_dim', U32, int(broken.get('--projection-dim', n_embd_text))),
+            ('clip.vision.image_size', U32, hv['image_size']),
+            ('clip.vision.patch_size', U32, hv['patch_size']),
+            ('clip.vision.embedding_length', U32, hv['hidden_size']),
+            ('clip.vision.feed_forward_length', U32, hv['intermediate_size']),
+            ('clip.vision.block_count', U32, hv['num_hidden_layers']),
+            ('clip.vision.attention.head_count', U32, hv['num_attention_heads']),
+            ('clip.vision.image_mean', ARR, (F32, pre['image_mean'])),
+            ('clip.vision.image_std', ARR, (F32, pre['image_std'])),
+        ]
+    if ha:  # base.py:2663-2671
+        kvs += [
+            ('clip.has_audio_encoder', BOOL, True),
+            ('clip.audio.projection_dim', U32, int(broken.get('--projection-dim', n_embd_text))),
+            ('clip.audio.embedding_length', U32, ha['hidden_size']),
+            ('clip.audio.feed_forward_length', U32, ha['intermediate_size']),
+            ('clip.audio.block_count', U32, ha['num_hidden_layers']),
+            ('clip.audio.attention.head_count', U32, ha['num_attention_heads']),
+        ]
+    if hv:
+        # Gemma4VisionAudioModel.set_gguf_parameters (gemma.py:978-979): the eps is read from "layer_norm_eps",
+        # which Gemma 4's vision_config does not have: always 1e-6 (its rms_norm_eps in released configs)
+        kvs += [('clip.vision.projector_type', STR, broken.get('--projector', 'gemma4v')),
+                ('clip.vision.attention.layer_norm_epsilon', F32, hv.get('layer_norm_eps', 1e-6))]
+    if ha:  # gemma.py:982-986
+        kvs += [('clip.audio.projector_type', STR, broken.get('--audio-projector', 'gemma4a')),
+                ('clip.audio.num_mel_bins', U32, ha['feat_in']),
+                ('clip.audio.attention.layer_norm_epsilon', F32, ha.get('layer_norm_eps', 1e-6))]
+    tensors = []
+    for name, x in weights.items():
+        if 'language_model.' in name:  # MmprojModel.filter_tensors :2613
+            continue
+        hf = name
+        audio = 'audio_tower' in name or 'embed_audio' in name  # is_audio_tensor, gemma.py:988-989
+        if (audio and not ha) or (not audio and not hv):
+            continue
+        x = np.asarray(x, np.float32)
+        if x.ndim == 0:  # gemma.py:1002-1004: scalars (input/output min/max) become 1-D
+            x = x.reshape(1)
+        if audio:  # gemma.py:1006-1017 (the audio branch)
+            name = name.replace('model.audio_tower.', 'conformer.')
+            name = name.replace('.linear.', '.')
+            if name.endswith('per_dim_key_scale') or name.endswith('per_dim_scale'):
+                name = name + '.weight'
+                if '--skip-softplus' not in broken:
+                    x = softplus(x)
+            if 'lconv1d.depthwise_conv1d' in name and name.endswith('.weight'):
+                assert x.shape[1] == 1
+                x = x.reshape(x.shape[0], x.shape[2])
+        else:  # gemma.py:1020-1028 (the vision branch)
+            name = name.replace('model.vision_tower.encoder.', 'vision_model.model.')
+            name = name.replace('.linear.weight', '.weight')
+            if name.endswith('layer_scalar') or name.endswith('position_embedding_table'):
+                name = name + '.weight'
+        if name.endswith('patch_embedder.input_proj.weight'):
+            n_embd, ksize_sq_c = x.shape
+            p = int((ksize_sq_c // 3) ** 0.5)
+            x = x.reshape(n_embd, p, p, 3).transpose(0, 3, 1, 2)
+            if '--skip-permute' in broken:  # the HF bytes under the converted shape
+                x = x.transpose(0, 2, 3, 1).reshape(n_embd, 3, p, p)
+        new = map_tensor_name(name)
+        # the tensor's type: prepare_tensors :1045-1110
+        force = None
+        if audio and ('.conv' in hf or '_conv' in hf and '.weight' in hf):  # tensor_force_quant :992-994 (HF name)
+            force = GGML_F32
+        elif 'position_embedding_table' in hf:  # Gemma4 tensor_force_quant :995-996
+            force = GGML_F32
+        elif '.patch_embd.weight' in new:  # MmprojModel.tensor_force_quant :2696-2697
+            force = GGML_F16 if f16 else GGML_F32
+        if x.ndim <= 1 or new.endswith('_norm.weight'):  # :1048-1049
+            force = GGML_F32
+        if force is None and not new.endswith(('.weight', '.lora_a', '.lora_b')):  # :1082
+            force = GGML_F32
+        if force is None:  # :1103-1108: no override, the file type's
+            force = GGML_F16 if f16 else GGML_F32
+        if new == broken.get('--omit-tensor'):
+            continue
+        if new == broken.get('--shrink'):
+            x = x[:-1]
+        tensors.append((new, x.astype(np.float16 if force == GGML_F16 else np.float32)))
+    kvs = [kv for kv in kvs if kv[0] != broken.get('--omit-key')]
+    write_gguf(out, kvs, tensors)
+
+
+# ------------------------------------------------------------------ a vocabulary for a text GGUF
+def read_gguf(path):
+    buf = open(path, 'rb').read()
+    pos = [0]
+
+    def take(k):
+        pos[0] += k
+        return buf[pos[0] - k:pos[0]]
+
+    def u32():
+        return struct.unpack('<I', take(4))[0]
+
+    def u64():
+        return struct.unpack('<Q', take(8))[0]
+
+    sizes = {U8: 1, I8: 1, U16: 2, I16: 2, U32: 4, I32: 4, F32: 4, BOOL: 1, U64: 8, I64: 8, F64: 8}
+
+    def skip(t):
+        if t in sizes:
+            take(sizes[t])
+        elif t == STR:
+            take(u64())
+        else:
+            et, n = u32(), u64()
+            for _ in range(n):
+                skip(et)
+
+    assert take(4) == b'GGUF'
+    _, nt, nkv = u32(), u64(), u64()
+    kvs = []
+    for _ in range(nkv):
+        a = pos[0]
+        take(u64())
+        skip(u32())
+        kvs.append(buf[a:pos[0]])
+    infos = []
+    for _ in range(nt):
+        a = pos[0]
+        take(u64())
+        take(8 * u32())
+        take(12)
+        infos.append(buf[a:pos[0]])
+    data = buf[(pos[0] + ALIGN - 1) // ALIGN * ALIGN:]
+    return kvs, infos, data
+
+
+def add_vocab(src, out, model_dir):
+    cfg = json.load(open(f'{model_dir}/config.json'))
+    tc = cfg.get('text_config', cfg)
+    n = tc['vocab_size']
+    toks = [f'<unused{i}>' for i in range(n)]
+    special = {0: '<pad>', 1: '<eos>', 2: '<bos>', 3: '<unk>'}
+    for key, piece in (('image_token_id', '<|image|>'), ('boi_token_id', '<|image>'), ('eoi_token_id', '<image|>'),
+                       ('video_token_id', '<|video|>'), ('audio_token_id', '<|audio|>'), ('boa_token_id', '<|audio>'),
+                       ('eoa_token_index', '<audio|>')):
+        if key in cfg:
+            special[cfg[key]] = piece
+    for i, p in special.items():
+        toks[i] = p
+    kvs, infos, data = read_gguf(src)
+    # `gemma4c quantize` of a folder without tokenizer.json writes tokenizer.ggml.model "none" (as llama.cpp's
+    # vocab-less files): replaced
+    kvs = [kv for kv in kvs if not kv[8:8 + struct.unpack('<Q', kv[:8])[0]].startswith(b'tokenizer.')]
+    extra = [kv_bytes('tokenizer.ggml.model', STR, 'gemma4'),
+             kv_bytes('tokenizer.ggml.tokens', ARR, (STR, toks)),
+             kv_bytes('tokenizer.ggml.scores', ARR, (F32, [-1000.0] * n)),
+             kv_bytes('tokenizer.ggml.token_type', ARR, (I32, [3 if i in special else 1 for i in range(n)])),
+             kv_bytes('tokenizer.ggml.merges', ARR, (STR, [])),
+             kv_bytes('tokenizer.ggml.bos_token_id', U32, 2), kv_bytes('tokenizer.ggml.eos_token_id', U32, 1),
+             kv_bytes('tokenizer.ggml.unknown_token_id', U32, 3), kv_bytes('tokenizer.ggml.padding_token_id', U32, 0)]
+    head = b'GGUF' + struct.pack('<IQQ', 3, len(infos), len(kvs) + len(extra)) + b''.join(kvs + extra)
+    head += b''.join(infos)
+    with open(out, 'wb') as f:
+        f.write(head + b'\0' * pad(len(head)) + data)
+
+
+def main():
+    a = sys.argv[1:]
+    if len(a) >= 3 and a[0] == 'mmproj':
+        opts, i = {}, 3
+        while i < len(a):
+            if a[i] in ('--skip-permute', '--skip-softplus'):
+                opts[a[i]], i = True, i + 1
+            else:
+                opts[a[i]], i = a[i + 1], i + 2
+        convert(a[1], a[2], opts.get('--outtype', 'f16'), opts)
+    elif len(a) == 4 and a[0] == 'vocab':
+        add_vocab(a[1], a[2], a[3])
+    else:
+        raise SystemExit(__doc__)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,157 @@
+#!/bin/bash
+# A multimodal Gemma 4 as llama.cpp distributes it: a text GGUF and a projector file (mmproj-*.gguf, projectors
+# gemma4v and gemma4a). The vision and audio fixtures are written in both (tests/data/make_mmproj.py: the towers as
+# llama.cpp's converter writes them, F16 and F32; the text weights by `gemma4c quantize`, with a vocabulary holding
+# the fixture's placeholder ids) and must give the transformers references through --mmproj, and through the one
+# mmproj*.gguf beside the model without it. Broken projector files give one-line errors.
+set -u
+bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; shared=${G4_SHARED_DIR:?}; tmp=${G4_TMP:-/tmp}/mmproj_cli
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/cli_check.sh" # check, expect_error
+rm -rf "$tmp"; mkdir -p "$tmp"
+fx=$shared/fixtures/vision
+img0=$fx/image0.png; img1=$fx/image1.png
+mk() { /usr/bin/python3 "$src/tests/data/make_mmproj.py" "$@"; }
+ref=$fx/reference.safetensors
+
+# apart: a model file with projectors beside it would load one of them by itself (tested below)
+mkdir -p "$tmp/text" "$tmp/proj"
+"$bin" quantize "$fx" "$tmp/novocab.gguf" --type f32 >/dev/null 2>&1 &&
+    mk vocab "$tmp/novocab.gguf" "$tmp/text/text.gguf" "$fx" &&
+    mk mmproj "$fx" "$tmp/proj/mmproj-f16.gguf" && mk mmproj "$fx" "$tmp/proj/mmproj-f32.gguf" --outtype f32
+check $? "the vision fixture as a text GGUF and llama.cpp projector files (F16, F32)"
+
+# the text GGUF alone has no vision tower: what follows cannot pass without the projector
+expect_error "the text GGUF alone takes no image" "$bin" encode-image -m "$tmp/text/text.gguf" --image "$img0" --budget 70 \
+    -o "$tmp/x.f32"
+
+for t in f16 f32; do
+    "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/proj/mmproj-$t.gguf" --image "$img0" --image "$img1" --budget 70 \
+        -o "$tmp/emb-$t.f32" 2>"$tmp/enc.txt"
+    err=$(python3 "$here/cli_compare.py" rel "$ref" image_embeddings "$tmp/emb-$t.f32" 1e-3)
+    check $? "encode-image --mmproj ($t): image_embeddings within 1e-3 relative (error $err)"
+done
+grep -q "image0.png: 60 soft tokens" "$tmp/enc.txt" && grep -q "image1.png: 66 soft tokens" "$tmp/enc.txt"
+check $? "encode-image --mmproj: 60 and 66 soft tokens"
+
+ids=$(python3 "$here/cli_compare.py" ids "$ref" input_ids)
+"$bin" logits -m "$tmp/text/text.gguf" --mmproj "$tmp/proj/mmproj-f16.gguf" --ids "$ids" --image "$img0" --image "$img1" \
+    --budget 70 -o "$tmp/logits.f32"
+err=$(python3 "$here/cli_compare.py" logits "$ref" "$tmp/logits.f32" 2e-3)
+check $? "logits --mmproj --image: the full prompt within 2e-3, image tokens bidirectional (max error $err)"
+prompt=$(python3 "$here/cli_compare.py" prompt "$fx"); want=$(python3 "$here/cli_compare.py" greedy "$fx")
+got=$("$bin" generate -m "$tmp/text/text.gguf" --mmproj "$tmp/proj/mmproj-f16.gguf" --ids "$prompt" --image "$img0" \
+    --image "$img1" --budget 70 -n 24 --temp 0 --ignore-eos)
+[ "$got" = "$want" ]; check $? "generate --mmproj --image: the 24 greedy ids of the reference ($got)"
+
+# the comparison sees the converter's permutation: the patch embedding left in HF order gives other soft tokens
+mk mmproj "$fx" "$tmp/noperm.gguf" --skip-permute &&
+    "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/noperm.gguf" --image "$img0" --image "$img1" --budget 70 \
+        -o "$tmp/emb-noperm.f32" 2>/dev/null
+[ $? = 0 ] && ! python3 "$here/cli_compare.py" rel "$ref" image_embeddings "$tmp/emb-noperm.f32" 1e-3 >/dev/null
+check $? "a projector whose patch embedding is not permuted misses the reference"
+
+# the one mmproj*.gguf beside the model loads without --mmproj, and says so
+mkdir -p "$tmp/auto" && cp "$tmp/text/text.gguf" "$tmp/auto/model-f32.gguf" && cp "$tmp/proj/mmproj-f16.gguf" "$tmp/auto/mmproj-model-f16.gguf"
+"$bin" encode-image -m "$tmp/auto/model-f32.gguf" --image "$img0" --image "$img1" --budget 70 -o "$tmp/emb-auto.f32" \
+    2>"$tmp/auto.txt" && cmp -s "$tmp/emb-auto.f32" "$tmp/emb-f16.f32" &&
+    grep -q "warning: loaded the projector $tmp/auto/mmproj-model-f16.gguf" "$tmp/auto.txt"
+check $? "the mmproj file beside the model: the same soft tokens, a line names it ($(head -1 "$tmp/auto.txt"))"
+cp "$tmp/proj/mmproj-f32.gguf" "$tmp/auto/mmproj-model-f32.gguf"
+"$bin" encode-image -m "$tmp/auto/model-f32.gguf" --image "$img0" --budget 70 -o "$tmp/x.f32" 2>"$tmp/two.txt"
+[ $? != 0 ] && grep -q "several mmproj\*.gguf files beside" "$tmp/two.txt"
+check $? "two mmproj files beside the model: neither is guessed ($(head -1 "$tmp/two.txt"))"
+"$bin" encode-image -m "$tmp/auto/model-f32.gguf" --mmproj "$tmp/proj/mmproj-f16.gguf" --image "$img0" --budget 70 \
+    -o "$tmp/named.f32" 2>/dev/null
+check $? "two mmproj files beside the model: --mmproj names one"
+# another model's projector beside the model (not asked for): the text model loads without it, a line says why
+mkdir -p "$tmp/other" && cp "$tmp/text/text.gguf" "$tmp/other/model.gguf" &&
+    mk mmproj "$fx" "$tmp/other/mmproj-wider.gguf" --projection-dim 256
+"$bin" logits -m "$tmp/other/model.gguf" --ids 2,17,99 -o "$tmp/other.f32" 2>"$tmp/other.txt" &&
+    grep -q "warning: the mmproj file beside the model is not loaded: $tmp/other/mmproj-wider.gguf: the projector maps to 256-wide" "$tmp/other.txt"
+check $? "another model's projector beside the model: text only, with a warning ($(head -1 "$tmp/other.txt"))"
+expect_error "... and named with --mmproj: an error" "$bin" logits -m "$tmp/other/model.gguf" \
+    --mmproj "$tmp/other/mmproj-wider.gguf" --ids 2,17,99 -o "$tmp/x.f32"
+
+# the audio fixture: its conformer as the converter writes it (no vision tower: the converter would refuse the
+# fixture, so make_mmproj.py writes the audio half alone)
+afx=$shared/fixtures/audio wav=$shared/fixtures/audio/audio0.wav aref=$shared/fixtures/audio/reference.safetensors
+mkdir -p "$tmp/atext" "$tmp/aproj"
+"$bin" quantize "$afx" "$tmp/anovocab.gguf" --type f32 >/dev/null 2>&1 &&
+    mk vocab "$tmp/anovocab.gguf" "$tmp/atext/text.gguf" "$afx" && mk mmproj "$afx" "$tmp/aproj/mmproj-f16.gguf"
+check $? "the audio fixture as a text GGUF and a llama.cpp projector file"
+expect_error "the text GGUF alone takes no audio" "$bin" encode-audio -m "$tmp/atext/text.gguf" --audio "$wav" -o "$tmp/x.f32"
+"$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/aproj/mmproj-f16.gguf" --audio "$wav" -o "$tmp/aemb.f32" >/dev/null
+err=$(python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/aemb.f32" 1e-3)
+check $? "encode-audio --mmproj: audio_embeddings within 1e-3 relative (error $err)"
+ids=$(python3 "$here/cli_compare.py" ids "$aref" input_ids)
+"$bin" logits -m "$tmp/atext/text.gguf" --mmproj "$tmp/aproj/mmproj-f16.gguf" --ids "$ids" --audio "$wav" -o "$tmp/alogits.f32"
+err=$(python3 "$here/cli_compare.py" logits "$aref" "$tmp/alogits.f32" 2e-3)
+check $? "logits --mmproj --audio: within 2e-3 (max error $err)"
+prompt=$(python3 "$here/cli_compare.py" prompt "$afx"); want=$(python3 "$here/cli_compare.py" greedy "$afx")
+got=$("$bin" generate -m "$tmp/atext/text.gguf" --mmproj "$tmp/aproj/mmproj-f16.gguf" --ids "$prompt" --audio "$wav" -n 24 \
+    --temp 0 --ignore-eos)
+[ "$got" = "$want" ]; check $? "generate --mmproj --audio: the 24 greedy ids of the reference ($got)"
+# the comparison sees the converter's softplus of per_dim_scale
+mk mmproj "$afx" "$tmp/nosoftplus.gguf" --skip-softplus &&
+    "$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/nosoftplus.gguf" --audio "$wav" -o "$tmp/aemb-x.f32" >/dev/null
+[ $? = 0 ] && ! python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/aemb-x.f32" 1e-3 >/dev/null
+check $? "a projector whose per_dim_scale is not softplus'd misses the reference"
+abad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
+    local what=$1 pat=$2; shift 2
+    mk mmproj "$afx" "$tmp/abad.gguf" "$@" || { check 1 "$what: make_mmproj.py $*"; return; }
+    expect_error "$what" "$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/abad.gguf" --audio "$wav" -o "$tmp/x.f32"
+    grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
+}
+abad "another audio projector type" 'audio projector type "ultravox" is not Gemma 4' --audio-projector ultravox
+abad "no mel bins" "has no clip.audio.num_mel_bins" --omit-key clip.audio.num_mel_bins
+abad "no subsampling convolution" "has no a.conv1d.1.weight" --omit-tensor a.conv1d.1.weight
+abad "another model's audio projector" "audio projector maps to 256-wide embeddings" --projection-dim 256
+abad "a relative key projection of the wrong shape" "self_attn.relative_k_proj.weight' has shape \[63, 64\]" \
+    --shrink a.blk.1.attn_k_rel.weight
+# one file with both towers (as E2B/E4B's): the vision fixture's and the audio fixture's (whose embed_audio also
+# projects to 128): each gives its own reference soft tokens through the vision fixture's text model
+mk mmproj "$fx" "$tmp/both.gguf" --audio-from "$afx" &&
+    "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/both.gguf" --image "$img0" --image "$img1" --budget 70 \
+        -o "$tmp/both-img.f32" 2>/dev/null &&
+    "$bin" encode-audio -m "$tmp/text/text.gguf" --mmproj "$tmp/both.gguf" --audio "$wav" -o "$tmp/both-aud.f32" >/dev/null &&
+    python3 "$here/cli_compare.py" rel "$ref" image_embeddings "$tmp/both-img.f32" 1e-3 >/dev/null &&
+    python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/both-aud.f32" 1e-3 >/dev/null
+check $? "a projector with both towers: image and audio soft tokens of the references"
+rm -f "$tmp/x.f32"
+
+# broken projector files and wrong pairings: one line each
+bad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
+    local what=$1 pat=$2; shift 2
+    mk mmproj "$fx" "$tmp/bad.gguf" "$@" || { check 1 "$what: make_mmproj.py $*"; return; }
+    expect_error "$what" "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/bad.gguf" --image "$img0" -o "$tmp/x.f32"
+    grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
+}
+bad "another projector type" 'projector type "gemma3" is not Gemma 4' --projector gemma3
+bad "Gemma 4's unified projector" 'gemma4uv' --projector gemma4uv
+bad "no embedding_length" "has no clip.vision.embedding_length" --omit-key clip.vision.embedding_length
+bad "no layer_norm_epsilon" "has no clip.vision.attention.layer_norm_epsilon" --omit-key clip.vision.attention.layer_norm_epsilon
+bad "no projector type" "has no clip.vision.projector_type" --omit-key clip.vision.projector_type
+bad "another model's projector" "maps to 256-wide embeddings, the text model's hidden size is 128" --projection-dim 256
+bad "no position table" "has no v.position_embd.weight" --omit-tensor v.position_embd.weight
+bad "a missing layer tensor" "missing: model.vision_tower.encoder.layers.1.self_attn.k_proj.linear.weight" \
+    --omit-tensor v.blk.1.attn_k.weight
+bad "a query projection of the wrong shape" "has shape \[63, 64\], the config implies \[64, 64\]" --shrink v.blk.0.attn_q.weight
+bad "a patch embedding of the wrong shape" "v.patch_embd.weight has shape \[63, 3, 16, 16\]" --shrink v.patch_embd.weight
+expect_error "a text GGUF as the projector" "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/text/text.gguf" \
+    --image "$img0" -o "$tmp/x.f32"
+grep -q 'not an mmproj file (general.architecture is "gemma4"' "$tmp/err.txt"; check $? "a text GGUF as the projector: says so"
+expect_error "a projector file that does not exist" "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/nope.gguf" \
+    --image "$img0" -o "$tmp/x.f32"
+printf 'not a gguf\n' >"$tmp/mmproj-text.txt"
+expect_error "a projector file that is not GGUF" "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/mmproj-text.txt" \
+    --image "$img0" -o "$tmp/x.f32"
+expect_error "a projector with a safetensors folder" "$bin" encode-image -m "$fx" --mmproj "$tmp/proj/mmproj-f16.gguf" \
+    --image "$img0" -o "$tmp/x.f32"
+grep -q "goes with a GGUF model" "$tmp/err.txt"; check $? "a projector with a folder: says it goes with a GGUF model"
+expect_error "--mmproj without a file" "$bin" encode-image -m "$tmp/text/text.gguf" --image "$img0" -o "$tmp/x.f32" --mmproj
+[ ! -e "$tmp/x.f32" ]; check $? "no output file left behind after an error"
+# serve takes --mmproj too: a broken one stops it before it listens
+expect_error "serve --mmproj with a text GGUF" timeout 30 "$bin" serve -m "$tmp/text/text.gguf" --mmproj "$tmp/text/text.gguf" --port 0
+grep -q "not an mmproj file" "$tmp/err.txt"; check $? "serve: the projector's error"
+exit $fail
