@@ -21,6 +21,11 @@ mkdir -p "$tmp/text" "$tmp/proj"
     mk mmproj "$fx" "$tmp/proj/mmproj-f16.gguf" && mk mmproj "$fx" "$tmp/proj/mmproj-f32.gguf" --outtype f32
 check $? "the vision fixture as a text GGUF and llama.cpp projector files (F16, F32)"
 
+# that text GGUF (an empty merges list) quantized again by gemma4c reads back (its merges key was dropped)
+"$bin" quantize "$tmp/text/text.gguf" "$tmp/requant.gguf" --type q8_0 >/dev/null 2>&1 &&
+    "$bin" tokenize -m "$tmp/requant.gguf" -p "a" >/dev/null 2>"$tmp/requant.txt"
+check $? "a GGUF with an empty merges list quantized again reads back ($(head -c 200 "$tmp/requant.txt"))"
+
 # the text GGUF alone has no vision tower: what follows cannot pass without the projector
 expect_error "the text GGUF alone takes no image" "$bin" encode-image -m "$tmp/text/text.gguf" --image "$img0" --budget 70 \
     -o "$tmp/x.f32"

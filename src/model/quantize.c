@@ -443,7 +443,8 @@ static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_siz
             return;
         }
         for (size_t i = 0; i < n; i++) sv[i] = json_string_value(json_array_get(arr, i)) ? json_string_value(json_array_get(arr, i)) : "";
-        if (n) g4_gguf_add_str_arr(w, arrays[a], sv, n);
+        if (json_is_array(arr)) g4_gguf_add_str_arr(w, arrays[a], sv, n); /* an empty merges list too: the reader
+                                                                            * (tok_gguf.c) needs the key */
         free(sv);
     }
     const json_t *sc = json_object_get(meta, "tokenizer.ggml.scores"), *ty = json_object_get(meta, "tokenizer.ggml.token_type");
