@@ -141,7 +141,8 @@ static void warn_ignored(const json_t *root, const char *path, int do_sample, g4
     /* contrastive search (GenerationConfig.get_generation_mode: greedy, top_k > 1 and penalty_alpha > 0) */
     const json_t *alpha = json_object_get(root, "penalty_alpha");
     if (!do_sample && json_is_number(alpha) && json_number_value(alpha) > 0 && c->sampling.top_k > 1)
-        g4_warn(&c->warnings, "%s: \"penalty_alpha\" %g asks for contrastive search, which is not supported: decoding greedily",
+        g4_warn(&c->warnings,
+                "%s: \"penalty_alpha\" %g asks for contrastive search, which is not supported: decoding greedily",
                 path, json_number_value(alpha));
 }
 
@@ -174,14 +175,17 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
     const json_t *jt = json_object_get(root, "temperature"), *jk = json_object_get(root, "top_k"),
                  *jr = json_object_get(root, "repetition_penalty");
     if (do_sample && json_is_integer(jt) && temperature != 1.0 && temperature > 0)
-        g4_warn(&c->warnings, "%s: \"temperature\" %g is an integer, which transformers' TemperatureLogitsWarper refuses (write "
-                   "%g.0); taken as %g", path, temperature, temperature, temperature);
+        g4_warn(&c->warnings,
+                "%s: \"temperature\" %g is an integer, which transformers' TemperatureLogitsWarper refuses (write "
+                "%g.0); taken as %g", path, temperature, temperature, temperature);
     if (do_sample && json_is_real(jk) && top_k != 0)
-        g4_warn(&c->warnings, "%s: \"top_k\" %g is not an integer, which transformers' TopKLogitsWarper refuses (write %lld); "
-                   "taken as %lld", path, json_real_value(jk), (long long)top_k, (long long)top_k);
+        g4_warn(&c->warnings,
+                "%s: \"top_k\" %g is not an integer, which transformers' TopKLogitsWarper refuses (write %lld); "
+                "taken as %lld", path, json_real_value(jk), (long long)top_k, (long long)top_k);
     if (json_is_integer(jr) && rep != 1.0 && rep > 0)
-        g4_warn(&c->warnings, "%s: \"repetition_penalty\" %g is an integer, which transformers' RepetitionPenaltyLogitsProcessor "
-                   "refuses (write %g.0); taken as %g", path, rep, rep, rep);
+        g4_warn(&c->warnings,
+                "%s: \"repetition_penalty\" %g is an integer, which transformers' RepetitionPenaltyLogitsProcessor "
+                "refuses (write %g.0); taken as %g", path, rep, rep, rep);
     /* temperature, top_k, top_p and min_p only act when sampling: with do_sample false transformers lets any value
      * pass (GenerationConfig.validate() 2.1 lists them as "minor issues", a warning) and decodes greedily, so
      * there an out-of-range one is ignored (its default kept for a sampling override) rather than refuse the model;
@@ -224,8 +228,9 @@ static int read_generation_file(const char *path, g4_generation_config *c, int *
         goto done;
     }
     if (do_sample && temperature == 0.0) /* transformers raises: TemperatureLogitsWarper wants a temperature > 0 */
-        g4_warn(&c->warnings, "%s: \"do_sample\" true with \"temperature\" 0 makes transformers refuse to generate (its "
-                   "TemperatureLogitsWarper needs a temperature > 0); decoding greedily", path);
+        g4_warn(&c->warnings,
+                "%s: \"do_sample\" true with \"temperature\" 0 makes transformers refuse to generate (its "
+                "TemperatureLogitsWarper needs a temperature > 0); decoding greedily", path);
     c->do_sample = do_sample;
     c->temperature = (float)temperature;
     c->sampling.temperature = do_sample ? (float)temperature : 0.0f;

@@ -677,19 +677,21 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
     if (m->cfg.has_vision && !m->cfg.unified && !m->random && !holds_prefix(&m->weights, "model.vision_tower.") &&
         !holds_prefix(&m->weights, "model.embed_vision.")) {
         m->cfg.has_vision = 0;
-        g4_warn(&m->warnings, "config.json has a vision_config but the weights hold no vision tower: images are not supported");
+        g4_warn(&m->warnings,
+                "config.json has a vision_config but the weights hold no vision tower: images are not supported");
     }
     if (m->cfg.has_audio && !m->cfg.unified && !m->random && !holds_prefix(&m->weights, "model.audio_tower.") &&
         !holds_prefix(&m->weights, "model.embed_audio.")) {
         m->cfg.has_audio = 0;
-        g4_warn(&m->warnings, "config.json has an audio_config but the weights hold no audio tower: audio is not supported");
+        g4_warn(&m->warnings,
+                "config.json has an audio_config but the weights hold no audio tower: audio is not supported");
     }
     const int embedders = m->cfg.unified && !m->random &&
                           (holds_prefix(&m->weights, "model.vision_embedder.") ||
                            holds_prefix(&m->weights, "model.embed_vision.") || holds_prefix(&m->weights, "model.embed_audio."));
     if (m->cfg.unified && !m->random && !embedders)
-        g4_warn(&m->warnings, "config.json is a gemma4_unified one but the weights hold no image or audio embedders: images and audio "
-                "are not supported");
+        g4_warn(&m->warnings, "config.json is a gemma4_unified one but the weights hold no image or audio embedders: "
+                              "images and audio are not supported");
     if (embedders && !b.failed && g4_unified_bind(&b, m, err)) b.failed = 1;
     if (m->cfg.has_vision && !m->random && !b.failed && g4_vision_bind(&b, m, &m->vision, err)) b.failed = 1;
     if (m->cfg.has_audio && !m->random && !b.failed && g4_audio_tower_bind(&b, m, &m->audio, err)) b.failed = 1;
@@ -917,8 +919,8 @@ static int gguf_token(const json_t *meta, const char *piece) {
 /* A GGUF text model with llama.cpp's projector file (gguf_mmproj.h): the towers' tensors join the weights
  * and *cj (the text config rebuilt from the GGUF) becomes a multimodal gemma4 config around it. The placeholder
  * ids are the vocabulary's <|image|>, <|image>, <image|> (as llama.cpp's mtmd.cpp finds "<|image>"/"<image|>" by
- * their text; a vocabulary without them is an error, a file without one takes Gemma 4's ids), and images attend to each other as transformers' use_bidirectional_attention "vision" does
- * exactly where llama.cpp decodes them non-causally (mtmd.cpp mtmd_decode_use_non_causal: gemma4v except text
+ * their text; a vocabulary without them is an error, a file without one takes Gemma 4's ids), and images attend
+ * to each other as transformers' use_bidirectional_attention "vision" does exactly where llama.cpp decodes them non-causally (mtmd.cpp mtmd_decode_use_non_causal: gemma4v except text
  * widths 1536 and 2560, E2B and E4B, whose configs leave it unset). */
 static int attach_mmproj(g4_model *m, const char *path, json_t **cj, g4_error *err) {
     const int hidden = (int)json_integer_value(json_object_get(*cj, "hidden_size"));
@@ -1008,7 +1010,8 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         const int found = mmproj ? 0 : g4_mmproj_beside(dir, beside, sizeof beside);
         if (found == 1) mmproj = beside;
         if (found < 0)
-            g4_warn(&m->warnings, "several mmproj*.gguf files beside %s (%s): none is loaded, name one with --mmproj", dir, beside);
+            g4_warn(&m->warnings, "several mmproj*.gguf files beside %s (%s): none is loaded, name one with --mmproj",
+                    dir, beside);
         if (mmproj && attach_mmproj(m, mmproj, &cj, err)) {
             if (found != 1) {
                 json_decref(cj);
