@@ -219,8 +219,9 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
         json_object_set_new(c, "top_k_experts", json_integer((json_int_t)nu));
         json_object_set_new(c, "moe_intermediate_size", json_integer((json_int_t)fe));
     }
-    /* RoPE: rope_freqs (factor 1 for rotated pairs, 1e30 for the rest) gives the proportional
-     * rotary fraction of full layers */
+    /* RoPE: rope_freqs (llama.cpp divides each pair's frequency by its value: the proportional RoPE's factor,
+     * 1 unless the config set one, for the rotated pairs; 1e30 for the rest) gives the rotary fraction and the
+     * factor of full layers */
     json_t *rp = json_object(), *full = json_object(), *slid = json_object();
     json_object_set_new(slid, "rope_type", json_string("default"));
     json_object_set_new(slid, "rope_theta", json_real(fbs));
@@ -228,13 +229,26 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
     const g4_tensor *rf = find(g, "rope_freqs.weight");
     if (rf && rf->dtype == G4_F32 && g4_tensor_numel(rf) == (int64_t)kfull / 2) {
         int ones = 0;
+        float factor = 1.0f;
         for (int64_t i = 0; i < g4_tensor_numel(rf); i++) {
             float f;
             memcpy(&f, (const char *)rf->data + 4 * i, 4);
-            ones += f < 1e20f;
+            if (f >= 1e20f) continue;
+            const char *bad = !(f > 0.0f) ? "is not a frequency divisor" : ones && f != factor ?
+                "differs from the other rotated pairs' (a proportional RoPE divides them alike)" : NULL;
+            if (bad) {
+                g4_fail(err, "GGUF: rope_freqs.weight[%lld] = %g %s", (long long)i, f, bad);
+                json_decref(rp);
+                json_decref(full);
+                json_decref(slid);
+                goto fail;
+            }
+            factor = f;
+            ones++;
         }
         json_object_set_new(full, "rope_type", json_string("proportional"));
         json_object_set_new(full, "partial_rotary_factor", json_real(2.0 * ones / kfull));
+        if (factor != 1.0f) json_object_set_new(full, "factor", json_real(factor));
     } else {
         json_object_set_new(full, "rope_type", json_string("default"));
     }

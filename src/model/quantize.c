@@ -261,12 +261,13 @@ static int write_tensor(const job *j, int fd, const out_tensor *o, g4_error *err
     const int64_t in = o->shape[o->ndim - 1];
     int64_t rows = 1;
     for (int d = 0; d + 1 < o->ndim; d++) rows *= o->shape[d];
-    if (o->generated) { /* rope_freqs: 1 for the rotated pairs, 1e30 for the rest */
+    if (o->generated) { /* rope_freqs (llama.cpp divides each pair's frequency by it): the proportional RoPE's
+                         * factor for the rotated pairs, 1e30 for the rest */
         const g4_rope_config *rc = &j->cfg.text.rope[G4_LAYER_FULL];
         int hd = j->cfg.text.type_head_dim[G4_LAYER_FULL], n_rot = (int)floor(rc->partial_rotary_factor * hd / 2.0);
         float *v = malloc((size_t)in * sizeof(float));
         if (!v) return g4_fail(err, "out of memory");
-        for (int64_t i = 0; i < in; i++) v[i] = i < n_rot ? 1.0f : 1e30f;
+        for (int64_t i = 0; i < in; i++) v[i] = i < n_rot ? (float)rc->factor : 1e30f;
         int rc2 = pwrite_all(fd, v, (size_t)in * 4, o->offset, err);
         free(v);
         return rc2;
