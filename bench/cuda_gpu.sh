@@ -5,9 +5,9 @@
 # usage: bench/cuda_gpu.sh BIN SHARED OUT STEP...
 #   BIN     folder with gemma4c, test_backend_ops, test_decoder (and test_vision, test_audio, test_unified,
 #           test_server_engine where present: the towers end to end, the server's sizing) of a -DGEMMA4C_CUDA=ON build
-#   SHARED  folder with fixtures/ and configs/ (../shared)
+#   SHARED  folder with fixtures/, configs/ and reference/numpy (../shared)
 #   OUT     folder for logs
-#   STEP    tests | memcheck | bench:MODEL[:PROMPTS[:CONTEXTS[:TYPE]]] | profile:MODEL[:TYPE] | ncu:MODEL[:TYPE]
+#   STEP    tests | sweep | memcheck | bench:MODEL[:PROMPTS[:CONTEXTS[:TYPE]]] | profile:MODEL[:TYPE] | ncu:MODEL[:TYPE]
 #           MODEL is a config of SHARED/configs (e2b, e4b, 26b-a4b, 31b, 12b); PROMPTS/CONTEXTS comma lists
 #           (default 512,4096 and 512,8192); TYPE the random weights' type (bf16 default, q4_0, q8_0, q4_k, q6_k,
 #           mlx4, mlx8: gemma4c bench --type), e.g. bench:e2b:512:512:q4_0
@@ -42,6 +42,14 @@ for step in "$@"; do
             echo "$t rc=$? $(tail -1 "$OUT/$t.log")" | tee -a "$summary"
             grep -E "error|failed" "$OUT/$t.log" | head -8
         done
+        ;;
+    sweep)
+        echo "== random text configurations against the numpy reference on the GPU (tests/data/config_sweep.py)"
+        # KV cache f32: the sweep's tolerances are float32's (the bf16 cache is checked by test_decoder's KV16 cases)
+        /usr/bin/python3 "$G4_SOURCE_DIR/tests/data/config_sweep.py" --bin "$BIN/gemma4c" --device cuda --kv f32 \
+            --reference "$SHARED/reference/numpy" --tmp /tmp/g4-cuda-tests/sweep --cases 200 --control >"$OUT/sweep.log" 2>&1
+        echo "sweep rc=$? $(grep -c '^ok' "$OUT/sweep.log") ok, $(grep -c '^FAIL' "$OUT/sweep.log") failed" | tee -a "$summary"
+        grep -E "^FAIL|Error" "$OUT/sweep.log" | head -8
         ;;
     memcheck)
         echo "== compute-sanitizer memcheck: the CUDA op tests and a fixture model run"

@@ -1,0 +1,417 @@
+#!/usr/bin/python3
+"""Random Gemma 4 text configurations against the numpy reference: the decoder on shapes no fixture has.
+
+    config_sweep.py --bin GEMMA4C --reference DIR --tmp DIR [--cases N] [--seed S] [--device cpu|cuda]
+                    [--kv f32] [--only CASE] [--keep] [--control]
+
+Each case draws a text configuration the way transformers 5.17 reads one (configuration_gemma4.py,
+Gemma4TextConfig.__post_init__; modular_gemma4.py for which tensors each layer holds): 2-7 layers of random
+sliding/full types, widths, heads and kv heads, head_dim and global_head_dim (or an explicit per_layer_config),
+attention_k_eq_v with num_global_key_value_heads, per-layer inputs or none, KV sharing with the double-wide MLP,
+the MoE block, attention biases, logit softcapping, untied lm_head, RoPE types and factors, small sliding windows,
+model_type gemma4_text or gemma4 (text_config only), weights in F32, BF16 or F16. The weights are written here from
+transformers' module list, not from gemma4c's binder, so a tensor the engine forgets or invents shows. Then:
+
+1. prefill: `gemma4c logits` over a prompt longer than the sliding window against the reference's full forward;
+2. decode: `gemma4c generate --ids` greedy against the reference's greedy through its own sliding-window cache,
+   the ids compared up to the first step whose two best logits lie within the tolerance of each other;
+3. GGUF (a third of the cases): the same weights written by `gemma4c quantize` in llama.cpp's layout give the
+   same logits bit for bit;
+4. batching: three prompts of different lengths through `gemma4c generate -f` (the scheduler) at once, each
+   against its own greedy run alone.
+
+A few configurations are invalid by transformers' rules (a KV-shared layer whose type no earlier layer has):
+gemma4c must refuse them with one line on stderr. The reference is ../shared/reference/numpy/text_numpy.py.
+Prints ok/FAIL lines; exits 1 on any failure.
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+F32 = np.float32
+
+
+def write_safetensors(path, tensors, dtype):
+    """tensors: dict name -> float32 array, stored as dtype (F32, BF16 or F16)."""
+    header, blobs, off = {}, [], 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if dtype == "BF16":
+            u = a.view(np.uint32).astype(np.uint64)
+            raw = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")).tobytes()
+        elif dtype == "F16":
+            raw = a.astype("<f2").tobytes()
+        else:
+            raw = a.astype("<f4").tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def draw_config(rng, case):
+    """A random text config (the keys transformers reads) and a short description."""
+    L = int(rng.integers(2, 8))
+    full_p = rng.choice([0.25, 0.5])
+    types = ["full_attention" if rng.random() < full_p else "sliding_attention" for _ in range(L)]
+    types[-1] = "full_attention"
+    NH = int(rng.choice([1, 2, 3, 4, 6, 8]))
+    kv = int(rng.choice([d for d in range(1, NH + 1) if NH % d == 0]))
+    hd = int(rng.choice([8, 16, 24, 32, 64]))
+    ghd = int(rng.choice([16, 32, 48, 64, 128]))
+    H = int(rng.choice([16, 32, 48, 64, 96]))
+    V = int(rng.choice([300, 517, 1024]))
+    tc = {
+        "vocab_size": V, "hidden_size": H, "intermediate_size": int(rng.choice([16, 40, 64, 128])),
+        "num_hidden_layers": L, "num_attention_heads": NH, "num_key_value_heads": kv, "head_dim": hd,
+        "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": float(rng.choice([1e-6, 1e-5])),
+        "sliding_window": int(rng.choice([2, 3, 4, 5, 8])), "layer_types": types,
+        "final_logit_softcapping": [None, None, 30.0, 30.0, 4.0][int(rng.integers(0, 5))],
+        "hidden_size_per_layer_input": int(rng.choice([0, 0, 8, 16])), "vocab_size_per_layer_input": V,
+        "attention_k_eq_v": bool(rng.random() < 0.3), "attention_bias": bool(rng.random() < 0.25),
+        "tie_word_embeddings": bool(rng.random() < 0.7), "max_position_embeddings": 4096,
+        "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+    }
+    if rng.random() < 0.2:  # the default layer pattern (5 sliding : 1 full), last forced full
+        del tc["layer_types"]
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(L)]
+        types[-1] = "full_attention"
+    if rng.random() < 0.25:  # an explicit per-layer view: one head_dim per layer type (the RoPE is per type)
+        d_full = ghd if rng.random() < 0.7 else hd
+        kv_full = int(rng.choice([d for d in range(1, NH + 1) if NH % d == 0]))
+        tc["per_layer_config"] = {str(l): {"head_dim": d_full, "num_key_value_heads": kv_full}
+                                  for l in range(L) if types[l] == "full_attention"}
+    else:
+        tc["global_head_dim"] = ghd
+        if tc["attention_k_eq_v"] and rng.random() < 0.6:
+            tc["num_global_key_value_heads"] = int(rng.choice([d for d in range(1, NH + 1) if NH % d == 0]))
+    if rng.random() < 0.4:
+        def valid(n):  # every shared layer's type has an earlier non-shared layer to read from
+            return all(t in types[:L - n] for t in types[L - n:])
+        ns = [n for n in range(1, L) if valid(n)]
+        # mostly a valid count; now and then one transformers cannot run (the engine must refuse it)
+        tc["num_kv_shared_layers"] = int(rng.choice(ns)) if ns and rng.random() < 0.85 else int(rng.integers(1, L))
+        tc["use_double_wide_mlp"] = bool(rng.random() < 0.5)
+    if rng.random() < 0.3:
+        E = int(rng.choice([2, 3, 4, 8]))
+        tc.update({"enable_moe_block": True, "num_experts": E, "top_k_experts": int(rng.integers(1, E + 1)),
+                   "moe_intermediate_size": int(rng.choice([8, 16, 24]))})
+    if rng.random() < 0.6:
+        full = {"rope_type": "proportional", "rope_theta": float(rng.choice([1e6, 1e4])),
+                "partial_rotary_factor": float(rng.choice([0.25, 0.5, 1.0]))}
+        if rng.random() < 0.3:
+            full["factor"] = float(rng.choice([2.0, 8.0]))
+        if rng.random() < 0.25:
+            full = {"rope_type": "default", "rope_theta": float(rng.choice([1e6, 5e5]))}
+        sliding = {"rope_type": "default", "rope_theta": float(rng.choice([1e4, 500.0]))}
+        tc["rope_parameters"] = {"full_attention": full}
+        if "sliding_attention" in types:
+            tc["rope_parameters"]["sliding_attention"] = sliding
+    # head_dim / global_head_dim with proportional RoPE: n = int(prf * D // 2) frequencies; every D here is even
+    return tc, types
+
+
+def geometry(tc, types):
+    """Per layer: head_dim, kv heads, KV-shared flag, the source layer of a shared one (or -1: invalid)."""
+    L = tc["num_hidden_layers"]
+    if "per_layer_config" in tc:
+        plc = {int(k): v for k, v in tc["per_layer_config"].items()}
+    else:
+        ovr = {"head_dim": tc.get("global_head_dim", 512)}
+        if tc.get("attention_k_eq_v") and tc.get("num_global_key_value_heads") is not None:
+            ovr["num_key_value_heads"] = tc["num_global_key_value_heads"]
+        plc = {l: ovr for l in range(L) if types[l] == "full_attention"}
+    D = [plc.get(l, {}).get("head_dim", tc["head_dim"]) for l in range(L)]
+    KV = [plc.get(l, {}).get("num_key_value_heads", tc["num_key_value_heads"]) for l in range(L)]
+    first = L - tc.get("num_kv_shared_layers", 0)
+    shared = [tc.get("num_kv_shared_layers", 0) > 0 and l >= first for l in range(L)]
+    src = []
+    for l in range(L):
+        if not shared[l]:
+            src.append(l)
+        else:
+            cands = [j for j in range(first) if types[j] == types[l]]
+            src.append(cands[-1] if cands else -1)
+    return D, KV, shared, src, first
+
+
+def draw_weights(rng, tc, types, prefix):
+    """transformers' parameters for this config (modular_gemma4.py: Gemma4TextModel, Gemma4TextDecoderLayer,
+    Gemma4TextAttention, Gemma4TextMLP, Gemma4TextRouter, Gemma4TextExperts), random."""
+    L, H, NH, V = tc["num_hidden_layers"], tc["hidden_size"], tc["num_attention_heads"], tc["vocab_size"]
+    P, I = tc["hidden_size_per_layer_input"], tc["intermediate_size"]
+    D, KV, shared, src, first = geometry(tc, types)
+    bias = tc["attention_bias"]
+    w = {}
+
+    def lin(name, out, inp, b=False):
+        w[name + ".weight"] = rng.standard_normal((out, inp)).astype(F32) / F32(np.sqrt(inp))
+        if b:
+            w[name + ".bias"] = (0.2 * rng.standard_normal(out)).astype(F32)
+
+    def norm(name, n):
+        w[name + ".weight"] = (1.0 + 0.2 * rng.standard_normal(n)).astype(F32)
+
+    w[prefix + "embed_tokens.weight"] = rng.standard_normal((V, H)).astype(F32) * F32(0.5)
+    norm(prefix + "norm", H)
+    if P:
+        w[prefix + "embed_tokens_per_layer.weight"] = rng.standard_normal((V, L * P)).astype(F32) * F32(0.5)
+        lin(prefix + "per_layer_model_projection", L * P, H)
+        norm(prefix + "per_layer_projection_norm", P)
+    for l in range(L):
+        p = f"{prefix}layers.{l}."
+        k_eq_v = tc["attention_k_eq_v"] and types[l] == "full_attention"
+        lin(p + "self_attn.q_proj", NH * D[l], H, bias)
+        norm(p + "self_attn.q_norm", D[l])
+        if not shared[l]:
+            lin(p + "self_attn.k_proj", KV[l] * D[l], H, bias)
+            norm(p + "self_attn.k_norm", D[l])
+            if not k_eq_v:
+                lin(p + "self_attn.v_proj", KV[l] * D[l], H, bias)
+        lin(p + "self_attn.o_proj", H, NH * D[l], bias)
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            norm(p + n, H)
+        Il = I * (2 if tc.get("use_double_wide_mlp") and shared[l] and first > 0 else 1)
+        lin(p + "mlp.gate_proj", Il, H)
+        lin(p + "mlp.up_proj", Il, H)
+        lin(p + "mlp.down_proj", H, Il)
+        if P:
+            lin(p + "per_layer_input_gate", P, H)
+            lin(p + "per_layer_projection", H, P)
+            norm(p + "post_per_layer_input_norm", H)
+        if tc.get("enable_moe_block"):
+            E, Im = tc["num_experts"], tc["moe_intermediate_size"]
+            lin(p + "router.proj", E, H)
+            w[p + "router.scale"] = (1.0 + 0.2 * rng.standard_normal(H)).astype(F32)
+            w[p + "router.per_expert_scale"] = (1.0 + 0.3 * rng.standard_normal(E)).astype(F32)
+            w[p + "experts.gate_up_proj"] = rng.standard_normal((E, 2 * Im, H)).astype(F32) / F32(np.sqrt(H))
+            w[p + "experts.down_proj"] = rng.standard_normal((E, H, Im)).astype(F32) / F32(np.sqrt(Im))
+            for n in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2"):
+                norm(p + n, H)
+        w[p + "layer_scalar"] = rng.uniform(0.4, 1.2, size=(1,)).astype(F32)
+    if not tc["tie_word_embeddings"]:
+        w["lm_head.weight"] = rng.standard_normal((V, H)).astype(F32) * F32(0.5)
+    return w
+
+
+def describe(tc, types, dtype, model_type):
+    D, KV, shared, src, first = geometry(tc, types)
+    parts = [model_type, dtype, f"L{tc['num_hidden_layers']}",
+             "".join("F" if t == "full_attention" else "s" for t in types),
+             f"H{tc['hidden_size']}", f"NH{tc['num_attention_heads']}", f"D{sorted(set(D))}", f"KV{sorted(set(KV))}",
+             f"W{tc['sliding_window']}", f"V{tc['vocab_size']}"]
+    if tc["hidden_size_per_layer_input"]:
+        parts.append(f"ple{tc['hidden_size_per_layer_input']}")
+    if tc["attention_k_eq_v"]:
+        parts.append("k=v")
+    if tc.get("num_kv_shared_layers"):
+        parts.append(f"shared{tc['num_kv_shared_layers']}" + ("x2mlp" if tc.get("use_double_wide_mlp") else ""))
+    if tc.get("enable_moe_block"):
+        parts.append(f"moe{tc['num_experts']}/{tc['top_k_experts']}")
+    if tc["attention_bias"]:
+        parts.append("bias")
+    if tc["final_logit_softcapping"]:
+        parts.append(f"cap{tc['final_logit_softcapping']:g}")
+    if not tc["tie_word_embeddings"]:
+        parts.append("lm_head")
+    if "per_layer_config" in tc:
+        parts.append("per_layer_config")
+    if "rope_parameters" in tc:
+        f = tc["rope_parameters"]["full_attention"]
+        parts.append(f"rope:{f['rope_type']}" + (f"/{f.get('partial_rotary_factor', 1):g}" if f["rope_type"] ==
+                                                  "proportional" else "") + (f"/x{f['factor']:g}" if "factor" in f else ""))
+    return " ".join(parts)
+
+
+class Runner:
+    def __init__(self, args):
+        self.args = args
+        self.failed = 0
+        self.controlled = False
+
+    def check(self, ok, what):
+        print(("ok   " if ok else "FAIL ") + what, flush=True)
+        if not ok:
+            self.failed = 1
+
+    def gemma4c(self, *argv, stdin=None):
+        cmd = [self.args.bin, *argv]
+        if argv[0] != "quantize":
+            cmd += ["--device", self.args.device]
+            if self.args.kv:
+                cmd += ["--kv", self.args.kv]
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=600)
+
+
+def greedy(model, ids, n):
+    """The reference's greedy continuation through its sliding-window cache: ids and each step's margin between
+    its two best logits."""
+    cache = model.new_cache()
+    logits = model.forward(list(ids), cache)["logits"][-1]
+    out, margins = [], []
+    for _ in range(n):
+        top = np.argsort(-logits.astype(np.float64), kind="stable")[:2]
+        out.append(int(top[0]))
+        margins.append(float(logits[top[0]] - logits[top[1]]))
+        logits = model.forward([int(top[0])], cache)["logits"][-1]
+    return out, margins
+
+
+def same_greedy(got, want, margins, tol):
+    """Equal up to the first step where the reference's two best logits are within tol (a tie either way)."""
+    for i, w in enumerate(want):
+        if i >= len(got):
+            return False, f"{len(got)} ids, {len(want)} expected"
+        if got[i] != w:
+            return (True, f"equal up to a near-tie at step {i}") if margins[i] <= tol else \
+                (False, f"step {i}: {got[i]} instead of {w} (margin {margins[i]:.3g})")
+        if margins[i] <= tol:
+            return True, f"equal up to a near-tie at step {i}"
+    return True, f"{len(want)} ids equal"
+
+
+def run_case(r, case, seed, text_numpy):
+    rng = np.random.default_rng([seed, case])
+    tc, types = draw_config(rng, case)
+    dtype = str(rng.choice(["F32", "F32", "BF16", "F16"]))
+    model_type = "gemma4" if rng.random() < 0.3 else "gemma4_text"
+    name = f"case {case}: " + describe(tc, types, dtype, model_type)
+    folder = os.path.join(r.args.tmp, f"case{case}")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    if model_type == "gemma4":
+        cfg = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+               "text_config": dict(tc, model_type="gemma4_text"), "vision_config": None, "audio_config": None,
+               "tie_word_embeddings": tc["tie_word_embeddings"]}
+        prefix = "model.language_model."
+    else:
+        cfg = dict(tc, model_type="gemma4_text", architectures=["Gemma4ForCausalLM"])
+        prefix = "model."
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    weights = draw_weights(rng, tc, types, prefix)
+    write_safetensors(os.path.join(folder, "model.safetensors"), weights, dtype)
+    D, KV, shared, src, first = geometry(tc, types)
+
+    V, W = tc["vocab_size"], tc["sliding_window"]
+    S = int(min(40, 3 * W + int(rng.integers(2, 9))))
+    ids = [2] + [int(x) for x in rng.integers(3, V, size=S - 1)]
+    ids_s = ",".join(map(str, ids))
+    out = os.path.join(folder, "logits.f32")
+    res = r.gemma4c("logits", "-m", folder, "--ids", ids_s, "-o", out)
+    if -1 in src:  # transformers cannot run it: its shared layer finds no stored K/V of its type
+        err = res.stderr.strip().splitlines()
+        r.check(res.returncode != 0 and len(err) == 1 and not res.stdout,
+                f"{name}: invalid (a KV-shared layer of a type no earlier layer has) is refused in one line: "
+                f"exit {res.returncode}, {res.stderr.strip()[:160]}")
+        return
+    if res.returncode != 0:
+        r.check(False, f"{name}: logits failed: {res.stderr.strip()[:300]}")
+        return
+    model = text_numpy.Gemma4Text(folder)
+    # the reference keeps F16 tensors as float16 (numpy then computes the embedding's scaling in float16); the
+    # engine, like transformers loaded in float32, computes in float32 whatever the file holds
+    model.w = {k: v.astype(F32) if v.dtype == np.float16 else v for k, v in model.w.items()}
+    model.Wemb, model.lm_head = model.Wemb.astype(F32), model.lm_head.astype(F32)
+    want = model.forward(ids)["logits"]
+    got = np.fromfile(out, dtype="<f4")
+    if got.size != want.size:
+        r.check(False, f"{name}: logits hold {got.size} values, {want.size} expected")
+        return
+    got = got.reshape(want.shape)
+    scale = max(1.0, float(np.max(np.abs(want))))
+    err = float(np.max(np.abs(got.astype(np.float64) - want)))
+    # the CPU and F32/F16 weights: float32 products; BF16 weights on a GPU: tensor-core products of the
+    # activations split into two bf16 parts (about 16 bits), which random weights amplify through the layers
+    tol = (1e-3 if r.args.device == "cuda" and dtype == "BF16" else 2e-4) * scale
+    r.check(err <= tol and np.all(np.isfinite(got)),
+            f"{name}: prefill logits of {S} tokens, max |diff| {err:.3g} (tolerance {tol:.3g})")
+    if r.args.control and not r.controlled:  # the comparison must see a 1% change of the first layer's scalar
+        r.controlled = True
+        scalar0 = f"{prefix}layers.0.layer_scalar"
+        bent = dict(weights)
+        bent[scalar0] = weights[scalar0] * F32(1.01)
+        write_safetensors(os.path.join(folder, "model.safetensors"), bent, dtype)
+        res = r.gemma4c("logits", "-m", folder, "--ids", ids_s, "-o", out + ".bent")
+        bad = float(np.max(np.abs(np.fromfile(out + ".bent", dtype="<f4").reshape(want.shape).astype(np.float64) - want)))
+        r.check(res.returncode == 0 and bad > tol, f"{name}: negative control, the first layer's scalar x1.01: "
+                f"max |diff| {bad:.3g} exceeds the tolerance {tol:.3g}")
+        write_safetensors(os.path.join(folder, "model.safetensors"), weights, dtype)
+
+    # the same weights as a GGUF file in llama.cpp's layout (gemma4c quantize): the same logits, bit for bit
+    if rng.random() < 0.35 and not tc["attention_bias"]:  # llama.cpp's Gemma 4 tensors have no biases
+        gguf = os.path.join(folder, "model.gguf")
+        q = r.gemma4c("quantize", folder, gguf, "--type", {"F32": "f32", "F16": "f16", "BF16": "bf16"}[dtype])
+        res = r.gemma4c("logits", "-m", gguf, "--ids", ids_s, "-o", out + ".gguf") if q.returncode == 0 else q
+        same = res.returncode == 0 and open(out, "rb").read() == open(out + ".gguf", "rb").read()
+        r.check(same, f"{name}: as a GGUF file, the same logits bit for bit" +
+                ("" if res.returncode == 0 else f": {res.stderr.strip()[:300]}"))
+        if os.path.exists(gguf):
+            os.remove(gguf)
+
+    # decode: greedy through the engine's KV cache against the reference's
+    n = 12
+    prompts = [ids[:int(rng.integers(2, 2 * W + 3))], ids[:S // 2], ids]
+    refs = [greedy(model, p, n) for p in prompts]
+    p0 = prompts[0]
+    res = r.gemma4c("generate", "-m", folder, "--ids", ",".join(map(str, p0)), "-n", str(n), "--temp", "0",
+                    "--ignore-eos", "--ctx", "256")
+    if res.returncode != 0:
+        r.check(False, f"{name}: generate failed: {res.stderr.strip()[:300]}")
+        return
+    got_ids = [int(x) for x in res.stdout.replace(",", " ").split()]
+    ok, how = same_greedy(got_ids, refs[0][0], refs[0][1], 2 * tol)
+    r.check(ok, f"{name}: greedy decode of {n} after {len(p0)} prompt tokens: {how}")
+
+    # batching: the three prompts at once through the scheduler
+    lines = "".join(json.dumps({"ids": p, "max_tokens": n, "temperature": 0}) + "\n" for p in prompts)
+    res = r.gemma4c("generate", "-m", folder, "-f", "-", "--parallel", "3", "--ignore-eos", "--ctx", "256",
+                    stdin=lines)
+    rows = [json.loads(x) for x in res.stdout.splitlines() if x.strip()] if res.returncode == 0 else []
+    if len(rows) != 3:
+        r.check(False, f"{name}: generate -f failed: {res.stderr.strip()[:300]}")
+        return
+    verdicts = [same_greedy(row.get("ids", []), ref[0], ref[1], 2 * tol) for row, ref in zip(rows, refs)]
+    r.check(all(v[0] for v in verdicts), f"{name}: 3 prompts of {[len(p) for p in prompts]} tokens batched: " +
+            "; ".join(v[1] for v in verdicts))
+    if not r.args.keep:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--reference", required=True, help="../shared/reference/numpy")
+    ap.add_argument("--tmp", required=True)
+    ap.add_argument("--cases", type=int, default=24)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--kv", default=None)
+    ap.add_argument("--only", type=int, default=None)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--control", action="store_true", help="also check that a perturbed file fails the comparison")
+    args = ap.parse_args()
+    sys.path.insert(0, args.reference)
+    import text_numpy  # noqa: E402  (the reference, from ../shared)
+    os.makedirs(args.tmp, exist_ok=True)
+    r = Runner(args)
+    for case in ([args.only] if args.only is not None else range(args.cases)):
+        run_case(r, case, args.seed, text_numpy)
+    return r.failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
