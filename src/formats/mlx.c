@@ -16,7 +16,10 @@ static int ends_with(const char *s, const char *suffix) {
 int g4_mlx_detect(const g4_tensor_set *set) {
     for (int i = 0; i < set->n_tensors; i++) {
         const char *n = set->tensors[i].name;
-        if (!strncmp(n, "language_model.", 15) || ends_with(n, ".scales")) return 1;
+        /* mlx-lm's names, a quantized module, or its experts' SwitchGLU (a folder of a text-only model whose
+         * matrices are all too narrow to quantize has only the last) */
+        if (!strncmp(n, "language_model.", 15) || ends_with(n, ".scales") || strstr(n, ".experts.switch_glu."))
+            return 1;
     }
     return 0;
 }
