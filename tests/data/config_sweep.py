@@ -17,7 +17,9 @@ transformers' module list, not from gemma4c's binder, so a tensor the engine for
    the ids compared up to the first step whose two best logits lie within the tolerance of each other;
 3. GGUF (a third of the cases): the same weights written by `gemma4c quantize` in llama.cpp's layout give the
    same logits bit for bit;
-4. batching: three prompts of different lengths through `gemma4c generate -f` (the scheduler) at once, each
+4. MLX (a quarter of the cases): the weights written by `gemma4c quantize --type mlxN --group G` as an MLX folder,
+   against the reference on the same weights dequantized by this script (docs/formats.md 2);
+5. batching: three prompts of different lengths through `gemma4c generate -f` (the scheduler) at once, each
    against its own greedy run alone.
 
 A few configurations are invalid by transformers' rules (a KV-shared layer whose type no earlier layer has):
@@ -59,6 +61,62 @@ def write_safetensors(path, tensors, dtype):
         f.write(h)
         for b in blobs:
             f.write(b)
+
+
+def read_safetensors_raw(path):
+    """name -> (dtype, shape, bytes) of every tensor of a safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    hdr = json.loads(data[8:8 + n])
+    return {k: (v["dtype"], v["shape"], data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in hdr.items() if k != "__metadata__"}
+
+
+def as_f32(dtype, shape, raw):
+    if dtype == "BF16":
+        return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(raw, {"F32": "<f4", "F16": "<f2"}[dtype]).astype(np.float32).reshape(shape)
+
+
+def mlx_dequant(packed, scales, biases, bits, group):
+    """docs/formats.md 2.2-2.3: each row's U32 words as one LSB-first bit stream; w = scale * q + bias per group."""
+    words = np.frombuffer(packed[2], "<u4").reshape(packed[1])
+    rows = words.reshape(-1, words.shape[-1])
+    bitsarr = np.unpackbits(rows.view(np.uint8), axis=1, bitorder="little")
+    n_in = rows.shape[1] * 32 // bits
+    q = bitsarr[:, :n_in * bits].reshape(len(rows), n_in, bits).astype(np.uint32)
+    q = (q << np.arange(bits, dtype=np.uint32)).sum(axis=2).astype(np.float32)
+    s = as_f32(*scales).reshape(len(rows), -1)
+    b = as_f32(*biases).reshape(len(rows), -1)
+    w = np.repeat(s, group, axis=1) * q + np.repeat(b, group, axis=1)
+    return w.reshape(list(packed[1][:-1]) + [n_in]).astype(np.float32)
+
+
+def mlx_to_hf(folder, prefix):
+    """The weights of an MLX folder as transformers names them, dequantized to float32 (mlx-lm's names:
+    language_model.model.*, experts.switch_glu.{gate,up,down}_proj; docs/formats.md 2)."""
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    quant = cfg.get("quantization", {})
+    raw = read_safetensors_raw(os.path.join(folder, "model.safetensors"))
+    out = {}
+    for name, t in raw.items():
+        if name.endswith(".scales") or name.endswith(".biases"):
+            continue
+        mod = name[:-len(".weight")] if name.endswith(".weight") else None
+        if mod and mod + ".scales" in raw:
+            ov = quant.get(mod, {}) if isinstance(quant.get(mod), dict) else {}
+            w = mlx_dequant(t, raw[mod + ".scales"], raw[mod + ".biases"], ov.get("bits", quant["bits"]),
+                            ov.get("group_size", quant["group_size"]))
+        else:
+            w = as_f32(*t)
+        core = name[len("language_model."):] if name.startswith("language_model.") else name
+        out[core if core.startswith("lm_head.") else prefix + core[len("model."):]] = w
+    for k in [k for k in out if ".experts.switch_glu.gate_proj.weight" in k]:
+        base = k[:-len("switch_glu.gate_proj.weight")]
+        out[base + "gate_up_proj"] = np.concatenate([out.pop(k), out.pop(base + "switch_glu.up_proj.weight")], 1)
+        out[base + "down_proj"] = out.pop(base + "switch_glu.down_proj.weight")
+    return out
 
 
 def draw_config(rng, case):
@@ -361,6 +419,29 @@ def run_case(r, case, seed, text_numpy):
                 ("" if res.returncode == 0 else f": {res.stderr.strip()[:300]}"))
         if os.path.exists(gguf):
             os.remove(gguf)
+
+    # MLX affine weights written by `gemma4c quantize` (a quarter of the cases): the engine on the MLX folder
+    # against the reference on the same weights dequantized here
+    if rng.random() < 0.25 and not tc["attention_bias"]:
+        bits, group = int(rng.choice([2, 3, 4, 5, 6, 8])), int(rng.choice([32, 64]))
+        mlx = os.path.join(folder, "mlx")
+        q = r.gemma4c("quantize", folder, mlx, "--type", f"mlx{bits}", "--group", str(group))
+        res = r.gemma4c("logits", "-m", mlx, "--ids", ids_s, "-o", out + ".mlx") if q.returncode == 0 else q
+        what = f"{name}: as an MLX {bits}-bit folder (group {group})"
+        if res.returncode != 0:
+            r.check(False, f"{what}: {res.stderr.strip()[:300]}")
+        else:
+            dq = os.path.join(folder, "mlx-dequantized")
+            os.makedirs(dq, exist_ok=True)
+            shutil.copy(os.path.join(folder, "config.json"), dq)
+            write_safetensors(os.path.join(dq, "model.safetensors"), mlx_to_hf(mlx, prefix), "F32")
+            want_q = text_numpy.Gemma4Text(dq).forward(ids)["logits"]
+            got_q = np.fromfile(out + ".mlx", dtype="<f4").reshape(want_q.shape)
+            scale_q = max(1.0, float(np.max(np.abs(want_q))))
+            err_q = float(np.max(np.abs(got_q.astype(np.float64) - want_q)))
+            r.check(err_q <= 2e-4 * scale_q, f"{what}: logits against its weights dequantized, max |diff| "
+                    f"{err_q:.3g} (tolerance {2e-4 * scale_q:.3g})")
+        shutil.rmtree(mlx, ignore_errors=True)
 
     # decode: greedy through the engine's KV cache against the reference's
     n = 12
