@@ -43,14 +43,14 @@ typedef struct audio_layer {
 struct g4_audio_tower {
     g4_model *m;
     g4_audio_features_config fx;
-    int D, heads, head_dim, n_layers, C1, C2, K, window, out_dims, text_hidden;
+    int D, heads, head_dim, n_layers, C1, C2, K, window, pos_shift, out_dims, text_hidden;
     float eps, residual, logit_cap, grad_clip;
     g4_tensor conv0, conv1;      /* [C_out, C_in*9] views of the 4-D weights */
     const float *norm0, *norm1;
     const g4_tensor *input_proj, *out_proj, *embed_proj;
     const float *out_bias;
     audio_layer *layers;
-    const float *pos;            /* [window, D] sin/cos of distances 0..window-1 */
+    const float *pos;            /* [window, D] row d: the position row transformers pairs with distance d */
 };
 
 /* -------------------------------------------------------------- loading */
@@ -131,10 +131,6 @@ static int parse_config(const g4_model *m, audio_config *c, g4_error *err) {
     }
     if (c->right != 0) {
         g4_fail(err, "%s: audio attention_context_right %lld is not supported (0)", path, (long long)c->right);
-        goto done;
-    }
-    if (c->left - 2 > (c->chunk + c->left - 1) / 2) {
-        g4_fail(err, "%s: the audio attention window exceeds its relative position table", path);
         goto done;
     }
     rc = 0;
@@ -219,6 +215,11 @@ int g4_audio_tower_bind(g4_binder *bd, g4_model *m, g4_audio_tower **out, g4_err
     t->C2 = (int)c.channels[1];
     t->K = (int)c.kernel;
     t->window = (int)c.left - 1;
+    /* Gemma4AudioRelPositionalEncoding's rows hold positions P, P-1, ..., 0 with P = context_size // 2
+     * (context_size = chunk + left - 1 + right); _rel_shift pairs the key at distance d with position
+     * d + P - (left - 1), and with a zero row (no relative term) where that is negative. P = left - 1 only when
+     * chunk is left - 1 or left (the released 12 / 13). */
+    t->pos_shift = (int)((c.chunk + c.left - 1 + c.right) / 2 - (c.left - 1));
     t->out_dims = (int)c.out_dims;
     t->text_hidden = m->cfg.text.hidden_size;
     t->eps = (float)c.eps;
@@ -286,17 +287,20 @@ int g4_audio_tower_bind(g4_binder *bd, g4_model *m, g4_audio_tower **out, g4_err
         clin_rows(&start, D, D, &y->lc_b);
         clin(&b, nm(&b, L, l, "lconv1d.linear_end"), D, D, &y->lc_end);
     }
-    /* Gemma4AudioRelPositionalEncoding in fp32: [sin(d*inv), cos(d*inv)], inv[i] = exp(-i*ln(1e4)/(D/2-1)) */
+    /* Gemma4AudioRelPositionalEncoding in fp32: [sin(p*inv), cos(p*inv)], inv[i] = exp(-i*ln(1e4)/(D/2-1)), for
+     * the position p = d + pos_shift of distance d (a zero row where p < 0) */
     float *pos = g4_bind_computed(bd, (size_t)t->window * D, &t->pos);
     if (pos) {
         const int half = D / 2;
         const float step = (float)(-log(10000.0) / (half - 1 > 1 ? half - 1 : 1));
-        for (int d = 0; d < t->window; d++)
+        for (int d = 0; d < t->window; d++) {
+            const int p = d + t->pos_shift;
             for (int i = 0; i < half; i++) {
-                float a = (float)d * expf((float)i * step);
-                pos[(size_t)d * D + i] = sinf(a);
-                pos[(size_t)d * D + half + i] = cosf(a);
+                float a = (float)p * expf((float)i * step);
+                pos[(size_t)d * D + i] = p < 0 ? 0.0f : sinf(a);
+                pos[(size_t)d * D + half + i] = p < 0 ? 0.0f : cosf(a);
             }
+        }
     }
     return 0;
 }
