@@ -56,7 +56,7 @@ struct g4_audio_tower {
 /* -------------------------------------------------------------- loading */
 typedef struct {
     int64_t hidden, heads, layers, channels[2], kernel, chunk, left, right, out_dims, clipped;
-    double eps, residual, cap, grad_clip;
+    double eps, residual, cap, invalid, grad_clip;
     const char *act;
 } audio_config;
 
@@ -113,6 +113,7 @@ static int parse_config(const g4_model *m, audio_config *c, g4_error *err) {
         g4_json_num(a, "rms_norm_eps", 1e-6, &c->eps, path, err) ||
         g4_json_num(a, "residual_weight", 0.5, &c->residual, path, err) ||
         g4_json_num(a, "attention_logit_cap", 50.0, &c->cap, path, err) ||
+        g4_json_num(a, "attention_invalid_logits_value", -1e9, &c->invalid, path, err) ||
         g4_json_num(a, "gradient_clipping", 1e10, &c->grad_clip, path, err) ||
         g4_json_str(a, "hidden_act", &c->act, path, err))
         goto done;
@@ -127,6 +128,20 @@ static int parse_config(const g4_model *m, audio_config *c, g4_error *err) {
         c->kernel > 1024 || c->chunk < 1 || c->left < 2 || c->out_dims < 1 || c->out_dims > 65536 || !(c->cap > 0) ||
         !(c->eps >= 0) || !(c->grad_clip > 0)) {
         g4_fail(err, "%s: invalid audio_config", path);
+        goto done;
+    }
+    /* Gemma4AudioRelPositionalEncoding's table is 2 * (hidden // 2) wide and relative_k_proj takes hidden */
+    if (c->hidden % 2) {
+        g4_fail(err, "%s: audio hidden_size %lld is odd (the relative position table is one narrower)", path,
+                (long long)c->hidden);
+        goto done;
+    }
+    /* masked slots hold attention_invalid_logits_value after the cap, so they weigh exp(inval - max) with
+     * max >= -cap: only a value far below -cap keeps them out of the softmax, as the valid-frames-only
+     * attention here assumes */
+    if (!(c->invalid + c->cap <= -30.0)) {
+        g4_fail(err, "%s: audio attention_invalid_logits_value %g lets masked keys into the softmax (not supported: "
+                "at most -(attention_logit_cap + 30))", path, c->invalid);
         goto done;
     }
     if (c->right != 0) {
