@@ -50,6 +50,13 @@ for step in "$@"; do
             --reference "$SHARED/reference/numpy" --tmp /tmp/g4-cuda-tests/sweep --cases 200 --control >"$OUT/sweep.log" 2>&1
         echo "sweep rc=$? $(grep -c '^ok' "$OUT/sweep.log") ok, $(grep -c '^FAIL' "$OUT/sweep.log") failed" | tee -a "$summary"
         grep -E "^FAIL|Error" "$OUT/sweep.log" | head -8
+        echo "== random audio configurations against the numpy reference on the GPU (tests/data/audio_sweep.py)"
+        /usr/bin/python3 "$G4_SOURCE_DIR/tests/data/audio_sweep.py" --bin "$BIN/gemma4c" --device cuda \
+            --reference "$SHARED/reference/numpy" --tmp /tmp/g4-cuda-tests/audio-sweep --cases 60 --control \
+            >"$OUT/audio_sweep.log" 2>&1
+        echo "audio sweep rc=$? $(grep -c '^ok' "$OUT/audio_sweep.log") ok, $(grep -c '^FAIL' "$OUT/audio_sweep.log") failed" |
+            tee -a "$summary"
+        grep -E "^FAIL|Error" "$OUT/audio_sweep.log" | head -8
         ;;
     memcheck)
         echo "== compute-sanitizer memcheck: the CUDA op tests and a fixture model run"

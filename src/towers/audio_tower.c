@@ -43,20 +43,20 @@ typedef struct audio_layer {
 struct g4_audio_tower {
     g4_model *m;
     g4_audio_features_config fx;
-    int D, heads, head_dim, n_layers, C1, C2, K, window, out_dims, text_hidden;
+    int D, heads, head_dim, n_layers, C1, C2, K, window, pos_shift, out_dims, text_hidden;
     float eps, residual, logit_cap, grad_clip;
     g4_tensor conv0, conv1;      /* [C_out, C_in*9] views of the 4-D weights */
     const float *norm0, *norm1;
     const g4_tensor *input_proj, *out_proj, *embed_proj;
     const float *out_bias;
     audio_layer *layers;
-    const float *pos;            /* [window, D] sin/cos of distances 0..window-1 */
+    const float *pos;            /* [window, D] row d: the position row transformers pairs with distance d */
 };
 
 /* -------------------------------------------------------------- loading */
 typedef struct {
     int64_t hidden, heads, layers, channels[2], kernel, chunk, left, right, out_dims, clipped;
-    double eps, residual, cap, grad_clip;
+    double eps, residual, cap, invalid, grad_clip;
     const char *act;
 } audio_config;
 
@@ -113,6 +113,7 @@ static int parse_config(const g4_model *m, audio_config *c, g4_error *err) {
         g4_json_num(a, "rms_norm_eps", 1e-6, &c->eps, path, err) ||
         g4_json_num(a, "residual_weight", 0.5, &c->residual, path, err) ||
         g4_json_num(a, "attention_logit_cap", 50.0, &c->cap, path, err) ||
+        g4_json_num(a, "attention_invalid_logits_value", -1e9, &c->invalid, path, err) ||
         g4_json_num(a, "gradient_clipping", 1e10, &c->grad_clip, path, err) ||
         g4_json_str(a, "hidden_act", &c->act, path, err))
         goto done;
@@ -129,12 +130,22 @@ static int parse_config(const g4_model *m, audio_config *c, g4_error *err) {
         g4_fail(err, "%s: invalid audio_config", path);
         goto done;
     }
-    if (c->right != 0) {
-        g4_fail(err, "%s: audio attention_context_right %lld is not supported (0)", path, (long long)c->right);
+    /* Gemma4AudioRelPositionalEncoding's table is 2 * (hidden // 2) wide and relative_k_proj takes hidden */
+    if (c->hidden % 2) {
+        g4_fail(err, "%s: audio hidden_size %lld is odd (the relative position table is one narrower)", path,
+                (long long)c->hidden);
         goto done;
     }
-    if (c->left - 2 > (c->chunk + c->left - 1) / 2) {
-        g4_fail(err, "%s: the audio attention window exceeds its relative position table", path);
+    /* masked slots hold attention_invalid_logits_value after the cap, so they weigh exp(inval - max) with
+     * max >= -cap: only a value far below -cap keeps them out of the softmax, as the valid-frames-only
+     * attention here assumes */
+    if (!(c->invalid + c->cap <= -30.0)) {
+        g4_fail(err, "%s: audio attention_invalid_logits_value %g lets masked keys into the softmax (not supported: "
+                "at most -(attention_logit_cap + 30))", path, c->invalid);
+        goto done;
+    }
+    if (c->right != 0) {
+        g4_fail(err, "%s: audio attention_context_right %lld is not supported (0)", path, (long long)c->right);
         goto done;
     }
     rc = 0;
@@ -219,6 +230,11 @@ int g4_audio_tower_bind(g4_binder *bd, g4_model *m, g4_audio_tower **out, g4_err
     t->C2 = (int)c.channels[1];
     t->K = (int)c.kernel;
     t->window = (int)c.left - 1;
+    /* Gemma4AudioRelPositionalEncoding's rows hold positions P, P-1, ..., 0 with P = context_size // 2
+     * (context_size = chunk + left - 1 + right); _rel_shift pairs the key at distance d with position
+     * d + P - (left - 1), and with a zero row (no relative term) where that is negative. P = left - 1 only when
+     * chunk is left - 1 or left (the released 12 / 13). */
+    t->pos_shift = (int)((c.chunk + c.left - 1 + c.right) / 2 - (c.left - 1));
     t->out_dims = (int)c.out_dims;
     t->text_hidden = m->cfg.text.hidden_size;
     t->eps = (float)c.eps;
@@ -286,17 +302,20 @@ int g4_audio_tower_bind(g4_binder *bd, g4_model *m, g4_audio_tower **out, g4_err
         clin_rows(&start, D, D, &y->lc_b);
         clin(&b, nm(&b, L, l, "lconv1d.linear_end"), D, D, &y->lc_end);
     }
-    /* Gemma4AudioRelPositionalEncoding in fp32: [sin(d*inv), cos(d*inv)], inv[i] = exp(-i*ln(1e4)/(D/2-1)) */
+    /* Gemma4AudioRelPositionalEncoding in fp32: [sin(p*inv), cos(p*inv)], inv[i] = exp(-i*ln(1e4)/(D/2-1)), for
+     * the position p = d + pos_shift of distance d (a zero row where p < 0) */
     float *pos = g4_bind_computed(bd, (size_t)t->window * D, &t->pos);
     if (pos) {
         const int half = D / 2;
         const float step = (float)(-log(10000.0) / (half - 1 > 1 ? half - 1 : 1));
-        for (int d = 0; d < t->window; d++)
+        for (int d = 0; d < t->window; d++) {
+            const int p = d + t->pos_shift;
             for (int i = 0; i < half; i++) {
-                float a = (float)d * expf((float)i * step);
-                pos[(size_t)d * D + i] = sinf(a);
-                pos[(size_t)d * D + half + i] = cosf(a);
+                float a = (float)p * expf((float)i * step);
+                pos[(size_t)d * D + i] = p < 0 ? 0.0f : sinf(a);
+                pos[(size_t)d * D + half + i] = p < 0 ? 0.0f : cosf(a);
             }
+        }
     }
     return 0;
 }
