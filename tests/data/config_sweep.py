@@ -21,8 +21,8 @@ transformers' module list, not from gemma4c's binder, so a tensor the engine for
    against the reference on the same weights dequantized by this script (docs/formats.md 2);
 5. speculative decoding (about a fifth of the cases) with a random drafter (random_gemma4.py): its drafts are
    rejected, the KV cache rolls back every round; the ids must be the plain greedy ones;
-6. batching: three prompts of different lengths through `gemma4c generate -f` (the scheduler) at once, each
-   against its own greedy run alone.
+6. batching: four prompts (one of them twice) of different lengths through `gemma4c generate -f` (the scheduler) on
+   1, 2 or 4 slots, each against its own greedy run alone.
 
 A few configurations are invalid by transformers' rules (a KV-shared layer whose type no earlier layer has):
 gemma4c must refuse them with one line on stderr. The reference is ../shared/reference/numpy/text_numpy.py.
@@ -492,17 +492,23 @@ def run_case(r, case, seed, text_numpy):
                     f"{name}: speculative greedy, {k} drafts a round: {how}" +
                     ("" if spec == got_ids else f"; differs from plain decoding: {spec} / {got_ids}"))
 
-    # batching: the three prompts at once through the scheduler
-    lines = "".join(json.dumps({"ids": p, "max_tokens": n, "temperature": 0}) + "\n" for p in prompts)
-    res = r.gemma4c("generate", "-m", folder, "-f", "-", "--parallel", "3", "--ignore-eos", "--ctx", "256",
+    # batching: the prompts through the scheduler, the first one twice (its KV blocks shared), with fewer slots than
+    # requests now and then (a request joins while others decode), and different lengths to generate
+    batch = prompts + [prompts[0]]
+    refs_b = refs + [refs[0]]
+    lens = [n, n - 3, n, n - 6]
+    slots = int(rng.choice([1, 2, 4]))
+    lines = "".join(json.dumps({"ids": p, "max_tokens": k, "temperature": 0}) + "\n" for p, k in zip(batch, lens))
+    res = r.gemma4c("generate", "-m", folder, "-f", "-", "--parallel", str(slots), "--ignore-eos", "--ctx", "256",
                     stdin=lines)
     rows = [json.loads(x) for x in res.stdout.splitlines() if x.strip()] if res.returncode == 0 else []
-    if len(rows) != 3:
+    if len(rows) != len(batch):
         r.check(False, f"{name}: generate -f failed: {res.stderr.strip()[:300]}")
         return
-    verdicts = [same_greedy(row.get("ids", []), ref[0], ref[1], 2 * tol) for row, ref in zip(rows, refs)]
-    r.check(all(v[0] for v in verdicts), f"{name}: 3 prompts of {[len(p) for p in prompts]} tokens batched: " +
-            "; ".join(v[1] for v in verdicts))
+    verdicts = [same_greedy(row.get("ids", []), ref[0][:k], ref[1][:k], 2 * tol)
+                for row, ref, k in zip(rows, refs_b, lens)]
+    r.check(all(v[0] for v in verdicts), f"{name}: {len(batch)} prompts of {[len(p) for p in batch]} tokens on "
+            f"{slots} slots: " + "; ".join(v[1] for v in verdicts))
     if not r.args.keep:
         shutil.rmtree(folder, ignore_errors=True)
 
