@@ -13,6 +13,7 @@ model_type gemma4_text or gemma4 (text_config only), weights in F32, BF16 or F16
 transformers' module list, not from gemma4c's binder, so a tensor the engine forgets or invents shows. Then:
 
 1. prefill: `gemma4c logits` over a prompt longer than the sliding window against the reference's full forward;
+   and `gemma4c embed` (the mean of the final hidden states) of two prompts at once;
 2. decode: `gemma4c generate --ids` greedy against the reference's greedy through its own sliding-window cache,
    the ids compared up to the first step whose two best logits lie within the tolerance of each other;
 3. GGUF (a third of the cases): the same weights written by `gemma4c quantize` in llama.cpp's layout give the
@@ -386,7 +387,8 @@ def run_case(r, case, seed, text_numpy):
     # engine, like transformers loaded in float32, computes in float32 whatever the file holds
     model.w = {k: v.astype(F32) if v.dtype == np.float16 else v for k, v in model.w.items()}
     model.Wemb, model.lm_head = model.Wemb.astype(F32), model.lm_head.astype(F32)
-    want = model.forward(ids)["logits"]
+    full = model.forward(ids)
+    want = full["logits"]
     got = np.fromfile(out, dtype="<f4")
     if got.size != want.size:
         r.check(False, f"{name}: logits hold {got.size} values, {want.size} expected")
@@ -410,6 +412,21 @@ def run_case(r, case, seed, text_numpy):
         r.check(res.returncode == 0 and bad > tol, f"{name}: negative control, the first layer's scalar x1.01: "
                 f"max |diff| {bad:.3g} exceeds the tolerance {tol:.3g}")
         write_safetensors(os.path.join(folder, "model.safetensors"), weights, dtype)
+
+    # embeddings: the mean of the final hidden states (transformers' last_hidden_state), two lines at once
+    half = ids[:S // 2]
+    res = r.gemma4c("embed", "-m", folder, "-f", "-", "--parallel", "2",
+                    stdin="".join(json.dumps({"ids": p}) + "\n" for p in (ids, half)))
+    rows = [json.loads(x) for x in res.stdout.splitlines() if x.strip()] if res.returncode == 0 else []
+    if len(rows) != 2 or any("embedding" not in row for row in rows):
+        r.check(False, f"{name}: embed failed: {(res.stderr.strip() or res.stdout.strip())[:300]}")
+    else:
+        refs_e = [full["final_norm"].mean(0), model.forward(half)["final_norm"].mean(0)]
+        err_e = max(float(np.max(np.abs(np.asarray(row["embedding"], np.float64) - ref))) for row, ref in
+                    zip(rows, refs_e))
+        tol_e = tol / scale * max(1.0, float(np.max(np.abs(refs_e[0]))))
+        r.check(err_e <= tol_e, f"{name}: embeddings of {S} and {len(half)} tokens, max |diff| {err_e:.3g} "
+                f"(tolerance {tol_e:.3g})")
 
     # the same weights as a GGUF file in llama.cpp's layout (gemma4c quantize): the same logits, bit for bit
     if rng.random() < 0.35 and not tc["attention_bias"]:  # llama.cpp's Gemma 4 tensors have no biases
