@@ -40,9 +40,11 @@ from config_sweep import write_safetensors, draw_weights  # noqa: E402  (same fo
 F32 = np.float32
 V = "model.vision_tower."
 
-# the soft tokens' relative error (max |diff| / max |reference|): float32 on both sides, measured at most ~2e-6 on
-# the CPU; the fixtures README allows 1e-3 for embeddings, which a real bug (the negative control: 1% on one
-# norm) still exceeds; 1e-4 keeps a margin of 50 over the float32 noise
+# the soft tokens' relative error (max |diff| / max |reference|): float32 on both sides, mostly below 1e-5 on the
+# CPU (the fixtures README allows 1e-3 for embeddings; the negative control, 1% on one norm, gives ~1e-2). Some
+# random towers are ill-conditioned (standardize's bias cancelling a token, then embed_vision's RMSNorm scaling the
+# rest up; clamps): there the float32 reference itself is ~5e-5 off. So: within TOL of the float32 reference, or
+# else within max(TOL, 3 x the float32 reference's own error) of the same reference computed in float64.
 TOL = 1e-4
 
 
@@ -81,10 +83,14 @@ def draw_vision(rng):
 
 def mmproj_carries(res):
     """llama.cpp's converter writes no head_dim, kv heads, pooling kernel, rope theta, and eps 1e-6 whatever the
-    config says (make_mmproj.py; clip.cpp assumes n_embd / n_head, n_head, 3, 100): only such towers round-trip."""
-    return (res["hidden_size"] == res["num_attention_heads"] * res["head_dim"] and
-            res["num_key_value_heads"] == res["num_attention_heads"] and res["pooling_kernel_size"] == 3 and
-            res["rms_norm_eps"] == 1e-6 and res["rope_parameters"]["rope_theta"] == 100.0)
+    config says (make_mmproj.py; clip.cpp assumes n_embd / n_head, n_head, 3, 100): only such towers round-trip.
+    Returns "yes"; "shapes" when only the head geometry is not carried (the tensors' shapes then contradict what
+    the file implies: a one-line refusal, not wrong tokens); else "no" (nothing in the file can tell)."""
+    rest = (res["pooling_kernel_size"] == 3 and res["rms_norm_eps"] == 1e-6 and
+            res["rope_parameters"]["rope_theta"] == 100.0)
+    heads = (res["hidden_size"] == res["num_attention_heads"] * res["head_dim"] and
+             res["num_key_value_heads"] == res["num_attention_heads"])
+    return "no" if not rest else "yes" if heads else "shapes"
 
 
 N_INVALID = 6
@@ -286,7 +292,25 @@ def describe(vc, res, dtype, T):
     return " ".join(parts)
 
 
-def reference_tokens(vn, ip, W, res, path, budget):
+def rms64(x, w=None, eps=1e-6):
+    """vision_numpy.rms in float64 (it casts to float32)."""
+    x = x.astype(np.float64)
+    y = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps)
+    return y * w if w is not None else y
+
+
+def reference_tokens64(vn, ip, W, res, path, budget):
+    """The same in float64 (weights, activations and norms; the RoPE angles stay float32 as transformers has them,
+    the pooler's sums float32 as vision_numpy has them)."""
+    rms = vn.rms
+    vn.rms = rms64
+    try:
+        return reference_tokens(vn, ip, {k: v.astype(np.float64) for k, v in W.items()}, res, path, budget, np.float64)
+    finally:
+        vn.rms = rms
+
+
+def reference_tokens(vn, ip, W, res, path, budget, dtype=F32):
     """The reference's soft tokens of one image: pixels (imgproc), tower (vision_numpy), embed_vision."""
     P, k = res["patch_size"], res["pooling_kernel_size"]
     img = load_image(path)  # imgproc.preprocess, with load_image's EXIF transpose (imgproc.load_rgb has none)
@@ -300,7 +324,7 @@ def reference_tokens(vn, ip, W, res, path, budget):
     # (its attention is [heads, N, N]; 2520 padded patches at budget 280 would cost more than the rest)
     o = vn.tower(W, res, pv[:n], pos[:n])
     emb = vn.rms(o, None, res["rms_norm_eps"]) @ W["model.embed_vision.embedding_projection.weight"].T
-    return emb.astype(F32), (p.shape[2] // P, p.shape[1] // P)
+    return emb.astype(dtype), (p.shape[2] // P, p.shape[1] // P)
 
 
 def run_case(r, case, seed, vn, ip, invalid_kind=None):
@@ -414,10 +438,19 @@ def run_case(r, case, seed, vn, ip, invalid_kind=None):
     errs = [float(np.max(np.abs(g.astype(np.float64) - w)) / max(float(np.max(np.abs(w))), 1e-30)) if len(w) else 0.0
             for g, w in zip(np.split(got, np.cumsum([len(x) for x in wants])[:-1]), wants)]
     err = float(np.max(np.abs(got.astype(np.float64) - want))) / scale
-    r.worst = max(r.worst, err)
-    r.check(err <= TOL and bool(np.all(np.isfinite(got))),
-            f"{what}: soft tokens rel error {err:.3g} (per image {', '.join(f'{e:.2g}' for e in errs)}; "
-            f"tolerance {TOL:g})")
+    how = f"tolerance {TOL:g}"
+    if err > TOL:  # ill-conditioned? the float64 reference decides
+        want64 = np.concatenate([reference_tokens64(vn, ip, W, res, p, eff)[0] for p in images])
+        s64 = float(np.max(np.abs(want64)))
+        own = float(np.max(np.abs(want - want64))) / s64
+        err = float(np.max(np.abs(got - want64))) / s64
+        how = f"against float64, where the float32 reference is {own:.3g} off: tolerance {max(TOL, 3 * own):.3g}"
+        ok = err <= max(TOL, 3 * own)
+    else:
+        ok = True
+        r.worst = max(r.worst, err)
+    r.check(ok and bool(np.all(np.isfinite(got))),
+            f"{what}: soft tokens rel error {err:.3g} (per image {', '.join(f'{e:.2g}' for e in errs)}; {how})")
     if r.args.control and not r.controlled:  # the comparison must see a 1% change of the last layer's FF norm
         r.controlled = True
         key = f"{V}encoder.layers.{res['num_hidden_layers'] - 1}.post_feedforward_layernorm.weight"
@@ -433,7 +466,8 @@ def run_case(r, case, seed, vn, ip, invalid_kind=None):
     # the same tower as llama.cpp distributes it: a text GGUF (gemma4c quantize + a vocabulary) and an mmproj file
     # as its converter writes one (tests/data/make_mmproj.py). F32: the same soft tokens, bit for bit from F32
     # weights; F16: the converter rounds every 2-D weight but the position table to F16, the reference too
-    if mmproj_carries(res) and rng.random() < 0.4:
+    carried = mmproj_carries(res)
+    if carried != "no" and rng.random() < 0.4:
         outtype = str(rng.choice(["f32", "f16"]))
         mk = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_mmproj.py")]
         nov, gg, mm = (os.path.join(folder, n) for n in ("novocab.gguf", "text.gguf", f"mmproj-{outtype}.gguf"))
@@ -449,7 +483,11 @@ def run_case(r, case, seed, vn, ip, invalid_kind=None):
             for p in images:
                 argv_mm += ["--image", p]
             res_mm = r.gemma4c(*argv_mm, "--budget", str(eff), "-o", out + ".mm")
-            if res_mm.returncode:
+            if carried == "shapes":
+                ok, how = r.refused(res_mm, out + ".mm")
+                r.check(ok, f"{name}: as a llama.cpp mmproj ({outtype}), which cannot say head_dim "
+                        f"{res['head_dim']} / {res['num_key_value_heads']} kv heads, is refused in one line: {how}")
+            elif res_mm.returncode:
                 r.check(False, f"{name}: encode-image --mmproj ({outtype}) failed: {res_mm.stderr.strip()[:300]}")
             else:
                 ref = want
@@ -461,7 +499,8 @@ def run_case(r, case, seed, vn, ip, invalid_kind=None):
                 same = got_mm.size == got.size and bool(np.array_equal(got_mm, got.ravel()))
                 err_mm = float(np.max(np.abs(got_mm.astype(np.float64) - ref.ravel()))) / scale \
                     if got_mm.size == ref.size else float("inf")
-                r.check(err_mm <= TOL and (same or dtype != "F32" or outtype == "f16"),
+                # as ill-conditioned as the safetensors run: its error (or TOL) bounds this one
+                r.check(err_mm <= max(TOL, 2 * err) and (same or dtype != "F32" or outtype == "f16"),
                         f"{name}: as a text GGUF + llama.cpp mmproj ({outtype}): rel error {err_mm:.3g}" +
                         (", bit for bit as the safetensors" if same else ""))
     if not r.args.keep:
