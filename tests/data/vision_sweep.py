@@ -15,14 +15,21 @@ transformers' module list (Gemma4VisionPatchEmbedder, Gemma4VisionEncoderLayer, 
 Gemma4ClippableLinear with its four scalar buffers, Gemma4VisionMLP, Gemma4VisionModel's std_bias/std_scale,
 Gemma4MultimodalEmbedder), not from gemma4c's binder, so a tensor the engine forgets or invents shows.
 
-Then 1-3 random images (PIL: 1x1 up to a few hundred pixels, thin strips, modes RGB/RGBA/L/LA/P/1, PNG or JPEG)
-go through `gemma4c encode-image --budget N` at once, and the soft tokens (after embed_vision) are compared with
-../shared/reference/numpy (imgproc.py for the pixels, vision_numpy.py for the tower). An image whose patch grid is
-wider or taller than the position table (transformers' embedding lookup fails) must be refused in one line.
+Then 1-3 random images (PIL: 1x1 up to a few hundred pixels, thin strips; RGB, RGBA, L, LA, P with and without
+tRNS, 1, 16-bit gray; PNG (also 4-bit palettes), JPEG (baseline/progressive, 4:4:4/4:2:2/4:2:0, gray, CMYK), GIF,
+WebP lossy/lossless; EXIF orientations) go through one `gemma4c encode-image [--budget N] [-t N]` call (budgets
+70-1120 or the preprocessor's default; G4_CPU_ISA scalar/avx2 now and then), and the soft tokens (after
+embed_vision) are compared with ../shared/reference/numpy: imgproc.py for the pixels (after transformers'
+load_image: exif_transpose, convert("RGB")), vision_numpy.py for the tower, on the real patches only. An image whose
+patch grid is wider or taller than the position table (transformers' embedding lookup fails) must be refused in one
+line; a table exactly as wide as the grid must work. Where the tower is what llama.cpp's mmproj file can carry, the
+same weights as a text GGUF (gemma4c quantize) + mmproj (make_mmproj.py, F32 or F16) give the same soft tokens.
 
-A few configurations are invalid by transformers' rules (head_dim not a multiple of 4: apply_multidimensional_rope
-cannot split it; heads not a multiple of kv heads; a rope_type other than axial/default): gemma4c must refuse them
-with one line on stderr. Prints ok/FAIL lines; exits 1 on any failure.
+Every kind of invalid configuration once (head_dim not a multiple of 4: apply_multidimensional_rope cannot split
+it; heads not a multiple of kv heads; a rope_type other than axial/default; an activation gemma4c lacks; a
+preprocessor whose patch size is not the tower's, or whose max_soft_tokens is not offered): gemma4c must refuse
+them with one line on stderr. The first case also runs a negative control (--control). Prints ok/FAIL lines;
+exits 1 on any failure.
 """
 import argparse
 import json
@@ -180,6 +187,8 @@ def make_image(rng, path_base):
     shapes = [(1, 1), (1, 2), (2, 1), (3, 500), (500, 3), (1, 300), (7, 5), (17, 33), (48, 48), (64, 200)]
     if rng.random() < 0.35:
         h, w = shapes[int(rng.integers(0, len(shapes)))]
+    elif rng.random() < 0.12:  # large: downscaled by several times (the resampler's wide support)
+        h, w = int(rng.integers(300, 1600)), int(rng.integers(300, 1600))
     else:
         h, w = int(rng.integers(1, 400)), int(rng.integers(1, 400))
     # smooth gradients plus noise (pure noise is not what JPEG is for, but both occur)
@@ -255,6 +264,7 @@ class Runner:
         self.controlled = False
         self.worst = 0.0
         self.isa = ""
+        self.mmproj_done = False
 
     def check(self, ok, what):
         print(("ok   " if ok else "FAIL ") + what, flush=True)
@@ -467,7 +477,9 @@ def run_case(r, case, seed, vn, ip, invalid_kind=None):
     # as its converter writes one (tests/data/make_mmproj.py). F32: the same soft tokens, bit for bit from F32
     # weights; F16: the converter rounds every 2-D weight but the position table to F16, the reference too
     carried = mmproj_carries(res)
-    if carried != "no" and rng.random() < 0.4:
+    pick = rng.random() < 0.4
+    if carried != "no" and (pick or (carried == "yes" and not r.mmproj_done)):  # at least one per run
+        r.mmproj_done = r.mmproj_done or carried == "yes"
         outtype = str(rng.choice(["f32", "f16"]))
         mk = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "make_mmproj.py")]
         nov, gg, mm = (os.path.join(folder, n) for n in ("novocab.gguf", "text.gguf", f"mmproj-{outtype}.gguf"))
