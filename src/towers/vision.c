@@ -340,6 +340,14 @@ int g4_vision_encode(g4_vision *v, const g4_image_patches *pp, float *out, float
 static int processor_for(const g4_model *m, g4_image_processor *p, g4_error *err) {
     if (g4_image_processor_load(m->dir, p, err)) return -1;
     const g4_vision_config *v = &m->cfg.vision;
+    if (m->gguf_meta) {
+        /* a GGUF model (a text file and its mmproj) has no processor file: llama.cpp's mtmd cuts the patches
+         * the projector says (clip.vision.patch_size, the pooling kernel clip.cpp takes for gemma4v), not
+         * transformers' class defaults 16 / 3 */
+        p->patch_size = v->patch_size;
+        p->pooling_kernel = v->pooling_kernel;
+        return 0;
+    }
     if (p->patch_size != v->patch_size || p->pooling_kernel != v->pooling_kernel)
         return g4_fail(err, "%s: the image processor's patch size %d / pooling kernel %d differ from the vision "
                             "tower's %d / %d", m->dir, p->patch_size, p->pooling_kernel, v->patch_size,
