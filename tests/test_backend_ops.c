@@ -1663,6 +1663,128 @@ static void test_tower_elementwise(void) {
     rel(dx), rel(dy), rel(dsh), rel(dsc), rel(didx);
 }
 
+/* The audio tower's ops (backend.h, "ops of the towers"): sigmoid_mul, im2col, conv1d_causal_dw and
+ * local_attention against double references, on odd sizes (head sizes and channels not multiples of 4, windows
+ * longer than the sequence, one key). */
+static void test_audio_tower_ops(void) {
+    /* sigmoid_mul: a * sigmoid(b), out of place and in place (SiLU: a == b) */
+    const size_t n = 1003;
+    float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    double *ref = malloc(n * sizeof(double));
+    fill(a, n, -6, 6), fill(b, n, -9, 9);
+    float *da = devf(a, n), *db = devf(b, n), *dy = devf(NULL, n);
+    for (size_t i = 0; i < n; i++) ref[i] = a[i] / (1.0 + exp(-(double)b[i]));
+    be->ops->sigmoid_mul(be, da, db, n, dy);
+    back(y, dy, n * sizeof(float));
+    EXPECT_CLOSE(y, ref, n, 1e-6 * backend_tol(), "sigmoid_mul n=%zu", n);
+    for (size_t i = 0; i < n; i++) ref[i] = a[i] / (1.0 + exp(-(double)a[i]));
+    be->ops->sigmoid_mul(be, da, da, n, da);
+    back(y, da, n * sizeof(float));
+    EXPECT_CLOSE(y, ref, n, 1e-6 * backend_tol(), "sigmoid_mul in place (SiLU) n=%zu", n);
+    rel(da), rel(db), rel(dy);
+    free(a), free(b), free(y), free(ref);
+
+    /* im2col: exact copies (zeros outside), several geometries, part of the output rows */
+    static const int geo[][8] = {/* h, w, c, kh, kw, stride, pad, row0 */
+                                 {9, 7, 3, 3, 3, 2, 1, 0}, {9, 7, 3, 3, 3, 2, 1, 2}, {5, 11, 1, 3, 3, 2, 1, 1},
+                                 {4, 4, 5, 2, 3, 1, 0, 0}, {1, 1, 2, 3, 3, 2, 1, 0}, {6, 5, 130, 3, 3, 2, 1, 1}};
+    for (size_t gi = 0; gi < sizeof geo / sizeof geo[0]; gi++) {
+        const int h = geo[gi][0], w = geo[gi][1], c = geo[gi][2], kh = geo[gi][3], kw = geo[gi][4];
+        const int st = geo[gi][5], pad = geo[gi][6], row0 = geo[gi][7];
+        const int oh = (h + 2 * pad - kh) / st + 1, ow = (w + 2 * pad - kw) / st + 1, nrows = oh - row0;
+        const size_t xn = (size_t)h * w * c, cols = (size_t)c * kh * kw, on = (size_t)nrows * ow * cols;
+        float *x = malloc(xn * sizeof(float)), *out = malloc(on * sizeof(float));
+        double *r = malloc(on * sizeof(double));
+        fill(x, xn, -1, 1);
+        for (int oy = row0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++)
+                for (int ch = 0; ch < c; ch++)
+                    for (int i = 0; i < kh; i++)
+                        for (int j = 0; j < kw; j++) {
+                            const int iy = oy * st - pad + i, ix = ox * st - pad + j;
+                            r[((size_t)(oy - row0) * ow + ox) * cols + ((size_t)ch * kh + i) * kw + j] =
+                                iy >= 0 && iy < h && ix >= 0 && ix < w ? x[((size_t)iy * w + ix) * c + ch] : 0.0;
+                        }
+        float *dx = devf(x, xn), *dout = devf(NULL, on);
+        be->ops->im2col(be, dx, h, w, c, kh, kw, st, pad, row0, nrows, dout);
+        back(out, dout, on * sizeof(float));
+        EXPECT_CLOSE(out, r, on, 0, "im2col h=%d w=%d c=%d k=%dx%d stride=%d pad=%d rows %d..%d", h, w, c, kh, kw, st,
+                     pad, row0, oh - 1);
+        rel(dx), rel(dout);
+        free(x), free(out), free(r);
+    }
+
+    /* conv1d_causal_dw: y[t, ch] = sum_j w[ch, j] x[t - k + 1 + j, ch] */
+    static const int cv[][3] = {{17, 6, 5}, {3, 18, 5}, {40, 4, 2}, {9, 1024, 5}, {5, 7, 1}, {2, 9, 8}};
+    for (size_t ci = 0; ci < sizeof cv / sizeof cv[0]; ci++) {
+        const int T = cv[ci][0], C = cv[ci][1], K = cv[ci][2];
+        const size_t xn = (size_t)T * C;
+        float *x = malloc(xn * sizeof(float)), *w = malloc((size_t)C * K * sizeof(float)), *out = malloc(xn * sizeof(float));
+        double *r = malloc(xn * sizeof(double));
+        fill(x, xn, -2, 2), fill(w, (size_t)C * K, -1, 1);
+        for (int t = 0; t < T; t++)
+            for (int ch = 0; ch < C; ch++) {
+                double acc = 0;
+                for (int j = 0; j < K; j++)
+                    if (t - K + 1 + j >= 0) acc += (double)w[(size_t)ch * K + j] * x[(size_t)(t - K + 1 + j) * C + ch];
+                r[(size_t)t * C + ch] = acc;
+            }
+        float *dx = devf(x, xn), *dw = devf(w, (size_t)C * K), *dout = devf(NULL, xn);
+        be->ops->conv1d_causal_dw(be, dx, dw, T, C, K, dout);
+        back(out, dout, xn * sizeof(float));
+        EXPECT_CLOSE(out, r, xn, 1e-6 * backend_tol(), "conv1d_causal_dw n=%d c=%d k=%d", T, C, K);
+        rel(dx), rel(dw), rel(dout);
+        free(x), free(w), free(out), free(r);
+    }
+
+    /* local_attention: token t, head h over the keys t - d, d < min(window, t + 1), with the relative key of d,
+     * a cap on the logits, q and k scales and an optional per-dimension q scale */
+    static const int la[][5] = {/* n, heads, head_dim, window, per-dim scale */
+                                {30, 4, 16, 12, 1}, {25, 3, 6, 12, 1}, {7, 1, 4, 10, 0}, {1, 2, 8, 12, 1},
+                                {40, 8, 128, 13, 1}, {19, 2, 5, 1, 0}};
+    for (size_t li = 0; li < sizeof la / sizeof la[0]; li++) {
+        const int N = la[li][0], H = la[li][1], D = la[li][2], W = la[li][3], pd = la[li][4];
+        const size_t row = (size_t)H * D, qn = (size_t)N * row, rn = (size_t)W * row;
+        float *q = malloc(qn * sizeof(float)), *k = malloc(qn * sizeof(float)), *v = malloc(qn * sizeof(float));
+        float *rk = malloc(rn * sizeof(float)), *dsc = malloc((size_t)D * sizeof(float)), *out = malloc(qn * sizeof(float));
+        double *r = malloc(qn * sizeof(double)), *sc = malloc((size_t)W * sizeof(double));
+        fill(q, qn, -2, 2), fill(k, qn, -2, 2), fill(v, qn, -1, 1), fill(rk, rn, -1, 1), fill(dsc, (size_t)D, 0.2f, 1.5f);
+        const float qs = 0.6f, ks = 1.3f, cap = 7.0f;
+        for (int t = 0; t < N; t++)
+            for (int h = 0; h < H; h++) {
+                const int nk = t + 1 < W ? t + 1 : W;
+                double mx = -INFINITY, sum = 0;
+                for (int d = 0; d < nk; d++) {
+                    double sk = 0, sr = 0;
+                    for (int e = 0; e < D; e++) {
+                        const double qe = (double)q[(size_t)t * row + (size_t)h * D + e] * qs * (pd ? dsc[e] : 1.0f);
+                        sk += qe * k[(size_t)(t - d) * row + (size_t)h * D + e];
+                        sr += qe * rk[(size_t)d * row + (size_t)h * D + e];
+                    }
+                    sc[d] = cap * tanh((sk * ks + sr) / cap);
+                    if (sc[d] > mx) mx = sc[d];
+                }
+                for (int d = 0; d < nk; d++) sum += (sc[d] = exp(sc[d] - mx));
+                for (int e = 0; e < D; e++) {
+                    double o = 0;
+                    for (int d = 0; d < nk; d++) o += sc[d] / sum * v[(size_t)(t - d) * row + (size_t)h * D + e];
+                    r[(size_t)t * row + (size_t)h * D + e] = o;
+                }
+            }
+        float *dq = devf(q, qn), *dk = devf(k, qn), *dv = devf(v, qn), *drk = devf(rk, rn);
+        float *dd = devf(dsc, (size_t)D), *dout = devf(NULL, qn);
+        g4_local_attention_args args = {.q = dq, .k = dk, .v = dv, .rel = drk, .q_dim_scale = pd ? dd : NULL,
+                                        .out = dout, .n = N, .heads = H, .head_dim = D, .window = W, .q_scale = qs,
+                                        .k_scale = ks, .logit_cap = cap};
+        be->ops->local_attention(be, &args);
+        back(out, dout, qn * sizeof(float));
+        EXPECT_CLOSE(out, r, qn, 2e-6 * backend_tol(), "local_attention n=%d heads=%d D=%d window=%d dim scale=%d", N,
+                     H, D, W, pd);
+        rel(dq), rel(dk), rel(dv), rel(drk), rel(dd), rel(dout);
+        free(q), free(k), free(v), free(rk), free(dsc), free(out), free(r), free(sc);
+    }
+}
+
 /* The CPU's SIMD exp and gelu kernels (of the instruction set under test) over their whole range. */
 static void test_cpu_kernels(void) {
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
@@ -1887,6 +2009,7 @@ static void run_all(void) {
     test_moe();
     test_attention_dense();
     test_tower_elementwise();
+    test_audio_tower_ops();
     test_recorded_chain();
     g4_error err;
     CHECKF(be->ops->check(be, &err) == 0, "%s: check: %s", be_label, err.msg);

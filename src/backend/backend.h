@@ -188,8 +188,9 @@ typedef struct g4_backend_ops {
     int (*memory)(g4_backend *be, size_t *free_bytes, size_t *total_bytes);
     /* 0, or -1 with a message when an op of the last step failed (e.g. out of memory); clears the state */
     int (*check)(g4_backend *be, g4_error *err);
-    /* Places a weight: *dst becomes a tensor the ops can read (dst->data in backend memory). 0, or -1 with a
-     * message (e.g. the model does not fit). */
+    /* Places a weight: *dst becomes a tensor the ops can read (dst->data in backend memory, in the backend's row
+     * layout: dst->nbytes / rows apart, so views of its rows are g4_tensor_placed_rows). 0, or -1 with a message
+     * (e.g. the model does not fit). */
     int (*upload_weight)(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err);
     /* Optional (NULL: upload_weight each): places the weights of a set (src[0 .. count), count <= G4_MATMUL_SET_MAX:
      * q/k/v, gate/up) one after another in one block of backend memory, so that matmul_set may multiply them as one

@@ -84,11 +84,20 @@ g4_tensor g4_tensor_rows(const g4_tensor *t, int64_t r0, int64_t n) {
     size_t rb = g4_dtype_row_bytes(t->dtype, cols);
     v.data = (const unsigned char *)t->data + (size_t)r0 * rb;
     v.nbytes = (size_t)n * rb;
-    if (g4_dtype_is_mlx(t->dtype) && t->group > 0) {
+    if (g4_dtype_is_mlx(t->dtype) && t->group > 0 && t->scales && t->biases) {
         size_t sb = (size_t)(cols / t->group) * (size_t)(g4_dtype_bits(t->scale_dtype) / 8);
         v.scales = (const unsigned char *)t->scales + (size_t)r0 * sb;
         v.biases = (const unsigned char *)t->biases + (size_t)r0 * sb;
     }
+    return v;
+}
+
+g4_tensor g4_tensor_placed_rows(const g4_tensor *t, int64_t r0, int64_t n) {
+    g4_tensor v = g4_tensor_rows(t, r0, n); /* the shape, and MLX scales/biases kept beside the rows (the CPU) */
+    const int64_t cols = t->ndim ? t->shape[t->ndim - 1] : 1, rows = cols > 0 ? g4_tensor_numel(t) / cols : 0;
+    const size_t rb = rows > 0 ? t->nbytes / (size_t)rows : 0;
+    v.data = (const unsigned char *)t->data + (size_t)r0 * rb;
+    v.nbytes = (size_t)n * rb;
     return v;
 }
 

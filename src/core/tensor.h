@@ -96,6 +96,9 @@ static inline const unsigned char *g4_tensor_row(const g4_tensor *t, int64_t r) 
 }
 /* A 2-D view [n, cols] of rows r0..r0+n of t (any dtype; MLX scales/biases follow). */
 g4_tensor g4_tensor_rows(const g4_tensor *t, int64_t r0, int64_t n);
+/* The same view of a weight a backend placed (upload_weight, backend/backend.h): its rows lie t->nbytes / rows
+ * apart in the backend's layout (CUDA pads and repacks them), not the file's row bytes apart. */
+g4_tensor g4_tensor_placed_rows(const g4_tensor *t, int64_t r0, int64_t n);
 /* The view of index i of the first axis (one expert of a stacked [E, out, in] tensor). */
 g4_tensor g4_tensor_index(const g4_tensor *t, int64_t i);
 

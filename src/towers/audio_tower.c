@@ -200,11 +200,9 @@ static void clin(tower_binder *b, const char *prefix, int64_t rows, int64_t cols
 static void clin_rows(const clipped_linear *src, int64_t r0, int64_t n, clipped_linear *out) {
     *out = *src;
     if (!src->w) return;
-    out->view = *src->w;
-    out->view.shape[0] = n;
-    out->view.data = (const unsigned char *)src->w->data + (size_t)r0 * (size_t)src->w->shape[1] *
-                                                               (size_t)(g4_dtype_bits(src->w->dtype) / 8);
-    out->view.nbytes = (size_t)n * (size_t)src->w->shape[1] * (size_t)(g4_dtype_bits(src->w->dtype) / 8);
+    /* the rows as the backend laid them out (the file's row bytes pointed into other rows where CUDA pads them:
+     * hidden_size * 2 bytes not a multiple of 16) */
+    out->view = g4_tensor_placed_rows(src->w, r0, n);
     out->w = &out->view;
 }
 
