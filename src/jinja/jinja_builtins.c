@@ -284,7 +284,7 @@ typedef struct {
     jv *item;
 } sort_entry;
 
-/* Stable merge sort by key; -1 on incomparable keys. */
+/* Stable merge sort by key; -1 on incomparable keys (unequal keys that do not order). */
 static int sort_entries(jrender *r, int line, sort_entry *e, size_t n, int reverse) {
     if (n < 2) return 0;
     sort_entry *tmp = malloc(n * sizeof *tmp);
@@ -295,8 +295,11 @@ static int sort_entries(jrender *r, int line, sort_entry *e, size_t n, int rever
             size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
             size_t i = lo, j = mid, k = lo;
             while (i < mid && j < hi) {
-                int c;
-                if (jv_cmp(e[j].key, e[i].key, &c)) {
+                int c = 0;
+                /* jinja2's sort keys are lists ([key]), and Python compares lists item by item with
+                 * == before <: equal keys (None and None, two equal dicts, two undefined
+                 * attributes) are never ordered, so they are no error */
+                if (!jv_eq(e[j].key, e[i].key) && jv_cmp(e[j].key, e[i].key, &c)) {
                     free(tmp);
                     return jr_failc(r, line, "'<' not supported between instances of '%s' and '%s'",
                                     jv_type_name(e[j].key), jv_type_name(e[i].key));

@@ -199,6 +199,10 @@ CASES = [
     "{{ items|select('odd')|length }}", "{{ items|map('string')|tojson }}", "{{ items|unique|last }}",
     "{{ '%s %s' % ('a',) }}", "{{ '%s' % ('a', 'b') }}", "{{ '%d' % 'x' }}", "{{ '%(z)s' % d }}", "{{ '%q' % 1 }}",
     "{{ n[1:] }}", "{{ d[1:] }}", "{{ [1] in d }}", "{{ {(1, 2): 'pair'}[1, 2] }}{{ d[1, 2] }}", "{{ 10.0 ** 400 }}", "{{ s is sequence(1) }}",
+    # divergences found by the differential fuzzer tests/data/jinja_diff.py
+    "{{ [none, none]|sort }}{{ [{'a': 1}, {'a': 1}]|sort }}{{ [[1], [1, 2]]|sort }}{{ messages|sort(attribute='name')|map(attribute='role')|join }}",
+    "{{ [{'a': 1}, {'a': 2}]|sort }}",
+    "{{ [{'n': 1}, {}]|sort(attribute='n') }}",
 ]
 
 
