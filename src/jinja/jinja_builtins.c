@@ -1180,11 +1180,11 @@ int jb_test(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos
 /* ----------------------------------------------------------------- filters */
 
 static const char *const filter_names[] = {
-    "abs",      "attr",   "capitalize", "center",  "count",     "d",        "default",
+    "abs",      "attr",   "batch",      "capitalize", "center", "count",    "d",        "default",
     "dictsort", "e",      "escape",     "first",   "float",     "format",   "indent",
     "int",      "items",  "join",       "last",    "length",    "list",     "lower",
     "map",      "max",    "min",        "reject",  "rejectattr", "replace", "reverse",
-    "round",    "safe",   "select",     "selectattr", "sort",   "string",   "sum",
+    "round",    "safe",   "select",     "selectattr", "slice",  "sort",     "string",   "sum",
     "title",    "tojson", "trim",       "unique",  "upper",     "wordcount", NULL};
 
 int jb_has_filter(const char *name) {
@@ -1450,6 +1450,88 @@ static jv *f_sortlike(jrender *r, int line, const char *fname, jv *v, const argv
         return NULL;
     }
     return entries_to_list(r, line, e, n);
+}
+
+/* batch(linecount, fill_with=None) and slice(slices, fill_with=None): jinja2's generators of
+ * lists, as written there (batch: a chunk goes out when it holds linecount items and another one
+ * comes; slice: `slices` columns, the first len % slices one item longer, the others filled). */
+static jv *f_batch_slice(jrender *r, int line, int is_slice, jv *v, const argv_t *a) {
+    static const char *const batch_names[] = {"linecount", "fill_with"}, *const slice_names[] = {"slices", "fill_with"};
+    jv *A_[2];
+    if (bind(r, line, is_slice ? "slice" : "batch", is_slice ? slice_names : batch_names, 2, a, A_)) return NULL;
+    int64_t count = 0;
+    if (!A_[0]) return jr_fail(r, line, "%s() missing 1 required positional argument: '%s'",
+                               is_slice ? "do_slice" : "do_batch", is_slice ? "slices" : "linecount");
+    if (A_[0]->kind == JV_NONE) return jr_fail(r, line, "'NoneType' object cannot be interpreted as an integer");
+    if (arg_int(r, line, A_[0], 0, &count, is_slice ? "slices" : "linecount")) return NULL;
+    const jv *fill = A_[1] && A_[1]->kind != JV_NONE ? A_[1] : NULL;
+    jv *items = jr_iterate(r, line, v);
+    if (!items) return NULL;
+    size_t n = items->u.list.n;
+    if (is_slice && count == 0) {
+        jv_decref(items);
+        return jr_fail(r, line, "integer division or modulo by zero");
+    }
+    jv *out = jv_list(0);
+    if (!out || jr_work(r, line, n)) goto fail;
+    if (is_slice) {
+        /* Python's floor division and modulo (count may be negative: then range() is empty) */
+        int64_t len = (int64_t)n, per = len / count, extra = len % count;
+        if (extra != 0 && (extra < 0) != (count < 0)) {
+            per--;
+            extra += count;
+        }
+        int64_t offset = 0;
+        for (int64_t k = 0; k < count; k++) {
+            int64_t start = offset + k * per;
+            if (k < extra) offset++;
+            int64_t end = offset + (k + 1) * per;
+            if (start < 0) start = 0;
+            if (end > len) end = len;
+            jv *chunk = jv_list(end > start ? (size_t)(end - start) : 0);
+            if (!chunk) goto fail;
+            for (int64_t i = start; i < end; i++)
+                if (jv_list_push(chunk, jv_incref(items->u.list.items[i]))) goto fail_chunk;
+            if (fill && k >= extra && jv_list_push(chunk, jv_incref((jv *)fill))) goto fail_chunk;
+            if (jv_list_push(out, chunk)) goto fail;
+            if (jr_work(r, line, 1)) goto fail;
+            continue;
+        fail_chunk:
+            jv_decref(chunk);
+            goto fail;
+        }
+    } else {
+        jv *tmp = jv_list(0);
+        if (!tmp) goto fail;
+        for (size_t i = 0; i < n; i++) {
+            if ((int64_t)tmp->u.list.n == count) {
+                if (jv_list_push(out, tmp)) goto fail;
+                if (!(tmp = jv_list(0))) goto fail;
+            }
+            if (jv_list_push(tmp, jv_incref(items->u.list.items[i]))) {
+                jv_decref(tmp);
+                goto fail;
+            }
+        }
+        if (tmp->u.list.n) {
+            for (int64_t k = (int64_t)tmp->u.list.n; fill && k < count; k++)
+                if (jv_list_push(tmp, jv_incref((jv *)fill)) || jr_work(r, line, 1)) {
+                    jv_decref(tmp);
+                    goto fail;
+                }
+            if (jv_list_push(out, tmp)) goto fail;
+        } else {
+            jv_decref(tmp);
+        }
+    }
+    jv_decref(items);
+    out->u.list.gen = 1;
+    return out;
+fail:
+    jv_decref(items);
+    if (out) jv_decref(out);
+    if (!r->err->msg[0]) jr_oom(r, line);
+    return NULL;
 }
 
 static jv *f_indent(jrender *r, int line, jv *v, const argv_t *a) {
@@ -1942,6 +2024,7 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         return f_sortlike(r, line, name, v, a);
     if (F("map") || F("select") || F("reject") || F("selectattr") || F("rejectattr"))
         return f_map_select(r, line, name, v, a);
+    if (F("batch") || F("slice")) return f_batch_slice(r, line, F("slice"), v, a);
     if (F("list")) {
         jv *l = jr_iterate(r, line, v);
         if (l && l->kind == JV_LIST && (l->u.list.tuple || l->u.list.gen || l == v)) { /* a new list */

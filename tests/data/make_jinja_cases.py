@@ -203,6 +203,10 @@ CASES = [
     "{{ [none, none]|sort }}{{ [{'a': 1}, {'a': 1}]|sort }}{{ [[1], [1, 2]]|sort }}{{ messages|sort(attribute='name')|map(attribute='role')|join }}",
     "{{ [{'a': 1}, {'a': 2}]|sort }}",
     "{{ [{'n': 1}, {}]|sort(attribute='n') }}",
+    "{{ [1, 2, 3, 4, 5]|batch(2)|list }}{{ 'abcde'|batch(3, 'x')|list }}{{ []|batch(2)|list }}{{ [1, 2, 3]|batch(0)|list }}{{ [1, 2]|batch(-1)|list }}",
+    "{{ [1, 2, 3, 4, 5]|slice(2)|list }}{{ [1, 2, 3, 4, 5]|slice(3, 'x')|list }}{{ [1]|slice(3)|list }}{{ d|slice(1)|list }}{{ [1, 2, 3]|slice(-2)|list }}{% for col in range(7)|slice(3) %}{{ col|join }};{% endfor %}",
+    "{{ [1, 2]|slice(0)|list }}",
+    "{{ [1, 2]|batch(2)|length }}",
 ]
 
 
