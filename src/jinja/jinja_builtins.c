@@ -2229,7 +2229,26 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         if (strcmp(method, "common") && strcmp(method, "ceil") && strcmp(method, "floor"))
             return jr_fail(r, line, "method must be common, ceil or floor");
         if (!jv_is_number(v)) return jr_fail(r, line, "round: '%s' is not a number", jv_type_name(v));
-        if (v->kind != JV_FLOAT && !strcmp(method, "common") && prec >= 0) return jv_int(v->kind == JV_BOOL ? v->u.b : v->u.i);
+        if (v->kind != JV_FLOAT && !strcmp(method, "common")) {
+            /* Python's round(int, n) is an int: exact, halves to even for n < 0 */
+            int64_t x = v->kind == JV_BOOL ? v->u.b : v->u.i;
+            if (prec >= 0) return jv_int(x);
+            if (prec < -18) {
+                if (x > 5000000000000000000 || x < -5000000000000000000) return jr_fail(r, line, "integer overflow");
+                return jv_int(0);
+            }
+            int64_t p = 1, q, rem, res;
+            for (int64_t k = 0; k < -prec; k++) p *= 10;
+            q = x / p;
+            rem = x % p;
+            if (rem < 0) {
+                q--;
+                rem += p;
+            }
+            if (2 * rem > p || (2 * rem == p && (q & 1))) q++;
+            if (__builtin_mul_overflow(q, p, &res)) return jr_fail(r, line, "integer overflow");
+            return jv_int(res);
+        }
         double x = jv_num(v), res;
         if (prec > 300) prec = 300;
         if (prec < -300) prec = -300;

@@ -207,6 +207,7 @@ CASES = [
     "{{ [1, 2, 3, 4, 5]|slice(2)|list }}{{ [1, 2, 3, 4, 5]|slice(3, 'x')|list }}{{ [1]|slice(3)|list }}{{ d|slice(1)|list }}{{ [1, 2, 3]|slice(-2)|list }}{% for col in range(7)|slice(3) %}{{ col|join }};{% endfor %}",
     "{{ [1, 2]|slice(0)|list }}",
     "{{ [1, 2]|batch(2)|length }}",
+    "{{ 15|round(-1) }} {{ 25|round(-1) }} {{ -15|round(-1) }} {{ -26|round(-1) }} {{ 150|round(-2) }} {{ true|round(-1) }} {{ 123|round(-20) }} {{ 14.5|round(-1) }} {{ 7|round(-1, 'ceil') }}",
 ]
 
 
