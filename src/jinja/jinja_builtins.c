@@ -2263,7 +2263,9 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
             }
         } else {
             double p = pow(10.0, (double)prec);
-            res = (!strcmp(method, "ceil") ? ceil(x * p) : floor(x * p)) / p;
+            /* Python's math.ceil/floor return ints, which have no negative zero */
+            double whole = !strcmp(method, "ceil") ? ceil(x * p) : floor(x * p);
+            res = (whole == 0 ? 0.0 : whole) / p;
         }
         return jv_float(res);
     }

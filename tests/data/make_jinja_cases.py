@@ -208,6 +208,7 @@ CASES = [
     "{{ [1, 2]|slice(0)|list }}",
     "{{ [1, 2]|batch(2)|length }}",
     "{{ 15|round(-1) }} {{ 25|round(-1) }} {{ -15|round(-1) }} {{ -26|round(-1) }} {{ 150|round(-2) }} {{ true|round(-1) }} {{ 123|round(-20) }} {{ 14.5|round(-1) }} {{ 7|round(-1, 'ceil') }}",
+    "{{ -0.0|round(1, 'ceil') }} {{ -0.04|round(1, 'ceil') }} {{ -0.5|round(0, 'ceil') }} {{ -0.0|round(2, 'floor') }} {{ -0.0|round }} {{ -0.04|round(1) }}",
 ]
 
 
