@@ -248,9 +248,18 @@ static jv *lowered(jrender *r, int line, jv *v) { /* jinja's ignore_case */
     return case_map(r, line, v->u.str.s, v->u.str.len, 0);
 }
 
-/* item[attr] for each dotted part ("a.b.0"), as jinja's attribute getters do. */
-static jv *get_attribute_path(jrender *r, int line, jv *item, const jv *attr) {
-    if (attr->kind == JV_INT) return jr_getitem(r, line, item, (jv *)attr);
+/* item[attr] for each dotted part ("a.b.0"), as jinja's attribute getters do: a part after one
+ * that is undefined fails (jinja2 subscripts the Undefined), unless deflt (map's default=, not
+ * None) replaces each undefined part. */
+static jv *get_attribute_path(jrender *r, int line, jv *item, const jv *attr, const jv *deflt) {
+    if (attr->kind == JV_INT) {
+        jv *v = jr_getitem(r, line, item, (jv *)attr);
+        if (v && deflt && v->kind == JV_UNDEFINED) {
+            jv_decref(v);
+            v = jv_incref((jv *)deflt);
+        }
+        return v;
+    }
     if (attr->kind != JV_STRING) return jr_fail(r, line, "attribute must be a string");
     jv *cur = jv_incref(item);
     const char *s = attr->u.str.s;
@@ -266,10 +275,14 @@ static jv *get_attribute_path(jrender *r, int line, jv *item, const jv *attr) {
             jv_decref(cur);
             return jr_oom(r, line);
         }
-        jv *next = cur->kind == JV_UNDEFINED ? jv_incref(cur) : jr_getitem(r, line, cur, key);
+        jv *next = jr_getitem(r, line, cur, key);
         jv_decref(key);
         jv_decref(cur);
         if (!next) return NULL;
+        if (deflt && next->kind == JV_UNDEFINED) {
+            jv_decref(next);
+            next = jv_incref((jv *)deflt);
+        }
         cur = next;
         if (j >= n) break;
         i = j + 1;
@@ -1238,7 +1251,7 @@ static jv *f_map_select(jrender *r, int line, const char *fname, jv *v, const ar
                 if (!strcmp(a->kwn[k], "attribute"))
                     attribute = a->kwv[k];
                 else if (!strcmp(a->kwn[k], "default"))
-                    deflt = a->kwv[k];
+                    deflt = a->kwv[k]->kind == JV_NONE ? NULL : a->kwv[k]; /* jinja2: `default is not None` */
                 else {
                     jr_fail(r, line, "map() got an unexpected keyword argument '%s'", a->kwn[k]);
                     goto fail;
@@ -1280,7 +1293,7 @@ static jv *f_map_select(jrender *r, int line, const char *fname, jv *v, const ar
     }
     for (size_t i = 0; i < items->u.list.n; i++) {
         jv *item = items->u.list.items[i];
-        jv *subject = attribute ? get_attribute_path(r, line, item, attribute) : jv_incref(item);
+        jv *subject = attribute ? get_attribute_path(r, line, item, attribute, deflt) : jv_incref(item);
         if (!subject) goto fail;
         if (is_map) {
             jv *res;
@@ -1288,9 +1301,6 @@ static jv *f_map_select(jrender *r, int line, const char *fname, jv *v, const ar
                 size_t ne = a->npos - first_extra;
                 res = jb_filter(r, line, name, subject, a->pos + first_extra, ne, a->kwn, a->kwv, a->nkw);
                 jv_decref(subject);
-            } else if (subject->kind == JV_UNDEFINED && deflt) {
-                jv_decref(subject);
-                res = jv_incref((jv *)deflt);
             } else {
                 res = subject;
             }
@@ -1330,7 +1340,7 @@ static sort_entry *make_entries(jrender *r, int line, jv *items, const jv *attri
         if (pair_pos >= 0)
             k = jv_incref(item->u.list.items[pair_pos]);
         else if (attribute)
-            k = get_attribute_path(r, line, item, attribute);
+            k = get_attribute_path(r, line, item, attribute, NULL);
         else
             k = jv_incref(item);
         if (k && !case_sensitive) {
@@ -2107,7 +2117,7 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
             if (i && sep.p) jbuf_put(&b, sep.p, sep.len);
             jv *it = items->u.list.items[i];
             if (A_[1]) {
-                jv *x = get_attribute_path(r, line, it, A_[1]);
+                jv *x = get_attribute_path(r, line, it, A_[1], NULL);
                 if (!x) {
                     jbuf_free(&b);
                     jbuf_free(&sep);
@@ -2142,7 +2152,7 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
                 isum = A_[1]->kind == JV_BOOL ? A_[1]->u.b : A_[1]->u.i;
         }
         for (size_t i = 0; i < items->u.list.n; i++) {
-            jv *x = A_[0] ? get_attribute_path(r, line, items->u.list.items[i], A_[0])
+            jv *x = A_[0] ? get_attribute_path(r, line, items->u.list.items[i], A_[0], NULL)
                           : jv_incref(items->u.list.items[i]);
             if (!x) {
                 jv_decref(items);

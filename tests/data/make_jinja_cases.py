@@ -209,6 +209,9 @@ CASES = [
     "{{ [1, 2]|batch(2)|length }}",
     "{{ 15|round(-1) }} {{ 25|round(-1) }} {{ -15|round(-1) }} {{ -26|round(-1) }} {{ 150|round(-2) }} {{ true|round(-1) }} {{ 123|round(-20) }} {{ 14.5|round(-1) }} {{ 7|round(-1, 'ceil') }}",
     "{{ -0.0|round(1, 'ceil') }} {{ -0.04|round(1, 'ceil') }} {{ -0.5|round(0, 'ceil') }} {{ -0.0|round(2, 'floor') }} {{ -0.0|round }} {{ -0.04|round(1) }}",
+    "{{ [{'a': {'b': 1}}, {}]|map(attribute='a.b')|list }}",
+    "{{ [{'a': {'b': 1}}, {'a': 3}]|map(attribute='a.b')|list }}|{{ [{'a': {'b': 1}}, {}]|map(attribute='a.b', default='x')|list }}|{{ [{'a': 1}, {}]|map(attribute='a', default=none)|list }}|{{ [[1], []]|map(attribute=0, default=7)|list }}",
+    "{{ messages|selectattr('tool_calls.0')|list }}",
 ]
 
 
