@@ -1328,9 +1328,37 @@ fail:
     return NULL;
 }
 
-/* sort / dictsort / unique / min / max share the key computation. */
+/* sort(attribute="age,name"): the key is the list of the comma-separated attributes' values
+ * (jinja2's make_multi_attrgetter), each lower-cased unless case_sensitive. */
+static jv *multi_attribute_key(jrender *r, int line, jv *item, const jv *attribute, int case_sensitive) {
+    jv *key = jv_list(0);
+    if (!key) return jr_oom(r, line);
+    const char *s = attribute->u.str.s;
+    size_t n = attribute->u.str.len, i = 0;
+    while (1) {
+        size_t j = i;
+        while (j < n && s[j] != ',') j++;
+        jv *part = jv_str(s + i, j - i), *k = part ? get_attribute_path(r, line, item, part, NULL) : jr_oom(r, line);
+        if (part) jv_decref(part);
+        if (k && !case_sensitive) {
+            jv *low = lowered(r, line, k);
+            jv_decref(k);
+            k = low;
+        }
+        if (!k || jv_list_push(key, k)) {
+            jv_decref(key);
+            return k ? jr_oom(r, line) : NULL;
+        }
+        if (j >= n) break;
+        i = j + 1;
+    }
+    return key;
+}
+
+/* sort / dictsort / unique / min / max share the key computation (multi: sort's attribute may
+ * name several, separated by commas). */
 static sort_entry *make_entries(jrender *r, int line, jv *items, const jv *attribute,
-                                int case_sensitive, int pair_pos) {
+                                int case_sensitive, int pair_pos, int multi) {
     size_t n = items->u.list.n;
     sort_entry *e = calloc(n ? n : 1, sizeof *e);
     if (!e) return jr_oom(r, line), NULL;
@@ -1339,11 +1367,13 @@ static sort_entry *make_entries(jrender *r, int line, jv *items, const jv *attri
         jv *k;
         if (pair_pos >= 0)
             k = jv_incref(item->u.list.items[pair_pos]);
+        else if (multi && attribute && attribute->kind == JV_STRING && memchr(attribute->u.str.s, ',', attribute->u.str.len))
+            k = multi_attribute_key(r, line, item, attribute, case_sensitive);
         else if (attribute)
             k = get_attribute_path(r, line, item, attribute, NULL);
         else
             k = jv_incref(item);
-        if (k && !case_sensitive) {
+        if (k && !case_sensitive) { /* (a multi-attribute key, a list, is lowered already) */
             jv *low = lowered(r, line, k);
             jv_decref(k);
             k = low;
@@ -1411,7 +1441,7 @@ static jv *f_sortlike(jrender *r, int line, const char *fname, jv *v, const argv
     }
     if (!items) return NULL;
     size_t n = items->u.list.n;
-    sort_entry *e = make_entries(r, line, items, attribute, case_sensitive, pair_pos);
+    sort_entry *e = make_entries(r, line, items, attribute, case_sensitive, pair_pos, !strcmp(fname, "sort"));
     jv_decref(items);
     if (!e) return NULL;
     if (!strcmp(fname, "unique")) {

@@ -212,6 +212,7 @@ CASES = [
     "{{ [{'a': {'b': 1}}, {}]|map(attribute='a.b')|list }}",
     "{{ [{'a': {'b': 1}}, {'a': 3}]|map(attribute='a.b')|list }}|{{ [{'a': {'b': 1}}, {}]|map(attribute='a.b', default='x')|list }}|{{ [{'a': 1}, {}]|map(attribute='a', default=none)|list }}|{{ [[1], []]|map(attribute=0, default=7)|list }}",
     "{{ messages|selectattr('tool_calls.0')|list }}",
+    "{{ [{'a': 1, 'b': 2}, {'a': 1, 'b': 1}, {'a': 0, 'b': 3}]|sort(attribute='a,b') }}{{ [{'a': 'X', 'b': 2}, {'a': 'x', 'b': 1}]|sort(attribute='a,b') }}{{ [{'a': 'X', 'b': 2}, {'a': 'x', 'b': 1}]|sort(attribute='a,b', case_sensitive=true, reverse=true) }}",
 ]
 
 
