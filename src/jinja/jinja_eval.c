@@ -1295,15 +1295,7 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
         items = kept;
     }
     size_t n = items->u.list.n;
-    int result = X_OK;
-    if (n == 0) {
-        jv_decref(items);
-        jscope *inner = scope_new(sc);
-        if (!inner) return jr_oom(r, s->line), X_ERR;
-        int rc = exec_body(r, inner, &s->else_body, out);
-        scope_exit(inner);
-        return rc == X_ERR ? X_ERR : X_OK;
-    }
+    int result = X_OK, completed = 0; /* an iteration ran to the end of the body */
     for (size_t i = 0; i < n; i++) {
         if (step(r, s->line)) {
             result = X_ERR;
@@ -1333,9 +1325,19 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
             result = X_ERR;
             break;
         }
+        if (rc == X_OK) completed = 1;
         if (rc == X_BREAK) break;
     }
     jv_decref(items);
+    /* jinja2 clears its "run the else block" flag at the end of the body, so the else block runs
+     * when no iteration got there: no items, or each one left by break or continue.  It runs
+     * after the loop, so a break or continue in it is the enclosing loop's. */
+    if (result == X_OK && !completed && s->else_body.n) {
+        jscope *inner = scope_new(sc);
+        if (!inner) return jr_oom(r, s->line), X_ERR;
+        result = exec_body(r, inner, &s->else_body, out);
+        scope_exit(inner);
+    }
     return result;
 }
 

@@ -213,6 +213,9 @@ CASES = [
     "{{ [{'a': {'b': 1}}, {'a': 3}]|map(attribute='a.b')|list }}|{{ [{'a': {'b': 1}}, {}]|map(attribute='a.b', default='x')|list }}|{{ [{'a': 1}, {}]|map(attribute='a', default=none)|list }}|{{ [[1], []]|map(attribute=0, default=7)|list }}",
     "{{ messages|selectattr('tool_calls.0')|list }}",
     "{{ [{'a': 1, 'b': 2}, {'a': 1, 'b': 1}, {'a': 0, 'b': 3}]|sort(attribute='a,b') }}{{ [{'a': 'X', 'b': 2}, {'a': 'x', 'b': 1}]|sort(attribute='a,b') }}{{ [{'a': 'X', 'b': 2}, {'a': 'x', 'b': 1}]|sort(attribute='a,b', case_sensitive=true, reverse=true) }}",
+    "{% for x in [1, 2] %}{% if x == 1 %}{% break %}{% endif %}{% else %}E{% endfor %}|{% for x in [1, 2] %}{% continue %}{% else %}E{% endfor %}|{% for x in [1, 2] %}{{ x }}{% if x == 2 %}{% break %}{% endif %}{% else %}E{% endfor %}|{% for m in messages %}{% if m.role == 'user' %}{% break %}{% endif %}{% else %}no user{% endfor %}",
+    "{% for y in [1, 2] %}{% for x in [] %}{% else %}{% break %}{% endfor %}{{ y }}{% endfor %}|{% for y in [1, 2] %}{% for x in [] %}{% else %}{% continue %}{% endfor %}{{ y }}{% endfor %}|{% for y in [7] %}{% for x in [1] %}{% break %}{% else %}{{ x }}{{ loop.index }}{% endfor %}{% endfor %}",
+    "{% for x in [] %}{% else %}{% break %}{% endfor %}",
 ]
 
 
