@@ -678,6 +678,17 @@ static jv *binop(jrender *r, int line, int op, const jv *a, const jv *b) {
 }
 
 /* `needle in haystack`: 1/0, -1 on error. */
+
+/* The part of v that Python cannot hash (a list, dict or namespace, also inside a tuple), or NULL. */
+static const jv *unhashable(const jv *v) {
+    if (v->kind == JV_DICT || v->kind == JV_NAMESPACE || (v->kind == JV_LIST && !v->u.list.tuple)) return v;
+    if (v->kind == JV_LIST)
+        for (size_t i = 0; i < v->u.list.n; i++) {
+            const jv *bad = unhashable(v->u.list.items[i]);
+            if (bad) return bad;
+        }
+    return NULL;
+}
 static int contains(jrender *r, int line, const jv *needle, const jv *hay) {
     switch (hay->kind) {
     case JV_STRING:
@@ -691,11 +702,11 @@ static int contains(jrender *r, int line, const jv *needle, const jv *hay) {
         for (size_t i = 0; i < hay->u.list.n; i++)
             if (jv_eq(hay->u.list.items[i], needle)) return 1;
         return 0;
-    case JV_DICT:
-        if ((needle->kind == JV_LIST && !needle->u.list.tuple) || needle->kind == JV_DICT ||
-            needle->kind == JV_NAMESPACE)
-            return jr_failc(r, line, "unhashable type: '%s'", jv_type_name(needle));
+    case JV_DICT: {
+        const jv *bad = unhashable(needle);
+        if (bad) return jr_failc(r, line, "unhashable type: '%s'", jv_type_name(bad));
         return jv_dict_get(hay, needle) != NULL;
+    }
     case JV_UNDEFINED:
         return 0;
     default:
@@ -947,14 +958,13 @@ static jv *eval_inner(jrender *r, jscope *sc, const jexpr *e) {
                 jv_decref(d);
                 return NULL;
             }
-            if (k->kind == JV_LIST && !k->u.list.tuple) {
-                jv_decref(k);
+            const jv *bad = unhashable(k);
+            if (bad || k->kind == JV_UNDEFINED) {
                 jv_decref(d);
-                return jr_fail(r, line, "unhashable type: 'list'");
-            }
-            if (k->kind == JV_DICT || k->kind == JV_UNDEFINED) {
-                jv_decref(d);
-                jr_fail(r, line, k->kind == JV_DICT ? "unhashable type: 'dict'" : "dictionary key is undefined");
+                if (bad)
+                    jr_fail(r, line, "unhashable type: '%s'", jv_type_name(bad));
+                else
+                    jr_fail(r, line, "dictionary key is undefined");
                 jv_decref(k);
                 return NULL;
             }

@@ -216,6 +216,10 @@ CASES = [
     "{% for x in [1, 2] %}{% if x == 1 %}{% break %}{% endif %}{% else %}E{% endfor %}|{% for x in [1, 2] %}{% continue %}{% else %}E{% endfor %}|{% for x in [1, 2] %}{{ x }}{% if x == 2 %}{% break %}{% endif %}{% else %}E{% endfor %}|{% for m in messages %}{% if m.role == 'user' %}{% break %}{% endif %}{% else %}no user{% endfor %}",
     "{% for y in [1, 2] %}{% for x in [] %}{% else %}{% break %}{% endfor %}{{ y }}{% endfor %}|{% for y in [1, 2] %}{% for x in [] %}{% else %}{% continue %}{% endfor %}{{ y }}{% endfor %}|{% for y in [7] %}{% for x in [1] %}{% break %}{% else %}{{ x }}{{ loop.index }}{% endfor %}{% endfor %}",
     "{% for x in [] %}{% else %}{% break %}{% endfor %}",
+    "{{ ([1],) in d }}",
+    "{{ {(1, [2]): 3} }}",
+    "{{ (1, (2, {})) in d }}",
+    "{{ (1, 2) in {(1, 2): 0} }}{{ {(1, (2, 'a')): 3} }}",
 ]
 
 
