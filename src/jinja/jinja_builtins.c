@@ -808,7 +808,10 @@ static int fill_mapping(jrender *r, int line, const char *fname, jv *target, con
                 if (jv_dict_set(target, jv_incref(pair->u.list.items[0]), jv_incref(pair->u.list.items[1])))
                     return jr_oom(r, line), -1;
             }
-        } else if (src->kind != JV_UNDEFINED) {
+        } else if (src->kind == JV_UNDEFINED) { /* Python asks the Undefined for keys(), which fails */
+            jr_undefined_error(r, line, src);
+            return -1;
+        } else {
             return jr_failc(r, line, "%s(): '%s' object is not a mapping", fname, jv_type_name(src));
         }
     }
