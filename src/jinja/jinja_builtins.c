@@ -430,7 +430,7 @@ static jv *split_impl(jrender *r, int line, const char *s, size_t n, const jv *s
             we[count] = i;
             count++;
         }
-        if (maxsplit < 0 || (size_t)maxsplit + 1 >= count) {
+        if (maxsplit < 0 || (size_t)maxsplit >= count) { /* (maxsplit + 1 words: the last is the rest) */
             for (size_t k = 0; k < count; k++)
                 if (jv_list_push(l, jv_str(s + ws[k], we[k] - ws[k]))) goto oom;
         } else if (!from_right) {

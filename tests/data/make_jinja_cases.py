@@ -222,6 +222,7 @@ CASES = [
     "{{ (1, 2) in {(1, 2): 0} }}{{ {(1, (2, 'a')): 3} }}",
     "{{ dict(nope) }}",
     "{{ namespace(nope) }}",
+    "{{ s.split(None, 1) }}{{ s.rsplit(None, 1) }}{{ '  a  b  c  '.split(None, 2) }}{{ '  a  b  c  '.rsplit(None, 2) }}{{ '  a  b  c  '.split(None, 3) }}{{ ' a '.split(None, 0) }}{{ ' a '.rsplit(None, 0) }}{{ ' a '.split(None, 1) }}",
 ]
 
 
