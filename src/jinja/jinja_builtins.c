@@ -654,10 +654,10 @@ static int str_case_is(const jv *v, int want_upper) {
     while (i < n) {
         uint32_t cp;
         i += ju8_next(s + i, n - i, &cp);
-        uint32_t up = ju_upper(cp), lo = ju_lower(cp);
-        if (up == lo) continue;
-        if (want_upper ? cp != up : cp != lo) return 0;
-        cased = 1;
+        /* Python: an upper (lower) or title case character makes islower (isupper) false */
+        int kind = ju_case_kind(cp);
+        if (kind == 3 || kind == (want_upper ? 1 : 2)) return 0;
+        if (kind) cased = 1;
     }
     return cased;
 }

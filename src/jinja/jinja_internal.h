@@ -86,6 +86,9 @@ uint32_t ju_lower(uint32_t cp);
 /* Unicode's Cased (a letter with case) and Case_Ignorable, as Python's str.lower() reads them for its final sigma
  * (approximated from the C library's classes and the ignorable ranges that occur in text). */
 int ju_cased(uint32_t cp);
+/* Python's view of one character for str.islower()/isupper(): 1 lower case (Unicode's Lowercase,
+ * so also 'ﬁ', 'ª'), 2 upper case, 3 title case (neither), 0 uncased */
+int ju_case_kind(uint32_t cp);
 int ju_case_ignorable(uint32_t cp);
 int ju_isalpha(uint32_t cp);
 int ju_isdigit(uint32_t cp);

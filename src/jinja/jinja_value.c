@@ -341,6 +341,18 @@ int ju_cased(uint32_t cp) {
            ju_upper(cp) != cp;
 }
 
+int ju_case_kind(uint32_t cp) {
+    if (cp < 0x80) return (cp >= 'a' && cp <= 'z') ? 1 : (cp >= 'A' && cp <= 'Z') ? 2 : 0;
+    /* Unicode's title case letters (Lt), which the C library counts as upper (and lower) case */
+    if (cp == 0x1C5 || cp == 0x1C8 || cp == 0x1CB || cp == 0x1F2 || (cp >= 0x1F88 && cp <= 0x1FAF && (cp & 8)) ||
+        cp == 0x1FBC || cp == 0x1FCC || cp == 0x1FFC)
+        return 3;
+    pthread_once(&utf8_locale_once, utf8_locale_init);
+    if (!utf8_locale) return 0;
+    if (iswlower_l((wint_t)cp, utf8_locale)) return 1;
+    return iswupper_l((wint_t)cp, utf8_locale) ? 2 : 0;
+}
+
 int ju_case_ignorable(uint32_t cp) {
     /* Unicode's Case_Ignorable: the word-internal punctuation (' . : and kin), modifier letters and symbols,
      * combining marks and format characters; the ranges that occur in text (not the whole table) */

@@ -223,6 +223,7 @@ CASES = [
     "{{ dict(nope) }}",
     "{{ namespace(nope) }}",
     "{{ s.split(None, 1) }}{{ s.rsplit(None, 1) }}{{ '  a  b  c  '.split(None, 2) }}{{ '  a  b  c  '.rsplit(None, 2) }}{{ '  a  b  c  '.split(None, 3) }}{{ ' a '.split(None, 0) }}{{ ' a '.rsplit(None, 0) }}{{ ' a '.split(None, 1) }}",
+    "{{ ' ﬁ'.islower() }}{{ 'ǅa'.islower() }}{{ 'ǅA'.isupper() }}{{ 'ªb'.islower() }}{{ 'Ⅻ'.isupper() }}{{ 'ⓐ'.islower() }}{{ 'ß'.islower() }}{{ 'ᾈ'.isupper() }}{{ 'ǅ'.islower() }}{{ 'ŉ'.islower() }}",
 ]
 
 
