@@ -48,7 +48,9 @@
  * jinja_internal.h);
  * repr() escapes an approximation of Python's non-printable set; a macro that reads a top-level
  * variable shadowing a render variable before the top level assigns it sees the render variable
- * (jinja2: undefined); a macro defined inside a loop no longer sees the loop variables after the
+ * (jinja2: undefined), and so does a block set's body that reads its own target or a name the
+ * frame assigns later ({% set s %}{{ s }}{% endset %}: jinja2 decides from the order of a frame's
+ * first uses of a name); a macro defined inside a loop no longer sees the loop variables after the
  * loop ends.
  */
 #ifndef G4_TOKENIZER_JINJA_H

@@ -36,8 +36,13 @@ Differences ignored, by design (counted and, with --show-ignored, listed):
     filters it does not have, call blocks, ...).  Only generated with --unsupported.
   - 'limits': gemma4c stops at its step/output/memory limits, or at 64-bit integer overflow
     (documented: no integers beyond 64 bits), where jinja2 (no limits, big ints) renders.
-  - 'slice-mapping': a slice of a mapping (({})[:]): jinja2's getitem swallows the TypeError and
-    gives Undefined, gemma4c fails (documented in jinja.h).
+  - 'const-slice': a slice of a constant that is no sequence (({})[:], (false)[:]): jinja2 folds
+    the constant at compile time, its getitem swallows the TypeError and gives Undefined; gemma4c
+    fails, as jinja2 itself does for the same value from a variable (documented in jinja.h).
+  - 'shadow-scope': jinja2 fails with "'x' is undefined" where x is a context variable that the
+    template also sets: jinja2 decides per frame, from the order of the names' first uses, that a
+    read (in a block set body or a macro, ahead of the assignment) is of the not yet assigned
+    local; gemma4c reads the context variable (documented in jinja.h).
   - 'complex': a negative number raised to a fractional power is a complex number in Python;
     gemma4c has no complex numbers and fails.
 """
@@ -779,7 +784,7 @@ class Gemma:
 # ----------------------------------------------------------------------------------------------
 # comparing
 
-REPR_OBJECTS = re.compile(r"dict_items\(|dict_keys\(|dict_values\(|range\(|<generator object|<function |"
+REPR_OBJECTS = re.compile(r"<[\w.]+ object at 0x|dict_items\(|dict_keys\(|dict_values\(|range\(|<generator object|<function |"
                           r"<bound method|<built-in method|<Macro |<Namespace|Undefined|<jinja2\.|"
                           r"<class |<method|LoopContext|<itertools|<map object|<filter object|<list_reverseiterator")
 LAZY = re.compile(r"\|\s*(map|select|reject|selectattr|rejectattr|unique|reverse|items|batch|slice)\b")
@@ -802,7 +807,7 @@ def outcome_kind(j, g):
     return "jinja2-fails"
 
 
-IGNORED = ("repr-objects", "lazy", "unsupported", "limits", "complex", "slice-mapping")
+IGNORED = ("repr-objects", "lazy", "unsupported", "limits", "complex", "const-slice", "shadow-scope")
 
 
 def classify(src, j, g):
@@ -811,8 +816,11 @@ def classify(src, j, g):
         return k
     if j[0] == "ok" and REPR_OBJECTS.search(j[1]):
         return "repr-objects"
-    if g[0] == "error" and "unhashable type: 'slice'" in g[1]:
-        return "slice-mapping"
+    if j[0] == "ok" and g[0] == "error" and re.search(r"unhashable type: 'slice'|object is not subscriptable", g[1]):
+        return "const-slice"
+    m = re.match(r"UndefinedError: '(\w+)' is undefined", j[1]) if j[0] == "error" else None
+    if m and g[0] == "ok" and m.group(1) in CTX and re.search(r"set\s+(\w+\s*,\s*)*%s\b" % m.group(1), src):
+        return "shadow-scope"
     if g[0] == "error" and "fractional power" in g[1]:
         return "complex"
     if g[0] == "error" and re.search(r"steps|limit|memory|integer overflow|too large", g[1]):
