@@ -46,9 +46,9 @@
  * multi-character forms (ß -> SS, ligatures, U+0130 -> i U+0307, ...), its title case (str.title,
  * capitalize: ǆ -> ǅ, ß -> Ss) and lower()'s final sigma (Cased and Case_Ignorable approximated:
  * jinja_internal.h);
- * repr() escapes an approximation of Python's non-printable set; a macro that reads a top-level
- * variable shadowing a render variable before the top level assigns it sees the render variable
- * (jinja2: undefined), and so does a block set's body that reads its own target or a name the
+ * repr() escapes an approximation of Python's non-printable set; a macro or a loop body that
+ * reads a top-level variable shadowing a render variable before the top level assigns it sees the
+ * render variable (jinja2: undefined), and so does a block set's body that reads its own target or a name the
  * frame assigns later ({% set s %}{{ s }}{% endset %}: jinja2 decides from the order of a frame's
  * first uses of a name); a macro defined inside a loop no longer sees the loop variables after the
  * loop ends.

@@ -39,10 +39,11 @@ Differences ignored, by design (counted and, with --show-ignored, listed):
   - 'const-slice': a slice of a constant that is no sequence (({})[:], (false)[:]): jinja2 folds
     the constant at compile time, its getitem swallows the TypeError and gives Undefined; gemma4c
     fails, as jinja2 itself does for the same value from a variable (documented in jinja.h).
-  - 'shadow-scope': jinja2 fails with "'x' is undefined" where x is a context variable that the
-    template also sets: jinja2 decides per frame, from the order of the names' first uses, that a
-    read (in a block set body or a macro, ahead of the assignment) is of the not yet assigned
-    local; gemma4c reads the context variable (documented in jinja.h).
+  - 'shadow-scope': the template sets a name that is also a context variable, and the two agree
+    once the context lacks it: jinja2 decides per frame, from the order of a name's first uses,
+    that a read (in a loop, block set body or macro, ahead of the top level's assignment) is of
+    the not yet assigned variable (undefined); gemma4c reads the context variable (documented
+    in jinja.h).
   - 'complex': a negative number raised to a fractional power is a complex number in Python;
     gemma4c has no complex numbers and fails.
 """
@@ -725,10 +726,10 @@ signal.signal(signal.SIGALRM, _alarm)
 CTX_JSON = json.dumps(CTX, ensure_ascii=False)
 
 
-def render_jinja2(src):
+def render_jinja2(src, ctx_json=CTX_JSON):
     # a fresh copy each time: jinja2 can mutate the context despite the immutable sandbox
     # ([1]|indent does `s += "\n"`, which extends a list in place)
-    ctx = json.loads(CTX_JSON)
+    ctx = json.loads(ctx_json)
     signal.setitimer(signal.ITIMER_REAL, 2.0)
     try:
         return ("ok", ENV.from_string(src).render(**ctx))
@@ -762,11 +763,11 @@ class Gemma:
         self.p = subprocess.Popen([self.binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                   encoding="utf-8", bufsize=1)
 
-    def render(self, src):
+    def render(self, src, ctx_json=None):
         if self.p is None or self.p.poll() is not None:
             self.start()
         try:
-            self.p.stdin.write('{"template": %s, "context": %s}\n' % (json.dumps(src), self.ctx_json))
+            self.p.stdin.write('{"template": %s, "context": %s}\n' % (json.dumps(src), ctx_json or self.ctx_json))
             self.p.stdin.flush()
             line = self.p.stdout.readline()
         except BrokenPipeError:
@@ -810,7 +811,7 @@ def outcome_kind(j, g):
 IGNORED = ("repr-objects", "lazy", "unsupported", "limits", "complex", "const-slice", "shadow-scope")
 
 
-def classify(src, j, g):
+def classify(src, j, g, gemma=None):
     k = outcome_kind(j, g)
     if k in ("agree", "crash"):
         return k
@@ -818,9 +819,13 @@ def classify(src, j, g):
         return "repr-objects"
     if j[0] == "ok" and g[0] == "error" and re.search(r"unhashable type: 'slice'|object is not subscriptable", g[1]):
         return "const-slice"
-    m = re.match(r"UndefinedError: '(\w+)' is undefined", j[1]) if j[0] == "error" else None
-    if m and g[0] == "ok" and m.group(1) in CTX and re.search(r"set\s+(\w+\s*,\s*)*%s\b" % m.group(1), src):
-        return "shadow-scope"
+    shadowed = [k for k in CTX if re.search(r"set\s+(\w+\s*,\s*)*%s\b" % k, src)]
+    if shadowed and gemma is not None:
+        # the same template without the context variables it assigns: if the two agree then, the
+        # difference was which of the two a read saw
+        ctx = json.dumps({k: v for k, v in CTX.items() if k not in shadowed}, ensure_ascii=False)
+        if outcome_kind(render_jinja2(src, ctx), gemma.render(src, ctx)) == "agree":
+            return "shadow-scope"
     if g[0] == "error" and "fractional power" in g[1]:
         return "complex"
     if g[0] == "error" and re.search(r"steps|limit|memory|integer overflow|too large", g[1]):
@@ -854,7 +859,7 @@ def shrink(src, gemma, kind, budget=3000):
             return False
         j, g = render_jinja2(t), gemma.render(t)
         # the same kind of difference, and not one of an ignored class the cut turned it into
-        return signature(j, g) == want and classify(t, j, g) not in IGNORED
+        return signature(j, g) == want and classify(t, j, g, gemma) not in IGNORED
 
     toks = TOKEN.findall(src)
     tries = 0
@@ -910,7 +915,7 @@ def main():
             outcomes["both ok"] += 1
         elif j[0] != "ok" and g[0] != "ok":
             outcomes["both fail"] += 1
-        c = classify(src, j, g)
+        c = classify(src, j, g, gemma)
         if c == "agree":
             continue
         small = src
