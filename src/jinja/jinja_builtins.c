@@ -1800,6 +1800,21 @@ jv *jb_percent_format(jrender *r, int line, const char *s, size_t n, jv **args, 
                 jv_write_str(val, &t);
             else
                 jv_write_repr(val, &t);
+            if (c == 'a' && t.p) { /* ascii(): repr() with every non-ASCII character escaped */
+                jbuf e = {0};
+                for (size_t at = 0; at < t.len;) {
+                    uint32_t cp;
+                    at += ju8_next(t.p + at, t.len - at, &cp);
+                    char esc[12];
+                    if (cp < 0x80)
+                        jbuf_putc(&e, (char)cp);
+                    else
+                        jbuf_put(&e, esc, (size_t)snprintf(esc, sizeof esc,
+                                                           cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x", cp));
+                }
+                jbuf_free(&t);
+                t = e;
+            }
             const char *ts = t.p ? t.p : "";
             size_t tn = t.len;
             if (prec >= 0) tn = ju8_offset(ts, tn, (size_t)prec);
