@@ -2245,29 +2245,31 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         jv *deflt = A_[0] ? jv_incref(A_[0]) : jv_int(0);
         if (v->kind == JV_INT) return jv_decref(deflt), jv_incref(v);
         if (v->kind == JV_BOOL) return jv_decref(deflt), jv_int(v->u.b);
-        if (v->kind == JV_FLOAT) {
-            if (v->u.f != v->u.f || isinf(v->u.f) || fabs(v->u.f) >= 9.2e18) return deflt;
-            jv_decref(deflt);
-            return jv_int((int64_t)trunc(v->u.f));
-        }
         if (v->kind == JV_UNDEFINED) {
             jv_decref(deflt);
             return jr_undefined_error(r, line, v);
         }
+        double fv;
         if (v->kind == JV_STRING) {
             int64_t x;
             if (parse_int_str(v->u.str.s, v->u.str.len, (int)base, &x) == 0) {
                 jv_decref(deflt);
                 return jv_int(x);
             }
-            double d;
-            if (parse_float_str(v->u.str.s, v->u.str.len, &d) == 0 && d == d && !isinf(d) &&
-                fabs(d) < 9.2e18) {
-                jv_decref(deflt);
-                return jv_int((int64_t)trunc(d));
-            }
+            /* int(float(s)) runs inside jinja2's handler, which also catches OverflowError */
+            if (parse_float_str(v->u.str.s, v->u.str.len, &fv) != 0 || isinf(fv)) return deflt;
+        } else if (v->kind == JV_FLOAT) {
+            fv = v->u.f;
+        } else {
+            return deflt;
         }
-        return deflt;
+        /* Python: int(nan) is a ValueError (the default), int(inf) of a float an OverflowError
+         * that jinja2 does not catch; past 64 bits Python has big ints, gemma4c an overflow error */
+        if (fv != fv) return deflt;
+        jv_decref(deflt);
+        if (isinf(fv)) return jr_fail(r, line, "cannot convert float infinity to integer");
+        if (fabs(fv) >= 9223372036854775808.0) return jr_fail(r, line, "integer overflow");
+        return jv_int((int64_t)trunc(fv));
     }
     if (F("float")) {
         BIND("float", "default");

@@ -225,6 +225,8 @@ CASES = [
     "{{ s.split(None, 1) }}{{ s.rsplit(None, 1) }}{{ '  a  b  c  '.split(None, 2) }}{{ '  a  b  c  '.rsplit(None, 2) }}{{ '  a  b  c  '.split(None, 3) }}{{ ' a '.split(None, 0) }}{{ ' a '.rsplit(None, 0) }}{{ ' a '.split(None, 1) }}",
     "{{ ' ﬁ'.islower() }}{{ 'ǅa'.islower() }}{{ 'ǅA'.isupper() }}{{ 'ªb'.islower() }}{{ 'Ⅻ'.isupper() }}{{ 'ⓐ'.islower() }}{{ 'ß'.islower() }}{{ 'ᾈ'.isupper() }}{{ 'ǅ'.islower() }}{{ 'ŉ'.islower() }}",
     "{{ '%a' % 'é' }}{{ '%a|%a|%a' % ('中😀\\n', ['ü', 1], {'ß': 'x'}) }}{{ '%.4a|%8a' % ('éé', 'é') }}",
+    "{{ ('nan'|float)|int }}|{{ 'nan'|int(7) }}|{{ 'inf'|int }}|{{ '-inf'|int(3) }}|{{ '1e400'|int(4) }}",
+    "{% set v = 'inf'|float %}{{ v|int }}",
 ]
 
 
