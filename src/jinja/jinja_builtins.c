@@ -1646,7 +1646,42 @@ static jv *f_tojson(jrender *r, int line, jv *v, const argv_t *a) {
 }
 
 /* Python's int(str, base) with surrounding whitespace and underscores between digits. */
+/* Python's int() and float() read any Unicode decimal digit (Nd: '１２', '٣') and white space:
+ * they turn the text into ASCII first.  Points *s at tmp when it has non-ASCII characters; -1 when
+ * one of them is neither (or tmp is too small): then it is no number. */
+static int ascii_number_text(const char **s, size_t *n, char *tmp, size_t cap) {
+    static const uint32_t zeros[] = {
+        0x660,   0x6F0,   0x7C0,   0x966,   0x9E6,   0xA66,   0xAE6,   0xB66,   0xBE6,   0xC66,   0xCE6,
+        0xD66,   0xDE6,   0xE50,   0xED0,   0xF20,   0x1040,  0x1090,  0x17E0,  0x1810,  0x1946,  0x19D0,
+        0x1A80,  0x1A90,  0x1B50,  0x1BB0,  0x1C40,  0x1C50,  0xA620,  0xA8D0,  0xA900,  0xA9D0,  0xA9F0,
+        0xAA50,  0xABF0,  0xFF10,  0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450,
+        0x114D0, 0x11650, 0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0,
+        0x16B50, 0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0};
+    size_t i = 0, k = 0;
+    while (i < *n && !((unsigned char)(*s)[i] & 0x80)) i++;
+    if (i == *n) return 0;
+    for (i = 0; i < *n;) {
+        uint32_t cp;
+        i += ju8_next(*s + i, *n - i, &cp);
+        char c = 0;
+        if (cp < 0x80)
+            c = (char)cp;
+        else if (ju_isspace(cp))
+            c = ' ';
+        else
+            for (size_t z = 0; z < sizeof zeros / sizeof zeros[0] && !c; z++)
+                if (cp >= zeros[z] && cp < zeros[z] + 10) c = (char)('0' + (cp - zeros[z]));
+        if (!c || k + 1 >= cap) return -1;
+        tmp[k++] = c;
+    }
+    *s = tmp;
+    *n = k;
+    return 0;
+}
+
 static int parse_int_str(const char *s, size_t n, int base, int64_t *out) {
+    char ascii[512];
+    if (ascii_number_text(&s, &n, ascii, sizeof ascii)) return -1;
     size_t a = ju8_lspace(s, n), b = n - ju8_rspace(s, n);
     if (a >= b) return -1;
     int neg = 0;
@@ -1684,6 +1719,8 @@ static int parse_int_str(const char *s, size_t n, int base, int64_t *out) {
 }
 
 static int parse_float_str(const char *s, size_t n, double *out) {
+    char ascii[512];
+    if (ascii_number_text(&s, &n, ascii, sizeof ascii)) return -1;
     size_t a = ju8_lspace(s, n), b = n - ju8_rspace(s, n);
     if (a >= b || b - a > 400) return -1;
     char tmp[512];
