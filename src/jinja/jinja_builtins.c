@@ -1620,9 +1620,25 @@ static jv *f_indent(jrender *r, int line, jv *v, const argv_t *a) {
 
 static jv *f_tojson(jrender *r, int line, jv *v, const argv_t *a) {
     BIND("tojson", "ensure_ascii", "indent", "separators", "sort_keys");
-    int64_t indent = -1;
-    if (A_[1] && A_[1]->kind != JV_NONE && arg_int(r, line, A_[1], -1, &indent, "indent")) return NULL;
-    const char *item_sep = indent >= 0 ? "," : ", ", *key_sep = ": ";
+    /* Python's json: an int indent is that many spaces (none when negative), a str is the text
+     * of one level; either puts items on lines of their own */
+    char unit[1001];
+    const char *indent = NULL;
+    if (A_[1] && A_[1]->kind == JV_STRING) {
+        if (A_[1]->u.str.len >= sizeof unit || memchr(A_[1]->u.str.s, 0, A_[1]->u.str.len))
+            return jr_fail(r, line, "tojson: indent text too long");
+        memcpy(unit, A_[1]->u.str.s, A_[1]->u.str.len + 1);
+        indent = unit;
+    } else if (A_[1] && A_[1]->kind != JV_NONE) {
+        int64_t width = 0;
+        if (arg_int(r, line, A_[1], 0, &width, "indent")) return NULL;
+        if (width > 1000) width = 1000;
+        if (width < 0) width = 0;
+        memset(unit, ' ', (size_t)width);
+        unit[width] = 0;
+        indent = unit;
+    }
+    const char *item_sep = indent ? "," : ", ", *key_sep = ": ";
     char seps[2][64];
     if (A_[2] && A_[2]->kind != JV_NONE) {
         const jv *s = A_[2];
@@ -1637,7 +1653,7 @@ static jv *f_tojson(jrender *r, int line, jv *v, const argv_t *a) {
     }
     jbuf b = {.limit = r->lim.max_output};
     char emsg[200] = "";
-    if (jv_write_json(v, &b, (int)(indent > 1000 ? 1000 : indent), item_sep, key_sep,
+    if (jv_write_json(v, &b, indent, item_sep, key_sep,
                       arg_bool(A_[3], 0), arg_bool(A_[0], 0), emsg, sizeof emsg)) {
         jbuf_free(&b);
         return jr_fail(r, line, "tojson: %s", emsg);
@@ -1645,7 +1661,6 @@ static jv *f_tojson(jrender *r, int line, jv *v, const argv_t *a) {
     return new_string(r, line, &b);
 }
 
-/* Python's int(str, base) with surrounding whitespace and underscores between digits. */
 /* Python's int() and float() read any Unicode decimal digit (Nd: '１２', '٣') and white space:
  * they turn the text into ASCII first.  Points *s at tmp when it has non-ASCII characters; -1 when
  * one of them is neither (or tmp is too small): then it is no number. */
@@ -1679,6 +1694,7 @@ static int ascii_number_text(const char **s, size_t *n, char *tmp, size_t cap) {
     return 0;
 }
 
+/* Python's int(str, base) with surrounding whitespace and underscores between digits. */
 static int parse_int_str(const char *s, size_t n, int base, int64_t *out) {
     char ascii[512];
     if (ascii_number_text(&s, &n, ascii, sizeof ascii)) return -1;

@@ -195,9 +195,9 @@ const char *jv_type_name(const jv *v);
 
 void jv_write_str(const jv *v, jbuf *b);  /* Python str() */
 void jv_write_repr(const jv *v, jbuf *b); /* Python repr() */
-/* json.dumps(v, ensure_ascii=ascii, indent=indent (<0: None), separators, sort_keys);
- * returns -1 (with a message in err) for values JSON cannot hold. */
-int jv_write_json(const jv *v, jbuf *b, int indent, const char *item_sep, const char *key_sep,
+/* json.dumps(v, ensure_ascii=ascii, indent=indent (the text of one level, NULL: None), separators,
+ * sort_keys); returns -1 (with a message in err) for values JSON cannot hold. */
+int jv_write_json(const jv *v, jbuf *b, const char *indent, const char *item_sep, const char *key_sep,
                   int sort_keys, int ascii, char *err, size_t errcap);
 void jv_write_float(double f, jbuf *b); /* Python repr(float) */
 

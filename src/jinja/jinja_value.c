@@ -1057,7 +1057,7 @@ static void json_write_string(const char *s, size_t n, jbuf *b, int ascii) {
 }
 
 typedef struct {
-    int indent;
+    const char *indent; /* NULL: no newlines */
     const char *item_sep, *key_sep;
     int sort_keys, ascii;
     char *err;
@@ -1066,7 +1066,7 @@ typedef struct {
 
 static void json_newline(jbuf *b, const json_opts *o, int level) {
     jbuf_putc(b, '\n');
-    for (int i = 0; i < o->indent * level; i++) jbuf_putc(b, ' ');
+    for (int i = 0; i < level; i++) jbuf_puts(b, o->indent);
 }
 
 static int json_key(const jv *k, jbuf *b, const json_opts *o) {
@@ -1138,10 +1138,10 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
         jbuf_putc(b, '[');
         for (size_t i = 0; i < v->u.list.n; i++) {
             if (i) jbuf_puts(b, o->item_sep);
-            if (o->indent >= 0) json_newline(b, o, level + 1);
+            if (o->indent) json_newline(b, o, level + 1);
             if (json_value(v->u.list.items[i], b, o, level + 1)) return -1;
         }
-        if (o->indent >= 0) json_newline(b, o, level);
+        if (o->indent) json_newline(b, o, level);
         jbuf_putc(b, ']');
         return 0;
     case JV_DICT: {
@@ -1176,7 +1176,7 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
         jbuf_putc(b, '{');
         for (size_t i = 0; i < n; i++) {
             if (i) jbuf_puts(b, o->item_sep);
-            if (o->indent >= 0) json_newline(b, o, level + 1);
+            if (o->indent) json_newline(b, o, level + 1);
             if (json_key(v->u.dict.keys[order[i]], b, o) ||
                 (jbuf_puts(b, o->key_sep), json_value(v->u.dict.vals[order[i]], b, o, level + 1))) {
                 free(order);
@@ -1184,7 +1184,7 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
             }
         }
         free(order);
-        if (o->indent >= 0) json_newline(b, o, level);
+        if (o->indent) json_newline(b, o, level);
         jbuf_putc(b, '}');
         return 0;
     }
@@ -1195,7 +1195,7 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
     }
 }
 
-int jv_write_json(const jv *v, jbuf *b, int indent, const char *item_sep, const char *key_sep,
+int jv_write_json(const jv *v, jbuf *b, const char *indent, const char *item_sep, const char *key_sep,
                   int sort_keys, int ascii, char *err, size_t errcap) {
     json_opts o = {indent, item_sep, key_sep, sort_keys, ascii, err, errcap};
     return json_value(v, b, &o, 0);

@@ -228,6 +228,7 @@ CASES = [
     "{{ ('nan'|float)|int }}|{{ 'nan'|int(7) }}|{{ 'inf'|int }}|{{ '-inf'|int(3) }}|{{ '1e400'|int(4) }}",
     "{% set v = 'inf'|float %}{{ v|int }}",
     "{{ '１２'|int }}|{{ '٣.٥'|float }}|{{ '\u2003 42\u3000'|int }}|{{ '1２x'|int(9) }}|{{ '𝟙𝟚'|int }}|{{ '१०'|float }}|{{ '-١'|int }}|{{ 'é'|int(5) }}|{{ '０x1A'|int(0, 16) }}",
+    "{{ 'x'|tojson(indent='\\t') }}{{ {'a': [1, {'b': 2}]}|tojson(indent='--') }}{{ [1, 2]|tojson(indent='') }}{{ {'a': []}|tojson(indent=0) }}{{ {'a': [1, 2]}|tojson(indent=-1) }}{{ [1, [2]]|tojson(indent=true) }}",
 ]
 
 
