@@ -26,7 +26,8 @@ Differences ignored, by design (counted and, with --show-ignored, listed):
   - both fail: the error messages are not compared (wording differs; gemma4c names the line).
   - 'repr-objects': jinja2 prints an object gemma4c has no counterpart for, or prints it as a
     list: dict_items([...]) / dict_keys / dict_values, range(...), <generator object ...>,
-    <function ...>, <bound method ...>, <built-in method ...>, <Macro ...>, Namespace repr,
+    <function ...>, <bound method ...>, <built-in method ...>, <Macro ...>, Markup('...') (the
+    escape filter's result inside a printed list or dict; gemma4c has plain strings), Namespace repr,
     Undefined repr, <jinja2.runtime.LoopContext ...> and similar.  Printing them is no use in a
     chat template, and gemma4c documents the list form (jinja.h, "Known differences").
   - 'lazy': gemma4c fails where jinja2 renders, and the template applies a lazy filter (map, select,
@@ -34,6 +35,8 @@ Differences ignored, by design (counted and, with --show-ignored, listed):
     jinja2 never consumed: gemma4c runs them at once (documented in jinja.h).
   - 'unsupported': gemma4c fails on a feature that jinja.h lists as not supported (str.format,
     filters it does not have, call blocks, ...).  Only generated with --unsupported.
+  - 'unknown-name': jinja2 refuses a filter or test it does not know when compiling; gemma4c fails
+    only when the template reaches it (documented in jinja.h), so a branch never taken renders.
   - 'limits': gemma4c stops at its step/output/memory limits, or at 64-bit integer overflow
     (documented: no integers beyond 64 bits), where jinja2 (no limits, big ints) renders.
   - 'const-slice': a slice of a constant that is no sequence (({})[:], (false)[:]): jinja2 folds
@@ -267,7 +270,7 @@ class Gen:
 
     def e_str(self):
         r = self.rng.random
-        c = self.rng.randint(0, 27)
+        c = self.rng.randint(0, 28)
         E = self.expr
         if c <= 3:
             return self.leaf("str")
@@ -340,6 +343,18 @@ class Gen:
                               "%s|forceescape" % E("str"), "'{name}'.format(name=%s)" % E("str")])
         if c == 25:
             return "%s|%s" % (E("any"), self.pick(["default('d')", "d", "default(%s, true)" % self.lit_str()]))
+        if c == 27:
+            return self.pick(["'%(role)s: %(name)s' % sd", "'%(a)d-%(b)05.1f' % d", "'%s and %s' % ('x', i)",
+                              "'%-6s|%6s' % ('ab', 'cd')", "'%c%c' % (72, 'i')", "'%.2e %g %G' % (x, 1e-5, 1e20)",
+                              "'%+d % d %o %X %#x' % (i, i, i, 255, 255)", "'%5.1f%%' % 12.345",
+                              "%s|max(attribute='n')|string" % "[{'n': 2}, {'n': 5}]",
+                              "messages|min(attribute='role')|tojson",
+                              "%s|string" % self.pick(["'inf'|float", "'nan'|float", "'-inf'|float", "'1e400'|float",
+                                                       "' -3 '|int", "'0x1A'|int(0, 16)", "'0b11'|int(base=0)",
+                                                       "'1_000'|int", "'12.5e1'|float", "'１２'|int"]),
+                              "%s|join(attribute='role')" % self.pick(["messages", "[{'role': 1}, {'role': 'x'}]"]),
+                              "%s|sum(attribute='n')|string" % "[{'n': 2}, {'n': 5.5}]",
+                              "'ab'|center(1)", "'ab'|center(7)|replace(' ', '.')", "'é'|center(4)|tojson"])
         if c == 26:
             return "%s[%s]" % (self.pick(["'abcdef'", "s", "u", "'héllo wörld'"]), self.slice_())
         return self.leaf("str")
@@ -447,7 +462,7 @@ class Gen:
         if c == 12:
             return "loop.%s" % self.pick(["first", "last"]) if self.in_loop else self.leaf("bool")
         if c == 13:
-            return "%s|bool" % E("any") if self.unsupported else "%s == %s" % (E("any"), E("any"))
+            return "%s == %s" % (E("any"), E("any"))
         if c == 14:
             return "%s|length > %d" % (E(self.pick(["str", "list"])), self.pick([0, 1, 3]))
         return E("any") if self.chance(0.5) else self.leaf("bool")
@@ -495,7 +510,12 @@ class Gen:
                                          "select('number')|list", "reject('string')|list", "map('string')|list",
                                          "map('abs')|list", "map('upper')|list", "batch(2)|list",
                                          "batch(2, 'x')|list", "slice(2)|list", "sort|reverse|list",
-                                         "select|list", "map('int')|list", "map('round', 1)|list"]))
+                                         "select|list", "map('int')|list", "map('round', 1)|list",
+                                         "map('default', 'x')|list", "select('in', [1, 'apple', 3])|list",
+                                         "reject('none')|list", "reject('undefined')|list", "map('string')|map('trim')|list",
+                                         "map('string')|map('replace', '1', 'one')|list", "select('ne', 1)|list",
+                                         "select('divisibleby', 2)|list", "select('string')|map('length')|list",
+                                         "unique(case_sensitive=false)|list", "reject('lower')|list"]))
         if c == 7:
             return "%s|%s" % (self.pick(["messages", "tools", "[{'n': 2, 'v': 'b'}, {'n': 1, 'v': 'a'}, {'n': 3}]"]),
                               self.pick(["map(attribute='role')|list", "selectattr('role', 'equalto', 'user')|list",
@@ -508,7 +528,10 @@ class Gen:
                                          "sort(attribute='function.name', reverse=true)|map(attribute='type')|list",
                                          "sort(attribute='role,content')", "sort(attribute='v,n', reverse=true)",
                                          "map(attribute='n', default=none)|list", "map(attribute='function.name')|list",
-                                         "map(attribute='tool_calls.0.function.name', default='-')|list"]))
+                                         "map(attribute='tool_calls.0.function.name', default='-')|list",
+                                         "selectattr('role', 'in', ['user', 'tool'])|list", "unique(attribute='role')|list",
+                                         "rejectattr('content', 'string')|map(attribute='role')|list",
+                                         "selectattr('n', 'defined')|map(attribute='n')|list", "rejectattr('tool_calls')|list"]))
         if c == 8:
             return "%s|%s" % (self.pick(["d", "sd", "nested.a", "{'b': 1, 'a': 2}", "{'B': 1, 'a': 2, 'c': 0}"]),
                               self.pick(["items|list", "dictsort", "dictsort(by='value')", "dictsort(reverse=true)",
@@ -581,7 +604,7 @@ class Gen:
         return "".join(self.stmt(depth) for _ in range(n))
 
     def stmt(self, depth):
-        c = self.rng.randint(0, 19)
+        c = self.rng.randint(0, 21)
         t = self.text()
         if depth > 3:
             c = self.pick([0, 1, 2])
@@ -642,6 +665,20 @@ class Gen:
                 self.tag("endif")
         if c == 19 and self.macros:
             return t + self.out(self.macro_call())
+        if c == 20:
+            name = self.new_name()
+            saved, saved_ns = list(self.scope), list(self.ns)
+            self.scope.append((name, "any", None))
+            body = self.block(self.rng.randint(1, 2), depth + 1)
+            self.scope, self.ns = saved, saved_ns
+            return t + self.tag("with %s = %s" % (name, self.expr("any"))) + body + self.text() + self.tag("endwith")
+        if c == 21:
+            saved, saved_ns = list(self.scope), list(self.ns)
+            body = self.block(self.rng.randint(1, 2), depth + 1)
+            self.scope, self.ns = saved, saved_ns
+            return t + self.tag("filter %s" % self.pick(["upper", "trim", "lower|replace('a', 'A')", "indent(2)",
+                                                        "center(30)", "title", "capitalize", "wordcount|string"])) + \
+                body + self.text() + self.tag("endfilter")
         return t + self.out(self.expr("any"))
 
     def for_stmt(self, depth):
@@ -787,10 +824,11 @@ class Gemma:
 
 REPR_OBJECTS = re.compile(r"<[\w.]+ object at 0x|dict_items\(|dict_keys\(|dict_values\(|range\(|<generator object|<function |"
                           r"<bound method|<built-in method|<Macro |<Namespace|Undefined|<jinja2\.|"
-                          r"<class |<method|LoopContext|<itertools|<map object|<filter object|<list_reverseiterator")
+                          r"<class |<method|LoopContext|<itertools|<map object|<filter object|<list_reverseiterator|"
+                          r"Markup\(", re.I)
 LAZY = re.compile(r"\|\s*(map|select|reject|selectattr|rejectattr|unique|reverse|items|batch|slice)\b")
 UNSUPPORTED = re.compile(r"\.format\(|\|\s*(truncate|wordwrap|striptags|urlencode|filesizeformat|pprint|xmlattr|"
-                         r"forceescape|bool|groupby|urlize|random)\b")
+                         r"forceescape|groupby|urlize|random)\b")
 
 
 def outcome_kind(j, g):
@@ -808,13 +846,16 @@ def outcome_kind(j, g):
     return "jinja2-fails"
 
 
-IGNORED = ("repr-objects", "lazy", "unsupported", "limits", "complex", "const-slice", "shadow-scope")
+IGNORED = ("repr-objects", "lazy", "unsupported", "limits", "complex", "const-slice", "shadow-scope",
+           "unknown-name")
 
 
 def classify(src, j, g, gemma=None):
     k = outcome_kind(j, g)
     if k in ("agree", "crash"):
         return k
+    if j[0] == "error" and g[0] == "ok" and re.match(r"TemplateAssertionError: No (filter|test) named", j[1]):
+        return "unknown-name"
     if j[0] == "ok" and REPR_OBJECTS.search(j[1]):
         return "repr-objects"
     if j[0] == "ok" and g[0] == "error" and re.search(r"unhashable type: 'slice'|object is not subscriptable", g[1]):
