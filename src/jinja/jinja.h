@@ -26,7 +26,8 @@
  * reverse, batch, slice) behave as jinja2's generators: always true, no length, no indexing.
  * Filters: abs attr batch capitalize center count d default dictsort e escape first float format
  * indent int items join last length list lower map max min reject rejectattr replace reverse
- * round safe select selectattr slice sort string sum title tojson trim unique upper wordcount.
+ * round safe select selectattr slice sort string sum title tojson trim truncate unique upper
+ * wordcount.
  * Tests: defined undefined none boolean true false integer float number string mapping sequence
  * iterable callable sameas escaped in odd even divisibleby eq/ne/lt/le/gt/ge (and their aliases)
  * lower upper filter test.  Globals: range (max 100000 items, as the sandbox), namespace, dict,

@@ -1201,7 +1201,7 @@ static const char *const filter_names[] = {
     "int",      "items",  "join",       "last",    "length",    "list",     "lower",
     "map",      "max",    "min",        "reject",  "rejectattr", "replace", "reverse",
     "round",    "safe",   "select",     "selectattr", "slice",  "sort",     "string",   "sum",
-    "title",    "tojson", "trim",       "unique",  "upper",     "wordcount", NULL};
+    "title",    "tojson", "trim",       "truncate", "unique",   "upper",     "wordcount", NULL};
 
 int jb_has_filter(const char *name) {
     for (size_t i = 0; filter_names[i]; i++)
@@ -2084,6 +2084,35 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         if (nw) jv_decref(nw);
         jbuf_free(&tmp);
         return res;
+    }
+    if (F("truncate")) { /* jinja2's do_truncate, in code points, with the default leeway 5 */
+        BIND("truncate", "length", "killwords", "end", "leeway");
+        int64_t length = 255, leeway = 5;
+        if (arg_int(r, line, A_[0], 255, &length, "length") || arg_int(r, line, A_[3], 5, &leeway, "leeway"))
+            return NULL;
+        if (A_[2] && A_[2]->kind != JV_STRING) return jr_fail(r, line, "truncate: end must be a string");
+        const char *end = A_[2] ? A_[2]->u.str.s : "...";
+        size_t end_n = A_[2] ? A_[2]->u.str.len : 3;
+        int64_t end_len = (int64_t)ju8_count(end, end_n);
+        if (v->kind == JV_UNDEFINED) return jv_str("", 0);
+        if (v->kind != JV_STRING) return jr_fail(r, line, "object of type '%s' has no len()", jv_type_name(v));
+        if (length < end_len) return jr_fail(r, line, "expected length >= %lld, got %lld", (long long)end_len, (long long)length);
+        if (leeway < 0) return jr_fail(r, line, "expected leeway >= 0, got %lld", (long long)leeway);
+        const char *str = v->u.str.s;
+        size_t n = v->u.str.len;
+        if (jr_work(r, line, jr_bytes_work(n))) return NULL;
+        int64_t len = (int64_t)ju8_count(str, n);
+        if (len <= length + leeway) return jv_incref(v);
+        size_t cut = ju8_offset(str, n, (size_t)(length - end_len));
+        if (!arg_bool(A_[1], 0)) { /* s[:cut].rsplit(" ", 1)[0] */
+            size_t k = cut;
+            while (k > 0 && str[k - 1] != ' ') k--;
+            if (k > 0) cut = k - 1;
+        }
+        jbuf b = {.limit = r->lim.max_output};
+        jbuf_put(&b, str, cut);
+        jbuf_put(&b, end, end_n);
+        return new_string(r, line, &b);
     }
     if (F("center")) {
         BIND("center", "width");

@@ -284,7 +284,8 @@ class Gen:
                            "replace('l', 'L', 1)", "center(%d)" % self.pick([0, 5, 10, 11]),
                            "indent(%d)" % self.pick([1, 2, 4]), "indent(2, true)", "indent(2, first=true, blank=true)",
                            "default('dflt')", "d('x', true)", "default(none, false)", "first", "last",
-                           "string|upper"])
+                           "string|upper", "truncate(%d)" % self.pick([3, 5, 9, 20]), "truncate(8, true)",
+                           "truncate(6, false, '…', 0)", "truncate(4, leeway=1, end='')"])
             base = E("str")
             if f in ("first", "last"):
                 base = E("str")
@@ -336,7 +337,6 @@ class Gen:
             return "%s|wordcount|string" % E("str")
         if c == 24 and self.unsupported:
             return self.pick(["'{} and {}'.format(%s, %s)" % (E("any"), E("any")),
-                              "%s|truncate(%d)" % (E("str"), self.pick([3, 5, 20])),
                               "%s|wordwrap(5)" % E("str"), "%s|striptags" % E("str"),
                               "%s|urlencode" % E("str"), "%s|filesizeformat" % E("int"),
                               "%s|pprint" % E("any"), "%s|xmlattr" % E("dict"),
@@ -827,7 +827,7 @@ REPR_OBJECTS = re.compile(r"<[\w.]+ object at 0x|dict_items\(|dict_keys\(|dict_v
                           r"<class |<method|LoopContext|<itertools|<map object|<filter object|<list_reverseiterator|"
                           r"Markup\(", re.I)
 LAZY = re.compile(r"\|\s*(map|select|reject|selectattr|rejectattr|unique|reverse|items|batch|slice)\b")
-UNSUPPORTED = re.compile(r"\.format\(|\|\s*(truncate|wordwrap|striptags|urlencode|filesizeformat|pprint|xmlattr|"
+UNSUPPORTED = re.compile(r"\.format\(|\|\s*(wordwrap|striptags|urlencode|filesizeformat|pprint|xmlattr|"
                          r"forceescape|groupby|urlize|random)\b")
 
 

@@ -229,6 +229,8 @@ CASES = [
     "{% set v = 'inf'|float %}{{ v|int }}",
     "{{ '１２'|int }}|{{ '٣.٥'|float }}|{{ '\u2003 42\u3000'|int }}|{{ '1２x'|int(9) }}|{{ '𝟙𝟚'|int }}|{{ '१०'|float }}|{{ '-١'|int }}|{{ 'é'|int(5) }}|{{ '０x1A'|int(0, 16) }}",
     "{{ 'x'|tojson(indent='\\t') }}{{ {'a': [1, {'b': 2}]}|tojson(indent='--') }}{{ [1, 2]|tojson(indent='') }}{{ {'a': []}|tojson(indent=0) }}{{ {'a': [1, 2]}|tojson(indent=-1) }}{{ [1, [2]]|tojson(indent=true) }}",
+    "{{ 'foo bar baz qux'|truncate(9) }}|{{ 'foo bar baz qux'|truncate(9, true) }}|{{ 'foo bar baz qux'|truncate(11, false, '…', 0) }}|{{ 'foo bar baz qux'|truncate(13) }}|{{ 'foobarbazqux'|truncate(6, leeway=0) }}|{{ 'héllo wörld ünïcode'|truncate(10, leeway=0) }}|{{ nope|truncate(3) }}|{{ ('word ' * 60)|truncate|length }}",
+    "{{ 'abc'|truncate(2) }}",
 ]
 
 
