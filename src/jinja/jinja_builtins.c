@@ -2094,10 +2094,17 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         const char *end = A_[2] ? A_[2]->u.str.s : "...";
         size_t end_n = A_[2] ? A_[2]->u.str.len : 3;
         int64_t end_len = (int64_t)ju8_count(end, end_n);
-        if (v->kind == JV_UNDEFINED) return jv_str("", 0);
-        if (v->kind != JV_STRING) return jr_fail(r, line, "object of type '%s' has no len()", jv_type_name(v));
         if (length < end_len) return jr_fail(r, line, "expected length >= %lld, got %lld", (long long)end_len, (long long)length);
         if (leeway < 0) return jr_fail(r, line, "expected leeway >= 0, got %lld", (long long)leeway);
+        if (v->kind != JV_STRING) { /* what len() takes and is short enough comes back as it is */
+            int64_t len = v->kind == JV_UNDEFINED                      ? 0
+                          : v->kind == JV_DICT                         ? (int64_t)v->u.dict.n
+                          : v->kind == JV_LIST && !v->u.list.gen ? (int64_t)v->u.list.n
+                                                                       : -1;
+            if (len < 0) return jr_fail(r, line, "object of type '%s' has no len()", jv_type_name(v));
+            if (len <= length + leeway) return jv_incref(v);
+            return jr_fail(r, line, "truncate: cannot add a str to a sliced '%s'", jv_type_name(v));
+        }
         const char *str = v->u.str.s;
         size_t n = v->u.str.len;
         if (jr_work(r, line, jr_bytes_work(n))) return NULL;

@@ -270,7 +270,7 @@ class Gen:
 
     def e_str(self):
         r = self.rng.random
-        c = self.rng.randint(0, 28)
+        c = self.rng.randint(0, 29)
         E = self.expr
         if c <= 3:
             return self.leaf("str")
@@ -357,6 +357,13 @@ class Gen:
                               "'ab'|center(1)", "'ab'|center(7)|replace(' ', '.')", "'é'|center(4)|tojson"])
         if c == 26:
             return "%s[%s]" % (self.pick(["'abcdef'", "s", "u", "'héllo wörld'"]), self.slice_())
+        if c == 28:
+            return self.pick(["%s|safe" % E("str"), "raise_exception(%s)" % self.lit_str(),
+                              "%s.append(1)|string" % self.pick(["ints", "[]", "ns.l" if self.ns else "words"]),
+                              "%s|items|map('join', '=')|join(';')" % self.pick(["sd", "d", "{'a': 'b'}"]),
+                              "tools[0].function.parameters.properties|items|map('first')|join(',')",
+                              "messages[-1].content[0].text", "(messages[-1].content|selectattr('type', 'eq', 'text')"
+                              "|map(attribute='text')|join)"])
         return self.leaf("str")
 
     def str_list(self):

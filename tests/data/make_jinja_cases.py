@@ -231,6 +231,8 @@ CASES = [
     "{{ 'x'|tojson(indent='\\t') }}{{ {'a': [1, {'b': 2}]}|tojson(indent='--') }}{{ [1, 2]|tojson(indent='') }}{{ {'a': []}|tojson(indent=0) }}{{ {'a': [1, 2]}|tojson(indent=-1) }}{{ [1, [2]]|tojson(indent=true) }}",
     "{{ 'foo bar baz qux'|truncate(9) }}|{{ 'foo bar baz qux'|truncate(9, true) }}|{{ 'foo bar baz qux'|truncate(11, false, '…', 0) }}|{{ 'foo bar baz qux'|truncate(13) }}|{{ 'foobarbazqux'|truncate(6, leeway=0) }}|{{ 'héllo wörld ünïcode'|truncate(10, leeway=0) }}|{{ nope|truncate(3) }}|{{ ('word ' * 60)|truncate|length }}",
     "{{ 'abc'|truncate(2) }}",
+    "{{ '%s' % (s,)|truncate() }}{{ [1, 2]|truncate(3) }}{{ {'a': 1}|truncate(3) }}[{{ nope|truncate(3) }}]",
+    "{{ [1, 2, 3, 4, 5, 6, 7, 8, 9]|truncate(3) }}",
 ]
 
 
