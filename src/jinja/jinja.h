@@ -42,8 +42,9 @@
  * tests not listed above.  Known differences from jinja2: an unknown filter or test fails when it
  * is reached, not when parsing; lazy filters run at once, so an error inside one shows even when
  * jinja2 would never consume the generator; a slice of a non-sequence is an error even in a
- * constant expression; dict.items()/keys()/values() and range() print as lists (jinja2:
- * dict_items, range objects); upper/lower use the C library's simple case mapping plus Python's
+ * constant expression; safe and escape give plain strings (jinja2: Markup, which escapes the
+ * other side of + and the arguments of %); dict.items()/keys()/values() and range() print as
+ * lists (jinja2: dict_items, range objects); upper/lower use the C library's simple case mapping plus Python's
  * multi-character forms (ß -> SS, ligatures, U+0130 -> i U+0307, ...), its title case (str.title,
  * capitalize: ǆ -> ǅ, ß -> Ss) and lower()'s final sigma (Cased and Case_Ignorable approximated:
  * jinja_internal.h);

@@ -2040,7 +2040,13 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         return res;
     }
     if (F("string")) return jr_to_string(r, line, v);
-    if (F("safe")) return jv_incref(v);
+    if (F("safe")) { /* jinja2's Markup(value): a string, str() of anything else ('' for undefined) */
+        if (v->kind == JV_STRING) return jv_incref(v);
+        if (v->kind == JV_UNDEFINED) return jv_str("", 0);
+        jbuf b = {.limit = r->lim.max_output};
+        jv_write_str(v, &b);
+        return new_string(r, line, &b);
+    }
     if (F("escape") || F("e")) {
         jbuf tmp = {0};
         const char *s;

@@ -233,6 +233,8 @@ CASES = [
     "{{ 'abc'|truncate(2) }}",
     "{{ '%s' % (s,)|truncate() }}{{ [1, 2]|truncate(3) }}{{ {'a': 1}|truncate(3) }}[{{ nope|truncate(3) }}]",
     "{{ [1, 2, 3, 4, 5, 6, 7, 8, 9]|truncate(3) }}",
+    "{{ x.a|safe in '%s' % x }}{{ (1|safe)|length }}{{ [1]|safe|first }}{{ none|safe }}[{{ nope|safe }}]{{ (nope|safe) is defined }}{{ 1.5|safe }}",
+    "{{ '%03d' % (3|safe) }}",
 ]
 
 
