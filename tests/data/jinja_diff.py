@@ -51,6 +51,10 @@ Differences ignored, by design (counted and, with --show-ignored, listed):
     that a read (in a loop, block set body or macro, ahead of the top level's assignment) is of
     the not yet assigned variable (undefined); gemma4c reads the context variable (documented
     in jinja.h).
+  - 'markup': jinja2's safe and escape filters return Markup strings, which escape what + and %
+    join to them (Markup('a') + "'" is "a&#39;") and fail as %d arguments; gemma4c returns plain
+    strings (documented in jinja.h).  Decided by rendering again with jinja2 whose safe/escape
+    return plain strings: if gemma4c agrees with that, the difference is this one.
   - 'complex': a negative number raised to a fractional power is a complex number in Python;
     gemma4c has no complex numbers and fails.
 """
@@ -65,6 +69,7 @@ import sys
 import warnings
 
 import jinja2
+import markupsafe
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -82,6 +87,13 @@ warnings.simplefilter("ignore")  # SyntaxWarnings of the Python code jinja2 comp
 ENV = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
 ENV.filters["tojson"] = tojson
 ENV.globals["raise_exception"] = raise_exception
+
+# the same environment with Markup-free safe/escape (plain strings), to tell the 'markup' class apart
+ENV_PLAIN = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+ENV_PLAIN.filters["tojson"] = tojson
+ENV_PLAIN.globals["raise_exception"] = raise_exception
+ENV_PLAIN.filters["safe"] = lambda v: str(v)
+ENV_PLAIN.filters["e"] = ENV_PLAIN.filters["escape"] = lambda v: str(markupsafe.escape(v))
 
 CTX = {
     "messages": [
@@ -774,13 +786,13 @@ signal.signal(signal.SIGALRM, _alarm)
 CTX_JSON = json.dumps(CTX, ensure_ascii=False)
 
 
-def render_jinja2(src, ctx_json=CTX_JSON):
+def render_jinja2(src, ctx_json=CTX_JSON, env=ENV):
     # a fresh copy each time: jinja2 can mutate the context despite the immutable sandbox
     # ([1]|indent does `s += "\n"`, which extends a list in place)
     ctx = json.loads(ctx_json)
     signal.setitimer(signal.ITIMER_REAL, 2.0)
     try:
-        return ("ok", ENV.from_string(src).render(**ctx))
+        return ("ok", env.from_string(src).render(**ctx))
     except Timeout:
         return ("timeout", "")
     except RecursionError:
@@ -858,7 +870,7 @@ def outcome_kind(j, g):
 
 
 IGNORED = ("repr-objects", "lazy", "unsupported", "limits", "complex", "const-slice", "shadow-scope",
-           "unknown-name")
+           "unknown-name", "markup")
 
 
 def classify(src, j, g, gemma=None):
@@ -871,6 +883,8 @@ def classify(src, j, g, gemma=None):
         return "repr-objects"
     if j[0] == "ok" and g[0] == "error" and re.search(r"unhashable type: 'slice'|object is not subscriptable", g[1]):
         return "const-slice"
+    if re.search(r"\|\s*(safe|e|escape)\b", src) and outcome_kind(render_jinja2(src, env=ENV_PLAIN), g) == "agree":
+        return "markup"
     shadowed = [k for k in CTX if re.search(r"set\s+(\w+\s*,\s*)*%s\b" % k, src)]
     if shadowed and gemma is not None:
         # the same template without the context variables it assigns: if the two agree then, the
