@@ -265,7 +265,10 @@ class Gen:
                     return self.leaf("any")
             if self.chance(0.03):  # deliberately ill-typed now and then
                 kind = self.pick(["str", "int", "list", "dict", "bool"])
-            return getattr(self, "e_" + kind)()
+            e = getattr(self, "e_" + kind)()
+            # an operand `not x` after a comparison or arithmetic operator is, in jinja2, the
+            # variable `not` (its operands are parsed below `not`): a quirk no template relies on
+            return self.paren(e) if e.startswith("not ") and self.depth > 1 else e
         finally:
             self.depth -= 1
 
