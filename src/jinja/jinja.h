@@ -23,10 +23,11 @@
  * iterates as empty, errors on arithmetic, attribute access and calls).
  * Python's printf-style `str % values` (s r a d i u x X o e E f F g G c, flags, width, precision,
  * %(name)s).  Lazy filter results (map, select, reject, selectattr, rejectattr, unique, items,
- * reverse) behave as jinja2's generators: always true, no length, no indexing.
- * Filters: abs attr capitalize center count d default dictsort e escape first float format
- * indent int items join last length list lower map max min reject rejectattr replace
- * reverse round safe select selectattr sort string sum title tojson trim unique upper wordcount.
+ * reverse, batch, slice) behave as jinja2's generators: always true, no length, no indexing.
+ * Filters: abs attr batch capitalize center count d default dictsort e escape first float format
+ * indent int items join last length list lower map max min reject rejectattr replace reverse
+ * round safe select selectattr slice sort string sum title tojson trim truncate unique upper
+ * wordcount.
  * Tests: defined undefined none boolean true false integer float number string mapping sequence
  * iterable callable sameas escaped in odd even divisibleby eq/ne/lt/le/gt/ge (and their aliases)
  * lower upper filter test.  Globals: range (max 100000 items, as the sandbox), namespace, dict,
@@ -41,14 +42,17 @@
  * tests not listed above.  Known differences from jinja2: an unknown filter or test fails when it
  * is reached, not when parsing; lazy filters run at once, so an error inside one shows even when
  * jinja2 would never consume the generator; a slice of a non-sequence is an error even in a
- * constant expression; dict.items()/keys()/values() and range() print as lists (jinja2:
- * dict_items, range objects); upper/lower use the C library's simple case mapping plus Python's
+ * constant expression; safe and escape give plain strings (jinja2: Markup, which escapes the
+ * other side of + and the arguments of %); dict.items()/keys()/values() and range() print as
+ * lists (jinja2: dict_items, range objects); upper/lower use the C library's simple case mapping plus Python's
  * multi-character forms (ß -> SS, ligatures, U+0130 -> i U+0307, ...), its title case (str.title,
  * capitalize: ǆ -> ǅ, ß -> Ss) and lower()'s final sigma (Cased and Case_Ignorable approximated:
  * jinja_internal.h);
- * repr() escapes an approximation of Python's non-printable set; a macro that reads a top-level
- * variable shadowing a render variable before the top level assigns it sees the render variable
- * (jinja2: undefined); a macro defined inside a loop no longer sees the loop variables after the
+ * repr() escapes an approximation of Python's non-printable set; a macro or a loop body that
+ * reads a top-level variable shadowing a render variable before the top level assigns it sees the
+ * render variable (jinja2: undefined), and so does a block set's body that reads its own target or a name the
+ * frame assigns later ({% set s %}{{ s }}{% endset %}: jinja2 decides from the order of a frame's
+ * first uses of a name); a macro defined inside a loop no longer sees the loop variables after the
  * loop ends.
  */
 #ifndef G4_TOKENIZER_JINJA_H

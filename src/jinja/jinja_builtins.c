@@ -248,9 +248,18 @@ static jv *lowered(jrender *r, int line, jv *v) { /* jinja's ignore_case */
     return case_map(r, line, v->u.str.s, v->u.str.len, 0);
 }
 
-/* item[attr] for each dotted part ("a.b.0"), as jinja's attribute getters do. */
-static jv *get_attribute_path(jrender *r, int line, jv *item, const jv *attr) {
-    if (attr->kind == JV_INT) return jr_getitem(r, line, item, (jv *)attr);
+/* item[attr] for each dotted part ("a.b.0"), as jinja's attribute getters do: a part after one
+ * that is undefined fails (jinja2 subscripts the Undefined), unless deflt (map's default=, not
+ * None) replaces each undefined part. */
+static jv *get_attribute_path(jrender *r, int line, jv *item, const jv *attr, const jv *deflt) {
+    if (attr->kind == JV_INT) {
+        jv *v = jr_getitem(r, line, item, (jv *)attr);
+        if (v && deflt && v->kind == JV_UNDEFINED) {
+            jv_decref(v);
+            v = jv_incref((jv *)deflt);
+        }
+        return v;
+    }
     if (attr->kind != JV_STRING) return jr_fail(r, line, "attribute must be a string");
     jv *cur = jv_incref(item);
     const char *s = attr->u.str.s;
@@ -266,10 +275,14 @@ static jv *get_attribute_path(jrender *r, int line, jv *item, const jv *attr) {
             jv_decref(cur);
             return jr_oom(r, line);
         }
-        jv *next = cur->kind == JV_UNDEFINED ? jv_incref(cur) : jr_getitem(r, line, cur, key);
+        jv *next = jr_getitem(r, line, cur, key);
         jv_decref(key);
         jv_decref(cur);
         if (!next) return NULL;
+        if (deflt && next->kind == JV_UNDEFINED) {
+            jv_decref(next);
+            next = jv_incref((jv *)deflt);
+        }
         cur = next;
         if (j >= n) break;
         i = j + 1;
@@ -284,7 +297,7 @@ typedef struct {
     jv *item;
 } sort_entry;
 
-/* Stable merge sort by key; -1 on incomparable keys. */
+/* Stable merge sort by key; -1 on incomparable keys (unequal keys that do not order). */
 static int sort_entries(jrender *r, int line, sort_entry *e, size_t n, int reverse) {
     if (n < 2) return 0;
     sort_entry *tmp = malloc(n * sizeof *tmp);
@@ -295,8 +308,11 @@ static int sort_entries(jrender *r, int line, sort_entry *e, size_t n, int rever
             size_t hi = lo + 2 * width < n ? lo + 2 * width : n;
             size_t i = lo, j = mid, k = lo;
             while (i < mid && j < hi) {
-                int c;
-                if (jv_cmp(e[j].key, e[i].key, &c)) {
+                int c = 0;
+                /* jinja2's sort keys are lists ([key]), and Python compares lists item by item with
+                 * == before <: equal keys (None and None, two equal dicts, two undefined
+                 * attributes) are never ordered, so they are no error */
+                if (!jv_eq(e[j].key, e[i].key) && jv_cmp(e[j].key, e[i].key, &c)) {
                     free(tmp);
                     return jr_failc(r, line, "'<' not supported between instances of '%s' and '%s'",
                                     jv_type_name(e[j].key), jv_type_name(e[i].key));
@@ -414,7 +430,7 @@ static jv *split_impl(jrender *r, int line, const char *s, size_t n, const jv *s
             we[count] = i;
             count++;
         }
-        if (maxsplit < 0 || (size_t)maxsplit + 1 >= count) {
+        if (maxsplit < 0 || (size_t)maxsplit >= count) { /* (maxsplit + 1 words: the last is the rest) */
             for (size_t k = 0; k < count; k++)
                 if (jv_list_push(l, jv_str(s + ws[k], we[k] - ws[k]))) goto oom;
         } else if (!from_right) {
@@ -638,10 +654,10 @@ static int str_case_is(const jv *v, int want_upper) {
     while (i < n) {
         uint32_t cp;
         i += ju8_next(s + i, n - i, &cp);
-        uint32_t up = ju_upper(cp), lo = ju_lower(cp);
-        if (up == lo) continue;
-        if (want_upper ? cp != up : cp != lo) return 0;
-        cased = 1;
+        /* Python: an upper (lower) or title case character makes islower (isupper) false */
+        int kind = ju_case_kind(cp);
+        if (kind == 3 || kind == (want_upper ? 1 : 2)) return 0;
+        if (kind) cased = 1;
     }
     return cased;
 }
@@ -792,7 +808,10 @@ static int fill_mapping(jrender *r, int line, const char *fname, jv *target, con
                 if (jv_dict_set(target, jv_incref(pair->u.list.items[0]), jv_incref(pair->u.list.items[1])))
                     return jr_oom(r, line), -1;
             }
-        } else if (src->kind != JV_UNDEFINED) {
+        } else if (src->kind == JV_UNDEFINED) { /* Python asks the Undefined for keys(), which fails */
+            jr_undefined_error(r, line, src);
+            return -1;
+        } else {
             return jr_failc(r, line, "%s(): '%s' object is not a mapping", fname, jv_type_name(src));
         }
     }
@@ -1177,12 +1196,12 @@ int jb_test(jrender *r, int line, const char *name, jv *v, jv **pos, size_t npos
 /* ----------------------------------------------------------------- filters */
 
 static const char *const filter_names[] = {
-    "abs",      "attr",   "capitalize", "center",  "count",     "d",        "default",
+    "abs",      "attr",   "batch",      "capitalize", "center", "count",    "d",        "default",
     "dictsort", "e",      "escape",     "first",   "float",     "format",   "indent",
     "int",      "items",  "join",       "last",    "length",    "list",     "lower",
     "map",      "max",    "min",        "reject",  "rejectattr", "replace", "reverse",
-    "round",    "safe",   "select",     "selectattr", "sort",   "string",   "sum",
-    "title",    "tojson", "trim",       "unique",  "upper",     "wordcount", NULL};
+    "round",    "safe",   "select",     "selectattr", "slice",  "sort",     "string",   "sum",
+    "title",    "tojson", "trim",       "truncate", "unique",   "upper",     "wordcount", NULL};
 
 int jb_has_filter(const char *name) {
     for (size_t i = 0; filter_names[i]; i++)
@@ -1235,7 +1254,7 @@ static jv *f_map_select(jrender *r, int line, const char *fname, jv *v, const ar
                 if (!strcmp(a->kwn[k], "attribute"))
                     attribute = a->kwv[k];
                 else if (!strcmp(a->kwn[k], "default"))
-                    deflt = a->kwv[k];
+                    deflt = a->kwv[k]->kind == JV_NONE ? NULL : a->kwv[k]; /* jinja2: `default is not None` */
                 else {
                     jr_fail(r, line, "map() got an unexpected keyword argument '%s'", a->kwn[k]);
                     goto fail;
@@ -1277,7 +1296,7 @@ static jv *f_map_select(jrender *r, int line, const char *fname, jv *v, const ar
     }
     for (size_t i = 0; i < items->u.list.n; i++) {
         jv *item = items->u.list.items[i];
-        jv *subject = attribute ? get_attribute_path(r, line, item, attribute) : jv_incref(item);
+        jv *subject = attribute ? get_attribute_path(r, line, item, attribute, deflt) : jv_incref(item);
         if (!subject) goto fail;
         if (is_map) {
             jv *res;
@@ -1285,9 +1304,6 @@ static jv *f_map_select(jrender *r, int line, const char *fname, jv *v, const ar
                 size_t ne = a->npos - first_extra;
                 res = jb_filter(r, line, name, subject, a->pos + first_extra, ne, a->kwn, a->kwv, a->nkw);
                 jv_decref(subject);
-            } else if (subject->kind == JV_UNDEFINED && deflt) {
-                jv_decref(subject);
-                res = jv_incref((jv *)deflt);
             } else {
                 res = subject;
             }
@@ -1315,9 +1331,37 @@ fail:
     return NULL;
 }
 
-/* sort / dictsort / unique / min / max share the key computation. */
+/* sort(attribute="age,name"): the key is the list of the comma-separated attributes' values
+ * (jinja2's make_multi_attrgetter), each lower-cased unless case_sensitive. */
+static jv *multi_attribute_key(jrender *r, int line, jv *item, const jv *attribute, int case_sensitive) {
+    jv *key = jv_list(0);
+    if (!key) return jr_oom(r, line);
+    const char *s = attribute->u.str.s;
+    size_t n = attribute->u.str.len, i = 0;
+    while (1) {
+        size_t j = i;
+        while (j < n && s[j] != ',') j++;
+        jv *part = jv_str(s + i, j - i), *k = part ? get_attribute_path(r, line, item, part, NULL) : jr_oom(r, line);
+        if (part) jv_decref(part);
+        if (k && !case_sensitive) {
+            jv *low = lowered(r, line, k);
+            jv_decref(k);
+            k = low;
+        }
+        if (!k || jv_list_push(key, k)) {
+            jv_decref(key);
+            return k ? jr_oom(r, line) : NULL;
+        }
+        if (j >= n) break;
+        i = j + 1;
+    }
+    return key;
+}
+
+/* sort / dictsort / unique / min / max share the key computation (multi: sort's attribute may
+ * name several, separated by commas). */
 static sort_entry *make_entries(jrender *r, int line, jv *items, const jv *attribute,
-                                int case_sensitive, int pair_pos) {
+                                int case_sensitive, int pair_pos, int multi) {
     size_t n = items->u.list.n;
     sort_entry *e = calloc(n ? n : 1, sizeof *e);
     if (!e) return jr_oom(r, line), NULL;
@@ -1326,11 +1370,13 @@ static sort_entry *make_entries(jrender *r, int line, jv *items, const jv *attri
         jv *k;
         if (pair_pos >= 0)
             k = jv_incref(item->u.list.items[pair_pos]);
+        else if (multi && attribute && attribute->kind == JV_STRING && memchr(attribute->u.str.s, ',', attribute->u.str.len))
+            k = multi_attribute_key(r, line, item, attribute, case_sensitive);
         else if (attribute)
-            k = get_attribute_path(r, line, item, attribute);
+            k = get_attribute_path(r, line, item, attribute, NULL);
         else
             k = jv_incref(item);
-        if (k && !case_sensitive) {
+        if (k && !case_sensitive) { /* (a multi-attribute key, a list, is lowered already) */
             jv *low = lowered(r, line, k);
             jv_decref(k);
             k = low;
@@ -1398,7 +1444,7 @@ static jv *f_sortlike(jrender *r, int line, const char *fname, jv *v, const argv
     }
     if (!items) return NULL;
     size_t n = items->u.list.n;
-    sort_entry *e = make_entries(r, line, items, attribute, case_sensitive, pair_pos);
+    sort_entry *e = make_entries(r, line, items, attribute, case_sensitive, pair_pos, !strcmp(fname, "sort"));
     jv_decref(items);
     if (!e) return NULL;
     if (!strcmp(fname, "unique")) {
@@ -1449,6 +1495,88 @@ static jv *f_sortlike(jrender *r, int line, const char *fname, jv *v, const argv
     return entries_to_list(r, line, e, n);
 }
 
+/* batch(linecount, fill_with=None) and slice(slices, fill_with=None): jinja2's generators of
+ * lists, as written there (batch: a chunk goes out when it holds linecount items and another one
+ * comes; slice: `slices` columns, the first len % slices one item longer, the others filled). */
+static jv *f_batch_slice(jrender *r, int line, int is_slice, jv *v, const argv_t *a) {
+    static const char *const batch_names[] = {"linecount", "fill_with"}, *const slice_names[] = {"slices", "fill_with"};
+    jv *A_[2];
+    if (bind(r, line, is_slice ? "slice" : "batch", is_slice ? slice_names : batch_names, 2, a, A_)) return NULL;
+    int64_t count = 0;
+    if (!A_[0]) return jr_fail(r, line, "%s() missing 1 required positional argument: '%s'",
+                               is_slice ? "do_slice" : "do_batch", is_slice ? "slices" : "linecount");
+    if (A_[0]->kind == JV_NONE) return jr_fail(r, line, "'NoneType' object cannot be interpreted as an integer");
+    if (arg_int(r, line, A_[0], 0, &count, is_slice ? "slices" : "linecount")) return NULL;
+    const jv *fill = A_[1] && A_[1]->kind != JV_NONE ? A_[1] : NULL;
+    jv *items = jr_iterate(r, line, v);
+    if (!items) return NULL;
+    size_t n = items->u.list.n;
+    if (is_slice && count == 0) {
+        jv_decref(items);
+        return jr_fail(r, line, "integer division or modulo by zero");
+    }
+    jv *out = jv_list(0);
+    if (!out || jr_work(r, line, n)) goto fail;
+    if (is_slice) {
+        /* Python's floor division and modulo (count may be negative: then range() is empty) */
+        int64_t len = (int64_t)n, per = len / count, extra = len % count;
+        if (extra != 0 && (extra < 0) != (count < 0)) {
+            per--;
+            extra += count;
+        }
+        int64_t offset = 0;
+        for (int64_t k = 0; k < count; k++) {
+            int64_t start = offset + k * per;
+            if (k < extra) offset++;
+            int64_t end = offset + (k + 1) * per;
+            if (start < 0) start = 0;
+            if (end > len) end = len;
+            jv *chunk = jv_list(end > start ? (size_t)(end - start) : 0);
+            if (!chunk) goto fail;
+            for (int64_t i = start; i < end; i++)
+                if (jv_list_push(chunk, jv_incref(items->u.list.items[i]))) goto fail_chunk;
+            if (fill && k >= extra && jv_list_push(chunk, jv_incref((jv *)fill))) goto fail_chunk;
+            if (jv_list_push(out, chunk)) goto fail;
+            if (jr_work(r, line, 1)) goto fail;
+            continue;
+        fail_chunk:
+            jv_decref(chunk);
+            goto fail;
+        }
+    } else {
+        jv *tmp = jv_list(0);
+        if (!tmp) goto fail;
+        for (size_t i = 0; i < n; i++) {
+            if ((int64_t)tmp->u.list.n == count) {
+                if (jv_list_push(out, tmp)) goto fail;
+                if (!(tmp = jv_list(0))) goto fail;
+            }
+            if (jv_list_push(tmp, jv_incref(items->u.list.items[i]))) {
+                jv_decref(tmp);
+                goto fail;
+            }
+        }
+        if (tmp->u.list.n) {
+            for (int64_t k = (int64_t)tmp->u.list.n; fill && k < count; k++)
+                if (jv_list_push(tmp, jv_incref((jv *)fill)) || jr_work(r, line, 1)) {
+                    jv_decref(tmp);
+                    goto fail;
+                }
+            if (jv_list_push(out, tmp)) goto fail;
+        } else {
+            jv_decref(tmp);
+        }
+    }
+    jv_decref(items);
+    out->u.list.gen = 1;
+    return out;
+fail:
+    jv_decref(items);
+    if (out) jv_decref(out);
+    if (!r->err->msg[0]) jr_oom(r, line);
+    return NULL;
+}
+
 static jv *f_indent(jrender *r, int line, jv *v, const argv_t *a) {
     BIND("indent", "width", "first", "blank");
     jbuf ind = {0};
@@ -1492,9 +1620,25 @@ static jv *f_indent(jrender *r, int line, jv *v, const argv_t *a) {
 
 static jv *f_tojson(jrender *r, int line, jv *v, const argv_t *a) {
     BIND("tojson", "ensure_ascii", "indent", "separators", "sort_keys");
-    int64_t indent = -1;
-    if (A_[1] && A_[1]->kind != JV_NONE && arg_int(r, line, A_[1], -1, &indent, "indent")) return NULL;
-    const char *item_sep = indent >= 0 ? "," : ", ", *key_sep = ": ";
+    /* Python's json: an int indent is that many spaces (none when negative), a str is the text
+     * of one level; either puts items on lines of their own */
+    char unit[1001];
+    const char *indent = NULL;
+    if (A_[1] && A_[1]->kind == JV_STRING) {
+        if (A_[1]->u.str.len >= sizeof unit || memchr(A_[1]->u.str.s, 0, A_[1]->u.str.len))
+            return jr_fail(r, line, "tojson: indent text too long");
+        memcpy(unit, A_[1]->u.str.s, A_[1]->u.str.len + 1);
+        indent = unit;
+    } else if (A_[1] && A_[1]->kind != JV_NONE) {
+        int64_t width = 0;
+        if (arg_int(r, line, A_[1], 0, &width, "indent")) return NULL;
+        if (width > 1000) width = 1000;
+        if (width < 0) width = 0;
+        memset(unit, ' ', (size_t)width);
+        unit[width] = 0;
+        indent = unit;
+    }
+    const char *item_sep = indent ? "," : ", ", *key_sep = ": ";
     char seps[2][64];
     if (A_[2] && A_[2]->kind != JV_NONE) {
         const jv *s = A_[2];
@@ -1509,7 +1653,7 @@ static jv *f_tojson(jrender *r, int line, jv *v, const argv_t *a) {
     }
     jbuf b = {.limit = r->lim.max_output};
     char emsg[200] = "";
-    if (jv_write_json(v, &b, (int)(indent > 1000 ? 1000 : indent), item_sep, key_sep,
+    if (jv_write_json(v, &b, indent, item_sep, key_sep,
                       arg_bool(A_[3], 0), arg_bool(A_[0], 0), emsg, sizeof emsg)) {
         jbuf_free(&b);
         return jr_fail(r, line, "tojson: %s", emsg);
@@ -1517,8 +1661,43 @@ static jv *f_tojson(jrender *r, int line, jv *v, const argv_t *a) {
     return new_string(r, line, &b);
 }
 
+/* Python's int() and float() read any Unicode decimal digit (Nd: '１２', '٣') and white space:
+ * they turn the text into ASCII first.  Points *s at tmp when it has non-ASCII characters; -1 when
+ * one of them is neither (or tmp is too small): then it is no number. */
+static int ascii_number_text(const char **s, size_t *n, char *tmp, size_t cap) {
+    static const uint32_t zeros[] = {
+        0x660,   0x6F0,   0x7C0,   0x966,   0x9E6,   0xA66,   0xAE6,   0xB66,   0xBE6,   0xC66,   0xCE6,
+        0xD66,   0xDE6,   0xE50,   0xED0,   0xF20,   0x1040,  0x1090,  0x17E0,  0x1810,  0x1946,  0x19D0,
+        0x1A80,  0x1A90,  0x1B50,  0x1BB0,  0x1C40,  0x1C50,  0xA620,  0xA8D0,  0xA900,  0xA9D0,  0xA9F0,
+        0xAA50,  0xABF0,  0xFF10,  0x104A0, 0x10D30, 0x11066, 0x110F0, 0x11136, 0x111D0, 0x112F0, 0x11450,
+        0x114D0, 0x11650, 0x116C0, 0x11730, 0x118E0, 0x11950, 0x11C50, 0x11D50, 0x11DA0, 0x16A60, 0x16AC0,
+        0x16B50, 0x1D7CE, 0x1D7D8, 0x1D7E2, 0x1D7EC, 0x1D7F6, 0x1E140, 0x1E2F0, 0x1E950, 0x1FBF0};
+    size_t i = 0, k = 0;
+    while (i < *n && !((unsigned char)(*s)[i] & 0x80)) i++;
+    if (i == *n) return 0;
+    for (i = 0; i < *n;) {
+        uint32_t cp;
+        i += ju8_next(*s + i, *n - i, &cp);
+        char c = 0;
+        if (cp < 0x80)
+            c = (char)cp;
+        else if (ju_isspace(cp))
+            c = ' ';
+        else
+            for (size_t z = 0; z < sizeof zeros / sizeof zeros[0] && !c; z++)
+                if (cp >= zeros[z] && cp < zeros[z] + 10) c = (char)('0' + (cp - zeros[z]));
+        if (!c || k + 1 >= cap) return -1;
+        tmp[k++] = c;
+    }
+    *s = tmp;
+    *n = k;
+    return 0;
+}
+
 /* Python's int(str, base) with surrounding whitespace and underscores between digits. */
 static int parse_int_str(const char *s, size_t n, int base, int64_t *out) {
+    char ascii[512];
+    if (ascii_number_text(&s, &n, ascii, sizeof ascii)) return -1;
     size_t a = ju8_lspace(s, n), b = n - ju8_rspace(s, n);
     if (a >= b) return -1;
     int neg = 0;
@@ -1556,6 +1735,8 @@ static int parse_int_str(const char *s, size_t n, int base, int64_t *out) {
 }
 
 static int parse_float_str(const char *s, size_t n, double *out) {
+    char ascii[512];
+    if (ascii_number_text(&s, &n, ascii, sizeof ascii)) return -1;
     size_t a = ju8_lspace(s, n), b = n - ju8_rspace(s, n);
     if (a >= b || b - a > 400) return -1;
     char tmp[512];
@@ -1672,6 +1853,21 @@ jv *jb_percent_format(jrender *r, int line, const char *s, size_t n, jv **args, 
                 jv_write_str(val, &t);
             else
                 jv_write_repr(val, &t);
+            if (c == 'a' && t.p) { /* ascii(): repr() with every non-ASCII character escaped */
+                jbuf e = {0};
+                for (size_t at = 0; at < t.len;) {
+                    uint32_t cp;
+                    at += ju8_next(t.p + at, t.len - at, &cp);
+                    char esc[12];
+                    if (cp < 0x80)
+                        jbuf_putc(&e, (char)cp);
+                    else
+                        jbuf_put(&e, esc, (size_t)snprintf(esc, sizeof esc,
+                                                           cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x", cp));
+                }
+                jbuf_free(&t);
+                t = e;
+            }
             const char *ts = t.p ? t.p : "";
             size_t tn = t.len;
             if (prec >= 0) tn = ju8_offset(ts, tn, (size_t)prec);
@@ -1844,7 +2040,13 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         return res;
     }
     if (F("string")) return jr_to_string(r, line, v);
-    if (F("safe")) return jv_incref(v);
+    if (F("safe")) { /* jinja2's Markup(value): a string, str() of anything else ('' for undefined) */
+        if (v->kind == JV_STRING) return jv_incref(v);
+        if (v->kind == JV_UNDEFINED) return jv_str("", 0);
+        jbuf b = {.limit = r->lim.max_output};
+        jv_write_str(v, &b);
+        return new_string(r, line, &b);
+    }
     if (F("escape") || F("e")) {
         jbuf tmp = {0};
         const char *s;
@@ -1888,6 +2090,42 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         if (nw) jv_decref(nw);
         jbuf_free(&tmp);
         return res;
+    }
+    if (F("truncate")) { /* jinja2's do_truncate, in code points, with the default leeway 5 */
+        BIND("truncate", "length", "killwords", "end", "leeway");
+        int64_t length = 255, leeway = 5;
+        if (arg_int(r, line, A_[0], 255, &length, "length") || arg_int(r, line, A_[3], 5, &leeway, "leeway"))
+            return NULL;
+        if (A_[2] && A_[2]->kind != JV_STRING) return jr_fail(r, line, "truncate: end must be a string");
+        const char *end = A_[2] ? A_[2]->u.str.s : "...";
+        size_t end_n = A_[2] ? A_[2]->u.str.len : 3;
+        int64_t end_len = (int64_t)ju8_count(end, end_n);
+        if (length < end_len) return jr_fail(r, line, "expected length >= %lld, got %lld", (long long)end_len, (long long)length);
+        if (leeway < 0) return jr_fail(r, line, "expected leeway >= 0, got %lld", (long long)leeway);
+        if (v->kind != JV_STRING) { /* what len() takes and is short enough comes back as it is */
+            int64_t len = v->kind == JV_UNDEFINED                      ? 0
+                          : v->kind == JV_DICT                         ? (int64_t)v->u.dict.n
+                          : v->kind == JV_LIST && !v->u.list.gen ? (int64_t)v->u.list.n
+                                                                       : -1;
+            if (len < 0) return jr_fail(r, line, "object of type '%s' has no len()", jv_type_name(v));
+            if (len <= length + leeway) return jv_incref(v);
+            return jr_fail(r, line, "truncate: cannot add a str to a sliced '%s'", jv_type_name(v));
+        }
+        const char *str = v->u.str.s;
+        size_t n = v->u.str.len;
+        if (jr_work(r, line, jr_bytes_work(n))) return NULL;
+        int64_t len = (int64_t)ju8_count(str, n);
+        if (len <= length + leeway) return jv_incref(v);
+        size_t cut = ju8_offset(str, n, (size_t)(length - end_len));
+        if (!arg_bool(A_[1], 0)) { /* s[:cut].rsplit(" ", 1)[0] */
+            size_t k = cut;
+            while (k > 0 && str[k - 1] != ' ') k--;
+            if (k > 0) cut = k - 1;
+        }
+        jbuf b = {.limit = r->lim.max_output};
+        jbuf_put(&b, str, cut);
+        jbuf_put(&b, end, end_n);
+        return new_string(r, line, &b);
     }
     if (F("center")) {
         BIND("center", "width");
@@ -1939,6 +2177,7 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         return f_sortlike(r, line, name, v, a);
     if (F("map") || F("select") || F("reject") || F("selectattr") || F("rejectattr"))
         return f_map_select(r, line, name, v, a);
+    if (F("batch") || F("slice")) return f_batch_slice(r, line, F("slice"), v, a);
     if (F("list")) {
         jv *l = jr_iterate(r, line, v);
         if (l && l->kind == JV_LIST && (l->u.list.tuple || l->u.list.gen || l == v)) { /* a new list */
@@ -2021,7 +2260,7 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
             if (i && sep.p) jbuf_put(&b, sep.p, sep.len);
             jv *it = items->u.list.items[i];
             if (A_[1]) {
-                jv *x = get_attribute_path(r, line, it, A_[1]);
+                jv *x = get_attribute_path(r, line, it, A_[1], NULL);
                 if (!x) {
                     jbuf_free(&b);
                     jbuf_free(&sep);
@@ -2056,7 +2295,7 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
                 isum = A_[1]->kind == JV_BOOL ? A_[1]->u.b : A_[1]->u.i;
         }
         for (size_t i = 0; i < items->u.list.n; i++) {
-            jv *x = A_[0] ? get_attribute_path(r, line, items->u.list.items[i], A_[0])
+            jv *x = A_[0] ? get_attribute_path(r, line, items->u.list.items[i], A_[0], NULL)
                           : jv_incref(items->u.list.items[i]);
             if (!x) {
                 jv_decref(items);
@@ -2101,29 +2340,31 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         jv *deflt = A_[0] ? jv_incref(A_[0]) : jv_int(0);
         if (v->kind == JV_INT) return jv_decref(deflt), jv_incref(v);
         if (v->kind == JV_BOOL) return jv_decref(deflt), jv_int(v->u.b);
-        if (v->kind == JV_FLOAT) {
-            if (v->u.f != v->u.f || isinf(v->u.f) || fabs(v->u.f) >= 9.2e18) return deflt;
-            jv_decref(deflt);
-            return jv_int((int64_t)trunc(v->u.f));
-        }
         if (v->kind == JV_UNDEFINED) {
             jv_decref(deflt);
             return jr_undefined_error(r, line, v);
         }
+        double fv;
         if (v->kind == JV_STRING) {
             int64_t x;
             if (parse_int_str(v->u.str.s, v->u.str.len, (int)base, &x) == 0) {
                 jv_decref(deflt);
                 return jv_int(x);
             }
-            double d;
-            if (parse_float_str(v->u.str.s, v->u.str.len, &d) == 0 && d == d && !isinf(d) &&
-                fabs(d) < 9.2e18) {
-                jv_decref(deflt);
-                return jv_int((int64_t)trunc(d));
-            }
+            /* int(float(s)) runs inside jinja2's handler, which also catches OverflowError */
+            if (parse_float_str(v->u.str.s, v->u.str.len, &fv) != 0 || isinf(fv)) return deflt;
+        } else if (v->kind == JV_FLOAT) {
+            fv = v->u.f;
+        } else {
+            return deflt;
         }
-        return deflt;
+        /* Python: int(nan) is a ValueError (the default), int(inf) of a float an OverflowError
+         * that jinja2 does not catch; past 64 bits Python has big ints, gemma4c an overflow error */
+        if (fv != fv) return deflt;
+        jv_decref(deflt);
+        if (isinf(fv)) return jr_fail(r, line, "cannot convert float infinity to integer");
+        if (fabs(fv) >= 9223372036854775808.0) return jr_fail(r, line, "integer overflow");
+        return jv_int((int64_t)trunc(fv));
     }
     if (F("float")) {
         BIND("float", "default");
@@ -2143,7 +2384,26 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
         if (strcmp(method, "common") && strcmp(method, "ceil") && strcmp(method, "floor"))
             return jr_fail(r, line, "method must be common, ceil or floor");
         if (!jv_is_number(v)) return jr_fail(r, line, "round: '%s' is not a number", jv_type_name(v));
-        if (v->kind != JV_FLOAT && !strcmp(method, "common") && prec >= 0) return jv_int(v->kind == JV_BOOL ? v->u.b : v->u.i);
+        if (v->kind != JV_FLOAT && !strcmp(method, "common")) {
+            /* Python's round(int, n) is an int: exact, halves to even for n < 0 */
+            int64_t x = v->kind == JV_BOOL ? v->u.b : v->u.i;
+            if (prec >= 0) return jv_int(x);
+            if (prec < -18) {
+                if (x > 5000000000000000000 || x < -5000000000000000000) return jr_fail(r, line, "integer overflow");
+                return jv_int(0);
+            }
+            int64_t p = 1, q, rem, res;
+            for (int64_t k = 0; k < -prec; k++) p *= 10;
+            q = x / p;
+            rem = x % p;
+            if (rem < 0) {
+                q--;
+                rem += p;
+            }
+            if (2 * rem > p || (2 * rem == p && (q & 1))) q++;
+            if (__builtin_mul_overflow(q, p, &res)) return jr_fail(r, line, "integer overflow");
+            return jv_int(res);
+        }
         double x = jv_num(v), res;
         if (prec > 300) prec = 300;
         if (prec < -300) prec = -300;
@@ -2158,7 +2418,9 @@ static jv *filter_inner(jrender *r, int line, const char *name, jv *v, jv **pos,
             }
         } else {
             double p = pow(10.0, (double)prec);
-            res = (!strcmp(method, "ceil") ? ceil(x * p) : floor(x * p)) / p;
+            /* Python's math.ceil/floor return ints, which have no negative zero */
+            double whole = !strcmp(method, "ceil") ? ceil(x * p) : floor(x * p);
+            res = (whole == 0 ? 0.0 : whole) / p;
         }
         return jv_float(res);
     }

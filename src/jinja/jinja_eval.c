@@ -678,6 +678,17 @@ static jv *binop(jrender *r, int line, int op, const jv *a, const jv *b) {
 }
 
 /* `needle in haystack`: 1/0, -1 on error. */
+
+/* The part of v that Python cannot hash (a list, dict or namespace, also inside a tuple), or NULL. */
+static const jv *unhashable(const jv *v) {
+    if (v->kind == JV_DICT || v->kind == JV_NAMESPACE || (v->kind == JV_LIST && !v->u.list.tuple)) return v;
+    if (v->kind == JV_LIST)
+        for (size_t i = 0; i < v->u.list.n; i++) {
+            const jv *bad = unhashable(v->u.list.items[i]);
+            if (bad) return bad;
+        }
+    return NULL;
+}
 static int contains(jrender *r, int line, const jv *needle, const jv *hay) {
     switch (hay->kind) {
     case JV_STRING:
@@ -691,11 +702,11 @@ static int contains(jrender *r, int line, const jv *needle, const jv *hay) {
         for (size_t i = 0; i < hay->u.list.n; i++)
             if (jv_eq(hay->u.list.items[i], needle)) return 1;
         return 0;
-    case JV_DICT:
-        if ((needle->kind == JV_LIST && !needle->u.list.tuple) || needle->kind == JV_DICT ||
-            needle->kind == JV_NAMESPACE)
-            return jr_failc(r, line, "unhashable type: '%s'", jv_type_name(needle));
+    case JV_DICT: {
+        const jv *bad = unhashable(needle);
+        if (bad) return jr_failc(r, line, "unhashable type: '%s'", jv_type_name(bad));
         return jv_dict_get(hay, needle) != NULL;
+    }
     case JV_UNDEFINED:
         return 0;
     default:
@@ -947,14 +958,13 @@ static jv *eval_inner(jrender *r, jscope *sc, const jexpr *e) {
                 jv_decref(d);
                 return NULL;
             }
-            if (k->kind == JV_LIST && !k->u.list.tuple) {
-                jv_decref(k);
+            const jv *bad = unhashable(k);
+            if (bad || k->kind == JV_UNDEFINED) {
                 jv_decref(d);
-                return jr_fail(r, line, "unhashable type: 'list'");
-            }
-            if (k->kind == JV_DICT || k->kind == JV_UNDEFINED) {
-                jv_decref(d);
-                jr_fail(r, line, k->kind == JV_DICT ? "unhashable type: 'dict'" : "dictionary key is undefined");
+                if (bad)
+                    jr_fail(r, line, "unhashable type: '%s'", jv_type_name(bad));
+                else
+                    jr_fail(r, line, "dictionary key is undefined");
                 jv_decref(k);
                 return NULL;
             }
@@ -1295,15 +1305,7 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
         items = kept;
     }
     size_t n = items->u.list.n;
-    int result = X_OK;
-    if (n == 0) {
-        jv_decref(items);
-        jscope *inner = scope_new(sc);
-        if (!inner) return jr_oom(r, s->line), X_ERR;
-        int rc = exec_body(r, inner, &s->else_body, out);
-        scope_exit(inner);
-        return rc == X_ERR ? X_ERR : X_OK;
-    }
+    int result = X_OK, completed = 0; /* an iteration ran to the end of the body */
     for (size_t i = 0; i < n; i++) {
         if (step(r, s->line)) {
             result = X_ERR;
@@ -1333,9 +1335,19 @@ static int exec_for(jrender *r, jscope *sc, const jstmt *s, jbuf *out) {
             result = X_ERR;
             break;
         }
+        if (rc == X_OK) completed = 1;
         if (rc == X_BREAK) break;
     }
     jv_decref(items);
+    /* jinja2 clears its "run the else block" flag at the end of the body, so the else block runs
+     * when no iteration got there: no items, or each one left by break or continue.  It runs
+     * after the loop, so a break or continue in it is the enclosing loop's. */
+    if (result == X_OK && !completed && s->else_body.n) {
+        jscope *inner = scope_new(sc);
+        if (!inner) return jr_oom(r, s->line), X_ERR;
+        result = exec_body(r, inner, &s->else_body, out);
+        scope_exit(inner);
+    }
     return result;
 }
 

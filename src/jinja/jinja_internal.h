@@ -86,6 +86,9 @@ uint32_t ju_lower(uint32_t cp);
 /* Unicode's Cased (a letter with case) and Case_Ignorable, as Python's str.lower() reads them for its final sigma
  * (approximated from the C library's classes and the ignorable ranges that occur in text). */
 int ju_cased(uint32_t cp);
+/* Python's view of one character for str.islower()/isupper(): 1 lower case (Unicode's Lowercase,
+ * so also 'ﬁ', 'ª'), 2 upper case, 3 title case (neither), 0 uncased */
+int ju_case_kind(uint32_t cp);
 int ju_case_ignorable(uint32_t cp);
 int ju_isalpha(uint32_t cp);
 int ju_isdigit(uint32_t cp);
@@ -192,9 +195,9 @@ const char *jv_type_name(const jv *v);
 
 void jv_write_str(const jv *v, jbuf *b);  /* Python str() */
 void jv_write_repr(const jv *v, jbuf *b); /* Python repr() */
-/* json.dumps(v, ensure_ascii=ascii, indent=indent (<0: None), separators, sort_keys);
- * returns -1 (with a message in err) for values JSON cannot hold. */
-int jv_write_json(const jv *v, jbuf *b, int indent, const char *item_sep, const char *key_sep,
+/* json.dumps(v, ensure_ascii=ascii, indent=indent (the text of one level, NULL: None), separators,
+ * sort_keys); returns -1 (with a message in err) for values JSON cannot hold. */
+int jv_write_json(const jv *v, jbuf *b, const char *indent, const char *item_sep, const char *key_sep,
                   int sort_keys, int ascii, char *err, size_t errcap);
 void jv_write_float(double f, jbuf *b); /* Python repr(float) */
 

@@ -341,6 +341,18 @@ int ju_cased(uint32_t cp) {
            ju_upper(cp) != cp;
 }
 
+int ju_case_kind(uint32_t cp) {
+    if (cp < 0x80) return (cp >= 'a' && cp <= 'z') ? 1 : (cp >= 'A' && cp <= 'Z') ? 2 : 0;
+    /* Unicode's title case letters (Lt), which the C library counts as upper (and lower) case */
+    if (cp == 0x1C5 || cp == 0x1C8 || cp == 0x1CB || cp == 0x1F2 || (cp >= 0x1F88 && cp <= 0x1FAF && (cp & 8)) ||
+        cp == 0x1FBC || cp == 0x1FCC || cp == 0x1FFC)
+        return 3;
+    pthread_once(&utf8_locale_once, utf8_locale_init);
+    if (!utf8_locale) return 0;
+    if (iswlower_l((wint_t)cp, utf8_locale)) return 1;
+    return iswupper_l((wint_t)cp, utf8_locale) ? 2 : 0;
+}
+
 int ju_case_ignorable(uint32_t cp) {
     /* Unicode's Case_Ignorable: the word-internal punctuation (' . : and kin), modifier letters and symbols,
      * combining marks and format characters; the ranges that occur in text (not the whole table) */
@@ -1045,7 +1057,7 @@ static void json_write_string(const char *s, size_t n, jbuf *b, int ascii) {
 }
 
 typedef struct {
-    int indent;
+    const char *indent; /* NULL: no newlines */
     const char *item_sep, *key_sep;
     int sort_keys, ascii;
     char *err;
@@ -1054,7 +1066,7 @@ typedef struct {
 
 static void json_newline(jbuf *b, const json_opts *o, int level) {
     jbuf_putc(b, '\n');
-    for (int i = 0; i < o->indent * level; i++) jbuf_putc(b, ' ');
+    for (int i = 0; i < level; i++) jbuf_puts(b, o->indent);
 }
 
 static int json_key(const jv *k, jbuf *b, const json_opts *o) {
@@ -1126,10 +1138,10 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
         jbuf_putc(b, '[');
         for (size_t i = 0; i < v->u.list.n; i++) {
             if (i) jbuf_puts(b, o->item_sep);
-            if (o->indent >= 0) json_newline(b, o, level + 1);
+            if (o->indent) json_newline(b, o, level + 1);
             if (json_value(v->u.list.items[i], b, o, level + 1)) return -1;
         }
-        if (o->indent >= 0) json_newline(b, o, level);
+        if (o->indent) json_newline(b, o, level);
         jbuf_putc(b, ']');
         return 0;
     case JV_DICT: {
@@ -1164,7 +1176,7 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
         jbuf_putc(b, '{');
         for (size_t i = 0; i < n; i++) {
             if (i) jbuf_puts(b, o->item_sep);
-            if (o->indent >= 0) json_newline(b, o, level + 1);
+            if (o->indent) json_newline(b, o, level + 1);
             if (json_key(v->u.dict.keys[order[i]], b, o) ||
                 (jbuf_puts(b, o->key_sep), json_value(v->u.dict.vals[order[i]], b, o, level + 1))) {
                 free(order);
@@ -1172,7 +1184,7 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
             }
         }
         free(order);
-        if (o->indent >= 0) json_newline(b, o, level);
+        if (o->indent) json_newline(b, o, level);
         jbuf_putc(b, '}');
         return 0;
     }
@@ -1183,7 +1195,7 @@ static int json_value(const jv *v, jbuf *b, const json_opts *o, int level) {
     }
 }
 
-int jv_write_json(const jv *v, jbuf *b, int indent, const char *item_sep, const char *key_sep,
+int jv_write_json(const jv *v, jbuf *b, const char *indent, const char *item_sep, const char *key_sep,
                   int sort_keys, int ascii, char *err, size_t errcap) {
     json_opts o = {indent, item_sep, key_sep, sort_keys, ascii, err, errcap};
     return json_value(v, b, &o, 0);
