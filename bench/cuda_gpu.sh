@@ -57,6 +57,13 @@ for step in "$@"; do
         echo "audio sweep rc=$? $(grep -c '^ok' "$OUT/audio_sweep.log") ok, $(grep -c '^FAIL' "$OUT/audio_sweep.log") failed" |
             tee -a "$summary"
         grep -E "^FAIL|Error" "$OUT/audio_sweep.log" | head -8
+        echo "== random vision configurations and images against the numpy reference on the GPU (tests/data/vision_sweep.py)"
+        /usr/bin/python3 "$G4_SOURCE_DIR/tests/data/vision_sweep.py" --bin "$BIN/gemma4c" --device cuda \
+            --reference "$SHARED/reference/numpy" --tmp /tmp/g4-cuda-tests/vision-sweep --cases 40 --control \
+            >"$OUT/vision_sweep.log" 2>&1
+        echo "vision sweep rc=$? $(grep -c '^ok' "$OUT/vision_sweep.log") ok, $(grep -c '^FAIL' "$OUT/vision_sweep.log") failed" |
+            tee -a "$summary"
+        grep -E "^FAIL|Error" "$OUT/vision_sweep.log" | head -8
         ;;
     memcheck)
         echo "== compute-sanitizer memcheck: the CUDA op tests and a fixture model run"
