@@ -44,26 +44,18 @@ for step in "$@"; do
         done
         ;;
     sweep)
-        echo "== random text configurations against the numpy reference on the GPU (tests/data/config_sweep.py)"
-        # KV cache f32: the sweep's tolerances are float32's (the bf16 cache is checked by test_decoder's KV16 cases)
-        /usr/bin/python3 "$G4_SOURCE_DIR/tests/data/config_sweep.py" --bin "$BIN/gemma4c" --device cuda --kv f32 \
-            --reference "$SHARED/reference/numpy" --tmp /tmp/g4-cuda-tests/sweep --cases 200 --control >"$OUT/sweep.log" 2>&1
-        echo "sweep rc=$? $(grep -c '^ok' "$OUT/sweep.log") ok, $(grep -c '^FAIL' "$OUT/sweep.log") failed" | tee -a "$summary"
-        grep -E "^FAIL|Error" "$OUT/sweep.log" | head -8
-        echo "== random audio configurations against the numpy reference on the GPU (tests/data/audio_sweep.py)"
-        /usr/bin/python3 "$G4_SOURCE_DIR/tests/data/audio_sweep.py" --bin "$BIN/gemma4c" --device cuda \
-            --reference "$SHARED/reference/numpy" --tmp /tmp/g4-cuda-tests/audio-sweep --cases 60 --control \
-            >"$OUT/audio_sweep.log" 2>&1
-        echo "audio sweep rc=$? $(grep -c '^ok' "$OUT/audio_sweep.log") ok, $(grep -c '^FAIL' "$OUT/audio_sweep.log") failed" |
-            tee -a "$summary"
-        grep -E "^FAIL|Error" "$OUT/audio_sweep.log" | head -8
-        echo "== random vision configurations and images against the numpy reference on the GPU (tests/data/vision_sweep.py)"
-        /usr/bin/python3 "$G4_SOURCE_DIR/tests/data/vision_sweep.py" --bin "$BIN/gemma4c" --device cuda \
-            --reference "$SHARED/reference/numpy" --tmp /tmp/g4-cuda-tests/vision-sweep --cases 40 --control \
-            >"$OUT/vision_sweep.log" 2>&1
-        echo "vision sweep rc=$? $(grep -c '^ok' "$OUT/vision_sweep.log") ok, $(grep -c '^FAIL' "$OUT/vision_sweep.log") failed" |
-            tee -a "$summary"
-        grep -E "^FAIL|Error" "$OUT/vision_sweep.log" | head -8
+        # random configurations against the numpy reference on the GPU (tests/data/*_sweep.py); the text sweep with
+        # an f32 KV cache: its tolerances are float32's (the bf16 cache is checked by test_decoder's KV16 cases)
+        for spec in config_sweep:200:--kv=f32 audio_sweep:60: vision_sweep:40:; do
+            IFS=: read -r name cases extra <<<"$spec"
+            echo "== $name on the GPU"
+            /usr/bin/python3 "$G4_SOURCE_DIR/tests/data/$name.py" --bin "$BIN/gemma4c" --device cuda ${extra/=/ } \
+                --reference "$SHARED/reference/numpy" --tmp "/tmp/g4-cuda-tests/$name" --cases "$cases" --control \
+                >"$OUT/$name.log" 2>&1
+            echo "$name rc=$? $(grep -c '^ok' "$OUT/$name.log") ok, $(grep -c '^FAIL' "$OUT/$name.log") failed" |
+                tee -a "$summary"
+            grep -E "^FAIL|Error" "$OUT/$name.log" | head -8
+        done
         ;;
     memcheck)
         echo "== compute-sanitizer memcheck: the CUDA op tests and a fixture model run"

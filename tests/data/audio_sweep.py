@@ -33,7 +33,6 @@ whose //4 is not the 32 mel bins left) must be refused in one line on stderr; so
 engine declares unsupported (attention_context_right > 0, another hidden_act, a left context of 1, an invalid-logit
 value that lets masked keys into the softmax). Prints ok/FAIL lines; exits 1 on any failure.
 """
-import argparse
 import json
 import math
 import os
@@ -47,7 +46,7 @@ import numpy as np
 F32 = np.float32
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from config_sweep import draw_weights, write_safetensors  # noqa: E402  (the text sweep's writers)
+from config_sweep import draw_weights, write_safetensors, sweep_arguments  # noqa: E402  (the text sweep's writers)
 
 PREPROCESSOR = {
     "dither": 0.0, "feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128, "fft_length": 512,
@@ -519,17 +518,7 @@ def run_case(r, case, seed, an):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--reference", required=True, help="../shared/reference/numpy")
-    ap.add_argument("--tmp", required=True)
-    ap.add_argument("--cases", type=int, default=16)
-    ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--only", type=int, default=None)
-    ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--control", action="store_true", help="also check that a perturbed file fails the comparison")
-    args = ap.parse_args()
+    args = sweep_arguments(16).parse_args()
     sys.path.insert(0, args.reference)
     import audio_numpy  # noqa: E402  (the reference, from ../shared)
     os.makedirs(args.tmp, exist_ok=True)

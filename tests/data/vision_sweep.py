@@ -31,7 +31,6 @@ preprocessor whose patch size is not the tower's, or whose max_soft_tokens is no
 them with one line on stderr. The first case also runs a negative control (--control). Prints ok/FAIL lines;
 exits 1 on any failure.
 """
-import argparse
 import json
 import os
 import shutil
@@ -42,7 +41,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from config_sweep import write_safetensors, draw_weights  # noqa: E402  (same folder)
+from config_sweep import write_safetensors, draw_weights, sweep_arguments  # noqa: E402  (same folder)
 
 F32 = np.float32
 V = "model.vision_tower."
@@ -520,17 +519,7 @@ def run_case(r, case, seed, vn, ip, invalid_kind=None):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--reference", required=True, help="../shared/reference/numpy")
-    ap.add_argument("--tmp", required=True)
-    ap.add_argument("--cases", type=int, default=24)
-    ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--only", type=int, default=None)
-    ap.add_argument("--keep", action="store_true")
-    ap.add_argument("--control", action="store_true", help="also check that a perturbed file fails the comparison")
-    args = ap.parse_args()
+    args = sweep_arguments(24).parse_args()
     sys.path.insert(0, args.reference)
     import imgproc  # noqa: E402  (the reference, from ../shared)
     import vision_numpy  # noqa: E402
