@@ -45,14 +45,23 @@ for step in "$@"; do
         ;;
     sweep)
         # random configurations against the numpy reference on the GPU (tests/data/*_sweep.py); the text sweep with
-        # an f32 KV cache: its tolerances are float32's (the bf16 cache is checked by test_decoder's KV16 cases)
-        for spec in config_sweep:200:--kv=f32 audio_sweep:60: vision_sweep:40:; do
+        # an f32 KV cache: its tolerances are float32's (the bf16 cache is checked by test_decoder's KV16 cases).
+        # Shards of different seeds run side by side (G4_SWEEP_JOBS, 8): the cases are small and start-up bound.
+        py=${G4_PYTHON:-python3}
+        jobs=${G4_SWEEP_JOBS:-8}
+        for spec in config_sweep:${G4_SWEEP_CASES:-160}:--kv=f32 audio_sweep:${G4_AUDIO_SWEEP_CASES:-48}: \
+                    vision_sweep:${G4_VSWEEP_CASES:-32}:; do
             IFS=: read -r name cases extra <<<"$spec"
-            echo "== $name on the GPU"
-            /usr/bin/python3 "$G4_SOURCE_DIR/tests/data/$name.py" --bin "$BIN/gemma4c" --device cuda ${extra/=/ } \
-                --reference "$SHARED/reference/numpy" --tmp "/tmp/g4-cuda-tests/$name" --cases "$cases" --control \
-                >"$OUT/$name.log" 2>&1
-            echo "$name rc=$? $(grep -c '^ok' "$OUT/$name.log") ok, $(grep -c '^FAIL' "$OUT/$name.log") failed" |
+            echo "== $name on the GPU: $cases cases in $jobs shards (seeds 7000..)"
+            for ((j = 0; j < jobs; j++)); do
+                "$py" "$G4_SOURCE_DIR/tests/data/$name.py" --bin "$BIN/gemma4c" --device cuda ${extra/=/ } \
+                    --reference "$SHARED/reference/numpy" --tmp "/tmp/g4-cuda-tests/$name.$j" \
+                    --cases $(((cases + jobs - 1) / jobs)) --seed $((7000 + j)) --control >"$OUT/$name.$j.log" 2>&1 &
+            done
+            wait
+            cat "$OUT/$name".*.log >"$OUT/$name.log"
+            rm -f "$OUT/$name".*.log
+            echo "$name $(grep -c '^ok' "$OUT/$name.log") ok, $(grep -c '^FAIL' "$OUT/$name.log") failed" |
                 tee -a "$summary"
             grep -E "^FAIL|Error" "$OUT/$name.log" | head -8
         done
