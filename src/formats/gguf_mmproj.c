@@ -47,6 +47,17 @@ static const struct {
 
 static const char *const clip_suffixes[] = {"weight", "input_min", "input_max", "output_min", "output_max"};
 
+/* 1 when a tensor of the tower (names starting with prefix) is a clip bound (<name>.input_min ...) */
+static int holds_clip_bound(const g4_tensor_set *set, const char *prefix) {
+    for (int i = 0; i < set->n_tensors; i++) {
+        const char *name = set->tensors[i].name, *dot = strrchr(name, '.');
+        if (!dot || strncmp(name, prefix, strlen(prefix))) continue;
+        for (size_t s = 1; s < sizeof clip_suffixes / sizeof *clip_suffixes; s++)
+            if (!strcmp(dot + 1, clip_suffixes[s])) return 1;
+    }
+    return 0;
+}
+
 /* The HF name of a vision tensor of the file, or -1 (audio, or a name the converter does not write). */
 static int hf_name(const char *g, char *out, size_t cap) {
     for (size_t i = 0; i < sizeof global_names / sizeof *global_names; i++)
@@ -220,8 +231,9 @@ static json_t *vision_config(const g4_gguf *g, const char *path, int text_hidden
         return NULL;
     }
     /* use_clipped_linears and standardize are not in the metadata either: the tensors say (clip.cpp:2604-2626
-     * binds std_bias/std_scale and each linear's clamps when present) */
-    const int clipped = g4_tensor_set_find(&g->set, "v.blk.0.attn_q.input_max") != NULL;
+     * binds std_bias/std_scale and each linear's clamps when present; a clamp left out is unbounded, as the binders
+     * of the towers take one the weights leave out) */
+    const int clipped = holds_clip_bound(&g->set, "v.");
     const int standardize = g4_tensor_set_find(&g->set, "v.std_bias") != NULL;
     json_t *vc = json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:i, s:i, s:I, s:b, s:b, s:{s:s, s:f}}",
                            "hidden_size", D, "intermediate_size", I, "num_hidden_layers", L, "num_attention_heads", H,
@@ -290,7 +302,7 @@ static json_t *audio_config(const g4_gguf *g, const char *path, int text_hidden,
         g4_fail(err, "%s: the mmproj file has no 2-D a.blk.0.conv_dw.weight", path);
         return NULL;
     }
-    const int clipped = g4_tensor_set_find(&g->set, "a.blk.0.attn_q.input_max") != NULL;
+    const int clipped = holds_clip_bound(&g->set, "a.");
     json_t *ac = json_pack("{s:i, s:i, s:i, s:s, s:[I, I], s:I, s:f, s:i, s:i, s:i, s:f, s:f, s:b, s:f, s:f, s:I}",
                            "hidden_size", D, "num_hidden_layers", L, "num_attention_heads", H, "hidden_act", "silu",
                            "subsampling_conv_channels", (json_int_t)c1, (json_int_t)c2, "conv_kernel_size",

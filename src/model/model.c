@@ -304,6 +304,18 @@ float g4_bind_scalar(g4_binder *b, const char *name) {
     return f;
 }
 
+float g4_bind_scalar_or(g4_binder *b, const char *name, float absent_value, int *n_absent) {
+    if (!b->failed && !b->m->random) {
+        char full[512];
+        snprintf(full, sizeof full, "%s%s", b->prefix, name);
+        if (!g4_tensor_set_find(&b->m->weights, full)) {
+            (*n_absent)++;
+            return absent_value;
+        }
+    }
+    return g4_bind_scalar(b, name);
+}
+
 float *g4_bind_computed(g4_binder *b, size_t n, const float **field) { return vec_slot(b, n, field); }
 
 int g4_bind_failed(const g4_binder *b) { return b->failed; }

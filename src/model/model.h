@@ -119,6 +119,10 @@ const g4_tensor *g4_bind_matrix_flat(g4_binder *b, const char *name, int ndim, c
 const float *g4_bind_vector(g4_binder *b, const char *name, int ndim, const int64_t *shape, const float **field);
 /* A scalar tensor (shape [] or [1]); 0 when absent. */
 float g4_bind_scalar(g4_binder *b, const char *name);
+/* A scalar buffer a checkpoint may leave out: transformers then keeps the value the module was made with (the
+ * clip bounds of Gemma4ClippableLinear: -inf / +inf, _init_weights). absent_value when it is not in the weights,
+ * counted in *n_absent. */
+float g4_bind_scalar_or(g4_binder *b, const char *name, float absent_value, int *n_absent);
 /* A vector the tower computes (n floats to fill now, on the host), placed with the others into *field. */
 float *g4_bind_computed(g4_binder *b, size_t n, const float **field);
 /* 1 once binding has hit a hard error (later calls do nothing). */

@@ -157,6 +157,7 @@ done:
 typedef struct {
     g4_binder *b;
     int clipped;
+    int absent; /* clip bounds not in the weights */
     char name[512];
 } tower_binder;
 
@@ -176,10 +177,11 @@ static void vec1(tower_binder *b, const char *name, int64_t n, const float **fie
     g4_bind_vector(b->b, name, 1, &n, field);
 }
 
-static float scalar(tower_binder *b, const char *prefix, const char *what) {
+/* a clip bound; one the weights leave out is the module's initial value (+-inf, counted in b->absent) */
+static float bound(tower_binder *b, const char *prefix, const char *what, float absent_value) {
     char name[512];
     snprintf(name, sizeof name, "%s.%s", prefix, what);
-    return g4_bind_scalar(b->b, name);
+    return g4_bind_scalar_or(b->b, name, absent_value, &b->absent);
 }
 
 /* prefix names a Gemma4ClippableLinear: prefix.linear.weight [rows, cols] and its four bounds */
@@ -190,10 +192,10 @@ static void clin(tower_binder *b, const char *prefix, int64_t rows, int64_t cols
     out->in_lo = out->out_lo = -INFINITY;
     out->in_hi = out->out_hi = INFINITY;
     if (!b->clipped) return;
-    out->in_lo = scalar(b, prefix, "input_min");
-    out->in_hi = scalar(b, prefix, "input_max");
-    out->out_lo = scalar(b, prefix, "output_min");
-    out->out_hi = scalar(b, prefix, "output_max");
+    out->in_lo = bound(b, prefix, "input_min", -INFINITY);
+    out->in_hi = bound(b, prefix, "input_max", INFINITY);
+    out->out_lo = bound(b, prefix, "output_min", -INFINITY);
+    out->out_hi = bound(b, prefix, "output_max", INFINITY);
 }
 
 /* rows [r0, r0 + n) of a [rows, cols] clipped linear, with the same bounds */
@@ -315,6 +317,10 @@ int g4_audio_tower_bind(g4_binder *bd, g4_model *m, g4_audio_tower **out, g4_err
             }
         }
     }
+    if (b.absent)
+        g4_warn(&m->warnings, "%d clip bound%s of the audio tower's linears %s not in the weights: unbounded there (-inf / "
+                "+inf, the value transformers makes the buffers with)", b.absent, b.absent > 1 ? "s" : "",
+                b.absent > 1 ? "are" : "is");
     return 0;
 }
 

@@ -74,17 +74,19 @@ static void computed_vec(g4_binder *b, int n, float c, const float *from, const 
         for (int i = 0; i < n; i++) host[i] = from ? c * from[i] : c;
 }
 
-static void bind_linear(g4_binder *b, const g4_vision *v, clip_linear *l, const char *prefix, int64_t out, int64_t in) {
+/* A Gemma4ClippableLinear; a bound the weights leave out is the module's initial +-inf (counted in *absent). */
+static void bind_linear(g4_binder *b, const g4_vision *v, clip_linear *l, const char *prefix, int64_t out, int64_t in,
+                        int *absent) {
     char n[512];
     l->w = bind2(b, vname(n, sizeof n, "%s.linear.weight", prefix), out, in);
     l->clipped = v->cfg.use_clipped_linears;
     l->in_min = l->out_min = -INFINITY;
     l->in_max = l->out_max = INFINITY;
     if (!l->clipped) return;
-    l->in_min = g4_bind_scalar(b, vname(n, sizeof n, "%s.input_min", prefix));
-    l->in_max = g4_bind_scalar(b, vname(n, sizeof n, "%s.input_max", prefix));
-    l->out_min = g4_bind_scalar(b, vname(n, sizeof n, "%s.output_min", prefix));
-    l->out_max = g4_bind_scalar(b, vname(n, sizeof n, "%s.output_max", prefix));
+    l->in_min = g4_bind_scalar_or(b, vname(n, sizeof n, "%s.input_min", prefix), -INFINITY, absent);
+    l->in_max = g4_bind_scalar_or(b, vname(n, sizeof n, "%s.input_max", prefix), INFINITY, absent);
+    l->out_min = g4_bind_scalar_or(b, vname(n, sizeof n, "%s.output_min", prefix), -INFINITY, absent);
+    l->out_max = g4_bind_scalar_or(b, vname(n, sizeof n, "%s.output_max", prefix), INFINITY, absent);
 }
 
 int g4_vision_bind(g4_binder *b, g4_model *m, g4_vision **out, g4_error *err) {
@@ -115,17 +117,18 @@ int g4_vision_bind(g4_binder *b, g4_model *m, g4_vision **out, g4_error *err) {
             v->pos_table[a].nbytes = pt->nbytes / 2;
             v->pos_table[a].data = (const unsigned char *)pt->data + (size_t)a * (pt->nbytes / 2);
         }
+    int absent = 0; /* clip bounds not in the weights */
     for (int l = 0; l < c->n_layers; l++) {
         vision_layer *y = &v->layers[l];
         char p[256];
 #define L(s) vname(p, sizeof p, "model.vision_tower.encoder.layers.%d.%s", l, s)
-        bind_linear(b, v, &y->q, L("self_attn.q_proj"), (int64_t)H * dh, D);
-        bind_linear(b, v, &y->k, L("self_attn.k_proj"), (int64_t)KV * dh, D);
-        bind_linear(b, v, &y->v, L("self_attn.v_proj"), (int64_t)KV * dh, D);
-        bind_linear(b, v, &y->o, L("self_attn.o_proj"), D, (int64_t)H * dh);
-        bind_linear(b, v, &y->gate, L("mlp.gate_proj"), I, D);
-        bind_linear(b, v, &y->up, L("mlp.up_proj"), I, D);
-        bind_linear(b, v, &y->down, L("mlp.down_proj"), D, I);
+        bind_linear(b, v, &y->q, L("self_attn.q_proj"), (int64_t)H * dh, D, &absent);
+        bind_linear(b, v, &y->k, L("self_attn.k_proj"), (int64_t)KV * dh, D, &absent);
+        bind_linear(b, v, &y->v, L("self_attn.v_proj"), (int64_t)KV * dh, D, &absent);
+        bind_linear(b, v, &y->o, L("self_attn.o_proj"), D, (int64_t)H * dh, &absent);
+        bind_linear(b, v, &y->gate, L("mlp.gate_proj"), I, D, &absent);
+        bind_linear(b, v, &y->up, L("mlp.up_proj"), I, D, &absent);
+        bind_linear(b, v, &y->down, L("mlp.down_proj"), D, I, &absent);
         bind_vec(b, L("self_attn.q_norm.weight"), dh, &y->q_norm);
         bind_vec(b, L("self_attn.k_norm.weight"), dh, &y->k_norm);
         bind_vec(b, L("input_layernorm.weight"), D, &y->input_norm);
@@ -148,6 +151,9 @@ int g4_vision_bind(g4_binder *b, g4_model *m, g4_vision **out, g4_error *err) {
     g4_rope_config rc = {G4_ROPE_DEFAULT, c->rope_theta, 1.0, 1.0};
     float *inv = g4_bind_computed(b, (size_t)(dh / 4), &v->inv_freq);
     if (inv) g4_rope_inv_freq(&rc, dh / 2, inv);
+    if (absent)
+        g4_warn(&m->warnings, "%d clip bound%s of the vision tower's linears %s not in the weights: unbounded there (-inf / "
+                "+inf, the value transformers makes the buffers with)", absent, absent > 1 ? "s" : "", absent > 1 ? "are" : "is");
     return 0;
 }
 

@@ -46,7 +46,7 @@ import numpy as np
 F32 = np.float32
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from config_sweep import draw_weights, write_safetensors, sweep_arguments  # noqa: E402  (the text sweep's writers)
+from config_sweep import draw_weights, drop_clip_bounds, write_safetensors, sweep_arguments  # noqa: E402  (the text sweep's writers)
 
 PREPROCESSOR = {
     "dither": 0.0, "feature_extractor_type": "Gemma4AudioFeatureExtractor", "feature_size": 128, "fft_length": 512,
@@ -432,8 +432,12 @@ def run_case(r, case, seed, an):
     text_types = TEXT["layer_types"]
     weights = draw_weights(rng, dict(TEXT), text_types, "model.language_model.")
     weights.update(draw_audio_weights(rng, ac, TEXT["hidden_size"]))
-    write_model(folder, ac, weights, dtype)
     W = {k: stored(v, dtype) for k, v in weights.items()}
+    weights, gone = drop_clip_bounds(weights, np.random.default_rng([seed, case, 17]))  # own stream: the draws stay
+    if gone:
+        name += f" ({len(gone)} clip bounds left out)"
+    W.update(gone)
+    write_model(folder, ac, weights, dtype)
 
     # the clips: lengths from a handful of samples to ~10 s, mixed formats and channel counts
     n_clips = 3

@@ -42,6 +42,21 @@ import numpy as np
 F32 = np.float32
 
 
+CLIP_BOUNDS = {"input_min": -np.inf, "input_max": np.inf, "output_min": -np.inf, "output_max": np.inf}
+
+
+def drop_clip_bounds(weights, rng):
+    """Leaves clip bounds out of a tower's checkpoint now and then, as a converted or hand-made one may: transformers
+    then keeps the value the buffers were made with (-inf / +inf, Gemma4PreTrainedModel._init_weights), with a
+    missing-keys warning. In a quarter of the draws each bound goes with probability 1/3. Returns the weights to
+    write and {name: the value transformers uses} for the reference."""
+    names = [k for k in weights if k.rsplit(".", 1)[-1] in CLIP_BOUNDS]
+    if not names or rng.random() >= 0.25:
+        return weights, {}
+    gone = {k: np.array(CLIP_BOUNDS[k.rsplit(".", 1)[-1]], dtype=np.float32) for k in names if rng.random() < 1 / 3}
+    return {k: v for k, v in weights.items() if k not in gone}, gone
+
+
 def write_safetensors(path, tensors, dtype):
     """tensors: dict name -> float32 array, stored as dtype (F32, BF16 or F16)."""
     header, blobs, off = {}, [], 0

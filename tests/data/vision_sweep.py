@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from config_sweep import write_safetensors, draw_weights, sweep_arguments  # noqa: E402  (same folder)
+from config_sweep import write_safetensors, draw_weights, drop_clip_bounds, sweep_arguments  # noqa: E402  (same folder)
 
 F32 = np.float32
 V = "model.vision_tower."
@@ -182,7 +182,10 @@ def text_config(T):
 
 def make_image(rng, path_base):
     """A random image file; returns (path, description)."""
-    from PIL import Image
+    from PIL import Image, ImageFile
+    # a progressive JPEG's scans are written whole into PIL's buffer: one of a noisy quality-100 image can outgrow
+    # the default (libjpeg: "Suspension not allowed here"); a larger buffer writes the same file
+    ImageFile.MAXBLOCK = max(ImageFile.MAXBLOCK, 1 << 26)
     shapes = [(1, 1), (1, 2), (2, 1), (3, 500), (500, 3), (1, 300), (7, 5), (17, 33), (48, 48), (64, 200)]
     if rng.random() < 0.35:
         h, w = shapes[int(rng.integers(0, len(shapes)))]
@@ -396,12 +399,16 @@ def run_case(r, case, seed, vn, ip, invalid_kind=None):
             json.dump(cfg, f, indent=1)
     weights = draw_weights(rng, tc, ["full_attention"], "model.language_model.")
     weights.update(vision_weights(rng, res, T))
+    weights, gone = drop_clip_bounds(weights, np.random.default_rng([seed, case, 17]))  # own stream: the draws stay
+    if gone:
+        name += f" ({len(gone)} clip bounds left out)"
     write_safetensors(os.path.join(folder, "model.safetensors"), weights, dtype)
     # what the reference reads: the file's values; F16 ones as float32, as the engine and transformers loaded in
     # float32 compute (the reference's safetensors reader keeps F16 arrays float16, and numpy would then compute
     # the input projection and the clamps in float16)
     from st import load
     W = {k: v.astype(F32) for k, v in load(os.path.join(folder, "model.safetensors")).items()}
+    W.update(gone)
 
     images, wants, descs, refuse = [], [], [], []
     for path, desc in paths:
