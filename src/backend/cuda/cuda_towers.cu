@@ -245,7 +245,9 @@ __global__ void local_attention_kernel(g4_local_attention_args a) {
 void g4c_local_attention(g4_backend *be, const g4_local_attention_args *a) {
     g4c *c = g4c_of(be);
     if (a->n <= 0 || a->heads <= 0) return;
-    const size_t smem = ((size_t)a->head_dim + (size_t)(a->window > 0 ? a->window : 1)) * sizeof(float);
+    /* (4 floats of slack, as attention_dense: the value loop's unrolled shared loads may read up to 3 scores past
+     * the last key; compute-sanitizer saw 12-byte reads past the window's end on the H200) */
+    const size_t smem = ((size_t)a->head_dim + (size_t)(a->window > 0 ? a->window : 1) + 4) * sizeof(float);
     if (smem > c->prop.sharedMemPerBlockOptin) {
         g4c_note(c, cudaErrorInvalidValue, "local_attention: head size plus window too large for one block");
         return;
