@@ -405,8 +405,9 @@ class Runner:
 
 
 def one_line_refusal(res):
-    err = res.stderr.strip().splitlines()
-    return res.returncode != 0 and len(err) == 1, res.stderr.strip()[:200]
+    """exit != 0 and one error line (the model's load warnings, "gemma4c: warning: ...", may come before it)"""
+    err = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("gemma4c: warning:")]
+    return res.returncode != 0 and len(err) == 1, "\n".join(err)[:200]
 
 
 def write_model(folder, ac, weights, dtype):

@@ -537,7 +537,7 @@ def run_case(r, case, seed, text_numpy):
     if rng.random() < 0.3 and all(any(types[j] == t and not shared[j] for j in range(len(types))) for t in kinds) \
             and kinds == {"sliding_attention", "full_attention"}:
         drafter = os.path.join(folder, "drafter")
-        mk = subprocess.run(["/usr/bin/python3", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+        mk = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                               "random_gemma4.py"), "drafter", folder, drafter,
                              "--hidden", "32", "--heads", str(tc["num_attention_heads"]), "--intermediate", "64"] +
                             # the centroid head needs its V // 64 centroids to divide V

@@ -283,9 +283,10 @@ class Runner:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
     def refused(self, res, out):
-        err = res.stderr.strip().splitlines()
+        # one error line; the model's load warnings ("gemma4c: warning: ...") may come before it
+        err = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("gemma4c: warning:")]
         return res.returncode != 0 and len(err) == 1 and not res.stdout and not os.path.exists(out), \
-            f"exit {res.returncode}, {res.stderr.strip()[:160]}"
+            f"exit {res.returncode}, {chr(10).join(err)[:160]}"
 
 
 def describe(vc, res, dtype, T):
@@ -479,6 +480,7 @@ def run_case(r, case, seed, vn, ip, invalid_kind=None):
             bad = float(np.max(np.abs(np.fromfile(out + ".bent", dtype="<f4").astype(np.float64) - want.ravel()))) / scale
         r.check(res_b.returncode == 0 and bad > TOL, f"{name}: negative control, the last layer's "
                 f"post_feedforward_layernorm x1.01: rel error {bad:.3g} exceeds the tolerance {TOL:g}")
+        write_safetensors(os.path.join(folder, "model.safetensors"), weights, dtype)  # the case's file again
     # the same tower as llama.cpp distributes it: a text GGUF (gemma4c quantize + a vocabulary) and an mmproj file
     # as its converter writes one (tests/data/make_mmproj.py). F32: the same soft tokens, bit for bit from F32
     # weights; F16: the converter rounds every 2-D weight but the position table to F16, the reference too
