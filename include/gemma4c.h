@@ -112,7 +112,7 @@ typedef struct g4_load_params {
  * template (chat_template.jinja, tokenizer_config.json's chat_template or chat_template.json) and
  * generation_config.json. The small files are read first, so a broken folder fails before the weights load.
  * `dir` may also be a GGUF file (llama.cpp's Gemma 4 layout, F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
- * Q4_K/Q5_K/Q6_K): config, tokenizer and chat template come from its metadata. */
+ * Q2_K/Q3_K/Q4_K/Q5_K/Q6_K/IQ4_NL/IQ4_XS): config, tokenizer and chat template come from its metadata. */
 G4_API int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err);
 G4_API void g4_model_free(g4_model *model);
 
@@ -139,7 +139,7 @@ G4_API const char *g4_model_chat_template_error(const g4_model *model);
 
 /* Writing a model in another weight format (`gemma4c quantize`, random-weight checkpoints). The source is a
  * model folder or GGUF file (any dtype g4_model_load reads) or random weights for a config.json; `type`:
- *   q8_0 q4_0 q4_k q5_k q6_k: a GGUF file in llama.cpp's Gemma 4 layout;
+ *   q8_0 q4_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs: a GGUF file in llama.cpp's Gemma 4 layout;
  *   mlx2 mlx3 mlx4 mlx5 mlx6 mlx8: an mlx-community folder (affine, `group` elements per scale);
  *   bf16 f16 f32: a GGUF file when `out` ends in .gguf, else a safetensors folder.
  * A source without a tokenizer gives an output without one. */

@@ -238,7 +238,8 @@ static int takes(g4_dtype t) {
 }
 
 static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G4_Q4_K, G4_Q5_K, G4_Q6_K,
-                                  G4_MLX2, G4_MLX3, G4_MLX4, G4_MLX5, G4_MLX6, G4_MLX8};
+                                  G4_Q2_K, G4_Q3_K, G4_IQ4_NL, G4_IQ4_XS, G4_MLX2, G4_MLX3, G4_MLX4, G4_MLX5,
+                                  G4_MLX6, G4_MLX8};
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not

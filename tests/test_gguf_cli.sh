@@ -3,8 +3,10 @@
 # written by quantize (weights, tokenizer from tokenizer.json, chat template) tokenizes (its tokenizer
 # cached like a tokenizer.json),
 # computes logits, generates and chats exactly like the folder it came from (BF16 holds the
-# same values); Q8_0 / Q4_0 / Q6_K GGUF files and MLX 4-bit folders load and
-# generate; a GGUF split by llama-gguf-split loads from its first shard;
+# same values); Q8_0 / Q4_0 / Q6_K / Q2_K / Q3_K / IQ4_NL / IQ4_XS GGUF files and MLX 4-bit folders load and
+# generate; a fixture quantized to Q2_K / Q3_K / IQ4_NL / IQ4_XS gives the logits of the numpy reference run on
+# its own weights decoded to F32 (tests/data/gguf_dequant_reference.py); a GGUF split by llama-gguf-split
+# loads from its first shard;
 # bad arguments and corrupt files fail with one line.
 set -u
 bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP:-/tmp}/gguf-cli
@@ -40,18 +42,39 @@ conv='{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user",
 a=$(echo "$conv" | "$bin" template -m "$m" -f -) && b=$(echo "$conv" | "$bin" template -m "$g" -f -)
 [ $? = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; check $? "the template command renders the GGUF's template as the folder's"
 
-for t in q8_0 q4_0 q6_k mlx4; do
+for t in q8_0 q4_0 q6_k q2_k q3_k iq4_nl iq4_xs mlx4; do
     case $t in mlx*) out=$tmp/tt-$t ;; *) out=$tmp/tt-$t.gguf ;; esac
     "$bin" quantize "$m" "$out" --type $t && got=$("$bin" generate -m "$out" --ids "$ids" -n 8 --temp 0 --ignore-eos)
     check $? "$t: quantize, load, generate ($got)"
 done
 
+# Q2_K, Q3_K, IQ4_NL, IQ4_XS on a fixture (rows of 256 elements in the type; of 128, as llama.cpp demotes rows
+# that are not whole 256-blocks, in IQ4_NL; of 16 in BF16): the file's logits against the numpy reference
+# (../shared/reference/numpy, checked against transformers) run on the fixture with the file's weights decoded
+# to F32 by `quantize --type f32`, within the 2e-3 test_cli_decoder allows the float32 engine (measured 0.7e-4 to
+# 2.9e-4; against the fixture's own reference these files are 6.9 off: the reference run is what tells).
+fx=$G4_SHARED_DIR/fixtures/dense-ple
+fxids=$(python3 "$src/tests/cli_compare.py" ids "$fx/reference.safetensors" input_ids)
+for t in q2_k q3_k iq4_nl iq4_xs; do
+    "$bin" quantize "$fx" "$tmp/fx-$t.gguf" --type $t &&
+        "$bin" quantize "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf" --type f32 &&
+        "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/fx-$t.f32" &&
+        /usr/bin/python3 "$src/tests/data/gguf_dequant_reference.py" "$fx" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-ref.f32" &&
+        err=$(python3 "$src/tests/cli_compare.py" files "$tmp/fx-$t.f32" "$tmp/fx-$t-ref.f32" 2e-3)
+    check $? "$t: the fixture's logits match the numpy reference on its decoded weights within 2e-3 ($err)"
+    rm -f "$tmp/fx-$t-f32.gguf"
+done
+"$bin" bench --random "$m/config.json" --type iq4_xs -p 4 -n 1 -r 1 >"$tmp/bench-iq4.txt"
+grep -q "GB/s" "$tmp/bench-iq4.txt"; check $? "bench --random --type iq4_xs (random rows through the reference encoders)"
+
 # general.file_type is llama.cpp's llama_ftype of the file's main type (llama.cpp prints it and keeps it when it
-# re-quantizes; 0 would say "all F32"): bf16 32, q8_0 7, q4_0 2, q6_k 18, and the K-quant "_S" mixes q4_k 14, q5_k 16
+# re-quantizes; 0 would say "all F32"): bf16 32, q8_0 7, q4_0 2, q6_k 18, iq4_nl 25, iq4_xs 30, and the K-quant
+# "_S" mixes q4_k 14, q5_k 16, q2_k 21 (Q2_K_S), q3_k 11
 "$bin" quantize "${G4_SHARED_DIR:?}/fixtures/dense-ple" "$tmp/fx-q4_k.gguf" --type q4_k &&
     "$bin" quantize "$G4_SHARED_DIR/fixtures/dense-ple" "$tmp/fx-q5_k.gguf" --type q5_k
 check $? "quantize a fixture to q4_k and q5_k"
-for pair in "$g:32" "$tmp/tt-q8_0.gguf:7" "$tmp/tt-q4_0.gguf:2" "$tmp/tt-q6_k.gguf:18" "$tmp/fx-q4_k.gguf:14" "$tmp/fx-q5_k.gguf:16"; do
+for pair in "$g:32" "$tmp/tt-q8_0.gguf:7" "$tmp/tt-q4_0.gguf:2" "$tmp/tt-q6_k.gguf:18" "$tmp/fx-q4_k.gguf:14" "$tmp/fx-q5_k.gguf:16" \
+    "$tmp/fx-q2_k.gguf:21" "$tmp/fx-q3_k.gguf:11" "$tmp/fx-iq4_nl.gguf:25" "$tmp/fx-iq4_xs.gguf:30"; do
     got=$(python3 - "${pair%:*}" <<'PY'
 import struct, sys
 d = open(sys.argv[1], "rb").read()

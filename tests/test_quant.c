@@ -107,6 +107,61 @@ static void test_decode_by_hand(void) {
         float w[] = {10.0f, 22.0f, 51.0f, -64.0f};
         check_vals("Q6_K", y, i, w, 4);
     }
+    { /* Q2_K: d = 1, dmin = 0.5 (after scales[16] and qs[64]); scales[0] = 0x42: sc 2, m 4; scales[2] = 0x13:
+       * sc 3, m 1; scales[8] = 0x05: sc 5, m 0. qs[0] = 0x0B: bits 0-1 = 3 -> y0 = 2*3 - 0.5*4 = 4, bits 2-3 = 2
+       * -> y32 (sub-block 2) = 3*2 - 0.5 = 5.5, bits 4-5 = 0 -> y64 (sub-block 4, all 0) = 0; y1: q 0 -> -2;
+       * qs[32] = 0x01 -> y128 (second half, sub-block 8) = 5*1 - 0 = 5 */
+        memset(b, 0, sizeof b);
+        put16(b + 80, H_ONE);
+        put16(b + 82, H_HALF);
+        b[0] = 0x42, b[2] = 0x13, b[8] = 0x05;
+        b[16] = 0x0B, b[16 + 32] = 0x01;
+        g4_dequant(G4_Q2_K, b, y, 256);
+        int i[] = {0, 32, 64, 1, 128};
+        float w[] = {4.0f, 5.5f, 0.0f, -2.0f, 5.0f};
+        check_vals("Q2_K", y, i, w, 5);
+    }
+    { /* Q3_K: d = 1 (last); 6-bit scales u - 32: u_0 = 34 (low nibble of scales[0] = 2, bits 0-1 of scales[8]
+       * = 2) -> 2; u_2 = 31 (scales[2] low 15, scales[10] bits 0-1 = 1) -> -1; u_9 = 35 (high nibble of
+       * scales[1] = 3, bits 4-5 of scales[9] = 2) -> 3; the others u 0 -> -32.
+       * y0: qs[0] bits 0-1 = 3, hmask[0] bit 0 set -> q 3 -> 6; y1: all 0 -> q -4 -> -8;
+       * y32 (sub-block 2): qs[0] bits 2-3 = 1, hmask[0] bit 1 clear -> q -3 -> 3;
+       * y144 (h 1, s 0, l 16: sub-block 9): qs[48] bits 0-1 = 2, hmask[16] bit 4 set -> q 2 -> 6;
+       * y16 (sub-block 1, scale -32): hmask[16] bit 0 clear -> q -4 -> 128 */
+        memset(b, 0, sizeof b);
+        put16(b + 108, H_ONE);
+        b[0] = 0x01, b[16] = 0x10;
+        b[32] = 0x07, b[32 + 48] = 0x02;
+        b[96] = 0x02, b[97] = 0x30, b[98] = 0x0F, b[104] = 0x02, b[105] = 0x20, b[106] = 0x01;
+        g4_dequant(G4_Q3_K, b, y, 256);
+        int i[] = {0, 1, 32, 144, 16};
+        float w[] = {6.0f, -8.0f, 3.0f, 6.0f, 128.0f};
+        check_vals("Q3_K", y, i, w, 5);
+    }
+    { /* IQ4_NL: d = 0.5, qs[0] = 0xF0: y0 = 0.5*V[0] = -63.5, y16 = 0.5*V[15] = 56.5; qs[1] = 0x08: y1 = 0.5*V[8]
+       * = 0.5, y17 = -63.5 */
+        memset(b, 0, sizeof b);
+        put16(b, H_HALF);
+        b[2] = 0xF0, b[3] = 0x08;
+        g4_dequant(G4_IQ4_NL, b, y, 32);
+        int i[] = {0, 16, 1, 17, 2};
+        float w[] = {-63.5f, 56.5f, 0.5f, -63.5f, -63.5f};
+        check_vals("IQ4_NL", y, i, w, 5);
+    }
+    { /* IQ4_XS: d = 1; scales_h = 0x0042, scales_l = {0x01, 0xE0}: sub-block 0: u = 1 | 2<<4 = 33 -> ls 1;
+       * sub-block 3: u = 14 | 1<<4 = 30 -> -2; the others u 0 -> -32.
+       * qs[0] = 0x9F: y0 = V[15] = 113, y16 = V[9] = 13; qs[48] = 0x01: y96 = -2*V[1] = 208, y112 = -2*V[0] = 254;
+       * y1 = V[0] = -127; y32 (sub-block 1) = -32*-127 = 4064 */
+        memset(b, 0, sizeof b);
+        put16(b, H_ONE);
+        put16(b + 2, 0x0042);
+        b[4] = 0x01, b[5] = 0xE0;
+        b[8] = 0x9F, b[8 + 48] = 0x01;
+        g4_dequant(G4_IQ4_XS, b, y, 256);
+        int i[] = {0, 16, 96, 112, 1, 32};
+        float w[] = {113.0f, 13.0f, 208.0f, 254.0f, -127.0f, 4064.0f};
+        check_vals("IQ4_XS", y, i, w, 6);
+    }
     { /* MLX 4-bit, group 32: word 0x87654321 -> codes 1..8; scale 0.5, bias -1 (bf16) */
         unsigned char w[16] = {0x21, 0x43, 0x65, 0x87};
         unsigned char sc[2], bi[2];
@@ -147,6 +202,11 @@ static void test_encode_by_hand(void) {
     CHECK(g4_quant(G4_Q4_0, x, b, 32) == 18);
     CHECK(g4_f16_at(b) == 2.0f);
     CHECK((b[2] & 15) == 0 && (b[2] >> 4) == 8 && (b[3] & 15) == 1 && (b[17] >> 4) == 15);
+    /* IQ4_NL of x_j = j - 16: largest magnitude -16, d = -16/-127; x0 / d = -127 -> V[0]; x16 = 0 -> V[8] = 1
+     * (nearest); x31 / d = 119.06 -> V[15] = 113 (6.06 away; 89 is 30 away) */
+    CHECK(g4_quant(G4_IQ4_NL, x, b, 32) == 18);
+    CHECK(g4_f16_at(b) == g4_f16_to_f32(g4_f32_to_f16(16.0f / 127.0f)));
+    CHECK((b[2] & 15) == 0 && (b[2] >> 4) == 8 && (b[17] >> 4) == 15);
     /* MLX 4-bit, group 32, x_j = j/10: max 3.1 wins, scale = 3.1/-15, bias = 3.1 (GPU rule):
      * x0 -> round((0 - 3.1)/(-0.2067)) = 15, x31 -> 0, x16 = 1.6 -> round(7.26) = 7 */
     for (int j = 0; j < 32; j++) x[j] = (float)j / 10.0f;
@@ -176,7 +236,16 @@ static void test_round_trips(void) {
         g4_dtype t;
         float tol; /* relative to max|x| */
     } types[] = {{G4_F32, 0}, {G4_F16, 1e-3f}, {G4_BF16, 4e-3f}, {G4_Q8_0, 1.0f / 127},
-                 {G4_Q4_0, 1.0f / 8},  {G4_Q4_K, 0.09f}, {G4_Q5_K, 0.045f},  {G4_Q6_K, 0.03f}};
+                 {G4_Q4_0, 1.0f / 8},  {G4_Q4_K, 0.09f}, {G4_Q5_K, 0.045f},  {G4_Q6_K, 0.03f},
+                 /* the worst cases of the rules in core/quant.c, relative to the block's max|x| (A):
+                  * Q2_K: a sub-block's range <= 2A, its scale sc <= 2A/3; the 4-bit scale and min are off by at
+                  *   most d/2 = sc_max/30 and dmin/2 <= A/30: half a step sc/2 + 3 d/2 + dmin/2 <= 0.41 A;
+                  * Q3_K: scale s = max/3.5 <= A/3.5, codes -4..3: half a step plus the 6-bit scale's rounding
+                  *   (|d|/2 = s_max/64) over 3.5 steps: 0.5 s + 2 |d| <= 0.161 A;
+                  * IQ4_NL: the table's widest half gap is 12 and its top 113 is 14 below 127: 14 d, plus 113 times
+                  *   the f16 rounding of d (2^-11 relative, more for subnormal scales): 0.1107 A;
+                  * IQ4_XS: as IQ4_NL plus the 6-bit scale's rounding over 127 table units: 0.145 A */
+                 {G4_Q2_K, 0.42f}, {G4_Q3_K, 0.17f}, {G4_IQ4_NL, 0.112f}, {G4_IQ4_XS, 0.15f}};
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         for (int trial = 0; trial < 4; trial++) {
             float amp = trial == 3 ? 1e-3f : 1.0f + (float)trial;
@@ -193,6 +262,23 @@ static void test_round_trips(void) {
         }
     }
     CHECK(g4_quant(G4_Q4_K, x, buf, 32) == 0);  /* not whole 256-blocks */
+    CHECK(g4_quant(G4_Q2_K, x, buf, 32) == 0 && g4_quant(G4_IQ4_XS, x, buf, 224) == 0);
+    /* zeros stay zeros (no 0/0 in the scale rules) */
+    static const g4_dtype zq[] = {G4_Q2_K, G4_Q3_K, G4_IQ4_NL, G4_IQ4_XS, G4_Q4_K, G4_Q6_K};
+    for (size_t k = 0; k < sizeof zq / sizeof zq[0]; k++) {
+        memset(x, 0, sizeof x);
+        g4_quant(zq[k], x, buf, N);
+        g4_dequant(zq[k], buf, y, N);
+        int bad = 0;
+        for (int i = 0; i < N; i++) bad |= y[i] != 0.0f;
+        CHECKF(!bad, "%s: zeros do not round-trip", g4_dtype_name(zq[k]));
+    }
+    /* rows that are not whole blocks: llama.cpp's demotions where they apply */
+    CHECK(g4_quant_row_type(G4_Q2_K, 704) == G4_IQ4_NL && g4_quant_row_type(G4_Q3_K, 704) == G4_IQ4_NL);
+    CHECK(g4_quant_row_type(G4_IQ4_XS, 704) == G4_IQ4_NL && g4_quant_row_type(G4_Q4_K, 704) == G4_Q8_0);
+    CHECK(g4_quant_row_type(G4_Q2_K, 100) == G4_BF16 && g4_quant_row_type(G4_Q3_K, 512) == G4_Q3_K);
+    CHECK(g4_quant_row_type(G4_IQ4_NL, 64) == G4_IQ4_NL && g4_quant_row_type(G4_MLX4, 100) == G4_MLX4);
+    CHECK(g4_quant_row_type(G4_BF16, 100) == G4_BF16);
     CHECK(g4_quant(G4_Q4_1, x, buf, 32) == 0);  /* not writable */
     static const int bits[] = {2, 3, 4, 5, 6, 8};
     for (int bi = 0; bi < 6; bi++)
@@ -217,6 +303,9 @@ static void test_views(void) {
     CHECK(g4_dtype_row_bytes(G4_Q6_K, 512) == 420 && g4_dtype_row_bytes(G4_Q4_K, 128) == 0);
     CHECK(g4_dtype_row_bytes(G4_MLX3, 64) == 24 && g4_dtype_row_bytes(G4_MLX6, 32) == 24);
     CHECK(g4_dtype_row_bytes(G4_BF16, 10) == 20);
+    CHECK(g4_dtype_row_bytes(G4_Q2_K, 512) == 168 && g4_dtype_row_bytes(G4_Q3_K, 256) == 110);
+    CHECK(g4_dtype_row_bytes(G4_IQ4_NL, 704) == 22 * 18 && g4_dtype_row_bytes(G4_IQ4_XS, 512) == 272);
+    CHECK(g4_dtype_row_bytes(G4_IQ4_XS, 704) == 0 && !strcmp(g4_dtype_name(G4_IQ4_XS), "IQ4_XS"));
     /* [E=3, out=2, in=64] MLX 4-bit, group 32: rows of 32 bytes, 2 scales per row */
     unsigned char w[3 * 2 * 32];
     uint16_t sc[3 * 2 * 2], bs[3 * 2 * 2];

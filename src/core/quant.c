@@ -1,12 +1,14 @@
 /* Reference encoders and decoders of the quantized formats (layouts in core/quant.h,
  * docs/formats.md 2.2-2.4 and 3.2). Plain C, one block at a time: the definition the
  * SIMD kernels are tested against. Q8_0/Q4_0 encode exactly as llama.cpp's
- * quantize_row_*_ref; the K-quant encoders pick scales by a simpler min/max rule
- * (any encoding with the right layout is a valid file). */
+ * quantize_row_*_ref; the K-quant and IQ4 encoders pick scales by a simpler min/max rule
+ * (any encoding with the right layout is a valid file; llama.cpp searches scales iteratively). */
 #include "core/quant.h"
 
 #include <math.h>
 #include <string.h>
+
+const int8_t g4_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static void put_f16(unsigned char *p, float v) {
     uint16_t h = g4_f32_to_f16(v);
@@ -96,6 +98,62 @@ static void dq_q6_k(const unsigned char *b, float *y) {
     }
 }
 
+/* Q2_K: 16 sub-blocks of 16; element j = 128h + 32s + l takes bits 2s..2s+1 of qs[32h + l] */
+static void dq_q2_k(const unsigned char *b, float *y) {
+    const unsigned char *sc = b, *qs = b + 16;
+    float d = g4_f16_at(b + 80), dmin = g4_f16_at(b + 82);
+    for (int j = 0; j < 256; j++) {
+        int h = j / 128, s = (j / 32) % 4, l = j % 32, k = j / 16;
+        float dl = d * (float)(sc[k] & 15), ml = dmin * (float)(sc[k] >> 4);
+        y[j] = dl * (float)((qs[32 * h + l] >> (2 * s)) & 3) - ml;
+    }
+}
+
+/* 6-bit signed scale k (0..15) of a Q3_K block's scales[12] */
+static int q3_k_scale(const unsigned char *s, int k) {
+    int lo = k < 8 ? s[k] & 15 : s[k - 8] >> 4, hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* Q3_K: element j = 128h + 32s + l: low bits 2s..2s+1 of qs[32h + l], minus 4 unless bit 4h+s of hmask[l] */
+static void dq_q3_k(const unsigned char *b, float *y) {
+    const unsigned char *hm = b, *qs = b + 32, *sc = b + 96;
+    float d = g4_f16_at(b + 108);
+    for (int j = 0; j < 256; j++) {
+        int h = j / 128, s = (j / 32) % 4, l = j % 32;
+        int q = ((qs[32 * h + l] >> (2 * s)) & 3) - ((hm[l] >> (4 * h + s)) & 1 ? 0 : 4);
+        float dl = d * (float)q3_k_scale(sc, j / 16);
+        y[j] = dl * (float)q;
+    }
+}
+
+static void dq_iq4_nl(const unsigned char *b, float *y) {
+    float d = g4_f16_at(b);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)g4_iq4_values[b[2 + j] & 15];
+        y[j + 16] = d * (float)g4_iq4_values[b[2 + j] >> 4];
+    }
+}
+
+/* 6-bit signed scale of sub-block k (0..7) of an IQ4_XS block */
+static int iq4_xs_scale(const unsigned char *b, int k) {
+    uint16_t h;
+    memcpy(&h, b + 2, 2);
+    return (((b[4 + k / 2] >> (4 * (k % 2))) & 15) | ((h >> (2 * k)) & 3) << 4) - 32;
+}
+
+static void dq_iq4_xs(const unsigned char *b, float *y) {
+    float d = g4_f16_at(b);
+    const unsigned char *qs = b + 8;
+    for (int k = 0; k < 8; k++) {
+        float dl = d * (float)iq4_xs_scale(b, k);
+        for (int j = 0; j < 16; j++) {
+            y[32 * k + j] = dl * (float)g4_iq4_values[qs[16 * k + j] & 15];
+            y[32 * k + 16 + j] = dl * (float)g4_iq4_values[qs[16 * k + j] >> 4];
+        }
+    }
+}
+
 void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n) {
     const unsigned char *s = src;
     const int qk = g4_dtype_block(t), bs = g4_dtype_block_bytes(t);
@@ -114,6 +172,10 @@ void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n) {
         case G4_Q4_K: dq_qk(s, y, 0); break;
         case G4_Q5_K: dq_qk(s, y, 1); break;
         case G4_Q6_K: dq_q6_k(s, y); break;
+        case G4_Q2_K: dq_q2_k(s, y); break;
+        case G4_Q3_K: dq_q3_k(s, y); break;
+        case G4_IQ4_NL: dq_iq4_nl(s, y); break;
+        case G4_IQ4_XS: dq_iq4_xs(s, y); break;
         default: memset(y, 0, (size_t)qk * sizeof(float)); break;
         }
     }
@@ -265,6 +327,128 @@ static void q_q6_k(const float *x, unsigned char *b) {
     }
 }
 
+/* Q2_K: per sub-block of 16, scale = (max - min) / 3 and min = -min(0, min) as in q_qk, re-quantized to 4 bits
+ * against the block's largest (d = max scale / 15, dmin = max min / 15, nearest); codes the nearest of 0..3. */
+static void q_q2_k(const float *x, unsigned char *b) {
+    float sc[16], mn[16], msc = 0, mmn = 0;
+    for (int k = 0; k < 16; k++) {
+        float lo = 0, hi = 0;
+        for (int l = 0; l < 16; l++) {
+            lo = fminf(lo, x[16 * k + l]);
+            hi = fmaxf(hi, x[16 * k + l]);
+        }
+        sc[k] = (hi - lo) / 3.0f;
+        mn[k] = -lo;
+        msc = fmaxf(msc, sc[k]);
+        mmn = fmaxf(mmn, mn[k]);
+    }
+    put_f16(b + 80, msc / 15.0f);
+    put_f16(b + 82, mmn / 15.0f);
+    float d = g4_f16_at(b + 80), dmin = g4_f16_at(b + 82);
+    unsigned char *s = b, *qs = b + 16;
+    memset(qs, 0, 64);
+    for (int k = 0; k < 16; k++) {
+        int is = d ? nearest(sc[k] / d) : 0, im = dmin ? nearest(mn[k] / dmin) : 0;
+        is = is > 15 ? 15 : is;
+        im = im > 15 ? 15 : im;
+        s[k] = (unsigned char)(is | im << 4);
+        float dk = d * (float)is, mk = dmin * (float)im;
+        for (int l = 0; l < 16; l++) {
+            int j = 16 * k + l, q = dk ? nearest((x[j] + mk) / dk) : 0;
+            q = q < 0 ? 0 : q > 3 ? 3 : q;
+            qs[32 * (j / 128) + j % 32] |= (unsigned char)(q << (2 * ((j / 32) % 4)));
+        }
+    }
+}
+
+/* Q3_K: per sub-block of 16, scale = max|x| / 3.5 (codes -4..3 cover +-3.5 steps); the scales as 6-bit signed
+ * values against the largest, d = -(largest) / 32 (so it is code -32; the others -32..0); codes the nearest. */
+static void q_q3_k(const float *x, unsigned char *b) {
+    float sc[16], msc = 0;
+    for (int k = 0; k < 16; k++) {
+        float amax = 0;
+        for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(x[16 * k + l]));
+        sc[k] = amax / 3.5f;
+        msc = fmaxf(msc, sc[k]);
+    }
+    put_f16(b + 108, -msc / 32.0f);
+    float d = g4_f16_at(b + 108);
+    unsigned char *hm = b, *qs = b + 32, *s = b + 96;
+    memset(b, 0, 108);
+    for (int k = 0; k < 16; k++) {
+        int ls = d ? nearest(sc[k] / d) : 0;
+        ls = ls < -32 ? -32 : ls > 31 ? 31 : ls;
+        int u = ls + 32; /* the inverse of q3_k_scale */
+        s[k % 8] |= (unsigned char)((u & 15) << (4 * (k / 8)));
+        s[8 + k % 4] |= (unsigned char)((u >> 4) << (2 * (k / 4)));
+        float dl = d * (float)ls;
+        for (int l = 0; l < 16; l++) {
+            int j = 16 * k + l, q = dl ? nearest(x[j] / dl) : 0;
+            q = (q < -4 ? -4 : q > 3 ? 3 : q) + 4; /* 0..7: low 2 bits in qs, bit 2 in hmask (set: no -4) */
+            int h = j / 128, sh = (j / 32) % 4, i = j % 32;
+            qs[32 * h + i] |= (unsigned char)((q & 3) << (2 * sh));
+            if (q & 4) hm[i] |= (unsigned char)(1u << (4 * h + sh));
+        }
+    }
+}
+
+/* index of the IQ4 table value nearest v (the lower one on ties) */
+static int iq4_index(float v) {
+    int best = 0;
+    for (int i = 1; i < 16; i++)
+        if (fabsf(v - (float)g4_iq4_values[i]) < fabsf(v - (float)g4_iq4_values[best])) best = i;
+    return best;
+}
+
+/* 32 IQ4 codes of x at scale dl into 16 bytes (low nibbles elements 0..15, high nibbles 16..31) */
+static void iq4_codes(const float *x, float dl, unsigned char *qs) {
+    for (int j = 0; j < 16; j++) {
+        int a = dl ? iq4_index(x[j] / dl) : 8, c = dl ? iq4_index(x[j + 16] / dl) : 8;
+        qs[j] = (unsigned char)(a | c << 4);
+    }
+}
+
+/* the signed value of largest magnitude (the first on ties) over n, divided by -127: the IQ4 scale that makes it
+ * the table's -127 exactly */
+static float iq4_scale(const float *x, int n) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < n; j++)
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    return max / -127.0f;
+}
+
+/* IQ4_NL: d = iq4_scale (f16), each code the nearest table value to x / d. */
+static void q_iq4_nl(const float *x, unsigned char *b) {
+    put_f16(b, iq4_scale(x, 32));
+    iq4_codes(x, g4_f16_at(b), b + 2);
+}
+
+/* IQ4_XS: the sub-blocks' iq4_scale as 6-bit signed values against the one of largest magnitude s,
+ * d = s / -32 (it is code -32; the others -32..31), each code the nearest table value to x / (d * ls). */
+static void q_iq4_xs(const float *x, unsigned char *b) {
+    float sc[8], smax = 0;
+    for (int k = 0; k < 8; k++) {
+        sc[k] = iq4_scale(x + 32 * k, 32);
+        if (fabsf(sc[k]) > fabsf(smax)) smax = sc[k];
+    }
+    put_f16(b, smax / -32.0f);
+    float d = g4_f16_at(b);
+    uint16_t sh = 0;
+    memset(b + 4, 0, 4);
+    for (int k = 0; k < 8; k++) {
+        int ls = d ? nearest(sc[k] / d) : 0;
+        ls = ls < -32 ? -32 : ls > 31 ? 31 : ls;
+        int u = ls + 32; /* the inverse of iq4_xs_scale */
+        b[4 + k / 2] |= (unsigned char)((u & 15) << (4 * (k % 2)));
+        sh |= (uint16_t)((u >> 4) << (2 * k));
+        iq4_codes(x + 32 * k, d * (float)ls, b + 8 + 16 * k);
+    }
+    memcpy(b + 2, &sh, 2);
+}
+
 size_t g4_quant(g4_dtype t, const float *src, void *dst, int64_t n) {
     unsigned char *d = dst;
     const int qk = g4_dtype_block(t), bs = g4_dtype_block_bytes(t);
@@ -278,7 +462,8 @@ size_t g4_quant(g4_dtype t, const float *src, void *dst, int64_t n) {
             memcpy(d + 2 * i, &h, 2);
         }
         return (size_t)n * 2;
-    case G4_Q4_0: case G4_Q8_0: case G4_Q4_K: case G4_Q5_K: case G4_Q6_K: break;
+    case G4_Q4_0: case G4_Q8_0: case G4_Q4_K: case G4_Q5_K: case G4_Q6_K:
+    case G4_Q2_K: case G4_Q3_K: case G4_IQ4_NL: case G4_IQ4_XS: break;
     default: return 0;
     }
     for (int64_t i = 0; i < n; i += qk, d += bs) {
@@ -287,10 +472,21 @@ size_t g4_quant(g4_dtype t, const float *src, void *dst, int64_t n) {
         case G4_Q8_0: q_q8_0(src + i, d); break;
         case G4_Q4_K: q_qk(src + i, d, 0); break;
         case G4_Q5_K: q_qk(src + i, d, 1); break;
+        case G4_Q2_K: q_q2_k(src + i, d); break;
+        case G4_Q3_K: q_q3_k(src + i, d); break;
+        case G4_IQ4_NL: q_iq4_nl(src + i, d); break;
+        case G4_IQ4_XS: q_iq4_xs(src + i, d); break;
         default: q_q6_k(src + i, d); break;
         }
     }
     return (size_t)(n / qk) * (size_t)bs;
+}
+
+g4_dtype g4_quant_row_type(g4_dtype t, int64_t n) {
+    if (!g4_dtype_is_quantized(t) || g4_dtype_is_mlx(t) || (g4_dtype_block(t) > 0 && n % g4_dtype_block(t) == 0))
+        return t;
+    if (n % 32) return G4_BF16;
+    return t == G4_Q2_K || t == G4_Q3_K || t == G4_IQ4_XS ? G4_IQ4_NL : G4_Q8_0;
 }
 
 static void put_scale(g4_dtype sdt, void *p, int64_t i, float v) {

@@ -22,6 +22,18 @@
  *                     16 * bit 2c (low nibble) / bit 2c+1 (high nibble) of qh[l]
  *   Q6_K (256, 210 B): u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d (last). halves h of 128:
  *                     y[128h+l+32i] = d*scales[8h+l/16+2i]*(q_i - 32), q_i 6-bit from ql/qh
+ *   Q2_K (256, 84 B):  u8 scales[16]; u8 qs[64]; f16 d; f16 dmin. 16 sub-blocks of 16, sub-block k
+ *                     with scale scales[k]&15 and min scales[k]>>4; element j = 128h+32s+l (h 0..1,
+ *                     s 0..3, l 0..31): q = (qs[32h+l] >> 2s) & 3, y[j] = d*sc_{j/16}*q - dmin*m_{j/16}
+ *   Q3_K (256, 110 B): u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d. 16 6-bit scales, k < 8: low
+ *                     nibble of scales[k], k >= 8: high nibble of scales[k-8]; bits 4..5 =
+ *                     (scales[8+k%4] >> 2(k/4)) & 3; sc_k = that - 32. Element j = 128h+32s+l:
+ *                     q = ((qs[32h+l] >> 2s) & 3) - (bit 4h+s of hmask[l] ? 0 : 4), y[j] = d*sc_{j/16}*q
+ *   IQ4_NL (32, 18 B): f16 d; u8 qs[16]. y[j] = d*V[qs[j]&15], y[j+16] = d*V[qs[j]>>4] with V =
+ *                     g4_iq4_values (llama.cpp's kvalues_iq4nl)
+ *   IQ4_XS (256, 136 B): f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. 8 sub-blocks of 32, sub-block
+ *                     k: ls = ((scales_l[k/2] >> 4(k%2)) & 15 | ((scales_h >> 2k) & 3) << 4) - 32, its
+ *                     bytes qs[16k..16k+15] as IQ4_NL's with d*ls for d
  *
  * MLX affine (bits b in 2,3,4,5,6,8; group gs in 32,64,128): a row of n codes is a
  * little-endian bit stream, element j at bits [j*b, (j+1)*b); w = s*q + bias with the
@@ -33,6 +45,9 @@
 
 #include "core/tensor.h"
 
+/* The 16 values of the IQ4_NL / IQ4_XS nibbles. */
+extern const int8_t g4_iq4_values[16];
+
 /* Decodes n elements of type t (plain float types or GGUF blocks; n a multiple of the
  * block) starting at a block boundary of src. */
 void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n);
@@ -43,6 +58,12 @@ void g4_dequant_row(const g4_tensor *t, int64_t r, float *dst);
 /* Encodes n floats (a multiple of the block) as type t: F32, F16, BF16 or a GGUF block
  * type. Returns the bytes written, 0 if t cannot be written or n is not whole blocks. */
 size_t g4_quant(g4_dtype t, const float *src, void *dst, int64_t n);
+
+/* The type a row of n elements of a matrix meant to be `target` is written in: target when it is not a GGUF
+ * block type or its blocks divide n; else, where 32 divides n, IQ4_NL for Q2_K / Q3_K / IQ4_XS (as llama.cpp's
+ * llama-quant.cpp demotes them) and Q8_0 for the others (llama.cpp takes Q5_0/Q5_1 for Q4_K/Q5_K, which
+ * gemma4c does not write); BF16 otherwise. */
+g4_dtype g4_quant_row_type(g4_dtype target, int64_t n);
 
 /* MLX affine: decodes n codes of a row (n a multiple of group) / encodes one row with
  * the GPU rule of docs/formats.md 2.4 (max starts at 0, half-away rounding); scales and

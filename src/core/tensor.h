@@ -39,6 +39,10 @@ typedef enum g4_dtype {
     G4_Q4_K, /* 256 per block, 144 B */
     G4_Q5_K, /* 256 per block, 176 B */
     G4_Q6_K, /* 256 per block, 210 B */
+    G4_Q2_K, /* 256 per block, 84 B */
+    G4_Q3_K, /* 256 per block, 110 B */
+    G4_IQ4_NL, /* 18 B: f16 d, 16 B nibbles indexing a fixed table */
+    G4_IQ4_XS, /* 256 per block, 136 B */
     /* MLX affine: `bits`-bit unsigned codes packed LSB-first, w = scale * q + bias per group */
     G4_MLX2,
     G4_MLX3,

@@ -21,7 +21,8 @@ static const struct {
     g4_dtype t;
 } type_map[] = {
     {0, G4_F32},   {1, G4_F16},   {2, G4_Q4_0},  {3, G4_Q4_1},  {6, G4_Q5_0}, {7, G4_Q5_1},
-    {8, G4_Q8_0},  {12, G4_Q4_K}, {13, G4_Q5_K}, {14, G4_Q6_K}, {30, G4_BF16},
+    {8, G4_Q8_0},  {10, G4_Q2_K}, {11, G4_Q3_K}, {12, G4_Q4_K}, {13, G4_Q5_K}, {14, G4_Q6_K},
+    {20, G4_IQ4_NL}, {23, G4_IQ4_XS}, {30, G4_BF16},
 };
 
 int g4_gguf_type_of(g4_dtype t) {

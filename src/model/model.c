@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/mapped_file.h"
+#include "core/quant.h"
 #include "formats/gguf_gemma4.h"
 #include "formats/gguf_mmproj.h"
 #include "formats/mlx.h"
@@ -103,7 +104,7 @@ static const g4_tensor *make_tensor(binder *b, const char *full, int ndim, const
             t->group = 64;
             t->scale_dtype = G4_BF16;
         } else {
-            t->dtype = !g4_dtype_is_quantized(rt) || in % g4_dtype_block(rt) == 0 ? rt : in % 32 == 0 ? G4_Q8_0 : G4_BF16;
+            t->dtype = g4_quant_row_type(rt, in);
         }
     }
     t->nbytes = (size_t)g4_tensor_nrows(t) * g4_tensor_row_bytes(t);
@@ -148,8 +149,10 @@ static const g4_tensor *bind_full(binder *b, const char *full, int ndim, const i
         return NULL;
     }
     if (!dtype_ok_for_matrix(t->dtype)) {
-        g4_fail(b->err, "tensor '%s' has dtype %s (supported: BF16, F16, F32, GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, MLX affine)", full,
-                t->dtype ? g4_dtype_name(t->dtype) : "of a kind this engine does not read");
+        g4_fail(b->err,
+                "tensor '%s' has dtype %s (supported: BF16, F16, F32, GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K/Q3_K/Q4_K/Q5_K/"
+                "Q6_K/IQ4_NL/IQ4_XS, MLX affine)",
+                full, t->dtype ? g4_dtype_name(t->dtype) : "of a kind this engine does not read");
         b->failed = 1;
         return NULL;
     }
@@ -999,7 +1002,9 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
             if ((t <= G4_BF16 || g4_dtype_is_quantized((g4_dtype)t)) && !strcasecmp(params->random_type, g4_dtype_name((g4_dtype)t)))
                 m->random_type = (g4_dtype)t;
         if (m->random_type == G4_DTYPE_UNKNOWN) {
-            g4_fail(err, "random weights of type '%s': expected bf16, f16, f32, q8_0, q4_0, q4_k, q6_k, mlx4, mlx8, ...",
+            g4_fail(err,
+                    "random weights of type '%s': expected bf16, f16, f32, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                    "iq4_nl, iq4_xs, mlx4, mlx8, ...",
                     params->random_type);
             goto fail;
         }

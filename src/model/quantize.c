@@ -61,7 +61,9 @@ static const struct {
 } types[] = {
     {"f32", -1, G4_F32},    {"f16", -1, G4_F16},    {"bf16", -1, G4_BF16},  {"q8_0", OUT_GGUF, G4_Q8_0},
     {"q4_0", OUT_GGUF, G4_Q4_0}, {"q4_k", OUT_GGUF, G4_Q4_K}, {"q5_k", OUT_GGUF, G4_Q5_K},
-    {"q6_k", OUT_GGUF, G4_Q6_K}, {"mlx2", OUT_MLX, G4_MLX2}, {"mlx3", OUT_MLX, G4_MLX3},
+    {"q6_k", OUT_GGUF, G4_Q6_K}, {"q2_k", OUT_GGUF, G4_Q2_K}, {"q3_k", OUT_GGUF, G4_Q3_K},
+    {"iq4_nl", OUT_GGUF, G4_IQ4_NL}, {"iq4_xs", OUT_GGUF, G4_IQ4_XS}, {"mlx2", OUT_MLX, G4_MLX2},
+    {"mlx3", OUT_MLX, G4_MLX3},
     {"mlx4", OUT_MLX, G4_MLX4}, {"mlx5", OUT_MLX, G4_MLX5}, {"mlx6", OUT_MLX, G4_MLX6}, {"mlx8", OUT_MLX, G4_MLX8},
 };
 
@@ -109,10 +111,8 @@ static int plan_gguf(job *j, g4_error *err) {
         int64_t in = t->shape[t->ndim - 1];
         if (t->ndim == 1 || is_router(t->name))
             o->type = G4_F32;
-        else if (!g4_dtype_is_quantized(j->target) || in % g4_dtype_block(j->target) == 0)
-            o->type = j->target;
         else
-            o->type = in % 32 == 0 ? G4_Q8_0 : G4_BF16;
+            o->type = g4_quant_row_type(j->target, in);
     }
     const g4_text_config *c = &j->cfg.text;
     int hd = c->type_head_dim[G4_LAYER_FULL];
@@ -530,6 +530,10 @@ static uint32_t llama_ftype(g4_dtype t) {
     case G4_Q4_K: return 14;
     case G4_Q5_K: return 16;
     case G4_Q6_K: return 18;
+    case G4_Q2_K: return 21; /* Q2_K_S */
+    case G4_Q3_K: return 11; /* Q3_K_S */
+    case G4_IQ4_NL: return 25;
+    case G4_IQ4_XS: return 30;
     case G4_BF16: return 32;
     default: return 0; /* F32 */
     }
@@ -710,8 +714,8 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
         if (p->type && !strcmp(p->type, types[i].name)) ti = (int)i;
     if (ti < 0)
         return g4_fail(err,
-                       "unknown type '%s' (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8, q8_0, q4_0, q4_k, q5_k, q6_k, bf16, f16, "
-                       "f32)",
+                       "unknown type '%s' (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                       "iq4_nl, iq4_xs, bf16, f16, f32)",
                        p->type ? p->type : "");
     j.target = types[ti].t;
     j.kind = types[ti].kind >= 0 ? types[ti].kind : ends_with(p->out, ".gguf") ? OUT_GGUF : OUT_HF;
