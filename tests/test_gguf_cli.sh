@@ -3,7 +3,7 @@
 # written by quantize (weights, tokenizer from tokenizer.json, chat template) tokenizes (its tokenizer
 # cached like a tokenizer.json),
 # computes logits, generates and chats exactly like the folder it came from (BF16 holds the
-# same values); Q8_0 / Q4_0 / Q6_K / Q2_K / Q3_K / IQ4_NL / IQ4_XS GGUF files and MLX 4-bit folders load and
+# same values); Q8_0 / Q4_0 / Q6_K / IQ4_XS GGUF files and MLX 4-bit folders load and
 # generate; a fixture quantized to Q2_K / Q3_K / IQ4_NL / IQ4_XS gives the logits of the numpy reference run on
 # its own weights decoded to F32 (tests/data/gguf_dequant_reference.py); a GGUF split by llama-gguf-split
 # loads from its first shard;
@@ -42,7 +42,7 @@ conv='{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user",
 a=$(echo "$conv" | "$bin" template -m "$m" -f -) && b=$(echo "$conv" | "$bin" template -m "$g" -f -)
 [ $? = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; check $? "the template command renders the GGUF's template as the folder's"
 
-for t in q8_0 q4_0 q6_k q2_k q3_k iq4_nl iq4_xs mlx4; do
+for t in q8_0 q4_0 q6_k iq4_xs mlx4; do # (q2_k, q3_k, iq4_nl: the fixture below)
     case $t in mlx*) out=$tmp/tt-$t ;; *) out=$tmp/tt-$t.gguf ;; esac
     "$bin" quantize "$m" "$out" --type $t && got=$("$bin" generate -m "$out" --ids "$ids" -n 8 --temp 0 --ignore-eos)
     check $? "$t: quantize, load, generate ($got)"
