@@ -1636,8 +1636,10 @@ static void test_moe(void) {
               {1, 256, 256, G4_F32, G4_MLX4, 0, G4_Q6_K}, {1, 256, 256, G4_F32, G4_Q4_K, 1, G4_MLX8},
               /* one token with Q8_0 / Q4_0 experts: not on the CPU (x_as_read does not model its one-token path) */
               {1, 64, 32, G4_F32, G4_Q8_0, 0, G4_Q4_0},   {1, 256, 256, G4_Q8_0, G4_Q4_0, 1, G4_Q8_0},
-              /* types CUDA holds as Q8_0 (test_transcoded_weights): its int8 tensor-core experts, and its GEMV */
-              {13, 256, 256, G4_F32, G4_Q5_K, 0, G4_Q5_0}, {5, 256, 64, G4_F32, G4_Q5_1, 1, G4_Q4_1}};
+              /* types CUDA holds as Q8_0 (test_transcoded_weights): its int8 tensor-core experts, and its GEMV; a
+               * Q4_K_M file's experts (26B-A4B: Q4_K gate/up, Q5_0 down of 704 = 22 blocks of 32, here 3) */
+              {13, 256, 256, G4_F32, G4_Q5_K, 0, G4_Q5_0}, {5, 256, 64, G4_F32, G4_Q5_1, 1, G4_Q4_1},
+              {13, 256, 96, G4_F32, G4_Q4_K, 1, G4_Q5_0},  {1, 256, 96, G4_F32, G4_Q4_K, 0, G4_Q5_0}};
     /* (CUDA reads split gate and up of one type and MLX group, as files have them: not this test's MLX weights,
      * whose groups take turns.) Each case draws from its own seed: which cases ran before it on a backend does not
      * move its inputs (CUDA's n=13 Q6_K/Q4_K case measured 4.8e-3 to 7.0e-3 over 12 seeds, against its 8e-3) */
