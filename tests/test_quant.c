@@ -245,7 +245,8 @@ static void test_round_trips(void) {
                   * IQ4_NL: the table's widest half gap is 12 and its top 113 is 14 below 127: 14 d, plus 113 times
                   *   the f16 rounding of d (2^-11 relative, more for subnormal scales): 0.1107 A;
                   * IQ4_XS: as IQ4_NL plus the 6-bit scale's rounding over 127 table units: 0.145 A */
-                 {G4_Q2_K, 0.42f}, {G4_Q3_K, 0.17f}, {G4_IQ4_NL, 0.112f}, {G4_IQ4_XS, 0.15f}};
+                 {G4_Q2_K, 0.42f}, {G4_Q3_K, 0.17f}, {G4_IQ4_NL, 0.112f}, {G4_IQ4_XS, 0.15f},
+                 {G4_Q4_1, 0.07f},     {G4_Q5_0, 0.065f}, {G4_Q5_1, 0.035f}};
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         for (int trial = 0; trial < 4; trial++) {
             float amp = trial == 3 ? 1e-3f : 1.0f + (float)trial;
@@ -279,7 +280,7 @@ static void test_round_trips(void) {
     CHECK(g4_quant_row_type(G4_Q2_K, 100) == G4_BF16 && g4_quant_row_type(G4_Q3_K, 512) == G4_Q3_K);
     CHECK(g4_quant_row_type(G4_IQ4_NL, 64) == G4_IQ4_NL && g4_quant_row_type(G4_MLX4, 100) == G4_MLX4);
     CHECK(g4_quant_row_type(G4_BF16, 100) == G4_BF16);
-    CHECK(g4_quant(G4_Q4_1, x, buf, 32) == 0);  /* not writable */
+    CHECK(g4_quant(G4_MLX4, x, buf, 32) == 0);  /* not writable */
     static const int bits[] = {2, 3, 4, 5, 6, 8};
     for (int bi = 0; bi < 6; bi++)
         for (int gs = 32; gs <= 128; gs *= 2) {
@@ -326,8 +327,52 @@ static void test_views(void) {
     CHECK(g4_tensor_row(&tq, 1) == q + 34 && g4_tensor_nrows(&tq) == 2);
 }
 
+/* Rows re-encoded for a backend without kernels for their type: Q5_0 and IQ4_NL -> Q8_0 keep every value; other types are
+ * decoded and encoded (the Q8_0 of the decoded values); the same type is a copy; rows not whole blocks are refused. */
+static void test_transcode(void) {
+    enum { N = 256 };
+    float x[2 * N], y[N], z[N], tmp[N];
+    unsigned char src[2 * 4 * N], dst[2 * N], ref[2 * N];
+    for (int i = 0; i < 2 * N; i++) x[i] = frand() * (i % 5 == 0 ? 3.0f : 1.0f);
+    static const g4_dtype from[] = {G4_Q5_0, G4_IQ4_NL, G4_Q4_1, G4_Q5_1, G4_Q5_K, G4_Q4_0, G4_Q8_0, G4_Q6_K,
+                                    G4_Q2_K, G4_Q3_K, G4_IQ4_XS, G4_BF16};
+    for (size_t k = 0; k < sizeof from / sizeof from[0]; k++) {
+        const size_t rb = g4_dtype_row_bytes(from[k], N);
+        CHECK(g4_quant(from[k], x, src, N) == rb && g4_quant(from[k], x + N, src + rb, N) == rb);
+        g4_tensor t = {.name = "t", .dtype = from[k], .ndim = 2, .shape = {2, N}, .data = src};
+        CHECKF(g4_dequant_reads(from[k]), "%s", g4_dtype_name(from[k]));
+        CHECK(g4_transcode_row(&t, 1, G4_Q8_0, dst, tmp) == g4_dtype_row_bytes(G4_Q8_0, N));
+        g4_dequant(from[k], src + rb, y, N);
+        g4_dequant(G4_Q8_0, dst, z, N);
+        if (g4_transcode_exact(from[k], G4_Q8_0)) {
+            CHECKF(!memcmp(y, z, sizeof y), "%s -> Q8_0 is not exact", g4_dtype_name(from[k]));
+        } else {
+            g4_quant(G4_Q8_0, y, ref, N);
+            CHECKF(!memcmp(dst, ref, g4_dtype_row_bytes(G4_Q8_0, N)), "%s -> Q8_0 is not the Q8_0 of the values",
+                   g4_dtype_name(from[k]));
+        }
+    }
+    CHECK(g4_transcode_exact(G4_Q5_0, G4_Q8_0) && g4_transcode_exact(G4_IQ4_NL, G4_Q8_0) &&
+          !g4_transcode_exact(G4_Q5_K, G4_Q8_0) && !g4_transcode_exact(G4_IQ4_XS, G4_Q8_0));
+    /* MLX: a row's scales and biases come with it */
+    unsigned char w[2 * N / 2];
+    float sc[2 * N / 64], bs[2 * N / 64];
+    for (int r = 0; r < 2; r++) g4_mlx_quant_row(4, 64, x + r * N, N, w + r * N / 2, sc + r * 4, bs + r * 4, G4_F32);
+    g4_tensor m = {.name = "m", .dtype = G4_MLX4, .ndim = 2, .shape = {2, N}, .data = w, .scales = sc, .biases = bs,
+                   .scale_dtype = G4_F32, .group = 64};
+    CHECK(g4_transcode_row(&m, 1, G4_Q8_0, dst, tmp) == g4_dtype_row_bytes(G4_Q8_0, N));
+    g4_dequant_row(&m, 1, y);
+    g4_quant(G4_Q8_0, y, ref, N);
+    CHECK(!memcmp(dst, ref, g4_dtype_row_bytes(G4_Q8_0, N)));
+    /* rows of 48: not whole 32-blocks of Q8_0 */
+    g4_tensor b = {.name = "b", .dtype = G4_BF16, .ndim = 2, .shape = {1, 48}, .data = src};
+    CHECK(g4_transcode_row(&b, 0, G4_Q8_0, dst, tmp) == 0);
+    CHECK(!g4_dequant_reads(G4_DTYPE_UNKNOWN));
+}
+
 int main(void) {
     test_decode_by_hand();
+    test_transcode();
     test_encode_by_hand();
     test_round_trips();
     test_views();

@@ -189,8 +189,9 @@ typedef struct g4_backend_ops {
     /* 0, or -1 with a message when an op of the last step failed (e.g. out of memory); clears the state */
     int (*check)(g4_backend *be, g4_error *err);
     /* Places a weight: *dst becomes a tensor the ops can read (dst->data in backend memory, in the backend's row
-     * layout: dst->nbytes / rows apart, so views of its rows are g4_tensor_placed_rows). 0, or -1 with a message
-     * (e.g. the model does not fit). */
+     * layout: dst->nbytes / rows apart, so views of its rows are g4_tensor_placed_rows). dst->dtype may differ from
+     * src's: a backend without kernels for a type holds it as one it has (g4_transcode_row of core/quant.h; the
+     * model's loader tells the user, once per type). 0, or -1 with a message (e.g. the model does not fit). */
     int (*upload_weight)(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err);
     /* Optional (NULL: upload_weight each): places the weights of a set (src[0 .. count), count <= G4_MATMUL_SET_MAX:
      * q/k/v, gate/up) one after another in one block of backend memory, so that matmul_set may multiply them as one

@@ -1,8 +1,8 @@
 /* gemma4c quantize IN OUT --type T [--group G]
  * gemma4c quantize --random CONFIG OUT --type T [--seed S]
  * Writes a model in another weight format (model/quantize.h; docs/formats.md 2-3):
- * mlx2 to mlx6 and mlx8 (a folder), q8_0 q4_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs (a .gguf file), bf16 f16
- * f32 (a .gguf file, or a safetensors folder). --random draws weights for a config.json instead. */
+ * mlx2 to mlx6 and mlx8 (a folder), q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs (a .gguf
+ * file), bf16 f16 f32 (a .gguf file, or a safetensors folder). --random draws weights for a config.json instead. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +15,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: gemma4c quantize IN OUT --type T [--group 64] [-v]\n"
                "       gemma4c quantize --random CONFIG.json OUT --type T [--seed N]\n"
                "  T: mlx2 mlx3 mlx4 mlx5 mlx6 mlx8 (OUT a folder),\n"
-               "     q8_0 q4_0 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs (OUT.gguf),\n"
+               "     q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl iq4_xs (OUT.gguf),\n"
                "     bf16 f16 f32 (OUT.gguf, or OUT a safetensors folder)\n");
 }
 

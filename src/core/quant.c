@@ -237,6 +237,59 @@ static void q_q4_0(const float *x, unsigned char *b) {
     }
 }
 
+/* Q4_1 / Q5_1 / Q5_0: llama.cpp's quantize_row_*_ref */
+static void q_q4_1(const float *x, unsigned char *b) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) lo = fminf(lo, x[j]), hi = fmaxf(hi, x[j]);
+    float d = (hi - lo) / 15.0f, id = d ? 1.0f / d : 0.0f;
+    put_f16(b, d);
+    put_f16(b + 2, lo);
+    for (int j = 0; j < 16; j++) {
+        int a = (int8_t)((x[j] - lo) * id + 0.5f), c = (int8_t)((x[j + 16] - lo) * id + 0.5f);
+        a = a < 15 ? a : 15;
+        c = c < 15 ? c : 15;
+        b[4 + j] = (unsigned char)(a | c << 4);
+    }
+}
+
+static void q_q5(const float *x, unsigned char *b, int has_min) {
+    float d, lo = 0;
+    if (has_min) {
+        float hi = x[0];
+        lo = x[0];
+        for (int j = 1; j < 32; j++) lo = fminf(lo, x[j]), hi = fmaxf(hi, x[j]);
+        d = (hi - lo) / 31.0f;
+        put_f16(b, d);
+        put_f16(b + 2, lo);
+    } else {
+        float amax = 0, max = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        d = max / -16.0f;
+        put_f16(b, d);
+    }
+    const float id = d ? 1.0f / d : 0.0f;
+    unsigned char *qs = b + (has_min ? 8 : 6);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        int a, c;
+        if (has_min) {
+            a = (uint8_t)((x[j] - lo) * id + 0.5f);
+            c = (uint8_t)((x[j + 16] - lo) * id + 0.5f);
+        } else {
+            a = (int8_t)(x[j] * id + 16.5f), c = (int8_t)(x[j + 16] * id + 16.5f);
+            a = a < 31 ? a : 31;
+            c = c < 31 ? c : 31;
+        }
+        qs[j] = (unsigned char)((a & 15) | (c & 15) << 4);
+        qh |= (uint32_t)((a >> 4) & 1) << j | (uint32_t)((c >> 4) & 1) << (j + 16);
+    }
+    memcpy(qs - 4, &qh, 4);
+}
+
 static int nearest(float v) { return (int)lrintf(v); }
 
 /* Q4_K / Q5_K: per sub-block of 32, scale = (max - min) / nmax and min = -min(0, min),
@@ -462,13 +515,16 @@ size_t g4_quant(g4_dtype t, const float *src, void *dst, int64_t n) {
             memcpy(d + 2 * i, &h, 2);
         }
         return (size_t)n * 2;
-    case G4_Q4_0: case G4_Q8_0: case G4_Q4_K: case G4_Q5_K: case G4_Q6_K:
+    case G4_Q4_0: case G4_Q4_1: case G4_Q5_0: case G4_Q5_1: case G4_Q8_0: case G4_Q4_K: case G4_Q5_K: case G4_Q6_K:
     case G4_Q2_K: case G4_Q3_K: case G4_IQ4_NL: case G4_IQ4_XS: break;
     default: return 0;
     }
     for (int64_t i = 0; i < n; i += qk, d += bs) {
         switch (t) {
         case G4_Q4_0: q_q4_0(src + i, d); break;
+        case G4_Q4_1: q_q4_1(src + i, d); break;
+        case G4_Q5_0: q_q5(src + i, d, 0); break;
+        case G4_Q5_1: q_q5(src + i, d, 1); break;
         case G4_Q8_0: q_q8_0(src + i, d); break;
         case G4_Q4_K: q_qk(src + i, d, 0); break;
         case G4_Q5_K: q_qk(src + i, d, 1); break;
@@ -530,4 +586,54 @@ void g4_mlx_quant_row(int bits, int group, const float *x, int64_t n, void *w, v
         put_scale(sdt, scales, g, scale);
         put_scale(sdt, biases, g, bias);
     }
+}
+
+/* --------------------------------------------------------------- transcoding */
+int g4_dequant_reads(g4_dtype t) {
+    return t == G4_F32 || t == G4_F16 || t == G4_BF16 || (g4_dtype_is_quantized(t) && g4_dtype_block(t) > 0);
+}
+
+int g4_transcode_exact(g4_dtype from, g4_dtype to) {
+    return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0);
+}
+
+size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, float *tmp) {
+    const int64_t n = t->ndim ? t->shape[t->ndim - 1] : 1;
+    const int qk = g4_dtype_block(to);
+    if (!g4_dequant_reads(t->dtype) || qk <= 0 || n % qk ||
+        (g4_dtype_is_mlx(t->dtype) ? t->group <= 0 || n % t->group : n % g4_dtype_block(t->dtype)))
+        return 0;
+    if (t->dtype == to && !g4_dtype_is_mlx(to)) {
+        const size_t rb = g4_dtype_row_bytes(to, n);
+        memcpy(dst, g4_tensor_row(t, r), rb);
+        return rb;
+    }
+    if (t->dtype == G4_Q5_0 && to == G4_Q8_0) { /* (q - 16) * d: the same d, codes q - 16 */
+        const unsigned char *s = g4_tensor_row(t, r);
+        unsigned char *d = dst;
+        for (int64_t b = 0; b < n / 32; b++, s += 22, d += 34) {
+            uint32_t qh;
+            memcpy(&qh, s + 2, 4);
+            d[0] = s[0], d[1] = s[1];
+            for (int j = 0; j < 16; j++) {
+                d[2 + j] = (unsigned char)(int8_t)(((s[6 + j] & 15) | (int)((qh >> j) & 1) << 4) - 16);
+                d[18 + j] = (unsigned char)(int8_t)(((s[6 + j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - 16);
+            }
+        }
+        return (size_t)(n / 32) * 34;
+    }
+    if (t->dtype == G4_IQ4_NL && to == G4_Q8_0) { /* d * table[nibble]: the same d, codes table[nibble] (int8) */
+        const unsigned char *s = g4_tensor_row(t, r);
+        unsigned char *d = dst;
+        for (int64_t b = 0; b < n / 32; b++, s += 18, d += 34) {
+            d[0] = s[0], d[1] = s[1];
+            for (int j = 0; j < 16; j++) {
+                d[2 + j] = (unsigned char)g4_iq4_values[s[2 + j] & 15];
+                d[18 + j] = (unsigned char)g4_iq4_values[s[2 + j] >> 4];
+            }
+        }
+        return (size_t)(n / 32) * 34;
+    }
+    g4_dequant_row(t, r, tmp);
+    return g4_quant(to, tmp, dst, n);
 }

@@ -56,14 +56,31 @@ void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n);
 void g4_dequant_row(const g4_tensor *t, int64_t r, float *dst);
 
 /* Encodes n floats (a multiple of the block) as type t: F32, F16, BF16 or a GGUF block
- * type. Returns the bytes written, 0 if t cannot be written or n is not whole blocks. */
+ * type (Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 as llama.cpp's quantize_row_*_ref). Returns the
+ * bytes written, 0 if t cannot be written or n is not whole blocks. */
 size_t g4_quant(g4_dtype t, const float *src, void *dst, int64_t n);
 
 /* The type a row of n elements of a matrix meant to be `target` is written in: target when it is not a GGUF
  * block type or its blocks divide n; else, where 32 divides n, IQ4_NL for Q2_K / Q3_K / IQ4_XS (as llama.cpp's
- * llama-quant.cpp demotes them) and Q8_0 for the others (llama.cpp takes Q5_0/Q5_1 for Q4_K/Q5_K, which
- * gemma4c does not write); BF16 otherwise. */
+ * llama-quant.cpp demotes them) and Q8_0 for the others (llama.cpp takes Q5_0/Q5_1 for Q4_K/Q5_K; Q8_0 is what
+ * every backend has kernels for, random weights included); BF16 otherwise. */
 g4_dtype g4_quant_row_type(g4_dtype target, int64_t n);
+
+/* 1 when g4_dequant_row decodes rows of type t (the plain float types, every GGUF block type, MLX). */
+int g4_dequant_reads(g4_dtype t);
+
+/* Row r of a weight tensor t of any type g4_dequant_reads, encoded as type `to` (one g4_quant writes) into dst
+ * (g4_dtype_row_bytes(to, row length) bytes): the bytes themselves when the types are equal, the same values moved
+ * into the other layout where g4_transcode_exact(t->dtype, to), else decoded (g4_dequant_row) and encoded
+ * (g4_quant). tmp: scratch of a row's floats (unused by the exact cases). Returns the bytes written, 0 when t
+ * cannot be read, `to` cannot be written, or the row is not whole blocks of both. For a backend without kernels
+ * for a type (the CUDA backend holds such weights as Q8_0). */
+size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, float *tmp);
+
+/* 1 when g4_transcode_row(from -> to) keeps every value bit for bit: equal types, Q5_0 -> Q8_0 (a Q5_0 value is
+ * (q - 16) * d, q < 32: the Q8_0 block of the same d and codes q - 16), IQ4_NL -> Q8_0 (d * table[nibble], the
+ * table int8: the same d, codes table[nibble]). */
+int g4_transcode_exact(g4_dtype from, g4_dtype to);
 
 /* MLX affine: decodes n codes of a row (n a multiple of group) / encodes one row with
  * the GPU rule of docs/formats.md 2.4 (max starts at 0, half-away rounding); scales and

@@ -57,6 +57,7 @@ struct g4_binder {
     int collect;
     g4_tensor *list;
     int n_list;
+    unsigned char held_told[G4_DTYPE_COUNT]; /* a type the backend holds as another was told (place_done) */
 };
 typedef struct g4_binder binder;
 
@@ -178,9 +179,11 @@ static g4_tensor *place_target(g4_model *m, const g4_tensor *t, g4_tensor *tmp, 
     return &m->placed[t - m->weights.tensors];
 }
 
-/* After an upload of t[0 .. count) into dst[]: the bookkeeping (failed: the binder fails, a random model's tensors
- * lose their data); 0 when it succeeded. */
-static int place_done(binder *b, int failed, const g4_tensor **t, g4_tensor **dst, int count) {
+/* After an upload of t[0 .. count) (as src[]) into dst[]: the bookkeeping (failed: the binder fails, a random
+ * model's tensors lose their data); 0 when it succeeded. A backend that holds a type as another (backend.h,
+ * upload_weight) is told once per type, as a warning of the model. */
+static int place_done(binder *b, int failed, const g4_tensor **t, const g4_tensor *const *src, g4_tensor **dst,
+                      int count) {
     g4_model *m = b->m;
     if (failed) {
         for (int i = 0; i < count; i++)
@@ -191,6 +194,17 @@ static int place_done(binder *b, int failed, const g4_tensor **t, g4_tensor **ds
     for (int i = 0; i < count; i++) {
         if (!m->random) m->uploaded[t[i] - m->weights.tensors] = 1;
         b->bytes_placed += t[i]->nbytes;
+        const g4_dtype from = src[i]->dtype, to = dst[i]->dtype;
+        if (from != to && from > 0 && from < G4_DTYPE_COUNT && !b->held_told[from]) {
+            b->held_told[from] = 1;
+            if (g4_transcode_exact(from, to))
+                g4_warn(&m->warnings, "the %s backend holds the %s tensors as %s (exactly)", m->be->ops->name,
+                        g4_dtype_name(from), g4_dtype_name(to));
+            else
+                g4_warn(&m->warnings, "the %s backend holds the %s tensors as %s (re-encoded: %g bits a weight)",
+                        m->be->ops->name, g4_dtype_name(from), g4_dtype_name(to),
+                        8.0 * g4_dtype_block_bytes(to) / g4_dtype_block(to));
+        }
     }
     if (b->progress && !m->be->ops->host_memory)
         b->progress((float)((double)b->bytes_placed / (double)b->bytes_total), "loading weights", b->progress_user);
@@ -206,7 +220,7 @@ static const g4_tensor *place(binder *b, const g4_tensor *t) {
     g4_tensor tmp;
     const g4_tensor *src;
     g4_tensor *dst = place_target(m, t, &tmp, &src);
-    return place_done(b, m->be->ops->upload_weight(m->be, src, dst, b->err) != 0, &t, &dst, 1) ? NULL : dst;
+    return place_done(b, m->be->ops->upload_weight(m->be, src, dst, b->err) != 0, &t, &src, &dst, 1) ? NULL : dst;
 }
 
 /* place() for the weights of a set (q/k/v, gate/up: t[0 .. count), bound and not yet placed), in one block of
@@ -224,7 +238,7 @@ static void place_set(binder *b, const g4_tensor **t, int count) {
     g4_tensor tmp[G4_MATMUL_SET_MAX], *dst[G4_MATMUL_SET_MAX];
     const g4_tensor *src[G4_MATMUL_SET_MAX];
     for (int i = 0; i < count; i++) dst[i] = place_target(m, t[i], &tmp[i], &src[i]);
-    const int failed = place_done(b, m->be->ops->upload_weights(m->be, src, dst, count, b->err) != 0, t, dst, count);
+    const int failed = place_done(b, m->be->ops->upload_weights(m->be, src, dst, count, b->err) != 0, t, src, dst, count);
     for (int i = 0; i < count; i++) t[i] = failed ? NULL : dst[i];
 }
 

@@ -60,7 +60,8 @@ static const struct {
     g4_dtype t;
 } types[] = {
     {"f32", -1, G4_F32},    {"f16", -1, G4_F16},    {"bf16", -1, G4_BF16},  {"q8_0", OUT_GGUF, G4_Q8_0},
-    {"q4_0", OUT_GGUF, G4_Q4_0}, {"q4_k", OUT_GGUF, G4_Q4_K}, {"q5_k", OUT_GGUF, G4_Q5_K},
+    {"q4_0", OUT_GGUF, G4_Q4_0}, {"q4_1", OUT_GGUF, G4_Q4_1}, {"q5_0", OUT_GGUF, G4_Q5_0},
+    {"q5_1", OUT_GGUF, G4_Q5_1}, {"q4_k", OUT_GGUF, G4_Q4_K}, {"q5_k", OUT_GGUF, G4_Q5_K},
     {"q6_k", OUT_GGUF, G4_Q6_K}, {"q2_k", OUT_GGUF, G4_Q2_K}, {"q3_k", OUT_GGUF, G4_Q3_K},
     {"iq4_nl", OUT_GGUF, G4_IQ4_NL}, {"iq4_xs", OUT_GGUF, G4_IQ4_XS}, {"mlx2", OUT_MLX, G4_MLX2},
     {"mlx3", OUT_MLX, G4_MLX3},
@@ -279,8 +280,20 @@ static int write_tensor(const job *j, int fd, const out_tensor *o, g4_error *err
     uint16_t *sb = malloc((size_t)chunk * (size_t)(in / 32 + 1) * 2), *bb = malloc((size_t)chunk * (size_t)(in / 32 + 1) * 2);
     int rc = 0;
     if (!x || !buf || !sb || !bb) rc = g4_fail(err, "out of memory");
+    /* a plain copy of a source whose values the type holds (g4_transcode_exact: the same type, Q5_0 as Q8_0) is
+     * moved, not decoded and encoded again */
+    const g4_tensor *s = j->model && o->src >= 0 && !o->stride && !o->off
+                             ? g4_tensor_set_find(&j->model->weights, j->list[o->src].name)
+                             : NULL;
+    const int exact = s && !o->bits && !g4_dtype_is_mlx(s->dtype) && s->shape[s->ndim - 1] == in &&
+                      g4_transcode_exact(s->dtype, o->type);
     for (int64_t q = 0; !rc && q < rows; q += chunk) {
         int64_t n = rows - q < chunk ? rows - q : chunk;
+        if (exact) {
+            for (int64_t r = 0; r < n; r++) g4_transcode_row(s, q + r, o->type, buf + (size_t)r * row_bytes, NULL);
+            rc = pwrite_all(fd, buf, (size_t)n * row_bytes, o->offset + (size_t)q * row_bytes, err);
+            continue;
+        }
         source_rows(j, o, q, n, x);
         if (o->bits) {
             int64_t ng = in / o->group;
@@ -526,7 +539,10 @@ static uint32_t llama_ftype(g4_dtype t) {
     switch (t) {
     case G4_F16: return 1;
     case G4_Q4_0: return 2;
+    case G4_Q4_1: return 3;
     case G4_Q8_0: return 7;
+    case G4_Q5_0: return 8;
+    case G4_Q5_1: return 9;
     case G4_Q4_K: return 14;
     case G4_Q5_K: return 16;
     case G4_Q6_K: return 18;
@@ -714,8 +730,8 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
         if (p->type && !strcmp(p->type, types[i].name)) ti = (int)i;
     if (ti < 0)
         return g4_fail(err,
-                       "unknown type '%s' (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
-                       "iq4_nl, iq4_xs, bf16, f16, f32)",
+                       "unknown type '%s' (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, "
+                       "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, bf16, f16, f32)",
                        p->type ? p->type : "");
     j.target = types[ti].t;
     j.kind = types[ti].kind >= 0 ? types[ti].kind : ends_with(p->out, ".gguf") ? OUT_GGUF : OUT_HF;

@@ -227,23 +227,40 @@ static int cu_check(g4_backend *be, g4_error *err) {
 }
 
 /* ---------------------------------------------------------------- weights */
-/* The bytes src takes in device memory (rows padded to 16 bytes, quantized ones repacked: g4c_wrow_bytes), or -1
- * with a message where this backend does not read it. */
+/* src's header as it is held in device memory: its dtype g4c_held_dtype (another one for a type this backend has no
+ * kernels for: re-encoded at upload); an MLX group and scale type only where it stays MLX. */
+static g4_tensor held_header(const g4_tensor *src) {
+    g4_tensor h = *src;
+    h.dtype = g4c_held_dtype(src->dtype);
+    if (h.dtype != src->dtype) h.group = 0, h.scale_dtype = G4_DTYPE_UNKNOWN;
+    return h;
+}
+
+/* The bytes src takes in device memory (rows padded to 16 bytes, quantized ones repacked: g4c_wrow_bytes, of the
+ * held dtype), or -1 with a message where this backend does not read it. */
 static int64_t weight_bytes(const g4_tensor *src, g4_error *err) {
-    const int quant = g4_dtype_is_quantized(src->dtype);
-    if (quant ? !g4c_quant_supported(src->dtype)
-              : src->dtype != G4_BF16 && src->dtype != G4_F16 && src->dtype != G4_F32)
-        return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16, F32, Q8_0, Q4_0, Q4_K, Q6_K, MLX4 and MLX8 "
-                            "weights, not %s", src->name, g4_dtype_name(src->dtype));
+    const g4_tensor h = held_header(src);
+    if (h.dtype == G4_DTYPE_UNKNOWN)
+        return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16, F32, GGUF and MLX weights, not %s", src->name,
+                       g4_dtype_name(src->dtype));
+    if (h.dtype != src->dtype && !src->data) /* (random weights are made on the GPU, in its own types) */
+        return g4_fail(err, "tensor '%s': random %s weights: the CUDA backend has no %s kernels (it holds a file's %s "
+                            "tensors as %s: --type %s runs those)", src->name, g4_dtype_name(src->dtype),
+                       g4_dtype_name(src->dtype), g4_dtype_name(src->dtype), g4_dtype_name(h.dtype),
+                       h.dtype == G4_Q8_0 ? "q8_0" : g4_dtype_name(h.dtype));
     const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
     const int64_t rows = in > 0 ? g4_tensor_numel(src) / in : 0;
-    if (quant && (g4_dtype_is_mlx(src->dtype) ? (src->group != 32 && src->group != 64 && src->group != 128) ||
-                                                    in % src->group ||
-                                                    (src->data && (!src->scales || !src->biases))
-                                              : in % g4_dtype_block(src->dtype)))
+    if (g4_dtype_is_quantized(src->dtype) &&
+        (g4_dtype_is_mlx(src->dtype) ? (src->group != 32 && src->group != 64 && src->group != 128) || in % src->group ||
+                                           (src->data && (!src->scales || !src->biases))
+                                     : in % g4_dtype_block(src->dtype)))
         return g4_fail(err, "tensor '%s': rows of %lld elements are not whole %s blocks (or MLX groups of 32/64/128)",
                        src->name, (long long)in, g4_dtype_name(src->dtype));
-    return rows * (int64_t)g4c_wrow_bytes(src);
+    if (h.dtype != src->dtype && in % g4_dtype_block(h.dtype))
+        return g4_fail(err, "tensor '%s': rows of %lld elements are not whole %s blocks (the CUDA backend holds %s "
+                            "tensors as %s)", src->name, (long long)in, g4_dtype_name(h.dtype),
+                       g4_dtype_name(src->dtype), g4_dtype_name(h.dtype));
+    return rows * (int64_t)g4c_wrow_bytes(&h);
 }
 
 static void *weight_alloc(g4c *c, size_t bytes, const char *name, g4_error *err) {
@@ -257,16 +274,18 @@ static void *weight_alloc(g4c *c, size_t bytes, const char *name, g4_error *err)
     return NULL;
 }
 
-/* src's values (or random ones where it has no data) into d, weight_bytes(src) bytes of device memory */
+/* src's values (or random ones where it has no data) into d, weight_bytes(src) bytes of device memory; *dst is src
+ * as held there (its dtype g4c_held_dtype) */
 static int weight_fill(g4c *c, const g4_tensor *src, void *d, g4_tensor *dst, g4_error *err) {
+    const g4_tensor h = held_header(src);
     const int quant = g4_dtype_is_quantized(src->dtype);
     const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
     const int64_t rows = in > 0 ? g4_tensor_numel(src) / in : 0;
-    const size_t esz = quant ? 0 : (size_t)g4_dtype_bits(src->dtype) / 8, row_bytes = g4c_wrow_bytes(src);
+    const size_t esz = quant ? 0 : (size_t)g4_dtype_bits(src->dtype) / 8, row_bytes = g4c_wrow_bytes(&h);
     const size_t bytes = (size_t)rows * row_bytes;
     cudaError_t e = cudaSuccess;
     if (src->data && quant) {
-        if (g4c_upload_quant(c, src, d, rows, row_bytes, err)) return -1;
+        if (g4c_upload_quant(c, src, h.dtype, d, rows, row_bytes, err)) return -1;
     } else if (src->data) {
         if (row_bytes == (size_t)in * esz) {
             e = cudaMemcpyAsync(d, src->data, bytes, cudaMemcpyHostToDevice, c->stream);
@@ -285,7 +304,7 @@ static int weight_fill(g4c *c, const g4_tensor *src, void *d, g4_tensor *dst, g4
         e = cudaGetLastError();
     }
     if (e != cudaSuccess) return g4_fail(err, "tensor '%s': copy to the GPU failed: %s", src->name, cudaGetErrorString(e));
-    *dst = *src;
+    *dst = h;
     dst->data = d;
     dst->nbytes = bytes;
     dst->scales = dst->biases = NULL; /* in the rows */

@@ -21,6 +21,7 @@
 extern "C" {
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/quant.h"
 }
 
 /* ---------------------------------------------------------------- device helpers */
@@ -289,7 +290,8 @@ template <> struct g4_wload<G4_F32> {
 };
 
 /* ---------------------------------------------------------------- quantized weights in device memory
- * Supported: GGUF Q8_0, Q4_0, Q4_K, Q6_K and MLX affine 4 and 8 bit (core/quant.h has the file layouts). At
+ * Supported: GGUF Q8_0, Q4_0, Q4_K, Q6_K and MLX affine 4 and 8 bit (core/quant.h has the file layouts; other
+ * types are held as Q8_0: g4c_held_dtype). At
  * upload every row is repacked (cuda_quant.cu) so that the codes of a row come first, in runs a lane reads with
  * 16-byte loads, and the row's scales follow them (row bytes padded to 16). The bytes per weight stay those of
  * the file. Device layouts, per row of `in` elements:
@@ -313,6 +315,16 @@ typedef struct g4c_qrow {
 
 static inline int g4c_quant_supported(g4_dtype t) {
     return t == G4_Q8_0 || t == G4_Q4_0 || t == G4_Q4_K || t == G4_Q6_K || t == G4_MLX4 || t == G4_MLX8;
+}
+
+/* The dtype a weight of type t is held as in device memory: t where this backend has kernels for it (the plain
+ * float types and g4c_quant_supported), Q8_0 for every other type core/quant.h decodes (g4_dequant_reads: Q5_0,
+ * Q4_1, Q5_1, Q5_K, MLX 2/3/5/6 bit, ...), re-encoded row by row at upload (g4c_upload_quant, g4_transcode_row:
+ * exactly for Q5_0, else 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type must
+ * be whole blocks of it (Q8_0: 32). */
+static inline g4_dtype g4c_held_dtype(g4_dtype t) {
+    if (t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4c_quant_supported(t)) return t;
+    return g4_dtype_is_quantized(t) && g4_dequant_reads(t) ? G4_Q8_0 : G4_DTYPE_UNKNOWN;
 }
 
 /* Bytes of a device row of `in` elements of weight tensor w (plain types: padded to 8 elements). */
@@ -983,7 +995,8 @@ void g4c_im2col(g4_backend *be, const float *x, int h, int w, int c, int kh, int
 void g4c_conv1d_causal_dw(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
 void g4c_fill_random(g4c *c, void *dst, g4_dtype t, int64_t rows, int64_t in, size_t row_bytes, uint64_t seed);
 /* cuda_quant.cu: quantized weights (upload, random packed blocks, rows decoded to bf16, embeddings, row dots) */
-int g4c_upload_quant(g4c *c, const g4_tensor *src, void *d, int64_t rows, size_t row_bytes, g4_error *err);
+int g4c_upload_quant(g4c *c, const g4_tensor *src, g4_dtype held, void *d, int64_t rows, size_t row_bytes,
+                     g4_error *err);
 void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, size_t row_bytes, uint64_t seed);
 void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *out, uint16_t *lo);
 void g4c_embed_quant(g4c *c, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);

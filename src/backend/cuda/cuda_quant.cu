@@ -4,11 +4,14 @@
  * (g4c_dequant_bf16: bf16, or bf16 hi + lo parts) and embedding rows of a quantized table (g4c_embed).
  *
  * Repacking keeps the bytes of every block (no weight is decoded): codes are moved into runs a lane reads
- * with 16-byte loads, and the scales of a row follow its codes. */
+ * with 16-byte loads, and the scales of a row follow its codes. A type without kernels here is first re-encoded
+ * into one that has them (g4c_held_dtype: Q8_0), row by row on the host (g4c_upload_quant). */
 #include "backend/cuda/cuda_common.cuh"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern "C" {
 #include "core/quant.h"
@@ -93,16 +96,78 @@ static void repack_row(const g4_tensor *t, int64_t r, unsigned char *dst) {
     }
 }
 
-/* Copies src (a quantized host tensor) into device memory d of rows x row_bytes, repacked. */
-int g4c_upload_quant(g4c *c, const g4_tensor *src, void *d, int64_t rows, size_t row_bytes, g4_error *err) {
+/* Rows [r0, r1) of src into buf (row r at (r - r0) * row_bytes, zeroed), as type `held`: repacked, after a
+ * re-encoding (g4_transcode_row into a file-layout row of the held type) where held is another type. */
+typedef struct {
+    const g4_tensor *src;
+    g4_dtype held;
+    int64_t r0, r1;
+    size_t row_bytes;
+    unsigned char *buf;
+    int failed;
+} repack_part;
+
+static void *repack_rows(void *arg) {
+    repack_part *p = (repack_part *)arg;
+    const g4_tensor *src = p->src;
+    const int64_t in = src->shape[src->ndim - 1];
+    if (p->held == src->dtype) {
+        for (int64_t r = p->r0; r < p->r1; r++) repack_row(src, r, p->buf + (size_t)(r - p->r0) * p->row_bytes);
+        return NULL;
+    }
+    unsigned char *row = (unsigned char *)malloc(g4_dtype_row_bytes(p->held, in));
+    float *tmp = (float *)malloc((size_t)in * sizeof(float));
+    g4_tensor one; /* the re-encoded row, as a one-row tensor of the held type */
+    memset(&one, 0, sizeof one);
+    one.name = src->name, one.dtype = p->held, one.ndim = 2, one.shape[0] = 1, one.shape[1] = in, one.data = row;
+    for (int64_t r = p->r0; !p->failed && r < p->r1; r++) {
+        if (row && tmp && g4_transcode_row(src, r, p->held, row, tmp))
+            repack_row(&one, 0, p->buf + (size_t)(r - p->r0) * p->row_bytes);
+        else
+            p->failed = 1;
+    }
+    free(row), free(tmp);
+    return NULL;
+}
+
+/* Copies src (a quantized host tensor) into device memory d of rows x row_bytes as type `held` (g4c_held_dtype),
+ * repacked: the one place a weight changes type. A chunk of rows (64 MB) at a time, its rows split among up to 16
+ * host threads (re-encoding a row costs 1 to 8 ns a weight on one core: a 26B Q5_K_M file's 20G Q5_K weights take
+ * minutes on one); nothing holds more than a chunk. */
+#define UPLOAD_THREADS 16
+int g4c_upload_quant(g4c *c, const g4_tensor *src, g4_dtype held, void *d, int64_t rows, size_t row_bytes,
+                     g4_error *err) {
     const size_t chunk_rows = (size_t)((64u << 20) / row_bytes) > 0 ? (size_t)((64u << 20) / row_bytes) : 1;
     const size_t n = chunk_rows < (size_t)rows ? chunk_rows : (size_t)rows;
     unsigned char *buf = (unsigned char *)malloc(n * row_bytes);
     if (!buf) return g4_fail(err, "out of memory repacking '%s'", src->name);
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const int max_threads = cores > UPLOAD_THREADS ? UPLOAD_THREADS : cores > 1 ? (int)cores : 1;
     for (int64_t r0 = 0; r0 < rows; r0 += (int64_t)n) {
         const int64_t m = rows - r0 < (int64_t)n ? rows - r0 : (int64_t)n;
         memset(buf, 0, (size_t)m * row_bytes);
-        for (int64_t r = 0; r < m; r++) repack_row(src, r0 + r, buf + (size_t)r * row_bytes);
+        /* parts of at least 64 rows; part 0 on this thread, and any part whose thread did not start */
+        const int np = (int)(m / 64 < max_threads ? (m / 64 > 1 ? m / 64 : 1) : max_threads);
+        repack_part parts[UPLOAD_THREADS];
+        pthread_t th[UPLOAD_THREADS];
+        int started[UPLOAD_THREADS] = {0}, failed = 0;
+        for (int i = 0; i < np; i++) {
+            const int64_t a = m * i / np, b = m * (i + 1) / np;
+            parts[i].src = src, parts[i].held = held, parts[i].r0 = r0 + a, parts[i].r1 = r0 + b;
+            parts[i].row_bytes = row_bytes, parts[i].buf = buf + (size_t)a * row_bytes, parts[i].failed = 0;
+            if (i > 0) started[i] = pthread_create(&th[i], NULL, repack_rows, &parts[i]) == 0;
+        }
+        for (int i = 0; i < np; i++)
+            if (!started[i]) repack_rows(&parts[i]);
+        for (int i = 0; i < np; i++) {
+            if (started[i]) pthread_join(th[i], NULL);
+            failed |= parts[i].failed;
+        }
+        if (failed) {
+            free(buf);
+            return g4_fail(err, "tensor '%s': cannot re-encode %s rows of %lld as %s (or out of memory)", src->name,
+                           g4_dtype_name(src->dtype), (long long)src->shape[src->ndim - 1], g4_dtype_name(held));
+        }
         /* on the backend's stream, and waited for: a plain cudaMemcpy from pageable memory may return before its DMA
          * lands (CUDA runtime, API synchronization behavior), on the legacy stream, which the backend's non-blocking
          * stream does not wait for: a product launched right after could read stale weights */
