@@ -292,22 +292,29 @@ static void q_q5(const float *x, unsigned char *b, int has_min) {
 
 static int nearest(float v) { return (int)lrintf(v); }
 
+/* Scales and mins of n sub-blocks of len (the asymmetric K-quants): sc[k] = (max - min) / nmax over the sub-block
+ * with 0 in its range, mn[k] = -min(0, min); the largest of each in *msc, *mmn. */
+static void scales_mins(const float *x, int n, int len, float nmax, float *sc, float *mn, float *msc, float *mmn) {
+    *msc = *mmn = 0;
+    for (int k = 0; k < n; k++) {
+        float lo = 0, hi = 0;
+        for (int l = 0; l < len; l++) {
+            lo = fminf(lo, x[len * k + l]);
+            hi = fmaxf(hi, x[len * k + l]);
+        }
+        sc[k] = (hi - lo) / nmax;
+        mn[k] = -lo;
+        *msc = fmaxf(*msc, sc[k]);
+        *mmn = fmaxf(*mmn, mn[k]);
+    }
+}
+
 /* Q4_K / Q5_K: per sub-block of 32, scale = (max - min) / nmax and min = -min(0, min),
  * both re-quantized to 6 bits against the block's largest. */
 static void q_qk(const float *x, unsigned char *b, int five) {
     const int nmax = five ? 31 : 15;
-    float sc[8], mn[8], msc = 0, mmn = 0;
-    for (int k = 0; k < 8; k++) {
-        float lo = 0, hi = 0;
-        for (int l = 0; l < 32; l++) {
-            lo = fminf(lo, x[32 * k + l]);
-            hi = fmaxf(hi, x[32 * k + l]);
-        }
-        sc[k] = (hi - lo) / (float)nmax;
-        mn[k] = -lo;
-        msc = fmaxf(msc, sc[k]);
-        mmn = fmaxf(mmn, mn[k]);
-    }
+    float sc[8], mn[8], msc, mmn;
+    scales_mins(x, 8, 32, (float)nmax, sc, mn, &msc, &mmn);
     float d = msc / 63.0f, dmin = mmn / 63.0f;
     put_f16(b, d);
     put_f16(b + 2, dmin);
@@ -346,15 +353,22 @@ static void q_qk(const float *x, unsigned char *b, int five) {
     }
 }
 
-/* Q6_K: per sub-block of 16, scale = max|x| / 31, the scales as int8 against the largest. */
-static void q_q6_k(const float *x, unsigned char *b) {
-    float sc[16], msc = 0;
+/* The scales of a 256-block's 16 sub-blocks of 16: sc[k] = max|x| of sub-block k / steps; returns the largest. */
+static float scales16(const float *x, float steps, float sc[16]) {
+    float msc = 0;
     for (int k = 0; k < 16; k++) {
         float amax = 0;
         for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(x[16 * k + l]));
-        sc[k] = amax / 31.0f;
+        sc[k] = amax / steps;
         msc = fmaxf(msc, sc[k]);
     }
+    return msc;
+}
+
+/* Q6_K: per sub-block of 16, scale = max|x| / 31, the scales as int8 against the largest. */
+static void q_q6_k(const float *x, unsigned char *b) {
+    float sc[16];
+    const float msc = scales16(x, 31.0f, sc);
     float d = msc / 127.0f;
     put_f16(b + 208, d);
     d = g4_f16_at(b + 208);
@@ -383,18 +397,8 @@ static void q_q6_k(const float *x, unsigned char *b) {
 /* Q2_K: per sub-block of 16, scale = (max - min) / 3 and min = -min(0, min) as in q_qk, re-quantized to 4 bits
  * against the block's largest (d = max scale / 15, dmin = max min / 15, nearest); codes the nearest of 0..3. */
 static void q_q2_k(const float *x, unsigned char *b) {
-    float sc[16], mn[16], msc = 0, mmn = 0;
-    for (int k = 0; k < 16; k++) {
-        float lo = 0, hi = 0;
-        for (int l = 0; l < 16; l++) {
-            lo = fminf(lo, x[16 * k + l]);
-            hi = fmaxf(hi, x[16 * k + l]);
-        }
-        sc[k] = (hi - lo) / 3.0f;
-        mn[k] = -lo;
-        msc = fmaxf(msc, sc[k]);
-        mmn = fmaxf(mmn, mn[k]);
-    }
+    float sc[16], mn[16], msc, mmn;
+    scales_mins(x, 16, 16, 3.0f, sc, mn, &msc, &mmn);
     put_f16(b + 80, msc / 15.0f);
     put_f16(b + 82, mmn / 15.0f);
     float d = g4_f16_at(b + 80), dmin = g4_f16_at(b + 82);
@@ -417,13 +421,8 @@ static void q_q2_k(const float *x, unsigned char *b) {
 /* Q3_K: per sub-block of 16, scale = max|x| / 3.5 (codes -4..3 cover +-3.5 steps); the scales as 6-bit signed
  * values against the largest, d = -(largest) / 32 (so it is code -32; the others -32..0); codes the nearest. */
 static void q_q3_k(const float *x, unsigned char *b) {
-    float sc[16], msc = 0;
-    for (int k = 0; k < 16; k++) {
-        float amax = 0;
-        for (int l = 0; l < 16; l++) amax = fmaxf(amax, fabsf(x[16 * k + l]));
-        sc[k] = amax / 3.5f;
-        msc = fmaxf(msc, sc[k]);
-    }
+    float sc[16];
+    const float msc = scales16(x, 3.5f, sc);
     put_f16(b + 108, -msc / 32.0f);
     float d = g4_f16_at(b + 108);
     unsigned char *hm = b, *qs = b + 32, *s = b + 96;
