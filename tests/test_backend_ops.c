@@ -2108,29 +2108,40 @@ static void test_recorded_chain(void) {
     free(kin), free(vin);
 }
 
+/* G4_OP_TESTS=name,name: only those test functions (e.g. test_audio_tower_ops under compute-sanitizer) */
+static int op_test_wanted(const char *name) {
+    const char *want = getenv("G4_OP_TESTS");
+    if (!want || !*want) return 1;
+    const size_t n = strlen(name);
+    for (const char *p = strstr(want, name); p; p = strstr(p + 1, name))
+        if ((p == want || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+    return 0;
+}
+#define RUN_OP_TEST(f) (op_test_wanted(#f) ? f() : (void)0)
+
 static void run_all(void) {
     probe_quantized();
-    test_memory();
-    test_embed();
-    test_matmul();
-    test_transcoded_weights();
-    test_matmul_set();
-    test_matmul_set_fused();
-    test_norms();
-    test_layernorm_offset();
-    test_rope();
-    test_elementwise();
-    test_rows_transpose_argmax();
-    test_top_k();
-    test_masked_logits();
-    test_attention();
-    test_attn_prep();
-    test_attention_prep();
-    test_moe();
-    test_attention_dense();
-    test_tower_elementwise();
-    test_audio_tower_ops();
-    test_recorded_chain();
+    RUN_OP_TEST(test_memory);
+    RUN_OP_TEST(test_embed);
+    RUN_OP_TEST(test_matmul);
+    RUN_OP_TEST(test_transcoded_weights);
+    RUN_OP_TEST(test_matmul_set);
+    RUN_OP_TEST(test_matmul_set_fused);
+    RUN_OP_TEST(test_norms);
+    RUN_OP_TEST(test_layernorm_offset);
+    RUN_OP_TEST(test_rope);
+    RUN_OP_TEST(test_elementwise);
+    RUN_OP_TEST(test_rows_transpose_argmax);
+    RUN_OP_TEST(test_top_k);
+    RUN_OP_TEST(test_masked_logits);
+    RUN_OP_TEST(test_attention);
+    RUN_OP_TEST(test_attn_prep);
+    RUN_OP_TEST(test_attention_prep);
+    RUN_OP_TEST(test_moe);
+    RUN_OP_TEST(test_attention_dense);
+    RUN_OP_TEST(test_tower_elementwise);
+    RUN_OP_TEST(test_audio_tower_ops);
+    RUN_OP_TEST(test_recorded_chain);
     g4_error err;
     CHECKF(be->ops->check(be, &err) == 0, "%s: check: %s", be_label, err.msg);
 }
