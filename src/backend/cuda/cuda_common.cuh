@@ -320,8 +320,8 @@ static inline int g4c_quant_supported(g4_dtype t) {
 /* The dtype a weight of type t is held as in device memory: t where this backend has kernels for it (the plain
  * float types and g4c_quant_supported), Q8_0 for every other type core/quant.h decodes (g4_dequant_reads: Q5_0,
  * Q4_1, Q5_1, Q5_K, MLX 2/3/5/6 bit, ...), re-encoded row by row at upload (g4c_upload_quant, g4_transcode_row:
- * exactly for Q5_0, else 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type must
- * be whole blocks of it (Q8_0: 32). */
+ * exactly for Q5_0 and IQ4_NL, else 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a
+ * held type must be whole blocks of it (Q8_0: 32). */
 static inline g4_dtype g4c_held_dtype(g4_dtype t) {
     if (t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4c_quant_supported(t)) return t;
     return g4_dtype_is_quantized(t) && g4_dequant_reads(t) ? G4_Q8_0 : G4_DTYPE_UNKNOWN;
