@@ -728,11 +728,12 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
     int ti = -1;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (p->type && !strcmp(p->type, types[i].name)) ti = (int)i;
-    if (ti < 0)
-        return g4_fail(err,
-                       "unknown type '%s' (mlx2, mlx3, mlx4, mlx5, mlx6, mlx8, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, "
-                       "q4_k, q5_k, q6_k, iq4_nl, iq4_xs, bf16, f16, f32)",
-                       p->type ? p->type : "");
+    if (ti < 0) { /* the names of the table, so that the message cannot fall behind it */
+        char names[256] = "";
+        for (size_t i = 0, len = 0; i < sizeof types / sizeof types[0] && len < sizeof names; i++)
+            len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "", types[i].name);
+        return g4_fail(err, "unknown type '%s' (%s)", p->type ? p->type : "", names);
+    }
     j.target = types[ti].t;
     j.kind = types[ti].kind >= 0 ? types[ti].kind : ends_with(p->out, ".gguf") ? OUT_GGUF : OUT_HF;
     j.bits = g4_mlx_bits(j.target);
