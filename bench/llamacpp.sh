@@ -37,7 +37,7 @@ llama=$dir/llama.cpp/build/bin
 mkdir -p "$dir/models"
 
 # name  config                 type
-all_models="e2b-q4_0:gemma-4-e2b:q4_0 e2b-q8_0:gemma-4-e2b:q8_0 e2b-bf16:gemma-4-e2b:bf16 26b-q4_0:gemma-4-26b-a4b:q4_0"
+all_models="e2b-q4_0:gemma-4-e2b:q4_0 e2b-q8_0:gemma-4-e2b:q8_0 e2b-bf16:gemma-4-e2b:bf16 26b-q4_0:gemma-4-26b-a4b:q4_0 e2b-q4_k_m:gemma-4-e2b:q4_k_m"
 models=${MODELS:-$all_models}
 
 setup() {
@@ -62,7 +62,14 @@ make_models() {
     for spec in $models; do
         IFS=: read -r name cfg type <<<"$spec"
         f=$dir/models/$name.gguf
-        [ -s "$f" ] || /usr/bin/python3 "$here/tests/data/random_gemma4.py" model "$shared/configs/$cfg.json" "$f" --type "$type"
+        case $type in
+        q4_k_m | q5_k_m) # llama.cpp's mixes (Q4_K / Q5_K with Q6_K for the head and some v and down rows), as the
+            # files people download: llama-quantize from the bf16 file of the same config
+            src=$dir/models/${name%-*}-bf16.gguf
+            [ -s "$src" ] || /usr/bin/python3 "$here/tests/data/random_gemma4.py" model "$shared/configs/$cfg.json" "$src" --type bf16
+            [ -s "$f" ] || "$llama/llama-quantize" "$src" "$f" "$(echo "$type" | tr a-z A-Z)" >/dev/null 2>&1 ;;
+        *) [ -s "$f" ] || /usr/bin/python3 "$here/tests/data/random_gemma4.py" model "$shared/configs/$cfg.json" "$f" --type "$type" ;;
+        esac
         ls -la "$f"
     done
 }

@@ -277,8 +277,11 @@ static int be_bf16_act; /* be was made with bf16_act (g4_load_params.bf16_activa
  * the CPU does so, and where CUDA's GEMV does; rounded to bf16 (nearest even) for BF16 weights on a CPU backend
  * made with bf16_act, and for quantized weights that CUDA decodes to bf16 tiles for a tensor-core product of more
  * than 8 tokens (cuda_blas.cu: their activations are rounded to bf16 once). */
+static int reads_int8(const g4_tensor *w, int n, int dense) {
+    return (!strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w)) || cuda_reads_int8(w, n, dense);
+}
 static void x_as_read(const float *x, int n, int in, const g4_tensor *w, int dense, double *xr) {
-    const int rounds = (!strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w)) || cuda_reads_int8(w, n, dense);
+    const int rounds = reads_int8(w, n, dense);
     const int bf16_tiles = !strcmp(be->ops->name, "cuda") && n > 8 && g4_dtype_is_quantized(w->dtype) && !rounds;
     if ((be_bf16_act && w->dtype == G4_BF16) || bf16_tiles) {
         for (size_t i = 0; i < (size_t)n * (size_t)in; i++) xr[i] = g4_bf16_to_f32(g4_f32_to_bf16(x[i]));
@@ -1452,8 +1455,9 @@ static void test_attention_prep(void) {
  * when split), down in dt; out = rmsnorm(dense) * post_norm1 + rmsnorm(sum of experts) * post_norm2, the
  * experts reading x2 = rmsnorm(residual) * pre_norm2. The reference reads every product's input as the backend
  * does (x_as_read of x2 rounded to float); down's input (the activations the backend computed in float) is rounded
- * the same way only where CUDA's one-token experts read int8 blocks (a rare flip of one step where the two
- * computations of an activation straddle a rounding boundary); on the CPU dt is never such a type.
+ * the same way where the backend reads them as int8 blocks (CUDA's one-token experts, the CPU's Q4_K and Q6_K
+ * experts; a rare flip of one step where the two computations of an activation straddle a rounding boundary would
+ * show here: none in these cases).
  * E experts, TK a token (E <= 256, TK <= 32); ties (a float32 router): experts 2j and 2j + 1 get equal router rows,
  * so every pick is a tie of two, taken by the lower expert id. */
 static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split, g4_dtype dt, int E, int TK,
@@ -1557,7 +1561,7 @@ static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split
                 }
                 act[c] = gelu_tanh_ref(g) * u;
             }
-            if (cuda_reads_int8(&dn.host, n, 0)) { /* CUDA's down reads the activations as int8 blocks */
+            if (reads_int8(&dn.host, n, 0)) { /* down reads the activations as int8 blocks */
                 for (int c = 0; c < Im; c++) actf[c] = (float)act[c];
                 x_as_read(actf, 1, Im, &dn.host, 0, act);
             }

@@ -46,22 +46,32 @@ typedef struct g4_cpu {
  * Grouped (kernels with q_gemm; set when qg is set): per token, ng groups of 4 blocks, each
  * G4_Q8_GROUP bytes: 64 int8 of the blocks' elements 0-15, 64 of elements 16-31, 16 int32
  * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the
- * block scales (each block's in 4 lanes); blocks past the row are zeros. off is the weight
- * type's unsigned offset (Q4_0: 8, Q8_0: 128), so a group's integer dot product with the
- * weights' unsigned codes starts from these lanes and ends exact. */
+ * block scales (each block's in 4 lanes); blocks past the row are zeros. off and mode follow the
+ * weight type (g4_q8_mode):
+ * - G4_Q8_OFFSET (Q4_0, Q8_0): off is the type's unsigned offset (Q4_0: 8, Q8_0: 128), so a group's
+ *   integer dot product with the weights' unsigned codes starts from these lanes and ends exact;
+ * - G4_Q8_AFFINE (Q4_K: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
+ *   multiply the weights' s2;
+ * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements): off = 0, each half's dot product
+ *   is taken apart and its -32 x code sums computed from the codes. */
 #define G4_Q8_GROUP 256
-#define G4_QW_GROUP 192 /* a packed weight group: 64 + 64 unsigned codes, 16 float scales */
+/* a packed weight group: 64 + 64 unsigned codes, 16 float lanes s1 (the scales), 16 s2 (see g4_q8_mode) */
+#define G4_QW_GROUP 256
+enum { G4_Q8_OFFSET, G4_Q8_AFFINE, G4_Q8_HALVES };
+static inline int g4_q8_mode(g4_dtype t) {
+    return t == G4_Q4_K ? G4_Q8_AFFINE : t == G4_Q6_K ? G4_Q8_HALVES : G4_Q8_OFFSET;
+}
 typedef struct g4_q8_rows {
     int8_t *q;
     float *d, *m;
     size_t in_pad, nb_pad;
     unsigned char *qg;
     size_t ng;
-    int off;
+    int off, mode;
 } g4_q8_rows;
 
-/* Q8_0 / Q4_0 weights with rows of whole 32-blocks (and int8 activations not switched off
- * by G4_NO_INT8_ACT, for comparisons). */
+/* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and Q4_K / Q6_K ones where the kernels have q_gemm
+ * (AVX-512 VNNI); int8 activations not switched off by G4_NO_INT8_ACT (for comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 /* The products of a matmul set on one input, one int8 quantization of x and one pool job: every w[i] Q8_0 or
@@ -125,10 +135,10 @@ typedef struct g4_cpu_kernels {
      * x: nt <= 4 rows of n, ldx apart) */
     void (*f32_tile)(const float *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n, float *y,
                      size_t ldy);
-    /* NULL, or (with q_gemm) packs nr rows of a Q8_0/Q4_0 matrix (nb blocks, row_bytes apart) into
-     * ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart: each
-     * group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128) in the order of g4_q8_rows.qg and
-     * the block scales in 4 lanes each (zero past the row) */
+    /* NULL, or (with q_gemm) packs nr rows of a Q8_0/Q4_0/Q4_K/Q6_K matrix (nb blocks of 32, row_bytes apart)
+     * into ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart: each
+     * group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128, Q4_K nibbles, Q6_K 6-bit codes) in the order of
+     * g4_q8_rows.qg, s1 and s2 (g4_q8_mode) in 4 lanes a block (zero past the row) */
     void (*q_pack)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst);
     /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
     float (*exp_sum)(float *x, size_t n, float shift);
@@ -148,7 +158,7 @@ typedef struct g4_cpu_kernels {
      * (t < nt <= 4); ng groups */
     void (*q_gemm)(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
                    size_t ldy);
-    /* NULL, or (with q_gemm) y[r] = row r (< nr) of a Q8_0/Q4_0 matrix as stored times grouped activation
+    /* NULL, or (with q_gemm) y[r] = row r (< nr) of a matrix q_pack reads, as stored, times grouped activation
      * row t, the same bits as q_gemm gives (decode) */
     void (*q_gemv)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, const g4_q8_rows *a,
                    int t, float *y);

@@ -317,35 +317,165 @@ __attribute__((target(T512), always_inline)) static inline void q_group(g4_dtype
     *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, pm->d, B)));
 }
 
-/* one (row, token) step of a group: the exact integer dot products per lane (from the activations' offset
- * lanes), then one multiply-add by weight scale x activation scale; the same in q_gemm and q_gemv */
-__attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 acc, __m512i lo, __m512i hi, __m512 dw,
-                                                                         const unsigned char *x) {
-    const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_loadu_si512(x + 128), lo, _mm512_loadu_si512(x)),
-                                          hi, _mm512_loadu_si512(x + 64));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_loadu_ps(x + 192)), acc);
+/* Q4_K and Q6_K (core/quant.h): group g of a row is half g % 2 of super-block g / 2 (128 elements, sub-blocks
+ * of 32 / 16). Each decodes into the layout of q_group: unsigned codes lo (elements 0-15 of its 4 blocks of 32)
+ * and hi (16-31), and two lane vectors of floats:
+ * - Q4_K (affine: w = s1 * u + s2): s1 = d * sc_k, s2 = -dmin * m_k of the block's sub-block k;
+ * - Q6_K (w = s * (u - 32) per sub-block of 16): s1 = d * sc of each block's elements 0-15, s2 of 16-31. */
+__attribute__((target(T512), always_inline)) static inline void q4k_group(const unsigned char *row, int g, __m512i *lo,
+                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
+    const unsigned char *sb = row + (size_t)144 * (size_t)(g / 2);
+    const int h = g % 2;
+    /* codes: 64 bytes qs[64h ..]; block 0 the low nibbles of bytes 0-31, 1 their high ones, 2 and 3 of bytes 32-63 */
+    const __m512i q = _mm512_loadu_si512(sb + 16 + 64 * h), m4 = _mm512_set1_epi8(15);
+    const __m512i L = _mm512_and_si512(q, m4), N = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    const __m512i ilo = _mm512_set_epi32(0x6f6e6d6c, 0x6b6a6968, 0x67666564, 0x63626160, 0x2f2e2d2c, 0x2b2a2928,
+                                         0x27262524, 0x23222120, 0x4f4e4d4c, 0x4b4a4948, 0x47464544, 0x43424140,
+                                         0x0f0e0d0c, 0x0b0a0908, 0x07060504, 0x03020100);
+    const __m512i i16 = _mm512_set1_epi8(16);
+    *lo = _mm512_permutex2var_epi8(L, ilo, N);
+    *hi = _mm512_permutex2var_epi8(L, _mm512_add_epi8(ilo, i16), N);
+    /* the half's 4 scales and 4 mins (6 bits each, g4_k_scale_min) as bytes, taken from the 12 as 32-bit words:
+     * sub-blocks 0-3 the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7 the nibbles of bytes 8-11 with
+     * the top 2 bits of bytes 0-3 (scales) and 4-7 (mins) above them */
+    uint32_t u0, u1, u2;
+    memcpy(&u0, sb + 4, 4);
+    memcpy(&u1, sb + 8, 4);
+    memcpy(&u2, sb + 12, 4);
+    const uint32_t sc = h ? (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4) : u0 & 0x3f3f3f3fu;
+    const uint32_t mn = h ? ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4) : u1 & 0x3f3f3f3fu;
+    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn, (int)sc))),
+                                   _mm512_castps256_ps512(_mm256_set_m128(_mm_set1_ps(-_cvtsh_ss(block_d(sb + 2))),
+                                                                          _mm_set1_ps(_cvtsh_ss(block_d(sb))))));
+    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), v);
+    *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4), v);
+}
+
+__attribute__((target(T512), always_inline)) static inline void q6k_group(const unsigned char *row, int g, __m512i *lo,
+                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
+    const unsigned char *sb = row + (size_t)210 * (size_t)(g / 2);
+    const int h = g % 2;
+    /* low 4 bits: ql[64h ..]; block 0 the low nibbles of bytes 0-31, 1 of 32-63, 2 and 3 their high nibbles */
+    const __m512i q = _mm512_loadu_si512(sb + 64 * h), m4 = _mm512_set1_epi8(15);
+    const __m512i L = _mm512_and_si512(q, m4), N = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    const __m512i ilo = _mm512_set_epi32(0x6f6e6d6c, 0x6b6a6968, 0x67666564, 0x63626160, 0x4f4e4d4c, 0x4b4a4948,
+                                         0x47464544, 0x43424140, 0x2f2e2d2c, 0x2b2a2928, 0x27262524, 0x23222120,
+                                         0x0f0e0d0c, 0x0b0a0908, 0x07060504, 0x03020100);
+    const __m512i i16 = _mm512_set1_epi8(16);
+    /* high 2 bits: qh[32h + l] >> 2i of block i, element l */
+    const __m128i qh0 = _mm_loadu_si128((const __m128i *)(sb + 128 + 32 * h)),
+                  qh1 = _mm_loadu_si128((const __m128i *)(sb + 144 + 32 * h));
+    const __m512i shifts = _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 0,
+                                            0, 0, 0, 0, 0, 0, 0),
+                  m3 = _mm512_set1_epi8(3);
+    const __m512i hlo = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh0), shifts), m3),
+                  hhi = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh1), shifts), m3);
+    *lo = _mm512_or_si512(_mm512_permutex2var_epi8(L, ilo, N), _mm512_slli_epi16(hlo, 4));
+    *hi = _mm512_or_si512(_mm512_permutex2var_epi8(L, _mm512_add_epi8(ilo, i16), N), _mm512_slli_epi16(hhi, 4));
+    const __m512 sc = _mm512_mul_ps(
+        _mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 192 + 8 * h))))),
+        _mm512_set1_ps(_cvtsh_ss(block_d(sb + 208))));
+    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0), sc);
+    *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), sc);
+}
+
+/* Group g of a row of any type q_pack / q_gemv read: the unsigned codes lo and hi, and s1 (the scales) and s2
+ * (Q4_K: the mins; Q6_K: the second half's scales; Q4_0 / Q8_0: zero, their offset is in the activations) */
+__attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtype type, const q_perm *pm,
+                                                                         const unsigned char *row, size_t row_bytes,
+                                                                         int g, __m512i *lo, __m512i *hi, __m512 *s1,
+                                                                         __m512 *s2) {
+    if (type == G4_Q4_K) {
+        q4k_group(row, g, lo, hi, s1, s2);
+    } else if (type == G4_Q6_K) {
+        q6k_group(row, g, lo, hi, s1, s2);
+    } else {
+        const long gb = type == G4_Q4_0 ? 72 : 136;
+        q_group(type, pm, row + gb * g, (long)row_bytes - gb * g, lo, hi, s1);
+        *s2 = _mm512_setzero_ps();
+    }
+}
+
+/* bytes of a row a group spans on average (for the prefetch distance's steps) */
+static inline long group_bytes(g4_dtype type) {
+    return type == G4_Q4_0 || type == G4_Q4_K ? 72 : type == G4_Q6_K ? 105 : 136;
+}
+
+/* One token's part of a group, loaded once for every row it meets: the codes, the offset lanes (or, for the affine
+ * mode, the lanes' code sums as floats), the scales, and for the halves mode -32 x each half's lane sums. */
+typedef struct {
+    __m512i lo, hi, off, n32lo, n32hi;
+    __m512 dx, sum;
+} q_xgroup;
+
+__attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(const unsigned char *x, const int mode) {
+    q_xgroup v;
+    v.lo = _mm512_loadu_si512(x);
+    v.hi = _mm512_loadu_si512(x + 64);
+    v.off = _mm512_loadu_si512(x + 128);
+    v.dx = _mm512_loadu_ps(x + 192);
+    v.sum = _mm512_setzero_ps();
+    v.n32lo = v.n32hi = _mm512_setzero_si512();
+    if (mode == G4_Q8_AFFINE) v.sum = _mm512_cvtepi32_ps(v.off);
+    if (mode == G4_Q8_HALVES) {
+        const __m512i c32 = _mm512_set1_epi8(32), z = _mm512_setzero_si512();
+        v.n32lo = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c32, v.lo));
+        v.n32hi = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c32, v.hi));
+    }
+    return v;
+}
+
+/* one (row, token) step of a group, the same in q_gemm and q_gemv: exact integer dot products per lane, then
+ * - offset (Q4_0, Q8_0): from the activations' offset lanes, one multiply-add by s1 x dx;
+ * - affine (Q4_K): s1 x dx times the codes' products plus s2 x dx times the activations' code sums;
+ * - halves (Q6_K): each half from -32 x its code sums, times its own scale x dx. */
+__attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 acc, __m512i lo, __m512i hi, __m512 s1,
+                                                                         __m512 s2, const q_xgroup *x, const int mode) {
+    if (mode == G4_Q8_HALVES) {
+        const __m512i a = _mm512_dpbusd_epi32(x->n32lo, lo, x->lo), b = _mm512_dpbusd_epi32(x->n32hi, hi, x->hi);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s1, x->dx), acc);
+        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(s2, x->dx), acc);
+    }
+    const __m512i init = mode == G4_Q8_AFFINE ? _mm512_setzero_si512() : x->off;
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo, x->lo), hi, x->hi);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(s1, x->dx), acc);
+    if (mode == G4_Q8_AFFINE) acc = _mm512_fmadd_ps(x->sum, _mm512_mul_ps(s2, x->dx), acc);
+    return acc;
 }
 
 /* the rows are read PACK_PREFETCH bytes ahead (one thread packing for 8 tokens, in CPU time: 5.7-6.7 GB/s of
  * Q4_0 weights against 4.7-5.4 without) */
 #define PACK_PREFETCH 4096
-__attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
-                                                       int nr, int nb, unsigned char *dst) {
-    const int gb = type == G4_Q4_0 ? 72 : 136, ng = (nb + 3) / 4;
-    const q_perm pm = q_perms(type);
+__attribute__((target(T512), always_inline)) static inline void q_pack_typed(g4_dtype type, const unsigned char *w,
+                                                                             size_t row_bytes, int nr, int nb,
+                                                                             unsigned char *dst) {
+    const long gb = group_bytes(type);
+    const int ng = (nb + 3) / 4;
+    const q_perm pm = q_perms(type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0);
     for (int r = 0; r < nr; r++) {
         const unsigned char *row = w + (size_t)r * row_bytes;
         unsigned char *o = dst + (size_t)r * ng * G4_QW_GROUP;
         for (int g = 0; g < ng; g++, o += G4_QW_GROUP) {
             __m512i lo, hi;
-            __m512 dw;
+            __m512 s1, s2;
             _mm_prefetch((const char *)row + (size_t)gb * g + PACK_PREFETCH, _MM_HINT_T0);
             if (gb > 64) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + PACK_PREFETCH, _MM_HINT_T0);
-            q_group(type, &pm, row + (size_t)gb * g, (long)row_bytes - (long)gb * g, &lo, &hi, &dw);
+            qw_group(type, &pm, row, row_bytes, g, &lo, &hi, &s1, &s2);
             _mm512_storeu_si512(o, lo);
             _mm512_storeu_si512(o + 64, hi);
-            _mm512_storeu_ps(o + 128, dw);
+            _mm512_storeu_ps(o + 128, s1);
+            _mm512_storeu_ps(o + 192, s2);
         }
+    }
+}
+
+__attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                       int nr, int nb, unsigned char *dst) {
+    switch (type) { /* (each type's decoding inlined) */
+    case G4_Q4_0: q_pack_typed(G4_Q4_0, w, row_bytes, nr, nb, dst); break;
+    case G4_Q4_K: q_pack_typed(G4_Q4_K, w, row_bytes, nr, nb, dst); break;
+    case G4_Q6_K: q_pack_typed(G4_Q6_K, w, row_bytes, nr, nb, dst); break;
+    default: q_pack_typed(G4_Q8_0, w, row_bytes, nr, nb, dst); break;
     }
 }
 
@@ -362,39 +492,48 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
                                                                              size_t row_bytes, int ng,
                                                                              const unsigned char *xt, float *y,
                                                                              size_t ystride, const int NR) {
-    const long gb = type == G4_Q4_0 ? 72 : 136;
+    const long gb = group_bytes(type);
+    const int mode = g4_q8_mode(type);
     __m512 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        const unsigned char *x = xt + (size_t)g * G4_Q8_GROUP;
-        const __m512i xlo = _mm512_loadu_si512(x), xhi = _mm512_loadu_si512(x + 64),
-                      xoff = _mm512_loadu_si512(x + 128);
-        const __m512 dx = _mm512_loadu_ps(x + 192);
+        const q_xgroup x = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode);
+#pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             __m512i lo, hi;
-            __m512 dw;
+            __m512 s1, s2;
             _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + GEMV_PREFETCH, _MM_HINT_T0);
-            if (gb > 72) /* Q8_0: a group spans three lines */
+            if (gb > 72) /* a group spans two or three lines */
                 _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + 64 + GEMV_PREFETCH, _MM_HINT_T0);
-            q_group(type, pm, w + (size_t)r * stride + (size_t)gb * g, (long)row_bytes - gb * g, &lo, &hi, &dw);
-            const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xoff, lo, xlo), hi, xhi);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, dx), acc[r]);
+            qw_group(type, pm, w + (size_t)r * stride, row_bytes, g, &lo, &hi, &s1, &s2);
+            acc[r] = q_step(acc[r], lo, hi, s1, s2, &x, mode);
         }
     }
     for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
 }
 
 #define GEMV_ROWS 4
-__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
-                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
+__attribute__((target(T512), always_inline)) static inline void q_gemv_typed(g4_dtype type, const unsigned char *w,
+                                                                             size_t row_bytes, int nr, int nb,
+                                                                             const g4_q8_rows *a, int t, float *y) {
     const int ng = (nb + 3) / 4, q = nr / GEMV_ROWS;
-    const q_perm pm = q_perms(type);
+    const q_perm pm = q_perms(type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0);
     const unsigned char *xt = a->qg + (size_t)t * a->ng * G4_Q8_GROUP;
     for (int i = 0; i < q; i++)
         q_gemv_fixed(type, &pm, w + (size_t)i * row_bytes, (size_t)q * row_bytes, row_bytes, ng, xt, y + i, (size_t)q,
                      GEMV_ROWS);
     for (int r = q * GEMV_ROWS; r < nr; r++)
         q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xt, y + r, 0, 1);
+}
+
+__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
+    switch (type) { /* (each type's decoding and mode inlined) */
+    case G4_Q4_0: q_gemv_typed(G4_Q4_0, w, row_bytes, nr, nb, a, t, y); break;
+    case G4_Q4_K: q_gemv_typed(G4_Q4_K, w, row_bytes, nr, nb, a, t, y); break;
+    case G4_Q6_K: q_gemv_typed(G4_Q6_K, w, row_bytes, nr, nb, a, t, y); break;
+    default: q_gemv_typed(G4_Q8_0, w, row_bytes, nr, nb, a, t, y); break;
+    }
 }
 
 /* One activation row into groups (g4_cpu_kernels.q8_group_row): per block of 32, d = max|x| / 127 and
@@ -426,14 +565,13 @@ __attribute__((target(T512))) static void q8_group_row_avx512(const float *x, si
     }
 }
 
-/* NR packed rows x NT grouped activation rows: per group, two vpdpbusd from the activations' offset
- * lanes give each lane's exact integer dot product, then one multiply-add by (weight scale x activation
- * scale). Every (row, token) sees the same operations in the same order whatever NR and NT are, so a
- * row's value does not depend on the batch. */
+/* NR packed rows x NT grouped activation rows: per group and token, q_step on each row. Every (row, token)
+ * sees the same operations in the same order whatever NR and NT are, so a row's value does not depend on the
+ * batch. */
 __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(const unsigned char *wp, size_t ldw,
                                                                              const g4_q8_rows *a, int t0, int ng,
                                                                              float *y, size_t ldy, const int NR,
-                                                                             const int NT) {
+                                                                             const int NT, const int mode) {
     __m512 acc[G4_Q_TR][G4_Q_TT];
     const unsigned char *xt[G4_Q_TT];
     for (int t = 0; t < NT; t++) xt[t] = a->qg + (size_t)(t0 + t) * a->ng * G4_Q8_GROUP;
@@ -446,30 +584,44 @@ __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(con
             wlo[r] = _mm512_loadu_si512(p);
             whi[r] = _mm512_loadu_si512(p + 64);
         }
-        for (int t = 0; t < NT; t++)
-            for (int r = 0; r < NR; r++)
-                acc[r][t] = q_step(acc[r][t], wlo[r], whi[r],
-                                   _mm512_loadu_ps(wp + (size_t)r * ldw + (size_t)g * G4_QW_GROUP + 128),
-                                   xt[t] + (size_t)g * G4_Q8_GROUP);
+        for (int t = 0; t < NT; t++) {
+            const q_xgroup x = q_xload(xt[t] + (size_t)g * G4_Q8_GROUP, mode);
+            for (int r = 0; r < NR; r++) {
+                const unsigned char *p = wp + (size_t)r * ldw + (size_t)g * G4_QW_GROUP;
+                acc[r][t] = q_step(acc[r][t], wlo[r], whi[r], _mm512_loadu_ps(p + 128),
+                                   mode == G4_Q8_OFFSET ? _mm512_setzero_ps() : _mm512_loadu_ps(p + 192), &x, mode);
+            }
+        }
     }
     for (int r = 0; r < NR; r++)
         for (int t = 0; t < NT; t++) y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-__attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
-                                                       int nt, int ng, float *y, size_t ldy) {
+__attribute__((target(T512), always_inline)) static inline void q_gemm_mode(const unsigned char *wp, int nr,
+                                                                            const g4_q8_rows *a, int t0, int nt,
+                                                                            int ng, float *y, size_t ldy,
+                                                                            const int mode) {
     const size_t ldw = (size_t)ng * G4_QW_GROUP;
     if (nr == 4) {
         switch (nt) {
-        case 4: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 4); return;
-        case 3: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 3); return;
-        case 2: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 2); return;
-        case 1: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 1); return;
+        case 4: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 4, mode); return;
+        case 3: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 3, mode); return;
+        case 2: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 2, mode); return;
+        case 1: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 1, mode); return;
         }
     }
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++)
-            q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, 1);
+            q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, 1, mode);
+}
+
+__attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
+                                                       int nt, int ng, float *y, size_t ldy) {
+    switch (a->mode) {
+    case G4_Q8_AFFINE: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_AFFINE); break;
+    case G4_Q8_HALVES: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES); break;
+    default: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_OFFSET); break;
+    }
 }
 
 /* ------------------------------------------- bf16 activations, AVX512_BF16 */
