@@ -257,14 +257,14 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
- * an expert's): its GEMV for Q8_0, Q4_0, MLX4, MLX8 (at most 8 tokens; experts: one token), and the experts' int8
- * tensor-core products for Q8_0, Q4_0 and Q4_K (more than 8 tokens). */
+ * an expert's): its GEMV for Q8_0, Q4_0, Q4_K, Q6_K, MLX4, MLX8 (at most 8 tokens; experts: one token), and the
+ * experts' int8 tensor-core products for Q8_0, Q4_0 and Q4_K (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
     const int q = dt == G4_Q8_0 || dt == G4_Q4_0;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
-           (((dense ? n <= 8 : n == 1) && (q || dt == G4_MLX4 || dt == G4_MLX8)) ||
+           (((dense ? n <= 8 : n == 1) && (q || dt == G4_Q4_K || dt == G4_Q6_K || dt == G4_MLX4 || dt == G4_MLX8)) ||
             (!dense && n > 8 && (q || dt == G4_Q4_K)));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
@@ -561,7 +561,7 @@ static void test_matmul_set_fused(void) {
                      * plain types, nine tokens, a norm with or without the residual prologue */
                     if (ii >= 2 && (di >= 3 || ns[ni] != 9 || (mi != 0 && mi != 4 && mi != 5))) continue;
                     if (mi >= 6 && (ii != 1 || (ns[ni] != 1 && ns[ni] != 8) || (mi != 7 && mi != 8 && mi != 10) ||
-                                    (wt != G4_Q8_0 && wt != G4_Q4_0 && wt != G4_Q4_K && wt != G4_MLX4)))
+                                    (wt != G4_Q8_0 && wt != G4_Q4_0 && wt != G4_Q4_K && wt != G4_Q6_K && wt != G4_MLX4)))
                         continue;
                     if (!takes_quantized && di >= 3) continue;
                     if (!takes(wt)) continue;

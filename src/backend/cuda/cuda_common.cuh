@@ -414,7 +414,7 @@ template <> struct g4_qt<G4_Q8_0> {
         *a = g4_h2f((uint16_t)(r[2].x & 0xffffu)), *b = 0.0f;
     }
     /* sum of code * xq over the 32 elements (xq: int8 activations x0 = elements 0..15, x1 = 16..31) */
-    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         int s = __dp4a((int)r[0].x, (int)x0.x, 0);
         s = __dp4a((int)r[0].y, (int)x0.y, s), s = __dp4a((int)r[0].z, (int)x0.z, s);
         s = __dp4a((int)r[0].w, (int)x0.w, s), s = __dp4a((int)r[1].x, (int)x1.x, s);
@@ -435,12 +435,12 @@ template <> struct g4_qt<G4_Q4_0> {
     }
     /* sum of nibble * xq (nibbles 0..15; the caller subtracts ZERO * sum(xq)): word j's low nibbles are
      * elements 4j..4j+3, its high nibbles elements 16+4j.. */
-    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         return g4_dot_nib(r[0], x0, x1);
     }
 };
 template <> struct g4_qt<G4_Q4_K> {
-    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 0, ZERO = 0, PERM = 0 };
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = 0, PERM = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         r[0] = g4_ld_stream(row + k / 2);
         r[1] = g4_ld_u4(row + (unsigned)q.in / 2 + 16 * (k / 256));
@@ -462,9 +462,13 @@ template <> struct g4_qt<G4_Q4_K> {
         *a = g4_h2f((uint16_t)(m.x & 0xffffu)) * (float)sc;
         *b = -g4_h2f((uint16_t)(m.x >> 16)) * (float)mn;
     }
+    /* sum of nibble * xq: the codes as uploaded are in Q4_0's order (word j: elements 4j.. low, 16+4j.. high) */
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
+        return g4_dot_nib(r[0], x0, x1);
+    }
 };
 template <> struct g4_qt<G4_Q6_K> {
-    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0, I8 = 0, ZERO = 0, PERM = 0 };
+    enum { EPA = 64, QW = 3, SEG = 16, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
         const unsigned char *c = row + (size_t)k * 3 / 4;
         r[0] = g4_ld_stream(c), r[1] = g4_ld_stream(c + 16), r[2] = g4_ld_stream(c + 32);
@@ -481,10 +485,29 @@ template <> struct g4_qt<G4_Q6_K> {
         g4_bytes4(((a >> sh) & 0x0F0F0F0Fu) | (((ha >> hs) & 0x03030303u) << 4), 32.0f, f);
         g4_bytes4(((b >> sh) & 0x0F0F0F0Fu) | (((hb >> hs) & 0x03030303u) << 4), 32.0f, f + 4);
     }
-    /* segment si (0..3) of 16 elements: d * scales[k/16 + si] */
+    /* segment si (0..3) of 16 elements: d * scales[k/16 + si]; with int8 activations (si < 0) d alone, the scales
+     * being integers of dot32 */
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int si, float *a, float *b) {
-        const int sc = (int)(signed char)((r[3].x >> (8 * si)) & 0xffu);
+        const int sc = si < 0 ? 1 : (int)(signed char)((r[3].x >> (8 * si)) & 0xffu);
         *a = g4_h2f((uint16_t)(r[3].y & 0xffffu)) * (float)sc, *b = 0.0f;
+    }
+    /* block b (0, 1) of the access's 64 elements: sum over its halves of scale x sum((code - 32) * xq), all in
+     * integers (|sum| < 2^24: 2 x 127 x 16 x 32 x 127); the codes of vals8 made signed bytes by __vsub4 */
+    static __device__ __forceinline__ int dot32(const uint4 *r, int b, const uint4 &x0, const uint4 &x1) {
+        const uint4 &v = r[b];
+        const unsigned xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int half[2] = {0, 0};
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) { /* elements 8jj .. 8jj + 7 of the block (vals8's j = 4b + jj) */
+            const int sh = jj >= 2 ? 4 : 0, hs = 4 * b + 2 * (jj >> 1);
+            const unsigned a = g4_word(v, (jj & 1) * 2), c = g4_word(v, (jj & 1) * 2 + 1);
+            const unsigned ha = g4_word(r[2], (jj & 1) * 2), hc = g4_word(r[2], (jj & 1) * 2 + 1);
+            const unsigned ca = __vsub4(((a >> sh) & 0x0F0F0F0Fu) | (((ha >> hs) & 0x03030303u) << 4), 0x20202020u);
+            const unsigned cc = __vsub4(((c >> sh) & 0x0F0F0F0Fu) | (((hc >> hs) & 0x03030303u) << 4), 0x20202020u);
+            half[jj >> 1] = __dp4a((int)cc, (int)xs[2 * jj + 1], __dp4a((int)ca, (int)xs[2 * jj], half[jj >> 1]));
+        }
+        const int s0 = (int)(signed char)((r[3].x >> (16 * b)) & 0xffu), s1 = (int)(signed char)((r[3].x >> (16 * b + 8)) & 0xffu);
+        return s0 * half[0] + s1 * half[1];
     }
 };
 static __device__ __forceinline__ void g4_mlx_pair(const uint4 &m, int sk, float *a, float *b) {
@@ -523,7 +546,7 @@ template <> struct g4_qt<G4_MLX4> {
         g4_mlx_pair(r[1], q.sk, a, b);
     }
     /* sum of code * xq, the int8 inputs staged with PERM: per 8 elements the even ones, then the odd ones */
-    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         uint4 xl, xh; /* word j of the codes: elements 8j.. (evens x word 2j, odds 2j+1) */
         xl.x = x0.x, xl.y = x0.z, xl.z = x1.x, xl.w = x1.z;
         xh.x = x0.y, xh.y = x0.w, xh.z = x1.y, xh.w = x1.w;
@@ -544,7 +567,7 @@ template <> struct g4_qt<G4_MLX8> {
         g4_mlx_pair(r[2], q.sk, a, b);
     }
     /* sum of (code - 128) * xq (the caller adds 128 * sum(xq): ZERO = -128) */
-    static __device__ __forceinline__ int dot32(const uint4 *r, const uint4 &x0, const uint4 &x1) {
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         const unsigned m = 0x80808080u;
         int s = __dp4a((int)(r[0].x ^ m), (int)x0.x, 0);
         s = __dp4a((int)(r[0].y ^ m), (int)x0.y, s), s = __dp4a((int)(r[0].z ^ m), (int)x0.z, s);

@@ -16,13 +16,14 @@
  * 64 bytes of codes per lane); each segment of codes sharing a scale is summed as sum(v x) with the codes turned
  * into floats by a byte permute and one subtraction (no int-to-float conversions), then scaled, plus the
  * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). Q8_0,
- * Q4_0, MLX4 and MLX8 instead read the inputs as int8 blocks (the Q8_0 rule of the CPU's matmul_q8.c, as llama.cpp: d =
+ * Q4_0, Q4_K, Q6_K, MLX4 and MLX8 instead read the inputs as int8 blocks (the Q8_0 rule of the CPU's matmul_q8.c, as llama.cpp: d =
  * max|x|/127 per 32 of the normalized input, q = rint(x/d)), quantized by each block while it stages them (no
  * float copy, so a tile holds about 3x the inputs), and multiply them with __dp4a (4 byte products an
  * instruction; Q4_0's nibbles unpacked by masks and shifts of 32-bit words, its -8 taken as 8 * sum(q) per
  * block; MLX4's inputs staged as the even then the odd elements of each 8, its codes' order; MLX8's codes
- * taken as code - 128, then + 128 * sum(q)): per 32 weights acc += d * (dw * integer sum + bw * sum(q)) (bw the
- * MLX bias), the same arithmetic per token for any step size. With G4_NO_INT8_ACT set (c->float_act, as the
+ * taken as code - 128, then + 128 * sum(q); Q4_K's codes, uploaded in Q4_0's order, as Q4_0's; Q6_K's as signed
+ * bytes code - 32, each half's integer sum times its integer scale): per 32 weights
+ * acc += d * (dw * integer sum + bw * sum(q)) (bw the MLX bias, Q4_K's -dmin * min), the same arithmetic per token for any step size. With G4_NO_INT8_ACT set (c->float_act, as the
  * CPU: comparisons of the stored weights' exact products) they take the float path too. The router of the MoE
  * block (g4c_matmul_scaled) always multiplies float activations (int8 ones picked other experts on the moe
  * fixture) and stays on this GEMV in steps of G4C_GEMV_MAX tokens for every step size when it is quantized,
@@ -492,27 +493,30 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                         for (int q = 0; q < W; q++) cur[r][u][q] = pre[r][u][q];
                 issue<DT, RP, UN>(rp, t0, k + step * UN, step, len, a.q, pre); /* the next, before these are used */
                 if constexpr (I8) {
-                    /* per 32: acc += dw * dx * (sum(code * xq) - ZERO * sum(xq)), integer products (dp4a) */
+                    /* per 32: acc += dw * dx * (sum(code * xq) - ZERO * sum(xq)), integer products (dp4a); an
+                     * access of EPA = 64 (Q6_K: one scale d, its sub-scales inside dot32) is two blocks of 32 */
 #pragma unroll
                     for (int u = 0; u < UN; u++) {
                         const int kk = k + u * step;
                         if (kk >= len) continue;
                         float dw[RP], bw[RP]; /* MLX: w = dw * code + bw */
 #pragma unroll
-                        for (int r = 0; r < RP; r++) g4_qt<DT>::seg(cur[r][u], a.q, t0 + kk, 0, &dw[r], &bw[r]);
+                        for (int r = 0; r < RP; r++) g4_qt<DT>::seg(cur[r][u], a.q, t0 + kk, -1, &dw[r], &bw[r]);
 #pragma unroll
-                        for (int t = 0; t < NT; t++) {
-                            const uint4 x0 = *(const uint4 *)(xq + (size_t)(t + xsel) * kt + kk);
-                            const uint4 x1 = *(const uint4 *)(xq + (size_t)(t + xsel) * kt + kk + 16);
-                            const float2 dx = xd[(size_t)(t + xsel) * (kt / 32) + kk / 32];
-                            /* (integers below 2^24 in magnitude: exact in floats, no float-to-int conversion) */
-                            const float off = (float)g4_qt<DT>::ZERO * dx.y;
+                        for (int b = 0; b < EPA / 32; b++)
 #pragma unroll
-                            for (int r = 0; r < RP; r++) {
-                                const float v = dw[r] * ((float)g4_qt<DT>::dot32(cur[r][u], x0, x1) - off);
-                                acc[r][t] += dx.x * (wraw<DT>::NEED_SUM ? fmaf(bw[r], dx.y, v) : v);
+                            for (int t = 0; t < NT; t++) {
+                                const uint4 x0 = *(const uint4 *)(xq + (size_t)(t + xsel) * kt + kk + 32 * b);
+                                const uint4 x1 = *(const uint4 *)(xq + (size_t)(t + xsel) * kt + kk + 32 * b + 16);
+                                const float2 dx = xd[(size_t)(t + xsel) * (kt / 32) + kk / 32 + b];
+                                /* (integers below 2^24 in magnitude: exact in floats, no float-to-int conversion) */
+                                const float off = (float)g4_qt<DT>::ZERO * dx.y;
+#pragma unroll
+                                for (int r = 0; r < RP; r++) {
+                                    const float v = dw[r] * ((float)g4_qt<DT>::dot32(cur[r][u], b, x0, x1) - off);
+                                    acc[r][t] += dx.x * (wraw<DT>::NEED_SUM ? fmaf(bw[r], dx.y, v) : v);
+                                }
                             }
-                        }
                     }
                 } else if constexpr (wraw<DT>::QUANT) {
                     /* per segment: acc += a * sum(v x) + b * sum(x), v the codes minus the zero point */
@@ -646,8 +650,9 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
  * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
  * multiple of 256. */
 static int gemv_most(const g4c *c, int nt, g4_dtype t, int fa) {
-    const int i8 = !fa && (t == G4_Q8_0 || t == G4_Q4_0 || t == G4_MLX4 || t == G4_MLX8); /* g4_qt I8 */
-    const int need_sum = t == G4_Q4_K;                                            /* g4_qt NEED_SUM, not I8 */
+    const int i8 = !fa && (t == G4_Q8_0 || t == G4_Q4_0 || t == G4_Q4_K || t == G4_Q6_K || t == G4_MLX4 ||
+                           t == G4_MLX8); /* g4_qt I8 */
+    const int need_sum = t == G4_Q4_K || t == G4_MLX4 || t == G4_MLX8; /* g4_qt NEED_SUM (float activations) */
     /* bytes per 32 inputs of a token */
     const size_t per32 = i8 ? 32 + 8 : 128 + (need_sum ? 4 : 0);
     return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;

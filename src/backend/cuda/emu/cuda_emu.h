@@ -171,6 +171,12 @@ static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
     return c;
 }
+/* per byte a - b, modulo 256 */
+static inline unsigned __vsub4(unsigned a, unsigned b) {
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= ((((a >> (8 * i)) & 0xffu) - ((b >> (8 * i)) & 0xffu)) & 0xffu) << (8 * i);
+    return r;
+}
 static inline int __float2int_rn(float x) { return (int)lrintf(x); } /* round half to even */
 
 /* ---------------------------------------------------------------- runtime */
