@@ -70,8 +70,8 @@ typedef struct g4_q8_rows {
     int off, mode;
 } g4_q8_rows;
 
-/* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and Q4_K / Q6_K ones where the kernels have q_gemm
- * (AVX-512 VNNI); int8 activations not switched off by G4_NO_INT8_ACT (for comparisons). */
+/* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and Q4_K / Q6_K ones where the kernels take them
+ * (q8_k_quants: AVX-512 VNNI); int8 activations not switched off by G4_NO_INT8_ACT (for comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 /* The products of a matmul set on one input, one int8 quantization of x and one pool job: every w[i] Q8_0 or
@@ -171,6 +171,10 @@ typedef struct g4_cpu_kernels {
     /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
      * off), the same bytes as g4_cpu_q8_quantize's reference rule */
     void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
+    /* q_pack and q_gemv also take Q4_K and Q6_K (g4_cpu_q8_supported). Not AVX2's q8_tile: the same int8 products
+     * there (maddubs, the block's scales unpacked per row) decoded E2B Q4_K at 338 ms/token against 259 with the
+     * weights decoded to f32 (2 cores, 2026-12-05) */
+    int q8_k_quants;
 } g4_cpu_kernels;
 
 /* the most tokens of one bf16x_tile call */

@@ -869,17 +869,17 @@ PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm51
 
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
                                       axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2,
-                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL, NULL, NULL};
+                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL, NULL, NULL, 0};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                         bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, NULL,
-                                        q8_group_row_avx512};
+                                        q8_group_row_avx512, 1};
 static const g4_cpu_kernels k_avx512_bf16 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                              axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                              exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                              bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, bf16x_tile_avx512,
-                                             q8_group_row_avx512};
+                                             q8_group_row_avx512, 1};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

@@ -27,7 +27,7 @@ int g4_cpu_q8_supported(const g4_tensor *w) {
     const int64_t in = w->shape[w->ndim - 1];
     if (getenv("G4_NO_INT8_ACT")) return 0;
     if (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) return in % 32 == 0;
-    return (w->dtype == G4_Q4_K || w->dtype == G4_Q6_K) && in % 256 == 0 && g4_cpu_kernels_get()->q_gemm;
+    return (w->dtype == G4_Q4_K || w->dtype == G4_Q6_K) && in % 256 == 0 && g4_cpu_kernels_get()->q8_k_quants;
 }
 
 /* Quantizes rows [t0, t1) of x into a (the reference rule of core/quant.c, f32 scale): the plain
