@@ -321,6 +321,13 @@ float g4_bind_scalar(g4_binder *b, const char *name) {
     return f;
 }
 
+void g4_warn_clip_bounds_absent(g4_model *m, const char *tower, int n_absent) {
+    if (n_absent)
+        g4_warn(&m->warnings, "%d clip bound%s of the %s tower's linears %s not in the weights: unbounded there (-inf / "
+                "+inf, the value transformers makes the buffers with)", n_absent, n_absent > 1 ? "s" : "", tower,
+                n_absent > 1 ? "are" : "is");
+}
+
 float g4_bind_scalar_or(g4_binder *b, const char *name, float absent_value, int *n_absent) {
     if (!b->failed && !b->m->random) {
         char full[512];

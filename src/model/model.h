@@ -123,6 +123,9 @@ float g4_bind_scalar(g4_binder *b, const char *name);
  * clip bounds of Gemma4ClippableLinear: -inf / +inf, _init_weights). absent_value when it is not in the weights,
  * counted in *n_absent. */
 float g4_bind_scalar_or(g4_binder *b, const char *name, float absent_value, int *n_absent);
+/* The one load warning for the n_absent clip bounds of a tower ("vision", "audio") g4_bind_scalar_or left unbounded
+ * (nothing when none). */
+void g4_warn_clip_bounds_absent(g4_model *m, const char *tower, int n_absent);
 /* A vector the tower computes (n floats to fill now, on the host), placed with the others into *field. */
 float *g4_bind_computed(g4_binder *b, size_t n, const float **field);
 /* 1 once binding has hit a hard error (later calls do nothing). */

@@ -317,10 +317,7 @@ int g4_audio_tower_bind(g4_binder *bd, g4_model *m, g4_audio_tower **out, g4_err
             }
         }
     }
-    if (b.absent)
-        g4_warn(&m->warnings, "%d clip bound%s of the audio tower's linears %s not in the weights: unbounded there (-inf / "
-                "+inf, the value transformers makes the buffers with)", b.absent, b.absent > 1 ? "s" : "",
-                b.absent > 1 ? "are" : "is");
+    g4_warn_clip_bounds_absent(m, "audio", b.absent);
     return 0;
 }
 

@@ -151,9 +151,7 @@ int g4_vision_bind(g4_binder *b, g4_model *m, g4_vision **out, g4_error *err) {
     g4_rope_config rc = {G4_ROPE_DEFAULT, c->rope_theta, 1.0, 1.0};
     float *inv = g4_bind_computed(b, (size_t)(dh / 4), &v->inv_freq);
     if (inv) g4_rope_inv_freq(&rc, dh / 2, inv);
-    if (absent)
-        g4_warn(&m->warnings, "%d clip bound%s of the vision tower's linears %s not in the weights: unbounded there (-inf / "
-                "+inf, the value transformers makes the buffers with)", absent, absent > 1 ? "s" : "", absent > 1 ? "are" : "is");
+    g4_warn_clip_bounds_absent(m, "vision", absent);
     return 0;
 }
 
