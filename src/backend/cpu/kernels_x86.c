@@ -317,17 +317,18 @@ __attribute__((target(T512), always_inline)) static inline void q_group(g4_dtype
     *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, pm->d, B)));
 }
 
-/* Q4_K and Q6_K (core/quant.h): group g of a row is half g % 2 of super-block g / 2 (128 elements, sub-blocks
+/* Q4_K, Q5_K and Q6_K (core/quant.h): group g of a row is half g % 2 of super-block g / 2 (128 elements, sub-blocks
  * of 32 / 16). Each decodes into the layout of q_group: unsigned codes lo (elements 0-15 of its 4 blocks of 32)
  * and hi (16-31), and two lane vectors of floats:
- * - Q4_K (affine: w = s1 * u + s2): s1 = d * sc_k, s2 = -dmin * m_k of the block's sub-block k;
+ * - Q4_K, Q5_K (affine: w = s1 * u + s2): s1 = d * sc_k, s2 = -dmin * m_k of the block's sub-block k;
  * - Q6_K (w = s * (u - 32) per sub-block of 16): s1 = d * sc of each block's elements 0-15, s2 of 16-31. */
-__attribute__((target(T512), always_inline)) static inline void q4k_group(const unsigned char *row, int g, __m512i *lo,
-                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
-    const unsigned char *sb = row + (size_t)144 * (size_t)(g / 2);
-    const int h = g % 2;
-    /* codes: 64 bytes qs[64h ..]; block 0 the low nibbles of bytes 0-31, 1 their high ones, 2 and 3 of bytes 32-63 */
-    const __m512i q = _mm512_loadu_si512(sb + 16 + 64 * h), m4 = _mm512_set1_epi8(15);
+/* Q4_K / Q5_K half h of a super-block sb: the low 4 bits of the codes from its 64 bytes qs (block 0 the low
+ * nibbles of bytes 0-31, 1 their high ones, 2 and 3 of bytes 32-63), s1 = d * sc and s2 = -dmin * m */
+__attribute__((target(T512), always_inline)) static inline void qk_nibbles_scales(const unsigned char *sb,
+                                                                                  const unsigned char *qs, int h,
+                                                                                  __m512i *lo, __m512i *hi, __m512 *s1,
+                                                                                  __m512 *s2) {
+    const __m512i q = _mm512_loadu_si512(qs), m4 = _mm512_set1_epi8(15);
     const __m512i L = _mm512_and_si512(q, m4), N = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
     const __m512i ilo = _mm512_set_epi32(0x6f6e6d6c, 0x6b6a6968, 0x67666564, 0x63626160, 0x2f2e2d2c, 0x2b2a2928,
                                          0x27262524, 0x23222120, 0x4f4e4d4c, 0x4b4a4948, 0x47464544, 0x43424140,
@@ -349,6 +350,54 @@ __attribute__((target(T512), always_inline)) static inline void q4k_group(const 
                                                                           _mm_set1_ps(_cvtsh_ss(block_d(sb))))));
     *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), v);
     *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4), v);
+}
+
+__attribute__((target(T512), always_inline)) static inline void q4k_group(const unsigned char *row, int g, __m512i *lo,
+                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
+    const unsigned char *sb = row + (size_t)144 * (size_t)(g / 2);
+    qk_nibbles_scales(sb, sb + 16 + 64 * (g % 2), g % 2, lo, hi, s1, s2);
+}
+
+/* Q5_0 (w = d (u - 16), u 5-bit: offset mode, off 16): group g's 4 blocks of 22 bytes (fewer at the row's end:
+ * loads masked, the missing blocks' scales 0), the fifth bits from each block's u32 as byte masks */
+__attribute__((target(T512), always_inline)) static inline void q5_0_group(const unsigned char *row, size_t row_bytes,
+                                                                           int g, __m512i *lo, __m512i *hi,
+                                                                           __m512 *s1) {
+    const unsigned char *p = row + (size_t)88 * (size_t)g;
+    const long rem = (long)row_bytes - 88L * g;
+    const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
+    /* ic: block i/16's nibble byte i%16; id: half i/2 (of 16) is block i/8's d */
+    static const uint8_t ic[64] = {6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87};
+    static const uint8_t id[64] = {0, 1, 0, 1, 0, 1, 0, 1, 22, 23, 22, 23, 22, 23, 22, 23, 44, 45, 44, 45, 44, 45, 44, 45, 66, 67, 66, 67, 66, 67, 66, 67, 0, 1, 0, 1, 0, 1, 0, 1, 22, 23, 22, 23, 22, 23, 22, 23, 44, 45, 44, 45, 44, 45, 44, 45, 66, 67, 66, 67, 66, 67, 66, 67};
+    const __m512i codes = _mm512_permutex2var_epi8(A, _mm512_loadu_si512(ic), B), m4 = _mm512_set1_epi8(15);
+    uint64_t mlo = 0, mhi = 0;
+    for (int i = 0; i < 4 && (long)(22 * i + 6) <= rem; i++) {
+        uint32_t qh;
+        memcpy(&qh, p + 22 * i + 2, 4);
+        mlo |= (uint64_t)(qh & 0xffffu) << (16 * i);
+        mhi |= (uint64_t)(qh >> 16) << (16 * i);
+    }
+    const __m512i c16 = _mm512_set1_epi8(16);
+    *lo = _mm512_or_si512(_mm512_and_si512(codes, m4), _mm512_maskz_mov_epi8(mlo, c16));
+    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(codes, 4), m4), _mm512_maskz_mov_epi8(mhi, c16));
+    *s1 = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, _mm512_loadu_si512(id), B)));
+}
+
+/* Q5_K: Q4_K's layout with a fifth bit a code (qh[32] before the nibbles): block i of half h takes bit 4h + i of
+ * qh[l] for its element l */
+__attribute__((target(T512), always_inline)) static inline void q5k_group(const unsigned char *row, int g, __m512i *lo,
+                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
+    const unsigned char *sb = row + (size_t)176 * (size_t)(g / 2);
+    const int h = g % 2;
+    const __m512i shifts = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
+                                            0, 0, 0, 0, 0, 0, 0),
+                  sh = _mm512_add_epi16(shifts, _mm512_set1_epi16((short)(4 * h))), m1 = _mm512_set1_epi8(1);
+    const __m128i qh0 = _mm_loadu_si128((const __m128i *)(sb + 16)), qh1 = _mm_loadu_si128((const __m128i *)(sb + 32));
+    const __m512i blo = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh0), sh), m1),
+                  bhi = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh1), sh), m1);
+    qk_nibbles_scales(sb, sb + 48 + 64 * h, h, lo, hi, s1, s2);
+    *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(blo, 4));
+    *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(bhi, 4));
 }
 
 __attribute__((target(T512), always_inline)) static inline void q6k_group(const unsigned char *row, int g, __m512i *lo,
@@ -380,13 +429,19 @@ __attribute__((target(T512), always_inline)) static inline void q6k_group(const 
 }
 
 /* Group g of a row of any type q_pack / q_gemv read: the unsigned codes lo and hi, and s1 (the scales) and s2
- * (Q4_K: the mins; Q6_K: the second half's scales; Q4_0 / Q8_0: zero, their offset is in the activations) */
+ * (Q4_K, Q5_K: the mins; Q6_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero, their offset is in the
+ * activations) */
 __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtype type, const q_perm *pm,
                                                                          const unsigned char *row, size_t row_bytes,
                                                                          int g, __m512i *lo, __m512i *hi, __m512 *s1,
                                                                          __m512 *s2) {
     if (type == G4_Q4_K) {
         q4k_group(row, g, lo, hi, s1, s2);
+    } else if (type == G4_Q5_K) {
+        q5k_group(row, g, lo, hi, s1, s2);
+    } else if (type == G4_Q5_0) {
+        q5_0_group(row, row_bytes, g, lo, hi, s1);
+        *s2 = _mm512_setzero_ps();
     } else if (type == G4_Q6_K) {
         q6k_group(row, g, lo, hi, s1, s2);
     } else {
@@ -398,7 +453,7 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
 
 /* bytes of a row a group spans on average (for the prefetch distance's steps) */
 static inline long group_bytes(g4_dtype type) {
-    return type == G4_Q4_0 || type == G4_Q4_K ? 72 : type == G4_Q6_K ? 105 : 136;
+    return type == G4_Q4_0 || type == G4_Q4_K ? 72 : type == G4_Q5_K || type == G4_Q5_0 ? 88 : type == G4_Q6_K ? 105 : 136;
 }
 
 /* One token's part of a group, loaded once for every row it meets: the codes, the offset lanes (or, for the affine
@@ -426,8 +481,8 @@ __attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(cons
 }
 
 /* one (row, token) step of a group, the same in q_gemm and q_gemv: exact integer dot products per lane, then
- * - offset (Q4_0, Q8_0): from the activations' offset lanes, one multiply-add by s1 x dx;
- * - affine (Q4_K): s1 x dx times the codes' products plus s2 x dx times the activations' code sums;
+ * - offset (Q4_0, Q5_0, Q8_0): from the activations' offset lanes, one multiply-add by s1 x dx;
+ * - affine (Q4_K, Q5_K): s1 x dx times the codes' products plus s2 x dx times the activations' code sums;
  * - halves (Q6_K): each half from -32 x its code sums, times its own scale x dx. */
 __attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 acc, __m512i lo, __m512i hi, __m512 s1,
                                                                          __m512 s2, const q_xgroup *x, const int mode) {
@@ -474,6 +529,8 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
     switch (type) { /* (each type's decoding inlined) */
     case G4_Q4_0: q_pack_typed(G4_Q4_0, w, row_bytes, nr, nb, dst); break;
     case G4_Q4_K: q_pack_typed(G4_Q4_K, w, row_bytes, nr, nb, dst); break;
+    case G4_Q5_K: q_pack_typed(G4_Q5_K, w, row_bytes, nr, nb, dst); break;
+    case G4_Q5_0: q_pack_typed(G4_Q5_0, w, row_bytes, nr, nb, dst); break;
     case G4_Q6_K: q_pack_typed(G4_Q6_K, w, row_bytes, nr, nb, dst); break;
     default: q_pack_typed(G4_Q8_0, w, row_bytes, nr, nb, dst); break;
     }
@@ -531,6 +588,8 @@ __attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const uns
     switch (type) { /* (each type's decoding and mode inlined) */
     case G4_Q4_0: q_gemv_typed(G4_Q4_0, w, row_bytes, nr, nb, a, t, y); break;
     case G4_Q4_K: q_gemv_typed(G4_Q4_K, w, row_bytes, nr, nb, a, t, y); break;
+    case G4_Q5_K: q_gemv_typed(G4_Q5_K, w, row_bytes, nr, nb, a, t, y); break;
+    case G4_Q5_0: q_gemv_typed(G4_Q5_0, w, row_bytes, nr, nb, a, t, y); break;
     case G4_Q6_K: q_gemv_typed(G4_Q6_K, w, row_bytes, nr, nb, a, t, y); break;
     default: q_gemv_typed(G4_Q8_0, w, row_bytes, nr, nb, a, t, y); break;
     }

@@ -1,10 +1,11 @@
-/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 set, Q4_K and Q6_K) with int8
+/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 set, Q5_0, Q4_K, Q5_K, Q6_K) with int8
  * activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row is quantized per
  * block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
  * where u = the weight codes as unsigned bytes (Q4_0: the nibble 0..15, off = 8; Q8_0:
  * the int8 + 128, off = 128), so one unsigned x signed byte product (VNNI vpdpbusd)
- * serves both types. Q4_K (w = d sc u - dmin m per sub-block of 32) takes the same sums with dw = d sc and, in
+ * serves both types (Q5_0: the 5-bit code, off = 16). Q4_K / Q5_K (w = d sc u - dmin m per sub-block of 32) take
+ * the same sums with dw = d sc and, in
  * place of the offset, + sum_b (-dmin m)[r,b] * dx[t,b] * sum_j q[t,b,j]; Q6_K (w = d sc (u - 32) per 16) sums each
  * half of a block apart, from -32 x its code sums, times its own scale (cpu.h g4_q8_mode). Super-blocks are read
  * as two groups of 4 blocks (half a super-block each). Two shapes, by the kernel set (kernels*.c):
@@ -27,7 +28,9 @@ int g4_cpu_q8_supported(const g4_tensor *w) {
     const int64_t in = w->shape[w->ndim - 1];
     if (getenv("G4_NO_INT8_ACT")) return 0;
     if (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) return in % 32 == 0;
-    return (w->dtype == G4_Q4_K || w->dtype == G4_Q6_K) && in % 256 == 0 && g4_cpu_kernels_get()->q8_k_quants;
+    if (!g4_cpu_kernels_get()->q8_k_quants) return 0;
+    if (w->dtype == G4_Q5_0) return in % 32 == 0;
+    return (w->dtype == G4_Q4_K || w->dtype == G4_Q5_K || w->dtype == G4_Q6_K) && in % 256 == 0;
 }
 
 /* Quantizes rows [t0, t1) of x into a (the reference rule of core/quant.c, f32 scale): the plain
@@ -200,7 +203,7 @@ int g4_cpu_q8_prepare(g4_cpu *cpu, const float *x, int n, size_t in, g4_dtype ty
     if (k->q_gemm) {
         a->ng = (in / 32 + 3) / 4;
         a->mode = g4_q8_mode(type);
-        a->off = a->mode == G4_Q8_AFFINE ? -1 : a->mode == G4_Q8_HALVES ? 0 : type == G4_Q4_0 ? 8 : 128;
+        a->off = a->mode == G4_Q8_AFFINE ? -1 : a->mode == G4_Q8_HALVES ? 0 : type == G4_Q4_0 ? 8 : type == G4_Q5_0 ? 16 : 128;
         a->qg = g4_cpu_act_buf(cpu, (size_t)n * a->ng * G4_Q8_GROUP);
         if (!a->qg) return -1;
     } else {
