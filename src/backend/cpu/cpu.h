@@ -48,7 +48,8 @@ typedef struct g4_cpu {
  * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the
  * block scales (each block's in 4 lanes); blocks past the row are zeros. off and mode follow the
  * weight type (g4_q8_mode):
- * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0): off is the type's unsigned offset (Q4_0: 8, Q5_0: 16, Q8_0: 128), so a group's
+ * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS): off is the type's unsigned offset (Q4_0: 8, Q5_0: 16, Q8_0
+ *   and the IQ4 table's values: 128), so a group's
  *   integer dot product with the weights' unsigned codes starts from these lanes and ends exact;
  * - G4_Q8_AFFINE (Q4_K, Q5_K: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
  *   multiply the weights' s2;
@@ -70,7 +71,8 @@ typedef struct g4_q8_rows {
     int off, mode;
 } g4_q8_rows;
 
-/* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and Q5_0 / Q4_K / Q5_K / Q6_K ones where the kernels take them
+/* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and Q5_0 / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS ones (rows of
+ * whole blocks) where the kernels take them
  * (q8_k_quants: AVX-512 VNNI); int8 activations not switched off by G4_NO_INT8_ACT (for comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
@@ -138,7 +140,7 @@ typedef struct g4_cpu_kernels {
     /* NULL, or (with q_gemm) packs nr rows of a Q8_0/Q4_0 (or, with q8_k_quants, Q5_0/Q4_K/Q5_K/Q6_K) matrix (nb
      * blocks of 32, row_bytes apart)
      * into ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart: each
-     * group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128, the K-quants' and Q5_0's codes) in the order of
+     * group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128, the others' codes, IQ4's table values + 128) in the order of
      * g4_q8_rows.qg, s1 and s2 (g4_q8_mode) in 4 lanes a block (zero past the row) */
     void (*q_pack)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst);
     /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
@@ -172,7 +174,7 @@ typedef struct g4_cpu_kernels {
     /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
      * off), the same bytes as g4_cpu_q8_quantize's reference rule */
     void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
-    /* q_pack and q_gemv also take Q5_0, Q4_K, Q5_K and Q6_K (g4_cpu_q8_supported). Not AVX2's q8_tile: the same int8 products
+    /* q_pack and q_gemv also take Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (g4_cpu_q8_supported). Not AVX2's q8_tile: the same int8 products
      * there (maddubs, the block's scales unpacked per row) decoded E2B Q4_K at 338 ms/token against 259 with the
      * weights decoded to f32 (2 cores, 2026-12-05) */
     int q8_k_quants;

@@ -400,6 +400,34 @@ __attribute__((target(T512), always_inline)) static inline void q5k_group(const 
     *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(bhi, 4));
 }
 
+/* IQ4_NL / IQ4_XS: the nibbles index llama.cpp's table (g4_iq4_values); as unsigned codes value + 128 (the
+ * offset mode of Q8_0, off 128), looked up per byte (vpshufb: the table in every 128-bit lane) */
+__attribute__((target(T512), always_inline)) static inline __m512i iq4_codes(__m512i nibbles) {
+    const __m128i t = _mm_xor_si128(_mm_loadu_si128((const __m128i *)g4_iq4_values), _mm_set1_epi8((char)0x80));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), nibbles);
+}
+
+/* IQ4_XS half h of a super-block (sub-blocks 4h .. 4h+3, each 16 bytes of qs: elements 0-15 the low nibbles, 16-31
+ * the high ones, so the 64 bytes are already in the groups' order); s1 = d * (6-bit scale - 32) */
+__attribute__((target(T512), always_inline)) static inline void iq4xs_group(const unsigned char *row, int g, __m512i *lo,
+                                                                            __m512i *hi, __m512 *s1) {
+    const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
+    const int h = g % 2;
+    const __m512i q = _mm512_loadu_si512(sb + 8 + 64 * h), m4 = _mm512_set1_epi8(15);
+    *lo = iq4_codes(_mm512_and_si512(q, m4));
+    *hi = iq4_codes(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+    /* sub-block 4h + i's scale: nibble i of bytes 2h, 2h+1 of scales_l, bits 2i of byte h of scales_h above it */
+    uint16_t sl, sh;
+    memcpy(&sl, sb + 4 + 2 * h, 2);
+    memcpy(&sh, sb + 2, 2);
+    const uint32_t hb = (uint32_t)(sh >> (8 * h)) & 0xffu;
+    uint32_t ls = 0;
+    for (int i = 0; i < 4; i++) ls |= ((((uint32_t)sl >> (4 * i)) & 15u) | (((hb >> (2 * i)) & 3u) << 4)) << (8 * i);
+    const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ls)), _mm_set1_epi32(32))),
+                                _mm_set1_ps(_cvtsh_ss(block_d(sb))));
+    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_castps128_ps512(v));
+}
+
 __attribute__((target(T512), always_inline)) static inline void q6k_group(const unsigned char *row, int g, __m512i *lo,
                                                                           __m512i *hi, __m512 *s1, __m512 *s2) {
     const unsigned char *sb = row + (size_t)210 * (size_t)(g / 2);
@@ -442,6 +470,13 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
     } else if (type == G4_Q5_0) {
         q5_0_group(row, row_bytes, g, lo, hi, s1);
         *s2 = _mm512_setzero_ps();
+    } else if (type == G4_IQ4_XS) {
+        iq4xs_group(row, g, lo, hi, s1);
+        *s2 = _mm512_setzero_ps();
+    } else if (type == G4_IQ4_NL) { /* Q4_0's blocks with the table's values */
+        q_group(G4_Q4_0, pm, row + 72L * g, (long)row_bytes - 72L * g, lo, hi, s1);
+        *lo = iq4_codes(*lo), *hi = iq4_codes(*hi);
+        *s2 = _mm512_setzero_ps();
     } else if (type == G4_Q6_K) {
         q6k_group(row, g, lo, hi, s1, s2);
     } else {
@@ -453,7 +488,11 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
 
 /* bytes of a row a group spans on average (for the prefetch distance's steps) */
 static inline long group_bytes(g4_dtype type) {
-    return type == G4_Q4_0 || type == G4_Q4_K ? 72 : type == G4_Q5_K || type == G4_Q5_0 ? 88 : type == G4_Q6_K ? 105 : 136;
+    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
+           : type == G4_IQ4_XS                                      ? 68
+           : type == G4_Q5_K || type == G4_Q5_0                     ? 88
+           : type == G4_Q6_K                                        ? 105
+                                                                    : 136; /* Q8_0 */
 }
 
 /* One token's part of a group, loaded once for every row it meets: the codes, the offset lanes (or, for the affine
@@ -531,6 +570,8 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
     case G4_Q4_K: q_pack_typed(G4_Q4_K, w, row_bytes, nr, nb, dst); break;
     case G4_Q5_K: q_pack_typed(G4_Q5_K, w, row_bytes, nr, nb, dst); break;
     case G4_Q5_0: q_pack_typed(G4_Q5_0, w, row_bytes, nr, nb, dst); break;
+    case G4_IQ4_NL: q_pack_typed(G4_IQ4_NL, w, row_bytes, nr, nb, dst); break;
+    case G4_IQ4_XS: q_pack_typed(G4_IQ4_XS, w, row_bytes, nr, nb, dst); break;
     case G4_Q6_K: q_pack_typed(G4_Q6_K, w, row_bytes, nr, nb, dst); break;
     default: q_pack_typed(G4_Q8_0, w, row_bytes, nr, nb, dst); break;
     }
@@ -590,6 +631,8 @@ __attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const uns
     case G4_Q4_K: q_gemv_typed(G4_Q4_K, w, row_bytes, nr, nb, a, t, y); break;
     case G4_Q5_K: q_gemv_typed(G4_Q5_K, w, row_bytes, nr, nb, a, t, y); break;
     case G4_Q5_0: q_gemv_typed(G4_Q5_0, w, row_bytes, nr, nb, a, t, y); break;
+    case G4_IQ4_NL: q_gemv_typed(G4_IQ4_NL, w, row_bytes, nr, nb, a, t, y); break;
+    case G4_IQ4_XS: q_gemv_typed(G4_IQ4_XS, w, row_bytes, nr, nb, a, t, y); break;
     case G4_Q6_K: q_gemv_typed(G4_Q6_K, w, row_bytes, nr, nb, a, t, y); break;
     default: q_gemv_typed(G4_Q8_0, w, row_bytes, nr, nb, a, t, y); break;
     }

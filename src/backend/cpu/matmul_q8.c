@@ -1,10 +1,12 @@
-/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 set, Q5_0, Q4_K, Q5_K, Q6_K) with int8
+/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 set, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
+ * IQ4_XS) with int8
  * activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row is quantized per
  * block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
  * where u = the weight codes as unsigned bytes (Q4_0: the nibble 0..15, off = 8; Q8_0:
  * the int8 + 128, off = 128), so one unsigned x signed byte product (VNNI vpdpbusd)
- * serves both types (Q5_0: the 5-bit code, off = 16). Q4_K / Q5_K (w = d sc u - dmin m per sub-block of 32) take
+ * serves both types (Q5_0: the 5-bit code, off = 16; IQ4_NL / IQ4_XS: the table's value + 128, off = 128, with
+ * IQ4_XS's d times its 6-bit sub-block scale for dw). Q4_K / Q5_K (w = d sc u - dmin m per sub-block of 32) take
  * the same sums with dw = d sc and, in
  * place of the offset, + sum_b (-dmin m)[r,b] * dx[t,b] * sum_j q[t,b,j]; Q6_K (w = d sc (u - 32) per 16) sums each
  * half of a block apart, from -32 x its code sums, times its own scale (cpu.h g4_q8_mode). Super-blocks are read
@@ -29,8 +31,8 @@ int g4_cpu_q8_supported(const g4_tensor *w) {
     if (getenv("G4_NO_INT8_ACT")) return 0;
     if (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) return in % 32 == 0;
     if (!g4_cpu_kernels_get()->q8_k_quants) return 0;
-    if (w->dtype == G4_Q5_0) return in % 32 == 0;
-    return (w->dtype == G4_Q4_K || w->dtype == G4_Q5_K || w->dtype == G4_Q6_K) && in % 256 == 0;
+    if (w->dtype == G4_Q5_0 || w->dtype == G4_IQ4_NL) return in % 32 == 0;
+    return (w->dtype == G4_Q4_K || w->dtype == G4_Q5_K || w->dtype == G4_Q6_K || w->dtype == G4_IQ4_XS) && in % 256 == 0;
 }
 
 /* Quantizes rows [t0, t1) of x into a (the reference rule of core/quant.c, f32 scale): the plain
