@@ -48,9 +48,9 @@ typedef struct g4_cpu {
  * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the
  * block scales (each block's in 4 lanes); blocks past the row are zeros. off and mode follow the
  * weight type (g4_q8_mode):
- * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS): off is the type's unsigned offset (Q4_0: 8, Q5_0: 16, Q8_0
- *   and the IQ4 table's values: 128), so a group's
- *   integer dot product with the weights' unsigned codes starts from these lanes and ends exact;
+ * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS): off is the type's unsigned offset (Q4_0: 8, Q5_0: 16,
+ *   Q8_0 and the IQ4 table's values: 128), so a group's integer dot product with the weights' unsigned codes
+ *   starts from these lanes and ends exact;
  * - G4_Q8_AFFINE (Q4_K, Q5_K: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
  *   multiply the weights' s2;
  * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements): off = 0, each half's dot product
@@ -72,8 +72,8 @@ typedef struct g4_q8_rows {
 } g4_q8_rows;
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and Q5_0 / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS ones (rows of
- * whole blocks) where the kernels take them
- * (q8_k_quants: AVX-512 VNNI); int8 activations not switched off by G4_NO_INT8_ACT (for comparisons). */
+ * whole blocks) where the kernels take them (q8_k_quants: AVX-512 VNNI); int8 activations not switched off by
+ * G4_NO_INT8_ACT (for comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 /* The products of a matmul set on one input, one int8 quantization of x and one pool job: every w[i] Q8_0 or
@@ -137,11 +137,10 @@ typedef struct g4_cpu_kernels {
      * x: nt <= 4 rows of n, ldx apart) */
     void (*f32_tile)(const float *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n, float *y,
                      size_t ldy);
-    /* NULL, or (with q_gemm) packs nr rows of a Q8_0/Q4_0 (or, with q8_k_quants, Q5_0/Q4_K/Q5_K/Q6_K) matrix (nb
-     * blocks of 32, row_bytes apart)
-     * into ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart: each
-     * group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128, the others' codes, IQ4's table values + 128) in the order of
-     * g4_q8_rows.qg, s1 and s2 (g4_q8_mode) in 4 lanes a block (zero past the row) */
+    /* NULL, or (with q_gemm) packs nr rows of a Q8_0 / Q4_0 matrix (or a type of q8_k_quants; nb blocks of 32,
+     * row_bytes apart) into ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart:
+     * each group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128, the 5- and 6-bit codes, IQ4's table values + 128)
+     * in the order of g4_q8_rows.qg, s1 and s2 (g4_q8_mode) in 4 lanes a block (zero past the row) */
     void (*q_pack)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst);
     /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
     float (*exp_sum)(float *x, size_t n, float shift);
@@ -174,9 +173,9 @@ typedef struct g4_cpu_kernels {
     /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
      * off), the same bytes as g4_cpu_q8_quantize's reference rule */
     void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
-    /* q_pack and q_gemv also take Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (g4_cpu_q8_supported). Not AVX2's q8_tile: the same int8 products
-     * there (maddubs, the block's scales unpacked per row) decoded E2B Q4_K at 338 ms/token against 259 with the
-     * weights decoded to f32 (2 cores, 2026-12-05) */
+    /* q_pack and q_gemv also take Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (g4_cpu_q8_supported). Not AVX2's
+     * q8_tile: the same int8 products there (maddubs, the block's scales unpacked per row) decoded E2B Q4_K at
+     * 338 ms/token against 259 with the weights decoded to f32 (2 cores, 2026-12-05) */
     int q8_k_quants;
 } g4_cpu_kernels;
 

@@ -1,14 +1,14 @@
-/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 set, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL,
- * IQ4_XS) with int8
- * activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row is quantized per
+/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 set, Q5_0, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL, IQ4_XS) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row
+ * is quantized per
  * block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
  * where u = the weight codes as unsigned bytes (Q4_0: the nibble 0..15, off = 8; Q8_0:
  * the int8 + 128, off = 128), so one unsigned x signed byte product (VNNI vpdpbusd)
  * serves both types (Q5_0: the 5-bit code, off = 16; IQ4_NL / IQ4_XS: the table's value + 128, off = 128, with
  * IQ4_XS's d times its 6-bit sub-block scale for dw). Q4_K / Q5_K (w = d sc u - dmin m per sub-block of 32) take
- * the same sums with dw = d sc and, in
- * place of the offset, + sum_b (-dmin m)[r,b] * dx[t,b] * sum_j q[t,b,j]; Q6_K (w = d sc (u - 32) per 16) sums each
+ * the same sums with dw = d sc and, in place of the offset, + sum_b (-dmin m)[r,b] * dx[t,b] * sum_j q[t,b,j];
+ * Q6_K (w = d sc (u - 32) per 16) sums each
  * half of a block apart, from -32 x its code sums, times its own scale (cpu.h g4_q8_mode). Super-blocks are read
  * as two groups of 4 blocks (half a super-block each). Two shapes, by the kernel set (kernels*.c):
  * - q8_tile (scalar, AVX2, NEON): tiles of 4 rows x 4 tokens on the blocks as stored;
