@@ -317,11 +317,18 @@ __attribute__((target(T512), always_inline)) static inline void q_group(g4_dtype
     *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, pm->d, B)));
 }
 
-/* Q4_K, Q5_K and Q6_K (core/quant.h): group g of a row is half g % 2 of super-block g / 2 (128 elements, sub-blocks
- * of 32 / 16). Each decodes into the layout of q_group: unsigned codes lo (elements 0-15 of its 4 blocks of 32)
- * and hi (16-31), and two lane vectors of floats:
+/* The decoders of the types below (core/quant.h), each into the layout of q_group: unsigned codes lo (elements 0-15
+ * of the group's 4 blocks of 32) and hi (16-31), and lane vectors of floats, 4 lanes a block. For the K-quants and
+ * IQ4_XS, group g of a row is half g % 2 of super-block g / 2 (128 elements):
  * - Q4_K, Q5_K (affine: w = s1 * u + s2): s1 = d * sc_k, s2 = -dmin * m_k of the block's sub-block k;
  * - Q6_K (w = s * (u - 32) per sub-block of 16): s1 = d * sc of each block's elements 0-15, s2 of 16-31. */
+
+/* lanes 4i .. 4i+3 = v[first + i] (i < 4): each block's value in its 4 lanes */
+__attribute__((target(T512), always_inline)) static inline __m512 block_lanes(__m512 v, int first) {
+    return _mm512_permutexvar_ps(
+        _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_set1_epi32(first)), v);
+}
+
 /* Q4_K / Q5_K half h of a super-block sb: the low 4 bits of the codes from its 64 bytes qs (block 0 the low
  * nibbles of bytes 0-31, 1 their high ones, 2 and 3 of bytes 32-63), s1 = d * sc and s2 = -dmin * m */
 __attribute__((target(T512), always_inline)) static inline void qk_nibbles_scales(const unsigned char *sb,
@@ -348,8 +355,8 @@ __attribute__((target(T512), always_inline)) static inline void qk_nibbles_scale
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn, (int)sc))),
                                    _mm512_castps256_ps512(_mm256_set_m128(_mm_set1_ps(-_cvtsh_ss(block_d(sb + 2))),
                                                                           _mm_set1_ps(_cvtsh_ss(block_d(sb))))));
-    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), v);
-    *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4), v);
+    *s1 = block_lanes(v, 0);
+    *s2 = block_lanes(v, 4);
 }
 
 __attribute__((target(T512), always_inline)) static inline void q4k_group(const unsigned char *row, int g, __m512i *lo,
@@ -367,8 +374,14 @@ __attribute__((target(T512), always_inline)) static inline void q5_0_group(const
     const long rem = (long)row_bytes - 88L * g;
     const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
     /* ic: block i/16's nibble byte i%16; id: half i/2 (of 16) is block i/8's d */
-    static const uint8_t ic[64] = {6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87};
-    static const uint8_t id[64] = {0, 1, 0, 1, 0, 1, 0, 1, 22, 23, 22, 23, 22, 23, 22, 23, 44, 45, 44, 45, 44, 45, 44, 45, 66, 67, 66, 67, 66, 67, 66, 67, 0, 1, 0, 1, 0, 1, 0, 1, 22, 23, 22, 23, 22, 23, 22, 23, 44, 45, 44, 45, 44, 45, 44, 45, 66, 67, 66, 67, 66, 67, 66, 67};
+    static const uint8_t ic[64] = {6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
+                                   28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+                                   50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65,
+                                   72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87};
+    static const uint8_t id[64] = {0,  1,  0,  1,  0,  1,  0,  1,  22, 23, 22, 23, 22, 23, 22, 23,
+                                   44, 45, 44, 45, 44, 45, 44, 45, 66, 67, 66, 67, 66, 67, 66, 67,
+                                   0,  1,  0,  1,  0,  1,  0,  1,  22, 23, 22, 23, 22, 23, 22, 23,
+                                   44, 45, 44, 45, 44, 45, 44, 45, 66, 67, 66, 67, 66, 67, 66, 67};
     const __m512i codes = _mm512_permutex2var_epi8(A, _mm512_loadu_si512(ic), B), m4 = _mm512_set1_epi8(15);
     uint64_t mlo = 0, mhi = 0;
     for (int i = 0; i < 4 && (long)(22 * i + 6) <= rem; i++) {
@@ -425,7 +438,7 @@ __attribute__((target(T512), always_inline)) static inline void iq4xs_group(cons
     for (int i = 0; i < 4; i++) ls |= ((((uint32_t)sl >> (4 * i)) & 15u) | (((hb >> (2 * i)) & 3u) << 4)) << (8 * i);
     const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ls)), _mm_set1_epi32(32))),
                                 _mm_set1_ps(_cvtsh_ss(block_d(sb))));
-    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_castps128_ps512(v));
+    *s1 = block_lanes(_mm512_castps128_ps512(v), 0);
 }
 
 __attribute__((target(T512), always_inline)) static inline void q6k_group(const unsigned char *row, int g, __m512i *lo,
