@@ -650,9 +650,14 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
  * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
  * multiple of 256. */
 static int gemv_most(const g4c *c, int nt, g4_dtype t, int fa) {
-    const int i8 = !fa && (t == G4_Q8_0 || t == G4_Q4_0 || t == G4_Q4_K || t == G4_Q6_K || t == G4_MLX4 ||
-                           t == G4_MLX8); /* g4_qt I8 */
-    const int need_sum = t == G4_Q4_K || t == G4_MLX4 || t == G4_MLX8; /* g4_qt NEED_SUM (float activations) */
+    int i8 = 0, need_sum = 0; /* the type's wraw I8 (unless float activations) and NEED_SUM */
+    switch (t) {
+#define FLAGS(T)                                                                                                   \
+    case T: i8 = wraw<T>::I8 && !fa, need_sum = wraw<T>::NEED_SUM; break;
+        G4C_WEIGHT_TYPES(FLAGS)
+#undef FLAGS
+    default: break;
+    }
     /* bytes per 32 inputs of a token */
     const size_t per32 = i8 ? 32 + 8 : 128 + (need_sum ? 4 : 0);
     return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
