@@ -71,9 +71,14 @@ typedef struct g4_q8_rows {
     int off, mode;
 } g4_q8_rows;
 
-/* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and Q5_0 / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS ones (rows of
- * whole blocks) where the kernels take them (q8_k_quants: AVX-512 VNNI); int8 activations not switched off by
- * G4_NO_INT8_ACT (for comparisons). */
+/* The weight types beside Q8_0 and Q4_0 that a kernel set with q8_k_quants reads on int8 activations, each with
+ * the elements a row must be a multiple of: X(type, block) (g4_cpu_q8_supported, and the type switches of the
+ * AVX-512 kernels). */
+#define G4_Q8_K_QUANTS(X) X(G4_Q5_0, 32) X(G4_IQ4_NL, 32) X(G4_Q4_K, 256) X(G4_Q5_K, 256) X(G4_Q6_K, 256) X(G4_IQ4_XS, 256)
+
+/* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and those of G4_Q8_K_QUANTS (rows of whole blocks) where the
+ * kernels take them (q8_k_quants: AVX-512 VNNI); int8 activations not switched off by G4_NO_INT8_ACT (for
+ * comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 /* The products of a matmul set on one input, one int8 quantization of x and one pool job: every w[i] Q8_0 or

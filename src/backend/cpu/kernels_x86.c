@@ -580,12 +580,10 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
                                                        int nr, int nb, unsigned char *dst) {
     switch (type) { /* (each type's decoding inlined) */
     case G4_Q4_0: q_pack_typed(G4_Q4_0, w, row_bytes, nr, nb, dst); break;
-    case G4_Q4_K: q_pack_typed(G4_Q4_K, w, row_bytes, nr, nb, dst); break;
-    case G4_Q5_K: q_pack_typed(G4_Q5_K, w, row_bytes, nr, nb, dst); break;
-    case G4_Q5_0: q_pack_typed(G4_Q5_0, w, row_bytes, nr, nb, dst); break;
-    case G4_IQ4_NL: q_pack_typed(G4_IQ4_NL, w, row_bytes, nr, nb, dst); break;
-    case G4_IQ4_XS: q_pack_typed(G4_IQ4_XS, w, row_bytes, nr, nb, dst); break;
-    case G4_Q6_K: q_pack_typed(G4_Q6_K, w, row_bytes, nr, nb, dst); break;
+#define TYPED(qt, blk)                                                                                                 \
+    case qt: q_pack_typed(qt, w, row_bytes, nr, nb, dst); break;
+        G4_Q8_K_QUANTS(TYPED)
+#undef TYPED
     default: q_pack_typed(G4_Q8_0, w, row_bytes, nr, nb, dst); break;
     }
 }
@@ -641,12 +639,10 @@ __attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const uns
                                                        int nr, int nb, const g4_q8_rows *a, int t, float *y) {
     switch (type) { /* (each type's decoding and mode inlined) */
     case G4_Q4_0: q_gemv_typed(G4_Q4_0, w, row_bytes, nr, nb, a, t, y); break;
-    case G4_Q4_K: q_gemv_typed(G4_Q4_K, w, row_bytes, nr, nb, a, t, y); break;
-    case G4_Q5_K: q_gemv_typed(G4_Q5_K, w, row_bytes, nr, nb, a, t, y); break;
-    case G4_Q5_0: q_gemv_typed(G4_Q5_0, w, row_bytes, nr, nb, a, t, y); break;
-    case G4_IQ4_NL: q_gemv_typed(G4_IQ4_NL, w, row_bytes, nr, nb, a, t, y); break;
-    case G4_IQ4_XS: q_gemv_typed(G4_IQ4_XS, w, row_bytes, nr, nb, a, t, y); break;
-    case G4_Q6_K: q_gemv_typed(G4_Q6_K, w, row_bytes, nr, nb, a, t, y); break;
+#define TYPED(qt, blk)                                                                                                 \
+    case qt: q_gemv_typed(qt, w, row_bytes, nr, nb, a, t, y); break;
+        G4_Q8_K_QUANTS(TYPED)
+#undef TYPED
     default: q_gemv_typed(G4_Q8_0, w, row_bytes, nr, nb, a, t, y); break;
     }
 }

@@ -31,8 +31,13 @@ int g4_cpu_q8_supported(const g4_tensor *w) {
     if (getenv("G4_NO_INT8_ACT")) return 0;
     if (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) return in % 32 == 0;
     if (!g4_cpu_kernels_get()->q8_k_quants) return 0;
-    if (w->dtype == G4_Q5_0 || w->dtype == G4_IQ4_NL) return in % 32 == 0;
-    return (w->dtype == G4_Q4_K || w->dtype == G4_Q5_K || w->dtype == G4_Q6_K || w->dtype == G4_IQ4_XS) && in % 256 == 0;
+    switch (w->dtype) {
+#define BLOCK(t, blk)                                                                                                  \
+    case t: return in % (blk) == 0;
+        G4_Q8_K_QUANTS(BLOCK)
+#undef BLOCK
+    default: return 0;
+    }
 }
 
 /* Quantizes rows [t0, t1) of x into a (the reference rule of core/quant.c, f32 scale): the plain
