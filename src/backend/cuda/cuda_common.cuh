@@ -290,14 +290,18 @@ template <> struct g4_wload<G4_F32> {
 };
 
 /* ---------------------------------------------------------------- quantized weights in device memory
- * Supported: GGUF Q8_0, Q4_0, Q4_K, Q6_K and MLX affine 4 and 8 bit (core/quant.h has the file layouts; other
- * types are held as Q8_0: g4c_held_dtype). At
+ * Supported: GGUF Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K and MLX affine 4 and 8 bit (G4C_QUANT_TYPES; core/quant.h has
+ * the file layouts; other types are held as Q8_0: g4c_held_dtype). At
  * upload every row is repacked (cuda_quant.cu) so that the codes of a row come first, in runs a lane reads with
  * 16-byte loads, and the row's scales follow them (row bytes padded to 16). The bytes per weight stay those of
  * the file. Device layouts, per row of `in` elements:
  *   Q8_0: int8 codes [in]; f16 d [in/32]
  *   Q4_0: per block of 32, 16 bytes (byte i = element i | element i+16 << 4, GGUF's order); f16 d [in/32]
+ *   Q5_0: per block of 32, 16 bytes of the low 4 bits as Q4_0 (GGUF's qs); then the fifth bits [in/8] (per block a
+ *         32-bit word, bit i element i: GGUF's qh); f16 d [in/32]
  *   Q4_K: per 32-element sub-block, 16 bytes as Q4_0; per 256-block its 16 bytes d, dmin, scales[12] (GGUF's)
+ *   Q5_K: the low 4 bits as Q4_K's codes [in/2]; the fifth bits as Q5_0's [in/8] (per 32-element sub-block a word);
+ *         per 256-block d, dmin, scales[12] as Q4_K
  *   Q6_K: per 64 elements 48 bytes: low nibbles of elements 0..31 and 32..63 (Q4_0 order), then byte j holds the
  *         two high bits of elements j, j+16, j+32, j+48 (bits 0-1, 2-3, 4-5, 6-7); int8 scales [in/16] (one
  *         per 16 elements, the file's order is already element order); f16 d [in/256]
@@ -313,14 +317,21 @@ typedef struct g4c_qrow {
     int sk;    /* MLX scale kind: 0 bf16, 1 f16, 2 f32 */
 } g4c_qrow;
 
+/* The quantized types with kernels here (each has its g4_qt below), for dispatching a template: X(G4_Q8_0) ... */
+#define G4C_QUANT_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q4_K) X(G4_Q5_K) X(G4_Q6_K) X(G4_MLX4) X(G4_MLX8)
 static inline int g4c_quant_supported(g4_dtype t) {
-    return t == G4_Q8_0 || t == G4_Q4_0 || t == G4_Q4_K || t == G4_Q6_K || t == G4_MLX4 || t == G4_MLX8;
+    switch (t) {
+#define G4C_SUPPORTED(T) case T:
+        G4C_QUANT_TYPES(G4C_SUPPORTED) return 1;
+#undef G4C_SUPPORTED
+    default: return 0;
+    }
 }
 
 /* The dtype a weight of type t is held as in device memory: t where this backend has kernels for it (the plain
- * float types and g4c_quant_supported), Q8_0 for every other type core/quant.h decodes (g4_dequant_reads: Q5_0,
- * Q4_1, Q5_1, Q5_K, MLX 2/3/5/6 bit, ...), re-encoded row by row at upload (g4c_upload_quant, g4_transcode_row:
- * exactly for Q5_0 and IQ4_NL, else 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a
+ * float types and g4c_quant_supported), Q8_0 for every other type core/quant.h decodes (g4_dequant_reads: Q4_1,
+ * Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MLX 2/3/5/6 bit), re-encoded row by row at upload (g4c_upload_quant,
+ * g4_transcode_row: exactly for IQ4_NL, else 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a
  * held type must be whole blocks of it (Q8_0: 32). */
 static inline g4_dtype g4c_held_dtype(g4_dtype t) {
     if (t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4c_quant_supported(t)) return t;
@@ -334,7 +345,9 @@ static inline size_t g4c_qrow_bytes(g4_dtype t, int64_t in, int group, g4_dtype 
     switch (t) {
     case G4_Q8_0: b = n + 2 * (n / 32); break;
     case G4_Q4_0: b = n / 2 + 2 * (n / 32); break;
+    case G4_Q5_0: b = n / 2 + n / 8 + 2 * (n / 32); break;
     case G4_Q4_K: b = n / 2 + 16 * (n / 256); break;
+    case G4_Q5_K: b = n / 2 + n / 8 + 16 * (n / 256); break;
     case G4_Q6_K: b = n * 3 / 4 + n / 16 + 2 * (n / 256); break;
     case G4_MLX4: b = n / 2 + (group > 0 ? n / (size_t)group : 0) * pair; break;
     case G4_MLX8: b = n + (group > 0 ? n / (size_t)group : 0) * pair; break;
@@ -396,6 +409,45 @@ static __device__ __forceinline__ int g4_dot_nib(const uint4 &v, const uint4 &xl
     s = __dp4a((int)((v.z >> 4) & m), (int)xh.z, s), s = __dp4a((int)(v.w & m), (int)xl.w, s);
     return __dp4a((int)((v.w >> 4) & m), (int)xh.w, s);
 }
+/* four bits b0..b3 -> bit 4 of each byte of a word (byte i: b_i << 4; the four shifted copies of the multiply do not
+ * overlap) */
+static __device__ __forceinline__ unsigned g4_hbits4(unsigned b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
+/* 5-bit codes in Q4_0 nibble order (v) with their fifth bits (qh, bit i element i): as g4_dot_nib, each nibble with
+ * its fifth bit (word c's low nibbles: elements 4c.., bits 4c..; high nibbles: elements 16+4c.., bits 16+4c..) */
+static __device__ __forceinline__ int g4_dot_nib5(const uint4 &v, unsigned qh, const uint4 &xl, const uint4 &xh) {
+    const unsigned m = 0x0F0F0F0Fu;
+    int s = 0;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        const unsigned w = g4_word(v, c);
+        s = __dp4a((int)((w & m) | g4_hbits4((qh >> (4 * c)) & 15u)), (int)g4_word(xl, c), s);
+        s = __dp4a((int)(((w >> 4) & m) | g4_hbits4((qh >> (16 + 4 * c)) & 15u)), (int)g4_word(xh, c), s);
+    }
+    return s;
+}
+/* chunk j (0..3) of 8 elements of a 32-element run of 5-bit codes (g4_dot_nib5's layout), minus zero */
+static __device__ __forceinline__ void g4_nib5_32(const uint4 &v, unsigned qh, int j, float zero, float *f) {
+    const unsigned a = g4_word(v, (j & 1) * 2), b = g4_word(v, (j & 1) * 2 + 1), hb = qh >> (8 * j);
+    const int sh = j >= 2 ? 4 : 0;
+    g4_bytes4(((a >> sh) & 0x0F0F0F0Fu) | g4_hbits4(hb & 15u), zero, f);
+    g4_bytes4(((b >> sh) & 0x0F0F0F0Fu) | g4_hbits4((hb >> 4) & 15u), zero, f + 4);
+}
+/* a K-quant's scale a = d * sc and offset b = -dmin * m of 32-element sub-block (k / 32) % 8 from the super-block's
+ * 16 bytes m (d, dmin, scales[12]; 6-bit sc, m unpacked as g4_k_scale_min) */
+static __device__ __forceinline__ void g4_kmeta_seg(const uint4 &m, int k, float *a, float *b) {
+    const int s = (k >> 5) & 7;
+#define G4_KS(i) ((((i) < 4 ? m.y : (i) < 8 ? m.z : m.w) >> (((i) & 3) * 8)) & 0xffu)
+    unsigned sc, mn;
+    if (s < 4) {
+        sc = G4_KS(s) & 63, mn = G4_KS(s + 4) & 63;
+    } else {
+        sc = (G4_KS(s + 4) & 15) | ((G4_KS(s - 4) >> 6) << 4);
+        mn = (G4_KS(s + 4) >> 4) | ((G4_KS(s) >> 6) << 4);
+    }
+#undef G4_KS
+    *a = g4_h2f((uint16_t)(m.x & 0xffffu)) * (float)sc;
+    *b = -g4_h2f((uint16_t)(m.x >> 16)) * (float)mn;
+}
 
 template <int DT> struct g4_qt;
 template <> struct g4_qt<G4_Q8_0> {
@@ -439,6 +491,23 @@ template <> struct g4_qt<G4_Q4_0> {
         return g4_dot_nib(r[0], x0, x1);
     }
 };
+template <> struct g4_qt<G4_Q5_0> {
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 16, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k / 2);
+        r[1] = uint4();
+        r[1].x = g4_ld_u32(row + (unsigned)q.in / 2 + k / 8);
+        r[1].y = g4_ld_u16(row + (unsigned)q.in / 2 + (unsigned)q.in / 8 + 2 * (k / 32));
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib5_32(r[0], r[1].x, j, 16.0f, f); }
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
+        *a = g4_h2f((uint16_t)(r[1].y & 0xffffu)), *b = 0.0f;
+    }
+    /* sum of code * xq (codes 0..31; the caller subtracts ZERO * sum(xq)) */
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
+        return g4_dot_nib5(r[0], r[1].x, x0, x1);
+    }
+};
 template <> struct g4_qt<G4_Q4_K> {
     enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = 0, PERM = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
@@ -446,25 +515,29 @@ template <> struct g4_qt<G4_Q4_K> {
         r[1] = g4_ld_u4(row + (unsigned)q.in / 2 + 16 * (k / 256));
     }
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib32(r[0], j, 0.0f, f); }
-    /* sub-block s = (k / 32) % 8: scale d * sc_s, offset -dmin * m_s (6-bit sc, m unpacked as g4_k_scale_min) */
+    /* sub-block s = (k / 32) % 8: scale d * sc_s, offset -dmin * m_s */
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int k, int, float *a, float *b) {
-        const int s = (k >> 5) & 7;
-        const uint4 &m = r[1];
-#define G4_KS(i) ((((i) < 4 ? m.y : (i) < 8 ? m.z : m.w) >> (((i) & 3) * 8)) & 0xffu)
-        unsigned sc, mn;
-        if (s < 4) {
-            sc = G4_KS(s) & 63, mn = G4_KS(s + 4) & 63;
-        } else {
-            sc = (G4_KS(s + 4) & 15) | ((G4_KS(s - 4) >> 6) << 4);
-            mn = (G4_KS(s + 4) >> 4) | ((G4_KS(s) >> 6) << 4);
-        }
-#undef G4_KS
-        *a = g4_h2f((uint16_t)(m.x & 0xffffu)) * (float)sc;
-        *b = -g4_h2f((uint16_t)(m.x >> 16)) * (float)mn;
+        g4_kmeta_seg(r[1], k, a, b);
     }
     /* sum of nibble * xq: the codes as uploaded are in Q4_0's order (word j: elements 4j.. low, 16+4j.. high) */
     static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         return g4_dot_nib(r[0], x0, x1);
+    }
+};
+template <> struct g4_qt<G4_Q5_K> {
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 1, I8 = 1, ZERO = 0, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k / 2);
+        r[1] = uint4();
+        r[1].x = g4_ld_u32(row + (unsigned)q.in / 2 + k / 8);
+        r[2] = g4_ld_u4(row + (unsigned)q.in / 2 + (unsigned)q.in / 8 + 16 * (k / 256));
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_nib5_32(r[0], r[1].x, j, 0.0f, f); }
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int k, int, float *a, float *b) {
+        g4_kmeta_seg(r[2], k, a, b);
+    }
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
+        return g4_dot_nib5(r[0], r[1].x, x0, x1);
     }
 };
 template <> struct g4_qt<G4_Q6_K> {
@@ -578,7 +651,7 @@ template <> struct g4_qt<G4_MLX8> {
 };
 
 /* Every weight type of the backend, for dispatching a template: X(G4_BF16) X(G4_F16) ... */
-#define G4C_WEIGHT_TYPES(X) X(G4_BF16) X(G4_F16) X(G4_F32) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q4_K) X(G4_Q6_K) X(G4_MLX4) X(G4_MLX8)
+#define G4C_WEIGHT_TYPES(X) X(G4_BF16) X(G4_F16) X(G4_F32) G4C_QUANT_TYPES(X)
 
 /* The EPA weights of the access at element k (k a multiple of EPA) of a device row, scales applied. */
 template <int DT> static __device__ __forceinline__ void g4_qdecode(const unsigned char *row, int k, const g4c_qrow &q,

@@ -15,14 +15,15 @@
  * EPA codes (32 or 64, 16-32 bytes of 16-byte loads) and the word of its scales, fewer accesses in flight (about
  * 64 bytes of codes per lane); each segment of codes sharing a scale is summed as sum(v x) with the codes turned
  * into floats by a byte permute and one subtraction (no int-to-float conversions), then scaled, plus the
- * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). Q8_0,
- * Q4_0, Q4_K, Q6_K, MLX4 and MLX8 instead read the inputs as int8 blocks (the Q8_0 rule of the CPU's matmul_q8.c, as llama.cpp: d =
+ * segment's offset times sum(x) (per 32 inputs, computed once per block when the inputs are staged). Every
+ * quantized type here (G4C_QUANT_TYPES) instead reads the inputs as int8 blocks (the Q8_0 rule of the CPU's matmul_q8.c, as llama.cpp: d =
  * max|x|/127 per 32 of the normalized input, q = rint(x/d)), quantized by each block while it stages them (no
  * float copy, so a tile holds about 3x the inputs), and multiply them with __dp4a (4 byte products an
  * instruction; Q4_0's nibbles unpacked by masks and shifts of 32-bit words, its -8 taken as 8 * sum(q) per
  * block; MLX4's inputs staged as the even then the odd elements of each 8, its codes' order; MLX8's codes
- * taken as code - 128, then + 128 * sum(q); Q4_K's codes, uploaded in Q4_0's order, as Q4_0's; Q6_K's as signed
- * bytes code - 32, each half's integer sum times its integer scale): per 32 weights
+ * taken as code - 128, then + 128 * sum(q); Q4_K's codes, uploaded in Q4_0's order, as Q4_0's; Q5_0's and Q5_K's
+ * as Q4_0's nibbles with each one's fifth bit moved to bit 4 of its byte; Q6_K's as signed bytes code - 32, each
+ * half's integer sum times its integer scale): per 32 weights
  * acc += d * (dw * integer sum + bw * sum(q)) (bw the MLX bias, Q4_K's -dmin * min), the same arithmetic per token for any step size. With G4_NO_INT8_ACT set (c->float_act, as the
  * CPU: comparisons of the stored weights' exact products) they take the float path too. The router of the MoE
  * block (g4c_matmul_scaled) always multiplies float activations (int8 ones picked other experts on the moe
@@ -756,12 +757,10 @@ static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row
     switch (dt) {
     case G4_BF16: launch_gemv_fa<G4_BF16, RP>(c, a, row_blocks, fa, ex); break;
     case G4_F16: launch_gemv_fa<G4_F16, RP>(c, a, row_blocks, fa, ex); break;
-    case G4_Q8_0: launch_gemv_fa<G4_Q8_0, RP>(c, a, row_blocks, fa, ex); break;
-    case G4_Q4_0: launch_gemv_fa<G4_Q4_0, RP>(c, a, row_blocks, fa, ex); break;
-    case G4_Q4_K: launch_gemv_fa<G4_Q4_K, RP>(c, a, row_blocks, fa, ex); break;
-    case G4_Q6_K: launch_gemv_fa<G4_Q6_K, RP>(c, a, row_blocks, fa, ex); break;
-    case G4_MLX4: launch_gemv_fa<G4_MLX4, RP>(c, a, row_blocks, fa, ex); break;
-    case G4_MLX8: launch_gemv_fa<G4_MLX8, RP>(c, a, row_blocks, fa, ex); break;
+#define LAUNCH(T)                                                                                                  \
+    case T: launch_gemv_fa<T, RP>(c, a, row_blocks, fa, ex); break;
+        G4C_QUANT_TYPES(LAUNCH)
+#undef LAUNCH
     default:
         if (ex)
             launch_gemv_nt<G4_F32, RP, false, true>(c, a, row_blocks);
@@ -780,6 +779,15 @@ static int gemv_unroll(g4_dtype dt) { /* wunroll<DT>::N */
     default: return GEMV_UNROLL;
     }
 }
+static int gemv_epa(g4_dtype dt) { /* wraw<DT>::EPA */
+    switch (dt) {
+#define EPA(T)                                                                                                     \
+    case T: return wraw<T>::EPA;
+        G4C_WEIGHT_TYPES(EPA)
+#undef EPA
+    default: return 8;
+    }
+}
 
 /* Warps per row: enough row groups for 16 warps a multiprocessor with float weights, 8 with quantized ones
  * (G4_CUDA_GEMV_BLOCKS x 8; with 16-warp blocks, H200: E2B Q4_0 decode 2.077 ms at 16, 1.999 at 8; bf16 2.396 at 16,
@@ -789,7 +797,7 @@ static void gemv_launch(g4c *c, gemv_args *a, g4_dtype dt, int pairs, int fa) {
     const int ex = a->ex != NULL, quant = g4_dtype_is_quantized(dt);
     const int bps = c->gemv_blocks_per_sm ? c->gemv_blocks_per_sm : quant ? 1 : 2;
     int wpr = 1;
-    const int epa = !quant ? 8 : dt == G4_Q6_K ? 64 : 32; /* wraw<DT>::EPA */
+    const int epa = gemv_epa(dt);
     while (wpr < 8 && a->rows * wpr < bps * 8 * c->n_sm && wpr * 32 * epa < a->in) wpr *= 2;
     a->wpr = wpr;
     /* lanes per row (quantized weights: a plain type's row is 4 times as many accesses): fewer than a warp while

@@ -55,6 +55,30 @@ static void repack_row(const g4_tensor *t, int64_t r, unsigned char *dst) {
             put16(dst + in / 2 + 2 * b, src + 18 * b);
         }
         break;
+    case G4_Q5_0: /* d, qh[4], qs[16] a block: qs as Q4_0's codes, qh as the block's word of fifth bits */
+        for (int64_t b = 0; b < nb32; b++) {
+            memcpy(dst + 16 * b, src + 22 * b + 6, 16);
+            memcpy(dst + in / 2 + 4 * b, src + 22 * b + 2, 4);
+            put16(dst + in / 2 + in / 8 + 2 * b, src + 22 * b);
+        }
+        break;
+    case G4_Q5_K: /* d, dmin, scales[12], qh[32], qs[128]: sub-block s's element l is the s & 1 nibble of
+                   * qs[32 (s / 2) + l] with bit s of qh[l] as its fifth bit */
+        for (int64_t b = 0; b < nb256; b++) {
+            const unsigned char *blk = src + 176 * b, *qh = blk + 16, *qs = blk + 48;
+            memcpy(dst + in / 2 + in / 8 + 16 * b, blk, 16);
+            for (int s = 0; s < 8; s++) {
+                unsigned char v[32];
+                uint32_t hb = 0;
+                for (int l = 0; l < 32; l++) {
+                    v[l] = (unsigned char)(s & 1 ? qs[32 * (s / 2) + l] >> 4 : qs[32 * (s / 2) + l] & 15);
+                    hb |= (uint32_t)((qh[l] >> s) & 1) << l;
+                }
+                nib32(v, dst + 128 * b + 16 * s);
+                memcpy(dst + in / 2 + 32 * b + 4 * s, &hb, 4); /* (little-endian: bit l in byte l / 8) */
+            }
+        }
+        break;
     case G4_Q4_K:
         for (int64_t b = 0; b < nb256; b++) {
             const unsigned char *blk = src + 144 * b, *qs = blk + 16;
@@ -198,14 +222,16 @@ static __device__ unsigned meta_byte(int dt, size_t o, int64_t in, int sk, int g
     switch (dt) {
     case G4_Q8_0:
     case G4_Q4_0:
+    case G4_Q5_0:
         if (o >= 2 * (n / 32)) return 0;
-        h = g4_f2h(dt == G4_Q8_0 ? amp / 127.0f : amp / 8.0f);
+        h = g4_f2h(dt == G4_Q8_0 ? amp / 127.0f : dt == G4_Q5_0 ? amp / 16.0f : amp / 8.0f);
         return o & 1 ? h >> 8 : h & 0xff;
-    case G4_Q4_K: { /* d * 32 = 2 amp / 15, dmin * 32 = amp: sc = m = 32 in every sub-block */
+    case G4_Q4_K:
+    case G4_Q5_K: { /* d * 32 = 2 amp / (2^bits - 1), dmin * 32 = amp: sc = m = 32 in every sub-block */
         if (o >= 16 * (n / 256)) return 0;
         const size_t i = o % 16;
         if (i < 4) {
-            h = g4_f2h(i < 2 ? amp / (15.0f * 16.0f) : amp / 32.0f);
+            h = g4_f2h(i < 2 ? amp / ((dt == G4_Q5_K ? 31.0f : 15.0f) * 16.0f) : amp / 32.0f);
             return i & 1 ? h >> 8 : h & 0xff;
         }
         return i < 12 ? 0xA0u : 0u;
@@ -241,9 +267,10 @@ __global__ void fill_random_quant_kernel(unsigned char *dst, int dt, int64_t row
 void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, size_t row_bytes, uint64_t seed) {
     const int64_t in = t->shape[t->ndim - 1];
     const float amp = sqrtf(3.0f / (float)(in > 0 ? in : 1));
-    const size_t code_bytes = t->dtype == G4_Q8_0 || t->dtype == G4_MLX8 ? (size_t)in
-                              : t->dtype == G4_Q6_K                      ? (size_t)in * 3 / 4
-                                                                         : (size_t)in / 2;
+    const size_t code_bytes = t->dtype == G4_Q8_0 || t->dtype == G4_MLX8   ? (size_t)in
+                              : t->dtype == G4_Q6_K                        ? (size_t)in * 3 / 4
+                              : t->dtype == G4_Q5_0 || t->dtype == G4_Q5_K ? (size_t)in / 2 + (size_t)in / 8
+                                                                           : (size_t)in / 2;
     const g4c_qrow q = g4c_qrow_of(t);
     size_t blocks = ((size_t)rows * row_bytes + 255) / 256;
     if (blocks > (size_t)c->n_sm * 64) blocks = (size_t)c->n_sm * 64;
@@ -289,14 +316,11 @@ __global__ __launch_bounds__(DEQ_THREADS) void dequant_bf16_kernel(const unsigne
     }
 }
 
-#define G4C_QUANT_SWITCH(dt, CALL)             \
+#define G4C_QUANT_CASE(T) \
+    case T: LAUNCH(T); break;
+#define G4C_QUANT_SWITCH(dt)                   \
     switch (dt) {                              \
-    case G4_Q8_0: CALL(G4_Q8_0); break;         \
-    case G4_Q4_0: CALL(G4_Q4_0); break;         \
-    case G4_Q4_K: CALL(G4_Q4_K); break;         \
-    case G4_Q6_K: CALL(G4_Q6_K); break;         \
-    case G4_MLX4: CALL(G4_MLX4); break;         \
-    case G4_MLX8: CALL(G4_MLX8); break;         \
+        G4C_QUANT_TYPES(G4C_QUANT_CASE)        \
     default: break;                            \
     }
 
@@ -309,7 +333,7 @@ void g4c_dequant_bf16(g4c *c, const g4_tensor *w, int64_t r0, int m, uint16_t *o
 #define LAUNCH(T)                                                                                                     \
     g4c_launch(c, dequant_bf16_kernel<T>, grid, dim3(DEQ_THREADS), 0, (const unsigned char *)w->data, rb, q, r0, m, out, \
                lo)
-    G4C_QUANT_SWITCH(w->dtype, LAUNCH)
+    G4C_QUANT_SWITCH(w->dtype)
 #undef LAUNCH
 }
 
@@ -340,7 +364,7 @@ void g4c_embed_quant(g4c *c, const g4_tensor *table, const int32_t *ids, int n, 
 #define LAUNCH(T)                                                                                                  \
     g4c_launch(c, embed_quant_kernel<T>, dim3((unsigned)n), dim3(128), 0, (const unsigned char *)table->data, rb,   \
                (int)table->shape[0], q, ids, scale, out)
-    G4C_QUANT_SWITCH(table->dtype, LAUNCH)
+    G4C_QUANT_SWITCH(table->dtype)
 #undef LAUNCH
 }
 
