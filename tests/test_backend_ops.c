@@ -257,13 +257,15 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
- * an expert's): its GEMV for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, MLX4, MLX8 (at most 8 tokens; experts: one token), and the
+ * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MLX4, MLX8: at
+ * most 8 tokens; experts: one token), and the
  * experts' int8 tensor-core products for Q8_0, Q4_0 and Q4_K (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
     const int q = dt == G4_Q8_0 || dt == G4_Q4_0, gemv = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K ||
-                                                    dt == G4_Q6_K || dt == G4_MLX4 || dt == G4_MLX8;
+                                                    dt == G4_Q6_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
+                                                    dt == G4_MLX4 || dt == G4_MLX8;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
            (((dense ? n <= 8 : n == 1) && gemv) ||
             (!dense && n > 8 && (q || dt == G4_Q4_K)));
@@ -461,9 +463,9 @@ static void test_transcoded_weights(void) {
     if (any && takes(G4_Q5_0) && held(G4_Q5_0) != G4_Q5_0) CHECK(g4_transcode_exact(G4_Q5_0, held(G4_Q5_0)));
     if (any && takes(G4_IQ4_NL) && held(G4_IQ4_NL) != G4_IQ4_NL) CHECK(g4_transcode_exact(G4_IQ4_NL, held(G4_IQ4_NL)));
     if (!strcmp(be->ops->name, "cuda"))
-        CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_Q4_1) == G4_Q8_0 &&
-                   held(G4_Q5_1) == G4_Q8_0,
-               "%s: Q5_0 and Q5_K held as they are, Q4_1 and Q5_1 as Q8_0", be_label);
+        CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_IQ4_NL) == G4_IQ4_NL &&
+                   held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_Q8_0 && held(G4_Q5_1) == G4_Q8_0,
+               "%s: Q5_0, Q5_K, IQ4_NL and IQ4_XS held as they are, Q4_1 and Q5_1 as Q8_0", be_label);
 }
 
 /* bf16 activations (a CPU backend made with bf16_act): products with BF16 weights take x rounded to bf16 once;
@@ -547,7 +549,8 @@ static void ref_rms_row(const float *x, const float *w, int dim, float eps, doub
 
 /* matmul_set with its fusions: the input's RMSNorm, GeGLU of a gate/up pair or against a multiplier, soft-cap;
  * step sizes on both sides of the backends' small-step paths */
-static const g4_dtype fused_qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q5_0, G4_Q4_K, G4_Q5_K, G4_Q6_K, G4_MLX4, G4_MLX8};
+static const g4_dtype fused_qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q5_0, G4_Q4_K, G4_Q5_K, G4_Q6_K, G4_IQ4_NL, G4_IQ4_XS,
+                                        G4_MLX4, G4_MLX8};
 static void test_matmul_set_fused(void) {
     const int ns[] = {1, 3, 8, 9, 21}, ins[] = {77, 256, 4100, 16392};
     /* plain types, then (on a backend that takes them) the quantized ones with rows of whole blocks; 40 rows, and

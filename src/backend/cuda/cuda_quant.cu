@@ -50,6 +50,7 @@ static void repack_row(const g4_tensor *t, int64_t r, unsigned char *dst) {
         }
         break;
     case G4_Q4_0:
+    case G4_IQ4_NL: /* (the same block: d, qs[16]) */
         for (int64_t b = 0; b < nb32; b++) {
             memcpy(dst + 16 * b, src + 18 * b + 2, 16);
             put16(dst + in / 2 + 2 * b, src + 18 * b);
@@ -60,6 +61,12 @@ static void repack_row(const g4_tensor *t, int64_t r, unsigned char *dst) {
             memcpy(dst + 16 * b, src + 22 * b + 6, 16);
             memcpy(dst + in / 2 + 4 * b, src + 22 * b + 2, 4);
             put16(dst + in / 2 + in / 8 + 2 * b, src + 22 * b);
+        }
+        break;
+    case G4_IQ4_XS: /* d, scales_h, scales_l[4], qs[128] (sub-block i's 16 bytes at 16 i, Q4_0's order) */
+        for (int64_t b = 0; b < nb256; b++) {
+            memcpy(dst + 128 * b, src + 136 * b + 8, 128);
+            memcpy(dst + in / 2 + 8 * b, src + 136 * b, 8);
         }
         break;
     case G4_Q5_K: /* d, dmin, scales[12], qh[32], qs[128]: sub-block s's element l is the s & 1 nibble of
@@ -223,9 +230,16 @@ static __device__ unsigned meta_byte(int dt, size_t o, int64_t in, int sk, int g
     case G4_Q8_0:
     case G4_Q4_0:
     case G4_Q5_0:
+    case G4_IQ4_NL:
         if (o >= 2 * (n / 32)) return 0;
-        h = g4_f2h(dt == G4_Q8_0 ? amp / 127.0f : dt == G4_Q5_0 ? amp / 16.0f : amp / 8.0f);
+        h = g4_f2h(dt == G4_Q8_0 || dt == G4_IQ4_NL ? amp / 127.0f : dt == G4_Q5_0 ? amp / 16.0f : amp / 8.0f);
         return o & 1 ? h >> 8 : h & 0xff;
+    case G4_IQ4_XS: { /* every sub-block's scale 48 - 32 = 16: d * 16 * 127 = amp */
+        if (o >= 8 * (n / 256)) return 0;
+        const size_t i = o % 8;
+        h = g4_f2h(amp / (16.0f * 127.0f));
+        return i < 2 ? (i & 1 ? h >> 8 : h & 0xff) : i < 4 ? 0xffu : 0u;
+    }
     case G4_Q4_K:
     case G4_Q5_K: { /* d * 32 = 2 amp / (2^bits - 1), dmin * 32 = amp: sc = m = 32 in every sub-block */
         if (o >= 16 * (n / 256)) return 0;

@@ -171,6 +171,13 @@ static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
     return c;
 }
+/* byte n of the result: byte (s >> 4n) & 7 of the 8 bytes of y:x (x the low four) */
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++) r |= (unsigned)((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+    return r;
+}
 /* per byte a - b, modulo 256 */
 static inline unsigned __vsub4(unsigned a, unsigned b) {
     unsigned r = 0;
