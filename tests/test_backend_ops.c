@@ -259,7 +259,7 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
  * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MLX4, MLX8: at
  * most 8 tokens; experts: one token), and the
- * experts' int8 tensor-core products for Q8_0, Q4_0 and Q4_K (more than 8 tokens). */
+ * experts' int8 tensor-core products for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL and IQ4_XS (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
@@ -268,7 +268,8 @@ static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
                                                     dt == G4_MLX4 || dt == G4_MLX8;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
            (((dense ? n <= 8 : n == 1) && gemv) ||
-            (!dense && n > 8 && (q || dt == G4_Q4_K)));
+            (!dense && n > 8 && (q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL ||
+                                 dt == G4_IQ4_XS)));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums), else backend_tol(). */
@@ -1669,10 +1670,13 @@ static void test_moe(void) {
               {1, 256, 256, G4_F32, G4_MLX4, 0, G4_Q6_K}, {1, 256, 256, G4_F32, G4_Q4_K, 1, G4_MLX8},
               /* one token with Q8_0 / Q4_0 experts: not on the CPU (x_as_read does not model its one-token path) */
               {1, 64, 32, G4_F32, G4_Q8_0, 0, G4_Q4_0},   {1, 256, 256, G4_Q8_0, G4_Q4_0, 1, G4_Q8_0},
-              /* types CUDA holds as Q8_0 (test_transcoded_weights): its int8 tensor-core experts, and its GEMV; a
-               * Q4_K_M file's experts (26B-A4B: Q4_K gate/up, Q5_0 down of 704 = 22 blocks of 32, here 3) */
+              /* the 5-bit and IQ4 types on CUDA's int8 tensor-core experts (13 tokens) and its GEMV (1), Q5_1 / Q4_1
+               * held as Q8_0 (test_transcoded_weights); a Q4_K_M file's experts (26B-A4B: Q4_K gate/up, Q5_0 down of
+               * 704 = 22 blocks of 32, here 3) */
               {13, 256, 256, G4_F32, G4_Q5_K, 0, G4_Q5_0}, {5, 256, 64, G4_F32, G4_Q5_1, 1, G4_Q4_1},
-              {13, 256, 96, G4_F32, G4_Q4_K, 1, G4_Q5_0},  {1, 256, 96, G4_F32, G4_Q4_K, 0, G4_Q5_0}};
+              {13, 256, 96, G4_F32, G4_Q4_K, 1, G4_Q5_0},  {1, 256, 96, G4_F32, G4_Q4_K, 0, G4_Q5_0},
+              {13, 256, 256, G4_F32, G4_IQ4_XS, 0, G4_IQ4_NL}, {1, 256, 96, G4_F32, G4_IQ4_XS, 1, G4_IQ4_NL},
+              {1, 256, 256, G4_F32, G4_Q5_K, 1, G4_Q5_K}};
     /* (CUDA reads split gate and up of one type and MLX group, as files have them: not this test's MLX weights,
      * whose groups take turns.) Each case draws from its own seed: which cases ran before it on a backend does not
      * move its inputs (CUDA's n=13 Q6_K/Q4_K case measured 4.8e-3 to 7.0e-3 over 12 seeds, against its 8e-3) */

@@ -661,10 +661,12 @@ __global__ void moe_scatter_kernel(moe_args a, const float *d) {
  * synchronization a layer), the pairs' inputs are gathered in expert order and converted once, and the active
  * experts multiply their rows in batched cuBLAS calls (g4c_gemm_experts: gate/up, the GeGLU, down), scattered back by
  * pair. gu: [np, 2 Im]. */
-/* ---- many tokens of Q4_0 / Q8_0 / Q4_K experts: int8 tensor-core products of the codes as stored
+/* ---- many tokens of Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / IQ4_NL / IQ4_XS experts (MMQ_TYPES): int8 tensor-core
+ * products of the codes as stored
  * The activations are int8 blocks as the one-token GEMV and the CPU read them (the Q8_0 rule: d = max|x|/127 per 32,
- * q = rint(x/d)); a weight block's codes (Q4_0: nibble - 8; Q4_K: the nibble) times a block of q is an exact integer
- * (mma m16n8k32), scaled by the two blocks' d into an f32 sum (Q4_K: w = a code + b per 32, so
+ * q = rint(x/d)); a weight block's signed codes (code - ZERO of its g4_qt: Q4_0 nibble - 8, Q5_0 code - 16; Q4_K,
+ * Q5_K: the code; IQ4: the table's value) times a block of q is an exact integer
+ * (mma m16n8k32), scaled by the two blocks' d into an f32 sum (Q4_K, Q5_K: w = a code + b per 32, so
  * sum w x = dx (a sum(code q) + b sum(q))). No decoded copy of the weights is written or read: the bytes a
  * product reads are the codes themselves (cuBLAS on bf16 tiles read and wrote 2-3 bytes a weight per step). */
 #define MMQ_BM 32   /* pair rows (tokens of one expert) a block */
@@ -723,13 +725,14 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
     const int e = a.tiles[3 * blockIdx.y], p0 = a.tiles[3 * blockIdx.y + 1], cnt = a.tiles[3 * blockIdx.y + 2];
     const int n0 = blockIdx.x * MMQ_BN;
     const unsigned char *we = a.w + (size_t)e * a.ex_bytes;
-    constexpr int CW = DT == G4_Q8_0 ? 32 : 16; /* code bytes of a block of 32 */
+    typedef g4_qt<DT> T; /* (types of 32-element accesses) */
+    g4c_qrow q = g4c_qrow();
+    q.in = a.in, q.group = 32, q.gshift = 5;
     /* this thread's share of a stage: x bytes [xr][16 xp ..), the x scales of thread tid < MMQ_BM * MMQ_KB, and the
-     * weight blocks tid and tid + 256 (row item / MMQ_KB, block item % MMQ_KB) */
+     * weight blocks tid and tid + 256 (row item / MMQ_KB, block item % MMQ_KB), as the type's access words */
     const int xr = tid >> 3, xp = tid & 7;
-    uint4 xv, wv[2][CW / 16], wsc[2]; /* (Q4_K: the super-block's scales) */
+    uint4 xv, wr[2][T::QW + 1];
     float2 xdv = make_float2(0.0f, 0.0f);
-    float wdv[2];
     auto load = [&](int kb0) {
         const int b = kb0 + (xp >> 1);
         xv = uint4();
@@ -741,18 +744,9 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int item = tid + 256 * i, r = item / MMQ_KB, bb = kb0 + item % MMQ_KB;
-            wdv[i] = 0.0f, wsc[i] = uint4();
 #pragma unroll
-            for (int q = 0; q < CW / 16; q++) wv[i][q] = uint4();
-            if (n0 + r < a.R && bb < nb) {
-                const unsigned char *row = we + (size_t)(n0 + r) * a.row_bytes;
-#pragma unroll
-                for (int q = 0; q < CW / 16; q++) wv[i][q] = g4_ld_stream(row + (size_t)bb * CW + 16 * q);
-                if constexpr (DT == G4_Q4_K)
-                    wsc[i] = g4_ld_u4(row + (size_t)a.in / 2 + 16 * (bb / 8));
-                else
-                    wdv[i] = g4_h2f((uint16_t)g4_ld_u16(row + (size_t)a.in * CW / 32 + 2 * bb));
-            }
+            for (int w = 0; w <= T::QW; w++) wr[i][w] = uint4(); /* (past the row: zero scales, so a = b = 0) */
+            if (n0 + r < a.R && bb < nb) T::load(we + (size_t)(n0 + r) * a.row_bytes, (unsigned)bb * 32, q, wr[i]);
         }
     };
     auto store = [&](int kb0) {
@@ -761,31 +755,30 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int item = tid + 256 * i, r = item / MMQ_KB, bb = item % MMQ_KB;
-            if constexpr (DT == G4_Q4_K) { /* (past the row: zero scales, so a = b = 0) */
-                float2 ab;
-                const uint4 r2[2] = {uint4(), wsc[i]};
-                g4_qt<G4_Q4_K>::seg(r2, g4c_qrow(), (kb0 + bb) * 32, 0, &ab.x, &ab.y);
-                wsd[r][bb] = ab;
+            float2 ab; /* w = a code + b (b: the affine types' offset) */
+            T::seg(wr[i], q, (kb0 + bb) * 32, 0, &ab.x, &ab.y);
+            wsd[r][bb] = ab;
+            uint4 lv, hv; /* signed codes of elements 0-15 and 16-31 (code - ZERO) */
+            if constexpr (DT == G4_Q8_0) {
+                lv = wr[i][0], hv = wr[i][1];
             } else {
-                wsd[r][bb] = make_float2(wdv[i], 0.0f);
-            }
-            if constexpr (DT != G4_Q8_0) { /* byte j: element j (low nibble), 16 + j (high); Q4_0: code - 8 */
-                constexpr unsigned Z = DT == G4_Q4_0 ? 0x78787878u : 0x80808080u; /* (c + Z) ^ 0x80: c - 8 or c */
-                const unsigned u[4] = {wv[i][0].x, wv[i][0].y, wv[i][0].z, wv[i][0].w};
                 unsigned lo[4], hi[4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    lo[j] = ((u[j] & 0x0f0f0f0fu) + Z) ^ 0x80808080u; /* c - 8 as int8: (c + 120) ^ 128 */
-                    hi[j] = (((u[j] >> 4) & 0x0f0f0f0fu) + Z) ^ 0x80808080u;
+                for (int j = 0; j < 4; j++) { /* word j: elements 4j .. (low nibbles), 16 + 4j .. (high) */
+                    const unsigned u = g4_word(wr[i][0], j);
+                    if constexpr (DT == G4_IQ4_NL || DT == G4_IQ4_XS) {
+                        g4_iq4_word(u, &lo[j], &hi[j]);
+                    } else { /* (c + 128 - ZERO) ^ 128 per byte: c - ZERO as int8, c below 128 + ZERO */
+                        constexpr unsigned Z = (unsigned)(128 - T::ZERO) * 0x01010101u;
+                        const unsigned qh = DT == G4_Q5_0 || DT == G4_Q5_K ? wr[i][1].x : 0u; /* fifth bits */
+                        lo[j] = (((u & 0x0f0f0f0fu) | g4_hbits4((qh >> (4 * j)) & 15u)) + Z) ^ 0x80808080u;
+                        hi[j] = ((((u >> 4) & 0x0f0f0f0fu) | g4_hbits4((qh >> (16 + 4 * j)) & 15u)) + Z) ^ 0x80808080u;
+                    }
                 }
-                uint4 lv, hv;
-                lv.x = lo[0], lv.y = lo[1], lv.z = lo[2], lv.w = lo[3], hv.x = hi[0], hv.y = hi[1], hv.z = hi[2], hv.w = hi[3];
-                *(uint4 *)&ws[r][bb * 32] = lv;
-                *(uint4 *)&ws[r][bb * 32 + 16] = hv;
-            } else {
-                *(uint4 *)&ws[r][bb * 32] = wv[i][0];
-                *(uint4 *)&ws[r][bb * 32 + 16] = wv[i][CW / 16 - 1];
+                lv = make_uint4(lo[0], lo[1], lo[2], lo[3]), hv = make_uint4(hi[0], hi[1], hi[2], hi[3]);
             }
+            *(uint4 *)&ws[r][bb * 32] = lv;
+            *(uint4 *)&ws[r][bb * 32 + 16] = hv;
         }
     };
     float acc[4][4] = {};
@@ -814,7 +807,7 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
                 int ci[4];
                 g4_mma_s8(ci, af, bf, scr[warp]);
                 const float2 e0 = wsd[cb + 2 * t][b], e1 = wsd[cb + 2 * t + 1][b];
-                if constexpr (DT == G4_Q4_K) {
+                if constexpr (T::NEED_SUM) {
                     acc[nt][0] += d0.x * fmaf(e0.x, (float)ci[0], e0.y * d0.y);
                     acc[nt][1] += d0.x * fmaf(e1.x, (float)ci[1], e1.y * d0.y);
                     acc[nt][2] += d1.x * fmaf(e0.x, (float)ci[2], e0.y * d1.y);
@@ -839,9 +832,16 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
         }
 }
 
+/* The types experts_mmq_kernel takes: whole blocks of 32 a sign (Q6_K's scales are per 16, MLX's per group) */
+#define MMQ_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q4_K) X(G4_Q5_K) X(G4_IQ4_NL) X(G4_IQ4_XS)
 static int mmq_takes(const g4c *c, const g4_tensor *w) {
-    return !c->float_act && (w->dtype == G4_Q4_0 || w->dtype == G4_Q8_0 || w->dtype == G4_Q4_K) &&
-           w->shape[w->ndim - 1] % (w->dtype == G4_Q4_K ? 256 : 32) == 0;
+    if (c->float_act) return 0;
+    switch (w->dtype) {
+#define TAKES(T) case T:
+        MMQ_TYPES(TAKES) return w->shape[w->ndim - 1] % g4_dtype_block(w->dtype) == 0;
+#undef TAKES
+    default: return 0;
+    }
 }
 
 /* The row tiles of the experts' int8 products (per tile: expert, first pair row, rows <= MMQ_BM) in a workspace,
@@ -882,12 +882,13 @@ static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const
     m.in = (int)w->shape[2];
     m.tiles = tiles, m.y = y, m.ldc = ldc;
     const dim3 grid((unsigned)((m.R + MMQ_BN - 1) / MMQ_BN), (unsigned)nt);
-    if (w->dtype == G4_Q4_0)
-        g4c_launch(c, experts_mmq_kernel<G4_Q4_0>, grid, dim3(256), 0, m);
-    else if (w->dtype == G4_Q4_K)
-        g4c_launch(c, experts_mmq_kernel<G4_Q4_K>, grid, dim3(256), 0, m);
-    else
-        g4c_launch(c, experts_mmq_kernel<G4_Q8_0>, grid, dim3(256), 0, m);
+    switch (w->dtype) {
+#define MMQ(T)                                                                                                     \
+    case T: g4c_launch(c, experts_mmq_kernel<T>, grid, dim3(256), 0, m); break;
+        MMQ_TYPES(MMQ)
+#undef MMQ
+    default: break;
+    }
 }
 
 static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, int np, float *xg, float *gu) {
@@ -900,7 +901,7 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     const int na = host[0];
     const int32_t *act_e = host + 1, *act_off = host + 1 + E, *act_cnt = host + 1 + 2 * E;
     g4c_launch(c, moe_gather_kernel, dim3((unsigned)np), dim3(256), 0, a, xg);
-    /* Q4_0 / Q8_0 / Q4_K experts: int8 blocks of x2 (then of the activations) after gu, [np, max(H, Im)] codes, then the
+    /* experts of MMQ_TYPES: int8 blocks of x2 (then of the activations) after gu, [np, max(H, Im)] codes, then the
      * scales; other types: cuBLAS on bf16 tiles */
     const int qgu = mmq_takes(c, m->gate_up) && (!m->up || mmq_takes(c, m->up)), qdn = mmq_takes(c, m->down);
     signed char *xq = (signed char *)(((uintptr_t)(gu + (size_t)np * 2 * Im) + 255) & ~(uintptr_t)255);
