@@ -579,15 +579,9 @@ template <> struct g4_qt<G4_Q5_K> {
         return g4_dot_nib5(r[0], r[1].x, x0, x1);
     }
 };
-template <> struct g4_qt<G4_IQ4_NL> {
+template <> struct g4_qt<G4_IQ4_NL> : g4_qt<G4_Q4_0> { /* Q4_0's layout (load, seg), each code a table index */
     enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
-    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
-        g4_qt<G4_Q4_0>::load(row, k, q, r);
-    }
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], j, f); }
-    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int, float *a, float *b) {
-        *a = g4_h2f((uint16_t)(r[1].x & 0xffffu)), *b = 0.0f;
-    }
     static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         return g4_dot_iq4(r[0], x0, x1);
     }

@@ -647,20 +647,29 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
     G4_TRACE_MARK(3);
 }
 
+/* A weight type's constants of the kernel's templates, for the host's launch decisions */
+typedef struct gemv_type {
+    int epa, unroll, i8, need_sum; /* wraw<DT>::EPA, wunroll<DT>::N, wraw<DT>::I8, wraw<DT>::NEED_SUM */
+} gemv_type;
+static gemv_type gemv_type_of(g4_dtype dt) {
+    gemv_type g = {8, GEMV_UNROLL, 0, 0}; /* (f32: the default of launch_gemv_dt) */
+    switch (dt) {
+#define TYPE(T)                                                                                                    \
+    case T: g.epa = wraw<T>::EPA, g.unroll = wunroll<T>::N, g.i8 = wraw<T>::I8, g.need_sum = wraw<T>::NEED_SUM; break;
+        G4C_WEIGHT_TYPES(TYPE)
+#undef TYPE
+    default: break;
+    }
+    return g;
+}
+
 /* Input elements of a tile: as much of a row as c->gemv_smem holds for nt tokens (with a sum per 32 inputs for
  * the quantized types with offsets, int8 codes and a (d, sum) pair per 32 for those with int8 activations), a
  * multiple of 256. */
 static int gemv_most(const g4c *c, int nt, g4_dtype t, int fa) {
-    int i8 = 0, need_sum = 0; /* the type's wraw I8 (unless float activations) and NEED_SUM */
-    switch (t) {
-#define FLAGS(T)                                                                                                   \
-    case T: i8 = wraw<T>::I8 && !fa, need_sum = wraw<T>::NEED_SUM; break;
-        G4C_WEIGHT_TYPES(FLAGS)
-#undef FLAGS
-    default: break;
-    }
-    /* bytes per 32 inputs of a token */
-    const size_t per32 = i8 ? 32 + 8 : 128 + (need_sum ? 4 : 0);
+    const gemv_type g = gemv_type_of(t);
+    /* bytes per 32 inputs of a token (int8 activations unless float ones are asked for) */
+    const size_t per32 = g.i8 && !fa ? 32 + 8 : 128 + (g.need_sum ? 4 : 0);
     return (int)(c->gemv_smem * 32 / per32) / nt / 256 * 256;
 }
 
@@ -770,25 +779,6 @@ static void launch_gemv_dt(g4c *c, g4_dtype dt, const gemv_args &a, unsigned row
     }
 }
 
-static int gemv_unroll(g4_dtype dt) { /* wunroll<DT>::N */
-    switch (dt) {
-#define UNROLL(T)                                                                                                  \
-    case T: return wunroll<T>::N;
-        G4C_WEIGHT_TYPES(UNROLL)
-#undef UNROLL
-    default: return GEMV_UNROLL;
-    }
-}
-static int gemv_epa(g4_dtype dt) { /* wraw<DT>::EPA */
-    switch (dt) {
-#define EPA(T)                                                                                                     \
-    case T: return wraw<T>::EPA;
-        G4C_WEIGHT_TYPES(EPA)
-#undef EPA
-    default: return 8;
-    }
-}
-
 /* Warps per row: enough row groups for 16 warps a multiprocessor with float weights, 8 with quantized ones
  * (G4_CUDA_GEMV_BLOCKS x 8; with 16-warp blocks, H200: E2B Q4_0 decode 2.077 ms at 16, 1.999 at 8; bf16 2.396 at 16,
  * 2.515 at 8); no more warps than 256-element slices of a row (measured on an H200, ncu: more warps per row, for a
@@ -797,7 +787,8 @@ static void gemv_launch(g4c *c, gemv_args *a, g4_dtype dt, int pairs, int fa) {
     const int ex = a->ex != NULL, quant = g4_dtype_is_quantized(dt);
     const int bps = c->gemv_blocks_per_sm ? c->gemv_blocks_per_sm : quant ? 1 : 2;
     int wpr = 1;
-    const int epa = gemv_epa(dt);
+    const gemv_type gt = gemv_type_of(dt);
+    const int epa = gt.epa;
     while (wpr < 8 && a->rows * wpr < bps * 8 * c->n_sm && wpr * 32 * epa < a->in) wpr *= 2;
     a->wpr = wpr;
     /* lanes per row (quantized weights: a plain type's row is 4 times as many accesses): fewer than a warp while
@@ -807,7 +798,7 @@ static void gemv_launch(g4c *c, gemv_args *a, g4_dtype dt, int pairs, int fa) {
      * balanced passes of launch_gemv_nt): E2B 1.840 / 1.717 / 1.718, E4B 2.620 / 2.514 / 2.446, 26B-A4B 2.916 / 2.571
      * / 2.468, 12B 3.739 / 3.618 / 3.617, 31B 7.763 / 7.628 / 7.232 */
     int lpr = 32;
-    const int acc = (a->in + epa - 1) / epa, warps = c->n_sm * GEMV_WARPS * bps, un = gemv_unroll(dt);
+    const int acc = (a->in + epa - 1) / epa, warps = c->n_sm * GEMV_WARPS * bps, un = gt.unroll;
     const int most = c->gemv_lane_acc ? c->gemv_lane_acc : 3 * un;
     while (quant && wpr == 1 && lpr > c->gemv_lanes && (acc + lpr / 2 - 1) / (lpr / 2) <= most &&
            (long)a->rows > (long)warps * (32 / lpr))
