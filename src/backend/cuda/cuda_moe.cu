@@ -832,7 +832,7 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
         }
 }
 
-/* The types experts_mmq_kernel takes: whole blocks of 32 a sign (Q6_K's scales are per 16, MLX's per group) */
+/* The types experts_mmq_kernel takes: blocks of 32 under one scale (not Q6_K: a scale per 16; not MLX: per group) */
 #define MMQ_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q4_K) X(G4_Q5_K) X(G4_IQ4_NL) X(G4_IQ4_XS)
 static int mmq_takes(const g4c *c, const g4_tensor *w) {
     if (c->float_act) return 0;
