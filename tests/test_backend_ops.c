@@ -650,14 +650,20 @@ static void test_matmul_set_fused(void) {
                          * on top */
                         double flip = 0;
                         if (reads_int8(&w[i].host, n, 1)) {
+                            /* (plain comparisons: gcc 12 for aarch64 stops with an internal error vectorizing
+                             * these maxima as fmax reductions) */
                             double wmax = 0, xmax = 0, slope = 1;
-                            for (size_t k = 0; k < (size_t)oi * in; k++) wmax = fmax(wmax, fabs(w[i].ref[k]));
-                            for (size_t k = 0; k < (size_t)n * in; k++) xmax = fmax(xmax, fabs(xn[k]));
+                            for (size_t k = 0; k < (size_t)oi * in; k++)
+                                if (fabs(w[i].ref[k]) > wmax) wmax = fabs(w[i].ref[k]);
+                            for (size_t k = 0; k < (size_t)n * in; k++)
+                                if (fabsf(xn[k]) > xmax) xmax = fabsf(xn[k]);
                             if (mode == 1 || mode == 2) { /* d(gelu(g) u) = gelu'(g) u dg + gelu(g) du, |gelu'| < 1.13 */
                                 double um = 0, gm = 0;
                                 for (size_t k = 0; k < (size_t)n * oi; k++) {
-                                    um = fmax(um, fabs(mode == 1 ? up[k] : mul[k]));
-                                    gm = fmax(gm, fabs(gelu_tanh_ref(ref[k])));
+                                    const double u = fabs(mode == 1 ? up[k] : (double)mul[k]);
+                                    const double gk = fabs(gelu_tanh_ref(ref[k]));
+                                    if (u > um) um = u;
+                                    if (gk > gm) gm = gk;
                                 }
                                 slope = 1.13 * um + (mode == 1 ? gm : 0);
                             }
