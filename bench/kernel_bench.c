@@ -2,7 +2,8 @@
  *   g4-kernel-bench [rows=4096] [in=1536] [tokens=1,64] [iters]
  * prints GMAC/s (multiply-adds per second) and, for one token, GB/s of weights read,
  * for each weight type (F32/BF16 tiled f32, BF16 with bf16 activations (bf16-act: vdpbf16ps
- * where the CPU has it), Q8_0, Q4_0 with int8 activations) and each
+ * where the CPU has it), the GGUF types with int8 activations where the set takes them
+ * (g4_cpu_q8_supported), else rows decoded to f32) and each
  * ISA this CPU has. Time is the process's CPU time (one thread), so that other load on the
  * machine changes the figures little; compare ISAs and types within one run. */
 #include <stdio.h>
@@ -31,8 +32,8 @@ int main(int argc, char **argv) {
     unsigned s = 1;
     for (size_t i = 0; i < (size_t)rows * in; i++) wf[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
     for (size_t i = 0; i < (size_t)64 * in; i++) x[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
-    g4_dtype types[] = {G4_BF16, G4_BF16, G4_Q8_0, G4_Q4_0};
-    for (int ti = 0; ti < 4; ti++) {
+    g4_dtype types[] = {G4_BF16, G4_BF16, G4_Q8_0, G4_Q4_0, G4_Q5_0, G4_IQ4_NL, G4_Q4_K, G4_Q5_K, G4_Q6_K, G4_IQ4_XS};
+    for (int ti = 0; ti < (int)(sizeof types / sizeof types[0]); ti++) {
         g4_backend *be = ti == 1 ? be_bf16 : be_f32;
         size_t rb = g4_dtype_row_bytes(types[ti], in);
         unsigned char *wq = malloc(rb * (size_t)rows);

@@ -21,7 +21,9 @@
 #
 # Everything lands in $G4_BENCH_DIR (default /tmp/gemma4c-bench: tens of GB); llama.cpp is
 # never part of our build or tests. THREADS (default 2), TG (decode tokens, default 32)
-# and MODELS (names below) select.
+# and MODELS (names below) select. ISA=avx2 compares both engines as an AVX2 machine runs them (no AVX-512):
+# llama.cpp built in its own tree (build-avx2: GGML_NATIVE=OFF, AVX2/FMA/F16C on, AVX-512 off; `setup` with
+# ISA=avx2 builds it) and gemma4c with G4_CPU_ISA=avx2.
 # BF16 files: llama.cpp multiplies them with activations rounded to bf16, so gemma4c runs them with the same
 # numerics, --bf16-act (g4_load_params.bf16_activations), as engine "gemma4c"; BF16_EXACT=1 (default) also runs
 # gemma4c's exact default (f32 activations) on them as engine "gemma4c-f32act", in the same rounds (A/B). The
@@ -33,7 +35,16 @@ threads=${THREADS:-2}
 tg=${TG:-32} # decode tokens per measurement
 bin=${G4_BIN:-$here/build/gemma4c}
 shared=${G4_SHARED_DIR:-$here/../shared}
-llama=$dir/llama.cpp/build/bin
+isa=${ISA:-}
+build=$dir/llama.cpp/build${isa:+-$isa}
+llama=$build/bin
+case $isa in
+'') llama_flags="-DGGML_NATIVE=ON" ;;
+avx2) llama_flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+      -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF"
+      export G4_CPU_ISA=avx2 ;;
+*) echo "ISA: avx2 or unset" >&2; exit 1 ;;
+esac
 mkdir -p "$dir/models"
 
 # name  config                 type
@@ -47,15 +58,16 @@ setup() {
     if [ ! -d "$dir/llama.cpp" ]; then
         git clone -q "$dir/npm/node_modules/node-llama-cpp/llama/gitRelease.bundle" "$dir/llama.cpp"
     fi
-    cmake -S "$dir/llama.cpp" -B "$dir/llama.cpp/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    # shellcheck disable=SC2086 # llama_flags: several words
+    cmake -S "$dir/llama.cpp" -B "$build" -DCMAKE_BUILD_TYPE=Release $llama_flags \
         -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
         -DBUILD_SHARED_LIBS=ON >/dev/null
-    nice -n 19 cmake --build "$dir/llama.cpp/build" -j2 --target llama >/dev/null
+    nice -n 19 cmake --build "$build" -j2 --target llama >/dev/null
     cc -O2 -o "$llama/llama-logits" "$here/bench/llama_logits.c" -I"$dir/llama.cpp/include" \
         -I"$dir/llama.cpp/ggml/include" -L"$llama" -lllama -Wl,-rpath,"$llama"
     echo "llama.cpp ready in $llama"
     # llama-bench and llama-quantize (minutes more: they pull in llama.cpp's common library)
-    nice -n 19 cmake --build "$dir/llama.cpp/build" -j2 --target llama-bench llama-quantize >/dev/null
+    nice -n 19 cmake --build "$build" -j2 --target llama-bench llama-quantize >/dev/null
 }
 
 make_models() {
@@ -172,7 +184,7 @@ compare() {
     out=$dir/compare-$(date +%Y%m%d-%H%M%S).txt
     local engines="llama-bench"
     [ -x "$llama/llama-bench" ] || engines="libllama through llama-logits --bench (llama-bench not built)"
-    echo "# $(uname -n) $(nproc) cores, threads $threads, decode $tg tokens; llama.cpp: $engines; $(date -u)" | tee "$out"
+    echo "# $(uname -n) $(nproc) cores, threads $threads, decode $tg tokens; instruction set ${isa:-native}; llama.cpp: $engines; $(date -u)" | tee "$out"
     for r in $(seq 1 "$rounds"); do
         for spec in $models; do
             IFS=: read -r name cfg type <<<"$spec"

@@ -41,8 +41,8 @@ typedef struct g4_cpu {
 } g4_cpu;
 
 /* int8 activations of n token rows (matmul_q8.c), quantized per block of 32 with the Q8_0 rule.
- * Plain (kernels with q8_tile; set when q is set): q [n][in_pad] (zero past in), the block
- * scales d and d * sum(q) per block [n][nb_pad]; nb_pad even.
+ * Plain (kernels with q8_tile, or q_gemm and q_act_plain; set when q is set): q [n][in_pad] (zero past in), the
+ * block scales d and d * sum(q) per block [n][nb_pad]; nb_pad a multiple of 4 (zeros past the row).
  * Grouped (kernels with q_gemm; set when qg is set): per token, ng groups of 4 blocks, each
  * G4_Q8_GROUP bytes: 64 int8 of the blocks' elements 0-15, 64 of elements 16-31, 16 int32
  * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the
@@ -69,6 +69,7 @@ typedef struct g4_q8_rows {
     unsigned char *qg;
     size_t ng;
     int off, mode;
+    g4_dtype type; /* the weights' type the rows were prepared for */
 } g4_q8_rows;
 
 /* The weight types beside Q8_0 and Q4_0 that a kernel set with q8_k_quants reads on int8 activations, each with
@@ -77,7 +78,7 @@ typedef struct g4_q8_rows {
 #define G4_Q8_K_QUANTS(X) X(G4_Q5_0, 32) X(G4_IQ4_NL, 32) X(G4_Q4_K, 256) X(G4_Q5_K, 256) X(G4_Q6_K, 256) X(G4_IQ4_XS, 256)
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and those of G4_Q8_K_QUANTS (rows of whole blocks) where the
- * kernels take them (q8_k_quants: AVX-512 VNNI); int8 activations not switched off by G4_NO_INT8_ACT (for
+ * kernels take them (q8_k_quants: AVX-512 VNNI, AVX2); int8 activations not switched off by G4_NO_INT8_ACT (for
  * comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
@@ -145,7 +146,8 @@ typedef struct g4_cpu_kernels {
     /* NULL, or (with q_gemm) packs nr rows of a Q8_0 / Q4_0 matrix (or a type of q8_k_quants; nb blocks of 32,
      * row_bytes apart) into ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart:
      * each group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128, the 5- and 6-bit codes, IQ4's table values + 128)
-     * in the order of g4_q8_rows.qg, s1 and s2 (g4_q8_mode) in 4 lanes a block (zero past the row) */
+     * in the order of g4_q8_rows.qg, s1 and s2 (g4_q8_mode) in 4 lanes a block (zero past the row); a set with
+     * q_act_plain packs its own layout (kernels_x86.c: q2_group) */
     void (*q_pack)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst);
     /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
     float (*exp_sum)(float *x, size_t n, float shift);
@@ -161,12 +163,12 @@ typedef struct g4_cpu_kernels {
      * token) the same bits as f32_tile on the rows converted to f32 */
     void (*bf16_tile)(const uint16_t *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n,
                       float *y, size_t ldy);
-    /* NULL, or y[t * ldy + r] = packed row r (< nr <= 4, q_pack) times grouped activation row t0 + t
-     * (t < nt <= 4); ng groups */
+    /* NULL, or y[t * ldy + r] = packed row r (< nr <= 4, q_pack) times grouped (or, with q_act_plain, plain)
+     * activation row t0 + t (t < nt <= 4); ng groups */
     void (*q_gemm)(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
                    size_t ldy);
-    /* NULL, or (with q_gemm) y[r] = row r (< nr) of a matrix q_pack reads, as stored, times grouped activation
-     * row t, the same bits as q_gemm gives (decode) */
+    /* NULL, or (with q_gemm) y[r] = row r (< nr) of a matrix q_pack reads, as stored, times activation row t
+     * (as q_gemm reads it), the same bits as q_gemm gives (decode) */
     void (*q_gemv)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, const g4_q8_rows *a,
                    int t, float *y);
     /* NULL, or y[t * ldy + r] = dot(w row r, x row t) with both in bf16 (w: nr <= 4 rows of n, ldw apart; x: nt
@@ -178,10 +180,10 @@ typedef struct g4_cpu_kernels {
     /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
      * off), the same bytes as g4_cpu_q8_quantize's reference rule */
     void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
-    /* q_pack and q_gemv also take Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (g4_cpu_q8_supported). Not AVX2's
-     * q8_tile: the same int8 products there (maddubs, the block's scales unpacked per row) decoded E2B Q4_K at
-     * 338 ms/token against 259 with the weights decoded to f32 (2 cores, 2026-12-05) */
+    /* q_pack and q_gemv also take Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (g4_cpu_q8_supported) */
     int q8_k_quants;
+    /* q_gemm and q_gemv read the plain activation layout (g4_q8_rows.q, d, m), not the grouped one */
+    int q_act_plain;
 } g4_cpu_kernels;
 
 /* the most tokens of one bf16x_tile call */

@@ -93,7 +93,7 @@ static void bf16_tile_scalar(const uint16_t *w, size_t ldw, int nr, const float 
 static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scalar, bf16_to_f32_scalar,
                                         axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL,
                                         g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, g4_cpu_softcap_scalar,
-                                        g4_cpu_pv_scalar, bf16_tile_scalar, NULL, NULL, NULL, NULL, 0};
+                                        g4_cpu_pv_scalar, bf16_tile_scalar, NULL, NULL, NULL, NULL, 0, 0};
 
 static const g4_cpu_kernels *chosen;
 

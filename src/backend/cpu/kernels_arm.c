@@ -251,10 +251,10 @@ static void pv_neon(float *o, size_t ldo, int no, const float *p, size_t ldp, co
 
 static const g4_cpu_kernels k_neon = {"neon", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                       q8_tile_neon, f32_tile_neon, NULL,
-                                      exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, NULL, NULL, NULL, NULL, 0};
+                                      exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, NULL, NULL, NULL, NULL, 0, 0};
 static const g4_cpu_kernels k_neon_dot = {"neon_dot", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                           q8_tile_neon_dot, f32_tile_neon, NULL,
-                                          exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, NULL, NULL, NULL, NULL, 0};
+                                          exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, NULL, NULL, NULL, NULL, 0, 0};
 
 /* NEON is part of every aarch64 CPU (ARMv8-A); SDOT is the optional dot-product extension */
 const g4_cpu_kernels *g4_cpu_kernels_neon(void) { return &k_neon; }

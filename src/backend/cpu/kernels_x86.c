@@ -198,66 +198,325 @@ TILE(bf16_tile_avx2, "avx2,fma", uint16_t, __m256, 8, load_bf16x8, _mm256_loadu_
 TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loadu_ps, _mm512_fmadd_ps,
      _mm512_setzero_ps(), hsum512, bf16_at, 4)
 
+/* ------------------------------------------------ int8 activations, shared */
+/* Both sets read a row's blocks in groups of 4 (128 elements; for the K-quants and IQ4_XS half a super-block). */
+
+/* bytes of a row a group spans on average (for the prefetch distance's steps) */
+static inline long group_bytes(g4_dtype type) {
+    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
+           : type == G4_IQ4_XS                                      ? 68
+           : type == G4_Q5_K || type == G4_Q5_0                     ? 88
+           : type == G4_Q6_K                                        ? 105
+                                                                    : 136; /* Q8_0 */
+}
+
+/* Decode (q_gemv) takes GEMV_ROWS rows at once, far apart (one from each GEMV_ROWS-th of the range), so that each
+ * is its own sequential stream for the hardware prefetchers (rows next to each other, interleaved in one page, read
+ * at half the bandwidth from memory here), and prefetches each stream GEMV_PREFETCH bytes ahead, every line of it
+ * (the hardware prefetchers stop at page boundaries: one AVX-512 thread, in CPU time, reads Q4_0 at 32 GB/s, Q8_0
+ * at 27-33 GB/s, against 16-17 and 12-13 before these changes). */
+#define GEMV_PREFETCH 2048
+#define GEMV_ROWS 4
+/* q_pack reads the rows PACK_PREFETCH bytes ahead (one AVX-512 thread packing for 8 tokens, in CPU time: 5.7-6.7 GB/s
+ * of Q4_0 weights against 4.7-5.4 without) */
+#define PACK_PREFETCH 4096
+
 /* -------------------------------------------------- int8 activations, AVX2 */
-/* one block as 32 unsigned codes (Q4_0 nibbles) or the int8 values (Q8_0) */
-__attribute__((target("avx2,fma,f16c"))) static inline __m256i load_q4_0_u8(const unsigned char *b) {
-    __m128i q = _mm_loadu_si128((const __m128i *)(b + 2));
-    __m256i v = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+/* Without VNNI: the integer dot product of a block of 32 is vpmaddubsw (unsigned x signed byte pairs into int16)
+ * and vpmaddwd by ones (into 8 int32 lanes: lanes 0-3 elements 0-15, 4-7 elements 16-31), exact when the pairs
+ * fit int16: the unsigned codes (Q4_0, Q5_0, Q4_K, Q5_K: at most 31) as they are, the signed ones (Q8_0, IQ4_NL,
+ * IQ4_XS: the table's values, Q6_K: code - 32) as |w| times x with w's sign (vpsignb). The activations are the
+ * plain layout (g4_q8_rows.q, d, m = d * sum q per block of 32; nb_pad a multiple of 4), and per group
+ *   acc += float(lane i: block i's elements 0-15, lane 4 + i: its 16-31) * s * dx  +  s2 * m
+ * with s the scale of each lane's 16 elements and s2 (lanes 0-3) each block's offset term: Q4_0 -8 d, Q5_0 -16 d,
+ * Q4_K / Q5_K -dmin m_k, zero for the signed types. One fused multiply-add a group instead of one a block. */
+#define T2 "avx2,fma,f16c"
+
+/* A group as q2_decode gives it and q_pack stores it (c: 4 x 32 codes in element order, then s, s2; 192 of the
+ * G4_QW_GROUP bytes). Blocks past the row's end: zero codes and scales. */
+typedef struct {
+    __m256i c[4];
+    __m256 s, s2;
+} q2_group;
+
+static inline int q2_signed(g4_dtype t) {
+    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_Q6_K;
 }
 
-/* sum of u8 x s8 products per 32-bit lane (no VNNI): maddubs pairs, then pairs of pairs */
-__attribute__((target("avx2,fma,f16c"))) static inline __m256i dot_u8s8(__m256i u, __m256i s) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+/* 32 nibbles of 16 bytes in element order: the low ones 0-15, the high ones 16-31 */
+__attribute__((target(T2), always_inline)) static inline __m256i q2_nibbles(const unsigned char *p) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
 }
 
-__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q8_tile_avx2_fixed(g4_dtype type, const unsigned char *w,
-                                                                              size_t row_bytes, const g4_q8_rows *a,
-                                                                              int t0, int nb, float *y, size_t ldy,
-                                                                              const int NR, const int NT) {
-    const size_t bs = type == G4_Q4_0 ? 18 : 34;
-    __m256 acc[4][4];
-    float corr[4][4] = {{0}};
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        __m256i wv[4];
-        float dw[4];
-        for (int r = 0; r < NR; r++) {
-            const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
-            dw[r] = _cvtsh_ss(block_d(blk));
-            wv[r] = type == G4_Q4_0 ? load_q4_0_u8(blk) : _mm256_loadu_si256((const __m256i *)(blk + 2));
+/* IQ4's values of 32 nibbles (vpshufb: the table in both 128-bit lanes) */
+__attribute__((target(T2), always_inline)) static inline __m256i q2_iq4(__m256i nibbles) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)g4_iq4_values);
+    return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles);
+}
+
+/* lanes i and 4 + i = v[i] (i < 4) */
+__attribute__((target(T2), always_inline)) static inline __m256 q2_both(__m128 v) { return _mm256_set_m128(v, v); }
+/* lanes i = v[i], 4-7 zero */
+__attribute__((target(T2), always_inline)) static inline __m256 q2_low(__m128 v) {
+    return _mm256_insertf128_ps(_mm256_setzero_ps(), v, 0);
+}
+
+/* the f16 scales at p, p + bs, p + 2 bs, p + 3 bs (the first n; the rest 0) */
+__attribute__((target(T2), always_inline)) static inline __m128 q2_scales(const unsigned char *p, int bs, int n) {
+    unsigned short h[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; i++)
+        if (i < n) h[i] = block_d(p + (size_t)bs * (size_t)i);
+    return _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, (short)h[3], (short)h[2], (short)h[1], (short)h[0]));
+}
+
+/* Group g of a row of nb blocks of 32. */
+__attribute__((target(T2), always_inline)) static inline q2_group q2_decode(g4_dtype type, const unsigned char *row,
+                                                                            int g, int nb) {
+    q2_group o;
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const int n = nb - 4 * g < 4 ? nb - 4 * g : 4; /* blocks of the group in the row (types of 32-blocks) */
+    o.s2 = _mm256_setzero_ps();
+    if (type == G4_Q4_K || type == G4_Q5_K) { /* qs: chunk c's 32 bytes, sub-block 2c the low nibbles, 2c+1 high */
+        const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)(g / 2);
+        const int h = g % 2;
+        const unsigned char *qs = sb + (type == G4_Q4_K ? 16 : 48) + 64 * h;
+        const __m256i q0 = _mm256_loadu_si256((const __m256i *)qs), q1 = _mm256_loadu_si256((const __m256i *)(qs + 32));
+        o.c[0] = _mm256_and_si256(q0, m4);
+        o.c[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
+        o.c[2] = _mm256_and_si256(q1, m4);
+        o.c[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
+        if (type == G4_Q5_K) { /* sub-block k's fifth bits: bit k of qh[l] */
+            const __m256i qh = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(sb + 16)), _mm_cvtsi32_si128(4 * h));
+            const __m256i one = _mm256_set1_epi8(1);
+            o.c[0] = _mm256_or_si256(o.c[0], _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+            o.c[1] = _mm256_or_si256(o.c[1], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+            o.c[2] = _mm256_or_si256(o.c[2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), one), 4));
+            o.c[3] = _mm256_or_si256(o.c[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 3), one), 4));
         }
-        for (int t = 0; t < NT; t++) {
-            const size_t ti = (size_t)(t0 + t);
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(a->q + ti * a->in_pad + 32 * (size_t)b));
-            const float dx = a->d[ti * a->nb_pad + (size_t)b];
-            for (int r = 0; r < NR; r++) {
-                __m256i p;
-                if (type == G4_Q4_0) {
-                    p = dot_u8s8(wv[r], xv);
-                    corr[r][t] += dw[r] * a->m[ti * a->nb_pad + (size_t)b];
-                } else { /* |w| x (x with w's sign): exact, no offset (maddubs would saturate on w + 128) */
-                    p = dot_u8s8(_mm256_sign_epi8(wv[r], wv[r]), _mm256_sign_epi8(xv, wv[r]));
-                }
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[r] * dx), acc[r][t]);
+        /* the half's 4 scales and 4 mins (g4_k_scale_min) as bytes, from the 12 as 32-bit words */
+        uint32_t u0, u1, u2;
+        memcpy(&u0, sb + 4, 4);
+        memcpy(&u1, sb + 8, 4);
+        memcpy(&u2, sb + 12, 4);
+        const uint32_t sc = h ? (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4) : u0 & 0x3f3f3f3fu;
+        const uint32_t mn = h ? ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4) : u1 & 0x3f3f3f3fu;
+        const __m128 s = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)sc))),
+                                    _mm_set1_ps(_cvtsh_ss(block_d(sb))));
+        const __m128 m = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)mn))),
+                                    _mm_set1_ps(-_cvtsh_ss(block_d(sb + 2))));
+        o.s = q2_both(s);
+        o.s2 = q2_low(m);
+    } else if (type == G4_Q6_K) { /* block i of half h: ql's low (i < 2) or high nibbles, bits 2i of qh, - 32 */
+        const unsigned char *sb = row + (size_t)210 * (size_t)(g / 2);
+        const int h = g % 2;
+        const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h)),
+                      ql1 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h + 32)),
+                      qh = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));
+        const __m256i m3 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+        const __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                               _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
+        const __m256i hi[4] = {_mm256_and_si256(qh, m3), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m3),
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 4), m3),
+                               _mm256_and_si256(_mm256_srli_epi16(qh, 6), m3)};
+        for (int i = 0; i < 4; i++) o.c[i] = _mm256_sub_epi8(_mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4)), c32);
+        /* scales[8h ..]: block i's elements 0-15 byte 2i, 16-31 byte 2i + 1 */
+        const __m256i sc = _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 192 + 8 * h))),
+                                                       _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+        o.s = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), _mm256_set1_ps(_cvtsh_ss(block_d(sb + 208))));
+    } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles, scale d * (6-bit - 32) */
+        const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
+        const int h = g % 2;
+        for (int i = 0; i < 4; i++) o.c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * h + 16 * i));
+        uint16_t sl, sh;
+        memcpy(&sl, sb + 4 + 2 * h, 2);
+        memcpy(&sh, sb + 2, 2);
+        const uint32_t hb = (uint32_t)(sh >> (8 * h)) & 0xffu;
+        uint32_t ls = 0;
+        for (int i = 0; i < 4; i++) ls |= ((((uint32_t)sl >> (4 * i)) & 15u) | (((hb >> (2 * i)) & 3u) << 4)) << (8 * i);
+        const __m128 s = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ls)), _mm_set1_epi32(32))),
+                                    _mm_set1_ps(_cvtsh_ss(block_d(sb))));
+        o.s = q2_both(s);
+    } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34) */
+        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18;
+        const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
+        const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull),
+                      spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                                3, 3, 3, 3, 3, 3, 3);
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *b = p + bs * i;
+            if (i >= n) {
+                o.c[i] = _mm256_setzero_si256();
+            } else if (type == G4_Q8_0) {
+                o.c[i] = _mm256_loadu_si256((const __m256i *)(b + 2));
+            } else if (type == G4_Q5_0) { /* element j's fifth bit: bit j of qh (one byte a bit, then 16) */
+                uint32_t qh;
+                memcpy(&qh, b + 2, 4);
+                const __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+                const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bits), bits);
+                o.c[i] = _mm256_or_si256(q2_nibbles(b + 6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+            } else {
+                o.c[i] = q2_nibbles(b + 2);
+                if (type == G4_IQ4_NL) o.c[i] = q2_iq4(o.c[i]);
             }
         }
+        const __m128 d = q2_scales(p, bs, n);
+        o.s = q2_both(d);
+        if (type == G4_Q4_0 || type == G4_Q5_0) o.s2 = q2_low(_mm_mul_ps(d, _mm_set1_ps(type == G4_Q4_0 ? -8.0f : -16.0f)));
     }
-    for (int r = 0; r < NR; r++)
-        for (int t = 0; t < NT; t++) y[(size_t)t * ldy + (size_t)r] = hsum256(acc[r][t]) - 8.0f * corr[r][t];
+    return o;
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void q8_tile_avx2(g4_dtype type, const unsigned char *w,
-                                                                 size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
-                                                                 int nt, int nb, float *y, size_t ldy) {
-    if (nr == 4) /* 4x1 tiles: AVX2 has 16 vector registers */
-        for (int t = 0; t < nt; t++) q8_tile_avx2_fixed(type, w, row_bytes, a, t0 + t, nb, y + (size_t)t * ldy, ldy, 4, 1);
+/* the int8 dot products of a block: 8 lanes of 4 products each (signed codes: |w| times x with w's sign) */
+__attribute__((target(T2), always_inline)) static inline __m256i q2_dot(__m256i w, __m256i x, const int sgn) {
+    const __m256i p = sgn ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                          : _mm256_maddubs_epi16(w, x);
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* one (row, token) step of a group, the same in q_gemm and q_gemv: lane i / 4 + i = block i's elements 0-15 /
+ * 16-31 (three horizontal adds of the blocks' lanes), times s * dx, plus s2 * m */
+__attribute__((target(T2), always_inline)) static inline __m256 q2_step(__m256 acc, const __m256i dot[4], __m256 s,
+                                                                        __m256 s2, __m256 dx, __m256 m) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(dot[0], dot[1]), _mm256_hadd_epi32(dot[2], dot[3]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(s, dx), acc);
+    return _mm256_fmadd_ps(s2, m, acc);
+}
+
+/* token t's group g: the 4 blocks' codes, and d and m of each block in lanes i and 4 + i */
+typedef struct {
+    const int8_t *q;
+    __m256 dx, m;
+} q2_x;
+__attribute__((target(T2), always_inline)) static inline q2_x q2_xload(const g4_q8_rows *a, int t, int g) {
+    const size_t b = (size_t)t * a->nb_pad + 4 * (size_t)g;
+    return (q2_x){a->q + (size_t)t * a->in_pad + 128 * (size_t)g, _mm256_broadcast_ps((const __m128 *)(a->d + b)),
+                  _mm256_broadcast_ps((const __m128 *)(a->m + b))};
+}
+
+__attribute__((target(T2), always_inline)) static inline __m256 q2_group_step(__m256 acc, const __m256i c[4],
+                                                                              __m256 s, __m256 s2, const q2_x *x,
+                                                                              const int sgn) {
+    __m256i dot[4];
+    for (int i = 0; i < 4; i++) dot[i] = q2_dot(c[i], _mm256_loadu_si256((const __m256i *)(x->q + 32 * i)), sgn);
+    return q2_step(acc, dot, s, s2, x->dx, x->m);
+}
+
+__attribute__((target(T2), always_inline)) static inline void q_pack_avx2_typed(g4_dtype type, const unsigned char *w,
+                                                                                size_t row_bytes, int nr, int nb,
+                                                                                unsigned char *dst) {
+    const long gb = group_bytes(type);
+    const int ng = (nb + 3) / 4;
+    for (int r = 0; r < nr; r++) {
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        unsigned char *o = dst + (size_t)r * ng * G4_QW_GROUP;
+        for (int g = 0; g < ng; g++, o += G4_QW_GROUP) {
+            _mm_prefetch((const char *)row + (size_t)gb * g + PACK_PREFETCH, _MM_HINT_T0);
+            if (gb > 64) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + PACK_PREFETCH, _MM_HINT_T0);
+            const q2_group q = q2_decode(type, row, g, nb);
+            for (int i = 0; i < 4; i++) _mm256_storeu_si256((__m256i *)(o + 32 * i), q.c[i]);
+            _mm256_storeu_ps((float *)(o + 128), q.s);
+            _mm256_storeu_ps((float *)(o + 160), q.s2);
+        }
+    }
+}
+
+__attribute__((target(T2))) static void q_pack_avx2(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,
+                                                   int nb, unsigned char *dst) {
+    switch (type) { /* (each type's decoding inlined) */
+    case G4_Q4_0: q_pack_avx2_typed(G4_Q4_0, w, row_bytes, nr, nb, dst); break;
+#define TYPED(qt, blk)                                                                                                 \
+    case qt: q_pack_avx2_typed(qt, w, row_bytes, nr, nb, dst); break;
+        G4_Q8_K_QUANTS(TYPED)
+#undef TYPED
+    default: q_pack_avx2_typed(G4_Q8_0, w, row_bytes, nr, nb, dst); break;
+    }
+}
+
+/* packed row r times tokens t0 .. t0 + NT - 1 (NT <= 2: the row's codes shared) */
+__attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_fixed(const unsigned char *wp,
+                                                                                const g4_q8_rows *a, int t0, int ng,
+                                                                                float *y, size_t ldy, const int NT,
+                                                                                const int sgn) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int g = 0; g < ng; g++) {
+        const unsigned char *p = wp + (size_t)g * G4_QW_GROUP;
+        __m256i c[4];
+        for (int i = 0; i < 4; i++) c[i] = _mm256_loadu_si256((const __m256i *)(p + 32 * i));
+        const __m256 s = _mm256_loadu_ps((const float *)(p + 128)), s2 = _mm256_loadu_ps((const float *)(p + 160));
+        for (int t = 0; t < NT; t++) {
+            const q2_x x = q2_xload(a, t0 + t, g);
+            acc[t] = q2_group_step(acc[t], c, s, s2, &x, sgn);
+        }
+    }
+    for (int t = 0; t < NT; t++) y[(size_t)t * ldy] = hsum256(acc[t]);
+}
+
+__attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_sgn(const unsigned char *wp, int nr,
+                                                                              const g4_q8_rows *a, int t0, int nt,
+                                                                              int ng, float *y, size_t ldy,
+                                                                              const int sgn) {
+    const size_t ldw = (size_t)ng * G4_QW_GROUP;
+    for (int r = 0; r < nr; r++)
+        for (int t = 0; t < nt; t += 2) {
+            if (nt - t >= 2)
+                q_gemm_avx2_fixed(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 2, sgn);
+            else
+                q_gemm_avx2_fixed(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, sgn);
+        }
+}
+
+__attribute__((target(T2))) static void q_gemm_avx2(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
+                                                   int nt, int ng, float *y, size_t ldy) {
+    if (q2_signed(a->type))
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1);
     else
-        for (int r = 0; r < nr; r++)
-            for (int t = 0; t < nt; t++)
-                q8_tile_avx2_fixed(type, w + (size_t)r * row_bytes, row_bytes, a, t0 + t, nb, y + (size_t)t * ldy + r,
-                                   ldy, 1, 1);
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0);
+}
+
+/* decode: NR rows as stored, far apart (stride), times token t's row, each group decoded in registers */
+__attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(g4_dtype type, const unsigned char *w,
+                                                                                size_t stride, int nb,
+                                                                                const g4_q8_rows *a, int t, float *y,
+                                                                                size_t ystride, const int NR) {
+    const long gb = group_bytes(type);
+    const int ng = (nb + 3) / 4;
+    __m256 acc[GEMV_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        const q2_x x = q2_xload(a, t, g);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const unsigned char *row = w + (size_t)r * stride;
+            _mm_prefetch((const char *)row + (size_t)gb * g + GEMV_PREFETCH, _MM_HINT_T0);
+            if (gb > 72) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + GEMV_PREFETCH, _MM_HINT_T0);
+            const q2_group q = q2_decode(type, row, g, nb);
+            acc[r] = q2_group_step(acc[r], q.c, q.s, q.s2, &x, q2_signed(type));
+        }
+    }
+    for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = hsum256(acc[r]);
+}
+
+__attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_typed(g4_dtype type, const unsigned char *w,
+                                                                                size_t row_bytes, int nr, int nb,
+                                                                                const g4_q8_rows *a, int t, float *y) {
+    const int q = nr / GEMV_ROWS;
+    for (int i = 0; i < q; i++)
+        q_gemv_avx2_fixed(type, w + (size_t)i * row_bytes, (size_t)q * row_bytes, nb, a, t, y + i, (size_t)q, GEMV_ROWS);
+    for (int r = q * GEMV_ROWS; r < nr; r++) q_gemv_avx2_fixed(type, w + (size_t)r * row_bytes, 0, nb, a, t, y + r, 0, 1);
+}
+
+__attribute__((target(T2))) static void q_gemv_avx2(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,
+                                                   int nb, const g4_q8_rows *a, int t, float *y) {
+    switch (type) { /* (each type's decoding inlined) */
+    case G4_Q4_0: q_gemv_avx2_typed(G4_Q4_0, w, row_bytes, nr, nb, a, t, y); break;
+#define TYPED(qt, blk)                                                                                                 \
+    case qt: q_gemv_avx2_typed(qt, w, row_bytes, nr, nb, a, t, y); break;
+        G4_Q8_K_QUANTS(TYPED)
+#undef TYPED
+    default: q_gemv_avx2_typed(G4_Q8_0, w, row_bytes, nr, nb, a, t, y); break;
+    }
 }
 
 /* ----------------------------------------------- int8 activations, AVX-512 */
@@ -499,14 +758,6 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
     }
 }
 
-/* bytes of a row a group spans on average (for the prefetch distance's steps) */
-static inline long group_bytes(g4_dtype type) {
-    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
-           : type == G4_IQ4_XS                                      ? 68
-           : type == G4_Q5_K || type == G4_Q5_0                     ? 88
-           : type == G4_Q6_K                                        ? 105
-                                                                    : 136; /* Q8_0 */
-}
 
 /* One token's part of a group, loaded once for every row it meets: the codes, the offset lanes (or, for the affine
  * mode, the lanes' code sums as floats), the scales, and for the halves mode -32 x each half's lane sums. */
@@ -550,9 +801,6 @@ __attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 
     return acc;
 }
 
-/* the rows are read PACK_PREFETCH bytes ahead (one thread packing for 8 tokens, in CPU time: 5.7-6.7 GB/s of
- * Q4_0 weights against 4.7-5.4 without) */
-#define PACK_PREFETCH 4096
 __attribute__((target(T512), always_inline)) static inline void q_pack_typed(g4_dtype type, const unsigned char *w,
                                                                              size_t row_bytes, int nr, int nb,
                                                                              unsigned char *dst) {
@@ -589,13 +837,8 @@ __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const uns
 }
 
 /* decode: rows as stored times one grouped activation row, each group unpacked in registers; the same
- * arithmetic per (row, token) as q_gemm, so the same bits. NR rows at once share each group's activation
- * loads and keep NR independent accumulator chains in flight; the NR rows lie far apart (one from each
- * NR-th of the range), so that each is its own sequential stream for the hardware prefetchers (rows next
- * to each other, interleaved in one page, read at half the bandwidth from memory here), and each stream is
- * prefetched GEMV_PREFETCH bytes ahead, every line of it (the hardware prefetchers stop at page boundaries: one
- * thread, in CPU time, reads Q4_0 at 32 GB/s, Q8_0 at 27-33 GB/s, against 16-17 and 12-13 before these changes). */
-#define GEMV_PREFETCH 2048
+ * arithmetic per (row, token) as q_gemm, so the same bits. GEMV_ROWS rows at once (far apart) share each group's
+ * activation loads and keep independent accumulator chains in flight. */
 __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_dtype type, const q_perm *pm,
                                                                              const unsigned char *w, size_t stride,
                                                                              size_t row_bytes, int ng,
@@ -621,7 +864,6 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
     for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
 }
 
-#define GEMV_ROWS 4
 __attribute__((target(T512), always_inline)) static inline void q_gemv_typed(g4_dtype type, const unsigned char *w,
                                                                              size_t row_bytes, int nr, int nb,
                                                                              const g4_q8_rows *a, int t, float *y) {
@@ -979,18 +1221,19 @@ PV(pv_avx2, "avx2,fma", __m256, 8, 2, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_
 PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
 
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
-                                      axpy_avx2, q8_tile_avx2, f32_tile_avx2, NULL, exp_sum_avx2, gelu_mul_avx2,
-                                      softcap_avx2, pv_avx2, bf16_tile_avx2, NULL, NULL, NULL, NULL, 0};
+                                      axpy_avx2, NULL, f32_tile_avx2, q_pack_avx2, exp_sum_avx2, gelu_mul_avx2,
+                                      softcap_avx2, pv_avx2, bf16_tile_avx2, q_gemm_avx2, q_gemv_avx2, NULL, NULL, 1,
+                                      1};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                         bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, NULL,
-                                        q8_group_row_avx512, 1};
+                                        q8_group_row_avx512, 1, 0};
 static const g4_cpu_kernels k_avx512_bf16 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                              axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                              exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                              bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, bf16x_tile_avx512,
-                                             q8_group_row_avx512, 1};
+                                             q8_group_row_avx512, 1, 0};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

@@ -1,5 +1,5 @@
-/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 set, Q5_0, Q4_K, Q5_K, Q6_K,
- * IQ4_NL, IQ4_XS) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row
+/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 and AVX2 sets, Q5_0, Q4_K, Q5_K,
+ * Q6_K, IQ4_NL, IQ4_XS) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row
  * is quantized per
  * block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
@@ -11,12 +11,14 @@
  * Q6_K (w = d sc (u - 32) per 16) sums each
  * half of a block apart, from -32 x its code sums, times its own scale (cpu.h g4_q8_mode). Super-blocks are read
  * as two groups of 4 blocks (half a super-block each). Two shapes, by the kernel set (kernels*.c):
- * - q8_tile (scalar, AVX2, NEON): tiles of 4 rows x 4 tokens on the blocks as stored;
- * - q_pack + q_gemm (AVX-512 VNNI): each block of 16 rows is unpacked once into groups of 4
- *   blocks (unsigned codes in the activations' order, scales in lanes) and register tiles of
- *   4 rows x 4 tokens pass over every token, two vpdpbusd per 128 products; the offset term
- *   starts the integer sums (g4_q8_rows.qg), so no correction follows. Below 4 tokens
- *   (decode) q_gemv unpacks each group in registers instead: the same arithmetic, the same bits.
+ * - q8_tile (scalar, NEON): tiles of 4 rows x 4 tokens on the blocks as stored;
+ * - q_pack + q_gemm (AVX-512 VNNI, AVX2): each block of 16 rows is unpacked once into groups of 4
+ *   blocks and register tiles pass over every token. AVX-512: unsigned codes in the activations'
+ *   order, scales in lanes, two vpdpbusd per 128 products; the offset term starts the integer sums
+ *   (g4_q8_rows.qg), so no correction follows. AVX2 (no VNNI): codes in element order on the plain
+ *   activations (q_act_plain), vpmaddubsw + vpmaddwd a block, one multiply-add a group (kernels_x86.c).
+ *   Below 4 tokens (decode) q_gemv unpacks each group in registers instead: the same arithmetic,
+ *   the same bits.
  * Either way a row's value does not depend on the batch (the same tiles and order for one
  * token or many). This file quantizes the activations, tiles and threads. */
 #include <math.h>
@@ -207,14 +209,15 @@ void *g4_cpu_act_buf(g4_cpu *cpu, size_t need) {
 int g4_cpu_q8_prepare(g4_cpu *cpu, const float *x, int n, size_t in, g4_dtype type, g4_q8_rows *a) {
     const g4_cpu_kernels *k = g4_cpu_kernels_get();
     memset(a, 0, sizeof *a);
-    if (k->q_gemm) {
-        a->ng = (in / 32 + 3) / 4;
-        a->mode = g4_q8_mode(type);
-        a->off = a->mode == G4_Q8_AFFINE ? -1 : a->mode == G4_Q8_HALVES ? 0 : type == G4_Q4_0 ? 8 : type == G4_Q5_0 ? 16 : 128;
+    a->type = type;
+    a->ng = (in / 32 + 3) / 4;
+    a->mode = g4_q8_mode(type);
+    a->off = a->mode == G4_Q8_AFFINE ? -1 : a->mode == G4_Q8_HALVES ? 0 : type == G4_Q4_0 ? 8 : type == G4_Q5_0 ? 16 : 128;
+    if (k->q_gemm && !k->q_act_plain) {
         a->qg = g4_cpu_act_buf(cpu, (size_t)n * a->ng * G4_Q8_GROUP);
         if (!a->qg) return -1;
     } else {
-        a->nb_pad = (in / 32 + 1) & ~(size_t)1;
+        a->nb_pad = (in / 32 + 3) & ~(size_t)3;
         a->in_pad = a->nb_pad * 32;
         float *buf = g4_cpu_act_buf(cpu, (size_t)n * (a->in_pad + 2 * a->nb_pad * sizeof(float)));
         if (!buf) return -1;
