@@ -1,5 +1,5 @@
 /* Kernel throughput of the CPU backend's matmul on one thread, per instruction set:
- *   g4-kernel-bench [rows=4096] [in=1536] [tokens=1,64] [iters]
+ *   g4-kernel-bench [rows=4096] [in=1536] [tokens=1,64] [type: one of the names below, e.g. q4_k]
  * prints GMAC/s (multiply-adds per second) and, for one token, GB/s of weights read,
  * for each weight type (F32/BF16 tiled f32, BF16 with bf16 activations (bf16-act: vdpbf16ps
  * where the CPU has it), the GGUF types with int8 activations where the set takes them
@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "backend/cpu/cpu.h"
@@ -34,12 +35,13 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)64 * in; i++) x[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
     g4_dtype types[] = {G4_BF16, G4_BF16, G4_Q8_0, G4_Q4_0, G4_Q5_0, G4_IQ4_NL, G4_Q4_K, G4_Q5_K, G4_Q6_K, G4_IQ4_XS};
     for (int ti = 0; ti < (int)(sizeof types / sizeof types[0]); ti++) {
+        if (argc > 4 && strcasecmp(argv[4], g4_dtype_name(types[ti]))) continue;
         g4_backend *be = ti == 1 ? be_bf16 : be_f32;
         size_t rb = g4_dtype_row_bytes(types[ti], in);
         unsigned char *wq = malloc(rb * (size_t)rows);
         for (int r = 0; r < rows; r++) g4_quant(types[ti], wf + (size_t)r * in, wq + (size_t)r * rb, in);
         g4_tensor w = {.name = "w", .dtype = types[ti], .ndim = 2, .shape = {rows, in}, .data = wq};
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < (toks[0] == toks[1] ? 1 : 2); k++) {
             int n = toks[k];
             for (int ii = 0; g4_cpu_isas[ii]; ii++) {
                 const g4_cpu_kernels *kk = g4_cpu_kernels_for(g4_cpu_isas[ii]);

@@ -42,7 +42,7 @@ typedef struct g4_cpu {
 
 /* int8 activations of n token rows (matmul_q8.c), quantized per block of 32 with the Q8_0 rule.
  * Plain (kernels with q8_tile, or q_gemm and q_act_plain; set when q is set): q [n][in_pad] (zero past in), the
- * block scales d and d * sum(q) per block [n][nb_pad]; nb_pad a multiple of 4 (zeros past the row).
+ * block scales d and d * sum(q) per block [n][nb_pad]; nb_pad a multiple of 8 (zeros past the row).
  * Grouped (kernels with q_gemm; set when qg is set): per token, ng groups of 4 blocks, each
  * G4_Q8_GROUP bytes: 64 int8 of the blocks' elements 0-15, 64 of elements 16-31, 16 int32
  * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the

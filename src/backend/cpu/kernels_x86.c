@@ -226,18 +226,18 @@ static inline long group_bytes(g4_dtype type) {
  * and vpmaddwd by ones (into 8 int32 lanes: lanes 0-3 elements 0-15, 4-7 elements 16-31), exact when the pairs
  * fit int16: the unsigned codes (Q4_0, Q5_0, Q4_K, Q5_K: at most 31) as they are, the signed ones (Q8_0, IQ4_NL,
  * IQ4_XS: the table's values, Q6_K: code - 32) as |w| times x with w's sign (vpsignb). The activations are the
- * plain layout (g4_q8_rows.q, d, m = d * sum q per block of 32; nb_pad a multiple of 4), and per group
- *   acc += float(lane i: block i's elements 0-15, lane 4 + i: its 16-31) * s * dx  +  s2 * m
- * with s the scale of each lane's 16 elements and s2 (lanes 0-3) each block's offset term: Q4_0 -8 d, Q5_0 -16 d,
+ * plain layout (g4_q8_rows.q, d, m = d * sum q per block of 32; nb_pad a multiple of 8). Groups go by pairs (8
+ * blocks; a K-quant's super-block, whose scales are decoded once), and per pair
+ *   acc += float(group 0's lanes: block i's elements 0-15 in lane i, 16-31 in 4 + i) * s[0] * dx[0]  + (group 1's)
+ *          + s2 * m
+ * with s[h] the scale of each lane's 16 elements and s2 (lane k) block k's offset term: Q4_0 -8 d, Q5_0 -16 d,
  * Q4_K / Q5_K -dmin m_k, zero for the signed types. One fused multiply-add a group instead of one a block. */
 #define T2 "avx2,fma,f16c"
 
-/* A group as q2_decode gives it and q_pack stores it (c: 4 x 32 codes in element order, then s, s2; 192 of the
- * G4_QW_GROUP bytes). Blocks past the row's end: zero codes and scales. */
-typedef struct {
-    __m256i c[4];
-    __m256 s, s2;
-} q2_group;
+/* A group as q_pack stores it (G4_QW_GROUP bytes): the 4 blocks' codes in element order (32 bytes each), then its s
+ * (8 floats: lane i / 4 + i the scale of block i's elements 0-15 / 16-31) and, in the first group of each pair
+ * (groups 2p, 2p + 1), the pair's s2 (8 floats: lane k block 8p + k's offset term); 192 bytes. Blocks past the row's
+ * end: zero codes and scales. */
 
 static inline int q2_signed(g4_dtype t) {
     return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_Q6_K;
@@ -255,58 +255,29 @@ __attribute__((target(T2), always_inline)) static inline __m256i q2_iq4(__m256i 
     return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles);
 }
 
-/* lanes i and 4 + i = v[i] (i < 4) */
-__attribute__((target(T2), always_inline)) static inline __m256 q2_both(__m128 v) { return _mm256_set_m128(v, v); }
-/* lanes i = v[i], 4-7 zero */
-__attribute__((target(T2), always_inline)) static inline __m256 q2_low(__m128 v) {
-    return _mm256_insertf128_ps(_mm256_setzero_ps(), v, 0);
-}
 
-/* the f16 scales at p, p + bs, p + 2 bs, p + 3 bs (the first n; the rest 0) */
-__attribute__((target(T2), always_inline)) static inline __m128 q2_scales(const unsigned char *p, int bs, int n) {
-    unsigned short h[4] = {0, 0, 0, 0};
-    for (int i = 0; i < 4; i++)
-        if (i < n) h[i] = block_d(p + (size_t)bs * (size_t)i);
-    return _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, (short)h[3], (short)h[2], (short)h[1], (short)h[0]));
-}
 
-/* Group g of a row of nb blocks of 32. */
-__attribute__((target(T2), always_inline)) static inline q2_group q2_decode(g4_dtype type, const unsigned char *row,
-                                                                            int g, int nb) {
-    q2_group o;
+/* The codes of group g of a row of nb blocks of 32. */
+__attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype type, const unsigned char *row, int g,
+                                                                       int nb, __m256i c[4]) {
     const __m256i m4 = _mm256_set1_epi8(15);
-    const int n = nb - 4 * g < 4 ? nb - 4 * g : 4; /* blocks of the group in the row (types of 32-blocks) */
-    o.s2 = _mm256_setzero_ps();
     if (type == G4_Q4_K || type == G4_Q5_K) { /* qs: chunk c's 32 bytes, sub-block 2c the low nibbles, 2c+1 high */
         const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)(g / 2);
         const int h = g % 2;
         const unsigned char *qs = sb + (type == G4_Q4_K ? 16 : 48) + 64 * h;
         const __m256i q0 = _mm256_loadu_si256((const __m256i *)qs), q1 = _mm256_loadu_si256((const __m256i *)(qs + 32));
-        o.c[0] = _mm256_and_si256(q0, m4);
-        o.c[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
-        o.c[2] = _mm256_and_si256(q1, m4);
-        o.c[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
+        c[0] = _mm256_and_si256(q0, m4);
+        c[1] = _mm256_and_si256(_mm256_srli_epi16(q0, 4), m4);
+        c[2] = _mm256_and_si256(q1, m4);
+        c[3] = _mm256_and_si256(_mm256_srli_epi16(q1, 4), m4);
         if (type == G4_Q5_K) { /* sub-block k's fifth bits: bit k of qh[l] */
             const __m256i qh = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(sb + 16)), _mm_cvtsi32_si128(4 * h));
             const __m256i one = _mm256_set1_epi8(1);
-            o.c[0] = _mm256_or_si256(o.c[0], _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
-            o.c[1] = _mm256_or_si256(o.c[1], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
-            o.c[2] = _mm256_or_si256(o.c[2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), one), 4));
-            o.c[3] = _mm256_or_si256(o.c[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 3), one), 4));
+            c[0] = _mm256_or_si256(c[0], _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+            c[1] = _mm256_or_si256(c[1], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+            c[2] = _mm256_or_si256(c[2], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), one), 4));
+            c[3] = _mm256_or_si256(c[3], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 3), one), 4));
         }
-        /* the half's 4 scales and 4 mins (g4_k_scale_min) as bytes, from the 12 as 32-bit words */
-        uint32_t u0, u1, u2;
-        memcpy(&u0, sb + 4, 4);
-        memcpy(&u1, sb + 8, 4);
-        memcpy(&u2, sb + 12, 4);
-        const uint32_t sc = h ? (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4) : u0 & 0x3f3f3f3fu;
-        const uint32_t mn = h ? ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4) : u1 & 0x3f3f3f3fu;
-        const __m128 s = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)sc))),
-                                    _mm_set1_ps(_cvtsh_ss(block_d(sb))));
-        const __m128 m = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)mn))),
-                                    _mm_set1_ps(-_cvtsh_ss(block_d(sb + 2))));
-        o.s = q2_both(s);
-        o.s2 = q2_low(m);
     } else if (type == G4_Q6_K) { /* block i of half h: ql's low (i < 2) or high nibbles, bits 2i of qh, - 32 */
         const unsigned char *sb = row + (size_t)210 * (size_t)(g / 2);
         const int h = g % 2;
@@ -320,26 +291,12 @@ __attribute__((target(T2), always_inline)) static inline q2_group q2_decode(g4_d
         const __m256i hi[4] = {_mm256_and_si256(qh, m3), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m3),
                                _mm256_and_si256(_mm256_srli_epi16(qh, 4), m3),
                                _mm256_and_si256(_mm256_srli_epi16(qh, 6), m3)};
-        for (int i = 0; i < 4; i++) o.c[i] = _mm256_sub_epi8(_mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4)), c32);
-        /* scales[8h ..]: block i's elements 0-15 byte 2i, 16-31 byte 2i + 1 */
-        const __m256i sc = _mm256_permutevar8x32_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 192 + 8 * h))),
-                                                       _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-        o.s = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), _mm256_set1_ps(_cvtsh_ss(block_d(sb + 208))));
-    } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles, scale d * (6-bit - 32) */
+        for (int i = 0; i < 4; i++) c[i] = _mm256_sub_epi8(_mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4)), c32);
+    } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
         const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
-        const int h = g % 2;
-        for (int i = 0; i < 4; i++) o.c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * h + 16 * i));
-        uint16_t sl, sh;
-        memcpy(&sl, sb + 4 + 2 * h, 2);
-        memcpy(&sh, sb + 2, 2);
-        const uint32_t hb = (uint32_t)(sh >> (8 * h)) & 0xffu;
-        uint32_t ls = 0;
-        for (int i = 0; i < 4; i++) ls |= ((((uint32_t)sl >> (4 * i)) & 15u) | (((hb >> (2 * i)) & 3u) << 4)) << (8 * i);
-        const __m128 s = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ls)), _mm_set1_epi32(32))),
-                                    _mm_set1_ps(_cvtsh_ss(block_d(sb))));
-        o.s = q2_both(s);
+        for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i));
     } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34) */
-        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18;
+        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
         const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull),
                       spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
@@ -347,25 +304,77 @@ __attribute__((target(T2), always_inline)) static inline q2_group q2_decode(g4_d
         for (int i = 0; i < 4; i++) {
             const unsigned char *b = p + bs * i;
             if (i >= n) {
-                o.c[i] = _mm256_setzero_si256();
+                c[i] = _mm256_setzero_si256();
             } else if (type == G4_Q8_0) {
-                o.c[i] = _mm256_loadu_si256((const __m256i *)(b + 2));
+                c[i] = _mm256_loadu_si256((const __m256i *)(b + 2));
             } else if (type == G4_Q5_0) { /* element j's fifth bit: bit j of qh (one byte a bit, then 16) */
                 uint32_t qh;
                 memcpy(&qh, b + 2, 4);
                 const __m256i hb = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
                 const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bits), bits);
-                o.c[i] = _mm256_or_si256(q2_nibbles(b + 6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+                c[i] = _mm256_or_si256(q2_nibbles(b + 6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
             } else {
-                o.c[i] = q2_nibbles(b + 2);
-                if (type == G4_IQ4_NL) o.c[i] = q2_iq4(o.c[i]);
+                c[i] = q2_nibbles(b + 2);
+                if (type == G4_IQ4_NL) c[i] = q2_iq4(c[i]);
             }
         }
-        const __m128 d = q2_scales(p, bs, n);
-        o.s = q2_both(d);
-        if (type == G4_Q4_0 || type == G4_Q5_0) o.s2 = q2_low(_mm_mul_ps(d, _mm_set1_ps(type == G4_Q4_0 ? -8.0f : -16.0f)));
     }
-    return o;
+}
+
+/* The scales of pair p (groups 2p and 2p + 1: blocks 8p .. 8p + 7, for the K-quants and IQ4_XS super-block p) of a
+ * row of nb blocks: s[h] those of group 2p + h, lane i / 4 + i = its block i's elements 0-15 / 16-31; lane k of s2 =
+ * block 8p + k's offset term; zero past the row. */
+__attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype type, const unsigned char *row, int p,
+                                                                        int nb, __m256 s[2], __m256 *s2) {
+    __m256 v, m = _mm256_setzero_ps(); /* the 8 blocks' scales and offset terms */
+    if (type == G4_Q4_K || type == G4_Q5_K) {
+        const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)p;
+        /* the 8 scales and 8 mins (g4_k_scale_min) as bytes, from the 12 as 32-bit words */
+        uint32_t u0, u1, u2;
+        memcpy(&u0, sb + 4, 4);
+        memcpy(&u1, sb + 8, 4);
+        memcpy(&u2, sb + 12, 4);
+        const uint64_t sc = (u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4)) << 32;
+        const uint64_t mn = (u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4)) << 32;
+        v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))),
+                          _mm256_set1_ps(_cvtsh_ss(block_d(sb))));
+        m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))),
+                          _mm256_set1_ps(-_cvtsh_ss(block_d(sb + 2))));
+    } else if (type == G4_Q6_K) { /* per 16: half h's block i elements 0-15 scales[8h + 2i], 16-31 scales[8h + 2i + 1] */
+        const unsigned char *sb = row + (size_t)210 * (size_t)p;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(block_d(sb + 208)));
+        const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(
+                                     _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 192 + 8 * h))), order)),
+                                 d);
+        *s2 = m;
+        return;
+    } else if (type == G4_IQ4_XS) { /* sub-block k: d * (6-bit scale - 32) */
+        const unsigned char *sb = row + (size_t)136 * (size_t)p;
+        uint16_t sh;
+        uint32_t sl;
+        memcpy(&sh, sb + 2, 2);
+        memcpy(&sl, sb + 4, 4);
+        uint64_t ls = 0;
+        for (int k = 0; k < 8; k++) ls |= (uint64_t)(((sl >> (4 * k)) & 15u) | (((uint32_t)sh >> (2 * k)) & 3u) << 4) << (8 * k);
+        v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ls)),
+                                                              _mm256_set1_epi32(32))),
+                          _mm256_set1_ps(_cvtsh_ss(block_d(sb))));
+    } else { /* blocks of 32: d; Q4_0 / Q5_0 offset terms -8 d / -16 d */
+        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 8 * p;
+        const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
+        __m128i h = _mm_setzero_si128(); /* (inserts: a store of the 8 and a load would stall store forwarding) */
+#define D_AT(i)                                                                                                        \
+    if (i < n) h = _mm_insert_epi16(h, block_d(b + (size_t)bs * i), i);
+        D_AT(0) D_AT(1) D_AT(2) D_AT(3) D_AT(4) D_AT(5) D_AT(6) D_AT(7)
+#undef D_AT
+        v = _mm256_cvtph_ps(h);
+        if (type == G4_Q4_0 || type == G4_Q5_0) m = _mm256_mul_ps(v, _mm256_set1_ps(type == G4_Q4_0 ? -8.0f : -16.0f));
+    }
+    s[0] = _mm256_permute2f128_ps(v, v, 0x00); /* group h: its 4 blocks' scales in lanes i and 4 + i */
+    s[1] = _mm256_permute2f128_ps(v, v, 0x11);
+    *s2 = m;
 }
 
 /* the int8 dot products of a block: 8 lanes of 4 products each (signed codes: |w| times x with w's sign) */
@@ -375,32 +384,36 @@ __attribute__((target(T2), always_inline)) static inline __m256i q2_dot(__m256i 
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* one (row, token) step of a group, the same in q_gemm and q_gemv: lane i / 4 + i = block i's elements 0-15 /
- * 16-31 (three horizontal adds of the blocks' lanes), times s * dx, plus s2 * m */
-__attribute__((target(T2), always_inline)) static inline __m256 q2_step(__m256 acc, const __m256i dot[4], __m256 s,
-                                                                        __m256 s2, __m256 dx, __m256 m) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(dot[0], dot[1]), _mm256_hadd_epi32(dot[2], dot[3]));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_mul_ps(s, dx), acc);
-    return _mm256_fmadd_ps(s2, m, acc);
+/* group codes c times activation codes q: lane i / 4 + i = block i's elements 0-15 / 16-31 (three horizontal adds
+ * of the blocks' lanes) */
+__attribute__((target(T2), always_inline)) static inline __m256i q2_group_dots(const __m256i c[4], const int8_t *q,
+                                                                               const int sgn) {
+    __m256i d[4];
+    for (int i = 0; i < 4; i++) d[i] = q2_dot(c[i], _mm256_loadu_si256((const __m256i *)(q + 32 * i)), sgn);
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
 }
 
-/* token t's group g: the 4 blocks' codes, and d and m of each block in lanes i and 4 + i */
+/* token t's pair p: its 8 blocks' codes, group h's d in lanes i and 4 + i (dx[h]), and m of block 8p + k in lane k */
 typedef struct {
     const int8_t *q;
-    __m256 dx, m;
+    __m256 dx[2], m;
 } q2_x;
-__attribute__((target(T2), always_inline)) static inline q2_x q2_xload(const g4_q8_rows *a, int t, int g) {
-    const size_t b = (size_t)t * a->nb_pad + 4 * (size_t)g;
-    return (q2_x){a->q + (size_t)t * a->in_pad + 128 * (size_t)g, _mm256_broadcast_ps((const __m128 *)(a->d + b)),
-                  _mm256_broadcast_ps((const __m128 *)(a->m + b))};
+__attribute__((target(T2), always_inline)) static inline q2_x q2_xload(const g4_q8_rows *a, int t, int p) {
+    const size_t b = (size_t)t * a->nb_pad + 8 * (size_t)p;
+    const __m256 d = _mm256_loadu_ps(a->d + b);
+    return (q2_x){a->q + (size_t)t * a->in_pad + 256 * (size_t)p,
+                  {_mm256_permute2f128_ps(d, d, 0x00), _mm256_permute2f128_ps(d, d, 0x11)}, _mm256_loadu_ps(a->m + b)};
 }
 
-__attribute__((target(T2), always_inline)) static inline __m256 q2_group_step(__m256 acc, const __m256i c[4],
-                                                                              __m256 s, __m256 s2, const q2_x *x,
-                                                                              const int sgn) {
-    __m256i dot[4];
-    for (int i = 0; i < 4; i++) dot[i] = q2_dot(c[i], _mm256_loadu_si256((const __m256i *)(x->q + 32 * i)), sgn);
-    return q2_step(acc, dot, s, s2, x->dx, x->m);
+/* One (row, token) step of a pair of groups, the same in q_gemm and q_gemv: each group's sums (h1: none past the
+ * row) times their scales s[h] * dx, plus the 8 blocks' offset terms s2 * m, added to acc (one add on the chain of
+ * acc a pair, not three fused multiply-adds) */
+__attribute__((target(T2), always_inline)) static inline __m256 q2_pair_step(__m256 acc, __m256i h0, __m256i h1,
+                                                                             const int two, const __m256 s[2],
+                                                                             __m256 s2, const q2_x *x) {
+    __m256 v = _mm256_fmadd_ps(s2, x->m, _mm256_mul_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(s[0], x->dx[0])));
+    if (two) v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(s[1], x->dx[1]), v);
+    return _mm256_add_ps(acc, v);
 }
 
 __attribute__((target(T2), always_inline)) static inline void q_pack_avx2_typed(g4_dtype type, const unsigned char *w,
@@ -411,13 +424,16 @@ __attribute__((target(T2), always_inline)) static inline void q_pack_avx2_typed(
     for (int r = 0; r < nr; r++) {
         const unsigned char *row = w + (size_t)r * row_bytes;
         unsigned char *o = dst + (size_t)r * ng * G4_QW_GROUP;
+        __m256 sc[2], s2 = _mm256_setzero_ps();
         for (int g = 0; g < ng; g++, o += G4_QW_GROUP) {
             _mm_prefetch((const char *)row + (size_t)gb * g + PACK_PREFETCH, _MM_HINT_T0);
             if (gb > 64) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + PACK_PREFETCH, _MM_HINT_T0);
-            const q2_group q = q2_decode(type, row, g, nb);
-            for (int i = 0; i < 4; i++) _mm256_storeu_si256((__m256i *)(o + 32 * i), q.c[i]);
-            _mm256_storeu_ps((float *)(o + 128), q.s);
-            _mm256_storeu_ps((float *)(o + 160), q.s2);
+            if (g % 2 == 0) q2_scales(type, row, g / 2, nb, sc, &s2);
+            _mm256_storeu_ps((float *)(o + 128), sc[g % 2]);
+            _mm256_storeu_ps((float *)(o + 160), s2);
+            __m256i c[4];
+            q2_codes(type, row, g, nb, c);
+            for (int i = 0; i < 4; i++) _mm256_storeu_si256((__m256i *)(o + 32 * i), c[i]);
         }
     }
 }
@@ -434,20 +450,27 @@ __attribute__((target(T2))) static void q_pack_avx2(g4_dtype type, const unsigne
     }
 }
 
-/* packed row r times tokens t0 .. t0 + NT - 1 (NT <= 2: the row's codes shared) */
+/* packed row times tokens t0 .. t0 + NT - 1 (NT <= 2: the row's codes shared) */
 __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_fixed(const unsigned char *wp,
                                                                                 const g4_q8_rows *a, int t0, int ng,
                                                                                 float *y, size_t ldy, const int NT,
                                                                                 const int sgn) {
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int g = 0; g < ng; g++) {
-        const unsigned char *p = wp + (size_t)g * G4_QW_GROUP;
-        __m256i c[4];
-        for (int i = 0; i < 4; i++) c[i] = _mm256_loadu_si256((const __m256i *)(p + 32 * i));
-        const __m256 s = _mm256_loadu_ps((const float *)(p + 128)), s2 = _mm256_loadu_ps((const float *)(p + 160));
+    for (int p = 0; 2 * p < ng; p++) {
+        const unsigned char *g0 = wp + (size_t)2 * p * G4_QW_GROUP, *g1 = g0 + G4_QW_GROUP;
+        const int two = 2 * p + 1 < ng;
+        const __m256 s[2] = {_mm256_loadu_ps((const float *)(g0 + 128)),
+                             two ? _mm256_loadu_ps((const float *)(g1 + 128)) : _mm256_setzero_ps()},
+                     s2 = _mm256_loadu_ps((const float *)(g0 + 160));
+        __m256i c0[4], c1[4];
+        for (int i = 0; i < 4; i++) {
+            c0[i] = _mm256_loadu_si256((const __m256i *)(g0 + 32 * i));
+            c1[i] = two ? _mm256_loadu_si256((const __m256i *)(g1 + 32 * i)) : _mm256_setzero_si256();
+        }
         for (int t = 0; t < NT; t++) {
-            const q2_x x = q2_xload(a, t0 + t, g);
-            acc[t] = q2_group_step(acc[t], c, s, s2, &x, sgn);
+            const q2_x x = q2_xload(a, t0 + t, p);
+            const __m256i h0 = q2_group_dots(c0, x.q, sgn), h1 = two ? q2_group_dots(c1, x.q + 128, sgn) : h0;
+            acc[t] = q2_pair_step(acc[t], h0, h1, two, s, s2, &x);
         }
     }
     for (int t = 0; t < NT; t++) y[(size_t)t * ldy] = hsum256(acc[t]);
@@ -482,17 +505,26 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
                                                                                 size_t ystride, const int NR) {
     const long gb = group_bytes(type);
     const int ng = (nb + 3) / 4;
-    __m256 acc[GEMV_ROWS];
+    __m256 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-    for (int g = 0; g < ng; g++) {
-        const q2_x x = q2_xload(a, t, g);
+    for (int p = 0; 2 * p < ng; p++) { /* pairs of groups (super-blocks): their scales decoded once */
+        const q2_x x = q2_xload(a, t, p);
+        const int two = 2 * p + 1 < ng;
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const unsigned char *row = w + (size_t)r * stride;
-            _mm_prefetch((const char *)row + (size_t)gb * g + GEMV_PREFETCH, _MM_HINT_T0);
-            if (gb > 72) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + GEMV_PREFETCH, _MM_HINT_T0);
-            const q2_group q = q2_decode(type, row, g, nb);
-            acc[r] = q2_group_step(acc[r], q.c, q.s, q.s2, &x, q2_signed(type));
+            for (long off = 0; off < 2 * gb; off += 64)
+                _mm_prefetch((const char *)row + (size_t)(gb * 2 * p + off) + GEMV_PREFETCH, _MM_HINT_T0);
+            __m256 s[2], s2;
+            __m256i c[4], h0, h1;
+            q2_scales(type, row, p, nb, s, &s2);
+            q2_codes(type, row, 2 * p, nb, c);
+            h0 = h1 = q2_group_dots(c, x.q, q2_signed(type));
+            if (two) {
+                q2_codes(type, row, 2 * p + 1, nb, c);
+                h1 = q2_group_dots(c, x.q + 128, q2_signed(type));
+            }
+            acc[r] = q2_pair_step(acc[r], h0, h1, two, s, s2, &x);
         }
     }
     for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = hsum256(acc[r]);
@@ -501,10 +533,13 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
 __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_typed(g4_dtype type, const unsigned char *w,
                                                                                 size_t row_bytes, int nr, int nb,
                                                                                 const g4_q8_rows *a, int t, float *y) {
-    const int q = nr / GEMV_ROWS;
+#define Q2_ROWS 4
+
+
+    const int q = nr / Q2_ROWS;
     for (int i = 0; i < q; i++)
-        q_gemv_avx2_fixed(type, w + (size_t)i * row_bytes, (size_t)q * row_bytes, nb, a, t, y + i, (size_t)q, GEMV_ROWS);
-    for (int r = q * GEMV_ROWS; r < nr; r++) q_gemv_avx2_fixed(type, w + (size_t)r * row_bytes, 0, nb, a, t, y + r, 0, 1);
+        q_gemv_avx2_fixed(type, w + (size_t)i * row_bytes, (size_t)q * row_bytes, nb, a, t, y + i, (size_t)q, Q2_ROWS);
+    for (int r = q * Q2_ROWS; r < nr; r++) q_gemv_avx2_fixed(type, w + (size_t)r * row_bytes, 0, nb, a, t, y + r, 0, 1);
 }
 
 __attribute__((target(T2))) static void q_gemv_avx2(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,

@@ -217,7 +217,7 @@ int g4_cpu_q8_prepare(g4_cpu *cpu, const float *x, int n, size_t in, g4_dtype ty
         a->qg = g4_cpu_act_buf(cpu, (size_t)n * a->ng * G4_Q8_GROUP);
         if (!a->qg) return -1;
     } else {
-        a->nb_pad = (in / 32 + 3) & ~(size_t)3;
+        a->nb_pad = (in / 32 + 7) & ~(size_t)7;
         a->in_pad = a->nb_pad * 32;
         float *buf = g4_cpu_act_buf(cpu, (size_t)n * (a->in_pad + 2 * a->nb_pad * sizeof(float)));
         if (!buf) return -1;
