@@ -12,8 +12,8 @@
  * Quantized weights (GGUF blocks, MLX affine; core/quant.h): random values encoded by the reference encoders of
  * core/quant.c (random block bytes with sane scales for the types it does not write), and the reference reads
  * them through the reference decoder (checked against hand-computed values in test_quant.c). Where a backend
- * multiplies with activations rounded to int8 blocks (the CPU for Q8_0/Q4_0, as llama.cpp does:
- * g4_cpu_q8_supported; CUDA's GEMV for Q8_0/Q4_0/MLX4/MLX8 in dense products of up to 8 tokens, cuda_gemv.cu), the
+ * multiplies with activations rounded to int8 blocks (the CPU for Q8_0/Q4_0 and, with the AVX-512, AVX2 and NEON
+ * sets, the K-quants, Q5_0 and IQ4, as llama.cpp does: g4_cpu_q8_supported; CUDA's GEMV for Q8_0/Q4_0/MLX4/MLX8 in dense products of up to 8 tokens, cuda_gemv.cu), the
  * reference rounds x by the same rule (d = max|x|/127 per 32, q = rint(x/d)), so
  * the products are still checked to float precision. */
 #include <float.h>

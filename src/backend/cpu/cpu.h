@@ -78,7 +78,7 @@ typedef struct g4_q8_rows {
 #define G4_Q8_K_QUANTS(X) X(G4_Q5_0, 32) X(G4_IQ4_NL, 32) X(G4_Q4_K, 256) X(G4_Q5_K, 256) X(G4_Q6_K, 256) X(G4_IQ4_XS, 256)
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and those of G4_Q8_K_QUANTS (rows of whole blocks) where the
- * kernels take them (q8_k_quants: AVX-512 VNNI, AVX2); int8 activations not switched off by G4_NO_INT8_ACT (for
+ * kernels take them (q8_k_quants: AVX-512 VNNI, AVX2, NEON); int8 activations not switched off by G4_NO_INT8_ACT (for
  * comparisons). */
 int g4_cpu_q8_supported(const g4_tensor *w);
 void g4_cpu_matmul_q8(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
@@ -135,8 +135,8 @@ typedef struct g4_cpu_kernels {
     float (*dot_bf16)(const uint16_t *w, const float *x, size_t n); /* w may be unaligned */
     void (*bf16_to_f32)(const uint16_t *src, float *dst, size_t n);
     void (*axpy)(float *y, const float *x, float a, size_t n);     /* y += a * x */
-    /* y[t * ldy + r] = row r (< nr <= 4) of a Q8_0/Q4_0 matrix (rows of nb blocks, row_bytes
-     * apart) times activation row t0 + t (t < nt <= 4); see matmul_q8.c */
+    /* NULL (sets with q_gemm), or y[t * ldy + r] = row r (< nr <= 4) of a Q8_0/Q4_0 matrix (rows of nb blocks,
+     * row_bytes apart) times activation row t0 + t (t < nt <= 4); see matmul_q8.c */
     void (*q8_tile)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
                     int nt, int nb, float *y, size_t ldy);
     /* y[t * ldy + r] = dot(w row r, x row t) for f32 rows (w: nr <= 4 rows of n, ldw apart;

@@ -1,6 +1,6 @@
 /* aarch64 NEON kernels of the CPU backend (the scalar set in kernels.c is their
- * reference). Int8 activations use the signed codes directly (Q4_0 nibble - 8, Q8_0 as
- * stored) with SDOT (vdotq_s32) where the CPU has the dot-product extension, else widening
+ * reference). Int8 activations (every GGUF type of g4_cpu_q8_supported) use signed codes
+ * with SDOT (vdotq_s32) where the CPU has the dot-product extension, else widening
  * multiplies; f32 tiles keep 4 rows x 4 tokens in registers. Compiles to nothing elsewhere. */
 #include "backend/cpu/cpu.h"
 
@@ -96,60 +96,304 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
 }
 
 /* the 32 signed codes of a block */
-static inline void codes(g4_dtype type, const unsigned char *b, int8x16_t *c0, int8x16_t *c1) {
-    if (type == G4_Q4_0) {
-        uint8x16_t q = vld1q_u8(b + 2);
-        *c0 = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15))), vdupq_n_s8(8));
-        *c1 = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
-    } else {
-        *c0 = vld1q_s8((const int8_t *)b + 2);
-        *c1 = vld1q_s8((const int8_t *)b + 18);
+/* ------------------------------------------------------- int8 activations */
+/* Q4_0, Q8_0 and the types of G4_Q8_K_QUANTS on the plain activations (g4_q8_rows.q, d, m = d * sum q per block of
+ * 32; q_pack, q_gemm and q_gemv with q_act_plain, the shape of the AVX2 set in kernels_x86.c): a row's blocks go in
+ * groups of 4 (for the K-quants and IQ4_XS half a super-block) and by pairs of groups (blocks 8p .. 8p + 7: a
+ * super-block, whose scales are decoded once). Codes are signed, in element order: Q4_0 nibble - 8, Q5_0 code - 16,
+ * Q4_K / Q5_K the code (their mins are the offset term), Q6_K code - 32, IQ4 the table's values, Q8_0 as stored.
+ * Per block the integer dot products of elements 0-15 and 16-31 (SDOT, or widening multiplies: exact either way),
+ * summed per block over a group (pairwise adds), and per group
+ *   v += float(block sums) * s * dx  (Q6_K: elements 0-15 and 16-31 apart, each with its scale)  +  s2 * m
+ * with s2 the block's offset term (Q4_K / Q5_K: -dmin m_k; zero for the others); acc += v once a pair. */
+#define N2_ROWS 4        /* decode: rows at once, far apart (each its own stream) */
+#define N2_PREFETCH 2048 /* decode: bytes ahead of each stream */
+
+static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K; }
+
+static inline long n2_group_bytes(g4_dtype type) {
+    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
+           : type == G4_IQ4_XS                                      ? 68
+           : type == G4_Q5_K || type == G4_Q5_0                     ? 88
+           : type == G4_Q6_K                                        ? 105
+                                                                    : 136; /* Q8_0 */
+}
+
+/* the low nibbles of 16 bytes (elements 0-15) and the high ones (16-31) */
+__attribute__((always_inline)) static inline void n2_nibbles(const unsigned char *p, int8x16_t c[2]) {
+    const uint8x16_t q = vld1q_u8(p);
+    c[0] = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15)));
+    c[1] = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+}
+
+/* 16 where bit i % 8 of byte i / 8 of the two bytes (b0, b1) is set */
+__attribute__((always_inline)) static inline int8x16_t n2_bits16(unsigned b0, unsigned b1) {
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)b0), vdup_n_u8((uint8_t)b1));
+    return vreinterpretq_s8_u8(vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(16)));
+}
+
+/* The codes of group g of a row of nb blocks: c[i][0] block i's elements 0-15, c[i][1] 16-31 (zeros past the row). */
+__attribute__((always_inline)) static inline void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, int8x16_t c[4][2]) {
+    const int8x16_t iq4 = vld1q_s8(g4_iq4_values);
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    if (type == G4_Q4_K || type == G4_Q5_K) { /* qs: chunk c's 32 bytes, sub-block 2c the low nibbles, 2c+1 high */
+        const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)(g / 2);
+        const int h = g % 2;
+        const unsigned char *qs = sb + (type == G4_Q4_K ? 16 : 48) + 64 * h;
+        for (int k = 0; k < 2; k++)
+            for (int e = 0; e < 2; e++) {
+                const uint8x16_t q = vld1q_u8(qs + 32 * k + 16 * e);
+                c[2 * k][e] = vreinterpretq_s8_u8(vandq_u8(q, m4));
+                c[2 * k + 1][e] = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+            }
+        if (type == G4_Q5_K) /* sub-block 4h + i's fifth bits: bit 4h + i of qh[l] */
+            for (int e = 0; e < 2; e++) {
+                const uint8x16_t qh = vld1q_u8(sb + 16 + 16 * e);
+                for (int i = 0; i < 4; i++)
+                    c[i][e] = vorrq_s8(c[i][e], vreinterpretq_s8_u8(vandq_u8(
+                                                    vtstq_u8(qh, vdupq_n_u8((uint8_t)(1u << (4 * h + i)))), vdupq_n_u8(16))));
+            }
+    } else if (type == G4_Q6_K) { /* block i of half h: ql's low (i < 2) or high nibbles, bits 2i of qh, - 32 */
+        const unsigned char *sb = row + (size_t)210 * (size_t)(g / 2);
+        const int h = g % 2;
+        const uint8x16_t m3 = vdupq_n_u8(3);
+        for (int e = 0; e < 2; e++) {
+            const uint8x16_t l0 = vld1q_u8(sb + 64 * h + 16 * e), l1 = vld1q_u8(sb + 64 * h + 32 + 16 * e),
+                             qh = vld1q_u8(sb + 128 + 32 * h + 16 * e);
+            const uint8x16_t lo[4] = {vandq_u8(l0, m4), vandq_u8(l1, m4), vshrq_n_u8(l0, 4), vshrq_n_u8(l1, 4)};
+            const uint8x16_t hi[4] = {vandq_u8(qh, m3), vandq_u8(vshrq_n_u8(qh, 2), m3), vandq_u8(vshrq_n_u8(qh, 4), m3),
+                                      vshrq_n_u8(qh, 6)};
+            for (int i = 0; i < 4; i++)
+                c[i][e] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo[i], vshlq_n_u8(hi[i], 4))), vdupq_n_s8(32));
+        }
+    } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
+        const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
+        for (int i = 0; i < 4; i++) {
+            n2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i, c[i]);
+            for (int e = 0; e < 2; e++) c[i][e] = vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e]));
+        }
+    } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34) */
+        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 4 * g;
+        const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
+        for (int i = 0; i < 4; i++) {
+            const unsigned char *b = p + bs * i;
+            if (i >= n) {
+                c[i][0] = c[i][1] = vdupq_n_s8(0);
+            } else if (type == G4_Q8_0) {
+                c[i][0] = vld1q_s8((const int8_t *)b + 2);
+                c[i][1] = vld1q_s8((const int8_t *)b + 18);
+            } else if (type == G4_Q5_0) { /* element j's fifth bit: bit j of qh */
+                uint32_t qh;
+                memcpy(&qh, b + 2, 4);
+                n2_nibbles(b + 6, c[i]);
+                c[i][0] = vsubq_s8(vorrq_s8(c[i][0], n2_bits16(qh & 255u, (qh >> 8) & 255u)), vdupq_n_s8(16));
+                c[i][1] = vsubq_s8(vorrq_s8(c[i][1], n2_bits16((qh >> 16) & 255u, qh >> 24)), vdupq_n_s8(16));
+            } else {
+                n2_nibbles(b + 2, c[i]);
+                for (int e = 0; e < 2; e++)
+                    c[i][e] = type == G4_IQ4_NL ? vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e])) : vsubq_s8(c[i][e], vdupq_n_s8(8));
+            }
+        }
     }
 }
 
-static inline int32_t dot32_widen(int8x16_t a0, int8x16_t a1, int8x16_t b0, int8x16_t b1) {
-    int16x8_t p = vmull_s8(vget_low_s8(a0), vget_low_s8(b0));
-    p = vmlal_s8(p, vget_high_s8(a0), vget_high_s8(b0));
-    int16x8_t q = vmull_s8(vget_low_s8(a1), vget_low_s8(b1));
-    q = vmlal_s8(q, vget_high_s8(a1), vget_high_s8(b1));
-    return vaddlvq_s16(p) + vaddlvq_s16(q);
+/* 4 bytes of 6-bit scales as floats times d */
+__attribute__((always_inline)) static inline float32x4_t n2_scale4(uint32_t b, float d) {
+    const uint8x8_t v = vcreate_u8(b);
+    return vmulq_n_f32(vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(v)))), d);
 }
 
-__attribute__((target("arch=armv8.2-a+dotprod"))) static inline int32_t dot32_sdot(int8x16_t a0, int8x16_t a1,
-                                                                                  int8x16_t b0, int8x16_t b1) {
-    return vaddvq_s32(vdotq_s32(vdotq_s32(vdupq_n_s32(0), a0, b0), a1, b1));
+/* The scales of pair p (groups 2p, 2p + 1) of a row of nb blocks: group h's block i in lane i of s[h][0] (its
+ * elements 0-15) and s[h][1] (16-31; the same but for Q6_K), and of s2[h] (its offset term); zero past the row. */
+__attribute__((always_inline)) static inline void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb, float32x4_t s[2][2],
+                             float32x4_t s2[2]) {
+    s2[0] = s2[1] = vdupq_n_f32(0);
+    if (type == G4_Q4_K || type == G4_Q5_K) {
+        const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)p;
+        uint32_t u0, u1, u2;
+        memcpy(&u0, sb + 4, 4);
+        memcpy(&u1, sb + 8, 4);
+        memcpy(&u2, sb + 12, 4);
+        const float d = g4_f16_at(sb), dmin = g4_f16_at(sb + 2);
+        const uint32_t sc[2] = {u0 & 0x3f3f3f3fu, (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4)};
+        const uint32_t mn[2] = {u1 & 0x3f3f3f3fu, ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4)};
+        for (int h = 0; h < 2; h++) {
+            s[h][0] = s[h][1] = n2_scale4(sc[h], d);
+            s2[h] = n2_scale4(mn[h], -dmin);
+        }
+    } else if (type == G4_Q6_K) { /* group h's block i: elements 0-15 scales[8h + 2i], 16-31 scales[8h + 2i + 1] */
+        const unsigned char *sb = row + (size_t)210 * (size_t)p;
+        const float d = g4_f16_at(sb + 208);
+        for (int h = 0; h < 2; h++) {
+            const int8x8_t v = vld1_s8((const int8_t *)sb + 192 + 8 * h);
+            const int8x8_t e = vuzp1_s8(v, v), o = vuzp2_s8(v, v);
+            s[h][0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(e)))), d);
+            s[h][1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(o)))), d);
+        }
+    } else if (type == G4_IQ4_XS) { /* sub-block k: d * (6-bit scale - 32) */
+        const unsigned char *sb = row + (size_t)136 * (size_t)p;
+        uint16_t sh;
+        uint32_t sl;
+        memcpy(&sh, sb + 2, 2);
+        memcpy(&sl, sb + 4, 4);
+        const float d = g4_f16_at(sb);
+        for (int h = 0; h < 2; h++) {
+            int32_t ls[4];
+            for (int i = 0; i < 4; i++) {
+                const int k = 4 * h + i;
+                ls[i] = (int32_t)(((sl >> (4 * k)) & 15u) | (((uint32_t)sh >> (2 * k)) & 3u) << 4) - 32;
+            }
+            s[h][0] = s[h][1] = vmulq_n_f32(vcvtq_f32_s32(vld1q_s32(ls)), d);
+        }
+    } else { /* blocks of 32: d */
+        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 8 * p;
+        const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
+        for (int h = 0; h < 2; h++) {
+            float d[4];
+            for (int i = 0; i < 4; i++) d[i] = 4 * h + i < n ? g4_f16_at(b + (size_t)bs * (size_t)(4 * h + i)) : 0.0f;
+            s[h][0] = s[h][1] = vld1q_f32(d);
+        }
+    }
 }
 
-static inline void q8_tile_body(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a,
-                                int t0, int nt, int nb, float *y, size_t ldy, int sdot) {
-    const size_t bs = type == G4_Q4_0 ? 18 : 34;
+/* the integer dot products of a block's elements 0-15 (d[0]) and 16-31 (d[1]), 4 lanes each */
+__attribute__((always_inline)) static inline void n2_dot_widen(const int8x16_t c[2], const int8_t *x, int32x4_t d[2]) {
+    for (int e = 0; e < 2; e++) {
+        const int8x16_t v = vld1q_s8(x + 16 * e);
+        d[e] = vpaddlq_s16(vmlal_high_s8(vmull_s8(vget_low_s8(c[e]), vget_low_s8(v)), c[e], v));
+    }
+}
+__attribute__((target("arch=armv8.2-a+dotprod"))) static inline void n2_dot_sdot(const int8x16_t c[2], const int8_t *x,
+                                                                                int32x4_t d[2]) {
+    for (int e = 0; e < 2; e++) d[e] = vdotq_s32(vdupq_n_s32(0), c[e], vld1q_s8(x + 16 * e));
+}
+
+/* group codes c times activation codes x: lane i = block i's sum over elements 0-15 (h[0]) and 16-31 (h[1]); without
+ * halves, h[0] the whole block's */
+__attribute__((always_inline)) static inline void n2_group_dots(const int8x16_t c[4][2], const int8_t *x, int sdot, int halves, int32x4_t h[2]) {
+    int32x4_t d[4][2];
+    for (int i = 0; i < 4; i++) {
+        if (sdot)
+            n2_dot_sdot(c[i], x + 32 * i, d[i]);
+        else
+            n2_dot_widen(c[i], x + 32 * i, d[i]);
+        if (!halves) d[i][0] = vaddq_s32(d[i][0], d[i][1]);
+    }
+    for (int e = 0; e < (halves ? 2 : 1); e++)
+        h[e] = vpaddq_s32(vpaddq_s32(d[0][e], d[1][e]), vpaddq_s32(d[2][e], d[3][e]));
+}
+
+/* One (row, token) step of group h of a pair, the same in q_gemm and q_gemv: v += its sums times s * dx, plus s2 * m
+ * (dx, m: its blocks' d and m) */
+__attribute__((always_inline)) static inline float32x4_t n2_group_step(float32x4_t v, const int32x4_t hs[2], const float32x4_t s[2], float32x4_t s2,
+                                        float32x4_t dx, float32x4_t m, int halves) {
+    v = vfmaq_f32(v, vcvtq_f32_s32(hs[0]), vmulq_f32(s[0], dx));
+    if (halves) v = vfmaq_f32(v, vcvtq_f32_s32(hs[1]), vmulq_f32(s[1], dx));
+    return vfmaq_f32(v, s2, m);
+}
+
+static void q_pack_neon(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst) {
+    const int ng = (nb + 3) / 4;
+    for (int r = 0; r < nr; r++) {
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        unsigned char *o = dst + (size_t)r * ng * G4_QW_GROUP;
+        float32x4_t s[2][2], s2[2];
+        for (int g = 0; g < ng; g++, o += G4_QW_GROUP) { /* codes (block i: 32i), s (128, 144), s2 (160) */
+            if (g % 2 == 0) n2_scales(type, row, g / 2, nb, s, s2);
+            int8x16_t c[4][2];
+            n2_codes(type, row, g, nb, c);
+            for (int i = 0; i < 4; i++)
+                for (int e = 0; e < 2; e++) vst1q_s8((int8_t *)o + 32 * i + 16 * e, c[i][e]);
+            vst1q_f32((float *)(o + 128), s[g % 2][0]);
+            vst1q_f32((float *)(o + 144), s[g % 2][1]);
+            vst1q_f32((float *)(o + 160), s2[g % 2]);
+        }
+    }
+}
+
+__attribute__((always_inline)) static inline void q_gemm_body(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
+                               size_t ldy, int sdot) {
+    const size_t ldw = (size_t)ng * G4_QW_GROUP;
+    const int halves = n2_halves(a->type);
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) {
-            const int8_t *q = a->q + (size_t)(t0 + t) * a->in_pad;
-            const float *d = a->d + (size_t)(t0 + t) * a->nb_pad;
-            float s = 0;
-            for (int b = 0; b < nb; b++) {
-                const unsigned char *blk = w + (size_t)r * row_bytes + (size_t)b * bs;
-                int8x16_t c0, c1;
-                codes(type, blk, &c0, &c1);
-                int8x16_t x0 = vld1q_s8(q + 32 * b), x1 = vld1q_s8(q + 32 * b + 16);
-                int32_t dot = sdot ? dot32_sdot(c0, c1, x0, x1) : dot32_widen(c0, c1, x0, x1);
-                s += g4_f16_at(blk) * d[b] * (float)dot;
+            const int8_t *x = a->q + (size_t)(t0 + t) * a->in_pad;
+            const float *dx = a->d + (size_t)(t0 + t) * a->nb_pad, *m = a->m + (size_t)(t0 + t) * a->nb_pad;
+            float32x4_t acc = vdupq_n_f32(0);
+            for (int p = 0; 2 * p < ng; p++) {
+                float32x4_t v = vdupq_n_f32(0);
+                for (int g = 2 * p; g < 2 * p + 2 && g < ng; g++) {
+                    const unsigned char *o = wp + (size_t)r * ldw + (size_t)g * G4_QW_GROUP;
+                    int8x16_t c[4][2];
+                    for (int i = 0; i < 4; i++)
+                        for (int e = 0; e < 2; e++) c[i][e] = vld1q_s8((const int8_t *)o + 32 * i + 16 * e);
+                    const float32x4_t s[2] = {vld1q_f32((const float *)(o + 128)), vld1q_f32((const float *)(o + 144))};
+                    int32x4_t hs[2];
+                    n2_group_dots(c, x + 128 * (size_t)g, sdot, halves, hs);
+                    v = n2_group_step(v, hs, s, vld1q_f32((const float *)(o + 160)), vld1q_f32(dx + 4 * (size_t)g),
+                                      vld1q_f32(m + 4 * (size_t)g), halves);
+                }
+                acc = vaddq_f32(acc, v);
             }
-            y[(size_t)t * ldy + (size_t)r] = s;
+            y[(size_t)t * ldy + (size_t)r] = vaddvq_f32(acc);
         }
 }
 
-static void q8_tile_neon(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, const g4_q8_rows *a, int t0,
-                         int nt, int nb, float *y, size_t ldy) {
-    q8_tile_body(type, w, row_bytes, nr, a, t0, nt, nb, y, ldy, 0);
+static void q_gemm_neon(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
+                        size_t ldy) {
+    q_gemm_body(wp, nr, a, t0, nt, ng, y, ldy, 0);
+}
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void q_gemm_neon_dot(const unsigned char *wp, int nr,
+                                                                             const g4_q8_rows *a, int t0, int nt,
+                                                                             int ng, float *y, size_t ldy) {
+    q_gemm_body(wp, nr, a, t0, nt, ng, y, ldy, 1);
 }
 
-__attribute__((target("arch=armv8.2-a+dotprod"))) static void q8_tile_neon_dot(g4_dtype type, const unsigned char *w,
-                                                                              size_t row_bytes, int nr,
-                                                                              const g4_q8_rows *a, int t0, int nt,
-                                                                              int nb, float *y, size_t ldy) {
-    q8_tile_body(type, w, row_bytes, nr, a, t0, nt, nb, y, ldy, 1);
+/* decode: NR rows as stored, far apart (stride), times token t's row, each group decoded in registers */
+__attribute__((always_inline)) static inline void q_gemv_rows(g4_dtype type, const unsigned char *w, size_t stride, int nb, const g4_q8_rows *a, int t,
+                               float *y, size_t ystride, int NR, int sdot) {
+    const long gb = n2_group_bytes(type);
+    const int ng = (nb + 3) / 4, halves = n2_halves(type);
+    const int8_t *x = a->q + (size_t)t * a->in_pad;
+    const float *dx = a->d + (size_t)t * a->nb_pad, *m = a->m + (size_t)t * a->nb_pad;
+    float32x4_t acc[N2_ROWS];
+    for (int r = 0; r < NR; r++) acc[r] = vdupq_n_f32(0);
+    for (int p = 0; 2 * p < ng; p++)
+        for (int r = 0; r < NR; r++) {
+            const unsigned char *row = w + (size_t)r * stride;
+            for (long off = 0; off < 2 * gb; off += 64) __builtin_prefetch(row + (size_t)(gb * 2 * p + off) + N2_PREFETCH);
+            float32x4_t s[2][2], s2[2], v = vdupq_n_f32(0);
+            n2_scales(type, row, p, nb, s, s2);
+            for (int g = 2 * p; g < 2 * p + 2 && g < ng; g++) {
+                int8x16_t c[4][2];
+                int32x4_t hs[2];
+                n2_codes(type, row, g, nb, c);
+                n2_group_dots(c, x + 128 * (size_t)g, sdot, halves, hs);
+                v = n2_group_step(v, hs, s[g % 2], s2[g % 2], vld1q_f32(dx + 4 * (size_t)g), vld1q_f32(m + 4 * (size_t)g),
+                                  halves);
+            }
+            acc[r] = vaddq_f32(acc[r], v);
+        }
+    for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = vaddvq_f32(acc[r]);
+}
+
+__attribute__((always_inline)) static inline void q_gemv_body(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb,
+                               const g4_q8_rows *a, int t, float *y, int sdot) {
+    const int q = nr / N2_ROWS;
+    for (int i = 0; i < q; i++)
+        q_gemv_rows(type, w + (size_t)i * row_bytes, (size_t)q * row_bytes, nb, a, t, y + i, (size_t)q, N2_ROWS, sdot);
+    for (int r = q * N2_ROWS; r < nr; r++) q_gemv_rows(type, w + (size_t)r * row_bytes, 0, nb, a, t, y + r, 0, 1, sdot);
+}
+
+static void q_gemv_neon(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, const g4_q8_rows *a,
+                        int t, float *y) {
+    q_gemv_body(type, w, row_bytes, nr, nb, a, t, y, 0);
+}
+__attribute__((target("arch=armv8.2-a+dotprod"))) static void q_gemv_neon_dot(g4_dtype type, const unsigned char *w,
+                                                                             size_t row_bytes, int nr, int nb,
+                                                                             const g4_q8_rows *a, int t, float *y) {
+    q_gemv_body(type, w, row_bytes, nr, nb, a, t, y, 1);
 }
 
 /* exp, gelu and tanh: the constants and the method are in cpu.h (the x86 sets compute the same) */
@@ -250,11 +494,13 @@ static void pv_neon(float *o, size_t ldo, int no, const float *p, size_t ldp, co
 }
 
 static const g4_cpu_kernels k_neon = {"neon", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
-                                      q8_tile_neon, f32_tile_neon, NULL,
-                                      exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, NULL, NULL, NULL, NULL, 0, 0};
+                                      NULL, f32_tile_neon, q_pack_neon,
+                                      exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, q_gemm_neon,
+                                      q_gemv_neon, NULL, NULL, 1, 1};
 static const g4_cpu_kernels k_neon_dot = {"neon_dot", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
-                                          q8_tile_neon_dot, f32_tile_neon, NULL,
-                                          exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, NULL, NULL, NULL, NULL, 0, 0};
+                                          NULL, f32_tile_neon, q_pack_neon,
+                                          exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, q_gemm_neon_dot,
+                                          q_gemv_neon_dot, NULL, NULL, 1, 1};
 
 /* NEON is part of every aarch64 CPU (ARMv8-A); SDOT is the optional dot-product extension */
 const g4_cpu_kernels *g4_cpu_kernels_neon(void) { return &k_neon; }

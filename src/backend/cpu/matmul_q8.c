@@ -1,5 +1,5 @@
-/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512 and AVX2 sets, Q5_0, Q4_K, Q5_K,
- * Q6_K, IQ4_NL, IQ4_XS) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row
+/* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512, AVX2 and NEON sets, Q5_0, Q4_K,
+ * Q5_K, Q6_K, IQ4_NL, IQ4_XS) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row
  * is quantized per
  * block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
@@ -11,12 +11,13 @@
  * Q6_K (w = d sc (u - 32) per 16) sums each
  * half of a block apart, from -32 x its code sums, times its own scale (cpu.h g4_q8_mode). Super-blocks are read
  * as two groups of 4 blocks (half a super-block each). Two shapes, by the kernel set (kernels*.c):
- * - q8_tile (scalar, NEON): tiles of 4 rows x 4 tokens on the blocks as stored;
- * - q_pack + q_gemm (AVX-512 VNNI, AVX2): each block of 16 rows is unpacked once into groups of 4
+ * - q8_tile (scalar; Q8_0 and Q4_0 only): tiles of 4 rows x 4 tokens on the blocks as stored;
+ * - q_pack + q_gemm (AVX-512 VNNI, AVX2, NEON): each block of 16 rows is unpacked once into groups of 4
  *   blocks and register tiles pass over every token. AVX-512: unsigned codes in the activations'
  *   order, scales in lanes, two vpdpbusd per 128 products; the offset term starts the integer sums
- *   (g4_q8_rows.qg), so no correction follows. AVX2 (no VNNI): codes in element order on the plain
- *   activations (q_act_plain), vpmaddubsw + vpmaddwd a block, one multiply-add a group (kernels_x86.c).
+ *   (g4_q8_rows.qg), so no correction follows. AVX2 (no VNNI) and NEON: codes in element order on
+ *   the plain activations (q_act_plain), vpmaddubsw + vpmaddwd (AVX2) or SDOT / widening multiplies
+ *   (NEON) a block, one multiply-add a group (kernels_x86.c, kernels_arm.c).
  *   Below 4 tokens (decode) q_gemv unpacks each group in registers instead: the same arithmetic,
  *   the same bits.
  * Either way a row's value does not depend on the batch (the same tiles and order for one
