@@ -3,6 +3,8 @@
 #define G4_BACKEND_CPU_CPU_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "core/threadpool.h"
@@ -75,7 +77,52 @@ typedef struct g4_q8_rows {
 /* The weight types beside Q8_0 and Q4_0 that a kernel set with q8_k_quants reads on int8 activations, each with
  * the elements a row must be a multiple of: X(type, block) (g4_cpu_q8_supported, and the type switches of the
  * AVX-512 kernels). */
-#define G4_Q8_K_QUANTS(X) X(G4_Q5_0, 32) X(G4_IQ4_NL, 32) X(G4_Q4_K, 256) X(G4_Q5_K, 256) X(G4_Q6_K, 256) X(G4_IQ4_XS, 256)
+#define G4_Q8_K_QUANTS(X, A)                                                                                           \
+    X(G4_Q5_0, 32, A) X(G4_IQ4_NL, 32, A) X(G4_Q4_K, 256, A) X(G4_Q5_K, 256, A) X(G4_Q6_K, 256, A) X(G4_IQ4_XS, 256, A)
+
+/* switch (type) calling CALL(the type as a constant) for Q4_0, each type of G4_Q8_K_QUANTS and (default) Q8_0: the
+ * kernels' entry points, so that each type's decoding is inlined into a copy of its own */
+#define G4_Q8_CASE(t, blk, CALL)                                                                                       \
+    case t: CALL(t); break;
+#define G4_Q8_SWITCH(type, CALL)                                                                                       \
+    switch (type) {                                                                                                    \
+    case G4_Q4_0: CALL(G4_Q4_0); break;                                                                                \
+        G4_Q8_K_QUANTS(G4_Q8_CASE, CALL)                                                                               \
+    default: CALL(G4_Q8_0); break;                                                                                     \
+    }
+
+/* bytes of a row a group of 4 blocks of 32 spans on average (the SIMD sets' prefetch steps) */
+static inline long g4_q8_group_bytes(g4_dtype type) {
+    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
+           : type == G4_IQ4_XS                                      ? 68
+           : type == G4_Q5_K || type == G4_Q5_0                     ? 88
+           : type == G4_Q6_K                                        ? 105
+                                                                    : 136; /* Q8_0 */
+}
+
+/* The 8 scales (*sc) and mins (*mn) of a Q4_K / Q5_K super-block's scales[12] (g4_k_scale_min), sub-block k in
+ * byte k: taken from the 12 as 32-bit words (sub-blocks 0-3 the low 6 bits of bytes 0-3 and 4-7; 4-7 the nibbles of
+ * bytes 8-11 with the top 2 bits of bytes 0-3 and 4-7 above them). */
+static inline void g4_k_scales8(const unsigned char *s, uint64_t *sc, uint64_t *mn) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    *sc = (u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4)) << 32;
+    *mn = (u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4)) << 32;
+}
+
+/* The 8 sub-block scales of an IQ4_XS super-block (sb: f16 d, u16 scales_h, u8 scales_l[4]) as 6-bit values (the
+ * scale + 32), sub-block k in byte k */
+static inline uint64_t g4_iq4xs_scales8(const unsigned char *sb) {
+    uint16_t sh;
+    uint32_t sl;
+    memcpy(&sh, sb + 2, 2);
+    memcpy(&sl, sb + 4, 4);
+    uint64_t ls = 0;
+    for (int k = 0; k < 8; k++) ls |= (uint64_t)(((sl >> (4 * k)) & 15u) | (((uint32_t)sh >> (2 * k)) & 3u) << 4) << (8 * k);
+    return ls;
+}
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and those of G4_Q8_K_QUANTS (rows of whole blocks) where the
  * kernels take them (q8_k_quants: AVX-512 VNNI, AVX2, NEON); int8 activations not switched off by G4_NO_INT8_ACT (for

@@ -111,13 +111,6 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
 
 static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K; }
 
-static inline long n2_group_bytes(g4_dtype type) {
-    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
-           : type == G4_IQ4_XS                                      ? 68
-           : type == G4_Q5_K || type == G4_Q5_0                     ? 88
-           : type == G4_Q6_K                                        ? 105
-                                                                    : 136; /* Q8_0 */
-}
 
 /* the low nibbles of 16 bytes (elements 0-15) and the high ones (16-31) */
 __attribute__((always_inline)) static inline void n2_nibbles(const unsigned char *p, int8x16_t c[2]) {
@@ -198,10 +191,10 @@ __attribute__((always_inline)) static inline void n2_codes(g4_dtype type, const 
     }
 }
 
-/* 4 bytes of 6-bit scales as floats times d */
-__attribute__((always_inline)) static inline float32x4_t n2_scale4(uint32_t b, float d) {
-    const uint8x8_t v = vcreate_u8(b);
-    return vmulq_n_f32(vcvtq_f32_u32(vmovl_u16(vget_low_u16(vmovl_u8(v)))), d);
+/* (4 bytes - off) as floats times d */
+__attribute__((always_inline)) static inline float32x4_t n2_scale4(uint32_t b, int off, float d) {
+    const int32x4_t v = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(b)))));
+    return vmulq_n_f32(vcvtq_f32_s32(vsubq_s32(v, vdupq_n_s32(off))), d);
 }
 
 /* The scales of pair p (groups 2p, 2p + 1) of a row of nb blocks: group h's block i in lane i of s[h][0] (its
@@ -211,16 +204,12 @@ __attribute__((always_inline)) static inline void n2_scales(g4_dtype type, const
     s2[0] = s2[1] = vdupq_n_f32(0);
     if (type == G4_Q4_K || type == G4_Q5_K) {
         const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)p;
-        uint32_t u0, u1, u2;
-        memcpy(&u0, sb + 4, 4);
-        memcpy(&u1, sb + 8, 4);
-        memcpy(&u2, sb + 12, 4);
         const float d = g4_f16_at(sb), dmin = g4_f16_at(sb + 2);
-        const uint32_t sc[2] = {u0 & 0x3f3f3f3fu, (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4)};
-        const uint32_t mn[2] = {u1 & 0x3f3f3f3fu, ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4)};
+        uint64_t sc, mn;
+        g4_k_scales8(sb + 4, &sc, &mn);
         for (int h = 0; h < 2; h++) {
-            s[h][0] = s[h][1] = n2_scale4(sc[h], d);
-            s2[h] = n2_scale4(mn[h], -dmin);
+            s[h][0] = s[h][1] = n2_scale4((uint32_t)(sc >> (32 * h)), 0, d);
+            s2[h] = n2_scale4((uint32_t)(mn >> (32 * h)), 0, -dmin);
         }
     } else if (type == G4_Q6_K) { /* group h's block i: elements 0-15 scales[8h + 2i], 16-31 scales[8h + 2i + 1] */
         const unsigned char *sb = row + (size_t)210 * (size_t)p;
@@ -233,19 +222,10 @@ __attribute__((always_inline)) static inline void n2_scales(g4_dtype type, const
         }
     } else if (type == G4_IQ4_XS) { /* sub-block k: d * (6-bit scale - 32) */
         const unsigned char *sb = row + (size_t)136 * (size_t)p;
-        uint16_t sh;
-        uint32_t sl;
-        memcpy(&sh, sb + 2, 2);
-        memcpy(&sl, sb + 4, 4);
+        const uint64_t ls = g4_iq4xs_scales8(sb);
         const float d = g4_f16_at(sb);
-        for (int h = 0; h < 2; h++) {
-            int32_t ls[4];
-            for (int i = 0; i < 4; i++) {
-                const int k = 4 * h + i;
-                ls[i] = (int32_t)(((sl >> (4 * k)) & 15u) | (((uint32_t)sh >> (2 * k)) & 3u) << 4) - 32;
-            }
-            s[h][0] = s[h][1] = vmulq_n_f32(vcvtq_f32_s32(vld1q_s32(ls)), d);
-        }
+        for (int h = 0; h < 2; h++)
+            s[h][0] = s[h][1] = n2_scale4((uint32_t)(ls >> (32 * h)), 32, d);
     } else { /* blocks of 32: d */
         const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 8 * p;
         const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
@@ -293,7 +273,8 @@ __attribute__((always_inline)) static inline float32x4_t n2_group_step(float32x4
     return vfmaq_f32(v, s2, m);
 }
 
-static void q_pack_neon(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst) {
+__attribute__((always_inline)) static inline void q_pack_typed(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                               int nr, int nb, unsigned char *dst) {
     const int ng = (nb + 3) / 4;
     for (int r = 0; r < nr; r++) {
         const unsigned char *row = w + (size_t)r * row_bytes;
@@ -310,6 +291,12 @@ static void q_pack_neon(g4_dtype type, const unsigned char *w, size_t row_bytes,
             vst1q_f32((float *)(o + 160), s2[g % 2]);
         }
     }
+}
+
+static void q_pack_neon(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst) {
+#define CALL(qt) q_pack_typed(qt, w, row_bytes, nr, nb, dst)
+    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
 }
 
 __attribute__((always_inline)) static inline void q_gemm_body(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
@@ -353,7 +340,7 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static void q_gemm_neon_dot(co
 /* decode: NR rows as stored, far apart (stride), times token t's row, each group decoded in registers */
 __attribute__((always_inline)) static inline void q_gemv_rows(g4_dtype type, const unsigned char *w, size_t stride, int nb, const g4_q8_rows *a, int t,
                                float *y, size_t ystride, int NR, int sdot) {
-    const long gb = n2_group_bytes(type);
+    const long gb = g4_q8_group_bytes(type);
     const int ng = (nb + 3) / 4, halves = n2_halves(type);
     const int8_t *x = a->q + (size_t)t * a->in_pad;
     const float *dx = a->d + (size_t)t * a->nb_pad, *m = a->m + (size_t)t * a->nb_pad;
@@ -388,12 +375,16 @@ __attribute__((always_inline)) static inline void q_gemv_body(g4_dtype type, con
 
 static void q_gemv_neon(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, const g4_q8_rows *a,
                         int t, float *y) {
-    q_gemv_body(type, w, row_bytes, nr, nb, a, t, y, 0);
+#define CALL(qt) q_gemv_body(qt, w, row_bytes, nr, nb, a, t, y, 0)
+    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
 }
 __attribute__((target("arch=armv8.2-a+dotprod"))) static void q_gemv_neon_dot(g4_dtype type, const unsigned char *w,
                                                                              size_t row_bytes, int nr, int nb,
                                                                              const g4_q8_rows *a, int t, float *y) {
-    q_gemv_body(type, w, row_bytes, nr, nb, a, t, y, 1);
+#define CALL(qt) q_gemv_body(qt, w, row_bytes, nr, nb, a, t, y, 1)
+    G4_Q8_SWITCH(type, CALL)
+#undef CALL
 }
 
 /* exp, gelu and tanh: the constants and the method are in cpu.h (the x86 sets compute the same) */

@@ -201,14 +201,6 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 /* ------------------------------------------------ int8 activations, shared */
 /* Both sets read a row's blocks in groups of 4 (128 elements; for the K-quants and IQ4_XS half a super-block). */
 
-/* bytes of a row a group spans on average (for the prefetch distance's steps) */
-static inline long group_bytes(g4_dtype type) {
-    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
-           : type == G4_IQ4_XS                                      ? 68
-           : type == G4_Q5_K || type == G4_Q5_0                     ? 88
-           : type == G4_Q6_K                                        ? 105
-                                                                    : 136; /* Q8_0 */
-}
 
 /* Decode (q_gemv) takes GEMV_ROWS rows at once, far apart (one from each GEMV_ROWS-th of the range), so that each
  * is its own sequential stream for the hardware prefetchers (rows next to each other, interleaved in one page, read
@@ -329,13 +321,8 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
     __m256 v, m = _mm256_setzero_ps(); /* the 8 blocks' scales and offset terms */
     if (type == G4_Q4_K || type == G4_Q5_K) {
         const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)p;
-        /* the 8 scales and 8 mins (g4_k_scale_min) as bytes, from the 12 as 32-bit words */
-        uint32_t u0, u1, u2;
-        memcpy(&u0, sb + 4, 4);
-        memcpy(&u1, sb + 8, 4);
-        memcpy(&u2, sb + 12, 4);
-        const uint64_t sc = (u0 & 0x3f3f3f3fu) | (uint64_t)((u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4)) << 32;
-        const uint64_t mn = (u1 & 0x3f3f3f3fu) | (uint64_t)(((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4)) << 32;
+        uint64_t sc, mn;
+        g4_k_scales8(sb + 4, &sc, &mn);
         v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc))),
                           _mm256_set1_ps(_cvtsh_ss(block_d(sb))));
         m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))),
@@ -352,12 +339,7 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
         return;
     } else if (type == G4_IQ4_XS) { /* sub-block k: d * (6-bit scale - 32) */
         const unsigned char *sb = row + (size_t)136 * (size_t)p;
-        uint16_t sh;
-        uint32_t sl;
-        memcpy(&sh, sb + 2, 2);
-        memcpy(&sl, sb + 4, 4);
-        uint64_t ls = 0;
-        for (int k = 0; k < 8; k++) ls |= (uint64_t)(((sl >> (4 * k)) & 15u) | (((uint32_t)sh >> (2 * k)) & 3u) << 4) << (8 * k);
+        const uint64_t ls = g4_iq4xs_scales8(sb);
         v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ls)),
                                                               _mm256_set1_epi32(32))),
                           _mm256_set1_ps(_cvtsh_ss(block_d(sb))));
@@ -419,7 +401,7 @@ __attribute__((target(T2), always_inline)) static inline __m256 q2_pair_step(__m
 __attribute__((target(T2), always_inline)) static inline void q_pack_avx2_typed(g4_dtype type, const unsigned char *w,
                                                                                 size_t row_bytes, int nr, int nb,
                                                                                 unsigned char *dst) {
-    const long gb = group_bytes(type);
+    const long gb = g4_q8_group_bytes(type);
     const int ng = (nb + 3) / 4;
     for (int r = 0; r < nr; r++) {
         const unsigned char *row = w + (size_t)r * row_bytes;
@@ -440,14 +422,9 @@ __attribute__((target(T2), always_inline)) static inline void q_pack_avx2_typed(
 
 __attribute__((target(T2))) static void q_pack_avx2(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,
                                                    int nb, unsigned char *dst) {
-    switch (type) { /* (each type's decoding inlined) */
-    case G4_Q4_0: q_pack_avx2_typed(G4_Q4_0, w, row_bytes, nr, nb, dst); break;
-#define TYPED(qt, blk)                                                                                                 \
-    case qt: q_pack_avx2_typed(qt, w, row_bytes, nr, nb, dst); break;
-        G4_Q8_K_QUANTS(TYPED)
-#undef TYPED
-    default: q_pack_avx2_typed(G4_Q8_0, w, row_bytes, nr, nb, dst); break;
-    }
+#define CALL(qt) q_pack_avx2_typed(qt, w, row_bytes, nr, nb, dst)
+    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
 }
 
 /* packed row times tokens t0 .. t0 + NT - 1 (NT <= 2: the row's codes shared) */
@@ -503,7 +480,7 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
                                                                                 size_t stride, int nb,
                                                                                 const g4_q8_rows *a, int t, float *y,
                                                                                 size_t ystride, const int NR) {
-    const long gb = group_bytes(type);
+    const long gb = g4_q8_group_bytes(type);
     const int ng = (nb + 3) / 4;
     __m256 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
@@ -544,14 +521,9 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_typed(
 
 __attribute__((target(T2))) static void q_gemv_avx2(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,
                                                    int nb, const g4_q8_rows *a, int t, float *y) {
-    switch (type) { /* (each type's decoding inlined) */
-    case G4_Q4_0: q_gemv_avx2_typed(G4_Q4_0, w, row_bytes, nr, nb, a, t, y); break;
-#define TYPED(qt, blk)                                                                                                 \
-    case qt: q_gemv_avx2_typed(qt, w, row_bytes, nr, nb, a, t, y); break;
-        G4_Q8_K_QUANTS(TYPED)
-#undef TYPED
-    default: q_gemv_avx2_typed(G4_Q8_0, w, row_bytes, nr, nb, a, t, y); break;
-    }
+#define CALL(qt) q_gemv_avx2_typed(qt, w, row_bytes, nr, nb, a, t, y)
+    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
 }
 
 /* ----------------------------------------------- int8 activations, AVX-512 */
@@ -637,15 +609,10 @@ __attribute__((target(T512), always_inline)) static inline void qk_nibbles_scale
     const __m512i i16 = _mm512_set1_epi8(16);
     *lo = _mm512_permutex2var_epi8(L, ilo, N);
     *hi = _mm512_permutex2var_epi8(L, _mm512_add_epi8(ilo, i16), N);
-    /* the half's 4 scales and 4 mins (6 bits each, g4_k_scale_min) as bytes, taken from the 12 as 32-bit words:
-     * sub-blocks 0-3 the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7 the nibbles of bytes 8-11 with
-     * the top 2 bits of bytes 0-3 (scales) and 4-7 (mins) above them */
-    uint32_t u0, u1, u2;
-    memcpy(&u0, sb + 4, 4);
-    memcpy(&u1, sb + 8, 4);
-    memcpy(&u2, sb + 12, 4);
-    const uint32_t sc = h ? (u2 & 0x0f0f0f0fu) | (((u0 >> 6) & 0x03030303u) << 4) : u0 & 0x3f3f3f3fu;
-    const uint32_t mn = h ? ((u2 >> 4) & 0x0f0f0f0fu) | (((u1 >> 6) & 0x03030303u) << 4) : u1 & 0x3f3f3f3fu;
+    /* the half's 4 scales and 4 mins (6 bits each) as bytes */
+    uint64_t sc8, mn8;
+    g4_k_scales8(sb + 4, &sc8, &mn8);
+    const uint32_t sc = (uint32_t)(sc8 >> (32 * h)), mn = (uint32_t)(mn8 >> (32 * h));
     const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn, (int)sc))),
                                    _mm512_castps256_ps512(_mm256_set_m128(_mm_set1_ps(-_cvtsh_ss(block_d(sb + 2))),
                                                                           _mm_set1_ps(_cvtsh_ss(block_d(sb))))));
@@ -723,13 +690,7 @@ __attribute__((target(T512), always_inline)) static inline void iq4xs_group(cons
     const __m512i q = _mm512_loadu_si512(sb + 8 + 64 * h), m4 = _mm512_set1_epi8(15);
     *lo = iq4_codes(_mm512_and_si512(q, m4));
     *hi = iq4_codes(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
-    /* sub-block 4h + i's scale: nibble i of bytes 2h, 2h+1 of scales_l, bits 2i of byte h of scales_h above it */
-    uint16_t sl, sh;
-    memcpy(&sl, sb + 4 + 2 * h, 2);
-    memcpy(&sh, sb + 2, 2);
-    const uint32_t hb = (uint32_t)(sh >> (8 * h)) & 0xffu;
-    uint32_t ls = 0;
-    for (int i = 0; i < 4; i++) ls |= ((((uint32_t)sl >> (4 * i)) & 15u) | (((hb >> (2 * i)) & 3u) << 4)) << (8 * i);
+    const uint32_t ls = (uint32_t)(g4_iq4xs_scales8(sb) >> (32 * h)); /* sub-blocks 4h .. 4h + 3 */
     const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ls)), _mm_set1_epi32(32))),
                                 _mm_set1_ps(_cvtsh_ss(block_d(sb))));
     *s1 = block_lanes(_mm512_castps128_ps512(v), 0);
@@ -839,7 +800,7 @@ __attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 
 __attribute__((target(T512), always_inline)) static inline void q_pack_typed(g4_dtype type, const unsigned char *w,
                                                                              size_t row_bytes, int nr, int nb,
                                                                              unsigned char *dst) {
-    const long gb = group_bytes(type);
+    const long gb = g4_q8_group_bytes(type);
     const int ng = (nb + 3) / 4;
     const q_perm pm = q_perms(type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0);
     for (int r = 0; r < nr; r++) {
@@ -861,14 +822,9 @@ __attribute__((target(T512), always_inline)) static inline void q_pack_typed(g4_
 
 __attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
                                                        int nr, int nb, unsigned char *dst) {
-    switch (type) { /* (each type's decoding inlined) */
-    case G4_Q4_0: q_pack_typed(G4_Q4_0, w, row_bytes, nr, nb, dst); break;
-#define TYPED(qt, blk)                                                                                                 \
-    case qt: q_pack_typed(qt, w, row_bytes, nr, nb, dst); break;
-        G4_Q8_K_QUANTS(TYPED)
-#undef TYPED
-    default: q_pack_typed(G4_Q8_0, w, row_bytes, nr, nb, dst); break;
-    }
+#define CALL(qt) q_pack_typed(qt, w, row_bytes, nr, nb, dst)
+    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
 }
 
 /* decode: rows as stored times one grouped activation row, each group unpacked in registers; the same
@@ -879,7 +835,7 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
                                                                              size_t row_bytes, int ng,
                                                                              const unsigned char *xt, float *y,
                                                                              size_t ystride, const int NR) {
-    const long gb = group_bytes(type);
+    const long gb = g4_q8_group_bytes(type);
     const int mode = g4_q8_mode(type);
     __m512 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
@@ -914,14 +870,9 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_typed(g4_
 
 __attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
                                                        int nr, int nb, const g4_q8_rows *a, int t, float *y) {
-    switch (type) { /* (each type's decoding and mode inlined) */
-    case G4_Q4_0: q_gemv_typed(G4_Q4_0, w, row_bytes, nr, nb, a, t, y); break;
-#define TYPED(qt, blk)                                                                                                 \
-    case qt: q_gemv_typed(qt, w, row_bytes, nr, nb, a, t, y); break;
-        G4_Q8_K_QUANTS(TYPED)
-#undef TYPED
-    default: q_gemv_typed(G4_Q8_0, w, row_bytes, nr, nb, a, t, y); break;
-    }
+#define CALL(qt) q_gemv_typed(qt, w, row_bytes, nr, nb, a, t, y)
+    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
 }
 
 /* One activation row into groups (g4_cpu_kernels.q8_group_row): per block of 32, d = max|x| / 127 and

@@ -35,9 +35,9 @@ int g4_cpu_q8_supported(const g4_tensor *w) {
     if (w->dtype == G4_Q8_0 || w->dtype == G4_Q4_0) return in % 32 == 0;
     if (!g4_cpu_kernels_get()->q8_k_quants) return 0;
     switch (w->dtype) {
-#define BLOCK(t, blk)                                                                                                  \
+#define BLOCK(t, blk, _)                                                                                               \
     case t: return in % (blk) == 0;
-        G4_Q8_K_QUANTS(BLOCK)
+        G4_Q8_K_QUANTS(BLOCK, _)
 #undef BLOCK
     default: return 0;
     }
