@@ -119,9 +119,16 @@ static inline uint64_t g4_iq4xs_scales8(const unsigned char *sb) {
     uint32_t sl;
     memcpy(&sh, sb + 2, 2);
     memcpy(&sl, sb + 4, 4);
-    uint64_t ls = 0;
-    for (int k = 0; k < 8; k++) ls |= (uint64_t)(((sl >> (4 * k)) & 15u) | (((uint32_t)sh >> (2 * k)) & 3u) << 4) << (8 * k);
-    return ls;
+    /* nibble k of scales_l to the low bits of byte k, 2-bit field k of scales_h to bits 4-5 of byte k: spread by
+     * halving shifts (a bit deposit without BMI2) */
+    uint64_t lo = sl, hi = sh;
+    lo = (lo | lo << 16) & 0x0000ffff0000ffffull;
+    lo = (lo | lo << 8) & 0x00ff00ff00ff00ffull;
+    lo = (lo | lo << 4) & 0x0f0f0f0f0f0f0f0full;
+    hi = (hi | hi << 24) & 0x000000ff000000ffull;
+    hi = (hi | hi << 12) & 0x000f000f000f000full;
+    hi = (hi | hi << 6) & 0x0303030303030303ull;
+    return lo | hi << 4;
 }
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and those of G4_Q8_K_QUANTS (rows of whole blocks) where the
