@@ -201,7 +201,6 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 /* ------------------------------------------------ int8 activations, shared */
 /* Both sets read a row's blocks in groups of 4 (128 elements; for the K-quants and IQ4_XS half a super-block). */
 
-
 /* Decode (q_gemv) takes GEMV_ROWS rows at once, far apart (one from each GEMV_ROWS-th of the range), so that each
  * is its own sequential stream for the hardware prefetchers (rows next to each other, interleaved in one page, read
  * at half the bandwidth from memory here), and prefetches each stream GEMV_PREFETCH bytes ahead, every line of it
@@ -231,6 +230,7 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
  * (groups 2p, 2p + 1), the pair's s2 (8 floats: lane k block 8p + k's offset term); 192 bytes. Blocks past the row's
  * end: zero codes and scales. */
 
+/* the types whose codes are signed (|w| times x with w's sign) */
 static inline int q2_signed(g4_dtype t) {
     return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_Q6_K;
 }
@@ -246,8 +246,6 @@ __attribute__((target(T2), always_inline)) static inline __m256i q2_iq4(__m256i 
     const __m128i t = _mm_loadu_si128((const __m128i *)g4_iq4_values);
     return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles);
 }
-
-
 
 /* The codes of group g of a row of nb blocks of 32. */
 __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype type, const unsigned char *row, int g,
