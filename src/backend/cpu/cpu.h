@@ -201,7 +201,7 @@ typedef struct g4_cpu_kernels {
      * row_bytes apart) into ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart:
      * each group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128, the 5- and 6-bit codes, IQ4's table values + 128)
      * in the order of g4_q8_rows.qg, s1 and s2 (g4_q8_mode) in 4 lanes a block (zero past the row); a set with
-     * q_act_plain packs its own layout (kernels_x86.c: q2_group) */
+     * q_act_plain packs its own layout (its codes in element order and lane scales: kernels_x86.c, kernels_arm.c) */
     void (*q_pack)(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb, unsigned char *dst);
     /* x[i] = exp(x[i] - shift) in place (0 below about -87.3); returns the sum (softmax numerators) */
     float (*exp_sum)(float *x, size_t n, float shift);

@@ -106,6 +106,7 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
  * summed per block over a group (pairwise adds), and per group
  *   v += float(block sums) * s * dx  (Q6_K: elements 0-15 and 16-31 apart, each with its scale)  +  s2 * m
  * with s2 the block's offset term (Q4_K / Q5_K: -dmin m_k; zero for the others); acc += v once a pair. */
+#define N2_INLINE __attribute__((always_inline)) static inline /* (the type a constant in each entry point's copy) */
 #define N2_ROWS 4        /* decode: rows at once, far apart (each its own stream) */
 #define N2_PREFETCH 2048 /* decode: bytes ahead of each stream */
 
@@ -113,21 +114,21 @@ static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K; }
 
 
 /* the low nibbles of 16 bytes (elements 0-15) and the high ones (16-31) */
-__attribute__((always_inline)) static inline void n2_nibbles(const unsigned char *p, int8x16_t c[2]) {
+N2_INLINE void n2_nibbles(const unsigned char *p, int8x16_t c[2]) {
     const uint8x16_t q = vld1q_u8(p);
     c[0] = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(15)));
     c[1] = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
 }
 
 /* 16 where bit i % 8 of byte i / 8 of the two bytes (b0, b1) is set */
-__attribute__((always_inline)) static inline int8x16_t n2_bits16(unsigned b0, unsigned b1) {
+N2_INLINE int8x16_t n2_bits16(unsigned b0, unsigned b1) {
     static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
     const uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)b0), vdup_n_u8((uint8_t)b1));
     return vreinterpretq_s8_u8(vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(16)));
 }
 
 /* The codes of group g of a row of nb blocks: c[i][0] block i's elements 0-15, c[i][1] 16-31 (zeros past the row). */
-__attribute__((always_inline)) static inline void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, int8x16_t c[4][2]) {
+N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, int8x16_t c[4][2]) {
     const int8x16_t iq4 = vld1q_s8(g4_iq4_values);
     const uint8x16_t m4 = vdupq_n_u8(15);
     if (type == G4_Q4_K || type == G4_Q5_K) { /* qs: chunk c's 32 bytes, sub-block 2c the low nibbles, 2c+1 high */
@@ -185,21 +186,22 @@ __attribute__((always_inline)) static inline void n2_codes(g4_dtype type, const 
             } else {
                 n2_nibbles(b + 2, c[i]);
                 for (int e = 0; e < 2; e++)
-                    c[i][e] = type == G4_IQ4_NL ? vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e])) : vsubq_s8(c[i][e], vdupq_n_s8(8));
+                    c[i][e] = type == G4_IQ4_NL ? vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e]))
+                                                : vsubq_s8(c[i][e], vdupq_n_s8(8));
             }
         }
     }
 }
 
 /* (4 bytes - off) as floats times d */
-__attribute__((always_inline)) static inline float32x4_t n2_scale4(uint32_t b, int off, float d) {
+N2_INLINE float32x4_t n2_scale4(uint32_t b, int off, float d) {
     const int32x4_t v = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(b)))));
     return vmulq_n_f32(vcvtq_f32_s32(vsubq_s32(v, vdupq_n_s32(off))), d);
 }
 
 /* The scales of pair p (groups 2p, 2p + 1) of a row of nb blocks: group h's block i in lane i of s[h][0] (its
  * elements 0-15) and s[h][1] (16-31; the same but for Q6_K), and of s2[h] (its offset term); zero past the row. */
-__attribute__((always_inline)) static inline void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb, float32x4_t s[2][2],
+N2_INLINE void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb, float32x4_t s[2][2],
                              float32x4_t s2[2]) {
     s2[0] = s2[1] = vdupq_n_f32(0);
     if (type == G4_Q4_K || type == G4_Q5_K) {
@@ -238,7 +240,7 @@ __attribute__((always_inline)) static inline void n2_scales(g4_dtype type, const
 }
 
 /* the integer dot products of a block's elements 0-15 (d[0]) and 16-31 (d[1]), 4 lanes each */
-__attribute__((always_inline)) static inline void n2_dot_widen(const int8x16_t c[2], const int8_t *x, int32x4_t d[2]) {
+N2_INLINE void n2_dot_widen(const int8x16_t c[2], const int8_t *x, int32x4_t d[2]) {
     for (int e = 0; e < 2; e++) {
         const int8x16_t v = vld1q_s8(x + 16 * e);
         d[e] = vpaddlq_s16(vmlal_high_s8(vmull_s8(vget_low_s8(c[e]), vget_low_s8(v)), c[e], v));
@@ -251,7 +253,7 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static inline void n2_dot_sdot
 
 /* group codes c times activation codes x: lane i = block i's sum over elements 0-15 (h[0]) and 16-31 (h[1]); without
  * halves, h[0] the whole block's */
-__attribute__((always_inline)) static inline void n2_group_dots(const int8x16_t c[4][2], const int8_t *x, int sdot, int halves, int32x4_t h[2]) {
+N2_INLINE void n2_group_dots(const int8x16_t c[4][2], const int8_t *x, int sdot, int halves, int32x4_t h[2]) {
     int32x4_t d[4][2];
     for (int i = 0; i < 4; i++) {
         if (sdot)
@@ -266,14 +268,14 @@ __attribute__((always_inline)) static inline void n2_group_dots(const int8x16_t 
 
 /* One (row, token) step of group h of a pair, the same in q_gemm and q_gemv: v += its sums times s * dx, plus s2 * m
  * (dx, m: its blocks' d and m) */
-__attribute__((always_inline)) static inline float32x4_t n2_group_step(float32x4_t v, const int32x4_t hs[2], const float32x4_t s[2], float32x4_t s2,
+N2_INLINE float32x4_t n2_group_step(float32x4_t v, const int32x4_t hs[2], const float32x4_t s[2], float32x4_t s2,
                                         float32x4_t dx, float32x4_t m, int halves) {
     v = vfmaq_f32(v, vcvtq_f32_s32(hs[0]), vmulq_f32(s[0], dx));
     if (halves) v = vfmaq_f32(v, vcvtq_f32_s32(hs[1]), vmulq_f32(s[1], dx));
     return vfmaq_f32(v, s2, m);
 }
 
-__attribute__((always_inline)) static inline void q_pack_typed(g4_dtype type, const unsigned char *w, size_t row_bytes,
+N2_INLINE void q_pack_typed(g4_dtype type, const unsigned char *w, size_t row_bytes,
                                                                int nr, int nb, unsigned char *dst) {
     const int ng = (nb + 3) / 4;
     for (int r = 0; r < nr; r++) {
@@ -299,7 +301,7 @@ static void q_pack_neon(g4_dtype type, const unsigned char *w, size_t row_bytes,
 #undef CALL
 }
 
-__attribute__((always_inline)) static inline void q_gemm_body(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
+N2_INLINE void q_gemm_body(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
                                size_t ldy, int sdot) {
     const size_t ldw = (size_t)ng * G4_QW_GROUP;
     const int halves = n2_halves(a->type);
@@ -338,7 +340,7 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static void q_gemm_neon_dot(co
 }
 
 /* decode: NR rows as stored, far apart (stride), times token t's row, each group decoded in registers */
-__attribute__((always_inline)) static inline void q_gemv_rows(g4_dtype type, const unsigned char *w, size_t stride, int nb, const g4_q8_rows *a, int t,
+N2_INLINE void q_gemv_rows(g4_dtype type, const unsigned char *w, size_t stride, int nb, const g4_q8_rows *a, int t,
                                float *y, size_t ystride, int NR, int sdot) {
     const long gb = g4_q8_group_bytes(type);
     const int ng = (nb + 3) / 4, halves = n2_halves(type);
@@ -365,7 +367,7 @@ __attribute__((always_inline)) static inline void q_gemv_rows(g4_dtype type, con
     for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = vaddvq_f32(acc[r]);
 }
 
-__attribute__((always_inline)) static inline void q_gemv_body(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb,
+N2_INLINE void q_gemv_body(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr, int nb,
                                const g4_q8_rows *a, int t, float *y, int sdot) {
     const int q = nr / N2_ROWS;
     for (int i = 0; i < q; i++)

@@ -1,7 +1,6 @@
 /* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512, AVX2 and NEON sets, Q5_0, Q4_K,
- * Q5_K, Q6_K, IQ4_NL, IQ4_XS) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each token row
- * is quantized per
- * block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
+ * Q5_K, Q6_K, IQ4_NL, IQ4_XS) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each
+ * token row is quantized per block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
  * where u = the weight codes as unsigned bytes (Q4_0: the nibble 0..15, off = 8; Q8_0:
  * the int8 + 128, off = 128), so one unsigned x signed byte product (VNNI vpdpbusd)
