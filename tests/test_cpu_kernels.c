@@ -177,7 +177,7 @@ static void test_q8_group_row(const g4_cpu_kernels *k, const char *isa) {
                     x[i] = i % 32 == 0 ? 127.0f : (float)(i % 32) - 16.5f;
             }
             const size_t ng = 3; /* at least one group past the row when nb <= 8 */
-            g4_q8_rows a = {.qg = ref, .ng = ng, .off = off};
+            g4_q8_rows a = {.qg = ref, .ng = ng, .type = off == 8 ? G4_Q4_0 : G4_Q8_0}; /* g4_q8_off: 8, 128 */
             g4_cpu_kernels_use(g4_cpu_kernels_for("scalar"));
             memset(ref, 0xAB, sizeof ref);
             g4_cpu_q8_quantize(x, (size_t)nb * 32, 0, 1, &a);

@@ -49,7 +49,7 @@ typedef struct g4_cpu {
  * G4_Q8_GROUP bytes: 64 int8 of the blocks' elements 0-15, 64 of elements 16-31, 16 int32
  * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the
  * block scales (each block's in 4 lanes); blocks past the row are zeros. off and mode follow the
- * weight type (g4_q8_mode):
+ * weight type (g4_q8_off, g4_q8_mode):
  * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS): off is the type's unsigned offset (Q4_0: 8, Q5_0: 16,
  *   Q8_0 and the IQ4 table's values: 128), so a group's integer dot product with the weights' unsigned codes
  *   starts from these lanes and ends exact;
@@ -64,14 +64,18 @@ enum { G4_Q8_OFFSET, G4_Q8_AFFINE, G4_Q8_HALVES };
 static inline int g4_q8_mode(g4_dtype t) {
     return t == G4_Q4_K || t == G4_Q5_K ? G4_Q8_AFFINE : t == G4_Q6_K ? G4_Q8_HALVES : G4_Q8_OFFSET;
 }
+/* the grouped layout's off for weights of type t (see above) */
+static inline int g4_q8_off(g4_dtype t) {
+    const int mode = g4_q8_mode(t);
+    return mode == G4_Q8_AFFINE ? -1 : mode == G4_Q8_HALVES ? 0 : t == G4_Q4_0 ? 8 : t == G4_Q5_0 ? 16 : 128;
+}
 typedef struct g4_q8_rows {
     int8_t *q;
     float *d, *m;
     size_t in_pad, nb_pad;
     unsigned char *qg;
     size_t ng;
-    int off, mode;
-    g4_dtype type; /* the weights' type the rows were prepared for */
+    g4_dtype type; /* the weights' type the rows were prepared for (g4_q8_mode, g4_q8_off) */
 } g4_q8_rows;
 
 /* The weight types beside Q8_0 and Q4_0 that a kernel set with q8_k_quants reads on int8 activations, each with

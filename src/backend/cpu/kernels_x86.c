@@ -954,7 +954,7 @@ __attribute__((target(T512), always_inline)) static inline void q_gemm_mode(cons
 
 __attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
                                                        int nt, int ng, float *y, size_t ldy) {
-    switch (a->mode) {
+    switch (g4_q8_mode(a->type)) {
     case G4_Q8_AFFINE: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_AFFINE); break;
     case G4_Q8_HALVES: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES); break;
     default: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_OFFSET); break;

@@ -53,7 +53,7 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
         float *d = a->q ? a->d + (size_t)t * a->nb_pad : NULL, *m = a->q ? a->m + (size_t)t * a->nb_pad : NULL;
         unsigned char *qg = a->qg ? a->qg + (size_t)t * a->ng * G4_Q8_GROUP : NULL;
         if (qg && ks->q8_group_row) { /* the kernel set's own (the same bytes) */
-            ks->q8_group_row(xt, in, a->off, qg, a->ng);
+            ks->q8_group_row(xt, in, g4_q8_off(a->type), qg, a->ng);
             qg = NULL;
             if (!q) continue;
         }
@@ -83,7 +83,7 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
                 for (int l = 0; l < 4; l++) {
                     int32_t lane = 0;
                     for (int k = 0; k < 4; k++) lane += qb[4 * l + k] + qb[16 + 4 * l + k];
-                    lane *= -a->off;
+                    lane *= -g4_q8_off(a->type);
                     memcpy(gp + 128 + 4 * (4 * i + (size_t)l), &lane, 4);
                     memcpy(gp + 192 + 4 * (4 * i + (size_t)l), &db, 4);
                 }
@@ -211,8 +211,6 @@ int g4_cpu_q8_prepare(g4_cpu *cpu, const float *x, int n, size_t in, g4_dtype ty
     memset(a, 0, sizeof *a);
     a->type = type;
     a->ng = (in / 32 + 3) / 4;
-    a->mode = g4_q8_mode(type);
-    a->off = a->mode == G4_Q8_AFFINE ? -1 : a->mode == G4_Q8_HALVES ? 0 : type == G4_Q4_0 ? 8 : type == G4_Q5_0 ? 16 : 128;
     if (k->q_gemm && !k->q_act_plain) {
         a->qg = g4_cpu_act_buf(cpu, (size_t)n * a->ng * G4_Q8_GROUP);
         if (!a->qg) return -1;
