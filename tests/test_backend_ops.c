@@ -282,7 +282,9 @@ static int be_bf16_act; /* be was made with bf16_act (g4_load_params.bf16_activa
  * made with bf16_act, and for quantized weights that CUDA decodes to bf16 tiles for a tensor-core product of more
  * than 8 tokens (cuda_blas.cu: their activations are rounded to bf16 once). */
 static int reads_int8(const g4_tensor *w, int n, int dense) {
-    return (!strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(w)) || cuda_reads_int8(w, n, dense);
+    g4_tensor h = *w;
+    h.dtype = held(w->dtype); /* (the CPU holds MLX weights as AF4 / AF8) */
+    return (!strcmp(be->ops->name, "cpu") && g4_cpu_q8_supported(&h)) || cuda_reads_int8(w, n, dense);
 }
 static void x_as_read(const float *x, int n, int in, const g4_tensor *w, int dense, double *xr) {
     const int rounds = reads_int8(w, n, dense);

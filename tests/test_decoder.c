@@ -322,10 +322,11 @@ static int quantize(const char *in, const char *out, const char *type) {
  * reference.safetensors cannot hold for any correct 8-bit engine. The test therefore checks
  *  1. exactness: the quantized file run with float activations gives the logits of its own
  *     weights decoded to f32 by the reference decoder (a separate F32 file) within QUANT_EXACT_TOL;
- *  2. closeness to transformers, with the default int8 activations of Q8_0: position 0 (no
- *     attention mixing yet) within 0.35, and the RMS error over all positions below half the
+ *  2. closeness to transformers, with the default int8 activations of Q8_0 and MLX: position 0 (no
+ *     attention mixing yet) within 0.35, and the RMS error over all positions below 0.6 of the
  *     RMS of the reference logits (a 4-bit file, or an engine error, comes out near 1.0x;
- *     8-bit files measure 0.05 to 0.16 at position 0 and 0.2x to 0.45x RMS).
+ *     8-bit files measure 0.05 to 0.22 at position 0 and 0.2x to 0.49x RMS: the moe fixture's
+ *     MLX8 file 0.43x with float activations, 0.49x with int8 ones on AVX-512 and AVX2).
  * (Float activations: G4_NO_INT8_ACT, honored by the CPU and the CUDA backend.)
  * On the GPU (the default device where there is one) the same checks run there: the quantized weights are
  * decoded in the GEMV (int8 activations of Q8_0 and MLX as the CPU's, float ones under G4_NO_INT8_ACT) and,
@@ -360,7 +361,7 @@ static void check_quantized(const char *fixture, const char *name, const referen
         }
         double rel_rms = sqrt(se / sr);
         CHECKF(e0 <= 0.35f, "%s %s: position-0 logits differ from transformers by %g", name, type, e0);
-        CHECKF(rel_rms <= 0.5, "%s %s: RMS logit error %.3f of the reference RMS", name, type, rel_rms);
+        CHECKF(rel_rms <= 0.6, "%s %s: RMS logit error %.3f of the reference RMS", name, type, rel_rms);
         printf("%-28s exact %.2e  position 0 %.3f  rms %.3f of the reference\n", type, e, e0, rel_rms);
     }
     free(exact);

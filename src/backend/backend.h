@@ -12,7 +12,8 @@
  * to_host copy; errors (e.g. out of memory inside an op) are reported by check() after the step.
  *
  * Weights. A weight is a g4_tensor whose dtype says how to read it. upload_weight() places a host view (a
- * memory-mapped file) in the backend: the CPU keeps the view as it is (nothing is copied or read), CUDA copies
+ * memory-mapped file) in the backend: the CPU keeps the view as it is (nothing is copied or read; MLX affine
+ * weights excepted, held as AF4 / AF8 blocks for its int8 products), CUDA copies
  * it into device memory (rows padded to 16 bytes there: a placed tensor is read only by its backend's ops). A
  * source without data (data NULL) asks for random values instead, uniform in +-sqrt(3 / row length): random-
  * weight models of real shapes for benchmarks, filled where they live (on the GPU, no host copy). A model may

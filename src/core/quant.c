@@ -24,6 +24,17 @@ static void dq_q4_0(const unsigned char *b, float *y) {
     }
 }
 
+/* AF4 / AF8 (core/tensor.h): the CPU's layout of MLX affine weights, w = s * code + b as g4_mlx_dequant computes it */
+static void dq_af(const unsigned char *b, float *y, int eight) {
+    float s, m;
+    memcpy(&s, b, 4);
+    memcpy(&m, b + 4, 4);
+    for (int j = 0; j < 16; j++) {
+        y[j] = s * (float)(eight ? b[8 + j] : b[8 + j] & 15) + m;
+        y[j + 16] = s * (float)(eight ? b[24 + j] : b[8 + j] >> 4) + m;
+    }
+}
+
 static void dq_q4_1(const unsigned char *b, float *y) {
     float d = g4_f16_at(b), m = g4_f16_at(b + 2);
     for (int j = 0; j < 16; j++) {
@@ -176,6 +187,8 @@ void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n) {
         case G4_Q3_K: dq_q3_k(s, y); break;
         case G4_IQ4_NL: dq_iq4_nl(s, y); break;
         case G4_IQ4_XS: dq_iq4_xs(s, y); break;
+        case G4_AF4: dq_af(s, y, 0); break;
+        case G4_AF8: dq_af(s, y, 1); break;
         default: memset(y, 0, (size_t)qk * sizeof(float)); break;
         }
     }
@@ -593,7 +606,35 @@ int g4_dequant_reads(g4_dtype t) {
 }
 
 int g4_transcode_exact(g4_dtype from, g4_dtype to) {
-    return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0);
+    return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0) ||
+           (g4_dtype_is_mlx(from) && to == g4_af_type(from));
+}
+
+g4_dtype g4_af_type(g4_dtype mlx) {
+    const int bits = g4_mlx_bits(mlx);
+    return bits == 0 ? G4_DTYPE_UNKNOWN : bits <= 4 ? G4_AF4 : G4_AF8;
+}
+
+/* row r of an MLX tensor as AF4 / AF8 blocks: each block's scale and bias (its group's) as f32, its codes */
+static size_t mlx_to_af(const g4_tensor *t, int64_t r, g4_dtype to, unsigned char *d) {
+    const int64_t n = t->shape[t->ndim - 1];
+    const int bits = g4_mlx_bits(t->dtype), bs = g4_dtype_block_bytes(to);
+    if (t->group <= 0 || t->group % 32 || n % t->group || to != g4_af_type(t->dtype)) return 0;
+    const g4_tensor v = g4_tensor_rows(t, r, 1);
+    for (int64_t b = 0; b < n / 32; b++, d += bs) {
+        const float s = scale_at(t->scale_dtype, v.scales, b * 32 / t->group),
+                    m = scale_at(t->scale_dtype, v.biases, b * 32 / t->group);
+        memcpy(d, &s, 4);
+        memcpy(d + 4, &m, 4);
+        for (int j = 0; j < 16; j++) {
+            const unsigned lo = g4_mlx_code(v.data, bits, 32 * b + j), hi = g4_mlx_code(v.data, bits, 32 * b + 16 + j);
+            if (to == G4_AF4)
+                d[8 + j] = (unsigned char)(lo | hi << 4);
+            else
+                d[8 + j] = (unsigned char)lo, d[24 + j] = (unsigned char)hi;
+        }
+    }
+    return (size_t)(n / 32) * (size_t)bs;
 }
 
 size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, float *tmp) {
@@ -607,6 +648,7 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         memcpy(dst, g4_tensor_row(t, r), rb);
         return rb;
     }
+    if (g4_dtype_is_mlx(t->dtype) && (to == G4_AF4 || to == G4_AF8)) return mlx_to_af(t, r, to, dst);
     if (t->dtype == G4_Q5_0 && to == G4_Q8_0) { /* (q - 16) * d: the same d, codes q - 16 */
         const unsigned char *s = g4_tensor_row(t, r);
         unsigned char *d = dst;

@@ -42,6 +42,8 @@ static const struct {
     [G4_MLX5] = {"MLX5", 0, 8, 5},
     [G4_MLX6] = {"MLX6", 0, 4, 3},
     [G4_MLX8] = {"MLX8", 0, 1, 1},
+    [G4_AF4] = {"AF4", 0, 32, 24},
+    [G4_AF8] = {"AF8", 0, 32, 40},
 };
 
 const char *g4_dtype_name(g4_dtype t) {

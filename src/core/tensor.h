@@ -50,6 +50,11 @@ typedef enum g4_dtype {
     G4_MLX5,
     G4_MLX6,
     G4_MLX8,
+    /* The CPU backend's layout of MLX affine weights (backend/cpu, upload_weight: g4_transcode_row, exact): blocks
+     * of 32, f32 scale, f32 bias, then the codes (AF4: 16 B, byte k = element k | element k + 16 << 4, Q4_0's
+     * order; AF8: 32 B, one a byte); w = scale * code + bias. Never in a file. */
+    G4_AF4, /* 24 B */
+    G4_AF8, /* 40 B */
     G4_DTYPE_COUNT
 } g4_dtype;
 
@@ -76,7 +81,7 @@ int g4_dtype_bits(g4_dtype t);
  * bytes of one such block; 0 for unknown types. */
 int g4_dtype_block(g4_dtype t);
 int g4_dtype_block_bytes(g4_dtype t);
-static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_MLX8; }
+static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_AF8; }
 static inline int g4_dtype_is_mlx(g4_dtype t) { return t >= G4_MLX2 && t <= G4_MLX8; }
 /* bits of an MLX type (2..8), 0 otherwise */
 int g4_mlx_bits(g4_dtype t);

@@ -1020,7 +1020,7 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
     if (m->random && params->random_type && strcasecmp(params->random_type, "bf16")) {
         m->random_type = G4_DTYPE_UNKNOWN;
         for (int t = G4_F32; t < G4_DTYPE_COUNT; t++)
-            if ((t <= G4_BF16 || g4_dtype_is_quantized((g4_dtype)t)) && !strcasecmp(params->random_type, g4_dtype_name((g4_dtype)t)))
+            if ((t <= G4_BF16 || (g4_dtype_is_quantized((g4_dtype)t) && t < G4_AF4)) && !strcasecmp(params->random_type, g4_dtype_name((g4_dtype)t)))
                 m->random_type = (g4_dtype)t;
         if (m->random_type == G4_DTYPE_UNKNOWN) {
             g4_fail(err,

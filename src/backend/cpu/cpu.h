@@ -53,7 +53,7 @@ typedef struct g4_cpu {
  * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS): off is the type's unsigned offset (Q4_0: 8, Q5_0: 16,
  *   Q8_0 and the IQ4 table's values: 128), so a group's integer dot product with the weights' unsigned codes
  *   starts from these lanes and ends exact;
- * - G4_Q8_AFFINE (Q4_K, Q5_K: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
+ * - G4_Q8_AFFINE (Q4_K, Q5_K, AF4, AF8: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
  *   multiply the weights' s2;
  * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements): off = 0, each half's dot product
  *   is taken apart and its -32 x code sums computed from the codes. */
@@ -62,7 +62,9 @@ typedef struct g4_cpu {
 #define G4_QW_GROUP 256
 enum { G4_Q8_OFFSET, G4_Q8_AFFINE, G4_Q8_HALVES };
 static inline int g4_q8_mode(g4_dtype t) {
-    return t == G4_Q4_K || t == G4_Q5_K ? G4_Q8_AFFINE : t == G4_Q6_K ? G4_Q8_HALVES : G4_Q8_OFFSET;
+    return t == G4_Q4_K || t == G4_Q5_K || t == G4_AF4 || t == G4_AF8 ? G4_Q8_AFFINE
+           : t == G4_Q6_K                                            ? G4_Q8_HALVES
+                                                                     : G4_Q8_OFFSET;
 }
 /* the grouped layout's off for weights of type t (see above) */
 static inline int g4_q8_off(g4_dtype t) {
@@ -82,7 +84,8 @@ typedef struct g4_q8_rows {
  * the elements a row must be a multiple of: X(type, block) (g4_cpu_q8_supported, and the type switches of the
  * AVX-512 kernels). */
 #define G4_Q8_K_QUANTS(X, A)                                                                                           \
-    X(G4_Q5_0, 32, A) X(G4_IQ4_NL, 32, A) X(G4_Q4_K, 256, A) X(G4_Q5_K, 256, A) X(G4_Q6_K, 256, A) X(G4_IQ4_XS, 256, A)
+    X(G4_Q5_0, 32, A) X(G4_IQ4_NL, 32, A) X(G4_Q4_K, 256, A) X(G4_Q5_K, 256, A) X(G4_Q6_K, 256, A) X(G4_IQ4_XS, 256, A) \
+    X(G4_AF4, 32, A) X(G4_AF8, 32, A)
 
 /* switch (type) calling CALL(the type as a constant) for Q4_0, each type of G4_Q8_K_QUANTS and (default) Q8_0: the
  * kernels' entry points, so that each type's decoding is inlined into a copy of its own */
@@ -101,6 +104,8 @@ static inline long g4_q8_group_bytes(g4_dtype type) {
            : type == G4_IQ4_XS                                      ? 68
            : type == G4_Q5_K || type == G4_Q5_0                     ? 88
            : type == G4_Q6_K                                        ? 105
+           : type == G4_AF4                                         ? 96
+           : type == G4_AF8                                         ? 160
                                                                     : 136; /* Q8_0 */
 }
 
@@ -168,8 +173,11 @@ void *g4_cpu_act_buf(g4_cpu *cpu, size_t bytes);
 /* Returns thread `t`'s scratch with at least n floats, or NULL when out of memory. */
 float *g4_cpu_scratch_get(g4_cpu *cpu, int t, size_t n);
 
-/* y[n, out] = x[n, in] * W^T (+ bias). W: F32, BF16 or F16, [out, in]. */
+/* y[n, out] = x[n, in] * W^T (+ bias), W [out, in] of any dtype (matmul.c); g4_cpu_matmul_f32: with the
+ * activations as they are (f32) for every type, where g4_cpu_matmul takes int8 activations (g4_cpu_q8_supported):
+ * the MoE router, whose logits choose the experts. */
 void g4_cpu_matmul(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
+void g4_cpu_matmul_f32(g4_cpu *cpu, const float *x, int n, const g4_tensor *w, const float *bias, float *y);
 
 /* The ops of dense.c. */
 void g4_cpu_attention_dense(g4_backend *be, const g4_dense_attention_args *a);
@@ -238,7 +246,7 @@ typedef struct g4_cpu_kernels {
     /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
      * off), the same bytes as g4_cpu_q8_quantize's reference rule */
     void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
-    /* q_pack and q_gemv also take Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (g4_cpu_q8_supported) */
+    /* q_pack and q_gemv also take the types of G4_Q8_K_QUANTS (g4_cpu_q8_supported) */
     int q8_k_quants;
     /* q_gemm and q_gemv read the plain activation layout (g4_q8_rows.q, d, m), not the grouped one */
     int q_act_plain;

@@ -78,7 +78,7 @@ static int cpu_memory(g4_backend *be, size_t *free_bytes, size_t *total_bytes) {
 
 /* Weights are read where they are (the memory-mapped file): nothing is copied. A source without data gets
  * random values in memory of its own. */
-static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
+static int cpu_place_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     *dst = *src;
     if (src->data) return 0;
     g4_cpu *cpu = cpu_of(be);
@@ -132,6 +132,63 @@ static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *ds
     free(row);
     return 0;
 }
+/* frees p if this backend owns it (random weights, weights held in another layout): 1 if it did */
+static int cpu_free_owned(g4_cpu *cpu, const void *p) {
+    for (int i = 0; p && i < cpu->n_owned; i++)
+        if (cpu->owned[i] == p) {
+            free(cpu->owned[i]);
+            cpu->owned[i] = cpu->owned[--cpu->n_owned];
+            return 1;
+        }
+    return 0;
+}
+
+typedef struct {
+    const g4_tensor *src;
+    g4_dtype to;
+    unsigned char *dst;
+    size_t row_bytes;
+} af_job;
+static void af_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
+    (void)thread;
+    const af_job *j = ctx;
+    for (int64_t r = r0; r < r1; r++) g4_transcode_row(j->src, r, j->to, j->dst + (size_t)r * j->row_bytes, NULL);
+}
+
+/* MLX affine weights are held as AF4 / AF8 (core/tensor.h: blocks of 32 with the group's f32 scale and bias, the
+ * codes as they are; g4_transcode_row, exact), which the int8 products read (matmul_q8.c); the others where they
+ * are. (AF4 takes 6 bits a weight where MLX4 with a bf16 scale and bias a group of 64 takes 4.5.) */
+static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
+    if (cpu_place_weight(be, src, dst, err)) return -1;
+    const g4_dtype af = g4_af_type(src->dtype);
+    const int64_t in = dst->ndim ? dst->shape[dst->ndim - 1] : 0, rows = g4_tensor_nrows(dst);
+    if (af == G4_DTYPE_UNKNOWN || dst->group <= 0 || dst->group % 32 || in % dst->group || !dst->data) return 0;
+    g4_cpu *cpu = cpu_of(be);
+    const size_t rb = g4_dtype_row_bytes(af, in), bytes = (size_t)rows * rb;
+    void *data = NULL;
+    if (cpu->n_owned + 1 > cpu->cap_owned) {
+        const int cap = cpu->cap_owned ? 2 * cpu->cap_owned : 64;
+        void **o = realloc(cpu->owned, (size_t)cap * sizeof *o);
+        if (!o) return g4_fail(err, "out of memory");
+        cpu->owned = o;
+        cpu->cap_owned = cap;
+    }
+    if (posix_memalign(&data, 64, bytes > 0 ? bytes : 64)) {
+        cpu_free_owned(cpu, dst->data), cpu_free_owned(cpu, dst->scales), cpu_free_owned(cpu, dst->biases);
+        return g4_fail(err, "out of memory for %zu bytes of '%s' as %s", bytes, src->name, g4_dtype_name(af));
+    }
+    af_job j = {dst, af, data, rb};
+    g4_pool_for(cpu->pool, rows, 64, af_rows, &j);
+    cpu_free_owned(cpu, dst->data), cpu_free_owned(cpu, dst->scales), cpu_free_owned(cpu, dst->biases);
+    cpu->owned[cpu->n_owned++] = data;
+    dst->dtype = af;
+    dst->data = data;
+    dst->nbytes = bytes;
+    dst->scales = dst->biases = NULL;
+    dst->group = 0;
+    return 0;
+}
+
 static void cpu_rows_to_device(g4_backend *be, float *dst, const g4_tensor *table, const int32_t *ids, int n,
                                float scale) {
     (void)be;
@@ -139,13 +196,8 @@ static void cpu_rows_to_device(g4_backend *be, float *dst, const g4_tensor *tabl
 }
 static void cpu_release_weight(g4_backend *be, g4_tensor *w) {
     g4_cpu *cpu = cpu_of(be);
-    for (int i = 0; i < cpu->n_owned; i++)
-        if (cpu->owned[i] == w->data) {
-            free(cpu->owned[i]);
-            cpu->owned[i] = cpu->owned[--cpu->n_owned];
-            w->data = NULL;
-            return;
-        }
+    cpu_free_owned(cpu, w->scales), cpu_free_owned(cpu, w->biases);
+    if (cpu_free_owned(cpu, w->data)) w->data = NULL;
 }
 
 static int cpu_check(g4_backend *be, g4_error *err) {
@@ -766,7 +818,8 @@ static void cpu_moe(g4_backend *be, const g4_moe_args *a) {
         float inv = 1.0f / sqrtf(ms + a->eps), *z = zs + (size_t)t * H;
         for (int i = 0; i < H; i++) z[i] = r[i] * inv * a->router_scale[i] * inv_sqrt_h;
     }
-    g4_cpu_matmul(cpu, zs, n, a->router_proj, NULL, lgs); /* every token's router logits in one product */
+    /* every token's router logits in one product, on f32 activations (an 8-bit MLX router too) */
+    g4_cpu_matmul_f32(cpu, zs, n, a->router_proj, NULL, lgs);
     for (int t = 0; t < n; t++) {
         float *lg = lgs + (size_t)t * E;
         float mx = -FLT_MAX, sum = 0;

@@ -101,16 +101,22 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
  * 32; q_pack, q_gemm and q_gemv with q_act_plain, the shape of the AVX2 set in kernels_x86.c): a row's blocks go in
  * groups of 4 (for the K-quants and IQ4_XS half a super-block) and by pairs of groups (blocks 8p .. 8p + 7: a
  * super-block, whose scales are decoded once). Codes are signed, in element order: Q4_0 nibble - 8, Q5_0 code - 16,
- * Q4_K / Q5_K the code (their mins are the offset term), Q6_K code - 32, IQ4 the table's values, Q8_0 as stored.
+ * Q4_K / Q5_K and AF4 the code (their mins or biases are the offset term), Q6_K code - 32, IQ4 the table's values,
+ * Q8_0 as stored, AF8 code - 128 (offset term b + 128 s).
  * Per block the integer dot products of elements 0-15 and 16-31 (SDOT, or widening multiplies: exact either way),
  * summed per block over a group (pairwise adds), and per group
  *   v += float(block sums) * s * dx  (Q6_K: elements 0-15 and 16-31 apart, each with its scale)  +  s2 * m
- * with s2 the block's offset term (Q4_K / Q5_K: -dmin m_k; zero for the others); acc += v once a pair. */
+ * with s2 the block's offset term (Q4_K / Q5_K: -dmin m_k; AF4: b, AF8: b + 128 s; zero for the others); acc += v
+ * once a pair. */
 #define N2_INLINE __attribute__((always_inline)) static inline /* (the type a constant in each entry point's copy) */
 #define N2_ROWS 4        /* decode: rows at once, far apart (each its own stream) */
 #define N2_PREFETCH 2048 /* decode: bytes ahead of each stream */
 
 static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K; }
+/* bytes of a block of the types with blocks of 32 */
+static inline int n2_block_bytes(g4_dtype t) {
+    return t == G4_Q8_0 ? 34 : t == G4_Q5_0 ? 22 : t == G4_AF4 ? 24 : t == G4_AF8 ? 40 : 18;
+}
 
 
 /* the low nibbles of 16 bytes (elements 0-15) and the high ones (16-31) */
@@ -167,8 +173,8 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
             n2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i, c[i]);
             for (int e = 0; e < 2; e++) c[i][e] = vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e]));
         }
-    } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34) */
-        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 4 * g;
+    } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
+        const int bs = n2_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
         for (int i = 0; i < 4; i++) {
             const unsigned char *b = p + bs * i;
@@ -177,6 +183,11 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
             } else if (type == G4_Q8_0) {
                 c[i][0] = vld1q_s8((const int8_t *)b + 2);
                 c[i][1] = vld1q_s8((const int8_t *)b + 18);
+            } else if (type == G4_AF8) { /* code - 128 (its scale's 128 x is in the offset term) */
+                c[i][0] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(b + 8), vdupq_n_u8(128)));
+                c[i][1] = vreinterpretq_s8_u8(veorq_u8(vld1q_u8(b + 24), vdupq_n_u8(128)));
+            } else if (type == G4_AF4) {
+                n2_nibbles(b + 8, c[i]);
             } else if (type == G4_Q5_0) { /* element j's fifth bit: bit j of qh */
                 uint32_t qh;
                 memcpy(&qh, b + 2, 4);
@@ -228,8 +239,23 @@ N2_INLINE void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb,
         const float d = g4_f16_at(sb);
         for (int h = 0; h < 2; h++)
             s[h][0] = s[h][1] = n2_scale4((uint32_t)(ls >> (32 * h)), 32, d);
+    } else if (type == G4_AF4 || type == G4_AF8) { /* the blocks' scales s and biases b (AF8: b + 128 s) */
+        const int bs = n2_block_bytes(type), n = nb - 8 * p;
+        const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
+        for (int h = 0; h < 2; h++) {
+            float sv[4], bv[4];
+            for (int i = 0; i < 4; i++) {
+                sv[i] = bv[i] = 0.0f;
+                if (4 * h + i < n) {
+                    memcpy(&sv[i], b + (size_t)bs * (size_t)(4 * h + i), 4);
+                    memcpy(&bv[i], b + (size_t)bs * (size_t)(4 * h + i) + 4, 4);
+                }
+            }
+            s[h][0] = s[h][1] = vld1q_f32(sv);
+            s2[h] = type == G4_AF8 ? vfmaq_n_f32(vld1q_f32(bv), s[h][0], 128.0f) : vld1q_f32(bv);
+        }
     } else { /* blocks of 32: d */
-        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 8 * p;
+        const int bs = n2_block_bytes(type), n = nb - 8 * p;
         const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
         for (int h = 0; h < 2; h++) {
             float d[4];

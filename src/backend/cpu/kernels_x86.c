@@ -215,14 +215,15 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 /* -------------------------------------------------- int8 activations, AVX2 */
 /* Without VNNI: the integer dot product of a block of 32 is vpmaddubsw (unsigned x signed byte pairs into int16)
  * and vpmaddwd by ones (into 8 int32 lanes: lanes 0-3 elements 0-15, 4-7 elements 16-31), exact when the pairs
- * fit int16: the unsigned codes (Q4_0, Q5_0, Q4_K, Q5_K: at most 31) as they are, the signed ones (Q8_0, IQ4_NL,
- * IQ4_XS: the table's values, Q6_K: code - 32) as |w| times x with w's sign (vpsignb). The activations are the
- * plain layout (g4_q8_rows.q, d, m = d * sum q per block of 32; nb_pad a multiple of 8). Groups go by pairs (8
+ * fit int16: the unsigned codes (Q4_0, Q5_0, Q4_K, Q5_K, AF4: at most 31) as they are, the signed ones (Q8_0,
+ * IQ4_NL, IQ4_XS: the table's values, Q6_K: code - 32, AF8: code - 128) as |w| times x with w's sign (vpsignb). The
+ * activations are the plain layout (g4_q8_rows.q, d, m = d * sum q per block of 32; nb_pad a multiple of 8). Groups go by pairs (8
  * blocks; a K-quant's super-block, whose scales are decoded once), and per pair
  *   acc += float(group 0's lanes: block i's elements 0-15 in lane i, 16-31 in 4 + i) * s[0] * dx[0]  + (group 1's)
  *          + s2 * m
  * with s[h] the scale of each lane's 16 elements and s2 (lane k) block k's offset term: Q4_0 -8 d, Q5_0 -16 d,
- * Q4_K / Q5_K -dmin m_k, zero for the signed types. One fused multiply-add a group instead of one a block. */
+ * Q4_K / Q5_K -dmin m_k, AF4 the bias b, AF8 b + 128 s, zero for the other signed types. One fused multiply-add a
+ * group instead of one a block. */
 #define T2 "avx2,fma,f16c"
 
 /* A group as q_pack stores it (G4_QW_GROUP bytes): the 4 blocks' codes in element order (32 bytes each), then its s
@@ -232,7 +233,19 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 
 /* the types whose codes are signed (|w| times x with w's sign) */
 static inline int q2_signed(g4_dtype t) {
-    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_Q6_K;
+    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_Q6_K || t == G4_AF8;
+}
+
+/* the f32 at p (unaligned) */
+static inline float g4_f32_at(const unsigned char *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* bytes of a block of the types with blocks of 32 */
+static inline int q2_block_bytes(g4_dtype t) {
+    return t == G4_Q8_0 ? 34 : t == G4_Q5_0 ? 22 : t == G4_AF4 ? 24 : t == G4_AF8 ? 40 : 18;
 }
 
 /* 32 nibbles of 16 bytes in element order: the low ones 0-15, the high ones 16-31 */
@@ -285,8 +298,8 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
     } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
         const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
         for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i));
-    } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34) */
-        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 4 * g;
+    } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
+        const int bs = q2_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
         const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull),
                       spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
@@ -297,6 +310,10 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
                 c[i] = _mm256_setzero_si256();
             } else if (type == G4_Q8_0) {
                 c[i] = _mm256_loadu_si256((const __m256i *)(b + 2));
+            } else if (type == G4_AF8) { /* code - 128, signed (its scale's 128 x is in the offset term) */
+                c[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 8)), _mm256_set1_epi8((char)0x80));
+            } else if (type == G4_AF4) {
+                c[i] = q2_nibbles(b + 8);
             } else if (type == G4_Q5_0) { /* element j's fifth bit: bit j of qh (one byte a bit, then 16) */
                 uint32_t qh;
                 memcpy(&qh, b + 2, 4);
@@ -341,8 +358,16 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
         v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ls)),
                                                               _mm256_set1_epi32(32))),
                           _mm256_set1_ps(_cvtsh_ss(block_d(sb))));
+    } else if (type == G4_AF4 || type == G4_AF8) { /* the blocks' scales s and biases b (AF8: b + 128 s) */
+        const int bs = q2_block_bytes(type), n = nb - 8 * p;
+        const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
+#define F_AT(i, o) (i < n ? g4_f32_at(b + (size_t)bs * i + o) : 0.0f) /* (no store and load: see below) */
+        v = _mm256_setr_ps(F_AT(0, 0), F_AT(1, 0), F_AT(2, 0), F_AT(3, 0), F_AT(4, 0), F_AT(5, 0), F_AT(6, 0), F_AT(7, 0));
+        m = _mm256_setr_ps(F_AT(0, 4), F_AT(1, 4), F_AT(2, 4), F_AT(3, 4), F_AT(4, 4), F_AT(5, 4), F_AT(6, 4), F_AT(7, 4));
+#undef F_AT
+        if (type == G4_AF8) m = _mm256_fmadd_ps(v, _mm256_set1_ps(128.0f), m);
     } else { /* blocks of 32: d; Q4_0 / Q5_0 offset terms -8 d / -16 d */
-        const int bs = type == G4_Q8_0 ? 34 : type == G4_Q5_0 ? 22 : 18, n = nb - 8 * p;
+        const int bs = q2_block_bytes(type), n = nb - 8 * p;
         const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
         __m128i h = _mm_setzero_si128(); /* (inserts: a store of the 8 and a load would stall store forwarding) */
 #define D_AT(i)                                                                                                        \
@@ -722,9 +747,50 @@ __attribute__((target(T512), always_inline)) static inline void q6k_group(const 
     *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), sc);
 }
 
+/* AF4 / AF8 (core/tensor.h: blocks of 32 of 24 / 40 bytes, an f32 scale and bias, then the codes; affine: s1 the
+ * scales, s2 the biases): group g's 4 blocks (fewer at the row's end: loads masked, the missing blocks zeros) */
+__attribute__((target(T512), always_inline)) static inline void af_group(g4_dtype type, const unsigned char *row,
+                                                                         size_t row_bytes, int g, __m512i *lo,
+                                                                         __m512i *hi, __m512 *s1, __m512 *s2) {
+    const int eight = type == G4_AF8;
+    const long gb = eight ? 160 : 96, rem = (long)row_bytes - gb * g;
+    const unsigned char *p = row + (size_t)gb * (size_t)g;
+    const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
+    /* block i/16's code byte i%16 (AF8: and 16 + i%16; block 3's from C, the indices' low 6 bits) */
+    static const uint8_t i4[64] = {8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+                                   32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
+                                   56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71,
+                                   80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95};
+    static const uint8_t i8lo[64] = {8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18,  19,  20,  21,  22,  23,
+                                     48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58,  59,  60,  61,  62,  63,
+                                     88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98,  99,  100, 101, 102, 103,
+                                     0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10,  11,  12,  13,  14,  15};
+    static const uint8_t i8hi[64] = {24,  25,  26,  27,  28,  29,  30,  31,  32,  33,  34,  35,  36,  37,  38,  39,
+                                     64,  65,  66,  67,  68,  69,  70,  71,  72,  73,  74,  75,  76,  77,  78,  79,
+                                     104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119,
+                                     16,  17,  18,  19,  20,  21,  22,  23,  24,  25,  26,  27,  28,  29,  30,  31};
+    if (eight) {
+        const __m512i C = load_upto(p + 128, rem - 128), il = _mm512_loadu_si512(i8lo), ih = _mm512_loadu_si512(i8hi);
+        const __mmask64 b3 = 0xffff000000000000ull;
+        *lo = _mm512_mask_permutexvar_epi8(_mm512_permutex2var_epi8(A, il, B), b3, il, C);
+        *hi = _mm512_mask_permutexvar_epi8(_mm512_permutex2var_epi8(A, ih, B), b3, ih, C);
+    } else {
+        const __m512i codes = _mm512_permutex2var_epi8(A, _mm512_loadu_si512(i4), B), m4 = _mm512_set1_epi8(15);
+        *lo = _mm512_and_si512(codes, m4);
+        *hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), m4);
+    }
+    /* block i's scale is float bs / 4 * i of the group, its bias the next: lanes 4i .. 4i + 3 */
+    const __m512i is = _mm512_mullo_epi32(_mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
+                                                                             3, 2, 1, 0), 2),
+                                          _mm512_set1_epi32(eight ? 10 : 6));
+    *s1 = _mm512_permutex2var_ps(_mm512_castsi512_ps(A), is, _mm512_castsi512_ps(B));
+    *s2 = _mm512_permutex2var_ps(_mm512_castsi512_ps(A), _mm512_add_epi32(is, _mm512_set1_epi32(1)),
+                                 _mm512_castsi512_ps(B));
+}
+
 /* Group g of a row of any type q_pack / q_gemv read: the unsigned codes lo and hi, and s1 (the scales) and s2
- * (Q4_K, Q5_K: the mins; Q6_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero, their offset is in the
- * activations) */
+ * (Q4_K, Q5_K: the mins; AF4, AF8: the biases; Q6_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero, their
+ * offset is in the activations) */
 __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtype type, const q_perm *pm,
                                                                          const unsigned char *row, size_t row_bytes,
                                                                          int g, __m512i *lo, __m512i *hi, __m512 *s1,
@@ -745,6 +811,8 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_Q6_K) {
         q6k_group(row, g, lo, hi, s1, s2);
+    } else if (type == G4_AF4 || type == G4_AF8) {
+        af_group(type, row, row_bytes, g, lo, hi, s1, s2);
     } else {
         const long gb = type == G4_Q4_0 ? 72 : 136;
         q_group(type, pm, row + gb * g, (long)row_bytes - gb * g, lo, hi, s1);
@@ -846,6 +914,8 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
             _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + GEMV_PREFETCH, _MM_HINT_T0);
             if (gb > 72) /* a group spans two or three lines */
                 _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + 64 + GEMV_PREFETCH, _MM_HINT_T0);
+            if (gb > 136) /* (AF8: three lines or four) */
+                _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + 128 + GEMV_PREFETCH, _MM_HINT_T0);
             qw_group(type, pm, w + (size_t)r * stride, row_bytes, g, &lo, &hi, &s1, &s2);
             acc[r] = q_step(acc[r], lo, hi, s1, s2, &x, mode);
         }
