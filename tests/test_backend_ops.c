@@ -147,8 +147,10 @@ static void qweight_make(weight *w, g4_dtype t, int ndim, const int64_t *shape, 
         for (int64_t c = 0; c < cols; c++) w->ref[(size_t)r * (size_t)cols + (size_t)c] = v[c];
     }
     weight_upload(w);
-    if (w->dev.dtype != w->host.dtype) { /* held as another type (upload_weight): the reference reads those values,
-                                          * test_transcoded_weights checks them against the file's */
+    if (!g4_transcode_exact(w->host.dtype, w->dev.dtype)) { /* held as another type whose values differ
+                                                             * (upload_weight): the reference reads those values,
+                                                             * test_transcoded_weights checks them against the
+                                                             * file's */
         unsigned char *row = malloc(g4_dtype_row_bytes(w->dev.dtype, cols));
         float *tmp = malloc((size_t)cols * sizeof(float));
         for (int64_t r = 0; r < rows; r++) {
@@ -420,6 +422,9 @@ static void test_transcoded_weights(void) {
         }
         hw.host = (g4_tensor){.name = "held", .dtype = h, .ndim = 2, .shape = {out, in}, .data = hw.data,
                               .nbytes = (size_t)out * hrb};
+        if (g4_dtype_is_mlx(h)) /* (MLX held as MLX of more bits: the codes widened, the same scales and biases) */
+            hw.host.scales = w.host.scales, hw.host.biases = w.host.biases, hw.host.scale_dtype = w.host.scale_dtype,
+            hw.host.group = w.host.group;
         weight_upload(&hw);
         CHECK(hw.dev.dtype == h);
         const int exact = g4_transcode_exact(t, h);
@@ -467,8 +472,15 @@ static void test_transcoded_weights(void) {
     if (any && takes(G4_IQ4_NL) && held(G4_IQ4_NL) != G4_IQ4_NL) CHECK(g4_transcode_exact(G4_IQ4_NL, held(G4_IQ4_NL)));
     if (!strcmp(be->ops->name, "cuda"))
         CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_IQ4_NL) == G4_IQ4_NL &&
-                   held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_Q8_0 && held(G4_Q5_1) == G4_Q8_0,
-               "%s: Q5_0, Q5_K, IQ4_NL and IQ4_XS held as they are, Q4_1 and Q5_1 as Q8_0", be_label);
+                   held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_Q8_0 && held(G4_Q5_1) == G4_Q8_0 &&
+                   held(G4_MLX3) == G4_MLX4 && held(G4_MLX6) == G4_MLX8,
+               "%s: Q5_0, Q5_K, IQ4_NL and IQ4_XS held as they are, Q4_1 and Q5_1 as Q8_0, MLX3 as MLX4, MLX6 as "
+               "MLX8", be_label);
+    /* MLX weights are held exactly wherever they are held as another type (the CPU: AF4 / AF8) */
+    for (size_t qi = 0; takes_quantized && qi < N_QTYPES; qi++)
+        if (g4_dtype_is_mlx(qtypes[qi]) && takes(qtypes[qi]))
+            CHECKF(g4_transcode_exact(qtypes[qi], held(qtypes[qi])), "%s: %s held as %s, not exactly", be_label,
+                   g4_dtype_name(qtypes[qi]), g4_dtype_name(held(qtypes[qi])));
 }
 
 /* bf16 activations (a CPU backend made with bf16_act): products with BF16 weights take x rounded to bf16 once;

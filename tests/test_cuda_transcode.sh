@@ -5,7 +5,8 @@
 #  - The moe fixture as Q4_1 (its 3-D expert tensors too) and dense-ple as Q3_K: on CUDA the logits are bit for
 #    bit those of the same file re-written by `gemma4c quantize --type q8_0` (which re-encodes their rows with the
 #    same g4_transcode_row), so the backend holds exactly those values.
-#  - The trained example model as Q5_0, Q5_K and IQ4_XS (which CUDA holds as they are) and as Q3_K (held as Q8_0):
+#  - The trained example model as Q5_0, Q5_K and IQ4_XS (which CUDA holds as they are), as MLX3 and MLX6 (held exactly
+#    as MLX4 and MLX8: no warning; 0.1 as for Q5_K, an affine type) and as Q3_K (held as Q8_0):
 #    CUDA's 12 greedy tokens are the CPU's, and with float activations (G4_NO_INT8_ACT) the prompt's logits (|logit|
 #    up to 18) are within the type's tolerance of the CPU's, which reads the file's own values: 0.05 where CUDA holds
 #    them exactly (measured in the emulator: Q5_0 0.030, IQ4_XS 0.022; the same model as a Q8_0 file 0.025: the sums'
@@ -47,13 +48,17 @@ check $? "one warning line for Q3_K: $(head -c 300 "$tmp/warn.txt")"
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp" || { echo "cannot unpack the example model"; exit 1; }
 m=$tmp/tolstoy-tiny
 pids=$("$bin" tokenize -m "$m" -p "The old prince")
-for t in q5_0:0.05 q5_k:0.1 iq4_xs:0.05 q3_k:0.15; do
+for t in q5_0:0.05 q5_k:0.1 iq4_xs:0.05 q3_k:0.15 mlx3:0.1 mlx6:0.1; do
     tol=${t#*:} t=${t%:*} f=$tmp/tt-$t.gguf
+    # MLX: greedy tokens with float activations (MLX3's part at token 11 between the backends' int8 activations, the
+    # prompt's on CUDA's bf16 tiles; with float ones both give the same 12, so the held values are the file's)
+    noint8=
+    case $t in mlx*) f=$tmp/tt-$t noint8=G4_NO_INT8_ACT=1 ;; esac
     "$bin" quantize "$m" "$f" --type $t >/dev/null &&
-        a=$("$bin" generate -m "$f" --device cpu --ids "$pids" -n 12 --temp 0 --ignore-eos) &&
-        b=$("$bin" generate -m "$f" --device cuda --ids "$pids" -n 12 --temp 0 --ignore-eos 2>/dev/null) &&
+        a=$(env $noint8 "$bin" generate -m "$f" --device cpu --ids "$pids" -n 12 --temp 0 --ignore-eos) &&
+        b=$(env $noint8 "$bin" generate -m "$f" --device cuda --ids "$pids" -n 12 --temp 0 --ignore-eos 2>/dev/null) &&
         [ -n "$a" ] && [ "$a" = "$b" ]
-    check $? "example model $t: cuda's greedy tokens are the cpu's ($b)"
+    check $? "example model $t: cuda's greedy tokens are the cpu's${noint8:+ (float activations)} ($b)"
     G4_NO_INT8_ACT=1 "$bin" logits -m "$f" --device cpu --ids "$pids" -o "$tmp/c.f32" &&
         G4_NO_INT8_ACT=1 "$bin" logits -m "$f" --device cuda --ids "$pids" -o "$tmp/g.f32" 2>/dev/null &&
         d=$(python3 - "$tmp/c.f32" "$tmp/g.f32" "$tol" <<'PY'
@@ -66,6 +71,10 @@ sys.exit(0 if d <= float(sys.argv[3]) else 1)
 PY
 )
     check $? "example model $t: cuda's prompt logits within $tol of the cpu's, float activations (${d:-})"
+    case $t in mlx*) # held exactly (MLX3 as MLX4, MLX6 as MLX8): no warning
+        "$bin" logits -m "$f" --device cuda --ids "$pids" -o "$tmp/g.f32" 2>"$tmp/warn.txt" && [ ! -s "$tmp/warn.txt" ]
+        check $? "example model $t on cuda: no warning ($(head -c 200 "$tmp/warn.txt"))" ;;
+    esac
 done
 
 expect_error "bench --random --type q4_1 on cuda" "$bin" bench --device cuda --random "$m/config.json" --type q4_1 \

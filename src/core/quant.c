@@ -607,7 +607,8 @@ int g4_dequant_reads(g4_dtype t) {
 
 int g4_transcode_exact(g4_dtype from, g4_dtype to) {
     return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0) ||
-           (g4_dtype_is_mlx(from) && to == g4_af_type(from));
+           (g4_dtype_is_mlx(from) &&
+            (to == g4_af_type(from) || (g4_dtype_is_mlx(to) && g4_mlx_bits(to) >= g4_mlx_bits(from))));
 }
 
 g4_dtype g4_af_type(g4_dtype mlx) {
@@ -649,6 +650,16 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         return rb;
     }
     if (g4_dtype_is_mlx(t->dtype) && (to == G4_AF4 || to == G4_AF8)) return mlx_to_af(t, r, to, dst);
+    if (g4_dtype_is_mlx(t->dtype) && g4_dtype_is_mlx(to) && g4_mlx_bits(to) > g4_mlx_bits(t->dtype)) {
+        /* the codes widened (LSB first, as MLX packs them); the scales and biases are the source's */
+        const int bits = g4_mlx_bits(t->dtype), wide = g4_mlx_bits(to);
+        const unsigned char *codes = g4_tensor_rows(t, r, 1).data;
+        unsigned char *d = dst;
+        const size_t rb = g4_dtype_row_bytes(to, n);
+        memset(d, 0, rb);
+        for (int64_t j = 0; j < n; j++) d[j * wide / 8] |= (unsigned char)(g4_mlx_code(codes, bits, j) << (j * wide % 8));
+        return rb;
+    }
     if (t->dtype == G4_Q5_0 && to == G4_Q8_0) { /* (q - 16) * d: the same d, codes q - 16 */
         const unsigned char *s = g4_tensor_row(t, r);
         unsigned char *d = dst;

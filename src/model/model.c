@@ -180,8 +180,9 @@ static g4_tensor *place_target(g4_model *m, const g4_tensor *t, g4_tensor *tmp, 
 }
 
 /* After an upload of t[0 .. count) (as src[]) into dst[]: the bookkeeping (failed: the binder fails, a random
- * model's tensors lose their data); 0 when it succeeded. A backend that holds a type as another (backend.h,
- * upload_weight) is told once per type, as a warning of the model. */
+ * model's tensors lose their data); 0 when it succeeded. A backend that holds a type as another whose values
+ * differ (backend.h, upload_weight; not g4_transcode_exact) is told once per type, as a warning of the model; an
+ * exact layout of the backend's own (the CPU's AF4 for MLX4, CUDA's MLX4 for MLX3) is not. */
 static int place_done(binder *b, int failed, const g4_tensor **t, const g4_tensor *const *src, g4_tensor **dst,
                       int count) {
     g4_model *m = b->m;
@@ -195,15 +196,11 @@ static int place_done(binder *b, int failed, const g4_tensor **t, const g4_tenso
         if (!m->random) m->uploaded[t[i] - m->weights.tensors] = 1;
         b->bytes_placed += t[i]->nbytes;
         const g4_dtype from = src[i]->dtype, to = dst[i]->dtype;
-        if (from != to && from > 0 && from < G4_DTYPE_COUNT && !b->held_told[from]) {
+        if (from != to && from > 0 && from < G4_DTYPE_COUNT && !b->held_told[from] && !g4_transcode_exact(from, to)) {
             b->held_told[from] = 1;
-            if (g4_transcode_exact(from, to))
-                g4_warn(&m->warnings, "the %s backend holds the %s tensors as %s (exactly)", m->be->ops->name,
-                        g4_dtype_name(from), g4_dtype_name(to));
-            else
-                g4_warn(&m->warnings, "the %s backend holds the %s tensors as %s (re-encoded: %g bits a weight)",
-                        m->be->ops->name, g4_dtype_name(from), g4_dtype_name(to),
-                        8.0 * g4_dtype_block_bytes(to) / g4_dtype_block(to));
+            g4_warn(&m->warnings, "the %s backend holds the %s tensors as %s (re-encoded: %g bits a weight)",
+                    m->be->ops->name, g4_dtype_name(from), g4_dtype_name(to),
+                    8.0 * g4_dtype_block_bytes(to) / g4_dtype_block(to));
         }
     }
     if (b->progress && !m->be->ops->host_memory)

@@ -232,7 +232,7 @@ static int cu_check(g4_backend *be, g4_error *err) {
 static g4_tensor held_header(const g4_tensor *src) {
     g4_tensor h = *src;
     h.dtype = g4c_held_dtype(src->dtype);
-    if (h.dtype != src->dtype) h.group = 0, h.scale_dtype = G4_DTYPE_UNKNOWN;
+    if (h.dtype != src->dtype && !g4_dtype_is_mlx(h.dtype)) h.group = 0, h.scale_dtype = G4_DTYPE_UNKNOWN;
     return h;
 }
 

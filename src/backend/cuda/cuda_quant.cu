@@ -4,8 +4,9 @@
  * (g4c_dequant_bf16: bf16, or bf16 hi + lo parts) and embedding rows of a quantized table (g4c_embed).
  *
  * Repacking keeps the bytes of every block (no weight is decoded): codes are moved into runs a lane reads
- * with 16-byte loads, and the scales of a row follow its codes. A type without kernels here is first re-encoded
- * into one that has them (g4c_held_dtype: Q8_0), row by row on the host (g4c_upload_quant). */
+ * with 16-byte loads, and the scales of a row follow its codes. MLX 2/3/5/6-bit codes are widened to MLX4 / MLX8.
+ * Another type without kernels here is first re-encoded into one that has them (g4c_held_dtype: Q8_0), row by row on
+ * the host (g4c_upload_quant). */
 #include "backend/cuda/cuda_common.cuh"
 
 #include <pthread.h>
@@ -25,13 +26,18 @@ static void nib32(const unsigned char *v, unsigned char *out) {
     for (int i = 0; i < 16; i++) out[i] = (unsigned char)(v[i] | v[i + 16] << 4);
 }
 
-/* Device row `dst` (g4c_qrow_bytes, zeroed by the caller) from row r of the host tensor t. */
-static void repack_row(const g4_tensor *t, int64_t r, unsigned char *dst) {
+/* Device row `dst` (g4c_qrow_bytes of type held, zeroed by the caller) from row r of the host tensor t, of type
+ * held or (MLX) of as many bits or fewer (MLX 2/3 as MLX4, 5/6 as MLX8: each code widened, LSB first as MLX packs). */
+static void repack_row(const g4_tensor *t, int64_t r, g4_dtype held, unsigned char *dst) {
     const int64_t in = t->shape[t->ndim - 1];
     if (g4_dtype_is_mlx(t->dtype)) {
-        const int bits = g4_mlx_bits(t->dtype), ng = (int)(in / t->group);
-        const size_t cb = (size_t)in * (size_t)bits / 8, ss = t->scale_dtype == G4_F32 ? 4 : 2;
-        memcpy(dst, (const unsigned char *)t->data + (size_t)r * cb, cb);
+        const int bits = g4_mlx_bits(t->dtype), to = g4_mlx_bits(held), ng = (int)(in / t->group);
+        const size_t cb = (size_t)in * (size_t)to / 8, ss = t->scale_dtype == G4_F32 ? 4 : 2;
+        const unsigned char *codes = (const unsigned char *)t->data + (size_t)r * ((size_t)in * (size_t)bits / 8);
+        if (to == bits)
+            memcpy(dst, codes, cb);
+        else
+            g4_transcode_row(t, r, held, dst, NULL); /* (the codes widened) */
         const unsigned char *sc = (const unsigned char *)t->scales + (size_t)r * (size_t)ng * ss;
         const unsigned char *bi = (const unsigned char *)t->biases + (size_t)r * (size_t)ng * ss;
         for (int g = 0; g < ng; g++) {
@@ -142,8 +148,9 @@ static void *repack_rows(void *arg) {
     repack_part *p = (repack_part *)arg;
     const g4_tensor *src = p->src;
     const int64_t in = src->shape[src->ndim - 1];
-    if (p->held == src->dtype) {
-        for (int64_t r = p->r0; r < p->r1; r++) repack_row(src, r, p->buf + (size_t)(r - p->r0) * p->row_bytes);
+    if (p->held == src->dtype || g4_dtype_is_mlx(src->dtype)) { /* (MLX: held as MLX, widened in repack_row) */
+        for (int64_t r = p->r0; r < p->r1; r++)
+            repack_row(src, r, p->held, p->buf + (size_t)(r - p->r0) * p->row_bytes);
         return NULL;
     }
     unsigned char *row = (unsigned char *)malloc(g4_dtype_row_bytes(p->held, in));
@@ -153,7 +160,7 @@ static void *repack_rows(void *arg) {
     one.name = src->name, one.dtype = p->held, one.ndim = 2, one.shape[0] = 1, one.shape[1] = in, one.data = row;
     for (int64_t r = p->r0; !p->failed && r < p->r1; r++) {
         if (row && tmp && g4_transcode_row(src, r, p->held, row, tmp))
-            repack_row(&one, 0, p->buf + (size_t)(r - p->r0) * p->row_bytes);
+            repack_row(&one, 0, p->held, p->buf + (size_t)(r - p->r0) * p->row_bytes);
         else
             p->failed = 1;
     }
