@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)rows * in; i++) wf[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
     for (size_t i = 0; i < (size_t)64 * in; i++) x[i] = (float)((s = s * 1103515245u + 12345u) >> 9) / 8388608.0f - 1.0f;
     g4_dtype types[] = {G4_BF16,  G4_BF16, G4_Q8_0,   G4_Q4_0, G4_Q5_0, G4_IQ4_NL,
-                        G4_Q4_K,  G4_Q5_K, G4_Q6_K,   G4_IQ4_XS, G4_MLX4, G4_MLX8};
+                        G4_Q4_K,  G4_Q5_K, G4_Q6_K,   G4_Q3_K,   G4_IQ4_XS, G4_MLX4, G4_MLX8};
     for (int ti = 0; ti < (int)(sizeof types / sizeof types[0]); ti++) {
         if (argc > 4 && strcasecmp(argv[4], g4_dtype_name(types[ti]))) continue;
         g4_backend *be = ti == 1 ? be_bf16 : be_f32;

@@ -93,7 +93,7 @@ static void reference(const g4_tensor *w, const float *x, int n, const float *bi
 
 static void test_matmul(g4_backend *be, const char *isa) {
     static const g4_dtype types[] = {G4_F32, G4_F16, G4_BF16, G4_Q8_0, G4_Q4_0, G4_Q4_K,
-                                     G4_Q5_K, G4_Q6_K, G4_MLX4, G4_MLX8, G4_MLX3};
+                                     G4_Q5_K, G4_Q6_K, G4_Q3_K, G4_MLX4, G4_MLX8, G4_MLX3};
     static const int shapes[][2] = {{13, 96}, {8, 256}, {5, 512}};
     static const int ns[] = {1, 3, 6};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)

@@ -55,15 +55,15 @@ typedef struct g4_cpu {
  *   starts from these lanes and ends exact;
  * - G4_Q8_AFFINE (Q4_K, Q5_K, AF4, AF8: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
  *   multiply the weights' s2;
- * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements): off = 0, each half's dot product
- *   is taken apart and its -32 x code sums computed from the codes. */
+ * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements; Q3_K: w = s * (u - 4), taken as u + 28): off =
+ *   0, each half's dot product is taken apart and its -32 x code sums computed from the codes. */
 #define G4_Q8_GROUP 256
 /* a packed weight group: 64 + 64 unsigned codes, 16 float lanes s1 (the scales), 16 s2 (see g4_q8_mode) */
 #define G4_QW_GROUP 256
 enum { G4_Q8_OFFSET, G4_Q8_AFFINE, G4_Q8_HALVES };
 static inline int g4_q8_mode(g4_dtype t) {
     return t == G4_Q4_K || t == G4_Q5_K || t == G4_AF4 || t == G4_AF8 ? G4_Q8_AFFINE
-           : t == G4_Q6_K                                            ? G4_Q8_HALVES
+           : t == G4_Q6_K || t == G4_Q3_K                            ? G4_Q8_HALVES
                                                                      : G4_Q8_OFFSET;
 }
 /* the grouped layout's off for weights of type t (see above) */
@@ -85,7 +85,7 @@ typedef struct g4_q8_rows {
  * AVX-512 kernels). */
 #define G4_Q8_K_QUANTS(X, A)                                                                                           \
     X(G4_Q5_0, 32, A) X(G4_IQ4_NL, 32, A) X(G4_Q4_K, 256, A) X(G4_Q5_K, 256, A) X(G4_Q6_K, 256, A) X(G4_IQ4_XS, 256, A) \
-    X(G4_AF4, 32, A) X(G4_AF8, 32, A)
+    X(G4_AF4, 32, A) X(G4_AF8, 32, A) X(G4_Q3_K, 256, A)
 
 /* switch (type) calling CALL(the type as a constant) for Q4_0, each type of G4_Q8_K_QUANTS and (default) Q8_0: the
  * kernels' entry points, so that each type's decoding is inlined into a copy of its own */
@@ -104,6 +104,7 @@ static inline long g4_q8_group_bytes(g4_dtype type) {
            : type == G4_IQ4_XS                                      ? 68
            : type == G4_Q5_K || type == G4_Q5_0                     ? 88
            : type == G4_Q6_K                                        ? 105
+           : type == G4_Q3_K                                        ? 55
            : type == G4_AF4                                         ? 96
            : type == G4_AF8                                         ? 160
                                                                     : 136; /* Q8_0 */
@@ -138,6 +139,20 @@ static inline uint64_t g4_iq4xs_scales8(const unsigned char *sb) {
     hi = (hi | hi << 12) & 0x000f000f000f000full;
     hi = (hi | hi << 6) & 0x0303030303030303ull;
     return lo | hi << 4;
+}
+
+/* The 16 6-bit scales of a Q3_K super-block's scales[12] as unsigned bytes (the signed scale + 32), sub-block k in
+ * byte k % 8 of lo (k < 8) or hi: k < 8 the low nibbles of bytes 0-7, the others their high nibbles, each with its
+ * 2-bit field of bytes 8-11 above (bits 2 (k / 4) of byte 8 + k % 4); llama.cpp's word form of it. */
+static inline void g4_q3k_scales16(const unsigned char *s, uint64_t *lo, uint64_t *hi) {
+    uint32_t a0, a1, t;
+    memcpy(&a0, s, 4);
+    memcpy(&a1, s + 4, 4);
+    memcpy(&t, s + 8, 4);
+    const uint32_t m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    *lo = (uint64_t)((a0 & m4) | (t & m2) << 4) | (uint64_t)((a1 & m4) | ((t >> 2) & m2) << 4) << 32;
+    *hi = (uint64_t)(((a0 >> 4) & m4) | ((t >> 4) & m2) << 4) | (uint64_t)(((a1 >> 4) & m4) | ((t >> 6) & m2) << 4)
+                                                                     << 32;
 }
 
 /* Q8_0 / Q4_0 weights with rows of whole 32-blocks, and those of G4_Q8_K_QUANTS (rows of whole blocks) where the

@@ -101,7 +101,8 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
  * 32; q_pack, q_gemm and q_gemv with q_act_plain, the shape of the AVX2 set in kernels_x86.c): a row's blocks go in
  * groups of 4 (for the K-quants and IQ4_XS half a super-block) and by pairs of groups (blocks 8p .. 8p + 7: a
  * super-block, whose scales are decoded once). Codes are signed, in element order: Q4_0 nibble - 8, Q5_0 code - 16,
- * Q4_K / Q5_K and AF4 the code (their mins or biases are the offset term), Q6_K code - 32, IQ4 the table's values,
+ * Q4_K / Q5_K and AF4 the code (their mins or biases are the offset term), Q6_K code - 32, Q3_K code - 4, IQ4 the
+ * table's values,
  * Q8_0 as stored, AF8 code - 128 (offset term b + 128 s).
  * Per block the integer dot products of elements 0-15 and 16-31 (SDOT, or widening multiplies: exact either way),
  * summed per block over a group (pairwise adds), and per group
@@ -112,7 +113,7 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
 #define N2_ROWS 4        /* decode: rows at once, far apart (each its own stream) */
 #define N2_PREFETCH 2048 /* decode: bytes ahead of each stream */
 
-static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K; }
+static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K || t == G4_Q3_K; }
 /* bytes of a block of the types with blocks of 32 */
 static inline int n2_block_bytes(g4_dtype t) {
     return t == G4_Q8_0 ? 34 : t == G4_Q5_0 ? 22 : t == G4_AF4 ? 24 : t == G4_AF8 ? 40 : 18;
@@ -166,6 +167,17 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
                                       vshrq_n_u8(qh, 6)};
             for (int i = 0; i < 4; i++)
                 c[i][e] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo[i], vshlq_n_u8(hi[i], 4))), vdupq_n_s8(32));
+        }
+    } else if (type == G4_Q3_K) { /* block i of half h: bits 2i of qs[32h + l], bit 4h + i of hmask[l], - 4 */
+        const unsigned char *sb = row + (size_t)110 * (size_t)(g / 2);
+        const int h = g % 2;
+        for (int e = 0; e < 2; e++) {
+            const uint8x16_t q = vld1q_u8(sb + 32 + 32 * h + 16 * e), hm = vld1q_u8(sb + 16 * e);
+            for (int i = 0; i < 4; i++) {
+                const uint8x16_t lo2 = vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * i))), vdupq_n_u8(3)),
+                                 hb = vandq_u8(vshlq_u8(hm, vdupq_n_s8((int8_t)(-(4 * h + i)))), vdupq_n_u8(1));
+                c[i][e] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo2, vshlq_n_u8(hb, 2))), vdupq_n_s8(4));
+            }
         }
     } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
         const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
@@ -229,6 +241,17 @@ N2_INLINE void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb,
         const float d = g4_f16_at(sb + 208);
         for (int h = 0; h < 2; h++) {
             const int8x8_t v = vld1_s8((const int8_t *)sb + 192 + 8 * h);
+            const int8x8_t e = vuzp1_s8(v, v), o = vuzp2_s8(v, v);
+            s[h][0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(e)))), d);
+            s[h][1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(o)))), d);
+        }
+    } else if (type == G4_Q3_K) { /* as Q6_K's: the 16 scales d * (6-bit scale - 32) */
+        const unsigned char *sb = row + (size_t)110 * (size_t)p;
+        const float d = g4_f16_at(sb + 108);
+        uint64_t s8[2];
+        g4_q3k_scales16(sb + 96, &s8[0], &s8[1]);
+        for (int h = 0; h < 2; h++) {
+            const int8x8_t v = vsub_s8(vreinterpret_s8_u8(vcreate_u8(s8[h])), vdup_n_s8(32));
             const int8x8_t e = vuzp1_s8(v, v), o = vuzp2_s8(v, v);
             s[h][0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(e)))), d);
             s[h][1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(o)))), d);

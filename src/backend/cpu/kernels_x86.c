@@ -216,7 +216,8 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 /* Without VNNI: the integer dot product of a block of 32 is vpmaddubsw (unsigned x signed byte pairs into int16)
  * and vpmaddwd by ones (into 8 int32 lanes: lanes 0-3 elements 0-15, 4-7 elements 16-31), exact when the pairs
  * fit int16: the unsigned codes (Q4_0, Q5_0, Q4_K, Q5_K, AF4: at most 31) as they are, the signed ones (Q8_0,
- * IQ4_NL, IQ4_XS: the table's values, Q6_K: code - 32, AF8: code - 128) as |w| times x with w's sign (vpsignb). The
+ * IQ4_NL, IQ4_XS: the table's values, Q6_K: code - 32, Q3_K: code - 4, AF8: code - 128) as |w| times x with w's
+ * sign (vpsignb). The
  * activations are the plain layout (g4_q8_rows.q, d, m = d * sum q per block of 32; nb_pad a multiple of 8). Groups go by pairs (8
  * blocks; a K-quant's super-block, whose scales are decoded once), and per pair
  *   acc += float(group 0's lanes: block i's elements 0-15 in lane i, 16-31 in 4 + i) * s[0] * dx[0]  + (group 1's)
@@ -233,7 +234,7 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 
 /* the types whose codes are signed (|w| times x with w's sign) */
 static inline int q2_signed(g4_dtype t) {
-    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_Q6_K || t == G4_AF8;
+    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_Q6_K || t == G4_Q3_K || t == G4_AF8;
 }
 
 /* the f32 at p (unaligned) */
@@ -295,6 +296,17 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
                                _mm256_and_si256(_mm256_srli_epi16(qh, 4), m3),
                                _mm256_and_si256(_mm256_srli_epi16(qh, 6), m3)};
         for (int i = 0; i < 4; i++) c[i] = _mm256_sub_epi8(_mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4)), c32);
+    } else if (type == G4_Q3_K) { /* block i of half h: bits 2i of qs[32h + l], bit 4h + i of hmask[l], - 4 */
+        const unsigned char *sb = row + (size_t)110 * (size_t)(g / 2);
+        const int h = g % 2;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(sb + 32 + 32 * h)),
+                      hm = _mm256_loadu_si256((const __m256i *)sb);
+        const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), c4 = _mm256_set1_epi8(4);
+        for (int i = 0; i < 4; i++) {
+            const __m256i lo2 = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * i)), m3),
+                          hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + i)), one);
+            c[i] = _mm256_sub_epi8(_mm256_or_si256(lo2, _mm256_slli_epi16(hb, 2)), c4);
+        }
     } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
         const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
         for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i));
@@ -349,6 +361,20 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
         for (int h = 0; h < 2; h++)
             s[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(
                                      _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 192 + 8 * h))), order)),
+                                 d);
+        *s2 = m;
+        return;
+    } else if (type == G4_Q3_K) { /* as Q6_K's: the 16 scales d * (6-bit scale - 32) */
+        const unsigned char *sb = row + (size_t)110 * (size_t)p;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(block_d(sb + 108)));
+        const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        uint64_t s8[2];
+        g4_q3k_scales16(sb + 96, &s8[0], &s8[1]);
+        for (int h = 0; h < 2; h++)
+            s[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(
+                                     _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)s8[h])),
+                                                      _mm256_set1_epi32(32)),
+                                     order)),
                                  d);
         *s2 = m;
         return;
@@ -747,6 +773,34 @@ __attribute__((target(T512), always_inline)) static inline void q6k_group(const 
     *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), sc);
 }
 
+/* Q3_K half h of a super-block (110 bytes: hmask[32], qs[64], scales[12], d; w = d (sc - 32) (u - 4) per 16): block
+ * i's element l < 16 has bits 2i of qs[32h + l] with bit 4h + i of hmask[l] above them, its element 16 + l those of
+ * qs[32h + 16 + l] and hmask[16 + l]; as codes of the halves mode (offset 32): u + 28; s1, s2 Q6_K's */
+__attribute__((target(T512), always_inline)) static inline void q3k_group(const unsigned char *row, int g, __m512i *lo,
+                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
+    const unsigned char *sb = row + (size_t)110 * (size_t)(g / 2);
+    const int h = g % 2;
+    const __m512i sh = _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0,
+                                        0, 0, 0, 0, 0),
+                  hs = _mm512_add_epi16(_mm512_srli_epi16(sh, 1), _mm512_set1_epi16((short)(4 * h)));
+    const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1), c28 = _mm512_set1_epi8(28);
+    for (int e = 0; e < 2; e++) {
+        const __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(sb + 32 + 32 * h + 16 * e))),
+                      m = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(sb + 16 * e)));
+        const __m512i u = _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi16(q, sh), m3),
+                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(m, hs), one), 2));
+        *(e ? hi : lo) = _mm512_add_epi8(u, c28);
+    }
+    uint64_t sl, sh8;
+    g4_q3k_scales16(sb + 96, &sl, &sh8);
+    const __m256 sc = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(h ? sh8 : sl))),
+                                            _mm256_set1_epi32(32))),
+        _mm256_set1_ps(_cvtsh_ss(block_d(sb + 108))));
+    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0), _mm512_castps256_ps512(sc));
+    *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), _mm512_castps256_ps512(sc));
+}
+
 /* AF4 / AF8 (core/tensor.h: blocks of 32 of 24 / 40 bytes, an f32 scale and bias, then the codes; affine: s1 the
  * scales, s2 the biases): group g's 4 blocks (fewer at the row's end: loads masked, the missing blocks zeros) */
 __attribute__((target(T512), always_inline)) static inline void af_group(g4_dtype type, const unsigned char *row,
@@ -789,8 +843,8 @@ __attribute__((target(T512), always_inline)) static inline void af_group(g4_dtyp
 }
 
 /* Group g of a row of any type q_pack / q_gemv read: the unsigned codes lo and hi, and s1 (the scales) and s2
- * (Q4_K, Q5_K: the mins; AF4, AF8: the biases; Q6_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero, their
- * offset is in the activations) */
+ * (Q4_K, Q5_K: the mins; AF4, AF8: the biases; Q6_K, Q3_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero,
+ * their offset is in the activations) */
 __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtype type, const q_perm *pm,
                                                                          const unsigned char *row, size_t row_bytes,
                                                                          int g, __m512i *lo, __m512i *hi, __m512 *s1,
@@ -813,6 +867,8 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         q6k_group(row, g, lo, hi, s1, s2);
     } else if (type == G4_AF4 || type == G4_AF8) {
         af_group(type, row, row_bytes, g, lo, hi, s1, s2);
+    } else if (type == G4_Q3_K) {
+        q3k_group(row, g, lo, hi, s1, s2);
     } else {
         const long gb = type == G4_Q4_0 ? 72 : 136;
         q_group(type, pm, row + gb * g, (long)row_bytes - gb * g, lo, hi, s1);
