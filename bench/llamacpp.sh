@@ -75,8 +75,8 @@ make_models() {
         IFS=: read -r name cfg type <<<"$spec"
         f=$dir/models/$name.gguf
         case $type in
-        q4_k_m | q5_k_m) # llama.cpp's mixes (Q4_K / Q5_K with Q6_K for the head and some v and down rows), as the
-            # files people download: llama-quantize from the bf16 file of the same config
+        q3_k_m | q4_k_m | q5_k_m) # llama.cpp's mixes (Q3_K / Q4_K / Q5_K with larger types for the head and
+            # some v and down rows), as the files people download: llama-quantize from the bf16 file of the same config
             src=$dir/models/${name%-*}-bf16.gguf
             [ -s "$src" ] || /usr/bin/python3 "$here/tests/data/random_gemma4.py" model "$shared/configs/$cfg.json" "$src" --type bf16
             [ -s "$f" ] || "$llama/llama-quantize" "$src" "$f" "$(echo "$type" | tr a-z A-Z)" >/dev/null 2>&1 ;;
