@@ -40,7 +40,8 @@ int main(int argc, char **argv) {
         g4_backend *be = ti == 1 ? be_bf16 : be_f32;
         const int mlx = g4_dtype_is_mlx(types[ti]), group = 64; /* (MLX: bf16 scales and biases, as mlx-lm writes) */
         size_t rb = g4_dtype_row_bytes(types[ti], in), sb = mlx ? (size_t)(in / group) * 2 : 0;
-        unsigned char *wq = malloc(rb * (size_t)rows), *sc = malloc(sb * (size_t)rows + 1), *bi = malloc(sb * (size_t)rows + 1);
+        unsigned char *wq = malloc(rb * (size_t)rows), *sc = malloc(sb * (size_t)rows + 1),
+                      *bi = malloc(sb * (size_t)rows + 1);
         for (int r = 0; r < rows; r++)
             if (mlx)
                 g4_mlx_quant_row(g4_mlx_bits(types[ti]), group, wf + (size_t)r * in, in, wq + (size_t)r * rb,
