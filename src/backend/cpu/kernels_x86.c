@@ -632,6 +632,17 @@ __attribute__((target(T512), always_inline)) static inline void q_group(g4_dtype
     *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, pm->d, B)));
 }
 
+/* permutex2var indices of 64 bytes from a group of 4 blocks of bs bytes (128 bytes loaded): lane i takes byte
+ * off + i % 16 of block i / 16 (modulo 128) */
+#define BLOCK_BYTE(bs, off, b, j) (uint8_t)(((bs) * (b) + (off) + (j)) & 127)
+#define BLOCK_BYTES16(bs, off, b)                                                                                      \
+    BLOCK_BYTE(bs, off, b, 0), BLOCK_BYTE(bs, off, b, 1), BLOCK_BYTE(bs, off, b, 2), BLOCK_BYTE(bs, off, b, 3),         \
+        BLOCK_BYTE(bs, off, b, 4), BLOCK_BYTE(bs, off, b, 5), BLOCK_BYTE(bs, off, b, 6), BLOCK_BYTE(bs, off, b, 7),     \
+        BLOCK_BYTE(bs, off, b, 8), BLOCK_BYTE(bs, off, b, 9), BLOCK_BYTE(bs, off, b, 10), BLOCK_BYTE(bs, off, b, 11),   \
+        BLOCK_BYTE(bs, off, b, 12), BLOCK_BYTE(bs, off, b, 13), BLOCK_BYTE(bs, off, b, 14), BLOCK_BYTE(bs, off, b, 15)
+#define BLOCK_BYTES(bs, off)                                                                                           \
+    {BLOCK_BYTES16(bs, off, 0), BLOCK_BYTES16(bs, off, 1), BLOCK_BYTES16(bs, off, 2), BLOCK_BYTES16(bs, off, 3)}
+
 /* The decoders of the types below (core/quant.h), each into the layout of q_group: unsigned codes lo (elements 0-15
  * of the group's 4 blocks of 32) and hi (16-31), and lane vectors of floats, 4 lanes a block. For the K-quants and
  * IQ4_XS, group g of a row is half g % 2 of super-block g / 2 (128 elements):
@@ -684,10 +695,7 @@ __attribute__((target(T512), always_inline)) static inline void q5_0_group(const
     const long rem = (long)row_bytes - 88L * g;
     const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
     /* ic: block i/16's nibble byte i%16; id: half i/2 (of 16) is block i/8's d */
-    static const uint8_t ic[64] = {6,  7,  8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21,
-                                   28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
-                                   50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65,
-                                   72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87};
+    static const uint8_t ic[64] = BLOCK_BYTES(22, 6);
     static const uint8_t id[64] = {0,  1,  0,  1,  0,  1,  0,  1,  22, 23, 22, 23, 22, 23, 22, 23,
                                    44, 45, 44, 45, 44, 45, 44, 45, 66, 67, 66, 67, 66, 67, 66, 67,
                                    0,  1,  0,  1,  0,  1,  0,  1,  22, 23, 22, 23, 22, 23, 22, 23,
@@ -811,18 +819,7 @@ __attribute__((target(T512), always_inline)) static inline void af_group(g4_dtyp
     const unsigned char *p = row + (size_t)gb * (size_t)g;
     const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
     /* block i/16's code byte i%16 (AF8: and 16 + i%16; block 3's from C, the indices' low 6 bits) */
-    static const uint8_t i4[64] = {8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
-                                   32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47,
-                                   56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71,
-                                   80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95};
-    static const uint8_t i8lo[64] = {8,  9,  10, 11, 12, 13, 14, 15, 16, 17, 18,  19,  20,  21,  22,  23,
-                                     48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58,  59,  60,  61,  62,  63,
-                                     88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98,  99,  100, 101, 102, 103,
-                                     0,  1,  2,  3,  4,  5,  6,  7,  8,  9,  10,  11,  12,  13,  14,  15};
-    static const uint8_t i8hi[64] = {24,  25,  26,  27,  28,  29,  30,  31,  32,  33,  34,  35,  36,  37,  38,  39,
-                                     64,  65,  66,  67,  68,  69,  70,  71,  72,  73,  74,  75,  76,  77,  78,  79,
-                                     104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119,
-                                     16,  17,  18,  19,  20,  21,  22,  23,  24,  25,  26,  27,  28,  29,  30,  31};
+    static const uint8_t i4[64] = BLOCK_BYTES(24, 8), i8lo[64] = BLOCK_BYTES(40, 8), i8hi[64] = BLOCK_BYTES(40, 24);
     if (eight) {
         const __m512i C = load_upto(p + 128, rem - 128), il = _mm512_loadu_si512(i8lo), ih = _mm512_loadu_si512(i8hi);
         const __mmask64 b3 = 0xffff000000000000ull;
