@@ -98,6 +98,11 @@ typedef struct g4_q8_rows {
     default: CALL(G4_Q8_0); break;                                                                                     \
     }
 
+/* bytes of a block of the kernels' types with blocks of 32 (core/tensor.h's, as a constant where t is one) */
+static inline int g4_q8_block_bytes(g4_dtype t) {
+    return t == G4_Q8_0 ? 34 : t == G4_Q5_0 ? 22 : t == G4_AF4 ? 24 : t == G4_AF8 ? 40 : 18; /* Q4_0, IQ4_NL: 18 */
+}
+
 /* bytes of a row a group of 4 blocks of 32 spans on average (the SIMD sets' prefetch steps) */
 static inline long g4_q8_group_bytes(g4_dtype type) {
     return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72

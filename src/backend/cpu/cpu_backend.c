@@ -76,6 +76,17 @@ static int cpu_memory(g4_backend *be, size_t *free_bytes, size_t *total_bytes) {
     return 0;
 }
 
+/* room for n more owned buffers: 0, or -1 when out of memory */
+static int cpu_reserve_owned(g4_cpu *cpu, int n) {
+    if (cpu->n_owned + n <= cpu->cap_owned) return 0;
+    const int cap = cpu->cap_owned ? 2 * cpu->cap_owned : 64;
+    void **o = realloc(cpu->owned, (size_t)cap * sizeof *o);
+    if (!o) return -1;
+    cpu->owned = o;
+    cpu->cap_owned = cap;
+    return 0;
+}
+
 /* Weights are read where they are (the memory-mapped file): nothing is copied. A source without data gets
  * random values in memory of its own. */
 static int cpu_place_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
@@ -87,13 +98,7 @@ static int cpu_place_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
                       src->dtype != G4_Q5_1;
     if (esz != 2 && esz != 4 && !quant)
         return g4_fail(err, "random values of dtype %s are not supported", g4_dtype_name(src->dtype));
-    if (cpu->n_owned + 3 > cpu->cap_owned) {
-        int cap = cpu->cap_owned ? 2 * cpu->cap_owned : 64;
-        void **o = realloc(cpu->owned, (size_t)cap * sizeof *o);
-        if (!o) return g4_fail(err, "out of memory");
-        cpu->owned = o;
-        cpu->cap_owned = cap;
-    }
+    if (cpu_reserve_owned(cpu, 3)) return g4_fail(err, "out of memory");
     const int64_t in = src->shape[src->ndim - 1], rows = in ? (int64_t)n / in : 0;
     const size_t bytes = quant ? (size_t)rows * g4_tensor_row_bytes(src) : n * esz;
     void *data = NULL;
@@ -166,13 +171,7 @@ static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *ds
     g4_cpu *cpu = cpu_of(be);
     const size_t rb = g4_dtype_row_bytes(af, in), bytes = (size_t)rows * rb;
     void *data = NULL;
-    if (cpu->n_owned + 1 > cpu->cap_owned) {
-        const int cap = cpu->cap_owned ? 2 * cpu->cap_owned : 64;
-        void **o = realloc(cpu->owned, (size_t)cap * sizeof *o);
-        if (!o) return g4_fail(err, "out of memory");
-        cpu->owned = o;
-        cpu->cap_owned = cap;
-    }
+    if (cpu_reserve_owned(cpu, 1)) return g4_fail(err, "out of memory");
     if (posix_memalign(&data, 64, bytes > 0 ? bytes : 64)) {
         cpu_free_owned(cpu, dst->data), cpu_free_owned(cpu, dst->scales), cpu_free_owned(cpu, dst->biases);
         return g4_fail(err, "out of memory for %zu bytes of '%s' as %s", bytes, src->name, g4_dtype_name(af));

@@ -114,10 +114,6 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
 #define N2_PREFETCH 2048 /* decode: bytes ahead of each stream */
 
 static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K || t == G4_Q3_K; }
-/* bytes of a block of the types with blocks of 32 */
-static inline int n2_block_bytes(g4_dtype t) {
-    return t == G4_Q8_0 ? 34 : t == G4_Q5_0 ? 22 : t == G4_AF4 ? 24 : t == G4_AF8 ? 40 : 18;
-}
 
 
 /* the low nibbles of 16 bytes (elements 0-15) and the high ones (16-31) */
@@ -186,7 +182,7 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
             for (int e = 0; e < 2; e++) c[i][e] = vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e]));
         }
     } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
-        const int bs = n2_block_bytes(type), n = nb - 4 * g;
+        const int bs = g4_q8_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
         for (int i = 0; i < 4; i++) {
             const unsigned char *b = p + bs * i;
@@ -263,7 +259,7 @@ N2_INLINE void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb,
         for (int h = 0; h < 2; h++)
             s[h][0] = s[h][1] = n2_scale4((uint32_t)(ls >> (32 * h)), 32, d);
     } else if (type == G4_AF4 || type == G4_AF8) { /* the blocks' scales s and biases b (AF8: b + 128 s) */
-        const int bs = n2_block_bytes(type), n = nb - 8 * p;
+        const int bs = g4_q8_block_bytes(type), n = nb - 8 * p;
         const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
         for (int h = 0; h < 2; h++) {
             float sv[4], bv[4];
@@ -278,7 +274,7 @@ N2_INLINE void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb,
             s2[h] = type == G4_AF8 ? vfmaq_n_f32(vld1q_f32(bv), s[h][0], 128.0f) : vld1q_f32(bv);
         }
     } else { /* blocks of 32: d */
-        const int bs = n2_block_bytes(type), n = nb - 8 * p;
+        const int bs = g4_q8_block_bytes(type), n = nb - 8 * p;
         const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
         for (int h = 0; h < 2; h++) {
             float d[4];

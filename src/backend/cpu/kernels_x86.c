@@ -244,11 +244,6 @@ static inline float g4_f32_at(const unsigned char *p) {
     return f;
 }
 
-/* bytes of a block of the types with blocks of 32 */
-static inline int q2_block_bytes(g4_dtype t) {
-    return t == G4_Q8_0 ? 34 : t == G4_Q5_0 ? 22 : t == G4_AF4 ? 24 : t == G4_AF8 ? 40 : 18;
-}
-
 /* 32 nibbles of 16 bytes in element order: the low ones 0-15, the high ones 16-31 */
 __attribute__((target(T2), always_inline)) static inline __m256i q2_nibbles(const unsigned char *p) {
     const __m128i v = _mm_loadu_si128((const __m128i *)p);
@@ -311,7 +306,7 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
         const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
         for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i));
     } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
-        const int bs = q2_block_bytes(type), n = nb - 4 * g;
+        const int bs = g4_q8_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
         const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull),
                       spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
@@ -385,7 +380,7 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
                                                               _mm256_set1_epi32(32))),
                           _mm256_set1_ps(_cvtsh_ss(block_d(sb))));
     } else if (type == G4_AF4 || type == G4_AF8) { /* the blocks' scales s and biases b (AF8: b + 128 s) */
-        const int bs = q2_block_bytes(type), n = nb - 8 * p;
+        const int bs = g4_q8_block_bytes(type), n = nb - 8 * p;
         const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
 #define F_AT(i, o) (i < n ? g4_f32_at(b + (size_t)bs * i + o) : 0.0f) /* (no store and load: see below) */
         v = _mm256_setr_ps(F_AT(0, 0), F_AT(1, 0), F_AT(2, 0), F_AT(3, 0), F_AT(4, 0), F_AT(5, 0), F_AT(6, 0), F_AT(7, 0));
@@ -393,7 +388,7 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
 #undef F_AT
         if (type == G4_AF8) m = _mm256_fmadd_ps(v, _mm256_set1_ps(128.0f), m);
     } else { /* blocks of 32: d; Q4_0 / Q5_0 offset terms -8 d / -16 d */
-        const int bs = q2_block_bytes(type), n = nb - 8 * p;
+        const int bs = g4_q8_block_bytes(type), n = nb - 8 * p;
         const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
         __m128i h = _mm_setzero_si128(); /* (inserts: a store of the 8 and a load would stall store forwarding) */
 #define D_AT(i)                                                                                                        \
@@ -815,7 +810,7 @@ __attribute__((target(T512), always_inline)) static inline void af_group(g4_dtyp
                                                                          size_t row_bytes, int g, __m512i *lo,
                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
     const int eight = type == G4_AF8;
-    const long gb = eight ? 160 : 96, rem = (long)row_bytes - gb * g;
+    const long gb = g4_q8_group_bytes(type), rem = (long)row_bytes - gb * g;
     const unsigned char *p = row + (size_t)gb * (size_t)g;
     const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
     /* block i/16's code byte i%16 (AF8: and 16 + i%16; block 3's from C, the indices' low 6 bits) */
