@@ -567,6 +567,14 @@ static void put_scale(g4_dtype sdt, void *p, int64_t i, float v) {
     memcpy(b + 2 * i, &h, 2);
 }
 
+/* ORs code j (< 2^bits) into an MLX bit stream of zeros, LSB first (g4_mlx_code reads it) */
+static void mlx_put_code(unsigned char *w, int bits, int64_t j, unsigned code) {
+    const uint64_t bp = (uint64_t)j * (uint64_t)bits;
+    const unsigned v = code << (bp & 7);
+    w[bp >> 3] |= (unsigned char)v;
+    if ((bp & 7) + (uint64_t)bits > 8) w[(bp >> 3) + 1] |= (unsigned char)(v >> 8);
+}
+
 void g4_mlx_quant_row(int bits, int group, const float *x, int64_t n, void *w, void *scales, void *biases,
                       g4_dtype sdt) {
     const float qmax = (float)((1 << bits) - 1), eps = 1e-7f;
@@ -590,10 +598,7 @@ void g4_mlx_quant_row(int bits, int group, const float *x, int64_t n, void *w, v
         for (int j = 0; j < group; j++) {
             float q = roundf((xg[j] - bias) / scale);
             q = q < 0 ? 0 : q > qmax ? qmax : q;
-            uint64_t bp = (uint64_t)(g * group + j) * (uint64_t)bits;
-            unsigned v = (unsigned)q << (bp & 7);
-            wb[bp >> 3] |= (unsigned char)v;
-            if ((bp & 7) + (uint64_t)bits > 8) wb[(bp >> 3) + 1] |= (unsigned char)(v >> 8);
+            mlx_put_code(wb, bits, g * group + j, (unsigned)q);
         }
         put_scale(sdt, scales, g, scale);
         put_scale(sdt, biases, g, bias);
@@ -657,7 +662,7 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         unsigned char *d = dst;
         const size_t rb = g4_dtype_row_bytes(to, n);
         memset(d, 0, rb);
-        for (int64_t j = 0; j < n; j++) d[j * wide / 8] |= (unsigned char)(g4_mlx_code(codes, bits, j) << (j * wide % 8));
+        for (int64_t j = 0; j < n; j++) mlx_put_code(d, wide, j, g4_mlx_code(codes, bits, j));
         return rb;
     }
     if (t->dtype == G4_Q5_0 && to == G4_Q8_0) { /* (q - 16) * d: the same d, codes q - 16 */

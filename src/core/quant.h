@@ -80,8 +80,8 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
 /* 1 when g4_transcode_row(from -> to) keeps every value bit for bit: equal types, Q5_0 -> Q8_0 (a Q5_0 value is
  * (q - 16) * d, q < 32: the Q8_0 block of the same d and codes q - 16), IQ4_NL -> Q8_0 (d * table[nibble], the
  * table int8: the same d, codes table[nibble]), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
- * -> MLX of as many bits or more (the codes widened, for 4 or 8 bits; the scales and biases stay the source's: the
- * CUDA backend's, cuda_quant.cu). */
+ * -> MLX of as many bits or more (the codes widened; the scales and biases stay the source's: the CUDA backend's,
+ * cuda_quant.cu). */
 int g4_transcode_exact(g4_dtype from, g4_dtype to);
 /* The AF type (core/tensor.h) that holds an MLX type's codes exactly: AF4 up to 4 bits, AF8 above; UNKNOWN for a
  * type that is not MLX. g4_transcode_row(MLX -> it) is exact (rows of whole groups, groups of whole 32s). */

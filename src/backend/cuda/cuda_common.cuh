@@ -339,8 +339,7 @@ static inline int g4c_quant_supported(g4_dtype t) {
 static inline g4_dtype g4c_held_dtype(g4_dtype t) {
     if (t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4c_quant_supported(t)) return t;
     if (g4_dtype_is_mlx(t)) return g4_mlx_bits(t) <= 4 ? G4_MLX4 : G4_MLX8;
-    return g4_dtype_is_quantized(t) && g4_dequant_reads(t) && !(t == G4_AF4 || t == G4_AF8) ? G4_Q8_0
-                                                                                           : G4_DTYPE_UNKNOWN;
+    return g4_dtype_is_quantized(t) && g4_dequant_reads(t) ? G4_Q8_0 : G4_DTYPE_UNKNOWN;
 }
 
 /* Bytes of a device row of `in` elements of weight tensor w (plain types: padded to 8 elements). */
