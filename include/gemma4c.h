@@ -564,6 +564,27 @@ G4_API void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **ac
  * (A batching scheduler takes the same parameters and delivers the same events.) */
 typedef struct g4_generation g4_generation;
 
+/* Constrained decoding (g4_generation_params.grammar): the output follows a grammar. Tokens that would break it
+ * are never drawn, the eos and stop ids come only where the output is whole, and the generation stops where
+ * nothing more can follow. A grammar holds no model: one serves any number of generations at once. */
+typedef struct g4_grammar g4_grammar;
+
+/* The output is one JSON document that the JSON Schema `schema` (its JSON text) accepts, written from its first
+ * byte (OpenAI's response_format json_schema). Objects list their properties in the schema's order (required ones
+ * always, optional ones or not); a schema listing properties takes other keys only with additionalProperties
+ * true or a schema. Read: type, properties, required, additionalProperties, items, prefixItems, minItems,
+ * maxItems, minLength, maxLength, enum, const, anyOf, oneOf, allOf of one schema, $ref into the document,
+ * integer bounds, minimum 0 of numbers, format date / time / date-time / uuid; annotations are skipped. Any other
+ * keyword is an error naming it (a constraint is never dropped). */
+G4_API int g4_grammar_json_schema(const char *schema, g4_grammar **out, g4_error *err);
+/* The output is tool calls in Gemma 4's notation, `<|tool_call>call:NAME{key:value,...}<tool_call|>`, of the
+ * functions of `tools` (OpenAI's tools array as JSON text), each call's arguments following its function's
+ * parameter schema (as g4_grammar_json_schema reads it; keys in sorted order, as the chat template writes them).
+ * name: only that function (NULL: any of them); max_calls: at most this many calls (0: no limit; at least one). */
+G4_API int g4_grammar_tool_calls(const char *tools, const char *name, int max_calls, g4_grammar **out,
+                                 g4_error *err);
+G4_API void g4_grammar_free(g4_grammar *g);
+
 typedef struct g4_generation_params {
     int max_new_tokens;                 /* 0: generation_config.json's limit, else until the context is full */
     const g4_sampler_params *sampling;  /* NULL: the model's defaults (g4_model_sampler_params) */
@@ -588,6 +609,7 @@ typedef struct g4_generation_params {
     const g4_soft_tokens *media;        /* the prompt's images and audio: it holds one placeholder per input, as
                                            the chat template writes them, expanded as g4_prompt_expand does */
     int n_media;
+    const g4_grammar *grammar;          /* the output follows this grammar (NULL: free); not with json_object */
 } g4_generation_params;
 
 typedef enum g4_event_kind {

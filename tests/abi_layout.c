@@ -37,7 +37,8 @@ int main(void) {
     FIELD(g4_generation_params, penalties_output_only); FIELD(g4_generation_params, logprobs);
     FIELD(g4_generation_params, top_logprobs); FIELD(g4_generation_params, json_object);
     FIELD(g4_generation_params, drafter); FIELD(g4_generation_params, n_draft);
-    FIELD(g4_generation_params, media); FIELD(g4_generation_params, n_media); END();
+    FIELD(g4_generation_params, media); FIELD(g4_generation_params, n_media);
+    FIELD(g4_generation_params, grammar); END();
     BEGIN(g4_event); FIELD(g4_event, kind); FIELD(g4_event, token); FIELD(g4_event, text); FIELD(g4_event, len); END();
     printf("}\n");
     return 0;

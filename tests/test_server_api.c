@@ -144,7 +144,15 @@ static void test_errors(void) {
         {"\"logit_bias\": {\"1000\": 1}", "logit_bias"}, {"\"logit_bias\": {\"1\": 101}", "logit_bias"},
         {"\"stream_options\": {}", "stream_options"}, {"\"top_logprobs\": 2", "top_logprobs"},
         {"\"tool_choice\": \"required\"", "tool_choice"}, {"\"tools\": [{\"type\": \"x\"}]", "tools"},
-        {"\"response_format\": {\"type\": \"json_schema\"}", "response_format"},
+        {"\"response_format\": {\"type\": \"json_schema\"}", "response_format.json_schema"},
+        {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": "
+         "{\"type\": \"string\", \"pattern\": \"a+\"}}}", "response_format.json_schema.schema"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": "
+         "\"function\", \"function\": {\"name\": \"g\"}}", "tools"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": "
+         "\"function\"}", "tool_choice"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\", "
+         "\"response_format\": {\"type\": \"json_object\"}", "response_format"},
         {"\"reasoning_effort\": \"extreme\"", "reasoning_effort"}, {"\"best_of\": 2", "best_of"},
         {"\"modalities\": [\"audio\"]", "modalities"},
         /* sampling values outside what vLLM and OpenAI take: top_k -1 and 0 are off, below is an error */
@@ -168,6 +176,21 @@ static void test_errors(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(body, sizeof body, "%s%s}", head, cases[i].field);
         bad(SRV_CHAT, body, 400, cases[i].param);
+    }
+    /* constrained output: a schema, or forced tool calls, become the request's grammar */
+    static const char *const grammars[] = {
+        "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"p\", \"strict\": true, "
+        "\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}, \"required\": [\"a\"]}}}",
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+        "\"properties\": {\"x\": {\"type\": \"string\"}}}}}], \"tool_choice\": \"required\"",
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": "
+        "\"function\", \"function\": {\"name\": \"f\"}}, \"parallel_tool_calls\": false"};
+    for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++) {
+        srv_request r;
+        srv_error e2;
+        snprintf(body, sizeof body, "%s%s}", head, grammars[i]);
+        CHECKF(parse(SRV_CHAT, body, 0, &r, &e2) == 0 && r.grammar, "%s: %s", grammars[i], e2.msg);
+        srv_request_free(&r);
     }
     /* NaN and numbers no double holds are not JSON (RFC 8259; jansson refuses them): a 400, one line */
     static const char *const not_json[] = {"\"temperature\": NaN", "\"temperature\": Infinity", "\"top_p\": 1e999",

@@ -84,7 +84,7 @@ class _GenerationParams(ctypes.Structure):
                 ("n_stop_strings", c_int), ("parse_chat", c_int), ("penalties_output_only", c_int),
                 ("logprobs", c_int), ("top_logprobs", c_int), ("json_object", c_int),
                 ("drafter", c_void_p), ("n_draft", c_int),
-                ("media", c_void_p), ("n_media", c_int)]
+                ("media", c_void_p), ("n_media", c_int), ("grammar", c_void_p)]
 
 
 class _Event(ctypes.Structure):
@@ -131,6 +131,21 @@ _gen_finish = _fn("g4_generation_finish", c_int, c_void_p)
 _gen_tokens = _fn("g4_generation_tokens", P(c_int32), c_void_p, P(c_int))
 _gen_message = _fn("g4_generation_message", c_int, c_void_p, P(_ChatMessage), E)
 _gen_free = _fn("g4_generation_free", None, c_void_p)
+_grammar_json_schema = _fn("g4_grammar_json_schema", c_int, c_char_p, P(c_void_p), E)
+_grammar_free = _fn("g4_grammar_free", None, c_void_p)
+
+
+class _Grammar:
+    """A grammar of the library (g4_grammar), freed with the object."""
+
+    def __init__(self, schema):
+        self.ptr, err = c_void_p(), _Error()
+        _check(_grammar_json_schema(json.dumps(schema).encode("utf-8"), ctypes.byref(self.ptr), ctypes.byref(err)),
+               err)
+
+    def __del__(self):
+        if _grammar_free and self.ptr:
+            _grammar_free(self.ptr)
 
 
 def library_version():
@@ -306,6 +321,7 @@ class Model:
 
     # ------------------------------------------------------------ generation
     def _params(self, max_tokens, stop, ignore_eos, sampling):
+        schema = sampling.pop("json_schema", None)
         sp = _SamplerParams()
         _model_sampler_params(self._model, ctypes.byref(sp))
         keep = [sp]
@@ -326,6 +342,10 @@ class Model:
             stops = (c_char_p * len(stop))(*[s.encode("utf-8") for s in stop])
             gp.stop_strings, gp.n_stop_strings = stops, len(stop)
             keep.append(stops)
+        if schema is not None:  # the output is a document of this JSON Schema (g4_grammar_json_schema)
+            grammar = _Grammar(schema)
+            gp.grammar = grammar.ptr
+            keep.append(grammar)
         keep.append(gp)
         return gp, keep
 
@@ -348,7 +368,8 @@ class Model:
 
     def generate(self, prompt, *, max_tokens=None, stream=False, stop=None, ignore_eos=False, **sampling):
         """Continues prompt (text, which gets BOS, or token ids). Returns the generated text, or
-        with stream=True a Stream of text pieces (its .reply has the ids and the finish reason)."""
+        with stream=True a Stream of text pieces (its .reply has the ids and the finish reason).
+        json_schema=SCHEMA (a dict) makes the output a JSON document of that schema."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         arr, n = _ids_array(ids)
         gp, keep = self._params(max_tokens, stop, ignore_eos, sampling)

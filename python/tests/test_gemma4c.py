@@ -60,6 +60,11 @@ def main():
           "a stop string ends the text before it")
     a = m.generate(ref["prompt"], max_tokens=16, temperature=1, seed=7)
     check(a == m.generate(ref["prompt"], max_tokens=16, temperature=1, seed=7) and a, "same seed, same text")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"],
+              "additionalProperties": False}
+    doc = m.generate(ref["prompt"], max_tokens=40, json_schema=schema, temperature=1, seed=3)
+    check(doc.startswith("{") and '"n"' in doc and (not doc.endswith("}") or 1 <= json.loads(doc)["n"] <= 9),
+          "json_schema: the output follows the schema (%r)" % doc)
 
     msgs = [{"role": "user", "content": ref["chat_user"]}]
     reply = m.chat(msgs, temperature=0, max_tokens=48)
@@ -127,7 +132,8 @@ def main():
                         lambda: gemma4c.Model(fixture, draft=os.path.join(assistant, "assistant-lmhead"))),
                        ("a projector beside a folder (g4_load_params.mmproj)",
                         lambda: gemma4c.Model(fixture, mmproj="/does/not/exist/mmproj.gguf")),
-                       ("a bad sampling value", lambda: m.generate("x", top_p=2.0))]:
+                       ("a bad sampling value", lambda: m.generate("x", top_p=2.0)),
+                       ("an unsupported schema keyword", lambda: m.generate("x", json_schema={"pattern": "a"}))]:
         try:
             call()
             check(False, "%s raises gemma4c.Error" % what)

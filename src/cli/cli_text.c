@@ -13,7 +13,7 @@
 
 enum {
     OPT_TEMP = 1000, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_REPEAT, OPT_REPEAT_N, OPT_PRESENCE,
-    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS, OPT_DRAFT, OPT_DRAFT_N, OPT_DRAFT_STATS
+    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS, OPT_DRAFT, OPT_DRAFT_N, OPT_DRAFT_STATS, OPT_SCHEMA
 };
 
 const struct option cli_sampling_options[] = {
@@ -36,6 +36,7 @@ const struct option cli_sampling_options[] = {
     {"draft", required_argument, 0, OPT_DRAFT},
     {"draft-n", required_argument, 0, OPT_DRAFT_N},
     {"draft-stats", no_argument, 0, OPT_DRAFT_STATS},
+    {"json-schema", required_argument, 0, OPT_SCHEMA},
     {0, 0, 0, 0},
 };
 
@@ -119,6 +120,7 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
     case OPT_DRAFT: s->draft_dir = arg; return 1;
     case OPT_DRAFT_N: return cli_parse_int(arg, "--draft-n", 1, 256, &s->draft_n) ? -1 : 1;
     case OPT_DRAFT_STATS: s->draft_stats = 1; return 1;
+    case OPT_SCHEMA: s->json_schema = arg; return 1;
     default: return 0;
     }
 }
@@ -154,6 +156,27 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
         cli_error("%s", err.msg);
         goto fail;
     }
+    if (opt->json_schema) { /* the schema file's text, then its grammar */
+        FILE *f = fopen(opt->json_schema, "rb");
+        char *text = NULL;
+        size_t len = 0;
+        if (f && fseek(f, 0, SEEK_END) == 0) {
+            long n = ftell(f);
+            if (n >= 0 && n < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)))
+                len = fread(text, 1, (size_t)n, f), text[len] = 0;
+        }
+        if (f) fclose(f);
+        if (!text) {
+            cli_error("--json-schema %s: cannot read the file (or it is over 64 MiB)", opt->json_schema);
+            goto fail;
+        }
+        const int rc = g4_grammar_json_schema(text, &tm->grammar, &err);
+        free(text);
+        if (rc) {
+            cli_error("--json-schema %s: %s", opt->json_schema, err.msg);
+            goto fail;
+        }
+    }
     const int max_pos = g4_model_n_ctx_train(tm->model);
     if (opt->have_ctx && opt->n_ctx > max_pos) { /* a default (generate --ids: prompt + -n) is capped instead */
         cli_error("--ctx %ld exceeds the model's max_position_embeddings %d", opt->n_ctx, max_pos);
@@ -186,6 +209,7 @@ fail:
 }
 
 void cli_text_close(cli_text_model *tm) {
+    g4_grammar_free(tm->grammar);
     g4_context_free(tm->ctx);
     g4_drafter_free(tm->drafter);
     g4_model_free(tm->model);
@@ -217,6 +241,7 @@ void cli_generation_params(const cli_sampling *opt, const cli_text_model *tm, g4
         .n_stop_strings = opt->n_stops,
         .drafter = tm->drafter,
         .n_draft = (int)opt->draft_n,
+        .grammar = tm->grammar,
     };
 }
 

@@ -12,9 +12,10 @@
  * prompt goes through the speculative prefill and every later step is a round of drafts and one
  * verification, which yields one or more tokens.
  * Log-probabilities (params.logprobs) are the log-softmax of the step's raw logits, as vLLM reports
- * them by default (OpenAI's logprobs / top_logprobs). With params.json_object the logits of tokens that
- * would not continue a JSON object are set to -infinity before sampling (engine/json_object.h), and the
- * generation stops once the object is closed. Neither goes with a drafter (its rounds sample inside). */
+ * them by default (OpenAI's logprobs / top_logprobs). With params.grammar (or json_object: the grammar of any JSON
+ * object) the logits of tokens that would not continue the grammar's output are set to -infinity before
+ * sampling (engine/grammar.h), the stop ids come only where the output is whole, and the generation stops where
+ * nothing more can follow. Neither goes with a drafter (its rounds sample inside). */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,7 +27,7 @@
 #include "core/strbuf.h"
 #include "engine/context.h"
 #include "engine/generation.h"
-#include "engine/json_object.h"
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
 #include "engine/stop.h"
@@ -79,8 +80,7 @@ struct g4_generation {
     g4_token_logprob chosen;
     g4_token_logprob top[G4_MAX_TOP_LOGPROBS];
     double lse;               /* log-sum-exp of the step's logits */
-    g4_json_tokens *json;     /* params.json_object: the model's table of its tokens' bytes (json_tokens_of) */
-    g4_json_state json_state;
+    g4_gr_match *grammar;     /* params.grammar or json_object: the output's grammar and where it stands */
     g4_finish finish;
     atomic_int cancel;
     int broken;               /* an error happened: every later call repeats it */
@@ -260,8 +260,8 @@ static void step_logprobs(g4_generation *g, const float *l) {
 
 /* A generated token: its events, then the stop conditions. 1 when it ended the generation, 0 or -1. */
 static int take(g4_generation *g, int32_t id) {
-    if (g->json && g4_json_accept(g->json, &g->json_state, id))
-        return g4_fail(&g->err, "json_object: token %d does not continue the object", id);
+    if (g->grammar && g4_gr_match_accept(g->grammar, id))
+        return g4_fail(&g->err, "grammar: token %d does not continue the constrained output", id);
     g->ids[g->n_ids++] = id;
     g4_sampler_accept(g->sampler, id);
     if (queue(g, G4_EVENT_TOKEN, id, "", 0)) return -1;
@@ -271,7 +271,7 @@ static int take(g4_generation *g, int32_t id) {
     } else {
         if (token_text(g, id)) return -1;
         if (g->stopped_by_string || (g->parser && !g->ignore_eos && g4_chat_parser_ended(g->parser)) ||
-            (g->json && g4_json_done(&g->json_state)))
+            (g->grammar && g4_gr_match_done(g->grammar)))
             why = G4_FINISH_STOP;
         else if (g->n_ids == g->max_new)
             why = G4_FINISH_LENGTH;
@@ -296,10 +296,10 @@ static int spec_step(g4_generation *g) {
 }
 
 /* The next id from a row of the step's logits (-1: every id banned): the log-probabilities first, from the logits
- * as the model computed them, then the JSON constraint masks the row (in place) and the sampler draws. */
+ * as the model computed them, then the grammar masks the row (in place) and the sampler draws. */
 static int32_t pick(g4_generation *g, float *logits) {
     if (g->logprobs) step_logprobs(g, logits);
-    if (g->json) g4_json_mask(g->json, &g->json_state, logits);
+    if (g->grammar) g4_gr_match_mask(g->grammar, logits);
     const int32_t id = g4_sampler_sample(g->sampler, logits);
     if (id >= 0 && g->logprobs) {
         g->chosen = (g4_token_logprob){id, (float)(logits[id] - g->lse)}; /* a drawn id's logit is unmasked */
@@ -427,6 +427,7 @@ void g4_generation_free(g4_generation *g) {
     g4_detok_stream_free(g->detok);
     g4_chat_parser_free(g->parser);
     g4_chat_accum_free(&g->out);
+    g4_gr_match_free(g->grammar);
     free(g->ids);
     free(g->logits);
     free(g->cand.ids);
@@ -458,25 +459,59 @@ static void reuse_prefix(g4_generation *g) {
     g->n_cached = g->n_fed = same;
 }
 
-static void json_tokens_free(void *t) { g4_json_tokens_free(t); }
+typedef struct constrain_tables {
+    g4_gr_tokens *tokens;
+    g4_grammar *json_object;
+} constrain_tables;
 
-/* The model's table of its tokens' bytes for json_object (made once: 60 ms for Gemma's 262144 tokens, which a
- * scheduler's step would pay for every request), shared by its generations with the masks it keeps. */
-static int json_tokens_of(const g4_model *cm, g4_json_tokens **out, g4_error *err) {
+static void constrain_free(void *p) {
+    constrain_tables *c = p;
+    g4_gr_tokens_free(c->tokens);
+    g4_grammar_free(c->json_object);
+    free(c);
+}
+
+/* The model's tables for constrained decoding (made once: about 0.1 s for Gemma's 262144 tokens, which a
+ * scheduler's step would pay for every request), shared by its generations. */
+static int constrain_of(const g4_model *cm, constrain_tables **out, g4_error *err) {
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    g4_model *m = (g4_model *)cm; /* the table is a cache of what the model holds */
+    g4_model *m = (g4_model *)cm; /* the tables are a cache of what the model holds */
     pthread_mutex_lock(&mu);
     int rc = 0;
-    if (!m->json_tokens) {
-        g4_json_tokens *t;
-        if ((rc = g4_json_tokens_new(m->tok, m->cfg.text.vocab_size, &t, err)) == 0) {
-            m->json_tokens = t;
-            m->json_tokens_free = json_tokens_free;
+    if (!m->constrain) {
+        constrain_tables *c = calloc(1, sizeof *c);
+        if (!c) rc = g4_fail(err, "out of memory");
+        else if ((rc = g4_gr_tokens_new(m->tok, m->cfg.text.vocab_size, &c->tokens, err)) == 0)
+            rc = g4_grammar_json_schema("{\"type\": \"object\"}", &c->json_object, err);
+        if (rc) {
+            if (c) constrain_free(c);
+        } else {
+            m->constrain = c;
+            m->constrain_free = constrain_free;
         }
     }
-    *out = m->json_tokens;
+    *out = m->constrain;
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+/* The tokens that end a constrained output where it is whole: the stop ids, and with parse_chat the chat parser's
+ * ends (chat_output.c: a turn's end, <eos>, a tool response's start). */
+static int constrain_start(g4_generation *g, const g4_generation_params *p, g4_error *err) {
+    const g4_model *m = g->model;
+    if (!g->tok) return g4_fail(err, "constrained output needs the model's tokenizer.json");
+    if (p->json_object && p->grammar) return g4_fail(err, "generation: json_object and a grammar: give one of them");
+    constrain_tables *c;
+    if (constrain_of(m, &c, err)) return -1;
+    static const char *const chat_ends[] = {"<turn|>", "<eos>", "<|tool_response>"};
+    int32_t ends[64];
+    int n = 0;
+    for (int i = 0; i < g->n_stop_ids && n < 60; i++) ends[n++] = g->stop_ids[i];
+    for (int i = 0; p->parse_chat && i < 3; i++) {
+        int32_t id = g4_tokenizer_token_id(g->tok, chat_ends[i]);
+        if (id >= 0) ends[n++] = id;
+    }
+    return g4_gr_match_new(p->grammar ? p->grammar : c->json_object, c->tokens, g->tok, ends, n, &g->grammar, err);
 }
 
 /* What every generation needs: token limit, sampler, stop ids and strings, text decoding. */
@@ -504,7 +539,7 @@ static int setup(g4_generation *g, const g4_generation_params *p, int n_ctx, g4_
     if (g4_sampler_new(&sp, V, &g->sampler, err)) return -1;
     /* argmax with nothing that changes logits: the model step finds it (no logits copied back) */
     /* log-probabilities and the JSON constraint need the logits */
-    g->greedy = g4_sampler_is_argmax(g->sampler) && !g->logprobs && !p->json_object;
+    g->greedy = g4_sampler_is_argmax(g->sampler) && !g->logprobs && !p->json_object && !p->grammar;
     if (!p->penalties_output_only)
         g4_sampler_accept_many(g->sampler, g->prompt, g->n_prompt);
     else if (g4_sampler_accept_prompt(g->sampler, g->prompt, g->n_prompt)) /* vLLM: the repetition penalty's */
@@ -524,11 +559,7 @@ static int setup(g4_generation *g, const g4_generation_params *p, int n_ctx, g4_
     if (p->parse_chat && !(g->parser = g4_chat_parser_new(piece, g))) return g4_fail(err, "out of memory");
     if (!(g->ids = malloc((size_t)g->max_new * sizeof *g->ids))) return g4_fail(err, "out of memory");
 
-    if (p->json_object) {
-        if (!g->tok) return g4_fail(err, "json_object needs the model's tokenizer.json");
-        if (json_tokens_of(m, &g->json, err)) return -1;
-        g4_json_start(&g->json_state);
-    }
+    if ((p->json_object || p->grammar) && constrain_start(g, p, err)) return -1;
     return 0;
 }
 
@@ -540,8 +571,8 @@ static int setup_seq(g4_generation *g, const g4_generation_params *p, g4_error *
     g->want = malloc(nb);
     if (!g->logits || !g->seqs || !g->want) return g4_fail(err, "out of memory");
     for (size_t i = 0; i < nb; i++) g->seqs[i] = g->seq;
-    if (p->drafter && (g->logprobs || p->json_object))
-        return g4_fail(err, "generation: logprobs and json_object do not go with a drafter");
+    if (p->drafter && (g->logprobs || p->json_object || p->grammar))
+        return g4_fail(err, "generation: logprobs and constrained output do not go with a drafter");
     if (p->drafter) { /* drafting stops at the generation's stop ids (transformers: the eos ids) */
         g4_spec_params spp = {.n_draft = p->n_draft, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids,
                               .cancelled = spec_cancelled, .cancelled_user = g};
@@ -549,7 +580,7 @@ static int setup_seq(g4_generation *g, const g4_generation_params *p, g4_error *
         if (!(g->round = malloc(((size_t)g->spec->cap + 1) * sizeof *g->round))) return g4_fail(err, "out of memory");
     }
     const int cand_max = g4_context_candidates_max(g->ctx);
-    if (!g->greedy && !g->spec && !g->logprobs && !g->json && cand_max > 0) {
+    if (!g->greedy && !g->spec && !g->logprobs && !g->grammar && cand_max > 0) {
         const size_t cap = (size_t)g4_candidates_cap(G4_TOP_K_MAX);
         g->cand_max = cand_max;
         g->cand = (g4_candidates){.ids = malloc(cap * sizeof(int32_t)), .count = malloc(sizeof(int32_t)),
@@ -668,7 +699,7 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
 int g4_generation_max_new(const g4_generation *g) { return g->max_new; }
 int g4_generation_is_argmax(const g4_generation *g) { return g->greedy; }
 int g4_generation_candidates_k(const g4_generation *g) {
-    return g->logprobs || g->json ? 0 : g4_sampler_candidates_k(g->sampler);
+    return g->logprobs || g->grammar ? 0 : g4_sampler_candidates_k(g->sampler);
 }
 int g4_generation_candidate_extras(const g4_generation *g, int32_t *ids) {
     return g4_sampler_candidate_extras(g->sampler, ids);

@@ -906,7 +906,7 @@ void g4_model_free(g4_model *m) {
     free(m->warnings);
     json_decref(m->gguf_meta);
     json_decref(m->mmproj_audio);
-    if (m->json_tokens) m->json_tokens_free(m->json_tokens);
+    if (m->constrain) m->constrain_free(m->constrain);
     g4_model_free_files(m);
     g4_tensor_set_free(&m->weights);
     pthread_mutex_destroy(&m->backend_lock);

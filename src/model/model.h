@@ -87,9 +87,10 @@ struct g4_model {
     char mmproj_path[4096];          /* that projector file (messages) */
     /* beside the weights (model_files.c) */
     g4_tokenizer *tok;               /* NULL when there is none (tokenizer.json, or a GGUF file's metadata) */
-    void *json_tokens;               /* the tokens' bytes for json_object, made by the first generation that needs
-                                        them (engine/generation.c), freed with the model by json_tokens_free */
-    void (*json_tokens_free)(void *);
+    void *constrain;                 /* constrained decoding's tables (the tokens in byte order, json_object's
+                                        grammar), made by the first generation that needs them (engine/generation.c),
+                                        freed with the model by constrain_free */
+    void (*constrain_free)(void *);
     g4_chat_template *chat_template; /* NULL when it has no chat template */
     char *chat_template_error;       /* why a template it has cannot be used, or NULL */
     g4_generation_config gen_config;

@@ -88,6 +88,8 @@ typedef struct srv_request {
     int echo;              /* completions */
     int ignore_eos;        /* extension (vLLM's name) */
     srv_format format;     /* response_format */
+    g4_grammar *grammar;   /* response_format json_schema, or tool_choice "required" / a named function: the
+                              output's grammar (NULL: free) */
     json_t *chat;          /* chat: {"messages", "tools", "enable_thinking", "chat_template_kwargs"} */
     srv_prompt *prompts;   /* completions, embeddings */
     int n_prompts;

@@ -535,9 +535,25 @@ static int convert_messages(const json_t *in, const srv_limits *lim, int tool_ro
     return 0;
 }
 
-static int parse_tools(const json_t *in, json_t *chat, srv_error *e) {
+/* tool_choice "required" or {"type": "function", "function": {"name": N}}: the output is tool calls (of N, one),
+ * at most one with parallel_tool_calls false (json_schema.c). */
+static int forced_tool_calls(const json_t *in, const json_t *tools, const char *name, srv_request *r, srv_error *e) {
+    if (!json_array_size(tools))
+        return srv_fail(e, 400, "tool_choice", "invalid_value", "tool_choice '%s' needs tools", name ? name : "required");
+    int parallel = 1;
+    if (get_bool(in, "parallel_tool_calls", &parallel, e)) return -1;
+    char *text = json_dumps(tools, JSON_COMPACT);
+    if (!text) return oom(e);
+    g4_error err = {0};
+    const int rc = g4_grammar_tool_calls(text, name, name || !parallel ? 1 : 0, &r->grammar, &err);
+    free(text);
+    return rc ? srv_fail(e, 400, "tools", "invalid_value", "%s", err.msg) : 0;
+}
+
+static int parse_tools(const json_t *in, json_t *chat, srv_request *r, srv_error *e) {
     const json_t *tools = json_object_get(in, "tools");
     const json_t *choice = json_object_get(in, "tool_choice");
+    const char *forced = NULL; /* "required", or the function's name */
     if (choice && !json_is_null(choice)) {
         const char *c = json_string_value(choice);
         if (!c && !json_is_object(choice)) return bad_type(e, "tool_choice", choice, "a string or an object");
@@ -545,13 +561,19 @@ static int parse_tools(const json_t *in, json_t *chat, srv_error *e) {
             return srv_fail(e, 400, "tool_choice", "invalid_value",
                             "tool_choice must be \"none\", \"auto\", \"required\" or an object naming a function, not "
                             "\"%.100s\"", c);
-        if (!c || (strcmp(c, "auto") && strcmp(c, "none")))
-            return srv_fail(e, 400, "tool_choice", "unsupported_value",
-                            "tool_choice 'required' or a named function is not supported (gemma4c does not force "
-                            "tool calls); use \"auto\" or \"none\"");
+        if (!c) {
+            const json_t *fn = json_object_get(choice, "function");
+            const char *type = json_string_value(json_object_get(choice, "type"));
+            forced = json_string_value(json_object_get(fn, "name"));
+            if (!type || strcmp(type, "function") || !forced)
+                return srv_fail(e, 400, "tool_choice", "invalid_value",
+                                "tool_choice must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        } else if (!strcmp(c, "required")) {
+            forced = c;
+        }
     }
     const int hide = choice && json_is_string(choice) && !strcmp(json_string_value(choice), "none");
-    if (!tools || json_is_null(tools)) return 0;
+    if (!tools || json_is_null(tools)) return forced ? forced_tool_calls(in, NULL, NULL, r, e) : 0;
     if (!json_is_array(tools)) return bad_type(e, "tools", tools, "an array");
     json_t *seen = json_object(); /* name -> index: the model calls a tool by its name, so names are unique */
     if (!seen) return oom(e);
@@ -596,13 +618,16 @@ static int parse_tools(const json_t *in, json_t *chat, srv_error *e) {
     }
     json_decref(seen);
     if (rc) return rc;
+    if (forced && forced_tool_calls(in, json_is_array(tools) ? tools : NULL, strcmp(forced, "required") ||
+                                    json_is_object(choice) ? forced : NULL, r, e))
+        return -1;
     if (hide) return 0; /* tool_choice none: the model is not told of the tools */
     return json_array_size(tools) && json_object_set(chat, "tools", (json_t *)tools) ? oom(e) : 0;
 }
 
 static int parse_chat(const json_t *in, const srv_limits *lim, int tool_role, srv_request *r, srv_error *e) {
     if (!(r->chat = json_object())) return oom(e);
-    if (convert_messages(in, lim, tool_role, r, e) || parse_tools(in, r->chat, e)) return -1;
+    if (convert_messages(in, lim, tool_role, r, e) || parse_tools(in, r->chat, r, e)) return -1;
     const char *effort = NULL;
     if (get_str(in, "reasoning_effort", NULL, &effort, e)) return -1;
     if (effort) {
@@ -630,11 +655,24 @@ static int parse_chat(const json_t *in, const srv_limits *lim, int tool_role, sr
     if (rf && !json_is_null(rf)) {
         const char *type = json_string_value(json_object_get(rf, "type"));
         if (!json_is_object(rf) || !type) return bad_type(e, "response_format", rf, "an object with a 'type'");
-        if (!strcmp(type, "json_object")) r->format = SRV_FORMAT_JSON_OBJECT;
-        else if (!strcmp(type, "json_schema"))
-            return srv_fail(e, 400, "response_format", "unsupported_value",
-                            "response_format json_schema is not supported (json_object is)");
-        else if (strcmp(type, "text"))
+        if (strcmp(type, "text") && r->grammar)
+            return srv_fail(e, 400, "response_format", "invalid_value",
+                            "response_format '%.40s' and a forced tool call (tool_choice) exclude each other", type);
+        if (!strcmp(type, "json_object")) {
+            r->format = SRV_FORMAT_JSON_OBJECT;
+        } else if (!strcmp(type, "json_schema")) { /* {"json_schema": {"name", "schema", "strict"}} */
+            const json_t *js = json_object_get(rf, "json_schema");
+            const json_t *schema = json_object_get(js, "schema");
+            if (!json_is_object(js) || (!json_is_object(schema) && !json_is_boolean(schema)))
+                return srv_fail(e, 400, "response_format.json_schema", "invalid_value",
+                                "response_format json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+            char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
+            if (!text) return oom(e);
+            g4_error err = {0};
+            const int rc = g4_grammar_json_schema(text, &r->grammar, &err);
+            free(text);
+            if (rc) return srv_fail(e, 400, "response_format.json_schema.schema", "invalid_value", "%s", err.msg);
+        } else if (strcmp(type, "text"))
             return srv_fail(e, 400, "response_format", "invalid_value", "response_format type '%.40s' is unknown", type);
     }
     const json_t *mod = json_object_get(in, "modalities");
@@ -771,5 +809,6 @@ void srv_request_free(srv_request *r) {
     for (int i = 0; i < r->n_media; i++) free(r->media[i].data), free(r->media[i].url);
     free(r->media);
     free(r->soft); /* (the endpoint frees what its entries hold: free_request) */
+    g4_grammar_free(r->grammar);
     memset(r, 0, sizeof *r);
 }

@@ -391,7 +391,7 @@ static int prepare(srv_conn *c, srv_kind kind, srv_error *e) {
                                            .parse_chat = kind == SRV_CHAT, .penalties_output_only = 1,
                                            .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
                                            .json_object = r->format == SRV_FORMAT_JSON_OBJECT,
-                                           .media = r->soft, .n_media = r->n_media};
+                                           .media = r->soft, .n_media = r->n_media, .grammar = r->grammar};
         }
         g4_free(toks.ids);
     }

@@ -61,7 +61,7 @@ int32_t g4_tokenizer_token_id_n(const g4_tokenizer *tok, const char *piece, size
 /* The bytes token `id` adds to decoded text wherever it stands: its piece through the decoder chain (Replace
  * steps, a byte-fallback piece as its one byte, kept even when it is not UTF-8 alone; Strip only where it
  * applies to single tokens). Returns the length (at most cap), or -1 for an id out of range or a piece over
- * 1 KiB. Constrained decoding (engine/json_object.c) reads tokens this way. */
+ * 1 KiB. Constrained decoding (engine/grammar.c) reads tokens this way. */
 int g4_tokenizer_token_bytes(const g4_tokenizer *tok, int32_t id, char *buf, size_t cap);
 
 /* Where the binary cache is (NULL if none was read or written) and whether this load read it. */

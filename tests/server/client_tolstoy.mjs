@@ -191,15 +191,15 @@ await step('errors', async () => {
   await expectError('an input_audio part', () => client.chat.completions.create({
     model, messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'UklGRg==', format: 'wav' } }] }],
   }), 400, 'unsupported_content');
-  await expectError('tool_choice required', () => client.chat.completions.create({
-    model, messages: m, tool_choice: 'required', tools: [{ type: 'function', function: { name: 'f' } }],
+  await expectError('tool_choice required without tools', () => client.chat.completions.create({
+    model, messages: m, tool_choice: 'required',
   }), 400, null, 'tool_choice');
   await expectError('tool_choice of no known kind', () => client.chat.completions.create({
     model, messages: m, tool_choice: 'bogus', tools: [{ type: 'function', function: { name: 'f' } }],
   }), 400, 'invalid_value', 'tool_choice');
-  await expectError('json_schema', () => client.chat.completions.create({
-    model, messages: m, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: {} } },
-  }), 400, null, 'response_format');
+  await expectError('json_schema without a schema', () => client.chat.completions.create({
+    model, messages: m, response_format: { type: 'json_schema', json_schema: { name: 'x' } },
+  }), 400, null, 'response_format.json_schema');
   await expectError('an empty embedding input', () => client.embeddings.create({ model, input: '' }), 400, null, 'input');
   await expectError('token id out of range', () => client.completions.create({ model, prompt: [1, 2, 999999] }), 400, null, 'prompt');
   const r = await client.chat.completions.create({ model, messages: m, max_tokens: 1, temperature: 0, user: 'u', metadata: { a: 'b' }, some_future_field: 1 });
@@ -229,6 +229,52 @@ await step('response_format json_object', async () => {
     check(ok, `json_object (seed ${seed}): an object, or one cut by max_tokens (${why}: ${JSON.stringify(text).slice(0, 80)})`);
   }
   console.log(`json_object: ${closed} of 3 replies closed their object within 60 tokens`);
+});
+
+await step('response_format json_schema and forced tool calls', async () => {
+  const schema = {
+    type: 'object', additionalProperties: false, required: ['name', 'age'],
+    properties: { name: { type: 'string', maxLength: 10 }, age: { type: 'integer', minimum: 0, maximum: 120 } },
+  };
+  let closed = 0;
+  for (const seed of [1, 2]) {
+    const r = await client.chat.completions.create({
+      model, seed, max_tokens: 60, response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema } },
+      messages: [{ role: 'user', content: 'Describe Pierre in JSON.' }],
+    });
+    const text = r.choices[0].message.content, why = r.choices[0].finish_reason;
+    if (why === 'stop') {
+      const p = JSON.parse(text);
+      closed++;
+      check(Object.keys(p).join() === 'name,age' && typeof p.name === 'string' && [...p.name].length <= 10 &&
+        Number.isInteger(p.age) && p.age >= 0 && p.age <= 120, `json_schema (seed ${seed}): ${text}`);
+    } else {
+      check(why === 'length' && text.startsWith('{"name"'), `json_schema (seed ${seed}) cut: ${JSON.stringify(text)}`);
+    }
+  }
+  console.log(`json_schema: ${closed} of 2 replies closed their object within 60 tokens`);
+  const bad = await fetch(`${base}/v1/chat/completions`, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model, messages: [{ role: 'user', content: 'x' }],
+      response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: 'a+' } } } }),
+  });
+  const err = await bad.json();
+  check(bad.status === 400 && /pattern/.test(err.error.message), `an unsupported keyword is a 400 (${bad.status} ${err.error?.message})`);
+  const tools = [
+    { type: 'function', function: { name: 'lookup', parameters: { type: 'object', required: ['who'], properties: { who: { type: 'string', maxLength: 12 } } } } },
+    { type: 'function', function: { name: 'now' } },
+  ];
+  for (const choice of ['required', { type: 'function', function: { name: 'lookup' } }]) {
+    const r = await client.chat.completions.create({
+      model, tools, tool_choice: choice, seed: 5, max_tokens: 40, messages: [{ role: 'user', content: 'Who is Pierre?' }],
+    });
+    const m = r.choices[0].message, why = r.choices[0].finish_reason;
+    const calls = m.tool_calls || [];
+    const named = typeof choice === 'object';
+    check(why === 'length' || (calls.length >= 1 && calls.every((c) => (named ? c.function.name === 'lookup' : ['lookup', 'now'].includes(c.function.name)) &&
+      (c.function.name === 'now' || typeof JSON.parse(c.function.arguments).who === 'string'))),
+    `tool_choice ${JSON.stringify(choice)}: ${why} ${JSON.stringify(calls)}`);
+  }
 });
 
 await step('tool messages (release template: tool_responses)', async () => {

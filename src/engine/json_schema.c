@@ -1,0 +1,1082 @@
+/* Grammars of JSON output (engine/grammar.h): a JSON Schema's documents (OpenAI's response_format json_schema),
+ * any JSON object (response_format json_object), and tool calls in Gemma 4's notation whose arguments follow
+ * each function's parameter schema (tool_choice "required" or a named function).
+ *
+ * JSON (RFC 8259): the value starts at its first byte (no blank before it: a model cannot loop on blanks there);
+ * between the grammar's tokens at most 20 blanks in a row; strings hold any character from U+0020 up or an
+ * escape, as UTF-8; integers at most 19 digits, fractions 20, exponents 3. Objects list the schema's properties
+ * in its order, required ones always, optional ones or not (as llama.cpp's json-schema-to-grammar and OpenAI's
+ * strict mode write them). Where a schema lists properties, other keys come only with additionalProperties
+ * true or a schema; an object schema without properties takes any keys.
+ *
+ * Gemma 4's tool-call notation (chat template, format_argument with escape_keys=False):
+ * `<|tool_call>call:NAME{key:value,...}<tool_call|>`, strings between `<|"|>` tokens, bare keys in sorted order
+ * (the template's dictsort), no blanks, null as None or null.
+ *
+ * Keywords read: type (a name or a list), properties, required, additionalProperties, items, prefixItems,
+ * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf of one schema,
+ * $ref (#, #/$defs/..., any JSON pointer into the root), nullable (OpenAPI), minimum / maximum /
+ * exclusiveMinimum / exclusiveMaximum of integers, minimum 0 of numbers, format date, time, date-time and
+ * uuid; annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
+ * writeOnly) are skipped. Any other keyword is an error naming it: a constraint is never dropped silently. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/strbuf.h"
+#include "engine/grammar.h"
+
+#define MAX_WS 20        /* blanks in a row */
+#define MAX_NESTING 64   /* schemas inside schemas */
+#define MAX_REPEAT 4096  /* bounds of a repetition written out */
+#define QUOTE "<|\"|>"
+
+typedef struct sc {
+    g4_grammar *g;
+    const json_t *root;
+    int gemma;       /* Gemma's tool-call notation instead of JSON */
+    json_t *refs;    /* $ref -> its rule */
+    g4_error *err;
+    int failed;
+    int depth;
+    int ws, any, string, number, integer, boolean, null_, chr, digit, key; /* shared rules, -1 until made */
+} sc;
+
+static int fail(sc *c, const char *fmt, const char *arg) {
+    if (!c->failed) g4_fail(c->err, fmt, arg);
+    c->failed = 1;
+    return -1;
+}
+
+static int check(sc *c, int r) {
+    if (r < 0 || c->failed) return fail(c, "json_schema: %s", "out of memory");
+    return r;
+}
+
+/* ------------------------------------------------------------------ shared pieces */
+
+static int ws_rule(sc *c) {
+    if (c->ws >= 0 || c->gemma) return c->ws;
+    gr_seq s;
+    gr_seq_init(&s);
+    uint64_t set[4] = {0};
+    set[0] = (1ull << ' ') | (1ull << '\t') | (1ull << '\n') | (1ull << '\r');
+    gr_seq_set(c->g, &s, set);
+    c->ws = check(c, gr_repeat(c->g, gr_rule_of(c->g, &s), 0, MAX_WS));
+    gr_seq_free(&s);
+    return c->ws;
+}
+
+static void put_ws(sc *c, gr_seq *s) {
+    if (!c->gemma && ws_rule(c) >= 0) gr_seq_ref(s, c->ws);
+}
+
+static void lit(sc *c, gr_seq *s, const char *t) { gr_seq_lit(c->g, s, t, strlen(t)); }
+
+/* A rule of alternatives, each a literal (NULL-terminated list). */
+static int words_rule(sc *c, const char *const *w) {
+    gr_seq s;
+    gr_seq_init(&s);
+    int r = gr_rule(c->g);
+    for (; *w; w++) {
+        gr_seq_clear(&s);
+        lit(c, &s, *w);
+        gr_alt(c->g, r, &s);
+    }
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+static int range_rule(sc *c, unsigned lo, unsigned hi) {
+    gr_seq s;
+    gr_seq_init(&s);
+    gr_seq_range(c->g, &s, lo, hi);
+    int r = gr_rule_of(c->g, &s);
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+static int digit(sc *c) { return c->digit >= 0 ? c->digit : (c->digit = range_rule(c, '0', '9')); }
+
+/* One character of a JSON string, counted as JSON Schema counts (a code point; an escape is one). */
+static int char_rule(sc *c) {
+    if (c->chr >= 0) return c->chr;
+    g4_grammar *g = c->g;
+    gr_seq s;
+    gr_seq_init(&s);
+    int r = gr_rule(g);
+    if (c->gemma) { /* any byte: the string ends at the <|"|> token */
+        gr_seq_range(g, &s, 0, 255);
+        gr_alt(g, r, &s);
+    } else {
+        uint64_t set[4] = {0};
+        for (unsigned b = 0x20; b < 0x80; b++)
+            if (b != '"' && b != '\\') set[b >> 6] |= 1ull << (b & 63);
+        gr_seq_set(g, &s, set);
+        gr_alt(g, r, &s);
+        static const unsigned lead[3][2] = {{0xc2, 0xdf}, {0xe0, 0xef}, {0xf0, 0xf4}};
+        for (int k = 0; k < 3; k++) { /* UTF-8: a lead byte and 1..3 continuation bytes */
+            gr_seq_clear(&s);
+            gr_seq_range(g, &s, lead[k][0], lead[k][1]);
+            for (int j = 0; j <= k; j++) gr_seq_range(g, &s, 0x80, 0xbf);
+            gr_alt(g, r, &s);
+        }
+        gr_seq_clear(&s);
+        lit(c, &s, "\\");
+        gr_seq_set(g, &s, (const uint64_t[4]){(1ull << '"') | (1ull << '/'),
+                                             (1ull << ('\\' - 64)) | (1ull << ('b' - 64)) | (1ull << ('f' - 64)) |
+                                                 (1ull << ('n' - 64)) | (1ull << ('r' - 64)) | (1ull << ('t' - 64)),
+                                             0, 0});
+        gr_alt(g, r, &s);
+        gr_seq_clear(&s);
+        lit(c, &s, "\\u");
+        uint64_t hex[4] = {0};
+        for (const char *h = "0123456789abcdefABCDEF"; *h; h++) hex[*h >> 6] |= 1ull << (*h & 63);
+        for (int j = 0; j < 4; j++) gr_seq_set(g, &s, hex);
+        gr_alt(g, r, &s);
+    }
+    gr_seq_free(&s);
+    return c->chr = check(c, r);
+}
+
+static void open_string(sc *c, gr_seq *s) {
+    if (c->gemma) gr_seq_special(c->g, s, QUOTE);
+    else lit(c, s, "\"");
+}
+
+/* A string of min..max characters (max < 0: any number). */
+static int string_rule(sc *c, int64_t min, int64_t max) {
+    const int plain = min == 0 && max < 0;
+    if (plain && c->string >= 0) return c->string;
+    if (min > MAX_REPEAT || max > MAX_REPEAT) return fail(c, "json_schema: %s", "string lengths above 4096");
+    gr_seq s;
+    gr_seq_init(&s);
+    open_string(c, &s);
+    gr_seq_ref(&s, check(c, gr_repeat(c->g, char_rule(c), (int)min, (int)max)));
+    open_string(c, &s);
+    int r = check(c, gr_rule_of(c->g, &s));
+    gr_seq_free(&s);
+    if (plain) c->string = r;
+    return r;
+}
+
+/* Digits 0-9, min..max of them. */
+static int digits(sc *c, int min, int max) { return check(c, gr_repeat(c->g, digit(c), min, max)); }
+
+/* A JSON integer: -? (0 | [1-9][0-9]{0,18}). */
+static int integer_rule(sc *c) {
+    if (c->integer >= 0) return c->integer;
+    g4_grammar *g = c->g;
+    gr_seq s;
+    gr_seq_init(&s);
+    int mag = gr_rule(g);
+    lit(c, &s, "0");
+    gr_alt(g, mag, &s);
+    gr_seq_clear(&s);
+    gr_seq_range(g, &s, '1', '9');
+    gr_seq_ref(&s, digits(c, 0, 18));
+    gr_alt(g, mag, &s);
+    int r = gr_rule(g);
+    gr_seq_clear(&s);
+    gr_seq_ref(&s, mag);
+    gr_alt(g, r, &s);
+    gr_seq_clear(&s);
+    lit(c, &s, "-");
+    gr_seq_ref(&s, mag);
+    gr_alt(g, r, &s);
+    gr_seq_free(&s);
+    return c->integer = check(c, r);
+}
+
+/* The fraction and exponent a number may add to an integer part. */
+static void number_tail(sc *c, gr_seq *s) {
+    g4_grammar *g = c->g;
+    gr_seq t;
+    gr_seq_init(&t);
+    int frac = gr_rule(g), ex = gr_rule(g);
+    lit(c, &t, ".");
+    gr_seq_ref(&t, digits(c, 1, 20));
+    gr_alt(g, frac, &t);
+    gr_seq_clear(&t);
+    gr_alt(g, frac, &t);
+    gr_seq_set(g, &t, (const uint64_t[4]){0, (1ull << ('e' - 64)) | (1ull << ('E' - 64)), 0, 0});
+    gr_seq_ref(&t, words_rule(c, (const char *const[]){"", "+", "-", NULL}));
+    gr_seq_ref(&t, digits(c, 1, 3));
+    gr_alt(g, ex, &t);
+    gr_seq_clear(&t);
+    gr_alt(g, ex, &t);
+    gr_seq_free(&t);
+    gr_seq_ref(s, frac);
+    gr_seq_ref(s, ex);
+}
+
+static int number_rule(sc *c, int nonnegative) {
+    if (!nonnegative && c->number >= 0) return c->number;
+    gr_seq s;
+    gr_seq_init(&s);
+    if (nonnegative) { /* 0... or [1-9]... without a sign */
+        int mag = gr_rule(c->g);
+        lit(c, &s, "0");
+        gr_alt(c->g, mag, &s);
+        gr_seq_clear(&s);
+        gr_seq_range(c->g, &s, '1', '9');
+        gr_seq_ref(&s, digits(c, 0, 18));
+        gr_alt(c->g, mag, &s);
+        gr_seq_clear(&s);
+        gr_seq_ref(&s, mag);
+    } else {
+        gr_seq_ref(&s, integer_rule(c));
+    }
+    number_tail(c, &s);
+    int r = check(c, gr_rule_of(c->g, &s));
+    gr_seq_free(&s);
+    if (!nonnegative) c->number = r;
+    return r;
+}
+
+/* ------------------------------------------------------------------ integer ranges */
+
+/* Decimal strings of exactly n digits between a and b (same length, a <= b, as text). */
+static int fixed_range(sc *c, const char *a, const char *b, int n) {
+    g4_grammar *g = c->g;
+    gr_seq s;
+    gr_seq_init(&s);
+    int r = gr_rule(g);
+    if (n == 0) {
+        gr_alt(g, r, &s);
+    } else if (a[0] == b[0]) {
+        gr_seq_range(g, &s, (unsigned char)a[0], (unsigned char)a[0]);
+        gr_seq_ref(&s, fixed_range(c, a + 1, b + 1, n - 1));
+        gr_alt(g, r, &s);
+    } else {
+        char lo_top[24], hi_bot[24];
+        memset(lo_top, '9', (size_t)n - 1);
+        lo_top[n - 1] = 0;
+        memset(hi_bot, '0', (size_t)n - 1);
+        hi_bot[n - 1] = 0;
+        gr_seq_range(g, &s, (unsigned char)a[0], (unsigned char)a[0]);
+        gr_seq_ref(&s, fixed_range(c, a + 1, lo_top, n - 1));
+        gr_alt(g, r, &s);
+        if (b[0] - a[0] > 1) {
+            gr_seq_clear(&s);
+            gr_seq_range(g, &s, (unsigned char)a[0] + 1, (unsigned char)b[0] - 1);
+            gr_seq_ref(&s, digits(c, n - 1, n - 1));
+            gr_alt(g, r, &s);
+        }
+        gr_seq_clear(&s);
+        gr_seq_range(g, &s, (unsigned char)b[0], (unsigned char)b[0]);
+        gr_seq_ref(&s, fixed_range(c, hi_bot, b + 1, n - 1));
+        gr_alt(g, r, &s);
+    }
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+/* Alternatives of r: the magnitudes lo..hi (0 <= lo <= hi) written without leading zeros. */
+static void magnitudes(sc *c, int r, uint64_t lo, uint64_t hi) {
+    gr_seq s;
+    gr_seq_init(&s);
+    for (int n = 1; n <= 20; n++) {
+        uint64_t first = 1, last;
+        for (int k = 1; k < n; k++) first *= 10;
+        if (n == 1) first = 0;
+        last = n == 20 ? UINT64_MAX : (n == 1 ? 9 : first * 10 - 1);
+        if (last < lo || first > hi) continue;
+        char a[24], b[24];
+        snprintf(a, sizeof a, "%" PRIu64, lo > first ? lo : first);
+        snprintf(b, sizeof b, "%" PRIu64, hi < last ? hi : last);
+        gr_seq_clear(&s);
+        gr_seq_ref(&s, fixed_range(c, a, b, n));
+        gr_alt(c->g, r, &s);
+    }
+    gr_seq_free(&s);
+}
+
+/* Integers in [lo, hi]. */
+static int int_range(sc *c, int64_t lo, int64_t hi) {
+    int r = gr_rule(c->g);
+    if (hi >= 0) magnitudes(c, r, lo > 0 ? (uint64_t)lo : 0, (uint64_t)hi);
+    if (lo < 0) { /* negative: "-" then the magnitudes max(1, -hi)..-lo */
+        int m = gr_rule(c->g);
+        magnitudes(c, m, hi < 0 ? (uint64_t)0 - (uint64_t)hi : 1, (uint64_t)0 - (uint64_t)lo);
+        gr_seq s;
+        gr_seq_init(&s);
+        lit(c, &s, "-");
+        gr_seq_ref(&s, m);
+        gr_alt(c->g, r, &s);
+        gr_seq_free(&s);
+    }
+    return check(c, r);
+}
+
+/* An integer bound of the schema (exclusive ones moved by one); 0 when absent. */
+static int int_bound(sc *c, const json_t *schema, const char *key, int64_t *v, int dir) {
+    const json_t *x = json_object_get(schema, key);
+    if (!x) return 0;
+    double d = json_number_value(x);
+    if (!json_is_number(x) || !isfinite(d)) return fail(c, "json_schema: %s must be a number", key);
+    if (d < -9.2e18 || d > 9.2e18) return fail(c, "json_schema: %s is beyond 64-bit integers", key);
+    int64_t b = (int64_t)(dir > 0 ? ceil(d) : floor(d));
+    if (strstr(key, "exclusive") && (double)b == d) b += dir;
+    if (dir > 0 ? b > *v : b < *v) *v = b;
+    return 0;
+}
+
+static int integer_schema(sc *c, const json_t *schema) {
+    int64_t lo = INT64_MIN, hi = INT64_MAX;
+    if (int_bound(c, schema, "minimum", &lo, 1) || int_bound(c, schema, "exclusiveMinimum", &lo, 1) ||
+        int_bound(c, schema, "maximum", &hi, -1) || int_bound(c, schema, "exclusiveMaximum", &hi, -1))
+        return -1;
+    if (lo == INT64_MIN && hi == INT64_MAX) return integer_rule(c);
+    if (lo > hi) return fail(c, "json_schema: %s", "an integer range holds no integer");
+    if (lo == INT64_MIN) lo = -999999999999999999; /* 18 digits, as the unbounded rule allows 19 */
+    if (hi == INT64_MAX) hi = 999999999999999999;
+    return int_range(c, lo, hi);
+}
+
+static int number_schema(sc *c, const json_t *schema) {
+    static const char *const bounds[] = {"maximum", "exclusiveMaximum", "exclusiveMinimum", "multipleOf"};
+    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
+        if (json_object_get(schema, bounds[i]))
+            return fail(c, "json_schema: \"%s\" of a number is not supported (integers take it)", bounds[i]);
+    const json_t *min = json_object_get(schema, "minimum");
+    if (min && !(json_is_number(min) && json_number_value(min) == 0))
+        return fail(c, "json_schema: %s", "\"minimum\" of a number is supported only as 0 (integers take any)");
+    return number_rule(c, min != NULL);
+}
+
+/* ------------------------------------------------------------------ formats */
+
+static int format_rule(sc *c, const char *f) {
+    g4_grammar *g = c->g;
+    gr_seq s;
+    gr_seq_init(&s);
+    int date = -1, time = -1, r = -1;
+    const int want_date = !strcmp(f, "date") || !strcmp(f, "date-time");
+    const int want_time = !strcmp(f, "time") || !strcmp(f, "date-time");
+    if (want_date) { /* YYYY-MM-DD */
+        gr_seq_ref(&s, digits(c, 4, 4));
+        lit(c, &s, "-");
+        gr_seq_ref(&s, fixed_range(c, "01", "12", 2));
+        lit(c, &s, "-");
+        gr_seq_ref(&s, fixed_range(c, "01", "31", 2));
+        date = gr_rule_of(g, &s);
+        gr_seq_clear(&s);
+    }
+    if (want_time) { /* hh:mm:ss(.f)?(Z|+hh:mm) */
+        int hh = fixed_range(c, "00", "23", 2), mm = fixed_range(c, "00", "59", 2);
+        gr_seq_ref(&s, hh);
+        lit(c, &s, ":");
+        gr_seq_ref(&s, mm);
+        lit(c, &s, ":");
+        gr_seq_ref(&s, mm);
+        int frac = gr_rule(g);
+        gr_seq t;
+        gr_seq_init(&t);
+        gr_alt(g, frac, &t);
+        lit(c, &t, ".");
+        gr_seq_ref(&t, digits(c, 1, 9));
+        gr_alt(g, frac, &t);
+        int zone = gr_rule(g);
+        gr_seq_clear(&t);
+        lit(c, &t, "Z");
+        gr_alt(g, zone, &t);
+        gr_seq_clear(&t);
+        gr_seq_set(g, &t, (const uint64_t[4]){(1ull << '+') | (1ull << '-'), 0, 0, 0});
+        gr_seq_ref(&t, hh);
+        lit(c, &t, ":");
+        gr_seq_ref(&t, mm);
+        gr_alt(g, zone, &t);
+        gr_seq_free(&t);
+        gr_seq_ref(&s, frac);
+        gr_seq_ref(&s, zone);
+        time = gr_rule_of(g, &s);
+        gr_seq_clear(&s);
+    }
+    open_string(c, &s);
+    if (!strcmp(f, "uuid")) {
+        uint64_t hex[4] = {0};
+        for (const char *h = "0123456789abcdefABCDEF"; *h; h++) hex[*h >> 6] |= 1ull << (*h & 63);
+        static const int groups[] = {8, 4, 4, 4, 12};
+        for (int k = 0; k < 5; k++) {
+            if (k) lit(c, &s, "-");
+            for (int j = 0; j < groups[k]; j++) gr_seq_set(g, &s, hex);
+        }
+    } else if (want_date || want_time) {
+        if (date >= 0) gr_seq_ref(&s, date);
+        if (date >= 0 && time >= 0) lit(c, &s, "T");
+        if (time >= 0) gr_seq_ref(&s, time);
+    } else {
+        gr_seq_free(&s);
+        return fail(c, "json_schema: format \"%s\" is not supported (date, time, date-time, uuid)", f);
+    }
+    open_string(c, &s);
+    r = gr_rule_of(g, &s);
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+/* ------------------------------------------------------------------ literals */
+
+static int cmp_keys(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* The keys of an object, sorted (Gemma: dictsort) or in their order; *keys is freed by the caller. */
+static int object_keys(sc *c, const json_t *o, int sorted, const char ***keys) {
+    size_t n = json_object_size(o), i = 0;
+    *keys = malloc((n + 1) * sizeof **keys);
+    if (!*keys) return fail(c, "json_schema: %s", "out of memory");
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)o, k, v) (*keys)[i++] = k;
+    if (sorted) qsort(*keys, n, sizeof **keys, cmp_keys);
+    return (int)n;
+}
+
+/* A JSON value written as the dialect writes it. */
+static void put_literal(sc *c, gr_seq *s, const json_t *v) {
+    if (!c->gemma) {
+        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+        if (!t) {
+            fail(c, "json_schema: %s", "out of memory");
+            return;
+        }
+        lit(c, s, t);
+        free(t);
+        return;
+    }
+    if (json_is_string(v)) {
+        gr_seq_special(c->g, s, QUOTE);
+        gr_seq_lit(c->g, s, json_string_value(v), json_string_length(v));
+        gr_seq_special(c->g, s, QUOTE);
+    } else if (json_is_null(v)) {
+        lit(c, s, "None");
+    } else if (json_is_object(v)) {
+        const char **keys;
+        int n = object_keys(c, v, 1, &keys);
+        lit(c, s, "{");
+        for (int i = 0; i < n; i++) {
+            if (i) lit(c, s, ",");
+            lit(c, s, keys[i]);
+            lit(c, s, ":");
+            put_literal(c, s, json_object_get(v, keys[i]));
+        }
+        lit(c, s, "}");
+        if (n >= 0) free(keys);
+    } else if (json_is_array(v)) {
+        lit(c, s, "[");
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            if (i) lit(c, s, ",");
+            put_literal(c, s, json_array_get(v, i));
+        }
+        lit(c, s, "]");
+    } else {
+        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (t) lit(c, s, t);
+        free(t);
+    }
+}
+
+/* ------------------------------------------------------------------ values */
+
+static int value(sc *c, const json_t *schema);
+
+/* A key of any name: a string (JSON) or a bare word (Gemma: [A-Za-z_][A-Za-z0-9_-]{0,63}). */
+static int key_rule(sc *c) {
+    if (c->key >= 0) return c->key;
+    if (!c->gemma) return c->key = string_rule(c, 0, -1);
+    uint64_t first[4] = {0}, rest[4] = {0};
+    for (unsigned b = 0; b < 128; b++) {
+        const int alpha = (b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z') || b == '_';
+        if (alpha) first[b >> 6] |= 1ull << (b & 63);
+        if (alpha || (b >= '0' && b <= '9') || b == '-') rest[b >> 6] |= 1ull << (b & 63);
+    }
+    gr_seq s;
+    gr_seq_init(&s);
+    gr_seq_set(c->g, &s, rest);
+    const int more = check(c, gr_repeat(c->g, check(c, gr_rule_of(c->g, &s)), 0, 63));
+    gr_seq_clear(&s);
+    gr_seq_set(c->g, &s, first);
+    gr_seq_ref(&s, more);
+    c->key = check(c, gr_rule_of(c->g, &s));
+    gr_seq_free(&s);
+    return c->key;
+}
+
+/* Any JSON value (or, Gemma, any value of its notation). */
+static int any_rule(sc *c) {
+    if (c->any >= 0) return c->any;
+    g4_grammar *g = c->g;
+    int r = c->any = gr_rule(g);
+    gr_seq s;
+    gr_seq_init(&s);
+    const int str = string_rule(c, 0, -1), num = number_rule(c, 0);
+    static const char *const json_words[] = {"true", "false", "null", NULL},
+                             *const gemma_words[] = {"true", "false", "null", "None", NULL};
+    const int words = words_rule(c, c->gemma ? gemma_words : json_words);
+    const int alts[] = {str, num, words};
+    for (int i = 0; i < 3; i++) {
+        gr_seq_clear(&s);
+        gr_seq_ref(&s, alts[i]);
+        gr_alt(g, r, &s);
+    }
+    const int key = key_rule(c);
+    gr_seq_clear(&s);
+    gr_seq_ref(&s, key);
+    put_ws(c, &s);
+    lit(c, &s, ":");
+    put_ws(c, &s);
+    gr_seq_ref(&s, r);
+    put_ws(c, &s);
+    int member = gr_rule_of(g, &s);
+    for (int k = 0; k < 2; k++) { /* {members} and [values] */
+        gr_seq_clear(&s);
+        lit(c, &s, ",");
+        put_ws(c, &s);
+        if (k) {
+            gr_seq_ref(&s, r);
+            put_ws(c, &s);
+        } else {
+            gr_seq_ref(&s, member);
+        }
+        int more = check(c, gr_repeat(g, gr_rule_of(g, &s), 0, -1));
+        int body = gr_rule(g);
+        gr_seq_clear(&s);
+        if (k) {
+            gr_seq_ref(&s, r);
+            put_ws(c, &s);
+        } else {
+            gr_seq_ref(&s, member);
+        }
+        gr_seq_ref(&s, more);
+        gr_alt(g, body, &s);
+        gr_seq_clear(&s);
+        gr_alt(g, body, &s);
+        gr_seq_clear(&s);
+        lit(c, &s, k ? "[" : "{");
+        put_ws(c, &s);
+        gr_seq_ref(&s, body);
+        lit(c, &s, k ? "]" : "}");
+        gr_alt(g, r, &s);
+    }
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+static int get_count(sc *c, const json_t *schema, const char *key, int64_t def, int64_t *out) {
+    const json_t *v = json_object_get(schema, key);
+    *out = def;
+    if (!v) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+        return fail(c, "json_schema: %s must be a non-negative integer", key);
+    *out = json_integer_value(v);
+    return 0;
+}
+
+/* The key of a property as the dialect writes it, then the separator. */
+static void put_key(sc *c, gr_seq *s, const char *k) {
+    if (c->gemma) {
+        lit(c, s, k);
+    } else {
+        json_t *j = json_string(k);
+        char *t = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+        if (t) lit(c, s, t);
+        else fail(c, "json_schema: %s", "out of memory");
+        free(t);
+        json_decref(j);
+    }
+    put_ws(c, s);
+    lit(c, s, ":");
+    put_ws(c, s);
+}
+
+static int object_schema(sc *c, const json_t *schema) {
+    g4_grammar *g = c->g;
+    const json_t *props = json_object_get(schema, "properties"), *req = json_object_get(schema, "required"),
+                 *addl = json_object_get(schema, "additionalProperties");
+    if (props && !json_is_object(props)) return fail(c, "json_schema: %s must be an object", "properties");
+    if (req && !json_is_array(req)) return fail(c, "json_schema: %s must be an array", "required");
+    if (addl && !json_is_boolean(addl) && !json_is_object(addl))
+        return fail(c, "json_schema: %s must be a boolean or a schema", "additionalProperties");
+    size_t i;
+    const json_t *v;
+    json_array_foreach(req, i, v) {
+        if (!json_is_string(v)) return fail(c, "json_schema: %s holds a non-string", "required");
+        if (!json_object_get(props, json_string_value(v)))
+            return fail(c, "json_schema: required property \"%s\" is not in properties", json_string_value(v));
+    }
+    /* extra keys: additionalProperties true or a schema, or no properties listed and no word against them */
+    int extra_value = -1;
+    if (addl && json_is_object(addl)) extra_value = value(c, addl);
+    else if (json_is_true(addl) || (!addl && !json_object_size(props))) extra_value = any_rule(c);
+    if (c->failed) return -1;
+    const char **keys = NULL;
+    int n = props ? object_keys(c, props, c->gemma, &keys) : 0;
+    if (n < 0) return -1;
+    gr_seq s;
+    gr_seq_init(&s);
+    /* tail[k][comma]: the members from property k on, after something (comma 1) or nothing (0) */
+    int tail[2];
+    if (extra_value >= 0) { /* extra members: (, key : value)* */
+        gr_seq_clear(&s);
+        const int key = key_rule(c);
+        gr_seq_ref(&s, key);
+        put_ws(c, &s);
+        lit(c, &s, ":");
+        put_ws(c, &s);
+        gr_seq_ref(&s, extra_value);
+        put_ws(c, &s);
+        int member = gr_rule_of(g, &s);
+        gr_seq_clear(&s);
+        lit(c, &s, ",");
+        put_ws(c, &s);
+        gr_seq_ref(&s, member);
+        int more = check(c, gr_repeat(g, gr_rule_of(g, &s), 0, -1));
+        tail[1] = more;
+        tail[0] = gr_rule(g);
+        gr_seq_clear(&s);
+        gr_seq_ref(&s, member);
+        gr_seq_ref(&s, more);
+        gr_alt(g, tail[0], &s);
+        gr_seq_clear(&s);
+        gr_alt(g, tail[0], &s);
+    } else {
+        tail[0] = tail[1] = gr_rule(g);
+        gr_seq_clear(&s);
+        gr_alt(g, tail[0], &s);
+    }
+    for (int k = n - 1; k >= 0 && !c->failed; k--) {
+        const json_t *ps = json_object_get(props, keys[k]);
+        int required = 0;
+        json_array_foreach(req, i, v) required |= !strcmp(json_string_value(v), keys[k]);
+        int val = value(c, ps);
+        if (val < 0) break;
+        gr_seq_clear(&s);
+        put_key(c, &s, keys[k]);
+        gr_seq_ref(&s, val);
+        put_ws(c, &s);
+        int member = gr_rule_of(g, &s);
+        int next[2];
+        for (int comma = 0; comma < 2; comma++) {
+            next[comma] = gr_rule(g);
+            gr_seq_clear(&s);
+            if (comma) {
+                lit(c, &s, ",");
+                put_ws(c, &s);
+            }
+            gr_seq_ref(&s, member);
+            gr_seq_ref(&s, tail[1]);
+            gr_alt(g, next[comma], &s);
+            if (!required) { /* or the property is left out */
+                gr_seq_clear(&s);
+                gr_seq_ref(&s, tail[comma]);
+                gr_alt(g, next[comma], &s);
+            }
+        }
+        tail[0] = next[0];
+        tail[1] = next[1];
+    }
+    free(keys);
+    if (c->failed) {
+        gr_seq_free(&s);
+        return -1;
+    }
+    gr_seq_clear(&s);
+    lit(c, &s, "{");
+    put_ws(c, &s);
+    gr_seq_ref(&s, tail[0]);
+    lit(c, &s, "}");
+    int r = gr_rule_of(g, &s);
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+static int array_schema(sc *c, const json_t *schema) {
+    g4_grammar *g = c->g;
+    const json_t *items = json_object_get(schema, "items"), *prefix = json_object_get(schema, "prefixItems");
+    if (prefix && !json_is_array(prefix)) return fail(c, "json_schema: %s must be an array", "prefixItems");
+    if (items && !json_is_object(items) && !json_is_boolean(items))
+        return fail(c, "json_schema: %s must be a schema", "items");
+    int64_t min, max;
+    if (get_count(c, schema, "minItems", 0, &min) || get_count(c, schema, "maxItems", -1, &max)) return -1;
+    const int np = (int)json_array_size(prefix);
+    const int rest_ok = !json_is_false(items);
+    if (!rest_ok && (max < 0 || max > np)) max = np;
+    if (max >= 0 && min > max) return fail(c, "json_schema: %s", "minItems above maxItems");
+    if (min > MAX_REPEAT || max > MAX_REPEAT) return fail(c, "json_schema: %s", "array bounds above 4096");
+    const int item = rest_ok ? (items && !json_is_true(items) ? value(c, items) : any_rule(c)) : -1;
+    if (c->failed) return -1;
+    gr_seq s;
+    gr_seq_init(&s);
+    /* after[k]: the items from position k on, after k items (k >= 1) */
+    int tail = -1;
+    { /* the items past the prefix: ("," item){a,b} */
+        int64_t lo = min > np ? min - np : 0, hi = max < 0 ? -1 : max - np;
+        if (item >= 0 && (hi < 0 || hi > 0)) {
+            gr_seq_clear(&s);
+            lit(c, &s, ",");
+            put_ws(c, &s);
+            gr_seq_ref(&s, item);
+            put_ws(c, &s);
+            tail = check(c, gr_repeat(g, gr_rule_of(g, &s), (int)lo, (int)hi));
+        } else {
+            gr_seq_clear(&s);
+            tail = gr_rule_of(g, &s);
+        }
+    }
+    /* positions np-1 .. 0 of the prefix, each optional once past minItems */
+    for (int k = np - 1; k >= 0 && !c->failed; k--) {
+        int v = value(c, json_array_get(prefix, k));
+        if (v < 0) break;
+        int r = gr_rule(g);
+        gr_seq_clear(&s);
+        if (k) {
+            lit(c, &s, ",");
+            put_ws(c, &s);
+        }
+        gr_seq_ref(&s, v);
+        put_ws(c, &s);
+        gr_seq_ref(&s, tail);
+        gr_alt(g, r, &s);
+        if (k >= min) { /* the array may end before position k */
+            gr_seq_clear(&s);
+            gr_alt(g, r, &s);
+        }
+        tail = r;
+    }
+    if (c->failed) {
+        gr_seq_free(&s);
+        return -1;
+    }
+    int body;
+    if (np) {
+        body = tail;
+    } else { /* item ("," item)... or nothing when minItems is 0 */
+        body = gr_rule(g);
+        if (item >= 0 && max != 0) {
+            gr_seq_clear(&s);
+            gr_seq_ref(&s, item);
+            put_ws(c, &s);
+            int64_t lo = min > 1 ? min - 1 : 0, hi = max < 0 ? -1 : max - 1;
+            gr_seq_clear(&s);
+            lit(c, &s, ",");
+            put_ws(c, &s);
+            gr_seq_ref(&s, item);
+            put_ws(c, &s);
+            int more = check(c, gr_repeat(g, gr_rule_of(g, &s), (int)lo, (int)hi));
+            gr_seq_clear(&s);
+            gr_seq_ref(&s, item);
+            put_ws(c, &s);
+            gr_seq_ref(&s, more);
+            gr_alt(g, body, &s);
+        }
+        if (min == 0) {
+            gr_seq_clear(&s);
+            gr_alt(g, body, &s);
+        }
+    }
+    gr_seq_clear(&s);
+    lit(c, &s, "[");
+    put_ws(c, &s);
+    gr_seq_ref(&s, body);
+    lit(c, &s, "]");
+    int r = gr_rule_of(g, &s);
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+/* A JSON pointer into the root (#, #/a/b with ~0 ~1), or NULL. */
+static const json_t *resolve(const json_t *root, const char *ref) {
+    if (ref[0] != '#') return NULL;
+    const json_t *at = root;
+    const char *p = ref + 1;
+    while (*p == '/' && at) {
+        char part[256];
+        size_t n = 0;
+        for (p++; *p && *p != '/'; p++) {
+            char ch = *p;
+            if (ch == '~' && (p[1] == '0' || p[1] == '1')) ch = *++p == '0' ? '~' : '/';
+            if (n + 1 < sizeof part) part[n++] = ch;
+        }
+        part[n] = 0;
+        if (json_is_array(at)) {
+            char *end;
+            long k = strtol(part, &end, 10);
+            at = *end || end == part ? NULL : json_array_get(at, (size_t)k);
+        } else {
+            at = json_object_get(at, part);
+        }
+    }
+    return *p ? NULL : at;
+}
+
+static int ref_rule(sc *c, const char *ref) {
+    const json_t *known = json_object_get(c->refs, ref);
+    if (known) return (int)json_integer_value(known);
+    const json_t *target = resolve(c->root, ref);
+    if (!target) return fail(c, "json_schema: $ref \"%s\" does not name a schema of this document", ref);
+    int r = gr_rule(c->g);
+    if (r < 0 || json_object_set_new(c->refs, ref, json_integer(r))) return fail(c, "json_schema: %s", "out of memory");
+    int v = value(c, target);
+    if (v < 0) return -1;
+    gr_seq s;
+    gr_seq_init(&s);
+    gr_seq_ref(&s, v);
+    gr_alt(c->g, r, &s);
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+static const char *const known_keywords[] = {
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
+    "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
+    "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format", "title", "description",
+    "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", NULL};
+
+/* The schema for one type name. */
+static int typed(sc *c, const json_t *schema, const char *type) {
+    if (!strcmp(type, "object")) return object_schema(c, schema);
+    if (!strcmp(type, "array")) return array_schema(c, schema);
+    if (!strcmp(type, "string")) {
+        const json_t *f = json_object_get(schema, "format");
+        if (f) {
+            if (!json_is_string(f)) return fail(c, "json_schema: %s must be a string", "format");
+            return format_rule(c, json_string_value(f));
+        }
+        int64_t min, max;
+        if (get_count(c, schema, "minLength", 0, &min) || get_count(c, schema, "maxLength", -1, &max)) return -1;
+        if (max >= 0 && min > max) return fail(c, "json_schema: %s", "minLength above maxLength");
+        return string_rule(c, min, max);
+    }
+    if (!strcmp(type, "integer")) return integer_schema(c, schema);
+    if (!strcmp(type, "number")) return number_schema(c, schema);
+    if (!strcmp(type, "boolean"))
+        return c->boolean >= 0 ? c->boolean : (c->boolean = words_rule(c, (const char *const[]){"true", "false", NULL}));
+    if (!strcmp(type, "null")) {
+        static const char *const json_null[] = {"null", NULL}, *const gemma_null[] = {"None", "null", NULL};
+        return c->null_ >= 0 ? c->null_ : (c->null_ = words_rule(c, c->gemma ? gemma_null : json_null));
+    }
+    return fail(c, "json_schema: type \"%s\" is not a JSON Schema type", type);
+}
+
+/* A rule of alternatives: each of the rules alts[0..n). */
+static int alternatives(sc *c, const int *alts, int n) {
+    int r = gr_rule(c->g);
+    gr_seq s;
+    gr_seq_init(&s);
+    for (int i = 0; i < n; i++) {
+        gr_seq_clear(&s);
+        gr_seq_ref(&s, alts[i]);
+        gr_alt(c->g, r, &s);
+    }
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+static int value_inner(sc *c, const json_t *schema) {
+    if (json_is_true(schema)) return any_rule(c);
+    if (json_is_false(schema)) return fail(c, "json_schema: %s", "the schema false accepts nothing");
+    if (!json_is_object(schema)) return fail(c, "json_schema: %s", "a schema must be an object or a boolean");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)schema, key, v) {
+        int known = 0;
+        for (const char *const *k = known_keywords; *k && !known; k++) known = !strcmp(*k, key);
+        if (!known) return fail(c, "json_schema: keyword \"%s\" is not supported", key);
+    }
+    const json_t *ref = json_object_get(schema, "$ref");
+    if (ref) {
+        if (!json_is_string(ref)) return fail(c, "json_schema: %s must be a string", "$ref");
+        return ref_rule(c, json_string_value(ref));
+    }
+    const json_t *nullable = json_object_get(schema, "nullable");
+    if (json_is_true(nullable)) { /* OpenAPI: the schema or null */
+        json_t *copy = json_copy((json_t *)schema);
+        if (!copy || json_object_del(copy, "nullable")) {
+            json_decref(copy);
+            return fail(c, "json_schema: %s", "out of memory");
+        }
+        int alts[2] = {value(c, copy), typed(c, schema, "null")};
+        json_decref(copy);
+        return alts[0] < 0 || alts[1] < 0 ? -1 : alternatives(c, alts, 2);
+    }
+    const json_t *cnst = json_object_get(schema, "const"), *en = json_object_get(schema, "enum");
+    if (cnst || en) {
+        if (en && (!json_is_array(en) || !json_array_size(en)))
+            return fail(c, "json_schema: %s must be a non-empty array", "enum");
+        int r = gr_rule(c->g);
+        gr_seq s;
+        gr_seq_init(&s);
+        for (size_t i = 0; i < (cnst ? 1 : json_array_size(en)); i++) {
+            gr_seq_clear(&s);
+            put_literal(c, &s, cnst ? cnst : json_array_get(en, i));
+            gr_alt(c->g, r, &s);
+        }
+        gr_seq_free(&s);
+        return check(c, r);
+    }
+    static const char *const combos[] = {"anyOf", "oneOf", "allOf"};
+    for (int k = 0; k < 3; k++) {
+        const json_t *list = json_object_get(schema, combos[k]);
+        if (!list) continue;
+        if (!json_is_array(list) || !json_array_size(list))
+            return fail(c, "json_schema: %s must be a non-empty array", combos[k]);
+        if (k == 2) {
+            if (json_array_size(list) != 1)
+                return fail(c, "json_schema: %s", "allOf of more than one schema is not supported");
+            return value(c, json_array_get(list, 0));
+        }
+        const size_t n = json_array_size(list);
+        int *alts = malloc(n * sizeof *alts);
+        if (!alts) return fail(c, "json_schema: %s", "out of memory");
+        for (size_t i = 0; i < n && !c->failed; i++) alts[i] = value(c, json_array_get(list, i));
+        int r = c->failed ? -1 : alternatives(c, alts, (int)n);
+        free(alts);
+        return r;
+    }
+    const json_t *type = json_object_get(schema, "type");
+    if (json_is_string(type)) return typed(c, schema, json_string_value(type));
+    if (json_is_array(type) && json_array_size(type)) {
+        const size_t n = json_array_size(type);
+        int alts[8];
+        if (n > 8) return fail(c, "json_schema: %s", "a type list of more than 8 names");
+        for (size_t i = 0; i < n; i++) {
+            const char *t = json_string_value(json_array_get(type, i));
+            if (!t) return fail(c, "json_schema: %s", "a type list holds a non-string");
+            if ((alts[i] = typed(c, schema, t)) < 0) return -1;
+        }
+        return alternatives(c, alts, (int)n);
+    }
+    if (type) return fail(c, "json_schema: %s must be a type name or a list of them", "type");
+    /* no type: what the keywords say */
+    if (json_object_get(schema, "properties") || json_object_get(schema, "additionalProperties") ||
+        json_object_get(schema, "required"))
+        return object_schema(c, schema);
+    if (json_object_get(schema, "items") || json_object_get(schema, "prefixItems")) return array_schema(c, schema);
+    return any_rule(c);
+}
+
+static int value(sc *c, const json_t *schema) {
+    if (c->failed) return -1;
+    if (++c->depth > MAX_NESTING) return fail(c, "json_schema: %s", "schemas nested deeper than 64");
+    int r = value_inner(c, schema);
+    c->depth--;
+    return r;
+}
+
+static void sc_init(sc *c, g4_grammar *g, const json_t *root, int gemma, g4_error *err) {
+    memset(c, 0, sizeof *c);
+    c->g = g;
+    c->root = root;
+    c->gemma = gemma;
+    c->err = err;
+    c->refs = json_object();
+    if (!c->refs) fail(c, "json_schema: %s", "out of memory");
+    c->ws = c->any = c->string = c->number = c->integer = c->boolean = c->null_ = c->chr = c->digit = c->key = -1;
+}
+
+static json_t *parse(const char *text, const char *what, g4_error *err) {
+    json_error_t je;
+    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
+    if (!j) g4_fail(err, "%s: not valid JSON (line %d: %s)", what, je.line, je.text);
+    return j;
+}
+
+G4_API int g4_grammar_json_schema(const char *schema, g4_grammar **out, g4_error *err) {
+    *out = NULL;
+    if (!schema) return g4_fail(err, "json_schema: no schema");
+    json_t *root = parse(schema, "json_schema", err);
+    if (!root) return -1;
+    g4_grammar *g = gr_new();
+    if (!g) {
+        json_decref(root);
+        return g4_fail(err, "out of memory");
+    }
+    sc c;
+    sc_init(&c, g, root, 0, err);
+    int start = value(&c, root);
+    json_decref(c.refs);
+    json_decref(root);
+    if (start < 0 || gr_finish(g, start, err)) {
+        if (start < 0 && !c.failed) g4_fail(err, "json_schema: out of memory");
+        g4_grammar_free(g);
+        return -1;
+    }
+    *out = g;
+    return 0;
+}
+
+G4_API int g4_grammar_tool_calls(const char *tools, const char *name, int max_calls, g4_grammar **out,
+                                 g4_error *err) {
+    *out = NULL;
+    if (!tools) return g4_fail(err, "tool calls: no tools");
+    json_t *root = parse(tools, "tools", err);
+    if (!root) return -1;
+    g4_grammar *g = gr_new();
+    if (!g) {
+        json_decref(root);
+        return g4_fail(err, "out of memory");
+    }
+    sc c;
+    sc_init(&c, g, root, 1, err);
+    int fns = gr_rule(g), n = 0, rc = -1;
+    gr_seq s;
+    gr_seq_init(&s);
+    size_t i;
+    const json_t *t;
+    if (!json_is_array(root)) fail(&c, "tools: %s", "not an array");
+    json_array_foreach(root, i, t) {
+        if (c.failed || fns < 0) break;
+        const json_t *fn = json_object_get(t, "function");
+        const char *fname = json_string_value(json_object_get(fn, "name"));
+        if (!fname) {
+            fail(&c, "tools: %s", "a tool without function.name");
+            break;
+        }
+        if (name && strcmp(name, fname)) continue;
+        const json_t *params = json_object_get(fn, "parameters");
+        c.root = params ? params : root;
+        json_object_clear(c.refs); /* $refs point into each function's own parameters */
+        int args;
+        if (!params || (json_is_object(params) && !json_object_size(params))) {
+            gr_seq_clear(&s);
+            lit(&c, &s, "{}");
+            args = check(&c, gr_rule_of(g, &s));
+        } else {
+            args = value(&c, params);
+        }
+        if (args < 0) break;
+        gr_seq_clear(&s);
+        lit(&c, &s, fname);
+        gr_seq_ref(&s, args);
+        gr_alt(g, fns, &s);
+        n++;
+    }
+    if (!c.failed && !n) {
+        if (name) fail(&c, "tool_choice names function \"%s\", which tools do not hold", name);
+        else fail(&c, "tools: %s", "no function to call");
+    }
+    if (!c.failed) {
+        gr_seq_clear(&s);
+        gr_seq_special(g, &s, "<|tool_call>");
+        lit(&c, &s, "call:");
+        gr_seq_ref(&s, fns);
+        gr_seq_special(g, &s, "<tool_call|>");
+        int call = check(&c, gr_rule_of(g, &s));
+        int start = call >= 0 ? check(&c, gr_repeat(g, call, 1, max_calls > 0 ? max_calls : -1)) : -1;
+        if (start >= 0) rc = gr_finish(g, start, err);
+    }
+    gr_seq_free(&s);
+    json_decref(c.refs);
+    json_decref(root);
+    if (rc) {
+        if (!c.failed && !err->msg[0]) g4_fail(err, "tool calls: out of memory");
+        g4_grammar_free(g);
+        return -1;
+    }
+    *out = g;
+    return 0;
+}

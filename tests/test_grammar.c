@@ -1,0 +1,441 @@
+/* Constrained decoding (src/engine/grammar.h, json_schema.c):
+ * - json_object's grammar accepts every prefix of the objects RFC 8259 allows and refuses the first byte that
+ *   breaks one (jansson, an independent parser, agrees on each document);
+ * - JSON Schema grammars accept documents and refuse others, each case's verdict checked by Python's jsonschema
+ *   (an independent validator) in tests/data/json_schema_check.py; bad schemas are one-line errors;
+ * - the masks of the byte-ordered token walk equal each token's bytes fed alone, along a tokenized document
+ *   (the masks kept by state included);
+ * - on the example model, sampled generations under schemas and tool-call grammars give documents jsonschema
+ *   accepts (or, cut by max_new_tokens, prefixes), tool calls the chat parser reads with valid arguments. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/grammar.h"
+#include "gemma4c.h"
+#include "tokenizer/tokenizer.h"
+
+static g4_tokenizer *tok;
+static g4_gr_tokens *tokens;
+static FILE *cases; /* JSON lines for json_schema_check.py: {"schema", "doc", "valid"} */
+
+static g4_gr_match *match_of(const g4_grammar *g) {
+    g4_gr_match *m;
+    g4_error err;
+    const int32_t eos = 1;
+    if (g4_gr_match_new(g, tokens, tok, &eos, 1, &m, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return NULL;
+    }
+    return m;
+}
+
+/* How far the grammar reads s byte by byte: its length when every byte is accepted. */
+static size_t accepted(const g4_grammar *g, const char *s, int *done) {
+    g4_gr_match *m = match_of(g);
+    if (!m) return (size_t)-1;
+    size_t i = 0;
+    while (s[i] && g4_gr_match_feed(m, s + i, 1) == 0) i++;
+    *done = g4_gr_match_accepting(m);
+    g4_gr_match_free(m);
+    return i;
+}
+
+static g4_grammar *schema_grammar(const char *schema) {
+    g4_grammar *g;
+    g4_error err;
+    if (g4_grammar_json_schema(schema, &g, &err)) {
+        CHECKF(0, "schema %s: %s", schema, err.msg);
+        return NULL;
+    }
+    return g;
+}
+
+static void test_json_object(void) {
+    g4_grammar *g = schema_grammar("{\"type\": \"object\"}");
+    if (!g) return;
+    static const char *const valid[] = {
+        "{}", "{\"a\":1}", "{ \"a\" : [1, -2.5e+3, 0, 0.0, 1E9, true, false, null, \"x\\n\\u00e9\\\"\", {}, []] }",
+        "{\"k\":{\"n\":{\"m\":[[[]]]}},\"s\":\"\xc3\xa9\\/\"}", "{\"a\":-0.5,\"b\":[{\"c\":\"d\"}]}",
+        "{\n\t\"z\": 1234567890, \"y\": 1.2345678901234567890}",
+    };
+    for (size_t i = 0; i < sizeof valid / sizeof valid[0]; i++) {
+        int done;
+        size_t n = accepted(g, valid[i], &done);
+        json_t *j = json_loads(valid[i], 0, NULL);
+        CHECKF(n == strlen(valid[i]) && done && json_is_object(j), "valid: %s (read %zu, done %d)", valid[i], n, done);
+        json_decref(j);
+    }
+    static const struct {
+        const char *doc;
+        size_t at;
+    } invalid[] = {
+        {"[1]", 0},         {"{a:1}", 1},        {"{\"a\" 1}", 5},     {"{\"a\":01}", 6},
+        {"{\"a\":1.}", 7}, {"{\"a\":-}", 6},   {"{\"a\":1e}", 7},   {"{\"a\":tru}", 8},   {"{\"a\":nul1}", 8},
+        {"{\"a\":[1,]}", 8}, {"{\"a\":1,}", 7}, {"{\"a\":\"\\x\"}", 7}, {"{\"a\":\"\\u12g4\"}", 10},
+        {"{\"a\":\"\n\"}", 6}, {"{\"a\":1]", 6}, {"{}{", 2},         {"{\"a\":[}", 6},
+        {"{\"a\":+1}", 5},  {"{\"a\":\"\xff\"}", 6},
+    };
+    for (size_t i = 0; i < sizeof invalid / sizeof invalid[0]; i++) {
+        int done;
+        size_t n = accepted(g, invalid[i].doc, &done);
+        CHECKF(n == invalid[i].at, "invalid: %s stops at %zu, want %zu", invalid[i].doc, n, invalid[i].at);
+        json_t *j = json_loads(invalid[i].doc, 0, NULL); /* jansson refuses them too */
+        CHECKF(!json_is_object(j), "jansson accepts %s", invalid[i].doc);
+        json_decref(j);
+    }
+    /* no blanks before the object, nothing after it; blanks in a row and nesting are bounded */
+    int d;
+    CHECK(accepted(g, " {}", &d) == 0 && accepted(g, "{} ", &d) == 2 && d);
+    char blanks[64] = "{";
+    memset(blanks + 1, ' ', 30);
+    CHECK(accepted(g, blanks, &d) == 21);
+    char deep[400] = "{\"a\":";
+    for (int i = 0; i < 300; i++) strcat(deep, "[");
+    const size_t depth = accepted(g, deep, &d);
+    CHECKF(depth > 5 + 40 && depth < 5 + 300, "nesting stops after %zu bytes", depth);
+    g4_grammar_free(g);
+}
+
+/* One schema: each document's verdict from the grammar (read whole and accepting), written for jsonschema: the
+ * first n_valid documents are accepted, the next n_reordered refused though JSON Schema takes them (properties
+ * out of the schema's order), the rest refused. */
+static void schema_case(const char *schema, const char *const *docs, int n_docs, int n_valid, int n_reordered) {
+    g4_grammar *g = schema_grammar(schema);
+    if (!g) return;
+    json_t *js = json_loads(schema, 0, NULL);
+    for (int i = 0; i < n_docs; i++) {
+        int done;
+        const size_t n = accepted(g, docs[i], &done);
+        const int ok = n == strlen(docs[i]) && done;
+        CHECKF(ok == (i < n_valid), "schema %s: %s is %s (read %zu of %zu)", schema, docs[i],
+               ok ? "accepted" : "refused", n, strlen(docs[i]));
+        json_t *doc = json_loads(docs[i], JSON_DECODE_ANY, NULL);
+        json_t *line = json_pack("{s:O,s:o,s:b}", "schema", js, "doc", doc ? doc : json_string(docs[i]), "valid",
+                                 i < n_valid);
+        if (!doc) json_object_set_new(line, "unparsable", json_true());
+        if (i >= n_valid && i < n_valid + n_reordered) json_object_set_new(line, "reordered", json_true());
+        char *t = json_dumps(line, JSON_COMPACT);
+        fprintf(cases, "%s\n", t);
+        free(t);
+        json_decref(line);
+    }
+    json_decref(js);
+    g4_grammar_free(g);
+}
+
+#define DOCS(...) (const char *const[]){__VA_ARGS__}, (int)(sizeof((const char *const[]){__VA_ARGS__}) / sizeof(char *))
+
+static void test_schemas(void) {
+    /* valid documents first (the count after the list), then refused ones */
+    schema_case("{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":\"integer\","
+                "\"minimum\":0,\"maximum\":150},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},"
+                "\"maxItems\":2}},\"required\":[\"name\",\"age\"],\"additionalProperties\":false}",
+                DOCS("{\"name\":\"Pierre\",\"age\":27}", "{ \"name\" : \"\xc3\xa9\" , \"age\" : 150 , \"tags\" : [ ] }",
+                     "{\"name\":\"a\\\"b\",\"age\":0,\"tags\":[\"x\",\"y\"]}",
+                     "{\"age\":27,\"name\":\"Pierre\"}", "{\"name\":\"P\"}", "{\"name\":\"P\",\"age\":151}",
+                     "{\"name\":\"P\",\"age\":-1}", "{\"name\":\"P\",\"age\":1,\"x\":1}",
+                     "{\"name\":\"P\",\"age\":1,\"tags\":[\"a\",\"b\",\"c\"]}", "{\"name\":1,\"age\":1}",
+                     "{\"name\":\"P\",\"age\":01}"),
+                3, 1);
+    schema_case("{\"enum\":[\"red\",\"green\",null,42,{\"a\":[1]}]}",
+                DOCS("\"red\"", "null", "42", "{\"a\":[1]}", "\"blue\"", "43", "\"Red\""), 4, 0);
+    schema_case("{\"type\":\"array\",\"prefixItems\":[{\"type\":\"boolean\"},{\"const\":\"x\"}],\"items\":false,"
+                "\"minItems\":1}",
+                DOCS("[true]", "[false,\"x\"]", "[]", "[true,\"y\"]", "[true,\"x\",1]", "[1]"), 2, 0);
+    schema_case("{\"anyOf\":[{\"type\":\"integer\",\"minimum\":-20,\"exclusiveMaximum\":-3},{\"type\":\"string\","
+                "\"minLength\":2,\"maxLength\":3}]}",
+                DOCS("-20", "-4", "\"ab\"", "\"\xc3\xa9\xc3\xa9\xc3\xa9\"", "-3", "-21", "5", "\"a\"", "\"abcd\""), 4, 0);
+    schema_case("{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"number\"},\"next\":"
+                "{\"anyOf\":[{\"$ref\":\"#/$defs/node\"},{\"type\":\"null\"}]}},\"required\":[\"v\",\"next\"]}},"
+                "\"$ref\":\"#/$defs/node\"}",
+                DOCS("{\"v\":1.5,\"next\":{\"v\":-2e3,\"next\":null}}", "{\"v\":0,\"next\":null}",
+                     "{\"v\":1,\"next\":{\"v\":2}}", "{\"v\":\"1\",\"next\":null}"),
+                2, 0);
+    schema_case("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"additionalProperties\":"
+                "{\"type\":\"boolean\"}}",
+                DOCS("{\"a\":1,\"b\":true,\"c\":false}", "{\"z\":true}", "{}", "{\"a\":1,\"b\":2}"), 3, 0);
+    /* formats: jsonschema checks date and uuid here (date-time needs a package Debian does not pin) */
+    schema_case("{\"type\":\"object\",\"properties\":{\"when\":{\"type\":\"string\",\"format\":\"date-time\"},"
+                "\"day\":{\"type\":\"string\",\"format\":\"date\"},\"id\":{\"type\":\"string\",\"format\":\"uuid\"},"
+                "\"p\":{\"type\":[\"number\",\"null\"],\"minimum\":0}},\"required\":[\"when\",\"day\",\"id\",\"p\"]}",
+                DOCS("{\"when\":\"2026-12-06T04:05:06.5+01:00\",\"day\":\"2026-12-06\","
+                     "\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"p\":0.25}",
+                     "{\"when\":\"2026-12-06T23:59:59Z\",\"day\":\"1812-09-07\","
+                     "\"id\":\"00000000-0000-0000-0000-00000000000A\",\"p\":null}",
+                     "{\"when\":\"2026-12-06T04:05:06Z\",\"day\":\"2026-13-06\","
+                     "\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"p\":1}",
+                     "{\"when\":\"2026-12-06T04:05:06Z\",\"day\":\"2026-12-06\",\"id\":\"123e4567\",\"p\":1}",
+                     "{\"when\":\"2026-12-06T04:05:06Z\",\"day\":\"2026-12-06\","
+                     "\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"p\":-1}"),
+                2, 0);
+    /* what is refused with a one-line error naming it */
+    static const struct {
+        const char *schema, *says;
+    } bad[] = {
+        {"{\"type\":\"string\",\"pattern\":\"^a+$\"}", "pattern"},
+        {"{\"type\":\"number\",\"maximum\":1}", "maximum"},
+        {"{\"type\":\"string\",\"format\":\"email\"}", "email"},
+        {"{\"$ref\":\"#/$defs/missing\"}", "missing"},
+        {"{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}", "\"x\""},
+        {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer"},
+        {"{\"type\":\"strng\"}", "strng"},
+        {"{\"allOf\":[{},{}]}", "allOf"},
+        {"{\"type\":\"object\"", "not valid JSON"},
+        {"false", "accepts nothing"},
+        {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "left-recursive"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        g4_grammar *g;
+        g4_error err = {0};
+        int rc = g4_grammar_json_schema(bad[i].schema, &g, &err);
+        CHECKF(rc && !g && strstr(err.msg, bad[i].says) && !strchr(err.msg, '\n'), "bad schema %s: rc %d, \"%s\"",
+               bad[i].schema, rc, err.msg);
+    }
+}
+
+/* The masks of the token walk (and those kept by state) against each token's bytes tried alone. */
+static void test_masks(void) {
+    g4_grammar *g = schema_grammar("{\"type\":\"object\",\"properties\":{\"who\":{\"type\":\"string\"},\"n\":{\"type\":"
+                                   "\"array\",\"items\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":999}}},"
+                                   "\"required\":[\"who\"]}");
+    if (!g) return;
+    const char *text = "{\"who\": \"Pierre B\\u00e9zukhov, \\\"the heir\\\"\", \"n\": [12, 7, 999, 100, 1]}";
+    g4_tokens toks = {0};
+    g4_error err;
+    CHECK(g4_tokenize(tok, text, strlen(text), 0, &toks, &err) == 0);
+    const int V = g4_tokenizer_vocab_size(tok);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    g4_gr_match *m = match_of(g);
+    const int every = getenv("G4_SANITIZE") ? 4 : 1; /* the sanitizer build checks every 4th step */
+    int steps = 0, same_steps = 0;
+    char buf[1100];
+    for (size_t i = 0; m && logits && i < toks.n; i++) {
+        memset(logits, 0, (size_t)V * sizeof *logits);
+        g4_gr_match_mask(m, logits);
+        if (i % (size_t)every == 0) {
+            int same = 1;
+            for (int id = 0; id < V && same; id++) {
+                int n = g4_tokenizer_is_special(tok, id) ? -1 : g4_tokenizer_token_bytes(tok, id, buf, sizeof buf);
+                const int may = (n > 0 && g4_gr_match_try(m, buf, (size_t)n)) || (id == 1 && g4_gr_match_accepting(m));
+                if (may != (logits[id] == 0)) {
+                    same = 0;
+                    printf("step %zu: token %d (%.*s) mask %g, alone %d\n", i, id, n > 0 ? n : 0, buf, logits[id], may);
+                }
+            }
+            steps++;
+            same_steps += same;
+        }
+        CHECKF(logits[toks.ids[i]] == 0 && g4_gr_match_accept(m, toks.ids[i]) == 0, "token %zu", i);
+    }
+    CHECKF(steps && same_steps == steps && m && g4_gr_match_done(m), "%d of %d masks equal the tokens' own verdicts",
+           same_steps, steps);
+    g4_gr_match_free(m);
+    free(logits);
+    free(toks.ids);
+    g4_grammar_free(g);
+}
+
+static const char *tools_json =
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"Weather of a city\","
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":16},\"unit\":{\"enum\":"
+    "[\"celsius\",\"fahrenheit\"]},\"days\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":7}},"
+    "\"required\":[\"city\",\"unit\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"The time\"}}]";
+
+static void test_tool_grammar(void) {
+    g4_grammar *g;
+    g4_error err;
+    CHECK(g4_grammar_tool_calls(tools_json, NULL, 0, &g, &err) == 0);
+    g4_gr_match *m = match_of(g);
+    const int32_t call = g4_tokenizer_token_id(tok, "<|tool_call>"), end = g4_tokenizer_token_id(tok, "<tool_call|>"),
+                  quote = g4_tokenizer_token_id(tok, "<|\"|>");
+    /* call:get_weather{city:<|"|>Moscow<|"|>,unit:<|"|>celsius<|"|>} (keys sorted: city, days, unit) */
+    int ok = m && g4_gr_match_accept(m, call) == 0 && g4_gr_match_feed(m, "call:get_weather{city:", 22) == 0 &&
+             g4_gr_match_accept(m, quote) == 0 && g4_gr_match_feed(m, "Moscow", 6) == 0 &&
+             g4_gr_match_accept(m, quote) == 0 && g4_gr_match_try(m, ",days:8", 7) == 0 &&
+             g4_gr_match_try(m, ",unit:", 6) == 1 && g4_gr_match_feed(m, ",days:7,unit:", 13) == 0 &&
+             g4_gr_match_accept(m, quote) == 0 && g4_gr_match_try(m, "kelvin", 6) == 0 &&
+             g4_gr_match_feed(m, "celsius", 7) == 0 && g4_gr_match_accept(m, quote) == 0 &&
+             g4_gr_match_feed(m, "}", 1) == 0 && !g4_gr_match_accepting(m) && g4_gr_match_accept(m, end) == 0 &&
+             g4_gr_match_accepting(m) && !g4_gr_match_done(m) && g4_gr_match_accept(m, call) == 0 &&
+             g4_gr_match_feed(m, "call:now{}", 10) == 0 && g4_gr_match_accept(m, end) == 0;
+    CHECKF(ok, "%s", "tool calls read token by token");
+    g4_gr_match_free(m);
+    g4_grammar_free(g);
+    /* a named function, one call: done after it */
+    CHECK(g4_grammar_tool_calls(tools_json, "now", 1, &g, &err) == 0);
+    m = match_of(g);
+    CHECK(m && g4_gr_match_accept(m, call) == 0 && g4_gr_match_try(m, "call:get", 8) == 0 &&
+          g4_gr_match_feed(m, "call:now{}", 10) == 0 && g4_gr_match_accept(m, end) == 0 && g4_gr_match_done(m));
+    g4_gr_match_free(m);
+    g4_grammar_free(g);
+    err.msg[0] = 0;
+    CHECK(g4_grammar_tool_calls(tools_json, "later", 0, &g, &err) && strstr(err.msg, "later"));
+}
+
+/* Generations on the example model: each finished output is checked by jsonschema afterwards. */
+static void test_generation(FILE *outs) {
+    char dir[4096], cmd[9000];
+    const char *src = getenv("G4_SOURCE_DIR"), *tmp = getenv("G4_TMP");
+    snprintf(dir, sizeof dir, "%s/grammar", tmp ? tmp : "/tmp");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s' && tar -xJf '%s/models/tolstoy-tiny.tar.xz' -C '%s'", dir,
+             dir, src ? src : ".", dir);
+    if (system(cmd) != 0) {
+        CHECKF(0, "cannot unpack the example model: %s", cmd);
+        return;
+    }
+    strcat(dir, "/tolstoy-tiny");
+    g4_model *model;
+    g4_error err;
+    g4_load_params lp = {.n_threads = 2, .device = "cpu"};
+    if (g4_model_load(dir, &lp, &model, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    g4_context *ctx;
+    g4_context_params cp = {.n_ctx = 1024};
+    CHECK(g4_context_new(model, &cp, &ctx, &err) == 0);
+    static const char *const schemas[] = {
+        "{\"type\":\"object\"}",
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},\"age\":{\"type\":"
+        "\"integer\",\"minimum\":0,\"maximum\":120},\"friends\":{\"type\":\"array\",\"items\":{\"type\":\"string\","
+        "\"maxLength\":8},\"maxItems\":3}},\"required\":[\"name\",\"age\",\"friends\"],\"additionalProperties\":false}",
+        "{\"type\":\"array\",\"items\":{\"enum\":[\"war\",\"peace\",1812]},\"minItems\":2,\"maxItems\":4}",
+    };
+    const int runs = getenv("G4_SANITIZE") ? 1 : 3, max_new = getenv("G4_SANITIZE") ? 40 : 96;
+    int finished = 0, total = 0;
+    for (size_t s = 0; s < sizeof schemas / sizeof schemas[0]; s++) {
+        g4_grammar *g = schema_grammar(schemas[s]);
+        for (int k = 0; g && k < runs; k++) {
+            g4_chat *chat;
+            CHECK(g4_chat_new(g4_model_chat_template(model), NULL, &chat, &err) == 0 &&
+                  g4_chat_add(chat, "user", "Describe Pierre in JSON.", &err) == 0);
+            g4_sampler_params sp;
+            g4_sampler_params_default(&sp);
+            sp.temperature = k == 0 ? 0.0f : 1.0f;
+            sp.seed = (uint64_t)k;
+            g4_generation_params gp = {.max_new_tokens = max_new, .sampling = &sp, .grammar = g};
+            g4_generation *gen;
+            if (g4_chat_start(chat, ctx, 0, &gp, &gen, &err)) {
+                CHECKF(0, "%s", err.msg);
+                g4_chat_free(chat);
+                continue;
+            }
+            CHECKF(g4_generation_run(gen, NULL, NULL, &err) == 0, "%s", err.msg);
+            g4_chat_message msg;
+            CHECK(g4_generation_message(gen, &msg, &err) == 0);
+            const int stopped = g4_generation_finish(gen) == G4_FINISH_STOP;
+            finished += stopped;
+            total++;
+            json_t *line = json_pack("{s:s,s:s,s:b}", "schema", schemas[s], "text", msg.content, "finished", stopped);
+            char *t = json_dumps(line, JSON_COMPACT);
+            fprintf(outs, "%s\n", t);
+            free(t);
+            json_decref(line);
+            g4_chat_message_free(&msg);
+            g4_generation_free(gen);
+            g4_chat_free(chat);
+        }
+        g4_grammar_free(g);
+    }
+    /* tool_choice required (and, in the second run, the function get_weather): calls the chat parser reads, their
+     * arguments checked against the parameters */
+    json_t *tools = json_loads(tools_json, 0, NULL);
+    for (int k = 0; k < runs + 1; k++) {
+        g4_grammar *g;
+        CHECK(g4_grammar_tool_calls(tools_json, k == 1 ? "get_weather" : NULL, k == 1 ? 1 : 2, &g, &err) == 0);
+        g4_chat *chat;
+        char req[2048];
+        snprintf(req, sizeof req, "{\"tools\": %s}", tools_json);
+        CHECK(g4_chat_new(g4_model_chat_template(model), req, &chat, &err) == 0 &&
+              g4_chat_add(chat, "user", "What is the weather in Moscow?", &err) == 0);
+        g4_sampler_params sp;
+        g4_sampler_params_default(&sp);
+        sp.temperature = k == 0 ? 0.0f : 1.0f;
+        sp.seed = (uint64_t)k + 10;
+        g4_generation_params gp = {.max_new_tokens = max_new, .sampling = &sp, .grammar = g};
+        g4_generation *gen;
+        if (g4_chat_start(chat, ctx, 0, &gp, &gen, &err)) {
+            CHECKF(0, "%s", err.msg);
+            g4_chat_free(chat);
+            g4_grammar_free(g);
+            continue;
+        }
+        CHECKF(g4_generation_run(gen, NULL, NULL, &err) == 0, "%s", err.msg);
+        g4_chat_message msg;
+        CHECK(g4_generation_message(gen, &msg, &err) == 0);
+        const int stopped = g4_generation_finish(gen) == G4_FINISH_STOP;
+        finished += stopped;
+        total++;
+        CHECKF(!stopped || msg.n_tool_calls >= 1, "a finished tool-call output holds %d calls", msg.n_tool_calls);
+        json_t *calls = json_loads(msg.tool_calls, 0, NULL);
+        for (int i = 0; i < msg.n_tool_calls; i++) {
+            json_t *call = json_incref(json_array_get(calls, (size_t)i));
+            const char *name = json_string_value(json_object_get(call, "name"));
+            json_t *params = NULL;
+            size_t j;
+            json_t *t;
+            json_array_foreach(tools, j, t) {
+                json_t *fn = json_object_get(t, "function");
+                if (name && !strcmp(name, json_string_value(json_object_get(fn, "name"))))
+                    params = json_object_get(fn, "parameters");
+            }
+            CHECKF(name && json_is_object(json_object_get(call, "arguments")), "tool call %s", msg.tool_calls);
+            json_t *line = json_pack("{s:O,s:O,s:b}", "schema_json", params ? params : json_pack("{s:s,s:b}", "type",
+                                     "object", "additionalProperties", 0), "doc", json_object_get(call, "arguments"),
+                                     "finished", 1);
+            char *txt = json_dumps(line, JSON_COMPACT);
+            fprintf(outs, "%s\n", txt);
+            free(txt);
+            json_decref(line);
+            json_decref(call);
+        }
+        json_decref(calls);
+        g4_chat_message_free(&msg);
+        g4_generation_free(gen);
+        g4_chat_free(chat);
+        g4_grammar_free(g);
+    }
+    json_decref(tools);
+    printf("grammar: %d of %d generations finished within %d tokens\n", finished, total, max_new);
+    g4_context_free(ctx);
+    g4_model_free(model);
+}
+
+int main(void) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", g4t_shared("tokenizer/tokenizer.json"));
+    g4_error err;
+    if (g4_tokenizer_load(path, &tok, &err)) {
+        printf("no tokenizer (%s): skipped\n", err.msg);
+        return 77;
+    }
+    CHECK(g4_gr_tokens_new(tok, g4_tokenizer_vocab_size(tok), &tokens, &err) == 0);
+    const char *tmp = getenv("G4_TMP") ? getenv("G4_TMP") : "/tmp";
+    char cases_path[4096], outs_path[4096];
+    snprintf(cases_path, sizeof cases_path, "%s/grammar_cases.jsonl", tmp);
+    snprintf(outs_path, sizeof outs_path, "%s/grammar_outputs.jsonl", tmp);
+    cases = fopen(cases_path, "w");
+    FILE *outs = fopen(outs_path, "w");
+    CHECK(cases && outs);
+    test_json_object();
+    test_schemas();
+    test_masks();
+    test_tool_grammar();
+    test_generation(outs);
+    fclose(cases);
+    fclose(outs);
+    /* the verdicts and outputs through Python's jsonschema */
+    char cmd[9000];
+    const char *src = getenv("G4_SOURCE_DIR") ? getenv("G4_SOURCE_DIR") : ".";
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/tests/data/json_schema_check.py' '%s' '%s'", src, cases_path,
+             outs_path);
+    CHECKF(system(cmd) == 0, "jsonschema disagrees: %s", cmd);
+    g4_gr_tokens_free(tokens);
+    g4_tokenizer_free(tok);
+    return g4t_done();
+}
