@@ -22,19 +22,22 @@ static g4_tokenizer *tok;
 static g4_gr_tokens *tokens;
 static FILE *cases; /* JSON lines for json_schema_check.py: {"schema", "doc", "valid"} */
 
-static g4_gr_match *match_of(const g4_grammar *g) {
+static g4_gr_match *match_think(const g4_grammar *g, int thinking) {
     g4_gr_match *m;
     g4_error err;
     const int32_t eos = 1;
-    if (g4_gr_match_new(g, tokens, tok, &eos, 1, &m, &err)) {
+    if (g4_gr_match_new(g, tokens, tok, &eos, 1, thinking, &m, &err)) {
         CHECKF(0, "%s", err.msg);
         return NULL;
     }
     return m;
 }
 
+static g4_gr_match *match_of(const g4_grammar *g) { return match_think(g, 0); }
+
 /* How far the grammar reads s byte by byte: its length when every byte is accepted. */
 static size_t accepted(const g4_grammar *g, const char *s, int *done) {
+    *done = 0;
     g4_gr_match *m = match_of(g);
     if (!m) return (size_t)-1;
     size_t i = 0;
@@ -90,6 +93,14 @@ static void test_json_object(void) {
     /* no blanks before the object, nothing after it; blanks in a row and nesting are bounded */
     int d;
     CHECK(accepted(g, " {}", &d) == 0 && accepted(g, "{} ", &d) == 2 && d);
+    /* a thinking channel first, where the generation allows one (a chat reply) */
+    const int32_t open = g4_tokenizer_token_id(tok, "<|channel>"), close = g4_tokenizer_token_id(tok, "<channel|>");
+    g4_gr_match *m = match_think(g, 1), *plain = match_of(g);
+    CHECK(m && plain && g4_gr_match_accept(plain, open) == -1 && g4_gr_match_accept(m, open) == 0 &&
+          g4_gr_match_feed(m, "thought\n{[ not JSON", 19) == 0 && g4_gr_match_accept(m, close) == 0 &&
+          g4_gr_match_accept(m, close) == -1 && g4_gr_match_feed(m, "{}", 2) == 0 && g4_gr_match_done(m));
+    g4_gr_match_free(m);
+    g4_gr_match_free(plain);
     char blanks[64] = "{";
     memset(blanks + 1, ' ', 30);
     CHECK(accepted(g, blanks, &d) == 21);
@@ -102,7 +113,8 @@ static void test_json_object(void) {
 
 /* One schema: each document's verdict from the grammar (read whole and accepting), written for jsonschema: the
  * first n_valid documents are accepted, the next n_reordered refused though JSON Schema takes them (properties
- * out of the schema's order), the rest refused. */
+ * out of the schema's order, a character escaped that JSON need not escape, a value of a type a typeless
+ * schema's keyword does not constrain), the rest refused. */
 static void schema_case(const char *schema, const char *const *docs, int n_docs, int n_valid, int n_reordered) {
     g4_grammar *g = schema_grammar(schema);
     if (!g) return;
@@ -172,11 +184,26 @@ static void test_schemas(void) {
                      "{\"when\":\"2026-12-06T04:05:06Z\",\"day\":\"2026-12-06\","
                      "\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"p\":-1}"),
                 2, 0);
+    /* patterns (anchored): classes, quantifiers, groups, escapes; JSON escapes in the output */
+    schema_case("{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-\\\\d{2,4}(x|yz)?$\"}",
+                DOCS("\"ABC-12\"", "\"XYZ-1234yz\"", "\"QQQ-99x\"", "\"AB-12\"", "\"ABC-12345\"", "\"abc-12\"",
+                     "\"ABC-12y\""),
+                3, 0);
+    schema_case("{\"type\":\"string\",\"pattern\":\"^a\\\"b\\\\\\\\c\\\\.d[^0-9]+$\"}",
+                DOCS("\"a\\\"b\\\\c.d\xc3\xa9!\"", "\"a\\\"b\\\\c.d\\n\"", "\"a\\\"b\\\\c.d1\"",
+                     "\"a\\\"b\\\\cxd!\"", "\"a\\\"b\\\\c.d\""),
+                2, 0);
+    schema_case("{\"type\":\"string\",\"pattern\":\"^.{2}$\"}",
+                DOCS("\"a\\t\"", "\"\xc3\xa9\xe2\x82\xac\"", "\"\\u0041b\"", "\"a\\n\"", "\"abc\"", "\"a\""), 2, 1);
+    /* a keyword of one type without "type": values of that type (JSON Schema lets others pass) */
+    schema_case("{\"maxLength\":2}", DOCS("\"ab\"", "5", "\"abc\""), 1, 1);
     /* what is refused with a one-line error naming it */
     static const struct {
         const char *schema, *says;
     } bad[] = {
-        {"{\"type\":\"string\",\"pattern\":\"^a+$\"}", "pattern"},
+        {"{\"type\":\"string\",\"pattern\":\"a+\"}", "anchor"},
+        {"{\"type\":\"string\",\"pattern\":\"^(?=a)a$\"}", "lookaround"},
+        {"{\"type\":\"string\",\"pattern\":\"^(a$\"}", "unclosed"},
         {"{\"type\":\"number\",\"maximum\":1}", "maximum"},
         {"{\"type\":\"string\",\"format\":\"email\"}", "email"},
         {"{\"$ref\":\"#/$defs/missing\"}", "missing"},
@@ -385,9 +412,10 @@ static void test_generation(FILE *outs) {
                     params = json_object_get(fn, "parameters");
             }
             CHECKF(name && json_is_object(json_object_get(call, "arguments")), "tool call %s", msg.tool_calls);
-            json_t *line = json_pack("{s:O,s:O,s:b}", "schema_json", params ? params : json_pack("{s:s,s:b}", "type",
-                                     "object", "additionalProperties", 0), "doc", json_object_get(call, "arguments"),
-                                     "finished", 1);
+            json_t *none = json_pack("{s:s,s:b}", "type", "object", "additionalProperties", 0); /* no parameters */
+            json_t *line = json_pack("{s:O,s:O,s:b}", "schema_json", params ? params : none, "doc",
+                                     json_object_get(call, "arguments"), "finished", 1);
+            json_decref(none);
             char *txt = json_dumps(line, JSON_COMPACT);
             fprintf(outs, "%s\n", txt);
             free(txt);

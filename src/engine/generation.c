@@ -495,8 +495,8 @@ static int constrain_of(const g4_model *cm, constrain_tables **out, g4_error *er
     return rc;
 }
 
-/* The tokens that end a constrained output where it is whole: the stop ids, and with parse_chat the chat parser's
- * ends (chat_output.c: a turn's end, <eos>, a tool response's start). */
+/* The grammar's walk of a generation. The tokens that end a constrained output where it is whole: the stop ids, and
+ * with parse_chat the chat parser's ends (chat_output.c: a turn's end, <eos>, a tool response's start). */
 static int constrain_start(g4_generation *g, const g4_generation_params *p, g4_error *err) {
     const g4_model *m = g->model;
     if (!g->tok) return g4_fail(err, "constrained output needs the model's tokenizer.json");
@@ -511,7 +511,10 @@ static int constrain_start(g4_generation *g, const g4_generation_params *p, g4_e
         int32_t id = g4_tokenizer_token_id(g->tok, chat_ends[i]);
         if (id >= 0) ends[n++] = id;
     }
-    return g4_gr_match_new(p->grammar ? p->grammar : c->json_object, c->tokens, g->tok, ends, n, &g->grammar, err);
+    /* a chat reply may think first (its thinking channel, then the constrained answer), as vLLM's reasoning
+       parsers let it */
+    return g4_gr_match_new(p->grammar ? p->grammar : c->json_object, c->tokens, g->tok, ends, n, p->parse_chat,
+                           &g->grammar, err);
 }
 
 /* What every generation needs: token limit, sampler, stop ids and strings, text decoding. */

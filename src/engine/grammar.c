@@ -15,6 +15,8 @@ enum { I_SET = 0u, I_REF = 1u, I_SPECIAL = 2u, I_ALT_END = 3u, I_RULE_END = 4u }
 #define ITEM(k, v) (((uint32_t)(k) << 29) | (uint32_t)(v))
 
 #define MAX_STACK 256      /* positions a stack holds (deeper nesting is refused) */
+#define MAX_RULES (1 << 20) /* a grammar's size (a hostile schema cannot take the machine's memory) */
+#define MAX_ITEMS (1 << 24)
 #define MAX_EXPANSION 4096 /* stacks one expansion may visit (an ambiguous grammar is cut there) */
 
 typedef struct rule_items {
@@ -31,11 +33,14 @@ struct g4_grammar {
     int byte_set[256]; /* 1 + the set of each single byte made so far (0: none yet) */
     char **specials;
     int n_specials;
-    int failed;
+    int failed;        /* 1: out of memory, 2: too large */
+    size_t n_items;
     /* gr_finish: the rules flattened, each rule's alternatives then I_RULE_END */
     uint32_t *elems;
     uint32_t *rule_start;
     uint32_t root;     /* a position past the rules: the start rule, then the end of an alternative */
+    uint32_t think_root; /* another: a thinking channel, then the start rule (g4_gr_match_new's thinking) */
+    int think_open, think_close; /* the specials <|channel> and <channel|> */
     int start;
     int finished;
 };
@@ -127,6 +132,10 @@ void gr_seq_cat(gr_seq *s, const gr_seq *t) {
 g4_grammar *gr_new(void) { return calloc(1, sizeof(g4_grammar)); }
 
 int gr_rule(g4_grammar *g) {
+    if (g->n_rules >= MAX_RULES) {
+        g->failed = 2;
+        return -1;
+    }
     if (grow((void **)&g->rules, &g->cap_rules, g->n_rules + 1, sizeof *g->rules)) {
         g->failed = 1;
         return -1;
@@ -138,6 +147,10 @@ int gr_rule(g4_grammar *g) {
 void gr_alt(g4_grammar *g, int r, const gr_seq *s) {
     if (r < 0 || r >= g->n_rules || s->failed) {
         g->failed = 1;
+        return;
+    }
+    if ((g->n_items += (size_t)s->n + 1) > MAX_ITEMS) {
+        g->failed = 2;
         return;
     }
     rule_items *ri = &g->rules[r];
@@ -239,9 +252,30 @@ static int left_cycle(const g4_grammar *g, const uint8_t *nullable, int r, uint8
     return 0;
 }
 
+const char *gr_failed(const g4_grammar *g) {
+    return g->failed == 2 ? "too large (over a million rules or 16 million items)" : g->failed ? "out of memory" : NULL;
+}
+
 int gr_finish(g4_grammar *g, int start, g4_error *err) {
-    if (g->failed) return g4_fail(err, "grammar: out of memory");
     if (start < 0 || start >= g->n_rules) return g4_fail(err, "grammar: no start rule");
+    /* think ::= <|channel> byte* <channel|> (Gemma 4's thinking, chat_output.c), tried before the start rule */
+    gr_seq s;
+    gr_seq_init(&s);
+    const int body = gr_rule(g), think = gr_rule(g);
+    gr_seq_range(g, &s, 0, 255);
+    gr_seq_ref(&s, body);
+    gr_alt(g, body, &s);
+    gr_seq_clear(&s);
+    gr_alt(g, body, &s);
+    gr_seq_clear(&s);
+    gr_seq_special(g, &s, "<|channel>");
+    g->think_open = g->n_specials - 1;
+    gr_seq_ref(&s, body);
+    gr_seq_special(g, &s, "<channel|>");
+    g->think_close = g->n_specials - 1;
+    gr_alt(g, think, &s);
+    gr_seq_free(&s);
+    if (g->failed) return g4_fail(err, "grammar: %s", gr_failed(g));
     size_t total = 0;
     for (int r = 0; r < g->n_rules; r++) {
         if (!g->rules[r].defined) return g4_fail(err, "grammar: rule %d is used but never defined", r);
@@ -250,9 +284,9 @@ int gr_finish(g4_grammar *g, int start, g4_error *err) {
                 return g4_fail(err, "grammar: rule %d refers to a rule that does not exist", r);
         total += (size_t)g->rules[r].n + 1;
     }
-    total += 3; /* the root: the start rule, the end of its alternative, the end of its rule */
+    total += 7; /* the roots: [think,] the start rule, the end of the alternative, the end of the rule */
     if (total >= (1u << 28)) return g4_fail(err, "grammar: too large");
-    uint8_t *nullable = calloc((size_t)g->n_rules, 2);
+    uint8_t *nullable = calloc((size_t)(unsigned)g->n_rules, 2);
     if (!nullable) return g4_fail(err, "grammar: out of memory");
     find_nullable(g, nullable);
     int cyc = 0;
@@ -270,6 +304,11 @@ int gr_finish(g4_grammar *g, int start, g4_error *err) {
         g->elems[at++] = ITEM(I_RULE_END, 0);
     }
     g->root = at;
+    g->elems[at++] = ITEM(I_REF, (uint32_t)start);
+    g->elems[at++] = ITEM(I_ALT_END, 0);
+    g->elems[at++] = ITEM(I_RULE_END, 0);
+    g->think_root = at;
+    g->elems[at++] = ITEM(I_REF, (uint32_t)think);
     g->elems[at++] = ITEM(I_REF, (uint32_t)start);
     g->elems[at++] = ITEM(I_ALT_END, 0);
     g->elems[at++] = ITEM(I_RULE_END, 0);
@@ -553,7 +592,7 @@ void g4_gr_match_free(g4_gr_match *m) {
 }
 
 int g4_gr_match_new(const g4_grammar *g, const g4_gr_tokens *t, const g4_tokenizer *tok, const int32_t *end_ids,
-                    int n_end_ids, g4_gr_match **out, g4_error *err) {
+                    int n_end_ids, int thinking, g4_gr_match **out, g4_error *err) {
     *out = NULL;
     if (!g->finished) return g4_fail(err, "grammar: not finished");
     g4_gr_match *m = calloc(1, sizeof *m);
@@ -572,6 +611,11 @@ int g4_gr_match_new(const g4_grammar *g, const g4_gr_tokens *t, const g4_tokeniz
     for (int k = 0; k < g->n_specials; k++) {
         m->special_ids[k] = tok ? g4_tokenizer_token_id(tok, g->specials[k]) : -1;
         if (m->special_ids[k] < 0 || m->special_ids[k] >= t->V || !g4_tokenizer_is_special(tok, m->special_ids[k])) {
+            m->special_ids[k] = -1;
+            if (k == g->think_open || k == g->think_close) { /* no thinking channel in this vocabulary */
+                thinking = 0;
+                continue;
+            }
             int rc = g4_fail(err, "grammar: the model's tokenizer has no special token %s", g->specials[k]);
             g4_gr_match_free(m);
             return rc;
@@ -580,6 +624,7 @@ int g4_gr_match_new(const g4_grammar *g, const g4_gr_tokens *t, const g4_tokeniz
     for (int i = 0; i < n_end_ids; i++)
         if (end_ids[i] >= 0 && end_ids[i] < t->V) m->end_ids[m->n_end++] = end_ids[i];
     expand(g, &m->wk, &g->root, 1, &m->cur);
+    if (thinking) expand(g, &m->wk, &g->think_root, 1, &m->cur);
     if (m->cur.failed || state_canonical(&m->cur, &m->tmp)) {
         g4_gr_match_free(m);
         return g4_fail(err, "out of memory");
@@ -630,7 +675,7 @@ int g4_gr_match_feed(g4_gr_match *m, const char *bytes, size_t n) {
 int g4_gr_match_accept(g4_gr_match *m, int32_t id) {
     const g4_gr_tokens *t = m->t;
     if (id < 0 || id >= t->V) return -1;
-    for (int k = 0; k < m->g->n_specials; k++)
+    for (int k = 0; k < m->g->n_specials && id >= 0; k++)
         if (m->special_ids[k] == id) {
             if (read_symbols(m, NULL, 1, k + 1) == 0) return commit(m);
             break;
@@ -676,10 +721,8 @@ static void compute_mask(g4_gr_match *m, uint64_t *bits) {
         const int len = (int)m->cur.w[at];
         if (!len) continue;
         const uint32_t e = m->g->elems[m->cur.w[at + len]];
-        if (KIND(e) == I_SPECIAL) {
-            const int32_t id = m->special_ids[VAL(e)];
-            bits[id >> 6] |= 1ull << (id & 63);
-        }
+        const int32_t id = KIND(e) == I_SPECIAL ? m->special_ids[VAL(e)] : -1;
+        if (id >= 0) bits[id >> 6] |= 1ull << (id & 63);
     }
     if (g4_gr_match_accepting(m))
         for (int i = 0; i < m->n_end; i++) bits[m->end_ids[i] >> 6] |= 1ull << (m->end_ids[i] & 63);

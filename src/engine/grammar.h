@@ -57,6 +57,8 @@ void gr_alt(g4_grammar *g, int r, const gr_seq *s);
 int gr_rule_of(g4_grammar *g, const gr_seq *s);
 /* x repeated min..max times (max < 0: no bound); x a rule. */
 int gr_repeat(g4_grammar *g, int x, int min, int max);
+/* Why building failed ("out of memory", "too large ..."), or NULL. */
+const char *gr_failed(const g4_grammar *g);
 /* Finishes the grammar with its start rule: checks every rule is defined and none is left-recursive. */
 int gr_finish(g4_grammar *g, int start, g4_error *err);
 
@@ -68,10 +70,12 @@ int g4_gr_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_gr_tokens **out
 void g4_gr_tokens_free(g4_gr_tokens *t);
 
 /* A generation's walk through a grammar: its state, the ids of its special tokens, its masks. end_ids: the
- * tokens that end the generation (allowed where the grammar has read a whole sentence). */
+ * tokens that end the generation (allowed where the grammar has read a whole sentence). thinking: the output may
+ * start with Gemma 4's thinking channel, `<|channel>` any text `<channel|>` (every grammar has that way in; it
+ * is left closed without this flag or where the vocabulary lacks those tokens). */
 typedef struct g4_gr_match g4_gr_match;
 int g4_gr_match_new(const g4_grammar *g, const g4_gr_tokens *t, const g4_tokenizer *tok, const int32_t *end_ids,
-                    int n_end_ids, g4_gr_match **out, g4_error *err);
+                    int n_end_ids, int thinking, g4_gr_match **out, g4_error *err);
 void g4_gr_match_free(g4_gr_match *m);
 /* Sets logits[id] = -INFINITY for every token that cannot come next. */
 void g4_gr_match_mask(g4_gr_match *m, float *logits);

@@ -17,7 +17,7 @@
  * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf of one schema,
  * $ref (#, #/$defs/..., any JSON pointer into the root), nullable (OpenAPI), minimum / maximum /
  * exclusiveMinimum / exclusiveMaximum of integers, minimum 0 of numbers, format date, time, date-time and
- * uuid; annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
+ * uuid, pattern (anchored ^...$; the subset at pattern_rule); annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
  * writeOnly) are skipped. Any other keyword is an error naming it: a constraint is never dropped silently. */
 #include <inttypes.h>
 #include <jansson.h>
@@ -53,7 +53,7 @@ static int fail(sc *c, const char *fmt, const char *arg) {
 }
 
 static int check(sc *c, int r) {
-    if (r < 0 || c->failed) return fail(c, "json_schema: %s", "out of memory");
+    if (r < 0 || c->failed) return fail(c, "json_schema: %s", gr_failed(c->g) ? gr_failed(c->g) : "out of memory");
     return r;
 }
 
@@ -418,6 +418,310 @@ static int format_rule(sc *c, const char *f) {
     r = gr_rule_of(g, &s);
     gr_seq_free(&s);
     return check(c, r);
+}
+
+/* ------------------------------------------------------------------ patterns */
+
+/* A pattern (ECMA-262 regular expression, as JSON Schema reads it) anchored at both ends, ^...$: alternation,
+ * groups ((...), (?:...)), classes ([...], [^...] of ASCII characters, \d \w \s and their negations, .),
+ * quantifiers (* + ? {n} {n,} {n,m}, lazy ones alike), escapes (\n \t \r \f \v \0 \xHH \uHHHH, punctuation).
+ * Its characters are the string's: JSON escapes '"', '\' and control characters in the output (both the short
+ * escape and \u00XX are read). Lookaround, backreferences and word boundaries are errors. */
+typedef struct rx {
+    sc *c;
+    const char *p, *end;
+} rx;
+
+static int rx_fail(rx *r, const char *why) { return fail(r->c, "json_schema: pattern: %s", why); }
+
+/* One code point of a string's content as the dialect writes it. */
+static void put_char(sc *c, gr_seq *s, uint32_t cp) {
+    if (!c->gemma && (cp == '"' || cp == '\\' || cp < 0x20)) {
+        static const char shorts[] = "\b\f\n\r\t";
+        static const char letters[] = "bfnrt";
+        char alts[3][8];
+        int n = 0;
+        if (cp == '"' || cp == '\\') {
+            snprintf(alts[n++], 8, "\\%c", (char)cp);
+        } else {
+            const char *k = cp ? strchr(shorts, (int)cp) : NULL;
+            if (k) snprintf(alts[n++], 8, "\\%c", letters[k - shorts]);
+            snprintf(alts[n++], 8, "\\u%04x", (unsigned)cp);
+            snprintf(alts[n++], 8, "\\u%04X", (unsigned)cp);
+        }
+        const char *list[4] = {alts[0], n > 1 ? alts[1] : NULL, n > 2 ? alts[2] : NULL, NULL};
+        gr_seq_ref(s, words_rule(c, list));
+        return;
+    }
+    char u[4];
+    int n = 0;
+    if (cp < 0x80) u[n++] = (char)cp;
+    else if (cp < 0x800) u[n++] = (char)(0xc0 | cp >> 6), u[n++] = (char)(0x80 | (cp & 63));
+    else if (cp < 0x10000)
+        u[n++] = (char)(0xe0 | cp >> 12), u[n++] = (char)(0x80 | (cp >> 6 & 63)), u[n++] = (char)(0x80 | (cp & 63));
+    else
+        u[n++] = (char)(0xf0 | cp >> 18), u[n++] = (char)(0x80 | (cp >> 12 & 63)),
+        u[n++] = (char)(0x80 | (cp >> 6 & 63)), u[n++] = (char)(0x80 | (cp & 63));
+    gr_seq_lit(c->g, s, u, (size_t)n);
+}
+
+/* The characters of an ASCII set (bits 0..127), or with negated every character outside it. */
+static int class_rule(sc *c, const uint64_t set[2], int negated) {
+    g4_grammar *g = c->g;
+    uint64_t in[2] = {negated ? ~set[0] : set[0], negated ? ~set[1] : set[1]};
+    int r = gr_rule(g);
+    gr_seq s;
+    gr_seq_init(&s);
+    uint64_t plain[4] = {in[0], in[1], 0, 0};
+    if (!c->gemma) { /* '"', '\' and controls are written escaped */
+        plain[0] &= ~(0xffffffffull | 1ull << '"');
+        plain[1] &= ~(1ull << ('\\' - 64));
+        for (uint32_t b = 0; b < 128; b++)
+            if ((in[b >> 6] >> (b & 63) & 1) && (b < 0x20 || b == '"' || b == '\\')) {
+                gr_seq_clear(&s);
+                put_char(c, &s, b);
+                gr_alt(g, r, &s);
+            }
+    }
+    if (plain[0] | plain[1]) {
+        gr_seq_clear(&s);
+        gr_seq_set(g, &s, plain);
+        gr_alt(g, r, &s);
+    }
+    if (negated) { /* and every character beyond ASCII */
+        static const unsigned lead[3][2] = {{0xc2, 0xdf}, {0xe0, 0xef}, {0xf0, 0xf4}};
+        for (int k = 0; k < 3; k++) {
+            gr_seq_clear(&s);
+            gr_seq_range(g, &s, lead[k][0], lead[k][1]);
+            for (int j = 0; j <= k; j++) gr_seq_range(g, &s, 0x80, 0xbf);
+            gr_alt(g, r, &s);
+        }
+    }
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
+static void set_bits(uint64_t set[2], unsigned lo, unsigned hi) {
+    for (unsigned b = lo; b <= hi && b < 128; b++) set[b >> 6] |= 1ull << (b & 63);
+}
+
+/* \d \w \s (and D W S: negated) into set; 0 when k is none of them. */
+static int class_escape(char k, uint64_t set[2], int *negated) {
+    const char low = (char)(k | 0x20);
+    if (low != 'd' && low != 'w' && low != 's') return 0;
+    *negated = k != low;
+    if (low == 'd' || low == 'w') set_bits(set, '0', '9');
+    if (low == 'w') set_bits(set, 'a', 'z'), set_bits(set, 'A', 'Z'), set_bits(set, '_', '_');
+    if (low == 's') set_bits(set, '\t', '\r'), set_bits(set, ' ', ' ');
+    return 1;
+}
+
+static uint32_t rx_utf8(rx *r) {
+    const unsigned char *p = (const unsigned char *)r->p;
+    uint32_t cp = p[0];
+    int n = cp < 0x80 ? 1 : cp < 0xe0 ? 2 : cp < 0xf0 ? 3 : 4;
+    if (r->p + n > r->end) n = 1;
+    if (n > 1) cp &= 0x3f >> (n - 1);
+    for (int i = 1; i < n; i++) cp = cp << 6 | (p[i] & 63);
+    r->p += n;
+    return cp;
+}
+
+static int rx_hex(rx *r, int digits, uint32_t *cp) {
+    *cp = 0;
+    for (int i = 0; i < digits; i++, r->p++) {
+        if (r->p >= r->end) return rx_fail(r, "a short \\x or \\u escape");
+        const char h = *r->p;
+        const int v = h >= '0' && h <= '9' ? h - '0' : (h | 0x20) >= 'a' && (h | 0x20) <= 'f' ? (h | 0x20) - 'a' + 10 : -1;
+        if (v < 0) return rx_fail(r, "a bad \\x or \\u escape");
+        *cp = *cp << 4 | (uint32_t)v;
+    }
+    return 0;
+}
+
+/* An escape's character after the backslash (classes are handled by the caller). */
+static int rx_escape_char(rx *r, uint32_t *cp) {
+    const char k = *r->p++;
+    switch (k) {
+    case 'n': *cp = '\n'; return 0;
+    case 't': *cp = '\t'; return 0;
+    case 'r': *cp = '\r'; return 0;
+    case 'f': *cp = '\f'; return 0;
+    case 'v': *cp = '\v'; return 0;
+    case '0': *cp = 0; return 0;
+    case 'x': return rx_hex(r, 2, cp);
+    case 'u': return rx_hex(r, 4, cp);
+    default:
+        if ((k >= 'a' && k <= 'z') || (k >= 'A' && k <= 'Z') || (k >= '1' && k <= '9'))
+            return rx_fail(r, "an escape that is not supported (\\b, backreferences, ...)");
+        r->p--;
+        *cp = rx_utf8(r);
+        return 0;
+    }
+}
+
+static int rx_class(rx *r) { /* after '[' */
+    uint64_t set[2] = {0, 0};
+    int negated = 0;
+    if (r->p < r->end && *r->p == '^') negated = 1, r->p++;
+    for (int first = 1; r->p < r->end && (*r->p != ']' || first); first = 0) {
+        uint32_t lo;
+        if (*r->p == '\\') {
+            r->p++;
+            if (r->p >= r->end) break;
+            int neg = 0;
+            uint64_t sub[2] = {0, 0};
+            if (class_escape(*r->p, sub, &neg)) {
+                if (neg) return rx_fail(r, "\\D, \\W or \\S inside a class");
+                set[0] |= sub[0], set[1] |= sub[1];
+                r->p++;
+                continue;
+            }
+            if (rx_escape_char(r, &lo)) return -1;
+        } else {
+            lo = rx_utf8(r);
+        }
+        uint32_t hi = lo;
+        if (r->p + 1 < r->end && *r->p == '-' && r->p[1] != ']') {
+            r->p++;
+            if (*r->p == '\\') {
+                r->p++;
+                if (r->p >= r->end || rx_escape_char(r, &hi)) return r->c->failed ? -1 : rx_fail(r, "a bad range");
+            } else {
+                hi = rx_utf8(r);
+            }
+        }
+        if (hi < lo) return rx_fail(r, "a range out of order");
+        if (hi >= 128) return rx_fail(r, "a class of characters beyond ASCII");
+        set_bits(set, lo, hi);
+    }
+    if (r->p >= r->end) return rx_fail(r, "an unclosed [");
+    r->p++;
+    return class_rule(r->c, set, negated);
+}
+
+static int rx_alt(rx *r);
+
+static int rx_atom(rx *r) {
+    const char k = *r->p++;
+    uint64_t set[2] = {0, 0};
+    int negated = 0;
+    switch (k) {
+    case '(': {
+        if (r->p < r->end && *r->p == '?') {
+            if (r->p + 1 < r->end && r->p[1] == ':') r->p += 2;
+            else return rx_fail(r, "lookaround and named groups are not supported");
+        }
+        int inner = rx_alt(r);
+        if (inner < 0) return -1;
+        if (r->p >= r->end || *r->p != ')') return rx_fail(r, "an unclosed (");
+        r->p++;
+        return inner;
+    }
+    case '[': return rx_class(r);
+    case '.': set_bits(set, '\n', '\n'), set_bits(set, '\r', '\r'); return class_rule(r->c, set, 1);
+    case '^':
+    case '$': return rx_fail(r, "^ and $ only at the pattern's ends");
+    case '*': case '+': case '?': case '{': return rx_fail(r, "a quantifier without anything before it");
+    case '\\':
+        if (r->p >= r->end) return rx_fail(r, "a trailing backslash");
+        if (class_escape(*r->p, set, &negated)) {
+            r->p++;
+            return class_rule(r->c, set, negated);
+        }
+        {
+            uint32_t cp;
+            if (rx_escape_char(r, &cp)) return -1;
+            gr_seq s;
+            gr_seq_init(&s);
+            put_char(r->c, &s, cp);
+            int rule = check(r->c, gr_rule_of(r->c->g, &s));
+            gr_seq_free(&s);
+            return rule;
+        }
+    default: {
+        r->p--;
+        gr_seq s;
+        gr_seq_init(&s);
+        put_char(r->c, &s, rx_utf8(r));
+        int rule = check(r->c, gr_rule_of(r->c->g, &s));
+        gr_seq_free(&s);
+        return rule;
+    }
+    }
+}
+
+/* A quantifier after an atom: 0 with none, 1 with min and max set (max -1: none). */
+static int rx_quantifier(rx *r, int *min, int *max) {
+    if (r->p >= r->end) return 0;
+    const char k = *r->p;
+    if (k == '*' || k == '+' || k == '?') {
+        r->p++;
+        *min = k == '+';
+        *max = k == '?' ? 1 : -1;
+    } else if (k == '{') {
+        char *e;
+        long a = strtol(r->p + 1, &e, 10), b;
+        if (e == r->p + 1) return rx_fail(r, "a { that is not a quantifier");
+        if (*e == ',') {
+            const char *bs = e + 1;
+            b = *bs == '}' ? -1 : strtol(bs, &e, 10);
+            if (b >= 0 && e == bs) return rx_fail(r, "a bad {n,m}");
+            if (b < 0) e = (char *)bs;
+        } else {
+            b = a;
+        }
+        if (*e != '}' || a < 0 || (b >= 0 && b < a) || a > MAX_REPEAT || b > MAX_REPEAT)
+            return rx_fail(r, "a bad or too large {n,m}");
+        r->p = e + 1;
+        *min = (int)a;
+        *max = (int)b;
+    } else {
+        return 0;
+    }
+    if (r->p < r->end && (*r->p == '?' || *r->p == '+')) r->p++; /* lazy or possessive: the same strings */
+    return 1;
+}
+
+static int rx_alt(rx *r) {
+    int rule = gr_rule(r->c->g);
+    gr_seq s;
+    gr_seq_init(&s);
+    for (;;) {
+        gr_seq_clear(&s);
+        while (r->p < r->end && *r->p != '|' && *r->p != ')' && !r->c->failed) {
+            int atom = rx_atom(r), min, max, q = atom < 0 ? 0 : rx_quantifier(r, &min, &max);
+            if (atom < 0 || q < 0) break;
+            if (q) atom = check(r->c, gr_repeat(r->c->g, atom, min, max));
+            gr_seq_ref(&s, atom);
+        }
+        if (r->c->failed) break;
+        gr_alt(r->c->g, rule, &s);
+        if (r->p < r->end && *r->p == '|') {
+            r->p++;
+            continue;
+        }
+        break;
+    }
+    gr_seq_free(&s);
+    return r->c->failed ? -1 : check(r->c, rule);
+}
+
+static int pattern_rule(sc *c, const char *pattern, size_t len) {
+    if (len < 2 || pattern[0] != '^' || pattern[len - 1] != '$' || (len > 2 && pattern[len - 2] == '\\'))
+        return fail(c, "json_schema: pattern \"%s\" must match the whole string: anchor it as ^...$", pattern);
+    rx r = {c, pattern + 1, pattern + len - 1};
+    int body = rx_alt(&r);
+    if (body < 0) return -1;
+    if (r.p != r.end) return rx_fail(&r, "an unmatched )");
+    gr_seq s;
+    gr_seq_init(&s);
+    open_string(c, &s);
+    gr_seq_ref(&s, body);
+    open_string(c, &s);
+    int rule = check(c, gr_rule_of(c->g, &s));
+    gr_seq_free(&s);
+    return rule;
 }
 
 /* ------------------------------------------------------------------ literals */
@@ -833,7 +1137,7 @@ static int ref_rule(sc *c, const char *ref) {
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
     "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-    "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format", "title", "description",
+    "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format", "pattern", "title", "description",
     "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", NULL};
 
 /* The schema for one type name. */
@@ -841,7 +1145,13 @@ static int typed(sc *c, const json_t *schema, const char *type) {
     if (!strcmp(type, "object")) return object_schema(c, schema);
     if (!strcmp(type, "array")) return array_schema(c, schema);
     if (!strcmp(type, "string")) {
-        const json_t *f = json_object_get(schema, "format");
+        const json_t *f = json_object_get(schema, "format"), *pat = json_object_get(schema, "pattern");
+        if (pat && (f || json_object_get(schema, "minLength") || json_object_get(schema, "maxLength")))
+            return fail(c, "json_schema: %s", "pattern with format, minLength or maxLength is not supported");
+        if (pat) {
+            if (!json_is_string(pat)) return fail(c, "json_schema: %s must be a string", "pattern");
+            return pattern_rule(c, json_string_value(pat), json_string_length(pat));
+        }
         if (f) {
             if (!json_is_string(f)) return fail(c, "json_schema: %s must be a string", "format");
             return format_rule(c, json_string_value(f));
@@ -955,7 +1265,17 @@ static int value_inner(sc *c, const json_t *schema) {
     if (json_object_get(schema, "properties") || json_object_get(schema, "additionalProperties") ||
         json_object_get(schema, "required"))
         return object_schema(c, schema);
-    if (json_object_get(schema, "items") || json_object_get(schema, "prefixItems")) return array_schema(c, schema);
+    if (json_object_get(schema, "items") || json_object_get(schema, "prefixItems") ||
+        json_object_get(schema, "minItems") || json_object_get(schema, "maxItems"))
+        return array_schema(c, schema);
+    /* a keyword of one type alone: a value of that type (JSON Schema would let other types pass; they are left out
+       rather than the keyword dropped) */
+    if (json_object_get(schema, "pattern") || json_object_get(schema, "format") ||
+        json_object_get(schema, "minLength") || json_object_get(schema, "maxLength"))
+        return typed(c, schema, "string");
+    if (json_object_get(schema, "minimum") || json_object_get(schema, "maximum") ||
+        json_object_get(schema, "exclusiveMinimum") || json_object_get(schema, "exclusiveMaximum"))
+        return typed(c, schema, "number");
     return any_rule(c);
 }
 

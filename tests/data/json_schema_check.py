@@ -3,7 +3,7 @@
 
 argv[1]: JSON lines {"schema": S, "doc": D, "valid": bool[, "unparsable": true]}: the grammar's verdict on D
 (accepted whole or not) must be jsonschema's (an unparsable D is invalid), but for "reordered": true, a document
-jsonschema accepts and the grammar refuses for its properties' order.
+jsonschema accepts and the grammar refuses for its properties' order or a needless escape.
 argv[2]: JSON lines of generations: {"schema": text, "text": output, "finished": bool}: a finished output must be
 a document the schema accepts; {"schema_json": S, "doc": D, "finished": true}: tool-call arguments D must follow S.
 """
@@ -31,7 +31,7 @@ def main():
             c = json.loads(line)
             n_cases += 1
             want = False if c.get("unparsable") else valid(c["schema"], c["doc"])
-            if c.get("reordered"):  # JSON Schema takes it; the grammar keeps the schema's order of properties
+            if c.get("reordered"):  # JSON Schema takes it; the grammar keeps the schema's order, JSON's plain form
                 want = not want
             if want != c["valid"]:
                 print(f"jsonschema says {want}, the grammar {c['valid']}: {json.dumps(c['schema'])} / {json.dumps(c['doc'])}")

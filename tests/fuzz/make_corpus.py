@@ -251,6 +251,23 @@ def main():
     ]:
         c.add("server_request", bytes([kind]) + json.dumps(body).encode("utf-8"))
 
+    # grammars: a JSON Schema or tools, a NUL, then output to read (byte 0x01: the next special token)
+    schemas = [
+        {"type": "object", "properties": {"a": {"type": "integer", "minimum": -5, "maximum": 300},
+                                          "b": {"type": "string", "pattern": "^[a-z]{2,3}(-\\d)?$"}},
+         "required": ["a"]},
+        {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "array", "items": {"enum": ["x", 1, None]}, "maxItems": 3}],
+         "$defs": {"n": {"type": "object", "additionalProperties": {"$ref": "#/$defs/n"}}}},
+        {"type": "string", "format": "date-time"},
+    ]
+    docs = [b'{"a": 12, "b": "ab-1"}', b'{"k": {"j": {}}}', b'["x", null]', b'"2026-12-06T01:02:03Z"']
+    for i, sch in enumerate(schemas):
+        c.add("grammar", bytes([0]) + json.dumps(sch).encode("utf-8") + b"\0" + docs[i])
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "n": {"type": "integer"}}, "required": ["city"]}}}]
+    c.add("grammar", bytes([3]) + json.dumps(tools).encode("utf-8") + b"\0\x01call:f{city:\x01Paris\x01,n:3}\x01")
+    c.add("grammar", bytes([0]) + b'{"type":"object"}\0' + docs[3])
+
     for h in sorted(c.count):
         print("%-18s %4d seeds" % (h, c.count[h]))
     if not args.gemma4c:
