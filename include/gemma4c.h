@@ -583,6 +583,14 @@ G4_API int g4_grammar_json_schema(const char *schema, g4_grammar **out, g4_error
  * name: only that function (NULL: any of them); max_calls: at most this many calls (0: no limit; at least one). */
 G4_API int g4_grammar_tool_calls(const char *tools, const char *name, int max_calls, g4_grammar **out,
                                  g4_error *err);
+/* The output matches a regular expression (ECMA-262 subset: alternation, groups, classes of any code points,
+ * \d \w \s, ., quantifiers, escapes; no lookaround or backreferences), as a whole (vLLM's guided_regex). */
+G4_API int g4_grammar_regex(const char *regex, g4_grammar **out, g4_error *err);
+/* The output follows a grammar in GBNF, llama.cpp's notation (rules `name ::= ...`, the rule root; src/engine/gbnf.c
+ * lists what it reads; special tokens by their text, <|tool_call>). */
+G4_API int g4_grammar_gbnf(const char *text, g4_grammar **out, g4_error *err);
+/* The output is one of n texts (vLLM's guided_choice). */
+G4_API int g4_grammar_choice(const char *const *choices, int n, g4_grammar **out, g4_error *err);
 G4_API void g4_grammar_free(g4_grammar *g);
 
 typedef struct g4_generation_params {

@@ -195,6 +195,12 @@ static void test_schemas(void) {
                 2, 0);
     schema_case("{\"type\":\"string\",\"pattern\":\"^.{2}$\"}",
                 DOCS("\"a\\t\"", "\"\xc3\xa9\xe2\x82\xac\"", "\"\\u0041b\"", "\"a\\n\"", "\"abc\"", "\"a\""), 2, 1);
+    /* classes beyond ASCII: ranges of code points in UTF-8, complements, \D */
+    schema_case("{\"type\":\"string\",\"pattern\":\"^[\xce\xb1-\xcf\x89]{2}\\\\D[^\xe4\xb8\x80-\xe9\xbe\xa5" "a]$\"}",
+                DOCS("\"\xce\xb1\xce\xb2!\xf0\x9f\x98\x80\"", "\"\xcf\x89\xcf\x89\xe4\xb8\x80" "b\"",
+                     "\"\xce\xb1\xce\xb2" "1b\"", "\"ab!b\"", "\"\xce\xb1\xce\xb2!\xe5\xad\x97\"",
+                     "\"\xce\xb1\xce\xb2!a\""),
+                2, 0);
     /* a keyword of one type without "type": values of that type (JSON Schema lets others pass) */
     schema_case("{\"maxLength\":2}", DOCS("\"ab\"", "5", "\"abc\""), 1, 1);
     /* what is refused with a one-line error naming it */
@@ -222,6 +228,111 @@ static void test_schemas(void) {
         CHECKF(rc && !g && strstr(err.msg, bad[i].says) && !strchr(err.msg, '\n'), "bad schema %s: rc %d, \"%s\"",
                bad[i].schema, rc, err.msg);
     }
+}
+
+/* How far g reads s (its length when it reads all), and whether it may end there. */
+static void text_case(g4_grammar *g, const char *what, const char *doc, int want) {
+    int done;
+    const size_t n = accepted(g, doc, &done);
+    const int ok = n == strlen(doc) && done;
+    CHECKF(ok == want, "%s: \"%s\" is %s (read %zu of %zu)", what, doc, ok ? "accepted" : "refused", n, strlen(doc));
+}
+
+/* GBNF (llama.cpp's notation), whole-output regular expressions (verdicts checked by Python's re.fullmatch) and
+ * choices; bad specs are one-line errors. */
+static void test_text_grammars(void) {
+    g4_grammar *g;
+    g4_error err = {0};
+    const char *gbnf = "# a greeting\n"
+                       "root ::= greeting \", \" name \"!\" ws\n"
+                       "greeting ::= \"Hello\" | \"Hi\" | \"\\u00c7a va\"   # \\u escapes\n"
+                       "name ::= [A-Z\\xc0-\\u00dd] [a-z]{1,8} (\"-\" [A-Z] [a-z]+)?\n"
+                       "ws ::= [ \\t\\n]{0,2}\n";
+    CHECKF(g4_grammar_gbnf(gbnf, &g, &err) == 0, "%s", err.msg);
+    if (!err.msg[0]) {
+        static const struct {
+            const char *doc;
+            int ok;
+        } docs[] = {{"Hello, Pierre!", 1}, {"Hi, Na!\n", 1}, {"\xc3\x87" "a va, \xc3\x89lo\xc3\xafse!", 0},
+                    {"\xc3\x87" "a va, \xc3\x89lo-Ise! \t", 1}, {"Hey, Pierre!", 0}, {"Hello, pierre!", 0},
+                    {"Hello, P!", 0}, {"Hello, Pierre!   ", 0}, {"Hello, Aaaaaaaaaa!", 0},
+                    {"Hello, Anna-Pavlovna!", 1}};
+        for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) text_case(g, "gbnf", docs[i].doc, docs[i].ok);
+        g4_grammar_free(g);
+    }
+    /* alternatives over lines inside parentheses and after |, special tokens by their text */
+    CHECK(g4_grammar_gbnf("root ::= ( \"a\" |\n   \"b\" )+ \".\" |\n\n  \"c\"\n", &g, &err) == 0);
+    if (!err.msg[0]) {
+        text_case(g, "gbnf lines", "abba.", 1);
+        text_case(g, "gbnf lines", "c", 1);
+        text_case(g, "gbnf lines", ".", 0);
+        g4_grammar_free(g);
+    }
+    CHECK(g4_grammar_gbnf("root ::= <|tool_call> \"call:\" [a-z]+ \"{}\" <tool_call|>", &g, &err) == 0);
+    g4_gr_match *m = g ? match_of(g) : NULL;
+    CHECK(m && g4_gr_match_accept(m, g4_tokenizer_token_id(tok, "<|tool_call>")) == 0 &&
+          g4_gr_match_feed(m, "call:now{}", 10) == 0 &&
+          g4_gr_match_accept(m, g4_tokenizer_token_id(tok, "<tool_call|>")) == 0 && g4_gr_match_done(m));
+    g4_gr_match_free(m);
+    g4_grammar_free(g);
+    static const struct {
+        const char *text, *says;
+    } bad[] = {
+        {"root ::= foo", "\"foo\" is used but not defined"}, {"a ::= \"x\"", "no rule named root"},
+        {"root ::= (\"a\"", "unclosed ("}, {"root ::= root \"a\"", "left-recursive"},
+        {"root ::= \"a\"{5000}", "{m,n}"}, {"root ::= \"a\" )", "unmatched )"}, {"root = \"a\"", "::="},
+        {"root ::= [b-a]", "out of order"}, {"root ::= \"\\q\"", "unknown escape"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"}, {"root ::= \"a\"\n  | \"b\"", "rule name"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        g = NULL;
+        err.msg[0] = 0;
+        const int rc = g4_grammar_gbnf(bad[i].text, &g, &err);
+        CHECKF(rc && !g && strstr(err.msg, bad[i].says) && !strchr(err.msg, '\n'), "bad gbnf %s: \"%s\"", bad[i].text,
+               err.msg);
+    }
+    /* regular expressions over the whole output; each verdict goes to re.fullmatch too */
+    static const struct {
+        const char *regex, *docs[6];
+    } rx[] = {
+        {"^\\d{3}-[a-z]+$", {"123-abc", "12-abc", "123-", "1234-a", "123-abc!", NULL}},
+        {"(yes|no)(, (please|thanks))?", {"yes", "no, thanks", "maybe", "yes,", "no, please!", NULL}},
+        {"[^\\s\"]{2,3}\\.\\w*", {"ab.", "\xc3\xa9t\xc3\xa9.x_1", "a b.", "abcd.", "\"a.", NULL}},
+        {"(?:a|b)*c+?\\u00e9", {"abbac\xc3\xa9", "c\xc3\xa9", "ab\xc3\xa9", "ccc\xc3\xa9", "abc", NULL}},
+    };
+    for (size_t i = 0; i < sizeof rx / sizeof rx[0]; i++) {
+        err.msg[0] = 0;
+        if (g4_grammar_regex(rx[i].regex, &g, &err)) {
+            CHECKF(0, "regex %s: %s", rx[i].regex, err.msg);
+            continue;
+        }
+        for (int k = 0; rx[i].docs[k]; k++) {
+            int done;
+            const size_t n = accepted(g, rx[i].docs[k], &done);
+            json_t *line = json_pack("{s:s,s:s,s:b}", "regex", rx[i].regex, "doc", rx[i].docs[k], "valid",
+                                     n == strlen(rx[i].docs[k]) && done);
+            char *t = json_dumps(line, JSON_COMPACT);
+            fprintf(cases, "%s\n", t);
+            free(t);
+            json_decref(line);
+        }
+        g4_grammar_free(g);
+    }
+    err.msg[0] = 0;
+    CHECK(g4_grammar_regex("a(?<=b)", &g, &err) && strstr(err.msg, "lookaround"));
+    /* choices */
+    const char *const cities[] = {"Paris", "London", "Par"};
+    CHECK(g4_grammar_choice(cities, 3, &g, &err) == 0);
+    text_case(g, "choice", "Paris", 1);
+    text_case(g, "choice", "Par", 1);
+    text_case(g, "choice", "Rome", 0);
+    m = match_of(g);
+    CHECK(m && g4_gr_match_feed(m, "Par", 3) == 0 && g4_gr_match_accepting(m) && !g4_gr_match_done(m) &&
+          g4_gr_match_feed(m, "is", 2) == 0 && g4_gr_match_done(m));
+    g4_gr_match_free(m);
+    g4_grammar_free(g);
+    const char *const empty[] = {""};
+    CHECK(g4_grammar_choice(empty, 1, &g, &err) && strstr(err.msg, "empty"));
 }
 
 /* The masks of the token walk (and those kept by state) against each token's bytes tried alone. */
@@ -452,6 +563,7 @@ int main(void) {
     CHECK(cases && outs);
     test_json_object();
     test_schemas();
+    test_text_grammars();
     test_masks();
     test_tool_grammar();
     test_generation(outs);

@@ -120,6 +120,10 @@ static void test_prompts(void) {
     CHECK(parse(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": [[5], \"a\", [6, 7]]}", 0, &r, &e) == 0);
     CHECK(r.n_prompts == 3 && r.prompts[0].ids[0] == 5 && !strcmp(r.prompts[1].text, "a") && r.prompts[2].n_ids == 2);
     srv_request_free(&r);
+    /* completions take the constraints too (llama-server's grammar) */
+    CHECK(parse(SRV_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"grammar\": \"root ::= [0-9]+\"}", 0, &r, &e) == 0 &&
+          r.grammar);
+    srv_request_free(&r);
     CHECK(parse(SRV_EMBEDDING, "{\"model\": \"m\", \"input\": [\"a\", \"b\"], \"encoding_format\": \"base64\", \"dimensions\": 64}",
                 0, &r, &e) == 0);
     CHECK(r.n_prompts == 2 && r.base64);
@@ -153,6 +157,12 @@ static void test_errors(void) {
          "\"function\"}", "tool_choice"},
         {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\", "
          "\"response_format\": {\"type\": \"json_object\"}", "response_format"},
+        {"\"response_format\": {\"type\": \"json_object\"}, \"grammar\": \"root ::= \\\"x\\\"\"", "grammar"},
+        {"\"guided_regex\": \"a\", \"guided_choice\": [\"a\"]", "guided_choice"},
+        {"\"grammar\": \"root ::= undefined\"", "grammar"}, {"\"guided_choice\": \"a\"", "guided_choice"},
+        {"\"guided_choice\": [\"a\", 1]", "guided_choice"}, {"\"guided_regex\": \"(a\"", "guided_regex"},
+        {"\"structured_outputs\": {\"regex\": \"a\", \"choice\": [\"a\"]}", "structured_outputs"},
+        {"\"json_schema\": {\"type\": \"strng\"}", "json_schema"},
         {"\"reasoning_effort\": \"extreme\"", "reasoning_effort"}, {"\"best_of\": 2", "best_of"},
         {"\"modalities\": [\"audio\"]", "modalities"},
         /* sampling values outside what vLLM and OpenAI take: top_k -1 and 0 are off, below is an error */
@@ -184,7 +194,12 @@ static void test_errors(void) {
         "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
         "\"properties\": {\"x\": {\"type\": \"string\"}}}}}], \"tool_choice\": \"required\"",
         "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": "
-        "\"function\", \"function\": {\"name\": \"f\"}}, \"parallel_tool_calls\": false"};
+        "\"function\", \"function\": {\"name\": \"f\"}}, \"parallel_tool_calls\": false",
+        /* llama.cpp's and vLLM's fields */
+        "\"grammar\": \"root ::= [a-z]+\"", "\"json_schema\": {\"type\": \"integer\"}",
+        "\"guided_json\": \"{\\\"type\\\": \\\"boolean\\\"}\"", "\"guided_regex\": \"\\\\d+\"",
+        "\"guided_choice\": [\"yes\", \"no\"]", "\"guided_grammar\": \"root ::= \\\"x\\\"\"",
+        "\"structured_outputs\": {\"choice\": [\"a\"]}"};
     for (size_t i = 0; i < sizeof grammars / sizeof grammars[0]; i++) {
         srv_request r;
         srv_error e2;

@@ -113,6 +113,18 @@ got=$("$bin" generate -m "$m" -p "$prompt" -n 32 --temp 0 --ignore-eos --stop "r
 first=$("$bin" generate -m "$m" --ids "$ids" -n 1 --temp 0 --logit-bias 607=-inf)
 [ -n "$first" ] && [ "$first" != 607 ]; check $? "--logit-bias 607=-inf changes the first greedy token (to $first)"
 
+# constrained output: a GBNF grammar, a JSON Schema inline and from a file, sampled; bad specs are one-line errors
+got=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 2 --temp 1 --grammar 'root ::= ("war" | "peace") (" and " ("war" | "peace"))?')
+[[ "$got" =~ ^(war|peace)(\ and\ (war|peace))?$ ]]; check $? "--grammar: the output is a sentence of the grammar ($got)"
+got=$("$bin" run -m "$m" -p "When?" --seed 3 --json-schema '{"enum": [1805, 1812, "never"]}')
+[[ "$got" =~ ^(1805|1812|\"never\")$ ]]; check $? "--json-schema (inline): one of the enum's values ($got)"
+printf 'root ::= [0-9]{4} "-" [0-9]{2}\n' >"$tmp/date.gbnf"
+got=$("$bin" generate -m "$m" -p "$prompt" --seed 4 --temp 1 --grammar-file "$tmp/date.gbnf")
+[[ "$got" =~ ^[0-9]{4}-[0-9]{2}$ ]]; check $? "--grammar-file: the output is a sentence of the grammar ($got)"
+expect_error "an undefined rule in --grammar" "$bin" generate -m "$m" -p x --grammar 'root ::= nothing'
+expect_error "an unsupported JSON Schema keyword" "$bin" run -m "$m" -p x --json-schema '{"type": "string", "format": "email"}'
+expect_error "--grammar with --json-schema" "$bin" generate -m "$m" -p x --grammar 'root ::= "a"' --json-schema '{}'
+
 # sampling with a seed is reproducible
 a=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 7 --temp 1)
 b=$("$bin" generate -m "$m" -p "$prompt" -n 16 --seed 7 --temp 1)

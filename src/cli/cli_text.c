@@ -13,7 +13,7 @@
 
 enum {
     OPT_TEMP = 1000, OPT_TOP_K, OPT_TOP_P, OPT_MIN_P, OPT_SEED, OPT_REPEAT, OPT_REPEAT_N, OPT_PRESENCE,
-    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS, OPT_DRAFT, OPT_DRAFT_N, OPT_DRAFT_STATS, OPT_SCHEMA
+    OPT_FREQUENCY, OPT_STOP, OPT_IGNORE_EOS, OPT_CTX, OPT_BIAS, OPT_DRAFT, OPT_DRAFT_N, OPT_DRAFT_STATS, OPT_SCHEMA, OPT_GRAMMAR, OPT_GRAMMAR_FILE
 };
 
 const struct option cli_sampling_options[] = {
@@ -37,6 +37,8 @@ const struct option cli_sampling_options[] = {
     {"draft-n", required_argument, 0, OPT_DRAFT_N},
     {"draft-stats", no_argument, 0, OPT_DRAFT_STATS},
     {"json-schema", required_argument, 0, OPT_SCHEMA},
+    {"grammar", required_argument, 0, OPT_GRAMMAR},
+    {"grammar-file", required_argument, 0, OPT_GRAMMAR_FILE},
     {0, 0, 0, 0},
 };
 
@@ -120,9 +122,41 @@ int cli_sampling_parse(cli_sampling *s, int opt, const char *arg) {
     case OPT_DRAFT: s->draft_dir = arg; return 1;
     case OPT_DRAFT_N: return cli_parse_int(arg, "--draft-n", 1, 256, &s->draft_n) ? -1 : 1;
     case OPT_DRAFT_STATS: s->draft_stats = 1; return 1;
-    case OPT_SCHEMA: s->json_schema = arg; return 1;
+    case OPT_SCHEMA:
+    case OPT_GRAMMAR:
+    case OPT_GRAMMAR_FILE:
+        if (s->constraint) return cli_error("--json-schema, --grammar and --grammar-file: give one"), -1;
+        s->constraint = arg;
+        s->constraint_kind = opt == OPT_SCHEMA ? 'j' : opt == OPT_GRAMMAR ? 'g' : 'f';
+        return 1;
     default: return 0;
     }
+}
+
+/* --json-schema SCHEMA (inline JSON, or a file's path), --grammar GBNF, --grammar-file FILE: the output's grammar. */
+static int cli_constraint(const cli_sampling *opt, g4_grammar **out) {
+    const char *arg = opt->constraint;
+    char *text = NULL;
+    const int inline_text = opt->constraint_kind == 'g' || (opt->constraint_kind == 'j' && arg[0] == '{');
+    if (inline_text) {
+        text = strdup(arg);
+    } else {
+        FILE *f = fopen(arg, "rb");
+        if (f && fseek(f, 0, SEEK_END) == 0) {
+            long n = ftell(f);
+            if (n >= 0 && n < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)))
+                text[fread(text, 1, (size_t)n, f)] = 0;
+        }
+        if (f) fclose(f);
+    }
+    const char *flag = opt->constraint_kind == 'j' ? "--json-schema" : opt->constraint_kind == 'g' ? "--grammar"
+                                                                                                  : "--grammar-file";
+    if (!text) return cli_error("%s %s: cannot read the file (or it is over 64 MiB)", flag, arg), -1;
+    g4_error err;
+    const int rc = opt->constraint_kind == 'j' ? g4_grammar_json_schema(text, out, &err) : g4_grammar_gbnf(text, out, &err);
+    free(text);
+    if (rc) cli_error("%s: %s", flag, err.msg);
+    return rc;
 }
 
 int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_model *tm) {
@@ -156,27 +190,7 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
         cli_error("%s", err.msg);
         goto fail;
     }
-    if (opt->json_schema) { /* the schema file's text, then its grammar */
-        FILE *f = fopen(opt->json_schema, "rb");
-        char *text = NULL;
-        size_t len = 0;
-        if (f && fseek(f, 0, SEEK_END) == 0) {
-            long n = ftell(f);
-            if (n >= 0 && n < (64L << 20) && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)))
-                len = fread(text, 1, (size_t)n, f), text[len] = 0;
-        }
-        if (f) fclose(f);
-        if (!text) {
-            cli_error("--json-schema %s: cannot read the file (or it is over 64 MiB)", opt->json_schema);
-            goto fail;
-        }
-        const int rc = g4_grammar_json_schema(text, &tm->grammar, &err);
-        free(text);
-        if (rc) {
-            cli_error("--json-schema %s: %s", opt->json_schema, err.msg);
-            goto fail;
-        }
-    }
+    if (opt->constraint && cli_constraint(opt, &tm->grammar)) goto fail;
     const int max_pos = g4_model_n_ctx_train(tm->model);
     if (opt->have_ctx && opt->n_ctx > max_pos) { /* a default (generate --ids: prompt + -n) is capped instead */
         cli_error("--ctx %ld exceeds the model's max_position_embeddings %d", opt->n_ctx, max_pos);

@@ -31,7 +31,8 @@ typedef struct cli_sampling {
     const char *draft_dir; /* --draft: a gemma4_assistant drafter for speculative decoding */
     long draft_n;          /* --draft-n: drafts per round (0: the drafter's default) */
     int draft_stats;       /* --draft-stats: one JSON line of rounds on stderr after each generation */
-    const char *json_schema; /* --json-schema FILE: the output is a JSON document of that schema */
+    const char *constraint; /* --json-schema, --grammar or --grammar-file: its argument */
+    char constraint_kind;   /* 'j', 'g', 'f' */
 } cli_sampling;
 
 /* getopt_long entries for those options (-m, -t, -n and values >= 1000); ends with a zero entry. */
@@ -44,7 +45,8 @@ extern const struct option cli_sampling_options[];
     "  --logit-bias ID=BIAS (repeatable; BIAS may be -inf)  --ignore-eos\n"                               \
     "speculative decoding: --draft DIR (a gemma4_assistant checkpoint)  --draft-n N (drafts per round)\n" \
     "  --draft-stats (accepted and drafted tokens per round, one JSON line on stderr)\n" \
-    "constrained output: --json-schema FILE (the output is a JSON document of that JSON Schema)\n"
+    "constrained output: --json-schema SCHEMA|FILE (a JSON document of that JSON Schema)  --grammar GBNF\n" \
+    "  --grammar-file FILE (llama.cpp's GBNF notation)\n"
 void cli_sampling_init(cli_sampling *s);
 /* Copies a command's own options (up to their zero entry), then the sampling options and the
  * terminating zero entry, into out (room for `cap` entries). */
@@ -56,7 +58,7 @@ typedef struct cli_text_model {
     g4_model *model; /* with the folder's tokenizer, chat template and generation defaults */
     g4_context *ctx;
     g4_drafter *drafter; /* with --draft */
-    g4_grammar *grammar; /* with --json-schema */
+    g4_grammar *grammar; /* with --json-schema, --grammar or --grammar-file */
     int n_seq;           /* the context's sequences */
 } cli_text_model;
 

@@ -129,6 +129,135 @@ void gr_seq_cat(gr_seq *s, const gr_seq *t) {
     if (t->failed) s->failed = 1;
 }
 
+/* ------------------------------------------------------------------ characters */
+
+void gr_class_add(gr_class *c, uint32_t lo, uint32_t hi) {
+    if (lo > hi || lo > 0x10ffff) return;
+    if (hi > 0x10ffff) hi = 0x10ffff;
+    if (grow((void **)&c->r, &c->cap, c->n + 1, sizeof *c->r)) {
+        c->failed = 1;
+        return;
+    }
+    c->r[c->n][0] = lo;
+    c->r[c->n][1] = hi;
+    c->n++;
+}
+
+int gr_class_has(const gr_class *c, uint32_t cp) {
+    for (int i = 0; i < c->n; i++)
+        if (cp >= c->r[i][0] && cp <= c->r[i][1]) return 1;
+    return 0;
+}
+
+static int cmp_range(const void *a, const void *b) {
+    const uint32_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+void gr_class_negate(gr_class *c) {
+    if (c->n) qsort(c->r, (size_t)c->n, sizeof *c->r, cmp_range);
+    gr_class out = {0};
+    uint32_t next = 0; /* the first code point not yet covered */
+    for (int i = 0; i < c->n; i++) {
+        if (c->r[i][0] > next) gr_class_add(&out, next, c->r[i][0] - 1);
+        if (c->r[i][1] + 1 > next) next = c->r[i][1] + 1;
+    }
+    gr_class_add(&out, next, 0x10ffff);
+    out.failed |= c->failed;
+    free(c->r);
+    *c = out;
+}
+
+void gr_class_free(gr_class *c) {
+    free(c->r);
+    memset(c, 0, sizeof *c);
+}
+
+void gr_seq_cp(g4_grammar *g, gr_seq *s, uint32_t cp) {
+    char u[4];
+    int n = 0;
+    if (cp < 0x80) u[n++] = (char)cp;
+    else if (cp < 0x800) u[n++] = (char)(0xc0 | cp >> 6), u[n++] = (char)(0x80 | (cp & 63));
+    else if (cp < 0x10000)
+        u[n++] = (char)(0xe0 | cp >> 12), u[n++] = (char)(0x80 | (cp >> 6 & 63)), u[n++] = (char)(0x80 | (cp & 63));
+    else
+        u[n++] = (char)(0xf0 | cp >> 18), u[n++] = (char)(0x80 | (cp >> 12 & 63)),
+        u[n++] = (char)(0x80 | (cp >> 6 & 63)), u[n++] = (char)(0x80 | (cp & 63));
+    gr_seq_lit(g, s, u, (size_t)n);
+}
+
+/* The UTF-8 sequences of the code points [a, b], all of one length: `digits` 6-bit digits after a lead byte
+ * that holds the top bits (lead: its marker bits); each alternative goes to rule r after prefix. */
+static void utf8_range(g4_grammar *g, int r, gr_seq *prefix, uint32_t a, uint32_t b, int digits, unsigned lead) {
+    const int m = 6 * digits;
+    const uint32_t ha = a >> m, hb = b >> m, low = m ? (1u << m) - 1 : 0;
+    const unsigned mark = lead ? lead : 0x80;
+    const int n0 = prefix->n;
+    if (!digits) {
+        gr_seq_range(g, prefix, mark | ha, mark | hb);
+        gr_alt(g, r, prefix);
+        prefix->n = n0;
+        return;
+    }
+    if (ha == hb) {
+        gr_seq_range(g, prefix, mark | ha, mark | ha);
+        utf8_range(g, r, prefix, a & low, b & low, digits - 1, 0);
+        prefix->n = n0;
+        return;
+    }
+    uint32_t lo = ha, hi = hb;
+    if ((a & low) != 0) { /* the first lead's part */
+        gr_seq_range(g, prefix, mark | ha, mark | ha);
+        utf8_range(g, r, prefix, a & low, low, digits - 1, 0);
+        prefix->n = n0;
+        lo++;
+    }
+    const int last_part = (b & low) != low;
+    if (last_part) hi--;
+    if (lo <= hi) { /* whole blocks: any continuation bytes after */
+        gr_seq_range(g, prefix, mark | lo, mark | hi);
+        for (int k = 0; k < digits; k++) gr_seq_range(g, prefix, 0x80, 0xbf);
+        gr_alt(g, r, prefix);
+        prefix->n = n0;
+    }
+    if (last_part) {
+        gr_seq_range(g, prefix, mark | hb, mark | hb);
+        utf8_range(g, r, prefix, 0, b & low, digits - 1, 0);
+        prefix->n = n0;
+    }
+}
+
+void gr_alt_class(g4_grammar *g, int r, const gr_class *c) {
+    static const struct {
+        uint32_t lo, hi;
+        int digits;
+        unsigned lead;
+    } lens[] = {{0, 0x7f, 0, 0}, {0x80, 0x7ff, 1, 0xc0}, {0x800, 0xd7ff, 2, 0xe0}, {0xe000, 0xffff, 2, 0xe0},
+                {0x10000, 0x10ffff, 3, 0xf0}};
+    gr_seq s;
+    gr_seq_init(&s);
+    uint64_t ascii[4] = {0};
+    for (int i = 0; i < c->n; i++)
+        for (size_t k = 0; k < sizeof lens / sizeof lens[0]; k++) {
+            const uint32_t lo = c->r[i][0] > lens[k].lo ? c->r[i][0] : lens[k].lo;
+            const uint32_t hi = c->r[i][1] < lens[k].hi ? c->r[i][1] : lens[k].hi;
+            if (lo > hi) continue;
+            if (!lens[k].digits) { /* ASCII: one set for all of it */
+                for (uint32_t b = lo; b <= hi; b++) ascii[b >> 6] |= 1ull << (b & 63);
+                continue;
+            }
+            gr_seq_clear(&s);
+            utf8_range(g, r, &s, lo, hi, lens[k].digits, lens[k].lead);
+        }
+    if (ascii[0] | ascii[1]) {
+        gr_seq_clear(&s);
+        gr_seq_set(g, &s, ascii);
+        gr_alt(g, r, &s);
+    }
+    if (s.failed || c->failed) g->failed = 1;
+    gr_seq_free(&s);
+}
+
 g4_grammar *gr_new(void) { return calloc(1, sizeof(g4_grammar)); }
 
 int gr_rule(g4_grammar *g) {

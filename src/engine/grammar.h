@@ -48,6 +48,22 @@ void gr_seq_special(g4_grammar *g, gr_seq *s, const char *text);
 /* Appends the items of another sequence. */
 void gr_seq_cat(gr_seq *s, const gr_seq *t);
 
+/* A set of characters (code points) as ranges, for classes ([a-z], [^"], \d, .). */
+typedef struct gr_class {
+    uint32_t (*r)[2]; /* [lo, hi] inclusive */
+    int n, cap;
+    int failed;
+} gr_class;
+void gr_class_add(gr_class *c, uint32_t lo, uint32_t hi);
+/* Every character (U+0000..U+10FFFF but surrogates) outside the class. */
+void gr_class_negate(gr_class *c);
+int gr_class_has(const gr_class *c, uint32_t cp);
+void gr_class_free(gr_class *c);
+/* Adds to rule r one alternative per run of the class's characters written in UTF-8. */
+void gr_alt_class(g4_grammar *g, int r, const gr_class *c);
+/* Appends code point cp in UTF-8. */
+void gr_seq_cp(g4_grammar *g, gr_seq *s, uint32_t cp);
+
 g4_grammar *gr_new(void);
 /* A new rule without alternatives yet (a rule may be named before it is defined: recursion). -1: out of memory. */
 int gr_rule(g4_grammar *g);

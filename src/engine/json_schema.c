@@ -39,6 +39,7 @@ typedef struct sc {
     g4_grammar *g;
     const json_t *root;
     int gemma;       /* Gemma's tool-call notation instead of JSON */
+    int raw;         /* plain text (g4_grammar_regex): characters as themselves */
     json_t *refs;    /* $ref -> its rule */
     g4_error *err;
     int failed;
@@ -423,7 +424,7 @@ static int format_rule(sc *c, const char *f) {
 /* ------------------------------------------------------------------ patterns */
 
 /* A pattern (ECMA-262 regular expression, as JSON Schema reads it) anchored at both ends, ^...$: alternation,
- * groups ((...), (?:...)), classes ([...], [^...] of ASCII characters, \d \w \s and their negations, .),
+ * groups ((...), (?:...)), classes ([...], [^...], \d \w \s and their negations, .: any code points),
  * quantifiers (* + ? {n} {n,} {n,m}, lazy ones alike), escapes (\n \t \r \f \v \0 \xHH \uHHHH, punctuation).
  * Its characters are the string's: JSON escapes '"', '\' and control characters in the output (both the short
  * escape and \u00XX are read). Lookaround, backreferences and word boundaries are errors. */
@@ -432,11 +433,11 @@ typedef struct rx {
     const char *p, *end;
 } rx;
 
-static int rx_fail(rx *r, const char *why) { return fail(r->c, "json_schema: pattern: %s", why); }
+static int rx_fail(rx *r, const char *why) { return fail(r->c, r->c->raw ? "regex: %s" : "json_schema: pattern: %s", why); }
 
 /* One code point of a string's content as the dialect writes it. */
 static void put_char(sc *c, gr_seq *s, uint32_t cp) {
-    if (!c->gemma && (cp == '"' || cp == '\\' || cp < 0x20)) {
+    if (!c->gemma && !c->raw && (cp == '"' || cp == '\\' || cp < 0x20)) {
         static const char shorts[] = "\b\f\n\r\t";
         static const char letters[] = "bfnrt";
         char alts[3][8];
@@ -453,66 +454,60 @@ static void put_char(sc *c, gr_seq *s, uint32_t cp) {
         gr_seq_ref(s, words_rule(c, list));
         return;
     }
-    char u[4];
-    int n = 0;
-    if (cp < 0x80) u[n++] = (char)cp;
-    else if (cp < 0x800) u[n++] = (char)(0xc0 | cp >> 6), u[n++] = (char)(0x80 | (cp & 63));
-    else if (cp < 0x10000)
-        u[n++] = (char)(0xe0 | cp >> 12), u[n++] = (char)(0x80 | (cp >> 6 & 63)), u[n++] = (char)(0x80 | (cp & 63));
-    else
-        u[n++] = (char)(0xf0 | cp >> 18), u[n++] = (char)(0x80 | (cp >> 12 & 63)),
-        u[n++] = (char)(0x80 | (cp >> 6 & 63)), u[n++] = (char)(0x80 | (cp & 63));
-    gr_seq_lit(c->g, s, u, (size_t)n);
+    gr_seq_cp(c->g, s, cp);
 }
 
-/* The characters of an ASCII set (bits 0..127), or with negated every character outside it. */
-static int class_rule(sc *c, const uint64_t set[2], int negated) {
+/* The characters of a class as the dialect writes them (JSON: '"', '\' and controls escaped). */
+static int class_rule(sc *c, const gr_class *cls) {
     g4_grammar *g = c->g;
-    uint64_t in[2] = {negated ? ~set[0] : set[0], negated ? ~set[1] : set[1]};
     int r = gr_rule(g);
+    if (c->gemma || c->raw) {
+        gr_alt_class(g, r, cls);
+        return check(c, r);
+    }
+    gr_class plain = {0};
+    for (int i = 0; i < cls->n; i++) { /* the class without '"', '\' and U+0000..U+001F */
+        uint32_t lo = cls->r[i][0] < 0x20 ? 0x20 : cls->r[i][0], hi = cls->r[i][1];
+        for (uint32_t cut = '"';; cut = '\\') {
+            if (lo <= cut && cut <= hi) {
+                if (lo < cut) gr_class_add(&plain, lo, cut - 1);
+                lo = cut + 1;
+            }
+            if (cut == '\\') break;
+        }
+        if (lo <= hi) gr_class_add(&plain, lo, hi);
+    }
+    gr_alt_class(g, r, &plain);
+    gr_class_free(&plain);
     gr_seq s;
     gr_seq_init(&s);
-    uint64_t plain[4] = {in[0], in[1], 0, 0};
-    if (!c->gemma) { /* '"', '\' and controls are written escaped */
-        plain[0] &= ~(0xffffffffull | 1ull << '"');
-        plain[1] &= ~(1ull << ('\\' - 64));
-        for (uint32_t b = 0; b < 128; b++)
-            if ((in[b >> 6] >> (b & 63) & 1) && (b < 0x20 || b == '"' || b == '\\')) {
-                gr_seq_clear(&s);
-                put_char(c, &s, b);
-                gr_alt(g, r, &s);
-            }
-    }
-    if (plain[0] | plain[1]) {
-        gr_seq_clear(&s);
-        gr_seq_set(g, &s, plain);
-        gr_alt(g, r, &s);
-    }
-    if (negated) { /* and every character beyond ASCII */
-        static const unsigned lead[3][2] = {{0xc2, 0xdf}, {0xe0, 0xef}, {0xf0, 0xf4}};
-        for (int k = 0; k < 3; k++) {
+    for (uint32_t cp = 0; cp <= '\\'; cp++)
+        if ((cp < 0x20 || cp == '"' || cp == '\\') && gr_class_has(cls, cp)) {
             gr_seq_clear(&s);
-            gr_seq_range(g, &s, lead[k][0], lead[k][1]);
-            for (int j = 0; j <= k; j++) gr_seq_range(g, &s, 0x80, 0xbf);
+            put_char(c, &s, cp);
             gr_alt(g, r, &s);
         }
-    }
     gr_seq_free(&s);
     return check(c, r);
 }
 
-static void set_bits(uint64_t set[2], unsigned lo, unsigned hi) {
-    for (unsigned b = lo; b <= hi && b < 128; b++) set[b >> 6] |= 1ull << (b & 63);
-}
-
-/* \d \w \s (and D W S: negated) into set; 0 when k is none of them. */
-static int class_escape(char k, uint64_t set[2], int *negated) {
+/* \d \w \s (D W S: their complements) added to cls; 0 when k is none of them. */
+static int class_escape(char k, gr_class *cls) {
     const char low = (char)(k | 0x20);
     if (low != 'd' && low != 'w' && low != 's') return 0;
-    *negated = k != low;
-    if (low == 'd' || low == 'w') set_bits(set, '0', '9');
-    if (low == 'w') set_bits(set, 'a', 'z'), set_bits(set, 'A', 'Z'), set_bits(set, '_', '_');
-    if (low == 's') set_bits(set, '\t', '\r'), set_bits(set, ' ', ' ');
+    gr_class sub = {0};
+    if (low == 'd' || low == 'w') gr_class_add(&sub, '0', '9');
+    if (low == 'w') gr_class_add(&sub, 'a', 'z'), gr_class_add(&sub, 'A', 'Z'), gr_class_add(&sub, '_', '_');
+    if (low == 's') { /* ECMA-262's white space and line terminators */
+        static const uint32_t ws[][2] = {{9, 13}, {0x20, 0x20}, {0xa0, 0xa0}, {0x1680, 0x1680}, {0x2000, 0x200a},
+                                         {0x2028, 0x2029}, {0x202f, 0x202f}, {0x205f, 0x205f}, {0x3000, 0x3000},
+                                         {0xfeff, 0xfeff}};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) gr_class_add(&sub, ws[i][0], ws[i][1]);
+    }
+    if (k != low) gr_class_negate(&sub);
+    for (int i = 0; i < sub.n; i++) gr_class_add(cls, sub.r[i][0], sub.r[i][1]);
+    if (sub.failed) cls->failed = 1;
+    gr_class_free(&sub);
     return 1;
 }
 
@@ -561,23 +556,19 @@ static int rx_escape_char(rx *r, uint32_t *cp) {
 }
 
 static int rx_class(rx *r) { /* after '[' */
-    uint64_t set[2] = {0, 0};
-    int negated = 0;
+    gr_class cls = {0};
+    int negated = 0, rc = 0;
     if (r->p < r->end && *r->p == '^') negated = 1, r->p++;
-    for (int first = 1; r->p < r->end && (*r->p != ']' || first); first = 0) {
+    for (int first = 1; r->p < r->end && (*r->p != ']' || first) && !rc; first = 0) {
         uint32_t lo;
         if (*r->p == '\\') {
             r->p++;
             if (r->p >= r->end) break;
-            int neg = 0;
-            uint64_t sub[2] = {0, 0};
-            if (class_escape(*r->p, sub, &neg)) {
-                if (neg) return rx_fail(r, "\\D, \\W or \\S inside a class");
-                set[0] |= sub[0], set[1] |= sub[1];
+            if (class_escape(*r->p, &cls)) {
                 r->p++;
                 continue;
             }
-            if (rx_escape_char(r, &lo)) return -1;
+            if ((rc = rx_escape_char(r, &lo))) break;
         } else {
             lo = rx_utf8(r);
         }
@@ -586,26 +577,31 @@ static int rx_class(rx *r) { /* after '[' */
             r->p++;
             if (*r->p == '\\') {
                 r->p++;
-                if (r->p >= r->end || rx_escape_char(r, &hi)) return r->c->failed ? -1 : rx_fail(r, "a bad range");
+                if (r->p >= r->end || (rc = rx_escape_char(r, &hi))) break;
             } else {
                 hi = rx_utf8(r);
             }
         }
-        if (hi < lo) return rx_fail(r, "a range out of order");
-        if (hi >= 128) return rx_fail(r, "a class of characters beyond ASCII");
-        set_bits(set, lo, hi);
+        if (hi < lo) rc = rx_fail(r, "a range out of order");
+        else gr_class_add(&cls, lo, hi);
     }
-    if (r->p >= r->end) return rx_fail(r, "an unclosed [");
-    r->p++;
-    return class_rule(r->c, set, negated);
+    if (!rc && r->p >= r->end) rc = rx_fail(r, "an unclosed [");
+    int rule = -1;
+    if (!rc) {
+        r->p++;
+        if (negated) gr_class_negate(&cls);
+        rule = class_rule(r->c, &cls);
+    }
+    gr_class_free(&cls);
+    return rc ? -1 : rule;
 }
 
 static int rx_alt(rx *r);
 
 static int rx_atom(rx *r) {
     const char k = *r->p++;
-    uint64_t set[2] = {0, 0};
-    int negated = 0;
+    gr_class cls = {0};
+    int rule = -1;
     switch (k) {
     case '(': {
         if (r->p < r->end && *r->p == '?') {
@@ -619,15 +615,22 @@ static int rx_atom(rx *r) {
         return inner;
     }
     case '[': return rx_class(r);
-    case '.': set_bits(set, '\n', '\n'), set_bits(set, '\r', '\r'); return class_rule(r->c, set, 1);
+    case '.': /* anything but a line terminator */
+        gr_class_add(&cls, '\n', '\n'), gr_class_add(&cls, '\r', '\r'), gr_class_add(&cls, 0x2028, 0x2029);
+        gr_class_negate(&cls);
+        rule = class_rule(r->c, &cls);
+        gr_class_free(&cls);
+        return rule;
     case '^':
     case '$': return rx_fail(r, "^ and $ only at the pattern's ends");
     case '*': case '+': case '?': case '{': return rx_fail(r, "a quantifier without anything before it");
     case '\\':
         if (r->p >= r->end) return rx_fail(r, "a trailing backslash");
-        if (class_escape(*r->p, set, &negated)) {
+        if (class_escape(*r->p, &cls)) {
             r->p++;
-            return class_rule(r->c, set, negated);
+            rule = class_rule(r->c, &cls);
+            gr_class_free(&cls);
+            return rule;
         }
         {
             uint32_t cp;
@@ -635,7 +638,7 @@ static int rx_atom(rx *r) {
             gr_seq s;
             gr_seq_init(&s);
             put_char(r->c, &s, cp);
-            int rule = check(r->c, gr_rule_of(r->c->g, &s));
+            rule = check(r->c, gr_rule_of(r->c->g, &s));
             gr_seq_free(&s);
             return rule;
         }
@@ -644,7 +647,7 @@ static int rx_atom(rx *r) {
         gr_seq s;
         gr_seq_init(&s);
         put_char(r->c, &s, rx_utf8(r));
-        int rule = check(r->c, gr_rule_of(r->c->g, &s));
+        rule = check(r->c, gr_rule_of(r->c->g, &s));
         gr_seq_free(&s);
         return rule;
     }
@@ -1394,6 +1397,31 @@ G4_API int g4_grammar_tool_calls(const char *tools, const char *name, int max_ca
     json_decref(root);
     if (rc) {
         if (!c.failed && !err->msg[0]) g4_fail(err, "tool calls: out of memory");
+        g4_grammar_free(g);
+        return -1;
+    }
+    *out = g;
+    return 0;
+}
+
+G4_API int g4_grammar_regex(const char *regex, g4_grammar **out, g4_error *err) {
+    *out = NULL;
+    if (!regex) return g4_fail(err, "regex: none");
+    g4_grammar *g = gr_new();
+    if (!g) return g4_fail(err, "out of memory");
+    sc c;
+    sc_init(&c, g, NULL, 0, err);
+    c.raw = 1;
+    size_t len = strlen(regex);
+    const char *p = regex;
+    if (len && p[0] == '^') p++, len--; /* the whole output matches: anchors say nothing more */
+    if (len && p[len - 1] == '$' && !(len > 1 && p[len - 2] == '\\')) len--;
+    rx r = {&c, p, p + len};
+    int body = c.failed ? -1 : rx_alt(&r);
+    if (body >= 0 && r.p != r.end) body = rx_fail(&r, "an unmatched )");
+    json_decref(c.refs);
+    if (body < 0 || gr_finish(g, body, err)) {
+        if (body < 0 && !c.failed) g4_fail(err, "regex: out of memory");
         g4_grammar_free(g);
         return -1;
     }

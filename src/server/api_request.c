@@ -625,6 +625,69 @@ static int parse_tools(const json_t *in, json_t *chat, srv_request *r, srv_error
     return json_array_size(tools) && json_object_set(chat, "tools", (json_t *)tools) ? oom(e) : 0;
 }
 
+/* Constraints of other servers' APIs, one per request (with response_format and a forced tool call): llama.cpp's
+ * "grammar" (GBNF) and "json_schema", vLLM's "guided_json", "guided_regex", "guided_choice", "guided_grammar" and
+ * "structured_outputs" {"json" | "regex" | "choice" | "grammar"}. */
+static int parse_constraints(const json_t *in, srv_request *r, srv_error *e) {
+    static const struct {
+        const char *field, *kind;
+    } fields[] = {{"grammar", "grammar"},         {"json_schema", "json"},        {"guided_json", "json"},
+                  {"guided_regex", "regex"},      {"guided_choice", "choice"},    {"guided_grammar", "grammar"},
+                  {"structured_outputs", NULL}};
+    const char *field = NULL, *kind = NULL;
+    const json_t *v = NULL;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const json_t *x = json_object_get(in, fields[i].field);
+        if (!x || json_is_null(x)) continue;
+        if (field || r->grammar || r->format != SRV_FORMAT_TEXT)
+            return srv_fail(e, 400, fields[i].field, "invalid_value",
+                            "'%s' and '%s' both constrain the output: give one", field ? field : "response_format",
+                            fields[i].field);
+        field = fields[i].field, kind = fields[i].kind, v = x;
+    }
+    if (!field) return 0;
+    if (!kind) { /* structured_outputs: one of its keys */
+        static const char *const keys[] = {"json", "regex", "choice", "grammar"};
+        const json_t *so = v;
+        if (!json_is_object(so)) return bad_type(e, field, so, "an object");
+        v = NULL;
+        for (size_t i = 0; i < 4; i++) {
+            const json_t *x = json_object_get(so, keys[i]);
+            if (!x || json_is_null(x)) continue;
+            if (v) return srv_fail(e, 400, field, "invalid_value", "structured_outputs takes one of json, regex, choice, grammar");
+            v = x, kind = keys[i];
+        }
+        if (!v) return srv_fail(e, 400, field, "invalid_value", "structured_outputs needs json, regex, choice or grammar");
+    }
+    g4_error err = {0};
+    int rc;
+    if (!strcmp(kind, "json")) { /* a schema object, or its JSON text (vLLM takes both) */
+        char *text = json_is_string(v) ? strdup(json_string_value(v)) : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!text) return oom(e);
+        rc = g4_grammar_json_schema(text, &r->grammar, &err);
+        free(text);
+    } else if (!strcmp(kind, "choice")) {
+        if (!json_is_array(v) || !json_array_size(v) || json_array_size(v) > 4096)
+            return bad_type(e, field, v, "an array of 1 to 4096 strings");
+        const char **list = calloc(json_array_size(v), sizeof *list);
+        if (!list) return oom(e);
+        size_t i;
+        const json_t *x;
+        json_array_foreach(v, i, x) list[i] = json_string_value(x);
+        rc = 0;
+        for (i = 0; i < json_array_size(v) && !rc; i++)
+            if (!list[i]) rc = bad_type(e, field, json_array_get(v, i), "a string");
+        if (!rc) rc = g4_grammar_choice(list, (int)json_array_size(v), &r->grammar, &err);
+        free(list);
+        if (rc && !err.msg[0]) return -1;
+    } else {
+        if (!json_is_string(v)) return bad_type(e, field, v, "a string");
+        rc = !strcmp(kind, "regex") ? g4_grammar_regex(json_string_value(v), &r->grammar, &err)
+                                    : g4_grammar_gbnf(json_string_value(v), &r->grammar, &err);
+    }
+    return rc ? srv_fail(e, 400, field, "invalid_value", "%s", err.msg) : 0;
+}
+
 static int parse_chat(const json_t *in, const srv_limits *lim, int tool_role, srv_request *r, srv_error *e) {
     if (!(r->chat = json_object())) return oom(e);
     if (convert_messages(in, lim, tool_role, r, e) || parse_tools(in, r->chat, r, e)) return -1;
@@ -675,6 +738,7 @@ static int parse_chat(const json_t *in, const srv_limits *lim, int tool_role, sr
         } else if (strcmp(type, "text"))
             return srv_fail(e, 400, "response_format", "invalid_value", "response_format type '%.40s' is unknown", type);
     }
+    if (parse_constraints(in, r, e)) return -1;
     const json_t *mod = json_object_get(in, "modalities");
     size_t i;
     const json_t *v;
@@ -746,7 +810,7 @@ static int parse_completion(const json_t *in, const srv_limits *lim, srv_request
     const json_t *suffix = json_object_get(in, "suffix");
     if (suffix && !json_is_null(suffix) && !(json_is_string(suffix) && json_string_length(suffix) == 0))
         return srv_fail(e, 400, "suffix", "unsupported_value", "'suffix' is not supported");
-    return 0;
+    return parse_constraints(in, r, e);
 }
 
 static int parse_embedding(const json_t *in, const srv_limits *lim, srv_request *r, srv_error *e) {

@@ -1,13 +1,15 @@
 #!/usr/bin/python3
 """Checks tests/test_grammar.c's verdicts and outputs with Python's jsonschema (an independent validator).
 
-argv[1]: JSON lines {"schema": S, "doc": D, "valid": bool[, "unparsable": true]}: the grammar's verdict on D
+argv[1]: JSON lines {"schema": S, "doc": D, "valid": bool[, "unparsable": true]} (or {"regex": R, ...}: a whole-output
+regular expression, judged by re.fullmatch): the grammar's verdict on D
 (accepted whole or not) must be jsonschema's (an unparsable D is invalid), but for "reordered": true, a document
 jsonschema accepts and the grammar refuses for its properties' order or a needless escape.
 argv[2]: JSON lines of generations: {"schema": text, "text": output, "finished": bool}: a finished output must be
 a document the schema accepts; {"schema_json": S, "doc": D, "finished": true}: tool-call arguments D must follow S.
 """
 import json
+import re
 import sys
 
 import jsonschema
@@ -30,6 +32,12 @@ def main():
         for line in f:
             c = json.loads(line)
             n_cases += 1
+            if "regex" in c:  # a whole-output regular expression: Python's re.fullmatch
+                want = re.fullmatch(c["regex"], c["doc"]) is not None
+                if want != c["valid"]:
+                    print(f"re.fullmatch says {want}, the grammar {c['valid']}: {c['regex']!r} / {c['doc']!r}")
+                    bad += 1
+                continue
             want = False if c.get("unparsable") else valid(c["schema"], c["doc"])
             if c.get("reordered"):  # JSON Schema takes it; the grammar keeps the schema's order, JSON's plain form
                 want = not want

@@ -277,6 +277,23 @@ await step('response_format json_schema and forced tool calls', async () => {
   }
 });
 
+await step('llama.cpp and vLLM constraints: grammar, guided_choice, guided_regex', async () => {
+  const c = await client.completions.create({
+    model, prompt: 'War and', max_tokens: 12, seed: 3, grammar: 'root ::= ("war" | "peace") " and " ("war" | "peace")',
+  });
+  check(/^(war|peace) and (war|peace)$/.test(c.choices[0].text) && c.choices[0].finish_reason === 'stop',
+    `completions with a GBNF grammar: ${JSON.stringify(c.choices[0].text)} (${c.choices[0].finish_reason})`);
+  const r = await client.chat.completions.create({
+    model, seed: 4, max_tokens: 8, guided_choice: ['yes', 'no'], messages: [{ role: 'user', content: 'Is Pierre rich?' }],
+  });
+  check(['yes', 'no'].includes(r.choices[0].message.content) && r.choices[0].finish_reason === 'stop',
+    `chat with guided_choice: ${JSON.stringify(r.choices[0].message.content)}`);
+  const x = await client.chat.completions.create({
+    model, seed: 5, max_tokens: 12, guided_regex: '18[0-9]{2}', messages: [{ role: 'user', content: 'When?' }],
+  });
+  check(/^18[0-9]{2}$/.test(x.choices[0].message.content), `chat with guided_regex: ${JSON.stringify(x.choices[0].message.content)}`);
+});
+
 await step('tool messages (release template: tool_responses)', async () => {
   const call = { id: 'call_1', type: 'function', function: { name: 'lookup', arguments: '{"who":"Pierre"}' } };
   const tools = [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object', properties: { who: { type: 'string' } } } } }];
