@@ -1,5 +1,6 @@
-/* Grammars of constrained decoding (src/engine/json_schema.c, grammar.c) from hostile specs.  Input: byte 0 picks
- * JSON Schema (even) or tools (odd, bit 1: a named function "f", bit 2: one call), bit 3 a thinking channel first; the rest up to a NUL byte is the
+/* Grammars of constrained decoding (src/engine/json_schema.c, gbnf.c, grammar.c) from hostile specs.  Input: byte 0
+ * picks the spec's kind (bits 0-1: JSON Schema, tools, GBNF, a regular expression; for tools bit 2 names the function
+ * "f", bit 3 allows one call) and bit 4 a thinking channel first; the rest up to a NUL byte is the
  * spec, what follows the output fed to the grammar (bytes, and byte 0x01 as the next special token the grammar
  * may take).  A spec compiles or fails with a one-line message; output is read or refused, never a crash. */
 #include "engine/grammar.h"
@@ -33,15 +34,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     spec[spec_len] = 0;
     g4_grammar *g = NULL;
     g4_error err = {{0}};
-    int rc = mode & 1 ? g4_grammar_tool_calls(spec, mode & 2 ? "f" : NULL, mode & 4 ? 1 : 0, &g, &err)
-                      : g4_grammar_json_schema(spec, &g, &err);
+    int rc;
+    switch (mode & 3) {
+    case 0: rc = g4_grammar_json_schema(spec, &g, &err); break;
+    case 1: rc = g4_grammar_tool_calls(spec, mode & 4 ? "f" : NULL, mode & 8 ? 1 : 0, &g, &err); break;
+    case 2: rc = g4_grammar_gbnf(spec, &g, &err); break;
+    default: rc = g4_grammar_regex(spec, &g, &err); break;
+    }
     fuzz_expect_error(rc, &err);
     free(spec);
     if (rc) return 0;
     fuzz_expect(g != NULL);
     g4_gr_match *m;
     const int32_t eos = 1;
-    if (g4_gr_match_new(g, tokens, tok, &eos, 1, mode >> 3 & 1, &m, &err)) {
+    if (g4_gr_match_new(g, tokens, tok, &eos, 1, mode >> 4 & 1, &m, &err)) {
         fuzz_expect_error(-1, &err);
         g4_grammar_free(g);
         return 0;

@@ -266,7 +266,10 @@ def main():
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "n": {"type": "integer"}}, "required": ["city"]}}}]
     c.add("grammar", bytes([3]) + json.dumps(tools).encode("utf-8") + b"\0\x01call:f{city:\x01Paris\x01,n:3}\x01")
-    c.add("grammar", bytes([0]) + b'{"type":"object"}\0' + docs[3])
+    c.add("grammar", bytes([16]) + b'{"type":"object"}\0\x01\x01\x01\x01thought\x01{}')
+    c.add("grammar", bytes([2]) + b'root ::= greeting " " [A-Z] [a-z]{1,8} ("!" | <|tool_call>)?\n'
+          b'greeting ::= "Hi" | "Hello"  # comment\n\0Hello Pierre!')
+    c.add("grammar", bytes([3]) + "^(?:[α-ω]+|\\d{2,4})\\s?[^a-z]*$".encode("utf-8") + b"\0" + "αβ 12".encode("utf-8"))
 
     for h in sorted(c.count):
         print("%-18s %4d seeds" % (h, c.count[h]))
