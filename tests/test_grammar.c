@@ -3,8 +3,8 @@
  *   breaks one (jansson, an independent parser, agrees on each document);
  * - JSON Schema grammars accept documents and refuse others, each case's verdict checked by Python's jsonschema
  *   (an independent validator) in tests/data/json_schema_check.py; bad schemas are one-line errors;
- * - the masks of the byte-ordered token walk equal each token's bytes fed alone, along a tokenized document
- *   (the masks kept by state included);
+ * - the masks of the byte-ordered token walk (over interned sets, and over the sets themselves) equal each
+ *   token's bytes fed alone, along a tokenized document (the masks kept by state included);
  * - on the example model, sampled generations under schemas and tool-call grammars give documents jsonschema
  *   accepts (or, cut by max_new_tokens, prefixes), tool calls the chat parser reads with valid arguments. */
 #include <jansson.h>
@@ -364,6 +364,15 @@ static void test_masks(void) {
                     printf("step %zu: token %d (%.*s) mask %g, alone %d\n", i, id, n > 0 ? n : 0, buf, logits[id], may);
                 }
             }
+            /* the walk over the interned sets against the plain one (text tokens) */
+            float *plain = calloc((size_t)V, sizeof *plain);
+            if (plain) g4_gr_match_mask_sets(m, plain);
+            for (int id = 0; plain && id < V && same; id++)
+                if (!g4_tokenizer_is_special(tok, id) && id != 1 && plain[id] != logits[id]) {
+                    same = 0;
+                    printf("step %zu: token %d: interned walk %g, plain walk %g\n", i, id, logits[id], plain[id]);
+                }
+            free(plain);
             steps++;
             same_steps += same;
         }

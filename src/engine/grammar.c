@@ -688,6 +688,19 @@ int g4_gr_tokens_new(const g4_tokenizer *tok, int vocab_size, g4_gr_tokens **out
 /* ------------------------------------------------------------------ matching */
 
 #define GR_MASKS 32 /* masks kept by state, least recently used out */
+#define GR_STATES 4096 /* sets a match interns for its mask walks (then it starts over) */
+
+/* The sets the mask walks meet, interned, with their transitions by byte: a walk reads a million bytes of tokens
+ * but meets few sets (a string's characters lead back to the set they left), so most of its steps are a lookup. */
+typedef struct gr_states {
+    uint32_t *words;      /* the sets' words, one after another */
+    size_t n_words, cap_words;
+    size_t *off;          /* [n + 1] where each set starts in words */
+    int32_t (**next)[256]; /* [n] each set's transitions: a set, GR_UNKNOWN or GR_DEAD */
+    int n, cap;
+    int *slot;            /* [GR_STATES * 2] open addressing: 1 + a set, 0 empty */
+} gr_states;
+enum { GR_UNKNOWN = -1, GR_DEAD = -2 };
 
 struct g4_gr_match {
     const g4_grammar *g;
@@ -702,6 +715,8 @@ struct g4_gr_match {
     uint64_t *bits;  /* [GR_MASKS][words] */
     gr_state key[GR_MASKS];
     uint64_t used[GR_MASKS], clock;
+    gr_states st;
+    int32_t *lv;     /* [max_len + 1] the interned sets after each byte of the token being read */
 };
 
 void g4_gr_match_free(g4_gr_match *m) {
@@ -717,6 +732,12 @@ void g4_gr_match_free(g4_gr_match *m) {
     free(m->wk.w);
     free(m->bits);
     for (int i = 0; i < GR_MASKS; i++) state_free(&m->key[i]);
+    for (int i = 0; i < m->st.n; i++) free(m->st.next[i]);
+    free(m->st.next);
+    free(m->st.words);
+    free(m->st.off);
+    free(m->st.slot);
+    free(m->lv);
     free(m);
 }
 
@@ -732,8 +753,12 @@ int g4_gr_match_new(const g4_grammar *g, const g4_gr_tokens *t, const g4_tokeniz
     m->special_ids = malloc((size_t)(g->n_specials + 1) * sizeof *m->special_ids);
     m->end_ids = malloc((size_t)(n_end_ids + 1) * sizeof *m->end_ids);
     m->level = calloc((size_t)t->max_len + 1, sizeof *m->level);
+    m->lv = malloc(((size_t)t->max_len + 1) * sizeof *m->lv);
     m->bits = malloc(GR_MASKS * m->words * sizeof *m->bits);
-    if (!m->special_ids || !m->end_ids || !m->level || !m->bits) {
+    m->st.slot = calloc(2 * GR_STATES, sizeof *m->st.slot);
+    m->st.off = malloc((GR_STATES + 1) * sizeof *m->st.off);
+    m->st.next = calloc(GR_STATES, sizeof *m->st.next);
+    if (!m->special_ids || !m->end_ids || !m->level || !m->lv || !m->bits || !m->st.slot || !m->st.off || !m->st.next) {
         g4_gr_match_free(m);
         return g4_fail(err, "out of memory");
     }
@@ -818,13 +843,105 @@ static int same_state(const gr_state *a, const gr_state *b) {
     return a->n == b->n && !memcmp(a->w, b->w, (size_t)a->n * sizeof *a->w);
 }
 
-/* Bit id of bits: the token may come next in state m->cur. */
-static void compute_mask(g4_gr_match *m, uint64_t *bits) {
+static uint64_t hash_words(const uint32_t *w, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++) h = (h ^ w[i]) * 1099511628211ull;
+    return h;
+}
+
+static void states_clear(gr_states *st) {
+    for (int i = 0; i < st->n; i++) free(st->next[i]);
+    st->n = 0;
+    st->n_words = 0;
+    memset(st->slot, 0, 2 * GR_STATES * sizeof *st->slot);
+}
+
+/* The interned id of canonical set s (added when new); -1 when the table is full or memory is out. */
+static int states_id(gr_states *st, const gr_state *s) {
+    const uint64_t h = hash_words(s->w, s->n);
+    size_t k = (size_t)(h % (2 * GR_STATES));
+    for (;; k = (k + 1) % (2 * GR_STATES)) {
+        const int id = st->slot[k] - 1;
+        if (id < 0) break;
+        const size_t n = st->off[id + 1] - st->off[id];
+        if (n == (size_t)s->n && !memcmp(st->words + st->off[id], s->w, n * sizeof *s->w)) return id;
+    }
+    if (st->n == GR_STATES) return -1;
+    if (st->n_words + (size_t)s->n > st->cap_words) {
+        size_t cap = st->cap_words ? st->cap_words * 2 : 4096;
+        while (cap < st->n_words + (size_t)s->n) cap *= 2;
+        uint32_t *w = realloc(st->words, cap * sizeof *w);
+        if (!w) return -1;
+        st->words = w;
+        st->cap_words = cap;
+    }
+    if (!(st->next[st->n] = malloc(sizeof *st->next[st->n]))) return -1;
+    for (int b = 0; b < 256; b++) (*st->next[st->n])[b] = GR_UNKNOWN;
+    st->off[st->n] = st->n_words;
+    memcpy(st->words + st->n_words, s->w, (size_t)s->n * sizeof *s->w);
+    st->n_words += (size_t)s->n;
+    st->off[st->n + 1] = st->n_words;
+    st->slot[k] = st->n + 1;
+    return st->n++;
+}
+
+/* The set after reading byte b in interned set id: GR_DEAD, a set, or -1 when the table is full. */
+static int32_t states_next(g4_gr_match *m, int32_t id, unsigned b) {
+    gr_states *st = &m->st;
+    int32_t nx = (*st->next[id])[b];
+    if (nx != GR_UNKNOWN) return nx;
+    gr_state from = {st->words + st->off[id], (int)(st->off[id + 1] - st->off[id]), 0, 0, 0};
+    for (int at = 0; at < from.n; at += (int)from.w[at] + 1) from.count++;
+    state_read(m->g, &m->wk, &from, b, &m->next);
+    if (m->next.failed) return -1;
+    if (!m->next.count) {
+        nx = GR_DEAD;
+    } else {
+        if (state_canonical(&m->next, &m->tmp)) return -1;
+        nx = states_id(st, &m->next); /* (st->words may move: from is not read again) */
+        if (nx < 0) return -1;
+    }
+    (*st->next[id])[b] = nx;
+    return nx;
+}
+
+/* The walk over the tokens in byte order from m->cur, through the interned sets; -1 when the table filled up. */
+static int walk_interned(g4_gr_match *m, uint64_t *bits) {
     const g4_gr_tokens *t = m->t;
-    memset(bits, 0, m->words * sizeof *bits);
-    state_copy(&m->level[0], &m->cur);
-    int valid = 0; /* level[0..valid] belong to the prefix being read */
+    if ((m->lv[0] = states_id(&m->st, &m->cur)) < 0) return -1;
+    int valid = 0; /* lv[0..valid] belong to the prefix being read */
     int dead = -1; /* the last token failed at this byte: the ones sharing its bytes up to there fail too */
+    for (int i = 0; i < t->n; i++) {
+        const int32_t id = t->order[i];
+        const int l = t->lcp[i];
+        if (dead >= 0 && l > dead) continue;
+        dead = -1;
+        if (valid > l) valid = l;
+        const unsigned char *b = (const unsigned char *)t->bytes + t->off[id];
+        const int len = (int)(t->off[id + 1] - t->off[id]);
+        int d = valid;
+        for (; d < len; d++) {
+            const int32_t nx = states_next(m, m->lv[d], b[d]);
+            if (nx == -1) return -1;
+            if (nx == GR_DEAD) break;
+            m->lv[d + 1] = nx;
+        }
+        if (d < len) {
+            dead = d;
+            valid = d;
+            continue;
+        }
+        valid = len;
+        bits[id >> 6] |= 1ull << (id & 63);
+    }
+    return 0;
+}
+
+/* The same walk reading the sets themselves (where the interned ones do not fit the table). */
+static void walk_sets(g4_gr_match *m, uint64_t *bits) {
+    const g4_gr_tokens *t = m->t;
+    state_copy(&m->level[0], &m->cur);
+    int valid = 0, dead = -1;
     for (int i = 0; i < t->n; i++) {
         const int32_t id = t->order[i];
         const int l = t->lcp[i];
@@ -845,6 +962,17 @@ static void compute_mask(g4_gr_match *m, uint64_t *bits) {
         }
         valid = len;
         bits[id >> 6] |= 1ull << (id & 63);
+    }
+}
+
+/* Bit id of bits: the token may come next in state m->cur. */
+static void compute_mask(g4_gr_match *m, uint64_t *bits) {
+    memset(bits, 0, m->words * sizeof *bits);
+    if (m->st.n > GR_STATES / 2) states_clear(&m->st); /* room for this walk */
+    if (walk_interned(m, bits)) {
+        states_clear(&m->st);
+        memset(bits, 0, m->words * sizeof *bits);
+        walk_sets(m, bits);
     }
     for (int at = 0; at < m->cur.n; at += (int)m->cur.w[at] + 1) {
         const int len = (int)m->cur.w[at];
@@ -879,4 +1007,13 @@ void g4_gr_match_mask(g4_gr_match *m, float *logits) {
     m->used[slot] = ++m->clock;
     for (int id = 0; id < m->t->V; id++)
         if (!(bits[id >> 6] >> (id & 63) & 1)) logits[id] = -INFINITY;
+}
+
+void g4_gr_match_mask_sets(g4_gr_match *m, float *logits) {
+    uint64_t *bits = calloc(m->words, sizeof *bits);
+    if (!bits) return;
+    walk_sets(m, bits);
+    for (int id = 0; id < m->t->V; id++)
+        if (!(bits[id >> 6] >> (id & 63) & 1)) logits[id] = -INFINITY;
+    free(bits);
 }

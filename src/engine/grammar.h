@@ -95,6 +95,9 @@ int g4_gr_match_new(const g4_grammar *g, const g4_gr_tokens *t, const g4_tokeniz
 void g4_gr_match_free(g4_gr_match *m);
 /* Sets logits[id] = -INFINITY for every token that cannot come next. */
 void g4_gr_match_mask(g4_gr_match *m, float *logits);
+/* The same mask by the plain walk over the sets, without the interned sets or the masks kept (for tests; the
+ * special tokens and end ids are left to g4_gr_match_mask). */
+void g4_gr_match_mask_sets(g4_gr_match *m, float *logits);
 /* Advances by token id: 0, or -1 when it cannot come next (the state is then unchanged). An end id is
  * taken where the grammar has read a whole sentence. */
 int g4_gr_match_accept(g4_gr_match *m, int32_t id);
