@@ -132,16 +132,20 @@ _gen_tokens = _fn("g4_generation_tokens", P(c_int32), c_void_p, P(c_int))
 _gen_message = _fn("g4_generation_message", c_int, c_void_p, P(_ChatMessage), E)
 _gen_free = _fn("g4_generation_free", None, c_void_p)
 _grammar_json_schema = _fn("g4_grammar_json_schema", c_int, c_char_p, P(c_void_p), E)
+_grammar_gbnf = _fn("g4_grammar_gbnf", c_int, c_char_p, P(c_void_p), E)
 _grammar_free = _fn("g4_grammar_free", None, c_void_p)
 
 
 class _Grammar:
-    """A grammar of the library (g4_grammar), freed with the object."""
+    """A grammar of the library (g4_grammar), freed with the object: a JSON Schema (a dict) or GBNF text."""
 
-    def __init__(self, schema):
+    def __init__(self, schema=None, gbnf=None):
         self.ptr, err = c_void_p(), _Error()
-        _check(_grammar_json_schema(json.dumps(schema).encode("utf-8"), ctypes.byref(self.ptr), ctypes.byref(err)),
-               err)
+        if gbnf is not None:
+            _check(_grammar_gbnf(gbnf.encode("utf-8"), ctypes.byref(self.ptr), ctypes.byref(err)), err)
+        else:
+            _check(_grammar_json_schema(json.dumps(schema).encode("utf-8"), ctypes.byref(self.ptr),
+                                        ctypes.byref(err)), err)
 
     def __del__(self):
         if _grammar_free and self.ptr:
@@ -321,7 +325,9 @@ class Model:
 
     # ------------------------------------------------------------ generation
     def _params(self, max_tokens, stop, ignore_eos, sampling):
-        schema = sampling.pop("json_schema", None)
+        schema, gbnf = sampling.pop("json_schema", None), sampling.pop("grammar", None)
+        if schema is not None and gbnf is not None:
+            raise TypeError("json_schema and grammar: give one")
         sp = _SamplerParams()
         _model_sampler_params(self._model, ctypes.byref(sp))
         keep = [sp]
@@ -342,8 +348,8 @@ class Model:
             stops = (c_char_p * len(stop))(*[s.encode("utf-8") for s in stop])
             gp.stop_strings, gp.n_stop_strings = stops, len(stop)
             keep.append(stops)
-        if schema is not None:  # the output is a document of this JSON Schema (g4_grammar_json_schema)
-            grammar = _Grammar(schema)
+        if schema is not None or gbnf is not None:  # g4_grammar_json_schema / g4_grammar_gbnf
+            grammar = _Grammar(schema, gbnf)
             gp.grammar = grammar.ptr
             keep.append(grammar)
         keep.append(gp)
@@ -369,7 +375,8 @@ class Model:
     def generate(self, prompt, *, max_tokens=None, stream=False, stop=None, ignore_eos=False, **sampling):
         """Continues prompt (text, which gets BOS, or token ids). Returns the generated text, or
         with stream=True a Stream of text pieces (its .reply has the ids and the finish reason).
-        json_schema=SCHEMA (a dict) makes the output a JSON document of that schema."""
+        json_schema=SCHEMA (a dict) makes the output a JSON document of that schema, grammar=TEXT a sentence of
+        that GBNF grammar (llama.cpp's notation)."""
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         arr, n = _ids_array(ids)
         gp, keep = self._params(max_tokens, stop, ignore_eos, sampling)

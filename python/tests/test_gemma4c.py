@@ -65,6 +65,8 @@ def main():
     doc = m.generate(ref["prompt"], max_tokens=40, json_schema=schema, temperature=1, seed=3)
     check(doc.startswith("{") and '"n"' in doc and (not doc.endswith("}") or 1 <= json.loads(doc)["n"] <= 9),
           "json_schema: the output follows the schema (%r)" % doc)
+    said = m.generate(ref["prompt"], max_tokens=8, grammar='root ::= ("war" | "peace") "."', temperature=1, seed=4)
+    check(said in ("war.", "peace."), "grammar: the output is a sentence of the GBNF grammar (%r)" % said)
 
     msgs = [{"role": "user", "content": ref["chat_user"]}]
     reply = m.chat(msgs, temperature=0, max_tokens=48)
@@ -133,7 +135,8 @@ def main():
                        ("a projector beside a folder (g4_load_params.mmproj)",
                         lambda: gemma4c.Model(fixture, mmproj="/does/not/exist/mmproj.gguf")),
                        ("a bad sampling value", lambda: m.generate("x", top_p=2.0)),
-                       ("an unsupported schema keyword", lambda: m.generate("x", json_schema={"pattern": "a"}))]:
+                       ("an unsupported schema keyword", lambda: m.generate("x", json_schema={"pattern": "a"})),
+                       ("an undefined GBNF rule", lambda: m.generate("x", grammar="root ::= nothing"))]:
         try:
             call()
             check(False, "%s raises gemma4c.Error" % what)
