@@ -22,6 +22,14 @@ static g4_tokenizer *tok;
 static g4_gr_tokens *tokens;
 static FILE *cases; /* JSON lines for json_schema_check.py: {"schema", "doc", "valid"} */
 
+/* Writes one JSON line and releases it. */
+static void put_line(FILE *f, json_t *line) {
+    char *t = json_dumps(line, JSON_COMPACT);
+    if (t) fprintf(f, "%s\n", t);
+    free(t);
+    json_decref(line);
+}
+
 static g4_gr_match *match_think(const g4_grammar *g, int thinking) {
     g4_gr_match *m;
     g4_error err;
@@ -130,10 +138,7 @@ static void schema_case(const char *schema, const char *const *docs, int n_docs,
                                  i < n_valid);
         if (!doc) json_object_set_new(line, "unparsable", json_true());
         if (i >= n_valid && i < n_valid + n_reordered) json_object_set_new(line, "reordered", json_true());
-        char *t = json_dumps(line, JSON_COMPACT);
-        fprintf(cases, "%s\n", t);
-        free(t);
-        json_decref(line);
+        put_line(cases, line);
     }
     json_decref(js);
     g4_grammar_free(g);
@@ -311,10 +316,7 @@ static void test_text_grammars(void) {
             const size_t n = accepted(g, rx[i].docs[k], &done);
             json_t *line = json_pack("{s:s,s:s,s:b}", "regex", rx[i].regex, "doc", rx[i].docs[k], "valid",
                                      n == strlen(rx[i].docs[k]) && done);
-            char *t = json_dumps(line, JSON_COMPACT);
-            fprintf(cases, "%s\n", t);
-            free(t);
-            json_decref(line);
+            put_line(cases, line);
         }
         g4_grammar_free(g);
     }
@@ -424,6 +426,32 @@ static void test_tool_grammar(void) {
     CHECK(g4_grammar_tool_calls(tools_json, "later", 0, &g, &err) && strstr(err.msg, "later"));
 }
 
+/* A chat reply under grammar g (request_json: the chat's tools, or NULL), greedy for k 0 else sampled with seed:
+ * 1 when it finished (STOP), 0 when cut, -1 on an error (checked here); *msg is the reply. */
+static int reply(g4_model *model, g4_context *ctx, const char *request_json, const char *user, const g4_grammar *g,
+                 int k, uint64_t seed, int max_new, g4_chat_message *msg) {
+    g4_error err;
+    g4_chat *chat;
+    if (g4_chat_new(g4_model_chat_template(model), request_json, &chat, &err) ||
+        g4_chat_add(chat, "user", user, &err)) {
+        CHECKF(0, "%s", err.msg);
+        return -1;
+    }
+    g4_sampler_params sp;
+    g4_sampler_params_default(&sp);
+    sp.temperature = k == 0 ? 0.0f : 1.0f;
+    sp.seed = seed;
+    g4_generation_params gp = {.max_new_tokens = max_new, .sampling = &sp, .grammar = g};
+    g4_generation *gen = NULL;
+    int rc = g4_chat_start(chat, ctx, 0, &gp, &gen, &err) || g4_generation_run(gen, NULL, NULL, &err) ||
+             g4_generation_message(gen, msg, &err);
+    CHECKF(!rc, "%s", err.msg);
+    rc = rc ? -1 : g4_generation_finish(gen) == G4_FINISH_STOP;
+    g4_generation_free(gen);
+    g4_chat_free(chat);
+    return rc;
+}
+
 /* Generations on the example model: each finished output is checked by jsonschema afterwards. */
 static void test_generation(FILE *outs) {
     char dir[4096], cmd[9000];
@@ -458,34 +486,14 @@ static void test_generation(FILE *outs) {
     for (size_t s = 0; s < sizeof schemas / sizeof schemas[0]; s++) {
         g4_grammar *g = schema_grammar(schemas[s]);
         for (int k = 0; g && k < runs; k++) {
-            g4_chat *chat;
-            CHECK(g4_chat_new(g4_model_chat_template(model), NULL, &chat, &err) == 0 &&
-                  g4_chat_add(chat, "user", "Describe Pierre in JSON.", &err) == 0);
-            g4_sampler_params sp;
-            g4_sampler_params_default(&sp);
-            sp.temperature = k == 0 ? 0.0f : 1.0f;
-            sp.seed = (uint64_t)k;
-            g4_generation_params gp = {.max_new_tokens = max_new, .sampling = &sp, .grammar = g};
-            g4_generation *gen;
-            if (g4_chat_start(chat, ctx, 0, &gp, &gen, &err)) {
-                CHECKF(0, "%s", err.msg);
-                g4_chat_free(chat);
-                continue;
-            }
-            CHECKF(g4_generation_run(gen, NULL, NULL, &err) == 0, "%s", err.msg);
             g4_chat_message msg;
-            CHECK(g4_generation_message(gen, &msg, &err) == 0);
-            const int stopped = g4_generation_finish(gen) == G4_FINISH_STOP;
+            const int stopped = reply(model, ctx, NULL, "Describe Pierre in JSON.", g, k, (uint64_t)k, max_new, &msg);
+            if (stopped < 0) continue;
             finished += stopped;
             total++;
             json_t *line = json_pack("{s:s,s:s,s:b}", "schema", schemas[s], "text", msg.content, "finished", stopped);
-            char *t = json_dumps(line, JSON_COMPACT);
-            fprintf(outs, "%s\n", t);
-            free(t);
-            json_decref(line);
+            put_line(outs, line);
             g4_chat_message_free(&msg);
-            g4_generation_free(gen);
-            g4_chat_free(chat);
         }
         g4_grammar_free(g);
     }
@@ -495,27 +503,12 @@ static void test_generation(FILE *outs) {
     for (int k = 0; k < runs + 1; k++) {
         g4_grammar *g;
         CHECK(g4_grammar_tool_calls(tools_json, k == 1 ? "get_weather" : NULL, k == 1 ? 1 : 2, &g, &err) == 0);
-        g4_chat *chat;
         char req[2048];
         snprintf(req, sizeof req, "{\"tools\": %s}", tools_json);
-        CHECK(g4_chat_new(g4_model_chat_template(model), req, &chat, &err) == 0 &&
-              g4_chat_add(chat, "user", "What is the weather in Moscow?", &err) == 0);
-        g4_sampler_params sp;
-        g4_sampler_params_default(&sp);
-        sp.temperature = k == 0 ? 0.0f : 1.0f;
-        sp.seed = (uint64_t)k + 10;
-        g4_generation_params gp = {.max_new_tokens = max_new, .sampling = &sp, .grammar = g};
-        g4_generation *gen;
-        if (g4_chat_start(chat, ctx, 0, &gp, &gen, &err)) {
-            CHECKF(0, "%s", err.msg);
-            g4_chat_free(chat);
-            g4_grammar_free(g);
-            continue;
-        }
-        CHECKF(g4_generation_run(gen, NULL, NULL, &err) == 0, "%s", err.msg);
         g4_chat_message msg;
-        CHECK(g4_generation_message(gen, &msg, &err) == 0);
-        const int stopped = g4_generation_finish(gen) == G4_FINISH_STOP;
+        const int stopped = reply(model, ctx, req, "What is the weather in Moscow?", g, k, (uint64_t)k + 10, max_new, &msg);
+        g4_grammar_free(g);
+        if (stopped < 0) continue;
         finished += stopped;
         total++;
         CHECKF(!stopped || msg.n_tool_calls >= 1, "a finished tool-call output holds %d calls", msg.n_tool_calls);
@@ -536,17 +529,11 @@ static void test_generation(FILE *outs) {
             json_t *line = json_pack("{s:O,s:O,s:b}", "schema_json", params ? params : none, "doc",
                                      json_object_get(call, "arguments"), "finished", 1);
             json_decref(none);
-            char *txt = json_dumps(line, JSON_COMPACT);
-            fprintf(outs, "%s\n", txt);
-            free(txt);
-            json_decref(line);
+            put_line(outs, line);
             json_decref(call);
         }
         json_decref(calls);
         g4_chat_message_free(&msg);
-        g4_generation_free(gen);
-        g4_chat_free(chat);
-        g4_grammar_free(g);
     }
     json_decref(tools);
     printf("grammar: %d of %d generations finished within %d tokens\n", finished, total, max_new);

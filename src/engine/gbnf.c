@@ -65,16 +65,7 @@ static int gb_rule(gb *b, const char *name, size_t len, int define) {
     return (int)json_integer_value(json_object_get(e, "rule"));
 }
 
-static uint32_t gb_utf8(gb *b) {
-    const unsigned char *p = (const unsigned char *)b->p;
-    uint32_t cp = p[0];
-    int n = cp < 0x80 ? 1 : cp < 0xe0 ? 2 : cp < 0xf0 ? 3 : 4;
-    if (b->p + n > b->end) n = 1;
-    if (n > 1) cp &= 0x3f >> (n - 1);
-    for (int i = 1; i < n; i++) cp = cp << 6 | (p[i] & 63);
-    b->p += n;
-    return cp;
-}
+static uint32_t gb_utf8(gb *b) { return gr_utf8_next(&b->p, b->end); }
 
 /* A character of a literal or class, escapes read. */
 static int gb_char(gb *b, uint32_t *cp) {

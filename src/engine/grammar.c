@@ -173,6 +173,17 @@ void gr_class_free(gr_class *c) {
     memset(c, 0, sizeof *c);
 }
 
+uint32_t gr_utf8_next(const char **p, const char *end) {
+    const unsigned char *u = (const unsigned char *)*p;
+    uint32_t cp = u[0];
+    int n = cp < 0x80 ? 1 : cp < 0xe0 ? 2 : cp < 0xf0 ? 3 : 4;
+    if (*p + n > end) n = 1;
+    if (n > 1) cp &= 0x3f >> (n - 1);
+    for (int i = 1; i < n; i++) cp = cp << 6 | (u[i] & 63);
+    *p += n;
+    return cp;
+}
+
 void gr_seq_cp(g4_grammar *g, gr_seq *s, uint32_t cp) {
     char u[4];
     int n = 0;
@@ -905,11 +916,26 @@ static int32_t states_next(g4_gr_match *m, int32_t id, unsigned b) {
     return nx;
 }
 
-/* The walk over the tokens in byte order from m->cur, through the interned sets; -1 when the table filled up. */
-static int walk_interned(g4_gr_match *m, uint64_t *bits) {
+/* One byte of the walk: level d to d + 1. 1, 0 when the byte is refused, -1 when the interned table is full. */
+typedef int (*walk_step)(g4_gr_match *m, int d, unsigned b);
+
+static int step_interned(g4_gr_match *m, int d, unsigned b) {
+    const int32_t nx = states_next(m, m->lv[d], b);
+    if (nx == -1 || nx == GR_DEAD) return nx == -1 ? -1 : 0;
+    m->lv[d + 1] = nx;
+    return 1;
+}
+
+static int step_sets(g4_gr_match *m, int d, unsigned b) {
+    state_read(m->g, &m->wk, &m->level[d], b, &m->level[d + 1]);
+    return m->level[d + 1].count > 0;
+}
+
+/* The walk over the tokens in byte order from level 0 (m->cur): a prefix shared by tokens is read once, and a
+ * refused prefix refuses every token that starts with it. -1 when a step says so. */
+static int walk(g4_gr_match *m, uint64_t *bits, walk_step step) {
     const g4_gr_tokens *t = m->t;
-    if ((m->lv[0] = states_id(&m->st, &m->cur)) < 0) return -1;
-    int valid = 0; /* lv[0..valid] belong to the prefix being read */
+    int valid = 0; /* levels 0..valid belong to the prefix being read */
     int dead = -1; /* the last token failed at this byte: the ones sharing its bytes up to there fail too */
     for (int i = 0; i < t->n; i++) {
         const int32_t id = t->order[i];
@@ -919,16 +945,11 @@ static int walk_interned(g4_gr_match *m, uint64_t *bits) {
         if (valid > l) valid = l;
         const unsigned char *b = (const unsigned char *)t->bytes + t->off[id];
         const int len = (int)(t->off[id + 1] - t->off[id]);
-        int d = valid;
-        for (; d < len; d++) {
-            const int32_t nx = states_next(m, m->lv[d], b[d]);
-            if (nx == -1) return -1;
-            if (nx == GR_DEAD) break;
-            m->lv[d + 1] = nx;
-        }
+        int d = valid, r = 1;
+        for (; d < len && (r = step(m, d, b[d])) == 1; d++) {}
+        if (r < 0) return -1;
         if (d < len) {
-            dead = d;
-            valid = d;
+            dead = valid = d;
             continue;
         }
         valid = len;
@@ -937,39 +958,16 @@ static int walk_interned(g4_gr_match *m, uint64_t *bits) {
     return 0;
 }
 
-/* The same walk reading the sets themselves (where the interned ones do not fit the table). */
 static void walk_sets(g4_gr_match *m, uint64_t *bits) {
-    const g4_gr_tokens *t = m->t;
     state_copy(&m->level[0], &m->cur);
-    int valid = 0, dead = -1;
-    for (int i = 0; i < t->n; i++) {
-        const int32_t id = t->order[i];
-        const int l = t->lcp[i];
-        if (dead >= 0 && l > dead) continue;
-        dead = -1;
-        if (valid > l) valid = l;
-        const unsigned char *b = (const unsigned char *)t->bytes + t->off[id];
-        const int len = (int)(t->off[id + 1] - t->off[id]);
-        int d = valid;
-        for (; d < len; d++) {
-            state_read(m->g, &m->wk, &m->level[d], b[d], &m->level[d + 1]);
-            if (!m->level[d + 1].count) break;
-        }
-        if (d < len) {
-            dead = d;
-            valid = d;
-            continue;
-        }
-        valid = len;
-        bits[id >> 6] |= 1ull << (id & 63);
-    }
+    walk(m, bits, step_sets);
 }
 
 /* Bit id of bits: the token may come next in state m->cur. */
 static void compute_mask(g4_gr_match *m, uint64_t *bits) {
     memset(bits, 0, m->words * sizeof *bits);
     if (m->st.n > GR_STATES / 2) states_clear(&m->st); /* room for this walk */
-    if (walk_interned(m, bits)) {
+    if ((m->lv[0] = states_id(&m->st, &m->cur)) < 0 || walk(m, bits, step_interned)) {
         states_clear(&m->st);
         memset(bits, 0, m->words * sizeof *bits);
         walk_sets(m, bits);

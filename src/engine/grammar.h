@@ -61,6 +61,8 @@ int gr_class_has(const gr_class *c, uint32_t cp);
 void gr_class_free(gr_class *c);
 /* Adds to rule r one alternative per run of the class's characters written in UTF-8. */
 void gr_alt_class(g4_grammar *g, int r, const gr_class *c);
+/* The code point at *p (UTF-8; a broken sequence gives its first byte), *p moved past it. */
+uint32_t gr_utf8_next(const char **p, const char *end);
 /* Appends code point cp in UTF-8. */
 void gr_seq_cp(g4_grammar *g, gr_seq *s, uint32_t cp);
 

@@ -511,16 +511,7 @@ static int class_escape(char k, gr_class *cls) {
     return 1;
 }
 
-static uint32_t rx_utf8(rx *r) {
-    const unsigned char *p = (const unsigned char *)r->p;
-    uint32_t cp = p[0];
-    int n = cp < 0x80 ? 1 : cp < 0xe0 ? 2 : cp < 0xf0 ? 3 : 4;
-    if (r->p + n > r->end) n = 1;
-    if (n > 1) cp &= 0x3f >> (n - 1);
-    for (int i = 1; i < n; i++) cp = cp << 6 | (p[i] & 63);
-    r->p += n;
-    return cp;
-}
+static uint32_t rx_utf8(rx *r) { return gr_utf8_next(&r->p, r->end); }
 
 static int rx_hex(rx *r, int digits, uint32_t *cp) {
     *cp = 0;
@@ -1308,44 +1299,50 @@ static json_t *parse(const char *text, const char *what, g4_error *err) {
     return j;
 }
 
+/* A compile's start: the spec parsed (text NULL: none) and a new grammar. */
+static int sc_begin(sc *c, const char *text, const char *what, int gemma, json_t **root, g4_error *err) {
+    *root = NULL;
+    if (text && !(*root = parse(text, what, err))) return -1;
+    g4_grammar *g = gr_new();
+    if (!g) {
+        json_decref(*root);
+        return g4_fail(err, "out of memory");
+    }
+    sc_init(c, g, *root, gemma, err);
+    return 0;
+}
+
+/* A compile's end: the grammar of start rule start, or -1 with the error said. */
+static int sc_end(sc *c, json_t *root, int start, const char *what, g4_grammar **out) {
+    json_decref(c->refs);
+    json_decref(root);
+    if (start < 0 || gr_finish(c->g, start, c->err)) {
+        if (start < 0 && !c->failed) g4_fail(c->err, "%s: out of memory", what);
+        g4_grammar_free(c->g);
+        return -1;
+    }
+    *out = c->g;
+    return 0;
+}
+
 G4_API int g4_grammar_json_schema(const char *schema, g4_grammar **out, g4_error *err) {
     *out = NULL;
     if (!schema) return g4_fail(err, "json_schema: no schema");
-    json_t *root = parse(schema, "json_schema", err);
-    if (!root) return -1;
-    g4_grammar *g = gr_new();
-    if (!g) {
-        json_decref(root);
-        return g4_fail(err, "out of memory");
-    }
     sc c;
-    sc_init(&c, g, root, 0, err);
-    int start = value(&c, root);
-    json_decref(c.refs);
-    json_decref(root);
-    if (start < 0 || gr_finish(g, start, err)) {
-        if (start < 0 && !c.failed) g4_fail(err, "json_schema: out of memory");
-        g4_grammar_free(g);
-        return -1;
-    }
-    *out = g;
-    return 0;
+    json_t *root;
+    if (sc_begin(&c, schema, "json_schema", 0, &root, err)) return -1;
+    return sc_end(&c, root, value(&c, root), "json_schema", out);
 }
 
 G4_API int g4_grammar_tool_calls(const char *tools, const char *name, int max_calls, g4_grammar **out,
                                  g4_error *err) {
     *out = NULL;
     if (!tools) return g4_fail(err, "tool calls: no tools");
-    json_t *root = parse(tools, "tools", err);
-    if (!root) return -1;
-    g4_grammar *g = gr_new();
-    if (!g) {
-        json_decref(root);
-        return g4_fail(err, "out of memory");
-    }
     sc c;
-    sc_init(&c, g, root, 1, err);
-    int fns = gr_rule(g), n = 0, rc = -1;
+    json_t *root;
+    if (sc_begin(&c, tools, "tools", 1, &root, err)) return -1;
+    g4_grammar *g = c.g;
+    int fns = gr_rule(g), n = 0, start = -1;
     gr_seq s;
     gr_seq_init(&s);
     size_t i;
@@ -1389,28 +1386,18 @@ G4_API int g4_grammar_tool_calls(const char *tools, const char *name, int max_ca
         gr_seq_ref(&s, fns);
         gr_seq_special(g, &s, "<tool_call|>");
         int call = check(&c, gr_rule_of(g, &s));
-        int start = call >= 0 ? check(&c, gr_repeat(g, call, 1, max_calls > 0 ? max_calls : -1)) : -1;
-        if (start >= 0) rc = gr_finish(g, start, err);
+        start = call >= 0 ? check(&c, gr_repeat(g, call, 1, max_calls > 0 ? max_calls : -1)) : -1;
     }
     gr_seq_free(&s);
-    json_decref(c.refs);
-    json_decref(root);
-    if (rc) {
-        if (!c.failed && !err->msg[0]) g4_fail(err, "tool calls: out of memory");
-        g4_grammar_free(g);
-        return -1;
-    }
-    *out = g;
-    return 0;
+    return sc_end(&c, root, start, "tool calls", out);
 }
 
 G4_API int g4_grammar_regex(const char *regex, g4_grammar **out, g4_error *err) {
     *out = NULL;
     if (!regex) return g4_fail(err, "regex: none");
-    g4_grammar *g = gr_new();
-    if (!g) return g4_fail(err, "out of memory");
     sc c;
-    sc_init(&c, g, NULL, 0, err);
+    json_t *root;
+    if (sc_begin(&c, NULL, "regex", 0, &root, err)) return -1;
     c.raw = 1;
     size_t len = strlen(regex);
     const char *p = regex;
@@ -1419,12 +1406,5 @@ G4_API int g4_grammar_regex(const char *regex, g4_grammar **out, g4_error *err) 
     rx r = {&c, p, p + len};
     int body = c.failed ? -1 : rx_alt(&r);
     if (body >= 0 && r.p != r.end) body = rx_fail(&r, "an unmatched )");
-    json_decref(c.refs);
-    if (body < 0 || gr_finish(g, body, err)) {
-        if (body < 0 && !c.failed) g4_fail(err, "regex: out of memory");
-        g4_grammar_free(g);
-        return -1;
-    }
-    *out = g;
-    return 0;
+    return sc_end(&c, root, body, "regex", out);
 }
