@@ -296,6 +296,24 @@ static void test_text_grammars(void) {
         CHECKF(rc && !g && strstr(err.msg, bad[i].says) && !strchr(err.msg, '\n'), "bad gbnf %s: \"%s\"", bad[i].text,
                err.msg);
     }
+    /* hostile sizes: nesting is bounded (no stack runs out), a chain of 100000 rules compiles */
+    char *deep = malloc(4000);
+    strcpy(deep, "root ::= ");
+    for (int i = 0; i < 1000; i++) strcat(deep, "(");
+    err.msg[0] = 0;
+    CHECK(g4_grammar_gbnf(deep, &g, &err) && strstr(err.msg, "nested deeper"));
+    strcpy(deep, "^");
+    for (int i = 0; i < 1000; i++) strcat(deep, "(");
+    CHECK(g4_grammar_regex(deep, &g, &err) && strstr(err.msg, "nested deeper"));
+    free(deep);
+    size_t cap = 100000 * 40, len = 0;
+    char *chain = malloc(cap);
+    len += (size_t)snprintf(chain + len, cap - len, "root ::= r0\n");
+    for (int i = 0; i < 100000; i++) len += (size_t)snprintf(chain + len, cap - len, "r%d ::= r%d \"x\"\n", i, i + 1);
+    snprintf(chain + len, cap - len, "r100000 ::= \"y\"\n");
+    CHECKF(g4_grammar_gbnf(chain, &g, &err) == 0, "a chain of rules: %s", err.msg);
+    g4_grammar_free(g);
+    free(chain);
     /* regular expressions over the whole output; each verdict goes to re.fullmatch too */
     static const struct {
         const char *regex, *docs[6];

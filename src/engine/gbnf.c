@@ -17,6 +17,7 @@
 #include "engine/grammar.h"
 
 #define MAX_REPEAT 4096
+#define MAX_NESTING 256
 
 typedef struct gb {
     g4_grammar *g;
@@ -25,6 +26,7 @@ typedef struct gb {
     g4_error *err;
     int failed;
     int line;
+    int depth; /* parentheses open (at most MAX_NESTING: a hostile text cannot run the stack out) */
 } gb;
 
 static int gb_fail(gb *b, const char *why) {
@@ -158,6 +160,7 @@ static int gb_item(gb *b, gr_seq *s, int nested) {
         return 0;
     }
     if (c == '(') {
+        if (++b->depth > MAX_NESTING) return gb_fail(b, "parentheses nested deeper than 256");
         b->p++;
         gb_space(b, 1);
         int r = gr_rule(b->g);
@@ -166,6 +169,7 @@ static int gb_item(gb *b, gr_seq *s, int nested) {
         gb_space(b, 1);
         if (b->p >= b->end || *b->p != ')') return gb_fail(b, "an unclosed (");
         b->p++;
+        b->depth--;
         gr_seq_ref(s, r);
         return 0;
     }
@@ -267,7 +271,7 @@ static int gb_alternatives(gb *b, int rule, int nested) {
 G4_API int g4_grammar_gbnf(const char *text, g4_grammar **out, g4_error *err) {
     *out = NULL;
     if (!text) return g4_fail(err, "grammar: no text");
-    gb b = {gr_new(), text, text + strlen(text), json_object(), err, 0, 1};
+    gb b = {gr_new(), text, text + strlen(text), json_object(), err, 0, 1, 0};
     if (!b.g || !b.names) {
         g4_grammar_free(b.g);
         json_decref(b.names);

@@ -367,29 +367,55 @@ static void find_nullable(const g4_grammar *g, uint8_t *nullable) {
 }
 
 /* Left recursion: a rule reachable from itself with nothing read (the refs at an alternative's start and after
- * nullable rules), found by a depth-first walk. */
-static int left_cycle(const g4_grammar *g, const uint8_t *nullable, int r, uint8_t *color) {
-    if (color[r] == 1) return 1;
-    if (color[r] == 2) return 0;
-    color[r] = 1;
-    const rule_items *ri = &g->rules[r];
-    int at_start = 1;
-    for (int i = 0; i < ri->n; i++) {
-        uint32_t e = ri->v[i];
-        if (KIND(e) == I_ALT_END) {
-            at_start = 1;
+ * nullable rules), found by a depth-first walk with a stack of its own (chains of rules can be long). color: 0 new,
+ * 1 on the walk's path, 2 done. 1 when a cycle is found, -1 out of memory. */
+static int left_cycle(const g4_grammar *g, const uint8_t *nullable, int root, uint8_t *color) {
+    if (color[root]) return 0;
+    typedef struct {
+        int r, i, at_start;
+    } frame;
+    int cap = 64, n = 0;
+    frame *st = malloc((size_t)cap * sizeof *st);
+    if (!st) return -1;
+    st[n++] = (frame){root, 0, 1};
+    color[root] = 1;
+    int found = 0;
+    while (n && !found) {
+        frame *f = &st[n - 1];
+        const rule_items *ri = &g->rules[f->r];
+        int next = -1;
+        for (; f->i < ri->n && next < 0; f->i++) {
+            const uint32_t e = ri->v[f->i];
+            if (KIND(e) == I_ALT_END) {
+                f->at_start = 1;
+            } else if (f->at_start && KIND(e) == I_REF) {
+                if (!nullable[VAL(e)]) f->at_start = 0;
+                if (color[VAL(e)] == 1) found = 1;
+                else if (!color[VAL(e)]) next = (int)VAL(e);
+                if (found) break;
+            } else {
+                f->at_start = 0;
+            }
+        }
+        if (found) break;
+        if (next < 0) { /* every alternative walked */
+            color[f->r] = 2;
+            n--;
             continue;
         }
-        if (!at_start) continue;
-        if (KIND(e) == I_REF) {
-            if (left_cycle(g, nullable, (int)VAL(e), color)) return 1;
-            if (!nullable[VAL(e)]) at_start = 0;
-        } else {
-            at_start = 0;
+        if (n == cap) {
+            frame *bigger = realloc(st, (size_t)(cap *= 2) * sizeof *st);
+            if (!bigger) {
+                free(st);
+                return -1;
+            }
+            st = bigger;
         }
+        color[next] = 1;
+        st[n++] = (frame){next, 0, 1};
     }
-    color[r] = 2;
-    return 0;
+    free(st);
+    return found;
 }
 
 const char *gr_failed(const g4_grammar *g) {
@@ -432,6 +458,7 @@ int gr_finish(g4_grammar *g, int start, g4_error *err) {
     int cyc = 0;
     for (int r = 0; r < g->n_rules && !cyc; r++) cyc = left_cycle(g, nullable, r, nullable + g->n_rules);
     free(nullable);
+    if (cyc < 0) return g4_fail(err, "grammar: out of memory");
     if (cyc) return g4_fail(err, "grammar: a rule is left-recursive");
     g->elems = malloc(total * sizeof *g->elems);
     g->rule_start = malloc((size_t)g->n_rules * sizeof *g->rule_start);

@@ -431,7 +431,9 @@ static int format_rule(sc *c, const char *f) {
 typedef struct rx {
     sc *c;
     const char *p, *end;
+    int depth; /* groups open (at most MAX_GROUPS) */
 } rx;
+#define MAX_GROUPS 256
 
 static int rx_fail(rx *r, const char *why) { return fail(r->c, r->c->raw ? "regex: %s" : "json_schema: pattern: %s", why); }
 
@@ -595,6 +597,7 @@ static int rx_atom(rx *r) {
     int rule = -1;
     switch (k) {
     case '(': {
+        if (++r->depth > MAX_GROUPS) return rx_fail(r, "groups nested deeper than 256");
         if (r->p < r->end && *r->p == '?') {
             if (r->p + 1 < r->end && r->p[1] == ':') r->p += 2;
             else return rx_fail(r, "lookaround and named groups are not supported");
@@ -603,6 +606,7 @@ static int rx_atom(rx *r) {
         if (inner < 0) return -1;
         if (r->p >= r->end || *r->p != ')') return rx_fail(r, "an unclosed (");
         r->p++;
+        r->depth--;
         return inner;
     }
     case '[': return rx_class(r);
@@ -704,7 +708,7 @@ static int rx_alt(rx *r) {
 static int pattern_rule(sc *c, const char *pattern, size_t len) {
     if (len < 2 || pattern[0] != '^' || pattern[len - 1] != '$' || (len > 2 && pattern[len - 2] == '\\'))
         return fail(c, "json_schema: pattern \"%s\" must match the whole string: anchor it as ^...$", pattern);
-    rx r = {c, pattern + 1, pattern + len - 1};
+    rx r = {c, pattern + 1, pattern + len - 1, 0};
     int body = rx_alt(&r);
     if (body < 0) return -1;
     if (r.p != r.end) return rx_fail(&r, "an unmatched )");
@@ -1403,7 +1407,7 @@ G4_API int g4_grammar_regex(const char *regex, g4_grammar **out, g4_error *err) 
     const char *p = regex;
     if (len && p[0] == '^') p++, len--; /* the whole output matches: anchors say nothing more */
     if (len && p[len - 1] == '$' && !(len > 1 && p[len - 2] == '\\')) len--;
-    rx r = {&c, p, p + len};
+    rx r = {&c, p, p + len, 0};
     int body = c.failed ? -1 : rx_alt(&r);
     if (body >= 0 && r.p != r.end) body = rx_fail(&r, "an unmatched )");
     return sc_end(&c, root, body, "regex", out);
