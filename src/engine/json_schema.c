@@ -45,6 +45,8 @@ typedef struct sc {
     int failed;
     int depth;
     int ws, any, string, number, integer, boolean, null_, chr, digit, key; /* shared rules, -1 until made */
+    int64_t lengths[16][3]; /* strings' (min, max, rule) made so far */
+    int n_lengths;
 } sc;
 
 static int fail(sc *c, const char *fmt, const char *arg) {
@@ -154,6 +156,8 @@ static int string_rule(sc *c, int64_t min, int64_t max) {
     const int plain = min == 0 && max < 0;
     if (plain && c->string >= 0) return c->string;
     if (min > MAX_REPEAT || max > MAX_REPEAT) return fail(c, "json_schema: %s", "string lengths above 4096");
+    for (int i = 0; i < c->n_lengths; i++) /* strings of the same bounds share their rule */
+        if (c->lengths[i][0] == min && c->lengths[i][1] == max) return (int)c->lengths[i][2];
     gr_seq s;
     gr_seq_init(&s);
     open_string(c, &s);
@@ -162,6 +166,10 @@ static int string_rule(sc *c, int64_t min, int64_t max) {
     int r = check(c, gr_rule_of(c->g, &s));
     gr_seq_free(&s);
     if (plain) c->string = r;
+    else if (r >= 0 && c->n_lengths < 16) {
+        c->lengths[c->n_lengths][0] = min, c->lengths[c->n_lengths][1] = max, c->lengths[c->n_lengths][2] = r;
+        c->n_lengths++;
+    }
     return r;
 }
 
