@@ -13,32 +13,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "grammar_bench.h"
+
 #include "engine/grammar.h"
 #include "gemma4c.h"
 #include "tokenizer/tokenizer.h"
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s) s[fread(s, 1, (size_t)n, f)] = 0;
-    fclose(f);
-    return s;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 int main(int argc, char **argv) {
     if (argc != 5) {
@@ -59,16 +38,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
-    int n = 0, cap = 1024;
-    int32_t *ids = malloc((size_t)cap * sizeof *ids);
-    for (char *p = ids_text; *p;) {
-        char *e;
-        long v = strtol(p, &e, 10);
-        if (e == p) break;
-        if (n == cap) ids = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
-        ids[n++] = (int32_t)v;
-        p = *e ? e + 1 : e;
-    }
+    int n;
+    int32_t *ids = parse_ids(ids_text, &n);
     const int V = g4_tokenizer_vocab_size(tok), rounds = atoi(argv[4]) > 0 ? atoi(argv[4]) : 1;
     float *logits = malloc((size_t)V * sizeof *logits);
     double *ms = malloc((size_t)rounds * sizeof *ms);
@@ -94,8 +65,8 @@ int main(int argc, char **argv) {
         ms[r] = t;
         g4_gr_match_free(m);
     }
-    qsort(ms, (size_t)rounds, sizeof *ms, cmp_double);
-    printf("%d %.3f %.4f\n", n, ms[rounds / 2], ms[rounds / 2] / n);
+    const double mid = median(ms, rounds);
+    printf("%d %.3f %.4f\n", n, mid, mid / n);
     free(ms);
     free(logits);
     free(ids);

@@ -12,33 +12,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "llama.h"
+#include "grammar_bench.h"
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
-}
+#include "llama.h"
 
 static void quiet(enum ggml_log_level level, const char *text, void *user) {
     (void)level, (void)text, (void)user;
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s) s[fread(s, 1, (size_t)n, f)] = 0;
-    fclose(f);
-    return s;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 int main(int argc, char **argv) {
@@ -58,16 +37,8 @@ int main(int argc, char **argv) {
     }
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     const int V = llama_vocab_n_tokens(vocab), rounds = atoi(argv[4]) > 0 ? atoi(argv[4]) : 1;
-    int n = 0, cap = 1024;
-    llama_token *ids = malloc((size_t)cap * sizeof *ids);
-    for (char *p = ids_text; *p;) {
-        char *e;
-        long v = strtol(p, &e, 10);
-        if (e == p) break;
-        if (n == cap) ids = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
-        ids[n++] = (llama_token)v;
-        p = *e ? e + 1 : e;
-    }
+    int n;
+    int32_t *ids = parse_ids(ids_text, &n);
     llama_token_data *cand = malloc((size_t)V * sizeof *cand);
     double *ms = malloc((size_t)rounds * sizeof *ms);
     for (int r = 0; r < rounds; r++) {
@@ -97,8 +68,8 @@ int main(int argc, char **argv) {
         ms[r] = t;
         llama_sampler_free(s);
     }
-    qsort(ms, (size_t)rounds, sizeof *ms, cmp_double);
-    printf("%d %.3f %.4f\n", n, ms[rounds / 2], ms[rounds / 2] / n);
+    const double mid = median(ms, rounds);
+    printf("%d %.3f %.4f\n", n, mid, mid / n);
     free(ms);
     free(cand);
     free(ids);

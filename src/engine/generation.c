@@ -504,17 +504,20 @@ static int constrain_start(g4_generation *g, const g4_generation_params *p, g4_e
     constrain_tables *c;
     if (constrain_of(m, &c, err)) return -1;
     static const char *const chat_ends[] = {"<turn|>", "<eos>", "<|tool_response>"};
-    int32_t ends[64];
+    int32_t *ends = malloc(((size_t)g->n_stop_ids + 3) * sizeof *ends);
+    if (!ends) return g4_fail(err, "out of memory");
     int n = 0;
-    for (int i = 0; i < g->n_stop_ids && n < 60; i++) ends[n++] = g->stop_ids[i];
+    for (int i = 0; i < g->n_stop_ids; i++) ends[n++] = g->stop_ids[i];
     for (int i = 0; p->parse_chat && i < 3; i++) {
         int32_t id = g4_tokenizer_token_id(g->tok, chat_ends[i]);
         if (id >= 0) ends[n++] = id;
     }
     /* a chat reply may think first (its thinking channel, then the constrained answer), as vLLM's reasoning
        parsers let it */
-    return g4_gr_match_new(p->grammar ? p->grammar : c->json_object, c->tokens, g->tok, ends, n, p->parse_chat,
-                           &g->grammar, err);
+    const int rc = g4_gr_match_new(p->grammar ? p->grammar : c->json_object, c->tokens, g->tok, ends, n,
+                                   p->parse_chat, &g->grammar, err);
+    free(ends);
+    return rc;
 }
 
 /* What every generation needs: token limit, sampler, stop ids and strings, text decoding. */
