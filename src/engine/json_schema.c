@@ -816,6 +816,30 @@ static int key_rule(sc *c) {
     return c->key;
 }
 
+/* Appends a member of any key: key rule, then the separator, then value rule. */
+static void member_of(sc *c, gr_seq *s, int key, int value) {
+    gr_seq_ref(s, key);
+    put_ws(c, s);
+    lit(c, s, ":");
+    put_ws(c, s);
+    gr_seq_ref(s, value);
+}
+
+/* The rules of a list of x (a sequence): item (x, then blanks) and more (("," blanks item)*). */
+static void list_rules(sc *c, const gr_seq *x, int *item, int *more) {
+    gr_seq s;
+    gr_seq_init(&s);
+    gr_seq_cat(&s, x);
+    put_ws(c, &s);
+    *item = check(c, gr_rule_of(c->g, &s));
+    gr_seq_clear(&s);
+    lit(c, &s, ",");
+    put_ws(c, &s);
+    gr_seq_ref(&s, *item);
+    *more = check(c, gr_repeat(c->g, check(c, gr_rule_of(c->g, &s)), 0, -1));
+    gr_seq_free(&s);
+}
+
 /* Any JSON value (or, Gemma, any value of its notation). */
 static int any_rule(sc *c) {
     if (c->any >= 0) return c->any;
@@ -833,34 +857,14 @@ static int any_rule(sc *c) {
         gr_seq_ref(&s, alts[i]);
         gr_alt(g, r, &s);
     }
-    const int key = key_rule(c);
-    gr_seq_clear(&s);
-    gr_seq_ref(&s, key);
-    put_ws(c, &s);
-    lit(c, &s, ":");
-    put_ws(c, &s);
-    gr_seq_ref(&s, r);
-    put_ws(c, &s);
-    int member = gr_rule_of(g, &s);
-    for (int k = 0; k < 2; k++) { /* {members} and [values] */
+    for (int k = 0; k < 2; k++) { /* {members} and [values]: a list or nothing between the brackets */
+        int item, more, body = gr_rule(g);
         gr_seq_clear(&s);
-        lit(c, &s, ",");
-        put_ws(c, &s);
-        if (k) {
-            gr_seq_ref(&s, r);
-            put_ws(c, &s);
-        } else {
-            gr_seq_ref(&s, member);
-        }
-        int more = check(c, gr_repeat(g, gr_rule_of(g, &s), 0, -1));
-        int body = gr_rule(g);
+        if (!k) member_of(c, &s, key_rule(c), r);
+        else gr_seq_ref(&s, r);
+        list_rules(c, &s, &item, &more);
         gr_seq_clear(&s);
-        if (k) {
-            gr_seq_ref(&s, r);
-            put_ws(c, &s);
-        } else {
-            gr_seq_ref(&s, member);
-        }
+        gr_seq_ref(&s, item);
         gr_seq_ref(&s, more);
         gr_alt(g, body, &s);
         gr_seq_clear(&s);
@@ -930,26 +934,15 @@ static int object_schema(sc *c, const json_t *schema) {
     gr_seq_init(&s);
     /* tail[k][comma]: the members from property k on, after something (comma 1) or nothing (0) */
     int tail[2];
-    if (extra_value >= 0) { /* extra members: (, key : value)* */
+    if (extra_value >= 0) { /* extra members: member (, member)* after nothing, (, member)* after something */
+        int item;
         gr_seq_clear(&s);
-        const int key = key_rule(c);
-        gr_seq_ref(&s, key);
-        put_ws(c, &s);
-        lit(c, &s, ":");
-        put_ws(c, &s);
-        gr_seq_ref(&s, extra_value);
-        put_ws(c, &s);
-        int member = gr_rule_of(g, &s);
-        gr_seq_clear(&s);
-        lit(c, &s, ",");
-        put_ws(c, &s);
-        gr_seq_ref(&s, member);
-        int more = check(c, gr_repeat(g, gr_rule_of(g, &s), 0, -1));
-        tail[1] = more;
+        member_of(c, &s, key_rule(c), extra_value);
+        list_rules(c, &s, &item, &tail[1]);
         tail[0] = gr_rule(g);
         gr_seq_clear(&s);
-        gr_seq_ref(&s, member);
-        gr_seq_ref(&s, more);
+        gr_seq_ref(&s, item);
+        gr_seq_ref(&s, tail[1]);
         gr_alt(g, tail[0], &s);
         gr_seq_clear(&s);
         gr_alt(g, tail[0], &s);
