@@ -310,29 +310,28 @@ int gr_rule_of(g4_grammar *g, const gr_seq *s) {
     return r;
 }
 
+void gr_alt_opt(g4_grammar *g, int r, int a, int b) {
+    gr_seq s;
+    gr_seq_init(&s);
+    gr_seq_ref(&s, a);
+    gr_seq_ref(&s, b);
+    gr_alt(g, r, &s);
+    gr_seq_clear(&s);
+    gr_alt(g, r, &s);
+    gr_seq_free(&s);
+}
+
 int gr_repeat(g4_grammar *g, int x, int min, int max) {
     gr_seq s;
     gr_seq_init(&s);
-    int tail; /* the part after the min required copies */
+    int tail = gr_rule(g); /* the part after the min required copies */
     if (max < 0) { /* tail ::= x tail | "" */
-        tail = gr_rule(g);
-        gr_seq_ref(&s, x);
-        gr_seq_ref(&s, tail);
-        gr_alt(g, tail, &s);
-        gr_seq_clear(&s);
-        gr_alt(g, tail, &s);
+        gr_alt_opt(g, tail, x, tail);
     } else { /* opt_k ::= x opt_{k-1} | "" , opt_0 ::= "" */
-        tail = gr_rule(g);
-        gr_seq_clear(&s);
         gr_alt(g, tail, &s);
         for (int k = 1; k <= max - min; k++) {
-            int r = gr_rule(g);
-            gr_seq_clear(&s);
-            gr_seq_ref(&s, x);
-            gr_seq_ref(&s, tail);
-            gr_alt(g, r, &s);
-            gr_seq_clear(&s);
-            gr_alt(g, r, &s);
+            const int r = gr_rule(g);
+            gr_alt_opt(g, r, x, tail);
             tail = r;
         }
     }
@@ -427,12 +426,8 @@ int gr_finish(g4_grammar *g, int start, g4_error *err) {
     /* think ::= <|channel> byte* <channel|> (Gemma 4's thinking, chat_output.c), tried before the start rule */
     gr_seq s;
     gr_seq_init(&s);
-    const int body = gr_rule(g), think = gr_rule(g);
     gr_seq_range(g, &s, 0, 255);
-    gr_seq_ref(&s, body);
-    gr_alt(g, body, &s);
-    gr_seq_clear(&s);
-    gr_alt(g, body, &s);
+    const int body = gr_repeat(g, gr_rule_of(g, &s), 0, -1), think = gr_rule(g);
     gr_seq_clear(&s);
     gr_seq_special(g, &s, "<|channel>");
     g->think_open = g->n_specials - 1;

@@ -71,6 +71,8 @@ g4_grammar *gr_new(void);
 int gr_rule(g4_grammar *g);
 /* Adds alternative s to rule r (an empty s: the rule may match nothing). */
 void gr_alt(g4_grammar *g, int r, const gr_seq *s);
+/* Adds to rule r the alternatives `a b` (two rules) and nothing. */
+void gr_alt_opt(g4_grammar *g, int r, int a, int b);
 /* A new rule of alternative s alone. */
 int gr_rule_of(g4_grammar *g, const gr_seq *s);
 /* x repeated min..max times (max < 0: no bound); x a rule. */

@@ -105,6 +105,9 @@ static int range_rule(sc *c, unsigned lo, unsigned hi) {
 
 static int digit(sc *c) { return c->digit >= 0 ? c->digit : (c->digit = range_rule(c, '0', '9')); }
 
+/* The bytes of hexadecimal digits, either case. */
+static const uint64_t hex_set[4] = {0x03ff000000000000ull, 0x0000007e0000007eull, 0, 0};
+
 /* One character of a JSON string, counted as JSON Schema counts (a code point; an escape is one). */
 static int char_rule(sc *c) {
     if (c->chr >= 0) return c->chr;
@@ -115,20 +118,13 @@ static int char_rule(sc *c) {
     if (c->gemma) { /* any byte: the string ends at the <|"|> token */
         gr_seq_range(g, &s, 0, 255);
         gr_alt(g, r, &s);
-    } else {
-        uint64_t set[4] = {0};
-        for (unsigned b = 0x20; b < 0x80; b++)
-            if (b != '"' && b != '\\') set[b >> 6] |= 1ull << (b & 63);
-        gr_seq_set(g, &s, set);
-        gr_alt(g, r, &s);
-        static const unsigned lead[3][2] = {{0xc2, 0xdf}, {0xe0, 0xef}, {0xf0, 0xf4}};
-        for (int k = 0; k < 3; k++) { /* UTF-8: a lead byte and 1..3 continuation bytes */
-            gr_seq_clear(&s);
-            gr_seq_range(g, &s, lead[k][0], lead[k][1]);
-            for (int j = 0; j <= k; j++) gr_seq_range(g, &s, 0x80, 0xbf);
-            gr_alt(g, r, &s);
-        }
-        gr_seq_clear(&s);
+    } else { /* any code point from U+0020 but '"' and '\', in UTF-8; or an escape */
+        gr_class plain = {0};
+        gr_class_add(&plain, 0x20, '"' - 1);
+        gr_class_add(&plain, '"' + 1, '\\' - 1);
+        gr_class_add(&plain, '\\' + 1, 0x10ffff);
+        gr_alt_class(g, r, &plain);
+        gr_class_free(&plain);
         lit(c, &s, "\\");
         gr_seq_set(g, &s, (const uint64_t[4]){(1ull << '"') | (1ull << '/'),
                                              (1ull << ('\\' - 64)) | (1ull << ('b' - 64)) | (1ull << ('f' - 64)) |
@@ -137,9 +133,7 @@ static int char_rule(sc *c) {
         gr_alt(g, r, &s);
         gr_seq_clear(&s);
         lit(c, &s, "\\u");
-        uint64_t hex[4] = {0};
-        for (const char *h = "0123456789abcdefABCDEF"; *h; h++) hex[*h >> 6] |= 1ull << (*h & 63);
-        for (int j = 0; j < 4; j++) gr_seq_set(g, &s, hex);
+        for (int j = 0; j < 4; j++) gr_seq_set(g, &s, hex_set);
         gr_alt(g, r, &s);
     }
     gr_seq_free(&s);
@@ -408,12 +402,10 @@ static int format_rule(sc *c, const char *f) {
     }
     open_string(c, &s);
     if (!strcmp(f, "uuid")) {
-        uint64_t hex[4] = {0};
-        for (const char *h = "0123456789abcdefABCDEF"; *h; h++) hex[*h >> 6] |= 1ull << (*h & 63);
         static const int groups[] = {8, 4, 4, 4, 12};
         for (int k = 0; k < 5; k++) {
             if (k) lit(c, &s, "-");
-            for (int j = 0; j < groups[k]; j++) gr_seq_set(g, &s, hex);
+            for (int j = 0; j < groups[k]; j++) gr_seq_set(g, &s, hex_set);
         }
     } else if (want_date || want_time) {
         if (date >= 0) gr_seq_ref(&s, date);
@@ -863,12 +855,7 @@ static int any_rule(sc *c) {
         if (!k) member_of(c, &s, key_rule(c), r);
         else gr_seq_ref(&s, r);
         list_rules(c, &s, &item, &more);
-        gr_seq_clear(&s);
-        gr_seq_ref(&s, item);
-        gr_seq_ref(&s, more);
-        gr_alt(g, body, &s);
-        gr_seq_clear(&s);
-        gr_alt(g, body, &s);
+        gr_alt_opt(g, body, item, more);
         gr_seq_clear(&s);
         lit(c, &s, k ? "[" : "{");
         put_ws(c, &s);
@@ -940,12 +927,7 @@ static int object_schema(sc *c, const json_t *schema) {
         member_of(c, &s, key_rule(c), extra_value);
         list_rules(c, &s, &item, &tail[1]);
         tail[0] = gr_rule(g);
-        gr_seq_clear(&s);
-        gr_seq_ref(&s, item);
-        gr_seq_ref(&s, tail[1]);
-        gr_alt(g, tail[0], &s);
-        gr_seq_clear(&s);
-        gr_alt(g, tail[0], &s);
+        gr_alt_opt(g, tail[0], item, tail[1]);
     } else {
         tail[0] = tail[1] = gr_rule(g);
         gr_seq_clear(&s);
