@@ -5,7 +5,8 @@
 # computes logits, generates and chats exactly like the folder it came from (BF16 holds the
 # same values); Q8_0 / Q4_0 / Q6_K / IQ4_XS GGUF files and MLX 4-bit folders load and
 # generate; a fixture quantized to Q2_K / Q3_K / IQ4_NL / IQ4_XS gives the logits of the numpy reference run on
-# its own weights decoded to F32 (tests/data/gguf_dequant_reference.py); a GGUF split by llama-gguf-split
+# its own weights decoded to F32 (tests/data/gguf_dequant_reference.py), and so do fixtures of random IQ1/IQ2/IQ3,
+# TQ1_0 / TQ2_0, MXFP4 and NVFP4 blocks (types read, not written); a GGUF split by llama-gguf-split
 # loads from its first shard;
 # bad arguments and corrupt files fail with one line.
 set -u
@@ -65,6 +66,19 @@ for t in q2_k q3_k iq4_nl iq4_xs; do
         err=$(python3 "$src/tests/cli_compare.py" files "$tmp/fx-$t.f32" "$tmp/fx-$t-ref.f32" 2e-3)
     check $? "$t: the fixture's logits match the numpy reference on its decoded weights within 2e-3 ($err)"
     rm -f "$tmp/fx-$t-f32.gguf"
+done
+# The types gemma4c reads but does not write (codebook IQ1/IQ2/IQ3, ternary, FP4): the fixture's F32 GGUF with every
+# matrix of whole blocks replaced by random blocks of the type (tests/data/retype_gguf.py), against the numpy
+# reference on the same file decoded to F32 (the decoders themselves: test_quant against llama.cpp's gguf-py)
+"$bin" quantize "$fx" "$tmp/fx-f32.gguf" --type f32; check $? "quantize the fixture to an F32 GGUF"
+for t in iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq1_s iq1_m tq1_0 tq2_0 mxfp4 nvfp4; do
+    /usr/bin/python3 "$src/tests/data/retype_gguf.py" "$tmp/fx-f32.gguf" "$tmp/fx-$t.gguf" $t >/dev/null &&
+        "$bin" quantize "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf" --type f32 &&
+        "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/fx-$t.f32" &&
+        /usr/bin/python3 "$src/tests/data/gguf_dequant_reference.py" "$fx" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-ref.f32" &&
+        err=$(python3 "$src/tests/cli_compare.py" files "$tmp/fx-$t.f32" "$tmp/fx-$t-ref.f32" 2e-3)
+    check $? "$t: a fixture of random $t blocks gives the numpy reference's logits on its decoded weights ($err)"
+    rm -f "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf"
 done
 "$bin" bench --random "$m/config.json" --type iq4_xs -p 4 -n 1 -r 1 >"$tmp/bench-iq4.txt"
 grep -q "GB/s" "$tmp/bench-iq4.txt"; check $? "bench --random --type iq4_xs (random rows through the reference encoders)"

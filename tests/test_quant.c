@@ -327,6 +327,83 @@ static void test_views(void) {
     CHECK(g4_tensor_row(&tq, 1) == q + 34 && g4_tensor_nrows(&tq) == 2);
 }
 
+/* Every GGUF block type decoded from deterministic blocks (xorshift64 bytes seeded by the type's name, each f16
+ * field 0x3266; IQ1_M's d in its scale words' top nibbles) against FNV-1a hashes of the float32 values llama.cpp's
+ * gguf-py decodes from the same bytes: `tests/data/gguf_quant_diff.py GGUF_PY --c-hashes` printed this table (its
+ * default run compares every value of random blocks, offline). 64 blocks of 256 a type: the codebook types' grids
+ * are read at ~2000 places each. */
+static const struct {
+    g4_dtype t;
+    unsigned long long fnv;
+} decode_hashes[] = {
+    {G4_Q4_0, 0x55adf50075c96ec7ull},
+    {G4_Q4_1, 0x17f1eeeaaa226690ull},
+    {G4_Q5_0, 0xd6f022ce30f3c0f5ull},
+    {G4_Q5_1, 0xf4a27cb08d87aad8ull},
+    {G4_Q8_0, 0x2f77eb5dbbcfb684ull},
+    {G4_Q2_K, 0xfd5416d1cc7e20ffull},
+    {G4_Q3_K, 0x2d4c439e704b24d6ull},
+    {G4_Q4_K, 0x8ce7b3c453ab14f8ull},
+    {G4_Q5_K, 0xf27f1246508be275ull},
+    {G4_Q6_K, 0xa254bc29badbc23full},
+    {G4_IQ4_NL, 0xb97926b93c16e9e5ull},
+    {G4_IQ4_XS, 0xe4ae333161ffb926ull},
+    {G4_IQ2_XXS, 0x47faf34c9f0cd8c4ull},
+    {G4_IQ2_XS, 0x0e8b5be782e0deebull},
+    {G4_IQ2_S, 0x6c36ebd60b90791aull},
+    {G4_IQ3_XXS, 0x14a2145374d2b0d3ull},
+    {G4_IQ3_S, 0x7fb4954f3b6a88a4ull},
+    {G4_IQ1_S, 0x87e3d790ece12bf4ull},
+    {G4_IQ1_M, 0xb240a03395865709ull},
+    {G4_TQ1_0, 0xf4445c79b4cdfca5ull},
+    {G4_TQ2_0, 0xb43de750ccf54f65ull},
+    {G4_MXFP4, 0x98520d7885ef9c1dull},
+    {G4_NVFP4, 0x0c20ba04b15bab7bull},
+};
+/* the f16 fields' byte offsets in a block (docs/formats.md 3.2, core/quant_codebook.c) */
+static int f16_fields(g4_dtype t, int *at) {
+    switch (t) {
+    case G4_Q4_1: case G4_Q5_1: case G4_Q4_K: case G4_Q5_K: at[0] = 0, at[1] = 2; return 2;
+    case G4_Q2_K: at[0] = 80, at[1] = 82; return 2;
+    case G4_Q3_K: at[0] = 108; return 1;
+    case G4_Q6_K: at[0] = 208; return 1;
+    case G4_TQ1_0: at[0] = 52; return 1;
+    case G4_TQ2_0: at[0] = 64; return 1;
+    case G4_IQ1_M: case G4_MXFP4: case G4_NVFP4: return 0;
+    default: at[0] = 0; return 1;
+    }
+}
+static void test_decode_hashes(void) {
+    enum { N = 64 * 256 };
+    static unsigned char b[N / 32 * 40];
+    static float y[N];
+    for (size_t k = 0; k < sizeof decode_hashes / sizeof decode_hashes[0]; k++) {
+        const g4_dtype t = decode_hashes[k].t;
+        const char *name = g4_dtype_name(t);
+        uint64_t x = 0x9E3779B97F4A7C15ull;
+        for (const char *c = name; *c; c++) x = (x ^ (unsigned char)*c) * 0x100000001B3ull;
+        const int qk = g4_dtype_block(t), bs = g4_dtype_block_bytes(t), nb = N / qk;
+        int at[2], nf = f16_fields(t, at);
+        for (int i = 0; i < nb; i++) {
+            unsigned char *p = b + (size_t)i * bs;
+            for (int j = 0; j < bs; j++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                p[j] = (unsigned char)(x >> 32);
+            }
+            for (int f = 0; f < nf; f++) p[at[f]] = 0x66, p[at[f] + 1] = 0x32;
+            if (t == G4_IQ1_M)
+                for (int w = 0; w < 4; w++) p[49 + 2 * w] = (unsigned char)((p[49 + 2 * w] & 15) | (0x3266 >> 4 * w & 15) << 4);
+        }
+        g4_dequant(t, b, y, N);
+        uint64_t h = 0xCBF29CE484222325ull;
+        const unsigned char *v = (const unsigned char *)y;
+        for (size_t i = 0; i < sizeof y; i++) h = (h ^ v[i]) * 0x100000001B3ull;
+        CHECKF(h == decode_hashes[k].fnv, "%s: the decoded values' hash %016llx, gguf-py's %016llx", name,
+               (unsigned long long)h, decode_hashes[k].fnv);
+        CHECKF(g4_dequant_reads(t) && g4_dtype_row_bytes(t, N) == (size_t)nb * (size_t)bs, "%s", name);
+    }
+}
+
 /* Rows re-encoded for a backend without kernels for their type: Q5_0 and IQ4_NL -> Q8_0 keep every value; other types are
  * decoded and encoded (the Q8_0 of the decoded values); the same type is a copy; rows not whole blocks are refused. */
 static void test_transcode(void) {
@@ -372,6 +449,7 @@ static void test_transcode(void) {
 
 int main(void) {
     test_decode_by_hand();
+    test_decode_hashes();
     test_transcode();
     test_encode_by_hand();
     test_round_trips();

@@ -189,6 +189,8 @@ void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n) {
         case G4_IQ4_XS: dq_iq4_xs(s, y); break;
         case G4_AF4: dq_af(s, y, 0); break;
         case G4_AF8: dq_af(s, y, 1); break;
+        case G4_IQ2_XXS: case G4_IQ2_XS: case G4_IQ2_S: case G4_IQ3_XXS: case G4_IQ3_S: case G4_IQ1_S: case G4_IQ1_M:
+        case G4_TQ1_0: case G4_TQ2_0: case G4_MXFP4: case G4_NVFP4: g4_dequant_codebook(t, s, y); break;
         default: memset(y, 0, (size_t)qk * sizeof(float)); break;
         }
     }

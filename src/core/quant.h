@@ -34,6 +34,8 @@
  *   IQ4_XS (256, 136 B): f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]. 8 sub-blocks of 32, sub-block
  *                     k: ls = ((scales_l[k/2] >> 4(k%2)) & 15 | ((scales_h >> 2k) & 3) << 4) - 32, its
  *                     bytes qs[16k..16k+15] as IQ4_NL's with d*ls for d
+ *   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4: read only, their layouts in
+ *                     core/quant_codebook.c
  *
  * MLX affine (bits b in 2,3,4,5,6,8; group gs in 32,64,128): a row of n codes is a
  * little-endian bit stream, element j at bits [j*b, (j+1)*b); w = s*q + bias with the
@@ -51,6 +53,9 @@ extern const int8_t g4_iq4_values[16];
 /* Decodes n elements of type t (plain float types or GGUF blocks; n a multiple of the
  * block) starting at a block boundary of src. */
 void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n);
+
+/* Decodes one block of a codebook, ternary or FP4 type (IQ2_XXS .. NVFP4; core/quant_codebook.c). */
+void g4_dequant_codebook(g4_dtype t, const unsigned char *b, float *y);
 
 /* Decodes row r of any weight tensor (plain, GGUF or MLX) into dst[shape[ndim-1]]. */
 void g4_dequant_row(const g4_tensor *t, int64_t r, float *dst);

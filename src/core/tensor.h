@@ -43,6 +43,18 @@ typedef enum g4_dtype {
     G4_Q3_K, /* 256 per block, 110 B */
     G4_IQ4_NL, /* 18 B: f16 d, 16 B nibbles indexing a fixed table */
     G4_IQ4_XS, /* 256 per block, 136 B */
+    /* codebook, ternary and FP4 types, read only (core/quant_codebook.c has their layouts) */
+    G4_IQ2_XXS, /* 256 per block, 66 B */
+    G4_IQ2_XS,  /* 256, 74 B */
+    G4_IQ2_S,   /* 256, 82 B */
+    G4_IQ3_XXS, /* 256, 98 B */
+    G4_IQ3_S,   /* 256, 110 B */
+    G4_IQ1_S,   /* 256, 50 B */
+    G4_IQ1_M,   /* 256, 56 B */
+    G4_TQ1_0,   /* 256, 54 B */
+    G4_TQ2_0,   /* 256, 66 B */
+    G4_MXFP4,   /* 32, 17 B */
+    G4_NVFP4,   /* 64, 36 B */
     /* MLX affine: `bits`-bit unsigned codes packed LSB-first, w = scale * q + bias per group */
     G4_MLX2,
     G4_MLX3,

@@ -22,7 +22,9 @@ static const struct {
 } type_map[] = {
     {0, G4_F32},   {1, G4_F16},   {2, G4_Q4_0},  {3, G4_Q4_1},  {6, G4_Q5_0}, {7, G4_Q5_1},
     {8, G4_Q8_0},  {10, G4_Q2_K}, {11, G4_Q3_K}, {12, G4_Q4_K}, {13, G4_Q5_K}, {14, G4_Q6_K},
-    {20, G4_IQ4_NL}, {23, G4_IQ4_XS}, {30, G4_BF16},
+    {20, G4_IQ4_NL}, {23, G4_IQ4_XS}, {30, G4_BF16}, {16, G4_IQ2_XXS}, {17, G4_IQ2_XS}, {18, G4_IQ3_XXS},
+    {19, G4_IQ1_S}, {21, G4_IQ3_S}, {22, G4_IQ2_S}, {29, G4_IQ1_M}, {34, G4_TQ1_0}, {35, G4_TQ2_0}, {39, G4_MXFP4},
+    {40, G4_NVFP4},
 };
 
 int g4_gguf_type_of(g4_dtype t) {
