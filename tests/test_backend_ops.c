@@ -92,6 +92,33 @@ static void weight_upload(weight *w) {
     }
 }
 
+/* The scale fields of block b of a type without an encoder (random codes) set so that its values stay near [-a, a]:
+ * an f16 d (and Q4_1 / Q5_1's m) over the largest multiple of d the type's codes reach (core/quant_codebook.c for
+ * the codebook, ternary and FP4 types). */
+static void sane_scales(g4_dtype t, unsigned char *b, float a) {
+    const float u = uniform(0.2f, 1.0f);
+    const float reach = t == G4_IQ2_XXS || t == G4_IQ2_XS || t == G4_IQ2_S ? 167.0f
+                        : t == G4_IQ3_XXS || t == G4_IQ3_S             ? 481.0f
+                        : t == G4_IQ1_S || t == G4_IQ1_M               ? 17.0f
+                        : t == G4_TQ1_0 || t == G4_TQ2_0               ? 2.0f
+                                                                       : 16.0f;
+    const uint16_t d = g4_f32_to_f16(u * a / reach), m = g4_f32_to_f16(uniform(-a, 0));
+    switch (t) {
+    case G4_TQ1_0: memcpy(b + 52, &d, 2); break;
+    case G4_TQ2_0: memcpy(b + 64, &d, 2); break;
+    case G4_IQ1_M: /* d in the top nibbles of the four scale words */
+        for (int k = 0; k < 4; k++) b[49 + 2 * k] = (unsigned char)((b[49 + 2 * k] & 15) | (d >> 4 * k & 15) << 4);
+        break;
+    case G4_MXFP4: b[0] = (unsigned char)(128 + (int)floorf(log2f(a / 12.0f)) - (int)(next_u32() % 3)); break;
+    case G4_NVFP4: /* UE4M3 scales (halved) in [2^-4, 2^-3) a */
+        for (int k = 0; k < 4; k++) b[k] = (unsigned char)((4 + (int)floorf(log2f(a))) << 3 | (int)(next_u32() & 7));
+        break;
+    default:
+        memcpy(b, &d, 2);
+        if (t == G4_Q4_1 || t == G4_Q5_1) memcpy(b + 2, &m, 2);
+    }
+}
+
 /* A quantized weight (rows of shape[ndim-1], a multiple of the type's block or group) of values in [-a, a]. */
 static void qweight_make(weight *w, g4_dtype t, int ndim, const int64_t *shape, float a) {
     memset(w, 0, sizeof *w);
@@ -132,11 +159,7 @@ static void qweight_make(weight *w, g4_dtype t, int ndim, const int64_t *shape, 
             if (g4_quant(t, v, row, cols)) continue;
             /* no encoder: random codes, f16 d (and m) of a sane size */
             for (size_t i = 0; i < row_bytes; i++) row[i] = (unsigned char)next_u32();
-            for (size_t k = 0; k < row_bytes / bs; k++) {
-                uint16_t d = g4_f32_to_f16(uniform(0.2f, 1.0f) * a / 16), m = g4_f32_to_f16(uniform(-a, 0));
-                memcpy(row + k * bs, &d, 2);
-                if (t == G4_Q4_1 || t == G4_Q5_1) memcpy(row + k * bs + 2, &m, 2);
-            }
+            for (size_t k = 0; k < row_bytes / bs; k++) sane_scales(t, row + k * bs, a);
         }
         w->host.data = b;
         w->host.nbytes = (size_t)rows * row_bytes;
@@ -395,11 +418,24 @@ static void test_matmul(void) {
  *   held Q8_0 block's scale);
  * - bit for bit equal to the same product with the held values uploaded as that type (a Q5_0 file's values as a
  *   Q8_0 weight): the backend's re-encoding is g4_transcode_row's. */
+/* The types read but not written (no encoder: random codes, sane scales), beside qtypes */
+static const g4_dtype read_only_qtypes[] = {G4_IQ2_XXS, G4_IQ2_XS, G4_IQ2_S, G4_IQ3_XXS, G4_IQ3_S, G4_IQ1_S,
+                                            G4_IQ1_M, G4_TQ1_0, G4_TQ2_0, G4_MXFP4, G4_NVFP4};
+#define N_RO_QTYPES (sizeof read_only_qtypes / sizeof read_only_qtypes[0])
 static void test_transcoded_weights(void) {
     int any = 0;
-    for (size_t qi = 0; takes_quantized && qi < N_QTYPES; qi++) {
-        const g4_dtype t = qtypes[qi];
-        if (!takes(t) || held(t) == t) continue;
+    for (size_t qi = 0; takes_quantized && qi < N_QTYPES + N_RO_QTYPES; qi++) {
+        const g4_dtype t = qi < N_QTYPES ? qtypes[qi] : read_only_qtypes[qi - N_QTYPES];
+        if (!takes(t)) continue;
+        if (held(t) == t) { /* (a read-only type held as it is: the products of test_matmul's shapes, briefly) */
+            for (int n = 1; qi >= N_QTYPES && n <= 17; n += 4) {
+                weight w;
+                make_any(&w, t, 2, (int64_t[]){13, 512}, 1.0f);
+                check_product(&w, n, n & 1);
+                weight_free(&w);
+            }
+            continue;
+        }
         any = 1;
         const g4_dtype h = held(t);
         const int out = 40, in = 512;

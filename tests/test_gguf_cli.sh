@@ -69,16 +69,25 @@ for t in q2_k q3_k iq4_nl iq4_xs; do
 done
 # The types gemma4c reads but does not write (codebook IQ1/IQ2/IQ3, ternary, FP4): the fixture's F32 GGUF with every
 # matrix of whole blocks replaced by random blocks of the type (tests/data/retype_gguf.py), against the numpy
-# reference on the same file decoded to F32 (the decoders themselves: test_quant against llama.cpp's gguf-py)
+# reference on the same file decoded to F32 (the decoders themselves: test_quant against llama.cpp's gguf-py), with
+# float activations (G4_NO_INT8_ACT: the values as the file holds them; with int8 activations the CPU holds them as
+# AF8, exactly (test_quant), or Q8_0, below)
 "$bin" quantize "$fx" "$tmp/fx-f32.gguf" --type f32; check $? "quantize the fixture to an F32 GGUF"
 for t in iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq1_s iq1_m tq1_0 tq2_0 mxfp4 nvfp4; do
     /usr/bin/python3 "$src/tests/data/retype_gguf.py" "$tmp/fx-f32.gguf" "$tmp/fx-$t.gguf" $t >/dev/null &&
         "$bin" quantize "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf" --type f32 &&
-        "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/fx-$t.f32" &&
+        G4_NO_INT8_ACT=1 "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/fx-$t.f32" &&
         /usr/bin/python3 "$src/tests/data/gguf_dequant_reference.py" "$fx" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-ref.f32" &&
         err=$(python3 "$src/tests/cli_compare.py" files "$tmp/fx-$t.f32" "$tmp/fx-$t-ref.f32" 2e-3)
     check $? "$t: a fixture of random $t blocks gives the numpy reference's logits on its decoded weights ($err)"
-    rm -f "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf"
+    if [ $t = nvfp4 ]; then # (a scale per 16: held as Q8_0, the Q8_0 of its values; every matrix of the fixture is NVFP4)
+        "$bin" quantize "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-q8.gguf" --type q8_0 &&
+            "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/a.f32" 2>"$tmp/err" &&
+            "$bin" logits -m "$tmp/fx-$t-q8.gguf" --kv f32 --ids "$fxids" -o "$tmp/b.f32" && cmp -s "$tmp/a.f32" "$tmp/b.f32" &&
+            grep -q "holds the NVFP4 tensors as Q8_0" "$tmp/err"
+        check $? "nvfp4 with int8 activations: the logits of its values as Q8_0, and a warning that says so"
+    fi
+    rm -f "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-q8.gguf"
 done
 "$bin" bench --random "$m/config.json" --type iq4_xs -p 4 -n 1 -r 1 >"$tmp/bench-iq4.txt"
 grep -q "GB/s" "$tmp/bench-iq4.txt"; check $? "bench --random --type iq4_xs (random rows through the reference encoders)"

@@ -401,6 +401,25 @@ static void test_decode_hashes(void) {
         CHECKF(h == decode_hashes[k].fnv, "%s: the decoded values' hash %016llx, gguf-py's %016llx", name,
                (unsigned long long)h, decode_hashes[k].fnv);
         CHECKF(g4_dequant_reads(t) && g4_dtype_row_bytes(t, N) == (size_t)nb * (size_t)bs, "%s", name);
+        if (g4_codebook_scale32_type(t)) { /* held as AF8 by the CPU: every value the same (MXFP4: scales that keep
+                                             * the values finite and normal; others are refused, below) */
+            static unsigned char af[N / 32 * 40];
+            static float z[N];
+            if (t == G4_MXFP4) {
+                for (int i = 0; i < nb; i++) b[(size_t)i * bs] = (unsigned char)(100 + b[(size_t)i * bs] % 50);
+                g4_dequant(t, b, y, N);
+            }
+            const g4_tensor row = {.name = "r", .dtype = t, .ndim = 2, .shape = {1, N}, .data = b};
+            CHECKF(g4_transcode_exact(t, G4_AF8) && g4_transcode_row(&row, 0, G4_AF8, af, NULL) == sizeof af, "%s", name);
+            g4_dequant(G4_AF8, af, z, N);
+            int same = 1;
+            for (int i = 0; i < N; i++) same &= z[i] == y[i];
+            CHECKF(same, "%s -> AF8 changes values", name);
+            if (t == G4_MXFP4) { /* a scale of 2^127: values past the float range are not held as AF8 */
+                b[0] = 255;
+                CHECK(g4_transcode_row(&row, 0, G4_AF8, af, NULL) == 0);
+            }
+        }
     }
 }
 

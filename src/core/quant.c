@@ -614,6 +614,7 @@ int g4_dequant_reads(g4_dtype t) {
 
 int g4_transcode_exact(g4_dtype from, g4_dtype to) {
     return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0) ||
+           (g4_codebook_scale32_type(from) && to == G4_AF8) ||
            (g4_dtype_is_mlx(from) &&
             (to == g4_af_type(from) || (g4_dtype_is_mlx(to) && g4_mlx_bits(to) >= g4_mlx_bits(from))));
 }
@@ -643,6 +644,29 @@ static size_t mlx_to_af(const g4_tensor *t, int64_t r, g4_dtype to, unsigned cha
         }
     }
     return (size_t)(n / 32) * (size_t)bs;
+}
+
+/* row r of a codebook type whose groups of 32 share a scale s (g4_codebook_scale32) as AF8: s, bias -128 s, codes
+ * value / s + 128 (every value checked to be exactly s times its code: 0 bytes written otherwise) */
+static size_t codebook_to_af8(const g4_tensor *t, int64_t r, unsigned char *d) {
+    const int64_t n = t->shape[t->ndim - 1];
+    const int qk = g4_dtype_block(t->dtype), bs = g4_dtype_block_bytes(t->dtype);
+    const unsigned char *s = g4_tensor_row(t, r);
+    float y[256];
+    for (int64_t b = 0; b < n / qk; b++, s += bs) {
+        g4_dequant_codebook(t->dtype, s, y);
+        for (int k = 0; k < qk / 32; k++, d += 40) {
+            const float sc = g4_codebook_scale32(t->dtype, s, k), bias = -128.0f * sc;
+            memcpy(d, &sc, 4);
+            memcpy(d + 4, &bias, 4);
+            for (int j = 0; j < 32; j++) {
+                const float v = y[32 * k + j], c = sc != 0.0f ? rintf(v / sc) : 0.0f; /* (1 / sc may overflow) */
+                if (!(c >= -128.0f && c <= 127.0f) || sc * c != v) return 0;
+                d[8 + j] = (unsigned char)(int)(c + 128.0f);
+            }
+        }
+    }
+    return (size_t)(n / 32) * 40;
 }
 
 size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, float *tmp) {
@@ -693,6 +717,7 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         }
         return (size_t)(n / 32) * 34;
     }
+    if (g4_codebook_scale32_type(t->dtype) && to == G4_AF8) return codebook_to_af8(t, r, dst);
     g4_dequant_row(t, r, tmp);
     return g4_quant(to, tmp, dst, n);
 }

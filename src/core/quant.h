@@ -56,6 +56,11 @@ void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n);
 
 /* Decodes one block of a codebook, ternary or FP4 type (IQ2_XXS .. NVFP4; core/quant_codebook.c). */
 void g4_dequant_codebook(g4_dtype t, const unsigned char *b, float *y);
+/* 1 for the codebook types whose 32-element groups share one scale (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0,
+ * MXFP4): each value of group k of block b is g4_codebook_scale32(t, b, k) times an integer in -128 .. 127 (IQ1_S:
+ * (8 g +- 1) in units of an eighth of its scale), so g4_transcode_row to AF8 holds them exactly. */
+int g4_codebook_scale32_type(g4_dtype t);
+float g4_codebook_scale32(g4_dtype t, const unsigned char *b, int k);
 
 /* Decodes row r of any weight tensor (plain, GGUF or MLX) into dst[shape[ndim-1]]. */
 void g4_dequant_row(const g4_tensor *t, int64_t r, float *dst);
@@ -84,7 +89,8 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
 
 /* 1 when g4_transcode_row(from -> to) keeps every value bit for bit: equal types, Q5_0 -> Q8_0 (a Q5_0 value is
  * (q - 16) * d, q < 32: the Q8_0 block of the same d and codes q - 16), IQ4_NL -> Q8_0 (d * table[nibble], the
- * table int8: the same d, codes table[nibble]), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
+ * table int8: the same d, codes table[nibble]), a codebook type whose groups of 32 share a scale
+ * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
  * -> MLX of as many bits or more (the codes widened; the scales and biases stay the source's: the CUDA backend's,
  * cuda_quant.cu). */
 int g4_transcode_exact(g4_dtype from, g4_dtype to);

@@ -586,6 +586,24 @@ static void fp4_run(const unsigned char *qs, int n, float d, float *y) {
     }
 }
 
+int g4_codebook_scale32_type(g4_dtype t) {
+    return t == G4_IQ2_XXS || t == G4_IQ3_XXS || t == G4_IQ3_S || t == G4_IQ1_S || t == G4_TQ1_0 || t == G4_TQ2_0 ||
+           t == G4_MXFP4;
+}
+
+float g4_codebook_scale32(g4_dtype t, const unsigned char *b, int k) {
+    switch (t) {
+    case G4_IQ2_XXS: return g4_f16_at(b) * (0.5f + (float)(u32_at(b + 2 + 8 * k + 4) >> 28)) * 0.25f;
+    case G4_IQ3_XXS: return g4_f16_at(b) * (0.5f + (float)(u32_at(b + 66 + 4 * k) >> 28)) * 0.5f;
+    case G4_IQ3_S: return g4_f16_at(b) * (float)(1 + 2 * (b[106 + k / 2] >> 4 * (k % 2) & 15));
+    case G4_IQ1_S: return g4_f16_at(b) * (float)(2 * (u16_at(b + 34 + 2 * k) >> 12 & 7) + 1) * 0.125f;
+    case G4_TQ1_0: return g4_f16_at(b + 52);
+    case G4_TQ2_0: return g4_f16_at(b + 64);
+    case G4_MXFP4: return e8m0_half(b[0]);
+    default: return 0.0f;
+    }
+}
+
 void g4_dequant_codebook(g4_dtype t, const unsigned char *b, float *y) {
     switch (t) {
     case G4_IQ2_XXS: dq_iq2_xxs(b, y); break;

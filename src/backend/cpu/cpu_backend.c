@@ -1,6 +1,7 @@
 /* The CPU backend: every op of backend.h on the host, threaded with g4_pool. */
 #include <float.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,21 +154,43 @@ typedef struct {
     g4_dtype to;
     unsigned char *dst;
     size_t row_bytes;
+    atomic_int failed; /* a row g4_transcode_row refused */
 } af_job;
 static void af_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     (void)thread;
-    const af_job *j = ctx;
-    for (int64_t r = r0; r < r1; r++) g4_transcode_row(j->src, r, j->to, j->dst + (size_t)r * j->row_bytes, NULL);
+    af_job *j = ctx;
+    const int64_t in = j->src->shape[j->src->ndim - 1];
+    float *tmp = g4_transcode_exact(j->src->dtype, j->to) ? NULL : malloc((size_t)in * sizeof(float));
+    if (!g4_transcode_exact(j->src->dtype, j->to) && !tmp) atomic_store(&j->failed, 1);
+    for (int64_t r = r0; r < r1 && !atomic_load_explicit(&j->failed, memory_order_relaxed); r++)
+        if (!g4_transcode_row(j->src, r, j->to, j->dst + (size_t)r * j->row_bytes, tmp)) atomic_store(&j->failed, 1);
+    free(tmp);
+}
+
+/* The type the CPU holds a weight of type t in: MLX as AF4 / AF8; the codebook, ternary and FP4 types (read only:
+ * IQ2_XXS .. NVFP4) where the int8 products run, as AF8 when their groups of 32 share a scale (exact), else as Q8_0
+ * (IQ2_XS, IQ2_S, IQ1_M, NVFP4 have a scale per 16: 8.5 bits a weight, re-encoded) -- decoded to floats for every
+ * product they ran ~150x slower than Q4_0 on 2 cores (E2B-wide layers); t itself otherwise. */
+static g4_dtype cpu_held_type(const g4_tensor *t) {
+    const int64_t in = t->ndim ? t->shape[t->ndim - 1] : 0;
+    if (g4_dtype_is_mlx(t->dtype))
+        return t->group > 0 && t->group % 32 == 0 && in % t->group == 0 ? g4_af_type(t->dtype) : t->dtype;
+    if (t->dtype < G4_IQ2_XXS || t->dtype > G4_NVFP4 || in % 32 || getenv("G4_NO_INT8_ACT") ||
+        !g4_cpu_kernels_get()->q8_k_quants)
+        return t->dtype;
+    return g4_codebook_scale32_type(t->dtype) ? G4_AF8 : G4_Q8_0;
 }
 
 /* MLX affine weights are held as AF4 / AF8 (core/tensor.h: blocks of 32 with the group's f32 scale and bias, the
- * codes as they are; g4_transcode_row, exact), which the int8 products read (matmul_q8.c); the others where they
- * are. (AF4 takes 6 bits a weight where MLX4 with a bf16 scale and bias a group of 64 takes 4.5.) */
+ * codes as they are; g4_transcode_row, exact), which the int8 products read (matmul_q8.c), and so are the codebook
+ * types (cpu_held_type); the others where they are. (AF4 takes 6 bits a weight where MLX4 with a bf16 scale and
+ * bias a group of 64 takes 4.5.) A codebook weight whose rows do not transcode (a scale that is not finite) stays
+ * as it is: the float products read every type. */
 static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     if (cpu_place_weight(be, src, dst, err)) return -1;
-    const g4_dtype af = g4_af_type(src->dtype);
+    const g4_dtype af = cpu_held_type(dst);
     const int64_t in = dst->ndim ? dst->shape[dst->ndim - 1] : 0, rows = g4_tensor_nrows(dst);
-    if (af == G4_DTYPE_UNKNOWN || dst->group <= 0 || dst->group % 32 || in % dst->group || !dst->data) return 0;
+    if (af == dst->dtype || !dst->data) return 0;
     g4_cpu *cpu = cpu_of(be);
     const size_t rb = g4_dtype_row_bytes(af, in), bytes = (size_t)rows * rb;
     void *data = NULL;
@@ -176,8 +199,12 @@ static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *ds
         cpu_free_owned(cpu, dst->data), cpu_free_owned(cpu, dst->scales), cpu_free_owned(cpu, dst->biases);
         return g4_fail(err, "out of memory for %zu bytes of '%s' as %s", bytes, src->name, g4_dtype_name(af));
     }
-    af_job j = {dst, af, data, rb};
+    af_job j = {dst, af, data, rb, 0};
     g4_pool_for(cpu->pool, rows, 64, af_rows, &j);
+    if (atomic_load(&j.failed) && !g4_dtype_is_mlx(dst->dtype)) { /* (MLX rows always transcode) */
+        free(data);
+        return 0;
+    }
     cpu_free_owned(cpu, dst->data), cpu_free_owned(cpu, dst->scales), cpu_free_owned(cpu, dst->biases);
     cpu->owned[cpu->n_owned++] = data;
     dst->dtype = af;
