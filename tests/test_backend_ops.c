@@ -443,22 +443,31 @@ static void test_transcoded_weights(void) {
         make_any(&w, t, 2, (int64_t[]){out, in}, 1.0f);
         CHECKF(w.dev.dtype == h, "%s: %s held as %s, not %s", be_label, g4_dtype_name(t), g4_dtype_name(w.dev.dtype),
                g4_dtype_name(h));
-        /* the held values as a weight of that type */
-        const size_t hrb = g4_dtype_row_bytes(h, in);
+        /* the held values as a weight of that type (a GGUF type held as MLX: g4_transcode_row_mlx's codes, groups of
+         * 32 and f32 scales and biases) */
+        const int as_mlx = g4_dtype_is_mlx(h) && !g4_dtype_is_mlx(t);
+        const size_t hrb = as_mlx ? (size_t)in * (size_t)g4_mlx_bits(h) / 8 : g4_dtype_row_bytes(h, in);
         memset(&hw, 0, sizeof hw);
         hw.data = malloc((size_t)out * hrb);
         float *tmp = malloc((size_t)in * sizeof(float)), *src = malloc((size_t)out * in * sizeof(float));
         double *half_d = malloc((size_t)out * in * sizeof(double)); /* half the held block's step per weight */
+        if (as_mlx) hw.scales = malloc((size_t)out * (in / 32) * sizeof(float)), hw.biases = malloc((size_t)out * (in / 32) * sizeof(float));
         for (int r = 0; r < out; r++) {
             unsigned char *row = (unsigned char *)hw.data + (size_t)r * hrb;
-            CHECK(g4_transcode_row(&w.host, r, h, row, tmp) == hrb);
+            if (as_mlx)
+                CHECK(g4_transcode_row_mlx(&w.host, r, h, row, (float *)hw.scales + (size_t)r * (in / 32),
+                                           (float *)hw.biases + (size_t)r * (in / 32)) == hrb);
+            else
+                CHECK(g4_transcode_row(&w.host, r, h, row, tmp) == hrb);
             g4_dequant_row(&w.host, r, src + (size_t)r * in);
             for (int i = 0; i < in; i++)
                 half_d[(size_t)r * in + i] = h == G4_Q8_0 ? 0.5 * g4_f16_at(row + 34 * (i / 32)) : 0.0;
         }
         hw.host = (g4_tensor){.name = "held", .dtype = h, .ndim = 2, .shape = {out, in}, .data = hw.data,
                               .nbytes = (size_t)out * hrb};
-        if (g4_dtype_is_mlx(h)) /* (MLX held as MLX of more bits: the codes widened, the same scales and biases) */
+        if (as_mlx)
+            hw.host.scales = hw.scales, hw.host.biases = hw.biases, hw.host.scale_dtype = G4_F32, hw.host.group = 32;
+        else if (g4_dtype_is_mlx(h)) /* (MLX held as MLX of more bits: the codes widened, the same scales and biases) */
             hw.host.scales = w.host.scales, hw.host.biases = w.host.biases, hw.host.scale_dtype = w.host.scale_dtype,
             hw.host.group = w.host.group;
         weight_upload(&hw);
@@ -508,10 +517,11 @@ static void test_transcoded_weights(void) {
     if (any && takes(G4_IQ4_NL) && held(G4_IQ4_NL) != G4_IQ4_NL) CHECK(g4_transcode_exact(G4_IQ4_NL, held(G4_IQ4_NL)));
     if (!strcmp(be->ops->name, "cuda"))
         CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_IQ4_NL) == G4_IQ4_NL &&
-                   held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_Q8_0 && held(G4_Q5_1) == G4_Q8_0 &&
-                   held(G4_MLX3) == G4_MLX4 && held(G4_MLX6) == G4_MLX8,
-               "%s: Q5_0, Q5_K, IQ4_NL and IQ4_XS held as they are, Q4_1 and Q5_1 as Q8_0, MLX3 as MLX4, MLX6 as "
-               "MLX8", be_label);
+                   held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_MLX4 && held(G4_Q5_1) == G4_MLX8 &&
+                   held(G4_IQ2_XXS) == G4_MLX8 && held(G4_IQ2_XS) == G4_Q8_0 && held(G4_MLX3) == G4_MLX4 &&
+                   held(G4_MLX6) == G4_MLX8,
+               "%s: Q5_0, Q5_K, IQ4_NL and IQ4_XS held as they are, Q4_1 as MLX4, Q5_1 and IQ2_XXS as MLX8, IQ2_XS "
+               "as Q8_0, MLX3 as MLX4, MLX6 as MLX8", be_label);
     /* MLX weights are held exactly wherever they are held as another type (the CPU: AF4 / AF8) */
     for (size_t qi = 0; takes_quantized && qi < N_QTYPES; qi++)
         if (g4_dtype_is_mlx(qtypes[qi]) && takes(qtypes[qi]))

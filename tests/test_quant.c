@@ -448,6 +448,16 @@ static void test_transcode(void) {
                    g4_dtype_name(from[k]));
         }
     }
+    /* Q4_1 -> AF4 and Q5_1 -> AF8 (the CPU's layouts): every value the same */
+    for (int k = 0; k < 2; k++) {
+        const g4_dtype f = k ? G4_Q5_1 : G4_Q4_1, to = k ? G4_AF8 : G4_AF4;
+        CHECK(g4_quant(f, x, src, N) == g4_dtype_row_bytes(f, N));
+        g4_tensor t = {.name = "t", .dtype = f, .ndim = 2, .shape = {1, N}, .data = src};
+        CHECK(g4_transcode_exact(f, to) && g4_transcode_row(&t, 0, to, dst, NULL) == g4_dtype_row_bytes(to, N));
+        g4_dequant(f, src, y, N);
+        g4_dequant(to, dst, z, N);
+        CHECKF(!memcmp(y, z, sizeof y), "%s -> %s changes values", g4_dtype_name(f), g4_dtype_name(to));
+    }
     CHECK(g4_transcode_exact(G4_Q5_0, G4_Q8_0) && g4_transcode_exact(G4_IQ4_NL, G4_Q8_0) &&
           !g4_transcode_exact(G4_Q5_K, G4_Q8_0) && !g4_transcode_exact(G4_IQ4_XS, G4_Q8_0));
     /* MLX: a row's scales and biases come with it */

@@ -6,6 +6,7 @@
 #include "core/quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 const int8_t g4_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
@@ -613,8 +614,11 @@ int g4_dequant_reads(g4_dtype t) {
 }
 
 int g4_transcode_exact(g4_dtype from, g4_dtype to) {
+    if (!g4_dtype_is_mlx(from) && (to == G4_MLX4 || to == G4_MLX8)) /* (g4_transcode_row_mlx) */
+        return g4_transcode_exact(from, to == G4_MLX4 ? G4_AF4 : G4_AF8) && from != G4_AF4 && from != G4_AF8;
     return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0) ||
-           (g4_codebook_scale32_type(from) && to == G4_AF8) ||
+           (g4_codebook_scale32_type(from) && to == G4_AF8) || (from == G4_Q4_1 && to == G4_AF4) ||
+           (from == G4_Q5_1 && to == G4_AF8) ||
            (g4_dtype_is_mlx(from) &&
             (to == g4_af_type(from) || (g4_dtype_is_mlx(to) && g4_mlx_bits(to) >= g4_mlx_bits(from))));
 }
@@ -718,6 +722,55 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         return (size_t)(n / 32) * 34;
     }
     if (g4_codebook_scale32_type(t->dtype) && to == G4_AF8) return codebook_to_af8(t, r, dst);
+    if ((t->dtype == G4_Q4_1 && to == G4_AF4) || (t->dtype == G4_Q5_1 && to == G4_AF8)) {
+        /* q d + m: s = d, b = m (as f32), the codes as they are (Q4_1's nibbles are AF4's order) */
+        const int five = t->dtype == G4_Q5_1, bs = five ? 24 : 20, ds = five ? 40 : 24;
+        const unsigned char *s = g4_tensor_row(t, r);
+        unsigned char *d = dst;
+        for (int64_t b = 0; b < n / 32; b++, s += bs, d += ds) {
+            const float sc = g4_f16_at(s), m = g4_f16_at(s + 2);
+            memcpy(d, &sc, 4);
+            memcpy(d + 4, &m, 4);
+            if (!five) {
+                memcpy(d + 8, s + 4, 16);
+                continue;
+            }
+            uint32_t qh;
+            memcpy(&qh, s + 4, 4);
+            for (int j = 0; j < 16; j++) {
+                d[8 + j] = (unsigned char)((s[8 + j] & 15) | ((qh >> j) & 1) << 4);
+                d[24 + j] = (unsigned char)((s[8 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4);
+            }
+        }
+        return (size_t)(n / 32) * (size_t)ds;
+    }
     g4_dequant_row(t, r, tmp);
     return g4_quant(to, tmp, dst, n);
+}
+
+size_t g4_transcode_row_mlx(const g4_tensor *t, int64_t r, g4_dtype to, unsigned char *codes, float *scales,
+                            float *biases) {
+    const g4_dtype af = to == G4_MLX4 ? G4_AF4 : G4_AF8;
+    const int64_t n = t->ndim ? t->shape[t->ndim - 1] : 1;
+    if ((to != G4_MLX4 && to != G4_MLX8) || !g4_transcode_exact(t->dtype, to) || n % 32) return 0;
+    const int bs = g4_dtype_block_bytes(af);
+    unsigned char *row = malloc((size_t)(n / 32) * (size_t)bs);
+    if (!row || !g4_transcode_row(t, r, af, row, NULL)) {
+        free(row);
+        return 0;
+    }
+    for (int64_t b = 0; b < n / 32; b++) {
+        const unsigned char *a = row + (size_t)b * (size_t)bs;
+        memcpy(&scales[b], a, 4);
+        memcpy(&biases[b], a + 4, 4);
+        for (int j = 0; j < 32; j++) { /* AF4: byte k = element k | element k + 16 << 4; MLX4: element j at bits 4j */
+            const unsigned c = af == G4_AF8 ? a[8 + j] : j < 16 ? a[8 + j] & 15u : (unsigned)a[8 + j - 16] >> 4;
+            if (af == G4_AF8)
+                codes[b * 32 + j] = (unsigned char)c;
+            else
+                codes[(b * 32 + j) / 2] = (unsigned char)(j % 2 ? codes[(b * 32 + j) / 2] | c << 4 : c);
+        }
+    }
+    free(row);
+    return (size_t)n * (size_t)g4_mlx_bits(to) / 8;
 }

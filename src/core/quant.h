@@ -90,10 +90,18 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
 /* 1 when g4_transcode_row(from -> to) keeps every value bit for bit: equal types, Q5_0 -> Q8_0 (a Q5_0 value is
  * (q - 16) * d, q < 32: the Q8_0 block of the same d and codes q - 16), IQ4_NL -> Q8_0 (d * table[nibble], the
  * table int8: the same d, codes table[nibble]), a codebook type whose groups of 32 share a scale
- * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
+ * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128), Q4_1 -> AF4 and Q5_1 -> AF8 (q d + m: s = d,
+ * b = m, the codes), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
  * -> MLX of as many bits or more (the codes widened; the scales and biases stay the source's: the CUDA backend's,
- * cuda_quant.cu). */
+ * cuda_quant.cu); and a GGUF type held exactly as AF4 (AF8) -> MLX4 (MLX8) with groups of 32 and f32 scales
+ * (g4_transcode_row_mlx, not g4_transcode_row: the CUDA backend's, as the CPU's AF). */
 int g4_transcode_exact(g4_dtype from, g4_dtype to);
+/* Row r of a GGUF tensor t whose type AF4 (AF8) holds exactly (g4_transcode_exact) as MLX4 (MLX8) codes (LSB
+ * first) with a group of 32 and f32 scales and biases: codes [n * bits / 8], scales and biases [n / 32]. Returns the
+ * code bytes, 0 where t's type is not held exactly so (g4_transcode_exact(t, MLX4 / MLX8) says when it is: the
+ * CUDA backend's layout of Q4_1, Q5_1 and the codebook types whose groups of 32 share a scale). */
+size_t g4_transcode_row_mlx(const g4_tensor *t, int64_t r, g4_dtype to, unsigned char *codes, float *scales,
+                            float *biases);
 /* The AF type (core/tensor.h) that holds an MLX type's codes exactly: AF4 up to 4 bits, AF8 above; UNKNOWN for a
  * type that is not MLX. g4_transcode_row(MLX -> it) is exact (rows of whole groups, groups of whole 32s). */
 g4_dtype g4_af_type(g4_dtype mlx);

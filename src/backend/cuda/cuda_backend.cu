@@ -228,11 +228,13 @@ static int cu_check(g4_backend *be, g4_error *err) {
 
 /* ---------------------------------------------------------------- weights */
 /* src's header as it is held in device memory: its dtype g4c_held_dtype (another one for a type this backend has no
- * kernels for: re-encoded at upload); an MLX group and scale type only where it stays MLX. */
+ * kernels for: re-encoded at upload); an MLX group and scale type only where it stays MLX, or (a GGUF type held as
+ * MLX) 32 and F32. */
 static g4_tensor held_header(const g4_tensor *src) {
     g4_tensor h = *src;
     h.dtype = g4c_held_dtype(src->dtype);
     if (h.dtype != src->dtype && !g4_dtype_is_mlx(h.dtype)) h.group = 0, h.scale_dtype = G4_DTYPE_UNKNOWN;
+    if (g4_dtype_is_mlx(h.dtype) && !g4_dtype_is_mlx(src->dtype)) h.group = 32, h.scale_dtype = G4_F32;
     return h;
 }
 

@@ -5,8 +5,8 @@
  *
  * Repacking keeps the bytes of every block (no weight is decoded): codes are moved into runs a lane reads
  * with 16-byte loads, and the scales of a row follow its codes. MLX 2/3/5/6-bit codes are widened to MLX4 / MLX8.
- * Another type without kernels here is first re-encoded into one that has them (g4c_held_dtype: Q8_0), row by row on
- * the host (g4c_upload_quant). */
+ * Another type without kernels here is first moved into one that has them (g4c_held_dtype: MLX4 / MLX8 exactly
+ * where AF4 / AF8 hold it, else re-encoded as Q8_0), row by row on the host (g4c_upload_quant). */
 #include "backend/cuda/cuda_common.cuh"
 
 #include <pthread.h>
@@ -153,18 +153,21 @@ static void *repack_rows(void *arg) {
             repack_row(src, r, p->held, p->buf + (size_t)(r - p->r0) * p->row_bytes);
         return NULL;
     }
-    unsigned char *row = (unsigned char *)malloc(g4_dtype_row_bytes(p->held, in));
-    float *tmp = (float *)malloc((size_t)in * sizeof(float));
+    const int as_mlx = g4_dtype_is_mlx(p->held); /* (a GGUF type held as MLX: g4_transcode_row_mlx) */
+    unsigned char *row = (unsigned char *)malloc(as_mlx ? (size_t)in : g4_dtype_row_bytes(p->held, in));
+    float *tmp = (float *)malloc((size_t)in * sizeof(float)), *bias = (float *)malloc((size_t)in / 32 * sizeof(float));
     g4_tensor one; /* the re-encoded row, as a one-row tensor of the held type */
     memset(&one, 0, sizeof one);
     one.name = src->name, one.dtype = p->held, one.ndim = 2, one.shape[0] = 1, one.shape[1] = in, one.data = row;
+    if (as_mlx) one.scales = tmp, one.biases = bias, one.scale_dtype = G4_F32, one.group = 32;
     for (int64_t r = p->r0; !p->failed && r < p->r1; r++) {
-        if (row && tmp && g4_transcode_row(src, r, p->held, row, tmp))
+        if (row && tmp && bias &&
+            (as_mlx ? g4_transcode_row_mlx(src, r, p->held, row, tmp, bias) : g4_transcode_row(src, r, p->held, row, tmp)))
             repack_row(&one, 0, p->held, p->buf + (size_t)(r - p->r0) * p->row_bytes);
         else
             p->failed = 1;
     }
-    free(row), free(tmp);
+    free(row), free(tmp), free(bias);
     return NULL;
 }
 
