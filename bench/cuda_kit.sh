@@ -5,6 +5,7 @@
 # CUDA fat binary (17 MB), so the kit holds libgemma4c.a and the tests' objects once, and `unpack` links them there.
 #
 # usage (here):  bench/cuda_kit.sh make BUILD SHARED KIT.tar.xz   e.g. build-cuda ../shared .wt-gpu/kit.tar.xz
+#        (G4_KIT_FIXTURES="dense-ple dense-keqv moe" leaves the towers' fixtures out: a smaller kit)
 #        (there): bench/cuda_kit.sh unpack KIT.tar.xz DIR          -> DIR/bin (gemma4c, tests), DIR/lib, DIR/shared
 #                 then bench/cuda_gpu.sh DIR/bin DIR/shared OUT ... with LD_LIBRARY_PATH=DIR/lib
 set -eu
@@ -25,7 +26,9 @@ make)
         esac
     done
     cp -r "$SH/configs" "$SH/reference" "$t/shared/"
-    for f in dense-ple dense-keqv moe vision audio unified README.md; do cp -r "$SH/fixtures/$f" "$t/shared/fixtures/"; done
+    for f in ${G4_KIT_FIXTURES:-dense-ple dense-keqv moe vision audio unified} README.md; do
+        cp -r "$SH/fixtures/$f" "$t/shared/fixtures/"
+    done
     tar -C "$t" -cf - bin lib obj shared | xz -T0 -6 >"$KIT"
     rm -rf "$t"
     ls -la "$KIT"

@@ -31,8 +31,8 @@ rm -rf "$tmp"; mkdir -p "$tmp"
     "$bin" quantize "$shared/fixtures/dense-ple" "$tmp/ple-q3_k.gguf" --type q3_k >/dev/null &&
     "$bin" quantize "$tmp/ple-q3_k.gguf" "$tmp/ple-q3_k-as-q8_0.gguf" --type q8_0 >/dev/null &&
     "$bin" quantize "$shared/fixtures/dense-ple" "$tmp/ple-f32.gguf" --type f32 >/dev/null &&
-    /usr/bin/python3 "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-nvfp4.gguf" nvfp4 >/dev/null &&
-    /usr/bin/python3 "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-mxfp4.gguf" mxfp4 >/dev/null
+    "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-nvfp4.gguf" nvfp4 >/dev/null &&
+    "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-mxfp4.gguf" mxfp4 >/dev/null
 check $? "quantize the fixtures to q4_1 / q3_k (and that to q8_0) / nvfp4 / mxfp4"
 ids=2,17,99,45,300,12,7,88,150,33,21,400,8,9,10,11
 if ! "$bin" logits -m "$tmp/moe-q4_1.gguf" --device cuda --ids $ids -o "$tmp/a.f32" 2>"$tmp/warn.txt"; then

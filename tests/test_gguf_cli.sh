@@ -74,7 +74,7 @@ done
 # AF8, exactly (test_quant), or Q8_0, below)
 "$bin" quantize "$fx" "$tmp/fx-f32.gguf" --type f32; check $? "quantize the fixture to an F32 GGUF"
 for t in iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq1_s iq1_m tq1_0 tq2_0 mxfp4 nvfp4; do
-    /usr/bin/python3 "$src/tests/data/retype_gguf.py" "$tmp/fx-f32.gguf" "$tmp/fx-$t.gguf" $t >/dev/null &&
+    "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/fx-f32.gguf" "$tmp/fx-$t.gguf" $t >/dev/null &&
         "$bin" quantize "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf" --type f32 &&
         G4_NO_INT8_ACT=1 "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/fx-$t.f32" &&
         /usr/bin/python3 "$src/tests/data/gguf_dequant_reference.py" "$fx" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-ref.f32" &&
