@@ -121,6 +121,28 @@ got=$("$bin" run -m "$m" -p "When?" --seed 3 --json-schema '{"enum": [1805, 1812
 printf 'root ::= [0-9]{4} "-" [0-9]{2}\n' >"$tmp/date.gbnf"
 got=$("$bin" generate -m "$m" -p "$prompt" --seed 4 --temp 1 --grammar-file "$tmp/date.gbnf")
 [[ "$got" =~ ^[0-9]{4}-[0-9]{2}$ ]]; check $? "--grammar-file: the output is a sentence of the grammar ($got)"
+# generate -f: each line its own constraint (in place of the command's), sampled; a bad one is that line's error
+printf '%s\n' '{"prompt": "Pierre", "max_tokens": 40, "json_schema": {"type": "object", "properties": {"age": {"type": "integer", "minimum": 1, "maximum": 99}}, "required": ["age"], "additionalProperties": false}}' \
+    '{"prompt": "Natasha", "max_tokens": 12, "regex": "[a-c]{3,5}"}' '{"prompt": "Andrei", "grammar": "root ::= \"war\" | \"peace\""}' \
+    '{"prompt": "x", "regex": "a", "grammar": "root ::= \"a\""}' '{"prompt": "x", "json_schema": {"type": "strin"}}' \
+    '{"prompt": "Marya", "max_tokens": 6}' | "$bin" generate -m "$m" -f - --temp 1 --seed 5 --grammar 'root ::= "never"' \
+    >"$tmp/lines.jsonl" 2>/dev/null
+python3 - "$tmp/lines.jsonl" <<'PY'
+import json, re, sys
+o = [json.loads(l) for l in open(sys.argv[1])]
+assert len(o) == 6, o
+a = o[0]["text"].strip()
+assert a == "" or a.startswith("{"), a  # a prefix of the schema's object, whole where it closed
+if a.endswith("}"):
+    v = json.loads(a)
+    assert list(v) == ["age"] and 1 <= v["age"] <= 99, v
+assert re.fullmatch("[a-c]{3,5}", o[1]["text"]), o[1]
+assert o[2]["text"] in ("war", "peace"), o[2]
+assert "give one" in o[3]["error"] and "strin" in o[4]["error"], (o[3], o[4])
+assert o[5]["text"] == "never", o[5]  # a line without its own: the command's
+print(a, o[1]["text"], o[2]["text"])
+PY
+check $? "generate -f: a line's json_schema / regex / grammar in place of the command's; bad ones are line errors"
 expect_error "an undefined rule in --grammar" "$bin" generate -m "$m" -p x --grammar 'root ::= nothing'
 expect_error "an unsupported JSON Schema keyword" "$bin" run -m "$m" -p x --json-schema '{"type": "string", "format": "email"}'
 expect_error "--grammar with --json-schema" "$bin" generate -m "$m" -p x --grammar 'root ::= "a"' --json-schema '{}'

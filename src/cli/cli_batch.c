@@ -7,7 +7,8 @@
 #include "cli/commands.h"
 
 typedef struct pending {
-    g4_generation *g; /* NULL when the line failed before it could be submitted */
+    g4_generation *g;     /* NULL when the line failed before it could be submitted */
+    g4_grammar *grammar;  /* the line's own grammar (NULL: none), freed after g */
     char err[512];
 } pending;
 
@@ -33,7 +34,7 @@ int cli_batch_run(const char *cmd, const char *path, g4_scheduler *s, int window
             }
             pending *p = &q[(head + count++) % window];
             memset(p, 0, sizeof *p);
-            if (o && submit(o, index, s, user, &p->g, &err)) p->g = NULL;
+            if (o && submit(o, index, s, user, &p->g, &p->grammar, &err)) p->g = NULL;
             if (!p->g) snprintf(p->err, sizeof p->err, "%s", err.msg[0] ? err.msg : "failed");
             json_decref(o);
             index++;
@@ -50,6 +51,7 @@ int cli_batch_run(const char *cmd, const char *path, g4_scheduler *s, int window
             else cli_print_error_line(err.msg[0] ? err.msg : "failed"), failed++;
             json_decref(out);
             g4_generation_free(p->g);
+            g4_grammar_free(p->grammar);
             head = (head + 1) % window;
             count--;
         }
@@ -59,7 +61,7 @@ int cli_batch_run(const char *cmd, const char *path, g4_scheduler *s, int window
             if (g4_scheduler_step(s, &err) < 0) broken = cli_error("%s: %s", cmd, err.msg);
         }
     }
-    for (; count > 0; count--, head = (head + 1) % window) g4_generation_free(q[head].g);
+    for (; count > 0; count--, head = (head + 1) % window) g4_generation_free(q[head].g), g4_grammar_free(q[head].grammar);
     free(q);
     free(line);
     return cli_jsonl_close(cmd, path, in, failed) || broken || unreadable;

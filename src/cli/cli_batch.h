@@ -9,9 +9,11 @@
 
 #include "gemma4c.h"
 
-/* Submits the request of input line `index` (0-based over non-blank lines); -1 with a message. */
+/* Submits the request of input line `index` (0-based over non-blank lines); -1 with a message. *grammar (NULL when
+ * called): a grammar of the line's own that the request reads, freed by the batch after the request (also on
+ * failure). */
 typedef int (*cli_batch_submit_fn)(const json_t *line, long index, g4_scheduler *s, void *user, g4_generation **out,
-                                   g4_error *err);
+                                   g4_grammar **grammar, g4_error *err);
 /* The output line of a finished request, or NULL with a message (printed as {"error": ...}). */
 typedef json_t *(*cli_batch_result_fn)(const g4_generation *g, void *user, g4_error *err);
 

@@ -30,7 +30,8 @@ typedef struct {
 } embed_job;
 
 static int embed_submit(const json_t *line, long index, g4_scheduler *s, void *user, g4_generation **out,
-                        g4_error *err) {
+                        g4_grammar **grammar, g4_error *err) {
+    (void)grammar;
     const embed_job *job = user;
     int n;
     int32_t *ids = cli_batch_line_ids(line, "text", job->add_bos, job->model, &n, err);

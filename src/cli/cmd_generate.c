@@ -25,7 +25,9 @@ static void usage(FILE *f) {
             "  --ids LIST     token ids to continue; prints the generated ids on one line\n"
             "  -f FILE        JSON lines ('-': standard input), all generated at once:\n"
             "                 {\"prompt\": TEXT} or {\"ids\": [...]}, optional \"max_tokens\", \"temperature\",\n"
-            "                 \"seed\", \"stop\" (a string or a list); prints {\"ids\": [...], \"text\": ...}\n"
+            "                 \"seed\", \"stop\" (a string or a list), one of \"json_schema\" (an object or its\n"
+            "                 text), \"grammar\" (GBNF), \"regex\" (in place of the command's constraint);\n"
+            "                 prints {\"ids\": [...], \"text\": ...}\n"
             "                 (the generated part) or {\"error\": ...} per line, in input order\n"
             "  --parallel P   requests running at once with -f (default: 8 on the CPU; on a GPU as many as its\n"
             "                 free memory holds the KV cache of, at most 128)\n"
@@ -44,8 +46,34 @@ typedef struct gen_batch {
     int add_bos;
 } gen_batch;
 
+/* A line's own constraint: "json_schema" (an object, or its text), "grammar" (GBNF) or "regex"; 0 with *g NULL when
+ * it has none. */
+static int line_grammar(const json_t *line, g4_grammar **g, g4_error *err) {
+    static const char *const keys[] = {"json_schema", "grammar", "regex"};
+    const json_t *v = NULL;
+    int k = -1;
+    for (int i = 0; i < 3; i++)
+        if (json_object_get(line, keys[i])) {
+            if (v) return g4_fail(err, "\"%s\" and \"%s\": give one constraint a line", keys[k], keys[i]);
+            v = json_object_get(line, keys[i]), k = i;
+        }
+    if (!v) return 0;
+    if (k == 0 && json_is_object(v)) {
+        char *text = json_dumps(v, JSON_COMPACT);
+        if (!text) return g4_fail(err, "out of memory");
+        const int rc = g4_grammar_json_schema(text, g, err);
+        free(text);
+        return rc;
+    }
+    if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v))
+        return g4_fail(err, "\"%s\" must be %s", keys[k], k == 0 ? "a JSON Schema (an object or its text)" : "a string");
+    const char *text = json_string_value(v);
+    return k == 0 ? g4_grammar_json_schema(text, g, err) : k == 1 ? g4_grammar_gbnf(text, g, err)
+                                                                  : g4_grammar_regex(text, g, err);
+}
+
 static int gen_submit(const json_t *line, long index, g4_scheduler *s, void *user, g4_generation **out,
-                      g4_error *err) {
+                      g4_grammar **grammar, g4_error *err) {
     const gen_batch *b = user;
     g4_sampler_params sp = b->sp;
     g4_generation_params gp = b->gp;
@@ -79,6 +107,8 @@ static int gen_submit(const json_t *line, long index, g4_scheduler *s, void *use
         gp.stop_strings = stops;
         gp.n_stop_strings = (int)n;
     }
+    if (line_grammar(line, grammar, err)) return -1;
+    if (*grammar) gp.grammar = *grammar, gp.json_object = 0; /* (the line's replaces the command's) */
     int n;
     int32_t *ids = cli_batch_line_ids(line, "prompt", b->add_bos, b->model, &n, err);
     if (!ids) return -1;
