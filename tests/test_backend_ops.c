@@ -518,10 +518,10 @@ static void test_transcoded_weights(void) {
     if (!strcmp(be->ops->name, "cuda"))
         CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_IQ4_NL) == G4_IQ4_NL &&
                    held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_MLX4 && held(G4_Q5_1) == G4_MLX8 &&
-                   held(G4_IQ2_XXS) == G4_MLX8 && held(G4_IQ2_XS) == G4_Q8_0 && held(G4_MLX3) == G4_MLX4 &&
-                   held(G4_MLX6) == G4_MLX8,
-               "%s: Q5_0, Q5_K, IQ4_NL and IQ4_XS held as they are, Q4_1 as MLX4, Q5_1 and IQ2_XXS as MLX8, IQ2_XS "
-               "as Q8_0, MLX3 as MLX4, MLX6 as MLX8", be_label);
+                   held(G4_IQ2_XXS) == G4_MLX8 && held(G4_IQ2_XS) == G4_Q8_0 && held(G4_Q3_K) == G4_Q6_K &&
+                   held(G4_Q2_K) == G4_Q8_0 && held(G4_MLX3) == G4_MLX4 && held(G4_MLX6) == G4_MLX8,
+               "%s: Q5_0, Q5_K, IQ4_NL and IQ4_XS held as they are, Q4_1 as MLX4, Q5_1 and IQ2_XXS as MLX8, Q3_K as "
+               "Q6_K, IQ2_XS and Q2_K as Q8_0, MLX3 as MLX4, MLX6 as MLX8", be_label);
     /* MLX weights are held exactly wherever they are held as another type (the CPU: AF4 / AF8) */
     for (size_t qi = 0; takes_quantized && qi < N_QTYPES; qi++)
         if (g4_dtype_is_mlx(qtypes[qi]) && takes(qtypes[qi]))

@@ -448,9 +448,9 @@ static void test_transcode(void) {
                    g4_dtype_name(from[k]));
         }
     }
-    /* Q4_1 -> AF4 and Q5_1 -> AF8 (the CPU's layouts): every value the same */
-    for (int k = 0; k < 2; k++) {
-        const g4_dtype f = k ? G4_Q5_1 : G4_Q4_1, to = k ? G4_AF8 : G4_AF4;
+    /* Q4_1 -> AF4 and Q5_1 -> AF8 (the CPU's layouts), Q3_K -> Q6_K (the CUDA backend's): every value the same */
+    for (int k = 0; k < 3; k++) {
+        const g4_dtype f = k == 2 ? G4_Q3_K : k ? G4_Q5_1 : G4_Q4_1, to = k == 2 ? G4_Q6_K : k ? G4_AF8 : G4_AF4;
         CHECK(g4_quant(f, x, src, N) == g4_dtype_row_bytes(f, N));
         g4_tensor t = {.name = "t", .dtype = f, .ndim = 2, .shape = {1, N}, .data = src};
         CHECK(g4_transcode_exact(f, to) && g4_transcode_row(&t, 0, to, dst, NULL) == g4_dtype_row_bytes(to, N));

@@ -618,6 +618,7 @@ int g4_transcode_exact(g4_dtype from, g4_dtype to) {
         return g4_transcode_exact(from, to == G4_MLX4 ? G4_AF4 : G4_AF8) && from != G4_AF4 && from != G4_AF8;
     return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0) ||
            (g4_codebook_scale32_type(from) && to == G4_AF8) || (from == G4_Q4_1 && to == G4_AF4) ||
+           (from == G4_Q3_K && to == G4_Q6_K) ||
            (from == G4_Q5_1 && to == G4_AF8) ||
            (g4_dtype_is_mlx(from) &&
             (to == g4_af_type(from) || (g4_dtype_is_mlx(to) && g4_mlx_bits(to) >= g4_mlx_bits(from))));
@@ -722,6 +723,22 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         return (size_t)(n / 32) * 34;
     }
     if (g4_codebook_scale32_type(t->dtype) && to == G4_AF8) return codebook_to_af8(t, r, dst);
+    if (t->dtype == G4_Q3_K && to == G4_Q6_K) { /* d sc (q - 4): the same d and scales, codes q - 4 + 32 */
+        const unsigned char *s = g4_tensor_row(t, r);
+        unsigned char *d = dst;
+        for (int64_t b = 0; b < n / 256; b++, s += 110, d += 210) {
+            memset(d, 0, 192);
+            for (int e = 0; e < 256; e++) {
+                const int h = e / 128, i = (e / 32) % 4, l = e % 32; /* Q3_K and Q6_K number elements alike */
+                const int q = ((s[32 + 32 * h + l] >> (2 * i)) & 3) - ((s[l] >> (4 * h + i)) & 1 ? 0 : 4) + 32;
+                d[64 * h + l + 32 * (i % 2)] |= (unsigned char)((q & 15) << (4 * (i / 2)));
+                d[128 + 32 * h + l] |= (unsigned char)((q >> 4) << (2 * i));
+            }
+            for (int k = 0; k < 16; k++) d[192 + k] = (unsigned char)(int8_t)q3_k_scale(s + 96, k);
+            d[208] = s[108], d[209] = s[109];
+        }
+        return (size_t)(n / 256) * 210;
+    }
     if ((t->dtype == G4_Q4_1 && to == G4_AF4) || (t->dtype == G4_Q5_1 && to == G4_AF8)) {
         /* q d + m: s = d, b = m (as f32), the codes as they are (Q4_1's nibbles are AF4's order) */
         const int five = t->dtype == G4_Q5_1, bs = five ? 24 : 20, ds = five ? 40 : 24;

@@ -91,7 +91,7 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
  * (q - 16) * d, q < 32: the Q8_0 block of the same d and codes q - 16), IQ4_NL -> Q8_0 (d * table[nibble], the
  * table int8: the same d, codes table[nibble]), a codebook type whose groups of 32 share a scale
  * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128), Q4_1 -> AF4 and Q5_1 -> AF8 (q d + m: s = d,
- * b = m, the codes), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
+ * b = m, the codes), Q3_K -> Q6_K (d sc (q - 4): the same d and scales, codes q + 28), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
  * -> MLX of as many bits or more (the codes widened; the scales and biases stay the source's: the CUDA backend's,
  * cuda_quant.cu); and a GGUF type held exactly as AF4 (AF8) -> MLX4 (MLX8) with groups of 32 and f32 scales
  * (g4_transcode_row_mlx, not g4_transcode_row: the CUDA backend's, as the CPU's AF). */

@@ -21,6 +21,7 @@
  * its marks, from the GPU's global timer; the recording runs as in production). */
 #include "backend/cuda/cuda_common.cuh"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,11 +246,14 @@ static int64_t weight_bytes(const g4_tensor *src, g4_error *err) {
     if (h.dtype == G4_DTYPE_UNKNOWN)
         return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16, F32, GGUF and MLX weights, not %s", src->name,
                        g4_dtype_name(src->dtype));
-    if (h.dtype != src->dtype && !src->data) /* (random weights are made on the GPU, in its own types) */
+    if (h.dtype != src->dtype && !src->data) { /* (random weights are made on the GPU, in its own types) */
+        char flag[16] = {0}; /* the held type as --type spells it */
+        for (size_t i = 0; i + 1 < sizeof flag && g4_dtype_name(h.dtype)[i]; i++)
+            flag[i] = (char)tolower((unsigned char)g4_dtype_name(h.dtype)[i]);
         return g4_fail(err, "tensor '%s': random %s weights: the CUDA backend has no %s kernels (it holds a file's %s "
                             "tensors as %s: --type %s runs those)", src->name, g4_dtype_name(src->dtype),
-                       g4_dtype_name(src->dtype), g4_dtype_name(src->dtype), g4_dtype_name(h.dtype),
-                       h.dtype == G4_Q8_0 ? "q8_0" : g4_dtype_name(h.dtype));
+                       g4_dtype_name(src->dtype), g4_dtype_name(src->dtype), g4_dtype_name(h.dtype), flag);
+    }
     const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
     const int64_t rows = in > 0 ? g4_tensor_numel(src) / in : 0;
     if (g4_dtype_is_quantized(src->dtype) &&

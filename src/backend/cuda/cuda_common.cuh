@@ -335,13 +335,15 @@ static inline int g4c_quant_supported(g4_dtype t) {
  * float types and g4c_quant_supported); MLX 2/3-bit as MLX4 and 5/6-bit as MLX8 (the codes widened, the scales and
  * biases as they are: exact, g4c_upload_quant); Q4_1 as MLX4, and Q5_1 and the codebook types whose groups of 32
  * share a scale (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0, MXFP4) as MLX8, with groups of 32 and f32 scales and
- * biases (exact: g4_transcode_row_mlx, the CPU's AF4 / AF8 blocks); Q8_0 for every other type core/quant.h decodes
- * (g4_dequant_reads: Q2_K, Q3_K, IQ2_XS, IQ2_S, IQ1_M, NVFP4), re-encoded row by row at upload (g4_transcode_row:
+ * biases (exact: g4_transcode_row_mlx, the CPU's AF4 / AF8 blocks); Q3_K as Q6_K (exact: the same d and scales,
+ * 6.6 bits a weight); Q8_0 for every other type core/quant.h decodes
+ * (g4_dequant_reads: Q2_K, IQ2_XS, IQ2_S, IQ1_M, NVFP4), re-encoded row by row at upload (g4_transcode_row:
  * 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type must be whole blocks of it
  * (Q8_0, and the MLX-held GGUF types: 32). */
 static inline g4_dtype g4c_held_dtype(g4_dtype t) {
     if (t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4c_quant_supported(t)) return t;
     if (g4_dtype_is_mlx(t)) return g4_mlx_bits(t) <= 4 ? G4_MLX4 : G4_MLX8;
+    if (t == G4_Q3_K) return G4_Q6_K; /* (exact: g4_transcode_row) */
     if (g4_transcode_exact(t, G4_MLX4)) return G4_MLX4;
     if (g4_transcode_exact(t, G4_MLX8)) return G4_MLX8;
     return g4_dtype_is_quantized(t) && g4_dequant_reads(t) ? G4_Q8_0 : G4_DTYPE_UNKNOWN;
