@@ -401,6 +401,16 @@ static void test_decode_hashes(void) {
         CHECKF(h == decode_hashes[k].fnv, "%s: the decoded values' hash %016llx, gguf-py's %016llx", name,
                (unsigned long long)h, decode_hashes[k].fnv);
         CHECKF(g4_dequant_reads(t) && g4_dtype_row_bytes(t, N) == (size_t)nb * (size_t)bs, "%s", name);
+        if (g4_codebook_q6k_type(t)) { /* held as Q6_K by the CPU: every value the same */
+            static unsigned char q6[N / 256 * 210];
+            static float z[N];
+            const g4_tensor row = {.name = "r", .dtype = t, .ndim = 2, .shape = {1, N}, .data = b};
+            CHECKF(g4_transcode_exact(t, G4_Q6_K) && g4_transcode_row(&row, 0, G4_Q6_K, q6, NULL) == sizeof q6, "%s", name);
+            g4_dequant(G4_Q6_K, q6, z, N);
+            int same = 1;
+            for (int i = 0; i < N; i++) same &= z[i] == y[i];
+            CHECKF(same, "%s -> Q6_K changes values", name);
+        }
         if (g4_codebook_scale32_type(t)) { /* held as AF8 by the CPU: every value the same (MXFP4: scales that keep
                                              * the values finite and normal; others are refused, below) */
             static unsigned char af[N / 32 * 40];

@@ -618,7 +618,7 @@ int g4_transcode_exact(g4_dtype from, g4_dtype to) {
         return g4_transcode_exact(from, to == G4_MLX4 ? G4_AF4 : G4_AF8) && from != G4_AF4 && from != G4_AF8;
     return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0) ||
            (g4_codebook_scale32_type(from) && to == G4_AF8) || (from == G4_Q4_1 && to == G4_AF4) ||
-           (from == G4_Q3_K && to == G4_Q6_K) ||
+           ((from == G4_Q3_K || g4_codebook_q6k_type(from)) && to == G4_Q6_K) ||
            (from == G4_Q5_1 && to == G4_AF8) ||
            (g4_dtype_is_mlx(from) &&
             (to == g4_af_type(from) || (g4_dtype_is_mlx(to) && g4_mlx_bits(to) >= g4_mlx_bits(from))));
@@ -649,6 +649,52 @@ static size_t mlx_to_af(const g4_tensor *t, int64_t r, g4_dtype to, unsigned cha
         }
     }
     return (size_t)(n / 32) * (size_t)bs;
+}
+
+/* A Q6_K block (docs/formats.md 3.2) of 256 codes u (0..63; w = d * sc[e / 16] * (u - 32)), 16 scales, f16 d */
+static void put_q6_k(unsigned char *b, const int *u, const int *sc, uint16_t d) {
+    memset(b, 0, 192);
+    for (int e = 0; e < 256; e++) {
+        const int h = e / 128, i = (e / 32) % 4, l = e % 32;
+        b[64 * h + l + 32 * (i % 2)] |= (unsigned char)((u[e] & 15) << (4 * (i / 2)));
+        b[128 + 32 * h + l] |= (unsigned char)((u[e] >> 4) << (2 * i));
+    }
+    for (int k = 0; k < 16; k++) b[192 + k] = (unsigned char)(int8_t)sc[k];
+    memcpy(b + 208, &d, 2);
+}
+
+/* row r of Q3_K (d sc (q - 4): the same d and scales, codes q + 28) or of a codebook type with g4_codebook_q6k (its d
+ * and 16 scales, codes value / (d sc) + 32, each checked to give back the value bit for bit: 0 bytes written
+ * otherwise) as Q6_K */
+static size_t to_q6_k(const g4_tensor *t, int64_t r, unsigned char *dst) {
+    const int64_t n = t->shape[t->ndim - 1];
+    const int bs = g4_dtype_block_bytes(t->dtype);
+    const unsigned char *s = g4_tensor_row(t, r);
+    int u[256], sc[16];
+    float y[256];
+    for (int64_t b = 0; b < n / 256; b++, s += bs, dst += 210) {
+        if (t->dtype == G4_Q3_K) {
+            for (int e = 0; e < 256; e++) { /* (Q3_K and Q6_K number elements alike) */
+                const int h = e / 128, i = (e / 32) % 4, l = e % 32;
+                u[e] = ((s[32 + 32 * h + l] >> (2 * i)) & 3) - ((s[l] >> (4 * h + i)) & 1 ? 0 : 4) + 32;
+            }
+            for (int k = 0; k < 16; k++) sc[k] = q3_k_scale(s + 96, k);
+            put_q6_k(dst, u, sc, (uint16_t)(s[108] | s[109] << 8));
+            continue;
+        }
+        float d;
+        if (!g4_codebook_q6k(t->dtype, s, &d, sc)) return 0;
+        const uint16_t dh = g4_f32_to_f16(d);
+        if (g4_f16_to_f32(dh) != d) return 0;
+        g4_dequant_codebook(t->dtype, s, y);
+        for (int e = 0; e < 256; e++) {
+            const float step = d * (float)sc[e / 16], q = step != 0.0f ? rintf(y[e] / step) : 0.0f;
+            if (!(q >= -32.0f && q <= 31.0f) || step * q != y[e]) return 0;
+            u[e] = (int)q + 32;
+        }
+        put_q6_k(dst, u, sc, dh);
+    }
+    return (size_t)(n / 256) * 210;
 }
 
 /* row r of a codebook type whose groups of 32 share a scale s (g4_codebook_scale32) as AF8: s, bias -128 s, codes
@@ -723,22 +769,7 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         return (size_t)(n / 32) * 34;
     }
     if (g4_codebook_scale32_type(t->dtype) && to == G4_AF8) return codebook_to_af8(t, r, dst);
-    if (t->dtype == G4_Q3_K && to == G4_Q6_K) { /* d sc (q - 4): the same d and scales, codes q - 4 + 32 */
-        const unsigned char *s = g4_tensor_row(t, r);
-        unsigned char *d = dst;
-        for (int64_t b = 0; b < n / 256; b++, s += 110, d += 210) {
-            memset(d, 0, 192);
-            for (int e = 0; e < 256; e++) {
-                const int h = e / 128, i = (e / 32) % 4, l = e % 32; /* Q3_K and Q6_K number elements alike */
-                const int q = ((s[32 + 32 * h + l] >> (2 * i)) & 3) - ((s[l] >> (4 * h + i)) & 1 ? 0 : 4) + 32;
-                d[64 * h + l + 32 * (i % 2)] |= (unsigned char)((q & 15) << (4 * (i / 2)));
-                d[128 + 32 * h + l] |= (unsigned char)((q >> 4) << (2 * i));
-            }
-            for (int k = 0; k < 16; k++) d[192 + k] = (unsigned char)(int8_t)q3_k_scale(s + 96, k);
-            d[208] = s[108], d[209] = s[109];
-        }
-        return (size_t)(n / 256) * 210;
-    }
+    if (to == G4_Q6_K && g4_transcode_exact(t->dtype, G4_Q6_K) && t->dtype != G4_Q6_K) return to_q6_k(t, r, dst);
     if ((t->dtype == G4_Q4_1 && to == G4_AF4) || (t->dtype == G4_Q5_1 && to == G4_AF8)) {
         /* q d + m: s = d, b = m (as f32), the codes as they are (Q4_1's nibbles are AF4's order) */
         const int five = t->dtype == G4_Q5_1, bs = five ? 24 : 20, ds = five ? 40 : 24;

@@ -61,6 +61,11 @@ void g4_dequant_codebook(g4_dtype t, const unsigned char *b, float *y);
  * (8 g +- 1) in units of an eighth of its scale), so g4_transcode_row to AF8 holds them exactly. */
 int g4_codebook_scale32_type(g4_dtype t);
 float g4_codebook_scale32(g4_dtype t, const unsigned char *b, int k);
+/* 1 for the codebook types Q6_K holds exactly (IQ1_S, IQ1_M, IQ3_S, TQ1_0, TQ2_0: every value d * sc * an integer in
+ * -32 .. 31, with one d a block and an integer scale sc <= 31 per 16; IQ1's d is its own / 8), and g4_codebook_q6k
+ * gives a block's d and 16 scales (0 for another type). g4_transcode_row to Q6_K checks every value (d as f16 too). */
+int g4_codebook_q6k_type(g4_dtype t);
+int g4_codebook_q6k(g4_dtype t, const unsigned char *b, float *d, int *sc);
 
 /* Decodes row r of any weight tensor (plain, GGUF or MLX) into dst[shape[ndim-1]]. */
 void g4_dequant_row(const g4_tensor *t, int64_t r, float *dst);
@@ -91,7 +96,8 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
  * (q - 16) * d, q < 32: the Q8_0 block of the same d and codes q - 16), IQ4_NL -> Q8_0 (d * table[nibble], the
  * table int8: the same d, codes table[nibble]), a codebook type whose groups of 32 share a scale
  * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128), Q4_1 -> AF4 and Q5_1 -> AF8 (q d + m: s = d,
- * b = m, the codes), Q3_K -> Q6_K (d sc (q - 4): the same d and scales, codes q + 28), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
+ * b = m, the codes), Q3_K -> Q6_K (d sc (q - 4): the same d and scales, codes q + 28), the types of
+ * g4_codebook_q6k_type -> Q6_K (rows whose values it cannot hold are refused: 0 bytes), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
  * -> MLX of as many bits or more (the codes widened; the scales and biases stay the source's: the CUDA backend's,
  * cuda_quant.cu); and a GGUF type held exactly as AF4 (AF8) -> MLX4 (MLX8) with groups of 32 and f32 scales
  * (g4_transcode_row_mlx, not g4_transcode_row: the CUDA backend's, as the CPU's AF). */

@@ -604,6 +604,37 @@ float g4_codebook_scale32(g4_dtype t, const unsigned char *b, int k) {
     }
 }
 
+int g4_codebook_q6k_type(g4_dtype t) {
+    return t == G4_IQ1_S || t == G4_IQ1_M || t == G4_IQ3_S || t == G4_TQ1_0 || t == G4_TQ2_0;
+}
+
+int g4_codebook_q6k(g4_dtype t, const unsigned char *b, float *d, int *sc) {
+    switch (t) {
+    case G4_IQ1_S: /* d (2 s + 1) (g +- 1/8) per 32 = d/8 (2 s + 1) (8 g +- 1) */
+        *d = g4_f16_at(b) * 0.125f;
+        for (int k = 0; k < 8; k++) sc[2 * k] = sc[2 * k + 1] = 2 * (u16_at(b + 34 + 2 * k) >> 12 & 7) + 1;
+        return 1;
+    case G4_IQ1_M: { /* as IQ1_S with a scale per 16 */
+        uint16_t w[4];
+        for (int i = 0; i < 4; i++) w[i] = u16_at(b + 48 + 2 * i);
+        *d = g4_f16_to_f32((uint16_t)((w[0] >> 12) | (w[1] >> 8 & 0xf0) | (w[2] >> 4 & 0xf00) | (w[3] & 0xf000))) * 0.125f;
+        for (int k = 0; k < 8; k++)
+            for (int h = 0; h < 2; h++) sc[2 * k + h] = 2 * (w[k / 2] >> (6 * (k % 2) + 3 * h) & 7) + 1;
+        return 1;
+    }
+    case G4_IQ3_S: /* d (1 + 2 s) * (grid value 1 .. 15, signed) per 32 */
+        *d = g4_f16_at(b);
+        for (int k = 0; k < 8; k++) sc[2 * k] = sc[2 * k + 1] = 1 + 2 * (b[106 + k / 2] >> 4 * (k % 2) & 15);
+        return 1;
+    case G4_TQ1_0:
+    case G4_TQ2_0: /* d (digit - 1) */
+        *d = g4_f16_at(b + (t == G4_TQ1_0 ? 52 : 64));
+        for (int k = 0; k < 16; k++) sc[k] = 1;
+        return 1;
+    default: return 0;
+    }
+}
+
 void g4_dequant_codebook(g4_dtype t, const unsigned char *b, float *y) {
     switch (t) {
     case G4_IQ2_XXS: dq_iq2_xxs(b, y); break;
