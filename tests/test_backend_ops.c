@@ -512,6 +512,22 @@ static void test_transcoded_weights(void) {
         weight_free(&hw);
         weight_free(&w);
     }
+    /* the CPU: an IQ1_S weight with a block whose d / 8 is no f16 (Q6_K cannot hold it) is held as AF8 instead */
+    if (!strcmp(be->ops->name, "cpu") && takes(G4_IQ1_S) && held(G4_IQ1_S) == G4_Q6_K) {
+        weight w;
+        make_any(&w, G4_IQ1_S, 2, (int64_t[]){13, 512}, 1.0f);
+        be->ops->release_weight(be, &w.dev);
+        const uint16_t tiny = 0x0001; /* 2^-24: an eighth of it is no f16 */
+        memcpy((unsigned char *)w.host.data + 50, &tiny, 2); /* row 0, block 1 */
+        float v[512];
+        g4_dequant_row(&w.host, 0, v);
+        for (int c = 0; c < 512; c++) w.ref[c] = v[c];
+        weight_upload(&w);
+        CHECKF(w.dev.dtype == G4_AF8, "%s: IQ1_S with a d Q6_K cannot hold: held as %s, not AF8", be_label,
+               g4_dtype_name(w.dev.dtype));
+        check_product(&w, 3, 0);
+        weight_free(&w);
+    }
     /* Q5_0 and IQ4_NL are held exactly where they are held as another type */
     if (any && takes(G4_Q5_0) && held(G4_Q5_0) != G4_Q5_0) CHECK(g4_transcode_exact(G4_Q5_0, held(G4_Q5_0)));
     if (any && takes(G4_IQ4_NL) && held(G4_IQ4_NL) != G4_IQ4_NL) CHECK(g4_transcode_exact(G4_IQ4_NL, held(G4_IQ4_NL)));
