@@ -574,7 +574,8 @@ typedef struct g4_grammar g4_grammar;
  * always, optional ones or not); a schema listing properties takes other keys only with additionalProperties
  * true or a schema. Read: type, properties, required, additionalProperties, items, prefixItems, minItems,
  * maxItems, minLength, maxLength, enum, const, anyOf, oneOf, allOf of one schema, $ref into the document,
- * nullable, integer bounds, minimum 0 of numbers, format date / time / date-time / uuid, pattern (anchored ^...$,
+ * nullable, integer and number bounds (a bounded number without an exponent), format date / time / date-time /
+ * uuid, pattern (anchored ^...$,
  * the subset g4_grammar_regex reads); annotations are skipped; a keyword of one type in a schema without "type"
  * makes it that type. Any other keyword is an error naming it (a constraint is never dropped). */
 G4_API int g4_grammar_json_schema(const char *schema, g4_grammar **out, g4_error *err);

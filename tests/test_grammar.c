@@ -207,6 +207,18 @@ static void test_schemas(void) {
                      "\"\xce\xb1\xce\xb2" "1b\"", "\"ab!b\"", "\"\xce\xb1\xce\xb2!\xe5\xad\x97\"",
                      "\"\xce\xb1\xce\xb2!a\""),
                 2, 0);
+    /* number bounds (written without an exponent), integer bounds on one side only */
+    schema_case("{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+                DOCS("0", "1", "0.5", "0.999", "1.0", "0.0000", "1e-3", "1.0001", "-0.1", "2", "01"), 6, 1);
+    schema_case("{\"type\":\"number\",\"exclusiveMinimum\":-2.5,\"maximum\":3.25}",
+                DOCS("-2.49", "-2", "0", "3.25", "3.2499", "-0.5", "-2.5", "-2.50", "3.251", "4", "-3"), 6, 0);
+    schema_case("{\"type\":\"number\",\"maximum\":-0.5}",
+                DOCS("-0.5", "-0.50", "-7", "-123456.75", "-0.49", "0", "-0", "1"), 4, 0);
+    schema_case("{\"type\":\"number\",\"minimum\":0.001,\"exclusiveMaximum\":0.002}",
+                DOCS("0.001", "0.0015", "0.00199999", "0.002", "0.0009", "0.01", "0"), 3, 0);
+    schema_case("{\"type\":\"number\",\"exclusiveMinimum\":0}", DOCS("0.1", "7", "0.0001", "0", "0.000", "-1"), 3, 0);
+    schema_case("{\"type\":\"number\",\"exclusiveMaximum\":0}", DOCS("-0.1", "-7", "0", "0.5"), 2, 0);
+    schema_case("{\"type\":\"integer\",\"minimum\":1}", DOCS("1", "123456789012345678", "0", "-5"), 2, 0);
     /* a keyword of one type without "type": values of that type (JSON Schema lets others pass) */
     schema_case("{\"maxLength\":2}", DOCS("\"ab\"", "5", "\"abc\""), 1, 1);
     /* what is refused with a one-line error naming it */
@@ -216,7 +228,9 @@ static void test_schemas(void) {
         {"{\"type\":\"string\",\"pattern\":\"a+\"}", "anchor"},
         {"{\"type\":\"string\",\"pattern\":\"^(?=a)a$\"}", "lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"^(a$\"}", "unclosed"},
-        {"{\"type\":\"number\",\"maximum\":1}", "maximum"},
+        {"{\"type\":\"number\",\"multipleOf\":0.5}", "multipleOf"},
+        {"{\"type\":\"number\",\"minimum\":2,\"exclusiveMaximum\":2}", "no number"},
+        {"{\"type\":\"number\",\"maximum\":1e-30}", "20 fraction digits"},
         {"{\"type\":\"string\",\"format\":\"email\"}", "email"},
         {"{\"$ref\":\"#/$defs/missing\"}", "missing"},
         {"{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}", "\"x\""},

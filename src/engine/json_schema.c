@@ -16,7 +16,8 @@
  * Keywords read: type (a name or a list), properties, required, additionalProperties, items, prefixItems,
  * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf of one schema,
  * $ref (#, #/$defs/..., any JSON pointer into the root), nullable (OpenAPI), minimum / maximum /
- * exclusiveMinimum / exclusiveMaximum of integers, minimum 0 of numbers, format date, time, date-time and
+ * exclusiveMinimum / exclusiveMaximum of integers and of numbers (a bounded number is written without an exponent,
+ * but for minimum 0 alone), format date, time, date-time and
  * uuid, pattern (anchored ^...$; the subset at pattern_rule); annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
  * writeOnly) are skipped. Any other keyword is an error naming it: a constraint is never dropped silently. */
 #include <inttypes.h>
@@ -245,6 +246,8 @@ static int number_rule(sc *c, int nonnegative) {
 
 /* Decimal strings of exactly n digits between a and b (same length, a <= b, as text). */
 static int fixed_range(sc *c, const char *a, const char *b, int n) {
+    if (n > 0 && strspn(a, "0") == (size_t)n && strspn(b, "9") == (size_t)n) /* (any n digits: else each level */
+        return digits(c, n, n);                                             /*  split in two, 2^n rules) */
     g4_grammar *g = c->g;
     gr_seq s;
     gr_seq_init(&s);
@@ -341,15 +344,164 @@ static int integer_schema(sc *c, const json_t *schema) {
     return int_range(c, lo, hi);
 }
 
+/* ------------------------------------------------------------------ number ranges
+ * A number with bounds is written without an exponent: -? I (. F)? with I an integer part as integers are and F up to
+ * 20 digits, its value within the bounds. Bounds are read as decimals (the shortest text of each double). */
+
+#define MAX_FRAC 20
+enum { NO_RULE = -2 }; /* a set with no string in it */
+
+/* Fraction digits D (one or more, at most `room`) compared digit by digit with a bound's fraction digits (missing
+ * digits are zeros): while lo_t, D's digits so far equal lo's (D >= lo, > where gt); while hi_t, hi's (D <= hi, <
+ * where lt). NO_RULE when no D fits. */
+static int frac_digits(sc *c, const char *lo, int lo_t, int gt, const char *hi, int hi_t, int lt, int room) {
+    if (!lo_t && !hi_t) return digits(c, 1, room);
+    const int a = lo_t && *lo ? *lo : '0', b = hi_t ? (*hi ? *hi : '0') : '9';
+    if (a > b) return NO_RULE;
+    const char *nl = lo_t && *lo ? lo + 1 : lo, *nh = hi_t && *hi ? hi + 1 : hi;
+    /* the digit a keeping lo tight (and hi, where a is b too); b keeping hi tight; those between, free */
+    const struct {
+        int d0, d1, lo_t, hi_t, on;
+    } parts[3] = {{a, a, 1, hi_t && a == b, lo_t},
+                  {b, b, 0, 1, hi_t && !(lo_t && a == b)},
+                  {lo_t ? a + 1 : a, hi_t ? b - 1 : b, 0, 0, 1}};
+    gr_seq s;
+    gr_seq_init(&s);
+    int r = NO_RULE;
+    for (int p = 0; p < 3 && !c->failed; p++) {
+        if (!parts[p].on || parts[p].d0 > parts[p].d1) continue;
+        const int tl = parts[p].lo_t, th = parts[p].hi_t;
+        /* D may end after this digit: its value is then lo's / hi's where still tight */
+        const int end_ok = (!tl || (!*nl && !gt)) && (!th || !(lt && !*nh));
+        const int more = room > 1 ? frac_digits(c, nl, tl, gt, nh, th, lt, room - 1) : NO_RULE;
+        for (int k = 0; k < 2 && !c->failed; k++) {
+            if (k == 0 ? !end_ok : more < 0) continue;
+            gr_seq_clear(&s);
+            gr_seq_range(c->g, &s, (unsigned)parts[p].d0, (unsigned)parts[p].d1);
+            if (k == 1) gr_seq_ref(&s, more);
+            if (r == NO_RULE) r = gr_rule(c->g);
+            gr_alt(c->g, r, &s);
+        }
+    }
+    gr_seq_free(&s);
+    if (c->failed) return -1;
+    return r == NO_RULE ? NO_RULE : check(c, r);
+}
+
+/* An integer part (the literal `ip`, or the magnitudes m0..m1 where ip is NULL) and an optional fraction within the
+ * fraction bounds, as alternatives of r; nothing where no such number exists. */
+static void number_part(sc *c, int r, const char *ip, uint64_t m0, uint64_t m1, const char *lo, int lo_t, int gt,
+                        const char *hi, int hi_t, int lt) {
+    const int zero_ok = (!lo_t || (!*lo && !gt)) && (!hi_t || !(lt && !*hi));
+    const int frac = frac_digits(c, lo, lo_t, gt, hi, hi_t, lt, MAX_FRAC);
+    if (c->failed || (!zero_ok && frac == NO_RULE)) return;
+    int ir;
+    gr_seq s;
+    gr_seq_init(&s);
+    if (ip) {
+        lit(c, &s, ip);
+        ir = gr_rule_of(c->g, &s);
+    } else {
+        ir = gr_rule(c->g);
+        magnitudes(c, ir, m0, m1);
+    }
+    for (int k = 0; k < 2; k++) {
+        if (k == 0 ? !zero_ok : frac == NO_RULE) continue;
+        gr_seq_clear(&s);
+        gr_seq_ref(&s, ir);
+        if (k == 1) lit(c, &s, "."), gr_seq_ref(&s, frac);
+        gr_alt(c->g, r, &s);
+    }
+    gr_seq_free(&s);
+}
+
+/* A bound as a plain decimal: integer part (no leading zeros) and fraction digits (no trailing zeros) of |x|. */
+static int decimal_parts(sc *c, double x, char *ip, uint64_t *iv, char *fp) {
+    char t[40];
+    for (int p = 1; p <= 17; p++) { /* the shortest text that reads back as x: d0.d1d2... e E */
+        snprintf(t, sizeof t, "%.*e", p - 1, fabs(x));
+        if (strtod(t, NULL) == fabs(x)) break;
+    }
+    char mant[24] = {0};
+    int n = 0;
+    const int e = atoi(strchr(t, 'e') + 1);
+    for (const char *q = t; *q != 'e'; q++)
+        if (*q >= '0' && *q <= '9') mant[n++] = *q;
+    if (e >= 18 || n - 1 - e > MAX_FRAC) /* (n - 1 - e: the fraction's digits) */
+        return fail(c, "json_schema: %s", "a number bound beyond 18 integer digits or 20 fraction digits");
+    int k = 0;
+    if (e < 0) ip[k++] = '0';
+    for (int i = 0; i <= e; i++) ip[k++] = i < n ? mant[i] : '0';
+    ip[k] = 0;
+    k = 0;
+    for (int i = e + 1; i < n; i++) fp[k++] = i < 0 ? '0' : mant[i]; /* (e < 0: -e - 1 zeros, then the digits) */
+    while (k > 0 && fp[k - 1] == '0') k--;
+    fp[k] = 0;
+    *iv = strtoull(ip, NULL, 10);
+    return 0;
+}
+
+/* Non-negative numbers u with lo <= u (lo < u where gt; lo a decimal >= 0) and, where has_hi, u <= hi (< where lt),
+ * as alternatives of r, each part behind `sign` ("" or "-"). */
+static int nonneg_range(sc *c, int r, const char *sign, double lo, int gt, int has_hi, double hi, int lt) {
+    char li[24], lf[24], hi_i[24], hf[24];
+    uint64_t lv, hv = 999999999999999999ull;
+    if (decimal_parts(c, lo, li, &lv, lf) || (has_hi && decimal_parts(c, hi, hi_i, &hv, hf))) return -1;
+    const int rr = gr_rule(c->g);
+    if (has_hi && lv == hv) {
+        number_part(c, rr, li, 0, 0, lf, 1, gt, hf, 1, lt);
+    } else {
+        number_part(c, rr, li, 0, 0, lf, 1, gt, "", 0, 0);
+        if (lv + 1 <= hv - (has_hi ? 1 : 0) && lv + 1 > lv)
+            number_part(c, rr, NULL, lv + 1, has_hi ? hv - 1 : hv, "", 0, 0, "", 0, 0);
+        if (has_hi) number_part(c, rr, hi_i, 0, 0, "", 0, 0, hf, 1, lt);
+    }
+    gr_seq s;
+    gr_seq_init(&s);
+    lit(c, &s, sign);
+    gr_seq_ref(&s, rr);
+    gr_alt(c->g, r, &s);
+    gr_seq_free(&s);
+    return c->failed ? -1 : 0;
+}
+
+/* A number bound of the schema (minimum / exclusiveMinimum, or maximum / exclusiveMaximum: the tighter; equal ones
+ * exclusive): 1 when there is one. */
+static int number_bound(sc *c, const json_t *schema, int upper, double *v, int *excl) {
+    int have = 0;
+    for (int k = 0; k < 2; k++) {
+        const char *key = upper ? (k ? "exclusiveMaximum" : "maximum") : (k ? "exclusiveMinimum" : "minimum");
+        const json_t *x = json_object_get(schema, key);
+        if (!x) continue;
+        const double d = json_number_value(x);
+        if (!json_is_number(x) || !isfinite(d)) return fail(c, "json_schema: %s must be a number", key);
+        if (!have || (upper ? d < *v : d > *v) || (d == *v && k)) *v = d, *excl = k;
+        have = 1;
+    }
+    return have;
+}
+
 static int number_schema(sc *c, const json_t *schema) {
-    static const char *const bounds[] = {"maximum", "exclusiveMaximum", "exclusiveMinimum", "multipleOf"};
-    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
-        if (json_object_get(schema, bounds[i]))
-            return fail(c, "json_schema: \"%s\" of a number is not supported (integers take it)", bounds[i]);
-    const json_t *min = json_object_get(schema, "minimum");
-    if (min && !(json_is_number(min) && json_number_value(min) == 0))
-        return fail(c, "json_schema: %s", "\"minimum\" of a number is supported only as 0 (integers take any)");
-    return number_rule(c, min != NULL);
+    if (json_object_get(schema, "multipleOf"))
+        return fail(c, "json_schema: \"%s\" of a number is not supported", "multipleOf");
+    double lo = 0, hi = 0;
+    int gt = 0, lt = 0;
+    const int has_lo = number_bound(c, schema, 0, &lo, &gt), has_hi = number_bound(c, schema, 1, &hi, &lt);
+    if (c->failed) return -1;
+    if (!has_lo && !has_hi) return number_rule(c, 0);
+    if (has_lo && !has_hi && lo == 0 && !gt) return number_rule(c, 1); /* (exponents allowed, as before) */
+    if (has_lo && has_hi && (lo > hi || (lo == hi && (gt || lt))))
+        return fail(c, "json_schema: %s", "a number range holds no number");
+    const int r = gr_rule(c->g);
+    /* u >= 0: [max(lo, 0), hi]; u < 0: -u in (max(-hi, 0), -lo] (0 itself is the first part's) */
+    if ((!has_hi || hi > 0 || (hi == 0 && !lt)) &&
+        nonneg_range(c, r, "", has_lo && lo > 0 ? lo : 0, has_lo && lo >= 0 && gt, has_hi, hi, lt))
+        return -1;
+    if (!has_lo || lo < 0) {
+        const double nlo = has_hi && hi < 0 ? -hi : 0;
+        if (nonneg_range(c, r, "-", nlo, nlo == 0 || lt, has_lo, -lo, gt)) return -1;
+    }
+    return check(c, r);
 }
 
 /* ------------------------------------------------------------------ formats */
