@@ -712,7 +712,8 @@ static size_t codebook_to_af8(const g4_tensor *t, int64_t r, unsigned char *d) {
             memcpy(d + 4, &bias, 4);
             for (int j = 0; j < 32; j++) {
                 const float v = y[32 * k + j], c = sc != 0.0f ? rintf(v / sc) : 0.0f; /* (1 / sc may overflow) */
-                if (!(c >= -128.0f && c <= 127.0f) || sc * c != v) return 0;
+                /* (what dq_af computes: -128 sc or sc code may overflow where v does not) */
+                if (!(c >= -128.0f && c <= 127.0f) || sc * (c + 128.0f) + bias != v) return 0;
                 d[8 + j] = (unsigned char)(int)(c + 128.0f);
             }
         }

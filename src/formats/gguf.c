@@ -235,8 +235,8 @@ static int read_file(const char *path, g4_gguf *g, json_t **meta, g4_error *err)
     if (g4_map_file(path, &mf, err)) return -1;
     int fi = g4_tensor_set_add_file(&g->set, mf, path, err);
     if (fi < 0) return -1;
-    cursor c = {mf.data, mf.data + mf.size, path, err, 0};
     if (mf.size < 24 || memcmp(mf.data, "GGUF", 4)) return g4_fail(err, "%s: not a GGUF file", path);
+    cursor c = {mf.data, mf.data + mf.size, path, err, 0}; /* (after the size check: an empty file maps no data) */
     c.p += 4;
     uint32_t version = (uint32_t)rd(&c, 4);
     if (version != 2 && version != 3) {

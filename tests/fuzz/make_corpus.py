@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -70,6 +71,22 @@ def shrink_safetensors(path):
     return safetensors_bytes(out, off, 1), truncated
 
 
+def gguf_bytes(kvs, tensors, align=32):
+    """A GGUF v3 file: kvs = [(key, type, payload bytes)], tensors = [(name, ggml type, [ne0, ne1], data)]."""
+    def string(t):
+        t = t.encode()
+        return struct.pack("<Q", len(t)) + t
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    head += b"".join(string(k) + struct.pack("<I", t) + v for k, t, v in kvs)
+    off, body = 0, b""
+    for name, gtype, ne, data in tensors:
+        head += string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        head += struct.pack("<IQ", gtype, off)
+        body += data + b"\0" * (-len(data) % align)
+        off = len(body)
+    return head + b"\0" * (-len(head) % align) + body
+
+
 def reduced_tokenizer(path, keep=3000):
     """The real tokenizer.json with the pieces of ids < keep, the merges among them, the added
     tokens among them: its whole pipeline at a small size."""
@@ -115,6 +132,23 @@ def main():
             c.add("safetensors", small)
             c.add("safetensors", truncated)
     c.add("safetensors", safetensors_bytes({}, 0))
+    # GGUF: metadata of each value type, then a row of every block type the engine reads (random bytes, f16 scales of
+    # 1/64 at each type's first two bytes)
+    rnd = random.Random(7)
+    kvs = [("general.architecture", 8, struct.pack("<Q", 6) + b"gemma4"), ("gemma4.block_count", 4, struct.pack("<I", 2)),
+           ("gemma4.rope.freq_base", 6, struct.pack("<f", 1e6)), ("x.flag", 7, b"\1"),
+           ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2) + struct.pack("<Q", 1) + b"a" + struct.pack("<Q", 1) + b"b")]
+    blocks = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+              10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136),
+              16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 21: (256, 110), 22: (256, 82), 29: (256, 56),
+              34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36)}
+    for gtype, (qk, nbytes) in blocks.items():
+        data = bytearray(rnd.getrandbits(8) for _ in range(256 // qk * nbytes))
+        if qk > 1:
+            for k in range(256 // qk):
+                data[k * nbytes:k * nbytes + 2] = struct.pack("<H", 0x2400)
+        c.add("gguf", gguf_bytes(kvs, [("t.%d" % gtype, gtype, [256, 1], bytes(data))]))
+    c.add("gguf", gguf_bytes(kvs, []))
     shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     good = {"model.a": shards[0], "model.b": shards[0], "model.c": shards[1]}
     for wm in [good, {**good, "model.d": shards[1]}, {"model.a": shards[0], "model.b": shards[1], "model.c": shards[1]},

@@ -1,0 +1,61 @@
+/* A GGUF file (src/formats/gguf.c): the header, the metadata, the tensor infos and the data they describe. What
+ * opens must only point inside the file; every tensor of a type the engine reads is decoded (its first rows,
+ * core/quant.c and quant_codebook.c: any bytes are a valid block) and moved into the layouts the backends hold
+ * it in (g4_transcode_row to AF4 / AF8 / Q6_K / Q8_0, g4_transcode_row_mlx), which must keep every value where
+ * g4_transcode_exact says so. */
+#include <math.h>
+
+#include "core/quant.h"
+#include "formats/gguf.h"
+#include "fuzz.h"
+
+#define MAX_IN 8192 /* elements of a row decoded (longer rows: skipped) */
+
+static float a[MAX_IN], b[MAX_IN];
+static unsigned char held[MAX_IN / 32 * 40 + 64], codes[MAX_IN];
+static float sc[MAX_IN / 32], bi[MAX_IN / 32];
+
+/* the values of a row held as `to` equal the file's where the move is exact (NaN for NaN) */
+static void check_held(const g4_tensor *t, g4_dtype to, int64_t in) {
+    if (!g4_transcode_exact(t->dtype, to) || !g4_transcode_row(t, 0, to, held, b)) return;
+    g4_dequant_row(t, 0, a);
+    g4_dequant(to, held, b, in);
+    for (int64_t i = 0; i < in; i++) {
+        if (!(a[i] == b[i] || (isnan(a[i]) && isnan(b[i]))))
+            fprintf(stderr, "%s as %s: element %lld %.9g, held %.9g\n", g4_dtype_name(t->dtype), g4_dtype_name(to),
+                    (long long)i, a[i], b[i]);
+        fuzz_expect(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])));
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const char *path = fuzz_tmp("model.gguf");
+    fuzz_write_file(path, data, size);
+    g4_gguf g;
+    g4_error err = {{0}};
+    const int rc = g4_gguf_open(path, &g, &err);
+    fuzz_expect_error(rc, &err);
+    if (rc) return 0;
+    for (int i = 0; i < g.set.n_tensors; i++) {
+        const g4_tensor *t = &g.set.tensors[i];
+        if (t->nbytes) { /* inside the file */
+            volatile unsigned s = ((const volatile uint8_t *)t->data)[0] + ((const volatile uint8_t *)t->data)[t->nbytes - 1];
+            (void)s;
+        }
+        const int64_t in = t->ndim ? t->shape[t->ndim - 1] : 1;
+        if (!g4_dequant_reads(t->dtype) || in <= 0 || in > MAX_IN || !t->nbytes || in % g4_dtype_block(t->dtype)) continue;
+        g4_dequant_row(t, 0, a);
+        static const g4_dtype tos[] = {G4_AF8, G4_AF4, G4_Q6_K, G4_Q8_0};
+        for (size_t k = 0; k < sizeof tos / sizeof tos[0]; k++)
+            if (in % g4_dtype_block(tos[k]) == 0) check_held(t, tos[k], in);
+        for (int m = 0; m < 2; m++) { /* the CUDA backend's MLX layouts of a GGUF type */
+            const g4_dtype to = m ? G4_MLX8 : G4_MLX4;
+            if (!g4_transcode_row_mlx(t, 0, to, codes, sc, bi)) continue;
+            g4_dequant_row(t, 0, a);
+            g4_mlx_dequant(g4_mlx_bits(to), 32, codes, sc, bi, G4_F32, b, in);
+            for (int64_t j = 0; j < in; j++) fuzz_expect(a[j] == b[j] || (isnan(a[j]) && isnan(b[j])));
+        }
+    }
+    g4_gguf_free(&g);
+    return 0;
+}
