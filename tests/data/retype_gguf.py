@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 
-SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+from gguf_layout import read_gguf  # beside this file
+
 # type: ggml id, elements a block, bytes a block, f16 scale fields (offset), the scale that keeps |w| <= ~0.1
 TYPES = {"iq2_xxs": (16, 256, 66, [0], 0.1 / 167), "iq2_xs": (17, 256, 74, [0], 0.1 / 167),
          "iq2_s": (22, 256, 82, [0], 0.1 / 167), "iq3_xxs": (18, 256, 98, [0], 0.1 / 481),
@@ -41,48 +42,9 @@ def main():
     rng = np.random.default_rng(int(sys.argv[4]) if len(sys.argv) > 4 else 1)
     gid, qk, nbytes = TYPES[name][:3]
     buf = open(src, "rb").read()
-    pos = 0
-
-    def take(k):
-        nonlocal pos
-        pos += k
-        return buf[pos - k:pos]
-
-    def u32():
-        return struct.unpack("<I", take(4))[0]
-
-    def u64():
-        return struct.unpack("<Q", take(8))[0]
-
-    def skip_value(t):
-        if t in SCALAR:
-            take(SCALAR[t])
-        elif t == 8:
-            take(u64())
-        elif t == 9:
-            et, cnt = u32(), u64()
-            for _ in range(cnt):
-                skip_value(et)
-        else:
-            raise SystemExit(f"unknown GGUF value type {t}")
-
-    assert take(4) == b"GGUF"
-    version, n_tensors, n_kv = u32(), u64(), u64()
-    kv_start, alignment = pos, 32
-    for _ in range(n_kv):
-        key = take(u64())
-        t = u32()
-        vstart = pos
-        skip_value(t)
-        if key == b"general.alignment":
-            alignment = struct.unpack("<I", buf[vstart:vstart + 4])[0]
-    kvs = buf[kv_start:pos]
-    infos = []
-    for _ in range(n_tensors):
-        tname = take(u64())
-        dims = [u64() for _ in range(u32())]
-        infos.append((tname, dims, u32(), u64()))
-    data0 = (pos + alignment - 1) // alignment * alignment
+    version, kvs, alignment, infos, data0 = read_gguf(buf)
+    n_tensors, n_kv = len(infos), len(kvs)
+    kvs = b"".join(kvs)
     out_infos, blobs, off, changed = b"", [], 0, 0
     for tname, dims, t, toff in infos:
         n = int(np.prod(dims))
