@@ -179,66 +179,70 @@ static size_t mem_available(void) {
     return found ? (size_t)kb * 1024 : SIZE_MAX;
 }
 
-/* The type the CPU holds a weight of type t in, where the int8 products run (the kernel set has them and
- * G4_NO_INT8_ACT is not set): MLX as AF4 / AF8; Q4_1 as AF4 and Q5_1 as AF8 (exact); the codebook, ternary and FP4
- * types (read only: IQ2_XXS .. NVFP4) as Q6_K where it holds their values (IQ1_S, IQ1_M, IQ3_S, TQ1_0, TQ2_0: exact,
- * 6.6 bits a weight), else as AF8 when their groups of 32 share a scale (IQ2_XXS, IQ3_XXS, MXFP4: exact, 10 bits),
- * else as Q8_0 (IQ2_XS, IQ2_S, NVFP4 have a scale per 16: 8.5 bits a weight, re-encoded), and Q2_K (a scale and a
- * min per 16) as Q8_0 -- decoded to floats for every product these ran 70-150x slower than Q4_0 on 2 cores (E2B-wide
- * layers); t itself otherwise. MLX: also without the int8 products (the float products read AF too). */
-static g4_dtype cpu_held_type(const g4_tensor *t) {
+/* The layouts the CPU may hold a weight of type t in, best first (cpu_upload_weight takes the first whose rows all
+ * transcode): MLX as AF4 / AF8 (exact; also without the int8 products, which the float products read too); where the
+ * int8 products run (the kernel set has them and G4_NO_INT8_ACT is not set), a GGUF type without int8 kernels of its
+ * own in the layouts that hold its values exactly (g4_transcode_exact), Q6_K (6.6 bits a weight) before AF4 (6) and AF8
+ * (10), then Q8_0 (re-encoded, 8.5 bits: the model warns). So Q4_1 as AF4, Q5_1 as AF8, IQ1_S / IQ3_S / TQ1_0 / TQ2_0
+ * as Q6_K (else AF8), IQ1_M as Q6_K (else Q8_0), IQ2_XXS / IQ3_XXS / MXFP4 as AF8, Q2_K / IQ2_XS / IQ2_S / NVFP4 (a
+ * scale per 16 that no exact layout has) as Q8_0 -- decoded to floats for every product these ran 20-150x slower
+ * than Q4_0 on 2 cores (E2B-wide layers). None (0) where t stays as it is. */
+static int cpu_held_types(const g4_tensor *t, g4_dtype held[4]) {
     const int64_t in = t->ndim ? t->shape[t->ndim - 1] : 0;
-    const int int8 = !getenv("G4_NO_INT8_ACT") && g4_cpu_kernels_get()->q8_k_quants && in % 32 == 0;
-    if (g4_dtype_is_mlx(t->dtype))
-        return t->group > 0 && t->group % 32 == 0 && in % t->group == 0 ? g4_af_type(t->dtype) : t->dtype;
-    if (!int8) return t->dtype;
-    if (t->dtype == G4_Q4_1) return G4_AF4;
-    if (t->dtype == G4_Q5_1) return G4_AF8;
-    if (t->dtype == G4_Q2_K) return G4_Q8_0;
-    if (t->dtype < G4_IQ2_XXS || t->dtype > G4_NVFP4) return t->dtype;
-    return g4_codebook_q6k_type(t->dtype) ? G4_Q6_K : g4_codebook_scale32_type(t->dtype) ? G4_AF8 : G4_Q8_0;
+    if (g4_dtype_is_mlx(t->dtype)) {
+        held[0] = g4_af_type(t->dtype);
+        return t->group > 0 && t->group % 32 == 0 && in % t->group == 0;
+    }
+    if (getenv("G4_NO_INT8_ACT") || !g4_cpu_kernels_get()->q8_k_quants || in % 32 || !g4_dtype_is_quantized(t->dtype) ||
+        g4_cpu_q8_supported(t))
+        return 0;
+    static const g4_dtype exact[] = {G4_Q6_K, G4_AF4, G4_AF8};
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (in % g4_dtype_block(exact[i]) == 0 && g4_transcode_exact(t->dtype, exact[i])) held[n++] = exact[i];
+    held[n++] = G4_Q8_0;
+    return n;
 }
 
 /* MLX affine weights are held as AF4 / AF8 (core/tensor.h: blocks of 32 with the group's f32 scale and bias, the
  * codes as they are; g4_transcode_row, exact), which the int8 products read (matmul_q8.c), and so are the GGUF
- * types without int8 kernels of their own (cpu_held_type); the others where they are. (AF4 takes 6 bits a weight
- * where MLX4 with a bf16 scale and bias a group of 64 takes 4.5.) A codebook weight Q6_K cannot hold (a d whose
- * eighth is no f16) takes the next layout (AF8 or Q8_0); a GGUF weight stays as it is (the float products read every
- * type) where its rows do not transcode (a scale that is not finite) or the held copy would leave the system less
- * than 1 GiB (it is larger than the file's: an IQ2_XXS matrix takes ~5x its bytes as AF8). */
+ * types without int8 kernels of their own (cpu_held_types); the others where they are. (AF4 takes 6 bits a weight
+ * where MLX4 with a bf16 scale and bias a group of 64 takes 4.5.) A weight whose rows do not all transcode into a
+ * layout (a codebook block whose d Q6_K cannot hold, a scale that is not finite) takes the next one; a GGUF weight
+ * stays as it is (the float products read every type) where none is left, or where the held copy would leave the
+ * system less than 1 GiB (it is larger than the file's: an IQ2_XXS matrix takes ~5x its bytes as AF8). */
 static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     if (cpu_place_weight(be, src, dst, err)) return -1;
-    g4_dtype af = cpu_held_type(dst);
+    g4_dtype held[4];
+    const int n_held = dst->data ? cpu_held_types(dst, held) : 0;
     const int64_t in = dst->ndim ? dst->shape[dst->ndim - 1] : 0, rows = g4_tensor_nrows(dst);
-    if (af == dst->dtype || !dst->data) return 0;
     g4_cpu *cpu = cpu_of(be);
-    void *data = NULL;
-    size_t bytes = 0;
-    for (;;) {
-        const size_t rb = g4_dtype_row_bytes(af, in);
-        bytes = (size_t)rows * rb;
+    for (int k = 0; k < n_held; k++) {
+        const g4_dtype af = held[k];
+        const size_t rb = g4_dtype_row_bytes(af, in), bytes = (size_t)rows * rb;
         const size_t avail = g4_dtype_is_mlx(dst->dtype) ? SIZE_MAX : mem_available();
         if (bytes > avail || avail - bytes < (size_t)1 << 30) return 0;
         if (cpu_reserve_owned(cpu, 1)) return g4_fail(err, "out of memory");
+        void *data = NULL;
         if (posix_memalign(&data, 64, bytes > 0 ? bytes : 64)) {
             cpu_free_owned(cpu, dst->data), cpu_free_owned(cpu, dst->scales), cpu_free_owned(cpu, dst->biases);
             return g4_fail(err, "out of memory for %zu bytes of '%s' as %s", bytes, src->name, g4_dtype_name(af));
         }
         af_job j = {dst, af, data, rb, 0};
         g4_pool_for(cpu->pool, rows, 64, af_rows, &j);
-        if (!atomic_load(&j.failed) || g4_dtype_is_mlx(dst->dtype)) break; /* (MLX rows always transcode) */
-        free(data);
-        if (af != G4_Q6_K || dst->dtype == G4_Q3_K) return 0;
-        /* a codebook block Q6_K cannot hold (a d whose eighth is not an f16, say): the next layout */
-        af = g4_codebook_scale32_type(dst->dtype) ? G4_AF8 : G4_Q8_0;
+        if (atomic_load(&j.failed) && !g4_dtype_is_mlx(dst->dtype)) { /* (MLX rows always transcode) */
+            free(data);
+            continue;
+        }
+        cpu_free_owned(cpu, dst->data), cpu_free_owned(cpu, dst->scales), cpu_free_owned(cpu, dst->biases);
+        cpu->owned[cpu->n_owned++] = data;
+        dst->dtype = af;
+        dst->data = data;
+        dst->nbytes = bytes;
+        dst->scales = dst->biases = NULL;
+        dst->group = 0;
+        return 0;
     }
-    cpu_free_owned(cpu, dst->data), cpu_free_owned(cpu, dst->scales), cpu_free_owned(cpu, dst->biases);
-    cpu->owned[cpu->n_owned++] = data;
-    dst->dtype = af;
-    dst->data = data;
-    dst->nbytes = bytes;
-    dst->scales = dst->biases = NULL;
-    dst->group = 0;
     return 0;
 }
 
