@@ -512,6 +512,13 @@ static void test_transcoded_weights(void) {
         weight_free(&hw);
         weight_free(&w);
     }
+    /* the CPU: the types its int8 kernels read are held as they are (Q2_K: the per-16 mode, not re-encoded) */
+    if (!strcmp(be->ops->name, "cpu") && g4_cpu_kernels_get()->q8_k_quants && !getenv("G4_NO_INT8_ACT"))
+        CHECKF(takes(G4_Q2_K) && takes(G4_Q3_K) && takes(G4_Q4_K) && takes(G4_Q4_1) && takes(G4_IQ2_XS) &&
+                   held(G4_Q2_K) == G4_Q2_K && held(G4_Q3_K) == G4_Q3_K && held(G4_Q4_K) == G4_Q4_K &&
+                   held(G4_Q4_1) == G4_AF4 && held(G4_IQ2_XS) == G4_Q8_0,
+               "%s: Q2_K, Q3_K, Q4_K held as they are, Q4_1 as AF4, IQ2_XS as Q8_0 (Q2_K as %s)", be_label,
+               g4_dtype_name(held(G4_Q2_K)));
     /* the CPU: an IQ1_S weight with a block whose d / 8 is no f16 (Q6_K cannot hold it) is held as AF8 instead */
     if (!strcmp(be->ops->name, "cpu") && takes(G4_IQ1_S) && held(G4_IQ1_S) == G4_Q6_K) {
         weight w;

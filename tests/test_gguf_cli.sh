@@ -54,7 +54,7 @@ done
 # (../shared/reference/numpy, checked against transformers) run on the fixture with the file's weights decoded
 # to F32 by `quantize --type f32`, within the 2e-3 test_cli_decoder allows the float32 engine (measured 0.7e-4 to
 # 2.9e-4; against the fixture's own reference these files are 6.9 off: the reference run is what tells). With float
-# activations (G4_NO_INT8_ACT: the CPU reads Q3_K / IQ4_NL / IQ4_XS rows with int8 ones, 1.8 off here; test_backend_ops
+# activations (G4_NO_INT8_ACT: the CPU reads Q2_K / Q3_K / IQ4_NL / IQ4_XS rows with int8 ones, 1.8 off here; test_backend_ops
 # checks those products against the same rounding).
 fx=$G4_SHARED_DIR/fixtures/dense-ple
 fxids=$(python3 "$src/tests/cli_compare.py" ids "$fx/reference.safetensors" input_ids)

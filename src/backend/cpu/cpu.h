@@ -56,20 +56,27 @@ typedef struct g4_cpu {
  * - G4_Q8_AFFINE (Q4_K, Q5_K, AF4, AF8: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
  *   multiply the weights' s2;
  * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements; Q3_K: w = s * (u - 4), taken as u + 28): off =
- *   0, each half's dot product is taken apart and its -32 x code sums computed from the codes. */
+ *   0, each half's dot product is taken apart and its -32 x code sums computed from the codes;
+ * - G4_Q8_MIN16 (Q2_K: w = s * u + o, a scale and a min per 16 elements): off = 0, each half's dot product taken
+ *   apart times its s, plus its o times the half's activation code sums (computed from the codes). */
 #define G4_Q8_GROUP 256
 /* a packed weight group: 64 + 64 unsigned codes, 16 float lanes s1 (the scales), 16 s2 (see g4_q8_mode) */
 #define G4_QW_GROUP 256
-enum { G4_Q8_OFFSET, G4_Q8_AFFINE, G4_Q8_HALVES };
+enum { G4_Q8_OFFSET, G4_Q8_AFFINE, G4_Q8_HALVES, G4_Q8_MIN16 };
 static inline int g4_q8_mode(g4_dtype t) {
     return t == G4_Q4_K || t == G4_Q5_K || t == G4_AF4 || t == G4_AF8 ? G4_Q8_AFFINE
            : t == G4_Q6_K || t == G4_Q3_K                            ? G4_Q8_HALVES
+           : t == G4_Q2_K                                            ? G4_Q8_MIN16
                                                                      : G4_Q8_OFFSET;
 }
 /* the grouped layout's off for weights of type t (see above) */
 static inline int g4_q8_off(g4_dtype t) {
     const int mode = g4_q8_mode(t);
-    return mode == G4_Q8_AFFINE ? -1 : mode == G4_Q8_HALVES ? 0 : t == G4_Q4_0 ? 8 : t == G4_Q5_0 ? 16 : 128;
+    return mode == G4_Q8_AFFINE                          ? -1
+           : mode == G4_Q8_HALVES || mode == G4_Q8_MIN16 ? 0
+           : t == G4_Q4_0                                ? 8
+           : t == G4_Q5_0                                ? 16
+                                                         : 128;
 }
 typedef struct g4_q8_rows {
     int8_t *q;
@@ -85,7 +92,7 @@ typedef struct g4_q8_rows {
  * AVX-512 kernels). */
 #define G4_Q8_K_QUANTS(X, A)                                                                                           \
     X(G4_Q5_0, 32, A) X(G4_IQ4_NL, 32, A) X(G4_Q4_K, 256, A) X(G4_Q5_K, 256, A) X(G4_Q6_K, 256, A) X(G4_IQ4_XS, 256, A) \
-    X(G4_AF4, 32, A) X(G4_AF8, 32, A) X(G4_Q3_K, 256, A)
+    X(G4_AF4, 32, A) X(G4_AF8, 32, A) X(G4_Q3_K, 256, A) X(G4_Q2_K, 256, A)
 
 /* switch (type) calling CALL(the type as a constant) for Q4_0, each type of G4_Q8_K_QUANTS and (default) Q8_0: the
  * kernels' entry points, so that each type's decoding is inlined into a copy of its own */
@@ -110,6 +117,7 @@ static inline long g4_q8_group_bytes(g4_dtype type) {
            : type == G4_Q5_K || type == G4_Q5_0                     ? 88
            : type == G4_Q6_K                                        ? 105
            : type == G4_Q3_K                                        ? 55
+           : type == G4_Q2_K                                        ? 42
            : type == G4_AF4                                         ? 96
            : type == G4_AF8                                         ? 160
                                                                     : 136; /* Q8_0 */

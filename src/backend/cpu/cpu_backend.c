@@ -184,9 +184,9 @@ static size_t mem_available(void) {
  * int8 products run (the kernel set has them and G4_NO_INT8_ACT is not set), a GGUF type without int8 kernels of its
  * own in the layouts that hold its values exactly (g4_transcode_exact), Q6_K (6.6 bits a weight) before AF4 (6) and AF8
  * (10), then Q8_0 (re-encoded, 8.5 bits: the model warns). So Q4_1 as AF4, Q5_1 as AF8, IQ1_S / IQ3_S / TQ1_0 / TQ2_0
- * as Q6_K (else AF8), IQ1_M as Q6_K (else Q8_0), IQ2_XXS / IQ3_XXS / MXFP4 as AF8, Q2_K / IQ2_XS / IQ2_S / NVFP4 (a
- * scale per 16 that no exact layout has) as Q8_0 -- decoded to floats for every product these ran 20-150x slower
- * than Q4_0 on 2 cores (E2B-wide layers). None (0) where t stays as it is. */
+ * as Q6_K (else AF8), IQ1_M as Q6_K (else Q8_0), IQ2_XXS / IQ3_XXS / MXFP4 as AF8, IQ2_XS / IQ2_S / NVFP4 (a scale
+ * per 16 that no exact layout has) as Q8_0 -- decoded to floats for every product these ran 20-150x slower than
+ * Q4_0 on 2 cores (E2B-wide layers). None (0) where t stays as it is (Q2_K among them: the kernels read it). */
 static int cpu_held_types(const g4_tensor *t, g4_dtype held[4]) {
     const int64_t in = t->ndim ? t->shape[t->ndim - 1] : 0;
     if (g4_dtype_is_mlx(t->dtype)) {

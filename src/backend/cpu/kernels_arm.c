@@ -108,12 +108,13 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
  * summed per block over a group (pairwise adds), and per group
  *   v += float(block sums) * s * dx  (Q6_K: elements 0-15 and 16-31 apart, each with its scale)  +  s2 * m
  * with s2 the block's offset term (Q4_K / Q5_K: -dmin m_k; AF4: b, AF8: b + 128 s; zero for the others); acc += v
- * once a pair. */
+ * once a pair. Q2_K (w = s u + o per 16: the code u as it is) adds each half's min o times the activations' code sums
+ * of the half (times dx), computed from the codes as the products are. */
 #define N2_INLINE __attribute__((always_inline)) static inline /* (the type a constant in each entry point's copy) */
 #define N2_ROWS 4        /* decode: rows at once, far apart (each its own stream) */
 #define N2_PREFETCH 2048 /* decode: bytes ahead of each stream */
 
-static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K || t == G4_Q3_K; }
+static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K || t == G4_Q3_K || t == G4_Q2_K; }
 
 
 /* the low nibbles of 16 bytes (elements 0-15) and the high ones (16-31) */
@@ -175,6 +176,13 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
                 c[i][e] = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo2, vshlq_n_u8(hb, 2))), vdupq_n_s8(4));
             }
         }
+    } else if (type == G4_Q2_K) { /* block i of half h: bits 2i of qs[32h + l] */
+        const unsigned char *sb = row + (size_t)84 * (size_t)(g / 2);
+        for (int e = 0; e < 2; e++) {
+            const uint8x16_t q = vld1q_u8(sb + 16 + 32 * (g % 2) + 16 * e);
+            for (int i = 0; i < 4; i++)
+                c[i][e] = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * i))), vdupq_n_u8(3)));
+        }
     } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
         const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
         for (int i = 0; i < 4; i++) {
@@ -219,11 +227,25 @@ N2_INLINE float32x4_t n2_scale4(uint32_t b, int off, float d) {
 }
 
 /* The scales of pair p (groups 2p, 2p + 1) of a row of nb blocks: group h's block i in lane i of s[h][0] (its
- * elements 0-15) and s[h][1] (16-31; the same but for Q6_K), and of s2[h] (its offset term); zero past the row. */
+ * elements 0-15) and s[h][1] (16-31; the same but for the types of n2_halves), and of s2[h] (its offset term); Q2_K
+ * its mins in mins[h][0] and mins[h][1] (lanes as s's); zero past the row. */
 N2_INLINE void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb, float32x4_t s[2][2],
-                             float32x4_t s2[2]) {
-    s2[0] = s2[1] = vdupq_n_f32(0);
-    if (type == G4_Q4_K || type == G4_Q5_K) {
+                             float32x4_t s2[2], float32x4_t mins[2][2]) {
+    s2[0] = s2[1] = mins[0][0] = mins[0][1] = mins[1][0] = mins[1][1] = vdupq_n_f32(0);
+    if (type == G4_Q2_K) { /* group h's block i: elements 0-15 scales[8h + 2i], 16-31 scales[8h + 2i + 1] */
+        const unsigned char *sb = row + (size_t)84 * (size_t)p;
+        const float d = g4_f16_at(sb + 80), dmin = g4_f16_at(sb + 82);
+        for (int h = 0; h < 2; h++) {
+            const uint8x8_t v = vld1_u8(sb + 8 * h);
+            const uint8x8_t e = vuzp1_u8(v, v), o = vuzp2_u8(v, v);
+            const uint8x8_t b[2] = {e, o};
+            for (int k = 0; k < 2; k++) {
+                const uint32x4_t w = vmovl_u16(vget_low_u16(vmovl_u8(b[k])));
+                s[h][k] = vmulq_n_f32(vcvtq_f32_u32(vandq_u32(w, vdupq_n_u32(15))), d);
+                mins[h][k] = vmulq_n_f32(vcvtq_f32_u32(vshrq_n_u32(w, 4)), -dmin);
+            }
+        }
+    } else if (type == G4_Q4_K || type == G4_Q5_K) {
         const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)p;
         const float d = g4_f16_at(sb), dmin = g4_f16_at(sb + 2);
         uint64_t sc, mn;
@@ -312,12 +334,25 @@ N2_INLINE void n2_group_dots(const int8x16_t c[4][2], const int8_t *x, int sdot,
 }
 
 /* One (row, token) step of group h of a pair, the same in q_gemm and q_gemv: v += its sums times s * dx, plus s2 * m
- * (dx, m: its blocks' d and m) */
+ * (dx, m: its blocks' d and m), and for Q2_K (mn not NULL) each half's mins times the activations' code sums of the
+ * half xs (per block, the halves apart) times dx */
 N2_INLINE float32x4_t n2_group_step(float32x4_t v, const int32x4_t hs[2], const float32x4_t s[2], float32x4_t s2,
-                                        float32x4_t dx, float32x4_t m, int halves) {
+                                        float32x4_t dx, float32x4_t m, int halves, const float32x4_t *mn,
+                                        const int32x4_t *xs) {
     v = vfmaq_f32(v, vcvtq_f32_s32(hs[0]), vmulq_f32(s[0], dx));
     if (halves) v = vfmaq_f32(v, vcvtq_f32_s32(hs[1]), vmulq_f32(s[1], dx));
+    if (mn) {
+        v = vfmaq_f32(v, vcvtq_f32_s32(xs[0]), vmulq_f32(mn[0], dx));
+        v = vfmaq_f32(v, vcvtq_f32_s32(xs[1]), vmulq_f32(mn[1], dx));
+    }
     return vfmaq_f32(v, s2, m);
+}
+
+/* the activations' code sums of group g's blocks, elements 0-15 (xs[0]) and 16-31 (xs[1]) apart, lane i block i */
+N2_INLINE void n2_code_sums(const int8_t *x, int sdot, int32x4_t xs[2]) {
+    int8x16_t one[4][2];
+    for (int i = 0; i < 4; i++) one[i][0] = one[i][1] = vdupq_n_s8(1);
+    n2_group_dots(one, x, sdot, 1, xs);
 }
 
 N2_INLINE void q_pack_typed(g4_dtype type, const unsigned char *w, size_t row_bytes,
@@ -326,9 +361,9 @@ N2_INLINE void q_pack_typed(g4_dtype type, const unsigned char *w, size_t row_by
     for (int r = 0; r < nr; r++) {
         const unsigned char *row = w + (size_t)r * row_bytes;
         unsigned char *o = dst + (size_t)r * ng * G4_QW_GROUP;
-        float32x4_t s[2][2], s2[2];
-        for (int g = 0; g < ng; g++, o += G4_QW_GROUP) { /* codes (block i: 32i), s (128, 144), s2 (160) */
-            if (g % 2 == 0) n2_scales(type, row, g / 2, nb, s, s2);
+        float32x4_t s[2][2], s2[2], mn[2][2];
+        for (int g = 0; g < ng; g++, o += G4_QW_GROUP) { /* codes (block i: 32i), s (128, 144), s2 (160), mn (176, 192) */
+            if (g % 2 == 0) n2_scales(type, row, g / 2, nb, s, s2, mn);
             int8x16_t c[4][2];
             n2_codes(type, row, g, nb, c);
             for (int i = 0; i < 4; i++)
@@ -336,6 +371,8 @@ N2_INLINE void q_pack_typed(g4_dtype type, const unsigned char *w, size_t row_by
             vst1q_f32((float *)(o + 128), s[g % 2][0]);
             vst1q_f32((float *)(o + 144), s[g % 2][1]);
             vst1q_f32((float *)(o + 160), s2[g % 2]);
+            vst1q_f32((float *)(o + 176), mn[g % 2][0]);
+            vst1q_f32((float *)(o + 192), mn[g % 2][1]);
         }
     }
 }
@@ -349,7 +386,7 @@ static void q_pack_neon(g4_dtype type, const unsigned char *w, size_t row_bytes,
 N2_INLINE void q_gemm_body(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0, int nt, int ng, float *y,
                                size_t ldy, int sdot) {
     const size_t ldw = (size_t)ng * G4_QW_GROUP;
-    const int halves = n2_halves(a->type);
+    const int halves = n2_halves(a->type), min16 = a->type == G4_Q2_K;
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++) {
             const int8_t *x = a->q + (size_t)(t0 + t) * a->in_pad;
@@ -363,10 +400,12 @@ N2_INLINE void q_gemm_body(const unsigned char *wp, int nr, const g4_q8_rows *a,
                     for (int i = 0; i < 4; i++)
                         for (int e = 0; e < 2; e++) c[i][e] = vld1q_s8((const int8_t *)o + 32 * i + 16 * e);
                     const float32x4_t s[2] = {vld1q_f32((const float *)(o + 128)), vld1q_f32((const float *)(o + 144))};
-                    int32x4_t hs[2];
+                    int32x4_t hs[2], xs[2];
                     n2_group_dots(c, x + 128 * (size_t)g, sdot, halves, hs);
+                    const float32x4_t mn[2] = {vld1q_f32((const float *)(o + 176)), vld1q_f32((const float *)(o + 192))};
+                    if (min16) n2_code_sums(x + 128 * (size_t)g, sdot, xs);
                     v = n2_group_step(v, hs, s, vld1q_f32((const float *)(o + 160)), vld1q_f32(dx + 4 * (size_t)g),
-                                      vld1q_f32(m + 4 * (size_t)g), halves);
+                                      vld1q_f32(m + 4 * (size_t)g), halves, min16 ? mn : NULL, xs);
                 }
                 acc = vaddq_f32(acc, v);
             }
@@ -388,7 +427,7 @@ __attribute__((target("arch=armv8.2-a+dotprod"))) static void q_gemm_neon_dot(co
 N2_INLINE void q_gemv_rows(g4_dtype type, const unsigned char *w, size_t stride, int nb, const g4_q8_rows *a, int t,
                                float *y, size_t ystride, int NR, int sdot) {
     const long gb = g4_q8_group_bytes(type);
-    const int ng = (nb + 3) / 4, halves = n2_halves(type);
+    const int ng = (nb + 3) / 4, halves = n2_halves(type), min16 = type == G4_Q2_K;
     const int8_t *x = a->q + (size_t)t * a->in_pad;
     const float *dx = a->d + (size_t)t * a->nb_pad, *m = a->m + (size_t)t * a->nb_pad;
     float32x4_t acc[N2_ROWS];
@@ -397,15 +436,16 @@ N2_INLINE void q_gemv_rows(g4_dtype type, const unsigned char *w, size_t stride,
         for (int r = 0; r < NR; r++) {
             const unsigned char *row = w + (size_t)r * stride;
             for (long off = 0; off < 2 * gb; off += 64) __builtin_prefetch(row + (size_t)(gb * 2 * p + off) + N2_PREFETCH);
-            float32x4_t s[2][2], s2[2], v = vdupq_n_f32(0);
-            n2_scales(type, row, p, nb, s, s2);
+            float32x4_t s[2][2], s2[2], mn[2][2], v = vdupq_n_f32(0);
+            n2_scales(type, row, p, nb, s, s2, mn);
             for (int g = 2 * p; g < 2 * p + 2 && g < ng; g++) {
                 int8x16_t c[4][2];
-                int32x4_t hs[2];
+                int32x4_t hs[2], xs[2];
                 n2_codes(type, row, g, nb, c);
                 n2_group_dots(c, x + 128 * (size_t)g, sdot, halves, hs);
+                if (min16) n2_code_sums(x + 128 * (size_t)g, sdot, xs);
                 v = n2_group_step(v, hs, s[g % 2], s2[g % 2], vld1q_f32(dx + 4 * (size_t)g), vld1q_f32(m + 4 * (size_t)g),
-                                  halves);
+                                  halves, min16 ? mn[g % 2] : NULL, xs);
             }
             acc[r] = vaddq_f32(acc[r], v);
         }

@@ -228,9 +228,11 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 #define T2 "avx2,fma,f16c"
 
 /* A group as q_pack stores it (G4_QW_GROUP bytes): the 4 blocks' codes in element order (32 bytes each), then its s
- * (8 floats: lane i / 4 + i the scale of block i's elements 0-15 / 16-31) and, in the first group of each pair
- * (groups 2p, 2p + 1), the pair's s2 (8 floats: lane k block 8p + k's offset term); 192 bytes. Blocks past the row's
- * end: zero codes and scales. */
+ * (8 floats: lane i / 4 + i the scale of block i's elements 0-15 / 16-31), in the first group of each pair
+ * (groups 2p, 2p + 1) the pair's s2 (8 floats: lane k block 8p + k's offset term), and for Q2_K its mins (8 floats
+ * at 192, lanes as s's); 224 bytes. Blocks past the row's end: zero codes and scales.
+ * Q2_K (w = s u + o per 16, G4_Q8_MIN16) adds to each group's sums its mins o times the activations' sums per 16
+ * (of the codes, times dx), computed from the activation codes as the products are. */
 
 /* the types whose codes are signed (|w| times x with w's sign) */
 static inline int q2_signed(g4_dtype t) {
@@ -302,6 +304,10 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
                           hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + i)), one);
             c[i] = _mm256_sub_epi8(_mm256_or_si256(lo2, _mm256_slli_epi16(hb, 2)), c4);
         }
+    } else if (type == G4_Q2_K) { /* block i of half h: bits 2i of qs[32h + l] */
+        const unsigned char *sb = row + (size_t)84 * (size_t)(g / 2);
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * (g % 2))), m3 = _mm256_set1_epi8(3);
+        for (int i = 0; i < 4; i++) c[i] = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * i)), m3);
     } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
         const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
         for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i));
@@ -337,11 +343,24 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
 
 /* The scales of pair p (groups 2p and 2p + 1: blocks 8p .. 8p + 7, for the K-quants and IQ4_XS super-block p) of a
  * row of nb blocks: s[h] those of group 2p + h, lane i / 4 + i = its block i's elements 0-15 / 16-31; lane k of s2 =
- * block 8p + k's offset term; zero past the row. */
+ * block 8p + k's offset term; zero past the row. Q2_K: mins[h] those of group 2p + h, lanes as s[h]'s. */
 __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype type, const unsigned char *row, int p,
-                                                                        int nb, __m256 s[2], __m256 *s2) {
+                                                                        int nb, __m256 s[2], __m256 *s2, __m256 mins[2]) {
     __m256 v, m = _mm256_setzero_ps(); /* the 8 blocks' scales and offset terms */
-    if (type == G4_Q4_K || type == G4_Q5_K) {
+    mins[0] = mins[1] = m;
+    if (type == G4_Q2_K) { /* group h's block i: elements 0-15 scales[8h + 2i], 16-31 scales[8h + 2i + 1] */
+        const unsigned char *sb = row + (size_t)84 * (size_t)p;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(block_d(sb + 80))), dmin = _mm256_set1_ps(-_cvtsh_ss(block_d(sb + 82)));
+        const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        for (int h = 0; h < 2; h++) {
+            const __m256i b = _mm256_permutevar8x32_epi32(
+                _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 8 * h))), order);
+            s[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))), d);
+            mins[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), dmin);
+        }
+        *s2 = m;
+        return;
+    } else if (type == G4_Q4_K || type == G4_Q5_K) {
         const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)p;
         uint64_t sc, mn;
         g4_k_scales8(sb + 4, &sc, &mn);
@@ -419,26 +438,42 @@ __attribute__((target(T2), always_inline)) static inline __m256i q2_group_dots(c
     return _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
 }
 
-/* token t's pair p: its 8 blocks' codes, group h's d in lanes i and 4 + i (dx[h]), and m of block 8p + k in lane k */
+/* token t's pair p: its 8 blocks' codes, group h's d in lanes i and 4 + i (dx[h]), m of block 8p + k in lane k, and
+ * with min16 (Q2_K) group h's code sums per 16 times dx (sx[h], lanes as dx's; zero past the row) */
 typedef struct {
     const int8_t *q;
-    __m256 dx[2], m;
+    __m256 dx[2], m, sx[2];
 } q2_x;
-__attribute__((target(T2), always_inline)) static inline q2_x q2_xload(const g4_q8_rows *a, int t, int p) {
+__attribute__((target(T2), always_inline)) static inline q2_x q2_xload(const g4_q8_rows *a, int t, int p,
+                                                                       const int min16) {
     const size_t b = (size_t)t * a->nb_pad + 8 * (size_t)p;
     const __m256 d = _mm256_loadu_ps(a->d + b);
-    return (q2_x){a->q + (size_t)t * a->in_pad + 256 * (size_t)p,
-                  {_mm256_permute2f128_ps(d, d, 0x00), _mm256_permute2f128_ps(d, d, 0x11)}, _mm256_loadu_ps(a->m + b)};
+    q2_x x = {a->q + (size_t)t * a->in_pad + 256 * (size_t)p,
+              {_mm256_permute2f128_ps(d, d, 0x00), _mm256_permute2f128_ps(d, d, 0x11)},
+              _mm256_loadu_ps(a->m + b),
+              {_mm256_setzero_ps(), _mm256_setzero_ps()}};
+    if (min16) {
+        const __m256i one[4] = {_mm256_set1_epi8(1), _mm256_set1_epi8(1), _mm256_set1_epi8(1), _mm256_set1_epi8(1)};
+        for (int h = 0; h < 2; h++) /* (the activations are zero past the row) */
+            x.sx[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(q2_group_dots(one, x.q + 128 * h, 0)), x.dx[h]);
+    }
+    return x;
 }
 
 /* One (row, token) step of a pair of groups, the same in q_gemm and q_gemv: each group's sums (h1: none past the
- * row) times their scales s[h] * dx, plus the 8 blocks' offset terms s2 * m, added to acc (one add on the chain of
- * acc a pair, not three fused multiply-adds) */
+ * row) times their scales s[h] * dx, plus the 8 blocks' offset terms s2 * m, and with min16 each group's mins
+ * mn[h] times the activations' sums per 16, added to acc (one add on the chain of acc a pair, not three fused
+ * multiply-adds) */
 __attribute__((target(T2), always_inline)) static inline __m256 q2_pair_step(__m256 acc, __m256i h0, __m256i h1,
                                                                              const int two, const __m256 s[2],
-                                                                             __m256 s2, const q2_x *x) {
+                                                                             __m256 s2, const __m256 mn[2],
+                                                                             const q2_x *x, const int min16) {
     __m256 v = _mm256_fmadd_ps(s2, x->m, _mm256_mul_ps(_mm256_cvtepi32_ps(h0), _mm256_mul_ps(s[0], x->dx[0])));
     if (two) v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h1), _mm256_mul_ps(s[1], x->dx[1]), v);
+    if (min16) {
+        v = _mm256_fmadd_ps(mn[0], x->sx[0], v);
+        if (two) v = _mm256_fmadd_ps(mn[1], x->sx[1], v);
+    }
     return _mm256_add_ps(acc, v);
 }
 
@@ -450,13 +485,14 @@ __attribute__((target(T2), always_inline)) static inline void q_pack_avx2_typed(
     for (int r = 0; r < nr; r++) {
         const unsigned char *row = w + (size_t)r * row_bytes;
         unsigned char *o = dst + (size_t)r * ng * G4_QW_GROUP;
-        __m256 sc[2], s2 = _mm256_setzero_ps();
+        __m256 sc[2], s2 = _mm256_setzero_ps(), mn[2];
         for (int g = 0; g < ng; g++, o += G4_QW_GROUP) {
             _mm_prefetch((const char *)row + (size_t)gb * g + PACK_PREFETCH, _MM_HINT_T0);
             if (gb > 64) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + PACK_PREFETCH, _MM_HINT_T0);
-            if (g % 2 == 0) q2_scales(type, row, g / 2, nb, sc, &s2);
+            if (g % 2 == 0) q2_scales(type, row, g / 2, nb, sc, &s2, mn);
             _mm256_storeu_ps((float *)(o + 128), sc[g % 2]);
             _mm256_storeu_ps((float *)(o + 160), s2);
+            _mm256_storeu_ps((float *)(o + 192), mn[g % 2]);
             __m256i c[4];
             q2_codes(type, row, g, nb, c);
             for (int i = 0; i < 4; i++) _mm256_storeu_si256((__m256i *)(o + 32 * i), c[i]);
@@ -475,7 +511,7 @@ __attribute__((target(T2))) static void q_pack_avx2(g4_dtype type, const unsigne
 __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_fixed(const unsigned char *wp,
                                                                                 const g4_q8_rows *a, int t0, int ng,
                                                                                 float *y, size_t ldy, const int NT,
-                                                                                const int sgn) {
+                                                                                const int sgn, const int min16) {
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int p = 0; 2 * p < ng; p++) {
         const unsigned char *g0 = wp + (size_t)2 * p * G4_QW_GROUP, *g1 = g0 + G4_QW_GROUP;
@@ -483,15 +519,17 @@ __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_fixed(
         const __m256 s[2] = {_mm256_loadu_ps((const float *)(g0 + 128)),
                              two ? _mm256_loadu_ps((const float *)(g1 + 128)) : _mm256_setzero_ps()},
                      s2 = _mm256_loadu_ps((const float *)(g0 + 160));
+        const __m256 mn[2] = {min16 ? _mm256_loadu_ps((const float *)(g0 + 192)) : _mm256_setzero_ps(),
+                              min16 && two ? _mm256_loadu_ps((const float *)(g1 + 192)) : _mm256_setzero_ps()};
         __m256i c0[4], c1[4];
         for (int i = 0; i < 4; i++) {
             c0[i] = _mm256_loadu_si256((const __m256i *)(g0 + 32 * i));
             c1[i] = two ? _mm256_loadu_si256((const __m256i *)(g1 + 32 * i)) : _mm256_setzero_si256();
         }
         for (int t = 0; t < NT; t++) {
-            const q2_x x = q2_xload(a, t0 + t, p);
+            const q2_x x = q2_xload(a, t0 + t, p, min16);
             const __m256i h0 = q2_group_dots(c0, x.q, sgn), h1 = two ? q2_group_dots(c1, x.q + 128, sgn) : h0;
-            acc[t] = q2_pair_step(acc[t], h0, h1, two, s, s2, &x);
+            acc[t] = q2_pair_step(acc[t], h0, h1, two, s, s2, mn, &x, min16);
         }
     }
     for (int t = 0; t < NT; t++) y[(size_t)t * ldy] = hsum256(acc[t]);
@@ -500,23 +538,25 @@ __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_fixed(
 __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_sgn(const unsigned char *wp, int nr,
                                                                               const g4_q8_rows *a, int t0, int nt,
                                                                               int ng, float *y, size_t ldy,
-                                                                              const int sgn) {
+                                                                              const int sgn, const int min16) {
     const size_t ldw = (size_t)ng * G4_QW_GROUP;
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t += 2) {
             if (nt - t >= 2)
-                q_gemm_avx2_fixed(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 2, sgn);
+                q_gemm_avx2_fixed(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 2, sgn, min16);
             else
-                q_gemm_avx2_fixed(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, sgn);
+                q_gemm_avx2_fixed(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, sgn, min16);
         }
 }
 
 __attribute__((target(T2))) static void q_gemm_avx2(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
                                                    int nt, int ng, float *y, size_t ldy) {
     if (q2_signed(a->type))
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1);
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1, 0);
+    else if (g4_q8_mode(a->type) == G4_Q8_MIN16)
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 1);
     else
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0);
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 0);
 }
 
 /* decode: NR rows as stored, far apart (stride), times token t's row, each group decoded in registers */
@@ -529,23 +569,24 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
     __m256 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
     for (int p = 0; 2 * p < ng; p++) { /* pairs of groups (super-blocks): their scales decoded once */
-        const q2_x x = q2_xload(a, t, p);
+        const int min16 = g4_q8_mode(type) == G4_Q8_MIN16;
+        const q2_x x = q2_xload(a, t, p, min16);
         const int two = 2 * p + 1 < ng;
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const unsigned char *row = w + (size_t)r * stride;
             for (long off = 0; off < 2 * gb; off += 64)
                 _mm_prefetch((const char *)row + (size_t)(gb * 2 * p + off) + GEMV_PREFETCH, _MM_HINT_T0);
-            __m256 s[2], s2;
+            __m256 s[2], s2, mn[2];
             __m256i c[4], h0, h1;
-            q2_scales(type, row, p, nb, s, &s2);
+            q2_scales(type, row, p, nb, s, &s2, mn);
             q2_codes(type, row, 2 * p, nb, c);
             h0 = h1 = q2_group_dots(c, x.q, q2_signed(type));
             if (two) {
                 q2_codes(type, row, 2 * p + 1, nb, c);
                 h1 = q2_group_dots(c, x.q + 128, q2_signed(type));
             }
-            acc[r] = q2_pair_step(acc[r], h0, h1, two, s, s2, &x);
+            acc[r] = q2_pair_step(acc[r], h0, h1, two, s, s2, mn, &x, min16);
         }
     }
     for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = hsum256(acc[r]);
@@ -804,6 +845,32 @@ __attribute__((target(T512), always_inline)) static inline void q3k_group(const 
     *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), _mm512_castps256_ps512(sc));
 }
 
+/* Q2_K half h of a super-block (84 bytes: scales[16], qs[64], d, dmin; w = d (sc & 15) u - dmin (sc >> 4) per 16,
+ * llama.cpp's dequantize_row_q2_K): block i's element l < 16 is bits 2i of qs[32h + l], its element 16 + l those of
+ * qs[32h + 16 + l]; the scale bytes of its elements 0-15 and 16-31 are scales[8h + 2i] and [8h + 2i + 1]. For the
+ * per-16 mode (G4_Q8_MIN16): the codes u as they are; s1 holds the group's 16 factors, lanes 0-3 / 4-7 the scales
+ * d sc of blocks 0-3's elements 0-15 / 16-31, lanes 8-11 / 12-15 their mins -dmin m (q_step spreads them); s2 zero */
+__attribute__((target(T512), always_inline)) static inline void q2k_group(const unsigned char *row, int g, __m512i *lo,
+                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
+    const unsigned char *sb = row + (size_t)84 * (size_t)(g / 2);
+    const int h = g % 2;
+    const __m512i sh = _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0,
+                                        0, 0, 0, 0, 0),
+                  m3 = _mm512_set1_epi8(3);
+    for (int e = 0; e < 2; e++) {
+        const __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(sb + 16 + 32 * h + 16 * e)));
+        *(e ? hi : lo) = _mm512_and_si512(_mm512_srlv_epi16(q, sh), m3);
+    }
+    const __m256i v = _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 8 * h))),
+                                                  _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    const __m256 sc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))),
+                                    _mm256_set1_ps(_cvtsh_ss(block_d(sb + 80)))),
+                 mn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)),
+                                    _mm256_set1_ps(-_cvtsh_ss(block_d(sb + 82))));
+    *s1 = _mm512_insertf32x8(_mm512_castps256_ps512(sc), mn, 1);
+    *s2 = _mm512_setzero_ps();
+}
+
 /* AF4 / AF8 (core/tensor.h: blocks of 32 of 24 / 40 bytes, an f32 scale and bias, then the codes; affine: s1 the
  * scales, s2 the biases): group g's 4 blocks (fewer at the row's end: loads masked, the missing blocks zeros) */
 __attribute__((target(T512), always_inline)) static inline void af_group(g4_dtype type, const unsigned char *row,
@@ -861,6 +928,8 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         af_group(type, row, row_bytes, g, lo, hi, s1, s2);
     } else if (type == G4_Q3_K) {
         q3k_group(row, g, lo, hi, s1, s2);
+    } else if (type == G4_Q2_K) {
+        q2k_group(row, g, lo, hi, s1, s2);
     } else {
         const long gb = type == G4_Q4_0 ? 72 : 136;
         q_group(type, pm, row + gb * g, (long)row_bytes - gb * g, lo, hi, s1);
@@ -870,10 +939,11 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
 
 
 /* One token's part of a group, loaded once for every row it meets: the codes, the offset lanes (or, for the affine
- * mode, the lanes' code sums as floats), the scales, and for the halves mode -32 x each half's lane sums. */
+ * mode, the lanes' code sums as floats), the scales, for the halves mode -32 x each half's lane sums, and for the
+ * per-16 mode each half's lane sums as floats (sum, sumh). */
 typedef struct {
     __m512i lo, hi, off, n32lo, n32hi;
-    __m512 dx, sum;
+    __m512 dx, sum, sumh;
 } q_xgroup;
 
 __attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(const unsigned char *x, const int mode) {
@@ -882,9 +952,14 @@ __attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(cons
     v.hi = _mm512_loadu_si512(x + 64);
     v.off = _mm512_loadu_si512(x + 128);
     v.dx = _mm512_loadu_ps(x + 192);
-    v.sum = _mm512_setzero_ps();
+    v.sum = v.sumh = _mm512_setzero_ps();
     v.n32lo = v.n32hi = _mm512_setzero_si512();
     if (mode == G4_Q8_AFFINE) v.sum = _mm512_cvtepi32_ps(v.off);
+    if (mode == G4_Q8_MIN16) {
+        const __m512i one = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
+        v.sum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, one, v.lo));
+        v.sumh = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, one, v.hi));
+    }
     if (mode == G4_Q8_HALVES) {
         const __m512i c32 = _mm512_set1_epi8(32), z = _mm512_setzero_si512();
         v.n32lo = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c32, v.lo));
@@ -896,9 +971,21 @@ __attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(cons
 /* one (row, token) step of a group, the same in q_gemm and q_gemv: exact integer dot products per lane, then
  * - offset (Q4_0, Q5_0, Q8_0): from the activations' offset lanes, one multiply-add by s1 x dx;
  * - affine (Q4_K, Q5_K): s1 x dx times the codes' products plus s2 x dx times the activations' code sums;
- * - halves (Q6_K): each half from -32 x its code sums, times its own scale x dx. */
+ * - halves (Q6_K): each half from -32 x its code sums, times its own scale x dx;
+ * - per 16 (Q2_K): each half's products times its scale, plus its min times the half's activation code sums, all
+ *   times dx (s1: the group's 16 factors, spread to the lanes of their blocks here). */
 __attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 acc, __m512i lo, __m512i hi, __m512 s1,
                                                                          __m512 s2, const q_xgroup *x, const int mode) {
+    if (mode == G4_Q8_MIN16) {
+        const __m512i z = _mm512_setzero_si512(), b = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                      four = _mm512_set1_epi32(4);
+        const __m512i b4 = _mm512_add_epi32(b, four), b8 = _mm512_add_epi32(b4, four), b12 = _mm512_add_epi32(b8, four);
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, lo, x->lo)), _mm512_permutexvar_ps(b, s1));
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, hi, x->hi)), _mm512_permutexvar_ps(b4, s1), t);
+        t = _mm512_fmadd_ps(x->sum, _mm512_permutexvar_ps(b8, s1), t);
+        t = _mm512_fmadd_ps(x->sumh, _mm512_permutexvar_ps(b12, s1), t);
+        return _mm512_fmadd_ps(t, x->dx, acc);
+    }
     if (mode == G4_Q8_HALVES) {
         const __m512i a = _mm512_dpbusd_epi32(x->n32lo, lo, x->lo), b = _mm512_dpbusd_epi32(x->n32hi, hi, x->hi);
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s1, x->dx), acc);
@@ -1075,6 +1162,7 @@ __attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp,
     switch (g4_q8_mode(a->type)) {
     case G4_Q8_AFFINE: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_AFFINE); break;
     case G4_Q8_HALVES: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES); break;
+    case G4_Q8_MIN16: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_MIN16); break;
     default: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_OFFSET); break;
     }
 }

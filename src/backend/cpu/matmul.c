@@ -1,10 +1,11 @@
 /* y[n, out] = x[n, in] * W^T on the CPU for every weight dtype (core/tensor.h).
- * - Q8_0 / Q4_0 (and Q5_0 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS / AF4 / AF8 with the AVX-512, AVX2 and NEON sets):
+ * - Q8_0 / Q4_0 (and Q5_0 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS / AF4 / AF8 with the AVX-512, AVX2 and
+ *   NEON sets):
  *   int8 activations and integer dot products (matmul_q8.c). MLX affine weights arrive as AF4 / AF8 (cpu_backend.c,
  *   upload_weight).
  * - BF16 (where the kernels have bf16_tile) and aligned F32: register tiles of 4 rows x 4
  *   tokens on the weights as stored (bf16 widened to f32 in registers), all in f32.
- * - otherwise (F16, Q2_K, Q4_1, Q5_1; the types above with the scalar set; every type in g4_cpu_matmul_f32,
+ * - otherwise (F16, Q4_1, Q5_1; the types above with the scalar set; every type in g4_cpu_matmul_f32,
  *   the MoE router's product): a block of rows
  *   is decoded to f32 once (g4_dequant_row, or read in place for aligned F32) and
  *   multiplied with every token by register tiles of 4 rows x 4 tokens, so each loaded

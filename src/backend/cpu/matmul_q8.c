@@ -1,5 +1,5 @@
 /* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512, AVX2 and NEON sets, Q5_0, Q4_K,
- * Q5_K, Q6_K, Q3_K, IQ4_NL, IQ4_XS, AF4, AF8) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each
+ * Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, AF4, AF8) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each
  * token row is quantized per block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
  * where u = the weight codes as unsigned bytes (Q4_0: the nibble 0..15, off = 8; Q8_0:
@@ -9,7 +9,8 @@
  * the same sums with dw = d sc and, in place of the offset, + sum_b (-dmin m)[r,b] * dx[t,b] * sum_j q[t,b,j];
  * AF4 / AF8 (MLX affine as the CPU holds it, w = s u + b per block) the same with dw = s and b for -dmin m;
  * Q6_K (w = d sc (u - 32) per 16) and Q3_K (d sc (u - 4) per 16) sum each
- * half of a block apart, from -32 (-4) x its code sums, times its own scale (cpu.h g4_q8_mode). Super-blocks are read
+ * half of a block apart, from -32 (-4) x its code sums, times its own scale; Q2_K (d sc u - dmin m per 16) each half
+ * apart times d sc, plus -dmin m times the half's activation code sums (cpu.h g4_q8_mode). Super-blocks are read
  * as two groups of 4 blocks (half a super-block each). Two shapes, by the kernel set (kernels*.c):
  * - q8_tile (scalar; Q8_0 and Q4_0 only): tiles of 4 rows x 4 tokens on the blocks as stored;
  * - q_pack + q_gemm (AVX-512 VNNI, AVX2, NEON): each block of 16 rows is unpacked once into groups of 4
