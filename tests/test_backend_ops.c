@@ -282,7 +282,7 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
- * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MLX4, MLX8: at
+ * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MLX4, MLX8: at
  * most 8 tokens; experts: one token), and the
  * experts' int8 tensor-core products for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL and IQ4_XS (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
@@ -290,7 +290,7 @@ static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
     const int q = dt == G4_Q8_0 || dt == G4_Q4_0, gemv = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K ||
                                                     dt == G4_Q6_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
-                                                    dt == G4_MLX4 || dt == G4_MLX8;
+                                                    dt == G4_MLX4 || dt == G4_MLX8 || dt == G4_Q2_K;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
            (((dense ? n <= 8 : n == 1) && gemv) ||
             (!dense && n > 8 && (q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL ||
@@ -542,9 +542,9 @@ static void test_transcoded_weights(void) {
         CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_IQ4_NL) == G4_IQ4_NL &&
                    held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_MLX4 && held(G4_Q5_1) == G4_MLX8 &&
                    held(G4_IQ2_XXS) == G4_MLX8 && held(G4_IQ2_XS) == G4_Q8_0 && held(G4_Q3_K) == G4_Q6_K &&
-                   held(G4_Q2_K) == G4_Q8_0 && held(G4_MLX3) == G4_MLX4 && held(G4_MLX6) == G4_MLX8,
-               "%s: Q5_0, Q5_K, IQ4_NL and IQ4_XS held as they are, Q4_1 as MLX4, Q5_1 and IQ2_XXS as MLX8, Q3_K as "
-               "Q6_K, IQ2_XS and Q2_K as Q8_0, MLX3 as MLX4, MLX6 as MLX8", be_label);
+                   held(G4_Q2_K) == G4_Q2_K && held(G4_MLX3) == G4_MLX4 && held(G4_MLX6) == G4_MLX8,
+               "%s: Q5_0, Q5_K, IQ4_NL, IQ4_XS and Q2_K held as they are, Q4_1 as MLX4, Q5_1 and IQ2_XXS as MLX8, Q3_K "
+               "as Q6_K, IQ2_XS as Q8_0, MLX3 as MLX4, MLX6 as MLX8", be_label);
     /* MLX weights are held exactly wherever they are held as another type (the CPU: AF4 / AF8) */
     for (size_t qi = 0; takes_quantized && qi < N_QTYPES; qi++)
         if (g4_dtype_is_mlx(qtypes[qi]) && takes(qtypes[qi]))
@@ -1765,7 +1765,9 @@ static void test_moe(void) {
               {13, 256, 256, G4_F32, G4_Q5_K, 0, G4_Q5_0}, {5, 256, 64, G4_F32, G4_Q5_1, 1, G4_Q4_1},
               {13, 256, 96, G4_F32, G4_Q4_K, 1, G4_Q5_0},  {1, 256, 96, G4_F32, G4_Q4_K, 0, G4_Q5_0},
               {13, 256, 256, G4_F32, G4_IQ4_XS, 0, G4_IQ4_NL}, {1, 256, 96, G4_F32, G4_IQ4_XS, 1, G4_IQ4_NL},
-              {1, 256, 256, G4_F32, G4_Q5_K, 1, G4_Q5_K}};
+              {1, 256, 256, G4_F32, G4_Q5_K, 1, G4_Q5_K},
+              /* Q2_K experts (CUDA: bf16 tiles for 13 tokens, the float-activation GEMV for one) */
+              {13, 256, 256, G4_F32, G4_Q2_K, 1, G4_Q2_K}, {1, 256, 256, G4_F32, G4_Q2_K, 0, G4_Q2_K}};
     /* (CUDA reads split gate and up of one type and MLX group, as files have them: not this test's MLX weights,
      * whose groups take turns.) Each case draws from its own seed: which cases ran before it on a backend does not
      * move its inputs (CUDA's n=13 Q6_K/Q4_K case measured 4.8e-3 to 7.0e-3 over 12 seeds, against its 8e-3) */

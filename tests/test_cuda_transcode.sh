@@ -4,12 +4,12 @@
 # their values exactly (Q4_1, Q5_1, the codebook types whose groups of 32 share a scale: core/quant.h
 # g4_transcode_row_mlx; no warning), Q3_K as Q6_K (the same scales: exact, no warning), else as Q8_0, re-encoded at
 # upload (cuda_quant.cu g4c_upload_quant, core/quant.h g4_transcode_row), with one warning line per type.
-#  - dense-ple as Q2_K: on CUDA the logits are bit for bit those of the same file re-written by `gemma4c quantize
-#    --type q8_0` (which re-encodes their rows with the same g4_transcode_row), so the backend holds exactly those
-#    values; with every matrix NVFP4 (random blocks, tests/data/retype_gguf.py): one warning line.
+#  - dense-ple with every matrix NVFP4 (random blocks, tests/data/retype_gguf.py): one warning line (test_backend_ops
+#    checks that the products of a re-encoded type are bit for bit those of its values re-encoded by
+#    g4_transcode_row and uploaded as Q8_0).
 #  - The moe fixture as Q4_1 (its 3-D expert tensors too) and dense-ple with every matrix MXFP4: no warning
 #    (test_backend_ops checks the products of every such type against the file's values).
-#  - The trained example model as Q5_0, Q5_K and IQ4_XS (which CUDA holds as they are), as MLX3 and MLX6 (held exactly
+#  - The trained example model as Q5_0, Q5_K, IQ4_XS and Q2_K (which CUDA holds as they are), as MLX3 and MLX6 (held exactly
 #    as MLX4 and MLX8: no warning; 0.1 as for Q5_K, an affine type), as Q4_1 (held exactly as MLX4) and as Q3_K (held
 #    exactly as Q6_K):
 #    CUDA's 12 greedy tokens are the CPU's, and with float activations (G4_NO_INT8_ACT) the prompt's logits (|logit|
@@ -28,25 +28,16 @@ bin=${G4_BIN:?}; shared=${G4_SHARED_DIR:?}; src=${G4_SOURCE_DIR:?}; tmp=${G4_TMP
 "$bin" --version | grep -q cuda || { echo "skipped: no CUDA backend in this build"; exit 77; }
 rm -rf "$tmp"; mkdir -p "$tmp"
 "$bin" quantize "$shared/fixtures/moe" "$tmp/moe-q4_1.gguf" --type q4_1 >/dev/null &&
-    "$bin" quantize "$shared/fixtures/dense-ple" "$tmp/ple-q2_k.gguf" --type q2_k >/dev/null &&
-    "$bin" quantize "$tmp/ple-q2_k.gguf" "$tmp/ple-q2_k-as-q8_0.gguf" --type q8_0 >/dev/null &&
     "$bin" quantize "$shared/fixtures/dense-ple" "$tmp/ple-f32.gguf" --type f32 >/dev/null &&
     "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-nvfp4.gguf" nvfp4 >/dev/null &&
     "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-mxfp4.gguf" mxfp4 >/dev/null
-check $? "quantize the fixtures to q4_1 / q2_k (and that to q8_0) / nvfp4 / mxfp4"
+check $? "quantize the fixtures to q4_1 / nvfp4 / mxfp4"
 ids=2,17,99,45,300,12,7,88,150,33,21,400,8,9,10,11
 if ! "$bin" logits -m "$tmp/moe-q4_1.gguf" --device cuda --ids $ids -o "$tmp/a.f32" 2>"$tmp/warn.txt"; then
     grep -q "no CUDA GPU" "$tmp/warn.txt" && { echo "skipped: $(cat "$tmp/warn.txt")"; exit 77; }
     check 1 "moe Q4_1 on cuda: $(cat "$tmp/warn.txt")"
 fi
 [ ! -s "$tmp/warn.txt" ]; check $? "moe Q4_1 on cuda: held exactly, no warning ($(head -c 300 "$tmp/warn.txt"))"
-"$bin" logits -m "$tmp/ple-q2_k.gguf" --device cuda --ids $ids -o "$tmp/a.f32" 2>"$tmp/warn.txt" &&
-    "$bin" logits -m "$tmp/ple-q2_k-as-q8_0.gguf" --device cuda --ids $ids -o "$tmp/b.f32" &&
-    cmp -s "$tmp/a.f32" "$tmp/b.f32"
-check $? "dense-ple Q2_K on cuda: the logits of the file re-encoded as Q8_0, bit for bit"
-grep -qx "gemma4c: warning: the cuda backend holds the Q2_K tensors as Q8_0 (re-encoded: 8.5 bits a weight)" \
-    "$tmp/warn.txt" && [ "$(wc -l <"$tmp/warn.txt")" = 1 ]
-check $? "one warning line for Q2_K: $(head -c 300 "$tmp/warn.txt")"
 "$bin" logits -m "$tmp/ple-nvfp4.gguf" --device cuda --ids $ids -o "$tmp/a.f32" 2>"$tmp/warn.txt" &&
     [ "$(cat "$tmp/warn.txt")" = "gemma4c: warning: the cuda backend holds the NVFP4 tensors as Q8_0 (re-encoded: 8.5 bits a weight)" ]
 check $? "dense-ple NVFP4 on cuda: one warning line ($(head -c 300 "$tmp/warn.txt"))"
@@ -66,7 +57,7 @@ PY
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp" || { echo "cannot unpack the example model"; exit 1; }
 m=$tmp/tolstoy-tiny
 pids=$("$bin" tokenize -m "$m" -p "The old prince")
-for t in q5_0:0.05 q5_k:0.1 iq4_xs:0.05 q4_1:0.1 q3_k:0.05 mlx3:0.1 mlx6:0.1; do
+for t in q5_0:0.05 q5_k:0.1 iq4_xs:0.05 q2_k:0.05 q4_1:0.1 q3_k:0.05 mlx3:0.1 mlx6:0.1; do
     tol=${t#*:} t=${t%:*} f=$tmp/tt-$t.gguf
     # MLX: greedy tokens with float activations (MLX3's part at token 11 between the backends' int8 activations, the
     # prompt's on CUDA's bf16 tiles; with float ones both give the same 12, so the held values are the file's)
@@ -81,7 +72,7 @@ for t in q5_0:0.05 q5_k:0.1 iq4_xs:0.05 q4_1:0.1 q3_k:0.05 mlx3:0.1 mlx6:0.1; do
         G4_NO_INT8_ACT=1 "$bin" logits -m "$f" --device cuda --ids "$pids" -o "$tmp/g.f32" 2>/dev/null &&
         d=$(logit_diff "$tmp/c.f32" "$tmp/g.f32" "$tol")
     check $? "example model $t: cuda's prompt logits within $tol of the cpu's, float activations (${d:-})"
-    case $t in mlx* | q4_1 | q3_k) # held exactly (MLX3 as MLX4, MLX6 as MLX8, Q4_1 as MLX4, Q3_K as Q6_K): no warning
+    case $t in mlx* | q4_1 | q3_k | q2_k) # held exactly (MLX3 as MLX4, MLX6 as MLX8, Q4_1 as MLX4, Q3_K as Q6_K): no warning
         "$bin" logits -m "$f" --device cuda --ids "$pids" -o "$tmp/g.f32" 2>"$tmp/warn.txt" && [ ! -s "$tmp/warn.txt" ]
         check $? "example model $t on cuda: no warning ($(head -c 200 "$tmp/warn.txt"))" ;;
     esac

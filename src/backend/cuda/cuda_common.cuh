@@ -290,7 +290,7 @@ template <> struct g4_wload<G4_F32> {
 };
 
 /* ---------------------------------------------------------------- quantized weights in device memory
- * Supported: GGUF Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MLX affine 4 and 8 bit (G4C_QUANT_TYPES;
+ * Supported: GGUF Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MLX affine 4 and 8 bit (G4C_QUANT_TYPES;
  * core/quant.h has the file layouts; other types are held as Q8_0: g4c_held_dtype). At
  * upload every row is repacked (cuda_quant.cu) so that the codes of a row come first, in runs a lane reads with
  * 16-byte loads, and the row's scales follow them (row bytes padded to 16). The bytes per weight stay those of
@@ -299,6 +299,9 @@ template <> struct g4_wload<G4_F32> {
  *   Q4_0: per block of 32, 16 bytes (byte i = element i | element i+16 << 4, GGUF's order); f16 d [in/32]
  *   Q5_0: per block of 32, 16 bytes of the low 4 bits as Q4_0 (GGUF's qs); then the fifth bits [in/8] (per block a
  *         32-bit word, bit i element i: GGUF's qh); f16 d [in/32]
+ *   Q2_K: per 64 elements 16 bytes of 2-bit codes, byte t holding elements t, t + 16, t + 32, t + 48 (bits 0-1,
+ *         2-3, 4-5, 6-7: a shift and a mask give 4 consecutive codes as bytes); the scale bytes [in/16] (sc | m << 4
+ *         per 16 elements: GGUF's scales[16], already in element order); per 256-block d, dmin (f16) [in/256 * 4]
  *   Q4_K: per 32-element sub-block, 16 bytes as Q4_0; per 256-block its 16 bytes d, dmin, scales[12] (GGUF's)
  *   Q5_K: the low 4 bits as Q4_K's codes [in/2]; the fifth bits as Q5_0's [in/8] (per 32-element sub-block a word);
  *         per 256-block d, dmin, scales[12] as Q4_K
@@ -321,7 +324,8 @@ typedef struct g4c_qrow {
 
 /* The quantized types with kernels here (each has its g4_qt below), for dispatching a template: X(G4_Q8_0) ... */
 #define G4C_QUANT_TYPES(X)                                                                                         \
-    X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q4_K) X(G4_Q5_K) X(G4_Q6_K) X(G4_IQ4_NL) X(G4_IQ4_XS) X(G4_MLX4) X(G4_MLX8)
+    X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q2_K) X(G4_Q4_K) X(G4_Q5_K) X(G4_Q6_K) X(G4_IQ4_NL) X(G4_IQ4_XS)   \
+    X(G4_MLX4) X(G4_MLX8)
 static inline int g4c_quant_supported(g4_dtype t) {
     switch (t) {
 #define G4C_SUPPORTED(T) case T:
@@ -337,7 +341,7 @@ static inline int g4c_quant_supported(g4_dtype t) {
  * share a scale (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0, MXFP4) as MLX8, with groups of 32 and f32 scales and
  * biases (exact: g4_transcode_row_mlx, the CPU's AF4 / AF8 blocks); Q3_K as Q6_K (exact: the same d and scales,
  * 6.6 bits a weight); Q8_0 for every other type core/quant.h decodes
- * (g4_dequant_reads: Q2_K, IQ2_XS, IQ2_S, IQ1_M, NVFP4), re-encoded row by row at upload (g4_transcode_row:
+ * (g4_dequant_reads: IQ2_XS, IQ2_S, IQ1_M, NVFP4), re-encoded row by row at upload (g4_transcode_row:
  * 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type must be whole blocks of it
  * (Q8_0, and the MLX-held GGUF types: 32). */
 static inline g4_dtype g4c_held_dtype(g4_dtype t) {
@@ -357,6 +361,7 @@ static inline size_t g4c_qrow_bytes(g4_dtype t, int64_t in, int group, g4_dtype 
     case G4_Q8_0: b = n + 2 * (n / 32); break;
     case G4_Q4_0: b = n / 2 + 2 * (n / 32); break;
     case G4_Q5_0: b = n / 2 + n / 8 + 2 * (n / 32); break;
+    case G4_Q2_K: b = n / 4 + n / 16 + 4 * (n / 256); break;
     case G4_Q4_K: b = n / 2 + 16 * (n / 256); break;
     case G4_Q5_K: b = n / 2 + n / 8 + 16 * (n / 256); break;
     case G4_IQ4_NL: b = n / 2 + 2 * (n / 32); break;
@@ -553,6 +558,56 @@ template <> struct g4_qt<G4_Q5_0> {
     /* sum of code * xq (codes 0..31; the caller subtracts ZERO * sum(xq)) */
     static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         return g4_dot_nib5(r[0], r[1].x, x0, x1);
+    }
+};
+/* Q2_K: an access of 64 elements, 16 bytes of codes, its 4 scale bytes (segment s: elements 16s .. 16s + 15, the
+ * codes of byte t's bits 2s) and the 256-block's d, dmin. With float activations each chunk of 8 is decoded to its
+ * values, d (sc & 15) u - dmin (sc >> 4), as llama.cpp's dequantize_row_q2_K computes them (seg's a and b: 1 and 0).
+ * With int8 ones (seg with si < 0: a = d, b = -dmin) the min is per 16 elements where the int8 blocks' code sums
+ * are per 32: dot32m returns a block's two integer sums, of sc x sum(u xq) and of m x sum(xq) over its halves. */
+template <> struct g4_qt<G4_Q2_K> {
+    enum { EPA = 64, QW = 1, SEG = 16, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k / 4);
+        r[1] = uint4();
+        r[1].x = g4_ld_u32(row + (unsigned)q.in / 4 + k / 16);
+        r[1].y = g4_ld_u32(row + (unsigned)q.in / 4 + (unsigned)q.in / 16 + 4 * (k / 256));
+    }
+    /* chunk j: elements 8j .. 8j + 7, segment j / 2, bytes 8 (j & 1) .. of the codes */
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) {
+        const int s = j >> 1, w = 2 * (j & 1);
+        const unsigned sc = (r[1].x >> (8 * s)) & 0xffu;
+        const float dl = g4_h2f((uint16_t)(r[1].y & 0xffffu)) * (float)(sc & 15u),
+                    ml = g4_h2f((uint16_t)(r[1].y >> 16)) * (float)(sc >> 4);
+        float u[8];
+        g4_bytes4((g4_word(r[0], w) >> (2 * s)) & 0x03030303u, 0.0f, u);
+        g4_bytes4((g4_word(r[0], w + 1) >> (2 * s)) & 0x03030303u, 0.0f, u + 4);
+#pragma unroll
+        for (int i = 0; i < 8; i++) f[i] = dl * u[i] - ml;
+    }
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int si, float *a, float *b) {
+        if (si < 0)
+            *a = g4_h2f((uint16_t)(r[1].y & 0xffffu)), *b = -g4_h2f((uint16_t)(r[1].y >> 16));
+        else
+            *a = 1.0f, *b = 0.0f;
+    }
+    /* block b (0, 1) of the access: (sum over its halves s = 2b, 2b + 1 of sc_s sum(u xq), of m_s sum(xq)) */
+    static __device__ __forceinline__ int2 dot32m(const uint4 *r, int b, const uint4 &x0, const uint4 &x1) {
+        int2 p = make_int2(0, 0);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint4 &x = h ? x1 : x0;
+            const int s = 2 * b + h;
+            const unsigned sc = (r[1].x >> (8 * s)) & 0xffu;
+            int d = 0, n = 0;
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                d = __dp4a((int)((g4_word(r[0], w) >> (2 * s)) & 0x03030303u), (int)g4_word(x, w), d);
+                n = __dp4a(0x01010101, (int)g4_word(x, w), n);
+            }
+            p.x += (int)(sc & 15u) * d, p.y += (int)(sc >> 4) * n;
+        }
+        return p;
     }
 };
 template <> struct g4_qt<G4_Q4_K> {

@@ -514,8 +514,13 @@ __global__ __launch_bounds__(GEMV_THREADS) void gemv_kernel(gemv_args a) {
                                 const float off = (float)g4_qt<DT>::ZERO * dx.y;
 #pragma unroll
                                 for (int r = 0; r < RP; r++) {
-                                    const float v = dw[r] * ((float)g4_qt<DT>::dot32(cur[r][u], b, x0, x1) - off);
-                                    acc[r][t] += dx.x * (wraw<DT>::NEED_SUM ? fmaf(bw[r], dx.y, v) : v);
+                                    if constexpr (DT == G4_Q2_K) { /* (a min per 16: the block's two sums) */
+                                        const int2 p2 = g4_qt<DT>::dot32m(cur[r][u], b, x0, x1);
+                                        acc[r][t] += dx.x * fmaf(bw[r], (float)p2.y, dw[r] * (float)p2.x);
+                                    } else {
+                                        const float v = dw[r] * ((float)g4_qt<DT>::dot32(cur[r][u], b, x0, x1) - off);
+                                        acc[r][t] += dx.x * (wraw<DT>::NEED_SUM ? fmaf(bw[r], dx.y, v) : v);
+                                    }
                                 }
                             }
                     }

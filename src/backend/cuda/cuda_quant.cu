@@ -92,6 +92,20 @@ static void repack_row(const g4_tensor *t, int64_t r, g4_dtype held, unsigned ch
             }
         }
         break;
+    case G4_Q2_K: /* scales[16], qs[64], d, dmin: element 128h + 32i + l is bits 2i of qs[32h + l]; on the device
+                   * element 64g + 16j + t (of the block) is bits 2j of byte 16g + t */
+        for (int64_t b = 0; b < nb256; b++) {
+            const unsigned char *blk = src + 84 * b;
+            unsigned char *codes = dst + 64 * b;
+            memset(codes, 0, 64);
+            for (int e = 0; e < 256; e++) {
+                const int h = e / 128, i = (e % 128) / 32, l = e % 32;
+                codes[16 * (e / 64) + e % 16] |= (unsigned char)(((blk[16 + 32 * h + l] >> (2 * i)) & 3) << (2 * ((e % 64) / 16)));
+            }
+            memcpy(dst + in / 4 + 16 * b, blk, 16);
+            memcpy(dst + in / 4 + in / 16 + 4 * b, blk + 80, 4);
+        }
+        break;
     case G4_Q4_K:
         for (int64_t b = 0; b < nb256; b++) {
             const unsigned char *blk = src + 144 * b, *qs = blk + 16;
@@ -244,6 +258,12 @@ static __device__ unsigned meta_byte(int dt, size_t o, int64_t in, int sk, int g
         if (o >= 2 * (n / 32)) return 0;
         h = g4_f2h(dt == G4_Q8_0 || dt == G4_IQ4_NL ? amp / 127.0f : dt == G4_Q5_0 ? amp / 16.0f : amp / 8.0f);
         return o & 1 ? h >> 8 : h & 0xff;
+    case G4_Q2_K: /* sc = m = 1 per 16: w = d u - dmin, d = 2 amp / 3, dmin = amp */
+        if (o < n / 16) return 0x11u;
+        o -= n / 16;
+        if (o >= 4 * (n / 256)) return 0;
+        h = g4_f2h(o % 4 < 2 ? 2.0f * amp / 3.0f : amp);
+        return o & 1 ? h >> 8 : h & 0xff;
     case G4_IQ4_XS: { /* every sub-block's scale 48 - 32 = 16: d * 16 * 127 = amp */
         if (o >= 8 * (n / 256)) return 0;
         const size_t i = o % 8;
@@ -294,6 +314,7 @@ void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, 
     const size_t code_bytes = t->dtype == G4_Q8_0 || t->dtype == G4_MLX8   ? (size_t)in
                               : t->dtype == G4_Q6_K                        ? (size_t)in * 3 / 4
                               : t->dtype == G4_Q5_0 || t->dtype == G4_Q5_K ? (size_t)in / 2 + (size_t)in / 8
+                              : t->dtype == G4_Q2_K                        ? (size_t)in / 4
                                                                            : (size_t)in / 2;
     const g4c_qrow q = g4c_qrow_of(t);
     size_t blocks = ((size_t)rows * row_bytes + 255) / 256;
