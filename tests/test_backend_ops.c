@@ -1766,7 +1766,7 @@ static void test_moe(void) {
               {13, 256, 96, G4_F32, G4_Q4_K, 1, G4_Q5_0},  {1, 256, 96, G4_F32, G4_Q4_K, 0, G4_Q5_0},
               {13, 256, 256, G4_F32, G4_IQ4_XS, 0, G4_IQ4_NL}, {1, 256, 96, G4_F32, G4_IQ4_XS, 1, G4_IQ4_NL},
               {1, 256, 256, G4_F32, G4_Q5_K, 1, G4_Q5_K},
-              /* Q2_K experts (CUDA: bf16 tiles for 13 tokens, the float-activation GEMV for one) */
+              /* Q2_K experts (CUDA: bf16 tiles for 13 tokens, the int8 GEMV's dot32m for one) */
               {13, 256, 256, G4_F32, G4_Q2_K, 1, G4_Q2_K}, {1, 256, 256, G4_F32, G4_Q2_K, 0, G4_Q2_K}};
     /* (CUDA reads split gate and up of one type and MLX group, as files have them: not this test's MLX weights,
      * whose groups take turns.) Each case draws from its own seed: which cases ran before it on a backend does not

@@ -24,7 +24,8 @@
  * taken as code - 128, then + 128 * sum(q); Q4_K's codes, uploaded in Q4_0's order, as Q4_0's; Q5_0's and Q5_K's
  * as Q4_0's nibbles with each one's fifth bit moved to bit 4 of its byte; Q6_K's as signed bytes code - 32, each
  * half's integer sum times its integer scale): per 32 weights
- * acc += d * (dw * integer sum + bw * sum(q)) (bw the MLX bias, Q4_K's -dmin * min), the same arithmetic per token for any step size. With G4_NO_INT8_ACT set (c->float_act, as the
+ * acc += d * (dw * integer sum + bw * sum(q)) (bw the MLX bias, Q4_K's -dmin * min; Q2_K, whose min is per 16,
+ * takes each half's sum(q) times its integer min in a second integer sum, dot32m), the same arithmetic per token for any step size. With G4_NO_INT8_ACT set (c->float_act, as the
  * CPU: comparisons of the stored weights' exact products) they take the float path too. The router of the MoE
  * block (g4c_matmul_scaled) always multiplies float activations (int8 ones picked other experts on the moe
  * fixture) and stays on this GEMV in steps of G4C_GEMV_MAX tokens for every step size when it is quantized,
