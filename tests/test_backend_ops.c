@@ -282,19 +282,19 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
- * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MLX4, MLX8: at
- * most 8 tokens; experts: one token), and the
- * experts' int8 tensor-core products for Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL and IQ4_XS (more than 8 tokens). */
+ * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4, MLX4,
+ * MLX8: at most 8 tokens; experts: one token), and the experts' int8 tensor-core products for Q8_0, Q4_0, Q5_0,
+ * Q4_K, Q5_K, IQ4_NL, IQ4_XS and CB4 (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
     const int q = dt == G4_Q8_0 || dt == G4_Q4_0, gemv = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K ||
                                                     dt == G4_Q6_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
-                                                    dt == G4_MLX4 || dt == G4_MLX8 || dt == G4_Q2_K;
+                                                    dt == G4_CB4 || dt == G4_MLX4 || dt == G4_MLX8 || dt == G4_Q2_K;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
            (((dense ? n <= 8 : n == 1) && gemv) ||
             (!dense && n > 8 && (q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL ||
-                                 dt == G4_IQ4_XS)));
+                                 dt == G4_IQ4_XS || dt == G4_CB4)));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums), else backend_tol(). */
@@ -515,25 +515,36 @@ static void test_transcoded_weights(void) {
     /* the CPU: the types its int8 kernels read are held as they are (Q2_K: the per-16 mode, not re-encoded) */
     if (!strcmp(be->ops->name, "cpu") && g4_cpu_kernels_get()->q8_k_quants && !getenv("G4_NO_INT8_ACT"))
         CHECKF(takes(G4_Q2_K) && takes(G4_Q3_K) && takes(G4_Q4_K) && takes(G4_Q4_1) && takes(G4_IQ2_XS) &&
-                   held(G4_Q2_K) == G4_Q2_K && held(G4_Q3_K) == G4_Q3_K && held(G4_Q4_K) == G4_Q4_K &&
-                   held(G4_Q4_1) == G4_AF4 && held(G4_IQ2_XS) == G4_Q8_0,
-               "%s: Q2_K, Q3_K, Q4_K held as they are, Q4_1 as AF4, IQ2_XS as Q8_0 (Q2_K as %s)", be_label,
-               g4_dtype_name(held(G4_Q2_K)));
-    /* the CPU: an IQ1_S weight with a block whose d / 8 is no f16 (Q6_K cannot hold it) is held as AF8 instead */
-    if (!strcmp(be->ops->name, "cpu") && takes(G4_IQ1_S) && held(G4_IQ1_S) == G4_Q6_K) {
-        weight w;
-        make_any(&w, G4_IQ1_S, 2, (int64_t[]){13, 512}, 1.0f);
-        be->ops->release_weight(be, &w.dev);
+                   takes(G4_IQ2_XXS) && takes(G4_MXFP4) && takes(G4_IQ1_M) && held(G4_Q2_K) == G4_Q2_K &&
+                   held(G4_Q3_K) == G4_Q3_K && held(G4_Q4_K) == G4_Q4_K && held(G4_Q4_1) == G4_AF4 &&
+                   held(G4_IQ2_XS) == G4_Q8_0 && held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_CB4 &&
+                   held(G4_IQ1_M) == G4_Q6_K,
+               "%s: Q2_K, Q3_K, Q4_K held as they are, Q4_1 as AF4, IQ2_XS as Q8_0, IQ2_XXS and MXFP4 as CB4, IQ1_M "
+               "as Q6_K (Q2_K as %s, IQ2_XXS as %s)", be_label, g4_dtype_name(held(G4_Q2_K)),
+               g4_dtype_name(held(G4_IQ2_XXS)));
+    /* an IQ1_S weight with a block whose d / 8 is no f16 (neither CB4 nor Q6_K can hold it) is held as the next
+     * exact layout, the CPU's AF8, CUDA's MLX8 (CB4 refused at upload, then again), alone and in a set beside an
+     * IQ2_XXS weight CB4 holds */
+    if (takes(G4_IQ1_S) && takes(G4_IQ2_XXS) && held(G4_IQ1_S) == G4_CB4) {
+        const g4_dtype next = !strcmp(be->ops->name, "cpu") ? G4_AF8 : G4_MLX8;
+        weight w[2];
+        make_any(&w[0], G4_IQ1_S, 2, (int64_t[]){13, 512}, 1.0f);
+        make_any(&w[1], G4_IQ2_XXS, 2, (int64_t[]){13, 512}, 1.0f);
+        be->ops->release_weight(be, &w[0].dev);
         const uint16_t tiny = 0x0001; /* 2^-24: an eighth of it is no f16 */
-        memcpy((unsigned char *)w.host.data + 50, &tiny, 2); /* row 0, block 1 */
+        memcpy((unsigned char *)w[0].host.data + 50, &tiny, 2); /* row 0, block 1 */
         float v[512];
-        g4_dequant_row(&w.host, 0, v);
-        for (int c = 0; c < 512; c++) w.ref[c] = v[c];
-        weight_upload(&w);
-        CHECKF(w.dev.dtype == G4_AF8, "%s: IQ1_S with a d Q6_K cannot hold: held as %s, not AF8", be_label,
-               g4_dtype_name(w.dev.dtype));
-        check_product(&w, 3, 0);
-        weight_free(&w);
+        g4_dequant_row(&w[0].host, 0, v);
+        for (int c = 0; c < 512; c++) w[0].ref[c] = v[c];
+        weight_upload(&w[0]);
+        CHECKF(w[0].dev.dtype == next, "%s: IQ1_S with a d CB4 and Q6_K cannot hold: held as %s, not %s", be_label,
+               g4_dtype_name(w[0].dev.dtype), g4_dtype_name(next));
+        check_product(&w[0], 3, 0);
+        weights_place_together(w, 2);
+        CHECKF(w[0].dev.dtype == next && w[1].dev.dtype == G4_CB4, "%s: a set of IQ1_S and IQ2_XXS held as %s, %s",
+               be_label, g4_dtype_name(w[0].dev.dtype), g4_dtype_name(w[1].dev.dtype));
+        for (int i = 0; i < 2; i++) check_product(&w[i], 3, 0);
+        weight_free(&w[0]), weight_free(&w[1]);
     }
     /* Q5_0 and IQ4_NL are held exactly where they are held as another type */
     if (any && takes(G4_Q5_0) && held(G4_Q5_0) != G4_Q5_0) CHECK(g4_transcode_exact(G4_Q5_0, held(G4_Q5_0)));
@@ -541,10 +552,11 @@ static void test_transcoded_weights(void) {
     if (!strcmp(be->ops->name, "cuda"))
         CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_IQ4_NL) == G4_IQ4_NL &&
                    held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_MLX4 && held(G4_Q5_1) == G4_MLX8 &&
-                   held(G4_IQ2_XXS) == G4_MLX8 && held(G4_IQ2_XS) == G4_Q8_0 && held(G4_Q3_K) == G4_Q6_K &&
-                   held(G4_Q2_K) == G4_Q2_K && held(G4_MLX3) == G4_MLX4 && held(G4_MLX6) == G4_MLX8,
-               "%s: Q5_0, Q5_K, IQ4_NL, IQ4_XS and Q2_K held as they are, Q4_1 as MLX4, Q5_1 and IQ2_XXS as MLX8, Q3_K "
-               "as Q6_K, IQ2_XS as Q8_0, MLX3 as MLX4, MLX6 as MLX8", be_label);
+                   held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_CB4 && held(G4_IQ2_XS) == G4_Q8_0 &&
+                   held(G4_Q3_K) == G4_Q6_K && held(G4_Q2_K) == G4_Q2_K && held(G4_MLX3) == G4_MLX4 &&
+                   held(G4_MLX6) == G4_MLX8,
+               "%s: Q5_0, Q5_K, IQ4_NL, IQ4_XS and Q2_K held as they are, Q4_1 as MLX4, Q5_1 as MLX8, IQ2_XXS and "
+               "MXFP4 as CB4, Q3_K as Q6_K, IQ2_XS as Q8_0, MLX3 as MLX4, MLX6 as MLX8", be_label);
     /* MLX weights are held exactly wherever they are held as another type (the CPU: AF4 / AF8) */
     for (size_t qi = 0; takes_quantized && qi < N_QTYPES; qi++)
         if (g4_dtype_is_mlx(qtypes[qi]) && takes(qtypes[qi]))
@@ -1767,7 +1779,9 @@ static void test_moe(void) {
               {13, 256, 256, G4_F32, G4_IQ4_XS, 0, G4_IQ4_NL}, {1, 256, 96, G4_F32, G4_IQ4_XS, 1, G4_IQ4_NL},
               {1, 256, 256, G4_F32, G4_Q5_K, 1, G4_Q5_K},
               /* Q2_K experts (CUDA: bf16 tiles for 13 tokens, the int8 GEMV's dot32m for one) */
-              {13, 256, 256, G4_F32, G4_Q2_K, 1, G4_Q2_K}, {1, 256, 256, G4_F32, G4_Q2_K, 0, G4_Q2_K}};
+              {13, 256, 256, G4_F32, G4_Q2_K, 1, G4_Q2_K}, {1, 256, 256, G4_F32, G4_Q2_K, 0, G4_Q2_K},
+              /* codebook and FP4 experts held as CB4 (CUDA: its int8 tensor-core experts, its GEMV) */
+              {13, 256, 256, G4_F32, G4_IQ2_XXS, 0, G4_IQ3_XXS}, {1, 256, 256, G4_F32, G4_MXFP4, 1, G4_IQ3_S}};
     /* (CUDA reads split gate and up of one type and MLX group, as files have them: not this test's MLX weights,
      * whose groups take turns.) Each case draws from its own seed: which cases ran before it on a backend does not
      * move its inputs (CUDA's n=13 Q6_K/Q4_K case measured 4.8e-3 to 7.0e-3 over 12 seeds, against its 8e-3) */

@@ -71,7 +71,7 @@ done
 # matrix of whole blocks replaced by random blocks of the type (tests/data/retype_gguf.py), against the numpy
 # reference on the same file decoded to F32 (the decoders themselves: test_quant against llama.cpp's gguf-py), with
 # float activations (G4_NO_INT8_ACT: the values as the file holds them; with int8 activations the CPU holds them as
-# AF8, exactly (test_quant), or Q8_0, below)
+# CB4, Q6_K or AF8, exactly (test_quant), or Q8_0, below)
 "$bin" quantize "$fx" "$tmp/fx-f32.gguf" --type f32; check $? "quantize the fixture to an F32 GGUF"
 for t in iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq1_s iq1_m tq1_0 tq2_0 mxfp4 nvfp4; do
     "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/fx-f32.gguf" "$tmp/fx-$t.gguf" $t >/dev/null &&

@@ -411,6 +411,29 @@ static void test_decode_hashes(void) {
             for (int i = 0; i < N; i++) same &= z[i] == y[i];
             CHECKF(same, "%s -> Q6_K changes values", name);
         }
+        if (g4_codebook_scale32_type(t)) { /* held as CB4 by both backends: every value the same (MXFP4: group scales
+                                             * within 8x of each other a block of 256; a wider spread is refused) */
+            static unsigned char cb[N / 256 * 152];
+            static float z[N];
+            if (t == G4_MXFP4) {
+                for (int i = 0; i < nb; i++) b[(size_t)i * bs] = (unsigned char)(118 + b[(size_t)i * bs] % 4);
+                g4_dequant(t, b, y, N);
+            }
+            const g4_tensor row = {.name = "r", .dtype = t, .ndim = 2, .shape = {1, N}, .data = b};
+            CHECKF(g4_transcode_exact(t, G4_CB4) && g4_transcode_row(&row, 0, G4_CB4, cb, NULL) == sizeof cb, "%s", name);
+            g4_dequant(G4_CB4, cb, z, N);
+            int same = 1, tables = 1;
+            for (int i = 0; i < N; i++) same &= z[i] == y[i];
+            for (int i = 0; i < N / 256; i++) /* each block's table: its distinct integers, ascending */
+                for (int j = 1; j < 16; j++) tables &= (int8_t)cb[152 * i + j - 1] <= (int8_t)cb[152 * i + j];
+            CHECKF(same && tables, "%s -> CB4 changes values", name);
+            if (t == G4_MXFP4) { /* scales 2^-10 and 2^-4 in one block: no 6-bit multiples of one d */
+                const unsigned char e0 = b[0], e1 = b[bs];
+                b[0] = 117, b[bs] = 123;
+                CHECK(g4_transcode_row(&row, 0, G4_CB4, cb, NULL) == 0);
+                b[0] = e0, b[bs] = e1;
+            }
+        }
         if (g4_codebook_scale32_type(t)) { /* held as AF8 by the CPU: every value the same (MXFP4: scales that keep
                                              * the values finite and normal; others are refused, below) */
             static unsigned char af[N / 32 * 40];

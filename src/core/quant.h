@@ -36,6 +36,8 @@
  *                     bytes qs[16k..16k+15] as IQ4_NL's with d*ls for d
  *   IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, MXFP4, NVFP4: read only, their layouts in
  *                     core/quant_codebook.c
+ *   CB4 (256, 152 B, the backends' own, never in a file): i8 values[16]; then an IQ4_XS block whose nibbles index
+ *                     values instead of g4_iq4_values
  *
  * MLX affine (bits b in 2,3,4,5,6,8; group gs in 32,64,128): a row of n codes is a
  * little-endian bit stream, element j at bits [j*b, (j+1)*b); w = s*q + bias with the
@@ -58,7 +60,8 @@ void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n);
 void g4_dequant_codebook(g4_dtype t, const unsigned char *b, float *y);
 /* 1 for the codebook types whose 32-element groups share one scale (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0,
  * MXFP4): each value of group k of block b is g4_codebook_scale32(t, b, k) times an integer in -128 .. 127 (IQ1_S:
- * (8 g +- 1) in units of an eighth of its scale), so g4_transcode_row to AF8 holds them exactly. */
+ * (8 g +- 1) in units of an eighth of its scale), so g4_transcode_row to AF8 holds them exactly, and to CB4 (at most
+ * 16 integers a block, tables of 6 to 16) where the group scales are multiples of one f16. */
 int g4_codebook_scale32_type(g4_dtype t);
 float g4_codebook_scale32(g4_dtype t, const unsigned char *b, int k);
 /* 1 for the codebook types Q6_K holds exactly (IQ1_S, IQ1_M, IQ3_S, TQ1_0, TQ2_0: every value d * sc * an integer in
@@ -95,7 +98,9 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
 /* 1 when g4_transcode_row(from -> to) keeps every value bit for bit: equal types, Q5_0 -> Q8_0 (a Q5_0 value is
  * (q - 16) * d, q < 32: the Q8_0 block of the same d and codes q - 16), IQ4_NL -> Q8_0 (d * table[nibble], the
  * table int8: the same d, codes table[nibble]), a codebook type whose groups of 32 share a scale
- * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128), Q4_1 -> AF4 and Q5_1 -> AF8 (q d + m: s = d,
+ * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128) and -> CB4 (per 256 the block's integers as a
+ * table, the group scales as an f16 d times 6-bit scales; rows whose values it cannot hold are refused: 0 bytes),
+ * Q4_1 -> AF4 and Q5_1 -> AF8 (q d + m: s = d,
  * b = m, the codes), Q3_K -> Q6_K (d sc (q - 4): the same d and scales, codes q + 28), the types of
  * g4_codebook_q6k_type -> Q6_K (rows whose values it cannot hold are refused: 0 bytes), MLX -> g4_af_type (the codes, scales and biases as they are), MLX
  * -> MLX of as many bits or more (the codes widened; the scales and biases stay the source's: the CUDA backend's,

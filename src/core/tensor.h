@@ -67,6 +67,11 @@ typedef enum g4_dtype {
      * order; AF8: 32 B, one a byte); w = scale * code + bias. Never in a file. */
     G4_AF4, /* 24 B */
     G4_AF8, /* 40 B */
+    /* The backends' layout of the codebook, ternary and FP4 types whose groups of 32 share a scale (IQ2_XXS, IQ3_XXS,
+     * IQ3_S, IQ1_S, TQ1_0, TQ2_0, MXFP4; g4_transcode_row, exact where it holds a row): per 256 elements a table of
+     * 16 int8 values, then an IQ4_XS block (f16 d, the 6-bit scales, 128 bytes of nibbles) whose nibbles index that
+     * table instead of IQ4's: w = d * (scale - 32) * table[nibble]. Never in a file. */
+    G4_CB4, /* 256 per block, 152 B */
     G4_DTYPE_COUNT
 } g4_dtype;
 
@@ -93,7 +98,7 @@ int g4_dtype_bits(g4_dtype t);
  * bytes of one such block; 0 for unknown types. */
 int g4_dtype_block(g4_dtype t);
 int g4_dtype_block_bytes(g4_dtype t);
-static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_AF8; }
+static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_CB4; }
 static inline int g4_dtype_is_mlx(g4_dtype t) { return t >= G4_MLX2 && t <= G4_MLX8; }
 /* bits of an MLX type (2..8), 0 otherwise */
 int g4_mlx_bits(g4_dtype t);

@@ -183,11 +183,13 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
             for (int i = 0; i < 4; i++)
                 c[i][e] = vreinterpretq_s8_u8(vandq_u8(vshlq_u8(q, vdupq_n_s8((int8_t)(-2 * i))), vdupq_n_u8(3)));
         }
-    } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
-        const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
+    } else if (type == G4_IQ4_XS || type == G4_CB4) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
+        const int cb = type == G4_CB4;
+        const unsigned char *sb = row + (size_t)(cb ? 152 : 136) * (size_t)(g / 2) + (cb ? 16 : 0);
+        const int8x16_t values = cb ? vld1q_s8((const int8_t *)(sb - 16)) : iq4; /* (CB4: its block's table) */
         for (int i = 0; i < 4; i++) {
             n2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i, c[i]);
-            for (int e = 0; e < 2; e++) c[i][e] = vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e]));
+            for (int e = 0; e < 2; e++) c[i][e] = vqtbl1q_s8(values, vreinterpretq_u8_s8(c[i][e]));
         }
     } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
         const int bs = g4_q8_block_bytes(type), n = nb - 4 * g;
@@ -274,8 +276,8 @@ N2_INLINE void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb,
             s[h][0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(e)))), d);
             s[h][1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(o)))), d);
         }
-    } else if (type == G4_IQ4_XS) { /* sub-block k: d * (6-bit scale - 32) */
-        const unsigned char *sb = row + (size_t)136 * (size_t)p;
+    } else if (type == G4_IQ4_XS || type == G4_CB4) { /* sub-block k: d * (6-bit scale - 32) */
+        const unsigned char *sb = row + (type == G4_CB4 ? (size_t)152 * (size_t)p + 16 : (size_t)136 * (size_t)p);
         const uint64_t ls = g4_iq4xs_scales8(sb);
         const float d = g4_f16_at(sb);
         for (int h = 0; h < 2; h++)

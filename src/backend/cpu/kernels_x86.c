@@ -216,7 +216,7 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 /* Without VNNI: the integer dot product of a block of 32 is vpmaddubsw (unsigned x signed byte pairs into int16)
  * and vpmaddwd by ones (into 8 int32 lanes: lanes 0-3 elements 0-15, 4-7 elements 16-31), exact when the pairs
  * fit int16: the unsigned codes (Q4_0, Q5_0, Q4_K, Q5_K, AF4: at most 31) as they are, the signed ones (Q8_0,
- * IQ4_NL, IQ4_XS: the table's values, Q6_K: code - 32, Q3_K: code - 4, AF8: code - 128) as |w| times x with w's
+ * IQ4_NL, IQ4_XS, CB4: the table's values, Q6_K: code - 32, Q3_K: code - 4, AF8: code - 128) as |w| times x with w's
  * sign (vpsignb). The
  * activations are the plain layout (g4_q8_rows.q, d, m = d * sum q per block of 32; nb_pad a multiple of 8). Groups go by pairs (8
  * blocks; a K-quant's super-block, whose scales are decoded once), and per pair
@@ -236,7 +236,8 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 
 /* the types whose codes are signed (|w| times x with w's sign) */
 static inline int q2_signed(g4_dtype t) {
-    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_Q6_K || t == G4_Q3_K || t == G4_AF8;
+    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_CB4 || t == G4_Q6_K || t == G4_Q3_K ||
+           t == G4_AF8;
 }
 
 /* the f32 at p (unaligned) */
@@ -252,9 +253,9 @@ __attribute__((target(T2), always_inline)) static inline __m256i q2_nibbles(cons
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
 }
 
-/* IQ4's values of 32 nibbles (vpshufb: the table in both 128-bit lanes) */
-__attribute__((target(T2), always_inline)) static inline __m256i q2_iq4(__m256i nibbles) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)g4_iq4_values);
+/* IQ4's (CB4: its block's) values of 32 nibbles (vpshufb: the table in both 128-bit lanes) */
+__attribute__((target(T2), always_inline)) static inline __m256i q2_iq4(__m256i nibbles, const int8_t *values) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)values);
     return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles);
 }
 
@@ -308,9 +309,11 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
         const unsigned char *sb = row + (size_t)84 * (size_t)(g / 2);
         const __m256i q = _mm256_loadu_si256((const __m256i *)(sb + 16 + 32 * (g % 2))), m3 = _mm256_set1_epi8(3);
         for (int i = 0; i < 4; i++) c[i] = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * i)), m3);
-    } else if (type == G4_IQ4_XS) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
-        const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
-        for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i));
+    } else if (type == G4_IQ4_XS || type == G4_CB4) { /* sub-block 4h + i: 16 bytes of IQ4_NL's nibbles */
+        const int cb = type == G4_CB4;
+        const unsigned char *sb = row + (size_t)(cb ? 152 : 136) * (size_t)(g / 2) + (cb ? 16 : 0);
+        const int8_t *values = cb ? (const int8_t *)(sb - 16) : g4_iq4_values;
+        for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i), values);
     } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
         const int bs = g4_q8_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
@@ -335,7 +338,7 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
                 c[i] = _mm256_or_si256(q2_nibbles(b + 6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
             } else {
                 c[i] = q2_nibbles(b + 2);
-                if (type == G4_IQ4_NL) c[i] = q2_iq4(c[i]);
+                if (type == G4_IQ4_NL) c[i] = q2_iq4(c[i], g4_iq4_values);
             }
         }
     }
@@ -392,8 +395,8 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
                                  d);
         *s2 = m;
         return;
-    } else if (type == G4_IQ4_XS) { /* sub-block k: d * (6-bit scale - 32) */
-        const unsigned char *sb = row + (size_t)136 * (size_t)p;
+    } else if (type == G4_IQ4_XS || type == G4_CB4) { /* sub-block k: d * (6-bit scale - 32) */
+        const unsigned char *sb = row + (type == G4_CB4 ? (size_t)152 * (size_t)p + 16 : (size_t)136 * (size_t)p);
         const uint64_t ls = g4_iq4xs_scales8(sb);
         v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)ls)),
                                                               _mm256_set1_epi32(32))),
@@ -767,22 +770,27 @@ __attribute__((target(T512), always_inline)) static inline void q5k_group(const 
     *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(bhi, 4));
 }
 
-/* IQ4_NL / IQ4_XS: the nibbles index llama.cpp's table (g4_iq4_values); as unsigned codes value + 128 (the
- * offset mode of Q8_0, off 128), looked up per byte (vpshufb: the table in every 128-bit lane) */
-__attribute__((target(T512), always_inline)) static inline __m512i iq4_codes(__m512i nibbles) {
-    const __m128i t = _mm_xor_si128(_mm_loadu_si128((const __m128i *)g4_iq4_values), _mm_set1_epi8((char)0x80));
+/* IQ4_NL / IQ4_XS: the nibbles index llama.cpp's table (g4_iq4_values; CB4: its block's own); as unsigned codes
+ * value + 128 (the offset mode of Q8_0, off 128), looked up per byte (vpshufb: the table in every 128-bit lane) */
+__attribute__((target(T512), always_inline)) static inline __m512i iq4_codes(__m512i nibbles,
+                                                                           const int8_t *values) {
+    const __m128i t = _mm_xor_si128(_mm_loadu_si128((const __m128i *)values), _mm_set1_epi8((char)0x80));
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(t), nibbles);
 }
 
-/* IQ4_XS half h of a super-block (sub-blocks 4h .. 4h+3, each 16 bytes of qs: elements 0-15 the low nibbles, 16-31
- * the high ones, so the 64 bytes are already in the groups' order); s1 = d * (6-bit scale - 32) */
-__attribute__((target(T512), always_inline)) static inline void iq4xs_group(const unsigned char *row, int g, __m512i *lo,
-                                                                            __m512i *hi, __m512 *s1) {
-    const unsigned char *sb = row + (size_t)136 * (size_t)(g / 2);
+/* IQ4_XS (CB4: after its table) half h of a super-block (sub-blocks 4h .. 4h+3, each 16 bytes of qs: elements 0-15
+ * the low nibbles, 16-31 the high ones, so the 64 bytes are already in the groups' order); s1 = d * (6-bit scale -
+ * 32) */
+__attribute__((target(T512), always_inline)) static inline void iq4xs_group(g4_dtype type, const unsigned char *row,
+                                                                            int g, __m512i *lo, __m512i *hi,
+                                                                            __m512 *s1) {
+    const int cb = type == G4_CB4;
+    const unsigned char *sb = row + (size_t)(cb ? 152 : 136) * (size_t)(g / 2) + (cb ? 16 : 0);
+    const int8_t *values = cb ? (const int8_t *)(sb - 16) : g4_iq4_values;
     const int h = g % 2;
     const __m512i q = _mm512_loadu_si512(sb + 8 + 64 * h), m4 = _mm512_set1_epi8(15);
-    *lo = iq4_codes(_mm512_and_si512(q, m4));
-    *hi = iq4_codes(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+    *lo = iq4_codes(_mm512_and_si512(q, m4), values);
+    *hi = iq4_codes(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), values);
     const uint32_t ls = (uint32_t)(g4_iq4xs_scales8(sb) >> (32 * h)); /* sub-blocks 4h .. 4h + 3 */
     const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ls)), _mm_set1_epi32(32))),
                                 _mm_set1_ps(_cvtsh_ss(block_d(sb))));
@@ -915,12 +923,12 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
     } else if (type == G4_Q5_0) {
         q5_0_group(row, row_bytes, g, lo, hi, s1);
         *s2 = _mm512_setzero_ps();
-    } else if (type == G4_IQ4_XS) {
-        iq4xs_group(row, g, lo, hi, s1);
+    } else if (type == G4_IQ4_XS || type == G4_CB4) {
+        iq4xs_group(type, row, g, lo, hi, s1);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_IQ4_NL) { /* Q4_0's blocks with the table's values */
         q_group(G4_Q4_0, pm, row + 72L * g, (long)row_bytes - 72L * g, lo, hi, s1);
-        *lo = iq4_codes(*lo), *hi = iq4_codes(*hi);
+        *lo = iq4_codes(*lo, g4_iq4_values), *hi = iq4_codes(*hi, g4_iq4_values);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_Q6_K) {
         q6k_group(row, g, lo, hi, s1, s2);

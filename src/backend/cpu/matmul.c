@@ -1,5 +1,5 @@
 /* y[n, out] = x[n, in] * W^T on the CPU for every weight dtype (core/tensor.h).
- * - Q8_0 / Q4_0 (and Q5_0 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS / AF4 / AF8 with the AVX-512, AVX2 and
+ * - Q8_0 / Q4_0 (and Q5_0 / Q2_K / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS / CB4 / AF4 / AF8 with the AVX-512, AVX2 and
  *   NEON sets):
  *   int8 activations and integer dot products (matmul_q8.c). MLX affine weights arrive as AF4 / AF8 (cpu_backend.c,
  *   upload_weight).

@@ -1,11 +1,12 @@
 /* y[n, out] = x[n, in] * W^T for Q8_0 and Q4_0 weights (and, with the AVX-512, AVX2 and NEON sets, Q5_0, Q4_K,
- * Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, AF4, AF8) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each
+ * Q5_K, Q6_K, Q3_K, Q2_K, IQ4_NL, IQ4_XS, CB4, AF4, AF8) with int8 activations, as llama.cpp does (docs/formats.md 3.2 for the blocks): each
  * token row is quantized per block of 32 with the Q8_0 rule (d = max|x|/127, q = round(x/d), kept with f32 d), and
  *   y[r, t] = sum_b dw[r,b] * dx[t,b] * sum_j u[r,b,j] * q[t,b,j]  -  off * sum_b dw[r,b] * dx[t,b] * sum_j q[t,b,j]
  * where u = the weight codes as unsigned bytes (Q4_0: the nibble 0..15, off = 8; Q8_0:
  * the int8 + 128, off = 128), so one unsigned x signed byte product (VNNI vpdpbusd)
- * serves both types (Q5_0: the 5-bit code, off = 16; IQ4_NL / IQ4_XS: the table's value + 128, off = 128, with
- * IQ4_XS's d times its 6-bit sub-block scale for dw). Q4_K / Q5_K (w = d sc u - dmin m per sub-block of 32) take
+ * serves both types (Q5_0: the 5-bit code, off = 16; IQ4_NL / IQ4_XS / CB4: the table's value + 128, off = 128, with
+ * IQ4_XS's and CB4's d times its 6-bit sub-block scale for dw; CB4: its block's table). Q4_K / Q5_K (w = d sc u -
+ * dmin m per sub-block of 32) take
  * the same sums with dw = d sc and, in place of the offset, + sum_b (-dmin m)[r,b] * dx[t,b] * sum_j q[t,b,j];
  * AF4 / AF8 (MLX affine as the CPU holds it, w = s u + b per block) the same with dw = s and b for -dmin m;
  * Q6_K (w = d sc (u - 32) per 16) and Q3_K (d sc (u - 4) per 16) sum each

@@ -229,11 +229,11 @@ static int cu_check(g4_backend *be, g4_error *err) {
 
 /* ---------------------------------------------------------------- weights */
 /* src's header as it is held in device memory: its dtype g4c_held_dtype (another one for a type this backend has no
- * kernels for: re-encoded at upload); an MLX group and scale type only where it stays MLX, or (a GGUF type held as
- * MLX) 32 and F32. */
-static g4_tensor held_header(const g4_tensor *src) {
+ * kernels for: re-encoded at upload; not_cb4: not CB4, whose rows were refused); an MLX group and scale type only
+ * where it stays MLX, or (a GGUF type held as MLX) 32 and F32. */
+static g4_tensor held_header(const g4_tensor *src, int not_cb4) {
     g4_tensor h = *src;
-    h.dtype = g4c_held_dtype(src->dtype);
+    h.dtype = g4c_held_dtype(src->dtype, not_cb4);
     if (h.dtype != src->dtype && !g4_dtype_is_mlx(h.dtype)) h.group = 0, h.scale_dtype = G4_DTYPE_UNKNOWN;
     if (g4_dtype_is_mlx(h.dtype) && !g4_dtype_is_mlx(src->dtype)) h.group = 32, h.scale_dtype = G4_F32;
     return h;
@@ -241,12 +241,13 @@ static g4_tensor held_header(const g4_tensor *src) {
 
 /* The bytes src takes in device memory (rows padded to 16 bytes, quantized ones repacked: g4c_wrow_bytes, of the
  * held dtype), or -1 with a message where this backend does not read it. */
-static int64_t weight_bytes(const g4_tensor *src, g4_error *err) {
-    const g4_tensor h = held_header(src);
+static int64_t weight_bytes(const g4_tensor *src, int not_cb4, g4_error *err) {
+    const g4_tensor h = held_header(src, not_cb4);
     if (h.dtype == G4_DTYPE_UNKNOWN)
         return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16, F32, GGUF and MLX weights, not %s", src->name,
                        g4_dtype_name(src->dtype));
-    if (h.dtype != src->dtype && !src->data) { /* (random weights are made on the GPU, in its own types) */
+    if (h.dtype != src->dtype && h.dtype != G4_CB4 && !src->data) { /* (random weights are made on the GPU, in its own
+                                                                      * types: a codebook type's as CB4) */
         char flag[16] = {0}; /* the held type as --type spells it */
         for (size_t i = 0; i + 1 < sizeof flag && g4_dtype_name(h.dtype)[i]; i++)
             flag[i] = (char)tolower((unsigned char)g4_dtype_name(h.dtype)[i]);
@@ -280,10 +281,11 @@ static void *weight_alloc(g4c *c, size_t bytes, const char *name, g4_error *err)
     return NULL;
 }
 
-/* src's values (or random ones where it has no data) into d, weight_bytes(src) bytes of device memory; *dst is src
- * as held there (its dtype g4c_held_dtype) */
-static int weight_fill(g4c *c, const g4_tensor *src, void *d, g4_tensor *dst, g4_error *err) {
-    const g4_tensor h = held_header(src);
+/* src's values (or random ones where it has no data) into d, weight_bytes(src, not_cb4) bytes of device memory;
+ * *dst is src as held there (its dtype g4c_held_dtype). -2 where a row could not be re-encoded as the held type
+ * (CB4: a block it cannot hold; then as the next, not_cb4), -1 on other errors. */
+static int weight_fill(g4c *c, const g4_tensor *src, int not_cb4, void *d, g4_tensor *dst, g4_error *err) {
+    const g4_tensor h = held_header(src, not_cb4);
     const int quant = g4_dtype_is_quantized(src->dtype);
     const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
     const int64_t rows = in > 0 ? g4_tensor_numel(src) / in : 0;
@@ -291,7 +293,8 @@ static int weight_fill(g4c *c, const g4_tensor *src, void *d, g4_tensor *dst, g4
     const size_t bytes = (size_t)rows * row_bytes;
     cudaError_t e = cudaSuccess;
     if (src->data && quant) {
-        if (g4c_upload_quant(c, src, h.dtype, d, rows, row_bytes, err)) return -1;
+        const int rc = g4c_upload_quant(c, src, h.dtype, d, rows, row_bytes, err);
+        if (rc) return rc;
     } else if (src->data) {
         if (row_bytes == (size_t)in * esz) {
             e = cudaMemcpyAsync(d, src->data, bytes, cudaMemcpyHostToDevice, c->stream);
@@ -304,7 +307,7 @@ static int weight_fill(g4c *c, const g4_tensor *src, void *d, g4_tensor *dst, g4
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     } else if (rows > 0) {
         if (quant)
-            g4c_fill_random_quant(c, d, src, rows, row_bytes, g4_name_seed(src->name));
+            g4c_fill_random_quant(c, d, &h, rows, row_bytes, g4_name_seed(src->name));
         else
             g4c_fill_random(c, d, src->dtype, rows, in, row_bytes, g4_name_seed(src->name));
         e = cudaGetLastError();
@@ -317,19 +320,25 @@ static int weight_fill(g4c *c, const g4_tensor *src, void *d, g4_tensor *dst, g4
     return 0;
 }
 
+/* 1 where src would be held as CB4 and weight_fill refused a row of it (rc -2): then it goes as the next type */
+static int cb4_refused(const g4_tensor *src, int not_cb4, int rc) {
+    return rc == -2 && !not_cb4 && held_header(src, 0).dtype == G4_CB4;
+}
+
 static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     g4c *c = g4c_of(be);
-    const int64_t bytes = weight_bytes(src, err);
-    if (bytes < 0) return -1;
-    char what[300];
-    snprintf(what, sizeof what, "tensor '%s'", src->name);
-    void *d = weight_alloc(c, (size_t)bytes, what, err);
-    if (!d) return -1;
-    if (weight_fill(c, src, d, dst, err)) {
+    for (int not_cb4 = 0;; not_cb4 = 1) {
+        const int64_t bytes = weight_bytes(src, not_cb4, err);
+        if (bytes < 0) return -1;
+        char what[300];
+        snprintf(what, sizeof what, "tensor '%s'", src->name);
+        void *d = weight_alloc(c, (size_t)bytes, what, err);
+        if (!d) return -1;
+        const int rc = weight_fill(c, src, not_cb4, d, dst, err);
+        if (!rc) return 0;
         cudaFree(d);
-        return -1;
+        if (!cb4_refused(src, not_cb4, rc)) return -1;
     }
-    return 0;
 }
 
 /* A set's weights in one block, each right after the one before (when its size is a multiple of 256 bytes, as the
@@ -339,27 +348,32 @@ static int cu_upload_weights(g4_backend *be, const g4_tensor *const *src, g4_ten
                              g4_error *err) {
     g4c *c = g4c_of(be);
     size_t at[G4_MATMUL_SET_MAX + 1] = {0};
+    int not_cb4[G4_MATMUL_SET_MAX] = {0};
     if (count < 1 || count > G4_MATMUL_SET_MAX) return g4_fail(err, "a set of %d weights", count);
-    for (int i = 0; i < count; i++) {
-        const int64_t bytes = weight_bytes(src[i], err);
-        if (bytes < 0) return -1;
-        at[i + 1] = at[i] + ((size_t)bytes + 255) / 256 * 256;
-    }
     struct g4c_wset *sets = (struct g4c_wset *)realloc(c->wsets, (size_t)(c->n_wsets + 1) * sizeof *sets);
     if (!sets) return g4_fail(err, "out of memory");
     c->wsets = sets;
-    char what[300];
-    snprintf(what, sizeof what, "the set of '%s' (%d tensors)", src[0]->name, count);
-    unsigned char *d = (unsigned char *)weight_alloc(c, at[count], what, err);
-    if (!d) return -1;
-    for (int i = 0; i < count; i++)
-        if (weight_fill(c, src[i], d + at[i], dst[i], err)) {
-            for (int j = 0; j < i; j++) dst[j]->data = NULL;
-            cudaFree(d);
-            return -1;
+    for (;;) { /* (again with a weight's next type where CB4 refused it) */
+        for (int i = 0; i < count; i++) {
+            const int64_t bytes = weight_bytes(src[i], not_cb4[i], err);
+            if (bytes < 0) return -1;
+            at[i + 1] = at[i] + ((size_t)bytes + 255) / 256 * 256;
         }
-    c->wsets[c->n_wsets++] = (struct g4c_wset){d, at[count], count};
-    return 0;
+        char what[300];
+        snprintf(what, sizeof what, "the set of '%s' (%d tensors)", src[0]->name, count);
+        unsigned char *d = (unsigned char *)weight_alloc(c, at[count], what, err);
+        if (!d) return -1;
+        int i = 0, rc = 0;
+        while (i < count && !(rc = weight_fill(c, src[i], not_cb4[i], d + at[i], dst[i], err))) i++;
+        if (i == count) {
+            c->wsets[c->n_wsets++] = (struct g4c_wset){d, at[count], count};
+            return 0;
+        }
+        for (int j = 0; j < i; j++) dst[j]->data = NULL;
+        cudaFree(d);
+        if (!cb4_refused(src[i], not_cb4[i], rc)) return -1;
+        not_cb4[i] = 1;
+    }
 }
 
 static void cu_release_weight(g4_backend *be, g4_tensor *w) {

@@ -290,7 +290,8 @@ template <> struct g4_wload<G4_F32> {
 };
 
 /* ---------------------------------------------------------------- quantized weights in device memory
- * Supported: GGUF Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MLX affine 4 and 8 bit (G4C_QUANT_TYPES;
+ * Supported: GGUF Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4 (core/tensor.h) and MLX affine 4 and
+ * 8 bit (G4C_QUANT_TYPES;
  * core/quant.h has the file layouts; other types are held as Q8_0: g4c_held_dtype). At
  * upload every row is repacked (cuda_quant.cu) so that the codes of a row come first, in runs a lane reads with
  * 16-byte loads, and the row's scales follow them (row bytes padded to 16). The bytes per weight stay those of
@@ -307,6 +308,8 @@ template <> struct g4_wload<G4_F32> {
  *         per 256-block d, dmin, scales[12] as Q4_K
  *   IQ4_NL: as Q4_0 (each code an index into g4_iq4_values)
  *   IQ4_XS: codes as IQ4_NL's [in/2]; per 256-block its 8 bytes d, scales_h, scales_l[4] (GGUF's)
+ *   CB4: as IQ4_XS, each code an index into its 256-block's table: codes [in/2]; the tables [in/256 * 16]; per
+ *        256-block d, scales_h, scales_l[4] [in/256 * 8]
  *   Q6_K: per 64 elements 48 bytes: low nibbles of elements 0..31 and 32..63 (Q4_0 order), then byte j holds the
  *         two high bits of elements j, j+16, j+32, j+48 (bits 0-1, 2-3, 4-5, 6-7); int8 scales [in/16] (one
  *         per 16 elements, the file's order is already element order); f16 d [in/256]
@@ -325,7 +328,7 @@ typedef struct g4c_qrow {
 /* The quantized types with kernels here (each has its g4_qt below), for dispatching a template: X(G4_Q8_0) ... */
 #define G4C_QUANT_TYPES(X)                                                                                         \
     X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q2_K) X(G4_Q4_K) X(G4_Q5_K) X(G4_Q6_K) X(G4_IQ4_NL) X(G4_IQ4_XS)   \
-    X(G4_MLX4) X(G4_MLX8)
+    X(G4_CB4) X(G4_MLX4) X(G4_MLX8)
 static inline int g4c_quant_supported(g4_dtype t) {
     switch (t) {
 #define G4C_SUPPORTED(T) case T:
@@ -337,17 +340,19 @@ static inline int g4c_quant_supported(g4_dtype t) {
 
 /* The dtype a weight of type t is held as in device memory: t where this backend has kernels for it (the plain
  * float types and g4c_quant_supported); MLX 2/3-bit as MLX4 and 5/6-bit as MLX8 (the codes widened, the scales and
- * biases as they are: exact, g4c_upload_quant); Q4_1 as MLX4, and Q5_1 and the codebook types whose groups of 32
- * share a scale (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0, MXFP4) as MLX8, with groups of 32 and f32 scales and
- * biases (exact: g4_transcode_row_mlx, the CPU's AF4 / AF8 blocks); Q3_K as Q6_K (exact: the same d and scales,
- * 6.6 bits a weight); Q8_0 for every other type core/quant.h decodes
- * (g4_dequant_reads: IQ2_XS, IQ2_S, IQ1_M, NVFP4), re-encoded row by row at upload (g4_transcode_row:
- * 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type must be whole blocks of it
- * (Q8_0, and the MLX-held GGUF types: 32). */
-static inline g4_dtype g4c_held_dtype(g4_dtype t) {
+ * biases as they are: exact, g4c_upload_quant); the codebook types whose groups of 32 share a scale (IQ2_XXS,
+ * IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0, MXFP4) as CB4 (exact, 4.75 bits a weight: g4_transcode_row; with not_cb4,
+ * for a tensor whose rows CB4 cannot all hold, as MLX8); Q4_1 as MLX4, and Q5_1 (and the codebook types above
+ * where not CB4) as MLX8, with groups of 32 and f32 scales and biases (exact: g4_transcode_row_mlx, the CPU's AF4 /
+ * AF8 blocks); Q3_K as Q6_K (exact: the same d and scales, 6.6 bits a weight); Q8_0 for every other type
+ * core/quant.h decodes (g4_dequant_reads: IQ2_XS, IQ2_S, IQ1_M, NVFP4), re-encoded row by row at upload
+ * (g4_transcode_row: 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type must be
+ * whole blocks of it (Q8_0, and the MLX-held GGUF types: 32; CB4: 256). */
+static inline g4_dtype g4c_held_dtype(g4_dtype t, int not_cb4) {
     if (t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4c_quant_supported(t)) return t;
     if (g4_dtype_is_mlx(t)) return g4_mlx_bits(t) <= 4 ? G4_MLX4 : G4_MLX8;
     if (t == G4_Q3_K) return G4_Q6_K; /* (exact: g4_transcode_row) */
+    if (!not_cb4 && g4_transcode_exact(t, G4_CB4)) return G4_CB4;
     if (g4_transcode_exact(t, G4_MLX4)) return G4_MLX4;
     if (g4_transcode_exact(t, G4_MLX8)) return G4_MLX8;
     return g4_dtype_is_quantized(t) && g4_dequant_reads(t) ? G4_Q8_0 : G4_DTYPE_UNKNOWN;
@@ -366,6 +371,7 @@ static inline size_t g4c_qrow_bytes(g4_dtype t, int64_t in, int group, g4_dtype 
     case G4_Q5_K: b = n / 2 + n / 8 + 16 * (n / 256); break;
     case G4_IQ4_NL: b = n / 2 + 2 * (n / 32); break;
     case G4_IQ4_XS: b = n / 2 + 8 * (n / 256); break;
+    case G4_CB4: b = n / 2 + 24 * (n / 256); break;
     case G4_Q6_K: b = n * 3 / 4 + n / 16 + 2 * (n / 256); break;
     case G4_MLX4: b = n / 2 + (group > 0 ? n / (size_t)group : 0) * pair; break;
     case G4_MLX8: b = n + (group > 0 ? n / (size_t)group : 0) * pair; break;
@@ -450,37 +456,38 @@ static __device__ __forceinline__ void g4_nib5_32(const uint4 &v, unsigned qh, i
     g4_bytes4(((a >> sh) & 0x0F0F0F0Fu) | g4_hbits4(hb & 15u), zero, f);
     g4_bytes4(((b >> sh) & 0x0F0F0F0Fu) | g4_hbits4((hb >> 4) & 15u), zero, f + 4);
 }
-/* IQ4 codes (g4_iq4_values, the file's nibble order as Q4_0's): the signed values of word c's low nibbles (elements
- * 4c .. 4c+3) into *lo, of its high nibbles (16+4c ..) into *hi. A byte permute looks up four codes at a time in a
- * half of the table (its three low bits), a third picks the half (bit 3); the selectors take the word's bytes 0-1,
- * then 2-3 (low and high nibbles interleaved), and two more permutes sort the values into the two words. */
-static __device__ __forceinline__ void g4_iq4_word(unsigned w, unsigned *lo, unsigned *hi) {
-    const unsigned t0 = 0xBFAD9881u, t1 = 0xF6EADDCFu, t2 = 0x26190D01u, t3 = 0x71594535u; /* the 16 int8 values */
+/* 4-bit codes indexing a table of 16 int8 values t (bytes in order in t.x .. t.w; IQ4_NL / IQ4_XS: G4_IQ4_TABLE,
+ * g4_iq4_values; CB4: its block's), the file's nibble order as Q4_0's: the signed values of word c's low nibbles
+ * (elements 4c .. 4c+3) into *lo, of its high nibbles (16+4c ..) into *hi. A byte permute looks up four codes at a
+ * time in a half of the table (its three low bits), a third picks the half (bit 3); the selectors take the word's
+ * bytes 0-1, then 2-3 (low and high nibbles interleaved), and two more permutes sort the values into the two words. */
+#define G4_IQ4_TABLE make_uint4(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u)
+static __device__ __forceinline__ void g4_iq4_word(unsigned w, const uint4 &t, unsigned *lo, unsigned *hi) {
     unsigned v[2];
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const unsigned s = (w >> (16 * h)) & 0xffffu, s3 = s & 0x7777u;
-        v[h] = __byte_perm(__byte_perm(t0, t1, s3), __byte_perm(t2, t3, s3), 0x3210u | ((s & 0x8888u) >> 1));
+        v[h] = __byte_perm(__byte_perm(t.x, t.y, s3), __byte_perm(t.z, t.w, s3), 0x3210u | ((s & 0x8888u) >> 1));
     }
     *lo = __byte_perm(v[0], v[1], 0x6420u), *hi = __byte_perm(v[0], v[1], 0x7531u);
 }
-/* sum of value * xq over a 32-element run of IQ4 codes (v in Q4_0's nibble order) */
-static __device__ __forceinline__ int g4_dot_iq4(const uint4 &v, const uint4 &xl, const uint4 &xh) {
+/* sum of value * xq over a 32-element run of such codes (v in Q4_0's nibble order) */
+static __device__ __forceinline__ int g4_dot_iq4(const uint4 &v, const uint4 &t, const uint4 &xl, const uint4 &xh) {
     int s = 0;
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         unsigned lo, hi;
-        g4_iq4_word(g4_word(v, c), &lo, &hi);
+        g4_iq4_word(g4_word(v, c), t, &lo, &hi);
         s = __dp4a((int)lo, (int)g4_word(xl, c), s);
         s = __dp4a((int)hi, (int)g4_word(xh, c), s);
     }
     return s;
 }
 /* chunk j (0..3) of 8 elements of such a run, as floats */
-static __device__ __forceinline__ void g4_iq4_32(const uint4 &v, int j, float *f) {
+static __device__ __forceinline__ void g4_iq4_32(const uint4 &v, const uint4 &t, int j, float *f) {
     unsigned lo0, hi0, lo1, hi1;
-    g4_iq4_word(g4_word(v, (j & 1) * 2), &lo0, &hi0);
-    g4_iq4_word(g4_word(v, (j & 1) * 2 + 1), &lo1, &hi1);
+    g4_iq4_word(g4_word(v, (j & 1) * 2), t, &lo0, &hi0);
+    g4_iq4_word(g4_word(v, (j & 1) * 2 + 1), t, &lo1, &hi1);
     g4_bytes4((j >= 2 ? hi0 : lo0) ^ 0x80808080u, 128.0f, f); /* (signed bytes as unsigned + 128) */
     g4_bytes4((j >= 2 ? hi1 : lo1) ^ 0x80808080u, 128.0f, f + 4);
 }
@@ -644,9 +651,9 @@ template <> struct g4_qt<G4_Q5_K> {
 };
 template <> struct g4_qt<G4_IQ4_NL> : g4_qt<G4_Q4_0> { /* Q4_0's layout (load, seg), each code a table index */
     enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
-    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], j, f); }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], G4_IQ4_TABLE, j, f); }
     static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
-        return g4_dot_iq4(r[0], x0, x1);
+        return g4_dot_iq4(r[0], G4_IQ4_TABLE, x0, x1);
     }
 };
 template <> struct g4_qt<G4_IQ4_XS> {
@@ -657,7 +664,7 @@ template <> struct g4_qt<G4_IQ4_XS> {
         r[1] = uint4();
         r[1].x = m.x, r[1].y = m.y; /* d | scales_h << 16, scales_l[4] */
     }
-    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], j, f); }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], G4_IQ4_TABLE, j, f); }
     /* sub-block i = (k / 32) % 8: d * (its 6-bit scale - 32) */
     static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int k, int, float *a, float *b) {
         const int i = (k >> 5) & 7;
@@ -665,7 +672,22 @@ template <> struct g4_qt<G4_IQ4_XS> {
         *a = g4_h2f((uint16_t)(r[1].x & 0xffffu)) * (float)(ls - 32), *b = 0.0f;
     }
     static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
-        return g4_dot_iq4(r[0], x0, x1);
+        return g4_dot_iq4(r[0], G4_IQ4_TABLE, x0, x1);
+    }
+};
+template <> struct g4_qt<G4_CB4> : g4_qt<G4_IQ4_XS> { /* IQ4_XS's (seg), its 256-block's table in r[2] */
+    enum { EPA = 32, QW = 2, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k / 2);
+        const unsigned char *tables = row + (unsigned)q.in / 2;
+        const uint2 m = __ldg((const uint2 *)(tables + 16 * ((unsigned)q.in / 256) + 8 * (k / 256)));
+        r[1] = uint4();
+        r[1].x = m.x, r[1].y = m.y; /* d | scales_h << 16, scales_l[4] */
+        r[2] = g4_ld_u4(tables + 16 * (k / 256));
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], r[2], j, f); }
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
+        return g4_dot_iq4(r[0], r[2], x0, x1);
     }
 };
 template <> struct g4_qt<G4_Q6_K> {
@@ -1218,7 +1240,8 @@ void g4c_im2col(g4_backend *be, const float *x, int h, int w, int c, int kh, int
                 int nrows, float *out);
 void g4c_conv1d_causal_dw(g4_backend *be, const float *x, const float *w, int n, int c, int k, float *y);
 void g4c_fill_random(g4c *c, void *dst, g4_dtype t, int64_t rows, int64_t in, size_t row_bytes, uint64_t seed);
-/* cuda_quant.cu: quantized weights (upload, random packed blocks, rows decoded to bf16, embeddings, row dots) */
+/* cuda_quant.cu: quantized weights (upload, random packed blocks, rows decoded to bf16, embeddings, row dots);
+ * g4c_upload_quant: 0, -1 on errors, -2 where a row could not be re-encoded as `held` */
 int g4c_upload_quant(g4c *c, const g4_tensor *src, g4_dtype held, void *d, int64_t rows, size_t row_bytes,
                      g4_error *err);
 void g4c_fill_random_quant(g4c *c, void *dst, const g4_tensor *t, int64_t rows, size_t row_bytes, uint64_t seed);

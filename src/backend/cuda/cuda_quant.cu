@@ -5,8 +5,8 @@
  *
  * Repacking keeps the bytes of every block (no weight is decoded): codes are moved into runs a lane reads
  * with 16-byte loads, and the scales of a row follow its codes. MLX 2/3/5/6-bit codes are widened to MLX4 / MLX8.
- * Another type without kernels here is first moved into one that has them (g4c_held_dtype: MLX4 / MLX8 exactly
- * where AF4 / AF8 hold it, else re-encoded as Q8_0), row by row on the host (g4c_upload_quant). */
+ * Another type without kernels here is first moved into one that has them (g4c_held_dtype: CB4, MLX4 / MLX8 or Q6_K
+ * exactly where they hold it, else re-encoded as Q8_0), row by row on the host (g4c_upload_quant). */
 #include "backend/cuda/cuda_common.cuh"
 
 #include <pthread.h>
@@ -73,6 +73,13 @@ static void repack_row(const g4_tensor *t, int64_t r, g4_dtype held, unsigned ch
         for (int64_t b = 0; b < nb256; b++) {
             memcpy(dst + 128 * b, src + 136 * b + 8, 128);
             memcpy(dst + in / 2 + 8 * b, src + 136 * b, 8);
+        }
+        break;
+    case G4_CB4: /* values[16], then IQ4_XS's block: the codes as IQ4_XS's, the tables, then d, scales_h, scales_l[4] */
+        for (int64_t b = 0; b < nb256; b++) {
+            memcpy(dst + 128 * b, src + 152 * b + 24, 128);
+            memcpy(dst + in / 2 + 16 * b, src + 152 * b, 16);
+            memcpy(dst + in / 2 + 16 * nb256 + 8 * b, src + 152 * b + 16, 8);
         }
         break;
     case G4_Q5_K: /* d, dmin, scales[12], qh[32], qs[128]: sub-block s's element l is the s & 1 nibble of
@@ -174,9 +181,9 @@ static void *repack_rows(void *arg) {
     memset(&one, 0, sizeof one);
     one.name = src->name, one.dtype = p->held, one.ndim = 2, one.shape[0] = 1, one.shape[1] = in, one.data = row;
     if (as_mlx) one.scales = tmp, one.biases = bias, one.scale_dtype = G4_F32, one.group = 32;
+    if (!row || !tmp || !bias) p->failed = 2;
     for (int64_t r = p->r0; !p->failed && r < p->r1; r++) {
-        if (row && tmp && bias &&
-            (as_mlx ? g4_transcode_row_mlx(src, r, p->held, row, tmp, bias) : g4_transcode_row(src, r, p->held, row, tmp)))
+        if (as_mlx ? g4_transcode_row_mlx(src, r, p->held, row, tmp, bias) : g4_transcode_row(src, r, p->held, row, tmp))
             repack_row(&one, 0, p->held, p->buf + (size_t)(r - p->r0) * p->row_bytes);
         else
             p->failed = 1;
@@ -220,8 +227,10 @@ int g4c_upload_quant(g4c *c, const g4_tensor *src, g4_dtype held, void *d, int64
         }
         if (failed) {
             free(buf);
-            return g4_fail(err, "tensor '%s': cannot re-encode %s rows of %lld as %s (or out of memory)", src->name,
-                           g4_dtype_name(src->dtype), (long long)src->shape[src->ndim - 1], g4_dtype_name(held));
+            if (failed & 2) return g4_fail(err, "out of memory repacking '%s'", src->name);
+            g4_fail(err, "tensor '%s': cannot re-encode %s rows of %lld as %s", src->name, g4_dtype_name(src->dtype),
+                    (long long)src->shape[src->ndim - 1], g4_dtype_name(held));
+            return -2;
         }
         /* on the backend's stream, and waited for: a plain cudaMemcpy from pageable memory may return before its DMA
          * lands (CUDA runtime, API synchronization behavior), on the legacy stream, which the backend's non-blocking
@@ -264,10 +273,14 @@ static __device__ unsigned meta_byte(int dt, size_t o, int64_t in, int sk, int g
         if (o >= 4 * (n / 256)) return 0;
         h = g4_f2h(o % 4 < 2 ? 2.0f * amp / 3.0f : amp);
         return o & 1 ? h >> 8 : h & 0xff;
+    case G4_CB4: /* the tables: -120, -104, .., 120 (then the meta as IQ4_XS's, d * 16 * 120 = amp) */
+        if (o < 16 * (n / 256)) return (unsigned)(-120 + 16 * (int)(o % 16)) & 0xffu;
+        o -= 16 * (n / 256);
+        [[fallthrough]];
     case G4_IQ4_XS: { /* every sub-block's scale 48 - 32 = 16: d * 16 * 127 = amp */
         if (o >= 8 * (n / 256)) return 0;
         const size_t i = o % 8;
-        h = g4_f2h(amp / (16.0f * 127.0f));
+        h = g4_f2h(amp / (16.0f * (dt == G4_CB4 ? 120.0f : 127.0f)));
         return i < 2 ? (i & 1 ? h >> 8 : h & 0xff) : i < 4 ? 0xffu : 0u;
     }
     case G4_Q4_K:
