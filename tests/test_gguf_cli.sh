@@ -91,6 +91,11 @@ for t in iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq1_s iq1_m tq1_0 tq2_0 mxfp4 nvfp4;
 done
 "$bin" bench --random "$m/config.json" --type iq4_xs -p 4 -n 1 -r 1 >"$tmp/bench-iq4.txt"
 grep -q "GB/s" "$tmp/bench-iq4.txt"; check $? "bench --random --type iq4_xs (random rows through the reference encoders)"
+# a type without an encoder: no random weights on the CPU (before: rows of whatever the allocator left)
+"$bin" bench --random "$m/config.json" --type iq2_xxs -p 4 -n 1 -r 1 --device cpu >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ $rc -ne 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q "random values of dtype IQ2_XXS are not supported" "$tmp/err"
+check $? "bench --random --type iq2_xxs on the CPU: a one-line error (rc $rc: $(head -c 200 "$tmp/err"))"
 
 # general.file_type is llama.cpp's llama_ftype of the file's main type (llama.cpp prints it and keeps it when it
 # re-quantizes; 0 would say "all F32"): bf16 32, q8_0 7, q4_0 2, q6_k 18, iq4_nl 25, iq4_xs 30, and the K-quant

@@ -96,10 +96,13 @@ static int cpu_place_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
     if (src->data) return 0;
     g4_cpu *cpu = cpu_of(be);
     const size_t esz = (size_t)g4_dtype_bits(src->dtype) / 8, n = (size_t)g4_tensor_numel(src);
+    float probe[256] = {0};
+    unsigned char probe_out[1024];
     const int quant = g4_dtype_is_quantized(src->dtype) && src->dtype != G4_Q4_1 && src->dtype != G4_Q5_0 &&
-                      src->dtype != G4_Q5_1;
+                      src->dtype != G4_Q5_1 &&
+                      (g4_dtype_is_mlx(src->dtype) || g4_quant(src->dtype, probe, probe_out, 256)); /* (an encoder) */
     if (esz != 2 && esz != 4 && !quant)
-        return g4_fail(err, "random values of dtype %s are not supported", g4_dtype_name(src->dtype));
+        return g4_fail(err, "random values of dtype %s are not supported on the CPU", g4_dtype_name(src->dtype));
     if (cpu_reserve_owned(cpu, 3)) return g4_fail(err, "out of memory");
     const int64_t in = src->shape[src->ndim - 1], rows = in ? (int64_t)n / in : 0;
     const size_t bytes = quant ? (size_t)rows * g4_tensor_row_bytes(src) : n * esz;
