@@ -282,15 +282,16 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 #define N_QTYPES (sizeof qtypes / sizeof qtypes[0])
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
- * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4, MLX4,
- * MLX8: at most 8 tokens; experts: one token), and the experts' int8 tensor-core products for Q8_0, Q4_0, Q5_0,
+ * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4,
+ * CB4_16, MLX4, MLX8: at most 8 tokens; experts: one token), and the experts' int8 tensor-core products for Q8_0, Q4_0, Q5_0,
  * Q4_K, Q5_K, IQ4_NL, IQ4_XS and CB4 (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
     const int q = dt == G4_Q8_0 || dt == G4_Q4_0, gemv = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K ||
                                                     dt == G4_Q6_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
-                                                    dt == G4_CB4 || dt == G4_MLX4 || dt == G4_MLX8 || dt == G4_Q2_K;
+                                                    dt == G4_CB4 || dt == G4_CB4_16 || dt == G4_MLX4 ||
+                                                    dt == G4_MLX8 || dt == G4_Q2_K;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
            (((dense ? n <= 8 : n == 1) && gemv) ||
             (!dense && n > 8 && (q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL ||
@@ -517,11 +518,11 @@ static void test_transcoded_weights(void) {
         CHECKF(takes(G4_Q2_K) && takes(G4_Q3_K) && takes(G4_Q4_K) && takes(G4_Q4_1) && takes(G4_IQ2_XS) &&
                    takes(G4_IQ2_XXS) && takes(G4_MXFP4) && takes(G4_IQ1_M) && held(G4_Q2_K) == G4_Q2_K &&
                    held(G4_Q3_K) == G4_Q3_K && held(G4_Q4_K) == G4_Q4_K && held(G4_Q4_1) == G4_AF4 &&
-                   held(G4_IQ2_XS) == G4_Q8_0 && held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_CB4 &&
-                   held(G4_IQ1_M) == G4_Q6_K,
-               "%s: Q2_K, Q3_K, Q4_K held as they are, Q4_1 as AF4, IQ2_XS as Q8_0, IQ2_XXS and MXFP4 as CB4, IQ1_M "
-               "as Q6_K (Q2_K as %s, IQ2_XXS as %s)", be_label, g4_dtype_name(held(G4_Q2_K)),
-               g4_dtype_name(held(G4_IQ2_XXS)));
+                   held(G4_IQ2_XS) == G4_CB4_16 && held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_CB4 &&
+                   held(G4_IQ1_M) == G4_CB4_16,
+               "%s: Q2_K, Q3_K, Q4_K held as they are, Q4_1 as AF4, IQ2_XXS and MXFP4 as CB4, IQ2_XS and IQ1_M as "
+               "CB4_16 (Q2_K as %s, IQ2_XXS as %s, IQ2_XS as %s)", be_label, g4_dtype_name(held(G4_Q2_K)),
+               g4_dtype_name(held(G4_IQ2_XXS)), g4_dtype_name(held(G4_IQ2_XS)));
     /* an IQ1_S weight with a block whose d / 8 is no f16 (neither CB4 nor Q6_K can hold it) is held as the next
      * exact layout, the CPU's AF8, CUDA's MLX8 (CB4 refused at upload, then again), alone and in a set beside an
      * IQ2_XXS weight CB4 holds */
@@ -546,17 +547,51 @@ static void test_transcoded_weights(void) {
         for (int i = 0; i < 2; i++) check_product(&w[i], 3, 0);
         weight_free(&w[0]), weight_free(&w[1]);
     }
+    /* an NVFP4 weight with a block whose run scales no CB4_16 holds (64 beside about 2^-4: no int8 multiples of one
+     * d) is re-encoded as Q8_0, on every backend: its products are those of the Q8_0 rows g4_transcode_row makes */
+    if (takes(G4_NVFP4) && held(G4_NVFP4) == G4_CB4_16) {
+        enum { OUT = 13, IN = 512 };
+        weight w, q;
+        make_any(&w, G4_NVFP4, 2, (int64_t[]){OUT, IN}, 1.0f);
+        be->ops->release_weight(be, &w.dev);
+        ((unsigned char *)w.host.data)[0] = 0x70; /* row 0, block 0, run 0: 2^7 halved (the others about 2^-4) */
+        weight_upload(&w);
+        CHECKF(w.dev.dtype == G4_Q8_0, "%s: NVFP4 with scales CB4_16 cannot hold: held as %s, not Q8_0", be_label,
+               g4_dtype_name(w.dev.dtype));
+        memset(&q, 0, sizeof q);
+        const size_t rb = g4_dtype_row_bytes(G4_Q8_0, IN);
+        q.data = malloc(OUT * rb);
+        float tmp[IN];
+        for (int r = 0; r < OUT; r++) CHECK(g4_transcode_row(&w.host, r, G4_Q8_0, (unsigned char *)q.data + r * rb, tmp) == rb);
+        q.host = (g4_tensor){.name = "q8", .dtype = G4_Q8_0, .ndim = 2, .shape = {OUT, IN}, .data = q.data,
+                             .nbytes = OUT * rb};
+        weight_upload(&q);
+        for (int n = 1; n <= 5; n += 4) {
+            float x[5 * IN], y[5 * OUT], yq[5 * OUT];
+            fill(x, (size_t)n * IN, -1, 1);
+            float *dx = devf(x, (size_t)n * IN), *dy = devf(NULL, (size_t)n * OUT);
+            be->ops->matmul(be, dx, n, &w.dev, NULL, dy);
+            back(y, dy, (size_t)n * OUT * sizeof(float));
+            be->ops->matmul(be, dx, n, &q.dev, NULL, dy);
+            back(yq, dy, (size_t)n * OUT * sizeof(float));
+            CHECKF(!memcmp(y, yq, (size_t)n * OUT * sizeof(float)), "%s: NVFP4 held as Q8_0, %d tokens: not the Q8_0 "
+                   "rows' product", be_label, n);
+            rel(dx), rel(dy);
+        }
+        weight_free(&q);
+        weight_free(&w);
+    }
     /* Q5_0 and IQ4_NL are held exactly where they are held as another type */
     if (any && takes(G4_Q5_0) && held(G4_Q5_0) != G4_Q5_0) CHECK(g4_transcode_exact(G4_Q5_0, held(G4_Q5_0)));
     if (any && takes(G4_IQ4_NL) && held(G4_IQ4_NL) != G4_IQ4_NL) CHECK(g4_transcode_exact(G4_IQ4_NL, held(G4_IQ4_NL)));
     if (!strcmp(be->ops->name, "cuda"))
         CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_IQ4_NL) == G4_IQ4_NL &&
                    held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_MLX4 && held(G4_Q5_1) == G4_MLX8 &&
-                   held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_CB4 && held(G4_IQ2_XS) == G4_Q8_0 &&
-                   held(G4_Q3_K) == G4_Q6_K && held(G4_Q2_K) == G4_Q2_K && held(G4_MLX3) == G4_MLX4 &&
-                   held(G4_MLX6) == G4_MLX8,
+                   held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_CB4 && held(G4_IQ2_XS) == G4_CB4_16 &&
+                   held(G4_IQ1_M) == G4_CB4_16 && held(G4_Q3_K) == G4_Q6_K && held(G4_Q2_K) == G4_Q2_K &&
+                   held(G4_MLX3) == G4_MLX4 && held(G4_MLX6) == G4_MLX8,
                "%s: Q5_0, Q5_K, IQ4_NL, IQ4_XS and Q2_K held as they are, Q4_1 as MLX4, Q5_1 as MLX8, IQ2_XXS and "
-               "MXFP4 as CB4, Q3_K as Q6_K, IQ2_XS as Q8_0, MLX3 as MLX4, MLX6 as MLX8", be_label);
+               "MXFP4 as CB4, IQ2_XS and IQ1_M as CB4_16, Q3_K as Q6_K, MLX3 as MLX4, MLX6 as MLX8", be_label);
     /* MLX weights are held exactly wherever they are held as another type (the CPU: AF4 / AF8) */
     for (size_t qi = 0; takes_quantized && qi < N_QTYPES; qi++)
         if (g4_dtype_is_mlx(qtypes[qi]) && takes(qtypes[qi]))
@@ -1653,7 +1688,10 @@ static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split
         ref_rms_row(r + (size_t)t * H, pn2, H, eps, tmp);
         for (int i = 0; i < H; i++) x2[(size_t)t * H + i] = (float)tmp[i];
     }
-    x_as_read(x2, n, H, &gu.host, 0, xg);
+    /* (the weights as held: a layout can depend on the rows, MXFP4 rows of 96 not CB4 but AF8 / MLX8) */
+    g4_tensor gu_held = gu.host, dn_held = dn.host;
+    gu_held.dtype = gu.dev.dtype, dn_held.dtype = dn.dev.dtype;
+    x_as_read(x2, n, H, &gu_held, 0, xg);
     for (int t = 0; t < n; t++) {
         double lg[256], ms = 0;
         for (int i = 0; i < H; i++) ms += (double)r[t * H + i] * r[t * H + i];
@@ -1691,9 +1729,9 @@ static void moe_case_e(int n, int H, int Im, g4_dtype rt, g4_dtype gt, int split
                 }
                 act[c] = gelu_tanh_ref(g) * u;
             }
-            if (reads_int8(&dn.host, n, 0)) { /* down reads the activations as int8 blocks */
+            if (reads_int8(&dn_held, n, 0)) { /* down reads the activations as int8 blocks */
                 for (int c = 0; c < Im; c++) actf[c] = (float)act[c];
-                x_as_read(actf, 1, Im, &dn.host, 0, act);
+                x_as_read(actf, 1, Im, &dn_held, 0, act);
             }
             for (int i = 0; i < H; i++) {
                 double d = 0;
@@ -1780,8 +1818,11 @@ static void test_moe(void) {
               {1, 256, 256, G4_F32, G4_Q5_K, 1, G4_Q5_K},
               /* Q2_K experts (CUDA: bf16 tiles for 13 tokens, the int8 GEMV's dot32m for one) */
               {13, 256, 256, G4_F32, G4_Q2_K, 1, G4_Q2_K}, {1, 256, 256, G4_F32, G4_Q2_K, 0, G4_Q2_K},
-              /* codebook and FP4 experts held as CB4 (CUDA: its int8 tensor-core experts, its GEMV) */
-              {13, 256, 256, G4_F32, G4_IQ2_XXS, 0, G4_IQ3_XXS}, {1, 256, 256, G4_F32, G4_MXFP4, 1, G4_IQ3_S}};
+              /* codebook and FP4 experts held as CB4 (CUDA: its int8 tensor-core experts, its GEMV), as CB4_16 (a
+               * scale per 16: CUDA's bf16 tiles, its GEMV), MXFP4 down rows of 96 (no whole CB4 blocks: MLX8 / AF8) */
+              {13, 256, 256, G4_F32, G4_IQ2_XXS, 0, G4_IQ3_XXS}, {1, 256, 256, G4_F32, G4_MXFP4, 1, G4_IQ3_S},
+              {13, 256, 256, G4_F32, G4_IQ2_XS, 1, G4_IQ1_M}, {1, 256, 256, G4_F32, G4_NVFP4, 0, G4_IQ2_S},
+              {13, 256, 96, G4_F32, G4_MXFP4, 0, G4_MXFP4}};
     /* (CUDA reads split gate and up of one type and MLX group, as files have them: not this test's MLX weights,
      * whose groups take turns.) Each case draws from its own seed: which cases ran before it on a backend does not
      * move its inputs (CUDA's n=13 Q6_K/Q4_K case measured 4.8e-3 to 7.0e-3 over 12 seeds, against its 8e-3) */

@@ -434,6 +434,29 @@ static void test_decode_hashes(void) {
                 b[0] = e0, b[bs] = e1;
             }
         }
+        if (g4_codebook_scale16_type(t)) { /* as CB4_16 (a scale per 16): every value the same (NVFP4: scales of one
+                                             * exponent; a wider spread is refused) */
+            static unsigned char cb[N / 256 * 162];
+            static float z[N];
+            if (t == G4_NVFP4) {
+                for (int i = 0; i < nb; i++)
+                    for (int f = 0; f < 4; f++) b[(size_t)i * bs + f] = (unsigned char)(7 << 3 | (b[(size_t)i * bs + f] & 7));
+                g4_dequant(t, b, y, N);
+            }
+            const g4_tensor row = {.name = "r", .dtype = t, .ndim = 2, .shape = {1, N}, .data = b};
+            CHECKF(g4_transcode_exact(t, G4_CB4_16) && g4_transcode_row(&row, 0, G4_CB4_16, cb, NULL) == sizeof cb, "%s",
+                   name);
+            g4_dequant(G4_CB4_16, cb, z, N);
+            int same = 1;
+            for (int i = 0; i < N; i++) same &= z[i] == y[i];
+            CHECKF(same, "%s -> CB4_16 changes values", name);
+            if (t == G4_NVFP4) { /* scales 2^-10 and 1/2 or more in one block: no int8 multiples of one d */
+                const unsigned char s0 = b[0];
+                b[0] = 0x01;
+                CHECK(g4_transcode_row(&row, 0, G4_CB4_16, cb, NULL) == 0);
+                b[0] = s0;
+            }
+        }
         if (g4_codebook_scale32_type(t)) { /* held as AF8 by the CPU: every value the same (MXFP4: scales that keep
                                              * the values finite and normal; others are refused, below) */
             static unsigned char af[N / 32 * 40];

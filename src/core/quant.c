@@ -167,6 +167,20 @@ static void dq_iq4_xs(const unsigned char *b, const int8_t *values, float *y) {
     }
 }
 
+/* element 32 k + j of a CB4_16 block (core/quant.h) */
+static void dq_cb4_16(const unsigned char *b, float *y) {
+    const float d = g4_f16_at(b + 16);
+    const int8_t *values = (const int8_t *)b, *sc = (const int8_t *)(b + 18);
+    const unsigned char *qs = b + 34;
+    for (int k = 0; k < 8; k++) {
+        const float d0 = d * (float)sc[2 * k], d1 = d * (float)sc[2 * k + 1];
+        for (int j = 0; j < 16; j++) {
+            y[32 * k + j] = d0 * (float)values[qs[16 * k + j] & 15];
+            y[32 * k + 16 + j] = d1 * (float)values[qs[16 * k + j] >> 4];
+        }
+    }
+}
+
 void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n) {
     const unsigned char *s = src;
     const int qk = g4_dtype_block(t), bs = g4_dtype_block_bytes(t);
@@ -190,6 +204,7 @@ void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n) {
         case G4_IQ4_NL: dq_iq4_nl(s, y); break;
         case G4_IQ4_XS: dq_iq4_xs(s, g4_iq4_values, y); break;
         case G4_CB4: dq_iq4_xs(s + 16, (const int8_t *)s, y); break;
+        case G4_CB4_16: dq_cb4_16(s, y); break;
         case G4_AF4: dq_af(s, y, 0); break;
         case G4_AF8: dq_af(s, y, 1); break;
         case G4_IQ2_XXS: case G4_IQ2_XS: case G4_IQ2_S: case G4_IQ3_XXS: case G4_IQ3_S: case G4_IQ1_S: case G4_IQ1_M:
@@ -619,7 +634,8 @@ int g4_transcode_exact(g4_dtype from, g4_dtype to) {
     if (!g4_dtype_is_mlx(from) && (to == G4_MLX4 || to == G4_MLX8)) /* (g4_transcode_row_mlx) */
         return g4_transcode_exact(from, to == G4_MLX4 ? G4_AF4 : G4_AF8) && from != G4_AF4 && from != G4_AF8;
     return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0) ||
-           (g4_codebook_scale32_type(from) && (to == G4_AF8 || to == G4_CB4)) || (from == G4_Q4_1 && to == G4_AF4) ||
+           (g4_codebook_scale32_type(from) && (to == G4_AF8 || to == G4_CB4)) ||
+           (g4_codebook_scale16_type(from) && to == G4_CB4_16) || (from == G4_Q4_1 && to == G4_AF4) ||
            ((from == G4_Q3_K || g4_codebook_q6k_type(from)) && to == G4_Q6_K) ||
            (from == G4_Q5_1 && to == G4_AF8) ||
            (g4_dtype_is_mlx(from) &&
@@ -723,29 +739,31 @@ static size_t codebook_to_af8(const g4_tensor *t, int64_t r, unsigned char *d) {
     return (size_t)(n / 32) * 40;
 }
 
-/* Block c of 256 elements of row s (of a type with g4_codebook_scale32) as CB4 (core/tensor.h): the values y and
- * each group's scale; 0 where the block's values do not fit (more than 16 integers, one outside -127 .. 127, group
- * scales that are no d (an f16) times integers in -32 .. 31, or a value the CB4 block does not give back bit for
- * bit). The integers are each value over its group's scale (halved while all are even); d is the smallest group scale
- * over 1 .. 31 that divides every other (IQ2_XXS: its d / 8 times 2 s + 1; MXFP4: the smallest power of two, the
- * others up to 16 times it). */
-static int cb4_block(g4_dtype t, const unsigned char *s, int64_t c, unsigned char *d) {
-    const int qk = g4_dtype_block(t), bs = g4_dtype_block_bytes(t);
-    float y[256], sc[8], back[256];
+/* Block c of 256 elements of row s (of a type with g4_codebook_scale32 / scale16) as CB4 / CB4_16 (`to`, core/quant.h):
+ * 0 where the block's values do not fit (more than 16 integers, one outside -127 .. 127, run scales that are no d (an
+ * f16) times integers of the layout's scales (CB4: -32 .. 31, CB4_16: -127 .. 127), or a value the block does not
+ * give back bit for bit). The integers are each value over its run's scale (halved while all are even); d is the
+ * smallest run scale over 1 .. 31 that divides every other (IQ2_XXS: its d / 8 times 2 s + 1; MXFP4: the smallest
+ * power of two, the others up to 16 times it). */
+static int cb4_block(g4_dtype t, const unsigned char *s, int64_t c, g4_dtype to, unsigned char *d) {
+    const int qk = g4_dtype_block(t), bs = g4_dtype_block_bytes(t), per16 = to == G4_CB4_16, G = per16 ? 16 : 8,
+              L = 256 / G, lmax = per16 ? 127 : 31, lmin = per16 ? -127 : -32;
+    float y[256], sc[16], back[256];
     int v[256], table[16], nt = 0;
-    for (int e = 0; e < 256; e += qk) { /* the source blocks of elements 256 c .. 256 c + 255 (qk 32 or 256) */
+    for (int e = 0; e < 256; e += qk) { /* the source blocks of elements 256 c .. 256 c + 255 (qk 32, 64 or 256) */
         const unsigned char *b = s + (size_t)((256 * c + e) / qk) * (size_t)bs;
         g4_dequant_codebook(t, b, y + e);
-        for (int g = 0; g < qk / 32; g++) sc[e / 32 + g] = g4_codebook_scale32(t, b, g);
+        for (int g = 0; g < qk / L; g++)
+            sc[e / L + g] = per16 ? g4_codebook_scale16(t, b, g) : g4_codebook_scale32(t, b, g);
     }
-    for (int k = 0; k < 8; k++) {
+    for (int k = 0; k < G; k++) {
         int any = 0;
-        for (int j = 32 * k; j < 32 * k + 32; j++) {
+        for (int j = L * k; j < L * k + L; j++) {
             const float q = sc[k] != 0.0f ? rintf(y[j] / sc[k]) : 0.0f;
             if (!(q >= -127.0f && q <= 127.0f) || sc[k] * q != y[j]) return 0;
             v[j] = (int)q, any |= q != 0.0f;
         }
-        if (!any) sc[k] = 0.0f; /* (any scale holds a group of zeros) */
+        if (!any) sc[k] = 0.0f; /* (any scale holds a run of zeros) */
     }
     /* integers with a common factor 2 halved, their scales doubled (IQ3_XXS's grid values are even: its d / 2, not
      * d / 4, is the d below, an f16 for smaller d) */
@@ -754,7 +772,7 @@ static int cb4_block(g4_dtype t, const unsigned char *s, int64_t c, unsigned cha
         for (int e = 0; e < 256; e++) odd |= v[e] & 1, any |= v[e] != 0;
         if (odd || !any) break;
         for (int e = 0; e < 256; e++) v[e] /= 2;
-        for (int k = 0; k < 8; k++) sc[k] *= 2.0f;
+        for (int k = 0; k < G; k++) sc[k] *= 2.0f;
     }
     for (int e = 0; e < 256; e++) { /* the distinct integers, ascending */
         int i = 0;
@@ -765,39 +783,46 @@ static int cb4_block(g4_dtype t, const unsigned char *s, int64_t c, unsigned cha
         table[i] = v[e], nt++;
     }
     float smin = 0.0f;
-    for (int k = 0; k < 8; k++)
+    for (int k = 0; k < G; k++)
         if (sc[k] != 0.0f && (smin == 0.0f || fabsf(sc[k]) < smin)) smin = fabsf(sc[k]);
-    int ls[8] = {0}, found = smin == 0.0f;
+    int ls[16] = {0}, found = smin == 0.0f;
     uint16_t dh = 0;
     for (int j = 1; j <= 31 && !found; j++) {
         dh = g4_f32_to_f16(smin / (float)j);
         const float dd = g4_f16_to_f32(dh);
         found = dd != 0.0f;
-        for (int k = 0; k < 8 && found; k++) {
+        for (int k = 0; k < G && found; k++) {
             const float l = rintf(sc[k] / dd);
-            found = l >= -32.0f && l <= 31.0f && dd * l == sc[k];
+            found = l >= (float)lmin && l <= (float)lmax && dd * l == sc[k];
             ls[k] = (int)l;
         }
     }
     if (!found) return 0;
-    memset(d, 0, 152);
+    memset(d, 0, (size_t)g4_dtype_block_bytes(to));
     for (int i = 0; i < 16; i++) d[i] = (unsigned char)(int8_t)table[i < nt ? i : nt - 1];
-    unsigned char *x = d + 16; /* the IQ4_XS block */
+    unsigned char *x = d + 16, *qs = per16 ? d + 34 : x + 8; /* (CB4: the IQ4_XS block from x) */
     memcpy(x, &dh, 2);
-    uint16_t sh = 0;
-    for (int k = 0; k < 8; k++) {
-        const unsigned u = (unsigned)(ls[k] + 32);
-        x[4 + k / 2] |= (unsigned char)((u & 15) << (4 * (k % 2)));
-        sh |= (uint16_t)((u >> 4) << (2 * k));
+    if (per16) {
+        for (int k = 0; k < 16; k++) x[2 + k] = (unsigned char)(int8_t)ls[k];
+    } else {
+        uint16_t sh = 0;
+        for (int k = 0; k < 8; k++) {
+            const unsigned u = (unsigned)(ls[k] + 32);
+            x[4 + k / 2] |= (unsigned char)((u & 15) << (4 * (k % 2)));
+            sh |= (uint16_t)((u >> 4) << (2 * k));
+        }
+        memcpy(x + 2, &sh, 2);
     }
-    memcpy(x + 2, &sh, 2);
     for (int e = 0; e < 256; e++) {
         int i = 0;
         while (table[i] != v[e]) i++;
         const int k = e / 32, j = e % 32;
-        x[8 + 16 * k + j % 16] |= (unsigned char)(i << (j < 16 ? 0 : 4));
+        qs[16 * k + j % 16] |= (unsigned char)(i << (j < 16 ? 0 : 4));
     }
-    dq_iq4_xs(x, (const int8_t *)d, back);
+    if (per16)
+        dq_cb4_16(d, back);
+    else
+        dq_iq4_xs(x, (const int8_t *)d, back);
     for (int e = 0; e < 256; e++)
         if (back[e] != y[e]) return 0;
     return 1;
@@ -852,10 +877,11 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         return (size_t)(n / 32) * 34;
     }
     if (g4_codebook_scale32_type(t->dtype) && to == G4_AF8) return codebook_to_af8(t, r, dst);
-    if (g4_codebook_scale32_type(t->dtype) && to == G4_CB4) {
+    if ((to == G4_CB4 || to == G4_CB4_16) && g4_transcode_exact(t->dtype, to) && t->dtype != to) {
+        const size_t bs = (size_t)g4_dtype_block_bytes(to);
         for (int64_t c = 0; c < n / 256; c++)
-            if (!cb4_block(t->dtype, g4_tensor_row(t, r), c, (unsigned char *)dst + 152 * c)) return 0;
-        return (size_t)(n / 256) * 152;
+            if (!cb4_block(t->dtype, g4_tensor_row(t, r), c, to, (unsigned char *)dst + bs * (size_t)c)) return 0;
+        return (size_t)(n / 256) * bs;
     }
     if (to == G4_Q6_K && g4_transcode_exact(t->dtype, G4_Q6_K) && t->dtype != G4_Q6_K) return to_q6_k(t, r, dst);
     if ((t->dtype == G4_Q4_1 && to == G4_AF4) || (t->dtype == G4_Q5_1 && to == G4_AF8)) {

@@ -38,6 +38,8 @@
  *                     core/quant_codebook.c
  *   CB4 (256, 152 B, the backends' own, never in a file): i8 values[16]; then an IQ4_XS block whose nibbles index
  *                     values instead of g4_iq4_values
+ *   CB4_16 (256, 162 B, the backends' own): i8 values[16]; f16 d; i8 scales[16]; u8 qs[128] (IQ4_XS's order): element
+ *                     32k + j = d * scales[2k + j / 16] * values[nibble] (the scale per 16)
  *
  * MLX affine (bits b in 2,3,4,5,6,8; group gs in 32,64,128): a row of n codes is a
  * little-endian bit stream, element j at bits [j*b, (j+1)*b); w = s*q + bias with the
@@ -64,6 +66,12 @@ void g4_dequant_codebook(g4_dtype t, const unsigned char *b, float *y);
  * 16 integers a block, tables of 6 to 16) where the group scales are multiples of one f16. */
 int g4_codebook_scale32_type(g4_dtype t);
 float g4_codebook_scale32(g4_dtype t, const unsigned char *b, int k);
+/* 1 for the codebook, ternary and FP4 types whose 16-element runs share one scale (every type but IQ4: the
+ * scale32 types, and IQ2_XS, IQ2_S, IQ1_M, NVFP4): each value of run k of block b (elements 16 k ..) is
+ * g4_codebook_scale16(t, b, k) times an integer in -128 .. 127 (IQ1_M: 8 g +- 1), so CB4_16 holds them exactly
+ * where a block has at most 16 integers and its run scales are multiples of one f16. */
+int g4_codebook_scale16_type(g4_dtype t);
+float g4_codebook_scale16(g4_dtype t, const unsigned char *b, int k);
 /* 1 for the codebook types Q6_K holds exactly (IQ1_S, IQ1_M, IQ3_S, TQ1_0, TQ2_0: every value d * sc * an integer in
  * -32 .. 31, with one d a block and an integer scale sc <= 31 per 16; IQ1's d is its own / 8), and g4_codebook_q6k
  * gives a block's d and 16 scales (0 for another type). g4_transcode_row to Q6_K checks every value (d as f16 too). */
@@ -100,6 +108,7 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
  * table int8: the same d, codes table[nibble]), a codebook type whose groups of 32 share a scale
  * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128) and -> CB4 (per 256 the block's integers as a
  * table, the group scales as an f16 d times 6-bit scales; rows whose values it cannot hold are refused: 0 bytes),
+ * the types of g4_codebook_scale16_type -> CB4_16 (the same with a scale per 16, d times int8 scales; refused alike),
  * Q4_1 -> AF4 and Q5_1 -> AF8 (q d + m: s = d,
  * b = m, the codes), Q3_K -> Q6_K (d sc (q - 4): the same d and scales, codes q + 28), the types of
  * g4_codebook_q6k_type -> Q6_K (rows whose values it cannot hold are refused: 0 bytes), MLX -> g4_af_type (the codes, scales and biases as they are), MLX

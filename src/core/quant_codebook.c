@@ -604,6 +604,25 @@ float g4_codebook_scale32(g4_dtype t, const unsigned char *b, int k) {
     }
 }
 
+int g4_codebook_scale16_type(g4_dtype t) {
+    return g4_codebook_scale32_type(t) || t == G4_IQ2_XS || t == G4_IQ2_S || t == G4_IQ1_M || t == G4_NVFP4;
+}
+
+float g4_codebook_scale16(g4_dtype t, const unsigned char *b, int k) {
+    switch (t) {
+    case G4_IQ2_XS: return g4_f16_at(b) * (0.5f + (float)(b[66 + k / 2] >> 4 * (k % 2) & 15)) * 0.25f;
+    case G4_IQ2_S: return g4_f16_at(b) * (0.5f + (float)(b[74 + k / 2] >> 4 * (k % 2) & 15)) * 0.25f;
+    case G4_IQ1_M: { /* d (2 s + 1) (g +- 1/8) per 16 */
+        uint16_t w[4];
+        for (int i = 0; i < 4; i++) w[i] = u16_at(b + 48 + 2 * i);
+        const float d = g4_f16_to_f32((uint16_t)((w[0] >> 12) | (w[1] >> 8 & 0xf0) | (w[2] >> 4 & 0xf00) | (w[3] & 0xf000)));
+        return d * (float)(2 * (w[k / 4] >> (6 * ((k / 2) % 2) + 3 * (k % 2)) & 7) + 1) * 0.125f;
+    }
+    case G4_NVFP4: return ue4m3_half(b[k]);
+    default: return g4_codebook_scale32(t, b, k / 2);
+    }
+}
+
 int g4_codebook_q6k_type(g4_dtype t) {
     return t == G4_IQ1_S || t == G4_IQ1_M || t == G4_IQ3_S || t == G4_TQ1_0 || t == G4_TQ2_0;
 }

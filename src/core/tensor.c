@@ -56,6 +56,7 @@ static const struct {
     [G4_AF4] = {"AF4", 0, 32, 24},
     [G4_AF8] = {"AF8", 0, 32, 40},
     [G4_CB4] = {"CB4", 0, 256, 152},
+    [G4_CB4_16] = {"CB4_16", 0, 256, 162},
 };
 
 const char *g4_dtype_name(g4_dtype t) {

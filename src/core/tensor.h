@@ -72,6 +72,9 @@ typedef enum g4_dtype {
      * 16 int8 values, then an IQ4_XS block (f16 d, the 6-bit scales, 128 bytes of nibbles) whose nibbles index that
      * table instead of IQ4's: w = d * (scale - 32) * table[nibble]. Never in a file. */
     G4_CB4, /* 256 per block, 152 B */
+    /* CB4 with a scale per 16 (IQ2_XS, IQ2_S, IQ1_M, NVFP4): per 256 the table, f16 d, 16 int8 scales, the 128 bytes
+     * of nibbles in IQ4_XS's order; w = d * scale * table[nibble]. Never in a file. */
+    G4_CB4_16, /* 256 per block, 162 B */
     G4_DTYPE_COUNT
 } g4_dtype;
 
@@ -98,7 +101,7 @@ int g4_dtype_bits(g4_dtype t);
  * bytes of one such block; 0 for unknown types. */
 int g4_dtype_block(g4_dtype t);
 int g4_dtype_block_bytes(g4_dtype t);
-static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_CB4; }
+static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_CB4_16; }
 static inline int g4_dtype_is_mlx(g4_dtype t) { return t >= G4_MLX2 && t <= G4_MLX8; }
 /* bits of an MLX type (2..8), 0 otherwise */
 int g4_mlx_bits(g4_dtype t);

@@ -55,8 +55,9 @@ typedef struct g4_cpu {
  *   starts from these lanes and ends exact;
  * - G4_Q8_AFFINE (Q4_K, Q5_K, AF4, AF8: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
  *   multiply the weights' s2;
- * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements; Q3_K: w = s * (u - 4), taken as u + 28): off =
- *   0, each half's dot product is taken apart and its -32 x code sums computed from the codes;
+ * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements; Q3_K: w = s * (u - 4), taken as u + 28; CB4_16:
+ *   w = s * (u - 128), u its table's value + 128): off = 0, each half's dot product is taken apart and its -32 (CB4_16:
+ *   -128, g4_q8_half_off) x code sums computed from the codes;
  * - G4_Q8_MIN16 (Q2_K: w = s * u + o, a scale and a min per 16 elements): off = 0, each half's dot product taken
  *   apart times its s, plus its o times the half's activation code sums (computed from the codes). */
 #define G4_Q8_GROUP 256
@@ -65,10 +66,12 @@ typedef struct g4_cpu {
 enum { G4_Q8_OFFSET, G4_Q8_AFFINE, G4_Q8_HALVES, G4_Q8_MIN16 };
 static inline int g4_q8_mode(g4_dtype t) {
     return t == G4_Q4_K || t == G4_Q5_K || t == G4_AF4 || t == G4_AF8 ? G4_Q8_AFFINE
-           : t == G4_Q6_K || t == G4_Q3_K                            ? G4_Q8_HALVES
+           : t == G4_Q6_K || t == G4_Q3_K || t == G4_CB4_16          ? G4_Q8_HALVES
            : t == G4_Q2_K                                            ? G4_Q8_MIN16
                                                                      : G4_Q8_OFFSET;
 }
+/* the halves mode's offset of the unsigned codes u (see above) */
+static inline int g4_q8_half_off(g4_dtype t) { return t == G4_CB4_16 ? 128 : 32; }
 /* the grouped layout's off for weights of type t (see above) */
 static inline int g4_q8_off(g4_dtype t) {
     const int mode = g4_q8_mode(t);
@@ -92,7 +95,7 @@ typedef struct g4_q8_rows {
  * AVX-512 kernels). */
 #define G4_Q8_K_QUANTS(X, A)                                                                                           \
     X(G4_Q5_0, 32, A) X(G4_IQ4_NL, 32, A) X(G4_Q4_K, 256, A) X(G4_Q5_K, 256, A) X(G4_Q6_K, 256, A) X(G4_IQ4_XS, 256, A) \
-    X(G4_AF4, 32, A) X(G4_AF8, 32, A) X(G4_Q3_K, 256, A) X(G4_Q2_K, 256, A) X(G4_CB4, 256, A)
+    X(G4_AF4, 32, A) X(G4_AF8, 32, A) X(G4_Q3_K, 256, A) X(G4_Q2_K, 256, A) X(G4_CB4, 256, A) X(G4_CB4_16, 256, A)
 
 /* switch (type) calling CALL(the type as a constant) for Q4_0, each type of G4_Q8_K_QUANTS and (default) Q8_0: the
  * kernels' entry points, so that each type's decoding is inlined into a copy of its own */
@@ -115,6 +118,7 @@ static inline long g4_q8_group_bytes(g4_dtype type) {
     return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
            : type == G4_IQ4_XS                                      ? 68
            : type == G4_CB4                                         ? 76
+           : type == G4_CB4_16                                      ? 81
            : type == G4_Q5_K || type == G4_Q5_0                     ? 88
            : type == G4_Q6_K                                        ? 105
            : type == G4_Q3_K                                        ? 55

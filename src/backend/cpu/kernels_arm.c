@@ -114,7 +114,7 @@ static void f32_tile_neon(const float *w, size_t ldw, int nr, const float *x, si
 #define N2_ROWS 4        /* decode: rows at once, far apart (each its own stream) */
 #define N2_PREFETCH 2048 /* decode: bytes ahead of each stream */
 
-static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K || t == G4_Q3_K || t == G4_Q2_K; }
+static inline int n2_halves(g4_dtype t) { return t == G4_Q6_K || t == G4_Q3_K || t == G4_Q2_K || t == G4_CB4_16; }
 
 
 /* the low nibbles of 16 bytes (elements 0-15) and the high ones (16-31) */
@@ -191,6 +191,13 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
             n2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i, c[i]);
             for (int e = 0; e < 2; e++) c[i][e] = vqtbl1q_s8(values, vreinterpretq_u8_s8(c[i][e]));
         }
+    } else if (type == G4_CB4_16) { /* the same nibbles after the table, d and the 16 scales */
+        const unsigned char *sb = row + (size_t)162 * (size_t)(g / 2);
+        const int8x16_t values = vld1q_s8((const int8_t *)sb);
+        for (int i = 0; i < 4; i++) {
+            n2_nibbles(sb + 34 + 64 * (g % 2) + 16 * i, c[i]);
+            for (int e = 0; e < 2; e++) c[i][e] = vqtbl1q_s8(values, vreinterpretq_u8_s8(c[i][e]));
+        }
     } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
         const int bs = g4_q8_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
@@ -256,11 +263,13 @@ N2_INLINE void n2_scales(g4_dtype type, const unsigned char *row, int p, int nb,
             s[h][0] = s[h][1] = n2_scale4((uint32_t)(sc >> (32 * h)), 0, d);
             s2[h] = n2_scale4((uint32_t)(mn >> (32 * h)), 0, -dmin);
         }
-    } else if (type == G4_Q6_K) { /* group h's block i: elements 0-15 scales[8h + 2i], 16-31 scales[8h + 2i + 1] */
-        const unsigned char *sb = row + (size_t)210 * (size_t)p;
-        const float d = g4_f16_at(sb + 208);
+    } else if (type == G4_Q6_K || type == G4_CB4_16) { /* group h's block i: elements 0-15 scales[8h + 2i], 16-31
+                                                        * scales[8h + 2i + 1] */
+        const int cb = type == G4_CB4_16;
+        const unsigned char *sb = row + (size_t)(cb ? 162 : 210) * (size_t)p;
+        const float d = g4_f16_at(sb + (cb ? 16 : 208));
         for (int h = 0; h < 2; h++) {
-            const int8x8_t v = vld1_s8((const int8_t *)sb + 192 + 8 * h);
+            const int8x8_t v = vld1_s8((const int8_t *)sb + (cb ? 18 : 192) + 8 * h);
             const int8x8_t e = vuzp1_s8(v, v), o = vuzp2_s8(v, v);
             s[h][0] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(e)))), d);
             s[h][1] = vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(o)))), d);

@@ -236,8 +236,8 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 
 /* the types whose codes are signed (|w| times x with w's sign) */
 static inline int q2_signed(g4_dtype t) {
-    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_CB4 || t == G4_Q6_K || t == G4_Q3_K ||
-           t == G4_AF8;
+    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_CB4 || t == G4_CB4_16 || t == G4_Q6_K ||
+           t == G4_Q3_K || t == G4_AF8;
 }
 
 /* the f32 at p (unaligned) */
@@ -314,6 +314,9 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
         const unsigned char *sb = row + (size_t)(cb ? 152 : 136) * (size_t)(g / 2) + (cb ? 16 : 0);
         const int8_t *values = cb ? (const int8_t *)(sb - 16) : g4_iq4_values;
         for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 8 + 64 * (g % 2) + 16 * i), values);
+    } else if (type == G4_CB4_16) { /* the same nibbles after the table, d and the 16 scales */
+        const unsigned char *sb = row + (size_t)162 * (size_t)(g / 2);
+        for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 34 + 64 * (g % 2) + 16 * i), (const int8_t *)sb);
     } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
         const int bs = g4_q8_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
@@ -371,13 +374,16 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
                           _mm256_set1_ps(_cvtsh_ss(block_d(sb))));
         m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn))),
                           _mm256_set1_ps(-_cvtsh_ss(block_d(sb + 2))));
-    } else if (type == G4_Q6_K) { /* per 16: half h's block i elements 0-15 scales[8h + 2i], 16-31 scales[8h + 2i + 1] */
-        const unsigned char *sb = row + (size_t)210 * (size_t)p;
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(block_d(sb + 208)));
+    } else if (type == G4_Q6_K || type == G4_CB4_16) { /* per 16: half h's block i elements 0-15 scales[8h + 2i], 16-31
+                                                        * scales[8h + 2i + 1] */
+        const int cb = type == G4_CB4_16;
+        const unsigned char *sb = row + (size_t)(cb ? 162 : 210) * (size_t)p;
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(block_d(sb + (cb ? 16 : 208))));
         const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
         for (int h = 0; h < 2; h++)
             s[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(
-                                     _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 192 + 8 * h))), order)),
+                                     _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + (cb ? 18 : 192) + 8 * h))),
+                                     order)),
                                  d);
         *s2 = m;
         return;
@@ -825,6 +831,23 @@ __attribute__((target(T512), always_inline)) static inline void q6k_group(const 
     *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), sc);
 }
 
+/* CB4_16 half h of a block (162 bytes: values[16], d, scales[16], qs[128] in IQ4_XS's order): the codes as IQ4's
+ * (value + 128, the halves mode's offset 128), s1 / s2 the scales of each block's elements 0-15 / 16-31 as Q6_K's */
+__attribute__((target(T512), always_inline)) static inline void cb4_16_group(const unsigned char *row, int g,
+                                                                             __m512i *lo, __m512i *hi, __m512 *s1,
+                                                                             __m512 *s2) {
+    const unsigned char *sb = row + (size_t)162 * (size_t)(g / 2);
+    const int h = g % 2;
+    const __m512i q = _mm512_loadu_si512(sb + 34 + 64 * h), m4 = _mm512_set1_epi8(15);
+    *lo = iq4_codes(_mm512_and_si512(q, m4), (const int8_t *)sb);
+    *hi = iq4_codes(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), (const int8_t *)sb);
+    const __m512 sc = _mm512_mul_ps(
+        _mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 18 + 8 * h))))),
+        _mm512_set1_ps(_cvtsh_ss(block_d(sb + 16))));
+    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0), sc);
+    *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), sc);
+}
+
 /* Q3_K half h of a super-block (110 bytes: hmask[32], qs[64], scales[12], d; w = d (sc - 32) (u - 4) per 16): block
  * i's element l < 16 has bits 2i of qs[32h + l] with bit 4h + i of hmask[l] above them, its element 16 + l those of
  * qs[32h + 16 + l] and hmask[16 + l]; as codes of the halves mode (offset 32): u + 28; s1, s2 Q6_K's */
@@ -938,6 +961,8 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         q3k_group(row, g, lo, hi, s1, s2);
     } else if (type == G4_Q2_K) {
         q2k_group(row, g, lo, hi, s1, s2);
+    } else if (type == G4_CB4_16) {
+        cb4_16_group(row, g, lo, hi, s1, s2);
     } else {
         const long gb = type == G4_Q4_0 ? 72 : 136;
         q_group(type, pm, row + gb * g, (long)row_bytes - gb * g, lo, hi, s1);
@@ -947,14 +972,15 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
 
 
 /* One token's part of a group, loaded once for every row it meets: the codes, the offset lanes (or, for the affine
- * mode, the lanes' code sums as floats), the scales, for the halves mode -32 x each half's lane sums, and for the
- * per-16 mode each half's lane sums as floats (sum, sumh). */
+ * mode, the lanes' code sums as floats), the scales, for the halves mode -hoff (g4_q8_half_off: 32, CB4_16 128) x
+ * each half's lane sums, and for the per-16 mode each half's lane sums as floats (sum, sumh). */
 typedef struct {
     __m512i lo, hi, off, n32lo, n32hi;
     __m512 dx, sum, sumh;
 } q_xgroup;
 
-__attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(const unsigned char *x, const int mode) {
+__attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(const unsigned char *x, const int mode,
+                                                                           const int hoff) {
     q_xgroup v;
     v.lo = _mm512_loadu_si512(x);
     v.hi = _mm512_loadu_si512(x + 64);
@@ -969,7 +995,7 @@ __attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(cons
         v.sumh = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, one, v.hi));
     }
     if (mode == G4_Q8_HALVES) {
-        const __m512i c32 = _mm512_set1_epi8(32), z = _mm512_setzero_si512();
+        const __m512i c32 = _mm512_set1_epi8((char)hoff), z = _mm512_setzero_si512();
         v.n32lo = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c32, v.lo));
         v.n32hi = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c32, v.hi));
     }
@@ -1049,7 +1075,7 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
     __m512 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        const q_xgroup x = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode);
+        const q_xgroup x = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode, g4_q8_half_off(type));
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             __m512i lo, hi;
@@ -1121,7 +1147,8 @@ __attribute__((target(T512))) static void q8_group_row_avx512(const float *x, si
 __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(const unsigned char *wp, size_t ldw,
                                                                              const g4_q8_rows *a, int t0, int ng,
                                                                              float *y, size_t ldy, const int NR,
-                                                                             const int NT, const int mode) {
+                                                                             const int NT, const int mode,
+                                                                             const int hoff) {
     __m512 acc[G4_Q_TR][G4_Q_TT];
     const unsigned char *xt[G4_Q_TT];
     for (int t = 0; t < NT; t++) xt[t] = a->qg + (size_t)(t0 + t) * a->ng * G4_Q8_GROUP;
@@ -1135,7 +1162,7 @@ __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(con
             whi[r] = _mm512_loadu_si512(p + 64);
         }
         for (int t = 0; t < NT; t++) {
-            const q_xgroup x = q_xload(xt[t] + (size_t)g * G4_Q8_GROUP, mode);
+            const q_xgroup x = q_xload(xt[t] + (size_t)g * G4_Q8_GROUP, mode, hoff);
             for (int r = 0; r < NR; r++) {
                 const unsigned char *p = wp + (size_t)r * ldw + (size_t)g * G4_QW_GROUP;
                 acc[r][t] = q_step(acc[r][t], wlo[r], whi[r], _mm512_loadu_ps(p + 128),
@@ -1150,28 +1177,33 @@ __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(con
 __attribute__((target(T512), always_inline)) static inline void q_gemm_mode(const unsigned char *wp, int nr,
                                                                             const g4_q8_rows *a, int t0, int nt,
                                                                             int ng, float *y, size_t ldy,
-                                                                            const int mode) {
+                                                                            const int mode, const int hoff) {
     const size_t ldw = (size_t)ng * G4_QW_GROUP;
     if (nr == 4) {
         switch (nt) {
-        case 4: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 4, mode); return;
-        case 3: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 3, mode); return;
-        case 2: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 2, mode); return;
-        case 1: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 1, mode); return;
+        case 4: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 4, mode, hoff); return;
+        case 3: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 3, mode, hoff); return;
+        case 2: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 2, mode, hoff); return;
+        case 1: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 1, mode, hoff); return;
         }
     }
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++)
-            q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, 1, mode);
+            q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, 1, mode, hoff);
 }
 
 __attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
                                                        int nt, int ng, float *y, size_t ldy) {
     switch (g4_q8_mode(a->type)) {
-    case G4_Q8_AFFINE: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_AFFINE); break;
-    case G4_Q8_HALVES: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES); break;
-    case G4_Q8_MIN16: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_MIN16); break;
-    default: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_OFFSET); break;
+    case G4_Q8_AFFINE: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_AFFINE, 0); break;
+    case G4_Q8_HALVES:
+        if (g4_q8_half_off(a->type) == 128)
+            q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES, 128);
+        else
+            q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES, 32);
+        break;
+    case G4_Q8_MIN16: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_MIN16, 0); break;
+    default: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_OFFSET, 0); break;
     }
 }
 

@@ -229,11 +229,15 @@ static int cu_check(g4_backend *be, g4_error *err) {
 
 /* ---------------------------------------------------------------- weights */
 /* src's header as it is held in device memory: its dtype g4c_held_dtype (another one for a type this backend has no
- * kernels for: re-encoded at upload; not_cb4: not CB4, whose rows were refused); an MLX group and scale type only
+ * kernels for: re-encoded at upload; skip: how many exact layouts refused its rows); an MLX group and scale type only
  * where it stays MLX, or (a GGUF type held as MLX) 32 and F32. */
-static g4_tensor held_header(const g4_tensor *src, int not_cb4) {
+static g4_tensor held_header(const g4_tensor *src, int skip) {
     g4_tensor h = *src;
-    h.dtype = g4c_held_dtype(src->dtype, not_cb4);
+    const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
+    h.dtype = g4c_held_dtype(src->dtype, skip);
+    while (h.dtype != src->dtype && g4_dtype_block(h.dtype) > 0 && in % g4_dtype_block(h.dtype) &&
+           g4c_held_dtype(src->dtype, skip + 1) != h.dtype) /* (a layout whose blocks do not divide the rows: the next) */
+        h.dtype = g4c_held_dtype(src->dtype, ++skip);
     if (h.dtype != src->dtype && !g4_dtype_is_mlx(h.dtype)) h.group = 0, h.scale_dtype = G4_DTYPE_UNKNOWN;
     if (g4_dtype_is_mlx(h.dtype) && !g4_dtype_is_mlx(src->dtype)) h.group = 32, h.scale_dtype = G4_F32;
     return h;
@@ -241,13 +245,13 @@ static g4_tensor held_header(const g4_tensor *src, int not_cb4) {
 
 /* The bytes src takes in device memory (rows padded to 16 bytes, quantized ones repacked: g4c_wrow_bytes, of the
  * held dtype), or -1 with a message where this backend does not read it. */
-static int64_t weight_bytes(const g4_tensor *src, int not_cb4, g4_error *err) {
-    const g4_tensor h = held_header(src, not_cb4);
+static int64_t weight_bytes(const g4_tensor *src, int skip, g4_error *err) {
+    const g4_tensor h = held_header(src, skip);
     if (h.dtype == G4_DTYPE_UNKNOWN)
         return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16, F32, GGUF and MLX weights, not %s", src->name,
                        g4_dtype_name(src->dtype));
-    if (h.dtype != src->dtype && h.dtype != G4_CB4 && !src->data) { /* (random weights are made on the GPU, in its own
-                                                                      * types: a codebook type's as CB4) */
+    if (h.dtype != src->dtype && h.dtype != G4_CB4 && h.dtype != G4_CB4_16 && !src->data) { /* (random weights are made
+                                                     * on the GPU, in its own types: a codebook type's as CB4 / CB4_16) */
         char flag[16] = {0}; /* the held type as --type spells it */
         for (size_t i = 0; i + 1 < sizeof flag && g4_dtype_name(h.dtype)[i]; i++)
             flag[i] = (char)tolower((unsigned char)g4_dtype_name(h.dtype)[i]);
@@ -281,11 +285,11 @@ static void *weight_alloc(g4c *c, size_t bytes, const char *name, g4_error *err)
     return NULL;
 }
 
-/* src's values (or random ones where it has no data) into d, weight_bytes(src, not_cb4) bytes of device memory;
- * *dst is src as held there (its dtype g4c_held_dtype). -2 where a row could not be re-encoded as the held type
- * (CB4: a block it cannot hold; then as the next, not_cb4), -1 on other errors. */
-static int weight_fill(g4c *c, const g4_tensor *src, int not_cb4, void *d, g4_tensor *dst, g4_error *err) {
-    const g4_tensor h = held_header(src, not_cb4);
+/* src's values (or random ones where it has no data) into d, weight_bytes(src, skip) bytes of device memory; *dst is
+ * src as held there (its dtype g4c_held_dtype). -2 where a row could not be re-encoded as the held type (CB4: a block
+ * it cannot hold; then as the next, skip + 1), -1 on other errors. */
+static int weight_fill(g4c *c, const g4_tensor *src, int skip, void *d, g4_tensor *dst, g4_error *err) {
+    const g4_tensor h = held_header(src, skip);
     const int quant = g4_dtype_is_quantized(src->dtype);
     const int64_t in = src->ndim ? src->shape[src->ndim - 1] : 1;
     const int64_t rows = in > 0 ? g4_tensor_numel(src) / in : 0;
@@ -320,24 +324,24 @@ static int weight_fill(g4c *c, const g4_tensor *src, int not_cb4, void *d, g4_te
     return 0;
 }
 
-/* 1 where src would be held as CB4 and weight_fill refused a row of it (rc -2): then it goes as the next type */
-static int cb4_refused(const g4_tensor *src, int not_cb4, int rc) {
-    return rc == -2 && !not_cb4 && held_header(src, 0).dtype == G4_CB4;
+/* 1 where weight_fill refused a row of src as held with `skip` (rc -2) and another layout is left to try */
+static int take_next(const g4_tensor *src, int skip, int rc) {
+    return rc == -2 && held_header(src, skip + 1).dtype != held_header(src, skip).dtype;
 }
 
 static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     g4c *c = g4c_of(be);
-    for (int not_cb4 = 0;; not_cb4 = 1) {
-        const int64_t bytes = weight_bytes(src, not_cb4, err);
+    for (int skip = 0;; skip++) {
+        const int64_t bytes = weight_bytes(src, skip, err);
         if (bytes < 0) return -1;
         char what[300];
         snprintf(what, sizeof what, "tensor '%s'", src->name);
         void *d = weight_alloc(c, (size_t)bytes, what, err);
         if (!d) return -1;
-        const int rc = weight_fill(c, src, not_cb4, d, dst, err);
+        const int rc = weight_fill(c, src, skip, d, dst, err);
         if (!rc) return 0;
         cudaFree(d);
-        if (!cb4_refused(src, not_cb4, rc)) return -1;
+        if (!take_next(src, skip, rc)) return -1;
     }
 }
 
@@ -348,14 +352,14 @@ static int cu_upload_weights(g4_backend *be, const g4_tensor *const *src, g4_ten
                              g4_error *err) {
     g4c *c = g4c_of(be);
     size_t at[G4_MATMUL_SET_MAX + 1] = {0};
-    int not_cb4[G4_MATMUL_SET_MAX] = {0};
+    int skip[G4_MATMUL_SET_MAX] = {0};
     if (count < 1 || count > G4_MATMUL_SET_MAX) return g4_fail(err, "a set of %d weights", count);
     struct g4c_wset *sets = (struct g4c_wset *)realloc(c->wsets, (size_t)(c->n_wsets + 1) * sizeof *sets);
     if (!sets) return g4_fail(err, "out of memory");
     c->wsets = sets;
-    for (;;) { /* (again with a weight's next type where CB4 refused it) */
+    for (;;) { /* (again with a weight's next layout where one refused it) */
         for (int i = 0; i < count; i++) {
-            const int64_t bytes = weight_bytes(src[i], not_cb4[i], err);
+            const int64_t bytes = weight_bytes(src[i], skip[i], err);
             if (bytes < 0) return -1;
             at[i + 1] = at[i] + ((size_t)bytes + 255) / 256 * 256;
         }
@@ -364,15 +368,15 @@ static int cu_upload_weights(g4_backend *be, const g4_tensor *const *src, g4_ten
         unsigned char *d = (unsigned char *)weight_alloc(c, at[count], what, err);
         if (!d) return -1;
         int i = 0, rc = 0;
-        while (i < count && !(rc = weight_fill(c, src[i], not_cb4[i], d + at[i], dst[i], err))) i++;
+        while (i < count && !(rc = weight_fill(c, src[i], skip[i], d + at[i], dst[i], err))) i++;
         if (i == count) {
             c->wsets[c->n_wsets++] = (struct g4c_wset){d, at[count], count};
             return 0;
         }
         for (int j = 0; j < i; j++) dst[j]->data = NULL;
         cudaFree(d);
-        if (!cb4_refused(src[i], not_cb4[i], rc)) return -1;
-        not_cb4[i] = 1;
+        if (!take_next(src[i], skip[i], rc)) return -1;
+        skip[i]++;
     }
 }
 

@@ -290,8 +290,8 @@ template <> struct g4_wload<G4_F32> {
 };
 
 /* ---------------------------------------------------------------- quantized weights in device memory
- * Supported: GGUF Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4 (core/tensor.h) and MLX affine 4 and
- * 8 bit (G4C_QUANT_TYPES;
+ * Supported: GGUF Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4, CB4_16 (core/tensor.h) and MLX
+ * affine 4 and 8 bit (G4C_QUANT_TYPES;
  * core/quant.h has the file layouts; other types are held as Q8_0: g4c_held_dtype). At
  * upload every row is repacked (cuda_quant.cu) so that the codes of a row come first, in runs a lane reads with
  * 16-byte loads, and the row's scales follow them (row bytes padded to 16). The bytes per weight stay those of
@@ -310,6 +310,8 @@ template <> struct g4_wload<G4_F32> {
  *   IQ4_XS: codes as IQ4_NL's [in/2]; per 256-block its 8 bytes d, scales_h, scales_l[4] (GGUF's)
  *   CB4: as IQ4_XS, each code an index into its 256-block's table: codes [in/2]; the tables [in/256 * 16]; per
  *        256-block d, scales_h, scales_l[4] [in/256 * 8]
+ *   CB4_16: codes as CB4's [in/2]; the tables [in/256 * 16]; int8 scales [in/16] (one per 16 elements); f16 d
+ *        [in/256]
  *   Q6_K: per 64 elements 48 bytes: low nibbles of elements 0..31 and 32..63 (Q4_0 order), then byte j holds the
  *         two high bits of elements j, j+16, j+32, j+48 (bits 0-1, 2-3, 4-5, 6-7); int8 scales [in/16] (one
  *         per 16 elements, the file's order is already element order); f16 d [in/256]
@@ -328,7 +330,7 @@ typedef struct g4c_qrow {
 /* The quantized types with kernels here (each has its g4_qt below), for dispatching a template: X(G4_Q8_0) ... */
 #define G4C_QUANT_TYPES(X)                                                                                         \
     X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q2_K) X(G4_Q4_K) X(G4_Q5_K) X(G4_Q6_K) X(G4_IQ4_NL) X(G4_IQ4_XS)   \
-    X(G4_CB4) X(G4_MLX4) X(G4_MLX8)
+    X(G4_CB4) X(G4_CB4_16) X(G4_MLX4) X(G4_MLX8)
 static inline int g4c_quant_supported(g4_dtype t) {
     switch (t) {
 #define G4C_SUPPORTED(T) case T:
@@ -340,21 +342,21 @@ static inline int g4c_quant_supported(g4_dtype t) {
 
 /* The dtype a weight of type t is held as in device memory: t where this backend has kernels for it (the plain
  * float types and g4c_quant_supported); MLX 2/3-bit as MLX4 and 5/6-bit as MLX8 (the codes widened, the scales and
- * biases as they are: exact, g4c_upload_quant); the codebook types whose groups of 32 share a scale (IQ2_XXS,
- * IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0, MXFP4) as CB4 (exact, 4.75 bits a weight: g4_transcode_row; with not_cb4,
- * for a tensor whose rows CB4 cannot all hold, as MLX8); Q4_1 as MLX4, and Q5_1 (and the codebook types above
- * where not CB4) as MLX8, with groups of 32 and f32 scales and biases (exact: g4_transcode_row_mlx, the CPU's AF4 /
- * AF8 blocks); Q3_K as Q6_K (exact: the same d and scales, 6.6 bits a weight); Q8_0 for every other type
- * core/quant.h decodes (g4_dequant_reads: IQ2_XS, IQ2_S, IQ1_M, NVFP4), re-encoded row by row at upload
- * (g4_transcode_row: 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type must be
- * whole blocks of it (Q8_0, and the MLX-held GGUF types: 32; CB4: 256). */
-static inline g4_dtype g4c_held_dtype(g4_dtype t, int not_cb4) {
+ * biases as they are: exact, g4c_upload_quant); Q3_K as Q6_K (exact: the same d and scales, codes widened); else the
+ * first layout of CB4, CB4_16, Q6_K, MLX4, MLX8 that holds t's values exactly (g4_transcode_exact; `skip`: how many of
+ * them refused a row of the tensor at upload, which then takes the next): the codebook, ternary and FP4 types whose
+ * runs of 32 share a scale (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0, MXFP4) as CB4 (4.75 bits a weight), those
+ * with a scale per 16 (IQ2_XS, IQ2_S, IQ1_M, NVFP4) as CB4_16 (5.1), Q4_1 as MLX4 and Q5_1 as MLX8 (groups of 32, f32
+ * scales and biases: g4_transcode_row_mlx, the CPU's AF4 / AF8 blocks); Q8_0 where none is left, re-encoded row by row
+ * at upload (g4_transcode_row: 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type
+ * must be whole blocks of it (Q8_0, and the MLX-held GGUF types: 32; CB4, CB4_16, Q6_K: 256). */
+static inline g4_dtype g4c_held_dtype(g4_dtype t, int skip) {
     if (t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4c_quant_supported(t)) return t;
     if (g4_dtype_is_mlx(t)) return g4_mlx_bits(t) <= 4 ? G4_MLX4 : G4_MLX8;
     if (t == G4_Q3_K) return G4_Q6_K; /* (exact: g4_transcode_row) */
-    if (!not_cb4 && g4_transcode_exact(t, G4_CB4)) return G4_CB4;
-    if (g4_transcode_exact(t, G4_MLX4)) return G4_MLX4;
-    if (g4_transcode_exact(t, G4_MLX8)) return G4_MLX8;
+    static const g4_dtype exact[] = {G4_CB4, G4_CB4_16, G4_Q6_K, G4_MLX4, G4_MLX8};
+    for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
+        if (g4_transcode_exact(t, exact[i]) && skip-- == 0) return exact[i];
     return g4_dtype_is_quantized(t) && g4_dequant_reads(t) ? G4_Q8_0 : G4_DTYPE_UNKNOWN;
 }
 
@@ -372,6 +374,7 @@ static inline size_t g4c_qrow_bytes(g4_dtype t, int64_t in, int group, g4_dtype 
     case G4_IQ4_NL: b = n / 2 + 2 * (n / 32); break;
     case G4_IQ4_XS: b = n / 2 + 8 * (n / 256); break;
     case G4_CB4: b = n / 2 + 24 * (n / 256); break;
+    case G4_CB4_16: b = n / 2 + n / 16 + 18 * (n / 256); break;
     case G4_Q6_K: b = n * 3 / 4 + n / 16 + 2 * (n / 256); break;
     case G4_MLX4: b = n / 2 + (group > 0 ? n / (size_t)group : 0) * pair; break;
     case G4_MLX8: b = n + (group > 0 ? n / (size_t)group : 0) * pair; break;
@@ -688,6 +691,36 @@ template <> struct g4_qt<G4_CB4> : g4_qt<G4_IQ4_XS> { /* IQ4_XS's (seg), its 256
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], r[2], j, f); }
     static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         return g4_dot_iq4(r[0], r[2], x0, x1);
+    }
+};
+template <> struct g4_qt<G4_CB4_16> { /* CB4's codes and tables, a scale per 16 elements as Q6_K's */
+    enum { EPA = 32, QW = 2, SEG = 16, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
+    static __device__ __forceinline__ void load(const unsigned char *row, unsigned k, const g4c_qrow &q, uint4 *r) {
+        r[0] = g4_ld_stream(row + k / 2);
+        const unsigned char *tables = row + (unsigned)q.in / 2, *sc = tables + 16 * ((unsigned)q.in / 256);
+        r[1] = uint4();
+        r[1].x = g4_ld_u16(sc + k / 16);                                    /* the two runs' int8 scales */
+        r[1].y = g4_ld_u16(sc + (unsigned)q.in / 16 + 2 * (k / 256)); /* d */
+        r[2] = g4_ld_u4(tables + 16 * (k / 256));
+    }
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], r[2], j, f); }
+    /* run si (0, 1) of the access: d * its scale; with int8 activations (si < 0) d alone, the scales being integers
+     * of dot32 */
+    static __device__ __forceinline__ void seg(const uint4 *r, const g4c_qrow &, int, int si, float *a, float *b) {
+        const int sc = si < 0 ? 1 : (int)(signed char)((r[1].x >> (8 * si)) & 0xffu);
+        *a = g4_h2f((uint16_t)(r[1].y & 0xffffu)) * (float)sc, *b = 0.0f;
+    }
+    /* sum over the runs of scale x sum(value * xq): the low nibbles are elements 0-15, the high ones 16-31 */
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            unsigned lo, hi;
+            g4_iq4_word(g4_word(r[0], c), r[2], &lo, &hi);
+            s0 = __dp4a((int)lo, (int)g4_word(x0, c), s0);
+            s1 = __dp4a((int)hi, (int)g4_word(x1, c), s1);
+        }
+        return (int)(signed char)(r[1].x & 0xffu) * s0 + (int)(signed char)((r[1].x >> 8) & 0xffu) * s1;
     }
 };
 template <> struct g4_qt<G4_Q6_K> {

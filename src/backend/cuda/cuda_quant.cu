@@ -5,8 +5,8 @@
  *
  * Repacking keeps the bytes of every block (no weight is decoded): codes are moved into runs a lane reads
  * with 16-byte loads, and the scales of a row follow its codes. MLX 2/3/5/6-bit codes are widened to MLX4 / MLX8.
- * Another type without kernels here is first moved into one that has them (g4c_held_dtype: CB4, MLX4 / MLX8 or Q6_K
- * exactly where they hold it, else re-encoded as Q8_0), row by row on the host (g4c_upload_quant). */
+ * Another type without kernels here is first moved into one that has them (g4c_held_dtype: CB4, CB4_16, Q6_K, MLX4
+ * or MLX8 exactly where they hold it, else re-encoded as Q8_0), row by row on the host (g4c_upload_quant). */
 #include "backend/cuda/cuda_common.cuh"
 
 #include <pthread.h>
@@ -80,6 +80,14 @@ static void repack_row(const g4_tensor *t, int64_t r, g4_dtype held, unsigned ch
             memcpy(dst + 128 * b, src + 152 * b + 24, 128);
             memcpy(dst + in / 2 + 16 * b, src + 152 * b, 16);
             memcpy(dst + in / 2 + 16 * nb256 + 8 * b, src + 152 * b + 16, 8);
+        }
+        break;
+    case G4_CB4_16: /* values[16], d, scales[16], qs[128]: the codes as CB4's, the tables, the scales, then d */
+        for (int64_t b = 0; b < nb256; b++) {
+            memcpy(dst + 128 * b, src + 162 * b + 34, 128);
+            memcpy(dst + in / 2 + 16 * b, src + 162 * b, 16);
+            memcpy(dst + in / 2 + 16 * nb256 + 16 * b, src + 162 * b + 18, 16);
+            put16(dst + in / 2 + 16 * nb256 + in / 16 + 2 * b, src + 162 * b + 16);
         }
         break;
     case G4_Q5_K: /* d, dmin, scales[12], qh[32], qs[128]: sub-block s's element l is the s & 1 nibble of
@@ -272,6 +280,14 @@ static __device__ unsigned meta_byte(int dt, size_t o, int64_t in, int sk, int g
         o -= n / 16;
         if (o >= 4 * (n / 256)) return 0;
         h = g4_f2h(o % 4 < 2 ? 2.0f * amp / 3.0f : amp);
+        return o & 1 ? h >> 8 : h & 0xff;
+    case G4_CB4_16: /* the tables as CB4's, every scale 16, d * 16 * 120 = amp */
+        if (o < 16 * (n / 256)) return (unsigned)(-120 + 16 * (int)(o % 16)) & 0xffu;
+        o -= 16 * (n / 256);
+        if (o < n / 16) return 16u;
+        o -= n / 16;
+        if (o >= 2 * (n / 256)) return 0;
+        h = g4_f2h(amp / (16.0f * 120.0f));
         return o & 1 ? h >> 8 : h & 0xff;
     case G4_CB4: /* the tables: -120, -104, .., 120 (then the meta as IQ4_XS's, d * 16 * 120 = amp) */
         if (o < 16 * (n / 256)) return (unsigned)(-120 + 16 * (int)(o % 16)) & 0xffu;
