@@ -283,19 +283,19 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
  * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4,
- * CB4_16, MLX4, MLX8: at most 8 tokens; experts: one token), and the experts' int8 tensor-core products for Q8_0, Q4_0, Q5_0,
- * Q4_K, Q5_K, IQ4_NL, IQ4_XS and CB4 (more than 8 tokens). */
+ * CB4_16, MXF4, MLX4, MLX8: at most 8 tokens; experts: one token), and the experts' int8 tensor-core products for Q8_0,
+ * Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS, CB4 and MXF4 (more than 8 tokens). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
     const int q = dt == G4_Q8_0 || dt == G4_Q4_0, gemv = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K ||
                                                     dt == G4_Q6_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
-                                                    dt == G4_CB4 || dt == G4_CB4_16 || dt == G4_MLX4 ||
-                                                    dt == G4_MLX8 || dt == G4_Q2_K;
+                                                    dt == G4_CB4 || dt == G4_CB4_16 || dt == G4_MXF4 ||
+                                                    dt == G4_MLX4 || dt == G4_MLX8 || dt == G4_Q2_K;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
            (((dense ? n <= 8 : n == 1) && gemv) ||
             (!dense && n > 8 && (q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL ||
-                                 dt == G4_IQ4_XS || dt == G4_CB4)));
+                                 dt == G4_IQ4_XS || dt == G4_CB4 || dt == G4_MXF4)));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums), else backend_tol(). */
@@ -518,10 +518,10 @@ static void test_transcoded_weights(void) {
         CHECKF(takes(G4_Q2_K) && takes(G4_Q3_K) && takes(G4_Q4_K) && takes(G4_Q4_1) && takes(G4_IQ2_XS) &&
                    takes(G4_IQ2_XXS) && takes(G4_MXFP4) && takes(G4_IQ1_M) && held(G4_Q2_K) == G4_Q2_K &&
                    held(G4_Q3_K) == G4_Q3_K && held(G4_Q4_K) == G4_Q4_K && held(G4_Q4_1) == G4_AF4 &&
-                   held(G4_IQ2_XS) == G4_CB4_16 && held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_CB4 &&
+                   held(G4_IQ2_XS) == G4_CB4_16 && held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_MXF4 &&
                    held(G4_IQ1_M) == G4_CB4_16,
-               "%s: Q2_K, Q3_K, Q4_K held as they are, Q4_1 as AF4, IQ2_XXS and MXFP4 as CB4, IQ2_XS and IQ1_M as "
-               "CB4_16 (Q2_K as %s, IQ2_XXS as %s, IQ2_XS as %s)", be_label, g4_dtype_name(held(G4_Q2_K)),
+               "%s: Q2_K, Q3_K, Q4_K held as they are, Q4_1 as AF4, IQ2_XXS as CB4, MXFP4 as MXF4, IQ2_XS and IQ1_M "
+               "as CB4_16 (Q2_K as %s, IQ2_XXS as %s, IQ2_XS as %s)", be_label, g4_dtype_name(held(G4_Q2_K)),
                g4_dtype_name(held(G4_IQ2_XXS)), g4_dtype_name(held(G4_IQ2_XS)));
     /* an IQ1_S weight with a block whose d / 8 is no f16 (neither CB4 nor Q6_K can hold it) is held as the next
      * exact layout, the CPU's AF8, CUDA's MLX8 (CB4 refused at upload, then again), alone and in a set beside an
@@ -587,11 +587,11 @@ static void test_transcoded_weights(void) {
     if (!strcmp(be->ops->name, "cuda"))
         CHECKF(any && held(G4_Q5_0) == G4_Q5_0 && held(G4_Q5_K) == G4_Q5_K && held(G4_IQ4_NL) == G4_IQ4_NL &&
                    held(G4_IQ4_XS) == G4_IQ4_XS && held(G4_Q4_1) == G4_MLX4 && held(G4_Q5_1) == G4_MLX8 &&
-                   held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_CB4 && held(G4_IQ2_XS) == G4_CB4_16 &&
+                   held(G4_IQ2_XXS) == G4_CB4 && held(G4_MXFP4) == G4_MXF4 && held(G4_IQ2_XS) == G4_CB4_16 &&
                    held(G4_IQ1_M) == G4_CB4_16 && held(G4_Q3_K) == G4_Q6_K && held(G4_Q2_K) == G4_Q2_K &&
                    held(G4_MLX3) == G4_MLX4 && held(G4_MLX6) == G4_MLX8,
-               "%s: Q5_0, Q5_K, IQ4_NL, IQ4_XS and Q2_K held as they are, Q4_1 as MLX4, Q5_1 as MLX8, IQ2_XXS and "
-               "MXFP4 as CB4, IQ2_XS and IQ1_M as CB4_16, Q3_K as Q6_K, MLX3 as MLX4, MLX6 as MLX8", be_label);
+               "%s: Q5_0, Q5_K, IQ4_NL, IQ4_XS and Q2_K held as they are, Q4_1 as MLX4, Q5_1 as MLX8, IQ2_XXS as "
+               "CB4, MXFP4 as MXF4, IQ2_XS and IQ1_M as CB4_16, Q3_K as Q6_K, MLX3 as MLX4, MLX6 as MLX8", be_label);
     /* MLX weights are held exactly wherever they are held as another type (the CPU: AF4 / AF8) */
     for (size_t qi = 0; takes_quantized && qi < N_QTYPES; qi++)
         if (g4_dtype_is_mlx(qtypes[qi]) && takes(qtypes[qi]))
@@ -1818,8 +1818,8 @@ static void test_moe(void) {
               {1, 256, 256, G4_F32, G4_Q5_K, 1, G4_Q5_K},
               /* Q2_K experts (CUDA: bf16 tiles for 13 tokens, the int8 GEMV's dot32m for one) */
               {13, 256, 256, G4_F32, G4_Q2_K, 1, G4_Q2_K}, {1, 256, 256, G4_F32, G4_Q2_K, 0, G4_Q2_K},
-              /* codebook and FP4 experts held as CB4 (CUDA: its int8 tensor-core experts, its GEMV), as CB4_16 (a
-               * scale per 16: CUDA's bf16 tiles, its GEMV), MXFP4 down rows of 96 (no whole CB4 blocks: MLX8 / AF8) */
+              /* codebook and FP4 experts held as CB4 / MXF4 (CUDA: its int8 tensor-core experts, its GEMV), as CB4_16
+               * (a scale per 16: CUDA's bf16 tiles, its GEMV), MXFP4 down rows of 96 (no whole CB4 blocks: MXF4) */
               {13, 256, 256, G4_F32, G4_IQ2_XXS, 0, G4_IQ3_XXS}, {1, 256, 256, G4_F32, G4_MXFP4, 1, G4_IQ3_S},
               {13, 256, 256, G4_F32, G4_IQ2_XS, 1, G4_IQ1_M}, {1, 256, 256, G4_F32, G4_NVFP4, 0, G4_IQ2_S},
               {13, 256, 96, G4_F32, G4_MXFP4, 0, G4_MXFP4}};

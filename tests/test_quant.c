@@ -471,6 +471,19 @@ static void test_decode_hashes(void) {
             int same = 1;
             for (int i = 0; i < N; i++) same &= z[i] == y[i];
             CHECKF(same, "%s -> AF8 changes values", name);
+            if (t == G4_MXFP4) { /* as MXF4: the codes and the scale as an f16 d, every value the same; a scale of 2^-26
+                                  * is no f16 (refused) */
+                static unsigned char mx[N / 32 * 18];
+                CHECK(g4_transcode_exact(t, G4_MXF4) && g4_transcode_row(&row, 0, G4_MXF4, mx, NULL) == sizeof mx);
+                g4_dequant(G4_MXF4, mx, z, N);
+                same = 1;
+                for (int i = 0; i < N; i++) same &= z[i] == y[i];
+                CHECKF(same, "MXFP4 -> MXF4 changes values");
+                const unsigned char e0 = b[0];
+                b[0] = 102;
+                CHECK(g4_transcode_row(&row, 0, G4_MXF4, mx, NULL) == 0);
+                b[0] = e0;
+            }
             if (t == G4_MXFP4) { /* a scale of 2^127: values past the float range are not held as AF8 */
                 b[0] = 255;
                 CHECK(g4_transcode_row(&row, 0, G4_AF8, af, NULL) == 0);

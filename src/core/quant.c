@@ -139,11 +139,12 @@ static void dq_q3_k(const unsigned char *b, float *y) {
     }
 }
 
-static void dq_iq4_nl(const unsigned char *b, float *y) {
+/* an IQ4_NL block whose nibbles index `values` (IQ4_NL: g4_iq4_values; MXF4: g4_fp4_values) */
+static void dq_iq4_nl(const unsigned char *b, const int8_t *values, float *y) {
     float d = g4_f16_at(b);
     for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)g4_iq4_values[b[2 + j] & 15];
-        y[j + 16] = d * (float)g4_iq4_values[b[2 + j] >> 4];
+        y[j] = d * (float)values[b[2 + j] & 15];
+        y[j + 16] = d * (float)values[b[2 + j] >> 4];
     }
 }
 
@@ -201,7 +202,8 @@ void g4_dequant(g4_dtype t, const void *src, float *dst, int64_t n) {
         case G4_Q6_K: dq_q6_k(s, y); break;
         case G4_Q2_K: dq_q2_k(s, y); break;
         case G4_Q3_K: dq_q3_k(s, y); break;
-        case G4_IQ4_NL: dq_iq4_nl(s, y); break;
+        case G4_IQ4_NL: dq_iq4_nl(s, g4_iq4_values, y); break;
+        case G4_MXF4: dq_iq4_nl(s, g4_fp4_values, y); break;
         case G4_IQ4_XS: dq_iq4_xs(s, g4_iq4_values, y); break;
         case G4_CB4: dq_iq4_xs(s + 16, (const int8_t *)s, y); break;
         case G4_CB4_16: dq_cb4_16(s, y); break;
@@ -635,7 +637,8 @@ int g4_transcode_exact(g4_dtype from, g4_dtype to) {
         return g4_transcode_exact(from, to == G4_MLX4 ? G4_AF4 : G4_AF8) && from != G4_AF4 && from != G4_AF8;
     return from == to || ((from == G4_Q5_0 || from == G4_IQ4_NL) && to == G4_Q8_0) ||
            (g4_codebook_scale32_type(from) && (to == G4_AF8 || to == G4_CB4)) ||
-           (g4_codebook_scale16_type(from) && to == G4_CB4_16) || (from == G4_Q4_1 && to == G4_AF4) ||
+           (g4_codebook_scale16_type(from) && to == G4_CB4_16) || (from == G4_MXFP4 && to == G4_MXF4) ||
+           (from == G4_Q4_1 && to == G4_AF4) ||
            ((from == G4_Q3_K || g4_codebook_q6k_type(from)) && to == G4_Q6_K) ||
            (from == G4_Q5_1 && to == G4_AF8) ||
            (g4_dtype_is_mlx(from) &&
@@ -877,6 +880,21 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
         return (size_t)(n / 32) * 34;
     }
     if (g4_codebook_scale32_type(t->dtype) && to == G4_AF8) return codebook_to_af8(t, r, dst);
+    if (t->dtype == G4_MXFP4 && to == G4_MXF4) { /* the codes as they are, the scale as an f16 where it is one */
+        const unsigned char *s = g4_tensor_row(t, r);
+        unsigned char *d = dst;
+        for (int64_t b = 0; b < n / 32; b++, s += 17, d += 18) {
+            const float sc = g4_codebook_scale32(G4_MXFP4, s, 0);
+            uint16_t h = g4_f32_to_f16(sc);
+            int zeros = 1; /* (codes 0 and 8: every value 0, whatever the scale) */
+            for (int j = 0; j < 16; j++) zeros &= (s[1 + j] & 0x77) == 0;
+            if (zeros) h = 0;
+            else if (g4_f16_to_f32(h) != sc) return 0;
+            memcpy(d, &h, 2);
+            memcpy(d + 2, s + 1, 16);
+        }
+        return (size_t)(n / 32) * 18;
+    }
     if ((to == G4_CB4 || to == G4_CB4_16) && g4_transcode_exact(t->dtype, to) && t->dtype != to) {
         const size_t bs = (size_t)g4_dtype_block_bytes(to);
         for (int64_t c = 0; c < n / 256; c++)

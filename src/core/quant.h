@@ -40,6 +40,7 @@
  *                     values instead of g4_iq4_values
  *   CB4_16 (256, 162 B, the backends' own): i8 values[16]; f16 d; i8 scales[16]; u8 qs[128] (IQ4_XS's order): element
  *                     32k + j = d * scales[2k + j / 16] * values[nibble] (the scale per 16)
+ *   MXF4 (32, 18 B, the backends' own): IQ4_NL's block with g4_fp4_values for the table (MXFP4's, d an f16)
  *
  * MLX affine (bits b in 2,3,4,5,6,8; group gs in 32,64,128): a row of n codes is a
  * little-endian bit stream, element j at bits [j*b, (j+1)*b); w = s*q + bias with the
@@ -51,8 +52,9 @@
 
 #include "core/tensor.h"
 
-/* The 16 values of the IQ4_NL / IQ4_XS nibbles. */
+/* The 16 values of the IQ4_NL / IQ4_XS nibbles; of the MXFP4 / NVFP4 (and MXF4) nibbles: E2M1 doubled. */
 extern const int8_t g4_iq4_values[16];
+extern const int8_t g4_fp4_values[16];
 
 /* Decodes n elements of type t (plain float types or GGUF blocks; n a multiple of the
  * block) starting at a block boundary of src. */
@@ -109,6 +111,7 @@ size_t g4_transcode_row(const g4_tensor *t, int64_t r, g4_dtype to, void *dst, f
  * (g4_codebook_scale32_type) -> AF8 (that scale, its codes + 128) and -> CB4 (per 256 the block's integers as a
  * table, the group scales as an f16 d times 6-bit scales; rows whose values it cannot hold are refused: 0 bytes),
  * the types of g4_codebook_scale16_type -> CB4_16 (the same with a scale per 16, d times int8 scales; refused alike),
+ * MXFP4 -> MXF4 (its codes, its scale as an f16 d; refused where that is no f16),
  * Q4_1 -> AF4 and Q5_1 -> AF8 (q d + m: s = d,
  * b = m, the codes), Q3_K -> Q6_K (d sc (q - 4): the same d and scales, codes q + 28), the types of
  * g4_codebook_q6k_type -> Q6_K (rows whose values it cannot hold are refused: 0 bytes), MLX -> g4_af_type (the codes, scales and biases as they are), MLX

@@ -434,7 +434,7 @@ static const uint16_t iq1s_grid[2048] = {
 };
 
 static const int iq2_values[3] = {8, 25, 43}, iq3xxs_values[8] = {4, 12, 20, 28, 36, 44, 52, 62};
-static const int fp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+const int8_t g4_fp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 #define IQ1_DELTA 0.125f
 
 static inline uint16_t u16_at(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
@@ -581,8 +581,8 @@ static float ue4m3_half(unsigned x) {
 
 static void fp4_run(const unsigned char *qs, int n, float d, float *y) {
     for (int j = 0; j < n / 2; j++) {
-        y[j] = (float)fp4_values[qs[j] & 15] * d;
-        y[j + n / 2] = (float)fp4_values[qs[j] >> 4] * d;
+        y[j] = (float)g4_fp4_values[qs[j] & 15] * d;
+        y[j + n / 2] = (float)g4_fp4_values[qs[j] >> 4] * d;
     }
 }
 

@@ -57,6 +57,7 @@ static const struct {
     [G4_AF8] = {"AF8", 0, 32, 40},
     [G4_CB4] = {"CB4", 0, 256, 152},
     [G4_CB4_16] = {"CB4_16", 0, 256, 162},
+    [G4_MXF4] = {"MXF4", 0, 32, 18},
 };
 
 const char *g4_dtype_name(g4_dtype t) {

@@ -75,6 +75,9 @@ typedef enum g4_dtype {
     /* CB4 with a scale per 16 (IQ2_XS, IQ2_S, IQ1_M, NVFP4): per 256 the table, f16 d, 16 int8 scales, the 128 bytes
      * of nibbles in IQ4_XS's order; w = d * scale * table[nibble]. Never in a file. */
     G4_CB4_16, /* 256 per block, 162 B */
+    /* The backends' layout of MXFP4: IQ4_NL's block (f16 d, 16 bytes of nibbles) whose nibbles index g4_fp4_values
+     * (E2M1 doubled) instead of IQ4's, d the block's E8M0 scale halved (an f16 for 2^-24 .. 2^15). Never in a file. */
+    G4_MXF4, /* 32 per block, 18 B */
     G4_DTYPE_COUNT
 } g4_dtype;
 
@@ -101,7 +104,7 @@ int g4_dtype_bits(g4_dtype t);
  * bytes of one such block; 0 for unknown types. */
 int g4_dtype_block(g4_dtype t);
 int g4_dtype_block_bytes(g4_dtype t);
-static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_CB4_16; }
+static inline int g4_dtype_is_quantized(g4_dtype t) { return t >= G4_Q4_0 && t <= G4_MXF4; }
 static inline int g4_dtype_is_mlx(g4_dtype t) { return t >= G4_MLX2 && t <= G4_MLX8; }
 /* bits of an MLX type (2..8), 0 otherwise */
 int g4_mlx_bits(g4_dtype t);

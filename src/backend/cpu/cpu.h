@@ -50,8 +50,8 @@ typedef struct g4_cpu {
  * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the
  * block scales (each block's in 4 lanes); blocks past the row are zeros. off and mode follow the
  * weight type (g4_q8_off, g4_q8_mode):
- * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS, CB4): off is the type's unsigned offset (Q4_0: 8, Q5_0: 16,
- *   Q8_0 and the IQ4 / CB4 tables' values: 128), so a group's integer dot product with the weights' unsigned codes
+ * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS, CB4, MXF4): off is the type's unsigned offset (Q4_0: 8, Q5_0:
+ *   16, Q8_0 and the IQ4 / CB4 / FP4 tables' values: 128), so a group's integer dot product with the weights' unsigned codes
  *   starts from these lanes and ends exact;
  * - G4_Q8_AFFINE (Q4_K, Q5_K, AF4, AF8: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
  *   multiply the weights' s2;
@@ -94,7 +94,7 @@ typedef struct g4_q8_rows {
  * the elements a row must be a multiple of: X(type, block) (g4_cpu_q8_supported, and the type switches of the
  * AVX-512 kernels). */
 #define G4_Q8_K_QUANTS(X, A)                                                                                           \
-    X(G4_Q5_0, 32, A) X(G4_IQ4_NL, 32, A) X(G4_Q4_K, 256, A) X(G4_Q5_K, 256, A) X(G4_Q6_K, 256, A) X(G4_IQ4_XS, 256, A) \
+    X(G4_Q5_0, 32, A) X(G4_IQ4_NL, 32, A) X(G4_MXF4, 32, A) X(G4_Q4_K, 256, A) X(G4_Q5_K, 256, A) X(G4_Q6_K, 256, A) X(G4_IQ4_XS, 256, A) \
     X(G4_AF4, 32, A) X(G4_AF8, 32, A) X(G4_Q3_K, 256, A) X(G4_Q2_K, 256, A) X(G4_CB4, 256, A) X(G4_CB4_16, 256, A)
 
 /* switch (type) calling CALL(the type as a constant) for Q4_0, each type of G4_Q8_K_QUANTS and (default) Q8_0: the
@@ -110,12 +110,12 @@ typedef struct g4_q8_rows {
 
 /* bytes of a block of the kernels' types with blocks of 32 (core/tensor.h's, as a constant where t is one) */
 static inline int g4_q8_block_bytes(g4_dtype t) {
-    return t == G4_Q8_0 ? 34 : t == G4_Q5_0 ? 22 : t == G4_AF4 ? 24 : t == G4_AF8 ? 40 : 18; /* Q4_0, IQ4_NL: 18 */
+    return t == G4_Q8_0 ? 34 : t == G4_Q5_0 ? 22 : t == G4_AF4 ? 24 : t == G4_AF8 ? 40 : 18; /* Q4_0, IQ4_NL, MXF4 */
 }
 
 /* bytes of a row a group of 4 blocks of 32 spans on average (the SIMD sets' prefetch steps) */
 static inline long g4_q8_group_bytes(g4_dtype type) {
-    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL ? 72
+    return type == G4_Q4_0 || type == G4_Q4_K || type == G4_IQ4_NL || type == G4_MXF4 ? 72
            : type == G4_IQ4_XS                                      ? 68
            : type == G4_CB4                                         ? 76
            : type == G4_CB4_16                                      ? 81

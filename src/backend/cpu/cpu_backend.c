@@ -185,12 +185,12 @@ static size_t mem_available(void) {
 /* The layouts the CPU may hold a weight of type t in, best first (cpu_upload_weight takes the first whose rows all
  * transcode): MLX as AF4 / AF8 (exact; also without the int8 products, which the float products read too); where the
  * int8 products run (the kernel set has them and G4_NO_INT8_ACT is not set), a GGUF type without int8 kernels of its
- * own in the layouts that hold its values exactly (g4_transcode_exact), CB4 (4.75 bits a weight) before CB4_16
- * (5.1), Q6_K (6.6), AF4 (6) and AF8 (10), then Q8_0 (re-encoded, 8.5 bits: the model warns). So IQ2_XXS / IQ3_XXS /
- * IQ3_S / IQ1_S / TQ1_0 / TQ2_0 / MXFP4 as CB4, IQ2_XS / IQ2_S / IQ1_M / NVFP4 as CB4_16 (a block either refuses:
- * the next one), Q4_1 as AF4, Q5_1 as AF8 -- decoded to floats for every product these ran 20-150x slower than Q4_0
+ * own in the layouts that hold its values exactly (g4_transcode_exact), MXF4 (4.5 bits a weight), CB4 (4.75), CB4_16
+ * (5.1), Q6_K (6.6), AF4 (6) and AF8 (10), then Q8_0 (re-encoded, 8.5 bits: the model warns). So MXFP4 as MXF4,
+ * IQ2_XXS / IQ3_XXS / IQ3_S / IQ1_S / TQ1_0 / TQ2_0 as CB4, IQ2_XS / IQ2_S / IQ1_M / NVFP4 as CB4_16 (a block either
+ * refuses: the next one), Q4_1 as AF4, Q5_1 as AF8 -- decoded to floats for every product these ran 20-150x slower than Q4_0
  * on 2 cores (E2B-wide layers). None (0) where t stays as it is (Q2_K among them: the kernels read it). */
-static int cpu_held_types(const g4_tensor *t, g4_dtype held[6]) {
+static int cpu_held_types(const g4_tensor *t, g4_dtype held[7]) {
     const int64_t in = t->ndim ? t->shape[t->ndim - 1] : 0;
     if (g4_dtype_is_mlx(t->dtype)) {
         held[0] = g4_af_type(t->dtype);
@@ -199,9 +199,9 @@ static int cpu_held_types(const g4_tensor *t, g4_dtype held[6]) {
     if (getenv("G4_NO_INT8_ACT") || !g4_cpu_kernels_get()->q8_k_quants || in % 32 || !g4_dtype_is_quantized(t->dtype) ||
         g4_cpu_q8_supported(t))
         return 0;
-    static const g4_dtype exact[] = {G4_CB4, G4_CB4_16, G4_Q6_K, G4_AF4, G4_AF8};
+    static const g4_dtype exact[] = {G4_MXF4, G4_CB4, G4_CB4_16, G4_Q6_K, G4_AF4, G4_AF8};
     int n = 0;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         if (in % g4_dtype_block(exact[i]) == 0 && g4_transcode_exact(t->dtype, exact[i])) held[n++] = exact[i];
     held[n++] = G4_Q8_0;
     return n;
@@ -216,7 +216,7 @@ static int cpu_held_types(const g4_tensor *t, g4_dtype held[6]) {
  * system less than 1 GiB (it is larger than the file's: an IQ2_XXS matrix takes 2.3x its bytes as CB4). */
 static int cpu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     if (cpu_place_weight(be, src, dst, err)) return -1;
-    g4_dtype held[6];
+    g4_dtype held[7];
     const int n_held = dst->data ? cpu_held_types(dst, held) : 0;
     const int64_t in = dst->ndim ? dst->shape[dst->ndim - 1] : 0, rows = g4_tensor_nrows(dst);
     g4_cpu *cpu = cpu_of(be);

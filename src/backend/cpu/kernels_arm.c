@@ -133,7 +133,7 @@ N2_INLINE int8x16_t n2_bits16(unsigned b0, unsigned b1) {
 
 /* The codes of group g of a row of nb blocks: c[i][0] block i's elements 0-15, c[i][1] 16-31 (zeros past the row). */
 N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, int8x16_t c[4][2]) {
-    const int8x16_t iq4 = vld1q_s8(g4_iq4_values);
+    const int8x16_t iq4 = vld1q_s8(type == G4_MXF4 ? g4_fp4_values : g4_iq4_values); /* (the type's table) */
     const uint8x16_t m4 = vdupq_n_u8(15);
     if (type == G4_Q4_K || type == G4_Q5_K) { /* qs: chunk c's 32 bytes, sub-block 2c the low nibbles, 2c+1 high */
         const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)(g / 2);
@@ -198,7 +198,7 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
             n2_nibbles(sb + 34 + 64 * (g % 2) + 16 * i, c[i]);
             for (int e = 0; e < 2; e++) c[i][e] = vqtbl1q_s8(values, vreinterpretq_u8_s8(c[i][e]));
         }
-    } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
+    } else { /* blocks of 32: Q4_0, IQ4_NL, MXF4 (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
         const int bs = g4_q8_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
         for (int i = 0; i < 4; i++) {
@@ -222,7 +222,7 @@ N2_INLINE void n2_codes(g4_dtype type, const unsigned char *row, int g, int nb, 
             } else {
                 n2_nibbles(b + 2, c[i]);
                 for (int e = 0; e < 2; e++)
-                    c[i][e] = type == G4_IQ4_NL ? vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e]))
+                    c[i][e] = type == G4_IQ4_NL || type == G4_MXF4 ? vqtbl1q_s8(iq4, vreinterpretq_u8_s8(c[i][e]))
                                                 : vsubq_s8(c[i][e], vdupq_n_s8(8));
             }
         }

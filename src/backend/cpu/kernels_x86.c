@@ -236,8 +236,8 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
 
 /* the types whose codes are signed (|w| times x with w's sign) */
 static inline int q2_signed(g4_dtype t) {
-    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_IQ4_XS || t == G4_CB4 || t == G4_CB4_16 || t == G4_Q6_K ||
-           t == G4_Q3_K || t == G4_AF8;
+    return t == G4_Q8_0 || t == G4_IQ4_NL || t == G4_MXF4 || t == G4_IQ4_XS || t == G4_CB4 || t == G4_CB4_16 ||
+           t == G4_Q6_K || t == G4_Q3_K || t == G4_AF8;
 }
 
 /* the f32 at p (unaligned) */
@@ -317,7 +317,7 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
     } else if (type == G4_CB4_16) { /* the same nibbles after the table, d and the 16 scales */
         const unsigned char *sb = row + (size_t)162 * (size_t)(g / 2);
         for (int i = 0; i < 4; i++) c[i] = q2_iq4(q2_nibbles(sb + 34 + 64 * (g % 2) + 16 * i), (const int8_t *)sb);
-    } else { /* blocks of 32: Q4_0, IQ4_NL (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
+    } else { /* blocks of 32: Q4_0, IQ4_NL, MXF4 (18 bytes), Q5_0 (22), Q8_0 (34), AF4 (24), AF8 (40) */
         const int bs = g4_q8_block_bytes(type), n = nb - 4 * g;
         const unsigned char *p = row + (size_t)bs * 4 * (size_t)g;
         const __m256i bits = _mm256_set1_epi64x((long long)0x8040201008040201ull),
@@ -341,7 +341,8 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
                 c[i] = _mm256_or_si256(q2_nibbles(b + 6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
             } else {
                 c[i] = q2_nibbles(b + 2);
-                if (type == G4_IQ4_NL) c[i] = q2_iq4(c[i], g4_iq4_values);
+                if (type == G4_IQ4_NL || type == G4_MXF4)
+                    c[i] = q2_iq4(c[i], type == G4_MXF4 ? g4_fp4_values : g4_iq4_values);
             }
         }
     }
@@ -949,9 +950,10 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
     } else if (type == G4_IQ4_XS || type == G4_CB4) {
         iq4xs_group(type, row, g, lo, hi, s1);
         *s2 = _mm512_setzero_ps();
-    } else if (type == G4_IQ4_NL) { /* Q4_0's blocks with the table's values */
+    } else if (type == G4_IQ4_NL || type == G4_MXF4) { /* Q4_0's blocks with the table's values */
+        const int8_t *values = type == G4_MXF4 ? g4_fp4_values : g4_iq4_values;
         q_group(G4_Q4_0, pm, row + 72L * g, (long)row_bytes - 72L * g, lo, hi, s1);
-        *lo = iq4_codes(*lo, g4_iq4_values), *hi = iq4_codes(*hi, g4_iq4_values);
+        *lo = iq4_codes(*lo, values), *hi = iq4_codes(*hi, values);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_Q6_K) {
         q6k_group(row, g, lo, hi, s1, s2);

@@ -250,8 +250,8 @@ static int64_t weight_bytes(const g4_tensor *src, int skip, g4_error *err) {
     if (h.dtype == G4_DTYPE_UNKNOWN)
         return g4_fail(err, "tensor '%s': the CUDA backend reads BF16, F16, F32, GGUF and MLX weights, not %s", src->name,
                        g4_dtype_name(src->dtype));
-    if (h.dtype != src->dtype && h.dtype != G4_CB4 && h.dtype != G4_CB4_16 && !src->data) { /* (random weights are made
-                                                     * on the GPU, in its own types: a codebook type's as CB4 / CB4_16) */
+    if (h.dtype != src->dtype && h.dtype != G4_CB4 && h.dtype != G4_CB4_16 && h.dtype != G4_MXF4 && !src->data) {
+        /* (random weights are made on the GPU, in its own types: a codebook or FP4 type's as CB4 / CB4_16 / MXF4) */
         char flag[16] = {0}; /* the held type as --type spells it */
         for (size_t i = 0; i + 1 < sizeof flag && g4_dtype_name(h.dtype)[i]; i++)
             flag[i] = (char)tolower((unsigned char)g4_dtype_name(h.dtype)[i]);

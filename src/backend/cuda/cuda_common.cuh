@@ -290,8 +290,8 @@ template <> struct g4_wload<G4_F32> {
 };
 
 /* ---------------------------------------------------------------- quantized weights in device memory
- * Supported: GGUF Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4, CB4_16 (core/tensor.h) and MLX
- * affine 4 and 8 bit (G4C_QUANT_TYPES;
+ * Supported: GGUF Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4, CB4_16, MXF4 (core/tensor.h) and
+ * MLX affine 4 and 8 bit (G4C_QUANT_TYPES;
  * core/quant.h has the file layouts; other types are held as Q8_0: g4c_held_dtype). At
  * upload every row is repacked (cuda_quant.cu) so that the codes of a row come first, in runs a lane reads with
  * 16-byte loads, and the row's scales follow them (row bytes padded to 16). The bytes per weight stay those of
@@ -306,7 +306,7 @@ template <> struct g4_wload<G4_F32> {
  *   Q4_K: per 32-element sub-block, 16 bytes as Q4_0; per 256-block its 16 bytes d, dmin, scales[12] (GGUF's)
  *   Q5_K: the low 4 bits as Q4_K's codes [in/2]; the fifth bits as Q5_0's [in/8] (per 32-element sub-block a word);
  *         per 256-block d, dmin, scales[12] as Q4_K
- *   IQ4_NL: as Q4_0 (each code an index into g4_iq4_values)
+ *   IQ4_NL, MXF4: as Q4_0 (each code an index into g4_iq4_values, MXF4: g4_fp4_values)
  *   IQ4_XS: codes as IQ4_NL's [in/2]; per 256-block its 8 bytes d, scales_h, scales_l[4] (GGUF's)
  *   CB4: as IQ4_XS, each code an index into its 256-block's table: codes [in/2]; the tables [in/256 * 16]; per
  *        256-block d, scales_h, scales_l[4] [in/256 * 8]
@@ -330,7 +330,7 @@ typedef struct g4c_qrow {
 /* The quantized types with kernels here (each has its g4_qt below), for dispatching a template: X(G4_Q8_0) ... */
 #define G4C_QUANT_TYPES(X)                                                                                         \
     X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q2_K) X(G4_Q4_K) X(G4_Q5_K) X(G4_Q6_K) X(G4_IQ4_NL) X(G4_IQ4_XS)   \
-    X(G4_CB4) X(G4_CB4_16) X(G4_MLX4) X(G4_MLX8)
+    X(G4_CB4) X(G4_CB4_16) X(G4_MXF4) X(G4_MLX4) X(G4_MLX8)
 static inline int g4c_quant_supported(g4_dtype t) {
     switch (t) {
 #define G4C_SUPPORTED(T) case T:
@@ -343,9 +343,10 @@ static inline int g4c_quant_supported(g4_dtype t) {
 /* The dtype a weight of type t is held as in device memory: t where this backend has kernels for it (the plain
  * float types and g4c_quant_supported); MLX 2/3-bit as MLX4 and 5/6-bit as MLX8 (the codes widened, the scales and
  * biases as they are: exact, g4c_upload_quant); Q3_K as Q6_K (exact: the same d and scales, codes widened); else the
- * first layout of CB4, CB4_16, Q6_K, MLX4, MLX8 that holds t's values exactly (g4_transcode_exact; `skip`: how many of
- * them refused a row of the tensor at upload, which then takes the next): the codebook, ternary and FP4 types whose
- * runs of 32 share a scale (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0, MXFP4) as CB4 (4.75 bits a weight), those
+ * first layout of MXF4, CB4, CB4_16, Q6_K, MLX4, MLX8 that holds t's values exactly (g4_transcode_exact; `skip`: how
+ * many of them refused a row of the tensor at upload, which then takes the next): MXFP4 as MXF4 (4.5 bits a weight),
+ * the codebook and ternary types whose runs of 32 share a scale (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S, TQ1_0, TQ2_0; MXFP4
+ * where not MXF4) as CB4 (4.75), those
  * with a scale per 16 (IQ2_XS, IQ2_S, IQ1_M, NVFP4) as CB4_16 (5.1), Q4_1 as MLX4 and Q5_1 as MLX8 (groups of 32, f32
  * scales and biases: g4_transcode_row_mlx, the CPU's AF4 / AF8 blocks); Q8_0 where none is left, re-encoded row by row
  * at upload (g4_transcode_row: 8.5 bits a weight); G4_DTYPE_UNKNOWN for a type it cannot read. Rows of a held type
@@ -354,7 +355,7 @@ static inline g4_dtype g4c_held_dtype(g4_dtype t, int skip) {
     if (t == G4_BF16 || t == G4_F16 || t == G4_F32 || g4c_quant_supported(t)) return t;
     if (g4_dtype_is_mlx(t)) return g4_mlx_bits(t) <= 4 ? G4_MLX4 : G4_MLX8;
     if (t == G4_Q3_K) return G4_Q6_K; /* (exact: g4_transcode_row) */
-    static const g4_dtype exact[] = {G4_CB4, G4_CB4_16, G4_Q6_K, G4_MLX4, G4_MLX8};
+    static const g4_dtype exact[] = {G4_MXF4, G4_CB4, G4_CB4_16, G4_Q6_K, G4_MLX4, G4_MLX8};
     for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++)
         if (g4_transcode_exact(t, exact[i]) && skip-- == 0) return exact[i];
     return g4_dtype_is_quantized(t) && g4_dequant_reads(t) ? G4_Q8_0 : G4_DTYPE_UNKNOWN;
@@ -371,7 +372,8 @@ static inline size_t g4c_qrow_bytes(g4_dtype t, int64_t in, int group, g4_dtype 
     case G4_Q2_K: b = n / 4 + n / 16 + 4 * (n / 256); break;
     case G4_Q4_K: b = n / 2 + 16 * (n / 256); break;
     case G4_Q5_K: b = n / 2 + n / 8 + 16 * (n / 256); break;
-    case G4_IQ4_NL: b = n / 2 + 2 * (n / 32); break;
+    case G4_IQ4_NL:
+    case G4_MXF4: b = n / 2 + 2 * (n / 32); break;
     case G4_IQ4_XS: b = n / 2 + 8 * (n / 256); break;
     case G4_CB4: b = n / 2 + 24 * (n / 256); break;
     case G4_CB4_16: b = n / 2 + n / 16 + 18 * (n / 256); break;
@@ -465,6 +467,7 @@ static __device__ __forceinline__ void g4_nib5_32(const uint4 &v, unsigned qh, i
  * time in a half of the table (its three low bits), a third picks the half (bit 3); the selectors take the word's
  * bytes 0-1, then 2-3 (low and high nibbles interleaved), and two more permutes sort the values into the two words. */
 #define G4_IQ4_TABLE make_uint4(0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u)
+#define G4_FP4_TABLE make_uint4(0x03020100u, 0x0C080604u, 0xFDFEFF00u, 0xF4F8FAFCu) /* g4_fp4_values */
 static __device__ __forceinline__ void g4_iq4_word(unsigned w, const uint4 &t, unsigned *lo, unsigned *hi) {
     unsigned v[2];
 #pragma unroll
@@ -657,6 +660,13 @@ template <> struct g4_qt<G4_IQ4_NL> : g4_qt<G4_Q4_0> { /* Q4_0's layout (load, s
     static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], G4_IQ4_TABLE, j, f); }
     static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
         return g4_dot_iq4(r[0], G4_IQ4_TABLE, x0, x1);
+    }
+};
+template <> struct g4_qt<G4_MXF4> : g4_qt<G4_Q4_0> { /* IQ4_NL's with MXFP4's table */
+    enum { EPA = 32, QW = 1, SEG = 32, NEED_SUM = 0, I8 = 1, ZERO = 0, PERM = 0 };
+    static __device__ __forceinline__ void vals8(const uint4 *r, int j, float *f) { g4_iq4_32(r[0], G4_FP4_TABLE, j, f); }
+    static __device__ __forceinline__ int dot32(const uint4 *r, int, const uint4 &x0, const uint4 &x1) {
+        return g4_dot_iq4(r[0], G4_FP4_TABLE, x0, x1);
     }
 };
 template <> struct g4_qt<G4_IQ4_XS> {

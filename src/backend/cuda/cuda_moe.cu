@@ -661,7 +661,7 @@ __global__ void moe_scatter_kernel(moe_args a, const float *d) {
  * synchronization a layer), the pairs' inputs are gathered in expert order and converted once, and the active
  * experts multiply their rows in batched cuBLAS calls (g4c_gemm_experts: gate/up, the GeGLU, down), scattered back by
  * pair. gu: [np, 2 Im]. */
-/* ---- many tokens of Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / IQ4_NL / IQ4_XS / CB4 experts (MMQ_TYPES): int8 tensor-core
+/* ---- many tokens of Q8_0 / Q4_0 / Q5_0 / Q4_K / Q5_K / IQ4_NL / IQ4_XS / CB4 / MXF4 experts (MMQ_TYPES): int8 tensor-core
  * products of the codes as stored
  * The activations are int8 blocks as the one-token GEMV and the CPU read them (the Q8_0 rule: d = max|x|/127 per 32,
  * q = rint(x/d)); a weight block's signed codes (code - ZERO of its g4_qt: Q4_0 nibble - 8, Q5_0 code - 16; Q4_K,
@@ -770,6 +770,8 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
                         g4_iq4_word(u, wr[i][T::QW], &lo[j], &hi[j]);
                     } else if constexpr (DT == G4_IQ4_NL || DT == G4_IQ4_XS) {
                         g4_iq4_word(u, G4_IQ4_TABLE, &lo[j], &hi[j]);
+                    } else if constexpr (DT == G4_MXF4) {
+                        g4_iq4_word(u, G4_FP4_TABLE, &lo[j], &hi[j]);
                     } else { /* (c + 128 - ZERO) ^ 128 per byte: c - ZERO as int8, c below 128 + ZERO */
                         constexpr unsigned Z = (unsigned)(128 - T::ZERO) * 0x01010101u;
                         const unsigned qh = DT == G4_Q5_0 || DT == G4_Q5_K ? wr[i][1].x : 0u; /* fifth bits */
@@ -835,7 +837,7 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
 }
 
 /* The types experts_mmq_kernel takes: blocks of 32 under one scale (not Q6_K: a scale per 16; not MLX: per group) */
-#define MMQ_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q4_K) X(G4_Q5_K) X(G4_IQ4_NL) X(G4_IQ4_XS) X(G4_CB4)
+#define MMQ_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q4_K) X(G4_Q5_K) X(G4_IQ4_NL) X(G4_IQ4_XS) X(G4_CB4) X(G4_MXF4)
 static int mmq_takes(const g4c *c, const g4_tensor *w) {
     if (c->float_act) return 0;
     switch (w->dtype) {

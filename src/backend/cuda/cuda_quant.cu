@@ -56,7 +56,8 @@ static void repack_row(const g4_tensor *t, int64_t r, g4_dtype held, unsigned ch
         }
         break;
     case G4_Q4_0:
-    case G4_IQ4_NL: /* (the same block: d, qs[16]) */
+    case G4_IQ4_NL:
+    case G4_MXF4: /* (the same block: d, qs[16]) */
         for (int64_t b = 0; b < nb32; b++) {
             memcpy(dst + 16 * b, src + 18 * b + 2, 16);
             put16(dst + in / 2 + 2 * b, src + 18 * b);
@@ -272,8 +273,9 @@ static __device__ unsigned meta_byte(int dt, size_t o, int64_t in, int sk, int g
     case G4_Q4_0:
     case G4_Q5_0:
     case G4_IQ4_NL:
+    case G4_MXF4:
         if (o >= 2 * (n / 32)) return 0;
-        h = g4_f2h(dt == G4_Q8_0 || dt == G4_IQ4_NL ? amp / 127.0f : dt == G4_Q5_0 ? amp / 16.0f : amp / 8.0f);
+        h = g4_f2h(dt == G4_Q8_0 || dt == G4_IQ4_NL ? amp / 127.0f : dt == G4_MXF4 ? amp / 12.0f : dt == G4_Q5_0 ? amp / 16.0f : amp / 8.0f);
         return o & 1 ? h >> 8 : h & 0xff;
     case G4_Q2_K: /* sc = m = 1 per 16: w = d u - dmin, d = 2 amp / 3, dmin = amp */
         if (o < n / 16) return 0x11u;
