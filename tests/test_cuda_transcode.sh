@@ -1,14 +1,15 @@
 #!/bin/bash
 # GGUF types the CUDA backend has no kernels for, end to end (--device cuda; without a GPU through the emulator
-# build, G4_CUDA_EMULATE): such tensors are held as MLX4 / MLX8 with groups of 32 and f32 scales where that holds
-# their values exactly (Q4_1, Q5_1, the codebook types whose groups of 32 share a scale: core/quant.h
-# g4_transcode_row_mlx; no warning), Q3_K as Q6_K (the same scales: exact, no warning), else as Q8_0, re-encoded at
-# upload (cuda_quant.cu g4c_upload_quant, core/quant.h g4_transcode_row), with one warning line per type.
-#  - dense-ple with every matrix NVFP4 (random blocks, tests/data/retype_gguf.py): one warning line (test_backend_ops
-#    checks that the products of a re-encoded type are bit for bit those of its values re-encoded by
-#    g4_transcode_row and uploaded as Q8_0).
-#  - The moe fixture as Q4_1 (its 3-D expert tensors too) and dense-ple with every matrix MXFP4: no warning
-#    (test_backend_ops checks the products of every such type against the file's values).
+# build, G4_CUDA_EMULATE): such tensors are held in a layout that holds their values exactly where one does (MXFP4
+# as MXF4, the codebook types as CB4 / CB4_16 on rows of whole 256-blocks, Q4_1 / Q5_1 as MLX4 / MLX8 with groups of
+# 32 and f32 scales, Q3_K as Q6_K: cuda_common.cuh g4c_held_dtype; no warning), else as Q8_0, re-encoded at upload
+# (cuda_quant.cu g4c_upload_quant, core/quant.h g4_transcode_row), with one warning line per type.
+#  - dense-ple with every matrix NVFP4 (random blocks, tests/data/retype_gguf.py; rows of 128, no whole CB4_16 block):
+#    one warning line (test_backend_ops checks that the products of a re-encoded type are bit for bit those of its
+#    values re-encoded by g4_transcode_row and uploaded as Q8_0).
+#  - The moe fixture as Q4_1 (its 3-D expert tensors too), dense-ple with every matrix MXFP4 (MXF4) and with its rows
+#    of 256 IQ2_XS (CB4_16; before: Q8_0 with a warning): no warning (test_backend_ops checks the products of every
+#    such type against the file's values).
 #  - The trained example model as Q5_0, Q5_K, IQ4_XS and Q2_K (which CUDA holds as they are), as MLX3 and MLX6 (held exactly
 #    as MLX4 and MLX8: no warning; 0.1 as for Q5_K, an affine type), as Q4_1 (held exactly as MLX4) and as Q3_K (held
 #    exactly as Q6_K):
@@ -30,8 +31,9 @@ rm -rf "$tmp"; mkdir -p "$tmp"
 "$bin" quantize "$shared/fixtures/moe" "$tmp/moe-q4_1.gguf" --type q4_1 >/dev/null &&
     "$bin" quantize "$shared/fixtures/dense-ple" "$tmp/ple-f32.gguf" --type f32 >/dev/null &&
     "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-nvfp4.gguf" nvfp4 >/dev/null &&
-    "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-mxfp4.gguf" mxfp4 >/dev/null
-check $? "quantize the fixtures to q4_1 / nvfp4 / mxfp4"
+    "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-mxfp4.gguf" mxfp4 >/dev/null &&
+    "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/ple-f32.gguf" "$tmp/ple-iq2_xs.gguf" iq2_xs >/dev/null
+check $? "quantize the fixtures to q4_1 / nvfp4 / mxfp4 / iq2_xs"
 ids=2,17,99,45,300,12,7,88,150,33,21,400,8,9,10,11
 if ! "$bin" logits -m "$tmp/moe-q4_1.gguf" --device cuda --ids $ids -o "$tmp/a.f32" 2>"$tmp/warn.txt"; then
     grep -q "no CUDA GPU" "$tmp/warn.txt" && { echo "skipped: $(cat "$tmp/warn.txt")"; exit 77; }
@@ -43,6 +45,8 @@ fi
 check $? "dense-ple NVFP4 on cuda: one warning line ($(head -c 300 "$tmp/warn.txt"))"
 "$bin" logits -m "$tmp/ple-mxfp4.gguf" --device cuda --ids $ids -o "$tmp/a.f32" 2>"$tmp/warn.txt" && [ ! -s "$tmp/warn.txt" ]
 check $? "dense-ple MXFP4 on cuda: held exactly, no warning ($(head -c 300 "$tmp/warn.txt"))"
+"$bin" logits -m "$tmp/ple-iq2_xs.gguf" --device cuda --ids $ids -o "$tmp/a.f32" 2>"$tmp/warn.txt" && [ ! -s "$tmp/warn.txt" ]
+check $? "dense-ple IQ2_XS on cuda: held exactly (CB4_16), no warning ($(head -c 300 "$tmp/warn.txt"))"
 logit_diff() { # file a, file b, tolerance: prints the largest difference, fails above the tolerance
     python3 - "$1" "$2" "$3" <<'PY'
 import array, sys
