@@ -324,14 +324,18 @@ static int weight_fill(g4c *c, const g4_tensor *src, int skip, void *d, g4_tenso
     return 0;
 }
 
-/* 1 where weight_fill refused a row of src as held with `skip` (rc -2) and another layout is left to try */
-static int take_next(const g4_tensor *src, int skip, int rc) {
-    return rc == -2 && held_header(src, skip + 1).dtype != held_header(src, skip).dtype;
+/* After weight_fill refused a row of src as held with `skip` (rc -2): the skip that holds it in the next layout,
+ * -1 where none is left (or rc was another error) */
+static int next_skip(const g4_tensor *src, int skip, int rc) {
+    const g4_dtype refused = held_header(src, skip).dtype;
+    for (int s = skip + 1; rc == -2 && s <= skip + 8; s++)
+        if (held_header(src, s).dtype != refused) return s;
+    return -1;
 }
 
 static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst, g4_error *err) {
     g4c *c = g4c_of(be);
-    for (int skip = 0;; skip++) {
+    for (int skip = 0;;) {
         const int64_t bytes = weight_bytes(src, skip, err);
         if (bytes < 0) return -1;
         char what[300];
@@ -341,7 +345,7 @@ static int cu_upload_weight(g4_backend *be, const g4_tensor *src, g4_tensor *dst
         const int rc = weight_fill(c, src, skip, d, dst, err);
         if (!rc) return 0;
         cudaFree(d);
-        if (!take_next(src, skip, rc)) return -1;
+        if ((skip = next_skip(src, skip, rc)) < 0) return -1;
     }
 }
 
@@ -375,8 +379,7 @@ static int cu_upload_weights(g4_backend *be, const g4_tensor *const *src, g4_ten
         }
         for (int j = 0; j < i; j++) dst[j]->data = NULL;
         cudaFree(d);
-        if (!take_next(src[i], skip[i], rc)) return -1;
-        skip[i]++;
+        if ((skip[i] = next_skip(src[i], skip[i], rc)) < 0) return -1;
     }
 }
 
