@@ -29,8 +29,10 @@ async function one(c, i) {
     if (!(r.choices[0].finish_reason === 'length' ? tokens === maxTokens : tokens > 0)) throw new Error(`bad usage ${tokens}`);
   } else if (kind === 1) {
     const ac = new AbortController();
-    const s = await client.chat.completions.create({ model, messages, max_tokens: maxTokens, seed: c, stream: true,
-      stream_options: { include_usage: true } }, { signal: ac.signal });
+    // a stream to cancel asks for many tokens, so the server is still generating when the abort reaches it
+    // (one of maxTokens could end before that, and the server would rightly count no cancellation)
+    const s = await client.chat.completions.create({ model, messages, max_tokens: cancel ? 128 : maxTokens, seed: c,
+      stream: true, stream_options: { include_usage: true }, ...(cancel ? { ignore_eos: true } : {}) }, { signal: ac.signal });
     let finished = false;
     try {
       for await (const ch of s) {
@@ -45,7 +47,8 @@ async function one(c, i) {
       if (!cancel) throw e;
       return { cancelled: true, ms: performance.now() - t0, ttft, tokens: 0 };
     }
-    if (cancel) return { cancelled: true, ms: performance.now() - t0, ttft, tokens }; // it ended before the abort
+    // (the client's iterator ends quietly on an abort: a cancellation is an abort before the finish chunk)
+    if (cancel && !finished) return { cancelled: true, ms: performance.now() - t0, ttft, tokens: 0 };
     if (!finished || tokens <= 0) throw new Error('a stream ended without its finish chunk or usage');
   } else {
     const r = await client.completions.create({ model, prompt: messages[0].content, max_tokens: maxTokens, ignore_eos: true });
