@@ -190,6 +190,36 @@ static void test_schemas(void) {
                      "{\"when\":\"2026-12-06T04:05:06Z\",\"day\":\"2026-12-06\","
                      "\"id\":\"123e4567-e89b-12d3-a456-426614174000\",\"p\":-1}"),
                 2, 0);
+    /* formats written as patterns (json_schema.c format_pattern): ipv4 / ipv6 judged by jsonschema (Python's
+       ipaddress), hostname / email / duration by the standards' rules in json_schema_check.py */
+    schema_case("{\"type\":\"string\",\"format\":\"ipv4\"}",
+                DOCS("\"192.168.0.1\"", "\"0.0.0.0\"", "\"255.255.255.255\"", "\"256.1.1.1\"", "\"01.2.3.4\"",
+                     "\"1.2.3\"", "\"1.2.3.4.5\"", "\"1.2.3.-4\""),
+                3, 0);
+    schema_case("{\"type\":\"string\",\"format\":\"ipv6\"}",
+                DOCS("\"::\"", "\"::1\"", "\"1::\"", "\"2001:db8::ff00:42:8329\"",
+                     "\"2001:0DB8:0000:0000:0000:ff00:0042:8329\"", "\"::ffff:192.0.2.128\"", "\"1:2:3:4:5:6:7::\"",
+                     "\"1:2:3:4:5:6:1.2.3.4\"", "\"fe80::1:2:3:4:5:6\"", "\"1::2:3:4:5:1.2.3.4\"",
+                     "\"1:2:3:4:5:6:7:8:9\"", "\"1::2::3\"", "\"12345::\"", "\"1:2:3:4:5:6:7\"",
+                     "\"::ffff:1.2.3.256\"", "\"fe80::1%eth0\"", "\"1::2:3:4:5:6:7:8\"", "\"1:2:3:4:5:6:7:1.2.3.4\"",
+                     "\"1::2:3:4:5:6:1.2.3.4\"", "\":1::\""),
+                10, 0);
+    schema_case("{\"type\":\"string\",\"format\":\"hostname\"}",
+                DOCS("\"example.com\"", "\"a\"", "\"a-b.c-d.e9\"", "\"xn--bcher-kva.example\"", "\"-a.com\"",
+                     "\"a-.com\"", "\"a..b\"", "\"a_b.com\"", "\".a\"", "\"a.\"", "\"\""),
+                4, 0);
+    schema_case("{\"type\":\"object\",\"properties\":{\"to\":{\"type\":\"string\",\"format\":\"email\"},"
+                "\"after\":{\"type\":\"string\",\"format\":\"duration\"}},\"required\":[\"to\",\"after\"]}",
+                DOCS("{\"to\":\"pierre.bezukhov@moscow.ru\",\"after\":\"P1Y2M3DT4H5M6S\"}",
+                     "{\"to\":\"a+b/c=d@x\",\"after\":\"PT36H\"}", "{\"to\":\"n@a.b\",\"after\":\"P3W\"}",
+                     "{\"to\":\"n@a.b\",\"after\":\"P1MT5S\"}",
+                     "{\"to\":\"a..b@x\",\"after\":\"P1D\"}", "{\"to\":\"a@\",\"after\":\"P1D\"}",
+                     "{\"to\":\"@x\",\"after\":\"P1D\"}", "{\"to\":\"a@-x\",\"after\":\"P1D\"}",
+                     "{\"to\":\"a b@x\",\"after\":\"P1D\"}", "{\"to\":\"a@x\",\"after\":\"P\"}",
+                     "{\"to\":\"a@x\",\"after\":\"PT\"}", "{\"to\":\"a@x\",\"after\":\"P1Y2D\"}",
+                     "{\"to\":\"a@x\",\"after\":\"PT1H1S\"}", "{\"to\":\"a@x\",\"after\":\"P1WT1H\"}",
+                     "{\"to\":\"a@x\",\"after\":\"1D\"}", "{\"to\":\"a@x\",\"after\":\"P1.5D\"}"),
+                4, 0);
     /* patterns (anchored): classes, quantifiers, groups, escapes; JSON escapes in the output */
     schema_case("{\"type\":\"string\",\"pattern\":\"^[A-Z]{3}-\\\\d{2,4}(x|yz)?$\"}",
                 DOCS("\"ABC-12\"", "\"XYZ-1234yz\"", "\"QQQ-99x\"", "\"AB-12\"", "\"ABC-12345\"", "\"abc-12\"",
@@ -231,7 +261,7 @@ static void test_schemas(void) {
         {"{\"type\":\"number\",\"multipleOf\":0.5}", "multipleOf"},
         {"{\"type\":\"number\",\"minimum\":2,\"exclusiveMaximum\":2}", "no number"},
         {"{\"type\":\"number\",\"maximum\":1e-30}", "20 fraction digits"},
-        {"{\"type\":\"string\",\"format\":\"email\"}", "email"},
+        {"{\"type\":\"string\",\"format\":\"uri\"}", "uri"},
         {"{\"$ref\":\"#/$defs/missing\"}", "missing"},
         {"{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}", "\"x\""},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer"},

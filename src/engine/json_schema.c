@@ -17,8 +17,8 @@
  * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf of one schema,
  * $ref (#, #/$defs/..., any JSON pointer into the root), nullable (OpenAPI), minimum / maximum /
  * exclusiveMinimum / exclusiveMaximum of integers and of numbers (a bounded number is written without an exponent,
- * but for minimum 0 alone), format date, time, date-time and
- * uuid, pattern (anchored ^...$; the subset at pattern_rule); annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
+ * but for minimum 0 alone), format date, time, date-time, duration, uuid, ipv4, ipv6, hostname and email (subsets of
+ * each standard: format_pattern), pattern (anchored ^...$; the subset at pattern_rule); annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
  * writeOnly) are skipped. Any other keyword is an error naming it: a constraint is never dropped silently. */
 #include <inttypes.h>
 #include <jansson.h>
@@ -349,7 +349,7 @@ static int integer_schema(sc *c, const json_t *schema) {
  * 20 digits, its value within the bounds. Bounds are read as decimals (the shortest text of each double). */
 
 #define MAX_FRAC 20
-enum { NO_RULE = -2 }; /* a set with no string in it */
+enum { NO_RULE = -2, NO_FORMAT = -3 }; /* a set with no string in it; a format not written as a pattern */
 
 /* Fraction digits D (one or more, at most `room`) compared digit by digit with a bound's fraction digits (missing
  * digits are zeros): while lo_t, D's digits so far equal lo's (D >= lo, > where gt); while hi_t, hi's (D <= hi, <
@@ -506,7 +506,72 @@ static int number_schema(sc *c, const json_t *schema) {
 
 /* ------------------------------------------------------------------ formats */
 
+static int pattern_rule(sc *c, const char *pattern, size_t len);
+
+/* The formats written as patterns (anchored regular expressions of the subset at pattern_rule), each a subset of
+ * what its standard allows, so that every string the grammar takes is valid:
+ *  - ipv4 (RFC 2673 dotted quad): four decimal octets 0-255 without leading zeros (Python's ipaddress refuses them);
+ *  - ipv6 (RFC 4291 2.2): eight groups of 1-4 hex digits; or "::" standing for at least one group of zeros with
+ *    at most seven groups around it; either with a dotted quad for the last two groups; no zone;
+ *  - hostname (RFC 1123 2.1): labels of letters, digits and inner hyphens, at most 8 labels of at most 30
+ *    characters (so at most 247 in all, below the 253 of RFC 1035);
+ *  - email (RFC 5321 4.1.2 Dot-string "@" Domain): at most 4 atoms of at most 15 characters (a local part of at
+ *    most 63 of the 64) at a hostname of at most 6 such labels (at most 249 characters of the 254 a path holds);
+ *  - duration (RFC 3339 appendix A, as JSON Schema names it): P then a date part (D, M[D] or Y[M[D]]), a time
+ *    part (T then H[M[S]], M[S] or S), both, or W; each number at most 9 digits. */
+static int format_pattern(sc *c, const char *f) {
+    static const char *const hex4 = "[0-9A-Fa-f]{1,4}";
+    static const char *const quad = "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)(?:\\.(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)){3}";
+    static const char *const label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,28}[A-Za-z0-9])?";
+    static const char *const atom = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]{1,15}";
+    g4_strbuf b = {0};
+    char t[512];
+    if (!strcmp(f, "ipv4")) {
+        snprintf(t, sizeof t, "^%s$", quad);
+        g4_strbuf_puts(&b, t);
+    } else if (!strcmp(f, "ipv6")) {
+        snprintf(t, sizeof t, "^(?:(?:%s:){7}%s|(?:%s:){6}%s", hex4, hex4, hex4, quad);
+        g4_strbuf_puts(&b, t);
+        for (int v4 = 0; v4 < 2; v4++)
+            for (int k = 0; k <= (v4 ? 5 : 7); k++) { /* k groups before "::" */
+                const int room = (v4 ? 5 : 7) - k;    /* groups after it */
+                g4_strbuf_puts(&b, "|");
+                if (k) snprintf(t, sizeof t, "%s(?::%s){%d}", hex4, hex4, k - 1), g4_strbuf_puts(&b, t);
+                g4_strbuf_puts(&b, "::");
+                if (v4) snprintf(t, sizeof t, "(?:%s:){0,%d}%s", hex4, room, quad), g4_strbuf_puts(&b, t);
+                else if (room) snprintf(t, sizeof t, "(?:%s(?::%s){0,%d})?", hex4, hex4, room - 1), g4_strbuf_puts(&b, t);
+            }
+        g4_strbuf_puts(&b, ")$");
+    } else if (!strcmp(f, "hostname")) {
+        snprintf(t, sizeof t, "^%s(?:\\.%s){0,7}$", label, label);
+        g4_strbuf_puts(&b, t);
+    } else if (!strcmp(f, "email")) {
+        snprintf(t, sizeof t, "^%s(?:\\.%s){0,3}@%s(?:\\.%s){0,5}$", atom, atom, label, label);
+        g4_strbuf_puts(&b, t);
+    } else if (!strcmp(f, "duration")) {
+        static const char *const n = "\\d{1,9}";
+        char date[256], time[256];
+        snprintf(date, sizeof date, "%sD|%sM(?:%sD)?|%sY(?:%sM(?:%sD)?)?", n, n, n, n, n, n);
+        snprintf(time, sizeof time, "T(?:%sH(?:%sM(?:%sS)?)?|%sM(?:%sS)?|%sS)", n, n, n, n, n, n);
+        g4_strbuf_puts(&b, "^P(?:(?:");
+        g4_strbuf_puts(&b, date);
+        g4_strbuf_puts(&b, ")(?:");
+        g4_strbuf_puts(&b, time);
+        g4_strbuf_puts(&b, ")?|");
+        g4_strbuf_puts(&b, time);
+        snprintf(t, sizeof t, "|%sW)$", n);
+        g4_strbuf_puts(&b, t);
+    } else {
+        return NO_FORMAT;
+    }
+    int r = b.failed ? fail(c, "json_schema: %s", "out of memory") : pattern_rule(c, g4_strbuf_str(&b), b.len);
+    g4_strbuf_free(&b);
+    return r;
+}
+
 static int format_rule(sc *c, const char *f) {
+    const int by_pattern = format_pattern(c, f);
+    if (by_pattern != NO_FORMAT) return by_pattern;
     g4_grammar *g = c->g;
     gr_seq s;
     gr_seq_init(&s);
@@ -565,7 +630,8 @@ static int format_rule(sc *c, const char *f) {
         if (time >= 0) gr_seq_ref(&s, time);
     } else {
         gr_seq_free(&s);
-        return fail(c, "json_schema: format \"%s\" is not supported (date, time, date-time, uuid)", f);
+        return fail(c, "json_schema: format \"%s\" is not supported (date, time, date-time, duration, uuid, ipv4, "
+                    "ipv6, hostname, email)", f);
     }
     open_string(c, &s);
     r = gr_rule_of(g, &s);

@@ -15,9 +15,66 @@ import sys
 import jsonschema
 
 
+# Formats jsonschema leaves unchecked here (hostname and duration need packages Debian does not have; its email
+# check is only for an "@"): the standards' rules written out, to judge the grammar's verdicts.
+ATEXT = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+/=?^_`{|}~-")
+LDH = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+
+
+def rfc1123_hostname(s):
+    """RFC 1123 2.1 / RFC 1035 2.3.4: dot-separated labels of 1-63 letters, digits, hyphens, no hyphen at either end,
+    253 characters at most."""
+    if not isinstance(s, str):
+        return True
+    if not 0 < len(s) <= 253:
+        return False
+    return all(0 < len(lb) <= 63 and set(lb) <= LDH and lb[0] != "-" and lb[-1] != "-" for lb in s.split("."))
+
+
+def rfc5321_email(s):
+    """RFC 5321 4.1.2 Dot-string "@" Domain (4.5.3.1: local part 64 octets, a path 256 with its brackets)."""
+    if not isinstance(s, str):
+        return True
+    local, at, domain = s.rpartition("@")
+    if not at or not 0 < len(local) <= 64 or len(s) > 254:
+        return False
+    return all(atom and set(atom) <= ATEXT for atom in local.split(".")) and rfc1123_hostname(domain)
+
+
+def rfc3339_duration(s):
+    """RFC 3339 appendix A: "P" (dur-date / dur-time / dur-week); dur-date = (day / month [day] / year [month [day]])
+    [dur-time]; dur-time = "T" (hour [minute [second]] / minute [second] / second)."""
+    if not isinstance(s, str):
+        return True
+    if not s.startswith("P"):
+        return False
+
+    def units(part):  # "1Y2M" -> "YM"; None where a unit has no digits or digits no unit
+        out, digits = "", 0
+        for ch in part:
+            if "0" <= ch <= "9":
+                digits += 1
+            elif digits:
+                out, digits = out + ch, 0
+            else:
+                return None
+        return None if digits else out
+
+    date, t, time = s[1:].partition("T")
+    du, tu = units(date), units(time)
+    if du is None or tu is None or (t and not tu) or (not du and not tu):
+        return False
+    if du == "W":
+        return not t
+    return du in ("", "D", "M", "MD", "Y", "YM", "YMD") and tu in ("", "H", "HM", "HMS", "M", "MS", "S")
+
+
 def valid(schema, doc):
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     checker = cls.FORMAT_CHECKER
+    checker.checks("hostname")(rfc1123_hostname)
+    checker.checks("email")(rfc5321_email)
+    checker.checks("duration")(rfc3339_duration)
     try:
         jsonschema.validate(doc, schema, cls=cls, format_checker=checker)
         return True
