@@ -135,8 +135,9 @@ static void schema_case(const char *schema, const char *const *docs, int n_docs,
         CHECKF(ok == (i < n_valid), "schema %s: %s is %s (read %zu of %zu)", schema, docs[i],
                ok ? "accepted" : "refused", n, strlen(docs[i]));
         json_t *doc = json_loads(docs[i], JSON_DECODE_ANY, NULL);
-        json_t *line = json_pack("{s:O,s:o,s:b}", "schema", js, "doc", doc ? doc : json_string(docs[i]), "valid",
-                                 i < n_valid);
+        /* (the texts too: jansson writes reals in 17 digits, 3.14 as 3.1400000000000001) */
+        json_t *line = json_pack("{s:O,s:o,s:b,s:s,s:s}", "schema", js, "doc", doc ? doc : json_string(docs[i]),
+                                 "valid", i < n_valid, "schema_text", schema, "doc_text", docs[i]);
         if (!doc) json_object_set_new(line, "unparsable", json_true());
         if (i >= n_valid && i < n_valid + n_reordered) json_object_set_new(line, "reordered", json_true());
         put_line(cases, line);
@@ -249,6 +250,26 @@ static void test_schemas(void) {
     schema_case("{\"type\":\"number\",\"exclusiveMinimum\":0}", DOCS("0.1", "7", "0.0001", "0", "0.000", "-1"), 3, 0);
     schema_case("{\"type\":\"number\",\"exclusiveMaximum\":0}", DOCS("-0.1", "-7", "0", "0.5"), 2, 0);
     schema_case("{\"type\":\"integer\",\"minimum\":1}", DOCS("1", "123456789012345678", "0", "-5"), 2, 0);
+    /* multipleOf (exact decimals: json_schema_check.py reads numbers as Python decimals): an automaton of the
+       remainder, numbers without an exponent and with at most the divisor's fraction digits (more: refused, though
+       JSON Schema takes them); bounds that pick a sign; at most 256 multiples between two bounds as literals */
+    schema_case("{\"type\":\"integer\",\"multipleOf\":5}",
+                DOCS("0", "5", "-15", "1234567890123456785", "5.0", "1e1", "-0", "7", "-3", "51"), 4, 3);
+    schema_case("{\"type\":\"number\",\"multipleOf\":0.01,\"minimum\":0}",
+                DOCS("0", "0.01", "12.5", "3.14", "100", "0.07", "1.500", "1e2", "0.001", "-1", "3.145", "-0.01"), 6, 2);
+    schema_case("{\"type\":\"number\",\"multipleOf\":0.25,\"minimum\":-1,\"maximum\":1}",
+                DOCS("-1", "-0.75", "0", "0.5", "1", "0.50", "0.3", "1.25", "-1.25", "0.125"), 5, 1);
+    schema_case("{\"type\":\"integer\",\"multipleOf\":1000,\"exclusiveMinimum\":0}",
+                DOCS("1000", "25000", "1000000", "0", "500", "-1000", "1001", "10"), 3, 0);
+    schema_case("{\"type\":\"number\",\"multipleOf\":0.3}",
+                DOCS("0.3", "-0.6", "0.9", "3", "1.2", "0", "29.7", "0.30", "0.1", "1", "-0.2", "0.03"), 7, 1);
+    schema_case("{\"type\":\"number\",\"multipleOf\":7,\"maximum\":0}",
+                DOCS("0", "-7", "-14", "-700", "-7.0", "7", "-6", "-0.7"), 4, 1);
+    schema_case("{\"type\":\"number\",\"multipleOf\":0.07,\"exclusiveMaximum\":0}",
+                DOCS("-0.07", "-0.14", "-7", "-0.7", "0", "-0.1", "0.07"), 4, 0);
+    schema_case("{\"type\":\"integer\",\"multipleOf\":0.5,\"minimum\":3,\"maximum\":5}",
+                DOCS("3", "4", "5", "2", "6", "3.5"), 3, 0);
+    schema_case("{\"multipleOf\":0.125}", DOCS("0.125", "-2.375", "8", "0.25", "\"x\"", "0.1", "0.1255"), 4, 1);
     /* a keyword of one type without "type": values of that type (JSON Schema lets others pass) */
     schema_case("{\"maxLength\":2}", DOCS("\"ab\"", "5", "\"abc\""), 1, 1);
     /* what is refused with a one-line error naming it */
@@ -258,7 +279,10 @@ static void test_schemas(void) {
         {"{\"type\":\"string\",\"pattern\":\"a+\"}", "anchor"},
         {"{\"type\":\"string\",\"pattern\":\"^(?=a)a$\"}", "lookaround"},
         {"{\"type\":\"string\",\"pattern\":\"^(a$\"}", "unclosed"},
-        {"{\"type\":\"number\",\"multipleOf\":0.5}", "multipleOf"},
+        {"{\"type\":\"number\",\"multipleOf\":0.01,\"minimum\":5,\"maximum\":100000}", "bounds other than a sign"},
+        {"{\"type\":\"integer\",\"multipleOf\":1009}", "above 1000"},
+        {"{\"type\":\"number\",\"multipleOf\":0}", "above 0"},
+        {"{\"type\":\"number\",\"multipleOf\":0.5,\"minimum\":2.1,\"maximum\":2.4}", "no multiple"},
         {"{\"type\":\"number\",\"minimum\":2,\"exclusiveMaximum\":2}", "no number"},
         {"{\"type\":\"number\",\"maximum\":1e-30}", "20 fraction digits"},
         {"{\"type\":\"string\",\"format\":\"uri\"}", "uri"},
@@ -543,6 +567,9 @@ static void test_generation(FILE *outs) {
         "\"integer\",\"minimum\":0,\"maximum\":120},\"friends\":{\"type\":\"array\",\"items\":{\"type\":\"string\","
         "\"maxLength\":8},\"maxItems\":3}},\"required\":[\"name\",\"age\",\"friends\"],\"additionalProperties\":false}",
         "{\"type\":\"array\",\"items\":{\"enum\":[\"war\",\"peace\",1812]},\"minItems\":2,\"maxItems\":4}",
+        "{\"type\":\"object\",\"properties\":{\"price\":{\"type\":\"number\",\"multipleOf\":0.07,\"minimum\":0},"
+        "\"host\":{\"type\":\"string\",\"format\":\"ipv6\"},\"wait\":{\"type\":\"string\",\"format\":\"duration\"}},"
+        "\"required\":[\"price\",\"host\",\"wait\"],\"additionalProperties\":false}",
     };
     const int runs = getenv("G4_SANITIZE") ? 1 : 3, max_new = getenv("G4_SANITIZE") ? 40 : 96;
     int finished = 0, total = 0;

@@ -17,7 +17,7 @@
  * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf of one schema,
  * $ref (#, #/$defs/..., any JSON pointer into the root), nullable (OpenAPI), minimum / maximum /
  * exclusiveMinimum / exclusiveMaximum of integers and of numbers (a bounded number is written without an exponent,
- * but for minimum 0 alone), format date, time, date-time, duration, uuid, ipv4, ipv6, hostname and email (subsets of
+ * but for minimum 0 alone), multipleOf (multiple_schema: with bounds that pick a sign or hold at most 256 multiples), format date, time, date-time, duration, uuid, ipv4, ipv6, hostname and email (subsets of
  * each standard: format_pattern), pattern (anchored ^...$; the subset at pattern_rule); annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
  * writeOnly) are skipped. Any other keyword is an error naming it: a constraint is never dropped silently. */
 #include <inttypes.h>
@@ -332,7 +332,10 @@ static int int_bound(sc *c, const json_t *schema, const char *key, int64_t *v, i
     return 0;
 }
 
+static int multiple_schema(sc *c, const json_t *schema, int integer);
+
 static int integer_schema(sc *c, const json_t *schema) {
+    if (json_object_get(schema, "multipleOf")) return multiple_schema(c, schema, 1);
     int64_t lo = INT64_MIN, hi = INT64_MAX;
     if (int_bound(c, schema, "minimum", &lo, 1) || int_bound(c, schema, "exclusiveMinimum", &lo, 1) ||
         int_bound(c, schema, "maximum", &hi, -1) || int_bound(c, schema, "exclusiveMaximum", &hi, -1))
@@ -481,9 +484,261 @@ static int number_bound(sc *c, const json_t *schema, int upper, double *v, int *
     return have;
 }
 
+/* ------------------------------------------------------------------ multiples (multipleOf)
+ * multipleOf x, with x = a * 10^-d in its shortest decimal text (an integer schema: the integer multiples of x are
+ * those of a / gcd(a, 10^d)): the multiples v are written as the digits of v * 10^d read by a finite automaton of
+ * their remainder mod a, without an exponent, with at most 19 integer digits and at most d fraction digits (the
+ * same value with more, even zeros, is left out: a subset, as bounded numbers leave exponents out); a's trailing
+ * zeros (d = 0) are literal zeros after the automaton's digits (multipleOf 1000: the multiples of 1, then "000").
+ * a is at most 1000 after its trailing zeros (the automaton has a states a digit position). With bounds: the
+ * multiples between them as literals where there are at most 256; bounds that only pick a sign (the least multiple
+ * 0 or x, the greatest 0 or -x) by the sign; other bounds are an error naming them. */
+#define MAX_DIVISOR 1000
+#define MAX_LISTED 256
+
+typedef struct mult {
+    sc *c;
+    int a, d, z, len; /* divisor, fraction digits, literal trailing zeros, integer digits after the first */
+    int *gf;          /* gf[k * a + j]: after k fraction digits at remainder j; -1 until made */
+    int *gi;          /* gi[n * a + j]: after an integer digit at remainder j, n more integer digits allowed */
+} mult;
+
+static int frac_state(mult *m, int j, int k);
+static int int_state(mult *m, int j, int n);
+
+/* Digits c0..9 then the state of remainder (10 j + c) mod a (frac: after k + 1 fraction digits; else: n - 1 more
+ * integer digits), made first; runs of digits into one state as one range. The number of runs (states with no
+ * string left out). */
+typedef struct {
+    int lo, hi, to;
+} digit_run;
+static int digit_runs(mult *m, digit_run runs[10], int c0, int j, int frac, int kn) {
+    int n = 0;
+    for (int ch = c0; ch <= 9 && !m->c->failed; ch++) {
+        const int next = (10 * j + ch) % m->a;
+        const int t = frac ? frac_state(m, next, kn + 1) : int_state(m, next, kn - 1);
+        if (t < 0) continue;
+        if (n && runs[n - 1].to == t && runs[n - 1].hi == ch - 1) runs[n - 1].hi = ch;
+        else runs[n++] = (digit_run){ch, ch, t};
+    }
+    return m->c->failed ? 0 : n;
+}
+
+static void add_runs(mult *m, int r, const digit_run *runs, int n) {
+    gr_seq s;
+    gr_seq_init(&s);
+    for (int i = 0; i < n; i++) {
+        gr_seq_clear(&s);
+        gr_seq_range(m->c->g, &s, (unsigned)('0' + runs[i].lo), (unsigned)('0' + runs[i].hi));
+        gr_seq_ref(&s, runs[i].to);
+        gr_alt(m->c->g, r, &s);
+    }
+    gr_seq_free(&s);
+}
+
+/* Remainder j times 10^e, mod a. */
+static int shifted(const mult *m, int j, int e) {
+    for (; e > 0; e--) j = 10 * j % m->a;
+    return j;
+}
+
+/* After k fraction digits at remainder j: the end where the value is a multiple, or more digits (NO_RULE: no
+ * string leads to a multiple; the states' positions only grow, so each is made after those it refers to). */
+static int frac_state(mult *m, int j, int k) {
+    int *slot = &m->gf[k * m->a + j];
+    if (*slot != -1) return *slot;
+    const int end = shifted(m, j, m->d - k) == 0;
+    digit_run runs[10];
+    const int n = k < m->d ? digit_runs(m, runs, 0, j, 1, k) : 0;
+    if (m->c->failed) return -1;
+    if (!end && !n) return *slot = NO_RULE;
+    const int r = gr_rule(m->c->g);
+    if (end) {
+        gr_seq s;
+        gr_seq_init(&s);
+        gr_alt(m->c->g, r, &s);
+        gr_seq_free(&s);
+    }
+    add_runs(m, r, runs, n);
+    return *slot = check(m->c, r);
+}
+
+/* After an integer digit at remainder j, n more allowed: the trailing zeros and the end (where the integer is a
+ * multiple), "." and a fraction, or a digit. */
+static int int_state(mult *m, int j, int n) {
+    int *slot = &m->gi[n * m->a + j];
+    if (*slot != -1) return *slot;
+    const int end = shifted(m, j, m->d) == 0;
+    digit_run fr[10], dr[10];
+    const int nf = m->d > 0 ? digit_runs(m, fr, 0, j, 1, 0) : 0, nd = n > 0 ? digit_runs(m, dr, 0, j, 0, n) : 0;
+    if (m->c->failed) return -1;
+    if (!end && !nf && !nd) return *slot = NO_RULE;
+    const int r = gr_rule(m->c->g);
+    gr_seq s;
+    gr_seq_init(&s);
+    if (end) {
+        for (int k = 0; k < m->z; k++) lit(m->c, &s, "0");
+        gr_alt(m->c->g, r, &s);
+    }
+    if (nf) {
+        const int f = gr_rule(m->c->g);
+        add_runs(m, f, fr, nf);
+        gr_seq_clear(&s);
+        lit(m->c, &s, ".");
+        gr_seq_ref(&s, f);
+        gr_alt(m->c->g, r, &s);
+    }
+    gr_seq_free(&s);
+    add_runs(m, r, dr, nd);
+    return *slot = check(m->c, r);
+}
+
+/* The positive multiples: 1-9 then the automaton, or "0." and fraction digits not all zeros. */
+static int positive_multiples(mult *m) {
+    digit_run runs[10];
+    int n = digit_runs(m, runs, 1, 0, 0, m->len + 1);
+    const int r = gr_rule(m->c->g);
+    add_runs(m, r, runs, n);
+    int zeros = NO_RULE; /* after "0." and k zeros, k from d - 1 down to 0 */
+    gr_seq s;
+    gr_seq_init(&s);
+    for (int k = m->d - 1; k >= 0 && !m->c->failed; k--) {
+        n = digit_runs(m, runs, 1, 0, 1, k);
+        if (!n && zeros == NO_RULE) continue;
+        const int z = gr_rule(m->c->g);
+        add_runs(m, z, runs, n);
+        if (zeros >= 0) {
+            gr_seq_clear(&s);
+            lit(m->c, &s, "0");
+            gr_seq_ref(&s, zeros);
+            gr_alt(m->c->g, z, &s);
+        }
+        zeros = check(m->c, z);
+    }
+    if (zeros >= 0) {
+        gr_seq_clear(&s);
+        lit(m->c, &s, "0.");
+        gr_seq_ref(&s, zeros);
+        gr_alt(m->c->g, r, &s);
+    }
+    gr_seq_free(&s);
+    return m->c->failed ? -1 : check(m->c, r);
+}
+
+/* x's digits: *a and *d with x = a * 10^-d (the shortest text of x); -1 where x is no such number. */
+static int decimal_of(sc *c, double x, uint64_t *a, int *d) {
+    char ip[24], fp[24], t[48];
+    uint64_t iv;
+    if (!(x >= 1e-20 && x < 1e17)) return fail(c, "json_schema: %s", "multipleOf must be from 1e-20 to 1e17");
+    if (decimal_parts(c, x, ip, &iv, fp)) return -1;
+    snprintf(t, sizeof t, "%s%s", ip, fp);
+    *a = strtoull(t, NULL, 10), *d = (int)strlen(fp);
+    return 0;
+}
+
+/* floor(p / q) and ceil(p / q), q > 0. */
+static int64_t floor_div(int64_t p, int64_t q) { return p / q - (p % q != 0 && p < 0); }
+static int64_t ceil_div(int64_t p, int64_t q) { return p / q + (p % q != 0 && p > 0); }
+
+/* The bound of the schema as a count of steps of step * 10^-e: *k the least (upper: greatest) multiple's count.
+ * 0 where there is no bound, 1 where there is; -1 on an error. */
+static int multiple_bound(sc *c, const json_t *schema, int upper, uint64_t step, int e, int64_t *k) {
+    double v;
+    int excl;
+    const int have = number_bound(c, schema, upper, &v, &excl);
+    if (have <= 0) return have;
+    char ip[24], fp[24];
+    uint64_t iv;
+    if (fabs(v) >= 1e17 || decimal_parts(c, v, ip, &iv, fp))
+        return fail(c, "json_schema: %s", "a bound of multipleOf beyond 17 digits of its unit");
+    int fd = (int)strlen(fp), de = e > fd ? e : fd; /* both in units of 10^-de */
+    __int128 b = iv, s = step;
+    for (int i = 0; i < de; i++) b = b * 10 + (i < fd ? fp[i] - '0' : 0);
+    for (int i = e; i < de; i++) s *= 10;
+    if (v < 0) b = -b;
+    if (b > (__int128)INT64_MAX / 2 || b < -(__int128)INT64_MAX / 2 || s > (__int128)INT64_MAX / 2)
+        return fail(c, "json_schema: %s", "a bound of multipleOf beyond 17 digits of its unit");
+    const int64_t bb = (int64_t)b, ss = (int64_t)s;
+    if (upper) *k = excl ? ceil_div(bb, ss) - 1 : floor_div(bb, ss);
+    else *k = excl ? floor_div(bb, ss) + 1 : ceil_div(bb, ss);
+    return 1;
+}
+
+/* The multiples of the schema's multipleOf (integers only where `integer`) within its bounds. */
+static int multiple_schema(sc *c, const json_t *schema, int integer) {
+    const json_t *mx = json_object_get(schema, "multipleOf");
+    const double x = json_number_value(mx);
+    if (!json_is_number(mx) || !(x > 0) || !isfinite(x))
+        return fail(c, "json_schema: %s", "multipleOf must be a number above 0");
+    uint64_t a;
+    int d, z = 0;
+    if (decimal_of(c, x, &a, &d)) return -1;
+    for (; integer && d > 0 && a % 2 == 0; d--) a /= 2; /* integers: the multiples of a / gcd(a, 10^d) */
+    for (int e = d; integer && e > 0 && a % 5 == 0; e--) a /= 5;
+    if (integer) d = 0;
+    const uint64_t step = a; /* the multiples in units of 10^-d */
+    for (; d == 0 && a % 10 == 0; a /= 10) z++;
+    int64_t kmin = INT64_MIN, kmax = INT64_MAX;
+    const int has_lo = multiple_bound(c, schema, 0, step, d, &kmin), has_hi = multiple_bound(c, schema, 1, step, d, &kmax);
+    if (has_lo < 0 || has_hi < 0) return -1;
+    if (kmin > kmax) return fail(c, "json_schema: %s", "no multiple of multipleOf within the bounds");
+    if (has_lo && has_hi && (uint64_t)kmax - (uint64_t)kmin < MAX_LISTED) { /* the multiples, each as a literal */
+        int r = gr_rule(c->g);
+        gr_seq s;
+        gr_seq_init(&s);
+        for (int64_t k = kmin; k <= kmax && !c->failed; k++) {
+            char t[64], *p = t;
+            const unsigned __int128 v = (unsigned __int128)(k < 0 ? -(__int128)k : k) * step; /* |k| * step * 10^-d */
+            char dig[48];
+            int n = 0;
+            unsigned __int128 w = v;
+            do dig[n++] = (char)('0' + (int)(w % 10)), w /= 10;
+            while (w);
+            while (n <= d) dig[n++] = '0'; /* at least one integer digit */
+            if (k < 0) *p++ = '-';
+            for (int i = n - 1; i >= d; i--) *p++ = dig[i];
+            int keep = 0; /* fraction digits up to the last non-zero one (dig[0]: the last digit) */
+            for (int i = 0; i < d && !keep; i++)
+                if (dig[i] != '0') keep = d - i;
+            if (keep) *p++ = '.';
+            for (int i = d - 1; i >= d - keep; i--) *p++ = dig[i];
+            *p = 0;
+            gr_seq_clear(&s);
+            lit(c, &s, t);
+            gr_alt(c->g, r, &s);
+        }
+        gr_seq_free(&s);
+        return check(c, r);
+    }
+    if ((has_lo && kmin != 0 && kmin != 1) || (has_hi && kmax != 0 && kmax != -1))
+        return fail(c, "json_schema: %s", "multipleOf with bounds other than a sign and more than 256 multiples between "
+                                          "them is not supported");
+    if (a > MAX_DIVISOR)
+        return fail(c, "json_schema: %s", "multipleOf whose digits (trailing zeros aside) are above 1000 is not supported");
+    mult m = {c, (int)a, d, z, 18 - z, NULL, NULL};
+    m.gf = malloc((size_t)(d + 1) * a * sizeof *m.gf);
+    m.gi = malloc((size_t)(m.len + 1) * a * sizeof *m.gi);
+    if (!m.gf || !m.gi) {
+        free(m.gf), free(m.gi);
+        return fail(c, "json_schema: %s", "out of memory");
+    }
+    memset(m.gf, 0xff, (size_t)(d + 1) * a * sizeof *m.gf); /* -1: not made */
+    memset(m.gi, 0xff, (size_t)(m.len + 1) * a * sizeof *m.gi);
+    const int pos = positive_multiples(&m);
+    free(m.gf), free(m.gi);
+    if (pos < 0) return -1;
+    int r = gr_rule(c->g);
+    gr_seq s;
+    gr_seq_init(&s);
+    if (!has_lo) lit(c, &s, "-"), gr_seq_ref(&s, pos), gr_alt(c->g, r, &s); /* the negative ones */
+    if (kmin <= 0 && kmax >= 0) gr_seq_clear(&s), lit(c, &s, "0"), gr_alt(c->g, r, &s);
+    if (!has_hi) gr_seq_clear(&s), gr_seq_ref(&s, pos), gr_alt(c->g, r, &s);
+    gr_seq_free(&s);
+    return check(c, r);
+}
+
 static int number_schema(sc *c, const json_t *schema) {
-    if (json_object_get(schema, "multipleOf"))
-        return fail(c, "json_schema: \"%s\" of a number is not supported", "multipleOf");
+    if (json_object_get(schema, "multipleOf")) return multiple_schema(c, schema, 0);
     double lo = 0, hi = 0;
     int gt = 0, lt = 0;
     const int has_lo = number_bound(c, schema, 0, &lo, &gt), has_hi = number_bound(c, schema, 1, &hi, &lt);
@@ -1336,7 +1591,7 @@ static int ref_rule(sc *c, const char *ref) {
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
     "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-    "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "format", "pattern", "title", "description",
+    "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "format", "pattern", "title", "description",
     "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", NULL};
 
 /* The schema for one type name. */
@@ -1473,7 +1728,8 @@ static int value_inner(sc *c, const json_t *schema) {
         json_object_get(schema, "minLength") || json_object_get(schema, "maxLength"))
         return typed(c, schema, "string");
     if (json_object_get(schema, "minimum") || json_object_get(schema, "maximum") ||
-        json_object_get(schema, "exclusiveMinimum") || json_object_get(schema, "exclusiveMaximum"))
+        json_object_get(schema, "exclusiveMinimum") || json_object_get(schema, "exclusiveMaximum") ||
+        json_object_get(schema, "multipleOf"))
         return typed(c, schema, "number");
     return any_rule(c);
 }

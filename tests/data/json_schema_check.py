@@ -8,6 +8,7 @@ jsonschema accepts and the grammar refuses for its properties' order or a needle
 argv[2]: JSON lines of generations: {"schema": text, "text": output, "finished": bool}: a finished output must be
 a document the schema accepts; {"schema_json": S, "doc": D, "finished": true}: tool-call arguments D must follow S.
 """
+import decimal
 import json
 import re
 import sys
@@ -69,8 +70,16 @@ def rfc3339_duration(s):
     return du in ("", "D", "M", "MD", "Y", "YM", "YMD") and tu in ("", "H", "HM", "HMS", "M", "MS", "S")
 
 
+def is_integer(checker, instance):
+    """JSON Schema's integers: numbers whose fraction is zero (5.0 too), decimals included."""
+    if isinstance(instance, decimal.Decimal):
+        return instance.is_finite() and instance == instance.to_integral_value()
+    return jsonschema._types.is_integer(checker, instance)
+
+
 def valid(schema, doc):
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls = jsonschema.validators.extend(cls, type_checker=cls.TYPE_CHECKER.redefine("integer", is_integer))
     checker = cls.FORMAT_CHECKER
     checker.checks("hostname")(rfc1123_hostname)
     checker.checks("email")(rfc5321_email)
@@ -87,7 +96,7 @@ def main():
     n_cases = n_outs = 0
     with open(sys.argv[1]) as f:
         for line in f:
-            c = json.loads(line)
+            c = json.loads(line, parse_float=decimal.Decimal)  # exact decimals: multipleOf 0.01 takes 3.14
             n_cases += 1
             if "regex" in c:  # a whole-output regular expression: Python's re.fullmatch
                 want = re.fullmatch(c["regex"], c["doc"]) is not None
@@ -95,30 +104,33 @@ def main():
                     print(f"re.fullmatch says {want}, the grammar {c['valid']}: {c['regex']!r} / {c['doc']!r}")
                     bad += 1
                 continue
+            if "doc_text" in c and not c.get("unparsable"):  # the texts as written, numbers as exact decimals
+                c["schema"] = json.loads(c["schema_text"], parse_float=decimal.Decimal)
+                c["doc"] = json.loads(c["doc_text"], parse_float=decimal.Decimal)
             want = False if c.get("unparsable") else valid(c["schema"], c["doc"])
             if c.get("reordered"):  # JSON Schema takes it; the grammar keeps the schema's order, JSON's plain form
                 want = not want
             if want != c["valid"]:
-                print(f"jsonschema says {want}, the grammar {c['valid']}: {json.dumps(c['schema'])} / {json.dumps(c['doc'])}")
+                print(f"jsonschema says {want}, the grammar {c['valid']}: {json.dumps(c['schema'], default=str)} / {json.dumps(c['doc'], default=str)}")
                 bad += 1
     with open(sys.argv[2]) as f:
         for line in f:
-            o = json.loads(line)
+            o = json.loads(line, parse_float=decimal.Decimal)
             n_outs += 1
             if not o["finished"]:
                 continue
             if "schema_json" in o:
                 schema, doc = o["schema_json"], o["doc"]
             else:
-                schema = json.loads(o["schema"])
+                schema = json.loads(o["schema"], parse_float=decimal.Decimal)
                 try:
-                    doc = json.loads(o["text"])
+                    doc = json.loads(o["text"], parse_float=decimal.Decimal)
                 except ValueError as e:
                     print(f"output is not JSON ({e}): {o['text']!r}")
                     bad += 1
                     continue
             if not valid(schema, doc):
-                print(f"output does not follow its schema: {json.dumps(schema)} / {json.dumps(doc)}")
+                print(f"output does not follow its schema: {json.dumps(schema, default=str)} / {json.dumps(doc, default=str)}")
                 bad += 1
     print(f"jsonschema: {n_cases} verdicts, {n_outs} outputs, {bad} disagreements")
     return 1 if bad else 0

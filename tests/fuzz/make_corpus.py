@@ -293,8 +293,11 @@ def main():
         {"anyOf": [{"$ref": "#/$defs/n"}, {"type": "array", "items": {"enum": ["x", 1, None]}, "maxItems": 3}],
          "$defs": {"n": {"type": "object", "additionalProperties": {"$ref": "#/$defs/n"}}}},
         {"type": "string", "format": "date-time"},
+        {"type": "object", "properties": {"p": {"type": "number", "multipleOf": 0.07, "minimum": 0},
+                                          "h": {"type": "string", "format": "ipv6"}}},
     ]
-    docs = [b'{"a": 12, "b": "ab-1"}', b'{"k": {"j": {}}}', b'["x", null]', b'"2026-12-06T01:02:03Z"']
+    docs = [b'{"a": 12, "b": "ab-1"}', b'{"k": {"j": {}}}', b'["x", null]', b'"2026-12-06T01:02:03Z"',
+            b'{"p": 1812.09, "h": "fe80::1:2"}']
     for i, sch in enumerate(schemas):
         c.add("grammar", bytes([0]) + json.dumps(sch).encode("utf-8") + b"\0" + docs[i])
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
