@@ -574,8 +574,9 @@ typedef struct g4_grammar g4_grammar;
  * always, optional ones or not); a schema listing properties takes other keys only with additionalProperties
  * true or a schema. Read: type, properties, required, additionalProperties, items, prefixItems, minItems,
  * maxItems, minLength, maxLength, enum, const, anyOf, oneOf, allOf of one schema, $ref into the document,
- * nullable, integer and number bounds (a bounded number without an exponent), format date / time / date-time /
- * uuid, pattern (anchored ^...$,
+ * nullable, integer and number bounds (a bounded number without an exponent), multipleOf (without bounds, with
+ * bounds that pick a sign, or with at most 256 multiples between two bounds), format date / time / date-time /
+ * duration / uuid / ipv4 / ipv6 / hostname / email, pattern (anchored ^...$,
  * the subset g4_grammar_regex reads); annotations are skipped; a keyword of one type in a schema without "type"
  * makes it that type. Any other keyword is an error naming it (a constraint is never dropped). */
 G4_API int g4_grammar_json_schema(const char *schema, g4_grammar **out, g4_error *err);
