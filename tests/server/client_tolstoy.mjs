@@ -6,7 +6,7 @@
 //   node client_tolstoy.mjs BASE_URL MODEL_DIR
 import fs from 'node:fs';
 import OpenAI from 'openai';
-import { check, done, logSoftmax, metrics, readSafetensors, sleep, step, waitMetrics } from './util.mjs';
+import { check, done, logSoftmax, metrics, readSafetensors, step, waitMetrics } from './util.mjs';
 
 const [base, dir] = process.argv.slice(2);
 const ref = JSON.parse(fs.readFileSync(`${dir}/reference.json`, 'utf8'));
@@ -311,7 +311,7 @@ await step('cancel', async () => {
   // a stream the client drops after its first content
   const ac = new AbortController();
   const stream = await client.chat.completions.create(
-    { model, messages: chatMessages, temperature: 0, max_tokens: 400, stream: true }, { signal: ac.signal });
+    { model, messages: chatMessages, temperature: 0, max_tokens: 400, ignore_eos: true, stream: true }, { signal: ac.signal });
   let got = 0;
   try {
     for await (const c of stream) if (c.choices[0]?.delta?.content && ++got === 2) ac.abort();
@@ -320,10 +320,12 @@ await step('cancel', async () => {
     x['gemma4c_requests_running'] === 0);
   check(m['gemma4c_generations_cancelled_total'] >= cancelled0 + 1 && m['gemma4c_requests_running'] === 0,
     'a stream the client leaves is cancelled');
-  // a plain request the client gives up on
+  // a plain request the client gives up on once the server runs it (400 tokens whatever the model says: it is still
+  // generating when the abort comes, on a fast machine too)
   const ac2 = new AbortController();
-  const p = client.chat.completions.create({ model, messages: chatMessages, temperature: 0, max_tokens: 400 }, { signal: ac2.signal });
-  await sleep(300);
+  const p = client.chat.completions.create({ model, messages: chatMessages, temperature: 0, max_tokens: 400, ignore_eos: true },
+    { signal: ac2.signal });
+  await waitMetrics(base, (x) => x['gemma4c_requests_running'] >= 1, 5000);
   ac2.abort();
   await p.catch(() => {});
   m = await waitMetrics(base, (x) => x['gemma4c_generations_cancelled_total'] >= cancelled0 + 2 &&
