@@ -354,6 +354,8 @@ static void check_greedy_equal(g4_model *m) {
     const int V = g4_model_vocab_size(m);
     const char *drafters[] = {"assistant-lmhead", "assistant-ordered"};
     const int lens[] = {1, 16, 17, 37, 100};
+    /* the sanitizer build (unoptimized: memory errors, not coverage of shapes) takes every other prompt length */
+    const size_t len_step = getenv("G4_SANITIZE") ? 2 : 1;
     const int n_drafts[] = {0, 1, 4};
     /* (n_batch, block, KV type): the CLI's shape, small blocks with a batch below the longer prompts, a bf16 cache */
     const int shapes[3][3] = {{64, 32, G4_KV_F32}, {24, 4, G4_KV_F32}, {32, 8, G4_KV_BF16}};
@@ -370,7 +372,7 @@ static void check_greedy_equal(g4_model *m) {
         for (int di = 0; di < 2 && cp && cs; di++) {
             g4_drafter *d = load_drafter(m, fix_path(drafters[di]));
             for (int ni = 0; ni < 3 && d; ni++)
-                for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+                for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li += len_step)
                     for (int variant = 0; variant < 4; variant++) {
                         /* 0: 48 tokens (or the eos); 1: also stops at the plain run's 11th token; 2: 7 tokens (a
                          * round cut by the length); 3: a next turn on the same sequence (prompt = the last prompt,
@@ -491,7 +493,9 @@ static void check_samplers(g4_model *m) {
             }
         t1s[n1++] = v;
     }
-    const int N = 2500;
+    /* (the sanitizer build: 800 draws, a total variation of about 0.055 expected, 0.12 allowed) */
+    const int N = getenv("G4_SANITIZE") ? 800 : 2500;
+    const double tv_most = getenv("G4_SANITIZE") ? 0.12 : 0.06;
     double count[4][4] = {{0}};
     int32_t out[4];
     int no, bad = 0, drafted_one = 0;
@@ -524,7 +528,8 @@ static void check_samplers(g4_model *m) {
             for (int y = 0; y < 4; y++)
                 fprintf(stderr, "t1 %d t2 %d: exact %.4f got %.4f\n", t1s[x], t2s[x][y], exact[x][y], count[x][y] / N);
     /* 16 outcomes, 2500 draws: a correct sampler's total variation is about 0.03 (transformers 5.17's rule: 0.45) */
-    CHECKF(bad == 0 && tv < 0.06, "speculative sampling: %d draws outside the support, total variation %.3f", bad, tv);
+    CHECKF(bad == 0 && tv < tv_most, "speculative sampling: %d draws outside the support, total variation %.3f", bad,
+           tv);
     CHECKF(drafted_one == N, "speculative sampling: %d of %d runs drafted one token in round 1", drafted_one, N);
     /* transformers 5.17's rule (g4_spec_params.raw_q: q = softmax of the raw drafter logits) favours the drafts */
     double tv_raw = 0;
