@@ -58,7 +58,10 @@ static struct {
     int warp_arrived[MAX_THREADS / 32];
     int warp_live[MAX_THREADS / 32];
     unsigned long warp_gen[MAX_THREADS / 32];
-    uint64_t warp_slot[MAX_THREADS];
+    /* a warp's lanes' values, by the parity of the warp barrier's generation: a lane writes the next primitive's
+     * values into the other half, and a third primitive, back in this half, needs every lane past the second
+     * barrier, so all have read this one's (one barrier an exchange) */
+    uint64_t warp_slot[2][MAX_THREADS];
     float warp_result[MAX_THREADS / 32];
     unsigned char *smem;
     size_t smem_cap;
@@ -151,8 +154,10 @@ static void warp_barrier(unsigned mask) {
     const int w = t->warp;
     /* every lane named in the mask must still run (shuffling with an exited lane is undefined) */
     int base = w * 32;
-    for (int l = 0; l < 32; l++)
-        if ((mask >> l & 1u) && (base + l >= E.n || E.threads[base + l].done)) die("warp primitive names a lane that has exited");
+    if (E.warp_live[w] != 32) /* (32 live lanes: the warp is whole) */
+        for (int l = 0; l < 32; l++)
+            if ((mask >> l & 1u) && (base + l >= E.n || E.threads[base + l].done))
+                die("warp primitive names a lane that has exited");
     unsigned long gen = E.warp_gen[w];
     if (++E.warp_arrived[w] == E.warp_live[w]) {
         E.warp_arrived[w] = 0;
@@ -169,12 +174,11 @@ void g4emu_warp_sync(unsigned mask) { warp_barrier(mask); }
 uint64_t g4emu_warp_exchange(unsigned mask, uint64_t v, int src) {
     g4emu_thread *t = g4emu_cur;
     const int base = t->warp * 32;
-    E.warp_slot[base + t->lane] = v;
+    uint64_t *slot = E.warp_slot[E.warp_gen[t->warp] & 1];
+    slot[base + t->lane] = v;
     warp_barrier(mask);
     if (!(mask >> src & 1u)) die("shuffle reads a lane outside its mask");
-    uint64_t r = E.warp_slot[base + src];
-    warp_barrier(mask);
-    return r;
+    return slot[base + src];
 }
 
 /* The lane that completes the barrier reduces the slots once; the result stays until that warp's next
@@ -183,13 +187,14 @@ float g4emu_warp_reduce(float v, int op) {
     g4emu_thread *t = g4emu_cur;
     const int w = t->warp, base = w * 32;
     if (E.warp_live[w] != 32) die("warp reduction in a warp with exited or missing lanes");
-    memcpy(&E.warp_slot[base + t->lane], &v, sizeof v);
     unsigned long gen = E.warp_gen[w];
+    uint64_t *slot = E.warp_slot[gen & 1];
+    memcpy(&slot[base + t->lane], &v, sizeof v);
     if (++E.warp_arrived[w] == E.warp_live[w]) {
         float r = 0.0f;
         for (int l = 0; l < 32; l++) {
             float x;
-            memcpy(&x, &E.warp_slot[base + l], sizeof x);
+            memcpy(&x, &slot[base + l], sizeof x);
             r = l == 0 ? x : op ? fmaxf(r, x) : r + x;
         }
         E.warp_result[w] = r;
@@ -206,12 +211,12 @@ float g4emu_warp_reduce(float v, int op) {
 unsigned g4emu_warp_ballot(unsigned mask, int pred) {
     g4emu_thread *t = g4emu_cur;
     const int base = t->warp * 32;
-    E.warp_slot[base + t->lane] = (uint64_t)(pred != 0);
+    uint64_t *slot = E.warp_slot[E.warp_gen[t->warp] & 1];
+    slot[base + t->lane] = (uint64_t)(pred != 0);
     warp_barrier(mask);
     unsigned r = 0;
     for (int l = 0; l < 32; l++)
-        if ((mask >> l & 1u) && E.warp_slot[base + l]) r |= 1u << l;
-    warp_barrier(mask);
+        if ((mask >> l & 1u) && slot[base + l]) r |= 1u << l;
     return r;
 }
 
