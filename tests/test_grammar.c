@@ -270,6 +270,25 @@ static void test_schemas(void) {
     schema_case("{\"type\":\"integer\",\"multipleOf\":0.5,\"minimum\":3,\"maximum\":5}",
                 DOCS("3", "4", "5", "2", "6", "3.5"), 3, 0);
     schema_case("{\"multipleOf\":0.125}", DOCS("0.125", "-2.375", "8", "0.25", "\"x\"", "0.1", "0.1255"), 4, 1);
+    /* allOf of several schemas, merged: objects (a $ref among them), bounds and types */
+    schema_case("{\"$defs\":{\"base\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\",\"minimum\":0}},"
+                "\"required\":[\"id\"]}},\"allOf\":[{\"$ref\":\"#/$defs/base\"},{\"type\":\"object\",\"properties\":"
+                "{\"name\":{\"type\":\"string\",\"maxLength\":3},\"id\":{\"maximum\":9}},\"required\":[\"name\"]}]}",
+                DOCS("{\"id\":0,\"name\":\"abc\"}", "{\"id\":9,\"name\":\"\"}", "{\"id\":1,\"name\":\"a\",\"x\":1}",
+                     "{\"name\":\"a\",\"id\":1}", "{\"id\":1}", "{\"name\":\"a\"}", "{\"id\":-1,\"name\":\"a\"}",
+                     "{\"id\":10,\"name\":\"a\"}", "{\"id\":1,\"name\":\"abcd\"}"),
+                2, 2);
+    schema_case("{\"allOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"},\"b\":{}},"
+                "\"additionalProperties\":false},{\"properties\":{\"b\":{\"type\":\"integer\"},\"c\":{}}}]}",
+                DOCS("{\"a\":true,\"b\":2}", "{}", "{\"b\":-1}", "{\"b\":\"x\"}", "{\"c\":1}", "{\"a\":1}"), 3, 0);
+    schema_case("{\"allOf\":[{\"type\":\"number\",\"minimum\":0},{\"maximum\":10,\"exclusiveMinimum\":-5},"
+                "{\"type\":[\"integer\",\"null\"]},{\"description\":\"a count\"}]}",
+                DOCS("0", "10", "7", "11", "-1", "null", "2.5"), 3, 0);
+    schema_case("{\"allOf\":[{\"type\":\"integer\",\"maximum\":10,\"minimum\":-3},{\"maximum\":5,\"minimum\":0}]}",
+                DOCS("0", "5", "6", "-1", "10", "-3"), 2, 0);
+    schema_case("{\"allOf\":[{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"maxItems\":3},"
+                "{\"items\":{\"minimum\":1},\"minItems\":1}]}",
+                DOCS("[1]", "[1,2,3]", "[]", "[0]", "[1,2,3,4]", "[1.5]"), 2, 0);
     /* a keyword of one type without "type": values of that type (JSON Schema lets others pass) */
     schema_case("{\"maxLength\":2}", DOCS("\"ab\"", "5", "\"abc\""), 1, 1);
     /* what is refused with a one-line error naming it */
@@ -290,7 +309,11 @@ static void test_schemas(void) {
         {"{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}", "\"x\""},
         {"{\"type\":\"integer\",\"minimum\":5,\"maximum\":4}", "no integer"},
         {"{\"type\":\"strng\"}", "strng"},
-        {"{\"allOf\":[{},{}]}", "allOf"},
+        {"{\"allOf\":[{\"type\":\"string\"},{\"type\":\"integer\"}]}", "no value in common"},
+        {"{\"allOf\":[{\"anyOf\":[{\"type\":\"string\"}]},{\"type\":\"string\"}]}", "\"anyOf\""},
+        {"{\"allOf\":[{\"type\":\"string\",\"pattern\":\"^a$\"},{\"pattern\":\"^b$\"}]}", "\"pattern\" differs"},
+        {"{\"allOf\":[{\"properties\":{\"a\":{}},\"required\":[\"a\"]},{\"properties\":{},\"additionalProperties\":false}]}",
+         "closed out"},
         {"{\"type\":\"object\"", "not valid JSON"},
         {"false", "accepts nothing"},
         {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "left-recursive"},

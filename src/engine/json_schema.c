@@ -14,7 +14,7 @@
  * (the template's dictsort), no blanks, null as None or null.
  *
  * Keywords read: type (a name or a list), properties, required, additionalProperties, items, prefixItems,
- * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf of one schema,
+ * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf (several schemas merged: allof_rule),
  * $ref (#, #/$defs/..., any JSON pointer into the root), nullable (OpenAPI), minimum / maximum /
  * exclusiveMinimum / exclusiveMaximum of integers and of numbers (a bounded number is written without an exponent,
  * but for minimum 0 alone), multipleOf (multiple_schema: with bounds that pick a sign or hold at most 256 multiples), format date, time, date-time, duration, uuid, ipv4, ipv6, hostname and email (subsets of
@@ -1588,6 +1588,185 @@ static int ref_rule(sc *c, const char *ref) {
     return check(c, r);
 }
 
+/* ------------------------------------------------------------------ allOf
+ * allOf of several schemas, merged into one where that is exact: each part a schema without combinators (a $ref
+ * alone is replaced by its target); types intersected (integer within number); properties united (a property in
+ * several parts: allOf of its schemas), required united; additionalProperties false in a part drops the other
+ * parts' properties it does not list (a required one of them: no document); lower bounds (minimum, minLength,
+ * minItems, exclusiveMinimum) the greatest, upper bounds the least; items merged as properties are; any other
+ * keyword in several parts must be equal in all. Anything else is an error naming it. */
+static const char *const type_names[] = {"object", "array", "string", "integer", "number", "boolean", "null"};
+
+/* The types a schema allows, as bits of type_names (all where it has no "type"); -1 on a bad "type". */
+static int type_bits(const json_t *schema) {
+    const json_t *t = json_object_get(schema, "type");
+    if (!t) return 0x7f;
+    int bits = 0;
+    for (size_t i = 0; i < (json_is_array(t) ? json_array_size(t) : 1); i++) {
+        const char *name = json_string_value(json_is_array(t) ? json_array_get(t, i) : t);
+        int k = 0;
+        while (k < 7 && (!name || strcmp(name, type_names[k]))) k++;
+        if (k == 7) return -1;
+        bits |= 1 << k | (k == 4 ? 1 << 3 : 0); /* (number takes integers) */
+    }
+    return bits;
+}
+
+static int is_annotation(const char *key) {
+    static const char *const a[] = {"title", "description", "default", "examples", "$comment", "deprecated",
+                                    "readOnly", "writeOnly", "$schema", "$id", NULL};
+    for (const char *const *k = a; *k; k++)
+        if (!strcmp(*k, key)) return 1;
+    return 0;
+}
+
+/* merged[key] = (a, b) as allOf wants them; 0, or -1 after an error. */
+static int merge_keyword(sc *c, json_t *merged, const char *key, const json_t *b) {
+    json_t *a = json_object_get(merged, key);
+    if (!a) /* (a copy: required is appended to, and the schema's own document stays as it is) */
+        return json_object_set_new(merged, key, json_deep_copy(b)) ? fail(c, "json_schema: %s", "out of memory") : 0;
+    static const char *const lower[] = {"minimum", "exclusiveMinimum", "minLength", "minItems", NULL},
+                             *const upper[] = {"maximum", "exclusiveMaximum", "maxLength", "maxItems", NULL};
+    for (int u = 0; u < 2; u++)
+        for (const char *const *k = u ? upper : lower; *k; k++)
+            if (!strcmp(*k, key)) {
+                if (!json_is_number(a) || !json_is_number(b)) return fail(c, "json_schema: %s must be a number", key);
+                const double x = json_number_value(a), y = json_number_value(b);
+                if (u ? y < x : y > x) json_object_set(merged, key, (json_t *)b);
+                return 0;
+            }
+    if (!strcmp(key, "required")) {
+        if (!json_is_array(a) || !json_is_array(b)) return fail(c, "json_schema: %s must be an array", key);
+        for (size_t i = 0; i < json_array_size(b); i++) {
+            int have = 0;
+            for (size_t j = 0; j < json_array_size(a) && !have; j++)
+                have = json_equal(json_array_get(a, j), json_array_get(b, i));
+            if (!have) json_array_append(a, json_array_get(b, i));
+        }
+        return 0;
+    }
+    if (!strcmp(key, "properties") || !strcmp(key, "$items")) { /* (items: as one property) */
+        if (!json_is_object(a) || !json_is_object(b)) return fail(c, "json_schema: %s must be an object", key);
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)b, k, v) {
+            json_t *mine = json_object_get(a, k);
+            if (!mine || json_equal(mine, v)) json_object_set(a, k, v);
+            else json_object_set_new(a, k, json_pack("{s:[O,O]}", "allOf", mine, v));
+        }
+        return 0;
+    }
+    if (json_equal(a, b)) return 0;
+    return fail(c, "json_schema: allOf: \"%s\" differs between its schemas (not supported)", key);
+}
+
+static int allof_rule(sc *c, const json_t *list) {
+    json_t *merged = json_object(), *props = json_object(), *closed = json_array(); /* closed: key lists */
+    int types = 0x7f, r = -1;
+    if (!merged || !props || !closed) {
+        fail(c, "json_schema: %s", "out of memory");
+        goto done;
+    }
+    json_object_set(merged, "properties", props);
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        const json_t *part = json_array_get(list, i);
+        for (int hops = 0; json_is_object(part) && json_object_get(part, "$ref"); hops++) {
+            const char *ref = json_string_value(json_object_get(part, "$ref"));
+            const json_t *target = ref ? resolve(c->root, ref) : NULL;
+            if (!target || hops > 16 || json_object_size(part) != 1) {
+                fail(c, "json_schema: %s", "allOf: a $ref beside other keywords, or one that names nothing");
+                goto done;
+            }
+            part = target;
+        }
+        if (json_is_true(part)) continue;
+        if (!json_is_object(part)) {
+            fail(c, "json_schema: %s", "allOf: a part is not a schema object");
+            goto done;
+        }
+        const int bits = type_bits(part);
+        if (bits < 0) {
+            fail(c, "json_schema: %s", "allOf: a part's type is not a type name or a list of them");
+            goto done;
+        }
+        types &= bits;
+        const json_t *pp = json_object_get(part, "properties"), *ap = json_object_get(part, "additionalProperties");
+        if (json_is_false(ap)) {
+            json_t *keys = json_array();
+            const char *k;
+            const json_t *v;
+            if (pp) json_object_foreach((json_t *)pp, k, v) json_array_append_new(keys, json_string(k));
+            json_array_append_new(closed, keys);
+        } else if (ap && !json_is_true(ap)) {
+            fail(c, "json_schema: %s", "allOf: additionalProperties of a schema is not supported there");
+            goto done;
+        }
+        const char *key;
+        const json_t *v;
+        json_object_foreach((json_t *)part, key, v) {
+            if (is_annotation(key) || !strcmp(key, "type") || !strcmp(key, "additionalProperties") || !strcmp(key, "$defs") ||
+                !strcmp(key, "definitions"))
+                continue;
+            if (!strcmp(key, "anyOf") || !strcmp(key, "oneOf") || !strcmp(key, "allOf") || !strcmp(key, "enum") ||
+                !strcmp(key, "const") || !strcmp(key, "$ref") || !strcmp(key, "prefixItems") || !strcmp(key, "nullable")) {
+                fail(c, "json_schema: allOf: \"%s\" in a part of several is not supported", key);
+                goto done;
+            }
+            if (!strcmp(key, "items")) { /* merged as a property "" of an object $items */
+                json_t *one = json_pack("{s:O}", "", v);
+                int bad = merge_keyword(c, merged, "$items", one);
+                json_decref(one);
+                if (bad) goto done;
+                continue;
+            }
+            if (merge_keyword(c, merged, key, v)) goto done;
+        }
+    }
+    if (!types) {
+        fail(c, "json_schema: %s", "allOf: its schemas' types have no value in common");
+        goto done;
+    }
+    /* the parts closed by additionalProperties false keep only the keys every one of them lists */
+    if (json_array_size(closed)) {
+        json_object_set_new(merged, "additionalProperties", json_false());
+        const char *k;
+        json_t *v, *tmp;
+        json_object_foreach_safe(props, tmp, k, v) {
+            for (size_t i = 0; i < json_array_size(closed); i++) {
+                const json_t *keys = json_array_get(closed, i);
+                int listed = 0;
+                for (size_t j = 0; j < json_array_size(keys) && !listed; j++)
+                    listed = !strcmp(json_string_value(json_array_get(keys, j)), k);
+                if (!listed) {
+                    json_object_del(props, k);
+                    break;
+                }
+            }
+        }
+        const json_t *req = json_object_get(merged, "required");
+        for (size_t i = 0; i < json_array_size(req); i++)
+            if (!json_object_get(props, json_string_value(json_array_get(req, i)))) {
+                fail(c, "json_schema: allOf: required \"%s\" is closed out by additionalProperties false (no document)",
+                     json_string_value(json_array_get(req, i)));
+                goto done;
+            }
+    }
+    if (!json_object_size(props) && !json_array_size(closed)) json_object_del(merged, "properties");
+    json_t *items = json_object_get(merged, "$items");
+    if (items) json_object_set(merged, "items", json_object_get(items, "")), json_object_del(merged, "$items");
+    json_t *tl = json_array();
+    for (int k = 0; k < 7; k++)
+        if (types >> k & 1 && !(k == 3 && types >> 4 & 1)) json_array_append_new(tl, json_string(type_names[k]));
+    if (types != 0x7f) json_object_set_new(merged, "type", tl);
+    else json_decref(tl);
+    r = value(c, merged);
+done:
+    json_decref(merged);
+    json_decref(props);
+    json_decref(closed);
+    return r;
+}
+
 static const char *const known_keywords[] = {
     "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
     "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
@@ -1688,11 +1867,7 @@ static int value_inner(sc *c, const json_t *schema) {
         if (!list) continue;
         if (!json_is_array(list) || !json_array_size(list))
             return fail(c, "json_schema: %s must be a non-empty array", combos[k]);
-        if (k == 2) {
-            if (json_array_size(list) != 1)
-                return fail(c, "json_schema: %s", "allOf of more than one schema is not supported");
-            return value(c, json_array_get(list, 0));
-        }
+        if (k == 2) return json_array_size(list) == 1 ? value(c, json_array_get(list, 0)) : allof_rule(c, list);
         const size_t n = json_array_size(list);
         int *alts = malloc(n * sizeof *alts);
         if (!alts) return fail(c, "json_schema: %s", "out of memory");
