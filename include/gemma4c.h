@@ -573,7 +573,8 @@ typedef struct g4_grammar g4_grammar;
  * byte (OpenAI's response_format json_schema). Objects list their properties in the schema's order (required ones
  * always, optional ones or not); a schema listing properties takes other keys only with additionalProperties
  * true or a schema. Read: type, properties, required, additionalProperties, items, prefixItems, minItems,
- * maxItems, minLength, maxLength, enum, const, anyOf, oneOf, allOf (several schemas merged where exact), $ref into the document,
+ * maxItems, minLength, maxLength, enum, const, anyOf, oneOf, allOf (several schemas merged where exact), $ref into
+ * the document,
  * nullable, integer and number bounds (a bounded number without an exponent), multipleOf (without bounds, with
  * bounds that pick a sign, or with at most 256 multiples between two bounds), format date / time / date-time /
  * duration / uuid / ipv4 / ipv6 / hostname / email, pattern (anchored ^...$,

@@ -14,12 +14,14 @@
  * (the template's dictsort), no blanks, null as None or null.
  *
  * Keywords read: type (a name or a list), properties, required, additionalProperties, items, prefixItems,
- * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf (several schemas merged: allof_rule),
- * $ref (#, #/$defs/..., any JSON pointer into the root), nullable (OpenAPI), minimum / maximum /
+ * minItems, maxItems, minLength, maxLength (characters), enum, const, anyOf, oneOf, allOf (several schemas merged:
+ * allof_rule), $ref (#, #/$defs/..., any JSON pointer into the root), nullable (OpenAPI), minimum / maximum /
  * exclusiveMinimum / exclusiveMaximum of integers and of numbers (a bounded number is written without an exponent,
- * but for minimum 0 alone), multipleOf (multiple_schema: with bounds that pick a sign or hold at most 256 multiples), format date, time, date-time, duration, uuid, ipv4, ipv6, hostname and email (subsets of
- * each standard: format_pattern), pattern (anchored ^...$; the subset at pattern_rule); annotations (title, description, default, examples, $schema, $id, $comment, deprecated, readOnly,
- * writeOnly) are skipped. Any other keyword is an error naming it: a constraint is never dropped silently. */
+ * but for minimum 0 alone), multipleOf (multiple_schema: with bounds that pick a sign or hold at most 256
+ * multiples), format date, time, date-time, duration, uuid, ipv4, ipv6, hostname and email (subsets of each
+ * standard: format_pattern), pattern (anchored ^...$; the subset at pattern_rule); annotations (title, description,
+ * default, examples, $schema, $id, $comment, deprecated, readOnly, writeOnly) are skipped. Any other keyword is an
+ * error naming it: a constraint is never dropped silently. */
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
