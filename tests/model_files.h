@@ -51,7 +51,10 @@ static inline int resave(const char *src_dir, const char *dst_dir, int n_shards,
     char a[4096], b[4096];
     snprintf(a, sizeof a, "%s/config.json", src_dir);
     snprintf(b, sizeof b, "%s/config.json", dst_dir);
-    if (copy_file(a, b)) return -1;
+    if (copy_file(a, b)) {
+        g4_tensor_set_free(&set);
+        return -1;
+    }
     int n_extra = ed ? ed->n_extra : 0;
     g4_tensor *ts = calloc((size_t)(set.n_tensors + n_extra), sizeof *ts);
     float **owned = calloc((size_t)set.n_tensors + 1, sizeof *owned);
