@@ -1614,13 +1614,20 @@ static int type_bits(const json_t *schema) {
     return bits;
 }
 
-static int is_annotation(const char *key) {
-    static const char *const a[] = {"title", "description", "default", "examples", "$comment", "deprecated",
-                                    "readOnly", "writeOnly", "$schema", "$id", NULL};
-    for (const char *const *k = a; *k; k++)
-        if (!strcmp(*k, key)) return 1;
+/* 1 when key is one of the list's (NULL-terminated). */
+static int listed(const char *const *list, const char *key) {
+    for (; *list; list++)
+        if (!strcmp(*list, key)) return 1;
     return 0;
 }
+
+/* Keywords that only annotate (skipped), and those that constrain (read; any other is an error). */
+static const char *const annotation_keywords[] = {"title", "description", "default", "examples", "$schema", "$id",
+                                                  "$comment", "deprecated", "readOnly", "writeOnly", NULL};
+static const char *const known_keywords[] = {
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
+    "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
+    "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "format", "pattern", NULL};
 
 /* merged[key] = (a, b) as allOf wants them; 0, or -1 after an error. */
 static int merge_keyword(sc *c, json_t *merged, const char *key, const json_t *b) {
@@ -1706,11 +1713,11 @@ static int allof_rule(sc *c, const json_t *list) {
         const char *key;
         const json_t *v;
         json_object_foreach((json_t *)part, key, v) {
-            if (is_annotation(key) || !strcmp(key, "type") || !strcmp(key, "additionalProperties") || !strcmp(key, "$defs") ||
-                !strcmp(key, "definitions"))
-                continue;
-            if (!strcmp(key, "anyOf") || !strcmp(key, "oneOf") || !strcmp(key, "allOf") || !strcmp(key, "enum") ||
-                !strcmp(key, "const") || !strcmp(key, "$ref") || !strcmp(key, "prefixItems") || !strcmp(key, "nullable")) {
+            static const char *const merged_above[] = {"type", "additionalProperties", "$defs", "definitions", NULL},
+                                     *const refused[] = {"anyOf", "oneOf", "allOf", "enum", "const", "$ref",
+                                                         "prefixItems", "nullable", NULL};
+            if (listed(annotation_keywords, key) || listed(merged_above, key)) continue;
+            if (listed(refused, key)) {
                 fail(c, "json_schema: allOf: \"%s\" in a part of several is not supported", key);
                 goto done;
             }
@@ -1769,12 +1776,6 @@ done:
     return r;
 }
 
-static const char *const known_keywords[] = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
-    "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions",
-    "nullable", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "format", "pattern", "title", "description",
-    "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", NULL};
-
 /* The schema for one type name. */
 static int typed(sc *c, const json_t *schema, const char *type) {
     if (!strcmp(type, "object")) return object_schema(c, schema);
@@ -1828,9 +1829,8 @@ static int value_inner(sc *c, const json_t *schema) {
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)schema, key, v) {
-        int known = 0;
-        for (const char *const *k = known_keywords; *k && !known; k++) known = !strcmp(*k, key);
-        if (!known) return fail(c, "json_schema: keyword \"%s\" is not supported", key);
+        if (!listed(known_keywords, key) && !listed(annotation_keywords, key))
+            return fail(c, "json_schema: keyword \"%s\" is not supported", key);
     }
     const json_t *ref = json_object_get(schema, "$ref");
     if (ref) {
