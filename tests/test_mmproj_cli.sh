@@ -1,6 +1,6 @@
 #!/bin/bash
 # A multimodal Gemma 4 as llama.cpp distributes it: a text GGUF and a projector file (mmproj-*.gguf, projectors
-# gemma4v and gemma4a). The vision and audio fixtures are written in both (tests/data/make_mmproj.py: the towers as
+# gemma4v and gemma4a; the 12B's gemma4uv and gemma4ua). The vision, audio and unified fixtures are written in both (tests/data/make_mmproj.py: the towers as
 # llama.cpp's converter writes them, F16 and F32; the text weights by `gemma4c quantize`, with a vocabulary holding
 # the fixture's placeholder ids) and must give the transformers references through --mmproj, and through the one
 # mmproj*.gguf beside the model without it. Broken projector files give one-line errors.
@@ -48,6 +48,14 @@ prompt=$(python3 "$here/cli_compare.py" prompt "$fx"); want=$(python3 "$here/cli
 got=$("$bin" generate -m "$tmp/text/text.gguf" --mmproj "$tmp/proj/mmproj-f16.gguf" --ids "$prompt" --image "$img0" \
     --image "$img1" --budget 70 -n 24 --temp 0 --ignore-eos)
 [ "$got" = "$want" ]; check $? "generate --mmproj --image: the 24 greedy ids of the reference ($got)"
+
+# the converter's --outtype q8_0 (its matrices Q8_0 as gguf-py rounds them; the patch embedding F32): soft tokens
+# within Q8_0's rounding of the reference (a misread block would be off by its whole size)
+mk mmproj "$fx" "$tmp/proj-q8.gguf" --outtype q8_0 &&
+    "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/proj-q8.gguf" --image "$img0" --image "$img1" --budget 70 \
+        -o "$tmp/emb-q8.f32" 2>/dev/null
+err=$(python3 "$here/cli_compare.py" rel "$ref" image_embeddings "$tmp/emb-q8.f32" 5e-2)
+check $? "encode-image --mmproj (q8_0): image_embeddings within 5e-2 relative (error $err)"
 
 # the comparison sees the converter's permutation: the patch embedding left in HF order gives other soft tokens
 mk mmproj "$fx" "$tmp/noperm.gguf" --skip-permute &&
@@ -97,6 +105,10 @@ prompt=$(python3 "$here/cli_compare.py" prompt "$afx"); want=$(python3 "$here/cl
 got=$("$bin" generate -m "$tmp/atext/text.gguf" --mmproj "$tmp/aproj/mmproj-f16.gguf" --ids "$prompt" --audio "$wav" -n 24 \
     --temp 0 --ignore-eos)
 [ "$got" = "$want" ]; check $? "generate --mmproj --audio: the 24 greedy ids of the reference ($got)"
+mk mmproj "$afx" "$tmp/aproj-q8.gguf" --outtype q8_0 &&
+    "$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/aproj-q8.gguf" --audio "$wav" -o "$tmp/aemb-q8.f32" >/dev/null
+err=$(python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/aemb-q8.f32" 5e-2)
+check $? "encode-audio --mmproj (q8_0): audio_embeddings within 5e-2 relative (error $err)"
 # the comparison sees the converter's softplus of per_dim_scale
 mk mmproj "$afx" "$tmp/nosoftplus.gguf" --skip-softplus &&
     "$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/nosoftplus.gguf" --audio "$wav" -o "$tmp/aemb-x.f32" >/dev/null
@@ -125,6 +137,71 @@ mk mmproj "$fx" "$tmp/both.gguf" --audio-from "$afx" &&
 check $? "a projector with both towers: image and audio soft tokens of the references"
 rm -f "$tmp/x.f32"
 
+# the 12B (gemma4_unified) as llama.cpp converts it: a text GGUF and a projector of the encoder-free embedders
+# (gemma4uv + gemma4ua: the converter's pixel order in patch_dense and patch_ln1, the position table's axes swapped)
+ufx=$shared/fixtures/unified uref=$shared/fixtures/unified/reference.safetensors
+uimg0=$ufx/image0.png uimg1=$ufx/image1.png uwav=$ufx/audio0.wav
+mkdir -p "$tmp/utext" "$tmp/uproj"
+"$bin" quantize "$ufx" "$tmp/unovocab.gguf" --type f32 >/dev/null 2>&1 &&
+    mk vocab "$tmp/unovocab.gguf" "$tmp/utext/text.gguf" "$ufx" && mk mmproj "$ufx" "$tmp/uproj/mmproj-f16.gguf" &&
+    mk mmproj "$ufx" "$tmp/uproj/mmproj-f32.gguf" --outtype f32
+check $? "the unified fixture as a text GGUF and llama.cpp projector files (gemma4uv + gemma4ua, F16 and F32)"
+expect_error "the unified text GGUF alone takes no image" "$bin" encode-image -m "$tmp/utext/text.gguf" --image "$uimg0" \
+    -o "$tmp/x.f32"
+for t in f16 f32; do
+    "$bin" encode-image -m "$tmp/utext/text.gguf" --mmproj "$tmp/uproj/mmproj-$t.gguf" --image "$uimg0" --image "$uimg1" \
+        --budget 70 -o "$tmp/uemb-$t.f32" 2>"$tmp/uenc.txt"
+    err=$(python3 "$here/cli_compare.py" rel "$uref" image_embeddings "$tmp/uemb-$t.f32" 1e-3)
+    check $? "unified encode-image --mmproj ($t): image_embeddings within 1e-3 relative (error $err)"
+done
+grep -q "image0.png: 60 soft tokens" "$tmp/uenc.txt" && grep -q "image1.png: 66 soft tokens" "$tmp/uenc.txt"
+check $? "unified encode-image --mmproj: 60 and 66 soft tokens (48-px blocks)"
+"$bin" encode-audio -m "$tmp/utext/text.gguf" --mmproj "$tmp/uproj/mmproj-f16.gguf" --audio "$uwav" -o "$tmp/uaud.f32" >/dev/null
+err=$(python3 "$here/cli_compare.py" rel "$uref" audio_embeddings "$tmp/uaud.f32" 1e-3)
+check $? "unified encode-audio --mmproj: audio_embeddings within 1e-3 relative (error $err)"
+ids=$(python3 "$here/cli_compare.py" ids "$uref" input_ids)
+"$bin" logits -m "$tmp/utext/text.gguf" --mmproj "$tmp/uproj/mmproj-f16.gguf" --ids "$ids" --image "$uimg0" --image "$uimg1" \
+    --audio "$uwav" --budget 70 -o "$tmp/ulogits.f32"
+err=$(python3 "$here/cli_compare.py" logits "$uref" "$tmp/ulogits.f32" 2e-3)
+check $? "unified logits --mmproj --image --image --audio: the full prompt within 2e-3, images bidirectional (max error $err)"
+prompt=$(python3 "$here/cli_compare.py" prompt "$ufx"); want=$(python3 "$here/cli_compare.py" greedy "$ufx")
+got=$("$bin" generate -m "$tmp/utext/text.gguf" --mmproj "$tmp/uproj/mmproj-f16.gguf" --ids "$prompt" --image "$uimg0" \
+    --image "$uimg1" --audio "$uwav" --budget 70 -n 24 --temp 0 --ignore-eos)
+[ "$got" = "$want" ]; check $? "unified generate --mmproj: the 24 greedy ids of the reference ($got)"
+mk mmproj "$ufx" "$tmp/uproj-q8.gguf" --outtype q8_0 &&
+    "$bin" encode-image -m "$tmp/utext/text.gguf" --mmproj "$tmp/uproj-q8.gguf" --image "$uimg0" --image "$uimg1" \
+        --budget 70 -o "$tmp/uemb-q8.f32" 2>/dev/null &&
+    "$bin" encode-audio -m "$tmp/utext/text.gguf" --mmproj "$tmp/uproj-q8.gguf" --audio "$uwav" -o "$tmp/uaud-q8.f32" >/dev/null
+ei=$(python3 "$here/cli_compare.py" rel "$uref" image_embeddings "$tmp/uemb-q8.f32" 5e-2) &&
+    ea=$(python3 "$here/cli_compare.py" rel "$uref" audio_embeddings "$tmp/uaud-q8.f32" 5e-2)
+check $? "unified --mmproj (q8_0): image and audio soft tokens within 5e-2 relative (errors ${ei:-?}, ${ea:-?})"
+mk mmproj "$ufx" "$tmp/unoperm.gguf" --skip-permute &&
+    "$bin" encode-image -m "$tmp/utext/text.gguf" --mmproj "$tmp/unoperm.gguf" --image "$uimg0" --image "$uimg1" --budget 70 \
+        -o "$tmp/uemb-noperm.f32" 2>/dev/null
+[ $? = 0 ] && ! python3 "$here/cli_compare.py" rel "$uref" image_embeddings "$tmp/uemb-noperm.f32" 1e-3 >/dev/null
+check $? "a unified projector whose patch_dense and patch_ln1 keep the HF pixel order misses the reference"
+mkdir -p "$tmp/uauto" && cp "$tmp/utext/text.gguf" "$tmp/uauto/model.gguf" && cp "$tmp/uproj/mmproj-f16.gguf" "$tmp/uauto/mmproj-model-f16.gguf"
+"$bin" encode-audio -m "$tmp/uauto/model.gguf" --audio "$uwav" -o "$tmp/uaud-auto.f32" >/dev/null 2>&1 &&
+    cmp -s "$tmp/uaud-auto.f32" "$tmp/uaud.f32"
+check $? "the unified projector beside the model loads by itself"
+ubad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
+    local what=$1 pat=$2; shift 2
+    mk mmproj "$ufx" "$tmp/ubad.gguf" "$@" || { check 1 "$what: make_mmproj.py $*"; return; }
+    expect_error "$what" "$bin" encode-image -m "$tmp/utext/text.gguf" --mmproj "$tmp/ubad.gguf" --image "$uimg0" -o "$tmp/x.f32"
+    grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
+}
+ubad "a unified vision half with gemma4a audio" 'holds the image and the audio embedder' --audio-projector gemma4a
+ubad "a unified projector without its position table" "has no v.position_embd.weight" --omit-tensor v.position_embd.weight
+ubad "a unified projector without the audio projection" "missing: model.embed_audio.embedding_projection.weight" \
+    --omit-tensor mm.a.input_projection.weight
+ubad "a unified projector of another model" "maps to 256-wide embeddings, the text model's hidden size is 128" \
+    --projection-dim 256
+ubad "a unified patch embedding of the wrong shape" "v.patch_embd.weight has shape \[127, 6912\], expected \[128, 6912\]" \
+    --shrink v.patch_embd.weight
+ubad "a unified patch_ln1 of the wrong length" "v.patch_norm.1.weight has shape \[6911\], expected \[6912\]" \
+    --shrink v.patch_norm.1.weight
+ubad "no vision patch size" "has no clip.vision.patch_size" --omit-key clip.vision.patch_size
+
 # broken projector files and wrong pairings: one line each
 bad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
     local what=$1 pat=$2; shift 2
@@ -133,7 +210,7 @@ bad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
     grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
 }
 bad "another projector type" 'projector type "gemma3" is not Gemma 4' --projector gemma3
-bad "Gemma 4's unified projector" 'gemma4uv' --projector gemma4uv
+bad "a unified projector type on a gemma4v tower" 'holds the image and the audio embedder' --projector gemma4uv
 bad "no embedding_length" "has no clip.vision.embedding_length" --omit-key clip.vision.embedding_length
 bad "no layer_norm_epsilon" "has no clip.vision.attention.layer_norm_epsilon" --omit-key clip.vision.attention.layer_norm_epsilon
 bad "no projector type" "has no clip.vision.projector_type" --omit-key clip.vision.projector_type

@@ -159,35 +159,39 @@ static int opt_int(const json_t *meta, const char *key, const char *path, int df
     return need_int(meta, key, path, out, err);
 }
 
-/* gemma.py:1024-1028: input_proj [D, p*p*3] (inner order row, column, channel: docs/gemma4-towers.md 2.5) was
- * reshaped to [D, p, p, 3] and permuted to [D, 3, p, p] (channel, row, column) for ggml_conv_2d; its ne is
- * {p, p, 3, D}, our reader's row-major shape [D, 3, p, p]. Back: out[d][(y*p + x)*3 + c] = in[d][c][y][x]. */
-static int unpermute_patch(g4_tensor *t, int D, int p, g4_tensor_set *set, const char *path, g4_error *err) {
-    const int64_t want[4] = {D, 3, p, p};
-    int same = t->ndim == 4;
-    for (int i = 0; same && i < 4; i++) same = t->shape[i] == want[i];
-    if (!same) {
-        char s1[128], s2[128];
-        return g4_fail(err, "%s: v.patch_embd.weight has shape %s, expected %s (embedding_length %d, patch_size %d)",
-                       path, g4_shape_str(t->shape, t->ndim, s1, sizeof s1), g4_shape_str(want, 4, s2, sizeof s2), D,
-                       p);
-    }
+/* The converter's pixel order: ggml's im2col reads a patch channel by channel (c, y, x) where transformers' patches
+ * are (y, x, c) rasters. gemma.py:1024-1028 reshapes input_proj [D, p*p*3] to [D, p, p, 3] and permutes it to
+ * [D, 3, p, p]; the unified projector (gemma.py:1056-1083) permutes patch_dense's columns and patch_ln1 the same
+ * way. Back, for `rows` rows of 3 * p * p values (t's shape checked by the caller): out[r][(y*p + x)*3 + c] =
+ * in[r][(c*p + y)*p + x], into a buffer `set` owns; t becomes [rows, 3 * p * p] (1-D when rows is 0). */
+static int chw_to_hwc(g4_tensor *t, int64_t rows, int p, g4_tensor_set *set, const char *path, g4_error *err) {
     if (t->dtype != G4_F32 && t->dtype != G4_F16 && t->dtype != G4_BF16)
-        return g4_fail(err, "%s: v.patch_embd.weight is %s; the converter writes F32 or F16", path,
+        return g4_fail(err, "%s: %s is %s; the converter writes F32 or F16", path, t->name,
                        t->dtype ? g4_dtype_name(t->dtype) : "of an unknown type");
-    const size_t es = (size_t)g4_dtype_bits(t->dtype) / 8, pp = (size_t)p * (size_t)p;
-    unsigned char *out = malloc((size_t)D * 3 * pp * es);
+    const size_t es = (size_t)g4_dtype_bits(t->dtype) / 8, pp = (size_t)p * (size_t)p, n = rows ? (size_t)rows : 1;
+    unsigned char *out = malloc(n * 3 * pp * es);
     if (!out) return g4_fail(err, "out of memory");
     const unsigned char *in = t->data;
-    for (size_t d = 0; d < (size_t)D; d++)
+    for (size_t d = 0; d < n; d++)
         for (size_t c = 0; c < 3; c++)
             for (size_t yx = 0; yx < pp; yx++)
                 memcpy(out + ((d * pp + yx) * 3 + c) * es, in + ((d * 3 + c) * pp + yx) * es, es);
     if (g4_tensor_set_own(set, out, err)) return -1;
     t->data = out;
-    t->ndim = 2;
-    t->shape[0] = D;
-    t->shape[1] = (int64_t)3 * (int64_t)pp;
+    t->ndim = rows ? 2 : 1;
+    t->shape[0] = rows ? rows : (int64_t)(3 * pp);
+    t->shape[1] = rows ? (int64_t)(3 * pp) : 0;
+    return 0;
+}
+
+/* 1 when t has exactly the shape `want` of n axes, else 0 after an error naming it. */
+static int has_shape(const g4_tensor *t, const int64_t *want, int n, const char *path, g4_error *err) {
+    int same = t->ndim == n;
+    for (int i = 0; same && i < n; i++) same = t->shape[i] == want[i];
+    if (same) return 1;
+    char s1[128], s2[128];
+    g4_fail(err, "%s: %s has shape %s, expected %s", path, t->name, g4_shape_str(t->shape, t->ndim, s1, sizeof s1),
+            g4_shape_str(want, n, s2, sizeof s2));
     return 0;
 }
 
@@ -314,6 +318,101 @@ static json_t *audio_config(const g4_gguf *g, const char *path, int text_hidden,
     return ac;
 }
 
+/* The unified model's projector (gemma.py Gemma4UnifiedVisionAudioModel :1035-1083, projector types gemma4uv and
+ * gemma4ua; clip.cpp :1637-1650, :2628-2637, :3343-3346; models/gemma4uv.cpp, gemma4ua.cpp): the encoder-free
+ * embedders under their checkpoint names (towers/unified.c binds them). The converter renames pos_norm to patch_ln3
+ * and tensor_mapping.py maps model.vision_embedder.{patch_ln{bid}, patch_dense, pos_embedding} to
+ * v.patch_norm.{bid}, v.patch_embd, v.position_embd; the projections are gemma4v's / gemma3n's names. */
+static const struct {
+    const char *gguf, *hf;
+} unified_names[] = {
+    {"v.patch_norm.1.weight", "model.vision_embedder.patch_ln1.weight"},
+    {"v.patch_norm.1.bias", "model.vision_embedder.patch_ln1.bias"},
+    {"v.patch_embd.weight", "model.vision_embedder.patch_dense.weight"},
+    {"v.patch_embd.bias", "model.vision_embedder.patch_dense.bias"},
+    {"v.patch_norm.2.weight", "model.vision_embedder.patch_ln2.weight"},
+    {"v.patch_norm.2.bias", "model.vision_embedder.patch_ln2.bias"},
+    {"v.position_embd.weight", "model.vision_embedder.pos_embedding"},
+    {"v.patch_norm.3.weight", "model.vision_embedder.pos_norm.weight"},
+    {"v.patch_norm.3.bias", "model.vision_embedder.pos_norm.bias"},
+    {"mm.input_projection.weight", "model.embed_vision.embedding_projection.weight"},
+    {"mm.a.input_projection.weight", "model.embed_audio.embedding_projection.weight"},
+};
+
+static const char *unified_hf_name(const char *g) {
+    for (size_t i = 0; i < sizeof unified_names / sizeof *unified_names; i++)
+        if (!strcmp(g, unified_names[i].gguf)) return unified_names[i].hf;
+    return NULL;
+}
+
+/* The vision_config and audio_config of a unified projector, or -1 after an error. The converter writes the
+ * vision half's embedding_length as mm_embed_dim, patch_size as the 16-px patch (clip.cpp multiplies it by the
+ * pooling kernel, projector.scale_factor or 3: the 48-px block), the audio half's embedding_length as the samples
+ * a frame (audio_embed_dim); feed_forward_length, block_count and head_count are 0, num_mel_bins is 128 and
+ * unused (gemma4ua reads 640-sample frames). mm_posemb_size comes from the position table [2, size, E]. */
+static int unified_configs(const g4_gguf *g, const char *path, int text_hidden, json_t **vc, json_t **ac, int *E_out,
+                           int *block_out, g4_error *err) {
+    const json_t *meta = g->meta;
+    int E = 0, P = 0, k = 0, proj = 0, A = 0, aproj = 0;
+    if (need_int(meta, "clip.vision.embedding_length", path, &E, err) ||
+        need_int(meta, "clip.vision.patch_size", path, &P, err) ||
+        need_int(meta, "clip.vision.projection_dim", path, &proj, err) ||
+        opt_int(meta, "clip.vision.projector.scale_factor", path, 3, &k, err) ||
+        need_int(meta, "clip.audio.embedding_length", path, &A, err) ||
+        need_int(meta, "clip.audio.projection_dim", path, &aproj, err))
+        return -1;
+    const json_t *veps = json_object_get(meta, "clip.vision.attention.layer_norm_epsilon"),
+                 *aeps = json_object_get(meta, "clip.audio.attention.layer_norm_epsilon");
+    if (!json_is_number(veps))
+        return g4_fail(err, "%s: the mmproj file has no clip.vision.attention.layer_norm_epsilon", path);
+    if (aeps && !json_is_number(aeps))
+        return g4_fail(err, "%s: clip.audio.attention.layer_norm_epsilon is not a number", path);
+    if (proj != text_hidden || aproj != text_hidden)
+        return g4_fail(err, "%s: the projector maps to %d-wide embeddings, the text model's hidden size is %d: not this "
+                            "model's projector", path, proj != text_hidden ? proj : aproj, text_hidden);
+    if ((int64_t)P * k > 4096) return g4_fail(err, "%s: patch_size %d x scale_factor %d is too large", path, P, k);
+    const g4_tensor *pos = g4_tensor_set_find(&g->set, "v.position_embd.weight");
+    if (!pos) return g4_fail(err, "%s: the mmproj file has no v.position_embd.weight", path);
+    if (pos->ndim != 3 || pos->shape[0] != 2 || pos->shape[2] != E) {
+        char sh[128];
+        return g4_fail(err, "%s: v.position_embd.weight has shape %s, expected [2, n, %d]", path,
+                       g4_shape_str(pos->shape, pos->ndim, sh, sizeof sh), E);
+    }
+    *vc = json_pack("{s:i, s:i, s:i, s:I, s:i, s:f}", "patch_size", P, "pooling_kernel_size", k, "mm_embed_dim", E,
+                    "mm_posemb_size", (json_int_t)pos->shape[1], "output_proj_dims", E, "rms_norm_eps",
+                    json_number_value(veps));
+    /* clip.cpp :1971 takes 1e-6 whatever the file says; the converter writes 1e-6 (the audio_config has no
+     * layer_norm_eps) */
+    *ac = json_pack("{s:i, s:f}", "audio_embed_dim", A, "rms_norm_eps", aeps ? json_number_value(aeps) : 1e-6);
+    if (!*vc || !*ac) {
+        json_decref(*vc);
+        json_decref(*ac);
+        *vc = *ac = NULL;
+        return g4_fail(err, "out of memory");
+    }
+    *E_out = E;
+    *block_out = P * k;
+    return 0;
+}
+
+/* A [2, n, E] table as [n, 2, E] (gemma.py:1050-1052 permuted the checkpoint's (1, 0, 2)), into a buffer `set`
+ * owns; the shape was checked by unified_configs. */
+static int swap_first_axes(g4_tensor *t, g4_tensor_set *set, const char *path, g4_error *err) {
+    if (t->dtype != G4_F32 && t->dtype != G4_F16 && t->dtype != G4_BF16)
+        return g4_fail(err, "%s: %s is %s; the converter writes F32 or F16", path, t->name,
+                       t->dtype ? g4_dtype_name(t->dtype) : "of an unknown type");
+    const size_t row = (size_t)t->shape[2] * (size_t)g4_dtype_bits(t->dtype) / 8, n = (size_t)t->shape[1];
+    unsigned char *out = malloc(2 * n * row);
+    if (!out) return g4_fail(err, "out of memory");
+    for (size_t a = 0; a < 2; a++)
+        for (size_t i = 0; i < n; i++) memcpy(out + (i * 2 + a) * row, (const unsigned char *)t->data + (a * n + i) * row, row);
+    if (g4_tensor_set_own(set, out, err)) return -1;
+    t->data = out;
+    t->shape[0] = (int64_t)n;
+    t->shape[1] = 2;
+    return 0;
+}
+
 /* An owned f32 copy of a 1-D F32 tensor with f applied. */
 static int map_f32(g4_tensor *t, double (*f)(double), g4_tensor_set *set, const char *gname, const char *path,
                    g4_error *err) {
@@ -336,8 +435,9 @@ static int map_f32(g4_tensor *t, double (*f)(double), g4_tensor_set *set, const 
 static double inverse_softplus(double y) { return y > 20.0 ? y : y + log(-expm1(-y)); }
 
 int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json_t **vision_config_out,
-                     json_t **audio_config_out, g4_error *err) {
+                     json_t **audio_config_out, int *unified_out, g4_error *err) {
     *vision_config_out = *audio_config_out = NULL;
+    *unified_out = 0;
     const int n0 = set->n_tensors; /* a failure leaves the set's tensors as they were */
     g4_gguf g;
     if (g4_gguf_open(path, &g, err)) return -1;
@@ -366,18 +466,27 @@ int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json
         g4_fail(err, "%s: the mmproj file has no clip.vision.projector_type", path);
         goto done;
     }
-    if (vt && strcmp(vt, "gemma4v")) {
-        g4_fail(err, "%s: projector type \"%s\" is not Gemma 4's vision tower (\"gemma4v\")%s", path, vt,
-                !strcmp(vt, "gemma4uv") ? ": the gemma4_unified projector is not read from GGUF yet" : "");
+    /* the unified model's projector holds both embedders (the converter asserts both configs) */
+    const int unified = (vt && !strcmp(vt, "gemma4uv")) || (at && !strcmp(at, "gemma4ua"));
+    if (unified && (!vt || strcmp(vt, "gemma4uv") || !at || strcmp(at, "gemma4ua"))) {
+        g4_fail(err, "%s: a gemma4_unified projector holds the image and the audio embedder (projector types "
+                     "\"gemma4uv\" and \"gemma4ua\"); this one has \"%s\" and \"%s\"", path, vt ? vt : "none",
+                at ? at : "none");
         goto done;
     }
-    if (at && strcmp(at, "gemma4a")) {
-        g4_fail(err, "%s: audio projector type \"%s\" is not Gemma 4's audio tower (\"gemma4a\")%s", path, at,
-                !strcmp(at, "gemma4ua") ? ": the gemma4_unified projector is not read from GGUF yet" : "");
+    if (!unified && vt && strcmp(vt, "gemma4v")) {
+        g4_fail(err, "%s: projector type \"%s\" is not Gemma 4's vision tower (\"gemma4v\", or \"gemma4uv\" for 12B)",
+                path, vt);
         goto done;
     }
-    if (vt && !(vc = vision_config(&g, path, text_hidden, &D, &P, err))) goto done;
-    if (at && !(ac = audio_config(&g, path, text_hidden, err))) goto done;
+    if (!unified && at && strcmp(at, "gemma4a")) {
+        g4_fail(err, "%s: audio projector type \"%s\" is not Gemma 4's audio tower (\"gemma4a\", or \"gemma4ua\" for "
+                     "12B)", path, at);
+        goto done;
+    }
+    if (unified && unified_configs(&g, path, text_hidden, &vc, &ac, &D, &P, err)) goto done;
+    if (!unified && vt && !(vc = vision_config(&g, path, text_hidden, &D, &P, err))) goto done;
+    if (!unified && at && !(ac = audio_config(&g, path, text_hidden, err))) goto done;
     /* move the file and the towers' tensors into `set` under their HF names */
     if (g.set.n_files != 1) {
         g4_fail(err, "%s: unexpected file layout", path);
@@ -389,8 +498,24 @@ int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json
     for (int i = 0; i < g.set.n_tensors; i++) {
         g4_tensor t = g.set.tensors[i];
         char hf[256];
-        if (vc && !hf_name(t.name, hf, sizeof hf)) {
-            if (!strcmp(t.name, "v.patch_embd.weight") && unpermute_patch(&t, D, P, set, path, err)) goto done;
+        const char *uname = unified ? unified_hf_name(t.name) : NULL;
+        if (uname) {
+            const int64_t dense[2] = {D, 3 * (int64_t)P * P}, ln1[1] = {3 * (int64_t)P * P};
+            if (!strcmp(t.name, "v.patch_embd.weight")) {
+                if (!has_shape(&t, dense, 2, path, err) || chw_to_hwc(&t, D, P, set, path, err)) goto done;
+            } else if (!strncmp(t.name, "v.patch_norm.1.", 15)) {
+                if (!has_shape(&t, ln1, 1, path, err) || chw_to_hwc(&t, 0, P, set, path, err)) goto done;
+            } else if (!strcmp(t.name, "v.position_embd.weight") && swap_first_axes(&t, set, path, err)) {
+                goto done;
+            }
+            snprintf(hf, sizeof hf, "%s", uname);
+        } else if (unified) {
+            continue; /* a name the converter does not write for the unified model: left out */
+        } else if (vc && !hf_name(t.name, hf, sizeof hf)) {
+            const int64_t patch[4] = {D, 3, P, P};
+            if (!strcmp(t.name, "v.patch_embd.weight") &&
+                (!has_shape(&t, patch, 4, path, err) || chw_to_hwc(&t, D, P, set, path, err)))
+                goto done;
         } else if (ac && !audio_hf_name(t.name, hf, sizeof hf)) {
             const size_t n = strlen(t.name);
             if (n > 15 && !strcmp(t.name + n - 15, ".conv_dw.weight")) {
@@ -414,6 +539,7 @@ int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json
     }
     *vision_config_out = vc;
     *audio_config_out = ac;
+    *unified_out = unified;
     vc = ac = NULL;
     rc = 0;
 done:

@@ -950,21 +950,23 @@ static int gguf_token(const json_t *meta, const char *piece) {
 }
 
 /* A GGUF text model with llama.cpp's projector file (gguf_mmproj.h): the towers' tensors join the weights
- * and *cj (the text config rebuilt from the GGUF) becomes a multimodal gemma4 config around it. The placeholder
- * ids are the vocabulary's <|image|>, <|image>, <image|> (as llama.cpp's mtmd.cpp finds "<|image>"/"<image|>" by
- * their text; a vocabulary without them is an error, a file without one takes Gemma 4's ids), and images attend
- * to each other as transformers' use_bidirectional_attention "vision" does exactly where llama.cpp decodes them non-causally (mtmd.cpp mtmd_decode_use_non_causal: gemma4v except text
- * widths 1536 and 2560, E2B and E4B, whose configs leave it unset). */
+ * and *cj (the text config rebuilt from the GGUF) becomes a multimodal gemma4 config around it (gemma4_unified for
+ * the 12B's projector). The placeholder ids are the vocabulary's <|image|>, <|image>, <image|> (as llama.cpp's
+ * mtmd.cpp finds "<|image>"/"<image|>" by their text; a vocabulary without them is an error, a file without one
+ * takes Gemma 4's ids), and images attend to each other as transformers' use_bidirectional_attention "vision" does
+ * exactly where llama.cpp decodes them non-causally (mtmd.cpp mtmd_decode_use_non_causal: gemma4uv, and gemma4v
+ * except text widths 1536 and 2560, E2B and E4B, whose configs leave it unset). */
 static int attach_mmproj(g4_model *m, const char *path, json_t **cj, g4_error *err) {
     const int hidden = (int)json_integer_value(json_object_get(*cj, "hidden_size"));
     json_t *vc, *ac;
-    if (g4_mmproj_attach(path, hidden, &m->weights, &vc, &ac, err)) return -1;
+    int unified;
+    if (g4_mmproj_attach(path, hidden, &m->weights, &vc, &ac, &unified, err)) return -1;
     if (g4_tensor_set_finish(&m->weights, err)) {
         json_decref(vc);
         json_decref(ac);
         return -1;
     }
-    if (ac) { /* the audio tower reads its config from the model (no config.json beside a GGUF) */
+    if (ac && !unified) { /* the audio tower reads its config from the model (no config.json beside a GGUF) */
         m->mmproj_audio = json_incref(ac);
         snprintf(m->mmproj_path, sizeof m->mmproj_path, "%s", path);
     }
@@ -973,7 +975,7 @@ static int attach_mmproj(g4_model *m, const char *path, json_t **cj, g4_error *e
     static const char *const keys[] = {"image_token_id", "boi_token_id", "eoi_token_id", "video_token_id",
                                        "audio_token_id", "boa_token_id", "eoa_token_id"};
     json_t *w = json_object();
-    if (!w || json_object_set_new(w, "model_type", json_string("gemma4")) ||
+    if (!w || json_object_set_new(w, "model_type", json_string(unified ? "gemma4_unified" : "gemma4")) ||
         json_object_set(w, "tie_word_embeddings", json_object_get(*cj, "tie_word_embeddings")) ||
         (vc && json_object_set_new(w, "vision_config", vc)) || (ac && json_object_set_new(w, "audio_config", ac))) {
         json_decref(w);
@@ -990,7 +992,7 @@ static int attach_mmproj(g4_model *m, const char *path, json_t **cj, g4_error *e
         }
         if (id >= 0) json_object_set_new(w, keys[i], json_integer(id));
     }
-    if (vc && hidden != 1536 && hidden != 2560)
+    if (vc && (unified || (hidden != 1536 && hidden != 2560)))
         json_object_set_new(*cj, "use_bidirectional_attention", json_string("vision"));
     json_object_set_new(w, "text_config", *cj);
     *cj = w;

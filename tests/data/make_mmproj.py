@@ -3,7 +3,7 @@
 ("mmproj-*.gguf") that `convert_hf_to_gguf.py --mmproj` makes of a Gemma4ForConditionalGeneration folder
 (tests/test_mmproj_cli.sh). python3 + numpy only; no torch, no gguf-py.
 
-    make_mmproj.py mmproj MODEL_DIR OUT.gguf [--outtype f16|f32]
+    make_mmproj.py mmproj MODEL_DIR OUT.gguf [--outtype f16|f32|q8_0]
         the vision and audio towers of MODEL_DIR (config.json, preprocessor_config.json, model.safetensors,
         BF16/F16/F32); a model with audio but no vision (the audio fixture, which the converter refuses) gets the
         audio half alone
@@ -24,13 +24,14 @@ filter_tensors :2608-2616, set_type :2626, set_gguf_parameters :2640-2661, tenso
 ModelBase.prepare_tensors (:1026-1110: the dtype of each tensor; tensor_force_quant gets the HF name); gguf-py/gguf/tensor_mapping.py (the "# gemma4"
 names), constants.py (keys), gguf_writer.py (layout: header, key-values, tensor infos, data aligned to 32)."""
 import json
+import os
 import struct
 import sys
 
 import numpy as np
 
 ALIGN = 32
-GGML_F32, GGML_F16 = 0, 1
+GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8
 # GGUF value types
 U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
 
@@ -88,14 +89,38 @@ def pad(n):
     return (ALIGN - n % ALIGN) % ALIGN
 
 
+class Q8_0:
+    """gguf-py quants.py Q8_0.quantize_blocks ("bit-exact same results as reference implementation in ggml-quants.c"):
+    per 32 values d = max|x| / 127 (stored f16), q = np_roundf(x / d) (halves away from zero), in float32."""
+
+    def __init__(self, x):
+        x = np.asarray(x, np.float32)
+        self.shape, self.ndim = x.shape, x.ndim
+        blocks = x.reshape(-1, 32)
+        d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
+        with np.errstate(divide='ignore'):
+            inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+        a = np.abs(blocks * inv)
+        fl = np.floor(a)
+        q = np.sign(blocks * inv) * (fl + np.floor(2 * (a - fl)))
+        self.raw = np.concatenate([d.astype(np.float16).view(np.uint8), q.astype(np.int8).view(np.uint8)], axis=1)
+
+    def tobytes(self):
+        return self.raw.tobytes()
+
+
 def write_gguf(path, kvs, tensors):
-    """kvs: list of (key, type, value); tensors: list of (name, np array f32/f16, C order). ne = reversed shape."""
+    """kvs: list of (key, type, value); tensors: list of (name, np array f32/f16 or Q8_0, C order). ne = reversed
+    shape."""
     head = b'GGUF' + struct.pack('<IQQ', 3, len(tensors), len(kvs))
     head += b''.join(kv_bytes(*kv) for kv in kvs)
     off, blobs = 0, []
     for name, a in tensors:
-        a = np.ascontiguousarray(a)
-        t = GGML_F32 if a.dtype == np.float32 else GGML_F16
+        if isinstance(a, Q8_0):
+            t = GGML_Q8_0
+        else:
+            a = np.ascontiguousarray(a)
+            t = GGML_F32 if a.dtype == np.float32 else GGML_F16
         head += s_bytes(name) + struct.pack('<I', a.ndim) + b''.join(struct.pack('<Q', d) for d in a.shape[::-1])
         head += struct.pack('<IQ', t, off)
         raw = a.tobytes()
@@ -122,7 +147,20 @@ GLOBAL_MAP = {
     'model.vision_tower.std_bias': 'v.std_bias',
     'model.vision_tower.std_scale': 'v.std_scale',
     'model.embed_vision.embedding_projection': 'mm.input_projection',
+    # the unified model's embedder ("# gemma4 unified"; patch_ln{bid} -> v.patch_norm.{bid})
+    'model.vision_embedder.patch_dense': 'v.patch_embd',
+    'model.vision_embedder.pos_embedding': 'v.position_embd',
+    **{f'model.vision_embedder.patch_ln{b}': f'v.patch_norm.{b}' for b in range(128)},
 }
+N_BLOCK_KEYS = ['n_layers', 'num_hidden_layers', 'n_layer', 'num_layers', 'depth', 'layers', 'encoder_layers',
+                'vt_num_hidden_layers']  # MmprojModel.n_block_keys
+
+
+def find_param(obj, keys):  # MmprojModel._find_param
+    for k in keys:
+        if k in obj:
+            return obj[k]
+    raise SystemExit(f'could not find any of: {keys}')
 # tensor_mapping.py, MODEL_ARCH.MMPROJ: the conformer's names after gemma.py:1008-1009 ("# gemma4" entries)
 AUDIO_LAYER_MAP = {
     'feed_forward1.ffw_layer_1': 'ffn_up', 'feed_forward1.ffw_layer_2': 'ffn_down',
@@ -178,7 +216,15 @@ def softplus(x):  # torch.nn.functional.softplus (beta 1, threshold 20) in float
 
 def convert(model_dir, out, outtype, broken):
     cfg = json.load(open(f'{model_dir}/config.json'))
-    pre = json.load(open(f'{model_dir}/preprocessor_config.json'))
+    # MmprojModel.__init__ (base.py:2578-2604): preprocessor_config.json, then processor_config.json with its
+    # image_processor moved to the top level, merged
+    pre = {}
+    for fname in ('preprocessor_config.json', 'processor_config.json'):
+        if os.path.exists(f'{model_dir}/{fname}'):
+            c = json.load(open(f'{model_dir}/{fname}'))
+            pre.update({**c, **c.get('image_processor', {})} if fname == 'processor_config.json' else c)
+    # Gemma4UnifiedVisionAudioModel (gemma.py:1035-1083), registered for Gemma4UnifiedForConditionalGeneration
+    unified = 'Gemma4UnifiedForConditionalGeneration' in cfg.get('architectures', [])
     # MmprojModel.__init__: hparams_vision / hparams_audio = global_config["vision_config"] / ["audio_config"].
     # Gemma4VisionAudioModel asserts a vision tower (gemma.py:962); the audio fixture has none, so for it this
     # writes the audio half alone, exactly as it is written beside a vision tower.
@@ -196,6 +242,11 @@ def convert(model_dir, out, outtype, broken):
         ha['feat_in'] = ha.get('input_feat_size', 128)
         if 'hidden_size' in ha:
             ha['intermediate_size'] = ha['hidden_size'] * 4
+    if unified:  # gemma.py:1040-1050: a transformer-less tower
+        hv['hidden_size'] = hv['mm_embed_dim']
+        ha['hidden_size'] = ha['audio_embed_dim']
+        for h in (hv, ha):
+            h['intermediate_size'] = h['num_layers'] = h['num_attention_heads'] = 0
     text = {**cfg, **cfg.get('text_config', {})}
     n_embd_text = text.get('hidden_size', text.get('n_embd', 0))  # base.py:2549-2550
     f16 = outtype == 'f16'
@@ -203,7 +254,7 @@ def convert(model_dir, out, outtype, broken):
         ('general.architecture', STR, 'clip'),   # MODEL_ARCH.MMPROJ -> "clip" (constants.py)
         ('general.type', STR, 'mmproj'),         # MmprojModel.set_type
         ('general.name', STR, 'Gemma4 fixture'),
-        ('general.file_type', U32, 1 if f16 else 0),  # LlamaFileType MOSTLY_F16 = 1, ALL_F32 = 0
+        ('general.file_type', U32, {'f32': 0, 'f16': 1, 'q8_0': 7}[outtype]),  # LlamaFileType ALL_F32, MOSTLY_F16, MOSTLY_Q8_0
     ]
     if hv:  # MmprojModel.set_gguf_parameters (base.py:2643-2661)
         kvs += [
@@ -213,7 +264,7 @@ def convert(model_dir, out, outtype, broken):
             ('clip.vision.patch_size', U32, hv['patch_size']),
             ('clip.vision.embedding_length', U32, hv['hidden_size']),
             ('clip.vision.feed_forward_length', U32, hv['intermediate_size']),
-            ('clip.vision.block_count', U32, hv['num_hidden_layers']),
+            ('clip.vision.block_count', U32, find_param(hv, N_BLOCK_KEYS)),
             ('clip.vision.attention.head_count', U32, hv['num_attention_heads']),
             ('clip.vision.image_mean', ARR, (F32, pre['image_mean'])),
             ('clip.vision.image_std', ARR, (F32, pre['image_std'])),
@@ -224,16 +275,17 @@ def convert(model_dir, out, outtype, broken):
             ('clip.audio.projection_dim', U32, int(broken.get('--projection-dim', n_embd_text))),
             ('clip.audio.embedding_length', U32, ha['hidden_size']),
             ('clip.audio.feed_forward_length', U32, ha['intermediate_size']),
-            ('clip.audio.block_count', U32, ha['num_hidden_layers']),
+            ('clip.audio.block_count', U32, find_param(ha, N_BLOCK_KEYS)),
             ('clip.audio.attention.head_count', U32, ha['num_attention_heads']),
         ]
     if hv:
         # Gemma4VisionAudioModel.set_gguf_parameters (gemma.py:978-979): the eps is read from "layer_norm_eps",
         # which Gemma 4's vision_config does not have: always 1e-6 (its rms_norm_eps in released configs)
-        kvs += [('clip.vision.projector_type', STR, broken.get('--projector', 'gemma4v')),
+        # gemma.py:1053-1055: the unified model's types overwrite these in place (gguf_writer.add_key_value)
+        kvs += [('clip.vision.projector_type', STR, broken.get('--projector', 'gemma4uv' if unified else 'gemma4v')),
                 ('clip.vision.attention.layer_norm_epsilon', F32, hv.get('layer_norm_eps', 1e-6))]
     if ha:  # gemma.py:982-986
-        kvs += [('clip.audio.projector_type', STR, broken.get('--audio-projector', 'gemma4a')),
+        kvs += [('clip.audio.projector_type', STR, broken.get('--audio-projector', 'gemma4ua' if unified else 'gemma4a')),
                 ('clip.audio.num_mel_bins', U32, ha['feat_in']),
                 ('clip.audio.attention.layer_norm_epsilon', F32, ha.get('layer_norm_eps', 1e-6))]
     tensors = []
@@ -245,6 +297,20 @@ def convert(model_dir, out, outtype, broken):
         if (audio and not ha) or (not audio and not hv):
             continue
         x = np.asarray(x, np.float32)
+        if unified:  # gemma.py:1057-1083, before Gemma4VisionAudioModel.modify_tensors
+            if name.endswith('pos_embedding'):
+                name += '.weight'
+                x = x.transpose(1, 0, 2)
+            elif '.pos_norm.' in name:
+                name = name.replace('.pos_norm.', '.patch_ln3.')
+            elif 'patch_dense.weight' in name or 'patch_ln1.weight' in name or 'patch_ln1.bias' in name:
+                # the columns in ggml's im2col order (channel, row, column): perm[i] = the HWC index of CHW i
+                p = hv.get('model_patch_size', hv['patch_size'] * hv['pooling_kernel_size'])
+                i = np.arange(p * p * 3)
+                ch, row, col = i // (p * p), (i % (p * p)) // p, i % p
+                perm = row * p * 3 + col * 3 + ch
+                if '--skip-permute' not in broken:
+                    x = x[:, perm] if 'patch_dense' in name else x[perm]
         if x.ndim == 0:  # gemma.py:1002-1004: scalars (input/output min/max) become 1-D
             x = x.reshape(1)
         if audio:  # gemma.py:1006-1017 (the audio branch)
@@ -279,15 +345,19 @@ def convert(model_dir, out, outtype, broken):
             force = GGML_F16 if f16 else GGML_F32
         if x.ndim <= 1 or new.endswith('_norm.weight'):  # :1048-1049
             force = GGML_F32
-        if force is None and not new.endswith(('.weight', '.lora_a', '.lora_b')):  # :1082
+        # :1053-1083: the position tables (V_ENC_EMBD_POS: the unified model's v.position_embd, which its
+        # tensor_force_quant leaves alone) and names not ending in .weight stay F32
+        if force is None and (new == 'v.position_embd.weight' or not new.endswith(('.weight', '.lora_a', '.lora_b'))):
             force = GGML_F32
-        if force is None:  # :1103-1108: no override, the file type's
-            force = GGML_F16 if f16 else GGML_F32
+        if force is None:  # :1103-1131: no override, the file type's; Q8_0 where the rows are whole blocks, else F16
+            force = {'f16': GGML_F16, 'f32': GGML_F32, 'q8_0': GGML_Q8_0}[outtype]
+            if force == GGML_Q8_0 and x.shape[-1] % 32:
+                force = GGML_F16
         if new == broken.get('--omit-tensor'):
             continue
         if new == broken.get('--shrink'):
             x = x[:-1]
-        tensors.append((new, x.astype(np.float16 if force == GGML_F16 else np.float32)))
+        tensors.append((new, Q8_0(x) if force == GGML_Q8_0 else x.astype(np.float16 if force == GGML_F16 else np.float32)))
     kvs = [kv for kv in kvs if kv[0] != broken.get('--omit-key')]
     write_gguf(out, kvs, tensors)
 

@@ -2,11 +2,13 @@
  * opens must only point inside the file; every tensor of a type the engine reads is decoded (its first rows,
  * core/quant.c and quant_codebook.c: any bytes are a valid block) and moved into the layouts the backends hold
  * it in (g4_transcode_row to AF4 / AF8 / Q6_K / Q8_0, g4_transcode_row_mlx), which must keep every value where
- * g4_transcode_exact says so. */
+ * g4_transcode_exact says so. The same bytes as a projector file (formats/gguf_mmproj.h) of a 4-wide text model: what
+ * it adds to a tensor set must lie inside the file or the buffers the set owns. */
 #include <math.h>
 
 #include "core/quant.h"
 #include "formats/gguf.h"
+#include "formats/gguf_mmproj.h"
 #include "fuzz.h"
 
 #define MAX_IN 8192 /* elements of a row decoded (longer rows: skipped) */
@@ -28,9 +30,30 @@ static void check_held(const g4_tensor *t, g4_dtype to, int64_t in) {
     }
 }
 
+static void projector(const char *path) {
+    g4_tensor_set set = {0};
+    json_t *vc = NULL, *ac = NULL;
+    int unified = 0;
+    g4_error err = {{0}};
+    const int rc = g4_mmproj_attach(path, 4, &set, &vc, &ac, &unified, &err);
+    fuzz_expect_error(rc, &err);
+    if (!rc) {
+        for (int i = 0; i < set.n_tensors; i++) {
+            const g4_tensor *t = &set.tensors[i];
+            if (!t->nbytes) continue;
+            volatile unsigned s = ((const volatile uint8_t *)t->data)[0] + ((const volatile uint8_t *)t->data)[t->nbytes - 1];
+            (void)s;
+        }
+        json_decref(vc);
+        json_decref(ac);
+    }
+    g4_tensor_set_free(&set);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_tmp("model.gguf");
     fuzz_write_file(path, data, size);
+    projector(path);
     g4_gguf g;
     g4_error err = {{0}};
     const int rc = g4_gguf_open(path, &g, &err);

@@ -149,6 +149,30 @@ def main():
                 data[k * nbytes:k * nbytes + 2] = struct.pack("<H", 0x2400)
         c.add("gguf", gguf_bytes(kvs, [("t.%d" % gtype, gtype, [256, 1], bytes(data))]))
     c.add("gguf", gguf_bytes(kvs, []))
+    # a projector file of the unified model's embedders (gemma4uv + gemma4ua) for a 4-wide text model: 2-px blocks
+    def u32(k, v):
+        return (k, 4, struct.pack("<I", v))
+
+    def text(k, v):
+        return (k, 8, struct.pack("<Q", len(v)) + v.encode())
+
+    def f32s(*ne):
+        n = 1
+        for d in ne:
+            n *= d
+        return struct.pack("<%df" % n, *[rnd.uniform(-1, 1) for _ in range(n)])
+
+    pkvs = [text("general.architecture", "clip"), text("clip.vision.projector_type", "gemma4uv"),
+            text("clip.audio.projector_type", "gemma4ua"), u32("clip.vision.embedding_length", 2),
+            u32("clip.vision.patch_size", 2), u32("clip.vision.projector.scale_factor", 1),
+            u32("clip.vision.projection_dim", 4), u32("clip.audio.embedding_length", 8),
+            u32("clip.audio.projection_dim", 4), ("clip.vision.attention.layer_norm_epsilon", 6, struct.pack("<f", 1e-6))]
+    ptensors = [("v.patch_norm.1.weight", 0, [12], f32s(12)), ("v.patch_norm.1.bias", 0, [12], f32s(12)),
+                ("v.patch_embd.weight", 0, [12, 2], f32s(12, 2)), ("v.patch_embd.bias", 0, [2], f32s(2)),
+                ("v.position_embd.weight", 0, [2, 3, 2], f32s(2, 3, 2)), ("v.patch_norm.3.weight", 0, [2], f32s(2)),
+                ("mm.input_projection.weight", 0, [2, 4], f32s(2, 4)),
+                ("mm.a.input_projection.weight", 0, [8, 4], f32s(8, 4))]
+    c.add("gguf", gguf_bytes(pkvs, ptensors))
     shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     good = {"model.a": shards[0], "model.b": shards[0], "model.c": shards[1]}
     for wm in [good, {**good, "model.d": shards[1]}, {"model.a": shards[0], "model.b": shards[1], "model.c": shards[1]},
