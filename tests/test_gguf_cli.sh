@@ -43,6 +43,18 @@ conv='{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user",
 a=$(echo "$conv" | "$bin" template -m "$m" -f -) && b=$(echo "$conv" | "$bin" template -m "$g" -f -)
 [ $? = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; check $? "the template command renders the GGUF's template as the folder's"
 
+# generation_config.json's suppress_tokens travel as tokenizer.ggml.suppress_tokens (where llama.cpp's converter
+# writes the 12B's): the GGUF never picks the suppressed ids either, and greedy decoding matches the folder's
+first=$("$bin" generate -m "$m" --ids "$ids" -n 3 --temp 0 --ignore-eos) && sup=${first%%,*} &&
+    rm -rf "$tmp/sup" && cp -r "$m" "$tmp/sup" &&
+    /usr/bin/python3 -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['suppress_tokens'] = [int(sys.argv[2]), 5]
+json.dump(c, open(p, 'w'))" "$tmp/sup/generation_config.json" "$sup" && "$bin" quantize "$tmp/sup" "$tmp/sup.gguf" --type bf16 &&
+    a=$("$bin" generate -m "$tmp/sup" --ids "$ids" -n 8 --temp 0 --ignore-eos) &&
+    b=$("$bin" generate -m "$tmp/sup.gguf" --ids "$ids" -n 8 --temp 0 --ignore-eos) &&
+    c=$("$bin" generate -m "$g" --ids "$ids" -n 8 --temp 0 --ignore-eos)
+[ $? = 0 ] && [ "$a" = "$b" ] && [ "${c%%,*}" = "$sup" ] && ! echo ",$b," | grep -q ",$sup,"
+check $? "suppress_tokens [$sup, 5] in the GGUF: its greedy ids are the folder's ($b), not the unsuppressed file's ($c)"
+
 for t in q8_0 q4_0 q6_k iq4_xs mlx4; do # (q2_k, q3_k, iq4_nl: the fixture below)
     case $t in mlx*) out=$tmp/tt-$t ;; *) out=$tmp/tt-$t.gguf ;; esac
     "$bin" quantize "$m" "$out" --type $t && got=$("$bin" generate -m "$out" --ids "$ids" -n 8 --temp 0 --ignore-eos)

@@ -1,7 +1,8 @@
 /* What a model holds beside config.json and the weights: tokenizer.json (+ tokenizer_config.json), the chat
  * template and generation_config.json of a folder, or the same from a GGUF file's metadata (docs/formats.md 3.3:
- * tokenizer.ggml.*, tokenizer.chat_template; a GGUF file has no generation config: default sampling, and the
- * tokenizer's eos and Gemma's end-of-turn token as stop ids, as llama.cpp takes its end-of-generation tokens)
+ * tokenizer.ggml.*, tokenizer.chat_template; a GGUF file has no generation config: default sampling, the
+ * tokenizer's eos and Gemma's end-of-turn token as stop ids, as llama.cpp takes its end-of-generation tokens, and
+ * the suppressed ids of tokenizer.ggml.suppress_tokens)
  * (gemma4c.h, g4_model_load). Each is optional; one that is present must load. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,11 +16,39 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
+/* tokenizer.ggml.suppress_tokens, where llama.cpp's converter puts generation_config.json's suppress_tokens
+ * (conversion/gemma.py Gemma4UnifiedModel; llama-vocab.cpp reads an INT32 array and drops ids outside the
+ * vocabulary, common/sampling.cpp sets the rest to -inf): the generation config's suppressed ids. */
+static int gguf_suppress(g4_model *m, const char *path, g4_error *err) {
+    const json_t *sup = json_object_get(m->gguf_meta, "tokenizer.ggml.suppress_tokens");
+    if (!sup) return 0;
+    if (!json_is_array(sup)) return g4_fail(err, "%s: tokenizer.ggml.suppress_tokens is not a list of token ids", path);
+    int32_t *ids = malloc((json_array_size(sup) + 1) * sizeof *ids);
+    if (!ids) return g4_fail(err, "out of memory");
+    int n = 0;
+    size_t i;
+    const json_t *e;
+    json_array_foreach(sup, i, e) {
+        if (!json_is_integer(e)) {
+            free(ids);
+            return g4_fail(err, "%s: tokenizer.ggml.suppress_tokens[%zu] is not a token id", path, i);
+        }
+        const json_int_t id = json_integer_value(e);
+        if (id >= 0 && id < m->cfg.text.vocab_size) ids[n++] = (int32_t)id;
+    }
+    g4_generation_config *c = &m->gen_config;
+    free(c->suppress_ids);
+    c->suppress_ids = ids;
+    c->sampling.suppress_ids = ids;
+    c->n_suppress = c->sampling.n_suppress = n;
+    return 0;
+}
+
 static int gguf_files(g4_model *m, const char *path, g4_error *err) {
     if (json_object_get(m->gguf_meta, "tokenizer.ggml.tokens") &&
         g4_tokenizer_load_gguf(path, m->gguf_meta, &m->tok, err))
         return -1;
-    if (g4_generation_config_load_files(NULL, NULL, &m->gen_config, err)) return -1;
+    if (g4_generation_config_load_files(NULL, NULL, &m->gen_config, err) || gguf_suppress(m, path, err)) return -1;
     if (!m->tok) return 0;
     const int32_t stops[] = {g4_tokenizer_eos_id(m->tok), g4_tokenizer_token_id(m->tok, "<turn|>")};
     for (int i = 0; i < 2; i++)

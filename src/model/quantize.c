@@ -567,6 +567,10 @@ static int write_gguf(job *j, g4_error *err) {
     }
     write_tokenizer(&w, tmeta, j->cfg.text.vocab_size);
     json_decref(tmeta);
+    /* generation_config.json's suppress_tokens where llama.cpp's converter writes them (gemma.py Gemma4UnifiedModel) */
+    if (j->model && j->model->gen_config.n_suppress)
+        g4_gguf_add_arr(&w, "tokenizer.ggml.suppress_tokens", G4_GGUF_I32, j->model->gen_config.suppress_ids,
+                        (size_t)j->model->gen_config.n_suppress);
     for (int i = 0; i < j->n_out; i++) {
         out_tensor *o = &j->out[i];
         o->offset = w.data_size;
