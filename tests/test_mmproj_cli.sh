@@ -1,6 +1,6 @@
 #!/bin/bash
 # A multimodal Gemma 4 as llama.cpp distributes it: a text GGUF and a projector file (mmproj-*.gguf, projectors
-# gemma4v and gemma4a; the 12B's gemma4uv and gemma4ua). The vision, audio and unified fixtures are written in both (tests/data/make_mmproj.py: the towers as
+# gemma4v and gemma4a; the 12B's gemma4uv and gemma4ua), and as Ollama does (one GGUF with the towers inside). The vision, audio and unified fixtures are written in both (tests/data/make_mmproj.py: the towers as
 # llama.cpp's converter writes them, F16 and F32; the text weights by `gemma4c quantize`, with a vocabulary holding
 # the fixture's placeholder ids) and must give the transformers references through --mmproj, and through the one
 # mmproj*.gguf beside the model without it. Broken projector files give one-line errors.
@@ -136,6 +136,34 @@ mk mmproj "$fx" "$tmp/both.gguf" --audio-from "$afx" &&
     python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/both-aud.f32" 1e-3 >/dev/null
 check $? "a projector with both towers: image and audio soft tokens of the references"
 rm -f "$tmp/x.f32"
+
+# Ollama's single file (convert/convert_gemma4.go): the towers inside the model file, keys gemma4.vision.* and
+# gemma4.audio.*, the audio tensors partly under Ollama's own names; no projector file
+mkdir -p "$tmp/ollama" && mk ollama "$fx" "$tmp/text/text.gguf" "$tmp/ollama/vision.gguf" &&
+    mk ollama "$afx" "$tmp/atext/text.gguf" "$tmp/ollama/audio.gguf"
+check $? "the vision and audio fixtures as Ollama writes a Gemma 4 model (one GGUF with the towers)"
+"$bin" encode-image -m "$tmp/ollama/vision.gguf" --image "$img0" --image "$img1" --budget 70 -o "$tmp/ol-img.f32" 2>/dev/null
+err=$(python3 "$here/cli_compare.py" rel "$ref" image_embeddings "$tmp/ol-img.f32" 1e-3)
+check $? "Ollama's file: image_embeddings within 1e-3 relative (error $err)"
+ids=$(python3 "$here/cli_compare.py" ids "$ref" input_ids)
+"$bin" logits -m "$tmp/ollama/vision.gguf" --ids "$ids" --image "$img0" --image "$img1" --budget 70 -o "$tmp/ol-logits.f32"
+err=$(python3 "$here/cli_compare.py" logits "$ref" "$tmp/ol-logits.f32" 2e-3)
+check $? "Ollama's file: logits of the full prompt with two images within 2e-3 (max error $err)"
+"$bin" encode-audio -m "$tmp/ollama/audio.gguf" --audio "$wav" -o "$tmp/ol-aud.f32" >/dev/null
+err=$(python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/ol-aud.f32" 1e-3)
+check $? "Ollama's file: audio_embeddings within 1e-3 relative (error $err)"
+prompt=$(python3 "$here/cli_compare.py" prompt "$afx"); want=$(python3 "$here/cli_compare.py" greedy "$afx")
+got=$("$bin" generate -m "$tmp/ollama/audio.gguf" --ids "$prompt" --audio "$wav" -n 24 --temp 0 --ignore-eos)
+[ "$got" = "$want" ]; check $? "Ollama's file: generate --audio gives the 24 greedy ids of the reference ($got)"
+/usr/bin/python3 - "$tmp/ollama/audio.gguf" "$tmp/ollama/broken.gguf" <<'PY'
+import sys
+b = open(sys.argv[1], 'rb').read()
+k = b'gemma4.audio.attention.layer_norm_epsilon'
+assert b.count(k) == 1
+open(sys.argv[2], 'wb').write(b.replace(k, b'gemma4.audio.attention.layer_norm_epsilox'))
+PY
+expect_error "Ollama's file without its audio eps" "$bin" encode-audio -m "$tmp/ollama/broken.gguf" --audio "$wav" -o "$tmp/x.f32"
+grep -q "has no gemma4.audio.attention.layer_norm_epsilon" "$tmp/err.txt"; check $? "... and says which key"
 
 # the 12B (gemma4_unified) as llama.cpp converts it: a text GGUF and a projector of the encoder-free embedders
 # (gemma4uv + gemma4ua: the converter's pixel order in patch_dense and patch_ln1, the position table's axes swapped)

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/quant.h"
 #include "formats/gguf.h"
 
 /* v.blk.N.<gguf> -> model.vision_tower.encoder.layers.N.<hf>. The converter renames
@@ -82,47 +83,61 @@ static int hf_name(const char *g, char *out, size_t cap) {
 
 /* The audio tower (projector gemma4a). gemma.py:1008-1017 renames model.audio_tower. -> conformer. and .linear. ->
  * ., appends .weight to per_dim_scale; tensor_mapping.py's "# gemma4" conformer entries give these a.* names (its
- * conv_norm / norm_conv are the other way round from the HF names: clip.cpp:3300 says so too). */
+ * conv_norm / norm_conv are the other way round from the HF names: clip.cpp:3300 says so too). Ollama's file
+ * (convert/convert_gemma4.go Replacements) names some of them otherwise: its column (NULL: as llama.cpp). */
 static const struct {
-    const char *gguf, *hf;
+    const char *gguf, *ollama, *hf;
     int linear; /* a Gemma4ClippableLinear: HF <p>.linear.weight + <p>.input_min ... */
 } audio_layer_names[] = {
-    {"ffn_up", "feed_forward1.ffw_layer_1", 1}, {"ffn_down", "feed_forward1.ffw_layer_2", 1},
-    {"ffn_norm", "feed_forward1.pre_layer_norm", 0}, {"ffn_post_norm", "feed_forward1.post_layer_norm", 0},
-    {"ffn_up_1", "feed_forward2.ffw_layer_1", 1}, {"ffn_down_1", "feed_forward2.ffw_layer_2", 1},
-    {"ffn_norm_1", "feed_forward2.pre_layer_norm", 0}, {"ffn_post_norm_1", "feed_forward2.post_layer_norm", 0},
-    {"attn_q", "self_attn.q_proj", 1}, {"attn_k", "self_attn.k_proj", 1}, {"attn_v", "self_attn.v_proj", 1},
-    {"attn_out", "self_attn.post", 1}, {"attn_k_rel", "self_attn.relative_k_proj", 0},
-    {"per_dim_scale", "self_attn.per_dim_scale", 0}, {"attn_pre_norm", "norm_pre_attn", 0},
-    {"attn_post_norm", "norm_post_attn", 0}, {"ln2", "norm_out", 0}, {"conv_norm", "lconv1d.pre_layer_norm", 0},
-    {"norm_conv", "lconv1d.conv_norm", 0}, {"conv_dw", "lconv1d.depthwise_conv1d", 0},
-    {"conv_pw1", "lconv1d.linear_start", 1}, {"conv_pw2", "lconv1d.linear_end", 1},
+    {"ffn_up", NULL, "feed_forward1.ffw_layer_1", 1}, {"ffn_down", NULL, "feed_forward1.ffw_layer_2", 1},
+    {"ffn_norm", NULL, "feed_forward1.pre_layer_norm", 0}, {"ffn_post_norm", NULL, "feed_forward1.post_layer_norm", 0},
+    {"ffn_up_1", NULL, "feed_forward2.ffw_layer_1", 1}, {"ffn_down_1", NULL, "feed_forward2.ffw_layer_2", 1},
+    {"ffn_norm_1", NULL, "feed_forward2.pre_layer_norm", 0},
+    {"ffn_post_norm_1", NULL, "feed_forward2.post_layer_norm", 0}, {"attn_q", NULL, "self_attn.q_proj", 1},
+    {"attn_k", NULL, "self_attn.k_proj", 1}, {"attn_v", NULL, "self_attn.v_proj", 1},
+    {"attn_out", NULL, "self_attn.post", 1}, {"attn_k_rel", "linear_pos", "self_attn.relative_k_proj", 0},
+    {"per_dim_scale", NULL, "self_attn.per_dim_scale", 0}, {"attn_pre_norm", "ln1", "norm_pre_attn", 0},
+    {"attn_post_norm", "ln2", "norm_post_attn", 0}, {"ln2", "layer_pre_norm", "norm_out", 0},
+    {"conv_norm", NULL, "lconv1d.pre_layer_norm", 0}, {"norm_conv", NULL, "lconv1d.conv_norm", 0},
+    {"conv_dw", NULL, "lconv1d.depthwise_conv1d", 0}, {"conv_pw1", NULL, "lconv1d.linear_start", 1},
+    {"conv_pw2", NULL, "lconv1d.linear_end", 1},
 }, audio_global_names[] = {
-    {"a.conv1d.0.weight", "model.audio_tower.subsample_conv_projection.layer0.conv.weight", 0},
-    {"a.conv1d.0.norm.weight", "model.audio_tower.subsample_conv_projection.layer0.norm.weight", 0},
-    {"a.conv1d.1.weight", "model.audio_tower.subsample_conv_projection.layer1.conv.weight", 0},
-    {"a.conv1d.1.norm.weight", "model.audio_tower.subsample_conv_projection.layer1.norm.weight", 0},
-    {"a.input_projection.weight", "model.audio_tower.subsample_conv_projection.input_proj_linear.weight", 0},
-    {"a.pre_encode.out.weight", "model.audio_tower.output_proj.weight", 0},
-    {"a.pre_encode.out.bias", "model.audio_tower.output_proj.bias", 0},
-    {"mm.a.input_projection.weight", "model.embed_audio.embedding_projection.weight", 0},
+    {"a.conv1d.0.weight", NULL, "model.audio_tower.subsample_conv_projection.layer0.conv.weight", 0},
+    {"a.conv1d.0.norm.weight", NULL, "model.audio_tower.subsample_conv_projection.layer0.norm.weight", 0},
+    {"a.conv1d.1.weight", NULL, "model.audio_tower.subsample_conv_projection.layer1.conv.weight", 0},
+    {"a.conv1d.1.norm.weight", NULL, "model.audio_tower.subsample_conv_projection.layer1.norm.weight", 0},
+    {"a.input_projection.weight", "a.pre_encode.out.weight",
+     "model.audio_tower.subsample_conv_projection.input_proj_linear.weight", 0},
+    {"a.pre_encode.out.weight", "mm.a.fc.weight", "model.audio_tower.output_proj.weight", 0},
+    {"a.pre_encode.out.bias", "mm.a.fc.bias", "model.audio_tower.output_proj.bias", 0},
+    {"mm.a.input_projection.weight", NULL, "model.embed_audio.embedding_projection.weight", 0},
 };
 
-static int audio_hf_name(const char *g, char *out, size_t cap) {
+/* The writers of Gemma 4 towers in GGUF: llama.cpp's projector file (clip.* keys) and Ollama's model file, which
+ * carries the towers beside the decoder (gemma4.vision.* / gemma4.audio.* keys, convert/convert_gemma4.go KV). */
+typedef struct layout {
+    int ollama;
+    const char *v, *a; /* the key prefixes */
+} layout;
+
+#define GGUF_NAME(tab, i, lay) ((lay)->ollama && (tab)[i].ollama ? (tab)[i].ollama : (tab)[i].gguf)
+
+static int audio_hf_name(const char *g, const layout *lay, char *out, size_t cap) {
     for (size_t i = 0; i < sizeof audio_global_names / sizeof *audio_global_names; i++)
-        if (!strcmp(g, audio_global_names[i].gguf))
+        if (!strcmp(g, GGUF_NAME(audio_global_names, i, lay)))
             return snprintf(out, cap, "%s", audio_global_names[i].hf) >= (int)cap ? -1 : 0;
     int l, k = 0;
     if (sscanf(g, "a.blk.%d.%n", &l, &k) != 1 || k == 0 || l < 0) return -1;
     const char *rest = g + k;
     for (size_t i = 0; i < sizeof audio_layer_names / sizeof *audio_layer_names; i++) {
-        size_t n = strlen(audio_layer_names[i].gguf);
-        if (strncmp(rest, audio_layer_names[i].gguf, n) || rest[n] != '.') continue;
+        const char *gn = GGUF_NAME(audio_layer_names, i, lay);
+        size_t n = strlen(gn);
+        if (strncmp(rest, gn, n) || rest[n] != '.') continue;
         const int lin = audio_layer_names[i].linear;
         for (size_t s = 0; s < (lin ? sizeof clip_suffixes / sizeof *clip_suffixes : 1); s++)
             if (!strcmp(rest + n + 1, clip_suffixes[s]))
             {
-                /* per_dim_scale is a bare parameter in HF: the converter added .weight (gemma.py:1011) */
+                /* per_dim_scale is a bare parameter in HF: both converters added .weight (gemma.py:1011) */
                 if (!strcmp(audio_layer_names[i].gguf, "per_dim_scale"))
                     return snprintf(out, cap, "model.audio_tower.layers.%d.%s", l, audio_layer_names[i].hf) >= (int)cap
                                ? -1 : 0;
@@ -131,6 +146,12 @@ static int audio_hf_name(const char *g, char *out, size_t cap) {
             }
     }
     return -1;
+}
+
+/* A metadata key: prefix.rest */
+static const char *mkey(char *buf, size_t cap, const char *prefix, const char *rest) {
+    snprintf(buf, cap, "%s.%s", prefix, rest);
+    return buf;
 }
 
 static const char *meta_str(const json_t *meta, const char *key) { return json_string_value(json_object_get(meta, key)); }
@@ -145,7 +166,7 @@ static long long meta_int(const json_t *meta, const char *key) {
 
 static int need_int(const json_t *meta, const char *key, const char *path, int *out, g4_error *err) {
     long long v = meta_int(meta, key);
-    if (v == -1) return g4_fail(err, "%s: the mmproj file has no %s", path, key);
+    if (v == -1) return g4_fail(err, "%s: the file has no %s", path, key);
     if (v < 1 || v > (1 << 24)) return g4_fail(err, "%s: %s must be a positive integer", path, key);
     *out = (int)v;
     return 0;
@@ -195,26 +216,29 @@ static int has_shape(const g4_tensor *t, const int64_t *want, int n, const char 
     return 0;
 }
 
-/* The vision half (projector gemma4v): its vision_config, or NULL after an error. */
-static json_t *vision_config(const g4_gguf *g, const char *path, int text_hidden, int *D_out, int *P_out, g4_error *err) {
+/* The vision half (projector gemma4v, or Ollama's gemma4.vision.* keys): its vision_config, or NULL after an error. */
+static json_t *vision_config(const g4_gguf *g, const layout *lay, const char *path, int text_hidden, int *D_out,
+                             int *P_out, g4_error *err) {
     const json_t *meta = g->meta;
-    /* MmprojModel.set_gguf_parameters (base.py:2643-2653) and gemma.py:979 */
-    int D = 0, I = 0, L = 0, H = 1, P = 0, proj = 0, KV = 0, hd = 0, pool = 0;
-    if (need_int(meta, "clip.vision.embedding_length", path, &D, err) ||
-        need_int(meta, "clip.vision.feed_forward_length", path, &I, err) ||
-        need_int(meta, "clip.vision.block_count", path, &L, err) ||
-        need_int(meta, "clip.vision.attention.head_count", path, &H, err) ||
-        need_int(meta, "clip.vision.patch_size", path, &P, err) ||
-        need_int(meta, "clip.vision.projection_dim", path, &proj, err) ||
+    char k[96];
+    /* MmprojModel.set_gguf_parameters (base.py:2643-2653) and gemma.py:979; Ollama writes the same keys under
+     * gemma4.vision. but projection_dim (its towers project to the model they sit in) */
+    int D = 0, I = 0, L = 0, H = 1, P = 0, proj = text_hidden, KV = 0, hd = 0, pool = 0;
+    if (need_int(meta, mkey(k, sizeof k, lay->v, "embedding_length"), path, &D, err) ||
+        need_int(meta, mkey(k, sizeof k, lay->v, "feed_forward_length"), path, &I, err) ||
+        need_int(meta, mkey(k, sizeof k, lay->v, "block_count"), path, &L, err) ||
+        need_int(meta, mkey(k, sizeof k, lay->v, "attention.head_count"), path, &H, err) ||
+        need_int(meta, mkey(k, sizeof k, lay->v, "patch_size"), path, &P, err) ||
+        (!lay->ollama && need_int(meta, mkey(k, sizeof k, lay->v, "projection_dim"), path, &proj, err)) ||
         /* optional keys clip.cpp reads: head_count_kv (else n_head), head_dim (written when q width != n_embd;
          * else n_embd / n_head), projector.scale_factor (gemma4v: the pooling kernel, default 3, clip.cpp:1640) */
-        opt_int(meta, "clip.vision.attention.head_count_kv", path, H, &KV, err) ||
-        opt_int(meta, "clip.vision.attention.head_dim", path, D / H, &hd, err) ||
-        opt_int(meta, "clip.vision.projector.scale_factor", path, 3, &pool, err))
+        opt_int(meta, mkey(k, sizeof k, lay->v, "attention.head_count_kv"), path, H, &KV, err) ||
+        opt_int(meta, mkey(k, sizeof k, lay->v, "attention.head_dim"), path, D / H, &hd, err) ||
+        opt_int(meta, mkey(k, sizeof k, lay->v, "projector.scale_factor"), path, 3, &pool, err))
         return NULL;
-    const json_t *epsv = json_object_get(meta, "clip.vision.attention.layer_norm_epsilon");
+    const json_t *epsv = json_object_get(meta, mkey(k, sizeof k, lay->v, "attention.layer_norm_epsilon"));
     if (!json_is_number(epsv)) {
-        g4_fail(err, "%s: the mmproj file has no clip.vision.attention.layer_norm_epsilon", path);
+        g4_fail(err, "%s: the file has no %s", path, k);
         return NULL;
     }
     if (proj != text_hidden) {
@@ -222,10 +246,10 @@ static json_t *vision_config(const g4_gguf *g, const char *path, int text_hidden
                      "model's projector", path, proj, text_hidden);
         return NULL;
     }
-    /* position_embedding_size is not in the metadata: the table's shape [2, size, D] (gemma4v.cpp reads ne[1]) */
+/* position_embedding_size is not in the metadata: the table's shape [2, size, D] (gemma4v.cpp reads ne[1]) */
     const g4_tensor *pos = g4_tensor_set_find(&g->set, "v.position_embd.weight");
     if (!pos) {
-        g4_fail(err, "%s: the mmproj file has no v.position_embd.weight", path);
+        g4_fail(err, "%s: the file has no v.position_embd.weight", path);
         return NULL;
     }
     if (pos->ndim != 3 || pos->shape[0] != 2 || pos->shape[2] != D) {
@@ -255,7 +279,7 @@ static json_t *vision_config(const g4_gguf *g, const char *path, int text_hidden
 /* The first axis of tensor `name`, or -1 after an error naming it. */
 static int64_t dim0(const g4_gguf *g, const char *name, int ndim, const char *path, g4_error *err) {
     const g4_tensor *t = g4_tensor_set_find(&g->set, name);
-    if (!t) return g4_fail(err, "%s: the mmproj file has no %s", path, name), -1;
+    if (!t) return g4_fail(err, "%s: the file has no %s", path, name), -1;
     if (t->ndim != ndim) {
         char sh[128];
         return g4_fail(err, "%s: %s has shape %s, expected %d dimensions", path, name,
@@ -264,23 +288,25 @@ static int64_t dim0(const g4_gguf *g, const char *name, int ndim, const char *pa
     return t->shape[0];
 }
 
-/* The audio half (projector gemma4a): an audio_config, or NULL after an error. The conformer's attention
- * constants are not in the file: gemma4a.cpp hard-codes transformers' values (chunk 12, context 12 + 1, soft cap
- * 50), taken here as audio_config's. */
-static json_t *audio_config(const g4_gguf *g, const char *path, int text_hidden, g4_error *err) {
+/* The audio half (projector gemma4a, or Ollama's gemma4.audio.* keys): an audio_config, or NULL after an error. The
+ * conformer's attention constants are not in the file: gemma4a.cpp hard-codes transformers' values (chunk 12,
+ * context 12 + 1, soft cap 50), taken here as audio_config's. */
+static json_t *audio_config(const g4_gguf *g, const layout *lay, const char *path, int text_hidden, g4_error *err) {
     const json_t *meta = g->meta;
-    /* MmprojModel.set_gguf_parameters (base.py:2663-2671) and gemma.py:982-986 */
-    int D = 0, I = 0, L = 0, H = 0, proj = 0, mels = 0;
-    if (need_int(meta, "clip.audio.embedding_length", path, &D, err) ||
-        need_int(meta, "clip.audio.feed_forward_length", path, &I, err) ||
-        need_int(meta, "clip.audio.block_count", path, &L, err) ||
-        need_int(meta, "clip.audio.attention.head_count", path, &H, err) ||
-        need_int(meta, "clip.audio.projection_dim", path, &proj, err) ||
-        need_int(meta, "clip.audio.num_mel_bins", path, &mels, err))
+    char k[96];
+    /* MmprojModel.set_gguf_parameters (base.py:2663-2671) and gemma.py:982-986; Ollama writes neither
+     * projection_dim nor num_mel_bins */
+    int D = 0, I = 0, L = 0, H = 0, proj = text_hidden, mels = 128;
+    if (need_int(meta, mkey(k, sizeof k, lay->a, "embedding_length"), path, &D, err) ||
+        need_int(meta, mkey(k, sizeof k, lay->a, "feed_forward_length"), path, &I, err) ||
+        need_int(meta, mkey(k, sizeof k, lay->a, "block_count"), path, &L, err) ||
+        need_int(meta, mkey(k, sizeof k, lay->a, "attention.head_count"), path, &H, err) ||
+        (!lay->ollama && (need_int(meta, mkey(k, sizeof k, lay->a, "projection_dim"), path, &proj, err) ||
+                          need_int(meta, mkey(k, sizeof k, lay->a, "num_mel_bins"), path, &mels, err))))
         return NULL;
-    const json_t *epsv = json_object_get(meta, "clip.audio.attention.layer_norm_epsilon");
+    const json_t *epsv = json_object_get(meta, mkey(k, sizeof k, lay->a, "attention.layer_norm_epsilon"));
     if (!json_is_number(epsv)) {
-        g4_fail(err, "%s: the mmproj file has no clip.audio.attention.layer_norm_epsilon", path);
+        g4_fail(err, "%s: the file has no %s", path, k);
         return NULL;
     }
     if (proj != text_hidden) {
@@ -289,21 +315,21 @@ static json_t *audio_config(const g4_gguf *g, const char *path, int text_hidden,
         return NULL;
     }
     if (I != 4 * D) { /* gemma.py:969-970: intermediate_size = 4 * hidden_size, as the conformer's feed-forward */
-        g4_fail(err, "%s: clip.audio.feed_forward_length %d is not 4 x embedding_length %d", path, I, D);
+        g4_fail(err, "%s: %s.feed_forward_length %d is not 4 x embedding_length %d", path, lay->a, I, D);
         return NULL;
     }
     if (mels != 128) { /* the feature extractor's feature_size, as transformers' default (input_feat_size) */
-        g4_fail(err, "%s: clip.audio.num_mel_bins %d: Gemma 4's feature extractor makes 128", path, mels);
+        g4_fail(err, "%s: %s.num_mel_bins %d: Gemma 4's feature extractor makes 128", path, lay->a, mels);
         return NULL;
     }
     /* shapes the metadata leaves out: the two subsampling convolutions' channels, the depthwise kernel, the
      * output projection's width */
     const int64_t c1 = dim0(g, "a.conv1d.0.weight", 4, path, err), c2 = c1 < 0 ? -1 : dim0(g, "a.conv1d.1.weight", 4, path, err),
-                  od = c2 < 0 ? -1 : dim0(g, "a.pre_encode.out.weight", 2, path, err);
+                  od = c2 < 0 ? -1 : dim0(g, lay->ollama ? "mm.a.fc.weight" : "a.pre_encode.out.weight", 2, path, err);
     const g4_tensor *dw = od < 0 ? NULL : g4_tensor_set_find(&g->set, "a.blk.0.conv_dw.weight");
     if (od < 0) return NULL;
     if (!dw || dw->ndim != 2) {
-        g4_fail(err, "%s: the mmproj file has no 2-D a.blk.0.conv_dw.weight", path);
+        g4_fail(err, "%s: the file has no 2-D a.blk.0.conv_dw.weight", path);
         return NULL;
     }
     const int clipped = holds_clip_bound(&g->set, "a.");
@@ -413,20 +439,19 @@ static int swap_first_axes(g4_tensor *t, g4_tensor_set *set, const char *path, g
     return 0;
 }
 
-/* An owned f32 copy of a 1-D F32 tensor with f applied. */
+/* An owned f32 copy of a 1-D float tensor with f applied (llama.cpp writes it F32, Ollama in the checkpoint's type). */
 static int map_f32(g4_tensor *t, double (*f)(double), g4_tensor_set *set, const char *gname, const char *path,
                    g4_error *err) {
-    if (t->dtype != G4_F32 || t->ndim != 1)
-        return g4_fail(err, "%s: %s must be a 1-D F32 tensor (the converter writes it so)", path, gname);
-    float *out = malloc((size_t)t->shape[0] * sizeof *out);
+    if ((t->dtype != G4_F32 && t->dtype != G4_F16 && t->dtype != G4_BF16) || t->ndim != 1)
+        return g4_fail(err, "%s: %s must be a 1-D float tensor (the converters write it so)", path, gname);
+    float *out = malloc(((size_t)t->shape[0] + 1) * sizeof *out);
     if (!out) return g4_fail(err, "out of memory");
-    for (int64_t i = 0; i < t->shape[0]; i++) {
-        float x;
-        memcpy(&x, (const char *)t->data + i * 4, 4);
-        out[i] = (float)f(x);
-    }
+    g4_dequant_row(t, 0, out);
+    for (int64_t i = 0; i < t->shape[0]; i++) out[i] = (float)f(out[i]);
     if (g4_tensor_set_own(set, out, err)) return -1;
     t->data = out;
+    t->dtype = G4_F32;
+    t->nbytes = (size_t)t->shape[0] * sizeof *out;
     return 0;
 }
 
@@ -434,8 +459,8 @@ static int map_f32(g4_tensor *t, double (*f)(double), g4_tensor_set *set, const 
  * the inverse: x = y + log(-expm1(-y)) (y > 20: x = y). */
 static double inverse_softplus(double y) { return y > 20.0 ? y : y + log(-expm1(-y)); }
 
-int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json_t **vision_config_out,
-                     json_t **audio_config_out, int *unified_out, g4_error *err) {
+static int attach(const char *path, const layout *lay, int text_hidden, g4_tensor_set *set,
+                  json_t **vision_config_out, json_t **audio_config_out, int *unified_out, g4_error *err) {
     *vision_config_out = *audio_config_out = NULL;
     *unified_out = 0;
     const int n0 = set->n_tensors; /* a failure leaves the set's tensors as they were */
@@ -445,17 +470,25 @@ int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json
     json_t *vc = NULL, *ac = NULL;
     int rc = -1, D = 0, P = 0;
     const char *arch = meta_str(meta, "general.architecture");
-    if (!arch || strcmp(arch, "clip")) {
+    if (!arch || strcmp(arch, lay->ollama ? "gemma4" : "clip")) {
         g4_fail(err, "%s: not an mmproj file (general.architecture is \"%s\", a projector's is \"clip\")%s", path,
                 arch ? arch : "absent", arch && !strncmp(arch, "gemma", 5) ? ": pass the text model with -m and the "
                                                                              "projector with --mmproj" : "");
         goto done;
     }
     /* the projector types: clip.vision.projector_type and clip.audio.projector_type (mixed files, gemma.py:978,
-     * 984), else clip.projector_type for the one encoder the file has */
+     * 984), else clip.projector_type for the one encoder the file has; Ollama's file writes the towers' block
+     * counts only (convert_gemma4.go KV: a tower without layers is not written) */
     const char *vt = meta_str(meta, "clip.vision.projector_type"), *at = meta_str(meta, "clip.audio.projector_type"),
                *pt = meta_str(meta, "clip.projector_type");
-    if (!vt && !at && pt) {
+    if (lay->ollama) {
+        vt = json_object_get(meta, "gemma4.vision.block_count") ? "gemma4v" : NULL;
+        at = json_object_get(meta, "gemma4.audio.block_count") ? "gemma4a" : NULL;
+        if (!vt && !at) {
+            rc = 0; /* a text-only file */
+            goto done;
+        }
+    } else if (!vt && !at && pt) {
         if (json_is_true(json_object_get(meta, "clip.has_audio_encoder")) &&
             !json_is_true(json_object_get(meta, "clip.has_vision_encoder")))
             at = pt;
@@ -485,8 +518,8 @@ int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json
         goto done;
     }
     if (unified && unified_configs(&g, path, text_hidden, &vc, &ac, &D, &P, err)) goto done;
-    if (!unified && vt && !(vc = vision_config(&g, path, text_hidden, &D, &P, err))) goto done;
-    if (!unified && at && !(ac = audio_config(&g, path, text_hidden, err))) goto done;
+    if (!unified && vt && !(vc = vision_config(&g, lay, path, text_hidden, &D, &P, err))) goto done;
+    if (!unified && at && !(ac = audio_config(&g, lay, path, text_hidden, err))) goto done;
     /* move the file and the towers' tensors into `set` under their HF names */
     if (g.set.n_files != 1) {
         g4_fail(err, "%s: unexpected file layout", path);
@@ -516,7 +549,7 @@ int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json
             if (!strcmp(t.name, "v.patch_embd.weight") &&
                 (!has_shape(&t, patch, 4, path, err) || chw_to_hwc(&t, D, P, set, path, err)))
                 goto done;
-        } else if (ac && !audio_hf_name(t.name, hf, sizeof hf)) {
+        } else if (ac && !audio_hf_name(t.name, lay, hf, sizeof hf)) {
             const size_t n = strlen(t.name);
             if (n > 15 && !strcmp(t.name + n - 15, ".conv_dw.weight")) {
                 /* gemma.py:1013-1015: the depthwise kernel [C, 1, K] reshaped to [C, K]; back to [C, 1, K] */
@@ -549,6 +582,19 @@ done:
     if (rc)
         while (set->n_tensors > n0) free((char *)set->tensors[--set->n_tensors].name);
     return rc;
+}
+
+int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json_t **vision_config,
+                     json_t **audio_config, int *unified, g4_error *err) {
+    static const layout llama = {0, "clip.vision", "clip.audio"};
+    return attach(path, &llama, text_hidden, set, vision_config, audio_config, unified, err);
+}
+
+int g4_mmproj_attach_embedded(const char *path, int text_hidden, g4_tensor_set *set, json_t **vision_config,
+                              json_t **audio_config, g4_error *err) {
+    static const layout ollama = {1, "gemma4.vision", "gemma4.audio"};
+    int unified;
+    return attach(path, &ollama, text_hidden, set, vision_config, audio_config, &unified, err);
 }
 
 int g4_mmproj_beside(const char *model_path, char *out, size_t cap) {

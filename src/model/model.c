@@ -956,11 +956,14 @@ static int gguf_token(const json_t *meta, const char *piece) {
  * takes Gemma 4's ids), and images attend to each other as transformers' use_bidirectional_attention "vision" does
  * exactly where llama.cpp decodes them non-causally (mtmd.cpp mtmd_decode_use_non_causal: gemma4uv, and gemma4v
  * except text widths 1536 and 2560, E2B and E4B, whose configs leave it unset). */
-static int attach_mmproj(g4_model *m, const char *path, json_t **cj, g4_error *err) {
+static int attach_mmproj(g4_model *m, const char *path, int embedded, json_t **cj, g4_error *err) {
     const int hidden = (int)json_integer_value(json_object_get(*cj, "hidden_size"));
     json_t *vc, *ac;
-    int unified;
-    if (g4_mmproj_attach(path, hidden, &m->weights, &vc, &ac, &unified, err)) return -1;
+    int unified = 0;
+    if (embedded ? g4_mmproj_attach_embedded(path, hidden, &m->weights, &vc, &ac, err)
+                 : g4_mmproj_attach(path, hidden, &m->weights, &vc, &ac, &unified, err))
+        return -1;
+    if (!vc && !ac) return 0; /* a model file without towers */
     if (g4_tensor_set_finish(&m->weights, err)) {
         json_decref(vc);
         json_decref(ac);
@@ -1049,7 +1052,7 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         if (found < 0)
             g4_warn(&m->warnings, "several mmproj*.gguf files beside %s (%s): none is loaded, name one with --mmproj",
                     dir, beside);
-        if (mmproj && attach_mmproj(m, mmproj, &cj, err)) {
+        if (mmproj && attach_mmproj(m, mmproj, 0, &cj, err)) {
             if (found != 1) {
                 json_decref(cj);
                 goto fail;
@@ -1061,11 +1064,21 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         } else if (found == 1) {
             g4_warn(&m->warnings, "loaded the projector %s, the mmproj file beside the model", beside);
         }
+        /* without a projector file, the towers Ollama's file carries beside the decoder */
+        const int n_text = m->weights.n_tensors;
+        if (!mmproj &&
+            (json_object_get(m->gguf_meta, "gemma4.vision.block_count") ||
+             json_object_get(m->gguf_meta, "gemma4.audio.block_count")) &&
+            attach_mmproj(m, dir, 1, &cj, err)) {
+            json_decref(cj);
+            goto fail;
+        }
+        const int embedded = m->weights.n_tensors > n_text;
         int rc = g4_config_parse(cj, dir, &m->cfg, err);
         json_decref(cj);
         /* the text tensors keep the names g4_gemma4_gguf_open gave them (model.*, a text-only checkpoint's layout)
          * under the multimodal config */
-        if (mmproj) snprintf(m->cfg.weight_prefix, sizeof m->cfg.weight_prefix, "model.");
+        if (mmproj || embedded) snprintf(m->cfg.weight_prefix, sizeof m->cfg.weight_prefix, "model.");
         if (rc || g4_model_load_files(m, dir, err)) goto fail;
     } else {
         if (params->mmproj) {

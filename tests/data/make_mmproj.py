@@ -12,6 +12,9 @@
         --skip-permute (the patch embedding's bytes left in HF order), --skip-softplus (per_dim_scale as HF has it);
         --audio-from DIR: the audio tower of another fixture beside this one's vision tower (one file with both,
         as E2B/E4B projectors are)
+    make_mmproj.py ollama MODEL_DIR TEXT.gguf OUT.gguf
+        TEXT.gguf (the model's text GGUF with a vocabulary, as `vocab` writes it) with MODEL_DIR's towers inside, as
+        Ollama's converter (convert/convert_gemma4.go) writes a Gemma 4 model: one file, no projector
     make_mmproj.py vocab IN.gguf OUT.gguf MODEL_DIR
         IN.gguf (a text GGUF without a vocabulary, as `gemma4c quantize` writes a folder without tokenizer.json)
         with a vocabulary of config.json's vocab_size whose placeholder pieces sit at the config's ids
@@ -438,6 +441,123 @@ def add_vocab(src, out, model_dir):
         f.write(head + b'\0' * pad(len(head)) + data)
 
 
+# ------------------------------------------------------------------ Ollama's single file
+# convert/convert_gemma4.go (ollama/ollama): the towers go into the model file beside the decoder, named by
+# Replacements() through Go's strings.NewReplacer (left to right; at each position the first pair, in argument
+# order, whose old string matches), then renamed again in Tensors(); keys gemma4.vision.* / gemma4.audio.* (KV()).
+OLLAMA_REPLACEMENTS = [
+    '.linear.weight', '.weight', '.linear.bias', '.bias',
+    'model.audio_tower.subsample_conv_projection.layer0.conv', 'a.conv1d.0',
+    'model.audio_tower.subsample_conv_projection.layer0.norm', 'a.conv1d.0.norm',
+    'model.audio_tower.subsample_conv_projection.layer1.conv', 'a.conv1d.1',
+    'model.audio_tower.subsample_conv_projection.layer1.norm', 'a.conv1d.1.norm',
+    'model.audio_tower.subsample_conv_projection.input_proj_linear', 'a.pre_encode.out',
+    'model.audio_tower.layers', 'a.blk',
+    'self_attn.relative_k_proj', 'linear_pos', 'self_attn.per_dim_scale', 'per_dim_scale',
+    'self_attn.q_proj', 'attn_q', 'self_attn.k_proj', 'attn_k', 'self_attn.v_proj', 'attn_v',
+    'norm_post_attn', 'ln2', 'norm_pre_attn', 'ln1', 'self_attn.post', 'attn_out',
+    'feed_forward1.pre_layer_norm', 'ffn_norm', 'feed_forward1.post_layer_norm', 'ffn_post_norm',
+    'feed_forward1.ffw_layer_1', 'ffn_up', 'feed_forward1.ffw_layer_2', 'ffn_down',
+    'feed_forward2.pre_layer_norm', 'ffn_norm_1', 'feed_forward2.post_layer_norm', 'ffn_post_norm_1',
+    'feed_forward2.ffw_layer_1', 'ffn_up_1', 'feed_forward2.ffw_layer_2', 'ffn_down_1',
+    'lconv1d.depthwise_conv1d', 'conv_dw', 'lconv1d.pre_layer_norm', 'conv_norm', 'lconv1d.conv_norm', 'norm_conv',
+    'lconv1d.linear_start', 'conv_pw1', 'lconv1d.linear_end', 'conv_pw2',
+    'norm_out', 'layer_pre_norm',
+    'model.embed_audio.embedding_projection', 'mm.a.input_projection', 'model.audio_tower.output_proj', 'mm.a.fc',
+    'model.vision_tower.encoder.layers', 'v.blk', 'model.vision_tower.patch_embedder.input_proj', 'v.patch_embd',
+    'model.vision_tower.patch_embedder.position_embedding_table', 'v.position_embd.weight',
+    'model.vision_tower.std_bias', 'v.std_bias', 'model.vision_tower.std_scale', 'v.std_scale',
+    'model.embed_vision.embedding_projection', 'mm.input_projection',
+    'input_layernorm', 'attn_norm', 'self_attn.q_proj', 'attn_q', 'self_attn.q_norm', 'attn_q_norm',
+    'self_attn.k_proj', 'attn_k', 'self_attn.k_norm', 'attn_k_norm', 'self_attn.v_proj', 'attn_v',
+    'self_attn.o_proj', 'attn_output', 'mlp.gate_proj', 'ffn_gate', 'mlp.down_proj', 'ffn_down', 'mlp.up_proj', 'ffn_up',
+    'post_attention_layernorm', 'post_attention_norm', 'pre_feedforward_layernorm', 'ffn_norm',
+    'post_feedforward_layernorm', 'post_ffw_norm', 'layer_scalar', 'layer_output_scale.weight',
+]  # (the text model's and MoE pairs, which no tower name holds, are left out)
+
+
+def go_replace(name, pairs=OLLAMA_REPLACEMENTS):
+    out, i = '', 0
+    while i < len(name):
+        for k in range(0, len(pairs), 2):
+            if name.startswith(pairs[k], i):
+                out += pairs[k + 1]
+                i += len(pairs[k])
+                break
+        else:
+            out += name[i]
+            i += 1
+    return out
+
+
+def ollama(model_dir, text_gguf, out):
+    cfg = json.load(open(f'{model_dir}/config.json'))
+    weights = read_safetensors(f'{model_dir}/model.safetensors')
+    kvs, infos, data = read_gguf(text_gguf)
+    # Ollama's tokenizer keys (KV(): model "llama", pre "gemma4")
+    name_of = lambda kv: kv[8:8 + struct.unpack('<Q', kv[:8])[0]]
+    kvs = [kv for kv in kvs if name_of(kv) not in (b'tokenizer.ggml.model', b'tokenizer.ggml.pre')]
+    extra = [('tokenizer.ggml.model', STR, 'llama'), ('tokenizer.ggml.pre', STR, 'gemma4')]
+    vc, ac = cfg.get('vision_config') or {}, cfg.get('audio_config') or {}
+    if vc.get('num_hidden_layers', 0) > 0:
+        extra += [('gemma4.vision.block_count', U32, vc['num_hidden_layers']),
+                  ('gemma4.vision.embedding_length', U32, vc['hidden_size']),
+                  ('gemma4.vision.attention.head_count', U32, vc['num_attention_heads']),
+                  ('gemma4.vision.feed_forward_length', U32, vc['intermediate_size']),
+                  ('gemma4.vision.patch_size', U32, vc['patch_size']),
+                  ('gemma4.vision.num_channels', U32, vc.get('num_channels') or 3),
+                  ('gemma4.vision.projector.scale_factor', U32, vc.get('pooling_kernel_size') or 3),
+                  ('gemma4.vision.attention.layer_norm_epsilon', F32, vc.get('layer_norm_eps') or 1e-6)]
+    if ac.get('num_hidden_layers', 0) > 0:
+        extra += [('gemma4.audio.block_count', U32, ac['num_hidden_layers']),
+                  ('gemma4.audio.embedding_length', U32, ac['hidden_size']),
+                  ('gemma4.audio.feed_forward_length', U32, ac['hidden_size'] * 4),
+                  ('gemma4.audio.attention.head_count', U32, ac['num_attention_heads']),
+                  ('gemma4.audio.attention.layer_norm_epsilon', F32, ac.get('rms_norm_eps') or 1e-6)]
+        if ac.get('conv_kernel_size'):
+            extra += [('gemma4.audio.conv_kernel_size', U32, ac['conv_kernel_size'])]
+    tensors = []
+    for hf, x in weights.items():
+        if not any(k in hf for k in ('vision_tower', 'embed_vision', 'audio_tower', 'embed_audio')):
+            continue
+        x = np.asarray(x, np.float32)
+        name = go_replace(hf)
+        if name.startswith('v.blk.'):  # Tensors(): the published mmproj names
+            for a, b in (('.attn_norm.', '.ln1.'), ('.ffn_norm.', '.ln2.'), ('.attn_output.', '.attn_out.'),
+                         ('.post_attention_norm.', '.attn_post_norm.'), ('.post_ffw_norm.', '.ffn_post_norm.'),
+                         ('.layer_output_scale.', '.out_scale.')):
+                name = name.replace(a, b, 1)
+        if name.startswith('a.blk.') and name.endswith('per_dim_scale'):  # softplusRepacker: log(1 + exp(x))
+            name += '.weight'
+            x = np.log1p(np.exp(x.astype(np.float64))).astype(np.float32)
+        if name.startswith('a.blk.') and 'conv_dw' in name and name.endswith('.weight') and x.ndim == 3:
+            x = x.reshape(x.shape[0], x.shape[2])  # squeezeMiddleDim: [C, 1, K] -> [C, K]
+        if x.ndim == 0:
+            x = x.reshape(1)
+        if 'v.patch_embd.weight' in name and x.ndim == 2:  # reshapePatchEmbed, kept F16
+            n, ksq = x.shape
+            p = int(round((ksq // 3) ** 0.5))
+            x = x.reshape(n, p, p, 3).transpose(0, 3, 1, 2).astype(np.float16)
+        elif x.ndim >= 2 and not name.startswith('a.conv1d.'):  # matrices in a half type, audio convolutions F32
+            x = x.astype(np.float16)
+        tensors.append((name, x))
+    head_kvs = kvs + [kv_bytes(*kv) for kv in extra]
+    # the text file's tensors as they are, then the towers' after its data
+    off, blobs, new_infos = len(data) + pad(len(data)), [], []
+    for name, a in tensors:
+        a = np.ascontiguousarray(a)
+        t = GGML_F32 if a.dtype == np.float32 else GGML_F16
+        new_infos.append(s_bytes(name) + struct.pack('<I', a.ndim) + b''.join(struct.pack('<Q', d) for d in a.shape[::-1])
+                         + struct.pack('<IQ', t, off))
+        raw = a.tobytes()
+        blobs.append(raw + b'\0' * pad(len(raw)))
+        off += len(blobs[-1])
+    head = b'GGUF' + struct.pack('<IQQ', 3, len(infos) + len(new_infos), len(head_kvs)) + b''.join(head_kvs)
+    head += b''.join(infos) + b''.join(new_infos)
+    with open(out, 'wb') as f:
+        f.write(head + b'\0' * pad(len(head)) + data + b'\0' * pad(len(data)) + b''.join(blobs))
+
+
 def main():
     a = sys.argv[1:]
     if len(a) >= 3 and a[0] == 'mmproj':
@@ -450,6 +570,8 @@ def main():
         convert(a[1], a[2], opts.get('--outtype', 'f16'), opts)
     elif len(a) == 4 and a[0] == 'vocab':
         add_vocab(a[1], a[2], a[3])
+    elif len(a) == 4 and a[0] == 'ollama':
+        ollama(a[1], a[2], a[3])
     else:
         raise SystemExit(__doc__)
 
