@@ -11,7 +11,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$tmp"; mkdir -p "$tmp"
 fx=$shared/fixtures/vision
 img0=$fx/image0.png; img1=$fx/image1.png
-mk() { /usr/bin/python3 "$src/tests/data/make_mmproj.py" "$@"; }
+py=${G4_PYTHON:-/usr/bin/python3} # with numpy
+mk() { "$py" "$src/tests/data/make_mmproj.py" "$@"; }
 ref=$fx/reference.safetensors
 
 # apart: a model file with projectors beside it would load one of them by itself (tested below)
@@ -155,7 +156,7 @@ check $? "Ollama's file: audio_embeddings within 1e-3 relative (error $err)"
 prompt=$(python3 "$here/cli_compare.py" prompt "$afx"); want=$(python3 "$here/cli_compare.py" greedy "$afx")
 got=$("$bin" generate -m "$tmp/ollama/audio.gguf" --ids "$prompt" --audio "$wav" -n 24 --temp 0 --ignore-eos)
 [ "$got" = "$want" ]; check $? "Ollama's file: generate --audio gives the 24 greedy ids of the reference ($got)"
-/usr/bin/python3 - "$tmp/ollama/audio.gguf" "$tmp/ollama/broken.gguf" <<'PY'
+"$py" - "$tmp/ollama/audio.gguf" "$tmp/ollama/broken.gguf" <<'PY'
 import sys
 b = open(sys.argv[1], 'rb').read()
 k = b'gemma4.audio.attention.layer_norm_epsilon'
