@@ -3,7 +3,8 @@
 # references (a float32 KV cache, --kv f32: the GPU's default is bf16); --kv bf16 and f16 against the numpy
 # reference with K and V rounded alike; bad input gives a one-line error and a non-zero exit. generate --draft (speculative decoding) on
 # ../shared/fixtures/assistant: with each drafter, the 24 greedy ids and the --draft-stats line (accepted and
-# drafted tokens per round) as transformers' reference.json records them; --draft-n, seeded sampling, misuse.
+# drafted tokens per round) as transformers' reference.json records them; drafters as GGUF files (llama.cpp's
+# gemma4-assistant); --draft-n, seeded sampling, misuse.
 set -u
 bin=${G4_BIN:?}; shared=${G4_SHARED_DIR:?}; tmp=${G4_TMP:-/tmp}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -97,6 +98,43 @@ sys.exit(0 if ok else 1)
 EOF
     check $? "assistant-$v: --draft-stats as reference.json"
 done
+
+# drafters as GGUF files in llama.cpp's gemma4-assistant layout (written by quantize): the lmhead drafter exactly
+# (F32: the reference's drafts and acceptances), quantized or without the ordered drafter's masked embedding (which
+# llama.cpp's converter leaves out: its drafts rank the whole vocabulary) the same greedy output
+"$bin" quantize "$dir/assistant-lmhead" "$tmp/drafter-f32.gguf" --type f32 &&
+    "$bin" quantize "$dir/assistant-lmhead" "$tmp/drafter-q8.gguf" --type q8_0 &&
+    "$bin" quantize "$dir/assistant-ordered" "$tmp/drafter-ordered.gguf" --type bf16
+check $? "quantize writes the drafters as GGUF"
+"${G4_PYTHON:-/usr/bin/python3}" - "$here/data" "$tmp/drafter-ordered.gguf" <<'PY'
+import struct, sys
+sys.path.insert(0, sys.argv[1])
+import make_mmproj as m
+kvs, infos, _ = m.read_gguf(sys.argv[2])
+name = lambda b: b[8:8 + struct.unpack('<Q', b[:8])[0]].decode()
+keys, tensors = {name(k) for k in kvs}, {name(t) for t in infos}
+arch = [k for k in kvs if name(k) == 'general.architecture'][0]
+# conversion/gemma.py Gemma4AssistantModel, gguf-py constants.py: MODEL_ARCH.GEMMA4_ASSISTANT "gemma4-assistant",
+# {arch}.embedding_length_out, {arch}.nextn_predict_layers, NEXTN_PROJ_PRE / POST "nextn.{pre,post}_projection"
+ok = (arch.endswith(b'gemma4-assistant') and {'gemma4-assistant.embedding_length_out',
+      'gemma4-assistant.nextn_predict_layers', 'gemma4-assistant.attention.shared_kv_layers'} <= keys
+      and not any(k.startswith('gemma4.') for k in keys)
+      and {'nextn.pre_projection.weight', 'nextn.post_projection.weight', 'token_embd.weight', 'blk.0.attn_q.weight'} <= tensors
+      and not any('masked' in t or 'attn_k.' in t for t in tensors))
+print(len(keys), 'keys,', len(tensors), 'tensors')
+sys.exit(0 if ok else 1)
+PY
+check $? "the drafter GGUF has llama.cpp's gemma4-assistant keys and tensor names"
+got=$("$bin" generate -m "$dir" --draft "$tmp/drafter-f32.gguf" --ids "$ids" -n 24 --temp 0 --draft-stats 2>"$tmp/stats-gguf.txt")
+[ "$got" = "$want" ] && cmp -s "$tmp/stats-gguf.txt" "$tmp/stats-lmhead.txt"
+check $? "--draft FILE.gguf (F32): the folder drafter's greedy ids, drafts and acceptances ($(cat "$tmp/stats-gguf.txt"))"
+for f in q8 ordered; do
+    got=$("$bin" generate -m "$dir" --draft "$tmp/drafter-$f.gguf" --ids "$ids" -n 24 --temp 0)
+    [ "$got" = "$want" ]; check $? "--draft drafter-$f.gguf: 24 greedy ids identical"
+done
+expect_error "a drafter written as a folder" "$bin" quantize "$dir/assistant-lmhead" "$tmp/drafter-mlx" --type mlx8
+grep -q "written as GGUF only" "$tmp/err.txt"; check $? "... says a drafter is written as GGUF"
+expect_error "a drafter GGUF as main model" "$bin" generate -m "$tmp/drafter-f32.gguf" --ids 2,3 -n 4
 
 # other draft lengths keep the greedy output; sampling with a seed repeats itself
 got=$("$bin" generate -m "$dir" --draft "$dir/assistant-lmhead" --draft-n 3 --ids "$ids" -n 24 --temp 0)

@@ -205,7 +205,7 @@ static int open_with_softcap(const char *path, int cap_type, json_t **cfg, g4_er
     CHECK(root && g4_config_parse(root, "test", &c, err) == 0);
     json_decref(root);
     g4_gguf_writer w = {0};
-    g4_gemma4_gguf_write_meta(&w, &c.text);
+    g4_gemma4_gguf_write_meta(&w, &c.text, NULL);
     if (cap_type == G4_GGUF_F32) g4_gguf_add_f32(&w, "gemma4.final_logit_softcapping", 30.0f);
     if (cap_type == G4_GGUF_STR) g4_gguf_add_str(&w, "gemma4.final_logit_softcapping", "30.0");
     if (extra) extra(&w);

@@ -523,7 +523,7 @@ static void test_gguf_towers(void) {
         return;
     }
     g4_gguf_writer w = {0};
-    g4_gemma4_gguf_write_meta(&w, &cfg.text);
+    g4_gemma4_gguf_write_meta(&w, &cfg.text, NULL);
     static const char *const towers[] = {"v.blk.0.attn_q.weight", "a.conv1d.0.weight", "mm.input_projection.weight"};
     const float zeros[4] = {0};
     const int64_t four = 4;

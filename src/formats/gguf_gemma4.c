@@ -17,6 +17,9 @@ static const struct {
     {"per_layer_token_embd.weight", "embed_tokens_per_layer.weight"},
     {"per_layer_model_proj.weight", "per_layer_model_projection.weight"},
     {"per_layer_proj_norm.weight", "per_layer_projection_norm.weight"},
+    /* the drafter (gemma4-assistant: conversion/gemma.py Gemma4AssistantModel, constants.py NEXTN_PROJ_*) */
+    {"nextn.pre_projection.weight", "pre_projection.weight"},
+    {"nextn.post_projection.weight", "post_projection.weight"},
 }, layer_names[] = {
     {"attn_norm.weight", "input_layernorm.weight"},
     {"attn_q.weight", "self_attn.q_proj.weight"},
@@ -69,19 +72,25 @@ int g4_gemma4_hf_name(const char *gguf_name, char *out, size_t cap) { return map
 int g4_gemma4_gguf_name(const char *hf_name, char *out, size_t cap) { return map_name(hf_name, out, cap, 0); }
 
 /* ------------------------------------------------------- metadata -> config */
+/* the architecture's key prefix: "gemma4", or "gemma4-assistant" for a drafter (llama.cpp's LLM_ARCH names) */
+static const char *arch_of(const g4_gguf *g) {
+    const char *a = json_string_value(json_object_get(g->meta, "general.architecture"));
+    return a ? a : "gemma4";
+}
+
 static json_t *key(const g4_gguf *g, const char *k) {
-    char full[128];
-    snprintf(full, sizeof full, "gemma4.%s", k);
+    char full[160];
+    snprintf(full, sizeof full, "%s.%s", arch_of(g), k);
     return json_object_get(g->meta, full);
 }
 
 static int num_key(const g4_gguf *g, const char *k, int required, double *out, g4_error *err) {
     const json_t *v = key(g, k);
     if (!v) {
-        if (required) return g4_fail(err, "GGUF: no gemma4.%s", k);
+        if (required) return g4_fail(err, "GGUF: no %s.%s", arch_of(g), k);
         return 1;
     }
-    if (!json_is_number(v)) return g4_fail(err, "GGUF: gemma4.%s must be a number", k);
+    if (!json_is_number(v)) return g4_fail(err, "GGUF: %s.%s must be a number", arch_of(g), k);
     *out = json_number_value(v);
     return 0;
 }
@@ -89,13 +98,13 @@ static int num_key(const g4_gguf *g, const char *k, int required, double *out, g
 /* A per-layer integer: scalar or array of L. */
 static int layer_int(const g4_gguf *g, const char *k, int l, int L, int *out, g4_error *err) {
     const json_t *v = key(g, k);
-    if (!v) return g4_fail(err, "GGUF: no gemma4.%s", k);
+    if (!v) return g4_fail(err, "GGUF: no %s.%s", arch_of(g), k);
     if (json_is_array(v)) {
-        if ((int)json_array_size(v) != L) return g4_fail(err, "GGUF: gemma4.%s must have %d entries", k, L);
+        if ((int)json_array_size(v) != L) return g4_fail(err, "GGUF: %s.%s must have %d entries", arch_of(g), k, L);
         v = json_array_get(v, (size_t)l);
     }
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1 << 30))
-        return g4_fail(err, "GGUF: gemma4.%s is not a valid integer", k);
+        return g4_fail(err, "GGUF: %s.%s is not a valid integer", arch_of(g), k);
     *out = (int)json_integer_value(v);
     return 0;
 }
@@ -108,8 +117,9 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
         g4_fail(err, "GGUF: no general.architecture");
         return NULL;
     }
-    if (strcmp(json_string_value(arch), "gemma4")) {
-        g4_fail(err, "GGUF: architecture '%s' is not gemma4", json_string_value(arch));
+    const int assistant = !strcmp(json_string_value(arch), "gemma4-assistant");
+    if (strcmp(json_string_value(arch), "gemma4") && !assistant) {
+        g4_fail(err, "GGUF: architecture '%s' is not gemma4 (nor gemma4-assistant, a drafter)", json_string_value(arch));
         return NULL;
     }
     double L_ = 0, H = 0, NH = 0, kswa = 0, kfull = 0, eps = 0, win = 0, nshared = 0, ctx = 131072, ple = 0, fb = 1e6, fbs = 1e4, cap = 0;
@@ -135,7 +145,7 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
                  {"embedding_length_per_layer_input", ple}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         if (!(sizes[i].v >= 0 && sizes[i].v <= 2147483647.0 && sizes[i].v == floor(sizes[i].v))) {
-            g4_fail(err, "GGUF: gemma4.%s = %g is not a valid size", sizes[i].k, sizes[i].v);
+            g4_fail(err, "GGUF: %s.%s = %g is not a valid size", arch_of(g), sizes[i].k, sizes[i].v);
             return NULL;
         }
     const int cap_rc = num_key(g, "final_logit_softcapping", 0, &cap, err); /* absent: no soft-cap */
@@ -143,7 +153,7 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
     const int has_cap = cap_rc == 0;
     const int L = (int)L_;
     if (L < 1 || L > G4_MAX_LAYERS) {
-        g4_fail(err, "GGUF: gemma4.block_count %d is out of range", L);
+        g4_fail(err, "GGUF: %s.block_count %d is out of range", arch_of(g), L);
         return NULL;
     }
     const g4_tensor *emb = find(g, "token_embd.weight");
@@ -171,7 +181,7 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
     /* layer types, per-layer head size and KV heads, MLP widths */
     const json_t *swa = key(g, "attention.sliding_window_pattern");
     if (!json_is_array(swa) || (int)json_array_size(swa) != L) {
-        g4_fail(err, "GGUF: gemma4.attention.sliding_window_pattern must list %d layers", L);
+        g4_fail(err, "GGUF: %s.attention.sliding_window_pattern must list %d layers", arch_of(g), L);
         goto fail;
     }
     int ff_min = 0, ff_max = 0, k_eq_v = 0, kv0 = 0;
@@ -209,8 +219,8 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
         goto fail;
     if (!(ne >= 0 && ne <= 1e9 && ne == floor(ne)) || !(nu >= 0 && nu <= 1e9 && nu == floor(nu)) ||
         !(fe >= 0 && fe <= 1e9 && fe == floor(fe))) {
-        g4_fail(err, "GGUF: gemma4.expert_count / expert_used_count / expert_feed_forward_length (%g / %g / %g) are "
-                     "not valid sizes", ne, nu, fe);
+        g4_fail(err, "GGUF: %s.expert_count / expert_used_count / expert_feed_forward_length (%g / %g / %g) are "
+                     "not valid sizes", arch_of(g), ne, nu, fe);
         goto fail;
     }
     json_object_set_new(c, "enable_moe_block", json_boolean(ne > 0));
@@ -262,6 +272,25 @@ static json_t *build_config(const g4_gguf *g, g4_error *err) {
         const json_t *v = json_object_get(g->meta, ids[i][0]);
         if (json_is_integer(v)) json_object_set(c, ids[i][1], (json_t *)v);
     }
+    if (assistant) {
+        /* Gemma4AssistantModel.set_gguf_parameters: embedding_length_out is the main model's width (the drafter's
+         * backbone_hidden_size); the converter leaves the masked embedding out (filter_tensors), so the drafter runs
+         * on its full tied head, as llama.cpp's gemma4-assistant.cpp does */
+        double out_w = 0;
+        if (num_key(g, "embedding_length_out", 1, &out_w, err) < 0) goto fail;
+        if (!(out_w >= 1 && out_w <= 1e6 && out_w == floor(out_w))) {
+            g4_fail(err, "GGUF: %s.embedding_length_out = %g is not a valid size", arch_of(g), out_w);
+            goto fail;
+        }
+        json_t *a = json_pack("{s:s, s:o, s:I, s:b, s:b}", "model_type", "gemma4_assistant", "text_config", c,
+                              "backbone_hidden_size", (json_int_t)out_w, "use_ordered_embeddings", 0,
+                              "tie_word_embeddings", 1);
+        if (!a) {
+            c = NULL; /* json_pack's "o" took it */
+            goto oom;
+        }
+        return a;
+    }
     return c;
 oom:
     g4_fail(err, "out of memory");
@@ -288,7 +317,9 @@ int g4_gemma4_gguf_open(const char *path, g4_gguf *g, json_t **config, g4_error 
         g4_tensor *t = &g->set.tensors[i];
         char hf[256], full[300];
         if (g4_gemma4_hf_name(t->name, hf, sizeof hf)) continue;
-        snprintf(full, sizeof full, "%s%s", strcmp(hf, "lm_head.weight") ? "model." : "", hf);
+        const int top = !strcmp(hf, "lm_head.weight") || !strcmp(hf, "pre_projection.weight") ||
+                        !strcmp(hf, "post_projection.weight"); /* outside the decoder's model.* */
+        snprintf(full, sizeof full, "%s%s", top ? "" : "model.", hf);
         char *nn = strdup(full);
         if (!nn) {
             json_decref(c);
@@ -308,7 +339,10 @@ int g4_gemma4_gguf_open(const char *path, g4_gguf *g, json_t **config, g4_error 
 }
 
 /* ------------------------------------------------------- config -> metadata */
-void g4_gemma4_gguf_write_meta(g4_gguf_writer *w, const g4_text_config *c) {
+void g4_gemma4_gguf_write_meta(g4_gguf_writer *w, const g4_text_config *c, const g4_assistant_config *asst) {
+    const char *arch = asst ? "gemma4-assistant" : "gemma4";
+    char k[128];
+#define K(x) (snprintf(k, sizeof k, "%s.%s", arch, x), k)
     const int L = c->n_layers;
     int32_t ff[G4_MAX_LAYERS], kv[G4_MAX_LAYERS], swa[G4_MAX_LAYERS];
     int ff_same = 1, kv_same = 1, full_hd = c->type_head_dim[G4_LAYER_FULL], swa_hd = c->type_head_dim[G4_LAYER_SLIDING];
@@ -321,37 +355,42 @@ void g4_gemma4_gguf_write_meta(g4_gguf_writer *w, const g4_text_config *c) {
     }
     if (!full_hd) full_hd = swa_hd;
     if (!swa_hd) swa_hd = full_hd;
-    g4_gguf_add_str(w, "general.architecture", "gemma4");
-    g4_gguf_add_u32(w, "gemma4.block_count", (uint32_t)L);
-    g4_gguf_add_u32(w, "gemma4.context_length", (uint32_t)c->max_position_embeddings);
-    g4_gguf_add_u32(w, "gemma4.embedding_length", (uint32_t)c->hidden_size);
+    g4_gguf_add_str(w, "general.architecture", arch);
+    g4_gguf_add_u32(w, K("block_count"), (uint32_t)L);
+    g4_gguf_add_u32(w, K("context_length"), (uint32_t)c->max_position_embeddings);
+    g4_gguf_add_u32(w, K("embedding_length"), (uint32_t)c->hidden_size);
     if (ff_same)
-        g4_gguf_add_u32(w, "gemma4.feed_forward_length", (uint32_t)ff[0]);
+        g4_gguf_add_u32(w, K("feed_forward_length"), (uint32_t)ff[0]);
     else
-        g4_gguf_add_arr(w, "gemma4.feed_forward_length", G4_GGUF_I32, ff, (size_t)L);
-    g4_gguf_add_u32(w, "gemma4.attention.head_count", (uint32_t)c->n_heads);
+        g4_gguf_add_arr(w, K("feed_forward_length"), G4_GGUF_I32, ff, (size_t)L);
+    g4_gguf_add_u32(w, K("attention.head_count"), (uint32_t)c->n_heads);
     if (kv_same)
-        g4_gguf_add_u32(w, "gemma4.attention.head_count_kv", (uint32_t)kv[0]);
+        g4_gguf_add_u32(w, K("attention.head_count_kv"), (uint32_t)kv[0]);
     else
-        g4_gguf_add_arr(w, "gemma4.attention.head_count_kv", G4_GGUF_I32, kv, (size_t)L);
-    g4_gguf_add_u32(w, "gemma4.attention.key_length", (uint32_t)full_hd);
-    g4_gguf_add_u32(w, "gemma4.attention.value_length", (uint32_t)full_hd);
-    g4_gguf_add_u32(w, "gemma4.attention.key_length_swa", (uint32_t)swa_hd);
-    g4_gguf_add_u32(w, "gemma4.attention.value_length_swa", (uint32_t)swa_hd);
-    g4_gguf_add_f32(w, "gemma4.attention.layer_norm_rms_epsilon", (float)c->rms_norm_eps);
-    g4_gguf_add_u32(w, "gemma4.attention.sliding_window", (uint32_t)c->sliding_window);
-    g4_gguf_add_arr(w, "gemma4.attention.sliding_window_pattern", G4_GGUF_BOOL, swa, (size_t)L);
-    g4_gguf_add_u32(w, "gemma4.attention.shared_kv_layers", (uint32_t)c->num_kv_shared_layers);
-    g4_gguf_add_u32(w, "gemma4.embedding_length_per_layer_input", (uint32_t)c->hidden_size_per_layer_input);
-    g4_gguf_add_f32(w, "gemma4.rope.freq_base", (float)c->rope[G4_LAYER_FULL].theta);
-    g4_gguf_add_f32(w, "gemma4.rope.freq_base_swa", (float)c->rope[G4_LAYER_SLIDING].theta);
-    g4_gguf_add_u32(w, "gemma4.rope.dimension_count", (uint32_t)full_hd);
-    g4_gguf_add_u32(w, "gemma4.rope.dimension_count_swa", (uint32_t)swa_hd);
-    if (c->has_softcap) g4_gguf_add_f32(w, "gemma4.final_logit_softcapping", (float)c->final_logit_softcapping);
+        g4_gguf_add_arr(w, K("attention.head_count_kv"), G4_GGUF_I32, kv, (size_t)L);
+    g4_gguf_add_u32(w, K("attention.key_length"), (uint32_t)full_hd);
+    g4_gguf_add_u32(w, K("attention.value_length"), (uint32_t)full_hd);
+    g4_gguf_add_u32(w, K("attention.key_length_swa"), (uint32_t)swa_hd);
+    g4_gguf_add_u32(w, K("attention.value_length_swa"), (uint32_t)swa_hd);
+    g4_gguf_add_f32(w, K("attention.layer_norm_rms_epsilon"), (float)c->rms_norm_eps);
+    g4_gguf_add_u32(w, K("attention.sliding_window"), (uint32_t)c->sliding_window);
+    g4_gguf_add_arr(w, K("attention.sliding_window_pattern"), G4_GGUF_BOOL, swa, (size_t)L);
+    g4_gguf_add_u32(w, K("attention.shared_kv_layers"), (uint32_t)c->num_kv_shared_layers);
+    g4_gguf_add_u32(w, K("embedding_length_per_layer_input"), (uint32_t)c->hidden_size_per_layer_input);
+    g4_gguf_add_f32(w, K("rope.freq_base"), (float)c->rope[G4_LAYER_FULL].theta);
+    g4_gguf_add_f32(w, K("rope.freq_base_swa"), (float)c->rope[G4_LAYER_SLIDING].theta);
+    g4_gguf_add_u32(w, K("rope.dimension_count"), (uint32_t)full_hd);
+    g4_gguf_add_u32(w, K("rope.dimension_count_swa"), (uint32_t)swa_hd);
+    if (c->has_softcap) g4_gguf_add_f32(w, K("final_logit_softcapping"), (float)c->final_logit_softcapping);
     if (c->enable_moe_block) {
-        g4_gguf_add_u32(w, "gemma4.expert_count", (uint32_t)c->num_experts);
-        g4_gguf_add_u32(w, "gemma4.expert_used_count", (uint32_t)c->top_k_experts);
-        g4_gguf_add_u32(w, "gemma4.expert_feed_forward_length", (uint32_t)c->moe_intermediate_size);
+        g4_gguf_add_u32(w, K("expert_count"), (uint32_t)c->num_experts);
+        g4_gguf_add_u32(w, K("expert_used_count"), (uint32_t)c->top_k_experts);
+        g4_gguf_add_u32(w, K("expert_feed_forward_length"), (uint32_t)c->moe_intermediate_size);
     }
+    if (asst) { /* Gemma4AssistantModel.set_gguf_parameters */
+        g4_gguf_add_u32(w, K("embedding_length_out"), (uint32_t)asst->backbone_hidden_size);
+        g4_gguf_add_u32(w, K("nextn_predict_layers"), (uint32_t)L);
+    }
+#undef K
     g4_gguf_add_u32(w, "general.quantization_version", 2);
 }

@@ -554,7 +554,9 @@ static void bind_assistant(binder *b) {
     const int64_t pre[2] = {Ha, 2 * Hb}, post[2] = {Hb, Ha}, cent[2] = {a->num_centroids, Ha};
     m->pre_projection = place(b, bind_full(b, "pre_projection.weight", 2, pre));
     m->post_projection = place(b, bind_full(b, "post_projection.weight", 2, post));
-    if (!a->use_ordered_embeddings) return;
+    /* a tensor list (quantize) holds the projections: the masked embedding is written as llama.cpp's converter
+     * writes it, not at all (quantize says so) */
+    if (!a->use_ordered_embeddings || b->collect) return;
     m->centroids = place(b, bind_full(b, "masked_embedding.centroids.weight", 2, cent));
     bind_token_ordering(b);
 }
@@ -697,7 +699,7 @@ static int bind_weights(g4_model *m, const g4_load_params *params, g4_error *err
         }
 #undef NAME
     }
-    if (m->cfg.assistant && !collect) bind_assistant(&b);
+    if (m->cfg.assistant) bind_assistant(&b);
     if (collect) {
         free(b.used);
         collect->list = b.list;
@@ -1003,7 +1005,7 @@ static int attach_mmproj(g4_model *m, const char *path, int embedded, json_t **c
 }
 
 /* Loads a model folder onto `be` (NULL: a backend of its own, as params say); an assistant checkpoint only when
- * `assistant` is set. */
+ * `assistant` is 1, either kind when it is -1. */
 static int load(const char *dir, const g4_load_params *params, g4_backend *be, int assistant, g4_model **out,
                 g4_error *err) {
     *out = NULL;
@@ -1101,7 +1103,7 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
         }
     }
     const g4_text_config *c = &m->cfg.text;
-    if (m->cfg.assistant != assistant) {
+    if (assistant >= 0 && m->cfg.assistant != assistant) {
         g4_fail(err, assistant ? "%s is not a gemma4_assistant checkpoint (model_type \"%s\")"
                                : "%s is a gemma4_assistant checkpoint (a drafter): it runs beside its main model "
                                  "(-m MAIN --draft DIR), not on its own",
@@ -1145,6 +1147,10 @@ int g4_model_load(const char *dir, const g4_load_params *params, g4_model **out,
 
 int g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_error *err) {
     return load(dir, NULL, be, 1, out, err);
+}
+
+int g4_model_load_either(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err) {
+    return load(dir, params, NULL, -1, out, err);
 }
 
 const char *g4_model_device(const g4_model *m) { return m ? m->be->ops->name : NULL; }

@@ -135,6 +135,8 @@ int g4_bind_failed(const g4_binder *b);
 /* Loads a gemma4_assistant checkpoint (a drafter) onto the backend of another model, which must outlive it
  * (g4_model_load refuses assistant checkpoints). */
 int g4_model_load_assistant(const char *dir, g4_backend *be, g4_model **out, g4_error *err);
+/* A main model or a drafter, whichever the folder or file holds (quantize reads both). */
+int g4_model_load_either(const char *dir, const g4_load_params *params, g4_model **out, g4_error *err);
 
 /* Inverse RoPE frequencies of a layer type (docs/gemma4-text.md 3.3); out has head_dim/2 floats. */
 void g4_rope_inv_freq(const g4_rope_config *rc, int head_dim, float *out);

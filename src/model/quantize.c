@@ -436,12 +436,14 @@ static json_t *tokenizer_meta(const job *j, g4_error *err) {
 }
 
 /* Writes the tokenizer keys of a metadata object with the types llama.cpp's writer uses. */
-static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_size) {
+static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_size, const char *arch) {
     const json_t *toks = json_object_get(meta, "tokenizer.ggml.tokens");
     const char *model = json_string_value(json_object_get(meta, "tokenizer.ggml.model"));
     if (!json_is_array(toks) || !model) {
         g4_gguf_add_str(w, "tokenizer.ggml.model", "none");
-        g4_gguf_add_u32(w, "gemma4.vocab_size", (uint32_t)vocab_size);
+        char k[64];
+        snprintf(k, sizeof k, "%s.vocab_size", arch);
+        g4_gguf_add_u32(w, k, (uint32_t)vocab_size);
         return;
     }
     g4_gguf_add_str(w, "tokenizer.ggml.model", model);
@@ -557,7 +559,7 @@ static uint32_t llama_ftype(g4_dtype t) {
 
 static int write_gguf(job *j, g4_error *err) {
     g4_gguf_writer w = {0};
-    g4_gemma4_gguf_write_meta(&w, &j->cfg.text);
+    g4_gemma4_gguf_write_meta(&w, &j->cfg.text, j->cfg.assistant ? &j->cfg.asst : NULL);
     g4_gguf_add_u32(&w, "general.file_type", llama_ftype(j->target));
     err->msg[0] = 0;
     json_t *tmeta = tokenizer_meta(j, err);
@@ -565,7 +567,7 @@ static int write_gguf(job *j, g4_error *err) {
         g4_gguf_writer_free(&w);
         return -1;
     }
-    write_tokenizer(&w, tmeta, j->cfg.text.vocab_size);
+    write_tokenizer(&w, tmeta, j->cfg.text.vocab_size, j->cfg.assistant ? "gemma4-assistant" : "gemma4");
     json_decref(tmeta);
     /* generation_config.json's suppress_tokens where llama.cpp's converter writes them (gemma.py Gemma4UnifiedModel) */
     if (j->model && j->model->gen_config.n_suppress)
@@ -749,8 +751,13 @@ int g4_quantize(const g4_quantize_params *p, g4_error *err) {
         return g4_fail(err, "writing a folder from a GGUF source is not supported (its config.json is not kept)");
     if (p->in) {
         g4_load_params lp = {.n_threads = 1, .device = "cpu"}; /* reads the weights where they lie: on the host */
-        if (g4_model_load(p->in, &lp, &j.model, err)) return -1;
+        if (g4_model_load_either(p->in, &lp, &j.model, err)) return -1;
         j.cfg = j.model->cfg;
+        if (j.cfg.assistant && j.kind != OUT_GGUF) { /* its config.json is not written */
+            g4_model_free(j.model);
+            return g4_fail(err, "%s is a drafter (gemma4_assistant): it is written as GGUF only (llama.cpp's "
+                                "gemma4-assistant layout)", p->in);
+        }
     } else {
         json_t *root;
         if (!p->random_config) return g4_fail(err, "no input model");
