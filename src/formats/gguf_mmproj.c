@@ -6,7 +6,9 @@
  * file: rope theta 100, pooling 3 or clip.vision.projector.scale_factor; :2602-2627 the tensors it binds) and
  * tools/mtmd/models/gemma4v.cpp (the graph: head size n_embd / n_head); for the audio tower (gemma4a) the converter's
  * audio branch (gemma.py:1006-1017), clip.cpp:3273-3340 (the tensors it binds) and tools/mtmd/models/gemma4a.cpp
- * (:49-52 chunk 12 and context 12 + 1, :87 soft cap 50, hard-coded). */
+ * (:49-52 chunk 12 and context 12 + 1, :87 soft cap 50, hard-coded); for the 12B's encoder-free embedders
+ * (gemma4uv + gemma4ua) Gemma4UnifiedVisionAudioModel (gemma.py:1035-1083) and clip.cpp's gemma4uv / gemma4ua cases.
+ * Ollama's single file: ollama/ollama convert/convert_gemma4.go (KV, Tensors, Replacements). */
 #include "formats/gguf_mmproj.h"
 
 #include <dirent.h>
