@@ -13,6 +13,15 @@ fx=$shared/fixtures/vision
 img0=$fx/image0.png; img1=$fx/image1.png
 py=${G4_PYTHON:-/usr/bin/python3} # with numpy
 mk() { "$py" "$src/tests/data/make_mmproj.py" "$@"; }
+# a projector written broken: one line naming the problem. FIXTURE TEXT_GGUF --image|--audio FILE DESCRIPTION GREP
+# MAKE_MMPROJ_OPTIONS...
+bad_projector() {
+    local fxd=$1 text=$2 opt=$3 media=$4 what=$5 pat=$6 cmd=encode-image; shift 6
+    [ "$opt" = --audio ] && cmd=encode-audio
+    mk mmproj "$fxd" "$tmp/bad.gguf" "$@" || { check 1 "$what: make_mmproj.py $*"; return; }
+    expect_error "$what" "$bin" $cmd -m "$text" --mmproj "$tmp/bad.gguf" "$opt" "$media" -o "$tmp/x.f32"
+    grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
+}
 ref=$fx/reference.safetensors
 
 # apart: a model file with projectors beside it would load one of them by itself (tested below)
@@ -115,12 +124,7 @@ mk mmproj "$afx" "$tmp/nosoftplus.gguf" --skip-softplus &&
     "$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/nosoftplus.gguf" --audio "$wav" -o "$tmp/aemb-x.f32" >/dev/null
 [ $? = 0 ] && ! python3 "$here/cli_compare.py" rel "$aref" audio_embeddings "$tmp/aemb-x.f32" 1e-3 >/dev/null
 check $? "a projector whose per_dim_scale is not softplus'd misses the reference"
-abad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
-    local what=$1 pat=$2; shift 2
-    mk mmproj "$afx" "$tmp/abad.gguf" "$@" || { check 1 "$what: make_mmproj.py $*"; return; }
-    expect_error "$what" "$bin" encode-audio -m "$tmp/atext/text.gguf" --mmproj "$tmp/abad.gguf" --audio "$wav" -o "$tmp/x.f32"
-    grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
-}
+abad() { bad_projector "$afx" "$tmp/atext/text.gguf" --audio "$wav" "$@"; }
 abad "another audio projector type" 'audio projector type "ultravox" is not Gemma 4' --audio-projector ultravox
 abad "no mel bins" "has no clip.audio.num_mel_bins" --omit-key clip.audio.num_mel_bins
 abad "no subsampling convolution" "has no a.conv1d.1.weight" --omit-tensor a.conv1d.1.weight
@@ -213,12 +217,7 @@ mkdir -p "$tmp/uauto" && cp "$tmp/utext/text.gguf" "$tmp/uauto/model.gguf" && cp
 "$bin" encode-audio -m "$tmp/uauto/model.gguf" --audio "$uwav" -o "$tmp/uaud-auto.f32" >/dev/null 2>&1 &&
     cmp -s "$tmp/uaud-auto.f32" "$tmp/uaud.f32"
 check $? "the unified projector beside the model loads by itself"
-ubad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
-    local what=$1 pat=$2; shift 2
-    mk mmproj "$ufx" "$tmp/ubad.gguf" "$@" || { check 1 "$what: make_mmproj.py $*"; return; }
-    expect_error "$what" "$bin" encode-image -m "$tmp/utext/text.gguf" --mmproj "$tmp/ubad.gguf" --image "$uimg0" -o "$tmp/x.f32"
-    grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
-}
+ubad() { bad_projector "$ufx" "$tmp/utext/text.gguf" --image "$uimg0" "$@"; }
 ubad "a unified vision half with gemma4a audio" 'holds the image and the audio embedder' --audio-projector gemma4a
 ubad "a unified projector without its position table" "has no v.position_embd.weight" --omit-tensor v.position_embd.weight
 ubad "a unified projector without the audio projection" "missing: model.embed_audio.embedding_projection.weight" \
@@ -232,12 +231,7 @@ ubad "a unified patch_ln1 of the wrong length" "v.patch_norm.1.weight has shape 
 ubad "no vision patch size" "has no clip.vision.patch_size" --omit-key clip.vision.patch_size
 
 # broken projector files and wrong pairings: one line each
-bad() { # DESCRIPTION GREP MAKE_MMPROJ_OPTIONS...
-    local what=$1 pat=$2; shift 2
-    mk mmproj "$fx" "$tmp/bad.gguf" "$@" || { check 1 "$what: make_mmproj.py $*"; return; }
-    expect_error "$what" "$bin" encode-image -m "$tmp/text/text.gguf" --mmproj "$tmp/bad.gguf" --image "$img0" -o "$tmp/x.f32"
-    grep -q -- "$pat" "$tmp/err.txt"; check $? "$what: the message says '$pat'"
-}
+bad() { bad_projector "$fx" "$tmp/text/text.gguf" --image "$img0" "$@"; }
 bad "another projector type" 'projector type "gemma3" is not Gemma 4' --projector gemma3
 bad "a unified projector type on a gemma4v tower" 'holds the image and the audio embedder' --projector gemma4uv
 bad "no embedding_length" "has no clip.vision.embedding_length" --omit-key clip.vision.embedding_length
