@@ -555,7 +555,7 @@ static void bind_assistant(binder *b) {
     m->pre_projection = place(b, bind_full(b, "pre_projection.weight", 2, pre));
     m->post_projection = place(b, bind_full(b, "post_projection.weight", 2, post));
     /* a tensor list (quantize) holds the projections: the masked embedding is written as llama.cpp's converter
-     * writes it, not at all (quantize says so) */
+     * writes it, not at all (README: such a file's drafts rank the whole vocabulary) */
     if (!a->use_ordered_embeddings || b->collect) return;
     m->centroids = place(b, bind_full(b, "masked_embedding.centroids.weight", 2, cent));
     bind_token_ordering(b);
