@@ -12,3 +12,25 @@ expect_error() {
     [ $rc -ne 0 ] && [ "$lines" = 1 ] && [ -z "$out" ]
     check $? "$what: exit $rc, $(head -c 200 "$tmp/err.txt")"
 }
+# each FUNCTION ARG...: FUNCTION ARG for every ARG, in subshells, G4_TEST_JOBS (default: the CPUs) at a time, each
+# with its own output and $tmp/each-ARG/ (its ok/FAIL lines printed in ARG order once all ended; a FAIL sets fail).
+# For independent cases whose commands are single-threaded (the CUDA emulator, a stage that leaves cores idle).
+each() {
+    local f=$1 a n=0 jobs=${G4_TEST_JOBS:-$(nproc)}
+    shift
+    for a in "$@"; do
+        rm -rf "$tmp/each-$a"; mkdir -p "$tmp/each-$a"
+        if [ "$n" -ge "$jobs" ]; then wait -n; else n=$((n + 1)); fi
+        (fail=0; "$f" "$a" >"$tmp/each-$a.out" 2>&1; echo "$fail" >"$tmp/each-$a.rc") &
+    done
+    wait
+    for a in "$@"; do
+        cat "$tmp/each-$a.out"
+        case "$(cat "$tmp/each-$a.rc" 2>/dev/null)" in
+        0) ;;
+        1) fail=1 ;;
+        *) echo "FAIL $f $a: did not finish"; fail=1 ;;
+        esac
+    done
+    return 0
+}

@@ -61,27 +61,31 @@ PY
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp" || { echo "cannot unpack the example model"; exit 1; }
 m=$tmp/tolstoy-tiny
 pids=$("$bin" tokenize -m "$m" -p "The old prince")
-for t in q5_0:0.05 q5_k:0.1 iq4_xs:0.05 q2_k:0.05 q4_1:0.1 q3_k:0.05 mlx3:0.1 mlx6:0.1; do
-    tol=${t#*:} t=${t%:*} f=$tmp/tt-$t.gguf
+# one type and its tolerance (TYPE:TOL), files in $tmp/each-TYPE:TOL/ (the emulator runs on one thread: `each` runs
+# the types side by side)
+example_type() {
+    local tol=${1#*:} t=${1%:*} d=$tmp/each-$1 a b e noint8=
+    local f=$d/tt-$t.gguf
     # MLX: greedy tokens with float activations (MLX3's part at token 11 between the backends' int8 activations, the
     # prompt's on CUDA's bf16 tiles; with float ones both give the same 12, so the held values are the file's)
-    noint8=
-    case $t in mlx*) f=$tmp/tt-$t noint8=G4_NO_INT8_ACT=1 ;; esac
+    case $t in mlx*) f=$d/tt-$t noint8=G4_NO_INT8_ACT=1 ;; esac
     "$bin" quantize "$m" "$f" --type $t >/dev/null &&
         a=$(env $noint8 "$bin" generate -m "$f" --device cpu --ids "$pids" -n 12 --temp 0 --ignore-eos) &&
-        b=$(env $noint8 "$bin" generate -m "$f" --device cuda --ids "$pids" -n 12 --temp 0 --ignore-eos 2>"$tmp/warn.txt") &&
+        b=$(env $noint8 "$bin" generate -m "$f" --device cuda --ids "$pids" -n 12 --temp 0 --ignore-eos 2>"$d/warn.txt") &&
         [ -n "$a" ] && [ "$a" = "$b" ]
     check $? "example model $t: cuda's greedy tokens are the cpu's${noint8:+ (float activations)} ($b)"
     case $t in mlx* | q4_1 | q3_k | q2_k) # held exactly (MLX3 as MLX4, MLX6 as MLX8, Q4_1 as MLX4, Q3_K as Q6_K): no
         # warning (the greedy run's; the layout a type is held in does not depend on the activations)
-        [ ! -s "$tmp/warn.txt" ]
-        check $? "example model $t on cuda: no warning ($(head -c 200 "$tmp/warn.txt"))" ;;
+        [ ! -s "$d/warn.txt" ]
+        check $? "example model $t on cuda: no warning ($(head -c 200 "$d/warn.txt"))" ;;
     esac
-    G4_NO_INT8_ACT=1 "$bin" logits -m "$f" --device cpu --ids "$pids" -o "$tmp/c.f32" &&
-        G4_NO_INT8_ACT=1 "$bin" logits -m "$f" --device cuda --ids "$pids" -o "$tmp/g.f32" 2>/dev/null &&
-        d=$(logit_diff "$tmp/c.f32" "$tmp/g.f32" "$tol")
-    check $? "example model $t: cuda's prompt logits within $tol of the cpu's, float activations (${d:-})"
-done
+    G4_NO_INT8_ACT=1 "$bin" logits -m "$f" --device cpu --ids "$pids" -o "$d/c.f32" &&
+        G4_NO_INT8_ACT=1 "$bin" logits -m "$f" --device cuda --ids "$pids" -o "$d/g.f32" 2>/dev/null &&
+        e=$(logit_diff "$d/c.f32" "$d/g.f32" "$tol")
+    check $? "example model $t: cuda's prompt logits within $tol of the cpu's, float activations (${e:-})"
+    rm -rf "$f"
+}
+each example_type q5_0:0.05 q5_k:0.1 iq4_xs:0.05 q2_k:0.05 q4_1:0.1 q3_k:0.05 mlx3:0.1 mlx6:0.1
 
 expect_error "bench --random --type q4_1 on cuda" "$bin" bench --device cuda --random "$m/config.json" --type q4_1 \
     -p 8 -c 16 -n 2 -r 1
