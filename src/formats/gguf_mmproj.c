@@ -461,13 +461,19 @@ static int map_f32(g4_tensor *t, double (*f)(double), g4_tensor_set *set, const 
  * the inverse: x = y + log(-expm1(-y)) (y > 20: x = y). */
 static double inverse_softplus(double y) { return y > 20.0 ? y : y + log(-expm1(-y)); }
 
-static int attach(const char *path, const layout *lay, int text_hidden, g4_tensor_set *set,
+/* The towers of `path` into `set`: of a projector file opened here (meta NULL), or, with `meta` (Ollama's file),
+ * of the model file whose metadata that is and whose tensors `set` already holds under their GGUF names: those are
+ * renamed and converted in place (the file is not opened again). */
+static int attach(const char *path, const json_t *model_meta, const layout *lay, int text_hidden, g4_tensor_set *set,
                   json_t **vision_config_out, json_t **audio_config_out, int *unified_out, g4_error *err) {
     *vision_config_out = *audio_config_out = NULL;
     *unified_out = 0;
-    const int n0 = set->n_tensors; /* a failure leaves the set's tensors as they were */
-    g4_gguf g;
-    if (g4_gguf_open(path, &g, err)) return -1;
+    const int n0 = set->n_tensors, in_place = model_meta != NULL; /* a failure leaves the set's tensors as they were */
+    g4_gguf g = {0};
+    if (in_place) /* a view for the readers of the configs (the set is sorted: finished by its loader) */
+        g.meta = (json_t *)model_meta, g.set = *set;
+    else if (g4_gguf_open(path, &g, err))
+        return -1;
     const json_t *meta = g.meta;
     json_t *vc = NULL, *ac = NULL;
     int rc = -1, D = 0, P = 0;
@@ -522,16 +528,20 @@ static int attach(const char *path, const layout *lay, int text_hidden, g4_tenso
     if (unified && unified_configs(&g, path, text_hidden, &vc, &ac, &D, &P, err)) goto done;
     if (!unified && vt && !(vc = vision_config(&g, lay, path, text_hidden, &D, &P, err))) goto done;
     if (!unified && at && !(ac = audio_config(&g, lay, path, text_hidden, err))) goto done;
-    /* move the file and the towers' tensors into `set` under their HF names */
-    if (g.set.n_files != 1) {
-        g4_fail(err, "%s: unexpected file layout", path);
-        goto done;
+    /* move the file and the towers' tensors into `set` under their HF names (in place: rename them there) */
+    int fi = -1;
+    if (!in_place) {
+        if (g.set.n_files != 1) {
+            g4_fail(err, "%s: unexpected file layout", path);
+            goto done;
+        }
+        fi = g4_tensor_set_add_file(set, g.set.files[0], path, err);
+        g.set.files[0] = (g4_mapped_file){0}; /* `set` unmaps it now (or did, failing) */
+        if (fi < 0) goto done;
     }
-    const int fi = g4_tensor_set_add_file(set, g.set.files[0], path, err);
-    g.set.files[0] = (g4_mapped_file){0}; /* `set` unmaps it now (or did, failing) */
-    if (fi < 0) goto done;
-    for (int i = 0; i < g.set.n_tensors; i++) {
-        g4_tensor t = g.set.tensors[i];
+    const int n_src = in_place ? n0 : g.set.n_tensors;
+    for (int i = 0; i < n_src; i++) {
+        g4_tensor t = in_place ? set->tensors[i] : g.set.tensors[i];
         char hf[256];
         const char *uname = unified ? unified_hf_name(t.name) : NULL;
         if (uname) {
@@ -569,8 +579,19 @@ static int attach(const char *path, const layout *lay, int text_hidden, g4_tenso
         } else {
             continue; /* not a tower this file declares, or a name the converter does not write: left out */
         }
-        t.name = hf;
-        if (g4_tensor_set_add(set, &t, fi, err)) goto done;
+        if (in_place) {
+            char *name = strdup(hf);
+            if (!name) {
+                g4_fail(err, "out of memory");
+                goto done;
+            }
+            free((char *)set->tensors[i].name);
+            t.name = name;
+            set->tensors[i] = t;
+        } else {
+            t.name = hf;
+            if (g4_tensor_set_add(set, &t, fi, err)) goto done;
+        }
     }
     *vision_config_out = vc;
     *audio_config_out = ac;
@@ -580,8 +601,8 @@ static int attach(const char *path, const layout *lay, int text_hidden, g4_tenso
 done:
     json_decref(vc);
     json_decref(ac);
-    g4_gguf_free(&g);
-    if (rc)
+    if (!in_place) g4_gguf_free(&g);
+    if (rc && !in_place)
         while (set->n_tensors > n0) free((char *)set->tensors[--set->n_tensors].name);
     return rc;
 }
@@ -589,14 +610,14 @@ done:
 int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json_t **vision_config,
                      json_t **audio_config, int *unified, g4_error *err) {
     static const layout llama = {0, "clip.vision", "clip.audio"};
-    return attach(path, &llama, text_hidden, set, vision_config, audio_config, unified, err);
+    return attach(path, NULL, &llama, text_hidden, set, vision_config, audio_config, unified, err);
 }
 
-int g4_mmproj_attach_embedded(const char *path, int text_hidden, g4_tensor_set *set, json_t **vision_config,
-                              json_t **audio_config, g4_error *err) {
+int g4_mmproj_attach_embedded(const char *path, const json_t *meta, int text_hidden, g4_tensor_set *set,
+                              json_t **vision_config, json_t **audio_config, g4_error *err) {
     static const layout ollama = {1, "gemma4.vision", "gemma4.audio"};
     int unified;
-    return attach(path, &ollama, text_hidden, set, vision_config, audio_config, &unified, err);
+    return attach(path, meta, &ollama, text_hidden, set, vision_config, audio_config, &unified, err);
 }
 
 int g4_mmproj_beside(const char *model_path, char *out, size_t cap) {

@@ -27,9 +27,12 @@ int g4_mmproj_attach(const char *path, int text_hidden, g4_tensor_set *set, json
 
 /* The same for the towers Ollama's converter (convert/convert_gemma4.go) writes into the model file itself, beside
  * the decoder: keys gemma4.vision.* / gemma4.audio.*, the vision tensors under llama.cpp's names, the audio ones
- * partly under Ollama's own (docs/mmproj.md). A file without towers: 0, both configs NULL. */
-int g4_mmproj_attach_embedded(const char *path, int text_hidden, g4_tensor_set *set, json_t **vision_config,
-                              json_t **audio_config, g4_error *err);
+ * partly under Ollama's own (docs/mmproj.md). `meta` is the model file's metadata and `set` (finished) already
+ * holds its tensors, the towers' under their GGUF names: those are renamed and converted there, the file is not
+ * opened again (after an error some may be renamed: the model is not usable). A file without towers: 0, both
+ * configs NULL. */
+int g4_mmproj_attach_embedded(const char *path, const json_t *meta, int text_hidden, g4_tensor_set *set,
+                              json_t **vision_config, json_t **audio_config, g4_error *err);
 
 /* The one mmproj*.gguf beside a .gguf model file (llama.cpp names them "mmproj-<model>-<type>.gguf"): 1 and its
  * path when there is exactly one, 0 when none, -1 when several (names in `out`, for a message). */

@@ -962,7 +962,7 @@ static int attach_mmproj(g4_model *m, const char *path, int embedded, json_t **c
     const int hidden = (int)json_integer_value(json_object_get(*cj, "hidden_size"));
     json_t *vc, *ac;
     int unified = 0;
-    if (embedded ? g4_mmproj_attach_embedded(path, hidden, &m->weights, &vc, &ac, err)
+    if (embedded ? g4_mmproj_attach_embedded(path, m->gguf_meta, hidden, &m->weights, &vc, &ac, err)
                  : g4_mmproj_attach(path, hidden, &m->weights, &vc, &ac, &unified, err))
         return -1;
     if (!vc && !ac) return 0; /* a model file without towers */
@@ -1067,15 +1067,12 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
             g4_warn(&m->warnings, "loaded the projector %s, the mmproj file beside the model", beside);
         }
         /* without a projector file, the towers Ollama's file carries beside the decoder */
-        const int n_text = m->weights.n_tensors;
-        if (!mmproj &&
-            (json_object_get(m->gguf_meta, "gemma4.vision.block_count") ||
-             json_object_get(m->gguf_meta, "gemma4.audio.block_count")) &&
-            attach_mmproj(m, dir, 1, &cj, err)) {
+        const int embedded = !mmproj && (json_object_get(m->gguf_meta, "gemma4.vision.block_count") ||
+                                         json_object_get(m->gguf_meta, "gemma4.audio.block_count"));
+        if (embedded && attach_mmproj(m, dir, 1, &cj, err)) {
             json_decref(cj);
             goto fail;
         }
-        const int embedded = m->weights.n_tensors > n_text;
         int rc = g4_config_parse(cj, dir, &m->cfg, err);
         json_decref(cj);
         /* the text tensors keep the names g4_gemma4_gguf_open gave them (model.*, a text-only checkpoint's layout)
