@@ -2,8 +2,9 @@
  * opens must only point inside the file; every tensor of a type the engine reads is decoded (its first rows,
  * core/quant.c and quant_codebook.c: any bytes are a valid block) and moved into the layouts the backends hold
  * it in (g4_transcode_row to AF4 / AF8 / Q6_K / Q8_0, g4_transcode_row_mlx), which must keep every value where
- * g4_transcode_exact says so. The same bytes as a projector file (formats/gguf_mmproj.h) of a 4-wide text model: what
- * it adds to a tensor set must lie inside the file or the buffers the set owns. */
+ * g4_transcode_exact says so. The same bytes as a projector file (formats/gguf_mmproj.h) of a 4-wide text model, and
+ * as a model file carrying its towers as Ollama writes them (renamed and converted in the file's own tensor set):
+ * what they add to or change in a tensor set must lie inside the file or the buffers the set owns. */
 #include <math.h>
 
 #include "core/quant.h"
@@ -30,6 +31,16 @@ static void check_held(const g4_tensor *t, g4_dtype to, int64_t in) {
     }
 }
 
+/* every tensor's first and last byte can be read */
+static void touch(const g4_tensor_set *set) {
+    for (int i = 0; i < set->n_tensors; i++) {
+        const g4_tensor *t = &set->tensors[i];
+        if (!t->nbytes) continue;
+        volatile unsigned s = ((const volatile uint8_t *)t->data)[0] + ((const volatile uint8_t *)t->data)[t->nbytes - 1];
+        (void)s;
+    }
+}
+
 static void projector(const char *path) {
     g4_tensor_set set = {0};
     json_t *vc = NULL, *ac = NULL;
@@ -38,16 +49,25 @@ static void projector(const char *path) {
     const int rc = g4_mmproj_attach(path, 4, &set, &vc, &ac, &unified, &err);
     fuzz_expect_error(rc, &err);
     if (!rc) {
-        for (int i = 0; i < set.n_tensors; i++) {
-            const g4_tensor *t = &set.tensors[i];
-            if (!t->nbytes) continue;
-            volatile unsigned s = ((const volatile uint8_t *)t->data)[0] + ((const volatile uint8_t *)t->data)[t->nbytes - 1];
-            (void)s;
-        }
+        touch(&set);
         json_decref(vc);
         json_decref(ac);
     }
     g4_tensor_set_free(&set);
+}
+
+/* the file's own towers (Ollama's layout), in its tensor set; then the set sorts again (a clash of names: one line) */
+static void embedded_towers(const char *path, g4_gguf *g) {
+    json_t *vc = NULL, *ac = NULL;
+    g4_error err = {{0}};
+    const int rc = g4_mmproj_attach_embedded(path, g->meta, 4, &g->set, &vc, &ac, &err);
+    fuzz_expect_error(rc, &err);
+    if (!rc) {
+        touch(&g->set);
+        json_decref(vc);
+        json_decref(ac);
+        if (g4_tensor_set_finish(&g->set, &err)) fuzz_expect_error(-1, &err);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -79,6 +99,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int64_t j = 0; j < in; j++) fuzz_expect(a[j] == b[j] || (isnan(a[j]) && isnan(b[j])));
         }
     }
+    embedded_towers(path, &g);
     g4_gguf_free(&g);
     return 0;
 }

@@ -173,6 +173,16 @@ def main():
                 ("mm.input_projection.weight", 0, [2, 4], f32s(2, 4)),
                 ("mm.a.input_projection.weight", 0, [8, 4], f32s(8, 4))]
     c.add("gguf", gguf_bytes(pkvs, ptensors))
+    # a model file carrying a one-block vision tower as Ollama writes it (keys gemma4.vision.*)
+    okvs = [text("general.architecture", "gemma4"), u32("gemma4.vision.block_count", 1),
+            u32("gemma4.vision.embedding_length", 2), u32("gemma4.vision.feed_forward_length", 4),
+            u32("gemma4.vision.attention.head_count", 1), u32("gemma4.vision.patch_size", 2),
+            u32("gemma4.vision.projector.scale_factor", 1),
+            ("gemma4.vision.attention.layer_norm_epsilon", 6, struct.pack("<f", 1e-6))]
+    otensors = [("v.patch_embd.weight", 0, [2, 2, 3, 2], f32s(2, 2, 3, 2)), ("v.position_embd.weight", 0, [2, 3, 2], f32s(2, 3, 2)),
+                ("v.blk.0.attn_q.weight", 0, [2, 2], f32s(2, 2)), ("mm.input_projection.weight", 0, [2, 4], f32s(2, 4)),
+                ("token_embd.weight", 0, [4, 8], f32s(4, 8))]
+    c.add("gguf", gguf_bytes(okvs, otensors))
     shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     good = {"model.a": shards[0], "model.b": shards[0], "model.c": shards[1]}
     for wm in [good, {**good, "model.d": shards[1]}, {"model.a": shards[0], "model.b": shards[1], "model.c": shards[1]},
