@@ -10,9 +10,9 @@ set -u
 bin=${G4_BIN:?}; src=${G4_SOURCE_DIR:?}; shared=${G4_SHARED_DIR:?}; tmp=${G4_TMP:-/tmp}/audio-sweep
 ref=$shared/reference/numpy
 [ -f "$ref/audio_numpy.py" ] || { echo "skip: no $ref/audio_numpy.py"; exit 77; }
-/usr/bin/python3 -c "import numpy" 2>/dev/null || { echo "skip: /usr/bin/python3 has no numpy"; exit 77; }
+"${G4_PYTHON:-/usr/bin/python3}" -c "import numpy" 2>/dev/null || { echo "skip: ${G4_PYTHON:-/usr/bin/python3} has no numpy"; exit 77; }
 rm -rf "$tmp"; mkdir -p "$tmp"
-/usr/bin/python3 "$src/tests/data/audio_sweep.py" --bin "$bin" --reference "$ref" --tmp "$tmp" --control \
+"${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/audio_sweep.py" --bin "$bin" --reference "$ref" --tmp "$tmp" --control \
     --cases "${G4_AUDIO_SWEEP_CASES:-16}" --seed "${G4_SWEEP_SEED:-2026}" --device "${G4_SWEEP_DEVICE:-cpu}"
 rc=$?
 [ $rc = 0 ] && rm -rf "$tmp"

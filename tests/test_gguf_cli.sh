@@ -30,7 +30,7 @@ unset G4_TOKENIZER_CACHE_DIR
 ids=$("$bin" tokenize -m "$m" -p "The old prince")
 "$bin" logits -m "$m" --ids "$ids" -o "$tmp/a.f32" && "$bin" logits -m "$g" --ids "$ids" -o "$tmp/b.f32"
 cmp -s "$tmp/a.f32" "$tmp/b.f32"; check $? "identical logits from the folder and the BF16 GGUF"
-/usr/bin/python3 "$src/tests/data/split_gguf.py" "$g" "$tmp/tt-split" 3 &&
+"${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/split_gguf.py" "$g" "$tmp/tt-split" 3 &&
     "$bin" logits -m "$tmp/tt-split-00001-of-00003.gguf" --ids "$ids" -o "$tmp/c.f32" && cmp -s "$tmp/a.f32" "$tmp/c.f32"
 check $? "a GGUF split in 3 as llama-gguf-split writes it: identical logits from its first shard"
 expect_error "a later shard of a split GGUF" "$bin" logits -m "$tmp/tt-split-00002-of-00003.gguf" --ids "$ids" -o "$tmp/c.f32"
@@ -47,7 +47,7 @@ a=$(echo "$conv" | "$bin" template -m "$m" -f -) && b=$(echo "$conv" | "$bin" te
 # writes the 12B's): the GGUF never picks the suppressed ids either, and greedy decoding matches the folder's
 first=$("$bin" generate -m "$m" --ids "$ids" -n 3 --temp 0 --ignore-eos) && sup=${first%%,*} &&
     rm -rf "$tmp/sup" && cp -r "$m" "$tmp/sup" &&
-    /usr/bin/python3 -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['suppress_tokens'] = [int(sys.argv[2]), 5]
+    "${G4_PYTHON:-/usr/bin/python3}" -c "import json, sys; p = sys.argv[1]; c = json.load(open(p)); c['suppress_tokens'] = [int(sys.argv[2]), 5]
 json.dump(c, open(p, 'w'))" "$tmp/sup/generation_config.json" "$sup" && "$bin" quantize "$tmp/sup" "$tmp/sup.gguf" --type bf16 &&
     a=$("$bin" generate -m "$tmp/sup" --ids "$ids" -n 8 --temp 0 --ignore-eos) &&
     b=$("$bin" generate -m "$tmp/sup.gguf" --ids "$ids" -n 8 --temp 0 --ignore-eos) &&
@@ -74,9 +74,9 @@ for t in q2_k q3_k iq4_nl iq4_xs; do
     "$bin" quantize "$fx" "$tmp/fx-$t.gguf" --type $t &&
         "$bin" quantize "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf" --type f32 &&
         G4_NO_INT8_ACT=1 "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/fx-$t.f32" &&
-        /usr/bin/python3 "$src/tests/data/gguf_dequant_reference.py" "$fx" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-ref.f32" &&
+        "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/gguf_dequant_reference.py" "$fx" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-ref.f32" &&
         err=$(python3 "$src/tests/cli_compare.py" files "$tmp/fx-$t.f32" "$tmp/fx-$t-ref.f32" 2e-3)
-    check $? "$t: the fixture's logits match the numpy reference on its decoded weights within 2e-3 ($err)"
+    check $? "$t: the fixture's logits match the numpy reference on its decoded weights within 2e-3 (${err:-})"
     rm -f "$tmp/fx-$t-f32.gguf"
 done
 # The types gemma4c reads but does not write (codebook IQ1/IQ2/IQ3, ternary, FP4): the fixture's F32 GGUF with every
@@ -89,9 +89,9 @@ for t in iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s iq1_s iq1_m tq1_0 tq2_0 mxfp4 nvfp4;
     "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/retype_gguf.py" "$tmp/fx-f32.gguf" "$tmp/fx-$t.gguf" $t >/dev/null &&
         "$bin" quantize "$tmp/fx-$t.gguf" "$tmp/fx-$t-f32.gguf" --type f32 &&
         G4_NO_INT8_ACT=1 "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/fx-$t.f32" &&
-        /usr/bin/python3 "$src/tests/data/gguf_dequant_reference.py" "$fx" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-ref.f32" &&
+        "${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/gguf_dequant_reference.py" "$fx" "$tmp/fx-$t-f32.gguf" "$tmp/fx-$t-ref.f32" &&
         err=$(python3 "$src/tests/cli_compare.py" files "$tmp/fx-$t.f32" "$tmp/fx-$t-ref.f32" 2e-3)
-    check $? "$t: a fixture of random $t blocks gives the numpy reference's logits on its decoded weights ($err)"
+    check $? "$t: a fixture of random $t blocks gives the numpy reference's logits on its decoded weights (${err:-})"
     if [ $t = nvfp4 ]; then # (rows of 128, no whole CB4_16 block: re-encoded as Q8_0, with a warning; the rows of 256
                             # as CB4_16. test_backend_ops: a re-encoded weight's products are its Q8_0 rows')
         "$bin" logits -m "$tmp/fx-$t.gguf" --kv f32 --ids "$fxids" -o "$tmp/a.f32" 2>"$tmp/err" &&

@@ -98,7 +98,7 @@ check $? "chat's second turn (cached prefix) equals a fresh run of the whole con
 
 # speculative decoding with a random drafter of the example model's shapes: it drafts badly, and the output must
 # not change (run, and chat's three turns with a cached prefix)
-/usr/bin/python3 "$here/data/random_gemma4.py" drafter "$m" "$tmp/drafter" --hidden 32 --heads 2 --intermediate 64
+"${G4_PYTHON:-/usr/bin/python3}" "$here/data/random_gemma4.py" drafter "$m" "$tmp/drafter" --hidden 32 --heads 2 --intermediate 64
 "$bin" run -m "$m" -p "$(ref chat_user)" --temp 0 -n 48 --draft "$tmp/drafter" --draft-n 3 >"$tmp/run-draft.txt"
 cmp -s "$tmp/run.txt" "$tmp/run-draft.txt"; check $? "run --draft answers as run does"
 printf '%s\n/reset\n%s\n%s\n' "$(ref chat_user)" "$(ref chat_user)" "$q2" |

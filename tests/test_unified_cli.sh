@@ -56,7 +56,7 @@ size=$(stat -c %s "$tmp/long.f32")
 
 # a tall image (100x7 -> 3024x192 at 280 soft tokens: blocks 63 x 4) against the numpy reference
 # (../shared/reference/numpy): rows y >= 32 index the position table's second half (row 2y+1 of [64, 2, E])
-/usr/bin/python3 - "$shared/reference/numpy" "$fx" "$tmp" <<'PY'
+"${G4_PYTHON:-/usr/bin/python3}" - "$shared/reference/numpy" "$fx" "$tmp" <<'PY'
 import struct, sys, zlib
 sys.path.insert(0, sys.argv[1])
 import numpy as np, imgproc, st, unified_numpy as U
@@ -71,7 +71,7 @@ pv, pos, n = U.blockify(imgproc.RESCALE_LUT[imgproc.resize_uint8(a.transpose(2, 
 U.image_embed(st.load(fx + '/model.safetensors'), pv, pos).astype('<f4').tofile(tmp + '/tall_ref.f32')
 PY
 "$bin" encode-image -m "$fx" --image "$tmp/tall.png" --budget 280 -o "$tmp/tall.f32" >/dev/null 2>&1
-err=$(/usr/bin/python3 -c "
+err=$("${G4_PYTHON:-/usr/bin/python3}" -c "
 import numpy as np
 a, b = np.fromfile('$tmp/tall.f32', np.float32), np.fromfile('$tmp/tall_ref.f32', np.float32)
 e = float(np.abs(a - b).max() / np.abs(b).max()) if a.size == b.size == 252 * 128 else float('inf')
@@ -95,7 +95,7 @@ check $? "an image for the mlx8 folder: the load's warning, then an error: no im
 
 # a random gemma4_unified checkpoint with the example model's tokenizer and chat template
 tar -xJf "$src/models/tolstoy-tiny.tar.xz" -C "$tmp"
-/usr/bin/python3 "$here/data/random_gemma4.py" unified "$fx/config.json" "$tmp/ru" --files-from "$tmp/tolstoy-tiny"
+"${G4_PYTHON:-/usr/bin/python3}" "$here/data/random_gemma4.py" unified "$fx/config.json" "$tmp/ru" --files-from "$tmp/tolstoy-tiny"
 check $? "random_gemma4.py unified: a checkpoint of the fixture's widths with the example's vocabulary"
 out=$("$bin" run -m "$tmp/ru" --image "$img0" --audio "$wav" -p "What do you see and hear?" --temp 0 -n 4 2>"$tmp/err.txt")
 check $? "run --image --audio on the random checkpoint: $(head -c 100 "$tmp/err.txt")"
@@ -115,7 +115,7 @@ for i in $(seq 1 300); do
 done
 want_i=$("$bin" run -m "$tmp/ru" --image "$img0" -p "What do you see?" --temp 0 -n 6)
 want_ia=$("$bin" run -m "$tmp/ru" --image "$img0" --audio "$wav" -p "What do you see and hear?" --temp 0 -n 6)
-got=$(/usr/bin/python3 - "$port" "$img0" "$wav" <<'PY'
+got=$("${G4_PYTHON:-/usr/bin/python3}" - "$port" "$img0" "$wav" <<'PY'
 import base64, json, sys, urllib.error, urllib.request
 port, img, wav = sys.argv[1:4]
 b64 = lambda f: base64.b64encode(open(f, "rb").read()).decode()
