@@ -468,7 +468,8 @@ static int attach(const char *path, const json_t *model_meta, const layout *lay,
                   json_t **vision_config_out, json_t **audio_config_out, int *unified_out, g4_error *err) {
     *vision_config_out = *audio_config_out = NULL;
     *unified_out = 0;
-    const int n0 = set->n_tensors, in_place = model_meta != NULL; /* a failure leaves the set's tensors as they were */
+    /* a projector file that fails leaves the set's tensors as they were (in place, some may be renamed) */
+    const int n0 = set->n_tensors, in_place = model_meta != NULL;
     g4_gguf g = {0};
     if (in_place) /* a view for the readers of the configs (the set is sorted: finished by its loader) */
         g.meta = (json_t *)model_meta, g.set = *set;
