@@ -362,7 +362,8 @@ G4_API int g4_soft_tokens_gather(const g4_model *model, const int32_t *ids, int 
 /* -------------------------------------------------------------- tokenizer */
 
 /* A Hugging Face tokenizer.json (BPE, as Gemma 4 uses). A parsed binary form is cached under
- * $XDG_CACHE_HOME/gemma4c (or ~/.cache/gemma4c); $G4_TOKENIZER_CACHE_DIR names another folder,
+ * $XDG_CACHE_HOME/gemma4c (or ~/.cache/gemma4c), named by the tokenizer's content (the 16 caches used last are
+ * kept); $G4_TOKENIZER_CACHE_DIR names another folder,
  * $G4_NO_TOKENIZER_CACHE=1 turns the cache off. tokenizer_config.json beside the file is read too. */
 G4_API int g4_tokenizer_load(const char *tokenizer_json_path, g4_tokenizer **out, g4_error *err);
 /* DIR/tokenizer.json; for a GGUF file, the tokenizer of its metadata (cached the same way) */

@@ -330,7 +330,8 @@ static g4_tokenizer *test_cache_real(const char *src) {
  * behind the checksum must catch). */
 static int write_tampered_cache(const char *cache, const char *src, int which) {
     tok_cache_data d, w;
-    if (tok_cache_open(cache, src, &d)) return -1;
+    tok_source_key key;
+    if (tok_key_file(src, TOK_KEY_JSON, &key) || tok_cache_open(cache, &key, &d)) return -1;
     w = d;
     w.map = NULL;
     void *copy = NULL;
@@ -367,7 +368,7 @@ static int write_tampered_cache(const char *cache, const char *src, int which) {
         w.param[TOK_P_HOT_MASK] = 0; /* (the hot table goes with the packed form only) */
         for (int k = TOK_SEC_MERGE_MAIN; k < TOK_SEC_COUNT; k++) w.sec[k].size = 0; /* last in the file */
     }
-    int rc = tok_cache_write(cache, src, &w);
+    int rc = tok_cache_write(cache, &key, &w);
     free(copy);
     tok_cache_close(&d);
     return rc;
@@ -426,11 +427,10 @@ static void test_cache_checks(void) {
     CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
     g4_tokenizer_free(t);
 
-    /* the source changed: new mtime; or same size and mtime but other content */
+    /* the cache belongs to the content: a new modification time is the same tokenizer; the same size and time
+     * with other content is another (and its own merges are read: "_a" is not in the vocabulary) */
     struct timespec times[2] = {{0, UTIME_OMIT}, {1000000000, 0}};
     CHECK(utimensat(AT_FDCWD, src, times, 0) == 0);
-    CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));
-    g4_tokenizer_free(t);
     CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t));
     g4_tokenizer_free(t);
     char *changed = strdup(SMALL_TOKENIZER);
@@ -440,8 +440,18 @@ static void test_cache_checks(void) {
     CHECK(write_text(src, changed) == 0);
     free(changed);
     CHECK(utimensat(AT_FDCWD, src, times, 0) == 0);
-    CHECK(g4_tokenizer_load(src, &t, &err) == -1); /* "_a" is not in the vocabulary: the JSON was read */
+    CHECK(g4_tokenizer_load(src, &t, &err) == -1);
     CHECK(write_text(src, SMALL_TOKENIZER) == 0);
+
+    /* a copy of the tokenizer in another folder: the same cache, used as it is */
+    const char *cdir = g4t_tmp("small-tokenizer-copy");
+    mkdir(cdir, 0755);
+    char copy[4200];
+    snprintf(copy, sizeof copy, "%s/tokenizer.json", cdir);
+    CHECK(write_text(copy, SMALL_TOKENIZER) == 0);
+    CHECK(g4_tokenizer_load(copy, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t) && g4_tokenizer_cache_path(t) &&
+          !strcmp(g4_tokenizer_cache_path(t), cache) && encode_equal(t, ref, text));
+    g4_tokenizer_free(t);
 
     /* disabled by the environment: neither read nor written */
     setenv("G4_NO_TOKENIZER_CACHE", "1", 1);
@@ -481,6 +491,56 @@ static void test_cache_checks(void) {
     free(home_was);
     setenv("G4_TOKENIZER_CACHE_DIR", dir, 1);
     g4_tokenizer_free(ref);
+}
+
+/* The cache folder keeps the 16 caches used last: a write removes the oldest beyond them (a hit renews a cache), and
+ * temporary files a killed writer left; other files stay. Sixteen tokenizers that differ in their bytes only (16
+ * keys), their caches aged by hand (file times are coarse), then four more. */
+static void test_cache_prune(void) {
+    g4_error err;
+    const char *dir = g4t_tmp("tokenizer-prune"), *sdir = g4t_tmp("prune-sources");
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, sdir);
+    CHECK(system(cmd) == 0);
+    mkdir(dir, 0755);
+    mkdir(sdir, 0755);
+    setenv("G4_TOKENIZER_CACHE_DIR", dir, 1);
+    unsetenv("G4_NO_TOKENIZER_CACHE");
+    char caches[20][4300], src[4200], other[4200], stale[4200], fresh[4200];
+    for (int i = 0; i < 20; i++) {
+        snprintf(src, sizeof src, "%s/tok%d.json", sdir, i);
+        char text[sizeof SMALL_TOKENIZER + 32];
+        snprintf(text, sizeof text, "%s%*s", SMALL_TOKENIZER, i, ""); /* i spaces after the JSON */
+        CHECK(write_text(src, text) == 0);
+        g4_tokenizer *t = NULL;
+        CHECKF(g4_tokenizer_load(src, &t, &err) == 0, "%s", err.msg);
+        snprintf(caches[i], sizeof caches[i], "%s", t && g4_tokenizer_cache_path(t) ? g4_tokenizer_cache_path(t) : "");
+        CHECK(t && !g4_tokenizer_loaded_from_cache(t) && g4_file_exists(caches[i]));
+        g4_tokenizer_free(t);
+        if (i < 16) { /* aged: i seconds after 1000000000 */
+            struct timespec times[2] = {{0, UTIME_OMIT}, {1000000000 + i, 0}};
+            CHECK(utimensat(AT_FDCWD, caches[i], times, 0) == 0);
+        }
+        if (i == 15) {
+            /* the oldest used again: renewed */
+            snprintf(src, sizeof src, "%s/tok0.json", sdir);
+            CHECK(g4_tokenizer_load(src, &t, &err) == 0 && g4_tokenizer_loaded_from_cache(t));
+            g4_tokenizer_free(t);
+            /* beside them: a file of another name, a killed writer's temporary file of an hour ago, one being written */
+            snprintf(other, sizeof other, "%s/notes.txt", dir);
+            snprintf(stale, sizeof stale, "%s.tmp.1.0", caches[3]);
+            snprintf(fresh, sizeof fresh, "%s.tmp.2.0", caches[4]);
+            CHECK(write_text(other, "x") == 0 && write_text(stale, "x") == 0 && write_text(fresh, "x") == 0);
+            struct timespec old[2] = {{0, UTIME_OMIT}, {time(NULL) - 7200, 0}};
+            CHECK(utimensat(AT_FDCWD, stale, old, 0) == 0);
+        }
+    }
+    for (int i = 0; i < 20; i++)
+        CHECKF(g4_file_exists(caches[i]) == !(i >= 1 && i <= 4), "cache %d of 20 %s", i,
+               g4_file_exists(caches[i]) ? "kept" : "removed");
+    CHECK(g4_file_exists(other) && !g4_file_exists(stale) && g4_file_exists(fresh));
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", dir, sdir);
+    CHECK(system(cmd) == 0);
 }
 
 /* ------------------------------------------------- synthetic tokenizers */
@@ -817,6 +877,7 @@ int main(void) {
     g4_tokenizer_free(tok);
 
     test_cache_checks();
+    test_cache_prune();
     test_hostile_files();
     test_synthetic();
     test_bad_files();

@@ -1,11 +1,16 @@
 /* The tokenizer's binary cache: one file of sections (what they hold is tok_load.c's
- * business) with a header that ties it to the source tokenizer.json (size, modification
- * time, a hash of its first and last MiB), a format version and a checksum over the whole
- * file. The file is written to a temporary name and renamed into place, so a reader never
- * sees a half-written cache; it is mapped read-only and checked before any use.
+ * business) with a header that ties it to the content of its source (a 128-bit key: the bytes of a
+ * tokenizer.json, or the tokenizer keys of a GGUF file, tok_gguf.c), a format version and a checksum
+ * over the whole file. The file is named by the key, so every copy of a tokenizer (the same
+ * tokenizer.json in two folders, GGUF files of one model in several types) shares one cache, and a
+ * changed source is a different key. The file is written to a temporary name and renamed into
+ * place, so a reader never sees a half-written cache; it is mapped read-only and checked before any
+ * use. The folder keeps the TOK_CACHE_KEEP caches used last (a hit renews a file's time; a write
+ * removes the oldest beyond that), so it does not grow with every model file ever opened.
  * Layout: tok_cache_header, then the sections, each 8-byte aligned. Native byte order
  * (a cache is a local artifact; the header records the order and a reader rejects another).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -15,24 +20,24 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tokenizer/tok_internal.h"
 
 #define TOK_CACHE_MAGIC "G4TOKC\r\n"
-#define TOK_CACHE_VERSION 2u
+#define TOK_CACHE_VERSION 3u
 #define TOK_CACHE_ENDIAN 0x01020304u
-#define TOK_SAMPLE_BYTES (1u << 20)
+#define TOK_CACHE_KEEP 16
+#define TOK_KEY_SEED0 0x67346b6579306bULL
+#define TOK_KEY_SEED1 0x9E3779B97F4A7C15ULL
 
 typedef struct tok_cache_header {
     char magic[8];
     uint32_t version;
     uint32_t endian;
     uint64_t file_size;
-    uint64_t src_size;
-    int64_t src_mtime_sec;
-    int64_t src_mtime_nsec;
-    uint64_t src_sample_hash;
+    uint64_t src_key[2];
     uint64_t param[TOK_CACHE_PARAMS];
     uint64_t sec_off[TOK_CACHE_SECTIONS];
     uint64_t sec_len[TOK_CACHE_SECTIONS];
@@ -46,38 +51,33 @@ static uint64_t cache_checksum(const unsigned char *file, size_t size) {
     return tok_hash_bytes(file + sizeof(tok_cache_header), size - sizeof(tok_cache_header), seed);
 }
 
-/* Hash of the first and last MiB of the source, with its size. */
-static int source_sample_hash(const char *path, uint64_t size, uint64_t *out) {
+void tok_key_init(tok_source_key *k, uint64_t domain) {
+    k->h[0] = TOK_KEY_SEED0 ^ domain;
+    k->h[1] = TOK_KEY_SEED1 + domain;
+}
+
+void tok_key_add(tok_source_key *k, const void *data, size_t len) {
+    /* (tok_hash_bytes mixes the length in: a sequence of parts is not the same key as their join) */
+    k->h[0] = tok_hash_bytes(data, len, k->h[0]);
+    k->h[1] = tok_hash_bytes(data, len, k->h[1] ^ 0x5bd1e9955bd1e995ULL);
+}
+
+int tok_key_file(const char *path, uint64_t domain, tok_source_key *k) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
-    size_t cap = TOK_SAMPLE_BYTES;
-    unsigned char *buf = malloc(size < cap ? (size_t)size + 1 : cap);
-    if (!buf) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
         return -1;
     }
-    uint64_t h = size * 0x9E3779B97F4A7C15ULL;
-    uint64_t starts[2] = {0, size > cap ? size - cap : 0};
-    int n_parts = size > cap ? 2 : 1;
-    int rc = 0;
-    for (int k = 0; k < n_parts && rc == 0; k++) {
-        size_t want = size - starts[k] < cap ? (size_t)(size - starts[k]) : cap;
-        size_t got = 0;
-        while (got < want) {
-            ssize_t r = pread(fd, buf + got, want - got, (off_t)(starts[k] + got));
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) {
-                rc = -1;
-                break;
-            }
-            got += (size_t)r;
-        }
-        h = tok_hash_bytes(buf, got, h);
-    }
-    free(buf);
+    tok_key_init(k, domain);
+    size_t size = (size_t)st.st_size;
+    void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
-    *out = h;
-    return rc;
+    if (map == MAP_FAILED) return -1;
+    tok_key_add(k, map, size);
+    if (map) munmap(map, size);
+    return 0;
 }
 
 static size_t align8(size_t x) { return (x + 7) & ~(size_t)7; }
@@ -88,10 +88,8 @@ void tok_cache_close(tok_cache_data *d) {
     d->map_size = 0;
 }
 
-int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data *d) {
+int tok_cache_open(const char *cache_path, const tok_source_key *key, tok_cache_data *d) {
     memset(d, 0, sizeof *d);
-    struct stat src;
-    if (stat(src_path, &src) != 0) return -1;
     int fd = open(cache_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     struct stat st;
@@ -105,21 +103,21 @@ int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data 
     tok_cache_header h;
     if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, TOK_CACHE_MAGIC, 8) ||
         h.version != TOK_CACHE_VERSION || h.endian != TOK_CACHE_ENDIAN || h.file_size != size ||
-        h.src_size != (uint64_t)src.st_size || h.src_mtime_sec != (int64_t)src.st_mtim.tv_sec ||
-        h.src_mtime_nsec != (int64_t)src.st_mtim.tv_nsec) {
+        h.src_key[0] != key->h[0] || h.src_key[1] != key->h[1]) {
         close(fd);
         return -1;
     }
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) return -1;
+    if (map == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
     d->map = map;
     d->map_size = size;
     const unsigned char *file = map;
     memcpy(&h, file, sizeof h); /* the mapped bytes are the ones checked */
-    uint64_t sample;
-    if (h.file_size != size || cache_checksum(file, size) != h.checksum ||
-        source_sample_hash(src_path, (uint64_t)src.st_size, &sample) != 0 || sample != h.src_sample_hash)
+    if (h.file_size != size || h.src_key[0] != key->h[0] || h.src_key[1] != key->h[1] ||
+        cache_checksum(file, size) != h.checksum)
         goto bad;
     for (int k = 0; k < TOK_CACHE_SECTIONS; k++) {
         if ((h.sec_off[k] & 7) || h.sec_off[k] < sizeof h || h.sec_off[k] > size || h.sec_len[k] > size - h.sec_off[k])
@@ -128,40 +126,101 @@ int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data 
         d->sec[k].size = h.sec_len[k];
     }
     memcpy(d->param, h.param, sizeof d->param);
+    (void)futimens(fd, NULL); /* used now: kept longest when the folder is pruned (a read-only folder: as it was) */
+    close(fd);
     return 0;
 bad:
+    close(fd);
     tok_cache_close(d);
     return -1;
 }
 
-int tok_cache_reseal(unsigned char *file, size_t size, const char *src_path) {
-    struct stat src;
+int tok_cache_reseal(unsigned char *file, size_t size, const tok_source_key *key) {
     tok_cache_header h;
-    if (size < sizeof h || stat(src_path, &src) != 0) return -1;
+    if (size < sizeof h) return -1;
     memcpy(&h, file, sizeof h);
     h.file_size = size;
-    h.src_size = (uint64_t)src.st_size;
-    h.src_mtime_sec = (int64_t)src.st_mtim.tv_sec;
-    h.src_mtime_nsec = (int64_t)src.st_mtim.tv_nsec;
-    if (source_sample_hash(src_path, h.src_size, &h.src_sample_hash) != 0) return -1;
+    h.src_key[0] = key->h[0];
+    h.src_key[1] = key->h[1];
     memcpy(file, &h, sizeof h);
     h.checksum = cache_checksum(file, size);
     memcpy(file, &h, sizeof h);
     return 0;
 }
 
-int tok_cache_write(const char *cache_path, const char *src_path, const tok_cache_data *d) {
-    struct stat src;
-    if (stat(src_path, &src) != 0) return -1;
+typedef struct cache_entry {
+    struct timespec used;
+    char name[256];
+} cache_entry;
+
+static int older_first(const void *a, const void *b) {
+    const struct timespec *x = &((const cache_entry *)a)->used, *y = &((const cache_entry *)b)->used;
+    return x->tv_sec != y->tv_sec ? (x->tv_sec < y->tv_sec ? -1 : 1) : (x->tv_nsec > y->tv_nsec) - (x->tv_nsec < y->tv_nsec);
+}
+
+static int has_suffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+/* Removes the caches beside cache_path (tokenizer-*.g4c) used least recently beyond the newest TOK_CACHE_KEEP, and
+ * temporary files a killed writer left (older than an hour). Best effort: a file another process removes first, or
+ * a folder that cannot be read, is passed over. */
+static void prune(const char *cache_path) {
+    char dir[PATH_MAX];
+    const char *slash = strrchr(cache_path, '/');
+    size_t n = slash ? (size_t)(slash - cache_path) : 0;
+    if (!slash || n == 0 || n >= sizeof dir) return;
+    memcpy(dir, cache_path, n);
+    dir[n] = 0;
+    DIR *dp = opendir(dir);
+    if (!dp) return;
+    cache_entry *e = NULL;
+    size_t count = 0, cap = 0;
+    time_t now = time(NULL);
+    const struct dirent *de;
+    while ((de = readdir(dp)) != NULL) {
+        if (strncmp(de->d_name, "tokenizer-", 10) || strlen(de->d_name) >= sizeof e->name) continue;
+        char path[PATH_MAX + 300];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+        if (strstr(de->d_name, ".g4c.tmp.")) {
+            if (now - st.st_mtim.tv_sec > 3600) unlink(path);
+            continue;
+        }
+        if (!has_suffix(de->d_name, ".g4c")) continue;
+        if (count == cap) {
+            size_t c2 = cap ? cap * 2 : 32;
+            cache_entry *e2 = realloc(e, c2 * sizeof *e);
+            if (!e2) break;
+            e = e2;
+            cap = c2;
+        }
+        e[count].used = st.st_mtim;
+        snprintf(e[count].name, sizeof e[count].name, "%s", de->d_name);
+        count++;
+    }
+    closedir(dp);
+    if (count > TOK_CACHE_KEEP) {
+        qsort(e, count, sizeof *e, older_first);
+        for (size_t i = 0; i < count - TOK_CACHE_KEEP; i++) {
+            char path[PATH_MAX + 300];
+            snprintf(path, sizeof path, "%s/%s", dir, e[i].name);
+            if (strcmp(path, cache_path)) unlink(path); /* (never the one just written) */
+        }
+    }
+    free(e);
+}
+
+int tok_cache_write(const char *cache_path, const tok_source_key *key, const tok_cache_data *d) {
     tok_cache_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, TOK_CACHE_MAGIC, 8);
     h.version = TOK_CACHE_VERSION;
     h.endian = TOK_CACHE_ENDIAN;
-    h.src_size = (uint64_t)src.st_size;
-    h.src_mtime_sec = (int64_t)src.st_mtim.tv_sec;
-    h.src_mtime_nsec = (int64_t)src.st_mtim.tv_nsec;
-    if (source_sample_hash(src_path, h.src_size, &h.src_sample_hash) != 0) return -1;
+    h.src_key[0] = key->h[0];
+    h.src_key[1] = key->h[1];
     memcpy(h.param, d->param, sizeof h.param);
     size_t pos = align8(sizeof h);
     for (int k = 0; k < TOK_CACHE_SECTIONS; k++) {
@@ -203,6 +262,7 @@ int tok_cache_write(const char *cache_path, const char *src_path, const tok_cach
         unlink(tmp);
         return -1;
     }
+    prune(cache_path);
     return 0;
 }
 
@@ -229,12 +289,10 @@ static char *concat(const char *a, const char *b) {
     return s;
 }
 
-char *tok_cache_path(const char *src_path) {
-    char real[PATH_MAX];
-    const char *key = realpath(src_path, real) ? real : src_path;
+char *tok_cache_path(const tok_source_key *key) {
     char name[64];
-    snprintf(name, sizeof name, "/tokenizer-%016llx.g4c",
-             (unsigned long long)tok_hash_bytes(key, strlen(key), 0x70617468ULL));
+    snprintf(name, sizeof name, "/tokenizer-%016llx%016llx.g4c", (unsigned long long)key->h[0],
+             (unsigned long long)key->h[1]);
 
     const char *forced = getenv("G4_TOKENIZER_CACHE_DIR");
     if (forced && *forced) return mkdir_p(forced) == 0 ? concat(forced, name) : NULL;

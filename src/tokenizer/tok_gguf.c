@@ -5,6 +5,7 @@
  * (a space inside a part was written as U+0120; a pair is taken as written when its parts
  * and their join are tokens, else with U+0120 read back as a space), Gemma's normalizer
  * (space -> U+2581) and decoder (U+2581 -> space, byte fallback, fuse). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +125,37 @@ fail:
 
 static json_t *meta_source(const char *path, void *meta, g4_error *err) { return convert(meta, path, err); }
 
+static void key_add_string(tok_source_key *k, const json_t *v) {
+    const char *s = json_string_value(v);
+    if (s) tok_key_add(k, s, json_string_length(v));
+    else tok_key_add(k, "", 0); /* (convert refuses it: such a file is never cached) */
+}
+
+static void key_add_integer(tok_source_key *k, const json_t *v) {
+    int64_t x = json_is_integer(v) ? (int64_t)json_integer_value(v) : INT64_MIN;
+    tok_key_add(k, &x, sizeof x);
+}
+
+/* The cache key of a GGUF tokenizer: every key convert() reads, so GGUF files of one model in several types (which
+ * differ in their weights and general.* keys) share one cache. 0, or -1 when the file has no tokenizer to key. */
+static int gguf_key(const json_t *meta, tok_source_key *k) {
+    const json_t *tokens = json_object_get(meta, "tokenizer.ggml.tokens");
+    const json_t *types = json_object_get(meta, "tokenizer.ggml.token_type");
+    const json_t *merges = json_object_get(meta, "tokenizer.ggml.merges");
+    if (!json_is_array(tokens) || !json_is_array(merges)) return -1;
+    tok_key_init(k, TOK_KEY_GGUF);
+    key_add_string(k, json_object_get(meta, "tokenizer.ggml.model"));
+    key_add_string(k, json_object_get(meta, "tokenizer.ggml.pre"));
+    key_add_integer(k, json_object_get(meta, "tokenizer.ggml.unknown_token_id"));
+    const uint64_t n[3] = {json_array_size(tokens), json_is_array(types) ? json_array_size(types) : 0,
+                           json_array_size(merges)};
+    tok_key_add(k, n, sizeof n);
+    for (size_t i = 0; i < n[0]; i++) key_add_string(k, json_array_get(tokens, i));
+    for (size_t i = 0; i < n[1]; i++) key_add_integer(k, json_array_get(types, i));
+    for (size_t i = 0; i < n[2]; i++) key_add_string(k, json_array_get(merges, i));
+    return 0;
+}
+
 int g4_tokenizer_load_gguf(const char *path, const json_t *meta, g4_tokenizer **out, g4_error *err) {
     *out = NULL;
     g4_gguf g = {0};
@@ -138,7 +170,8 @@ int g4_tokenizer_load_gguf(const char *path, const json_t *meta, g4_tokenizer **
     const json_int_t e = json_is_integer(eos) ? json_integer_value(eos) : -1;
     int add_bos = add ? json_is_true(add) : 1;
     g4_tokenizer *tok = NULL;
-    int rc = tok_load_cached(path, meta_source, (void *)meta, &tok, err);
+    tok_source_key key;
+    int rc = tok_load_cached(path, gguf_key(meta, &key) == 0 ? &key : NULL, meta_source, (void *)meta, &tok, err);
     g4_gguf_free(&g);
     /* an id the file gives that names no token of its vocabulary: an error (a BOS silently dropped otherwise) */
     const json_int_t n = rc ? 0 : g4_tokenizer_vocab_size(tok), bad = b >= n ? b : e >= n ? e : -1;

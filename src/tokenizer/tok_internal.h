@@ -281,15 +281,28 @@ enum { TOK_P_N_SLOTS, TOK_P_N_MERGES, TOK_P_BLOB_SIZE, TOK_P_VOCAB_MASK, TOK_P_M
 
 _Static_assert(TOK_SEC_COUNT <= TOK_CACHE_SECTIONS && TOK_P_COUNT <= TOK_CACHE_PARAMS, "cache layout");
 
-/* Maps a cache and checks it belongs to src and is intact: 0, or -1 (absent, stale, corrupt). */
-int tok_cache_open(const char *cache_path, const char *src_path, tok_cache_data *d);
+/* What a cache belongs to: a 128-bit hash of its source's content, in a domain (the kind of source). */
+typedef struct tok_source_key {
+    uint64_t h[2];
+} tok_source_key;
+#define TOK_KEY_JSON 0x6a736f6eULL /* the bytes of a tokenizer.json */
+#define TOK_KEY_GGUF 0x67677566ULL /* the tokenizer keys of a GGUF file (tok_gguf.c) */
+void tok_key_init(tok_source_key *k, uint64_t domain);
+/* Adds len bytes as one part (parts are length-delimited). */
+void tok_key_add(tok_source_key *k, const void *data, size_t len);
+/* The key of a whole file's bytes: 0, or -1 when it cannot be read. */
+int tok_key_file(const char *path, uint64_t domain, tok_source_key *k);
+
+/* Maps a cache and checks it belongs to key and is intact: 0 (its time renewed), or -1 (absent, other, corrupt). */
+int tok_cache_open(const char *cache_path, const tok_source_key *key, tok_cache_data *d);
 void tok_cache_close(tok_cache_data *d);
-/* Makes the bytes of a cache file claim to belong to src_path (the header's source fields, size
- * and checksum are recomputed): how tests and the fuzz harness reach the checks behind the
- * checksum.  -1 when the file is shorter than a header or src cannot be read. */
-int tok_cache_reseal(unsigned char *file, size_t size, const char *src_path);
-/* Writes d's sections and parameters atomically (temporary file + rename). */
-int tok_cache_write(const char *cache_path, const char *src_path, const tok_cache_data *d);
+/* Makes the bytes of a cache file claim to belong to key (the header's key, size and checksum are
+ * recomputed): how tests and the fuzz harness reach the checks behind the checksum.  -1 when the file
+ * is shorter than a header. */
+int tok_cache_reseal(unsigned char *file, size_t size, const tok_source_key *key);
+/* Writes d's sections and parameters atomically (temporary file + rename), then prunes the folder to the
+ * caches used last (TOK_CACHE_KEEP). */
+int tok_cache_write(const char *cache_path, const tok_source_key *key, const tok_cache_data *d);
 
 /* The longest text the normalizer or decoder may make of n bytes (TOK_MAX_GROWTH). */
 size_t tok_growth_limit(size_t n, size_t inserted);
@@ -298,18 +311,19 @@ size_t tok_growth_limit(size_t n, size_t inserted);
  * text grows past tok_growth_limit. */
 char *tok_normalize_alloc(const g4_tokenizer *tok, const char *s, size_t len, size_t *out_len);
 
-/* Where the cache of src lives: $G4_TOKENIZER_CACHE_DIR, else $XDG_CACHE_HOME/gemma4c, else
- * ~/.cache/gemma4c, under a name derived from src's real path. malloc'ed; NULL when there is no
- * such folder (or no memory). */
-char *tok_cache_path(const char *src_path);
+/* Where the cache of a source lives: $G4_TOKENIZER_CACHE_DIR, else $XDG_CACHE_HOME/gemma4c, else
+ * ~/.cache/gemma4c, under a name derived from its key. malloc'ed; NULL when there is no such folder
+ * (or no memory). */
+char *tok_cache_path(const tok_source_key *key);
 /* Creates the folder a cache path lives in if missing. */
 int tok_cache_prepare_dir(const char *cache_path);
 
-/* The tokenizer of the file `path` through its cache: from the cache when one is valid for the file, else from
- * source(path, user) (a parsed tokenizer.json object, consumed; NULL with a message on failure), then cached.
- * Special ids are left as the tokenizer.json sets them (see tok_set_special). */
+/* The tokenizer of the file `path` through its cache: from the cache of `key` (the source's content; NULL: no
+ * cache) when one is valid, else from source(path, user) (a parsed tokenizer.json object, consumed; NULL with a
+ * message on failure), then cached. Special ids are left as the tokenizer.json sets them (see tok_set_special). */
 typedef struct json_t *(*tok_source_fn)(const char *path, void *user, g4_error *err);
-int tok_load_cached(const char *path, tok_source_fn source, void *user, g4_tokenizer **out, g4_error *err);
+int tok_load_cached(const char *path, const tok_source_key *key, tok_source_fn source, void *user, g4_tokenizer **out,
+                    g4_error *err);
 /* bos / eos ids (-1: none; out of range: none) and whether g4_tokenize(add_bos) prepends BOS. */
 int tok_set_special(g4_tokenizer *tok, int32_t bos_id, int32_t eos_id, int add_bos, g4_error *err);
 

@@ -1355,18 +1355,19 @@ static json_t *json_file_source(const char *path, void *user, g4_error *err) {
     return g4_json_load_file(path, &root, err) ? NULL : root;
 }
 
-int tok_load_cached(const char *path, tok_source_fn source, void *user, g4_tokenizer **out, g4_error *err) {
+int tok_load_cached(const char *path, const tok_source_key *key, tok_source_fn source, void *user, g4_tokenizer **out,
+                    g4_error *err) {
     *out = NULL;
     struct stat st;
     if (stat(path, &st) != 0) return g4_fail(err, "%s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return g4_fail(err, "%s: not a regular file", path);
 
-    char *cache = cache_disabled() ? NULL : tok_cache_path(path);
+    char *cache = cache_disabled() || !key ? NULL : tok_cache_path(key);
     g4_tokenizer *tok = NULL;
     if (cache) {
         g4_tokenizer *t = tok_new();
         g4_error e2;
-        if (t && tok_cache_open(cache, path, &t->cache) == 0 && build_from_cache(t, &e2) == 0) {
+        if (t && tok_cache_open(cache, key, &t->cache) == 0 && build_from_cache(t, &e2) == 0) {
             tok = t;
             tok->from_cache = 1;
             tok->cache_path = strdup(cache);
@@ -1388,7 +1389,7 @@ int tok_load_cached(const char *path, tok_source_fn source, void *user, g4_token
         if (rest) {
             tok_cache_data d;
             cache_fill(tok, rest, &d);
-            if (tok_cache_prepare_dir(cache) == 0 && tok_cache_write(cache, path, &d) == 0)
+            if (tok_cache_prepare_dir(cache) == 0 && tok_cache_write(cache, key, &d) == 0)
                 tok->cache_path = strdup(cache);
             free(rest);
         }
@@ -1403,7 +1404,9 @@ int g4_tokenizer_load(const char *path, g4_tokenizer **out, g4_error *err) {
     G4_ARG(out, err);
     *out = NULL;
     G4_ARG(path, err);
-    if (tok_load_cached(path, json_file_source, NULL, &tok, err)) return -1;
+    tok_source_key key;
+    int keyed = !cache_disabled() && tok_key_file(path, TOK_KEY_JSON, &key) == 0;
+    if (tok_load_cached(path, keyed ? &key : NULL, json_file_source, NULL, &tok, err)) return -1;
     if (load_config(tok, path, err) != 0) {
         g4_tokenizer_free(tok);
         return -1;

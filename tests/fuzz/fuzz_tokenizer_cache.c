@@ -1,11 +1,12 @@
 /* The tokenizer's binary cache (src/tokenizer/tok_cache.c, tok_load.c adopt_cache): the input is
- * a cache file; the harness re-seals it (source fields and checksum, tok_cache_reseal) so that the
+ * a cache file; the harness re-seals it (source key and checksum, tok_cache_reseal) so that the
  * checks behind the checksum see it, as they would see a cache shipped in a downloaded model
  * folder.  The source tokenizer.json is not valid, so a refused cache is not rebuilt. */
 #include "fuzz_tok.h"
 #include "tokenizer/tok_internal.h"
 
 static char src[600], cache[700];
+static tok_source_key key;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -14,7 +15,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_write_file(src, "{}", 2);
     setenv("G4_TOKENIZER_CACHE_DIR", fuzz_tmp("cache"), 1);
     unsetenv("G4_NO_TOKENIZER_CACHE");
-    char *path = tok_cache_path(src);
+    if (tok_key_file(src, TOK_KEY_JSON, &key)) abort();
+    char *path = tok_cache_path(&key);
     if (!path) abort();
     snprintf(cache, sizeof cache, "%s", path);
     free(path);
@@ -29,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         file = malloc(cap = size);
     }
     if (size) memcpy(file, data, size);
-    tok_cache_reseal(file, size, src); /* fails only for files shorter than a header */
+    tok_cache_reseal(file, size, &key); /* fails only for files shorter than a header */
     fuzz_write_file(cache, file, size);
     g4_tokenizer *tok = NULL;
     g4_error err = {{0}};
