@@ -856,7 +856,8 @@ G4_API double g4_model_copy_bandwidth(g4_model *m) {
     void *a = be->ops->alloc(be, bytes), *b = be->ops->alloc(be, bytes);
     double best = 0;
     if (a && b) {
-        be->ops->copy(be, b, a, bytes); /* first touch */
+        be->ops->copy(be, a, b, bytes); /* first touch of both (host memory never written reads as the zero page, */
+        be->ops->copy(be, b, a, bytes); /* from the cache: a copy from it would time the writes alone) */
         be->ops->sync(be);
         for (int i = 0; i < 5; i++) {
             double t0 = now_s();
