@@ -121,10 +121,13 @@ check $? "quantize a fixture to q4_k and q5_k"
 for pair in "$g:32" "$tmp/tt-q8_0.gguf:7" "$tmp/tt-q4_0.gguf:2" "$tmp/tt-q6_k.gguf:18" "$tmp/fx-q4_k.gguf:14" "$tmp/fx-q5_k.gguf:16" \
     "$tmp/fx-q2_k.gguf:21" "$tmp/fx-q3_k.gguf:11" "$tmp/fx-iq4_nl.gguf:25" "$tmp/fx-iq4_xs.gguf:30"; do
     got=$(python3 - "${pair%:*}" <<'PY'
-import struct, sys
-d = open(sys.argv[1], "rb").read()
+import mmap, struct, sys
+f = open(sys.argv[1], "rb")
+d = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # (the key is near the start: no need to read the file)
 key = b"general.file_type"
-at = d.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+at = d.find(struct.pack("<Q", len(key)) + key)
+assert at >= 0
+at += 8 + len(key)
 assert struct.unpack_from("<I", d, at)[0] == 4  # GGUF uint32
 print(struct.unpack_from("<I", d, at + 4)[0])
 PY

@@ -28,15 +28,18 @@ def main():
             kv('split.no', 2, struct.pack('<H', s)), kv('split.count', 2, struct.pack('<H', n)),
             kv('split.tensors.count', 5, struct.pack('<i', len(infos)))]
         head = b'GGUF' + struct.pack('<IQQ', version, len(part), len(keys)) + b''.join(keys)
-        body, tinfo = b'', b''
+        body, at, tinfo = [], 0, b''  # (the data as a list of parts: appending to bytes copies them each time)
         for name, dims, t, off in part:
             tinfo += struct.pack('<Q', len(name)) + name + struct.pack('<I', len(dims))
-            tinfo += b''.join(struct.pack('<Q', d) for d in dims) + struct.pack('<IQ', t, len(body))
-            body += buf[data0 + off:data0 + off + size[off]]  # (its padding included)
+            tinfo += b''.join(struct.pack('<Q', d) for d in dims) + struct.pack('<IQ', t, at)
+            body.append(buf[data0 + off:data0 + off + size[off]])  # (its padding included)
+            at += size[off]
         head += tinfo
         head += b'\0' * ((-len(head)) % alignment)
         with open(f'{prefix}-{s + 1:05d}-of-{n:05d}.gguf', 'wb') as f:
-            f.write(head + body)
+            f.write(head)
+            for b in body:
+                f.write(b)
 
 
 main()
