@@ -42,6 +42,13 @@ a=$("$bin" run -m "$m" -p "Who is Pierre?" -n 24 --temp 0); b=$("$bin" run -m "$
 conv='{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who is Pierre?"}]}'
 a=$(echo "$conv" | "$bin" template -m "$m" -f -) && b=$(echo "$conv" | "$bin" template -m "$g" -f -)
 [ $? = 0 ] && [ -n "$a" ] && [ "$a" = "$b" ]; check $? "the template command renders the GGUF's template as the folder's"
+# a GGUF quantized again keeps the tokenizer and template of the file (read from it again: a loaded model keeps no
+# vocabulary arrays)
+"$bin" quantize "$g" "$tmp/tt-again.gguf" --type q8_0 &&
+    [ "$("$bin" tokenize -m "$tmp/tt-again.gguf" -p "$text")" = "$("$bin" tokenize -m "$m" -p "$text")" ] &&
+    a=$(echo "$conv" | "$bin" template -m "$tmp/tt-again.gguf" -f -) && [ -n "$a" ] && [ "$a" = "$b" ]
+check $? "the BF16 GGUF quantized to Q8_0: the same tokenizer ids and chat template"
+rm -f "$tmp/tt-again.gguf"
 
 # generation_config.json's suppress_tokens travel as tokenizer.ggml.suppress_tokens (where llama.cpp's converter
 # writes the 12B's): the GGUF never picks the suppressed ids either, and greedy decoding matches the folder's

@@ -333,7 +333,13 @@ static size_t tensor_bytes(const out_tensor *o) {
  * GGUF's metadata reads back as (g4_gguf.meta); NULL when there is none. */
 static json_t *tokenizer_meta(const job *j, g4_error *err) {
     if (!j->p->in) return NULL;
-    if (g4_gguf_is_file(j->p->in)) return json_incref(j->model->gguf_meta);
+    if (g4_gguf_is_file(j->p->in)) { /* (a loaded model keeps no tokenizer arrays: they are read from the file) */
+        g4_gguf g;
+        if (g4_gguf_open(j->p->in, &g, err)) return NULL;
+        json_t *meta = json_incref(g.meta);
+        g4_gguf_free(&g);
+        return meta;
+    }
     char path[4096];
     if (g4_path_join(path, sizeof path, j->p->in, "tokenizer.json", err) || !g4_file_exists(path)) return NULL;
     json_t *tj;
