@@ -453,6 +453,16 @@ static void test_cache_checks(void) {
           !strcmp(g4_tokenizer_cache_path(t), cache) && encode_equal(t, ref, text));
     g4_tokenizer_free(t);
 
+    /* a FIFO named as the tokenizer: an error, not a wait for a writer (its key is never read) */
+    char fifo[4200];
+    snprintf(fifo, sizeof fifo, "%s/fifo.json", cdir);
+    unlink(fifo);
+    CHECK(mkfifo(fifo, 0644) == 0);
+    alarm(60); /* (a hang ends the test) */
+    CHECKF(g4_tokenizer_load(fifo, &t, &err) == -1 && strstr(err.msg, "not a regular file"), "a FIFO: %s", err.msg);
+    alarm(0);
+    unlink(fifo);
+
     /* disabled by the environment: neither read nor written */
     setenv("G4_NO_TOKENIZER_CACHE", "1", 1);
     CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t) && !g4_tokenizer_cache_path(t));
@@ -465,6 +475,8 @@ static void test_cache_checks(void) {
     char *xdg_was = saved_xdg ? strdup(saved_xdg) : NULL, *home_was = saved_home ? strdup(saved_home) : NULL;
     const char *xdg = g4t_tmp("xdg-cache");
     char under[4200];
+    snprintf(under, sizeof under, "rm -rf '%s'", xdg); /* (what an earlier run cached there is this tokenizer's) */
+    CHECK(system(under) == 0);
     snprintf(under, sizeof under, "%s/gemma4c/", xdg);
     setenv("XDG_CACHE_HOME", xdg, 1);
     CHECK(g4_tokenizer_load(src, &t, &err) == 0 && !g4_tokenizer_loaded_from_cache(t));

@@ -63,7 +63,7 @@ void tok_key_add(tok_source_key *k, const void *data, size_t len) {
 }
 
 int tok_key_file(const char *path, uint64_t domain, tok_source_key *k) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* (a FIFO: not waited on, refused below) */
     if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
