@@ -36,13 +36,14 @@
  * gemma4c.h; the loading details:
  *
  * Cache: a binary form of the parsed file is kept in $XDG_CACHE_HOME/gemma4c (or
- * ~/.cache/gemma4c), never beside the user's files, under a name derived from the real path
- * of the tokenizer.json. $G4_TOKENIZER_CACHE_DIR, when set, is the folder used instead.
- * $G4_NO_TOKENIZER_CACHE=1 disables reading and writing it. A cache records the size, the
- * modification time and a hash of the first and last MiB of the tokenizer.json, a format
- * version and a checksum of its whole content, and its tables are checked for consistency
- * (ids and ranks in range, sizes agreeing); one that fails any check is rebuilt from the JSON.
- * It is written to a temporary file and renamed into place.
+ * ~/.cache/gemma4c), never beside the user's files, under a name derived from a 128-bit hash of
+ * the tokenizer's content (the tokenizer.json's bytes; a GGUF file's tokenizer keys), so copies of
+ * one tokenizer share a cache and a changed file is another. $G4_TOKENIZER_CACHE_DIR, when set, is
+ * the folder used instead. $G4_NO_TOKENIZER_CACHE=1 disables reading and writing it. A cache
+ * records that hash, a format version and a checksum of its whole content, and its tables are
+ * checked for consistency (ids and ranks in range, sizes agreeing); one that fails any check is
+ * rebuilt from the source. It is written to a temporary file and renamed into place; the folder
+ * keeps the 16 caches used last.
  *
  * Decoding: skip_special drops special tokens, then the decoder chain (for Gemma: Replace
  * "▁"->" ", ByteFallback, Fuse). A run of byte tokens that is not valid UTF-8 becomes one
