@@ -163,6 +163,91 @@ static json_t *rd_value(cursor *c, int type) {
     return a;
 }
 
+/* The vocabulary's arrays stay in the file (gguf.h): the elements are checked as rd_value checks them (every string
+ * inside the file and not too long) but no JSON value is made; the placeholder names where they are. */
+static int vocabulary_key(const char *key) {
+    return !strcmp(key, "tokenizer.ggml.tokens") || !strcmp(key, "tokenizer.ggml.merges") ||
+           !strcmp(key, "tokenizer.ggml.scores") || !strcmp(key, "tokenizer.ggml.token_type");
+}
+
+static json_t *rd_deferred(cursor *c) {
+    int et = (int)rd(c, 4);
+    uint64_t n = rd(c, 8);
+    if (c->failed) return NULL;
+    if (n > MAX_ARR || (et != G4_GGUF_STR && !elem_size(et)) ||
+        (elem_size(et) && !need(c, n * (uint64_t)elem_size(et)))) {
+        if (!c->failed) g4_fail(c->err, "%s: bad GGUF array (type %d, %llu elements)", c->path, et, (unsigned long long)n);
+        c->failed = 1;
+        return NULL;
+    }
+    const unsigned char *start = c->p;
+    if (et == G4_GGUF_STR) {
+        uint64_t len;
+        for (uint64_t i = 0; i < n && !c->failed; i++) rd_str(c, &len);
+    } else {
+        c->p += n * (uint64_t)elem_size(et);
+    }
+    if (et == G4_GGUF_F32 || et == G4_GGUF_F64) /* (JSON holds no NaN or infinity: real_value's rule) */
+        for (uint64_t i = 0; i < n && !c->failed; i++) {
+            double d;
+            if (et == G4_GGUF_F32) {
+                float f;
+                memcpy(&f, start + 4 * i, 4);
+                d = f;
+            } else {
+                memcpy(&d, start + 8 * i, 8);
+            }
+            if (!isfinite(d)) real_value(c, d);
+        }
+    if (c->failed) return NULL;
+    return json_pack("{s:[I,I,I,I]}", "gguf_array", (json_int_t)et, (json_int_t)n, (json_int_t)(intptr_t)start,
+                     (json_int_t)(c->p - start));
+}
+
+int g4_gguf_array_of(const json_t *meta, const char *key, g4_gguf_array *out) {
+    memset(out, 0, sizeof *out);
+    const json_t *v = json_object_get(json_object_get(meta, key), "gguf_array");
+    if (json_array_size(v) != 4) return 0;
+    out->type = (int)json_integer_value(json_array_get(v, 0));
+    out->n = (uint64_t)json_integer_value(json_array_get(v, 1));
+    out->data = (const unsigned char *)(intptr_t)json_integer_value(json_array_get(v, 2));
+    out->size = (size_t)json_integer_value(json_array_get(v, 3));
+    return 1;
+}
+
+const char *g4_gguf_array_str(const g4_gguf_array *a, size_t *at, size_t *len) {
+    if (a->type != G4_GGUF_STR || *at + 8 > a->size) return NULL;
+    uint64_t l;
+    memcpy(&l, a->data + *at, 8);
+    const char *s = (const char *)a->data + *at + 8;
+    *at += 8 + (size_t)l; /* (checked when the file was read: inside the array) */
+    *len = (size_t)l;
+    return s;
+}
+
+double g4_gguf_array_num(const g4_gguf_array *a, uint64_t i) {
+    if (i >= a->n) return 0;
+    const unsigned char *p = a->data + i * (uint64_t)elem_size(a->type);
+    union {
+        uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32; uint64_t u64;
+        int64_t i64; double f64;
+    } v;
+    memcpy(&v, p, (size_t)elem_size(a->type));
+    switch (a->type) {
+    case G4_GGUF_U8: case G4_GGUF_BOOL: return v.u8;
+    case G4_GGUF_I8: return v.i8;
+    case G4_GGUF_U16: return v.u16;
+    case G4_GGUF_I16: return v.i16;
+    case G4_GGUF_U32: return v.u32;
+    case G4_GGUF_I32: return v.i32;
+    case G4_GGUF_F32: return v.f32;
+    case G4_GGUF_U64: return (double)v.u64;
+    case G4_GGUF_I64: return (double)v.i64;
+    case G4_GGUF_F64: return v.f64;
+    default: return 0;
+    }
+}
+
 void g4_gguf_free(g4_gguf *g) {
     if (!g) return;
     json_decref(g->meta);
@@ -266,7 +351,7 @@ static int read_file(const char *path, g4_gguf *g, json_t **meta, g4_error *err)
             g4_fail(err, "%s: GGUF key '%s' appears twice", path, key);
             goto fail;
         }
-        json_t *v = rd_value(&c, type);
+        json_t *v = type == G4_GGUF_ARR && vocabulary_key(key) ? rd_deferred(&c) : rd_value(&c, type);
         if (!v) {
             if (!c.failed) goto oom;
             /* a path is the message's start: "PATH: GGUF key 'K': ..." */
@@ -507,6 +592,15 @@ void g4_gguf_add_str_arr(g4_gguf_writer *w, const char *key, const char *const *
     KV(&et, 4);
     KV(&cnt, 8);
     for (size_t i = 0; i < n; i++) kv_str(w, values[i]);
+}
+
+void g4_gguf_add_array(g4_gguf_writer *w, const char *key, const g4_gguf_array *a) {
+    kv_head(w, key, G4_GGUF_ARR);
+    uint32_t et = (uint32_t)a->type;
+    uint64_t cnt = a->n;
+    KV(&et, 4);
+    KV(&cnt, 8);
+    KV(a->data, a->size);
 }
 
 static size_t pad_to(size_t n) { return (n + G4_GGUF_ALIGN - 1) / G4_GGUF_ALIGN * G4_GGUF_ALIGN; }

@@ -24,9 +24,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #include <string.h>
 #include <strings.h>
 #include <sys/mman.h>
@@ -945,26 +942,15 @@ static void page_in(g4_model *m, const g4_load_params *p) {
     (void)sink;
 }
 
-/* The tokenizer is built (and cached) once the model's files are read: a GGUF model keeps its metadata but the
- * vocabulary's arrays, 100 MB of JSON values for Gemma's 262144 tokens and 514906 merges (g4_quantize reads them
- * from the file again). */
-static void drop_vocabulary(json_t *meta) {
-    static const char *const keys[] = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
-                                       "tokenizer.ggml.token_type"};
-    int dropped = 0;
-    for (int i = 0; i < 4; i++) dropped += json_object_del(meta, keys[i]) == 0;
-#ifdef __GLIBC__
-    if (dropped) malloc_trim(0); /* (the freed values, a million small blocks, back to the system) */
-#endif
-}
-
 /* The id of a token of a GGUF file's vocabulary (tokenizer.ggml.tokens), -1 when absent. */
 static int gguf_token(const json_t *meta, const char *piece) {
-    const json_t *toks = json_object_get(meta, "tokenizer.ggml.tokens");
-    for (size_t i = 0; i < json_array_size(toks); i++) {
-        const char *s = json_string_value(json_array_get(toks, i));
-        if (s && !strcmp(s, piece)) return (int)i;
-    }
+    g4_gguf_array toks;
+    if (!g4_gguf_array_of(meta, "tokenizer.ggml.tokens", &toks)) return -1;
+    const size_t n = strlen(piece);
+    size_t at = 0, len;
+    const char *s;
+    for (int i = 0; i < INT32_MAX && (s = g4_gguf_array_str(&toks, &at, &len)) != NULL; i++)
+        if (len == n && !memcmp(s, piece, n)) return i;
     return -1;
 }
 
@@ -1096,7 +1082,6 @@ static int load(const char *dir, const g4_load_params *params, g4_backend *be, i
          * under the multimodal config */
         if (mmproj || embedded) snprintf(m->cfg.weight_prefix, sizeof m->cfg.weight_prefix, "model.");
         if (rc || g4_model_load_files(m, dir, err)) goto fail;
-        drop_vocabulary(m->gguf_meta);
     } else {
         if (params->mmproj) {
             g4_fail(err, "--mmproj %s: a projector file goes with a GGUF model (-m FILE.gguf); %s is not one",

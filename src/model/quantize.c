@@ -333,13 +333,7 @@ static size_t tensor_bytes(const out_tensor *o) {
  * GGUF's metadata reads back as (g4_gguf.meta); NULL when there is none. */
 static json_t *tokenizer_meta(const job *j, g4_error *err) {
     if (!j->p->in) return NULL;
-    if (g4_gguf_is_file(j->p->in)) { /* (a loaded model keeps no tokenizer arrays: they are read from the file) */
-        g4_gguf g;
-        if (g4_gguf_open(j->p->in, &g, err)) return NULL;
-        json_t *meta = json_incref(g.meta);
-        g4_gguf_free(&g);
-        return meta;
-    }
+    if (g4_gguf_is_file(j->p->in)) return json_incref(j->model->gguf_meta); /* (its arrays in the model's mapping) */
     char path[4096];
     if (g4_path_join(path, sizeof path, j->p->in, "tokenizer.json", err) || !g4_file_exists(path)) return NULL;
     json_t *tj;
@@ -441,11 +435,29 @@ static json_t *tokenizer_meta(const job *j, g4_error *err) {
     return meta;
 }
 
+/* The array of a tokenizer key: a JSON array (a tokenizer.json's, tokenizer_meta) or one left in a GGUF file. */
+typedef struct meta_array {
+    const json_t *json;
+    g4_gguf_array file;
+    int in_file;
+} meta_array;
+
+static meta_array meta_array_of(const json_t *meta, const char *key) {
+    meta_array a = {json_object_get(meta, key), {0}, 0};
+    a.in_file = g4_gguf_array_of(meta, key, &a.file);
+    if (a.in_file || !json_is_array(a.json)) a.json = NULL;
+    return a;
+}
+
+static double meta_array_num(const meta_array *a, size_t i) {
+    return a->in_file ? g4_gguf_array_num(&a->file, i) : json_number_value(json_array_get(a->json, i));
+}
+
 /* Writes the tokenizer keys of a metadata object with the types llama.cpp's writer uses. */
 static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_size, const char *arch) {
-    const json_t *toks = json_object_get(meta, "tokenizer.ggml.tokens");
+    const meta_array toks = meta_array_of(meta, "tokenizer.ggml.tokens");
     const char *model = json_string_value(json_object_get(meta, "tokenizer.ggml.model"));
-    if (!json_is_array(toks) || !model) {
+    if ((!toks.json && !(toks.in_file && toks.file.type == G4_GGUF_STR)) || !model) {
         g4_gguf_add_str(w, "tokenizer.ggml.model", "none");
         char k[64];
         snprintf(k, sizeof k, "%s.vocab_size", arch);
@@ -457,20 +469,24 @@ static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_siz
     if (pre) g4_gguf_add_str(w, "tokenizer.ggml.pre", pre);
     static const char *arrays[] = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"};
     for (int a = 0; a < 2; a++) {
-        const json_t *arr = json_object_get(meta, arrays[a]);
-        size_t n = json_array_size(arr);
+        const meta_array arr = meta_array_of(meta, arrays[a]);
+        if (arr.in_file) { /* (as the file holds them: the reader refuses other than strings) */
+            g4_gguf_add_array(w, arrays[a], &arr.file);
+            continue;
+        }
+        size_t n = json_array_size(arr.json);
         const char **sv = malloc((n + 1) * sizeof *sv);
         if (!sv) {
             w->failed = 1;
             return;
         }
-        for (size_t i = 0; i < n; i++) sv[i] = json_string_value(json_array_get(arr, i)) ? json_string_value(json_array_get(arr, i)) : "";
-        if (json_is_array(arr)) g4_gguf_add_str_arr(w, arrays[a], sv, n); /* an empty merges list too: the reader
-                                                                            * (tok_gguf.c) needs the key */
+        for (size_t i = 0; i < n; i++) sv[i] = json_string_value(json_array_get(arr.json, i)) ? json_string_value(json_array_get(arr.json, i)) : "";
+        if (arr.json) g4_gguf_add_str_arr(w, arrays[a], sv, n); /* an empty merges list too: the reader
+                                                                 * (tok_gguf.c) needs the key */
         free(sv);
     }
-    const json_t *sc = json_object_get(meta, "tokenizer.ggml.scores"), *ty = json_object_get(meta, "tokenizer.ggml.token_type");
-    size_t n = json_array_size(toks);
+    const meta_array sc = meta_array_of(meta, "tokenizer.ggml.scores"), ty = meta_array_of(meta, "tokenizer.ggml.token_type");
+    size_t n = toks.in_file ? (size_t)toks.file.n : json_array_size(toks.json);
     float *f = malloc((n + 1) * sizeof *f);
     int32_t *t = malloc((n + 1) * sizeof *t);
     if (!f || !t) {
@@ -479,9 +495,10 @@ static void write_tokenizer(g4_gguf_writer *w, const json_t *meta, int vocab_siz
         w->failed = 1;
         return;
     }
+    const int has_sc = sc.json || sc.in_file, has_ty = ty.json || ty.in_file;
     for (size_t i = 0; i < n; i++) {
-        f[i] = sc ? (float)json_number_value(json_array_get(sc, i)) : -1000.0f;
-        t[i] = ty ? (int32_t)json_integer_value(json_array_get(ty, i)) : 1;
+        f[i] = has_sc ? (float)meta_array_num(&sc, i) : -1000.0f;
+        t[i] = has_ty ? (int32_t)meta_array_num(&ty, i) : 1;
     }
     g4_gguf_add_arr(w, "tokenizer.ggml.scores", G4_GGUF_F32, f, n);
     g4_gguf_add_arr(w, "tokenizer.ggml.token_type", G4_GGUF_I32, t, n);

@@ -43,48 +43,74 @@ static json_t *pair_if_tokens(const json_t *vocab, const char *a, const char *b)
     return r;
 }
 
-static json_t *convert(const json_t *meta, const char *path, g4_error *err) {
-    const json_t *tokens = json_object_get(meta, "tokenizer.ggml.tokens");
-    const json_t *types = json_object_get(meta, "tokenizer.ggml.token_type");
-    const json_t *merges = json_object_get(meta, "tokenizer.ggml.merges");
+/* The next string of a, NUL-terminated in *buf (grown as needed; a NUL inside ends it, as a JSON key's would);
+ * NULL past the end or without memory. */
+static const char *next_str(const g4_gguf_array *a, size_t *at, char **buf, size_t *cap) {
+    size_t len;
+    const char *s = g4_gguf_array_str(a, at, &len);
+    if (!s) return NULL;
+    if (len + 1 > *cap) {
+        char *b = realloc(*buf, len + 1);
+        if (!b) return NULL;
+        *buf = b;
+        *cap = len + 1;
+    }
+    memcpy(*buf, s, len);
+    (*buf)[len] = 0;
+    return *buf;
+}
+
+/* tokens, token types (optional) and merges of the metadata, as the file holds them (gguf.h) */
+typedef struct vocabulary {
+    g4_gguf_array tokens, types, merges;
+    int has_types;
+} vocabulary;
+
+static int read_vocabulary(const json_t *meta, const char *path, vocabulary *v, g4_error *err) {
     const char *model = json_string_value(json_object_get(meta, "tokenizer.ggml.model"));
     const char *pre = json_string_value(json_object_get(meta, "tokenizer.ggml.pre"));
-    if (!model || !json_is_array(tokens) || !json_array_size(tokens)) {
-        g4_fail(err, "%s: the file has no tokenizer (tokenizer.ggml.tokens)", path);
-        return NULL;
-    }
-    if (strcmp(model, "gemma4") && !(!strcmp(model, "llama") && pre && !strcmp(pre, "gemma4"))) {
-        g4_fail(err, "%s: tokenizer model '%s' is not supported (gemma4)", path, model);
-        return NULL;
-    }
-    if (!json_is_array(merges)) {
-        g4_fail(err, "%s: a gemma4 tokenizer needs tokenizer.ggml.merges", path);
-        return NULL;
-    }
-    size_t n = json_array_size(tokens);
-    if (types && (!json_is_array(types) || json_array_size(types) != n)) {
-        g4_fail(err, "%s: tokenizer.ggml.token_type must have one entry per token", path);
-        return NULL;
-    }
+    if (!model || !g4_gguf_array_of(meta, "tokenizer.ggml.tokens", &v->tokens) || !v->tokens.n)
+        return g4_fail(err, "%s: the file has no tokenizer (tokenizer.ggml.tokens)", path);
+    if (strcmp(model, "gemma4") && !(!strcmp(model, "llama") && pre && !strcmp(pre, "gemma4")))
+        return g4_fail(err, "%s: tokenizer model '%s' is not supported (gemma4)", path, model);
+    if (v->tokens.type != G4_GGUF_STR) return g4_fail(err, "%s: token 0 is not a string", path);
+    if (!g4_gguf_array_of(meta, "tokenizer.ggml.merges", &v->merges) || v->merges.type != G4_GGUF_STR)
+        return g4_fail(err, "%s: a gemma4 tokenizer needs tokenizer.ggml.merges", path);
+    v->has_types = g4_gguf_array_of(meta, "tokenizer.ggml.token_type", &v->types);
+    if (json_object_get(meta, "tokenizer.ggml.token_type") &&
+        (!v->has_types || v->types.type == G4_GGUF_STR || v->types.n != v->tokens.n))
+        return g4_fail(err, "%s: tokenizer.ggml.token_type must have one entry per token", path);
+    return 0;
+}
+
+static json_t *convert(const json_t *meta, const char *path, g4_error *err) {
+    vocabulary v;
+    if (read_vocabulary(meta, path, &v, err)) return NULL;
     json_t *vocab = json_object(), *added = json_array(), *mj = json_array();
-    for (size_t i = 0; i < n; i++) {
-        const char *t = json_string_value(json_array_get(tokens, i));
+    char *buf = NULL, *unk_s = NULL;
+    size_t cap = 0, at = 0;
+    const json_t *unk = json_object_get(meta, "tokenizer.ggml.unknown_token_id");
+    const json_int_t unk_id = json_is_integer(unk) ? json_integer_value(unk) : -1;
+    for (uint64_t i = 0; i < v.tokens.n; i++) {
+        const char *t = next_str(&v.tokens, &at, &buf, &cap);
         if (!t) {
-            g4_fail(err, "%s: token %zu is not a string", path, i);
+            g4_fail(err, "out of memory");
             goto fail;
         }
         json_object_set_new(vocab, t, json_integer((json_int_t)i));
-        json_int_t ty = types ? json_integer_value(json_array_get(types, i)) : 1;
+        if ((json_int_t)i == unk_id) unk_s = strdup(t);
+        const json_int_t ty = v.has_types ? (json_int_t)g4_gguf_array_num(&v.types, i) : 1;
         if (ty == 3 || ty == 4)
             json_array_append_new(added, json_pack("{s:I,s:s,s:b,s:b,s:b,s:b,s:b}", "id", (json_int_t)i, "content", t,
                                                    "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0,
                                                    "special", ty == 3));
     }
-    for (size_t i = 0; i < json_array_size(merges); i++) {
-        const char *m = json_string_value(json_array_get(merges, i));
+    at = 0;
+    for (uint64_t i = 0; i < v.merges.n; i++) {
+        const char *m = next_str(&v.merges, &at, &buf, &cap);
         const char *sp = m && m[0] ? strchr(m + 1, ' ') : NULL;
         if (!sp) {
-            g4_fail(err, "%s: merge %zu is not \"a b\"", path, i);
+            g4_fail(err, m ? "%s: merge %llu is not \"a b\"" : "out of memory", path, (unsigned long long)i);
             goto fail;
         }
         char *a = strndup(m, (size_t)(sp - m)), *b = strdup(sp + 1);
@@ -104,8 +130,7 @@ static json_t *convert(const json_t *meta, const char *path, g4_error *err) {
         }
         json_array_append_new(mj, pr);
     }
-    const json_t *unk = json_object_get(meta, "tokenizer.ggml.unknown_token_id");
-    const char *unk_s = json_is_integer(unk) ? json_string_value(json_array_get(tokens, (size_t)json_integer_value(unk))) : NULL;
+    free(buf);
     json_t *root = json_pack(
         "{s:o,s:{s:s,s:n,s:s?,s:n,s:n,s:b,s:b,s:b,s:o,s:o},s:{s:s,s:{s:s},s:s},s:n,s:n,"
         "s:{s:s,s:[{s:s,s:{s:s},s:s},{s:s},{s:s}]}}",
@@ -114,9 +139,12 @@ static json_t *convert(const json_t *meta, const char *path, g4_error *err) {
         "normalizer", "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81", "pre_tokenizer",
         "post_processor", "decoder", "type", "Sequence", "decoders", "type", "Replace", "pattern", "String",
         "\xe2\x96\x81", "content", " ", "type", "ByteFallback", "type", "Fuse");
+    free(unk_s);
     if (!root) g4_fail(err, "out of memory");
     return root;
 fail:
+    free(buf);
+    free(unk_s);
     json_decref(vocab);
     json_decref(added);
     json_decref(mj);
@@ -131,28 +159,29 @@ static void key_add_string(tok_source_key *k, const json_t *v) {
     else tok_key_add(k, "", 0); /* (convert refuses it: such a file is never cached) */
 }
 
-static void key_add_integer(tok_source_key *k, const json_t *v) {
-    int64_t x = json_is_integer(v) ? (int64_t)json_integer_value(v) : INT64_MIN;
-    tok_key_add(k, &x, sizeof x);
+static void key_add_array(tok_source_key *k, const g4_gguf_array *a) {
+    const uint64_t head[2] = {(uint64_t)a->type, a->n};
+    tok_key_add(k, head, sizeof head);
+    tok_key_add(k, a->data, a->size);
 }
 
-/* The cache key of a GGUF tokenizer: every key convert() reads, so GGUF files of one model in several types (which
- * differ in their weights and general.* keys) share one cache. 0, or -1 when the file has no tokenizer to key. */
+/* The cache key of a GGUF tokenizer: every key convert() reads (their bytes as the file holds them), so GGUF files
+ * of one model in several types (which differ in their weights and general.* keys) share one cache. 0, or -1 when
+ * the file has no tokenizer to key (convert says why). */
 static int gguf_key(const json_t *meta, tok_source_key *k) {
-    const json_t *tokens = json_object_get(meta, "tokenizer.ggml.tokens");
-    const json_t *types = json_object_get(meta, "tokenizer.ggml.token_type");
-    const json_t *merges = json_object_get(meta, "tokenizer.ggml.merges");
-    if (!json_is_array(tokens) || !json_is_array(merges)) return -1;
+    vocabulary v;
+    g4_error ignored;
+    if (read_vocabulary(meta, "", &v, &ignored)) return -1;
     tok_key_init(k, TOK_KEY_GGUF);
     key_add_string(k, json_object_get(meta, "tokenizer.ggml.model"));
     key_add_string(k, json_object_get(meta, "tokenizer.ggml.pre"));
-    key_add_integer(k, json_object_get(meta, "tokenizer.ggml.unknown_token_id"));
-    const uint64_t n[3] = {json_array_size(tokens), json_is_array(types) ? json_array_size(types) : 0,
-                           json_array_size(merges)};
-    tok_key_add(k, n, sizeof n);
-    for (size_t i = 0; i < n[0]; i++) key_add_string(k, json_array_get(tokens, i));
-    for (size_t i = 0; i < n[1]; i++) key_add_integer(k, json_array_get(types, i));
-    for (size_t i = 0; i < n[2]; i++) key_add_string(k, json_array_get(merges, i));
+    const json_t *unk = json_object_get(meta, "tokenizer.ggml.unknown_token_id");
+    const int64_t unk_id = json_is_integer(unk) ? (int64_t)json_integer_value(unk) : INT64_MIN;
+    tok_key_add(k, &unk_id, sizeof unk_id);
+    key_add_array(k, &v.tokens);
+    if (v.has_types) key_add_array(k, &v.types);
+    else tok_key_add(k, "", 0);
+    key_add_array(k, &v.merges);
     return 0;
 }
 

@@ -4,13 +4,16 @@
  * it in (g4_transcode_row to AF4 / AF8 / Q6_K / Q8_0, g4_transcode_row_mlx), which must keep every value where
  * g4_transcode_exact says so. The same bytes as a projector file (formats/gguf_mmproj.h) of a 4-wide text model, and
  * as a model file carrying its towers as Ollama writes them (renamed and converted in the file's own tensor set):
- * what they add to or change in a tensor set must lie inside the file or the buffers the set owns. */
+ * what they add to or change in a tensor set must lie inside the file or the buffers the set owns. Its vocabulary,
+ * read where the file holds it (gguf.h), as the tokenizer (tokenizer/tok_gguf.c, without the cache): one that
+ * loads must tokenize and decode. */
 #include <math.h>
 
 #include "core/quant.h"
 #include "formats/gguf.h"
 #include "formats/gguf_mmproj.h"
 #include "fuzz.h"
+#include "fuzz_tok.h"
 
 #define MAX_IN 8192 /* elements of a row decoded (longer rows: skipped) */
 
@@ -70,6 +73,25 @@ static void embedded_towers(const char *path, g4_gguf *g) {
     }
 }
 
+static void vocabulary(const char *path, const g4_gguf *g) {
+    if (!json_object_get(g->meta, "tokenizer.ggml.tokens")) return;
+    g4_tokenizer *tok = NULL;
+    g4_error err = {{0}};
+    const int rc = g4_tokenizer_load_gguf(path, g->meta, &tok, &err);
+    fuzz_expect_error(rc, &err);
+    if (rc) return;
+    static const char text[] = "Hello, world!  ab ba\n\t<s><bos> \xc3\xa9t\xc3\xa9 \xe2\x96\x81x \xf0\x9f\x98\x80";
+    fuzz_tokenizer(tok, text, sizeof text - 1, 1);
+    g4_tokenizer_free(tok);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    setenv("G4_NO_TOKENIZER_CACHE", "1", 1); /* (every input's vocabulary would be a cache of its own) */
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_tmp("model.gguf");
     fuzz_write_file(path, data, size);
@@ -99,6 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int64_t j = 0; j < in; j++) fuzz_expect(a[j] == b[j] || (isnan(a[j]) && isnan(b[j])));
         }
     }
+    vocabulary(path, &g);
     embedded_towers(path, &g);
     g4_gguf_free(&g);
     return 0;

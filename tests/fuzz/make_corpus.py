@@ -149,6 +149,21 @@ def main():
                 data[k * nbytes:k * nbytes + 2] = struct.pack("<H", 0x2400)
         c.add("gguf", gguf_bytes(kvs, [("t.%d" % gtype, gtype, [256, 1], bytes(data))]))
     c.add("gguf", gguf_bytes(kvs, []))
+    # a whole small gemma4 vocabulary (tokenizer/tok_gguf.c: control and user-defined tokens, merges, scores)
+    def gstr(t):
+        b = t.encode("utf-8")
+        return struct.pack("<Q", len(b)) + b
+    toks = ["<pad>", "<eos>", "<bos>", "<unk>", "<turn>", "a", "b", "ab", "\u2581", "\u2581a", "\u2581ab", "<0x41>"]
+    ttypes = [3, 3, 3, 2, 4, 1, 1, 1, 1, 1, 1, 6]
+    merges = ["a b", "\u2581 a", "\u2581a b"]
+    vkvs = [("tokenizer.ggml.model", 8, gstr("gemma4")),
+            ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, len(toks)) + b"".join(gstr(t) for t in toks)),
+            ("tokenizer.ggml.token_type", 9, struct.pack("<IQ", 5, len(ttypes)) + b"".join(struct.pack("<i", t) for t in ttypes)),
+            ("tokenizer.ggml.scores", 9, struct.pack("<IQ", 6, len(toks)) + b"".join(struct.pack("<f", -i) for i in range(len(toks)))),
+            ("tokenizer.ggml.merges", 9, struct.pack("<IQ", 8, len(merges)) + b"".join(gstr(m) for m in merges)),
+            ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 2)), ("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 1)),
+            ("tokenizer.ggml.unknown_token_id", 4, struct.pack("<I", 3))]
+    c.add("gguf", gguf_bytes(vkvs, []))
     # a projector file of the unified model's embedders (gemma4uv + gemma4ua) for a 4-wide text model: 2-px blocks
     def u32(k, v):
         return (k, 4, struct.pack("<I", v))
