@@ -2168,6 +2168,24 @@ static void test_memory(void) {
     for (int i = 0; i < 60; i++) ref[i] = a[10 + i];
     EXPECT_CLOSE(b, ref, 60, 0, "copy");
     rel(d1), rel(d2);
+    /* a large copy (the CPU's runs on its threads: whole 1 MiB chunks and an odd tail) */
+    {
+        const size_t n = ((size_t)9 << 18) + 3;
+        float *h = malloc(n * sizeof *h), *got = malloc(n * sizeof *got);
+        CHECK(h && got);
+        if (h && got) {
+            for (size_t i = 0; i < n; i++) h[i] = (float)i;
+            float *s1 = devf(h, n), *s2 = devf(NULL, n);
+            be->ops->copy(be, s2, s1, n * sizeof(float));
+            back(got, s2, n * sizeof(float));
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++) bad += got[i] != h[i];
+            CHECKF(bad == 0, "%s: copy of %zu bytes: %zu floats differ", be_label, n * sizeof(float), bad);
+            rel(s1), rel(s2);
+        }
+        free(h);
+        free(got);
+    }
     /* what memory the backend has: a device's free memory falls by what is allocated in it */
     size_t f0 = 0, t0 = 0, f1 = 0, t1 = 0;
     CHECKF(be->ops->memory && be->ops->memory(be, &f0, &t0) == 0 && t0 > 0 && f0 <= t0, "%s: memory %zu of %zu",

@@ -182,7 +182,7 @@ typedef struct g4_backend_ops {
      * and widen them itself). */
     void (*rows_to_device)(g4_backend *be, float *dst, const g4_tensor *table, const int32_t *ids, int n, float scale);
     void (*to_host)(g4_backend *be, void *dst, const void *src, size_t bytes);
-    void (*copy)(g4_backend *be, void *dst, const void *src, size_t bytes); /* within backend memory */
+    void (*copy)(g4_backend *be, void *dst, const void *src, size_t bytes); /* within backend memory, ranges apart */
     void (*sync)(g4_backend *be);
     /* The backend memory free now and in all, in bytes (the CPU: the system's available and total memory). 0, or
      * -1 when unknown. */
