@@ -135,17 +135,25 @@ static json_t *rd_scalar(cursor *c, int type) {
     }
 }
 
+/* An array's element type and count, checked (no nested arrays; fixed-size elements inside the file): 0, or -1. */
+static int rd_array_head(cursor *c, int *et, uint64_t *n) {
+    *et = (int)rd(c, 4);
+    *n = rd(c, 8);
+    if (c->failed) return -1;
+    if (*et == G4_GGUF_ARR || *n > MAX_ARR || (*et != G4_GGUF_STR && !elem_size(*et)) ||
+        (elem_size(*et) && !need(c, *n * (uint64_t)elem_size(*et)))) {
+        if (!c->failed) g4_fail(c->err, "%s: bad GGUF array (type %d, %llu elements)", c->path, *et, (unsigned long long)*n);
+        c->failed = 1;
+        return -1;
+    }
+    return 0;
+}
+
 static json_t *rd_value(cursor *c, int type) {
     if (type != G4_GGUF_ARR) return rd_scalar(c, type);
-    int et = (int)rd(c, 4);
-    uint64_t n = rd(c, 8);
-    if (c->failed) return NULL;
-    if (et == G4_GGUF_ARR || n > MAX_ARR || (et != G4_GGUF_STR && !elem_size(et)) ||
-        (elem_size(et) && !need(c, n * (uint64_t)elem_size(et)))) {
-        if (!c->failed) g4_fail(c->err, "%s: bad GGUF array (type %d, %llu elements)", c->path, et, (unsigned long long)n);
-        c->failed = 1;
-        return NULL;
-    }
+    int et;
+    uint64_t n;
+    if (rd_array_head(c, &et, &n)) return NULL;
     json_t *a = json_array();
     for (uint64_t i = 0; a && i < n && !c->failed; i++) {
         json_t *v = rd_scalar(c, et);
@@ -171,15 +179,9 @@ static int vocabulary_key(const char *key) {
 }
 
 static json_t *rd_deferred(cursor *c) {
-    int et = (int)rd(c, 4);
-    uint64_t n = rd(c, 8);
-    if (c->failed) return NULL;
-    if (n > MAX_ARR || (et != G4_GGUF_STR && !elem_size(et)) ||
-        (elem_size(et) && !need(c, n * (uint64_t)elem_size(et)))) {
-        if (!c->failed) g4_fail(c->err, "%s: bad GGUF array (type %d, %llu elements)", c->path, et, (unsigned long long)n);
-        c->failed = 1;
-        return NULL;
-    }
+    int et;
+    uint64_t n;
+    if (rd_array_head(c, &et, &n)) return NULL;
     const unsigned char *start = c->p;
     if (et == G4_GGUF_STR) {
         uint64_t len;
