@@ -512,6 +512,10 @@ G4_API int g4_drafter_load(const char *dir, g4_model *main, g4_drafter **out, g4
 G4_API void g4_drafter_free(g4_drafter *d);
 /* Drafts per round by default: the drafter's generation_config.json num_assistant_tokens (20 when absent). */
 G4_API int g4_drafter_n_draft(const g4_drafter *d);
+/* The kv_history (g4_context_params) a scheduler's context needs for generations with this drafter: each drafting
+ * reads the last sliding-window rows of the sequence's last step, which a cache keeping only what the next step
+ * reads may have released (-1: none needed). */
+G4_API int g4_drafter_kv_history(const g4_drafter *d);
 
 /* Speculative decoding of one sequence of a context whose model is the drafter's main model. */
 typedef struct g4_spec g4_spec;
@@ -712,13 +716,18 @@ G4_API const char *g4_generation_error(const g4_generation *g);
  * holds: g4_seq_reuse_prefix). When blocks run out, the newest requests are preempted: their blocks
  * are freed and they are recomputed later (prompt and tokens so far, often from the prefix cache).
  * Each generation has its own parameters (sampler, seed, stop ids and strings, limit, log-probabilities,
- * json_object, images and audio; not a drafter) and gives the
+ * json_object, images and audio, a drafter) and gives the
  * events g4_generation_next would give, to its callback, from inside g4_scheduler_step, ending with
  * G4_EVENT_FINISH. On a backend whose ops are batch invariant (the CPU) a generation's tokens do not
  * depend on what it was batched with, preempted or resumed from the cache.
  * The scheduler takes every sequence of ctx: while it exists, g4_generation_start, g4_chat_start, g4_embed,
  * g4_spec_new and a second g4_scheduler_new on ctx fail. Create ctx with n_seq_max requests at once, kv_history
- * -1 (nothing is rolled back) and n_kv_blocks for the memory. g4_scheduler_submit* and
+ * -1 (nothing is rolled back; with a drafter g4_drafter_kv_history) and n_kv_blocks for the memory. A generation
+ * with a drafter (speculative decoding) feeds its pending drafts after its newest token in a step, as many as the
+ * step's budget leaves after every decoding request's token (drafts go first when the pools run short); the kept
+ * drafts and the main model's next token come out of that step together, and the next round is drafted before
+ * the next step. Its first round starts from the hidden state of its prompt's first row, as transformers 5.17's
+ * assisted generation does. g4_scheduler_submit* and
  * g4_generation_cancel may be called from any thread, g4_scheduler_step from one at a time. */
 typedef struct g4_scheduler g4_scheduler;
 
@@ -749,10 +758,12 @@ G4_API int g4_scheduler_step(g4_scheduler *s, g4_error *err);
 
 typedef struct g4_scheduler_stats {
     long steps;          /* batch steps run */
-    long decode_tokens;  /* tokens fed one at a time after the prompt (one per generated token but the last) */
+    long decode_tokens;  /* tokens fed after the prompt and kept (one per generated token but the last) */
     long prefill_tokens; /* prompt tokens fed (recomputed ones after a preemption included) */
     long reused_tokens;  /* prompt tokens found in the prefix cache instead */
     long preemptions;
+    long draft_tokens;    /* drafts fed to verification steps (speculative decoding) */
+    long accepted_tokens; /* of which kept */
     int running, waiting;
     double step_seconds;  /* wall time of the steps that ran a batch, from g4_scheduler_step's call to its return */
     double model_seconds; /* of which in the model's forward pass and its on-device sampling (until the ids or

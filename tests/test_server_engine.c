@@ -26,12 +26,12 @@ static void check_sizing(g4_model *m, int n_ctx, const char *label) {
     size_t free_b = 0, total = 0;
     CHECKF(g4_model_memory(m, &free_b, &total, &err) == 0, "%s: %s", label, err.msg);
     char note[256];
-    const int n = srv_engine_auto_parallel(m, n_ctx, G4_KV_BF16, note, sizeof note);
+    const int n = srv_engine_auto_parallel(m, NULL, n_ctx, G4_KV_BF16, note, sizeof note);
     printf("%s, context %d: parallel %d (%s)\n", label, n_ctx, n, note);
     CHECKF(n >= 1 && n <= SRV_GPU_PARALLEL_MAX, "%s: %d sequences", label, n);
     const size_t reserve = total / 20 > G4_STEP_RESERVE_BYTES ? total / 20 : G4_STEP_RESERVE_BYTES;
     srv_engine *e = NULL;
-    if (srv_engine_new(m, n, n_ctx, G4_KV_BF16, 16, NULL, NULL, &e, &err)) {
+    if (srv_engine_new(m, NULL, 0, n, n_ctx, G4_KV_BF16, 16, NULL, NULL, &e, &err)) {
         CHECKF(0, "%s: an engine of %d sequences: %s", label, n, err.msg);
         return;
     }
@@ -59,7 +59,7 @@ int main(void) {
     g4_model *m = load("cpu");
     if (m) {
         char note[256];
-        CHECK(srv_engine_auto_parallel(m, 512, G4_KV_F32, note, sizeof note) == SRV_CPU_PARALLEL);
+        CHECK(srv_engine_auto_parallel(m, NULL, 512, G4_KV_F32, note, sizeof note) == SRV_CPU_PARALLEL);
         g4_model_free(m);
     }
 #ifdef G4_WITH_CUDA

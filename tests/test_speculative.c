@@ -886,6 +886,197 @@ static void check_media(void) {
            runs, cache_equal, e_next);
 }
 
+/* ------------------------------------------------------------------ 7. under the scheduler */
+typedef struct {
+    const char *drafter;       /* NULL: none */
+    int seed_or_ref;           /* 0: the reference prompt, else the seed of a random prompt */
+    int n_prompt, max_new;
+    float temperature;         /* 0: greedy */
+    int wave;                  /* submitted once the waves before it ended */
+} sched_req;
+
+/* Generations with and without drafters through one scheduler (batched verifications of several requests, prefill
+ * chunks beside them, a second wave that reuses the cached prefix, a pool small enough to preempt): each one's ids
+ * and rounds equal a g4_generation of the same request alone (greedy and seeded sampling); the reference prompt's
+ * rounds are transformers' (reference.json); the pools are whole again at the end. */
+static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n_req, int n_kv_blocks,
+                     const char *label) {
+    g4_error err;
+    const int V = g4_model_vocab_size(m);
+    g4_drafter *ds[2] = {load_drafter(m, fix_path("assistant-lmhead")), load_drafter(m, fix_path("assistant-ordered"))};
+    const char *dnames[2] = {"assistant-lmhead", "assistant-ordered"};
+    g4_context *ctx = NULL, *alone = new_context(m, 64, 32);
+    g4_context_params cp = {.n_seq_max = 3, .n_ctx = 256, .n_batch = 128, .kv_block_size = 8,
+                            .kv_history = g4_drafter_kv_history(ds[0]), .n_kv_blocks = n_kv_blocks};
+    g4_scheduler *s = NULL;
+    if (!ds[0] || !ds[1] || !alone || g4_context_new(m, &cp, &ctx, &err) || g4_scheduler_new(ctx, &s, &err)) {
+        CHECKF(0, "%s: scheduler: %s", label, err.msg);
+        return 0;
+    }
+    const int free0 = g4_kv_free_blocks(ctx);
+    size_t n_ref;
+    int32_t *ref_prompt = NULL;
+    g4_tensor_set ref = {0};
+    if (g4_safetensors_add_file(&ref, fix_path("reference.safetensors"), &err) == 0 &&
+        g4_tensor_set_finish(&ref, &err) == 0)
+        ref_prompt = ref_ids(&ref, "input_ids", &n_ref);
+    int32_t prompts[8][200];
+    int np[8];
+    g4_sampler_params sp[8];
+    g4_generation *g[8] = {0};
+    int equal = 0, rounds_equal = 0, drafting = 0;
+    for (int wave = 0; wave < 2; wave++) {
+        for (int i = 0; i < n_req; i++) {
+            if (rq[i].wave != wave) continue;
+            np[i] = rq[i].seed_or_ref ? rq[i].n_prompt : (int)n_ref;
+            if (rq[i].seed_or_ref) prompt_ids(np[i], (unsigned)rq[i].seed_or_ref, V, prompts[i]);
+            else memcpy(prompts[i], ref_prompt, n_ref * sizeof *ref_prompt);
+            g4_sampler_params_default(&sp[i]);
+            sp[i].temperature = rq[i].temperature;
+            sp[i].top_k = 8;
+            sp[i].seed = 77u + (unsigned)i;
+            g4_generation_params gp = {.max_new_tokens = rq[i].max_new, .sampling = &sp[i], .ignore_eos = 1};
+            if (rq[i].drafter) gp.drafter = ds[strcmp(rq[i].drafter, dnames[0]) != 0];
+            CHECKF(g4_scheduler_submit(s, prompts[i], np[i], &gp, NULL, NULL, &g[i], &err) == 0, "%s: submit: %s",
+                   label, err.msg);
+        }
+        int left, steps = 0;
+        while ((left = g4_scheduler_step(s, &err)) > 0 && steps < 10000) steps++;
+        CHECKF(left == 0, "%s: a step failed: %s", label, err.msg);
+    }
+    g4_scheduler_stats st;
+    g4_scheduler_get_stats(s, &st);
+    long drafted_sum = 0, accepted_sum = 0;
+    for (int i = 0; i < n_req; i++) {
+        if (!g[i]) continue;
+        int n, na;
+        const int32_t *ids = g4_generation_tokens(g[i], &n);
+        const int *dr, *ac, *dr1, *ac1;
+        int nr, nr1;
+        g4_generation_rounds(g[i], &dr, &ac, &nr);
+        for (int r = 0; r < nr; r++) drafted_sum += dr[r], accepted_sum += ac[r];
+        /* the same request alone */
+        g4_generation_params gp = {.max_new_tokens = rq[i].max_new, .sampling = &sp[i], .ignore_eos = 1};
+        if (rq[i].drafter) gp.drafter = ds[strcmp(rq[i].drafter, dnames[0]) != 0];
+        g4_generation *a = NULL;
+        g4_seq_reset(alone, 0);
+        int32_t want[64];
+        na = -1;
+        if (g4_generation_start(alone, 0, prompts[i], np[i], &gp, &a, &err) == 0 &&
+            g4_generation_run(a, NULL, NULL, &err) == 0) {
+            const int32_t *w = g4_generation_tokens(a, &na);
+            memcpy(want, w, (size_t)na * sizeof *want);
+            g4_generation_rounds(a, &dr1, &ac1, &nr1);
+        } else {
+            CHECKF(0, "%s: request %d alone: %s", label, i, err.msg);
+        }
+        /* (a sampled request's draws follow its drafts per round, which a short pool cuts: then only its length) */
+        const int cut = n_kv_blocks && rq[i].temperature > 0;
+        const int same = na == n && (cut || !memcmp(ids, want, (size_t)n * sizeof *ids)) &&
+                         g4_generation_finish(g[i]) == g4_generation_finish(a);
+        CHECKF(same, "%s: request %d (%s, %s): %d ids differ from the request alone (%d)", label, i,
+               rq[i].drafter ? rq[i].drafter : "no drafter", rq[i].temperature > 0 ? "sampled" : "greedy", n, na);
+        equal += same;
+        /* the rounds: equal to the request's alone where it read its whole prompt (no cached prefix) */
+        if (rq[i].drafter && a && g4_generation_n_cached(g[i]) == 0 && rq[i].wave == 0 && !n_kv_blocks) {
+            int same_r = nr == nr1;
+            for (int r = 0; same_r && r < nr; r++) same_r = dr[r] == dr1[r] && ac[r] == ac1[r];
+            CHECKF(same_r, "%s: request %d: its rounds differ from the request alone (%d vs %d)", label, i, nr, nr1);
+            rounds_equal += same_r;
+            drafting++;
+            if (!rq[i].seed_or_ref && rq[i].temperature == 0) { /* transformers' rounds */
+                const json_t *info = json_object_get(json_object_get(meta, "assistant"),
+                                                     strcmp(rq[i].drafter, dnames[0]) ? "ordered" : "lmhead");
+                int want_acc[64], want_dr[64];
+                int nwa = json_ints(json_object_get(info, "accepted_per_round"), want_acc, 64);
+                int nwd = json_ints(json_object_get(info, "drafts_per_round"), want_dr, 64);
+                int same_t = nr == nwa && nr == nwd;
+                for (int r = 0; same_t && r < nr; r++) same_t = dr[r] == want_dr[r] && ac[r] == want_acc[r];
+                CHECKF(same_t, "%s: request %d: drafts/accepted per round differ from reference.json", label, i);
+            }
+        }
+        if (rq[i].drafter && !rq[i].seed_or_ref && rq[i].temperature == 0 && rq[i].max_new == 24) {
+            int32_t *greedy = ref_ids(&ref, "greedy_ids", NULL);
+            CHECKF(greedy && n == 24 && !memcmp(ids, greedy, 24 * sizeof *ids),
+                   "%s: request %d: the reference prompt's ids differ from transformers' greedy ids", label, i);
+            free(greedy);
+        }
+        g4_generation_free(a);
+    }
+    CHECKF(st.draft_tokens == drafted_sum && st.accepted_tokens == accepted_sum && st.accepted_tokens > 0,
+           "%s: the scheduler counted %ld drafts, %ld kept; the rounds say %ld, %ld", label, st.draft_tokens,
+           st.accepted_tokens, drafted_sum, accepted_sum);
+    CHECKF(g4_kv_free_blocks(ctx) == free0, "%s: %d of %d blocks free at the end", label, g4_kv_free_blocks(ctx), free0);
+    printf("%s: %d/%d requests equal to each alone, rounds of %d/%d drafting ones equal; %ld drafts, %ld kept, %ld "
+           "steps, %ld preemptions\n", label, equal, n_req, rounds_equal, drafting, st.draft_tokens, st.accepted_tokens,
+           st.steps, st.preemptions);
+    for (int i = 0; i < n_req; i++) g4_generation_free(g[i]);
+    g4_scheduler_free(s);
+    g4_context_free(ctx);
+    g4_context_free(alone);
+    g4_tensor_set_free(&ref);
+    free(ref_prompt);
+    g4_drafter_free(ds[0]);
+    g4_drafter_free(ds[1]);
+    return (int)st.preemptions;
+}
+
+static void check_scheduled(g4_model *m, const json_t *meta) {
+    g4_error err;
+    const sched_req mixed[] = {
+        {"assistant-lmhead", 0, 0, 24, 0, 0},   /* transformers' rounds */
+        {NULL, 11, 9, 30, 0, 0},                /* plain greedy beside them */
+        {"assistant-lmhead", 12, 23, 30, 0.8f, 0}, /* seeded speculative sampling */
+        {"assistant-ordered", 13, 150, 30, 0, 0},  /* a prompt read in chunks, longer than the window */
+        {"assistant-lmhead", 14, 5, 3, 0, 0},   /* a round cut by the length */
+        {"assistant-ordered", 0, 0, 24, 0, 1},  /* the reference prompt again: its cached prefix */
+        {"assistant-lmhead", 15, 40, 40, 0.8f, 1},
+    };
+    sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 0, "scheduled");
+    const sched_req ordered[] = {
+        {"assistant-ordered", 0, 0, 24, 0, 0}, /* transformers' rounds of the other drafter */
+        {"assistant-lmhead", 16, 30, 40, 0, 0},
+        {"assistant-ordered", 17, 12, 40, 0.8f, 0},
+    };
+    sched_run(m, meta, ordered, 3, 0, "scheduled, ordered drafter");
+    const sched_req tight[] = {
+        {"assistant-lmhead", 21, 60, 60, 0, 0},
+        {"assistant-ordered", 22, 60, 60, 0, 0},
+        {"assistant-lmhead", 23, 60, 60, 0.8f, 0},
+    };
+    /* 3 sequences of up to 120 positions in 8-position blocks, a full pool of 28: someone is preempted */
+    const int pre = sched_run(m, meta, tight, 3, 28, "scheduled, preempted");
+    CHECKF(pre > 0, "the tight pool preempted no request");
+
+    /* misuse: a context that keeps no sliding rows beyond a step's; a drafter with log-probabilities */
+    g4_drafter *d = load_drafter(m, fix_path("assistant-lmhead"));
+    g4_context *ctx = NULL;
+    g4_scheduler *s = NULL;
+    g4_context_params cp = {.n_seq_max = 2, .n_ctx = 128, .kv_history = -1};
+    if (!d || g4_context_new(m, &cp, &ctx, &err) || g4_scheduler_new(ctx, &s, &err)) {
+        CHECKF(0, "scheduler: %s", err.msg);
+    } else {
+        int32_t prompt[5] = {2, 10, 11, 12, 13};
+        g4_generation *g = NULL;
+        g4_generation_params gp = {.max_new_tokens = 4, .drafter = d};
+        CHECK(g4_scheduler_submit(s, prompt, 5, &gp, NULL, NULL, &g, &err) == -1 && !g &&
+              strstr(err.msg, "kv_history") && !strchr(err.msg, '\n'));
+        printf("refused: %s\n", err.msg);
+        g4_scheduler_free(s);
+        g4_context_free(ctx);
+        cp.kv_history = g4_drafter_kv_history(d);
+        if (g4_context_new(m, &cp, &ctx, &err) == 0 && g4_scheduler_new(ctx, &s, &err) == 0) {
+            gp.logprobs = 1;
+            CHECK(g4_scheduler_submit(s, prompt, 5, &gp, NULL, NULL, &g, &err) == -1 && !g &&
+                  strstr(err.msg, "drafter"));
+            printf("refused: %s\n", err.msg);
+            g4_scheduler_free(s);
+        }
+        g4_context_free(ctx);
+    }
+    g4_drafter_free(d);
+}
+
 int main(void) {
     snprintf(FIX, sizeof FIX, "%s", g4t_shared("fixtures/assistant"));
     g4_error err;
@@ -907,6 +1098,7 @@ int main(void) {
         check_schedule_and_errors(m);
         check_nan_drafter(m);
         check_media();
+        check_scheduled(m, meta);
     }
     g4_model_free(m);
     g4_tensor_set_free(&ref);

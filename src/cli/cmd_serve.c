@@ -37,13 +37,16 @@ static void usage(FILE *f) {
             "  --max-media-bytes BYTES  largest file fetched from a URL (default 16777216)\n"
             "  --media-fetch-timeout S  a fetch, redirects included, at most (default 15)\n"
             "  --media-max-redirects N  redirects a fetch follows (default 5; 0: none)\n"
+            "  --draft DIR|FILE     a gemma4_assistant drafter of the model: speculative decoding (not for requests\n"
+            "                       with logprobs or constrained output)\n"
+            "  --draft-n N          drafts per round (default: the drafter's num_assistant_tokens)\n"
             "  --quiet              no request log\n");
 }
 
 int cmd_serve(int argc, char **argv) {
     enum { O_HOST = 3000, O_PORT, O_KEY, O_PAR, O_CTX, O_ALIAS, O_MAXTOK, O_QUEUE, O_BODY, O_MEDIA, O_TIMEOUT,
            O_DRAIN, O_REMOTE, O_NO_REMOTE, O_DOMAINS, O_MEDIA_BYTES, O_FETCH_TIMEOUT, O_REDIRECTS, O_QUIET,
-           O_REQ_TIMEOUT, O_MAX_CONN, O_MAX_CONN_IP, O_PRIVATE };
+           O_REQ_TIMEOUT, O_MAX_CONN, O_MAX_CONN_IP, O_PRIVATE, O_DRAFT, O_DRAFT_N };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"threads", required_argument, 0, 't'},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -61,6 +64,7 @@ int cmd_serve(int argc, char **argv) {
         {"request-timeout", required_argument, 0, O_REQ_TIMEOUT},
         {"max-connections", required_argument, 0, O_MAX_CONN},
         {"max-connections-per-ip", required_argument, 0, O_MAX_CONN_IP},
+        {"draft", required_argument, 0, O_DRAFT},    {"draft-n", required_argument, 0, O_DRAFT_N},
         {"help", no_argument, 0, 'h'},               {0, 0, 0, 0}};
     srv_options o;
     srv_options_default(&o);
@@ -102,6 +106,8 @@ int cmd_serve(int argc, char **argv) {
         case O_FETCH_TIMEOUT: INT_OPT("--media-fetch-timeout", 1, 3600, o.media_fetch_timeout_s); break;
         case O_REDIRECTS: INT_OPT("--media-max-redirects", 0, 20, o.media_max_redirects); break;
         case O_QUIET: o.quiet = 1; break;
+        case O_DRAFT: o.draft = optarg; break;
+        case O_DRAFT_N: INT_OPT("--draft-n", 1, 256, o.n_draft); break;
         case 'h': usage(stdout); return 0;
         default: return cli_bad_option("serve", argv);
         }
@@ -110,6 +116,7 @@ int cmd_serve(int argc, char **argv) {
     if (optind < argc) return cli_error("serve: unexpected argument '%s'", argv[optind]);
     if (!o.model_path) return cli_error("serve: -m DIR is required");
     if (o.api_key && !*o.api_key) return cli_error("serve: --api-key must not be empty");
+    if (o.n_draft && !o.draft) return cli_error("serve: --draft-n needs --draft DIR");
     if (o.allowed_media_domains && !o.allowed_media_domains[strspn(o.allowed_media_domains, ", ")])
         return cli_error("serve: --allowed-media-domains names no host (--no-remote-media refuses every URL)");
     o.device = cli_device;

@@ -72,7 +72,9 @@ struct g4_generation {
                                  buffers for the largest k */
     int32_t *extra_id;        /* [G4_TOP_K_MAX] the sampler's modified ids of the step */
     int32_t *seqs;            /* [n_batch] all `seq` */
-    g4_spec *spec;            /* with a drafter */
+    g4_spec *spec;            /* with a drafter (a scheduled generation's: made by the scheduler) */
+    g4_drafter *drafter;      /* scheduled: params.drafter, params.n_draft */
+    int n_draft;
     int32_t *round;           /* [drafts per round + 1] a round's tokens */
     uint8_t *want;            /* [n_batch] */
     int logprobs, n_top;      /* params.logprobs, top_logprobs */
@@ -691,11 +693,15 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
             *out = g;
             return 0;
         }
-    } else if (params && params->drafter) {
-        g4_fail(err, "speculative decoding (a drafter) is not available to scheduled generations");
     } else if (expand_media(g, params ? params : &none, err) == 0 && setup(g, params ? params : &none, n_ctx, err) == 0) {
-        *out = g;
-        return 0;
+        if (params && params->drafter && (g->logprobs || params->json_object || params->grammar)) {
+            g4_fail(err, "generation: logprobs and constrained output do not go with a drafter");
+        } else {
+            g->drafter = params ? params->drafter : NULL;
+            g->n_draft = params ? params->n_draft : 0;
+            *out = g;
+            return 0;
+        }
     }
     atomic_store(&g->refs, 1);
     g4_generation_free(g);
@@ -703,6 +709,13 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
 }
 
 int g4_generation_max_new(const g4_generation *g) { return g->max_new; }
+int g4_generation_left(const g4_generation *g) { return g->max_new - g->n_ids; }
+g4_drafter *g4_generation_drafter(const g4_generation *g, g4_spec_params *p) {
+    *p = (g4_spec_params){.n_draft = g->n_draft, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids};
+    return g->drafter;
+}
+void g4_generation_set_spec(g4_generation *g, g4_spec *spec) { g->spec = spec; }
+g4_sampler *g4_generation_sampler(g4_generation *g) { return g->sampler; }
 int g4_generation_is_argmax(const g4_generation *g) { return g->greedy; }
 int g4_generation_candidates_k(const g4_generation *g) {
     return g->logprobs || g->grammar ? 0 : g4_sampler_candidates_k(g->sampler);

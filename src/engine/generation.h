@@ -17,6 +17,13 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
                                 const g4_generation_params *params, int embed, g4_event_fn on_event, void *user,
                                 g4_generation **out, g4_error *err);
 int g4_generation_max_new(const g4_generation *g);
+/* Tokens it may still take (its limit less those it took). */
+int g4_generation_left(const g4_generation *g);
+/* Its drafter (NULL: none) and the parameters of its speculative state (drafts per round, stop ids), which the
+ * scheduler makes and hands back: the generation owns it (g4_generation_rounds). */
+g4_drafter *g4_generation_drafter(const g4_generation *g, g4_spec_params *p);
+void g4_generation_set_spec(g4_generation *g, g4_spec *spec);
+g4_sampler *g4_generation_sampler(g4_generation *g);
 int g4_generation_is_argmax(const g4_generation *g);
 int g4_generation_cancelled(const g4_generation *g);
 /* The next id from one row of logits with the generation's sampler (-1: every id banned); with logprobs it keeps

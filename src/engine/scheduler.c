@@ -3,7 +3,9 @@
  *
  * Every step builds one batch under a token budget of n_batch:
  *   1. requests cancelled since the last step leave, and their blocks go back to the pools at once;
- *   2. every running request that has its prompt's logits gets one decode token, oldest first;
+ *   2. every running request that has its prompt's logits gets one decode token, oldest first; then those with a
+ *      drafter (speculative decoding, engine/speculative.h) get their pending drafts after it, oldest first, from
+ *      what budget is left (their rows are all wanted: the step verifies them);
  *   3. running requests still reading their prompt get chunks of what budget is left, oldest first;
  *   4. waiting requests are admitted in arrival order while a sequence is free, the budget is not spent and
  *      the main pool (full attention) has the blocks for their whole remaining prompt on top of what the
@@ -11,14 +13,17 @@
  *      takes the longest prefix of its tokens the prefix cache holds (g4_kv_cache_reuse) and reads on from
  *      there; one whose prompt shares more whole blocks with a running request that has not read them yet
  *      waits until it has (pending_prefix: n choices of one prompt, one system prompt from many clients);
- *   5. if the step's blocks do not fit the pools, the newest prefill chunk is halved, then dropped, then the
+ *   5. if the step's blocks do not fit the pools, the newest request's drafts are left out, then the newest
+ *      prefill chunk is halved, then dropped, then the
  *      newest running requests are preempted: their blocks are freed and they wait at the front of the queue
  *      to be recomputed (prompt and the tokens so far; the prefix cache often still has them); a request that
  *      cannot go on even alone ends with LENGTH (its tokens need more than the pool);
  *   6. the batch runs (g4_decode; g4_decode_greedy when every row that needs a token is a plain argmax;
  *      g4_decode_candidates when every such row's sampler needs only its top candidates and the logits are in
  *      device memory: only those come back, with the logits of its penalized, biased and suppressed ids), each
- *      request that got logits or candidates samples its next token
+ *      request that got logits or candidates samples its next token (a verification keeps the drafts its rows
+ *      agree with and the token after them: g4_spec_verified; then its next round is drafted and the rejected rows
+ *      are rolled back, g4_spec_next; its first round starts from its prompt's first row, transformers' quirk)
  *      with its own sampler (g4_generation_take turns it into events and decides the end), and requests that
  *      ended free their sequence. A step that fails ends its requests with the error (G4_FINISH_ERROR).
  * Images and audio: a request's soft tokens take their rows (the generation's) in the step that reads them, and
@@ -45,6 +50,7 @@
 #include "core/error.h"
 #include "engine/context.h"
 #include "engine/generation.h"
+#include "engine/speculative.h"
 
 typedef struct request {
     g4_generation *gen;
@@ -57,6 +63,9 @@ typedef struct request {
     int seq;         /* -1 while waiting */
     int embed;
     int admitted;    /* it has run (a preempted one waits again) */
+    int start;       /* the first position it fed since its admission */
+    int drafting;    /* with a drafter: its prompt is read since its admission, its steps are verifications */
+    g4_spec *spec;   /* speculative decoding (its generation's drafter; the generation owns it), or NULL */
     double *sum;     /* embed: the running sum of the final hidden states */
 } request;
 
@@ -72,12 +81,16 @@ struct g4_scheduler {
     int last_step_embed;
     /* one step's plan and buffers */
     request **plan_req;    /* [n_batch] requests of the step, in batch order */
-    int *plan_n;           /* [n_batch] tokens each feeds */
+    int *plan_n;           /* [n_batch] tokens each feeds (its drafts included) */
+    int *plan_d;           /* [n_batch] of which drafts */
+    int *plan_w;           /* [n_batch] its first wanted row (-1: none) */
+    int *plan_h0;          /* [n_batch] its wanted row of a drafter's first hidden state (-1: none) */
     int n_plan;
     int32_t *tok, *seq;    /* [n_batch] */
     uint8_t *want;         /* [n_batch] */
     int32_t *ids;          /* [n_batch] greedy ids of the wanted rows */
-    float *logits;         /* [logit_rows][vocab] */
+    int32_t *round;        /* [n_batch] a verification's kept drafts and next token */
+    float *logits;         /* [logit_rows][vocab] (grown for a step's drafts) */
     int logit_rows;
     int cand_max;          /* g4_context_candidates_max: 0 where every sampled row takes its logits */
     g4_candidates cand;    /* [logit_rows] rows of top candidates (rows beyond cap: their logits in `logits`) and
@@ -173,6 +186,17 @@ static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generatio
     g4_generation *g;
     if (g4_generation_new_scheduled(s->ctx->model, s->ctx->n_ctx, ids, n, params, embed, on_event, user, &g, err))
         return -1;
+    g4_spec_params spp;
+    g4_drafter *d = embed ? NULL : g4_generation_drafter(g, &spp);
+    g4_spec *spec = NULL;
+    if (d) { /* the generation owns it from here */
+        if (g4_spec_new_scheduled(s->ctx, d, &spp, &spec, err)) {
+            g4_generation_release(g);
+            g4_generation_free(g);
+            return -1;
+        }
+        g4_generation_set_spec(g, spec);
+    }
     ids = g4_generation_prompt(g, &n); /* with images and audio: expanded */
     const float *embd = g4_generation_embd(g);
     for (int i = 0; embd && i < n;) { /* every image fits a step */
@@ -206,6 +230,7 @@ static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generatio
         r->tokens[i] = embd ? ids[i] : read;
     }
     r->embd = embd;
+    r->spec = spec;
     r->n_prompt = r->n_tokens = n;
     r->cap = cap;
     r->seq = -1;
@@ -281,10 +306,14 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
     s->run_list = calloc((size_t)s->n_seq, sizeof *s->run_list);
     s->plan_req = malloc(nb * sizeof *s->plan_req);
     s->plan_n = malloc(nb * sizeof *s->plan_n);
+    s->plan_d = malloc(nb * sizeof *s->plan_d);
+    s->plan_w = malloc(nb * sizeof *s->plan_w);
+    s->plan_h0 = malloc(nb * sizeof *s->plan_h0);
     s->tok = malloc(nb * sizeof *s->tok);
     s->seq = malloc(nb * sizeof *s->seq);
     s->want = malloc(nb);
     s->ids = malloc(nb * sizeof *s->ids);
+    s->round = malloc(nb * sizeof *s->round);
     s->logits = malloc((size_t)s->logit_rows * (size_t)s->vocab * sizeof *s->logits);
     s->final_rows = malloc(nb * (size_t)s->H * sizeof *s->final_rows);
     s->cand_max = g4_context_candidates_max(ctx);
@@ -294,7 +323,7 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
                                   .vals = malloc(rows * cap * sizeof(float)), .fallback = s->logits};
         s->extra_at = malloc((rows + 1) * sizeof(int32_t));
     }
-    if (!s->running || !s->run_list || !s->plan_req || !s->plan_n || !s->tok || !s->seq || !s->want || !s->ids ||
+    if (!s->running || !s->run_list || !s->plan_req || !s->plan_n || !s->plan_d || !s->plan_w || !s->plan_h0 || !s->tok || !s->seq || !s->want || !s->ids || !s->round ||
         !s->logits || !s->final_rows ||
         (s->cand_max && (!s->cand.ids || !s->cand.count || !s->cand.vals || !s->extra_at)) ||
         queue_reserve(s, 16)) {
@@ -324,10 +353,14 @@ void g4_scheduler_free(g4_scheduler *s) {
     free(s->run_list);
     free(s->plan_req);
     free(s->plan_n);
+    free(s->plan_d);
+    free(s->plan_w);
+    free(s->plan_h0);
     free(s->tok);
     free(s->seq);
     free(s->want);
     free(s->ids);
+    free(s->round);
     free(s->logits);
     free(s->cand.ids);
     free(s->cand.count);
@@ -359,7 +392,9 @@ static void admit(g4_scheduler *s, request *r, int q, int reused) {
     s->running[q] = r;
     s->run_list[s->n_running++] = r;
     r->seq = q;
-    r->n_fed = reused;
+    r->n_fed = r->start = reused;
+    r->drafting = 0;
+    if (r->spec) g4_spec_bind(r->spec, q);
     s->stats.reused_tokens += reused;
     if (!r->admitted) g4_generation_set_cached(r->gen, reused);
     r->admitted = 1;
@@ -424,12 +459,14 @@ static void drop_cancelled(g4_scheduler *s) {
 
 static void plan_add(g4_scheduler *s, request *r, int k) {
     s->plan_req[s->n_plan] = r;
+    s->plan_d[s->n_plan] = 0;
     s->plan_n[s->n_plan++] = k;
 }
 
 static void plan_remove(g4_scheduler *s, int i) {
     memmove(s->plan_req + i, s->plan_req + i + 1, (size_t)(s->n_plan - i - 1) * sizeof *s->plan_req);
     memmove(s->plan_n + i, s->plan_n + i + 1, (size_t)(s->n_plan - i - 1) * sizeof *s->plan_n);
+    memmove(s->plan_d + i, s->plan_d + i + 1, (size_t)(s->n_plan - i - 1) * sizeof *s->plan_d);
     s->n_plan--;
 }
 
@@ -525,6 +562,13 @@ static int decoding(const request *r) { return !r->embed && r->n_tokens - r->n_f
 /* Shrinks the plan until its blocks fit (step 5 above). */
 static void fit_plan(g4_scheduler *s) {
     while (s->n_plan > 0 && !plan_fits(s)) {
+        int dr = s->n_plan - 1; /* the newest request's drafts first */
+        while (dr >= 0 && !s->plan_d[dr]) dr--;
+        if (dr >= 0) {
+            s->plan_n[dr] -= s->plan_d[dr];
+            s->plan_d[dr] = 0;
+            continue;
+        }
         int i = s->n_plan - 1;
         while (i >= 0 && decoding(s->plan_req[i])) i--;
         const int half = i >= 0 && s->plan_n[i] > 1 ? chunk(s, s->plan_req[i], s->plan_n[i] / 2) : 0;
@@ -558,6 +602,42 @@ static void fail_plan(g4_scheduler *s, const char *why) {
     s->n_plan = 0;
 }
 
+/* r's verification step: its newest token and d drafts, wanted rows w .. w + d (argmax ids in s->ids when the step
+ * was greedy, else logits). The kept drafts and the main model's token after them go to the generation, which may
+ * end on one of them; else its next round is drafted and the rejected rows are rolled back. */
+static void verified(g4_scheduler *s, request *r, int d, int w, int greedy_step, const float *final) {
+    const g4_model *m = s->ctx->model;
+    g4_error e;
+    const int n = g4_spec_verified(r->spec, d, greedy_step ? s->ids + w : NULL,
+                                   greedy_step ? NULL : s->logits + (size_t)w * s->vocab,
+                                   g4_generation_sampler(r->gen), s->round, &e);
+    if (n < 0) {
+        g4_generation_fail(r->gen, e.msg);
+        finish(s, r, G4_FINISH_STOP); /* it has ended: the reason is its own */
+        return;
+    }
+    s->stats.draft_tokens += d;
+    s->stats.accepted_tokens += n;
+    s->stats.decode_tokens += n + 1;
+    for (int j = 0; j <= n && !g4_generation_finish(r->gen); j++) g4_generation_take(r->gen, s->round[j]);
+    /* the kept drafts were fed (as the model reads them); the next token is fed by the next step */
+    const int32_t next = g4_generation_finish(r->gen) ? 0 : g4_token_read(m, s->round[n], &e);
+    if (next < 0) g4_generation_fail(r->gen, e.msg); /* it cannot be fed: it fails alone */
+    if (g4_generation_finish(r->gen)) {
+        finish(s, r, G4_FINISH_STOP);
+        return;
+    }
+    for (int j = 0; j < n; j++) r->tokens[r->n_tokens++] = g4_token_read(m, s->round[j], NULL);
+    r->n_fed += n;
+    r->tokens[r->n_tokens++] = next;
+    if (g4_spec_next(r->spec, final + (size_t)(w + n) * s->H, d, n, s->round[n], g4_generation_left(r->gen), &e)) {
+        g4_generation_fail(r->gen, e.msg);
+        finish(s, r, G4_FINISH_STOP);
+        return;
+    }
+    g4_generation_deliver(r->gen);
+}
+
 int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     G4_ARG(s, err);
     g4_error unused;
@@ -579,6 +659,16 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     s->n_plan = 0;
     for (int i = 0; i < s->n_running && budget > 0; i++)
         if (!embed_step && decoding(s->run_list[i])) plan_add(s, s->run_list[i], 1), budget--;
+    for (int i = 0; i < s->n_plan && budget > 0; i++) { /* their drafts, oldest first (up to one the model cannot
+                                                           read, g4_token_read) */
+        const g4_spec *sp = s->plan_req[i]->spec;
+        int d = sp ? g4_spec_pending(sp) : 0;
+        for (int j = 0; j < d; j++)
+            if (g4_token_read(ctx->model, g4_spec_drafts(sp)[j], NULL) < 0) d = j;
+        s->plan_d[i] = d < budget ? d : budget;
+        s->plan_n[i] += s->plan_d[i];
+        budget -= s->plan_d[i];
+    }
     for (int i = 0; i < s->n_running; i++) {
         request *r = s->run_list[i];
         if (r->embed != embed_step || decoding(r)) continue;
@@ -588,8 +678,9 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
          * wait as long as others decode) */
         for (int j = s->n_plan - 1; k == 0 && r->embd && j >= 0; j--)
             if (decoding(s->plan_req[j])) {
+                budget += s->plan_n[j];
                 plan_remove(s, j);
-                k = chunk(s, r, ++budget);
+                k = chunk(s, r, budget);
             }
         if (k == 0) continue;
         plan_add(s, r, k);
@@ -598,18 +689,30 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     admit_waiting(s, embed_step, &budget);
     fit_plan(s);
 
-    /* the batch */
+    /* the batch: each request's tokens, a drafting one's drafts after its newest. Wanted rows (a generation step's
+     * logits or ids, in batch order): the last row of a request that samples, and with a drafter the rows of a
+     * verification and the first row its prompt's reading starts with (the first round's hidden state) */
     int n = 0, n_want = 0, all_greedy = 1, top_k = 0; /* top_k: the largest k of the rows' candidates, -1 when a
                                                         * row needs its logits */
-    int n_extra = 0, n_embd = 0;
+    int n_rows = 0, spec_rows = 0, n_extra = 0, n_embd = 0;
     const g4_model *m = ctx->model;
     for (int i = 0; i < s->n_plan; i++) {
         request *r = s->plan_req[i];
-        const int k = s->plan_n[i], last = r->n_fed + k == r->n_tokens;
-        for (int j = 0; j < k; j++) {
-            s->tok[n] = r->tokens[r->n_fed + j];
+        const int d = s->plan_d[i], k = s->plan_n[i] - d, last = r->n_fed + k == r->n_tokens;
+        const int first = !embed_step && r->spec && !r->drafting && r->n_fed == r->start;
+        const int32_t *drafts = d ? g4_spec_drafts(r->spec) : NULL;
+        s->plan_w[i] = s->plan_h0[i] = -1;
+        spec_rows |= first || d;
+        for (int j = 0; j < k + d; j++) {
+            s->tok[n] = j < k ? r->tokens[r->n_fed + j] : g4_token_read(m, drafts[j - k], NULL);
             s->seq[n] = r->seq;
-            s->want[n] = embed_step || (last && j == k - 1);
+            const int samples = last && j == k - 1, h0 = first && j == 0;
+            s->want[n] = embed_step || samples || h0 || j >= k;
+            if (s->want[n] && !embed_step) {
+                if (h0) s->plan_h0[i] = n_rows;
+                if (samples) s->plan_w[i] = n_rows;
+                n_rows++;
+            }
             n++;
         }
         const int n_soft = r->embd ? g4_count_soft_tokens(m, r->tokens + r->n_fed, k) : 0;
@@ -640,6 +743,17 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             }
         }
     }
+    if (spec_rows && !all_greedy) top_k = -1; /* a verification's rows: their logits */
+    if (!all_greedy && top_k < 0 && n_rows > s->logit_rows) {
+        float *l = realloc(s->logits, (size_t)n_rows * (size_t)s->vocab * sizeof *l);
+        if (!l) {
+            g4_fail(err, "out of memory for the logits of %d rows", n_rows);
+            fail_plan(s, err->msg);
+            return -1;
+        }
+        s->logits = s->cand.fallback = l;
+        s->logit_rows = n_rows;
+    }
     if (n > 0) {
         g4_batch b = {.n_tokens = n, .token = s->tok, .seq = s->seq, .want_logits = s->want,
                       .embd = n_embd ? s->embd : NULL, .n_embd = n_embd};
@@ -666,40 +780,48 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     }
 
     /* outputs */
-    int row = 0, w = 0;
-    for (int i = 0; i < s->n_plan; i++) {
+    const float *final = g4_step_final_rows(ctx); /* the wanted rows' final-normed states, in backend memory */
+    for (int i = 0, row = 0; i < s->n_plan; i++) {
         request *r = s->plan_req[i];
-        const int k = s->plan_n[i];
+        const int d = s->plan_d[i], k = s->plan_n[i] - d, w = s->plan_w[i];
+        row += k + d;
         r->n_fed += k;
         if (r->embed) {
             for (int j = 0; j < k; j++)
-                for (int h = 0; h < s->H; h++) r->sum[h] += s->final_rows[(size_t)(row + j) * s->H + h];
+                for (int h = 0; h < s->H; h++) r->sum[h] += s->final_rows[(size_t)(row - k + j) * s->H + h];
             if (r->n_fed == r->n_tokens) finish(s, r, G4_FINISH_STOP);
-        } else {
-            if (r->n_fed > r->n_prompt && k == 1) s->stats.decode_tokens++;
-            else s->stats.prefill_tokens += k;
-            if (r->n_fed == r->n_tokens) {
-                const size_t at = (size_t)w * (size_t)s->cand.cap;
-                int32_t id = all_greedy ? s->ids[w]
-                             : top_k > 0 && s->cand.count[w] >= 0
-                                 ? g4_generation_sample_candidates(r->gen, s->cand.ids + at, s->cand.vals + at,
-                                                                   s->cand.count[w],
-                                                                   s->extra_vals + s->extra_at[w])
-                                 : g4_generation_sample(r->gen, s->logits + (size_t)w * s->vocab);
-                w++;
-                g4_generation_take(r->gen, id);
-                g4_error e;
-                const int32_t read = g4_generation_finish(r->gen) ? 0 : g4_token_read(m, id, &e);
-                if (read < 0) g4_generation_fail(r->gen, e.msg); /* it cannot be fed: it fails alone */
-                if (g4_generation_finish(r->gen)) {
-                    finish(s, r, G4_FINISH_STOP); /* it has ended: the reason is its own */
-                } else {
-                    r->tokens[r->n_tokens++] = read; /* a generated placeholder has no row: the pad id */
-                    g4_generation_deliver(r->gen);
+            continue;
+        }
+        if (s->plan_h0[i] >= 0) g4_spec_set_h0(r->spec, final + (size_t)s->plan_h0[i] * s->H);
+        if (r->drafting) {
+            verified(s, r, d, w, all_greedy, final);
+            continue;
+        }
+        if (r->n_fed > r->n_prompt && k == 1) s->stats.decode_tokens++;
+        else s->stats.prefill_tokens += k;
+        if (r->n_fed == r->n_tokens) {
+            const size_t at = (size_t)w * (size_t)s->cand.cap;
+            int32_t id = all_greedy ? s->ids[w]
+                         : top_k > 0 && s->cand.count[w] >= 0
+                             ? g4_generation_sample_candidates(r->gen, s->cand.ids + at, s->cand.vals + at,
+                                                               s->cand.count[w],
+                                                               s->extra_vals + s->extra_at[w])
+                             : g4_generation_sample(r->gen, s->logits + (size_t)w * s->vocab);
+            g4_generation_take(r->gen, id);
+            g4_error e;
+            const int32_t read = g4_generation_finish(r->gen) ? 0 : g4_token_read(m, id, &e);
+            if (read < 0) g4_generation_fail(r->gen, e.msg); /* it cannot be fed: it fails alone */
+            if (g4_generation_finish(r->gen)) {
+                finish(s, r, G4_FINISH_STOP); /* it has ended: the reason is its own */
+            } else {
+                r->tokens[r->n_tokens++] = read; /* a generated placeholder has no row: the pad id */
+                if (r->spec) { /* its prompt is read: the first round's drafts */
+                    g4_spec_start(r->spec, r->start, r->n_fed, id, g4_generation_left(r->gen));
+                    r->drafting = 1;
                 }
+                g4_generation_deliver(r->gen);
             }
         }
-        row += k;
     }
     pthread_mutex_lock(&s->lock);
     int left = s->n_running + s->w_count;

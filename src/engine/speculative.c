@@ -159,17 +159,20 @@ void g4_spec_free(g4_spec *s) {
  * this many, and the verification step must fit the context's batch. */
 #define HEURISTIC_MAX_DRAFTS 64
 
-static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
-                           g4_error *err) {
-    if (ctx->scheduler) return g4_fail(err, "the context's sequences belong to its scheduler");
+/* scheduled: a request of the context's scheduler (g4_spec_new_scheduled): no sequence yet (g4_spec_bind), and the
+ * verification's outputs are the scheduler's */
+static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, int scheduled,
+                           g4_spec **out, g4_error *err) {
+    if (ctx->scheduler && !scheduled) return g4_fail(err, "the context's sequences belong to its scheduler");
     g4_spec_params p = {0};
     if (params) p = *params;
     if (ctx->model != d->main) return g4_fail(err, "the context belongs to another model than the drafter's");
-    if (seq < 0 || seq >= ctx->n_seq) return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
+    if (!scheduled && (seq < 0 || seq >= ctx->n_seq))
+        return g4_fail(err, "sequence %d is outside 0..%d", seq, ctx->n_seq - 1);
     if (p.n_draft < 0) return g4_fail(err, "negative number of drafts per round %d", p.n_draft);
     int n_draft = p.n_draft ? p.n_draft : d->n_draft;
-    if (!p.n_draft && d->schedule == G4_SCHEDULE_HEURISTIC) { /* what earlier rounds learned, on another context
-                                                                 perhaps: as many as this one's batch takes */
+    if (scheduled || (!p.n_draft && d->schedule == G4_SCHEDULE_HEURISTIC)) { /* what earlier rounds learned, on
+                                    another context perhaps, or a scheduler's request: as many as the batch takes */
         if (n_draft > ctx->n_batch - 1) n_draft = ctx->n_batch - 1;
     }
     if (n_draft > G4_SAMPLER_REWIND_MAX)
@@ -177,8 +180,12 @@ static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spe
     if (n_draft + 1 > ctx->n_batch)
         return g4_fail(err, "%d drafts per round do not fit the context's batch of %d tokens (a verification runs "
                             "the round's last token and its drafts in one step)", n_draft, ctx->n_batch);
-    /* the first round after a long prefill reads the last Wa + 1 sliding rows; the cache keeps W - 1 + n_batch */
+    /* a drafting reads the last Wa + 1 sliding rows up to the end of the main model's last step (4.3); the cache
+     * keeps W - 1 + history rows before it (a scheduler's steps may be one token) or W - 1 + n_batch */
     const g4_text_config *ac = &d->m->cfg.text, *mc = &d->main->cfg.text;
+    if (scheduled && ac->sliding_window + 2 - mc->sliding_window > ctx->kv.history)
+        return g4_fail(err, "the drafter's sliding window %d needs a context with kv_history of at least %d "
+                            "(g4_drafter_kv_history)", ac->sliding_window, ac->sliding_window + 2 - mc->sliding_window);
     if (ac->sliding_window + 1 > mc->sliding_window - 1 + ctx->n_batch)
         return g4_fail(err, "the drafter's sliding window %d needs a context batch of at least %d", ac->sliding_window,
                        ac->sliding_window + 2 - mc->sliding_window);
@@ -226,24 +233,25 @@ static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spe
 #undef ALLOC
     s->ints_host = malloc((G4_SPEC_TOKENS + 1) * sizeof *s->ints_host);
     s->drafts = malloc((cap + 1) * sizeof *s->drafts);
-    s->vlogits = malloc((cap + 2) * V * sizeof *s->vlogits);
-    if (s->raw_q) s->dlogits = malloc((cap + 1) * V * sizeof *s->dlogits);
     s->probs = malloc(V * sizeof *s->probs);
     s->resid = malloc(V * sizeof *s->resid);
-    s->vids = malloc((cap + 1) * sizeof *s->vids);
-    s->vtoks = malloc((cap + 1) * sizeof *s->vtoks);
-    s->seqs = malloc((size_t)ctx->n_batch * sizeof *s->seqs);
-    s->want = malloc((size_t)ctx->n_batch);
+    if (!scheduled) { /* the verification's outputs and batch */
+        s->vlogits = malloc((cap + 2) * V * sizeof *s->vlogits);
+        if (s->raw_q) s->dlogits = malloc((cap + 1) * V * sizeof *s->dlogits);
+        s->vids = malloc((cap + 1) * sizeof *s->vids);
+        s->vtoks = malloc((cap + 1) * sizeof *s->vtoks);
+        s->seqs = malloc((size_t)ctx->n_batch * sizeof *s->seqs);
+        s->want = malloc((size_t)ctx->n_batch);
+    }
     if (p.n_stop_ids > 0 && (s->stop_ids = malloc((size_t)p.n_stop_ids * sizeof *s->stop_ids)))
         memcpy(s->stop_ids, p.stop_ids, (size_t)p.n_stop_ids * sizeof *s->stop_ids);
     s->n_stop = p.n_stop_ids > 0 ? p.n_stop_ids : 0;
-    if (!ok || !s->ints_host || !s->drafts || !s->vlogits || (s->raw_q && !s->dlogits) || !s->probs || !s->resid ||
-        !s->vids ||
-        !s->vtoks || !s->seqs || !s->want || (s->n_stop && !s->stop_ids)) {
+    if (!ok || !s->ints_host || !s->drafts || !s->probs || !s->resid || (s->n_stop && !s->stop_ids) ||
+        (!scheduled && (!s->vlogits || (s->raw_q && !s->dlogits) || !s->vids || !s->vtoks || !s->seqs || !s->want))) {
         g4_spec_free(s);
         return g4_fail(err, "out of memory for speculative decoding (%d drafts per round)", (int)cap);
     }
-    for (int i = 0; i < ctx->n_batch; i++) s->seqs[i] = seq;
+    for (int i = 0; !scheduled && i < ctx->n_batch; i++) s->seqs[i] = seq;
     *out = s;
     return 0;
 }
@@ -340,12 +348,14 @@ static double softmax_at(const float *x, int n, int i) {
  * rejection, or from p_k. The drafts are argmaxes, so q is a point mass on d_i: a draft is kept with probability
  * p_i(d_i) and a rejection draws from p_n without d_n, which keeps the output distributed as the main model's
  * (transformers 5.17 takes q = softmax of the raw drafter logits instead, which favours the drafts: raw_q).
- * Returns the number kept; *next the token after them; *hist drafts added to smp. */
-static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, int32_t *next, int *hist, g4_error *err) {
+ * vlogits: the verification's rows [k + 1][V]. Returns the number kept; *next the token after them; *hist drafts
+ * added to smp. */
+static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, const float *vlogits, int32_t *next,
+                           int *hist, g4_error *err) {
     const int V = s->ctx->model->cfg.text.vocab_size;
     int n = 0;
     for (; n <= k; n++) {
-        if (g4_sampler_probs(smp, s->vlogits + (size_t)n * V, s->probs) < 0)
+        if (g4_sampler_probs(smp, vlogits + (size_t)n * V, s->probs) < 0)
             return g4_fail(err, "every token of verification row %d is banned", n);
         if (n == k) break;
         const int32_t d = s->drafts[n];
@@ -399,6 +409,74 @@ static int log_round(g4_spec *s, int drafted, int accepted, g4_error *err) {
     return 0;
 }
 
+/* Acceptance of a verification of k drafts (4.5): the longest prefix of drafts the main model agrees with, then
+ * its own token. The rows' picks: vids, their argmax ids (a plain argmax: smp NULL or g4_sampler_is_argmax), or
+ * vlogits, their logits [k + 1][V]. The kept drafts and the token after them go to out; returns how many drafts
+ * were kept, or -1. */
+static int accept_round(g4_spec *s, int k, const int32_t *vids, float *vlogits, g4_sampler *smp, int32_t *out,
+                        g4_error *err) {
+    const int V = s->ctx->model->cfg.text.vocab_size;
+    const int plain = vids != NULL, greedy = plain || !smp || g4_sampler_is_greedy(smp);
+    const int done = k > 0 && is_stop(s, s->drafts[k - 1]);
+    int n = 0, hist = 0;
+    int32_t next = -1;
+    if (greedy) {
+        for (;; n++) {
+            next = plain ? vids[n] : g4_sampler_sample(smp, vlogits + (size_t)n * V);
+            if (next < 0) {
+                g4_sampler_rewind(smp, hist);
+                return g4_fail(err, "every token of verification row %d is banned", n);
+            }
+            if (n == k || next != s->drafts[n]) break;
+            if (!plain) {
+                g4_sampler_accept(smp, next);
+                hist++;
+            }
+        }
+        if (done && n == k) next = s->drafts[--n]; /* the last draft ends generation: no bonus token */
+    } else {
+        n = verify_sampling(s, smp, k, done, vlogits, &next, &hist, err);
+    }
+    if (smp) g4_sampler_rewind(smp, hist);
+    if (n < 0) return -1;
+    memcpy(out, s->drafts, (size_t)n * sizeof *out);
+    out[n] = next;
+    if (log_round(s, k, n, err)) return -1;
+    return n;
+}
+
+/* After a verification of `last` (at c - 1) and k drafts of which n were kept, then `next`: the next round's state.
+ * final_row (backend memory) is the main model's state that produced `next` (4.6); the next round's drafts are made
+ * from the rows as the verification left them (4.7), at most `left` - 1 (the tokens the generation may still take
+ * after this round's), then the rejected rows are rolled back: the sequence holds everything but `next`. */
+static int next_round(g4_spec *s, const float *final_row, int c, int k, int n, int32_t next, int left, g4_error *err) {
+    g4_context *ctx = s->ctx;
+    g4_backend *be = ctx->model->be;
+    OPS->copy(be, s->h0, final_row, (size_t)ctx->model->cfg.text.hidden_size * sizeof(float));
+    if (s->d->schedule != G4_SCHEDULE_CONSTANT) { /* 1.2: HF's update_candidate_strategy */
+        int na = n == k ? s->n_draft + 2 : s->n_draft - 1 > 1 ? s->n_draft - 1 : 1;
+        s->n_draft = na < s->cap ? na : s->cap;
+        if (s->d->schedule == G4_SCHEDULE_HEURISTIC) s->d->n_draft = s->n_draft;
+    }
+    s->q0 = c - 1;
+    s->q1 = c + k;
+    const int c2 = c + n + 1;
+    int k2 = s->n_draft < left - 1 ? s->n_draft : left - 1;
+    if (k2 > ctx->n_ctx - c2) k2 = ctx->n_ctx - c2;
+    s->n_pending = -1;
+    if (k2 > 0 && !is_stop(s, next)) {
+        g4_error derr; /* (a failed draft is none: the next round drafts again and reports it) */
+        s->n_pending = draft(s, next, c2, k2, &derr);
+        s->pending_after = next;
+    }
+    /* the verification kept the history of a step ending at c (tentative, or a scheduler's cache: kv_history -1
+     * keeps what a step from c - 1 reads), so the roll-back is always possible and leaves the sliding pool as a plain
+     * run's (kv_cache.h) */
+    if (g4_seq_truncate(ctx, s->seq, c2 - 1, err)) return -1;
+    s->q0 = s->q1 = c2 - 1;
+    return 0;
+}
+
 static int spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out,
                              g4_error *err) {
     g4_context *ctx = s->ctx;
@@ -435,58 +513,11 @@ static int spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *s
         OPS->sync(be);
     }
 
-    /* acceptance (4.5): the longest prefix of drafts the main model agrees with, then its own token */
-    const int done = k > 0 && is_stop(s, s->drafts[k - 1]);
-    int n = 0, hist = 0;
-    int32_t next = -1;
-    if (greedy) {
-        for (;; n++) {
-            next = plain ? s->vids[n] : g4_sampler_sample(smp, s->vlogits + (size_t)n * V);
-            if (next < 0) {
-                g4_sampler_rewind(smp, hist);
-                return g4_fail(err, "every token of verification row %d is banned", n);
-            }
-            if (n == k || next != s->drafts[n]) break;
-            if (!plain) {
-                g4_sampler_accept(smp, next);
-                hist++;
-            }
-        }
-        if (done && n == k) next = s->drafts[--n]; /* the last draft ends generation: no bonus token */
-    } else {
-        n = verify_sampling(s, smp, k, done, &next, &hist, err);
-    }
-    if (smp) g4_sampler_rewind(smp, hist);
+    /* acceptance (4.5), then the next round's state */
+    const int n = accept_round(s, k, plain ? s->vids : NULL, plain ? NULL : s->vlogits, smp, out, err);
     if (n < 0) return -1;
-    memcpy(out, s->drafts, (size_t)n * sizeof *out);
-    out[n] = next;
     *n_out = n + 1;
-    if (log_round(s, k, n, err)) return -1;
-    /* the main model's state that produced `next` starts the next round (4.6) */
-    OPS->copy(be, s->h0, g4_step_final_rows(ctx) + (size_t)n * H, (size_t)H * sizeof(float));
-    if (s->d->schedule != G4_SCHEDULE_CONSTANT) { /* 1.2: HF's update_candidate_strategy */
-        int na = n == k ? s->n_draft + 2 : s->n_draft - 1 > 1 ? s->n_draft - 1 : 1;
-        s->n_draft = na < s->cap ? na : s->cap;
-        if (s->d->schedule == G4_SCHEDULE_HEURISTIC) s->d->n_draft = s->n_draft;
-    }
-
-    /* the next round's drafts, from the rows as this verification left them (before the roll-back, 4.7) */
-    s->q0 = c - 1;
-    s->q1 = c + k;
-    const int c2 = c + n + 1, left = budget - n - 1;
-    int k2 = s->n_draft < left - 1 ? s->n_draft : left - 1;
-    if (k2 > ctx->n_ctx - c2) k2 = ctx->n_ctx - c2;
-    if (k2 > 0 && !is_stop(s, next)) {
-        g4_error derr; /* (a failed draft is none: the next round drafts again and reports it) */
-        s->n_pending = draft(s, next, c2, k2, &derr);
-        s->pending_after = next;
-    }
-    /* roll back the rejected rows: the sequence holds everything but `next`; the verification kept the history
-     * of a step ending at c (tentative), so the roll-back is always possible and leaves the sliding pool as a
-     * plain run's (kv_cache.h) */
-    if (g4_seq_truncate(ctx, s->seq, c2 - 1, err)) return -1;
-    s->q0 = s->q1 = c2 - 1;
-    return 0;
+    return next_round(s, g4_step_final_rows(ctx) + (size_t)n * H, c, k, n, out[n], budget - n - 1, err);
 }
 
 void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted, int *n) {
@@ -554,7 +585,71 @@ int g4_spec_new(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *p
     G4_ARG(ctx, err);
     G4_ARG(d, err);
     pthread_mutex_lock(&ctx->model->backend_lock);
-    int rc = spec_new_locked(ctx, seq, d, params, out, err);
+    int rc = spec_new_locked(ctx, seq, d, params, 0, out, err);
     pthread_mutex_unlock(&ctx->model->backend_lock);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ for the scheduler */
+
+int g4_drafter_kv_history(const g4_drafter *d) {
+    if (!d) return -1;
+    const int need = d->m->cfg.text.sliding_window + 2 - d->main->cfg.text.sliding_window;
+    return need > 0 ? need : -1;
+}
+
+int g4_spec_new_scheduled(g4_context *ctx, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
+                          g4_error *err) {
+    *out = NULL;
+    pthread_mutex_lock(&ctx->model->backend_lock);
+    int rc = spec_new_locked(ctx, -1, d, params, 1, out, err);
+    pthread_mutex_unlock(&ctx->model->backend_lock);
+    if (rc == 0) (*out)->seq = -1;
+    return rc;
+}
+
+void g4_spec_bind(g4_spec *s, int seq) {
+    s->seq = seq;
+    s->ready = 0;
+    s->n_pending = -1;
+}
+
+int g4_spec_pending(const g4_spec *s) { return s->ready && s->n_pending > 0 ? s->n_pending : 0; }
+const int32_t *g4_spec_drafts(const g4_spec *s) { return s->drafts; }
+
+void g4_spec_set_h0(g4_spec *s, const float *final_row) {
+    g4_backend *be = s->d->m->be;
+    pthread_mutex_lock(&s->ctx->model->backend_lock);
+    OPS->copy(be, s->h0, final_row, (size_t)s->ctx->model->cfg.text.hidden_size * sizeof(float));
+    pthread_mutex_unlock(&s->ctx->model->backend_lock);
+}
+
+void g4_spec_start(g4_spec *s, int q0, int q1, int32_t next, int left) {
+    g4_context *ctx = s->ctx;
+    s->q0 = q0;
+    s->q1 = q1;
+    s->ready = 1;
+    s->n_pending = -1;
+    const int c = q1 + 1;
+    int k = s->n_draft < left - 1 ? s->n_draft : left - 1;
+    if (k > ctx->n_ctx - c) k = ctx->n_ctx - c;
+    if (k <= 0 || is_stop(s, next)) return;
+    g4_error derr; /* (a failed draft is none) */
+    pthread_mutex_lock(&ctx->model->backend_lock);
+    s->n_pending = draft(s, next, c, k, &derr);
+    s->pending_after = next;
+    pthread_mutex_unlock(&ctx->model->backend_lock);
+}
+
+int g4_spec_verified(g4_spec *s, int k, const int32_t *vids, float *vlogits, g4_sampler *smp, int32_t *out,
+                     g4_error *err) {
+    s->n_pending = -1;
+    return accept_round(s, k, vids, vlogits, smp, out, err);
+}
+
+int g4_spec_next(g4_spec *s, const float *final_row, int k, int n, int32_t next, int left, g4_error *err) {
+    pthread_mutex_lock(&s->ctx->model->backend_lock);
+    int rc = next_round(s, final_row, s->q1 + 1, k, n, next, left, err);
+    pthread_mutex_unlock(&s->ctx->model->backend_lock);
     return rc;
 }

@@ -92,4 +92,30 @@ void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *row
 int g4_spec_prefill_embd(g4_spec *s, const int32_t *prompt, int n_prompt, const float *embd, float *logits,
                          g4_error *err);
 
+/* A request of a context's scheduler (scheduler.c): its drafts are verified in the scheduler's batch steps, which
+ * hand the outputs here. The scheduler's cache keeps only kv_history rows beyond what a step reads, so the context
+ * needs g4_drafter_kv_history(d). */
+int g4_spec_new_scheduled(g4_context *ctx, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
+                          g4_error *err);
+/* The request runs on sequence seq from now (admitted again after a preemption: drafting waits for g4_spec_start). */
+void g4_spec_bind(g4_spec *s, int seq);
+/* The drafts waiting for the request's newest token (0: none; they are verified in its next step) and where. */
+int g4_spec_pending(const g4_spec *s);
+const int32_t *g4_spec_drafts(const g4_spec *s);
+/* The state the first round starts from: the final-normed row of the prompt's first position fed (4.2, row 0 of
+ * the prefill; final_row in backend memory, valid until the next step). */
+void g4_spec_set_h0(g4_spec *s, const float *final_row);
+/* The request read positions q0 .. q1-1 since its admission and sampled `next`: the first round's drafts (at most
+ * left - 1: the tokens the generation may still take). */
+void g4_spec_start(g4_spec *s, int q0, int q1, int32_t next, int left);
+/* A verification step of the newest token and its first k drafts (the scheduler's rows: argmax ids vids, or logits
+ * vlogits [k + 1][V] for smp): the kept drafts and the token after them go to out; returns how many drafts were
+ * kept, or -1. */
+int g4_spec_verified(g4_spec *s, int k, const int32_t *vids, float *vlogits, g4_sampler *smp, int32_t *out,
+                     g4_error *err);
+/* Then, unless the generation ended on them: the next round's drafts and the roll-back of the rejected rows
+ * (final_row: the verification's row n, the state that produced `next`; left: the tokens the generation may still
+ * take). */
+int g4_spec_next(g4_spec *s, const float *final_row, int k, int n, int32_t next, int left, g4_error *err);
+
 #endif

@@ -11,6 +11,8 @@
 
 struct srv_engine {
     g4_model *model;
+    g4_drafter *drafter; /* speculative decoding of the generations that can take it (NULL: none) */
+    int n_draft;
     g4_context *ctx;
     g4_scheduler *sched;
     int n_seq, n_ctx, hidden;
@@ -29,6 +31,7 @@ struct srv_engine {
     int kv_total, kv_used;
     long long prompt_tokens, cached_tokens, generated_tokens;
     long long steps;                 /* the scheduler's batch steps */
+    long long draft_tokens, accepted_tokens; /* drafts verified, of which kept */
     double step_s, model_s, busy_s;  /* in those steps; of which in the model; the worker's time with work */
 };
 
@@ -275,6 +278,7 @@ static void *worker(void *arg) {
         e->n_running = st.running;
         e->kv_used = e->kv_total - g4_kv_free_blocks(e->ctx);
         e->steps = st.steps, e->step_s = st.step_seconds, e->model_s = st.model_seconds;
+        e->draft_tokens = st.draft_tokens, e->accepted_tokens = st.accepted_tokens;
         e->busy_s += now_s() - t_busy;
         pthread_mutex_unlock(&e->mu);
     }
@@ -287,23 +291,26 @@ static void *worker(void *arg) {
 
 /* The engine's context: on a GPU, steps of up to 2048 tokens (prompts read in fewer, larger products; H200, E2B,
  * 100 requests of 128 tokens at once: output tok/s 7015-7875 -> 8556-8897 against 512); on the CPU the library's
- * default, or an image's soft tokens where they are more (an image is read in one step). Nothing is rolled back
- * under a scheduler: no sliding-window history is kept. */
-static g4_context_params context_params(const g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type) {
+ * default, or an image's soft tokens where they are more (an image is read in one step). A scheduler rolls back
+ * only a verification's rejected drafts: no sliding-window history is kept but the rows a drafter reads
+ * (g4_drafter_kv_history). */
+static g4_context_params context_params(const g4_model *model, const g4_drafter *drafter, int n_seq, int n_ctx,
+                                        g4_kv_type kv_type) {
     const int gpu = strcmp(g4_model_device(model), "cpu") != 0;
     const int image = g4_image_max_tokens(model, 0);
     g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = n_ctx, .n_batch = gpu ? 2048 : image > 512 ? image : 0,
-                            .kv_history = -1, .kv_type = kv_type};
+                            .kv_history = drafter ? g4_drafter_kv_history(drafter) : -1, .kv_type = kv_type};
     if (gpu && image > 2048) cp.n_batch = image;
     return cp;
 }
 
-int srv_engine_auto_parallel(const g4_model *model, int n_ctx, g4_kv_type kv_type, char *note, size_t note_size) {
+int srv_engine_auto_parallel(const g4_model *model, const g4_drafter *drafter, int n_ctx, g4_kv_type kv_type, char *note,
+                             size_t note_size) {
     snprintf(note, note_size, "the CPU's default");
     if (!strcmp(g4_model_device(model), "cpu")) return SRV_CPU_PARALLEL;
     g4_error err;
     size_t free_b = 0, total = 0, kv = 0;
-    const g4_context_params cp = context_params(model, 1, n_ctx, kv_type);
+    const g4_context_params cp = context_params(model, drafter, 1, n_ctx, kv_type);
     const int n = g4_context_fit_sequences(model, &cp, SRV_GPU_PARALLEL_MAX, &kv, &err);
     if (n < 0 || g4_model_memory(model, &free_b, &total, &err)) {
         snprintf(note, note_size, "%s", err.msg);
@@ -314,12 +321,12 @@ int srv_engine_auto_parallel(const g4_model *model, int n_ctx, g4_kv_type kv_typ
     return n;
 }
 
-int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, int max_queue, srv_job_fn on_finished, void *user,
-                   srv_engine **out, g4_error *err) {
+int srv_engine_new(g4_model *model, g4_drafter *drafter, int n_draft, int n_seq, int n_ctx, g4_kv_type kv_type,
+                   int max_queue, srv_job_fn on_finished, void *user, srv_engine **out, g4_error *err) {
     *out = NULL;
     srv_engine *e = calloc(1, sizeof *e);
     if (!e) return g4_fail(err, "out of memory");
-    g4_context_params cp = context_params(model, n_seq, n_ctx, kv_type);
+    g4_context_params cp = context_params(model, drafter, n_seq, n_ctx, kv_type);
     if (g4_context_new(model, &cp, &e->ctx, err)) {
         free(e);
         return -1;
@@ -330,6 +337,8 @@ int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, in
         return -1;
     }
     e->model = model;
+    e->drafter = drafter;
+    e->n_draft = n_draft;
     e->n_seq = n_seq;
     e->n_ctx = g4_context_n_ctx(e->ctx);
     e->hidden = g4_model_hidden_size(model);
@@ -384,6 +393,10 @@ int srv_engine_submit(srv_engine *e, srv_group *g, g4_error *err) {
         j->engine = e;
         j->t_submit = t;
         j->gp.sampling = &j->sp;
+        if (e->drafter && !j->embed && !j->gp.logprobs && !j->gp.json_object && !j->gp.grammar) {
+            j->gp.drafter = e->drafter; /* (log-probabilities and constrained output decode one token a step) */
+            j->gp.n_draft = e->n_draft;
+        }
         j->next_waiting = NULL;
         if (e->new_tail) e->new_tail->next_waiting = j;
         else e->new_head = j;
@@ -399,6 +412,6 @@ void srv_engine_stats_get(srv_engine *e, srv_engine_stats *out) {
     pthread_mutex_lock(&e->mu);
     *out = (srv_engine_stats){e->n_unfinished - e->n_running, e->n_running, e->kv_used, e->kv_total,
                               e->prompt_tokens, e->cached_tokens, e->generated_tokens,
-                              e->steps, e->step_s, e->model_s, e->busy_s};
+                              e->steps, e->step_s, e->model_s, e->busy_s, e->draft_tokens, e->accepted_tokens};
     pthread_mutex_unlock(&e->mu);
 }

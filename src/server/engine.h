@@ -95,6 +95,7 @@ typedef struct srv_engine_stats {
     double step_seconds;  /* wall time in them */
     double model_seconds; /* of which in the model (forward pass and on-device sampling) */
     double busy_seconds;  /* the worker's time with requests: steps, and handing new requests over */
+    long long draft_tokens, accepted_tokens; /* speculative decoding: drafts verified, of which kept */
 } srv_engine_stats;
 
 /* on_finished (may be NULL) is called on the worker for each job that ends, outside any lock. */
@@ -104,9 +105,12 @@ typedef void (*srv_job_fn)(const srv_job *job, void *user);
  * sequences as the free memory holds the KV cache of, n_ctx positions each, at most SRV_GPU_PARALLEL_MAX
  * (g4_context_fit_sequences). note: one line saying how it was sized. */
 enum { SRV_CPU_PARALLEL = 4, SRV_GPU_PARALLEL_MAX = 128 };
-int srv_engine_auto_parallel(const g4_model *model, int n_ctx, g4_kv_type kv_type, char *note, size_t note_size);
-int srv_engine_new(g4_model *model, int n_seq, int n_ctx, g4_kv_type kv_type, int max_queue, srv_job_fn on_finished, void *user,
-                   srv_engine **out, g4_error *err);
+int srv_engine_auto_parallel(const g4_model *model, const g4_drafter *drafter, int n_ctx, g4_kv_type kv_type, char *note,
+                             size_t note_size);
+/* drafter (NULL: none; it outlives the engine): speculative decoding, n_draft drafts per round (0: its default), for
+ * every generation but those with log-probabilities or constrained output. */
+int srv_engine_new(g4_model *model, g4_drafter *drafter, int n_draft, int n_seq, int n_ctx, g4_kv_type kv_type,
+                   int max_queue, srv_job_fn on_finished, void *user, srv_engine **out, g4_error *err);
 /* Cancels whatever is left, stops the worker, frees the context. */
 void srv_engine_free(srv_engine *e);
 int srv_engine_n_ctx(const srv_engine *e);

@@ -75,6 +75,9 @@ char *srv_metrics_text(srv_metrics *m, const srv_engine_stats *st) {
     single(&t, "gemma4c_generated_tokens_total", "counter", "Tokens generated.", st->generated_tokens);
     single(&t, "gemma4c_batch_steps_total", "counter", "Batch steps run (each feeds every running request).",
            st->steps);
+    single(&t, "gemma4c_draft_tokens_total", "counter", "Drafted tokens verified (serve --draft).", st->draft_tokens);
+    single(&t, "gemma4c_draft_tokens_accepted_total", "counter", "Of the drafted tokens verified, those kept.",
+           st->accepted_tokens);
     seconds(&t, "gemma4c_batch_step_seconds_total", "Wall time in batch steps.", st->step_seconds);
     seconds(&t, "gemma4c_model_seconds_total",
             "Of the batch steps' time, the time in the model's forward pass and on-device sampling.", st->model_seconds);

@@ -419,8 +419,14 @@ int srv_main(const srv_options *o) {
     }
     const g4_kv_type kv = o->kv_type >= 0 ? (g4_kv_type)o->kv_type : g4_model_kv_type_preferred(s->model);
     char sized[256] = "";
-    const int parallel = o->parallel ? o->parallel : srv_engine_auto_parallel(s->model, n_ctx, kv, sized, sizeof sized);
-    if (srv_engine_new(s->model, parallel, n_ctx, kv, o->max_queue, on_job_finished, s, &s->engine, &err)) {
+    if (o->draft && g4_drafter_load(o->draft, s->model, &s->drafter, &err)) {
+        fprintf(stderr, "gemma4c: %s\n", err.msg);
+        goto done;
+    }
+    const int parallel =
+        o->parallel ? o->parallel : srv_engine_auto_parallel(s->model, s->drafter, n_ctx, kv, sized, sizeof sized);
+    if (srv_engine_new(s->model, s->drafter, o->n_draft, parallel, n_ctx, kv, o->max_queue, on_job_finished, s,
+                       &s->engine, &err)) {
         fprintf(stderr, "gemma4c: %s\n", err.msg);
         goto done;
     }
@@ -449,9 +455,10 @@ int srv_main(const srv_options *o) {
         fprintf(stderr, "gemma4c: serve: cannot listen on %s port %d: %s\n", o->host, o->port, strerror(errno));
         goto done;
     }
-    fprintf(stderr, "gemma4c serve: %s on http://%s%s%s:%d (parallel %d%s%s%s, context %d)\n", s->model_id,
+    fprintf(stderr, "gemma4c serve: %s on http://%s%s%s:%d (parallel %d%s%s%s, context %d%s%s)\n", s->model_id,
             ipv6 ? "[" : "", o->host, ipv6 ? "]" : "", bound_port(d), parallel, *sized ? ": " : "", sized,
-            *sized ? "; --parallel sets it" : "", srv_engine_n_ctx(s->engine));
+            *sized ? "; --parallel sets it" : "", srv_engine_n_ctx(s->engine), s->drafter ? ", drafter " : "",
+            s->drafter ? o->draft : "");
     watching = pthread_create(&watch, NULL, deadline_watch, s) == 0;
     if (!watching) fprintf(stderr, "gemma4c serve: no request deadline (cannot start its thread)\n");
 
@@ -482,6 +489,7 @@ done:
     if (watching) pthread_join(watch, NULL);
     if (d) MHD_stop_daemon(d);
     srv_engine_free(s->engine);
+    g4_drafter_free(s->drafter);
     g4_model_free(s->model);
     srv_metrics_destroy(&s->metrics);
     pthread_mutex_destroy(&s->socks_lock);

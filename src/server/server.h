@@ -14,6 +14,8 @@ typedef struct srv_options {
     const char *device;       /* NULL: automatic */
     int bf16_activations;     /* g4_load_params.bf16_activations (--bf16-act) */
     const char *mmproj;       /* g4_load_params.mmproj (--mmproj FILE) */
+    const char *draft;        /* a drafter (--draft DIR|FILE): speculative decoding; NULL: none */
+    int n_draft;              /* drafts per round (--draft-n; 0: the drafter's default) */
     int kv_type;              /* a g4_kv_type (--kv); -1: g4_model_kv_type_preferred */
     int n_threads;            /* 0: all cores */
     int parallel;             /* sequences served at once (0: sized by the memory, srv_engine_auto_parallel) */

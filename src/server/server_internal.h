@@ -29,6 +29,7 @@ typedef struct srv_state {
     pthread_mutex_t socks_lock;
     srv_sock *socks;               /* the open connections */
     g4_model *model;
+    g4_drafter *drafter; /* --draft, or NULL */
     const g4_tokenizer *tok;       /* NULL: ids only */
     const g4_chat_template *tpl;   /* NULL: no chat */
     char model_id[256];
