@@ -72,9 +72,11 @@ struct g4_generation {
                                  buffers for the largest k */
     int32_t *extra_id;        /* [G4_TOP_K_MAX] the sampler's modified ids of the step */
     int32_t *seqs;            /* [n_batch] all `seq` */
-    g4_spec *spec;            /* with a drafter (a scheduled generation's: made by the scheduler) */
-    g4_drafter *drafter;      /* scheduled: params.drafter, params.n_draft */
+    g4_spec *spec;            /* with a drafter */
+    g4_drafter *drafter;      /* scheduled: params.drafter, params.n_draft (the scheduler's g4_spec verifies its drafts,
+                                 rounds: what it kept) */
     int n_draft;
+    g4_round_log rounds;
     int32_t *round;           /* [drafts per round + 1] a round's tokens */
     uint8_t *want;            /* [n_batch] */
     int logprobs, n_top;      /* params.logprobs, top_logprobs */
@@ -401,7 +403,11 @@ void g4_generation_rounds(const g4_generation *g, const int **drafted, const int
     if (!n) n = &n_unused;
     *drafted = *accepted = NULL;
     *n = 0;
-    if (g && g->spec) g4_spec_rounds(g->spec, drafted, accepted, n);
+    if (g && g->spec) {
+        g4_spec_rounds(g->spec, drafted, accepted, n);
+    } else if (g) {
+        *drafted = g->rounds.drafted, *accepted = g->rounds.accepted, *n = g->rounds.n;
+    }
 }
 
 int g4_generation_message(const g4_generation *g, g4_chat_message *out, g4_error *err) {
@@ -441,6 +447,7 @@ void g4_generation_free(g4_generation *g) {
     free(g->seqs);
     free(g->want);
     g4_spec_free(g->spec);
+    g4_round_log_free(&g->rounds);
     free(g->round);
     free(g->q);
     g4_strbuf_free(&g->q_text);
@@ -714,7 +721,10 @@ g4_drafter *g4_generation_drafter(const g4_generation *g, g4_spec_params *p) {
     *p = (g4_spec_params){.n_draft = g->n_draft, .stop_ids = g->stop_ids, .n_stop_ids = g->n_stop_ids};
     return g->drafter;
 }
-void g4_generation_set_spec(g4_generation *g, g4_spec *spec) { g->spec = spec; }
+void g4_generation_add_round(g4_generation *g, int drafted, int accepted) {
+    g4_error e; /* (out of memory: the round is not recorded) */
+    g4_round_log_add(&g->rounds, drafted, accepted, &e);
+}
 g4_sampler *g4_generation_sampler(g4_generation *g) { return g->sampler; }
 int g4_generation_is_argmax(const g4_generation *g) { return g->greedy; }
 int g4_generation_candidates_k(const g4_generation *g) {

@@ -19,10 +19,10 @@ int g4_generation_new_scheduled(const g4_model *m, int n_ctx, const int32_t *pro
 int g4_generation_max_new(const g4_generation *g);
 /* Tokens it may still take (its limit less those it took). */
 int g4_generation_left(const g4_generation *g);
-/* Its drafter (NULL: none) and the parameters of its speculative state (drafts per round, stop ids), which the
- * scheduler makes and hands back: the generation owns it (g4_generation_rounds). */
+/* Its drafter (NULL: none) and the parameters of the speculative state the scheduler makes for it (drafts per
+ * round, stop ids); the drafts and kept drafts of each round it verified (g4_generation_rounds). */
 g4_drafter *g4_generation_drafter(const g4_generation *g, g4_spec_params *p);
-void g4_generation_set_spec(g4_generation *g, g4_spec *spec);
+void g4_generation_add_round(g4_generation *g, int drafted, int accepted);
 g4_sampler *g4_generation_sampler(g4_generation *g);
 int g4_generation_is_argmax(const g4_generation *g);
 int g4_generation_cancelled(const g4_generation *g);

@@ -65,7 +65,7 @@ typedef struct request {
     int admitted;    /* it has run (a preempted one waits again) */
     int start;       /* the first position it fed since its admission */
     int drafting;    /* with a drafter: its prompt is read since its admission, its steps are verifications */
-    g4_spec *spec;   /* speculative decoding (its generation's drafter; the generation owns it), or NULL */
+    g4_spec *spec;   /* while on a sequence, with a drafter: speculative decoding (made at admission), or NULL */
     double *sum;     /* embed: the running sum of the final hidden states */
 } request;
 
@@ -188,14 +188,10 @@ static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generatio
         return -1;
     g4_spec_params spp;
     g4_drafter *d = embed ? NULL : g4_generation_drafter(g, &spp);
-    g4_spec *spec = NULL;
-    if (d) { /* the generation owns it from here */
-        if (g4_spec_new_scheduled(s->ctx, d, &spp, &spec, err)) {
-            g4_generation_release(g);
-            g4_generation_free(g);
-            return -1;
-        }
-        g4_generation_set_spec(g, spec);
+    if (d && g4_spec_check_scheduled(s->ctx, d, &spp, err)) { /* (its state is made at admission) */
+        g4_generation_release(g);
+        g4_generation_free(g);
+        return -1;
     }
     ids = g4_generation_prompt(g, &n); /* with images and audio: expanded */
     const float *embd = g4_generation_embd(g);
@@ -230,7 +226,6 @@ static int submit(g4_scheduler *s, const int32_t *ids, int n, const g4_generatio
         r->tokens[i] = embd ? ids[i] : read;
     }
     r->embd = embd;
-    r->spec = spec;
     r->n_prompt = r->n_tokens = n;
     r->cap = cap;
     r->seq = -1;
@@ -394,7 +389,10 @@ static void admit(g4_scheduler *s, request *r, int q, int reused) {
     r->seq = q;
     r->n_fed = r->start = reused;
     r->drafting = 0;
-    if (r->spec) g4_spec_bind(r->spec, q);
+    g4_spec_params spp;
+    g4_drafter *d = r->embed ? NULL : g4_generation_drafter(r->gen, &spp);
+    g4_error e; /* (out of memory for its state: it decodes without drafts) */
+    if (d && g4_spec_new_scheduled(s->ctx, d, &spp, &r->spec, &e) == 0) g4_spec_bind(r->spec, q);
     s->stats.reused_tokens += reused;
     if (!r->admitted) g4_generation_set_cached(r->gen, reused);
     r->admitted = 1;
@@ -403,6 +401,8 @@ static void admit(g4_scheduler *s, request *r, int q, int reused) {
 /* Takes r out of the running set; its sequence's blocks go back to the pools (hashed ones stay cached). */
 static void release(g4_scheduler *s, request *r) {
     if (r->seq < 0) return;
+    g4_spec_free(r->spec);
+    r->spec = NULL;
     g4_seq_reset(s->ctx, r->seq);
     s->running[r->seq] = NULL;
     int i = 0;
@@ -618,6 +618,7 @@ static void verified(g4_scheduler *s, request *r, int d, int w, int greedy_step,
     }
     s->stats.draft_tokens += d;
     s->stats.accepted_tokens += n;
+    g4_generation_add_round(r->gen, d, n);
     s->stats.decode_tokens += n + 1;
     for (int j = 0; j <= n && !g4_generation_finish(r->gen); j++) g4_generation_take(r->gen, s->round[j]);
     /* the kept drafts were fed (as the model reads them); the next token is fed by the next step */

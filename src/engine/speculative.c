@@ -149,8 +149,7 @@ void g4_spec_free(g4_spec *s) {
     free(s->vtoks);
     free(s->seqs);
     free(s->want);
-    free(s->log_drafted);
-    free(s->log_accepted);
+    g4_round_log_free(&s->log);
     pthread_mutex_unlock(&main->backend_lock);
     free(s);
 }
@@ -159,10 +158,9 @@ void g4_spec_free(g4_spec *s) {
  * this many, and the verification step must fit the context's batch. */
 #define HEURISTIC_MAX_DRAFTS 64
 
-/* scheduled: a request of the context's scheduler (g4_spec_new_scheduled): no sequence yet (g4_spec_bind), and the
- * verification's outputs are the scheduler's */
-static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, int scheduled,
-                           g4_spec **out, g4_error *err) {
+/* The drafts per round of a new state, or -1 when it cannot be made (see spec_new_locked). */
+static int spec_check(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, int scheduled,
+                      g4_error *err) {
     if (ctx->scheduler && !scheduled) return g4_fail(err, "the context's sequences belong to its scheduler");
     g4_spec_params p = {0};
     if (params) p = *params;
@@ -189,6 +187,18 @@ static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spe
     if (ac->sliding_window + 1 > mc->sliding_window - 1 + ctx->n_batch)
         return g4_fail(err, "the drafter's sliding window %d needs a context batch of at least %d", ac->sliding_window,
                        ac->sliding_window + 2 - mc->sliding_window);
+    return n_draft;
+}
+
+/* scheduled: a request of the context's scheduler (g4_spec_new_scheduled): no sequence yet (g4_spec_bind), the
+ * verification's outputs are the scheduler's, and only the last draft step's logits are kept */
+static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spec_params *params, int scheduled,
+                           g4_spec **out, g4_error *err) {
+    const int n_draft = spec_check(ctx, seq, d, params, scheduled, err);
+    if (n_draft < 0) return -1;
+    g4_spec_params p = {0};
+    if (params) p = *params;
+    const g4_text_config *ac = &d->m->cfg.text, *mc = &d->main->cfg.text;
     g4_spec *s = calloc(1, sizeof *s);
     if (!s) return g4_fail(err, "out of memory");
     s->ctx = ctx;
@@ -203,7 +213,8 @@ static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spe
     s->n_pending = -1;
     s->cancelled = p.cancelled;
     s->cancelled_user = p.cancelled_user;
-    s->raw_q = p.raw_q;
+    s->raw_q = !scheduled && p.raw_q;
+    s->scheduled = scheduled;
     g4_backend *be = d->m->be;
     const size_t Hb = (size_t)mc->hidden_size, Ha = (size_t)ac->hidden_size, V = (size_t)mc->vocab_size;
     const size_t cap = (size_t)s->cap;
@@ -225,7 +236,7 @@ static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spe
     ALLOC(gate, imax);
     ALLOC(up, imax);
     ALLOC(h0, Hb);
-    ALLOC(logits, (cap ? cap : 1) * V);
+    ALLOC(logits, (cap && !scheduled ? cap : 1) * V);
     ALLOC(ints, (size_t)G4_SPEC_TOKENS + cap + 1);
     if (d->m->cfg.asst.use_ordered_embeddings) ALLOC(cl, (size_t)d->m->cfg.asst.num_centroids);
     for (int t = 0; t < G4_LAYER_TYPES; t++)
@@ -306,7 +317,7 @@ static int spec_prefill_locked(g4_spec *s, const int32_t *prompt, int n_prompt, 
     if (n_prompt <= 0) return g4_fail(err, "empty prompt");
     s->ready = 0;
     s->n_pending = -1;
-    s->n_rounds = 0;
+    s->log.n = 0;
     const int start = g4_seq_length(ctx, s->seq);
     for (int i = 0, n; i < n_prompt; i += n) {
         /* steps as plain decoding takes them: an image's soft tokens in one step */
@@ -394,19 +405,25 @@ static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, const f
     return n;
 }
 
-static int log_round(g4_spec *s, int drafted, int accepted, g4_error *err) {
-    if (s->n_rounds == s->log_cap) {
-        int cap = s->log_cap ? 2 * s->log_cap : 64;
-        int *a = realloc(s->log_drafted, (size_t)cap * sizeof *a);
-        if (a) s->log_drafted = a;
-        int *b = a ? realloc(s->log_accepted, (size_t)cap * sizeof *b) : NULL;
-        if (b) s->log_accepted = b;
+int g4_round_log_add(g4_round_log *l, int drafted, int accepted, g4_error *err) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        int *a = realloc(l->drafted, (size_t)cap * sizeof *a);
+        if (a) l->drafted = a;
+        int *b = a ? realloc(l->accepted, (size_t)cap * sizeof *b) : NULL;
+        if (b) l->accepted = b;
         if (!a || !b) return g4_fail(err, "out of memory");
-        s->log_cap = cap;
+        l->cap = cap;
     }
-    s->log_drafted[s->n_rounds] = drafted;
-    s->log_accepted[s->n_rounds++] = accepted;
+    l->drafted[l->n] = drafted;
+    l->accepted[l->n++] = accepted;
     return 0;
+}
+
+void g4_round_log_free(g4_round_log *l) {
+    free(l->drafted);
+    free(l->accepted);
+    memset(l, 0, sizeof *l);
 }
 
 /* Acceptance of a verification of k drafts (4.5): the longest prefix of drafts the main model agrees with, then
@@ -441,7 +458,7 @@ static int accept_round(g4_spec *s, int k, const int32_t *vids, float *vlogits, 
     if (n < 0) return -1;
     memcpy(out, s->drafts, (size_t)n * sizeof *out);
     out[n] = next;
-    if (log_round(s, k, n, err)) return -1;
+    if (g4_round_log_add(&s->log, k, n, err)) return -1;
     return n;
 }
 
@@ -521,9 +538,9 @@ static int spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *s
 }
 
 void g4_spec_rounds(const g4_spec *s, const int **drafted, const int **accepted, int *n) {
-    if (drafted) *drafted = s ? s->log_drafted : NULL;
-    if (accepted) *accepted = s ? s->log_accepted : NULL;
-    if (n) *n = s ? s->n_rounds : 0;
+    if (drafted) *drafted = s ? s->log.drafted : NULL;
+    if (accepted) *accepted = s ? s->log.accepted : NULL;
+    if (n) *n = s ? s->log.n : 0;
 }
 
 static int spec_draft_locked(g4_spec *s, int32_t last, int k, int32_t *drafts, g4_error *err) {
@@ -596,6 +613,10 @@ int g4_drafter_kv_history(const g4_drafter *d) {
     if (!d) return -1;
     const int need = d->m->cfg.text.sliding_window + 2 - d->main->cfg.text.sliding_window;
     return need > 0 ? need : -1;
+}
+
+int g4_spec_check_scheduled(g4_context *ctx, g4_drafter *d, const g4_spec_params *params, g4_error *err) {
+    return spec_check(ctx, -1, d, params, 1, err) < 0 ? -1 : 0;
 }
 
 int g4_spec_new_scheduled(g4_context *ctx, g4_drafter *d, const g4_spec_params *params, g4_spec **out,

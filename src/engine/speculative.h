@@ -41,6 +41,14 @@ typedef struct g4_spec_capture {
     g4_draft_rows *rows;    /* [max_draftings] */
 } g4_spec_capture;
 
+/* Drafted and accepted drafts per round. */
+typedef struct g4_round_log {
+    int *drafted, *accepted;
+    int n, cap;
+} g4_round_log;
+int g4_round_log_add(g4_round_log *l, int drafted, int accepted, g4_error *err);
+void g4_round_log_free(g4_round_log *l);
+
 /* The int32 slots of g4_spec.ints (backend memory), then one token per draft step and one more. */
 enum { G4_SPEC_SEQ = 0, G4_SPEC_POS = 1, G4_SPEC_ATTN_POS = 2, G4_SPEC_KV_END = 4, G4_SPEC_TOKENS = 6 };
 
@@ -55,6 +63,8 @@ struct g4_spec {
     int (*cancelled)(void *user);
     void *cancelled_user;
     int raw_q;               /* speculative sampling with transformers 5.17's q (g4_spec_params.raw_q) */
+    int scheduled;           /* a scheduler's (g4_spec_new_scheduled): one row of drafter logits, no verification
+                                buffers */
     /* backend memory */
     float *xin;              /* [2*Hb]: the main model's scaled embedding of the step's token, then the hidden vector */
     float *z, *xn, *o, *zn;  /* [Ha] */
@@ -62,7 +72,7 @@ struct g4_spec {
     float *gate, *up;        /* [Ia] */
     float *h0;               /* [Hb] the main model's final-normed state for the next round's first step */
     float *cl;               /* [num_centroids] */
-    float *logits;           /* [cap, V] every step's logits */
+    float *logits;           /* [cap, V] every step's logits ([1, V] scheduled: the last step's) */
     float *rope[G4_LAYER_TYPES];
     int32_t *ints;           /* [G4_SPEC_TOKENS + cap + 1] */
     /* host */
@@ -79,8 +89,7 @@ struct g4_spec {
     int32_t *vtoks;          /* [cap + 1] the verification's tokens */
     int32_t *seqs;           /* [n_batch] the sequence id, for batches */
     uint8_t *want;           /* [n_batch] */
-    int *log_drafted, *log_accepted; /* per round since the prefill */
-    int n_rounds, log_cap;
+    g4_round_log log;        /* per round since the prefill */
     g4_spec_capture *capture;
 };
 
@@ -94,7 +103,9 @@ int g4_spec_prefill_embd(g4_spec *s, const int32_t *prompt, int n_prompt, const 
 
 /* A request of a context's scheduler (scheduler.c): its drafts are verified in the scheduler's batch steps, which
  * hand the outputs here. The scheduler's cache keeps only kv_history rows beyond what a step reads, so the context
- * needs g4_drafter_kv_history(d). */
+ * needs g4_drafter_kv_history(d). g4_spec_check_scheduled says at submit whether one can be made (drafts per round
+ * below the batch are taken as the batch allows); the scheduler makes one at admission and frees it at release. */
+int g4_spec_check_scheduled(g4_context *ctx, g4_drafter *d, const g4_spec_params *params, g4_error *err);
 int g4_spec_new_scheduled(g4_context *ctx, g4_drafter *d, const g4_spec_params *params, g4_spec **out,
                           g4_error *err);
 /* The request runs on sequence seq from now (admitted again after a preemption: drafting waits for g4_spec_start). */

@@ -69,7 +69,7 @@ void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *row
     float *cap_h = cap ? cap->hidden + (size_t)slot * cap->max_steps * Hb : NULL;
     for (int step = 0; step < k; step++) {
         int32_t *ids = s->ints + G4_SPEC_TOKENS + step;
-        float *logits = s->logits + (size_t)step * V;
+        float *logits = s->logits + (s->scheduled ? 0 : (size_t)step * V);
         OPS->embed(be, mm->embed, ids, 1, mm->embed_scale, s->xin); /* the MAIN model's scaled embedding */
         if (cap && step < kc) OPS->to_host(be, cap_in + (size_t)step * 2 * Hb, s->xin, 2 * (size_t)Hb * 4);
         OPS->matmul(be, s->xin, 1, dm->pre_projection, NULL, s->z);
