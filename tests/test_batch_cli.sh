@@ -2,7 +2,8 @@
 # The batch commands, every line through the scheduler at once: gemma4c generate -f and gemma4c embed -f.
 # - generate -f on tolstoy-tiny: transformers' prompt gives transformers' 32 greedy ids and text; every other line
 #   (prompts, ids, token limits, stop strings, a seeded sampled line) gives what generate -p / --ids gives for it
-#   alone; malformed lines get {"error"} lines in place and the exit status 1; --parallel 1 and 5 print the same;
+#   alone; malformed lines get {"error"} lines in place and the exit status 1; --parallel 1 and 5 print the same,
+#   and so does --draft (a drafter) for the greedy lines;
 # - embed -f: the fixture's prompt ids give the mean of transformers' final_norm rows (1e-3 relative), and a text
 #   line gives exactly what the ids of its tokenization give.
 set -u
@@ -41,6 +42,26 @@ rc=$?
 [ "$(wc -l <"$tmp/out5.jsonl")" = 11 ]; check $? "one output line per input line"
 "$bin" generate -m "$m" -f "$tmp/in.jsonl" --temp 0 --ignore-eos --parallel 1 >"$tmp/out1.jsonl" 2>/dev/null
 cmp -s "$tmp/out1.jsonl" "$tmp/out5.jsonl"; check $? "--parallel 1 and --parallel 5 print the same"
+
+# with a drafter (speculative decoding under the scheduler; a random drafter of the model's shapes drafts badly):
+# every greedy line as without it (the sampled line 5 draws its tokens otherwise: speculative sampling)
+"${G4_PYTHON:-/usr/bin/python3}" "$here/data/random_gemma4.py" drafter "$m" "$tmp/drafter" --hidden 32 --heads 2 \
+    --intermediate 64
+"$bin" generate -m "$m" -f "$tmp/in.jsonl" --temp 0 --ignore-eos --parallel 5 --draft "$tmp/drafter" --draft-n 3 \
+    --draft-stats >"$tmp/outd.jsonl" 2>/dev/null
+python3 - "$tmp/out5.jsonl" "$tmp/outd.jsonl" <<'PY'
+import json, sys
+plain = [json.loads(l) for l in open(sys.argv[1])]
+spec = [json.loads(l) for l in open(sys.argv[2])]
+drafted = sum(sum(s.get("drafts_per_round", [])) for s in spec)
+# the same lines and errors, rounds on every generated line; the sampled line (5) draws otherwise
+same = len(plain) == len(spec) and all(i == 4 or {k: v for k, v in s.items() if "per_round" not in k} == p
+                                      for i, (p, s) in enumerate(zip(plain, spec)))
+rounds = all("drafts_per_round" in s for s in spec if "ids" in s)
+print("lines", len(spec), "drafts", drafted)
+sys.exit(0 if same and rounds and drafted > 0 else 1)
+PY
+check $? "--draft: every greedy line as without a drafter, drafts verified"
 
 line() { sed -n "$1p" "$tmp/out5.jsonl"; }
 field() { line "$1" | python3 -c "import json,sys; v=json.load(sys.stdin).get('$2'); print(','.join(map(str,v)) if isinstance(v,list) else v, end='')"; }

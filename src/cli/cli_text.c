@@ -199,8 +199,11 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
     const int image = g4_image_max_tokens(tm->model, opt->image_budget); /* 0 without a vision tower */
     g4_context_params cp = {.n_ctx = opt->n_ctx < max_pos ? (int)opt->n_ctx : max_pos, /* 0: the library's default */
                             .n_batch = image > 512 ? image : 0, .kv_type = cli_kv_type(tm->model)};
+    /* for a scheduler: nothing is rolled back but a verification's drafts, whose drafting reads a few sliding rows
+     * more than a step does */
+    const int sched_history = tm->drafter ? g4_drafter_kv_history(tm->drafter) : -1;
     if (parallel == CLI_PARALLEL_AUTO) {
-        cp.kv_history = -1;
+        cp.kv_history = sched_history;
         parallel = CLI_PARALLEL_CPU;
         if (strcmp(g4_model_device(tm->model), "cpu")) {
             parallel = g4_context_fit_sequences(tm->model, &cp, CLI_PARALLEL_GPU_MAX, NULL, &err);
@@ -210,9 +213,9 @@ int cli_text_open(const cli_sampling *opt, int needs, int parallel, cli_text_mod
             }
         }
     }
-    if (parallel > 0) { /* for a scheduler: nothing is rolled back */
+    if (parallel > 0) {
         cp.n_seq_max = parallel;
-        cp.kv_history = -1;
+        cp.kv_history = sched_history;
     }
     tm->n_seq = cp.n_seq_max > 0 ? cp.n_seq_max : 1;
     if (g4_context_new(tm->model, &cp, &tm->ctx, &err) == 0) return 0;

@@ -27,8 +27,9 @@ static void usage(FILE *f) {
             "                 {\"prompt\": TEXT} or {\"ids\": [...]}, optional \"max_tokens\", \"temperature\",\n"
             "                 \"seed\", \"stop\" (a string or a list), one of \"json_schema\" (an object or its\n"
             "                 text), \"grammar\" (GBNF), \"regex\" (in place of the command's constraint);\n"
-            "                 prints {\"ids\": [...], \"text\": ...}\n"
-            "                 (the generated part) or {\"error\": ...} per line, in input order\n"
+            "                 prints {\"ids\": [...], \"text\": ...} (the generated part) or {\"error\": ...} per line,\n"
+            "                 in input order; with --draft-stats also each line's accepted and drafted tokens\n"
+            "                 per round (with --draft, constrained lines decode without drafts)\n"
             "  --parallel P   requests running at once with -f (default: 8 on the CPU; on a GPU as many as its\n"
             "                 free memory holds the KV cache of, at most 128)\n"
             "  --no-bos       do not add the BOS token to TEXT\n"
@@ -44,6 +45,7 @@ typedef struct gen_batch {
     g4_sampler_params sp;
     g4_generation_params gp;
     int add_bos;
+    int draft_stats; /* each output line also has its rounds' drafts and kept drafts */
 } gen_batch;
 
 /* A line's own constraint: "json_schema" (an object, or its text), "grammar" (GBNF) or "regex"; 0 with *g NULL when
@@ -109,6 +111,7 @@ static int gen_submit(const json_t *line, long index, g4_scheduler *s, void *use
     }
     if (line_grammar(line, grammar, err)) return -1;
     if (*grammar) gp.grammar = *grammar, gp.json_object = 0; /* (the line's replaces the command's) */
+    if (gp.grammar || gp.json_object) gp.drafter = NULL; /* constrained lines decode without drafts */
     int n;
     int32_t *ids = cli_batch_line_ids(line, "prompt", b->add_bos, b->model, &n, err);
     if (!ids) return -1;
@@ -124,6 +127,18 @@ static json_t *gen_result(const g4_generation *g, void *user, g4_error *err) {
     json_t *o = json_object(), *arr = json_array();
     for (int i = 0; arr && i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
     json_object_set_new(o, "ids", arr);
+    if (b->draft_stats) {
+        const int *drafted, *accepted;
+        int nr;
+        g4_generation_rounds(g, &drafted, &accepted, &nr);
+        json_t *a = json_array(), *d = json_array();
+        for (int i = 0; i < nr && a && d; i++) {
+            json_array_append_new(a, json_integer(accepted[i]));
+            json_array_append_new(d, json_integer(drafted[i]));
+        }
+        json_object_set_new(o, "accepted_per_round", a);
+        json_object_set_new(o, "drafts_per_round", d);
+    }
     if (g4_model_tokenizer(b->model)) {
         g4_chat_message m;
         if (g4_generation_message(g, &m, err)) {
@@ -139,12 +154,8 @@ static json_t *gen_result(const g4_generation *g, void *user, g4_error *err) {
 static int generate_file(const char *file, cli_sampling *smp, int parallel, int no_bos) {
     cli_text_model tm;
     if (smp->n_predict <= 0) smp->n_predict = 128;
-    if (smp->draft_dir) {
-        cli_error("--draft does not combine with -f: the batch runs without speculative decoding");
-        return 1;
-    }
     if (cli_text_open(smp, 0, parallel, &tm)) return 1;
-    gen_batch b = {.model = tm.model, .add_bos = !no_bos};
+    gen_batch b = {.model = tm.model, .add_bos = !no_bos, .draft_stats = smp->draft_stats};
     cli_generation_params(smp, &tm, &b.sp, &b.gp);
     g4_scheduler *s;
     g4_error err;
