@@ -1,6 +1,7 @@
 #!/bin/bash
 # A bounded loopback load test of gemma4c serve (tests/server/load.mjs): 64 concurrent clients, a fixed
-# number of requests each, some streams cancelled mid-way: no error but those, memory back to its baseline.
+# number of requests each, some streams cancelled mid-way: no error but those, memory back to its baseline; again
+# with a drafter (serve --draft).
 # It prints latency and tokens/s; bench/server_load.sh runs it bigger and compares --parallel settings.
 set -u
 . "$G4_SOURCE_DIR/tests/server/common.sh"
@@ -18,6 +19,15 @@ fi
 start_server "$tmp/server.log" -m "$tmp/tolstoy-tiny" --ctx 256 --parallel 4 --quiet -t 2
 node "$here/load.mjs" "$SERVER_URL" "$SERVER_PID" 64 1 6 "$slack"
 check $? "64 concurrent clients"
+stop_server
+# the same with a drafter (speculative decoding: sampled requests verify their drafts in the shared steps, streams
+# cancelled between rounds): no error, memory back to its baseline
+"${G4_PYTHON:-/usr/bin/python3}" "$src/tests/data/random_gemma4.py" drafter "$tmp/tolstoy-tiny" "$tmp/drafter" \
+    --hidden 32 --heads 2 --intermediate 64
+start_server "$tmp/server-draft.log" -m "$tmp/tolstoy-tiny" --ctx 256 --parallel 4 --quiet -t 2 --draft "$tmp/drafter" \
+    --draft-n 4
+node "$here/load.mjs" "$SERVER_URL" "$SERVER_PID" 64 1 6 "$slack"
+check $? "64 concurrent clients, with a drafter"
 stop_server
 rm -rf "$tmp"
 exit $fail
