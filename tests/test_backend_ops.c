@@ -1099,9 +1099,10 @@ static void test_rows_transpose_argmax(void) {
     }
     /* argmax: ties go to the lowest index, -inf and huge values, long rows; a row that holds a NaN (anywhere,
      * first or last, beside +inf) gives -1 */
-    const int V = 70001, R = 6;
+    const int V = 70001, R = 7;
     float *x = malloc((size_t)R * V * sizeof(float));
     fill(x, (size_t)R * V, -30, 30);
+    for (int i = 0; i < V; i++) x[6 * V + i] = -INFINITY; /* every value -inf: the first */
     x[0 * V + 123] = 50, x[0 * V + 60000] = 50;  /* tie: 123 */
     x[1 * V + V - 1] = 1e30f;                     /* last element */
     for (int i = 0; i < V; i++) x[2 * V + i] = -INFINITY;
@@ -1109,13 +1110,28 @@ static void test_rows_transpose_argmax(void) {
     x[3 * V + 0] = NAN;
     x[4 * V + V - 1] = NAN, x[4 * V + 5] = INFINITY;
     x[5 * V + 33333] = NAN;
-    int32_t want[6] = {123, V - 1, 7, -1, -1, -1}, got[6] = {-2, -2, -2, -2, -2, -2};
+    int32_t want[7] = {123, V - 1, 7, -1, -1, -1, 0}, got[7] = {-2, -2, -2, -2, -2, -2, -2};
     float *dx = devf(x, (size_t)R * V);
     int32_t *dids = dev(NULL, sizeof got);
     be->ops->argmax(be, dx, R, V, dids);
     back(got, dids, sizeof got);
-    CHECKF(!memcmp(got, want, sizeof got), "%s: argmax gave %d %d %d %d %d %d", be_label, got[0], got[1], got[2],
-           got[3], got[4], got[5]);
+    CHECKF(!memcmp(got, want, sizeof got), "%s: argmax gave %d %d %d %d %d %d %d", be_label, got[0], got[1], got[2],
+           got[3], got[4], got[5], got[6]);
+    /* rows shorter than a vector, and of 17..47 (a vector's worth and a tail), the largest value anywhere */
+    for (int len = 1; len < 48; len += 3) {
+        float xs[48];
+        for (int at = 0; at < len; at++) {
+            for (int i = 0; i < len; i++) xs[i] = (float)(i % 5) - 10.0f;
+            xs[at] = 3.0f;
+            if (at + 2 < len) xs[at + 2] = 3.0f; /* a tie after it */
+            float *dr = devf(xs, (size_t)len);
+            int32_t *di = dev(NULL, sizeof(int32_t)), id = -2;
+            be->ops->argmax(be, dr, 1, len, di);
+            back(&id, di, sizeof id);
+            CHECKF(id == at, "%s: argmax of a row of %d with its largest at %d gave %d", be_label, len, at, id);
+            rel(dr), rel(di);
+        }
+    }
     rel(dsrc), rel(dout), rel(didx), rel(dx), rel(dids);
     free(x);
 }
