@@ -551,7 +551,8 @@ static void test_large_rows(void) {
 }
 
 /* Sampling from a row's top candidates (the backend's top_k op, as the engine does on a GPU) draws the ids that
- * sampling the whole row draws, from the same seed: two samplers, one fed whole rows, one the CPU backend's
+ * sampling the whole row draws, from the same seed, and g4_sampler_probs_candidates gives the row's distribution
+ * bit for bit: two samplers, one fed whole rows, one the CPU backend's
  * candidates for K = k or more (a batch's largest k); rows with NaN, -inf, +inf and ties at the k-th value. */
 static void test_candidates(void) {
     g4_error err = {{0}};
@@ -560,10 +561,11 @@ static void test_candidates(void) {
     if (!be) return;
     const int Vs[] = {50, 5000, 262144}, ks[] = {1, 5, 64, 300, G4_SAMPLER_CANDIDATES_MAX};
     const float temps[] = {0.0f, 0.7f, 1.0f, 1.6f}, top_ps[] = {1.0f, 0.9f, 0.4f};
-    int compared = 0, fell_back = 0, with_extras = 0;
+    int compared = 0, fell_back = 0, with_extras = 0, probs_compared = 0;
     for (int vi = 0; vi < 3; vi++) {
         const int V = Vs[vi];
         float *x = malloc((size_t)V * sizeof *x), *vals = malloc(2 * G4_SAMPLER_CANDIDATES_MAX * sizeof *vals);
+        float *pa = malloc((size_t)V * sizeof *pa), *pb = malloc((size_t)V * sizeof *pb);
         int32_t *ids = malloc(2 * G4_SAMPLER_CANDIDATES_MAX * sizeof *ids), ex_ids[G4_SAMPLER_CANDIDATES_MAX];
         float ex_vals[G4_SAMPLER_CANDIDATES_MAX];
         for (int trial = 0; trial < (vi == 2 ? 12 : 60); trial++) {
@@ -630,6 +632,14 @@ static void test_candidates(void) {
                 if (K > 0) be->ops->top_k(be, x, 1, V, K, cap, ids, vals, &count);
                 g4_sampler_candidate_extras(b, ex_ids);
                 for (int e = 0; e < n_ex; e++) ex_vals[e] = x[ex_ids[e]];
+                if (count >= 0) { /* the distribution from the candidates is the row's (speculative sampling) */
+                    const int nza = g4_sampler_probs(a, x, pa), nzb = g4_sampler_probs_candidates(b, ids, vals, count,
+                                                                                               n_ex ? ex_vals : NULL, pb);
+                    CHECKF(nza == nzb && !memcmp(pa, pb, (size_t)V * sizeof *pa), "probs from candidates differ "
+                           "(V=%d T=%g top_k %d mods %d draw %d: %d vs %d non-zero)", V, (double)p.temperature, p.top_k,
+                           mods, d, nza, nzb);
+                    probs_compared++;
+                }
                 const int32_t want = g4_sampler_sample(a, x);
                 const int32_t got = count < 0 ? g4_sampler_sample(b, x)
                                               : g4_sampler_sample_candidates(b, ids, vals, count, n_ex ? ex_vals : NULL);
@@ -642,10 +652,11 @@ static void test_candidates(void) {
             g4_sampler_free(a);
             g4_sampler_free(b);
         }
-        free(x), free(vals), free(ids);
+        free(x), free(vals), free(ids), free(pa), free(pb);
     }
-    CHECKF(compared > 1000 && fell_back > 0 && with_extras > 500, "rows compared %d (%d with modified ids), rows "
-           "beyond cap or k %d", compared, with_extras, fell_back);
+    CHECKF(compared > 1000 && fell_back > 0 && with_extras > 500 && probs_compared == compared,
+           "rows compared %d (%d with modified ids, %d distributions), rows beyond cap or k %d", compared, with_extras,
+           probs_compared, fell_back);
     /* the samplers that need the whole row */
     g4_sampler_params p;
     g4_sampler_params_default(&p);

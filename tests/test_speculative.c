@@ -893,13 +893,15 @@ typedef struct {
     int n_prompt, max_new;
     float temperature;         /* 0: greedy */
     int wave;                  /* submitted once the waves before it ended */
+    float penalty;             /* a repetition penalty (0: none) */
 } sched_req;
 
 /* Generations with and without drafters through one scheduler (batched verifications of several requests, prefill
  * chunks beside them, a second wave that reuses the cached prefix, a pool small enough to preempt): each one's ids
  * and rounds equal a g4_generation of the same request alone (greedy and seeded sampling); the reference prompt's
- * rounds are transformers' (reference.json); the pools are whole again at the end. */
-static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n_req, int n_kv_blocks,
+ * rounds are transformers' (reference.json); the pools are whole again at the end. candidates: the steps bring back
+ * each wanted row's top candidates, as on a GPU (G4_SAMPLE_CANDIDATES=1), where the request alone reads whole rows. */
+static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n_req, int n_kv_blocks, int candidates,
                      const char *label) {
     g4_error err;
     const int V = g4_model_vocab_size(m);
@@ -909,7 +911,10 @@ static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n
     g4_context_params cp = {.n_seq_max = 3, .n_ctx = 256, .n_batch = 128, .kv_block_size = 8,
                             .kv_history = g4_drafter_kv_history(ds[0]), .n_kv_blocks = n_kv_blocks};
     g4_scheduler *s = NULL;
-    if (!ds[0] || !ds[1] || !alone || g4_context_new(m, &cp, &ctx, &err) || g4_scheduler_new(ctx, &s, &err)) {
+    if (candidates) setenv("G4_SAMPLE_CANDIDATES", "1", 1);
+    const int made = ds[0] && ds[1] && alone && !g4_context_new(m, &cp, &ctx, &err) && !g4_scheduler_new(ctx, &s, &err);
+    unsetenv("G4_SAMPLE_CANDIDATES");
+    if (!made) {
         CHECKF(0, "%s: scheduler: %s", label, err.msg);
         return 0;
     }
@@ -920,10 +925,10 @@ static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n
     if (g4_safetensors_add_file(&ref, fix_path("reference.safetensors"), &err) == 0 &&
         g4_tensor_set_finish(&ref, &err) == 0)
         ref_prompt = ref_ids(&ref, "input_ids", &n_ref);
-    int32_t prompts[8][200];
-    int np[8];
-    g4_sampler_params sp[8];
-    g4_generation *g[8] = {0};
+    int32_t prompts[12][200];
+    int np[12];
+    g4_sampler_params sp[12];
+    g4_generation *g[12] = {0};
     int equal = 0, rounds_equal = 0, drafting = 0;
     for (int wave = 0; wave < 2; wave++) {
         for (int i = 0; i < n_req; i++) {
@@ -935,6 +940,7 @@ static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n
             sp[i].temperature = rq[i].temperature;
             sp[i].top_k = 8;
             sp[i].seed = 77u + (unsigned)i;
+            if (rq[i].penalty > 0) sp[i].repetition_penalty = rq[i].penalty, sp[i].penalty_last_n = 16;
             g4_generation_params gp = {.max_new_tokens = rq[i].max_new, .sampling = &sp[i], .ignore_eos = 1};
             if (rq[i].drafter) gp.drafter = ds[strcmp(rq[i].drafter, dnames[0]) != 0];
             CHECKF(g4_scheduler_submit(s, prompts[i], np[i], &gp, NULL, NULL, &g[i], &err) == 0, "%s: submit: %s",
@@ -1024,28 +1030,31 @@ static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n
 static void check_scheduled(g4_model *m, const json_t *meta) {
     g4_error err;
     const sched_req mixed[] = {
-        {"assistant-lmhead", 0, 0, 24, 0, 0},   /* transformers' rounds */
-        {NULL, 11, 9, 30, 0, 0},                /* plain greedy beside them */
-        {"assistant-lmhead", 12, 23, 30, 0.8f, 0}, /* seeded speculative sampling */
-        {"assistant-ordered", 13, 150, 30, 0, 0},  /* a prompt read in chunks, longer than the window */
-        {"assistant-lmhead", 14, 5, 3, 0, 0},   /* a round cut by the length */
-        {"assistant-ordered", 0, 0, 24, 0, 1},  /* the reference prompt again: its cached prefix */
-        {"assistant-lmhead", 15, 40, 40, 0.8f, 1},
+        {"assistant-lmhead", 0, 0, 24, 0, 0, 0},   /* transformers' rounds */
+        {NULL, 11, 9, 30, 0, 0, 0},                /* plain greedy beside them */
+        {"assistant-lmhead", 12, 23, 30, 0.8f, 0, 0}, /* seeded speculative sampling */
+        {"assistant-ordered", 13, 150, 30, 0, 0, 0},  /* a prompt read in chunks, longer than the window */
+        {"assistant-lmhead", 14, 5, 3, 0, 0, 0},   /* a round cut by the length */
+        {"assistant-ordered", 0, 0, 24, 0, 1, 0},  /* the reference prompt again: its cached prefix */
+        {"assistant-lmhead", 15, 40, 40, 0.8f, 1, 0},
+        {"assistant-lmhead", 18, 20, 30, 0.8f, 0, 1.3f}, /* sampled with a penalty: whole rows */
+        {NULL, 19, 15, 30, 0.8f, 0, 1.3f},
     };
-    sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 0, "scheduled");
+    sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 0, 0, "scheduled");
+    sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 0, 1, "scheduled, top candidates");
     const sched_req ordered[] = {
-        {"assistant-ordered", 0, 0, 24, 0, 0}, /* transformers' rounds of the other drafter */
-        {"assistant-lmhead", 16, 30, 40, 0, 0},
-        {"assistant-ordered", 17, 12, 40, 0.8f, 0},
+        {"assistant-ordered", 0, 0, 24, 0, 0, 0}, /* transformers' rounds of the other drafter */
+        {"assistant-lmhead", 16, 30, 40, 0, 0, 0},
+        {"assistant-ordered", 17, 12, 40, 0.8f, 0, 0},
     };
-    sched_run(m, meta, ordered, 3, 0, "scheduled, ordered drafter");
+    sched_run(m, meta, ordered, 3, 0, 0, "scheduled, ordered drafter");
     const sched_req tight[] = {
-        {"assistant-lmhead", 21, 60, 60, 0, 0},
-        {"assistant-ordered", 22, 60, 60, 0, 0},
-        {"assistant-lmhead", 23, 60, 60, 0.8f, 0},
+        {"assistant-lmhead", 21, 60, 60, 0, 0, 0},
+        {"assistant-ordered", 22, 60, 60, 0, 0, 0},
+        {"assistant-lmhead", 23, 60, 60, 0.8f, 0, 0},
     };
     /* 3 sequences of up to 120 positions in 8-position blocks, a full pool of 28: someone is preempted */
-    const int pre = sched_run(m, meta, tight, 3, 28, "scheduled, preempted");
+    const int pre = sched_run(m, meta, tight, 3, 28, 0, "scheduled, preempted");
     CHECKF(pre > 0, "the tight pool preempted no request");
 
     /* misuse: a context that keeps no sliding rows beyond a step's; a drafter with log-probabilities */

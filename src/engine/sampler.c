@@ -1166,8 +1166,9 @@ int g4_sampler_candidate_extras(const g4_sampler *s, int32_t *ids) {
     return s->n_static > 0 || s->penalties_on ? mod_ids_now(s, ids) : 0;
 }
 
-int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n,
-                                     const float *extra_vals) {
+/* sample_candidates' draw (probs NULL), or its distribution into probs (*nz its non-zero entries) */
+static int32_t run_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n, const float *extra_vals,
+                              float *probs, int *nz) {
     const int kk = g4_sampler_candidates_k(s);
     if (kk == 0 || n < 0 || n > s->V) return -1;
     const int greedy = s->p.temperature < G4_SAMPLER_MIN_TEMPERATURE, k = run_k(s);
@@ -1189,9 +1190,21 @@ int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const fl
     }
     for (int i = 0; i < s->n_mod; i++)
         if (s->mod_values[i] > -INFINITY) c[m++] = (g4_cand){s->mod_values[i], 0.0f, s->mod_ids[i]};
-    const int32_t r = top_k_from(s, m, k, greedy, NULL, NULL);
+    const int32_t r = top_k_from(s, m, k, greedy, probs, nz);
     if (s->n_mod > 0) mods_clear(s);
     return r;
+}
+
+int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n,
+                                     const float *extra_vals) {
+    return run_candidates(s, ids, vals, n, extra_vals, NULL, NULL);
+}
+
+int g4_sampler_probs_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n, const float *extra_vals,
+                                float *probs) {
+    memset(probs, 0, (size_t)s->V * sizeof *probs);
+    int nz = 0;
+    return run_candidates(s, ids, vals, n, extra_vals, probs, &nz) < 0 ? -1 : nz;
 }
 
 int g4_sampler_is_argmax(const g4_sampler *s) {

@@ -84,6 +84,9 @@ int g4_sampler_candidates_k(const g4_sampler *s);
 int g4_sampler_candidate_extras(const g4_sampler *s, int32_t *ids);
 int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n,
                                      const float *extra_vals);
+/* g4_sampler_probs from the candidates (as g4_sampler_sample_candidates takes them): the same distribution. */
+int g4_sampler_probs_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n, const float *extra_vals,
+                                float *probs);
 
 /* 1 when sample() is the plain argmax of the logits (greedy, no bias, suppression or penalty),
  * so a model step may pick the id itself (g4_decode_greedy). */

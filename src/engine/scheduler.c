@@ -107,6 +107,27 @@ struct g4_scheduler {
 
 static request *queue_at(const g4_scheduler *s, int i) { return s->waiting[(s->w_head + i) % s->w_cap]; }
 
+/* Rows of logits (and of candidates) for a step's wanted rows; 0 or -1 when out of memory. */
+static int rows_reserve(g4_scheduler *s, int rows) {
+    float *l = realloc(s->logits, (size_t)rows * (size_t)s->vocab * sizeof *l);
+    if (!l) return -1;
+    s->logits = s->cand.fallback = l;
+    if (s->cand_max) {
+        const size_t cap = (size_t)g4_candidates_cap(s->cand_max);
+        int32_t *ids = realloc(s->cand.ids, (size_t)rows * cap * sizeof *ids);
+        if (ids) s->cand.ids = ids;
+        float *vals = realloc(s->cand.vals, (size_t)rows * cap * sizeof *vals);
+        if (vals) s->cand.vals = vals;
+        int32_t *count = realloc(s->cand.count, (size_t)rows * sizeof *count);
+        if (count) s->cand.count = count;
+        int32_t *at = realloc(s->extra_at, ((size_t)rows + 1) * sizeof *at);
+        if (at) s->extra_at = at;
+        if (!ids || !vals || !count || !at) return -1;
+    }
+    s->logit_rows = rows;
+    return 0;
+}
+
 /* Room for n extra ids of a step (the samplers' modified ids); 0 or -1 when out of memory (then the step copies
  * whole rows). */
 static int extras_reserve(g4_scheduler *s, int n) {
@@ -602,15 +623,19 @@ static void fail_plan(g4_scheduler *s, const char *why) {
     s->n_plan = 0;
 }
 
+enum { ROWS_IDS, ROWS_CANDIDATES, ROWS_LOGITS }; /* what a step's wanted rows gave */
+enum { STEP_DRAFTS_MAX = 256 };
+
 /* r's verification step: its newest token and d drafts, wanted rows w .. w + d (argmax ids in s->ids when the step
- * was greedy, else logits). The kept drafts and the main model's token after them go to the generation, which may
- * end on one of them; else its next round is drafted and the rejected rows are rolled back. */
-static void verified(g4_scheduler *s, request *r, int d, int w, int greedy_step, const float *final) {
+ * was greedy, else candidates or logits). The kept drafts and the main model's token after them go to the
+ * generation, which may end on one of them; else its next round is drafted and the rejected rows are rolled back. */
+static void verified(g4_scheduler *s, request *r, int d, int w, int rows, const float *final) {
     const g4_model *m = s->ctx->model;
     g4_error e;
-    const int n = g4_spec_verified(r->spec, d, greedy_step ? s->ids + w : NULL,
-                                   greedy_step ? NULL : s->logits + (size_t)w * s->vocab,
-                                   g4_generation_sampler(r->gen), s->round, &e);
+    const int n = g4_spec_verified(r->spec, d, rows == ROWS_IDS ? s->ids + w : NULL,
+                                   rows == ROWS_LOGITS ? s->logits + (size_t)w * s->vocab : NULL,
+                                   rows == ROWS_CANDIDATES ? &s->cand : NULL, w, g4_generation_sampler(r->gen),
+                                   s->round, &e);
     if (n < 0) {
         g4_generation_fail(r->gen, e.msg);
         finish(s, r, G4_FINISH_STOP); /* it has ended: the reason is its own */
@@ -660,15 +685,19 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
     s->n_plan = 0;
     for (int i = 0; i < s->n_running && budget > 0; i++)
         if (!embed_step && decoding(s->run_list[i])) plan_add(s, s->run_list[i], 1), budget--;
-    for (int i = 0; i < s->n_plan && budget > 0; i++) { /* their drafts, oldest first (up to one the model cannot
-                                                           read, g4_token_read) */
+    /* their drafts, oldest first (up to one the model cannot read, g4_token_read), at most STEP_DRAFTS_MAX in all
+     * (a sampled verification's rows come back as logits or candidates: the step's rows are bounded) */
+    for (int i = 0, drafts = STEP_DRAFTS_MAX; i < s->n_plan && budget > 0; i++) {
         const g4_spec *sp = s->plan_req[i]->spec;
         int d = sp ? g4_spec_pending(sp) : 0;
         for (int j = 0; j < d; j++)
             if (g4_token_read(ctx->model, g4_spec_drafts(sp)[j], NULL) < 0) d = j;
-        s->plan_d[i] = d < budget ? d : budget;
-        s->plan_n[i] += s->plan_d[i];
-        budget -= s->plan_d[i];
+        if (d > budget) d = budget;
+        if (d > drafts) d = drafts;
+        s->plan_d[i] = d;
+        s->plan_n[i] += d;
+        budget -= d;
+        drafts -= d;
     }
     for (int i = 0; i < s->n_running; i++) {
         request *r = s->run_list[i];
@@ -695,7 +724,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
      * verification and the first row its prompt's reading starts with (the first round's hidden state) */
     int n = 0, n_want = 0, all_greedy = 1, top_k = 0; /* top_k: the largest k of the rows' candidates, -1 when a
                                                         * row needs its logits */
-    int n_rows = 0, spec_rows = 0, n_extra = 0, n_embd = 0;
+    int n_rows = 0, n_extra = 0, n_embd = 0;
     const g4_model *m = ctx->model;
     for (int i = 0; i < s->n_plan; i++) {
         request *r = s->plan_req[i];
@@ -703,7 +732,6 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         const int first = !embed_step && r->spec && !r->drafting && r->n_fed == r->start;
         const int32_t *drafts = d ? g4_spec_drafts(r->spec) : NULL;
         s->plan_w[i] = s->plan_h0[i] = -1;
-        spec_rows |= first || d;
         for (int j = 0; j < k + d; j++) {
             s->tok[n] = j < k ? r->tokens[r->n_fed + j] : g4_token_read(m, drafts[j - k], NULL);
             s->seq[n] = r->seq;
@@ -729,31 +757,29 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         }
         if (!embed_step && last) {
             n_want++;
-            all_greedy &= g4_generation_is_argmax(r->gen);
-            const int kr = g4_generation_candidates_k(r->gen);
-            top_k = kr == 0 || kr > s->cand_max || top_k < 0 ? -1 : kr > top_k ? kr : top_k;
-            if (top_k > 0) { /* the modified ids of the row's sampler (penalties, bias, suppression) */
-                const int ne = g4_generation_candidate_extras(r->gen, NULL);
+            const int argmax = g4_generation_is_argmax(r->gen);
+            all_greedy &= argmax;
+            const int kr = g4_generation_candidates_k(r->gen), ne = g4_generation_candidate_extras(r->gen, NULL);
+            /* (a verification's rows take candidates without modified ids: each row's history has the drafts
+             * before it, which the ids asked for now do not know) */
+            top_k = kr == 0 || kr > s->cand_max || top_k < 0 || (r->drafting && !argmax && ne) ? -1
+                    : kr > top_k                                                            ? kr
+                                                                                            : top_k;
+            if (top_k > 0 && ne && !r->drafting) { /* the modified ids of the row's sampler (penalties, bias,
+                                                      suppression) */
                 if (n_extra + ne > s->extra_cap && extras_reserve(s, n_extra + ne)) top_k = -1;
                 else {
-                    s->extra_at[n_want - 1] = n_extra;
                     g4_generation_candidate_extras(r->gen, s->extra_id + n_extra);
-                    for (int e = 0; e < ne; e++) s->extra_row[n_extra + e] = n_want - 1;
+                    for (int e = 0; e < ne; e++) s->extra_row[n_extra + e] = s->plan_w[i];
                     n_extra += ne;
                 }
             }
         }
     }
-    if (spec_rows && !all_greedy) top_k = -1; /* a verification's rows: their logits */
-    if (!all_greedy && top_k < 0 && n_rows > s->logit_rows) {
-        float *l = realloc(s->logits, (size_t)n_rows * (size_t)s->vocab * sizeof *l);
-        if (!l) {
-            g4_fail(err, "out of memory for the logits of %d rows", n_rows);
-            fail_plan(s, err->msg);
-            return -1;
-        }
-        s->logits = s->cand.fallback = l;
-        s->logit_rows = n_rows;
+    if (!all_greedy && n_rows > s->logit_rows && rows_reserve(s, n_rows)) { /* a step's verification rows */
+        g4_fail(err, "out of memory for the logits of %d rows", n_rows);
+        fail_plan(s, err->msg);
+        return -1;
     }
     if (n > 0) {
         g4_batch b = {.n_tokens = n, .token = s->tok, .seq = s->seq, .want_logits = s->want,
@@ -765,7 +791,10 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         else if (all_greedy) rc = g4_decode_greedy(ctx, &b, s->ids, err);
         else if (top_k > 0) {
             s->cand.k = top_k, s->cand.cap = g4_candidates_cap(top_k);
-            s->extra_at[n_want] = n_extra;
+            for (int row = 0, e = 0; row <= n_rows; row++) { /* each row's extras: extra_at[row] .. [row + 1] */
+                while (e < n_extra && s->extra_row[e] < row) e++;
+                s->extra_at[row] = e;
+            }
             s->cand.n_extra = n_extra;
             s->cand.extra_row = s->extra_row, s->cand.extra_id = s->extra_id, s->cand.extra_vals = s->extra_vals;
             rc = g4_decode_candidates(ctx, &b, &s->cand, err);
@@ -795,7 +824,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
         }
         if (s->plan_h0[i] >= 0) g4_spec_set_h0(r->spec, final + (size_t)s->plan_h0[i] * s->H);
         if (r->drafting) {
-            verified(s, r, d, w, all_greedy, final);
+            verified(s, r, d, w, all_greedy ? ROWS_IDS : top_k > 0 ? ROWS_CANDIDATES : ROWS_LOGITS, final);
             continue;
         }
         if (r->n_fed > r->n_prompt && k == 1) s->stats.decode_tokens++;

@@ -353,20 +353,53 @@ static double softmax_at(const float *x, int n, int i) {
     return exp((double)x[i] - m) / z;
 }
 
+/* A verification's rows as the step left them: their argmax ids (a plain argmax), their logits [k + 1][V], or a
+ * scheduler's top candidates (rows w .. w + k of cand; a row beyond its cap has its logits in cand->fallback). */
+typedef struct {
+    const int32_t *ids;
+    float *logits;
+    const g4_candidates *cand;
+    int w;
+} verify_rows;
+
+static float *row_logits(const verify_rows *r, int i, int V) {
+    return r->cand ? r->cand->fallback + (size_t)(r->w + i) * V : r->logits + (size_t)i * V;
+}
+
+/* sampler functions on row i: the distribution into probs (its non-zero entries, -1 when every id is banned), a
+ * draw */
+static int row_probs(g4_sampler *smp, const verify_rows *r, int i, int V, float *probs) {
+    const g4_candidates *c = r->cand;
+    const int row = r->w + i;
+    if (c && c->count[row] >= 0)
+        return g4_sampler_probs_candidates(smp, c->ids + (size_t)row * c->cap, c->vals + (size_t)row * c->cap,
+                                           c->count[row], NULL, probs);
+    return g4_sampler_probs(smp, row_logits(r, i, V), probs);
+}
+
+static int32_t row_sample(g4_sampler *smp, const verify_rows *r, int i, int V) {
+    const g4_candidates *c = r->cand;
+    const int row = r->w + i;
+    if (c && c->count[row] >= 0)
+        return g4_sampler_sample_candidates(smp, c->ids + (size_t)row * c->cap, c->vals + (size_t)row * c->cap,
+                                            c->count[row], NULL);
+    return g4_sampler_sample(smp, row_logits(r, i, V));
+}
+
 /* Speculative sampling (4.9; transformers' _speculative_sampling): draft i is kept while a uniform draw is
  * <= p_i(d_i) / q_i(d_i), p the sampler's distribution of verification row i (its processors see the drafts
  * before it) and q the distribution the draft was drawn from; then one token from norm(max(p_n - q_n, 0)) after a
  * rejection, or from p_k. The drafts are argmaxes, so q is a point mass on d_i: a draft is kept with probability
  * p_i(d_i) and a rejection draws from p_n without d_n, which keeps the output distributed as the main model's
  * (transformers 5.17 takes q = softmax of the raw drafter logits instead, which favours the drafts: raw_q).
- * vlogits: the verification's rows [k + 1][V]. Returns the number kept; *next the token after them; *hist drafts
+ * rows: the verification's. Returns the number kept; *next the token after them; *hist drafts
  * added to smp. */
-static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, const float *vlogits, int32_t *next,
+static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, const verify_rows *rows, int32_t *next,
                            int *hist, g4_error *err) {
     const int V = s->ctx->model->cfg.text.vocab_size;
     int n = 0;
     for (; n <= k; n++) {
-        if (g4_sampler_probs(smp, vlogits + (size_t)n * V, s->probs) < 0)
+        if (row_probs(smp, rows, n, V, s->probs) < 0)
             return g4_fail(err, "every token of verification row %d is banned", n);
         if (n == k) break;
         const int32_t d = s->drafts[n];
@@ -427,19 +460,18 @@ void g4_round_log_free(g4_round_log *l) {
 }
 
 /* Acceptance of a verification of k drafts (4.5): the longest prefix of drafts the main model agrees with, then
- * its own token. The rows' picks: vids, their argmax ids (a plain argmax: smp NULL or g4_sampler_is_argmax), or
- * vlogits, their logits [k + 1][V]. The kept drafts and the token after them go to out; returns how many drafts
+ * its own token, from the rows' argmax ids (a plain argmax: smp NULL or g4_sampler_is_argmax) or with smp from
+ * their logits or candidates. The kept drafts and the token after them go to out; returns how many drafts
  * were kept, or -1. */
-static int accept_round(g4_spec *s, int k, const int32_t *vids, float *vlogits, g4_sampler *smp, int32_t *out,
-                        g4_error *err) {
+static int accept_round(g4_spec *s, int k, const verify_rows *rows, g4_sampler *smp, int32_t *out, g4_error *err) {
     const int V = s->ctx->model->cfg.text.vocab_size;
-    const int plain = vids != NULL, greedy = plain || !smp || g4_sampler_is_greedy(smp);
+    const int plain = rows->ids != NULL, greedy = plain || !smp || g4_sampler_is_greedy(smp);
     const int done = k > 0 && is_stop(s, s->drafts[k - 1]);
     int n = 0, hist = 0;
     int32_t next = -1;
     if (greedy) {
         for (;; n++) {
-            next = plain ? vids[n] : g4_sampler_sample(smp, vlogits + (size_t)n * V);
+            next = plain ? rows->ids[n] : row_sample(smp, rows, n, V);
             if (next < 0) {
                 g4_sampler_rewind(smp, hist);
                 return g4_fail(err, "every token of verification row %d is banned", n);
@@ -452,7 +484,7 @@ static int accept_round(g4_spec *s, int k, const int32_t *vids, float *vlogits, 
         }
         if (done && n == k) next = s->drafts[--n]; /* the last draft ends generation: no bonus token */
     } else {
-        n = verify_sampling(s, smp, k, done, vlogits, &next, &hist, err);
+        n = verify_sampling(s, smp, k, done, rows, &next, &hist, err);
     }
     if (smp) g4_sampler_rewind(smp, hist);
     if (n < 0) return -1;
@@ -531,7 +563,8 @@ static int spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *s
     }
 
     /* acceptance (4.5), then the next round's state */
-    const int n = accept_round(s, k, plain ? s->vids : NULL, plain ? NULL : s->vlogits, smp, out, err);
+    const verify_rows rows = {.ids = plain ? s->vids : NULL, .logits = s->vlogits};
+    const int n = accept_round(s, k, &rows, smp, out, err);
     if (n < 0) return -1;
     *n_out = n + 1;
     return next_round(s, g4_step_final_rows(ctx) + (size_t)n * H, c, k, n, out[n], budget - n - 1, err);
@@ -662,10 +695,11 @@ void g4_spec_start(g4_spec *s, int q0, int q1, int32_t next, int left) {
     pthread_mutex_unlock(&ctx->model->backend_lock);
 }
 
-int g4_spec_verified(g4_spec *s, int k, const int32_t *vids, float *vlogits, g4_sampler *smp, int32_t *out,
-                     g4_error *err) {
+int g4_spec_verified(g4_spec *s, int k, const int32_t *vids, float *vlogits, const g4_candidates *cand, int w,
+                     g4_sampler *smp, int32_t *out, g4_error *err) {
     s->n_pending = -1;
-    return accept_round(s, k, vids, vlogits, smp, out, err);
+    const verify_rows rows = {.ids = vids, .logits = vlogits, .cand = cand, .w = w};
+    return accept_round(s, k, &rows, smp, out, err);
 }
 
 int g4_spec_next(g4_spec *s, const float *final_row, int k, int n, int32_t next, int left, g4_error *err) {

@@ -119,11 +119,11 @@ void g4_spec_set_h0(g4_spec *s, const float *final_row);
 /* The request read positions q0 .. q1-1 since its admission and sampled `next`: the first round's drafts (at most
  * left - 1: the tokens the generation may still take). */
 void g4_spec_start(g4_spec *s, int q0, int q1, int32_t next, int left);
-/* A verification step of the newest token and its first k drafts (the scheduler's rows: argmax ids vids, or logits
- * vlogits [k + 1][V] for smp): the kept drafts and the token after them go to out; returns how many drafts were
- * kept, or -1. */
-int g4_spec_verified(g4_spec *s, int k, const int32_t *vids, float *vlogits, g4_sampler *smp, int32_t *out,
-                     g4_error *err);
+/* A verification step of the newest token and its first k drafts (the scheduler's rows: argmax ids vids, logits
+ * vlogits [k + 1][V], or rows w .. w + k of cand, a step's top candidates with no extra ids, for smp): the kept
+ * drafts and the token after them go to out; returns how many drafts were kept, or -1. */
+int g4_spec_verified(g4_spec *s, int k, const int32_t *vids, float *vlogits, const g4_candidates *cand, int w,
+                     g4_sampler *smp, int32_t *out, g4_error *err);
 /* Then, unless the generation ended on them: the next round's drafts and the roll-back of the rejected rows
  * (final_row: the verification's row n, the state that produced `next`; left: the tokens the generation may still
  * take). */
