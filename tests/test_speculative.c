@@ -1086,6 +1086,104 @@ static void check_scheduled(g4_model *m, const json_t *meta) {
     g4_drafter_free(d);
 }
 
+/* Random schedules: contexts of 2..4 sequences, batches of 24..128 tokens, blocks of 4..16 positions, pools from
+ * tight (a request alone fits) to ample; 7 requests each with no drafter or either one and 1..3 drafts a round or the
+ * drafter's default, greedy or sampled, some cancelled at a random step. No step fails, every greedy request that ran
+ * to its end has plain greedy decoding's ids alone, every sampled one its length, and the pools are whole at the
+ * end. */
+static void check_scheduled_random(g4_model *m) {
+    g4_error err;
+    const int V = g4_model_vocab_size(m);
+    g4_drafter *ds[2] = {load_drafter(m, fix_path("assistant-lmhead")), load_drafter(m, fix_path("assistant-ordered"))};
+    g4_context *alone = new_context(m, 64, 32);
+    if (!ds[0] || !ds[1] || !alone) return;
+    unsigned seed = 2026u;
+#define RND(n) ((int)((seed = seed * 1103515245u + 12345u) >> 8) % (n))
+    const char *more = getenv("G4_SCHED_TRIALS"); /* (a longer search, by hand) */
+    const int trials = more && atoi(more) > 0 ? atoi(more) : getenv("G4_SANITIZE") ? 3 : 8;
+    int greedy_equal = 0, greedy_runs = 0, sampled_ok = 0, sampled_runs = 0, cancelled = 0, whole = 0;
+    for (int t = 0; t < trials; t++) {
+        const int n_seq = 2 + RND(3), batches[3] = {24, 48, 128}, blocks[3] = {4, 8, 16};
+        const int block = blocks[RND(3)];
+        g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = 128, .n_batch = batches[RND(3)], .kv_block_size = block,
+                                .kv_history = g4_drafter_kv_history(ds[0])};
+        if (RND(2)) cp.n_kv_blocks = 128 / block + RND(n_seq * 128 / block); /* a request alone fits */
+        g4_context *ctx = NULL;
+        g4_scheduler *s = NULL;
+        if (g4_context_new(m, &cp, &ctx, &err) || g4_scheduler_new(ctx, &s, &err)) {
+            CHECKF(0, "random schedule %d: %s", t, err.msg);
+            g4_context_free(ctx);
+            continue;
+        }
+        const int free0 = g4_kv_free_blocks(ctx);
+        enum { NR = 7 };
+        int32_t prompts[NR][80];
+        int np[NR], cancel_at[NR];
+        g4_sampler_params sp[NR];
+        g4_generation_params gp[NR];
+        g4_generation *g[NR] = {0};
+        for (int i = 0; i < NR; i++) {
+            np[i] = 1 + RND(79);
+            prompt_ids(np[i], seed + (unsigned)i, V, prompts[i]);
+            g4_sampler_params_default(&sp[i]);
+            sp[i].temperature = RND(3) ? 0.0f : 0.9f;
+            sp[i].top_k = 8;
+            sp[i].seed = seed + (unsigned)i;
+            const int dr = RND(3);
+            gp[i] = (g4_generation_params){.max_new_tokens = 1 + RND(128 - np[i] < 40 ? 128 - np[i] : 40),
+                                           .sampling = &sp[i], .ignore_eos = 1,
+                                           .drafter = dr ? ds[dr - 1] : NULL, .n_draft = RND(4)};
+            cancel_at[i] = RND(5) ? -1 : RND(20);
+            CHECKF(g4_scheduler_submit(s, prompts[i], np[i], &gp[i], NULL, NULL, &g[i], &err) == 0,
+                   "random schedule %d: submit: %s", t, err.msg);
+        }
+        int left, steps = 0;
+        while ((left = g4_scheduler_step(s, &err)) > 0 && steps < 20000) {
+            for (int i = 0; i < NR; i++)
+                if (cancel_at[i] == steps && g[i]) g4_generation_cancel(g[i]);
+            steps++;
+        }
+        CHECKF(left == 0, "random schedule %d: a step failed: %s", t, err.msg);
+        for (int i = 0; i < NR; i++) {
+            if (!g[i]) continue;
+            int n;
+            const int32_t *ids = g4_generation_tokens(g[i], &n);
+            const g4_finish why = g4_generation_finish(g[i]);
+            if (why == G4_FINISH_CANCELLED) {
+                cancelled++;
+            } else if (sp[i].temperature == 0) {
+                g4_generation_params plain = gp[i];
+                plain.drafter = NULL;
+                int32_t want[64];
+                int nw = 0;
+                run_gen(alone, 0, prompts[i], np[i], &plain, want, &nw, NULL);
+                const int same = why == G4_FINISH_LENGTH && n == nw && !memcmp(ids, want, (size_t)n * sizeof *ids);
+                CHECKF(same, "random schedule %d: greedy request %d (%s, %d drafts a round): %d ids differ from plain "
+                       "greedy's %d", t, i, gp[i].drafter ? "drafter" : "no drafter", gp[i].n_draft, n, nw);
+                greedy_runs++, greedy_equal += same;
+            } else {
+                const int ok = why == G4_FINISH_LENGTH && n == gp[i].max_new_tokens;
+                CHECKF(ok, "random schedule %d: sampled request %d: %d tokens of %d, finish %d", t, i, n,
+                       gp[i].max_new_tokens, (int)why);
+                sampled_runs++, sampled_ok += ok;
+            }
+            g4_generation_free(g[i]);
+        }
+        const int w = g4_kv_free_blocks(ctx) == free0;
+        CHECKF(w, "random schedule %d: %d of %d blocks free at the end", t, g4_kv_free_blocks(ctx), free0);
+        whole += w;
+        g4_scheduler_free(s);
+        g4_context_free(ctx);
+    }
+#undef RND
+    printf("random schedules: %d, greedy requests equal to plain greedy %d/%d, sampled ones whole %d/%d, %d "
+           "cancelled, pools whole after %d\n", trials, greedy_equal, greedy_runs, sampled_ok, sampled_runs, cancelled,
+           whole);
+    g4_context_free(alone);
+    g4_drafter_free(ds[0]);
+    g4_drafter_free(ds[1]);
+}
+
 int main(void) {
     snprintf(FIX, sizeof FIX, "%s", g4t_shared("fixtures/assistant"));
     g4_error err;
@@ -1108,6 +1206,7 @@ int main(void) {
         check_nan_drafter(m);
         check_media();
         check_scheduled(m, meta);
+        check_scheduled_random(m);
     }
     g4_model_free(m);
     g4_tensor_set_free(&ref);
