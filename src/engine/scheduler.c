@@ -339,8 +339,8 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
                                   .vals = malloc(rows * cap * sizeof(float)), .fallback = s->logits};
         s->extra_at = malloc((rows + 1) * sizeof(int32_t));
     }
-    if (!s->running || !s->run_list || !s->plan_req || !s->plan_n || !s->plan_d || !s->plan_w || !s->plan_h0 || !s->tok || !s->seq || !s->want || !s->ids || !s->round ||
-        !s->logits || !s->final_rows ||
+    if (!s->running || !s->run_list || !s->plan_req || !s->plan_n || !s->plan_d || !s->plan_w || !s->plan_h0 ||
+        !s->tok || !s->seq || !s->want || !s->ids || !s->round || !s->logits || !s->final_rows ||
         (s->cand_max && (!s->cand.ids || !s->cand.count || !s->cand.vals || !s->extra_at)) ||
         queue_reserve(s, 16)) {
         g4_scheduler_free(s);
