@@ -43,7 +43,7 @@ for step in "$@"; do
             grep -E "error|failed" "$OUT/$t.log" | head -8
         done
         # GGUF types without CUDA kernels, held as Q8_0 (tests/test_cuda_transcode.sh: the tool end to end)
-        "$G4_SOURCE_DIR/tests/test_cuda_transcode.sh" >"$OUT/transcode.log" 2>&1
+        bash "$G4_SOURCE_DIR/tests/test_cuda_transcode.sh" >"$OUT/transcode.log" 2>&1
         echo "test_cuda_transcode rc=$? $(grep -c '^ok' "$OUT/transcode.log") ok" | tee -a "$summary"
         grep -E "^FAIL|skipped" "$OUT/transcode.log" | head -8
         ;;
