@@ -490,7 +490,7 @@ static int accept_round(g4_spec *s, int k, const verify_rows *rows, g4_sampler *
     if (n < 0) return -1;
     memcpy(out, s->drafts, (size_t)n * sizeof *out);
     out[n] = next;
-    if (g4_round_log_add(&s->log, k, n, err)) return -1;
+    if (!s->scheduled && g4_round_log_add(&s->log, k, n, err)) return -1; /* (a scheduler's: its generation's log) */
     return n;
 }
 

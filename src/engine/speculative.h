@@ -89,7 +89,7 @@ struct g4_spec {
     int32_t *vtoks;          /* [cap + 1] the verification's tokens */
     int32_t *seqs;           /* [n_batch] the sequence id, for batches */
     uint8_t *want;           /* [n_batch] */
-    g4_round_log log;        /* per round since the prefill */
+    g4_round_log log;        /* per round since the prefill (not kept for a scheduler's: g4_generation_add_round) */
     g4_spec_capture *capture;
 };
 
