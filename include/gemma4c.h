@@ -768,6 +768,8 @@ typedef struct g4_scheduler_stats {
     double step_seconds;  /* wall time of the steps that ran a batch, from g4_scheduler_step's call to its return */
     double model_seconds; /* of which in the model's forward pass and its on-device sampling (until the ids or
                            * logits are back): the rest is the scheduler's own work and the requests' events */
+    long draft_steps;     /* drafter steps run: the requests drafting after one batch step share each of them */
+    double draft_seconds; /* of the step_seconds, in the drafter (its steps, the drafts back on the host) */
 } g4_scheduler_stats;
 G4_API void g4_scheduler_get_stats(const g4_scheduler *s, g4_scheduler_stats *out);
 

@@ -1211,57 +1211,66 @@ static void test_top_k(void) {
 
 /* ------------------------------------------------------------- masked logits */
 /* The drafter's masked embedder: top-k groups by score (ties -> lower index), products with their table rows,
- * min - 1 everywhere else; groups tie at the top_k boundary, and top_k = every group. */
+ * min - 1 everywhere else; groups tie at the top_k boundary, and top_k = every group; one row and three rows at once
+ * (each its own input, scores and choice of groups). */
 static void test_masked_logits(void) {
-    const int G = 12, per = 37, V = G * per, dim = 53, topks[] = {1, 5, 12};
+    enum { G = 12, per = 37, V = G * per, dim = 53, RMAX = 3 };
+    const int topks[] = {1, 5, 12}, row_counts[] = {1, RMAX};
     for (size_t di = 0; di < 3; di++)
-        for (size_t ti = 0; ti < 3; ti++) {
-            const int top_k = topks[ti];
-            weight w;
-            int64_t shape[2] = {V, dim};
-            weight_make(&w, dtypes[di], 2, shape, 1.0f);
-            float x[53], scores[12], *out = malloc((size_t)V * sizeof(float));
-            double *ref = malloc((size_t)V * sizeof(double));
-            int32_t ordering[12 * 37];
-            fill(x, (size_t)dim, -1, 1);
-            /* top_k - 1 groups score above 1, groups 3 and 9 tie at 0.25 (the boundary: 3 is taken), the rest below 0 */
-            for (int g = 0, above = 0; g < G; g++)
-                scores[g] = g == 3 || g == 9 ? 0.25f : above++ < top_k - 1 ? uniform(1, 3) : uniform(-3, 0);
-            for (int i = 0; i < V; i++) ordering[i] = i;
-            for (int i = V - 1; i > 0; i--) { /* a random permutation */
-                int j = (int)(next_u32() % (uint32_t)(i + 1));
-                int32_t t = ordering[i];
-                ordering[i] = ordering[j], ordering[j] = t;
-            }
-            int taken[12] = {0};
-            double mn = INFINITY;
-            for (int v = 0; v < V; v++) ref[v] = NAN;
-            for (int kk = 0; kk < top_k; kk++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (!taken[g] && (best < 0 || scores[g] > scores[best])) best = g;
-                taken[best] = 1;
-                for (int i = 0; i < per; i++) {
-                    int id = ordering[best * per + i];
-                    double d = 0;
-                    for (int k = 0; k < dim; k++) d += w.ref[(size_t)id * dim + k] * x[k];
-                    ref[id] = d;
-                    mn = d < mn ? d : mn;
+        for (size_t ti = 0; ti < 3; ti++)
+            for (size_t ri = 0; ri < 2; ri++) {
+                const int top_k = topks[ti], rows = row_counts[ri];
+                weight w;
+                int64_t shape[2] = {V, dim};
+                weight_make(&w, dtypes[di], 2, shape, 1.0f);
+                float x[RMAX * dim], scores[RMAX * G], *out = malloc((size_t)rows * V * sizeof(float));
+                double *ref = malloc((size_t)rows * V * sizeof(double));
+                int32_t ordering[V];
+                fill(x, (size_t)rows * dim, -1, 1);
+                for (int i = 0; i < V; i++) ordering[i] = i;
+                for (int i = V - 1; i > 0; i--) { /* a random permutation */
+                    int j = (int)(next_u32() % (uint32_t)(i + 1));
+                    int32_t t = ordering[i];
+                    ordering[i] = ordering[j], ordering[j] = t;
                 }
+                for (int r = 0; r < rows; r++) {
+                    /* top_k - 1 groups score above 1, two groups tie at 0.25 (the boundary: the lower is taken), the
+                     * rest below 0; the tied pair differs by row */
+                    const int t1 = (3 + 4 * r) % G, t2 = (9 + 4 * r) % G;
+                    float *sc = scores + r * G;
+                    for (int g = 0, above = 0; g < G; g++)
+                        sc[g] = g == t1 || g == t2 ? 0.25f : above++ < top_k - 1 ? uniform(1, 3) : uniform(-3, 0);
+                    int taken[G] = {0};
+                    double mn = INFINITY, *rr = ref + (size_t)r * V;
+                    for (int v = 0; v < V; v++) rr[v] = NAN;
+                    for (int kk = 0; kk < top_k; kk++) {
+                        int best = -1;
+                        for (int g = 0; g < G; g++)
+                            if (!taken[g] && (best < 0 || sc[g] > sc[best])) best = g;
+                        taken[best] = 1;
+                        for (int i = 0; i < per; i++) {
+                            int id = ordering[best * per + i];
+                            double d = 0;
+                            for (int k = 0; k < dim; k++) d += w.ref[(size_t)id * dim + k] * x[r * dim + k];
+                            rr[id] = d;
+                            mn = d < mn ? d : mn;
+                        }
+                    }
+                    for (int v = 0; v < V; v++)
+                        if (isnan(rr[v])) rr[v] = mn - 1.0;
+                }
+                float *dx = devf(x, (size_t)rows * dim), *ds = devf(scores, (size_t)rows * G);
+                float *dout = devf(NULL, (size_t)rows * V);
+                int32_t *dord = dev(ordering, sizeof ordering);
+                be->ops->masked_logits(be, dx, ds, rows, G, top_k, dord, &w.dev, dout);
+                back(out, dout, (size_t)rows * V * sizeof(float));
+                EXPECT_CLOSE(out, ref, (size_t)rows * V, 1e-5 * backend_tol(), "masked_logits %s top_k %d, %d rows",
+                             g4_dtype_name(dtypes[di]), top_k, rows);
+                rel(dx), rel(ds), rel(dout), rel(dord);
+                weight_free(&w);
+                free(out);
+                free(ref);
             }
-            for (int v = 0; v < V; v++)
-                if (isnan(ref[v])) ref[v] = mn - 1.0;
-            float *dx = devf(x, (size_t)dim), *ds = devf(scores, (size_t)G), *dout = devf(NULL, (size_t)V);
-            int32_t *dord = dev(ordering, sizeof ordering);
-            be->ops->masked_logits(be, dx, ds, G, top_k, dord, &w.dev, dout);
-            back(out, dout, (size_t)V * sizeof(float));
-            EXPECT_CLOSE(out, ref, (size_t)V, 1e-5 * backend_tol(), "masked_logits %s top_k %d", g4_dtype_name(dtypes[di]),
-                         top_k);
-            rel(dx), rel(ds), rel(dout), rel(dord);
-            weight_free(&w);
-            free(out);
-            free(ref);
-        }
 }
 
 /* ------------------------------------------------------------- KV cache and attention */

@@ -40,8 +40,9 @@ ts = [threading.Thread(target=chat, args=(i,)) for i in range(4)]
 bad = [i for i in range(4) if out[i] != ref["chat_greedy_text"]]
 metrics = urllib.request.urlopen(base + "/metrics").read().decode()
 drafts = [int(l.split()[1]) for l in metrics.splitlines() if l.startswith("gemma4c_draft_tokens_total ")]
-print("drafts verified:", drafts, "; answers differing from transformers':", bad)
-sys.exit(1 if bad or not drafts or drafts[0] <= 0 else 0)
+steps = [int(l.split()[1]) for l in metrics.splitlines() if l.startswith("gemma4c_draft_steps_total ")]
+print("drafts verified:", drafts, "drafter steps:", steps, "; answers differing from transformers':", bad)
+sys.exit(1 if bad or not drafts or drafts[0] <= 0 or not steps or steps[0] <= 0 else 0)
 PY
 check $? "serve --draft: four chats at once (one with logprobs) answer as transformers, drafts verified"
 stop_server

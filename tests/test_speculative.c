@@ -901,14 +901,14 @@ typedef struct {
  * and rounds equal a g4_generation of the same request alone (greedy and seeded sampling); the reference prompt's
  * rounds are transformers' (reference.json); the pools are whole again at the end. candidates: the steps bring back
  * each wanted row's top candidates, as on a GPU (G4_SAMPLE_CANDIDATES=1), where the request alone reads whole rows. */
-static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n_req, int n_kv_blocks, int candidates,
-                     const char *label) {
+static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n_req, int n_seq, int n_kv_blocks,
+                     int candidates, const char *label) {
     g4_error err;
     const int V = g4_model_vocab_size(m);
     g4_drafter *ds[2] = {load_drafter(m, fix_path("assistant-lmhead")), load_drafter(m, fix_path("assistant-ordered"))};
     const char *dnames[2] = {"assistant-lmhead", "assistant-ordered"};
     g4_context *ctx = NULL, *alone = new_context(m, 64, 32);
-    g4_context_params cp = {.n_seq_max = 3, .n_ctx = 256, .n_batch = 128, .kv_block_size = 8,
+    g4_context_params cp = {.n_seq_max = n_seq, .n_ctx = 256, .n_batch = 128, .kv_block_size = 8,
                             .kv_history = g4_drafter_kv_history(ds[0]), .n_kv_blocks = n_kv_blocks};
     g4_scheduler *s = NULL;
     if (candidates) setenv("G4_SAMPLE_CANDIDATES", "1", 1);
@@ -952,7 +952,7 @@ static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n
     }
     g4_scheduler_stats st;
     g4_scheduler_get_stats(s, &st);
-    long drafted_sum = 0, accepted_sum = 0;
+    long drafted_sum = 0, accepted_sum = 0, alone_steps = 0;
     for (int i = 0; i < n_req; i++) {
         if (!g[i]) continue;
         int n, na;
@@ -961,6 +961,8 @@ static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n
         int nr, nr1;
         g4_generation_rounds(g[i], &dr, &ac, &nr);
         for (int r = 0; r < nr; r++) drafted_sum += dr[r], accepted_sum += ac[r];
+        /* drafter steps of its rounds alone: a round drafted after a stop draft or a cut drafts no fewer */
+        for (int r = 0; r < nr; r++) alone_steps += dr[r];
         /* the same request alone */
         g4_generation_params gp = {.max_new_tokens = rq[i].max_new, .sampling = &sp[i], .ignore_eos = 1};
         if (rq[i].drafter) gp.drafter = ds[strcmp(rq[i].drafter, dnames[0]) != 0];
@@ -1014,8 +1016,11 @@ static int sched_run(g4_model *m, const json_t *meta, const sched_req *rq, int n
            st.accepted_tokens, drafted_sum, accepted_sum);
     CHECKF(g4_kv_free_blocks(ctx) == free0, "%s: %d of %d blocks free at the end", label, g4_kv_free_blocks(ctx), free0);
     printf("%s: %d/%d requests equal to each alone, rounds of %d/%d drafting ones equal; %ld drafts, %ld kept, %ld "
-           "steps, %ld preemptions\n", label, equal, n_req, rounds_equal, drafting, st.draft_tokens, st.accepted_tokens,
-           st.steps, st.preemptions);
+           "steps, %ld preemptions; %ld drafter steps for %ld drafts\n", label, equal, n_req, rounds_equal, drafting,
+           st.draft_tokens, st.accepted_tokens, st.steps, st.preemptions, st.draft_steps, alone_steps);
+    if (n_seq >= 4) /* requests drafting after one step share the drafter's steps */
+        CHECKF(st.draft_steps > 0 && 3 * st.draft_steps < 2 * alone_steps, "%s: %ld drafter steps for %ld drafts", label,
+               st.draft_steps, alone_steps);
     for (int i = 0; i < n_req; i++) g4_generation_free(g[i]);
     g4_scheduler_free(s);
     g4_context_free(ctx);
@@ -1040,21 +1045,29 @@ static void check_scheduled(g4_model *m, const json_t *meta) {
         {"assistant-lmhead", 18, 20, 30, 0.8f, 0, 1.3f}, /* sampled with a penalty: whole rows */
         {NULL, 19, 15, 30, 0.8f, 0, 1.3f},
     };
-    sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 0, 0, "scheduled");
-    sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 0, 1, "scheduled, top candidates");
+    sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 3, 0, 0, "scheduled");
+    sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 3, 0, 1, "scheduled, top candidates");
+    /* six requests drafting at once with both drafters (one drafter forward each after a step), rounds of every
+     * length; the reference prompt's rounds among them are still transformers' */
+    const sched_req together[] = {
+        {"assistant-lmhead", 0, 0, 24, 0, 0, 0},   {"assistant-lmhead", 31, 12, 40, 0, 0, 0},
+        {"assistant-ordered", 32, 30, 40, 0, 0, 0}, {"assistant-lmhead", 33, 7, 40, 0.8f, 0, 0},
+        {"assistant-ordered", 34, 18, 9, 0, 0, 0},  {"assistant-lmhead", 35, 25, 40, 0, 0, 0},
+    };
+    sched_run(m, meta, together, 6, 6, 0, 0, "scheduled, drafted together");
     const sched_req ordered[] = {
         {"assistant-ordered", 0, 0, 24, 0, 0, 0}, /* transformers' rounds of the other drafter */
         {"assistant-lmhead", 16, 30, 40, 0, 0, 0},
         {"assistant-ordered", 17, 12, 40, 0.8f, 0, 0},
     };
-    sched_run(m, meta, ordered, 3, 0, 0, "scheduled, ordered drafter");
+    sched_run(m, meta, ordered, 3, 3, 0, 0, "scheduled, ordered drafter");
     const sched_req tight[] = {
         {"assistant-lmhead", 21, 60, 60, 0, 0, 0},
         {"assistant-ordered", 22, 60, 60, 0, 0, 0},
         {"assistant-lmhead", 23, 60, 60, 0.8f, 0, 0},
     };
     /* 3 sequences of up to 120 positions in 8-position blocks, a full pool of 28: someone is preempted */
-    const int pre = sched_run(m, meta, tight, 3, 28, 0, "scheduled, preempted");
+    const int pre = sched_run(m, meta, tight, 3, 3, 28, 0, "scheduled, preempted");
     CHECKF(pre > 0, "the tight pool preempted no request");
 
     /* misuse: a context that keeps no sliding rows beyond a step's; a drafter with log-probabilities */

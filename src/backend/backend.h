@@ -262,11 +262,12 @@ typedef struct g4_backend_ops {
      * Only the token choices come back per step, not the vocabulary rows. */
     void (*top_k)(g4_backend *be, const float *x, int rows, int n, int k, int cap, int32_t *ids, float *vals,
                   int32_t *count);
-    /* The masked embedder's logits of one row x [dim] (docs/gemma4-assistant.md 3.4): the top_k largest of the
-     * n_groups `scores` (ties -> lower index) select the ids ordering[g * per .. g * per + per - 1] of each chosen
-     * group g (per = V / n_groups, table [V, dim]); out[v] = x . table[v] for a selected id and the smallest of
-     * those products minus 1 for every other id (out [V]). */
-    void (*masked_logits)(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
+    /* The masked embedder's logits (docs/gemma4-assistant.md 3.4), per row r of x [rows, dim]: the top_k largest of
+     * the row's n_groups scores (scores [rows, n_groups]; ties -> lower index) select the ids
+     * ordering[g * per .. g * per + per - 1] of each chosen group g (per = V / n_groups, table [V, dim]);
+     * out[r, v] = x[r] . table[v] for a selected id and the smallest of the row's products minus 1 for every other
+     * id (out [rows, V]). */
+    void (*masked_logits)(g4_backend *be, const float *x, const float *scores, int rows, int n_groups, int top_k,
                           const int32_t *ordering, const g4_tensor *table, float *out);
     /* writes k[i, :] and v[i, :] (rows of `row` floats) into row slot[i] of the caches, converted to kv_type */
     void (*kv_store)(g4_backend *be, const float *k, const float *v, int n, int row, const int32_t *slot,

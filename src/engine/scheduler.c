@@ -22,10 +22,14 @@
  *      g4_decode_candidates when every such row's sampler needs only its top candidates and the logits are in
  *      device memory: only those come back, with the logits of its penalized, biased and suppressed ids), each
  *      request that got logits or candidates samples its next token (a verification keeps the drafts its rows
- *      agree with and the token after them: g4_spec_verified; then its next round is drafted and the rejected rows
- *      are rolled back, g4_spec_next; its first round starts from its prompt's first row, transformers' quirk)
- *      with its own sampler (g4_generation_take turns it into events and decides the end), and requests that
- *      ended free their sequence. A step that fails ends its requests with the error (G4_FINISH_ERROR).
+ *      agree with and the token after them: g4_spec_verified; then its next round's drafting and the roll-back of
+ *      the rejected rows are planned, g4_spec_next; its first round starts from its prompt's first row,
+ *      transformers' quirk) with its own sampler (g4_generation_take turns it into events and decides the end), and
+ *      requests that ended free their sequence. A step that fails ends its requests with the error
+ *      (G4_FINISH_ERROR);
+ *   7. the requests that planned a drafting draft together, one drafter forward of all their rows per drafter
+ *      (each drafter step reads its weights once for all of them), and roll their rejected rows back
+ *      (g4_spec_draft_planned).
  * Images and audio: a request's soft tokens take their rows (the generation's) in the step that reads them, and
  * an image's tokens are never split between steps (g4_step_length: a chunk stops before an image that does not
  * fit; when it does not fit what the decode tokens left of the budget, the newest of those wait a step). A
@@ -100,6 +104,10 @@ struct g4_scheduler {
     int extra_cap;
     float *final_rows;     /* [n_batch][H]: final hidden states of an embedding step */
     float *embd;           /* [n_batch][H]: the soft tokens' rows of a step (allocated by the first that has any) */
+    request **draft_req;   /* [n_seq] the requests whose next drafts a step planned, drafted together after it */
+    g4_spec **draft_spec;  /* [n_seq] their states */
+    int *draft_rc;         /* [n_seq] */
+    g4_error *draft_err;   /* [n_seq] */
     g4_scheduler_stats stats;
 };
 
@@ -332,6 +340,10 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
     s->round = malloc(nb * sizeof *s->round);
     s->logits = malloc((size_t)s->logit_rows * (size_t)s->vocab * sizeof *s->logits);
     s->final_rows = malloc(nb * (size_t)s->H * sizeof *s->final_rows);
+    s->draft_req = malloc((size_t)s->n_seq * sizeof *s->draft_req);
+    s->draft_spec = malloc((size_t)s->n_seq * sizeof *s->draft_spec);
+    s->draft_rc = malloc((size_t)s->n_seq * sizeof *s->draft_rc);
+    s->draft_err = malloc((size_t)s->n_seq * sizeof *s->draft_err);
     s->cand_max = g4_context_candidates_max(ctx);
     if (s->cand_max) {
         const size_t cap = (size_t)g4_candidates_cap(s->cand_max), rows = (size_t)s->logit_rows;
@@ -340,7 +352,8 @@ int g4_scheduler_new(g4_context *ctx, g4_scheduler **out, g4_error *err) {
         s->extra_at = malloc((rows + 1) * sizeof(int32_t));
     }
     if (!s->running || !s->run_list || !s->plan_req || !s->plan_n || !s->plan_d || !s->plan_w || !s->plan_h0 ||
-        !s->tok || !s->seq || !s->want || !s->ids || !s->round || !s->logits || !s->final_rows ||
+        !s->tok || !s->seq || !s->want || !s->ids || !s->round || !s->logits || !s->final_rows || !s->draft_req ||
+        !s->draft_spec || !s->draft_rc || !s->draft_err ||
         (s->cand_max && (!s->cand.ids || !s->cand.count || !s->cand.vals || !s->extra_at)) ||
         queue_reserve(s, 16)) {
         g4_scheduler_free(s);
@@ -372,6 +385,10 @@ void g4_scheduler_free(g4_scheduler *s) {
     free(s->plan_d);
     free(s->plan_w);
     free(s->plan_h0);
+    free(s->draft_req);
+    free(s->draft_spec);
+    free(s->draft_rc);
+    free(s->draft_err);
     free(s->tok);
     free(s->seq);
     free(s->want);
@@ -628,7 +645,8 @@ enum { STEP_DRAFTS_MAX = 256 };
 
 /* r's verification step: its newest token and d drafts, wanted rows w .. w + d (argmax ids in s->ids when the step
  * was greedy, else candidates or logits). The kept drafts and the main model's token after them go to the
- * generation, which may end on one of them; else its next round is drafted and the rejected rows are rolled back. */
+ * generation, which may end on one of them; else its next round's drafting and the roll-back of its rejected rows
+ * are planned (draft_planned). */
 static void verified(g4_scheduler *s, request *r, int d, int w, int rows, const float *final) {
     const g4_model *m = s->ctx->model;
     g4_error e;
@@ -656,12 +674,27 @@ static void verified(g4_scheduler *s, request *r, int d, int w, int rows, const 
     for (int j = 0; j < n; j++) r->tokens[r->n_tokens++] = g4_token_read(m, s->round[j], NULL);
     r->n_fed += n;
     r->tokens[r->n_tokens++] = next;
-    if (g4_spec_next(r->spec, final + (size_t)(w + n) * s->H, d, n, s->round[n], g4_generation_left(r->gen), &e)) {
-        g4_generation_fail(r->gen, e.msg);
-        finish(s, r, G4_FINISH_STOP);
-        return;
-    }
+    g4_spec_next(r->spec, final + (size_t)(w + n) * s->H, d, n, s->round[n], g4_generation_left(r->gen));
     g4_generation_deliver(r->gen);
+}
+
+/* After a step's outputs: the next drafts of every request that planned them, one drafter forward for all (a drafter
+ * step of many requests reads its weights once), then their roll-backs. */
+static void draft_planned(g4_scheduler *s) {
+    int n = 0;
+    for (int i = 0; i < s->n_running; i++) {
+        request *r = s->run_list[i];
+        if (r->spec && r->drafting) s->draft_req[n] = r, s->draft_spec[n++] = r->spec;
+    }
+    if (n == 0) return;
+    const double t0 = seconds_now();
+    s->stats.draft_steps += g4_spec_draft_planned(s->draft_spec, n, s->draft_rc, s->draft_err);
+    s->stats.draft_seconds += seconds_now() - t0;
+    for (int i = 0; i < n; i++)
+        if (s->draft_rc[i]) {
+            g4_generation_fail(s->draft_req[i]->gen, s->draft_err[i].msg);
+            finish(s, s->draft_req[i], G4_FINISH_STOP);
+        }
 }
 
 int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
@@ -853,6 +886,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             }
         }
     }
+    draft_planned(s);
     pthread_mutex_lock(&s->lock);
     int left = s->n_running + s->w_count;
     if (n > 0) s->stats.step_seconds += seconds_now() - t_step;

@@ -121,6 +121,7 @@ fail:
 
 void g4_drafter_free(g4_drafter *d) {
     if (!d) return;
+    if (d->m) g4_draft_ws_release(d, &d->batch);
     g4_model_free(d->m);
     free(d);
 }
@@ -134,12 +135,9 @@ void g4_spec_free(g4_spec *s) {
     g4_model *main = (g4_model *)s->d->main; /* outlives the drafter (the context may be gone); its lock is mutable */
     pthread_mutex_lock(&main->backend_lock);
     g4_backend *be = s->d->m->be;
-    void *bufs[] = {s->xin, s->z, s->xn, s->o, s->zn, s->q, s->attn, s->gate, s->up, s->h0, s->cl, s->logits,
-                    s->rope[0], s->rope[1], s->ints};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        if (bufs[i]) OPS->release(be, bufs[i]);
+    g4_draft_ws_release(s->d, &s->ws);
+    if (s->h0) OPS->release(be, s->h0);
     free(s->stop_ids);
-    free(s->ints_host);
     free(s->drafts);
     free(s->vlogits);
     free(s->dlogits);
@@ -198,7 +196,7 @@ static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spe
     if (n_draft < 0) return -1;
     g4_spec_params p = {0};
     if (params) p = *params;
-    const g4_text_config *ac = &d->m->cfg.text, *mc = &d->main->cfg.text;
+    const g4_text_config *mc = &d->main->cfg.text;
     g4_spec *s = calloc(1, sizeof *s);
     if (!s) return g4_fail(err, "out of memory");
     s->ctx = ctx;
@@ -216,33 +214,11 @@ static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spe
     s->raw_q = !scheduled && p.raw_q;
     s->scheduled = scheduled;
     g4_backend *be = d->m->be;
-    const size_t Hb = (size_t)mc->hidden_size, Ha = (size_t)ac->hidden_size, V = (size_t)mc->vocab_size;
+    const size_t Hb = (size_t)mc->hidden_size, V = (size_t)mc->vocab_size;
     const size_t cap = (size_t)s->cap;
-    size_t qmax = 0, imax = 0;
-    for (int l = 0; l < ac->n_layers; l++) {
-        size_t q = (size_t)ac->n_heads * (size_t)ac->layer_head_dim[l];
-        if (q > qmax) qmax = q;
-        if ((size_t)ac->layer_intermediate[l] > imax) imax = (size_t)ac->layer_intermediate[l];
-    }
-    int ok = 1;
-#define ALLOC(field, count) ok = ok && (s->field = OPS->alloc(be, (count) * sizeof *s->field)) != NULL
-    ALLOC(xin, 2 * Hb);
-    ALLOC(z, Ha);
-    ALLOC(xn, Ha);
-    ALLOC(o, Ha);
-    ALLOC(zn, Ha);
-    ALLOC(q, qmax);
-    ALLOC(attn, qmax);
-    ALLOC(gate, imax);
-    ALLOC(up, imax);
-    ALLOC(h0, Hb);
-    ALLOC(logits, (cap && !scheduled ? cap : 1) * V);
-    ALLOC(ints, (size_t)G4_SPEC_TOKENS + cap + 1);
-    if (d->m->cfg.asst.use_ordered_embeddings) ALLOC(cl, (size_t)d->m->cfg.asst.num_centroids);
-    for (int t = 0; t < G4_LAYER_TYPES; t++)
-        if (ac->type_head_dim[t]) ALLOC(rope[t], (size_t)ac->type_head_dim[t]);
-#undef ALLOC
-    s->ints_host = malloc((G4_SPEC_TOKENS + 1) * sizeof *s->ints_host);
+    s->roll_back_to = -1;
+    int ok = (s->h0 = OPS->alloc(be, Hb * sizeof *s->h0)) != NULL;
+    if (!scheduled) ok = ok && g4_draft_ws_reserve(d, &s->ws, 1, s->cap, 1) == 0;
     s->drafts = malloc((cap + 1) * sizeof *s->drafts);
     s->probs = malloc(V * sizeof *s->probs);
     s->resid = malloc(V * sizeof *s->resid);
@@ -257,7 +233,7 @@ static int spec_new_locked(g4_context *ctx, int seq, g4_drafter *d, const g4_spe
     if (p.n_stop_ids > 0 && (s->stop_ids = malloc((size_t)p.n_stop_ids * sizeof *s->stop_ids)))
         memcpy(s->stop_ids, p.stop_ids, (size_t)p.n_stop_ids * sizeof *s->stop_ids);
     s->n_stop = p.n_stop_ids > 0 ? p.n_stop_ids : 0;
-    if (!ok || !s->ints_host || !s->drafts || !s->probs || !s->resid || (s->n_stop && !s->stop_ids) ||
+    if (!ok || !s->drafts || !s->probs || !s->resid || (s->n_stop && !s->stop_ids) ||
         (!scheduled && (!s->vlogits || (s->raw_q && !s->dlogits) || !s->vids || !s->vtoks || !s->seqs || !s->want))) {
         g4_spec_free(s);
         return g4_fail(err, "out of memory for speculative decoding (%d drafts per round)", (int)cap);
@@ -297,15 +273,25 @@ static int drafts_nan(const g4_spec *s, int k, g4_error *err) {
     return 0;
 }
 
-/* Drafts up to k tokens after `last` (at position c - 1) into s->drafts; stops after a stop id. How many, or -1. */
-static int draft(g4_spec *s, int32_t last, int c, int k, g4_error *err) {
-    if (k <= 0) return 0;
-    g4_draft_rows rows = draft_rows(s, c);
-    g4_drafter_forward(s, last, c - 1, &rows, k);
+static g4_draft_job draft_job(g4_spec *s, int32_t last, int c, int k) {
+    return (g4_draft_job){.s = s, .tok = last, .p = c - 1, .k = k, .rows = draft_rows(s, c)};
+}
+
+/* How many of a drafting's k drafts count: up to a stop id (kept as the last candidate, 4.2), or -1. */
+static int drafted(g4_spec *s, int k, g4_error *err) {
     if (drafts_nan(s, k, err)) return -1;
     for (int i = 0; i < k; i++)
-        if (is_stop(s, s->drafts[i])) return i + 1; /* the stop draft is kept as the last candidate (4.2) */
+        if (is_stop(s, s->drafts[i])) return i + 1;
     return k;
+}
+
+/* Drafts up to k tokens after `last` (at position c - 1) into s->drafts with the state's own buffers; stops after a
+ * stop id. How many, or -1. */
+static int draft(g4_spec *s, int32_t last, int c, int k, g4_error *err) {
+    if (k <= 0) return 0;
+    const g4_draft_job job = draft_job(s, last, c, k);
+    g4_drafter_forward(s->d, &s->ws, &job, 1);
+    return drafted(s, k, err);
 }
 
 
@@ -494,6 +480,18 @@ static int accept_round(g4_spec *s, int k, const verify_rows *rows, g4_sampler *
     return n;
 }
 
+/* The roll-back of the rejected rows after a drafting: the verification kept the history of a step ending at c
+ * (tentative, or a scheduler's cache: kv_history -1 keeps what a step from c - 1 reads), so it is always possible and
+ * leaves the sliding pool as a plain run's (kv_cache.h). */
+static int roll_back(g4_spec *s, g4_error *err) {
+    const int to = s->roll_back_to;
+    if (to < 0) return 0;
+    s->roll_back_to = -1;
+    if (g4_seq_truncate(s->ctx, s->seq, to, err)) return -1;
+    s->q0 = s->q1 = to;
+    return 0;
+}
+
 /* After a verification of `last` (at c - 1) and k drafts of which n were kept, then `next`: the next round's state.
  * final_row (backend memory) is the main model's state that produced `next` (4.6); the next round's drafts are made
  * from the rows as the verification left them (4.7), at most `left` - 1 (the tokens the generation may still take
@@ -514,16 +512,16 @@ static int next_round(g4_spec *s, const float *final_row, int c, int k, int n, i
     if (k2 > ctx->n_ctx - c2) k2 = ctx->n_ctx - c2;
     s->n_pending = -1;
     if (k2 > 0 && !is_stop(s, next)) {
-        g4_error derr; /* (a failed draft is none: the next round drafts again and reports it) */
-        s->n_pending = draft(s, next, c2, k2, &derr);
+        if (s->scheduled) {
+            s->planned = draft_job(s, next, c2, k2); /* drafted with the step's other requests */
+        } else {
+            g4_error derr; /* (a failed draft is none: the next round drafts again and reports it) */
+            s->n_pending = draft(s, next, c2, k2, &derr);
+        }
         s->pending_after = next;
     }
-    /* the verification kept the history of a step ending at c (tentative, or a scheduler's cache: kv_history -1
-     * keeps what a step from c - 1 reads), so the roll-back is always possible and leaves the sliding pool as a plain
-     * run's (kv_cache.h) */
-    if (g4_seq_truncate(ctx, s->seq, c2 - 1, err)) return -1;
-    s->q0 = s->q1 = c2 - 1;
-    return 0;
+    s->roll_back_to = c2 - 1;
+    return s->scheduled ? 0 : roll_back(s, err);
 }
 
 static int spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *smp, int32_t *out, int *n_out,
@@ -558,7 +556,7 @@ static int spec_round_locked(g4_spec *s, int32_t last, int budget, g4_sampler *s
     ctx->kv.tentative = 0;
     if (rc) return -1;
     if (!greedy && s->raw_q && k > 0) {
-        OPS->to_host(be, s->dlogits, s->logits, (size_t)k * V * sizeof(float));
+        OPS->to_host(be, s->dlogits, s->ws.logits, (size_t)k * V * sizeof(float));
         OPS->sync(be);
     }
 
@@ -584,8 +582,10 @@ static int spec_draft_locked(g4_spec *s, int32_t last, int k, int32_t *drafts, g
     const int c = g4_seq_length(s->ctx, s->seq) + 1;
     if (c - 1 != s->q1)
         return g4_fail(err, "speculative decoding: sequence %d changed since the last round", s->seq);
-    g4_draft_rows rows = draft_rows(s, c);
-    g4_drafter_forward(s, last, c - 1, &rows, k);
+    if (k > 0) {
+        const g4_draft_job job = draft_job(s, last, c, k);
+        g4_drafter_forward(s->d, &s->ws, &job, 1);
+    }
     if (drafts_nan(s, k, err)) return -1;
     memcpy(drafts, s->drafts, (size_t)k * sizeof *drafts);
     s->n_pending = -1;
@@ -666,6 +666,8 @@ void g4_spec_bind(g4_spec *s, int seq) {
     s->seq = seq;
     s->ready = 0;
     s->n_pending = -1;
+    s->planned.k = 0;
+    s->roll_back_to = -1;
 }
 
 int g4_spec_pending(const g4_spec *s) { return s->ready && s->n_pending > 0 ? s->n_pending : 0; }
@@ -684,15 +686,13 @@ void g4_spec_start(g4_spec *s, int q0, int q1, int32_t next, int left) {
     s->q1 = q1;
     s->ready = 1;
     s->n_pending = -1;
+    s->planned.k = 0;
     const int c = q1 + 1;
     int k = s->n_draft < left - 1 ? s->n_draft : left - 1;
     if (k > ctx->n_ctx - c) k = ctx->n_ctx - c;
     if (k <= 0 || is_stop(s, next)) return;
-    g4_error derr; /* (a failed draft is none) */
-    pthread_mutex_lock(&ctx->model->backend_lock);
-    s->n_pending = draft(s, next, c, k, &derr);
+    s->planned = draft_job(s, next, c, k);
     s->pending_after = next;
-    pthread_mutex_unlock(&ctx->model->backend_lock);
 }
 
 int g4_spec_verified(g4_spec *s, int k, const int32_t *vids, float *vlogits, const g4_candidates *cand, int w,
@@ -702,9 +702,45 @@ int g4_spec_verified(g4_spec *s, int k, const int32_t *vids, float *vlogits, con
     return accept_round(s, k, &rows, smp, out, err);
 }
 
-int g4_spec_next(g4_spec *s, const float *final_row, int k, int n, int32_t next, int left, g4_error *err) {
+void g4_spec_next(g4_spec *s, const float *final_row, int k, int n, int32_t next, int left) {
     pthread_mutex_lock(&s->ctx->model->backend_lock);
-    int rc = next_round(s, final_row, s->q1 + 1, k, n, next, left, err);
+    next_round(s, final_row, s->q1 + 1, k, n, next, left, NULL); /* (a scheduled round only plans) */
     pthread_mutex_unlock(&s->ctx->model->backend_lock);
-    return rc;
+}
+
+/* a step's draftings: one forward per drafter, its rows the most steps first (then by sequence: one order a step) */
+static int by_drafter_and_steps(const void *pa, const void *pb) {
+    const g4_draft_job *a = pa, *b = pb;
+    if (a->s->d != b->s->d) return (uintptr_t)a->s->d < (uintptr_t)b->s->d ? -1 : 1;
+    if (a->k != b->k) return a->k > b->k ? -1 : 1;
+    return a->s->seq < b->s->seq ? -1 : a->s->seq > b->s->seq;
+}
+
+int g4_spec_draft_planned(g4_spec *const *specs, int n, int *rc, g4_error *errs) {
+    if (n <= 0) return 0;
+    int steps = 0;
+    pthread_mutex_lock(&specs[0]->ctx->model->backend_lock);
+    g4_draft_job *jobs = malloc((size_t)n * sizeof *jobs);
+    int nj = 0;
+    for (int i = 0; jobs && i < n; i++)
+        if (specs[i]->planned.k > 0) jobs[nj++] = specs[i]->planned;
+    if (nj > 1) qsort(jobs, (size_t)nj, sizeof *jobs, by_drafter_and_steps);
+    for (int a = 0, b; a < nj; a = b) { /* (out of memory: no drafts this round) */
+        g4_drafter *d = jobs[a].s->d;
+        for (b = a; b < nj && jobs[b].s->d == d; b++) {}
+        if (g4_draft_ws_reserve(d, &d->batch, b - a, jobs[a].k, 0)) continue;
+        g4_drafter_forward(d, &d->batch, jobs + a, b - a);
+        steps += jobs[a].k;
+        for (int j = a; j < b; j++) {
+            g4_error derr; /* (a failed draft is none: the next round drafts again and reports it) */
+            jobs[j].s->n_pending = drafted(jobs[j].s, jobs[j].k, &derr);
+        }
+    }
+    free(jobs);
+    for (int i = 0; i < n; i++) {
+        specs[i]->planned.k = 0;
+        rc[i] = roll_back(specs[i], &errs[i]);
+    }
+    pthread_mutex_unlock(&specs[0]->ctx->model->backend_lock);
+    return steps;
 }

@@ -5,93 +5,168 @@
  * vector) and the head: dense (Ea, no soft-cap) or the centroid masked embedder; the argmax is the draft and the
  * next step's token, written in backend memory, so the steps of a round run without a round trip to the host.
  * All steps of a round share the position p, the RoPE of the queries and the rows (3.5, 5). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "core/error.h"
 #include "engine/speculative.h"
 
 #define OPS (be->ops)
 
-/* One decoder layer (3.2, 3.3) on the single row s->z. */
-static void layer(g4_spec *s, int l, const g4_draft_rows *rows) {
-    const g4_model *dm = s->d->m;
+/* One decoder layer (3.2, 3.3) on the first m rows of w->z; max_keys per layer type over the rows. */
+static void layer(const g4_drafter *d, const g4_context *ctx, g4_draft_ws *w, int l, int m, const int *max_keys) {
+    const g4_model *dm = d->m;
     const g4_text_config *c = &dm->cfg.text;
     const g4_layer *y = &dm->layers[l];
-    const g4_context *ctx = s->ctx;
     g4_backend *be = dm->be;
-    const int Ha = c->hidden_size, NH = c->n_heads, D = c->layer_head_dim[l], t = c->layer_type[l];
+    const int Ha = c->hidden_size, NH = c->n_heads, D = c->layer_head_dim[l], t = c->layer_type[l], R = w->rows;
     const float eps = (float)c->rms_norm_eps;
-    const g4_kv_layer *src = &ctx->kv.layers[s->d->src[t]];
+    const g4_kv_layer *src = &ctx->kv.layers[d->src[t]];
     const g4_kv_pool *pool = &ctx->kv.pool[t];
-    const int lo = rows->lo[t], hi = rows->hi[t];
-
-    OPS->rmsnorm(be, s->z, y->input_norm, 1, Ha, eps, s->xn);
-    OPS->matmul(be, s->xn, 1, y->q_proj, y->q_bias, s->q);
-    OPS->head_norm_rope(be, s->q, 1, NH, D, y->q_norm, eps, s->rope[t]);
-    /* keys lo .. hi-1: the op's query position is hi - 1 and its window hi - lo (none when lo is 0) */
+    OPS->rmsnorm(be, w->z, y->input_norm, m, Ha, eps, w->xn);
+    OPS->matmul(be, w->xn, m, y->q_proj, y->q_bias, w->q);
+    OPS->head_norm_rope(be, w->q, m, NH, D, y->q_norm, eps, w->rope[t]);
     g4_attention_args a = {
-        .q = s->q, .out = s->attn, .n_tokens = 1, .n_heads = NH, .n_kv_heads = c->layer_kv_heads[l],
-        .head_dim = D, .seq = s->ints + G4_SPEC_SEQ, .pos = s->ints + G4_SPEC_ATTN_POS + t,
-        .kv_end = s->ints + G4_SPEC_KV_END + t, .k = src->k, .v = src->v, .kv_type = ctx->kv.type,
-        .block_table = pool->table_dev, .max_blocks = pool->max_blocks, .block_size = ctx->kv.block,
-        .window = lo > 0 ? hi - lo : 0, .max_keys = hi - lo, .scale = 1.0f,
+        .q = w->q, .out = w->attn, .n_tokens = m, .n_heads = NH, .n_kv_heads = c->layer_kv_heads[l],
+        .head_dim = D, .seq = w->ints + G4_DRAFT_SEQ * R, .pos = w->ints + (G4_DRAFT_ATTN_POS + t) * R,
+        .kv_end = w->ints + (G4_DRAFT_KV_END + t) * R, .kv_start = w->ints + (G4_DRAFT_KV_START + t) * R,
+        .k = src->k, .v = src->v, .kv_type = ctx->kv.type, .block_table = pool->table_dev,
+        .max_blocks = pool->max_blocks, .block_size = ctx->kv.block, .max_keys = max_keys[t], .max_seq_tokens = 1, .scale = 1.0f,
     };
     OPS->attention(be, &a);
-    OPS->matmul(be, s->attn, 1, y->o_proj, y->o_bias, s->o);
-    OPS->post_norm_add(be, s->z, s->o, y->post_attn_norm, 1, Ha, eps, 1.0f);
-    OPS->rmsnorm(be, s->z, y->pre_ff_norm, 1, Ha, eps, s->xn);
-    g4_matmul_set gu = {.count = 2, .w = {y->gate_proj, y->up_proj}, .y = {s->gate, s->up}};
-    OPS->matmul_set(be, s->xn, 1, &gu);
-    OPS->gelu_mul(be, s->gate, s->up, (size_t)c->layer_intermediate[l], s->gate);
-    OPS->matmul(be, s->gate, 1, y->down_proj, NULL, s->o);
-    OPS->post_norm_add(be, s->z, s->o, y->post_ff_norm, 1, Ha, eps, y->layer_scalar);
+    OPS->matmul(be, w->attn, m, y->o_proj, y->o_bias, w->o);
+    OPS->post_norm_add(be, w->z, w->o, y->post_attn_norm, m, Ha, eps, 1.0f);
+    OPS->rmsnorm(be, w->z, y->pre_ff_norm, m, Ha, eps, w->xn);
+    g4_matmul_set gu = {.count = 2, .w = {y->gate_proj, y->up_proj}, .y = {w->gate, w->up}};
+    OPS->matmul_set(be, w->xn, m, &gu);
+    OPS->gelu_mul(be, w->gate, w->up, (size_t)m * (size_t)c->layer_intermediate[l], w->gate);
+    OPS->matmul(be, w->gate, m, y->down_proj, NULL, w->o);
+    OPS->post_norm_add(be, w->z, w->o, y->post_ff_norm, m, Ha, eps, y->layer_scalar);
 }
 
-void g4_drafter_forward(g4_spec *s, int32_t tok, int p, const g4_draft_rows *rows, int k) {
-    const g4_model *dm = s->d->m, *mm = s->d->main;
+void g4_drafter_forward(g4_drafter *d, g4_draft_ws *w, const g4_draft_job *jobs, int n) {
+    const g4_model *dm = d->m, *mm = d->main;
     const g4_text_config *c = &dm->cfg.text;
+    const g4_context *ctx = jobs[0].s->ctx;
     g4_backend *be = dm->be;
-    const int Hb = mm->cfg.text.hidden_size, Ha = c->hidden_size, V = c->vocab_size;
-    int32_t *h = s->ints_host;
-    h[G4_SPEC_SEQ] = s->seq;
-    h[G4_SPEC_POS] = p;
-    for (int t = 0; t < G4_LAYER_TYPES; t++) {
-        h[G4_SPEC_ATTN_POS + t] = rows->hi[t] - 1;
-        h[G4_SPEC_KV_END + t] = rows->hi[t];
+    const int Hb = mm->cfg.text.hidden_size, Ha = c->hidden_size, V = c->vocab_size, R = w->rows, K = jobs[0].k;
+    const int nc = dm->cfg.asst.num_centroids;
+    int32_t *h = w->ints_host;
+    int max_keys[G4_LAYER_TYPES] = {0};
+    for (int i = 0; i < n; i++) {
+        const g4_draft_job *j = &jobs[i];
+        h[G4_DRAFT_SEQ * R + i] = j->s->seq;
+        h[G4_DRAFT_POS * R + i] = j->p;
+        for (int t = 0; t < G4_LAYER_TYPES; t++) {
+            h[(G4_DRAFT_ATTN_POS + t) * R + i] = j->rows.hi[t] - 1;
+            h[(G4_DRAFT_KV_END + t) * R + i] = j->rows.hi[t];
+            h[(G4_DRAFT_KV_START + t) * R + i] = j->rows.lo[t];
+            if (j->rows.hi[t] - j->rows.lo[t] > max_keys[t]) max_keys[t] = j->rows.hi[t] - j->rows.lo[t];
+        }
+        h[G4_DRAFT_TOKENS * R + i] = j->tok;
     }
-    h[G4_SPEC_TOKENS] = tok;
-    OPS->to_device(be, s->ints, h, (G4_SPEC_TOKENS + 1) * sizeof(int32_t));
+    OPS->to_device(be, w->ints, h, (size_t)(G4_DRAFT_TOKENS + 1) * R * sizeof(int32_t));
     for (int t = 0; t < G4_LAYER_TYPES; t++)
         if (c->type_head_dim[t])
-            OPS->rope_table(be, s->ints + G4_SPEC_POS, 1, dm->inv_freq[t], c->type_head_dim[t] / 2, s->rope[t]);
-    OPS->copy(be, s->xin + Hb, s->h0, (size_t)Hb * sizeof(float));
-    g4_spec_capture *cap = s->capture && s->capture->n < s->capture->max_draftings ? s->capture : NULL;
-    const int slot = cap ? cap->n++ : 0, kc = cap && k > cap->max_steps ? cap->max_steps : k;
+            OPS->rope_table(be, w->ints + G4_DRAFT_POS * R, n, dm->inv_freq[t], c->type_head_dim[t] / 2, w->rope[t]);
+    /* every step's input is [embedding, hidden]: rows 1 write both into xin, more rows into pair, concatenated */
+    float *emb = R == 1 ? w->xin : w->pair, *hid = R == 1 ? w->xin + Hb : w->pair + (size_t)R * Hb;
+    for (int i = 0; i < n; i++) OPS->copy(be, hid + (size_t)i * Hb, jobs[i].s->h0, (size_t)Hb * sizeof(float));
+    g4_spec_capture *cap = n == 1 && jobs[0].s->capture && jobs[0].s->capture->n < jobs[0].s->capture->max_draftings
+                               ? jobs[0].s->capture : NULL;
+    const int slot = cap ? cap->n++ : 0, kc = cap && K > cap->max_steps ? cap->max_steps : K;
     float *cap_in = cap ? cap->inputs + (size_t)slot * cap->max_steps * 2 * Hb : NULL;
     float *cap_h = cap ? cap->hidden + (size_t)slot * cap->max_steps * Hb : NULL;
-    for (int step = 0; step < k; step++) {
-        int32_t *ids = s->ints + G4_SPEC_TOKENS + step;
-        float *logits = s->logits + (s->scheduled ? 0 : (size_t)step * V);
-        OPS->embed(be, mm->embed, ids, 1, mm->embed_scale, s->xin); /* the MAIN model's scaled embedding */
-        if (cap && step < kc) OPS->to_host(be, cap_in + (size_t)step * 2 * Hb, s->xin, 2 * (size_t)Hb * 4);
-        OPS->matmul(be, s->xin, 1, dm->pre_projection, NULL, s->z);
-        for (int l = 0; l < c->n_layers; l++) layer(s, l, rows);
-        OPS->rmsnorm(be, s->z, dm->final_norm, 1, Ha, (float)c->rms_norm_eps, s->zn);
-        OPS->matmul(be, s->zn, 1, dm->post_projection, NULL, s->xin + Hb); /* the next step's hidden vector */
-        if (cap && step < kc) OPS->to_host(be, cap_h + (size_t)step * Hb, s->xin + Hb, (size_t)Hb * 4);
+    for (int step = 0, m = n; step < K; step++) {
+        while (jobs[m - 1].k <= step) m--; /* the rows still drafting (jobs[0].k == K > step) */
+        int32_t *ids = w->ints + (size_t)(G4_DRAFT_TOKENS + step) * R;
+        float *logits = w->logits + (w->keep_logits ? (size_t)step * V : 0);
+        OPS->embed(be, mm->embed, ids, m, mm->embed_scale, emb); /* the MAIN model's scaled embedding */
+        if (R > 1) OPS->transpose(be, w->pair, 2, R, Hb, w->xin);
+        if (cap && step < kc) OPS->to_host(be, cap_in + (size_t)step * 2 * Hb, w->xin, 2 * (size_t)Hb * 4);
+        OPS->matmul(be, w->xin, m, dm->pre_projection, NULL, w->z);
+        for (int l = 0; l < c->n_layers; l++) layer(d, ctx, w, l, m, max_keys);
+        OPS->rmsnorm(be, w->z, dm->final_norm, m, Ha, (float)c->rms_norm_eps, w->zn);
+        OPS->matmul(be, w->zn, m, dm->post_projection, NULL, hid); /* the next step's hidden vectors */
+        if (cap && step < kc) OPS->to_host(be, cap_h + (size_t)step * Hb, hid, (size_t)Hb * 4);
         if (dm->cfg.asst.use_ordered_embeddings) {
-            OPS->matmul(be, s->zn, 1, dm->centroids, NULL, s->cl);
-            OPS->masked_logits(be, s->zn, s->cl, dm->cfg.asst.num_centroids, dm->cfg.asst.centroid_top_k,
-                               dm->token_ordering, dm->lm_head, logits);
+            OPS->matmul(be, w->zn, m, dm->centroids, NULL, w->cl);
+            OPS->masked_logits(be, w->zn, w->cl, m, nc, dm->cfg.asst.centroid_top_k, dm->token_ordering, dm->lm_head,
+                               logits);
         } else {
-            OPS->matmul(be, s->zn, 1, dm->lm_head, NULL, logits); /* no final_logit_softcapping (6.1) */
+            OPS->matmul(be, w->zn, m, dm->lm_head, NULL, logits); /* no final_logit_softcapping (6.1) */
         }
-        OPS->argmax(be, logits, 1, V, ids + 1);
+        OPS->argmax(be, logits, m, V, ids + R);
     }
-    if (k > 0) OPS->to_host(be, s->drafts, s->ints + G4_SPEC_TOKENS + 1, (size_t)k * sizeof(int32_t));
+    int32_t *toks = h + (size_t)(G4_DRAFT_TOKENS + 1) * R;
+    if (K > 0) OPS->to_host(be, toks, w->ints + (size_t)(G4_DRAFT_TOKENS + 1) * R, (size_t)K * R * sizeof(int32_t));
     if (cap) {
-        OPS->to_host(be, cap->logits + (size_t)slot * cap->max_steps * V, s->logits, (size_t)kc * V * sizeof(float));
-        cap->position[slot] = p;
-        cap->steps[slot] = k;
-        cap->rows[slot] = *rows;
+        OPS->to_host(be, cap->logits + (size_t)slot * cap->max_steps * V, w->logits, (size_t)kc * V * sizeof(float));
+        cap->position[slot] = jobs[0].p;
+        cap->steps[slot] = K;
+        cap->rows[slot] = jobs[0].rows;
     }
     OPS->sync(be);
+    for (int i = 0; i < n; i++)
+        for (int step = 0; step < jobs[i].k; step++) jobs[i].s->drafts[step] = toks[(size_t)step * R + i];
+}
+
+/* ------------------------------------------------------------------ buffers */
+
+void g4_draft_ws_release(const g4_drafter *d, g4_draft_ws *w) {
+    g4_backend *be = d->m->be;
+    void *bufs[] = {w->xin, w->pair, w->z, w->xn, w->o, w->zn, w->q, w->attn, w->gate, w->up, w->cl, w->logits,
+                    w->rope[0], w->rope[1], w->ints};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) OPS->release(be, bufs[i]);
+    free(w->ints_host);
+    memset(w, 0, sizeof *w);
+}
+
+int g4_draft_ws_reserve(const g4_drafter *d, g4_draft_ws *w, int rows, int steps, int keep_logits) {
+    if (w->ints && w->rows >= rows && w->steps >= steps && w->keep_logits == keep_logits) return 0;
+    if (w->ints) { /* grown by half again, so that a growing batch is not made again at every step */
+        if (rows > w->rows && rows < w->rows + w->rows / 2) rows = w->rows + w->rows / 2;
+        if (rows < w->rows) rows = w->rows;
+        if (steps < w->steps) steps = w->steps;
+    }
+    g4_draft_ws_release(d, w);
+    const g4_text_config *ac = &d->m->cfg.text;
+    g4_backend *be = d->m->be;
+    const size_t R = (size_t)rows, Hb = (size_t)d->main->cfg.text.hidden_size, Ha = (size_t)ac->hidden_size;
+    const size_t V = (size_t)ac->vocab_size;
+    size_t qmax = 0, imax = 0;
+    for (int l = 0; l < ac->n_layers; l++) {
+        size_t q = (size_t)ac->n_heads * (size_t)ac->layer_head_dim[l];
+        if (q > qmax) qmax = q;
+        if ((size_t)ac->layer_intermediate[l] > imax) imax = (size_t)ac->layer_intermediate[l];
+    }
+    const size_t n_ints = (G4_DRAFT_TOKENS + (size_t)steps + 1) * R;
+    int ok = 1;
+#define ALLOC(field, count) ok = ok && (w->field = OPS->alloc(be, (count) * sizeof *w->field)) != NULL
+    ALLOC(xin, R * 2 * Hb);
+    if (rows > 1) ALLOC(pair, 2 * R * Hb);
+    ALLOC(z, R * Ha);
+    ALLOC(xn, R * Ha);
+    ALLOC(o, R * Ha);
+    ALLOC(zn, R * Ha);
+    ALLOC(q, R * qmax);
+    ALLOC(attn, R * qmax);
+    ALLOC(gate, R * imax);
+    ALLOC(up, R * imax);
+    ALLOC(logits, (keep_logits ? (size_t)(steps > 0 ? steps : 1) : R) * V);
+    ALLOC(ints, n_ints);
+    if (d->m->cfg.asst.use_ordered_embeddings) ALLOC(cl, R * (size_t)d->m->cfg.asst.num_centroids);
+    for (int t = 0; t < G4_LAYER_TYPES; t++)
+        if (ac->type_head_dim[t]) ALLOC(rope[t], R * (size_t)ac->type_head_dim[t]);
+#undef ALLOC
+    w->ints_host = malloc(n_ints * sizeof *w->ints_host);
+    if (!ok || !w->ints_host) {
+        g4_draft_ws_release(d, w);
+        return -1;
+    }
+    w->rows = rows;
+    w->steps = steps;
+    w->keep_logits = keep_logits;
+    return 0;
 }

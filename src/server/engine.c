@@ -32,6 +32,8 @@ struct srv_engine {
     long long prompt_tokens, cached_tokens, generated_tokens;
     long long steps;                 /* the scheduler's batch steps */
     long long draft_tokens, accepted_tokens; /* drafts verified, of which kept */
+    long long draft_steps;
+    double draft_s;
     double step_s, model_s, busy_s;  /* in those steps; of which in the model; the worker's time with work */
 };
 
@@ -279,6 +281,7 @@ static void *worker(void *arg) {
         e->kv_used = e->kv_total - g4_kv_free_blocks(e->ctx);
         e->steps = st.steps, e->step_s = st.step_seconds, e->model_s = st.model_seconds;
         e->draft_tokens = st.draft_tokens, e->accepted_tokens = st.accepted_tokens;
+        e->draft_steps = st.draft_steps, e->draft_s = st.draft_seconds;
         e->busy_s += now_s() - t_busy;
         pthread_mutex_unlock(&e->mu);
     }
@@ -412,6 +415,7 @@ void srv_engine_stats_get(srv_engine *e, srv_engine_stats *out) {
     pthread_mutex_lock(&e->mu);
     *out = (srv_engine_stats){e->n_unfinished - e->n_running, e->n_running, e->kv_used, e->kv_total,
                               e->prompt_tokens, e->cached_tokens, e->generated_tokens,
-                              e->steps, e->step_s, e->model_s, e->busy_s, e->draft_tokens, e->accepted_tokens};
+                              e->steps, e->step_s, e->model_s, e->busy_s, e->draft_tokens, e->accepted_tokens,
+                              e->draft_steps, e->draft_s};
     pthread_mutex_unlock(&e->mu);
 }

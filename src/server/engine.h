@@ -96,6 +96,8 @@ typedef struct srv_engine_stats {
     double model_seconds; /* of which in the model (forward pass and on-device sampling) */
     double busy_seconds;  /* the worker's time with requests: steps, and handing new requests over */
     long long draft_tokens, accepted_tokens; /* speculative decoding: drafts verified, of which kept */
+    long long draft_steps;                   /* drafter steps (shared by the requests drafting together) */
+    double draft_seconds;                    /* of step_seconds, in the drafter */
 } srv_engine_stats;
 
 /* on_finished (may be NULL) is called on the worker for each job that ends, outside any lock. */

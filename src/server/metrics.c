@@ -78,7 +78,11 @@ char *srv_metrics_text(srv_metrics *m, const srv_engine_stats *st) {
     single(&t, "gemma4c_draft_tokens_total", "counter", "Drafted tokens verified (serve --draft).", st->draft_tokens);
     single(&t, "gemma4c_draft_tokens_accepted_total", "counter", "Of the drafted tokens verified, those kept.",
            st->accepted_tokens);
+    single(&t, "gemma4c_draft_steps_total", "counter",
+           "Drafter steps run (the requests drafting after one batch step share them).", st->draft_steps);
     seconds(&t, "gemma4c_batch_step_seconds_total", "Wall time in batch steps.", st->step_seconds);
+    seconds(&t, "gemma4c_draft_seconds_total", "Of the batch steps' time, the time in the drafter (serve --draft).",
+            st->draft_seconds);
     seconds(&t, "gemma4c_model_seconds_total",
             "Of the batch steps' time, the time in the model's forward pass and on-device sampling.", st->model_seconds);
     seconds(&t, "gemma4c_worker_busy_seconds_total",

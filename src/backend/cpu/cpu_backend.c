@@ -650,7 +650,7 @@ static void masked_rows(void *ctx, int64_t b, int64_t e, int thread) {
     }
 }
 
-static void cpu_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
+static void masked_logits_row(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
                               const int32_t *ordering, const g4_tensor *table, float *out) {
     g4_cpu *cpu = cpu_of(be);
     const int V = (int)table->shape[0], per = V / n_groups, n = top_k * per;
@@ -685,6 +685,14 @@ static void cpu_masked_logits(g4_backend *be, const float *x, const float *score
         if (taken[g]) continue;
         for (int i = 0; i < per; i++) out[ordering[(size_t)g * per + i]] = fill;
     }
+}
+
+static void cpu_masked_logits(g4_backend *be, const float *x, const float *scores, int rows, int n_groups, int top_k,
+                              const int32_t *ordering, const g4_tensor *table, float *out) {
+    const size_t dim = (size_t)table->shape[1], V = (size_t)table->shape[0];
+    for (int r = 0; r < rows; r++)
+        masked_logits_row(be, x + r * dim, scores + (size_t)r * (size_t)n_groups, n_groups, top_k, ordering, table,
+                          out + r * V);
 }
 
 /* --------------------------------------------------------------- KV cache */

@@ -1267,7 +1267,7 @@ void g4c_transpose(g4_backend *be, const float *src, int na, int nb, int c, floa
 void g4c_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out);
 void g4c_top_k(g4_backend *be, const float *x, int rows, int n, int k, int cap, int32_t *ids, float *vals,
                int32_t *count);
-void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
+void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int rows, int n_groups, int top_k,
                        const int32_t *ordering, const g4_tensor *table, float *out);
 /* cuda_towers.cu: the ops of the towers */
 void g4c_towers_init(g4c *c);

@@ -485,15 +485,16 @@ void g4c_top_k(g4_backend *be, const float *x, int rows, int n, int k, int cap, 
 }
 
 /* ---------------------------------------------------------- masked logits */
-/* Four launches, no host round trip: (1) one block picks the top_k groups by score (ties -> lower index) and
- * writes the chosen groups and a flag per group; (2) a warp per selected id writes out[id] = x . table[id];
- * (3) one block takes the smallest of those products; (4) every id of an unchosen group gets it minus 1.
- * Workspace: sel [top_k] int, taken [n_groups] int, fill [1] float. */
+/* Four launches for all rows, no host round trip: (1) a block a row picks the top_k groups by score (ties -> lower
+ * index) and writes the chosen groups and a flag per group; (2) a warp per selected id of a row writes
+ * out[r, id] = x[r] . table[id]; (3) a block a row takes the smallest of its products; (4) every id of a row's
+ * unchosen groups gets it minus 1. Workspace: sel [rows, top_k] int, taken [rows, n_groups] int, fill [rows] float. */
 __global__ void masked_select_kernel(const float *scores, int n_groups, int top_k, int *sel, int *taken) {
     __shared__ float sv[32];
     __shared__ int si[32];
     G4_DYN_SMEM(unsigned char, flag);
     g4_grid_wait();
+    scores += (size_t)blockIdx.x * n_groups, sel += (size_t)blockIdx.x * top_k, taken += (size_t)blockIdx.x * n_groups;
     for (int g = threadIdx.x; g < n_groups; g += blockDim.x) flag[g] = 0;
     __syncthreads();
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -519,29 +520,34 @@ __global__ void masked_select_kernel(const float *scores, int n_groups, int top_
 }
 
 template <int DT>
-__global__ void masked_dot_kernel(const float *x, const int *sel, int per, int n, const int32_t *ordering,
-                                  const unsigned char *table, size_t row_bytes, g4c_qrow q, float *out) {
+__global__ void masked_dot_kernel(const float *x, const int *sel, int top_k, int per, int n, int rows, int V,
+                                  const int32_t *ordering, const unsigned char *table, size_t row_bytes, g4c_qrow q,
+                                  float *out) {
     constexpr int EPA = g4_wacc<DT>::EPA;
     g4_grid_wait();
     const int warps = blockDim.x >> 5, lane = threadIdx.x & 31;
-    for (int i = blockIdx.x * warps + (threadIdx.x >> 5); i < n; i += gridDim.x * warps) {
-        const int id = ordering[(size_t)sel[i / per] * per + i % per];
+    for (int64_t i = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); i < (int64_t)n * rows;
+         i += (int64_t)gridDim.x * warps) {
+        const int r = (int)(i / n), ii = (int)(i % n);
+        const int id = ordering[(size_t)sel[(size_t)r * top_k + ii / per] * per + ii % per];
         const unsigned char *row = table + (size_t)id * row_bytes;
+        const float *xr = x + (size_t)r * q.in;
         float s = 0.0f;
         for (int k = lane * EPA; k < q.in; k += 32 * EPA) {
             float wv[EPA];
             g4_wacc<DT>::decode(row, k, q, wv);
-            for (int j = 0; j < EPA && k + j < q.in; j++) s += wv[j] * x[k + j];
+            for (int j = 0; j < EPA && k + j < q.in; j++) s += wv[j] * xr[k + j];
         }
         s = g4_warp_sum(s);
-        if (lane == 0) out[id] = s;
+        if (lane == 0) out[(size_t)r * V + id] = s;
     }
 }
 
-__global__ void masked_min_kernel(const int *sel, int per, int n, const int32_t *ordering, const float *out,
-                                  float *fill) {
+__global__ void masked_min_kernel(const int *sel, int top_k, int per, int n, int V, const int32_t *ordering,
+                                  const float *out, float *fill) {
     __shared__ float red[32];
     g4_grid_wait();
+    sel += (size_t)blockIdx.x * top_k, out += (size_t)blockIdx.x * V, fill += blockIdx.x;
     float m = INFINITY;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = out[ordering[(size_t)sel[i / per] * per + i % per]];
@@ -557,18 +563,21 @@ __global__ void masked_min_kernel(const int *sel, int per, int n, const int32_t 
     }
 }
 
-__global__ void masked_fill_kernel(const int *taken, int per, int V, const int32_t *ordering, const float *fill,
-                                   float *out) {
+__global__ void masked_fill_kernel(const int *taken, int n_groups, int per, int V, const int32_t *ordering,
+                                   const float *fill, float *out) {
     g4_grid_wait();
-    const float f = *fill;
+    const int r = blockIdx.y;
+    const float f = fill[r];
+    taken += (size_t)r * n_groups, out += (size_t)r * V;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < V; j += gridDim.x * blockDim.x)
         if (!taken[j / per]) out[ordering[j]] = f;
 }
 
-void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int n_groups, int top_k,
+void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int rows, int n_groups, int top_k,
                        const int32_t *ordering, const g4_tensor *table, float *out) {
     g4c *c = g4c_of(be);
     const int V = (int)table->shape[0];
+    if (rows <= 0) return;
     if (n_groups <= 0 || top_k <= 0 || top_k > n_groups || V % n_groups) {
         g4c_note(c, cudaErrorInvalidValue, "masked_logits: groups do not divide the vocabulary");
         return;
@@ -578,26 +587,29 @@ void g4c_masked_logits(g4_backend *be, const float *x, const float *scores, int 
         return;
     }
     const int per = V / n_groups, n = top_k * per;
-    int *ws = (int *)g4c_ws(c, &c->ws_gemm, ((size_t)top_k + (size_t)n_groups + 1) * 4);
+    const size_t R = (size_t)rows;
+    int *ws = (int *)g4c_ws(c, &c->ws_gemm, R * ((size_t)top_k + (size_t)n_groups + 1) * 4);
     if (!ws) return;
-    int *sel = ws, *taken = ws + top_k;
-    float *fill = (float *)(taken + n_groups);
-    g4c_launch(c, masked_select_kernel, dim3(1), dim3(1024), (size_t)n_groups, scores, n_groups, top_k, sel, taken);
+    int *sel = ws, *taken = ws + R * top_k;
+    float *fill = (float *)(taken + R * n_groups);
+    g4c_launch(c, masked_select_kernel, dim3((unsigned)rows), dim3(1024), (size_t)n_groups, scores, n_groups, top_k,
+               sel, taken);
     const g4c_qrow q = g4c_qrow_of(table);
     switch (table->dtype) {
 #define DOT(T)                                                                                                       \
     case T:                                                                                                          \
-        g4c_launch(c, masked_dot_kernel<T>, dim3(blocks_for(c, (size_t)n, 8)), dim3(256), 0, x, (const int *)sel, per, \
-                   n, ordering, (const unsigned char *)table->data, g4c_wrow_bytes(table), q, out);                     \
+        g4c_launch(c, masked_dot_kernel<T>, dim3(blocks_for(c, (size_t)n * R, 8)), dim3(256), 0, x, (const int *)sel, \
+                   top_k, per, n, rows, V, ordering, (const unsigned char *)table->data, g4c_wrow_bytes(table), q,    \
+                   out);                                                                                              \
         break;
         G4C_WEIGHT_TYPES(DOT)
 #undef DOT
     default: break;
     }
-    g4c_launch(c, masked_min_kernel, dim3(1), dim3(1024), 0, (const int *)sel, per, n, ordering, (const float *)out,
-               fill);
-    g4c_launch(c, masked_fill_kernel, dim3(blocks_for(c, (size_t)V, 256)), dim3(256), 0, (const int *)taken, per, V,
-               ordering, (const float *)fill, out);
+    g4c_launch(c, masked_min_kernel, dim3((unsigned)rows), dim3(1024), 0, (const int *)sel, top_k, per, n, V, ordering,
+               (const float *)out, fill);
+    g4c_launch(c, masked_fill_kernel, dim3(blocks_for(c, (size_t)V, 256), (unsigned)rows), dim3(256), 0,
+               (const int *)taken, n_groups, per, V, ordering, (const float *)fill, out);
 }
 
 /* ------------------------------------------------------------- random weights */
