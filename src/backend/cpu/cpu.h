@@ -38,7 +38,7 @@ typedef struct g4_cpu {
     void **owned;
     int n_owned, cap_owned;
     /* the masked_logits op's selected ids */
-    int32_t *sel_buf;
+    void *sel_buf; /* bytes */
     size_t sel_cap;
 } g4_cpu;
 

@@ -629,7 +629,7 @@ typedef struct {
     const float *x;
     const g4_tensor *table;
     const int32_t *ids; /* the selected ids, n of them */
-    float *out;
+    float *vals;        /* their products */
     g4_cpu *cpu;
 } masked_job;
 
@@ -642,10 +642,10 @@ static void masked_rows(void *ctx, int64_t b, int64_t e, int thread) {
     for (int64_t i = b; i < e; i++) {
         int32_t id = j->ids[i];
         if (!row) {
-            j->out[id] = k->dot_bf16((const uint16_t *)j->table->data + (size_t)id * dim, j->x, dim);
+            j->vals[i] = k->dot_bf16((const uint16_t *)j->table->data + (size_t)id * dim, j->x, dim);
         } else {
             g4_tensor_rows_f32(j->table, &id, 1, 1.0f, row);
-            j->out[id] = k->dot_f32(row, j->x, dim);
+            j->vals[i] = k->dot_f32(row, j->x, dim);
         }
     }
 }
@@ -654,10 +654,10 @@ static void masked_logits_row(g4_backend *be, const float *x, const float *score
                               const int32_t *ordering, const g4_tensor *table, float *out) {
     g4_cpu *cpu = cpu_of(be);
     const int V = (int)table->shape[0], per = V / n_groups, n = top_k * per;
-    /* the chosen groups' ids [n], then a flag per group */
-    size_t need = (size_t)n + (size_t)n_groups;
+    /* the chosen groups' ids [n], a flag per group, the products [n] */
+    size_t need = ((size_t)n + (size_t)n_groups) * sizeof(int32_t) + (size_t)n * sizeof(float);
     if (cpu->sel_cap < need) {
-        int32_t *nb = realloc(cpu->sel_buf, need * sizeof *nb);
+        void *nb = realloc(cpu->sel_buf, need);
         if (!nb) {
             cpu->failed = 1;
             return;
@@ -667,6 +667,7 @@ static void masked_logits_row(g4_backend *be, const float *x, const float *score
     }
     int32_t *ids = cpu->sel_buf;
     int32_t *taken = ids + n;
+    float *vals = (float *)(taken + n_groups);
     memset(taken, 0, (size_t)n_groups * sizeof *taken);
     for (int kk = 0; kk < top_k; kk++) {
         int best = -1;
@@ -675,16 +676,14 @@ static void masked_logits_row(g4_backend *be, const float *x, const float *score
         taken[best] = 1;
         memcpy(ids + (size_t)kk * per, ordering + (size_t)best * per, (size_t)per * sizeof *ids);
     }
-    masked_job j = {x, table, ids, out, cpu};
+    masked_job j = {x, table, ids, vals, cpu};
     g4_pool_for(cpu->pool, n, 64, masked_rows, &j);
-    float mn = out[ids[0]];
-    for (int i = 1; i < n; i++) mn = out[ids[i]] < mn ? out[ids[i]] : mn;
-    /* the products stay in place: every other id gets the fill value */
+    float mn = vals[0];
+    for (int i = 1; i < n; i++) mn = vals[i] < mn ? vals[i] : mn;
+    /* the whole row gets the fill value in one pass (not through the ordering), then the products their places */
     const float fill = mn - 1.0f;
-    for (int g = 0; g < n_groups; g++) {
-        if (taken[g]) continue;
-        for (int i = 0; i < per; i++) out[ordering[(size_t)g * per + i]] = fill;
-    }
+    for (int v = 0; v < V; v++) out[v] = fill;
+    for (int i = 0; i < n; i++) out[ids[i]] = vals[i];
 }
 
 static void cpu_masked_logits(g4_backend *be, const float *x, const float *scores, int rows, int n_groups, int top_k,
