@@ -1117,9 +1117,10 @@ static void test_rows_transpose_argmax(void) {
     back(got, dids, sizeof got);
     CHECKF(!memcmp(got, want, sizeof got), "%s: argmax gave %d %d %d %d %d %d %d", be_label, got[0], got[1], got[2],
            got[3], got[4], got[5], got[6]);
-    /* rows shorter than a vector, and of 17..47 (a vector's worth and a tail), the largest value anywhere */
-    for (int len = 1; len < 48; len += 3) {
-        float xs[48];
+    /* rows shorter than a vector, and of 17..47 (a vector's worth and a tail), and around a CPU pass of 64, the
+     * largest value anywhere, with a tie after it */
+    for (int len = 1; len < 210; len += len < 48 ? 3 : 11) {
+        float xs[210];
         for (int at = 0; at < len; at++) {
             for (int i = 0; i < len; i++) xs[i] = (float)(i % 5) - 10.0f;
             xs[at] = 3.0f;

@@ -2,6 +2,7 @@
 #ifndef G4_BACKEND_CPU_CPU_H
 #define G4_BACKEND_CPU_CPU_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -283,6 +284,8 @@ typedef struct g4_cpu_kernels {
     int q8_k_quants;
     /* q_gemm and q_gemv read the plain activation layout (g4_q8_rows.q, d, m), not the grouped one */
     int q_act_plain;
+    /* the first index of the largest of x[n], -1 when x holds a NaN (every value -inf: 0) */
+    int32_t (*argmax)(const float *x, int n);
 } g4_cpu_kernels;
 
 /* the most tokens of one bf16x_tile call */
@@ -299,6 +302,7 @@ typedef struct g4_cpu_kernels {
 /* the scalar exp_sum, gelu_mul and softcap (sets without their own, and the SIMD sets' tails) */
 float g4_cpu_exp_sum_scalar(float *x, size_t n, float shift);
 void g4_cpu_gelu_mul_scalar(const float *g, const float *u, float *y, size_t n);
+int32_t g4_cpu_argmax_scalar(const float *x, int n);
 void g4_cpu_softcap_scalar(float *y, size_t n, float c);
 void g4_cpu_pv_scalar(float *o, size_t ldo, int no, const float *p, size_t ldp, const float *v, size_t ldv, int nv,
                       size_t d);
@@ -349,5 +353,52 @@ const g4_cpu_kernels *g4_cpu_kernels_for(const char *isa);
 void g4_cpu_kernels_use(const g4_cpu_kernels *k);
 
 const g4_cpu_kernels *g4_cpu_kernels_get(void);
+
+/* The argmax kernel's body (g4_cpu_kernels.argmax), compiled into each set with its target (kernels_x86.c,
+ * kernels_arm.c): the first index of a row's largest value, -1 when the row holds a NaN, in one pass. Four
+ * accumulators of 16 lanes (GCC's vector extensions; four chains of compares in flight) keep each lane's largest
+ * value, the first index that held it and whether a NaN went by; then the largest of the 64 with the lowest index.
+ * A row of Gemma's 262144 logits from memory: about 0.11 ms with AVX-512 (0.19 ms for a max pass and a search for
+ * its index; 0.6-0.75 ms for either built for plain x86-64, where the library's generic code was). */
+typedef float argmax_f16 __attribute__((vector_size(64)));
+typedef int32_t argmax_i16 __attribute__((vector_size(64)));
+enum { ARGMAX_LANES = 16, ARGMAX_ACC = 4, ARGMAX_STEP = ARGMAX_LANES * ARGMAX_ACC };
+
+__attribute__((always_inline)) static inline int32_t g4_cpu_argmax_body(const float *v, int n) {
+    int i = 0, nan = 0;
+    float m = -INFINITY;
+    int32_t at = 0;
+    if (n >= ARGMAX_STEP) {
+        const argmax_i16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+        argmax_f16 mv[ARGMAX_ACC];
+        argmax_i16 iv[ARGMAX_ACC], bad = {0};
+        for (int u = 0; u < ARGMAX_ACC; u++) {
+            memcpy(&mv[u], v + u * ARGMAX_LANES, sizeof mv[u]);
+            iv[u] = lane + u * ARGMAX_LANES;
+            bad |= mv[u] != mv[u];
+        }
+        for (i = ARGMAX_STEP; i + ARGMAX_STEP <= n; i += ARGMAX_STEP)
+            for (int u = 0; u < ARGMAX_ACC; u++) {
+                argmax_f16 a;
+                memcpy(&a, v + i + u * ARGMAX_LANES, sizeof a);
+                const argmax_i16 gt = a > mv[u]; /* (false for NaN: the NaN test catches it) */
+                bad |= a != a;
+                mv[u] = (argmax_f16)((gt & (argmax_i16)a) | (~gt & (argmax_i16)mv[u]));
+                iv[u] = (gt & (lane + (i + u * ARGMAX_LANES))) | (~gt & iv[u]);
+            }
+        m = mv[0][0], at = iv[0][0];
+        for (int u = 0; u < ARGMAX_ACC; u++)
+            for (int j = 0; j < ARGMAX_LANES; j++) {
+                nan |= bad[j] != 0;
+                if (mv[u][j] > m || (mv[u][j] == m && iv[u][j] < at)) m = mv[u][j], at = iv[u][j];
+            }
+    }
+    for (int t = i; t < n; t++) { /* (a later index wins no tie) */
+        nan |= v[t] != v[t];
+        if (v[t] > m) m = v[t], at = t;
+    }
+    return nan ? -1 : at; /* (every value -inf: the first) */
+}
+
 
 #endif

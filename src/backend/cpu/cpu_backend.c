@@ -507,41 +507,6 @@ static void cpu_transpose(g4_backend *be, const float *src, int na, int nb, int 
                    src + ((size_t)a * (size_t)nb + (size_t)b) * (size_t)c, (size_t)c * sizeof(float));
 }
 
-/* The first index of a row's largest value, -1 when the row holds a NaN: the largest value and any NaN by 16
- * lanes of vectors (GCC's vector extensions: SSE, AVX or NEON as the target has them), then the first index that
- * holds it. A compare-and-branch loop over Gemma's 262144 logits took about 0.3 ms a row. */
-typedef float argmax_f16 __attribute__((vector_size(64)));
-typedef int32_t argmax_i16 __attribute__((vector_size(64)));
-
-static int32_t argmax_row(const float *v, int n) {
-    int i = 0;
-    float m = -INFINITY;
-    int nan = 0;
-    if (n >= 16) {
-        argmax_f16 mv, a;
-        argmax_i16 bad = {0};
-        memcpy(&mv, v, sizeof mv);
-        for (; i + 16 <= n; i += 16) {
-            memcpy(&a, v + i, sizeof a);
-            const argmax_i16 gt = a > mv; /* (false for NaN: the NaN test catches it) */
-            bad |= a != a;
-            mv = (argmax_f16)((gt & (argmax_i16)a) | (~gt & (argmax_i16)mv));
-        }
-        for (int j = 0; j < 16; j++) {
-            nan |= bad[j] != 0;
-            if (mv[j] > m) m = mv[j];
-        }
-    }
-    for (int t = i; t < n; t++) {
-        nan |= v[t] != v[t];
-        if (v[t] > m) m = v[t];
-    }
-    if (nan) return -1;
-    for (int t = 0; t < n; t++)
-        if (v[t] == m) return t;
-    return 0; /* (every value -inf: the first) */
-}
-
 typedef struct {
     const float *x;
     int n;
@@ -551,7 +516,8 @@ typedef struct {
 static void argmax_rows(void *ctx, int64_t b, int64_t e, int thread) {
     (void)thread;
     const argmax_job *j = ctx;
-    for (int64_t r = b; r < e; r++) j->out[r] = argmax_row(j->x + (size_t)r * (size_t)j->n, j->n);
+    const g4_cpu_kernels *k = g4_cpu_kernels_get();
+    for (int64_t r = b; r < e; r++) j->out[r] = k->argmax(j->x + (size_t)r * (size_t)j->n, j->n);
 }
 
 static void cpu_argmax(g4_backend *be, const float *x, int rows, int n, int32_t *out) {

@@ -84,6 +84,17 @@ static void f32_tile_scalar(const float *w, size_t ldw, int nr, const float *x, 
         for (int t = 0; t < nt; t++) y[(size_t)t * ldy + (size_t)r] = dot_f32_scalar(w + (size_t)r * ldw, x + (size_t)t * ldx, n);
 }
 
+int32_t g4_cpu_argmax_scalar(const float *x, int n) {
+    float m = -INFINITY;
+    int32_t at = 0;
+    int nan = 0;
+    for (int i = 0; i < n; i++) {
+        nan |= x[i] != x[i];
+        if (x[i] > m) m = x[i], at = i;
+    }
+    return nan ? -1 : at;
+}
+
 static void bf16_tile_scalar(const uint16_t *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n,
                              float *y, size_t ldy) {
     for (int r = 0; r < nr; r++)
@@ -93,7 +104,8 @@ static void bf16_tile_scalar(const uint16_t *w, size_t ldw, int nr, const float 
 static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scalar, bf16_to_f32_scalar,
                                         axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL,
                                         g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, g4_cpu_softcap_scalar,
-                                        g4_cpu_pv_scalar, bf16_tile_scalar, NULL, NULL, NULL, NULL, 0, 0};
+                                        g4_cpu_pv_scalar, bf16_tile_scalar, NULL, NULL, NULL, NULL, 0, 0,
+                                        g4_cpu_argmax_scalar};
 
 static const g4_cpu_kernels *chosen;
 

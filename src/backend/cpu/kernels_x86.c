@@ -1452,20 +1452,25 @@ __attribute__((target("avx512f"))) static void softcap_avx512(float *y, size_t n
 PV(pv_avx2, "avx2,fma", __m256, 8, 2, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps)
 PV(pv_avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps, _mm512_fmadd_ps)
 
+__attribute__((target("avx2,fma"))) static int32_t argmax_avx2(const float *x, int n) { return g4_cpu_argmax_body(x, n); }
+__attribute__((target("avx512f"))) static int32_t argmax_avx512(const float *x, int n) {
+    return g4_cpu_argmax_body(x, n);
+}
+
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
                                       axpy_avx2, NULL, f32_tile_avx2, q_pack_avx2, exp_sum_avx2, gelu_mul_avx2,
                                       softcap_avx2, pv_avx2, bf16_tile_avx2, q_gemm_avx2, q_gemv_avx2, NULL, NULL, 1,
-                                      1};
+                                      1, argmax_avx2};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                         bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, NULL,
-                                        q8_group_row_avx512, 1, 0};
+                                        q8_group_row_avx512, 1, 0, argmax_avx512};
 static const g4_cpu_kernels k_avx512_bf16 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                              axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                              exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                              bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, bf16x_tile_avx512,
-                                             q8_group_row_avx512, 1, 0};
+                                             q8_group_row_avx512, 1, 0, argmax_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();
