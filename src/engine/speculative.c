@@ -274,7 +274,7 @@ static int drafts_nan(const g4_spec *s, int k, g4_error *err) {
 }
 
 static g4_draft_job draft_job(g4_spec *s, int32_t last, int c, int k) {
-    return (g4_draft_job){.s = s, .tok = last, .p = c - 1, .k = k, .rows = draft_rows(s, c)};
+    return (g4_draft_job){.s = s, .h0 = s->h0, .tok = last, .p = c - 1, .k = k, .rows = draft_rows(s, c)};
 }
 
 /* How many of a drafting's k drafts count: up to a stop id (kept as the last candidate, 4.2), or -1. */
@@ -499,7 +499,7 @@ static int roll_back(g4_spec *s, g4_error *err) {
 static int next_round(g4_spec *s, const float *final_row, int c, int k, int n, int32_t next, int left, g4_error *err) {
     g4_context *ctx = s->ctx;
     g4_backend *be = ctx->model->be;
-    OPS->copy(be, s->h0, final_row, (size_t)ctx->model->cfg.text.hidden_size * sizeof(float));
+    if (!s->scheduled) OPS->copy(be, s->h0, final_row, (size_t)ctx->model->cfg.text.hidden_size * sizeof(float));
     if (s->d->schedule != G4_SCHEDULE_CONSTANT) { /* 1.2: HF's update_candidate_strategy */
         int na = n == k ? s->n_draft + 2 : s->n_draft - 1 > 1 ? s->n_draft - 1 : 1;
         s->n_draft = na < s->cap ? na : s->cap;
@@ -513,7 +513,8 @@ static int next_round(g4_spec *s, const float *final_row, int c, int k, int n, i
     s->n_pending = -1;
     if (k2 > 0 && !is_stop(s, next)) {
         if (s->scheduled) {
-            s->planned = draft_job(s, next, c2, k2); /* drafted with the step's other requests */
+            s->planned = draft_job(s, next, c2, k2); /* drafted with the step's other requests, before the next step */
+            s->planned.h0 = final_row;
         } else {
             g4_error derr; /* (a failed draft is none: the next round drafts again and reports it) */
             s->n_pending = draft(s, next, c2, k2, &derr);

@@ -74,9 +74,11 @@ struct g4_drafter {
                                      model's backend lock */
 };
 
-/* One request's drafting: k steps at position p after token `tok`, from its h0 and the cache rows `rows`. */
+/* One request's drafting: k steps at position p after token `tok`, from the hidden state h0 (backend memory: the
+ * state's h0, or a scheduler's step's final row, valid until its next step) and the cache rows `rows`. */
 typedef struct g4_draft_job {
     g4_spec *s;
+    const float *h0;
     int32_t tok;
     int p, k;
     g4_draft_rows rows;

@@ -71,7 +71,7 @@ void g4_drafter_forward(g4_drafter *d, g4_draft_ws *w, const g4_draft_job *jobs,
             OPS->rope_table(be, w->ints + G4_DRAFT_POS * R, n, dm->inv_freq[t], c->type_head_dim[t] / 2, w->rope[t]);
     /* every step's input is [embedding, hidden]: rows 1 write both into xin, more rows into pair, concatenated */
     float *emb = R == 1 ? w->xin : w->pair, *hid = R == 1 ? w->xin + Hb : w->pair + (size_t)R * Hb;
-    for (int i = 0; i < n; i++) OPS->copy(be, hid + (size_t)i * Hb, jobs[i].s->h0, (size_t)Hb * sizeof(float));
+    for (int i = 0; i < n; i++) OPS->copy(be, hid + (size_t)i * Hb, jobs[i].h0, (size_t)Hb * sizeof(float));
     g4_spec_capture *cap = n == 1 && jobs[0].s->capture && jobs[0].s->capture->n < jobs[0].s->capture->max_draftings
                                ? jobs[0].s->capture : NULL;
     const int slot = cap ? cap->n++ : 0, kc = cap && K > cap->max_steps ? cap->max_steps : K;
