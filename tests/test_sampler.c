@@ -946,6 +946,59 @@ static void test_rewind_draw(void) {
     g4_sampler_free(s);
 }
 
+/* The modified ids and candidates' k a verification row will have after drafts (g4_sampler_candidate_extras_after):
+ * as a set, those of a sampler that accepted the drafts; the sampler itself as it was (the same distributions, the
+ * same rewinds allowed, the same draws as a twin that was never asked). */
+static int cmp_i32(const void *pa, const void *pb) {
+    const int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return (a > b) - (a < b);
+}
+
+static void test_extras_after(void) {
+    enum { V = 64, HIST = 40, DRAFTS = 12 };
+    float x[V];
+    int32_t hist[HIST], drafts[DRAFTS], a[V + 8], b[V + 8];
+    for (int t = 0; t < 80; t++) {
+        g4_sampler_params p;
+        g4_sampler_params_default(&p);
+        p.temperature = t % 4 == 0 ? 0.0f : 0.8f;
+        p.top_k = 8;
+        p.repetition_penalty = 1.3f;
+        p.presence_penalty = t % 2 ? 0.2f : 0.0f;
+        p.penalty_last_n = t % 3 == 0 ? -1 : 2 + (int)(urand() * 12);
+        p.seed = 99u + (unsigned)t;
+        for (int i = 0; i < V; i++) x[i] = (float)(nrand() * 2.0);
+        const int n_hist = (int)(urand() * HIST);
+        for (int i = 0; i < n_hist; i++) hist[i] = (int32_t)(urand() * 20);
+        for (int i = 0; i < DRAFTS; i++) drafts[i] = (int32_t)(urand() * V); /* mostly ids the history lacks */
+        g4_sampler *s = make(&p, V), *twin = make(&p, V);
+        g4_sampler_accept_many(s, hist, n_hist);
+        g4_sampler_accept_many(twin, hist, n_hist);
+        for (int j = 0; j <= DRAFTS; j++) {
+            int k = -1;
+            const int ne = g4_sampler_candidate_extras_after(s, drafts, j, a, &k);
+            g4_sampler *w = make(&p, V);
+            g4_sampler_accept_many(w, hist, n_hist);
+            g4_sampler_accept_many(w, drafts, j);
+            const int nw = g4_sampler_candidate_extras(w, b);
+            qsort(a, (size_t)ne, sizeof *a, cmp_i32);
+            qsort(b, (size_t)nw, sizeof *b, cmp_i32);
+            CHECKF(ne == nw && !memcmp(a, b, (size_t)ne * sizeof *a) && k == g4_sampler_candidates_k(w),
+                   "case %d: after %d drafts %d modified ids (k %d), a sampler that accepted them %d (k %d)", t, j, ne,
+                   k, nw, g4_sampler_candidates_k(w));
+            g4_sampler_free(w);
+        }
+        /* left as it was: the twin's distribution, rewinds and draws */
+        check_probs(s, x, V, &p, hist, n_hist, "after extras_after");
+        CHECK(g4_sampler_rewind(s, n_hist) == g4_sampler_rewind(twin, n_hist));
+        g4_sampler_accept_many(s, drafts, DRAFTS);
+        g4_sampler_accept_many(twin, drafts, DRAFTS);
+        for (int d = 0; d < 20; d++) CHECK(g4_sampler_sample(s, x) == g4_sampler_sample(twin, x));
+        g4_sampler_free(s);
+        g4_sampler_free(twin);
+    }
+}
+
 static void test_bias_suppress(void) {
     const int V = 30;
     float x[30];
@@ -1449,6 +1502,7 @@ int main(void) {
     RUN(test_seeds);
     RUN(test_penalties);
     RUN(test_rewind_draw);
+    RUN(test_extras_after);
     RUN(test_bias_suppress);
     RUN(test_generation_config);
     RUN(test_stop_strings);

@@ -1042,8 +1042,10 @@ static void check_scheduled(g4_model *m, const json_t *meta) {
         {"assistant-lmhead", 14, 5, 3, 0, 0, 0},   /* a round cut by the length */
         {"assistant-ordered", 0, 0, 24, 0, 1, 0},  /* the reference prompt again: its cached prefix */
         {"assistant-lmhead", 15, 40, 40, 0.8f, 1, 0},
-        {"assistant-lmhead", 18, 20, 30, 0.8f, 0, 1.3f}, /* sampled with a penalty: whole rows */
+        {"assistant-lmhead", 18, 20, 30, 0.8f, 0, 1.3f}, /* sampled with a penalty (candidates: each verification
+                                                            row with the modified ids after its drafts) */
         {NULL, 19, 15, 30, 0.8f, 0, 1.3f},
+        {"assistant-ordered", 24, 30, 40, 0, 0, 1.3f}, /* greedy with a penalty: not a plain argmax */
     };
     sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 3, 0, 0, "scheduled");
     sched_run(m, meta, mixed, (int)(sizeof mixed / sizeof mixed[0]), 3, 0, 1, "scheduled, top candidates");

@@ -77,6 +77,8 @@ typedef struct g4_candidates {
     int n_extra;
     const int32_t *extra_row, *extra_id; /* [n_extra] */
     float *extra_vals;                   /* [n_extra] */
+    const int32_t *extra_at;             /* NULL, or [rows + 1]: row r's extras are extra_at[r] .. extra_at[r + 1] - 1
+                                            (the caller's index for its samplers; g4_decode_candidates ignores it) */
 } g4_candidates;
 static inline int g4_candidates_cap(int k) { return k < 64 ? k + 64 : 2 * k; }
 

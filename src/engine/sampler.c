@@ -1166,6 +1166,16 @@ int g4_sampler_candidate_extras(const g4_sampler *s, int32_t *ids) {
     return s->n_static > 0 || s->penalties_on ? mod_ids_now(s, ids) : 0;
 }
 
+int g4_sampler_candidate_extras_after(g4_sampler *s, const int32_t *ids, int n, int32_t *extras, int *k) {
+    const uint64_t max = s->n_accepted_max, before = s->n_accepted;
+    g4_sampler_accept_many(s, ids, n);
+    const int ne = g4_sampler_candidate_extras(s, extras);
+    if (k) *k = g4_sampler_candidates_k(s);
+    g4_sampler_rewind(s, (int)(s->n_accepted - before));
+    s->n_accepted_max = max;
+    return ne;
+}
+
 /* sample_candidates' draw (probs NULL), or its distribution into probs (*nz its non-zero entries) */
 static int32_t run_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n, const float *extra_vals,
                               float *probs, int *nz) {

@@ -82,6 +82,10 @@ int g4_sampler_probs(g4_sampler *s, const float *logits, float *probs);
 #define G4_SAMPLER_CANDIDATES_MAX 1024
 int g4_sampler_candidates_k(const g4_sampler *s);
 int g4_sampler_candidate_extras(const g4_sampler *s, int32_t *ids);
+/* g4_sampler_candidate_extras and (into *k) g4_sampler_candidates_k as they will be after accepting ids[0 .. n-1]
+ * (a verification row after drafts; n <= G4_SAMPLER_REWIND_MAX): the sampler is left as it was, but the order of its
+ * modified ids may change (match extras by id). */
+int g4_sampler_candidate_extras_after(g4_sampler *s, const int32_t *ids, int n, int32_t *extras, int *k);
 int32_t g4_sampler_sample_candidates(g4_sampler *s, const int32_t *ids, const float *vals, int n,
                                      const float *extra_vals);
 /* g4_sampler_probs from the candidates (as g4_sampler_sample_candidates takes them): the same distribution. */

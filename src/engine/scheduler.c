@@ -792,18 +792,22 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             n_want++;
             const int argmax = g4_generation_is_argmax(r->gen);
             all_greedy &= argmax;
-            const int kr = g4_generation_candidates_k(r->gen), ne = g4_generation_candidate_extras(r->gen, NULL);
-            /* (a verification's rows take candidates without modified ids: each row's history has the drafts
-             * before it, which the ids asked for now do not know) */
-            top_k = kr == 0 || kr > s->cand_max || top_k < 0 || (r->drafting && !argmax && ne) ? -1
-                    : kr > top_k                                                            ? kr
-                                                                                            : top_k;
-            if (top_k > 0 && ne && !r->drafting) { /* the modified ids of the row's sampler (penalties, bias,
-                                                      suppression) */
-                if (n_extra + ne > s->extra_cap && extras_reserve(s, n_extra + ne)) top_k = -1;
-                else {
-                    g4_generation_candidate_extras(r->gen, s->extra_id + n_extra);
-                    for (int e = 0; e < ne; e++) s->extra_row[n_extra + e] = s->plan_w[i];
+            /* the candidates' k and the modified ids (penalties, bias, suppression) of each wanted row's sampler: a
+             * verification's row j as its sampler will be after accepting drafts 0 .. j-1 */
+            g4_sampler *smp = g4_generation_sampler(r->gen);
+            for (int j = 0; j <= (argmax ? 0 : d) && top_k >= 0; j++) {
+                int kr = g4_generation_candidates_k(r->gen);
+                const int ne = j == 0 ? g4_generation_candidate_extras(r->gen, NULL)
+                                      : g4_sampler_candidate_extras_after(smp, drafts, j, NULL, &kr);
+                top_k = kr == 0 || kr > s->cand_max ? -1 : kr > top_k ? kr : top_k;
+                if (top_k > 0 && ne) {
+                    if (n_extra + ne > s->extra_cap && extras_reserve(s, n_extra + ne)) {
+                        top_k = -1;
+                        break;
+                    }
+                    if (j == 0) g4_generation_candidate_extras(r->gen, s->extra_id + n_extra);
+                    else g4_sampler_candidate_extras_after(smp, drafts, j, s->extra_id + n_extra, NULL);
+                    for (int e = 0; e < ne; e++) s->extra_row[n_extra + e] = s->plan_w[i] + j;
                     n_extra += ne;
                 }
             }
@@ -830,6 +834,7 @@ int g4_scheduler_step(g4_scheduler *s, g4_error *err) {
             }
             s->cand.n_extra = n_extra;
             s->cand.extra_row = s->extra_row, s->cand.extra_id = s->extra_id, s->cand.extra_vals = s->extra_vals;
+            s->cand.extra_at = s->extra_at;
             rc = g4_decode_candidates(ctx, &b, &s->cand, err);
         } else rc = g4_decode(ctx, &b, s->logits, err);
         g4_context_capture(ctx, NULL, NULL);

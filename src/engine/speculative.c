@@ -352,24 +352,60 @@ static float *row_logits(const verify_rows *r, int i, int V) {
     return r->cand ? r->cand->fallback + (size_t)(r->w + i) * V : r->logits + (size_t)i * V;
 }
 
+/* The raw logits of a candidates row's extras in the order the sampler lists its modified ids now (the step fetched
+ * them by id, for the history the row's verification has: g4_sampler_candidate_extras_after) into vals, or NULL
+ * when it has none; 0, or -1 when one was not fetched. */
+static int row_extras(const g4_sampler *smp, const g4_candidates *c, int row, const float **out, int32_t *ids,
+                      float *vals) {
+    *out = NULL;
+    const int ne = g4_sampler_candidate_extras(smp, NULL);
+    if (ne == 0) return 0;
+    if (!c->extra_at || ne > G4_SAMPLER_CANDIDATES_MAX) return -1;
+    g4_sampler_candidate_extras(smp, ids);
+    const int a = c->extra_at[row], b = c->extra_at[row + 1];
+    for (int e = 0; e < ne; e++) {
+        int f = a;
+        while (f < b && c->extra_id[f] != ids[e]) f++;
+        if (f == b) return -1;
+        vals[e] = c->extra_vals[f];
+    }
+    *out = vals;
+    return 0;
+}
+
 /* sampler functions on row i: the distribution into probs (its non-zero entries, -1 when every id is banned), a
- * draw */
+ * draw (-1 when every id is banned); -2 for a candidates row without its sampler's modified ids (a scheduler bug) */
 static int row_probs(g4_sampler *smp, const verify_rows *r, int i, int V, float *probs) {
     const g4_candidates *c = r->cand;
     const int row = r->w + i;
-    if (c && c->count[row] >= 0)
+    if (c && c->count[row] >= 0) {
+        int32_t ids[G4_SAMPLER_CANDIDATES_MAX];
+        float vals[G4_SAMPLER_CANDIDATES_MAX];
+        const float *extra;
+        if (row_extras(smp, c, row, &extra, ids, vals)) return -2;
         return g4_sampler_probs_candidates(smp, c->ids + (size_t)row * c->cap, c->vals + (size_t)row * c->cap,
-                                           c->count[row], NULL, probs);
+                                           c->count[row], extra, probs);
+    }
     return g4_sampler_probs(smp, row_logits(r, i, V), probs);
 }
 
 static int32_t row_sample(g4_sampler *smp, const verify_rows *r, int i, int V) {
     const g4_candidates *c = r->cand;
     const int row = r->w + i;
-    if (c && c->count[row] >= 0)
+    if (c && c->count[row] >= 0) {
+        int32_t ids[G4_SAMPLER_CANDIDATES_MAX];
+        float vals[G4_SAMPLER_CANDIDATES_MAX];
+        const float *extra;
+        if (row_extras(smp, c, row, &extra, ids, vals)) return -2;
         return g4_sampler_sample_candidates(smp, c->ids + (size_t)row * c->cap, c->vals + (size_t)row * c->cap,
-                                            c->count[row], NULL);
+                                            c->count[row], extra);
+    }
     return g4_sampler_sample(smp, row_logits(r, i, V));
+}
+
+static int row_failed(int rc, int row, g4_error *err) {
+    return rc == -2 ? g4_fail(err, "verification row %d came back without its sampler's modified ids", row)
+                    : g4_fail(err, "every token of verification row %d is banned", row);
 }
 
 /* Speculative sampling (4.9; transformers' _speculative_sampling): draft i is kept while a uniform draw is
@@ -385,8 +421,8 @@ static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, const v
     const int V = s->ctx->model->cfg.text.vocab_size;
     int n = 0;
     for (; n <= k; n++) {
-        if (row_probs(smp, rows, n, V, s->probs) < 0)
-            return g4_fail(err, "every token of verification row %d is banned", n);
+        const int nz = row_probs(smp, rows, n, V, s->probs);
+        if (nz < 0) return row_failed(nz, n, err);
         if (n == k) break;
         const int32_t d = s->drafts[n];
         const double q = s->raw_q ? softmax_at(s->dlogits + (size_t)n * V, V, d) : 1.0, r = g4_sampler_uniform(smp);
@@ -460,7 +496,7 @@ static int accept_round(g4_spec *s, int k, const verify_rows *rows, g4_sampler *
             next = plain ? rows->ids[n] : row_sample(smp, rows, n, V);
             if (next < 0) {
                 g4_sampler_rewind(smp, hist);
-                return g4_fail(err, "every token of verification row %d is banned", n);
+                return row_failed(next, n, err);
             }
             if (n == k || next != s->drafts[n]) break;
             if (!plain) {
