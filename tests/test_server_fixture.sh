@@ -25,14 +25,20 @@ f=$shared/fixtures/assistant
 if [ -f "$f/reference.json" ]; then
     start_server "$tmp/assistant.log" -m "$f" --draft "$f/assistant-lmhead" --ctx 256 -t 2
     "$py" - "$SERVER_URL" "$f/reference.json" <<'PY'
-import json, sys, urllib.request
+import json, sys, time, urllib.request
 base, ref = sys.argv[1], json.load(open(sys.argv[2]))
 body = {"model": "assistant", "prompt": ref["input_ids"], "max_tokens": len(ref["greedy_ids"]), "temperature": 0,
         "ignore_eos": True}
 req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
 usage = json.load(urllib.request.urlopen(req, timeout=300))["usage"]
-m = dict(l.split() for l in urllib.request.urlopen(base + "/metrics").read().decode().splitlines()
-         if l.startswith("gemma4c_draft_tokens"))
+# (the engine publishes its counters after each batch step: the reply can come before the step that ended it has
+# returned; running 0 is published with that step's counters)
+for _ in range(100):
+    m = dict(l.split() for l in urllib.request.urlopen(base + "/metrics").read().decode().splitlines()
+             if l.startswith("gemma4c_draft_tokens") or l.startswith("gemma4c_requests_running"))
+    if m.get("gemma4c_requests_running") == "0":
+        break
+    time.sleep(0.05)
 lm = ref["assistant"]["lmhead"]
 want = [sum(lm["drafts_per_round"]), sum(lm["accepted_per_round"])]
 got = [int(m.get("gemma4c_draft_tokens_total", -1)), int(m.get("gemma4c_draft_tokens_accepted_total", -1))]
