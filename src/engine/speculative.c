@@ -373,34 +373,23 @@ static int row_extras(const g4_sampler *smp, const g4_candidates *c, int row, co
     return 0;
 }
 
-/* sampler functions on row i: the distribution into probs (its non-zero entries, -1 when every id is banned), a
- * draw (-1 when every id is banned); -2 for a candidates row without its sampler's modified ids (a scheduler bug) */
-static int row_probs(g4_sampler *smp, const verify_rows *r, int i, int V, float *probs) {
+/* The sampler on row i: a draw (probs NULL; -1 when every id is banned) or the distribution into probs (its non-zero
+ * entries, -1 when every id is banned); -2 for a candidates row without its sampler's modified ids (a scheduler bug) */
+static int32_t row_sampler(g4_sampler *smp, const verify_rows *r, int i, int V, float *probs) {
     const g4_candidates *c = r->cand;
     const int row = r->w + i;
-    if (c && c->count[row] >= 0) {
-        int32_t ids[G4_SAMPLER_CANDIDATES_MAX];
-        float vals[G4_SAMPLER_CANDIDATES_MAX];
-        const float *extra;
-        if (row_extras(smp, c, row, &extra, ids, vals)) return -2;
-        return g4_sampler_probs_candidates(smp, c->ids + (size_t)row * c->cap, c->vals + (size_t)row * c->cap,
-                                           c->count[row], extra, probs);
+    if (!c || c->count[row] < 0) {
+        float *x = row_logits(r, i, V);
+        return probs ? g4_sampler_probs(smp, x, probs) : g4_sampler_sample(smp, x);
     }
-    return g4_sampler_probs(smp, row_logits(r, i, V), probs);
-}
-
-static int32_t row_sample(g4_sampler *smp, const verify_rows *r, int i, int V) {
-    const g4_candidates *c = r->cand;
-    const int row = r->w + i;
-    if (c && c->count[row] >= 0) {
-        int32_t ids[G4_SAMPLER_CANDIDATES_MAX];
-        float vals[G4_SAMPLER_CANDIDATES_MAX];
-        const float *extra;
-        if (row_extras(smp, c, row, &extra, ids, vals)) return -2;
-        return g4_sampler_sample_candidates(smp, c->ids + (size_t)row * c->cap, c->vals + (size_t)row * c->cap,
-                                            c->count[row], extra);
-    }
-    return g4_sampler_sample(smp, row_logits(r, i, V));
+    int32_t ids[G4_SAMPLER_CANDIDATES_MAX];
+    float vals[G4_SAMPLER_CANDIDATES_MAX];
+    const float *extra;
+    if (row_extras(smp, c, row, &extra, ids, vals)) return -2;
+    const int32_t *cid = c->ids + (size_t)row * c->cap;
+    const float *cval = c->vals + (size_t)row * c->cap;
+    return probs ? g4_sampler_probs_candidates(smp, cid, cval, c->count[row], extra, probs)
+                 : g4_sampler_sample_candidates(smp, cid, cval, c->count[row], extra);
 }
 
 static int row_failed(int rc, int row, g4_error *err) {
@@ -421,7 +410,7 @@ static int verify_sampling(g4_spec *s, g4_sampler *smp, int k, int done, const v
     const int V = s->ctx->model->cfg.text.vocab_size;
     int n = 0;
     for (; n <= k; n++) {
-        const int nz = row_probs(smp, rows, n, V, s->probs);
+        const int nz = row_sampler(smp, rows, n, V, s->probs);
         if (nz < 0) return row_failed(nz, n, err);
         if (n == k) break;
         const int32_t d = s->drafts[n];
@@ -493,7 +482,7 @@ static int accept_round(g4_spec *s, int k, const verify_rows *rows, g4_sampler *
     int32_t next = -1;
     if (greedy) {
         for (;; n++) {
-            next = plain ? rows->ids[n] : row_sample(smp, rows, n, V);
+            next = plain ? rows->ids[n] : row_sampler(smp, rows, n, V, NULL);
             if (next < 0) {
                 g4_sampler_rewind(smp, hist);
                 return row_failed(next, n, err);

@@ -4,7 +4,9 @@
  * from its paged cache, through the sequence's block table), final norm, post_projection (the next step's hidden
  * vector) and the head: dense (Ea, no soft-cap) or the centroid masked embedder; the argmax is the draft and the
  * next step's token, written in backend memory, so the steps of a round run without a round trip to the host.
- * All steps of a round share the position p, the RoPE of the queries and the rows (3.5, 5). */
+ * All steps of a round share the position p, the RoPE of the queries and the rows (3.5, 5). One forward drafts for
+ * many requests of a context at once (a scheduler's step): each row its own sequence, position, RoPE angles and key
+ * range, the weights read once a step for all of them; a row leaves after its k steps. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +33,8 @@ static void layer(const g4_drafter *d, const g4_context *ctx, g4_draft_ws *w, in
         .head_dim = D, .seq = w->ints + G4_DRAFT_SEQ * R, .pos = w->ints + (G4_DRAFT_ATTN_POS + t) * R,
         .kv_end = w->ints + (G4_DRAFT_KV_END + t) * R, .kv_start = w->ints + (G4_DRAFT_KV_START + t) * R,
         .k = src->k, .v = src->v, .kv_type = ctx->kv.type, .block_table = pool->table_dev,
-        .max_blocks = pool->max_blocks, .block_size = ctx->kv.block, .max_keys = max_keys[t], .max_seq_tokens = 1, .scale = 1.0f,
+        .max_blocks = pool->max_blocks, .block_size = ctx->kv.block, .max_keys = max_keys[t], .max_seq_tokens = 1,
+        .scale = 1.0f,
     };
     OPS->attention(be, &a);
     OPS->matmul(be, w->attn, m, y->o_proj, y->o_bias, w->o);
