@@ -20,7 +20,13 @@ static float frand(void) {
     return (float)(rng >> 8) / 16777216.0f * 2.0f - 1.0f;
 }
 
-/* A weight tensor of `type` with random values; MLX scales/biases in BF16. */
+/* extreme: weights whose codes sit at their type's largest magnitudes (each block one value apart from the rest:
+ * 1 and -0.875, so that the offset types' and the affine types' rows reach their top codes on even or odd rows)
+ * and activations all 1 (int8 127), so that every product of a lane has the same sign: the integer sums' bounds
+ * (AVX2 sums a lane's 8 products in int16 for the types of small codes) */
+static int extreme;
+
+/* A weight tensor of `type` with random values (or extreme ones); MLX scales/biases in BF16. */
 typedef struct {
     g4_tensor t;
     unsigned char *data;
@@ -38,7 +44,8 @@ static void make_weight(weight *w, g4_dtype type, int rows, int in) {
         w->bi = malloc((size_t)rows * (size_t)(in / group) * 2);
     }
     for (int r = 0; r < rows; r++) {
-        for (int i = 0; i < in; i++) row[i] = frand() * (1.0f + (float)(r % 3));
+        for (int i = 0; i < in; i++)
+            row[i] = extreme ? ((i % 32 == 0) == (r % 2 == 0) ? 1.0f : -0.875f) : frand() * (1.0f + (float)(r % 3));
         if (bits)
             g4_mlx_quant_row(bits, group, row, in, w->data + (size_t)r * rb, w->sc + (size_t)r * (in / group),
                              w->bi + (size_t)r * (in / group), G4_BF16);
@@ -113,7 +120,7 @@ static void test_matmul(g4_backend *be, const char *isa) {
                 float *x = malloc((size_t)n * in * sizeof(float)), *y = malloc((size_t)n * rows * sizeof(float));
                 float *bias = malloc((size_t)rows * sizeof(float));
                 double *ref = malloc((size_t)n * rows * sizeof(double)), *mag = malloc((size_t)n * rows * sizeof(double));
-                for (int i = 0; i < n * in; i++) x[i] = frand() * (i % 5 ? 1.0f : 4.0f);
+                for (int i = 0; i < n * in; i++) x[i] = extreme ? 1.0f : frand() * (i % 5 ? 1.0f : 4.0f);
                 for (int i = 0; i < rows; i++) bias[i] = frand();
                 const float *b = ni == 1 ? bias : NULL;
                 be->ops->matmul(be, x, n, &held, b, y);
@@ -251,6 +258,9 @@ int main(void) {
             g4_cpu_kernels_use(k);
             if (threads == 1) test_vectors(k, *isa), test_q8_group_row(k, *isa);
             test_matmul(be, *isa);
+            extreme = 1;
+            test_matmul(be, *isa);
+            extreme = 0;
             test_moe_split(be, *isa);
             if (threads == 1) printf("tested the %s kernels\n", *isa);
             ran++;

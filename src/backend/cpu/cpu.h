@@ -88,6 +88,9 @@ typedef struct g4_q8_rows {
     size_t in_pad, nb_pad;
     unsigned char *qg;
     size_t ng;
+    /* with q_act_quarters: q's codes again, each group of 4 blocks (128 bytes) in quarter order: byte
+     * 32 j + 4 (i + 4 h) + e = block i's element 16 h + 4 j + e (kernels_x86.c, AVX2's q_gemm) */
+    int8_t *qq;
     g4_dtype type; /* the weights' type the rows were prepared for (g4_q8_mode, g4_q8_off) */
 } g4_q8_rows;
 
@@ -286,6 +289,8 @@ typedef struct g4_cpu_kernels {
     int q_act_plain;
     /* the first index of the largest of x[n], -1 when x holds a NaN (every value -inf: 0) */
     int32_t (*argmax)(const float *x, int n);
+    /* q_gemm reads g4_q8_rows.qq (the plain codes in quarter order) beside the plain layout */
+    int q_act_quarters;
 } g4_cpu_kernels;
 
 /* the most tokens of one bf16x_tile call */

@@ -227,7 +227,9 @@ TILE(bf16_tile_avx512, "avx512f", uint16_t, __m512, 16, load_bf16x16, _mm512_loa
  * group instead of one a block. */
 #define T2 "avx2,fma,f16c"
 
-/* A group as q_pack stores it (G4_QW_GROUP bytes): the 4 blocks' codes in element order (32 bytes each), then its s
+/* A group as q_pack stores it (G4_QW_GROUP bytes): the 4 blocks' codes in quarter order (q2_quarters: 4 x 32
+ * bytes, the order of the activations' g4_q8_rows.qq, so that q_gemm sums a lane's products without horizontal adds;
+ * q_gemv, which decodes each group in registers, keeps element order and three vphaddd a group), then its s
  * (8 floats: lane i / 4 + i the scale of block i's elements 0-15 / 16-31), in the first group of each pair
  * (groups 2p, 2p + 1) the pair's s2 (8 floats: lane k block 8p + k's offset term), and for Q2_K its mins (8 floats
  * at 192, lanes as s's); 224 bytes. Blocks past the row's end: zero codes and scales.
@@ -448,6 +450,25 @@ __attribute__((target(T2), always_inline)) static inline __m256i q2_group_dots(c
     return _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
 }
 
+/* A group's codes from element order (c[i] = block i) into quarter order (c[j]: lane i + 4 h = block i's elements
+ * 16 h + 4 j .. + 3): a 4 x 4 transpose of the 32-bit lanes within each 128-bit half. A lane's sum over the four
+ * quarters is the lane of q2_group_dots, by vertical adds (q_gemm; the activations in g4_q8_rows.qq). */
+__attribute__((target(T2), always_inline)) static inline void q2_quarters(__m256i c[4]) {
+    const __m256i t0 = _mm256_unpacklo_epi32(c[0], c[1]), t1 = _mm256_unpackhi_epi32(c[0], c[1]),
+                  t2 = _mm256_unpacklo_epi32(c[2], c[3]), t3 = _mm256_unpackhi_epi32(c[2], c[3]);
+    c[0] = _mm256_unpacklo_epi64(t0, t2);
+    c[1] = _mm256_unpackhi_epi64(t0, t2);
+    c[2] = _mm256_unpacklo_epi64(t1, t3);
+    c[3] = _mm256_unpackhi_epi64(t1, t3);
+}
+
+/* the types whose codes are at most 32 in magnitude (as vpmaddubsw takes them): a lane's four pair sums of 2 x 32 x
+ * 127 at most fit int16 */
+static inline int q2_small(g4_dtype t) {
+    return t == G4_Q4_0 || t == G4_Q5_0 || t == G4_Q4_K || t == G4_Q5_K || t == G4_AF4 || t == G4_Q2_K ||
+           t == G4_Q6_K || t == G4_Q3_K || t == G4_MXF4;
+}
+
 /* token t's pair p: its 8 blocks' codes, group h's d in lanes i and 4 + i (dx[h]), m of block 8p + k in lane k, and
  * with min16 (Q2_K) group h's code sums per 16 times dx (sx[h], lanes as dx's; zero past the row) */
 typedef struct {
@@ -505,7 +526,8 @@ __attribute__((target(T2), always_inline)) static inline void q_pack_avx2_typed(
             _mm256_storeu_ps((float *)(o + 192), mn[g % 2]);
             __m256i c[4];
             q2_codes(type, row, g, nb, c);
-            for (int i = 0; i < 4; i++) _mm256_storeu_si256((__m256i *)(o + 32 * i), c[i]);
+            q2_quarters(c);
+            for (int j = 0; j < 4; j++) _mm256_storeu_si256((__m256i *)(o + 32 * j), c[j]);
         }
     }
 }
@@ -517,29 +539,53 @@ __attribute__((target(T2))) static void q_pack_avx2(g4_dtype type, const unsigne
 #undef CALL
 }
 
-/* packed row times tokens t0 .. t0 + NT - 1 (NT <= 2: the row's codes shared) */
-__attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_fixed(const unsigned char *wp,
-                                                                                const g4_q8_rows *a, int t0, int ng,
-                                                                                float *y, size_t ldy, const int NT,
-                                                                                const int sgn, const int min16) {
+/* packed row wp times tokens t0 .. t0 + NT - 1 (NT <= 2), the group dots from quarters (q2_quarters): each lane's
+ * four quarters summed vertically, in int16 before the one vpmaddwd when they fit (small), then q2_pair_step's
+ * float steps in its order, group by group (the same bits as q_gemv). (Tiles of 2 x 2 and 1 x 4 measured no faster
+ * on a Sapphire Rapids core.) */
+__attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_tile(const unsigned char *wp,
+                                                                               const g4_q8_rows *a, int t0, int ng,
+                                                                               float *y, size_t ldy, const int NT,
+                                                                               const int sgn, const int min16,
+                                                                               const int small) {
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int p = 0; 2 * p < ng; p++) {
-        const unsigned char *g0 = wp + (size_t)2 * p * G4_QW_GROUP, *g1 = g0 + G4_QW_GROUP;
         const int two = 2 * p + 1 < ng;
-        const __m256 s[2] = {_mm256_loadu_ps((const float *)(g0 + 128)),
-                             two ? _mm256_loadu_ps((const float *)(g1 + 128)) : _mm256_setzero_ps()},
-                     s2 = _mm256_loadu_ps((const float *)(g0 + 160));
-        const __m256 mn[2] = {min16 ? _mm256_loadu_ps((const float *)(g0 + 192)) : _mm256_setzero_ps(),
-                              min16 && two ? _mm256_loadu_ps((const float *)(g1 + 192)) : _mm256_setzero_ps()};
-        __m256i c0[4], c1[4];
-        for (int i = 0; i < 4; i++) {
-            c0[i] = _mm256_loadu_si256((const __m256i *)(g0 + 32 * i));
-            c1[i] = two ? _mm256_loadu_si256((const __m256i *)(g1 + 32 * i)) : _mm256_setzero_si256();
+        q2_x x[2];
+        __m256 v[2];
+        for (int t = 0; t < NT; t++) x[t] = q2_xload(a, t0 + t, p, min16);
+        for (int g = 0; g < 1 + two; g++) {
+            const unsigned char *gp = wp + (size_t)(2 * p + g) * G4_QW_GROUP;
+            __m256i sum[2];
+            for (int j = 0; j < 4; j++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(gp + 32 * j));
+                for (int t = 0; t < NT; t++) {
+                    const __m256i xv = _mm256_loadu_si256(
+                        (const __m256i *)(a->qq + (size_t)(t0 + t) * a->in_pad + 256 * (size_t)p + 128 * g + 32 * j));
+                    const __m256i d = sgn ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w))
+                                          : _mm256_maddubs_epi16(w, xv);
+                    if (small)
+                        sum[t] = j ? _mm256_add_epi16(sum[t], d) : d;
+                    else
+                        sum[t] = j ? _mm256_add_epi32(sum[t], _mm256_madd_epi16(d, ones)) : _mm256_madd_epi16(d, ones);
+                }
+            }
+            const __m256 s = _mm256_loadu_ps((const float *)(gp + 128));
+            for (int t = 0; t < NT; t++) {
+                const __m256 h = _mm256_cvtepi32_ps(small ? _mm256_madd_epi16(sum[t], ones) : sum[t]);
+                v[t] = g ? _mm256_fmadd_ps(h, _mm256_mul_ps(s, x[t].dx[1]), v[t])
+                         : _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(gp + 160)), x[t].m,
+                                           _mm256_mul_ps(h, _mm256_mul_ps(s, x[t].dx[0])));
+            }
         }
+        const unsigned char *g0 = wp + (size_t)2 * p * G4_QW_GROUP;
         for (int t = 0; t < NT; t++) {
-            const q2_x x = q2_xload(a, t0 + t, p, min16);
-            const __m256i h0 = q2_group_dots(c0, x.q, sgn), h1 = two ? q2_group_dots(c1, x.q + 128, sgn) : h0;
-            acc[t] = q2_pair_step(acc[t], h0, h1, two, s, s2, mn, &x, min16);
+            if (min16) {
+                v[t] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(g0 + 192)), x[t].sx[0], v[t]);
+                if (two) v[t] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(g0 + G4_QW_GROUP + 192)), x[t].sx[1], v[t]);
+            }
+            acc[t] = _mm256_add_ps(acc[t], v[t]);
         }
     }
     for (int t = 0; t < NT; t++) y[(size_t)t * ldy] = hsum256(acc[t]);
@@ -548,25 +594,30 @@ __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_fixed(
 __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_sgn(const unsigned char *wp, int nr,
                                                                               const g4_q8_rows *a, int t0, int nt,
                                                                               int ng, float *y, size_t ldy,
-                                                                              const int sgn, const int min16) {
+                                                                              const int sgn, const int min16,
+                                                                              const int small) {
     const size_t ldw = (size_t)ng * G4_QW_GROUP;
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t += 2) {
             if (nt - t >= 2)
-                q_gemm_avx2_fixed(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 2, sgn, min16);
+                q_gemm_avx2_tile(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 2, sgn, min16, small);
             else
-                q_gemm_avx2_fixed(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, sgn, min16);
+                q_gemm_avx2_tile(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, sgn, min16, small);
         }
 }
 
 __attribute__((target(T2))) static void q_gemm_avx2(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
                                                    int nt, int ng, float *y, size_t ldy) {
-    if (q2_signed(a->type))
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1, 0);
+    if (q2_signed(a->type) && q2_small(a->type))
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1, 0, 1);
+    else if (q2_signed(a->type))
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1, 0, 0);
     else if (g4_q8_mode(a->type) == G4_Q8_MIN16)
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 1);
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 1, 1);
+    else if (q2_small(a->type))
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 0, 1);
     else
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 0);
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 0, 0);
 }
 
 /* decode: NR rows as stored, far apart (stride), times token t's row, each group decoded in registers */
@@ -1460,17 +1511,17 @@ __attribute__((target("avx512f"))) static int32_t argmax_avx512(const float *x, 
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
                                       axpy_avx2, NULL, f32_tile_avx2, q_pack_avx2, exp_sum_avx2, gelu_mul_avx2,
                                       softcap_avx2, pv_avx2, bf16_tile_avx2, q_gemm_avx2, q_gemv_avx2, NULL, NULL, 1,
-                                      1, argmax_avx2};
+                                      1, argmax_avx2, 1};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                         bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, NULL,
-                                        q8_group_row_avx512, 1, 0, argmax_avx512};
+                                        q8_group_row_avx512, 1, 0, argmax_avx512, 0};
 static const g4_cpu_kernels k_avx512_bf16 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                              axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                              exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                              bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, bf16x_tile_avx512,
-                                             q8_group_row_avx512, 1, 0, argmax_avx512};
+                                             q8_group_row_avx512, 1, 0, argmax_avx512, 0};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

@@ -17,9 +17,10 @@
  * - q_pack + q_gemm (AVX-512 VNNI, AVX2, NEON): each block of 16 rows is unpacked once into groups of 4
  *   blocks and register tiles pass over every token. AVX-512: unsigned codes in the activations'
  *   order, scales in lanes, two vpdpbusd per 128 products; the offset term starts the integer sums
- *   (g4_q8_rows.qg), so no correction follows. AVX2 (no VNNI) and NEON: codes in element order on
- *   the plain activations (q_act_plain), vpmaddubsw + vpmaddwd (AVX2) or SDOT / widening multiplies
- *   (NEON) a block, one multiply-add a group (kernels_x86.c, kernels_arm.c).
+ *   (g4_q8_rows.qg), so no correction follows. AVX2 (no VNNI) and NEON: the plain activations
+ *   (q_act_plain), vpmaddubsw + vpmaddwd (AVX2) or SDOT / widening multiplies (NEON), one multiply-add
+ *   a group (kernels_x86.c, kernels_arm.c); AVX2's q_gemm reads each group's codes in quarter order
+ *   (q_act_quarters, g4_q8_rows.qq), so that a lane's products add up vertically.
  *   Below 4 tokens (decode) q_gemv unpacks each group in registers instead: the same arithmetic,
  *   the same bits.
  * Either way a row's value does not depend on the batch (the same tiles and order for one
@@ -61,6 +62,8 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
             if (!q) continue;
         }
         if (qg) memset(qg, 0, a->ng * G4_Q8_GROUP);
+        if (a->qq) /* (the blocks past the row in the last group, and the groups past it) */
+            memset(a->qq + (size_t)t * a->in_pad + 128 * (nb / 4), 0, a->in_pad - 128 * (nb / 4));
         for (size_t b = 0; b < nb; b++) {
             const float *xb = xt + 32 * b;
             float amax = 0;
@@ -73,6 +76,11 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
                 qb[j] = (int8_t)v;
                 s += v;
             }
+            if (a->qq) /* the quarters of block b%4 of group b/4 */
+                for (int h = 0; h < 2; h++)
+                    for (int j = 0; j < 4; j++)
+                        memcpy(a->qq + (size_t)t * a->in_pad + 128 * (b / 4) + 32 * j + 4 * (b % 4 + 4 * h),
+                               qb + 16 * h + 4 * j, 4);
             if (q) {
                 memcpy(q + 32 * b, qb, 32);
                 d[b] = db;
@@ -220,11 +228,13 @@ int g4_cpu_q8_prepare(g4_cpu *cpu, const float *x, int n, size_t in, g4_dtype ty
     } else {
         a->nb_pad = (in / 32 + 7) & ~(size_t)7;
         a->in_pad = a->nb_pad * 32;
-        float *buf = g4_cpu_act_buf(cpu, (size_t)n * (a->in_pad + 2 * a->nb_pad * sizeof(float)));
+        const size_t quarters = k->q_act_quarters ? (size_t)n * a->in_pad : 0;
+        float *buf = g4_cpu_act_buf(cpu, (size_t)n * (a->in_pad + 2 * a->nb_pad * sizeof(float)) + quarters);
         if (!buf) return -1;
         a->d = buf;
         a->m = a->d + (size_t)n * a->nb_pad;
         a->q = (int8_t *)(a->m + (size_t)n * a->nb_pad);
+        a->qq = quarters ? a->q + (size_t)n * a->in_pad : NULL;
     }
     quantize_job qj = {x, in, a};
     g4_pool_for(cpu->pool, n, 1 + 65536 / (int64_t)(in + 1), quantize_rows, &qj);
