@@ -249,10 +249,11 @@ static inline float g4_f32_at(const unsigned char *p) {
     return f;
 }
 
-/* 32 nibbles of 16 bytes in element order: the low ones 0-15, the high ones 16-31 */
+/* 32 nibbles of 16 bytes in element order: the low ones 0-15, the high ones 16-31 (the 16 bytes loaded into both
+ * halves and the upper half shifted: no cross-lane insert, whose one port the group dots' vphaddd also need) */
 __attribute__((target(T2), always_inline)) static inline __m256i q2_nibbles(const unsigned char *p) {
-    const __m128i v = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
 }
 
 /* IQ4's (CB4: its block's) values of 32 nibbles (vpshufb: the table in both 128-bit lanes) */
