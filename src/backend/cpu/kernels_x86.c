@@ -422,12 +422,12 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
     } else { /* blocks of 32: d; Q4_0 / Q5_0 offset terms -8 d / -16 d */
         const int bs = g4_q8_block_bytes(type), n = nb - 8 * p;
         const unsigned char *b = row + (size_t)bs * 8 * (size_t)p;
-        __m128i h = _mm_setzero_si128(); /* (inserts: a store of the 8 and a load would stall store forwarding) */
-#define D_AT(i)                                                                                                        \
-    if (i < n) h = _mm_insert_epi16(h, block_d(b + (size_t)bs * i), i);
-        D_AT(0) D_AT(1) D_AT(2) D_AT(3) D_AT(4) D_AT(5) D_AT(6) D_AT(7)
+        /* (gathered in two general registers: a store of the 8 and a load would stall store forwarding, and eight
+         * vpinsrw take the shuffle port the group dots need) */
+#define D_AT(i) (i < n ? (uint64_t)block_d(b + (size_t)bs * i) << (16 * (i % 4)) : 0)
+        const uint64_t lo = D_AT(0) | D_AT(1) | D_AT(2) | D_AT(3), hi = D_AT(4) | D_AT(5) | D_AT(6) | D_AT(7);
 #undef D_AT
-        v = _mm256_cvtph_ps(h);
+        v = _mm256_cvtph_ps(_mm_set_epi64x((long long)hi, (long long)lo));
         if (type == G4_Q4_0 || type == G4_Q5_0) m = _mm256_mul_ps(v, _mm256_set1_ps(type == G4_Q4_0 ? -8.0f : -16.0f));
     }
     s[0] = _mm256_permute2f128_ps(v, v, 0x00); /* group h: its 4 blocks' scales in lanes i and 4 + i */
