@@ -753,35 +753,64 @@ __attribute__((target(T512), always_inline)) static inline __m512 block_lanes(__
         _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_set1_epi32(first)), v);
 }
 
-/* Q4_K / Q5_K half h of a super-block sb: the low 4 bits of the codes from its 64 bytes qs (block 0 the low
- * nibbles of bytes 0-31, 1 their high ones, 2 and 3 of bytes 32-63), s1 = d * sc and s2 = -dmin * m */
-__attribute__((target(T512), always_inline)) static inline void qk_nibbles_scales(const unsigned char *sb,
-                                                                                  const unsigned char *qs, int h,
-                                                                                  __m512i *lo, __m512i *hi, __m512 *s1,
-                                                                                  __m512 *s2) {
+/* Q4_K / Q5_K: the low 4 bits of half a super-block's codes from its 64 bytes qs (block 0 the low nibbles of bytes
+ * 0-31, 1 their high ones, 2 and 3 of bytes 32-63) */
+__attribute__((target(T512), always_inline)) static inline void qk_nibbles(const unsigned char *qs, __m512i *lo,
+                                                                           __m512i *hi) {
     const __m512i q = _mm512_loadu_si512(qs), m4 = _mm512_set1_epi8(15);
     const __m512i L = _mm512_and_si512(q, m4), N = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-    const __m512i ilo = _mm512_set_epi32(0x6f6e6d6c, 0x6b6a6968, 0x67666564, 0x63626160, 0x2f2e2d2c, 0x2b2a2928,
-                                         0x27262524, 0x23222120, 0x4f4e4d4c, 0x4b4a4948, 0x47464544, 0x43424140,
-                                         0x0f0e0d0c, 0x0b0a0908, 0x07060504, 0x03020100);
-    const __m512i i16 = _mm512_set1_epi8(16);
-    *lo = _mm512_permutex2var_epi8(L, ilo, N);
-    *hi = _mm512_permutex2var_epi8(L, _mm512_add_epi8(ilo, i16), N);
-    /* the half's 4 scales and 4 mins (6 bits each) as bytes */
-    uint64_t sc8, mn8;
-    g4_k_scales8(sb + 4, &sc8, &mn8);
-    const uint32_t sc = (uint32_t)(sc8 >> (32 * h)), mn = (uint32_t)(mn8 >> (32 * h));
-    const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)mn, (int)sc))),
-                                   _mm512_castps256_ps512(_mm256_set_m128(_mm_set1_ps(-_cvtsh_ss(block_d(sb + 2))),
-                                                                          _mm_set1_ps(_cvtsh_ss(block_d(sb))))));
-    *s1 = block_lanes(v, 0);
-    *s2 = block_lanes(v, 4);
+    /* 128-bit lanes: L = blocks 0 (elements 0-15, 16-31) and 2, N = blocks 1 and 3 */
+    *lo = _mm512_permutex2var_epi64(L, _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), N);
+    *hi = _mm512_permutex2var_epi64(L, _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15), N);
 }
 
-__attribute__((target(T512), always_inline)) static inline void q4k_group(const unsigned char *row, int g, __m512i *lo,
-                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
-    const unsigned char *sb = row + (size_t)144 * (size_t)(g / 2);
-    qk_nibbles_scales(sb, sb + 16 + 64 * (g % 2), g % 2, lo, hi, s1, s2);
+/* Q4_K / Q5_K: half h's s1 = d * sc and s2 = -dmin * m of super-block sb (sub-block 4h + i in lanes 4i .. 4i + 3),
+ * each by one byte permute of the 8 scales and 8 mins (few shuffles: the shuffle port is the decode GEMV's
+ * bottleneck; there both halves are taken at once, the decoding of the 12 bytes shared) */
+__attribute__((target(T512), always_inline)) static inline void qk_scales(const unsigned char *sb, int h, __m512 *s1,
+                                                                          __m512 *s2) {
+    uint64_t sc8, mn8;
+    g4_k_scales8(sb + 4, &sc8, &mn8);
+    uint32_t dd;
+    memcpy(&dd, sb, 4);
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)); /* d, dmin */
+    const __m512 d = _mm512_broadcastss_ps(dm), mdmin = _mm512_sub_ps(_mm512_setzero_ps(),
+                                                                      _mm512_broadcastss_ps(_mm_movehdup_ps(dm)));
+    const __m512i v = _mm512_castsi128_si512(_mm_set_epi64x((long long)mn8, (long long)sc8));
+    const __m512i is = _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                        _mm512_set1_epi32(4 * h));
+    const __mmask64 byte0 = 0x1111111111111111ull; /* each lane's low byte: the scale, zero above */
+    *s1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(byte0, is, v)), d);
+    *s2 = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_maskz_permutexvar_epi8(byte0, _mm512_add_epi32(is, _mm512_set1_epi32(8)), v)), mdmin);
+}
+
+/* Q4_K / Q5_K half h of super-block sb: the codes (Q5_K: with their fifth bits, bit 4h + i of qh[l] for block i's
+ * element l) */
+__attribute__((target(T512), always_inline)) static inline void qk_codes(g4_dtype type, const unsigned char *sb, int h,
+                                                                         __m512i *lo, __m512i *hi) {
+    if (type == G4_Q4_K) {
+        qk_nibbles(sb + 16 + 64 * h, lo, hi);
+        return;
+    }
+    const __m512i shifts = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
+                                            0, 0, 0, 0, 0, 0, 0),
+                  sh = _mm512_add_epi16(shifts, _mm512_set1_epi16((short)(4 * h))), m1 = _mm512_set1_epi8(1);
+    const __m128i qh0 = _mm_loadu_si128((const __m128i *)(sb + 16)), qh1 = _mm_loadu_si128((const __m128i *)(sb + 32));
+    const __m512i blo = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh0), sh), m1),
+                  bhi = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh1), sh), m1);
+    qk_nibbles(sb + 48 + 64 * h, lo, hi);
+    *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(blo, 4));
+    *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(bhi, 4));
+}
+
+/* Q4_K / Q5_K group g of a row: half g % 2 of super-block g / 2 */
+__attribute__((target(T512), always_inline)) static inline void qk_group(g4_dtype type, const unsigned char *row, int g,
+                                                                         __m512i *lo, __m512i *hi, __m512 *s1,
+                                                                         __m512 *s2) {
+    const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)(g / 2);
+    qk_codes(type, sb, g % 2, lo, hi);
+    qk_scales(sb, g % 2, s1, s2);
 }
 
 /* Q5_0 (w = d (u - 16), u 5-bit: offset mode, off 16): group g's 4 blocks of 22 bytes (fewer at the row's end:
@@ -810,23 +839,6 @@ __attribute__((target(T512), always_inline)) static inline void q5_0_group(const
     *lo = _mm512_or_si512(_mm512_and_si512(codes, m4), _mm512_maskz_mov_epi8(mlo, c16));
     *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(codes, 4), m4), _mm512_maskz_mov_epi8(mhi, c16));
     *s1 = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, _mm512_loadu_si512(id), B)));
-}
-
-/* Q5_K: Q4_K's layout with a fifth bit a code (qh[32] before the nibbles): block i of half h takes bit 4h + i of
- * qh[l] for its element l */
-__attribute__((target(T512), always_inline)) static inline void q5k_group(const unsigned char *row, int g, __m512i *lo,
-                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
-    const unsigned char *sb = row + (size_t)176 * (size_t)(g / 2);
-    const int h = g % 2;
-    const __m512i shifts = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0,
-                                            0, 0, 0, 0, 0, 0, 0),
-                  sh = _mm512_add_epi16(shifts, _mm512_set1_epi16((short)(4 * h))), m1 = _mm512_set1_epi8(1);
-    const __m128i qh0 = _mm_loadu_si128((const __m128i *)(sb + 16)), qh1 = _mm_loadu_si128((const __m128i *)(sb + 32));
-    const __m512i blo = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh0), sh), m1),
-                  bhi = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh1), sh), m1);
-    qk_nibbles_scales(sb, sb + 48 + 64 * h, h, lo, hi, s1, s2);
-    *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(blo, 4));
-    *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(bhi, 4));
 }
 
 /* IQ4_NL / IQ4_XS: the nibbles index llama.cpp's table (g4_iq4_values; CB4: its block's own); as unsigned codes
@@ -992,10 +1004,8 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
                                                                          const unsigned char *row, size_t row_bytes,
                                                                          int g, __m512i *lo, __m512i *hi, __m512 *s1,
                                                                          __m512 *s2) {
-    if (type == G4_Q4_K) {
-        q4k_group(row, g, lo, hi, s1, s2);
-    } else if (type == G4_Q5_K) {
-        q5k_group(row, g, lo, hi, s1, s2);
+    if (type == G4_Q4_K || type == G4_Q5_K) {
+        qk_group(type, row, g, lo, hi, s1, s2);
     } else if (type == G4_Q5_0) {
         q5_0_group(row, row_bytes, g, lo, hi, s1);
         *s2 = _mm512_setzero_ps();
@@ -1128,6 +1138,28 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
     const int mode = g4_q8_mode(type);
     __m512 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    if (type == G4_Q4_K || type == G4_Q5_K) { /* a super-block (two groups) at a time, its scales decoded once */
+        const long sbytes = 2 * gb;
+        for (int g = 0; g < ng; g += 2) {
+            const q_xgroup x0 = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode, 0),
+                           x1 = q_xload(xt + (size_t)(g + 1) * G4_Q8_GROUP, mode, 0);
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++) {
+                const unsigned char *sb = w + (size_t)r * stride + (size_t)sbytes * (size_t)(g / 2);
+                for (long off = 0; off < sbytes; off += 64) _mm_prefetch((const char *)sb + off + GEMV_PREFETCH, _MM_HINT_T0);
+                __m512i lo, hi;
+                __m512 s1[2], s2[2];
+                qk_scales(sb, 0, &s1[0], &s2[0]);
+                qk_scales(sb, 1, &s1[1], &s2[1]);
+                qk_codes(type, sb, 0, &lo, &hi);
+                acc[r] = q_step(acc[r], lo, hi, s1[0], s2[0], &x0, mode);
+                qk_codes(type, sb, 1, &lo, &hi);
+                acc[r] = q_step(acc[r], lo, hi, s1[1], s2[1], &x1, mode);
+            }
+        }
+        for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
+        return;
+    }
     for (int g = 0; g < ng; g++) {
         const q_xgroup x = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode, g4_q8_half_off(type));
 #pragma GCC unroll 4
