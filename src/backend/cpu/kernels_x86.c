@@ -868,18 +868,12 @@ __attribute__((target(T512), always_inline)) static inline void iq4xs_group(g4_d
     *s1 = block_lanes(_mm512_castps128_ps512(v), 0);
 }
 
-__attribute__((target(T512), always_inline)) static inline void q6k_group(const unsigned char *row, int g, __m512i *lo,
-                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
-    const unsigned char *sb = row + (size_t)210 * (size_t)(g / 2);
-    const int h = g % 2;
-    /* low 4 bits: ql[64h ..]; block 0 the low nibbles of bytes 0-31, 1 of 32-63, 2 and 3 their high nibbles */
+/* Q6_K half h of super-block sb: the codes (low 4 bits: ql[64h ..], block 0 the low nibbles of bytes 0-31, 1 of
+ * 32-63, 2 and 3 their high nibbles; high 2 bits: qh[32h + l] >> 2i of block i, element l) */
+__attribute__((target(T512), always_inline)) static inline void q6k_codes(const unsigned char *sb, int h, __m512i *lo,
+                                                                          __m512i *hi) {
     const __m512i q = _mm512_loadu_si512(sb + 64 * h), m4 = _mm512_set1_epi8(15);
     const __m512i L = _mm512_and_si512(q, m4), N = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-    const __m512i ilo = _mm512_set_epi32(0x6f6e6d6c, 0x6b6a6968, 0x67666564, 0x63626160, 0x4f4e4d4c, 0x4b4a4948,
-                                         0x47464544, 0x43424140, 0x2f2e2d2c, 0x2b2a2928, 0x27262524, 0x23222120,
-                                         0x0f0e0d0c, 0x0b0a0908, 0x07060504, 0x03020100);
-    const __m512i i16 = _mm512_set1_epi8(16);
-    /* high 2 bits: qh[32h + l] >> 2i of block i, element l */
     const __m128i qh0 = _mm_loadu_si128((const __m128i *)(sb + 128 + 32 * h)),
                   qh1 = _mm_loadu_si128((const __m128i *)(sb + 144 + 32 * h));
     const __m512i shifts = _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 0,
@@ -887,13 +881,40 @@ __attribute__((target(T512), always_inline)) static inline void q6k_group(const 
                   m3 = _mm512_set1_epi8(3);
     const __m512i hlo = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh0), shifts), m3),
                   hhi = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i32x4(qh1), shifts), m3);
-    *lo = _mm512_or_si512(_mm512_permutex2var_epi8(L, ilo, N), _mm512_slli_epi16(hlo, 4));
-    *hi = _mm512_or_si512(_mm512_permutex2var_epi8(L, _mm512_add_epi8(ilo, i16), N), _mm512_slli_epi16(hhi, 4));
-    const __m512 sc = _mm512_mul_ps(
-        _mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 192 + 8 * h))))),
-        _mm512_set1_ps(_cvtsh_ss(block_d(sb + 208))));
-    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0), sc);
-    *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), sc);
+    /* 128-bit lanes: L = blocks 0 (elements 0-15, 16-31) and 1, N = blocks 2 and 3 */
+    *lo = _mm512_or_si512(_mm512_permutex2var_epi64(L, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), N),
+                          _mm512_slli_epi16(hlo, 4));
+    *hi = _mm512_or_si512(_mm512_permutex2var_epi64(L, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), N),
+                          _mm512_slli_epi16(hhi, 4));
+}
+
+/* Q6_K half h of super-block sb: s1 = d * sc of each block's elements 0-15, s2 of 16-31 (from the super-block's 16
+ * scales times d, the same for both halves: the decode GEMV computes it once) */
+__attribute__((target(T512), always_inline)) static inline void q6k_scales(const unsigned char *sb, int h, __m512 *s1,
+                                                                           __m512 *s2) {
+    const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sb + 192)))),
+                                    _mm512_set1_ps(_cvtsh_ss(block_d(sb + 208))));
+    const __m512i e = _mm512_add_epi32(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0),
+                                       _mm512_set1_epi32(8 * h));
+    *s1 = _mm512_permutexvar_ps(e, sc);
+    *s2 = _mm512_permutexvar_ps(_mm512_add_epi32(e, _mm512_set1_epi32(1)), sc);
+}
+
+/* The super-block types of the decode GEMV's pairs: half h of super-block sb, codes and scales apart (Q4_K, Q5_K,
+ * Q6_K) */
+__attribute__((target(T512), always_inline)) static inline void sb_codes(g4_dtype type, const unsigned char *sb, int h,
+                                                                         __m512i *lo, __m512i *hi) {
+    if (type == G4_Q6_K)
+        q6k_codes(sb, h, lo, hi);
+    else
+        qk_codes(type, sb, h, lo, hi);
+}
+__attribute__((target(T512), always_inline)) static inline void sb_scales(g4_dtype type, const unsigned char *sb, int h,
+                                                                          __m512 *s1, __m512 *s2) {
+    if (type == G4_Q6_K)
+        q6k_scales(sb, h, s1, s2);
+    else
+        qk_scales(sb, h, s1, s2);
 }
 
 /* CB4_16 half h of a block (162 bytes: values[16], d, scales[16], qs[128] in IQ4_XS's order): the codes as IQ4's
@@ -1018,7 +1039,9 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         *lo = iq4_codes(*lo, values), *hi = iq4_codes(*hi, values);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_Q6_K) {
-        q6k_group(row, g, lo, hi, s1, s2);
+        const unsigned char *sb = row + (size_t)210 * (size_t)(g / 2);
+        q6k_codes(sb, g % 2, lo, hi);
+        q6k_scales(sb, g % 2, s1, s2);
     } else if (type == G4_AF4 || type == G4_AF8) {
         af_group(type, row, row_bytes, g, lo, hi, s1, s2);
     } else if (type == G4_Q3_K) {
@@ -1138,22 +1161,25 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
     const int mode = g4_q8_mode(type);
     __m512 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
-    if (type == G4_Q4_K || type == G4_Q5_K) { /* a super-block (two groups) at a time, its scales decoded once */
+    if (type == G4_Q4_K || type == G4_Q5_K || type == G4_Q6_K) {
+        /* a super-block (two groups) of each row at a time, its scales decoded first: the work that does not
+         * depend on the half (written the same in both calls) is done once */
         const long sbytes = 2 * gb;
+        const int hoff = g4_q8_half_off(type);
         for (int g = 0; g < ng; g += 2) {
-            const q_xgroup x0 = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode, 0),
-                           x1 = q_xload(xt + (size_t)(g + 1) * G4_Q8_GROUP, mode, 0);
+            const q_xgroup x0 = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode, hoff),
+                           x1 = q_xload(xt + (size_t)(g + 1) * G4_Q8_GROUP, mode, hoff);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
                 const unsigned char *sb = w + (size_t)r * stride + (size_t)sbytes * (size_t)(g / 2);
                 for (long off = 0; off < sbytes; off += 64) _mm_prefetch((const char *)sb + off + GEMV_PREFETCH, _MM_HINT_T0);
                 __m512i lo, hi;
                 __m512 s1[2], s2[2];
-                qk_scales(sb, 0, &s1[0], &s2[0]);
-                qk_scales(sb, 1, &s1[1], &s2[1]);
-                qk_codes(type, sb, 0, &lo, &hi);
+                sb_scales(type, sb, 0, &s1[0], &s2[0]);
+                sb_scales(type, sb, 1, &s1[1], &s2[1]);
+                sb_codes(type, sb, 0, &lo, &hi);
                 acc[r] = q_step(acc[r], lo, hi, s1[0], s2[0], &x0, mode);
-                qk_codes(type, sb, 1, &lo, &hi);
+                sb_codes(type, sb, 1, &lo, &hi);
                 acc[r] = q_step(acc[r], lo, hi, s1[1], s2[1], &x1, mode);
             }
         }
