@@ -852,20 +852,29 @@ __attribute__((target(T512), always_inline)) static inline __m512i iq4_codes(__m
 /* IQ4_XS (CB4: after its table) half h of a super-block (sub-blocks 4h .. 4h+3, each 16 bytes of qs: elements 0-15
  * the low nibbles, 16-31 the high ones, so the 64 bytes are already in the groups' order); s1 = d * (6-bit scale -
  * 32) */
-__attribute__((target(T512), always_inline)) static inline void iq4xs_group(g4_dtype type, const unsigned char *row,
-                                                                            int g, __m512i *lo, __m512i *hi,
-                                                                            __m512 *s1) {
-    const int cb = type == G4_CB4;
-    const unsigned char *sb = row + (size_t)(cb ? 152 : 136) * (size_t)(g / 2) + (cb ? 16 : 0);
-    const int8_t *values = cb ? (const int8_t *)(sb - 16) : g4_iq4_values;
-    const int h = g % 2;
+/* IQ4_XS / CB4 super-block p of a row (past CB4's table) */
+__attribute__((target(T512), always_inline)) static inline const unsigned char *iq4xs_sb(g4_dtype type,
+                                                                                         const unsigned char *row,
+                                                                                         int p) {
+    return type == G4_CB4 ? row + (size_t)152 * (size_t)p + 16 : row + (size_t)136 * (size_t)p;
+}
+/* IQ4_XS / CB4 half h of super-block sb: the table's values of its nibbles */
+__attribute__((target(T512), always_inline)) static inline void iq4xs_codes(g4_dtype type, const unsigned char *sb,
+                                                                            int h, __m512i *lo, __m512i *hi) {
+    const int8_t *values = type == G4_CB4 ? (const int8_t *)(sb - 16) : g4_iq4_values;
     const __m512i q = _mm512_loadu_si512(sb + 8 + 64 * h), m4 = _mm512_set1_epi8(15);
     *lo = iq4_codes(_mm512_and_si512(q, m4), values);
     *hi = iq4_codes(_mm512_and_si512(_mm512_srli_epi16(q, 4), m4), values);
-    const uint32_t ls = (uint32_t)(g4_iq4xs_scales8(sb) >> (32 * h)); /* sub-blocks 4h .. 4h + 3 */
-    const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)ls)), _mm_set1_epi32(32))),
-                                _mm_set1_ps(_cvtsh_ss(block_d(sb))));
-    *s1 = block_lanes(_mm512_castps128_ps512(v), 0);
+}
+/* IQ4_XS / CB4 half h: s1 = d * (6-bit scale - 32) of sub-blocks 4h .. 4h + 3 (the super-block's 8 computed alike
+ * for both halves) */
+__attribute__((target(T512), always_inline)) static inline void iq4xs_scales(const unsigned char *sb, int h,
+                                                                             __m512 *s1) {
+    const __m256 v = _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)g4_iq4xs_scales8(sb))),
+                                            _mm256_set1_epi32(32))),
+        _mm256_set1_ps(_cvtsh_ss(block_d(sb))));
+    *s1 = block_lanes(_mm512_castps256_ps512(v), 4 * h);
 }
 
 /* Q6_K half h of super-block sb: the codes (low 4 bits: ql[64h ..], block 0 the low nibbles of bytes 0-31, 1 of
@@ -900,22 +909,6 @@ __attribute__((target(T512), always_inline)) static inline void q6k_scales(const
     *s2 = _mm512_permutexvar_ps(_mm512_add_epi32(e, _mm512_set1_epi32(1)), sc);
 }
 
-/* The super-block types of the decode GEMV's pairs: half h of super-block sb, codes and scales apart (Q4_K, Q5_K,
- * Q6_K) */
-__attribute__((target(T512), always_inline)) static inline void sb_codes(g4_dtype type, const unsigned char *sb, int h,
-                                                                         __m512i *lo, __m512i *hi) {
-    if (type == G4_Q6_K)
-        q6k_codes(sb, h, lo, hi);
-    else
-        qk_codes(type, sb, h, lo, hi);
-}
-__attribute__((target(T512), always_inline)) static inline void sb_scales(g4_dtype type, const unsigned char *sb, int h,
-                                                                          __m512 *s1, __m512 *s2) {
-    if (type == G4_Q6_K)
-        q6k_scales(sb, h, s1, s2);
-    else
-        qk_scales(sb, h, s1, s2);
-}
 
 /* CB4_16 half h of a block (162 bytes: values[16], d, scales[16], qs[128] in IQ4_XS's order): the codes as IQ4's
  * (value + 128, the halves mode's offset 128), s1 / s2 the scales of each block's elements 0-15 / 16-31 as Q6_K's */
@@ -937,10 +930,9 @@ __attribute__((target(T512), always_inline)) static inline void cb4_16_group(con
 /* Q3_K half h of a super-block (110 bytes: hmask[32], qs[64], scales[12], d; w = d (sc - 32) (u - 4) per 16): block
  * i's element l < 16 has bits 2i of qs[32h + l] with bit 4h + i of hmask[l] above them, its element 16 + l those of
  * qs[32h + 16 + l] and hmask[16 + l]; as codes of the halves mode (offset 32): u + 28; s1, s2 Q6_K's */
-__attribute__((target(T512), always_inline)) static inline void q3k_group(const unsigned char *row, int g, __m512i *lo,
-                                                                          __m512i *hi, __m512 *s1, __m512 *s2) {
-    const unsigned char *sb = row + (size_t)110 * (size_t)(g / 2);
-    const int h = g % 2;
+/* Q3_K half h of super-block sb: the codes u + 28 */
+__attribute__((target(T512), always_inline)) static inline void q3k_codes(const unsigned char *sb, int h, __m512i *lo,
+                                                                          __m512i *hi) {
     const __m512i sh = _mm512_set_epi16(6, 6, 6, 6, 6, 6, 6, 6, 4, 4, 4, 4, 4, 4, 4, 4, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0,
                                         0, 0, 0, 0, 0),
                   hs = _mm512_add_epi16(_mm512_srli_epi16(sh, 1), _mm512_set1_epi16((short)(4 * h)));
@@ -952,14 +944,21 @@ __attribute__((target(T512), always_inline)) static inline void q3k_group(const 
                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(m, hs), one), 2));
         *(e ? hi : lo) = _mm512_add_epi8(u, c28);
     }
+}
+/* Q3_K half h: s1 / s2 = d * (scale - 32) of each block's elements 0-15 / 16-31 (the super-block's 16 computed alike
+ * for both halves) */
+__attribute__((target(T512), always_inline)) static inline void q3k_scales(const unsigned char *sb, int h, __m512 *s1,
+                                                                           __m512 *s2) {
     uint64_t sl, sh8;
     g4_q3k_scales16(sb + 96, &sl, &sh8);
-    const __m256 sc = _mm256_mul_ps(
-        _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)(h ? sh8 : sl))),
-                                            _mm256_set1_epi32(32))),
-        _mm256_set1_ps(_cvtsh_ss(block_d(sb + 108))));
-    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0), _mm512_castps256_ps512(sc));
-    *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), _mm512_castps256_ps512(sc));
+    const __m512 sc = _mm512_mul_ps(
+        _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)sh8, (long long)sl)),
+                                            _mm512_set1_epi32(32))),
+        _mm512_set1_ps(_cvtsh_ss(block_d(sb + 108))));
+    const __m512i e = _mm512_add_epi32(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0),
+                                       _mm512_set1_epi32(8 * h));
+    *s1 = _mm512_permutexvar_ps(e, sc);
+    *s2 = _mm512_permutexvar_ps(_mm512_add_epi32(e, _mm512_set1_epi32(1)), sc);
 }
 
 /* Q2_K half h of a super-block (84 bytes: scales[16], qs[64], d, dmin; w = d (sc & 15) u - dmin (sc >> 4) per 16,
@@ -1021,6 +1020,33 @@ __attribute__((target(T512), always_inline)) static inline void af_group(g4_dtyp
 /* Group g of a row of any type q_pack / q_gemv read: the unsigned codes lo and hi, and s1 (the scales) and s2
  * (Q4_K, Q5_K: the mins; AF4, AF8: the biases; Q6_K, Q3_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero,
  * their offset is in the activations) */
+/* The super-block types of the decode GEMV's pairs: half h of super-block sb, codes and scales apart (Q4_K, Q5_K,
+ * Q6_K, Q3_K, IQ4_XS, CB4) */
+__attribute__((target(T512), always_inline)) static inline void sb_codes(g4_dtype type, const unsigned char *sb, int h,
+                                                                         __m512i *lo, __m512i *hi) {
+    if (type == G4_Q6_K)
+        q6k_codes(sb, h, lo, hi);
+    else if (type == G4_Q3_K)
+        q3k_codes(sb, h, lo, hi);
+    else if (type == G4_IQ4_XS || type == G4_CB4)
+        iq4xs_codes(type, sb, h, lo, hi);
+    else
+        qk_codes(type, sb, h, lo, hi);
+}
+__attribute__((target(T512), always_inline)) static inline void sb_scales(g4_dtype type, const unsigned char *sb, int h,
+                                                                          __m512 *s1, __m512 *s2) {
+    if (type == G4_Q6_K) {
+        q6k_scales(sb, h, s1, s2);
+    } else if (type == G4_Q3_K) {
+        q3k_scales(sb, h, s1, s2);
+    } else if (type == G4_IQ4_XS || type == G4_CB4) {
+        iq4xs_scales(sb, h, s1);
+        *s2 = _mm512_setzero_ps();
+    } else {
+        qk_scales(sb, h, s1, s2);
+    }
+}
+
 __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtype type, const q_perm *pm,
                                                                          const unsigned char *row, size_t row_bytes,
                                                                          int g, __m512i *lo, __m512i *hi, __m512 *s1,
@@ -1031,7 +1057,9 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         q5_0_group(row, row_bytes, g, lo, hi, s1);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_IQ4_XS || type == G4_CB4) {
-        iq4xs_group(type, row, g, lo, hi, s1);
+        const unsigned char *sb = iq4xs_sb(type, row, g / 2);
+        iq4xs_codes(type, sb, g % 2, lo, hi);
+        iq4xs_scales(sb, g % 2, s1);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_IQ4_NL || type == G4_MXF4) { /* Q4_0's blocks with the table's values */
         const int8_t *values = type == G4_MXF4 ? g4_fp4_values : g4_iq4_values;
@@ -1045,7 +1073,9 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
     } else if (type == G4_AF4 || type == G4_AF8) {
         af_group(type, row, row_bytes, g, lo, hi, s1, s2);
     } else if (type == G4_Q3_K) {
-        q3k_group(row, g, lo, hi, s1, s2);
+        const unsigned char *sb = row + (size_t)110 * (size_t)(g / 2);
+        q3k_codes(sb, g % 2, lo, hi);
+        q3k_scales(sb, g % 2, s1, s2);
     } else if (type == G4_Q2_K) {
         q2k_group(row, g, lo, hi, s1, s2);
     } else if (type == G4_CB4_16) {
@@ -1161,7 +1191,8 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
     const int mode = g4_q8_mode(type);
     __m512 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
-    if (type == G4_Q4_K || type == G4_Q5_K || type == G4_Q6_K) {
+    if (type == G4_Q4_K || type == G4_Q5_K || type == G4_Q6_K || type == G4_Q3_K || type == G4_IQ4_XS ||
+        type == G4_CB4) {
         /* a super-block (two groups) of each row at a time, its scales decoded first: the work that does not
          * depend on the half (written the same in both calls) is done once */
         const long sbytes = 2 * gb;
@@ -1171,8 +1202,9 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
                            x1 = q_xload(xt + (size_t)(g + 1) * G4_Q8_GROUP, mode, hoff);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                const unsigned char *sb = w + (size_t)r * stride + (size_t)sbytes * (size_t)(g / 2);
-                for (long off = 0; off < sbytes; off += 64) _mm_prefetch((const char *)sb + off + GEMV_PREFETCH, _MM_HINT_T0);
+                const unsigned char *row = w + (size_t)r * stride + (size_t)sbytes * (size_t)(g / 2),
+                                    *sb = type == G4_CB4 ? row + 16 : row; /* (CB4: past its table) */
+                for (long off = 0; off < sbytes; off += 64) _mm_prefetch((const char *)row + off + GEMV_PREFETCH, _MM_HINT_T0);
                 __m512i lo, hi;
                 __m512 s1[2], s2[2];
                 sb_scales(type, sb, 0, &s1[0], &s2[0]);
