@@ -262,9 +262,14 @@ __attribute__((target(T2), always_inline)) static inline __m256i q2_iq4(__m256i 
     return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nibbles);
 }
 
-/* The codes of group g of a row of nb blocks of 32. */
+/* The offset Q6_K (32) and Q3_K (4) take from their stored codes: with `raw`, q2_codes leaves it in (unsigned codes,
+ * no vpsignb), and the decode GEMV takes offset x the activations' sums per 16 from the integer sums (the same
+ * integers) */
+static inline int q2_code_shift(g4_dtype t) { return t == G4_Q6_K ? 5 : t == G4_Q3_K ? 2 : 0; }
+
+/* The codes of group g of a row of nb blocks of 32 (raw: Q6_K's and Q3_K's without their offset). */
 __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype type, const unsigned char *row, int g,
-                                                                       int nb, __m256i c[4]) {
+                                                                       int nb, __m256i c[4], const int raw) {
     const __m256i m4 = _mm256_set1_epi8(15);
     if (type == G4_Q4_K || type == G4_Q5_K) { /* qs: chunk c's 32 bytes, sub-block 2c the low nibbles, 2c+1 high */
         const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)(g / 2);
@@ -296,7 +301,10 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
         const __m256i hi[4] = {_mm256_and_si256(qh, m3), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m3),
                                _mm256_and_si256(_mm256_srli_epi16(qh, 4), m3),
                                _mm256_and_si256(_mm256_srli_epi16(qh, 6), m3)};
-        for (int i = 0; i < 4; i++) c[i] = _mm256_sub_epi8(_mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4)), c32);
+        for (int i = 0; i < 4; i++) {
+            c[i] = _mm256_or_si256(lo[i], _mm256_slli_epi16(hi[i], 4));
+            if (!raw) c[i] = _mm256_sub_epi8(c[i], c32);
+        }
     } else if (type == G4_Q3_K) { /* block i of half h: bits 2i of qs[32h + l], bit 4h + i of hmask[l], - 4 */
         const unsigned char *sb = row + (size_t)110 * (size_t)(g / 2);
         const int h = g % 2;
@@ -306,7 +314,8 @@ __attribute__((target(T2), always_inline)) static inline void q2_codes(g4_dtype 
         for (int i = 0; i < 4; i++) {
             const __m256i lo2 = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * i)), m3),
                           hb = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + i)), one);
-            c[i] = _mm256_sub_epi8(_mm256_or_si256(lo2, _mm256_slli_epi16(hb, 2)), c4);
+            c[i] = _mm256_or_si256(lo2, _mm256_slli_epi16(hb, 2));
+            if (!raw) c[i] = _mm256_sub_epi8(c[i], c4);
         }
     } else if (type == G4_Q2_K) { /* block i of half h: bits 2i of qs[32h + l] */
         const unsigned char *sb = row + (size_t)84 * (size_t)(g / 2);
@@ -526,7 +535,7 @@ __attribute__((target(T2), always_inline)) static inline void q_pack_avx2_typed(
             _mm256_storeu_ps((float *)(o + 160), s2);
             _mm256_storeu_ps((float *)(o + 192), mn[g % 2]);
             __m256i c[4];
-            q2_codes(type, row, g, nb, c);
+            q2_codes(type, row, g, nb, c, 0);
             q2_quarters(c);
             for (int j = 0; j < 4; j++) _mm256_storeu_si256((__m256i *)(o + 32 * j), c[j]);
         }
@@ -630,10 +639,17 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
     const int ng = (nb + 3) / 4;
     __m256 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const int shift = q2_code_shift(type), sgn = q2_signed(type) && !shift;
     for (int p = 0; 2 * p < ng; p++) { /* pairs of groups (super-blocks): their scales decoded once */
         const int min16 = g4_q8_mode(type) == G4_Q8_MIN16;
         const q2_x x = q2_xload(a, t, p, min16);
         const int two = 2 * p + 1 < ng;
+        __m256i xoff[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* the offset x the sums per 16 */
+        if (shift) {
+            const __m256i one[4] = {_mm256_set1_epi8(1), _mm256_set1_epi8(1), _mm256_set1_epi8(1), _mm256_set1_epi8(1)};
+            for (int h = 0; h < 1 + two; h++)
+                xoff[h] = _mm256_slli_epi32(q2_group_dots(one, x.q + 128 * h, 0), shift);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
             const unsigned char *row = w + (size_t)r * stride;
@@ -642,11 +658,11 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
             __m256 s[2], s2, mn[2];
             __m256i c[4], h0, h1;
             q2_scales(type, row, p, nb, s, &s2, mn);
-            q2_codes(type, row, 2 * p, nb, c);
-            h0 = h1 = q2_group_dots(c, x.q, q2_signed(type));
+            q2_codes(type, row, 2 * p, nb, c, shift != 0);
+            h0 = h1 = _mm256_sub_epi32(q2_group_dots(c, x.q, sgn), xoff[0]);
             if (two) {
-                q2_codes(type, row, 2 * p + 1, nb, c);
-                h1 = q2_group_dots(c, x.q + 128, q2_signed(type));
+                q2_codes(type, row, 2 * p + 1, nb, c, shift != 0);
+                h1 = _mm256_sub_epi32(q2_group_dots(c, x.q + 128, sgn), xoff[1]);
             }
             acc[r] = q2_pair_step(acc[r], h0, h1, two, s, s2, mn, &x, min16);
         }
