@@ -550,9 +550,9 @@ __attribute__((target(T2))) static void q_pack_avx2(g4_dtype type, const unsigne
 }
 
 /* packed row wp times tokens t0 .. t0 + NT - 1 (NT <= 2), the group dots from quarters (q2_quarters): each lane's
- * four quarters summed vertically, in int16 before the one vpmaddwd when they fit (small), then q2_pair_step's
- * float steps in its order, group by group (the same bits as q_gemv). (Tiles of 2 x 2 and 1 x 4 measured no faster
- * on a Sapphire Rapids core.) */
+ * four quarters summed vertically, in int16 before the one vpmaddwd when they fit (small), then q2_pair_step (the
+ * same integers and float steps as q_gemv: the same bits). (Tiles of 2 x 2 and 1 x 4 measured no faster on a
+ * Sapphire Rapids core.) */
 __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_tile(const unsigned char *wp,
                                                                                const g4_q8_rows *a, int t0, int ng,
                                                                                float *y, size_t ldy, const int NT,
@@ -561,41 +561,33 @@ __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_tile(c
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int p = 0; 2 * p < ng; p++) {
+        const unsigned char *g0 = wp + (size_t)2 * p * G4_QW_GROUP, *g1 = g0 + G4_QW_GROUP;
         const int two = 2 * p + 1 < ng;
-        q2_x x[2];
-        __m256 v[2];
-        for (int t = 0; t < NT; t++) x[t] = q2_xload(a, t0 + t, p, min16);
-        for (int g = 0; g < 1 + two; g++) {
-            const unsigned char *gp = wp + (size_t)(2 * p + g) * G4_QW_GROUP;
-            __m256i sum[2];
+        __m256i h[2][2]; /* [group][token] */
+        for (int g = 0; g < 1 + two; g++)
             for (int j = 0; j < 4; j++) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(gp + 32 * j));
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(g0 + (size_t)g * G4_QW_GROUP + 32 * j));
                 for (int t = 0; t < NT; t++) {
                     const __m256i xv = _mm256_loadu_si256(
                         (const __m256i *)(a->qq + (size_t)(t0 + t) * a->in_pad + 256 * (size_t)p + 128 * g + 32 * j));
                     const __m256i d = sgn ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w))
                                           : _mm256_maddubs_epi16(w, xv);
                     if (small)
-                        sum[t] = j ? _mm256_add_epi16(sum[t], d) : d;
+                        h[g][t] = j ? _mm256_add_epi16(h[g][t], d) : d;
                     else
-                        sum[t] = j ? _mm256_add_epi32(sum[t], _mm256_madd_epi16(d, ones)) : _mm256_madd_epi16(d, ones);
+                        h[g][t] = j ? _mm256_add_epi32(h[g][t], _mm256_madd_epi16(d, ones)) : _mm256_madd_epi16(d, ones);
                 }
             }
-            const __m256 s = _mm256_loadu_ps((const float *)(gp + 128));
-            for (int t = 0; t < NT; t++) {
-                const __m256 h = _mm256_cvtepi32_ps(small ? _mm256_madd_epi16(sum[t], ones) : sum[t]);
-                v[t] = g ? _mm256_fmadd_ps(h, _mm256_mul_ps(s, x[t].dx[1]), v[t])
-                         : _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(gp + 160)), x[t].m,
-                                           _mm256_mul_ps(h, _mm256_mul_ps(s, x[t].dx[0])));
-            }
-        }
-        const unsigned char *g0 = wp + (size_t)2 * p * G4_QW_GROUP;
+        const __m256 s[2] = {_mm256_loadu_ps((const float *)(g0 + 128)),
+                             two ? _mm256_loadu_ps((const float *)(g1 + 128)) : _mm256_setzero_ps()},
+                     s2 = _mm256_loadu_ps((const float *)(g0 + 160));
+        const __m256 mn[2] = {min16 ? _mm256_loadu_ps((const float *)(g0 + 192)) : _mm256_setzero_ps(),
+                              min16 && two ? _mm256_loadu_ps((const float *)(g1 + 192)) : _mm256_setzero_ps()};
         for (int t = 0; t < NT; t++) {
-            if (min16) {
-                v[t] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(g0 + 192)), x[t].sx[0], v[t]);
-                if (two) v[t] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(g0 + G4_QW_GROUP + 192)), x[t].sx[1], v[t]);
-            }
-            acc[t] = _mm256_add_ps(acc[t], v[t]);
+            const q2_x x = q2_xload(a, t0 + t, p, min16);
+            const __m256i h0 = small ? _mm256_madd_epi16(h[0][t], ones) : h[0][t];
+            const __m256i h1 = !two ? h0 : small ? _mm256_madd_epi16(h[1][t], ones) : h[1][t];
+            acc[t] = q2_pair_step(acc[t], h0, h1, two, s, s2, mn, &x, min16);
         }
     }
     for (int t = 0; t < NT; t++) y[(size_t)t * ldy] = hsum256(acc[t]);
