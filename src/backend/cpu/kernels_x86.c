@@ -812,15 +812,6 @@ __attribute__((target(T512), always_inline)) static inline void qk_codes(g4_dtyp
     *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(bhi, 4));
 }
 
-/* Q4_K / Q5_K group g of a row: half g % 2 of super-block g / 2 */
-__attribute__((target(T512), always_inline)) static inline void qk_group(g4_dtype type, const unsigned char *row, int g,
-                                                                         __m512i *lo, __m512i *hi, __m512 *s1,
-                                                                         __m512 *s2) {
-    const unsigned char *sb = row + (size_t)(type == G4_Q4_K ? 144 : 176) * (size_t)(g / 2);
-    qk_codes(type, sb, g % 2, lo, hi);
-    qk_scales(sb, g % 2, s1, s2);
-}
-
 /* Q5_0 (w = d (u - 16), u 5-bit: offset mode, off 16): group g's 4 blocks of 22 bytes (fewer at the row's end:
  * loads masked, the missing blocks' scales 0), the fifth bits from each block's u32 as byte masks */
 __attribute__((target(T512), always_inline)) static inline void q5_0_group(const unsigned char *row, size_t row_bytes,
@@ -860,12 +851,6 @@ __attribute__((target(T512), always_inline)) static inline __m512i iq4_codes(__m
 /* IQ4_XS (CB4: after its table) half h of a super-block (sub-blocks 4h .. 4h+3, each 16 bytes of qs: elements 0-15
  * the low nibbles, 16-31 the high ones, so the 64 bytes are already in the groups' order); s1 = d * (6-bit scale -
  * 32) */
-/* IQ4_XS / CB4 super-block p of a row (past CB4's table) */
-__attribute__((target(T512), always_inline)) static inline const unsigned char *iq4xs_sb(g4_dtype type,
-                                                                                         const unsigned char *row,
-                                                                                         int p) {
-    return type == G4_CB4 ? row + (size_t)152 * (size_t)p + 16 : row + (size_t)136 * (size_t)p;
-}
 /* IQ4_XS / CB4 half h of super-block sb: the table's values of its nibbles */
 __attribute__((target(T512), always_inline)) static inline void iq4xs_codes(g4_dtype type, const unsigned char *sb,
                                                                             int h, __m512i *lo, __m512i *hi) {
@@ -1025,11 +1010,15 @@ __attribute__((target(T512), always_inline)) static inline void af_group(g4_dtyp
                                  _mm512_castsi512_ps(B));
 }
 
-/* Group g of a row of any type q_pack / q_gemv read: the unsigned codes lo and hi, and s1 (the scales) and s2
- * (Q4_K, Q5_K: the mins; AF4, AF8: the biases; Q6_K, Q3_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero,
- * their offset is in the activations) */
-/* The super-block types of the decode GEMV's pairs: half h of super-block sb, codes and scales apart (Q4_K, Q5_K,
- * Q6_K, Q3_K, IQ4_XS, CB4) */
+/* The super-block types read by halves (group g: half g % 2 of super-block g / 2), codes and scales apart so that
+ * the decode GEMV decodes a super-block's scales once for both: Q4_K, Q5_K, Q6_K, Q3_K, IQ4_XS, CB4 */
+static inline int sb_halves(g4_dtype t) {
+    return t == G4_Q4_K || t == G4_Q5_K || t == G4_Q6_K || t == G4_Q3_K || t == G4_IQ4_XS || t == G4_CB4;
+}
+/* super-block p of a row (CB4: past its table) */
+static inline const unsigned char *sb_at(g4_dtype type, const unsigned char *row, int p) {
+    return row + (size_t)(2 * g4_q8_group_bytes(type)) * (size_t)p + (type == G4_CB4 ? 16 : 0);
+}
 __attribute__((target(T512), always_inline)) static inline void sb_codes(g4_dtype type, const unsigned char *sb, int h,
                                                                          __m512i *lo, __m512i *hi) {
     if (type == G4_Q6_K)
@@ -1055,35 +1044,27 @@ __attribute__((target(T512), always_inline)) static inline void sb_scales(g4_dty
     }
 }
 
+/* Group g of a row of any type q_pack / q_gemv read: the unsigned codes lo and hi, and s1 (the scales) and s2
+ * (Q4_K, Q5_K: the mins; AF4, AF8: the biases; Q6_K, Q3_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero,
+ * their offset is in the activations) */
 __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtype type, const q_perm *pm,
                                                                          const unsigned char *row, size_t row_bytes,
                                                                          int g, __m512i *lo, __m512i *hi, __m512 *s1,
                                                                          __m512 *s2) {
-    if (type == G4_Q4_K || type == G4_Q5_K) {
-        qk_group(type, row, g, lo, hi, s1, s2);
+    if (sb_halves(type)) {
+        const unsigned char *sb = sb_at(type, row, g / 2);
+        sb_codes(type, sb, g % 2, lo, hi);
+        sb_scales(type, sb, g % 2, s1, s2);
     } else if (type == G4_Q5_0) {
         q5_0_group(row, row_bytes, g, lo, hi, s1);
-        *s2 = _mm512_setzero_ps();
-    } else if (type == G4_IQ4_XS || type == G4_CB4) {
-        const unsigned char *sb = iq4xs_sb(type, row, g / 2);
-        iq4xs_codes(type, sb, g % 2, lo, hi);
-        iq4xs_scales(sb, g % 2, s1);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_IQ4_NL || type == G4_MXF4) { /* Q4_0's blocks with the table's values */
         const int8_t *values = type == G4_MXF4 ? g4_fp4_values : g4_iq4_values;
         q_group(G4_Q4_0, pm, row + 72L * g, (long)row_bytes - 72L * g, lo, hi, s1);
         *lo = iq4_codes(*lo, values), *hi = iq4_codes(*hi, values);
         *s2 = _mm512_setzero_ps();
-    } else if (type == G4_Q6_K) {
-        const unsigned char *sb = row + (size_t)210 * (size_t)(g / 2);
-        q6k_codes(sb, g % 2, lo, hi);
-        q6k_scales(sb, g % 2, s1, s2);
     } else if (type == G4_AF4 || type == G4_AF8) {
         af_group(type, row, row_bytes, g, lo, hi, s1, s2);
-    } else if (type == G4_Q3_K) {
-        const unsigned char *sb = row + (size_t)110 * (size_t)(g / 2);
-        q3k_codes(sb, g % 2, lo, hi);
-        q3k_scales(sb, g % 2, s1, s2);
     } else if (type == G4_Q2_K) {
         q2k_group(row, g, lo, hi, s1, s2);
     } else if (type == G4_CB4_16) {
@@ -1199,8 +1180,7 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
     const int mode = g4_q8_mode(type);
     __m512 acc[4];
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
-    if (type == G4_Q4_K || type == G4_Q5_K || type == G4_Q6_K || type == G4_Q3_K || type == G4_IQ4_XS ||
-        type == G4_CB4) {
+    if (sb_halves(type)) {
         /* a super-block (two groups) of each row at a time, its scales decoded first: the work that does not
          * depend on the half (written the same in both calls) is done once */
         const long sbytes = 2 * gb;
@@ -1210,9 +1190,9 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
                            x1 = q_xload(xt + (size_t)(g + 1) * G4_Q8_GROUP, mode, hoff);
 #pragma GCC unroll 4
             for (int r = 0; r < NR; r++) {
-                const unsigned char *row = w + (size_t)r * stride + (size_t)sbytes * (size_t)(g / 2),
-                                    *sb = type == G4_CB4 ? row + 16 : row; /* (CB4: past its table) */
-                for (long off = 0; off < sbytes; off += 64) _mm_prefetch((const char *)row + off + GEMV_PREFETCH, _MM_HINT_T0);
+                const unsigned char *row = w + (size_t)r * stride, *sb = sb_at(type, row, g / 2);
+                for (long off = 0; off < sbytes; off += 64)
+                    _mm_prefetch((const char *)row + (size_t)sbytes * (size_t)(g / 2) + off + GEMV_PREFETCH, _MM_HINT_T0);
                 __m512i lo, hi;
                 __m512 s1[2], s2[2];
                 sb_scales(type, sb, 0, &s1[0], &s2[0]);
