@@ -761,6 +761,16 @@ __attribute__((target(T512), always_inline)) static inline __m512 block_lanes(__
         _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_set1_epi32(first)), v);
 }
 
+/* the per-16 scales of a half: lanes 4i .. 4i+3 of s1 = sc[first + 2i] (block i's elements 0-15), of s2 =
+ * sc[first + 2i + 1] (16-31) */
+__attribute__((target(T512), always_inline)) static inline void halves_lanes(__m512 sc, int first, __m512 *s1,
+                                                                             __m512 *s2) {
+    const __m512i e = _mm512_add_epi32(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0),
+                                       _mm512_set1_epi32(first));
+    *s1 = _mm512_permutexvar_ps(e, sc);
+    *s2 = _mm512_permutexvar_ps(_mm512_add_epi32(e, _mm512_set1_epi32(1)), sc);
+}
+
 /* Q4_K / Q5_K: the low 4 bits of half a super-block's codes from its 64 bytes qs (block 0 the low nibbles of bytes
  * 0-31, 1 their high ones, 2 and 3 of bytes 32-63) */
 __attribute__((target(T512), always_inline)) static inline void qk_nibbles(const unsigned char *qs, __m512i *lo,
@@ -896,10 +906,7 @@ __attribute__((target(T512), always_inline)) static inline void q6k_scales(const
                                                                            __m512 *s2) {
     const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sb + 192)))),
                                     _mm512_set1_ps(_cvtsh_ss(block_d(sb + 208))));
-    const __m512i e = _mm512_add_epi32(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0),
-                                       _mm512_set1_epi32(8 * h));
-    *s1 = _mm512_permutexvar_ps(e, sc);
-    *s2 = _mm512_permutexvar_ps(_mm512_add_epi32(e, _mm512_set1_epi32(1)), sc);
+    halves_lanes(sc, 8 * h, s1, s2);
 }
 
 
@@ -916,8 +923,7 @@ __attribute__((target(T512), always_inline)) static inline void cb4_16_group(con
     const __m512 sc = _mm512_mul_ps(
         _mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sb + 18 + 8 * h))))),
         _mm512_set1_ps(_cvtsh_ss(block_d(sb + 16))));
-    *s1 = _mm512_permutexvar_ps(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0), sc);
-    *s2 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1), sc);
+    halves_lanes(sc, 0, s1, s2);
 }
 
 /* Q3_K half h of a super-block (110 bytes: hmask[32], qs[64], scales[12], d; w = d (sc - 32) (u - 4) per 16): block
@@ -948,10 +954,7 @@ __attribute__((target(T512), always_inline)) static inline void q3k_scales(const
         _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)sh8, (long long)sl)),
                                             _mm512_set1_epi32(32))),
         _mm512_set1_ps(_cvtsh_ss(block_d(sb + 108))));
-    const __m512i e = _mm512_add_epi32(_mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0),
-                                       _mm512_set1_epi32(8 * h));
-    *s1 = _mm512_permutexvar_ps(e, sc);
-    *s2 = _mm512_permutexvar_ps(_mm512_add_epi32(e, _mm512_set1_epi32(1)), sc);
+    halves_lanes(sc, 8 * h, s1, s2);
 }
 
 /* Q2_K half h of a super-block (84 bytes: scales[16], qs[64], d, dmin; w = d (sc & 15) u - dmin (sc >> 4) per 16,
