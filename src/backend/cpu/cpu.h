@@ -64,6 +64,11 @@ typedef struct g4_cpu {
 #define G4_Q8_GROUP 256
 /* a packed weight group: 64 + 64 unsigned codes, 16 float lanes s1 (the scales), 16 s2 (see g4_q8_mode) */
 #define G4_QW_GROUP 256
+/* lane order (kernel sets with q8_lanes_row, kernels_x86.c): a super-group of 4 groups, one block a 32-bit lane;
+ * activations: 8 x 64 int8 codes, 16 int32 a, 16 int32 b, 16 float scales; packed weights: 8 x 64 unsigned codes,
+ * 4 x 16 float scales */
+#define G4_Q8_LANES 704
+#define G4_QW_LANES 768
 enum { G4_Q8_OFFSET, G4_Q8_AFFINE, G4_Q8_HALVES, G4_Q8_MIN16 };
 static inline int g4_q8_mode(g4_dtype t) {
     return t == G4_Q4_K || t == G4_Q5_K || t == G4_AF4 || t == G4_AF8 ? G4_Q8_AFFINE
@@ -91,6 +96,9 @@ typedef struct g4_q8_rows {
     /* with q_act_quarters: q's codes again, each group of 4 blocks (128 bytes) in quarter order: byte
      * 32 j + 4 (i + 4 h) + e = block i's element 16 h + 4 j + e (kernels_x86.c, AVX2's q_gemm) */
     int8_t *qq;
+    /* with q8_lanes_row: qg's rows again in lane order, ceil(ng / 4) super-groups of G4_Q8_LANES bytes a token
+     * (kernels_x86.c, AVX-512's q_gemm; its q_gemv takes the sums and scales) */
+    unsigned char *ql;
     g4_dtype type; /* the weights' type the rows were prepared for (g4_q8_mode, g4_q8_off) */
 } g4_q8_rows;
 
@@ -247,7 +255,8 @@ typedef struct g4_cpu_kernels {
     void (*f32_tile)(const float *w, size_t ldw, int nr, const float *x, size_t ldx, int nt, size_t n, float *y,
                      size_t ldy);
     /* NULL, or (with q_gemm) packs nr rows of a Q8_0 / Q4_0 matrix (or a type of q8_k_quants; nb blocks of 32,
-     * row_bytes apart) into ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart:
+     * row_bytes apart) into ng = ceil(nb / 4) groups of G4_QW_GROUP bytes per row, rows ng * G4_QW_GROUP apart
+     * (sets with q8_lanes_row: in lane order, g4_cpu_q_packed_row_bytes apart):
      * each group's unsigned codes (Q4_0 nibbles, Q8_0 int8 + 128, the 5- and 6-bit codes, IQ4's table values + 128)
      * in the order of g4_q8_rows.qg, s1 and s2 (g4_q8_mode) in 4 lanes a block (zero past the row); a set with
      * q_act_plain packs its own layout (its codes in element order and lane scales: kernels_x86.c, kernels_arm.c) */
@@ -291,7 +300,15 @@ typedef struct g4_cpu_kernels {
     int32_t (*argmax)(const float *x, int n);
     /* q_gemm reads g4_q8_rows.qq (the plain codes in quarter order) beside the plain layout */
     int q_act_quarters;
+    /* NULL, or one token's grouped row (qg, ng groups) in lane order (g4_q8_rows.ql) for weights of type t; q_pack
+     * then packs ceil(ng / 4) super-groups of G4_QW_LANES bytes a row, in lane order (g4_cpu_q_packed_row_bytes) */
+    void (*q8_lanes_row)(const unsigned char *qg, size_t ng, g4_dtype t, unsigned char *ql);
 } g4_cpu_kernels;
+
+/* the bytes of a row of ng groups as k's q_pack packs it */
+static inline size_t g4_cpu_q_packed_row_bytes(const g4_cpu_kernels *k, size_t ng) {
+    return k->q8_lanes_row ? (ng + 3) / 4 * G4_QW_LANES : ng * G4_QW_GROUP;
+}
 
 /* the most tokens of one bf16x_tile call */
 #ifndef G4_BF16X_TT

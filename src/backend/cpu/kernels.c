@@ -105,7 +105,7 @@ static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scala
                                         axpy_scalar, g4_cpu_q8_tile_scalar, f32_tile_scalar, NULL,
                                         g4_cpu_exp_sum_scalar, g4_cpu_gelu_mul_scalar, g4_cpu_softcap_scalar,
                                         g4_cpu_pv_scalar, bf16_tile_scalar, NULL, NULL, NULL, NULL, 0, 0,
-                                        g4_cpu_argmax_scalar, 0};
+                                        g4_cpu_argmax_scalar, 0, NULL};
 
 static const g4_cpu_kernels *chosen;
 

@@ -587,11 +587,11 @@ static int32_t argmax_neon(const float *x, int n) { return g4_cpu_argmax_body(x,
 static const g4_cpu_kernels k_neon = {"neon", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                       NULL, f32_tile_neon, q_pack_neon,
                                       exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, q_gemm_neon,
-                                      q_gemv_neon, NULL, NULL, 1, 1, argmax_neon, 0};
+                                      q_gemv_neon, NULL, NULL, 1, 1, argmax_neon, 0, NULL};
 static const g4_cpu_kernels k_neon_dot = {"neon_dot", dot_f32_neon, dot_bf16_neon, bf16_to_f32_neon, axpy_neon,
                                           NULL, f32_tile_neon, q_pack_neon,
                                           exp_sum_neon, gelu_mul_neon, softcap_neon, pv_neon, NULL, q_gemm_neon_dot,
-                                          q_gemv_neon_dot, NULL, NULL, 1, 1, argmax_neon, 0};
+                                          q_gemv_neon_dot, NULL, NULL, 1, 1, argmax_neon, 0, NULL};
 
 /* NEON is part of every aarch64 CPU (ARMv8-A); SDOT is the optional dot-product extension */
 const g4_cpu_kernels *g4_cpu_kernels_neon(void) { return &k_neon; }

@@ -961,7 +961,7 @@ __attribute__((target(T512), always_inline)) static inline void q3k_scales(const
  * llama.cpp's dequantize_row_q2_K): block i's element l < 16 is bits 2i of qs[32h + l], its element 16 + l those of
  * qs[32h + 16 + l]; the scale bytes of its elements 0-15 and 16-31 are scales[8h + 2i] and [8h + 2i + 1]. For the
  * per-16 mode (G4_Q8_MIN16): the codes u as they are; s1 holds the group's 16 factors, lanes 0-3 / 4-7 the scales
- * d sc of blocks 0-3's elements 0-15 / 16-31, lanes 8-11 / 12-15 their mins -dmin m (q_step spreads them); s2 zero */
+ * d sc of blocks 0-3's elements 0-15 / 16-31, lanes 8-11 / 12-15 their mins -dmin m (lanes_scales spreads them); s2 zero */
 __attribute__((target(T512), always_inline)) static inline void q2k_group(const unsigned char *row, int g, __m512i *lo,
                                                                           __m512i *hi, __m512 *s1, __m512 *s2) {
     const unsigned char *sb = row + (size_t)84 * (size_t)(g / 2);
@@ -1080,173 +1080,6 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
 }
 
 
-/* One token's part of a group, loaded once for every row it meets: the codes, the offset lanes (or, for the affine
- * mode, the lanes' code sums as floats), the scales, for the halves mode -hoff (g4_q8_half_off: 32, CB4_16 128) x
- * each half's lane sums, and for the per-16 mode each half's lane sums as floats (sum, sumh). */
-typedef struct {
-    __m512i lo, hi, off, n32lo, n32hi;
-    __m512 dx, sum, sumh;
-} q_xgroup;
-
-__attribute__((target(T512), always_inline)) static inline q_xgroup q_xload(const unsigned char *x, const int mode,
-                                                                           const int hoff) {
-    q_xgroup v;
-    v.lo = _mm512_loadu_si512(x);
-    v.hi = _mm512_loadu_si512(x + 64);
-    v.off = _mm512_loadu_si512(x + 128);
-    v.dx = _mm512_loadu_ps(x + 192);
-    v.sum = v.sumh = _mm512_setzero_ps();
-    v.n32lo = v.n32hi = _mm512_setzero_si512();
-    if (mode == G4_Q8_AFFINE) v.sum = _mm512_cvtepi32_ps(v.off);
-    if (mode == G4_Q8_MIN16) {
-        const __m512i one = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
-        v.sum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, one, v.lo));
-        v.sumh = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, one, v.hi));
-    }
-    if (mode == G4_Q8_HALVES) {
-        const __m512i c32 = _mm512_set1_epi8((char)hoff), z = _mm512_setzero_si512();
-        v.n32lo = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c32, v.lo));
-        v.n32hi = _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, c32, v.hi));
-    }
-    return v;
-}
-
-/* one (row, token) step of a group, the same in q_gemm and q_gemv: exact integer dot products per lane, then
- * - offset (Q4_0, Q5_0, Q8_0): from the activations' offset lanes, one multiply-add by s1 x dx;
- * - affine (Q4_K, Q5_K): s1 x dx times the codes' products plus s2 x dx times the activations' code sums;
- * - halves (Q6_K): each half from -32 x its code sums, times its own scale x dx;
- * - per 16 (Q2_K): each half's products times its scale, plus its min times the half's activation code sums, all
- *   times dx (s1: the group's 16 factors, spread to the lanes of their blocks here). */
-__attribute__((target(T512), always_inline)) static inline __m512 q_step(__m512 acc, __m512i lo, __m512i hi, __m512 s1,
-                                                                         __m512 s2, const q_xgroup *x, const int mode) {
-    if (mode == G4_Q8_MIN16) {
-        const __m512i z = _mm512_setzero_si512(), b = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                      four = _mm512_set1_epi32(4);
-        const __m512i b4 = _mm512_add_epi32(b, four), b8 = _mm512_add_epi32(b4, four), b12 = _mm512_add_epi32(b8, four);
-        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, lo, x->lo)), _mm512_permutexvar_ps(b, s1));
-        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, hi, x->hi)), _mm512_permutexvar_ps(b4, s1), t);
-        t = _mm512_fmadd_ps(x->sum, _mm512_permutexvar_ps(b8, s1), t);
-        t = _mm512_fmadd_ps(x->sumh, _mm512_permutexvar_ps(b12, s1), t);
-        return _mm512_fmadd_ps(t, x->dx, acc);
-    }
-    if (mode == G4_Q8_HALVES) {
-        const __m512i a = _mm512_dpbusd_epi32(x->n32lo, lo, x->lo), b = _mm512_dpbusd_epi32(x->n32hi, hi, x->hi);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(s1, x->dx), acc);
-        return _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_mul_ps(s2, x->dx), acc);
-    }
-    const __m512i init = mode == G4_Q8_AFFINE ? _mm512_setzero_si512() : x->off;
-    const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(init, lo, x->lo), hi, x->hi);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(s1, x->dx), acc);
-    if (mode == G4_Q8_AFFINE) acc = _mm512_fmadd_ps(x->sum, _mm512_mul_ps(s2, x->dx), acc);
-    return acc;
-}
-
-__attribute__((target(T512), always_inline)) static inline void q_pack_typed(g4_dtype type, const unsigned char *w,
-                                                                             size_t row_bytes, int nr, int nb,
-                                                                             unsigned char *dst) {
-    const long gb = g4_q8_group_bytes(type);
-    const int ng = (nb + 3) / 4;
-    const q_perm pm = q_perms(type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0);
-    for (int r = 0; r < nr; r++) {
-        const unsigned char *row = w + (size_t)r * row_bytes;
-        unsigned char *o = dst + (size_t)r * ng * G4_QW_GROUP;
-        for (int g = 0; g < ng; g++, o += G4_QW_GROUP) {
-            __m512i lo, hi;
-            __m512 s1, s2;
-            _mm_prefetch((const char *)row + (size_t)gb * g + PACK_PREFETCH, _MM_HINT_T0);
-            if (gb > 64) _mm_prefetch((const char *)row + (size_t)gb * g + 64 + PACK_PREFETCH, _MM_HINT_T0);
-            qw_group(type, &pm, row, row_bytes, g, &lo, &hi, &s1, &s2);
-            _mm512_storeu_si512(o, lo);
-            _mm512_storeu_si512(o + 64, hi);
-            _mm512_storeu_ps(o + 128, s1);
-            _mm512_storeu_ps(o + 192, s2);
-        }
-    }
-}
-
-__attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
-                                                       int nr, int nb, unsigned char *dst) {
-#define CALL(qt) q_pack_typed(qt, w, row_bytes, nr, nb, dst)
-    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
-#undef CALL
-}
-
-/* decode: rows as stored times one grouped activation row, each group unpacked in registers; the same
- * arithmetic per (row, token) as q_gemm, so the same bits. GEMV_ROWS rows at once (far apart) share each group's
- * activation loads and keep independent accumulator chains in flight. */
-__attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_dtype type, const q_perm *pm,
-                                                                             const unsigned char *w, size_t stride,
-                                                                             size_t row_bytes, int ng,
-                                                                             const unsigned char *xt, float *y,
-                                                                             size_t ystride, const int NR) {
-    const long gb = g4_q8_group_bytes(type);
-    const int mode = g4_q8_mode(type);
-    __m512 acc[4];
-    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
-    if (sb_halves(type)) {
-        /* a super-block (two groups) of each row at a time, its scales decoded first: the work that does not
-         * depend on the half (written the same in both calls) is done once */
-        const long sbytes = 2 * gb;
-        const int hoff = g4_q8_half_off(type);
-        for (int g = 0; g < ng; g += 2) {
-            const q_xgroup x0 = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode, hoff),
-                           x1 = q_xload(xt + (size_t)(g + 1) * G4_Q8_GROUP, mode, hoff);
-#pragma GCC unroll 4
-            for (int r = 0; r < NR; r++) {
-                const unsigned char *row = w + (size_t)r * stride, *sb = sb_at(type, row, g / 2);
-                for (long off = 0; off < sbytes; off += 64)
-                    _mm_prefetch((const char *)row + (size_t)sbytes * (size_t)(g / 2) + off + GEMV_PREFETCH, _MM_HINT_T0);
-                __m512i lo, hi;
-                __m512 s1[2], s2[2];
-                sb_scales(type, sb, 0, &s1[0], &s2[0]);
-                sb_scales(type, sb, 1, &s1[1], &s2[1]);
-                sb_codes(type, sb, 0, &lo, &hi);
-                acc[r] = q_step(acc[r], lo, hi, s1[0], s2[0], &x0, mode);
-                sb_codes(type, sb, 1, &lo, &hi);
-                acc[r] = q_step(acc[r], lo, hi, s1[1], s2[1], &x1, mode);
-            }
-        }
-        for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
-        return;
-    }
-    for (int g = 0; g < ng; g++) {
-        const q_xgroup x = q_xload(xt + (size_t)g * G4_Q8_GROUP, mode, g4_q8_half_off(type));
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            __m512i lo, hi;
-            __m512 s1, s2;
-            _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + GEMV_PREFETCH, _MM_HINT_T0);
-            if (gb > 72) /* a group spans two or three lines */
-                _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + 64 + GEMV_PREFETCH, _MM_HINT_T0);
-            if (gb > 136) /* (AF8: three lines or four) */
-                _mm_prefetch((const char *)w + (size_t)r * stride + (size_t)gb * g + 128 + GEMV_PREFETCH, _MM_HINT_T0);
-            qw_group(type, pm, w + (size_t)r * stride, row_bytes, g, &lo, &hi, &s1, &s2);
-            acc[r] = q_step(acc[r], lo, hi, s1, s2, &x, mode);
-        }
-    }
-    for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
-}
-
-__attribute__((target(T512), always_inline)) static inline void q_gemv_typed(g4_dtype type, const unsigned char *w,
-                                                                             size_t row_bytes, int nr, int nb,
-                                                                             const g4_q8_rows *a, int t, float *y) {
-    const int ng = (nb + 3) / 4, q = nr / GEMV_ROWS;
-    const q_perm pm = q_perms(type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0);
-    const unsigned char *xt = a->qg + (size_t)t * a->ng * G4_Q8_GROUP;
-    for (int i = 0; i < q; i++)
-        q_gemv_fixed(type, &pm, w + (size_t)i * row_bytes, (size_t)q * row_bytes, row_bytes, ng, xt, y + i, (size_t)q,
-                     GEMV_ROWS);
-    for (int r = q * GEMV_ROWS; r < nr; r++)
-        q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xt, y + r, 0, 1);
-}
-
-__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
-                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
-#define CALL(qt) q_gemv_typed(qt, w, row_bytes, nr, nb, a, t, y)
-    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
-#undef CALL
-}
-
 /* One activation row into groups (g4_cpu_kernels.q8_group_row): per block of 32, d = max|x| / 127 and
  * q = x * (1/d) rounded to nearest even (vcvtps2dq, as lrintf), the codes, the offset lanes and the scales as
  * g4_cpu_q8_quantize lays them out. */
@@ -1276,33 +1109,315 @@ __attribute__((target(T512))) static void q8_group_row_avx512(const float *x, si
     }
 }
 
-/* NR packed rows x NT grouped activation rows: per group and token, q_step on each row. Every (row, token)
- * sees the same operations in the same order whatever NR and NT are, so a row's value does not depend on the
- * batch. */
+/* Lane order (q_gemm; q_pack writes it, q_gemv ends in it): a super-group of 4 groups (16 blocks, 512 elements) with
+ * one block in each 32-bit lane, so that a block's 32 products add up in its lane (8 vpdpbusd) before the float
+ * steps: one conversion, one scale product and one fused add per 16 blocks (per 4 in a group's layout, where each
+ * block's products sit in 4 lanes; those float steps bound q_gemm at 2 vector operations a cycle). Lane 4i + g
+ * (128-bit lane i, position g) holds block 4g + i of the super-group, i.e. block i of group g, whose values a
+ * group's layout holds in 128-bit lane i: moving them is a transpose within each 128-bit lane. Operand k < 4 holds
+ * in each lane its block's codes 4k .. 4k + 3, operand 4 + k its codes 16 + 4k .. 16 + 4k + 3.
+ * - activations (g4_q8_rows.ql, G4_Q8_LANES bytes a super-group): the 8 operands of int8 codes, 16 int32 a, 16 int32
+ *   b, 16 floats dx (the block scales). OFFSET: a = -off x the block's code sum; AFFINE: a = the code sum; HALVES:
+ *   a, b = -hoff x the code sums of elements 0-15 and 16-31; MIN16: a, b = those two sums.
+ * - packed weights (q_pack, G4_QW_LANES bytes a super-group): the 8 operands of unsigned codes, then 4 x 16 floats
+ *   s1 .. s4: s1 and s2 of g4_q8_mode per block; MIN16: the scales of elements 0-15 and 16-31, then their mins.
+ * Groups past the row are zeros. q_gemv decodes rows as stored, takes each group's dot products in its 4-lane
+ * pieces (element order, g4_q8_rows.qg) and adds them into lane order (lanes_sum4): the same integers, then the
+ * same float steps (lanes_step), so the same bits as q_gemm. */
+
+/* in place: v[k] position g = v[g] position k, within each 128-bit lane */
+__attribute__((target(T512), always_inline)) static inline void lanes_transpose(__m512i *v) {
+    const __m512i t0 = _mm512_unpacklo_epi32(v[0], v[1]), t1 = _mm512_unpackhi_epi32(v[0], v[1]),
+                  t2 = _mm512_unpacklo_epi32(v[2], v[3]), t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    v[0] = _mm512_unpacklo_epi64(t0, t2);
+    v[1] = _mm512_unpackhi_epi64(t0, t2);
+    v[2] = _mm512_unpacklo_epi64(t1, t3);
+    v[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* position g of each 128-bit lane = the sum of the 4 positions of p[g] there (a group's 4-lane pieces of a block
+ * into the block's lane) */
+__attribute__((target(T512), always_inline)) static inline __m512i lanes_sum4(const __m512i *p) {
+    const __m512i a = _mm512_add_epi32(_mm512_unpacklo_epi32(p[0], p[1]), _mm512_unpackhi_epi32(p[0], p[1])),
+                  b = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2], p[3]), _mm512_unpackhi_epi32(p[2], p[3]));
+    return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+/* position g of each 128-bit lane from v[g] (a group's per-block values, alike in the block's 4 lanes) */
+__attribute__((target(T512), always_inline)) static inline __m512 lanes_pick(const __m512 *v) {
+    __m512 r = _mm512_mask_blend_ps(0x2222, v[0], v[1]);
+    r = _mm512_mask_blend_ps(0x4444, r, v[2]);
+    return _mm512_mask_blend_ps(0x8888, r, v[3]);
+}
+
+/* the 4 (MIN16) or 2 scale vectors of a super-group in lane order from its groups' s1, s2 (qw_group) */
+__attribute__((target(T512), always_inline)) static inline void lanes_scales(const __m512 *s1, const __m512 *s2,
+                                                                             const int mode, __m512 *sc) {
+    if (mode == G4_Q8_MIN16) { /* a group's s1: the scales of blocks 0-3's elements 0-15, 16-31, then the mins */
+        for (int f = 0; f < 4; f++) {
+            const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                                 _mm512_set1_epi32(4 * f));
+            __m512 v[4];
+            for (int g = 0; g < 4; g++) v[g] = _mm512_permutexvar_ps(idx, s1[g]);
+            sc[f] = lanes_pick(v);
+        }
+        return;
+    }
+    sc[0] = lanes_pick(s1);
+    sc[1] = lanes_pick(s2);
+}
+
+/* a token's super-group, loaded once for every row it meets: a and b, and as floats where the mode multiplies
+ * them (AFFINE: a; MIN16: a and b), the scales dx */
+typedef struct {
+    __m512i a, b;
+    __m512 fa, fb, dx;
+} q_xlanes;
+
+__attribute__((target(T512), always_inline)) static inline q_xlanes lanes_xload(const unsigned char *xl,
+                                                                               const int mode) {
+    q_xlanes v;
+    v.a = _mm512_loadu_si512(xl + 512);
+    v.b = _mm512_loadu_si512(xl + 576);
+    v.dx = _mm512_loadu_ps(xl + 640);
+    v.fa = v.fb = _mm512_setzero_ps();
+    if (mode == G4_Q8_AFFINE || mode == G4_Q8_MIN16) v.fa = _mm512_cvtepi32_ps(v.a);
+    if (mode == G4_Q8_MIN16) v.fb = _mm512_cvtepi32_ps(v.b);
+    return v;
+}
+
+/* one (row, token) step of a super-group, the same in q_gemm and q_gemv, from exact integer sums in lane order:
+ * s the whole block's (OFFSET: from a, so the offset term is in), or (HALVES, MIN16) s and sh those of elements 0-15
+ * and 16-31 (HALVES: from a and b); sc the row's scale vectors:
+ * - offset (Q4_0, Q5_0, Q8_0, IQ4, CB4, MXF4): one multiply-add by s1 x dx;
+ * - affine (Q4_K, Q5_K, AF4, AF8): s1 x dx times s, plus s2 x dx times the activations' code sums;
+ * - halves (Q6_K, Q3_K, CB4_16): each half times its own scale x dx;
+ * - per 16 (Q2_K): each half times its scale plus its min times the half's activation code sums, all times dx. */
+__attribute__((target(T512), always_inline)) static inline __m512 lanes_step(__m512 acc, __m512i s, __m512i sh,
+                                                                             const __m512 *sc, const q_xlanes *x,
+                                                                             const int mode) {
+    if (mode == G4_Q8_MIN16) {
+        __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc[0]);
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), sc[1], t);
+        t = _mm512_fmadd_ps(x->fa, sc[2], t);
+        t = _mm512_fmadd_ps(x->fb, sc[3], t);
+        return _mm512_fmadd_ps(t, x->dx, acc);
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(sc[0], x->dx), acc);
+    if (mode == G4_Q8_HALVES) return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sh), _mm512_mul_ps(sc[1], x->dx), acc);
+    if (mode == G4_Q8_AFFINE) return _mm512_fmadd_ps(x->fa, _mm512_mul_ps(sc[1], x->dx), acc);
+    return acc;
+}
+static inline int lanes_split(int mode) { return mode == G4_Q8_HALVES || mode == G4_Q8_MIN16; }
+
+/* One token's grouped row (qg, ng groups) in lane order (g4_cpu_kernels.q8_lanes_row) */
+__attribute__((target(T512))) static void q8_lanes_row_avx512(const unsigned char *qg, size_t ng, g4_dtype type,
+                                                             unsigned char *ql) {
+    const int mode = g4_q8_mode(type), off = g4_q8_off(type), hoff = g4_q8_half_off(type);
+    const __m512i one = _mm512_set1_epi8(1), z = _mm512_setzero_si512();
+    for (size_t s = 0; s < (ng + 3) / 4; s++, ql += G4_Q8_LANES) {
+        __m512i lo[4], hi[4], plo[4], phi[4];
+        __m512 dx[4];
+        for (size_t g = 0; g < 4; g++) {
+            const unsigned char *p = qg + (4 * s + g) * G4_Q8_GROUP;
+            const int in = 4 * s + g < ng;
+            lo[g] = in ? _mm512_loadu_si512(p) : z;
+            hi[g] = in ? _mm512_loadu_si512(p + 64) : z;
+            dx[g] = in ? _mm512_loadu_ps(p + 192) : _mm512_setzero_ps();
+            plo[g] = _mm512_dpbusd_epi32(z, one, lo[g]);
+            phi[g] = _mm512_dpbusd_epi32(z, one, hi[g]);
+        }
+        const __m512i slo = lanes_sum4(plo), shi = lanes_sum4(phi);
+        __m512i a = _mm512_add_epi32(slo, shi), b = z;
+        if (mode == G4_Q8_OFFSET) a = _mm512_mullo_epi32(a, _mm512_set1_epi32(-off));
+        if (mode == G4_Q8_HALVES)
+            a = _mm512_mullo_epi32(slo, _mm512_set1_epi32(-hoff)), b = _mm512_mullo_epi32(shi, _mm512_set1_epi32(-hoff));
+        if (mode == G4_Q8_MIN16) a = slo, b = shi;
+        lanes_transpose(lo);
+        lanes_transpose(hi);
+        for (int k = 0; k < 4; k++) {
+            _mm512_storeu_si512(ql + 64 * k, lo[k]);
+            _mm512_storeu_si512(ql + 256 + 64 * k, hi[k]);
+        }
+        _mm512_storeu_si512(ql + 512, a);
+        _mm512_storeu_si512(ql + 576, b);
+        _mm512_storeu_ps(ql + 640, lanes_pick(dx));
+    }
+}
+
+__attribute__((target(T512), always_inline)) static inline void q_pack_typed(g4_dtype type, const unsigned char *w,
+                                                                             size_t row_bytes, int nr, int nb,
+                                                                             unsigned char *dst) {
+    const long gb = g4_q8_group_bytes(type);
+    const int ng = (nb + 3) / 4, nsg = (ng + 3) / 4, mode = g4_q8_mode(type);
+    const q_perm pm = q_perms(type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0);
+    for (int r = 0; r < nr; r++) {
+        const unsigned char *row = w + (size_t)r * row_bytes;
+        unsigned char *o = dst + (size_t)r * nsg * G4_QW_LANES;
+        for (int s = 0; s < nsg; s++, o += G4_QW_LANES) {
+            __m512i lo[4], hi[4];
+            __m512 s1[4], s2[4], sc[4];
+            for (int g = 0; g < 4; g++) {
+                lo[g] = hi[g] = _mm512_setzero_si512();
+                s1[g] = s2[g] = _mm512_setzero_ps();
+                if (4 * s + g >= ng) continue;
+                for (long off = 0; off < gb; off += 64)
+                    _mm_prefetch((const char *)row + (size_t)gb * (4 * s + g) + off + PACK_PREFETCH, _MM_HINT_T0);
+                qw_group(type, &pm, row, row_bytes, 4 * s + g, &lo[g], &hi[g], &s1[g], &s2[g]);
+            }
+            lanes_transpose(lo);
+            lanes_transpose(hi);
+            lanes_scales(s1, s2, mode, sc);
+            for (int k = 0; k < 4; k++) {
+                _mm512_storeu_si512(o + 64 * k, lo[k]);
+                _mm512_storeu_si512(o + 256 + 64 * k, hi[k]);
+            }
+            for (int f = 0; f < (mode == G4_Q8_MIN16 ? 4 : 2); f++) _mm512_storeu_ps(o + 512 + 64 * f, sc[f]);
+        }
+    }
+}
+
+__attribute__((target(T512))) static void q_pack_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                       int nr, int nb, unsigned char *dst) {
+#define CALL(qt) q_pack_typed(qt, w, row_bytes, nr, nb, dst)
+    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
+}
+
+/* decode: rows as stored times one activation row, each group unpacked in registers and its dot products taken in
+ * element order (qg), then added into lane order for the same float steps as q_gemm: the same bits. GEMV_ROWS rows
+ * at once (far apart) share each super-group's activation loads and keep independent chains in flight. */
+
+/* super-group s of NR rows, of which NG groups are in the row (the rest zeros, as q_pack writes them) */
+__attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dtype type, const q_perm *pm,
+                                                                           const unsigned char *w, size_t stride,
+                                                                           size_t row_bytes, int s,
+                                                                           const unsigned char *xg,
+                                                                           const unsigned char *xl, __m512 *acc,
+                                                                           const int NR, const int NG) {
+    const long gb = g4_q8_group_bytes(type);
+    const int mode = g4_q8_mode(type), split = lanes_split(mode);
+    const __m512i z = _mm512_setzero_si512();
+    const q_xlanes x = lanes_xload(xl + (size_t)s * G4_Q8_LANES, mode);
+    const unsigned char *xs = xg + (size_t)(4 * s) * G4_Q8_GROUP;
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        const unsigned char *row = w + (size_t)r * stride;
+        for (long off = 0; off < NG * gb; off += 64)
+            _mm_prefetch((const char *)row + (size_t)(4 * gb) * (size_t)s + off + GEMV_PREFETCH, _MM_HINT_T0);
+        __m512i plo[4], phi[4], lo, hi;
+        __m512 s1[4], s2[4], sc[4];
+        for (int g = NG; g < 4; g++) plo[g] = phi[g] = z, s1[g] = s2[g] = _mm512_setzero_ps();
+        if (sb_halves(type)) {
+            /* a super-block (two groups) at a time, its scales decoded first: the work that does not depend on the
+             * half (written the same in both calls) is done once */
+            for (int g = 0; g < NG; g += 2) {
+                const unsigned char *sb = sb_at(type, row, 2 * s + g / 2);
+                sb_scales(type, sb, 0, &s1[g], &s2[g]);
+                sb_scales(type, sb, 1, &s1[g + 1], &s2[g + 1]);
+                for (int h = 0; h < 2; h++) {
+                    const unsigned char *xp = xs + (size_t)(g + h) * G4_Q8_GROUP;
+                    sb_codes(type, sb, h, &lo, &hi);
+                    plo[g + h] = _mm512_dpbusd_epi32(z, lo, _mm512_loadu_si512(xp));
+                    phi[g + h] = _mm512_dpbusd_epi32(split ? z : plo[g + h], hi, _mm512_loadu_si512(xp + 64));
+                }
+            }
+        } else {
+            for (int g = 0; g < NG; g++) {
+                const unsigned char *xp = xs + (size_t)g * G4_Q8_GROUP;
+                qw_group(type, pm, row, row_bytes, 4 * s + g, &lo, &hi, &s1[g], &s2[g]);
+                plo[g] = _mm512_dpbusd_epi32(z, lo, _mm512_loadu_si512(xp));
+                phi[g] = _mm512_dpbusd_epi32(split ? z : plo[g], hi, _mm512_loadu_si512(xp + 64));
+            }
+        }
+        lanes_scales(s1, s2, mode, sc);
+        __m512i sum = lanes_sum4(phi), sumh = z; /* (not split: phi holds the whole group's) */
+        if (split) sumh = sum, sum = lanes_sum4(plo);
+        if (mode == G4_Q8_OFFSET || mode == G4_Q8_HALVES) sum = _mm512_add_epi32(sum, x.a);
+        if (mode == G4_Q8_HALVES) sumh = _mm512_add_epi32(sumh, x.b);
+        acc[r] = lanes_step(acc[r], sum, sumh, sc, &x, mode);
+    }
+}
+
+__attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_dtype type, const q_perm *pm,
+                                                                             const unsigned char *w, size_t stride,
+                                                                             size_t row_bytes, int ng,
+                                                                             const unsigned char *xg,
+                                                                             const unsigned char *xl, float *y,
+                                                                             size_t ystride, const int NR) {
+    __m512 acc[4];
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    int s = 0;
+    for (; 4 * s + 4 <= ng; s++) gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, 4);
+    switch (ng - 4 * s) { /* (K-quants and IQ4_XS: whole super-blocks, 2 groups) */
+    case 3: gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, 3); break;
+    case 2: gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, 2); break;
+    case 1: gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, 1); break;
+    }
+    for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
+}
+
+__attribute__((target(T512), always_inline)) static inline void q_gemv_typed(g4_dtype type, const unsigned char *w,
+                                                                             size_t row_bytes, int nr, int nb,
+                                                                             const g4_q8_rows *a, int t, float *y) {
+    const int ng = (nb + 3) / 4, q = nr / GEMV_ROWS;
+    const q_perm pm = q_perms(type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0);
+    const unsigned char *xg = a->qg + (size_t)t * a->ng * G4_Q8_GROUP,
+                        *xl = a->ql + (size_t)t * ((a->ng + 3) / 4) * G4_Q8_LANES;
+    for (int i = 0; i < q; i++)
+        q_gemv_fixed(type, &pm, w + (size_t)i * row_bytes, (size_t)q * row_bytes, row_bytes, ng, xg, xl, y + i,
+                     (size_t)q, GEMV_ROWS);
+    for (int r = q * GEMV_ROWS; r < nr; r++)
+        q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xg, xl, y + r, 0, 1);
+}
+
+__attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
+                                                       int nr, int nb, const g4_q8_rows *a, int t, float *y) {
+#define CALL(qt) q_gemv_typed(qt, w, row_bytes, nr, nb, a, t, y)
+    G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
+}
+
+/* NR packed rows x NT (<= 2) activation rows in lane order: per super-group, the 8 operands k in turn against every
+ * (row, token) (their integer sums in registers), then lanes_step on each. Every (row, token) sees the same
+ * operations in the same order whatever NR and NT are, so a row's value does not depend on the batch. */
 __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(const unsigned char *wp, size_t ldw,
-                                                                             const g4_q8_rows *a, int t0, int ng,
+                                                                             const g4_q8_rows *a, int t0, int nsg,
                                                                              float *y, size_t ldy, const int NR,
-                                                                             const int NT, const int mode,
-                                                                             const int hoff) {
-    __m512 acc[G4_Q_TR][G4_Q_TT];
-    const unsigned char *xt[G4_Q_TT];
-    for (int t = 0; t < NT; t++) xt[t] = a->qg + (size_t)(t0 + t) * a->ng * G4_Q8_GROUP;
+                                                                             const int NT, const int mode) {
+    __m512 acc[G4_Q_TR][2];
+    const unsigned char *xt[2];
+    const int split = lanes_split(mode), nsc = mode == G4_Q8_MIN16 ? 4 : 2;
+    for (int t = 0; t < NT; t++) xt[t] = a->ql + (size_t)(t0 + t) * nsg * G4_Q8_LANES;
     for (int r = 0; r < NR; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int g = 0; g < ng; g++) {
-        __m512i wlo[G4_Q_TR], whi[G4_Q_TR];
-        for (int r = 0; r < NR; r++) {
-            const unsigned char *p = wp + (size_t)r * ldw + (size_t)g * G4_QW_GROUP;
-            wlo[r] = _mm512_loadu_si512(p);
-            whi[r] = _mm512_loadu_si512(p + 64);
-        }
-        for (int t = 0; t < NT; t++) {
-            const q_xgroup x = q_xload(xt[t] + (size_t)g * G4_Q8_GROUP, mode, hoff);
-            for (int r = 0; r < NR; r++) {
-                const unsigned char *p = wp + (size_t)r * ldw + (size_t)g * G4_QW_GROUP;
-                acc[r][t] = q_step(acc[r][t], wlo[r], whi[r], _mm512_loadu_ps(p + 128),
-                                   mode == G4_Q8_OFFSET ? _mm512_setzero_ps() : _mm512_loadu_ps(p + 192), &x, mode);
+    for (int s = 0; s < nsg; s++) {
+        const unsigned char *px[2], *pw[G4_Q_TR];
+        q_xlanes x[2];
+        __m512i sum[G4_Q_TR][2], sumh[G4_Q_TR][2];
+        for (int t = 0; t < NT; t++) px[t] = xt[t] + (size_t)s * G4_Q8_LANES, x[t] = lanes_xload(px[t], mode);
+        for (int r = 0; r < NR; r++) pw[r] = wp + (size_t)r * ldw + (size_t)s * G4_QW_LANES;
+        for (int r = 0; r < NR; r++)
+            for (int t = 0; t < NT; t++) {
+                sum[r][t] = mode == G4_Q8_OFFSET || mode == G4_Q8_HALVES ? x[t].a : _mm512_setzero_si512();
+                sumh[r][t] = mode == G4_Q8_HALVES ? x[t].b : _mm512_setzero_si512();
             }
+        for (int k = 0; k < 8; k++) {
+            __m512i wv[G4_Q_TR], xv[2];
+            for (int t = 0; t < NT; t++) xv[t] = _mm512_loadu_si512(px[t] + 64 * k);
+            for (int r = 0; r < NR; r++) wv[r] = _mm512_loadu_si512(pw[r] + 64 * k);
+            for (int r = 0; r < NR; r++)
+                for (int t = 0; t < NT; t++) {
+                    if (split && k >= 4)
+                        sumh[r][t] = _mm512_dpbusd_epi32(sumh[r][t], wv[r], xv[t]);
+                    else
+                        sum[r][t] = _mm512_dpbusd_epi32(sum[r][t], wv[r], xv[t]);
+                }
+        }
+        for (int r = 0; r < NR; r++) {
+            __m512 sc[4];
+            for (int f = 0; f < nsc; f++) sc[f] = _mm512_loadu_ps(pw[r] + 512 + 64 * f);
+            for (int t = 0; t < NT; t++) acc[r][t] = lanes_step(acc[r][t], sum[r][t], sumh[r][t], sc, &x[t], mode);
         }
     }
     for (int r = 0; r < NR; r++)
@@ -1312,33 +1427,29 @@ __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(con
 __attribute__((target(T512), always_inline)) static inline void q_gemm_mode(const unsigned char *wp, int nr,
                                                                             const g4_q8_rows *a, int t0, int nt,
                                                                             int ng, float *y, size_t ldy,
-                                                                            const int mode, const int hoff) {
-    const size_t ldw = (size_t)ng * G4_QW_GROUP;
-    if (nr == 4) {
-        switch (nt) {
-        case 4: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 4, mode, hoff); return;
-        case 3: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 3, mode, hoff); return;
-        case 2: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 2, mode, hoff); return;
-        case 1: q_gemm_fixed(wp, ldw, a, t0, ng, y, ldy, 4, 1, mode, hoff); return;
-        }
+                                                                            const int mode) {
+    const int nsg = (ng + 3) / 4;
+    const size_t ldw = (size_t)nsg * G4_QW_LANES;
+    if (nr == 4) { /* tokens two at a time (the registers of 4 x 2 sums) */
+        for (int t = 0; t < nt; t += 2)
+            if (nt - t >= 2)
+                q_gemm_fixed(wp, ldw, a, t0 + t, nsg, y + (size_t)t * ldy, ldy, 4, 2, mode);
+            else
+                q_gemm_fixed(wp, ldw, a, t0 + t, nsg, y + (size_t)t * ldy, ldy, 4, 1, mode);
+        return;
     }
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t++)
-            q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, 1, mode, hoff);
+            q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, nsg, y + (size_t)t * ldy + r, ldy, 1, 1, mode);
 }
 
 __attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
                                                        int nt, int ng, float *y, size_t ldy) {
     switch (g4_q8_mode(a->type)) {
-    case G4_Q8_AFFINE: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_AFFINE, 0); break;
-    case G4_Q8_HALVES:
-        if (g4_q8_half_off(a->type) == 128)
-            q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES, 128);
-        else
-            q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES, 32);
-        break;
-    case G4_Q8_MIN16: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_MIN16, 0); break;
-    default: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_OFFSET, 0); break;
+    case G4_Q8_AFFINE: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_AFFINE); break;
+    case G4_Q8_HALVES: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_HALVES); break;
+    case G4_Q8_MIN16: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_MIN16); break;
+    default: q_gemm_mode(wp, nr, a, t0, nt, ng, y, ldy, G4_Q8_OFFSET); break;
     }
 }
 
@@ -1593,17 +1704,17 @@ __attribute__((target("avx512f"))) static int32_t argmax_avx512(const float *x, 
 static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
                                       axpy_avx2, NULL, f32_tile_avx2, q_pack_avx2, exp_sum_avx2, gelu_mul_avx2,
                                       softcap_avx2, pv_avx2, bf16_tile_avx2, q_gemm_avx2, q_gemv_avx2, NULL, NULL, 1,
-                                      1, argmax_avx2, 1};
+                                      1, argmax_avx2, 1, NULL};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                         bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, NULL,
-                                        q8_group_row_avx512, 1, 0, argmax_avx512, 0};
+                                        q8_group_row_avx512, 1, 0, argmax_avx512, 0, q8_lanes_row_avx512};
 static const g4_cpu_kernels k_avx512_bf16 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                              axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                              exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
                                              bf16_tile_avx512, q_gemm_avx512, q_gemv_avx512, bf16x_tile_avx512,
-                                             q8_group_row_avx512, 1, 0, argmax_avx512, 0};
+                                             q8_group_row_avx512, 1, 0, argmax_avx512, 0, q8_lanes_row_avx512};
 
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     __builtin_cpu_init();

@@ -55,16 +55,15 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
         const float *xt = x + (size_t)t * in;
         int8_t *q = a->q ? a->q + (size_t)t * a->in_pad : NULL;
         float *d = a->q ? a->d + (size_t)t * a->nb_pad : NULL, *m = a->q ? a->m + (size_t)t * a->nb_pad : NULL;
-        unsigned char *qg = a->qg ? a->qg + (size_t)t * a->ng * G4_Q8_GROUP : NULL;
+        unsigned char *const qg_row = a->qg ? a->qg + (size_t)t * a->ng * G4_Q8_GROUP : NULL, *qg = qg_row;
         if (qg && ks->q8_group_row) { /* the kernel set's own (the same bytes) */
             ks->q8_group_row(xt, in, g4_q8_off(a->type), qg, a->ng);
             qg = NULL;
-            if (!q) continue;
         }
         if (qg) memset(qg, 0, a->ng * G4_Q8_GROUP);
         if (a->qq) /* (the blocks past the row in the last group, and the groups past it) */
             memset(a->qq + (size_t)t * a->in_pad + 128 * (nb / 4), 0, a->in_pad - 128 * (nb / 4));
-        for (size_t b = 0; b < nb; b++) {
+        for (size_t b = 0; b < (q || qg ? nb : 0); b++) {
             const float *xb = xt + 32 * b;
             float amax = 0;
             for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
@@ -104,6 +103,7 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
             memset(q + in, 0, a->in_pad - in);
             for (size_t b = nb; b < a->nb_pad; b++) d[b] = m[b] = 0;
         }
+        if (a->ql) ks->q8_lanes_row(qg_row, a->ng, a->type, a->ql + (size_t)t * ((a->ng + 3) / 4) * G4_Q8_LANES);
     }
 }
 
@@ -169,7 +169,7 @@ static void qg_rows(const q8_job *j, const g4_q8_product *p, int64_t r0, int64_t
         add_bias(p, out, r0, r1);
         return;
     }
-    const size_t ldw = (size_t)ng * G4_QW_GROUP;
+    const size_t ldw = g4_cpu_q_packed_row_bytes(j->k, (size_t)ng);
     unsigned char *wp = (unsigned char *)g4_cpu_scratch_get(j->cpu, thread, PACK_ROWS * ldw / sizeof(float));
     if (!wp) return; /* out of memory: recorded in cpu->failed, the step reports it */
     for (int64_t rb = r0; rb < r1; rb += PACK_ROWS) {
@@ -223,8 +223,10 @@ int g4_cpu_q8_prepare(g4_cpu *cpu, const float *x, int n, size_t in, g4_dtype ty
     a->type = type;
     a->ng = (in / 32 + 3) / 4;
     if (k->q_gemm && !k->q_act_plain) {
-        a->qg = g4_cpu_act_buf(cpu, (size_t)n * a->ng * G4_Q8_GROUP);
+        const size_t lanes = k->q8_lanes_row ? (size_t)n * ((a->ng + 3) / 4) * G4_Q8_LANES : 0;
+        a->qg = g4_cpu_act_buf(cpu, (size_t)n * a->ng * G4_Q8_GROUP + lanes);
         if (!a->qg) return -1;
+        a->ql = lanes ? a->qg + (size_t)n * a->ng * G4_Q8_GROUP : NULL;
     } else {
         a->nb_pad = (in / 32 + 7) & ~(size_t)7;
         a->in_pad = a->nb_pad * 32;
