@@ -710,10 +710,12 @@ __attribute__((target(T512))) static inline q_perm q_perms(g4_dtype type) {
 }
 
 /* group g of a row (rem = the row's bytes from the group on): unsigned codes lo (elements 0-15 of the 4
- * blocks) and hi (16-31), the scales in 4 lanes each; past the row's end zeros with scale 0 */
+ * blocks) and hi (16-31), and the scales as f16 into the halves of dh that m selects (bytes 2h, 2h + 1 of half h),
+ * half h taking block h / 4 % 4's: all 16 halves give each block's in 4 lanes, m = 0x03030303 << 2g the lane
+ * order's position g; past the row's end zeros with scale 0 */
 __attribute__((target(T512), always_inline)) static inline void q_group(g4_dtype type, const q_perm *pm,
                                                                         const unsigned char *p, long rem, __m512i *lo,
-                                                                        __m512i *hi, __m512 *dw) {
+                                                                        __m512i *hi, __m512i *dh, __mmask64 m) {
     const int q4 = type == G4_Q4_0;
     __m512i A, B, C = _mm512_setzero_si512();
     if (rem >= (q4 ? 72 : 136)) { /* a whole group: fixed masks */
@@ -735,7 +737,12 @@ __attribute__((target(T512), always_inline)) static inline void q_group(g4_dtype
         *hi = _mm512_xor_si512(
             _mm512_mask_permutexvar_epi8(_mm512_permutex2var_epi8(A, pm->hi, B), 0xff00000000000000ull, pm->c, C), x80);
     }
-    *dw = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, pm->d, B)));
+    *dh = q4 ? _mm512_mask_permutexvar_epi8(*dh, m, pm->d, A) /* (Q4_0's 4 scales are in its first 64 bytes) */
+             : _mm512_mask_mov_epi8(*dh, m, _mm512_permutex2var_epi8(A, pm->d, B));
+}
+/* f16 halves to floats */
+__attribute__((target(T512), always_inline)) static inline __m512 halves_ps(__m512i dh) {
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(dh));
 }
 
 /* permutex2var indices of 64 bytes from a group of 4 blocks of bs bytes (128 bytes loaded): lane i takes byte
@@ -826,7 +833,7 @@ __attribute__((target(T512), always_inline)) static inline void qk_codes(g4_dtyp
  * loads masked, the missing blocks' scales 0), the fifth bits from each block's u32 as byte masks */
 __attribute__((target(T512), always_inline)) static inline void q5_0_group(const unsigned char *row, size_t row_bytes,
                                                                            int g, __m512i *lo, __m512i *hi,
-                                                                           __m512 *s1) {
+                                                                           __m512i *dh, __mmask64 m) {
     const unsigned char *p = row + (size_t)88 * (size_t)g;
     const long rem = (long)row_bytes - 88L * g;
     const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
@@ -837,17 +844,14 @@ __attribute__((target(T512), always_inline)) static inline void q5_0_group(const
                                    0,  1,  0,  1,  0,  1,  0,  1,  22, 23, 22, 23, 22, 23, 22, 23,
                                    44, 45, 44, 45, 44, 45, 44, 45, 66, 67, 66, 67, 66, 67, 66, 67};
     const __m512i codes = _mm512_permutex2var_epi8(A, _mm512_loadu_si512(ic), B), m4 = _mm512_set1_epi8(15);
-    uint64_t mlo = 0, mhi = 0;
-    for (int i = 0; i < 4 && (long)(22 * i + 6) <= rem; i++) {
-        uint32_t qh;
-        memcpy(&qh, p + 22 * i + 2, 4);
-        mlo |= (uint64_t)(qh & 0xffffu) << (16 * i);
-        mhi |= (uint64_t)(qh >> 16) << (16 * i);
-    }
+    /* the fifth bits: block i's u32 (bytes 2-5) as bits 16i .. 16i + 15 of mlo (elements 0-15) and mhi (16-31) */
+    static const uint8_t iqh[64] = {2, 3, 24, 25, 46, 47, 68, 69, 4, 5, 26, 27, 48, 49, 70, 71};
+    const __m128i qh = _mm512_castsi512_si128(_mm512_permutex2var_epi8(A, _mm512_loadu_si512(iqh), B));
+    const uint64_t mlo = (uint64_t)_mm_cvtsi128_si64(qh), mhi = (uint64_t)_mm_extract_epi64(qh, 1);
     const __m512i c16 = _mm512_set1_epi8(16);
     *lo = _mm512_or_si512(_mm512_and_si512(codes, m4), _mm512_maskz_mov_epi8(mlo, c16));
     *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(codes, 4), m4), _mm512_maskz_mov_epi8(mhi, c16));
-    *s1 = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi8(A, _mm512_loadu_si512(id), B)));
+    *dh = _mm512_mask_mov_epi8(*dh, m, _mm512_permutex2var_epi8(A, _mm512_loadu_si512(id), B)); /* (as q_group's) */
 }
 
 /* IQ4_NL / IQ4_XS: the nibbles index llama.cpp's table (g4_iq4_values; CB4: its block's own); as unsigned codes
@@ -1059,12 +1063,15 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         sb_codes(type, sb, g % 2, lo, hi);
         sb_scales(type, sb, g % 2, s1, s2);
     } else if (type == G4_Q5_0) {
-        q5_0_group(row, row_bytes, g, lo, hi, s1);
+        __m512i dh = _mm512_setzero_si512();
+        q5_0_group(row, row_bytes, g, lo, hi, &dh, ~0ull);
+        *s1 = halves_ps(dh);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_IQ4_NL || type == G4_MXF4) { /* Q4_0's blocks with the table's values */
         const int8_t *values = type == G4_MXF4 ? g4_fp4_values : g4_iq4_values;
-        q_group(G4_Q4_0, pm, row + 72L * g, (long)row_bytes - 72L * g, lo, hi, s1);
-        *lo = iq4_codes(*lo, values), *hi = iq4_codes(*hi, values);
+        __m512i dh = _mm512_setzero_si512();
+        q_group(G4_Q4_0, pm, row + 72L * g, (long)row_bytes - 72L * g, lo, hi, &dh, ~0ull);
+        *lo = iq4_codes(*lo, values), *hi = iq4_codes(*hi, values), *s1 = halves_ps(dh);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_AF4 || type == G4_AF8) {
         af_group(type, row, row_bytes, g, lo, hi, s1, s2);
@@ -1074,7 +1081,9 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         cb4_16_group(row, g, lo, hi, s1, s2);
     } else {
         const long gb = type == G4_Q4_0 ? 72 : 136;
-        q_group(type, pm, row + gb * g, (long)row_bytes - gb * g, lo, hi, s1);
+        __m512i dh = _mm512_setzero_si512();
+        q_group(type, pm, row + gb * g, (long)row_bytes - gb * g, lo, hi, &dh, ~0ull);
+        *s1 = halves_ps(dh);
         *s2 = _mm512_setzero_ps();
     }
 }
@@ -1296,7 +1305,8 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
                                                                            const unsigned char *xl, __m512 *acc,
                                                                            const int NR, const int NG) {
     const long gb = g4_q8_group_bytes(type);
-    const int mode = g4_q8_mode(type), split = lanes_split(mode);
+    const int mode = g4_q8_mode(type), split = lanes_split(mode),
+              lane_scales = type == G4_Q4_0 || type == G4_Q8_0 || type == G4_Q5_0 || type == G4_IQ4_NL || type == G4_MXF4;
     const __m512i z = _mm512_setzero_si512();
     const q_xlanes x = lanes_xload(xl + (size_t)s * G4_Q8_LANES, mode);
     const unsigned char *xs = xg + (size_t)(4 * s) * G4_Q8_GROUP;
@@ -1322,6 +1332,24 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
                     phi[g + h] = _mm512_dpbusd_epi32(split ? z : plo[g + h], hi, _mm512_loadu_si512(xp + 64));
                 }
             }
+        } else if (lane_scales) { /* blocks with one f16 scale: each group's into their lanes of one vector */
+            const g4_dtype qt = type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0;
+            __m512i dh = z;
+            for (int g = 0; g < NG; g++) {
+                const unsigned char *xp = xs + (size_t)g * G4_Q8_GROUP;
+                const long at = gb * (4 * s + g);
+                if (type == G4_Q5_0)
+                    q5_0_group(row, row_bytes, 4 * s + g, &lo, &hi, &dh, 0x03030303ull << (2 * g));
+                else
+                    q_group(qt, pm, row + at, (long)row_bytes - at, &lo, &hi, &dh, 0x03030303ull << (2 * g));
+                if (type == G4_IQ4_NL || type == G4_MXF4) {
+                    const int8_t *values = type == G4_MXF4 ? g4_fp4_values : g4_iq4_values;
+                    lo = iq4_codes(lo, values), hi = iq4_codes(hi, values);
+                }
+                plo[g] = _mm512_dpbusd_epi32(z, lo, _mm512_loadu_si512(xp));
+                phi[g] = _mm512_dpbusd_epi32(plo[g], hi, _mm512_loadu_si512(xp + 64));
+            }
+            sc[0] = halves_ps(dh);
         } else {
             for (int g = 0; g < NG; g++) {
                 const unsigned char *xp = xs + (size_t)g * G4_Q8_GROUP;
@@ -1330,7 +1358,7 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
                 phi[g] = _mm512_dpbusd_epi32(split ? z : plo[g], hi, _mm512_loadu_si512(xp + 64));
             }
         }
-        lanes_scales(s1, s2, mode, sc);
+        if (!lane_scales) lanes_scales(s1, s2, mode, sc);
         __m512i sum = lanes_sum4(phi), sumh = z; /* (not split: phi holds the whole group's) */
         if (split) sumh = sum, sum = lanes_sum4(plo);
         if (mode == G4_Q8_OFFSET || mode == G4_Q8_HALVES) sum = _mm512_add_epi32(sum, x.a);

@@ -15,14 +15,15 @@
  * as two groups of 4 blocks (half a super-block each). Two shapes, by the kernel set (kernels*.c):
  * - q8_tile (scalar; Q8_0 and Q4_0 only): tiles of 4 rows x 4 tokens on the blocks as stored;
  * - q_pack + q_gemm (AVX-512 VNNI, AVX2, NEON): each block of 16 rows is unpacked once into groups of 4
- *   blocks and register tiles pass over every token. AVX-512: unsigned codes in the activations'
- *   order, scales in lanes, two vpdpbusd per 128 products; the offset term starts the integer sums
- *   (g4_q8_rows.qg), so no correction follows. AVX2 (no VNNI) and NEON: the plain activations
+ *   blocks and register tiles pass over every token. AVX-512: unsigned codes in lane order (a super-group of
+ *   4 groups, one block a 32-bit lane: 8 vpdpbusd per 512 products, then the float steps once per 16 blocks),
+ *   the activations in the same order beside the groups (g4_q8_rows.ql, q8_lanes_row); the offset term starts
+ *   the integer sums, so no correction follows. AVX2 (no VNNI) and NEON: the plain activations
  *   (q_act_plain), vpmaddubsw + vpmaddwd (AVX2) or SDOT / widening multiplies (NEON), one multiply-add
  *   a group (kernels_x86.c, kernels_arm.c); AVX2's q_gemm reads each group's codes in quarter order
  *   (q_act_quarters, g4_q8_rows.qq), so that a lane's products add up vertically.
  *   Below 4 tokens (decode) q_gemv unpacks each group in registers instead: the same arithmetic,
- *   the same bits.
+ *   the same bits (AVX-512: each group's sums in element order, g4_q8_rows.qg, added into lane order).
  * Either way a row's value does not depend on the batch (the same tiles and order for one
  * token or many). This file quantizes the activations, tiles and threads. */
 #include <math.h>
