@@ -203,6 +203,53 @@ static void test_q8_group_row(const g4_cpu_kernels *k, const char *isa) {
         }
 }
 
+/* The lane order of the grouped activations (q8_lanes_row, g4_q8_rows.ql; kernels_x86.c) built here from the
+ * reference rule's plain codes: per super-group of 16 blocks, lane 4i + g holds block 4g + i; operand k < 4 its
+ * codes 4k .. 4k + 3, operand 4 + k its codes 16 + 4k ..; then a and b of the weight type's mode and the scales.
+ * Rows of 1-23 blocks (partial groups and super-groups), every mode. */
+static void test_q8_lanes_row(const g4_cpu_kernels *k, const char *isa) {
+    if (!k->q8_lanes_row) return;
+    enum { MAXB = 23, NG = (MAXB + 3) / 4, NS = (NG + 3) / 4 };
+    const g4_dtype types[] = {G4_Q4_0, G4_Q8_0, G4_Q4_K, G4_Q6_K, G4_CB4_16, G4_Q2_K};
+    float x[MAXB * 32];
+    unsigned char qg[NG * G4_Q8_GROUP], got[NS * G4_Q8_LANES], want[NS * G4_Q8_LANES];
+    int8_t q[(MAXB + 1) * 32];
+    float d[MAXB + 1], m[MAXB + 1];
+    for (int nb = 1; nb <= MAXB; nb += 2)
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const g4_dtype t = types[ti];
+            const int mode = g4_q8_mode(t), ng = (nb + 3) / 4, ns = (ng + 3) / 4;
+            for (int i = 0; i < nb * 32; i++) x[i] = frand() * (i / 32 == 2 ? 0.0f : 2.0f);
+            g4_q8_rows ref = {.q = q, .d = d, .m = m, .in_pad = (size_t)(nb + 1) / 2 * 64, .nb_pad = (size_t)(nb + 1) / 2 * 2,
+                              .type = t};
+            g4_cpu_kernels_use(g4_cpu_kernels_for("scalar"));
+            g4_cpu_q8_quantize(x, (size_t)nb * 32, 0, 1, &ref);
+            g4_cpu_kernels_use(k);
+            g4_q8_rows a = {.qg = qg, .ng = (size_t)ng, .ql = got, .type = t};
+            memset(got, 0xCD, sizeof got);
+            g4_cpu_q8_quantize(x, (size_t)nb * 32, 0, 1, &a);
+            memset(want, 0, sizeof want);
+            for (int s = 0; s < ns; s++)
+                for (int lane = 0; lane < 16; lane++) {
+                    const int b = 16 * s + 4 * (lane % 4) + lane / 4; /* lane 4i + g: block 4g + i */
+                    if (b >= nb) continue;
+                    unsigned char *o = want + (size_t)s * G4_Q8_LANES;
+                    int32_t lo = 0, hi = 0, va = 0, vb = 0;
+                    for (int j = 0; j < 16; j++) lo += q[32 * b + j], hi += q[32 * b + 16 + j];
+                    for (int kk = 0; kk < 8; kk++) memcpy(o + 64 * kk + 4 * lane, q + 32 * b + 4 * (kk % 4) + 16 * (kk / 4), 4);
+                    if (mode == G4_Q8_OFFSET) va = -g4_q8_off(t) * (lo + hi);
+                    if (mode == G4_Q8_AFFINE) va = lo + hi;
+                    if (mode == G4_Q8_HALVES) va = -g4_q8_half_off(t) * lo, vb = -g4_q8_half_off(t) * hi;
+                    if (mode == G4_Q8_MIN16) va = lo, vb = hi;
+                    memcpy(o + 512 + 4 * lane, &va, 4);
+                    memcpy(o + 576 + 4 * lane, &vb, 4);
+                    memcpy(o + 640 + 4 * lane, &d[b], 4);
+                }
+            CHECKF(memcmp(want, got, (size_t)ns * G4_Q8_LANES) == 0, "%s q8_lanes_row: %d blocks, %s: not the lane order",
+                   isa, nb, g4_dtype_name(t));
+        }
+}
+
 /* The MoE op with gate and up apart (MLX layout) equals the fused [E, 2Im, H] form. */
 static void test_moe_split(g4_backend *be, const char *isa) {
     enum { E = 4, H = 64, Im = 32, N = 3, TK = 2 };
@@ -256,7 +303,7 @@ int main(void) {
             const g4_cpu_kernels *k = g4_cpu_kernels_for(*isa);
             if (!k) continue;
             g4_cpu_kernels_use(k);
-            if (threads == 1) test_vectors(k, *isa), test_q8_group_row(k, *isa);
+            if (threads == 1) test_vectors(k, *isa), test_q8_group_row(k, *isa), test_q8_lanes_row(k, *isa);
             test_matmul(be, *isa);
             extreme = 1;
             test_matmul(be, *isa);
