@@ -361,12 +361,13 @@ void g4_cpu_q8_tile_scalar(g4_dtype type, const unsigned char *w, size_t row_byt
 
 /* The SIMD sets, NULL where this CPU (or architecture) lacks them. */
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void);
+const g4_cpu_kernels *g4_cpu_kernels_avxvnni(void); /* AVX2 with AVX-VNNI (vpdpbusd on 256 bits), no AVX-512 */
 const g4_cpu_kernels *g4_cpu_kernels_avx512(void);
 const g4_cpu_kernels *g4_cpu_kernels_neon(void);     /* aarch64: NEON, widening int8 products */
 const g4_cpu_kernels *g4_cpu_kernels_neon_dot(void); /* aarch64: NEON with SDOT (dot-product extension) */
 
-/* The names of every instruction set, NULL-terminated: "scalar", "avx2", "avx512", "neon", "neon_dot". The
- * avx512 set has bf16x_tile where the CPU has AVX512_BF16. */
+/* The names of every instruction set, NULL-terminated: "scalar", "avx2", "avxvnni", "avx512", "neon", "neon_dot".
+ * The avx512 set has bf16x_tile where the CPU has AVX512_BF16. */
 extern const char *const g4_cpu_isas[];
 
 /* The kernel table of an instruction set (a name of g4_cpu_isas), NULL if this CPU or build

@@ -109,11 +109,12 @@ static const g4_cpu_kernels k_scalar = {"scalar", dot_f32_scalar, dot_bf16_scala
 
 static const g4_cpu_kernels *chosen;
 
-const char *const g4_cpu_isas[] = {"scalar", "avx2", "avx512", "neon", "neon_dot", NULL};
+const char *const g4_cpu_isas[] = {"scalar", "avx2", "avxvnni", "avx512", "neon", "neon_dot", NULL};
 
 const g4_cpu_kernels *g4_cpu_kernels_for(const char *isa) {
     if (!strcmp(isa, "scalar")) return &k_scalar;
     if (!strcmp(isa, "avx2")) return g4_cpu_kernels_avx2();
+    if (!strcmp(isa, "avxvnni")) return g4_cpu_kernels_avxvnni();
     if (!strcmp(isa, "avx512")) return g4_cpu_kernels_avx512();
     if (!strcmp(isa, "neon")) return g4_cpu_kernels_neon();
     if (!strcmp(isa, "neon_dot")) return g4_cpu_kernels_neon_dot();
@@ -124,8 +125,9 @@ void g4_cpu_kernels_use(const g4_cpu_kernels *k) { chosen = k; }
 
 const g4_cpu_kernels *g4_cpu_kernels_get(void) {
     if (chosen) return chosen;
-    /* the best set this CPU has; G4_CPU_ISA=scalar|avx2|avx512|neon|neon_dot picks a lower one (comparisons) */
+    /* the best set this CPU has; G4_CPU_ISA=scalar|avx2|avxvnni|avx512|neon|neon_dot picks a lower one (comparisons) */
     const g4_cpu_kernels *k = g4_cpu_kernels_avx512();
+    if (!k) k = g4_cpu_kernels_avxvnni();
     if (!k) k = g4_cpu_kernels_avx2();
     if (!k) k = g4_cpu_kernels_neon_dot();
     if (!k) k = g4_cpu_kernels_neon();

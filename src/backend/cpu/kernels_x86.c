@@ -444,19 +444,29 @@ __attribute__((target(T2), always_inline)) static inline void q2_scales(g4_dtype
     *s2 = m;
 }
 
+/* AVX-VNNI (the avxvnni set: the AVX2 kernels with vpdpbusd, VEX-encoded, as Alder Lake and later cores without
+ * AVX-512 have it): acc + the sums of 4 products unsigned u x signed s a lane, exact; the same integers as
+ * vpmaddubsw + vpmaddwd where those do not saturate (as this file uses them), so the same bits. By inline assembly,
+ * so that one source serves both sets (the compiler's intrinsic would need the avxvnni target on every caller). */
+__attribute__((target(T2), always_inline)) static inline __m256i q2_vnni(__m256i acc, __m256i u, __m256i s) {
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+    return acc;
+}
+
 /* the int8 dot products of a block: 8 lanes of 4 products each (signed codes: |w| times x with w's sign) */
-__attribute__((target(T2), always_inline)) static inline __m256i q2_dot(__m256i w, __m256i x, const int sgn) {
-    const __m256i p = sgn ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
-                          : _mm256_maddubs_epi16(w, x);
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+__attribute__((target(T2), always_inline)) static inline __m256i q2_dot(__m256i w, __m256i x, const int sgn,
+                                                                        const int vnni) {
+    const __m256i u = sgn ? _mm256_sign_epi8(w, w) : w, v = sgn ? _mm256_sign_epi8(x, w) : x;
+    if (vnni) return q2_vnni(_mm256_setzero_si256(), u, v);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1));
 }
 
 /* group codes c times activation codes q: lane i / 4 + i = block i's elements 0-15 / 16-31 (three horizontal adds
  * of the blocks' lanes) */
 __attribute__((target(T2), always_inline)) static inline __m256i q2_group_dots(const __m256i c[4], const int8_t *q,
-                                                                               const int sgn) {
+                                                                               const int sgn, const int vnni) {
     __m256i d[4];
-    for (int i = 0; i < 4; i++) d[i] = q2_dot(c[i], _mm256_loadu_si256((const __m256i *)(q + 32 * i)), sgn);
+    for (int i = 0; i < 4; i++) d[i] = q2_dot(c[i], _mm256_loadu_si256((const __m256i *)(q + 32 * i)), sgn, vnni);
     return _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
 }
 
@@ -486,7 +496,7 @@ typedef struct {
     __m256 dx[2], m, sx[2];
 } q2_x;
 __attribute__((target(T2), always_inline)) static inline q2_x q2_xload(const g4_q8_rows *a, int t, int p,
-                                                                       const int min16) {
+                                                                       const int min16, const int vnni) {
     const size_t b = (size_t)t * a->nb_pad + 8 * (size_t)p;
     const __m256 d = _mm256_loadu_ps(a->d + b);
     q2_x x = {a->q + (size_t)t * a->in_pad + 256 * (size_t)p,
@@ -496,7 +506,7 @@ __attribute__((target(T2), always_inline)) static inline q2_x q2_xload(const g4_
     if (min16) {
         const __m256i one[4] = {_mm256_set1_epi8(1), _mm256_set1_epi8(1), _mm256_set1_epi8(1), _mm256_set1_epi8(1)};
         for (int h = 0; h < 2; h++) /* (the activations are zero past the row) */
-            x.sx[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(q2_group_dots(one, x.q + 128 * h, 0)), x.dx[h]);
+            x.sx[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(q2_group_dots(one, x.q + 128 * h, 0, vnni)), x.dx[h]);
     }
     return x;
 }
@@ -557,7 +567,7 @@ __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_tile(c
                                                                                const g4_q8_rows *a, int t0, int ng,
                                                                                float *y, size_t ldy, const int NT,
                                                                                const int sgn, const int min16,
-                                                                               const int small) {
+                                                                               const int small, const int vnni) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int p = 0; 2 * p < ng; p++) {
@@ -570,6 +580,11 @@ __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_tile(c
                 for (int t = 0; t < NT; t++) {
                     const __m256i xv = _mm256_loadu_si256(
                         (const __m256i *)(a->qq + (size_t)(t0 + t) * a->in_pad + 256 * (size_t)p + 128 * g + 32 * j));
+                    if (vnni) { /* (one vpdpbusd a quarter into the lane's int32 sums) */
+                        h[g][t] = q2_vnni(j ? h[g][t] : _mm256_setzero_si256(), sgn ? _mm256_sign_epi8(w, w) : w,
+                                          sgn ? _mm256_sign_epi8(xv, w) : xv);
+                        continue;
+                    }
                     const __m256i d = sgn ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w))
                                           : _mm256_maddubs_epi16(w, xv);
                     if (small)
@@ -584,9 +599,9 @@ __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_tile(c
         const __m256 mn[2] = {min16 ? _mm256_loadu_ps((const float *)(g0 + 192)) : _mm256_setzero_ps(),
                               min16 && two ? _mm256_loadu_ps((const float *)(g1 + 192)) : _mm256_setzero_ps()};
         for (int t = 0; t < NT; t++) {
-            const q2_x x = q2_xload(a, t0 + t, p, min16);
-            const __m256i h0 = small ? _mm256_madd_epi16(h[0][t], ones) : h[0][t];
-            const __m256i h1 = !two ? h0 : small ? _mm256_madd_epi16(h[1][t], ones) : h[1][t];
+            const q2_x x = q2_xload(a, t0 + t, p, min16, vnni);
+            const __m256i h0 = small && !vnni ? _mm256_madd_epi16(h[0][t], ones) : h[0][t];
+            const __m256i h1 = !two ? h0 : small && !vnni ? _mm256_madd_epi16(h[1][t], ones) : h[1][t];
             acc[t] = q2_pair_step(acc[t], h0, h1, two, s, s2, mn, &x, min16);
         }
     }
@@ -597,36 +612,47 @@ __attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_sgn(co
                                                                               const g4_q8_rows *a, int t0, int nt,
                                                                               int ng, float *y, size_t ldy,
                                                                               const int sgn, const int min16,
-                                                                              const int small) {
+                                                                              const int small, const int vnni) {
     const size_t ldw = (size_t)ng * G4_QW_GROUP;
     for (int r = 0; r < nr; r++)
         for (int t = 0; t < nt; t += 2) {
             if (nt - t >= 2)
-                q_gemm_avx2_tile(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 2, sgn, min16, small);
+                q_gemm_avx2_tile(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 2, sgn, min16, small, vnni);
             else
-                q_gemm_avx2_tile(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, sgn, min16, small);
+                q_gemm_avx2_tile(wp + (size_t)r * ldw, a, t0 + t, ng, y + (size_t)t * ldy + r, ldy, 1, sgn, min16, small, vnni);
         }
 }
 
+__attribute__((target(T2), always_inline)) static inline void q_gemm_avx2_set(const unsigned char *wp, int nr,
+                                                                              const g4_q8_rows *a, int t0, int nt,
+                                                                              int ng, float *y, size_t ldy,
+                                                                              const int vnni) {
+    if (q2_signed(a->type) && q2_small(a->type))
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1, 0, 1, vnni);
+    else if (q2_signed(a->type))
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1, 0, 0, vnni);
+    else if (g4_q8_mode(a->type) == G4_Q8_MIN16)
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 1, 1, vnni);
+    else if (q2_small(a->type))
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 0, 1, vnni);
+    else
+        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 0, 0, vnni);
+}
 __attribute__((target(T2))) static void q_gemm_avx2(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
                                                    int nt, int ng, float *y, size_t ldy) {
-    if (q2_signed(a->type) && q2_small(a->type))
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1, 0, 1);
-    else if (q2_signed(a->type))
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 1, 0, 0);
-    else if (g4_q8_mode(a->type) == G4_Q8_MIN16)
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 1, 1);
-    else if (q2_small(a->type))
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 0, 1);
-    else
-        q_gemm_avx2_sgn(wp, nr, a, t0, nt, ng, y, ldy, 0, 0, 0);
+    q_gemm_avx2_set(wp, nr, a, t0, nt, ng, y, ldy, 0);
+}
+__attribute__((target(T2))) static void q_gemm_avxvnni(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
+                                                      int nt, int ng, float *y, size_t ldy) {
+    q_gemm_avx2_set(wp, nr, a, t0, nt, ng, y, ldy, 1);
 }
 
 /* decode: NR rows as stored, far apart (stride), times token t's row, each group decoded in registers */
 __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(g4_dtype type, const unsigned char *w,
                                                                                 size_t stride, int nb,
                                                                                 const g4_q8_rows *a, int t, float *y,
-                                                                                size_t ystride, const int NR) {
+                                                                                size_t ystride, const int NR,
+                                                                                const int vnni) {
     const long gb = g4_q8_group_bytes(type);
     const int ng = (nb + 3) / 4;
     __m256 acc[4];
@@ -634,13 +660,13 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
     const int shift = q2_code_shift(type), sgn = q2_signed(type) && !shift;
     for (int p = 0; 2 * p < ng; p++) { /* pairs of groups (super-blocks): their scales decoded once */
         const int min16 = g4_q8_mode(type) == G4_Q8_MIN16;
-        const q2_x x = q2_xload(a, t, p, min16);
+        const q2_x x = q2_xload(a, t, p, min16, vnni);
         const int two = 2 * p + 1 < ng;
         __m256i xoff[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* the offset x the sums per 16 */
         if (shift) {
             const __m256i one[4] = {_mm256_set1_epi8(1), _mm256_set1_epi8(1), _mm256_set1_epi8(1), _mm256_set1_epi8(1)};
             for (int h = 0; h < 1 + two; h++)
-                xoff[h] = _mm256_slli_epi32(q2_group_dots(one, x.q + 128 * h, 0), shift);
+                xoff[h] = _mm256_slli_epi32(q2_group_dots(one, x.q + 128 * h, 0, vnni), shift);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < NR; r++) {
@@ -651,10 +677,10 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
             __m256i c[4], h0, h1;
             q2_scales(type, row, p, nb, s, &s2, mn);
             q2_codes(type, row, 2 * p, nb, c, shift != 0);
-            h0 = h1 = _mm256_sub_epi32(q2_group_dots(c, x.q, sgn), xoff[0]);
+            h0 = h1 = _mm256_sub_epi32(q2_group_dots(c, x.q, sgn, vnni), xoff[0]);
             if (two) {
                 q2_codes(type, row, 2 * p + 1, nb, c, shift != 0);
-                h1 = _mm256_sub_epi32(q2_group_dots(c, x.q + 128, sgn), xoff[1]);
+                h1 = _mm256_sub_epi32(q2_group_dots(c, x.q + 128, sgn, vnni), xoff[1]);
             }
             acc[r] = q2_pair_step(acc[r], h0, h1, two, s, s2, mn, &x, min16);
         }
@@ -664,20 +690,28 @@ __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_fixed(
 
 __attribute__((target(T2), always_inline)) static inline void q_gemv_avx2_typed(g4_dtype type, const unsigned char *w,
                                                                                 size_t row_bytes, int nr, int nb,
-                                                                                const g4_q8_rows *a, int t, float *y) {
+                                                                                const g4_q8_rows *a, int t, float *y,
+                                                                                const int vnni) {
 #define Q2_ROWS 4
 
 
     const int q = nr / Q2_ROWS;
     for (int i = 0; i < q; i++)
-        q_gemv_avx2_fixed(type, w + (size_t)i * row_bytes, (size_t)q * row_bytes, nb, a, t, y + i, (size_t)q, Q2_ROWS);
-    for (int r = q * Q2_ROWS; r < nr; r++) q_gemv_avx2_fixed(type, w + (size_t)r * row_bytes, 0, nb, a, t, y + r, 0, 1);
+        q_gemv_avx2_fixed(type, w + (size_t)i * row_bytes, (size_t)q * row_bytes, nb, a, t, y + i, (size_t)q, Q2_ROWS,
+                          vnni);
+    for (int r = q * Q2_ROWS; r < nr; r++) q_gemv_avx2_fixed(type, w + (size_t)r * row_bytes, 0, nb, a, t, y + r, 0, 1, vnni);
 }
 
 __attribute__((target(T2))) static void q_gemv_avx2(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,
                                                    int nb, const g4_q8_rows *a, int t, float *y) {
-#define CALL(qt) q_gemv_avx2_typed(qt, w, row_bytes, nr, nb, a, t, y)
+#define CALL(qt) q_gemv_avx2_typed(qt, w, row_bytes, nr, nb, a, t, y, 0)
     G4_Q8_SWITCH(type, CALL) /* (each type's decoding inlined) */
+#undef CALL
+}
+__attribute__((target(T2))) static void q_gemv_avxvnni(g4_dtype type, const unsigned char *w, size_t row_bytes, int nr,
+                                                      int nb, const g4_q8_rows *a, int t, float *y) {
+#define CALL(qt) q_gemv_avx2_typed(qt, w, row_bytes, nr, nb, a, t, y, 1)
+    G4_Q8_SWITCH(type, CALL)
 #undef CALL
 }
 
@@ -1733,6 +1767,10 @@ static const g4_cpu_kernels k_avx2 = {"avx2", dot_f32_avx2, dot_bf16_avx2, bf16_
                                       axpy_avx2, NULL, f32_tile_avx2, q_pack_avx2, exp_sum_avx2, gelu_mul_avx2,
                                       softcap_avx2, pv_avx2, bf16_tile_avx2, q_gemm_avx2, q_gemv_avx2, NULL, NULL, 1,
                                       1, argmax_avx2, 1, NULL};
+static const g4_cpu_kernels k_avxvnni = {"avxvnni", dot_f32_avx2, dot_bf16_avx2, bf16_to_f32_avx2,
+                                         axpy_avx2, NULL, f32_tile_avx2, q_pack_avx2, exp_sum_avx2, gelu_mul_avx2,
+                                         softcap_avx2, pv_avx2, bf16_tile_avx2, q_gemm_avxvnni, q_gemv_avxvnni, NULL,
+                                         NULL, 1, 1, argmax_avx2, 1, NULL};
 static const g4_cpu_kernels k_avx512 = {"avx512", dot_f32_avx512, dot_bf16_avx512, bf16_to_f32_avx512,
                                         axpy_avx512, NULL, f32_tile_avx512, q_pack_avx512,
                                         exp_sum_avx512, gelu_mul_avx512, softcap_avx512, pv_avx512,
@@ -1749,6 +1787,11 @@ const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? &k_avx2 : NULL;
 }
 
+const g4_cpu_kernels *g4_cpu_kernels_avxvnni(void) {
+    __builtin_cpu_init();
+    return g4_cpu_kernels_avx2() && __builtin_cpu_supports("avxvnni") ? &k_avxvnni : NULL;
+}
+
 const g4_cpu_kernels *g4_cpu_kernels_avx512(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -1759,5 +1802,6 @@ const g4_cpu_kernels *g4_cpu_kernels_avx512(void) {
 }
 #else
 const g4_cpu_kernels *g4_cpu_kernels_avx2(void) { return NULL; }
+const g4_cpu_kernels *g4_cpu_kernels_avxvnni(void) { return NULL; }
 const g4_cpu_kernels *g4_cpu_kernels_avx512(void) { return NULL; }
 #endif
