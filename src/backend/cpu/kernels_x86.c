@@ -867,7 +867,7 @@ __attribute__((target(T512), always_inline)) static inline void qk_codes(g4_dtyp
  * loads masked, the missing blocks' scales 0), the fifth bits from each block's u32 as byte masks */
 __attribute__((target(T512), always_inline)) static inline void q5_0_group(const unsigned char *row, size_t row_bytes,
                                                                            int g, __m512i *lo, __m512i *hi,
-                                                                           __m512i *dh, __mmask64 m) {
+                                                                           __m512 *s1) {
     const unsigned char *p = row + (size_t)88 * (size_t)g;
     const long rem = (long)row_bytes - 88L * g;
     const __m512i A = load_upto(p, rem), B = load_upto(p + 64, rem - 64);
@@ -885,7 +885,7 @@ __attribute__((target(T512), always_inline)) static inline void q5_0_group(const
     const __m512i c16 = _mm512_set1_epi8(16);
     *lo = _mm512_or_si512(_mm512_and_si512(codes, m4), _mm512_maskz_mov_epi8(mlo, c16));
     *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(codes, 4), m4), _mm512_maskz_mov_epi8(mhi, c16));
-    *dh = _mm512_mask_mov_epi8(*dh, m, _mm512_permutex2var_epi8(A, _mm512_loadu_si512(id), B)); /* (as q_group's) */
+    *s1 = halves_ps(_mm512_permutex2var_epi8(A, _mm512_loadu_si512(id), B));
 }
 
 /* IQ4_NL / IQ4_XS: the nibbles index llama.cpp's table (g4_iq4_values; CB4: its block's own); as unsigned codes
@@ -940,11 +940,13 @@ __attribute__((target(T512), always_inline)) static inline void q6k_codes(const 
 
 /* Q6_K half h of super-block sb: s1 = d * sc of each block's elements 0-15, s2 of 16-31 (from the super-block's 16
  * scales times d, the same for both halves: the decode GEMV computes it once) */
+__attribute__((target(T512), always_inline)) static inline __m512 q6k_scale16(const unsigned char *sb) {
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sb + 192)))),
+                         _mm512_set1_ps(_cvtsh_ss(block_d(sb + 208))));
+}
 __attribute__((target(T512), always_inline)) static inline void q6k_scales(const unsigned char *sb, int h, __m512 *s1,
                                                                            __m512 *s2) {
-    const __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sb + 192)))),
-                                    _mm512_set1_ps(_cvtsh_ss(block_d(sb + 208))));
-    halves_lanes(sc, 8 * h, s1, s2);
+    halves_lanes(q6k_scale16(sb), 8 * h, s1, s2);
 }
 
 
@@ -984,15 +986,17 @@ __attribute__((target(T512), always_inline)) static inline void q3k_codes(const 
 }
 /* Q3_K half h: s1 / s2 = d * (scale - 32) of each block's elements 0-15 / 16-31 (the super-block's 16 computed alike
  * for both halves) */
-__attribute__((target(T512), always_inline)) static inline void q3k_scales(const unsigned char *sb, int h, __m512 *s1,
-                                                                           __m512 *s2) {
+__attribute__((target(T512), always_inline)) static inline __m512 q3k_scale16(const unsigned char *sb) {
     uint64_t sl, sh8;
     g4_q3k_scales16(sb + 96, &sl, &sh8);
-    const __m512 sc = _mm512_mul_ps(
+    return _mm512_mul_ps(
         _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_set_epi64x((long long)sh8, (long long)sl)),
                                             _mm512_set1_epi32(32))),
         _mm512_set1_ps(_cvtsh_ss(block_d(sb + 108))));
-    halves_lanes(sc, 8 * h, s1, s2);
+}
+__attribute__((target(T512), always_inline)) static inline void q3k_scales(const unsigned char *sb, int h, __m512 *s1,
+                                                                           __m512 *s2) {
+    halves_lanes(q3k_scale16(sb), 8 * h, s1, s2);
 }
 
 /* Q2_K half h of a super-block (84 bytes: scales[16], qs[64], d, dmin; w = d (sc & 15) u - dmin (sc >> 4) per 16,
@@ -1085,6 +1089,58 @@ __attribute__((target(T512), always_inline)) static inline void sb_scales(g4_dty
     }
 }
 
+/* The scale vectors of super-group s (super-blocks 2s and 2s + 1; nsb of them in the row, a missing one zeros) of a
+ * super-block type in lane order, for both super-blocks at once: lane 4i + g is block i of half g % 2 of super-block
+ * g / 2, i.e. its sub-block 4 (g % 2) + i (Q4_K, Q5_K: s1 its scale d sc, s2 its min -dmin m; IQ4_XS, CB4: s1
+ * d (sc - 32), s2 zero) or its halves' sub-blocks of 16, 8 (g % 2) + 2i and + 1 (Q6_K, Q3_K: s1, s2). The values
+ * of sb_scales (the same multiply of the same operands), without a half's permutes and the blends of lanes_scales. */
+__attribute__((target(T512), always_inline)) static inline void sg_scales(g4_dtype type, const unsigned char *row,
+                                                                          int s, int nsb, __m512 *s1, __m512 *s2) {
+    const unsigned char *b[2] = {sb_at(type, row, 2 * s), sb_at(type, row, 2 * s + (nsb > 1))};
+    const __m512i blk = _mm512_set_epi32(3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0, 3, 2, 1, 0), /* lane 4i + g: g */
+        sub = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);            /* i */
+    const __m512i half = _mm512_and_si512(blk, _mm512_set1_epi32(1)), sbi = _mm512_srli_epi32(blk, 1);
+    if (type == G4_Q6_K || type == G4_Q3_K) { /* 16 scales a super-block: lane 4i + g takes 16 (g / 2) + 8 (g % 2) + 2i */
+        __m512 v[2];
+        for (int k = 0; k < 2; k++)
+            v[k] = k < nsb ? (type == G4_Q6_K ? q6k_scale16(b[k]) : q3k_scale16(b[k])) : _mm512_setzero_ps();
+        const __m512i idx = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(sbi, 4), _mm512_slli_epi32(half, 3)),
+                                             _mm512_slli_epi32(sub, 1));
+        *s1 = _mm512_permutex2var_ps(v[0], idx, v[1]);
+        *s2 = _mm512_permutex2var_ps(v[0], _mm512_add_epi32(idx, _mm512_set1_epi32(1)), v[1]);
+        return;
+    }
+    /* 8 sub-blocks a super-block: lane j of the 16 below is super-block j / 8's sub-block j % 8; lane 4i + g takes
+     * 8 (g / 2) + 4 (g % 2) + i */
+    const __m512i idx = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(sbi, 3), _mm512_slli_epi32(half, 2)), sub);
+    uint64_t sc8[2] = {0, 0}, mn8[2] = {0, 0};
+    float d[2] = {0, 0}, dmin[2] = {0, 0};
+    for (int k = 0; k < nsb; k++) {
+        if (type == G4_IQ4_XS || type == G4_CB4) {
+            sc8[k] = g4_iq4xs_scales8(b[k]);
+            d[k] = _cvtsh_ss(block_d(b[k]));
+        } else {
+            g4_k_scales8(b[k] + 4, &sc8[k], &mn8[k]);
+            d[k] = _cvtsh_ss(block_d(b[k])), dmin[k] = _cvtsh_ss(block_d(b[k] + 2));
+        }
+    }
+    const __mmask16 second = 0xff00;
+    const __m512 dv = _mm512_mask_blend_ps(second, _mm512_set1_ps(d[0]), _mm512_set1_ps(d[1]));
+    __m512i sc = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)sc8[1], (long long)sc8[0]));
+    if (type == G4_IQ4_XS || type == G4_CB4) {
+        sc = _mm512_sub_epi32(sc, _mm512_set1_epi32(32));
+        if (nsb < 2) sc = _mm512_maskz_mov_epi32((__mmask16)~second, sc); /* (a missing super-block: zeros) */
+        *s1 = _mm512_permutexvar_ps(idx, _mm512_mul_ps(_mm512_cvtepi32_ps(sc), dv));
+        *s2 = _mm512_setzero_ps();
+        return;
+    }
+    const __m512 mdmin = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mask_blend_ps(second, _mm512_set1_ps(dmin[0]),
+                                                                                  _mm512_set1_ps(dmin[1])));
+    const __m512i mn = _mm512_cvtepu8_epi32(_mm_set_epi64x((long long)mn8[1], (long long)mn8[0]));
+    *s1 = _mm512_permutexvar_ps(idx, _mm512_mul_ps(_mm512_cvtepi32_ps(sc), dv));
+    *s2 = _mm512_permutexvar_ps(idx, _mm512_mul_ps(_mm512_cvtepi32_ps(mn), mdmin));
+}
+
 /* Group g of a row of any type q_pack / q_gemv read: the unsigned codes lo and hi, and s1 (the scales) and s2
  * (Q4_K, Q5_K: the mins; AF4, AF8: the biases; Q6_K, Q3_K: the second half's scales; Q4_0 / Q5_0 / Q8_0: zero,
  * their offset is in the activations) */
@@ -1097,9 +1153,7 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
         sb_codes(type, sb, g % 2, lo, hi);
         sb_scales(type, sb, g % 2, s1, s2);
     } else if (type == G4_Q5_0) {
-        __m512i dh = _mm512_setzero_si512();
-        q5_0_group(row, row_bytes, g, lo, hi, &dh, ~0ull);
-        *s1 = halves_ps(dh);
+        q5_0_group(row, row_bytes, g, lo, hi, s1);
         *s2 = _mm512_setzero_ps();
     } else if (type == G4_IQ4_NL || type == G4_MXF4) { /* Q4_0's blocks with the table's values */
         const int8_t *values = type == G4_MXF4 ? g4_fp4_values : g4_iq4_values;
@@ -1310,7 +1364,10 @@ __attribute__((target(T512), always_inline)) static inline void q_pack_typed(g4_
             }
             lanes_transpose(lo);
             lanes_transpose(hi);
-            lanes_scales(s1, s2, mode, sc);
+            if (sb_halves(type))
+                sg_scales(type, row, s, (ng - 4 * s) / 2 < 2 ? (ng - 4 * s) / 2 : 2, &sc[0], &sc[1]);
+            else
+                lanes_scales(s1, s2, mode, sc);
             for (int k = 0; k < 4; k++) {
                 _mm512_storeu_si512(o + 64 * k, lo[k]);
                 _mm512_storeu_si512(o + 256 + 64 * k, hi[k]);
@@ -1340,7 +1397,7 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
                                                                            const int NR, const int NG) {
     const long gb = g4_q8_group_bytes(type);
     const int mode = g4_q8_mode(type), split = lanes_split(mode),
-              lane_scales = type == G4_Q4_0 || type == G4_Q8_0 || type == G4_Q5_0 || type == G4_IQ4_NL || type == G4_MXF4;
+              lane_scales = type == G4_Q4_0 || type == G4_Q8_0 || type == G4_IQ4_NL || type == G4_MXF4;
     const __m512i z = _mm512_setzero_si512();
     const q_xlanes x = lanes_xload(xl + (size_t)s * G4_Q8_LANES, mode);
     const unsigned char *xs = xg + (size_t)(4 * s) * G4_Q8_GROUP;
@@ -1352,13 +1409,10 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
         __m512i plo[4], phi[4], lo, hi;
         __m512 s1[4], s2[4], sc[4];
         for (int g = NG; g < 4; g++) plo[g] = phi[g] = z, s1[g] = s2[g] = _mm512_setzero_ps();
-        if (sb_halves(type)) {
-            /* a super-block (two groups) at a time, its scales decoded first: the work that does not depend on the
-             * half (written the same in both calls) is done once */
+        if (sb_halves(type)) { /* a super-block (two groups) at a time, the scales of both at once */
+            sg_scales(type, row, s, NG / 2, &sc[0], &sc[1]);
             for (int g = 0; g < NG; g += 2) {
                 const unsigned char *sb = sb_at(type, row, 2 * s + g / 2);
-                sb_scales(type, sb, 0, &s1[g], &s2[g]);
-                sb_scales(type, sb, 1, &s1[g + 1], &s2[g + 1]);
                 for (int h = 0; h < 2; h++) {
                     const unsigned char *xp = xs + (size_t)(g + h) * G4_Q8_GROUP;
                     sb_codes(type, sb, h, &lo, &hi);
@@ -1366,16 +1420,13 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
                     phi[g + h] = _mm512_dpbusd_epi32(split ? z : plo[g + h], hi, _mm512_loadu_si512(xp + 64));
                 }
             }
-        } else if (lane_scales) { /* blocks with one f16 scale: each group's into their lanes of one vector */
+        } else if (lane_scales) { /* Q4_0's and Q8_0's blocks: each group's f16 scales into their lanes of one vector */
             const g4_dtype qt = type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0;
             __m512i dh = z;
             for (int g = 0; g < NG; g++) {
                 const unsigned char *xp = xs + (size_t)g * G4_Q8_GROUP;
                 const long at = gb * (4 * s + g);
-                if (type == G4_Q5_0)
-                    q5_0_group(row, row_bytes, 4 * s + g, &lo, &hi, &dh, 0x03030303ull << (2 * g));
-                else
-                    q_group(qt, pm, row + at, (long)row_bytes - at, &lo, &hi, &dh, 0x03030303ull << (2 * g));
+                q_group(qt, pm, row + at, (long)row_bytes - at, &lo, &hi, &dh, 0x03030303ull << (2 * g));
                 if (type == G4_IQ4_NL || type == G4_MXF4) {
                     const int8_t *values = type == G4_MXF4 ? g4_fp4_values : g4_iq4_values;
                     lo = iq4_codes(lo, values), hi = iq4_codes(hi, values);
@@ -1392,7 +1443,7 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
                 phi[g] = _mm512_dpbusd_epi32(split ? z : plo[g], hi, _mm512_loadu_si512(xp + 64));
             }
         }
-        if (!lane_scales) lanes_scales(s1, s2, mode, sc);
+        if (!lane_scales && !sb_halves(type)) lanes_scales(s1, s2, mode, sc);
         __m512i sum = lanes_sum4(phi), sumh = z; /* (not split: phi holds the whole group's) */
         if (split) sumh = sum, sum = lanes_sum4(plo);
         if (mode == G4_Q8_OFFSET || mode == G4_Q8_HALVES) sum = _mm512_add_epi32(sum, x.a);
