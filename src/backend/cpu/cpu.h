@@ -47,21 +47,20 @@ typedef struct g4_cpu {
  * Plain (kernels with q8_tile, or q_gemm and q_act_plain; set when q is set): q [n][in_pad] (zero past in), the
  * block scales d and d * sum(q) per block [n][nb_pad]; nb_pad a multiple of 8 (zeros past the row).
  * Grouped (kernels with q_gemm; set when qg is set): per token, ng groups of 4 blocks, each
- * G4_Q8_GROUP bytes: 64 int8 of the blocks' elements 0-15, 64 of elements 16-31, 16 int32
- * lanes of -off * (the sum of the 8 codes the lane's dot product covers) and 16 floats of the
- * block scales (each block's in 4 lanes); blocks past the row are zeros. off and mode follow the
- * weight type (g4_q8_off, g4_q8_mode):
+ * G4_Q8_GROUP bytes: 64 int8 of the blocks' elements 0-15, 64 of elements 16-31 and 16 floats of the
+ * block scales (each block's in 4 lanes); blocks past the row are zeros; the AVX-512 set also keeps them in lane
+ * order (ql, below), with the sums that each weight type's mode takes (g4_q8_off, g4_q8_mode):
  * - G4_Q8_OFFSET (Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS, CB4, MXF4): off is the type's unsigned offset (Q4_0: 8, Q5_0:
- *   16, Q8_0 and the IQ4 / CB4 / FP4 tables' values: 128), so a group's integer dot product with the weights' unsigned codes
- *   starts from these lanes and ends exact;
- * - G4_Q8_AFFINE (Q4_K, Q5_K, AF4, AF8: w = s1 * u + s2 per block): off = -1, the lanes hold the code sums, which
- *   multiply the weights' s2;
+ *   16, Q8_0 and the IQ4 / CB4 / FP4 tables' values: 128), so a block's integer dot product with the weights'
+ *   unsigned codes starts from -off x its code sum and ends exact;
+ * - G4_Q8_AFFINE (Q4_K, Q5_K, AF4, AF8: w = s1 * u + s2 per block): off = -1, the code sums multiply the weights'
+ *   s2;
  * - G4_Q8_HALVES (Q6_K: w = s * (u - 32), a scale per 16 elements; Q3_K: w = s * (u - 4), taken as u + 28; CB4_16:
  *   w = s * (u - 128), u its table's value + 128): off = 0, each half's dot product is taken apart and its -32 (CB4_16:
  *   -128, g4_q8_half_off) x code sums computed from the codes;
  * - G4_Q8_MIN16 (Q2_K: w = s * u + o, a scale and a min per 16 elements): off = 0, each half's dot product taken
  *   apart times its s, plus its o times the half's activation code sums (computed from the codes). */
-#define G4_Q8_GROUP 256
+#define G4_Q8_GROUP 192
 /* a packed weight group: 64 + 64 unsigned codes, 16 float lanes s1 (the scales), 16 s2 (see g4_q8_mode) */
 #define G4_QW_GROUP 256
 /* lane order (kernel sets with q8_lanes_row, kernels_x86.c): a super-group of 4 groups, one block a 32-bit lane;
@@ -291,7 +290,7 @@ typedef struct g4_cpu_kernels {
                        float *y, size_t ldy);
     /* NULL, or (with q_gemm) one row x[in] quantized into the grouped layout of g4_q8_rows.qg (ng groups, offset
      * off), the same bytes as g4_cpu_q8_quantize's reference rule */
-    void (*q8_group_row)(const float *x, size_t in, int off, unsigned char *qg, size_t ng);
+    void (*q8_group_row)(const float *x, size_t in, unsigned char *qg, size_t ng);
     /* q_pack and q_gemv also take the types of G4_Q8_K_QUANTS (g4_cpu_q8_supported) */
     int q8_k_quants;
     /* q_gemm and q_gemv read the plain activation layout (g4_q8_rows.q, d, m), not the grouped one */

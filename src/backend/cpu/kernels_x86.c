@@ -1178,15 +1178,14 @@ __attribute__((target(T512), always_inline)) static inline void qw_group(g4_dtyp
 
 
 /* One activation row into groups (g4_cpu_kernels.q8_group_row): per block of 32, d = max|x| / 127 and
- * q = x * (1/d) rounded to nearest even (vcvtps2dq, as lrintf), the codes, the offset lanes and the scales as
- * g4_cpu_q8_quantize lays them out. */
-__attribute__((target(T512))) static void q8_group_row_avx512(const float *x, size_t in, int off, unsigned char *qg,
+ * q = x * (1/d) rounded to nearest even (vcvtps2dq, as lrintf), the codes and the scales as g4_cpu_q8_quantize lays
+ * them out. */
+__attribute__((target(T512))) static void q8_group_row_avx512(const float *x, size_t in, unsigned char *qg,
                                                              size_t ng) {
     const size_t nb = in / 32;
     if (nb % 4) memset(qg + (nb / 4) * G4_Q8_GROUP, 0, G4_Q8_GROUP); /* blocks past the row: zeros */
     if (ng > (nb + 3) / 4) memset(qg + (nb + 3) / 4 * G4_Q8_GROUP, 0, (ng - (nb + 3) / 4) * G4_Q8_GROUP);
     const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
-    const __m128i moff = _mm_set1_epi32(-off);
     for (size_t b = 0; b < nb; b++) {
         const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(x0, abs_mask), _mm512_and_ps(x1, abs_mask)));
@@ -1196,13 +1195,7 @@ __attribute__((target(T512))) static void q8_group_row_avx512(const float *x, si
         unsigned char *gp = qg + (b / 4) * G4_Q8_GROUP + 16 * (b % 4);
         _mm_storeu_si128((__m128i *)gp, _mm512_cvtepi32_epi8(q0));
         _mm_storeu_si128((__m128i *)(gp + 64), _mm512_cvtepi32_epi8(q1));
-        /* lane l: the codes 4l..4l+3 and 16+4l..16+4l+3, i.e. 128-bit lane l of q0 + q1 */
-        __m512i s = _mm512_add_epi32(q0, q1);
-        s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_BADC));
-        s = _mm512_add_epi32(s, _mm512_shuffle_epi32(s, _MM_PERM_CDAB));
-        const __m128i lanes = _mm512_castsi512_si128(_mm512_maskz_compress_epi32(0x1111, s));
-        _mm_storeu_si128((__m128i *)(gp + 128), _mm_mullo_epi32(lanes, moff));
-        _mm_storeu_ps((float *)(gp + 192), _mm_set1_ps(db));
+        _mm_storeu_ps((float *)(gp + 128), _mm_set1_ps(db));
     }
 }
 
@@ -1320,7 +1313,7 @@ __attribute__((target(T512))) static void q8_lanes_row_avx512(const unsigned cha
             const int in = 4 * s + g < ng;
             lo[g] = in ? _mm512_loadu_si512(p) : z;
             hi[g] = in ? _mm512_loadu_si512(p + 64) : z;
-            dx[g] = in ? _mm512_loadu_ps(p + 192) : _mm512_setzero_ps();
+            dx[g] = in ? _mm512_loadu_ps(p + 128) : _mm512_setzero_ps();
             plo[g] = _mm512_dpbusd_epi32(z, one, lo[g]);
             phi[g] = _mm512_dpbusd_epi32(z, one, hi[g]);
         }

@@ -58,7 +58,7 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
         float *d = a->q ? a->d + (size_t)t * a->nb_pad : NULL, *m = a->q ? a->m + (size_t)t * a->nb_pad : NULL;
         unsigned char *const qg_row = a->qg ? a->qg + (size_t)t * a->ng * G4_Q8_GROUP : NULL, *qg = qg_row;
         if (qg && ks->q8_group_row) { /* the kernel set's own (the same bytes) */
-            ks->q8_group_row(xt, in, g4_q8_off(a->type), qg, a->ng);
+            ks->q8_group_row(xt, in, qg, a->ng);
             qg = NULL;
         }
         if (qg) memset(qg, 0, a->ng * G4_Q8_GROUP);
@@ -86,18 +86,12 @@ void g4_cpu_q8_quantize(const float *x, size_t in, int t0, int t1, g4_q8_rows *a
                 d[b] = db;
                 m[b] = db * (float)s;
             }
-            if (qg) { /* group b/4, block b%4: codes 0-15 and 16-31, 4 lanes of 4 + 4 codes, 4 scale lanes */
+            if (qg) { /* group b/4, block b%4: codes 0-15 and 16-31, 4 scale lanes */
                 unsigned char *gp = qg + (b / 4) * G4_Q8_GROUP;
                 const size_t i = b % 4;
                 memcpy(gp + 16 * i, qb, 16);
                 memcpy(gp + 64 + 16 * i, qb + 16, 16);
-                for (int l = 0; l < 4; l++) {
-                    int32_t lane = 0;
-                    for (int k = 0; k < 4; k++) lane += qb[4 * l + k] + qb[16 + 4 * l + k];
-                    lane *= -g4_q8_off(a->type);
-                    memcpy(gp + 128 + 4 * (4 * i + (size_t)l), &lane, 4);
-                    memcpy(gp + 192 + 4 * (4 * i + (size_t)l), &db, 4);
-                }
+                for (int l = 0; l < 4; l++) memcpy(gp + 128 + 4 * (4 * i + (size_t)l), &db, 4);
             }
         }
         if (q) {
