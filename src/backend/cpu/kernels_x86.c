@@ -1413,7 +1413,8 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
                     phi[g + h] = _mm512_dpbusd_epi32(split ? z : plo[g + h], hi, _mm512_loadu_si512(xp + 64));
                 }
             }
-        } else if (lane_scales) { /* Q4_0's and Q8_0's blocks: each group's f16 scales into their lanes of one vector */
+        } else if (lane_scales) { /* Q4_0's and Q8_0's blocks (IQ4_NL, MXF4: Q4_0's with a table): each group's f16
+                                   * scales into their lanes of one vector */
             const g4_dtype qt = type == G4_Q8_0 ? G4_Q8_0 : G4_Q4_0;
             __m512i dh = z;
             for (int g = 0; g < NG; g++) {
