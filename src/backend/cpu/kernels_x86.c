@@ -1,11 +1,12 @@
 /* x86-64 SIMD kernels of the CPU backend (the scalar set in kernels.c is their
- * reference): AVX2+FMA+F16C, and AVX-512 (F, BW, VL, VNNI) with vpdpbusd for int8
- * activations and, where the CPU has AVX512_BF16, vdpbf16ps for bf16 activations. Each
+ * reference): AVX2+FMA+F16C (with AVX-VNNI: the avxvnni set, vpdpbusd on 256 bits), and AVX-512 (F, BW, VL, VNNI)
+ * with vpdpbusd for int8 activations and, where the CPU has AVX512_BF16, vdpbf16ps for bf16 activations. Each
  * function carries its target attribute, so the file builds for any x86-64 and the set is
  * used only where the CPU reports the features. */
 #include "backend/cpu/cpu.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -1833,8 +1834,9 @@ const g4_cpu_kernels *g4_cpu_kernels_avx2(void) {
 }
 
 const g4_cpu_kernels *g4_cpu_kernels_avxvnni(void) {
-    __builtin_cpu_init();
-    return g4_cpu_kernels_avx2() && __builtin_cpu_supports("avxvnni") ? &k_avxvnni : NULL;
+    unsigned a = 0, b = 0, c = 0, d = 0; /* AVX-VNNI: CPUID leaf 7, subleaf 1, EAX bit 4 (not every compiler's
+                                          * __builtin_cpu_supports knows it); the OS's AVX state as avx2's */
+    return g4_cpu_kernels_avx2() && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 4 & 1) ? &k_avxvnni : NULL;
 }
 
 const g4_cpu_kernels *g4_cpu_kernels_avx512(void) {
