@@ -1395,7 +1395,7 @@ __attribute__((target(T512), always_inline)) static inline void gemv_super(g4_dt
     const __m512i z = _mm512_setzero_si512();
     const q_xlanes x = lanes_xload(xl + (size_t)s * G4_Q8_LANES, mode);
     const unsigned char *xs = xg + (size_t)(4 * s) * G4_Q8_GROUP;
-#pragma GCC unroll 4
+#pragma GCC unroll 1 /* (the rows one after another: a quarter of the code, the same speed) */
     for (int r = 0; r < NR; r++) {
         const unsigned char *row = w + (size_t)r * stride;
         for (long off = 0; off < NG * gb; off += 64)
@@ -1457,11 +1457,8 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_fixed(g4_
     for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
     int s = 0;
     for (; 4 * s + 4 <= ng; s++) gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, 4);
-    switch (ng - 4 * s) { /* (K-quants and IQ4_XS: whole super-blocks, 2 groups) */
-    case 3: gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, 3); break;
-    case 2: gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, 2); break;
-    case 1: gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, 1); break;
-    }
+    if (ng % 4) /* (the last, partial super-group: its group count not a constant, one copy of the code) */
+        gemv_super(type, pm, w, stride, row_bytes, s, xg, xl, acc, NR, ng % 4);
     for (int r = 0; r < NR; r++) y[(size_t)r * ystride] = _mm512_reduce_add_ps(acc[r]);
 }
 
@@ -1475,8 +1472,8 @@ __attribute__((target(T512), always_inline)) static inline void q_gemv_typed(g4_
     for (int i = 0; i < q; i++)
         q_gemv_fixed(type, &pm, w + (size_t)i * row_bytes, (size_t)q * row_bytes, row_bytes, ng, xg, xl, y + i,
                      (size_t)q, GEMV_ROWS);
-    for (int r = q * GEMV_ROWS; r < nr; r++)
-        q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xg, xl, y + r, 0, 1);
+    for (int r = q * GEMV_ROWS; r < nr; r++) /* (a row left over: GEMV_ROWS times the same row, one copy of the code) */
+        q_gemv_fixed(type, &pm, w + (size_t)r * row_bytes, 0, row_bytes, ng, xg, xl, y + r, 0, GEMV_ROWS);
 }
 
 __attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const unsigned char *w, size_t row_bytes,
@@ -1491,8 +1488,9 @@ __attribute__((target(T512))) static void q_gemv_avx512(g4_dtype type, const uns
  * operations in the same order whatever NR and NT are, so a row's value does not depend on the batch. */
 __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(const unsigned char *wp, size_t ldw,
                                                                              const g4_q8_rows *a, int t0, int nsg,
-                                                                             float *y, size_t ldy, const int NR,
+                                                                             float *y, size_t ldy, int nr,
                                                                              const int NT, const int mode) {
+    const int NR = G4_Q_TR; /* (fewer rows: the last one again, its sums not stored; one copy of the code) */
     __m512 acc[G4_Q_TR][2];
     const unsigned char *xt[2];
     const int split = lanes_split(mode), nsc = mode == G4_Q8_MIN16 ? 4 : 2;
@@ -1504,7 +1502,7 @@ __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(con
         q_xlanes x[2];
         __m512i sum[G4_Q_TR][2], sumh[G4_Q_TR][2];
         for (int t = 0; t < NT; t++) px[t] = xt[t] + (size_t)s * G4_Q8_LANES, x[t] = lanes_xload(px[t], mode);
-        for (int r = 0; r < NR; r++) pw[r] = wp + (size_t)r * ldw + (size_t)s * G4_QW_LANES;
+        for (int r = 0; r < NR; r++) pw[r] = wp + (size_t)(r < nr ? r : nr - 1) * ldw + (size_t)s * G4_QW_LANES;
         for (int r = 0; r < NR; r++)
             for (int t = 0; t < NT; t++) {
                 sum[r][t] = mode == G4_Q8_OFFSET || mode == G4_Q8_HALVES ? x[t].a : _mm512_setzero_si512();
@@ -1528,7 +1526,7 @@ __attribute__((target(T512), always_inline)) static inline void q_gemm_fixed(con
             for (int t = 0; t < NT; t++) acc[r][t] = lanes_step(acc[r][t], sum[r][t], sumh[r][t], sc, &x[t], mode);
         }
     }
-    for (int r = 0; r < NR; r++)
+    for (int r = 0; r < nr; r++)
         for (int t = 0; t < NT; t++) y[(size_t)t * ldy + (size_t)r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
@@ -1538,17 +1536,11 @@ __attribute__((target(T512), always_inline)) static inline void q_gemm_mode(cons
                                                                             const int mode) {
     const int nsg = (ng + 3) / 4;
     const size_t ldw = (size_t)nsg * G4_QW_LANES;
-    if (nr == 4) { /* tokens two at a time (the registers of 4 x 2 sums) */
-        for (int t = 0; t < nt; t += 2)
-            if (nt - t >= 2)
-                q_gemm_fixed(wp, ldw, a, t0 + t, nsg, y + (size_t)t * ldy, ldy, 4, 2, mode);
-            else
-                q_gemm_fixed(wp, ldw, a, t0 + t, nsg, y + (size_t)t * ldy, ldy, 4, 1, mode);
-        return;
-    }
-    for (int r = 0; r < nr; r++)
-        for (int t = 0; t < nt; t++)
-            q_gemm_fixed(wp + (size_t)r * ldw, ldw, a, t0 + t, nsg, y + (size_t)t * ldy + r, ldy, 1, 1, mode);
+    for (int t = 0; t < nt; t += 2) /* tokens two at a time (the registers of 4 x 2 sums) */
+        if (nt - t >= 2)
+            q_gemm_fixed(wp, ldw, a, t0 + t, nsg, y + (size_t)t * ldy, ldy, nr, 2, mode);
+        else
+            q_gemm_fixed(wp, ldw, a, t0 + t, nsg, y + (size_t)t * ldy, ldy, nr, 1, mode);
 }
 
 __attribute__((target(T512))) static void q_gemm_avx512(const unsigned char *wp, int nr, const g4_q8_rows *a, int t0,
