@@ -62,6 +62,7 @@ typedef struct g4_draft_ws {
     float *rope[G4_LAYER_TYPES]; /* [rows, head_dim] */
     int32_t *ints;           /* [(G4_DRAFT_TOKENS + steps + 1) * rows] */
     int32_t *ints_host;      /* the same, on the host */
+    const void *ctx;         /* the context whose caches the backend's recordings of these draftings read */
 } g4_draft_ws;
 
 struct g4_drafter {

@@ -6,7 +6,9 @@
  * next step's token, written in backend memory, so the steps of a round run without a round trip to the host.
  * All steps of a round share the position p, the RoPE of the queries and the rows (3.5, 5). One forward drafts for
  * many requests of a context at once (a scheduler's step): each row its own sequence, position, RoPE angles and key
- * range, the weights read once a step for all of them; a row leaves after its k steps. */
+ * range, the weights read once a step for all of them; a row leaves after its k steps. One request's steps are
+ * recorded where the backend can (graph_begin: the round's launches replayed as one, as forward.c does for the
+ * main model's steps); G4_DRAFT_GRAPHS=0 runs them eagerly. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,37 +71,54 @@ void g4_drafter_forward(g4_drafter *d, g4_draft_ws *w, const g4_draft_job *jobs,
         h[G4_DRAFT_TOKENS * R + i] = j->tok;
     }
     OPS->to_device(be, w->ints, h, (size_t)(G4_DRAFT_TOKENS + 1) * R * sizeof(int32_t));
-    for (int t = 0; t < G4_LAYER_TYPES; t++)
-        if (c->type_head_dim[t])
-            OPS->rope_table(be, w->ints + G4_DRAFT_POS * R, n, dm->inv_freq[t], c->type_head_dim[t] / 2, w->rope[t]);
     /* every step's input is [embedding, hidden]: rows 1 write both into xin, more rows into pair, concatenated */
     float *emb = R == 1 ? w->xin : w->pair, *hid = R == 1 ? w->xin + Hb : w->pair + (size_t)R * Hb;
     for (int i = 0; i < n; i++) OPS->copy(be, hid + (size_t)i * Hb, jobs[i].h0, (size_t)Hb * sizeof(float));
     g4_spec_capture *cap = n == 1 && jobs[0].s->capture && jobs[0].s->capture->n < jobs[0].s->capture->max_draftings
                                ? jobs[0].s->capture : NULL;
+    /* the steps below read and write only these buffers, the weights and the context's caches: one request's
+     * (the latency case: a batch's rows share its launches) recorded for this workspace and step count (steps that
+     * copy to the host run eagerly) */
+    static int graphs = -1;
+    if (graphs < 0) {
+        const char *e = getenv("G4_DRAFT_GRAPHS");
+        graphs = !(e && *e == '0');
+    }
+    const int replayable = graphs && OPS->graph_begin && !cap && n == 1 && K > 0;
+    if (replayable && w->ctx != ctx) { /* the recordings read the previous context's caches */
+        OPS->graph_forget(be, w);
+        w->ctx = ctx;
+    }
     const int slot = cap ? cap->n++ : 0, kc = cap && K > cap->max_steps ? cap->max_steps : K;
     float *cap_in = cap ? cap->inputs + (size_t)slot * cap->max_steps * 2 * Hb : NULL;
     float *cap_h = cap ? cap->hidden + (size_t)slot * cap->max_steps * Hb : NULL;
-    for (int step = 0, m = n; step < K; step++) {
-        while (jobs[m - 1].k <= step) m--; /* the rows still drafting (jobs[0].k == K > step) */
-        int32_t *ids = w->ints + (size_t)(G4_DRAFT_TOKENS + step) * R;
-        float *logits = w->logits + (w->keep_logits ? (size_t)step * V : 0);
-        OPS->embed(be, mm->embed, ids, m, mm->embed_scale, emb); /* the MAIN model's scaled embedding */
-        if (R > 1) OPS->transpose(be, w->pair, 2, R, Hb, w->xin);
-        if (cap && step < kc) OPS->to_host(be, cap_in + (size_t)step * 2 * Hb, w->xin, 2 * (size_t)Hb * 4);
-        OPS->matmul(be, w->xin, m, dm->pre_projection, NULL, w->z);
-        for (int l = 0; l < c->n_layers; l++) layer(d, ctx, w, l, m, max_keys);
-        OPS->rmsnorm(be, w->z, dm->final_norm, m, Ha, (float)c->rms_norm_eps, w->zn);
-        OPS->matmul(be, w->zn, m, dm->post_projection, NULL, hid); /* the next step's hidden vectors */
-        if (cap && step < kc) OPS->to_host(be, cap_h + (size_t)step * Hb, hid, (size_t)Hb * 4);
-        if (dm->cfg.asst.use_ordered_embeddings) {
-            OPS->matmul(be, w->zn, m, dm->centroids, NULL, w->cl);
-            OPS->masked_logits(be, w->zn, w->cl, m, nc, dm->cfg.asst.centroid_top_k, dm->token_ordering, dm->lm_head,
-                               logits);
-        } else {
-            OPS->matmul(be, w->zn, m, dm->lm_head, NULL, logits); /* no final_logit_softcapping (6.1) */
+    if (!replayable || !OPS->graph_begin(be, w, (uint64_t)K)) {
+        for (int t = 0; t < G4_LAYER_TYPES; t++)
+            if (c->type_head_dim[t])
+                OPS->rope_table(be, w->ints + G4_DRAFT_POS * R, n, dm->inv_freq[t], c->type_head_dim[t] / 2,
+                                w->rope[t]);
+        for (int step = 0, m = n; step < K; step++) {
+            while (jobs[m - 1].k <= step) m--; /* the rows still drafting (jobs[0].k == K > step) */
+            int32_t *ids = w->ints + (size_t)(G4_DRAFT_TOKENS + step) * R;
+            float *logits = w->logits + (w->keep_logits ? (size_t)step * V : 0);
+            OPS->embed(be, mm->embed, ids, m, mm->embed_scale, emb); /* the MAIN model's scaled embedding */
+            if (R > 1) OPS->transpose(be, w->pair, 2, R, Hb, w->xin);
+            if (cap && step < kc) OPS->to_host(be, cap_in + (size_t)step * 2 * Hb, w->xin, 2 * (size_t)Hb * 4);
+            OPS->matmul(be, w->xin, m, dm->pre_projection, NULL, w->z);
+            for (int l = 0; l < c->n_layers; l++) layer(d, ctx, w, l, m, max_keys);
+            OPS->rmsnorm(be, w->z, dm->final_norm, m, Ha, (float)c->rms_norm_eps, w->zn);
+            OPS->matmul(be, w->zn, m, dm->post_projection, NULL, hid); /* the next step's hidden vectors */
+            if (cap && step < kc) OPS->to_host(be, cap_h + (size_t)step * Hb, hid, (size_t)Hb * 4);
+            if (dm->cfg.asst.use_ordered_embeddings) {
+                OPS->matmul(be, w->zn, m, dm->centroids, NULL, w->cl);
+                OPS->masked_logits(be, w->zn, w->cl, m, nc, dm->cfg.asst.centroid_top_k, dm->token_ordering,
+                                   dm->lm_head, logits);
+            } else {
+                OPS->matmul(be, w->zn, m, dm->lm_head, NULL, logits); /* no final_logit_softcapping (6.1) */
+            }
+            OPS->argmax(be, logits, m, V, ids + R);
         }
-        OPS->argmax(be, logits, m, V, ids + R);
+        if (replayable) OPS->graph_end(be);
     }
     int32_t *toks = h + (size_t)(G4_DRAFT_TOKENS + 1) * R;
     if (K > 0) OPS->to_host(be, toks, w->ints + (size_t)(G4_DRAFT_TOKENS + 1) * R, (size_t)K * R * sizeof(int32_t));
@@ -118,6 +137,7 @@ void g4_drafter_forward(g4_drafter *d, g4_draft_ws *w, const g4_draft_job *jobs,
 
 void g4_draft_ws_release(const g4_drafter *d, g4_draft_ws *w) {
     g4_backend *be = d->m->be;
+    if (OPS->graph_forget) OPS->graph_forget(be, w); /* (its recordings use the buffers) */
     void *bufs[] = {w->xin, w->pair, w->z, w->xn, w->o, w->zn, w->q, w->attn, w->gate, w->up, w->cl, w->logits,
                     w->rope[0], w->rope[1], w->ints};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
