@@ -62,7 +62,10 @@ typedef struct g4_draft_ws {
     float *rope[G4_LAYER_TYPES]; /* [rows, head_dim] */
     int32_t *ints;           /* [(G4_DRAFT_TOKENS + steps + 1) * rows] */
     int32_t *ints_host;      /* the same, on the host */
-    const void *ctx;         /* the context whose caches the backend's recordings of these draftings read */
+    const void *reads[G4_LAYER_TYPES][3]; /* what the backend's recordings of these draftings read of the context:
+                                             per layer type its caches' K, V and block table (g4_drafter_forward) */
+    int read_shape[G4_LAYER_TYPES + 2]; /* and their shapes: per layer type blocks a sequence, then rows a block and
+                                           the cache type */
 } g4_draft_ws;
 
 struct g4_drafter {

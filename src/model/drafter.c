@@ -85,9 +85,21 @@ void g4_drafter_forward(g4_drafter *d, g4_draft_ws *w, const g4_draft_job *jobs,
         graphs = !(e && *e == '0');
     }
     const int replayable = graphs && OPS->graph_begin && !cap && n == 1 && K > 0;
-    if (replayable && w->ctx != ctx) { /* the recordings read the previous context's caches */
-        OPS->graph_forget(be, w);
-        w->ctx = ctx;
+    if (replayable) { /* recordings of caches elsewhere (another context, or a freed one's place) are made again */
+        const void *reads[G4_LAYER_TYPES][3] = {{0}};
+        int shape[G4_LAYER_TYPES + 2] = {0};
+        shape[G4_LAYER_TYPES] = ctx->kv.block, shape[G4_LAYER_TYPES + 1] = (int)ctx->kv.type;
+        for (int t = 0; t < G4_LAYER_TYPES; t++)
+            if (d->src[t] >= 0) {
+                const g4_kv_layer *src = &ctx->kv.layers[d->src[t]];
+                reads[t][0] = src->k, reads[t][1] = src->v, reads[t][2] = ctx->kv.pool[t].table_dev;
+                shape[t] = ctx->kv.pool[t].max_blocks;
+            }
+        if (memcmp(reads, w->reads, sizeof reads) || memcmp(shape, w->read_shape, sizeof shape)) {
+            OPS->graph_forget(be, w);
+            memcpy(w->reads, reads, sizeof reads);
+            memcpy(w->read_shape, shape, sizeof shape);
+        }
     }
     const int slot = cap ? cap->n++ : 0, kc = cap && K > cap->max_steps ? cap->max_steps : K;
     float *cap_in = cap ? cap->inputs + (size_t)slot * cap->max_steps * 2 * Hb : NULL;
