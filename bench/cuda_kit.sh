@@ -6,7 +6,9 @@
 #
 # usage (here):  bench/cuda_kit.sh make BUILD SHARED KIT.tar.xz   e.g. build-cuda ../shared .wt-gpu/kit.tar.xz
 #        (G4_KIT_FIXTURES="dense-ple dense-keqv moe" leaves the towers' fixtures out: a smaller kit)
-#        (there): bench/cuda_kit.sh unpack KIT.tar.xz DIR          -> DIR/bin (gemma4c, tests), DIR/lib, DIR/shared
+#        (there): bench/cuda_kit.sh unpack KIT.tar.xz DIR          -> DIR/bin (gemma4c, tests, and g4-batch-bench
+#                 where the build has it: bench/batch_speed.sh with G4_BATCH_BENCH=DIR/bin/g4-batch-bench), DIR/lib,
+#                 DIR/shared
 #                 then bench/cuda_gpu.sh DIR/bin DIR/shared OUT ... with LD_LIBRARY_PATH=DIR/lib
 set -eu
 TESTS="test_backend_ops test_decoder test_vision test_audio test_unified test_server_engine test_scheduler"
@@ -18,6 +20,8 @@ make)
     cp "$B/gemma4c" "$t/bin/"
     cp -a "$B"/libgemma4c.so* "$B/libgemma4c.a" "$B/libgemma4c-server.a" "$t/lib/"
     for x in $TESTS; do cp "$B/tests/CMakeFiles/$x.dir/$x.c.o" "$t/obj/"; done
+    bb=$B/CMakeFiles/g4-batch-bench.dir/bench/batch_bench.c.o # (where built: bench/batch_speed.sh's measurer)
+    if [ -f "$bb" ]; then cp "$bb" "$t/obj/g4-batch-bench.c.o"; fi
     # what the tool and the tests load beyond the C/C++ runtime and CUDA (the image has those)
     for f in $(ldd "$B/gemma4c" "$B/libgemma4c.so.0" "$B/tests/test_server_engine" | awk '/=>/ {print $3}' | sort -u); do
         case $(basename "$f") in
@@ -41,7 +45,7 @@ unpack)
     [ -n "$cu" ] || { echo "no libcudart_static.a on this machine"; exit 1; }
     so() { for n in "$@"; do ls "$D"/lib/lib$n.so.* | head -1; done; }
     media=$(so jpeg spng webpdemux webp gif exif sndfile soxr fftw3 jansson)
-    for x in $TESTS; do
+    for x in $TESTS $(cd "$D/obj" && ls g4-batch-bench.c.o 2>/dev/null | sed 's/[.]c[.]o$//'); do
         extra=
         [ "$x" = test_server_engine ] && extra="$D/lib/libgemma4c-server.a $D/lib/libgemma4c.a $(so microhttpd curl)"
         # shellcheck disable=SC2086 # (lists of paths)

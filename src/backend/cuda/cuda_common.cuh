@@ -1060,6 +1060,9 @@ typedef struct g4c {
                            * H200, 26B-A4B, output tok/s against cuBLAS: 100 sequences +7%, 200 +1%, 256 -4% (an
                            * expert's tokens past 16 take another pass over its weights) */
     int att_min_keys;     /* decode attention: keys a split-K block takes at least (8; G4_CUDA_ATT_MIN_KEYS=1..512) */
+    int gemv_tc_min;      /* bf16 products of gemv_tc_min .. G4C_GEMV_MAX tokens on tensor cores (cuda_gemv.cu,
+                           * gemv_tc; G4_CUDA_GEMV_TC=N, 0: off; default 3: H200, E2B, a step of 2 tokens 3.49 ms
+                           * against 2.81 on the GEMV's tile, of 3 tokens 3.49 against 3.93) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
     int gemv_lanes;       /* GEMV: lanes per row group at least (8; G4_CUDA_GEMV_LANES=8, 16 or 32) */

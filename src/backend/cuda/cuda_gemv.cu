@@ -35,6 +35,9 @@
  * is a row of the matrix of the expert its slot chose (read on the device after the wait, so no weight is loaded
  * before it), and down's slots each read their own staged input row.
  *
+ * bf16 weights with 3 to 8 tokens (speculative verification, a few sequences' decode) take tensor cores instead
+ * (gemv_tc below): the inputs converted once to bf16 hi + lo parts, each weight read once for all the tokens.
+ *
  * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu; quantized weights decoded to bf16
  * tiles first) and one epilogue kernel. */
 #include "backend/cuda/cuda_gemv.cuh"
@@ -166,6 +169,178 @@ void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows,
     gemv_launch(c, &a, w->dtype, !down, c->float_act);
 }
 
+/* ------------------------------------------------------- few tokens, bf16 weights: products on tensor cores */
+/* Products of 3 to 8 tokens (c->gemv_tc_min: speculative verification, batched decode of a few sequences) with bf16
+ * weights: the one-token GEMV widened to 8 token rows multiplies every weight with every row on CUDA cores and reads
+ * the rows from shared memory for each weight, so that its time grows with the tokens (H100, E2B decode step of 8
+ * tokens 2.96x one token's). Here the token rows are converted once (g4c_gemm_input: the RMSNorm, the residual prologue, bf16 hi and
+ * lo parts) and multiplied on tensor cores as experts_tc_kernel (cuda_moe.cu) does: a
+ * warp takes an m16 tile of weight rows (16 rows of the set's products, or the gate rows of 8 pairs (tile rows 0-7)
+ * and their up rows (8-15), whose sums meet in each lane for the GeGLU) against the n8 tile of the tokens (columns
+ * past n read zeros); within a step of 32 elements lane (g, q) holds elements 8q .. 8q + 7 of its rows and of its
+ * token, the mma's k order permuted alike on both sides, so every load is 16 bytes; GTC_U steps of weights in flight.
+ * A group of `split` warps of a block shares a tile, each a contiguous range of its steps, and sums through shared
+ * memory; the group's first warp applies the epilogue (scale, bias, GeGLU pairs or against mul, soft-cap). Rows are
+ * multiples of 8 elements (the caller checks). H200, random bf16 weights, a recorded step of P tokens (`gemma4c bench
+ * --random CONFIG -p P -c 64 -n 1 -r 5`), against the GEMV's token tiles: E2B P = 2 / 3 / 4 / 5 / 8: 3.49 / 3.49 /
+ * 3.50 / 3.57 / 3.57 ms against 2.81 / 3.93 / 4.09 / 6.53 / 7.15 (one token: 2.14); E4B P = 4 / 8: 5.91 / 6.04 against
+ * 7.35 / 12.72; 26B-A4B P = 8: 8.08 against 11.65. E2B batched decode (bench/batch_speed.sh, 64 new tokens each): 4
+ * sequences 967 against 808 tok/s, 8 sequences 1937 against 948. Still short of a one-token step: the conversion
+ * is a launch of its own for each product, and gate/up took 30 us a call against the one-token GEMV's 22 (eager
+ * profile). */
+#define GTC_WARPS 8
+#define GTC_U 4
+template <int RP>
+__global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a, const uint16_t *xh, const uint16_t *xl, int split) {
+#ifdef G4_CUDA_EMU
+    __shared__ float scr[GTC_WARPS][384];
+#else
+    float *scr[GTC_WARPS] = {};
+#endif
+    __shared__ float4 red[GTC_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int sub = warp % split, tile = blockIdx.x * (GTC_WARPS / split) + warp / split;
+    const int r0 = tile * (RP == 2 ? 8 : 16), K = a.in, steps = (K + 31) / 32;
+    /* the warp's steps: a contiguous share of the tile's */
+    const int per = (steps + split - 1) / split, kb = sub * per * 32, ke = (sub + 1) * per * 32 < K ? (sub + 1) * per * 32 : K;
+    /* tile rows g and g + 8 (past the last row: the last row, its sums not written) */
+    const unsigned char *ar[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int row = RP == 2 ? r0 + g : r0 + g + 8 * h;
+        row = row < a.rows ? row : a.rows - 1;
+        int local = row;
+        const int p = RP == 2 ? h : which_product(a, row, &local);
+        ar[h] = a.w[p] + (size_t)local * a.row_bytes + 16 * q;
+    }
+    uint4 w[GTC_U][2];
+#pragma unroll
+    for (int u = 0; u < GTC_U; u++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int k = kb + 32 * u + 8 * q;
+            w[u][h] = k < ke ? g4_ld_stream(ar[h] + 2 * (size_t)(kb + 32 * u)) : uint4();
+        }
+    g4_grid_wait(); /* (the weights are in flight: the inputs are the previous kernel's) */
+    g4_grid_launch_dependents();
+    /* token g's row of hi parts and of lo parts (xl NULL: bf16 inputs only, G4_CUDA_GEMM=bf16) */
+    const size_t xo = (size_t)g * K + 8 * q;
+    const uint16_t *bhr = g < a.n ? xh + xo : (const uint16_t *)NULL, *blr = g < a.n && xl ? xl + xo : bhr;
+    const int lo = xl != NULL;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k0 = kb; k0 < ke; k0 += 32 * GTC_U) {
+        if (k0 != kb)
+#pragma unroll
+            for (int u = 0; u < GTC_U; u++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int k = k0 + 32 * u + 8 * q;
+                    w[u][h] = k < ke ? g4_ld_stream(ar[h] + 2 * (size_t)(k0 + 32 * u)) : uint4();
+                }
+#pragma unroll
+        for (int u = 0; u < GTC_U; u++) {
+            const int k = k0 + 32 * u;
+            if (k >= ke) break;
+            uint4 bh = uint4(), bl = uint4();
+            if (bhr && k + 8 * q < ke) {
+                bh = __ldg((const uint4 *)(bhr + k));
+                if (lo) bl = __ldg((const uint4 *)(blr + k));
+            }
+            const uint32_t a0[4] = {w[u][0].x, w[u][1].x, w[u][0].y, w[u][1].y};
+            const uint32_t a1[4] = {w[u][0].z, w[u][1].z, w[u][0].w, w[u][1].w};
+            const uint32_t h0[2] = {bh.x, bh.y}, h1[2] = {bh.z, bh.w};
+            g4_mma_bf16(acc, a0, h0, scr[warp]);
+            g4_mma_bf16(acc, a1, h1, scr[warp]);
+            if (lo) {
+                const uint32_t l0[2] = {bl.x, bl.y}, l1[2] = {bl.z, bl.w};
+                g4_mma_bf16(acc, a0, l0, scr[warp]);
+                g4_mma_bf16(acc, a1, l1, scr[warp]);
+            }
+        }
+    }
+    if (split > 1) {
+        red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (sub != 0) return;
+        for (int j = 1; j < split; j++) {
+            const float4 v = red[warp + j][lane];
+            acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
+        }
+    }
+    /* lane (g, q) holds tile rows g (sums 0, 1) and g + 8 (2, 3) for tokens 2q and 2q + 1 */
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const int t = 2 * q + c;
+        if (t >= a.n) continue;
+        if (RP == 2) {
+            const int row = r0 + g;
+            if (row >= a.rows) continue;
+            const float gt = acc[c] * a.scale + (a.bias[0] ? a.bias[0][row] : 0.0f);
+            const float up = acc[2 + c] * a.scale + (a.bias[1] ? a.bias[1][row] : 0.0f);
+            float y = g4_gelu_tanh(gt) * up;
+            if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+            a.y[0][(size_t)t * a.out[0] + row] = y;
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = r0 + g + 8 * h;
+                if (row >= a.rows) continue;
+                int local;
+                const int p = which_product(a, row, &local);
+                float y = acc[2 * h + c] * a.scale + (a.bias[p] ? a.bias[p][local] : 0.0f);
+                if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[(size_t)t * a.out[0] + local];
+                if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+                a.y[p][(size_t)t * a.out[p] + local] = y;
+            }
+        }
+    }
+}
+
+/* The set's products of n tokens (c->gemv_tc_min <= n <= G4C_GEMV_MAX) on gemv_tc_kernel where its weights are bf16
+ * with rows of a multiple of 8 elements; returns 0 where the set does not take that form (nothing ran), -1 out of
+ * memory. A tile's warps: as many as keep the grid within one wave of blocks (two a multiprocessor), up to
+ * GTC_WARPS and a step of 32 a warp at least GTC_U times. */
+static int gemv_tc(g4c *c, const float *x, int n, const g4_matmul_set *set) {
+    const g4_tensor *w0 = set->w[0];
+    const int in = (int)w0->shape[w0->ndim - 1];
+    if (c->gemv_tc_min < 2 || n < c->gemv_tc_min || n > G4C_GEMV_MAX || w0->dtype != G4_BF16 || in % 8 != 0 ||
+        g4c_wrow_bytes(w0) % 16 != 0)
+        return 0;
+    g4c_gemm_in hl;
+    if (g4c_gemm_input(c, x, n, in, set->norm, set->eps, G4_BF16, &hl, set)) return -1;
+    gemv_args a;
+    memset(&a, 0, sizeof a);
+    a.scale = 1.0f;
+    a.count = set->count;
+    a.in = in;
+    a.row_bytes = g4c_wrow_bytes(w0);
+    for (int i = 0; i < set->count; i++) {
+        a.w[i] = (const unsigned char *)set->w[i]->data;
+        a.bias[i] = set->bias[i];
+        a.y[i] = set->y[i];
+        a.out[i] = (int)set->w[i]->shape[0];
+    }
+    a.n = n;
+    a.softcap = set->softcap;
+    const int pairs = set->geglu && set->count == 2;
+    a.geglu = pairs ? 1 : set->geglu ? 2 : 0;
+    a.mul = set->mul;
+    for (int i = 0; i < (pairs ? 1 : set->count); i++) a.rows += a.out[i];
+    const int tiles = (a.rows + (pairs ? 7 : 15)) / (pairs ? 8 : 16), steps = (in + 31) / 32;
+    int split = 1;
+    while (split < GTC_WARPS && (tiles * split * 2 + GTC_WARPS - 1) / GTC_WARPS <= 2 * c->n_sm &&
+           steps >= split * 2 * GTC_U)
+        split *= 2;
+    const unsigned blocks = (unsigned)((tiles + GTC_WARPS / split - 1) / (GTC_WARPS / split));
+    if (pairs)
+        g4c_launch(c, gemv_tc_kernel<2>, dim3(blocks), dim3(32 * GTC_WARPS), 0, a, (const uint16_t *)hl.hi,
+                   (const uint16_t *)hl.lo, split);
+    else
+        g4c_launch(c, gemv_tc_kernel<1>, dim3(blocks), dim3(32 * GTC_WARPS), 0, a, (const uint16_t *)hl.hi,
+                   (const uint16_t *)hl.lo, split);
+    return 1;
+}
+
 /* ---------------------------------------------------------------- prefill: epilogue after tensor-core products */
 typedef struct epi_args {
     float *y0;
@@ -281,9 +456,9 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
         }
         return;
     }
-    if (n <= G4C_GEMV_MAX)
-        gemv(c, x, n, set, 1.0f, c->float_act);
-    else
+    if (n <= G4C_GEMV_MAX) {
+        if (!gemv_tc(c, x, n, set)) gemv(c, x, n, set, 1.0f, c->float_act);
+    } else
         gemm_set(c, x, n, set);
 }
 
