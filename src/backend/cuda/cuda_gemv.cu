@@ -98,44 +98,47 @@ static void gemv_launch(g4c *c, gemv_args *a, g4_dtype dt, int pairs, int fa) {
     launch_gemv_dt(c, dt, *a, row_blocks, pairs, fa, ex);
 }
 
+/* The arguments of a set's products of n tokens common to the GEMV and gemv_tc (the inputs, the residual prologue
+ * and the launch shape are each's own); returns whether the set is a gate/up pair */
+static int set_args(gemv_args *a, const g4_matmul_set *set, int n, float scale) {
+    memset(a, 0, sizeof *a);
+    const g4_tensor *w0 = set->w[0];
+    a->scale = scale;
+    a->count = set->count;
+    a->in = (int)w0->shape[w0->ndim - 1];
+    a->row_bytes = g4c_wrow_bytes(w0);
+    a->q = g4c_qrow_of(w0);
+    for (int i = 0; i < set->count; i++) {
+        a->w[i] = (const unsigned char *)set->w[i]->data;
+        a->bias[i] = set->bias[i];
+        a->y[i] = set->y[i];
+        a->out[i] = (int)set->w[i]->shape[0];
+    }
+    a->n = n;
+    a->softcap = set->softcap;
+    const int pairs = set->geglu && set->count == 2;
+    a->geglu = pairs ? 1 : set->geglu ? 2 : 0;
+    a->mul = set->mul;
+    for (int i = 0; i < (pairs ? 1 : set->count); i++) a->rows += a->out[i];
+    return pairs;
+}
+
 static void gemv(g4c *c, const float *x, int n, const g4_matmul_set *set, float scale, int fa) {
     gemv_args a;
-    memset(&a, 0, sizeof a);
-    a.scale = scale;
-    const int in = (int)set->w[0]->shape[set->w[0]->ndim - 1];
+    const int pairs = set_args(&a, set, n, scale);
     if (set->res_out) {
-        if (n == 1 && in <= gemv_most(c, 1, set->w[0]->dtype, fa) && set->res_out != set->res_h) { /* fused */
+        if (n == 1 && a.in <= gemv_most(c, 1, set->w[0]->dtype, fa) && set->res_out != set->res_h) { /* fused */
             a.res_h = set->res_h, a.res_o = set->res_o, a.res_w = set->res_w, a.res_scale = set->res_scale;
             a.res_out = set->res_out;
         } else {
-            g4c_residual(c, set->res_h, set->res_o, set->res_w, n, in, set->eps, set->res_scale, set->res_out);
+            g4c_residual(c, set->res_h, set->res_o, set->res_w, n, a.in, set->eps, set->res_scale, set->res_out);
         }
         x = set->res_out;
     }
     const g4_tensor *w0 = set->w[0];
-    a.count = set->count;
-    a.in = (int)w0->shape[w0->ndim - 1];
-    a.row_bytes = g4c_wrow_bytes(w0);
-    a.q = g4c_qrow_of(w0);
-    for (int i = 0; i < set->count; i++) {
-        a.w[i] = (const unsigned char *)set->w[i]->data;
-        a.bias[i] = set->bias[i];
-        a.y[i] = set->y[i];
-        a.out[i] = (int)set->w[i]->shape[0];
-    }
     a.x = x;
-    a.n = n;
     a.norm = set->norm;
     a.eps = set->eps;
-    a.softcap = set->softcap;
-    const int pairs = set->geglu && set->count == 2;
-    a.geglu = pairs ? 1 : set->geglu ? 2 : 0;
-    a.mul = set->mul;
-    a.rows = 0;
-    if (pairs)
-        a.rows = a.out[0];
-    else
-        for (int i = 0; i < set->count; i++) a.rows += a.out[i];
     gemv_launch(c, &a, w0->dtype, pairs, fa);
 }
 
@@ -214,13 +217,14 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a,
         ar[h] = a.w[p] + (size_t)local * a.row_bytes + 16 * q;
     }
     uint4 w[GTC_U][2];
+    const auto load = [&](int k0) { /* GTC_U steps of both rows from k0 */
 #pragma unroll
-    for (int u = 0; u < GTC_U; u++)
+        for (int u = 0; u < GTC_U; u++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int k = kb + 32 * u + 8 * q;
-            w[u][h] = k < ke ? g4_ld_stream(ar[h] + 2 * (size_t)(kb + 32 * u)) : uint4();
-        }
+            for (int h = 0; h < 2; h++)
+                w[u][h] = k0 + 32 * u + 8 * q < ke ? g4_ld_stream(ar[h] + 2 * (size_t)(k0 + 32 * u)) : uint4();
+    };
+    load(kb);
     g4_grid_wait(); /* (the weights are in flight: the inputs are the previous kernel's) */
     g4_grid_launch_dependents();
     /* token g's row of hi parts and of lo parts (xl NULL: bf16 inputs only, G4_CUDA_GEMM=bf16) */
@@ -229,14 +233,7 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a,
     const int lo = xl != NULL;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int k0 = kb; k0 < ke; k0 += 32 * GTC_U) {
-        if (k0 != kb)
-#pragma unroll
-            for (int u = 0; u < GTC_U; u++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int k = k0 + 32 * u + 8 * q;
-                    w[u][h] = k < ke ? g4_ld_stream(ar[h] + 2 * (size_t)(k0 + 32 * u)) : uint4();
-                }
+        if (k0 != kb) load(k0);
 #pragma unroll
         for (int u = 0; u < GTC_U; u++) {
             const int k = k0 + 32 * u;
@@ -308,24 +305,8 @@ static int gemv_tc(g4c *c, const float *x, int n, const g4_matmul_set *set) {
         return 0;
     g4c_gemm_in hl;
     if (g4c_gemm_input(c, x, n, in, set->norm, set->eps, G4_BF16, &hl, set)) return -1;
-    gemv_args a;
-    memset(&a, 0, sizeof a);
-    a.scale = 1.0f;
-    a.count = set->count;
-    a.in = in;
-    a.row_bytes = g4c_wrow_bytes(w0);
-    for (int i = 0; i < set->count; i++) {
-        a.w[i] = (const unsigned char *)set->w[i]->data;
-        a.bias[i] = set->bias[i];
-        a.y[i] = set->y[i];
-        a.out[i] = (int)set->w[i]->shape[0];
-    }
-    a.n = n;
-    a.softcap = set->softcap;
-    const int pairs = set->geglu && set->count == 2;
-    a.geglu = pairs ? 1 : set->geglu ? 2 : 0;
-    a.mul = set->mul;
-    for (int i = 0; i < (pairs ? 1 : set->count); i++) a.rows += a.out[i];
+    gemv_args a; /* (the inputs' norm and residual are in the converted rows) */
+    const int pairs = set_args(&a, set, n, 1.0f);
     const int tiles = (a.rows + (pairs ? 7 : 15)) / (pairs ? 8 : 16), steps = (in + 31) / 32;
     int split = 1;
     while (split < GTC_WARPS && (tiles * split * 2 + GTC_WARPS - 1) / GTC_WARPS <= 2 * c->n_sm &&
