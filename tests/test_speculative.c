@@ -355,8 +355,8 @@ static void check_greedy_equal(g4_model *m) {
     const char *drafters[] = {"assistant-lmhead", "assistant-ordered"};
     const int lens[] = {1, 16, 17, 37, 100};
     /* the sanitizer build (memory errors, not coverage of shapes) takes every other prompt length, and of each
-     * drafter's (draft count, length) pairs a third in rotation, every draft count and length still met (111 -> about
-     * 40 s there) */
+     * drafter's (draft count, length) pairs a third in rotation, every draft count and length still met (111 -> 34 s
+     * there) */
     const int sanitize = getenv("G4_SANITIZE") != NULL;
     const size_t len_step = sanitize ? 2 : 1;
     const int n_drafts[] = {0, 1, 4};

@@ -176,9 +176,9 @@ void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows,
 /* Products of 3 to 8 tokens (c->gemv_tc_min: speculative verification, batched decode of a few sequences) with bf16
  * weights: the one-token GEMV widened to 8 token rows multiplies every weight with every row on CUDA cores and reads
  * the rows from shared memory for each weight, so that its time grows with the tokens (H100, E2B decode step of 8
- * tokens 2.96x one token's). Here the token rows are converted once (g4c_gemm_input: the RMSNorm, the residual prologue, bf16 hi and
- * lo parts) and multiplied on tensor cores as experts_tc_kernel (cuda_moe.cu) does: a
- * warp takes an m16 tile of weight rows (16 rows of the set's products, or the gate rows of 8 pairs (tile rows 0-7)
+ * tokens 2.96x one token's). Here the token rows are converted once (g4c_gemm_input: the RMSNorm, the residual
+ * prologue, bf16 hi and lo parts) and multiplied on tensor cores as experts_tc_kernel (cuda_moe.cu) does: a warp
+ * takes an m16 tile of weight rows (16 rows of the set's products, or the gate rows of 8 pairs (tile rows 0-7)
  * and their up rows (8-15), whose sums meet in each lane for the GeGLU) against the n8 tile of the tokens (columns
  * past n read zeros); within a step of 32 elements lane (g, q) holds elements 8q .. 8q + 7 of its rows and of its
  * token, the mma's k order permuted alike on both sides, so every load is 16 bytes; GTC_U steps of weights in flight.
@@ -194,7 +194,8 @@ void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows,
 #define GTC_WARPS 8
 #define GTC_U 4
 template <int RP>
-__global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a, const uint16_t *xh, const uint16_t *xl, int split) {
+__global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a, const uint16_t *xh, const uint16_t *xl,
+                                                                    int split) {
 #ifdef G4_CUDA_EMU
     __shared__ float scr[GTC_WARPS][384];
 #else
@@ -205,7 +206,8 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a,
     const int sub = warp % split, tile = blockIdx.x * (GTC_WARPS / split) + warp / split;
     const int r0 = tile * (RP == 2 ? 8 : 16), K = a.in, steps = (K + 31) / 32;
     /* the warp's steps: a contiguous share of the tile's */
-    const int per = (steps + split - 1) / split, kb = sub * per * 32, ke = (sub + 1) * per * 32 < K ? (sub + 1) * per * 32 : K;
+    const int per = (steps + split - 1) / split, kb = sub * per * 32;
+    const int ke = (sub + 1) * per * 32 < K ? (sub + 1) * per * 32 : K;
     /* tile rows g and g + 8 (past the last row: the last row, its sums not written) */
     const unsigned char *ar[2];
 #pragma unroll
