@@ -212,6 +212,24 @@ static __device__ __forceinline__ void g4_frag_a16(const uint16_t *m, int ld, in
     a[2] = *(const uint32_t *)(m + (size_t)g * ld + c + 8), a[3] = *(const uint32_t *)(m + (size_t)(g + 8) * ld + c + 8);
 }
 
+/* c += one step of 32 elements of a 16-row bf16 tile against an n8 tile of tokens, the mma's k order permuted alike
+ * on both sides so that every load is 16 bytes: lane (g, q) holds elements 8q .. 8q + 7 of tile rows g (ra) and g + 8
+ * (rb) and of token g's bf16 hi parts (bh) and, with lo, its lo parts (bl); logical k 2q, 2q + 1, 2q + 8, 2q + 9 are
+ * elements 8q .. 8q + 3, the second mma's 8q + 4 .. 8q + 7; hi then lo into the same f32 sums (experts_tc_kernel,
+ * gemv_tc_kernel) */
+static __device__ __forceinline__ void g4_mma_bf16_step32(float c[4], uint4 ra, uint4 rb, uint4 bh, uint4 bl, bool lo,
+                                                          float *scr) {
+    const uint32_t a0[4] = {ra.x, rb.x, ra.y, rb.y}, a1[4] = {ra.z, rb.z, ra.w, rb.w};
+    const uint32_t h0[2] = {bh.x, bh.y}, h1[2] = {bh.z, bh.w};
+    g4_mma_bf16(c, a0, h0, scr);
+    g4_mma_bf16(c, a1, h1, scr);
+    if (lo) {
+        const uint32_t l0[2] = {bl.x, bl.y}, l1[2] = {bl.z, bl.w};
+        g4_mma_bf16(c, a0, l0, scr);
+        g4_mma_bf16(c, a1, l1, scr);
+    }
+}
+
 /* c = a b for one m16n8k32 tile of int8 (PTX ISA, mma.m16n8k32 .s8): lane l holds, with g = l / 4 and t = l % 4,
  * a's (16 x 32, row-major) bytes 4t .. 4t + 3 of rows g (a[0]) and g + 8 (a[1]) and bytes 16 + 4t .. of rows g (a[2])
  * and g + 8 (a[3]); b's (32 x 8, columns) rows 4t .. 4t + 3 (b[0]) and 16 + 4t .. (b[1]) of column g; c's (s32) rows

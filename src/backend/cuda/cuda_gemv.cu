@@ -245,16 +245,7 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a,
                 bh = __ldg((const uint4 *)(bhr + k));
                 if (lo) bl = __ldg((const uint4 *)(blr + k));
             }
-            const uint32_t a0[4] = {w[u][0].x, w[u][1].x, w[u][0].y, w[u][1].y};
-            const uint32_t a1[4] = {w[u][0].z, w[u][1].z, w[u][0].w, w[u][1].w};
-            const uint32_t h0[2] = {bh.x, bh.y}, h1[2] = {bh.z, bh.w};
-            g4_mma_bf16(acc, a0, h0, scr[warp]);
-            g4_mma_bf16(acc, a1, h1, scr[warp]);
-            if (lo) {
-                const uint32_t l0[2] = {bl.x, bl.y}, l1[2] = {bl.z, bl.w};
-                g4_mma_bf16(acc, a0, l0, scr[warp]);
-                g4_mma_bf16(acc, a1, l1, scr[warp]);
-            }
+            g4_mma_bf16_step32(acc, w[u][0], w[u][1], bh, bl, lo, scr[warp]);
         }
     }
     if (split > 1) {

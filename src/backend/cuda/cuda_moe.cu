@@ -546,19 +546,10 @@ template <bool GU> __global__ __launch_bounds__(32 * ETC_WARPS) void experts_tc_
                         if (split) bl[j] = __ldg((const uint4 *)(br[j] + 2 * (size_t)k + 8));
                     }
                 }
-                const uint4 ra = w[u][0], rb8 = w[u][1]; /* tile rows g, g + 8 */
-                const uint32_t a0[4] = {ra.x, rb8.x, ra.y, rb8.y}, a1[4] = {ra.z, rb8.z, ra.w, rb8.w};
 #pragma unroll
-                for (int j = 0; j < ETC_NT; j++) {
+                for (int j = 0; j < ETC_NT; j++) { /* (w[u][0], w[u][1]: tile rows g, g + 8) */
                     if (j >= ntl) break;
-                    const uint32_t h0[2] = {bh[j].x, bh[j].y}, h1[2] = {bh[j].z, bh[j].w};
-                    g4_mma_bf16(acc[j], a0, h0, scr[warp]);
-                    g4_mma_bf16(acc[j], a1, h1, scr[warp]);
-                    if (split) {
-                        const uint32_t l0[2] = {bl[j].x, bl[j].y}, l1[2] = {bl[j].z, bl[j].w};
-                        g4_mma_bf16(acc[j], a0, l0, scr[warp]);
-                        g4_mma_bf16(acc[j], a1, l1, scr[warp]);
-                    }
+                    g4_mma_bf16_step32(acc[j], w[u][0], w[u][1], bh[j], bl[j], split, scr[warp]);
                 }
             }
         }
