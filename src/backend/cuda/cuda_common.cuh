@@ -459,6 +459,16 @@ static __device__ __forceinline__ int g4_dot_nib(const uint4 &v, const uint4 &xl
 /* four bits b0..b3 -> bit 4 of each byte of a word (byte i: b_i << 4; the four shifted copies of the multiply do not
  * overlap) */
 static __device__ __forceinline__ unsigned g4_hbits4(unsigned b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
+/* The int8 values code - ZERO of a word of codes in Q4_0's nibble order (low nibbles: elements 4c .. 4c+3 into *lo,
+ * high nibbles: 16+4c .. into *hi), with the fifth bits h5lo and h5hi (4 bits each, bit i element i; the Q5 types) or
+ * 0: (c + 128 - ZERO) ^ 128 per byte is c - ZERO as int8 for c below 128 + ZERO (experts_mmq_kernel, gemv_mmq_kernel) */
+template <int ZERO>
+static __device__ __forceinline__ void g4_s8_nibbles(unsigned u, unsigned h5lo, unsigned h5hi, unsigned *lo,
+                                                     unsigned *hi) {
+    constexpr unsigned Z = (unsigned)(128 - ZERO) * 0x01010101u;
+    *lo = (((u & 0x0f0f0f0fu) | g4_hbits4(h5lo)) + Z) ^ 0x80808080u;
+    *hi = ((((u >> 4) & 0x0f0f0f0fu) | g4_hbits4(h5hi)) + Z) ^ 0x80808080u;
+}
 /* 5-bit codes in Q4_0 nibble order (v) with their fifth bits (qh, bit i element i): as g4_dot_nib, each nibble with
  * its fifth bit (word c's low nibbles: elements 4c.., bits 4c..; high nibbles: elements 16+4c.., bits 16+4c..) */
 static __device__ __forceinline__ int g4_dot_nib5(const uint4 &v, unsigned qh, const uint4 &xl, const uint4 &xh) {
@@ -1081,6 +1091,7 @@ typedef struct g4c {
     int gemv_tc_min;      /* bf16 products of gemv_tc_min .. G4C_GEMV_MAX tokens on tensor cores (cuda_gemv.cu,
                            * gemv_tc; G4_CUDA_GEMV_TC=N, 0: off; default 3: H200, E2B, a step of 2 tokens 3.49 ms
                            * against 2.81 on the GEMV's tile, of 3 tokens 3.49 against 3.93) */
+    int gemv_mmq_min;     /* the same for the quantized types of gemv_mmq (int8 tensor cores; G4_CUDA_GEMV_MMQ=N) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
     int gemv_lanes;       /* GEMV: lanes per row group at least (8; G4_CUDA_GEMV_LANES=8, 16 or 32) */
@@ -1266,6 +1277,11 @@ void g4c_kv_store(g4_backend *be, const float *k, const float *v, int n, int row
 void g4c_moe_init(g4c *c);
 void g4c_gemv_init(g4c *c); /* GEMV kernels may use c->gemv_smem bytes of dynamic shared memory */
 void g4c_moe(g4_backend *be, const g4_moe_args *a);
+/* rows of x as int8 blocks of 32 (d = max|v| / 127, q = rint(v / d), v = rmsnorm(x) * norm, or x without a norm):
+ * codes xq [n, in], (d, sum of q) xd [n, in / 32]; in % 32 == 0. With res (a set whose res_out is set) the rows are
+ * res's residual prologue, (res_h + rmsnorm(res_o) res_w) res_scale, written to res_out first (x unused). */
+void g4c_q8_rows(g4c *c, const float *x, int n, int in, const float *norm, float eps, const g4_matmul_set *res,
+                 signed char *xq, float2 *xd);
 /* cuda_misc.cu: the small ops */
 void g4c_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
 void g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);

@@ -36,7 +36,8 @@
  * before it), and down's slots each read their own staged input row.
  *
  * bf16 weights with 3 to 8 tokens (speculative verification, a few sequences' decode) take tensor cores instead
- * (gemv_tc below): the inputs converted once to bf16 hi + lo parts, each weight read once for all the tokens.
+ * (gemv_tc below): the inputs converted once to bf16 hi + lo parts, each weight read once for all the tokens; so do
+ * the quantized types of one scale per 32-block (gemv_mmq: int8 products of the int8 activation blocks).
  *
  * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu; quantized weights decoded to bf16
  * tiles first) and one epilogue kernel. */
@@ -193,6 +194,75 @@ void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows,
  * profile). */
 #define GTC_WARPS 8
 #define GTC_U 4
+
+/* The end of a warp's tile (gemv_tc_kernel, gemv_mmq_kernel): the sums of a tile's `split` warps added through
+ * shared memory (red, a float4 a lane of each warp), then the group's first warp applies the epilogue (scale, bias,
+ * GeGLU pairs or against mul, soft-cap). Lane (g, q) holds tile rows g (sums 0, 1) and g + 8 (2, 3) for tokens 2q
+ * and 2q + 1; the tile's rows start at r0 (row pairs: gate rows g, up rows g + 8). */
+template <int RP>
+static __device__ __forceinline__ void tc_tile_out(const gemv_args &a, float acc[4], int r0, int split,
+                                                   float4 (*red)[32]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    if (split > 1) {
+        red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (warp % split != 0) return;
+        for (int j = 1; j < split; j++) {
+            const float4 v = red[warp + j][lane];
+            acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const int t = 2 * q + c;
+        if (t >= a.n) continue;
+        if (RP == 2) {
+            const int row = r0 + g;
+            if (row >= a.rows) continue;
+            const float gt = acc[c] * a.scale + (a.bias[0] ? a.bias[0][row] : 0.0f);
+            const float up = acc[2 + c] * a.scale + (a.bias[1] ? a.bias[1][row] : 0.0f);
+            float y = g4_gelu_tanh(gt) * up;
+            if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+            a.y[0][(size_t)t * a.out[0] + row] = y;
+        } else {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = r0 + g + 8 * h;
+                if (row >= a.rows) continue;
+                int local;
+                const int p = which_product(a, row, &local);
+                float y = acc[2 * h + c] * a.scale + (a.bias[p] ? a.bias[p][local] : 0.0f);
+                if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[(size_t)t * a.out[0] + local];
+                if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
+                a.y[p][(size_t)t * a.out[p] + local] = y;
+            }
+        }
+    }
+}
+
+/* A tile's warps (gemv_tc, gemv_mmq): doubled while the grid stays within one wave of blocks (two a
+ * multiprocessor) and each warp keeps at least 2 x `unroll` steps */
+static int tc_split(const g4c *c, int tiles, int steps, int unroll) {
+    int split = 1;
+    while (split < GTC_WARPS && (tiles * split * 2 + GTC_WARPS - 1) / GTC_WARPS <= 2 * c->n_sm &&
+           steps >= split * 2 * unroll)
+        split *= 2;
+    return split;
+}
+
+/* a tile's rows g and g + 8 (row pairs: gate row g, up row g), past the last row the last one (its sums are not
+ * written) */
+template <int RP>
+static __device__ __forceinline__ void tc_rows(const gemv_args &a, int r0, int g, const unsigned char **ar) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int row = RP == 2 ? r0 + g : r0 + g + 8 * h;
+        row = row < a.rows ? row : a.rows - 1;
+        int local = row;
+        const int p = RP == 2 ? h : which_product(a, row, &local);
+        ar[h] = a.w[p] + (size_t)local * a.row_bytes;
+    }
+}
 template <int RP>
 __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a, const uint16_t *xh, const uint16_t *xl,
                                                                     int split) {
@@ -208,16 +278,9 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a,
     /* the warp's steps: a contiguous share of the tile's */
     const int per = (steps + split - 1) / split, kb = sub * per * 32;
     const int ke = (sub + 1) * per * 32 < K ? (sub + 1) * per * 32 : K;
-    /* tile rows g and g + 8 (past the last row: the last row, its sums not written) */
     const unsigned char *ar[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int row = RP == 2 ? r0 + g : r0 + g + 8 * h;
-        row = row < a.rows ? row : a.rows - 1;
-        int local = row;
-        const int p = RP == 2 ? h : which_product(a, row, &local);
-        ar[h] = a.w[p] + (size_t)local * a.row_bytes + 16 * q;
-    }
+    tc_rows<RP>(a, r0, g, ar);
+    ar[0] += 16 * q, ar[1] += 16 * q;
     uint4 w[GTC_U][2];
     const auto load = [&](int k0) { /* GTC_U steps of both rows from k0 */
 #pragma unroll
@@ -248,42 +311,7 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a,
             g4_mma_bf16_step32(acc, w[u][0], w[u][1], bh, bl, lo, scr[warp]);
         }
     }
-    if (split > 1) {
-        red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        __syncthreads();
-        if (sub != 0) return;
-        for (int j = 1; j < split; j++) {
-            const float4 v = red[warp + j][lane];
-            acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
-        }
-    }
-    /* lane (g, q) holds tile rows g (sums 0, 1) and g + 8 (2, 3) for tokens 2q and 2q + 1 */
-#pragma unroll
-    for (int c = 0; c < 2; c++) {
-        const int t = 2 * q + c;
-        if (t >= a.n) continue;
-        if (RP == 2) {
-            const int row = r0 + g;
-            if (row >= a.rows) continue;
-            const float gt = acc[c] * a.scale + (a.bias[0] ? a.bias[0][row] : 0.0f);
-            const float up = acc[2 + c] * a.scale + (a.bias[1] ? a.bias[1][row] : 0.0f);
-            float y = g4_gelu_tanh(gt) * up;
-            if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
-            a.y[0][(size_t)t * a.out[0] + row] = y;
-        } else {
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = r0 + g + 8 * h;
-                if (row >= a.rows) continue;
-                int local;
-                const int p = which_product(a, row, &local);
-                float y = acc[2 * h + c] * a.scale + (a.bias[p] ? a.bias[p][local] : 0.0f);
-                if (a.geglu == 2) y = g4_gelu_tanh(y) * a.mul[(size_t)t * a.out[0] + local];
-                if (a.softcap > 0) y = tanhf(y / a.softcap) * a.softcap;
-                a.y[p][(size_t)t * a.out[p] + local] = y;
-            }
-        }
-    }
+    tc_tile_out<RP>(a, acc, r0, split, red);
 }
 
 /* The set's products of n tokens (c->gemv_tc_min <= n <= G4C_GEMV_MAX) on gemv_tc_kernel where its weights are bf16
@@ -301,10 +329,7 @@ static int gemv_tc(g4c *c, const float *x, int n, const g4_matmul_set *set) {
     gemv_args a; /* (the inputs' norm and residual are in the converted rows) */
     const int pairs = set_args(&a, set, n, 1.0f);
     const int tiles = (a.rows + (pairs ? 7 : 15)) / (pairs ? 8 : 16), steps = (in + 31) / 32;
-    int split = 1;
-    while (split < GTC_WARPS && (tiles * split * 2 + GTC_WARPS - 1) / GTC_WARPS <= 2 * c->n_sm &&
-           steps >= split * 2 * GTC_U)
-        split *= 2;
+    const int split = tc_split(c, tiles, steps, GTC_U);
     const unsigned blocks = (unsigned)((tiles + GTC_WARPS / split - 1) / (GTC_WARPS / split));
     if (pairs)
         g4c_launch(c, gemv_tc_kernel<2>, dim3(blocks), dim3(32 * GTC_WARPS), 0, a, (const uint16_t *)hl.hi,
@@ -312,6 +337,146 @@ static int gemv_tc(g4c *c, const float *x, int n, const g4_matmul_set *set) {
     else
         g4c_launch(c, gemv_tc_kernel<1>, dim3(blocks), dim3(32 * GTC_WARPS), 0, a, (const uint16_t *)hl.hi,
                    (const uint16_t *)hl.lo, split);
+    return 1;
+}
+
+/* ------------------------------------------------- few tokens, quantized weights: int8 products on tensor cores */
+/* Products of 3 to 8 tokens (as gemv_tc; c->gemv_mmq_min) with weights of one f16 scale per 32-block and no offset
+ * (MMQ_DENSE_TYPES): on the GEMV's token tiles every 4 codes took a __dp4a for each token. Here the token rows are
+ * made int8 blocks once (g4c_q8_rows: the residual prologue, the RMSNorm, the rule of the GEMV's int8 activations)
+ * and a warp multiplies an m16 tile of weight rows (or 8 gate/up pairs, as gemv_tc) with the tokens' n8 tile on
+ * tensor cores, a block of 32 a step (mma.m16n8k32 .s8: lane (g, t) gives elements 4t .. 4t + 3 and 16 + 4t .. 16 +
+ * 4t + 3 of rows g and g + 8 and of token g, which in Q4_0's nibble order is word t of the block's codes, its low
+ * and high nibbles); each step's integer sums times the weight's and the token's scales into f32 sums: the integer
+ * products of exactly the GEMV's codes. A lane loads its 4-byte words of MMQ_U blocks of both rows ahead (the
+ * quad's four words of a row are one 16-byte piece); the tile's steps split over warps and the epilogue as gemv_tc. */
+#define MMQ_U 8
+#define MMQ_DENSE_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_IQ4_NL) X(G4_MXF4)
+
+/* a lane's words of block b of a weight row (in elements) for lane t of a quad (load), then its int8 values of
+ * elements 4t .. 4t + 3 (lo) and 16 + 4t .. (hi) and the block's scale (vals) */
+template <int DT> struct mmq_frag { /* Q4_0's layout: the row's 16-byte blocks of nibbles, then its f16 scales */
+    enum { W = 2 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int in, int b, int t, unsigned *r) {
+        r[0] = g4_ld_u32(row + 16 * (size_t)b + 4 * t), r[1] = g4_ld_u16(row + in / 2 + 2 * (size_t)b);
+    }
+    static __device__ __forceinline__ float vals(const unsigned *r, int, uint32_t *lo, uint32_t *hi) {
+        if constexpr (DT == G4_Q4_0) g4_s8_nibbles<8>(r[0], 0u, 0u, lo, hi);
+        else g4_iq4_word(r[0], DT == G4_IQ4_NL ? G4_IQ4_TABLE : G4_FP4_TABLE, lo, hi); /* (IQ4_NL, MXF4) */
+        return g4_h2f((uint16_t)r[1]);
+    }
+};
+template <> struct mmq_frag<G4_Q8_0> { /* the row's 32-byte blocks of int8 codes, then its f16 scales */
+    enum { W = 3 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int in, int b, int t, unsigned *r) {
+        const unsigned char *p = row + 32 * (size_t)b + 4 * t;
+        r[0] = g4_ld_u32(p), r[1] = g4_ld_u32(p + 16), r[2] = g4_ld_u16(row + in + 2 * (size_t)b);
+    }
+    static __device__ __forceinline__ float vals(const unsigned *r, int, uint32_t *lo, uint32_t *hi) {
+        *lo = r[0], *hi = r[1];
+        return g4_h2f((uint16_t)r[2]);
+    }
+};
+template <> struct mmq_frag<G4_Q5_0> { /* Q4_0's nibbles, then a word of fifth bits a block, then the f16 scales */
+    enum { W = 3 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int in, int b, int t, unsigned *r) {
+        r[0] = g4_ld_u32(row + 16 * (size_t)b + 4 * t), r[1] = g4_ld_u32(row + in / 2 + 4 * (size_t)b);
+        r[2] = g4_ld_u16(row + in / 2 + in / 8 + 2 * (size_t)b);
+    }
+    static __device__ __forceinline__ float vals(const unsigned *r, int t, uint32_t *lo, uint32_t *hi) {
+        g4_s8_nibbles<16>(r[0], (r[1] >> (4 * t)) & 15u, (r[1] >> (16 + 4 * t)) & 15u, lo, hi);
+        return g4_h2f((uint16_t)r[2]);
+    }
+};
+
+template <int DT, int RP>
+__global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_mmq_kernel(gemv_args a, const signed char *xq,
+                                                                     const float2 *xd, int split) {
+#ifdef G4_CUDA_EMU
+    __shared__ int scr[GTC_WARPS][768];
+#else
+    int *scr[GTC_WARPS] = {};
+#endif
+    __shared__ float4 red[GTC_WARPS][32];
+    typedef mmq_frag<DT> F;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x * (GTC_WARPS / split) + warp / split, r0 = tile * (RP == 2 ? 8 : 16);
+    /* the warp's blocks of 32: a contiguous share of the tile's */
+    const int nb = a.in / 32, per = (nb + split - 1) / split, b0 = warp % split * per;
+    const int b1 = b0 + per < nb ? b0 + per : nb;
+    const unsigned char *ar[2];
+    tc_rows<RP>(a, r0, g, ar);
+    unsigned w[MMQ_U][2][F::W] = {};
+    const auto load = [&](int bb) { /* MMQ_U blocks of both rows from bb */
+#pragma unroll
+        for (int u = 0; u < MMQ_U; u++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                if (bb + u < b1) F::load(ar[h], a.in, bb + u, t, w[u][h]);
+    };
+    load(b0);
+    g4_grid_wait(); /* (the weights are in flight: the inputs are the previous kernel's) */
+    g4_grid_launch_dependents();
+    /* token g's codes (the products' column g), tokens 2t and 2t + 1's scales (the sums' columns) */
+    const unsigned char *xg = g < a.n ? (const unsigned char *)xq + (size_t)g * a.in + 4 * t : NULL;
+    const float2 *d0 = 2 * t < a.n ? xd + (size_t)(2 * t) * nb : NULL;
+    const float2 *d1 = 2 * t + 1 < a.n ? xd + (size_t)(2 * t + 1) * nb : NULL;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int bb = b0; bb < b1; bb += MMQ_U) {
+        if (bb != b0) load(bb);
+#pragma unroll
+        for (int u = 0; u < MMQ_U; u++) {
+            const int b = bb + u;
+            if (b >= b1) break;
+            uint32_t A[4], B[2] = {0u, 0u};
+            const float s0 = F::vals(w[u][0], t, &A[0], &A[2]), s1 = F::vals(w[u][1], t, &A[1], &A[3]);
+            if (xg) B[0] = g4_ld_u32(xg + 32 * (size_t)b), B[1] = g4_ld_u32(xg + 32 * (size_t)b + 16);
+            const float e0 = d0 ? __ldg(d0 + b).x : 0.0f, e1 = d1 ? __ldg(d1 + b).x : 0.0f;
+            int ci[4];
+            g4_mma_s8(ci, A, B, scr[warp]);
+            acc[0] += (float)ci[0] * (s0 * e0), acc[1] += (float)ci[1] * (s0 * e1);
+            acc[2] += (float)ci[2] * (s1 * e0), acc[3] += (float)ci[3] * (s1 * e1);
+        }
+    }
+    tc_tile_out<RP>(a, acc, r0, split, red);
+}
+
+/* The set's products of n tokens (c->gemv_mmq_min <= n <= G4C_GEMV_MAX) on gemv_mmq_kernel where its weights are of
+ * MMQ_DENSE_TYPES with rows of whole blocks and the activations int8 (not c->float_act); returns 0 where the set does
+ * not take that form (nothing ran), -1 out of memory. */
+static int gemv_mmq(g4c *c, const float *x, int n, const g4_matmul_set *set) {
+    const g4_tensor *w0 = set->w[0];
+    const int in = (int)w0->shape[w0->ndim - 1];
+    if (c->gemv_mmq_min < 2 || n < c->gemv_mmq_min || n > G4C_GEMV_MAX || c->float_act || in % 32 != 0) return 0;
+    switch (w0->dtype) {
+#define TAKES(T) case T:
+        MMQ_DENSE_TYPES(TAKES) break;
+#undef TAKES
+    default: return 0;
+    }
+    const size_t codes = ((size_t)n * (size_t)in + 15) & ~(size_t)15, nb = (size_t)in / 32;
+    signed char *xq = (signed char *)g4c_ws(c, &c->ws_x16, codes + (size_t)n * nb * sizeof(float2));
+    if (!xq) return -1;
+    float2 *xd = (float2 *)(xq + codes);
+    g4c_q8_rows(c, x, n, in, set->norm, set->eps, set, xq, xd);
+    gemv_args a; /* (the inputs' norm and residual are in the codes) */
+    const int pairs = set_args(&a, set, n, 1.0f);
+    const int tiles = (a.rows + (pairs ? 7 : 15)) / (pairs ? 8 : 16), split = tc_split(c, tiles, (int)nb, MMQ_U);
+    const unsigned blocks = (unsigned)((tiles + GTC_WARPS / split - 1) / (GTC_WARPS / split));
+    switch (w0->dtype) {
+#define MMQ(T)                                                                                                     \
+    case T:                                                                                                        \
+        if (pairs)                                                                                                 \
+            g4c_launch(c, gemv_mmq_kernel<T, 2>, dim3(blocks), dim3(32 * GTC_WARPS), 0, a, (const signed char *)xq,  \
+                       (const float2 *)xd, split);                                                                 \
+        else                                                                                                       \
+            g4c_launch(c, gemv_mmq_kernel<T, 1>, dim3(blocks), dim3(32 * GTC_WARPS), 0, a, (const signed char *)xq,  \
+                       (const float2 *)xd, split);                                                                 \
+        break;
+        MMQ_DENSE_TYPES(MMQ)
+#undef MMQ
+    default: break;
+    }
     return 1;
 }
 
@@ -431,7 +596,7 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
         return;
     }
     if (n <= G4C_GEMV_MAX) {
-        if (!gemv_tc(c, x, n, set)) gemv(c, x, n, set, 1.0f, c->float_act);
+        if (!gemv_tc(c, x, n, set) && !gemv_mmq(c, x, n, set)) gemv(c, x, n, set, 1.0f, c->float_act);
     } else
         gemm_set(c, x, n, set);
 }

@@ -666,11 +666,21 @@ __global__ void moe_scatter_kernel(moe_args a, const float *d) {
 #define MMQ_LD (MMQ_KB * 32 + 16) /* bytes of a staged row (16 more: lanes of a fragment load hit distinct banks) */
 
 /* xq[r] / xd[r] = the int8 blocks of row r of x (times norm and its 1/rms when norm is set) and each block's
- * (d, sum of q); in % 32 == 0 */
-__global__ void q8_rows_kernel(const float *x, int in, const float *norm, float eps, signed char *xq, float2 *xd) {
+ * (d, sum of q); in % 32 == 0. With res_o, row r is first (x + rmsnorm(res_o) res_w) res_s, written to upd (a set's
+ * residual prologue, g4c_residual's arithmetic). */
+__global__ void q8_rows_kernel(const float *x, int in, const float *norm, float eps, signed char *xq, float2 *xd,
+                               const float *res_o, const float *res_w, float res_s, float *upd) {
     __shared__ float red[32];
     g4_grid_wait();
     const float *xr = x + (size_t)blockIdx.x * (size_t)in;
+    if (res_o) {
+        const float *orow = res_o + (size_t)blockIdx.x * (size_t)in;
+        float *ur = upd + (size_t)blockIdx.x * (size_t)in;
+        const float inv_o = g4_row_inv_rms(orow, in, eps, red);
+        for (int i = threadIdx.x; i < in; i += blockDim.x) ur[i] = (xr[i] + orow[i] * inv_o * res_w[i]) * res_s;
+        __syncthreads(); /* (the block's own writes, read back below) */
+        xr = ur;
+    }
     const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
     const int lane = threadIdx.x & 31;
     for (int b = threadIdx.x >> 5; b < in / 32; b += blockDim.x >> 5) { /* a warp a block of 32 */
@@ -685,6 +695,15 @@ __global__ void q8_rows_kernel(const float *x, int in, const float *norm, float 
         for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
         if (lane == 0) xd[(size_t)blockIdx.x * (in / 32) + b] = make_float2(d, (float)sq);
     }
+}
+
+void g4c_q8_rows(g4c *c, const float *x, int n, int in, const float *norm, float eps, const g4_matmul_set *res,
+                 signed char *xq, float2 *xd) {
+    if (n <= 0) return;
+    if (res && !res->res_out) res = NULL;
+    g4c_launch(c, q8_rows_kernel, dim3((unsigned)n), dim3(256), 0, res ? res->res_h : x, in, norm, eps, xq, xd,
+               res ? res->res_o : (const float *)NULL, res ? res->res_w : (const float *)NULL,
+               res ? res->res_scale : 1.0f, res ? res->res_out : (float *)NULL);
 }
 
 typedef struct mmq_args {
@@ -763,11 +782,9 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
                         g4_iq4_word(u, G4_IQ4_TABLE, &lo[j], &hi[j]);
                     } else if constexpr (DT == G4_MXF4) {
                         g4_iq4_word(u, G4_FP4_TABLE, &lo[j], &hi[j]);
-                    } else { /* (c + 128 - ZERO) ^ 128 per byte: c - ZERO as int8, c below 128 + ZERO */
-                        constexpr unsigned Z = (unsigned)(128 - T::ZERO) * 0x01010101u;
+                    } else {
                         const unsigned qh = DT == G4_Q5_0 || DT == G4_Q5_K ? wr[i][1].x : 0u; /* fifth bits */
-                        lo[j] = (((u & 0x0f0f0f0fu) | g4_hbits4((qh >> (4 * j)) & 15u)) + Z) ^ 0x80808080u;
-                        hi[j] = ((((u >> 4) & 0x0f0f0f0fu) | g4_hbits4((qh >> (16 + 4 * j)) & 15u)) + Z) ^ 0x80808080u;
+                        g4_s8_nibbles<T::ZERO>(u, (qh >> (4 * j)) & 15u, (qh >> (16 + 4 * j)) & 15u, &lo[j], &hi[j]);
                     }
                 }
                 lv = make_uint4(lo[0], lo[1], lo[2], lo[3]), hv = make_uint4(hi[0], hi[1], hi[2], hi[3]);
@@ -905,8 +922,7 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     const int32_t *tiles = NULL;
     const int nt = qgu || qdn ? mmq_tiles(c, na, act_e, act_off, act_cnt, &tiles) : 0;
     if (qgu) {
-        g4c_launch(c, q8_rows_kernel, dim3((unsigned)np), dim3(256), 0, (const float *)xg, H, m->pre_norm2, m->eps,
-                   xq, xd);
+        g4c_q8_rows(c, xg, (int)np, H, m->pre_norm2, m->eps, NULL, xq, xd);
         experts_mmq(c, m->gate_up, xq, xd, tiles, nt, gu, 2 * Im);
         if (m->up) experts_mmq(c, m->up, xq, xd, tiles, nt, gu + Im, 2 * Im);
     } else {
@@ -919,8 +935,7 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     g4c_launch(c, moe_geglu_kernel, dim3(blocks), dim3(256), 0, a, (const float *)gu, np);
     float *d = xg; /* (the gathered rows were converted above) */
     if (qdn) {
-        g4c_launch(c, q8_rows_kernel, dim3((unsigned)np), dim3(256), 0, (const float *)a.ws.act, Im, (const float *)NULL,
-                   0.0f, xq, xd);
+        g4c_q8_rows(c, a.ws.act, (int)np, Im, NULL, 0.0f, NULL, xq, xd);
         experts_mmq(c, m->down, xq, xd, tiles, nt, d, H);
     } else {
         if (g4c_gemm_input_pairs(c, a.ws.act, np, Im, NULL, 0.0f, m->down->dtype, &in)) return;
