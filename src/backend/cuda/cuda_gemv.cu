@@ -341,51 +341,82 @@ static int gemv_tc(g4c *c, const float *x, int n, const g4_matmul_set *set) {
 }
 
 /* ------------------------------------------------- few tokens, quantized weights: int8 products on tensor cores */
-/* Products of 3 to 8 tokens (as gemv_tc; c->gemv_mmq_min) with weights of one f16 scale per 32-block and no offset
+/* Products of 3 to 8 tokens (as gemv_tc; c->gemv_mmq_min) with weights of one scale (and offset) per 32-block
  * (MMQ_DENSE_TYPES): on the GEMV's token tiles every 4 codes took a __dp4a for each token. Here the token rows are
  * made int8 blocks once (g4c_q8_rows: the residual prologue, the RMSNorm, the rule of the GEMV's int8 activations)
  * and a warp multiplies an m16 tile of weight rows (or 8 gate/up pairs, as gemv_tc) with the tokens' n8 tile on
  * tensor cores, a block of 32 a step (mma.m16n8k32 .s8: lane (g, t) gives elements 4t .. 4t + 3 and 16 + 4t .. 16 +
  * 4t + 3 of rows g and g + 8 and of token g, which in Q4_0's nibble order is word t of the block's codes, its low
- * and high nibbles); each step's integer sums times the weight's and the token's scales into f32 sums: the integer
- * products of exactly the GEMV's codes. A lane loads its 4-byte words of MMQ_U blocks of both rows ahead (the
- * quad's four words of a row are one 16-byte piece); the tile's steps split over warps and the epilogue as gemv_tc. */
-#define MMQ_U 8
-#define MMQ_DENSE_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_IQ4_NL) X(G4_MXF4)
+ * and high nibbles); each step's integer sums times the weight's and the token's scales into f32 sums (plus the
+ * offset times the token block's sum of codes: the K-quants), the integer products of exactly the GEMV's codes. A
+ * lane loads its 4-byte words of several blocks of both rows ahead (the quad's four words of a row are one 16-byte
+ * piece); the tile's steps split over warps and the epilogue as gemv_tc. */
+#define MMQ_DENSE_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_IQ4_NL) X(G4_MXF4) X(G4_Q4_K) X(G4_Q5_K)
 
-/* a lane's words of block b of a weight row (in elements) for lane t of a quad (load), then its int8 values of
- * elements 4t .. 4t + 3 (lo) and 16 + 4t .. (hi) and the block's scale (vals) */
+/* A lane's words of block b of a weight row (in elements) for lane t of a quad (load: W words, U blocks of both rows
+ * in flight), then its int8 values of elements 4t .. 4t + 3 (lo) and 16 + 4t .. (hi) and the block's scale and
+ * offset (vals: w = a code + b; OFFSET: b is not 0, the K-quants' -dmin * min) */
 template <int DT> struct mmq_frag { /* Q4_0's layout: the row's 16-byte blocks of nibbles, then its f16 scales */
-    enum { W = 2 };
+    enum { W = 2, U = 8, OFFSET = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int in, int b, int t, unsigned *r) {
         r[0] = g4_ld_u32(row + 16 * (size_t)b + 4 * t), r[1] = g4_ld_u16(row + in / 2 + 2 * (size_t)b);
     }
-    static __device__ __forceinline__ float vals(const unsigned *r, int, uint32_t *lo, uint32_t *hi) {
+    static __device__ __forceinline__ float2 vals(const unsigned *r, int, int, uint32_t *lo, uint32_t *hi) {
         if constexpr (DT == G4_Q4_0) g4_s8_nibbles<8>(r[0], 0u, 0u, lo, hi);
         else g4_iq4_word(r[0], DT == G4_IQ4_NL ? G4_IQ4_TABLE : G4_FP4_TABLE, lo, hi); /* (IQ4_NL, MXF4) */
-        return g4_h2f((uint16_t)r[1]);
+        return make_float2(g4_h2f((uint16_t)r[1]), 0.0f);
     }
 };
 template <> struct mmq_frag<G4_Q8_0> { /* the row's 32-byte blocks of int8 codes, then its f16 scales */
-    enum { W = 3 };
+    enum { W = 3, U = 8, OFFSET = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int in, int b, int t, unsigned *r) {
         const unsigned char *p = row + 32 * (size_t)b + 4 * t;
         r[0] = g4_ld_u32(p), r[1] = g4_ld_u32(p + 16), r[2] = g4_ld_u16(row + in + 2 * (size_t)b);
     }
-    static __device__ __forceinline__ float vals(const unsigned *r, int, uint32_t *lo, uint32_t *hi) {
+    static __device__ __forceinline__ float2 vals(const unsigned *r, int, int, uint32_t *lo, uint32_t *hi) {
         *lo = r[0], *hi = r[1];
-        return g4_h2f((uint16_t)r[2]);
+        return make_float2(g4_h2f((uint16_t)r[2]), 0.0f);
     }
 };
 template <> struct mmq_frag<G4_Q5_0> { /* Q4_0's nibbles, then a word of fifth bits a block, then the f16 scales */
-    enum { W = 3 };
+    enum { W = 3, U = 8, OFFSET = 0 };
     static __device__ __forceinline__ void load(const unsigned char *row, int in, int b, int t, unsigned *r) {
         r[0] = g4_ld_u32(row + 16 * (size_t)b + 4 * t), r[1] = g4_ld_u32(row + in / 2 + 4 * (size_t)b);
         r[2] = g4_ld_u16(row + in / 2 + in / 8 + 2 * (size_t)b);
     }
-    static __device__ __forceinline__ float vals(const unsigned *r, int t, uint32_t *lo, uint32_t *hi) {
+    static __device__ __forceinline__ float2 vals(const unsigned *r, int, int t, uint32_t *lo, uint32_t *hi) {
         g4_s8_nibbles<16>(r[0], (r[1] >> (4 * t)) & 15u, (r[1] >> (16 + 4 * t)) & 15u, lo, hi);
-        return g4_h2f((uint16_t)r[2]);
+        return make_float2(g4_h2f((uint16_t)r[2]), 0.0f);
+    }
+};
+/* Q4_K, Q5_K as uploaded: the codes in Q4_0's order (Q5_K: then a word of fifth bits a block), then each
+ * super-block's 16 bytes (d, dmin, 12 bytes of 6-bit scales and mins) */
+template <> struct mmq_frag<G4_Q4_K> {
+    enum { W = 5, U = 4, OFFSET = 1 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int in, int b, int t, unsigned *r) {
+        r[0] = g4_ld_u32(row + 16 * (size_t)b + 4 * t);
+        const uint4 m = g4_ld_u4(row + in / 2 + 16 * (size_t)(b / 8));
+        r[1] = m.x, r[2] = m.y, r[3] = m.z, r[4] = m.w;
+    }
+    static __device__ __forceinline__ float2 vals(const unsigned *r, int b, int, uint32_t *lo, uint32_t *hi) {
+        g4_s8_nibbles<0>(r[0], 0u, 0u, lo, hi);
+        float2 s;
+        g4_kmeta_seg(make_uint4(r[1], r[2], r[3], r[4]), 32 * b, &s.x, &s.y);
+        return s;
+    }
+};
+template <> struct mmq_frag<G4_Q5_K> {
+    enum { W = 6, U = 4, OFFSET = 1 };
+    static __device__ __forceinline__ void load(const unsigned char *row, int in, int b, int t, unsigned *r) {
+        r[0] = g4_ld_u32(row + 16 * (size_t)b + 4 * t), r[1] = g4_ld_u32(row + in / 2 + 4 * (size_t)b);
+        const uint4 m = g4_ld_u4(row + in / 2 + in / 8 + 16 * (size_t)(b / 8));
+        r[2] = m.x, r[3] = m.y, r[4] = m.z, r[5] = m.w;
+    }
+    static __device__ __forceinline__ float2 vals(const unsigned *r, int b, int t, uint32_t *lo, uint32_t *hi) {
+        g4_s8_nibbles<0>(r[0], (r[1] >> (4 * t)) & 15u, (r[1] >> (16 + 4 * t)) & 15u, lo, hi);
+        float2 s;
+        g4_kmeta_seg(make_uint4(r[2], r[3], r[4], r[5]), 32 * b, &s.x, &s.y);
+        return s;
     }
 };
 
@@ -406,10 +437,11 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_mmq_kernel(gemv_args a
     const int b1 = b0 + per < nb ? b0 + per : nb;
     const unsigned char *ar[2];
     tc_rows<RP>(a, r0, g, ar);
-    unsigned w[MMQ_U][2][F::W] = {};
-    const auto load = [&](int bb) { /* MMQ_U blocks of both rows from bb */
+    constexpr int U = F::U;
+    unsigned w[U][2][F::W] = {};
+    const auto load = [&](int bb) { /* U blocks of both rows from bb */
 #pragma unroll
-        for (int u = 0; u < MMQ_U; u++)
+        for (int u = 0; u < U; u++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
                 if (bb + u < b1) F::load(ar[h], a.in, bb + u, t, w[u][h]);
@@ -422,20 +454,27 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_mmq_kernel(gemv_args a
     const float2 *d0 = 2 * t < a.n ? xd + (size_t)(2 * t) * nb : NULL;
     const float2 *d1 = 2 * t + 1 < a.n ? xd + (size_t)(2 * t + 1) * nb : NULL;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int bb = b0; bb < b1; bb += MMQ_U) {
+    for (int bb = b0; bb < b1; bb += U) {
         if (bb != b0) load(bb);
 #pragma unroll
-        for (int u = 0; u < MMQ_U; u++) {
+        for (int u = 0; u < U; u++) {
             const int b = bb + u;
             if (b >= b1) break;
             uint32_t A[4], B[2] = {0u, 0u};
-            const float s0 = F::vals(w[u][0], t, &A[0], &A[2]), s1 = F::vals(w[u][1], t, &A[1], &A[3]);
+            const float2 s0 = F::vals(w[u][0], b, t, &A[0], &A[2]), s1 = F::vals(w[u][1], b, t, &A[1], &A[3]);
             if (xg) B[0] = g4_ld_u32(xg + 32 * (size_t)b), B[1] = g4_ld_u32(xg + 32 * (size_t)b + 16);
-            const float e0 = d0 ? __ldg(d0 + b).x : 0.0f, e1 = d1 ? __ldg(d1 + b).x : 0.0f;
+            const float2 z = make_float2(0.0f, 0.0f), e0 = d0 ? __ldg(d0 + b) : z, e1 = d1 ? __ldg(d1 + b) : z;
             int ci[4];
             g4_mma_s8(ci, A, B, scr[warp]);
-            acc[0] += (float)ci[0] * (s0 * e0), acc[1] += (float)ci[1] * (s0 * e1);
-            acc[2] += (float)ci[2] * (s1 * e0), acc[3] += (float)ci[3] * (s1 * e1);
+            if constexpr (F::OFFSET) { /* sum w x = dx (a sum(code q) + b sum(q)) */
+                acc[0] += e0.x * fmaf(s0.x, (float)ci[0], s0.y * e0.y);
+                acc[1] += e1.x * fmaf(s0.x, (float)ci[1], s0.y * e1.y);
+                acc[2] += e0.x * fmaf(s1.x, (float)ci[2], s1.y * e0.y);
+                acc[3] += e1.x * fmaf(s1.x, (float)ci[3], s1.y * e1.y);
+            } else {
+                acc[0] += (float)ci[0] * (s0.x * e0.x), acc[1] += (float)ci[1] * (s0.x * e1.x);
+                acc[2] += (float)ci[2] * (s1.x * e0.x), acc[3] += (float)ci[3] * (s1.x * e1.x);
+            }
         }
     }
     tc_tile_out<RP>(a, acc, r0, split, red);
@@ -461,7 +500,7 @@ static int gemv_mmq(g4c *c, const float *x, int n, const g4_matmul_set *set) {
     g4c_q8_rows(c, x, n, in, set->norm, set->eps, set, xq, xd);
     gemv_args a; /* (the inputs' norm and residual are in the codes) */
     const int pairs = set_args(&a, set, n, 1.0f);
-    const int tiles = (a.rows + (pairs ? 7 : 15)) / (pairs ? 8 : 16), split = tc_split(c, tiles, (int)nb, MMQ_U);
+    const int tiles = (a.rows + (pairs ? 7 : 15)) / (pairs ? 8 : 16), split = tc_split(c, tiles, (int)nb, 8);
     const unsigned blocks = (unsigned)((tiles + GTC_WARPS / split - 1) / (GTC_WARPS / split));
     switch (w0->dtype) {
 #define MMQ(T)                                                                                                     \
