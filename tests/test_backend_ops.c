@@ -283,8 +283,9 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
  * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4,
- * CB4_16, MXF4, MLX4, MLX8: at most 8 tokens; experts: one token), and the experts' int8 tensor-core products for Q8_0,
- * Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS, CB4 and MXF4 (more than 8 tokens). */
+ * CB4_16, MXF4, MLX4, MLX8: at most 8 tokens; experts: one token), and the int8 tensor-core products for Q8_0,
+ * Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS, CB4 and MXF4 (more than 8 tokens: experts, and dense products of up to
+ * G4_CUDA_MMQ_DENSE tokens, default 64, as the backend reads it). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
@@ -292,10 +293,11 @@ static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
                                                     dt == G4_Q6_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
                                                     dt == G4_CB4 || dt == G4_CB4_16 || dt == G4_MXF4 ||
                                                     dt == G4_MLX4 || dt == G4_MLX8 || dt == G4_Q2_K;
-    return !strcmp(be->ops->name, "cuda") && in % 32 == 0 &&
-           (((dense ? n <= 8 : n == 1) && gemv) ||
-            (!dense && n > 8 && (q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL ||
-                                 dt == G4_IQ4_XS || dt == G4_CB4 || dt == G4_MXF4)));
+    const int mmq = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
+                    dt == G4_CB4 || dt == G4_MXF4;
+    const int dense_max = getenv("G4_CUDA_MMQ_DENSE") ? atoi(getenv("G4_CUDA_MMQ_DENSE")) : 64;
+    return !strcmp(be->ops->name, "cuda") && in % 32 == 0 && !getenv("G4_NO_INT8_ACT") &&
+           (((dense ? n <= 8 : n == 1) && gemv) || (n > 8 && mmq && (!dense || n <= dense_max)));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums); 4 for its products of 16-bit and f32 weights with up
@@ -403,10 +405,12 @@ static void test_matmul(void) {
                     check_product(&w, ns[a], (int)((a + b + c) & 1));
                     weight_free(&w);
                 }
-        if (di >= 3) { /* many short rows (CUDA: quantized weights, a warp's lanes split over several rows) */
+        if (di >= 3) { /* many short rows (CUDA: quantized weights, a warp's lanes split over several rows); 40
+                        * tokens (CUDA's int8 tensor-core products: two tiles of tokens, one of them partial) */
             weight w;
             make_any(&w, t, 2, (int64_t[]){4500, 2 * bk}, 1.0f);
             check_product(&w, 5, 1);
+            check_product(&w, 40, 0);
             weight_free(&w);
         }
         if (di < 3) /* rows of 2048 for 3 and 8 tokens (CUDA, bf16 on tensor cores: a tile's steps shared by 8 warps,

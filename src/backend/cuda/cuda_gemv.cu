@@ -552,15 +552,30 @@ static void epilogue(g4c *c, epi_args a) {
     g4c_launch(c, gemm_epilogue, dim3(blocks), dim3(256), 0, a);
 }
 
+/* Products of more than G4C_GEMV_MAX tokens: the inputs converted once (the residual prologue, when the set has one,
+ * in the same launch), then tensor-core products and the epilogue. Quantized weights of g4c_mmq_takes's types with
+ * up to c->mmq_dense_max tokens multiply int8 blocks of the inputs with their codes (g4c_mmq_dense: the codes read
+ * once a 32 tokens, the GEMV's int8 arithmetic); other quantized weights are decoded to bf16 tiles for cuBLAS. */
 static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
-    const int pairs = set->geglu && set->count == 2;
-    g4c_gemm_in in; /* (the residual prologue, when the set has one, in the same launch) */
-    if (g4c_gemm_input(c, x, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->norm, set->eps, set->w[0]->dtype, &in,
-                       set))
-        return;
+    const int pairs = set->geglu && set->count == 2, in_dim = (int)set->w[0]->shape[set->w[0]->ndim - 1];
+    int q8 = n <= c->mmq_dense_max;
+    for (int i = 0; i < set->count; i++) q8 &= g4c_mmq_takes(c, set->w[i]);
+    g4c_gemm_in in;
+    signed char *xq = NULL;
+    float2 *xd = NULL;
     g4c_fold_args f;
     memset(&f, 0, sizeof f);
-    const int stacked = g4c_gemm_set_stacked(c, &in, set->w, set->count, (float **)f.y2, f.ld);
+    int stacked = 0;
+    if (q8) {
+        const size_t codes = ((size_t)n * (size_t)in_dim + 15) & ~(size_t)15;
+        xq = (signed char *)g4c_ws(c, &c->ws_x16, codes + (size_t)n * (size_t)(in_dim / 32) * sizeof(float2));
+        if (!xq) return;
+        xd = (float2 *)(xq + codes);
+        g4c_q8_rows(c, x, n, in_dim, set->norm, set->eps, set, xq, xd);
+    } else {
+        if (g4c_gemm_input(c, x, n, in_dim, set->norm, set->eps, set->w[0]->dtype, &in, set)) return;
+        stacked = g4c_gemm_set_stacked(c, &in, set->w, set->count, (float **)f.y2, f.ld);
+    }
     if (stacked < 0) return;
     if (stacked) { /* the products' halves added and their epilogues in one launch */
         f.count = set->count, f.n = n, f.geglu = pairs ? 1 : set->geglu ? 2 : 0, f.mul = set->mul;
@@ -571,8 +586,11 @@ static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
         return;
     }
     for (int i = 0; i < set->count; i++) {
-        g4c_gemm_run(c, &in, set->w[i], set->y[i]);
         const int out = (int)set->w[i]->shape[0];
+        if (q8)
+            g4c_mmq_dense(c, set->w[i], xq, xd, n, set->y[i], out);
+        else
+            g4c_gemm_run(c, &in, set->w[i], set->y[i]);
         if (pairs && i == 0) continue; /* the pair's epilogue runs after the up product */
         epi_args e;
         memset(&e, 0, sizeof e);
