@@ -38,7 +38,8 @@ static int stacked_parts(const g4c *c, const g4c_gemm_in *x, size_t m) {
            x->lo == (const unsigned char *)x->hi + (size_t)x->n * (size_t)x->in * 2;
 }
 
-/* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized); with res_o, each row first
+/* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized), or int8 blocks (t == G4_Q8_0,
+ * g4c_q8_rows: codes into hi, (d, sum of q) into lo; VEC only, in % 32 == 0); with res_o, each row first
  * becomes (x + rmsnorm(res_o) w) s, written to upd (the residual prologue of a set, g4c_residual's arithmetic).
  * A block a row. Rows of a multiple of 4 floats up to 4 x 1024 x CONV_NV (VEC): each thread keeps its float4s of the
  * row in registers from the one read to the writes (a row read once from memory, its loads all in flight together);
@@ -91,6 +92,27 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
 #pragma unroll
         for (int j = 0; j < CONV_NV; j++) {
             const int i = threadIdx.x + j * (int)blockDim.x;
+            if (t == G4_Q8_0) { /* int8 blocks (in % 32 == 0): 8 consecutive threads hold a block's 32 elements */
+                if (j * (int)blockDim.x >= n4) break; /* (whole passes past the row: the block's threads alike) */
+                float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (i < n4) {
+                    const float4 nv = norm ? ((const float4 *)norm)[i] : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+                    e[0] = v[j].x * nv.x * inv, e[1] = v[j].y * nv.y * inv, e[2] = v[j].z * nv.z * inv;
+                    e[3] = v[j].w * nv.w * inv;
+                }
+                float m = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));
+                for (int sh = 1; sh < 8; sh <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, sh));
+                const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+                int q[4], sq = 0;
+                for (int k = 0; k < 4; k++) q[k] = __float2int_rn(e[k] * id), sq += q[k];
+                for (int sh = 1; sh < 8; sh <<= 1) sq += __shfl_xor_sync(0xffffffffu, sq, sh);
+                if (i < n4) {
+                    ((unsigned *)((signed char *)hi + o))[i] = (unsigned)(q[0] & 255) | (unsigned)(q[1] & 255) << 8 |
+                                                             (unsigned)(q[2] & 255) << 16 | (unsigned)(q[3] & 255) << 24;
+                    if ((i & 7) == 0) ((float2 *)lo)[o / 32 + i / 8] = make_float2(d, (float)sq);
+                }
+                continue;
+            }
             if (i >= n4) continue;
             float e[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
             if (norm) {
@@ -137,6 +159,57 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
             }
         }
     }
+}
+
+/* xq[r] / xd[r] = the int8 blocks of row r of x (times norm and its 1/rms when norm is set) and each block's
+ * (d, sum of q); in % 32 == 0. With res_o, row r is first (x + rmsnorm(res_o) res_w) res_s, written to upd (a set's
+ * residual prologue, g4c_residual's arithmetic). */
+__global__ void q8_rows_kernel(const float *x, int in, const float *norm, float eps, signed char *xq, float2 *xd,
+                               const float *res_o, const float *res_w, float res_s, float *upd) {
+    __shared__ float red[32];
+    g4_grid_wait();
+    const float *xr = x + (size_t)blockIdx.x * (size_t)in;
+    if (res_o) {
+        const float *orow = res_o + (size_t)blockIdx.x * (size_t)in;
+        float *ur = upd + (size_t)blockIdx.x * (size_t)in;
+        const float inv_o = g4_row_inv_rms(orow, in, eps, red);
+        for (int i = threadIdx.x; i < in; i += blockDim.x) ur[i] = (xr[i] + orow[i] * inv_o * res_w[i]) * res_s;
+        __syncthreads(); /* (the block's own writes, read back below) */
+        xr = ur;
+    }
+    const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
+    const int lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < in / 32; b += blockDim.x >> 5) { /* a warp a block of 32 */
+        const int k = b * 32 + lane;
+        const float v = (norm ? xr[k] * norm[k] : xr[k]) * inv;
+        float m = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const int q = __float2int_rn(v * id);
+        xq[(size_t)blockIdx.x * in + k] = (signed char)q;
+        int sq = q;
+        for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
+        if (lane == 0) xd[(size_t)blockIdx.x * (in / 32) + b] = make_float2(d, (float)sq);
+    }
+}
+
+void g4c_q8_rows(g4c *c, const float *x, int n, int in, const float *norm, float eps, const g4_matmul_set *res,
+                 signed char *xq, float2 *xd) {
+    if (n <= 0) return;
+    if (res && !res->res_out) res = NULL;
+    const float *ro = res ? res->res_o : (const float *)NULL, *rw = res ? res->res_w : (const float *)NULL;
+    float *upd = res ? res->res_out : (float *)NULL;
+    const float rs = res ? res->res_scale : 1.0f;
+    if (res) x = res->res_h;
+    const int n4 = in / 4;
+    if (((uintptr_t)x | (uintptr_t)ro | (uintptr_t)rw | (uintptr_t)upd | (uintptr_t)norm) % 16 == 0 &&
+        n4 <= 1024 * CONV_NV) { /* (in % 32 == 0) a row read once, its blocks quantized by groups of 8 threads */
+        const int per = (n4 + CONV_NV - 1) / CONV_NV, threads = per <= 256 ? 256 : (per + 31) / 32 * 32;
+        g4c_launch(c, gemm_convert<true>, dim3((unsigned)n), dim3((unsigned)threads), 0, x, in, norm, eps, (int)G4_Q8_0,
+                   (void *)xq, (void *)xd, ro, rw, rs, upd, in);
+        return;
+    }
+    g4c_launch(c, q8_rows_kernel, dim3((unsigned)n), dim3(256), 0, x, in, norm, eps, xq, xd, ro, rw, rs, upd);
 }
 
 static int gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,

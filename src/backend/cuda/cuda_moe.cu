@@ -665,47 +665,6 @@ __global__ void moe_scatter_kernel(moe_args a, const float *d) {
 #define MMQ_KB 4    /* blocks of 32 of k a stage */
 #define MMQ_LD (MMQ_KB * 32 + 16) /* bytes of a staged row (16 more: lanes of a fragment load hit distinct banks) */
 
-/* xq[r] / xd[r] = the int8 blocks of row r of x (times norm and its 1/rms when norm is set) and each block's
- * (d, sum of q); in % 32 == 0. With res_o, row r is first (x + rmsnorm(res_o) res_w) res_s, written to upd (a set's
- * residual prologue, g4c_residual's arithmetic). */
-__global__ void q8_rows_kernel(const float *x, int in, const float *norm, float eps, signed char *xq, float2 *xd,
-                               const float *res_o, const float *res_w, float res_s, float *upd) {
-    __shared__ float red[32];
-    g4_grid_wait();
-    const float *xr = x + (size_t)blockIdx.x * (size_t)in;
-    if (res_o) {
-        const float *orow = res_o + (size_t)blockIdx.x * (size_t)in;
-        float *ur = upd + (size_t)blockIdx.x * (size_t)in;
-        const float inv_o = g4_row_inv_rms(orow, in, eps, red);
-        for (int i = threadIdx.x; i < in; i += blockDim.x) ur[i] = (xr[i] + orow[i] * inv_o * res_w[i]) * res_s;
-        __syncthreads(); /* (the block's own writes, read back below) */
-        xr = ur;
-    }
-    const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
-    const int lane = threadIdx.x & 31;
-    for (int b = threadIdx.x >> 5; b < in / 32; b += blockDim.x >> 5) { /* a warp a block of 32 */
-        const int k = b * 32 + lane;
-        const float v = (norm ? xr[k] * norm[k] : xr[k]) * inv;
-        float m = fabsf(v);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const int q = __float2int_rn(v * id);
-        xq[(size_t)blockIdx.x * in + k] = (signed char)q;
-        int sq = q;
-        for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        if (lane == 0) xd[(size_t)blockIdx.x * (in / 32) + b] = make_float2(d, (float)sq);
-    }
-}
-
-void g4c_q8_rows(g4c *c, const float *x, int n, int in, const float *norm, float eps, const g4_matmul_set *res,
-                 signed char *xq, float2 *xd) {
-    if (n <= 0) return;
-    if (res && !res->res_out) res = NULL;
-    g4c_launch(c, q8_rows_kernel, dim3((unsigned)n), dim3(256), 0, res ? res->res_h : x, in, norm, eps, xq, xd,
-               res ? res->res_o : (const float *)NULL, res ? res->res_w : (const float *)NULL,
-               res ? res->res_scale : 1.0f, res ? res->res_out : (float *)NULL);
-}
-
 typedef struct mmq_args {
     const signed char *xq; /* [pair rows, in] */
     const float2 *xd;      /* [pair rows, in / 32]: (d, sum of q) */
