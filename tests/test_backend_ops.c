@@ -284,8 +284,8 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
 /* Whether CUDA's product of n tokens with w reads int8 blocks of x (dense: a matmul / matmul_set product, not
  * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4,
  * CB4_16, MXF4, MLX4, MLX8: at most 8 tokens; experts: one token), and the int8 tensor-core products for Q8_0,
- * Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS, CB4 and MXF4 (more than 8 tokens: experts, and dense products of up to
- * G4_CUDA_MMQ_DENSE tokens, default 64, as the backend reads it). */
+ * Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS, CB4 and MXF4 (experts of more than 8 tokens; dense products of up to
+ * G4_CUDA_MMQ_DENSE tokens, default 64, as the backend reads it, but IQ4_XS and CB4). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
@@ -293,11 +293,12 @@ static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
                                                     dt == G4_Q6_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
                                                     dt == G4_CB4 || dt == G4_CB4_16 || dt == G4_MXF4 ||
                                                     dt == G4_MLX4 || dt == G4_MLX8 || dt == G4_Q2_K;
-    const int mmq = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL || dt == G4_IQ4_XS ||
-                    dt == G4_CB4 || dt == G4_MXF4;
+    const int dense_mmq = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL || dt == G4_MXF4;
+    const int mmq = dense_mmq || dt == G4_IQ4_XS || dt == G4_CB4;
     const int dense_max = getenv("G4_CUDA_MMQ_DENSE") ? atoi(getenv("G4_CUDA_MMQ_DENSE")) : 64;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 && !getenv("G4_NO_INT8_ACT") &&
-           (((dense ? n <= 8 : n == 1) && gemv) || (n > 8 && mmq && (!dense || n <= dense_max)));
+           (((dense ? n <= 8 : n == 1) && gemv) || (!dense && n > 8 && mmq) ||
+            (dense && n > 8 && dense_mmq && n <= dense_max && n <= 64));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums); 4 for its products of 16-bit and f32 weights with up

@@ -1092,8 +1092,8 @@ typedef struct g4c {
                            * gemv_tc; G4_CUDA_GEMV_TC=N, 0: off; default 3: H200, E2B, a step of 2 tokens 3.49 ms
                            * against 2.81 on the GEMV's tile, of 3 tokens 3.49 against 3.93) */
     int gemv_mmq_min;     /* the same for the quantized types of gemv_mmq (int8 tensor cores; G4_CUDA_GEMV_MMQ=N) */
-    int mmq_dense_max;    /* dense products of 9 .. mmq_dense_max tokens of g4c_mmq_takes's types on int8 tensor
-                           * cores instead of bf16 tiles through cuBLAS (G4_CUDA_MMQ_DENSE=N, 0: off) */
+    int mmq_dense_max;    /* ... and of 9 .. mmq_dense_max tokens (up to 64) instead of bf16 tiles through cuBLAS
+                           * (G4_CUDA_MMQ_DENSE=N, 0: off) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
     int gemv_lanes;       /* GEMV: lanes per row group at least (8; G4_CUDA_GEMV_LANES=8, 16 or 32) */
@@ -1284,10 +1284,6 @@ void g4c_moe(g4_backend *be, const g4_moe_args *a);
  * res's residual prologue, (res_h + rmsnorm(res_o) res_w) res_scale, written to res_out first (x unused). */
 void g4c_q8_rows(g4c *c, const float *x, int n, int in, const float *norm, float eps, const g4_matmul_set *res,
                  signed char *xq, float2 *xd);
-/* Whether the int8 tensor-core products (experts_mmq_kernel) take w's type (blocks of 32 under one scale and
- * offset, int8 activations); y (rows ldc apart) = x w^T for n rows of x as int8 blocks (g4c_q8_rows), w [R, in] */
-int g4c_mmq_takes(const g4c *c, const g4_tensor *w);
-void g4c_mmq_dense(g4c *c, const g4_tensor *w, const signed char *xq, const float2 *xd, int n, float *y, int ldc);
 /* cuda_misc.cu: the small ops */
 void g4c_embed(g4_backend *be, const g4_tensor *table, const int32_t *ids, int n, float scale, float *out);
 void g4c_rmsnorm(g4_backend *be, const float *x, const float *w, int rows, int dim, float eps, float *y);

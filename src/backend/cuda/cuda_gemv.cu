@@ -196,25 +196,28 @@ void g4c_gemv_experts(g4c *c, const g4_tensor *w, const g4_tensor *up, int rows,
 #define GTC_U 4
 
 /* The end of a warp's tile (gemv_tc_kernel, gemv_mmq_kernel): the sums of a tile's `split` warps added through
- * shared memory (red, a float4 a lane of each warp), then the group's first warp applies the epilogue (scale, bias,
- * GeGLU pairs or against mul, soft-cap). Lane (g, q) holds tile rows g (sums 0, 1) and g + 8 (2, 3) for tokens 2q
- * and 2q + 1; the tile's rows start at r0 (row pairs: gate rows g, up rows g + 8). */
-template <int RP>
-static __device__ __forceinline__ void tc_tile_out(const gemv_args &a, float acc[4], int r0, int split,
-                                                   float4 (*red)[32]) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-    if (split > 1) {
-        red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        __syncthreads();
-        if (warp % split != 0) return;
+ * shared memory (red, a float4 a lane of each warp) into its group's first warp (every thread of the block calls it),
+ * then that warp applies the epilogue (scale, bias, GeGLU pairs or against mul, soft-cap). Lane (g, q) holds tile
+ * rows g (sums 0, 1) and g + 8 (2, 3) for tokens t0 + 2q and t0 + 2q + 1; the tile's rows start at r0 (row pairs:
+ * gate rows g, up rows g + 8). */
+static __device__ __forceinline__ void tc_split_sum(float acc[4], int split, float4 (*red)[32]) {
+    if (split == 1) return;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    red[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    if (warp % split == 0)
         for (int j = 1; j < split; j++) {
             const float4 v = red[warp + j][lane];
             acc[0] += v.x, acc[1] += v.y, acc[2] += v.z, acc[3] += v.w;
         }
-    }
+    __syncthreads(); /* (red is free for the next tile of tokens) */
+}
+template <int RP>
+static __device__ __forceinline__ void tc_epilogue(const gemv_args &a, const float acc[4], int r0, int t0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int c = 0; c < 2; c++) {
-        const int t = 2 * q + c;
+        const int t = t0 + 2 * q + c;
         if (t >= a.n) continue;
         if (RP == 2) {
             const int row = r0 + g;
@@ -311,7 +314,8 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_tc_kernel(gemv_args a,
             g4_mma_bf16_step32(acc, w[u][0], w[u][1], bh, bl, lo, scr[warp]);
         }
     }
-    tc_tile_out<RP>(a, acc, r0, split, red);
+    tc_split_sum(acc, split, red);
+    if (warp % split == 0) tc_epilogue<RP>(a, acc, r0, 0);
 }
 
 /* The set's products of n tokens (c->gemv_tc_min <= n <= G4C_GEMV_MAX) on gemv_tc_kernel where its weights are bf16
@@ -420,8 +424,10 @@ template <> struct mmq_frag<G4_Q5_K> {
     }
 };
 
-template <int DT, int RP>
-__global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_mmq_kernel(gemv_args a, const signed char *xq,
+/* NT n8 tiles of tokens: each weight fragment multiplies them all (up to 64 tokens, c->mmq_dense_max; from 4 tiles
+ * on, blocks of up to 255 registers a thread: 128 spilled the sums) */
+template <int DT, int RP, int NT>
+__global__ __launch_bounds__(32 * GTC_WARPS, NT < 4 ? 2 : 1) void gemv_mmq_kernel(gemv_args a, const signed char *xq,
                                                                      const float2 *xd, int split) {
 #ifdef G4_CUDA_EMU
     __shared__ int scr[GTC_WARPS][768];
@@ -437,7 +443,7 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_mmq_kernel(gemv_args a
     const int b1 = b0 + per < nb ? b0 + per : nb;
     const unsigned char *ar[2];
     tc_rows<RP>(a, r0, g, ar);
-    constexpr int U = F::U;
+    constexpr int U = NT == 1 ? F::U : NT == 2 && F::U > 4 ? 4 : 2; /* (registers: the tiles' sums) */
     unsigned w[U][2][F::W] = {};
     const auto load = [&](int bb) { /* U blocks of both rows from bb */
 #pragma unroll
@@ -449,44 +455,71 @@ __global__ __launch_bounds__(32 * GTC_WARPS, 2) void gemv_mmq_kernel(gemv_args a
     load(b0);
     g4_grid_wait(); /* (the weights are in flight: the inputs are the previous kernel's) */
     g4_grid_launch_dependents();
-    /* token g's codes (the products' column g), tokens 2t and 2t + 1's scales (the sums' columns) */
-    const unsigned char *xg = g < a.n ? (const unsigned char *)xq + (size_t)g * a.in + 4 * t : NULL;
-    const float2 *d0 = 2 * t < a.n ? xd + (size_t)(2 * t) * nb : NULL;
-    const float2 *d1 = 2 * t + 1 < a.n ? xd + (size_t)(2 * t + 1) * nb : NULL;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[NT][4] = {};
     for (int bb = b0; bb < b1; bb += U) {
         if (bb != b0) load(bb);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int b = bb + u;
             if (b >= b1) break;
-            uint32_t A[4], B[2] = {0u, 0u};
+            uint32_t A[4];
             const float2 s0 = F::vals(w[u][0], b, t, &A[0], &A[2]), s1 = F::vals(w[u][1], b, t, &A[1], &A[3]);
-            if (xg) B[0] = g4_ld_u32(xg + 32 * (size_t)b), B[1] = g4_ld_u32(xg + 32 * (size_t)b + 16);
-            const float2 z = make_float2(0.0f, 0.0f), e0 = d0 ? __ldg(d0 + b) : z, e1 = d1 ? __ldg(d1 + b) : z;
-            int ci[4];
-            g4_mma_s8(ci, A, B, scr[warp]);
-            if constexpr (F::OFFSET) { /* sum w x = dx (a sum(code q) + b sum(q)) */
-                acc[0] += e0.x * fmaf(s0.x, (float)ci[0], s0.y * e0.y);
-                acc[1] += e1.x * fmaf(s0.x, (float)ci[1], s0.y * e1.y);
-                acc[2] += e0.x * fmaf(s1.x, (float)ci[2], s1.y * e0.y);
-                acc[3] += e1.x * fmaf(s1.x, (float)ci[3], s1.y * e1.y);
-            } else {
-                acc[0] += (float)ci[0] * (s0.x * e0.x), acc[1] += (float)ci[1] * (s0.x * e1.x);
-                acc[2] += (float)ci[2] * (s1.x * e0.x), acc[3] += (float)ci[3] * (s1.x * e1.x);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                /* token 8j + g's codes (the products' column g), tokens 8j + 2t and 8j + 2t + 1's scales (the sums'
+                 * columns) */
+                const int tg = 8 * j + g, te = 8 * j + 2 * t;
+                uint32_t B[2] = {0u, 0u};
+                if (tg < a.n) {
+                    const unsigned char *p = (const unsigned char *)xq + (size_t)tg * a.in + 32 * (size_t)b + 4 * t;
+                    B[0] = g4_ld_u32(p), B[1] = g4_ld_u32(p + 16);
+                }
+                const float2 z = make_float2(0.0f, 0.0f);
+                const float2 e0 = te < a.n ? __ldg(xd + (size_t)te * nb + b) : z;
+                const float2 e1 = te + 1 < a.n ? __ldg(xd + (size_t)(te + 1) * nb + b) : z;
+                int ci[4];
+                g4_mma_s8(ci, A, B, scr[warp]);
+                float *c = acc[j];
+                if constexpr (F::OFFSET) { /* sum w x = dx (a sum(code q) + b sum(q)) */
+                    c[0] += e0.x * fmaf(s0.x, (float)ci[0], s0.y * e0.y);
+                    c[1] += e1.x * fmaf(s0.x, (float)ci[1], s0.y * e1.y);
+                    c[2] += e0.x * fmaf(s1.x, (float)ci[2], s1.y * e0.y);
+                    c[3] += e1.x * fmaf(s1.x, (float)ci[3], s1.y * e1.y);
+                } else {
+                    c[0] += (float)ci[0] * (s0.x * e0.x), c[1] += (float)ci[1] * (s0.x * e1.x);
+                    c[2] += (float)ci[2] * (s1.x * e0.x), c[3] += (float)ci[3] * (s1.x * e1.x);
+                }
             }
         }
     }
-    tc_tile_out<RP>(a, acc, r0, split, red);
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        tc_split_sum(acc[j], split, red);
+        if (warp % split == 0) tc_epilogue<RP>(a, acc[j], r0, 8 * j);
+    }
 }
 
-/* The set's products of n tokens (c->gemv_mmq_min <= n <= G4C_GEMV_MAX) on gemv_mmq_kernel where its weights are of
- * MMQ_DENSE_TYPES with rows of whole blocks and the activations int8 (not c->float_act); returns 0 where the set does
- * not take that form (nothing ran), -1 out of memory. */
+template <int DT>
+static void mmq_launch(g4c *c, const gemv_args &a, int pairs, int nt, unsigned blocks, const signed char *xq,
+                       const float2 *xd, int split) {
+    const dim3 grid(blocks), block(32 * GTC_WARPS);
+#define L(R, N) g4c_launch(c, gemv_mmq_kernel<DT, R, N>, grid, block, 0, a, xq, xd, split)
+    if (pairs) {
+        if (nt == 1) L(2, 1); else if (nt == 2) L(2, 2); else if (nt == 4) L(2, 4); else L(2, 8);
+    } else {
+        if (nt == 1) L(1, 1); else if (nt == 2) L(1, 2); else if (nt == 4) L(1, 4); else L(1, 8);
+    }
+#undef L
+}
+
+/* The set's products of n tokens (c->gemv_mmq_min <= n <= G4C_GEMV_MAX, or up to c->mmq_dense_max and 64) on
+ * gemv_mmq_kernel where its weights are of MMQ_DENSE_TYPES with rows of whole blocks and the activations int8 (not
+ * c->float_act); returns 0 where the set does not take that form (nothing ran), -1 out of memory. */
 static int gemv_mmq(g4c *c, const float *x, int n, const g4_matmul_set *set) {
     const g4_tensor *w0 = set->w[0];
     const int in = (int)w0->shape[w0->ndim - 1];
-    if (c->gemv_mmq_min < 2 || n < c->gemv_mmq_min || n > G4C_GEMV_MAX || c->float_act || in % 32 != 0) return 0;
+    if (n <= G4C_GEMV_MAX ? c->gemv_mmq_min < 2 || n < c->gemv_mmq_min : n > c->mmq_dense_max || n > 64) return 0;
+    if (c->float_act || in % 32 != 0) return 0;
     switch (w0->dtype) {
 #define TAKES(T) case T:
         MMQ_DENSE_TYPES(TAKES) break;
@@ -499,19 +532,12 @@ static int gemv_mmq(g4c *c, const float *x, int n, const g4_matmul_set *set) {
     float2 *xd = (float2 *)(xq + codes);
     g4c_q8_rows(c, x, n, in, set->norm, set->eps, set, xq, xd);
     gemv_args a; /* (the inputs' norm and residual are in the codes) */
-    const int pairs = set_args(&a, set, n, 1.0f);
+    const int pairs = set_args(&a, set, n, 1.0f), nt = n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8;
     const int tiles = (a.rows + (pairs ? 7 : 15)) / (pairs ? 8 : 16), split = tc_split(c, tiles, (int)nb, 8);
     const unsigned blocks = (unsigned)((tiles + GTC_WARPS / split - 1) / (GTC_WARPS / split));
     switch (w0->dtype) {
 #define MMQ(T)                                                                                                     \
-    case T:                                                                                                        \
-        if (pairs)                                                                                                 \
-            g4c_launch(c, gemv_mmq_kernel<T, 2>, dim3(blocks), dim3(32 * GTC_WARPS), 0, a, (const signed char *)xq,  \
-                       (const float2 *)xd, split);                                                                 \
-        else                                                                                                       \
-            g4c_launch(c, gemv_mmq_kernel<T, 1>, dim3(blocks), dim3(32 * GTC_WARPS), 0, a, (const signed char *)xq,  \
-                       (const float2 *)xd, split);                                                                 \
-        break;
+    case T: mmq_launch<T>(c, a, pairs, nt, blocks, xq, xd, split); break;
         MMQ_DENSE_TYPES(MMQ)
 #undef MMQ
     default: break;
@@ -552,30 +578,15 @@ static void epilogue(g4c *c, epi_args a) {
     g4c_launch(c, gemm_epilogue, dim3(blocks), dim3(256), 0, a);
 }
 
-/* Products of more than G4C_GEMV_MAX tokens: the inputs converted once (the residual prologue, when the set has one,
- * in the same launch), then tensor-core products and the epilogue. Quantized weights of g4c_mmq_takes's types with
- * up to c->mmq_dense_max tokens multiply int8 blocks of the inputs with their codes (g4c_mmq_dense: the codes read
- * once a 32 tokens, the GEMV's int8 arithmetic); other quantized weights are decoded to bf16 tiles for cuBLAS. */
 static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
-    const int pairs = set->geglu && set->count == 2, in_dim = (int)set->w[0]->shape[set->w[0]->ndim - 1];
-    int q8 = n <= c->mmq_dense_max;
-    for (int i = 0; i < set->count; i++) q8 &= g4c_mmq_takes(c, set->w[i]);
-    g4c_gemm_in in;
-    signed char *xq = NULL;
-    float2 *xd = NULL;
+    const int pairs = set->geglu && set->count == 2;
+    g4c_gemm_in in; /* (the residual prologue, when the set has one, in the same launch) */
+    if (g4c_gemm_input(c, x, n, (int)set->w[0]->shape[set->w[0]->ndim - 1], set->norm, set->eps, set->w[0]->dtype, &in,
+                       set))
+        return;
     g4c_fold_args f;
     memset(&f, 0, sizeof f);
-    int stacked = 0;
-    if (q8) {
-        const size_t codes = ((size_t)n * (size_t)in_dim + 15) & ~(size_t)15;
-        xq = (signed char *)g4c_ws(c, &c->ws_x16, codes + (size_t)n * (size_t)(in_dim / 32) * sizeof(float2));
-        if (!xq) return;
-        xd = (float2 *)(xq + codes);
-        g4c_q8_rows(c, x, n, in_dim, set->norm, set->eps, set, xq, xd);
-    } else {
-        if (g4c_gemm_input(c, x, n, in_dim, set->norm, set->eps, set->w[0]->dtype, &in, set)) return;
-        stacked = g4c_gemm_set_stacked(c, &in, set->w, set->count, (float **)f.y2, f.ld);
-    }
+    const int stacked = g4c_gemm_set_stacked(c, &in, set->w, set->count, (float **)f.y2, f.ld);
     if (stacked < 0) return;
     if (stacked) { /* the products' halves added and their epilogues in one launch */
         f.count = set->count, f.n = n, f.geglu = pairs ? 1 : set->geglu ? 2 : 0, f.mul = set->mul;
@@ -586,11 +597,8 @@ static void gemm_set(g4c *c, const float *x, int n, const g4_matmul_set *set) {
         return;
     }
     for (int i = 0; i < set->count; i++) {
+        g4c_gemm_run(c, &in, set->w[i], set->y[i]);
         const int out = (int)set->w[i]->shape[0];
-        if (q8)
-            g4c_mmq_dense(c, set->w[i], xq, xd, n, set->y[i], out);
-        else
-            g4c_gemm_run(c, &in, set->w[i], set->y[i]);
         if (pairs && i == 0) continue; /* the pair's epilogue runs after the up product */
         epi_args e;
         memset(&e, 0, sizeof e);
@@ -654,8 +662,9 @@ void g4c_matmul_set(g4_backend *be, const float *x, int n, const g4_matmul_set *
     }
     if (n <= G4C_GEMV_MAX) {
         if (!gemv_tc(c, x, n, set) && !gemv_mmq(c, x, n, set)) gemv(c, x, n, set, 1.0f, c->float_act);
-    } else
+    } else if (!gemv_mmq(c, x, n, set)) {
         gemm_set(c, x, n, set);
+    }
 }
 
 void g4c_matmul_scaled(g4c *c, const float *x, int n, const g4_tensor *w, const float *norm, float eps, float scale,

@@ -671,9 +671,7 @@ typedef struct mmq_args {
     const unsigned char *w;
     size_t row_bytes, ex_bytes; /* expert e's row r at w + e * ex_bytes + r * row_bytes */
     int in, R;
-    const int32_t *tiles; /* per block row: expert, first pair row, pair rows (<= MMQ_BM); NULL: a dense product of
-                           * n rows (expert 0, block row i the rows MMQ_BM i ..) */
-    int n;
+    const int32_t *tiles; /* per block row: expert, first pair row, pair rows (<= MMQ_BM) */
     float *y;
     int ldc;
 } mmq_args;
@@ -693,8 +691,7 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
 #endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int wm = warp & 1, wn = warp >> 1, nb = a.in / 32;
-    const int by = blockIdx.y, e = a.tiles ? a.tiles[3 * by] : 0, p0 = a.tiles ? a.tiles[3 * by + 1] : MMQ_BM * by;
-    const int cnt = a.tiles ? a.tiles[3 * by + 2] : a.n - p0 < MMQ_BM ? a.n - p0 : MMQ_BM;
+    const int e = a.tiles[3 * blockIdx.y], p0 = a.tiles[3 * blockIdx.y + 1], cnt = a.tiles[3 * blockIdx.y + 2];
     const int n0 = blockIdx.x * MMQ_BN;
     const unsigned char *we = a.w + (size_t)e * a.ex_bytes;
     typedef g4_qt<DT> T; /* (types of 32-element accesses) */
@@ -808,7 +805,7 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
 
 /* The types experts_mmq_kernel takes: blocks of 32 under one scale (not Q6_K: a scale per 16; not MLX: per group) */
 #define MMQ_TYPES(X) X(G4_Q8_0) X(G4_Q4_0) X(G4_Q5_0) X(G4_Q4_K) X(G4_Q5_K) X(G4_IQ4_NL) X(G4_IQ4_XS) X(G4_CB4) X(G4_MXF4)
-int g4c_mmq_takes(const g4c *c, const g4_tensor *w) {
+static int mmq_takes(const g4c *c, const g4_tensor *w) {
     if (c->float_act) return 0;
     switch (w->dtype) {
 #define TAKES(T) case T:
@@ -844,17 +841,16 @@ static int mmq_tiles(g4c *c, int na, const int32_t *act_e, const int32_t *act_of
 }
 
 /* the experts' products of the pair rows of nt tiles (mmq_tiles): x's rows as int8 blocks (xq, xd) into y (ldc
- * apart); tiles NULL: the dense product of w [R, in] with the nt * MMQ_BM (at most n) rows */
+ * apart) */
 static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const float2 *xd, const int32_t *tiles,
-                        int nt, float *y, int ldc, int n = 0) {
+                        int nt, float *y, int ldc) {
     if (!nt) return;
     mmq_args m;
-    m.n = n;
     m.xq = xq, m.xd = xd, m.w = (const unsigned char *)w->data;
     m.row_bytes = g4c_wrow_bytes(w);
-    m.R = (int)w->shape[w->ndim - 2];
+    m.R = (int)w->shape[1];
     m.ex_bytes = (size_t)m.R * m.row_bytes;
-    m.in = (int)w->shape[w->ndim - 1];
+    m.in = (int)w->shape[2];
     m.tiles = tiles, m.y = y, m.ldc = ldc;
     const dim3 grid((unsigned)((m.R + MMQ_BN - 1) / MMQ_BN), (unsigned)nt);
     switch (w->dtype) {
@@ -864,10 +860,6 @@ static void experts_mmq(g4c *c, const g4_tensor *w, const signed char *xq, const
 #undef MMQ
     default: break;
     }
-}
-
-void g4c_mmq_dense(g4c *c, const g4_tensor *w, const signed char *xq, const float2 *xd, int n, float *y, int ldc) {
-    experts_mmq(c, w, xq, xd, NULL, (n + MMQ_BM - 1) / MMQ_BM, y, ldc, n);
 }
 
 static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, int np, float *xg, float *gu) {
@@ -882,7 +874,7 @@ static void moe_experts_gemm(g4c *c, const g4_moe_args *m, const moe_args &a, in
     g4c_launch(c, moe_gather_kernel, dim3((unsigned)np), dim3(256), 0, a, xg);
     /* experts of MMQ_TYPES: int8 blocks of x2 (then of the activations) after gu, [np, max(H, Im)] codes, then the
      * scales; other types: cuBLAS on bf16 tiles */
-    const int qgu = g4c_mmq_takes(c, m->gate_up) && (!m->up || g4c_mmq_takes(c, m->up)), qdn = g4c_mmq_takes(c, m->down);
+    const int qgu = mmq_takes(c, m->gate_up) && (!m->up || mmq_takes(c, m->up)), qdn = mmq_takes(c, m->down);
     signed char *xq = (signed char *)(((uintptr_t)(gu + (size_t)np * 2 * Im) + 255) & ~(uintptr_t)255);
     float2 *xd = (float2 *)(xq + (size_t)np * (H > Im ? H : Im));
     g4c_gemm_in in;
