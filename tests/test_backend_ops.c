@@ -285,7 +285,7 @@ static const g4_dtype qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q4_1, G4_Q5_0, G4_Q5_1, G
  * an expert's): its GEMV for every type it holds (Q8_0, Q4_0, Q5_0, Q2_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, CB4,
  * CB4_16, MXF4, MLX4, MLX8: at most 8 tokens; experts: one token), and the int8 tensor-core products for Q8_0,
  * Q4_0, Q5_0, Q4_K, Q5_K, IQ4_NL, IQ4_XS, CB4 and MXF4 (experts of more than 8 tokens; dense products of up to
- * G4_CUDA_MMQ_DENSE tokens, default 64, as the backend reads it, but IQ4_XS and CB4). */
+ * G4_CUDA_MMQ_DENSE tokens, default 24 and at most 32, as the backend reads it, but IQ4_XS and CB4). */
 static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
     const int64_t in = w->shape[w->ndim - 1];
     const g4_dtype dt = held(w->dtype); /* (a type held as another is read as that) */
@@ -295,10 +295,10 @@ static int cuda_reads_int8(const g4_tensor *w, int n, int dense) {
                                                     dt == G4_MLX4 || dt == G4_MLX8 || dt == G4_Q2_K;
     const int dense_mmq = q || dt == G4_Q5_0 || dt == G4_Q4_K || dt == G4_Q5_K || dt == G4_IQ4_NL || dt == G4_MXF4;
     const int mmq = dense_mmq || dt == G4_IQ4_XS || dt == G4_CB4;
-    const int dense_max = getenv("G4_CUDA_MMQ_DENSE") ? atoi(getenv("G4_CUDA_MMQ_DENSE")) : 64;
+    const int dense_max = getenv("G4_CUDA_MMQ_DENSE") ? atoi(getenv("G4_CUDA_MMQ_DENSE")) : 24;
     return !strcmp(be->ops->name, "cuda") && in % 32 == 0 && !getenv("G4_NO_INT8_ACT") &&
            (((dense ? n <= 8 : n == 1) && gemv) || (!dense && n > 8 && mmq) ||
-            (dense && n > 8 && dense_mmq && n <= dense_max && n <= 64));
+            (dense && n > 8 && dense_mmq && n <= dense_max && n <= 32));
 }
 /* Tolerance factor of a product with given inputs: 1 where CUDA reads them as int8 blocks (integer products
  * of exactly the codes the reference rounds to, then f32 sums); 4 for its products of 16-bit and f32 weights with up
@@ -406,12 +406,12 @@ static void test_matmul(void) {
                     check_product(&w, ns[a], (int)((a + b + c) & 1));
                     weight_free(&w);
                 }
-        if (di >= 3) { /* many short rows (CUDA: quantized weights, a warp's lanes split over several rows); 40
-                        * tokens (CUDA's int8 tensor-core products: two tiles of tokens, one of them partial) */
+        if (di >= 3) { /* many short rows (CUDA: quantized weights, a warp's lanes split over several rows); 23
+                        * tokens (CUDA's int8 tensor-core products: four tiles of tokens, one partial, one empty) */
             weight w;
             make_any(&w, t, 2, (int64_t[]){4500, 2 * bk}, 1.0f);
             check_product(&w, 5, 1);
-            check_product(&w, 40, 0);
+            check_product(&w, 23, 0);
             weight_free(&w);
         }
         if (di < 3) /* rows of 2048 for 3 and 8 tokens (CUDA, bf16 on tensor cores: a tile's steps shared by 8 warps,

@@ -713,9 +713,9 @@ extern "C" g4_backend *g4_backend_cuda_new(int bf16_act, g4_error *err) {
     const char *gt = getenv("G4_CUDA_GEMV_TC");
     c->gemv_tc_min = gt ? atoi(gt) : 3;
     const char *gm = getenv("G4_CUDA_GEMV_MMQ");
-    c->gemv_mmq_min = gm ? atoi(gm) : 3;
+    c->gemv_mmq_min = gm ? atoi(gm) : 5;
     const char *md = getenv("G4_CUDA_MMQ_DENSE");
-    c->mmq_dense_max = md ? atoi(md) : 64;
+    c->mmq_dense_max = md ? atoi(md) : 24;
     const char *ak = getenv("G4_CUDA_ATT_MIN_KEYS");
     c->att_min_keys = ak && atoi(ak) >= 1 && atoi(ak) <= 512 ? atoi(ak) : 8;
     const char *gc = getenv("G4_CUDA_GEMV_CAP");

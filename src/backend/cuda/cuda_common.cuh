@@ -1091,9 +1091,13 @@ typedef struct g4c {
     int gemv_tc_min;      /* bf16 products of gemv_tc_min .. G4C_GEMV_MAX tokens on tensor cores (cuda_gemv.cu,
                            * gemv_tc; G4_CUDA_GEMV_TC=N, 0: off; default 3: H200, E2B, a step of 2 tokens 3.49 ms
                            * against 2.81 on the GEMV's tile, of 3 tokens 3.49 against 3.93) */
-    int gemv_mmq_min;     /* the same for the quantized types of gemv_mmq (int8 tensor cores; G4_CUDA_GEMV_MMQ=N) */
-    int mmq_dense_max;    /* ... and of 9 .. mmq_dense_max tokens (up to 64) instead of bf16 tiles through cuBLAS
-                           * (G4_CUDA_MMQ_DENSE=N, 0: off) */
+    int gemv_mmq_min;     /* the same for the quantized types of gemv_mmq (int8 tensor cores; G4_CUDA_GEMV_MMQ=N;
+                           * default 5: H100, E2B Q4_0, a step of 4 tokens 3.19 ms against 2.86 on the GEMV's tile
+                           * of 4, of 5 tokens 3.22 against 4.04 on the tile of 8) */
+    int mmq_dense_max;    /* ... and of 9 .. mmq_dense_max tokens (up to 32) instead of bf16 tiles through cuBLAS
+                           * (G4_CUDA_MMQ_DENSE=N, 0: off; default 24: H100, recorded steps, E2B Q4_0 12 tokens 4.18
+                           * ms against 5.63, 24: 5.56 against 5.74, 32: 6.13 against 5.78; E4B Q4_0 24 tokens 9.45
+                           * against 10.30, 32: 10.50 against 10.30) */
     int gemv_cap;         /* one-tile GEMVs: at most this many blocks a multiprocessor, each looping over row groups
                            * (so each block stages its inputs once; 4; G4_CUDA_GEMV_CAP=1..8) */
     int gemv_lanes;       /* GEMV: lanes per row group at least (8; G4_CUDA_GEMV_LANES=8, 16 or 32) */
