@@ -703,7 +703,7 @@ static void ref_rms_row(const float *x, const float *w, int dim, float eps, doub
 static const g4_dtype fused_qtypes[] = {G4_Q8_0, G4_Q4_0, G4_Q5_0, G4_Q4_K, G4_Q5_K, G4_Q6_K, G4_IQ4_NL, G4_IQ4_XS,
                                         G4_MLX4, G4_MLX8};
 static void test_matmul_set_fused(void) {
-    const int ns[] = {1, 3, 8, 9, 21}, ins[] = {77, 256, 4100, 16392};
+    const int ns[] = {1, 3, 8, 9, 21}, ins[] = {77, 256, 4100, 16392}, qins[] = {0, 256, 4128, 16416};
     /* plain types, then (on a backend that takes them) the quantized ones with rows of whole blocks; 40 rows, and
      * for one and eight tokens 3000 and 4500 in modes 1, 2 and 4 with quantized weights of each of CUDA's GEMV paths
      * (int8 activations, quantized with offsets, MLX's order) (CUDA: a warp's lanes split over several rows, 16 and
@@ -714,8 +714,11 @@ static void test_matmul_set_fused(void) {
                 for (int mi = 0; mi < 12; mi++) {
                     const g4_dtype wt = di < 3 ? dtypes[di] : fused_qtypes[di - 3];
                     /* wide rows (CUDA's conversion of many tokens' inputs: several float4s a thread, or none fit),
-                     * plain types, nine tokens, a norm with or without the residual prologue */
-                    if (ii >= 2 && (di >= 3 || ns[ni] != 9 || (mi != 0 && mi != 4 && mi != 5))) continue;
+                     * a norm with or without the residual prologue: plain types, nine tokens; Q8_0 and Q4_0 (whole
+                     * blocks), 8, 9 and 21 tokens (CUDA: int8 blocks for its int8 tensor-core products) */
+                    if (ii >= 2 && (mi != 0 && mi != 4 && mi != 5)) continue;
+                    if (ii >= 2 && di < 3 && ns[ni] != 9) continue;
+                    if (ii >= 2 && di >= 3 && (ns[ni] < 8 || (wt != G4_Q8_0 && wt != G4_Q4_0))) continue;
                     if (mi >= 6 && (ii != 1 || (ns[ni] != 1 && ns[ni] != 8) || (mi != 7 && mi != 8 && mi != 10) ||
                                     (wt != G4_Q8_0 && wt != G4_Q4_0 && wt != G4_Q5_0 && wt != G4_Q4_K && wt != G4_Q5_K &&
                                      wt != G4_Q6_K && wt != G4_MLX4)))
@@ -724,7 +727,8 @@ static void test_matmul_set_fused(void) {
                     if (!takes(wt)) continue;
                     /* 0 norm+3 products; 1 norm+geglu pair; 2 geglu mul; 3 softcap; 4 residual prologue + norm + 2
                      * products (into another buffer); 5 the same in place; 6-11: the same with 3000 or 4500 rows */
-                    const int n = ns[ni], in = ins[ii], out = mi < 6 ? 40 : n == 1 ? 3000 : 4500, mode = mi % 6;
+                    const int n = ns[ni], in = di < 3 ? ins[ii] : qins[ii];
+                    const int out = mi < 6 ? 40 : n == 1 ? 3000 : 4500, mode = mi % 6;
                     const int count = mode == 0 ? 3 : mode == 1 || mode >= 4 ? 2 : 1, with_norm = mode <= 1 || mode >= 4;
                     weight w[3];
                     float *x = malloc((size_t)n * in * sizeof(float)), *nw = malloc((size_t)in * sizeof(float));

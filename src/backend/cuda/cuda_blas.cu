@@ -45,6 +45,22 @@ static int stacked_parts(const g4c *c, const g4c_gemm_in *x, size_t m) {
  * row in registers from the one read to the writes (a row read once from memory, its loads all in flight together);
  * other rows loop over the row for each pass. */
 #define CONV_NV 4
+/* One block of 32 as int8 codes (d = max|v| / 127, q = rint(v / d)) held by 8 consecutive lanes, 4 values each (e):
+ * every lane of the warp takes part (the shuffles); where store (the lane's values are the row's) its 4 codes go to
+ * q4, and the group's first lane writes the block's (d, sum of q) to ds (gemm_convert, q8_rows_kernel) */
+static __device__ __forceinline__ void q8_block_8_lanes(const float e[4], bool store, signed char *q4, float2 *ds) {
+    float m = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));
+    for (int sh = 1; sh < 8; sh <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, sh));
+    const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    int q[4], sq = 0;
+    for (int k = 0; k < 4; k++) q[k] = __float2int_rn(e[k] * id), sq += q[k];
+    for (int sh = 1; sh < 8; sh <<= 1) sq += __shfl_xor_sync(0xffffffffu, sq, sh);
+    if (store) {
+        *(unsigned *)q4 = (unsigned)(q[0] & 255) | (unsigned)(q[1] & 255) << 8 | (unsigned)(q[2] & 255) << 16 |
+                          (unsigned)(q[3] & 255) << 24;
+        if ((threadIdx.x & 7) == 0) *ds = make_float2(d, (float)sq);
+    }
+}
 template <bool VEC>
 __global__ void gemm_convert(const float *x, int in, const float *norm, float eps, int t, void *hi, void *lo,
                              const float *res_o, const float *w, float s, float *upd, int ostride) {
@@ -100,17 +116,7 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
                     e[0] = v[j].x * nv.x * inv, e[1] = v[j].y * nv.y * inv, e[2] = v[j].z * nv.z * inv;
                     e[3] = v[j].w * nv.w * inv;
                 }
-                float m = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));
-                for (int sh = 1; sh < 8; sh <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, sh));
-                const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-                int q[4], sq = 0;
-                for (int k = 0; k < 4; k++) q[k] = __float2int_rn(e[k] * id), sq += q[k];
-                for (int sh = 1; sh < 8; sh <<= 1) sq += __shfl_xor_sync(0xffffffffu, sq, sh);
-                if (i < n4) {
-                    ((unsigned *)((signed char *)hi + o))[i] = (unsigned)(q[0] & 255) | (unsigned)(q[1] & 255) << 8 |
-                                                             (unsigned)(q[2] & 255) << 16 | (unsigned)(q[3] & 255) << 24;
-                    if ((i & 7) == 0) ((float2 *)lo)[o / 32 + i / 8] = make_float2(d, (float)sq);
-                }
+                q8_block_8_lanes(e, i < n4, (signed char *)hi + o + 4 * (size_t)i, (float2 *)lo + o / 32 + i / 8);
                 continue;
             }
             if (i >= n4) continue;
@@ -178,18 +184,14 @@ __global__ void q8_rows_kernel(const float *x, int in, const float *norm, float 
         xr = ur;
     }
     const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
-    const int lane = threadIdx.x & 31;
-    for (int b = threadIdx.x >> 5; b < in / 32; b += blockDim.x >> 5) { /* a warp a block of 32 */
-        const int k = b * 32 + lane;
-        const float v = (norm ? xr[k] * norm[k] : xr[k]) * inv;
-        float m = fabsf(v);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        const int q = __float2int_rn(v * id);
-        xq[(size_t)blockIdx.x * in + k] = (signed char)q;
-        int sq = q;
-        for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-        if (lane == 0) xd[(size_t)blockIdx.x * (in / 32) + b] = make_float2(d, (float)sq);
+    signed char *q = xq + (size_t)blockIdx.x * (size_t)in;
+    float2 *ds = xd + (size_t)blockIdx.x * (size_t)(in / 32);
+    for (int base = 0; base < in / 4; base += blockDim.x) { /* 4 elements a thread, 8 threads a block of 32 */
+        const int i = base + threadIdx.x; /* (every thread in each pass: the shuffles) */
+        float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (i < in / 4)
+            for (int k = 0; k < 4; k++) e[k] = (norm ? xr[4 * i + k] * norm[4 * i + k] : xr[4 * i + k]) * inv;
+        q8_block_8_lanes(e, i < in / 4, q + 4 * (size_t)i, ds + i / 8);
     }
 }
 
@@ -209,7 +211,7 @@ void g4c_q8_rows(g4c *c, const float *x, int n, int in, const float *norm, float
                    (void *)xq, (void *)xd, ro, rw, rs, upd, in);
         return;
     }
-    g4c_launch(c, q8_rows_kernel, dim3((unsigned)n), dim3(256), 0, x, in, norm, eps, xq, xd, ro, rw, rs, upd);
+    g4c_launch(c, q8_rows_kernel, dim3((unsigned)n), dim3(1024), 0, x, in, norm, eps, xq, xd, ro, rw, rs, upd);
 }
 
 static int gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,
