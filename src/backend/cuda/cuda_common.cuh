@@ -461,7 +461,7 @@ static __device__ __forceinline__ int g4_dot_nib(const uint4 &v, const uint4 &xl
 static __device__ __forceinline__ unsigned g4_hbits4(unsigned b) { return ((b * 0x00204081u) & 0x01010101u) << 4; }
 /* The int8 values code - ZERO of a word of codes in Q4_0's nibble order (low nibbles: elements 4c .. 4c+3 into *lo,
  * high nibbles: 16+4c .. into *hi), with the fifth bits h5lo and h5hi (4 bits each, bit i element i; the Q5 types) or
- * 0: (c + 128 - ZERO) ^ 128 per byte is c - ZERO as int8 for c below 128 + ZERO (experts_mmq_kernel, gemv_mmq_kernel) */
+ * 0: (c + 128 - ZERO) ^ 128 per byte is c - ZERO as int8 for c below 128 + ZERO (g4_s8_word) */
 template <int ZERO>
 static __device__ __forceinline__ void g4_s8_nibbles(unsigned u, unsigned h5lo, unsigned h5hi, unsigned *lo,
                                                      unsigned *hi) {
@@ -873,6 +873,17 @@ template <> struct g4_qt<G4_MLX8> {
 
 /* Every weight type of the backend, for dispatching a template: X(G4_BF16) X(G4_F16) ... */
 #define G4C_WEIGHT_TYPES(X) X(G4_BF16) X(G4_F16) X(G4_F32) G4C_QUANT_TYPES(X)
+
+/* Word j of a 32-block's 4-bit codes in Q4_0's nibble order as the int8 values an int8 product takes (low nibbles:
+ * elements 4j .. 4j + 3 into *lo, high nibbles: 16 + 4j .. into *hi): IQ4_NL / IQ4_XS and MXF4 through their
+ * tables, the others code - ZERO with the Q5 types' fifth bits qh (bit i: element i; 0 for the others)
+ * (experts_mmq_kernel, gemv_mmq_kernel) */
+template <int DT>
+static __device__ __forceinline__ void g4_s8_word(unsigned u, unsigned qh, int j, unsigned *lo, unsigned *hi) {
+    if constexpr (DT == G4_IQ4_NL || DT == G4_IQ4_XS) g4_iq4_word(u, G4_IQ4_TABLE, lo, hi);
+    else if constexpr (DT == G4_MXF4) g4_iq4_word(u, G4_FP4_TABLE, lo, hi);
+    else g4_s8_nibbles<g4_qt<DT>::ZERO>(u, (qh >> (4 * j)) & 15u, (qh >> (16 + 4 * j)) & 15u, lo, hi);
+}
 
 /* The EPA weights of the access at element k (k a multiple of EPA) of a device row, scales applied. */
 template <int DT> static __device__ __forceinline__ void g4_qdecode(const unsigned char *row, int k, const g4c_qrow &q,

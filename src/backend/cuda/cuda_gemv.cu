@@ -37,7 +37,8 @@
  *
  * bf16 weights with 3 to 8 tokens (speculative verification, a few sequences' decode) take tensor cores instead
  * (gemv_tc below): the inputs converted once to bf16 hi + lo parts, each weight read once for all the tokens; so do
- * the quantized types of one scale per 32-block (gemv_mmq: int8 products of the int8 activation blocks).
+ * the quantized types of one scale per 32-block with 5 to 24 tokens (gemv_mmq: int8 products of the inputs' int8
+ * blocks; c->gemv_mmq_min, c->mmq_dense_max).
  *
  * More tokens (prefill): tensor-core products through cuBLAS (cuda_blas.cu; quantized weights decoded to bf16
  * tiles first) and one epilogue kernel. */
@@ -345,7 +346,7 @@ static int gemv_tc(g4c *c, const float *x, int n, const g4_matmul_set *set) {
 }
 
 /* ------------------------------------------------- few tokens, quantized weights: int8 products on tensor cores */
-/* Products of 3 to 8 tokens (as gemv_tc; c->gemv_mmq_min) with weights of one scale (and offset) per 32-block
+/* Products of 5 to 8 tokens (c->gemv_mmq_min; and of 9 to c->mmq_dense_max below) with weights of one scale (and offset) per 32-block
  * (MMQ_DENSE_TYPES): on the GEMV's token tiles every 4 codes took a __dp4a for each token. Here the token rows are
  * made int8 blocks once (g4c_q8_rows: the residual prologue, the RMSNorm, the rule of the GEMV's int8 activations)
  * and a warp multiplies an m16 tile of weight rows (or 8 gate/up pairs, as gemv_tc) with the tokens' n8 tile on
@@ -366,8 +367,7 @@ template <int DT> struct mmq_frag { /* Q4_0's layout: the row's 16-byte blocks o
         r[0] = g4_ld_u32(row + 16 * (size_t)b + 4 * t), r[1] = g4_ld_u16(row + in / 2 + 2 * (size_t)b);
     }
     static __device__ __forceinline__ float2 vals(const unsigned *r, int, int, uint32_t *lo, uint32_t *hi) {
-        if constexpr (DT == G4_Q4_0) g4_s8_nibbles<8>(r[0], 0u, 0u, lo, hi);
-        else g4_iq4_word(r[0], DT == G4_IQ4_NL ? G4_IQ4_TABLE : G4_FP4_TABLE, lo, hi); /* (IQ4_NL, MXF4) */
+        g4_s8_word<DT>(r[0], 0u, 0, lo, hi); /* (Q4_0, IQ4_NL, MXF4) */
         return make_float2(g4_h2f((uint16_t)r[1]), 0.0f);
     }
 };
@@ -389,7 +389,7 @@ template <> struct mmq_frag<G4_Q5_0> { /* Q4_0's nibbles, then a word of fifth b
         r[2] = g4_ld_u16(row + in / 2 + in / 8 + 2 * (size_t)b);
     }
     static __device__ __forceinline__ float2 vals(const unsigned *r, int, int t, uint32_t *lo, uint32_t *hi) {
-        g4_s8_nibbles<16>(r[0], (r[1] >> (4 * t)) & 15u, (r[1] >> (16 + 4 * t)) & 15u, lo, hi);
+        g4_s8_word<G4_Q5_0>(r[0], r[1], t, lo, hi);
         return make_float2(g4_h2f((uint16_t)r[2]), 0.0f);
     }
 };
@@ -403,7 +403,7 @@ template <> struct mmq_frag<G4_Q4_K> {
         r[1] = m.x, r[2] = m.y, r[3] = m.z, r[4] = m.w;
     }
     static __device__ __forceinline__ float2 vals(const unsigned *r, int b, int, uint32_t *lo, uint32_t *hi) {
-        g4_s8_nibbles<0>(r[0], 0u, 0u, lo, hi);
+        g4_s8_word<G4_Q4_K>(r[0], 0u, 0, lo, hi);
         float2 s;
         g4_kmeta_seg(make_uint4(r[1], r[2], r[3], r[4]), 32 * b, &s.x, &s.y);
         return s;
@@ -417,7 +417,7 @@ template <> struct mmq_frag<G4_Q5_K> {
         r[2] = m.x, r[3] = m.y, r[4] = m.z, r[5] = m.w;
     }
     static __device__ __forceinline__ float2 vals(const unsigned *r, int b, int t, uint32_t *lo, uint32_t *hi) {
-        g4_s8_nibbles<0>(r[0], (r[1] >> (4 * t)) & 15u, (r[1] >> (16 + 4 * t)) & 15u, lo, hi);
+        g4_s8_word<G4_Q5_K>(r[0], r[1], t, lo, hi);
         float2 s;
         g4_kmeta_seg(make_uint4(r[2], r[3], r[4], r[5]), 32 * b, &s.x, &s.y);
         return s;

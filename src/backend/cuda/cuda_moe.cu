@@ -735,16 +735,10 @@ template <int DT> __global__ __launch_bounds__(256) void experts_mmq_kernel(mmq_
 #pragma unroll
                 for (int j = 0; j < 4; j++) { /* word j: elements 4j .. (low nibbles), 16 + 4j .. (high) */
                     const unsigned u = g4_word(wr[i][0], j);
-                    if constexpr (DT == G4_CB4) { /* (its block's table: the access's last word) */
+                    if constexpr (DT == G4_CB4) /* (its block's table: the access's last word) */
                         g4_iq4_word(u, wr[i][T::QW], &lo[j], &hi[j]);
-                    } else if constexpr (DT == G4_IQ4_NL || DT == G4_IQ4_XS) {
-                        g4_iq4_word(u, G4_IQ4_TABLE, &lo[j], &hi[j]);
-                    } else if constexpr (DT == G4_MXF4) {
-                        g4_iq4_word(u, G4_FP4_TABLE, &lo[j], &hi[j]);
-                    } else {
-                        const unsigned qh = DT == G4_Q5_0 || DT == G4_Q5_K ? wr[i][1].x : 0u; /* fifth bits */
-                        g4_s8_nibbles<T::ZERO>(u, (qh >> (4 * j)) & 15u, (qh >> (16 + 4 * j)) & 15u, &lo[j], &hi[j]);
-                    }
+                    else /* (the Q5 types' fifth bits: the access's second word) */
+                        g4_s8_word<DT>(u, DT == G4_Q5_0 || DT == G4_Q5_K ? wr[i][1].x : 0u, j, &lo[j], &hi[j]);
                 }
                 lv = make_uint4(lo[0], lo[1], lo[2], lo[3]), hv = make_uint4(hi[0], hi[1], hi[2], hi[3]);
             }
