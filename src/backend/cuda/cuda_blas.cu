@@ -39,7 +39,7 @@ static int stacked_parts(const g4c *c, const g4c_gemm_in *x, size_t m) {
 }
 
 /* x' rows into 16-bit hi (and lo) parts, or f32 (t == G4_F32, only when normalized), or int8 blocks (t == G4_Q8_0,
- * g4c_q8_rows: codes into hi, (d, sum of q) into lo; VEC only, in % 32 == 0); with res_o, each row first
+ * g4c_q8_rows: codes into hi, (d, sum of q) into lo; in % 32 == 0); with res_o, each row first
  * becomes (x + rmsnorm(res_o) w) s, written to upd (the residual prologue of a set, g4c_residual's arithmetic).
  * A block a row. Rows of a multiple of 4 floats up to 4 x 1024 x CONV_NV (VEC): each thread keeps its float4s of the
  * row in registers from the one read to the writes (a row read once from memory, its loads all in flight together);
@@ -47,7 +47,7 @@ static int stacked_parts(const g4c *c, const g4c_gemm_in *x, size_t m) {
 #define CONV_NV 4
 /* One block of 32 as int8 codes (d = max|v| / 127, q = rint(v / d)) held by 8 consecutive lanes, 4 values each (e):
  * every lane of the warp takes part (the shuffles); where store (the lane's values are the row's) its 4 codes go to
- * q4, and the group's first lane writes the block's (d, sum of q) to ds (gemm_convert, q8_rows_kernel) */
+ * q4, and the group's first lane writes the block's (d, sum of q) to ds (gemm_convert's int8 target) */
 static __device__ __forceinline__ void q8_block_8_lanes(const float e[4], bool store, signed char *q4, float2 *ds) {
     float m = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));
     for (int sh = 1; sh < 8; sh <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, sh));
@@ -150,6 +150,16 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
             xr = ur;
         }
         const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
+        if (t == G4_Q8_0) { /* int8 blocks (in % 32 == 0): 4 elements a thread, 8 threads a block of 32 */
+            for (int base = 0; base < in / 4; base += blockDim.x) {
+                const int i = base + threadIdx.x; /* (every thread in each pass: the shuffles) */
+                float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (i < in / 4)
+                    for (int k = 0; k < 4; k++) e[k] = (norm ? xr[4 * i + k] * norm[4 * i + k] : xr[4 * i + k]) * inv;
+                q8_block_8_lanes(e, i < in / 4, (signed char *)hi + o + 4 * (size_t)i, (float2 *)lo + o / 32 + i / 8);
+            }
+            return;
+        }
         for (int i = threadIdx.x; i < in; i += blockDim.x) {
             float v = norm ? xr[i] * inv * norm[i] : xr[i];
             if (t == G4_F32) {
@@ -164,34 +174,6 @@ __global__ void gemm_convert(const float *x, int in, const float *norm, float ep
                 if (lo) ((uint16_t *)lo)[oo + i] = g4_f2h(v - g4_h2f(h));
             }
         }
-    }
-}
-
-/* xq[r] / xd[r] = the int8 blocks of row r of x (times norm and its 1/rms when norm is set) and each block's
- * (d, sum of q); in % 32 == 0. With res_o, row r is first (x + rmsnorm(res_o) res_w) res_s, written to upd (a set's
- * residual prologue, g4c_residual's arithmetic). */
-__global__ void q8_rows_kernel(const float *x, int in, const float *norm, float eps, signed char *xq, float2 *xd,
-                               const float *res_o, const float *res_w, float res_s, float *upd) {
-    __shared__ float red[32];
-    g4_grid_wait();
-    const float *xr = x + (size_t)blockIdx.x * (size_t)in;
-    if (res_o) {
-        const float *orow = res_o + (size_t)blockIdx.x * (size_t)in;
-        float *ur = upd + (size_t)blockIdx.x * (size_t)in;
-        const float inv_o = g4_row_inv_rms(orow, in, eps, red);
-        for (int i = threadIdx.x; i < in; i += blockDim.x) ur[i] = (xr[i] + orow[i] * inv_o * res_w[i]) * res_s;
-        __syncthreads(); /* (the block's own writes, read back below) */
-        xr = ur;
-    }
-    const float inv = norm ? g4_row_inv_rms(xr, in, eps, red) : 1.0f;
-    signed char *q = xq + (size_t)blockIdx.x * (size_t)in;
-    float2 *ds = xd + (size_t)blockIdx.x * (size_t)(in / 32);
-    for (int base = 0; base < in / 4; base += blockDim.x) { /* 4 elements a thread, 8 threads a block of 32 */
-        const int i = base + threadIdx.x; /* (every thread in each pass: the shuffles) */
-        float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (i < in / 4)
-            for (int k = 0; k < 4; k++) e[k] = (norm ? xr[4 * i + k] * norm[4 * i + k] : xr[4 * i + k]) * inv;
-        q8_block_8_lanes(e, i < in / 4, q + 4 * (size_t)i, ds + i / 8);
     }
 }
 
@@ -211,7 +193,8 @@ void g4c_q8_rows(g4c *c, const float *x, int n, int in, const float *norm, float
                    (void *)xq, (void *)xd, ro, rw, rs, upd, in);
         return;
     }
-    g4c_launch(c, q8_rows_kernel, dim3((unsigned)n), dim3(1024), 0, x, in, norm, eps, xq, xd, ro, rw, rs, upd);
+    g4c_launch(c, gemm_convert<false>, dim3((unsigned)n), dim3(1024), 0, x, in, norm, eps, (int)G4_Q8_0, (void *)xq,
+               (void *)xd, ro, rw, rs, upd, in);
 }
 
 static int gemm_input(g4c *c, const float *x, int n, int in, const float *norm, float eps, g4_dtype t, g4c_gemm_in *out,
